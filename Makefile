@@ -1,0 +1,105 @@
+# tpk — Tensor Programs toolkit. GNU make; C11.
+#   make            library + command-line programs (installs missing Debian packages first)
+#   make run        main job on the bundled demo input
+#   make check      whole test suite      make check-asan   the same under ASan+UBSan
+#   make bench      benchmarks (not tests) make install PREFIX=...
+VERSION    := 0.1.0
+BUILD      ?= build
+PREFIX     ?= /usr/local
+CC         := gcc
+NVCC       ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) nvcc)
+
+PKGS       := hdf5 gsl fftw3 lapacke openblas
+# Lazy (=) so that pkg-config runs after scripts/install-deps.sh has had its chance.
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS))
+# GSL's pkg-config pulls in its reference CBLAS; we link OpenBLAS's instead.
+PKG_LIBS   = $(filter-out -lgslcblas,$(shell pkg-config --libs $(PKGS))) -lhdf5_serial_hl -lm
+
+WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+OPT        ?= -O2 -g
+SAN        ?=
+CFLAGS_ALL  = -std=c11 $(OPT) $(SAN) $(WARN) -fopenmp -fPIC -fvisibility=hidden \
+              -D_POSIX_C_SOURCE=200809L -DTPK_VERSION='"$(VERSION)"' -Iinclude $(PKG_CFLAGS) $(CFLAGS)
+# Only kernel objects get -march=native (style.md, BLIS): the framework stays portable.
+KERNEL_FLAGS := -march=native -O3
+LDLIBS_ALL  = $(SAN) -fopenmp $(PKG_LIBS) -lz -ldl $(LDFLAGS)
+
+LIB_DIRS   := core kernels netsor gp limits tuner gen
+LIB_SRC    := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))))
+LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TOOL_SRC   := $(wildcard tools/*.c)
+TOOLS      := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
+TEST_SRC   := $(wildcard tests/test_*.c)
+TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRC  := $(wildcard bench/*.c)
+BENCHES    := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+STATIC     := $(BUILD)/lib/libtpk.a
+SHARED     := $(BUILD)/lib/libtpk.so
+DEPS_OK    := $(BUILD)/.deps-ok
+
+.PHONY: all lib tools tests run check check-asan bench install deps clean fuzz
+all: lib tools
+
+deps: $(DEPS_OK)
+$(DEPS_OK): scripts/install-deps.sh
+	@sh scripts/install-deps.sh
+	@mkdir -p $(@D) && touch $@
+
+lib: $(STATIC) $(SHARED)
+tools: $(TOOLS)
+tests: $(TESTS)
+
+$(BUILD)/obj/kernels/%.o: kernels/%.c | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL) -lcmocka
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
+
+# Main job: the infinite-width kernel of a deep MLP on the bundled demo input.
+run: tools
+	$(BUILD)/bin/gpkernel --arch=mlp --depth=3 --phi=relu --output=$(BUILD)/demo-kernel.h5
+
+check: tools tests
+	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) sh scripts/run-tests.sh $(TESTS)
+
+# Sanitizer suite: a separate build tree so the optimised build is untouched.
+check-asan: $(DEPS_OK)
+	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" check
+
+bench: tools $(BENCHES)
+	@sh scripts/run-bench.sh $(BUILD)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/tpk $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 $(STATIC) $(SHARED) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 include/tpk/*.h $(DESTDIR)$(PREFIX)/include/tpk/
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tpk.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk.pc
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,66 @@
+/* Dense arrays: allocation with overflow checks. */
+#include "tpk/array.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx)
+{
+    if (ndim < 1 || ndim > TPK_ARRAY_MAXDIM) {
+        TPK_ERROR(ctx, TPK_EINVAL, "array rank %d outside 1..%d", ndim, TPK_ARRAY_MAXDIM);
+        return NULL;
+    }
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] != 0 && n > SIZE_MAX / sizeof(double) / dims[i]) {
+            TPK_ERROR(ctx, TPK_ENOMEM, "array of that shape is too large");
+            return NULL;
+        }
+        n *= dims[i];
+    }
+    tpk_array *a = calloc(1, sizeof *a);
+    if (a == NULL) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating array header");
+        return NULL;
+    }
+    a->ndim = ndim;
+    for (int i = 0; i < ndim; i++)
+        a->dims[i] = dims[i];
+    a->data = calloc(n ? n : 1, sizeof(double));
+    if (a->data == NULL) {
+        free(a);
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating %zu doubles", n);
+        return NULL;
+    }
+    return a;
+}
+
+tpk_array *tpk_array_alloc2(size_t rows, size_t cols, tpk_ctx *ctx)
+{
+    size_t d[2] = {rows, cols};
+    return tpk_array_alloc(2, d, ctx);
+}
+
+void tpk_array_free(tpk_array *a)
+{
+    if (a == NULL)
+        return;
+    free(a->data);
+    free(a);
+}
+
+size_t tpk_array_size(const tpk_array *a)
+{
+    size_t n = 1;
+    for (int i = 0; i < a->ndim; i++)
+        n *= a->dims[i];
+    return n;
+}
+
+size_t tpk_array_item_size(const tpk_array *a)
+{
+    size_t n = 1;
+    for (int i = 1; i < a->ndim; i++)
+        n *= a->dims[i];
+    return n;
+}

@@ -1,0 +1,48 @@
+/* Error context: first error wins, message formatted once. */
+#include "tpk/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+void tpk_ctx_init(tpk_ctx *ctx)
+{
+    memset(ctx, 0, sizeof *ctx);
+}
+
+void tpk_ctx_clear(tpk_ctx *ctx)
+{
+    tpk_ctx_init(ctx);
+}
+
+int tpk_error_at(tpk_ctx *ctx, int status, const char *src_file, int src_line, const char *fmt, ...)
+{
+    if (ctx == NULL || ctx->status != TPK_OK)
+        return status;
+    ctx->status = status;
+    ctx->src_file = src_file;
+    ctx->src_line = src_line;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->msg, sizeof ctx->msg, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+const char *tpk_strerror(int status)
+{
+    switch (status) {
+    case TPK_OK: return "success";
+    case TPK_EINVAL: return "invalid argument";
+    case TPK_ENOMEM: return "out of memory";
+    case TPK_EIO: return "input/output error";
+    case TPK_EFORMAT: return "malformed file";
+    case TPK_ENOTFOUND: return "not found";
+    case TPK_EDOM: return "domain error";
+    case TPK_ESYNTAX: return "syntax error";
+    case TPK_ETYPE: return "type error";
+    case TPK_ENUMERIC: return "numerical failure";
+    case TPK_EUNSUPPORTED: return "unsupported";
+    default: return "unknown status";
+    }
+}

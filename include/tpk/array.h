@@ -1,0 +1,30 @@
+/* Dense row-major float64 arrays of rank 1..4: inputs (N×d, N×T×d, N×H×W×C) and kernels (N×N). */
+#ifndef TPK_ARRAY_H
+#define TPK_ARRAY_H
+
+#include "error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TPK_ARRAY_MAXDIM 4
+
+typedef struct tpk_array {
+    int ndim;
+    size_t dims[TPK_ARRAY_MAXDIM];
+    double *data; /* row-major, owned by the array */
+} tpk_array;
+
+/* Allocate a zero-filled array; returns NULL (and sets ctx) on failure. */
+TPK_API tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx);
+TPK_API tpk_array *tpk_array_alloc2(size_t rows, size_t cols, tpk_ctx *ctx);
+TPK_API void tpk_array_free(tpk_array *a);
+TPK_API size_t tpk_array_size(const tpk_array *a);
+/* Number of items along axis 0 (N) and the size of one item (product of the other dims). */
+TPK_API size_t tpk_array_item_size(const tpk_array *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

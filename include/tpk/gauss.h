@@ -1,0 +1,85 @@
+/* Registered scalar nonlinearities φ and Gaussian expectations E[φ(u)ψ(v)] (theory.md §3). */
+#ifndef TPK_GAUSS_H
+#define TPK_GAUSS_H
+
+#include "error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Properties of a nonlinearity that the theorems care about (theory.md §1.4). */
+enum tpk_phi_flag {
+    TPK_PHI_CONTROLLED = 1u << 0,      /* |φ(x)| ≤ exp(C|x|^(2-ε) + c): Master Theorem applies */
+    TPK_PHI_POLY_BOUNDED = 1u << 1,
+    TPK_PHI_LIPSCHITZ = 1u << 2,       /* quantitative rates (theory.md §4) apply */
+    TPK_PHI_SMOOTH = 1u << 3,          /* analytic: Gauss–Hermite converges exponentially */
+    TPK_PHI_POS_HOMOGENEOUS = 1u << 4  /* φ(cx) = c^m φ(x), c > 0 */
+};
+
+#define TPK_PHI_MAXPARAMS 4
+
+/* A user scalar function: x ↦ φ(x; params). Must be pure (called from several threads). */
+typedef double (*tpk_scalar_fn)(double x, const double *params);
+
+typedef struct tpk_phi_registry tpk_phi_registry; /* name → function table */
+typedef struct tpk_phi tpk_phi;                   /* one instantiated φ, parameters bound */
+
+/* A registry pre-filled with the built-ins (relu, tanh, erf, ...). Not thread-safe for writes. */
+TPK_API tpk_phi_registry *tpk_phi_registry_alloc(tpk_ctx *ctx);
+TPK_API void tpk_phi_registry_free(tpk_phi_registry *reg);
+/* Register a new function; it gets the numerical back-end. nparams ≤ TPK_PHI_MAXPARAMS,
+ * defaults gives their values when a spec omits them. */
+TPK_API int tpk_phi_register(tpk_phi_registry *reg, const char *name, tpk_scalar_fn fn,
+                             int nparams, const double *defaults, unsigned flags, tpk_ctx *ctx);
+/* Print "name  flags  closed-form?" one per line. */
+TPK_API void tpk_phi_registry_list(const tpk_phi_registry *reg, void *file /* FILE* */);
+
+/* Instantiate from a spec: "relu", "erf", "leaky_relu(0.1)", "erf(2.5)" (erf(b x)). */
+TPK_API tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tpk_ctx *ctx);
+TPK_API void tpk_phi_free(tpk_phi *phi);
+TPK_API const char *tpk_phi_name(const tpk_phi *phi);     /* canonical spec, e.g. "leaky_relu(0.1,1)" */
+TPK_API double tpk_phi_eval(const tpk_phi *phi, double x);
+TPK_API unsigned tpk_phi_flags(const tpk_phi *phi);
+TPK_API int tpk_phi_has_closed_form(const tpk_phi *phi); /* zero-mean 2-D closed form known */
+
+/* A value with its error: an estimate (quadrature, MC standard error) or a bound. 0 = exact to rounding. */
+typedef struct tpk_estimate {
+    double value;
+    double err;
+} tpk_estimate;
+
+/* Gauss–Hermite nodes and weights (from GSL), read-only after allocation, shareable by threads. */
+typedef struct tpk_gauss_ws tpk_gauss_ws;
+#define TPK_GAUSS_DEFAULT_DEGREE 64
+TPK_API tpk_gauss_ws *tpk_gauss_ws_alloc(size_t degree, tpk_ctx *ctx);
+TPK_API void tpk_gauss_ws_free(tpk_gauss_ws *ws);
+
+/* E[φ(u)φ(v)], (u,v) ~ N(0, [[q1,k],[k,q2]]). Closed form when known, else 2-D Gauss–Hermite
+ * with a Cholesky (guarded for ρ → ±1, q → 0). Fails with TPK_EDOM on a non-PSD or non-finite Σ. */
+TPK_API int tpk_gauss_expect2(const tpk_phi *phi, double q1, double q2, double k,
+                              const tpk_gauss_ws *ws, tpk_estimate *out, tpk_ctx *ctx);
+/* Numerical back-end only, with means and two different functions: E[f(u) g(v)],
+ * (u,v) ~ N((m1,m2), [[q1,k],[k,q2]]). */
+TPK_API int tpk_gauss_expect2_quad(const tpk_phi *f, const tpk_phi *g, double m1, double m2,
+                                   double q1, double q2, double k, const tpk_gauss_ws *ws,
+                                   tpk_estimate *out, tpk_ctx *ctx);
+/* E[f(u)], u ~ N(m, q) (1-D Gauss–Hermite; closed form where known). */
+TPK_API int tpk_gauss_expect1(const tpk_phi *f, double m, double q, const tpk_gauss_ws *ws,
+                              tpk_estimate *out, tpk_ctx *ctx);
+
+/* Whole-matrix maps (OpenMP, vectorised closed forms).
+ * Symmetric: out = V_φ(S) for an n×n symmetric S (row-major, leading dimension n); computes the
+ * lower triangle and mirrors it. out may alias S. err_max (may be NULL) gets the largest error. */
+TPK_API int tpk_gauss_map(const tpk_phi *phi, const double *S, size_t n, double *out,
+                          const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx);
+/* Cross: out[i][j] = E[φ(u)φ(v)] with Var u = qa[i], Var v = qb[j], Cov = C[i][j] (m×n, row-major).
+ * out may alias C. */
+TPK_API int tpk_gauss_map_cross(const tpk_phi *phi, const double *qa, size_t m, const double *qb,
+                                size_t n, const double *C, double *out, const tpk_gauss_ws *ws,
+                                double *err_max, tpk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,58 @@
+/* Input readers (HDF5, .npy, CSV) and the atomic, self-describing HDF5 writer. */
+#ifndef TPK_IO_H
+#define TPK_IO_H
+
+#include "array.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where an input came from; written into output attributes. */
+typedef struct tpk_input_info {
+    char path[1024];
+    char dataset[256];  /* HDF5 dataset path, "" for .npy/CSV */
+    char format[8];     /* "hdf5", "npy", "csv" */
+    char sha256[65];    /* hex SHA-256 of the float64 row-major data as loaded (format-independent) */
+} tpk_input_info;
+
+/* Read "file.h5:/dataset", "file.npy" (float32/float64, C order) or "file.csv" (numbers, optional
+ * header line, no ragged rows). Rank 2 (N×d) .. 4. Non-finite values are rejected with TPK_EDOM
+ * naming the first bad position. `info` may be NULL. */
+TPK_API tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx);
+
+/* SHA-256 of n bytes as 64 hex digits + NUL. */
+TPK_API void tpk_sha256_hex(const void *data, size_t n, char out[65]);
+
+/* Atomic HDF5 output: everything goes to a hidden temporary file in the destination folder,
+ * which replaces `path` only on tpk_h5out_commit. An error or abort leaves `path` untouched. */
+typedef struct tpk_h5out tpk_h5out;
+TPK_API tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx);
+/* Write a float64 dataset (any rank) at an absolute path like "/kernel" or "/group/x"
+ * (groups are created as needed). */
+TPK_API int tpk_h5out_write(tpk_h5out *out, const char *name, const tpk_array *a, tpk_ctx *ctx);
+TPK_API int tpk_h5out_write_ints(tpk_h5out *out, const char *name, const long long *v, size_t n,
+                                 tpk_ctx *ctx);
+/* Attributes on "/" or on a dataset/group written earlier. */
+TPK_API int tpk_h5out_attr_str(tpk_h5out *out, const char *obj, const char *key, const char *val,
+                               tpk_ctx *ctx);
+TPK_API int tpk_h5out_attr_double(tpk_h5out *out, const char *obj, const char *key, double val,
+                                  tpk_ctx *ctx);
+TPK_API int tpk_h5out_attr_int(tpk_h5out *out, const char *obj, const char *key, long long val,
+                               tpk_ctx *ctx);
+/* Root attributes every output carries: toolkit_version, command_line (argv joined, shell-quoted),
+ * created (ISO 8601 UTC). */
+TPK_API int tpk_h5out_provenance(tpk_h5out *out, int argc, char **argv, tpk_ctx *ctx);
+/* Input attributes under a prefix ("input" or "test"): <prefix>_file, <prefix>_dataset,
+ * <prefix>_format, <prefix>_sha256, <prefix>_shape. */
+TPK_API int tpk_h5out_input_attrs(tpk_h5out *out, const char *prefix, const tpk_input_info *info,
+                                  const tpk_array *a, tpk_ctx *ctx);
+/* Flush, close, fsync and rename into place; frees `out` whatever happens. */
+TPK_API int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx);
+/* Remove the temporary file and free. NULL is a no-op. */
+TPK_API void tpk_h5out_abort(tpk_h5out *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

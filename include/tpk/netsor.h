@@ -1,0 +1,160 @@
+/* NETSOR programs: the elaborated straight-line IR, and the pipeline
+ * lex → parse → check → elaborate → {limit evaluator, finite-width executor} (theory.md §1, §6). */
+#ifndef TPK_NETSOR_H
+#define TPK_NETSOR_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "array.h"
+#include "gauss.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Elaborated program (all index families unrolled, all H-vars inlined) ------------------- */
+
+enum tpk_vtype { TPK_VAR_G, TPK_VAR_H, TPK_VAR_SCALAR };
+
+/* Body of a Nonlin or Moment after inlining, in postfix (RPN) form. Leaves are G-vars,
+ * scalars (NETSOR+ Moments) and constants, so the same code evaluates it at one quadrature
+ * point or over all n coordinates of a finite-width run. */
+enum tpk_rpn_op {
+    TPK_RPN_CONST,  /* push value */
+    TPK_RPN_GVAR,   /* push G-var `var` */
+    TPK_RPN_SCALAR, /* push scalar variable `var` */
+    TPK_RPN_ADD, TPK_RPN_SUB, TPK_RPN_MUL, TPK_RPN_DIV, /* pop b, pop a, push a∘b */
+    TPK_RPN_NEG,
+    TPK_RPN_POWI,   /* pop a, push a^(int)value */
+    TPK_RPN_CALL    /* pop a, push fn(a) */
+};
+typedef struct tpk_rpn_node {
+    int op;
+    int var;             /* GVAR / SCALAR: variable id */
+    double value;        /* CONST value; POWI exponent */
+    const tpk_phi *fn;   /* CALL: owned by the program */
+} tpk_rpn_node;
+typedef struct tpk_rpn {
+    int len;
+    tpk_rpn_node *node;
+    int nargs;           /* distinct G-vars the body reads, ascending ids */
+    int *args;
+} tpk_rpn;
+
+enum tpk_op {
+    TPK_OP_EMBED,   /* initial G-var  out = U·x[slot],  U_αj ~ N(0, var/d)          (theory §1.2) */
+    TPK_OP_BIAS,    /* initial G-var  out_α ~ iid N(mean, var), shared by all inputs            */
+    TPK_OP_MATMUL,  /* out = A·src, A an A-var (entries N(0, var/n)), src an H- or G-var    */
+    TPK_OP_LINCOMB, /* out = Σ coef[i]·term[i] over G-vars                                  */
+    TPK_OP_NONLIN,  /* out (H) = body(G-vars; scalars)                                     */
+    TPK_OP_MOMENT   /* out (scalar) = (1/n) Σ_α body(G-vars_α; scalars)   NETSOR+ (§1.9)    */
+};
+
+typedef struct tpk_instr {
+    int op;
+    int out;            /* variable id written */
+    int avar;           /* MATMUL: A-var id; EMBED: embedding-matrix id (its own family) */
+    int src;            /* MATMUL: source var id; EMBED: input slot (0-based time/position) */
+    double mean, var;   /* BIAS: N(mean, var); EMBED: var (σ_U²) */
+    int nterms;         /* LINCOMB */
+    int *term;
+    double *coef;
+    tpk_rpn body;       /* NONLIN, MOMENT */
+    int line, col;      /* source position, for run-time diagnostics */
+} tpk_instr;
+
+typedef struct tpk_var {
+    char *name;         /* as unrolled: "h[3]" */
+    int type;           /* enum tpk_vtype */
+    int width;          /* width-symbol id (G/H) */
+    int def;            /* index of the defining instruction */
+} tpk_var;
+
+typedef struct tpk_avar {
+    char *name;
+    double var;         /* σ²: entries N(0, σ²/fan_in) */
+    int rows, cols;     /* width-symbol ids */
+} tpk_avar;
+
+typedef struct tpk_embed {
+    char *name;         /* U: one family of initial G-vars */
+    double var;
+    int rows;           /* width-symbol id; cols = input dimension d */
+} tpk_embed;
+
+typedef struct tpk_output {
+    char *name;         /* "y" or "y[5]" */
+    int src;            /* H- or G-var read out */
+    double var;         /* σ_v²; one readout vector v shared by all outputs (§1.5) */
+} tpk_output;
+
+typedef struct tpk_program {
+    char *path;
+    int nwidths;
+    char **width_name;  /* width symbols, e.g. "n" */
+    int nvars;
+    tpk_var *var;
+    int navars;
+    tpk_avar *avar;
+    int nembeds;
+    tpk_embed *embed;
+    int ninstr;
+    tpk_instr *instr;
+    int nslots;         /* input slots per example: 1 for vectors, T for sequences */
+    int noutputs;
+    tpk_output *output;
+    unsigned features;  /* TPK_FEAT_* */
+    tpk_phi **phis;     /* functions the program instantiated (owned) */
+    int nphis;
+} tpk_program;
+
+enum tpk_feature {
+    TPK_FEAT_NETSOR_PLUS = 1u << 0,   /* uses Moments / parametrised Nonlins */
+    TPK_FEAT_SQRT_N_LOGITS = 1u << 1  /* 1/sqrt(n) inner products: non-Gaussian limit (§5) */
+};
+
+/* ---- Front end ------------------------------------------------------------------------------ */
+
+/* `--set name=value` overrides of program parameters. */
+typedef struct tpk_param_set {
+    const char *name;
+    const char *value;
+} tpk_param_set;
+
+typedef struct tpk_netsor_opts {
+    const tpk_param_set *sets;
+    int nsets;
+    int netsor_plus;   /* allow Moments (else a type error that says so) */
+    int explain;       /* report inferred shape holes to `diag` */
+    FILE *diag;        /* where `--explain` notes and warnings go (NULL: none) */
+} tpk_netsor_opts;
+
+/* Parse, check and elaborate a program file or string. Errors: TPK_ESYNTAX / TPK_ETYPE with the
+ * message "file:line:col: message" in ctx. */
+TPK_API tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
+                                          const tpk_phi_registry *reg, tpk_ctx *ctx);
+TPK_API tpk_program *tpk_netsor_load_string(const char *name, const char *src,
+                                            const tpk_netsor_opts *opts,
+                                            const tpk_phi_registry *reg, tpk_ctx *ctx);
+TPK_API void tpk_program_free(tpk_program *p);
+TPK_API void tpk_program_dump(const tpk_program *p, FILE *f);
+
+/* ---- Back ends -------------------------------------------------------------------------------- */
+
+/* Infinite-width kernel: K[(a,o),(c,o')] = σ_v² E[Z^{out o}_a Z^{out o'}_c] for inputs a, c and
+ * outputs o, o' (input-major). `x` is N×d (nslots = 1) or N×T×d. err gets the largest error
+ * estimate of any entry. */
+TPK_API int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
+                              tpk_array **K, double *err, tpk_ctx *ctx);
+
+/* Finite-width run at width n, seed s: empirical kernel (1/n)⟨h, h'⟩·σ_v² of the read-out
+ * variables (same layout as tpk_netsor_kernel) and, if `y` is not NULL, sampled outputs
+ * ⟨v, h⟩/√n (N × noutputs). Depends on (seed, variable) alone, not on the thread count. */
+TPK_API int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
+                           int all_outputs, tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
