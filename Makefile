@@ -9,7 +9,7 @@ PREFIX     ?= /usr/local
 CC         := gcc
 NVCC       ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) nvcc)
 
-PKGS       := hdf5 gsl fftw3 lapacke openblas
+PKGS       := hdf5 gsl fftw3 lapacke openblas nettle
 # Lazy (=) so that pkg-config runs after scripts/install-deps.sh has had its chance.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS))
 # GSL's pkg-config pulls in its reference CBLAS; we link OpenBLAS's instead.
@@ -19,7 +19,7 @@ WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-proto
 OPT        ?= -O2 -g
 SAN        ?=
 CFLAGS_ALL  = -std=c11 $(OPT) $(SAN) $(WARN) -fopenmp -fPIC -fvisibility=hidden \
-              -D_POSIX_C_SOURCE=200809L -DTPK_VERSION='"$(VERSION)"' -Iinclude $(PKG_CFLAGS) $(CFLAGS)
+              -D_XOPEN_SOURCE=700 -DTPK_VERSION='"$(VERSION)"' -Iinclude $(PKG_CFLAGS) $(CFLAGS)
 # Only kernel objects get -march=native (style.md, BLIS): the framework stays portable.
 KERNEL_FLAGS := -march=native -O3
 LDLIBS_ALL  = $(SAN) -fopenmp $(PKG_LIBS) -lz -ldl $(LDFLAGS)
@@ -50,6 +50,10 @@ tools: $(TOOLS)
 tests: $(TESTS)
 
 $(BUILD)/obj/kernels/%.o: kernels/%.c | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/bench/%.o: bench/%.c | $(DEPS_OK)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
@@ -101,5 +105,8 @@ install: all
 
 clean:
 	rm -rf build build-asan
+
+# Module fragments (targets of the tuner, GP regression, figures, ...) live in mk/*.mk.
+-include $(sort $(wildcard mk/*.mk))
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -2,7 +2,7 @@
 # Install the Debian packages tpk needs, if any is missing. Safe to run repeatedly.
 set -eu
 PKGS="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
-      libhdf5-dev hdf5-tools libxgboost-dev libcmocka-dev zlib1g-dev"
+      libhdf5-dev hdf5-tools libxgboost-dev libcmocka-dev zlib1g-dev nettle-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

@@ -1,0 +1,38 @@
+/* Direct kernel recursions for fixed architectures (the fast paths the NETSOR evaluator matches). */
+#ifndef TPK_KERNELS_H
+#define TPK_KERNELS_H
+
+#include "array.h"
+#include "gauss.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Deep MLP NNGP (theory.md §2.1, issue convention):
+ *   Σ¹(x,x′)   = σ_w² ⟨x,x′⟩/d + σ_b²
+ *   Σ^{l+1}    = σ_w² E[φ(u)φ(v)] + σ_b²,  (u,v) ~ N(0, Σ^l restricted to x, x′)
+ * and the result is Σ^{depth+1}: the covariance of the scalar output of a network with `depth`
+ * hidden layers, i.e. neural-tangents' serial([Dense(σ_w, σ_b), φ] * depth + [Dense(σ_w, σ_b)]). */
+typedef struct tpk_mlp_params {
+    int depth;           /* hidden layers, ≥ 1 */
+    const tpk_phi *phi;
+    double sigma_w2;     /* ≥ 0 */
+    double sigma_b2;     /* ≥ 0 */
+} tpk_mlp_params;
+
+/* Check the parameters; a clear message for each violation. */
+TPK_API int tpk_mlp_params_check(const tpk_mlp_params *p, tpk_ctx *ctx);
+
+/* K (N×N, preallocated) from inputs X (N×d, or any rank: each item flattened).
+ * If Xt (M×d) is not NULL, also Kxt (M×N cross kernel, test × train) and kdiag (M, test diagonal).
+ * err (may be NULL) gets a first-order bound on the accumulated expectation error.
+ * ws may be NULL when φ has a closed form. */
+TPK_API int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array *Xt,
+                           const tpk_gauss_ws *ws, tpk_array *K, tpk_array *Kxt, tpk_array *kdiag,
+                           double *err, tpk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

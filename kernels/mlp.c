@@ -1,0 +1,157 @@
+/* Deep MLP NNGP kernel by the direct layer recursion (theory.md §2.1). */
+#include "tpk/kernels.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int tpk_mlp_params_check(const tpk_mlp_params *p, tpk_ctx *ctx)
+{
+    if (p->depth < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "depth must be at least 1 hidden layer (got %d)", p->depth);
+    if (p->phi == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "no nonlinearity given");
+    if (!(p->sigma_w2 >= 0) || !isfinite(p->sigma_w2))
+        return TPK_ERROR(ctx, TPK_EDOM, "sigma-w2 must be a finite variance >= 0 (got %g)", p->sigma_w2);
+    if (!(p->sigma_b2 >= 0) || !isfinite(p->sigma_b2))
+        return TPK_ERROR(ctx, TPK_EDOM, "sigma-b2 must be a finite variance >= 0 (got %g)", p->sigma_b2);
+    return TPK_OK;
+}
+
+/* Σ¹ for the lower triangle of the train block: one dsyrk, then the affine map.
+ * Only the lower triangle is referenced by tpk_gauss_map, so we fill it and mirror once. */
+static void first_layer_train(const tpk_mlp_params *p, const double *X, size_t n, size_t d, double *S)
+{
+    const double scale = d ? p->sigma_w2 / (double)d : 0.0;
+    cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (int)n, (int)d, scale, X, (int)d, 0.0, S,
+                (int)n);
+#pragma omp parallel for schedule(dynamic, 64)
+    for (size_t i = 0; i < n; i++) {
+        double *row = S + i * n;
+        for (size_t j = 0; j <= i; j++)
+            row[j] += p->sigma_b2;
+        for (size_t j = 0; j < i; j++)
+            S[j * n + i] = row[j];
+    }
+}
+
+static void affine(double *v, size_t len, double a, double b)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < len; i++)
+        v[i] = a * v[i] + b;
+}
+
+static void check_finite(const double *v, size_t len, int *bad)
+{
+    for (size_t i = 0; i < len; i++)
+        if (!isfinite(v[i])) {
+            *bad = 1;
+            return;
+        }
+}
+
+int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array *Xt,
+                   const tpk_gauss_ws *ws, tpk_array *K, tpk_array *Kxt, tpk_array *kdiag,
+                   double *err, tpk_ctx *ctx)
+{
+    int st = tpk_mlp_params_check(p, ctx);
+    if (st)
+        return st;
+    const size_t n = X->dims[0], d = tpk_array_item_size(X);
+    if (K->ndim != 2 || K->dims[0] != n || K->dims[1] != n)
+        return TPK_ERROR(ctx, TPK_EINVAL, "kernel output must be %zux%zu", n, n);
+    size_t m = 0;
+    if (Xt) {
+        m = Xt->dims[0];
+        if (tpk_array_item_size(Xt) != d)
+            return TPK_ERROR(ctx, TPK_EINVAL,
+                             "test inputs have dimension %zu but training inputs have %zu",
+                             tpk_array_item_size(Xt), d);
+        if (!Kxt || !kdiag || Kxt->dims[0] != m || Kxt->dims[1] != n || tpk_array_size(kdiag) != m)
+            return TPK_ERROR(ctx, TPK_EINVAL, "cross-kernel outputs must be %zux%zu and %zu", m, n, m);
+    }
+
+    first_layer_train(p, X->data, n, d, K->data);
+    /* Train diagonal, needed by the cross map; test diagonal and cross block. */
+    double *qtrain = NULL;
+    if (Xt) {
+        qtrain = malloc((n ? n : 1) * sizeof *qtrain);
+        if (!qtrain)
+            return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        const double scale = d ? p->sigma_w2 / (double)d : 0.0;
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)d, scale,
+                    Xt->data, (int)d, X->data, (int)d, 0.0, Kxt->data, (int)n);
+        affine(Kxt->data, m * n, 1.0, p->sigma_b2);
+        for (size_t i = 0; i < m; i++) {
+            const double *xi = Xt->data + i * d;
+            double s = 0;
+            for (size_t j = 0; j < d; j++)
+                s += xi[j] * xi[j];
+            kdiag->data[i] = scale * s + p->sigma_b2;
+        }
+    }
+
+    /* Error bookkeeping: first order, each layer multiplies earlier errors by the map's gain,
+     * which we bound by σ_w² times a unit Lipschitz constant of the normalised kernel map. */
+    double e = 0.0;
+    for (int l = 0; l < p->depth; l++) {
+        double el = 0.0, et = 0.0;
+        if (Xt) {
+            for (size_t i = 0; i < n; i++)
+                qtrain[i] = K->data[i * n + i];
+            st = tpk_gauss_map_cross(p->phi, kdiag->data, m, qtrain, n, Kxt->data, Kxt->data, ws,
+                                     &et, ctx);
+            if (st)
+                break;
+            /* Test diagonal: E[φ(u)²] with u ~ N(0, q). */
+            for (size_t i = 0; i < m && st == TPK_OK; i++) {
+                tpk_estimate r;
+                st = tpk_gauss_expect2(p->phi, kdiag->data[i], kdiag->data[i], kdiag->data[i], ws,
+                                       &r, ctx);
+                kdiag->data[i] = r.value;
+                et = fmax(et, r.err);
+            }
+            if (st)
+                break;
+            affine(Kxt->data, m * n, p->sigma_w2, p->sigma_b2);
+            affine(kdiag->data, m, p->sigma_w2, p->sigma_b2);
+        }
+        st = tpk_gauss_map(p->phi, K->data, n, K->data, ws, &el, ctx);
+        if (st)
+            break;
+        affine(K->data, n * n, p->sigma_w2, p->sigma_b2);
+        e = p->sigma_w2 * (e + fmax(el, et));
+        /* Off-diagonal entries are bounded by the diagonal (Cauchy–Schwarz), so a finite
+         * diagonal is enough to go on; stop at the first layer whose variance overflows. */
+        int bad = 0;
+        for (size_t i = 0; i < n && !bad; i++)
+            bad = !isfinite(K->data[i * n + i]);
+        for (size_t i = 0; i < m && !bad; i++)
+            bad = !isfinite(kdiag->data[i]);
+        if (bad) {
+            st = TPK_ERROR(ctx, TPK_ENUMERIC,
+                           "kernel overflowed at hidden layer %d: the variance grows without bound "
+                           "for this phi, sigma-w2 and depth", l + 1);
+            break;
+        }
+    }
+    free(qtrain);
+    if (st)
+        return st;
+
+    int bad = 0;
+    check_finite(K->data, n * n, &bad);
+    if (Xt) {
+        check_finite(Kxt->data, m * n, &bad);
+        check_finite(kdiag->data, m, &bad);
+    }
+    if (bad)
+        return TPK_ERROR(ctx, TPK_ENUMERIC,
+                         "kernel overflowed to a non-finite value (variance grows without bound "
+                         "for this phi/sigma-w2/depth)");
+    if (err)
+        *err = e;
+    return TPK_OK;
+}

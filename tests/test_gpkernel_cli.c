@@ -1,0 +1,393 @@
+/* gpkernel end to end: numbers against independent recursions, every bad input against its message. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <gsl/gsl_integration.h>
+#include <gsl/gsl_rng.h>
+#include <gsl/gsl_randist.h>
+#include <hdf5.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Closed forms carry only rounding: 1e-12 relative is the issue's acceptance bound. */
+#define TOL_CLOSED 1e-12
+/* tanh has no closed form: the issue asks 1e-8 against a high-order reference. */
+#define TOL_TANH 1e-8
+
+static char tmpdir[256];
+static char bindir[1024];
+
+static int setup(void **state)
+{
+    (void)state;
+    strcpy(tmpdir, "/tmp/tpk-cli-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    const char *b = getenv("TPK_BIN");
+    snprintf(bindir, sizeof bindir, "%s", b ? b : "build/bin");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void path(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", tmpdir, name);
+}
+
+/* Run gpkernel with the given arguments; stderr goes to err.txt. Returns the exit status. */
+static int gpkernel(const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s/gpkernel' %s --quiet >/dev/null 2>'%s/err.txt'", bindir, args,
+             tmpdir);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void read_stderr(char *buf, size_t len)
+{
+    char p[512];
+    path(p, sizeof p, "err.txt");
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    size_t k = fread(buf, 1, len - 1, f);
+    buf[k] = '\0';
+    fclose(f);
+}
+
+static int exists(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+/* ---- raw HDF5 helpers (independent of the toolkit's I/O module) ---------------------------- */
+
+static void h5_write(const char *file, const char *dset, const double *v, size_t r, size_t c)
+{
+    hid_t f = H5Fcreate(file, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t dims[2] = {r, c};
+    hid_t sp = H5Screate_simple(2, dims, NULL);
+    hid_t d = H5Dcreate2(f, dset, H5T_NATIVE_DOUBLE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Fclose(f);
+}
+
+static double *h5_read(const char *file, const char *dset, size_t *count)
+{
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(f >= 0);
+    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
+    assert_true(d >= 0);
+    hid_t sp = H5Dget_space(d);
+    *count = (size_t)H5Sget_simple_extent_npoints(sp);
+    double *v = malloc(*count * sizeof *v);
+    H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    H5Sclose(sp);
+    H5Dclose(d);
+    H5Fclose(f);
+    return v;
+}
+
+static int h5_has_attr(const char *file, const char *name)
+{
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    int r = H5Aexists(f, name) > 0;
+    H5Fclose(f);
+    return r;
+}
+
+/* ---- independent reference recursions ------------------------------------------------------ */
+
+/* ReLU: Cho & Saul arc-cosine kernel of degree 1, written out here rather than taken from the
+ * library (theory.md §3.2). */
+static double relu_e2(double q1, double q2, double k)
+{
+    double s = sqrt(q1 * q2), rho = s > 0 ? k / s : 0;
+    if (rho > 1) rho = 1;
+    if (rho < -1) rho = -1;
+    double th = acos(rho);
+    return s / (2 * M_PI) * (sin(th) + (M_PI - th) * cos(th));
+}
+
+/* tanh: E[tanh(u)tanh(v)] by nested adaptive integration of the conditional form
+ * v | u ~ N(k u/q1, q2 − k²/q1): GSL QAGI in both directions, unrelated to Gauss–Hermite. */
+typedef struct { double q1, q2, k, z; gsl_integration_workspace *w; } tanh_ctx;
+static double inner(double w, void *vp)
+{
+    tanh_ctx *c = vp;
+    double a = c->k / sqrt(c->q1), s = sqrt(fmax(c->q2 - c->k * c->k / c->q1, 0));
+    return tanh(a * c->z + s * w) * exp(-0.5 * w * w) / sqrt(2 * M_PI);
+}
+static double outer(double z, void *vp)
+{
+    tanh_ctx *c = vp;
+    c->z = z;
+    gsl_function F = {inner, c};
+    double r, e;
+    gsl_integration_qagi(&F, 1e-15, 1e-13, 1000, c->w, &r, &e);
+    return tanh(sqrt(c->q1) * z) * r * exp(-0.5 * z * z) / sqrt(2 * M_PI);
+}
+static double tanh_e2(double q1, double q2, double k)
+{
+    gsl_integration_workspace *w1 = gsl_integration_workspace_alloc(1000);
+    gsl_integration_workspace *w2 = gsl_integration_workspace_alloc(1000);
+    tanh_ctx c = {q1, q2, k, 0, w2};
+    gsl_function F = {outer, &c};
+    double r, e;
+    gsl_integration_qagi(&F, 1e-15, 1e-12, 1000, w1, &r, &e);
+    gsl_integration_workspace_free(w1);
+    gsl_integration_workspace_free(w2);
+    return r;
+}
+
+/* Direct recursion of the issue's convention on an n×n Gram matrix. */
+static void reference_mlp(const double *X, size_t n, size_t d, int depth, double sw2, double sb2,
+                          double (*e2)(double, double, double), double *K)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            double s = 0;
+            for (size_t t = 0; t < d; t++)
+                s += X[i * d + t] * X[j * d + t];
+            K[i * n + j] = sw2 * s / (double)d + sb2;
+        }
+    double *T = malloc(n * n * sizeof *T);
+    for (int l = 0; l < depth; l++) {
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j <= i; j++)
+                T[i * n + j] = T[j * n + i] =
+                    sw2 * e2(K[i * n + i], K[j * n + j], K[i * n + j]) + sb2;
+        memcpy(K, T, n * n * sizeof *K);
+    }
+    free(T);
+}
+
+static void random_inputs(double *X, size_t n, size_t d, unsigned long seed)
+{
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(r, seed);
+    for (size_t i = 0; i < n * d; i++)
+        X[i] = gsl_ran_gaussian(r, 1.0);
+    gsl_rng_free(r);
+}
+
+static double max_rel_err(const double *a, const double *b, size_t len)
+{
+    double scale = 0, m = 0;
+    for (size_t i = 0; i < len; i++)
+        scale = fmax(scale, fabs(b[i]));
+    for (size_t i = 0; i < len; i++)
+        m = fmax(m, fabs(a[i] - b[i]) / scale);
+    return m;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static void test_relu_matches_direct_recursion(void **state)
+{
+    (void)state;
+    enum { N = 9, D = 13 };
+    double X[N * D], Kref[N * N];
+    random_inputs(X, N, D, 2385);
+    memcpy(X + 8 * D, X + 7 * D, D * sizeof *X); /* a duplicated input: ρ = 1 exactly */
+    char xin[512], kout[512], args[2048];
+    path(xin, sizeof xin, "X.h5");
+    path(kout, sizeof kout, "K.h5");
+    h5_write(xin, "/x", X, N, D);
+    snprintf(args, sizeof args,
+             "--arch=mlp --depth=3 --phi=relu --sigma-w2=2 --sigma-b2=0.1 --input='%s:/x' "
+             "--output='%s'", xin, kout);
+    assert_int_equal(gpkernel(args), 0);
+    size_t cnt;
+    double *K = h5_read(kout, "/kernel", &cnt);
+    assert_int_equal(cnt, N * N);
+    reference_mlp(X, N, D, 3, 2.0, 0.1, relu_e2, Kref);
+    double e = max_rel_err(K, Kref, N * N);
+    print_message("relu depth 3: max relative error %.2e\n", e);
+    assert_true(e < TOL_CLOSED);
+    for (size_t i = 0; i < N; i++)
+        for (size_t j = 0; j < N; j++)
+            assert_true(K[i * N + j] == K[j * N + i]);
+    free(K);
+}
+
+static void test_tanh_matches_high_order_reference(void **state)
+{
+    (void)state;
+    enum { N = 5, D = 7 };
+    double X[N * D], Kref[N * N];
+    random_inputs(X, N, D, 4711);
+    char xin[512], kout[512], args[2048];
+    path(xin, sizeof xin, "Xt.h5");
+    path(kout, sizeof kout, "Kt.h5");
+    h5_write(xin, "/inputs", X, N, D);
+    snprintf(args, sizeof args,
+             "--arch=mlp --depth=3 --phi=tanh --sigma-w2=1.7 --sigma-b2=0.05 "
+             "--input='%s:/inputs' --output='%s'", xin, kout);
+    assert_int_equal(gpkernel(args), 0);
+    size_t cnt;
+    double *K = h5_read(kout, "/kernel", &cnt);
+    reference_mlp(X, N, D, 3, 1.7, 0.05, tanh_e2, Kref);
+    double e = max_rel_err(K, Kref, N * N);
+    print_message("tanh depth 3: max relative error %.2e\n", e);
+    assert_true(e < TOL_TANH);
+    free(K);
+}
+
+static void test_test_set_outputs(void **state)
+{
+    (void)state;
+    enum { N = 6, M = 4, D = 5 };
+    double X[N * D], Xt[M * D];
+    random_inputs(X, N, D, 77);
+    random_inputs(Xt, M, D, 78);
+    memcpy(Xt, X + 2 * D, D * sizeof *X); /* test row 0 equals train row 2 */
+    char xin[512], tin[512], kout[512], args[2048];
+    path(xin, sizeof xin, "train.h5");
+    path(tin, sizeof tin, "test.h5");
+    path(kout, sizeof kout, "Kx.h5");
+    h5_write(xin, "/x", X, N, D);
+    h5_write(tin, "/x", Xt, M, D);
+    snprintf(args, sizeof args,
+             "--arch=mlp --depth=2 --phi=erf --sigma-w2=1.3 --sigma-b2=0.2 --input='%s:/x' "
+             "--test='%s:/x' --output='%s'", xin, tin, kout);
+    assert_int_equal(gpkernel(args), 0);
+    size_t c1, c2, c3;
+    double *K = h5_read(kout, "/kernel", &c1);
+    double *Kx = h5_read(kout, "/kernel_test_train", &c2);
+    double *kd = h5_read(kout, "/kernel_test_diag", &c3);
+    assert_int_equal(c2, M * N);
+    assert_int_equal(c3, M);
+    /* Test row 0 is train input 2: its cross row and diagonal must equal the train kernel's. */
+    for (size_t j = 0; j < N; j++)
+        assert_true(fabs(Kx[j] - K[2 * N + j]) <= TOL_CLOSED * fabs(K[2 * N + 2]));
+    assert_true(fabs(kd[0] - K[2 * N + 2]) <= TOL_CLOSED * fabs(K[2 * N + 2]));
+    /* Joint PSD: [K Kxᵀ; Kx diag] restricted to 2×2 blocks obeys Cauchy–Schwarz. */
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++)
+            assert_true(Kx[i * N + j] * Kx[i * N + j] <= kd[i] * K[j * N + j] * (1 + 1e-12));
+    free(K);
+    free(Kx);
+    free(kd);
+}
+
+static void test_provenance_attributes(void **state)
+{
+    (void)state;
+    char kout[512], args[1024];
+    path(kout, sizeof kout, "demo.h5");
+    snprintf(args, sizeof args, "--arch=mlp --output='%s'", kout); /* bundled demo input */
+    assert_int_equal(gpkernel(args), 0);
+    static const char *const attrs[] = {"architecture", "phi", "depth", "sigma_w2", "sigma_b2",
+                                        "toolkit_version", "command_line", "created",
+                                        "input_file", "input_sha256", "error_estimate"};
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
+        if (!h5_has_attr(kout, attrs[i]))
+            fail_msg("attribute %s missing", attrs[i]);
+    }
+}
+
+/* Every bad input: non-zero exit, a one-line message naming the problem, no output file,
+ * and an existing file at the output path left alone. */
+static void test_bad_inputs(void **state)
+{
+    (void)state;
+    char good[512], nan_csv[512], ragged[512], kout[512], keep[512];
+    path(good, sizeof good, "good.h5");
+    path(nan_csv, sizeof nan_csv, "nan.csv");
+    path(ragged, sizeof ragged, "ragged.csv");
+    path(kout, sizeof kout, "never.h5");
+    path(keep, sizeof keep, "keep.h5");
+    double X[6] = {0.3, -1.2, 2.5, 0.7, 1.1, -0.4};
+    h5_write(good, "/x", X, 3, 2);
+    FILE *f = fopen(nan_csv, "w");
+    fputs("0.5,1.5\nnan,2.0\n", f);
+    fclose(f);
+    f = fopen(ragged, "w");
+    fputs("0.5,1.5,2.5\n1.0,2.0\n", f);
+    fclose(f);
+    f = fopen(keep, "w");
+    fputs("precious", f);
+    fclose(f);
+
+    struct { const char *args; const char *needle; } cases[] = {
+        {"--arch=mlp --input=/nonexistent/x.h5:/x --output=%s", "nonexistent"},
+        {"--arch=mlp --input=%G:/nope --output=%s", "nope"},
+        {"--arch=mlp --input=%N --output=%s", "non-finite"},
+        {"--arch=mlp --input=%R --output=%s", "column"},
+        {"--arch=mlp --phi=frobnicate --input=%G:/x --output=%s", "frobnicate"},
+        {"--arch=mlp --sigma-w2=-1 --input=%G:/x --output=%s", "sigma-w2"},
+        {"--arch=mlp --sigma-b2=-0.5 --input=%G:/x --output=%s", "sigma-b2"},
+        {"--arch=mlp --depth=0 --input=%G:/x --output=%s", "depth"},
+        {"--arch=mlp --depth=two --input=%G:/x --output=%s", "depth"},
+        {"--arch=resnet9000 --input=%G:/x --output=%s", "resnet9000"},
+        {"--arch=mlp --input=%G:/x", "output"},
+        {"--arch=mlp --input=%G:/x --output=/nonexistent-dir/K.h5", "nonexistent-dir"},
+        {"--arch=mlp --input=%G:/x --bogus --output=%s", "bogus"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        /* expand %G, %N, %R (inputs) and %s (output) */
+        char args[2048] = "", *o = args;
+        for (const char *p = cases[i].args; *p; p++) {
+            if (*p == '%' && p[1]) {
+                const char *sub = p[1] == 'G' ? good : p[1] == 'N' ? nan_csv
+                                : p[1] == 'R' ? ragged : kout;
+                o += sprintf(o, "'%s'", sub);
+                p++;
+            } else {
+                *o++ = *p;
+                *o = '\0';
+            }
+        }
+        int rc = gpkernel(args);
+        char err[4096];
+        read_stderr(err, sizeof err);
+        if (rc == 0)
+            fail_msg("case %zu (%s) exited 0", i, args);
+        if (!strstr(err, cases[i].needle))
+            fail_msg("case %zu: message does not name '%s': %s", i, cases[i].needle, err);
+        char *nl = strchr(err, '\n');
+        if (!nl || nl[1] != '\0')
+            fail_msg("case %zu: message is not one line: %s", i, err);
+        if (exists(kout))
+            fail_msg("case %zu left an output file", i);
+    }
+    /* A failing run aimed at an existing file leaves it intact. */
+    char args[2048];
+    snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s'", nan_csv, keep);
+    assert_int_not_equal(gpkernel(args), 0);
+    f = fopen(keep, "r");
+    char buf[32] = "";
+    assert_non_null(fgets(buf, sizeof buf, f));
+    fclose(f);
+    assert_string_equal(buf, "precious");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_relu_matches_direct_recursion),
+        cmocka_unit_test(test_tanh_matches_high_order_reference),
+        cmocka_unit_test(test_test_set_outputs),
+        cmocka_unit_test(test_provenance_attributes),
+        cmocka_unit_test(test_bad_inputs),
+    };
+    return cmocka_run_group_tests_name("gpkernel_cli", tests, setup, teardown);
+}
