@@ -18,11 +18,20 @@ typedef struct tpk_input_info {
 
 /* Read "file.h5:/dataset", "file.npy" (float32/float64, C order) or "file.csv" (numbers, optional
  * header line, no ragged rows). Rank 2 (N×d) .. 4. Non-finite values are rejected with TPK_EDOM
- * naming the first bad position. `info` may be NULL. */
+ * naming the first bad position. `info` may be NULL.
+ * Details: a rank-1 array (HDF5 or .npy) is read as N×1; rank 0, rank >= 5 and empty arrays are
+ * TPK_EFORMAT. HDF5 datasets of any integer or float type are converted to float64; .npy accepts
+ * '<f8', '<f4' and their big-endian forms, header versions 1..3; a CSV is always rank 2.
+ * "file.h5" without ":/dataset" is TPK_EINVAL, with the file's datasets listed. While inside
+ * HDF5 the library's own error printing is switched off and then restored (process state: call
+ * HDF5 from one thread at a time). */
 TPK_API tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx);
 
 /* SHA-256 of n bytes as 64 hex digits + NUL. */
 TPK_API void tpk_sha256_hex(const void *data, size_t n, char out[65]);
+/* SHA-256 of an array's float64 values as little-endian bytes in row-major order (the same
+ * fingerprint tpk_io_read puts in info->sha256), as 64 hex digits + NUL. */
+TPK_API void tpk_sha256_array_hex(const tpk_array *a, char out[65]);
 
 /* Atomic HDF5 output: everything goes to a hidden temporary file in the destination folder,
  * which replaces `path` only on tpk_h5out_commit. An error or abort leaves `path` untouched. */
@@ -47,7 +56,8 @@ TPK_API int tpk_h5out_provenance(tpk_h5out *out, int argc, char **argv, tpk_ctx 
  * <prefix>_format, <prefix>_sha256, <prefix>_shape. */
 TPK_API int tpk_h5out_input_attrs(tpk_h5out *out, const char *prefix, const tpk_input_info *info,
                                   const tpk_array *a, tpk_ctx *ctx);
-/* Flush, close, fsync and rename into place; frees `out` whatever happens. */
+/* Flush, close, fsync and rename into place; frees `out` whatever happens. Refuses (TPK_EIO,
+ * temporary removed, `path` untouched) if any earlier write or attribute call on `out` failed. */
 TPK_API int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx);
 /* Remove the temporary file and free. NULL is a no-op. */
 TPK_API void tpk_h5out_abort(tpk_h5out *out);

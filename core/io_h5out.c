@@ -1,0 +1,490 @@
+/* Atomic, self-describing HDF5 output: write to a hidden temp file, fsync, rename into place. */
+#include "io_impl.h"
+#include "tpk/io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef TPK_VERSION
+#define TPK_VERSION "unknown"
+#endif
+
+/* How many temp names to try before giving up: each name carries 64 random-ish bits, so a
+ * second try is already unlikely; the loop only guards against a stale file by bad luck. */
+#define TMP_TRIES 16
+
+struct tpk_h5out {
+    hid_t file;
+    char *path;   /* final destination */
+    char *tmp;    /* ".<basename>.tmp.<pid>.<hex>" beside it, so rename() stays on one filesystem */
+    int failed;   /* an operation failed: commit must not publish a partial file */
+};
+
+/* splitmix64 (Steele, Lea, Flood 2014): spreads clock and address bits over the whole word. */
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int mark_failed(tpk_h5out *out, tpk_ctx *ctx, int status, const char *what,
+                       const char *name)
+{
+    out->failed = 1;
+    return TPK_ERROR(ctx, status, "%s: %s '%s'", out->path, what, name);
+}
+
+tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
+{
+    char eb[128];
+    if (path == NULL || path[0] == '\0') {
+        TPK_ERROR(ctx, TPK_EINVAL, "empty output path");
+        return NULL;
+    }
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(EISDIR, eb, sizeof eb));
+        return NULL;
+    }
+    tpk_h5out *out = calloc(1, sizeof *out);
+    size_t plen = strlen(path);
+    const char *slash = strrchr(path, '/');
+    size_t dlen = slash ? (size_t)(slash - path) + 1 : 0; /* directory part, with its '/' */
+    const char *base = slash ? slash + 1 : path;
+    size_t tcap = plen + 64;
+    if (out == NULL || (out->path = malloc(plen + 1)) == NULL ||
+        (out->tmp = malloc(tcap)) == NULL) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    out->file = -1;
+    memcpy(out->path, path, plen + 1);
+    if (base[0] == '\0') {
+        TPK_ERROR(ctx, TPK_EINVAL, "%s: output path names a directory, not a file", path);
+        goto fail;
+    }
+
+    /* Create the temp file ourselves with O_EXCL, so two processes (or two writers in one
+     * process) can never share one, and with mode 0666 so the umask applies as it would to
+     * any new file (mkstemp would force 0600). This is also the early check the callers rely
+     * on: a missing or unwritable directory fails here, before any computation. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seed = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    seed ^= (uint64_t)(uintptr_t)out;
+    int fd = -1, err = 0;
+    for (int t = 0; t < TMP_TRIES && fd < 0; t++) {
+        snprintf(out->tmp, tcap, "%.*s.%s.tmp.%ld.%016llx", (int)dlen, path, base,
+                 (long)getpid(), (unsigned long long)mix64(seed + (uint64_t)t));
+        fd = open(out->tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        err = errno;
+        if (fd < 0 && err != EEXIST)
+            break;
+    }
+    if (fd < 0) {
+        if (dlen > 0)
+            TPK_ERROR(ctx, TPK_EIO, "%s: cannot create output in '%.*s': %s", path, (int)dlen,
+                      path, tpk_io_errstr(err, eb, sizeof eb));
+        else
+            TPK_ERROR(ctx, TPK_EIO, "%s: cannot create output in the current directory: %s",
+                      path, tpk_io_errstr(err, eb, sizeof eb));
+        goto fail;
+    }
+    close(fd);
+
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    /* CLOSE_STRONG: H5Fclose really closes the file even if some handle leaked, so commit
+     * never renames a file HDF5 is still writing. */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl >= 0)
+        H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
+    out->file = H5Fcreate(out->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl >= 0 ? fapl : H5P_DEFAULT);
+    if (fapl >= 0)
+        H5Pclose(fapl);
+    tpk_h5_quiet_end(&q);
+    if (out->file < 0) {
+        unlink(out->tmp);
+        TPK_ERROR(ctx, TPK_EIO, "%s: cannot create HDF5 file '%s'", path, out->tmp);
+        goto fail;
+    }
+    return out;
+fail:
+    if (out != NULL) {
+        free(out->path);
+        free(out->tmp);
+        free(out);
+    }
+    return NULL;
+}
+
+static int check_out(const tpk_h5out *out, const char *name, tpk_ctx *ctx)
+{
+    if (out == NULL || out->file < 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "HDF5 output is not open");
+    if (name == NULL || name[0] != '/' || name[1] == '\0' || name[strlen(name) - 1] == '/' ||
+        strstr(name, "//") != NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: dataset name '%s' must be an absolute path like "
+                         "\"/kernel\" or \"/group/x\"", out->path, name ? name : "(null)");
+    return TPK_OK;
+}
+
+/* Create and fill one contiguous dataset (no chunking, no compression: kernels are dense and
+ * read whole, and contiguous layout keeps the file readable by anything). */
+static int write_dataset(tpk_h5out *out, const char *name, int rank, const hsize_t *dims,
+                         hid_t file_type, hid_t mem_type, const void *buf, tpk_ctx *ctx)
+{
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    int st = TPK_OK;
+    hid_t lcpl = -1, space = -1, ds = -1;
+    if (H5Lexists(out->file, name, H5P_DEFAULT) > 0) {
+        st = mark_failed(out, ctx, TPK_EINVAL, "already has an object named", name);
+        goto done;
+    }
+    lcpl = H5Pcreate(H5P_LINK_CREATE);
+    if (lcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0) {
+        st = mark_failed(out, ctx, TPK_EIO, "cannot prepare dataset", name);
+        goto done;
+    }
+    space = H5Screate_simple(rank, dims, NULL);
+    if (space < 0) {
+        st = mark_failed(out, ctx, TPK_EIO, "cannot make dataspace for", name);
+        goto done;
+    }
+    ds = H5Dcreate2(out->file, name, file_type, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    if (ds < 0) {
+        st = mark_failed(out, ctx, TPK_EIO, "cannot create dataset", name);
+        goto done;
+    }
+    if (H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0)
+        st = mark_failed(out, ctx, TPK_EIO, "cannot write dataset", name);
+done:
+    if (ds >= 0)
+        H5Dclose(ds);
+    if (space >= 0)
+        H5Sclose(space);
+    if (lcpl >= 0)
+        H5Pclose(lcpl);
+    tpk_h5_quiet_end(&q);
+    return st;
+}
+
+int tpk_h5out_write(tpk_h5out *out, const char *name, const tpk_array *a, tpk_ctx *ctx)
+{
+    int st = check_out(out, name, ctx);
+    if (st != TPK_OK)
+        return st;
+    if (a == NULL || a->ndim < 1 || a->ndim > TPK_ARRAY_MAXDIM) {
+        out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: '%s': array missing or of rank outside 1..%d",
+                         out->path, name, TPK_ARRAY_MAXDIM);
+    }
+    hsize_t dims[TPK_ARRAY_MAXDIM];
+    for (int i = 0; i < a->ndim; i++)
+        dims[i] = (hsize_t)a->dims[i];
+    return write_dataset(out, name, a->ndim, dims, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, a->data,
+                         ctx);
+}
+
+int tpk_h5out_write_ints(tpk_h5out *out, const char *name, const long long *v, size_t n,
+                         tpk_ctx *ctx)
+{
+    int st = check_out(out, name, ctx);
+    if (st != TPK_OK)
+        return st;
+    if (v == NULL && n > 0) {
+        out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: '%s': NULL data", out->path, name);
+    }
+    hsize_t dims[1] = {(hsize_t)n};
+    return write_dataset(out, name, 1, dims, H5T_STD_I64LE, H5T_NATIVE_LLONG, v, ctx);
+}
+
+/* Write (or replace) one attribute on `obj` ("/" when NULL). Replacing rather than failing lets
+ * a caller set a default early and refine it later. */
+static int write_attr(tpk_h5out *out, const char *obj, const char *key, hid_t file_type,
+                      hid_t mem_type, int rank, const hsize_t *dims, const void *buf,
+                      tpk_ctx *ctx)
+{
+    if (out == NULL || out->file < 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "HDF5 output is not open");
+    if (obj == NULL)
+        obj = "/";
+    if (key == NULL || key[0] == '\0') {
+        out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: empty attribute name on '%s'", out->path, obj);
+    }
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    int st = TPK_OK;
+    hid_t o = -1, space = -1, at = -1;
+    o = H5Oopen(out->file, obj, H5P_DEFAULT);
+    if (o < 0) {
+        out->failed = 1;
+        st = TPK_ERROR(ctx, TPK_ENOTFOUND, "%s: no object '%s' to put attribute '%s' on",
+                       out->path, obj, key);
+        goto done;
+    }
+    if (H5Aexists(o, key) > 0 && H5Adelete(o, key) < 0) {
+        st = mark_failed(out, ctx, TPK_EIO, "cannot replace attribute", key);
+        goto done;
+    }
+    space = rank == 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(rank, dims, NULL);
+    if (space < 0) {
+        st = mark_failed(out, ctx, TPK_EIO, "cannot make dataspace for attribute", key);
+        goto done;
+    }
+    at = H5Acreate2(o, key, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+    if (at < 0 || H5Awrite(at, mem_type, buf) < 0)
+        st = mark_failed(out, ctx, TPK_EIO, "cannot write attribute", key);
+done:
+    if (at >= 0)
+        H5Aclose(at);
+    if (space >= 0)
+        H5Sclose(space);
+    if (o >= 0)
+        H5Oclose(o);
+    tpk_h5_quiet_end(&q);
+    return st;
+}
+
+int tpk_h5out_attr_str(tpk_h5out *out, const char *obj, const char *key, const char *val,
+                       tpk_ctx *ctx)
+{
+    /* Variable-length UTF-8: h5py hands these back as str (fixed-length ones come back as
+     * bytes), and any length fits. */
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t < 0 || H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+        if (t >= 0)
+            H5Tclose(t);
+        if (out != NULL)
+            out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EIO, "cannot make string type for attribute '%s'",
+                         key ? key : "");
+    }
+    const char *v = val ? val : "";
+    int st = write_attr(out, obj, key, t, t, 0, NULL, &v, ctx);
+    H5Tclose(t);
+    return st;
+}
+
+int tpk_h5out_attr_double(tpk_h5out *out, const char *obj, const char *key, double val,
+                          tpk_ctx *ctx)
+{
+    return write_attr(out, obj, key, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 0, NULL, &val, ctx);
+}
+
+int tpk_h5out_attr_int(tpk_h5out *out, const char *obj, const char *key, long long val,
+                       tpk_ctx *ctx)
+{
+    return write_attr(out, obj, key, H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, NULL, &val, ctx);
+}
+
+/* Characters that never need quoting in a POSIX shell word. */
+static int shell_safe(const char *s)
+{
+    if (*s == '\0')
+        return 0;
+    for (; *s; s++)
+        if (!strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-",
+                     *s))
+            return 0;
+    return 1;
+}
+
+/* argv joined so that pasting it into sh re-runs the same command: unsafe words go in single
+ * quotes, and a ' inside becomes '\'' (close, escaped quote, reopen). */
+static char *join_argv(int argc, char **argv)
+{
+    size_t n = 1;
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i] ? argv[i] : "";
+        n += 3 + 4 * strlen(s); /* worst case: every char a ' */
+    }
+    char *buf = malloc(n), *p = buf;
+    if (buf == NULL)
+        return NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i] ? argv[i] : "";
+        if (i > 0)
+            *p++ = ' ';
+        if (shell_safe(s)) {
+            size_t k = strlen(s);
+            memcpy(p, s, k);
+            p += k;
+            continue;
+        }
+        *p++ = '\'';
+        for (; *s; s++) {
+            if (*s == '\'') {
+                memcpy(p, "'\\''", 4);
+                p += 4;
+            } else {
+                *p++ = *s;
+            }
+        }
+        *p++ = '\'';
+    }
+    *p = '\0';
+    return buf;
+}
+
+int tpk_h5out_provenance(tpk_h5out *out, int argc, char **argv, tpk_ctx *ctx)
+{
+    if (argc < 0 || (argc > 0 && argv == NULL))
+        return TPK_ERROR(ctx, TPK_EINVAL, "provenance: bad argc/argv");
+    char *cmd = join_argv(argc, argv);
+    if (cmd == NULL) {
+        if (out != NULL)
+            out->failed = 1;
+        return TPK_ERROR(ctx, TPK_ENOMEM, "provenance: out of memory");
+    }
+    char created[32] = "";
+    time_t now = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&now, &tm) != NULL)
+        strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int st = tpk_h5out_attr_str(out, "/", "toolkit_version", TPK_VERSION, ctx);
+    if (st == TPK_OK)
+        st = tpk_h5out_attr_str(out, "/", "command_line", cmd, ctx);
+    if (st == TPK_OK)
+        st = tpk_h5out_attr_str(out, "/", "created", created, ctx);
+    free(cmd);
+    return st;
+}
+
+int tpk_h5out_input_attrs(tpk_h5out *out, const char *prefix, const tpk_input_info *info,
+                          const tpk_array *a, tpk_ctx *ctx)
+{
+    if (prefix == NULL || prefix[0] == '\0' || strlen(prefix) > 64 || info == NULL || a == NULL ||
+        a->ndim < 1 || a->ndim > TPK_ARRAY_MAXDIM) {
+        if (out != NULL)
+            out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EINVAL, "input attributes: bad prefix, info or array");
+    }
+    char key[96];
+    int st;
+    snprintf(key, sizeof key, "%s_file", prefix);
+    st = tpk_h5out_attr_str(out, "/", key, info->path, ctx);
+    if (st == TPK_OK) {
+        snprintf(key, sizeof key, "%s_dataset", prefix);
+        st = tpk_h5out_attr_str(out, "/", key, info->dataset, ctx);
+    }
+    if (st == TPK_OK) {
+        snprintf(key, sizeof key, "%s_format", prefix);
+        st = tpk_h5out_attr_str(out, "/", key, info->format, ctx);
+    }
+    if (st == TPK_OK) {
+        snprintf(key, sizeof key, "%s_sha256", prefix);
+        st = tpk_h5out_attr_str(out, "/", key, info->sha256, ctx);
+    }
+    if (st == TPK_OK) {
+        /* An int64 array rather than "4096x784": readers get numbers without parsing. */
+        long long shape[TPK_ARRAY_MAXDIM];
+        hsize_t n = (hsize_t)a->ndim;
+        for (int i = 0; i < a->ndim; i++)
+            shape[i] = (long long)a->dims[i];
+        snprintf(key, sizeof key, "%s_shape", prefix);
+        st = write_attr(out, "/", key, H5T_STD_I64LE, H5T_NATIVE_LLONG, 1, &n, shape, ctx);
+    }
+    return st;
+}
+
+/* fsync a path (file or directory). Directories: EINVAL means the filesystem cannot sync
+ * them, which is not an error we can act on. */
+static int sync_path(const char *p, int dir)
+{
+    int fd = open(p, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+    if (fd < 0)
+        return -1;
+    int r = fsync(fd);
+    if (r != 0 && dir && errno == EINVAL)
+        r = 0;
+    close(fd);
+    return r;
+}
+
+static void out_free(tpk_h5out *out)
+{
+    free(out->path);
+    free(out->tmp);
+    free(out);
+}
+
+int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx)
+{
+    char eb[128];
+    if (out == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "commit of a NULL HDF5 output");
+    int st = TPK_OK;
+    if (out->failed) {
+        st = TPK_ERROR(ctx, TPK_EIO, "%s: not written, an earlier write to it failed",
+                       out->path);
+        tpk_h5out_abort(out);
+        return st;
+    }
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    herr_t hf = H5Fflush(out->file, H5F_SCOPE_GLOBAL);
+    herr_t hc = H5Fclose(out->file);
+    tpk_h5_quiet_end(&q);
+    out->file = -1;
+    /* Data must be on disk before the rename makes it visible: otherwise a crash can leave a
+     * renamed but empty file where the old good one was. */
+    if (hf < 0 || hc < 0) {
+        st = TPK_ERROR(ctx, TPK_EIO, "%s: HDF5 flush/close of '%s' failed", out->path, out->tmp);
+    } else if (sync_path(out->tmp, 0) != 0) {
+        st = TPK_ERROR(ctx, TPK_EIO, "%s: fsync of '%s' failed: %s", out->path, out->tmp,
+                       tpk_io_errstr(errno, eb, sizeof eb));
+    } else if (rename(out->tmp, out->path) != 0) {
+        st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot rename '%s' into place: %s", out->path,
+                       out->tmp, tpk_io_errstr(errno, eb, sizeof eb));
+    } else {
+        /* Make the rename itself durable. Failure here leaves the new file in place and
+         * readable, so it is not reported. */
+        const char *slash = strrchr(out->path, '/');
+        if (slash == NULL) {
+            sync_path(".", 1);
+        } else if (slash == out->path) {
+            sync_path("/", 1);
+        } else {
+            size_t dlen = (size_t)(slash - out->path);
+            char *dir = malloc(dlen + 1);
+            if (dir != NULL) {
+                memcpy(dir, out->path, dlen);
+                dir[dlen] = '\0';
+                sync_path(dir, 1);
+                free(dir);
+            }
+        }
+        out_free(out);
+        return TPK_OK;
+    }
+    unlink(out->tmp);
+    out_free(out);
+    return st;
+}
+
+void tpk_h5out_abort(tpk_h5out *out)
+{
+    if (out == NULL)
+        return;
+    if (out->file >= 0) {
+        tpk_h5_quiet q;
+        tpk_h5_quiet_begin(&q);
+        H5Fclose(out->file);
+        tpk_h5_quiet_end(&q);
+    }
+    unlink(out->tmp);
+    out_free(out);
+}

@@ -1,0 +1,43 @@
+/* Internal helpers shared by the readers and the HDF5 writer (not installed). */
+#ifndef TPK_IO_IMPL_H
+#define TPK_IO_IMPL_H
+
+#include <hdf5.h>
+#include <stdio.h>
+#include <string.h>
+
+/* HDF5 prints its whole error stack to stderr by default; we report through tpk_ctx instead.
+ * The print hook is process-wide state, so it is switched off only around our own calls and the
+ * caller's setting is restored afterwards (HDF5 serial is not thread-safe anyway: one thread at a
+ * time may be inside HDF5, which makes save/restore sound). */
+typedef struct tpk_h5_quiet {
+    H5E_auto2_t func;
+    void *data;
+} tpk_h5_quiet;
+
+static inline void tpk_h5_quiet_begin(tpk_h5_quiet *q)
+{
+    q->func = NULL;
+    q->data = NULL;
+    if (H5Eget_auto2(H5E_DEFAULT, &q->func, &q->data) < 0) {
+        q->func = NULL;
+        q->data = NULL;
+    }
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+static inline void tpk_h5_quiet_end(const tpk_h5_quiet *q)
+{
+    H5Eset_auto2(H5E_DEFAULT, q->func, q->data);
+}
+
+/* strerror without strerror's shared static buffer (the XSI strerror_r, which
+ * -D_POSIX_C_SOURCE selects), so two threads reading files do not garble each other's message. */
+static inline const char *tpk_io_errstr(int errnum, char *buf, size_t n)
+{
+    if (strerror_r(errnum, buf, n) != 0)
+        snprintf(buf, n, "error %d", errnum);
+    return buf;
+}
+
+#endif

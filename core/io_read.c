@@ -1,0 +1,760 @@
+/* Input readers: "file.h5:/dataset", "file.npy" and "file.csv" into a float64 tpk_array. */
+#include "io_impl.h"
+#include "tpk/io.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+/* Shape policy, the same for every format: rank 2..4 is taken as is; rank 1 (a vector of N
+ * scalar inputs, as np.save(x) of a 1-D x gives) is read as N×1 because every consumer treats
+ * axis 0 as the sample axis; rank 0 and rank >= 5 are rejected; an array with no values is
+ * rejected (there is no kernel of zero inputs). */
+#define READ_MAXDIM 8 /* how many dims we parse before rejecting: enough to say "rank 5" */
+
+/* A .npy header is a few hundred bytes; anything past this is not a NumPy file we wrote. */
+#define NPY_MAX_HEADER (1u << 20)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Common helpers                                                                             */
+
+static int ends_with_ci(const char *s, size_t n, const char *suffix)
+{
+    size_t k = strlen(suffix);
+    return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
+}
+
+/* "4096x784" for messages. */
+static void shape_str(int ndim, const size_t *dims, char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < ndim && used < n; i++) {
+        int w = snprintf(buf + used, n - used, i ? "x%zu" : "%zu", dims[i]);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}
+
+/* Check the file can be opened before handing it to a library, so a missing file reads
+ * "X: No such file or directory" rather than a library's own wording. */
+static FILE *open_input(const char *path, tpk_ctx *ctx)
+{
+    char eb[128];
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(errno, eb, sizeof eb));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(EISDIR, eb, sizeof eb));
+        return NULL;
+    }
+    return f;
+}
+
+/* Turn a parsed shape into an array, applying the shape policy above. */
+static tpk_array *alloc_shaped(const char *path, int ndim, const size_t *dims, tpk_ctx *ctx)
+{
+    char sb[160];
+    shape_str(ndim, dims, sb, sizeof sb);
+    if (ndim < 1) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: scalar (rank 0) data; expected an array of rank 1..4",
+                  path);
+        return NULL;
+    }
+    if (ndim > TPK_ARRAY_MAXDIM) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: rank %d (shape %s) not supported; expected rank 1..%d",
+                  path, ndim, sb, TPK_ARRAY_MAXDIM);
+        return NULL;
+    }
+    size_t d[TPK_ARRAY_MAXDIM];
+    int nd = ndim;
+    for (int i = 0; i < ndim; i++) {
+        d[i] = dims[i];
+        if (dims[i] == 0) {
+            TPK_ERROR(ctx, TPK_EFORMAT, "%s: array of shape %s has no values", path, sb);
+            return NULL;
+        }
+    }
+    if (ndim == 1) {
+        d[1] = 1;
+        nd = 2;
+    }
+    return tpk_array_alloc(nd, d, ctx);
+}
+
+/* Reject NaN/Inf, naming the first one by its 0-based index in the stored shape. */
+static int check_finite(const char *path, const tpk_array *a, tpk_ctx *ctx)
+{
+    size_t n = tpk_array_size(a);
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(a->data[i]))
+            continue;
+        char idx[160], sb[160];
+        size_t rem = i, used = 0, pos[TPK_ARRAY_MAXDIM];
+        for (int k = a->ndim - 1; k >= 0; k--) {
+            pos[k] = rem % a->dims[k];
+            rem /= a->dims[k];
+        }
+        for (int k = 0; k < a->ndim; k++)
+            used += (size_t)snprintf(idx + used, sizeof idx - used, k ? ", %zu" : "%zu", pos[k]);
+        shape_str(a->ndim, a->dims, sb, sizeof sb);
+        return TPK_ERROR(ctx, TPK_EDOM,
+                         "%s: non-finite value %g at index [%s] (0-based) of shape %s", path,
+                         a->data[i], idx, sb);
+    }
+    return TPK_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* HDF5                                                                                       */
+
+typedef struct ds_list {
+    char buf[512];
+    size_t used;
+    int count;
+    int truncated;
+} ds_list;
+
+/* H5Lvisit callback: collect the names of datasets (hard links only: a soft link to a missing
+ * target would make H5Oopen fail, and listing it twice helps nobody). */
+static herr_t list_visit(hid_t group, const char *name, const H5L_info_t *li, void *op)
+{
+    ds_list *l = op;
+    if (li->type != H5L_TYPE_HARD)
+        return 0;
+    hid_t o = H5Oopen(group, name, H5P_DEFAULT);
+    if (o < 0)
+        return 0;
+    int is_ds = H5Iget_type(o) == H5I_DATASET;
+    H5Oclose(o);
+    if (!is_ds)
+        return 0;
+    size_t need = strlen(name) + 3;
+    if (l->truncated || l->used + need + 8 >= sizeof l->buf) {
+        l->truncated = 1;
+        return 0;
+    }
+    l->used += (size_t)snprintf(l->buf + l->used, sizeof l->buf - l->used, "%s/%s",
+                                l->count ? ", " : "", name);
+    l->count++;
+    return 0;
+}
+
+static void list_datasets(hid_t file, ds_list *l)
+{
+    memset(l, 0, sizeof *l);
+    H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, list_visit, l);
+    if (l->count == 0)
+        snprintf(l->buf, sizeof l->buf, "none");
+    else if (l->truncated)
+        snprintf(l->buf + l->used, sizeof l->buf - l->used, ", ...");
+}
+
+static tpk_array *read_h5(const char *path, const char *dsname, tpk_ctx *ctx)
+{
+    FILE *probe = open_input(path, ctx);
+    if (probe == NULL)
+        return NULL;
+    fclose(probe);
+
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    tpk_array *a = NULL;
+    hid_t file = -1, obj = -1, space = -1, type = -1;
+    ds_list l;
+
+    if (H5Fis_hdf5(path) <= 0) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: not an HDF5 file", path);
+        goto done;
+    }
+    file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0) {
+        TPK_ERROR(ctx, TPK_EIO, "%s: cannot open HDF5 file", path);
+        goto done;
+    }
+    if (dsname[0] == '\0') {
+        list_datasets(file, &l);
+        TPK_ERROR(ctx, TPK_EINVAL, "%s: no dataset given; use %s:/name (datasets: %s)", path,
+                  path, l.buf);
+        goto done;
+    }
+    obj = H5Oopen(file, dsname, H5P_DEFAULT);
+    if (obj < 0) {
+        list_datasets(file, &l);
+        TPK_ERROR(ctx, TPK_ENOTFOUND, "%s: no dataset '%s' (datasets: %s)", path, dsname, l.buf);
+        goto done;
+    }
+    if (H5Iget_type(obj) != H5I_DATASET) {
+        list_datasets(file, &l);
+        TPK_ERROR(ctx, TPK_ENOTFOUND, "%s: '%s' is a group, not a dataset (datasets: %s)", path,
+                  dsname, l.buf);
+        goto done;
+    }
+    type = H5Dget_type(obj);
+    H5T_class_t cls = type < 0 ? H5T_NO_CLASS : H5Tget_class(type);
+    if (cls != H5T_FLOAT && cls != H5T_INTEGER) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s:%s: unsupported datatype (expected float or integer)",
+                  path, dsname);
+        goto done;
+    }
+    space = H5Dget_space(obj);
+    int nd = space < 0 ? -1 : H5Sget_simple_extent_ndims(space);
+    if (nd < 0) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s:%s: cannot read dataspace", path, dsname);
+        goto done;
+    }
+    hsize_t hd[H5S_MAX_RANK];
+    size_t dims[H5S_MAX_RANK];
+    H5Sget_simple_extent_dims(space, hd, NULL);
+    for (int i = 0; i < nd; i++) {
+        dims[i] = (size_t)hd[i];
+        if ((hsize_t)dims[i] != hd[i]) {
+            TPK_ERROR(ctx, TPK_ENOMEM, "%s:%s: dataset too large", path, dsname);
+            goto done;
+        }
+    }
+    char where[1300];
+    snprintf(where, sizeof where, "%s:%s", path, dsname);
+    a = alloc_shaped(where, nd, dims, ctx);
+    if (a == NULL)
+        goto done;
+    /* HDF5 converts any integer or float file type to native double on the way in. */
+    if (H5Dread(obj, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, a->data) < 0) {
+        TPK_ERROR(ctx, TPK_EIO, "%s: read failed", where);
+        tpk_array_free(a);
+        a = NULL;
+        goto done;
+    }
+    if (check_finite(where, a, ctx) != TPK_OK) {
+        tpk_array_free(a);
+        a = NULL;
+    }
+done:
+    if (type >= 0)
+        H5Tclose(type);
+    if (space >= 0)
+        H5Sclose(space);
+    if (obj >= 0)
+        H5Oclose(obj);
+    if (file >= 0)
+        H5Fclose(file);
+    tpk_h5_quiet_end(&q);
+    return a;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* NumPy .npy (format spec: numpy/lib/format.py, versions 1.0, 2.0, 3.0)                      */
+
+typedef struct npy_header {
+    char descr[32];
+    int have_descr, have_order, have_shape;
+    int fortran;
+    int ndim;
+    size_t dims[READ_MAXDIM];
+} npy_header;
+
+typedef struct npy_lex {
+    const char *p, *end;
+} npy_lex;
+
+static void npy_ws(npy_lex *lx)
+{
+    while (lx->p < lx->end && isspace((unsigned char)*lx->p))
+        lx->p++;
+}
+
+static int npy_accept(npy_lex *lx, char c)
+{
+    npy_ws(lx);
+    if (lx->p < lx->end && *lx->p == c) {
+        lx->p++;
+        return 1;
+    }
+    return 0;
+}
+
+/* string := "'" chars "'" | '"' chars '"' */
+static int npy_string(npy_lex *lx, char *out, size_t n)
+{
+    npy_ws(lx);
+    if (lx->p >= lx->end || (*lx->p != '\'' && *lx->p != '"'))
+        return -1;
+    char q = *lx->p++;
+    size_t k = 0;
+    while (lx->p < lx->end && *lx->p != q) {
+        if (k + 1 >= n)
+            return -1;
+        out[k++] = *lx->p++;
+    }
+    if (lx->p >= lx->end)
+        return -1;
+    lx->p++;
+    out[k] = '\0';
+    return 0;
+}
+
+/* bool := 'True' | 'False' */
+static int npy_bool(npy_lex *lx, int *v)
+{
+    npy_ws(lx);
+    size_t left = (size_t)(lx->end - lx->p);
+    if (left >= 4 && strncmp(lx->p, "True", 4) == 0) {
+        lx->p += 4;
+        *v = 1;
+        return 0;
+    }
+    if (left >= 5 && strncmp(lx->p, "False", 5) == 0) {
+        lx->p += 5;
+        *v = 0;
+        return 0;
+    }
+    return -1;
+}
+
+/* tuple := '(' [ int { ',' int } [ ',' ] ] ')'   (Python writes (3,) for a 1-tuple) */
+static int npy_shape(npy_lex *lx, npy_header *h)
+{
+    if (!npy_accept(lx, '('))
+        return -1;
+    h->ndim = 0;
+    for (;;) {
+        if (npy_accept(lx, ')'))
+            return 0;
+        npy_ws(lx);
+        if (lx->p >= lx->end || !isdigit((unsigned char)*lx->p))
+            return -1;
+        unsigned long long v = 0;
+        while (lx->p < lx->end && isdigit((unsigned char)*lx->p)) {
+            unsigned d = (unsigned)(*lx->p++ - '0');
+            if (v > (SIZE_MAX - d) / 10)
+                return -1;
+            v = v * 10 + d;
+        }
+        /* Count every dim so "rank 7" is reported, but store only what fits. */
+        if (h->ndim < READ_MAXDIM)
+            h->dims[h->ndim] = (size_t)v;
+        h->ndim++;
+        if (!npy_accept(lx, ',')) {
+            if (npy_accept(lx, ')'))
+                return 0;
+            return -1;
+        }
+    }
+}
+
+/* header := '{' { string ':' value ',' } '}'   keys: 'descr', 'fortran_order', 'shape' */
+static int npy_parse_header(const char *path, const char *text, size_t len, npy_header *h,
+                            tpk_ctx *ctx)
+{
+    npy_lex lx = {text, text + len};
+    memset(h, 0, sizeof *h);
+    if (!npy_accept(&lx, '{'))
+        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: malformed .npy header (no '{')", path);
+    while (!npy_accept(&lx, '}')) {
+        char key[32];
+        if (npy_string(&lx, key, sizeof key) != 0 || !npy_accept(&lx, ':'))
+            return TPK_ERROR(ctx, TPK_EFORMAT, "%s: malformed .npy header", path);
+        int bad;
+        if (strcmp(key, "descr") == 0) {
+            npy_ws(&lx);
+            if (lx.p < lx.end && *lx.p == '[')
+                return TPK_ERROR(ctx, TPK_EFORMAT,
+                                 "%s: structured dtype not supported (expected '<f8' or '<f4')",
+                                 path);
+            bad = npy_string(&lx, h->descr, sizeof h->descr);
+            h->have_descr = 1;
+        } else if (strcmp(key, "fortran_order") == 0) {
+            bad = npy_bool(&lx, &h->fortran);
+            h->have_order = 1;
+        } else if (strcmp(key, "shape") == 0) {
+            bad = npy_shape(&lx, h);
+            h->have_shape = 1;
+        } else {
+            return TPK_ERROR(ctx, TPK_EFORMAT, "%s: unexpected key '%s' in .npy header", path,
+                             key);
+        }
+        if (bad)
+            return TPK_ERROR(ctx, TPK_EFORMAT, "%s: malformed '%s' in .npy header", path, key);
+        if (!npy_accept(&lx, ',')) {
+            if (npy_accept(&lx, '}'))
+                break;
+            return TPK_ERROR(ctx, TPK_EFORMAT, "%s: malformed .npy header", path);
+        }
+    }
+    if (!h->have_descr || !h->have_order || !h->have_shape)
+        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: .npy header lacks '%s'", path,
+                         !h->have_descr ? "descr" : !h->have_order ? "fortran_order" : "shape");
+    return TPK_OK;
+}
+
+static uint64_t load_u64(const unsigned char *b, int big)
+{
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++)
+        u |= (uint64_t)b[big ? 7 - i : i] << (8 * i);
+    return u;
+}
+
+static uint32_t load_u32(const unsigned char *b, int big)
+{
+    uint32_t u = 0;
+    for (int i = 0; i < 4; i++)
+        u |= (uint32_t)b[big ? 3 - i : i] << (8 * i);
+    return u;
+}
+
+static tpk_array *read_npy(const char *path, tpk_ctx *ctx)
+{
+    FILE *f = open_input(path, ctx);
+    if (f == NULL)
+        return NULL;
+    tpk_array *a = NULL;
+    char *text = NULL;
+    unsigned char *raw = NULL;
+    unsigned char pre[12];
+    size_t prelen;
+    struct stat st;
+
+    if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a .npy file (bad magic)", path);
+        goto done;
+    }
+    /* v1 has a 2-byte header length, v2/v3 a 4-byte one; v3 only adds UTF-8 in the header. */
+    unsigned major = pre[6], minor = pre[7];
+    size_t hlen;
+    if (major == 1) {
+        hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
+        prelen = 10;
+    } else if (major == 2 || major == 3) {
+        if (fread(pre + 10, 1, 2, f) != 2) {
+            TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy header", path);
+            goto done;
+        }
+        hlen = load_u32(pre + 8, 0);
+        prelen = 12;
+    } else {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: unsupported .npy format version %u.%u", path, major,
+                  minor);
+        goto done;
+    }
+    if (hlen > NPY_MAX_HEADER) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: .npy header of %zu bytes is implausibly long", path,
+                  hlen);
+        goto done;
+    }
+    text = malloc(hlen + 1);
+    if (text == NULL) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    if (fread(text, 1, hlen, f) != hlen) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy header", path);
+        goto done;
+    }
+    text[hlen] = '\0';
+    npy_header h;
+    if (npy_parse_header(path, text, hlen, &h, ctx) != TPK_OK)
+        goto done;
+    if (h.fortran) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: Fortran order not supported (save a C-order array)",
+                  path);
+        goto done;
+    }
+    /* Both byte orders are accepted: '>f8' costs one byte swap and np.save writes it for
+     * big-endian arrays. '|' and '=' never appear for floats in files np.save writes. */
+    int big = h.descr[0] == '>';
+    size_t item;
+    if ((h.descr[0] == '<' || h.descr[0] == '>') && strcmp(h.descr + 1, "f8") == 0)
+        item = 8;
+    else if ((h.descr[0] == '<' || h.descr[0] == '>') && strcmp(h.descr + 1, "f4") == 0)
+        item = 4;
+    else {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: unsupported dtype '%s' (expected '<f8' or '<f4')", path,
+                  h.descr);
+        goto done;
+    }
+    a = alloc_shaped(path, h.ndim, h.dims, ctx);
+    if (a == NULL)
+        goto done;
+    size_t n = tpk_array_size(a);
+    size_t want = n * item; /* cannot overflow: tpk_array_alloc checked n * 8 */
+    off_t have = fstat(fileno(f), &st) == 0 ? st.st_size - (off_t)(prelen + hlen) : -1;
+    if (have >= 0 && (uint64_t)have != (uint64_t)want) {
+        char sb[160];
+        shape_str(h.ndim, h.dims, sb, sizeof sb);
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: expected %zu bytes of data for %s shape %s, found %lld",
+                  path, want, h.descr, sb, (long long)have);
+        goto fail;
+    }
+    if (item == 8) {
+        /* Read straight into the array, then fix byte order in place. */
+        if (fread(a->data, 8, n, f) != n) {
+            TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy data", path);
+            goto fail;
+        }
+        unsigned char *b = (unsigned char *)a->data;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t u = load_u64(b + 8 * i, big);
+            memcpy(&a->data[i], &u, 8);
+        }
+    } else {
+        raw = malloc(want);
+        if (raw == NULL) {
+            TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+        if (fread(raw, 4, n, f) != n) {
+            TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy data", path);
+            goto fail;
+        }
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = load_u32(raw + 4 * i, big);
+            float x;
+            memcpy(&x, &u, 4);
+            a->data[i] = (double)x;
+        }
+    }
+    if (check_finite(path, a, ctx) != TPK_OK)
+        goto fail;
+    goto done;
+fail:
+    tpk_array_free(a);
+    a = NULL;
+done:
+    free(raw);
+    free(text);
+    fclose(f);
+    return a;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* CSV: numbers separated by commas, one row per line; an optional header line is skipped.    */
+
+/* Parse one field [s, e) as a double. strtod follows LC_NUMERIC; tpk never calls setlocale,
+ * so unless the embedding program does, '.' is the decimal point. */
+static int parse_field(const char *s, const char *e, double *v)
+{
+    while (s < e && isspace((unsigned char)*s))
+        s++;
+    while (e > s && isspace((unsigned char)e[-1]))
+        e--;
+    if (s == e)
+        return -1;
+    char tmp[128];
+    size_t k = (size_t)(e - s);
+    if (k >= sizeof tmp)
+        return -1;
+    memcpy(tmp, s, k);
+    tmp[k] = '\0';
+    char *end;
+    errno = 0;
+    *v = strtod(tmp, &end);
+    /* ERANGE underflow (denormals) is fine: strtod still returns the nearest value. Overflow
+     * returns ±HUGE_VAL, which the finiteness check below reports. */
+    return *end == '\0' ? 0 : -1;
+}
+
+static size_t count_fields(const char *line)
+{
+    size_t n = 1;
+    for (const char *p = line; *p; p++)
+        n += *p == ',';
+    return n;
+}
+
+static int is_blank(const char *s)
+{
+    for (; *s; s++)
+        if (!isspace((unsigned char)*s))
+            return 0;
+    return 1;
+}
+
+static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
+{
+    FILE *f = open_input(path, ctx);
+    if (f == NULL)
+        return NULL;
+    char *line = NULL;
+    size_t cap = 0;
+    double *vals = NULL;
+    size_t nvals = 0, vcap = 0, ncols = 0, nrows = 0, lineno = 0, blank_at = 0;
+    int seen_content = 0, ok = 0;
+    ssize_t len;
+    tpk_array *a = NULL;
+
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        if (is_blank(line)) {
+            if (nrows > 0 && blank_at == 0)
+                blank_at = lineno;
+            continue;
+        }
+        if (blank_at != 0) {
+            /* Blank lines are fine at the end; in the middle they usually mean two files were
+             * concatenated, which would silently shift rows. */
+            TPK_ERROR(ctx, TPK_EFORMAT, "%s:%zu: blank line inside the data", path, blank_at);
+            goto done;
+        }
+        size_t nf = count_fields(line);
+        if (nrows > 0 && nf != ncols) {
+            TPK_ERROR(ctx, TPK_EFORMAT, "%s:%zu: expected %zu columns, found %zu", path, lineno,
+                      ncols, nf);
+            goto done;
+        }
+        if (nvals + nf > vcap) {
+            size_t nc = vcap ? vcap : 1024;
+            while (nc < nvals + nf) {
+                if (nc > SIZE_MAX / 2 / sizeof(double))
+                    break;
+                nc *= 2;
+            }
+            double *nv = nc >= nvals + nf ? realloc(vals, nc * sizeof *vals) : NULL;
+            if (nv == NULL) {
+                TPK_ERROR(ctx, TPK_ENOMEM, "%s:%zu: out of memory", path, lineno);
+                goto done;
+            }
+            vals = nv;
+            vcap = nc;
+        }
+        const char *s = line;
+        int header = 0;
+        for (size_t c = 0; c < nf; c++) {
+            const char *e = strchr(s, ',');
+            if (e == NULL)
+                e = s + strlen(s);
+            double v;
+            if (parse_field(s, e, &v) != 0) {
+                /* A non-number on the first non-blank line makes it a header: skip it. */
+                if (!seen_content) {
+                    header = 1;
+                    break;
+                }
+                int w = (int)(e - s);
+                TPK_ERROR(ctx, TPK_EFORMAT, "%s:%zu: column %zu: '%.*s' is not a number", path,
+                          lineno, c + 1, w > 40 ? 40 : w, s);
+                goto done;
+            }
+            if (!isfinite(v)) {
+                TPK_ERROR(ctx, TPK_EDOM, "%s:%zu: non-finite value at row %zu, column %zu", path,
+                          lineno, nrows + 1, c + 1);
+                goto done;
+            }
+            vals[nvals + c] = v;
+            s = e + (*e == ',');
+        }
+        seen_content = 1;
+        if (header)
+            continue;
+        if (nrows == 0)
+            ncols = nf;
+        nvals += nf;
+        nrows++;
+    }
+    if (ferror(f)) {
+        char eb[128];
+        TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(errno, eb, sizeof eb));
+        goto done;
+    }
+    if (nrows == 0) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: no data rows", path);
+        goto done;
+    }
+    ok = 1;
+done:
+    free(line);
+    fclose(f);
+    if (ok) {
+        /* Always rank 2: a CSV has no way to say more. */
+        a = tpk_array_alloc2(nrows, ncols, ctx);
+        if (a != NULL)
+            memcpy(a->data, vals, nvals * sizeof *vals);
+    }
+    free(vals);
+    return a;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Entry point                                                                                */
+
+tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
+{
+    if (info != NULL)
+        memset(info, 0, sizeof *info);
+    if (spec == NULL || spec[0] == '\0') {
+        TPK_ERROR(ctx, TPK_EINVAL, "empty input specification");
+        return NULL;
+    }
+    /* spec := path [ ':' dataset ]; the dataset part is recognised only after an HDF5
+     * extension, so any other path containing ':' is taken literally. */
+    size_t plen = strlen(spec);
+    const char *dataset = "";
+    for (const char *c = strchr(spec, ':'); c != NULL; c = strchr(c + 1, ':')) {
+        size_t k = (size_t)(c - spec);
+        if (ends_with_ci(spec, k, ".h5") || ends_with_ci(spec, k, ".hdf5")) {
+            plen = k;
+            dataset = c + 1;
+            break;
+        }
+    }
+    char path[sizeof info->path];
+    char ds[sizeof info->dataset];
+    if (plen >= sizeof path) {
+        TPK_ERROR(ctx, TPK_EINVAL, "input path too long (%zu bytes, at most %zu)", plen,
+                  sizeof path - 1);
+        return NULL;
+    }
+    memcpy(path, spec, plen);
+    path[plen] = '\0';
+    /* "file.h5:x" means "/x": HDF5 resolves relative names from the root anyway, but the
+     * recorded provenance should be one spelling. */
+    int need_slash = dataset[0] != '\0' && dataset[0] != '/';
+    if (strlen(dataset) + (size_t)need_slash >= sizeof ds) {
+        TPK_ERROR(ctx, TPK_EINVAL, "%s: dataset name too long", path);
+        return NULL;
+    }
+    snprintf(ds, sizeof ds, "%s%s", need_slash ? "/" : "", dataset);
+
+    const char *format;
+    tpk_array *a;
+    if (ends_with_ci(path, plen, ".h5") || ends_with_ci(path, plen, ".hdf5")) {
+        format = "hdf5";
+        a = read_h5(path, ds, ctx);
+    } else if (ends_with_ci(path, plen, ".npy")) {
+        format = "npy";
+        a = read_npy(path, ctx);
+    } else if (ends_with_ci(path, plen, ".csv")) {
+        format = "csv";
+        a = read_csv(path, ctx);
+    } else {
+        TPK_ERROR(ctx, TPK_EINVAL,
+                  "%s: unrecognised input format (expected file.h5:/dataset, file.npy or "
+                  "file.csv)",
+                  spec);
+        return NULL;
+    }
+    if (a == NULL)
+        return NULL;
+    if (info != NULL) {
+        memcpy(info->path, path, plen + 1);
+        snprintf(info->dataset, sizeof info->dataset, "%s", ds);
+        snprintf(info->format, sizeof info->format, "%s", format);
+        tpk_sha256_array_hex(a, info->sha256);
+    }
+    return a;
+}
