@@ -1,0 +1,37 @@
+/* tpk_dgemm: a thin row-major wrapper over CBLAS dgemm (include/tpk/matmul.h). */
+#include "tpk/matmul.h"
+
+#include <cblas.h>
+#include <limits.h>
+
+int tpk_dgemm(int transa, int transb, size_t m, size_t n, size_t k, double alpha,
+              const double *A, size_t lda, const double *B, size_t ldb, double beta, double *C,
+              size_t ldc, tpk_ctx *ctx)
+{
+    if ((transa != TPK_NO_TRANS && transa != TPK_TRANS) ||
+        (transb != TPK_NO_TRANS && transb != TPK_TRANS))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dgemm: transpose flags must be TPK_NO_TRANS or TPK_TRANS");
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dgemm: dimension exceeds INT_MAX");
+    size_t acols = transa == TPK_NO_TRANS ? k : m;
+    size_t bcols = transb == TPK_NO_TRANS ? n : k;
+    if (lda < (acols ? acols : 1) || ldb < (bcols ? bcols : 1) || ldc < (n ? n : 1))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dgemm: leading dimension smaller than a row");
+    if (m == 0 || n == 0)
+        return TPK_OK;
+    if (k == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0.0 ? 0.0 : beta * C[i * ldc + j];
+        return TPK_OK;
+    }
+    cblas_dgemm(CblasRowMajor, transa == TPK_TRANS ? CblasTrans : CblasNoTrans,
+                transb == TPK_TRANS ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, A,
+                (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    return TPK_OK;
+}
+
+const char *tpk_dgemm_backend(void)
+{
+    return "cblas";
+}

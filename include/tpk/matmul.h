@@ -1,0 +1,30 @@
+/* The one matrix-multiply entry point of the library. Everything that multiplies matrices
+ * (finite-width executor, Gram matrices) calls tpk_dgemm, so a tuned kernel can replace the
+ * BLAS call in one place (tuner; style.md "framework apart from kernels"). */
+#ifndef TPK_MATMUL_H
+#define TPK_MATMUL_H
+
+#include <stddef.h>
+
+#include "error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum tpk_trans { TPK_NO_TRANS = 0, TPK_TRANS = 1 };
+
+/* C ← alpha·op(A)·op(B) + beta·C, all ROW-MAJOR; op(A) is m×k, op(B) is k×n, C is m×n.
+ * lda/ldb/ldc are row strides (elements). Fails with TPK_EINVAL on bad flags, strides or sizes
+ * the back end cannot index (> INT_MAX). m, n or k = 0 is allowed (k = 0 scales C by beta). */
+TPK_API int tpk_dgemm(int transa, int transb, size_t m, size_t n, size_t k, double alpha,
+                      const double *A, size_t lda, const double *B, size_t ldb, double beta,
+                      double *C, size_t ldc, tpk_ctx *ctx);
+
+/* Name of the back end that serves tpk_dgemm now, e.g. "cblas". */
+TPK_API const char *tpk_dgemm_backend(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,64 @@
+/* Internal interface shared by the NETSOR back ends (limit evaluator netsor/limit*.c and the
+ * finite-width executor netsor/exec*.c): program validation, RPN evaluation over blocks of
+ * points, and the evaluator's debugging options. Not installed. */
+#ifndef TPK_NETSOR_BACKEND_IMPL_H
+#define TPK_NETSOR_BACKEND_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tpk/netsor.h"
+
+/* Shape facts about (program, x) established by tpk_nsr_validate. */
+typedef struct tpk_nsr_shape {
+    size_t N;        /* inputs */
+    size_t T;        /* slots per input (1 for N×d) */
+    size_t d;        /* input dimension */
+    int maxlen;      /* longest Nonlin/Moment body */
+    int maxdepth;    /* deepest RPN stack */
+} tpk_nsr_shape;
+
+/* Check the IR (ids in range, types, define-before-use, RPN well-formed) and x's shape.
+ * TPK_EINVAL with "line:col: ..." on failure. */
+int tpk_nsr_validate(const tpk_program *p, const tpk_array *x, int all_outputs,
+                     tpk_nsr_shape *shape, tpk_ctx *ctx);
+
+/* Stack depth an RPN range needs, or -1 if it is not one well-formed expression. */
+int tpk_nsr_rpn_depth(const tpk_rpn_node *node, int len);
+
+/* Evaluate the expression node[0..len) at B points. gv[i] (for GVAR nodes) points at the B
+ * values of that leaf; sv[i] (for SCALAR nodes) is its value. stack: depth·B doubles. */
+void tpk_nsr_rpn_eval(const tpk_rpn_node *node, int len, const double *const *gv,
+                      const double *sv, size_t B, double *stack, double *out);
+
+/* Options of the limit evaluator, for tests and diagnostics (defaults: all zero). */
+typedef struct tpk_limit_opts {
+    int no_fastpath;    /* never use whole-matrix tpk_gauss_map / _cross */
+    int no_factor;      /* no sum expansion, no splitting into independent families, no 2-D
+                         * special cases: every entry by tensor Gauss–Hermite / Monte Carlo */
+    int force_mc;       /* generic groups always by Monte Carlo */
+    size_t mc_samples;  /* 0: default (65536) */
+    uint64_t mc_seed;   /* Monte Carlo stream seed */
+    int max_gh_dim;     /* 0: default 4 */
+} tpk_limit_opts;
+
+int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outputs,
+                         const tpk_limit_opts *opts, tpk_array **K, double *err, tpk_ctx *ctx);
+
+#endif
+
+/* ---- Hand-built IR (tests, and callers without the DSL front end) ---------------------------
+ * Each adder returns the new id, or -1 when out of memory / given bad arguments. Functions
+ * (tpk_phi) referenced from bodies stay owned by the caller; free with tpk_nsr_prog_free. */
+tpk_program *tpk_nsr_prog_new(int nslots);
+void tpk_nsr_prog_free(tpk_program *p);
+int tpk_nsr_add_avar(tpk_program *p, const char *name, double var);
+int tpk_nsr_add_embed(tpk_program *p, const char *name, double var);
+int tpk_nsr_embed(tpk_program *p, const char *out, int embed, int slot);
+int tpk_nsr_bias(tpk_program *p, const char *out, double mean, double var);
+int tpk_nsr_matmul(tpk_program *p, const char *out, int avar, int src);
+int tpk_nsr_lincomb(tpk_program *p, const char *out, int nterms, const int *term,
+                    const double *coef);
+int tpk_nsr_nonlin(tpk_program *p, const char *out, const tpk_rpn_node *node, int len);
+int tpk_nsr_moment(tpk_program *p, const char *out, const tpk_rpn_node *node, int len);
+int tpk_nsr_output(tpk_program *p, const char *name, int src, double var);

@@ -1,0 +1,358 @@
+/* Finite-width executor: run a NETSOR(+) program at width n on a whole batch (theory.md §1.2,
+ * §1.5, §7.1). Every G/H-var is an N×n matrix (row a = input a), so a MatMul is one GEMM
+ * (N×n)·(n×n)ᵀ through tpk_dgemm. Random tensors come from counter-based streams keyed by
+ * (seed, tensor, row, col) (include/tpk/rng.h): results depend on the seed alone, and the width-n
+ * weights are the top-left block of the width-2n ones (standard normals before the 1/√n scale). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend-impl.h"
+#include "tpk/matmul.h"
+#include "tpk/rng.h"
+
+#define BLK 256 /* coordinates per RPN block; also the fixed summation block of Moments */
+
+typedef struct ex {
+    const tpk_program *p;
+    size_t N, T, d, n;
+    uint64_t seed;
+    const double *x;
+    double **val;   /* per var: N×n (G/H) or N (scalar) */
+    double **Z;     /* per A-var: n×n standard normals, while still used */
+    double **U;     /* per embedding: n×d standard normals, while still used */
+    int *last;      /* per var: last instruction reading it (ninstr: outputs) */
+    int *lastA, *lastU;
+    int maxdepth, maxlen;
+    tpk_ctx *ctx;
+} ex;
+
+static double *normals(ex *E, uint64_t stream, size_t rows, size_t cols)
+{
+    double *z = malloc(rows * cols * sizeof *z);
+    if (z == NULL) {
+        TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu random matrix", rows, cols);
+        return NULL;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++)
+        tpk_rng_normal_row(E->seed, stream, (uint32_t)r, 0, cols, z + r * cols);
+    return z;
+}
+
+static void set_last(ex *E, int v, int k)
+{
+    if (E->last[v] < k)
+        E->last[v] = k;
+}
+
+static int ex_setup(ex *E, int all_outputs)
+{
+    const tpk_program *p = E->p;
+    int nv = p->nvars, ni = p->ninstr;
+    E->val = calloc((size_t)nv, sizeof *E->val);
+    E->Z = calloc((size_t)p->navars + 1, sizeof *E->Z);
+    E->U = calloc((size_t)p->nembeds + 1, sizeof *E->U);
+    E->last = malloc((size_t)nv * sizeof *E->last);
+    E->lastA = malloc(((size_t)p->navars + 1) * sizeof *E->lastA);
+    E->lastU = malloc(((size_t)p->nembeds + 1) * sizeof *E->lastU);
+    if (!E->val || !E->Z || !E->U || !E->last || !E->lastA || !E->lastU)
+        return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory setting up the executor");
+    for (int v = 0; v < nv; v++)
+        E->last[v] = -1;
+    for (int k = 0; k < ni; k++) {
+        const tpk_instr *in = &p->instr[k];
+        switch (in->op) {
+        case TPK_OP_EMBED:
+            E->lastU[in->avar] = k;
+            break;
+        case TPK_OP_MATMUL:
+            E->lastA[in->avar] = k;
+            set_last(E, in->src, k);
+            break;
+        case TPK_OP_LINCOMB:
+            for (int t = 0; t < in->nterms; t++)
+                set_last(E, in->term[t], k);
+            break;
+        case TPK_OP_NONLIN:
+        case TPK_OP_MOMENT:
+            for (int j = 0; j < in->body.len; j++)
+                if (in->body.node[j].op == TPK_RPN_GVAR || in->body.node[j].op == TPK_RPN_SCALAR)
+                    set_last(E, in->body.node[j].var, k);
+            break;
+        default:
+            break;
+        }
+    }
+    for (int o = all_outputs ? 0 : p->noutputs - 1; o < p->noutputs; o++)
+        set_last(E, p->output[o].src, ni);
+    return TPK_OK;
+}
+
+static void ex_free(ex *E)
+{
+    const tpk_program *p = E->p;
+    if (E->val)
+        for (int v = 0; v < p->nvars; v++)
+            free(E->val[v]);
+    if (E->Z)
+        for (int i = 0; i < p->navars; i++)
+            free(E->Z[i]);
+    if (E->U)
+        for (int i = 0; i < p->nembeds; i++)
+            free(E->U[i]);
+    free(E->val);
+    free(E->Z);
+    free(E->U);
+    free(E->last);
+    free(E->lastA);
+    free(E->lastU);
+}
+
+/* Evaluate a body over all (input, coordinate) pairs; Moment: per-input means into out[N]. */
+static int eval_body(ex *E, const tpk_instr *in, int moment, double *out)
+{
+    size_t N = E->N, n = E->n, nb = (n + BLK - 1) / BLK;
+    const tpk_rpn *b = &in->body;
+    double *part = NULL;
+    if (moment && (part = malloc(N * nb * sizeof *part)) == NULL)
+        return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory");
+    int oom = 0;
+#pragma omp parallel
+    {
+        double *stack = malloc((size_t)E->maxdepth * BLK * sizeof *stack);
+        double *tmp = malloc(BLK * sizeof *tmp);
+        const double **gv = malloc((size_t)b->len * sizeof *gv);
+        double *sv = malloc((size_t)b->len * sizeof *sv);
+        int ok = stack && tmp && gv && sv;
+        if (!ok) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp for schedule(static) collapse(2)
+        for (size_t a = 0; a < N; a++)
+            for (size_t j = 0; j < nb; j++) {
+                if (!ok)
+                    continue;
+                size_t lo = j * BLK, B = n - lo < BLK ? n - lo : BLK;
+                for (int i = 0; i < b->len; i++) {
+                    const tpk_rpn_node *nd = &b->node[i];
+                    if (nd->op == TPK_RPN_GVAR)
+                        gv[i] = E->val[nd->var] + a * n + lo;
+                    else if (nd->op == TPK_RPN_SCALAR)
+                        sv[i] = E->val[nd->var][a];
+                }
+                double *dst = moment ? tmp : out + a * n + lo;
+                tpk_nsr_rpn_eval(b->node, b->len, gv, sv, B, stack, dst);
+                if (moment) {
+                    double s = 0.0;
+                    for (size_t q = 0; q < B; q++)
+                        s += tmp[q];
+                    part[a * nb + j] = s;
+                }
+            }
+        free(stack);
+        free(tmp);
+        free(gv);
+        free(sv);
+    }
+    if (oom) {
+        free(part);
+        return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory evaluating a body");
+    }
+    if (moment) {
+        /* fixed-order reduction: independent of the thread count */
+        for (size_t a = 0; a < N; a++) {
+            double s = 0.0;
+            for (size_t j = 0; j < nb; j++)
+                s += part[a * nb + j];
+            out[a] = s / (double)n;
+        }
+        free(part);
+    }
+    return TPK_OK;
+}
+
+static int step(ex *E, int k)
+{
+    const tpk_program *p = E->p;
+    const tpk_instr *in = &p->instr[k];
+    size_t N = E->N, n = E->n, d = E->d;
+    int type = p->var[in->out].type;
+    double *out = malloc((type == TPK_VAR_SCALAR ? N : N * n) * sizeof *out);
+    if (out == NULL)
+        return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory for variable '%s' (%zu×%zu)",
+                         p->var[in->out].name ? p->var[in->out].name : "?", N, n);
+    E->val[in->out] = out;
+    switch (in->op) {
+    case TPK_OP_EMBED: {
+        /* out_a = U x_a^slot, U_αj = σ_U/√d · z */
+        if (E->U[in->avar] == NULL &&
+            (E->U[in->avar] = normals(E, TPK_RNG_STREAM(TPK_RNG_EMBED, in->avar), n, d)) == NULL)
+            return E->ctx->status;
+        return tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, n, d, sqrt(in->var / (double)d),
+                         E->x + (size_t)in->src * d, E->T * d, E->U[in->avar], d, 0.0, out, n,
+                         E->ctx);
+    }
+    case TPK_OP_BIAS: {
+        uint64_t stream = TPK_RNG_STREAM(TPK_RNG_BIAS, in->out);
+        double s = sqrt(in->var);
+#pragma omp parallel for schedule(static)
+        for (size_t r = 0; r < n; r++)
+            out[r] = in->mean + s * tpk_rng_normal_at(E->seed, stream, (uint32_t)r, 0);
+        for (size_t a = 1; a < N; a++)
+            memcpy(out + a * n, out, n * sizeof *out);
+        return TPK_OK;
+    }
+    case TPK_OP_MATMUL: {
+        /* out_a = W src_a, W_αβ = σ_W/√n · z_αβ: one GEMM for the batch */
+        if (E->Z[in->avar] == NULL &&
+            (E->Z[in->avar] = normals(E, TPK_RNG_STREAM(TPK_RNG_AVAR, in->avar), n, n)) == NULL)
+            return E->ctx->status;
+        return tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, n, n, sqrt(p->avar[in->avar].var / (double)n),
+                         E->val[in->src], n, E->Z[in->avar], n, 0.0, out, n, E->ctx);
+    }
+    case TPK_OP_LINCOMB:
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < N * n; i++) {
+            double s = 0.0;
+            for (int t = 0; t < in->nterms; t++)
+                s += in->coef[t] * E->val[in->term[t]][i];
+            out[i] = s;
+        }
+        return TPK_OK;
+    case TPK_OP_NONLIN:
+        return eval_body(E, in, 0, out);
+    case TPK_OP_MOMENT:
+        return eval_body(E, in, 1, out);
+    default:
+        return TPK_ERROR(E->ctx, TPK_EINVAL, "unknown instruction %d", in->op);
+    }
+}
+
+int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
+                   int all_outputs, tpk_array **Khat, tpk_array **y, tpk_ctx *ctx)
+{
+    tpk_nsr_shape sh;
+    if (Khat == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_run: Khat must not be NULL");
+    *Khat = NULL;
+    if (y)
+        *y = NULL;
+    int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
+    if (st)
+        return st;
+    if (n < 1 || n > UINT32_MAX / 2)
+        return TPK_ERROR(ctx, TPK_EINVAL, "width n = %zu outside 1..%u", n, UINT32_MAX / 2);
+    ex E;
+    memset(&E, 0, sizeof E);
+    E.p = p;
+    E.N = sh.N;
+    E.T = sh.T;
+    E.d = sh.d;
+    E.n = n;
+    E.x = x->data;
+    E.seed = seed;
+    E.maxdepth = sh.maxdepth;
+    E.maxlen = sh.maxlen;
+    E.ctx = ctx;
+    tpk_array *K = NULL, *Y = NULL;
+    double *M = NULL;
+    if ((st = ex_setup(&E, all_outputs)))
+        goto done;
+    for (int k = 0; k < p->ninstr; k++) {
+        const tpk_instr *in = &p->instr[k];
+        if ((st = step(&E, k)))
+            goto done;
+        /* liveness: drop what no later instruction reads */
+        if (in->op == TPK_OP_MATMUL && E.lastA[in->avar] == k) {
+            free(E.Z[in->avar]);
+            E.Z[in->avar] = NULL;
+        }
+        if (in->op == TPK_OP_EMBED && E.lastU[in->avar] == k) {
+            free(E.U[in->avar]);
+            E.U[in->avar] = NULL;
+        }
+        if (E.last[in->out] < k) { /* never read */
+            free(E.val[in->out]);
+            E.val[in->out] = NULL;
+        }
+        if (in->op == TPK_OP_MATMUL && E.last[in->src] == k) {
+            free(E.val[in->src]);
+            E.val[in->src] = NULL;
+        } else if (in->op == TPK_OP_LINCOMB) {
+            for (int t = 0; t < in->nterms; t++)
+                if (E.last[in->term[t]] == k) {
+                    free(E.val[in->term[t]]);
+                    E.val[in->term[t]] = NULL;
+                }
+        } else if (in->op == TPK_OP_NONLIN || in->op == TPK_OP_MOMENT) {
+            for (int j = 0; j < in->body.len; j++) {
+                const tpk_rpn_node *nd = &in->body.node[j];
+                if ((nd->op == TPK_RPN_GVAR || nd->op == TPK_RPN_SCALAR) && E.last[nd->var] == k) {
+                    free(E.val[nd->var]);
+                    E.val[nd->var] = NULL;
+                }
+            }
+        }
+    }
+    size_t N = E.N;
+    int o0 = all_outputs ? 0 : p->noutputs - 1, O = p->noutputs - o0;
+    size_t dim = N * (size_t)O;
+    K = tpk_array_alloc2(dim, dim, ctx);
+    M = malloc(N * N * sizeof *M);
+    if (K == NULL || M == NULL) {
+        st = K == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
+    /* Khat[(a,o),(c,o')] = σ_v² ⟨h^o_a, h^o'_c⟩/n */
+    for (int oi = 0; oi < O; oi++)
+        for (int oj = 0; oj <= oi; oj++) {
+            const tpk_output *po = &p->output[o0 + oi], *pq = &p->output[o0 + oj];
+            double s = sqrt(po->var * pq->var) / (double)n;
+            if ((st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, n, s, E.val[po->src], n,
+                                E.val[pq->src], n, 0.0, M, N, ctx)))
+                goto done;
+            for (size_t a = 0; a < N; a++)
+                for (size_t c = 0; c < N; c++) {
+                    /* same block: mirror the lower triangle so Khat is exactly symmetric */
+                    double v = (oi == oj && c > a) ? M[c * N + a] : M[a * N + c];
+                    K->data[(a * (size_t)O + (size_t)oi) * dim + c * (size_t)O + (size_t)oj] = v;
+                    K->data[(c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi] = v;
+                }
+        }
+    if (y) {
+        /* y_a^o = ⟨v, h^o_a⟩/√n, one readout v ~ N(0, σ_v²) shared by all outputs (§1.5) */
+        Y = tpk_array_alloc2(N, (size_t)O, ctx);
+        double *v = malloc(n * sizeof *v);
+        if (Y == NULL || v == NULL) {
+            free(v);
+            st = Y == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            goto done;
+        }
+        for (size_t r = 0; r < n; r++)
+            v[r] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_READOUT, 0), (uint32_t)r, 0);
+        for (int o = 0; o < O; o++) {
+            const tpk_output *po = &p->output[o0 + o];
+            double s = sqrt(po->var / (double)n);
+            for (size_t a = 0; a < N; a++) {
+                const double *h = E.val[po->src] + a * n;
+                double acc = 0.0;
+                for (size_t r = 0; r < n; r++)
+                    acc += v[r] * h[r];
+                Y->data[a * (size_t)O + (size_t)o] = s * acc;
+            }
+        }
+        free(v);
+        *y = Y;
+        Y = NULL;
+    }
+    *Khat = K;
+    K = NULL;
+done:
+    free(M);
+    tpk_array_free(K);
+    tpk_array_free(Y);
+    ex_free(&E);
+    return st;
+}

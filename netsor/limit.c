@@ -1,0 +1,1359 @@
+/* Infinite-width limit of a NETSOR(+) program: the Master Theorem recursion over a batch
+ * (theory.md §1.6–1.9). Every G-var is a linear combination of atoms (MatMul outputs and initial
+ * G-vars); covariances are stored per family (one A-var, one embedding, one bias) over
+ * (atom × input). Expectations E[Z^h_a Z^h'_c] are dispatched to, in order: whole-matrix closed
+ * forms (tpk_gauss_map / _cross), exact linear moments, splitting into independent families
+ * (§2.3), 1-/2-D Gauss–Hermite of the library (tpk_gauss_expect1/2_quad), tensor Gauss–Hermite on
+ * the eigen-decomposed joint Gaussian (dimension ≤ 4), and Monte Carlo with a standard error. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <gsl/gsl_integration.h>
+#include <lapacke.h>
+
+#include "backend-impl.h"
+#include "tpk/matmul.h"
+#include "tpk/rng.h"
+
+enum { FAM_AVAR, FAM_EMBED, FAM_BIAS };
+
+#define MAXT 16          /* most terms a body may expand into (else it stays one factor) */
+#define MAXF 8           /* most factors in one term */
+#define BLK 256          /* points per RPN block evaluation */
+#define MC_DEFAULT 65536 /* Monte Carlo samples per expectation */
+#define GH_MAXDIM 6      /* largest tensor Gauss–Hermite rule we tabulate */
+/* Eigenvalues below this fraction of the largest are treated as 0 (Σ may be singular, §1.6). */
+#define RANK_TOL 1e-12
+/* Clear PSD violation of the final kernel: λ_min < −(PSD_REL·λ_max + PSD_ERR·dim·err). */
+#define PSD_REL 1e-9
+#define PSD_ERR 8.0
+
+typedef struct atom {
+    int fam, loc;       /* family and index inside it */
+    int src;            /* MATMUL: source variable; EMBED: input slot */
+    double mean, scale; /* BIAS: mean; EMBED: σ_U */
+} atom;
+
+typedef struct family {
+    int kind;
+    double var;   /* A-var σ_W², bias σ_b² */
+    int cap, m;   /* atoms in the program / created so far */
+    int *atoms;   /* global atom ids by local index */
+    double *blk;  /* (cap·N)² covariance over (atom, input); NULL for a bias */
+    int last;     /* last instruction that needs the block */
+    int next;     /* free list link */
+} family;
+
+typedef struct grep {
+    int n;
+    int *atom;
+    double *coef;
+    double mean;
+} grep;
+
+typedef struct xterm {
+    double coef;
+    int nf;
+    int fs[MAXF], fe[MAXF]; /* factor = body nodes [fs, fe) */
+} xterm;
+
+typedef struct xbody {
+    const tpk_rpn_node *node;
+    int nterms;
+    xterm *t;
+} xbody;
+
+/* Gauss–Hermite rule for the standard normal: E f(Z) ≈ Σ w_i f(x_i). */
+typedef struct ghrule {
+    int n;
+    double *x, *w;
+} ghrule;
+
+typedef struct lim {
+    const tpk_program *p;
+    tpk_limit_opts o;
+    size_t N, T, d;
+    const double *x;
+    int natoms, nfam;
+    atom *atom;
+    family *fam;
+    int *fam_of_avar, *fam_of_embed, *atom_of_instr;
+    grep *rep;          /* per G-var */
+    xbody *xb;          /* per G/H-var, while alive */
+    double **scal;      /* per scalar var: N values */
+    tpk_rpn_node *gnode; /* per var: a one-node body "GVAR v" */
+    int *last;          /* per var: last instruction that reads it */
+    int *def;           /* per var: defining instruction, -1 if none */
+    int *var_next, *free_var, *free_fam; /* free lists by instruction index */
+    int maxlen, maxdepth;
+    tpk_gauss_ws *gws;
+    ghrule gh[GH_MAXDIM + 1][2]; /* [rank][hi, lo] */
+    double err;
+    tpk_ctx *ctx;
+} lim;
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static int is_gvar_factor(const tpk_rpn_node *nd, int len)
+{
+    return len == 1 && nd[0].op == TPK_RPN_GVAR;
+}
+static int is_call_factor(const tpk_rpn_node *nd, int len)
+{
+    return len == 2 && nd[0].op == TPK_RPN_GVAR && nd[1].op == TPK_RPN_CALL;
+}
+static int same_phi(const tpk_phi *a, const tpk_phi *b)
+{
+    return a == b || strcmp(tpk_phi_name(a), tpk_phi_name(b)) == 0;
+}
+
+static double atom_cov(const lim *L, int i, size_t a, int j, size_t c)
+{
+    const atom *ai = &L->atom[i], *aj = &L->atom[j];
+    if (ai->fam != aj->fam)
+        return 0.0;
+    const family *f = &L->fam[ai->fam];
+    if (f->kind == FAM_BIAS)
+        return f->var;
+    size_t ld = (size_t)f->cap * L->N;
+    return f->blk[((size_t)ai->loc * L->N + a) * ld + (size_t)aj->loc * L->N + c];
+}
+
+static double cov_dim(const lim *L, int g, size_t a, int h, size_t c)
+{
+    const grep *r = &L->rep[g], *s = &L->rep[h];
+    double acc = 0.0;
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; j < s->n; j++)
+            if (L->atom[r->atom[i]].fam == L->atom[s->atom[j]].fam)
+                acc += r->coef[i] * s->coef[j] * atom_cov(L, r->atom[i], a, s->atom[j], c);
+    return acc;
+}
+
+/* out[a][c] = Cov(Z^g_a, Z^h_c), N×N. */
+static void cov_mat(const lim *L, int g, int h, double *out)
+{
+    size_t N = L->N;
+    const grep *r = &L->rep[g], *s = &L->rep[h];
+    memset(out, 0, N * N * sizeof *out);
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; j < s->n; j++) {
+            const atom *ai = &L->atom[r->atom[i]], *aj = &L->atom[s->atom[j]];
+            if (ai->fam != aj->fam)
+                continue;
+            const family *f = &L->fam[ai->fam];
+            double cc = r->coef[i] * s->coef[j];
+            if (f->kind == FAM_BIAS) {
+                for (size_t k = 0; k < N * N; k++)
+                    out[k] += cc * f->var;
+                continue;
+            }
+            size_t ld = (size_t)f->cap * N;
+            const double *b = f->blk + (size_t)ai->loc * N * ld + (size_t)aj->loc * N;
+            for (size_t a = 0; a < N; a++)
+                for (size_t c = 0; c < N; c++)
+                    out[a * N + c] += cc * b[a * ld + c];
+        }
+}
+
+/* ---- body expansion into Σ coef · Π factors ------------------------------------------- */
+
+typedef struct xent {
+    int start;
+    int n;
+    xterm t[MAXT];
+} xent;
+
+static void x_atomic(xent *e, int start, int end)
+{
+    e->start = start;
+    e->n = 1;
+    e->t[0].coef = 1.0;
+    e->t[0].nf = 1;
+    e->t[0].fs[0] = start;
+    e->t[0].fe[0] = end;
+}
+
+static int expand_body(const tpk_rpn_node *node, int len, int atomic_only, xbody *xb)
+{
+    xb->node = node;
+    xb->nterms = 0;
+    xb->t = NULL;
+    xent *stk = NULL;
+    int sp = 0;
+    if (atomic_only)
+        goto whole;
+    stk = malloc((size_t)len * sizeof *stk);
+    if (stk == NULL)
+        return TPK_ENOMEM;
+    for (int i = 0; i < len; i++) {
+        const tpk_rpn_node *nd = &node[i];
+        switch (nd->op) {
+        case TPK_RPN_CONST:
+            stk[sp].start = i;
+            stk[sp].n = 1;
+            stk[sp].t[0].coef = nd->value;
+            stk[sp].t[0].nf = 0;
+            sp++;
+            break;
+        case TPK_RPN_GVAR:
+        case TPK_RPN_SCALAR:
+            x_atomic(&stk[sp++], i, i + 1);
+            break;
+        case TPK_RPN_NEG:
+            for (int t = 0; t < stk[sp - 1].n; t++)
+                stk[sp - 1].t[t].coef = -stk[sp - 1].t[t].coef;
+            break;
+        case TPK_RPN_CALL:
+        case TPK_RPN_POWI:
+            x_atomic(&stk[sp - 1], stk[sp - 1].start, i + 1);
+            break;
+        case TPK_RPN_DIV:
+            sp--;
+            x_atomic(&stk[sp - 1], stk[sp - 1].start, i + 1);
+            break;
+        case TPK_RPN_ADD:
+        case TPK_RPN_SUB: {
+            xent *a = &stk[sp - 2], *b = &stk[sp - 1];
+            if (a->n + b->n > MAXT) {
+                x_atomic(a, a->start, i + 1);
+            } else {
+                for (int t = 0; t < b->n; t++) {
+                    a->t[a->n] = b->t[t];
+                    if (nd->op == TPK_RPN_SUB)
+                        a->t[a->n].coef = -a->t[a->n].coef;
+                    a->n++;
+                }
+            }
+            sp--;
+            break;
+        }
+        case TPK_RPN_MUL: {
+            xent *a = &stk[sp - 2], *b = &stk[sp - 1];
+            int ok = a->n * b->n <= MAXT;
+            for (int s = 0; ok && s < a->n; s++)
+                for (int t = 0; ok && t < b->n; t++)
+                    ok = a->t[s].nf + b->t[t].nf <= MAXF;
+            if (!ok) {
+                x_atomic(a, a->start, i + 1);
+            } else {
+                xterm prod[MAXT];
+                int np = 0;
+                for (int s = 0; s < a->n; s++)
+                    for (int t = 0; t < b->n; t++) {
+                        xterm *r = &prod[np++];
+                        *r = a->t[s];
+                        r->coef *= b->t[t].coef;
+                        for (int f = 0; f < b->t[t].nf; f++) {
+                            r->fs[r->nf] = b->t[t].fs[f];
+                            r->fe[r->nf] = b->t[t].fe[f];
+                            r->nf++;
+                        }
+                    }
+                memcpy(a->t, prod, (size_t)np * sizeof *prod);
+                a->n = np;
+            }
+            sp--;
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    xb->t = malloc((size_t)stk[0].n * sizeof *xb->t);
+    if (xb->t == NULL) {
+        free(stk);
+        return TPK_ENOMEM;
+    }
+    /* drop zero terms (e.g. g − g), keep at least one */
+    for (int t = 0; t < stk[0].n; t++)
+        if (stk[0].t[t].coef != 0.0 || (t == stk[0].n - 1 && xb->nterms == 0))
+            xb->t[xb->nterms++] = stk[0].t[t];
+    free(stk);
+    return TPK_OK;
+whole:
+    xb->t = malloc(sizeof *xb->t);
+    if (xb->t == NULL)
+        return TPK_ENOMEM;
+    xb->nterms = 1;
+    xb->t[0].coef = 1.0;
+    xb->t[0].nf = 1;
+    xb->t[0].fs[0] = 0;
+    xb->t[0].fe[0] = len;
+    return TPK_OK;
+}
+
+/* ---- per-thread workspace and one product expectation E[Π factors] ------------------------ */
+
+typedef struct fac {
+    const tpk_rpn_node *node;
+    int len;
+    size_t input;
+} fac;
+
+typedef struct pws {
+    int maxd;          /* dims capacity */
+    int *dg;           /* dim → G-var */
+    size_t *da;        /* dim → input */
+    int *nodedim;      /* per factor node: dim index, concatenated */
+    double *sv;        /* per factor node: scalar value */
+    const double **gv; /* per factor node: leaf pointer */
+    double *C, *m, *sub, *lam, *V, *scaled;
+    int *parent, *gdims, *gfacs, *loc;
+    double *z, *stack, *fv, *prod, *xs;
+    tpk_ctx ctx;
+} pws;
+
+static void pws_free(pws *w)
+{
+    if (w == NULL)
+        return;
+    free(w->dg);
+    free(w->da);
+    free(w->nodedim);
+    free(w->sv);
+    free(w->gv);
+    free(w->C);
+    free(w->m);
+    free(w->sub);
+    free(w->lam);
+    free(w->V);
+    free(w->scaled);
+    free(w->parent);
+    free(w->gdims);
+    free(w->gfacs);
+    free(w->loc);
+    free(w->z);
+    free(w->stack);
+    free(w->fv);
+    free(w->prod);
+    free(w->xs);
+    free(w);
+}
+
+static pws *pws_alloc(const lim *L)
+{
+    pws *w = calloc(1, sizeof *w);
+    if (w == NULL)
+        return NULL;
+    int nodes = 2 * L->maxlen + 2; /* leaves of both sides */
+    size_t D = (size_t)nodes;
+    w->maxd = nodes;
+    tpk_ctx_init(&w->ctx);
+    w->dg = malloc(D * sizeof *w->dg);
+    w->da = malloc(D * sizeof *w->da);
+    w->nodedim = malloc(D * sizeof *w->nodedim);
+    w->sv = malloc(D * sizeof *w->sv);
+    w->gv = malloc(D * sizeof *w->gv);
+    w->C = malloc(D * D * sizeof *w->C);
+    w->m = malloc(D * sizeof *w->m);
+    w->sub = malloc(D * D * sizeof *w->sub);
+    w->lam = malloc(D * sizeof *w->lam);
+    w->V = malloc(D * D * sizeof *w->V);
+    w->scaled = malloc(D * D * sizeof *w->scaled);
+    w->parent = malloc(D * sizeof *w->parent);
+    w->gdims = malloc(D * sizeof *w->gdims);
+    w->gfacs = malloc((2 * MAXF + 2) * sizeof *w->gfacs);
+    w->loc = malloc(D * sizeof *w->loc);
+    w->z = malloc(D * BLK * sizeof *w->z);
+    w->stack = malloc((size_t)L->maxdepth * BLK * sizeof *w->stack);
+    w->fv = malloc(BLK * sizeof *w->fv);
+    w->prod = malloc(BLK * sizeof *w->prod);
+    w->xs = malloc(D * sizeof *w->xs);
+    if (!w->xs || !w->dg || !w->da || !w->nodedim || !w->sv || !w->gv || !w->C || !w->m || !w->sub ||
+        !w->lam || !w->V || !w->scaled || !w->parent || !w->gdims || !w->gfacs || !w->loc ||
+        !w->z || !w->stack || !w->fv || !w->prod) {
+        pws_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+static int uf_find(int *p, int i)
+{
+    while (p[i] != i)
+        i = p[i] = p[p[i]];
+    return i;
+}
+
+/* Evaluate Π_{f in group} f at BLK points whose dims are in w->z (group-local layout via
+ * w->loc), accumulating Σ weight·value. */
+static void eval_group_block(const lim *L, pws *w, const fac *fs, const int *nodeoff,
+                             const int *gf, int ngf, size_t B, double *out)
+{
+    for (size_t b = 0; b < B; b++)
+        out[b] = 1.0;
+    for (int q = 0; q < ngf; q++) {
+        const fac *f = &fs[gf[q]];
+        int off = nodeoff[gf[q]];
+        for (int i = 0; i < f->len; i++)
+            if (f->node[i].op == TPK_RPN_GVAR)
+                w->gv[off + i] = w->z + (size_t)w->loc[w->nodedim[off + i]] * BLK;
+        tpk_nsr_rpn_eval(f->node, f->len, w->gv + off, w->sv + off, B, w->stack, w->fv);
+        for (size_t b = 0; b < B; b++)
+            out[b] *= w->fv[b];
+    }
+    (void)L;
+}
+
+/* Expectation of a group over its r-dimensional support z = m + V·√λ·x, x ~ N(0, I_r):
+ * tensor Gauss–Hermite (two degrees, difference = error) or Monte Carlo (standard error). */
+static void group_numeric(const lim *L, pws *w, const fac *fs, const int *nodeoff, const int *gf,
+                          int ngf, int nd, int r, uint64_t site, tpk_estimate *est)
+{
+    /* w->scaled[k*r + j] = V[k][j]·√λ_j for the r kept eigen-directions */
+    int use_mc = L->o.force_mc || r > (L->o.max_gh_dim ? L->o.max_gh_dim : 4) || r > GH_MAXDIM;
+    if (!use_mc) {
+        double val[2];
+        for (int h = 0; h < 2; h++) {
+            const ghrule *g = &L->gh[r][h];
+            size_t npts = 1;
+            for (int j = 0; j < r; j++)
+                npts *= (size_t)g->n;
+            double acc = 0.0;
+            for (size_t p0 = 0; p0 < npts; p0 += BLK) {
+                size_t B = npts - p0 < BLK ? npts - p0 : BLK;
+                double wt[BLK];
+                for (size_t b = 0; b < B; b++) {
+                    size_t idx = p0 + b;
+                    double x[GH_MAXDIM];
+                    wt[b] = 1.0;
+                    for (int j = 0; j < r; j++) {
+                        size_t ij = idx % (size_t)g->n;
+                        idx /= (size_t)g->n;
+                        x[j] = g->x[ij];
+                        wt[b] *= g->w[ij];
+                    }
+                    for (int k = 0; k < nd; k++) {
+                        double zk = w->m[w->gdims[k]];
+                        for (int j = 0; j < r; j++)
+                            zk += w->scaled[k * r + j] * x[j];
+                        w->z[(size_t)k * BLK + b] = zk;
+                    }
+                }
+                eval_group_block(L, w, fs, nodeoff, gf, ngf, B, w->prod);
+                for (size_t b = 0; b < B; b++)
+                    acc += wt[b] * w->prod[b];
+            }
+            val[h] = acc;
+        }
+        est->value = val[0];
+        est->err = fabs(val[0] - val[1]);
+        return;
+    }
+    size_t M = L->o.mc_samples ? L->o.mc_samples : MC_DEFAULT;
+    uint64_t stream = TPK_RNG_STREAM(TPK_RNG_MC, (uint32_t)site);
+    uint64_t seed = L->o.mc_seed ^ (site >> 32) * UINT64_C(0x9E3779B97F4A7C15);
+    double s1 = 0.0, s2 = 0.0;
+    for (size_t p0 = 0; p0 < M; p0 += BLK) {
+        size_t B = M - p0 < BLK ? M - p0 : BLK;
+        for (size_t b = 0; b < B; b++) {
+            double *x = w->xs;
+            for (int j = 0; j < r; j++)
+                x[j] = tpk_rng_normal_at(seed, stream, (uint32_t)(p0 + b), (uint32_t)j);
+            for (int k = 0; k < nd; k++) {
+                double zk = w->m[w->gdims[k]];
+                for (int j = 0; j < r; j++)
+                    zk += w->scaled[k * r + j] * x[j];
+                w->z[(size_t)k * BLK + b] = zk;
+            }
+        }
+        eval_group_block(L, w, fs, nodeoff, gf, ngf, B, w->prod);
+        for (size_t b = 0; b < B; b++) {
+            s1 += w->prod[b];
+            s2 += w->prod[b] * w->prod[b];
+        }
+    }
+    double mean = s1 / (double)M;
+    double var = s2 / (double)M - mean * mean;
+    est->value = mean;
+    est->err = var > 0 ? sqrt(var / (double)M) : 0.0;
+}
+
+/* E[Π_{q<nf} fs[q]] under the limit Gaussian. */
+static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t site,
+                       tpk_estimate *out)
+{
+    int D = 0, off = 0;
+    int nodeoff[2 * MAXF + 2];
+    for (int q = 0; q < nf; q++) {
+        nodeoff[q] = off;
+        for (int i = 0; i < fs[q].len; i++, off++) {
+            const tpk_rpn_node *nd = &fs[q].node[i];
+            w->nodedim[off] = -1;
+            if (nd->op == TPK_RPN_GVAR) {
+                int k;
+                for (k = 0; k < D; k++)
+                    if (w->dg[k] == nd->var && w->da[k] == fs[q].input)
+                        break;
+                if (k == D) {
+                    w->dg[D] = nd->var;
+                    w->da[D] = fs[q].input;
+                    D++;
+                }
+                w->nodedim[off] = k;
+            } else if (nd->op == TPK_RPN_SCALAR) {
+                w->sv[off] = L->scal[nd->var][fs[q].input];
+            }
+        }
+    }
+    for (int i = 0; i < D; i++) {
+        w->m[i] = L->rep[w->dg[i]].mean;
+        for (int j = 0; j <= i; j++)
+            w->C[i * D + j] = w->C[j * D + i] = cov_dim(L, w->dg[i], w->da[i], w->dg[j], w->da[j]);
+        w->parent[i] = i;
+    }
+    /* independence groups: zero covariance ⇒ independent (jointly Gaussian) */
+    int fgroup[2 * MAXF + 2];
+    if (L->o.no_factor) {
+        for (int i = 1; i < D; i++)
+            w->parent[uf_find(w->parent, i)] = uf_find(w->parent, 0);
+    } else {
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < i; j++)
+                if (w->C[i * D + j] != 0.0)
+                    w->parent[uf_find(w->parent, i)] = uf_find(w->parent, j);
+    }
+    for (int q = 0; q < nf; q++) {
+        int first = -1;
+        for (int i = 0; i < fs[q].len; i++) {
+            int k = w->nodedim[nodeoff[q] + i];
+            if (k < 0)
+                continue;
+            if (first < 0)
+                first = uf_find(w->parent, k);
+            else
+                w->parent[uf_find(w->parent, k)] = uf_find(w->parent, first);
+        }
+    }
+    for (int q = 0; q < nf; q++) {
+        fgroup[q] = -1;
+        for (int i = 0; i < fs[q].len; i++)
+            if (w->nodedim[nodeoff[q] + i] >= 0) {
+                fgroup[q] = uf_find(w->parent, w->nodedim[nodeoff[q] + i]);
+                break;
+            }
+    }
+    double val = 1.0, err = 0.0;
+    /* constant factors (no G-var leaves) */
+    for (int q = 0; q < nf; q++)
+        if (fgroup[q] < 0) {
+            double v;
+            tpk_nsr_rpn_eval(fs[q].node, fs[q].len, w->gv + nodeoff[q], w->sv + nodeoff[q], 1,
+                             w->stack, &v);
+            err *= fabs(v);
+            val *= v;
+        }
+    for (int root = 0; root < D; root++) {
+        if (uf_find(w->parent, root) != root)
+            continue;
+        int ngf = 0, nd = 0;
+        int gf[2 * MAXF + 2];
+        for (int q = 0; q < nf; q++)
+            if (fgroup[q] == root)
+                gf[ngf++] = q;
+        if (ngf == 0)
+            continue;
+        for (int i = 0; i < D; i++)
+            if (uf_find(w->parent, i) == root) {
+                w->loc[i] = nd;
+                w->gdims[nd++] = i;
+            }
+        tpk_estimate e = {0.0, 0.0};
+        int done = 0;
+        if (!L->o.no_factor) {
+            const fac *f1 = &fs[gf[0]], *f2 = ngf > 1 ? &fs[gf[1]] : NULL;
+            int k1 = w->nodedim[nodeoff[gf[0]]], k2 = ngf > 1 ? w->nodedim[nodeoff[gf[1]]] : -1;
+            if (ngf == 1 && is_gvar_factor(f1->node, f1->len)) {
+                e.value = w->m[k1];
+                done = 1;
+            } else if (ngf == 2 && is_gvar_factor(f1->node, f1->len) &&
+                       is_gvar_factor(f2->node, f2->len)) {
+                e.value = w->C[k1 * D + k2] + w->m[k1] * w->m[k2];
+                done = 1;
+            } else if (ngf == 1 && is_call_factor(f1->node, f1->len)) {
+                if (tpk_gauss_expect1(f1->node[1].fn, w->m[k1], w->C[k1 * D + k1], L->gws, &e,
+                                      &w->ctx))
+                    return w->ctx.status;
+                done = 1;
+            } else if (ngf == 2 && is_call_factor(f1->node, f1->len) &&
+                       is_call_factor(f2->node, f2->len)) {
+                const tpk_phi *p1 = f1->node[1].fn, *p2 = f2->node[1].fn;
+                double q1 = w->C[k1 * D + k1], q2 = w->C[k2 * D + k2], kk = w->C[k1 * D + k2];
+                int st;
+                if (w->m[k1] == 0.0 && w->m[k2] == 0.0 && same_phi(p1, p2) &&
+                    tpk_phi_has_closed_form(p1))
+                    st = tpk_gauss_expect2(p1, q1, q2, kk, L->gws, &e, &w->ctx);
+                else
+                    st = tpk_gauss_expect2_quad(p1, p2, w->m[k1], w->m[k2], q1, q2, kk, L->gws,
+                                                &e, &w->ctx);
+                if (st)
+                    return st;
+                done = 1;
+            }
+        }
+        if (!done) {
+            /* eigen-decomposition of the group covariance, clipped at 0 (§1.6) */
+            for (int i = 0; i < nd; i++)
+                for (int j = 0; j < nd; j++)
+                    w->V[i * nd + j] = w->C[w->gdims[i] * D + w->gdims[j]];
+            if (nd == 1) {
+                w->lam[0] = w->V[0];
+                w->V[0] = 1.0;
+            } else if (LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'V', 'U', nd, w->V, nd, w->lam) != 0) {
+                return TPK_ERROR(&w->ctx, TPK_ENUMERIC, "eigen-decomposition of a %d×%d covariance failed", nd, nd);
+            }
+            double lmax = 0.0;
+            for (int j = 0; j < nd; j++)
+                if (w->lam[j] > lmax)
+                    lmax = w->lam[j];
+            int r = 0;
+            for (int j = 0; j < nd; j++)
+                if (w->lam[j] > RANK_TOL * lmax && w->lam[j] > 0.0) {
+                    double s = sqrt(w->lam[j]);
+                    for (int k = 0; k < nd; k++)
+                        w->sub[k * nd + r] = w->V[k * nd + j] * s;
+                    r++;
+                }
+            for (int k = 0; k < nd; k++)
+                for (int j = 0; j < r; j++)
+                    w->scaled[k * r + j] = w->sub[k * nd + j];
+            if (r == 0) {
+                for (int k = 0; k < nd; k++)
+                    w->z[(size_t)k * BLK] = w->m[w->gdims[k]];
+                eval_group_block(L, w, fs, nodeoff, gf, ngf, 1, w->prod);
+                e.value = w->prod[0];
+            } else {
+                group_numeric(L, w, fs, nodeoff, gf, ngf, nd, r, site ^ ((uint64_t)root << 40), &e);
+            }
+        }
+        err = err * fabs(e.value) + e.err * fabs(val);
+        val *= e.value;
+    }
+    out->value = val;
+    out->err = err;
+    return TPK_OK;
+}
+
+/* ---- E[Z^u_a Z^v_c] for all input pairs ------------------------------------------------ */
+
+typedef struct scratch {
+    double *s1, *s2, *qa, *qb;
+} scratch;
+
+static void note_err(lim *L, double e)
+{
+    if (e > L->err || isnan(e))
+        L->err = e;
+}
+
+/* Per-entry generic expectations for the term pairs gen[]; results added into out. */
+static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint64_t site,
+                      double *out, double *vals, double *errmax)
+{
+    size_t N = L->N;
+    const xbody *bu = &L->xb[u], *bv = &L->xb[v];
+    int sym = u == v;
+    int status = TPK_OK;
+    double emax = 0.0;
+#pragma omp parallel
+    {
+        pws *w = pws_alloc(L);
+        double my_emax = 0.0;
+        int my_st = w == NULL ? TPK_ENOMEM : TPK_OK;
+#pragma omp for schedule(dynamic, 1)
+        for (size_t a = 0; a < N; a++) {
+            size_t cend = sym ? a + 1 : N;
+            for (size_t c = 0; c < cend && my_st == TPK_OK; c++) {
+                double sum = 0.0, esum = 0.0;
+                for (int g = 0; g < ngen && my_st == TPK_OK; g++) {
+                    const xterm *ts = &bu->t[gen[g][0]], *tt = &bv->t[gen[g][1]];
+                    fac fs[2 * MAXF];
+                    int nf = 0;
+                    for (int q = 0; q < ts->nf; q++)
+                        fs[nf++] = (fac){bu->node + ts->fs[q], ts->fe[q] - ts->fs[q], a};
+                    for (int q = 0; q < tt->nf; q++)
+                        fs[nf++] = (fac){bv->node + tt->fs[q], tt->fe[q] - tt->fs[q], c};
+                    tpk_estimate e;
+                    my_st = prod_expect(L, w, fs, nf,
+                                        site * (MAXT * MAXT) + (uint64_t)(gen[g][0] * MAXT + gen[g][1]), &e);
+                    double cc = ts->coef * tt->coef;
+                    sum += cc * e.value;
+                    esum += fabs(cc) * e.err;
+                }
+                vals[a * N + c] = sum;
+                if (esum > my_emax || isnan(esum))
+                    my_emax = esum;
+            }
+        }
+#pragma omp critical(tpk_limit_err)
+        {
+            if (my_st != TPK_OK && status == TPK_OK) {
+                status = my_st;
+                if (w != NULL && w->ctx.status != TPK_OK)
+                    TPK_ERROR(L->ctx, w->ctx.status, "%s", w->ctx.msg);
+                else
+                    TPK_ERROR(L->ctx, my_st, "expectation failed (out of memory?)");
+            }
+            if (my_emax > emax)
+                emax = my_emax;
+        }
+        pws_free(w);
+    }
+    if (status != TPK_OK)
+        return status;
+    for (size_t a = 0; a < N; a++) {
+        size_t cend = sym ? a + 1 : N;
+        for (size_t c = 0; c < cend; c++) {
+            out[a * N + c] += vals[a * N + c];
+            if (sym && c != a)
+                out[c * N + a] += vals[a * N + c];
+        }
+    }
+    *errmax = emax;
+    return TPK_OK;
+}
+
+/* out (N×N) = E[Z^u_a Z^v_c]; error estimate (max over entries) into *errp. */
+static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, double *errp)
+{
+    size_t N = L->N;
+    const xbody *bu = &L->xb[u], *bv = &L->xb[v];
+    int gen[MAXT * MAXT][2], ngen = 0;
+    double err = 0.0;
+    memset(out, 0, N * N * sizeof *out);
+    for (int s = 0; s < bu->nterms; s++)
+        for (int t = 0; t < bv->nterms; t++) {
+            const xterm *ts = &bu->t[s], *tt = &bv->t[t];
+            double cc = ts->coef * tt->coef;
+            int fast = 0;
+            if (ts->nf == 1 && tt->nf == 1 && !L->o.no_factor) {
+                const tpk_rpn_node *na = bu->node + ts->fs[0], *nb = bv->node + tt->fs[0];
+                int la = ts->fe[0] - ts->fs[0], lb = tt->fe[0] - tt->fs[0];
+                if (is_gvar_factor(na, la) && is_gvar_factor(nb, lb)) {
+                    int g = na[0].var, h = nb[0].var;
+                    double mm = L->rep[g].mean * L->rep[h].mean;
+                    cov_mat(L, g, h, sc->s1);
+                    for (size_t i = 0; i < N * N; i++)
+                        out[i] += cc * (sc->s1[i] + mm);
+                    fast = 1;
+                } else if (!L->o.no_fastpath && is_call_factor(na, la) && is_call_factor(nb, lb) &&
+                           same_phi(na[1].fn, nb[1].fn) && tpk_phi_has_closed_form(na[1].fn) &&
+                           L->rep[na[0].var].mean == 0.0 && L->rep[nb[0].var].mean == 0.0) {
+                    int g = na[0].var, h = nb[0].var, st;
+                    double e = 0.0;
+                    if (g == h) {
+                        cov_mat(L, g, g, sc->s1);
+                        st = tpk_gauss_map(na[1].fn, sc->s1, N, sc->s1, L->gws, &e, L->ctx);
+                    } else {
+                        for (size_t a = 0; a < N; a++) {
+                            sc->qa[a] = cov_dim(L, g, a, g, a);
+                            sc->qb[a] = cov_dim(L, h, a, h, a);
+                        }
+                        cov_mat(L, g, h, sc->s1);
+                        st = tpk_gauss_map_cross(na[1].fn, sc->qa, N, sc->qb, N, sc->s1, sc->s1,
+                                                 L->gws, &e, L->ctx);
+                    }
+                    if (st)
+                        return st;
+                    for (size_t i = 0; i < N * N; i++)
+                        out[i] += cc * sc->s1[i];
+                    err += fabs(cc) * e;
+                    fast = 1;
+                }
+            }
+            if (!fast) {
+                gen[ngen][0] = s;
+                gen[ngen][1] = t;
+                ngen++;
+            }
+        }
+    if (ngen > 0) {
+        double e = 0.0;
+        int st = m2_entries(L, u, v, (const int(*)[2])gen, ngen, site, out, sc->s2, &e);
+        if (st)
+            return st;
+        err += e;
+    }
+    *errp = err;
+    return TPK_OK;
+}
+
+/* ---- program set-up: atoms, families, reps, liveness ------------------------------------ */
+
+static int rep_merge(grep *r, const tpk_instr *in, const grep *rep)
+{
+    int cap = 0;
+    for (int t = 0; t < in->nterms; t++)
+        cap += rep[in->term[t]].n;
+    r->atom = malloc((size_t)(cap ? cap : 1) * sizeof *r->atom);
+    r->coef = malloc((size_t)(cap ? cap : 1) * sizeof *r->coef);
+    if (r->atom == NULL || r->coef == NULL)
+        return TPK_ENOMEM;
+    r->n = 0;
+    r->mean = 0.0;
+    for (int t = 0; t < in->nterms; t++) {
+        const grep *s = &rep[in->term[t]];
+        r->mean += in->coef[t] * s->mean;
+        for (int i = 0; i < s->n; i++) {
+            int k;
+            for (k = 0; k < r->n; k++)
+                if (r->atom[k] == s->atom[i])
+                    break;
+            if (k == r->n) {
+                r->atom[k] = s->atom[i];
+                r->coef[k] = 0.0;
+                r->n++;
+            }
+            r->coef[k] += in->coef[t] * s->coef[i];
+        }
+    }
+    return TPK_OK;
+}
+
+static void touch(lim *L, int v, int k)
+{
+    const tpk_program *p = L->p;
+    if (L->last[v] < k)
+        L->last[v] = k;
+    if (p->var[v].type == TPK_VAR_H && L->def[v] >= 0) {
+        /* an H-var is read through its body's leaves */
+        const tpk_rpn *b = &p->instr[L->def[v]].body;
+        for (int j = 0; j < b->len; j++)
+            if (b->node[j].op == TPK_RPN_GVAR || b->node[j].op == TPK_RPN_SCALAR)
+                if (L->last[b->node[j].var] < k)
+                    L->last[b->node[j].var] = k;
+    }
+}
+
+static int setup(lim *L, int all_outputs)
+{
+    const tpk_program *p = L->p;
+    int nv = p->nvars, ni = p->ninstr, nbias = 0;
+    for (int k = 0; k < ni; k++) {
+        int op = p->instr[k].op;
+        if (op == TPK_OP_BIAS)
+            nbias++;
+        if (op == TPK_OP_BIAS || op == TPK_OP_EMBED || op == TPK_OP_MATMUL)
+            L->natoms++;
+    }
+    L->nfam = p->navars + p->nembeds + nbias;
+    L->atom = calloc((size_t)L->natoms + 1, sizeof *L->atom);
+    L->fam = calloc((size_t)L->nfam + 1, sizeof *L->fam);
+    L->fam_of_avar = calloc((size_t)p->navars + 1, sizeof(int));
+    L->fam_of_embed = calloc((size_t)p->nembeds + 1, sizeof(int));
+    L->atom_of_instr = calloc((size_t)ni + 1, sizeof(int));
+    L->rep = calloc((size_t)nv, sizeof *L->rep);
+    L->xb = calloc((size_t)nv, sizeof *L->xb);
+    L->scal = calloc((size_t)nv, sizeof *L->scal);
+    L->gnode = calloc((size_t)nv, sizeof *L->gnode);
+    L->last = malloc((size_t)nv * sizeof *L->last);
+    L->def = malloc((size_t)nv * sizeof *L->def);
+    L->var_next = malloc(((size_t)nv + (size_t)L->nfam) * sizeof *L->var_next);
+    L->free_var = malloc(((size_t)ni + 2) * sizeof *L->free_var);
+    L->free_fam = malloc(((size_t)ni + 2) * sizeof *L->free_fam);
+    if (!L->atom || !L->fam || !L->fam_of_avar || !L->fam_of_embed || !L->atom_of_instr ||
+        !L->rep || !L->xb || !L->scal || !L->gnode || !L->last || !L->def || !L->var_next ||
+        !L->free_var || !L->free_fam)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory setting up the limit evaluator");
+    int f = 0;
+    for (int i = 0; i < p->navars; i++, f++) {
+        L->fam_of_avar[i] = f;
+        L->fam[f].kind = FAM_AVAR;
+        L->fam[f].var = p->avar[i].var;
+    }
+    for (int i = 0; i < p->nembeds; i++, f++) {
+        L->fam_of_embed[i] = f;
+        L->fam[f].kind = FAM_EMBED;
+    }
+    for (int v = 0; v < nv; v++) {
+        L->gnode[v].op = TPK_RPN_GVAR;
+        L->gnode[v].var = v;
+        L->last[v] = -1;
+        L->def[v] = -1;
+    }
+    /* atoms and reps, symbolically, in program order */
+    int na = 0;
+    int *deff = L->def;
+    for (int k = 0; k < ni; k++) {
+        const tpk_instr *in = &p->instr[k];
+        deff[in->out] = k;
+        L->atom_of_instr[k] = -1;
+        if (in->op == TPK_OP_LINCOMB) {
+            if (rep_merge(&L->rep[in->out], in, L->rep))
+                return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+            }
+            continue;
+        }
+        if (in->op != TPK_OP_BIAS && in->op != TPK_OP_EMBED && in->op != TPK_OP_MATMUL)
+            continue;
+        atom *a = &L->atom[na];
+        if (in->op == TPK_OP_BIAS) {
+            a->fam = f;
+            L->fam[f].kind = FAM_BIAS;
+            L->fam[f].var = in->var;
+            a->mean = in->mean;
+            f++;
+        } else if (in->op == TPK_OP_EMBED) {
+            a->fam = L->fam_of_embed[in->avar];
+            a->src = in->src;
+            a->scale = sqrt(in->var);
+        } else {
+            a->fam = L->fam_of_avar[in->avar];
+            a->src = in->src;
+        }
+        a->loc = L->fam[a->fam].cap++;
+        L->fam[a->fam].last = k;
+        L->atom_of_instr[k] = na;
+        grep *r = &L->rep[in->out];
+        r->atom = malloc(sizeof *r->atom);
+        r->coef = malloc(sizeof *r->coef);
+        if (r->atom == NULL || r->coef == NULL)
+            return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+        r->n = 1;
+        r->atom[0] = na;
+        r->coef[0] = 1.0;
+        r->mean = a->mean;
+        na++;
+    }
+    for (int i = 0; i < L->nfam; i++) {
+        family *fm = &L->fam[i];
+        fm->atoms = malloc((size_t)(fm->cap ? fm->cap : 1) * sizeof *fm->atoms);
+        if (fm->atoms == NULL)
+            return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+        if (fm->cap == 0)
+            fm->last = -1;
+    }
+    /* liveness: who reads what, and when */
+    int *lastmm = malloc(((size_t)p->navars + 1) * sizeof *lastmm);
+    if (lastmm == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    for (int i = 0; i < p->navars; i++)
+        lastmm[i] = -1;
+    for (int k = 0; k < ni; k++)
+        if (p->instr[k].op == TPK_OP_MATMUL)
+            lastmm[p->instr[k].avar] = k;
+    for (int k = 0; k < ni; k++) {
+        const tpk_instr *in = &p->instr[k];
+        switch (in->op) {
+        case TPK_OP_MATMUL: /* new atom is correlated with every earlier one of its A-var */
+            touch(L, in->src, lastmm[in->avar]);
+            break;
+        case TPK_OP_LINCOMB:
+            for (int t = 0; t < in->nterms; t++)
+                touch(L, in->term[t], k);
+            break;
+        case TPK_OP_MOMENT:
+            for (int j = 0; j < in->body.len; j++)
+                if (in->body.node[j].op == TPK_RPN_GVAR || in->body.node[j].op == TPK_RPN_SCALAR)
+                    touch(L, in->body.node[j].var, k);
+            break;
+        default:
+            break;
+        }
+    }
+    for (int o = all_outputs ? 0 : p->noutputs - 1; o < p->noutputs; o++)
+        touch(L, p->output[o].src, ni);
+    for (int v = 0; v < nv; v++)
+        if (p->var[v].type == TPK_VAR_G)
+            for (int i = 0; i < L->rep[v].n; i++) {
+                family *fm = &L->fam[L->atom[L->rep[v].atom[i]].fam];
+                if (fm->last < L->last[v])
+                    fm->last = L->last[v];
+            }
+    /* free lists: var v after instruction max(def, last) */
+    for (int k = 0; k <= ni; k++)
+        L->free_var[k] = L->free_fam[k] = -1;
+    for (int v = 0; v < nv; v++) {
+        if (deff[v] < 0)
+            continue;
+        int at = L->last[v] > deff[v] ? L->last[v] : deff[v];
+        L->var_next[v] = L->free_var[at];
+        L->free_var[at] = v;
+    }
+    for (int i = 0; i < L->nfam; i++) {
+        family *fm = &L->fam[i];
+        if (fm->last < 0)
+            continue;
+        fm->next = L->free_fam[fm->last];
+        L->free_fam[fm->last] = i;
+    }
+    free(lastmm);
+    return TPK_OK;
+}
+
+static void free_var_data(lim *L, int v)
+{
+    free(L->rep[v].atom);
+    free(L->rep[v].coef);
+    L->rep[v].atom = NULL;
+    L->rep[v].coef = NULL;
+    L->rep[v].n = 0;
+    free(L->xb[v].t);
+    L->xb[v].t = NULL;
+    free(L->scal[v]);
+    L->scal[v] = NULL;
+}
+
+static void lim_free(lim *L)
+{
+    const tpk_program *p = L->p;
+    if (L->rep || L->xb || L->scal)
+        for (int v = 0; v < p->nvars; v++) {
+            if (L->rep)
+                free(L->rep[v].atom), free(L->rep[v].coef);
+            if (L->xb)
+                free(L->xb[v].t);
+            if (L->scal)
+                free(L->scal[v]);
+        }
+    if (L->fam)
+        for (int i = 0; i < L->nfam; i++) {
+            free(L->fam[i].atoms);
+            free(L->fam[i].blk);
+        }
+    free(L->atom);
+    free(L->fam);
+    free(L->fam_of_avar);
+    free(L->fam_of_embed);
+    free(L->atom_of_instr);
+    free(L->rep);
+    free(L->xb);
+    free(L->scal);
+    free(L->gnode);
+    free(L->last);
+    free(L->def);
+    free(L->var_next);
+    free(L->free_var);
+    free(L->free_fam);
+    for (int r = 0; r <= GH_MAXDIM; r++)
+        for (int h = 0; h < 2; h++) {
+            free(L->gh[r][h].x);
+            free(L->gh[r][h].w);
+        }
+    tpk_gauss_ws_free(L->gws);
+}
+
+/* Gauss–Hermite rules for N(0,1) from GSL's e^{−x²} rule: x → √2 x, w → w/√π. */
+static int gh_init(lim *L)
+{
+    static const int deg[GH_MAXDIM + 1][2] = {{1, 1}, {96, 64}, {48, 32}, {20, 14},
+                                              {12, 8}, {7, 5},   {5, 4}};
+    for (int r = 1; r <= GH_MAXDIM; r++)
+        for (int h = 0; h < 2; h++) {
+            int n = deg[r][h];
+            ghrule *g = &L->gh[r][h];
+            gsl_integration_fixed_workspace *ws =
+                gsl_integration_fixed_alloc(gsl_integration_fixed_hermite, (size_t)n, 0.0, 1.0, 0.0, 0.0);
+            g->x = malloc((size_t)n * sizeof *g->x);
+            g->w = malloc((size_t)n * sizeof *g->w);
+            if (ws == NULL || g->x == NULL || g->w == NULL) {
+                gsl_integration_fixed_free(ws);
+                return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for Gauss–Hermite rules");
+            }
+            const double *x = gsl_integration_fixed_nodes(ws), *w = gsl_integration_fixed_weights(ws);
+            double sw = 0.0;
+            for (int i = 0; i < n; i++)
+                sw += w[i];
+            for (int i = 0; i < n; i++) {
+                g->x[i] = 1.41421356237309504880 * x[i];
+                g->w[i] = w[i] / sw;
+            }
+            g->n = n;
+            gsl_integration_fixed_free(ws);
+        }
+    return TPK_OK;
+}
+
+/* ---- instructions --------------------------------------------------------------------- */
+
+static int new_block(lim *L, family *f)
+{
+    if (f->blk != NULL)
+        return TPK_OK;
+    size_t dim = (size_t)f->cap * L->N;
+    f->blk = calloc(dim * dim, sizeof *f->blk);
+    if (f->blk == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu covariance block", dim, dim);
+    return TPK_OK;
+}
+
+static void put_block(lim *L, family *f, int lj, int li, const double *M, double scale)
+{
+    size_t N = L->N, ld = (size_t)f->cap * N;
+    for (size_t a = 0; a < N; a++)
+        for (size_t c = 0; c < N; c++) {
+            double v = scale * M[a * N + c];
+            f->blk[((size_t)lj * N + a) * ld + (size_t)li * N + c] = v;
+            f->blk[((size_t)li * N + c) * ld + (size_t)lj * N + a] = v;
+        }
+}
+
+static int do_embed(lim *L, int k, scratch *sc)
+{
+    const tpk_instr *in = &L->p->instr[k];
+    atom *aj = &L->atom[L->atom_of_instr[k]];
+    family *f = &L->fam[aj->fam];
+    size_t N = L->N, d = L->d, ldx = L->T * d;
+    if (new_block(L, f))
+        return L->ctx->status;
+    f->atoms[aj->loc] = L->atom_of_instr[k];
+    f->m = aj->loc + 1;
+    for (int li = 0; li <= aj->loc; li++) {
+        const atom *ai = &L->atom[f->atoms[li]];
+        int st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, d, aj->scale * ai->scale / (double)d,
+                           L->x + (size_t)in->src * d, ldx, L->x + (size_t)ai->src * d, ldx, 0.0,
+                           sc->s1, N, L->ctx);
+        if (st)
+            return st;
+        put_block(L, f, aj->loc, li, sc->s1, 1.0);
+    }
+    return TPK_OK;
+}
+
+static int do_matmul(lim *L, int k, scratch *sc)
+{
+    const tpk_instr *in = &L->p->instr[k];
+    atom *aj = &L->atom[L->atom_of_instr[k]];
+    family *f = &L->fam[aj->fam];
+    if (new_block(L, f))
+        return L->ctx->status;
+    f->atoms[aj->loc] = L->atom_of_instr[k];
+    f->m = aj->loc + 1;
+    double *M = malloc(L->N * L->N * sizeof *M);
+    if (M == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    for (int li = 0; li <= aj->loc; li++) {
+        const atom *ai = &L->atom[f->atoms[li]];
+        double e = 0.0;
+        int st = m2(L, in->src, ai->src, (uint64_t)k * 4096 + (uint64_t)li, sc, M, &e);
+        if (st) {
+            free(M);
+            return st;
+        }
+        note_err(L, f->var * e);
+        put_block(L, f, aj->loc, li, M, f->var);
+    }
+    free(M);
+    return TPK_OK;
+}
+
+static int do_moment(lim *L, int k)
+{
+    const tpk_instr *in = &L->p->instr[k];
+    size_t N = L->N;
+    xbody xb;
+    if (expand_body(in->body.node, in->body.len, L->o.no_factor, &xb))
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    double *s = malloc(N * sizeof *s);
+    if (s == NULL) {
+        free(xb.t);
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    }
+    int status = TPK_OK;
+    double emax = 0.0;
+#pragma omp parallel
+    {
+        pws *w = pws_alloc(L);
+        int my_st = w == NULL ? TPK_ENOMEM : TPK_OK;
+        double my_emax = 0.0;
+#pragma omp for schedule(dynamic, 1)
+        for (size_t a = 0; a < N; a++) {
+            double sum = 0.0, esum = 0.0;
+            for (int t = 0; t < xb.nterms && my_st == TPK_OK; t++) {
+                fac fs[MAXF];
+                for (int q = 0; q < xb.t[t].nf; q++)
+                    fs[q] = (fac){xb.node + xb.t[t].fs[q], xb.t[t].fe[q] - xb.t[t].fs[q], a};
+                tpk_estimate e;
+                my_st = prod_expect(L, w, fs, xb.t[t].nf, (uint64_t)k * 4096 + (uint64_t)t, &e);
+                sum += xb.t[t].coef * e.value;
+                esum += fabs(xb.t[t].coef) * e.err;
+            }
+            s[a] = sum;
+            if (esum > my_emax)
+                my_emax = esum;
+        }
+#pragma omp critical(tpk_limit_err)
+        {
+            if (my_st != TPK_OK && status == TPK_OK) {
+                status = my_st;
+                TPK_ERROR(L->ctx, my_st, "%d:%d: moment: %s", in->line, in->col,
+                          w ? w->ctx.msg : "out of memory");
+            }
+            if (my_emax > emax)
+                emax = my_emax;
+        }
+        pws_free(w);
+    }
+    free(xb.t);
+    if (status != TPK_OK) {
+        free(s);
+        return status;
+    }
+    note_err(L, emax);
+    L->scal[in->out] = s;
+    return TPK_OK;
+}
+
+static int check_psd(lim *L, const double *K, size_t n)
+{
+    /* Cheap enough up to a few hundred rows; beyond that the O(n³) check would dominate. */
+    if (n > 600)
+        return TPK_OK;
+    double *A = malloc(n * n * sizeof *A), *lam = malloc(n * sizeof *lam);
+    int st = TPK_OK;
+    if (A == NULL || lam == NULL) {
+        st = TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    } else {
+        memcpy(A, K, n * n * sizeof *A);
+        if (LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'N', 'L', (int)n, A, (int)n, lam) == 0) {
+            double lmax = fabs(lam[n - 1]) > fabs(lam[0]) ? fabs(lam[n - 1]) : fabs(lam[0]);
+            double tol = PSD_REL * lmax + PSD_ERR * (double)n * L->err + DBL_MIN;
+            if (lam[0] < -tol)
+                st = TPK_ERROR(L->ctx, TPK_ENUMERIC,
+                               "limit kernel is not PSD: smallest eigenvalue %.3g (largest %.3g, "
+                               "error estimate %.3g)", lam[0], lam[n - 1], L->err);
+        }
+    }
+    free(A);
+    free(lam);
+    return st;
+}
+
+int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outputs,
+                         const tpk_limit_opts *opts, tpk_array **K, double *err, tpk_ctx *ctx)
+{
+    tpk_nsr_shape sh;
+    if (K == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_kernel: K must not be NULL");
+    *K = NULL;
+    if (err)
+        *err = 0.0;
+    int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
+    if (st)
+        return st;
+    lim L;
+    memset(&L, 0, sizeof L);
+    L.p = p;
+    if (opts)
+        L.o = *opts;
+    L.N = sh.N;
+    L.T = sh.T;
+    L.d = sh.d;
+    L.x = x->data;
+    L.maxlen = sh.maxlen;
+    L.maxdepth = sh.maxdepth;
+    L.ctx = ctx;
+    size_t N = L.N;
+    scratch sc = {malloc(N * N * sizeof(double)), malloc(N * N * sizeof(double)),
+                  malloc(N * sizeof(double)), malloc(N * sizeof(double))};
+    tpk_array *out = NULL;
+    double *M = NULL;
+    if (!sc.s1 || !sc.s2 || !sc.qa || !sc.qb) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
+    if ((st = setup(&L, all_outputs)) || (st = gh_init(&L)))
+        goto done;
+    L.gws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, ctx);
+    if (L.gws == NULL) {
+        st = ctx && ctx->status ? ctx->status : TPK_ENOMEM;
+        goto done;
+    }
+    for (int k = 0; k < p->ninstr; k++) {
+        const tpk_instr *in = &p->instr[k];
+        switch (in->op) {
+        case TPK_OP_EMBED:
+            st = do_embed(&L, k, &sc);
+            break;
+        case TPK_OP_BIAS:
+            break;
+        case TPK_OP_MATMUL:
+            st = do_matmul(&L, k, &sc);
+            break;
+        case TPK_OP_LINCOMB:
+            break;
+        case TPK_OP_NONLIN:
+            if (expand_body(in->body.node, in->body.len, L.o.no_factor, &L.xb[in->out]))
+                st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            break;
+        case TPK_OP_MOMENT:
+            st = do_moment(&L, k);
+            break;
+        default:
+            break;
+        }
+        if (st == TPK_OK && p->var[in->out].type == TPK_VAR_G) {
+            int v = in->out;
+            L.xb[v].node = &L.gnode[v];
+            L.xb[v].nterms = 1;
+            L.xb[v].t = malloc(sizeof *L.xb[v].t);
+            if (L.xb[v].t == NULL)
+                st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            else
+                L.xb[v].t[0] = (xterm){1.0, 1, {0}, {1}};
+        }
+        if (st)
+            goto done;
+        for (int v = L.free_var[k]; v >= 0; v = L.var_next[v])
+            free_var_data(&L, v);
+        for (int f = L.free_fam[k]; f >= 0; f = L.fam[f].next) {
+            free(L.fam[f].blk);
+            L.fam[f].blk = NULL;
+        }
+    }
+    /* outputs: K[(a,o),(c,o')] = σ_v² E[Z^o_a Z^o'_c], input-major */
+    int o0 = all_outputs ? 0 : p->noutputs - 1, O = p->noutputs - o0;
+    size_t dim = N * (size_t)O;
+    out = tpk_array_alloc2(dim, dim, ctx);
+    M = malloc(N * N * sizeof *M);
+    if (out == NULL || M == NULL) {
+        st = out == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (int oi = 0; oi < O; oi++)
+        for (int oj = 0; oj <= oi; oj++) {
+            const tpk_output *po = &p->output[o0 + oi], *pq = &p->output[o0 + oj];
+            double e = 0.0, s = sqrt(po->var * pq->var);
+            st = m2(&L, po->src, pq->src, (uint64_t)p->ninstr * 4096 + (uint64_t)(oi * O + oj),
+                    &sc, M, &e);
+            if (st)
+                goto done;
+            note_err(&L, s * e);
+            for (size_t a = 0; a < N; a++)
+                for (size_t c = 0; c < N; c++) {
+                    double v = s * M[a * N + c];
+                    out->data[(a * (size_t)O + (size_t)oi) * dim + c * (size_t)O + (size_t)oj] = v;
+                    out->data[(c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi] = v;
+                }
+        }
+    for (size_t i = 0; i < dim * dim; i++)
+        if (!isfinite(out->data[i])) {
+            st = TPK_ERROR(ctx, TPK_ENUMERIC, "limit kernel has a non-finite entry (%zu, %zu)",
+                           i / dim, i % dim);
+            goto done;
+        }
+    if ((st = check_psd(&L, out->data, dim)))
+        goto done;
+    if (err)
+        *err = L.err;
+    *K = out;
+    out = NULL;
+done:
+    tpk_array_free(out);
+    free(M);
+    free(sc.s1);
+    free(sc.s2);
+    free(sc.qa);
+    free(sc.qb);
+    lim_free(&L);
+    return st;
+}
+
+int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
+                      double *err, tpk_ctx *ctx)
+{
+    return tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
+}
