@@ -1,0 +1,1610 @@
+/* NETSOR front end, stage 4: elaboration (checked AST → straight-line IR, theory §1.3, §1.10).
+ * It evaluates parameters, unrolls `for` loops, instantiates families member by member,
+ * applies the per-instruction typing and width rules (G/H/A types, width unification with
+ * provenance, index ranges), inlines H-vars into Nonlin bodies so that every Nonlin reads
+ * G-vars only, hoists MatMuls and Moments out of expressions into temporaries (%1, %2, ...),
+ * folds constants (h[0] = 0: MatMul of 0 is 0), and emits the tpk_program. */
+#include "netsor-impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NSR_RPN_HVAR 64 /* internal leaf: an H-var not inlined yet (never reaches the IR) */
+
+/* ---- RPN buffers ------------------------------------------------------------------------------ */
+typedef struct rbuf {
+    tpk_rpn_node *n;
+    int len, cap;
+} rbuf;
+
+static void rb_free(rbuf *r)
+{
+    free(r->n);
+    r->n = NULL;
+    r->len = r->cap = 0;
+}
+
+static int rb_reserve(rbuf *r, int extra)
+{
+    if (extra > NSR_MAX_BODY || r->len > NSR_MAX_BODY - extra)
+        return TPK_EINVAL;
+    if (r->len + extra <= r->cap)
+        return TPK_OK;
+    int cap = r->cap ? r->cap : 8;
+    while (cap < r->len + extra)
+        cap *= 2;
+    tpk_rpn_node *n = realloc(r->n, (size_t)cap * sizeof *n);
+    if (n == NULL)
+        return TPK_ENOMEM;
+    r->n = n;
+    r->cap = cap;
+    return TPK_OK;
+}
+
+static int rb_push(rbuf *r, int op, int var, double value, const tpk_phi *fn)
+{
+    int st = rb_reserve(r, 1);
+    if (st)
+        return st;
+    tpk_rpn_node *x = &r->n[r->len++];
+    x->op = op;
+    x->var = var;
+    x->value = value;
+    x->fn = fn;
+    return TPK_OK;
+}
+
+static int rb_append(rbuf *r, const tpk_rpn_node *n, int len)
+{
+    int st = rb_reserve(r, len);
+    if (st)
+        return st;
+    memcpy(r->n + r->len, n, (size_t)len * sizeof *n);
+    r->len += len;
+    return TPK_OK;
+}
+
+static int rb_is_const(const rbuf *r, double *v)
+{
+    if (r->len == 1 && r->n[0].op == TPK_RPN_CONST) {
+        if (v)
+            *v = r->n[0].value;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- Elaboration state ---------------------------------------------------------------------- */
+enum { M_VAR, M_CONST, M_AVAR, M_GDECL, M_OUT };
+
+typedef struct member {
+    int fam, nidx;
+    int idx[NSR_MAX_INDICES];
+    int kind;
+    int var;          /* M_VAR, M_GDECL once emitted: IR var id */
+    double value;     /* M_CONST */
+    double mean, v;   /* M_GDECL: N(mean, v); M_AVAR: v */
+    int aid;          /* M_AVAR: avar or embed id, -1 until first use */
+    int line, col;
+} member;
+
+typedef struct phi_entry {
+    char *spec;
+    tpk_phi *phi;
+} phi_entry;
+
+typedef struct elab {
+    nsr_state *S;
+    nsr_check *C;
+    tpk_program *p;
+    int capvar, capinstr, capavar, capembed, capout;
+    int *var_node;     /* width node of each IR var (-1 for scalars) */
+    int *var_line;
+    int capnode, capline;
+    /* symbol environment: loop and parameter values */
+    double *num;
+    const char **spec; /* function parameters: spec string, else NULL */
+    int *have;         /* parameter / loop evaluated */
+    /* members: open hashing */
+    member *mem;
+    int nmem, capmem;
+    int *bucket;
+    int nbucket;
+    int ntemps;
+    long steps;
+    int input_lo;
+    phi_entry *phis;
+    int nphis, capphis;
+} elab;
+
+static int oom(elab *E)
+{
+    return nsr_oom(E->S);
+}
+
+static int grow(void **p, int *cap, int need, size_t elt)
+{
+    if (need <= *cap)
+        return TPK_OK;
+    int c = *cap ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, (size_t)c * elt);
+    if (q == NULL)
+        return TPK_ENOMEM;
+    memset((char *)q + (size_t)*cap * elt, 0, (size_t)(c - *cap) * elt);
+    *p = q;
+    *cap = c;
+    return TPK_OK;
+}
+
+/* ---- Members ---------------------------------------------------------------------------------- */
+static unsigned hash_key(int fam, int nidx, const int *idx)
+{
+    unsigned h = 2166136261u ^ (unsigned)fam;
+    for (int i = 0; i < nidx; i++)
+        h = (h ^ (unsigned)idx[i]) * 16777619u;
+    return h;
+}
+
+static member *find_member(elab *E, int fam, int nidx, const int *idx)
+{
+    if (E->nbucket == 0)
+        return NULL;
+    unsigned h = hash_key(fam, nidx, idx) & (unsigned)(E->nbucket - 1);
+    for (;;) {
+        int m = E->bucket[h];
+        if (m < 0)
+            return NULL;
+        member *x = &E->mem[m];
+        if (x->fam == fam && x->nidx == nidx && memcmp(x->idx, idx, (size_t)nidx * sizeof *idx) == 0)
+            return x;
+        h = (h + 1) & (unsigned)(E->nbucket - 1);
+    }
+}
+
+static member *add_member(elab *E, int fam, int nidx, const int *idx, int kind, int line, int col)
+{
+    if (2 * (E->nmem + 1) > E->nbucket) {
+        int nb = E->nbucket ? 2 * E->nbucket : 256;
+        int *b = malloc((size_t)nb * sizeof *b);
+        if (b == NULL)
+            return NULL;
+        for (int i = 0; i < nb; i++)
+            b[i] = -1;
+        for (int m = 0; m < E->nmem; m++) {
+            unsigned h = hash_key(E->mem[m].fam, E->mem[m].nidx, E->mem[m].idx) & (unsigned)(nb - 1);
+            while (b[h] >= 0)
+                h = (h + 1) & (unsigned)(nb - 1);
+            b[h] = m;
+        }
+        free(E->bucket);
+        E->bucket = b;
+        E->nbucket = nb;
+    }
+    if (grow((void **)&E->mem, &E->capmem, E->nmem + 1, sizeof *E->mem))
+        return NULL;
+    member *x = &E->mem[E->nmem];
+    memset(x, 0, sizeof *x);
+    x->fam = fam;
+    x->nidx = nidx;
+    memcpy(x->idx, idx, (size_t)nidx * sizeof *idx);
+    x->kind = kind;
+    x->var = -1;
+    x->aid = -1;
+    x->line = line;
+    x->col = col;
+    unsigned h = hash_key(fam, nidx, idx) & (unsigned)(E->nbucket - 1);
+    while (E->bucket[h] >= 0)
+        h = (h + 1) & (unsigned)(E->nbucket - 1);
+    E->bucket[h] = E->nmem++;
+    return x;
+}
+
+/* "h[3]" / "a[1,2]" / "g" */
+static char *member_name(const char *base, int nidx, const int *idx)
+{
+    char buf[256];
+    size_t k = (size_t)snprintf(buf, sizeof buf, "%s", base);
+    for (int i = 0; i < nidx && k < sizeof buf; i++)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%d", i ? "," : "[", idx[i]);
+    if (nidx && k < sizeof buf)
+        snprintf(buf + k, sizeof buf - k, "]");
+    return strdup(buf);
+}
+
+/* ---- IR emission ------------------------------------------------------------------------------- */
+static int new_var(elab *E, char *name, int type, int node, int line)
+{
+    tpk_program *p = E->p;
+    if (name == NULL)
+        return oom(E), -1;
+    if (grow((void **)&p->var, &E->capvar, p->nvars + 1, sizeof *p->var) ||
+        grow((void **)&E->var_node, &E->capnode, p->nvars + 1, sizeof *E->var_node) ||
+        grow((void **)&E->var_line, &E->capline, p->nvars + 1, sizeof *E->var_line)) {
+        free(name);
+        return oom(E), -1;
+    }
+    tpk_var *v = &p->var[p->nvars];
+    v->name = name;
+    v->type = type;
+    v->width = -1;
+    v->def = -1;
+    E->var_node[p->nvars] = node;
+    E->var_line[p->nvars] = line;
+    return p->nvars++;
+}
+
+static char *temp_name(elab *E)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%%%d", ++E->ntemps);
+    return strdup(buf);
+}
+
+static tpk_instr *new_instr(elab *E, int op, int out, int line, int col)
+{
+    tpk_program *p = E->p;
+    if (p->ninstr >= NSR_MAX_INSTR) {
+        nsr_error(E->S, TPK_EINVAL, line, col, "program too large after unrolling (%d instructions)",
+                  p->ninstr);
+        return NULL;
+    }
+    if (grow((void **)&p->instr, &E->capinstr, p->ninstr + 1, sizeof *p->instr)) {
+        oom(E);
+        return NULL;
+    }
+    tpk_instr *in = &p->instr[p->ninstr];
+    memset(in, 0, sizeof *in);
+    in->op = op;
+    in->out = out;
+    in->avar = -1;
+    in->src = -1;
+    in->line = line;
+    in->col = col;
+    p->var[out].def = p->ninstr++;
+    return in;
+}
+
+/* ---- Width facts ---------------------------------------------------------------------------- */
+static void var_fact(elab *E, int v, char *buf, size_t n)
+{
+    if (v < 0) {
+        snprintf(buf, n, "the vector has width %s", "_");
+        return;
+    }
+    snprintf(buf, n, "%s has width %s (from line %d)", E->p->var[v].name,
+             nsr_uf_show(E->C, E->var_node[v]), E->var_line[v]);
+}
+
+/* All vector leaves of `r` must share one width; returns the node (or -1 if none). */
+static int unify_leaves(elab *E, const rbuf *r, const char *what, int line, int col, int *status)
+{
+    int first = -1;
+    *status = TPK_OK;
+    for (int i = 0; i < r->len; i++) {
+        const tpk_rpn_node *x = &r->n[i];
+        if (x->op != TPK_RPN_GVAR && x->op != NSR_RPN_HVAR)
+            continue;
+        if (first < 0) {
+            first = x->var;
+            continue;
+        }
+        if (x->var == first)
+            continue;
+        char fa[256], fb[256];
+        var_fact(E, first, fa, sizeof fa);
+        var_fact(E, x->var, fb, sizeof fb);
+        if ((*status = nsr_uf_unify(E->C, E->var_node[first], E->var_node[x->var], line, col, what,
+                                    fa, fb)))
+            return -1;
+    }
+    return first < 0 ? -1 : E->var_node[first];
+}
+
+/* ---- Phi instances ----------------------------------------------------------------------------- */
+static const tpk_phi *get_phi(elab *E, const char *spec, int line, int col)
+{
+    for (int i = 0; i < E->nphis; i++)
+        if (strcmp(E->phis[i].spec, spec) == 0)
+            return E->phis[i].phi;
+    if (E->S->reg == NULL) {
+        nsr_error(E->S, TPK_ETYPE, line, col, "unknown function '%s' (no function registry)", spec);
+        return NULL;
+    }
+    tpk_ctx tmp;
+    tpk_ctx_init(&tmp);
+    tpk_phi *phi = tpk_phi_alloc(E->S->reg, spec, &tmp);
+    if (phi == NULL) {
+        nsr_error(E->S, TPK_ETYPE, line, col, "cannot instantiate function '%s': %s", spec,
+                  tmp.msg[0] ? tmp.msg : tpk_strerror(tmp.status));
+        return NULL;
+    }
+    if (grow((void **)&E->phis, &E->capphis, E->nphis + 1, sizeof *E->phis)) {
+        tpk_phi_free(phi);
+        oom(E);
+        return NULL;
+    }
+    char *s = strdup(spec);
+    if (s == NULL) {
+        tpk_phi_free(phi);
+        oom(E);
+        return NULL;
+    }
+    E->phis[E->nphis].spec = s;
+    E->phis[E->nphis].phi = phi;
+    E->nphis++;
+    return phi;
+}
+
+/* ---- Expressions ---------------------------------------------------------------------------- */
+static int elab_expr(elab *E, const nsr_expr *e, rbuf *out);
+static int materialize(elab *E, rbuf *r, int annot, char *name, int fam_node, int line, int col,
+                       const char *what);
+
+static int eval_number(elab *E, const nsr_expr *e, const char *what, double *v)
+{
+    rbuf r = {0};
+    int st = elab_expr(E, e, &r);
+    if (st == TPK_OK && !rb_is_const(&r, v))
+        st = nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%s must be a number known before unrolling "
+                       "(parameters, loop variables and constants)", what);
+    rb_free(&r);
+    if (st == TPK_OK && !isfinite(*v))
+        st = nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%s is not finite", what);
+    return st;
+}
+
+static int eval_int(elab *E, const nsr_expr *e, const char *what, int *out)
+{
+    double v;
+    int st = eval_number(E, e, what, &v);
+    if (st)
+        return st;
+    if (v != floor(v) || fabs(v) > 1e8)
+        return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%s must be an integer (got %g)", what, v);
+    *out = (int)v;
+    return TPK_OK;
+}
+
+static int eval_indices(elab *E, nsr_expr *const *idx, int nidx, int *out)
+{
+    for (int i = 0; i < nidx; i++)
+        if (eval_int(E, idx[i], "an index", &out[i]))
+            return TPK_ETYPE;
+    return TPK_OK;
+}
+
+/* Collect "t = 1, i = 2" for the loop variables an expression's indices mention. */
+static int loop_values(elab *E, const nsr_expr *e, char *buf, size_t n, int *k, int *lastsym)
+{
+    if (e == NULL)
+        return 0;
+    int found = 0;
+    if (e->kind == NSR_E_NAME && e->sym >= 0 && E->C->sym[e->sym].kind == NSR_SYM_LOOP) {
+        if (strstr(buf, E->C->sym[e->sym].name) == NULL && (size_t)*k < n)
+            *k += snprintf(buf + *k, n - (size_t)*k, "%s%s = %d", *k ? ", " : "",
+                           E->C->sym[e->sym].name, (int)E->num[e->sym]);
+        *lastsym = e->sym;
+        found = 1;
+    }
+    for (int i = 0; i < e->nidx; i++)
+        found += loop_values(E, e->idx[i], buf, n, k, lastsym);
+    found += loop_values(E, e->a, buf, n, k, lastsym);
+    found += loop_values(E, e->b, buf, n, k, lastsym);
+    return found;
+}
+
+/* The member that `e` names does not exist: explain with the family's ranges (theory §6). */
+static int missing_member(elab *E, const nsr_expr *e, int fam, const int *idx, const char *verb)
+{
+    const nsr_sym *f = &E->C->sym[fam];
+    char *key = member_name(f->name, e->nidx, idx);
+    if (key == NULL)
+        return oom(E);
+    char loops[200];
+    loops[0] = '\0';
+    int k = 0, lastsym = -1;
+    for (int i = 0; i < e->nidx; i++)
+        loop_values(E, e->idx[i], loops, sizeof loops, &k, &lastsym);
+    int len = e->end - e->start;
+    if (len > 80 || len < 0)
+        len = 80;
+    const char *txt = E->S->src + e->start;
+    int st;
+    if (k > 0 && lastsym >= 0 && e->nidx >= 1 && idx[0] < (int)E->num[lastsym] &&
+        f->kind != NSR_SYM_AFAM && f->kind != NSR_SYM_GFAM)
+        st = nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                       "%.*s with %s is out of range: %s is %s for %s (declare %s or start at %s = %d)",
+                       len, txt, loops, f->name, verb, f->ranges, key, E->C->sym[lastsym].name,
+                       (int)E->num[lastsym] + 1);
+    else if (k > 0 && f->kind == NSR_SYM_DFAM)
+        st = nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                       "%.*s with %s refers to %s, which is not defined yet: %s is defined for %s "
+                       "(a definition may only read earlier ones)", len, txt, loops, key, f->name,
+                       f->ranges);
+    else if (k > 0)
+        st = nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%.*s with %s is out of range: %s is %s for %s",
+                       len, txt, loops, f->name, verb, f->ranges);
+    else
+        st = nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%s is not %s: %s is %s for %s", key, verb,
+                       f->name, verb, f->ranges);
+    free(key);
+    return st;
+}
+
+static member *lookup_member(elab *E, const nsr_expr *e, const char *verb)
+{
+    int idx[NSR_MAX_INDICES];
+    if (eval_indices(E, e->idx, e->nidx, idx))
+        return NULL;
+    member *m = find_member(E, e->sym, e->nidx, idx);
+    if (m == NULL)
+        missing_member(E, e, e->sym, idx, verb);
+    return m;
+}
+
+/* Initial G-var: the BIAS instruction is emitted at the first use of the member. */
+static int use_gdecl(elab *E, member *m)
+{
+    if (m->var >= 0)
+        return m->var;
+    const nsr_sym *f = &E->C->sym[m->fam];
+    int v = new_var(E, member_name(f->name, m->nidx, m->idx), TPK_VAR_G, f->node, m->line);
+    if (v < 0)
+        return -1;
+    tpk_instr *in = new_instr(E, TPK_OP_BIAS, v, m->line, m->col);
+    if (in == NULL)
+        return -1;
+    in->mean = m->mean;
+    in->var = m->v;
+    m->var = v;
+    return v;
+}
+
+static int push_var(elab *E, rbuf *out, int v)
+{
+    int op = E->p->var[v].type == TPK_VAR_G ? TPK_RPN_GVAR
+             : E->p->var[v].type == TPK_VAR_H ? NSR_RPN_HVAR : TPK_RPN_SCALAR;
+    if (rb_push(out, op, v, 0, NULL))
+        return nsr_error(E->S, TPK_EINVAL, E->var_line[v], 1, "expression too large");
+    return TPK_OK;
+}
+
+static int elab_name(elab *E, const nsr_expr *e, rbuf *out)
+{
+    const nsr_sym *y = &E->C->sym[e->sym];
+    switch (y->kind) {
+    case NSR_SYM_LOOP:
+    case NSR_SYM_PARAM:
+        if (!E->have[e->sym])
+            return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "'%s' has no value here", e->name);
+        if (E->spec[e->sym] != NULL)
+            return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                             "'%s' is a function parameter (= %s); call it: %s(x)", e->name,
+                             E->spec[e->sym], e->name);
+        return rb_push(out, TPK_RPN_CONST, -1, E->num[e->sym], NULL) ? oom(E) : TPK_OK;
+    case NSR_SYM_FUNC:
+        return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "function '%s' used as a value; call it: %s(x)",
+                         e->name, e->name);
+    case NSR_SYM_GFAM: {
+        member *m = lookup_member(E, e, "declared");
+        if (m == NULL)
+            return TPK_ETYPE;
+        int v = use_gdecl(E, m);
+        return v < 0 ? TPK_ENOMEM : push_var(E, out, v);
+    }
+    case NSR_SYM_DFAM: {
+        member *m = lookup_member(E, e, "defined");
+        if (m == NULL)
+            return TPK_ETYPE;
+        if (m->kind == M_CONST)
+            return rb_push(out, TPK_RPN_CONST, -1, m->value, NULL) ? oom(E) : TPK_OK;
+        return push_var(E, out, m->var);
+    }
+    default:
+        return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "'%s' cannot be used here", e->name);
+    }
+}
+
+/* Linearity of an RPN body whose leaves are vars (atoms), constants and scalars.
+ * Returns 0 constant, 1 affine in the atoms (constant coefficients), 2 otherwise. */
+static int rpn_linearity(const rbuf *r)
+{
+    struct lv {
+        int k;
+        double c;
+    };
+    struct lv *s = malloc((size_t)(r->len + 1) * sizeof *s);
+    if (s == NULL)
+        return 2;
+    int sp = 0;
+    for (int i = 0; i < r->len; i++) {
+        const tpk_rpn_node *x = &r->n[i];
+        switch (x->op) {
+        case TPK_RPN_CONST: s[sp].k = 0; s[sp].c = x->value; sp++; break;
+        case TPK_RPN_GVAR: case NSR_RPN_HVAR: s[sp].k = 1; sp++; break;
+        case TPK_RPN_SCALAR: s[sp].k = 2; sp++; break;
+        case TPK_RPN_NEG: break;
+        case TPK_RPN_CALL: if (s[sp - 1].k != 0) s[sp - 1].k = 2; break;
+        case TPK_RPN_POWI:
+            if (s[sp - 1].k == 1 && x->value != 1)
+                s[sp - 1].k = 2;
+            break;
+        case TPK_RPN_ADD: case TPK_RPN_SUB:
+            sp--;
+            if (s[sp].k > s[sp - 1].k)
+                s[sp - 1].k = s[sp].k;
+            break;
+        case TPK_RPN_MUL:
+            sp--;
+            if (s[sp].k == 2 || s[sp - 1].k == 2 || (s[sp].k == 1 && s[sp - 1].k == 1))
+                s[sp - 1].k = 2;
+            else if (s[sp].k == 1)
+                s[sp - 1].k = 1;
+            break;
+        case TPK_RPN_DIV:
+            sp--;
+            if (s[sp].k != 0)
+                s[sp - 1].k = 2;
+            break;
+        default: break;
+        }
+    }
+    int k = sp == 1 ? s[0].k : 2;
+    free(s);
+    return k;
+}
+
+/* Evaluate an affine RPN with atom `one` set to 1 and every other atom to 0. */
+static double rpn_eval_affine(const rbuf *r, int one, double *stack)
+{
+    int sp = 0;
+    for (int i = 0; i < r->len; i++) {
+        const tpk_rpn_node *x = &r->n[i];
+        double a, b;
+        switch (x->op) {
+        case TPK_RPN_CONST: stack[sp++] = x->value; break;
+        case TPK_RPN_GVAR: case NSR_RPN_HVAR: stack[sp++] = x->var == one ? 1.0 : 0.0; break;
+        case TPK_RPN_NEG: stack[sp - 1] = -stack[sp - 1]; break;
+        case TPK_RPN_POWI: /* affine only for exponent 1 on atoms, or constants */
+            stack[sp - 1] = pow(stack[sp - 1], x->value);
+            break;
+        case TPK_RPN_CALL: stack[sp - 1] = tpk_phi_eval(x->fn, stack[sp - 1]); break;
+        default:
+            b = stack[--sp];
+            a = stack[sp - 1];
+            stack[sp - 1] = x->op == TPK_RPN_ADD ? a + b : x->op == TPK_RPN_SUB ? a - b
+                            : x->op == TPK_RPN_MUL ? a * b : a / b;
+        }
+    }
+    return sp == 1 ? stack[0] : NAN;
+}
+
+/* Distinct atoms (GVAR/HVAR leaves) in order of first appearance. */
+static int rpn_atoms(const rbuf *r, int **atoms, int *has_h)
+{
+    int n = 0;
+    *has_h = 0;
+    *atoms = malloc((size_t)(r->len + 1) * sizeof **atoms);
+    if (*atoms == NULL)
+        return -1;
+    for (int i = 0; i < r->len; i++) {
+        if (r->n[i].op != TPK_RPN_GVAR && r->n[i].op != NSR_RPN_HVAR)
+            continue;
+        if (r->n[i].op == NSR_RPN_HVAR)
+            *has_h = 1;
+        int j;
+        for (j = 0; j < n && (*atoms)[j] != r->n[i].var; j++)
+            ;
+        if (j == n)
+            (*atoms)[n++] = r->n[i].var;
+    }
+    return n;
+}
+
+static int rpn_has(const rbuf *r, int op)
+{
+    for (int i = 0; i < r->len; i++)
+        if (r->n[i].op == op)
+            return 1;
+    return 0;
+}
+
+/* Emit a LinComb of G-vars `atoms` with the coefficients of affine `r`. */
+static int emit_lincomb(elab *E, const rbuf *r, const int *atoms, int n, char *name, int node,
+                        int line, int col)
+{
+    double *stack = malloc((size_t)(r->len + 1) * sizeof *stack);
+    int *term = malloc((size_t)(n + 1) * sizeof *term);
+    double *coef = malloc((size_t)(n + 1) * sizeof *coef);
+    if (stack == NULL || term == NULL || coef == NULL) {
+        free(stack), free(term), free(coef), free(name);
+        return oom(E), -1;
+    }
+    double c0 = rpn_eval_affine(r, -1, stack);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        double c = rpn_eval_affine(r, atoms[i], stack) - c0;
+        if (c != 0) {
+            term[k] = atoms[i];
+            coef[k++] = c;
+        }
+    }
+    free(stack);
+    int v = new_var(E, name, TPK_VAR_G, node, line);
+    tpk_instr *in = v < 0 ? NULL : new_instr(E, TPK_OP_LINCOMB, v, line, col);
+    if (in == NULL) {
+        free(term), free(coef);
+        return -1;
+    }
+    in->nterms = k;
+    in->term = term;
+    in->coef = coef;
+    return v;
+}
+
+/* Replace H-var leaves by their bodies (theory §1.3: a Nonlin of H-vars is one Nonlin of G-vars). */
+static int inline_h(elab *E, const rbuf *r, rbuf *out, int line, int col, const char *what)
+{
+    for (int i = 0; i < r->len; i++) {
+        const tpk_rpn_node *x = &r->n[i];
+        int st;
+        if (x->op == NSR_RPN_HVAR) {
+            const tpk_rpn *b = &E->p->instr[E->p->var[x->var].def].body;
+            st = rb_append(out, b->node, b->len);
+        } else {
+            st = rb_push(out, x->op, x->var, x->value, x->fn);
+        }
+        if (st == TPK_ENOMEM)
+            return oom(E);
+        if (st)
+            return nsr_error(E->S, TPK_EINVAL, line, col,
+                             "%s: the inlined Nonlin body exceeds %d nodes (an H-var is read more "
+                             "than once per step, so inlining grows exponentially); read it through "
+                             "a MatMul or restructure the recurrence", what, NSR_MAX_BODY);
+    }
+    return TPK_OK;
+}
+
+static int finish_body(elab *E, rbuf *r, tpk_rpn *body)
+{
+    int *args = malloc((size_t)(r->len + 1) * sizeof *args);
+    if (args == NULL)
+        return oom(E);
+    int n = 0;
+    for (int i = 0; i < r->len; i++) {
+        if (r->n[i].op != TPK_RPN_GVAR)
+            continue;
+        int j;
+        for (j = 0; j < n && args[j] != r->n[i].var; j++)
+            ;
+        if (j == n)
+            args[n++] = r->n[i].var;
+    }
+    for (int i = 1; i < n; i++) /* insertion sort: ascending ids */
+        for (int j = i; j > 0 && args[j - 1] > args[j]; j--) {
+            int t = args[j];
+            args[j] = args[j - 1];
+            args[j - 1] = t;
+        }
+    body->node = r->n;
+    body->len = r->len;
+    body->nargs = n;
+    body->args = args;
+    r->n = NULL;
+    r->len = r->cap = 0;
+    return TPK_OK;
+}
+
+/* Emit a Nonlin (H) or Moment (scalar) over body r (H leaves are inlined here). */
+static int emit_body(elab *E, int op, const rbuf *r, char *name, int node, int line, int col,
+                     const char *what)
+{
+    rbuf in = {0};
+    if (inline_h(E, r, &in, line, col, what)) {
+        rb_free(&in);
+        free(name);
+        return -1;
+    }
+    int v = new_var(E, name, op == TPK_OP_NONLIN ? TPK_VAR_H : TPK_VAR_SCALAR, node, line);
+    tpk_instr *ins = v < 0 ? NULL : new_instr(E, op, v, line, col);
+    if (ins == NULL || finish_body(E, &in, &ins->body)) {
+        rb_free(&in);
+        return -1;
+    }
+    if (op == TPK_OP_MOMENT || rpn_has(r, TPK_RPN_SCALAR))
+        E->p->features |= TPK_FEAT_NETSOR_PLUS;
+    return v;
+}
+
+/* Turn an expression into a variable (G via LinComb, or H via Nonlin), or report why not.
+ * `name` is owned (NULL → a fresh temporary). Returns the var id, or -1 on error.
+ * For a constant expression returns -2 and leaves it in r. */
+static int materialize(elab *E, rbuf *r, int annot, char *name, int fam_node, int line, int col,
+                       const char *what)
+{
+    int st;
+    int node = unify_leaves(E, r, what, line, col, &st);
+    if (st) {
+        free(name);
+        return -1;
+    }
+    if (name == NULL && (name = temp_name(E)) == NULL)
+        return oom(E), -1;
+    if (fam_node >= 0 && node >= 0) {
+        char fa[256], fb[256];
+        snprintf(fa, sizeof fa, "%s has width %s", name, nsr_uf_show(E->C, fam_node));
+        snprintf(fb, sizeof fb, "its right-hand side has width %s", nsr_uf_show(E->C, node));
+        if (nsr_uf_unify(E->C, fam_node, node, line, col, what, fa, fb)) {
+            free(name);
+            return -1;
+        }
+    }
+    if (fam_node < 0)
+        fam_node = node >= 0 ? node : nsr_uf_new(E->C, -1);
+    int *atoms;
+    int has_h;
+    int n = rpn_atoms(r, &atoms, &has_h);
+    if (n < 0) {
+        free(name);
+        return oom(E), -1;
+    }
+    int lin = rpn_linearity(r);
+    double stack0 = 0;
+    int v = -1;
+    if (n == 0) {
+        /* no vectors: a constant (caller folds) or a scalar expression (Moment of a constant) */
+        if (!rpn_has(r, TPK_RPN_SCALAR) && r->len == 1) {
+            free(atoms);
+            free(name);
+            return -2;
+        }
+        free(atoms);
+        if (annot == NSR_ANN_G || annot == NSR_ANN_H) {
+            if (!rpn_has(r, TPK_RPN_SCALAR)) {
+                v = emit_body(E, TPK_OP_NONLIN, r, name, fam_node, line, col, what);
+                return v;
+            }
+            nsr_error(E->S, TPK_ETYPE, line, col, "%s: '%s' is declared a vector but its "
+                      "right-hand side is a scalar", what, name);
+            free(name);
+            return -1;
+        }
+        return emit_body(E, TPK_OP_MOMENT, r, name, -1, line, col, what);
+    }
+    if (annot == NSR_ANN_SCALAR) {
+        nsr_error(E->S, TPK_ETYPE, line, col,
+                  "%s: scalar '%s' reads vectors outside mean(...); a scalar is a Moment: "
+                  "scalar %s = mean(...)", what, name, name);
+        free(atoms), free(name);
+        return -1;
+    }
+    if (lin <= 1) {
+        double *stack = malloc((size_t)(r->len + 1) * sizeof *stack);
+        if (stack == NULL) {
+            free(atoms), free(name);
+            return oom(E), -1;
+        }
+        stack0 = rpn_eval_affine(r, -1, stack);
+        free(stack);
+    }
+    if (lin <= 1 && stack0 == 0 && annot != NSR_ANN_H) {
+        if (has_h) {
+            int h = -1;
+            for (int i = 0; i < n && h < 0; i++)
+                if (E->p->var[atoms[i]].type == TPK_VAR_H)
+                    h = atoms[i];
+            nsr_error(E->S, TPK_ETYPE, line, col,
+                      "%s: LinComb argument '%s' is an H-var (line %d); LinComb accepts G-vars only. "
+                      "Hint: write a Nonlin with a linear function ('H %s = ...')", what,
+                      E->p->var[h].name, E->var_line[h], name);
+            free(atoms), free(name);
+            return -1;
+        }
+        v = emit_lincomb(E, r, atoms, n, name, fam_node, line, col);
+        free(atoms);
+        return v;
+    }
+    free(atoms);
+    if (annot == NSR_ANN_G) {
+        nsr_error(E->S, TPK_ETYPE, line, col,
+                  "%s: '%s' is declared G but its right-hand side is not a linear combination of "
+                  "G-vars without constant term (it is a Nonlin, an H-var); drop the 'G'", what, name);
+        free(name);
+        return -1;
+    }
+    return emit_body(E, TPK_OP_NONLIN, r, name, fam_node, line, col, what);
+}
+
+/* MatMul `A·src` (or the embedding `U·x[t]`) into a new G-var. Appends a GVAR leaf (or the
+ * constant 0 when src is the zero vector) to out. */
+static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const nsr_expr *at,
+                       char *name, int fam_node, rbuf *out)
+{
+    const nsr_sym *af = &E->C->sym[a->sym];
+    member *m = lookup_member(E, a, "declared");
+    char *aname = m ? member_name(af->name, m->nidx, m->idx) : NULL;
+    char what[300], fa[300], fb[300];
+    int st = TPK_OK;
+    if (m == NULL || aname == NULL) {
+        free(name);
+        return m == NULL ? TPK_ETYPE : oom(E);
+    }
+    snprintf(fa, sizeof fa, "%s is A(%s, %s) (declared at line %d)", aname, nsr_uf_show(E->C, af->node),
+             nsr_uf_show(E->C, af->node2), m->line);
+    int line = at->line, col = at->col;
+    int v = -1;
+    const nsr_sym *ys = src->kind == NSR_E_NAME && src->sym >= 0 ? &E->C->sym[src->sym] : NULL;
+    if (ys != NULL && ys->kind == NSR_SYM_INPUT) {
+        /* embedding U·x[t]: an initial G-var (theory §1.2) */
+        int slot = 0;
+        if (src->nidx == 1) {
+            int t;
+            if (eval_int(E, src->idx[0], "an index", &t)) {
+                free(aname), free(name);
+                return TPK_ETYPE;
+            }
+            slot = t - E->input_lo;
+            if (slot < 0 || slot >= E->p->nslots) {
+                int idx[1] = {t};
+                free(aname), free(name);
+                return missing_member(E, src, src->sym, idx, "defined");
+            }
+        }
+        snprintf(what, sizeof what, "MatMul %s\xc2\xb7%s", aname, src->name);
+        snprintf(fb, sizeof fb, "%s is an input of dimension %s (line %d)", src->name,
+                 nsr_uf_show(E->C, ys->node), ys->line);
+        if (nsr_uf_unify(E->C, af->node2, ys->node, line, col, what, fa, fb)) {
+            free(aname), free(name);
+            return TPK_ETYPE;
+        }
+        if (m->aid < 0) {
+            tpk_program *p = E->p;
+            if (grow((void **)&p->embed, &E->capembed, p->nembeds + 1, sizeof *p->embed)) {
+                free(aname), free(name);
+                return oom(E);
+            }
+            p->embed[p->nembeds].name = aname;
+            aname = NULL;
+            p->embed[p->nembeds].var = m->v;
+            p->embed[p->nembeds].rows = af->node; /* resolved to a width id at the end */
+            m->aid = p->nembeds++;
+        }
+        free(aname);
+        v = new_var(E, name ? name : temp_name(E), TPK_VAR_G, fam_node >= 0 ? fam_node : af->node, line);
+        tpk_instr *in = v < 0 ? NULL : new_instr(E, TPK_OP_EMBED, v, line, col);
+        if (in == NULL)
+            return TPK_ENOMEM;
+        if (fam_node >= 0 && nsr_uf_unify(E->C, fam_node, af->node, line, col, what, fa,
+                                           "the result's family has another width"))
+            return TPK_ETYPE;
+        in->avar = m->aid;
+        in->src = slot;
+        in->var = m->v;
+        return push_var(E, out, v);
+    }
+    /* the source: a variable, the zero vector, or an expression made into a temporary */
+    rbuf r = {0};
+    if ((st = elab_expr(E, src, &r))) {
+        free(aname), free(name);
+        return st;
+    }
+    char *sname = NULL;
+    int srcvar = -1;
+    double c = 0;
+    int is_const = rb_is_const(&r, &c);
+    if (r.len == 1 && (r.n[0].op == TPK_RPN_GVAR || r.n[0].op == NSR_RPN_HVAR)) {
+        srcvar = r.n[0].var;
+    } else if (r.len == 1 && r.n[0].op == TPK_RPN_SCALAR) {
+        rb_free(&r);
+        free(aname), free(name);
+        return nsr_error(E->S, TPK_ETYPE, src->line, src->col,
+                         "MatMul %s needs a G- or H-var on the right, not a scalar", af->name);
+    } else if (!is_const) {
+        snprintf(what, sizeof what, "MatMul %s\xc2\xb7(...)", aname);
+        srcvar = materialize(E, &r, NSR_ANN_H, NULL, -1, src->line, src->col, what);
+        if (srcvar < 0) {
+            rb_free(&r);
+            free(aname), free(name);
+            return TPK_ETYPE;
+        }
+    }
+    rb_free(&r);
+    int src_node;
+    if (srcvar >= 0) {
+        sname = E->p->var[srcvar].name;
+        src_node = E->var_node[srcvar];
+        var_fact(E, srcvar, fb, sizeof fb);
+    } else {
+        /* a constant vector: from a family member (h[0] = 0) or a literal */
+        src_node = ys != NULL && ys->kind == NSR_SYM_DFAM ? ys->node : nsr_uf_new(E->C, -1);
+        sname = ys != NULL ? (char *)ys->name : "const";
+        snprintf(fb, sizeof fb, "%s has width %s (line %d)", sname, nsr_uf_show(E->C, src_node),
+                 ys ? ys->def_line : line);
+    }
+    snprintf(what, sizeof what, "MatMul %s\xc2\xb7%s", aname, sname);
+    if (nsr_uf_unify(E->C, af->node2, src_node, line, col, what, fa, fb)) {
+        free(aname), free(name);
+        return TPK_ETYPE;
+    }
+    int root = nsr_uf_find(E->C, af->node2);
+    if (E->C->uf[root].rigid >= 0 && E->C->sym[E->C->uf[root].rigid].kind == NSR_SYM_DIM) {
+        free(name);
+        st = nsr_error(E->S, TPK_ETYPE, line, col,
+                       "%s: %s is an embedding A(%s, %s) (declared at line %d); it can only multiply "
+                       "the input", what, aname, nsr_uf_show(E->C, af->node),
+                       nsr_uf_show(E->C, af->node2), m->line);
+        free(aname);
+        return st;
+    }
+    if (srcvar < 0 && c == 0) {
+        /* W·0 = 0: no instruction; the constant folds into whatever reads it */
+        free(aname), free(name);
+        return rb_push(out, TPK_RPN_CONST, -1, 0.0, NULL) ? oom(E) : TPK_OK;
+    }
+    if (srcvar < 0) {
+        /* a nonzero constant vector becomes a Nonlin with a constant body */
+        rbuf k = {0};
+        if (rb_push(&k, TPK_RPN_CONST, -1, c, NULL)) {
+            free(aname), free(name);
+            return oom(E);
+        }
+        srcvar = emit_body(E, TPK_OP_NONLIN, &k, NULL, src_node, line, col, what);
+        rb_free(&k);
+        if (srcvar < 0) {
+            free(aname), free(name);
+            return TPK_ENOMEM;
+        }
+    }
+    if (m->aid < 0) {
+        tpk_program *p = E->p;
+        if (grow((void **)&p->avar, &E->capavar, p->navars + 1, sizeof *p->avar)) {
+            free(aname), free(name);
+            return oom(E);
+        }
+        p->avar[p->navars].name = aname;
+        aname = NULL;
+        p->avar[p->navars].var = m->v;
+        p->avar[p->navars].rows = af->node; /* nodes until finalize() */
+        p->avar[p->navars].cols = af->node2;
+        m->aid = p->navars++;
+    }
+    free(aname);
+    if (fam_node >= 0) {
+        char f1[256], f2[256];
+        snprintf(f1, sizeof f1, "%s has width %s", name ? name : "the result", nsr_uf_show(E->C, fam_node));
+        snprintf(f2, sizeof f2, "%s has %s rows", E->p->avar[m->aid].name, nsr_uf_show(E->C, af->node));
+        if (nsr_uf_unify(E->C, fam_node, af->node, line, col, what, f1, f2)) {
+            free(name);
+            return TPK_ETYPE;
+        }
+    }
+    v = new_var(E, name ? name : temp_name(E), TPK_VAR_G, af->node, line);
+    tpk_instr *in = v < 0 ? NULL : new_instr(E, TPK_OP_MATMUL, v, line, col);
+    if (in == NULL)
+        return TPK_ENOMEM;
+    in->avar = m->aid;
+    in->src = srcvar;
+    in->var = m->v;
+    return push_var(E, out, v);
+}
+
+static int is_sqrt_width(const elab *E, const nsr_expr *e)
+{
+    return e->kind == NSR_E_CALL && e->sym >= 0 && E->C->sym[e->sym].kind == NSR_SYM_WIDTH;
+}
+
+static int is_mean(const nsr_expr *e)
+{
+    return e->kind == NSR_E_CALL && strcmp(e->name, "mean") == 0;
+}
+
+/* mean(body) → a Moment (NETSOR+); sqrt_n marks the √n-scaled inner product of theory §5. */
+static int elab_mean(elab *E, const nsr_expr *e, char *name, int sqrt_n, rbuf *out)
+{
+    rbuf r = {0};
+    int st = elab_expr(E, e->args[0], &r);
+    if (st) {
+        rb_free(&r);
+        free(name);
+        return st;
+    }
+    int ust;
+    unify_leaves(E, &r, "Moment mean(...)", e->line, e->col, &ust);
+    if (ust) {
+        rb_free(&r);
+        free(name);
+        return ust;
+    }
+    int v = emit_body(E, TPK_OP_MOMENT, &r, name ? name : temp_name(E), -1, e->line, e->col,
+                      "Moment mean(...)");
+    rb_free(&r);
+    if (v < 0)
+        return TPK_ETYPE;
+    if (sqrt_n) {
+        E->p->instr[E->p->var[v].def].src = 1;
+        E->p->features |= TPK_FEAT_SQRT_N_LOGITS;
+        nsr_note(E->S, e->line, e->col,
+                 "sqrt(n)-scaled inner product: its limit is random and non-Gaussian (theory \xc2\xa7" "5); "
+                 "the program is flagged sqrt-n-logits");
+    }
+    return out ? push_var(E, out, v) : TPK_OK;
+}
+
+static int elab_call(elab *E, const nsr_expr *e, rbuf *out)
+{
+    if (is_mean(e))
+        return elab_mean(E, e, NULL, 0, out);
+    if (is_sqrt_width(E, e))
+        return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                         "sqrt(%s) of a width may only scale a mean: sqrt(%s) * mean(q * k) is the "
+                         "1/sqrt(n)-scaled inner product <q, k>/sqrt(n)", e->args[0]->name,
+                         e->args[0]->name);
+    const nsr_sym *y = &E->C->sym[e->sym];
+    if (y->kind == NSR_SYM_AFAM) {
+        nsr_expr a = *e;
+        a.kind = NSR_E_NAME;
+        return elab_matmul(E, &a, e->args[0], e, NULL, -1, out);
+    }
+    const char *spec;
+    if (y->kind == NSR_SYM_PARAM) {
+        if (E->spec[e->sym] == NULL)
+            return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                             "'%s' is a number parameter (= %g), not a function", e->name, E->num[e->sym]);
+        spec = E->spec[e->sym];
+    } else {
+        spec = y->name;
+    }
+    rbuf r = {0};
+    int st = elab_expr(E, e->args[0], &r);
+    if (st) {
+        rb_free(&r);
+        return st;
+    }
+    const tpk_phi *phi = get_phi(E, spec, e->line, e->col);
+    if (phi == NULL) {
+        rb_free(&r);
+        return TPK_ETYPE;
+    }
+    double c = 0;
+    if (rb_is_const(&r, &c)) {
+        rb_free(&r);
+        return rb_push(out, TPK_RPN_CONST, -1, tpk_phi_eval(phi, c), NULL) ? oom(E) : TPK_OK;
+    }
+    /* φ(a + b) over several G-vars: hoist the LinComb so the expectation stays low-dimensional */
+    int *atoms, has_h;
+    int n = rpn_atoms(&r, &atoms, &has_h);
+    if (n < 0) {
+        rb_free(&r);
+        return oom(E);
+    }
+    free(atoms);
+    if (n >= 2 && !has_h && rpn_linearity(&r) == 1 && !rpn_has(&r, TPK_RPN_SCALAR)) {
+        double *stack = malloc((size_t)(r.len + 1) * sizeof *stack);
+        double c0 = stack ? rpn_eval_affine(&r, -1, stack) : 1;
+        free(stack);
+        if (c0 == 0) {
+            int v = materialize(E, &r, NSR_ANN_NONE, NULL, -1, e->line, e->col, "LinComb");
+            rb_free(&r);
+            if (v < 0)
+                return TPK_ETYPE;
+            if (push_var(E, &r, v))
+                return TPK_EINVAL;
+        }
+    }
+    st = rb_push(&r, TPK_RPN_CALL, -1, 0, phi);
+    if (st == TPK_OK)
+        st = rb_append(out, r.n, r.len);
+    rb_free(&r);
+    if (st)
+        return nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
+    return TPK_OK;
+}
+
+static double fold(int op, double a, double b)
+{
+    switch (op) {
+    case TPK_RPN_ADD: return a + b;
+    case TPK_RPN_SUB: return a - b;
+    case TPK_RPN_MUL: return a * b;
+    default: return a / b;
+    }
+}
+
+static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
+{
+    if (++E->steps > NSR_MAX_STEPS * 4L)
+        return nsr_error(E->S, TPK_EINVAL, e->line, e->col, "program too large after unrolling");
+    switch (e->kind) {
+    case NSR_E_NUM:
+        return rb_push(out, TPK_RPN_CONST, -1, e->num, NULL) ? oom(E) : TPK_OK;
+    case NSR_E_NAME:
+        return elab_name(E, e, out);
+    case NSR_E_CALL:
+        return elab_call(E, e, out);
+    case NSR_E_APPLY:
+        return elab_matmul(E, e->a, e->b, e, NULL, -1, out);
+    case NSR_E_NEG: {
+        rbuf a = {0};
+        int st = elab_expr(E, e->a, &a);
+        double c;
+        if (st == TPK_OK) {
+            if (rb_is_const(&a, &c))
+                st = rb_push(out, TPK_RPN_CONST, -1, -c, NULL);
+            else if ((st = rb_append(out, a.n, a.len)) == TPK_OK)
+                st = rb_push(out, TPK_RPN_NEG, -1, 0, NULL);
+            if (st)
+                st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
+        }
+        rb_free(&a);
+        return st;
+    }
+    case NSR_E_BIN: {
+        if (e->op == NSR_T_STAR && ((is_sqrt_width(E, e->a) && is_mean(e->b)) ||
+                                    (is_mean(e->a) && is_sqrt_width(E, e->b))))
+            return elab_mean(E, is_mean(e->a) ? e->a : e->b, NULL, 1, out);
+        if (e->op == NSR_T_CARET) {
+            double k;
+            int st = eval_number(E, e->b, "an exponent", &k);
+            if (st)
+                return st;
+            if (k != floor(k) || fabs(k) > 64)
+                return nsr_error(E->S, TPK_ETYPE, e->b->line, e->b->col,
+                                 "exponent must be an integer between -64 and 64 (got %g); use a "
+                                 "registered function for other powers", k);
+            rbuf a = {0};
+            st = elab_expr(E, e->a, &a);
+            double c;
+            if (st == TPK_OK) {
+                if (rb_is_const(&a, &c))
+                    st = rb_push(out, TPK_RPN_CONST, -1, pow(c, k), NULL);
+                else if (k == 1)
+                    st = rb_append(out, a.n, a.len);
+                else if ((st = rb_append(out, a.n, a.len)) == TPK_OK)
+                    st = rb_push(out, TPK_RPN_POWI, -1, k, NULL);
+                if (st)
+                    st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
+            }
+            rb_free(&a);
+            return st;
+        }
+        int op = e->op == NSR_T_PLUS ? TPK_RPN_ADD : e->op == NSR_T_MINUS ? TPK_RPN_SUB
+                 : e->op == NSR_T_STAR ? TPK_RPN_MUL : TPK_RPN_DIV;
+        rbuf a = {0}, b = {0};
+        int st = elab_expr(E, e->a, &a);
+        if (st == TPK_OK)
+            st = elab_expr(E, e->b, &b);
+        double ca = 0, cb = 0;
+        if (st == TPK_OK) {
+            int ka = rb_is_const(&a, &ca), kb = rb_is_const(&b, &cb);
+            if (ka && kb) {
+                st = rb_push(out, TPK_RPN_CONST, -1, fold(op, ca, cb), NULL);
+            } else if ((op == TPK_RPN_MUL && ((ka && ca == 0) || (kb && cb == 0))) ||
+                       (op == TPK_RPN_DIV && ka && ca == 0)) {
+                st = rb_push(out, TPK_RPN_CONST, -1, 0.0, NULL); /* 0 * x folds (h[0] = 0) */
+            } else if ((op == TPK_RPN_ADD && ka && ca == 0) || (op == TPK_RPN_MUL && ka && ca == 1)) {
+                st = rb_append(out, b.n, b.len);
+            } else if (((op == TPK_RPN_ADD || op == TPK_RPN_SUB) && kb && cb == 0) ||
+                       ((op == TPK_RPN_MUL || op == TPK_RPN_DIV) && kb && cb == 1)) {
+                st = rb_append(out, a.n, a.len);
+            } else if (op == TPK_RPN_SUB && ka && ca == 0) {
+                if ((st = rb_append(out, b.n, b.len)) == TPK_OK)
+                    st = rb_push(out, TPK_RPN_NEG, -1, 0, NULL);
+            } else if ((st = rb_append(out, a.n, a.len)) == TPK_OK &&
+                       (st = rb_append(out, b.n, b.len)) == TPK_OK) {
+                st = rb_push(out, op, -1, 0, NULL);
+            }
+            if (st)
+                st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
+        }
+        rb_free(&a);
+        rb_free(&b);
+        return st;
+    }
+    default:
+        return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "unsupported expression");
+    }
+}
+
+/* ---- Statements ------------------------------------------------------------------------------ */
+static int exec_block(elab *E, nsr_stmt **stmts, int n);
+
+static int exec_param(elab *E, const nsr_stmt *s)
+{
+    int p = s->fam;
+    const nsr_expr *v = s->value;
+    E->have[p] = 1;
+    if (v->kind == NSR_E_NAME && v->sym >= 0) {
+        const nsr_sym *y = &E->C->sym[v->sym];
+        if (y->kind == NSR_SYM_FUNC) {
+            E->spec[p] = y->name;
+            return TPK_OK;
+        }
+        if (y->kind == NSR_SYM_PARAM && E->spec[v->sym] != NULL) {
+            E->spec[p] = E->spec[v->sym];
+            return TPK_OK;
+        }
+    }
+    if (v->kind == NSR_E_CALL && v->sym >= 0 && E->C->sym[v->sym].kind == NSR_SYM_FUNC) {
+        /* a function with bound parameters: leaky_relu(0.1) → spec "leaky_relu(0.1)" */
+        char buf[256];
+        size_t k = (size_t)snprintf(buf, sizeof buf, "%s(", v->name);
+        for (int i = 0; i < v->nargs && k < sizeof buf; i++) {
+            double x;
+            if (eval_number(E, v->args[i], "a function parameter", &x))
+                return TPK_ETYPE;
+            k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%.15g", i ? "," : "", x);
+        }
+        if (k < sizeof buf)
+            snprintf(buf + k, sizeof buf - k, ")");
+        char *spec = nsr_strndup(E->S->arena, buf, strlen(buf));
+        if (spec == NULL)
+            return oom(E);
+        E->spec[p] = spec;
+        /* instantiate now, so that a bad spec is reported at the parameter */
+        return get_phi(E, spec, v->line, v->col) == NULL ? TPK_ETYPE : TPK_OK;
+    }
+    return eval_number(E, v, "a parameter value", &E->num[p]);
+}
+
+static int exec_decl(elab *E, const nsr_stmt *s)
+{
+    int idx[NSR_MAX_INDICES];
+    if (eval_indices(E, s->idx, s->nidx, idx))
+        return TPK_ETYPE;
+    member *o = find_member(E, s->fam, s->nidx, idx);
+    if (o != NULL) {
+        char *key = member_name(s->name, s->nidx, idx);
+        int st = nsr_error(E->S, TPK_ETYPE, s->name_line, s->name_col,
+                           "redeclaration of %s (first declared at line %d)", key ? key : s->name,
+                           o->line);
+        free(key);
+        return st;
+    }
+    double mean = 0, var;
+    if (s->mean != NULL && eval_number(E, s->mean, "a mean", &mean))
+        return TPK_ETYPE;
+    if (eval_number(E, s->var, "a variance", &var))
+        return TPK_ETYPE;
+    if (var < 0)
+        return nsr_error(E->S, TPK_ETYPE, s->var->line, s->var->col, "variance of %s is negative (%g)",
+                         s->name, var);
+    member *m = add_member(E, s->fam, s->nidx, idx, s->kind == NSR_S_ADECL ? M_AVAR : M_GDECL,
+                           s->name_line, s->name_col);
+    if (m == NULL)
+        return oom(E);
+    m->mean = mean;
+    m->v = var;
+    return TPK_OK;
+}
+
+static int exec_def(elab *E, const nsr_stmt *s)
+{
+    int idx[NSR_MAX_INDICES];
+    if (eval_indices(E, s->idx, s->nidx, idx))
+        return TPK_ETYPE;
+    member *o = find_member(E, s->fam, s->nidx, idx);
+    char *name = member_name(s->name, s->nidx, idx);
+    if (name == NULL)
+        return oom(E);
+    if (o != NULL) {
+        int st = nsr_error(E->S, TPK_ETYPE, s->name_line, s->name_col,
+                           "redefinition of %s (first defined at line %d)", name, o->line);
+        free(name);
+        return st;
+    }
+    const nsr_sym *f = &E->C->sym[s->fam];
+    const nsr_expr *e = s->value;
+    char what[300];
+    snprintf(what, sizeof what, "definition of %s", name);
+    int v;
+    rbuf r = {0};
+    if (e->kind == NSR_E_APPLY ||
+        (e->kind == NSR_E_CALL && e->sym >= 0 && E->C->sym[e->sym].kind == NSR_SYM_AFAM)) {
+        /* g = W h: the MatMul writes the target directly */
+        if (s->annot == NSR_ANN_SCALAR) {
+            free(name);
+            return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                             "%s: a MatMul gives a G-var, not a scalar", what);
+        }
+        nsr_expr a;
+        const nsr_expr *am = e->a, *src = e->b;
+        if (e->kind == NSR_E_CALL) {
+            a = *e;
+            a.kind = NSR_E_NAME;
+            am = &a;
+            src = e->args[0];
+        }
+        int st = elab_matmul(E, am, src, e, name, f->node, &r);
+        if (st) {
+            rb_free(&r);
+            return st;
+        }
+        if (rb_is_const(&r, NULL)) {
+            v = -2;
+        } else {
+            v = r.n[0].var;
+        }
+    } else if (is_mean(e) && s->annot != NSR_ANN_G && s->annot != NSR_ANN_H) {
+        int st = elab_mean(E, e, name, 0, &r);
+        if (st) {
+            rb_free(&r);
+            return st;
+        }
+        v = r.n[0].var;
+    } else {
+        int st = elab_expr(E, e, &r);
+        if (st) {
+            rb_free(&r);
+            free(name);
+            return st;
+        }
+        v = materialize(E, &r, s->annot, name, f->node, e->line, e->col, what);
+        if (v == -1) {
+            rb_free(&r);
+            return TPK_ETYPE;
+        }
+    }
+    member *m = add_member(E, s->fam, s->nidx, idx, v >= 0 ? M_VAR : M_CONST, s->name_line,
+                           s->name_col);
+    if (m == NULL) {
+        rb_free(&r);
+        return oom(E);
+    }
+    if (v >= 0) {
+        m->var = v;
+    } else {
+        m->value = r.len == 1 ? r.n[0].value : 0;
+    }
+    rb_free(&r);
+    return TPK_OK;
+}
+
+static int exec_output(elab *E, const nsr_stmt *s)
+{
+    int idx[NSR_MAX_INDICES];
+    if (eval_indices(E, s->idx, s->nidx, idx))
+        return TPK_ETYPE;
+    member *o = find_member(E, s->fam, s->nidx, idx);
+    char *name = member_name(s->name, s->nidx, idx);
+    if (name == NULL)
+        return oom(E);
+    if (o != NULL) {
+        int st = nsr_error(E->S, TPK_ETYPE, s->name_line, s->name_col,
+                           "redefinition of output %s (first defined at line %d)", name, o->line);
+        free(name);
+        return st;
+    }
+    const nsr_expr *rd = s->value;
+    double var;
+    rbuf r = {0};
+    int st = eval_number(E, rd->args[1], "the readout variance", &var);
+    if (st == TPK_OK && var < 0)
+        st = nsr_error(E->S, TPK_ETYPE, rd->args[1]->line, rd->args[1]->col,
+                       "readout variance is negative (%g)", var);
+    if (st == TPK_OK)
+        st = elab_expr(E, rd->args[0], &r);
+    int v = -1;
+    if (st == TPK_OK) {
+        if (r.len == 1 && (r.n[0].op == TPK_RPN_GVAR || r.n[0].op == NSR_RPN_HVAR)) {
+            v = r.n[0].var;
+        } else if (r.len == 1 && r.n[0].op == TPK_RPN_SCALAR) {
+            st = nsr_error(E->S, TPK_ETYPE, rd->args[0]->line, rd->args[0]->col,
+                           "readout needs a G- or H-var, not the scalar '%s'", E->p->var[r.n[0].var].name);
+        } else if (rb_is_const(&r, NULL)) {
+            st = nsr_error(E->S, TPK_ETYPE, rd->args[0]->line, rd->args[0]->col,
+                           "readout of a constant vector; a readout must read an H- or G-var");
+        } else {
+            v = materialize(E, &r, NSR_ANN_H, NULL, -1, rd->line, rd->col, "readout");
+            if (v == -1)
+                st = TPK_ETYPE;
+            else if (v < 0 || E->p->var[v].type == TPK_VAR_SCALAR)
+                st = nsr_error(E->S, TPK_ETYPE, rd->args[0]->line, rd->args[0]->col,
+                               "readout needs a G- or H-var, not a scalar expression");
+        }
+    }
+    rb_free(&r);
+    if (st) {
+        free(name);
+        return st;
+    }
+    tpk_program *p = E->p;
+    if (grow((void **)&p->output, &E->capout, p->noutputs + 1, sizeof *p->output) ||
+        add_member(E, s->fam, s->nidx, idx, M_OUT, s->name_line, s->name_col) == NULL) {
+        free(name);
+        return oom(E);
+    }
+    p->output[p->noutputs].name = name;
+    p->output[p->noutputs].src = v;
+    p->output[p->noutputs].var = var;
+    p->noutputs++;
+    return TPK_OK;
+}
+
+static int exec_stmt(elab *E, nsr_stmt *s)
+{
+    if (++E->steps > NSR_MAX_STEPS)
+        return nsr_error(E->S, TPK_EINVAL, s->line, s->col,
+                         "program too large after unrolling (more than %d statements)", NSR_MAX_STEPS);
+    switch (s->kind) {
+    case NSR_S_PARAM:
+        return exec_param(E, s);
+    case NSR_S_INPUT:
+        if (s->lo != NULL) {
+            int lo, hi;
+            if (eval_int(E, s->lo, "a range bound", &lo) || eval_int(E, s->hi, "a range bound", &hi))
+                return TPK_ETYPE;
+            if (hi < lo)
+                return nsr_error(E->S, TPK_ETYPE, s->lo->line, s->lo->col,
+                                 "empty input range %d..%d", lo, hi);
+            if ((long)hi - lo + 1 > 1000000)
+                return nsr_error(E->S, TPK_ETYPE, s->lo->line, s->lo->col, "input range too long");
+            E->input_lo = lo;
+            E->p->nslots = hi - lo + 1;
+        } else {
+            E->input_lo = 0;
+            E->p->nslots = 1;
+        }
+        return TPK_OK;
+    case NSR_S_ADECL:
+    case NSR_S_GDECL:
+        return exec_decl(E, s);
+    case NSR_S_DEF:
+        return exec_def(E, s);
+    case NSR_S_OUTPUT:
+        return exec_output(E, s);
+    case NSR_S_FOR: {
+        int lo, hi;
+        if (eval_int(E, s->lo, "a range bound", &lo) || eval_int(E, s->hi, "a range bound", &hi))
+            return TPK_ETYPE;
+        E->have[s->fam] = 1;
+        for (long t = lo; t <= hi; t++) {
+            if (++E->steps > NSR_MAX_STEPS)
+                return nsr_error(E->S, TPK_EINVAL, s->line, s->col,
+                                 "program too large after unrolling (more than %d steps)", NSR_MAX_STEPS);
+            E->num[s->fam] = (double)t;
+            int st = exec_block(E, s->body, s->nbody);
+            if (st)
+                return st;
+        }
+        E->have[s->fam] = 0;
+        return TPK_OK;
+    }
+    default:
+        return TPK_OK;
+    }
+}
+
+static int exec_block(elab *E, nsr_stmt **stmts, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int st = exec_stmt(E, stmts[i]);
+        if (st)
+            return st;
+    }
+    return TPK_OK;
+}
+
+/* ---- Finalisation: width ids, holes, features --------------------------------------------- */
+static int width_id(elab *E, int node, const char *what, int line, int *out)
+{
+    nsr_check *C = E->C;
+    int r = nsr_uf_find(C, node);
+    int s = C->uf[r].rigid;
+    if (s < 0) {
+        if (E->p->nwidths == 1) {
+            *out = 0;
+            return TPK_OK;
+        }
+        return nsr_error(E->S, TPK_ETYPE, line, 1,
+                         "cannot infer the width of %s: nothing constrains it (declare it, or "
+                         "declare exactly one width symbol)", what);
+    }
+    for (int i = 0; i < E->p->nwidths; i++)
+        if (strcmp(E->p->width_name[i], C->sym[s].name) == 0) {
+            *out = i;
+            return TPK_OK;
+        }
+    return nsr_error(E->S, TPK_ETYPE, line, 1, "%s has the input dimension %s as a width", what,
+                     C->sym[s].name);
+}
+
+static int finalize(elab *E)
+{
+    tpk_program *p = E->p;
+    nsr_check *C = E->C;
+    int nw = 0;
+    for (int i = 0; i < C->nsym; i++)
+        nw += C->sym[i].kind == NSR_SYM_WIDTH;
+    if (nw == 0)
+        return nsr_error(E->S, TPK_ETYPE, 1, 1, "the program declares no width (write 'width n')");
+    p->width_name = calloc((size_t)nw, sizeof *p->width_name);
+    if (p->width_name == NULL)
+        return oom(E);
+    for (int i = 0; i < C->nsym; i++)
+        if (C->sym[i].kind == NSR_SYM_WIDTH) {
+            if ((p->width_name[p->nwidths] = strdup(C->sym[i].name)) == NULL)
+                return oom(E);
+            p->nwidths++;
+        }
+    for (int v = 0; v < p->nvars; v++) {
+        if (p->var[v].type == TPK_VAR_SCALAR)
+            continue;
+        if (width_id(E, E->var_node[v], p->var[v].name, E->var_line[v], &p->var[v].width))
+            return TPK_ETYPE;
+    }
+    for (int a = 0; a < p->navars; a++) {
+        int rows = p->avar[a].rows, cols = p->avar[a].cols;
+        if (width_id(E, rows, p->avar[a].name, 1, &p->avar[a].rows) ||
+            width_id(E, cols, p->avar[a].name, 1, &p->avar[a].cols))
+            return TPK_ETYPE;
+    }
+    for (int a = 0; a < p->nembeds; a++)
+        if (width_id(E, p->embed[a].rows, p->embed[a].name, 1, &p->embed[a].rows))
+            return TPK_ETYPE;
+    if (p->noutputs == 0)
+        return nsr_error(E->S, TPK_ETYPE, 1, 1,
+                         "the program has no output (write 'output y = readout(h, sigma_v2)')");
+    if (E->S->opts != NULL && E->S->opts->explain)
+        for (int i = 0; i < C->nuf; i++) {
+            if (!C->uf[i].hole)
+                continue;
+            int r = nsr_uf_find(C, i);
+            if (C->uf[r].rigid >= 0)
+                nsr_note(E->S, C->uf[i].line, C->uf[i].col, "hole '_' must be %s",
+                         C->sym[C->uf[r].rigid].name);
+            else
+                nsr_note(E->S, C->uf[i].line, C->uf[i].col,
+                         "hole '_' is unconstrained (any width symbol)%s",
+                         p->nwidths == 1 ? "; taking the only width" : "");
+        }
+    /* hand the function instances to the program */
+    if (E->nphis > 0) {
+        p->phis = calloc((size_t)E->nphis, sizeof *p->phis);
+        if (p->phis == NULL)
+            return oom(E);
+        for (int i = 0; i < E->nphis; i++) {
+            p->phis[i] = E->phis[i].phi;
+            E->phis[i].phi = NULL;
+        }
+        p->nphis = E->nphis;
+    }
+    return TPK_OK;
+}
+
+tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
+{
+    elab E = {.S = S, .C = C};
+    E.p = calloc(1, sizeof *E.p);
+    E.num = calloc((size_t)C->nsym + 1, sizeof *E.num);
+    E.spec = calloc((size_t)C->nsym + 1, sizeof *E.spec);
+    E.have = calloc((size_t)C->nsym + 1, sizeof *E.have);
+    int st = TPK_ENOMEM;
+    if (E.p != NULL && E.num != NULL && E.spec != NULL && E.have != NULL) {
+        E.p->path = strdup(S->file);
+        st = E.p->path == NULL ? oom(&E) : exec_block(&E, ast->stmts, ast->nstmts);
+        if (st == TPK_OK)
+            st = finalize(&E);
+    } else {
+        oom(&E);
+    }
+    for (int i = 0; i < E.nphis; i++) {
+        free(E.phis[i].spec);
+        tpk_phi_free(E.phis[i].phi);
+    }
+    free(E.phis);
+    free(E.num);
+    free(E.spec);
+    free(E.have);
+    free(E.mem);
+    free(E.bucket);
+    free(E.var_node);
+    free(E.var_line);
+    if (st) {
+        tpk_program_free(E.p);
+        return NULL;
+    }
+    return E.p;
+}

@@ -1,0 +1,276 @@
+/* NETSOR front end: the driver (file/string → lex → parse → check → elaborate → tpk_program)
+ * and the IR's lifecycle and text dump. */
+#include "netsor-impl.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NSR_MAX_SOURCE (16u << 20) /* refuse program files above 16 MiB */
+
+tpk_program *tpk_netsor_load_string(const char *name, const char *src, const tpk_netsor_opts *opts,
+                                    const tpk_phi_registry *reg, tpk_ctx *ctx)
+{
+    tpk_ctx local;
+    if (ctx == NULL) {
+        tpk_ctx_init(&local);
+        ctx = &local;
+    }
+    if (src == NULL) {
+        TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_load_string: no source");
+        return NULL;
+    }
+    nsr_state S = {.file = name ? name : "<string>", .src = src, .ctx = ctx, .opts = opts, .reg = reg};
+    S.arena = nsr_arena_alloc();
+    if (S.arena == NULL) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", S.file);
+        return NULL;
+    }
+    tpk_program *p = NULL;
+    nsr_token *toks;
+    int ntoks;
+    nsr_ast ast = {0};
+    nsr_check C;
+    if (nsr_lex(&S, src, &toks, &ntoks) == TPK_OK && nsr_parse(&S, toks, ntoks, &ast) == TPK_OK &&
+        nsr_check_program(&S, &ast, &C) == TPK_OK)
+        p = nsr_elaborate(&S, &ast, &C);
+    if (p == NULL && ctx->status == TPK_OK)
+        TPK_ERROR(ctx, TPK_ETYPE, "%s: cannot elaborate the program", S.file);
+    nsr_arena_free(S.arena);
+    return p;
+}
+
+tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
+                                  const tpk_phi_registry *reg, tpk_ctx *ctx)
+{
+    if (path == NULL) {
+        TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_load_file: no path");
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        TPK_ERROR(ctx, TPK_EIO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf != NULL) {
+        if (n + 1 >= cap) {
+            if (cap >= NSR_MAX_SOURCE) {
+                free(buf);
+                fclose(f);
+                TPK_ERROR(ctx, TPK_EIO, "%s: program file larger than %u bytes", path, NSR_MAX_SOURCE);
+                return NULL;
+            }
+            char *b = realloc(buf, cap * 2);
+            if (b == NULL) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (buf == NULL) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    if (bad) {
+        free(buf);
+        TPK_ERROR(ctx, TPK_EIO, "%s: read error", path);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (memchr(buf, '\0', n) != NULL) {
+        /* report the NUL byte at its position rather than silently truncating */
+        int line = 1, col = 1;
+        for (const char *c = buf; *c; c++) {
+            if (*c == '\n') {
+                line++;
+                col = 1;
+            } else {
+                col++;
+            }
+        }
+        free(buf);
+        TPK_ERROR(ctx, TPK_ESYNTAX, "%s:%d:%d: unexpected byte 0x00", path, line, col);
+        return NULL;
+    }
+    tpk_program *p = tpk_netsor_load_string(path, buf, opts, reg, ctx);
+    free(buf);
+    return p;
+}
+
+void nsr_rpn_free(tpk_rpn *r)
+{
+    free(r->node);
+    free(r->args);
+    r->node = NULL;
+    r->args = NULL;
+}
+
+void tpk_program_free(tpk_program *p)
+{
+    if (p == NULL)
+        return;
+    free(p->path);
+    for (int i = 0; i < p->nwidths; i++)
+        free(p->width_name[i]);
+    free(p->width_name);
+    for (int i = 0; i < p->nvars; i++)
+        free(p->var[i].name);
+    free(p->var);
+    for (int i = 0; i < p->navars; i++)
+        free(p->avar[i].name);
+    free(p->avar);
+    for (int i = 0; i < p->nembeds; i++)
+        free(p->embed[i].name);
+    free(p->embed);
+    for (int i = 0; i < p->ninstr; i++) {
+        free(p->instr[i].term);
+        free(p->instr[i].coef);
+        nsr_rpn_free(&p->instr[i].body);
+    }
+    free(p->instr);
+    for (int i = 0; i < p->noutputs; i++)
+        free(p->output[i].name);
+    free(p->output);
+    for (int i = 0; i < p->nphis; i++)
+        tpk_phi_free(p->phis[i]);
+    free(p->phis);
+    free(p);
+}
+
+const char *nsr_op_name(int op)
+{
+    switch (op) {
+    case TPK_OP_EMBED: return "EMBED";
+    case TPK_OP_BIAS: return "BIAS";
+    case TPK_OP_MATMUL: return "MATMUL";
+    case TPK_OP_LINCOMB: return "LINCOMB";
+    case TPK_OP_NONLIN: return "NONLIN";
+    case TPK_OP_MOMENT: return "MOMENT";
+    default: return "?";
+    }
+}
+
+/* ---- Dump ----------------------------------------------------------------------------------- */
+
+/* Print an RPN body in infix form (fully parenthesised below the top). */
+static void print_rpn(const tpk_program *p, const tpk_rpn *r, FILE *f)
+{
+    enum { CAP = 4096 };
+    char **st = calloc((size_t)r->len + 1, sizeof *st);
+    if (st == NULL) {
+        fputs("<out of memory>", f);
+        return;
+    }
+    int sp = 0;
+    for (int i = 0; i < r->len; i++) {
+        const tpk_rpn_node *x = &r->node[i];
+        char *s = malloc(CAP);
+        if (s == NULL)
+            break;
+        const char *a = sp >= 1 ? st[sp - 1] : "?", *b = sp >= 2 ? st[sp - 2] : "?";
+        switch (x->op) {
+        case TPK_RPN_CONST: snprintf(s, CAP, "%.10g", x->value); break;
+        case TPK_RPN_GVAR:
+        case TPK_RPN_SCALAR:
+            snprintf(s, CAP, "%s", x->var >= 0 && x->var < p->nvars ? p->var[x->var].name : "?");
+            break;
+        case TPK_RPN_NEG: snprintf(s, CAP, "-(%s)", a); break;
+        case TPK_RPN_POWI: snprintf(s, CAP, "(%s)^%d", a, (int)x->value); break;
+        case TPK_RPN_CALL: snprintf(s, CAP, "%s(%s)", x->fn ? tpk_phi_name(x->fn) : "?", a); break;
+        default: {
+            const char *op = x->op == TPK_RPN_ADD ? " + " : x->op == TPK_RPN_SUB ? " - "
+                             : x->op == TPK_RPN_MUL ? "*" : "/";
+            snprintf(s, CAP, "(%s%s%s)", b, op, a);
+        }
+        }
+        if (strlen(s) >= CAP - 1)
+            snprintf(s, CAP, "...");
+        int pops = x->op >= TPK_RPN_ADD && x->op <= TPK_RPN_DIV ? 2
+                   : (x->op == TPK_RPN_NEG || x->op == TPK_RPN_POWI || x->op == TPK_RPN_CALL) ? 1 : 0;
+        for (int k = 0; k < pops && sp > 0; k++)
+            free(st[--sp]);
+        st[sp++] = s;
+    }
+    fputs(sp == 1 ? st[0] : "<malformed body>", f);
+    for (int k = 0; k < sp; k++)
+        free(st[k]);
+    free(st);
+}
+
+static const char *wname(const tpk_program *p, int w)
+{
+    return w >= 0 && w < p->nwidths ? p->width_name[w] : "?";
+}
+
+void tpk_program_dump(const tpk_program *p, FILE *f)
+{
+    if (p == NULL || f == NULL)
+        return;
+    fprintf(f, "# NETSOR program %s: %d instructions, %d vars, %d A-vars, %d embeddings, "
+               "%d input slot%s, %d output%s%s%s\n",
+            p->path ? p->path : "?", p->ninstr, p->nvars, p->navars, p->nembeds, p->nslots,
+            p->nslots == 1 ? "" : "s", p->noutputs, p->noutputs == 1 ? "" : "s",
+            p->features & TPK_FEAT_NETSOR_PLUS ? ", netsor+" : "",
+            p->features & TPK_FEAT_SQRT_N_LOGITS ? ", sqrt-n-logits" : "");
+    fputs("widths:", f);
+    for (int i = 0; i < p->nwidths; i++)
+        fprintf(f, " %s", p->width_name[i]);
+    fputc('\n', f);
+    for (int i = 0; i < p->navars; i++)
+        fprintf(f, "avar %d %s : A(%s, %s) ~ %.10g/fan_in\n", i, p->avar[i].name,
+                wname(p, p->avar[i].rows), wname(p, p->avar[i].cols), p->avar[i].var);
+    for (int i = 0; i < p->nembeds; i++)
+        fprintf(f, "embed %d %s : (%s, d) ~ %.10g/d\n", i, p->embed[i].name, wname(p, p->embed[i].rows),
+                p->embed[i].var);
+    for (int i = 0; i < p->ninstr; i++) {
+        const tpk_instr *in = &p->instr[i];
+        const tpk_var *o = &p->var[in->out];
+        const char *t = o->type == TPK_VAR_G ? "G" : o->type == TPK_VAR_H ? "H" : "scalar";
+        fprintf(f, "%4d  %s %s", i, t, o->name);
+        if (o->type != TPK_VAR_SCALAR)
+            fprintf(f, " : %s", wname(p, o->width));
+        fprintf(f, " = %s ", nsr_op_name(in->op));
+        switch (in->op) {
+        case TPK_OP_EMBED:
+            fprintf(f, "%s x[slot %d]   # var %.10g/d", in->avar >= 0 && in->avar < p->nembeds
+                    ? p->embed[in->avar].name : "?", in->src, in->var);
+            break;
+        case TPK_OP_BIAS:
+            fprintf(f, "N(%.10g, %.10g)", in->mean, in->var);
+            break;
+        case TPK_OP_MATMUL:
+            fprintf(f, "%s %s", in->avar >= 0 && in->avar < p->navars ? p->avar[in->avar].name : "?",
+                    in->src >= 0 && in->src < p->nvars ? p->var[in->src].name : "?");
+            break;
+        case TPK_OP_LINCOMB:
+            for (int k = 0; k < in->nterms; k++)
+                fprintf(f, "%s%.10g*%s", k ? " + " : "", in->coef[k], p->var[in->term[k]].name);
+            if (in->nterms == 0)
+                fputs("0", f);
+            break;
+        default:
+            if (in->op == TPK_OP_MOMENT)
+                fputs(in->src == 1 ? "sqrt(n)*mean " : "mean ", f);
+            print_rpn(p, &in->body, f);
+            fputs("   # args", f);
+            for (int k = 0; k < in->body.nargs; k++)
+                fprintf(f, " %s", p->var[in->body.args[k]].name);
+        }
+        fprintf(f, "   @%d:%d\n", in->line, in->col);
+    }
+    for (int i = 0; i < p->noutputs; i++)
+        fprintf(f, "output %s = readout(%s, %.10g)\n", p->output[i].name,
+                p->output[i].src >= 0 && p->output[i].src < p->nvars ? p->var[p->output[i].src].name : "?",
+                p->output[i].var);
+}
