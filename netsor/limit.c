@@ -884,7 +884,6 @@ static int setup(lim *L, int all_outputs)
         if (in->op == TPK_OP_LINCOMB) {
             if (rep_merge(&L->rep[in->out], in, L->rep))
                 return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
-            }
             continue;
         }
         if (in->op != TPK_OP_BIAS && in->op != TPK_OP_EMBED && in->op != TPK_OP_MATMUL)
@@ -1039,8 +1038,8 @@ static void lim_free(lim *L)
 /* Gauss–Hermite rules for N(0,1) from GSL's e^{−x²} rule: x → √2 x, w → w/√π. */
 static int gh_init(lim *L)
 {
-    static const int deg[GH_MAXDIM + 1][2] = {{1, 1}, {96, 64}, {48, 32}, {20, 14},
-                                              {12, 8}, {7, 5},   {5, 4}};
+    static const int deg[GH_MAXDIM + 1][2] = {{1, 1}, {96, 64}, {64, 44}, {28, 20},
+                                              {16, 12}, {8, 6},  {6, 4}};
     for (int r = 1; r <= GH_MAXDIM; r++)
         for (int h = 0; h < 2; h++) {
             int n = deg[r][h];
