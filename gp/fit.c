@@ -1,0 +1,492 @@
+/* GP regression: checked Cholesky with jitter escalation, posterior mean/variance, LML (R&W Alg. 2.1). */
+#include "gp-impl.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tile for the transposed (cache-unfriendly) reads of the upper triangle. */
+#define GP_TILE 64
+/* Test points per triangular solve in tpk_gp_predict: workspace N×GP_PRED_BLOCK doubles. */
+#define GP_PRED_BLOCK 256
+
+struct tpk_gp {
+    size_t n, c;
+    double *A;        /* factor U (column-major upper = row-major lower), borrowed or owned */
+    double *owned;    /* == A in copy mode, NULL in overwrite mode */
+    double *alpha;    /* column-major N×C */
+    tpk_gp_info info;
+};
+
+void tpk_gp_options_default(tpk_gp_options *o)
+{
+    o->overwrite_k = 0;
+    o->jitter_first = 1e-10;
+    o->jitter_max = 1e-3;
+    o->rcond_min = 1e-15;
+    o->sym_tol = 1e-8;
+}
+
+int tpk_gp_impl_check_noise(double noise, tpk_ctx *ctx)
+{
+    if (!isfinite(noise))
+        return TPK_ERROR(ctx, TPK_EDOM, "noise variance must be finite (got %g)", noise);
+    if (noise < 0)
+        return TPK_ERROR(ctx, TPK_EDOM, "noise variance must be >= 0 (got %g)", noise);
+    return TPK_OK;
+}
+
+void tpk_gp_impl_kcheck_free(gp_kcheck *kc)
+{
+    free(kc->col_abs);
+    free(kc->diag);
+    kc->col_abs = kc->diag = NULL;
+}
+
+int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const char *what,
+                             gp_kcheck *kc, tpk_ctx *ctx)
+{
+    kc->col_abs = calloc(n ? n : 1, sizeof(double));
+    kc->diag = malloc((n ? n : 1) * sizeof(double));
+    if (!kc->col_abs || !kc->diag) {
+        tpk_gp_impl_kcheck_free(kc);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu doubles)", 2 * n);
+    }
+    /* One pass over the lower triangle: finiteness, diagonal, absolute column sums. */
+    double dmax = 0, dsum = 0;
+    size_t bad_i = n, bad_j = n;
+    for (size_t i = 0; i < n && bad_i == n; i++) {
+        const double *row = K + i * n;
+        double rs = 0;
+        for (size_t j = 0; j < i; j++) {
+            double a = fabs(row[j]);
+            rs += a;
+            kc->col_abs[j] += a;
+        }
+        kc->col_abs[i] += rs;
+        kc->diag[i] = row[i];
+        if (!isfinite(rs) || !isfinite(row[i])) {
+            bad_i = i;
+            for (size_t j = 0; j <= i; j++)
+                if (!isfinite(row[j])) {
+                    bad_j = j;
+                    break;
+                }
+        }
+        dmax = fmax(dmax, fabs(row[i]));
+        dsum += row[i];
+    }
+    int st = TPK_OK;
+    if (bad_i < n) {
+        st = TPK_ERROR(ctx, TPK_EDOM, "%s has a non-finite value at [%zu][%zu]", what, bad_i, bad_j);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (kc->diag[i] < 0) {
+            st = TPK_ERROR(ctx, TPK_EDOM,
+                           "%s has a negative diagonal entry %g at [%zu][%zu]: not a covariance",
+                           what, kc->diag[i], i, i);
+            goto out;
+        }
+    /* Symmetry, tile by tile so both the row and the column reads stay in cache. */
+    const double tol = sym_tol * (dmax > 0 ? dmax : 1.0);
+    for (size_t ib = 0; ib < n && !st; ib += GP_TILE)
+        for (size_t jb = 0; jb <= ib && !st; jb += GP_TILE) {
+            size_t ie = ib + GP_TILE < n ? ib + GP_TILE : n;
+            for (size_t i = ib; i < ie && !st; i++) {
+                size_t je = jb + GP_TILE < i ? jb + GP_TILE : i;
+                for (size_t j = jb; j < je; j++) {
+                    double d = K[i * n + j] - K[j * n + i];
+                    if (!(fabs(d) <= tol)) {
+                        st = TPK_ERROR(ctx, TPK_EINVAL,
+                                       "%s is not symmetric: [%zu][%zu] = %.17g but [%zu][%zu] = "
+                                       "%.17g", what, i, j, K[i * n + j], j, i, K[j * n + i]);
+                        break;
+                    }
+                }
+            }
+        }
+    kc->mean_diag = n ? dsum / (double)n : 0;
+out:
+    if (st)
+        tpk_gp_impl_kcheck_free(kc);
+    return st;
+}
+
+int tpk_gp_impl_check_targets(const tpk_array *Y, size_t n, size_t *c, tpk_ctx *ctx)
+{
+    if (!Y || !Y->data)
+        return TPK_ERROR(ctx, TPK_EINVAL, "no targets given");
+    if (Y->ndim != 1 && Y->ndim != 2)
+        return TPK_ERROR(ctx, TPK_EINVAL, "targets must be N or N×C (got rank %d)", Y->ndim);
+    if (Y->dims[0] != n)
+        return TPK_ERROR(ctx, TPK_EINVAL, "targets have %zu rows but the kernel is %zu×%zu",
+                         Y->dims[0], n, n);
+    *c = Y->ndim == 2 ? Y->dims[1] : 1;
+    if (*c == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "targets have no columns");
+    size_t len = n * *c;
+    for (size_t k = 0; k < len; k++)
+        if (!isfinite(Y->data[k]))
+            return TPK_ERROR(ctx, TPK_EDOM, "targets have a non-finite value at [%zu][%zu]",
+                             k / *c, k % *c);
+    return TPK_OK;
+}
+
+/* Lower triangle of A from the strict upper triangle of A (overwrite mode) or from src. */
+static void restore_lower(double *A, const double *src, size_t n, const double *diag)
+{
+    if (src != A) {
+#pragma omp parallel for schedule(dynamic, 64)
+        for (size_t i = 0; i < n; i++)
+            memcpy(A + i * n, src + i * n, (i + 1) * sizeof(double));
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t ib = 0; ib < n; ib += GP_TILE)
+        for (size_t jb = 0; jb <= ib; jb += GP_TILE) {
+            size_t ie = ib + GP_TILE < n ? ib + GP_TILE : n;
+            for (size_t i = ib; i < ie; i++) {
+                size_t je = jb + GP_TILE < i ? jb + GP_TILE : i;
+                for (size_t j = jb; j < je; j++)
+                    A[i * n + j] = A[j * n + i];
+            }
+        }
+    for (size_t i = 0; i < n; i++)
+        A[i * n + i] = diag[i];
+}
+
+int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, const gp_kcheck *kc,
+                       const tpk_gp_options *opt, double *jitter, int *tries, double *rcond,
+                       tpk_ctx *ctx)
+{
+    if (n > (size_t)INT_MAX)
+        return TPK_ERROR(ctx, TPK_EINVAL, "kernel of size %zu exceeds LAPACK's int indexing", n);
+    const lapack_int ln = (lapack_int)n;
+    double *work = NULL;
+    lapack_int *iwork = NULL;
+    if (opt->rcond_min > 0) {
+        work = malloc((3 * n + 1) * sizeof *work);
+        iwork = malloc((n + 1) * sizeof *iwork);
+        if (!work || !iwork) {
+            free(work);
+            free(iwork);
+            return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (condition estimate workspace)");
+        }
+    }
+    const double scale = kc->mean_diag > 0 ? kc->mean_diag : 1.0;
+    double jit = 0, last_rc = NAN;
+    lapack_int last_info = 0;
+    int t = 0, st = TPK_ENUMERIC;
+    for (;;) {
+        t++;
+        if (t > 1 || src != A)
+            restore_lower(A, src, n, kc->diag);
+        const double s = noise + jit;
+        for (size_t i = 0; i < n; i++)
+            A[i * n + i] += s;
+        /* _work: the inputs are already checked for NaN, skip LAPACKE's O(N²) rescan. */
+        lapack_int info = LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'U', ln, A, ln);
+        if (info < 0) {
+            st = TPK_ERROR(ctx, TPK_EINVAL, "dpotrf rejected argument %d (internal error)",
+                           (int)-info);
+            break;
+        }
+        last_info = info;
+        last_rc = NAN;
+        if (info == 0) {
+            if (!(opt->rcond_min > 0)) {
+                st = TPK_OK;
+                break;
+            }
+            double anorm = 0;
+            for (size_t i = 0; i < n; i++)
+                anorm = fmax(anorm, kc->col_abs[i] + fabs(kc->diag[i] + s));
+            double rc = 0;
+            info = LAPACKE_dpocon_work(LAPACK_COL_MAJOR, 'U', ln, A, ln, anorm, &rc, work, iwork);
+            last_rc = rc;
+            if (info == 0 && rc >= opt->rcond_min) {
+                st = TPK_OK;
+                break;
+            }
+        }
+        double next = jit == 0 ? opt->jitter_first * scale : jit * 10;
+        if (!(opt->jitter_first > 0) || next > opt->jitter_max * scale * (1 + 1e-12))
+            break;
+        jit = next;
+    }
+    free(work);
+    free(iwork);
+    if (st == TPK_OK) {
+        *jitter = jit;
+        *tries = t;
+        *rcond = last_rc;
+        return TPK_OK;
+    }
+    if (st != TPK_ENUMERIC)
+        return st;
+    if (last_info > 0)
+        return TPK_ERROR(ctx, TPK_ENUMERIC,
+                         "kernel + noise*I is not positive definite: Cholesky fails at column %d "
+                         "even with jitter %.3g (%.3g x mean diagonal, %d tries); raise the noise "
+                         "or the jitter limit", (int)last_info, jit, jit / scale, t);
+    return TPK_ERROR(ctx, TPK_ENUMERIC,
+                     "kernel + noise*I is numerically singular: reciprocal condition %.3g < %.3g "
+                     "even with jitter %.3g (%.3g x mean diagonal, %d tries); raise the noise or "
+                     "the jitter limit", last_rc, opt->rcond_min, jit, jit / scale, t);
+}
+
+double tpk_gp_impl_logdet(const double *A, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += log(A[i * n + i]);
+    return 2 * s;
+}
+
+int tpk_gp_impl_solve(const double *A, size_t n, const tpk_array *Y, size_t c, double *alpha,
+                      double *quad, tpk_ctx *ctx)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < c; k++)
+            alpha[k * n + i] = Y->data[i * c + k];
+    lapack_int info = LAPACKE_dpotrs_work(LAPACK_COL_MAJOR, 'U', (lapack_int)n, (lapack_int)c, A,
+                                          (lapack_int)n, alpha, (lapack_int)n);
+    if (info != 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "dpotrs failed (info %d, internal error)", (int)info);
+    double q = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < c; k++)
+            q += alpha[k * n + i] * Y->data[i * c + k];
+    *quad = q;
+    return TPK_OK;
+}
+
+static int check_square(const tpk_array *K, const char *what, tpk_ctx *ctx)
+{
+    if (!K || !K->data)
+        return TPK_ERROR(ctx, TPK_EINVAL, "no %s given", what);
+    if (K->ndim != 2 || K->dims[0] != K->dims[1])
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s must be a square N×N matrix (got rank %d, %zu×%zu)",
+                         what, K->ndim, K->dims[0], K->ndim > 1 ? K->dims[1] : (size_t)1);
+    if (K->dims[0] == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s is empty (N = 0)", what);
+    return TPK_OK;
+}
+
+tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise, const tpk_gp_options *opt,
+                   tpk_ctx *ctx)
+{
+    tpk_gp_options def;
+    if (!opt) {
+        tpk_gp_options_default(&def);
+        opt = &def;
+    }
+    size_t c = 0;
+    if (check_square(K, "kernel", ctx) || tpk_gp_impl_check_noise(noise, ctx))
+        return NULL;
+    const size_t n = K->dims[0];
+    if (tpk_gp_impl_check_targets(Y, n, &c, ctx))
+        return NULL;
+    if (!(opt->jitter_first >= 0) || !(opt->jitter_max >= 0) || !(opt->rcond_min >= 0) ||
+        !(opt->sym_tol >= 0)) {
+        TPK_ERROR(ctx, TPK_EINVAL, "GP options must be >= 0 (jitter, rcond_min, sym_tol)");
+        return NULL;
+    }
+    gp_kcheck kc = {0};
+    if (tpk_gp_impl_check_kernel(K->data, n, opt->sym_tol, "kernel", &kc, ctx))
+        return NULL;
+    tpk_gp *gp = calloc(1, sizeof *gp);
+    if (!gp) {
+        tpk_gp_impl_kcheck_free(&kc);
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return NULL;
+    }
+    gp->n = n;
+    gp->c = c;
+    gp->alpha = malloc(n * c * sizeof(double));
+    if (opt->overwrite_k) {
+        gp->A = K->data;
+    } else {
+        gp->owned = malloc(n * n * sizeof(double));
+        gp->A = gp->owned;
+    }
+    int st = TPK_OK;
+    if (!gp->alpha || !gp->A)
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory for the factor (%zu×%zu)", n, n);
+    tpk_gp_info *in = &gp->info;
+    in->n = n;
+    in->c = c;
+    in->noise = noise;
+    if (!st)
+        st = tpk_gp_impl_factor(gp->A, K->data, n, noise, &kc, opt, &in->jitter, &in->tries,
+                                &in->rcond, ctx);
+    if (!st)
+        st = tpk_gp_impl_solve(gp->A, n, Y, c, gp->alpha, &in->quad, ctx);
+    tpk_gp_impl_kcheck_free(&kc);
+    if (st) {
+        tpk_gp_free(gp);
+        return NULL;
+    }
+    in->logdet = tpk_gp_impl_logdet(gp->A, n);
+    in->lml = -0.5 * in->quad - 0.5 * (double)c * in->logdet -
+              0.5 * (double)(n * c) * log(2 * M_PI);
+    return gp;
+}
+
+void tpk_gp_free(tpk_gp *gp)
+{
+    if (!gp)
+        return;
+    free(gp->owned);
+    free(gp->alpha);
+    free(gp);
+}
+
+const tpk_gp_info *tpk_gp_get_info(const tpk_gp *gp) { return &gp->info; }
+
+int tpk_gp_weights(const tpk_gp *gp, tpk_array *alpha, tpk_ctx *ctx)
+{
+    if (!alpha || tpk_array_size(alpha) != gp->n * gp->c || alpha->dims[0] != gp->n)
+        return TPK_ERROR(ctx, TPK_EINVAL, "weights output must be %zu×%zu", gp->n, gp->c);
+    for (size_t i = 0; i < gp->n; i++)
+        for (size_t k = 0; k < gp->c; k++)
+            alpha->data[i * gp->c + k] = gp->alpha[k * gp->n + i];
+    return TPK_OK;
+}
+
+static int check_cross(const tpk_gp *gp, const tpk_array *Kxt, size_t *m, tpk_ctx *ctx)
+{
+    if (!Kxt || !Kxt->data)
+        return TPK_ERROR(ctx, TPK_EINVAL, "no test×train kernel given");
+    if (Kxt->ndim != 2 || Kxt->dims[1] != gp->n)
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "test×train kernel must be M×%zu (the training size) but is %s%zu×%zu",
+                         gp->n, Kxt->ndim != 2 ? "not a matrix, " : "", Kxt->dims[0],
+                         Kxt->ndim > 1 ? Kxt->dims[1] : (size_t)1);
+    *m = Kxt->dims[0];
+    size_t len = *m * gp->n;
+    for (size_t k = 0; k < len; k++)
+        if (!isfinite(Kxt->data[k]))
+            return TPK_ERROR(ctx, TPK_EDOM, "test×train kernel has a non-finite value at [%zu][%zu]",
+                             k / gp->n, k % gp->n);
+    return TPK_OK;
+}
+
+int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdiag,
+                   tpk_array *mean, tpk_array *var, tpk_ctx *ctx)
+{
+    size_t m = 0;
+    const size_t n = gp->n, c = gp->c;
+    int st = check_cross(gp, Kxt, &m, ctx);
+    if (st)
+        return st;
+    if (!mean || !mean->data || mean->dims[0] != m || tpk_array_size(mean) != m * c)
+        return TPK_ERROR(ctx, TPK_EINVAL, "mean output must be %zu×%zu", m, c);
+    if (var) {
+        if (!kdiag || !kdiag->data || tpk_array_size(kdiag) != m)
+            return TPK_ERROR(ctx, TPK_EINVAL, "test diagonal must have %zu entries (got %zu)", m,
+                             kdiag && kdiag->data ? tpk_array_size(kdiag) : (size_t)0);
+        if (!var->data || tpk_array_size(var) != m)
+            return TPK_ERROR(ctx, TPK_EINVAL, "variance output must have %zu entries", m);
+        for (size_t i = 0; i < m; i++)
+            if (!isfinite(kdiag->data[i]))
+                return TPK_ERROR(ctx, TPK_EDOM, "test diagonal has a non-finite value at [%zu]", i);
+    }
+    if (m == 0)
+        return TPK_OK;
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)c, (int)n, 1.0, Kxt->data,
+                (int)n, gp->alpha, (int)n, 0.0, mean->data, (int)c);
+    if (!var)
+        return TPK_OK;
+    const size_t bs = m < GP_PRED_BLOCK ? m : GP_PRED_BLOCK;
+    double *W = malloc(n * bs * sizeof *W);
+    if (!W)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu×%zu workspace)", n, bs);
+    for (size_t i0 = 0; i0 < m; i0 += bs) {
+        size_t b = m - i0 < bs ? m - i0 : bs;
+        /* Rows i0.. of the row-major Kxt are the columns of a column-major N×b block. */
+        memcpy(W, Kxt->data + i0 * n, b * n * sizeof *W);
+        cblas_dtrsm(CblasColMajor, CblasLeft, CblasUpper, CblasTrans, CblasNonUnit, (int)n, (int)b,
+                    1.0, gp->A, (int)n, W, (int)n);
+        for (size_t j = 0; j < b; j++) {
+            double s = cblas_ddot((int)n, W + j * n, 1, W + j * n, 1);
+            /* Rounding can take a near-zero variance below 0; clip to the feasible value. */
+            var->data[i0 + j] = fmax(kdiag->data[i0 + j] - s, 0.0);
+        }
+    }
+    free(W);
+    return TPK_OK;
+}
+
+int tpk_gp_predict_cov(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *Ktt,
+                       tpk_array *cov, tpk_ctx *ctx)
+{
+    size_t m = 0;
+    const size_t n = gp->n;
+    int st = check_cross(gp, Kxt, &m, ctx);
+    if (st)
+        return st;
+    if (!Ktt || !Ktt->data || Ktt->ndim != 2 || Ktt->dims[0] != m || Ktt->dims[1] != m)
+        return TPK_ERROR(ctx, TPK_EINVAL, "test×test kernel must be %zu×%zu", m, m);
+    if (!cov || !cov->data || cov->ndim != 2 || cov->dims[0] != m || cov->dims[1] != m)
+        return TPK_ERROR(ctx, TPK_EINVAL, "covariance output must be %zu×%zu", m, m);
+    for (size_t k = 0; k < m * m; k++)
+        if (!isfinite(Ktt->data[k]))
+            return TPK_ERROR(ctx, TPK_EDOM, "test×test kernel has a non-finite value at [%zu][%zu]",
+                             k / m, k % m);
+    if (m == 0)
+        return TPK_OK;
+    double *W = malloc(n * m * sizeof *W);
+    if (!W)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu×%zu workspace)", n, m);
+    memcpy(W, Kxt->data, n * m * sizeof *W);
+    cblas_dtrsm(CblasColMajor, CblasLeft, CblasUpper, CblasTrans, CblasNonUnit, (int)n, (int)m,
+                1.0, gp->A, (int)n, W, (int)n);
+    if (cov->data != Ktt->data)
+        memcpy(cov->data, Ktt->data, m * m * sizeof(double));
+    /* Column-major upper of cov = row-major lower: cov ← Ktt − WᵀW there, then mirror. */
+    cblas_dsyrk(CblasColMajor, CblasUpper, CblasTrans, (int)m, (int)n, -1.0, W, (int)n, 1.0,
+                cov->data, (int)m);
+    for (size_t i = 0; i < m; i++)
+        for (size_t j = 0; j < i; j++)
+            cov->data[j * m + i] = cov->data[i * m + j];
+    free(W);
+    return TPK_OK;
+}
+
+int tpk_gp_min_eig(const tpk_gp *gp, int iters, double *lambda_min, tpk_ctx *ctx)
+{
+    if (iters < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "min_eig needs at least 1 iteration (got %d)", iters);
+    const size_t n = gp->n;
+    double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+    if (!x || !y) {
+        free(x);
+        free(y);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    }
+    /* Deterministic start with components in every direction (no eigenvector is orthogonal to
+     * it except by accident): a low-discrepancy sequence, centred. */
+    for (size_t i = 0; i < n; i++)
+        x[i] = fmod(0.6180339887498949 * (double)(i + 1), 1.0) - 0.5;
+    double nx = cblas_dnrm2((int)n, x, 1);
+    cblas_dscal((int)n, 1.0 / nx, x, 1);
+    double rq = 0;
+    for (int it = 0; it < iters; it++) {
+        memcpy(y, x, n * sizeof *y);
+        LAPACKE_dpotrs_work(LAPACK_COL_MAJOR, 'U', (lapack_int)n, 1, gp->A, (lapack_int)n, y,
+                            (lapack_int)n);
+        rq = cblas_ddot((int)n, x, 1, y, 1); /* xᵀA⁻¹x, |x| = 1: ≤ λ_max(A⁻¹) */
+        double ny = cblas_dnrm2((int)n, y, 1);
+        for (size_t i = 0; i < n; i++)
+            x[i] = y[i] / ny;
+    }
+    free(x);
+    free(y);
+    *lambda_min = 1.0 / rq - gp->info.noise - gp->info.jitter;
+    return TPK_OK;
+}

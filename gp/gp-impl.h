@@ -1,0 +1,39 @@
+/* Internal to gp/: the checked, jittered Cholesky factorisation shared by fit and the LML gradient. */
+#ifndef TPK_GP_IMPL_H
+#define TPK_GP_IMPL_H
+
+#include "tpk/gp.h"
+
+#include <stddef.h>
+
+/* Storage convention: a row-major N×N matrix's lower triangle is the column-major upper triangle
+ * of the same buffer, so every LAPACK call is LAPACK_COL_MAJOR with uplo 'U' (no transposed copies,
+ * which LAPACKE's row-major wrappers would make) and A = UᵀU with U = Lᵀ. */
+
+/* Validated kernel: finite lower triangle, symmetric within tolerance; col_abs[i] is the sum of
+ * |K_ij| over j ≠ i (for the 1-norm that dpocon needs), diag[i] = K_ii. */
+typedef struct gp_kcheck {
+    double *col_abs;
+    double *diag;
+    double mean_diag;
+} gp_kcheck;
+
+int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const char *what,
+                             gp_kcheck *kc, tpk_ctx *ctx);
+void tpk_gp_impl_kcheck_free(gp_kcheck *kc);
+int tpk_gp_impl_check_targets(const tpk_array *Y, size_t n, size_t *c, tpk_ctx *ctx);
+int tpk_gp_impl_check_noise(double noise, tpk_ctx *ctx);
+
+/* Factor A = K + (noise + jitter)I into the buffer A (N×N). src == A: overwrite mode (K's strict
+ * upper triangle and kc->diag restore it between tries); otherwise the lower triangle of src is
+ * copied in first. On success *jitter, *tries and *rcond (NaN if not estimated) are set. */
+int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, const gp_kcheck *kc,
+                       const tpk_gp_options *opt, double *jitter, int *tries, double *rcond,
+                       tpk_ctx *ctx);
+
+/* α (column-major N×C: output c at alpha + c·N) = A⁻¹Y from the factor; returns quad = Σ yᵀα. */
+int tpk_gp_impl_solve(const double *A, size_t n, const tpk_array *Y, size_t c, double *alpha,
+                      double *quad, tpk_ctx *ctx);
+double tpk_gp_impl_logdet(const double *A, size_t n);
+
+#endif

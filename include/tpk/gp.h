@@ -1,0 +1,168 @@
+/* Gaussian-process regression from a kernel matrix: fit, predict, marginal likelihood, jitter,
+ * diagnostics and hyperparameter fitting (issue 7; Rasmussen & Williams 2006, Alg. 2.1, §5.4). */
+#ifndef TPK_GP_H
+#define TPK_GP_H
+
+#include "array.h"
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- fit and predict -------------------------------------------------------------------------
+ * Model: each column y_c of Y (N×C) is an independent draw from N(0, K + σ²I); all C outputs share
+ * one Cholesky factor A = K + (σ² + jitter)I = UᵀU (LAPACKE_dpotrf). Solves are triangular; no
+ * inverse is formed on this path. Matrices are row-major; only the lower triangle of K is read
+ * (the strict upper triangle must hold the same values: it is checked, and used to restore K when a
+ * factorisation has to be retried with more jitter). */
+
+typedef struct tpk_gp_options {
+    int overwrite_k;    /* 1: the factor overwrites K's lower triangle (memory N² + O(NC)); K's
+                         * strict upper triangle keeps K. K must outlive the tpk_gp. 0: private copy. */
+    double jitter_first; /* first jitter tried after plain σ², relative to mean(diag K) (1e-10) */
+    double jitter_max;  /* give up beyond this jitter, relative to mean(diag K) (1e-3) */
+    double rcond_min;   /* A counts as numerically PD when dpotrf succeeds and its reciprocal
+                         * condition estimate (dpocon) is >= this (default 1e-15); 0 skips dpocon */
+    double sym_tol;     /* tolerated |K_ij − K_ji| relative to max|diag K| (default 1e-8) */
+} tpk_gp_options;
+
+TPK_API void tpk_gp_options_default(tpk_gp_options *o);
+
+typedef struct tpk_gp_info {
+    size_t n, c;        /* training points, outputs */
+    double noise;       /* σ² as requested */
+    double jitter;      /* extra diagonal actually added (absolute), 0 when none was needed */
+    int tries;          /* factorisations attempted (1 = first try succeeded) */
+    double rcond;       /* dpocon estimate of 1/κ₁(A); NaN when rcond_min = 0 */
+    double logdet;      /* log det A */
+    double quad;        /* Σ_c y_cᵀ A⁻¹ y_c */
+    double lml;         /* log N(Y; 0, A) summed over the C outputs */
+} tpk_gp_info;
+
+typedef struct tpk_gp tpk_gp;
+
+/* Fit. K: N×N; Y: N×C (or rank 1, C = 1); noise: σ² ≥ 0. opt may be NULL (defaults).
+ * Fails with TPK_EINVAL (shapes, asymmetry), TPK_EDOM (non-finite values, negative noise),
+ * TPK_ENUMERIC (not PD even at jitter_max) or TPK_ENOMEM. */
+TPK_API tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise,
+                           const tpk_gp_options *opt, tpk_ctx *ctx);
+TPK_API void tpk_gp_free(tpk_gp *gp);
+TPK_API const tpk_gp_info *tpk_gp_get_info(const tpk_gp *gp);
+/* α = A⁻¹Y as an N×C array (preallocated). */
+TPK_API int tpk_gp_weights(const tpk_gp *gp, tpk_array *alpha, tpk_ctx *ctx);
+
+/* Predictive mean (M×C) = Kxt α and, if var != NULL, the latent variance (M) k(x,x) − kᵀA⁻¹k
+ * (add σ² for a noisy target), computed in blocks of test points (workspace N×256).
+ * Kxt: M×N test × train; kdiag: M test diagonal (needed only for var). */
+TPK_API int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdiag,
+                           tpk_array *mean, tpk_array *var, tpk_ctx *ctx);
+/* Full latent predictive covariance (M×M) Ktt − Kxt A⁻¹ Kxtᵀ; workspace N×M. */
+TPK_API int tpk_gp_predict_cov(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *Ktt,
+                               tpk_array *cov, tpk_ctx *ctx);
+/* Estimate of the smallest eigenvalue of K (not A): inverse iteration on A with the factor
+ * (`iters` steps, O(N²) each), minus σ² and jitter. The Rayleigh quotient makes it an upper bound
+ * that tightens with iters; a value near or below 0 says K is (numerically) singular. */
+TPK_API int tpk_gp_min_eig(const tpk_gp *gp, int iters, double *lambda_min, tpk_ctx *ctx);
+
+/* ---- noise by eigendecomposition --------------------------------------------------------------
+ * K = QΛQᵀ once (LAPACKE_dsyevd, O(N³): meant for N up to a few thousand, e.g. a training
+ * subsample), then the log marginal likelihood of Y under N(0, s·K + σ²I) costs O(NC) per (s, σ²).
+ * With fit_scale the amplitude s is profiled out: for a ratio r = σ²/s the best s is
+ * Σ_c y_cᵀ(K + rI)⁻¹y_c / (NC). */
+typedef struct tpk_gp_spectral tpk_gp_spectral;
+TPK_API tpk_gp_spectral *tpk_gp_spectral_alloc(const tpk_array *K, const tpk_array *Y,
+                                               tpk_ctx *ctx);
+TPK_API void tpk_gp_spectral_free(tpk_gp_spectral *s);
+/* log N(Y; 0, scale·K + noise·I); -inf when that matrix is not PD. */
+TPK_API double tpk_gp_spectral_lml(const tpk_gp_spectral *s, double scale, double noise);
+/* Smallest and largest eigenvalue of K. */
+TPK_API void tpk_gp_spectral_range(const tpk_gp_spectral *s, double *lo, double *hi);
+
+typedef struct tpk_gp_noise_choice {
+    double noise;       /* σ² (absolute, for the kernel scale·K) */
+    double scale;       /* s (1 unless fit_scale) */
+    double lml;         /* the maximised log marginal likelihood */
+    int at_bound;       /* 1 if the optimum sits at noise_lo or noise_hi */
+} tpk_gp_noise_choice;
+
+/* Maximise the LML over log σ² in [noise_lo, noise_hi] (a 4-per-decade grid, then GSL's Brent
+ * minimiser on the best bracket), and over s in closed form when fit_scale. */
+TPK_API int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo,
+                                         double noise_hi, int fit_scale,
+                                         tpk_gp_noise_choice *out, tpk_ctx *ctx);
+
+/* ---- hyperparameters ---------------------------------------------------------------------------
+ * A kernel family K(θ), θ > 0, with ∂K/∂log θ_i. The built-in families give dK analytically
+ * (RBF) or by central finite differences of the kernel in log θ (MLP: the recursion's derivatives
+ * need E[φ'φ'] terms the Gaussian module does not expose; see gp/README.md). */
+#define TPK_GP_MAXPARAMS 4
+
+typedef struct tpk_gp_family tpk_gp_family;
+struct tpk_gp_family {
+    size_t n;                             /* kernel size N */
+    size_t nparams;                       /* ≤ TPK_GP_MAXPARAMS */
+    const char *names[TPK_GP_MAXPARAMS];
+    int analytic_grad;                    /* 1: dK exact; 0: finite differences */
+    /* K (N×N, full symmetric) at θ; if dK != NULL also dK[i] = ∂K/∂log θ_i (each N×N). */
+    int (*eval)(const tpk_gp_family *f, const double *theta, double *K, double *const *dK,
+                tpk_ctx *ctx);
+    void *data;
+    void (*destroy)(void *data);
+};
+
+/* MLP NNGP (tpk_mlp_kernel) in θ = (σ_w², σ_b²); p->depth and p->phi fixed. X is borrowed.
+ * fd_step: step in log θ for the central differences (0: default 1e-4). */
+TPK_API tpk_gp_family *tpk_gp_family_mlp_alloc(const tpk_mlp_params *p, const tpk_array *X,
+                                               const tpk_gauss_ws *ws, double fd_step,
+                                               tpk_ctx *ctx);
+/* RBF k(x,x') = s·exp(−|x−x'|²/(2ℓ²)) in θ = (ℓ², s). X is borrowed. */
+TPK_API tpk_gp_family *tpk_gp_family_rbf_alloc(const tpk_array *X, tpk_ctx *ctx);
+TPK_API void tpk_gp_family_free(tpk_gp_family *f);
+/* RBF cross kernel (M×N) and test diagonal (M) for θ = (ℓ², s). */
+TPK_API int tpk_gp_rbf_kernel(const double *theta, const tpk_array *X, const tpk_array *Xt,
+                              tpk_array *K, tpk_array *Kxt, tpk_array *kdiag, tpk_ctx *ctx);
+
+/* LML of Y under N(0, K + σ²I) and its gradient: grad[i] = ∂LML/∂log θ_i given dK[i] (i < np),
+ * grad[np] = ∂LML/∂log σ² (analytic). R&W eq. 5.9: ½ tr((ααᵀ − C A⁻¹) ∂A). The trace term uses
+ * A⁻¹ from dpotri in an N×N workspace (the only inverse in the module, for the gradient only).
+ * Jitter escalation as in tpk_gp_fit (opt may be NULL); jitter_out (may be NULL) gets it. */
+TPK_API int tpk_gp_lml_grad(const tpk_array *K, const tpk_array *Y, double noise,
+                            const double *const *dK, size_t np, const tpk_gp_options *opt,
+                            double *lml, double *grad, double *jitter_out, tpk_ctx *ctx);
+
+typedef struct tpk_gp_hyper_options {
+    unsigned fixed;     /* bit i: hold θ_i; bit nparams: hold the noise */
+    int max_iter;       /* default 60 */
+    double gtol;        /* stop when |∇(−LML/(NC))| in log θ is below this (default 1e-4) */
+    double log_lo, log_hi; /* box on log θ and log σ² (defaults −25, 10): values are clamped */
+    void *trace;        /* FILE* for one line per iteration, or NULL */
+} tpk_gp_hyper_options;
+TPK_API void tpk_gp_hyper_options_default(tpk_gp_hyper_options *o);
+
+typedef struct tpk_gp_hyper_result {
+    double lml;
+    int iters, evals;
+    int converged;      /* 1: gradient test met; 0: stopped (max_iter or no progress) */
+} tpk_gp_hyper_result;
+
+/* Maximise the LML over log θ and log σ² with GSL's vector BFGS (gsl_multimin, gradient-based).
+ * theta (nparams) and noise are the start and receive the best point found. */
+TPK_API int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta,
+                             double *noise, const tpk_gp_hyper_options *opt,
+                             tpk_gp_hyper_result *res, tpk_ctx *ctx);
+
+/* ---- MLP kernels depth by depth ----------------------------------------------------------------
+ * The recursion of tpk_mlp_kernel, stepped one hidden layer at a time so depths 1..p->depth cost
+ * one layer each instead of d(d+1)/2. After each layer `cb` sees the kernel of that depth (K N×N,
+ * and if Xt != NULL Kxt M×N and kdiag M); it must not modify them. A non-zero return stops. */
+typedef int (*tpk_gp_depth_fn)(int depth, const tpk_array *K, const tpk_array *Kxt,
+                               const tpk_array *kdiag, void *data, tpk_ctx *ctx);
+TPK_API int tpk_gp_mlp_sweep(const tpk_mlp_params *p, const tpk_array *X, const tpk_array *Xt,
+                             const tpk_gauss_ws *ws, tpk_array *K, tpk_array *Kxt,
+                             tpk_array *kdiag, tpk_gp_depth_fn cb, void *data, tpk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
