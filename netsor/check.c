@@ -73,9 +73,9 @@ static const char *S_src(const nsr_check *C)
 }
 
 /* ---- Symbols ------------------------------------------------------------------------------- */
-static const char *const kind_name[] = {"parameter", "width symbol", "input dimension", "input",
-                                        "A-var", "initial G-var", "variable", "output",
-                                        "loop variable", "function"};
+static const char *const kind_name[] = {"a parameter", "a width symbol", "an input dimension",
+                                        "an input", "an A-var", "an initial G-var", "a variable",
+                                        "an output", "a loop variable", "a function"};
 
 typedef struct walker {
     nsr_check *C;
@@ -174,7 +174,7 @@ static int declare(walker *W, const char *name, int kind, int line, int col)
         if (o->kind == NSR_SYM_FUNC)
             return nsr_error(C->S, TPK_ETYPE, line, col,
                              "'%s' is the name of a registered function; choose another name", name), -1;
-        return nsr_error(C->S, TPK_ETYPE, line, col, "redefinition of '%s' (already a %s, line %d)",
+        return nsr_error(C->S, TPK_ETYPE, line, col, "redefinition of '%s' (already %s, line %d)",
                          name, kind_name[o->kind], o->line), -1;
     }
     return add_sym(C, name, kind, line, col);
@@ -240,8 +240,8 @@ static int resolve_name(walker *W, nsr_expr *e, int depth)
     case NSR_SYM_LOOP:
     case NSR_SYM_FUNC:
         if (e->nidx > 0)
-            return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "%s '%s' cannot be indexed",
-                             kind_name[y->kind], e->name);
+            return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "'%s' is %s; it cannot be indexed",
+                             e->name, kind_name[y->kind]);
         return TPK_OK;
     case NSR_SYM_INPUT:
     case NSR_SYM_AFAM:
@@ -307,7 +307,7 @@ static int resolve_call(walker *W, nsr_expr *e, int depth)
         return resolve(W, e->args[0], depth + 1);
     }
     if (y->kind != NSR_SYM_FUNC && y->kind != NSR_SYM_PARAM)
-        return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "'%s' is a %s (line %d), not a function",
+        return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "'%s' is %s (line %d), not a function",
                          e->name, kind_name[y->kind], y->line);
     if (e->nidx)
         return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "function '%s' cannot be indexed", e->name);
@@ -351,7 +351,7 @@ static int resolve(walker *W, nsr_expr *e, int depth)
             return TPK_ETYPE;
         if (C->sym[m->sym].kind != NSR_SYM_AFAM)
             return nsr_error(C->S, TPK_ETYPE, m->line, m->col,
-                             "MatMul needs an A-var on the left, but '%s' is a %s (line %d)%s",
+                             "MatMul needs an A-var on the left, but '%s' is %s (line %d)%s",
                              m->name, kind_name[C->sym[m->sym].kind], C->sym[m->sym].line,
                              C->sym[m->sym].kind == NSR_SYM_FUNC ? "; write a call as f(x)"
                              : "; write products with '*'");
@@ -449,7 +449,7 @@ static int resolve_dim(walker *W, nsr_dim *d, int allow_dim)
                          "'%s' is the input dimension (line %d); a vector's width must be a width symbol",
                          d->name, C->sym[s].line);
     if (C->sym[s].kind != NSR_SYM_WIDTH && C->sym[s].kind != NSR_SYM_DIM)
-        return nsr_error(C->S, TPK_ETYPE, d->line, d->col, "'%s' is a %s (line %d), not a width symbol",
+        return nsr_error(C->S, TPK_ETYPE, d->line, d->col, "'%s' is %s (line %d), not a width symbol",
                          d->name, kind_name[C->sym[s].kind], C->sym[s].line);
     d->node = C->sym[s].node;
     return TPK_OK;
@@ -484,9 +484,14 @@ static void append_range(nsr_check *C, nsr_sym *f, const walker *W, const nsr_st
     }
     if (s->nidx > 1 && k < sizeof buf)
         snprintf(buf + k, sizeof buf - k, ")");
-    size_t have = strlen(f->ranges);
-    if (have + strlen(buf) + 6 < sizeof f->ranges && strstr(f->ranges, buf) == NULL)
-        snprintf(f->ranges + have, sizeof f->ranges - have, "%s%s", have ? " and " : "", buf);
+    size_t have = strlen(f->ranges), bl = strlen(buf);
+    if (have + bl + 6 < sizeof f->ranges && strstr(f->ranges, buf) == NULL) {
+        if (have > 0) {
+            memcpy(f->ranges + have, " and ", 5);
+            have += 5;
+        }
+        memcpy(f->ranges + have, buf, bl + 1);
+    }
 }
 
 static int prepass(walker *W, nsr_stmt **stmts, int n, int depth)
@@ -519,7 +524,7 @@ static int prepass(walker *W, nsr_stmt **stmts, int n, int depth)
         int f = nsr_sym_find(C, s->name);
         if (f >= 0 && C->sym[f].kind != kind)
             return nsr_error(C->S, TPK_ETYPE, s->name_line, s->name_col,
-                             "redefinition of '%s' (already a %s, line %d)", s->name,
+                             "redefinition of '%s' (already %s, line %d)", s->name,
                              kind_name[C->sym[f].kind], C->sym[f].line);
         if (f < 0) {
             f = add_sym(C, s->name, kind, s->name_line, s->name_col);
@@ -584,7 +589,19 @@ static int walk_stmt(walker *W, nsr_stmt *s)
         if (apply_override(W, s))
             return TPK_ESYNTAX;
         /* resolve before declaring: a parameter's default cannot mention itself */
-        int st = resolve(W, s->value, 0);
+        int st;
+        nsr_expr *v = s->value;
+        int fs = v->kind == NSR_E_CALL && v->nidx == 0 && lookup(W, v->name) < 0
+                 ? function_sym(C, v->name) : -1;
+        if (fs >= 0) {
+            /* a function with bound parameters: param f = leaky_relu(0.1) */
+            v->sym = fs;
+            st = TPK_OK;
+            for (int i = 0; i < v->nargs && st == TPK_OK; i++)
+                st = resolve(W, v->args[i], 0);
+        } else {
+            st = resolve(W, v, 0);
+        }
         C->S->file = file;
         if (st)
             return TPK_ETYPE;
@@ -627,7 +644,7 @@ static int walk_stmt(walker *W, nsr_stmt *s)
                 return TPK_ENOMEM;
         } else {
             return nsr_error(C->S, TPK_ETYPE, s->rows.line, s->rows.col,
-                             "input dimension '%s' is already a %s (line %d); use a fresh name",
+                             "input dimension '%s' is already %s (line %d); use a fresh name",
                              s->rows.name, kind_name[C->sym[d].kind], C->sym[d].line);
         }
         int x = declare(W, s->name, NSR_SYM_INPUT, s->name_line, s->name_col);
@@ -730,7 +747,7 @@ static int walk_stmt(walker *W, nsr_stmt *s)
         int g = nsr_sym_find(C, s->name);
         if (g >= 0 && C->sym[g].kind != NSR_SYM_FUNC)
             return nsr_error(C->S, TPK_ETYPE, s->name_line, s->name_col,
-                             "loop variable '%s' shadows the %s '%s' (line %d)", s->name,
+                             "loop variable '%s' shadows %s '%s' (line %d)", s->name,
                              kind_name[C->sym[g].kind], s->name, C->sym[g].line);
         for (int i = 0; i < W->nloops; i++)
             if (strcmp(C->sym[W->loops[i]].name, s->name) == 0)

@@ -703,6 +703,8 @@ static int emit_body(elab *E, int op, const rbuf *r, char *name, int node, int l
                      const char *what)
 {
     rbuf in = {0};
+    if (name == NULL && (name = temp_name(E)) == NULL)
+        return oom(E), -1;
     if (inline_h(E, r, &in, line, col, what)) {
         rb_free(&in);
         free(name);
@@ -1327,8 +1329,13 @@ static int exec_def(elab *E, const nsr_stmt *s)
         } else {
             v = r.n[0].var;
         }
-    } else if (is_mean(e) && s->annot != NSR_ANN_G && s->annot != NSR_ANN_H) {
-        int st = elab_mean(E, e, name, 0, &r);
+    } else if (s->annot != NSR_ANN_G && s->annot != NSR_ANN_H &&
+               (is_mean(e) || (e->kind == NSR_E_BIN && e->op == NSR_T_STAR &&
+                               ((is_sqrt_width(E, e->a) && is_mean(e->b)) ||
+                                (is_mean(e->a) && is_sqrt_width(E, e->b)))))) {
+        /* m = mean(...) / q = sqrt(n) * mean(...): the Moment writes the target directly */
+        int sq = !is_mean(e);
+        int st = elab_mean(E, sq ? (is_mean(e->a) ? e->a : e->b) : e, name, sq, &r);
         if (st) {
             rb_free(&r);
             return st;
@@ -1498,6 +1505,11 @@ static int width_id(elab *E, int node, const char *what, int line, int *out)
             *out = 0;
             return TPK_OK;
         }
+        for (int i = 0; i < C->nuf; i++)
+            if (C->uf[i].hole && nsr_uf_find(C, i) == r)
+                return nsr_error(E->S, TPK_ETYPE, C->uf[i].line, C->uf[i].col,
+                                 "hole '_' is unconstrained, so the width of %s (line %d) cannot be "
+                                 "inferred; write a width symbol", what, line);
         return nsr_error(E->S, TPK_ETYPE, line, 1,
                          "cannot infer the width of %s: nothing constrains it (declare it, or "
                          "declare exactly one width symbol)", what);
