@@ -1,0 +1,287 @@
+/* Tensor-program tuner (AutoTVM-style, tuner-notes.md §1, §3): workloads, knob spaces, code
+ * generation, measurement, JSON-lines logs, an XGBoost cost model and its search. */
+#ifndef TPK_TUNE_H
+#define TPK_TUNE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Workloads --------------------------------------------------------------------------- */
+
+enum tpk_tune_target { TPK_TUNE_CPU = 0, TPK_TUNE_CUDA = 1 };
+enum tpk_tune_dtype { TPK_TUNE_F64 = 0, TPK_TUNE_F32 = 1 };
+
+/* One workload: C(m×n) += A(m×k)·B(k×n) of a dtype on a target with a thread count. */
+typedef struct tpk_tune_task {
+    int target;  /* enum tpk_tune_target */
+    int dtype;   /* enum tpk_tune_dtype */
+    size_t m, n, k;
+    int threads; /* CPU OpenMP threads; ignored for CUDA */
+} tpk_tune_task;
+
+TPK_API const char *tpk_tune_dtype_name(int dtype);   /* "f64" / "f32" */
+TPK_API const char *tpk_tune_target_name(int target); /* "cpu" / "cuda" */
+/* Target class string written into logs, e.g. "cpu/x86_64/avx512/intel" or "cuda/sm_90". */
+TPK_API const char *tpk_tune_target_class(int target);
+TPK_API double tpk_tune_task_flops(const tpk_tune_task *t);
+
+/* ---- Schedule space: a table of knobs, a validity filter, a mixed-radix index -------------- */
+
+#define TPK_TUNE_MAX_KNOBS 16
+#define TPK_TUNE_MAX_CANDS 16
+
+typedef struct tpk_tune_knob {
+    const char *name;
+    int ncand;
+    int cand[TPK_TUNE_MAX_CANDS];
+    const char *const *labels; /* names of categorical candidates (loop order, ...) or NULL */
+} tpk_tune_knob;
+
+typedef struct tpk_tune_space tpk_tune_space;
+/* Knob values of one configuration, in the order of the space's knob table. */
+typedef struct tpk_tune_config {
+    int v[TPK_TUNE_MAX_KNOBS];
+} tpk_tune_config;
+
+struct tpk_tune_space {
+    tpk_tune_task task;
+    const char *template_name; /* "cpu_gemm" / "cuda_gemm" */
+    int nknob;
+    tpk_tune_knob knob[TPK_TUNE_MAX_KNOBS];
+    uint64_t size; /* product of candidate counts, valid or not */
+    /* Cross-knob constraints (AutoTVM's multi_filter); NULL means every point is valid. */
+    int (*valid)(const tpk_tune_space *s, const tpk_tune_config *c);
+    /* Features of a configuration for the cost model; returns the count written (≤ cap). */
+    int (*features)(const tpk_tune_space *s, const tpk_tune_config *c, float *out, int cap);
+};
+
+#define TPK_TUNE_MAX_FEATURES 64
+
+/* The space of the template that serves `task` (cpu_gemm for CPU, cuda_gemm for CUDA). */
+TPK_API int tpk_tune_space_init(tpk_tune_space *s, const tpk_tune_task *task, tpk_ctx *ctx);
+/* Mixed-radix index ↔ knob values (AutoTVM point2knob / knob2point). */
+TPK_API void tpk_tune_space_point(const tpk_tune_space *s, uint64_t index, tpk_tune_config *c);
+TPK_API uint64_t tpk_tune_space_index(const tpk_tune_space *s, const tpk_tune_config *c);
+TPK_API int tpk_tune_space_valid(const tpk_tune_space *s, const tpk_tune_config *c);
+/* Value of a knob by name in a configuration, or `dflt` when the space has no such knob. */
+TPK_API int tpk_tune_config_get(const tpk_tune_space *s, const tpk_tune_config *c,
+                                const char *name, int dflt);
+/* Set a knob by name to a value; TPK_ENOTFOUND if the knob or value is not in the table. */
+TPK_API int tpk_tune_config_set(const tpk_tune_space *s, tpk_tune_config *c, const char *name,
+                                int value);
+/* A uniformly drawn valid configuration index (rejection sampling); state is a 64-bit seed. */
+TPK_API uint64_t tpk_tune_space_random(const tpk_tune_space *s, uint64_t *rng);
+/* Analytic default (tuner-notes §3 lookup step 3): kc from L1, mc from L2, nc from L3. */
+TPK_API void tpk_tune_space_default(const tpk_tune_space *s, tpk_tune_config *c);
+/* "mr=8,nv=3,..." into buf; returns buf. */
+TPK_API char *tpk_tune_config_str(const tpk_tune_space *s, const tpk_tune_config *c, char *buf,
+                                  size_t cap);
+
+/* ---- Code generation ---------------------------------------------------------------------- */
+
+/* Emit readable source (C for CPU, CUDA for CUDA) defining the kernel `fname` for this
+ * configuration. `standalone` adds the prelude (includes, vector types) and, for CPU, the
+ * exported entry points tpk_kernel / tpk_kernel_ws that the measurer loads. */
+TPK_API int tpk_tune_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
+                          int standalone, FILE *out, tpk_ctx *ctx);
+/* The shared prelude of a file holding several CPU kernels (gen/). */
+TPK_API void tpk_tune_emit_cpu_prelude(FILE *out);
+
+/* CPU kernel entry points (row-major, strides in elements, transposes as strides). `ws` holds
+ * ws_fn(nt) bytes aligned to 64, or is NULL (the kernel then allocates once per call). */
+typedef void (*tpk_dgemm_kernel_fn)(size_t m, size_t n, size_t k, double alpha, const double *A,
+                                    size_t rsa, size_t csa, const double *B, size_t rsb,
+                                    size_t csb, double beta, double *C, size_t ldc, int nt,
+                                    void *ws);
+typedef void (*tpk_sgemm_kernel_fn)(size_t m, size_t n, size_t k, float alpha, const float *A,
+                                    size_t rsa, size_t csa, const float *B, size_t rsb,
+                                    size_t csb, float beta, float *C, size_t ldc, int nt,
+                                    void *ws);
+typedef size_t (*tpk_gemm_ws_fn)(int nt);
+
+/* Reference kernels beside the tuned ones (style.md §9): plain loops, same contract. */
+TPK_API void tpk_ref_dgemm(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+                           size_t csa, const double *B, size_t rsb, size_t csb, double beta,
+                           double *C, size_t ldc);
+TPK_API void tpk_ref_sgemm(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+                           size_t csa, const float *B, size_t rsb, size_t csb, float beta,
+                           float *C, size_t ldc);
+
+/* ---- Measurement -------------------------------------------------------------------------- */
+
+enum tpk_tune_err {
+    TPK_TUNE_OK = 0,
+    TPK_TUNE_ECOMPILE = 1, /* compiler failed or timed out */
+    TPK_TUNE_ELOAD = 2,    /* dlopen / symbol lookup failed */
+    TPK_TUNE_EWRONG = 3,   /* result differs from the reference */
+    TPK_TUNE_ECRASH = 4,   /* child died or timed out */
+    TPK_TUNE_ENODEV = 5,   /* target hardware absent (CUDA without a GPU) */
+    TPK_TUNE_EINVALID = 6  /* configuration violates the space's constraints */
+};
+
+#define TPK_TUNE_MAX_REPEAT 16
+
+typedef struct tpk_tune_result {
+    int err;           /* enum tpk_tune_err */
+    double gflops;     /* flops / median cost; 0 on error */
+    int ncost;
+    double costs_s[TPK_TUNE_MAX_REPEAT]; /* seconds per call, one per repeat */
+    double compile_s;
+    double cpu_ratio;  /* process CPU time / (wall × threads) while timing; < 1 means stolen */
+    int redone;        /* times the measurement was redone because it looked disturbed */
+    double load1;      /* /proc/loadavg at the end */
+    double max_rel_err;/* verification error, relative to |A||B| */
+} tpk_tune_result;
+
+typedef struct tpk_tune_measure_opts {
+    int repeat;          /* timed repeats (median reported); default 5 */
+    double min_repeat_ms;/* grow calls per repeat until one repeat lasts this long; default 50 */
+    double timeout_s;    /* compile and run limit each; default 60 */
+    int max_redo;        /* redo a disturbed measurement this many times; default 2 */
+    double min_cpu_ratio;/* below this the run counts as disturbed; default 0.85 */
+    const char *workdir; /* scratch directory; default a fresh mkdtemp under $TMPDIR */
+    const char *cc;      /* compiler; default "gcc" */
+    int keep;            /* keep generated sources and objects */
+    int verbose;
+    /* Program that runs a candidate (`RUNNER __measure ...`, see tpk_tune_child_main): a fresh
+     * exec'd process, because libgomp cannot run parallel regions in a child forked from a
+     * process whose OpenMP pool exists. Default: $TPK_TUNE_RUNNER, else $TPK_BIN/tptune, else
+     * a plain fork of this process. */
+    const char *runner;
+} tpk_tune_measure_opts;
+
+TPK_API void tpk_tune_measure_opts_default(tpk_tune_measure_opts *o);
+/* Generate, compile, load in a forked child, verify against the reference, and time one
+ * configuration. A failed candidate is a result (res->err), not a status: the status is
+ * non-zero only when the measurement itself could not be set up (no temp dir, no fork). */
+TPK_API int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c,
+                             const tpk_tune_measure_opts *o, tpk_tune_result *res, tpk_ctx *ctx);
+/* The measuring child: argv = {prog, "__measure", so, dtype, m, n, k, threads, repeat,
+ * min_repeat_ms, ms, ns, ks}. Prints one "TPKRESULT ..." line; returns the exit status. */
+TPK_API int tpk_tune_child_main(int argc, char **argv);
+/* Compile a kernel source file into a shared object (used by tests). */
+TPK_API int tpk_tune_compile_cpu(const char *src, const char *so, const char *cc, double timeout_s,
+                                 double *seconds, tpk_ctx *ctx);
+/* Keep libgomp resident so that unloading an OpenMP kernel cannot unmap it under live threads
+ * (tuner-notes §3 "Pitfall"). Idempotent. */
+TPK_API void tpk_tune_pin_openmp(void);
+
+/* ---- Logs: one JSON line per measurement --------------------------------------------------- */
+
+typedef struct tpk_tune_record {
+    char target_class[64];
+    char template_name[32];
+    tpk_tune_task task;
+    int nknob;
+    char knob_name[TPK_TUNE_MAX_KNOBS][16];
+    int knob_val[TPK_TUNE_MAX_KNOBS];
+    tpk_tune_result result;
+    double ts; /* unix time */
+} tpk_tune_record;
+
+TPK_API void tpk_tune_record_fill(tpk_tune_record *r, const tpk_tune_space *s,
+                                  const tpk_tune_config *c, const tpk_tune_result *res);
+TPK_API int tpk_tune_log_write(FILE *f, const tpk_tune_record *r, tpk_ctx *ctx);
+/* Read every record of a log; unparsable lines are an error with the line number. */
+TPK_API int tpk_tune_log_read(const char *path, tpk_tune_record **recs, size_t *n, tpk_ctx *ctx);
+/* The configuration a record names, in space s (same template); TPK_ENOTFOUND if a value is
+ * outside the space's table. */
+TPK_API int tpk_tune_record_config(const tpk_tune_space *s, const tpk_tune_record *r,
+                                   tpk_tune_config *c, tpk_ctx *ctx);
+/* Human-readable table: per workload, count, best GFLOP/s and its knobs. */
+TPK_API int tpk_tune_log_show(const tpk_tune_record *recs, size_t n, FILE *out);
+
+/* ---- Cost model --------------------------------------------------------------------------- */
+
+enum tpk_tune_model_kind {
+    TPK_TUNE_MODEL_RANDOM = 0, /* no model: random search */
+    TPK_TUNE_MODEL_XGB_RANK,   /* XGBoost rank:pairwise (AutoTVM "rank") */
+    TPK_TUNE_MODEL_XGB_REG     /* XGBoost reg:squarederror on y / y_max (AutoTVM "reg") */
+};
+
+typedef struct tpk_tune_model tpk_tune_model;
+
+TPK_API tpk_tune_model *tpk_tune_model_alloc(int kind, int nfeat, int rounds, int seed,
+                                             tpk_ctx *ctx);
+TPK_API void tpk_tune_model_free(tpk_tune_model *m);
+/* Fit on n rows of features X (n×nfeat, row-major), labels y (GFLOP/s; 0 for failures), and
+ * group sizes (rows of one workload are contiguous; ngroup groups). base_margin: per-row
+ * prior (transfer) or NULL. */
+TPK_API int tpk_tune_model_fit(tpk_tune_model *m, const float *X, const float *y, size_t n,
+                               const unsigned *group, size_t ngroup, const float *base_margin,
+                               tpk_ctx *ctx);
+TPK_API int tpk_tune_model_predict(const tpk_tune_model *m, const float *X, size_t n,
+                                   const float *base_margin, float *out, tpk_ctx *ctx);
+TPK_API int tpk_tune_model_trained(const tpk_tune_model *m);
+
+/* ---- Search ------------------------------------------------------------------------------- */
+
+/* How the tuner obtains a measurement: the real measurer, a synthetic objective, or a table. */
+typedef int (*tpk_tune_measure_cb)(void *user, const tpk_tune_space *s, const tpk_tune_config *c,
+                                   tpk_tune_result *res, tpk_ctx *ctx);
+typedef void (*tpk_tune_progress_cb)(void *user, int batch, int trials, double best_gflops,
+                                     const char *best_knobs, const tpk_tune_result *last);
+
+typedef struct tpk_tune_opts {
+    int trials;       /* measurements in all */
+    int plan_size;    /* measurements per batch (refit after each); default 16 */
+    double eps;       /* fraction of each batch drawn at random; default 0.05 */
+    int model;        /* enum tpk_tune_model_kind; default XGB_RANK */
+    int rounds;       /* boosting rounds per fit; default 80 */
+    uint64_t seed;
+    int sa_chains;    /* simulated annealing chains; default 128 */
+    int sa_steps;     /* maximum steps; default 500 */
+    int sa_patience;  /* stop after this many steps without a change in the top-k; default 50 */
+    /* Restrict the search to these configuration indices (replaying a recorded table): the
+     * model then ranks the whole table instead of annealing. NULL: the whole space. */
+    const uint64_t *universe;
+    size_t nuniverse;
+    /* Transfer: records of other workloads of the same template (earlier logs). */
+    const tpk_tune_record *history;
+    size_t nhistory;
+    /* Stop early once best ≥ stop_at_gflops (> 0); used by replay experiments. */
+    double stop_at_gflops;
+} tpk_tune_opts;
+
+TPK_API void tpk_tune_opts_default(tpk_tune_opts *o);
+
+typedef struct tpk_tune_outcome {
+    int trials;
+    double best_gflops;
+    tpk_tune_config best;
+    int trials_to_stop; /* trial number (1-based) at which stop_at_gflops was reached; 0: never */
+} tpk_tune_outcome;
+
+/* Run the tuner: batches of plan_size, each measured by `measure`, logged to `log` (may be
+ * NULL), model refit after each batch. */
+TPK_API int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *o, tpk_tune_measure_cb measure,
+                         void *measure_user, FILE *log, tpk_tune_progress_cb progress,
+                         void *progress_user, tpk_tune_outcome *out, tpk_ctx *ctx);
+
+/* Seeded synthetic objective for tests (no timing): a roofline-style analytic GFLOP/s of a
+ * cpu_gemm configuration with deterministic multiplicative noise. */
+TPK_API double tpk_tune_synthetic_gflops(const tpk_tune_space *s, const tpk_tune_config *c,
+                                         uint64_t noise_seed);
+/* A measure callback over tpk_tune_synthetic_gflops; user points at a uint64_t noise seed. */
+TPK_API int tpk_tune_synthetic_measure(void *user, const tpk_tune_space *s,
+                                       const tpk_tune_config *c, tpk_tune_result *res,
+                                       tpk_ctx *ctx);
+
+/* ---- Library generation (gen/) ------------------------------------------------------------ */
+
+/* Write the generated C file of the library's tuned CPU GEMM kernels and their dispatch table
+ * from the best record per (dtype, m, n, k, threads) in recs. Deterministic output. */
+TPK_API int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *generator,
+                                     FILE *out, tpk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,44 @@
+# Tensor-program tuner (issue 6; tuner/README.md): link flags, gen/ from the shipped logs, and
+# `make tune`.
+LDFLAGS += -lxgboost -ldl
+
+# gen/ objects are kernels: -O3 -march=native as for kernels/ (BLIS make_defs), and FMA
+# contraction, which -std=c11 turns off.
+$(BUILD)/obj/gen/%.o: gen/%.c | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) $(KERNEL_FLAGS) -ffp-contract=fast -MMD -MP -c $< -o $@
+
+# The generator is tptune linked from the tuner objects alone: the library contains gen/, so
+# generating gen/ must not need the library.
+TUNE_LOGS   := $(sort $(wildcard data/tuning/*.jsonl))
+GEN_CPU     := gen/tpk_gemm_cpu.c
+TPGEN       := $(BUILD)/host/tptune-gen
+TPGEN_OBJ    = $(BUILD)/obj/tools/tptune.o $(BUILD)/obj/core/error.o \
+               $(filter-out $(BUILD)/obj/tuner/gemm_dispatch.o,$(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tuner/*.c)))
+
+$(TPGEN): $(TPGEN_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+$(GEN_CPU): $(TUNE_LOGS) $(TPGEN)
+	$(TPGEN) gen --out=$@ $(TUNE_LOGS)
+
+# The object depends on the generated source through the pattern rule above.
+$(BUILD)/obj/gen/tpk_gemm_cpu.o: $(GEN_CPU)
+
+# make tune: retune the shipped workloads on this machine into a fresh log, then regenerate.
+# Quiet machine wanted: the measurer redoes disturbed runs but cannot create idle cores.
+TUNE_TRIALS ?= 96
+TUNE_SHAPES ?= 1024x1024x1024 2048x2048x2048 4096x64x4096 2048x64x2048
+TUNE_THREADS ?= 1 2
+TUNE_DTYPES ?= f64 f32
+TUNE_OUT    ?= data/tuning/cpu-local.jsonl
+.PHONY: tune
+tune: tools
+	@for d in $(TUNE_DTYPES); do for t in $(TUNE_THREADS); do for s in $(TUNE_SHAPES); do \
+	    m=$${s%%x*}; r=$${s#*x}; n=$${r%%x*}; k=$${r#*x}; \
+	    $(BUILD)/bin/tptune gemm --m=$$m --n=$$n --k=$$k --dtype=$$d --threads=$$t \
+	        --trials=$(TUNE_TRIALS) --log=$(TUNE_OUT) \
+	        $$([ -s $(TUNE_OUT) ] && echo --transfer=$(TUNE_OUT)) || exit 1; \
+	done; done; done
+	$(MAKE) $(GEN_CPU)

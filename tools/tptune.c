@@ -1,0 +1,475 @@
+/* tptune: tune, inspect and generate tensor-program kernels (issue 6; tuner/README.md).
+ *   tptune gemm --m=M --n=N --k=K [--dtype=f64|f32] [--target=cpu|cuda] [--threads=T]
+ *               [--trials=N] [--batch=16] [--model=rank|reg|random] [--seed=S]
+ *               [--transfer=LOG] [--repeat=5] [--min-ms=50] --log=FILE
+ *   tptune show LOG...                       best record per workload
+ *   tptune emit --m= --n= --k= [--dtype=] [--target=] [--knobs=mr=8,nv=3,...]   print source
+ *   tptune gen --out=FILE LOG...             library kernels + dispatch table (gen/)
+ *   tptune replay --log=FILE [--seeds=20] [--trials=N]   model vs random over a recorded table */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tpk/tune.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: tptune gemm --m=M --n=N --k=K [--dtype=f64|f32] [--target=cpu|cuda] [--threads=T]\n"
+          "                   [--trials=N] [--batch=B] [--model=rank|reg|random] [--seed=S]\n"
+          "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] --log=FILE\n"
+          "       tptune show LOG...\n"
+          "       tptune emit --m=M --n=N --k=K [--dtype=..] [--target=..] [--threads=T] [--knobs=a=1,b=2]\n"
+          "       tptune gen --out=FILE LOG...\n"
+          "       tptune replay --log=FILE [--seeds=S] [--trials=N] [--batch=B]\n", f);
+}
+
+typedef struct args {
+    tpk_tune_task task;
+    int trials, batch, model, seeds, repeat;
+    double min_ms;
+    unsigned long long seed;
+    const char *log, *transfer, *knobs, *out;
+    const char *files[64];
+    int nfiles;
+} args;
+
+static int parse_size(const char *v, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || end == v || x == 0)
+        return -1;
+    *out = (size_t)x;
+    return 0;
+}
+
+static int parse_int(const char *v, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < 0 || x > 1000000000)
+        return -1;
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->task.target = TPK_TUNE_CPU;
+    a->task.dtype = TPK_TUNE_F64;
+    a->task.threads = 1;
+    a->trials = 64;
+    a->batch = 16;
+    a->model = TPK_TUNE_MODEL_XGB_RANK;
+    a->seeds = 20;
+    a->repeat = 5;
+    a->min_ms = 50;
+    a->seed = 1;
+    for (int i = 2; i < argc; i++) {
+        char *s = argv[i];
+        if (strncmp(s, "--", 2) != 0) {
+            if (a->nfiles == 64)
+                return -1;
+            a->files[a->nfiles++] = s;
+            continue;
+        }
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            fprintf(stderr, "tptune: option %s needs a value (--name=value)\n", s);
+            return -1;
+        }
+        *eq = '\0';
+        const char *k = s + 2, *v = eq + 1;
+        int bad = 0;
+        if (!strcmp(k, "m"))
+            bad = parse_size(v, &a->task.m);
+        else if (!strcmp(k, "n"))
+            bad = parse_size(v, &a->task.n);
+        else if (!strcmp(k, "k"))
+            bad = parse_size(v, &a->task.k);
+        else if (!strcmp(k, "dtype")) {
+            if (!strcmp(v, "f64"))
+                a->task.dtype = TPK_TUNE_F64;
+            else if (!strcmp(v, "f32"))
+                a->task.dtype = TPK_TUNE_F32;
+            else
+                bad = 1;
+        } else if (!strcmp(k, "target")) {
+            if (!strcmp(v, "cpu"))
+                a->task.target = TPK_TUNE_CPU;
+            else if (!strcmp(v, "cuda"))
+                a->task.target = TPK_TUNE_CUDA;
+            else
+                bad = 1;
+        } else if (!strcmp(k, "model")) {
+            if (!strcmp(v, "rank"))
+                a->model = TPK_TUNE_MODEL_XGB_RANK;
+            else if (!strcmp(v, "reg"))
+                a->model = TPK_TUNE_MODEL_XGB_REG;
+            else if (!strcmp(v, "random"))
+                a->model = TPK_TUNE_MODEL_RANDOM;
+            else
+                bad = 1;
+        } else if (!strcmp(k, "threads"))
+            bad = parse_int(v, &a->task.threads) || a->task.threads < 1;
+        else if (!strcmp(k, "trials"))
+            bad = parse_int(v, &a->trials) || a->trials < 1;
+        else if (!strcmp(k, "batch"))
+            bad = parse_int(v, &a->batch) || a->batch < 1;
+        else if (!strcmp(k, "seeds"))
+            bad = parse_int(v, &a->seeds) || a->seeds < 1;
+        else if (!strcmp(k, "repeat"))
+            bad = parse_int(v, &a->repeat) || a->repeat < 1 || a->repeat > TPK_TUNE_MAX_REPEAT;
+        else if (!strcmp(k, "min-ms"))
+            bad = (a->min_ms = atof(v)) <= 0;
+        else if (!strcmp(k, "seed"))
+            a->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "log"))
+            a->log = v;
+        else if (!strcmp(k, "transfer"))
+            a->transfer = v;
+        else if (!strcmp(k, "knobs"))
+            a->knobs = v;
+        else if (!strcmp(k, "out"))
+            a->out = v;
+        else {
+            fprintf(stderr, "tptune: unknown option --%s\n", k);
+            return -1;
+        }
+        if (bad) {
+            fprintf(stderr, "tptune: bad value for --%s: '%s'\n", k, v);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int need_shape(const args *a)
+{
+    if (!a->task.m || !a->task.n || !a->task.k) {
+        fprintf(stderr, "tptune: --m, --n and --k are required\n");
+        return -1;
+    }
+    return 0;
+}
+
+static void progress(void *u, int batch, int trials, double best, const char *knobs, const tpk_tune_result *last)
+{
+    (void)u;
+    printf("batch %3d  trials %4d  best %8.2f GFLOP/s  (last err %d, cpu %.2f, load %.2f)  %s\n", batch,
+           trials, best, last->err, last->cpu_ratio, last->load1, knobs);
+    fflush(stdout);
+}
+
+static int measure_cb(void *u, const tpk_tune_space *s, const tpk_tune_config *c, tpk_tune_result *r, tpk_ctx *ctx)
+{
+    return tpk_tune_measure(s, c, u, r, ctx);
+}
+
+static int cmd_gemm(const args *a, tpk_ctx *ctx)
+{
+    if (need_shape(a))
+        return 2;
+    if (!a->log) {
+        fprintf(stderr, "tptune: --log=FILE is required\n");
+        return 2;
+    }
+    tpk_tune_space s;
+    if (tpk_tune_space_init(&s, &a->task, ctx))
+        return 1;
+    tpk_tune_opts o;
+    tpk_tune_opts_default(&o);
+    o.trials = a->trials;
+    o.plan_size = a->batch;
+    o.model = a->model;
+    o.seed = a->seed;
+    tpk_tune_record *hist = NULL;
+    size_t nhist = 0;
+    if (a->transfer) {
+        if (tpk_tune_log_read(a->transfer, &hist, &nhist, ctx))
+            return 1;
+        o.history = hist;
+        o.nhistory = nhist;
+    }
+    tpk_tune_measure_opts mo;
+    tpk_tune_measure_opts_default(&mo);
+    mo.repeat = a->repeat;
+    mo.min_repeat_ms = a->min_ms;
+    /* Candidates run in a fresh exec of this program (tpk_tune_child_main). */
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len > 0) {
+        self[len] = '\0';
+        mo.runner = self;
+    }
+    FILE *log = fopen(a->log, "a");
+    if (!log) {
+        free(hist);
+        TPK_ERROR(ctx, TPK_EIO, "%s: cannot open for appending: %s", a->log, strerror(errno));
+        return 1;
+    }
+    printf("tptune: %s %s gemm %zux%zux%zu, %d thread(s), space %llu points, %d trials in batches of %d\n",
+           tpk_tune_target_class(a->task.target), tpk_tune_dtype_name(a->task.dtype), a->task.m, a->task.n,
+           a->task.k, s.task.threads, (unsigned long long)s.size, a->trials, a->batch);
+    tpk_tune_outcome out;
+    int st = tpk_tune_run(&s, &o, measure_cb, &mo, log, progress, NULL, &out, ctx);
+    fclose(log);
+    free(hist);
+    if (st)
+        return 1;
+    char buf[256];
+    printf("best %.2f GFLOP/s after %d trials: %s\n", out.best_gflops, out.trials,
+           tpk_tune_config_str(&s, &out.best, buf, sizeof buf));
+    return 0;
+}
+
+static int cmd_show(const args *a, tpk_ctx *ctx)
+{
+    if (a->nfiles == 0) {
+        usage(stderr);
+        return 2;
+    }
+    for (int i = 0; i < a->nfiles; i++) {
+        tpk_tune_record *r;
+        size_t n;
+        if (tpk_tune_log_read(a->files[i], &r, &n, ctx))
+            return 1;
+        printf("%s: %zu records\n", a->files[i], n);
+        tpk_tune_log_show(r, n, stdout);
+        free(r);
+    }
+    return 0;
+}
+
+static int cmd_emit(const args *a, tpk_ctx *ctx)
+{
+    if (need_shape(a))
+        return 2;
+    tpk_tune_space s;
+    if (tpk_tune_space_init(&s, &a->task, ctx))
+        return 1;
+    tpk_tune_config c;
+    tpk_tune_space_default(&s, &c);
+    if (a->knobs) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", a->knobs);
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            char *eq = strchr(tok, '=');
+            int v = 0;
+            if (eq) {
+                *eq = '\0';
+                v = atoi(eq + 1);
+                for (int i = 0; i < s.nknob; i++)
+                    for (int j = 0; s.knob[i].labels && j < s.knob[i].ncand; j++)
+                        if (!strcmp(s.knob[i].name, tok) && !strcmp(s.knob[i].labels[j], eq + 1))
+                            v = s.knob[i].cand[j];
+            }
+            if (!eq || tpk_tune_config_set(&s, &c, tok, v)) {
+                TPK_ERROR(ctx, TPK_EINVAL, "--knobs: '%s' is not a knob=value of the %s space", tok, s.template_name);
+                return 1;
+            }
+        }
+    }
+    return tpk_tune_emit(&s, &c, "tpk_kernel", 1, stdout, ctx) ? 1 : 0;
+}
+
+static int cmd_gen(const args *a, tpk_ctx *ctx)
+{
+    if (!a->out) {
+        fprintf(stderr, "tptune gen: --out=FILE is required\n");
+        return 2;
+    }
+    tpk_tune_record *all = NULL;
+    size_t nall = 0;
+    for (int i = 0; i < a->nfiles; i++) {
+        tpk_tune_record *r;
+        size_t n;
+        if (tpk_tune_log_read(a->files[i], &r, &n, ctx)) {
+            free(all);
+            return 1;
+        }
+        tpk_tune_record *g = realloc(all, (nall + n + 1) * sizeof *g);
+        if (!g) {
+            free(r);
+            free(all);
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            return 1;
+        }
+        all = g;
+        memcpy(all + nall, r, n * sizeof *r);
+        nall += n;
+        free(r);
+    }
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", a->out);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        free(all);
+        TPK_ERROR(ctx, TPK_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+        return 1;
+    }
+    int st = tpk_tune_gen_cpu_library(all, nall, "tptune gen", f, ctx);
+    if (fclose(f) != 0 && !st)
+        st = TPK_ERROR(ctx, TPK_EIO, "%s: write failed", tmp);
+    free(all);
+    if (st || rename(tmp, a->out) != 0) {
+        remove(tmp);
+        if (!st)
+            TPK_ERROR(ctx, TPK_EIO, "%s: cannot rename: %s", a->out, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+/* Replay: the recorded configurations of one workload are the whole universe; random search
+ * and the model-guided search draw from it; trials to reach 95 % of its best, median over seeds. */
+typedef struct table {
+    uint64_t *idx;
+    double *gf;
+    size_t n;
+} table;
+
+static int table_measure(void *u, const tpk_tune_space *s, const tpk_tune_config *c, tpk_tune_result *r, tpk_ctx *ctx)
+{
+    (void)ctx;
+    const table *t = u;
+    uint64_t idx = tpk_tune_space_index(s, c);
+    memset(r, 0, sizeof *r);
+    r->err = TPK_TUNE_EINVALID;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->idx[i] == idx) {
+            r->err = t->gf[i] > 0 ? 0 : TPK_TUNE_ECRASH;
+            r->gflops = t->gf[i];
+            break;
+        }
+    return TPK_OK;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    return *(const int *)a - *(const int *)b;
+}
+
+static int cmd_replay(const args *a, tpk_ctx *ctx)
+{
+    if (!a->log) {
+        fprintf(stderr, "tptune replay: --log=FILE is required\n");
+        return 2;
+    }
+    tpk_tune_record *r;
+    size_t n;
+    if (tpk_tune_log_read(a->log, &r, &n, ctx))
+        return 1;
+    if (n == 0) {
+        free(r);
+        TPK_ERROR(ctx, TPK_EINVAL, "%s: no records", a->log);
+        return 1;
+    }
+    tpk_tune_space s;
+    if (tpk_tune_space_init(&s, &r[0].task, ctx)) {
+        free(r);
+        return 1;
+    }
+    table t = {malloc(n * sizeof(uint64_t)), malloc(n * sizeof(double)), 0};
+    double best = 0;
+    for (size_t i = 0; i < n; i++) {
+        tpk_tune_config c;
+        tpk_ctx q;
+        tpk_ctx_init(&q);
+        if (r[i].task.m != s.task.m || r[i].task.n != s.task.n || r[i].task.k != s.task.k ||
+            r[i].task.dtype != s.task.dtype || r[i].task.threads != s.task.threads ||
+            tpk_tune_record_config(&s, &r[i], &c, &q))
+            continue;
+        uint64_t idx = tpk_tune_space_index(&s, &c);
+        size_t j = 0;
+        while (j < t.n && t.idx[j] != idx)
+            j++;
+        double g = r[i].result.err ? 0 : r[i].result.gflops;
+        if (j == t.n) {
+            t.idx[t.n] = idx;
+            t.gf[t.n++] = g;
+        } else if (g > t.gf[j])
+            t.gf[j] = g; /* a re-measured configuration: its best */
+        best = g > best ? g : best;
+    }
+    free(r);
+    int trials = a->trials > 64 ? a->trials : (int)t.n;
+    printf("replay: %zu distinct configurations of %zux%zux%zu %s, best %.2f GFLOP/s; target 95%% = %.2f\n",
+           t.n, s.task.m, s.task.n, s.task.k, tpk_tune_dtype_name(s.task.dtype), best, 0.95 * best);
+    int models[] = {TPK_TUNE_MODEL_RANDOM, TPK_TUNE_MODEL_XGB_RANK, TPK_TUNE_MODEL_XGB_REG};
+    const char *names[] = {"random", "xgb-rank", "xgb-reg"};
+    int *need = malloc((size_t)a->seeds * sizeof *need);
+    int med[3] = {0};
+    for (int mi = 0; mi < 3; mi++) {
+        for (int sd = 0; sd < a->seeds; sd++) {
+            tpk_tune_opts o;
+            tpk_tune_opts_default(&o);
+            o.trials = trials;
+            o.plan_size = a->batch;
+            o.model = models[mi];
+            o.seed = (uint64_t)sd + 1;
+            o.universe = t.idx;
+            o.nuniverse = t.n;
+            o.stop_at_gflops = 0.95 * best;
+            tpk_tune_outcome out;
+            if (tpk_tune_run(&s, &o, table_measure, &t, NULL, NULL, NULL, &out, ctx)) {
+                free(need);
+                free(t.idx);
+                free(t.gf);
+                return 1;
+            }
+            need[sd] = out.trials_to_stop ? out.trials_to_stop : trials + 1;
+        }
+        qsort(need, (size_t)a->seeds, sizeof *need, cmp_int);
+        med[mi] = need[a->seeds / 2];
+        printf("%-9s trials to 95%% of best: median %d (min %d, max %d) over %d seeds\n", names[mi], med[mi],
+               need[0], need[a->seeds - 1], a->seeds);
+    }
+    printf("ratio model/random: rank %.2f, reg %.2f\n", (double)med[1] / med[0], (double)med[2] / med[0]);
+    free(need);
+    free(t.idx);
+    free(t.gf);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "__measure"))
+        return tpk_tune_child_main(argc, argv);
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    args a;
+    if (parse_args(argc, argv, &a)) {
+        usage(stderr);
+        return 2;
+    }
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    int rc;
+    if (!strcmp(argv[1], "gemm"))
+        rc = cmd_gemm(&a, &ctx);
+    else if (!strcmp(argv[1], "show"))
+        rc = cmd_show(&a, &ctx);
+    else if (!strcmp(argv[1], "emit"))
+        rc = cmd_emit(&a, &ctx);
+    else if (!strcmp(argv[1], "gen"))
+        rc = cmd_gen(&a, &ctx);
+    else if (!strcmp(argv[1], "replay"))
+        rc = cmd_replay(&a, &ctx);
+    else {
+        fprintf(stderr, "tptune: unknown command '%s'\n", argv[1]);
+        usage(stderr);
+        return 2;
+    }
+    if (rc == 1)
+        fprintf(stderr, "tptune: %s\n", ctx.msg[0] ? ctx.msg : tpk_strerror(ctx.status));
+    return rc;
+}

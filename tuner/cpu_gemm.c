@@ -1,0 +1,429 @@
+/* The cpu_gemm template: BLIS-style five loops (jc, pc, ic, jr, ir) around a register
+ * micro-kernel written with GCC vector extensions (BLIS ref_kernels/3/bli_gemm_ref.c is the
+ * shape; tuner-notes §3 the knobs). Knob table, constraints, analytic default, features and
+ * the C emitter. */
+#include "tune_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const order_labels[] = {"jr_ir", "ir_jr"};
+static const char *const par_labels[] = {"ic", "jr"};
+
+enum { K_VW, K_MR, K_NV, K_KC, K_MC, K_NC, K_KU, K_ORDER, K_PAR, K_PF, K_COUNT };
+
+static void set_knob(tpk_tune_knob *k, const char *name, const int *c, int n,
+                     const char *const *labels)
+{
+    k->name = name;
+    k->ncand = n;
+    memcpy(k->cand, c, (size_t)n * sizeof *c);
+    k->labels = labels;
+}
+
+static size_t round_up(size_t x, size_t r)
+{
+    return (x + r - 1) / r * r;
+}
+
+void tpk__cpu_gemm_blocking(const tpk_tune_space *s, const tpk_tune_config *c, tpk__cpu_blocking *b)
+{
+    b->es = s->task.dtype == TPK_TUNE_F32 ? 4 : 8;
+    b->vl = c->v[K_VW] / (8 * b->es);
+    b->mr = c->v[K_MR];
+    b->nv = c->v[K_NV];
+    b->nr = b->nv * b->vl;
+    b->kc = c->v[K_KC];
+    b->mc = (int)round_up((size_t)c->v[K_MC], (size_t)b->mr);
+    b->nc = (int)round_up((size_t)c->v[K_NC], (size_t)b->nr);
+    b->ku = c->v[K_KU];
+    b->order = c->v[K_ORDER];
+    b->par = c->v[K_PAR];
+    b->pf = c->v[K_PF];
+}
+
+static int cpu_valid(const tpk_tune_space *s, const tpk_tune_config *c)
+{
+    tpk__cpu_blocking b;
+    tpk__cpu_gemm_blocking(s, c, &b);
+    /* Registers: mr·nv accumulators + nv B vectors + one broadcast, 32 vector registers with
+     * AVX-512 (zmm or, with AVX-512VL, ymm); at least 8 independent FMAs chains to cover the
+     * FMA latency of two pipes. */
+    if (b.mr * b.nv + b.nv + 1 > 32 || b.mr * b.nv < 8)
+        return 0;
+    if ((double)b.mc * b.kc * b.es > 4.0 * 1024 * 1024 || (double)b.kc * b.nc * b.es > 64.0 * 1024 * 1024)
+        return 0;
+    /* Blocks much larger than the problem duplicate a smaller block: keep the smallest. */
+    const tpk_tune_task *t = &s->task;
+    if (c->v[K_KC] > 64 && (size_t)c->v[K_KC] / 2 >= t->k)
+        return 0;
+    if (c->v[K_MC] > 48 && (size_t)c->v[K_MC] / 2 >= round_up(t->m, (size_t)b.mr))
+        return 0;
+    if (c->v[K_NC] > 256 && (size_t)c->v[K_NC] / 2 >= round_up(t->n, (size_t)b.nr))
+        return 0;
+    return 1;
+}
+
+/* Features that mean the same thing across shapes (tuner-notes §3 "Cost model in C"): knob
+ * logs, footprints against each cache level, bytes moved and arithmetic intensity per level,
+ * edge waste, parallel balance, register use. */
+static int cpu_features(const tpk_tune_space *s, const tpk_tune_config *c, float *f, int cap)
+{
+    const tpk_tune_task *t = &s->task;
+    tpk__cpu_blocking b;
+    tpk__cpu_gemm_blocking(s, c, &b);
+    tpk__caches ca;
+    tpk__cache_sizes(&ca);
+    double m = (double)t->m, n = (double)t->n, k = (double)t->k, es = b.es;
+    double th = t->threads > 0 ? t->threads : 1;
+    double mr = b.mr, nr = b.nr, kc = b.kc, mc = b.mc, nc = b.nc;
+    double kce = fmin(kc, k), mce = fmin(mc, round_up(t->m, (size_t)b.mr)),
+           nce = fmin(nc, round_up(t->n, (size_t)b.nr));
+    double flops = 2 * m * n * k;
+    double nblk_m = ceil(m / mc), nblk_n = ceil(n / nc), nblk_k = ceil(k / kc);
+    double v[TPK_TUNE_MAX_FEATURES];
+    int i = 0;
+    /* knobs */
+    v[i++] = tpk__log2(c->v[K_VW]);
+    v[i++] = tpk__log2(mr);
+    v[i++] = tpk__log2(nr);
+    v[i++] = b.nv;
+    v[i++] = tpk__log2(kc);
+    v[i++] = tpk__log2(mc);
+    v[i++] = tpk__log2(nc);
+    v[i++] = tpk__log2(b.ku);
+    v[i++] = b.order;
+    v[i++] = b.par;
+    v[i++] = b.pf;
+    /* workload */
+    v[i++] = tpk__log2(m);
+    v[i++] = tpk__log2(n);
+    v[i++] = tpk__log2(k);
+    v[i++] = th;
+    v[i++] = es;
+    /* registers */
+    v[i++] = (mr * b.nv + b.nv + 1) / 32.0;
+    v[i++] = 2 * mr * nr / (mr + nr); /* flops per element loaded into registers */
+    /* footprints / capacity */
+    v[i++] = (mr + nr) * kce * es / ca.l1;
+    v[i++] = nr * kce * es / ca.l1;
+    v[i++] = mr * kce * es / ca.l1;
+    v[i++] = mce * kce * es / ca.l2;
+    v[i++] = kce * nce * es / ca.l2;
+    v[i++] = kce * nce * es / ca.l3;
+    /* bytes from memory given the blocking: B re-read per mc block, A per nc block, C per kc */
+    double mem = es * (k * n * nblk_m + m * k * nblk_n + 2 * m * n * nblk_k);
+    v[i++] = tpk__log2(flops / mem);
+    /* bytes from L2 into L1: the operand that is not kept in L1 by the inner loop order */
+    double l2 = b.order == TPK__ORDER_JR_IR ? es * m * k * ceil(n / nr) : es * k * n * ceil(m / mr);
+    v[i++] = tpk__log2(flops / l2);
+    /* edge waste: padded tile volume over real volume; last-block fill of each blocking */
+    v[i++] = round_up(t->m, (size_t)b.mr) * (double)round_up(t->n, (size_t)b.nr) / (m * n);
+    v[i++] = nblk_k * kc / k;
+    v[i++] = nblk_m * mc / m;
+    v[i++] = nblk_n * nc / n;
+    /* parallel balance: units of the split loop over a whole number of rounds */
+    double units = b.par == TPK__PAR_IC ? nblk_m : ceil(nce / nr);
+    v[i++] = units / (ceil(units / th) * th);
+    v[i++] = tpk__log2(units);
+    /* loop overheads: micro-kernel calls, k iterations per call, packing work ratio */
+    v[i++] = tpk__log2(ceil(m / mr) * ceil(n / nr) * nblk_k);
+    v[i++] = fmod(kce, b.ku) == 0 ? 1 : 0;
+    v[i++] = (m * k * nblk_n + k * n) / (m * n * k) * 64;
+    int nf = i < cap ? i : cap;
+    for (int j = 0; j < nf; j++)
+        f[j] = (float)v[j];
+    return nf;
+}
+
+int tpk__cpu_gemm_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx)
+{
+    (void)ctx;
+    static const int vw[] = {256, 512};
+    static const int mr[] = {4, 6, 8, 10, 12, 14, 16, 20, 24, 28};
+    static const int nv[] = {1, 2, 3, 4};
+    static const int kc[] = {64, 96, 128, 192, 256, 320, 384, 512};
+    static const int mc[] = {48, 72, 96, 144, 192, 240, 288, 384, 480, 576};
+    static const int nc[] = {256, 512, 1024, 2048, 4096, 8192};
+    static const int ku[] = {1, 2, 4, 8};
+    static const int order[] = {TPK__ORDER_JR_IR, TPK__ORDER_IR_JR};
+    static const int par[] = {TPK__PAR_IC, TPK__PAR_JR};
+    static const int pf[] = {0, 1, 2};
+    s->task = *t;
+    if (s->task.threads < 1)
+        s->task.threads = 1;
+    s->template_name = "cpu_gemm";
+    s->nknob = K_COUNT;
+    set_knob(&s->knob[K_VW], "vw", vw, 2, NULL);
+    set_knob(&s->knob[K_MR], "mr", mr, 10, NULL);
+    set_knob(&s->knob[K_NV], "nv", nv, 4, NULL);
+    set_knob(&s->knob[K_KC], "kc", kc, 8, NULL);
+    set_knob(&s->knob[K_MC], "mc", mc, 10, NULL);
+    set_knob(&s->knob[K_NC], "nc", nc, 6, NULL);
+    set_knob(&s->knob[K_KU], "ku", ku, 4, NULL);
+    set_knob(&s->knob[K_ORDER], "order", order, 2, order_labels);
+    /* With one thread the split loop does not matter: one candidate, no wasted trials. */
+    set_knob(&s->knob[K_PAR], "par", par, s->task.threads > 1 ? 2 : 1, par_labels);
+    set_knob(&s->knob[K_PF], "pf", pf, 3, NULL);
+    s->valid = cpu_valid;
+    s->features = cpu_features;
+    return TPK_OK;
+}
+
+/* Largest candidate of knob `ki` not above `target` (the smallest if none is). */
+static int pick_le(const tpk_tune_knob *k, double target)
+{
+    int best = k->cand[0];
+    for (int j = 0; j < k->ncand; j++)
+        if (k->cand[j] <= target)
+            best = k->cand[j];
+    return best;
+}
+
+void tpk__cpu_gemm_default(const tpk_tune_space *s, tpk_tune_config *c)
+{
+    tpk__caches ca;
+    tpk__cache_sizes(&ca);
+    int es = s->task.dtype == TPK_TUNE_F32 ? 4 : 8;
+    memset(c, 0, sizeof *c);
+    c->v[K_VW] = 512;
+    c->v[K_MR] = 8;
+    c->v[K_NV] = 3; /* 24 accumulators, 3 B vectors, one broadcast: 28 of 32 registers */
+    int nr = 3 * 512 / (8 * es);
+    /* kc: the B micro-panel (nr×kc) in half of L1; mc: the A block in half of L2; nc: the B
+     * panel in a quarter of L3 (BLIS's analytical model, Low et al. 2016). */
+    const tpk_tune_task *t = &s->task;
+    double kmax = 2.0 * (double)t->k - 1, mmax = 2.0 * (double)round_up(t->m, 8) - 1,
+           nmax = 2.0 * (double)round_up(t->n, (size_t)nr) - 1;
+    c->v[K_KC] = pick_le(&s->knob[K_KC], fmin(0.5 * ca.l1 / (nr * es), kmax));
+    c->v[K_MC] = pick_le(&s->knob[K_MC], fmin(0.5 * ca.l2 / (c->v[K_KC] * es), mmax));
+    c->v[K_NC] = pick_le(&s->knob[K_NC], fmin(0.25 * ca.l3 / (c->v[K_KC] * es), nmax));
+    c->v[K_KU] = 4;
+    c->v[K_ORDER] = TPK__ORDER_JR_IR;
+    c->v[K_PAR] = TPK__PAR_IC;
+    c->v[K_PF] = 1;
+    /* Shrink blocks that the validity filter rejects for a small problem. */
+    while (!tpk_tune_space_valid(s, c) && c->v[K_KC] > 64)
+        c->v[K_KC] = pick_le(&s->knob[K_KC], c->v[K_KC] - 1);
+    while (!tpk_tune_space_valid(s, c) && c->v[K_MC] > 48)
+        c->v[K_MC] = pick_le(&s->knob[K_MC], c->v[K_MC] - 1);
+    while (!tpk_tune_space_valid(s, c) && c->v[K_NC] > 256)
+        c->v[K_NC] = pick_le(&s->knob[K_NC], c->v[K_NC] - 1);
+}
+
+/* ---- emitter ------------------------------------------------------------------------------ */
+
+void tpk_tune_emit_cpu_prelude(FILE *o)
+{
+    fputs("#include <stddef.h>\n#include <string.h>\n#include <omp.h>\n\n"
+          "/* Vector types (GCC vector extensions) and unaligned loads/stores via memcpy, which\n"
+          " * GCC turns into single vector moves. */\n", o);
+    static const struct { const char *name, *elt; int bytes; } vt[] = {
+        {"tpk_v4d", "double", 32}, {"tpk_v8d", "double", 64},
+        {"tpk_v8f", "float", 32},  {"tpk_v16f", "float", 64}};
+    for (int i = 0; i < 4; i++) {
+        fprintf(o, "typedef %s %s __attribute__((vector_size(%d)));\n", vt[i].elt, vt[i].name, vt[i].bytes);
+        fprintf(o, "static inline %s %s_ld(const %s *p)\n{\n    %s v;\n    memcpy(&v, p, sizeof v);\n    return v;\n}\n",
+                vt[i].name, vt[i].name, vt[i].elt, vt[i].name);
+        fprintf(o, "static inline void %s_st(%s *p, %s v)\n{\n    memcpy(p, &v, sizeof v);\n}\n",
+                vt[i].name, vt[i].elt, vt[i].name);
+    }
+    fputs("\n", o);
+}
+
+int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fn,
+                       int standalone, FILE *o, tpk_ctx *ctx)
+{
+    (void)ctx;
+    tpk__cpu_blocking b;
+    tpk__cpu_gemm_blocking(s, c, &b);
+    const char *T = b.es == 4 ? "float" : "double";
+    char V[16];
+    snprintf(V, sizeof V, "tpk_v%d%c", b.vl, b.es == 4 ? 'f' : 'd');
+    const char *st = standalone ? "" : "static ";
+    char knobs[256];
+    tpk_tune_config_str(s, c, knobs, sizeof knobs);
+    if (standalone) {
+        fprintf(o, "/* Generated by tptune (tpk tuner, cpu_gemm template) - DO NOT EDIT. */\n");
+        tpk_tune_emit_cpu_prelude(o);
+    }
+    fprintf(o, "/* ---- %s: %sgemm, %s ---- */\n", fn, b.es == 4 ? "s" : "d", knobs);
+    fprintf(o, "enum { %s_MR = %d, %s_NR = %d, %s_KC = %d, %s_MC = %d, %s_NC = %d };\n\n", fn, b.mr,
+            fn, b.nr, fn, b.kc, fn, b.mc, fn, b.nc);
+
+    /* micro-kernel */
+    fprintf(o, "/* C[%d×%d] = alpha·a·b + beta·C from packed panels a (kc×%d) and b (kc×%d). */\n",
+            b.mr, b.nr, b.mr, b.nr);
+    fprintf(o, "static void %s_ukr(size_t kc, const %s *restrict a, const %s *restrict b, %s *restrict c,\n"
+               "        size_t ldc, %s alpha, %s beta)\n{\n", fn, T, T, T, T, T);
+    for (int i = 0; i < b.mr; i++) {
+        fprintf(o, "    %s", V);
+        for (int j = 0; j < b.nv; j++)
+            fprintf(o, "%s c%d_%d = {0}", j ? "," : "", i, j);
+        fprintf(o, ";\n");
+    }
+    if (b.pf >= 1)
+        for (int i = 0; i < b.mr; i++)
+            fprintf(o, "    __builtin_prefetch(c + %d * ldc, 1, 3);\n    __builtin_prefetch(c + %d * ldc + %d, 1, 3);\n",
+                    i, i, b.nr - 1);
+    fprintf(o, "    size_t p = 0;\n");
+    for (int pass = 0; pass < 2; pass++) {
+        int steps = pass == 0 ? b.ku : 1;
+        if (pass == 0)
+            fprintf(o, "    for (; p + %d <= kc; p += %d) {\n", b.ku, b.ku);
+        else
+            fprintf(o, "    for (; p < kc; p++) {\n");
+        if (pass == 0 && b.pf >= 2)
+            fprintf(o, "        __builtin_prefetch(a + (p + %d) * %d, 0, 3);\n", 2 * b.ku, b.mr);
+        for (int u = 0; u < steps; u++) {
+            fprintf(o, "        {\n");
+            for (int j = 0; j < b.nv; j++)
+                fprintf(o, "            const %s b%d = %s_ld(b + (p + %d) * %d + %d);\n", V, j, V, u,
+                        b.nr, j * b.vl);
+            for (int i = 0; i < b.mr; i++) {
+                fprintf(o, "            { const %s ai = a[(p + %d) * %d + %d];", T, u, b.mr, i);
+                for (int j = 0; j < b.nv; j++)
+                    fprintf(o, " c%d_%d += ai * b%d;", i, j, j);
+                fprintf(o, " }\n");
+            }
+            fprintf(o, "        }\n");
+        }
+        fprintf(o, "    }\n");
+    }
+    fprintf(o, "    if (beta == 0) {\n");
+    for (int i = 0; i < b.mr; i++)
+        for (int j = 0; j < b.nv; j++)
+            fprintf(o, "        %s_st(c + %d * ldc + %d, alpha * c%d_%d);\n", V, i, j * b.vl, i, j);
+    fprintf(o, "    } else {\n");
+    for (int i = 0; i < b.mr; i++)
+        for (int j = 0; j < b.nv; j++)
+            fprintf(o, "        %s_st(c + %d * ldc + %d, beta * %s_ld(c + %d * ldc + %d) + alpha * c%d_%d);\n",
+                    V, i, j * b.vl, V, i, j * b.vl, i, j);
+    fprintf(o, "    }\n}\n\n");
+
+    /* packing */
+    fprintf(o,
+        "/* Pack an mr_e×kc block of A (strides rsa, csa) into an %d-row panel, zero-padded. */\n"
+        "static void %s_pack_a(size_t mr_e, size_t kc, const %s *A, size_t rsa, size_t csa, %s *restrict dst)\n{\n"
+        "    if (csa == 1 && mr_e == %d) {\n"
+        "        for (size_t i = 0; i < %d; i++)\n"
+        "            for (size_t p = 0; p < kc; p++)\n"
+        "                dst[p * %d + i] = A[i * rsa + p];\n"
+        "        return;\n    }\n"
+        "    for (size_t p = 0; p < kc; p++) {\n"
+        "        size_t i = 0;\n"
+        "        for (; i < mr_e; i++)\n            dst[p * %d + i] = A[i * rsa + p * csa];\n"
+        "        for (; i < %d; i++)\n            dst[p * %d + i] = 0;\n"
+        "    }\n}\n\n",
+        b.mr, fn, T, T, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr);
+    fprintf(o,
+        "/* Pack a kc×nr_e block of B (strides rsb, csb) into a %d-column panel, zero-padded. */\n"
+        "static void %s_pack_b(size_t nr_e, size_t kc, const %s *B, size_t rsb, size_t csb, %s *restrict dst)\n{\n"
+        "    for (size_t p = 0; p < kc; p++) {\n"
+        "        size_t j = 0;\n"
+        "        if (csb == 1)\n            for (; j < nr_e; j++)\n                dst[p * %d + j] = B[p * rsb + j];\n"
+        "        else\n            for (; j < nr_e; j++)\n                dst[p * %d + j] = B[p * rsb + j * csb];\n"
+        "        for (; j < %d; j++)\n            dst[p * %d + j] = 0;\n"
+        "    }\n}\n\n",
+        b.nr, fn, T, T, b.nr, b.nr, b.nr, b.nr);
+
+    /* macro-kernel */
+    fprintf(o,
+        "/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */\n"
+        "static void %s_macro(size_t mc, size_t nc, size_t kc, const %s *ap, const %s *bp, size_t jp0,\n"
+        "        size_t jp1, %s *C, size_t ldc, %s alpha, %s beta, %s *ct)\n{\n"
+        "    const size_t mpan = (mc + %d - 1) / %d;\n",
+        fn, T, T, T, T, T, T, b.mr, b.mr);
+    const char *outer = b.order == TPK__ORDER_JR_IR ? "    for (size_t jp = jp0; jp < jp1; jp++)\n"
+                                                    : "    for (size_t ip = 0; ip < mpan; ip++)\n";
+    const char *inner = b.order == TPK__ORDER_JR_IR ? "        for (size_t ip = 0; ip < mpan; ip++) {\n"
+                                                    : "        for (size_t jp = jp0; jp < jp1; jp++) {\n";
+    fprintf(o, "%s%s", outer, inner);
+    fprintf(o,
+        "            const size_t mr_e = mc - ip * %d < %d ? mc - ip * %d : %d;\n"
+        "            const size_t nr_e = nc - jp * %d < %d ? nc - jp * %d : %d;\n"
+        "            %s *c = C + ip * %d * ldc + jp * %d;\n"
+        "            const %s *a = ap + ip * %d * kc, *b = bp + jp * %d * kc;\n"
+        "            if (mr_e == %d && nr_e == %d) {\n"
+        "                %s_ukr(kc, a, b, c, ldc, alpha, beta);\n"
+        "                continue;\n"
+        "            }\n"
+        "            /* Edge tile: full tile into ct, then the valid part into C. */\n"
+        "            %s_ukr(kc, a, b, ct, %d, 1, 0);\n"
+        "            for (size_t i = 0; i < mr_e; i++)\n"
+        "                for (size_t j = 0; j < nr_e; j++)\n"
+        "                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * %d + j];\n"
+        "        }\n}\n\n",
+        b.mr, b.mr, b.mr, b.mr, b.nr, b.nr, b.nr, b.nr, T, b.mr, b.nr, T, b.mr, b.nr, b.mr, b.nr,
+        fn, fn, b.nr, b.nr);
+
+    /* workspace and driver */
+    size_t apn = (size_t)b.mc * (size_t)b.kc, bpn = (size_t)b.kc * (size_t)b.nc;
+    fprintf(o, "/* Workspace bytes for nt threads: the packed B block and %s packed A block%s. */\n",
+            b.par == TPK__PAR_IC ? "one" : "a shared", b.par == TPK__PAR_IC ? " per thread" : "");
+    fprintf(o, "%ssize_t %s_ws(int nt)\n{\n    return (%zu + (size_t)%s * %zu) * sizeof(%s);\n}\n\n",
+            st, standalone ? "tpk_kernel" : fn, bpn, b.par == TPK__PAR_IC ? "(nt < 1 ? 1 : nt)" : "1",
+            apn, T);
+    if (!standalone)
+        fprintf(o, "/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: %s_ws(nt) bytes, 64-aligned. */\n", fn);
+    else
+        fprintf(o, "size_t tpk_kernel_ws(int nt);\nvoid tpk_kernel(size_t m, size_t n, size_t k, %s alpha, const %s *A, size_t rsa,\n"
+                   "        size_t csa, const %s *B, size_t rsb, size_t csb, %s beta, %s *C, size_t ldc, int nt, void *ws);\n\n",
+                T, T, T, T, T);
+    fprintf(o,
+        "%svoid %s(size_t m, size_t n, size_t k, %s alpha, const %s *A, size_t rsa,\n"
+        "        size_t csa, const %s *B, size_t rsb, size_t csb, %s beta, %s *C, size_t ldc, int nt, void *ws)\n{\n"
+        "    if (m == 0 || n == 0)\n        return;\n"
+        "    if (k == 0 || alpha == 0) {\n"
+        "        for (size_t i = 0; i < m; i++)\n"
+        "            for (size_t j = 0; j < n; j++)\n"
+        "                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];\n"
+        "        return;\n    }\n"
+        "    if (nt < 1)\n        nt = 1;\n"
+        "    %s *const bp = ws, *const ap_all = bp + %zu;\n"
+        "#pragma omp parallel num_threads(nt) if (nt > 1)\n"
+        "    {\n"
+        "        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();\n"
+        "        %s ct[%d * %d] __attribute__((aligned(64)));\n"
+        "        for (size_t jc = 0; jc < n; jc += %d) {\n"
+        "            const size_t nc = n - jc < %d ? n - jc : %d;\n"
+        "            const size_t npan = (nc + %d - 1) / %d;\n"
+        "            for (size_t pc = 0; pc < k; pc += %d) {\n"
+        "                const size_t kc = k - pc < %d ? k - pc : %d;\n"
+        "                const %s bet = pc == 0 ? beta : 1;\n"
+        "                for (size_t jp = tid; jp < npan; jp += nth)\n"
+        "                    %s_pack_b(nc - jp * %d < %d ? nc - jp * %d : %d, kc, B + pc * rsb + (jc + jp * %d) * csb,\n"
+        "                            rsb, csb, bp + jp * %d * kc);\n"
+        "#pragma omp barrier\n",
+        st, standalone ? "tpk_kernel" : fn, T, T, T, T, T, T, bpn, T, b.mr, b.nr, b.nc, b.nc, b.nc,
+        b.nr, b.nr, b.kc, b.kc, b.kc, T, fn, b.nr, b.nr, b.nr, b.nr, b.nr, b.nr);
+    if (b.par == TPK__PAR_IC)
+        fprintf(o,
+            "                /* Threads split the ic loop; each packs its own A block. */\n"
+            "                %s *const ap = ap_all + tid * %zu;\n"
+            "                const size_t nblk = (m + %d - 1) / %d;\n"
+            "                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {\n"
+            "                    const size_t ic = ib * %d, mc = m - ic < %d ? m - ic : %d;\n"
+            "                    for (size_t ip = 0; ip * %d < mc; ip++)\n"
+            "                        %s_pack_a(mc - ip * %d < %d ? mc - ip * %d : %d, kc, A + (ic + ip * %d) * rsa + pc * csa,\n"
+            "                                rsa, csa, ap + ip * %d * kc);\n"
+            "                    %s_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);\n"
+            "                }\n",
+            T, apn, b.mc, b.mc, b.mc, b.mc, b.mc, b.mr, fn, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr, fn);
+    else
+        fprintf(o,
+            "                /* Threads pack the A block together and split the jr loop. */\n"
+            "                for (size_t ic = 0; ic < m; ic += %d) {\n"
+            "                    const size_t mc = m - ic < %d ? m - ic : %d, mpan = (mc + %d - 1) / %d;\n"
+            "                    for (size_t ip = tid; ip < mpan; ip += nth)\n"
+            "                        %s_pack_a(mc - ip * %d < %d ? mc - ip * %d : %d, kc, A + (ic + ip * %d) * rsa + pc * csa,\n"
+            "                                rsa, csa, ap_all + ip * %d * kc);\n"
+            "#pragma omp barrier\n"
+            "                    %s_macro(mc, nc, kc, ap_all, bp, npan * tid / nth, npan * (tid + 1) / nth, C + ic * ldc + jc,\n"
+            "                            ldc, alpha, bet, ct);\n"
+            "#pragma omp barrier\n"
+            "                }\n",
+            b.mc, b.mc, b.mc, b.mr, b.mr, fn, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr, fn);
+    fprintf(o, "#pragma omp barrier\n            }\n        }\n    }\n}\n\n");
+    return TPK_OK;
+}

@@ -1,0 +1,138 @@
+/* Dispatch of the tuned GEMM kernels by shape (AutoTVM ApplyHistoryBest + fallback, tuner-notes
+ * §3 "Lookup"): exact (dtype, m, n, k, threads) → nearest tuned shape in log2 space → analytic
+ * default → OpenBLAS. */
+#include "tpk/gemm.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm_gen.h"
+
+/* Below this many multiply-adds packing costs more than it saves: OpenBLAS serves. */
+#define TINY_MNK (48.0 * 48.0 * 48.0)
+/* Farther than this in Σ|log2 ratio| of m, n, k (plus thread mismatch) a tuned blocking says
+ * little about the shape: the analytic default serves instead. */
+#define NEAREST_MAX 4.0
+#define THREAD_MISMATCH 1.5
+
+static int forced(void)
+{
+    const char *e = getenv("TPK_GEMM");
+    if (!e || !*e || !strcmp(e, "tuned"))
+        return -1;
+    if (!strcmp(e, "openblas"))
+        return TPK_GEMM_OPENBLAS;
+    if (!strcmp(e, "default"))
+        return TPK_GEMM_DEFAULT;
+    return -1;
+}
+
+static const tpk__gemm_entry *choose(int dtype, size_t m, size_t n, size_t k, int nt, int *how)
+{
+    int f = forced();
+    if (f == TPK_GEMM_OPENBLAS || (double)m * (double)n * (double)k < TINY_MNK) {
+        *how = TPK_GEMM_OPENBLAS;
+        return NULL;
+    }
+    const tpk__gemm_entry *best = NULL;
+    double bd = INFINITY;
+    for (size_t i = 0; f != TPK_GEMM_DEFAULT && i < tpk__gemm_table_len; i++) {
+        const tpk__gemm_entry *e = &tpk__gemm_table[i];
+        if (e->dtype != dtype || !e->name)
+            continue;
+        if (e->m == m && e->n == n && e->k == k && e->threads == nt) {
+            *how = TPK_GEMM_EXACT;
+            return e;
+        }
+        double d = fabs(log2((double)e->m / (double)m)) + fabs(log2((double)e->n / (double)n)) +
+                   fabs(log2((double)e->k / (double)k)) + (e->threads != nt ? THREAD_MISMATCH : 0);
+        if (d < bd) {
+            bd = d;
+            best = e;
+        }
+    }
+    if (best && bd <= NEAREST_MAX) {
+        *how = TPK_GEMM_NEAREST;
+        return best;
+    }
+    *how = TPK_GEMM_DEFAULT;
+    return &tpk__gemm_default[dtype == 1];
+}
+
+static int threads_of(int nthreads)
+{
+    return nthreads > 0 ? nthreads : omp_get_max_threads();
+}
+
+int tpk_gemm_tuned_choice(int dtype, size_t m, size_t n, size_t k, int nthreads, const char **name)
+{
+    int how;
+    const tpk__gemm_entry *e = choose(dtype, m, n, k, threads_of(nthreads), &how);
+    if (name)
+        *name = e ? e->name : "openblas";
+    return how;
+}
+
+size_t tpk_gemm_tuned_ws_size(int dtype, size_t m, size_t n, size_t k, int nthreads)
+{
+    int how, nt = threads_of(nthreads);
+    const tpk__gemm_entry *e = choose(dtype, m, n, k, nt, &how);
+    return e ? (e->ws(nt) + 63) / 64 * 64 : 0;
+}
+
+static int check(const char *fn, int transa, int transb, size_t m, size_t n, size_t k, size_t lda,
+                 size_t ldb, size_t ldc, tpk_ctx *ctx)
+{
+    if ((transa != 0 && transa != 1) || (transb != 0 && transb != 1))
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: transpose flags must be 0 or 1", fn);
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: dimension exceeds INT_MAX", fn);
+    size_t acols = transa ? m : k, bcols = transb ? k : n;
+    if (lda < (acols ? acols : 1) || ldb < (bcols ? bcols : 1) || ldc < (n ? n : 1))
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: leading dimension smaller than a row", fn);
+    return TPK_OK;
+}
+
+#define TUNED_GEMM(NAME, T, DT, FN, CBLAS)                                                         \
+    int NAME(int transa, int transb, size_t m, size_t n, size_t k, T alpha, const T *A, size_t lda, \
+             const T *B, size_t ldb, T beta, T *C, size_t ldc, int nthreads, void *ws,              \
+             tpk_ctx *ctx)                                                                         \
+    {                                                                                              \
+        int st = check(#NAME, transa, transb, m, n, k, lda, ldb, ldc, ctx);                        \
+        if (st)                                                                                    \
+            return st;                                                                             \
+        if (m == 0 || n == 0)                                                                      \
+            return TPK_OK;                                                                         \
+        int how, nt = threads_of(nthreads);                                                        \
+        const tpk__gemm_entry *e = k ? choose(DT, m, n, k, nt, &how) : NULL;                       \
+        if (!e) {                                                                                  \
+            if (k == 0) {                                                                          \
+                for (size_t i = 0; i < m; i++)                                                     \
+                    for (size_t j = 0; j < n; j++)                                                 \
+                        C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];                    \
+                return TPK_OK;                                                                     \
+            }                                                                                      \
+            CBLAS(CblasRowMajor, transa ? CblasTrans : CblasNoTrans,                               \
+                  transb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, A, (int)lda,  \
+                  B, (int)ldb, beta, C, (int)ldc);                                                 \
+            return TPK_OK;                                                                         \
+        }                                                                                          \
+        void *own = NULL;                                                                          \
+        if (!ws) {                                                                                 \
+            ws = own = aligned_alloc(64, (e->ws(nt) + 63) / 64 * 64);                              \
+            if (!ws)                                                                               \
+                return TPK_ERROR(ctx, TPK_ENOMEM, "%s: no memory for a %zu-byte workspace",       \
+                                 #NAME, e->ws(nt));                                                \
+        }                                                                                          \
+        e->FN(m, n, k, alpha, A, transa ? 1 : lda, transa ? lda : 1, B, transb ? 1 : ldb,          \
+              transb ? ldb : 1, beta, C, ldc, nt, ws);                                             \
+        free(own);                                                                                 \
+        return TPK_OK;                                                                             \
+    }
+
+TUNED_GEMM(tpk_gemm_tuned_d, double, 0, dfn, cblas_dgemm)
+TUNED_GEMM(tpk_gemm_tuned_s, float, 1, sfn, cblas_sgemm)

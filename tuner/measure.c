@@ -1,0 +1,489 @@
+/* Measurement (AutoTVM measure_methods.py, tuner-notes §3 "Build, load, time"): emit the
+ * candidate, compile it into a shared object, and in a separate process load it, check it
+ * against the reference kernel, and time it (warm-up, calls per repeat grown to a minimum
+ * duration, repeats, median). A run whose process got less CPU than it asked for was disturbed
+ * by load and is redone. */
+#include "tune_impl.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Verification tolerance, relative to (|A||B||x|)_i: the worst-case rounding bound of a k-term
+ * dot product is k·u (Higham, Thm 3.5); twice for the kernel and the check's own products. */
+#define VERIFY_SLACK 4.0
+
+void tpk_tune_measure_opts_default(tpk_tune_measure_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->repeat = 5;
+    o->min_repeat_ms = 50;
+    o->timeout_s = 60;
+    o->max_redo = 2;
+    o->min_cpu_ratio = 0.85;
+    o->cc = "gcc";
+}
+
+void tpk_tune_pin_openmp(void)
+{
+    static int done;
+    if (!done) {
+        done = 1;
+        (void)dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL | RTLD_NODELETE);
+    }
+}
+
+static double load1(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
+/* Wait for pid up to timeout_s; kill it past that. Returns the wait status or -1 on timeout. */
+static int wait_timeout(pid_t pid, double timeout_s)
+{
+    double t0 = tpk__now();
+    for (;;) {
+        int ws;
+        pid_t r = waitpid(pid, &ws, WNOHANG);
+        if (r == pid)
+            return ws;
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (tpk__now() - t0 > timeout_s) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &ws, 0);
+            return -1;
+        }
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int tpk_tune_compile_cpu(const char *src, const char *so, const char *cc, double timeout_s,
+                         double *seconds, tpk_ctx *ctx)
+{
+    double t0 = tpk__now();
+    pid_t pid = fork();
+    if (pid < 0)
+        return TPK_ERROR(ctx, TPK_EIO, "tune: fork failed: %s", strerror(errno));
+    if (pid == 0) {
+        /* Quiet unless it fails: the caller reports a failed compile as a result. */
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        execlp(cc ? cc : "gcc", cc ? cc : "gcc", "-std=gnu11", "-O3", "-march=native",
+               "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-o", so, src, (char *)NULL);
+        _exit(127);
+    }
+    int ws = wait_timeout(pid, timeout_s > 0 ? timeout_s : 60);
+    if (seconds)
+        *seconds = tpk__now() - t0;
+    if (ws == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        return TPK_ERROR(ctx, TPK_EIO, "tune: compiling %s failed", src);
+    return TPK_OK;
+}
+
+/* ---- the child ---------------------------------------------------------------------------- */
+
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct child_args {
+    const char *so;
+    int dtype, threads, repeat;
+    size_t m, n, k, ms, ns, ks;
+    double min_repeat_ms;
+} child_args;
+
+/* Typed body of the child, instantiated for double and float. */
+#define CHILD_BODY(T, KFN, REF, EPS)                                                               \
+    static int child_##T(void *h, const child_args *a, tpk_tune_result *r)                         \
+    {                                                                                              \
+        KFN kern = (KFN)dlsym(h, "tpk_kernel");                                                    \
+        tpk_gemm_ws_fn wsf = (tpk_gemm_ws_fn)dlsym(h, "tpk_kernel_ws");                            \
+        if (!kern || !wsf)                                                                         \
+            return TPK_TUNE_ELOAD;                                                                 \
+        uint64_t rng = 0x5eed0001;                                                                 \
+        size_t nt = (size_t)(a->threads < 1 ? 1 : a->threads);                                     \
+        void *ws = aligned_alloc(64, (wsf((int)nt) + 63) / 64 * 64);                               \
+        /* 1. Small odd shape, beta ≠ 0, A both ways round: against the reference kernel. */      \
+        size_t ms = a->ms, ns = a->ns, ks = a->ks;                                                 \
+        T *As = malloc(ms * ks * sizeof(T)), *Bs = malloc(ks * ns * sizeof(T));                    \
+        T *Cs = malloc(ms * ns * sizeof(T)), *Cr = malloc(ms * ns * sizeof(T));                    \
+        if (!ws || !As || !Bs || !Cs || !Cr)                                                       \
+            return TPK_TUNE_ECRASH;                                                                \
+        for (size_t i = 0; i < ms * ks; i++)                                                       \
+            As[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                              \
+        for (size_t i = 0; i < ks * ns; i++)                                                       \
+            Bs[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                              \
+        double worst = 0;                                                                          \
+        for (int trans = 0; trans < 2; trans++) {                                                  \
+            for (size_t i = 0; i < ms * ns; i++)                                                   \
+                Cs[i] = Cr[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                  \
+            size_t rsa = trans ? 1 : ks, csa = trans ? ms : 1;                                     \
+            kern(ms, ns, ks, (T)1.375, As, rsa, csa, Bs, ns, 1, (T)0.625, Cs, ns, (int)nt, ws);    \
+            REF(ms, ns, ks, (T)1.375, As, rsa, csa, Bs, ns, 1, (T)0.625, Cr, ns);                  \
+            for (size_t i = 0; i < ms * ns; i++) {                                                 \
+                double e = fabs((double)Cs[i] - (double)Cr[i]) / (1.375 * (double)ks + 1);         \
+                if (!(e <= worst))                                                                 \
+                    worst = isnan(e) ? INFINITY : e;                                               \
+            }                                                                                      \
+        }                                                                                          \
+        free(As); free(Bs); free(Cs); free(Cr);                                                    \
+        if (!(worst <= VERIFY_SLACK * (double)ks * EPS)) {                                         \
+            r->max_rel_err = worst;                                                                \
+            return TPK_TUNE_EWRONG;                                                                \
+        }                                                                                          \
+        /* 2. The workload itself, checked by Freivalds' product C·x = A·(B·x). */               \
+        size_t m = a->m, n = a->n, k = a->k;                                                       \
+        T *A = aligned_alloc(64, (m * k * sizeof(T) + 63) / 64 * 64);                              \
+        T *B = aligned_alloc(64, (k * n * sizeof(T) + 63) / 64 * 64);                              \
+        T *C = aligned_alloc(64, (m * n * sizeof(T) + 63) / 64 * 64);                              \
+        double *x = malloc(n * sizeof *x), *bx = malloc(k * sizeof *bx), *bax = malloc(k * sizeof *bax); \
+        if (!A || !B || !C || !x || !bx || !bax)                                                   \
+            return TPK_TUNE_ECRASH;                                                                \
+        for (size_t i = 0; i < m * k; i++)                                                         \
+            A[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                               \
+        for (size_t i = 0; i < k * n; i++)                                                         \
+            B[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                               \
+        for (size_t i = 0; i < m * n; i++)                                                         \
+            C[i] = (T)NAN; /* beta = 0 must not read C */                                          \
+        for (size_t j = 0; j < n; j++)                                                             \
+            x[j] = 2 * tpk__rng_unif(&rng) - 1;                                                    \
+        kern(m, n, k, 1, A, k, 1, B, n, 1, 0, C, n, (int)nt, ws);                                  \
+        for (size_t p = 0; p < k; p++) {                                                           \
+            double s = 0, sa = 0;                                                                  \
+            for (size_t j = 0; j < n; j++) {                                                       \
+                s += (double)B[p * n + j] * x[j];                                                  \
+                sa += fabs((double)B[p * n + j] * x[j]);                                           \
+            }                                                                                      \
+            bx[p] = s;                                                                             \
+            bax[p] = sa;                                                                           \
+        }                                                                                          \
+        worst = 0;                                                                                 \
+        for (size_t i = 0; i < m; i++) {                                                           \
+            double y = 0, z = 0, za = 0;                                                           \
+            for (size_t j = 0; j < n; j++)                                                         \
+                y += (double)C[i * n + j] * x[j];                                                  \
+            for (size_t p = 0; p < k; p++) {                                                       \
+                z += (double)A[i * k + p] * bx[p];                                                 \
+                za += fabs((double)A[i * k + p]) * bax[p];                                         \
+            }                                                                                      \
+            double e = fabs(y - z) / (za > 0 ? za : 1);                                            \
+            if (!(e <= worst))                                                                     \
+                worst = isnan(e) ? INFINITY : e;                                                   \
+        }                                                                                          \
+        free(x); free(bx); free(bax);                                                              \
+        r->max_rel_err = worst;                                                                    \
+        if (!(worst <= VERIFY_SLACK * (double)k * EPS))                                            \
+            return TPK_TUNE_EWRONG;                                                                \
+        /* 3. Time: one warm-up call, calls per repeat grown to min_repeat_ms, median. */         \
+        double t0 = tpk__now();                                                                    \
+        kern(m, n, k, 1, A, k, 1, B, n, 1, 0, C, n, (int)nt, ws);                                  \
+        double tw = tpk__now() - t0;                                                               \
+        long number = (long)ceil(a->min_repeat_ms * 1e-3 / (tw > 1e-9 ? tw : 1e-9));               \
+        if (number < 1)                                                                            \
+            number = 1;                                                                            \
+        double c0 = cpu_now(), w0 = tpk__now();                                                    \
+        for (int rep = 0; rep < a->repeat; rep++) {                                                \
+            double t = tpk__now();                                                                 \
+            for (long it = 0; it < number; it++)                                                   \
+                kern(m, n, k, 1, A, k, 1, B, n, 1, 0, C, n, (int)nt, ws);                          \
+            r->costs_s[rep] = (tpk__now() - t) / (double)number;                                   \
+        }                                                                                          \
+        r->cpu_ratio = (cpu_now() - c0) / ((tpk__now() - w0) * (double)nt);                        \
+        r->ncost = a->repeat;                                                                      \
+        double sorted[TPK_TUNE_MAX_REPEAT];                                                        \
+        memcpy(sorted, r->costs_s, (size_t)r->ncost * sizeof *sorted);                             \
+        qsort(sorted, (size_t)r->ncost, sizeof *sorted, cmp_double);                               \
+        r->gflops = 2.0 * (double)m * (double)n * (double)k / sorted[r->ncost / 2] * 1e-9;         \
+        free(A); free(B); free(C); free(ws);                                                       \
+        return TPK_TUNE_OK;                                                                        \
+    }
+
+CHILD_BODY(double, tpk_dgemm_kernel_fn, tpk_ref_dgemm, 1.1102230246251565e-16)
+CHILD_BODY(float, tpk_sgemm_kernel_fn, tpk_ref_sgemm, 5.9604644775390625e-08)
+
+static void child_run(const child_args *a, tpk_tune_result *r)
+{
+    memset(r, 0, sizeof *r);
+    void *h = dlopen(a->so, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        r->err = TPK_TUNE_ELOAD;
+        return;
+    }
+    r->err = a->dtype == TPK_TUNE_F32 ? child_float(h, a, r) : child_double(h, a, r);
+    if (r->err)
+        r->gflops = 0;
+    /* No dlclose: the process ends here, and unloading OpenMP code under live workers crashes. */
+}
+
+static void child_print(FILE *f, const tpk_tune_result *r)
+{
+    fprintf(f, "TPKRESULT %d %.17g %.17g %.17g %d", r->err, r->gflops, r->cpu_ratio, r->max_rel_err,
+            r->ncost);
+    for (int i = 0; i < r->ncost; i++)
+        fprintf(f, " %.17g", r->costs_s[i]);
+    fprintf(f, "\n");
+    fflush(f);
+}
+
+int tpk_tune_child_main(int argc, char **argv)
+{
+    if (argc != 13 || strcmp(argv[1], "__measure") != 0) {
+        fprintf(stderr, "usage: %s __measure SO DTYPE M N K THREADS REPEAT MIN_MS MS NS KS\n", argv[0]);
+        return 2;
+    }
+    child_args a = {.so = argv[2], .dtype = atoi(argv[3]), .m = strtoull(argv[4], NULL, 10),
+                    .n = strtoull(argv[5], NULL, 10), .k = strtoull(argv[6], NULL, 10),
+                    .threads = atoi(argv[7]), .repeat = atoi(argv[8]),
+                    .min_repeat_ms = atof(argv[9]), .ms = strtoull(argv[10], NULL, 10),
+                    .ns = strtoull(argv[11], NULL, 10), .ks = strtoull(argv[12], NULL, 10)};
+    if (a.repeat < 1 || a.repeat > TPK_TUNE_MAX_REPEAT || !a.m || !a.n || !a.k || !a.ms || !a.ns || !a.ks)
+        return 2;
+    tpk_tune_result r;
+    child_run(&a, &r);
+    child_print(stdout, &r);
+    return 0;
+}
+
+/* ---- the parent --------------------------------------------------------------------------- */
+
+static const char *find_runner(const tpk_tune_measure_opts *o, char *buf, size_t cap)
+{
+    if (o->runner)
+        return o->runner[0] ? o->runner : NULL;
+    const char *e = getenv("TPK_TUNE_RUNNER");
+    if (e && *e)
+        return e;
+    e = getenv("TPK_BIN");
+    if (e && *e) {
+        snprintf(buf, cap, "%s/tptune", e);
+        if (access(buf, X_OK) == 0)
+            return buf;
+    }
+    return NULL;
+}
+
+static int parse_result(const char *line, tpk_tune_result *r)
+{
+    const char *p = strstr(line, "TPKRESULT ");
+    if (!p)
+        return -1;
+    p += 10;
+    char *end;
+    r->err = (int)strtol(p, &end, 10);
+    r->gflops = strtod(end, &end);
+    r->cpu_ratio = strtod(end, &end);
+    r->max_rel_err = strtod(end, &end);
+    r->ncost = (int)strtol(end, &end, 10);
+    if (r->ncost < 0 || r->ncost > TPK_TUNE_MAX_REPEAT)
+        return -1;
+    for (int i = 0; i < r->ncost; i++)
+        r->costs_s[i] = strtod(end, &end);
+    return 0;
+}
+
+/* One run of the child with its stdout on a pipe; ECRASH on death, timeout or garbage. */
+static void run_child(const char *runner, char *const argv[], const child_args *a, double timeout_s,
+                      tpk_tune_result *r)
+{
+    int fd[2];
+    memset(r, 0, sizeof *r);
+    if (pipe(fd) != 0) {
+        r->err = TPK_TUNE_ECRASH;
+        return;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
+        r->err = TPK_TUNE_ECRASH;
+        return;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        dup2(fd[1], 1);
+        if (runner) {
+            execv(runner, argv);
+            _exit(127);
+        }
+        tpk_tune_result cr;
+        child_run(a, &cr);
+        FILE *f = fdopen(1, "w");
+        if (f)
+            child_print(f, &cr);
+        _exit(0);
+    }
+    close(fd[1]);
+    char buf[4096];
+    size_t len = 0;
+    double t0 = tpk__now();
+    int timed_out = 0;
+    for (;;) {
+        struct pollfd pf = {fd[0], POLLIN, 0};
+        double left = timeout_s - (tpk__now() - t0);
+        if (left <= 0) {
+            timed_out = 1;
+            break;
+        }
+        int pr = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0) {
+            timed_out = pr == 0;
+            break;
+        }
+        ssize_t got = read(fd[0], buf + len, sizeof buf - 1 - len);
+        if (got <= 0)
+            break;
+        len += (size_t)got;
+        if (len >= sizeof buf - 1)
+            break;
+    }
+    buf[len] = '\0';
+    close(fd[0]);
+    if (timed_out)
+        kill(pid, SIGKILL);
+    int ws = wait_timeout(pid, 5);
+    if (timed_out || ws == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0 || parse_result(buf, r) != 0) {
+        memset(r, 0, sizeof *r);
+        r->err = TPK_TUNE_ECRASH;
+    }
+}
+
+static char g_workdir[512];
+
+static void remove_workdir(void)
+{
+    if (g_workdir[0])
+        rmdir(g_workdir);
+}
+
+static int ensure_workdir(const tpk_tune_measure_opts *o, char *dir, size_t cap, tpk_ctx *ctx)
+{
+    if (o->workdir) {
+        mkdir(o->workdir, 0755);
+        snprintf(dir, cap, "%s", o->workdir);
+        return TPK_OK;
+    }
+    if (!g_workdir[0]) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(g_workdir, sizeof g_workdir, "%s/tptune.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(g_workdir)) {
+            g_workdir[0] = '\0';
+            return TPK_ERROR(ctx, TPK_EIO, "tune: cannot create a scratch directory: %s", strerror(errno));
+        }
+        atexit(remove_workdir);
+    }
+    snprintf(dir, cap, "%s", g_workdir);
+    return TPK_OK;
+}
+
+int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tpk_tune_measure_opts *o,
+                     tpk_tune_result *res, tpk_ctx *ctx)
+{
+    tpk_tune_measure_opts dflt;
+    if (!o) {
+        tpk_tune_measure_opts_default(&dflt);
+        o = &dflt;
+    }
+    memset(res, 0, sizeof *res);
+    if (!tpk_tune_space_valid(s, c)) {
+        res->err = TPK_TUNE_EINVALID;
+        return TPK_OK;
+    }
+    if (s->task.target == TPK_TUNE_CUDA)
+        return tpk__cuda_measure(s, c, o, res, ctx);
+    char dir[512], src[600], so[600], rbuf[600];
+    int st = ensure_workdir(o, dir, sizeof dir, ctx);
+    if (st)
+        return st;
+    static unsigned counter;
+    snprintf(src, sizeof src, "%s/k%ld_%u.c", dir, (long)getpid(), counter);
+    snprintf(so, sizeof so, "%s/k%ld_%u.so", dir, (long)getpid(), counter++);
+    FILE *f = fopen(src, "w");
+    if (!f)
+        return TPK_ERROR(ctx, TPK_EIO, "tune: cannot write %s: %s", src, strerror(errno));
+    st = tpk_tune_emit(s, c, "tpk_kernel", 1, f, ctx);
+    if (fclose(f) != 0 && !st)
+        st = TPK_ERROR(ctx, TPK_EIO, "tune: cannot write %s", src);
+    if (st)
+        return st;
+    tpk_ctx cctx;
+    tpk_ctx_init(&cctx);
+    if (tpk_tune_compile_cpu(src, so, o->cc, o->timeout_s, &res->compile_s, &cctx) != TPK_OK) {
+        res->err = TPK_TUNE_ECOMPILE;
+        if (!o->keep)
+            unlink(src);
+        return TPK_OK;
+    }
+    tpk__cpu_blocking b;
+    tpk__cpu_gemm_blocking(s, c, &b);
+    child_args a = {.so = so, .dtype = s->task.dtype, .threads = s->task.threads,
+                    .repeat = o->repeat < 1 ? 1 : o->repeat > TPK_TUNE_MAX_REPEAT ? TPK_TUNE_MAX_REPEAT : o->repeat,
+                    .m = s->task.m, .n = s->task.n, .k = s->task.k,
+                    .min_repeat_ms = o->min_repeat_ms, .ms = (size_t)(2 * b.mr + 3),
+                    .ns = (size_t)(2 * b.nr + 5), .ks = (size_t)(b.kc + 7)};
+    char av[11][32];
+    snprintf(av[0], 32, "%d", a.dtype);
+    snprintf(av[1], 32, "%zu", a.m);
+    snprintf(av[2], 32, "%zu", a.n);
+    snprintf(av[3], 32, "%zu", a.k);
+    snprintf(av[4], 32, "%d", a.threads);
+    snprintf(av[5], 32, "%d", a.repeat);
+    snprintf(av[6], 32, "%g", a.min_repeat_ms);
+    snprintf(av[7], 32, "%zu", a.ms);
+    snprintf(av[8], 32, "%zu", a.ns);
+    snprintf(av[9], 32, "%zu", a.ks);
+    const char *runner = find_runner(o, rbuf, sizeof rbuf);
+    char *argv[] = {(char *)(runner ? runner : "tptune"), "__measure", so, av[0], av[1], av[2], av[3],
+                    av[4], av[5], av[6], av[7], av[8], av[9], NULL};
+    double compile_s = res->compile_s;
+    for (int attempt = 0;; attempt++) {
+        run_child(runner, argv, &a, o->timeout_s > 0 ? o->timeout_s : 60, res);
+        res->compile_s = compile_s;
+        res->redone = attempt;
+        if (res->err != TPK_TUNE_OK || res->cpu_ratio >= o->min_cpu_ratio || attempt >= o->max_redo)
+            break;
+        if (o->verbose)
+            fprintf(stderr, "tune: disturbed run (cpu ratio %.2f), measuring again\n", res->cpu_ratio);
+        struct timespec ts = {0, 200000000};
+        nanosleep(&ts, NULL);
+    }
+    res->load1 = load1();
+    if (!o->keep) {
+        unlink(src);
+        unlink(so);
+    }
+    return TPK_OK;
+}

@@ -1,0 +1,582 @@
+/* Model-guided search (AutoTVM model_based_tuner.py + sa_model_optimizer.py, tuner-notes §1):
+ * batches of plan_size, each chosen by simulated annealing over the cost model (or by ranking a
+ * recorded table), with an ε share of random trials; the model is refit after every batch;
+ * a model fit on earlier workloads' logs gives a discounted prior (transfer). */
+#include "tune_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void tpk_tune_opts_default(tpk_tune_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->trials = 64;
+    o->plan_size = 16;
+    o->eps = 0.05;
+    o->model = TPK_TUNE_MODEL_XGB_RANK;
+    o->rounds = 80;
+    o->seed = 1;
+    o->sa_chains = 128;
+    o->sa_steps = 500;
+    o->sa_patience = 50;
+}
+
+/* ---- a set of visited indices (open addressing) ------------------------------------------- */
+
+typedef struct idxset {
+    uint64_t *slot; /* value + 1; 0 = empty */
+    size_t cap, n;
+} idxset;
+
+static int set_init(idxset *s, size_t want)
+{
+    s->cap = 64;
+    while (s->cap < 2 * want + 16)
+        s->cap *= 2;
+    s->n = 0;
+    s->slot = calloc(s->cap, sizeof *s->slot);
+    return s->slot ? 0 : -1;
+}
+
+static size_t set_pos(const idxset *s, uint64_t v)
+{
+    uint64_t h = v * 0x9E3779B97F4A7C15ull;
+    size_t i = (size_t)(h >> 17) & (s->cap - 1);
+    while (s->slot[i] && s->slot[i] != v + 1)
+        i = (i + 1) & (s->cap - 1);
+    return i;
+}
+
+static int set_has(const idxset *s, uint64_t v)
+{
+    return s->slot[set_pos(s, v)] != 0;
+}
+
+static int set_add(idxset *s, uint64_t v)
+{
+    if (2 * (s->n + 1) > s->cap) {
+        idxset g;
+        g.cap = s->cap * 2;
+        g.n = 0;
+        g.slot = calloc(g.cap, sizeof *g.slot);
+        if (!g.slot)
+            return -1;
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->slot[i])
+                g.slot[set_pos(&g, s->slot[i] - 1)] = s->slot[i], g.n++;
+        free(s->slot);
+        *s = g;
+    }
+    size_t p = set_pos(s, v);
+    if (!s->slot[p]) {
+        s->slot[p] = v + 1;
+        s->n++;
+    }
+    return 0;
+}
+
+/* ---- the scorer: own model, plus the discounted transfer prior ---------------------------- */
+
+typedef struct scorer {
+    const tpk_tune_space *s;
+    tpk_tune_model *own, *base;
+    double discount; /* weight of the base model inside the own model's margin */
+    int nfeat;
+    float *X, *bm, *out; /* scratch, cap rows */
+    size_t cap;
+} scorer;
+
+static int scorer_reserve(scorer *sc, size_t n)
+{
+    if (n <= sc->cap)
+        return 0;
+    size_t c = n + 64;
+    float *X = realloc(sc->X, c * (size_t)sc->nfeat * sizeof *X);
+    if (!X)
+        return -1;
+    sc->X = X;
+    float *bm = realloc(sc->bm, c * sizeof *bm);
+    if (!bm)
+        return -1;
+    sc->bm = bm;
+    float *out = realloc(sc->out, c * sizeof *out);
+    if (!out)
+        return -1;
+    sc->out = out;
+    sc->cap = c;
+    return 0;
+}
+
+static int scorer_ready(const scorer *sc)
+{
+    return tpk_tune_model_trained(sc->own) || tpk_tune_model_trained(sc->base);
+}
+
+/* Scores of n configuration indices into sc->out. */
+static int score(scorer *sc, const uint64_t *idx, size_t n, tpk_ctx *ctx)
+{
+    if (scorer_reserve(sc, n))
+        return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        tpk_tune_config c;
+        tpk_tune_space_point(sc->s, idx[i], &c);
+        float *row = sc->X + i * (size_t)sc->nfeat;
+        int nf = sc->s->features(sc->s, &c, row, sc->nfeat);
+        for (int f = nf; f < sc->nfeat; f++)
+            row[f] = 0;
+    }
+    int st;
+    int base_ok = tpk_tune_model_trained(sc->base);
+    if (base_ok) {
+        st = tpk_tune_model_predict(sc->base, sc->X, n, NULL, sc->bm, ctx);
+        if (st)
+            return st;
+    }
+    if (!tpk_tune_model_trained(sc->own)) {
+        memcpy(sc->out, sc->bm, n * sizeof *sc->out);
+        return TPK_OK;
+    }
+    if (base_ok && sc->discount > 0)
+        for (size_t i = 0; i < n; i++)
+            sc->bm[i] *= (float)sc->discount;
+    return tpk_tune_model_predict(sc->own, sc->X, n, base_ok && sc->discount > 0 ? sc->bm : NULL,
+                                  sc->out, ctx);
+}
+
+/* ---- proposal: simulated annealing over the model ----------------------------------------- */
+
+typedef struct topk {
+    uint64_t *idx;
+    float *val;
+    int n, k;
+} topk;
+
+/* Insert unless present or not better than the current minimum; returns 1 on a change. */
+static int topk_push(topk *t, uint64_t idx, float v)
+{
+    for (int i = 0; i < t->n; i++)
+        if (t->idx[i] == idx)
+            return 0;
+    if (t->n < t->k) {
+        t->idx[t->n] = idx;
+        t->val[t->n++] = v;
+        return 1;
+    }
+    int mi = 0;
+    for (int i = 1; i < t->n; i++)
+        if (t->val[i] < t->val[mi])
+            mi = i;
+    if (v <= t->val[mi])
+        return 0;
+    t->idx[mi] = idx;
+    t->val[mi] = v;
+    return 1;
+}
+
+/* Change one knob to another candidate, keeping the point valid (AutoTVM random_walk). */
+static uint64_t random_walk(const tpk_tune_space *s, uint64_t idx, uint64_t *rng)
+{
+    tpk_tune_config c, d;
+    tpk_tune_space_point(s, idx, &c);
+    for (int tries = 0; tries < 32; tries++) {
+        int k = (int)(tpk__rng_next(rng) % (uint64_t)s->nknob);
+        if (s->knob[k].ncand < 2)
+            continue;
+        d = c;
+        int j = (int)(tpk__rng_next(rng) % (uint64_t)(s->knob[k].ncand - 1));
+        int cur = 0;
+        while (s->knob[k].cand[cur] != c.v[k])
+            cur++;
+        d.v[k] = s->knob[k].cand[j >= cur ? j + 1 : j];
+        if (tpk_tune_space_valid(s, &d))
+            return tpk_tune_space_index(s, &d);
+    }
+    return idx;
+}
+
+typedef struct sa_state {
+    uint64_t *points;
+    float *scores;
+    int n;
+} sa_state;
+
+static int sa_propose(scorer *sc, sa_state *st, const tpk_tune_opts *o, const idxset *visited,
+                      int want, uint64_t *rng, uint64_t *out, int *nout, tpk_ctx *ctx)
+{
+    const tpk_tune_space *s = sc->s;
+    int n = st->n;
+    uint64_t *np = malloc((size_t)n * sizeof *np);
+    float *ns = malloc((size_t)n * sizeof *ns);
+    topk t = {malloc((size_t)want * sizeof(uint64_t)), malloc((size_t)want * sizeof(float)), 0, want};
+    int rc = TPK_OK;
+    if (!np || !ns || !t.idx || !t.val) {
+        rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+        goto done;
+    }
+    rc = score(sc, st->points, (size_t)n, ctx);
+    if (rc)
+        goto done;
+    memcpy(st->scores, sc->out, (size_t)n * sizeof *st->scores);
+    for (int i = 0; i < n; i++)
+        if (!set_has(visited, st->points[i]))
+            topk_push(&t, st->points[i], st->scores[i]);
+    int quiet = 0;
+    for (int step = 0; step < o->sa_steps && quiet < o->sa_patience; step++) {
+        double temp = 1.0 - (double)step / (double)o->sa_steps; /* linear from 1 to 0 */
+        for (int i = 0; i < n; i++)
+            np[i] = random_walk(s, st->points[i], rng);
+        rc = score(sc, np, (size_t)n, ctx);
+        if (rc)
+            goto done;
+        memcpy(ns, sc->out, (size_t)n * sizeof *ns);
+        int changed = 0;
+        for (int i = 0; i < n; i++) {
+            double d = ((double)ns[i] - (double)st->scores[i]) / (temp + 1e-5);
+            if (d >= 0 || tpk__rng_unif(rng) < exp(d)) {
+                st->points[i] = np[i];
+                st->scores[i] = ns[i];
+            }
+            if (!set_has(visited, np[i]))
+                changed |= topk_push(&t, np[i], ns[i]);
+        }
+        quiet = changed ? 0 : quiet + 1;
+    }
+    /* best first */
+    for (int i = 0; i < t.n; i++)
+        for (int j = i + 1; j < t.n; j++)
+            if (t.val[j] > t.val[i]) {
+                float v = t.val[i];
+                uint64_t x = t.idx[i];
+                t.val[i] = t.val[j];
+                t.idx[i] = t.idx[j];
+                t.val[j] = v;
+                t.idx[j] = x;
+            }
+    memcpy(out, t.idx, (size_t)t.n * sizeof *out);
+    *nout = t.n;
+done:
+    free(np);
+    free(ns);
+    free(t.idx);
+    free(t.val);
+    return rc;
+}
+
+/* Top `want` unvisited members of a recorded table by model score. */
+static int table_propose(scorer *sc, const tpk_tune_opts *o, const idxset *visited, int want,
+                         uint64_t *out, int *nout, tpk_ctx *ctx)
+{
+    uint64_t *cand = malloc(o->nuniverse * sizeof *cand);
+    topk t = {malloc((size_t)want * sizeof(uint64_t)), malloc((size_t)want * sizeof(float)), 0, want};
+    int rc = TPK_OK;
+    size_t nc = 0;
+    if (!cand || !t.idx || !t.val) {
+        rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < o->nuniverse; i++)
+        if (!set_has(visited, o->universe[i]))
+            cand[nc++] = o->universe[i];
+    rc = score(sc, cand, nc, ctx);
+    if (rc)
+        goto done;
+    for (size_t i = 0; i < nc; i++)
+        topk_push(&t, cand[i], sc->out[i]);
+    memcpy(out, t.idx, (size_t)t.n * sizeof *out);
+    *nout = t.n;
+done:
+    free(cand);
+    free(t.idx);
+    free(t.val);
+    return rc;
+}
+
+/* A random unvisited point (of the table, when there is one); returns 0 when none is left. */
+static int random_unvisited(const tpk_tune_space *s, const tpk_tune_opts *o, const idxset *visited,
+                            const uint64_t *taken, int ntaken, uint64_t *rng, uint64_t *out)
+{
+    for (int tries = 0; tries < 4096; tries++) {
+        uint64_t idx = o->universe ? o->universe[tpk__rng_next(rng) % o->nuniverse]
+                                   : tpk_tune_space_random(s, rng);
+        int dup = set_has(visited, idx);
+        for (int i = 0; i < ntaken && !dup; i++)
+            dup = taken[i] == idx;
+        if (!dup) {
+            *out = idx;
+            return 1;
+        }
+    }
+    if (o->universe) /* nearly exhausted table: scan */
+        for (size_t i = 0; i < o->nuniverse; i++) {
+            int dup = set_has(visited, o->universe[i]);
+            for (int j = 0; j < ntaken && !dup; j++)
+                dup = taken[j] == o->universe[i];
+            if (!dup) {
+                *out = o->universe[i];
+                return 1;
+            }
+        }
+    return 0;
+}
+
+/* ---- transfer: a base model on earlier workloads ------------------------------------------ */
+
+static int same_task(const tpk_tune_task *a, const tpk_tune_task *b)
+{
+    return a->target == b->target && a->dtype == b->dtype && a->m == b->m && a->n == b->n &&
+           a->k == b->k && a->threads == b->threads;
+}
+
+static tpk_tune_model *fit_base(const tpk_tune_space *s, const tpk_tune_opts *o, int nfeat, tpk_ctx *ctx)
+{
+    size_t n = o->nhistory;
+    float *X = malloc((n + 1) * (size_t)nfeat * sizeof *X), *y = malloc((n + 1) * sizeof *y);
+    unsigned *group = malloc((n + 1) * sizeof *group);
+    char *used = calloc(n + 1, 1);
+    tpk_tune_model *m = NULL;
+    size_t rows = 0, ng = 0;
+    if (!X || !y || !group || !used)
+        goto done;
+    /* Rows grouped by workload, in log order of each workload's first record. */
+    for (size_t i = 0; i < n; i++) {
+        if (used[i] || strcmp(o->history[i].template_name, s->template_name) != 0 ||
+            same_task(&o->history[i].task, &s->task))
+            continue;
+        tpk_tune_space hs;
+        tpk_ctx qc;
+        tpk_ctx_init(&qc);
+        if (tpk_tune_space_init(&hs, &o->history[i].task, &qc))
+            continue;
+        unsigned len = 0;
+        for (size_t j = i; j < n; j++) {
+            if (used[j] || !same_task(&o->history[j].task, &o->history[i].task) ||
+                strcmp(o->history[j].template_name, s->template_name) != 0)
+                continue;
+            used[j] = 1;
+            tpk_tune_config c;
+            if (tpk_tune_record_config(&hs, &o->history[j], &c, &qc) != TPK_OK || !tpk_tune_space_valid(&hs, &c)) {
+                tpk_ctx_clear(&qc);
+                continue;
+            }
+            int nf = hs.features(&hs, &c, X + rows * (size_t)nfeat, nfeat);
+            for (int f = nf; f < nfeat; f++)
+                X[rows * (size_t)nfeat + (size_t)f] = 0;
+            y[rows++] = o->history[j].result.err ? 0.0f : (float)o->history[j].result.gflops;
+            len++;
+        }
+        if (len)
+            group[ng++] = len;
+    }
+    if (rows < 16)
+        goto done; /* too little to learn from */
+    m = tpk_tune_model_alloc(TPK_TUNE_MODEL_XGB_RANK, nfeat, o->rounds, (int)o->seed, ctx);
+    if (m && tpk_tune_model_fit(m, X, y, rows, group, ng, NULL, ctx) != TPK_OK) {
+        tpk_tune_model_free(m);
+        m = NULL;
+    }
+done:
+    free(X);
+    free(y);
+    free(group);
+    free(used);
+    return m;
+}
+
+/* ---- the tuner ---------------------------------------------------------------------------- */
+
+int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_measure_cb measure,
+                 void *measure_user, FILE *log, tpk_tune_progress_cb progress, void *progress_user,
+                 tpk_tune_outcome *out, tpk_ctx *ctx)
+{
+    tpk_tune_opts o;
+    if (oin)
+        o = *oin;
+    else
+        tpk_tune_opts_default(&o);
+    if (o.trials < 1 || o.plan_size < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: trials and plan_size must be positive");
+    if (o.sa_chains < 1)
+        o.sa_chains = 1;
+    memset(out, 0, sizeof *out);
+    tpk_tune_space_default(s, &out->best);
+
+    tpk_tune_config probe;
+    tpk_tune_space_default(s, &probe);
+    float fbuf[TPK_TUNE_MAX_FEATURES];
+    int nfeat = s->features(s, &probe, fbuf, TPK_TUNE_MAX_FEATURES);
+
+    scorer sc = {.s = s, .nfeat = nfeat};
+    idxset visited = {0};
+    float *X = malloc((size_t)o.trials * (size_t)nfeat * sizeof *X);
+    float *y = malloc((size_t)o.trials * sizeof *y), *bm = malloc((size_t)o.trials * sizeof *bm);
+    uint64_t *batch = malloc((size_t)o.plan_size * sizeof *batch);
+    sa_state sa = {malloc((size_t)o.sa_chains * sizeof(uint64_t)), malloc((size_t)o.sa_chains * sizeof(float)), o.sa_chains};
+    uint64_t rng = o.seed * 0x2545F4914F6CDD1Dull + 0x1234567;
+    int rc = TPK_OK;
+    if (!X || !y || !bm || !batch || !sa.points || !sa.scores || set_init(&visited, (size_t)o.trials)) {
+        rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < sa.n; i++)
+        sa.points[i] = o.universe ? o.universe[tpk__rng_next(&rng) % o.nuniverse] : tpk_tune_space_random(s, &rng);
+    if (o.model != TPK_TUNE_MODEL_RANDOM) {
+        sc.own = tpk_tune_model_alloc(o.model, nfeat, o.rounds, (int)o.seed, ctx);
+        if (!sc.own) {
+            rc = ctx ? ctx->status : TPK_EINVAL;
+            goto done;
+        }
+        if (o.nhistory)
+            sc.base = fit_base(s, &o, nfeat, ctx);
+    }
+
+    int done_n = 0, nbatch = 0;
+    double best = 0;
+    char best_str[256] = "";
+    while (done_n < o.trials) {
+        int want = o.plan_size < o.trials - done_n ? o.plan_size : o.trials - done_n;
+        int nb = 0;
+        if (o.model != TPK_TUNE_MODEL_RANDOM && scorer_ready(&sc)) {
+            int nrand = (int)floor(o.eps * want + 0.5);
+            int nmodel = want - nrand;
+            if (nmodel > 0) {
+                rc = o.universe ? table_propose(&sc, &o, &visited, nmodel, batch, &nb, ctx)
+                                : sa_propose(&sc, &sa, &o, &visited, nmodel, &rng, batch, &nb, ctx);
+                if (rc)
+                    goto done;
+            }
+        }
+        while (nb < want && random_unvisited(s, &o, &visited, batch, nb, &rng, &batch[nb]))
+            nb++;
+        if (nb == 0)
+            break; /* space (or table) exhausted */
+        tpk_tune_result last = {0};
+        for (int i = 0; i < nb; i++) {
+            tpk_tune_config c;
+            tpk_tune_space_point(s, batch[i], &c);
+            tpk_tune_result r;
+            memset(&r, 0, sizeof r);
+            rc = measure(measure_user, s, &c, &r, ctx);
+            if (rc)
+                goto done;
+            if (set_add(&visited, batch[i])) {
+                rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+                goto done;
+            }
+            if (log) {
+                tpk_tune_record rec;
+                tpk_tune_record_fill(&rec, s, &c, &r);
+                rc = tpk_tune_log_write(log, &rec, ctx);
+                if (rc)
+                    goto done;
+            }
+            int nf = s->features(s, &c, X + (size_t)done_n * (size_t)nfeat, nfeat);
+            for (int f = nf; f < nfeat; f++)
+                X[(size_t)done_n * (size_t)nfeat + (size_t)f] = 0;
+            y[done_n] = r.err ? 0.0f : (float)r.gflops;
+            done_n++;
+            if (r.err == 0 && r.gflops > best) {
+                best = r.gflops;
+                out->best = c;
+                tpk_tune_config_str(s, &c, best_str, sizeof best_str);
+            }
+            if (o.stop_at_gflops > 0 && best >= o.stop_at_gflops && !out->trials_to_stop)
+                out->trials_to_stop = done_n;
+            last = r;
+        }
+        nbatch++;
+        if (progress)
+            progress(progress_user, nbatch, done_n, best, best_str, &last);
+        if (out->trials_to_stop)
+            break;
+        if (sc.own && done_n < o.trials) {
+            /* Transfer prior weight 1/2^(n/64), dropped below 0.05 (AutoTVM fit_log / fit). */
+            sc.discount = tpk_tune_model_trained(sc.base) ? pow(0.5, done_n / 64.0) : 0;
+            if (sc.discount < 0.05)
+                sc.discount = 0;
+            const float *margin = NULL;
+            if (sc.discount > 0) {
+                rc = tpk_tune_model_predict(sc.base, X, (size_t)done_n, NULL, bm, ctx);
+                if (rc)
+                    goto done;
+                for (int i = 0; i < done_n; i++)
+                    bm[i] *= (float)sc.discount;
+                margin = bm;
+            }
+            unsigned g = (unsigned)done_n;
+            rc = tpk_tune_model_fit(sc.own, X, y, (size_t)done_n, &g, 1, margin, ctx);
+            if (rc)
+                goto done;
+        }
+    }
+    out->trials = done_n;
+    out->best_gflops = best;
+done:
+    tpk_tune_model_free(sc.own);
+    tpk_tune_model_free(sc.base);
+    free(sc.X);
+    free(sc.bm);
+    free(sc.out);
+    free(visited.slot);
+    free(X);
+    free(y);
+    free(bm);
+    free(batch);
+    free(sa.points);
+    free(sa.scores);
+    return rc;
+}
+
+/* ---- synthetic objective (tests; no timing) ----------------------------------------------- */
+
+double tpk_tune_synthetic_gflops(const tpk_tune_space *s, const tpk_tune_config *c, uint64_t noise_seed)
+{
+    const tpk_tune_task *t = &s->task;
+    tpk__cpu_blocking b;
+    tpk__cpu_gemm_blocking(s, c, &b);
+    /* Fixed cache sizes: the objective must not depend on the machine running the test. */
+    const double L1 = 48.0 * 1024, L2 = 2048.0 * 1024, L3 = 32.0 * 1024 * 1024;
+    double th = t->threads > 0 ? t->threads : 1;
+    double peak = 112.0 * (8.0 / b.es) * (c->v[0] / 512.0) * th;
+    /* Micro-kernel: FMAs against loads+broadcasts on two ports each; register pressure. */
+    double fma = b.mr * b.nv, ld = b.mr + b.nv;
+    double uk = fma / fmax(fma, ld * 1.2 + 2) * fmin(1.0, fma / 16.0);
+    double regs = b.mr * b.nv + b.nv + 1;
+    if (regs > 30)
+        uk *= 0.9;
+    double kc = fmin(b.kc, (double)t->k);
+    double f1 = b.nr * kc * b.es / L1, f2 = b.mc * kc * b.es / L2, f3 = kc * b.nc * b.es / L3;
+    double cache = 1.0 / (1 + 1.5 * fmax(0, f1 - 0.6)) / (1 + 1.0 * fmax(0, f2 - 0.5)) / (1 + 0.5 * fmax(0, f3 - 0.5));
+    if (b.order == TPK__ORDER_IR_JR)
+        cache *= b.mr * kc * b.es < 0.5 * L1 ? 0.97 : 0.85;
+    double kcost = kc / (kc + 20.0);         /* C read/write per kc block */
+    double mcost = b.mc / (b.mc + 6.0 * b.mr);/* packing and loop overhead per mc block */
+    double m = (double)t->m, n = (double)t->n, k = (double)t->k;
+    double edge = m * n / (ceil(m / b.mr) * b.mr * ceil(n / b.nr) * b.nr) *
+                  k / (ceil(k / b.kc) * b.kc) * 0.2 + 0.8;
+    static const double kus[] = {0.92, 0.97, 1.0, 0.99};
+    int kui = b.ku == 1 ? 0 : b.ku == 2 ? 1 : b.ku == 4 ? 2 : 3;
+    double pf = b.pf == 1 ? 1.0 : b.pf == 2 ? 0.99 : 0.97;
+    double units = b.par == TPK__PAR_IC ? ceil(m / b.mc) : ceil(fmin(b.nc, n) / b.nr);
+    double bal = units / (ceil(units / th) * th);
+    uint64_t h = tpk_tune_space_index(s, c) ^ (noise_seed * 0x9E3779B97F4A7C15ull);
+    double u1 = tpk__rng_unif(&h), u2 = tpk__rng_unif(&h);
+    double noise = exp(0.03 * sqrt(-2 * log(u1 + 1e-12)) * cos(6.283185307179586 * u2));
+    return peak * uk * cache * kcost * mcost * edge * kus[kui] * pf * bal * noise;
+}
+
+int tpk_tune_synthetic_measure(void *user, const tpk_tune_space *s, const tpk_tune_config *c,
+                               tpk_tune_result *res, tpk_ctx *ctx)
+{
+    (void)ctx;
+    memset(res, 0, sizeof *res);
+    if (!tpk_tune_space_valid(s, c)) {
+        res->err = TPK_TUNE_EINVALID;
+        return TPK_OK;
+    }
+    res->gflops = tpk_tune_synthetic_gflops(s, c, user ? *(const uint64_t *)user : 0);
+    res->ncost = 1;
+    res->costs_s[0] = tpk_tune_task_flops(&s->task) / (res->gflops * 1e9);
+    res->cpu_ratio = 1;
+    return TPK_OK;
+}

@@ -1,0 +1,51 @@
+/* Internals shared by the tuner's files: templates, RNG, cache sizes, small helpers. */
+#ifndef TPK_TUNE_IMPL_H
+#define TPK_TUNE_IMPL_H
+
+#include "tpk/tune.h"
+
+/* Templates: fill a space for a task (knob table, constraints, features). */
+int tpk__cpu_gemm_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx);
+int tpk__cuda_gemm_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx);
+int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
+                       int standalone, FILE *out, tpk_ctx *ctx);
+int tpk__cuda_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
+                        int standalone, FILE *out, tpk_ctx *ctx);
+void tpk__cpu_gemm_default(const tpk_tune_space *s, tpk_tune_config *c);
+void tpk__cuda_gemm_default(const tpk_tune_space *s, tpk_tune_config *c);
+int tpk__cuda_measure(const tpk_tune_space *s, const tpk_tune_config *c,
+                      const tpk_tune_measure_opts *o, tpk_tune_result *res, tpk_ctx *ctx);
+
+/* Derived blocking of a cpu_gemm configuration (the knobs after rounding to the tile). */
+typedef struct tpk__cpu_blocking {
+    int es;   /* element size in bytes */
+    int vl;   /* vector length in elements */
+    int mr, nr, nv, kc, mc, nc, ku, order, par, pf;
+} tpk__cpu_blocking;
+void tpk__cpu_gemm_blocking(const tpk_tune_space *s, const tpk_tune_config *c, tpk__cpu_blocking *b);
+enum { TPK__ORDER_JR_IR = 0, TPK__ORDER_IR_JR = 1 };
+enum { TPK__PAR_IC = 0, TPK__PAR_JR = 1 };
+
+/* Data cache sizes in bytes (sysconf with fallbacks of a current server core). */
+typedef struct tpk__caches {
+    double l1, l2, l3;
+} tpk__caches;
+void tpk__cache_sizes(tpk__caches *c);
+
+/* splitmix64: small, seedable, good enough for search decisions. */
+static inline uint64_t tpk__rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline double tpk__rng_unif(uint64_t *s)
+{
+    return (double)(tpk__rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+double tpk__now(void);
+double tpk__log2(double x);
+
+#endif
