@@ -138,8 +138,10 @@ typedef struct child_args {
         size_t ms = a->ms, ns = a->ns, ks = a->ks;                                                 \
         T *As = malloc(ms * ks * sizeof(T)), *Bs = malloc(ks * ns * sizeof(T));                    \
         T *Cs = malloc(ms * ns * sizeof(T)), *Cr = malloc(ms * ns * sizeof(T));                    \
-        if (!ws || !As || !Bs || !Cs || !Cr)                                                       \
+        if (!ws || !As || !Bs || !Cs || !Cr) {                                                     \
+            free(ws); free(As); free(Bs); free(Cs); free(Cr);                                      \
             return TPK_TUNE_ECRASH;                                                                \
+        }                                                                                          \
         for (size_t i = 0; i < ms * ks; i++)                                                       \
             As[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                              \
         for (size_t i = 0; i < ks * ns; i++)                                                       \
@@ -160,6 +162,7 @@ typedef struct child_args {
         free(As); free(Bs); free(Cs); free(Cr);                                                    \
         if (!(worst <= VERIFY_SLACK * (double)ks * EPS)) {                                         \
             r->max_rel_err = worst;                                                                \
+            free(ws);                                                                              \
             return TPK_TUNE_EWRONG;                                                                \
         }                                                                                          \
         /* 2. The workload itself, checked by Freivalds' product C·x = A·(B·x). */               \
@@ -168,8 +171,10 @@ typedef struct child_args {
         T *B = aligned_alloc(64, (k * n * sizeof(T) + 63) / 64 * 64);                              \
         T *C = aligned_alloc(64, (m * n * sizeof(T) + 63) / 64 * 64);                              \
         double *x = malloc(n * sizeof *x), *bx = malloc(k * sizeof *bx), *bax = malloc(k * sizeof *bax); \
-        if (!A || !B || !C || !x || !bx || !bax)                                                   \
+        if (!A || !B || !C || !x || !bx || !bax) {                                                 \
+            free(A); free(B); free(C); free(x); free(bx); free(bax); free(ws);                     \
             return TPK_TUNE_ECRASH;                                                                \
+        }                                                                                          \
         for (size_t i = 0; i < m * k; i++)                                                         \
             A[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                               \
         for (size_t i = 0; i < k * n; i++)                                                         \
@@ -203,8 +208,10 @@ typedef struct child_args {
         }                                                                                          \
         free(x); free(bx); free(bax);                                                              \
         r->max_rel_err = worst;                                                                    \
-        if (!(worst <= VERIFY_SLACK * (double)k * EPS))                                            \
+        if (!(worst <= VERIFY_SLACK * (double)k * EPS)) {                                          \
+            free(A); free(B); free(C); free(ws);                                                   \
             return TPK_TUNE_EWRONG;                                                                \
+        }                                                                                          \
         /* 3. Time: one warm-up call, calls per repeat grown to min_repeat_ms, median. */         \
         double t0 = tpk__now();                                                                    \
         kern(m, n, k, 1, A, k, 1, B, n, 1, 0, C, n, (int)nt, ws);                                  \

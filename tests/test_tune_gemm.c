@@ -1,0 +1,271 @@
+/* Generated GEMM kernels and the measurer: every kernel in gen/ against the reference kernel
+ * (odd shapes, transposes, beta, 1 and 2 threads), the shape dispatch and its errors, and one
+ * candidate through compile → load → verify → time (no assertion on the time itself). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../tuner/gemm_gen.h"
+#include "tpk/gemm.h"
+#include "tpk/tune.h"
+
+/* Relative to (|alpha|·k + |beta|) with entries in [-1, 1]: a k-term dot product in the working
+ * precision has error ≤ k·u (Higham Thm 3.5); the factor 4 leaves room for beta·C. */
+#define TOL_F64(k) (4.0 * (double)(k) * 1.1102230246251565e-16)
+#define TOL_F32(k) (4.0 * (double)(k) * 5.9604644775390625e-08)
+
+static uint64_t rng_state = 0x2385;
+static double unif(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+}
+
+/* One kernel on one shape against the reference, A and B each either way round. */
+static double check_d(tpk_dgemm_kernel_fn fn, tpk_gemm_ws_fn wsf, size_t m, size_t n, size_t k, int ta,
+                      int tb, int nt)
+{
+    double *A = malloc(m * k * sizeof *A), *B = malloc(k * n * sizeof *B);
+    double *C = malloc(m * n * sizeof *C), *R = malloc(m * n * sizeof *R);
+    void *ws = aligned_alloc(64, (wsf(nt) + 63) / 64 * 64);
+    for (size_t i = 0; i < m * k; i++)
+        A[i] = unif();
+    for (size_t i = 0; i < k * n; i++)
+        B[i] = unif();
+    for (size_t i = 0; i < m * n; i++)
+        C[i] = R[i] = unif();
+    size_t rsa = ta ? 1 : k, csa = ta ? m : 1, rsb = tb ? 1 : n, csb = tb ? k : 1;
+    fn(m, n, k, 1.375, A, rsa, csa, B, rsb, csb, -0.625, C, n, nt, ws);
+    tpk_ref_dgemm(m, n, k, 1.375, A, rsa, csa, B, rsb, csb, -0.625, R, n);
+    double worst = 0;
+    for (size_t i = 0; i < m * n; i++) {
+        double e = fabs(C[i] - R[i]) / (1.375 * (double)k + 0.625);
+        worst = e > worst || isnan(e) ? e : worst;
+    }
+    free(A), free(B), free(C), free(R), free(ws);
+    return worst;
+}
+
+static double check_s(tpk_sgemm_kernel_fn fn, tpk_gemm_ws_fn wsf, size_t m, size_t n, size_t k, int ta,
+                      int tb, int nt)
+{
+    float *A = malloc(m * k * sizeof *A), *B = malloc(k * n * sizeof *B);
+    float *C = malloc(m * n * sizeof *C), *R = malloc(m * n * sizeof *R);
+    void *ws = aligned_alloc(64, (wsf(nt) + 63) / 64 * 64);
+    for (size_t i = 0; i < m * k; i++)
+        A[i] = (float)unif();
+    for (size_t i = 0; i < k * n; i++)
+        B[i] = (float)unif();
+    for (size_t i = 0; i < m * n; i++)
+        C[i] = R[i] = (float)unif();
+    size_t rsa = ta ? 1 : k, csa = ta ? m : 1, rsb = tb ? 1 : n, csb = tb ? k : 1;
+    fn(m, n, k, 1.375f, A, rsa, csa, B, rsb, csb, 0.0f, C, n, nt, ws); /* beta = 0: C not read */
+    tpk_ref_sgemm(m, n, k, 1.375f, A, rsa, csa, B, rsb, csb, 0.0f, R, n);
+    double worst = 0;
+    for (size_t i = 0; i < m * n; i++) {
+        double e = fabs((double)C[i] - (double)R[i]) / (1.375 * (double)k);
+        worst = e > worst || isnan(e) ? e : worst;
+    }
+    free(A), free(B), free(C), free(R), free(ws);
+    return worst;
+}
+
+static void test_generated_kernels_match_reference(void **state)
+{
+    (void)state;
+    /* Shapes that leave edge tiles in m and n and cross the kc blocking (kc ≤ 512). */
+    const size_t shapes[][3] = {{131, 97, 547}, {29, 203, 64}, {1, 1, 1}};
+    size_t nent = tpk__gemm_table_len + 2;
+    for (size_t i = 0; i < nent; i++) {
+        const tpk__gemm_entry *e = i < tpk__gemm_table_len ? &tpk__gemm_table[i] : &tpk__gemm_default[i - tpk__gemm_table_len];
+        if (!e->name)
+            continue;
+        for (size_t s = 0; s < 3; s++) {
+            int ta = (int)((i + s) & 1), tb = (int)(((i + s) >> 1) & 1), nt = 1 + (int)((i + s) % 2);
+            size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            double err = e->dfn ? check_d(e->dfn, e->ws, m, n, k, ta, tb, nt) : check_s(e->sfn, e->ws, m, n, k, ta, tb, nt);
+            double tol = e->dfn ? TOL_F64(k) : TOL_F32(k);
+            if (!(err <= tol))
+                fail_msg("%s on %zux%zux%zu (ta %d tb %d, %d threads): error %.3g > %.3g", e->name, m, n, k, ta, tb,
+                         nt, err, tol);
+        }
+    }
+}
+
+static void test_dispatch(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    const char *name;
+    unsetenv("TPK_GEMM");
+    assert_int_equal(tpk_gemm_tuned_choice(0, 8, 8, 8, 1, &name), TPK_GEMM_OPENBLAS);
+    assert_string_equal(name, "openblas");
+    if (tpk__gemm_table_len > 0) {
+        const tpk__gemm_entry *e = &tpk__gemm_table[0];
+        assert_int_equal(tpk_gemm_tuned_choice(e->dtype, e->m, e->n, e->k, e->threads, &name), TPK_GEMM_EXACT);
+        assert_string_equal(name, e->name);
+        assert_int_equal(tpk_gemm_tuned_choice(e->dtype, e->m + 8, e->n, e->k, e->threads, NULL), TPK_GEMM_NEAREST);
+    }
+    assert_int_equal(tpk_gemm_tuned_choice(0, 3, 1u << 20, 1u << 20, 1, NULL), TPK_GEMM_DEFAULT);
+    setenv("TPK_GEMM", "default", 1);
+    assert_int_equal(tpk_gemm_tuned_choice(1, 512, 512, 512, 1, NULL), TPK_GEMM_DEFAULT);
+    setenv("TPK_GEMM", "openblas", 1);
+    assert_int_equal(tpk_gemm_tuned_choice(1, 512, 512, 512, 1, NULL), TPK_GEMM_OPENBLAS);
+    assert_int_equal(tpk_gemm_tuned_ws_size(1, 512, 512, 512, 1), 0);
+    unsetenv("TPK_GEMM");
+    assert_true(tpk_gemm_tuned_ws_size(0, 512, 512, 512, 1) > 0);
+
+    /* Through the public entry points, every path, against the reference. */
+    const size_t m = 150, n = 70, k = 90;
+    double *A = malloc(m * k * sizeof *A), *B = malloc(k * n * sizeof *B);
+    double *C = malloc(m * n * sizeof *C), *R = malloc(m * n * sizeof *R);
+    float *As = malloc(m * k * sizeof *As), *Bs = malloc(k * n * sizeof *Bs), *Cs = malloc(m * n * sizeof *Cs);
+    for (size_t i = 0; i < m * k; i++)
+        As[i] = (float)(A[i] = unif());
+    for (size_t i = 0; i < k * n; i++)
+        Bs[i] = (float)(B[i] = unif());
+    const char *modes[] = {"tuned", "default", "openblas"};
+    for (int md = 0; md < 3; md++) {
+        setenv("TPK_GEMM", modes[md], 1);
+        for (int ta = 0; ta < 2; ta++) {
+            for (size_t i = 0; i < m * n; i++)
+                Cs[i] = (float)(C[i] = R[i] = unif());
+            /* op(A) = A^T when ta: A is then stored k×m with row stride m. */
+            assert_int_equal(tpk_gemm_tuned_d(ta, 0, m, n, k, 0.75, A, ta ? m : k, B, n, 2.5, C, n, 2, NULL, &ctx), TPK_OK);
+            tpk_ref_dgemm(m, n, k, 0.75, A, ta ? 1 : k, ta ? m : 1, B, n, 1, 2.5, R, n);
+            for (size_t i = 0; i < m * n; i++)
+                assert_true(fabs(C[i] - R[i]) <= TOL_F64(k) * (0.75 * k + 2.5));
+            assert_int_equal(tpk_gemm_tuned_s(ta, 0, m, n, k, 0.75f, As, ta ? m : k, Bs, n, 0.0f, Cs, n, 1, NULL, &ctx), TPK_OK);
+            tpk_ref_dgemm(m, n, k, 0.75, A, ta ? 1 : k, ta ? m : 1, B, n, 1, 0.0, R, n);
+            for (size_t i = 0; i < m * n; i++)
+                assert_true(fabs((double)Cs[i] - R[i]) <= TOL_F32(k) * 0.75 * k);
+        }
+    }
+    unsetenv("TPK_GEMM");
+    /* k = 0 scales C by beta; errors. */
+    for (size_t i = 0; i < m * n; i++)
+        C[i] = 2.0;
+    assert_int_equal(tpk_gemm_tuned_d(0, 0, m, n, 0, 1.0, A, 1, B, n, 0.5, C, n, 1, NULL, &ctx), TPK_OK);
+    assert_true(C[0] == 1.0 && C[m * n - 1] == 1.0);
+    assert_int_equal(tpk_gemm_tuned_d(2, 0, m, n, k, 1.0, A, k, B, n, 0.0, C, n, 1, NULL, &ctx), TPK_EINVAL);
+    tpk_ctx_clear(&ctx);
+    assert_int_equal(tpk_gemm_tuned_d(0, 0, m, n, k, 1.0, A, k - 1, B, n, 0.0, C, n, 1, NULL, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "leading dimension"));
+    tpk_ctx_clear(&ctx);
+    assert_int_equal(tpk_gemm_tuned_s(0, 0, (size_t)1 << 40, n, k, 1.0f, As, k, Bs, n, 0.0f, Cs, n, 1, NULL, &ctx), TPK_EINVAL);
+    tpk_ctx_clear(&ctx);
+    free(A), free(B), free(C), free(R), free(As), free(Bs), free(Cs);
+}
+
+static void test_measure_pipeline(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_tune_space s;
+    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F32, 100, 75, 130, 2};
+    assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
+    tpk_tune_measure_opts o;
+    tpk_tune_measure_opts_default(&o);
+    o.repeat = 1;
+    o.min_repeat_ms = 1;
+    o.max_redo = 0;
+    tpk_tune_config c;
+    tpk_tune_space_default(&s, &c);
+    assert_int_equal(tpk_tune_config_set(&s, &c, "par", 1), TPK_OK); /* split jr */
+    assert_int_equal(tpk_tune_config_set(&s, &c, "order", 1), TPK_OK);
+    tpk_tune_result r;
+    assert_int_equal(tpk_tune_measure(&s, &c, &o, &r, &ctx), TPK_OK);
+    if (r.err)
+        fail_msg("candidate failed: err %d (rel err %.3g)", r.err, r.max_rel_err);
+    assert_true(r.gflops > 0 && r.ncost == 1 && r.max_rel_err < 1e-5);
+    /* A configuration outside the constraints is not built. */
+    assert_int_equal(tpk_tune_config_set(&s, &c, "mr", 28), TPK_OK);
+    assert_int_equal(tpk_tune_config_set(&s, &c, "nv", 4), TPK_OK);
+    assert_int_equal(tpk_tune_measure(&s, &c, &o, &r, &ctx), TPK_OK);
+    assert_int_equal(r.err, TPK_TUNE_EINVALID);
+    /* A compiler that fails. */
+    tpk_tune_space_default(&s, &c);
+    o.cc = "false";
+    assert_int_equal(tpk_tune_measure(&s, &c, &o, &r, &ctx), TPK_OK);
+    assert_int_equal(r.err, TPK_TUNE_ECOMPILE);
+    /* A wrong kernel is caught by the child's check against the reference. */
+    char dir[] = "/tmp/tpk_tune_testXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char src[128], so[128], out[128];
+    snprintf(src, sizeof src, "%s/bad.c", dir);
+    snprintf(so, sizeof so, "%s/bad.so", dir);
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    FILE *f = fopen(src, "w");
+    fputs("#include <stddef.h>\nsize_t tpk_kernel_ws(int nt) { (void)nt; return 64; }\n"
+          "void tpk_kernel(size_t m, size_t n, size_t k, double al, const double *A, size_t ra, size_t ca,\n"
+          "  const double *B, size_t rb, size_t cb, double be, double *C, size_t ldc, int nt, void *ws)\n"
+          "{ for (size_t i = 0; i < m; i++) for (size_t j = 0; j < n; j++) C[i * ldc + j] = 0; }\n", f);
+    fclose(f);
+    assert_int_equal(tpk_tune_compile_cpu(src, so, "gcc", 60, NULL, &ctx), TPK_OK);
+    assert_int_equal(tpk_tune_compile_cpu("/nonexistent.c", so, "gcc", 60, NULL, &ctx), TPK_EIO);
+    tpk_ctx_clear(&ctx);
+    char *argv[] = {"t", "__measure", so, "0", "40", "30", "20", "1", "1", "1", "11", "13", "17", NULL};
+    fflush(stdout);
+    FILE *saved = fopen(out, "w");
+    int fd = dup(1);
+    dup2(fileno(saved), 1);
+    int rc = tpk_tune_child_main(13, argv);
+    fflush(stdout);
+    dup2(fd, 1);
+    close(fd);
+    fclose(saved);
+    assert_int_equal(rc, 0);
+    char line[256] = "";
+    f = fopen(out, "r");
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    assert_non_null(strstr(line, "TPKRESULT 3 ")); /* TPK_TUNE_EWRONG */
+    assert_int_equal(tpk_tune_child_main(3, argv), 2);
+    unlink(src), unlink(so), unlink(out), rmdir(dir);
+}
+
+static void test_emit_readable(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_tune_space s;
+    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, 512, 512, 512, 1};
+    assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
+    tpk_tune_config c;
+    tpk_tune_space_default(&s, &c);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(tpk_tune_emit(&s, &c, "tpk_kernel", 1, f, &ctx), TPK_OK);
+    fclose(f);
+    assert_non_null(strstr(buf, "DO NOT EDIT"));
+    assert_non_null(strstr(buf, "tpk_kernel_ws"));
+    free(buf);
+    assert_int_equal(tpk_tune_config_set(&s, &c, "mr", 28), TPK_OK);
+    assert_int_equal(tpk_tune_config_set(&s, &c, "nv", 4), TPK_OK);
+    f = tmpfile();
+    assert_int_equal(tpk_tune_emit(&s, &c, "x", 1, f, &ctx), TPK_EINVAL);
+    fclose(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_measure_pipeline), /* first: before this process runs OpenMP */
+        cmocka_unit_test(test_generated_kernels_match_reference),
+        cmocka_unit_test(test_dispatch),
+        cmocka_unit_test(test_emit_readable),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
