@@ -35,10 +35,13 @@ TPK_API int tpk_phi_register(tpk_phi_registry *reg, const char *name, tpk_scalar
 /* Print "name  flags  closed-form?" one per line. */
 TPK_API void tpk_phi_registry_list(const tpk_phi_registry *reg, void *file /* FILE* */);
 
-/* Instantiate from a spec: "relu", "erf", "leaky_relu(0.1)", "erf(2.5)" (erf(b x)). */
+/* Instantiate from a spec: "relu", "erf", "leaky_relu(0.1)", "erf(2.5)" (erf(b x)).
+ * Grammar: name [ '(' number {',' number} ')' ]; omitted trailing parameters take their defaults.
+ * Errors: TPK_ENOTFOUND (unknown name, with suggestions), TPK_EINVAL (syntax, too many
+ * parameters, non-finite parameter). Names and defaults: tpk_phi_registry_list. */
 TPK_API tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tpk_ctx *ctx);
 TPK_API void tpk_phi_free(tpk_phi *phi);
-TPK_API const char *tpk_phi_name(const tpk_phi *phi);     /* canonical spec, e.g. "leaky_relu(0.1,1)" */
+TPK_API const char *tpk_phi_name(const tpk_phi *phi);     /* canonical spec, e.g. "leaky_relu(0.1)" */
 TPK_API double tpk_phi_eval(const tpk_phi *phi, double x);
 TPK_API unsigned tpk_phi_flags(const tpk_phi *phi);
 TPK_API int tpk_phi_has_closed_form(const tpk_phi *phi); /* zero-mean 2-D closed form known */
@@ -54,6 +57,8 @@ typedef struct tpk_gauss_ws tpk_gauss_ws;
 #define TPK_GAUSS_DEFAULT_DEGREE 64
 TPK_API tpk_gauss_ws *tpk_gauss_ws_alloc(size_t degree, tpk_ctx *ctx);
 TPK_API void tpk_gauss_ws_free(tpk_gauss_ws *ws);
+/* The degree D the workspace was built with (0 for NULL). */
+TPK_API size_t tpk_gauss_ws_degree(const tpk_gauss_ws *ws);
 
 /* E[φ(u)φ(v)], (u,v) ~ N(0, [[q1,k],[k,q2]]). Closed form when known, else 2-D Gauss–Hermite
  * with a Cholesky (guarded for ρ → ±1, q → 0). Fails with TPK_EDOM on a non-PSD or non-finite Σ. */
@@ -78,6 +83,15 @@ TPK_API int tpk_gauss_map(const tpk_phi *phi, const double *S, size_t n, double 
 TPK_API int tpk_gauss_map_cross(const tpk_phi *phi, const double *qa, size_t m, const double *qb,
                                 size_t n, const double *C, double *out, const tpk_gauss_ws *ws,
                                 double *err_max, tpk_ctx *ctx);
+/* Fused form for kernel recursions (saves a pass over the matrix per layer):
+ * out = alpha·V_φ(S) + beta entrywise; otherwise as tpk_gauss_map (err_max is scaled by |alpha|). */
+TPK_API int tpk_gauss_map_affine(const tpk_phi *phi, const double *S, size_t n, double alpha,
+                                 double beta, double *out, const tpk_gauss_ws *ws, double *err_max,
+                                 tpk_ctx *ctx);
+/* Notes on the maps: only the lower triangle (and diagonal) of S is read. ws may be NULL when φ
+ * has a closed form. On error (TPK_EDOM for a non-PSD entry, naming it) out is left partially
+ * written. Non-closed-form φ use the Mehler (Hermite-coefficient) series of theory.md §3.2 per
+ * entry, falling back to 2-D Gauss–Hermite where its tail bound is not small. */
 
 #ifdef __cplusplus
 }

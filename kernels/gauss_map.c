@@ -1,0 +1,651 @@
+/* Whole-matrix maps S ↦ V_φ(S): tiled, OpenMP-parallel, vectorised closed forms (theory.md §3.2), Mehler series otherwise. */
+#include "gauss_impl.h"
+#include "gauss_simd.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PI 3.14159265358979323846
+/* Square tiles of the lower triangle: a 64×64 block of doubles (32 KiB) is computed into a
+ * buffer and written out twice (in place and transposed), so the mirror costs no extra pass. */
+#define TILE 64
+/* Below this many entries the OpenMP fork costs more than it saves. */
+#define PAR_MIN_ENTRIES 16384
+/* Mehler series accepted when its truncation bound is below this fraction of √(Eφ(u)²Eφ(v)²);
+ * otherwise the entry is also integrated by 2-D Gauss–Hermite and the better estimate kept. */
+#define MEHLER_RTOL 1e-10
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* Kernels the map dispatches to, once per row segment (never per entry). */
+enum map_kernel {
+    MK_ASIN,    /* α + β asin(k a_i a_j): step, sign, erf(b), erf_sigmoid */
+    MK_ABRELU,  /* √(q_i q_j)[c0 √(1−ρ²) + (c1 + c0 asin ρ)ρ] */
+    MK_ARCCOS2, /* q_i q_j/(2π)[3ρ√(1−ρ²) + (π/2 + asin ρ)(1 + 2ρ²)] */
+    MK_GELU,
+    MK_SCALAR,  /* the remaining closed forms, entry by entry (identity, sin, exp, monomials) */
+    MK_MEHLER,  /* no closed form, smooth φ: Mehler series, quadrature where its bound is loose */
+    MK_QUAD     /* no closed form, kinked φ: quadrature per entry */
+};
+
+/* Per-index arrays: q (variance), sq = √q (PSD check), a (ρ-scale: ρ_ij = k a_i a_j),
+ * s (output scale), and for MK_MEHLER the coefficients [t*len + i], tail and norm. */
+typedef struct index_prep {
+    size_t len;
+    double *q, *sq, *a, *s;
+    double *coef, *tail, *norm;
+    double qmax;
+} index_prep;
+
+typedef struct map_plan {
+    const tpk_phi *phi;
+    const tpk_gauss_ws *ws;
+    int mk;
+    double c0, c1;       /* kernel constants (MK_ASIN: α, β; MK_ABRELU: c0, c1) */
+    const index_prep *r; /* rows */
+    const index_prep *c; /* columns */
+    size_t J;
+    double alpha, beta;  /* output affine */
+} map_plan;
+
+/* First failing entry (lexicographically smallest (i, j), so the message is deterministic). */
+typedef struct map_fail {
+    int any;
+    size_t i, j;
+    double k;
+} map_fail;
+
+typedef struct seg_stats {
+    int bad;       /* some entry of the segment failed a check: rescan it */
+    double maxr;   /* largest |asin argument| (MK_ASIN, MK_GELU error bound) */
+    double errmax; /* largest per-entry error (MK_SCALAR, MK_MEHLER) */
+} seg_stats;
+
+/* ==== vector kernels ===================================================================== */
+
+typedef struct row_consts {
+    gv lim, ra, rs, c0, c1;
+} row_consts;
+
+/* One vector of entries (i, j..j+L). k: covariances; csq, ca, cs: the column arrays. */
+static ALWAYS_INLINE gv vec_entry(const int mk, const row_consts *R, gv k, gv csq, gv ca, gv cs,
+                                  gm *bad, gv *maxr)
+{
+    const gv one = gv_set1(1.0);
+    /* PSD check |k| ≤ (1+rtol)√(q_i q_j); true also for NaN k. */
+    *bad = gm_or(*bad, gv_not_le(gv_abs(k), gv_mul(R->lim, csq)));
+    gv x = gv_mul(gv_mul(k, R->ra), ca);
+    x = gv_min(gv_max(x, gv_set1(-1.0)), one);
+    /* as tpk__gauss_check_cov: within rounding of ±1 is ±1 */
+    x = gv_select(gv_ge(gv_abs(x), gv_set1(1.0 - GAUSS_RHO_SNAP)), gv_copysign(one, x), x);
+    gv out;
+    switch (mk) {
+    case MK_ASIN:
+        *maxr = gv_max(*maxr, gv_abs(x));
+        out = gv_fma(R->c1, gv_asin(x), R->c0);
+        break;
+    case MK_ABRELU: {
+        gv w = gv_sqrt(gv_mul(gv_sub(one, x), gv_add(one, x)));
+        gv in = gv_fma(gv_fma(R->c0, gv_asin(x), R->c1), x, gv_mul(R->c0, w));
+        out = gv_mul(gv_mul(R->rs, cs), in);
+        break;
+    }
+    case MK_ARCCOS2: {
+        gv w = gv_sqrt(gv_mul(gv_sub(one, x), gv_add(one, x)));
+        gv t1 = gv_mul(gv_mul(gv_set1(3.0), x), w);
+        gv t2 = gv_mul(gv_add(gv_set1(PI / 2), gv_asin(x)), gv_fma(gv_add(x, x), x, one));
+        out = gv_mul(gv_mul(gv_mul(R->rs, cs), gv_set1(1.0 / (2 * PI))), gv_add(t1, t2));
+        break;
+    }
+    default: { /* MK_GELU: a = 1/√(1+q), s = q; see tpk__gauss_cf2 for the algebra */
+        gv rp = gv_mul(R->ra, ca), qq = gv_mul(R->rs, cs);
+        gv dq = gv_max(gv_sub(qq, gv_mul(k, k)), gv_set1(0.0));
+        gv d2 = gv_add(gv_add(one, gv_add(R->rs, cs)), dq);
+        gv w2 = gv_mul(d2, gv_mul(rp, rp));
+        gv t = gv_div(gv_mul(rp, gv_fma(qq, w2, gv_mul(x, x))), gv_sqrt(w2));
+        *maxr = gv_max(*maxr, gv_abs(x));
+        out = gv_fma(gv_set1(0.25), k, gv_mul(gv_set1(1.0 / (2 * PI)), gv_fma(k, gv_asin(x), t)));
+        break;
+    }
+    }
+    *bad = gm_or(*bad, gv_not_le(gv_abs(out), gv_set1(DBL_MAX)));
+    return out;
+}
+
+static ALWAYS_INLINE void seg_vec(const int mk, const map_plan *P, size_t i, const double *k,
+                                  size_t j0, size_t len, double *out, seg_stats *st)
+{
+    const index_prep *r = P->r, *c = P->c;
+    row_consts R = {gv_set1((1.0 + GAUSS_PSD_RTOL) * r->sq[i]), gv_set1(r->a[i]), gv_set1(r->s[i]),
+                    gv_set1(P->c0), gv_set1(P->c1)};
+    gm bad = gm_none();
+    gv maxr = gv_set1(0.0);
+    const double *csq = c->sq + j0, *ca = c->a + j0, *cs = c->s + j0;
+    size_t j = 0;
+    for (; j + GV_LANES <= len; j += GV_LANES)
+        gv_store(out + j, vec_entry(mk, &R, gv_load(k + j), gv_load(csq + j), gv_load(ca + j),
+                                    gv_load(cs + j), &bad, &maxr));
+    if (j < len) {
+        /* tail: pad with a harmless entry (k = 0, unit scales) */
+        double tk[GV_LANES], tsq[GV_LANES], ta[GV_LANES], ts[GV_LANES], to[GV_LANES];
+        for (size_t l = 0; l < GV_LANES; l++) {
+            const int in = j + l < len;
+            tk[l] = in ? k[j + l] : 0.0;
+            tsq[l] = in ? csq[j + l] : 1.0;
+            ta[l] = in ? ca[j + l] : 1.0;
+            ts[l] = in ? cs[j + l] : 0.0;
+        }
+        gv_store(to, vec_entry(mk, &R, gv_load(tk), gv_load(tsq), gv_load(ta), gv_load(ts), &bad,
+                               &maxr));
+        for (size_t l = 0; j + l < len; l++)
+            out[j + l] = to[l];
+    }
+    double mr[GV_LANES];
+    gv_store(mr, maxr);
+    for (size_t l = 0; l < GV_LANES; l++)
+        st->maxr = mr[l] > st->maxr ? mr[l] : st->maxr;
+    st->bad |= gm_any(bad);
+}
+
+static void seg_asin(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                     double *out, seg_stats *st)
+{
+    seg_vec(MK_ASIN, P, i, k, j0, len, out, st);
+}
+static void seg_abrelu(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                       double *out, seg_stats *st)
+{
+    seg_vec(MK_ABRELU, P, i, k, j0, len, out, st);
+}
+static void seg_arccos2(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                        double *out, seg_stats *st)
+{
+    seg_vec(MK_ARCCOS2, P, i, k, j0, len, out, st);
+}
+static void seg_gelu(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                     double *out, seg_stats *st)
+{
+    seg_vec(MK_GELU, P, i, k, j0, len, out, st);
+}
+
+/* ==== scalar closed forms and the Mehler series ========================================== */
+
+static void seg_scalar(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                       double *out, seg_stats *st)
+{
+    const double qi = P->r->q[i];
+    for (size_t jj = 0; jj < len; jj++) {
+        double rho = 0.0, v = 0.0, e = 0.0;
+        if (tpk__gauss_check_cov(qi, P->c->q[j0 + jj], k[jj], &rho, NULL) ||
+            tpk__gauss_expect2_checked(P->phi, qi, P->c->q[j0 + jj], k[jj], rho, P->ws, &v, &e, NULL)) {
+            st->bad = 1;
+            v = 0.0;
+        }
+        out[jj] = v;
+        st->errmax = e > st->errmax ? e : st->errmax;
+    }
+}
+
+/* Mehler: E[φ(u)φ(v)] = Σ_t c_t(q_i) c_t(q_j) ρ^t (theory.md §3.2). Truncation after J terms is
+ * bounded by Cauchy–Schwarz: |Σ_{t≥J}| ≤ T_i T_j |ρ|^J with T = ‖c_{t≥J}‖₂; rounding by
+ * J ε N_i N_j (N = ‖c‖₂ = √(Eφ²)). Horner runs across a row segment so the loop vectorises. */
+static void seg_mehler(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                       double *out, seg_stats *st)
+{
+    const index_prep *r = P->r, *c = P->c;
+    const size_t J = P->J;
+    double rho[TILE], acc[TILE], pw[TILE];
+    const double lim = (1.0 + GAUSS_PSD_RTOL) * r->sq[i], ra = r->a[i];
+    int bad = 0;
+    for (size_t jj = 0; jj < len; jj++) {
+        const double kk = k[jj];
+        bad |= !(fabs(kk) <= lim * c->sq[j0 + jj]);
+        double x = kk * ra * c->a[j0 + jj];
+        x = x > 1.0 ? 1.0 : x < -1.0 ? -1.0 : x;
+        rho[jj] = fabs(x) >= 1.0 - GAUSS_RHO_SNAP ? (x > 0 ? 1.0 : -1.0) : x;
+        acc[jj] = 0.0;
+        pw[jj] = 1.0;
+    }
+    for (size_t t = J; t-- > 0;) {
+        const double ci = r->coef[t * r->len + i];
+        const double *cc = c->coef + t * c->len + j0;
+#pragma omp simd
+        for (size_t jj = 0; jj < len; jj++) {
+            acc[jj] = acc[jj] * rho[jj] + ci * cc[jj];
+            pw[jj] *= fabs(rho[jj]);
+        }
+    }
+    const double Ti = r->tail[i], Ni = r->norm[i];
+    for (size_t jj = 0; jj < len; jj++) {
+        const size_t j = j0 + jj;
+        const double nn = Ni * c->norm[j];
+        double v = acc[jj], e = Ti * c->tail[j] * pw[jj] + (double)J * GAUSS_EPS * nn;
+        if (e > MEHLER_RTOL * nn && !bad) {
+            double qv, qe;
+            tpk__gauss_quad2(P->phi, P->phi, 0.0, 0.0, r->q[i], c->q[j], rho[jj], P->ws, &qv, &qe);
+            if (qe < e) {
+                v = qv;
+                e = qe;
+            }
+        }
+        bad |= !(fabs(v) <= DBL_MAX);
+        out[jj] = v;
+        st->errmax = e > st->errmax ? e : st->errmax;
+    }
+    st->bad |= bad;
+}
+
+/* Kinked φ: the Hermite coefficients themselves converge only algebraically (aliasing in the
+ * 2J-node rule), so the series' tail bound would not be honest; integrate every entry. */
+static void seg_quad(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                     double *out, seg_stats *st)
+{
+    const double qi = P->r->q[i];
+    for (size_t jj = 0; jj < len; jj++) {
+        double rho = 0.0, v = 0.0, e = 0.0;
+        if (tpk__gauss_check_cov(qi, P->c->q[j0 + jj], k[jj], &rho, NULL)) {
+            st->bad = 1;
+        } else {
+            tpk__gauss_quad2(P->phi, P->phi, 0.0, 0.0, qi, P->c->q[j0 + jj], rho, P->ws, &v, &e);
+            st->bad |= !(fabs(v) <= DBL_MAX);
+        }
+        out[jj] = v;
+        st->errmax = e > st->errmax ? e : st->errmax;
+    }
+}
+
+typedef void (*seg_fn)(const map_plan *, size_t, const double *, size_t, size_t, double *,
+                       seg_stats *);
+
+static seg_fn seg_for(int mk)
+{
+    switch (mk) {
+    case MK_ASIN: return seg_asin;
+    case MK_ABRELU: return seg_abrelu;
+    case MK_ARCCOS2: return seg_arccos2;
+    case MK_GELU: return seg_gelu;
+    case MK_SCALAR: return seg_scalar;
+    case MK_QUAD: return seg_quad;
+    default: return seg_mehler;
+    }
+}
+
+/* ==== planning =========================================================================== */
+
+static void prep_free(index_prep *p)
+{
+    free(p->q);
+    free(p->coef);
+    memset(p, 0, sizeof *p);
+}
+
+/* Validate the variances and fill the per-index arrays for kernel mk. */
+static int prep_alloc(index_prep *p, const tpk_phi *phi, int mk, const tpk_gauss_ws *ws,
+                      const double *q, size_t qstride, size_t len, const char *what, tpk_ctx *ctx)
+{
+    memset(p, 0, sizeof *p);
+    p->len = len;
+    const size_t nb = len ? len : 1;
+    p->q = malloc(6 * nb * sizeof *p->q);
+    if (!p->q)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory in tpk_gauss_map");
+    p->sq = p->q + nb;
+    p->a = p->q + 2 * nb;
+    p->s = p->q + 3 * nb;
+    p->tail = p->q + 4 * nb;
+    p->norm = p->q + 5 * nb;
+    for (size_t i = 0; i < len; i++) {
+        const double qi = q[i * qstride];
+        if (!isfinite(qi) || !(qi >= 0)) {
+            int st = TPK_ERROR(ctx, TPK_EDOM, "%s[%zu] = %g is not a finite variance >= 0", what, i, qi);
+            prep_free(p);
+            return st;
+        }
+        p->q[i] = qi;
+        p->sq[i] = sqrt(qi);
+        p->qmax = qi > p->qmax ? qi : p->qmax;
+        const double rq = qi > 0 ? 1.0 / p->sq[i] : 0.0;
+        p->a[i] = rq;
+        p->s[i] = p->sq[i];
+        switch (mk) {
+        case MK_ASIN:
+            if (phi->kind == GK_ERF || phi->kind == GK_ERF_SIGMOID) {
+                /* 2b²k/√((1+2b²q_i)(1+2b²q_j)) = k a_i a_j */
+                const double b2 = phi->kind == GK_ERF ? phi->cb * phi->cb : 1.0;
+                p->a[i] = sqrt(2.0 * b2) / sqrt(1.0 + 2.0 * b2 * qi);
+            }
+            break;
+        case MK_ARCCOS2: p->s[i] = qi; break;
+        case MK_GELU:
+            p->a[i] = 1.0 / sqrt(1.0 + qi);
+            p->s[i] = qi;
+            break;
+        default: break;
+        }
+    }
+    if (mk == MK_MEHLER) {
+        const size_t J = ws->J;
+        p->coef = malloc(J * nb * sizeof *p->coef);
+        if (!p->coef) {
+            prep_free(p);
+            return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory in tpk_gauss_map");
+        }
+#pragma omp parallel for schedule(dynamic, 16) if (len >= 64)
+        for (size_t i = 0; i < len; i++) {
+            double fbuf[2 * GAUSS_MEHLER_JMAX];
+            tpk__gauss_hermite_coeffs(phi, p->q[i], ws, p->coef + i, len, &p->tail[i], &p->norm[i],
+                                      fbuf);
+        }
+    }
+    return TPK_OK;
+}
+
+static int plan_kernel(const tpk_phi *phi, const tpk_gauss_ws *ws, map_plan *P, tpk_ctx *ctx)
+{
+    memset(P, 0, sizeof *P);
+    P->phi = phi;
+    P->ws = ws;
+    switch (phi->kind) {
+    case GK_STEP: P->mk = MK_ASIN; P->c0 = 0.25; P->c1 = 1.0 / (2 * PI); break;
+    case GK_SIGN: P->mk = MK_ASIN; P->c0 = 0.0; P->c1 = 2.0 / PI; break;
+    case GK_ERF: P->mk = MK_ASIN; P->c0 = 0.0; P->c1 = 2.0 / PI; break;
+    case GK_ERF_SIGMOID: P->mk = MK_ASIN; P->c0 = 0.25; P->c1 = 1.0 / (2 * PI); break;
+    case GK_ABRELU: {
+        const double a = phi->ca, b = phi->cb;
+        P->mk = MK_ABRELU;
+        P->c0 = (a - b) * (a - b) / (2 * PI);
+        P->c1 = 0.25 * (a + b) * (a + b);
+        break;
+    }
+    case GK_ARCCOS2: P->mk = MK_ARCCOS2; break;
+    case GK_GELU: P->mk = MK_GELU; break;
+    case GK_NUMERIC:
+        if (!ws)
+            return TPK_ERROR(ctx, TPK_EINVAL,
+                             "%s has no closed form: a Gauss-Hermite workspace is required",
+                             phi->canon);
+        if (tpk_phi_flags(phi) & TPK_PHI_SMOOTH) {
+            P->mk = MK_MEHLER;
+            P->J = ws->J;
+        } else {
+            P->mk = MK_QUAD;
+        }
+        break;
+    default: P->mk = MK_SCALAR; break;
+    }
+    return TPK_OK;
+}
+
+/* Rounding bound shared by all entries of a vector-kernel map (per-entry kernels track their own). */
+static double vector_err(const map_plan *P, double qmax_r, double qmax_c, double maxr)
+{
+    const double eps = GAUSS_EPS, sq = sqrt(qmax_r) * sqrt(qmax_c);
+    switch (P->mk) {
+    case MK_ASIN:
+        /* 2-ulp asin plus the sensitivity to ρ's own rounding */
+        return fabs(P->c1) * tpk__gauss_asin_rounding(maxr) + 8.0 * eps * (fabs(P->c0) + fabs(P->c1) * PI / 2);
+    case MK_ABRELU: return 16.0 * eps * sq * (P->c0 * (1.0 + PI / 2) + P->c1);
+    case MK_ARCCOS2: return 16.0 * eps * 1.5 * qmax_r * qmax_c;
+    case MK_GELU:
+        /* terms: |k|/4, |k|π/(4π), t ≤ 2 max q (see tpk__gauss_cf2) */
+        return 16.0 * eps * (sq / 2 + 2.0 * (qmax_r > qmax_c ? qmax_r : qmax_c) / (2 * PI)) +
+               sq * tpk__gauss_asin_rounding(maxr) / (2 * PI);
+    default: return 0.0;
+    }
+}
+
+/* Rescan a segment that flagged a failure, entry by entry, and keep the smallest (i, j). */
+static void record_failure(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                           const double *out, map_fail *fail)
+{
+    for (size_t jj = 0; jj < len; jj++) {
+        double rho = 0.0, v, e;
+        const double qi = P->r->q[i], qj = P->c->q[j0 + jj];
+        int st = tpk__gauss_check_cov(qi, qj, k[jj], &rho, NULL);
+        if (!st && P->mk == MK_SCALAR)
+            st = tpk__gauss_expect2_checked(P->phi, qi, qj, k[jj], rho, P->ws, &v, &e, NULL);
+        if (st || !isfinite(out[jj])) {
+#pragma omp critical(tpk_gauss_map_fail)
+            {
+                if (!fail->any || i < fail->i || (i == fail->i && j0 + jj < fail->j)) {
+                    fail->any = 1;
+                    fail->i = i;
+                    fail->j = j0 + jj;
+                    fail->k = k[jj];
+                }
+            }
+            return;
+        }
+    }
+}
+
+/* Turn the recorded failure into a message naming the entry. */
+static int report_failure(const map_plan *P, const map_fail *fail, tpk_ctx *ctx)
+{
+    tpk_ctx local;
+    tpk_ctx_init(&local);
+    double rho = 0.0, v, e;
+    const double qi = P->r->q[fail->i], qj = P->c->q[fail->j];
+    int st = tpk__gauss_check_cov(qi, qj, fail->k, &rho, &local);
+    if (!st)
+        st = tpk__gauss_expect2_checked(P->phi, qi, qj, fail->k, rho, P->ws, &v, &e, &local);
+    if (!st)
+        return TPK_ERROR(ctx, TPK_ENUMERIC, "%s: entry (%zu,%zu) is not finite (q = %g, %g, k = %g)",
+                         P->phi->canon, fail->i, fail->j, qi, qj, fail->k);
+    return TPK_ERROR(ctx, st, "%s: entry (%zu,%zu): %s", P->phi->canon, fail->i, fail->j, local.msg);
+}
+
+/* Entries whose row or column variance is 0 (E = φ(0)·E φ(other)) and, for the symmetric map, the
+ * diagonal (ρ = 1 exactly) are recomputed with the scalar path: the vector kernels' clamps give
+ * the right ρ but not, e.g., step's φ(0) = 0. */
+static int fixup_entry(const map_plan *P, double qi, double qj, double k, double rho, double *val,
+                       double *err, tpk_ctx *ctx)
+{
+    return tpk__gauss_expect2_checked(P->phi, qi, qj, k, rho, P->ws, val, err, ctx);
+}
+
+/* ==== drivers ============================================================================ */
+
+static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, double beta,
+                   double *out, const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
+{
+    if (err_max)
+        *err_max = 0.0;
+    if (!phi || (n && (!S || !out)))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gauss_map: phi, S and out are required");
+    if (!isfinite(alpha) || !isfinite(beta))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gauss_map: affine coefficients must be finite");
+    if (n == 0)
+        return TPK_OK;
+    map_plan P;
+    int st = plan_kernel(phi, ws, &P, ctx);
+    if (st)
+        return st;
+    index_prep ip;
+    st = prep_alloc(&ip, phi, P.mk, ws, S, n + 1, n, "S diagonal", ctx);
+    if (st)
+        return st;
+    P.r = P.c = &ip;
+    P.alpha = alpha;
+    P.beta = beta;
+    const seg_fn seg = seg_for(P.mk);
+
+    const size_t T = (n + TILE - 1) / TILE, ntiles = T * (T + 1) / 2;
+    map_fail fail = {0, 0, 0, 0.0};
+    double maxr = 0.0, errmax = 0.0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(max : maxr, errmax) \
+    if (n * n >= PAR_MIN_ENTRIES)
+    for (size_t t = 0; t < ntiles; t++) {
+        /* tile t ↦ (I, J), J ≤ I, row-major over the lower triangle of tiles */
+        size_t I = (size_t)((sqrt(8.0 * (double)t + 1.0) - 1.0) / 2.0);
+        while (I * (I + 1) / 2 > t)
+            I--;
+        while ((I + 1) * (I + 2) / 2 <= t)
+            I++;
+        const size_t Jt = t - I * (I + 1) / 2;
+        const size_t i0 = I * TILE, i1 = i0 + TILE < n ? i0 + TILE : n;
+        const size_t j0 = Jt * TILE, j1 = j0 + TILE < n ? j0 + TILE : n;
+        double buf[TILE * TILE];
+        seg_stats stt = {0, 0.0, 0.0};
+        for (size_t i = i0; i < i1; i++) {
+            /* strictly below the diagonal; the diagonal comes from the scalar fix-up */
+            const size_t jend = I == Jt ? i : j1;
+            if (jend <= j0)
+                continue;
+            seg_stats s1 = {0, 0.0, 0.0};
+            double *b = buf + (i - i0) * TILE;
+            seg(&P, i, S + i * n + j0, j0, jend - j0, b, &s1);
+            if (s1.bad)
+                record_failure(&P, i, S + i * n + j0, j0, jend - j0, b, &fail);
+            stt.maxr = s1.maxr > stt.maxr ? s1.maxr : stt.maxr;
+            stt.errmax = s1.errmax > stt.errmax ? s1.errmax : stt.errmax;
+        }
+        /* write back: the lower block row by row, then the upper block (its transpose) */
+        for (size_t i = i0; i < i1; i++) {
+            const size_t jend = I == Jt ? i : j1;
+            double *o = out + i * n;
+            const double *b = buf + (i - i0) * TILE - j0;
+            for (size_t j = j0; j < jend; j++)
+                o[j] = alpha * b[j] + beta;
+        }
+        for (size_t j = j0; j < j1; j++) {
+            double *o = out + j * n;
+            const size_t ist = I == Jt ? j + 1 : i0;
+            for (size_t i = ist; i < i1; i++)
+                o[i] = alpha * buf[(i - i0) * TILE + (j - j0)] + beta;
+        }
+        maxr = stt.maxr > maxr ? stt.maxr : maxr;
+        errmax = stt.errmax > errmax ? stt.errmax : errmax;
+    }
+    if (fail.any) {
+        st = report_failure(&P, &fail, ctx);
+        prep_free(&ip);
+        return st;
+    }
+    double err = vector_err(&P, ip.qmax, ip.qmax, maxr);
+    err = errmax > err ? errmax : err;
+    /* diagonal, then rows/columns of zero variance */
+    for (size_t i = 0; i < n && !st; i++) {
+        double v, e;
+        st = fixup_entry(&P, ip.q[i], ip.q[i], ip.q[i], ip.q[i] > 0 ? 1.0 : 0.0, &v, &e, ctx);
+        out[i * n + i] = alpha * v + beta;
+        err = e > err ? e : err;
+    }
+    for (size_t i = 0; i < n && !st; i++) {
+        if (ip.q[i] != 0)
+            continue;
+        for (size_t j = 0; j < n && !st; j++) {
+            double v, e;
+            if (j == i)
+                continue;
+            /* the PSD check passed, so the covariance of a zero-variance row is 0 */
+            st = fixup_entry(&P, 0.0, ip.q[j], 0.0, 0.0, &v, &e, ctx);
+            out[i * n + j] = out[j * n + i] = alpha * v + beta;
+            err = e > err ? e : err;
+        }
+    }
+    prep_free(&ip);
+    if (err_max)
+        *err_max = fabs(alpha) * err;
+    return st;
+}
+
+int tpk_gauss_map(const tpk_phi *phi, const double *S, size_t n, double *out,
+                  const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
+{
+    return map_sym(phi, S, n, 1.0, 0.0, out, ws, err_max, ctx);
+}
+
+int tpk_gauss_map_affine(const tpk_phi *phi, const double *S, size_t n, double alpha, double beta,
+                         double *out, const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
+{
+    return map_sym(phi, S, n, alpha, beta, out, ws, err_max, ctx);
+}
+
+int tpk_gauss_map_cross(const tpk_phi *phi, const double *qa, size_t m, const double *qb,
+                        size_t n, const double *C, double *out, const tpk_gauss_ws *ws,
+                        double *err_max, tpk_ctx *ctx)
+{
+    if (err_max)
+        *err_max = 0.0;
+    if (!phi || (m && !qa) || (n && !qb) || (m && n && (!C || !out)))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gauss_map_cross: phi, qa, qb, C and out are required");
+    if (m == 0 || n == 0)
+        return TPK_OK;
+    map_plan P;
+    int st = plan_kernel(phi, ws, &P, ctx);
+    if (st)
+        return st;
+    index_prep ra, ca;
+    st = prep_alloc(&ra, phi, P.mk, ws, qa, 1, m, "qa", ctx);
+    if (st)
+        return st;
+    st = prep_alloc(&ca, phi, P.mk, ws, qb, 1, n, "qb", ctx);
+    if (st) {
+        prep_free(&ra);
+        return st;
+    }
+    P.r = &ra;
+    P.c = &ca;
+    P.alpha = 1.0;
+    const seg_fn seg = seg_for(P.mk);
+    map_fail fail = {0, 0, 0, 0.0};
+    double maxr = 0.0, errmax = 0.0;
+#pragma omp parallel for schedule(dynamic, 4) reduction(max : maxr, errmax) \
+    if (m * n >= PAR_MIN_ENTRIES)
+    for (size_t i = 0; i < m; i++) {
+        double buf[TILE];
+        for (size_t j0 = 0; j0 < n; j0 += TILE) {
+            const size_t len = j0 + TILE < n ? TILE : n - j0;
+            seg_stats s1 = {0, 0.0, 0.0};
+            /* through a buffer: out may alias C */
+            seg(&P, i, C + i * n + j0, j0, len, buf, &s1);
+            if (s1.bad)
+                record_failure(&P, i, C + i * n + j0, j0, len, buf, &fail);
+            memcpy(out + i * n + j0, buf, len * sizeof *buf);
+            maxr = s1.maxr > maxr ? s1.maxr : maxr;
+            errmax = s1.errmax > errmax ? s1.errmax : errmax;
+        }
+    }
+    if (fail.any) {
+        st = report_failure(&P, &fail, ctx);
+    } else {
+        double err = vector_err(&P, ra.qmax, ca.qmax, maxr);
+        err = errmax > err ? errmax : err;
+        for (size_t i = 0; i < m && !st; i++)
+            for (size_t j = 0; j < n && !st; j++) {
+                if (ra.q[i] != 0 && ca.q[j] != 0)
+                    continue;
+                double v, e;
+                st = fixup_entry(&P, ra.q[i], ca.q[j], 0.0, 0.0, &v, &e, ctx);
+                out[i * n + j] = v;
+                err = e > err ? e : err;
+            }
+        if (err_max)
+            *err_max = err;
+    }
+    prep_free(&ra);
+    prep_free(&ca);
+    return st;
+}
+
+/* ==== test hooks ========================================================================= */
+
+void tpk__gauss_asin_array(const double *x, double *y, size_t n)
+{
+    size_t i = 0;
+    for (; i + GV_LANES <= n; i += GV_LANES)
+        gv_store(y + i, gv_asin(gv_load(x + i)));
+    if (i < n) {
+        double t[GV_LANES] = {0};
+        for (size_t l = 0; i + l < n; l++)
+            t[l] = x[i + l];
+        gv_store(t, gv_asin(gv_load(t)));
+        for (size_t l = 0; i + l < n; l++)
+            y[i + l] = t[l];
+    }
+}
+
+const char *tpk__gauss_simd_isa(void) { return GV_ISA; }
