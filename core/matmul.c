@@ -31,6 +31,36 @@ int tpk_dgemm(int transa, int transb, size_t m, size_t n, size_t k, double alpha
     return TPK_OK;
 }
 
+int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, size_t lda,
+              double beta, double *C, size_t ldc, tpk_ctx *ctx)
+{
+    if (transa != TPK_NO_TRANS && transa != TPK_TRANS)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dsyrk: transpose flag must be TPK_NO_TRANS or TPK_TRANS");
+    if (n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldc > INT_MAX)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dsyrk: dimension exceeds INT_MAX");
+    size_t acols = transa == TPK_NO_TRANS ? k : n;
+    if (lda < (acols ? acols : 1) || ldc < (n ? n : 1))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dsyrk: leading dimension smaller than a row");
+    if (n == 0)
+        return TPK_OK;
+    if (k == 0) {
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0.0 ? 0.0 : beta * C[i * ldc + j];
+        return TPK_OK;
+    }
+    cblas_dsyrk(CblasRowMajor, CblasLower, transa == TPK_TRANS ? CblasTrans : CblasNoTrans, (int)n,
+                (int)k, alpha, A, (int)lda, beta, C, (int)ldc);
+    /* mirror the lower triangle, in tiles */
+    const size_t TS = 64;
+    for (size_t i0 = 0; i0 < n; i0 += TS)
+        for (size_t j0 = 0; j0 <= i0; j0 += TS)
+            for (size_t i = i0; i < i0 + TS && i < n; i++)
+                for (size_t j = j0; j < j0 + TS && j < i; j++)
+                    C[j * ldc + i] = C[i * ldc + j];
+    return TPK_OK;
+}
+
 const char *tpk_dgemm_backend(void)
 {
     return "cblas";

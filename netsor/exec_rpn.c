@@ -176,9 +176,15 @@ int tpk_nsr_validate(const tpk_program *p, const tpk_array *x, int all_outputs,
     sh->N = x->dims[0];
     if (sh->N == 0 || sh->d == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "empty input array (N = %zu, d = %zu)", sh->N, sh->d);
-    for (size_t i = 0; i < tpk_array_size(x); i++)
-        if (!isfinite(x->data[i]))
-            return TPK_ERROR(ctx, TPK_EDOM, "input array holds a non-finite value at %zu", i);
+    /* x·0 is NaN exactly when x is not finite: one vectorisable pass, then locate */
+    size_t nx = tpk_array_size(x);
+    double probe = 0.0;
+    for (size_t i = 0; i < nx; i++)
+        probe += x->data[i] * 0.0;
+    if (probe != 0.0)
+        for (size_t i = 0; i < nx; i++)
+            if (!isfinite(x->data[i]))
+                return TPK_ERROR(ctx, TPK_EDOM, "input array holds a non-finite value at %zu", i);
     if (p->noutputs < 1 || p->output == NULL)
         return TPK_ERROR(ctx, TPK_EINVAL, "program has no outputs");
     if (p->nvars < 1 || p->var == NULL || p->ninstr < 0 || (p->ninstr > 0 && p->instr == NULL))

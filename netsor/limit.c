@@ -90,6 +90,9 @@ typedef struct lim {
     int maxlen, maxdepth;
     tpk_gauss_ws *gws;
     ghrule gh[GH_MAXDIM + 1][2]; /* [rank][hi, lo] */
+    int gh_ready;
+    double *spare;      /* a freed covariance block kept for reuse (saves page faults) */
+    size_t spare_len;
     double err;
     tpk_ctx *ctx;
 } lim;
@@ -132,30 +135,54 @@ static double cov_dim(const lim *L, int g, size_t a, int h, size_t c)
     return acc;
 }
 
-/* out[a][c] = Cov(Z^g_a, Z^h_c), N×N. */
-static void cov_mat(const lim *L, int g, int h, double *out)
+/* out[a][c] = Cov(Z^g_a, Z^h_c), N×N; lower: only c ≤ a is written (what tpk_gauss_map reads).
+ * One pass over the output: bias families add a constant, the first block assigns. */
+static void cov_mat(const lim *L, int g, int h, int lower, double *out)
 {
     size_t N = L->N;
     const grep *r = &L->rep[g], *s = &L->rep[h];
-    memset(out, 0, N * N * sizeof *out);
+    double c0 = 0.0;
+    int first = 1;
     for (int i = 0; i < r->n; i++)
         for (int j = 0; j < s->n; j++) {
             const atom *ai = &L->atom[r->atom[i]], *aj = &L->atom[s->atom[j]];
-            if (ai->fam != aj->fam)
+            if (ai->fam == aj->fam && L->fam[ai->fam].kind == FAM_BIAS)
+                c0 += r->coef[i] * s->coef[j] * L->fam[ai->fam].var;
+        }
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; j < s->n; j++) {
+            const atom *ai = &L->atom[r->atom[i]], *aj = &L->atom[s->atom[j]];
+            if (ai->fam != aj->fam || L->fam[ai->fam].kind == FAM_BIAS)
                 continue;
             const family *f = &L->fam[ai->fam];
             double cc = r->coef[i] * s->coef[j];
-            if (f->kind == FAM_BIAS) {
-                for (size_t k = 0; k < N * N; k++)
-                    out[k] += cc * f->var;
-                continue;
-            }
             size_t ld = (size_t)f->cap * N;
             const double *b = f->blk + (size_t)ai->loc * N * ld + (size_t)aj->loc * N;
-            for (size_t a = 0; a < N; a++)
-                for (size_t c = 0; c < N; c++)
-                    out[a * N + c] += cc * b[a * ld + c];
+            for (size_t a = 0; a < N; a++) {
+                size_t cend = lower ? a + 1 : N;
+                double *o = out + a * N;
+                const double *br = b + a * ld;
+                if (first)
+                    for (size_t c = 0; c < cend; c++)
+                        o[c] = c0 + cc * br[c];
+                else
+                    for (size_t c = 0; c < cend; c++)
+                        o[c] += cc * br[c];
+            }
+            first = 0;
         }
+    if (first)
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = 0; c < (lower ? a + 1 : N); c++)
+                out[a * N + c] = c0;
+}
+
+/* dst (ld) = scale · src (N×N, ld N), row by row. */
+static void put_rows(size_t N, const double *src, double scale, double *dst, size_t ld)
+{
+    for (size_t a = 0; a < N; a++)
+        for (size_t c = 0; c < N; c++)
+            dst[a * ld + c] = scale * src[a * N + c];
 }
 
 /* ---- body expansion into Σ coef · Π factors ------------------------------------------- */
@@ -640,7 +667,7 @@ static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t sit
 /* ---- E[Z^u_a Z^v_c] for all input pairs ------------------------------------------------ */
 
 typedef struct scratch {
-    double *s1, *s2, *qa, *qb;
+    double *s1, *s2, *s3, *qa, *qb;
 } scratch;
 
 static void note_err(lim *L, double e)
@@ -649,6 +676,8 @@ static void note_err(lim *L, double e)
         L->err = e;
 }
 
+static int gh_init(lim *L);
+
 /* Per-entry generic expectations for the term pairs gen[]; results added into out. */
 static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint64_t site,
                       double *out, double *vals, double *errmax)
@@ -656,8 +685,10 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
     size_t N = L->N;
     const xbody *bu = &L->xb[u], *bv = &L->xb[v];
     int sym = u == v;
-    int status = TPK_OK;
+    int status = gh_init(L);
     double emax = 0.0;
+    if (status)
+        return status;
 #pragma omp parallel
     {
         pws *w = pws_alloc(L);
@@ -716,68 +747,118 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
     return TPK_OK;
 }
 
-/* out (N×N) = E[Z^u_a Z^v_c]; error estimate (max over entries) into *errp. */
-static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, double *errp)
+/* out[a·ld + c] = scale · E[Z^u_a Z^v_c] for all input pairs; error estimate (max over entries,
+ * scaled) into *errp. A single closed-form term pair goes straight from tpk_gauss_map_affine
+ * into out, which is what keeps a plain MLP as fast as the direct recursion. */
+static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, size_t ld,
+              double scale, double *errp)
 {
     size_t N = L->N;
     const xbody *bu = &L->xb[u], *bv = &L->xb[v];
-    int gen[MAXT * MAXT][2], ngen = 0;
+    int gen[MAXT * MAXT][2], ngen = 0, nlin = 0;
+    int fast[MAXT * MAXT][2], nfast = 0;
     double err = 0.0;
-    memset(out, 0, N * N * sizeof *out);
     for (int s = 0; s < bu->nterms; s++)
         for (int t = 0; t < bv->nterms; t++) {
             const xterm *ts = &bu->t[s], *tt = &bv->t[t];
-            double cc = ts->coef * tt->coef;
-            int fast = 0;
+            int kind = 0; /* 0 generic, 1 linear, 2 map */
             if (ts->nf == 1 && tt->nf == 1 && !L->o.no_factor) {
                 const tpk_rpn_node *na = bu->node + ts->fs[0], *nb = bv->node + tt->fs[0];
                 int la = ts->fe[0] - ts->fs[0], lb = tt->fe[0] - tt->fs[0];
-                if (is_gvar_factor(na, la) && is_gvar_factor(nb, lb)) {
-                    int g = na[0].var, h = nb[0].var;
-                    double mm = L->rep[g].mean * L->rep[h].mean;
-                    cov_mat(L, g, h, sc->s1);
-                    for (size_t i = 0; i < N * N; i++)
-                        out[i] += cc * (sc->s1[i] + mm);
-                    fast = 1;
-                } else if (!L->o.no_fastpath && is_call_factor(na, la) && is_call_factor(nb, lb) &&
-                           same_phi(na[1].fn, nb[1].fn) && tpk_phi_has_closed_form(na[1].fn) &&
-                           L->rep[na[0].var].mean == 0.0 && L->rep[nb[0].var].mean == 0.0) {
-                    int g = na[0].var, h = nb[0].var, st;
-                    double e = 0.0;
-                    if (g == h) {
-                        cov_mat(L, g, g, sc->s1);
-                        st = tpk_gauss_map(na[1].fn, sc->s1, N, sc->s1, L->gws, &e, L->ctx);
-                    } else {
-                        for (size_t a = 0; a < N; a++) {
-                            sc->qa[a] = cov_dim(L, g, a, g, a);
-                            sc->qb[a] = cov_dim(L, h, a, h, a);
-                        }
-                        cov_mat(L, g, h, sc->s1);
-                        st = tpk_gauss_map_cross(na[1].fn, sc->qa, N, sc->qb, N, sc->s1, sc->s1,
-                                                 L->gws, &e, L->ctx);
-                    }
-                    if (st)
-                        return st;
-                    for (size_t i = 0; i < N * N; i++)
-                        out[i] += cc * sc->s1[i];
-                    err += fabs(cc) * e;
-                    fast = 1;
-                }
+                if (is_gvar_factor(na, la) && is_gvar_factor(nb, lb))
+                    kind = 1;
+                else if (!L->o.no_fastpath && is_call_factor(na, la) && is_call_factor(nb, lb) &&
+                         same_phi(na[1].fn, nb[1].fn) && tpk_phi_has_closed_form(na[1].fn) &&
+                         L->rep[na[0].var].mean == 0.0 && L->rep[nb[0].var].mean == 0.0)
+                    kind = 2;
             }
-            if (!fast) {
+            if (kind == 0) {
                 gen[ngen][0] = s;
                 gen[ngen][1] = t;
                 ngen++;
+            } else {
+                fast[nfast][0] = s;
+                fast[nfast][1] = t;
+                nfast++;
+                nlin += kind == 1;
             }
         }
+    if ((nfast > 1 || ngen > 0 || nlin > 0 || ld != N || u != v) && sc->s1 == NULL &&
+        (sc->s1 = malloc(N * N * sizeof *sc->s1)) == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    /* the common case: one closed-form pair φ(g)·φ(g) */
+    if (nfast == 1 && ngen == 0 && nlin == 0) {
+        const xterm *ts = &bu->t[fast[0][0]], *tt = &bv->t[fast[0][1]];
+        const tpk_rpn_node *na = bu->node + ts->fs[0], *nb = bv->node + tt->fs[0];
+        int g = na[0].var, h = nb[0].var, st;
+        double cc = scale * ts->coef * tt->coef, e = 0.0;
+        if (g == h) {
+            /* in place when out is contiguous (out never aliases a block g reads: a family
+             * with one atom is the one being written, and g cannot contain it yet) */
+            double *dst = ld == N ? out : sc->s1;
+            cov_mat(L, g, g, 1, dst);
+            st = tpk_gauss_map_affine(na[1].fn, dst, N, cc, 0.0, dst, L->gws, &e, L->ctx);
+            if (st == TPK_OK && dst != out)
+                put_rows(N, sc->s1, 1.0, out, ld);
+        } else {
+            for (size_t a = 0; a < N; a++) {
+                sc->qa[a] = cov_dim(L, g, a, g, a);
+                sc->qb[a] = cov_dim(L, h, a, h, a);
+            }
+            cov_mat(L, g, h, 0, sc->s1);
+            st = tpk_gauss_map_cross(na[1].fn, sc->qa, N, sc->qb, N, sc->s1, sc->s1, L->gws, &e,
+                                     L->ctx);
+            if (st == TPK_OK)
+                put_rows(N, sc->s1, cc, out, ld);
+            e *= fabs(cc);
+        }
+        *errp = e;
+        return st;
+    }
+    if (gh_init(L))
+        return L->ctx->status;
+    if (sc->s2 == NULL && (sc->s2 = malloc(N * N * sizeof *sc->s2)) == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    if (ngen > 0 && sc->s3 == NULL && (sc->s3 = malloc(N * N * sizeof *sc->s3)) == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    double *acc = sc->s2;
+    memset(acc, 0, N * N * sizeof *acc);
+    for (int q = 0; q < nfast; q++) {
+        const xterm *ts = &bu->t[fast[q][0]], *tt = &bv->t[fast[q][1]];
+        const tpk_rpn_node *na = bu->node + ts->fs[0], *nb = bv->node + tt->fs[0];
+        int g = na[0].var, h = nb[0].var, st = TPK_OK;
+        double cc = ts->coef * tt->coef, e = 0.0, mm = 0.0;
+        if (na[0].op == TPK_RPN_GVAR && na[0].var == g && ts->fe[0] - ts->fs[0] == 1) {
+            /* linear pair: E[Z Z'] = Cov + μμ' exactly */
+            mm = L->rep[g].mean * L->rep[h].mean;
+            cov_mat(L, g, h, 0, sc->s1);
+        } else if (g == h) {
+            cov_mat(L, g, g, 1, sc->s1);
+            st = tpk_gauss_map(na[1].fn, sc->s1, N, sc->s1, L->gws, &e, L->ctx);
+        } else {
+            for (size_t a = 0; a < N; a++) {
+                sc->qa[a] = cov_dim(L, g, a, g, a);
+                sc->qb[a] = cov_dim(L, h, a, h, a);
+            }
+            cov_mat(L, g, h, 0, sc->s1);
+            st = tpk_gauss_map_cross(na[1].fn, sc->qa, N, sc->qb, N, sc->s1, sc->s1, L->gws, &e,
+                                     L->ctx);
+        }
+        if (st)
+            return st;
+        for (size_t i = 0; i < N * N; i++)
+            acc[i] += cc * (sc->s1[i] + mm);
+        err += fabs(cc) * e;
+    }
     if (ngen > 0) {
         double e = 0.0;
-        int st = m2_entries(L, u, v, (const int(*)[2])gen, ngen, site, out, sc->s2, &e);
+        int st = m2_entries(L, u, v, (const int(*)[2])gen, ngen, site, acc, sc->s3, &e);
         if (st)
             return st;
         err += e;
     }
-    *errp = err;
+    put_rows(N, acc, scale, out, ld);
+    *errp = fabs(scale) * err;
     return TPK_OK;
 }
 
@@ -1033,11 +1114,19 @@ static void lim_free(lim *L)
             free(L->gh[r][h].w);
         }
     tpk_gauss_ws_free(L->gws);
+    free(L->spare);
 }
 
 /* Gauss–Hermite rules for N(0,1) from GSL's e^{−x²} rule: x → √2 x, w → w/√π. */
 static int gh_init(lim *L)
 {
+    if (L->gh_ready)
+        return TPK_OK;
+    L->gh_ready = 1;
+    /* the library's 1-/2-D rules; closed-form fast paths never need them */
+    L->gws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, L->ctx);
+    if (L->gws == NULL)
+        return L->ctx && L->ctx->status ? L->ctx->status : TPK_ENOMEM;
     static const int deg[GH_MAXDIM + 1][2] = {{1, 1}, {96, 64}, {64, 44}, {28, 20},
                                               {16, 12}, {8, 6},  {6, 4}};
     for (int r = 1; r <= GH_MAXDIM; r++)
@@ -1072,22 +1161,32 @@ static int new_block(lim *L, family *f)
 {
     if (f->blk != NULL)
         return TPK_OK;
+    /* every sub-block is written when its later atom is created, before anyone reads it */
     size_t dim = (size_t)f->cap * L->N;
-    f->blk = calloc(dim * dim, sizeof *f->blk);
+    if (L->spare != NULL && L->spare_len == dim * dim) {
+        f->blk = L->spare;
+        L->spare = NULL;
+        return TPK_OK;
+    }
+    f->blk = malloc(dim * dim * sizeof *f->blk);
     if (f->blk == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu covariance block", dim, dim);
     return TPK_OK;
 }
 
-static void put_block(lim *L, family *f, int lj, int li, const double *M, double scale)
+/* Sub-block (li, lj) ← transpose of sub-block (lj, li), in cache-sized tiles. */
+static void mirror_block(lim *L, family *f, int lj, int li)
 {
-    size_t N = L->N, ld = (size_t)f->cap * N;
-    for (size_t a = 0; a < N; a++)
-        for (size_t c = 0; c < N; c++) {
-            double v = scale * M[a * N + c];
-            f->blk[((size_t)lj * N + a) * ld + (size_t)li * N + c] = v;
-            f->blk[((size_t)li * N + c) * ld + (size_t)lj * N + a] = v;
-        }
+    if (li == lj)
+        return;
+    size_t N = L->N, ld = (size_t)f->cap * N, TS = 32;
+    const double *src = f->blk + (size_t)lj * N * ld + (size_t)li * N;
+    double *dst = f->blk + (size_t)li * N * ld + (size_t)lj * N;
+    for (size_t a0 = 0; a0 < N; a0 += TS)
+        for (size_t c0 = 0; c0 < N; c0 += TS)
+            for (size_t c = c0; c < c0 + TS && c < N; c++)
+                for (size_t a = a0; a < a0 + TS && a < N; a++)
+                    dst[c * ld + a] = src[a * ld + c];
 }
 
 static int do_embed(lim *L, int k, scratch *sc)
@@ -1095,19 +1194,32 @@ static int do_embed(lim *L, int k, scratch *sc)
     const tpk_instr *in = &L->p->instr[k];
     atom *aj = &L->atom[L->atom_of_instr[k]];
     family *f = &L->fam[aj->fam];
-    size_t N = L->N, d = L->d, ldx = L->T * d;
+    size_t N = L->N, d = L->d, ldx = L->T * d, ld;
+    (void)sc;
     if (new_block(L, f))
         return L->ctx->status;
+    ld = (size_t)f->cap * N;
     f->atoms[aj->loc] = L->atom_of_instr[k];
     f->m = aj->loc + 1;
     for (int li = 0; li <= aj->loc; li++) {
         const atom *ai = &L->atom[f->atoms[li]];
-        int st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, d, aj->scale * ai->scale / (double)d,
+        /* Cov(U x_a^s, U x_c^s') = σ_U σ_U' ⟨x_a^s, x_c^s'⟩/d (theory §1.2) */
+        double *dst = f->blk + (size_t)aj->loc * N * ld + (size_t)li * N;
+        int st;
+        if (ai->src == in->src) { /* same slot: a symmetric Gram matrix, half the flops */
+            st = tpk_dsyrk(TPK_NO_TRANS, N, d, aj->scale * ai->scale / (double)d,
+                           L->x + (size_t)in->src * d, ldx, 0.0, dst, ld, L->ctx);
+            if (st)
+                return st;
+            mirror_block(L, f, aj->loc, li);
+            continue;
+        }
+        st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, d, aj->scale * ai->scale / (double)d,
                            L->x + (size_t)in->src * d, ldx, L->x + (size_t)ai->src * d, ldx, 0.0,
-                           sc->s1, N, L->ctx);
+                           dst, ld, L->ctx);
         if (st)
             return st;
-        put_block(L, f, aj->loc, li, sc->s1, 1.0);
+        mirror_block(L, f, aj->loc, li);
     }
     return TPK_OK;
 }
@@ -1117,25 +1229,23 @@ static int do_matmul(lim *L, int k, scratch *sc)
     const tpk_instr *in = &L->p->instr[k];
     atom *aj = &L->atom[L->atom_of_instr[k]];
     family *f = &L->fam[aj->fam];
+    size_t N = L->N, ld;
     if (new_block(L, f))
         return L->ctx->status;
+    ld = (size_t)f->cap * N;
     f->atoms[aj->loc] = L->atom_of_instr[k];
     f->m = aj->loc + 1;
-    double *M = malloc(L->N * L->N * sizeof *M);
-    if (M == NULL)
-        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     for (int li = 0; li <= aj->loc; li++) {
         const atom *ai = &L->atom[f->atoms[li]];
         double e = 0.0;
-        int st = m2(L, in->src, ai->src, (uint64_t)k * 4096 + (uint64_t)li, sc, M, &e);
-        if (st) {
-            free(M);
+        /* Cov(W h_a, W h'_c) = σ_W² E[Z^h_a Z^h'_c] (theory §1.6 rule 3) */
+        int st = m2(L, in->src, ai->src, (uint64_t)k * 4096 + (uint64_t)li, sc,
+                    f->blk + (size_t)aj->loc * N * ld + (size_t)li * N, ld, f->var, &e);
+        if (st)
             return st;
-        }
-        note_err(L, f->var * e);
-        put_block(L, f, aj->loc, li, M, f->var);
+        note_err(L, e);
+        mirror_block(L, f, aj->loc, li);
     }
-    free(M);
     return TPK_OK;
 }
 
@@ -1144,6 +1254,8 @@ static int do_moment(lim *L, int k)
     const tpk_instr *in = &L->p->instr[k];
     size_t N = L->N;
     xbody xb;
+    if (gh_init(L))
+        return L->ctx->status;
     if (expand_body(in->body.node, in->body.len, L->o.no_factor, &xb))
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     double *s = malloc(N * sizeof *s);
@@ -1246,21 +1358,16 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.maxdepth = sh.maxdepth;
     L.ctx = ctx;
     size_t N = L.N;
-    scratch sc = {malloc(N * N * sizeof(double)), malloc(N * N * sizeof(double)),
-                  malloc(N * sizeof(double)), malloc(N * sizeof(double))};
+    /* s1, s2, s3 only serve the cross/general paths: allocated on first use */
+    scratch sc = {NULL, NULL, NULL, malloc(N * sizeof(double)), malloc(N * sizeof(double))};
     tpk_array *out = NULL;
     double *M = NULL;
-    if (!sc.s1 || !sc.s2 || !sc.qa || !sc.qb) {
+    if (!sc.qa || !sc.qb) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
-    if ((st = setup(&L, all_outputs)) || (st = gh_init(&L)))
+    if ((st = setup(&L, all_outputs)))
         goto done;
-    L.gws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, ctx);
-    if (L.gws == NULL) {
-        st = ctx && ctx->status ? ctx->status : TPK_ENOMEM;
-        goto done;
-    }
     for (int k = 0; k < p->ninstr; k++) {
         const tpk_instr *in = &p->instr[k];
         switch (in->op) {
@@ -1299,7 +1406,13 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         for (int v = L.free_var[k]; v >= 0; v = L.var_next[v])
             free_var_data(&L, v);
         for (int f = L.free_fam[k]; f >= 0; f = L.fam[f].next) {
-            free(L.fam[f].blk);
+            if (L.spare == NULL && L.fam[f].blk != NULL) {
+                size_t dim = (size_t)L.fam[f].cap * N;
+                L.spare = L.fam[f].blk;
+                L.spare_len = dim * dim;
+            } else {
+                free(L.fam[f].blk);
+            }
             L.fam[f].blk = NULL;
         }
     }
@@ -1307,8 +1420,13 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     int o0 = all_outputs ? 0 : p->noutputs - 1, O = p->noutputs - o0;
     size_t dim = N * (size_t)O;
     out = tpk_array_alloc2(dim, dim, ctx);
-    M = malloc(N * N * sizeof *M);
-    if (out == NULL || M == NULL) {
+    if (out != NULL && L.spare != NULL && L.spare_len == dim * dim) {
+        free(out->data); /* a freed block has its pages already: reuse it for K */
+        out->data = L.spare;
+        L.spare = NULL;
+    }
+    M = O > 1 ? malloc(N * N * sizeof *M) : NULL;
+    if (out == NULL || (O > 1 && M == NULL)) {
         st = out == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
@@ -1316,14 +1434,19 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         for (int oj = 0; oj <= oi; oj++) {
             const tpk_output *po = &p->output[o0 + oi], *pq = &p->output[o0 + oj];
             double e = 0.0, s = sqrt(po->var * pq->var);
-            st = m2(&L, po->src, pq->src, (uint64_t)p->ninstr * 4096 + (uint64_t)(oi * O + oj),
-                    &sc, M, &e);
-            if (st)
+            uint64_t site = (uint64_t)p->ninstr * 4096 + (uint64_t)(oi * O + oj);
+            if (O == 1) { /* straight into K */
+                if ((st = m2(&L, po->src, pq->src, site, &sc, out->data, N, s, &e)))
+                    goto done;
+                note_err(&L, e);
+                continue;
+            }
+            if ((st = m2(&L, po->src, pq->src, site, &sc, M, N, s, &e)))
                 goto done;
-            note_err(&L, s * e);
+            note_err(&L, e);
             for (size_t a = 0; a < N; a++)
                 for (size_t c = 0; c < N; c++) {
-                    double v = s * M[a * N + c];
+                    double v = M[a * N + c];
                     out->data[(a * (size_t)O + (size_t)oi) * dim + c * (size_t)O + (size_t)oj] = v;
                     out->data[(c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi] = v;
                 }
@@ -1345,6 +1468,7 @@ done:
     free(M);
     free(sc.s1);
     free(sc.s2);
+    free(sc.s3);
     free(sc.qa);
     free(sc.qb);
     lim_free(&L);

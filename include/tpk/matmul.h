@@ -21,6 +21,12 @@ TPK_API int tpk_dgemm(int transa, int transb, size_t m, size_t n, size_t k, doub
                       const double *A, size_t lda, const double *B, size_t ldb, double beta,
                       double *C, size_t ldc, tpk_ctx *ctx);
 
+/* C ← alpha·A·Aᵀ + beta·C (transa = TPK_NO_TRANS; A is n×k) or alpha·Aᵀ·A (TPK_TRANS; A is k×n),
+ * ROW-MAJOR, C n×n. Both triangles of C are written (the product is computed once, then
+ * mirrored), so C is exactly symmetric. Errors as tpk_dgemm. */
+TPK_API int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, size_t lda,
+                      double beta, double *C, size_t ldc, tpk_ctx *ctx);
+
 /* Name of the back end that serves tpk_dgemm now, e.g. "cblas". */
 TPK_API const char *tpk_dgemm_backend(void);
 
