@@ -201,7 +201,11 @@ int tpk_limits_rbw1_floor(const double *v, size_t S, size_t B, uint64_t seed, do
 {
     if (!v || !out || S < 2 || B == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_rbw1_floor: NULL argument, S < 2 or B = 0");
-    double sum = 0;
+    /* Per-replicate values summed in order afterwards: the result does not depend on the thread
+     * count (a reduction would change the last bits). */
+    double *val = calloc(B, sizeof *val);
+    if (!val)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_rbw1_floor: out of memory");
     int st = TPK_OK;
 #pragma omp parallel
     {
@@ -212,7 +216,7 @@ int tpk_limits_rbw1_floor(const double *v, size_t S, size_t B, uint64_t seed, do
         tpk_ctx_init(&lctx);
         if (!r || !cnt || !idx)
             TPK_ERROR(&lctx, TPK_ENOMEM, "tpk_limits_rbw1_floor: out of memory");
-#pragma omp for reduction(+ : sum) schedule(dynamic, 4)
+#pragma omp for schedule(dynamic, 4)
         for (size_t b = 0; b < B; b++) {
             if (lctx.status)
                 continue;
@@ -220,9 +224,7 @@ int tpk_limits_rbw1_floor(const double *v, size_t S, size_t B, uint64_t seed, do
             for (size_t i = 0; i < S; i++)
                 idx[i] = gsl_rng_uniform_int(r, S);
             tpk_limits_counts(idx, S, cnt);
-            double w = 0;
-            if (tpk_limits_w1_mixtures(v, cnt, S, v, NULL, S, &w, &lctx) == TPK_OK)
-                sum += w;
+            tpk_limits_w1_mixtures(v, cnt, S, v, NULL, S, &val[b], &lctx);
         }
 #pragma omp critical(tpk_limits_floor_err)
         if (lctx.status && st == TPK_OK)
@@ -231,6 +233,10 @@ int tpk_limits_rbw1_floor(const double *v, size_t S, size_t B, uint64_t seed, do
         free(cnt);
         free(idx);
     }
+    double sum = 0;
+    for (size_t b = 0; b < B; b++)
+        sum += val[b];
+    free(val);
     if (st == TPK_OK)
         *out = sum / (double)B;
     return st;
