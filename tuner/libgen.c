@@ -58,7 +58,7 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *
     if (!p)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
     size_t np = 0;
-    /* Best valid record per workload (AutoTVM ApplyHistoryBest). */
+    /* Best valid record per workload (AutoTVM ApplyHistoryBest), by load-corrected rate. */
     for (size_t i = 0; i < n; i++) {
         const tpk_tune_record *r = &recs[i];
         if (r->task.target != TPK_TUNE_CPU || strcmp(r->template_name, "cpu_gemm") != 0 ||
@@ -67,7 +67,7 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *
         size_t j = 0;
         while (j < np && workload_cmp(p[j].r, r) != 0)
             j++;
-        if (j < np && !(r->result.gflops > p[j].r->result.gflops))
+        if (j < np && !(tpk__label(&r->result) > tpk__label(&p[j].r->result)))
             continue;
         tpk_tune_space s;
         tpk_tune_config c;
@@ -123,10 +123,10 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *
         st = tpk_tune_emit(&q->s, &q->c, q->name, 0, out, ctx);
     }
     if (!st) {
-        fprintf(out, "/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s as measured when tuned. */\n");
+        fprintf(out, "/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s as measured when tuned (load-corrected). */\n");
         fprintf(out, "const tpk__gemm_entry tpk__gemm_table[] = {\n");
         for (size_t i = 0; i < np; i++)
-            entry(out, &p[i].r->task, p[i].r->result.gflops, p[i].name);
+            entry(out, &p[i].r->task, tpk__label(&p[i].r->result), p[i].name);
         if (np == 0)
             fprintf(out, "    {0, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL},\n");
         fprintf(out, "};\nconst size_t tpk__gemm_table_len = %zu;\n\n", np);

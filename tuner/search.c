@@ -362,7 +362,7 @@ static tpk_tune_model *fit_base(const tpk_tune_space *s, const tpk_tune_opts *o,
             int nf = hs.features(&hs, &c, X + rows * (size_t)nfeat, nfeat);
             for (int f = nf; f < nfeat; f++)
                 X[rows * (size_t)nfeat + (size_t)f] = 0;
-            y[rows++] = o->history[j].result.err ? 0.0f : (float)o->history[j].result.gflops;
+            y[rows++] = (float)tpk__label(&o->history[j].result);
             len++;
         }
         if (len)
@@ -384,6 +384,19 @@ done:
 }
 
 /* ---- the tuner ---------------------------------------------------------------------------- */
+
+/* Label of a measurement: GFLOP/s, 0 for failures. A run that got only a share r of the CPU
+ * time it asked for (other processes) took about 1/r as long, so its rate is scaled back by r
+ * (floored: beyond that the estimate means little). Unknown ratio (0): taken as undisturbed. */
+double tpk__label(const tpk_tune_result *r)
+{
+    if (r->err || !(r->gflops > 0))
+        return 0;
+    double cr = r->cpu_ratio;
+    if (!(cr > 0) || cr > 1)
+        cr = 1;
+    return r->gflops / (cr < 0.3 ? 0.3 : cr);
+}
 
 int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_measure_cb measure,
                  void *measure_user, FILE *log, tpk_tune_progress_cb progress, void *progress_user,
@@ -446,6 +459,17 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
                     goto done;
             }
         }
+        if (done_n == 0 && nb < want && !o.universe) {
+            /* The analytic default is always a candidate (AutoTVM's fallback config). */
+            tpk_tune_config d;
+            tpk_tune_space_default(s, &d);
+            uint64_t di = tpk_tune_space_index(s, &d);
+            int dup = 0;
+            for (int i = 0; i < nb; i++)
+                dup |= batch[i] == di;
+            if (!dup && tpk_tune_space_valid(s, &d))
+                batch[nb++] = di;
+        }
         while (nb < want && random_unvisited(s, &o, &visited, batch, nb, &rng, &batch[nb]))
             nb++;
         if (nb == 0)
@@ -473,10 +497,10 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
             int nf = s->features(s, &c, X + (size_t)done_n * (size_t)nfeat, nfeat);
             for (int f = nf; f < nfeat; f++)
                 X[(size_t)done_n * (size_t)nfeat + (size_t)f] = 0;
-            y[done_n] = r.err ? 0.0f : (float)r.gflops;
+            y[done_n] = (float)tpk__label(&r);
             done_n++;
-            if (r.err == 0 && r.gflops > best) {
-                best = r.gflops;
+            if (r.err == 0 && tpk__label(&r) > best) {
+                best = tpk__label(&r);
                 out->best = c;
                 tpk_tune_config_str(s, &c, best_str, sizeof best_str);
             }

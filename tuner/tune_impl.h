@@ -46,6 +46,7 @@ static inline double tpk__rng_unif(uint64_t *s)
 }
 
 double tpk__now(void);
+double tpk__label(const tpk_tune_result *r);
 double tpk__log2(double x);
 
 #endif
