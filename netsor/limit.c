@@ -320,6 +320,12 @@ typedef struct fac {
     size_t input;
 } fac;
 
+/* value of an RPN prefix under affine analysis: kind 0 = constant b, 1 = a·Z^g + b */
+struct affv {
+    int kind, g;
+    double a, b;
+};
+
 typedef struct pws {
     int maxd;          /* dims capacity */
     int *dg;           /* dim → G-var */
@@ -330,6 +336,7 @@ typedef struct pws {
     double *C, *m, *sub, *lam, *V, *scaled;
     int *parent, *gdims, *gfacs, *loc;
     double *z, *stack, *fv, *prod, *xs;
+    struct affv *aff;  /* affine-analysis stack */
     tpk_ctx ctx;
 } pws;
 
@@ -357,6 +364,7 @@ static void pws_free(pws *w)
     free(w->fv);
     free(w->prod);
     free(w->xs);
+    free(w->aff);
     free(w);
 }
 
@@ -389,7 +397,8 @@ static pws *pws_alloc(const lim *L)
     w->fv = malloc(BLK * sizeof *w->fv);
     w->prod = malloc(BLK * sizeof *w->prod);
     w->xs = malloc(D * sizeof *w->xs);
-    if (!w->xs || !w->dg || !w->da || !w->nodedim || !w->sv || !w->gv || !w->C || !w->m || !w->sub ||
+    w->aff = malloc(D * sizeof *w->aff);
+    if (!w->xs || !w->aff || !w->dg || !w->da || !w->nodedim || !w->sv || !w->gv || !w->C || !w->m || !w->sub ||
         !w->lam || !w->V || !w->scaled || !w->parent || !w->gdims || !w->gfacs || !w->loc ||
         !w->z || !w->stack || !w->fv || !w->prod) {
         pws_free(w);
@@ -499,6 +508,96 @@ static void group_numeric(const lim *L, pws *w, const fac *fs, const int *nodeof
     est->err = var > 0 ? sqrt(var / (double)M) : 0.0;
 }
 
+/* Is the factor φ(a·g + b) with a, b fixed for its input (constants, scalars, φ of constants)?
+ * Then its expectations go to the library's 1-/2-D rules with shifted, scaled moments, e.g.
+ * layernorm's φ((g − m)/√(v + ε)) (theory §2.6). */
+static int affine_call(const lim *L, pws *w, const fac *f, int *g, double *a, double *b,
+                       const tpk_phi **phi)
+{
+    int len = f->len, sp = 0;
+    if (len < 2 || f->node[len - 1].op != TPK_RPN_CALL)
+        return 0;
+    struct affv *st = w->aff;
+    for (int i = 0; i < len - 1; i++) {
+        const tpk_rpn_node *nd = &f->node[i];
+        struct affv *x = sp >= 2 ? &st[sp - 2] : NULL, *y = sp >= 1 ? &st[sp - 1] : NULL;
+        switch (nd->op) {
+        case TPK_RPN_CONST:
+            st[sp++] = (struct affv){0, -1, 0.0, nd->value};
+            break;
+        case TPK_RPN_SCALAR:
+            st[sp++] = (struct affv){0, -1, 0.0, L->scal[nd->var][f->input]};
+            break;
+        case TPK_RPN_GVAR:
+            st[sp++] = (struct affv){1, nd->var, 1.0, 0.0};
+            break;
+        case TPK_RPN_ADD:
+        case TPK_RPN_SUB: {
+            double sg = nd->op == TPK_RPN_ADD ? 1.0 : -1.0;
+            if (x->kind && y->kind && x->g != y->g)
+                return 0;
+            if (y->kind) {
+                x->g = y->g;
+                x->a = (x->kind ? x->a : 0.0) + sg * y->a;
+                x->kind = 1;
+            }
+            x->b += sg * y->b;
+            sp--;
+            break;
+        }
+        case TPK_RPN_MUL:
+            if (x->kind && y->kind)
+                return 0;
+            if (y->kind) {
+                double c = x->b;
+                *x = *y;
+                x->a *= c;
+                x->b *= c;
+            } else {
+                x->a *= y->b;
+                x->b *= y->b;
+            }
+            sp--;
+            break;
+        case TPK_RPN_DIV:
+            if (y->kind || y->b == 0.0)
+                return 0;
+            x->a /= y->b;
+            x->b /= y->b;
+            sp--;
+            break;
+        case TPK_RPN_NEG:
+            y->a = -y->a;
+            y->b = -y->b;
+            break;
+        case TPK_RPN_POWI:
+        case TPK_RPN_CALL: {
+            if (y->kind)
+                return 0;
+            if (nd->op == TPK_RPN_CALL) {
+                y->b = tpk_phi_eval(nd->fn, y->b);
+            } else {
+                double base = y->b, r = 1.0;
+                int e = (int)nd->value;
+                for (int k = e < 0 ? -e : e; k > 0; k--)
+                    r *= base;
+                y->b = e < 0 ? 1.0 / r : r;
+            }
+            break;
+        }
+        default:
+            return 0;
+        }
+    }
+    if (sp != 1 || !st[0].kind)
+        return 0;
+    *g = st[0].g;
+    *a = st[0].a;
+    *b = st[0].b;
+    *phi = f->node[len - 1].fn;
+    return 1;
+}
+
 /* E[Π_{q<nf} fs[q]] under the limit Gaussian. */
 static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t site,
                        tpk_estimate *out)
@@ -600,25 +699,36 @@ static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t sit
                        is_gvar_factor(f2->node, f2->len)) {
                 e.value = w->C[k1 * D + k2] + w->m[k1] * w->m[k2];
                 done = 1;
-            } else if (ngf == 1 && is_call_factor(f1->node, f1->len)) {
-                if (tpk_gauss_expect1(f1->node[1].fn, w->m[k1], w->C[k1 * D + k1], L->gws, &e,
-                                      &w->ctx))
-                    return w->ctx.status;
-                done = 1;
-            } else if (ngf == 2 && is_call_factor(f1->node, f1->len) &&
-                       is_call_factor(f2->node, f2->len)) {
-                const tpk_phi *p1 = f1->node[1].fn, *p2 = f2->node[1].fn;
-                double q1 = w->C[k1 * D + k1], q2 = w->C[k2 * D + k2], kk = w->C[k1 * D + k2];
-                int st;
-                if (w->m[k1] == 0.0 && w->m[k2] == 0.0 && same_phi(p1, p2) &&
-                    tpk_phi_has_closed_form(p1))
-                    st = tpk_gauss_expect2(p1, q1, q2, kk, L->gws, &e, &w->ctx);
-                else
-                    st = tpk_gauss_expect2_quad(p1, p2, w->m[k1], w->m[k2], q1, q2, kk, L->gws,
-                                                &e, &w->ctx);
-                if (st)
-                    return st;
-                done = 1;
+            } else if (ngf <= 2) {
+                int g1, g2;
+                double a1, b1, a2 = 0.0, b2 = 0.0;
+                const tpk_phi *p1, *p2 = NULL;
+                if (affine_call(L, w, f1, &g1, &a1, &b1, &p1) &&
+                    (ngf == 1 || affine_call(L, w, f2, &g2, &a2, &b2, &p2))) {
+                    /* dims of the single G-var leaf of each factor */
+                    for (int i = 0; i < f1->len; i++)
+                        if (f1->node[i].op == TPK_RPN_GVAR)
+                            k1 = w->nodedim[nodeoff[gf[0]] + i];
+                    int st;
+                    double m1 = a1 * w->m[k1] + b1, q1 = a1 * a1 * w->C[k1 * D + k1];
+                    if (ngf == 1) {
+                        st = tpk_gauss_expect1(p1, m1, q1, L->gws, &e, &w->ctx);
+                    } else {
+                        for (int i = 0; i < f2->len; i++)
+                            if (f2->node[i].op == TPK_RPN_GVAR)
+                                k2 = w->nodedim[nodeoff[gf[1]] + i];
+                        double m2 = a2 * w->m[k2] + b2, q2 = a2 * a2 * w->C[k2 * D + k2];
+                        double kk = a1 * a2 * w->C[k1 * D + k2];
+                        if (m1 == 0.0 && m2 == 0.0 && same_phi(p1, p2) && tpk_phi_has_closed_form(p1))
+                            st = tpk_gauss_expect2(p1, q1, q2, kk, L->gws, &e, &w->ctx);
+                        else
+                            st = tpk_gauss_expect2_quad(p1, p2, m1, m2, q1, q2, kk, L->gws, &e,
+                                                        &w->ctx);
+                    }
+                    if (st)
+                        return st;
+                    done = 1;
+                }
             }
         }
         if (!done) {

@@ -9,6 +9,7 @@
 
 #include <lapacke.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -207,10 +208,20 @@ typedef struct fixture {
     tpk_phi *relu, *tanh_, *erf_;
 } fixture;
 
+static double sqrt_fn(double v, const double *params)
+{
+    (void)params;
+    return sqrt(v);
+}
+
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
     f->reg = tpk_phi_registry_alloc(NULL);
+    /* layernorm-mlp.nsr calls sqrt (on a scalar only) */
+    if (f->reg == NULL ||
+        tpk_phi_register(f->reg, "sqrt", sqrt_fn, 0, NULL, TPK_PHI_CONTROLLED | TPK_PHI_SMOOTH, NULL))
+        return -1;
     f->relu = tpk_phi_alloc(f->reg, "relu", NULL);
     f->tanh_ = tpk_phi_alloc(f->reg, "tanh", NULL);
     f->erf_ = tpk_phi_alloc(f->reg, "erf", NULL);
@@ -582,6 +593,95 @@ static void test_moment_centring(void **state)
     tpk_nsr_prog_free(p);
 }
 
+/* Load a program from programs/ through the front end (path relative to TPK_ROOT). */
+static tpk_program *load_program(const fixture *f, const char *rel, const tpk_param_set *sets,
+                                 int nsets)
+{
+    char path[1024];
+    const char *root = getenv("TPK_ROOT");
+    snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
+    tpk_netsor_opts o = {sets, nsets, 1, 0, NULL};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, &ctx);
+    if (p == NULL)
+        print_message("%s: %s\n", path, ctx.msg);
+    assert_non_null(p);
+    return p;
+}
+
+/* The front end's programs/mlp.nsr and programs/rnn.nsr give the recursions' kernels. */
+static void test_front_end_programs(void **state)
+{
+    fixture *f = *state;
+    const size_t N = 5, d = 4;
+    tpk_array *x = random_inputs(N, 1, d, 71);
+    tpk_program *p = load_program(f, "programs/mlp.nsr", NULL, 0);
+    tpk_array *K = NULL;
+    assert_int_equal(tpk_netsor_kernel(p, x, 0, &K, NULL, NULL), TPK_OK);
+    double *R = mlp_recursion(x, 3, 2.0, 0.1, 1.0, V_relu, NULL);
+    for (size_t i = 0; i < N * N; i++)
+        assert_true(fabs(K->data[i] - R[i]) <= TOL_CLOSED * max_abs(R, N * N));
+    free(R);
+    tpk_array_free(K);
+    tpk_program_free(p);
+    tpk_array_free(x);
+    /* rnn.nsr (erf, T = 4) equals the builder's RNN with the same parameters */
+    x = random_inputs(3, 4, 3, 72);
+    p = load_program(f, "programs/rnn.nsr", NULL, 0);
+    tpk_program *q = build_rnn(f->erf_, 4, 1, 0, 1.0, 1.0, 0.05, 1.0);
+    tpk_array *Kq = NULL;
+    assert_int_equal(tpk_netsor_kernel(p, x, 1, &K, NULL, NULL), TPK_OK);
+    assert_int_equal(tpk_netsor_kernel(q, x, 1, &Kq, NULL, NULL), TPK_OK);
+    assert_int_equal(tpk_array_size(K), tpk_array_size(Kq));
+    for (size_t i = 0; i < tpk_array_size(K); i++)
+        assert_true(fabs(K->data[i] - Kq->data[i]) <= 1e-13);
+    tpk_array_free(K);
+    tpk_array_free(Kq);
+    tpk_program_free(p);
+    tpk_nsr_prog_free(q);
+    tpk_array_free(x);
+}
+
+/* programs/layernorm-mlp.nsr (NETSOR+, theory §2.6): m = E g = 0, v = Var g, so
+ * h = relu(g/√(Σ_aa + ε)) and the layer map is V_relu of the ε-shrunk correlation matrix. */
+static void test_layernorm_program(void **state)
+{
+    fixture *f = *state;
+    const size_t N = 5, d = 4;
+    const double eps = 1e-5, sw2 = 2.0, sb2 = 0.1, su2 = 1.0;
+    tpk_array *x = random_inputs(N, 1, d, 73);
+    tpk_program *p = load_program(f, "programs/layernorm-mlp.nsr", NULL, 0);
+    tpk_array *K = NULL;
+    double err;
+    assert_int_equal(tpk_netsor_kernel(p, x, 0, &K, &err, NULL), TPK_OK);
+    double *S = malloc(N * N * sizeof *S), *T = malloc(N * N * sizeof *T);
+    for (size_t a = 0; a < N; a++)
+        for (size_t c = 0; c < N; c++)
+            S[a * N + c] = su2 * dot(x->data + a * d, x->data + c * d, d) / (double)d + sb2;
+    for (int l = 1; l <= 2; l++) {
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = 0; c < N; c++) {
+                double sa = sqrt(S[a * N + a] + eps), sc = sqrt(S[c * N + c] + eps);
+                T[a * N + c] = relu_k(S[a * N + a] / (sa * sa), S[c * N + c] / (sc * sc),
+                                      S[a * N + c] / (sa * sc));
+            }
+        for (size_t i = 0; i < N * N; i++)
+            S[i] = l < 2 ? sw2 * T[i] + sb2 : T[i];
+    }
+    double worst = 0.0;
+    for (size_t i = 0; i < N * N; i++)
+        worst = fmax(worst, fabs(K->data[i] - S[i]));
+    print_message("layernorm MLP: max diff %.3g (err %.3g)\n", worst, err);
+    assert_true(worst <= 1e-10);
+    assert_sym_psd(K);
+    free(S);
+    free(T);
+    tpk_array_free(K);
+    tpk_program_free(p);
+    tpk_array_free(x);
+}
+
 static void test_degenerate_inputs(void **state)
 {
     fixture *f = *state;
@@ -673,6 +773,8 @@ int main(void)
         cmocka_unit_test(test_three_arg_vs_monte_carlo),
         cmocka_unit_test(test_factorised_vs_generic),
         cmocka_unit_test(test_moment_centring),
+        cmocka_unit_test(test_front_end_programs),
+        cmocka_unit_test(test_layernorm_program),
         cmocka_unit_test(test_degenerate_inputs),
         cmocka_unit_test(test_errors),
     };
