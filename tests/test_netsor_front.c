@@ -544,7 +544,12 @@ static void test_holes(void **state)
     assert_non_null(p);
     assert_non_null(strstr(buf, "prog.nsr:3:8: note: hole '_' must be n\n"));
     assert_non_null(strstr(buf, "prog.nsr:4:11: note: hole '_' must be d\n"));
-    assert_int_equal(p->avar[var_named(p, "k") >= 0 ? 0 : 0].rows, 0);
+    /* W : (_, n) became A(n, n); k = W h therefore has width n */
+    assert_string_equal(p->avar[0].name, "W");
+    assert_int_equal(p->avar[0].rows, 0);
+    assert_int_equal(p->avar[0].cols, 0);
+    assert_string_equal(p->width_name[p->var[var_named(p, "k")].width], "n");
+    assert_string_equal(p->width_name[p->var[var_named(p, "j")].width], "m");
     tpk_program_free(p);
     free(buf);
 }
