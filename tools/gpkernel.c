@@ -119,7 +119,8 @@ static const struct option longopts[] = {
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0}};
 
-/* Returns 0 to go on, 1 to exit successfully (help/version), or an error status. */
+/* Returns 0 to go on, EXIT_EARLY for --help/--version/--list-phi, or an error status. */
+#define EXIT_EARLY (-1)
 static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *reg, tpk_ctx *ctx)
 {
     int c, st = TPK_OK;
@@ -136,9 +137,9 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
         case OPT_SB2: st = parse_double("sigma-b2", optarg, &o->sigma_b2, ctx); break;
         case OPT_QDEG: st = parse_int("quad-degree", optarg, &o->quad_degree, ctx); break;
         case OPT_QUIET: o->quiet = 1; break;
-        case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); return 1;
-        case OPT_HELP: fputs(usage, stdout); return 1;
-        case OPT_VERSION: printf("gpkernel (tpk) %s\n", TPK_VERSION); return 1;
+        case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); return EXIT_EARLY;
+        case OPT_HELP: fputs(usage, stdout); return EXIT_EARLY;
+        case OPT_VERSION: printf("gpkernel (tpk) %s\n", TPK_VERSION); return EXIT_EARLY;
         default:
             return TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
                              argv[optind - 1]);
@@ -230,7 +231,7 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     tpk_input_info xi, ti;
 
     int st = parse_args(argc, argv, &o, reg, ctx);
-    if (st == 1) { /* --help / --version / --list-phi */
+    if (st == EXIT_EARLY) {
         tpk_phi_registry_free(reg);
         return TPK_OK;
     }
