@@ -579,7 +579,7 @@ static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1(size_t m, size_t
     }
 }
 
-/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s as measured when tuned. */
+/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s as measured when tuned (load-corrected). */
 const tpk__gemm_entry tpk__gemm_table[] = {
     {0, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL},
 };

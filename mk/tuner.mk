@@ -42,3 +42,16 @@ tune: tools
 	        $$([ -s $(TUNE_OUT) ] && echo --transfer=$(TUNE_OUT)) || exit 1; \
 	done; done; done
 	$(MAKE) $(GEN_CPU)
+
+# CUDA: the library file and the device-check bundle (scripts/device-check.sh), both generated;
+# nvcc builds them where a toolkit exists (tests/test_tune_cuda.c), never the CPU library.
+GEN_CUDA    := gen/tpk_gemm_cuda.cu
+GEN_CHECK   := gen/cuda-check/harness.cu
+CHECK_RANDOM ?= 11
+CHECK_SEED  ?= 6
+lib: $(GEN_CUDA) $(GEN_CHECK)
+$(GEN_CUDA): $(TUNE_LOGS) $(TPGEN)
+	$(TPGEN) gen --target=cuda --out=$@ $(TUNE_LOGS)
+$(GEN_CHECK): $(TPGEN)
+	rm -f gen/cuda-check/k*.cu
+	$(TPGEN) cuda-check --out=gen/cuda-check --trials=$(CHECK_RANDOM) --seed=$(CHECK_SEED) --repeat=10

@@ -5,7 +5,9 @@
  *   tptune show LOG...                       best record per workload
  *   tptune emit --m= --n= --k= [--dtype=] [--target=] [--knobs=mr=8,nv=3,...]   print source
  *   tptune gen --out=FILE LOG...             library kernels + dispatch table (gen/)
- *   tptune replay --log=FILE [--seeds=20] [--trials=N]   model vs random over a recorded table */
+ *   tptune replay --log=FILE [--seeds=20] [--trials=N]   model vs random over a recorded table
+ *   tptune gen --target=cuda --out=FILE LOG...            CUDA library file (gen/tpk_gemm_cuda.cu)
+ *   tptune cuda-check --out=DIR [--trials=N] [--seed=S]   kernels.cu + harness.cu for a device */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,7 +25,9 @@ static void usage(FILE *f)
           "       tptune show LOG...\n"
           "       tptune emit --m=M --n=N --k=K [--dtype=..] [--target=..] [--threads=T] [--knobs=a=1,b=2]\n"
           "       tptune gen --out=FILE LOG...\n"
-          "       tptune replay --log=FILE [--seeds=S] [--trials=N] [--batch=B]\n", f);
+          "       tptune replay --log=FILE [--seeds=S] [--trials=N] [--batch=B]\n"
+          "       tptune gen --target=cuda --out=FILE LOG...\n"
+          "       tptune cuda-check --out=DIR [--trials=RANDOM_CONFIGS] [--seed=S] [--m= --n= --k=]\n", f);
 }
 
 typedef struct args {
@@ -314,7 +318,8 @@ static int cmd_gen(const args *a, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EIO, "%s: cannot write: %s", tmp, strerror(errno));
         return 1;
     }
-    int st = tpk_tune_gen_cpu_library(all, nall, "tptune gen", f, ctx);
+    int st = a->task.target == TPK_TUNE_CUDA ? tpk_tune_gen_cuda_library(all, nall, "tptune gen", f, ctx)
+                                              : tpk_tune_gen_cpu_library(all, nall, "tptune gen", f, ctx);
     if (fclose(f) != 0 && !st)
         st = TPK_ERROR(ctx, TPK_EIO, "%s: write failed", tmp);
     free(all);
@@ -438,6 +443,23 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
     return 0;
 }
 
+/* Device-check bundle: kernels.cu + harness.cu for scripts/device-check.sh. */
+static int cmd_cuda_check(const args *a, tpk_ctx *ctx)
+{
+    if (!a->out) {
+        fprintf(stderr, "tptune cuda-check: --out=DIR is required\n");
+        return 2;
+    }
+    size_t shapes[4][3] = {{4096, 4096, 4096}, {2048, 2048, 2048}, {8192, 64, 8192}, {4096, 64, 4096}};
+    int nshape = 4;
+    if (a->task.m && a->task.n && a->task.k) {
+        shapes[0][0] = a->task.m, shapes[0][1] = a->task.n, shapes[0][2] = a->task.k;
+        nshape = 1;
+    }
+    int nrand = a->trials == 64 ? 8 : a->trials; /* --trials: random configurations per dtype */
+    return tpk_tune_emit_cuda_check(a->out, nrand, a->seed, (const size_t(*)[3])shapes, nshape, a->repeat, ctx) ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "__measure"))
@@ -464,6 +486,8 @@ int main(int argc, char **argv)
         rc = cmd_gen(&a, &ctx);
     else if (!strcmp(argv[1], "replay"))
         rc = cmd_replay(&a, &ctx);
+    else if (!strcmp(argv[1], "cuda-check"))
+        rc = cmd_cuda_check(&a, &ctx);
     else {
         fprintf(stderr, "tptune: unknown command '%s'\n", argv[1]);
         usage(stderr);

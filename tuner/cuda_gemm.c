@@ -243,7 +243,7 @@ int tpk__cuda_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const
         "            load_tile(As, Bs, A, lda, B, ldb, M, N, kend, row0, col0, kbeg + kt * BK, vec_ok);\n"
         "            __syncthreads();\n"
         "        } else {\n"
-        "            __pipeline_wait_prior(STAGES - 2);\n"
+        "            __pipeline_wait_prior(STAGES > 1 ? STAGES - 2 : 0);\n"
         "            __syncthreads(); // slice kt landed; everyone is done with slice kt-1's buffer\n"
         "            const int nxt = kt + STAGES - 1;\n"
         "            if (nxt < nkt)\n"
@@ -323,8 +323,14 @@ int tpk__cuda_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const
 
 /* The measuring / checking harness: times each listed kernel on each shape against cuBLAS and
  * prints one TPKRESULT line per (kernel, shape): err gflops cublas_gflops rel_err. */
-void tpk__cuda_emit_harness(FILE *o, const char *const *names, const int *dtypes, int nk,
-                            const size_t (*shapes)[3], int nshape, int repeat);
+void tpk__cuda_kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap)
+{
+    cu_blk b;
+    blocking(s, c, &b);
+    snprintf(out, cap, "tpk_cuda_%cgemm_%dx%dx%d_t%dx%d_s%d_v%d_p%d_k%d", b.es == 4 ? 's' : 'd', b.bm, b.bn, b.bk,
+             b.tm, b.tn, b.st, b.vec, b.pad > 0, b.splitk);
+}
+
 void tpk__cuda_emit_harness(FILE *o, const char *const *names, const int *dtypes, int nk,
                             const size_t (*shapes)[3], int nshape, int repeat)
 {
@@ -343,8 +349,8 @@ void tpk__cuda_emit_harness(FILE *o, const char *const *names, const int *dtypes
           "static cublasStatus_t blas(cublasHandle_t h, int M, int N, int K, const float *A, const float *B, float *C)\n"
           "{ const float one = 1, zero = 0;\n"
           "  return cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, N, A, K, &zero, C, N); }\n\n"
-          "template <typename T> static double time_it(int reps, cudaEvent_t e0, cudaEvent_t e1, T *C, size_t bytes, void *flush,\n"
-          "        size_t flush_bytes, auto &&call)\n"
+          "template <typename T, typename F> static double time_it(int reps, cudaEvent_t e0, cudaEvent_t e1, T *C, size_t bytes,\n"
+          "        void *flush, size_t flush_bytes, F &&call)\n"
           "{\n"
           "    std::vector<double> t;\n"
           "    call(); cudaDeviceSynchronize();\n"
@@ -461,7 +467,7 @@ int tpk__cuda_measure(const tpk_tune_space *s, const tpk_tune_config *c, const t
             res->max_rel_err = rel;
             res->ncost = 1;
             res->costs_s[0] = ours > 0 ? tpk_tune_task_flops(&s->task) / (ours * 1e9) : 0;
-            res->cpu_ratio = theirs; /* for CUDA records: cuBLAS GFLOP/s on the same shape */
+            res->vendor_gflops = theirs;
         } else if (strstr(line, "TPKNODEV"))
             res->err = TPK_TUNE_ENODEV;
     }
@@ -473,4 +479,68 @@ int tpk__cuda_measure(const tpk_tune_space *s, const tpk_tune_config *c, const t
         rmdir(dir);
     }
     return TPK_OK;
+}
+
+int tpk_tune_emit_cuda_check(const char *dir, int nrandom, uint64_t seed, const size_t (*shapes)[3], int nshape,
+                             int repeat, tpk_ctx *ctx)
+{
+    if (nrandom < 0 || nrandom > 200 || nshape < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: 0..200 random configurations and ≥ 1 shape");
+    mkdir(dir, 0755);
+    char path[1024];
+    int cap = 2 * (nrandom + 1);
+    char (*names)[96] = calloc((size_t)cap, sizeof *names);
+    const char **np = calloc((size_t)cap, sizeof *np);
+    int *dts = calloc((size_t)cap, sizeof *dts);
+    int nk = 0, st = TPK_OK;
+    if (!names || !np || !dts) {
+        free(names), free(np), free(dts);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+    }
+    uint64_t rng = seed;
+    /* One file per kernel, so that a device with many cores compiles them in parallel. */
+    for (int d = 0; d < 2 && !st; d++) {
+        /* Configurations are drawn for the first shape; the kernels are generic in M, N, K. */
+        tpk_tune_task t = {TPK_TUNE_CUDA, d, shapes[0][0], shapes[0][1], shapes[0][2], 1};
+        tpk_tune_space s;
+        st = tpk_tune_space_init(&s, &t, ctx);
+        for (int i = 0; i <= nrandom && !st; i++) {
+            tpk_tune_config c;
+            if (i == 0)
+                tpk_tune_space_default(&s, &c);
+            else
+                tpk_tune_space_point(&s, tpk_tune_space_random(&s, &rng), &c);
+            tpk__cuda_kernel_name(&s, &c, names[nk], sizeof names[nk]);
+            int dup = 0;
+            for (int j = 0; j < nk; j++)
+                dup |= !strcmp(names[j], names[nk]);
+            if (dup)
+                continue;
+            snprintf(path, sizeof path, "%s/k%02d.cu", dir, nk);
+            FILE *k = fopen(path, "w");
+            if (!k) {
+                st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot write", path);
+                break;
+            }
+            fputs("// Generated by tptune cuda-check (tpk tuner) - DO NOT EDIT.\n#include <cuda_pipeline.h>\n"
+                  "#include <cuda_runtime.h>\n\n", k);
+            st = tpk__cuda_gemm_emit(&s, &c, names[nk], 0, k, ctx);
+            if (fclose(k) != 0 && !st)
+                st = TPK_ERROR(ctx, TPK_EIO, "%s: write failed", path);
+            np[nk] = names[nk];
+            dts[nk++] = d;
+        }
+    }
+    if (!st) {
+        snprintf(path, sizeof path, "%s/harness.cu", dir);
+        FILE *h = fopen(path, "w");
+        if (!h)
+            st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot write", path);
+        else {
+            tpk__cuda_emit_harness(h, np, dts, nk, shapes, nshape, repeat);
+            fclose(h);
+        }
+    }
+    free(names), free(np), free(dts);
+    return st;
 }

@@ -40,9 +40,11 @@ int tpk_tune_log_write(FILE *f, const tpk_tune_record *r, tpk_ctx *ctx)
     fprintf(f, "},\"result\":{\"err\":%d,\"gflops\":%.3f,\"costs_s\":[", s->err, s->gflops);
     for (int i = 0; i < s->ncost; i++)
         fprintf(f, "%s%.6e", i ? "," : "", s->costs_s[i]);
-    fprintf(f, "],\"compile_s\":%.3f,\"cpu_ratio\":%.3f,\"redone\":%d,\"load1\":%.2f,\"max_rel_err\":%.3e,"
-               "\"ts\":%.0f}}\n",
-            s->compile_s, s->cpu_ratio, s->redone, s->load1, s->max_rel_err, r->ts);
+    fprintf(f, "],\"compile_s\":%.3f,\"cpu_ratio\":%.3f,\"redone\":%d,\"load1\":%.2f,\"max_rel_err\":%.3e,",
+            s->compile_s, s->cpu_ratio, s->redone, s->load1, s->max_rel_err);
+    if (s->vendor_gflops > 0)
+        fprintf(f, "\"vendor_gflops\":%.3f,", s->vendor_gflops);
+    fprintf(f, "\"ts\":%.0f}}\n", r->ts);
     if (fflush(f) != 0 || ferror(f))
         return TPK_ERROR(ctx, TPK_EIO, "tune: cannot write the log: %s", strerror(errno));
     return TPK_OK;
@@ -214,6 +216,8 @@ static void result_member(jp *j, const char *key, void *u)
         s->load1 = num(j);
     else if (!strcmp(key, "max_rel_err"))
         s->max_rel_err = num(j);
+    else if (!strcmp(key, "vendor_gflops"))
+        s->vendor_gflops = num(j);
     else if (!strcmp(key, "ts"))
         ((tpk_tune_record *)u)->ts = num(j);
     else if (!strcmp(key, "costs_s")) {

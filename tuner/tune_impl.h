@@ -13,6 +13,9 @@ int tpk__cuda_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const
                         int standalone, FILE *out, tpk_ctx *ctx);
 void tpk__cpu_gemm_default(const tpk_tune_space *s, tpk_tune_config *c);
 void tpk__cuda_gemm_default(const tpk_tune_space *s, tpk_tune_config *c);
+void tpk__cuda_emit_harness(FILE *o, const char *const *names, const int *dtypes, int nk,
+                            const size_t (*shapes)[3], int nshape, int repeat);
+void tpk__cuda_kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap);
 int tpk__cuda_measure(const tpk_tune_space *s, const tpk_tune_config *c,
                       const tpk_tune_measure_opts *o, tpk_tune_result *res, tpk_ctx *ctx);
 

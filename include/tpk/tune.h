@@ -138,6 +138,7 @@ typedef struct tpk_tune_result {
     int redone;        /* times the measurement was redone because it looked disturbed */
     double load1;      /* /proc/loadavg at the end */
     double max_rel_err;/* verification error, relative to |A||B| */
+    double vendor_gflops; /* the vendor library on the same shape when measured (cuBLAS), else 0 */
 } tpk_tune_result;
 
 typedef struct tpk_tune_measure_opts {
@@ -280,6 +281,16 @@ TPK_API int tpk_tune_synthetic_measure(void *user, const tpk_tune_space *s,
  * from the best record per (dtype, m, n, k, threads) in recs. Deterministic output. */
 TPK_API int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *generator,
                                      FILE *out, tpk_ctx *ctx);
+
+/* The generated CUDA file (gen/tpk_gemm_cuda.cu): the best cuda_gemm record per workload, the
+ * analytic defaults, and extern "C" tpk_cuda_gemm_d / tpk_cuda_gemm_s dispatching by shape. */
+TPK_API int tpk_tune_gen_cuda_library(const tpk_tune_record *recs, size_t n, const char *generator,
+                                      FILE *out, tpk_ctx *ctx);
+/* A device-check bundle in dir: kNN.cu, one per kernel (the defaults plus `nrandom` random valid
+ * configurations per dtype, seeded), and harness.cu timing each against cuBLAS on the shapes. */
+TPK_API int tpk_tune_emit_cuda_check(const char *dir, int nrandom, uint64_t seed,
+                                     const size_t (*shapes)[3], int nshape, int repeat,
+                                     tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }
