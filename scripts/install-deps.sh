@@ -2,7 +2,8 @@
 # Install the Debian packages tpk needs, if any is missing. Safe to run repeatedly.
 set -eu
 PKGS="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
-      libhdf5-dev hdf5-tools libxgboost-dev libcmocka-dev zlib1g-dev nettle-dev"
+      libhdf5-dev hdf5-tools libxgboost-dev libcmocka-dev zlib1g-dev nettle-dev
+      clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

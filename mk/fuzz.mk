@@ -1,0 +1,15 @@
+# Fuzzing the NETSOR front end with libFuzzer (clang), under ASan + UBSan.
+#   make fuzz             build build/fuzz_netsor and run it for FUZZ_SECONDS (default 30)
+FUZZ_SECONDS ?= 30
+FUZZ_SRC := tests/fuzz/fuzz_netsor.c netsor/lex.c netsor/parse.c netsor/check.c netsor/elab.c \
+            netsor/program.c kernels/gauss.c kernels/gauss_quad.c core/error.c
+.PHONY: fuzz
+$(BUILD)/fuzz_netsor: $(FUZZ_SRC) $(wildcard netsor/*.h kernels/*.h include/tpk/*.h) | $(DEPS_OK)
+	@mkdir -p $(@D)
+	clang-14 -g -O1 -std=c11 -D_XOPEN_SOURCE=700 -fsanitize=fuzzer,address,undefined \
+	    -fno-sanitize-recover=all -Iinclude $(FUZZ_SRC) -lgsl -lgslcblas -lm -o $@
+fuzz: $(BUILD)/fuzz_netsor
+	@mkdir -p $(BUILD)/fuzz-corpus
+	@rc=0; $(BUILD)/fuzz_netsor -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 \
+	    -print_final_stats=1 $(BUILD)/fuzz-corpus tests/fuzz/corpus >$(BUILD)/fuzz.log 2>&1 || rc=$$?; \
+	    tail -n 12 $(BUILD)/fuzz.log; exit $$rc
