@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,10 +132,19 @@ typedef struct fixture {
     tpk_phi *relu, *tanh_, *erf_;
 } fixture;
 
+static double sqrt_fn(double v, const double *params)
+{
+    (void)params;
+    return sqrt(v);
+}
+
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
     f->reg = tpk_phi_registry_alloc(NULL);
+    if (f->reg == NULL ||
+        tpk_phi_register(f->reg, "sqrt", sqrt_fn, 0, NULL, TPK_PHI_CONTROLLED | TPK_PHI_SMOOTH, NULL))
+        return -1;
     f->relu = tpk_phi_alloc(f->reg, "relu", NULL);
     f->tanh_ = tpk_phi_alloc(f->reg, "tanh", NULL);
     f->erf_ = tpk_phi_alloc(f->reg, "erf", NULL);
@@ -440,6 +450,24 @@ static void test_outputs_and_moments(void **state)
     tpk_array_free(x);
 }
 
+/* programs/layernorm-mlp.nsr through the front end: finite width → limit. */
+static void test_layernorm_program(void **state)
+{
+    fixture *f = *state;
+    char path[1024];
+    const char *root = getenv("TPK_ROOT");
+    snprintf(path, sizeof path, "%s/programs/layernorm-mlp.nsr", root ? root : ".");
+    tpk_netsor_opts o = {NULL, 0, 1, 0, NULL};
+    tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, NULL);
+    assert_non_null(p);
+    tpk_array *x = random_inputs(5, 1, 4, 109);
+    conv c = converge(p, x, 0, 1024, 8, 9500);
+    print_message("layernorm n=1024: |mean − K| = %.3g, SE = %.3g\n", c.dist, c.se);
+    assert_true(c.dist <= N_SE * c.se);
+    tpk_program_free(p);
+    tpk_array_free(x);
+}
+
 static void test_errors(void **state)
 {
     fixture *f = *state;
@@ -474,6 +502,7 @@ int main(void)
         cmocka_unit_test(test_one_layer_exact),
         cmocka_unit_test(test_thread_independent),
         cmocka_unit_test(test_outputs_and_moments),
+        cmocka_unit_test(test_layernorm_program),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

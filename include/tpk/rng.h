@@ -27,8 +27,8 @@ enum tpk_rng_tag {
 };
 #define TPK_RNG_STREAM(tag, id) (((uint64_t)(tag) << 32) | (uint64_t)(uint32_t)(id))
 
-/* Standard normal z(seed, stream, row, col) (Box–Muller on one Philox block; columns 2k and
- * 2k+1 share a block). Keyed by (row, col), not by a flat index, so the n×n matrix of a
+/* Standard normal z(seed, stream, row, col) (inverse CDF of a 53-bit uniform; columns 2k and
+ * 2k+1 share one Philox block, one 64-bit half each). Keyed by (row, col), not by a flat index, so the n×n matrix of a
  * width-n network is the top-left block of the (2n)×(2n) one (before scaling by 1/√n). */
 TPK_API double tpk_rng_normal_at(uint64_t seed, uint64_t stream, uint32_t row, uint32_t col);
 /* out[k] = z(seed, stream, row, col0 + k), k < len (col0 + len ≤ 2^32). */
