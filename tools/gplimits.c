@@ -9,7 +9,6 @@
 #define __GSL_CBLAS_H__
 #include <gsl/gsl_errno.h>
 #include <hdf5.h>
-#include <hdf5_hl.h>
 
 #include <errno.h>
 #include <getopt.h>
@@ -56,6 +55,7 @@ typedef struct opts {
     size_t max_inputs;
     size_t w1_input;
     size_t boot, slices;
+    size_t fit_min_width;
     int resume, quiet, progress; /* progress: -1 auto (isatty), 0 off, 1 on */
 } opts;
 
@@ -84,6 +84,10 @@ static const char usage[] =
     "  --boot=B           bootstrap replicates (default 1000; sliced fits use B/5)\n"
     "  --w1-input=I       input (index within the used inputs) for the 1-D law distance (0)\n"
     "  --slices=L         directions for sliced distances (default 8)\n"
+    "  --fit-min-width=N  fit exponents over widths >= N (default: all but the smallest when\n"
+    "                     there are >= 4 widths; 0 = all; the RMS exponent for every n_min is\n"
+    "                     in /fits/rms_stability). With --resume on a finished FILE.h5\n"
+    "                     the statistics are recomputed from its raw data without rerunning.\n"
     "Output:\n"
     "  --progress / --no-progress   progress bar on stderr (default: when stderr is a terminal)\n"
     "  --quiet            no summary on stdout\n"
@@ -161,7 +165,7 @@ static int parse_widths(const char *s, opts *o, tpk_ctx *ctx)
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_SET, OPT_INPUT, OPT_MAXIN, OPT_OUTPUT, OPT_PHI, OPT_DEPTH,
        OPT_SW2, OPT_SB2, OPT_WIDTHS, OPT_SEEDS, OPT_SEED, OPT_RESUME, OPT_BOOT, OPT_W1IN,
-       OPT_SLICES, OPT_PROGRESS, OPT_NOPROGRESS, OPT_QUIET, OPT_HELP, OPT_VERSION };
+       OPT_SLICES, OPT_FITMIN, OPT_PROGRESS, OPT_NOPROGRESS, OPT_QUIET, OPT_HELP, OPT_VERSION };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -181,6 +185,7 @@ static const struct option longopts[] = {
     {"boot", required_argument, NULL, OPT_BOOT},
     {"w1-input", required_argument, NULL, OPT_W1IN},
     {"slices", required_argument, NULL, OPT_SLICES},
+    {"fit-min-width", required_argument, NULL, OPT_FITMIN},
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
     {"quiet", no_argument, NULL, OPT_QUIET},
@@ -188,7 +193,7 @@ static const struct option longopts[] = {
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0}};
 
-/* Returns 0 to go on, 1 to exit successfully (help/version), or an error status. */
+/* Returns 0 to go on, -1 to exit successfully (help/version), or an error status (> 0). */
 static int parse_args(int argc, char **argv, opts *o, tpk_ctx *ctx)
 {
     int c, st = TPK_OK;
@@ -230,11 +235,14 @@ static int parse_args(int argc, char **argv, opts *o, tpk_ctx *ctx)
         case OPT_BOOT: st = parse_size("boot", optarg, 50, 1000000, &o->boot, ctx); break;
         case OPT_W1IN: st = parse_size("w1-input", optarg, 0, 1u << 20, &o->w1_input, ctx); break;
         case OPT_SLICES: st = parse_size("slices", optarg, 1, 10000, &o->slices, ctx); break;
+        case OPT_FITMIN:
+            st = parse_size("fit-min-width", optarg, 0, 1u << 24, &o->fit_min_width, ctx);
+            break;
         case OPT_PROGRESS: o->progress = 1; break;
         case OPT_NOPROGRESS: o->progress = 0; break;
         case OPT_QUIET: o->quiet = 1; break;
-        case OPT_HELP: fputs(usage, stdout); return 1;
-        case OPT_VERSION: printf("gplimits (tpk) %s\n", TPK_VERSION); return 1;
+        case OPT_HELP: fputs(usage, stdout); return -1;
+        case OPT_VERSION: printf("gplimits (tpk) %s\n", TPK_VERSION); return -1;
         default:
             return TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
                              argv[optind - 1]);
@@ -314,30 +322,40 @@ static int write_checkpoint(const run *r, tpk_ctx *ctx)
     return tpk_h5out_commit(h, ctx);
 }
 
-/* Load a checkpoint into r if its configuration matches. */
-static int read_checkpoint(run *r, tpk_ctx *ctx)
+/* Load raw data into r from a checkpoint (prefix "") or a finished output ("/per_seed") if its
+ * configuration matches. */
+static int read_checkpoint(run *r, const char *file, const char *prefix, tpk_ctx *ctx)
 {
-    hid_t f = H5Fopen(r->partial, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0)
-        return TPK_ERROR(ctx, TPK_EIO, "%s: cannot open checkpoint", r->partial);
-    char *cfg = NULL;
-    hsize_t dims;
-    H5T_class_t cls;
-    size_t sz = 0;
-    if (H5LTget_attribute_info(f, "/", "gplimits_config", &dims, &cls, &sz) >= 0 && sz > 0)
-        cfg = calloc(sz + 1, 1);
-    int ok = cfg && H5LTget_attribute_string(f, "/", "gplimits_config", cfg) >= 0;
+        return TPK_ERROR(ctx, TPK_EIO, "%s: cannot open checkpoint", file);
+    /* The writer stores strings as variable-length UTF-8 (core/io_h5out.c). */
+    char *vl = NULL, *cfg = NULL;
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, H5T_VARIABLE);
+    H5Tset_cset(t, H5T_CSET_UTF8);
+    hid_t at = H5Aexists_by_name(f, "/", "gplimits_config", H5P_DEFAULT) > 0
+                   ? H5Aopen_by_name(f, "/", "gplimits_config", H5P_DEFAULT, H5P_DEFAULT)
+                   : -1;
+    if (at >= 0 && H5Aread(at, t, &vl) >= 0 && vl) {
+        cfg = strdup(vl);
+        H5free_memory(vl);
+    }
+    if (at >= 0)
+        H5Aclose(at);
+    H5Tclose(t);
+    int ok = cfg != NULL;
     H5Fclose(f);
     if (!ok) {
         free(cfg);
-        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a gplimits checkpoint", r->partial);
+        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a gplimits checkpoint", file);
     }
     if (strcmp(cfg, r->config) != 0) {
         int st = TPK_ERROR(ctx, TPK_EINVAL,
                            "%s was made by a run with different settings (program, inputs, "
                            "widths, seeds); remove it or rerun with the same options.\n"
                            "  checkpoint: %s\n  this run:   %s",
-                           r->partial, cfg, r->config);
+                           file, cfg, r->config);
         free(cfg);
         return st;
     }
@@ -345,15 +363,19 @@ static int read_checkpoint(run *r, tpk_ctx *ctx)
     const char *names[3] = {"/khat", "/outputs", "/done"};
     double *dst[3] = {r->khat, r->y, r->done};
     size_t want[3] = {r->W * r->S * r->NN, r->W * r->S * r->N, r->W * r->S};
-    for (int i = 0; i < 3; i++) {
+    int nread = prefix[0] ? 2 : 3; /* a finished file has every seed done */
+    if (nread == 2)
+        for (size_t k = 0; k < want[2]; k++)
+            r->done[k] = 1;
+    for (int i = 0; i < nread; i++) {
         char spec[4300];
-        snprintf(spec, sizeof spec, "%s:%s", r->partial, names[i]);
+        snprintf(spec, sizeof spec, "%s:%s%s", file, prefix, names[i]);
         tpk_array *a = tpk_io_read(spec, NULL, ctx);
         if (!a)
             return ctx->status;
         if (tpk_array_size(a) != want[i]) {
             tpk_array_free(a);
-            return TPK_ERROR(ctx, TPK_EFORMAT, "%s: %s has the wrong size", r->partial, names[i]);
+            return TPK_ERROR(ctx, TPK_EFORMAT, "%s: %s has the wrong size", file, names[i]);
         }
         memcpy(dst[i], a->data, want[i] * sizeof(double));
         tpk_array_free(a);
@@ -455,7 +477,22 @@ static int analyse(const run *r, const opts *o, const double *n, const tpk_array
     }
     if (st)
         goto done;
-    tpk_limits_boot_opts bo = {o->boot, o->seed, 0.95, 1, 0};
+    /* Default: drop the smallest width when there are 4 or more. Its O(1/n) corrections bias
+     * the slope (for the 2-layer ReLU MLP, c2/(c1 √32) ≈ 17% at n = 32, theory.md §7.4) and the
+     * paired bootstrap is tight enough to see it; the stability table shows every choice. */
+    size_t first = 0;
+    if (o->fit_min_width == SIZE_MAX)
+        first = W >= 4 ? 1 : 0;
+    else
+        while (first < W && n[first] < (double)o->fit_min_width)
+            first++;
+    if (first + 2 > W) {
+        st = TPK_ERROR(ctx, TPK_EINVAL, "--fit-min-width=%zu leaves fewer than 2 widths to fit",
+                       o->fit_min_width);
+        goto done;
+    }
+    /* Paired bootstrap: seed s is network BASE + s at every width (nested, theory.md §7.3). */
+    tpk_limits_boot_opts bo = {o->boot, o->seed, 0.95, 1, first};
     tpk_limits_series ds_err = {W, S, 1, n, err}, ds_v = {W, S, 1, n, v};
     st = tpk_limits_boot_fit(&ds_err, tpk_limits_stat_rms, NULL, &bo, &sum->rms, col[RMS],
                              col[RMS_LO], col[RMS_HI], ctx);
@@ -608,14 +645,14 @@ int main(int argc, char **argv)
     gsl_set_error_handler_off();
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     opts o = {.depth = 2, .sigma_w2 = 2.0, .sigma_b2 = 0.0, .seeds = 64, .seed = 1,
-              .max_inputs = 8, .boot = 1000, .slices = 8, .progress = -1};
+              .max_inputs = 8, .boot = 1000, .slices = 8, .progress = -1, .fit_min_width = SIZE_MAX};
     /* Argument copy: --set splits its argument in place, the provenance wants the original. */
     char **av = malloc((size_t)(argc + 1) * sizeof *av);
     for (int i = 0; i < argc; i++)
         av[i] = strdup(argv[i]);
     av[argc] = NULL;
     int rc = parse_args(argc, av, &o, &ctx);
-    if (rc == 1) {
+    if (rc == -1) {
         for (int i = 0; i < argc; i++)
             free(av[i]);
         free(av);
@@ -737,10 +774,20 @@ int main(int argc, char **argv)
                   "remove it to start over", r.partial);
         goto fail;
     }
-    if (have_partial && read_checkpoint(&r, &ctx))
+    if (have_partial && read_checkpoint(&r, r.partial, "", &ctx))
         goto fail;
-    if (o.resume && !have_partial && !o.quiet)
-        fprintf(stderr, "gplimits: no checkpoint %s, starting from scratch\n", r.partial);
+    if (o.resume && !have_partial) {
+        /* Re-analysis: a finished output with the same raw-data settings is reused as is, so
+         * the statistics options (--boot, --fit-min-width, ...) can change without rerunning. */
+        if (access(o.output, F_OK) == 0) {
+            if (read_checkpoint(&r, o.output, "/per_seed", &ctx))
+                goto fail;
+            if (!o.quiet)
+                fprintf(stderr, "gplimits: reusing the raw data of %s\n", o.output);
+        } else if (!o.quiet) {
+            fprintf(stderr, "gplimits: no checkpoint %s, starting from scratch\n", r.partial);
+        }
+    }
 
     for (int i = 0; i < o.nwidths; i++)
         nw[i] = (double)o.widths[i];
@@ -836,6 +883,8 @@ int main(int argc, char **argv)
     tpk_h5out_attr_str(h, "/", "gplimits_config", r.config, &ctx);
     tpk_h5out_attr_int(h, "/", "seed_base", (long long)o.seed, &ctx);
     tpk_h5out_attr_int(h, "/", "w1_input", (long long)o.w1_input, &ctx);
+    tpk_h5out_attr_int(h, "/", "fit_min_width",
+                       o.fit_min_width == SIZE_MAX ? -1 : (long long)o.fit_min_width, &ctx);
     tpk_h5out_attr_double(h, "/", "limit_kernel_error", kerr, &ctx);
     tpk_h5out_attr_str(h, "/", "layout",
                        "per_seed/khat[w][s] = tpk_netsor_run(program, inputs, widths[w], "

@@ -1,0 +1,293 @@
+/* gplimits end to end at toy size: output layout, reproducibility of one (width, seed) through the
+ * executor, kill + --resume giving the same results as an uninterrupted run, error messages. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tpk/tpk.h"
+
+static char tmpdir[64];
+static char bindir[1024];
+static char root[1024];
+
+/* Toy problem: a few seconds in all on 2 cores. */
+#define TOY "--arch=mlp --depth=2 --widths=16..128 --seeds=24 --boot=100 --max-inputs=4 --seed=11"
+
+static int setup(void **state)
+{
+    (void)state;
+    strcpy(tmpdir, "/tmp/tpk-limits-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    const char *b = getenv("TPK_BIN"), *r = getenv("TPK_ROOT");
+    snprintf(bindir, sizeof bindir, "%s", b ? b : "build/bin");
+    snprintf(root, sizeof root, "%s", r ? r : ".");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void path(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", tmpdir, name);
+}
+
+static int gplimits(const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s/gplimits' %s --quiet >/dev/null 2>'%s/err.txt'", bindir, args,
+             tmpdir);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void read_stderr(char *buf, size_t len)
+{
+    char p[512];
+    path(p, sizeof p, "err.txt");
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    size_t k = fread(buf, 1, len - 1, f);
+    buf[k] = '\0';
+    fclose(f);
+}
+
+static tpk_array *ds(const char *file, const char *name)
+{
+    char spec[1024];
+    snprintf(spec, sizeof spec, "%s:%s", file, name);
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_array *a = tpk_io_read(spec, NULL, &ctx);
+    if (!a)
+        print_error("%s\n", ctx.msg);
+    assert_non_null(a);
+    return a;
+}
+
+static void test_toy_run_and_reproduce(void **state)
+{
+    (void)state;
+    char out[512], args[1024];
+    path(out, sizeof out, "toy.h5");
+    snprintf(args, sizeof args, TOY " --output='%s'", out);
+    time_t t0 = time(NULL);
+    assert_int_equal(gplimits(args), 0);
+    assert_true(time(NULL) - t0 < 20);
+    tpk_array *w = ds(out, "/widths"), *kh = ds(out, "/per_seed/khat"), *x = ds(out, "/inputs"),
+              *fit = ds(out, "/fits/rms"), *e = ds(out, "/per_seed/frob_rel"),
+              *K = ds(out, "/kernel_limit");
+    assert_int_equal(w->dims[0], 4);
+    assert_int_equal(kh->ndim, 4);
+    assert_int_equal(kh->dims[1], 24);
+    assert_int_equal(kh->dims[2], 4);
+    assert_int_equal(e->dims[0] * e->dims[1], 4 * 24);
+    /* RMS exponent near −1/2 with an interval (toy size: loose). */
+    assert_true(fit->data[0] < -0.3 && fit->data[0] > -0.8);
+    assert_true(fit->data[1] < fit->data[0] && fit->data[0] < fit->data[2]);
+
+    /* One (width, seed) on its own through the executor reproduces the stored kernel. */
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_phi_registry_alloc(&ctx);
+    tpk_param_set sets[] = {{"L", "2"}, {"phi", "relu"}, {"sigma_w2", "2"}, {"sigma_b2", "0"},
+                            {"sigma_v2", "2"}};
+    tpk_netsor_opts no = {sets, 5, 1, 0, NULL};
+    char prog[1200];
+    snprintf(prog, sizeof prog, "%s/programs/mlp.nsr", root);
+    tpk_program *p = tpk_netsor_load_file(prog, &no, reg, &ctx);
+    assert_non_null(p);
+    tpk_array *Kh = NULL;
+    const size_t wi = 2, s = 17, NN = 16;
+    assert_int_equal(tpk_netsor_run(p, x, (size_t)w->data[wi], 11 + s, 0, &Kh, NULL, &ctx), TPK_OK);
+    double e_direct = 0, kk = 0;
+    for (size_t i = 0; i < NN; i++) {
+        double stored = kh->data[(wi * 24 + s) * NN + i];
+        assert_true(fabs(Kh->data[i] - stored) <= 1e-12 * fabs(stored) + 1e-15);
+        e_direct += (stored - K->data[i]) * (stored - K->data[i]);
+        kk += K->data[i] * K->data[i];
+    }
+    assert_true(fabs(sqrt(e_direct / kk) - e->data[wi * 24 + s]) < 1e-14);
+    tpk_array_free(Kh);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+    tpk_array_free(w);
+    tpk_array_free(kh);
+    tpk_array_free(x);
+    tpk_array_free(fit);
+    tpk_array_free(e);
+    tpk_array_free(K);
+}
+
+/* Start gplimits, signal it after `delay` seconds; returns its exit status (or −signal). */
+static int run_and_kill(const char *out, int sig, double delay)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char exe[1100], o[600];
+        snprintf(exe, sizeof exe, "%s/gplimits", bindir);
+        snprintf(o, sizeof o, "--output=%s", out);
+        if (!freopen("/dev/null", "w", stdout))
+            _exit(126);
+        if (!freopen("/dev/null", "w", stderr))
+            _exit(126);
+        execl(exe, exe, "--arch=mlp", "--depth=2", "--widths=16..512", "--seeds=40",
+              "--boot=100", "--max-inputs=4", "--seed=5", o, "--resume", (char *)NULL);
+        _exit(127);
+    }
+    struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
+    nanosleep(&ts, NULL);
+    kill(pid, sig);
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+
+static void same_dataset(const char *a, const char *b, const char *name)
+{
+    tpk_array *x = ds(a, name), *y = ds(b, name);
+    assert_int_equal(tpk_array_size(x), tpk_array_size(y));
+    assert_memory_equal(x->data, y->data, tpk_array_size(x) * sizeof(double));
+    tpk_array_free(x);
+    tpk_array_free(y);
+}
+
+static void test_kill_and_resume(void **state)
+{
+    (void)state;
+    char ref[512], out[512], partial[600], args[1024];
+    path(ref, sizeof ref, "ref.h5");
+    path(out, sizeof out, "res.h5");
+    snprintf(partial, sizeof partial, "%s.partial.h5", out);
+    snprintf(args, sizeof args,
+             "--arch=mlp --depth=2 --widths=16..512 --seeds=40 --boot=100 --max-inputs=4 "
+             "--seed=5 --output='%s'", ref);
+    assert_int_equal(gplimits(args), 0);
+    /* SIGTERM: caught, checkpoint written, exit 130 (or 0 if it finished first). */
+    int rc = run_and_kill(out, SIGTERM, 0.4);
+    assert_true(rc == 130 || rc == 0);
+    if (rc == 130)
+        assert_int_equal(access(partial, F_OK), 0);
+    /* SIGKILL while resuming: at most the last ~2 s are lost, the checkpoint stays valid. */
+    rc = run_and_kill(out, SIGKILL, 0.3);
+    assert_true(rc == -SIGKILL || rc == 0);
+    snprintf(args, sizeof args,
+             "--arch=mlp --depth=2 --widths=16..512 --seeds=40 --boot=100 --max-inputs=4 "
+             "--seed=5 --output='%s' --resume", out);
+    assert_int_equal(gplimits(args), 0);
+    assert_int_equal(access(partial, F_OK), -1); /* removed once the final file is in place */
+    const char *names[] = {"/per_seed/khat", "/per_seed/outputs", "/per_seed/frob_rel",
+                           "/per_width/rms", "/per_width/bias_debiased", "/per_width/rbw1_floor",
+                           "/per_width/sliced_rbw1_shape", "/fits/rms", "/fits/rbw1_shape",
+                           "/fits/rms_stability", "/fits/sliced_rbw1_shape"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        same_dataset(ref, out, names[i]);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    char msg[4096], out[512], args[1200];
+    path(out, sizeof out, "e.h5");
+    assert_int_equal(gplimits("--arch=mlp"), 1);
+    read_stderr(msg, sizeof msg);
+    assert_non_null(strstr(msg, "--output"));
+    snprintf(args, sizeof args, "--arch=mlp --program=x.nsr --output='%s'", out);
+    assert_int_equal(gplimits(args), 1);
+    read_stderr(msg, sizeof msg);
+    assert_non_null(strstr(msg, "exactly one"));
+    snprintf(args, sizeof args, "--arch=mlp --widths=64..32 --output='%s'", out);
+    assert_int_equal(gplimits(args), 1);
+    read_stderr(msg, sizeof msg);
+    assert_non_null(strstr(msg, "--widths"));
+    snprintf(args, sizeof args, "--arch=mlp --widths=32,16 --output='%s'", out);
+    assert_int_equal(gplimits(args), 1);
+    snprintf(args, sizeof args, "--arch=cnn --output='%s'", out);
+    assert_int_equal(gplimits(args), 1);
+    read_stderr(msg, sizeof msg);
+    assert_non_null(strstr(msg, "unknown architecture"));
+    snprintf(args, sizeof args, "--arch=mlp --seeds=2 --output='%s'", out);
+    assert_int_equal(gplimits(args), 1);
+    snprintf(args, sizeof args, "--arch=mlp --max-inputs=2 --w1-input=5 --output='%s'", out);
+    assert_int_equal(gplimits(args), 1);
+    read_stderr(msg, sizeof msg);
+    assert_non_null(strstr(msg, "--w1-input"));
+    snprintf(args, sizeof args, "--arch=mlp --phi=nosuchfn --output='%s'", out);
+    assert_int_equal(gplimits(args), 1);
+    /* A checkpoint from other settings is refused, and one without --resume is not clobbered. */
+    char partial[600];
+    snprintf(partial, sizeof partial, "%s.partial.h5", out);
+    FILE *f = fopen(partial, "w");
+    assert_non_null(f);
+    fputs("not hdf5", f);
+    fclose(f);
+    snprintf(args, sizeof args, TOY " --output='%s'", out);
+    assert_int_equal(gplimits(args), 1);
+    read_stderr(msg, sizeof msg);
+    assert_non_null(strstr(msg, "--resume"));
+    snprintf(args, sizeof args, TOY " --output='%s' --resume", out);
+    assert_int_equal(gplimits(args), 1);
+    remove(partial);
+    /* A real checkpoint with different seeds. */
+    char out2[512];
+    path(out2, sizeof out2, "m.h5");
+    snprintf(partial, sizeof partial, "%s.partial.h5", out2);
+    {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            char exe[1100], o[600];
+            snprintf(exe, sizeof exe, "%s/gplimits", bindir);
+            snprintf(o, sizeof o, "--output=%s", out2);
+            if (!freopen("/dev/null", "w", stdout))
+                _exit(126);
+            if (!freopen("/dev/null", "w", stderr))
+                _exit(126);
+            execl(exe, exe, "--arch=mlp", "--widths=16..1024", "--seeds=64", "--max-inputs=4", o,
+                  (char *)NULL);
+            _exit(127);
+        }
+        struct timespec ts = {0, 300000000};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGINT);
+        int status;
+        waitpid(pid, &status, 0);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {
+            snprintf(args, sizeof args,
+                     "--arch=mlp --widths=16..1024 --seeds=65 --max-inputs=4 --output='%s' "
+                     "--resume", out2);
+            assert_int_equal(gplimits(args), 1);
+            read_stderr(msg, sizeof msg);
+            assert_non_null(strstr(msg, "different settings"));
+        }
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_toy_run_and_reproduce),
+        cmocka_unit_test(test_kill_and_resume),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
