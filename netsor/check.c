@@ -731,10 +731,12 @@ static int walk_stmt(walker *W, nsr_stmt *s)
         if (r->kind != NSR_E_CALL || strcmp(r->name, "readout") != 0)
             return nsr_error(C->S, TPK_ETYPE, r->line, r->col,
                              "an output must be 'readout(var, sigma_v2)'");
-        if (r->nargs != 2 || r->nidx)
+        if ((r->nargs != 2 && r->nargs != 3) || r->nidx)
             return nsr_error(C->S, TPK_ETYPE, r->line, r->col,
-                             "readout takes two arguments: readout(var, sigma_v2)");
-        if (resolve_value(W, r->args[0]) || resolve_value(W, r->args[1]))
+                             "readout takes two or three arguments: readout(var, sigma_v2[, "
+                             "sigma_bias2])");
+        if (resolve_value(W, r->args[0]) || resolve_value(W, r->args[1]) ||
+            (r->nargs == 3 && resolve_value(W, r->args[2])))
             return TPK_ETYPE;
         return TPK_OK;
     }

@@ -1385,12 +1385,18 @@ static int exec_output(elab *E, const nsr_stmt *s)
         return st;
     }
     const nsr_expr *rd = s->value;
-    double var;
+    double var, bias_var = 0;
     rbuf r = {0};
     int st = eval_number(E, rd->args[1], "the readout variance", &var);
     if (st == TPK_OK && var < 0)
         st = nsr_error(E->S, TPK_ETYPE, rd->args[1]->line, rd->args[1]->col,
                        "readout variance is negative (%g)", var);
+    if (st == TPK_OK && rd->nargs == 3) {
+        st = eval_number(E, rd->args[2], "the readout bias variance", &bias_var);
+        if (st == TPK_OK && bias_var < 0)
+            st = nsr_error(E->S, TPK_ETYPE, rd->args[2]->line, rd->args[2]->col,
+                           "readout bias variance is negative (%g)", bias_var);
+    }
     if (st == TPK_OK)
         st = elab_expr(E, rd->args[0], &r);
     int v = -1;
@@ -1426,7 +1432,38 @@ static int exec_output(elab *E, const nsr_stmt *s)
     p->output[p->noutputs].name = name;
     p->output[p->noutputs].src = v;
     p->output[p->noutputs].var = var;
+    p->output[p->noutputs].bias_var = bias_var;
     p->noutputs++;
+    return TPK_OK;
+}
+
+/* Final parameter values (after --set), so outputs can describe themselves. */
+static int record_params(elab *E)
+{
+    const nsr_check *C = E->C;
+    tpk_program *p = E->p;
+    int n = 0;
+    for (int i = 0; i < C->nsym; i++)
+        n += C->sym[i].kind == NSR_SYM_PARAM && E->have[i];
+    p->param_name = calloc((size_t)n + 1, sizeof *p->param_name);
+    p->param_value = calloc((size_t)n + 1, sizeof *p->param_value);
+    if (p->param_name == NULL || p->param_value == NULL)
+        return TPK_ENOMEM;
+    for (int i = 0; i < C->nsym; i++) {
+        if (C->sym[i].kind != NSR_SYM_PARAM || !E->have[i])
+            continue;
+        char buf[64];
+        if (E->spec[i] == NULL)
+            snprintf(buf, sizeof buf, "%.17g", E->num[i]);
+        p->param_name[p->nparams] = strdup(C->sym[i].name);
+        p->param_value[p->nparams] = strdup(E->spec[i] ? E->spec[i] : buf);
+        if (p->param_name[p->nparams] == NULL || p->param_value[p->nparams] == NULL) {
+            free(p->param_name[p->nparams]);
+            free(p->param_value[p->nparams]);
+            return TPK_ENOMEM;
+        }
+        p->nparams++;
+    }
     return TPK_OK;
 }
 
@@ -1572,6 +1609,8 @@ static int finalize(elab *E)
                          "hole '_' is unconstrained (any width symbol)%s",
                          p->nwidths == 1 ? "; taking the only width" : "");
         }
+    if (record_params(E))
+        return oom(E);
     /* hand the function instances to the program */
     if (E->nphis > 0) {
         p->phis = calloc((size_t)E->nphis, sizeof *p->phis);

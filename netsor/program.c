@@ -145,6 +145,12 @@ void tpk_program_free(tpk_program *p)
     for (int i = 0; i < p->nphis; i++)
         tpk_phi_free(p->phis[i]);
     free(p->phis);
+    for (int i = 0; i < p->nparams; i++) {
+        free(p->param_name[i]);
+        free(p->param_value[i]);
+    }
+    free(p->param_name);
+    free(p->param_value);
     free(p);
 }
 
@@ -270,7 +276,7 @@ void tpk_program_dump(const tpk_program *p, FILE *f)
         fprintf(f, "   @%d:%d\n", in->line, in->col);
     }
     for (int i = 0; i < p->noutputs; i++)
-        fprintf(f, "output %s = readout(%s, %.10g)\n", p->output[i].name,
+        fprintf(f, "output %s = readout(%s, %.10g, %.10g)\n", p->output[i].name,
                 p->output[i].src >= 0 && p->output[i].src < p->nvars ? p->var[p->output[i].src].name : "?",
-                p->output[i].var);
+                p->output[i].var, p->output[i].bias_var);
 }

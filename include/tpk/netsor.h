@@ -87,6 +87,8 @@ typedef struct tpk_output {
     char *name;         /* "y" or "y[5]" */
     int src;            /* H- or G-var read out */
     double var;         /* σ_v²; one readout vector v shared by all outputs (§1.5) */
+    double bias_var;    /* variance of a scalar readout bias β shared by all outputs (default 0):
+                         * y = ⟨v, h⟩/√n + β adds bias_var to every kernel entry */
 } tpk_output;
 
 typedef struct tpk_program {
@@ -107,6 +109,9 @@ typedef struct tpk_program {
     unsigned features;  /* TPK_FEAT_* */
     tpk_phi **phis;     /* functions the program instantiated (owned) */
     int nphis;
+    int nparams;        /* final parameter values after --set, for output attributes */
+    char **param_name;
+    char **param_value; /* "%.17g" for numbers, the function spec for functions */
 } tpk_program;
 
 enum tpk_feature {
