@@ -118,8 +118,8 @@ void tpk__gauss_hermite_coeffs(const tpk_phi *phi, double q, const tpk_gauss_ws 
 
 /* ---- gauss_map.c: test hooks ----------------------------------------------------------- */
 
-/* The vectorised arcsine used by the map kernels, applied to an array (for the ulp test). */
-void tpk__gauss_asin_array(const double *x, double *y, size_t n);
+/* The vectorised arcsine and √(1−x²) of the map kernels, applied to an array (for the ulp test). */
+void tpk__gauss_asin_array(const double *x, double *y, double *w, size_t n);
 /* Name of the SIMD path compiled in ("avx512", "avx2", "scalar"). */
 const char *tpk__gauss_simd_isa(void);
 

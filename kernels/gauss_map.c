@@ -87,15 +87,15 @@ static ALWAYS_INLINE gv vec_entry(const int mk, const row_consts *R, gv k, gv cs
         out = gv_fma(R->c1, gv_asin(x), R->c0);
         break;
     case MK_ABRELU: {
-        gv w = gv_sqrt(gv_mul(gv_sub(one, x), gv_add(one, x)));
-        gv in = gv_fma(gv_fma(R->c0, gv_asin(x), R->c1), x, gv_mul(R->c0, w));
+        gv w, as = gv_asin_w(x, &w); /* w = √(1−ρ²) */
+        gv in = gv_fma(gv_fma(R->c0, as, R->c1), x, gv_mul(R->c0, w));
         out = gv_mul(gv_mul(R->rs, cs), in);
         break;
     }
     case MK_ARCCOS2: {
-        gv w = gv_sqrt(gv_mul(gv_sub(one, x), gv_add(one, x)));
+        gv w, as = gv_asin_w(x, &w);
         gv t1 = gv_mul(gv_mul(gv_set1(3.0), x), w);
-        gv t2 = gv_mul(gv_add(gv_set1(PI / 2), gv_asin(x)), gv_fma(gv_add(x, x), x, one));
+        gv t2 = gv_mul(gv_add(gv_set1(PI / 2), as), gv_fma(gv_add(x, x), x, one));
         out = gv_mul(gv_mul(gv_mul(R->rs, cs), gv_set1(1.0 / (2 * PI))), gv_add(t1, t2));
         break;
     }
@@ -448,6 +448,29 @@ static int fixup_entry(const map_plan *P, double qi, double qj, double k, double
 
 /* ==== drivers ============================================================================ */
 
+/* Outputs larger than this bypass the caches (streaming stores): an n×n kernel that does not
+ * fit in the last-level cache is evicted before it is read again, so reading each line for
+ * ownership first would only add a third to the memory traffic. */
+#define STREAM_MIN_BYTES (48u << 20)
+
+/* dst[0..len) = alpha·src + beta; with stream, aligned full vectors use non-temporal stores. */
+static void store_row(double *restrict dst, const double *restrict src, size_t len, double alpha,
+                      double beta, int stream)
+{
+    size_t j = 0;
+    if (stream) {
+        while (j < len && ((uintptr_t)(dst + j) % (GV_LANES * sizeof(double))) != 0) {
+            dst[j] = alpha * src[j] + beta;
+            j++;
+        }
+        const gv a = gv_set1(alpha), b = gv_set1(beta);
+        for (; j + GV_LANES <= len; j += GV_LANES)
+            gv_stream(dst + j, gv_fma(a, gv_load(src + j), b));
+    }
+    for (; j < len; j++)
+        dst[j] = alpha * src[j] + beta;
+}
+
 static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, double beta,
                    double *out, const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
 {
@@ -473,6 +496,7 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
     const seg_fn seg = seg_for(P.mk);
 
     const size_t T = (n + TILE - 1) / TILE, ntiles = T * (T + 1) / 2;
+    const int stream = n * n * sizeof(double) >= STREAM_MIN_BYTES;
     map_fail fail = {0, 0, 0, 0.0};
     double maxr = 0.0, errmax = 0.0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(max : maxr, errmax) \
@@ -502,20 +526,24 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
             stt.maxr = s1.maxr > stt.maxr ? s1.maxr : stt.maxr;
             stt.errmax = s1.errmax > stt.errmax ? s1.errmax : stt.errmax;
         }
-        /* write back: the lower block row by row, then the upper block (its transpose) */
+        /* write back: the lower block row by row, then the upper block (its transpose, made
+         * contiguous in a second buffer so that both are written with full-vector stores) */
         for (size_t i = i0; i < i1; i++) {
             const size_t jend = I == Jt ? i : j1;
-            double *o = out + i * n;
-            const double *b = buf + (i - i0) * TILE - j0;
-            for (size_t j = j0; j < jend; j++)
-                o[j] = alpha * b[j] + beta;
+            if (jend > j0)
+                store_row(out + i * n + j0, buf + (i - i0) * TILE, jend - j0, alpha, beta, stream);
         }
+        double bt[TILE * TILE];
+        for (size_t i = i0; i < i1; i++)
+            for (size_t j = j0; j < (I == Jt ? i : j1); j++)
+                bt[(j - j0) * TILE + (i - i0)] = buf[(i - i0) * TILE + (j - j0)];
         for (size_t j = j0; j < j1; j++) {
-            double *o = out + j * n;
             const size_t ist = I == Jt ? j + 1 : i0;
-            for (size_t i = ist; i < i1; i++)
-                o[i] = alpha * buf[(i - i0) * TILE + (j - j0)] + beta;
+            if (i1 > ist)
+                store_row(out + j * n + ist, bt + (j - j0) * TILE + (ist - i0), i1 - ist, alpha,
+                          beta, stream);
         }
+        gv_store_fence();
         maxr = stt.maxr > maxr ? stt.maxr : maxr;
         errmax = stt.errmax > errmax ? stt.errmax : errmax;
     }
@@ -633,18 +661,24 @@ int tpk_gauss_map_cross(const tpk_phi *phi, const double *qa, size_t m, const do
 
 /* ==== test hooks ========================================================================= */
 
-void tpk__gauss_asin_array(const double *x, double *y, size_t n)
+void tpk__gauss_asin_array(const double *x, double *y, double *w, size_t n)
 {
     size_t i = 0;
-    for (; i + GV_LANES <= n; i += GV_LANES)
-        gv_store(y + i, gv_asin(gv_load(x + i)));
+    gv wv;
+    for (; i + GV_LANES <= n; i += GV_LANES) {
+        gv_store(y + i, gv_asin_w(gv_load(x + i), &wv));
+        gv_store(w + i, wv);
+    }
     if (i < n) {
-        double t[GV_LANES] = {0};
+        double t[GV_LANES] = {0}, tw[GV_LANES];
         for (size_t l = 0; i + l < n; l++)
             t[l] = x[i + l];
-        gv_store(t, gv_asin(gv_load(t)));
-        for (size_t l = 0; i + l < n; l++)
+        gv_store(t, gv_asin_w(gv_load(t), &wv));
+        gv_store(tw, wv);
+        for (size_t l = 0; i + l < n; l++) {
             y[i + l] = t[l];
+            w[i + l] = tw[l];
+        }
     }
 }
 

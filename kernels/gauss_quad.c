@@ -17,9 +17,7 @@
 /* Smooth φ use the Cholesky tensor rule unless |ρ| exceeds this: the sheared Gaussian then needs
  * many more nodes (theory.md §3.3, table), while in polar form u, v are r·cos(t), r·cos(t − δ),
  * smooth in t for every ρ. */
-#ifndef POLAR_RHO
 #define POLAR_RHO 0.9
-#endif
 /* Kinked φ converge only like D^{-p}, p ≈ 0.7..1 (theory.md §3.3), so |Q_D − Q_{D/2}| under-
  * estimates the error of Q_D by up to 1/(2^p − 1) ≈ 1.6; report 3× the difference for them. */
 #define KINKED_ERR_FACTOR 3.0

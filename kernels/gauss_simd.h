@@ -48,6 +48,9 @@ static inline gv gv_select(gm m, gv t, gv f) { return _mm512_mask_blend_pd(m, f,
 static inline gm gm_or(gm a, gm b) { return (gm)(a | b); }
 static inline gm gm_none(void) { return 0; }
 static inline int gm_any(gm m) { return m != 0; }
+/* non-temporal store (p aligned to 64 bytes), and the fence that orders such stores */
+static inline void gv_stream(double *p, gv x) { _mm512_stream_pd(p, x); }
+static inline void gv_store_fence(void) { _mm_sfence(); }
 
 #elif defined(__AVX2__) && defined(__FMA__) && !defined(TPK_GAUSS_NO_SIMD)
 #include <immintrin.h>
@@ -78,6 +81,8 @@ static inline gv gv_select(gm m, gv t, gv f) { return _mm256_blendv_pd(f, t, m);
 static inline gm gm_or(gm a, gm b) { return _mm256_or_pd(a, b); }
 static inline gm gm_none(void) { return _mm256_setzero_pd(); }
 static inline int gm_any(gm m) { return _mm256_movemask_pd(m) != 0; }
+static inline void gv_stream(double *p, gv x) { _mm256_stream_pd(p, x); }
+static inline void gv_store_fence(void) { _mm_sfence(); }
 
 #else /* scalar reference */
 #define GV_LANES 1
@@ -103,41 +108,59 @@ static inline gv gv_select(gm m, gv t, gv f) { return m ? t : f; }
 static inline gm gm_or(gm a, gm b) { return a | b; }
 static inline gm gm_none(void) { return 0; }
 static inline int gm_any(gm m) { return m != 0; }
+static inline void gv_stream(double *p, gv x) { *p = x; }
+static inline void gv_store_fence(void) {}
 #endif
 
-/* arcsin on [-1, 1], branch-free (both halves computed, then blended), ≤ 2 ulp against glibc
- * (checked densely by tests/test_gauss.c). The rational approximation R(t) of
- * (asin √t − √t)/(√t)³ and the reduction asin x = π/2 − 2 asin √((1−x)/2) for |x| ≥ 1/2 are
- * fdlibm's (e_asin.c); both halves use the same t ∈ [0, 1/4], so one division serves both.
- * For |x| ≥ 1/2 the result is 2·((π/4)_hi − s − (sR − (π/4)_lo)), which keeps the cancellation
- * against π/4 exact enough for ~1 ulp. Inputs outside [-1, 1] are the caller's bug (clamped). */
-static inline gv gv_asin(gv x)
+/* Horner on t for a degree-12 polynomial, c lowest degree first. */
+static inline gv gv_poly12(gv t, const double *c)
 {
-    const double pS0 = 1.66666666666666657415e-01, pS1 = -3.25565818622400915405e-01,
-                 pS2 = 2.01212532134862925881e-01, pS3 = -4.00555345006794114027e-02,
-                 pS4 = 7.91534994289814532176e-04, pS5 = 3.47933107596021167570e-05,
-                 qS1 = -2.40339491173441421878e+00, qS2 = 2.02094576023350569471e+00,
-                 qS3 = -6.88283971605453293030e-01, qS4 = 7.70381505559019352791e-02;
+    gv p = gv_set1(c[12]);
+    for (int i = 11; i >= 0; i--)
+        p = gv_fma(t, p, gv_set1(c[i]));
+    return p;
+}
+
+/* arcsin on [-1, 1] and, optionally, √(1 − x²), branch-free (both halves computed, then blended),
+ * ≤ 2 ulp against glibc (checked densely by tests/test_gauss.c). The reduction is fdlibm's
+ * (e_asin.c): |x| < 1/2: asin x = x + x t R(t), t = x²; |x| ≥ 1/2: asin|x| = π/2 − 2 asin s,
+ * s = √t, t = (1 − |x|)/2, written 2·((π/4)_hi − s − (s t R − (π/4)_lo)) so the cancellation
+ * against π/4 stays within ~1 ulp. Both halves share t ∈ [0, 1/4], so one polynomial R serves
+ * both, and √(1 − x²) is P(t) = √(1 − t) on the small half and 2 s P(t) on the large one
+ * (|x| = 1 − 2s², so 1 − x² = 4s²(1 − s²)). R and P are degree-12 near-minimax polynomials
+ * (kernels/gauss_simd_coeffs.py): one square root per entry and no division, which matters
+ * because square root and division share one slow unit. Inputs outside [-1, 1] are the caller's
+ * bug (clamped before). */
+static inline gv gv_asin_w(gv x, gv *w)
+{
+    static const double r[13] = {1.6666666666666668e-1, 7.4999999999984329e-2, 4.464285714635543e-2,
+                                 3.0381944138531247e-2, 2.2372172942149888e-2, 1.7352392720869973e-2,
+                                 1.3971212973552933e-2, 1.1479177415184906e-2, 1.0322814350185779e-2,
+                                 5.4575067186403583e-3, 1.7400879442694022e-2, -1.4851887071247203e-2,
+                                 2.8757851367421565e-2};
+    static const double sq[13] = {9.9999999999999999e-1, -4.9999999999998153e-1,
+                                  -1.2500000000412438e-1, -6.2499999639313425e-2,
+                                  -3.9062516332901697e-2, -2.7343311640892069e-2,
+                                  -2.0515325325567756e-2, -1.6027596302914372e-2,
+                                  -1.375441009387522e-2, -7.4468288654236637e-3,
+                                  -2.1194963521473255e-2, 1.7190548009281534e-2,
+                                  -3.4308838583332473e-2};
     const double pio4_hi = 7.85398163397448278999e-01, pio4_lo = 3.06161699786838301793e-17;
     gv ax = gv_abs(x);
     gm big = gv_ge(ax, gv_set1(0.5));
     gv t = gv_select(big, gv_mul(gv_sub(gv_set1(1.0), ax), gv_set1(0.5)), gv_mul(ax, ax));
-    gv p = gv_fma(t, gv_set1(pS5), gv_set1(pS4));
-    p = gv_fma(t, p, gv_set1(pS3));
-    p = gv_fma(t, p, gv_set1(pS2));
-    p = gv_fma(t, p, gv_set1(pS1));
-    p = gv_fma(t, p, gv_set1(pS0));
-    p = gv_mul(t, p);
-    gv q = gv_fma(t, gv_set1(qS4), gv_set1(qS3));
-    q = gv_fma(t, q, gv_set1(qS2));
-    q = gv_fma(t, q, gv_set1(qS1));
-    q = gv_fma(t, q, gv_set1(1.0));
-    gv r = gv_div(p, q);
+    gv tr = gv_mul(t, gv_poly12(t, r));
     gv s = gv_sqrt(t);
-    gv small = gv_fma(ax, r, ax);
-    gv large = gv_sub(gv_sub(gv_set1(pio4_hi), s), gv_fma(s, r, gv_set1(-pio4_lo)));
+    gv small = gv_fma(ax, tr, ax);
+    gv large = gv_sub(gv_sub(gv_set1(pio4_hi), s), gv_fma(s, tr, gv_set1(-pio4_lo)));
     large = gv_add(large, large);
+    if (w) {
+        gv pw = gv_poly12(t, sq);
+        *w = gv_select(big, gv_mul(gv_add(s, s), pw), pw);
+    }
     return gv_copysign(gv_select(big, large, small), x);
 }
+
+static inline gv gv_asin(gv x) { return gv_asin_w(x, NULL); }
 
 #endif
