@@ -160,8 +160,8 @@ static void restore_lower(double *A, const double *src, size_t n, const double *
 }
 
 int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, const gp_kcheck *kc,
-                       const tpk_gp_options *opt, double *jitter, int *tries, double *rcond,
-                       tpk_ctx *ctx)
+                       const tpk_gp_options *opt, int restore_first, double *jitter, int *tries,
+                       double *rcond, tpk_ctx *ctx)
 {
     if (n > (size_t)INT_MAX)
         return TPK_ERROR(ctx, TPK_EINVAL, "kernel of size %zu exceeds LAPACK's int indexing", n);
@@ -183,7 +183,7 @@ int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, con
     int t = 0, st = TPK_ENUMERIC;
     for (;;) {
         t++;
-        if (t > 1 || src != A)
+        if (t > 1 || src != A || restore_first)
             restore_lower(A, src, n, kc->diag);
         const double s = noise + jit;
         for (size_t i = 0; i < n; i++)
@@ -277,16 +277,12 @@ static int check_square(const tpk_array *K, const char *what, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise, const tpk_gp_options *opt,
-                   tpk_ctx *ctx)
+/* Validate and allocate; kc receives the kernel check (caller frees). */
+static tpk_gp *gp_prepare(tpk_array *K, const tpk_array *Y, const tpk_gp_options *opt,
+                          gp_kcheck *kc, tpk_ctx *ctx)
 {
-    tpk_gp_options def;
-    if (!opt) {
-        tpk_gp_options_default(&def);
-        opt = &def;
-    }
     size_t c = 0;
-    if (check_square(K, "kernel", ctx) || tpk_gp_impl_check_noise(noise, ctx))
+    if (check_square(K, "kernel", ctx))
         return NULL;
     const size_t n = K->dims[0];
     if (tpk_gp_impl_check_targets(Y, n, &c, ctx))
@@ -296,17 +292,18 @@ tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise, const tpk_gp_
         TPK_ERROR(ctx, TPK_EINVAL, "GP options must be >= 0 (jitter, rcond_min, sym_tol)");
         return NULL;
     }
-    gp_kcheck kc = {0};
-    if (tpk_gp_impl_check_kernel(K->data, n, opt->sym_tol, "kernel", &kc, ctx))
+    if (tpk_gp_impl_check_kernel(K->data, n, opt->sym_tol, "kernel", kc, ctx))
         return NULL;
     tpk_gp *gp = calloc(1, sizeof *gp);
     if (!gp) {
-        tpk_gp_impl_kcheck_free(&kc);
+        tpk_gp_impl_kcheck_free(kc);
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         return NULL;
     }
     gp->n = n;
     gp->c = c;
+    gp->info.n = n;
+    gp->info.c = c;
     gp->alpha = malloc(n * c * sizeof(double));
     if (opt->overwrite_k) {
         gp->A = K->data;
@@ -314,26 +311,179 @@ tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise, const tpk_gp_
         gp->owned = malloc(n * n * sizeof(double));
         gp->A = gp->owned;
     }
-    int st = TPK_OK;
-    if (!gp->alpha || !gp->A)
-        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory for the factor (%zu×%zu)", n, n);
+    if (!gp->alpha || !gp->A) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory for the factor (%zu×%zu)", n, n);
+        tpk_gp_impl_kcheck_free(kc);
+        tpk_gp_free(gp);
+        return NULL;
+    }
+    return gp;
+}
+
+/* Factor K + noise·I into gp->A (restoring it first if an earlier factor is there), solve, LML. */
+static int gp_factor_solve(tpk_gp *gp, const tpk_array *K, const tpk_array *Y, double noise,
+                           const gp_kcheck *kc, const tpk_gp_options *opt, int restore,
+                           tpk_ctx *ctx)
+{
     tpk_gp_info *in = &gp->info;
-    in->n = n;
-    in->c = c;
+    const size_t n = gp->n, c = gp->c;
     in->noise = noise;
-    if (!st)
-        st = tpk_gp_impl_factor(gp->A, K->data, n, noise, &kc, opt, &in->jitter, &in->tries,
-                                &in->rcond, ctx);
+    int st = tpk_gp_impl_factor(gp->A, K->data, n, noise, kc, opt, restore, &in->jitter,
+                                &in->tries, &in->rcond, ctx);
     if (!st)
         st = tpk_gp_impl_solve(gp->A, n, Y, c, gp->alpha, &in->quad, ctx);
+    if (st)
+        return st;
+    in->logdet = tpk_gp_impl_logdet(gp->A, n);
+    in->lml = -0.5 * in->quad - 0.5 * (double)c * in->logdet -
+              0.5 * (double)(n * c) * log(2 * M_PI);
+    return TPK_OK;
+}
+
+tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise, const tpk_gp_options *opt,
+                   tpk_ctx *ctx)
+{
+    tpk_gp_options def;
+    if (!opt) {
+        tpk_gp_options_default(&def);
+        opt = &def;
+    }
+    if (tpk_gp_impl_check_noise(noise, ctx))
+        return NULL;
+    gp_kcheck kc = {0};
+    tpk_gp *gp = gp_prepare(K, Y, opt, &kc, ctx);
+    if (!gp)
+        return NULL;
+    int st = gp_factor_solve(gp, K, Y, noise, &kc, opt, 0, ctx);
     tpk_gp_impl_kcheck_free(&kc);
     if (st) {
         tpk_gp_free(gp);
         return NULL;
     }
-    in->logdet = tpk_gp_impl_logdet(gp->A, n);
-    in->lml = -0.5 * in->quad - 0.5 * (double)c * in->logdet -
-              0.5 * (double)(n * c) * log(2 * M_PI);
+    return gp;
+}
+
+/* LML of the fitted model, with the scale s profiled out when fit_scale (cov s·A, s = quad/(NC)). */
+static double model_lml(const tpk_gp_info *in, int fit_scale, double *scale)
+{
+    const double nc = (double)(in->n * in->c);
+    if (!fit_scale) {
+        *scale = 1;
+        return in->lml;
+    }
+    *scale = in->quad / nc;
+    return -0.5 * nc * (1 + log(2 * M_PI * *scale)) - 0.5 * (double)in->c * in->logdet;
+}
+
+/* Vertex of the parabola through three points (x1 < x2 < x3, f2 the largest); x2 if degenerate. */
+static double parabola_vertex(double x1, double f1, double x2, double f2, double x3, double f3)
+{
+    const double a = (x2 - x1) * (f2 - f3), b = (x2 - x3) * (f2 - f1);
+    const double den = a - b;
+    if (!(fabs(den) > 0))
+        return x2;
+    double v = x2 - 0.5 * ((x2 - x1) * a - (x2 - x3) * b) / den;
+    return v > x1 && v < x3 ? v : x2;
+}
+
+tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, double step,
+                                int max_fits, int fit_scale, const tpk_gp_options *opt,
+                                tpk_gp_noise_choice *out, tpk_ctx *ctx)
+{
+    tpk_gp_options def;
+    if (!opt) {
+        tpk_gp_options_default(&def);
+        opt = &def;
+    }
+    if (!(guess > 0) || !isfinite(guess) || !(step > 0) || !isfinite(step) || max_fits < 1) {
+        TPK_ERROR(ctx, TPK_EINVAL, "noise search needs guess > 0, step > 0 and max_fits >= 1 "
+                  "(got %g, %g, %d)", guess, step, max_fits);
+        return NULL;
+    }
+    gp_kcheck kc = {0};
+    tpk_gp *gp = gp_prepare(K, Y, opt, &kc, ctx);
+    if (!gp)
+        return NULL;
+    /* The walk is in x = log10 σ²; sc receives the profiled scale of each fit. */
+    double sc;
+    int fits = 0, st = TPK_OK;
+    double last_x = NAN;
+    const double h = step;
+#define EVAL(x_, f_)                                                                               \
+    do {                                                                                           \
+        st = gp_factor_solve(gp, K, Y, pow(10, (x_)), &kc, opt, fits > 0, ctx);                   \
+        fits++;                                                                                    \
+        last_x = (x_);                                                                             \
+        (f_) = st ? -INFINITY : model_lml(&gp->info, fit_scale, &sc);                             \
+    } while (0)
+    const double c0 = log10(guess);
+    double fc;
+    EVAL(c0, fc);
+    if (st)
+        goto done;
+    /* Bracket: walk downhill from the guess in steps of h until the LML falls. */
+    double lo = c0, flo = fc, mid = c0, fmid = fc, hi = c0, fhi = fc;
+    int dir = 0;
+    if (fits < max_fits) {
+        double x = c0 - h, f;
+        EVAL(x, f);
+        if (st)
+            goto done;
+        if (f > fc) {
+            dir = -1;
+            hi = c0; fhi = fc; mid = x; fmid = f;
+        } else {
+            lo = x; flo = f;
+            dir = +1;
+        }
+    }
+    while (dir && fits < max_fits) {
+        double x = mid + dir * h, f;
+        EVAL(x, f);
+        if (st)
+            goto done;
+        if (f > fmid) { /* keep walking */
+            if (dir < 0) { hi = mid; fhi = fmid; }
+            else { lo = mid; flo = fmid; }
+            mid = x; fmid = f;
+            continue;
+        }
+        if (dir < 0) { lo = x; flo = f; }
+        else { hi = x; fhi = f; }
+        break;
+    }
+    out->at_bound = !(lo < mid && mid < hi && flo < fmid && fhi < fmid);
+    double best = mid;
+    if (!out->at_bound && fits < max_fits) {
+        double v = parabola_vertex(lo, flo, mid, fmid, hi, fhi);
+        if (fabs(v - mid) > 1e-3 * h) {
+            double fv;
+            EVAL(v, fv);
+            if (st)
+                goto done;
+            if (fv >= fmid) {
+                best = v;
+                fmid = fv;
+            }
+        }
+    }
+    if (last_x != best) {
+        double f;
+        EVAL(best, f);
+        (void)f;
+        if (st)
+            goto done;
+    }
+    out->lml = model_lml(&gp->info, fit_scale, &out->scale);
+    out->noise = pow(10, best) * out->scale;
+    out->fits = fits;
+#undef EVAL
+done:
+    tpk_gp_impl_kcheck_free(&kc);
+    if (st) {
+        tpk_gp_free(gp);
+        return NULL;
+    }
     return gp;
 }
 
@@ -463,30 +613,46 @@ int tpk_gp_min_eig(const tpk_gp *gp, int iters, double *lambda_min, tpk_ctx *ctx
     if (iters < 1)
         return TPK_ERROR(ctx, TPK_EINVAL, "min_eig needs at least 1 iteration (got %d)", iters);
     const size_t n = gp->n;
-    double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
-    if (!x || !y) {
-        free(x);
-        free(y);
-        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    const size_t k = (size_t)iters < n ? (size_t)iters : n;
+    /* Lanczos on A⁻¹ (each step one solve with the factor, O(N²)), full reorthogonalisation:
+     * its largest Ritz value is a lower bound on λ_max(A⁻¹) = 1/λ_min(A) that converges fast
+     * even when the small eigenvalues of K cluster (Golub & Van Loan §10.1). */
+    double *V = calloc((k + 1) * n, sizeof *V), *al = malloc(k * sizeof *al);
+    double *be = malloc((k + 1) * sizeof *be);
+    if (!V || !al || !be) {
+        free(V);
+        free(al);
+        free(be);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu Lanczos vectors)", k + 1);
     }
-    /* Deterministic start with components in every direction (no eigenvector is orthogonal to
-     * it except by accident): a low-discrepancy sequence, centred. */
+    /* Deterministic start with weight in every direction: a centred low-discrepancy sequence. */
     for (size_t i = 0; i < n; i++)
-        x[i] = fmod(0.6180339887498949 * (double)(i + 1), 1.0) - 0.5;
-    double nx = cblas_dnrm2((int)n, x, 1);
-    cblas_dscal((int)n, 1.0 / nx, x, 1);
-    double rq = 0;
-    for (int it = 0; it < iters; it++) {
-        memcpy(y, x, n * sizeof *y);
-        LAPACKE_dpotrs_work(LAPACK_COL_MAJOR, 'U', (lapack_int)n, 1, gp->A, (lapack_int)n, y,
+        V[i] = fmod(0.6180339887498949 * (double)(i + 1), 1.0) - 0.5;
+    cblas_dscal((int)n, 1.0 / cblas_dnrm2((int)n, V, 1), V, 1);
+    size_t steps = 0;
+    for (size_t j = 0; j < k; j++) {
+        double *w = V + (j + 1) * n;
+        memcpy(w, V + j * n, n * sizeof *w);
+        LAPACKE_dpotrs_work(LAPACK_COL_MAJOR, 'U', (lapack_int)n, 1, gp->A, (lapack_int)n, w,
                             (lapack_int)n);
-        rq = cblas_ddot((int)n, x, 1, y, 1); /* xᵀA⁻¹x, |x| = 1: ≤ λ_max(A⁻¹) */
-        double ny = cblas_dnrm2((int)n, y, 1);
-        for (size_t i = 0; i < n; i++)
-            x[i] = y[i] / ny;
+        al[j] = cblas_ddot((int)n, w, 1, V + j * n, 1);
+        for (int pass = 0; pass < 2; pass++) /* twice is enough (Parlett's "twice is enough") */
+            for (size_t i = 0; i <= j; i++)
+                cblas_daxpy((int)n, -cblas_ddot((int)n, w, 1, V + i * n, 1), V + i * n, 1, w, 1);
+        steps = j + 1;
+        be[j] = cblas_dnrm2((int)n, w, 1);
+        if (!(be[j] > 1e-14 * fabs(al[j])))
+            break; /* invariant subspace found */
+        cblas_dscal((int)n, 1.0 / be[j], w, 1);
     }
-    free(x);
-    free(y);
-    *lambda_min = 1.0 / rq - gp->info.noise - gp->info.jitter;
+    /* Largest eigenvalue of the steps×steps tridiagonal (al, be). */
+    lapack_int info = LAPACKE_dstev(LAPACK_COL_MAJOR, 'N', (lapack_int)steps, al, be, NULL, 1);
+    double top = al[steps - 1];
+    free(V);
+    free(al);
+    free(be);
+    if (info != 0)
+        return TPK_ERROR(ctx, TPK_ENUMERIC, "tridiagonal eigensolver failed (info %d)", (int)info);
+    *lambda_min = 1.0 / top - gp->info.noise - gp->info.jitter;
     return TPK_OK;
 }

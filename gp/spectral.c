@@ -185,6 +185,7 @@ int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo, doub
     free(f);
     double x = a + best * h;
     out->at_bound = best == 0 || best == g;
+    out->fits = 0;
     if (!out->at_bound && fbest < fprev && fbest < fnext) {
         brent_arg arg = {s, fit_scale};
         gsl_function F = {brent_f, &arg};

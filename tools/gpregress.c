@@ -22,6 +22,11 @@
 #define NOISE_REL_HI 1e2
 /* Default size of the training subsample on which noise / hyperparameters are chosen. */
 #define SELECT_N_DEFAULT 2000
+/* Full-size noise search (tpk_gp_fit_search_noise): steps in decades of σ², the first kernel's
+ * wider (no shift known yet), and the default number of factorisations. */
+#define NOISE_STEP_FIRST 0.5
+#define NOISE_STEP_NEXT 0.3
+#define NOISE_FITS_DEFAULT 5
 /* Class labels must be small non-negative integers. */
 #define MAX_CLASSES 100000
 
@@ -30,7 +35,8 @@ typedef struct opts {
     int depth_lo, depth_hi, quad_degree;
     double sigma_w2, sigma_b2, lengthscale2, amplitude, noise;
     int noise_auto, fit_scale, fit_hyper, classify, center, unit_norm, full_cov, no_var, quiet;
-    long n_train, n_test, select_n;
+    long n_train, n_test, select_n, var_n;
+    int noise_fits;
 } opts;
 
 static const char usage[] =
@@ -124,7 +130,7 @@ static int parse_depth(const char *s, opts *o, tpk_ctx *ctx)
 
 enum { O_ARCH = 256, O_KERNEL, O_TRAIN, O_TEST, O_LABELS, O_TLABELS, O_OUTPUT, O_PHI, O_DEPTH,
        O_SW2, O_SB2, O_L2, O_AMP, O_QDEG, O_NOISE, O_NOSCALE, O_FITH, O_FIX, O_SELN, O_NTRAIN,
-       O_NTEST, O_CENTER, O_UNIT, O_CLASSIFY, O_FULLCOV, O_NOVAR, O_QUIET, O_HELP, O_VERSION };
+       O_NTEST, O_NFITS, O_VARN, O_CENTER, O_UNIT, O_CLASSIFY, O_FULLCOV, O_NOVAR, O_QUIET, O_HELP, O_VERSION };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, O_ARCH}, {"kernel", required_argument, NULL, O_KERNEL},
@@ -140,6 +146,8 @@ static const struct option longopts[] = {
     {"noise", required_argument, NULL, O_NOISE}, {"no-scale", no_argument, NULL, O_NOSCALE},
     {"fit-hyper", no_argument, NULL, O_FITH}, {"fix", required_argument, NULL, O_FIX},
     {"select-n", required_argument, NULL, O_SELN},
+    {"noise-fits", required_argument, NULL, O_NFITS},
+    {"var-n", required_argument, NULL, O_VARN},
     {"n-train", required_argument, NULL, O_NTRAIN}, {"n-test", required_argument, NULL, O_NTEST},
     {"center", no_argument, NULL, O_CENTER}, {"unit-norm", no_argument, NULL, O_UNIT},
     {"classify", no_argument, NULL, O_CLASSIFY}, {"full-cov", no_argument, NULL, O_FULLCOV},
@@ -190,6 +198,13 @@ static int parse_args(int argc, char **argv, opts *o, tpk_ctx *ctx)
         case O_FITH: o->fit_hyper = 1; break;
         case O_FIX: o->fix = optarg; break;
         case O_SELN: st = parse_long("select-n", optarg, 2, &o->select_n, ctx); break;
+        case O_NFITS: {
+            long v;
+            st = parse_long("noise-fits", optarg, 0, &v, ctx);
+            o->noise_fits = (int)v;
+            break;
+        }
+        case O_VARN: st = parse_long("var-n", optarg, 1, &o->var_n, ctx); break;
         case O_NTRAIN: st = parse_long("n-train", optarg, 1, &o->n_train, ctx); break;
         case O_NTEST: st = parse_long("n-test", optarg, 1, &o->n_test, ctx); break;
         case O_CENTER: o->center = 1; break;
@@ -354,6 +369,8 @@ typedef struct run_state {
     const tpk_array *Lt;   /* test class labels or NULL */
     size_t n, m, c;
     double *work;          /* N×N factor workspace (when K must survive) */
+    double noise_shift;    /* full-size / subsample optimal noise ratio of the last kernel */
+    int last_fits;         /* factorisations the last noise search used */
     int multi;             /* results go under /depth_L */
     int nres;
     double *res;           /* per kernel: depth, noise, scale, lml, lml_select, jitter, rcond,
@@ -443,9 +460,30 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         memcpy(rs->work, K->data, n * n * sizeof(double));
         A.data = rs->work;
     }
-    tpk_gp *gp = tpk_gp_fit(&A, rs->Y, ratio, &go, ctx);
-    if (!gp)
-        return ctx->status;
+    tpk_gp *gp;
+    rs->last_fits = 0;
+    const size_t k_sel = o->select_n < (long)n ? (size_t)o->select_n : n;
+    if (noise < 0 && k_sel < n && o->noise_fits > 0) {
+        /* The subsample's optimum is biased (the LML-optimal noise falls as N grows): walk from
+         * it, shifted by the shift the previous kernel of this run needed, at full size. */
+        const double sub = ratio;
+        tpk_gp_noise_choice ch;
+        gp = tpk_gp_fit_search_noise(&A, rs->Y, sub * rs->noise_shift,
+                                     rs->nres ? NOISE_STEP_NEXT : NOISE_STEP_FIRST, o->noise_fits,
+                                     o->fit_scale, &go, &ch, ctx);
+        if (gp) {
+            ratio = ch.noise / ch.scale;
+            scale = ch.scale;
+            rs->noise_shift = ratio / sub;
+            rs->last_fits = ch.fits;
+            if (ch.at_bound && !o->quiet)
+                fprintf(stderr, "gpregress: warning: noise search used its %d factorisations "
+                                "without bracketing the optimum; took the best seen\n",
+                        o->noise_fits);
+        }
+    } else {
+        gp = tpk_gp_fit(&A, rs->Y, ratio, &go, ctx);
+    }
     const tpk_gp_info *in = tpk_gp_get_info(gp);
     r[R_NOISE] = ratio * scale;
     r[R_SCALE] = scale;
@@ -460,19 +498,30 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
     tpk_array *mean = NULL, *var = NULL, *cov = NULL;
     if (Kxt) {
         const size_t m = rs->m;
+        const size_t mv = o->var_n > 0 && (size_t)o->var_n < m ? (size_t)o->var_n : m;
         mean = tpk_array_alloc2(m, c, ctx);
-        size_t dm[1] = {m};
+        size_t dm[1] = {mv};
         if (!o->no_var)
             var = tpk_array_alloc(1, dm, ctx);
         if (!mean || (!o->no_var && !var)) {
             st = ctx->status;
             goto done;
         }
-        if ((st = tpk_gp_predict(gp, Kxt, kdiag, mean, var, ctx)))
+        if ((st = tpk_gp_predict(gp, Kxt, NULL, mean, NULL, ctx)))
             goto done;
-        if (var)
-            for (size_t i = 0; i < m; i++)
+        if (var) {
+            /* Variances of the first mv test items (the O(N²) per item part). */
+            tpk_array kh = head_view(Kxt, mv), dh = head_view(kdiag, mv);
+            tpk_array *mh = tpk_array_alloc2(mv, c, ctx);
+            if (!mh || (st = tpk_gp_predict(gp, &kh, &dh, mh, var, ctx))) {
+                tpk_array_free(mh);
+                st = ctx->status;
+                goto done;
+            }
+            tpk_array_free(mh);
+            for (size_t i = 0; i < mv; i++)
                 var->data[i] *= scale;
+        }
         if (o->full_cov && rs->Ktt) {
             if (!(cov = tpk_array_alloc2(m, m, ctx)) ||
                 (st = tpk_gp_predict_cov(gp, Kxt, rs->Ktt, cov, ctx)))
@@ -493,16 +542,17 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         }
         if (rs->Yt) {
             double se = 0, nll = 0;
-            for (size_t i = 0; i < m; i++) {
-                double v = var ? var->data[i] + ratio * scale : NAN;
+            for (size_t i = 0; i < m; i++)
                 for (size_t k = 0; k < c; k++) {
                     double e = rs->Yt->data[i * c + k] - mean->data[i * c + k];
                     se += e * e;
-                    nll += 0.5 * log(2 * M_PI * v) + 0.5 * e * e / v;
+                    if (var && i < mv) { /* predictive density of the noisy target */
+                        double v = var->data[i] + ratio * scale;
+                        nll += 0.5 * log(2 * M_PI * v) + 0.5 * e * e / v;
+                    }
                 }
-            }
             r[R_RMSE] = sqrt(se / (double)(m * c));
-            r[R_NLL] = var ? nll / (double)m : NAN;
+            r[R_NLL] = var ? nll / (double)mv : NAN;
         }
         st = write_block(rs, prefix, "mean", mean, ctx);
         if (!st && var)
@@ -520,6 +570,8 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
             printf("  kernel  ");
         printf(" noise %.4g  scale %.4g  lml/(NC) %+.6f", r[R_NOISE], scale,
                r[R_LML] / (double)(n * c));
+        if (rs->last_fits)
+            printf(" (%d fits)", rs->last_fits);
         if (in->jitter > 0)
             printf("  jitter %.3g", r[R_JITTER]);
         printf("  rcond %.2e", r[R_RCOND]);
@@ -652,8 +704,11 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
                 st = tpk_h5out_write(rs->out, path, &v, ctx);
             }
         }
+        /* Kernel parameters from the subsample; the noise (and scale) at full size as without
+         * --fit-hyper when it is automatic: the subsample's noise is biased upwards. */
         if (!st)
-            st = evaluate(rs, depth, rs->multi ? NULL : K, K, Xt ? Kxt : NULL, kd, noise, ctx);
+            st = evaluate(rs, depth, rs->multi ? NULL : K, K, Xt ? Kxt : NULL, kd,
+                          o->noise_auto ? -1 : noise, ctx);
     }
     return st;
 }
@@ -684,10 +739,15 @@ static int write_summary(run_state *rs, int argc, char **argv, tpk_ctx *ctx)
     }
     if (!st) st = tpk_h5out_attr_str(rs->out, "/", "noise_selection",
                                      o->fit_hyper ? "fit-hyper: LML by BFGS on a training subsample"
-                                     : o->noise_auto ? "auto: training LML on a subsample "
-                                                       "(eigendecomposition), scale profiled"
+                                     : o->noise_auto ? "auto: training LML, subsample "
+                                                       "eigendecomposition then full-size walk, "
+                                                       "scale profiled"
                                                      : "fixed", ctx);
     if (!st) st = tpk_h5out_attr_int(rs->out, "/", "select_n", o->select_n, ctx);
+    if (!st) st = tpk_h5out_attr_int(rs->out, "/", "noise_fits", o->noise_fits, ctx);
+    if (!st) st = tpk_h5out_attr_int(rs->out, "/", "nll_test_items",
+                                     o->var_n > 0 && (size_t)o->var_n < rs->m ? o->var_n
+                                                                              : (long)rs->m, ctx);
     if (!st) st = tpk_h5out_attr_str(rs->out, "/", "model",
                                      "y_c ~ N(0, scale*(K + (noise/scale) I)) for each output c; "
                                      "var is the latent variance (add noise for targets)", ctx);
@@ -699,7 +759,7 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
 {
     opts o = {.phi = "relu", .depth_lo = 3, .depth_hi = 3, .sigma_w2 = 2.0, .sigma_b2 = 0.0,
               .lengthscale2 = 1.0, .amplitude = 1.0, .noise_auto = 1, .fit_scale = 1,
-              .select_n = SELECT_N_DEFAULT, .quad_degree = TPK_GAUSS_DEFAULT_DEGREE};
+              .select_n = SELECT_N_DEFAULT, .noise_fits = NOISE_FITS_DEFAULT, .quad_degree = TPK_GAUSS_DEFAULT_DEGREE};
     int st = parse_args(argc, argv, &o, ctx);
     if (st == 1)
         return TPK_OK;
@@ -711,7 +771,7 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     tpk_array *X = NULL, *Xt = NULL, *L = NULL, *Lt = NULL, *Y = NULL, *Yt = NULL;
     tpk_array *K = NULL, *Kxt = NULL, *kd = NULL, *Ktt = NULL;
     tpk_h5out *out = NULL;
-    run_state rs = {.o = &o};
+    run_state rs = {.o = &o, .noise_shift = 1.0};
     tpk_input_info xi, ti, li, lti;
     const double t0 = now_seconds();
 

@@ -83,7 +83,8 @@ typedef struct tpk_gp_noise_choice {
     double noise;       /* σ² (absolute, for the kernel scale·K) */
     double scale;       /* s (1 unless fit_scale) */
     double lml;         /* the maximised log marginal likelihood */
-    int at_bound;       /* 1 if the optimum sits at noise_lo or noise_hi */
+    int at_bound;       /* 1 if the optimum sits at noise_lo or noise_hi (or was not bracketed) */
+    int fits;           /* N×N factorisations used (tpk_gp_fit_search_noise only; else 0) */
 } tpk_gp_noise_choice;
 
 /* Maximise the LML over log σ² in [noise_lo, noise_hi] (a 4-per-decade grid, then GSL's Brent
@@ -91,6 +92,17 @@ typedef struct tpk_gp_noise_choice {
 TPK_API int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo,
                                          double noise_hi, int fit_scale,
                                          tpk_gp_noise_choice *out, tpk_ctx *ctx);
+
+/* Noise by the LML at full size: factorisations of K + σ²I (each O(N³/3)) along a walk in
+ * log10 σ² of `step` decades from `guess` (e.g. a subsample's tpk_gp_spectral_choose_noise) until
+ * the LML falls, then one parabolic step; at most max_fits + 1 factorisations. With fit_scale the
+ * model is s·(K + rI) with s profiled out; σ² here is r and out->noise = r·s. Returns the GP
+ * fitted at the chosen r (its predictive variances are for K: multiply by out->scale).
+ * opt->overwrite_k: K's lower triangle is reused for every factor (memory N² + O(NC)). */
+TPK_API tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess,
+                                        double step, int max_fits, int fit_scale,
+                                        const tpk_gp_options *opt, tpk_gp_noise_choice *out,
+                                        tpk_ctx *ctx);
 
 /* ---- hyperparameters ---------------------------------------------------------------------------
  * A kernel family K(θ), θ > 0, with ∂K/∂log θ_i. The built-in families give dK analytically
