@@ -642,12 +642,18 @@ int tpk_gauss_map_cross(const tpk_phi *phi, const double *qa, size_t m, const do
     } else {
         double err = vector_err(&P, ra.qmax, ca.qmax, maxr);
         err = errmax > err ? errmax : err;
+        /* zero-variance rows, then zero-variance columns (O((m + n)·#zeros), not O(mn)) */
         for (size_t i = 0; i < m && !st; i++)
-            for (size_t j = 0; j < n && !st; j++) {
-                if (ra.q[i] != 0 && ca.q[j] != 0)
-                    continue;
+            for (size_t j = 0; ra.q[i] == 0 && j < n && !st; j++) {
                 double v, e;
-                st = fixup_entry(&P, ra.q[i], ca.q[j], 0.0, 0.0, &v, &e, ctx);
+                st = fixup_entry(&P, 0.0, ca.q[j], 0.0, 0.0, &v, &e, ctx);
+                out[i * n + j] = v;
+                err = e > err ? e : err;
+            }
+        for (size_t j = 0; j < n && !st; j++)
+            for (size_t i = 0; ca.q[j] == 0 && i < m && !st; i++) {
+                double v, e;
+                st = fixup_entry(&P, ra.q[i], 0.0, 0.0, 0.0, &v, &e, ctx);
                 out[i * n + j] = v;
                 err = e > err ? e : err;
             }
