@@ -3,7 +3,9 @@
  *   netsor dump  prog.nsr [...]
  * One function per subcommand, dispatched from the table `commands` (add rows to extend). */
 #include "tpk/tpk.h"
+#include "tpk/job.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,10 @@ typedef struct cli {
     char *owned[MAX_SETS];
     int nargs;              /* extra positional arguments, for subcommands that take them */
     const char *args[8];
+    const char *input, *test, *output, *width, *seed; /* kernel / run */
+    int all_outputs, quiet;
+    int argc;               /* the whole command line, for provenance */
+    char **argv;
 } cli;
 
 static const char usage[] =
@@ -33,41 +39,26 @@ static const char usage[] =
     "Commands:\n"
     "  check    type-check and elaborate; print a one-line summary\n"
     "  dump     print the elaborated straight-line IR\n"
-    "  kernel   infinite-width kernel (not available in this build yet)\n"
-    "  run      finite-width simulation (not available in this build yet)\n"
+    "  kernel   infinite-width kernel by the Master Theorem → HDF5 (/kernel)\n"
+    "  run      the same program at finite width n with random weights → HDF5\n"
+    "           (/kernel_hat: (1/n)<h,h'> times sigma_v2 (+ readout bias), /outputs: sampled readouts)\n"
     "\n"
     "Options:\n"
     "  --set NAME=VALUE   override a program parameter (repeatable): --set L=4 --set phi=erf\n"
     "  --netsor-plus      allow NETSOR+ Moments (mean(...)) without 'use netsor+'\n"
     "  --explain          report inferred shape holes '_' and other notes on stderr\n"
+    "  --input=SPEC       (kernel, run) inputs: FILE.h5:/dataset, FILE.npy or FILE.csv;\n"
+    "                     N×d, or N×T×d for programs with 'input x[t in 1..T]' (T set from it)\n"
+    "  --test=SPEC        (kernel) test inputs: also /kernel_test_train and /kernel_test_diag\n"
+    "  --output=FILE.h5   (kernel, run) output, written atomically\n"
+    "  --all-outputs      (kernel, run) every readout (e.g. all time steps), input-major;\n"
+    "                     default: the last output only\n"
+    "  --width=N          (run) the width n of every width symbol\n"
+    "  --seed=S           (run) random seed (default 0); results depend on it alone\n"
+    "  --quiet            (kernel, run) no summary on stdout\n"
     "  --help             this text        --version   the toolkit version\n"
     "\n"
     "Errors go to stderr as file:line:col: message; the exit status is 1.\n";
-
-/* sqrt is needed by layernorm programs; add it when the registry lacks it. */
-static double f_sqrt(double x, const double *params)
-{
-    (void)params;
-    return sqrt(x);
-}
-
-static tpk_phi_registry *registry(tpk_ctx *ctx)
-{
-    tpk_phi_registry *reg = tpk_phi_registry_alloc(ctx);
-    if (reg == NULL)
-        return NULL;
-    tpk_ctx probe;
-    tpk_ctx_init(&probe);
-    tpk_phi *s = tpk_phi_alloc(reg, "sqrt", &probe);
-    if (s != NULL) {
-        tpk_phi_free(s);
-    } else if (tpk_phi_register(reg, "sqrt", f_sqrt, 0, NULL, TPK_PHI_CONTROLLED | TPK_PHI_POLY_BOUNDED,
-                                ctx)) {
-        tpk_phi_registry_free(reg);
-        return NULL;
-    }
-    return reg;
-}
 
 static void cli_free(cli *c)
 {
@@ -85,6 +76,20 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
             c->opts.netsor_plus = 1;
         } else if (strcmp(a, "--explain") == 0) {
             c->opts.explain = 1;
+        } else if (strcmp(a, "--all-outputs") == 0) {
+            c->all_outputs = 1;
+        } else if (strcmp(a, "--quiet") == 0) {
+            c->quiet = 1;
+        } else if (strncmp(a, "--input=", 8) == 0) {
+            c->input = a + 8;
+        } else if (strncmp(a, "--test=", 7) == 0) {
+            c->test = a + 7;
+        } else if (strncmp(a, "--output=", 9) == 0) {
+            c->output = a + 9;
+        } else if (strncmp(a, "--width=", 8) == 0) {
+            c->width = a + 8;
+        } else if (strncmp(a, "--seed=", 7) == 0) {
+            c->seed = a + 7;
         } else if (strcmp(a, "--set") == 0 || strncmp(a, "--set=", 6) == 0) {
             const char *kv = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
             const char *eq = kv ? strchr(kv, '=') : NULL;
@@ -134,7 +139,7 @@ static tpk_program *load(cli *c, tpk_phi_registry **reg)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    *reg = registry(&ctx);
+    *reg = tpk_job_registry(&ctx);
     tpk_program *p = *reg ? tpk_netsor_load_file(c->path, &c->opts, *reg, &ctx) : NULL;
     if (p == NULL)
         fprintf(stderr, "%s\n", ctx.msg[0] ? ctx.msg : tpk_strerror(ctx.status));
@@ -144,7 +149,7 @@ static tpk_program *load(cli *c, tpk_phi_registry **reg)
 static int cmd_check(int argc, char **argv)
 {
     cli c;
-    int st = parse_cli(argc, argv, &c, "check");
+    int st = parse_cli(argc - 2, argv + 2, &c, "check");
     if (st) {
         cli_free(&c);
         return st;
@@ -175,7 +180,7 @@ static int cmd_check(int argc, char **argv)
 static int cmd_dump(int argc, char **argv)
 {
     cli c;
-    int st = parse_cli(argc, argv, &c, "dump");
+    int st = parse_cli(argc - 2, argv + 2, &c, "dump");
     if (st) {
         cli_free(&c);
         return st;
@@ -191,26 +196,91 @@ static int cmd_dump(int argc, char **argv)
     return rc;
 }
 
-/* Placeholders for the back ends (netsor/limit.c, netsor/exec.c): replace with real commands. */
+/* Build the job that `kernel` and `run` share; prints a message and returns 2 on a usage error. */
+static int make_job(const cli *c, const char *cmd, tpk_job *job)
+{
+    if (c->input == NULL || c->output == NULL) {
+        fprintf(stderr, "netsor %s: needs --input=SPEC and --output=FILE.h5 (see netsor --help)\n", cmd);
+        return 2;
+    }
+    *job = (tpk_job){.label = "program", .program = c->path, .sets = c->sets, .nsets = c->nsets,
+                     .netsor_plus = c->opts.netsor_plus, .input = c->input, .test = c->test,
+                     .output = c->output, .all_outputs = c->all_outputs, .argc = c->argc,
+                     .argv = c->argv, .summary = c->quiet ? NULL : stdout};
+    return 0;
+}
+
+static int finish(cli *c, const char *cmd, int st, const tpk_ctx *ctx)
+{
+    if (st)
+        fprintf(stderr, "netsor %s: %s\n", cmd, ctx->msg[0] ? ctx->msg : tpk_strerror(st));
+    cli_free(c);
+    return st ? 1 : 0;
+}
+
 static int cmd_kernel(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "netsor kernel: not available in this build yet\n");
-    return 2;
+    cli c;
+    tpk_job job;
+    int st = parse_cli(argc - 2, argv + 2, &c, "kernel");
+    if (!st)
+        st = make_job(&c, "kernel", &job);
+    if (st) {
+        cli_free(&c);
+        return st;
+    }
+    c.argc = argc;
+    c.argv = argv;
+    job.argc = argc;
+    job.argv = argv;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    return finish(&c, "kernel", tpk_job_kernel(&job, &ctx), &ctx);
 }
 
 static int cmd_run(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "netsor run: not available in this build yet\n");
-    return 2;
+    cli c;
+    tpk_job job;
+    int st = parse_cli(argc - 2, argv + 2, &c, "run");
+    if (!st)
+        st = make_job(&c, "run", &job);
+    if (!st && c.width == NULL) {
+        fprintf(stderr, "netsor run: needs --width=N\n");
+        st = 2;
+    }
+    char *end = NULL;
+    unsigned long long n = 0, seed = 0;
+    if (!st) {
+        errno = 0;
+        n = strtoull(c.width, &end, 10);
+        if (end == c.width || *end || errno || n < 1 || c.width[0] == '-') {
+            fprintf(stderr, "netsor run: --width: '%s' is not a positive integer\n", c.width);
+            st = 2;
+        }
+    }
+    if (!st && c.seed) {
+        errno = 0;
+        seed = strtoull(c.seed, &end, 10);
+        if (end == c.seed || *end || errno || c.seed[0] == '-') {
+            fprintf(stderr, "netsor run: --seed: '%s' is not a non-negative integer\n", c.seed);
+            st = 2;
+        }
+    }
+    if (st) {
+        cli_free(&c);
+        return st;
+    }
+    job.argc = argc;
+    job.argv = argv;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    return finish(&c, "run", tpk_job_run(&job, (size_t)n, (uint64_t)seed, &ctx), &ctx);
 }
 
 typedef struct command {
     const char *name;
-    int (*fn)(int argc, char **argv); /* argv: the arguments after the command name */
+    int (*fn)(int argc, char **argv); /* the whole command line: argv[1] is the command */
 } command;
 
 static const command commands[] = {
@@ -241,7 +311,7 @@ int main(int argc, char **argv)
                     fputs(usage, stdout);
                     return 0;
                 }
-            return commands[i].fn(argc - 2, argv + 2);
+            return commands[i].fn(argc, argv);
         }
     fprintf(stderr, "netsor: unknown command '%s' (see netsor --help)\n", argv[1]);
     return 2;

@@ -1,0 +1,54 @@
+/* Whole jobs behind the command-line programs: load a NETSOR program, read inputs, compute the
+ * infinite-width kernel or a finite-width run, write self-describing HDF5 atomically. */
+#ifndef TPK_JOB_H
+#define TPK_JOB_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "netsor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tpk_attr {
+    const char *name;
+    const char *value; /* written as a double when it parses as one, else as a string */
+} tpk_attr;
+
+typedef struct tpk_job {
+    const char *label;          /* "architecture" attribute: "mlp", "rnn", or "program" */
+    const char *program;        /* .nsr path */
+    const tpk_param_set *sets;  /* --set overrides */
+    int nsets;
+    int netsor_plus;
+    const char *input;          /* input spec (file.h5:/ds, .npy, .csv) */
+    const char *test;           /* optional test inputs: cross kernel and test diagonal */
+    const char *output;         /* HDF5 path, written atomically */
+    int all_outputs;            /* all readouts (e.g. every time step), input-major */
+    const tpk_attr *attrs;      /* extra root attributes (the CLI's own flags) */
+    int nattrs;
+    int argc;                   /* command line, for provenance */
+    char **argv;
+    FILE *summary;              /* a short human summary; NULL for none */
+} tpk_job;
+
+/* Infinite-width kernel: /kernel, and with a test set /kernel_test_train and /kernel_test_diag. */
+TPK_API int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx);
+/* Finite-width run at width n with seed s: /kernel_hat (empirical kernel, same layout as /kernel)
+ * and /outputs (sampled readouts, N × outputs). */
+TPK_API int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx);
+
+/* Find a file shipped with the toolkit ("programs/mlp.nsr", "data/demo-inputs.csv") beside the
+ * executable: <exe>/../../REL (build tree) or <exe>/../share/tpk/REL (installed); falls back to
+ * REL relative to the working directory. Returns buf. */
+TPK_API const char *tpk_shipped_path(const char *rel, char *buf, size_t len);
+
+/* A registry with the built-ins plus what programs commonly need. */
+TPK_API tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,313 @@
+/* Jobs behind gpkernel and netsor: program + inputs → kernel or finite-width run → atomic HDF5. */
+#include "tpk/job.h"
+
+#include "tpk/io.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *tpk_shipped_path(const char *rel, char *buf, size_t len)
+{
+    static const char *const up[] = {"/../../", "/../share/tpk/"};
+    char exe[4096];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k > 0) {
+        exe[k] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0';
+        for (size_t i = 0; i < sizeof up / sizeof up[0]; i++) {
+            snprintf(buf, len, "%s%s%s", exe, up[i], rel);
+            if (access(buf, R_OK) == 0)
+                return buf;
+        }
+    }
+    snprintf(buf, len, "%s", rel);
+    return buf;
+}
+
+static double f_sqrt(double x, const double *params)
+{
+    (void)params;
+    return sqrt(x);
+}
+
+tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx)
+{
+    tpk_phi_registry *reg = tpk_phi_registry_alloc(ctx);
+    if (reg == NULL)
+        return NULL;
+    /* layernorm programs divide by sqrt of a Moment; older registries lack it */
+    tpk_ctx probe;
+    tpk_ctx_init(&probe);
+    tpk_phi *s = tpk_phi_alloc(reg, "sqrt", &probe);
+    if (s != NULL) {
+        tpk_phi_free(s);
+    } else if (tpk_phi_register(reg, "sqrt", f_sqrt, 0, NULL,
+                                TPK_PHI_CONTROLLED | TPK_PHI_POLY_BOUNDED, ctx)) {
+        tpk_phi_registry_free(reg);
+        return NULL;
+    }
+    return reg;
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Everything a job holds; freed in one place. */
+typedef struct job_state {
+    tpk_phi_registry *reg;
+    tpk_program *prog;
+    tpk_array *X, *Xt, *Xall;
+    tpk_input_info xi, ti;
+    tpk_h5out *out;
+    tpk_param_set *sets; /* the user's sets plus an automatic T */
+    char tbuf[32];
+} job_state;
+
+static void job_state_free(job_state *s)
+{
+    tpk_h5out_abort(s->out);
+    tpk_program_free(s->prog);
+    tpk_array_free(s->X);
+    tpk_array_free(s->Xt);
+    tpk_array_free(s->Xall);
+    tpk_phi_registry_free(s->reg);
+    free(s->sets);
+}
+
+static int has_param(const tpk_program *p, const char *name)
+{
+    for (int i = 0; i < p->nparams; i++)
+        if (strcmp(p->param_name[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+static int user_set(const tpk_job *job, const char *name)
+{
+    for (int i = 0; i < job->nsets; i++)
+        if (strcmp(job->sets[i].name, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* Load the program for these inputs. Sequence inputs (N×T×d) fix the number of time steps:
+ * a program with a parameter T that the user did not set gets T from the input. */
+static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
+{
+    s->sets = calloc((size_t)job->nsets + 1, sizeof *s->sets);
+    if (!s->sets)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    memcpy(s->sets, job->sets, (size_t)job->nsets * sizeof *s->sets);
+    tpk_netsor_opts o = {.sets = s->sets, .nsets = job->nsets, .netsor_plus = job->netsor_plus};
+    s->prog = tpk_netsor_load_file(job->program, &o, s->reg, ctx);
+    if (!s->prog)
+        return ctx->status;
+    size_t T = s->X->ndim >= 3 ? s->X->dims[1] : 1;
+    if ((size_t)s->prog->nslots != T && s->X->ndim >= 3 && has_param(s->prog, "T") &&
+        !user_set(job, "T")) {
+        snprintf(s->tbuf, sizeof s->tbuf, "%zu", T);
+        s->sets[job->nsets] = (tpk_param_set){.name = "T", .value = s->tbuf};
+        o.nsets = job->nsets + 1;
+        tpk_program_free(s->prog);
+        s->prog = tpk_netsor_load_file(job->program, &o, s->reg, ctx);
+        if (!s->prog)
+            return ctx->status;
+    }
+    int slots = s->prog->nslots;
+    if (slots > 1 && (s->X->ndim != 3 || s->X->dims[1] != (size_t)slots))
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "%s: the program reads sequences of %d steps (input x[t]); the input must be "
+                         "N×%d×d, not %s", job->input, slots, slots,
+                         s->X->ndim == 3 ? "of another length (set T)" : "a matrix of vectors");
+    return TPK_OK;
+}
+
+/* Read inputs, stack train and test rows into one batch, load the program, open the output. */
+static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
+{
+    if (!job->program || !job->input || !job->output)
+        return TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
+    s->reg = tpk_job_registry(ctx);
+    if (!s->reg)
+        return ctx->status;
+    s->X = tpk_io_read(job->input, &s->xi, ctx);
+    if (!s->X)
+        return ctx->status;
+    if (job->test) {
+        s->Xt = tpk_io_read(job->test, &s->ti, ctx);
+        if (!s->Xt)
+            return ctx->status;
+        if (s->Xt->ndim != s->X->ndim || tpk_array_item_size(s->Xt) != tpk_array_item_size(s->X))
+            return TPK_ERROR(ctx, TPK_EINVAL,
+                             "%s: test items have %zu values each but %s has %zu", job->test,
+                             tpk_array_item_size(s->Xt), job->input, tpk_array_item_size(s->X));
+    }
+    int st = load(job, s, ctx);
+    if (st)
+        return st;
+    /* Open before computing: an unwritable path fails at once, not after the work. */
+    s->out = tpk_h5out_open(job->output, ctx);
+    if (!s->out)
+        return ctx->status;
+    if (!s->Xt)
+        return TPK_OK;
+    size_t dims[TPK_ARRAY_MAXDIM];
+    memcpy(dims, s->X->dims, sizeof dims);
+    dims[0] = s->X->dims[0] + s->Xt->dims[0];
+    s->Xall = tpk_array_alloc(s->X->ndim, dims, ctx);
+    if (!s->Xall)
+        return ctx->status;
+    size_t nx = tpk_array_size(s->X);
+    memcpy(s->Xall->data, s->X->data, nx * sizeof(double));
+    memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
+    return TPK_OK;
+}
+
+static int write_attr(tpk_h5out *out, const char *name, const char *value, tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(value, &end);
+    if (end != value && *end == '\0' && errno == 0)
+        return tpk_h5out_attr_double(out, "/", name, v, ctx);
+    return tpk_h5out_attr_str(out, "/", name, value, ctx);
+}
+
+/* Provenance, the program and its final parameters, inputs, the CLI's own flags. */
+static int describe(const tpk_job *job, const job_state *s, tpk_ctx *ctx)
+{
+    int st = tpk_h5out_provenance(s->out, job->argc, job->argv, ctx);
+    if (!st) st = tpk_h5out_attr_str(s->out, "/", "architecture", job->label ? job->label : "program", ctx);
+    if (!st) st = tpk_h5out_attr_str(s->out, "/", "program", job->program, ctx);
+    for (int i = 0; !st && i < s->prog->nparams; i++)
+        st = write_attr(s->out, s->prog->param_name[i], s->prog->param_value[i], ctx);
+    for (int i = 0; !st && i < job->nattrs; i++)
+        st = write_attr(s->out, job->attrs[i].name, job->attrs[i].value, ctx);
+    if (!st) st = tpk_h5out_attr_int(s->out, "/", "all_outputs", job->all_outputs, ctx);
+    if (!st) st = tpk_h5out_input_attrs(s->out, "input", &s->xi, s->X, ctx);
+    if (!st && s->Xt) st = tpk_h5out_input_attrs(s->out, "test", &s->ti, s->Xt, ctx);
+    return st;
+}
+
+/* Copy the [r0, r0+rows) × [c0, c0+cols) block of the square matrix K. */
+static tpk_array *block(const tpk_array *K, size_t r0, size_t rows, size_t c0, size_t cols, tpk_ctx *ctx)
+{
+    tpk_array *B = tpk_array_alloc2(rows, cols, ctx);
+    if (!B)
+        return NULL;
+    size_t n = K->dims[1];
+    for (size_t i = 0; i < rows; i++)
+        memcpy(B->data + i * cols, K->data + (r0 + i) * n + c0, cols * sizeof(double));
+    return B;
+}
+
+static void summarise(const tpk_job *job, const job_state *s, const tpk_array *K, double err,
+                      double secs, const char *what)
+{
+    if (!job->summary)
+        return;
+    size_t n = K->dims[0];
+    double dmin = INFINITY, dmax = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        dmin = fmin(dmin, K->data[i * n + i]);
+        dmax = fmax(dmax, K->data[i * n + i]);
+    }
+    fprintf(job->summary, "%s: %s (%s), %d instructions, %d outputs\n", what,
+            job->label ? job->label : "program", job->program, s->prog->ninstr, s->prog->noutputs);
+    fprintf(job->summary, "  input   %s (N=%zu%s)\n", job->input, s->X->dims[0],
+            s->X->ndim >= 3 ? ", sequences" : "");
+    if (s->Xt)
+        fprintf(job->summary, "  test    %s (M=%zu)\n", job->test, s->Xt->dims[0]);
+    fprintf(job->summary, "  kernel  %zux%zu, diagonal in [%.6g, %.6g], K[0][1]=%.6g", n, n, dmin,
+            dmax, n > 1 ? K->data[1] : K->data[0]);
+    if (err >= 0)
+        fprintf(job->summary, ", error estimate %.2e", err);
+    fprintf(job->summary, "\n  wrote   %s in %.3f s\n", job->output, secs);
+}
+
+int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
+{
+    job_state s = {0};
+    tpk_array *K = NULL, *Ktr = NULL, *Kx = NULL, *kd = NULL;
+    double t0 = now_seconds(), err = 0;
+    int st = prepare(job, &s, ctx);
+    if (!st)
+        st = tpk_netsor_kernel(s.prog, s.Xall ? s.Xall : s.X, job->all_outputs, &K, &err, ctx);
+    if (st)
+        goto done;
+    /* Layout is input-major: index a·O + o; the train block comes first. */
+    size_t per = K->dims[0] / (s.Xall ? s.Xall->dims[0] : s.X->dims[0]);
+    size_t ntr = s.X->dims[0] * per;
+    if (s.Xt) {
+        size_t nte = s.Xt->dims[0] * per;
+        size_t dm[1] = {nte};
+        Ktr = block(K, 0, ntr, 0, ntr, ctx);
+        Kx = block(K, ntr, nte, 0, ntr, ctx);
+        kd = tpk_array_alloc(1, dm, ctx);
+        if (!Ktr || !Kx || !kd) {
+            st = ctx->status;
+            goto done;
+        }
+        for (size_t i = 0; i < nte; i++)
+            kd->data[i] = K->data[(ntr + i) * K->dims[1] + ntr + i];
+    }
+    st = tpk_h5out_write(s.out, "/kernel", Ktr ? Ktr : K, ctx);
+    if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
+    if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
+    if (!st) st = describe(job, &s, ctx);
+    if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
+    if (st)
+        goto done;
+    st = tpk_h5out_commit(s.out, ctx);
+    s.out = NULL;
+    if (!st)
+        summarise(job, &s, Ktr ? Ktr : K, err, now_seconds() - t0, "kernel");
+done:
+    tpk_array_free(K);
+    tpk_array_free(Ktr);
+    tpk_array_free(Kx);
+    tpk_array_free(kd);
+    job_state_free(&s);
+    return st;
+}
+
+int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
+{
+    job_state s = {0};
+    tpk_array *Khat = NULL, *y = NULL;
+    double t0 = now_seconds();
+    int st = TPK_OK;
+    if (job->test)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "a finite-width run takes no test set (put all inputs in --input)");
+    else if (width < 1)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "the width must be at least 1");
+    if (!st)
+        st = prepare(job, &s, ctx);
+    if (!st)
+        st = tpk_netsor_run(s.prog, s.X, width, seed, job->all_outputs, &Khat, &y, ctx);
+    if (!st) st = tpk_h5out_write(s.out, "/kernel_hat", Khat, ctx);
+    if (!st) st = tpk_h5out_write(s.out, "/outputs", y, ctx);
+    if (!st) st = describe(job, &s, ctx);
+    if (!st) st = tpk_h5out_attr_int(s.out, "/", "width", (long long)width, ctx);
+    if (!st) st = tpk_h5out_attr_int(s.out, "/", "seed", (long long)seed, ctx);
+    if (!st) {
+        st = tpk_h5out_commit(s.out, ctx);
+        s.out = NULL;
+    }
+    if (!st)
+        summarise(job, &s, Khat, -1, now_seconds() - t0, "finite-width run");
+    tpk_array_free(Khat);
+    tpk_array_free(y);
+    job_state_free(&s);
+    return st;
+}
