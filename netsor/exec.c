@@ -310,13 +310,14 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
         for (int oj = 0; oj <= oi; oj++) {
             const tpk_output *po = &p->output[o0 + oi], *pq = &p->output[o0 + oj];
             double s = sqrt(po->var * pq->var) / (double)n;
+            double beta = sqrt(po->bias_var * pq->bias_var); /* readout bias: Var β everywhere */
             if ((st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, n, s, E.val[po->src], n,
                                 E.val[pq->src], n, 0.0, M, N, ctx)))
                 goto done;
             for (size_t a = 0; a < N; a++)
                 for (size_t c = 0; c < N; c++) {
                     /* same block: mirror the lower triangle so Khat is exactly symmetric */
-                    double v = (oi == oj && c > a) ? M[c * N + a] : M[a * N + c];
+                    double v = ((oi == oj && c > a) ? M[c * N + a] : M[a * N + c]) + beta;
                     K->data[(a * (size_t)O + (size_t)oi) * dim + c * (size_t)O + (size_t)oj] = v;
                     K->data[(c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi] = v;
                 }
@@ -332,6 +333,7 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
         }
         for (size_t r = 0; r < n; r++)
             v[r] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_READOUT, 0), (uint32_t)r, 0);
+        double zb = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_READOUT, 1), 0, 0);
         for (int o = 0; o < O; o++) {
             const tpk_output *po = &p->output[o0 + o];
             double s = sqrt(po->var / (double)n);
@@ -340,7 +342,7 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
                 double acc = 0.0;
                 for (size_t r = 0; r < n; r++)
                     acc += v[r] * h[r];
-                Y->data[a * (size_t)O + (size_t)o] = s * acc;
+                Y->data[a * (size_t)O + (size_t)o] = s * acc + sqrt(po->bias_var) * zb;
             }
         }
         free(v);

@@ -270,9 +270,10 @@ int tpk_nsr_validate(const tpk_program *p, const tpk_array *x, int all_outputs,
         int s = p->output[o].src;
         if (s < 0 || s >= p->nvars || !defined[s] || p->var[s].type == TPK_VAR_SCALAR)
             st = TPK_ERROR(ctx, TPK_EINVAL, "output %d reads %d, not a defined G/H-var", o, s);
-        else if (!(p->output[o].var >= 0) || !isfinite(p->output[o].var))
-            st = TPK_ERROR(ctx, TPK_EINVAL, "output %d has readout variance %g", o,
-                           p->output[o].var);
+        else if (!(p->output[o].var >= 0) || !isfinite(p->output[o].var) ||
+                 !(p->output[o].bias_var >= 0) || !isfinite(p->output[o].bias_var))
+            st = TPK_ERROR(ctx, TPK_EINVAL, "output %d has readout variance %g, bias variance %g",
+                           o, p->output[o].var, p->output[o].bias_var);
     }
     free(defined);
     return st;

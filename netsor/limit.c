@@ -1545,10 +1545,15 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
             const tpk_output *po = &p->output[o0 + oi], *pq = &p->output[o0 + oj];
             double e = 0.0, s = sqrt(po->var * pq->var);
             uint64_t site = (uint64_t)p->ninstr * 4096 + (uint64_t)(oi * O + oj);
+            /* a scalar readout bias β shared by the outputs adds its variance everywhere */
+            double beta = sqrt(po->bias_var * pq->bias_var);
             if (O == 1) { /* straight into K */
                 if ((st = m2(&L, po->src, pq->src, site, &sc, out->data, N, s, &e)))
                     goto done;
                 note_err(&L, e);
+                if (beta != 0.0)
+                    for (size_t i = 0; i < N * N; i++)
+                        out->data[i] += beta;
                 continue;
             }
             if ((st = m2(&L, po->src, pq->src, site, &sc, M, N, s, &e)))
@@ -1556,7 +1561,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
             note_err(&L, e);
             for (size_t a = 0; a < N; a++)
                 for (size_t c = 0; c < N; c++) {
-                    double v = M[a * N + c];
+                    double v = M[a * N + c] + beta;
                     out->data[(a * (size_t)O + (size_t)oi) * dim + c * (size_t)O + (size_t)oj] = v;
                     out->data[(c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi] = v;
                 }

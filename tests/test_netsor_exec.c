@@ -392,6 +392,18 @@ static void test_thread_independent(void **state)
     assert_memory_equal(y1->data, y2->data, tpk_array_size(y1) * sizeof(double));
     assert_int_equal(tpk_netsor_run(p, x, 777, 12346, 1, &K3, NULL, NULL), TPK_OK);
     assert_true(K3->data[0] != K1->data[0]);
+    /* readout bias: Khat shifts by its variance, y by one shared draw */
+    tpk_array *Kb, *yb;
+    p->output[0].bias_var = p->output[1].bias_var = 0.25;
+    assert_int_equal(tpk_netsor_run(p, x, 777, 12345, 1, &Kb, &yb, NULL), TPK_OK);
+    for (size_t i = 0; i < tpk_array_size(Kb); i++)
+        assert_true(fabs(Kb->data[i] - K1->data[i] - 0.25) <= 1e-14);
+    double shift = yb->data[0] - y1->data[0];
+    for (size_t i = 0; i < tpk_array_size(yb); i++)
+        assert_true(fabs(yb->data[i] - y1->data[i] - shift) <= 1e-14);
+    p->output[0].bias_var = p->output[1].bias_var = 0.0;
+    tpk_array_free(Kb);
+    tpk_array_free(yb);
     size_t N = 8;
     for (size_t a = 0; a < N; a++)
         for (size_t c = 0; c < N; c++)

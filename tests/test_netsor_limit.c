@@ -263,6 +263,13 @@ static void test_mlp_relu_closed_form(void **state)
     assert_true(worst <= TOL_CLOSED);
     assert_true(err <= 1e-12);
     assert_sym_psd(K);
+    /* a readout bias β ~ N(0, 0.37) adds 0.37 to every entry */
+    tpk_array *Kb = NULL;
+    p->output[0].bias_var = 0.37;
+    assert_int_equal(tpk_netsor_kernel(p, x, 0, &Kb, NULL, NULL), TPK_OK);
+    for (size_t i = 0; i < N * N; i++)
+        assert_true(fabs(Kb->data[i] - K->data[i] - 0.37) <= 1e-14);
+    tpk_array_free(Kb);
     free(R);
     tpk_array_free(K);
     tpk_array_free(x);
