@@ -61,7 +61,12 @@ TPK_API void tpk_gauss_ws_free(tpk_gauss_ws *ws);
 TPK_API size_t tpk_gauss_ws_degree(const tpk_gauss_ws *ws);
 
 /* E[φ(u)φ(v)], (u,v) ~ N(0, [[q1,k],[k,q2]]). Closed form when known, else 2-D Gauss–Hermite
- * with a Cholesky (guarded for ρ → ±1, q → 0). Fails with TPK_EDOM on a non-PSD or non-finite Σ. */
+ * with a Cholesky (guarded for ρ → ±1, q → 0). Fails with TPK_EDOM on a non-PSD or non-finite Σ.
+ * |k| may exceed √(q1q2) by rounding (relative 1e-10); ρ is then clamped to ±1. err: for closed
+ * forms a rounding-level bound; for quadrature |Q_D − Q_{D/2}| (×3 for non-smooth φ) plus a
+ * summation-rounding bound. Smooth f, g with |ρ| ≤ 0.9 use the Cholesky tensor rule; otherwise a
+ * polar rule (angle split where u or v changes sign, radius where they cross 0), which converges
+ * exponentially for φ kinked only at 0 and for any ρ (theory.md §3.3). */
 TPK_API int tpk_gauss_expect2(const tpk_phi *phi, double q1, double q2, double k,
                               const tpk_gauss_ws *ws, tpk_estimate *out, tpk_ctx *ctx);
 /* Numerical back-end only, with means and two different functions: E[f(u) g(v)],
