@@ -12,6 +12,9 @@
 #include "tpk/rng.h"
 
 #define BLK 256 /* coordinates per RPN block; also the fixed summation block of Moments */
+/* Below this many elements a loop runs on one thread: fork/join (and spinning on a busy
+ * machine) would cost more than the work. Results never depend on it. */
+#define PAR_MIN 32768
 
 typedef struct ex {
     const tpk_program *p;
@@ -34,7 +37,7 @@ static double *normals(ex *E, uint64_t stream, size_t rows, size_t cols)
         TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu random matrix", rows, cols);
         return NULL;
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * cols >= PAR_MIN)
     for (size_t r = 0; r < rows; r++)
         tpk_rng_normal_row(E->seed, stream, (uint32_t)r, 0, cols, z + r * cols);
     return z;
@@ -118,7 +121,7 @@ static int eval_body(ex *E, const tpk_instr *in, int moment, double *out)
     if (moment && (part = malloc(N * nb * sizeof *part)) == NULL)
         return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory");
     int oom = 0;
-#pragma omp parallel
+#pragma omp parallel if (N * n >= PAR_MIN / 4)
     {
         double *stack = malloc((size_t)E->maxdepth * BLK * sizeof *stack);
         double *tmp = malloc(BLK * sizeof *tmp);
@@ -197,7 +200,6 @@ static int step(ex *E, int k)
     case TPK_OP_BIAS: {
         uint64_t stream = TPK_RNG_STREAM(TPK_RNG_BIAS, in->out);
         double s = sqrt(in->var);
-#pragma omp parallel for schedule(static)
         for (size_t r = 0; r < n; r++)
             out[r] = in->mean + s * tpk_rng_normal_at(E->seed, stream, (uint32_t)r, 0);
         for (size_t a = 1; a < N; a++)
@@ -213,7 +215,7 @@ static int step(ex *E, int k)
                          E->val[in->src], n, E->Z[in->avar], n, 0.0, out, n, E->ctx);
     }
     case TPK_OP_LINCOMB:
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * n >= PAR_MIN)
         for (size_t i = 0; i < N * n; i++) {
             double s = 0.0;
             for (int t = 0; t < in->nterms; t++)
