@@ -55,7 +55,7 @@ $(BUILD)/obj/kernels/%.o: kernels/%.c | $(DEPS_OK)
 
 $(BUILD)/obj/bench/%.o: bench/%.c | $(DEPS_OK)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(KERNEL_FLAGS) -fno-math-errno -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(@D)

@@ -118,11 +118,12 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
             affine(Kxt->data, m * n, p->sigma_w2, p->sigma_b2);
             affine(kdiag->data, m, p->sigma_w2, p->sigma_b2);
         }
-        st = tpk_gauss_map(p->phi, K->data, n, K->data, ws, &el, ctx);
+        /* Fused σ_w² V_φ(Σ) + σ_b²: one pass over the matrix per layer. */
+        st = tpk_gauss_map_affine(p->phi, K->data, n, p->sigma_w2, p->sigma_b2, K->data, ws, &el,
+                                  ctx);
         if (st)
             break;
-        affine(K->data, n * n, p->sigma_w2, p->sigma_b2);
-        e = p->sigma_w2 * (e + fmax(el, et));
+        e = p->sigma_w2 * e + el + p->sigma_w2 * et;
         /* Off-diagonal entries are bounded by the diagonal (Cauchy–Schwarz), so a finite
          * diagonal is enough to go on; stop at the first layer whose variance overflows. */
         int bad = 0;
