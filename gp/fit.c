@@ -12,6 +12,9 @@
 #define GP_TILE 64
 /* Test points per triangular solve in tpk_gp_predict: workspace N×GP_PRED_BLOCK doubles. */
 #define GP_PRED_BLOCK 256
+/* Noise search: smallest parabolic move (decades of σ²) worth a factorisation: the LML is flat
+ * near its optimum, and 0.1 decade (26 %) in σ² changes it by O(1e-4) per output. */
+#define GP_VERTEX_MIN 0.1
 
 struct tpk_gp {
     size_t n, c;
@@ -416,27 +419,24 @@ tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, 
         last_x = (x_);                                                                             \
         (f_) = st ? -INFINITY : model_lml(&gp->info, fit_scale, &sc);                             \
     } while (0)
+    /* Evaluate c0 − h and c0 + h first and the guess c0 last, so that when the guess is the
+     * best of the three (the usual case with a good guess) its factor is the one left in place. */
     const double c0 = log10(guess);
-    double fc;
-    EVAL(c0, fc);
-    if (st)
-        goto done;
-    /* Bracket: walk downhill from the guess in steps of h until the LML falls. */
-    double lo = c0, flo = fc, mid = c0, fmid = fc, hi = c0, fhi = fc;
-    int dir = 0;
-    if (fits < max_fits) {
-        double x = c0 - h, f;
-        EVAL(x, f);
+    double lo = c0 - h, hi = c0 + h, mid = c0, flo = -INFINITY, fhi = -INFINITY, fmid;
+    if (max_fits >= 3) {
+        EVAL(lo, flo);
+        if (!st)
+            EVAL(hi, fhi);
         if (st)
             goto done;
-        if (f > fc) {
-            dir = -1;
-            hi = c0; fhi = fc; mid = x; fmid = f;
-        } else {
-            lo = x; flo = f;
-            dir = +1;
-        }
     }
+    EVAL(mid, fmid);
+    if (st)
+        goto done;
+    /* Walk uphill in steps of h until the LML falls. */
+    int dir = flo > fmid && flo >= fhi ? -1 : fhi > fmid ? +1 : 0;
+    if (dir < 0) { hi = mid; fhi = fmid; mid = lo; fmid = flo; }
+    if (dir > 0) { lo = mid; flo = fmid; mid = hi; fmid = fhi; }
     while (dir && fits < max_fits) {
         double x = mid + dir * h, f;
         EVAL(x, f);
@@ -452,11 +452,13 @@ tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, 
         else { hi = x; fhi = f; }
         break;
     }
-    out->at_bound = !(lo < mid && mid < hi && flo < fmid && fhi < fmid);
+    out->at_bound = !(isfinite(flo) && isfinite(fhi) && flo < fmid && fhi < fmid);
     double best = mid;
     if (!out->at_bound && fits < max_fits) {
         double v = parabola_vertex(lo, flo, mid, fmid, hi, fhi);
-        if (fabs(v - mid) > 1e-3 * h) {
+        /* Worth a factorisation only if it moves the noise by more than GP_VERTEX_MIN decades
+         * (or the factor in place is not the best point's anyway). */
+        if (fabs(v - mid) > GP_VERTEX_MIN || last_x != mid) {
             double fv;
             EVAL(v, fv);
             if (st)

@@ -588,6 +588,61 @@ static void test_fit_hyper_rbf(void **state)
     gsl_rng_free(g);
 }
 
+/* The full-size noise search against the exact LML curve of an eigendecomposition. */
+static void test_search_noise(void **state)
+{
+    (void)state;
+    problem p = make_problem(160, 4, 3, 20);
+    /* Targets with structure (a smooth function plus noise of variance 0.01), so that the LML
+     * has an interior optimum. */
+    for (size_t i = 0; i < p.n; i++)
+        for (size_t c = 0; c < p.c; c++)
+            p.Y->data[i * p.c + c] = sin(p.X->data[i * p.d] + (double)c) +
+                                     0.3 * p.X->data[i * p.d + 1] + 0.1 * p.Y->data[i * p.c + c];
+    tpk_gp_spectral *sp = tpk_gp_spectral_alloc(p.K, p.Y, NULL);
+    tpk_gp_noise_choice best, ch;
+    assert_int_equal(tpk_gp_spectral_choose_noise(sp, 1e-8, 1e2, 1, &best, NULL), TPK_OK);
+    assert_false(best.at_bound);
+    const double r_best = best.noise / best.scale;
+    for (int mode = 0; mode < 2; mode++) {
+        tpk_array *Kc = tpk_array_alloc2(p.n, p.n, NULL);
+        memcpy(Kc->data, p.K->data, p.n * p.n * sizeof(double));
+        tpk_gp_options o;
+        tpk_gp_options_default(&o);
+        o.overwrite_k = mode;
+        /* Start 1.3 decades off, so the walk has to move. */
+        tpk_gp *gp = tpk_gp_fit_search_noise(Kc, p.Y, r_best * 20, 0.3, 8, 1, &o, &ch, NULL);
+        assert_non_null(gp);
+        assert_false(ch.at_bound);
+        assert_true(ch.fits >= 4 && ch.fits <= 10);
+        const double r = ch.noise / ch.scale;
+        assert_true(fabs(log10(r / r_best)) < 0.1);
+        /* The LML it reports is the spectral one at its point, within a hair of the maximum. */
+        assert_close(ch.lml, tpk_gp_spectral_lml(sp, ch.scale, ch.noise), 1e-9);
+        /* One parabolic step over 0.3-decade points leaves ~1 % in σ², O(1e-5) relative in LML. */
+        assert_true(ch.lml >= best.lml - 1e-4 * fabs(best.lml));
+        /* The GP returned is the fit at that noise. */
+        assert_true(tpk_gp_get_info(gp)->noise == r);
+        tpk_gp *ref = tpk_gp_fit(p.K, p.Y, r, NULL, NULL);
+        tpk_array *m1 = tpk_array_alloc2(p.m, p.c, NULL), *m2 = tpk_array_alloc2(p.m, p.c, NULL);
+        assert_int_equal(tpk_gp_predict(gp, p.Kxt, NULL, m1, NULL, NULL), TPK_OK);
+        assert_int_equal(tpk_gp_predict(ref, p.Kxt, NULL, m2, NULL, NULL), TPK_OK);
+        for (size_t i = 0; i < p.m * p.c; i++)
+            assert_close(m1->data[i], m2->data[i], TOL_DENSE);
+        tpk_array_free(m1);
+        tpk_array_free(m2);
+        tpk_gp_free(ref);
+        tpk_gp_free(gp);
+        tpk_array_free(Kc);
+    }
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_null(tpk_gp_fit_search_noise(p.K, p.Y, -1, 0.3, 5, 1, NULL, &ch, &ctx));
+    assert_int_equal(ctx.status, TPK_EINVAL);
+    tpk_gp_spectral_free(sp);
+    free_problem(&p);
+}
+
 typedef struct sweep_check {
     const tpk_mlp_params *p;
     const tpk_array *X, *Xt;
@@ -750,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_gradient_rbf),
         cmocka_unit_test(test_gradient_mlp),
         cmocka_unit_test(test_fit_hyper_rbf),
+        cmocka_unit_test(test_search_noise),
         cmocka_unit_test(test_mlp_sweep),
         cmocka_unit_test(test_idx),
     };

@@ -163,8 +163,8 @@ static int check_var(const char *name, double v, int positive, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-/* Returns 0 to go on, 1 to exit successfully (help/version), or an error status. */
-static int parse_args(int argc, char **argv, opts *o, tpk_ctx *ctx)
+/* Returns TPK_OK (with *done set after --help/--version) or an error status. */
+static int parse_args(int argc, char **argv, opts *o, int *done, tpk_ctx *ctx)
 {
     int c, st = TPK_OK;
     opterr = 0;
@@ -213,8 +213,8 @@ static int parse_args(int argc, char **argv, opts *o, tpk_ctx *ctx)
         case O_FULLCOV: o->full_cov = 1; break;
         case O_NOVAR: o->no_var = 1; break;
         case O_QUIET: o->quiet = 1; break;
-        case O_HELP: fputs(usage, stdout); return 1;
-        case O_VERSION: printf("gpregress (tpk) %s\n", TPK_VERSION); return 1;
+        case O_HELP: fputs(usage, stdout); *done = 1; return TPK_OK;
+        case O_VERSION: printf("gpregress (tpk) %s\n", TPK_VERSION); *done = 1; return TPK_OK;
         default:
             return TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
                              argv[optind - 1]);
@@ -760,10 +760,9 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     opts o = {.phi = "relu", .depth_lo = 3, .depth_hi = 3, .sigma_w2 = 2.0, .sigma_b2 = 0.0,
               .lengthscale2 = 1.0, .amplitude = 1.0, .noise_auto = 1, .fit_scale = 1,
               .select_n = SELECT_N_DEFAULT, .noise_fits = NOISE_FITS_DEFAULT, .quad_degree = TPK_GAUSS_DEFAULT_DEGREE};
-    int st = parse_args(argc, argv, &o, ctx);
-    if (st == 1)
-        return TPK_OK;
-    if (st)
+    int done = 0;
+    int st = parse_args(argc, argv, &o, &done, ctx);
+    if (st || done)
         return st;
     tpk_phi_registry *reg = NULL;
     tpk_phi *phi = NULL;

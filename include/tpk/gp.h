@@ -93,9 +93,10 @@ TPK_API int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_
                                          double noise_hi, int fit_scale,
                                          tpk_gp_noise_choice *out, tpk_ctx *ctx);
 
-/* Noise by the LML at full size: factorisations of K + σ²I (each O(N³/3)) along a walk in
- * log10 σ² of `step` decades from `guess` (e.g. a subsample's tpk_gp_spectral_choose_noise) until
- * the LML falls, then one parabolic step; at most max_fits + 1 factorisations. With fit_scale the
+/* Noise by the LML at full size: factorisations of K + σ²I (each O(N³/3)) at guess·10^(±step),
+ * then the guess (e.g. a subsample's tpk_gp_spectral_choose_noise), a walk of `step` decades uphill
+ * until the LML falls, and a parabolic step when it moves σ² by more than 0.1 decade: 3 factorisations
+ * when the guess is best and near the vertex, at most max_fits + 2 in all. With fit_scale the
  * model is s·(K + rI) with s profiled out; σ² here is r and out->noise = r·s. Returns the GP
  * fitted at the chosen r (its predictive variances are for K: multiply by out->scale).
  * opt->overwrite_k: K's lower triangle is reused for every factor (memory N² + O(NC)). */

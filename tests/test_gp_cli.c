@@ -1,0 +1,408 @@
+/* gpregress end to end: predictions against a dense solve written here, classification accuracy,
+ * IDX inputs, and every bad input against its message with no output file left behind. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cblas.h>
+#include <hdf5.h>
+#include <lapacke.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+/* Dense oracle vs the Cholesky path on a κ ≈ 1e2 problem: rounding only. */
+#define TOL_DENSE 1e-9
+
+enum { N = 24, M = 9, C = 2 };
+
+static char tmpdir[256];
+static char bindir[1024];
+
+static int setup(void **state)
+{
+    (void)state;
+    strcpy(tmpdir, "/tmp/tpk-gpcli-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    const char *b = getenv("TPK_BIN");
+    snprintf(bindir, sizeof bindir, "%s", b ? b : "build/bin");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void path(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", tmpdir, name);
+}
+
+static int gpregress(const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s/gpregress' %s --quiet >out.txt 2>err.txt", tmpdir,
+             bindir, args);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void read_text(const char *name, char *buf, size_t len)
+{
+    char p[512];
+    path(p, sizeof p, name);
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    size_t k = fread(buf, 1, len - 1, f);
+    buf[k] = '\0';
+    fclose(f);
+}
+
+static int exists(const char *name)
+{
+    char p[512];
+    struct stat sb;
+    path(p, sizeof p, name);
+    return stat(p, &sb) == 0;
+}
+
+/* ---- raw HDF5 / CSV / IDX writers (independent of the toolkit's I/O) ------------------------- */
+
+static void h5_add(const char *name, const char *dset, const double *v, size_t r, size_t c,
+                   int create)
+{
+    char p[512];
+    path(p, sizeof p, name);
+    hid_t f = create ? H5Fcreate(p, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)
+                     : H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    hsize_t dims[2] = {r, c};
+    hid_t sp = H5Screate_simple(c ? 2 : 1, dims, NULL);
+    hid_t d = H5Dcreate2(f, dset, H5T_NATIVE_DOUBLE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Fclose(f);
+}
+
+static double *h5_read(const char *name, const char *dset, size_t *count)
+{
+    char p[512];
+    path(p, sizeof p, name);
+    hid_t f = H5Fopen(p, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(f >= 0);
+    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
+    assert_true(d >= 0);
+    hid_t sp = H5Dget_space(d);
+    *count = (size_t)H5Sget_simple_extent_npoints(sp);
+    double *v = malloc(*count * sizeof *v);
+    H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    H5Sclose(sp);
+    H5Dclose(d);
+    H5Fclose(f);
+    return v;
+}
+
+static void csv_write(const char *name, const double *v, size_t r, size_t c)
+{
+    char p[512];
+    path(p, sizeof p, name);
+    FILE *f = fopen(p, "w");
+    for (size_t i = 0; i < r; i++)
+        for (size_t j = 0; j < c; j++)
+            fprintf(f, "%.17g%c", v[i * c + j], j + 1 < c ? ',' : '\n');
+    fclose(f);
+}
+
+/* A deterministic problem: inputs on a curve, kernels from an RBF written out here. */
+static double X[N * 3], Xt[M * 3], Y[N * C], K[N * N], Kxt[M * N], kd[M];
+
+static void make_data(void)
+{
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < 3; j++)
+            X[i * 3 + j] = sin(0.731 * i + 1.37 * j) + 0.1 * j;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < 3; j++)
+            Xt[i * 3 + j] = cos(0.913 * i + 0.57 * j);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++)
+            Y[i * C + c] = X[i * 3] * (c + 1) - 0.385 * X[i * 3 + 2];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+            double q = 0;
+            for (int k = 0; k < 3; k++)
+                q += (X[i * 3 + k] - X[j * 3 + k]) * (X[i * 3 + k] - X[j * 3 + k]);
+            K[i * N + j] = 1.3 * exp(-q / 1.4);
+        }
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            double q = 0;
+            for (int k = 0; k < 3; k++)
+                q += (Xt[i * 3 + k] - X[j * 3 + k]) * (Xt[i * 3 + k] - X[j * 3 + k]);
+            Kxt[i * N + j] = 1.3 * exp(-q / 1.4);
+        }
+        kd[i] = 1.3;
+    }
+}
+
+/* mean = Kxt (K + σ²I)⁻¹ Y by LAPACKE_dgesv, var = kd − diag(Kxt (K+σ²I)⁻¹ Kxtᵀ). */
+static void dense_posterior(double noise, double *mean, double *var)
+{
+    double A[N * N], B[N * (C + M)];
+    lapack_int piv[N];
+    memcpy(A, K, sizeof A);
+    for (int i = 0; i < N; i++) {
+        A[i * N + i] += noise;
+        for (int c = 0; c < C; c++)
+            B[i * (C + M) + c] = Y[i * C + c];
+        for (int j = 0; j < M; j++)
+            B[i * (C + M) + C + j] = Kxt[j * N + i];
+    }
+    assert_int_equal(LAPACKE_dgesv(LAPACK_ROW_MAJOR, N, C + M, A, N, piv, B, C + M), 0);
+    for (int i = 0; i < M; i++) {
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int j = 0; j < N; j++)
+                s += Kxt[i * N + j] * B[j * (C + M) + c];
+            mean[i * C + c] = s;
+        }
+        double s = 0;
+        for (int j = 0; j < N; j++)
+            s += Kxt[i * N + j] * B[j * (C + M) + C + i];
+        var[i] = kd[i] - s;
+    }
+}
+
+static void test_kernel_file_matches_dense(void **state)
+{
+    (void)state;
+    make_data();
+    h5_add("k.h5", "/kernel", K, N, N, 1);
+    h5_add("k.h5", "/kernel_test_train", Kxt, M, N, 0);
+    h5_add("k.h5", "/kernel_test_diag", kd, M, 0, 0);
+    csv_write("y.csv", Y, N, C);
+    assert_int_equal(gpregress("--kernel=k.h5 --labels=y.csv --noise=0.0385 --output=p.h5"), 0);
+    double mean[M * C], var[M];
+    dense_posterior(0.0385, mean, var);
+    size_t cnt;
+    double *got = h5_read("p.h5", "/mean", &cnt);
+    assert_int_equal(cnt, M * C);
+    for (int i = 0; i < M * C; i++)
+        assert_true(fabs(got[i] - mean[i]) <= TOL_DENSE * fmax(1, fabs(mean[i])));
+    free(got);
+    got = h5_read("p.h5", "/var", &cnt);
+    assert_int_equal(cnt, M);
+    for (int i = 0; i < M; i++)
+        assert_true(fabs(got[i] - var[i]) <= TOL_DENSE);
+    free(got);
+    got = h5_read("p.h5", "/lml", &cnt);
+    assert_true(isfinite(got[0]));
+    free(got);
+    /* Automatic noise: select-n covers N, so this is the exact LML optimum; the file says so. */
+    assert_int_equal(gpregress("--kernel=k.h5 --labels=y.csv --output=p2.h5"), 0);
+    got = h5_read("p2.h5", "/noise", &cnt);
+    assert_true(got[0] > 0);
+    free(got);
+}
+
+static void test_arch_rbf_and_mlp(void **state)
+{
+    (void)state;
+    make_data();
+    csv_write("x.csv", X, N, 3);
+    csv_write("xt.csv", Xt, M, 3);
+    csv_write("y.csv", Y, N, C);
+    /* RBF with ℓ² = 0.7, s = 1.3 is exactly the K above (exp(−q/1.4) = exp(−q/(2·0.7))). */
+    assert_int_equal(gpregress("--arch=rbf --lengthscale2=0.7 --amplitude=1.3 --train=x.csv "
+                               "--test=xt.csv --labels=y.csv --noise=0.0385 --full-cov "
+                               "--output=r.h5"), 0);
+    double mean[M * C], var[M];
+    dense_posterior(0.0385, mean, var);
+    size_t cnt;
+    double *got = h5_read("r.h5", "/mean", &cnt);
+    for (int i = 0; i < M * C; i++)
+        assert_true(fabs(got[i] - mean[i]) <= 1e-8 * fmax(1, fabs(mean[i])));
+    free(got);
+    got = h5_read("r.h5", "/cov", &cnt);
+    assert_int_equal(cnt, M * M);
+    for (int i = 0; i < M; i++)
+        assert_true(fabs(got[i * M + i] - var[i]) <= 1e-8);
+    free(got);
+    /* MLP depth sweep with hyperparameter fitting and test targets: runs, writes per depth. */
+    csv_write("yt.csv", Y, M, C); /* any M×C targets: only the RMSE/NLL use them */
+    assert_int_equal(gpregress("--arch=mlp --depth=1-2 --phi=erf --sigma-b2=0.1 --train=x.csv "
+                               "--test=xt.csv --labels=y.csv --test-labels=yt.csv --output=m.h5"),
+                     0);
+    got = h5_read("m.h5", "/depth_2/mean", &cnt);
+    assert_int_equal(cnt, M * C);
+    free(got);
+    got = h5_read("m.h5", "/depths", &cnt);
+    assert_int_equal(cnt, 2);
+    assert_true(got[0] == 1 && got[1] == 2);
+    free(got);
+    assert_int_equal(gpregress("--arch=mlp --depth=2 --sigma-b2=0.1 --fit-hyper --train=x.csv "
+                               "--labels=y.csv --output=h.h5"), 0);
+    got = h5_read("h.h5", "/fitted_sigma_w2", &cnt);
+    assert_true(got[0] > 0);
+    free(got);
+}
+
+static void idx_write(const char *name, const unsigned char *hdr, size_t hl,
+                      const unsigned char *body, size_t bl)
+{
+    char p[512];
+    path(p, sizeof p, name);
+    gzFile f = gzopen(p, "wb");
+    gzwrite(f, hdr, (unsigned)hl);
+    gzwrite(f, body, (unsigned)bl);
+    gzclose(f);
+}
+
+/* Two well-separated classes of 2×2 "images": IDX in, accuracy 1 out. */
+static void test_classify_idx(void **state)
+{
+    (void)state;
+    enum { NI = 20, MI = 6 };
+    unsigned char img[NI * 4], lab[NI], timg[MI * 4], tlab[MI];
+    for (int i = 0; i < NI + MI; i++) {
+        int cls = i % 2;
+        unsigned char *p = i < NI ? img + i * 4 : timg + (i - NI) * 4;
+        for (int k = 0; k < 4; k++)
+            p[k] = (unsigned char)(cls ? (k < 2 ? 200 + i : 10 + k) : (k < 2 ? 5 + k : 190 + i));
+        if (i < NI)
+            lab[i] = (unsigned char)cls;
+        else
+            tlab[i - NI] = (unsigned char)cls;
+    }
+    unsigned char h3[16] = {0, 0, 8, 3, 0, 0, 0, NI, 0, 0, 0, 2, 0, 0, 0, 2};
+    unsigned char h1[8] = {0, 0, 8, 1, 0, 0, 0, NI};
+    idx_write("tr-images-ubyte.gz", h3, 16, img, sizeof img);
+    idx_write("tr-labels-ubyte.gz", h1, 8, lab, sizeof lab);
+    h3[7] = MI;
+    h1[7] = MI;
+    idx_write("te-images-ubyte.gz", h3, 16, timg, sizeof timg);
+    idx_write("te-labels-ubyte.gz", h1, 8, tlab, sizeof tlab);
+    assert_int_equal(gpregress("--arch=mlp --depth=2 --train=tr-images-ubyte.gz "
+                               "--labels=tr-labels-ubyte.gz --test=te-images-ubyte.gz "
+                               "--test-labels=te-labels-ubyte.gz --classify --center --unit-norm "
+                               "--sigma-b2=0.01 --output=c.h5"), 0);
+    size_t cnt;
+    double *acc = h5_read("c.h5", "/accuracy", &cnt);
+    assert_true(acc[0] == 1.0);
+    free(acc);
+    double *mean = h5_read("c.h5", "/mean", &cnt);
+    assert_int_equal(cnt, MI * 2); /* two one-hot outputs */
+    free(mean);
+    /* --n-train/--n-test keep the first items. */
+    assert_int_equal(gpregress("--arch=rbf --train=tr-images-ubyte.gz --n-train=10 "
+                               "--labels=tr-labels-ubyte.gz --test=te-images-ubyte.gz --n-test=4 "
+                               "--test-labels=te-labels-ubyte.gz --classify --unit-norm "
+                               "--output=c2.h5"), 0);
+    mean = h5_read("c2.h5", "/mean", &cnt);
+    assert_int_equal(cnt, 4 * 2);
+    free(mean);
+}
+
+static void expect_fail(const char *args, const char *text, const char *out)
+{
+    int rc = gpregress(args);
+    char err[4096];
+    read_text("err.txt", err, sizeof err);
+    if (rc != 1 || !strstr(err, text))
+        fail_msg("'%s': exit %d, stderr '%s' (wanted '%s')", args, rc, err, text);
+    if (out && exists(out))
+        fail_msg("'%s' left %s behind", args, out);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    make_data();
+    csv_write("x.csv", X, N, 3);
+    csv_write("xt.csv", Xt, M, 3);
+    csv_write("y.csv", Y, N, C);
+    csv_write("ybad.csv", Y, N - 1, C);
+    csv_write("x2.csv", X, N, 2);
+    double lab[N];
+    for (int i = 0; i < N; i++)
+        lab[i] = i % 3 + 0.5;
+    csv_write("frac.csv", lab, N, 1);
+    h5_add("k.h5", "/kernel", K, N, N, 1);
+    h5_add("k.h5", "/kernel_test_train", Kxt, M, N - 1, 0);
+    h5_add("k.h5", "/kernel_test_diag", kd, M, 0, 0);
+    double Kn[N * N];
+    memcpy(Kn, K, sizeof Kn);
+    Kn[3 * N + 5] = Kn[5 * N + 3] = NAN;
+    h5_add("kn.h5", "/kernel", Kn, N, N, 1);
+    expect_fail("--arch=mlp --train=missing.csv --labels=y.csv --output=o.h5", "missing.csv",
+                "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=ybad.csv --output=o.h5", "rows", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --test=x2.csv --labels=y.csv --output=o.h5",
+                "test items have 2 values", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv --noise=-1 --output=o.h5", "noise",
+                "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv --noise=abc --output=o.h5",
+                "not a number", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv --sigma-w2=-2 --output=o.h5",
+                "sigma-w2", "o.h5");
+    expect_fail("--arch=cnn --train=x.csv --labels=y.csv --output=o.h5", "unknown --arch", "o.h5");
+    expect_fail("--arch=mlp --kernel=k.h5 --labels=y.csv --output=o.h5", "exactly one", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --output=o.h5", "--labels", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv", "--output", NULL);
+    expect_fail("--arch=mlp --train=x.csv --labels=frac.csv --classify --output=o.h5",
+                "not a class index", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv --classify --output=o.h5",
+                "one integer label", "o.h5");
+    expect_fail("--kernel=k.h5 --labels=y.csv --output=o.h5", "kernel_test_train", "o.h5");
+    expect_fail("--kernel=kn.h5 --labels=y.csv --output=o.h5", "finite", "o.h5");
+    expect_fail("--kernel=nofile.h5 --labels=y.csv --output=o.h5", "nofile.h5", "o.h5");
+    expect_fail("--arch=mlp --depth=3-1 --train=x.csv --labels=y.csv --output=o.h5", "range",
+                "o.h5");
+    expect_fail("--arch=rbf --depth=1-2 --train=x.csv --labels=y.csv --output=o.h5",
+                "--arch=mlp", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv --bogus --output=o.h5", "unknown",
+                "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv --output=/nonexistent-dir/o.h5",
+                "nonexistent-dir", NULL);
+    expect_fail("--arch=rbf --fit-hyper --fix=sigma_w2 --train=x.csv --labels=y.csv "
+                "--output=o.h5", "not a parameter", "o.h5");
+    /* A failure after the output was opened leaves neither it nor a temporary behind. */
+    expect_fail("--arch=mlp --phi=nosuchphi --train=x.csv --labels=y.csv --output=o.h5",
+                "nosuchphi", "o.h5");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s' | grep -v -e '\\.csv$' -e '\\.h5$' -e "
+             "'\\.txt$' -e '\\.gz$')\"", tmpdir);
+    if (system(cmd) != 0) {
+        snprintf(cmd, sizeof cmd, "ls -A '%s' >&2", tmpdir);
+        assert_int_equal(system(cmd), 0);
+        fail_msg("stray files in %s", tmpdir);
+    }
+    /* --help and --version succeed. */
+    assert_int_equal(gpregress("--help"), 0);
+    char out[8192];
+    read_text("out.txt", out, sizeof out);
+    assert_non_null(strstr(out, "--fit-hyper"));
+    assert_int_equal(gpregress("--version"), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kernel_file_matches_dense),
+        cmocka_unit_test(test_arch_rbf_and_mlp),
+        cmocka_unit_test(test_classify_idx),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
