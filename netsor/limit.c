@@ -878,9 +878,9 @@ static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, siz
                 if (is_gvar_factor(na, la) && is_gvar_factor(nb, lb))
                     kind = 1;
                 else if (!L->o.no_fastpath && is_call_factor(na, la) && is_call_factor(nb, lb) &&
-                         same_phi(na[1].fn, nb[1].fn) && tpk_phi_has_closed_form(na[1].fn) &&
-                         L->rep[na[0].var].mean == 0.0 && L->rep[nb[0].var].mean == 0.0)
-                    kind = 2;
+                         same_phi(na[1].fn, nb[1].fn) && L->rep[na[0].var].mean == 0.0 &&
+                         L->rep[nb[0].var].mean == 0.0)
+                    kind = 2; /* whole-matrix map: closed form, Mehler series or quadrature */
             }
             if (kind == 0) {
                 gen[ngen][0] = s;
@@ -896,8 +896,10 @@ static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, siz
     if ((nfast > 1 || ngen > 0 || nlin > 0 || ld != N || u != v) && sc->s1 == NULL &&
         (sc->s1 = malloc(N * N * sizeof *sc->s1)) == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
-    /* the common case: one closed-form pair φ(g)·φ(g) */
+    /* the common case: one pair φ(g)·φ(g) of the same zero-mean φ */
     if (nfast == 1 && ngen == 0 && nlin == 0) {
+        if (!tpk_phi_has_closed_form(bu->node[bu->t[fast[0][0]].fs[0] + 1].fn) && gh_init(L))
+            return L->ctx->status;
         const xterm *ts = &bu->t[fast[0][0]], *tt = &bv->t[fast[0][1]];
         const tpk_rpn_node *na = bu->node + ts->fs[0], *nb = bv->node + tt->fs[0];
         int g = na[0].var, h = nb[0].var, st;

@@ -20,6 +20,12 @@
 #define TOL_CLOSED 1e-12
 /* Same 2-D quadrature on both sides, different summation order. */
 #define TOL_QUAD 1e-10
+/* Degree of the per-entry reference quadrature for smooth φ (see test_mlp_tanh_quadrature). */
+#define REF_DEGREE 400
+/* That reference is itself good to only ~1e-10 for tanh near ρ = 1 (theory.md §3.3 table); the
+ * independent nested adaptive integration of tests/test_gpkernel_cli.c pins the same evaluator
+ * to ~1e-15. */
+#define TOL_REF_TANH 1e-9
 /* Monte Carlo comparisons: this many standard errors. */
 #define N_SE 5.0
 /* PSD: smallest eigenvalue ≥ −tol·largest; rounding for closed forms, and the accuracy of a
@@ -285,13 +291,16 @@ static void test_mlp_tanh_quadrature(void **state)
     tpk_array *K = NULL;
     double err;
     assert_int_equal(tpk_netsor_kernel(p, x, 0, &K, &err, NULL), TPK_OK);
-    quadctx qc = {f->tanh_, tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, NULL)};
+    /* The reference integrates entry by entry with a much higher degree than the evaluator's
+     * default: Gauss–Hermite for tanh (poles at ±iπ/2) gains only ~1e-6 at degree 64 for q ≈ 3,
+     * while the whole-matrix Mehler path the evaluator takes is accurate to rounding. */
+    quadctx qc = {f->tanh_, tpk_gauss_ws_alloc(REF_DEGREE, NULL)};
     double *R = mlp_recursion(x, 3, 2.0, 0.1, 1.0, V_quad, &qc);
     double scale = max_abs(R, N * N), worst = 0.0;
     for (size_t i = 0; i < N * N; i++)
         worst = fmax(worst, fabs(K->data[i] - R[i]) / scale);
     print_message("tanh MLP: max rel diff %.3g, err %.3g\n", worst, err);
-    assert_true(worst <= TOL_QUAD);
+    assert_true(worst <= TOL_REF_TANH);
     assert_sym_psd_tol(K, PSD_TOL_QUAD);
     tpk_gauss_ws_free(qc.ws);
     free(R);

@@ -1,6 +1,7 @@
-/* gpkernel: infinite-width GP kernels of whole architectures, written to self-describing HDF5. */
+/* gpkernel: infinite-width GP kernels of whole architectures (shipped NETSOR programs) or of any
+ * NETSOR program, written to self-describing HDF5. */
+#include "tpk/job.h"
 #include "tpk/tpk.h"
-#include "tpk/kernels.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -8,139 +9,187 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #ifndef TPK_VERSION
 #define TPK_VERSION "unknown"
 #endif
-#include <unistd.h>
 
-/* Bundled demo input, used when --input is absent so `make run` shows something real.
- * Looked up beside the executable: build/bin/../../data (source tree) or bin/../share/tpk
- * (installed), so it works from any working directory. */
-#define DEMO_NAME "demo-inputs.csv"
+#define MAX_SETS 64
 
-static const char *find_demo(char *buf, size_t len)
-{
-    static const char *const rel[] = {"/../../data/" DEMO_NAME, "/../share/tpk/" DEMO_NAME};
-    char exe[4096];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k > 0) {
-        exe[k] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash)
-            *slash = '\0';
-        for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
-            snprintf(buf, len, "%s%s", exe, rel[i]);
-            if (access(buf, R_OK) == 0)
-                return buf;
-        }
-    }
-    return "data/" DEMO_NAME;
-}
+/* A flag of the command line that becomes a program parameter. */
+enum flag { F_DEPTH, F_PHI, F_SW2, F_SB2, F_SU2, F_SV2, NFLAGS };
+static const char *const flag_name[NFLAGS] = {"depth", "phi", "sigma-w2", "sigma-b2", "sigma-u2",
+                                              "sigma-v2"};
 
-typedef struct opts {
-    const char *arch;
-    const char *input;
-    const char *test;
-    const char *output;
-    const char *phi;
-    int depth;
-    double sigma_w2, sigma_b2;
-    int quad_degree;
-    int quiet;
-} opts;
+/* An architecture is a shipped program plus how the flags map onto its parameters. */
+typedef struct arch {
+    const char *name;
+    const char *program;        /* under programs/ */
+    const char *input;          /* default (bundled) input under data/ */
+    const char *summary;
+    const char *param[NFLAGS];  /* parameter each flag sets; NULL: flag not taken */
+    const char *defaults;       /* gpkernel's own defaults, "name=value,..." */
+    int is_mlp;                 /* the issue-2 convention: output Σ^{L+1} (see usage) */
+} arch;
+
+static const arch archs[] = {
+    {"mlp", "programs/mlp.nsr", "data/demo-inputs.csv",
+     "deep fully connected network, any phi (theory.md §2.1)",
+     {"L", "phi", "sigma_w2", "sigma_b2", NULL, NULL}, "L=3,phi=relu,sigma_w2=2,sigma_b2=0", 1},
+    {"rnn", "programs/rnn.nsr", "data/demo-sequences.npy",
+     "simple RNN, W tied over time, inputs N×T×d (theory.md §2.2)",
+     {NULL, "phi", "sigma_w2", "sigma_b2", "sigma_u2", "sigma_v2"}, "", 0},
+    {"rnn-untied", "programs/rnn_untied.nsr", "data/demo-sequences.npy",
+     "RNN with a fresh W at every step: no recurrent cross-time terms (theory.md §1.8)",
+     {NULL, "phi", "sigma_w2", "sigma_b2", "sigma_u2", "sigma_v2"}, "", 0},
+};
 
 static const char usage[] =
-    "Usage: gpkernel --arch=ARCH [options] --output=FILE.h5\n"
-    "Infinite-width (NNGP) kernel of an architecture, written to HDF5.\n"
-    "\n"
-    "Architectures:\n"
-    "  mlp        deep fully connected network (theory.md §2.1)\n"
+    "Usage: gpkernel --arch=NAME [options] --output=FILE.h5\n"
+    "       gpkernel --program=FILE.nsr [--set NAME=VALUE]... [options] --output=FILE.h5\n"
+    "Infinite-width (NNGP) kernel of an architecture or NETSOR program, written to HDF5.\n"
     "\n"
     "Options:\n"
-    "  --input=SPEC       inputs: FILE.h5:/dataset, FILE.npy or FILE.csv, N×d\n"
-    "                     (default: the bundled demo set data/" DEMO_NAME ")\n"
-    "  --test=SPEC        test inputs (M×d): also write the test×train kernel and test diagonal\n"
+    "  --arch=NAME        a shipped architecture (--list-archs): mlp, rnn, rnn-untied\n"
+    "  --program=FILE     any NETSOR program (docs/netsor.md); with --set NAME=VALUE overrides\n"
+    "  --input=SPEC       inputs: FILE.h5:/dataset, FILE.npy or FILE.csv; N×d, or N×T×d for\n"
+    "                     recurrent programs (default: the architecture's bundled demo input)\n"
+    "  --test=SPEC        test inputs: also /kernel_test_train (M×N) and /kernel_test_diag (M)\n"
     "  --output=FILE.h5   output file (written atomically; required)\n"
-    "  --depth=L          hidden layers, L >= 1 (default 3)\n"
-    "  --phi=NAME         nonlinearity, e.g. relu, erf, tanh, gelu, leaky_relu(0.1) (default relu)\n"
-    "  --sigma-w2=V       weight variance sigma_w^2 (default 2)\n"
-    "  --sigma-b2=V       bias variance sigma_b^2 (default 0)\n"
-    "  --quad-degree=D    Gauss-Hermite degree for phi without closed form (default 64)\n"
-    "  --list-phi         list the registered nonlinearities and exit\n"
-    "  --quiet            no summary on stdout\n"
-    "  --help, --version\n"
+    "  --depth=L          (mlp) hidden layers, L >= 1 (default 3)\n"
+    "  --phi=NAME         nonlinearity: relu, erf, tanh, gelu, leaky_relu(0.1), ... (--list-phi)\n"
+    "                     (mlp default relu)\n"
+    "  --sigma-w2=V       weight variance (mlp default 2; rnn: recurrent W)\n"
+    "  --sigma-b2=V       bias variance (mlp default 0)\n"
+    "  --sigma-u2=V       (rnn) input weight variance\n"
+    "  --sigma-v2=V       (rnn) readout variance\n"
+    "  --all-times        every readout (all time steps), sequence-major: ((N·T)×(N·T));\n"
+    "                     default: the last time step only (N×N)\n"
+    "  --set NAME=VALUE   override any program parameter (repeatable)\n"
+    "  --netsor-plus      allow NETSOR+ Moments in --program\n"
+    "  --list-archs, --list-phi, --quiet, --help, --version\n"
     "\n"
     "Convention (mlp): Sigma^1(x,x') = sigma_w2 <x,x'>/d + sigma_b2;\n"
     "  Sigma^{l+1} = sigma_w2 E[phi(u)phi(v)] + sigma_b2, (u,v) ~ N(0, Sigma^l on x,x');\n"
     "  the output is Sigma^{L+1}, the covariance of the scalar output of a network with L hidden\n"
     "  layers (neural-tangents serial([Dense(W_std=sw, b_std=sb), phi]*L + [Dense(...)]).\n"
-    "Output datasets: /kernel (N×N); with --test also /kernel_test_train (M×N), /kernel_test_diag (M).\n";
+    "Convention (rnn): h_t = W s_{t-1} + U x_t + b, s_t = phi(h_t), s_0 = 0; the output is the\n"
+    "  covariance of y_t = <v, s_t>, sigma_v2 E[phi(h_t)phi(h'_r)] (theory.md §2.2).\n";
 
-static int parse_double(const char *name, const char *s, double *out, tpk_ctx *ctx)
+typedef struct opts {
+    const arch *a;
+    const char *program, *input, *test, *output;
+    const char *flag[NFLAGS];
+    tpk_param_set sets[MAX_SETS];
+    char *owned[MAX_SETS];
+    int nsets, all_times, netsor_plus, quiet;
+} opts;
+
+#define EXIT_EARLY (-1) /* --help, --version, --list-*: done, successfully */
+
+static int add_set(opts *o, const char *name, const char *value, int copy_name, tpk_ctx *ctx)
+{
+    if (o->nsets == MAX_SETS)
+        return TPK_ERROR(ctx, TPK_EINVAL, "at most %d parameter settings", MAX_SETS);
+    char *n = NULL;
+    if (copy_name && (n = strdup(name)) == NULL)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    o->owned[o->nsets] = n;
+    o->sets[o->nsets++] = (tpk_param_set){.name = n ? n : name, .value = value};
+    return TPK_OK;
+}
+
+/* "--set name=value" */
+static int parse_set(opts *o, const char *kv, tpk_ctx *ctx)
+{
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--set needs NAME=VALUE (got '%s')", kv);
+    char name[128];
+    snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv);
+    return add_set(o, name, eq + 1, 1, ctx);
+}
+
+static int check_variance(const char *flag, const char *s, tpk_ctx *ctx)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
     if (end == s || *end != '\0' || errno == ERANGE)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", name, s);
-    *out = v;
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
+    if (!(v >= 0) || !isfinite(v))
+        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be a finite variance >= 0 (got %s)", flag, s);
     return TPK_OK;
 }
 
-static int parse_int(const char *name, const char *s, int *out, tpk_ctx *ctx)
+static int check_depth(const char *s, tpk_ctx *ctx)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (end == s || *end != '\0' || errno == ERANGE || v < -1000000 || v > 1000000)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not an integer", name, s);
-    *out = (int)v;
+    if (end == s || *end != '\0' || errno == ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--depth: '%s' is not an integer", s);
+    if (v < 1 || v > 100000)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--depth must be in 1..100000 hidden layers (got %ld)", v);
     return TPK_OK;
 }
 
-enum { OPT_ARCH = 256, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_PHI, OPT_DEPTH, OPT_SW2, OPT_SB2,
-       OPT_QDEG, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION };
+static void list_archs(void)
+{
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        printf("%-12s %s  [%s]\n", archs[i].name, archs[i].summary, archs[i].program);
+}
+
+enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
+       OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_FLAG0 };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
+    {"program", required_argument, NULL, OPT_PROGRAM},
     {"input", required_argument, NULL, OPT_INPUT},
     {"test", required_argument, NULL, OPT_TEST},
     {"output", required_argument, NULL, OPT_OUTPUT},
-    {"phi", required_argument, NULL, OPT_PHI},
-    {"depth", required_argument, NULL, OPT_DEPTH},
-    {"sigma-w2", required_argument, NULL, OPT_SW2},
-    {"sigma-b2", required_argument, NULL, OPT_SB2},
-    {"quad-degree", required_argument, NULL, OPT_QDEG},
+    {"set", required_argument, NULL, OPT_SET},
+    {"all-times", no_argument, NULL, OPT_ALLT},
+    {"netsor-plus", no_argument, NULL, OPT_PLUS},
+    {"list-archs", no_argument, NULL, OPT_LISTARCH},
     {"list-phi", no_argument, NULL, OPT_LISTPHI},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
+    {"depth", required_argument, NULL, OPT_FLAG0 + F_DEPTH},
+    {"phi", required_argument, NULL, OPT_FLAG0 + F_PHI},
+    {"sigma-w2", required_argument, NULL, OPT_FLAG0 + F_SW2},
+    {"sigma-b2", required_argument, NULL, OPT_FLAG0 + F_SB2},
+    {"sigma-u2", required_argument, NULL, OPT_FLAG0 + F_SU2},
+    {"sigma-v2", required_argument, NULL, OPT_FLAG0 + F_SV2},
     {NULL, 0, NULL, 0}};
 
-/* Returns 0 to go on, EXIT_EARLY for --help/--version/--list-phi, or an error status. */
-#define EXIT_EARLY (-1)
 static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *reg, tpk_ctx *ctx)
 {
     int c, st = TPK_OK;
+    const char *arch_name = NULL;
     opterr = 0;
     while (st == TPK_OK && (c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
-        case OPT_ARCH: o->arch = optarg; break;
+        case OPT_ARCH: arch_name = optarg; break;
+        case OPT_PROGRAM: o->program = optarg; break;
         case OPT_INPUT: o->input = optarg; break;
         case OPT_TEST: o->test = optarg; break;
         case OPT_OUTPUT: o->output = optarg; break;
-        case OPT_PHI: o->phi = optarg; break;
-        case OPT_DEPTH: st = parse_int("depth", optarg, &o->depth, ctx); break;
-        case OPT_SW2: st = parse_double("sigma-w2", optarg, &o->sigma_w2, ctx); break;
-        case OPT_SB2: st = parse_double("sigma-b2", optarg, &o->sigma_b2, ctx); break;
-        case OPT_QDEG: st = parse_int("quad-degree", optarg, &o->quad_degree, ctx); break;
+        case OPT_SET: st = parse_set(o, optarg, ctx); break;
+        case OPT_ALLT: o->all_times = 1; break;
+        case OPT_PLUS: o->netsor_plus = 1; break;
         case OPT_QUIET: o->quiet = 1; break;
+        case OPT_LISTARCH: list_archs(); return EXIT_EARLY;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); return EXIT_EARLY;
         case OPT_HELP: fputs(usage, stdout); return EXIT_EARLY;
         case OPT_VERSION: printf("gpkernel (tpk) %s\n", TPK_VERSION); return EXIT_EARLY;
         default:
+            if (c >= OPT_FLAG0 && c < OPT_FLAG0 + NFLAGS) {
+                o->flag[c - OPT_FLAG0] = optarg;
+                break;
+            }
             return TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
                              argv[optind - 1]);
         }
@@ -149,148 +198,127 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
         return st;
     if (optind < argc)
         return TPK_ERROR(ctx, TPK_EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
-    if (!o->arch)
-        return TPK_ERROR(ctx, TPK_EINVAL, "missing --arch (see --help)");
-    if (strcmp(o->arch, "mlp") != 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "unknown architecture '%s' (known: mlp)", o->arch);
+    if (!arch_name == !o->program)
+        return TPK_ERROR(ctx, TPK_EINVAL, "give exactly one of --arch=NAME and --program=FILE.nsr");
+    if (arch_name) {
+        for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+            if (strcmp(arch_name, archs[i].name) == 0)
+                o->a = &archs[i];
+        if (!o->a)
+            return TPK_ERROR(ctx, TPK_EINVAL,
+                             "unknown architecture '%s' (see --list-archs: mlp, rnn, rnn-untied)",
+                             arch_name);
+    }
     if (!o->output)
         return TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
-    if (o->depth < 1)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--depth must be at least 1 (got %d)", o->depth);
-    if (!(o->sigma_w2 >= 0) || !isfinite(o->sigma_w2))
-        return TPK_ERROR(ctx, TPK_EDOM, "--sigma-w2 must be a variance >= 0 (got %s)",
-                         o->sigma_w2 < 0 ? "a negative value" : "a non-finite value");
-    if (!(o->sigma_b2 >= 0) || !isfinite(o->sigma_b2))
-        return TPK_ERROR(ctx, TPK_EDOM, "--sigma-b2 must be a variance >= 0 (got %s)",
-                         o->sigma_b2 < 0 ? "a negative value" : "a non-finite value");
-    if (o->quad_degree < 4 || o->quad_degree > 512)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--quad-degree must be in 4..512 (got %d)", o->quad_degree);
+    for (int f = 0; f < NFLAGS; f++) {
+        if (!o->flag[f])
+            continue;
+        if (!o->a || !o->a->param[f])
+            return TPK_ERROR(ctx, TPK_EINVAL, "--%s is not an option of %s (use --set)", flag_name[f],
+                             o->a ? o->a->name : "--program");
+        st = f == F_DEPTH ? check_depth(o->flag[f], ctx)
+           : f == F_PHI   ? TPK_OK
+                          : check_variance(flag_name[f], o->flag[f], ctx);
+        if (st)
+            return st;
+    }
+    if (o->flag[F_PHI]) { /* name the bad function here, not deep inside the program */
+        tpk_phi *phi = tpk_phi_alloc(reg, o->flag[F_PHI], ctx);
+        if (!phi)
+            return ctx->status;
+        tpk_phi_free(phi);
+    }
     return TPK_OK;
 }
 
-static double now_seconds(void)
+/* Turn the architecture's defaults and the user's flags into parameter settings. Later settings
+ * win in the front end, so the order is: defaults, flags, the mlp convention, --set. */
+static int arch_sets(opts *o, tpk_param_set *out, int *n, char *buf, size_t len, tpk_ctx *ctx)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Smallest eigenvalue is costly for big N; report symmetry and the diagonal range instead. */
-static void summarise(const opts *o, const tpk_array *X, const tpk_array *K, const tpk_array *Xt,
-                      double err, double secs)
-{
-    size_t n = K->dims[0];
-    double dmin = INFINITY, dmax = -INFINITY;
-    for (size_t i = 0; i < n; i++) {
-        dmin = fmin(dmin, K->data[i * n + i]);
-        dmax = fmax(dmax, K->data[i * n + i]);
+    *n = 0;
+    char *p = buf;
+    snprintf(buf, len, "%s", o->a->defaults);
+    while (*p) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        char *eq = strchr(p, '=');
+        if (eq) {
+            *eq = '\0';
+            out[(*n)++] = (tpk_param_set){.name = p, .value = eq + 1};
+        }
+        if (!comma)
+            break;
+        p = comma + 1;
     }
-    printf("gpkernel: arch=%s depth=%d phi=%s sigma_w2=%g sigma_b2=%g\n", o->arch, o->depth, o->phi,
-           o->sigma_w2, o->sigma_b2);
-    printf("  input   %s (N=%zu, d=%zu)\n", o->input, X->dims[0], tpk_array_item_size(X));
-    if (Xt)
-        printf("  test    %s (M=%zu)\n", o->test, Xt->dims[0]);
-    printf("  kernel  %zux%zu, diagonal in [%.6g, %.6g], K[0][1]=%.6g, error estimate %.2e\n", n, n,
-           dmin, dmax, n > 1 ? K->data[1] : K->data[0], err);
-    printf("  wrote   %s in %.3f s\n", o->output, secs);
-}
-
-static int write_attrs(tpk_h5out *out, const opts *o, int argc, char **argv, const tpk_array *X,
-                       const tpk_input_info *xi, const tpk_array *Xt, const tpk_input_info *ti,
-                       double err, tpk_ctx *ctx)
-{
-    int st = tpk_h5out_provenance(out, argc, argv, ctx);
-    if (!st) st = tpk_h5out_attr_str(out, "/", "architecture", o->arch, ctx);
-    if (!st) st = tpk_h5out_attr_str(out, "/", "phi", o->phi, ctx);
-    if (!st) st = tpk_h5out_attr_int(out, "/", "depth", o->depth, ctx);
-    if (!st) st = tpk_h5out_attr_double(out, "/", "sigma_w2", o->sigma_w2, ctx);
-    if (!st) st = tpk_h5out_attr_double(out, "/", "sigma_b2", o->sigma_b2, ctx);
-    if (!st) st = tpk_h5out_attr_int(out, "/", "quad_degree", o->quad_degree, ctx);
-    if (!st) st = tpk_h5out_attr_str(out, "/", "convention",
-                                     "Sigma^1 = sigma_w2 <x,x'>/d + sigma_b2; Sigma^{l+1} = sigma_w2 "
-                                     "E[phi(u)phi(v)] + sigma_b2; output Sigma^{depth+1}", ctx);
-    if (!st) st = tpk_h5out_attr_double(out, "/", "error_estimate", err, ctx);
-    if (!st) st = tpk_h5out_input_attrs(out, "input", xi, X, ctx);
-    if (!st && Xt) st = tpk_h5out_input_attrs(out, "test", ti, Xt, ctx);
-    return st;
+    for (int f = 0; f < NFLAGS; f++)
+        if (o->flag[f])
+            out[(*n)++] = (tpk_param_set){.name = o->a->param[f], .value = o->flag[f]};
+    if (o->a->is_mlp) {
+        /* The last Dense layer is like the others: readout variance σ_w², readout bias σ_b². */
+        out[(*n)++] = (tpk_param_set){.name = "sigma_v2", .value = "sigma_w2"};
+        out[(*n)++] = (tpk_param_set){.name = "sigma_ob2", .value = "sigma_b2"};
+    }
+    for (int i = 0; i < o->nsets; i++) {
+        if (*n == MAX_SETS)
+            return TPK_ERROR(ctx, TPK_EINVAL, "too many parameter settings");
+        out[(*n)++] = o->sets[i];
+    }
+    return TPK_OK;
 }
 
 static int run(int argc, char **argv, tpk_ctx *ctx)
 {
-    opts o = {.phi = "relu", .depth = 3, .sigma_w2 = 2.0, .sigma_b2 = 0.0,
-              .quad_degree = TPK_GAUSS_DEFAULT_DEGREE};
-    char demo[4200];
-    o.input = find_demo(demo, sizeof demo);
-    tpk_phi_registry *reg = tpk_phi_registry_alloc(ctx);
+    opts o = {0};
+    tpk_phi_registry *reg = tpk_job_registry(ctx);
     if (!reg)
         return ctx->status;
-    tpk_phi *phi = NULL;
-    tpk_gauss_ws *ws = NULL;
-    tpk_array *X = NULL, *Xt = NULL, *K = NULL, *Kxt = NULL, *kd = NULL;
-    tpk_h5out *out = NULL;
-    tpk_input_info xi, ti;
-
     int st = parse_args(argc, argv, &o, reg, ctx);
+    tpk_phi_registry_free(reg);
     if (st == EXIT_EARLY) {
-        tpk_phi_registry_free(reg);
-        return TPK_OK;
+        st = TPK_OK;
+        goto done;
     }
     if (st)
         goto done;
-    phi = tpk_phi_alloc(reg, o.phi, ctx);
-    if (!phi) { st = ctx->status; goto done; }
-    X = tpk_io_read(o.input, &xi, ctx);
-    if (!X) { st = ctx->status; goto done; }
-    if (o.test) {
-        Xt = tpk_io_read(o.test, &ti, ctx);
-        if (!Xt) { st = ctx->status; goto done; }
-        if (tpk_array_item_size(Xt) != tpk_array_item_size(X)) {
-            st = TPK_ERROR(ctx, TPK_EINVAL, "%s: test inputs have dimension %zu but %s has %zu",
-                           o.test, tpk_array_item_size(Xt), o.input, tpk_array_item_size(X));
+
+    char prog[4200], input[4200], defbuf[512];
+    tpk_param_set sets[MAX_SETS + 16];
+    tpk_attr attrs[NFLAGS];
+    int nsets = 0, nattrs = 0;
+    if (o.a) {
+        st = arch_sets(&o, sets, &nsets, defbuf, sizeof defbuf, ctx);
+        if (st)
+            goto done;
+        tpk_shipped_path(o.a->program, prog, sizeof prog);
+        if (!o.input)
+            o.input = tpk_shipped_path(o.a->input, input, sizeof input);
+        /* The CLI's own names too, e.g. depth = L, so files read the way the command was typed. */
+        for (int f = 0; f < NFLAGS; f++)
+            if (o.a->param[f] && strcmp(o.a->param[f], flag_name[f]) != 0 && f == F_DEPTH) {
+                for (int i = nsets - 1; i >= 0; i--)
+                    if (strcmp(sets[i].name, o.a->param[f]) == 0) {
+                        attrs[nattrs++] = (tpk_attr){.name = "depth", .value = sets[i].value};
+                        break;
+                    }
+            }
+    } else {
+        memcpy(sets, o.sets, (size_t)o.nsets * sizeof *sets);
+        nsets = o.nsets;
+        if (!o.input) {
+            st = TPK_ERROR(ctx, TPK_EINVAL, "--program needs --input=SPEC");
             goto done;
         }
     }
-    /* Open the output before computing: an unwritable path fails in milliseconds, not after. */
-    out = tpk_h5out_open(o.output, ctx);
-    if (!out) { st = ctx->status; goto done; }
-    if (!tpk_phi_has_closed_form(phi)) {
-        ws = tpk_gauss_ws_alloc((size_t)o.quad_degree, ctx);
-        if (!ws) { st = ctx->status; goto done; }
-    }
-    size_t n = X->dims[0];
-    K = tpk_array_alloc2(n, n, ctx);
-    if (!K) { st = ctx->status; goto done; }
-    if (Xt) {
-        size_t m = Xt->dims[0];
-        Kxt = tpk_array_alloc2(m, n, ctx);
-        size_t dm[1] = {m};
-        kd = tpk_array_alloc(1, dm, ctx);
-        if (!Kxt || !kd) { st = ctx->status; goto done; }
-    }
-    double t0 = now_seconds(), err = 0;
-    tpk_mlp_params p = {.depth = o.depth, .phi = phi, .sigma_w2 = o.sigma_w2, .sigma_b2 = o.sigma_b2};
-    st = tpk_mlp_kernel(&p, X, Xt, ws, K, Kxt, kd, &err, ctx);
-    if (st) goto done;
-    st = tpk_h5out_write(out, "/kernel", K, ctx);
-    if (!st && Xt) st = tpk_h5out_write(out, "/kernel_test_train", Kxt, ctx);
-    if (!st && Xt) st = tpk_h5out_write(out, "/kernel_test_diag", kd, ctx);
-    if (!st) st = write_attrs(out, &o, argc, argv, X, &xi, Xt, &ti, err, ctx);
-    if (st) goto done;
-    st = tpk_h5out_commit(out, ctx);
-    out = NULL;
-    if (st) goto done;
-    if (!o.quiet)
-        summarise(&o, X, K, Xt, err, now_seconds() - t0);
+    tpk_job job = {.label = o.a ? o.a->name : "program", .program = o.a ? prog : o.program,
+                   .sets = sets, .nsets = nsets, .netsor_plus = o.netsor_plus, .input = o.input,
+                   .test = o.test, .output = o.output, .all_outputs = o.all_times, .attrs = attrs,
+                   .nattrs = nattrs, .argc = argc, .argv = argv, .summary = o.quiet ? NULL : stdout};
+    st = tpk_job_kernel(&job, ctx);
 done:
-    tpk_h5out_abort(out);
-    tpk_array_free(X);
-    tpk_array_free(Xt);
-    tpk_array_free(K);
-    tpk_array_free(Kxt);
-    tpk_array_free(kd);
-    tpk_gauss_ws_free(ws);
-    tpk_phi_free(phi);
-    tpk_phi_registry_free(reg);
+    for (int i = 0; i < o.nsets; i++)
+        free(o.owned[i]);
     return st;
 }
 
