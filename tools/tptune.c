@@ -205,6 +205,7 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     tpk_tune_measure_opts_default(&mo);
     mo.repeat = a->repeat;
     mo.min_repeat_ms = a->min_ms;
+    mo.vendor = 1; /* OpenBLAS side by side: the log then carries a load-robust ratio */
     /* Candidates run in a fresh exec of this program (tpk_tune_child_main). */
     char self[4096];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);

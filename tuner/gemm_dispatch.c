@@ -45,8 +45,8 @@ static const tpk__gemm_entry *choose(int dtype, size_t m, size_t n, size_t k, in
         if (e->dtype != dtype || !e->name)
             continue;
         if (e->m == m && e->n == n && e->k == k && e->threads == nt) {
-            *how = TPK_GEMM_EXACT;
-            return e;
+            *how = e->ws ? TPK_GEMM_EXACT : TPK_GEMM_OPENBLAS;
+            return e->ws ? e : NULL;
         }
         double d = fabs(log2((double)e->m / (double)m)) + fabs(log2((double)e->n / (double)n)) +
                    fabs(log2((double)e->k / (double)k)) + (e->threads != nt ? THREAD_MISMATCH : 0);
@@ -56,8 +56,8 @@ static const tpk__gemm_entry *choose(int dtype, size_t m, size_t n, size_t k, in
         }
     }
     if (best && bd <= NEAREST_MAX) {
-        *how = TPK_GEMM_NEAREST;
-        return best;
+        *how = best->ws ? TPK_GEMM_NEAREST : TPK_GEMM_OPENBLAS; /* OpenBLAS won there when tuned */
+        return best->ws ? best : NULL;
     }
     *how = TPK_GEMM_DEFAULT;
     return &tpk__gemm_default[dtype == 1];

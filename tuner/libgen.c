@@ -43,8 +43,23 @@ static void kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char 
              b.order == TPK__ORDER_JR_IR ? "jrir" : "irjr", b.par == TPK__PAR_IC ? "ic" : "jr", b.pf);
 }
 
+/* The vendor library won this workload when the best candidate's own side-by-side ratio against
+ * OpenBLAS (same child, same data, same load) is below this: then OpenBLAS serves it (AutoTVM
+ * notes §3: always keep the vendor path as a candidate). */
+#define VENDOR_WINS 0.97
+
+static int vendor_wins(const tpk_tune_record *r)
+{
+    return r->result.vendor_gflops > 0 && r->result.gflops < VENDOR_WINS * r->result.vendor_gflops;
+}
+
 static void entry(FILE *out, const tpk_tune_task *t, double gflops, const char *name)
 {
+    if (!name) {
+        fprintf(out, "    {%d, %d, %zu, %zu, %zu, %.1f, \"openblas\", NULL, NULL, NULL}, /* OpenBLAS was faster */\n",
+                t->dtype, t->threads, t->m, t->n, t->k, gflops);
+        return;
+    }
     fprintf(out, "    {%d, %d, %zu, %zu, %zu, %.1f, \"%s\", %s%s, %s%s, %s_ws},\n", t->dtype, t->threads,
             t->m, t->n, t->k, gflops, name, t->dtype == TPK_TUNE_F64 ? "" : "NULL",
             t->dtype == TPK_TUNE_F64 ? name : "", t->dtype == TPK_TUNE_F32 ? "" : "NULL",
@@ -114,7 +129,7 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *
     int st = TPK_OK;
     for (size_t i = 0; i < np + 2 && !st; i++) {
         const pick *q = i < np ? &p[i] : &def[i - np];
-        int dup = 0;
+        int dup = i < np && vendor_wins(q->r);
         for (size_t j = 0; j < nn; j++)
             dup |= !strcmp(names[j], q->name);
         if (dup)
@@ -126,7 +141,7 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *
         fprintf(out, "/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s as measured when tuned (load-corrected). */\n");
         fprintf(out, "const tpk__gemm_entry tpk__gemm_table[] = {\n");
         for (size_t i = 0; i < np; i++)
-            entry(out, &p[i].r->task, tpk__label(&p[i].r->result), p[i].name);
+            entry(out, &p[i].r->task, tpk__label(&p[i].r->result), vendor_wins(p[i].r) ? NULL : p[i].name);
         if (np == 0)
             fprintf(out, "    {0, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL},\n");
         fprintf(out, "};\nconst size_t tpk__gemm_table_len = %zu;\n\n", np);

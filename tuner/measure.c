@@ -5,6 +5,7 @@
  * by load and is redone. */
 #include "tune_impl.h"
 
+#include <cblas.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -118,13 +119,13 @@ static int cmp_double(const void *a, const void *b)
 
 typedef struct child_args {
     const char *so;
-    int dtype, threads, repeat;
+    int dtype, threads, repeat, vendor;
     size_t m, n, k, ms, ns, ks;
     double min_repeat_ms;
 } child_args;
 
 /* Typed body of the child, instantiated for double and float. */
-#define CHILD_BODY(T, KFN, REF, EPS)                                                               \
+#define CHILD_BODY(T, KFN, REF, EPS, GEMM)                                                             \
     static int child_##T(void *h, const child_args *a, tpk_tune_result *r)                         \
     {                                                                                              \
         KFN kern = (KFN)dlsym(h, "tpk_kernel");                                                    \
@@ -232,12 +233,26 @@ typedef struct child_args {
         memcpy(sorted, r->costs_s, (size_t)r->ncost * sizeof *sorted);                             \
         qsort(sorted, (size_t)r->ncost, sizeof *sorted, cmp_double);                               \
         r->gflops = 2.0 * (double)m * (double)n * (double)k / sorted[r->ncost / 2] * 1e-9;         \
+        if (a->vendor) { /* OpenBLAS on the same data, same conditions: a load-robust ratio */      \
+            openblas_set_num_threads((int)nt);                                                     \
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1, A, (int)k, B, \
+                 (int)n, 0, C, (int)n);                                                            \
+            for (int rep = 0; rep < a->repeat; rep++) {                                            \
+                double t = tpk__now();                                                             \
+                for (long it = 0; it < number; it++)                                               \
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1, A,  \
+                         (int)k, B, (int)n, 0, C, (int)n);                                         \
+                sorted[rep] = (tpk__now() - t) / (double)number;                                   \
+            }                                                                                      \
+            qsort(sorted, (size_t)a->repeat, sizeof *sorted, cmp_double);                          \
+            r->vendor_gflops = 2.0 * (double)m * (double)n * (double)k / sorted[a->repeat / 2] * 1e-9; \
+        }                                                                                          \
         free(A); free(B); free(C); free(ws);                                                       \
         return TPK_TUNE_OK;                                                                        \
     }
 
-CHILD_BODY(double, tpk_dgemm_kernel_fn, tpk_ref_dgemm, 1.1102230246251565e-16)
-CHILD_BODY(float, tpk_sgemm_kernel_fn, tpk_ref_sgemm, 5.9604644775390625e-08)
+CHILD_BODY(double, tpk_dgemm_kernel_fn, tpk_ref_dgemm, 1.1102230246251565e-16, cblas_dgemm)
+CHILD_BODY(float, tpk_sgemm_kernel_fn, tpk_ref_sgemm, 5.9604644775390625e-08, cblas_sgemm)
 
 static void child_run(const child_args *a, tpk_tune_result *r)
 {
@@ -255,8 +270,8 @@ static void child_run(const child_args *a, tpk_tune_result *r)
 
 static void child_print(FILE *f, const tpk_tune_result *r)
 {
-    fprintf(f, "TPKRESULT %d %.17g %.17g %.17g %d", r->err, r->gflops, r->cpu_ratio, r->max_rel_err,
-            r->ncost);
+    fprintf(f, "TPKRESULT %d %.17g %.17g %.17g %.17g %d", r->err, r->gflops, r->cpu_ratio, r->max_rel_err,
+            r->vendor_gflops, r->ncost);
     for (int i = 0; i < r->ncost; i++)
         fprintf(f, " %.17g", r->costs_s[i]);
     fprintf(f, "\n");
@@ -265,15 +280,16 @@ static void child_print(FILE *f, const tpk_tune_result *r)
 
 int tpk_tune_child_main(int argc, char **argv)
 {
-    if (argc != 13 || strcmp(argv[1], "__measure") != 0) {
-        fprintf(stderr, "usage: %s __measure SO DTYPE M N K THREADS REPEAT MIN_MS MS NS KS\n", argv[0]);
+    if ((argc != 13 && argc != 14) || strcmp(argv[1], "__measure") != 0) {
+        fprintf(stderr, "usage: %s __measure SO DTYPE M N K THREADS REPEAT MIN_MS MS NS KS [VENDOR]\n", argv[0]);
         return 2;
     }
     child_args a = {.so = argv[2], .dtype = atoi(argv[3]), .m = strtoull(argv[4], NULL, 10),
                     .n = strtoull(argv[5], NULL, 10), .k = strtoull(argv[6], NULL, 10),
                     .threads = atoi(argv[7]), .repeat = atoi(argv[8]),
                     .min_repeat_ms = atof(argv[9]), .ms = strtoull(argv[10], NULL, 10),
-                    .ns = strtoull(argv[11], NULL, 10), .ks = strtoull(argv[12], NULL, 10)};
+                    .ns = strtoull(argv[11], NULL, 10), .ks = strtoull(argv[12], NULL, 10),
+                    .vendor = argc == 14 ? atoi(argv[13]) : 0};
     if (a.repeat < 1 || a.repeat > TPK_TUNE_MAX_REPEAT || !a.m || !a.n || !a.k || !a.ms || !a.ns || !a.ks)
         return 2;
     tpk_tune_result r;
@@ -311,6 +327,7 @@ static int parse_result(const char *line, tpk_tune_result *r)
     r->gflops = strtod(end, &end);
     r->cpu_ratio = strtod(end, &end);
     r->max_rel_err = strtod(end, &end);
+    r->vendor_gflops = strtod(end, &end);
     r->ncost = (int)strtol(end, &end, 10);
     if (r->ncost < 0 || r->ncost > TPK_TUNE_MAX_REPEAT)
         return -1;
@@ -460,7 +477,7 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
                     .repeat = o->repeat < 1 ? 1 : o->repeat > TPK_TUNE_MAX_REPEAT ? TPK_TUNE_MAX_REPEAT : o->repeat,
                     .m = s->task.m, .n = s->task.n, .k = s->task.k,
                     .min_repeat_ms = o->min_repeat_ms, .ms = (size_t)(2 * b.mr + 3),
-                    .ns = (size_t)(2 * b.nr + 5), .ks = (size_t)(b.kc + 7)};
+                    .ns = (size_t)(2 * b.nr + 5), .ks = (size_t)(b.kc + 7), .vendor = o->vendor};
     char av[11][32];
     snprintf(av[0], 32, "%d", a.dtype);
     snprintf(av[1], 32, "%zu", a.m);
@@ -472,9 +489,10 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
     snprintf(av[7], 32, "%zu", a.ms);
     snprintf(av[8], 32, "%zu", a.ns);
     snprintf(av[9], 32, "%zu", a.ks);
+    snprintf(av[10], 32, "%d", a.vendor);
     const char *runner = find_runner(o, rbuf, sizeof rbuf);
     char *argv[] = {(char *)(runner ? runner : "tptune"), "__measure", so, av[0], av[1], av[2], av[3],
-                    av[4], av[5], av[6], av[7], av[8], av[9], NULL};
+                    av[4], av[5], av[6], av[7], av[8], av[9], av[10], NULL};
     double compile_s = res->compile_s;
     tpk_tune_result best;
     memset(&best, 0, sizeof best);

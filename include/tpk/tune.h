@@ -156,6 +156,7 @@ typedef struct tpk_tune_measure_opts {
      * process whose OpenMP pool exists. Default: $TPK_TUNE_RUNNER, else $TPK_BIN/tptune, else
      * a plain fork of this process. */
     const char *runner;
+    int vendor;          /* also time OpenBLAS on the same data (result.vendor_gflops) */
 } tpk_tune_measure_opts;
 
 TPK_API void tpk_tune_measure_opts_default(tpk_tune_measure_opts *o);
@@ -165,7 +166,7 @@ TPK_API void tpk_tune_measure_opts_default(tpk_tune_measure_opts *o);
 TPK_API int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c,
                              const tpk_tune_measure_opts *o, tpk_tune_result *res, tpk_ctx *ctx);
 /* The measuring child: argv = {prog, "__measure", so, dtype, m, n, k, threads, repeat,
- * min_repeat_ms, ms, ns, ks}. Prints one "TPKRESULT ..." line; returns the exit status. */
+ * min_repeat_ms, ms, ns, ks[, vendor]}. Prints one "TPKRESULT ..." line; returns the exit status. */
 TPK_API int tpk_tune_child_main(int argc, char **argv);
 /* Compile a kernel source file into a shared object (used by tests). */
 TPK_API int tpk_tune_compile_cpu(const char *src, const char *so, const char *cc, double timeout_s,
