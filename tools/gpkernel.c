@@ -15,33 +15,38 @@
 #endif
 
 #define MAX_SETS 64
+#define MAX_FLAGS 32
 
-/* A flag of the command line that becomes a program parameter. */
-enum flag { F_DEPTH, F_PHI, F_SW2, F_SB2, F_SU2, F_SV2, NFLAGS };
-static const char *const flag_name[NFLAGS] = {"depth", "phi", "sigma-w2", "sigma-b2", "sigma-u2",
-                                              "sigma-v2"};
-
-/* An architecture is a shipped program plus how the flags map onto its parameters. */
+/* An architecture is a shipped program plus how its command-line flags map onto the program's
+ * parameters ("flag=param,..."). Flags named sigma-* or var-* are variances (checked >= 0),
+ * "depth" is a positive layer count; others are passed through for the program to check.
+ * An architecture whose limit is not a NETSOR evaluation (e.g. the non-Gaussian 1/sqrt(n)
+ * attention limit) names a `custom` job instead of, or besides, a program. */
 typedef struct arch {
     const char *name;
     const char *program;        /* under programs/ */
     const char *input;          /* default (bundled) input under data/ */
     const char *summary;
-    const char *param[NFLAGS];  /* parameter each flag sets; NULL: flag not taken */
-    const char *defaults;       /* gpkernel's own defaults, "name=value,..." */
-    int is_mlp;                 /* the issue-2 convention: output Σ^{L+1} (see usage) */
+    const char *flags;          /* "flag=param,..." */
+    const char *defaults;       /* gpkernel's own defaults, "param=value,..." */
+    const char *fixed;          /* settings applied after the flags, "param=value,..." */
+    int (*custom)(const tpk_job *job, tpk_ctx *ctx); /* NULL: tpk_job_kernel */
 } arch;
 
 static const arch archs[] = {
     {"mlp", "programs/mlp.nsr", "data/demo-inputs.csv",
      "deep fully connected network, any phi (theory.md §2.1)",
-     {"L", "phi", "sigma_w2", "sigma_b2", NULL, NULL}, "L=3,phi=relu,sigma_w2=2,sigma_b2=0", 1},
+     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2", "L=3,phi=relu,sigma_w2=2,sigma_b2=0",
+     /* the last Dense layer is like the others: output Σ^{L+1} (issue-2 convention) */
+     "sigma_v2=sigma_w2,sigma_ob2=sigma_b2", NULL},
     {"rnn", "programs/rnn.nsr", "data/demo-sequences.npy",
      "simple RNN, W tied over time, inputs N×T×d (theory.md §2.2)",
-     {NULL, "phi", "sigma_w2", "sigma_b2", "sigma_u2", "sigma_v2"}, "", 0},
+     "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
+     NULL},
     {"rnn-untied", "programs/rnn_untied.nsr", "data/demo-sequences.npy",
      "RNN with a fresh W at every step: no recurrent cross-time terms (theory.md §1.8)",
-     {NULL, "phi", "sigma_w2", "sigma_b2", "sigma_u2", "sigma_v2"}, "", 0},
+     "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
+     NULL},
 };
 
 static const char usage[] =
@@ -79,7 +84,14 @@ static const char usage[] =
 typedef struct opts {
     const arch *a;
     const char *program, *input, *test, *output;
-    const char *flag[NFLAGS];
+    struct {
+        const char *typed;  /* "name=value" as typed after "--" */
+        char flag[64];      /* "sigma-w2" */
+        char param[64];     /* the program parameter it sets: "sigma_w2" */
+        char attr[64];      /* output attribute: the flag with '_' for '-' */
+        const char *value;
+    } fl[MAX_FLAGS];
+    int nflags;
     tpk_param_set sets[MAX_SETS];
     char *owned[MAX_SETS];
     int nsets, all_times, netsor_plus, quiet;
@@ -110,6 +122,23 @@ static int parse_set(opts *o, const char *kv, tpk_ctx *ctx)
     return add_set(o, name, eq + 1, 1, ctx);
 }
 
+/* The parameter an architecture maps `flag` to, into buf; NULL if the flag is not its. */
+static const char *flag_param(const arch *a, const char *flag, char *buf, size_t len)
+{
+    size_t fl = strlen(flag);
+    for (const char *p = a->flags; p && *p;) {
+        const char *eq = strchr(p, '='), *end = strchr(p, ',');
+        if (!end)
+            end = p + strlen(p);
+        if (eq && eq < end && (size_t)(eq - p) == fl && strncmp(p, flag, fl) == 0) {
+            snprintf(buf, len, "%.*s", (int)(end - eq - 1), eq + 1);
+            return buf;
+        }
+        p = *end ? end + 1 : end;
+    }
+    return NULL;
+}
+
 static int check_variance(const char *flag, const char *s, tpk_ctx *ctx)
 {
     char *end;
@@ -136,12 +165,24 @@ static int check_depth(const char *s, tpk_ctx *ctx)
 
 static void list_archs(void)
 {
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
-        printf("%-12s %s  [%s]\n", archs[i].name, archs[i].summary, archs[i].program);
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
+        printf("%-12s %s  [%s]\n %12s flags:", archs[i].name, archs[i].summary,
+               archs[i].program ? archs[i].program : "built-in", "");
+        /* "flag=param,..." → " --flag (param)" */
+        for (const char *p = archs[i].flags; p && *p;) {
+            const char *eq = strchr(p, '='), *end = strchr(p, ',');
+            if (!end)
+                end = p + strlen(p);
+            if (eq && eq < end)
+                printf(" --%.*s (%.*s)", (int)(eq - p), p, (int)(end - eq - 1), eq + 1);
+            p = *end ? end + 1 : end;
+        }
+        putchar('\n');
+    }
 }
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
-       OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_FLAG0 };
+       OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -157,18 +198,43 @@ static const struct option longopts[] = {
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
-    {"depth", required_argument, NULL, OPT_FLAG0 + F_DEPTH},
-    {"phi", required_argument, NULL, OPT_FLAG0 + F_PHI},
-    {"sigma-w2", required_argument, NULL, OPT_FLAG0 + F_SW2},
-    {"sigma-b2", required_argument, NULL, OPT_FLAG0 + F_SB2},
-    {"sigma-u2", required_argument, NULL, OPT_FLAG0 + F_SU2},
-    {"sigma-v2", required_argument, NULL, OPT_FLAG0 + F_SV2},
     {NULL, 0, NULL, 0}};
+
+static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *reg, tpk_ctx *ctx);
+
+static int is_common(const char *name, size_t len)
+{
+    for (const struct option *op = longopts; op->name; op++)
+        if (strlen(op->name) == len && strncmp(op->name, name, len) == 0)
+            return 1;
+    return 0;
+}
 
 static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *reg, tpk_ctx *ctx)
 {
     int c, st = TPK_OK;
     const char *arch_name = NULL;
+    /* Architecture flags (--depth=3, --var-Uz=0.5, ...) are not known to getopt: take every
+     * "--name=value" whose name is not a common option out of argv first. */
+    char **rest = malloc((size_t)(argc + 1) * sizeof *rest);
+    if (!rest)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    int nrest = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *eq = strchr(a, '=');
+        if (i > 0 && strncmp(a, "--", 2) == 0 && eq && !is_common(a + 2, (size_t)(eq - a - 2))) {
+            if (o->nflags == MAX_FLAGS) {
+                free(rest);
+                return TPK_ERROR(ctx, TPK_EINVAL, "too many options");
+            }
+            o->fl[o->nflags++].typed = a + 2;
+        } else {
+            rest[nrest++] = argv[i];
+        }
+    }
+    rest[nrest] = NULL;
+    argc = nrest;
+    argv = rest;
     opterr = 0;
     while (st == TPK_OK && (c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
@@ -186,18 +252,22 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
         case OPT_HELP: fputs(usage, stdout); return EXIT_EARLY;
         case OPT_VERSION: printf("gpkernel (tpk) %s\n", TPK_VERSION); return EXIT_EARLY;
         default:
-            if (c >= OPT_FLAG0 && c < OPT_FLAG0 + NFLAGS) {
-                o->flag[c - OPT_FLAG0] = optarg;
-                break;
-            }
-            return TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
-                             argv[optind - 1]);
+            st = TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
+                           argv[optind - 1]);
         }
     }
+    if (!st && optind < argc)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
+    free(rest);
     if (st)
         return st;
-    if (optind < argc)
-        return TPK_ERROR(ctx, TPK_EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
+    return check_args(o, arch_name, reg, ctx);
+}
+
+/* Everything parse_args collected must make sense together. */
+static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *reg, tpk_ctx *ctx)
+{
+    int st;
     if (!arch_name == !o->program)
         return TPK_ERROR(ctx, TPK_EINVAL, "give exactly one of --arch=NAME and --program=FILE.nsr");
     if (arch_name) {
@@ -211,40 +281,42 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
     }
     if (!o->output)
         return TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
-    for (int f = 0; f < NFLAGS; f++) {
-        if (!o->flag[f])
-            continue;
-        if (!o->a || !o->a->param[f])
-            return TPK_ERROR(ctx, TPK_EINVAL, "--%s is not an option of %s (use --set)", flag_name[f],
-                             o->a ? o->a->name : "--program");
-        st = f == F_DEPTH ? check_depth(o->flag[f], ctx)
-           : f == F_PHI   ? TPK_OK
-                          : check_variance(flag_name[f], o->flag[f], ctx);
+    for (int f = 0; f < o->nflags; f++) {
+        const char *typed = o->fl[f].typed, *eq = strchr(typed, '=');
+        char *flag = o->fl[f].flag;
+        snprintf(flag, sizeof o->fl[f].flag, "%.*s", (int)(eq - typed), typed);
+        o->fl[f].value = eq + 1;
+        if (!o->a || !flag_param(o->a, flag, o->fl[f].param, sizeof o->fl[f].param))
+            return TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s' for %s (see --help%s)", flag,
+                             o->a ? o->a->name : "--program", o->a ? "" : "; use --set NAME=VALUE");
+        for (size_t i = 0; i <= strlen(flag); i++)
+            o->fl[f].attr[i] = flag[i] == '-' ? '_' : flag[i];
+        st = strcmp(flag, "depth") == 0 ? check_depth(eq + 1, ctx)
+           : strncmp(flag, "sigma-", 6) == 0 || strncmp(flag, "var-", 4) == 0
+               ? check_variance(flag, eq + 1, ctx) : TPK_OK;
         if (st)
             return st;
-    }
-    if (o->flag[F_PHI]) { /* name the bad function here, not deep inside the program */
-        tpk_phi *phi = tpk_phi_alloc(reg, o->flag[F_PHI], ctx);
-        if (!phi)
-            return ctx->status;
-        tpk_phi_free(phi);
+        if (strcmp(flag, "phi") == 0) { /* name a bad function here, not deep in the program */
+            tpk_phi *phi = tpk_phi_alloc(reg, eq + 1, ctx);
+            if (!phi)
+                return ctx->status;
+            tpk_phi_free(phi);
+        }
     }
     return TPK_OK;
 }
 
-/* Turn the architecture's defaults and the user's flags into parameter settings. Later settings
- * win in the front end, so the order is: defaults, flags, the mlp convention, --set. */
-static int arch_sets(opts *o, tpk_param_set *out, int *n, char *buf, size_t len, tpk_ctx *ctx)
+/* Append "param=value,..." to out (pointing into buf, which it edits). */
+static int add_list(const char *list, char *buf, size_t len, tpk_param_set *out, int *n)
 {
-    *n = 0;
-    char *p = buf;
-    snprintf(buf, len, "%s", o->a->defaults);
-    while (*p) {
-        char *comma = strchr(p, ',');
+    snprintf(buf, len, "%s", list ? list : "");
+    for (char *p = buf; *p;) {
+        char *comma = strchr(p, ','), *eq;
         if (comma)
             *comma = '\0';
-        char *eq = strchr(p, '=');
-        if (eq) {
+        if ((eq = strchr(p, '=')) != NULL) {
+            if (*n == MAX_SETS)
+                return -1;
             *eq = '\0';
             out[(*n)++] = (tpk_param_set){.name = p, .value = eq + 1};
         }
@@ -252,20 +324,30 @@ static int arch_sets(opts *o, tpk_param_set *out, int *n, char *buf, size_t len,
             break;
         p = comma + 1;
     }
-    for (int f = 0; f < NFLAGS; f++)
-        if (o->flag[f])
-            out[(*n)++] = (tpk_param_set){.name = o->a->param[f], .value = o->flag[f]};
-    if (o->a->is_mlp) {
-        /* The last Dense layer is like the others: readout variance σ_w², readout bias σ_b². */
-        out[(*n)++] = (tpk_param_set){.name = "sigma_v2", .value = "sigma_w2"};
-        out[(*n)++] = (tpk_param_set){.name = "sigma_ob2", .value = "sigma_b2"};
-    }
-    for (int i = 0; i < o->nsets; i++) {
+    return 0;
+}
+
+/* Parameter settings in the order the front end applies them (later wins): the architecture's
+ * defaults, the user's flags, the architecture's fixed settings, then --set. */
+static int arch_sets(opts *o, tpk_param_set *out, int *n, char *b1, char *b2, size_t len,
+                     tpk_ctx *ctx)
+{
+    *n = 0;
+    int bad = add_list(o->a->defaults, b1, len, out, n);
+    for (int f = 0; !bad && f < o->nflags; f++) {
         if (*n == MAX_SETS)
-            return TPK_ERROR(ctx, TPK_EINVAL, "too many parameter settings");
-        out[(*n)++] = o->sets[i];
+            bad = 1;
+        else
+            out[(*n)++] = (tpk_param_set){.name = o->fl[f].param, .value = o->fl[f].value};
     }
-    return TPK_OK;
+    bad = bad || add_list(o->a->fixed, b2, len, out, n);
+    for (int i = 0; !bad && i < o->nsets; i++) {
+        if (*n == MAX_SETS)
+            bad = 1;
+        else
+            out[(*n)++] = o->sets[i];
+    }
+    return bad ? TPK_ERROR(ctx, TPK_EINVAL, "too many parameter settings") : TPK_OK;
 }
 
 static int run(int argc, char **argv, tpk_ctx *ctx)
@@ -283,26 +365,34 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     if (st)
         goto done;
 
-    char prog[4200], input[4200], defbuf[512];
-    tpk_param_set sets[MAX_SETS + 16];
-    tpk_attr attrs[NFLAGS];
+    char prog[4200], input[4200], b1[1024], b2[1024];
+    tpk_param_set sets[MAX_SETS];
+    tpk_attr attrs[MAX_FLAGS];
     int nsets = 0, nattrs = 0;
     if (o.a) {
-        st = arch_sets(&o, sets, &nsets, defbuf, sizeof defbuf, ctx);
-        if (st)
+        if ((st = arch_sets(&o, sets, &nsets, b1, b2, sizeof b1, ctx)))
             goto done;
-        tpk_shipped_path(o.a->program, prog, sizeof prog);
+        if (o.a->program)
+            tpk_shipped_path(o.a->program, prog, sizeof prog);
         if (!o.input)
             o.input = tpk_shipped_path(o.a->input, input, sizeof input);
-        /* The CLI's own names too, e.g. depth = L, so files read the way the command was typed. */
-        for (int f = 0; f < NFLAGS; f++)
-            if (o.a->param[f] && strcmp(o.a->param[f], flag_name[f]) != 0 && f == F_DEPTH) {
+        /* Flags under their own names when those differ from the parameter (depth vs L), so a
+         * file reads the way the command was typed; equal names are written as parameters. */
+        for (int f = 0; f < o.nflags; f++)
+            if (strcmp(o.fl[f].attr, o.fl[f].param) != 0)
+                attrs[nattrs++] = (tpk_attr){.name = o.fl[f].attr, .value = o.fl[f].value};
+        /* mlp's depth is always recorded, also when it is the default */
+        if (strcmp(o.a->name, "mlp") == 0) {
+            int have = 0;
+            for (int f = 0; f < o.nflags; f++)
+                have |= strcmp(o.fl[f].flag, "depth") == 0;
+            if (!have)
                 for (int i = nsets - 1; i >= 0; i--)
-                    if (strcmp(sets[i].name, o.a->param[f]) == 0) {
+                    if (strcmp(sets[i].name, "L") == 0) {
                         attrs[nattrs++] = (tpk_attr){.name = "depth", .value = sets[i].value};
                         break;
                     }
-            }
+        }
     } else {
         memcpy(sets, o.sets, (size_t)o.nsets * sizeof *sets);
         nsets = o.nsets;
@@ -311,11 +401,13 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
             goto done;
         }
     }
-    tpk_job job = {.label = o.a ? o.a->name : "program", .program = o.a ? prog : o.program,
-                   .sets = sets, .nsets = nsets, .netsor_plus = o.netsor_plus, .input = o.input,
-                   .test = o.test, .output = o.output, .all_outputs = o.all_times, .attrs = attrs,
-                   .nattrs = nattrs, .argc = argc, .argv = argv, .summary = o.quiet ? NULL : stdout};
-    st = tpk_job_kernel(&job, ctx);
+    tpk_job job = {.label = o.a ? o.a->name : "program",
+                   .program = o.a ? (o.a->program ? prog : NULL) : o.program, .sets = sets,
+                   .nsets = nsets, .netsor_plus = o.netsor_plus, .input = o.input, .test = o.test,
+                   .output = o.output, .all_outputs = o.all_times, .attrs = attrs,
+                   .nattrs = nattrs, .argc = argc, .argv = argv,
+                   .summary = o.quiet ? NULL : stdout};
+    st = o.a && o.a->custom ? o.a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);
 done:
     for (int i = 0; i < o.nsets; i++)
         free(o.owned[i]);
