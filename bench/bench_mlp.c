@@ -12,7 +12,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "tpk/job.h"
 #include "tpk/kernels.h"
+#include "tpk/netsor.h"
 
 /* Let GCC call glibc's vector acos (libmvec) in the floor loop, as a tuned map would; this needs
  * -fno-math-errno too (acos may set errno), which the bench objects get. */
@@ -92,7 +94,19 @@ int main(int argc, char **argv)
         X->data[i] = gsl_ran_gaussian(r, 1.0);
 
     tpk_mlp_params p = {.depth = depth, .phi = relu, .sigma_w2 = 2.0, .sigma_b2 = 0.0};
-    double best_lib = INFINITY, best_floor = INFINITY;
+    /* The same network as the shipped NETSOR program (gpkernel --arch=mlp's settings). */
+    char prog[4200], L[16];
+    snprintf(L, sizeof L, "%d", depth);
+    tpk_param_set sets[] = {{"L", L}, {"phi", "relu"}, {"sigma_w2", "2"}, {"sigma_b2", "0"},
+                            {"sigma_v2", "sigma_w2"}, {"sigma_ob2", "sigma_b2"}};
+    tpk_netsor_opts nopts = {.sets = sets, .nsets = 6};
+    tpk_program *pr = tpk_netsor_load_file(tpk_shipped_path("programs/mlp.nsr", prog, sizeof prog),
+                                           &nopts, reg, &ctx);
+    if (!pr) {
+        fprintf(stderr, "bench_mlp: %s\n", ctx.msg);
+        return 1;
+    }
+    double best_lib = INFINITY, best_floor = INFINITY, best_nsr = INFINITY, nsr_diff = 0;
     for (int rep = 0; rep < 3; rep++) {
         double t0 = now();
         if (tpk_mlp_kernel(&p, X, NULL, NULL, K, NULL, NULL, NULL, &ctx)) {
@@ -101,12 +115,24 @@ int main(int argc, char **argv)
         }
         best_lib = fmin(best_lib, now() - t0);
         best_floor = fmin(best_floor, floor_run(X->data, n, d, S));
+        tpk_array *Kn = NULL;
+        t0 = now();
+        if (tpk_netsor_kernel(pr, X, 0, &Kn, NULL, &ctx)) {
+            fprintf(stderr, "bench_mlp: %s\n", ctx.msg);
+            return 1;
+        }
+        best_nsr = fmin(best_nsr, now() - t0);
+        for (size_t i = 0; i < n * n; i++)
+            nsr_diff = fmax(nsr_diff, fabs(Kn->data[i] - K->data[i]) / K->data[(i / n) * (n + 1)]);
+        tpk_array_free(Kn);
     }
     printf("mlp kernel: N=%zu d=%zu depth=%d relu, %d OpenMP threads, OPENBLAS_CORETYPE=%s\n", n, d,
            depth, omp_get_max_threads(), getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
     printf("  tpk_mlp_kernel             %8.3f s\n", best_lib);
     printf("  floor (dsyrk + 1 acos pass) %7.3f s   ratio tpk/floor = %.2f  (target <= 3)\n",
            best_floor, best_lib / best_floor);
+    printf("  NETSOR evaluator, mlp.nsr  %8.3f s   ratio interpreter/direct = %.2f  (target <= 1.2; "
+           "max rel diff %.1e)\n", best_nsr, best_nsr / best_lib, nsr_diff);
     if (do_naive) {
         double *T = malloc(n * n * sizeof *T);
         double tn = naive_run(X->data, n, d, depth, S, T);
@@ -118,6 +144,7 @@ int main(int argc, char **argv)
         free(T);
     }
     gsl_rng_free(r);
+    tpk_program_free(pr);
     free(S);
     tpk_array_free(X);
     tpk_array_free(K);
