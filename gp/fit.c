@@ -5,6 +5,7 @@
 #include <lapacke.h>
 #include <limits.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@ struct tpk_gp {
     double *A;        /* factor U (column-major upper = row-major lower), borrowed or owned */
     double *owned;    /* == A in copy mode, NULL in overwrite mode */
     double *alpha;    /* column-major N×C */
+    double anorm;     /* ‖A‖₁, for tpk_gp_rcond */
     tpk_gp_info info;
 };
 
@@ -29,7 +31,8 @@ void tpk_gp_options_default(tpk_gp_options *o)
     o->overwrite_k = 0;
     o->jitter_first = 1e-10;
     o->jitter_max = 1e-3;
-    o->rcond_min = 1e-15;
+    o->rcond_min = 0;
+    o->pivot_ratio_min = 1e-7;
     o->sym_tol = 1e-8;
 }
 
@@ -58,60 +61,79 @@ int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const ch
         tpk_gp_impl_kcheck_free(kc);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu doubles)", 2 * n);
     }
-    /* One pass over the lower triangle: finiteness, diagonal, absolute column sums. */
     double dmax = 0, dsum = 0;
-    size_t bad_i = n, bad_j = n;
-    for (size_t i = 0; i < n && bad_i == n; i++) {
-        const double *row = K + i * n;
-        double rs = 0;
-        for (size_t j = 0; j < i; j++) {
-            double a = fabs(row[j]);
-            rs += a;
-            kc->col_abs[j] += a;
+    for (size_t i = 0; i < n; i++) {
+        double d = K[i * n + i];
+        kc->diag[i] = d;
+        if (!isfinite(d)) {
+            TPK_ERROR(ctx, TPK_EDOM, "%s has a non-finite value at [%zu][%zu]", what, i, i);
+            tpk_gp_impl_kcheck_free(kc);
+            return TPK_EDOM;
         }
-        kc->col_abs[i] += rs;
-        kc->diag[i] = row[i];
-        if (!isfinite(rs) || !isfinite(row[i])) {
-            bad_i = i;
-            for (size_t j = 0; j <= i; j++)
-                if (!isfinite(row[j])) {
-                    bad_j = j;
-                    break;
-                }
+        if (d < 0) {
+            TPK_ERROR(ctx, TPK_EDOM, "%s has a negative diagonal entry %g at [%zu][%zu]: not a "
+                      "covariance", what, d, i, i);
+            tpk_gp_impl_kcheck_free(kc);
+            return TPK_EDOM;
         }
-        dmax = fmax(dmax, fabs(row[i]));
-        dsum += row[i];
+        dmax = fmax(dmax, d);
+        dsum += d;
     }
-    int st = TPK_OK;
-    if (bad_i < n) {
-        st = TPK_ERROR(ctx, TPK_EDOM, "%s has a non-finite value at [%zu][%zu]", what, bad_i, bad_j);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++)
-        if (kc->diag[i] < 0) {
-            st = TPK_ERROR(ctx, TPK_EDOM,
-                           "%s has a negative diagonal entry %g at [%zu][%zu]: not a covariance",
-                           what, kc->diag[i], i, i);
-            goto out;
-        }
-    /* Symmetry, tile by tile so both the row and the column reads stay in cache. */
+    /* One pass over the off-diagonal tiles, each lower tile beside its mirror (both stay in
+     * cache): finiteness, symmetry, and |K_ij| summed into per-thread column sums (summed after).
+     * The first offending entry in row order is reported. */
     const double tol = sym_tol * (dmax > 0 ? dmax : 1.0);
-    for (size_t ib = 0; ib < n && !st; ib += GP_TILE)
-        for (size_t jb = 0; jb <= ib && !st; jb += GP_TILE) {
-            size_t ie = ib + GP_TILE < n ? ib + GP_TILE : n;
-            for (size_t i = ib; i < ie && !st; i++) {
-                size_t je = jb + GP_TILE < i ? jb + GP_TILE : i;
-                for (size_t j = jb; j < je; j++) {
-                    double d = K[i * n + j] - K[j * n + i];
-                    if (!(fabs(d) <= tol)) {
-                        st = TPK_ERROR(ctx, TPK_EINVAL,
-                                       "%s is not symmetric: [%zu][%zu] = %.17g but [%zu][%zu] = "
-                                       "%.17g", what, i, j, K[i * n + j], j, i, K[j * n + i]);
-                        break;
+    size_t bad_nf = n * n, bad_sym = n * n;
+    int nth = omp_get_max_threads();
+    double *part = calloc((size_t)nth * n, sizeof *part);
+    if (!part) {
+        tpk_gp_impl_kcheck_free(kc);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%d×%zu)", nth, n);
+    }
+#pragma omp parallel num_threads(nth) reduction(min : bad_nf, bad_sym)
+    {
+        double *cs = part + (size_t)omp_get_thread_num() * n;
+#pragma omp for schedule(dynamic, 1)
+        for (size_t ib = 0; ib < n; ib += GP_TILE)
+            for (size_t jb = 0; jb <= ib; jb += GP_TILE) {
+                size_t ie = ib + GP_TILE < n ? ib + GP_TILE : n;
+                for (size_t i = ib; i < ie; i++) {
+                    const double *row = K + i * n;
+                    size_t je = jb + GP_TILE < i ? jb + GP_TILE : i;
+                    double rs = 0;
+                    for (size_t j = jb; j < je; j++) {
+                        double a = row[j], b = K[j * n + i];
+                        rs += fabs(a);
+                        cs[j] += fabs(a);
+                        if (!(fabs(a - b) <= tol)) { /* NaN in either fails too */
+                            if (!isfinite(a)) {
+                                if (i * n + j < bad_nf)
+                                    bad_nf = i * n + j;
+                            } else if (i * n + j < bad_sym) {
+                                bad_sym = i * n + j;
+                            }
+                        }
                     }
+                    cs[i] += rs;
                 }
             }
-        }
+    }
+    for (int t = 0; t < nth; t++)
+        for (size_t i = 0; i < n; i++)
+            kc->col_abs[i] += part[(size_t)t * n + i];
+    free(part);
+    int st = TPK_OK;
+    if (bad_nf < n * n) {
+        st = TPK_ERROR(ctx, TPK_EDOM, "%s has a non-finite value at [%zu][%zu]", what, bad_nf / n,
+                       bad_nf % n);
+        goto out;
+    }
+    if (bad_sym < n * n) {
+        size_t i = bad_sym / n, j = bad_sym % n;
+        st = TPK_ERROR(ctx, TPK_EINVAL, "%s is not symmetric: [%zu][%zu] = %.17g but [%zu][%zu] = "
+                       "%.17g", what, i, j, K[i * n + j], j, i, K[j * n + i]);
+        goto out;
+    }
     kc->mean_diag = n ? dsum / (double)n : 0;
 out:
     if (st)
@@ -164,7 +186,7 @@ static void restore_lower(double *A, const double *src, size_t n, const double *
 
 int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, const gp_kcheck *kc,
                        const tpk_gp_options *opt, int restore_first, double *jitter, int *tries,
-                       double *rcond, tpk_ctx *ctx)
+                       double *rcond, double *anorm_out, tpk_ctx *ctx)
 {
     if (n > (size_t)INT_MAX)
         return TPK_ERROR(ctx, TPK_EINVAL, "kernel of size %zu exceeds LAPACK's int indexing", n);
@@ -181,7 +203,7 @@ int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, con
         }
     }
     const double scale = kc->mean_diag > 0 ? kc->mean_diag : 1.0;
-    double jit = 0, last_rc = NAN;
+    double jit = 0, last_rc = NAN, last_ratio = NAN, anorm = 0;
     lapack_int last_info = 0;
     int t = 0, st = TPK_ENUMERIC;
     for (;;) {
@@ -200,14 +222,24 @@ int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, con
         }
         last_info = info;
         last_rc = NAN;
+        anorm = 0;
+        for (size_t i = 0; i < n; i++)
+            anorm = fmax(anorm, kc->col_abs[i] + fabs(kc->diag[i] + s));
         if (info == 0) {
+            /* Free test first: κ₂(A) ≥ (max U_ii / min U_ii)², so a tiny pivot ratio proves
+             * near-singularity (a pivot that only survived rounding). */
+            double umin = INFINITY, umax = 0;
+            for (size_t i = 0; i < n; i++) {
+                umin = fmin(umin, A[i * n + i]);
+                umax = fmax(umax, A[i * n + i]);
+            }
+            last_ratio = umin / umax;
+            if (!(last_ratio >= opt->pivot_ratio_min))
+                goto next;
             if (!(opt->rcond_min > 0)) {
                 st = TPK_OK;
                 break;
             }
-            double anorm = 0;
-            for (size_t i = 0; i < n; i++)
-                anorm = fmax(anorm, kc->col_abs[i] + fabs(kc->diag[i] + s));
             double rc = 0;
             info = LAPACKE_dpocon_work(LAPACK_COL_MAJOR, 'U', ln, A, ln, anorm, &rc, work, iwork);
             last_rc = rc;
@@ -216,6 +248,7 @@ int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, con
                 break;
             }
         }
+    next:;
         double next = jit == 0 ? opt->jitter_first * scale : jit * 10;
         if (!(opt->jitter_first > 0) || next > opt->jitter_max * scale * (1 + 1e-12))
             break;
@@ -227,10 +260,18 @@ int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, con
         *jitter = jit;
         *tries = t;
         *rcond = last_rc;
+        if (anorm_out)
+            *anorm_out = anorm;
         return TPK_OK;
     }
     if (st != TPK_ENUMERIC)
         return st;
+    if (last_info == 0 && !(last_ratio >= opt->pivot_ratio_min))
+        return TPK_ERROR(ctx, TPK_ENUMERIC,
+                         "kernel + noise*I is numerically singular: Cholesky pivots span a ratio "
+                         "%.3g < %.3g (condition number >= %.3g) even with jitter %.3g (%.3g x mean "
+                         "diagonal, %d tries); raise the noise or the jitter limit", last_ratio,
+                         opt->pivot_ratio_min, 1 / (last_ratio * last_ratio), jit, jit / scale, t);
     if (last_info > 0)
         return TPK_ERROR(ctx, TPK_ENUMERIC,
                          "kernel + noise*I is not positive definite: Cholesky fails at column %d "
@@ -291,8 +332,9 @@ static tpk_gp *gp_prepare(tpk_array *K, const tpk_array *Y, const tpk_gp_options
     if (tpk_gp_impl_check_targets(Y, n, &c, ctx))
         return NULL;
     if (!(opt->jitter_first >= 0) || !(opt->jitter_max >= 0) || !(opt->rcond_min >= 0) ||
-        !(opt->sym_tol >= 0)) {
-        TPK_ERROR(ctx, TPK_EINVAL, "GP options must be >= 0 (jitter, rcond_min, sym_tol)");
+        !(opt->sym_tol >= 0) || !(opt->pivot_ratio_min >= 0)) {
+        TPK_ERROR(ctx, TPK_EINVAL,
+                  "GP options must be >= 0 (jitter, rcond_min, pivot_ratio_min, sym_tol)");
         return NULL;
     }
     if (tpk_gp_impl_check_kernel(K->data, n, opt->sym_tol, "kernel", kc, ctx))
@@ -332,7 +374,7 @@ static int gp_factor_solve(tpk_gp *gp, const tpk_array *K, const tpk_array *Y, d
     const size_t n = gp->n, c = gp->c;
     in->noise = noise;
     int st = tpk_gp_impl_factor(gp->A, K->data, n, noise, kc, opt, restore, &in->jitter,
-                                &in->tries, &in->rcond, ctx);
+                                &in->tries, &in->rcond, &gp->anorm, ctx);
     if (!st)
         st = tpk_gp_impl_solve(gp->A, n, Y, c, gp->alpha, &in->quad, ctx);
     if (st)
@@ -608,6 +650,25 @@ int tpk_gp_predict_cov(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *
             cov->data[j * m + i] = cov->data[i * m + j];
     free(W);
     return TPK_OK;
+}
+
+int tpk_gp_rcond(const tpk_gp *gp, double *rcond, tpk_ctx *ctx)
+{
+    const size_t n = gp->n;
+    double *work = malloc((3 * n + 1) * sizeof *work);
+    lapack_int *iwork = malloc((n + 1) * sizeof *iwork);
+    int st = TPK_OK;
+    if (!work || !iwork) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (condition estimate workspace)");
+    } else {
+        lapack_int info = LAPACKE_dpocon_work(LAPACK_COL_MAJOR, 'U', (lapack_int)n, gp->A,
+                                              (lapack_int)n, gp->anorm, rcond, work, iwork);
+        if (info != 0)
+            st = TPK_ERROR(ctx, TPK_ENUMERIC, "dpocon failed (info %d)", (int)info);
+    }
+    free(work);
+    free(iwork);
+    return st;
 }
 
 int tpk_gp_min_eig(const tpk_gp *gp, int iters, double *lambda_min, tpk_ctx *ctx)

@@ -26,10 +26,10 @@ int tpk_gp_impl_check_noise(double noise, tpk_ctx *ctx);
 
 /* Factor A = K + (noise + jitter)I into the buffer A (N×N). src == A: overwrite mode (K's strict
  * upper triangle and kc->diag restore it between tries); otherwise the lower triangle of src is
- * copied in first; restore_first: A holds an earlier factor, restore before the first try. On success *jitter, *tries and *rcond (NaN if not estimated) are set. */
+ * copied in first (anorm may be NULL: receives ‖A‖₁); restore_first: A holds an earlier factor, restore before the first try. On success *jitter, *tries and *rcond (NaN if not estimated) are set. */
 int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, const gp_kcheck *kc,
                        const tpk_gp_options *opt, int restore_first, double *jitter, int *tries,
-                       double *rcond, tpk_ctx *ctx);
+                       double *rcond, double *anorm, tpk_ctx *ctx);
 
 /* α (column-major N×C: output c at alpha + c·N) = A⁻¹Y from the factor; returns quad = Σ yᵀα. */
 int tpk_gp_impl_solve(const double *A, size_t n, const tpk_array *Y, size_t c, double *alpha,

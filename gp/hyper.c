@@ -49,7 +49,7 @@ int tpk_gp_lml_grad(const tpk_array *K, const tpk_array *Y, double noise,
     }
     double jit = 0, rc = 0, quad = 0;
     int tries = 0;
-    st = tpk_gp_impl_factor(A, K->data, n, noise, &kc, opt, 0, &jit, &tries, &rc, ctx);
+    st = tpk_gp_impl_factor(A, K->data, n, noise, &kc, opt, 0, &jit, &tries, &rc, NULL, ctx);
     if (!st)
         st = tpk_gp_impl_solve(A, n, Y, c, alpha, &quad, ctx);
     if (st)

@@ -485,17 +485,18 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         gp = tpk_gp_fit(&A, rs->Y, ratio, &go, ctx);
     }
     const tpk_gp_info *in = tpk_gp_get_info(gp);
+    tpk_array *mean = NULL, *var = NULL, *cov = NULL;
     r[R_NOISE] = ratio * scale;
     r[R_SCALE] = scale;
     r[R_JITTER] = in->jitter * scale;
-    r[R_RCOND] = in->rcond;
+    if ((st = tpk_gp_rcond(gp, &r[R_RCOND], ctx)))
+        goto done;
     /* log N(Y; 0, s·A) from the fit of A. */
     r[R_LML] = -0.5 * in->quad / scale - 0.5 * (double)c * (in->logdet + (double)n * log(scale)) -
                0.5 * (double)(n * c) * log(2 * M_PI);
     char prefix[64] = "";
     if (rs->multi)
         snprintf(prefix, sizeof prefix, "/depth_%d", depth);
-    tpk_array *mean = NULL, *var = NULL, *cov = NULL;
     if (Kxt) {
         const size_t m = rs->m;
         const size_t mv = o->var_n > 0 && (size_t)o->var_n < m ? (size_t)o->var_n : m;

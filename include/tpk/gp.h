@@ -22,8 +22,11 @@ typedef struct tpk_gp_options {
                          * strict upper triangle keeps K. K must outlive the tpk_gp. 0: private copy. */
     double jitter_first; /* first jitter tried after plain σ², relative to mean(diag K) (1e-10) */
     double jitter_max;  /* give up beyond this jitter, relative to mean(diag K) (1e-3) */
-    double rcond_min;   /* A counts as numerically PD when dpotrf succeeds and its reciprocal
-                         * condition estimate (dpocon) is >= this (default 1e-15); 0 skips dpocon */
+    double pivot_ratio_min; /* A counts as numerically PD when dpotrf succeeds and
+                         * min U_ii / max U_ii >= this (free: κ₂(A) >= ratio⁻²; default 1e-7) */
+    double rcond_min;   /* and, if > 0, its reciprocal condition estimate (dpocon, O(N²) but
+                         * ~15 % of a dpotrf at N = 10⁴) is >= this (default 0: not estimated;
+                         * tpk_gp_rcond gives it on demand) */
     double sym_tol;     /* tolerated |K_ij − K_ji| relative to max|diag K| (default 1e-8) */
 } tpk_gp_options;
 
@@ -60,9 +63,11 @@ TPK_API int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_arr
 /* Full latent predictive covariance (M×M) Ktt − Kxt A⁻¹ Kxtᵀ; workspace N×M. */
 TPK_API int tpk_gp_predict_cov(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *Ktt,
                                tpk_array *cov, tpk_ctx *ctx);
-/* Estimate of the smallest eigenvalue of K (not A): inverse iteration on A with the factor
- * (`iters` steps, O(N²) each), minus σ² and jitter. The Rayleigh quotient makes it an upper bound
- * that tightens with iters; a value near or below 0 says K is (numerically) singular. */
+/* LAPACK's estimate (dpocon) of the reciprocal 1-norm condition number of A = K + (σ²+jitter)I. */
+TPK_API int tpk_gp_rcond(const tpk_gp *gp, double *rcond, tpk_ctx *ctx);
+/* Estimate of the smallest eigenvalue of K (not A): `iters` Lanczos steps on A⁻¹ with the factor
+ * (O(N²) each, full reorthogonalisation), minus σ² and jitter. A Ritz value, so an upper bound
+ * that tightens with iters (exact at N); near or below 0 says K is (numerically) singular. */
 TPK_API int tpk_gp_min_eig(const tpk_gp *gp, int iters, double *lambda_min, tpk_ctx *ctx);
 
 /* ---- noise by eigendecomposition --------------------------------------------------------------
