@@ -36,7 +36,7 @@ static void test_space_and_emit(void **state)
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     for (int d = 0; d < 2; d++) {
-        tpk_tune_task t = {TPK_TUNE_CUDA, d, 4096, 64, 4096, 1};
+        tpk_tune_task t = {TPK_TUNE_CUDA, d, 4096, 64, 4096, 1, TPK_TUNE_GEMM};
         tpk_tune_space s;
         assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
         tpk_tune_config c;
@@ -83,7 +83,7 @@ static void test_generated_cuda_compiles_for_sm90(void **state)
      * synchronous single stage and scalar copies. */
     FILE *f = fopen(cu, "w");
     assert_int_equal(tpk_tune_gen_cuda_library(NULL, 0, "test_tune_cuda", f, &ctx), TPK_OK);
-    tpk_tune_task t = {TPK_TUNE_CUDA, TPK_TUNE_F64, 2048, 64, 2048, 1};
+    tpk_tune_task t = {TPK_TUNE_CUDA, TPK_TUNE_F64, 2048, 64, 2048, 1, TPK_TUNE_GEMM};
     tpk_tune_space s;
     assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
     tpk_tune_config c;

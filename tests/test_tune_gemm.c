@@ -31,8 +31,10 @@ static double unif(void)
 
 /* One kernel on one shape against the reference, A and B each either way round. */
 static double check_d(tpk_dgemm_kernel_fn fn, tpk_gemm_ws_fn wsf, size_t m, size_t n, size_t k, int ta,
-                      int tb, int nt)
+                      int tb, int nt, int syrk)
 {
+    if (syrk) /* lower triangle of A·Aᵀ: square, B = Aᵀ by strides */
+        n = m;
     double *A = malloc(m * k * sizeof *A), *B = malloc(k * n * sizeof *B);
     double *C = malloc(m * n * sizeof *C), *R = malloc(m * n * sizeof *R);
     void *ws = aligned_alloc(64, (wsf(nt) + 63) / 64 * 64);
@@ -43,11 +45,16 @@ static double check_d(tpk_dgemm_kernel_fn fn, tpk_gemm_ws_fn wsf, size_t m, size
     for (size_t i = 0; i < m * n; i++)
         C[i] = R[i] = unif();
     size_t rsa = ta ? 1 : k, csa = ta ? m : 1, rsb = tb ? 1 : n, csb = tb ? k : 1;
-    fn(m, n, k, 1.375, A, rsa, csa, B, rsb, csb, -0.625, C, n, nt, ws);
-    tpk_ref_dgemm(m, n, k, 1.375, A, rsa, csa, B, rsb, csb, -0.625, R, n);
+    const double *Bx = syrk ? A : B;
+    if (syrk)
+        rsb = csa, csb = rsa;
+    fn(m, n, k, 1.375, A, rsa, csa, Bx, rsb, csb, -0.625, C, n, nt, ws);
+    tpk_ref_dgemm(m, n, k, 1.375, A, rsa, csa, Bx, rsb, csb, -0.625, R, n);
     double worst = 0;
     for (size_t i = 0; i < m * n; i++) {
-        double e = fabs(C[i] - R[i]) / (1.375 * (double)k + 0.625);
+        /* syrk: the strict upper triangle keeps its old values (R there holds the product) */
+        int upper = syrk && i % n > i / n;
+        double e = upper ? 0 : fabs(C[i] - R[i]) / (1.375 * (double)k + 0.625);
         worst = e > worst || isnan(e) ? e : worst;
     }
     free(A), free(B), free(C), free(R), free(ws);
@@ -55,8 +62,10 @@ static double check_d(tpk_dgemm_kernel_fn fn, tpk_gemm_ws_fn wsf, size_t m, size
 }
 
 static double check_s(tpk_sgemm_kernel_fn fn, tpk_gemm_ws_fn wsf, size_t m, size_t n, size_t k, int ta,
-                      int tb, int nt)
+                      int tb, int nt, int syrk)
 {
+    if (syrk)
+        n = m;
     float *A = malloc(m * k * sizeof *A), *B = malloc(k * n * sizeof *B);
     float *C = malloc(m * n * sizeof *C), *R = malloc(m * n * sizeof *R);
     void *ws = aligned_alloc(64, (wsf(nt) + 63) / 64 * 64);
@@ -67,11 +76,17 @@ static double check_s(tpk_sgemm_kernel_fn fn, tpk_gemm_ws_fn wsf, size_t m, size
     for (size_t i = 0; i < m * n; i++)
         C[i] = R[i] = (float)unif();
     size_t rsa = ta ? 1 : k, csa = ta ? m : 1, rsb = tb ? 1 : n, csb = tb ? k : 1;
-    fn(m, n, k, 1.375f, A, rsa, csa, B, rsb, csb, 0.0f, C, n, nt, ws); /* beta = 0: C not read */
-    tpk_ref_sgemm(m, n, k, 1.375f, A, rsa, csa, B, rsb, csb, 0.0f, R, n);
+    const float *Bx = syrk ? A : B;
+    if (syrk)
+        rsb = csa, csb = rsa;
+    for (size_t i = 0; i < m * n; i++)
+        C[i] = NAN; /* beta = 0: C must not be read, and syrk must not write the upper triangle */
+    fn(m, n, k, 1.375f, A, rsa, csa, Bx, rsb, csb, 0.0f, C, n, nt, ws);
+    tpk_ref_sgemm(m, n, k, 1.375f, A, rsa, csa, Bx, rsb, csb, 0.0f, R, n);
     double worst = 0;
     for (size_t i = 0; i < m * n; i++) {
-        double e = fabs((double)C[i] - (double)R[i]) / (1.375 * (double)k);
+        int upper = syrk && i % n > i / n;
+        double e = upper ? (isnan(C[i]) ? 0 : INFINITY) : fabs((double)C[i] - (double)R[i]) / (1.375 * (double)k);
         worst = e > worst || isnan(e) ? e : worst;
     }
     free(A), free(B), free(C), free(R), free(ws);
@@ -83,7 +98,7 @@ static void test_generated_kernels_match_reference(void **state)
     (void)state;
     /* Shapes that leave edge tiles in m and n and cross the kc blocking (kc ≤ 512). */
     const size_t shapes[][3] = {{131, 97, 547}, {29, 203, 64}, {1, 1, 1}};
-    size_t nent = tpk__gemm_table_len + 2;
+    size_t nent = tpk__gemm_table_len + 4;
     for (size_t i = 0; i < nent; i++) {
         const tpk__gemm_entry *e = i < tpk__gemm_table_len ? &tpk__gemm_table[i] : &tpk__gemm_default[i - tpk__gemm_table_len];
         if (!e->dfn && !e->sfn)
@@ -91,7 +106,8 @@ static void test_generated_kernels_match_reference(void **state)
         for (size_t s = 0; s < 3; s++) {
             int ta = (int)((i + s) & 1), tb = (int)(((i + s) >> 1) & 1), nt = 1 + (int)((i + s) % 2);
             size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
-            double err = e->dfn ? check_d(e->dfn, e->ws, m, n, k, ta, tb, nt) : check_s(e->sfn, e->ws, m, n, k, ta, tb, nt);
+            double err = e->dfn ? check_d(e->dfn, e->ws, m, n, k, ta, tb, nt, e->op)
+                                : check_s(e->sfn, e->ws, m, n, k, ta, tb, nt, e->op);
             double tol = e->dfn ? TOL_F64(k) : TOL_F32(k);
             if (!(err <= tol))
                 fail_msg("%s on %zux%zux%zu (ta %d tb %d, %d threads): error %.3g > %.3g", e->name, m, n, k, ta, tb,
@@ -169,13 +185,67 @@ static void test_dispatch(void **state)
     free(A), free(B), free(C), free(R), free(As), free(Bs), free(Cs);
 }
 
+static void test_syrk_dispatch(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    const size_t n = 157, k = 83;
+    double *A = malloc(n * k * sizeof *A), *C = malloc(n * n * sizeof *C), *R = malloc(n * n * sizeof *R);
+    float *As = malloc(n * k * sizeof *As), *Cs = malloc(n * n * sizeof *Cs);
+    for (size_t i = 0; i < n * k; i++)
+        As[i] = (float)(A[i] = unif());
+    const char *modes[] = {"tuned", "default", "openblas"};
+    for (int md = 0; md < 3; md++) {
+        setenv("TPK_GEMM", modes[md], 1);
+        for (int tr = 0; tr < 2; tr++) {
+            for (size_t i = 0; i < n * n; i++)
+                Cs[i] = (float)(C[i] = R[i] = unif());
+            /* tr: A stored k×n (row stride n), op(A) = Aᵀ. */
+            size_t lda = tr ? n : k, rsa = tr ? 1 : k, csa = tr ? n : 1;
+            assert_int_equal(tpk_syrk_tuned_d(tr, n, k, 0.75, A, lda, 1.5, C, n, 2, NULL, &ctx), TPK_OK);
+            tpk_ref_dgemm(n, n, k, 0.75, A, rsa, csa, A, csa, rsa, 1.5, R, n);
+            for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j < n; j++) {
+                    if (j > i) /* untouched */
+                        assert_true(C[i * n + j] == (double)Cs[i * n + j] || fabs(C[i * n + j] - Cs[i * n + j]) < 1e-6);
+                    else
+                        assert_true(fabs(C[i * n + j] - R[i * n + j]) <= TOL_F64(k) * (0.75 * k + 1.5));
+                }
+            float keep = Cs[1]; /* (0, 1): upper */
+            assert_int_equal(tpk_syrk_tuned_s(tr, n, k, 0.75f, As, lda, 0.0f, Cs, n, 1, NULL, &ctx), TPK_OK);
+            tpk_ref_dgemm(n, n, k, 0.75, A, rsa, csa, A, csa, rsa, 0.0, R, n);
+            assert_true(Cs[1] == keep);
+            for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j <= i; j++)
+                    assert_true(fabs((double)Cs[i * n + j] - R[i * n + j]) <= TOL_F32(k) * 0.75 * k);
+        }
+    }
+    unsetenv("TPK_GEMM");
+    const char *name;
+    assert_int_equal(tpk_syrk_tuned_choice(0, 8, 8, 1, &name), TPK_GEMM_OPENBLAS);
+    assert_int_equal(tpk_syrk_tuned_choice(0, 300, 1u << 22, 1, &name), TPK_GEMM_DEFAULT);
+    assert_non_null(strstr(name, "syrk"));
+    assert_true(tpk_syrk_tuned_ws_size(1, 500, 500, 2) > 0);
+    /* k = 0 scales the lower triangle by beta only. */
+    for (size_t i = 0; i < n * n; i++)
+        C[i] = 2.0;
+    assert_int_equal(tpk_syrk_tuned_d(0, n, 0, 1.0, A, 1, 0.5, C, n, 1, NULL, &ctx), TPK_OK);
+    assert_true(C[n] == 1.0 && C[1] == 2.0);
+    assert_int_equal(tpk_syrk_tuned_d(3, n, k, 1.0, A, k, 0.0, C, n, 1, NULL, &ctx), TPK_EINVAL);
+    tpk_ctx_clear(&ctx);
+    assert_int_equal(tpk_syrk_tuned_s(0, n, k, 1.0f, As, k, 0.0f, Cs, n - 1, 1, NULL, &ctx), TPK_EINVAL);
+    tpk_ctx_clear(&ctx);
+    free(A), free(C), free(R), free(As), free(Cs);
+}
+
 static void test_measure_pipeline(void **state)
 {
     (void)state;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     tpk_tune_space s;
-    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F32, 100, 75, 130, 2};
+    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F32, 100, 75, 130, 2, TPK_TUNE_GEMM};
     assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
     tpk_tune_measure_opts o;
     tpk_tune_measure_opts_default(&o);
@@ -191,6 +261,21 @@ static void test_measure_pipeline(void **state)
     if (r.err)
         fail_msg("candidate failed: err %d (rel err %.3g)", r.err, r.max_rel_err);
     assert_true(r.gflops > 0 && r.ncost == 1 && r.max_rel_err < 1e-5);
+    /* A syrk candidate, OpenBLAS timed beside it. */
+    tpk_tune_task ts = {TPK_TUNE_CPU, TPK_TUNE_F64, 90, 90, 70, 2, TPK_TUNE_SYRK};
+    tpk_tune_space ss;
+    assert_int_equal(tpk_tune_space_init(&ss, &ts, &ctx), TPK_OK);
+    assert_string_equal(ss.template_name, "cpu_syrk");
+    tpk_tune_space_default(&ss, &c);
+    o.vendor = 1;
+    assert_int_equal(tpk_tune_measure(&ss, &c, &o, &r, &ctx), TPK_OK);
+    if (r.err)
+        fail_msg("syrk candidate failed: err %d (rel err %.3g)", r.err, r.max_rel_err);
+    assert_true(r.gflops > 0 && r.vendor_gflops > 0);
+    o.vendor = 0;
+    ts.n = 91; /* syrk needs a square C */
+    assert_int_equal(tpk_tune_space_init(&ss, &ts, &ctx), TPK_EINVAL);
+    tpk_ctx_clear(&ctx);
     /* A configuration outside the constraints is not built. */
     assert_int_equal(tpk_tune_config_set(&s, &c, "mr", 28), TPK_OK);
     assert_int_equal(tpk_tune_config_set(&s, &c, "nv", 4), TPK_OK);
@@ -243,7 +328,7 @@ static void test_emit_readable(void **state)
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     tpk_tune_space s;
-    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, 512, 512, 512, 1};
+    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, 512, 512, 512, 1, TPK_TUNE_GEMM};
     assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
     tpk_tune_config c;
     tpk_tune_space_default(&s, &c);
@@ -268,6 +353,7 @@ int main(void)
         cmocka_unit_test(test_measure_pipeline), /* first: before this process runs OpenMP */
         cmocka_unit_test(test_generated_kernels_match_reference),
         cmocka_unit_test(test_dispatch),
+        cmocka_unit_test(test_syrk_dispatch),
         cmocka_unit_test(test_emit_readable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -22,7 +22,7 @@
 
 static tpk_tune_task task_of(size_t m, size_t n, size_t k, int threads)
 {
-    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, m, n, k, threads};
+    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, m, n, k, threads, TPK_TUNE_GEMM};
     return t;
 }
 

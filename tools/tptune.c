@@ -2,6 +2,7 @@
  *   tptune gemm --m=M --n=N --k=K [--dtype=f64|f32] [--target=cpu|cuda] [--threads=T]
  *               [--trials=N] [--batch=16] [--model=rank|reg|random] [--seed=S]
  *               [--transfer=LOG] [--repeat=5] [--min-ms=50] --log=FILE
+ *   tptune syrk --n=N --k=K [same options]   lower triangle of A·Aᵀ (Gram / covariance update)
  *   tptune show LOG...                       best record per workload
  *   tptune emit --m= --n= --k= [--dtype=] [--target=] [--knobs=mr=8,nv=3,...]   print source
  *   tptune gen --out=FILE LOG...             library kernels + dispatch table (gen/)
@@ -22,6 +23,7 @@ static void usage(FILE *f)
     fputs("usage: tptune gemm --m=M --n=N --k=K [--dtype=f64|f32] [--target=cpu|cuda] [--threads=T]\n"
           "                   [--trials=N] [--batch=B] [--model=rank|reg|random] [--seed=S]\n"
           "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] --log=FILE\n"
+          "       tptune syrk --n=N --k=K [options as for gemm]\n"
           "       tptune show LOG...\n"
           "       tptune emit --m=M --n=N --k=K [--dtype=..] [--target=..] [--threads=T] [--knobs=a=1,b=2]\n"
           "       tptune gen --out=FILE LOG...\n"
@@ -109,6 +111,13 @@ static int parse_args(int argc, char **argv, args *a)
                 a->task.target = TPK_TUNE_CPU;
             else if (!strcmp(v, "cuda"))
                 a->task.target = TPK_TUNE_CUDA;
+            else
+                bad = 1;
+        } else if (!strcmp(k, "op")) {
+            if (!strcmp(v, "gemm"))
+                a->task.op = TPK_TUNE_GEMM;
+            else if (!strcmp(v, "syrk"))
+                a->task.op = TPK_TUNE_SYRK;
             else
                 bad = 1;
         } else if (!strcmp(k, "model")) {
@@ -219,8 +228,8 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EIO, "%s: cannot open for appending: %s", a->log, strerror(errno));
         return 1;
     }
-    printf("tptune: %s %s gemm %zux%zux%zu, %d thread(s), space %llu points, %d trials in batches of %d\n",
-           tpk_tune_target_class(a->task.target), tpk_tune_dtype_name(a->task.dtype), a->task.m, a->task.n,
+    printf("tptune: %s %s %s %zux%zux%zu, %d thread(s), space %llu points, %d trials in batches of %d\n",
+           tpk_tune_target_class(a->task.target), tpk_tune_dtype_name(a->task.dtype), tpk_tune_op_name(a->task.op), a->task.m, a->task.n,
            a->task.k, s.task.threads, (unsigned long long)s.size, a->trials, a->batch);
     tpk_tune_outcome out;
     int st = tpk_tune_run(&s, &o, measure_cb, &mo, log, progress, NULL, &out, ctx);
@@ -388,7 +397,7 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         tpk_tune_config c;
         tpk_ctx q;
         tpk_ctx_init(&q);
-        if (r[i].task.m != s.task.m || r[i].task.n != s.task.n || r[i].task.k != s.task.k ||
+        if (r[i].task.m != s.task.m || r[i].task.n != s.task.n || r[i].task.k != s.task.k || r[i].task.op != s.task.op ||
             r[i].task.dtype != s.task.dtype || r[i].task.threads != s.task.threads ||
             tpk_tune_record_config(&s, &r[i], &c, &q))
             continue;
@@ -477,7 +486,17 @@ int main(int argc, char **argv)
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     int rc;
-    if (!strcmp(argv[1], "gemm"))
+    if (!strcmp(argv[1], "syrk")) {
+        /* Lower triangle of C(n×n) = A·Aᵀ, A n×k: the gemm machinery with op = syrk, m = n. */
+        a.task.op = TPK_TUNE_SYRK;
+        if (!a.task.m)
+            a.task.m = a.task.n;
+        if (!a.task.n)
+            a.task.n = a.task.m;
+    }
+    if (a.task.op == TPK_TUNE_SYRK && !a.task.m)
+        a.task.m = a.task.n;
+    if (!strcmp(argv[1], "gemm") || !strcmp(argv[1], "syrk"))
         rc = cmd_gemm(&a, &ctx);
     else if (!strcmp(argv[1], "show"))
         rc = cmd_show(&a, &ctx);

@@ -501,7 +501,7 @@ int tpk_tune_emit_cuda_check(const char *dir, int nrandom, uint64_t seed, const 
     /* One file per kernel, so that a device with many cores compiles them in parallel. */
     for (int d = 0; d < 2 && !st; d++) {
         /* Configurations are drawn for the first shape; the kernels are generic in M, N, K. */
-        tpk_tune_task t = {TPK_TUNE_CUDA, d, shapes[0][0], shapes[0][1], shapes[0][2], 1};
+        tpk_tune_task t = {TPK_TUNE_CUDA, d, shapes[0][0], shapes[0][1], shapes[0][2], 1, TPK_TUNE_GEMM};
         tpk_tune_space s;
         st = tpk_tune_space_init(&s, &t, ctx);
         for (int i = 0; i <= nrandom && !st; i++) {

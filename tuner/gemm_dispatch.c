@@ -31,7 +31,7 @@ static int forced(void)
     return -1;
 }
 
-static const tpk__gemm_entry *choose(int dtype, size_t m, size_t n, size_t k, int nt, int *how)
+static const tpk__gemm_entry *choose(int op, int dtype, size_t m, size_t n, size_t k, int nt, int *how)
 {
     int f = forced();
     if (f == TPK_GEMM_OPENBLAS || (double)m * (double)n * (double)k < TINY_MNK) {
@@ -42,7 +42,7 @@ static const tpk__gemm_entry *choose(int dtype, size_t m, size_t n, size_t k, in
     double bd = INFINITY;
     for (size_t i = 0; f != TPK_GEMM_DEFAULT && i < tpk__gemm_table_len; i++) {
         const tpk__gemm_entry *e = &tpk__gemm_table[i];
-        if (e->dtype != dtype || !e->name)
+        if (e->op != op || e->dtype != dtype || !e->name)
             continue;
         if (e->m == m && e->n == n && e->k == k && e->threads == nt) {
             *how = e->ws ? TPK_GEMM_EXACT : TPK_GEMM_OPENBLAS;
@@ -60,7 +60,7 @@ static const tpk__gemm_entry *choose(int dtype, size_t m, size_t n, size_t k, in
         return best->ws ? best : NULL;
     }
     *how = TPK_GEMM_DEFAULT;
-    return &tpk__gemm_default[dtype == 1];
+    return &tpk__gemm_default[2 * (op == 1) + (dtype == 1)];
 }
 
 static int threads_of(int nthreads)
@@ -71,7 +71,7 @@ static int threads_of(int nthreads)
 int tpk_gemm_tuned_choice(int dtype, size_t m, size_t n, size_t k, int nthreads, const char **name)
 {
     int how;
-    const tpk__gemm_entry *e = choose(dtype, m, n, k, threads_of(nthreads), &how);
+    const tpk__gemm_entry *e = choose(0, dtype, m, n, k, threads_of(nthreads), &how);
     if (name)
         *name = e ? e->name : "openblas";
     return how;
@@ -80,7 +80,23 @@ int tpk_gemm_tuned_choice(int dtype, size_t m, size_t n, size_t k, int nthreads,
 size_t tpk_gemm_tuned_ws_size(int dtype, size_t m, size_t n, size_t k, int nthreads)
 {
     int how, nt = threads_of(nthreads);
-    const tpk__gemm_entry *e = choose(dtype, m, n, k, nt, &how);
+    const tpk__gemm_entry *e = choose(0, dtype, m, n, k, nt, &how);
+    return e ? (e->ws(nt) + 63) / 64 * 64 : 0;
+}
+
+int tpk_syrk_tuned_choice(int dtype, size_t n, size_t k, int nthreads, const char **name)
+{
+    int how;
+    const tpk__gemm_entry *e = choose(1, dtype, n, n, k, threads_of(nthreads), &how);
+    if (name)
+        *name = e ? e->name : "openblas";
+    return how;
+}
+
+size_t tpk_syrk_tuned_ws_size(int dtype, size_t n, size_t k, int nthreads)
+{
+    int how, nt = threads_of(nthreads);
+    const tpk__gemm_entry *e = choose(1, dtype, n, n, k, nt, &how);
     return e ? (e->ws(nt) + 63) / 64 * 64 : 0;
 }
 
@@ -108,7 +124,7 @@ static int check(const char *fn, int transa, int transb, size_t m, size_t n, siz
         if (m == 0 || n == 0)                                                                      \
             return TPK_OK;                                                                         \
         int how, nt = threads_of(nthreads);                                                        \
-        const tpk__gemm_entry *e = k ? choose(DT, m, n, k, nt, &how) : NULL;                       \
+        const tpk__gemm_entry *e = k ? choose(0, DT, m, n, k, nt, &how) : NULL;                    \
         if (!e) {                                                                                  \
             if (k == 0) {                                                                          \
                 for (size_t i = 0; i < m; i++)                                                     \
@@ -136,3 +152,43 @@ static int check(const char *fn, int transa, int transb, size_t m, size_t n, siz
 
 TUNED_GEMM(tpk_gemm_tuned_d, double, 0, dfn, cblas_dgemm)
 TUNED_GEMM(tpk_gemm_tuned_s, float, 1, sfn, cblas_sgemm)
+
+/* SYRK: lower triangle of C (n×n) = alpha·op(A)·op(A)ᵀ + beta·C; the kernel sees B = op(A)ᵀ by
+ * strides. The strict upper triangle is not touched. */
+#define TUNED_SYRK(NAME, T, DT, FN, CBLAS)                                                         \
+    int NAME(int trans, size_t n, size_t k, T alpha, const T *A, size_t lda, T beta, T *C,         \
+             size_t ldc, int nthreads, void *ws, tpk_ctx *ctx)                                     \
+    {                                                                                              \
+        int st = check(#NAME, trans, 0, n, n, k, lda, n, ldc, ctx);                                \
+        if (st)                                                                                    \
+            return st;                                                                             \
+        if (n == 0)                                                                                \
+            return TPK_OK;                                                                         \
+        int how, nt = threads_of(nthreads);                                                        \
+        const tpk__gemm_entry *e = k ? choose(1, DT, n, n, k, nt, &how) : NULL;                    \
+        if (!e) {                                                                                  \
+            if (k == 0) {                                                                          \
+                for (size_t i = 0; i < n; i++)                                                     \
+                    for (size_t j = 0; j <= i; j++)                                                \
+                        C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];                    \
+                return TPK_OK;                                                                     \
+            }                                                                                      \
+            CBLAS(CblasRowMajor, CblasLower, trans ? CblasTrans : CblasNoTrans, (int)n, (int)k,    \
+                  alpha, A, (int)lda, beta, C, (int)ldc);                                          \
+            return TPK_OK;                                                                         \
+        }                                                                                          \
+        void *own = NULL;                                                                          \
+        if (!ws) {                                                                                 \
+            ws = own = aligned_alloc(64, (e->ws(nt) + 63) / 64 * 64);                              \
+            if (!ws)                                                                               \
+                return TPK_ERROR(ctx, TPK_ENOMEM, "%s: no memory for a %zu-byte workspace",       \
+                                 #NAME, e->ws(nt));                                                \
+        }                                                                                          \
+        size_t rsa = trans ? 1 : lda, csa = trans ? lda : 1;                                       \
+        e->FN(n, n, k, alpha, A, rsa, csa, A, csa, rsa, beta, C, ldc, nt, ws);                     \
+        free(own);                                                                                 \
+        return TPK_OK;                                                                             \
+    }
+
+TUNED_SYRK(tpk_syrk_tuned_d, double, 0, dfn, cblas_dsyrk)
+TUNED_SYRK(tpk_syrk_tuned_s, float, 1, sfn, cblas_ssyrk)

@@ -8,6 +8,7 @@
 #include "tpk/tune.h"
 
 typedef struct tpk__gemm_entry {
+    int op;      /* enum tpk_tune_op: gemm, or syrk (lower triangle, B = Aᵀ by strides) */
     int dtype;   /* enum tpk_tune_dtype */
     int threads; /* threads it was tuned for */
     size_t m, n, k;
@@ -20,7 +21,7 @@ typedef struct tpk__gemm_entry {
 
 extern const tpk__gemm_entry tpk__gemm_table[];
 extern const size_t tpk__gemm_table_len;
-/* Safe defaults (analytic blocking), indexed by dtype. */
-extern const tpk__gemm_entry tpk__gemm_default[2];
+/* Safe defaults (analytic blocking), indexed by 2·op + dtype. */
+extern const tpk__gemm_entry tpk__gemm_default[4];
 
 #endif

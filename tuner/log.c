@@ -31,9 +31,10 @@ void tpk_tune_record_fill(tpk_tune_record *r, const tpk_tune_space *s, const tpk
 int tpk_tune_log_write(FILE *f, const tpk_tune_record *r, tpk_ctx *ctx)
 {
     const tpk_tune_task *t = &r->task;
-    fprintf(f, "{\"v\":1,\"target\":\"%s\",\"template\":\"%s\",\"task\":{\"op\":\"gemm\",\"dtype\":\"%s\","
+    fprintf(f, "{\"v\":1,\"target\":\"%s\",\"template\":\"%s\",\"task\":{\"op\":\"%s\",\"dtype\":\"%s\","
                "\"m\":%zu,\"n\":%zu,\"k\":%zu,\"threads\":%d},\"knobs\":{",
-            r->target_class, r->template_name, tpk_tune_dtype_name(t->dtype), t->m, t->n, t->k, t->threads);
+            r->target_class, r->template_name, tpk_tune_op_name(t->op), tpk_tune_dtype_name(t->dtype), t->m, t->n,
+            t->k, t->threads);
     for (int i = 0; i < r->nknob; i++)
         fprintf(f, "%s\"%s\":%d", i ? "," : "", r->knob_name[i], r->knob_val[i]);
     const tpk_tune_result *s = &r->result;
@@ -176,6 +177,10 @@ static void task_member(jp *j, const char *key, void *u)
         char d[16];
         str(j, d, sizeof d);
         r->task.dtype = !strcmp(d, "f32") ? TPK_TUNE_F32 : TPK_TUNE_F64;
+    } else if (!strcmp(key, "op")) {
+        char d[16];
+        str(j, d, sizeof d);
+        r->task.op = !strcmp(d, "syrk") ? TPK_TUNE_SYRK : TPK_TUNE_GEMM;
     } else if (!strcmp(key, "m"))
         r->task.m = (size_t)num(j);
     else if (!strcmp(key, "n"))
@@ -321,7 +326,7 @@ int tpk_tune_record_config(const tpk_tune_space *s, const tpk_tune_record *r, tp
 
 static int same_workload(const tpk_tune_record *a, const tpk_tune_record *b)
 {
-    return !strcmp(a->target_class, b->target_class) && a->task.dtype == b->task.dtype &&
+    return !strcmp(a->target_class, b->target_class) && a->task.dtype == b->task.dtype && a->task.op == b->task.op &&
            a->task.m == b->task.m && a->task.n == b->task.n && a->task.k == b->task.k &&
            a->task.threads == b->task.threads;
 }
@@ -331,7 +336,7 @@ int tpk_tune_log_show(const tpk_tune_record *recs, size_t n, FILE *out)
     char *seen = calloc(n ? n : 1, 1);
     if (!seen)
         return TPK_ENOMEM;
-    fprintf(out, "%-26s %-5s %6s %6s %6s %3s %7s %6s %9s  %s\n", "target", "dtype", "m", "n", "k",
+    fprintf(out, "%-26s %-4s %-5s %6s %6s %6s %3s %7s %6s %9s  %s\n", "target", "op", "dtype", "m", "n", "k",
             "thr", "records", "failed", "best GF/s", "best knobs");
     for (size_t i = 0; i < n; i++) {
         if (seen[i])
@@ -354,8 +359,8 @@ int tpk_tune_log_show(const tpk_tune_record *recs, size_t n, FILE *out)
                 break;
             off += (size_t)w;
         }
-        fprintf(out, "%-26s %-5s %6zu %6zu %6zu %3d %7zu %6zu %9.1f  %s\n", b->target_class,
-                tpk_tune_dtype_name(b->task.dtype), b->task.m, b->task.n, b->task.k, b->task.threads,
+        fprintf(out, "%-26s %-4s %-5s %6zu %6zu %6zu %3d %7zu %6zu %9.1f  %s\n", b->target_class,
+                tpk_tune_op_name(b->task.op), tpk_tune_dtype_name(b->task.dtype), b->task.m, b->task.n, b->task.k, b->task.threads,
                 count, failed, b->result.err ? 0.0 : b->result.gflops, knobs);
     }
     free(seen);

@@ -119,28 +119,33 @@ static int cmp_double(const void *a, const void *b)
 
 typedef struct child_args {
     const char *so;
-    int dtype, threads, repeat, vendor;
+    int dtype, threads, repeat, vendor, op;
     size_t m, n, k, ms, ns, ks;
     double min_repeat_ms;
 } child_args;
 
-/* Typed body of the child, instantiated for double and float. */
-#define CHILD_BODY(T, KFN, REF, EPS, GEMM)                                                             \
+/* Typed body of the child, instantiated for double and float. For syrk the kernel gets B = Aᵀ
+ * by strides and must write the lower triangle of C only. */
+#define CHILD_BODY(T, KFN, REF, EPS, GEMM, SYRK)                                                   \
     static int child_##T(void *h, const child_args *a, tpk_tune_result *r)                         \
     {                                                                                              \
         KFN kern = (KFN)dlsym(h, "tpk_kernel");                                                    \
         tpk_gemm_ws_fn wsf = (tpk_gemm_ws_fn)dlsym(h, "tpk_kernel_ws");                            \
         if (!kern || !wsf)                                                                         \
             return TPK_TUNE_ELOAD;                                                                 \
+        const int syrk = a->op == TPK_TUNE_SYRK;                                                   \
         uint64_t rng = 0x5eed0001;                                                                 \
         size_t nt = (size_t)(a->threads < 1 ? 1 : a->threads);                                     \
         void *ws = aligned_alloc(64, (wsf((int)nt) + 63) / 64 * 64);                               \
         /* 1. Small odd shape, beta ≠ 0, A both ways round: against the reference kernel. */      \
         size_t ms = a->ms, ns = a->ns, ks = a->ks;                                                 \
+        if (syrk)                                                                                  \
+            ms = ns = ms > ns ? ms : ns;                                                           \
         T *As = malloc(ms * ks * sizeof(T)), *Bs = malloc(ks * ns * sizeof(T));                    \
         T *Cs = malloc(ms * ns * sizeof(T)), *Cr = malloc(ms * ns * sizeof(T));                    \
-        if (!ws || !As || !Bs || !Cs || !Cr) {                                                     \
-            free(ws); free(As); free(Bs); free(Cs); free(Cr);                                      \
+        T *C0 = malloc(ms * ns * sizeof(T));                                                       \
+        if (!ws || !As || !Bs || !Cs || !Cr || !C0) {                                              \
+            free(ws); free(As); free(Bs); free(Cs); free(Cr); free(C0);                            \
             return TPK_TUNE_ECRASH;                                                                \
         }                                                                                          \
         for (size_t i = 0; i < ms * ks; i++)                                                       \
@@ -150,72 +155,100 @@ typedef struct child_args {
         double worst = 0;                                                                          \
         for (int trans = 0; trans < 2; trans++) {                                                  \
             for (size_t i = 0; i < ms * ns; i++)                                                   \
-                Cs[i] = Cr[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                  \
+                C0[i] = Cs[i] = Cr[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                          \
             size_t rsa = trans ? 1 : ks, csa = trans ? ms : 1;                                     \
-            kern(ms, ns, ks, (T)1.375, As, rsa, csa, Bs, ns, 1, (T)0.625, Cs, ns, (int)nt, ws);    \
-            REF(ms, ns, ks, (T)1.375, As, rsa, csa, Bs, ns, 1, (T)0.625, Cr, ns);                  \
-            for (size_t i = 0; i < ms * ns; i++) {                                                 \
-                double e = fabs((double)Cs[i] - (double)Cr[i]) / (1.375 * (double)ks + 1);         \
-                if (!(e <= worst))                                                                 \
-                    worst = isnan(e) ? INFINITY : e;                                               \
-            }                                                                                      \
+            const T *B = syrk ? As : Bs;                                                           \
+            size_t rsb = syrk ? csa : ns, csb = syrk ? rsa : 1;                                    \
+            kern(ms, ns, ks, (T)1.375, As, rsa, csa, B, rsb, csb, (T)0.625, Cs, ns, (int)nt, ws);  \
+            REF(ms, ns, ks, (T)1.375, As, rsa, csa, B, rsb, csb, (T)0.625, Cr, ns);                \
+            for (size_t i = 0; i < ms; i++)                                                        \
+                for (size_t j = 0; j < ns; j++) {                                                  \
+                    size_t q = i * ns + j;                                                         \
+                    /* syrk: the strict upper triangle must be left as it was */                   \
+                    double e = syrk && j > i ? ((double)Cs[q] != (double)C0[q] ? INFINITY : 0)     \
+                                             : fabs((double)Cs[q] - (double)Cr[q]) / (1.375 * (double)ks + 1); \
+                    if (!(e <= worst))                                                             \
+                        worst = isnan(e) ? INFINITY : e;                                           \
+                }                                                                                  \
         }                                                                                          \
-        free(As); free(Bs); free(Cs); free(Cr);                                                    \
+        free(As); free(Bs); free(Cs); free(Cr); free(C0);                                          \
         if (!(worst <= VERIFY_SLACK * (double)ks * EPS)) {                                         \
             r->max_rel_err = worst;                                                                \
             free(ws);                                                                              \
             return TPK_TUNE_EWRONG;                                                                \
         }                                                                                          \
-        /* 2. The workload itself, checked by Freivalds' product C·x = A·(B·x). */               \
-        size_t m = a->m, n = a->n, k = a->k;                                                       \
+        /* 2. The workload itself: Freivalds' C·x = A·(B·x) for gemm; for syrk sampled lower       \
+         * entries against their dot products, and the upper triangle untouched. */               \
+        size_t m = a->m, n = syrk ? a->m : a->n, k = a->k;                                         \
         T *A = aligned_alloc(64, (m * k * sizeof(T) + 63) / 64 * 64);                              \
-        T *B = aligned_alloc(64, (k * n * sizeof(T) + 63) / 64 * 64);                              \
+        T *B = syrk ? A : aligned_alloc(64, (k * n * sizeof(T) + 63) / 64 * 64);                   \
         T *C = aligned_alloc(64, (m * n * sizeof(T) + 63) / 64 * 64);                              \
         double *x = malloc(n * sizeof *x), *bx = malloc(k * sizeof *bx), *bax = malloc(k * sizeof *bax); \
         if (!A || !B || !C || !x || !bx || !bax) {                                                 \
-            free(A); free(B); free(C); free(x); free(bx); free(bax); free(ws);                     \
+            free(A); if (!syrk) free(B); free(C); free(x); free(bx); free(bax); free(ws);          \
             return TPK_TUNE_ECRASH;                                                                \
         }                                                                                          \
         for (size_t i = 0; i < m * k; i++)                                                         \
             A[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                               \
-        for (size_t i = 0; i < k * n; i++)                                                         \
-            B[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                               \
-        for (size_t i = 0; i < m * n; i++)                                                         \
-            C[i] = (T)NAN; /* beta = 0 must not read C */                                          \
-        for (size_t j = 0; j < n; j++)                                                             \
-            x[j] = 2 * tpk__rng_unif(&rng) - 1;                                                    \
-        kern(m, n, k, 1, A, k, 1, B, n, 1, 0, C, n, (int)nt, ws);                                  \
-        for (size_t p = 0; p < k; p++) {                                                           \
-            double s = 0, sa = 0;                                                                  \
-            for (size_t j = 0; j < n; j++) {                                                       \
-                s += (double)B[p * n + j] * x[j];                                                  \
-                sa += fabs((double)B[p * n + j] * x[j]);                                           \
-            }                                                                                      \
-            bx[p] = s;                                                                             \
-            bax[p] = sa;                                                                           \
-        }                                                                                          \
-        worst = 0;                                                                                 \
-        for (size_t i = 0; i < m; i++) {                                                           \
-            double y = 0, z = 0, za = 0;                                                           \
+        if (!syrk)                                                                                 \
+            for (size_t i = 0; i < k * n; i++)                                                     \
+                B[i] = (T)(2 * tpk__rng_unif(&rng) - 1);                                           \
+        for (size_t i = 0; i < m; i++)                                                             \
             for (size_t j = 0; j < n; j++)                                                         \
-                y += (double)C[i * n + j] * x[j];                                                  \
-            for (size_t p = 0; p < k; p++) {                                                       \
-                z += (double)A[i * k + p] * bx[p];                                                 \
-                za += fabs((double)A[i * k + p]) * bax[p];                                         \
+                C[i * n + j] = syrk && j > i ? (T)7.25 : (T)NAN; /* beta = 0 must not read C */    \
+        const size_t rsb = syrk ? 1 : n, csb = syrk ? k : 1;                                       \
+        kern(m, n, k, 1, A, k, 1, B, rsb, csb, 0, C, n, (int)nt, ws);                              \
+        worst = 0;                                                                                 \
+        if (syrk) {                                                                                \
+            for (int s = 0; s < 4096; s++) {                                                       \
+                size_t i = (size_t)(tpk__rng_next(&rng) % m), j = (size_t)(tpk__rng_next(&rng) % m); \
+                double z = 0, za = 0, e;                                                           \
+                if (j > i) {                                                                       \
+                    e = C[i * n + j] == (T)7.25 ? 0 : INFINITY;                                    \
+                } else {                                                                           \
+                    for (size_t p = 0; p < k; p++) {                                               \
+                        z += (double)A[i * k + p] * (double)A[j * k + p];                          \
+                        za += fabs((double)A[i * k + p] * (double)A[j * k + p]);                   \
+                    }                                                                              \
+                    e = fabs((double)C[i * n + j] - z) / (za > 0 ? za : 1);                        \
+                }                                                                                  \
+                if (!(e <= worst))                                                                 \
+                    worst = isnan(e) ? INFINITY : e;                                               \
             }                                                                                      \
-            double e = fabs(y - z) / (za > 0 ? za : 1);                                            \
-            if (!(e <= worst))                                                                     \
-                worst = isnan(e) ? INFINITY : e;                                                   \
+        } else {                                                                                   \
+            for (size_t j = 0; j < n; j++)                                                         \
+                x[j] = 2 * tpk__rng_unif(&rng) - 1;                                                \
+            for (size_t p = 0; p < k; p++) {                                                       \
+                double s = 0, sa = 0;                                                              \
+                for (size_t j = 0; j < n; j++) {                                                   \
+                    s += (double)B[p * n + j] * x[j];                                              \
+                    sa += fabs((double)B[p * n + j] * x[j]);                                       \
+                }                                                                                  \
+                bx[p] = s;                                                                         \
+                bax[p] = sa;                                                                       \
+            }                                                                                      \
+            for (size_t i = 0; i < m; i++) {                                                       \
+                double y = 0, z = 0, za = 0;                                                       \
+                for (size_t j = 0; j < n; j++)                                                     \
+                    y += (double)C[i * n + j] * x[j];                                              \
+                for (size_t p = 0; p < k; p++) {                                                   \
+                    z += (double)A[i * k + p] * bx[p];                                             \
+                    za += fabs((double)A[i * k + p]) * bax[p];                                     \
+                }                                                                                  \
+                double e = fabs(y - z) / (za > 0 ? za : 1);                                        \
+                if (!(e <= worst))                                                                 \
+                    worst = isnan(e) ? INFINITY : e;                                               \
+            }                                                                                      \
         }                                                                                          \
         free(x); free(bx); free(bax);                                                              \
         r->max_rel_err = worst;                                                                    \
         if (!(worst <= VERIFY_SLACK * (double)k * EPS)) {                                          \
-            free(A); free(B); free(C); free(ws);                                                   \
+            free(A); if (!syrk) free(B); free(C); free(ws);                                        \
             return TPK_TUNE_EWRONG;                                                                \
         }                                                                                          \
         /* 3. Time: one warm-up call, calls per repeat grown to min_repeat_ms, median. */         \
         double t0 = tpk__now();                                                                    \
-        kern(m, n, k, 1, A, k, 1, B, n, 1, 0, C, n, (int)nt, ws);                                  \
+        kern(m, n, k, 1, A, k, 1, B, rsb, csb, 0, C, n, (int)nt, ws);                              \
         double tw = tpk__now() - t0;                                                               \
         long number = (long)ceil(a->min_repeat_ms * 1e-3 / (tw > 1e-9 ? tw : 1e-9));               \
         if (number < 1)                                                                            \
@@ -224,7 +257,7 @@ typedef struct child_args {
         for (int rep = 0; rep < a->repeat; rep++) {                                                \
             double t = tpk__now();                                                                 \
             for (long it = 0; it < number; it++)                                                   \
-                kern(m, n, k, 1, A, k, 1, B, n, 1, 0, C, n, (int)nt, ws);                          \
+                kern(m, n, k, 1, A, k, 1, B, rsb, csb, 0, C, n, (int)nt, ws);                      \
             r->costs_s[rep] = (tpk__now() - t) / (double)number;                                   \
         }                                                                                          \
         r->cpu_ratio = (cpu_now() - c0) / ((tpk__now() - w0) * (double)nt);                        \
@@ -232,27 +265,32 @@ typedef struct child_args {
         double sorted[TPK_TUNE_MAX_REPEAT];                                                        \
         memcpy(sorted, r->costs_s, (size_t)r->ncost * sizeof *sorted);                             \
         qsort(sorted, (size_t)r->ncost, sizeof *sorted, cmp_double);                               \
-        r->gflops = 2.0 * (double)m * (double)n * (double)k / sorted[r->ncost / 2] * 1e-9;         \
+        tpk_tune_task task = {TPK_TUNE_CPU, 0, m, n, k, (int)nt, a->op};                           \
+        double flops = tpk_tune_task_flops(&task);                                                 \
+        r->gflops = flops / sorted[r->ncost / 2] * 1e-9;                                           \
         if (a->vendor) { /* OpenBLAS on the same data, same conditions: a load-robust ratio */      \
             openblas_set_num_threads((int)nt);                                                     \
-            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1, A, (int)k, B, \
-                 (int)n, 0, C, (int)n);                                                            \
-            for (int rep = 0; rep < a->repeat; rep++) {                                            \
+            for (int rep = -1; rep < a->repeat; rep++) { /* rep -1: warm-up */                     \
                 double t = tpk__now();                                                             \
-                for (long it = 0; it < number; it++)                                               \
-                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1, A,  \
-                         (int)k, B, (int)n, 0, C, (int)n);                                         \
-                sorted[rep] = (tpk__now() - t) / (double)number;                                   \
+                for (long it = 0; it < (rep < 0 ? 1 : number); it++) {                             \
+                    if (syrk)                                                                      \
+                        SYRK(CblasRowMajor, CblasLower, CblasNoTrans, (int)m, (int)k, 1, A, (int)k, 0, C, (int)n); \
+                    else                                                                           \
+                        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1, A, \
+                             (int)k, B, (int)n, 0, C, (int)n);                                     \
+                }                                                                                  \
+                if (rep >= 0)                                                                      \
+                    sorted[rep] = (tpk__now() - t) / (double)number;                               \
             }                                                                                      \
             qsort(sorted, (size_t)a->repeat, sizeof *sorted, cmp_double);                          \
-            r->vendor_gflops = 2.0 * (double)m * (double)n * (double)k / sorted[a->repeat / 2] * 1e-9; \
+            r->vendor_gflops = flops / sorted[a->repeat / 2] * 1e-9;                               \
         }                                                                                          \
-        free(A); free(B); free(C); free(ws);                                                       \
+        free(A); if (!syrk) free(B); free(C); free(ws);                                            \
         return TPK_TUNE_OK;                                                                        \
     }
 
-CHILD_BODY(double, tpk_dgemm_kernel_fn, tpk_ref_dgemm, 1.1102230246251565e-16, cblas_dgemm)
-CHILD_BODY(float, tpk_sgemm_kernel_fn, tpk_ref_sgemm, 5.9604644775390625e-08, cblas_sgemm)
+CHILD_BODY(double, tpk_dgemm_kernel_fn, tpk_ref_dgemm, 1.1102230246251565e-16, cblas_dgemm, cblas_dsyrk)
+CHILD_BODY(float, tpk_sgemm_kernel_fn, tpk_ref_sgemm, 5.9604644775390625e-08, cblas_sgemm, cblas_ssyrk)
 
 static void child_run(const child_args *a, tpk_tune_result *r)
 {
@@ -280,8 +318,8 @@ static void child_print(FILE *f, const tpk_tune_result *r)
 
 int tpk_tune_child_main(int argc, char **argv)
 {
-    if ((argc != 13 && argc != 14) || strcmp(argv[1], "__measure") != 0) {
-        fprintf(stderr, "usage: %s __measure SO DTYPE M N K THREADS REPEAT MIN_MS MS NS KS [VENDOR]\n", argv[0]);
+    if (argc < 13 || argc > 15 || strcmp(argv[1], "__measure") != 0) {
+        fprintf(stderr, "usage: %s __measure SO DTYPE M N K THREADS REPEAT MIN_MS MS NS KS [VENDOR [OP]]\n", argv[0]);
         return 2;
     }
     child_args a = {.so = argv[2], .dtype = atoi(argv[3]), .m = strtoull(argv[4], NULL, 10),
@@ -289,7 +327,7 @@ int tpk_tune_child_main(int argc, char **argv)
                     .threads = atoi(argv[7]), .repeat = atoi(argv[8]),
                     .min_repeat_ms = atof(argv[9]), .ms = strtoull(argv[10], NULL, 10),
                     .ns = strtoull(argv[11], NULL, 10), .ks = strtoull(argv[12], NULL, 10),
-                    .vendor = argc == 14 ? atoi(argv[13]) : 0};
+                    .vendor = argc >= 14 ? atoi(argv[13]) : 0, .op = argc >= 15 ? atoi(argv[14]) : 0};
     if (a.repeat < 1 || a.repeat > TPK_TUNE_MAX_REPEAT || !a.m || !a.n || !a.k || !a.ms || !a.ns || !a.ks)
         return 2;
     tpk_tune_result r;
@@ -477,8 +515,9 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
                     .repeat = o->repeat < 1 ? 1 : o->repeat > TPK_TUNE_MAX_REPEAT ? TPK_TUNE_MAX_REPEAT : o->repeat,
                     .m = s->task.m, .n = s->task.n, .k = s->task.k,
                     .min_repeat_ms = o->min_repeat_ms, .ms = (size_t)(2 * b.mr + 3),
-                    .ns = (size_t)(2 * b.nr + 5), .ks = (size_t)(b.kc + 7), .vendor = o->vendor};
-    char av[11][32];
+                    .ns = (size_t)(2 * b.nr + 5), .ks = (size_t)(b.kc + 7), .vendor = o->vendor,
+                    .op = s->task.op};
+    char av[12][32];
     snprintf(av[0], 32, "%d", a.dtype);
     snprintf(av[1], 32, "%zu", a.m);
     snprintf(av[2], 32, "%zu", a.n);
@@ -490,9 +529,10 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
     snprintf(av[8], 32, "%zu", a.ns);
     snprintf(av[9], 32, "%zu", a.ks);
     snprintf(av[10], 32, "%d", a.vendor);
+    snprintf(av[11], 32, "%d", a.op);
     const char *runner = find_runner(o, rbuf, sizeof rbuf);
     char *argv[] = {(char *)(runner ? runner : "tptune"), "__measure", so, av[0], av[1], av[2], av[3],
-                    av[4], av[5], av[6], av[7], av[8], av[9], av[10], NULL};
+                    av[4], av[5], av[6], av[7], av[8], av[9], av[10], av[11], NULL};
     double compile_s = res->compile_s;
     tpk_tune_result best;
     memset(&best, 0, sizeof best);

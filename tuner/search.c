@@ -324,7 +324,7 @@ static int random_unvisited(const tpk_tune_space *s, const tpk_tune_opts *o, con
 
 static int same_task(const tpk_tune_task *a, const tpk_tune_task *b)
 {
-    return a->target == b->target && a->dtype == b->dtype && a->m == b->m && a->n == b->n &&
+    return a->target == b->target && a->dtype == b->dtype && a->op == b->op && a->m == b->m && a->n == b->n &&
            a->k == b->k && a->threads == b->threads;
 }
 

@@ -43,6 +43,11 @@ const char *tpk_tune_target_name(int target)
     return target == TPK_TUNE_CUDA ? "cuda" : "cpu";
 }
 
+const char *tpk_tune_op_name(int op)
+{
+    return op == TPK_TUNE_SYRK ? "syrk" : "gemm";
+}
+
 const char *tpk_tune_target_class(int target)
 {
     if (target == TPK_TUNE_CUDA)
@@ -62,6 +67,8 @@ const char *tpk_tune_target_class(int target)
 
 double tpk_tune_task_flops(const tpk_tune_task *t)
 {
+    if (t->op == TPK_TUNE_SYRK) /* the lower triangle, diagonal included */
+        return (double)t->m * ((double)t->m + 1) * (double)t->k;
     return 2.0 * (double)t->m * (double)t->n * (double)t->k;
 }
 
@@ -73,6 +80,10 @@ int tpk_tune_space_init(tpk_tune_space *s, const tpk_tune_task *task, tpk_ctx *c
                          task->k);
     if (task->dtype != TPK_TUNE_F64 && task->dtype != TPK_TUNE_F32)
         return TPK_ERROR(ctx, TPK_EINVAL, "tune: dtype must be f64 or f32");
+    if (task->op != TPK_TUNE_GEMM && task->op != TPK_TUNE_SYRK)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: op must be gemm or syrk");
+    if (task->op == TPK_TUNE_SYRK && (task->n != task->m || task->target != TPK_TUNE_CPU))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: syrk needs n = m and the cpu target");
     int st;
     if (task->target == TPK_TUNE_CPU)
         st = tpk__cpu_gemm_space(s, task, ctx);

@@ -17,17 +17,22 @@ extern "C" {
 
 enum tpk_tune_target { TPK_TUNE_CPU = 0, TPK_TUNE_CUDA = 1 };
 enum tpk_tune_dtype { TPK_TUNE_F64 = 0, TPK_TUNE_F32 = 1 };
+/* GEMM: C(m×n) = alpha·A(m×k)·B(k×n) + beta·C. SYRK: the lower triangle of C(m×m) =
+ * alpha·A·Aᵀ + beta·C (the Gram / covariance update), n = m, B = Aᵀ by strides; CPU only. */
+enum tpk_tune_op { TPK_TUNE_GEMM = 0, TPK_TUNE_SYRK = 1 };
 
-/* One workload: C(m×n) += A(m×k)·B(k×n) of a dtype on a target with a thread count. */
+/* One workload of an op and dtype on a target with a thread count. */
 typedef struct tpk_tune_task {
     int target;  /* enum tpk_tune_target */
     int dtype;   /* enum tpk_tune_dtype */
     size_t m, n, k;
     int threads; /* CPU OpenMP threads; ignored for CUDA */
+    int op;      /* enum tpk_tune_op */
 } tpk_tune_task;
 
 TPK_API const char *tpk_tune_dtype_name(int dtype);   /* "f64" / "f32" */
 TPK_API const char *tpk_tune_target_name(int target); /* "cpu" / "cuda" */
+TPK_API const char *tpk_tune_op_name(int op);         /* "gemm" / "syrk" */
 /* Target class string written into logs, e.g. "cpu/x86_64/avx512/intel" or "cuda/sm_90". */
 TPK_API const char *tpk_tune_target_class(int target);
 TPK_API double tpk_tune_task_flops(const tpk_tune_task *t);
@@ -52,7 +57,7 @@ typedef struct tpk_tune_config {
 
 struct tpk_tune_space {
     tpk_tune_task task;
-    const char *template_name; /* "cpu_gemm" / "cuda_gemm" */
+    const char *template_name; /* "cpu_gemm" / "cpu_syrk" / "cuda_gemm" */
     int nknob;
     tpk_tune_knob knob[TPK_TUNE_MAX_KNOBS];
     uint64_t size; /* product of candidate counts, valid or not */
