@@ -29,7 +29,7 @@ $(BUILD)/obj/gen/tpk_gemm_cpu.o: $(GEN_CPU)
 # make tune: retune the shipped workloads on this machine into a fresh log, then regenerate.
 # Quiet machine wanted: the measurer redoes disturbed runs but cannot create idle cores.
 TUNE_TRIALS ?= 96
-TUNE_SHAPES ?= 1024x1024x1024 2048x2048x2048 4096x64x4096 2048x64x2048
+TUNE_SHAPES ?= 2048x2048x2048 2048x64x2048 1024x1024x1024 4096x64x4096
 TUNE_THREADS ?= 1 2
 TUNE_DTYPES ?= f64 f32
 TUNE_OUT    ?= data/tuning/cpu-local.jsonl

@@ -22,7 +22,7 @@ static void usage(FILE *f)
 {
     fputs("usage: tptune gemm --m=M --n=N --k=K [--dtype=f64|f32] [--target=cpu|cuda] [--threads=T]\n"
           "                   [--trials=N] [--batch=B] [--model=rank|reg|random] [--seed=S]\n"
-          "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] --log=FILE\n"
+          "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] [--vendor=0|1] --log=FILE\n"
           "       tptune syrk --n=N --k=K [options as for gemm]\n"
           "       tptune show LOG...\n"
           "       tptune emit --m=M --n=N --k=K [--dtype=..] [--target=..] [--threads=T] [--knobs=a=1,b=2]\n"
@@ -34,7 +34,7 @@ static void usage(FILE *f)
 
 typedef struct args {
     tpk_tune_task task;
-    int trials, batch, model, seeds, repeat;
+    int trials, batch, model, seeds, repeat, vendor;
     double min_ms;
     unsigned long long seed;
     const char *log, *transfer, *knobs, *out;
@@ -75,6 +75,7 @@ static int parse_args(int argc, char **argv, args *a)
     a->model = TPK_TUNE_MODEL_XGB_RANK;
     a->seeds = 20;
     a->repeat = 5;
+    a->vendor = 1;
     a->min_ms = 50;
     a->seed = 1;
     for (int i = 2; i < argc; i++) {
@@ -139,6 +140,8 @@ static int parse_args(int argc, char **argv, args *a)
             bad = parse_int(v, &a->seeds) || a->seeds < 1;
         else if (!strcmp(k, "repeat"))
             bad = parse_int(v, &a->repeat) || a->repeat < 1 || a->repeat > TPK_TUNE_MAX_REPEAT;
+        else if (!strcmp(k, "vendor"))
+            bad = parse_int(v, &a->vendor) || a->vendor > 1;
         else if (!strcmp(k, "min-ms"))
             bad = (a->min_ms = atof(v)) <= 0;
         else if (!strcmp(k, "seed"))
@@ -214,7 +217,7 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     tpk_tune_measure_opts_default(&mo);
     mo.repeat = a->repeat;
     mo.min_repeat_ms = a->min_ms;
-    mo.vendor = 1; /* OpenBLAS side by side: the log then carries a load-robust ratio */
+    mo.vendor = a->vendor; /* OpenBLAS side by side: the log then carries a load-robust ratio */
     /* Candidates run in a fresh exec of this program (tpk_tune_child_main). */
     char self[4096];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -405,7 +408,7 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         size_t j = 0;
         while (j < t.n && t.idx[j] != idx)
             j++;
-        double g = r[i].result.err ? 0 : r[i].result.gflops;
+        double g = tpk_tune_result_label(&r[i].result);
         if (j == t.n) {
             t.idx[t.n] = idx;
             t.gf[t.n++] = g;

@@ -385,6 +385,11 @@ done:
 
 /* ---- the tuner ---------------------------------------------------------------------------- */
 
+double tpk_tune_result_label(const tpk_tune_result *r)
+{
+    return tpk__label(r);
+}
+
 /* Label of a measurement: GFLOP/s, 0 for failures. A run that got only a share r of the CPU
  * time it asked for (other processes) took about 1/r as long, so its rate is scaled back by r
  * (floored: beyond that the estimate means little). Unknown ratio (0): taken as undisturbed. */

@@ -193,6 +193,9 @@ typedef struct tpk_tune_record {
     double ts; /* unix time */
 } tpk_tune_record;
 
+/* A measurement's rate for ranking: GFLOP/s corrected for the CPU share the run got (a run that
+ * got a share r of the CPU it asked for took about 1/r as long; r floored at 0.3); 0 on error. */
+TPK_API double tpk_tune_result_label(const tpk_tune_result *r);
 TPK_API void tpk_tune_record_fill(tpk_tune_record *r, const tpk_tune_space *s,
                                   const tpk_tune_config *c, const tpk_tune_result *res);
 TPK_API int tpk_tune_log_write(FILE *f, const tpk_tune_record *r, tpk_ctx *ctx);
