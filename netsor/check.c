@@ -264,6 +264,41 @@ static int resolve_name(walker *W, nsr_expr *e, int depth)
     }
 }
 
+/* `mod(a, b)` is built in unless the program or the registry gives `mod` another meaning. */
+static int is_builtin_mod(walker *W, const nsr_expr *e)
+{
+    return strcmp(e->name, "mod") == 0 && lookup(W, e->name) < 0 && function_sym(W->C, e->name) < 0;
+}
+
+/* sum(j in lo..hi, body): lo and hi in the enclosing scope, body with j as a loop variable. */
+static int resolve_sum(walker *W, nsr_expr *e, int depth)
+{
+    nsr_check *C = W->C;
+    if (resolve(W, e->args[0], depth + 1) || resolve(W, e->args[1], depth + 1))
+        return TPK_ETYPE;
+    if (is_reserved(e->name))
+        return nsr_error(C->S, TPK_ESYNTAX, e->line, e->col, "'%s' is a reserved word", e->name);
+    int g = nsr_sym_find(C, e->name);
+    if (g >= 0 && C->sym[g].kind != NSR_SYM_FUNC)
+        return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "sum variable '%s' shadows %s '%s' (line %d)",
+                         e->name, kind_name[C->sym[g].kind], e->name, C->sym[g].line);
+    for (int i = 0; i < W->nloops; i++)
+        if (strcmp(C->sym[W->loops[i]].name, e->name) == 0)
+            return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
+                             "sum variable '%s' shadows the loop variable of line %d", e->name,
+                             C->sym[W->loops[i]].line);
+    if (W->nloops >= NSR_MAX_DEPTH)
+        return nsr_error(C->S, TPK_ESYNTAX, e->line, e->col, "loops nested too deeply");
+    int l = add_sym(C, e->name, NSR_SYM_LOOP, e->line, e->col);
+    if (l < 0)
+        return TPK_ENOMEM;
+    e->sym = l;
+    W->loops[W->nloops++] = l;
+    int st = resolve(W, e->a, depth + 1);
+    W->nloops--;
+    return st;
+}
+
 static int resolve_call(walker *W, nsr_expr *e, int depth)
 {
     nsr_check *C = W->C;
@@ -279,6 +314,15 @@ static int resolve_call(walker *W, nsr_expr *e, int depth)
     if (strcmp(e->name, "readout") == 0)
         return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
                          "readout(...) may only appear as 'output y = readout(var, sigma_v2)'");
+    if (is_builtin_mod(W, e)) { /* mod(a, b): integer index arithmetic (elab checks the values) */
+        if (e->nargs != 2 || e->nidx)
+            return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
+                             "mod takes two integers: mod(a, b) (index arithmetic, e.g. circular "
+                             "padding)");
+        if (resolve(W, e->args[0], depth + 1))
+            return TPK_ETYPE;
+        return resolve(W, e->args[1], depth + 1);
+    }
     if (strcmp(e->name, "sqrt") == 0 && e->nargs == 1 && e->args[0]->kind == NSR_E_NAME) {
         int s = lookup(W, e->args[0]->name);
         if (s >= 0 && C->sym[s].kind == NSR_SYM_WIDTH) {
@@ -367,6 +411,8 @@ static int resolve(walker *W, nsr_expr *e, int depth)
         return resolve(W, e->b, depth + 1);
     case NSR_E_NEG:
         return resolve(W, e->a, depth + 1);
+    case NSR_E_SUM:
+        return resolve_sum(W, e, depth);
     default:
         return TPK_OK;
     }

@@ -1044,6 +1044,16 @@ static int elab_call(elab *E, const nsr_expr *e, rbuf *out)
                          "sqrt(%s) of a width may only scale a mean: sqrt(%s) * mean(q * k) is the "
                          "1/sqrt(n)-scaled inner product <q, k>/sqrt(n)", e->args[0]->name,
                          e->args[0]->name);
+    if (e->sym < 0 && strcmp(e->name, "mod") == 0) { /* built-in mod(a, b), floored: 0..b-1 */
+        int a, b;
+        if (eval_int(E, e->args[0], "mod's first argument", &a) ||
+            eval_int(E, e->args[1], "mod's second argument", &b))
+            return TPK_ETYPE;
+        if (b < 1)
+            return nsr_error(E->S, TPK_ETYPE, e->args[1]->line, e->args[1]->col,
+                             "mod(a, b) needs b >= 1 (got %d)", b);
+        return rb_push(out, TPK_RPN_CONST, -1, (double)(((a % b) + b) % b), NULL) ? oom(E) : TPK_OK;
+    }
     const nsr_sym *y = &E->C->sym[e->sym];
     if (y->kind == NSR_SYM_AFAM) {
         nsr_expr a = *e;
@@ -1115,6 +1125,42 @@ static double fold(int op, double a, double b)
     }
 }
 
+/* sum(j in lo..hi, body) → body(lo) + ... + body(hi), folding constants as '+' does (so the
+ * zero members of a padded family drop out); 0 for an empty range. */
+static int elab_sum(elab *E, const nsr_expr *e, rbuf *out)
+{
+    int lo, hi;
+    if (eval_int(E, e->args[0], "a range bound", &lo) || eval_int(E, e->args[1], "a range bound", &hi))
+        return TPK_ETYPE;
+    rbuf acc = {0};
+    int st = TPK_OK, nonconst = 0;
+    double c0 = 0;
+    E->have[e->sym] = 1;
+    for (long j = lo; j <= hi && st == TPK_OK; j++) {
+        E->num[e->sym] = (double)j;
+        rbuf b = {0};
+        double cb;
+        st = elab_expr(E, e->a, &b);
+        if (st == TPK_OK && rb_is_const(&b, &cb))
+            c0 += cb;
+        else if (st == TPK_OK && (st = rb_append(&acc, b.n, b.len)) == TPK_OK && nonconst++ > 0)
+            st = rb_push(&acc, TPK_RPN_ADD, -1, 0, NULL);
+        rb_free(&b);
+    }
+    E->have[e->sym] = 0;
+    if (st == TPK_OK && (c0 != 0 || nonconst == 0)) {
+        st = rb_push(&acc, TPK_RPN_CONST, -1, c0, NULL);
+        if (st == TPK_OK && nonconst > 0)
+            st = rb_push(&acc, TPK_RPN_ADD, -1, 0, NULL);
+    }
+    if (st == TPK_OK)
+        st = rb_append(out, acc.n, acc.len);
+    rb_free(&acc);
+    if (st && !E->S->failed)
+        st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
+    return st;
+}
+
 static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
 {
     if (++E->steps > NSR_MAX_STEPS * 4L)
@@ -1128,6 +1174,8 @@ static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
         return elab_call(E, e, out);
     case NSR_E_APPLY:
         return elab_matmul(E, e->a, e->b, e, NULL, -1, out);
+    case NSR_E_SUM:
+        return elab_sum(E, e, out);
     case NSR_E_NEG: {
         rbuf a = {0};
         int st = elab_expr(E, e->a, &a);

@@ -65,7 +65,9 @@ enum nsr_ekind {
     NSR_E_APPLY,     /* juxtaposition  W h : MatMul */
     NSR_E_BIN,       /* + - * / ^  (op holds the token kind) */
     NSR_E_NEG,
-    NSR_E_TRANSPOSE  /* W'  (always rejected) */
+    NSR_E_TRANSPOSE, /* W'  (always rejected) */
+    NSR_E_SUM        /* sum(j in lo..hi, body): name = binder, args = {lo, hi}, a = body,
+                      * sym (check) = the binder's loop symbol */
 };
 typedef struct nsr_expr nsr_expr;
 struct nsr_expr {

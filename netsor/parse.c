@@ -128,6 +128,31 @@ static int exprlist(parser *P, int close, const char *what, nsr_expr ***out, int
     return TPK_OK;
 }
 
+/* sum = 'sum' '(' NAME 'in' expr '..' expr ',' expr ')'
+ * An index sum, unrolled by the elaborator into `body + body + ...` (binder = each value of the
+ * inclusive range; an empty range is 0). Written for convolutions: sum(j in 0..k-1, W[j] h[p+j]). */
+static nsr_expr *sum_expr(parser *P)
+{
+    nsr_expr *e = new_expr(P, NSR_E_SUM, cur(P));
+    if (e == NULL)
+        return NULL;
+    advance(P); /* sum */
+    advance(P); /* ( */
+    e->name = cur(P)->text;
+    advance(P); /* NAME */
+    advance(P); /* in */
+    e->args = new_node(P, 2 * sizeof *e->args);
+    if (e->args == NULL)
+        return NULL;
+    e->nargs = 2;
+    if ((e->args[0] = expr(P)) == NULL || expect(P, NSR_T_DOTDOT, "'..' in sum(j in lo..hi, ...)") ||
+        (e->args[1] = expr(P)) == NULL || expect(P, NSR_T_COMMA, "',' after the range of sum(...)") ||
+        (e->a = expr(P)) == NULL || expect(P, NSR_T_RP, "')'"))
+        return NULL;
+    finish(P, e);
+    return e;
+}
+
 /* primary = NUMBER | NAME [ '[' expr { ',' expr } ']' ] [ '(' [ expr { ',' expr } ] ')' ]
  *         | '(' expr ')' */
 static nsr_expr *primary(parser *P)
@@ -158,6 +183,9 @@ static nsr_expr *primary(parser *P)
         syntax_error(P, t, "an expression");
         return NULL;
     }
+    if (is_name(t, "sum") && peek(P, 1)->kind == NSR_T_LP && peek(P, 2)->kind == NSR_T_NAME &&
+        is_name(peek(P, 3), "in"))
+        return sum_expr(P);
     nsr_expr *e = new_expr(P, NSR_E_NAME, t);
     if (e == NULL)
         return NULL;
