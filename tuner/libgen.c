@@ -30,6 +30,17 @@ static int workload_cmp(const tpk_tune_record *a, const tpk_tune_record *b)
     return 0;
 }
 
+/* Undisturbed runs first (CPU share ≥ 0.85, or unknown), then the load-corrected rate: a
+ * corrected rate from a heavily disturbed run is an estimate, a quiet run a measurement. */
+static int better(const tpk_tune_record *a, const tpk_tune_record *b)
+{
+    int qa = !(a->result.cpu_ratio > 0) || a->result.cpu_ratio >= 0.85;
+    int qb = !(b->result.cpu_ratio > 0) || b->result.cpu_ratio >= 0.85;
+    if (qa != qb)
+        return qa > qb;
+    return tpk__label(&a->result) > tpk__label(&b->result);
+}
+
 static int pick_cmp(const void *x, const void *y)
 {
     return workload_cmp(((const pick *)x)->r, ((const pick *)y)->r);
@@ -85,7 +96,7 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *
         size_t j = 0;
         while (j < np && workload_cmp(p[j].r, r) != 0)
             j++;
-        if (j < np && !(tpk__label(&r->result) > tpk__label(&p[j].r->result)))
+        if (j < np && !better(r, p[j].r))
             continue;
         tpk_tune_space s;
         tpk_tune_config c;
