@@ -1,5 +1,6 @@
 /* gpkernel: infinite-width GP kernels of whole architectures (shipped NETSOR programs) or of any
  * NETSOR program, written to self-describing HDF5. */
+#include "tpk/cnn.h"
 #include "tpk/job.h"
 #include "tpk/tpk.h"
 
@@ -47,6 +48,18 @@ static const arch archs[] = {
      "RNN with a fresh W at every step: no recurrent cross-time terms (theory.md §1.8)",
      "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
      NULL},
+    /* CNNs: the program fixes the parameters, the direct recursion of kernels/cnn.c computes
+     * (tpk_cnn_job); padding/readout/filter/conv are settings of the job, not of the program */
+    {"cnn1d", "programs/cnn1d.nsr", "data/demo-sequences.npy",
+     "1-D CNN, a shared A-var per filter tap, signals N×P×C, flatten or GAP readout (theory.md §2.8)",
+     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
+     "filter=filter,padding=padding,readout=readout,conv=conv",
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job},
+    {"cnn2d", "programs/cnn2d.nsr", "data/demo-images.npy",
+     "2-D CNN, a shared A-var per filter tap, images N×H×W×C, flatten or GAP readout (theory.md §2.8)",
+     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
+     "filter=filter,padding=padding,readout=readout,conv=conv",
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job},
 };
 
 static const char usage[] =
@@ -55,7 +68,7 @@ static const char usage[] =
     "Infinite-width (NNGP) kernel of an architecture or NETSOR program, written to HDF5.\n"
     "\n"
     "Options:\n"
-    "  --arch=NAME        a shipped architecture (--list-archs): mlp, rnn, rnn-untied\n"
+    "  --arch=NAME        a shipped architecture (--list-archs): mlp, rnn, rnn-untied, cnn1d, cnn2d\n"
     "  --program=FILE     any NETSOR program (docs/netsor.md); with --set NAME=VALUE overrides\n"
     "  --input=SPEC       inputs: FILE.h5:/dataset, FILE.npy or FILE.csv; N×d, or N×T×d for\n"
     "                     recurrent programs (default: the architecture's bundled demo input)\n"
@@ -70,6 +83,11 @@ static const char usage[] =
     "  --sigma-v2=V       (rnn) readout variance\n"
     "  --all-times        every readout (all time steps), sequence-major: ((N·T)×(N·T));\n"
     "                     default: the last time step only (N×N)\n"
+    "  --filter=K[,KW]    (cnn1d, cnn2d) filter size k, or kh,kw (default 3)\n"
+    "  --padding=P        (cnn) circular (default) or zero\n"
+    "  --readout=R        (cnn) gap (global average pooling, default) or flatten;\n"
+    "                     with --all-times every position: ((N·P)×(N·P))\n"
+    "  --conv=M           (cnn) tap convolution: auto (default), direct or fft\n"
     "  --set NAME=VALUE   override any program parameter (repeatable)\n"
     "  --netsor-plus      allow NETSOR+ Moments in --program\n"
     "  --list-archs, --list-phi, --quiet, --help, --version\n"
@@ -276,7 +294,7 @@ static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *re
                 o->a = &archs[i];
         if (!o->a)
             return TPK_ERROR(ctx, TPK_EINVAL,
-                             "unknown architecture '%s' (see --list-archs: mlp, rnn, rnn-untied)",
+                             "unknown architecture '%s' (see --list-archs: mlp, rnn, rnn-untied, cnn1d, cnn2d, ...)",
                              arch_name);
     }
     if (!o->output)

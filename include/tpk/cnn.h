@@ -1,0 +1,87 @@
+/* CNN NNGP kernels (1-D signals, 2-D images) by the direct recursion over (position × input)
+ * covariance blocks, theory.md §2.8; the fast path behind gpkernel --arch=cnn1d / cnn2d. */
+#ifndef TPK_CNN_H
+#define TPK_CNN_H
+
+#include "array.h"
+#include "gauss.h"
+#include "job.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum tpk_cnn_padding { TPK_CNN_CIRCULAR, TPK_CNN_ZERO };
+enum tpk_cnn_readout {
+    TPK_CNN_FLATTEN,   /* a readout weight per position: (σ_v²/P) Σ_p K^L_{(p,a),(p,c)} + σ_ob²  */
+    TPK_CNN_GAP,       /* global average pooling: (σ_v²/P²) Σ_{p,p'} K^L_{(p,a),(p',c)} + σ_ob² */
+    TPK_CNN_POSITIONS  /* every position read out: σ_v² K^L + σ_ob² over (input, position)
+                        * pairs, (N·P)×(N·P), index a·P + p (p row-major over the grid): the
+                        * layout of the NETSOR programs' all-outputs kernel */
+};
+/* How the tap convolution of a (position × position) block is summed. */
+enum tpk_cnn_conv {
+    TPK_CNN_CONV_AUTO,   /* the cheaper of the two by tpk_cnn_conv_prefers_fft */
+    TPK_CNN_CONV_DIRECT, /* separable direct summation: (kh + kw) adds per entry */
+    TPK_CNN_CONV_FFT     /* FFTW r2c/c2r of the whole block (zero-extended for zero padding) */
+};
+
+/* Convolutional layers g¹_p = Σ_t U_t x_{p+t} + b¹, g^{l+1}_p = Σ_t F^{l+1}_t φ(g^l_p+t) + b^{l+1}
+ * (stride 1, "same" size; taps t = (i, j), i < kh, j < kw, offset by the centre
+ * (floor((kh−1)/2), floor((kw−1)/2))), each tap its own weight shared over positions, entries
+ * N(0, σ²/(kh·kw·fan_in)). Recursion (§2.8):
+ *   Σ¹_{(p,a),(p',c)}      = σ_u²/(kh kw) Σ_t ⟨x_{p+t,a}, x_{p'+t,c}⟩/C + σ_b²
+ *   Σ^{l+1}_{(p,a),(p',c)} = σ_w²/(kh kw) Σ_t K^l_{(p+t,a),(p'+t,c)} + σ_b²,  K^l = V_φ(Σ^l)
+ * with positions outside the grid wrapped (circular) or zero (zero padding). 1-D: rows = 1,
+ * kh = 1. */
+typedef struct tpk_cnn_params {
+    size_t rows, cols;   /* grid (positions P = rows·cols) */
+    size_t channels;     /* C ≥ 1 */
+    int kh, kw;          /* filter size, 1 ≤ kh ≤ rows, 1 ≤ kw ≤ cols */
+    int depth;           /* convolutional layers L ≥ 1 */
+    const tpk_phi *phi;
+    double sigma_u2, sigma_w2, sigma_b2; /* first layer, later layers, biases */
+    double sigma_v2, sigma_ob2;          /* readout weights and readout bias */
+    int padding;         /* enum tpk_cnn_padding */
+    int readout;         /* enum tpk_cnn_readout */
+    int conv;            /* enum tpk_cnn_conv */
+} tpk_cnn_params;
+
+/* Check the parameters; a clear message for each violation. */
+TPK_API int tpk_cnn_params_check(const tpk_cnn_params *p, tpk_ctx *ctx);
+
+/* The kernel of N inputs X (N × rows × cols × C in row-major order, any rank with that item
+ * size) into K: N×N for FLATTEN / GAP, (N·P)×(N·P) for POSITIONS (preallocated).
+ * FLATTEN runs the closed position-diagonal recursion: P blocks of N×N (memory 2·P·N² doubles).
+ * GAP / POSITIONS run the full recursion one input pair at a time (P×P blocks, OpenMP over
+ * pairs): cost L·P²·N²/2 2-D expectations. err (may be NULL) gets a first-order bound on the
+ * accumulated expectation error. ws may be NULL when φ has a closed form. */
+TPK_API int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
+                           tpk_array *K, double *err, tpk_ctx *ctx);
+
+/* One tap convolution of a (position × position) block, the step between layers:
+ * out[(p),(p')] = alpha Σ_t in[(p+t),(p'+t)] + beta over the rows×cols grid (P×P row-major,
+ * P = rows·cols), by `method` (DIRECT or FFT; AUTO decides). Exposed for tests and benchmarks;
+ * allocates its own workspace. in and out must not alias. */
+TPK_API int tpk_cnn_conv_block(size_t rows, size_t cols, int kh, int kw, int padding, int method,
+                               double alpha, double beta, const double *in, double *out,
+                               tpk_ctx *ctx);
+
+/* 1 when the FFT is expected to beat direct summation for this grid and filter: direct costs
+ * (kh + kw) adds per entry, the FFT about TPK_CNN_FFT_COST·log2(entries) per entry (measured
+ * by bench/bench_cnn.c on the development machine; see the crossover table there). */
+#define TPK_CNN_FFT_COST 1.6
+TPK_API int tpk_cnn_conv_prefers_fft(size_t rows, size_t cols, int kh, int kw, int padding);
+
+/* The gpkernel job of --arch=cnn1d / cnn2d (an `archs[]` custom hook): the shipped program
+ * (programs/cnn1d.nsr or cnn2d.nsr, by job->program) is loaded with the job's settings for its
+ * parameters and their final values drive tpk_cnn_kernel. Settings the program does not have:
+ * padding=circular|zero, readout=flatten|gap, filter=k or kh,kw. The grid comes from the input
+ * (1-D: N×P or N×P×C; 2-D: N×rows×cols or N×rows×cols×C; IDX files such as Fashion-MNIST
+ * are read by tpk_idx_read). job->all_outputs selects the POSITIONS readout. */
+TPK_API int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,609 @@
+/* CNN NNGP kernels by the direct recursion of theory.md §2.8: (position × position) covariance
+ * blocks per input pair, the 2-D closed-form maps of gauss.h, and the tap convolution between
+ * layers by separable direct summation or FFTW. */
+#include "tpk/cnn.h"
+
+#include <fftw3.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the grid and its taps ------------------------------------------------------------------- */
+
+typedef struct grid {
+    size_t R, S, Q;   /* rows, cols, positions */
+    int kh, kw, cr, cs;
+    int circular;
+} grid;
+
+static grid make_grid(size_t rows, size_t cols, int kh, int kw, int padding)
+{
+    grid g = {.R = rows, .S = cols, .Q = rows * cols, .kh = kh, .kw = kw,
+              .cr = (kh - 1) / 2, .cs = (kw - 1) / 2, .circular = padding == TPK_CNN_CIRCULAR};
+    return g;
+}
+
+/* Position i + d on an axis of length n: wrapped, or −1 when it falls off (zero padding). */
+static long axis_pos(long i, long d, long n, int circular)
+{
+    long q = i + d;
+    if (circular)
+        return ((q % n) + n) % n;
+    return q >= 0 && q < n ? q : -1;
+}
+
+/* dst[s'] += src[s' + d] for s' < n, wrapped (circular) or zero outside. */
+static void add_shifted(double *restrict dst, const double *restrict src, long n, long d, int circular)
+{
+    if (circular) {
+        long dd = ((d % n) + n) % n;
+        for (long s = 0; s < n - dd; s++)
+            dst[s] += src[s + dd];
+        for (long s = n - dd; s < n; s++)
+            dst[s] += src[s + dd - n];
+    } else {
+        long lo = d < 0 ? -d : 0, hi = d > 0 ? n - d : n;
+        for (long s = lo; s < hi; s++)
+            dst[s] += src[s + d];
+    }
+}
+
+/* Direct separable tap sum of a Q×Q block: pass A sums the column taps into tmp, pass B the row
+ * taps into out; (kw + kh) adds per entry. out = alpha·Σ + beta. */
+static void conv_direct(const grid *g, double alpha, double beta, const double *in, double *out,
+                        double *tmp)
+{
+    const long R = (long)g->R, S = (long)g->S, Q = (long)g->Q;
+    const double *A = in;
+    if (g->kw > 1) {
+        double *dstbase = g->kh > 1 ? tmp : out;
+        for (long r = 0; r < R; r++)
+            for (long s = 0; s < S; s++)
+                for (long r2 = 0; r2 < R; r2++) {
+                    double *dst = dstbase + (r * S + s) * Q + r2 * S;
+                    memset(dst, 0, (size_t)S * sizeof *dst);
+                    for (int j = 0; j < g->kw; j++) {
+                        long d = j - g->cs, ss = axis_pos(s, d, S, g->circular);
+                        if (ss < 0)
+                            continue;
+                        add_shifted(dst, in + (r * S + ss) * Q + r2 * S, S, d, g->circular);
+                    }
+                }
+        A = dstbase;
+    }
+    if (g->kh > 1 || g->kw == 1) {
+        for (long r = 0; r < R; r++)
+            for (long s = 0; s < S; s++)
+                for (long r2 = 0; r2 < R; r2++) {
+                    double *dst = out + (r * S + s) * Q + r2 * S;
+                    if (A != out)
+                        memset(dst, 0, (size_t)S * sizeof *dst);
+                    for (int i = 0; i < g->kh && A != out; i++) {
+                        long d = i - g->cr, rr = axis_pos(r, d, R, g->circular),
+                             rr2 = axis_pos(r2, d, R, g->circular);
+                        if (rr < 0 || rr2 < 0)
+                            continue;
+                        const double *src = A + (rr * S + s) * Q + rr2 * S;
+                        for (long t = 0; t < S; t++)
+                            dst[t] += src[t];
+                    }
+                    for (long t = 0; t < S; t++)
+                        dst[t] = alpha * dst[t] + beta;
+                }
+    } else {
+        for (long i = 0; i < Q * Q; i++)
+            out[i] = alpha * out[i] + beta;
+    }
+}
+
+/* ---- FFT path -------------------------------------------------------------------------------- */
+
+/* A block is a rank-4 array (r, s, r', s'); zero padding embeds it in (R+kh−1, S+kw−1, ...) so
+ * that the circular correlation of the FFT reads zeros where the network reads them. Shifting
+ * both position indices by d multiplies the spectrum by e^{+2πi(ω+ω')d/M}, so the tap sum is a
+ * pointwise product with Φ_r(ω_r + ω_r') Φ_s(ω_s + ω_s'), Φ(ω) = Σ_t e^{2πiω d_t/M}. */
+typedef struct fftplan {
+    size_t MR, MS, nreal, ncplx;
+    fftw_plan fwd, inv;
+    fftw_complex *phr, *phs; /* Φ tables, MR and MS entries */
+} fftplan;
+
+static void fftplan_free(fftplan *f)
+{
+    if (f->fwd)
+        fftw_destroy_plan(f->fwd);
+    if (f->inv)
+        fftw_destroy_plan(f->inv);
+    fftw_free(f->phr);
+    fftw_free(f->phs);
+    memset(f, 0, sizeof *f);
+}
+
+static void phi_table(fftw_complex *t, size_t M, int k, int c)
+{
+    for (size_t w = 0; w < M; w++) {
+        double re = 0, im = 0;
+        for (int j = 0; j < k; j++) {
+            double a = 2.0 * M_PI * (double)w * (double)(j - c) / (double)M;
+            re += cos(a);
+            im += sin(a);
+        }
+        t[w][0] = re;
+        t[w][1] = im;
+    }
+}
+
+/* Plans for the grid (not thread-safe: FFTW's planner; call before any parallel region).
+ * measure: FFTW_MEASURE (worth it when many blocks follow). */
+static int fftplan_make(fftplan *f, const grid *g, int measure, tpk_ctx *ctx)
+{
+    memset(f, 0, sizeof *f);
+    f->MR = g->circular ? g->R : g->R + (size_t)g->kh - 1;
+    f->MS = g->circular ? g->S : g->S + (size_t)g->kw - 1;
+    f->nreal = f->MR * f->MS * f->MR * f->MS;
+    f->ncplx = f->MR * f->MS * f->MR * (f->MS / 2 + 1);
+    double *re = fftw_alloc_real(f->nreal);
+    fftw_complex *cx = fftw_alloc_complex(f->ncplx);
+    f->phr = fftw_alloc_complex(f->MR);
+    f->phs = fftw_alloc_complex(f->MS);
+    int st = TPK_OK;
+    if (!re || !cx || !f->phr || !f->phs) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (FFT of a %zu-position block)", g->Q);
+    } else {
+        unsigned flags = measure ? FFTW_MEASURE : FFTW_ESTIMATE;
+        /* 1-D grids (one row) transform the (s, s') plane only */
+        int n4[4] = {(int)f->MR, (int)f->MS, (int)f->MR, (int)f->MS}, n2[2] = {(int)f->MS, (int)f->MS};
+        int rank = f->MR == 1 ? 2 : 4;
+        const int *n = rank == 2 ? n2 : n4;
+        f->fwd = fftw_plan_dft_r2c(rank, n, re, cx, flags);
+        f->inv = fftw_plan_dft_c2r(rank, n, cx, re, flags);
+        if (!f->fwd || !f->inv)
+            st = TPK_ERROR(ctx, TPK_EUNSUPPORTED, "FFTW could not plan a %zux%zu block transform",
+                           f->MR * f->MS, f->MR * f->MS);
+        phi_table(f->phr, f->MR, g->kh, g->cr);
+        phi_table(f->phs, f->MS, g->kw, g->cs);
+    }
+    fftw_free(re);
+    fftw_free(cx);
+    if (st)
+        fftplan_free(f);
+    return st;
+}
+
+/* out = alpha·(tap sum of in) + beta by FFT; re/cx: fftw_malloc'd buffers of the plan's sizes. */
+static void conv_fft(const grid *g, const fftplan *f, double alpha, double beta, const double *in,
+                     double *out, double *re, fftw_complex *cx)
+{
+    const size_t R = g->R, S = g->S, Q = g->Q, MR = f->MR, MS = f->MS, MH = MS / 2 + 1;
+    if (MR != R || MS != S)
+        memset(re, 0, f->nreal * sizeof *re);
+    for (size_t r = 0; r < R; r++)
+        for (size_t s = 0; s < S; s++)
+            for (size_t r2 = 0; r2 < R; r2++)
+                memcpy(re + ((r * MS + s) * MR + r2) * MS, in + (r * S + s) * Q + r2 * S,
+                       S * sizeof *re);
+    fftw_execute_dft_r2c(f->fwd, re, cx);
+    for (size_t w0 = 0; w0 < MR; w0++)
+        for (size_t w1 = 0; w1 < MS; w1++)
+            for (size_t w2 = 0; w2 < MR; w2++) {
+                const double *a = f->phr[(w0 + w2) % MR];
+                fftw_complex *row = cx + ((w0 * MS + w1) * MR + w2) * MH;
+                for (size_t w3 = 0; w3 < MH; w3++) {
+                    const double *b = f->phs[(w1 + w3) % MS];
+                    double fr = a[0] * b[0] - a[1] * b[1], fi = a[0] * b[1] + a[1] * b[0];
+                    double xr = row[w3][0], xi = row[w3][1];
+                    row[w3][0] = xr * fr - xi * fi;
+                    row[w3][1] = xr * fi + xi * fr;
+                }
+            }
+    fftw_execute_dft_c2r(f->inv, cx, re);
+    const double sc = alpha / (double)f->nreal;
+    for (size_t r = 0; r < R; r++)
+        for (size_t s = 0; s < S; s++)
+            for (size_t r2 = 0; r2 < R; r2++) {
+                const double *src = re + ((r * MS + s) * MR + r2) * MS;
+                double *dst = out + (r * S + s) * Q + r2 * S;
+                for (size_t t = 0; t < S; t++)
+                    dst[t] = sc * src[t] + beta;
+            }
+}
+
+int tpk_cnn_conv_prefers_fft(size_t rows, size_t cols, int kh, int kw, int padding)
+{
+    double MR = padding == TPK_CNN_CIRCULAR ? (double)rows : (double)rows + kh - 1;
+    double MS = padding == TPK_CNN_CIRCULAR ? (double)cols : (double)cols + kw - 1;
+    double fft = TPK_CNN_FFT_COST * log2(MR * MS * MR * MS) * (MR * MS * MR * MS) /
+                 ((double)rows * cols * rows * cols);
+    return fft < (double)(kh > 1 ? kh : 0) + (double)(kw > 1 ? kw : 0);
+}
+
+/* ---- workspaces ------------------------------------------------------------------------------ */
+
+typedef struct pairws {
+    double *A, *B, *T;      /* Q×Q blocks */
+    double *re;             /* FFT buffers (NULL for direct) */
+    fftw_complex *cx;
+} pairws;
+
+static void pairws_free(pairws *w)
+{
+    free(w->A);
+    free(w->B);
+    free(w->T);
+    fftw_free(w->re);
+    fftw_free(w->cx);
+}
+
+static int pairws_alloc(pairws *w, size_t Q, const fftplan *f)
+{
+    memset(w, 0, sizeof *w);
+    size_t q2 = Q > 0 ? Q * Q : 1;
+    w->A = malloc(q2 * sizeof *w->A);
+    w->B = malloc(q2 * sizeof *w->B);
+    w->T = malloc(q2 * sizeof *w->T);
+    if (f && f->fwd) {
+        w->re = fftw_alloc_real(f->nreal);
+        w->cx = fftw_alloc_complex(f->ncplx);
+    }
+    if (!w->A || !w->B || !w->T || (f && f->fwd && (!w->re || !w->cx))) {
+        pairws_free(w);
+        return TPK_ENOMEM;
+    }
+    return TPK_OK;
+}
+
+static void conv_any(const grid *g, const fftplan *f, pairws *w, double alpha, double beta,
+                     const double *in, double *out)
+{
+    if (f && f->fwd)
+        conv_fft(g, f, alpha, beta, in, out, w->re, w->cx);
+    else
+        conv_direct(g, alpha, beta, in, out, w->T);
+}
+
+int tpk_cnn_conv_block(size_t rows, size_t cols, int kh, int kw, int padding, int method,
+                       double alpha, double beta, const double *in, double *out, tpk_ctx *ctx)
+{
+    if (rows < 1 || cols < 1 || kh < 1 || kw < 1 || (size_t)kh > rows || (size_t)kw > cols)
+        return TPK_ERROR(ctx, TPK_EINVAL, "filter %dx%d does not fit a %zux%zu grid", kh, kw, rows,
+                         cols);
+    if (in == out)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_conv_block: in and out must not alias");
+    grid g = make_grid(rows, cols, kh, kw, padding);
+    int fft = method == TPK_CNN_CONV_FFT ||
+              (method == TPK_CNN_CONV_AUTO && tpk_cnn_conv_prefers_fft(rows, cols, kh, kw, padding));
+    fftplan f = {0};
+    if (fft && fftplan_make(&f, &g, 0, ctx))
+        return ctx->status;
+    pairws w;
+    if (pairws_alloc(&w, g.Q, fft ? &f : NULL)) {
+        fftplan_free(&f);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    }
+    conv_any(&g, fft ? &f : NULL, &w, alpha, beta, in, out);
+    pairws_free(&w);
+    fftplan_free(&f);
+    return TPK_OK;
+}
+
+/* ---- parameters ------------------------------------------------------------------------------ */
+
+int tpk_cnn_params_check(const tpk_cnn_params *p, tpk_ctx *ctx)
+{
+    if (p->rows < 1 || p->cols < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "the grid must have at least one position (got %zux%zu)",
+                         p->rows, p->cols);
+    if (p->channels < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "inputs need at least one channel");
+    if (p->kh < 1 || p->kw < 1 || (size_t)p->kh > p->rows || (size_t)p->kw > p->cols)
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "the filter (%dx%d) must have at least one tap and fit the %zux%zu grid",
+                         p->kh, p->kw, p->rows, p->cols);
+    if (p->depth < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "depth must be at least 1 convolutional layer (got %d)",
+                         p->depth);
+    if (p->phi == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "no nonlinearity given");
+    const double v[5] = {p->sigma_u2, p->sigma_w2, p->sigma_b2, p->sigma_v2, p->sigma_ob2};
+    static const char *const name[5] = {"sigma_u2", "sigma_w2", "sigma_b2", "sigma_v2", "sigma_ob2"};
+    for (int i = 0; i < 5; i++)
+        if (!(v[i] >= 0) || !isfinite(v[i]))
+            return TPK_ERROR(ctx, TPK_EDOM, "%s must be a finite variance >= 0 (got %g)", name[i], v[i]);
+    if (p->padding != TPK_CNN_CIRCULAR && p->padding != TPK_CNN_ZERO)
+        return TPK_ERROR(ctx, TPK_EINVAL, "unknown padding %d", p->padding);
+    if (p->readout < TPK_CNN_FLATTEN || p->readout > TPK_CNN_POSITIONS)
+        return TPK_ERROR(ctx, TPK_EINVAL, "unknown readout %d", p->readout);
+    if (p->conv < TPK_CNN_CONV_AUTO || p->conv > TPK_CNN_CONV_FFT)
+        return TPK_ERROR(ctx, TPK_EINVAL, "unknown convolution method %d", p->conv);
+    return TPK_OK;
+}
+
+/* ---- first layer ----------------------------------------------------------------------------- */
+
+/* Gram block G[p][p'] = ⟨x_a[p], x_c[p']⟩/C. */
+static void gram_block(const double *xa, const double *xc, size_t Q, size_t C, double *G)
+{
+    const double inv = 1.0 / (double)C;
+    for (size_t p = 0; p < Q; p++)
+        for (size_t q = 0; q < Q; q++) {
+            double s = 0;
+            for (size_t ch = 0; ch < C; ch++)
+                s += xa[p * C + ch] * xc[q * C + ch];
+            G[p * Q + q] = s * inv;
+        }
+}
+
+/* Box sum over the grid of per-position values (the position-diagonal of a block), m values
+ * per position (N×N blocks for the flatten path, 1 for variances): out[p] = α Σ_t in[p+t] + β.
+ * Separable through tmp. */
+static void diag_box(const grid *g, size_t m, double alpha, double beta, const double *in,
+                     double *out, double *tmp)
+{
+    const long R = (long)g->R, S = (long)g->S;
+    for (long r = 0; r < R; r++)
+        for (long s = 0; s < S; s++) {
+            double *dst = tmp + (size_t)(r * S + s) * m;
+            memset(dst, 0, m * sizeof *dst);
+            for (int j = 0; j < g->kw; j++) {
+                long ss = axis_pos(s, j - g->cs, S, g->circular);
+                if (ss < 0)
+                    continue;
+                const double *src = in + (size_t)(r * S + ss) * m;
+                for (size_t i = 0; i < m; i++)
+                    dst[i] += src[i];
+            }
+        }
+    for (long r = 0; r < R; r++)
+        for (long s = 0; s < S; s++) {
+            double *dst = out + (size_t)(r * S + s) * m;
+            memset(dst, 0, m * sizeof *dst);
+            for (int i = 0; i < g->kh; i++) {
+                long rr = axis_pos(r, i - g->cr, R, g->circular);
+                if (rr < 0)
+                    continue;
+                const double *src = tmp + (size_t)(rr * S + s) * m;
+                for (size_t t = 0; t < m; t++)
+                    dst[t] += src[t];
+            }
+            for (size_t t = 0; t < m; t++)
+                dst[t] = alpha * dst[t] + beta;
+        }
+}
+
+static int check_finite(const double *v, size_t n, int layer, tpk_ctx *ctx)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return TPK_ERROR(ctx, TPK_ENUMERIC,
+                             "kernel overflowed at layer %d: the variance grows without bound for "
+                             "this phi, sigma-w2 and depth", layer);
+    return TPK_OK;
+}
+
+/* ---- flatten: the closed position-diagonal recursion ---------------------------------------- */
+
+static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
+                          const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, C = p->channels, m = N * N;
+    const double taps = (double)p->kh * p->kw;
+    double *D = malloc(Q * m * sizeof *D), *T = malloc(Q * m * sizeof *T);
+    int st = TPK_OK;
+    if (!D || !T) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu positions x %zu^2 inputs)", Q, N);
+        goto done;
+    }
+    /* per-position Gram matrices into T, then the first-layer box sum into D */
+    for (size_t q = 0; q < Q; q++)
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = 0; c <= a; c++) {
+                double s = 0;
+                for (size_t ch = 0; ch < C; ch++)
+                    s += X[(a * Q + q) * C + ch] * X[(c * Q + q) * C + ch];
+                T[q * m + a * N + c] = T[q * m + c * N + a] = s / (double)C;
+            }
+    memcpy(D, T, Q * m * sizeof *D);
+    diag_box(g, m, p->sigma_u2 / taps, p->sigma_b2, D, D, T);
+    double e = 0;
+    for (int l = 1; l <= p->depth && !st; l++) {
+        double el = 0;
+        for (size_t q = 0; q < Q && !st; q++) {
+            double eq = 0;
+            st = tpk_gauss_map(p->phi, D + q * m, N, D + q * m, ws, &eq, ctx);
+            el = fmax(el, eq);
+        }
+        if (!st && l < p->depth) {
+            diag_box(g, m, p->sigma_w2 / taps, p->sigma_b2, D, D, T);
+            e = p->sigma_w2 * (e + el);
+            st = check_finite(D, Q * m, l + 1, ctx);
+        } else {
+            e += el;
+        }
+    }
+    if (st)
+        goto done;
+    for (size_t i = 0; i < m; i++) {
+        double s = 0;
+        for (size_t q = 0; q < Q; q++)
+            s += D[q * m + i];
+        K[i] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+    }
+    if (err)
+        *err = p->sigma_v2 * e;
+    st = check_finite(K, m, p->depth, ctx);
+done:
+    free(D);
+    free(T);
+    return st;
+}
+
+/* ---- GAP / positions: the full recursion, one input pair at a time -------------------------- */
+
+/* Position-diagonal variances q[(l·N + a)·Q + p] = Σ^{l+1}_{(p,a),(p,a)}, l < depth: the
+ * diagonal recursion is closed (§2.8), so each input runs alone. */
+static int diag_variances(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
+                          const tpk_gauss_ws *ws, double *q, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, C = p->channels;
+    const double taps = (double)p->kh * p->kw;
+    double *u = malloc(2 * Q * sizeof *u);
+    if (!u)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    double *tmp = u + Q;
+    int st = TPK_OK;
+    for (size_t a = 0; a < N && !st; a++) {
+        for (size_t pp = 0; pp < Q; pp++) {
+            double s = 0;
+            for (size_t ch = 0; ch < C; ch++)
+                s += X[(a * Q + pp) * C + ch] * X[(a * Q + pp) * C + ch];
+            u[pp] = s / (double)C;
+        }
+        diag_box(g, 1, p->sigma_u2 / taps, p->sigma_b2, u, q + a * Q, tmp);
+        for (int l = 1; l < p->depth && !st; l++) {
+            const double *prev = q + ((size_t)(l - 1) * N + a) * Q;
+            for (size_t pp = 0; pp < Q && !st; pp++) {
+                tpk_estimate r;
+                st = tpk_gauss_expect2(p->phi, prev[pp], prev[pp], prev[pp], ws, &r, ctx);
+                u[pp] = r.value;
+            }
+            if (!st) {
+                double *cur = q + ((size_t)l * N + a) * Q;
+                diag_box(g, 1, p->sigma_w2 / taps, p->sigma_b2, u, cur, tmp);
+                st = check_finite(cur, Q, l + 1, ctx);
+            }
+        }
+    }
+    free(u);
+    return st;
+}
+
+static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
+                        const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth;
+    const double taps = (double)p->kh * p->kw;
+    const size_t npairs = N * (N + 1) / 2;
+    double *q = malloc(L * N * Q * sizeof *q);
+    if (!q)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    int st = diag_variances(p, g, X, N, ws, q, ctx);
+    int fft = p->conv == TPK_CNN_CONV_FFT ||
+              (p->conv == TPK_CNN_CONV_AUTO &&
+               tpk_cnn_conv_prefers_fft(g->R, g->S, g->kh, g->kw, p->padding));
+    fftplan f = {0};
+    if (!st && fft && L > 1)
+        st = fftplan_make(&f, g, npairs * (L - 1) > 256, ctx);
+    if (!st && fft && L == 1) /* the first layer's convolution is the only one */
+        st = fftplan_make(&f, g, npairs > 256, ctx);
+    double emax = 0;
+    int failed = st;
+    tpk_ctx tctx;
+    tpk_ctx_init(&tctx);
+    if (!st) {
+#pragma omp parallel reduction(max : emax)
+        {
+            pairws w;
+            tpk_ctx lctx;
+            tpk_ctx_init(&lctx);
+            int lst = pairws_alloc(&w, Q, fft ? &f : NULL) ? TPK_ENOMEM : TPK_OK;
+            if (lst)
+                TPK_ERROR(&lctx, TPK_ENOMEM, "out of memory (pair workspace, %zu positions)", Q);
+#pragma omp for schedule(dynamic, 1)
+            for (size_t k = 0; k < npairs; k++) {
+                int bad;
+#pragma omp atomic read
+                bad = failed;
+                if (lst || bad)
+                    continue;
+                /* pair k → (a, c), c ≤ a, row-major over the lower triangle */
+                size_t a = (size_t)((sqrt(8.0 * (double)k + 1.0) - 1.0) / 2.0);
+                while (a * (a + 1) / 2 > k)
+                    a--;
+                while ((a + 1) * (a + 2) / 2 <= k)
+                    a++;
+                size_t c = k - a * (a + 1) / 2;
+                gram_block(X + a * Q * C, X + c * Q * C, Q, C, w.B);
+                conv_any(g, fft ? &f : NULL, &w, p->sigma_u2 / taps, p->sigma_b2, w.B, w.A);
+                double e = 0;
+                for (size_t l = 0; l < L && !lst; l++) {
+                    double el = 0;
+                    lst = tpk_gauss_map_cross(p->phi, q + (l * N + a) * Q, Q, q + (l * N + c) * Q, Q,
+                                              w.A, w.A, ws, &el, &lctx);
+                    if (!lst && l + 1 < L) {
+                        conv_any(g, fft ? &f : NULL, &w, p->sigma_w2 / taps, p->sigma_b2, w.A, w.B);
+                        double *t = w.A;
+                        w.A = w.B;
+                        w.B = t;
+                        e = p->sigma_w2 * (e + el);
+                    } else {
+                        e += el;
+                    }
+                }
+                if (lst)
+                    continue;
+                emax = fmax(emax, p->sigma_v2 * e);
+                if (p->readout == TPK_CNN_GAP) {
+                    double s = 0;
+                    for (size_t i = 0; i < Q * Q; i++)
+                        s += w.A[i];
+                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * s / ((double)Q * Q) + p->sigma_ob2;
+                } else if (p->readout == TPK_CNN_FLATTEN) {
+                    double s = 0;
+                    for (size_t i = 0; i < Q; i++)
+                        s += w.A[i * Q + i];
+                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+                } else {
+                    const size_t ld = N * Q;
+                    for (size_t i = 0; i < Q; i++)
+                        for (size_t j = 0; j < Q; j++) {
+                            double v = p->sigma_v2 * w.A[i * Q + j] + p->sigma_ob2;
+                            K[(a * Q + i) * ld + c * Q + j] = v;
+                            K[(c * Q + j) * ld + a * Q + i] = v;
+                        }
+                }
+            }
+            if (lst) {
+#pragma omp critical(tpk_cnn_err)
+                if (!failed) {
+                    tctx = lctx;
+#pragma omp atomic write
+                    failed = lst;
+                }
+            }
+            pairws_free(&w);
+        }
+    }
+    fftplan_free(&f);
+    free(q);
+    if (!st && failed) {
+        *ctx = tctx;
+        st = failed;
+    }
+    if (!st)
+        st = check_finite(K, p->readout == TPK_CNN_POSITIONS ? N * Q * N * Q : N * N, p->depth, ctx);
+    if (!st && err)
+        *err = emax;
+    return st;
+}
+
+int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
+                   tpk_array *K, double *err, tpk_ctx *ctx)
+{
+    int st = tpk_cnn_params_check(p, ctx);
+    if (st)
+        return st;
+    const size_t N = X->dims[0], Q = p->rows * p->cols;
+    if (tpk_array_item_size(X) != Q * p->channels)
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "each input must hold %zux%zu positions x %zu channels = %zu values (got %zu)",
+                         p->rows, p->cols, p->channels, Q * p->channels, tpk_array_item_size(X));
+    const size_t side = p->readout == TPK_CNN_POSITIONS ? N * Q : N;
+    if (K->ndim != 2 || K->dims[0] != side || K->dims[1] != side)
+        return TPK_ERROR(ctx, TPK_EINVAL, "kernel output must be %zux%zu", side, side);
+    if (N == 0)
+        return TPK_OK;
+    grid g = make_grid(p->rows, p->cols, p->kh, p->kw, p->padding);
+    if (p->readout == TPK_CNN_FLATTEN)
+        return kernel_flatten(p, &g, X->data, N, ws, K->data, err, ctx);
+    return kernel_pairs(p, &g, X->data, N, ws, K->data, err, ctx);
+}

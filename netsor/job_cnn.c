@@ -1,0 +1,366 @@
+/* gpkernel --arch=cnn1d / cnn2d: the shipped program fixes the parameters, the direct recursion
+ * of kernels/cnn.c computes the kernel (theory.md §2.8), written to HDF5 like tpk_job_kernel. */
+#include "tpk/cnn.h"
+
+#include "tpk/idx.h"
+#include "tpk/io.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_JOB_SETS 96
+
+typedef struct cnn_job {
+    int twod;
+    const char *padding, *readout, *filter, *conv; /* the settings the program does not have */
+    tpk_param_set sets[MAX_JOB_SETS];
+    int nsets;
+    char buf[6][32];
+    tpk_phi_registry *reg;
+    tpk_program *prog;
+    tpk_array *X, *Xt, *Xall, *K;
+    tpk_input_info xi, ti;
+    tpk_phi *phi;
+    tpk_gauss_ws *ws;
+    tpk_h5out *out;
+} cnn_job;
+
+static void cnn_job_free(cnn_job *s)
+{
+    tpk_h5out_abort(s->out);
+    tpk_program_free(s->prog);
+    tpk_array_free(s->X);
+    tpk_array_free(s->Xt);
+    tpk_array_free(s->Xall);
+    tpk_array_free(s->K);
+    tpk_phi_free(s->phi);
+    tpk_gauss_ws_free(s->ws);
+    tpk_phi_registry_free(s->reg);
+}
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* IDX files (Fashion-MNIST) by name, everything else by tpk_io_read. */
+static tpk_array *read_input(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
+{
+    if (!tpk_idx_name_matches(spec))
+        return tpk_io_read(spec, info, ctx);
+    tpk_array *a = tpk_idx_read(spec, 0, ctx);
+    if (a) {
+        memset(info, 0, sizeof *info);
+        snprintf(info->path, sizeof info->path, "%s", spec);
+        snprintf(info->format, sizeof info->format, "idx");
+        tpk_sha256_array_hex(a, info->sha256);
+    }
+    return a;
+}
+
+static int add(cnn_job *s, const char *name, const char *value, tpk_ctx *ctx)
+{
+    if (s->nsets == MAX_JOB_SETS)
+        return TPK_ERROR(ctx, TPK_EINVAL, "too many parameter settings");
+    s->sets[s->nsets++] = (tpk_param_set){.name = name, .value = value};
+    return TPK_OK;
+}
+
+static int parse_int(const char *what, const char *s, long lo, long hi, long *out, tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: '%s' is not an integer in %ld..%ld", what, s, lo, hi);
+    *out = v;
+    return TPK_OK;
+}
+
+/* Input shape → grid and channels; the settings that follow from it and from padding/filter. */
+static int settings(const tpk_job *job, cnn_job *s, size_t *rows, size_t *cols, size_t *C,
+                    tpk_ctx *ctx)
+{
+    const tpk_array *X = s->X;
+    int nd = X->ndim;
+    if (s->twod ? nd != 3 && nd != 4 : nd != 2 && nd != 3)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: %s inputs must be %s, not rank %d", job->input,
+                         s->twod ? "cnn2d" : "cnn1d",
+                         s->twod ? "images N×rows×cols or N×rows×cols×C" : "signals N×P or N×P×C", nd);
+    *rows = s->twod ? X->dims[1] : 1;
+    *cols = s->twod ? X->dims[2] : X->dims[1];
+    *C = nd == (s->twod ? 4 : 3) ? X->dims[nd - 1] : 1;
+    int st = TPK_OK;
+    /* the grid first: a user's own T / rows / cols come later and are checked after loading */
+    if (s->twod) {
+        snprintf(s->buf[0], sizeof s->buf[0], "%zu", *rows);
+        snprintf(s->buf[1], sizeof s->buf[1], "%zu", *cols);
+        st = add(s, "rows", s->buf[0], ctx);
+        if (!st) st = add(s, "cols", s->buf[1], ctx);
+    } else {
+        snprintf(s->buf[0], sizeof s->buf[0], "%zu", *cols);
+        st = add(s, "T", s->buf[0], ctx);
+    }
+    for (int i = 0; !st && i < job->nsets; i++) {
+        const char *n = job->sets[i].name, *v = job->sets[i].value;
+        if (strcmp(n, "padding") == 0)
+            s->padding = v;
+        else if (strcmp(n, "readout") == 0)
+            s->readout = v;
+        else if (strcmp(n, "filter") == 0)
+            s->filter = v;
+        else if (strcmp(n, "conv") == 0)
+            s->conv = v;
+        else
+            st = add(s, n, v, ctx);
+    }
+    if (st)
+        return st;
+    if (s->padding && strcmp(s->padding, "circular") != 0 && strcmp(s->padding, "zero") != 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--padding must be circular or zero (got '%s')", s->padding);
+    if (s->readout && strcmp(s->readout, "flatten") != 0 && strcmp(s->readout, "gap") != 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--readout must be flatten or gap (got '%s')", s->readout);
+    if (s->conv && strcmp(s->conv, "auto") != 0 && strcmp(s->conv, "direct") != 0 &&
+        strcmp(s->conv, "fft") != 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--conv must be auto, direct or fft (got '%s')", s->conv);
+    if (s->padding)
+        st = add(s, "circular", strcmp(s->padding, "circular") == 0 ? "1" : "0", ctx);
+    if (!st && s->filter) {
+        long kh = 1, kw;
+        const char *comma = strchr(s->filter, ',');
+        if (comma && !s->twod)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--filter=k takes one size for cnn1d (got '%s')", s->filter);
+        char first[32];
+        snprintf(first, sizeof first, "%.*s", comma ? (int)(comma - s->filter) : 31, s->filter);
+        if ((st = parse_int("--filter", first, 1, 100000, &kw, ctx)))
+            return st;
+        if (comma) {
+            kh = kw;
+            if ((st = parse_int("--filter", comma + 1, 1, 100000, &kw, ctx)))
+                return st;
+        } else if (s->twod) {
+            kh = kw;
+        }
+        snprintf(s->buf[2], sizeof s->buf[2], "%ld", kh);
+        snprintf(s->buf[3], sizeof s->buf[3], "%ld", kw);
+        if (s->twod) {
+            st = add(s, "kh", s->buf[2], ctx);
+            if (!st) st = add(s, "kw", s->buf[3], ctx);
+        } else {
+            st = add(s, "k", s->buf[3], ctx);
+        }
+    }
+    return st;
+}
+
+static const char *param(const tpk_program *p, const char *name)
+{
+    for (int i = p->nparams - 1; i >= 0; i--)
+        if (strcmp(p->param_name[i], name) == 0)
+            return p->param_value[i];
+    return NULL;
+}
+
+static int num_param(const tpk_program *p, const char *name, double *v, tpk_ctx *ctx)
+{
+    const char *s = param(p, name);
+    char *end;
+    if (!s)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: the program has no parameter '%s'", p->path, name);
+    *v = strtod(s, &end);
+    if (end == s || *end != '\0')
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: parameter %s = %s is not a number", p->path, name, s);
+    return TPK_OK;
+}
+
+/* The program's final parameter values → tpk_cnn_params. */
+static int params_from_program(cnn_job *s, size_t rows, size_t cols, size_t C, tpk_cnn_params *cp,
+                               tpk_ctx *ctx)
+{
+    const tpk_program *p = s->prog;
+    double L, kh = 1, kw, circ, grid_r = 1, grid_c;
+    int st = num_param(p, "L", &L, ctx);
+    if (!st) st = num_param(p, "circular", &circ, ctx);
+    if (!st) st = num_param(p, "sigma_u2", &cp->sigma_u2, ctx);
+    if (!st) st = num_param(p, "sigma_w2", &cp->sigma_w2, ctx);
+    if (!st) st = num_param(p, "sigma_b2", &cp->sigma_b2, ctx);
+    if (!st) st = num_param(p, "sigma_v2", &cp->sigma_v2, ctx);
+    if (!st) st = num_param(p, "sigma_ob2", &cp->sigma_ob2, ctx);
+    if (s->twod) {
+        if (!st) st = num_param(p, "kh", &kh, ctx);
+        if (!st) st = num_param(p, "kw", &kw, ctx);
+        if (!st) st = num_param(p, "rows", &grid_r, ctx);
+        if (!st) st = num_param(p, "cols", &grid_c, ctx);
+    } else {
+        if (!st) st = num_param(p, "k", &kw, ctx);
+        if (!st) st = num_param(p, "T", &grid_c, ctx);
+    }
+    if (st)
+        return st;
+    if (grid_r != (double)rows || grid_c != (double)cols)
+        return TPK_ERROR(ctx, TPK_EINVAL, "the program's grid (%gx%g) is not the input's (%zux%zu)",
+                         grid_r, grid_c, rows, cols);
+    if (circ != 0 && circ != 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "circular must be 1 (circular padding) or 0 (zero padding)");
+    const char *phi = param(p, "phi");
+    if (!phi)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: the program has no parameter 'phi'", p->path);
+    s->phi = tpk_phi_alloc(s->reg, phi, ctx);
+    if (!s->phi)
+        return ctx->status;
+    if (!tpk_phi_has_closed_form(s->phi) && !(s->ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, ctx)))
+        return ctx->status;
+    *cp = (tpk_cnn_params){.rows = rows, .cols = cols, .channels = C, .kh = (int)kh, .kw = (int)kw,
+                           .depth = (int)L, .phi = s->phi, .sigma_u2 = cp->sigma_u2,
+                           .sigma_w2 = cp->sigma_w2, .sigma_b2 = cp->sigma_b2,
+                           .sigma_v2 = cp->sigma_v2, .sigma_ob2 = cp->sigma_ob2,
+                           .padding = circ == 1 ? TPK_CNN_CIRCULAR : TPK_CNN_ZERO,
+                           .readout = s->readout && strcmp(s->readout, "flatten") == 0
+                                          ? TPK_CNN_FLATTEN : TPK_CNN_GAP,
+                           .conv = !s->conv || strcmp(s->conv, "auto") == 0 ? TPK_CNN_CONV_AUTO
+                                   : strcmp(s->conv, "fft") == 0 ? TPK_CNN_CONV_FFT
+                                                                 : TPK_CNN_CONV_DIRECT};
+    return tpk_cnn_params_check(cp, ctx);
+}
+
+static tpk_array *block(const tpk_array *K, size_t r0, size_t rows, size_t c0, size_t cols, tpk_ctx *ctx)
+{
+    tpk_array *B = tpk_array_alloc2(rows, cols, ctx);
+    if (!B)
+        return NULL;
+    for (size_t i = 0; i < rows; i++)
+        memcpy(B->data + i * cols, K->data + (r0 + i) * K->dims[1] + c0, cols * sizeof(double));
+    return B;
+}
+
+static int write_attr(tpk_h5out *out, const char *name, const char *value, tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(value, &end);
+    if (end != value && *end == '\0' && errno == 0)
+        return tpk_h5out_attr_double(out, "/", name, v, ctx);
+    return tpk_h5out_attr_str(out, "/", name, value, ctx);
+}
+
+int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
+{
+    cnn_job s = {0};
+    tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL;
+    double t0 = seconds(), err = 0;
+    size_t rows = 0, cols = 0, C = 0;
+    tpk_cnn_params cp = {0};
+    int st = TPK_OK;
+    if (!job->program || !job->input || !job->output) {
+        st = TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
+        goto done;
+    }
+    s.twod = (job->label && strcmp(job->label, "cnn2d") == 0) || strstr(job->program, "cnn2d") != NULL;
+    if (!(s.reg = tpk_job_registry(ctx)) || !(s.X = read_input(job->input, &s.xi, ctx)) ||
+        (job->test && !(s.Xt = read_input(job->test, &s.ti, ctx)))) {
+        st = ctx->status;
+        goto done;
+    }
+    if (s.Xt && (s.Xt->ndim != s.X->ndim || tpk_array_item_size(s.Xt) != tpk_array_item_size(s.X))) {
+        st = TPK_ERROR(ctx, TPK_EINVAL, "%s: test items have %zu values each but %s has %zu",
+                       job->test, tpk_array_item_size(s.Xt), job->input, tpk_array_item_size(s.X));
+        goto done;
+    }
+    if ((st = settings(job, &s, &rows, &cols, &C, ctx)))
+        goto done;
+    tpk_netsor_opts o = {.sets = s.sets, .nsets = s.nsets};
+    if (!(s.prog = tpk_netsor_load_file(job->program, &o, s.reg, ctx))) {
+        st = ctx->status;
+        goto done;
+    }
+    if ((st = params_from_program(&s, rows, cols, C, &cp, ctx)))
+        goto done;
+    if (job->all_outputs)
+        cp.readout = TPK_CNN_POSITIONS;
+    /* open before computing: an unwritable path fails at once */
+    if (!(s.out = tpk_h5out_open(job->output, ctx))) {
+        st = ctx->status;
+        goto done;
+    }
+    const tpk_array *Xin = s.X;
+    if (s.Xt) {
+        size_t dims[TPK_ARRAY_MAXDIM];
+        memcpy(dims, s.X->dims, sizeof dims);
+        dims[0] += s.Xt->dims[0];
+        if (!(s.Xall = tpk_array_alloc(s.X->ndim, dims, ctx))) {
+            st = ctx->status;
+            goto done;
+        }
+        memcpy(s.Xall->data, s.X->data, tpk_array_size(s.X) * sizeof(double));
+        memcpy(s.Xall->data + tpk_array_size(s.X), s.Xt->data, tpk_array_size(s.Xt) * sizeof(double));
+        Xin = s.Xall;
+    }
+    size_t per = cp.readout == TPK_CNN_POSITIONS ? rows * cols : 1, side = Xin->dims[0] * per;
+    if (!(s.K = tpk_array_alloc2(side, side, ctx)) ||
+        (st = tpk_cnn_kernel(&cp, Xin, s.ws, s.K, &err, ctx))) {
+        st = st ? st : ctx->status;
+        goto done;
+    }
+    size_t ntr = s.X->dims[0] * per;
+    if (s.Xt) {
+        size_t nte = s.Xt->dims[0] * per, dm[1] = {nte};
+        if (!(Ktr = block(s.K, 0, ntr, 0, ntr, ctx)) || !(Kx = block(s.K, ntr, nte, 0, ntr, ctx)) ||
+            !(kd = tpk_array_alloc(1, dm, ctx))) {
+            st = ctx->status;
+            goto done;
+        }
+        for (size_t i = 0; i < nte; i++)
+            kd->data[i] = s.K->data[(ntr + i) * side + ntr + i];
+    }
+    static const char *const rname[] = {"flatten", "gap", "positions"};
+    int fft = cp.conv == TPK_CNN_CONV_FFT ||
+              (cp.conv == TPK_CNN_CONV_AUTO &&
+               tpk_cnn_conv_prefers_fft(rows, cols, cp.kh, cp.kw, cp.padding));
+    st = tpk_h5out_write(s.out, "/kernel", Ktr ? Ktr : s.K, ctx);
+    if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
+    if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
+    if (!st) st = tpk_h5out_provenance(s.out, job->argc, job->argv, ctx);
+    if (!st) st = tpk_h5out_attr_str(s.out, "/", "architecture", job->label ? job->label : "cnn", ctx);
+    if (!st) st = tpk_h5out_attr_str(s.out, "/", "program", job->program, ctx);
+    for (int i = 0; !st && i < s.prog->nparams; i++)
+        st = write_attr(s.out, s.prog->param_name[i], s.prog->param_value[i], ctx);
+    for (int i = 0; !st && i < job->nattrs; i++)
+        st = write_attr(s.out, job->attrs[i].name, job->attrs[i].value, ctx);
+    if (!st) st = tpk_h5out_attr_str(s.out, "/", "readout", rname[cp.readout], ctx);
+    if (!st) st = tpk_h5out_attr_str(s.out, "/", "padding", cp.padding == TPK_CNN_CIRCULAR ? "circular" : "zero", ctx);
+    if (!st) st = tpk_h5out_attr_str(s.out, "/", "convolution", fft ? "fft" : "direct", ctx);
+    if (!st) st = tpk_h5out_attr_int(s.out, "/", "all_outputs", job->all_outputs, ctx);
+    if (!st) st = tpk_h5out_attr_int(s.out, "/", "channels", (long long)C, ctx);
+    if (!st) st = tpk_h5out_input_attrs(s.out, "input", &s.xi, s.X, ctx);
+    if (!st && s.Xt) st = tpk_h5out_input_attrs(s.out, "test", &s.ti, s.Xt, ctx);
+    if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
+    if (!st) {
+        st = tpk_h5out_commit(s.out, ctx);
+        s.out = NULL;
+    }
+    if (!st && job->summary) {
+        const tpk_array *K = Ktr ? Ktr : s.K;
+        size_t n = K->dims[0];
+        fprintf(job->summary, "kernel: %s (%s), %zux%zu grid, %zu channel%s, %d layers, filter %dx%d, "
+                "%s padding, %s readout (%s convolution)\n", job->label ? job->label : "cnn",
+                job->program, rows, cols, C, C == 1 ? "" : "s", cp.depth, cp.kh, cp.kw,
+                cp.padding == TPK_CNN_CIRCULAR ? "circular" : "zero", rname[cp.readout],
+                fft ? "FFT" : "direct");
+        fprintf(job->summary, "  input   %s (N=%zu)\n", job->input, s.X->dims[0]);
+        if (s.Xt)
+            fprintf(job->summary, "  test    %s (M=%zu)\n", job->test, s.Xt->dims[0]);
+        fprintf(job->summary, "  kernel  %zux%zu, K[0][0]=%.6g, K[0][1]=%.6g, error estimate %.2e\n",
+                n, n, K->data[0], n > 1 ? K->data[1] : K->data[0], err);
+        fprintf(job->summary, "  wrote   %s in %.3f s\n", job->output, seconds() - t0);
+    }
+done:
+    tpk_array_free(Ktr);
+    tpk_array_free(Kx);
+    tpk_array_free(kd);
+    cnn_job_free(&s);
+    return st;
+}
