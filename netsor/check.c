@@ -323,6 +323,15 @@ static int resolve_call(walker *W, nsr_expr *e, int depth)
             return TPK_ETYPE;
         return resolve(W, e->args[1], depth + 1);
     }
+    if (strcmp(e->name, "bn") == 0 && lookup(W, e->name) < 0 && function_sym(C, e->name) < 0) {
+        /* bn(g[, batch]): batchnorm across the batch (theory §2.5); its uses are checked in elab */
+        if ((e->nargs != 1 && e->nargs != 2) || e->nidx)
+            return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
+                             "bn takes a G-var and an optional batch size: bn(g) or bn(g, batch)");
+        if (resolve(W, e->args[0], depth + 1))
+            return TPK_ETYPE;
+        return e->nargs == 2 ? resolve(W, e->args[1], depth + 1) : TPK_OK;
+    }
     if (strcmp(e->name, "sqrt") == 0 && e->nargs == 1 && e->args[0]->kind == NSR_E_NAME) {
         int s = lookup(W, e->args[0]->name);
         if (s >= 0 && C->sym[s].kind == NSR_SYM_WIDTH) {

@@ -652,7 +652,13 @@ static int inline_h(elab *E, const rbuf *r, rbuf *out, int line, int col, const 
         const tpk_rpn_node *x = &r->n[i];
         int st;
         if (x->op == NSR_RPN_HVAR) {
-            const tpk_rpn *b = &E->p->instr[E->p->var[x->var].def].body;
+            const tpk_instr *d = &E->p->instr[E->p->var[x->var].def];
+            if (d->bnorm) /* a batch-coupled Nonlin is not coordinatewise in one input */
+                return nsr_error(E->S, TPK_ETYPE, line, col,
+                                 "%s: '%s' is batchnorm'ed (line %d); it can only be multiplied by "
+                                 "an A-var or read out, e.g. W relu(bn(g)) (docs/netsor.md)", what,
+                                 E->p->var[x->var].name, d->line);
+            const tpk_rpn *b = &d->body;
             st = rb_append(out, b->node, b->len);
         } else {
             st = rb_push(out, x->op, x->var, x->value, x->fn);
@@ -1035,8 +1041,105 @@ static int elab_mean(elab *E, const nsr_expr *e, char *name, int sqrt_n, rbuf *o
     return out ? push_var(E, out, v) : TPK_OK;
 }
 
+static int is_bn(const nsr_expr *e)
+{
+    return e->kind == NSR_E_CALL && e->sym < 0 && strcmp(e->name, "bn") == 0;
+}
+
+/* The function of a call f(...) (a registered name or a function parameter), or NULL. */
+static const tpk_phi *call_phi(elab *E, const nsr_expr *e)
+{
+    if (e->kind != NSR_E_CALL || e->sym < 0 || e->nargs != 1)
+        return NULL;
+    const nsr_sym *y = &E->C->sym[e->sym];
+    if (y->kind == NSR_SYM_FUNC)
+        return get_phi(E, y->name, e->line, e->col);
+    if (y->kind == NSR_SYM_PARAM && E->spec[e->sym] != NULL)
+        return get_phi(E, E->spec[e->sym], e->line, e->col);
+    return NULL;
+}
+
+/* phi(bn(g[, batch])) or bn(g[, batch]) (phi NULL): one batch-coupled Nonlin whose body is
+ * phi(g), flagged bnorm (theory §2.5, docs/netsor.md "Batchnorm"). g must be a G-var or a
+ * LinComb of G-vars. `name` is owned (NULL: a temporary); pushes the H-var onto out. */
+static int elab_bn(elab *E, const nsr_expr *e, const tpk_phi *phi, char *name, int fam_node,
+                   rbuf *out)
+{
+    int batch = 0, st;
+    if (e->nargs == 2) {
+        if (eval_int(E, e->args[1], "a batch size", &batch)) {
+            free(name);
+            return TPK_ETYPE;
+        }
+        if (batch < 0) {
+            free(name);
+            return nsr_error(E->S, TPK_ETYPE, e->args[1]->line, e->args[1]->col,
+                             "bn: batch size must be >= 0 (0: all inputs), got %d", batch);
+        }
+    }
+    rbuf r = {0};
+    if ((st = elab_expr(E, e->args[0], &r))) {
+        rb_free(&r);
+        free(name);
+        return st;
+    }
+    int g = -1;
+    if (r.len == 1 && r.n[0].op == TPK_RPN_GVAR)
+        g = r.n[0].var;
+    else if (!rb_is_const(&r, NULL) && !rpn_has(&r, NSR_RPN_HVAR) && !rpn_has(&r, TPK_RPN_SCALAR) &&
+             rpn_linearity(&r) == 1)
+        g = materialize(E, &r, NSR_ANN_NONE, NULL, -1, e->line, e->col, "bn(...)");
+    rb_free(&r);
+    if (g >= 0 && E->p->var[g].type != TPK_VAR_G)
+        g = -1;
+    if (g < 0) {
+        free(name);
+        return E->S->ctx->status ? E->S->ctx->status
+               : nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                           "bn(...) normalises a G-var: its argument must be a G-var or a linear "
+                           "combination of G-vars without constant term (a constant cancels anyway)");
+    }
+    int node = E->var_node[g];
+    if (fam_node >= 0) {
+        char fa[256], fb[256];
+        snprintf(fa, sizeof fa, "%s has width %s", name ? name : "the result", nsr_uf_show(E->C, fam_node));
+        var_fact(E, g, fb, sizeof fb);
+        if (nsr_uf_unify(E->C, fam_node, node, e->line, e->col, "bn(...)", fa, fb)) {
+            free(name);
+            return TPK_ETYPE;
+        }
+    }
+    rbuf b = {0};
+    if (rb_push(&b, TPK_RPN_GVAR, g, 0, NULL) || (phi && rb_push(&b, TPK_RPN_CALL, -1, 0, phi))) {
+        rb_free(&b);
+        free(name);
+        return oom(E);
+    }
+    int v = emit_body(E, TPK_OP_NONLIN, &b, name, fam_node >= 0 ? fam_node : node, e->line, e->col,
+                      "bn(...)");
+    rb_free(&b);
+    if (v < 0)
+        return TPK_ETYPE;
+    tpk_instr *in = &E->p->instr[E->p->var[v].def];
+    in->bnorm = 1;
+    in->batch = batch;
+    E->p->features |= TPK_FEAT_BATCHNORM;
+    return out ? push_var(E, out, v) : TPK_OK;
+}
+
 static int elab_call(elab *E, const nsr_expr *e, rbuf *out)
 {
+    if (is_bn(e))
+        return elab_bn(E, e, NULL, NULL, -1, out);
+    if (e->nargs == 1 && is_bn(e->args[0])) {
+        const tpk_phi *phi = call_phi(E, e);
+        if (phi == NULL)
+            return E->S->ctx->status ? E->S->ctx->status
+                   : nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                               "'%s' is not a function; bn(g) can be wrapped in one function: "
+                               "relu(bn(g))", e->name);
+        return elab_bn(E, e->args[0], phi, NULL, -1, out);
+    }
     if (is_mean(e))
         return elab_mean(E, e, NULL, 0, out);
     if (is_sqrt_width(E, e))
@@ -1385,6 +1488,21 @@ static int exec_def(elab *E, const nsr_stmt *s)
         int sq = !is_mean(e);
         int st = elab_mean(E, sq ? (is_mean(e->a) ? e->a : e->b) : e, name, sq, &r);
         if (st) {
+            rb_free(&r);
+            return st;
+        }
+        v = r.n[0].var;
+    } else if (s->annot != NSR_ANN_G && s->annot != NSR_ANN_SCALAR &&
+               (is_bn(e) || (e->kind == NSR_E_CALL && e->nargs == 1 && is_bn(e->args[0])))) {
+        /* h = relu(bn(g)): the batch-coupled Nonlin writes the target directly */
+        const tpk_phi *phi = is_bn(e) ? NULL : call_phi(E, e);
+        int st = !is_bn(e) && phi == NULL
+                     ? (E->S->ctx->status ? E->S->ctx->status
+                        : nsr_error(E->S, TPK_ETYPE, e->line, e->col, "'%s' is not a function", e->name))
+                     : elab_bn(E, is_bn(e) ? e : e->args[0], phi, name, f->node, &r);
+        if (st) {
+            if (!is_bn(e) && phi == NULL)
+                free(name);
             rb_free(&r);
             return st;
         }

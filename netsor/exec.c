@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
 #include "tpk/rng.h"
 
@@ -224,6 +225,20 @@ static int step(ex *E, int k)
         }
         return TPK_OK;
     case TPK_OP_NONLIN:
+        if (in->bnorm) { /* φ(bn(g)): normalise g across each batch, then the body (§2.5) */
+            int g = in->body.node[0].var, st;
+            double *raw = E->val[g], *nrm = malloc(N * n * sizeof *nrm);
+            if (nrm == NULL)
+                return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory for bn(%s)", p->var[g].name);
+            memcpy(nrm, raw, N * n * sizeof *nrm);
+            st = tpk_bn_apply(nrm, N, n, (size_t)in->batch, E->ctx);
+            E->val[g] = nrm;
+            if (st == TPK_OK)
+                st = eval_body(E, in, 0, out);
+            E->val[g] = raw;
+            free(nrm);
+            return st;
+        }
         return eval_body(E, in, 0, out);
     case TPK_OP_MOMENT:
         return eval_body(E, in, 1, out);

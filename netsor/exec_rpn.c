@@ -252,6 +252,13 @@ int tpk_nsr_validate(const tpk_program *p, const tpk_array *x, int all_outputs,
         case TPK_OP_NONLIN:
             want = TPK_VAR_H;
             st = check_body(p, in, defined, sh, ctx);
+            if (st == TPK_OK && in->bnorm && /* φ(bn(g)): GVAR g [CALL φ]; whole batches */
+                (!(in->body.len == 1 || (in->body.len == 2 && in->body.node[1].op == TPK_RPN_CALL)) ||
+                 in->body.node[0].op != TPK_RPN_GVAR || in->batch < 0 ||
+                 (in->batch > 0 && sh->N % (size_t)in->batch != 0)))
+                st = TPK_ERROR(ctx, TPK_EINVAL,
+                               "%d:%d: batchnorm Nonlin must be phi(bn(g)) over whole batches "
+                               "(batch %d, %zu inputs)", in->line, in->col, in->batch, sh->N);
             break;
         case TPK_OP_MOMENT:
             want = TPK_VAR_SCALAR;

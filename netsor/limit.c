@@ -14,6 +14,7 @@
 #include <lapacke.h>
 
 #include "backend-impl.h"
+#include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
 #include "tpk/rng.h"
 
@@ -860,10 +861,41 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
 /* out[a·ld + c] = scale · E[Z^u_a Z^v_c] for all input pairs; error estimate (max over entries,
  * scaled) into *errp. A single closed-form term pair goes straight from tpk_gauss_map_affine
  * into out, which is what keeps a plain MLP as fast as the direct recursion. */
+/* E[Z^u_a Z^v_c] when u, v are batch-coupled Nonlins φ(bn(g)): the Laplace reduction of
+ * kernels/batchnorm.c over the covariances of their G-vars (theory §2.5). */
+static int bn_m2(lim *L, int u, int v, double *out, size_t ld, double scale, double *errp)
+{
+    const tpk_instr *iu = &L->p->instr[L->def[u]], *iv = &L->p->instr[L->def[v]];
+    const tpk_phi *fu = iu->body.len == 2 ? iu->body.node[1].fn : NULL;
+    const tpk_phi *fv = iv->body.len == 2 ? iv->body.node[1].fn : NULL;
+    if (!iu->bnorm || !iv->bnorm || iu->batch != iv->batch || !fu != !fv || (fu && !same_phi(fu, fv)))
+        return TPK_ERROR(L->ctx, TPK_EINVAL,
+                         "%d:%d: limit of E[%s·%s] not implemented: both must be phi(bn(g)) with one "
+                         "phi and one batch size", iu->line, iu->col, L->p->var[u].name,
+                         L->p->var[v].name);
+    size_t N = L->N;
+    int g = iu->body.node[0].var, h = iv->body.node[0].var;
+    double *S = malloc((g == h ? 1 : 3) * N * N * sizeof *S);
+    if (S == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    cov_mat(L, g, g, 0, S);
+    if (g != h) {
+        cov_mat(L, g, h, 0, S + N * N);
+        cov_mat(L, h, h, 0, S + 2 * N * N);
+    }
+    int st = tpk_bn_kernel(fu, N, (size_t)iu->batch, S, g == h ? NULL : S + N * N,
+                           g == h ? NULL : S + 2 * N * N, out, ld, scale, errp, L->ctx);
+    free(S);
+    return st;
+}
+
 static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, size_t ld,
               double scale, double *errp)
 {
     size_t N = L->N;
+    if ((L->def[u] >= 0 && L->p->instr[L->def[u]].bnorm) ||
+        (L->def[v] >= 0 && L->p->instr[L->def[v]].bnorm))
+        return bn_m2(L, u, v, out, ld, scale, errp);
     const xbody *bu = &L->xb[u], *bv = &L->xb[v];
     int gen[MAXT * MAXT][2], ngen = 0, nlin = 0;
     int fast[MAXT * MAXT][2], nfast = 0;

@@ -224,11 +224,12 @@ void tpk_program_dump(const tpk_program *p, FILE *f)
     if (p == NULL || f == NULL)
         return;
     fprintf(f, "# NETSOR program %s: %d instructions, %d vars, %d A-vars, %d embeddings, "
-               "%d input slot%s, %d output%s%s%s\n",
+               "%d input slot%s, %d output%s%s%s%s\n",
             p->path ? p->path : "?", p->ninstr, p->nvars, p->navars, p->nembeds, p->nslots,
             p->nslots == 1 ? "" : "s", p->noutputs, p->noutputs == 1 ? "" : "s",
             p->features & TPK_FEAT_NETSOR_PLUS ? ", netsor+" : "",
-            p->features & TPK_FEAT_SQRT_N_LOGITS ? ", sqrt-n-logits" : "");
+            p->features & TPK_FEAT_SQRT_N_LOGITS ? ", sqrt-n-logits" : "",
+            p->features & TPK_FEAT_BATCHNORM ? ", batchnorm" : "");
     fputs("widths:", f);
     for (int i = 0; i < p->nwidths; i++)
         fprintf(f, " %s", p->width_name[i]);
@@ -268,6 +269,8 @@ void tpk_program_dump(const tpk_program *p, FILE *f)
         default:
             if (in->op == TPK_OP_MOMENT)
                 fputs(in->src == 1 ? "sqrt(n)*mean " : "mean ", f);
+            if (in->bnorm) /* the body reads its G-var batchnorm'ed */
+                fprintf(f, "bn[batch %d] ", in->batch);
             print_rpn(p, &in->body, f);
             fputs("   # args", f);
             for (int k = 0; k < in->body.nargs; k++)

@@ -62,6 +62,10 @@ typedef struct tpk_instr {
     double *coef;
     tpk_rpn body;       /* NONLIN, MOMENT */
     int line, col;      /* source position, for run-time diagnostics */
+    int bnorm;          /* NONLIN: 1 = batch-coupled φ(bn(g)): the body (one G-var g, optionally
+                         * under one CALL) reads g normalised across each batch of inputs,
+                         * BN(g)_b = √B (Gg)_b/‖Gg‖ (theory §2.5; include/tpk/batchnorm.h) */
+    int batch;          /* bnorm: inputs per batch (consecutive), 0 = all inputs */
 } tpk_instr;
 
 typedef struct tpk_var {
@@ -116,7 +120,8 @@ typedef struct tpk_program {
 
 enum tpk_feature {
     TPK_FEAT_NETSOR_PLUS = 1u << 0,   /* uses Moments / parametrised Nonlins */
-    TPK_FEAT_SQRT_N_LOGITS = 1u << 1  /* 1/sqrt(n) inner products: non-Gaussian limit (§5) */
+    TPK_FEAT_SQRT_N_LOGITS = 1u << 1, /* 1/sqrt(n) inner products: non-Gaussian limit (§5) */
+    TPK_FEAT_BATCHNORM = 1u << 2      /* a batch-coupled Nonlin: outputs depend on other inputs */
 };
 
 /* ---- Front end ------------------------------------------------------------------------------ */
