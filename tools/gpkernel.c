@@ -37,9 +37,15 @@ typedef struct arch {
 static const arch archs[] = {
     {"mlp", "programs/mlp.nsr", "data/demo-inputs.csv",
      "deep fully connected network, any phi (theory.md §2.1)",
-     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2", "L=3,phi=relu,sigma_w2=2,sigma_b2=0",
+     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,residual=alpha,ln-eps=ln_eps",
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0",
      /* the last Dense layer is like the others: output Σ^{L+1} (issue-2 convention) */
      "sigma_v2=sigma_w2,sigma_ob2=sigma_b2", NULL},
+    /* --layernorm / --residual=α pick programs/mlp-{ln,residual,ln-residual}.nsr (mlp_variant) */
+    {"batchnorm", "programs/batchnorm.nsr", "data/demo-inputs.csv",
+     "relu(BN(W x)) MLP, BN per neuron across a batch of inputs (theory.md §2.5)",
+     "depth=L,phi=phi,sigma-w2=sigma_w2,batch-size=batch", "L=3,phi=relu,sigma_w2=2",
+     "sigma_v2=sigma_w2", NULL},
     {"rnn", "programs/rnn.nsr", "data/demo-sequences.npy",
      "simple RNN, W tied over time, inputs N×T×d (theory.md §2.2)",
      "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
@@ -81,6 +87,11 @@ static const char usage[] =
     "  --sigma-b2=V       bias variance (mlp default 0)\n"
     "  --sigma-u2=V       (rnn) input weight variance\n"
     "  --sigma-v2=V       (rnn) readout variance\n"
+    "  --layernorm        (mlp) LayerNorm before every phi (theory.md §2.6; programs/mlp-ln.nsr)\n"
+    "  --ln-eps=E         (mlp --layernorm) LN epsilon: (g - m)/sqrt(v + E) (default 1e-5)\n"
+    "  --residual=ALPHA   (mlp) skip connections g[l] = g[l-1] + ALPHA W phi(g[l-1]) + b\n"
+    "                     (theory.md §2.9; programs/mlp-residual.nsr, mlp-ln-residual.nsr)\n"
+    "  --batch-size=B     (batchnorm) inputs per batch, consecutive; 0 (default): all inputs\n"
     "  --all-times        every readout (all time steps), sequence-major: ((N·T)×(N·T));\n"
     "                     default: the last time step only (N×N)\n"
     "  --filter=K[,KW]    (cnn1d, cnn2d) filter size k, or kh,kw (default 3)\n"
@@ -112,7 +123,7 @@ typedef struct opts {
     int nflags;
     tpk_param_set sets[MAX_SETS];
     char *owned[MAX_SETS];
-    int nsets, all_times, netsor_plus, quiet;
+    int nsets, all_times, netsor_plus, quiet, layernorm;
 } opts;
 
 #define EXIT_EARLY (-1) /* --help, --version, --list-*: done, successfully */
@@ -200,7 +211,7 @@ static void list_archs(void)
 }
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
-       OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION };
+       OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_LN };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -216,6 +227,7 @@ static const struct option longopts[] = {
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
+    {"layernorm", no_argument, NULL, OPT_LN},
     {NULL, 0, NULL, 0}};
 
 static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *reg, tpk_ctx *ctx);
@@ -265,6 +277,7 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
         case OPT_ALLT: o->all_times = 1; break;
         case OPT_PLUS: o->netsor_plus = 1; break;
         case OPT_QUIET: o->quiet = 1; break;
+        case OPT_LN: o->layernorm = 1; break;
         case OPT_LISTARCH: list_archs(); return EXIT_EARLY;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); return EXIT_EARLY;
         case OPT_HELP: fputs(usage, stdout); return EXIT_EARLY;
@@ -368,6 +381,26 @@ static int arch_sets(opts *o, tpk_param_set *out, int *n, char *b1, char *b2, si
     return bad ? TPK_ERROR(ctx, TPK_EINVAL, "too many parameter settings") : TPK_OK;
 }
 
+/* mlp --layernorm / --residual=α: the same flags on another shipped program (theory §2.6, §2.9). */
+static int mlp_variant(const opts *o, const char **program, tpk_ctx *ctx)
+{
+    int res = 0, eps = 0;
+    for (int f = 0; f < o->nflags; f++) {
+        res |= strcmp(o->fl[f].flag, "residual") == 0;
+        eps |= strcmp(o->fl[f].flag, "ln-eps") == 0;
+    }
+    *program = NULL;
+    if (o->layernorm && strcmp(o->a->name, "mlp") != 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--layernorm is an option of --arch=mlp");
+    if (eps && !o->layernorm)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--ln-eps needs --layernorm");
+    if (o->layernorm)
+        *program = res ? "programs/mlp-ln-residual.nsr" : "programs/mlp-ln.nsr";
+    else if (res)
+        *program = "programs/mlp-residual.nsr";
+    return TPK_OK;
+}
+
 static int run(int argc, char **argv, tpk_ctx *ctx)
 {
     opts o = {0};
@@ -390,8 +423,13 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     if (o.a) {
         if ((st = arch_sets(&o, sets, &nsets, b1, b2, sizeof b1, ctx)))
             goto done;
+        const char *variant = NULL;
+        if ((st = mlp_variant(&o, &variant, ctx)))
+            goto done;
         if (o.a->program)
-            tpk_shipped_path(o.a->program, prog, sizeof prog);
+            tpk_shipped_path(variant ? variant : o.a->program, prog, sizeof prog);
+        if (o.layernorm)
+            attrs[nattrs++] = (tpk_attr){.name = "layernorm", .value = "1"};
         if (!o.input)
             o.input = tpk_shipped_path(o.a->input, input, sizeof input);
         /* Flags under their own names when those differ from the parameter (depth vs L), so a
