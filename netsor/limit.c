@@ -17,6 +17,7 @@
 #include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
 #include "tpk/rng.h"
+#include "limit-poly.h"
 
 enum { FAM_AVAR, FAM_EMBED, FAM_BIAS };
 
@@ -84,6 +85,7 @@ typedef struct lim {
     grep *rep;          /* per G-var */
     xbody *xb;          /* per G/H-var, while alive */
     double **scal;      /* per scalar var: N values */
+    double **aff;       /* per affine H-var: N means, then N coefficients per arg */
     tpk_rpn_node *gnode; /* per var: a one-node body "GVAR v" */
     int *last;          /* per var: last instruction that reads it */
     int *def;           /* per var: defining instruction, -1 if none */
@@ -781,6 +783,162 @@ typedef struct scratch {
     double *s1, *s2, *s3, *qa, *qb;
 } scratch;
 
+/* ---- affine and quadratic bodies (netsor/limit_poly.c) --------------------------------- */
+
+/* A Nonlin whose body is, input by input, affine in its G-vars (the scalars being fixed numbers
+ * in the limit, theory §1.9) is itself a Gaussian: layernorm of a residual sum, attention's
+ * Σ_j a_ij k_j (§2.6–2.7). L->aff[v] gets its N means, then N coefficients per argument. */
+static int aff_build(lim *L, int k)
+{
+    const tpk_instr *in = &L->p->instr[k];
+    const tpk_rpn *b = &in->body;
+    if (L->o.no_factor || b->nargs == 0 || tpk_nsr_poly_degree(b) != 1)
+        return TPK_OK;
+    size_t N = L->N, na = (size_t)b->nargs;
+    tpk_nsr_poly_ws *ws = tpk_nsr_poly_ws_alloc(b);
+    double *A = malloc(N * (na + 1) * sizeof *A), *lin = malloc(na * sizeof *lin);
+    int ok = ws && A && lin;
+    for (size_t a = 0; a < N && ok; a++) {
+        double c0;
+        ok = tpk_nsr_poly_eval(b, L->scal, a, 1, ws, &c0, lin, NULL) >= 0;
+        for (size_t g = 0; g < na && ok; g++) {
+            c0 += lin[g] * L->rep[b->args[g]].mean;
+            A[(1 + g) * N + a] = lin[g];
+        }
+        if (ok)
+            A[a] = c0;
+    }
+    int oom = !ws || !A || !lin;
+    tpk_nsr_poly_ws_free(ws);
+    free(lin);
+    if (!ok) {
+        free(A);
+        return oom ? TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory") : TPK_OK;
+    }
+    L->aff[in->out] = A;
+    return TPK_OK;
+}
+
+/* Do some atoms of G-vars g and h share a family (else Cov(Z^g, Z^h) = 0)? */
+static int share_family(const lim *L, int g, int h)
+{
+    const grep *r = &L->rep[g], *s = &L->rep[h];
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; j < s->n; j++)
+            if (L->atom[r->atom[i]].fam == L->atom[s->atom[j]].fam)
+                return 1;
+    return 0;
+}
+
+/* E[Z^u_a Z^v_c] = Σ_{g,h} l^u_g(a) l^v_h(c) Cov(Z^g_a, Z^h_c) + m^u(a) m^v(c), exact, when u and v
+ * are G-vars or affine H-vars and not both G-vars. Returns 1 if it took the pair (status in st). */
+static int aff_m2(lim *L, int u, int v, scratch *sc, double *out, size_t ld, double scale,
+                  double *errp, int *st)
+{
+    size_t N = L->N;
+    const int *args[2];
+    int na[2], x[2] = {u, v};
+    const double *mean[2], *coef[2];
+    double *ones = NULL;
+    for (int s = 0; s < 2; s++) {
+        if (L->p->var[x[s]].type == TPK_VAR_G) {
+            args[s] = &x[s];
+            na[s] = 1;
+            mean[s] = coef[s] = NULL;
+        } else if (L->def[x[s]] >= 0 && L->aff[x[s]] != NULL) {
+            const tpk_rpn *b = &L->p->instr[L->def[x[s]]].body;
+            args[s] = b->args;
+            na[s] = b->nargs;
+            mean[s] = L->aff[x[s]];
+            coef[s] = L->aff[x[s]] + N;
+        } else {
+            return 0;
+        }
+    }
+    if (mean[0] == NULL && mean[1] == NULL)
+        return 0; /* two G-vars: the linear rule of m2 */
+    *st = TPK_OK;
+    if ((sc->s1 == NULL && (sc->s1 = malloc(N * N * sizeof *sc->s1)) == NULL) ||
+        (sc->s2 == NULL && (sc->s2 = malloc(N * N * sizeof *sc->s2)) == NULL) ||
+        (ones = malloc(N * sizeof *ones)) == NULL) {
+        *st = TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+        return 1;
+    }
+    for (size_t a = 0; a < N; a++)
+        ones[a] = 1.0;
+    double *acc = sc->s2, *C = sc->s1;
+    for (size_t a = 0; a < N; a++) {
+        double mu = mean[0] ? mean[0][a] : L->rep[u].mean;
+        for (size_t c = 0; c < N; c++)
+            acc[a * N + c] = mu * (mean[1] ? mean[1][c] : L->rep[v].mean);
+    }
+    for (int gi = 0; gi < na[0]; gi++)
+        for (int hj = 0; hj < na[1]; hj++) {
+            int g = args[0][gi], h = args[1][hj];
+            if (!share_family(L, g, h))
+                continue;
+            cov_mat(L, g, h, 0, C);
+            const double *cu = coef[0] ? coef[0] + (size_t)gi * N : ones;
+            const double *cv = coef[1] ? coef[1] + (size_t)hj * N : ones;
+            for (size_t a = 0; a < N; a++) {
+                if (cu[a] == 0.0)
+                    continue;
+                double *o = acc + a * N;
+                const double *Ca = C + a * N;
+                for (size_t c = 0; c < N; c++)
+                    o[c] += cu[a] * cv[c] * Ca[c];
+            }
+        }
+    put_rows(N, acc, scale, out, ld);
+    *errp = 0.0;
+    free(ones);
+    return 1;
+}
+
+/* A Moment whose body is a polynomial of degree ≤ 2 in its G-vars (for fixed scalars):
+ * E = c0 + Σ l_g μ_g + Σ Q_gh (C_gh + μ_g μ_h), exactly — mean(r), mean((r − m)²), logits
+ * mean(k_i k_j), and Moments of scalars alone. *took = 0 leaves it to the general rules. */
+static int moment_poly(lim *L, int k, int *took)
+{
+    const tpk_instr *in = &L->p->instr[k];
+    const tpk_rpn *b = &in->body;
+    *took = 0;
+    int deg = L->o.no_factor ? -1 : tpk_nsr_poly_degree(b);
+    if (deg < 0 || deg > 2)
+        return TPK_OK;
+    size_t N = L->N, na = (size_t)(b->nargs > 0 ? b->nargs : 1);
+    tpk_nsr_poly_ws *ws = tpk_nsr_poly_ws_alloc(b);
+    double *s = malloc(N * sizeof *s), *lin = malloc(na * sizeof *lin);
+    double *quad = deg == 2 ? malloc(na * na * sizeof *quad) : NULL;
+    int ok = ws && s && lin && (deg < 2 || quad), oom = !ok;
+    for (size_t a = 0; a < N && ok; a++) {
+        double c0;
+        int dg = tpk_nsr_poly_eval(b, L->scal, a, 2, ws, &c0, lin, quad);
+        ok = dg >= 0;
+        double val = c0;
+        for (int g = 0; ok && dg >= 1 && g < b->nargs; g++)
+            val += lin[g] * L->rep[b->args[g]].mean;
+        for (int g = 0; ok && dg == 2 && g < b->nargs; g++)
+            for (int h = 0; h < b->nargs; h++) {
+                double q = quad[(size_t)g * na + (size_t)h];
+                if (q != 0.0)
+                    val += q * (cov_dim(L, b->args[g], a, b->args[h], a) +
+                                L->rep[b->args[g]].mean * L->rep[b->args[h]].mean);
+            }
+        s[a] = val;
+    }
+    tpk_nsr_poly_ws_free(ws);
+    free(lin);
+    free(quad);
+    if (!ok) {
+        free(s);
+        return oom ? TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory") : TPK_OK;
+    }
+    L->scal[in->out] = s;
+    *took = 1;
+    return TPK_OK;
+}
+
 static void note_err(lim *L, double e)
 {
     if (e > L->err || isnan(e))
@@ -896,6 +1054,9 @@ static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, siz
     if ((L->def[u] >= 0 && L->p->instr[L->def[u]].bnorm) ||
         (L->def[v] >= 0 && L->p->instr[L->def[v]].bnorm))
         return bn_m2(L, u, v, out, ld, scale, errp);
+    int ast = TPK_OK;
+    if (aff_m2(L, u, v, sc, out, ld, scale, errp, &ast))
+        return ast;
     const xbody *bu = &L->xb[u], *bv = &L->xb[v];
     int gen[MAXT * MAXT][2], ngen = 0, nlin = 0;
     int fast[MAXT * MAXT][2], nfast = 0;
@@ -1073,6 +1234,7 @@ static int setup(lim *L, int all_outputs)
     L->rep = calloc((size_t)nv, sizeof *L->rep);
     L->xb = calloc((size_t)nv, sizeof *L->xb);
     L->scal = calloc((size_t)nv, sizeof *L->scal);
+    L->aff = calloc((size_t)nv, sizeof *L->aff);
     L->gnode = calloc((size_t)nv, sizeof *L->gnode);
     L->last = malloc((size_t)nv * sizeof *L->last);
     L->def = malloc((size_t)nv * sizeof *L->def);
@@ -1080,7 +1242,7 @@ static int setup(lim *L, int all_outputs)
     L->free_var = malloc(((size_t)ni + 2) * sizeof *L->free_var);
     L->free_fam = malloc(((size_t)ni + 2) * sizeof *L->free_fam);
     if (!L->atom || !L->fam || !L->fam_of_avar || !L->fam_of_embed || !L->atom_of_instr ||
-        !L->rep || !L->xb || !L->scal || !L->gnode || !L->last || !L->def || !L->var_next ||
+        !L->rep || !L->xb || !L->scal || !L->aff || !L->gnode || !L->last || !L->def || !L->var_next ||
         !L->free_var || !L->free_fam)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory setting up the limit evaluator");
     int f = 0;
@@ -1169,6 +1331,11 @@ static int setup(lim *L, int all_outputs)
             for (int t = 0; t < in->nterms; t++)
                 touch(L, in->term[t], k);
             break;
+        case TPK_OP_NONLIN: /* aff_build reads its scalars when it is defined */
+            for (int j = 0; j < in->body.len; j++)
+                if (in->body.node[j].op == TPK_RPN_SCALAR)
+                    touch(L, in->body.node[j].var, k);
+            break;
         case TPK_OP_MOMENT:
             for (int j = 0; j < in->body.len; j++)
                 if (in->body.node[j].op == TPK_RPN_GVAR || in->body.node[j].op == TPK_RPN_SCALAR)
@@ -1219,6 +1386,8 @@ static void free_var_data(lim *L, int v)
     L->xb[v].t = NULL;
     free(L->scal[v]);
     L->scal[v] = NULL;
+    free(L->aff[v]);
+    L->aff[v] = NULL;
 }
 
 static void lim_free(lim *L)
@@ -1232,6 +1401,8 @@ static void lim_free(lim *L)
                 free(L->xb[v].t);
             if (L->scal)
                 free(L->scal[v]);
+            if (L->aff)
+                free(L->aff[v]);
         }
     if (L->fam)
         for (int i = 0; i < L->nfam; i++) {
@@ -1246,6 +1417,7 @@ static void lim_free(lim *L)
     free(L->rep);
     free(L->xb);
     free(L->scal);
+    free(L->aff);
     free(L->gnode);
     free(L->last);
     free(L->def);
@@ -1398,6 +1570,9 @@ static int do_moment(lim *L, int k)
     const tpk_instr *in = &L->p->instr[k];
     size_t N = L->N;
     xbody xb;
+    int took = 0, pst = moment_poly(L, k, &took);
+    if (pst || took)
+        return pst;
     if (gh_init(L))
         return L->ctx->status;
     if (expand_body(in->body.node, in->body.len, L->o.no_factor, &xb))
@@ -1489,6 +1664,12 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)
         return st;
+    if (p->features & TPK_FEAT_SQRT_N_LOGITS)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "%s: sqrt(n) * mean(q * k) logits have a random, non-Gaussian limit "
+                         "(theory.md §5), not a NETSOR+ kernel; the finite-width executor runs it, "
+                         "and gpkernel --arch=attention --logit-scaling=inv-sqrt-n computes the "
+                         "hierarchical limit", p->path ? p->path : "program");
     lim L;
     memset(&L, 0, sizeof L);
     L.p = p;
@@ -1528,6 +1709,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         case TPK_OP_NONLIN:
             if (expand_body(in->body.node, in->body.len, L.o.no_factor, &L.xb[in->out]))
                 st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            else
+                st = aff_build(&L, k);
             break;
         case TPK_OP_MOMENT:
             st = do_moment(&L, k);
