@@ -240,8 +240,13 @@ static int step(ex *E, int k)
             return st;
         }
         return eval_body(E, in, 0, out);
-    case TPK_OP_MOMENT:
-        return eval_body(E, in, 1, out);
+    case TPK_OP_MOMENT: {
+        int st = eval_body(E, in, 1, out);
+        if (st == TPK_OK && in->src == 1) /* sqrt(n) * mean(q * k) = <q, k>/sqrt(n) (theory §5) */
+            for (size_t a = 0; a < N; a++)
+                out[a] *= sqrt((double)n);
+        return st;
+    }
     default:
         return TPK_ERROR(E->ctx, TPK_EINVAL, "unknown instruction %d", in->op);
     }
