@@ -54,6 +54,11 @@ static const arch archs[] = {
      "RNN with a fresh W at every step: no recurrent cross-time terms (theory.md §1.8)",
      "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
      NULL},
+    {"transformer", "programs/transformer.nsr", "data/demo-tokens.npy",
+     "Tensor Programs I transformer: causal single-head attention (q = k = v, 1/n logits), "
+     "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7)",
+     "depth=L,var-e=var_e,var-u=var_u,var-w=var_w,var-b=var_b,temp=temp,ln-eps=eps,"
+     "sigma-v2=sigma_v2", "", "", NULL},
     /* CNNs: the program fixes the parameters, the direct recursion of kernels/cnn.c computes
      * (tpk_cnn_job); padding/readout/filter/conv are settings of the job, not of the program */
     {"cnn1d", "programs/cnn1d.nsr", "data/demo-sequences.npy",
@@ -99,6 +104,13 @@ static const char usage[] =
     "  --readout=R        (cnn) gap (global average pooling, default) or flatten;\n"
     "                     with --all-times every position: ((N·P)×(N·P))\n"
     "  --conv=M           (cnn) tap convolution: auto (default), direct or fft\n"
+    "  --depth=L          (transformer) layers (default 2)\n"
+    "  --var-e=V --var-u=V --var-w=V --var-b=V\n"
+    "                     (transformer) variances of the token embedding, the key projections,\n"
+    "                     the feed-forward weights and biases (defaults 1, 1, 1, 0)\n"
+    "  --temp=T           (transformer) softmax temperature, > 0 (default 1)\n"
+    "  --ln-eps=E         (transformer) LN epsilon (default 1e-12); default output: the last\n"
+    "                     token of each sequence, --all-times: every token, sequence-major\n"
     "  --set NAME=VALUE   override any program parameter (repeatable)\n"
     "  --netsor-plus      allow NETSOR+ Moments in --program\n"
     "  --list-archs, --list-phi, --quiet, --help, --version\n"
@@ -177,6 +189,18 @@ static int check_variance(const char *flag, const char *s, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
     if (!(v >= 0) || !isfinite(v))
         return TPK_ERROR(ctx, TPK_EDOM, "--%s must be a finite variance >= 0 (got %s)", flag, s);
+    return TPK_OK;
+}
+
+static int check_positive(const char *flag, const char *s, tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
+    if (!(v > 0) || !isfinite(v))
+        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be finite and > 0 (got %s)", flag, s);
     return TPK_OK;
 }
 
@@ -323,7 +347,9 @@ static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *re
         for (size_t i = 0; i <= strlen(flag); i++)
             o->fl[f].attr[i] = flag[i] == '-' ? '_' : flag[i];
         st = strcmp(flag, "depth") == 0 ? check_depth(eq + 1, ctx)
-           : strncmp(flag, "sigma-", 6) == 0 || strncmp(flag, "var-", 4) == 0
+           : strcmp(flag, "temp") == 0 ? check_positive(flag, eq + 1, ctx)
+           : strncmp(flag, "sigma-", 6) == 0 || strncmp(flag, "var-", 4) == 0 ||
+                     strcmp(flag, "ln-eps") == 0
                ? check_variance(flag, eq + 1, ctx) : TPK_OK;
         if (st)
             return st;
@@ -392,7 +418,7 @@ static int mlp_variant(const opts *o, const char **program, tpk_ctx *ctx)
     *program = NULL;
     if (o->layernorm && strcmp(o->a->name, "mlp") != 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "--layernorm is an option of --arch=mlp");
-    if (eps && !o->layernorm)
+    if (eps && !o->layernorm && strcmp(o->a->name, "mlp") == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "--ln-eps needs --layernorm");
     if (o->layernorm)
         *program = res ? "programs/mlp-ln-residual.nsr" : "programs/mlp-ln.nsr";
