@@ -55,7 +55,7 @@ static inline void tpk_v16f_st(float *p, tpk_v16f v)
     memcpy(p, &v, sizeof v);
 }
 
-/* ---- tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0: dgemm, vw=512,mr=16,nv=1,kc=64,mc=144,nc=256,ku=2,order=ir_jr,par=ic,pf=0 ---- */
+/* ---- tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0: dgemm, vw=512,mr=16,nv=1,kc=64,mc=144,nc=256,ku=2,order=ir_jr,par=ic,pf=0,pb=shared ---- */
 enum { tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_MR = 16, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_NR = 8, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_KC = 64, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_MC = 144, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_NC = 256 };
 
 /* C[16×8] = alpha·a·b + beta·C from packed panels a (kc×16) and b (kc×8). */
@@ -285,7 +285,7 @@ static void tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0(size_t m, size_t n
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=512,ku=8,order=jr_ir,par=ic,pf=2 ---- */
+/* ---- tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=512,ku=8,order=jr_ir,par=ic,pf=2,pb=shared ---- */
 enum { tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_MC = 240, tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_NC = 528 };
 
 /* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
@@ -564,7 +564,7 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2(size_t m, size_t 
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2: dgemm, vw=512,mr=6,nv=4,kc=384,mc=96,nc=256,ku=4,order=ir_jr,par=ic,pf=2 ---- */
+/* ---- tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2: dgemm, vw=512,mr=6,nv=4,kc=384,mc=96,nc=256,ku=4,order=ir_jr,par=ic,pf=2,pb=shared ---- */
 enum { tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_MR = 6, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_NR = 32, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_KC = 384, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_MC = 96, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_NC = 256 };
 
 /* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
@@ -816,7 +816,7 @@ static void tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2(size_t m, size_t n
     }
 }
 
-/* ---- tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2: dgemm, vw=512,mr=8,nv=3,kc=256,mc=48,nc=4096,ku=4,order=jr_ir,par=ic,pf=2 ---- */
+/* ---- tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2: dgemm, vw=512,mr=8,nv=3,kc=256,mc=48,nc=4096,ku=4,order=jr_ir,par=ic,pf=2,pb=shared ---- */
 enum { tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_MR = 8, tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_NR = 24, tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_KC = 256, tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_MC = 48, tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_NC = 4104 };
 
 /* C[8×24] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×24). */
@@ -1079,7 +1079,7 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2(size_t m, size_t 
     }
 }
 
-/* ---- tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2: dgemm, vw=512,mr=24,nv=1,kc=512,mc=48,nc=256,ku=8,order=ir_jr,par=ic,pf=2 ---- */
+/* ---- tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2: dgemm, vw=512,mr=24,nv=1,kc=512,mc=48,nc=256,ku=8,order=ir_jr,par=ic,pf=2,pb=shared ---- */
 enum { tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_MR = 24, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_NR = 8, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_KC = 512, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_MC = 48, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_NC = 256 };
 
 /* C[24×8] = alpha·a·b + beta·C from packed panels a (kc×24) and b (kc×8). */
@@ -1568,7 +1568,7 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2(size_t m, size_t n
     }
 }
 
-/* ---- tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2: dgemm, vw=512,mr=24,nv=1,kc=512,mc=48,nc=2048,ku=4,order=ir_jr,par=ic,pf=2 ---- */
+/* ---- tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2: dgemm, vw=512,mr=24,nv=1,kc=512,mc=48,nc=2048,ku=4,order=ir_jr,par=ic,pf=2,pb=shared ---- */
 enum { tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_MR = 24, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_NR = 8, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_KC = 512, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_MC = 48, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_NC = 2048 };
 
 /* C[24×8] = alpha·a·b + beta·C from packed panels a (kc×24) and b (kc×8). */
@@ -1949,7 +1949,7 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2(size_t m, size_t 
     }
 }
 
-/* ---- tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=240,nc=2048,ku=8,order=ir_jr,par=ic,pf=2 ---- */
+/* ---- tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=240,nc=2048,ku=8,order=ir_jr,par=ic,pf=2,pb=shared ---- */
 enum { tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_MR = 14, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_NR = 32, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_KC = 256, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_MC = 252, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_NC = 2048 };
 
 /* C[14×32] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×32). */
@@ -2335,7 +2335,7 @@ static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2(size_t m, size_
     }
 }
 
-/* ---- tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1: sgemm, vw=512,mr=10,nv=2,kc=384,mc=72,nc=256,ku=8,order=ir_jr,par=ic,pf=1 ---- */
+/* ---- tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1: sgemm, vw=512,mr=10,nv=2,kc=384,mc=72,nc=256,ku=8,order=ir_jr,par=ic,pf=1,pb=shared ---- */
 enum { tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_MR = 10, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_NR = 32, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_KC = 384, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_MC = 80, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_NC = 256 };
 
 /* C[10×32] = alpha·a·b + beta·C from packed panels a (kc×10) and b (kc×32). */
@@ -2656,7 +2656,7 @@ static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1(size_t m, size_t 
     }
 }
 
-/* ---- tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=72,nc=2048,ku=2,order=jr_ir,par=ic,pf=2 ---- */
+/* ---- tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=72,nc=2048,ku=2,order=jr_ir,par=ic,pf=2,pb=shared ---- */
 enum { tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_MR = 14, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_NR = 32, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_KC = 256, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_MC = 84, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_NC = 2048 };
 
 /* C[14×32] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×32). */
@@ -2934,11 +2934,11 @@ static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2(size_t m, size_t
     }
 }
 
-/* ---- tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1: dgemm, vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1 ---- */
-enum { tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_MR = 8, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_NR = 24, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_KC = 128, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_MC = 576, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_NC = 8208 };
+/* ---- tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1: dgemm, vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private ---- */
+enum { tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_MR = 8, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_NR = 24, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_KC = 128, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_MC = 576, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_NC = 8208 };
 
 /* C[8×24] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×24). */
-static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
     tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
@@ -3089,7 +3089,7 @@ static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ukr(size_t kc, c
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 8-row panel, zero-padded. */
-static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
 {
     if (csa == 1 && mr_e == 8) {
         for (size_t i = 0; i < 8; i++)
@@ -3107,7 +3107,7 @@ static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_a(size_t mr
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 24-column panel, zero-padded. */
-static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -3123,7 +3123,7 @@ static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_b(size_t nr
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
     const size_t mpan = (mc + 8 - 1) / 8;
@@ -3134,25 +3134,25 @@ static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_macro(size_t mc,
             double *c = C + ip * 8 * ldc + jp * 24;
             const double *a = ap + ip * 8 * kc, *b = bp + jp * 24 * kc;
             if (mr_e == 8 && nr_e == 24) {
-                tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ukr(kc, a, b, ct, 24, 1, 0);
+            tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ukr(kc, a, b, ct, 24, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 24 + j];
         }
 }
 
-/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ws(int nt)
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ws(int nt)
 {
-    return (1050624 + (size_t)(nt < 1 ? 1 : nt) * 73728) * sizeof(double);
+    return (size_t)(nt < 1 ? 1 : nt) * (1050624 + 73728) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -3165,42 +3165,42 @@ static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1(size_t m, size_t
     }
     if (nt < 1)
         nt = 1;
-    double *const bp = ws, *const ap_all = bp + 1050624;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
         double ct[8 * 24] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 1124352, *const ap = bp + 1050624;
+        const size_t nblk = (m + 576 - 1) / 576, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
         for (size_t jc = 0; jc < n; jc += 8208) {
             const size_t nc = n - jc < 8208 ? n - jc : 8208;
             const size_t npan = (nc + 24 - 1) / 24;
             for (size_t pc = 0; pc < k; pc += 128) {
                 const size_t kc = k - pc < 128 ? k - pc : 128;
                 const double bet = pc == 0 ? beta : 1;
-                for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
                             rsb, csb, bp + jp * 24 * kc);
-#pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 73728;
-                const size_t nblk = (m + 576 - 1) / 576;
-                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                for (size_t ib = b0; ib < b1; ib++) {
                     const size_t ic = ib * 576, mc = m - ic < 576 ? m - ic : 576;
                     for (size_t ip = 0; ip * 8 < mc; ip++)
-                        tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
+                        tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 8 * kc);
-                    tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
-#pragma omp barrier
             }
         }
     }
 }
 
-/* ---- tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1: sgemm, vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1 ---- */
-enum { tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_MR = 8, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_NR = 48, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_KC = 128, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_MC = 576, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_NC = 8208 };
+/* ---- tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1: sgemm, vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private ---- */
+enum { tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_MR = 8, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_NR = 48, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_KC = 128, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_MC = 576, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_NC = 8208 };
 
 /* C[8×48] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×48). */
-static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
     tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
@@ -3351,7 +3351,7 @@ static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ukr(size_t kc, c
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 8-row panel, zero-padded. */
-static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
 {
     if (csa == 1 && mr_e == 8) {
         for (size_t i = 0; i < 8; i++)
@@ -3369,7 +3369,7 @@ static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_a(size_t mr
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 48-column panel, zero-padded. */
-static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -3385,7 +3385,7 @@ static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_b(size_t nr
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
 {
     const size_t mpan = (mc + 8 - 1) / 8;
@@ -3396,25 +3396,25 @@ static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_macro(size_t mc,
             float *c = C + ip * 8 * ldc + jp * 48;
             const float *a = ap + ip * 8 * kc, *b = bp + jp * 48 * kc;
             if (mr_e == 8 && nr_e == 48) {
-                tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ukr(kc, a, b, ct, 48, 1, 0);
+            tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ukr(kc, a, b, ct, 48, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 48 + j];
         }
 }
 
-/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ws(int nt)
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ws(int nt)
 {
-    return (1050624 + (size_t)(nt < 1 ? 1 : nt) * 73728) * sizeof(float);
+    return (size_t)(nt < 1 ? 1 : nt) * (1050624 + 73728) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ws(nt) bytes, 64-aligned. */
-static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -3427,42 +3427,42 @@ static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1(size_t m, size_t
     }
     if (nt < 1)
         nt = 1;
-    float *const bp = ws, *const ap_all = bp + 1050624;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
         float ct[8 * 48] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 1124352, *const ap = bp + 1050624;
+        const size_t nblk = (m + 576 - 1) / 576, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
         for (size_t jc = 0; jc < n; jc += 8208) {
             const size_t nc = n - jc < 8208 ? n - jc : 8208;
             const size_t npan = (nc + 48 - 1) / 48;
             for (size_t pc = 0; pc < k; pc += 128) {
                 const size_t kc = k - pc < 128 ? k - pc : 128;
                 const float bet = pc == 0 ? beta : 1;
-                for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_b(nc - jp * 48 < 48 ? nc - jp * 48 : 48, kc, B + pc * rsb + (jc + jp * 48) * csb,
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_pack_b(nc - jp * 48 < 48 ? nc - jp * 48 : 48, kc, B + pc * rsb + (jc + jp * 48) * csb,
                             rsb, csb, bp + jp * 48 * kc);
-#pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                float *const ap = ap_all + tid * 73728;
-                const size_t nblk = (m + 576 - 1) / 576;
-                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                for (size_t ib = b0; ib < b1; ib++) {
                     const size_t ic = ib * 576, mc = m - ic < 576 ? m - ic : 576;
                     for (size_t ip = 0; ip * 8 < mc; ip++)
-                        tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
+                        tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 8 * kc);
-                    tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
-#pragma omp barrier
             }
         }
     }
 }
 
-/* ---- tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1: dsyrk (lower triangle), vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1 ---- */
-enum { tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_MR = 8, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_NR = 24, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_KC = 128, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_MC = 576, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_NC = 8208 };
+/* ---- tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1: dsyrk (lower triangle), vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private ---- */
+enum { tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_MR = 8, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_NR = 24, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_KC = 128, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_MC = 576, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_NC = 8208 };
 
 /* C[8×24] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×24). */
-static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
     tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
@@ -3613,7 +3613,7 @@ static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ukr(size_t kc, c
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 8-row panel, zero-padded. */
-static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
 {
     if (csa == 1 && mr_e == 8) {
         for (size_t i = 0; i < 8; i++)
@@ -3631,7 +3631,7 @@ static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_a(size_t mr
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 24-column panel, zero-padded. */
-static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -3647,7 +3647,7 @@ static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_b(size_t nr
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block; (i0, j0): where the block sits in C, for the triangle. */
-static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct, size_t i0, size_t j0)
 {
     const size_t mpan = (mc + 8 - 1) / 8;
@@ -3663,75 +3663,75 @@ static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_macro(size_t mc,
             double *c = C + ip * 8 * ldc + jp * 24;
             const double *a = ap + ip * 8 * kc, *b = bp + jp * 24 * kc;
             if (mr_e == 8 && nr_e == 24 && !diag) {
-                tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ukr(kc, a, b, ct, 24, 1, 0);
+            tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ukr(kc, a, b, ct, 24, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < (!diag ? nr_e : gi + i < gj ? 0 : gi + i + 1 - gj < nr_e ? gi + i + 1 - gj : nr_e); j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 24 + j];
         }
 }
 
-/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ws(int nt)
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ws(int nt)
 {
-    return (1050624 + (size_t)(nt < 1 ? 1 : nt) * 73728) * sizeof(double);
+    return (size_t)(nt < 1 ? 1 : nt) * (1050624 + 73728) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ws(nt) bytes, 64-aligned. */
-static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ws(nt) bytes, 64-aligned. */
+static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
         return;
     if (k == 0 || alpha == 0) {
         for (size_t i = 0; i < m; i++)
-            for (size_t j = 0; j < n; j++)
+            for (size_t j = 0; j < n && j <= i; j++)
                 C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
         return;
     }
     if (nt < 1)
         nt = 1;
-    double *const bp = ws, *const ap_all = bp + 1050624;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
         double ct[8 * 24] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 1124352, *const ap = bp + 1050624;
+        const size_t nblk = (m + 576 - 1) / 576, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
         for (size_t jc = 0; jc < n; jc += 8208) {
             const size_t nc = n - jc < 8208 ? n - jc : 8208;
             const size_t npan = (nc + 24 - 1) / 24;
             for (size_t pc = 0; pc < k; pc += 128) {
                 const size_t kc = k - pc < 128 ? k - pc : 128;
                 const double bet = pc == 0 ? beta : 1;
-                for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
                             rsb, csb, bp + jp * 24 * kc);
-#pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 73728;
-                const size_t nblk = (m + 576 - 1) / 576;
-                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                for (size_t ib = b0; ib < b1; ib++) {
                     const size_t ic = ib * 576, mc = m - ic < 576 ? m - ic : 576;
                     if (ic + mc <= jc)
                         continue;
                     for (size_t ip = 0; ip * 8 < mc; ip++)
-                        tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
+                        tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 8 * kc);
-                    tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct, ic, jc);
+                    tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct, ic, jc);
                 }
-#pragma omp barrier
             }
         }
     }
 }
 
-/* ---- tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1: ssyrk (lower triangle), vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1 ---- */
-enum { tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_MR = 8, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_NR = 48, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_KC = 128, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_MC = 576, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_NC = 8208 };
+/* ---- tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1: ssyrk (lower triangle), vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private ---- */
+enum { tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_MR = 8, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_NR = 48, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_KC = 128, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_MC = 576, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_NC = 8208 };
 
 /* C[8×48] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×48). */
-static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
     tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
@@ -3882,7 +3882,7 @@ static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ukr(size_t kc, c
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 8-row panel, zero-padded. */
-static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
 {
     if (csa == 1 && mr_e == 8) {
         for (size_t i = 0; i < 8; i++)
@@ -3900,7 +3900,7 @@ static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_a(size_t mr
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 48-column panel, zero-padded. */
-static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -3916,7 +3916,7 @@ static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_b(size_t nr
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block; (i0, j0): where the block sits in C, for the triangle. */
-static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct, size_t i0, size_t j0)
 {
     const size_t mpan = (mc + 8 - 1) / 8;
@@ -3932,65 +3932,65 @@ static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_macro(size_t mc,
             float *c = C + ip * 8 * ldc + jp * 48;
             const float *a = ap + ip * 8 * kc, *b = bp + jp * 48 * kc;
             if (mr_e == 8 && nr_e == 48 && !diag) {
-                tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ukr(kc, a, b, ct, 48, 1, 0);
+            tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ukr(kc, a, b, ct, 48, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < (!diag ? nr_e : gi + i < gj ? 0 : gi + i + 1 - gj < nr_e ? gi + i + 1 - gj : nr_e); j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 48 + j];
         }
 }
 
-/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ws(int nt)
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ws(int nt)
 {
-    return (1050624 + (size_t)(nt < 1 ? 1 : nt) * 73728) * sizeof(float);
+    return (size_t)(nt < 1 ? 1 : nt) * (1050624 + 73728) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ws(nt) bytes, 64-aligned. */
-static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ws(nt) bytes, 64-aligned. */
+static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
         return;
     if (k == 0 || alpha == 0) {
         for (size_t i = 0; i < m; i++)
-            for (size_t j = 0; j < n; j++)
+            for (size_t j = 0; j < n && j <= i; j++)
                 C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
         return;
     }
     if (nt < 1)
         nt = 1;
-    float *const bp = ws, *const ap_all = bp + 1050624;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
         float ct[8 * 48] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 1124352, *const ap = bp + 1050624;
+        const size_t nblk = (m + 576 - 1) / 576, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
         for (size_t jc = 0; jc < n; jc += 8208) {
             const size_t nc = n - jc < 8208 ? n - jc : 8208;
             const size_t npan = (nc + 48 - 1) / 48;
             for (size_t pc = 0; pc < k; pc += 128) {
                 const size_t kc = k - pc < 128 ? k - pc : 128;
                 const float bet = pc == 0 ? beta : 1;
-                for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_b(nc - jp * 48 < 48 ? nc - jp * 48 : 48, kc, B + pc * rsb + (jc + jp * 48) * csb,
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_pack_b(nc - jp * 48 < 48 ? nc - jp * 48 : 48, kc, B + pc * rsb + (jc + jp * 48) * csb,
                             rsb, csb, bp + jp * 48 * kc);
-#pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                float *const ap = ap_all + tid * 73728;
-                const size_t nblk = (m + 576 - 1) / 576;
-                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                for (size_t ib = b0; ib < b1; ib++) {
                     const size_t ic = ib * 576, mc = m - ic < 576 ? m - ic : 576;
                     if (ic + mc <= jc)
                         continue;
                     for (size_t ip = 0; ip * 8 < mc; ip++)
-                        tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
+                        tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 8 * kc);
-                    tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct, ic, jc);
+                    tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct, ic, jc);
                 }
-#pragma omp barrier
             }
         }
     }
@@ -4012,8 +4012,8 @@ const tpk__gemm_entry tpk__gemm_table[] = {
 const size_t tpk__gemm_table_len = 10;
 
 const tpk__gemm_entry tpk__gemm_default[4] = {
-    {0, 0, 0, 0, 0, 0, 0.0, "tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1", tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1, NULL, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ws},
-    {0, 1, 0, 0, 0, 0, 0.0, "tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1", NULL, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ws},
-    {1, 0, 0, 0, 0, 0, 0.0, "tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1", tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1, NULL, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_ic_p1_ws},
-    {1, 1, 0, 0, 0, 0, 0.0, "tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1", NULL, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_ic_p1_ws},
+    {0, 0, 0, 0, 0, 0, 0.0, "tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1", tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1, NULL, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ws},
+    {0, 1, 0, 0, 0, 0, 0.0, "tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1", NULL, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ws},
+    {1, 0, 0, 0, 0, 0, 0.0, "tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1", tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1, NULL, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ws},
+    {1, 1, 0, 0, 0, 0, 0.0, "tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1", NULL, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_ws},
 };

@@ -254,7 +254,10 @@ static void test_measure_pipeline(void **state)
     o.max_redo = 0;
     tpk_tune_config c;
     tpk_tune_space_default(&s, &c);
+    assert_int_equal(tpk_tune_config_get(&s, &c, "pb", -1), 1); /* 2 threads: private B by default */
     assert_int_equal(tpk_tune_config_set(&s, &c, "par", 1), TPK_OK); /* split jr */
+    assert_false(tpk_tune_space_valid(&s, &c));                      /* ... needs the shared B */
+    assert_int_equal(tpk_tune_config_set(&s, &c, "pb", 0), TPK_OK);
     assert_int_equal(tpk_tune_config_set(&s, &c, "order", 1), TPK_OK);
     tpk_tune_result r;
     assert_int_equal(tpk_tune_measure(&s, &c, &o, &r, &ctx), TPK_OK);

@@ -10,7 +10,7 @@
 static const char *const order_labels[] = {"jr_ir", "ir_jr"};
 static const char *const par_labels[] = {"ic", "jr"};
 
-enum { K_VW, K_MR, K_NV, K_KC, K_MC, K_NC, K_KU, K_ORDER, K_PAR, K_PF, K_COUNT };
+enum { K_VW, K_MR, K_NV, K_KC, K_MC, K_NC, K_KU, K_ORDER, K_PAR, K_PF, K_PB, K_COUNT };
 
 static void set_knob(tpk_tune_knob *k, const char *name, const int *c, int n,
                      const char *const *labels)
@@ -40,6 +40,7 @@ void tpk__cpu_gemm_blocking(const tpk_tune_space *s, const tpk_tune_config *c, t
     b->order = c->v[K_ORDER];
     b->par = c->v[K_PAR];
     b->pf = c->v[K_PF];
+    b->pb = c->v[K_PB];
     b->syrk = s->task.op == TPK_TUNE_SYRK;
 }
 
@@ -51,6 +52,8 @@ static int cpu_valid(const tpk_tune_space *s, const tpk_tune_config *c)
      * AVX-512 (zmm or, with AVX-512VL, ymm); at least 8 independent FMAs chains to cover the
      * FMA latency of two pipes. */
     if (b.mr * b.nv + b.nv + 1 > 32 || b.mr * b.nv < 8)
+        return 0;
+    if (b.pb && b.par != TPK__PAR_IC) /* private B needs threads that own whole ic blocks */
         return 0;
     if ((double)b.mc * b.kc * b.es > 4.0 * 1024 * 1024 || (double)b.kc * b.nc * b.es > 64.0 * 1024 * 1024)
         return 0;
@@ -96,6 +99,7 @@ static int cpu_features(const tpk_tune_space *s, const tpk_tune_config *c, float
     v[i++] = b.order;
     v[i++] = b.par;
     v[i++] = b.pf;
+    v[i++] = b.pb;
     /* workload */
     v[i++] = tpk__log2(m);
     v[i++] = tpk__log2(n);
@@ -167,6 +171,11 @@ int tpk__cpu_gemm_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx)
     /* With one thread the split loop does not matter: one candidate, no wasted trials. */
     set_knob(&s->knob[K_PAR], "par", par, s->task.threads > 1 ? 2 : 1, par_labels);
     set_knob(&s->knob[K_PF], "pf", pf, 3, NULL);
+    /* B packed once and shared (barriers around it), or by every thread for itself (no barrier:
+     * robust when a thread is descheduled). Candidate 0 is what logs without this knob used. */
+    static const int pb[] = {0, 1};
+    static const char *const pb_labels[] = {"shared", "private"};
+    set_knob(&s->knob[K_PB], "pb", pb, s->task.threads > 1 ? 2 : 1, pb_labels);
     s->valid = cpu_valid;
     s->features = cpu_features;
     return TPK_OK;
@@ -204,6 +213,7 @@ void tpk__cpu_gemm_default(const tpk_tune_space *s, tpk_tune_config *c)
     c->v[K_ORDER] = TPK__ORDER_JR_IR;
     c->v[K_PAR] = TPK__PAR_IC;
     c->v[K_PF] = 1;
+    c->v[K_PB] = s->task.threads > 1 ? 1 : 0;
     /* Shrink blocks that the validity filter rejects for a small problem. */
     while (!tpk_tune_space_valid(s, c) && c->v[K_KC] > 64)
         c->v[K_KC] = pick_le(&s->knob[K_KC], c->v[K_KC] - 1);
@@ -370,11 +380,15 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
 
     /* workspace and driver */
     size_t apn = (size_t)b.mc * (size_t)b.kc, bpn = (size_t)b.kc * (size_t)b.nc;
-    fprintf(o, "/* Workspace bytes for nt threads: the packed B block and %s packed A block%s. */\n",
-            b.par == TPK__PAR_IC ? "one" : "a shared", b.par == TPK__PAR_IC ? " per thread" : "");
-    fprintf(o, "%ssize_t %s_ws(int nt)\n{\n    return (%zu + (size_t)%s * %zu) * sizeof(%s);\n}\n\n",
-            st, standalone ? "tpk_kernel" : fn, bpn, b.par == TPK__PAR_IC ? "(nt < 1 ? 1 : nt)" : "1",
-            apn, T);
+    fprintf(o, "/* Workspace bytes for nt threads: %s packed B block and %s packed A block%s. */\n",
+            b.pb ? "per thread a" : "the", b.par == TPK__PAR_IC ? "one" : "a shared", b.par == TPK__PAR_IC ? " per thread" : "");
+    if (b.pb)
+        fprintf(o, "%ssize_t %s_ws(int nt)\n{\n    return (size_t)(nt < 1 ? 1 : nt) * (%zu + %zu) * sizeof(%s);\n}\n\n",
+                st, standalone ? "tpk_kernel" : fn, bpn, apn, T);
+    else
+        fprintf(o, "%ssize_t %s_ws(int nt)\n{\n    return (%zu + (size_t)%s * %zu) * sizeof(%s);\n}\n\n",
+                st, standalone ? "tpk_kernel" : fn, bpn, b.par == TPK__PAR_IC ? "(nt < 1 ? 1 : nt)" : "1",
+                apn, T);
     if (!standalone)
         fprintf(o, "/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: %s_ws(nt) bytes, 64-aligned. */\n", fn);
     else
@@ -387,35 +401,58 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
         "    if (m == 0 || n == 0)\n        return;\n"
         "    if (k == 0 || alpha == 0) {\n"
         "        for (size_t i = 0; i < m; i++)\n"
-        "            for (size_t j = 0; j < n; j++)\n"
+        "            for (size_t j = 0; j < %s; j++)\n"
         "                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];\n"
         "        return;\n    }\n"
-        "    if (nt < 1)\n        nt = 1;\n"
-        "    %s *const bp = ws, *const ap_all = bp + %zu;\n"
+        "    if (nt < 1)\n        nt = 1;\n",
+        st, standalone ? "tpk_kernel" : fn, T, T, T, T, T, b.syrk ? "n && j <= i" : "n");
+    if (!b.pb)
+        fprintf(o, "    %s *const bp = ws, *const ap_all = bp + %zu;\n", T, bpn);
+    fprintf(o,
         "#pragma omp parallel num_threads(nt) if (nt > 1)\n"
         "    {\n"
         "        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();\n"
-        "        %s ct[%d * %d] __attribute__((aligned(64)));\n"
+        "        %s ct[%d * %d] __attribute__((aligned(64)));\n", T, b.mr, b.nr);
+    if (b.pb)
+        fprintf(o,
+            "        /* Every thread packs B for itself: no barrier anywhere. */\n"
+            "        %s *const bp = (%s *)ws + tid * %zu, *const ap = bp + %zu;\n"
+            "        const size_t nblk = (m + %d - 1) / %d, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;\n",
+            T, T, bpn + apn, bpn, b.mc, b.mc);
+    fprintf(o,
         "        for (size_t jc = 0; jc < n; jc += %d) {\n"
         "            const size_t nc = n - jc < %d ? n - jc : %d;\n"
         "            const size_t npan = (nc + %d - 1) / %d;\n"
         "            for (size_t pc = 0; pc < k; pc += %d) {\n"
         "                const size_t kc = k - pc < %d ? k - pc : %d;\n"
-        "                const %s bet = pc == 0 ? beta : 1;\n"
-        "                for (size_t jp = tid; jp < npan; jp += nth)\n"
+        "                const %s bet = pc == 0 ? beta : 1;\n",
+        b.nc, b.nc, b.nc, b.nr, b.nr, b.kc, b.kc, b.kc, T);
+    if (b.pb)
+        fprintf(o,
+            "                if (b0 == b1)\n                    continue;\n"
+            "                for (size_t jp = 0; jp < npan; jp++)\n");
+    else
+        fprintf(o, "                for (size_t jp = tid; jp < npan; jp += nth)\n");
+    fprintf(o,
         "                    %s_pack_b(nc - jp * %d < %d ? nc - jp * %d : %d, kc, B + pc * rsb + (jc + jp * %d) * csb,\n"
-        "                            rsb, csb, bp + jp * %d * kc);\n"
-        "#pragma omp barrier\n",
-        st, standalone ? "tpk_kernel" : fn, T, T, T, T, T, T, bpn, T, b.mr, b.nr, b.nc, b.nc, b.nc,
-        b.nr, b.nr, b.kc, b.kc, b.kc, T, fn, b.nr, b.nr, b.nr, b.nr, b.nr, b.nr);
+        "                            rsb, csb, bp + jp * %d * kc);\n",
+        fn, b.nr, b.nr, b.nr, b.nr, b.nr, b.nr);
+    if (!b.pb)
+        fprintf(o, "#pragma omp barrier\n");
     /* syrk: a row block wholly above the diagonal of this column block does nothing. */
     const char *skip = b.syrk ? "                    if (ic + mc <= jc)\n                        continue;\n" : "";
-    if (b.par == TPK__PAR_IC)
+    if (b.par == TPK__PAR_IC) {
+        if (b.pb)
+            fprintf(o, "                /* Threads split the ic loop; each packs its own A block. */\n"
+                       "                for (size_t ib = b0; ib < b1; ib++) {\n");
+        else
+            fprintf(o,
+                "                /* Threads split the ic loop; each packs its own A block. */\n"
+                "                %s *const ap = ap_all + tid * %zu;\n"
+                "                const size_t nblk = (m + %d - 1) / %d;\n"
+                "                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {\n",
+                T, apn, b.mc, b.mc);
         fprintf(o,
-            "                /* Threads split the ic loop; each packs its own A block. */\n"
-            "                %s *const ap = ap_all + tid * %zu;\n"
-            "                const size_t nblk = (m + %d - 1) / %d;\n"
-            "                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {\n"
             "                    const size_t ic = ib * %d, mc = m - ic < %d ? m - ic : %d;\n"
             "%s"
             "                    for (size_t ip = 0; ip * %d < mc; ip++)\n"
@@ -423,9 +460,8 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
             "                                rsa, csa, ap + ip * %d * kc);\n"
             "                    %s_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct%s);\n"
             "                }\n",
-            T, apn, b.mc, b.mc, b.mc, b.mc, b.mc, skip, b.mr, fn, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr, fn,
-            b.syrk ? ", ic, jc" : "");
-    else
+            b.mc, b.mc, b.mc, skip, b.mr, fn, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr, fn, b.syrk ? ", ic, jc" : "");
+    } else
         fprintf(o,
             "                /* Threads pack the A block together and split the jr loop. */\n"
             "                for (size_t ic = 0; ic < m; ic += %d) {\n"
@@ -440,6 +476,6 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
             "#pragma omp barrier\n"
             "                }\n",
             b.mc, b.mc, b.mc, b.mr, b.mr, skip, fn, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr, fn, b.syrk ? ", ic, jc" : "");
-    fprintf(o, "#pragma omp barrier\n            }\n        }\n    }\n}\n\n");
+    fprintf(o, "%s            }\n        }\n    }\n}\n\n", b.pb ? "" : "#pragma omp barrier\n");
     return TPK_OK;
 }

@@ -51,9 +51,9 @@ static void kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char 
 {
     tpk__cpu_blocking b;
     tpk__cpu_gemm_blocking(s, c, &b);
-    snprintf(out, cap, "tpk_%c%s_avx%d_%dx%d_k%d_m%d_n%d_u%d_%s_%s_p%d", b.es == 4 ? 's' : 'd', b.syrk ? "syrk" : "gemm",
+    snprintf(out, cap, "tpk_%c%s_avx%d_%dx%d_k%d_m%d_n%d_u%d_%s_%s%s_p%d", b.es == 4 ? 's' : 'd', b.syrk ? "syrk" : "gemm",
              c->v[0] == 512 ? 512 : 2, b.mr, b.nr, b.kc, b.mc, b.nc, b.ku,
-             b.order == TPK__ORDER_JR_IR ? "jrir" : "irjr", b.par == TPK__PAR_IC ? "ic" : "jr", b.pf);
+             b.order == TPK__ORDER_JR_IR ? "jrir" : "irjr", b.par == TPK__PAR_IC ? "ic" : "jr", b.pb ? "pb" : "", b.pf);
 }
 
 /* The vendor library won this workload when the best candidate's own side-by-side ratio against

@@ -316,7 +316,11 @@ int tpk_tune_log_read(const char *path, tpk_tune_record **recs, size_t *n, tpk_c
 int tpk_tune_record_config(const tpk_tune_space *s, const tpk_tune_record *r, tpk_tune_config *c,
                            tpk_ctx *ctx)
 {
-    tpk_tune_space_default(s, c);
+    /* A knob the record does not name takes its first candidate: knobs are appended to a
+     * template with the old behaviour as candidate 0, so older logs keep their meaning. */
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < s->nknob; i++)
+        c->v[i] = s->knob[i].cand[0];
     for (int i = 0; i < r->nknob; i++)
         if (tpk_tune_config_set(s, c, r->knob_name[i], r->knob_val[i]) != TPK_OK)
             return TPK_ERROR(ctx, TPK_ENOTFOUND, "tune: knob %s=%d is not in the %s space",

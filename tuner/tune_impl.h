@@ -24,6 +24,7 @@ typedef struct tpk__cpu_blocking {
     int es;   /* element size in bytes */
     int vl;   /* vector length in elements */
     int mr, nr, nv, kc, mc, nc, ku, order, par, pf;
+    int pb;   /* B packed per thread, no barriers (par = ic only) */
     int syrk; /* lower triangle only */
 } tpk__cpu_blocking;
 void tpk__cpu_gemm_blocking(const tpk_tune_space *s, const tpk_tune_config *c, tpk__cpu_blocking *b);
