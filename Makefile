@@ -1,6 +1,6 @@
 # tpk — Tensor Programs toolkit. GNU make; C11.
 #   make            library + command-line programs (installs missing Debian packages first)
-#   make run        main job on the bundled demo input
+#   make run        main job: gpkernel --arch=transformer on the bundled demo tokens
 #   make check      whole test suite      make check-asan   the same under ASan+UBSan
 #   make bench      benchmarks (not tests) make install PREFIX=...
 VERSION    := 0.1.0
@@ -81,9 +81,10 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
 
-# Main job: the infinite-width kernel of a deep MLP on the bundled demo input.
+# Main job (the design card's headline): the infinite-width kernel of the Tensor Programs I
+# transformer on the bundled demo token sequences, written to HDF5.
 run: tools
-	$(BUILD)/bin/gpkernel --arch=mlp --depth=3 --phi=relu --output=$(BUILD)/demo-kernel.h5
+	$(BUILD)/bin/gpkernel --arch=transformer --all-times --output=$(BUILD)/demo-transformer.h5
 
 check: tools tests
 	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) sh scripts/run-tests.sh $(TESTS)

@@ -4,6 +4,7 @@
 #include "tpk/io.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,12 @@ const char *tpk_shipped_path(const char *rel, char *buf, size_t len)
             *slash = '\0';
         for (size_t i = 0; i < sizeof up / sizeof up[0]; i++) {
             snprintf(buf, len, "%s%s%s", exe, up[i], rel);
-            if (access(buf, R_OK) == 0)
+            char real[PATH_MAX];
+            if (access(buf, R_OK) == 0) {
+                if (realpath(buf, real) && strlen(real) < len)
+                    strcpy(buf, real); /* clean "bin/../../" out of messages and attributes */
                 return buf;
+            }
         }
     }
     snprintf(buf, len, "%s", rel);
