@@ -1,5 +1,6 @@
 /* gpkernel: infinite-width GP kernels of whole architectures (shipped NETSOR programs) or of any
  * NETSOR program, written to self-describing HDF5. */
+#include "tpk/attention.h"
 #include "tpk/cnn.h"
 #include "tpk/job.h"
 #include "tpk/tpk.h"
@@ -59,6 +60,13 @@ static const arch archs[] = {
      "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7)",
      "depth=L,var-e=var_e,var-u=var_u,var-w=var_w,var-b=var_b,temp=temp,ln-eps=eps,"
      "sigma-v2=sigma_v2", "", "", NULL},
+    /* inv-n: programs/attention.nsr evaluated; inv-sqrt-n: the hierarchical limit (theory §5) */
+    {"attention", "programs/attention.nsr", "data/demo-tokens.npy",
+     "one multi-head attention layer, independent W_Q, W_K, W_V, W_O; 1/n logits (Gaussian, "
+     "uniform averaging) or 1/sqrt(n) (hierarchical, non-Gaussian limit; theory.md §5)",
+     "heads=heads,logit-scaling=scaling,score-samples=R,seed=rng_seed,causal=causal,var-e=var_e,"
+     "var-q=var_q,var-k=var_k,var-v=var_v,var-o=var_o,temp=temp,sigma-v2=sigma_v2", "", "",
+     tpk_attention_job},
     /* CNNs: the program fixes the parameters, the direct recursion of kernels/cnn.c computes
      * (tpk_cnn_job); padding/readout/filter/conv are settings of the job, not of the program */
     {"cnn1d", "programs/cnn1d.nsr", "data/demo-sequences.npy",
@@ -79,7 +87,8 @@ static const char usage[] =
     "Infinite-width (NNGP) kernel of an architecture or NETSOR program, written to HDF5.\n"
     "\n"
     "Options:\n"
-    "  --arch=NAME        a shipped architecture (--list-archs): mlp, rnn, rnn-untied, cnn1d, cnn2d\n"
+    "  --arch=NAME        a shipped architecture (--list-archs): mlp, rnn, rnn-untied,\n"
+    "                     transformer, attention, cnn1d, cnn2d, ...\n"
     "  --program=FILE     any NETSOR program (docs/netsor.md); with --set NAME=VALUE overrides\n"
     "  --input=SPEC       inputs: FILE.h5:/dataset, FILE.npy or FILE.csv; N×d, or N×T×d for\n"
     "                     recurrent programs (default: the architecture's bundled demo input)\n"
@@ -111,6 +120,13 @@ static const char usage[] =
     "  --temp=T           (transformer) softmax temperature, > 0 (default 1)\n"
     "  --ln-eps=E         (transformer) LN epsilon (default 1e-12); default output: the last\n"
     "                     token of each sequence, --all-times: every token, sequence-major\n"
+    "  --heads=H          (attention) heads (default 2); --causal=1: token i sees j <= i\n"
+    "  --logit-scaling=S  (attention) inv-sqrt-n (default): <q,k>/sqrt(n), the non-Gaussian\n"
+    "                     hierarchical limit: /kernel = E_p[C(p)], /score_covariances = R sampled\n"
+    "                     C(p), /excess_kurtosis; inv-n: <q,k>/n, Gaussian (uniform averaging)\n"
+    "  --score-samples=R  (attention, inv-sqrt-n) sampled score covariances (default 256)\n"
+    "  --seed=S           (attention, inv-sqrt-n) random seed of the score samples (default 0)\n"
+    "  --var-q=V --var-k=V --var-v=V --var-o=V  (attention) projection variances (default 1)\n"
     "  --set NAME=VALUE   override any program parameter (repeatable)\n"
     "  --netsor-plus      allow NETSOR+ Moments in --program\n"
     "  --list-archs, --list-phi, --quiet, --help, --version\n"
