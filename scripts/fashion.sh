@@ -12,7 +12,7 @@ OUT=${2:-build/fashion}
 N_TRAIN=${FASHION_N_TRAIN:-10000}
 N_TEST=${FASHION_N_TEST:-10000}
 DEPTHS=${FASHION_DEPTHS:-1-8}
-VAR_N=${FASHION_VAR_N:-10000}
+VAR_N=${FASHION_VAR_N:-2000}
 PKG=dataset-fashion-mnist
 
 if ! dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null | grep -q "ok installed"; then

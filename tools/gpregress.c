@@ -407,7 +407,7 @@ static int choose_noise(run_state *rs, const tpk_array *K, double *r, double *s,
     tpk_array Ys = head_view(rs->Y, k);
     tpk_gp_spectral *sp = tpk_gp_spectral_alloc(Ks, &Ys, ctx);
     int st = sp ? TPK_OK : ctx->status;
-    tpk_gp_noise_choice ch;
+    tpk_gp_noise_choice ch = {0};
     if (!st) {
         double md = mean_diag(Ks);
         if (!(md > 0))
@@ -467,7 +467,7 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         /* The subsample's optimum is biased (the LML-optimal noise falls as N grows): walk from
          * it, shifted by the shift the previous kernel of this run needed, at full size. */
         const double sub = ratio;
-        tpk_gp_noise_choice ch;
+        tpk_gp_noise_choice ch = {0};
         gp = tpk_gp_fit_search_noise(&A, rs->Y, sub * rs->noise_shift,
                                      rs->nres ? NOISE_STEP_NEXT : NOISE_STEP_FIRST, o->noise_fits,
                                      o->fit_scale, &go, &ch, ctx);
@@ -665,7 +665,7 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
                 st = ctx->status;
             } else {
                 tpk_gp_spectral *sp = tpk_gp_spectral_alloc(Ks, &Ys, ctx);
-                tpk_gp_noise_choice ch;
+                tpk_gp_noise_choice ch = {0};
                 double md = mean_diag(Ks);
                 st = sp ? tpk_gp_spectral_choose_noise(sp, NOISE_REL_LO * md, NOISE_REL_HI * md,
                                                        0, &ch, ctx)
