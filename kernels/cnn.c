@@ -212,7 +212,8 @@ int tpk_cnn_conv_prefers_fft(size_t rows, size_t cols, int kh, int kw, int paddi
 {
     double MR = padding == TPK_CNN_CIRCULAR ? (double)rows : (double)rows + kh - 1;
     double MS = padding == TPK_CNN_CIRCULAR ? (double)cols : (double)cols + kw - 1;
-    double fft = TPK_CNN_FFT_COST * log2(MR * MS * MR * MS) * (MR * MS * MR * MS) /
+    double c = rows == 1 ? TPK_CNN_FFT_COST_1D : TPK_CNN_FFT_COST_2D;
+    double fft = c * log2(MR * MS * MR * MS) * (MR * MS * MR * MS) /
                  ((double)rows * cols * rows * cols);
     return fft < (double)(kh > 1 ? kh : 0) + (double)(kw > 1 ? kw : 0);
 }

@@ -68,9 +68,14 @@ TPK_API int tpk_cnn_conv_block(size_t rows, size_t cols, int kh, int kw, int pad
                                tpk_ctx *ctx);
 
 /* 1 when the FFT is expected to beat direct summation for this grid and filter: direct costs
- * (kh + kw) adds per entry, the FFT about TPK_CNN_FFT_COST·log2(entries) per entry (measured
- * by bench/bench_cnn.c on the development machine; see the crossover table there). */
-#define TPK_CNN_FFT_COST 1.6
+ * (kh + kw) adds per entry (taps of size 1 cost nothing), the FFT about
+ * c·log2(M)·M/P² add-equivalents per entry, M the (zero-extended) transform size, with c from
+ * bench/bench_cnn.c's crossover table on the development machine (AVX-512, FFTW 3.3.10
+ * ESTIMATE plans): one FFT entry·log2 costs ~6 direct adds on 1-D blocks, ~1.5 on 2-D blocks
+ * (whose direct pass is strided). Measured crossovers: circular 1×256 at k ≈ 100, 16×16 at
+ * 9×9..15×15, 28×28 at ~15×15..27×27; zero padding (transform 2^4× larger) never in range. */
+#define TPK_CNN_FFT_COST_1D 6.0
+#define TPK_CNN_FFT_COST_2D 1.5
 TPK_API int tpk_cnn_conv_prefers_fft(size_t rows, size_t cols, int kh, int kw, int padding);
 
 /* The gpkernel job of --arch=cnn1d / cnn2d (an `archs[]` custom hook): the shipped program

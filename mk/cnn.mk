@@ -1,0 +1,5 @@
+# CNN kernels (issue 4, item 7). `make bench-cnn-full`: the issue's CNN-2D + GAP size, 256
+# Fashion-MNIST images at depth 4 (about an hour of CPU on 2 cores; make bench runs 32).
+.PHONY: bench-cnn-full
+bench-cnn-full: $(BUILD)/bench/bench_cnn
+	$(BUILD)/bench/bench_cnn --images=256 --depth=4
