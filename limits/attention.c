@@ -379,3 +379,74 @@ done:
     free(work);
     return st;
 }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int tpk_attn_w1_samples(const double *x, size_t M, const double *y, size_t P, double *out,
+                        tpk_ctx *ctx)
+{
+    if (x == NULL || y == NULL || out == NULL || M == 0 || P == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_attn_w1_samples: two non-empty samples required");
+    double *a = malloc(M * sizeof *a), *b = malloc(P * sizeof *b);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    }
+    memcpy(a, x, M * sizeof *a);
+    memcpy(b, y, P * sizeof *b);
+    qsort(a, M, sizeof *a, cmp_double);
+    qsort(b, P, sizeof *b, cmp_double);
+    /* walk the merged values: between consecutive ones both CDFs are constant */
+    size_t i = 0, j = 0;
+    double w = 0.0, prev = a[0] < b[0] ? a[0] : b[0];
+    while (i < M || j < P) {
+        double next = j >= P || (i < M && a[i] <= b[j]) ? a[i] : b[j];
+        w += fabs((double)i / (double)M - (double)j / (double)P) * (next - prev);
+        prev = next;
+        while (i < M && a[i] == next)
+            i++;
+        while (j < P && b[j] == next)
+            j++;
+    }
+    free(a);
+    free(b);
+    *out = w;
+    return TPK_OK;
+}
+
+/* E|X − X'| for X, X' independent from the mixture (U-statistic over distinct components). */
+static double within(const double *v, size_t n)
+{
+    if (n == 1)
+        return sqrt(4.0 * v[0] / M_PI);
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++)
+            s += sqrt(2.0 * (v[i] + v[j]) / M_PI);
+    return 2.0 * s / ((double)n * (double)(n - 1));
+}
+
+int tpk_attn_energy_mixtures(const double *va, size_t na, const double *vb, size_t nb,
+                             double *out, tpk_ctx *ctx)
+{
+    if (va == NULL || vb == NULL || out == NULL || na == 0 || nb == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_attn_energy_mixtures: two non-empty mixtures required");
+    for (size_t i = 0; i < na; i++)
+        if (!(va[i] >= 0) || !isfinite(va[i]))
+            return TPK_ERROR(ctx, TPK_EDOM, "tpk_attn_energy_mixtures: variance %zu is not >= 0", i);
+    for (size_t j = 0; j < nb; j++)
+        if (!(vb[j] >= 0) || !isfinite(vb[j]))
+            return TPK_ERROR(ctx, TPK_EDOM, "tpk_attn_energy_mixtures: variance %zu is not >= 0", j);
+    double x = 0.0;
+#pragma omp parallel for reduction(+ : x) schedule(static) if (na * nb > 1000000)
+    for (size_t i = 0; i < na; i++)
+        for (size_t j = 0; j < nb; j++)
+            x += sqrt(2.0 * (va[i] + vb[j]) / M_PI);
+    *out = 2.0 * x / ((double)na * (double)nb) - within(va, na) - within(vb, nb);
+    return TPK_OK;
+}

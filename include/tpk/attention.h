@@ -55,6 +55,19 @@ TPK_API int tpk_attn_finite_sample(const double *Sx, size_t s, const tpk_attn_pa
 TPK_API int tpk_attn_mixture_sample(const double *C, size_t R, size_t m, size_t M, uint64_t seed,
                                     double *Y, tpk_ctx *ctx);
 
+/* W1 between the empirical laws of two 1-D samples (sizes M, P ≥ 1): ∫|F_x − F_y| over the
+ * merged sorted values (exact for empirical CDFs). */
+TPK_API int tpk_attn_w1_samples(const double *x, size_t M, const double *y, size_t P, double *out,
+                                tpk_ctx *ctx);
+
+/* Rao–Blackwellised energy distance between two zero-mean 1-D Gaussian scale mixtures
+ * (1/na) Σ N(0, va_i) and (1/nb) Σ N(0, vb_j) — e.g. a coordinate's law at width n (per-network
+ * K̂_ii) and in the hierarchical limit (sampled C_ii) — from E|X − Y| = √(2(a + b)/π) for
+ * independent N(0, a), N(0, b): 2 mean_ij − mean_{i≠i'} − mean_{j≠j'} (U-statistics; a mixture
+ * of one component uses its exact √(4a/π)). No sampling noise from drawing the outputs. */
+TPK_API int tpk_attn_energy_mixtures(const double *va, size_t na, const double *vb, size_t nb,
+                                     double *out, tpk_ctx *ctx);
+
 /* gpkernel --arch=attention: --logit-scaling=inv-n evaluates programs/attention.nsr (Gaussian
  * limit); inv-sqrt-n writes /kernel (σ_v² E_p[C]), /kernel_se, /score_covariances (R × m × m),
  * /excess_kurtosis (3 Var C_ii / E[C_ii]², per output), /input_kernel (token kernel Σ^x). */
