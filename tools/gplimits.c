@@ -697,8 +697,10 @@ int main(int argc, char **argv)
         goto fail;
     if (prog->features & TPK_FEAT_SQRT_N_LOGITS) {
         TPK_ERROR(&ctx, TPK_EUNSUPPORTED,
-                  "%s has 1/sqrt(n) logits: its limit is not a GP (theory.md §5); the attention "
-                  "comparison is not implemented in gplimits yet", prog_path);
+                  "%s has 1/sqrt(n) logits: its limit is not a GP (theory.md §5); compare "
+                  "with the hierarchical limit by gpattention (law distances, kurtosis, heads) "
+                  "and gpkernel --arch=attention (its mean kernel and score covariances)",
+                  prog_path);
         goto fail;
     }
     char demo[4096];

@@ -1,0 +1,341 @@
+/* gpattention: finite-width attention against its hierarchical 1/sqrt(n) limit (theory.md §5,
+ * §7.5; issue 5 item 3). Samples the limit (score covariances C(p)), runs M networks per width with
+ * the exact-in-law sampler, and writes law distances (Rao–Blackwellised energy and W1 of a
+ * coordinate, energy and MMD² of the s-token output), excess kurtosis, the distance of the limit
+ * from the Gaussian with its covariance, and the infinite-head trend, to HDF5. */
+#include "tpk/attention.h"
+#include "tpk/io.h"
+#include "tpk/limits.h"
+#include "tpk/tpk.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <gsl/gsl_errno.h>
+#include <gsl/gsl_randist.h>
+#include <gsl/gsl_rng.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef TPK_VERSION
+#define TPK_VERSION "unknown"
+#endif
+
+#define MAX_WIDTHS 32
+#define MAX_HEADS 16
+#define BOOT 200 /* bootstrap replicates for kurtosis standard errors */
+
+static const char usage[] =
+    "Usage: gpattention --output=FILE.h5 [options]\n"
+    "One attention layer with 1/sqrt(n) logits at finite width against its hierarchical limit\n"
+    "(theory.md §5): law distances per width, excess kurtosis (not a GP), infinite heads.\n"
+    "\n"
+    "  --tokens=S         tokens, with token kernel Sigma^x = I (theory §5.4; default 4)\n"
+    "  --input=SPEC       instead: the first sequence of an N×T×d input, embedded with\n"
+    "                     Sigma^x = <x, x'>/d\n"
+    "  --heads=H          heads (default 2)     --causal    token i sees j <= i\n"
+    "  --widths=LIST      4,16,64 or 4..1024 (x2 steps: 4..1024 gives 4,8,...) (default 4..1024)\n"
+    "  --networks=M       networks per width (default 3000)\n"
+    "  --score-samples=R  limit draws (default 3000)\n"
+    "  --heads-list=LIST  heads for the infinite-head trend (default 1,2,4,16,64)\n"
+    "  --seed=S           (default 1)     --quiet, --help, --version\n"
+    "\n"
+    "Output: /widths, /energy_limit and /energy_gauss (RB energy of y_1 against the limit and\n"
+    "the Gaussian N(0, E_p[C])), /w1_limit, /w1_gauss (RB W1 of y_1), /energy_samples and\n"
+    "/mmd2_samples (s-dim outputs vs limit samples), /kurtosis and /kurtosis_se (y_1 per width),\n"
+    "/limit_kurtosis, /limit_energy_gauss, /heads_list with /heads_kurtosis, /heads_energy_gauss,\n"
+    "/limit_mean (E_p[C]), /token_kernel.\n";
+
+typedef struct opts {
+    size_t tokens, heads, networks, R, nwidths, nheads, widths[MAX_WIDTHS];
+    int causal, quiet;
+    size_t hl[MAX_HEADS];
+    unsigned long long seed;
+    const char *input, *output;
+} opts;
+
+static int parse_list(const char *what, const char *s, size_t *out, size_t *n, size_t max,
+                      int range, tpk_ctx *ctx)
+{
+    char buf[1024];
+    const char *dots = strstr(s, "..");
+    *n = 0;
+    if (range && dots) {
+        unsigned long long lo = strtoull(s, NULL, 10), hi = strtoull(dots + 2, NULL, 10);
+        if (lo < 1 || hi <= lo)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--%s: malformed range '%s'", what, s);
+        for (unsigned long long v = lo; v <= hi && *n < max; v *= 2)
+            out[(*n)++] = (size_t)v;
+        return TPK_OK;
+    }
+    if (strlen(s) >= sizeof buf)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: list too long", what);
+    strcpy(buf, s);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(t, &end, 10);
+        if (end == t || *end || errno || v < 1 || v > (1u << 24) || *n == max)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--%s: bad entry '%s' (1..2^24, at most %zu)", what,
+                             t, max);
+        out[(*n)++] = (size_t)v;
+    }
+    return *n ? TPK_OK : TPK_ERROR(ctx, TPK_EINVAL, "--%s: empty list", what);
+}
+
+static int parse_count(const char *what, const char *s, size_t lo, size_t hi, size_t *out,
+                       tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || *end || errno || s[0] == '-' || v < lo || v > hi)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not an integer in %zu..%zu", what, s, lo, hi);
+    *out = (size_t)v;
+    return TPK_OK;
+}
+
+/* 3 Var v / E[v]² over M variances (stride apart), with a bootstrap standard error. */
+static void mix_kurtosis(const double *v, size_t M, size_t stride, uint64_t seed, double *k,
+                         double *se)
+{
+    double s1 = 0, s2 = 0, b1 = 0, b2 = 0;
+    for (size_t i = 0; i < M; i++)
+        s1 += v[i * stride], s2 += v[i * stride] * v[i * stride];
+    double m = s1 / (double)M;
+    *k = 3 * (s2 - (double)M * m * m) / (double)(M - 1) / (m * m);
+    gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(rng, (unsigned long)seed);
+    for (int b = 0; b < BOOT; b++) {
+        double t1 = 0, t2 = 0;
+        for (size_t i = 0; i < M; i++) {
+            double x = v[gsl_rng_uniform_int(rng, M) * stride];
+            t1 += x, t2 += x * x;
+        }
+        double mm = t1 / (double)M, kb = 3 * (t2 - (double)M * mm * mm) / (double)(M - 1) / (mm * mm);
+        b1 += kb, b2 += kb * kb;
+    }
+    gsl_rng_free(rng);
+    *se = sqrt(fmax(b2 / BOOT - (b1 / BOOT) * (b1 / BOOT), 0.0));
+}
+
+static int write_vec(tpk_h5out *out, const char *name, const double *v, size_t n, tpk_ctx *ctx)
+{
+    size_t d[1] = {n};
+    tpk_array *a = tpk_array_alloc(1, d, ctx);
+    if (!a)
+        return ctx->status;
+    memcpy(a->data, v, n * sizeof *v);
+    int st = tpk_h5out_write(out, name, a, ctx);
+    tpk_array_free(a);
+    return st;
+}
+
+static int run(int argc, char **argv, tpk_ctx *ctx)
+{
+    opts o = {.tokens = 4, .heads = 2, .networks = 3000, .R = 3000, .seed = 1};
+    int st = parse_list("widths", "4..1024", o.widths, &o.nwidths, MAX_WIDTHS, 1, ctx);
+    st = st ? st : parse_list("heads-list", "1,2,4,16,64", o.hl, &o.nheads, MAX_HEADS, 0, ctx);
+    static const struct option lo[] = {
+        {"tokens", 1, NULL, 't'}, {"input", 1, NULL, 'i'}, {"heads", 1, NULL, 'H'},
+        {"causal", 0, NULL, 'c'}, {"widths", 1, NULL, 'w'}, {"networks", 1, NULL, 'M'},
+        {"score-samples", 1, NULL, 'R'}, {"heads-list", 1, NULL, 'L'}, {"seed", 1, NULL, 's'},
+        {"output", 1, NULL, 'o'}, {"quiet", 0, NULL, 'q'}, {"help", 0, NULL, 'h'},
+        {"version", 0, NULL, 'v'}, {NULL, 0, NULL, 0}};
+    int c;
+    size_t sd = 1;
+    opterr = 0;
+    while (!st && (c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 't': st = parse_count("tokens", optarg, 1, 64, &o.tokens, ctx); break;
+        case 'i': o.input = optarg; break;
+        case 'H': st = parse_count("heads", optarg, 1, 100000, &o.heads, ctx); break;
+        case 'c': o.causal = 1; break;
+        case 'w': st = parse_list("widths", optarg, o.widths, &o.nwidths, MAX_WIDTHS, 1, ctx); break;
+        case 'M': st = parse_count("networks", optarg, 8, 1u << 24, &o.networks, ctx); break;
+        case 'R': st = parse_count("score-samples", optarg, 8, 1u << 24, &o.R, ctx); break;
+        case 'L': st = parse_list("heads-list", optarg, o.hl, &o.nheads, MAX_HEADS, 0, ctx); break;
+        case 's': st = parse_count("seed", optarg, 0, SIZE_MAX, &sd, ctx); o.seed = sd; break;
+        case 'o': o.output = optarg; break;
+        case 'q': o.quiet = 1; break;
+        case 'h': fputs(usage, stdout); return -1;
+        case 'v': printf("gpattention (tpk) %s\n", TPK_VERSION); return -1;
+        default:
+            return TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
+                             argv[optind - 1]);
+        }
+    }
+    if (st)
+        return st;
+    if (optind < argc)
+        return TPK_ERROR(ctx, TPK_EINVAL, "unexpected argument '%s'", argv[optind]);
+    if (!o.output)
+        return TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
+
+    /* the token kernel */
+    size_t s = o.tokens;
+    tpk_input_info info;
+    tpk_array *X = NULL;
+    double *Sx;
+    if (o.input) {
+        if (!(X = tpk_io_read(o.input, &info, ctx)))
+            return ctx->status;
+        s = X->ndim >= 3 ? X->dims[1] : 1;
+        if (s > 64) {
+            tpk_array_free(X);
+            return TPK_ERROR(ctx, TPK_EINVAL, "%s: at most 64 tokens per sequence", o.input);
+        }
+    }
+    size_t d = X ? tpk_array_item_size(X) / s : 0, M = o.networks, R = o.R, W = o.nwidths;
+    Sx = calloc(s * s, sizeof *Sx);
+    double *C = malloc(R * s * s * sizeof *C), *mean = malloc(s * s * sizeof *mean);
+    double *Yl = malloc(M * s * sizeof *Yl), *Yn = malloc(M * s * sizeof *Yn);
+    double *Kn = malloc(M * s * s * sizeof *Kn), *cl = malloc(R * sizeof *cl), *vn = malloc(M * sizeof *vn);
+    double *res = calloc(8 * W + 3 * o.nheads, sizeof *res);
+    tpk_h5out *out = NULL;
+    if (!Sx || !C || !mean || !Yl || !Yn || !Kn || !cl || !vn || !res) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < s; i++)
+        for (size_t j = 0; j < s; j++) {
+            double v = i == j;
+            if (X) {
+                v = 0;
+                for (size_t k = 0; k < d; k++)
+                    v += X->data[i * d + k] * X->data[j * d + k] / (double)d;
+            }
+            Sx[i * s + j] = v;
+        }
+    tpk_attn_params prm = {.heads = (int)o.heads, .scaling = TPK_ATTN_INV_SQRT_N,
+                           .causal = o.causal, .var_q = 1, .var_k = 1, .var_v = 1, .var_o = 1,
+                           .temp = 1};
+    if (!(out = tpk_h5out_open(o.output, ctx))) {
+        st = ctx->status;
+        goto done;
+    }
+    if ((st = tpk_attn_limit_covs(Sx, 1, s, &prm, NULL, s, R, o.seed, C, mean, NULL, ctx)) ||
+        (st = tpk_attn_mixture_sample(C, R, s, M, o.seed + 1, Yl, ctx)))
+        goto done;
+    for (size_t r = 0; r < R; r++)
+        cl[r] = C[r * s * s];
+    double g = mean[0], e_lg, w_lg, kl, kl_se;
+    if ((st = tpk_attn_energy_mixtures(cl, R, &g, 1, &e_lg, ctx)) ||
+        (st = tpk_limits_w1_mixtures(cl, NULL, R, &g, NULL, 1, &w_lg, ctx)))
+        goto done;
+    mix_kurtosis(C, R, s * s, o.seed + 2, &kl, &kl_se);
+    double *en = res, *eg = res + W, *w1 = res + 2 * W, *wg = res + 3 * W, *es = res + 4 * W;
+    double *mmd = res + 5 * W, *kn = res + 6 * W, *kse = res + 7 * W, nw[MAX_WIDTHS];
+    /* MMD bandwidth: the median-heuristic scale of the limit's outputs, √(2 tr E[C]) */
+    double tr = 0;
+    for (size_t i = 0; i < s; i++)
+        tr += mean[i * s + i];
+    double h = sqrt(fmax(tr, 1e-300));
+    if (!o.quiet)
+        printf("gpattention: s=%zu tokens, H=%zu, %zu networks per width, %zu limit draws\n"
+               "  limit: E[C_11]=%.5g, excess kurtosis of y_1 %.4f ± %.4f (a GP has 0); "
+               "RB energy to N(0, E C) %.3g, W1 %.3g\n", s, o.heads, M, R, g, kl, kl_se, e_lg, w_lg);
+    for (size_t w = 0; w < W; w++) {
+        nw[w] = (double)o.widths[w];
+        if ((st = tpk_attn_finite_sample(Sx, s, &prm, o.widths[w], M, o.seed + 100 + w, Kn, Yn, ctx)))
+            goto done;
+        for (size_t i = 0; i < M; i++)
+            vn[i] = Kn[i * s * s];
+        if ((st = tpk_attn_energy_mixtures(vn, M, cl, R, &en[w], ctx)) ||
+            (st = tpk_attn_energy_mixtures(vn, M, &g, 1, &eg[w], ctx)) ||
+            (st = tpk_limits_w1_mixtures(vn, NULL, M, cl, NULL, R, &w1[w], ctx)) ||
+            (st = tpk_limits_w1_mixtures(vn, NULL, M, &g, NULL, 1, &wg[w], ctx)) ||
+            (st = tpk_limits_energy(Yn, M, Yl, M, s, &es[w], ctx)) ||
+            (st = tpk_limits_mmd2(Yn, M, Yl, M, s, h, &mmd[w], ctx)))
+            goto done;
+        mix_kurtosis(Kn, M, s * s, o.seed + 3 + w, &kn[w], &kse[w]);
+        if (!o.quiet)
+            printf("  n=%6zu: y_1 RB energy to limit %9.2e, to Gaussian %9.2e; W1 %8.2e / %8.2e; "
+                   "samples energy %9.2e, MMD² %9.2e; kurtosis %.4f ± %.4f\n", o.widths[w], en[w],
+                   eg[w], w1[w], wg[w], es[w], mmd[w], kn[w], kse[w]);
+    }
+    double *hk = res + 8 * W, *hks = hk + o.nheads, *he = hks + o.nheads, hd[MAX_HEADS];
+    for (size_t k = 0; k < o.nheads; k++) {
+        tpk_attn_params p2 = prm;
+        p2.heads = (int)o.hl[k];
+        hd[k] = (double)o.hl[k];
+        double m2[64 * 64];
+        if ((st = tpk_attn_limit_covs(Sx, 1, s, &p2, NULL, s, R, o.seed + 7 + k, C, m2, NULL, ctx)))
+            goto done;
+        for (size_t r = 0; r < R; r++)
+            cl[r] = C[r * s * s];
+        mix_kurtosis(C, R, s * s, o.seed + 50 + k, &hk[k], &hks[k]);
+        if ((st = tpk_attn_energy_mixtures(cl, R, &g, 1, &he[k], ctx)))
+            goto done;
+        if (!o.quiet)
+            printf("  H=%5zu: limit kurtosis %.4f ± %.4f, RB energy to N(0, E C) %.3g\n", o.hl[k],
+                   hk[k], hks[k], he[k]);
+    }
+    size_t dm[2] = {s, s};
+    tpk_array *A = tpk_array_alloc(2, dm, ctx), *B = tpk_array_alloc(2, dm, ctx);
+    if (!A || !B) {
+        tpk_array_free(A);
+        tpk_array_free(B);
+        st = ctx->status;
+        goto done;
+    }
+    memcpy(A->data, mean, s * s * sizeof *mean);
+    memcpy(B->data, Sx, s * s * sizeof *Sx);
+    st = tpk_h5out_write(out, "/limit_mean", A, ctx);
+    if (!st) st = tpk_h5out_write(out, "/token_kernel", B, ctx);
+    tpk_array_free(A);
+    tpk_array_free(B);
+    static const char *const names[8] = {"/energy_limit", "/energy_gauss", "/w1_limit", "/w1_gauss",
+                                         "/energy_samples", "/mmd2_samples", "/kurtosis",
+                                         "/kurtosis_se"};
+    if (!st) st = write_vec(out, "/widths", nw, W, ctx);
+    for (int q = 0; !st && q < 8; q++)
+        st = write_vec(out, names[q], res + (size_t)q * W, W, ctx);
+    if (!st) st = write_vec(out, "/heads_list", hd, o.nheads, ctx);
+    if (!st) st = write_vec(out, "/heads_kurtosis", hk, o.nheads, ctx);
+    if (!st) st = write_vec(out, "/heads_kurtosis_se", hks, o.nheads, ctx);
+    if (!st) st = write_vec(out, "/heads_energy_gauss", he, o.nheads, ctx);
+    if (!st) st = tpk_h5out_provenance(out, argc, argv, ctx);
+    if (!st) st = tpk_h5out_attr_double(out, "/", "limit_kurtosis", kl, ctx);
+    if (!st) st = tpk_h5out_attr_double(out, "/", "limit_kurtosis_se", kl_se, ctx);
+    if (!st) st = tpk_h5out_attr_double(out, "/", "limit_energy_gauss", e_lg, ctx);
+    if (!st) st = tpk_h5out_attr_double(out, "/", "limit_w1_gauss", w_lg, ctx);
+    if (!st) st = tpk_h5out_attr_int(out, "/", "heads", (long long)o.heads, ctx);
+    if (!st) st = tpk_h5out_attr_int(out, "/", "networks", (long long)M, ctx);
+    if (!st) st = tpk_h5out_attr_int(out, "/", "score_samples", (long long)R, ctx);
+    if (!st) st = tpk_h5out_attr_int(out, "/", "causal", o.causal, ctx);
+    if (!st) st = tpk_h5out_attr_double(out, "/", "mmd_bandwidth", h, ctx);
+    if (!st && X) st = tpk_h5out_input_attrs(out, "input", &info, X, ctx);
+    if (!st) {
+        st = tpk_h5out_commit(out, ctx);
+        out = NULL;
+    }
+done:
+    tpk_h5out_abort(out);
+    tpk_array_free(X);
+    free(Sx);
+    free(C);
+    free(mean);
+    free(Yl);
+    free(Yn);
+    free(Kn);
+    free(cl);
+    free(vn);
+    free(res);
+    return st;
+}
+
+int main(int argc, char **argv)
+{
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    gsl_set_error_handler_off();
+    int st = run(argc, argv, &ctx);
+    if (st > 0) {
+        fprintf(stderr, "gpattention: error: %s\n", ctx.msg[0] ? ctx.msg : tpk_strerror(st));
+        return 1;
+    }
+    return 0;
+}
