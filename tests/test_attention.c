@@ -416,6 +416,66 @@ static void test_law_convergence(void **state)
     free(Kn);
 }
 
+/* gpkernel --arch=attention (inv-sqrt-n) writes a mean kernel that is the average of its score
+ * covariances, with the kurtosis they imply; gpattention writes its study; bad settings fail. */
+static void test_cli(void **state)
+{
+    (void)state;
+    double x[P * D];
+    sequences(x);
+    char in[512], out[512], cmd[8192];
+    snprintf(in, sizeof in, "%s/seq.npy", tmpdir);
+    snprintf(out, sizeof out, "%s/hier.h5", tmpdir);
+    write_npy(in, x, N, T, D);
+    snprintf(cmd, sizeof cmd, "'%s/gpkernel' --arch=attention --heads=3 --score-samples=64 --seed=5 "
+             "--all-times --input='%s' --output='%s' --quiet", bindir, in, out);
+    assert_int_equal(run_cmd(cmd), 0);
+    size_t nk, nc, nq, ns;
+    double *K = h5_read(out, "/kernel", &nk), *Cs = h5_read(out, "/score_covariances", &nc);
+    double *kq = h5_read(out, "/excess_kurtosis", &nq), *Sx = h5_read(out, "/input_kernel", &ns);
+    assert_int_equal(nk, P * P);
+    assert_int_equal(nc, 64 * P * P);
+    assert_int_equal(nq, P);
+    assert_int_equal(ns, P * P);
+    for (int i = 0; i < P; i++) {
+        for (int j = 0; j < P; j++) {
+            double m = 0;
+            for (int r = 0; r < 64; r++)
+                m += Cs[r * P * P + i * P + j] / 64;
+            assert_true(fabs(m - K[i * P + j]) < 1e-12);
+        }
+        double m = K[i * P + i], v = 0;
+        for (int r = 0; r < 64; r++)
+            v += pow(Cs[r * P * P + i * P + i] - m, 2) / 63;
+        assert_true(fabs(kq[i] - 3 * v / (m * m)) < 1e-10);
+    }
+    free(K);
+    free(Cs);
+    free(kq);
+    free(Sx);
+    static const char *const bad[] = {"--logit-scaling=bogus", "--score-samples=1", "--heads=0",
+                                      "--temp=0", "--var-q=-1"};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        snprintf(cmd, sizeof cmd, "'%s/gpkernel' --arch=attention %s --input='%s' --output='%s/bad.h5' "
+                 "2>/dev/null", bindir, bad[b], in, tmpdir);
+        assert_int_equal(run_cmd(cmd), 1);
+    }
+    snprintf(out, sizeof out, "%s/study.h5", tmpdir);
+    snprintf(cmd, sizeof cmd, "'%s/gpattention' --widths=4,16 --networks=64 --score-samples=64 "
+             "--heads-list=2,8 --output='%s' --quiet", bindir, out);
+    assert_int_equal(run_cmd(cmd), 0);
+    double *e = h5_read(out, "/energy_limit", &nk), *hk = h5_read(out, "/heads_kurtosis", &nq);
+    assert_int_equal(nk, 2);
+    assert_int_equal(nq, 2);
+    assert_true(e[0] > e[1]); /* n = 4 is far from the limit */
+    free(e);
+    free(hk);
+    snprintf(cmd, sizeof cmd, "'%s/gpattention' --bogus --output='%s' 2>/dev/null", bindir, out);
+    assert_int_equal(run_cmd(cmd), 1);
+    snprintf(cmd, sizeof cmd, "'%s/gpattention' --widths=4 --networks=2 2>/dev/null", bindir);
+    assert_int_equal(run_cmd(cmd), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -424,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_limit_mean_independent_mc),
         cmocka_unit_test(test_executor_matches_sampler),
         cmocka_unit_test(test_law_convergence),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests_name("attention", tests, setup, teardown);
 }
