@@ -3,6 +3,7 @@
  * kernel, and writes every raw per-seed result plus fitted rates with bootstrap intervals to HDF5
  * (theory.md §7). Checkpointed so an interrupted run resumes without losing finished seeds. */
 #include "tpk/tpk.h"
+#include "tpk/job.h"
 #include "tpk/limits.h"
 
 #include <cblas.h>
@@ -675,7 +676,7 @@ int main(int argc, char **argv)
     if (rc)
         goto fail;
 
-    reg = tpk_phi_registry_alloc(&ctx);
+    reg = tpk_job_registry(&ctx); /* the built-ins plus sqrt (layernorm, attention programs) */
     if (!reg)
         goto fail;
     if (o.arch) {
