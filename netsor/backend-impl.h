@@ -40,6 +40,8 @@ typedef struct tpk_limit_opts {
     size_t mc_samples;  /* 0: default (65536) */
     uint64_t mc_seed;   /* Monte Carlo stream seed */
     int max_gh_dim;     /* 0: default 4 */
+    double orthant_abs_tol; /* orthant back-end (limit_orthant.c) target standard errors, */
+    double orthant_rel_tol; /* absolute or relative; 0: its defaults                      */
 } tpk_limit_opts;
 
 int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outputs,

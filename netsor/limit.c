@@ -14,6 +14,7 @@
 #include <lapacke.h>
 
 #include "backend-impl.h"
+#include "orthant-impl.h"
 #include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
 #include "tpk/rng.h"
@@ -22,9 +23,10 @@
 enum { FAM_AVAR, FAM_EMBED, FAM_BIAS };
 
 #define MAXT 16          /* most terms a body may expand into (else it stays one factor) */
-#define MAXF 8           /* most factors in one term */
+#define MAXF 16          /* most factors in one term (a GRU ζ(1,t)·erf term has t + 1) */
 #define BLK 256          /* points per RPN block evaluation */
 #define MC_DEFAULT 65536 /* Monte Carlo samples per expectation */
+#define QMC_SHIFTS 16    /* randomised QMC: shifts (the standard error has 15 degrees of freedom) */
 #define GH_MAXDIM 6      /* largest tensor Gauss–Hermite rule we tabulate */
 /* Eigenvalues below this fraction of the largest are treated as 0 (Σ may be singular, §1.6). */
 #define RANK_TOL 1e-12
@@ -215,7 +217,8 @@ static int expand_body(const tpk_rpn_node *node, int len, int atomic_only, xbody
     int sp = 0;
     if (atomic_only)
         goto whole;
-    stk = malloc((size_t)len * sizeof *stk);
+    int depth = tpk_nsr_rpn_depth(node, len);
+    stk = malloc((size_t)(depth > 0 ? depth : 1) * sizeof *stk);
     if (stk == NULL)
         return TPK_ENOMEM;
     for (int i = 0; i < len; i++) {
@@ -247,7 +250,13 @@ static int expand_body(const tpk_rpn_node *node, int len, int atomic_only, xbody
         case TPK_RPN_ADD:
         case TPK_RPN_SUB: {
             xent *a = &stk[sp - 2], *b = &stk[sp - 1];
-            if (a->n + b->n > MAXT) {
+            int dummy;
+            double da, db, dv;
+            /* 1 − σ(g) of a smoothed step stays one factor, σ(−g), for the orthant back-end */
+            if (nd->op == TPK_RPN_SUB && a->n == 1 && a->t[0].nf == 0 && a->t[0].coef == 1.0 &&
+                tpk_nsr_orthant_factor(node + a->start, i + 1 - a->start, &dummy, &da, &db, &dv)) {
+                x_atomic(a, a->start, i + 1);
+            } else if (a->n + b->n > MAXT) {
                 x_atomic(a, a->start, i + 1);
             } else {
                 for (int t = 0; t < b->n; t++) {
@@ -486,6 +495,46 @@ static void group_numeric(const lim *L, pws *w, const fac *fs, const int *nodeof
     uint64_t stream = TPK_RNG_STREAM(TPK_RNG_MC, (uint32_t)site);
     uint64_t seed = L->o.mc_seed ^ (site >> 32) * UINT64_C(0x9E3779B97F4A7C15);
     double s1 = 0.0, s2 = 0.0;
+    if (!L->o.force_mc) {
+        /* randomised QMC (netsor/limit_orthant.c): QMC_SHIFTS shifted lattices of M/QMC_SHIFTS
+         * points, the standard error over the shifts (theory §3.3: ~M⁻¹ for smooth integrands) */
+        size_t Ms = (M + QMC_SHIFTS - 1) / QMC_SHIFTS;
+        uint64_t qseed = seed ^ (uint64_t)stream;
+        tpk_qmc *g = tpk_nsr_qmc_alloc(r);
+        if (g == NULL) { /* no error channel here: an infinite error estimate says it */
+            est->value = 0.0;
+            est->err = HUGE_VAL;
+            return;
+        }
+        for (int sh = 0; sh < QMC_SHIFTS; sh++) {
+            double acc = 0.0;
+            tpk_nsr_qmc_start(g, qseed, sh);
+            for (size_t p0 = 0; p0 < Ms; p0 += BLK) {
+                size_t B = Ms - p0 < BLK ? Ms - p0 : BLK;
+                for (size_t b = 0; b < B; b++) {
+                    double *x = w->xs;
+                    tpk_nsr_qmc_next_normals(g, x);
+                    for (int k = 0; k < nd; k++) {
+                        double zk = w->m[w->gdims[k]];
+                        for (int j = 0; j < r; j++)
+                            zk += w->scaled[k * r + j] * x[j];
+                        w->z[(size_t)k * BLK + b] = zk;
+                    }
+                }
+                eval_group_block(L, w, fs, nodeoff, gf, ngf, B, w->prod);
+                for (size_t b = 0; b < B; b++)
+                    acc += w->prod[b];
+            }
+            acc /= (double)Ms;
+            s1 += acc;
+            s2 += acc * acc;
+        }
+        tpk_nsr_qmc_free(g);
+        double mean = s1 / QMC_SHIFTS, var = (s2 - QMC_SHIFTS * mean * mean) / (QMC_SHIFTS - 1);
+        est->value = mean;
+        est->err = var > 0 ? sqrt(var / QMC_SHIFTS) : 0.0;
+        return;
+    }
     for (size_t p0 = 0; p0 < M; p0 += BLK) {
         size_t B = M - p0 < BLK ? M - p0 : BLK;
         for (size_t b = 0; b < B; b++) {
@@ -598,6 +647,36 @@ static int affine_call(const lim *L, pws *w, const fac *f, int *g, double *a, do
     *a = st[0].a;
     *b = st[0].b;
     *phi = f->node[len - 1].fn;
+    return 1;
+}
+
+/* Orthant back-end (netsor/limit_orthant.c): a group whose factors are all smoothed steps
+ * σ_v(a·g + b) = P(ξ < a·g + b) (erf-sigmoid gates, steps) is P(w > 0) with
+ * w_q = a_q Z^{g_q} + b_q − ξ_q, the ξ_q ~ N(0, v_q) independent — a repeated factor gets its own
+ * ξ (theory §2.3). Returns 1 when it took the group (status in *st). */
+static int orthant_group(const lim *L, pws *w, const fac *fs, const int *nodeoff, const int *gf,
+                         int ngf, int D, uint64_t site, tpk_estimate *e, int *st)
+{
+    int k[TPK_ORTHANT_MAXDIM];
+    double a[TPK_ORTHANT_MAXDIM], b[TPK_ORTHANT_MAXDIM], v[TPK_ORTHANT_MAXDIM];
+    double mu[TPK_ORTHANT_MAXDIM], S[TPK_ORTHANT_MAXDIM * TPK_ORTHANT_MAXDIM];
+    if (ngf > TPK_ORTHANT_MAXDIM)
+        return 0;
+    for (int q = 0; q < ngf; q++) {
+        const fac *f = &fs[gf[q]];
+        int leaf;
+        if (!tpk_nsr_orthant_factor(f->node, f->len, &leaf, &a[q], &b[q], &v[q]))
+            return 0;
+        k[q] = w->nodedim[nodeoff[gf[q]] + leaf];
+    }
+    for (int i = 0; i < ngf; i++) {
+        mu[i] = a[i] * w->m[k[i]] + b[i];
+        for (int j = 0; j < ngf; j++)
+            S[i * ngf + j] = a[i] * a[j] * w->C[k[i] * D + k[j]] + (i == j ? v[i] : 0.0);
+    }
+    tpk_orthant_opts oo = {.abs_tol = L->o.orthant_abs_tol, .rel_tol = L->o.orthant_rel_tol};
+    *st = tpk_nsr_orthant(ngf, mu, S, L->o.mc_seed ^ (site * UINT64_C(0x9E3779B97F4A7C15)), &oo,
+                          e, &w->ctx);
     return 1;
 }
 
@@ -733,6 +812,13 @@ static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t sit
                     done = 1;
                 }
             }
+        }
+        if (!done && !L->o.no_factor && ngf >= 2) {
+            int ost = TPK_OK;
+            done = orthant_group(L, w, fs, nodeoff, gf, ngf, D, site ^ ((uint64_t)root << 40), &e,
+                                 &ost);
+            if (ost)
+                return ost;
         }
         if (!done) {
             /* eigen-decomposition of the group covariance, clipped at 0 (§1.6) */

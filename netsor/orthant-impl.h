@@ -1,0 +1,46 @@
+/* Internal interface of the orthant back-end (netsor/limit_orthant.c): expectations of products
+ * of smoothed steps σ_v(x) = P(ξ < x), ξ ~ N(0, v), of correlated Gaussians — erf-sigmoid gates
+ * (v = 1/2) and steps (v = 0) — as Gaussian orthant probabilities by Genz's method with
+ * randomised quasi-Monte Carlo (theory.md §2.3, §3.3), and randomised QMC normals for the
+ * evaluator's other high-dimensional groups (§2.4). Not installed. */
+#ifndef TPK_NETSOR_ORTHANT_IMPL_H
+#define TPK_NETSOR_ORTHANT_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tpk/netsor.h"
+
+/* Largest orthant dimension (factors of one independent group). */
+#define TPK_ORTHANT_MAXDIM 64
+
+typedef struct tpk_orthant_opts {
+    double abs_tol;    /* stop when the standard error ≤ max(abs_tol, rel_tol·|P|)  (0: default) */
+    double rel_tol;
+    int shifts;        /* random shifts of the lattice (the standard error is over these; 0: 8) */
+    size_t max_points; /* per shift (0: default 2^17) */
+} tpk_orthant_opts;
+
+/* Is node[0..len) a smoothed step of an affine function of one G-var:
+ *   f(a·g + b) or 1 − f(a·g + b), f ∈ {erf_sigmoid, step}?
+ * Then f = P(ξ < a'·g + b') with ξ ~ N(0, *v), and *leaf is the index of the G-var node. */
+int tpk_nsr_orthant_factor(const tpk_rpn_node *node, int len, int *leaf, double *a, double *b,
+                           double *v);
+
+/* P(w > 0 componentwise) for w ~ N(mu, S), S m×m row-major PSD, m ≤ TPK_ORTHANT_MAXDIM.
+ * Genz's separation of variables with Genz–Bretz variable reordering, integrated by randomly
+ * shifted, baker-transformed Sobol points; out->err is the standard error over
+ * the shifts (exact cases m ≤ 1: err 0). Shifts are keyed by `seed` (deterministic). */
+int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
+                    const tpk_orthant_opts *o, tpk_estimate *out, tpk_ctx *ctx);
+
+/* Randomised QMC standard normals in r dimensions (Sobol, Halton beyond 40 dimensions): a
+ * sequence restarted for each random shift, x_j = Φ⁻¹(baker(u_j + Δ_{shift,j} mod 1)).
+ * Deterministic in (seed, shift). */
+typedef struct tpk_qmc tpk_qmc;
+tpk_qmc *tpk_nsr_qmc_alloc(int r);
+void tpk_nsr_qmc_free(tpk_qmc *g);
+void tpk_nsr_qmc_start(tpk_qmc *g, uint64_t seed, int shift);
+void tpk_nsr_qmc_next_normals(tpk_qmc *g, double *x);
+
+#endif
