@@ -1,13 +1,10 @@
 /* gpkernel: infinite-width GP kernels of whole architectures (shipped NETSOR programs) or of any
  * NETSOR program, written to self-describing HDF5. */
-#include "tpk/attention.h"
-#include "tpk/cnn.h"
+#include "tpk/archs.h"
 #include "tpk/job.h"
 #include "tpk/tpk.h"
 
-#include <errno.h>
 #include <getopt.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,68 +15,6 @@
 
 #define MAX_SETS 64
 #define MAX_FLAGS 32
-
-/* An architecture is a shipped program plus how its command-line flags map onto the program's
- * parameters ("flag=param,..."). Flags named sigma-* or var-* are variances (checked >= 0),
- * "depth" is a positive layer count; others are passed through for the program to check.
- * An architecture whose limit is not a NETSOR evaluation (e.g. the non-Gaussian 1/sqrt(n)
- * attention limit) names a `custom` job instead of, or besides, a program. */
-typedef struct arch {
-    const char *name;
-    const char *program;        /* under programs/ */
-    const char *input;          /* default (bundled) input under data/ */
-    const char *summary;
-    const char *flags;          /* "flag=param,..." */
-    const char *defaults;       /* gpkernel's own defaults, "param=value,..." */
-    const char *fixed;          /* settings applied after the flags, "param=value,..." */
-    int (*custom)(const tpk_job *job, tpk_ctx *ctx); /* NULL: tpk_job_kernel */
-} arch;
-
-static const arch archs[] = {
-    {"mlp", "programs/mlp.nsr", "data/demo-inputs.csv",
-     "deep fully connected network, any phi (theory.md §2.1)",
-     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,residual=alpha,ln-eps=ln_eps",
-     "L=3,phi=relu,sigma_w2=2,sigma_b2=0",
-     /* the last Dense layer is like the others: output Σ^{L+1} (issue-2 convention) */
-     "sigma_v2=sigma_w2,sigma_ob2=sigma_b2", NULL},
-    /* --layernorm / --residual=α pick programs/mlp-{ln,residual,ln-residual}.nsr (mlp_variant) */
-    {"batchnorm", "programs/batchnorm.nsr", "data/demo-inputs.csv",
-     "relu(BN(W x)) MLP, BN per neuron across a batch of inputs (theory.md §2.5)",
-     "depth=L,phi=phi,sigma-w2=sigma_w2,batch-size=batch", "L=3,phi=relu,sigma_w2=2",
-     "sigma_v2=sigma_w2", NULL},
-    {"rnn", "programs/rnn.nsr", "data/demo-sequences.npy",
-     "simple RNN, W tied over time, inputs N×T×d (theory.md §2.2)",
-     "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
-     NULL},
-    {"rnn-untied", "programs/rnn_untied.nsr", "data/demo-sequences.npy",
-     "RNN with a fresh W at every step: no recurrent cross-time terms (theory.md §1.8)",
-     "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
-     NULL},
-    {"transformer", "programs/transformer.nsr", "data/demo-tokens.npy",
-     "Tensor Programs I transformer: causal single-head attention (q = k = v, 1/n logits), "
-     "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7)",
-     "depth=L,var-e=var_e,var-u=var_u,var-w=var_w,var-b=var_b,temp=temp,ln-eps=eps,"
-     "sigma-v2=sigma_v2", "", "", NULL},
-    /* inv-n: programs/attention.nsr evaluated; inv-sqrt-n: the hierarchical limit (theory §5) */
-    {"attention", "programs/attention.nsr", "data/demo-tokens.npy",
-     "one multi-head attention layer, independent W_Q, W_K, W_V, W_O; 1/n logits (Gaussian, "
-     "uniform averaging) or 1/sqrt(n) (hierarchical, non-Gaussian limit; theory.md §5)",
-     "heads=heads,logit-scaling=scaling,score-samples=R,seed=rng_seed,causal=causal,var-e=var_e,"
-     "var-q=var_q,var-k=var_k,var-v=var_v,var-o=var_o,temp=temp,sigma-v2=sigma_v2", "", "",
-     tpk_attention_job},
-    /* CNNs: the program fixes the parameters, the direct recursion of kernels/cnn.c computes
-     * (tpk_cnn_job); padding/readout/filter/conv are settings of the job, not of the program */
-    {"cnn1d", "programs/cnn1d.nsr", "data/demo-sequences.npy",
-     "1-D CNN, a shared A-var per filter tap, signals N×P×C, flatten or GAP readout (theory.md §2.8)",
-     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
-     "filter=filter,padding=padding,readout=readout,conv=conv",
-     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job},
-    {"cnn2d", "programs/cnn2d.nsr", "data/demo-images.npy",
-     "2-D CNN, a shared A-var per filter tap, images N×H×W×C, flatten or GAP readout (theory.md §2.8)",
-     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
-     "filter=filter,padding=padding,readout=readout,conv=conv",
-     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job},
-};
 
 static const char usage[] =
     "Usage: gpkernel --arch=NAME [options] --output=FILE.h5\n"
@@ -139,7 +74,7 @@ static const char usage[] =
     "  covariance of y_t = <v, s_t>, sigma_v2 E[phi(h_t)phi(h'_r)] (theory.md §2.2).\n";
 
 typedef struct opts {
-    const arch *a;
+    const tpk_arch *a;
     const char *program, *input, *test, *output;
     struct {
         const char *typed;  /* "name=value" as typed after "--" */
@@ -177,77 +112,6 @@ static int parse_set(opts *o, const char *kv, tpk_ctx *ctx)
     char name[128];
     snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv);
     return add_set(o, name, eq + 1, 1, ctx);
-}
-
-/* The parameter an architecture maps `flag` to, into buf; NULL if the flag is not its. */
-static const char *flag_param(const arch *a, const char *flag, char *buf, size_t len)
-{
-    size_t fl = strlen(flag);
-    for (const char *p = a->flags; p && *p;) {
-        const char *eq = strchr(p, '='), *end = strchr(p, ',');
-        if (!end)
-            end = p + strlen(p);
-        if (eq && eq < end && (size_t)(eq - p) == fl && strncmp(p, flag, fl) == 0) {
-            snprintf(buf, len, "%.*s", (int)(end - eq - 1), eq + 1);
-            return buf;
-        }
-        p = *end ? end + 1 : end;
-    }
-    return NULL;
-}
-
-static int check_variance(const char *flag, const char *s, tpk_ctx *ctx)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
-    if (!(v >= 0) || !isfinite(v))
-        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be a finite variance >= 0 (got %s)", flag, s);
-    return TPK_OK;
-}
-
-static int check_positive(const char *flag, const char *s, tpk_ctx *ctx)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
-    if (!(v > 0) || !isfinite(v))
-        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be finite and > 0 (got %s)", flag, s);
-    return TPK_OK;
-}
-
-static int check_depth(const char *s, tpk_ctx *ctx)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end != '\0' || errno == ERANGE)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--depth: '%s' is not an integer", s);
-    if (v < 1 || v > 100000)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--depth must be in 1..100000 hidden layers (got %ld)", v);
-    return TPK_OK;
-}
-
-static void list_archs(void)
-{
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
-        printf("%-12s %s  [%s]\n %12s flags:", archs[i].name, archs[i].summary,
-               archs[i].program ? archs[i].program : "built-in", "");
-        /* "flag=param,..." → " --flag (param)" */
-        for (const char *p = archs[i].flags; p && *p;) {
-            const char *eq = strchr(p, '='), *end = strchr(p, ',');
-            if (!end)
-                end = p + strlen(p);
-            if (eq && eq < end)
-                printf(" --%.*s (%.*s)", (int)(eq - p), p, (int)(end - eq - 1), eq + 1);
-            p = *end ? end + 1 : end;
-        }
-        putchar('\n');
-    }
 }
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
@@ -318,7 +182,7 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
         case OPT_PLUS: o->netsor_plus = 1; break;
         case OPT_QUIET: o->quiet = 1; break;
         case OPT_LN: o->layernorm = 1; break;
-        case OPT_LISTARCH: list_archs(); return EXIT_EARLY;
+        case OPT_LISTARCH: tpk_arch_list(stdout); return EXIT_EARLY;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); return EXIT_EARLY;
         case OPT_HELP: fputs(usage, stdout); return EXIT_EARLY;
         case OPT_VERSION: printf("gpkernel (tpk) %s\n", TPK_VERSION); return EXIT_EARLY;
@@ -342,13 +206,10 @@ static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *re
     if (!arch_name == !o->program)
         return TPK_ERROR(ctx, TPK_EINVAL, "give exactly one of --arch=NAME and --program=FILE.nsr");
     if (arch_name) {
-        for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
-            if (strcmp(arch_name, archs[i].name) == 0)
-                o->a = &archs[i];
-        if (!o->a)
-            return TPK_ERROR(ctx, TPK_EINVAL,
-                             "unknown architecture '%s' (see --list-archs: mlp, rnn, rnn-untied, cnn1d, cnn2d, ...)",
-                             arch_name);
+        char names[512];
+        if (!(o->a = tpk_arch_find(arch_name)))
+            return TPK_ERROR(ctx, TPK_EINVAL, "unknown architecture '%s' (see --list-archs: %s)",
+                             arch_name, tpk_arch_names(names, sizeof names));
     }
     if (!o->output)
         return TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
@@ -357,90 +218,23 @@ static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *re
         char *flag = o->fl[f].flag;
         snprintf(flag, sizeof o->fl[f].flag, "%.*s", (int)(eq - typed), typed);
         o->fl[f].value = eq + 1;
-        if (!o->a || !flag_param(o->a, flag, o->fl[f].param, sizeof o->fl[f].param))
+        if (!o->a || !tpk_arch_flag_param(o->a, flag, o->fl[f].param, sizeof o->fl[f].param))
             return TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s' for %s (see --help%s)", flag,
                              o->a ? o->a->name : "--program", o->a ? "" : "; use --set NAME=VALUE");
         for (size_t i = 0; i <= strlen(flag); i++)
             o->fl[f].attr[i] = flag[i] == '-' ? '_' : flag[i];
-        st = strcmp(flag, "depth") == 0 ? check_depth(eq + 1, ctx)
-           : strcmp(flag, "temp") == 0 ? check_positive(flag, eq + 1, ctx)
-           : strncmp(flag, "sigma-", 6) == 0 || strncmp(flag, "var-", 4) == 0 ||
-                     strcmp(flag, "ln-eps") == 0
-               ? check_variance(flag, eq + 1, ctx) : TPK_OK;
-        if (st)
+        if ((st = tpk_arch_check_flag(flag, eq + 1, reg, ctx)))
             return st;
-        if (strcmp(flag, "phi") == 0) { /* name a bad function here, not deep in the program */
-            tpk_phi *phi = tpk_phi_alloc(reg, eq + 1, ctx);
-            if (!phi)
-                return ctx->status;
-            tpk_phi_free(phi);
-        }
     }
     return TPK_OK;
 }
 
-/* Append "param=value,..." to out (pointing into buf, which it edits). */
-static int add_list(const char *list, char *buf, size_t len, tpk_param_set *out, int *n)
+/* The resolved flags, as the architecture module takes them. */
+static int arch_flags(const opts *o, tpk_arch_flag *fl)
 {
-    snprintf(buf, len, "%s", list ? list : "");
-    for (char *p = buf; *p;) {
-        char *comma = strchr(p, ','), *eq;
-        if (comma)
-            *comma = '\0';
-        if ((eq = strchr(p, '=')) != NULL) {
-            if (*n == MAX_SETS)
-                return -1;
-            *eq = '\0';
-            out[(*n)++] = (tpk_param_set){.name = p, .value = eq + 1};
-        }
-        if (!comma)
-            break;
-        p = comma + 1;
-    }
-    return 0;
-}
-
-/* Parameter settings in the order the front end applies them (later wins): the architecture's
- * defaults, the user's flags, the architecture's fixed settings, then --set. */
-static int arch_sets(opts *o, tpk_param_set *out, int *n, char *b1, char *b2, size_t len,
-                     tpk_ctx *ctx)
-{
-    *n = 0;
-    int bad = add_list(o->a->defaults, b1, len, out, n);
-    for (int f = 0; !bad && f < o->nflags; f++) {
-        if (*n == MAX_SETS)
-            bad = 1;
-        else
-            out[(*n)++] = (tpk_param_set){.name = o->fl[f].param, .value = o->fl[f].value};
-    }
-    bad = bad || add_list(o->a->fixed, b2, len, out, n);
-    for (int i = 0; !bad && i < o->nsets; i++) {
-        if (*n == MAX_SETS)
-            bad = 1;
-        else
-            out[(*n)++] = o->sets[i];
-    }
-    return bad ? TPK_ERROR(ctx, TPK_EINVAL, "too many parameter settings") : TPK_OK;
-}
-
-/* mlp --layernorm / --residual=α: the same flags on another shipped program (theory §2.6, §2.9). */
-static int mlp_variant(const opts *o, const char **program, tpk_ctx *ctx)
-{
-    int res = 0, eps = 0;
-    for (int f = 0; f < o->nflags; f++) {
-        res |= strcmp(o->fl[f].flag, "residual") == 0;
-        eps |= strcmp(o->fl[f].flag, "ln-eps") == 0;
-    }
-    *program = NULL;
-    if (o->layernorm && strcmp(o->a->name, "mlp") != 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--layernorm is an option of --arch=mlp");
-    if (eps && !o->layernorm && strcmp(o->a->name, "mlp") == 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--ln-eps needs --layernorm");
-    if (o->layernorm)
-        *program = res ? "programs/mlp-ln-residual.nsr" : "programs/mlp-ln.nsr";
-    else if (res)
-        *program = "programs/mlp-residual.nsr";
-    return TPK_OK;
+    for (int f = 0; f < o->nflags; f++)
+        fl[f] = (tpk_arch_flag){o->fl[f].flag, o->fl[f].param, o->fl[f].value};
+    return o->nflags;
 }
 
 static int run(int argc, char **argv, tpk_ctx *ctx)
@@ -458,18 +252,21 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     if (st)
         goto done;
 
-    char prog[4200], input[4200], b1[1024], b2[1024];
+    char prog[4200], input[4200], lists[2048];
     tpk_param_set sets[MAX_SETS];
+    tpk_arch_flag afl[MAX_FLAGS];
     tpk_attr attrs[MAX_FLAGS];
     int nsets = 0, nattrs = 0;
     if (o.a) {
-        if ((st = arch_sets(&o, sets, &nsets, b1, b2, sizeof b1, ctx)))
+        int nafl = arch_flags(&o, afl);
+        if ((st = tpk_arch_sets(o.a, afl, nafl, o.sets, o.nsets, sets, MAX_SETS, &nsets, lists,
+                                sizeof lists, ctx)))
             goto done;
-        const char *variant = NULL;
-        if ((st = mlp_variant(&o, &variant, ctx)))
+        const char *program = NULL;
+        if ((st = tpk_arch_program(o.a, o.layernorm, afl, nafl, &program, ctx)))
             goto done;
-        if (o.a->program)
-            tpk_shipped_path(variant ? variant : o.a->program, prog, sizeof prog);
+        if (program)
+            tpk_shipped_path(program, prog, sizeof prog);
         if (o.layernorm)
             attrs[nattrs++] = (tpk_attr){.name = "layernorm", .value = "1"};
         if (!o.input)

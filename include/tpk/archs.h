@@ -1,0 +1,75 @@
+/* Shipped architectures: each is a NETSOR program under programs/ plus how command-line flags map
+ * onto its parameters. One table for every tool (gpkernel, gplimits), so an architecture added
+ * here is available everywhere with the same flags. */
+#ifndef TPK_ARCHS_H
+#define TPK_ARCHS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "job.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An architecture is a shipped program plus how its command-line flags map onto the program's
+ * parameters ("flag=param,..."). Flags named sigma-* or var-* (and ln-eps) are variances (checked
+ * >= 0), "depth" is a positive layer count, "temp" is > 0, "phi" must name a registered function;
+ * others are passed through for the program (or the custom job) to check. An architecture whose
+ * limit is not a plain NETSOR evaluation (the non-Gaussian 1/sqrt(n) attention limit, the CNN's
+ * direct recursion and readouts) names a `custom` job besides its program. */
+typedef struct tpk_arch {
+    const char *name;
+    const char *program;        /* under programs/ (NULL: none, custom only) */
+    const char *input;          /* default (bundled) input under data/ */
+    const char *summary;
+    const char *flags;          /* "flag=param,..." */
+    const char *defaults;       /* the tools' defaults, "param=value,..." (before the flags) */
+    const char *fixed;          /* settings applied after the flags, "param=value,..." */
+    int (*custom)(const tpk_job *job, tpk_ctx *ctx); /* NULL: tpk_job_kernel */
+} tpk_arch;
+
+/* The table (count gets its length) and a lookup by name (NULL if unknown). */
+TPK_API const tpk_arch *tpk_arch_table(size_t *count);
+TPK_API const tpk_arch *tpk_arch_find(const char *name);
+/* "mlp, batchnorm, rnn, ..." into buf, for messages; returns buf. */
+TPK_API const char *tpk_arch_names(char *buf, size_t len);
+/* Every architecture with its program and flags ("--flag (param)"), one entry per two lines. */
+TPK_API void tpk_arch_list(FILE *f);
+
+/* The parameter `flag` maps to (into buf); NULL if the architecture has no such flag. */
+TPK_API const char *tpk_arch_flag_param(const tpk_arch *a, const char *flag, char *buf,
+                                        size_t len);
+/* Check a flag's value by the naming rules above (reg is needed for "phi"; NULL skips that
+ * check). TPK_EINVAL / TPK_EDOM with a message that names the flag. */
+TPK_API int tpk_arch_check_flag(const char *flag, const char *value, const tpk_phi_registry *reg,
+                                tpk_ctx *ctx);
+
+/* One typed architecture flag, resolved: --flag=value sets param. */
+typedef struct tpk_arch_flag {
+    const char *flag;
+    const char *param;
+    const char *value;
+} tpk_arch_flag;
+
+#define TPK_ARCH_MAX_SETS 96
+
+/* The flag → --set translation: parameter settings in the order the front end applies them (later
+ * wins): the architecture's defaults, the flags, its fixed settings, then the user's --set. The
+ * settings point into `buf` (which holds split copies of the defaults and fixed lists), into the
+ * flags and into `user`: keep all three alive while `out` is used. out has room for `cap`. */
+TPK_API int tpk_arch_sets(const tpk_arch *a, const tpk_arch_flag *fl, int nfl,
+                          const tpk_param_set *user, int nuser, tpk_param_set *out, int cap,
+                          int *n, char *buf, size_t len, tpk_ctx *ctx);
+
+/* The shipped program to run: the row's, or for mlp a variant chosen by --layernorm and the
+ * residual flag (programs/mlp-ln.nsr, mlp-residual.nsr, mlp-ln-residual.nsr; theory §2.6, §2.9).
+ * Errors: --layernorm on another architecture, mlp's ln-eps without --layernorm. */
+TPK_API int tpk_arch_program(const tpk_arch *a, int layernorm, const tpk_arch_flag *fl, int nfl,
+                             const char **program, tpk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,241 @@
+/* The table of shipped architectures (include/tpk/archs.h) and the flag → parameter translation
+ * shared by gpkernel and gplimits. Add an architecture here: one row, a program under programs/,
+ * and every tool gets it with the same flags. */
+#include "tpk/archs.h"
+
+#include "tpk/attention.h"
+#include "tpk/cnn.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const tpk_arch archs[] = {
+    {"mlp", "programs/mlp.nsr", "data/demo-inputs.csv",
+     "deep fully connected network, any phi (theory.md §2.1)",
+     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,residual=alpha,ln-eps=ln_eps",
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0",
+     /* the last Dense layer is like the others: output Σ^{L+1} (issue-2 convention) */
+     "sigma_v2=sigma_w2,sigma_ob2=sigma_b2", NULL},
+    /* --layernorm / --residual=α pick programs/mlp-{ln,residual,ln-residual}.nsr (tpk_arch_program) */
+    {"batchnorm", "programs/batchnorm.nsr", "data/demo-inputs.csv",
+     "relu(BN(W x)) MLP, BN per neuron across a batch of inputs (theory.md §2.5)",
+     "depth=L,phi=phi,sigma-w2=sigma_w2,batch-size=batch", "L=3,phi=relu,sigma_w2=2",
+     "sigma_v2=sigma_w2", NULL},
+    {"rnn", "programs/rnn.nsr", "data/demo-sequences.npy",
+     "simple RNN, W tied over time, inputs N×T×d (theory.md §2.2)",
+     "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
+     NULL},
+    {"rnn-untied", "programs/rnn_untied.nsr", "data/demo-sequences.npy",
+     "RNN with a fresh W at every step: no recurrent cross-time terms (theory.md §1.8)",
+     "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
+     NULL},
+    {"transformer", "programs/transformer.nsr", "data/demo-tokens.npy",
+     "Tensor Programs I transformer: causal single-head attention (q = k = v, 1/n logits), "
+     "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7)",
+     "depth=L,var-e=var_e,var-u=var_u,var-w=var_w,var-b=var_b,temp=temp,ln-eps=eps,"
+     "sigma-v2=sigma_v2", "", "", NULL},
+    /* inv-n: programs/attention.nsr evaluated; inv-sqrt-n: the hierarchical limit (theory §5) */
+    {"attention", "programs/attention.nsr", "data/demo-tokens.npy",
+     "one multi-head attention layer, independent W_Q, W_K, W_V, W_O; 1/n logits (Gaussian, "
+     "uniform averaging) or 1/sqrt(n) (hierarchical, non-Gaussian limit; theory.md §5)",
+     "heads=heads,logit-scaling=scaling,score-samples=R,seed=rng_seed,causal=causal,var-e=var_e,"
+     "var-q=var_q,var-k=var_k,var-v=var_v,var-o=var_o,temp=temp,sigma-v2=sigma_v2", "", "",
+     tpk_attention_job},
+    /* CNNs: the program fixes the parameters, the direct recursion of kernels/cnn.c computes
+     * (tpk_cnn_job); padding/readout/filter/conv are settings of the job, not of the program */
+    {"cnn1d", "programs/cnn1d.nsr", "data/demo-sequences.npy",
+     "1-D CNN, a shared A-var per filter tap, signals N×P×C, flatten or GAP readout (theory.md §2.8)",
+     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
+     "filter=filter,padding=padding,readout=readout,conv=conv",
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job},
+    {"cnn2d", "programs/cnn2d.nsr", "data/demo-images.npy",
+     "2-D CNN, a shared A-var per filter tap, images N×H×W×C, flatten or GAP readout (theory.md §2.8)",
+     "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
+     "filter=filter,padding=padding,readout=readout,conv=conv",
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job},
+};
+
+const tpk_arch *tpk_arch_table(size_t *count)
+{
+    if (count)
+        *count = sizeof archs / sizeof archs[0];
+    return archs;
+}
+
+const tpk_arch *tpk_arch_find(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof archs / sizeof archs[0]; i++)
+        if (strcmp(name, archs[i].name) == 0)
+            return &archs[i];
+    return NULL;
+}
+
+const char *tpk_arch_names(char *buf, size_t len)
+{
+    size_t k = 0;
+    if (len)
+        buf[0] = '\0';
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0] && k < len; i++) {
+        int w = snprintf(buf + k, len - k, "%s%s", i ? ", " : "", archs[i].name);
+        if (w < 0)
+            break;
+        k += (size_t)w;
+    }
+    return buf;
+}
+
+void tpk_arch_list(FILE *f)
+{
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
+        fprintf(f, "%-12s %s  [%s]\n %12s flags:", archs[i].name, archs[i].summary,
+                archs[i].program ? archs[i].program : "built-in", "");
+        /* "flag=param,..." → " --flag (param)" */
+        for (const char *p = archs[i].flags; p && *p;) {
+            const char *eq = strchr(p, '='), *end = strchr(p, ',');
+            if (!end)
+                end = p + strlen(p);
+            if (eq && eq < end)
+                fprintf(f, " --%.*s (%.*s)", (int)(eq - p), p, (int)(end - eq - 1), eq + 1);
+            p = *end ? end + 1 : end;
+        }
+        fputc('\n', f);
+    }
+}
+
+const char *tpk_arch_flag_param(const tpk_arch *a, const char *flag, char *buf, size_t len)
+{
+    size_t fl = strlen(flag);
+    for (const char *p = a->flags; p && *p;) {
+        const char *eq = strchr(p, '='), *end = strchr(p, ',');
+        if (!end)
+            end = p + strlen(p);
+        if (eq && eq < end && (size_t)(eq - p) == fl && strncmp(p, flag, fl) == 0) {
+            snprintf(buf, len, "%.*s", (int)(end - eq - 1), eq + 1);
+            return buf;
+        }
+        p = *end ? end + 1 : end;
+    }
+    return NULL;
+}
+
+static int check_variance(const char *flag, const char *s, tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
+    if (!(v >= 0) || !isfinite(v))
+        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be a finite variance >= 0 (got %s)", flag, s);
+    return TPK_OK;
+}
+
+static int check_positive(const char *flag, const char *s, tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
+    if (!(v > 0) || !isfinite(v))
+        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be finite and > 0 (got %s)", flag, s);
+    return TPK_OK;
+}
+
+static int check_depth(const char *s, tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || errno == ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--depth: '%s' is not an integer", s);
+    if (v < 1 || v > 100000)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--depth must be in 1..100000 hidden layers (got %ld)", v);
+    return TPK_OK;
+}
+
+int tpk_arch_check_flag(const char *flag, const char *value, const tpk_phi_registry *reg,
+                        tpk_ctx *ctx)
+{
+    int st = strcmp(flag, "depth") == 0 ? check_depth(value, ctx)
+           : strcmp(flag, "temp") == 0 ? check_positive(flag, value, ctx)
+           : strncmp(flag, "sigma-", 6) == 0 || strncmp(flag, "var-", 4) == 0 ||
+                     strcmp(flag, "ln-eps") == 0
+               ? check_variance(flag, value, ctx) : TPK_OK;
+    if (st == TPK_OK && reg && strcmp(flag, "phi") == 0) {
+        /* name a bad function here, not deep in the program */
+        tpk_phi *phi = tpk_phi_alloc(reg, value, ctx);
+        if (!phi)
+            return ctx->status;
+        tpk_phi_free(phi);
+    }
+    return st;
+}
+
+/* Append "param=value,..." to out (pointing into buf, which it edits). */
+static int add_list(const char *list, char *buf, size_t len, tpk_param_set *out, int cap, int *n)
+{
+    if (strlen(list ? list : "") >= len)
+        return -1;
+    snprintf(buf, len, "%s", list ? list : "");
+    for (char *p = buf; *p;) {
+        char *comma = strchr(p, ','), *eq;
+        if (comma)
+            *comma = '\0';
+        if ((eq = strchr(p, '=')) != NULL) {
+            if (*n == cap)
+                return -1;
+            *eq = '\0';
+            out[(*n)++] = (tpk_param_set){.name = p, .value = eq + 1};
+        }
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+int tpk_arch_sets(const tpk_arch *a, const tpk_arch_flag *fl, int nfl, const tpk_param_set *user,
+                  int nuser, tpk_param_set *out, int cap, int *n, char *buf, size_t len,
+                  tpk_ctx *ctx)
+{
+    *n = 0;
+    size_t half = len / 2;
+    int bad = add_list(a->defaults, buf, half, out, cap, n);
+    for (int f = 0; !bad && f < nfl; f++) {
+        if (*n == cap)
+            bad = 1;
+        else
+            out[(*n)++] = (tpk_param_set){.name = fl[f].param, .value = fl[f].value};
+    }
+    bad = bad || add_list(a->fixed, buf + half, len - half, out, cap, n);
+    for (int i = 0; !bad && i < nuser; i++) {
+        if (*n == cap)
+            bad = 1;
+        else
+            out[(*n)++] = user[i];
+    }
+    return bad ? TPK_ERROR(ctx, TPK_EINVAL, "too many parameter settings") : TPK_OK;
+}
+
+int tpk_arch_program(const tpk_arch *a, int layernorm, const tpk_arch_flag *fl, int nfl,
+                     const char **program, tpk_ctx *ctx)
+{
+    int res = 0, eps = 0, mlp = strcmp(a->name, "mlp") == 0;
+    for (int f = 0; f < nfl; f++) {
+        res |= strcmp(fl[f].flag, "residual") == 0;
+        eps |= strcmp(fl[f].flag, "ln-eps") == 0;
+    }
+    *program = a->program;
+    if (layernorm && !mlp)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--layernorm is an option of --arch=mlp");
+    if (eps && !layernorm && mlp)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--ln-eps needs --layernorm");
+    if (layernorm)
+        *program = res ? "programs/mlp-ln-residual.nsr" : "programs/mlp-ln.nsr";
+    else if (mlp && res)
+        *program = "programs/mlp-residual.nsr";
+    return TPK_OK;
+}
