@@ -31,6 +31,20 @@ static const tpk_arch archs[] = {
      "RNN with a fresh W at every step: no recurrent cross-time terms (theory.md §1.8)",
      "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
      NULL},
+    /* GRU / LSTM: issue-4 names, U_* on the input, W_* on the hidden state, biases N(mu, var) */
+    {"gru", "programs/gru.nsr", "data/demo-sequences.npy",
+     "erf-GRU of Tensor Programs I, gates (1+erf x)/2, h0 = 0; gate products as Gaussian "
+     "orthant probabilities (Genz, randomised QMC; theory.md §2.3)",
+     "var-Uz=var_Uz,var-Ur=var_Ur,var-Uh=var_Uh,var-Wz=var_Wz,var-Wr=var_Wr,var-Wh=var_Wh,"
+     "var-bz=var_bz,var-br=var_br,var-bh=var_bh,mu-bz=mu_bz,mu-br=mu_br,mu-bh=mu_bh,"
+     "sigma-v2=sigma_v2", "", "", NULL},
+    {"lstm", "programs/lstm.nsr", "data/demo-sequences.npy",
+     "LSTM, gates erf_sigmoid or sigmoid (--gate), cell tanh; E[gate gate'] closed or 2-D, "
+     "E[tanh(c) tanh(c')] by randomised QMC (theory.md §2.4)",
+     "gate=gate,var-Ui=var_Ui,var-Uf=var_Uf,var-Uo=var_Uo,var-Ug=var_Ug,var-Wi=var_Wi,"
+     "var-Wf=var_Wf,var-Wo=var_Wo,var-Wg=var_Wg,var-bi=var_bi,var-bf=var_bf,var-bo=var_bo,"
+     "var-bg=var_bg,mu-bi=mu_bi,mu-bf=mu_bf,mu-bo=mu_bo,mu-bg=mu_bg,sigma-v2=sigma_v2", "", "",
+     NULL},
     {"transformer", "programs/transformer.nsr", "data/demo-tokens.npy",
      "Tensor Programs I transformer: causal single-head attention (q = k = v, 1/n logits), "
      "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7)",

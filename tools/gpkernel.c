@@ -23,7 +23,7 @@ static const char usage[] =
     "\n"
     "Options:\n"
     "  --arch=NAME        a shipped architecture (--list-archs): mlp, rnn, rnn-untied,\n"
-    "                     transformer, attention, cnn1d, cnn2d, ...\n"
+    "                     gru, lstm, transformer, attention, cnn1d, cnn2d, ...\n"
     "  --program=FILE     any NETSOR program (docs/netsor.md); with --set NAME=VALUE overrides\n"
     "  --input=SPEC       inputs: FILE.h5:/dataset, FILE.npy or FILE.csv; N×d, or N×T×d for\n"
     "                     recurrent programs (default: the architecture's bundled demo input)\n"
@@ -184,7 +184,12 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
         case OPT_LN: o->layernorm = 1; break;
         case OPT_LISTARCH: tpk_arch_list(stdout); return EXIT_EARLY;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); return EXIT_EARLY;
-        case OPT_HELP: fputs(usage, stdout); return EXIT_EARLY;
+        case OPT_HELP: /* the usage, then every architecture's flags from its row's flag map */
+            fputs(usage, stdout);
+            fputs("\nArchitectures (--arch=NAME) and their flags (--flag=value sets the parameter):\n",
+                  stdout);
+            tpk_arch_list(stdout);
+            return EXIT_EARLY;
         case OPT_VERSION: printf("gpkernel (tpk) %s\n", TPK_VERSION); return EXIT_EARLY;
         default:
             st = TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
