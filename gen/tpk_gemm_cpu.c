@@ -2335,11 +2335,11 @@ static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2(size_t m, size_
     }
 }
 
-/* ---- tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1: sgemm, vw=512,mr=10,nv=2,kc=384,mc=72,nc=256,ku=8,order=ir_jr,par=ic,pf=1,pb=shared ---- */
-enum { tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_MR = 10, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_NR = 32, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_KC = 384, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_MC = 80, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_NC = 256 };
+/* ---- tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2: sgemm, vw=512,mr=10,nv=2,kc=512,mc=72,nc=256,ku=1,order=ir_jr,par=ic,pf=2,pb=private ---- */
+enum { tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_MR = 10, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_NR = 32, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_KC = 512, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_MC = 80, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_NC = 256 };
 
 /* C[10×32] = alpha·a·b + beta·C from packed panels a (kc×10) and b (kc×32). */
-static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
     tpk_v16f c0_0 = {0}, c0_1 = {0};
@@ -2373,7 +2373,8 @@ static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_ukr(size_t kc, co
     __builtin_prefetch(c + 9 * ldc, 1, 3);
     __builtin_prefetch(c + 9 * ldc + 31, 1, 3);
     size_t p = 0;
-    for (; p + 8 <= kc; p += 8) {
+    for (; p + 1 <= kc; p += 1) {
+        __builtin_prefetch(a + (p + 2) * 10, 0, 3);
         {
             const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
             const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
@@ -2387,104 +2388,6 @@ static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_ukr(size_t kc, co
             { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
             { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
             { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 32 + 16);
-            { const float ai = a[(p + 1) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 32 + 16);
-            { const float ai = a[(p + 2) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 32 + 16);
-            { const float ai = a[(p + 3) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 32 + 16);
-            { const float ai = a[(p + 4) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 32 + 16);
-            { const float ai = a[(p + 5) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 32 + 16);
-            { const float ai = a[(p + 6) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 32 + 16);
-            { const float ai = a[(p + 7) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
     }
     for (; p < kc; p++) {
@@ -2549,7 +2452,7 @@ static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_ukr(size_t kc, co
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 10-row panel, zero-padded. */
-static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
 {
     if (csa == 1 && mr_e == 10) {
         for (size_t i = 0; i < 10; i++)
@@ -2567,7 +2470,7 @@ static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_pack_a(size_t mr_
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
-static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -2583,7 +2486,7 @@ static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_pack_b(size_t nr_
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
 {
     const size_t mpan = (mc + 10 - 1) / 10;
@@ -2594,25 +2497,25 @@ static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_macro(size_t mc, 
             float *c = C + ip * 10 * ldc + jp * 32;
             const float *a = ap + ip * 10 * kc, *b = bp + jp * 32 * kc;
             if (mr_e == 10 && nr_e == 32) {
-                tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_ukr(kc, a, b, ct, 32, 1, 0);
+            tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ukr(kc, a, b, ct, 32, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
         }
 }
 
-/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_ws(int nt)
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ws(int nt)
 {
-    return (98304 + (size_t)(nt < 1 ? 1 : nt) * 30720) * sizeof(float);
+    return (size_t)(nt < 1 ? 1 : nt) * (131072 + 40960) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_ws(nt) bytes, 64-aligned. */
-static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -2625,32 +2528,32 @@ static void tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1(size_t m, size_t 
     }
     if (nt < 1)
         nt = 1;
-    float *const bp = ws, *const ap_all = bp + 98304;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
         float ct[10 * 32] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 172032, *const ap = bp + 131072;
+        const size_t nblk = (m + 80 - 1) / 80, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
         for (size_t jc = 0; jc < n; jc += 256) {
             const size_t nc = n - jc < 256 ? n - jc : 256;
             const size_t npan = (nc + 32 - 1) / 32;
-            for (size_t pc = 0; pc < k; pc += 384) {
-                const size_t kc = k - pc < 384 ? k - pc : 384;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
                 const float bet = pc == 0 ? beta : 1;
-                for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
                             rsb, csb, bp + jp * 32 * kc);
-#pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                float *const ap = ap_all + tid * 30720;
-                const size_t nblk = (m + 80 - 1) / 80;
-                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                for (size_t ib = b0; ib < b1; ib++) {
                     const size_t ic = ib * 80, mc = m - ic < 80 ? m - ic : 80;
                     for (size_t ip = 0; ip * 10 < mc; ip++)
-                        tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
+                        tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 10 * kc);
-                    tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
-#pragma omp barrier
             }
         }
     }
@@ -4006,7 +3909,7 @@ const tpk__gemm_entry tpk__gemm_table[] = {
     {0, 0, 2, 2048, 2048, 2048, 144.0, "tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ws},
     {0, 1, 1, 2048, 64, 2048, 103.2, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
     {0, 1, 1, 2048, 2048, 2048, 176.2, "tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_ws},
-    {0, 1, 2, 2048, 64, 2048, 133.9, "tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1", NULL, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1, tpk_sgemm_avx512_10x32_k384_m80_n256_u8_irjr_ic_p1_ws},
+    {0, 1, 2, 2048, 64, 2048, 223.7, "tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2", NULL, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ws},
     {0, 1, 2, 2048, 2048, 2048, 309.3, "tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ws},
 };
 const size_t tpk__gemm_table_len = 10;
