@@ -99,6 +99,7 @@ typedef struct lim {
     double *spare;      /* a freed covariance block kept for reuse (saves page faults) */
     size_t spare_len;
     double err;
+    tpk_orthant_cache *ocache; /* memo of the orthant back-end (NULL: none) */
     tpk_ctx *ctx;
 } lim;
 
@@ -675,8 +676,8 @@ static int orthant_group(const lim *L, pws *w, const fac *fs, const int *nodeoff
             S[i * ngf + j] = a[i] * a[j] * w->C[k[i] * D + k[j]] + (i == j ? v[i] : 0.0);
     }
     tpk_orthant_opts oo = {.abs_tol = L->o.orthant_abs_tol, .rel_tol = L->o.orthant_rel_tol};
-    *st = tpk_nsr_orthant(ngf, mu, S, L->o.mc_seed ^ (site * UINT64_C(0x9E3779B97F4A7C15)), &oo,
-                          e, &w->ctx);
+    (void)site; /* shifts are keyed by the problem, so a memo hit equals a recomputation */
+    *st = tpk_nsr_orthant_cached(L->ocache, ngf, mu, S, L->o.mc_seed, &oo, e, &w->ctx);
     return 1;
 }
 
@@ -1516,6 +1517,7 @@ static void lim_free(lim *L)
             free(L->gh[r][h].w);
         }
     tpk_gauss_ws_free(L->gws);
+    tpk_nsr_orthant_cache_free(L->ocache);
     free(L->spare);
 }
 
@@ -1768,6 +1770,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.maxlen = sh.maxlen;
     L.maxdepth = sh.maxdepth;
     L.ctx = ctx;
+    L.ocache = tpk_nsr_orthant_cache_alloc(); /* NULL (out of memory) only disables the memo */
     size_t N = L.N;
     /* s1, s2, s3 only serve the cross/general paths: allocated on first use */
     scratch sc = {NULL, NULL, NULL, malloc(N * sizeof(double)), malloc(N * sizeof(double))};

@@ -34,6 +34,16 @@ int tpk_nsr_orthant_factor(const tpk_rpn_node *node, int len, int *leaf, double 
 int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
                     const tpk_orthant_opts *o, tpk_estimate *out, tpk_ctx *ctx);
 
+/* A memo of orthant probabilities shared by threads (OpenMP critical sections): the same
+ * (m, μ, S) — bit for bit — is computed once; its shifts are seeded by the problem's hash (and
+ * `seed`), so results do not depend on the order of requests. c == NULL: no memo. */
+typedef struct tpk_orthant_cache tpk_orthant_cache;
+tpk_orthant_cache *tpk_nsr_orthant_cache_alloc(void);
+void tpk_nsr_orthant_cache_free(tpk_orthant_cache *c);
+int tpk_nsr_orthant_cached(tpk_orthant_cache *c, int m, const double *mu, const double *S,
+                           uint64_t seed, const tpk_orthant_opts *o, tpk_estimate *out,
+                           tpk_ctx *ctx);
+
 /* Randomised QMC standard normals in r dimensions (Sobol, Halton beyond 40 dimensions): a
  * sequence restarted for each random shift, x_j = Φ⁻¹(baker(u_j + Δ_{shift,j} mod 1)).
  * Deterministic in (seed, shift). */

@@ -1,0 +1,207 @@
+/* Benchmark: the GRU limit kernel (programs/gru.nsr, orthant back-end) against a straightforward
+ * reference — plain Monte Carlo of the same §2.3 recursion (each step: Cholesky of the z-, r- and
+ * h̃-family covariances over all (time, input), P joint samples, particle averages) — at the
+ * accuracy the evaluator reports. Prints seconds and the ratio (issue 4). Not a test.
+ *   bench_recurrent [N T [P]]  default 8 sequences of length 4 (the issue asks 32 8), P = 20000
+ *   bench_recurrent 4096 --no-naive   (make bench's second pass): evaluator only, default size */
+#include <lapacke.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tpk/job.h"
+#include "tpk/netsor.h"
+#include "tpk/rng.h"
+
+enum { D = 3 };
+static const double vU = 1.0, vW = 1.0, vb = 0.1, sv2 = 1.0; /* gru.nsr defaults */
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double esig(double x) { return 0.5 * (1.0 + erf(x)); }
+
+/* Lower Cholesky with a small jitter (duplicated rows are singular). */
+static void chol(int n, double *A)
+{
+    double mx = 0;
+    for (int i = 0; i < n; i++)
+        mx = fmax(mx, A[i * n + i]);
+    for (int i = 0; i < n; i++)
+        A[i * n + i] += 1e-12 * mx;
+    LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', n, A, n);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            A[i * n + j] = 0;
+}
+
+/* Plain MC of the GRU limit: returns σ_v² E[h^T_a h^T_c] (N×N) from P particles. */
+static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed, double *K)
+{
+    int M = N * T;
+    double *H = calloc((size_t)M * M, sizeof *H), *Er = calloc((size_t)M * M, sizeof *Er);
+    double *C = malloc((size_t)M * M * sizeof *C), *Lz = malloc((size_t)M * M * sizeof *Lz);
+    double *Lr = malloc((size_t)M * M * sizeof *Lr), *Lh = malloc((size_t)M * M * sizeof *Lh);
+    double *g = malloc((size_t)M * sizeof *g), *z = malloc((size_t)M * sizeof *z);
+    double *r = malloc((size_t)M * sizeof *r), *hh = malloc((size_t)M * sizeof *hh);
+    double *h = malloc((size_t)M * sizeof *h);
+#define IX(t, a) ((t) * N + (a))
+    for (int t = 1; t <= T; t++) {
+        int m = t * N; /* (time < t, input) */
+        for (int fam = 0; fam < 2; fam++) {
+            double *L = fam ? Lr : Lz;
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < m; j++) {
+                    int ti = i / N, a = i % N, tj = j / N, c = j % N;
+                    double gsum = 0;
+                    for (int k = 0; k < D; k++)
+                        gsum += x[(a * T + ti) * D + k] * x[(c * T + tj) * D + k];
+                    L[i * m + j] = vU * gsum / D + vb +
+                                   (ti > 0 && tj > 0 ? vW * H[IX(ti - 1, a) * M + IX(tj - 1, c)] : 0);
+                }
+            chol(m, L);
+        }
+        /* E[r^t r^s]: r-family samples first (h̃ needs them) */
+        double *acc = calloc((size_t)m * m, sizeof *acc);
+        for (size_t p = 0; p < P; p++) {
+            for (int i = 0; i < m; i++)
+                g[i] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_MC, 100 + t), (uint32_t)p, (uint32_t)i);
+            for (int i = 0; i < m; i++) {
+                double s = 0;
+                for (int k = 0; k <= i; k++)
+                    s += Lr[i * m + k] * g[k];
+                r[i] = esig(s);
+            }
+            for (int i = (t - 1) * N; i < m; i++)
+                for (int j = 0; j < m; j++)
+                    acc[i * m + j] += r[i] * r[j];
+        }
+        for (int i = (t - 1) * N; i < m; i++)
+            for (int j = 0; j < m; j++)
+                Er[i * M + j] = Er[j * M + i] = acc[i * m + j] / (double)P;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < m; j++) {
+                int ti = i / N, a = i % N, tj = j / N, c = j % N;
+                double gsum = 0;
+                for (int k = 0; k < D; k++)
+                    gsum += x[(a * T + ti) * D + k] * x[(c * T + tj) * D + k];
+                Lh[i * m + j] = vU * gsum / D + vb +
+                                (ti > 0 && tj > 0 ? vW * H[IX(ti - 1, a) * M + IX(tj - 1, c)] * Er[i * M + j] : 0);
+            }
+        chol(m, Lh);
+        memset(acc, 0, (size_t)m * m * sizeof *acc);
+        for (size_t p = 0; p < P; p++) {
+            for (int i = 0; i < m; i++)
+                g[i] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_MC, 200 + t), (uint32_t)p, (uint32_t)i);
+            for (int i = 0; i < m; i++) {
+                double s = 0;
+                for (int k = 0; k <= i; k++)
+                    s += Lz[i * m + k] * g[k];
+                z[i] = esig(s);
+            }
+            for (int i = 0; i < m; i++)
+                g[i] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_MC, 300 + t), (uint32_t)p, (uint32_t)i);
+            for (int i = 0; i < m; i++) {
+                double s = 0;
+                for (int k = 0; k <= i; k++)
+                    s += Lh[i * m + k] * g[k];
+                hh[i] = erf(s);
+            }
+            for (int a = 0; a < N; a++) /* h^s = (1 − z^s) h^{s−1} + z^s erf(h̃^s) */
+                for (int s = 0; s < t; s++)
+                    h[IX(s, a)] = (1 - z[IX(s, a)]) * (s ? h[IX(s - 1, a)] : 0) + z[IX(s, a)] * hh[IX(s, a)];
+            for (int i = (t - 1) * N; i < m; i++)
+                for (int j = 0; j < m; j++)
+                    acc[i * m + j] += h[i] * h[j];
+        }
+        for (int i = (t - 1) * N; i < m; i++)
+            for (int j = 0; j < m; j++)
+                H[i * M + j] = H[j * M + i] = acc[i * m + j] / (double)P;
+        free(acc);
+    }
+    for (int a = 0; a < N; a++)
+        for (int c = 0; c < N; c++)
+            K[a * N + c] = sv2 * H[IX(T - 1, a) * M + IX(T - 1, c)];
+    free(H), free(Er), free(C), free(Lz), free(Lr), free(Lh), free(g), free(z), free(r), free(hh),
+        free(h);
+#undef IX
+}
+
+int main(int argc, char **argv)
+{
+    int N = 8, T = 4, naive = 1;
+    if (argc >= 3 && strcmp(argv[2], "--no-naive") == 0)
+        naive = 0;
+    else if (argc >= 3) {
+        N = atoi(argv[1]);
+        T = atoi(argv[2]);
+    }
+    if (N < 1 || T < 1 || N > 256 || T > 15) {
+        fprintf(stderr, "usage: bench_recurrent [N T]\n");
+        return 2;
+    }
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    char path[4200], tb[16];
+    tpk_shipped_path("programs/gru.nsr", path, sizeof path);
+    snprintf(tb, sizeof tb, "%d", T);
+    tpk_param_set sets[] = {{"T", tb}};
+    tpk_netsor_opts o = {.sets = sets, .nsets = 1};
+    tpk_program *p = tpk_netsor_load_file(path, &o, reg, &ctx);
+    size_t dims[3] = {(size_t)N, (size_t)T, D};
+    tpk_array *x = p ? tpk_array_alloc(3, dims, &ctx) : NULL;
+    if (!x) {
+        fprintf(stderr, "bench_recurrent: %s\n", ctx.msg);
+        return 1;
+    }
+    for (int a = 0; a < N; a++)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < D; j++)
+                x->data[(a * T + t) * D + j] = sin(1.37 * a + 0.61 * t + 2.11 * j + 0.3) * (1.0 + 0.2 * a / N);
+    tpk_array *K = NULL;
+    double err = 0, t0 = now();
+    if (tpk_netsor_kernel(p, x, 0, &K, &err, &ctx)) {
+        fprintf(stderr, "bench_recurrent: %s\n", ctx.msg);
+        return 1;
+    }
+    double t_ours = now() - t0, kmax = 0;
+    for (int i = 0; i < N * N; i++)
+        kmax = fmax(kmax, fabs(K->data[i]));
+    printf("GRU limit, %d sequences x T=%d (d=%d): %.2f s, error estimate %.2e (relative %.1e)\n",
+           N, T, D, t_ours, err, err / kmax);
+    if (naive) {
+        /* plain MC at P particles, two independent replicates: its error per replicate, and the
+         * time it would need for the evaluator's error (MC error ∝ P^(-1/2)) */
+        size_t P = argc >= 4 ? (size_t)atol(argv[3]) : 20000;
+        double *K1 = malloc((size_t)N * N * sizeof *K1), *K2 = malloc((size_t)N * N * sizeof *K2);
+        t0 = now();
+        mc_reference(x->data, N, T, P, 1, K1);
+        double t_mc = now() - t0;
+        mc_reference(x->data, N, T, P, 2, K2);
+        double d2 = 0, dev = 0;
+        for (int i = 0; i < N * N; i++) {
+            d2 += (K1[i] - K2[i]) * (K1[i] - K2[i]);
+            dev = fmax(dev, fabs(0.5 * (K1[i] + K2[i]) - K->data[i]));
+        }
+        double e_mc = sqrt(d2 / (2.0 * N * N)); /* RMS error of one replicate */
+        double need = t_mc * (e_mc / fmax(err, 1e-300)) * (e_mc / fmax(err, 1e-300));
+        printf("plain MC reference, P=%zu: %.2f s, RMS error %.2e; max |MC mean - evaluator| %.2e\n",
+               P, t_mc, e_mc, dev);
+        printf("  time for the evaluator's error %.1e: %.3g s (extrapolated), ratio %.3g\n", err,
+               need, need / t_ours);
+        free(K1);
+        free(K2);
+    }
+    tpk_array_free(K);
+    tpk_array_free(x);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+    return 0;
+}
