@@ -66,9 +66,12 @@ static void call(const prob *p, int tuned)
         fprintf(stderr, "bench_gemm: %s\n", ctx.msg);
 }
 
-/* Seconds per call of one repeat. */
+/* Seconds per call of one repeat. The pause first lets OpenBLAS's worker threads, which spin a
+ * while after each call before they sleep, go idle: otherwise they compete with the next run. */
 static double one_repeat(const prob *p, int tuned, long calls)
 {
+    struct timespec pause = {0, 200000000};
+    nanosleep(&pause, NULL);
     double t = now();
     for (long i = 0; i < calls; i++)
         call(p, tuned);

@@ -396,6 +396,11 @@ static void run_child(const char *runner, char *const argv[], const child_args *
         close(fd[0]);
         dup2(fd[1], 1);
         if (runner) {
+            /* OpenBLAS starts its worker threads at load and lets them spin before they sleep:
+             * with more than the candidate's threads they would compete with it. */
+            char nt[16];
+            snprintf(nt, sizeof nt, "%d", a->threads < 1 ? 1 : a->threads);
+            setenv("OPENBLAS_NUM_THREADS", nt, 1);
             execv(runner, argv);
             _exit(127);
         }
