@@ -122,6 +122,43 @@ int tpk_limits_fit_two_term(const double *n, const double *y, const double *w, s
     return st;
 }
 
+int tpk_limits_fit_window(const double *n, size_t W, const tpk_limits_fit *all, double ratio,
+                          size_t keep, tpk_limits_window *out, tpk_ctx *ctx)
+{
+    if (!n || !all || !out)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_fit_window: NULL argument");
+    if (keep < 2 || keep > W || !(ratio > 0))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_fit_window: needs 2 <= keep <= W (%zu, %zu) "
+                         "and ratio > 0", keep, W);
+    if (!isfinite(all->c1) || !isfinite(all->c2) || !(all->c2_lo <= all->c2_hi))
+        return TPK_ERROR(ctx, TPK_EDOM, "tpk_limits_fit_window: the two-term fit is not finite");
+    for (size_t i = 0; i < W; i++)
+        if (!(n[i] > 0) || (i > 0 && !(n[i] > n[i - 1])))
+            return TPK_ERROR(ctx, TPK_EDOM, "tpk_limits_fit_window: widths must increase");
+    memset(out, 0, sizeof *out);
+    out->c1 = all->c1;
+    out->c2 = all->c2;
+    out->resolved = all->c2_lo > 0 || all->c2_hi < 0;
+    double c1 = out->c1, c2 = out->resolved ? fabs(out->c2) : 0;
+    size_t first = W;
+    if (c1 > 0) {
+        out->n_needed = pow(c2 / (ratio * c1), 2);
+        for (size_t i = 0; i < W && first == W; i++)
+            if (c2 / (c1 * sqrt(n[i])) <= ratio)
+                first = i;
+    } else {
+        out->n_needed = out->resolved ? INFINITY : 0;
+        first = out->resolved ? W : 0;
+    }
+    if (first > W - keep) {
+        first = W - keep;
+        out->capped = 1;
+    }
+    out->first = first;
+    out->ratio_at_first = c1 > 0 ? fabs(out->c2) / (c1 * sqrt(n[first])) : INFINITY;
+    return TPK_OK;
+}
+
 /* Both fits on points first..W−1 of (n, y); the two-term fit weighted 1/y² (relative errors,
  * since y spans decades). Returns nonzero if y is not positive there. */
 static int fit_both(const double *n, const double *y, size_t W, size_t first, double *slope,

@@ -620,6 +620,55 @@ static void test_errors(void **state)
 #undef EXPECT
 }
 
+/* The fitting-window rule (tpk_limits_fit_window): the first width is the smallest with
+ * |c2|/(c1 √n) ≤ ratio when c2's interval excludes 0, all widths when it does not, the cap keeps
+ * `keep` widths, and every error path. Widths 32·2^i; with c1 = 2.385, |c2| = 4.1 the ratio
+ * 4.1/(2.385 √n) is 0.304 at 32, 0.107 at 256, 0.076 at 512, so ratio 0.1 picks 512 (index 4). */
+static void test_fit_window(void **state)
+{
+    (void)state;
+    enum { W = 8 };
+    double n[W];
+    for (int i = 0; i < W; i++)
+        n[i] = 32.0 * pow(2.0, i);
+    tpk_limits_fit all = {.c1 = 2.385, .c2 = 4.1, .c2_lo = 3.2, .c2_hi = 5.3};
+    tpk_limits_window win;
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.1, 3, &win, NULL), TPK_OK);
+    assert_true(win.resolved && !win.capped);
+    assert_int_equal(win.first, 4);
+    double need = pow(4.1 / (0.1 * 2.385), 2); /* 295.5: 256 misses it, 512 is the first above */
+    assert_true(fabs(win.n_needed - need) < 1e-9 * need);
+    assert_true(fabs(win.ratio_at_first - 4.1 / (2.385 * sqrt(512.0))) < 1e-12);
+    /* A negative correction counts by its size. */
+    all = (tpk_limits_fit){.c1 = 2.385, .c2 = -4.1, .c2_lo = -5.3, .c2_hi = -3.2};
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.1, 3, &win, NULL), TPK_OK);
+    assert_int_equal(win.first, 4);
+    /* A looser bound starts lower; a tight one is capped to keep 3 widths. */
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.31, 3, &win, NULL), TPK_OK);
+    assert_int_equal(win.first, 0);
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.01, 3, &win, NULL), TPK_OK);
+    assert_true(win.capped && win.first == W - 3);
+    /* Not resolved (interval contains 0): every width, whatever the point estimate. */
+    all.c2_hi = 0.4;
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.01, 3, &win, NULL), TPK_OK);
+    assert_true(!win.resolved && !win.capped && win.first == 0);
+    /* A resolved correction without an n^-1/2 regime (c1 ≤ 0): capped. */
+    all = (tpk_limits_fit){.c1 = -0.05, .c2 = 5.0, .c2_lo = 4.0, .c2_hi = 6.0};
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.1, 2, &win, NULL), TPK_OK);
+    assert_true(win.capped && win.first == W - 2 && isinf(win.n_needed));
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.1, 1, &win, &ctx), TPK_EINVAL);
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.1, W + 1, &win, &ctx), TPK_EINVAL);
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.0, 3, &win, &ctx), TPK_EINVAL);
+    assert_int_equal(tpk_limits_fit_window(NULL, W, &all, 0.1, 3, &win, &ctx), TPK_EINVAL);
+    all.c2 = NAN;
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.1, 3, &win, &ctx), TPK_EDOM);
+    all.c2 = 5.0;
+    n[3] = n[2];
+    assert_int_equal(tpk_limits_fit_window(n, W, &all, 0.1, 3, &win, &ctx), TPK_EDOM);
+}
+
 int main(void)
 {
     gsl_set_error_handler_off();
@@ -632,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_bootstrap_coverage),
         cmocka_unit_test(test_bootstrap_deterministic),
         cmocka_unit_test(test_fits_exact),
+        cmocka_unit_test(test_fit_window),
         cmocka_unit_test(test_two_term_bootstrap),
         cmocka_unit_test(test_w1_closed_forms),
         cmocka_unit_test(test_rbw1_exponent),

@@ -3,6 +3,7 @@
  * kernel, and writes every raw per-seed result plus fitted rates with bootstrap intervals to HDF5
  * (theory.md §7). Checkpointed so an interrupted run resumes without losing finished seeds. */
 #include "tpk/tpk.h"
+#include "tpk/archs.h"
 #include "tpk/job.h"
 #include "tpk/limits.h"
 
@@ -39,14 +40,17 @@ static void on_signal(int sig)
 
 #define MAX_WIDTHS 32
 #define MAX_SETS 64
+#define MAX_FLAGS 32
 /* A checkpoint is rewritten when this many seconds have passed since the last one (and at the
  * end of every width, and on SIGINT/SIGTERM): an uncatchable kill loses at most this much. */
 #define CHECKPOINT_SECONDS 2.0
 
 typedef struct opts {
-    const char *arch, *program, *input, *output, *phi;
-    int depth;
-    double sigma_w2, sigma_b2;
+    const char *program, *input, *output;
+    const tpk_arch *arch;
+    tpk_arch_flag fl[MAX_FLAGS]; /* --flag=value of the architecture (include/tpk/archs.h) */
+    char fl_name[MAX_FLAGS][64], fl_param[MAX_FLAGS][64];
+    int nflags, layernorm, all_outputs;
     tpk_param_set sets[MAX_SETS];
     int nsets;
     size_t widths[MAX_WIDTHS];
@@ -56,25 +60,41 @@ typedef struct opts {
     size_t max_inputs;
     size_t w1_input;
     size_t boot, slices;
-    size_t fit_min_width;
+    size_t fit_min_width;        /* FIT_AUTO: the two-term rule (choose_first) */
+    double fit_ratio;            /* the rule's bound on the n^-1 / n^-1/2 term ratio */
     int resume, quiet, progress; /* progress: -1 auto (isatty), 0 off, 1 on */
 } opts;
 
+#define FIT_AUTO SIZE_MAX
+/* Default of --fit-ratio: at n_min the n^-1 term is at most 10% of the n^-1/2 term, so the local
+ * log-slope of c1 n^-1/2 + c2 n^-1, -(1/2 + r)/(1 + r) with r = c2/(c1 sqrt n), is within
+ * r/(2(1 + r)) <= 0.045 of -1/2 there and within half that one doubling higher: below the
+ * bootstrap half-widths (0.03-0.08) of the runs this tool is used for. */
+#define FIT_RATIO_DEFAULT 0.1
+
 static const char usage[] =
-    "Usage: gplimits (--arch=mlp [arch options] | --program=FILE.nsr [--set k=v]...)\n"
+    "Usage: gplimits (--arch=NAME [--FLAG=VALUE]... | --program=FILE.nsr) [--set k=v]...\n"
     "                --output=FILE.h5 [options]\n"
     "Finite-width convergence to the infinite-width limit (theory.md §7): runs the program at\n"
     "each width for S seeds and reports kernel errors, bias, fluctuation, output-law distances\n"
     "and their fitted exponents with bootstrap-over-seeds 95% intervals.\n"
     "\n"
     "Program:\n"
-    "  --arch=mlp         the shipped programs/mlp.nsr with the options below\n"
-    "    --depth=L        hidden layers (default 2)   --phi=NAME  nonlinearity (default relu)\n"
-    "    --sigma-w2=V     weight variance (default 2) --sigma-b2=V bias variance (default 0)\n"
-    "                     (readout variance sigma_v2 = sigma_w2, as gpkernel's convention)\n"
-    "  --program=FILE     any NETSOR program; --set NAME=VALUE overrides a param (repeatable)\n"
+    "  --arch=NAME        a shipped architecture, with the flags and defaults of gpkernel\n"
+    "                     (gpkernel --list-archs): mlp (--depth, --phi, --sigma-w2, --sigma-b2,\n"
+    "                     --residual=A, --layernorm [--ln-eps]), batchnorm, rnn, rnn-untied,\n"
+    "                     transformer, attention (1/n logits only: --logit-scaling=inv-n is\n"
+    "                     implied; the 1/sqrt(n) limit is gpattention's), cnn1d, cnn2d\n"
+    "                     (--padding, --filter; outputs are the per-position readouts)\n"
+    "  --program=FILE     any NETSOR program\n"
+    "  --set NAME=VALUE   override a program parameter (repeatable; after the arch flags)\n"
+    "  --all-outputs      compare the whole output kernel: every readout of the program (all\n"
+    "                     time steps, tokens or positions), input-major, (N*O)x(N*O); default:\n"
+    "                     the last output only (NxN), as tpk_netsor_kernel/run with all_outputs=0\n"
     "Run:\n"
-    "  --input=SPEC       FILE.h5:/dataset, FILE.npy or FILE.csv (default: bundled demo set)\n"
+    "  --input=SPEC       FILE.h5:/dataset, FILE.npy or FILE.csv (default: the architecture's\n"
+    "                     bundled demo input; with --program: data/demo-inputs.csv). Sequences\n"
+    "                     N×T×d set a program parameter T, images N×rows×cols×C set rows, cols\n"
     "  --max-inputs=K     use K evenly spaced inputs of SPEC (default 8; 0 = all)\n"
     "  --widths=LIST      32,64,128 or 32..2048 (geometric, x2) (default 32..2048)\n"
     "  --seeds=S          networks per width (default 64); seed of network s is BASE + s,\n"
@@ -83,19 +103,26 @@ static const char usage[] =
     "  --resume           continue from FILE.h5.partial.h5 (the checkpoint of a killed run)\n"
     "Statistics:\n"
     "  --boot=B           bootstrap replicates (default 1000; sliced fits use B/5)\n"
-    "  --w1-input=I       input (index within the used inputs) for the 1-D law distance (0)\n"
+    "  --w1-input=I       output coordinate (index within the used inputs, times the outputs\n"
+    "                     with --all-outputs) for the 1-D law distance (0)\n"
     "  --slices=L         directions for sliced distances (default 8)\n"
-    "  --fit-min-width=N  fit exponents over widths >= N (default: all but the smallest when\n"
-    "                     there are >= 4 widths; 0 = all; the RMS exponent for every n_min is\n"
-    "                     in /fits/rms_stability). With --resume on a finished FILE.h5\n"
+    "  --fit-min-width=N  fit exponents over widths >= N; 0 = all; auto (default): the smallest\n"
+    "                     width n_min at which the two-term fit c1 n^-1/2 + c2 n^-1 of the RMS\n"
+    "                     error over all widths has |c2|/(c1 sqrt(n_min)) <= --fit-ratio, keeping\n"
+    "                     at least 3 widths (capped, with a warning). The RMS exponent for every\n"
+    "                     n_min is in /fits/rms_stability. With --resume on a finished FILE.h5\n"
     "                     the statistics are recomputed from its raw data without rerunning.\n"
+    "  --fit-ratio=R      the auto rule's bound on the n^-1 / n^-1/2 term ratio (default 0.1)\n"
     "Output:\n"
     "  --progress / --no-progress   progress bar on stderr (default: when stderr is a terminal)\n"
     "  --quiet            no summary on stdout\n"
     "  --help, --version\n"
     "\n"
-    "Reproducing one network: tpk_netsor_run(program, inputs, width, BASE + s) gives the kernel\n"
-    "stored at /per_seed/khat[w][s]. Exit status 130: interrupted, checkpoint written.\n";
+    "Widths and seeds run in parallel (one OpenMP loop over all (width, seed) pairs, widest\n"
+    "first): peak memory is that of one network at the largest width per thread.\n"
+    "Reproducing one network: tpk_netsor_run(program, inputs, width, BASE + s, all_outputs)\n"
+    "gives the kernel stored at /per_seed/khat[w][s]. Exit status 130: interrupted, checkpoint\n"
+    "written.\n";
 
 static int parse_size(const char *name, const char *s, size_t lo, size_t hi, size_t *out,
                       tpk_ctx *ctx)
@@ -164,9 +191,9 @@ static int parse_widths(const char *s, opts *o, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_SET, OPT_INPUT, OPT_MAXIN, OPT_OUTPUT, OPT_PHI, OPT_DEPTH,
-       OPT_SW2, OPT_SB2, OPT_WIDTHS, OPT_SEEDS, OPT_SEED, OPT_RESUME, OPT_BOOT, OPT_W1IN,
-       OPT_SLICES, OPT_FITMIN, OPT_PROGRESS, OPT_NOPROGRESS, OPT_QUIET, OPT_HELP, OPT_VERSION };
+enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_SET, OPT_INPUT, OPT_MAXIN, OPT_OUTPUT, OPT_WIDTHS,
+       OPT_SEEDS, OPT_SEED, OPT_RESUME, OPT_BOOT, OPT_W1IN, OPT_SLICES, OPT_FITMIN, OPT_FITRATIO,
+       OPT_ALLOUT, OPT_LN, OPT_PROGRESS, OPT_NOPROGRESS, OPT_QUIET, OPT_HELP, OPT_VERSION };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -175,10 +202,6 @@ static const struct option longopts[] = {
     {"input", required_argument, NULL, OPT_INPUT},
     {"max-inputs", required_argument, NULL, OPT_MAXIN},
     {"output", required_argument, NULL, OPT_OUTPUT},
-    {"phi", required_argument, NULL, OPT_PHI},
-    {"depth", required_argument, NULL, OPT_DEPTH},
-    {"sigma-w2", required_argument, NULL, OPT_SW2},
-    {"sigma-b2", required_argument, NULL, OPT_SB2},
     {"widths", required_argument, NULL, OPT_WIDTHS},
     {"seeds", required_argument, NULL, OPT_SEEDS},
     {"seed", required_argument, NULL, OPT_SEED},
@@ -187,6 +210,9 @@ static const struct option longopts[] = {
     {"w1-input", required_argument, NULL, OPT_W1IN},
     {"slices", required_argument, NULL, OPT_SLICES},
     {"fit-min-width", required_argument, NULL, OPT_FITMIN},
+    {"fit-ratio", required_argument, NULL, OPT_FITRATIO},
+    {"all-outputs", no_argument, NULL, OPT_ALLOUT},
+    {"layernorm", no_argument, NULL, OPT_LN},
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
     {"quiet", no_argument, NULL, OPT_QUIET},
@@ -194,15 +220,66 @@ static const struct option longopts[] = {
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0}};
 
+static int is_own_option(const char *name, size_t len)
+{
+    for (const struct option *op = longopts; op->name; op++)
+        if (strlen(op->name) == len && strncmp(op->name, name, len) == 0)
+            return 1;
+    return 0;
+}
+
+/* The architecture's flags (--depth=3, --var-u=0.5, ...) are not known to getopt: every
+ * "--name=value" whose name is not one of gplimits' own options is one; they are resolved and
+ * checked against the architecture table once --arch is known. */
+static int take_arch_flags(int argc, char **argv, int *nrest, char **rest, opts *o, tpk_ctx *ctx)
+{
+    int k = 1;
+    rest[0] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *eq = strchr(a, '=');
+        if (strncmp(a, "--", 2) == 0 && eq && !is_own_option(a + 2, (size_t)(eq - a - 2))) {
+            if (o->nflags == MAX_FLAGS)
+                return TPK_ERROR(ctx, TPK_EINVAL, "more than %d architecture flags", MAX_FLAGS);
+            if ((size_t)(eq - a - 2) >= sizeof o->fl_name[0])
+                return TPK_ERROR(ctx, TPK_EINVAL, "unknown option '%s' (see --help)", a);
+            snprintf(o->fl_name[o->nflags], sizeof o->fl_name[0], "%.*s", (int)(eq - a - 2), a + 2);
+            o->fl[o->nflags] = (tpk_arch_flag){o->fl_name[o->nflags], NULL, eq + 1};
+            o->nflags++;
+        } else {
+            rest[k++] = argv[i];
+        }
+    }
+    rest[k] = NULL;
+    *nrest = k;
+    return TPK_OK;
+}
+
 /* Returns 0 to go on, -1 to exit successfully (help/version), or an error status (> 0). */
-static int parse_args(int argc, char **argv, opts *o, tpk_ctx *ctx)
+static int parse_args_rest(int argc, char **argv, const tpk_phi_registry *reg, opts *o,
+                           tpk_ctx *ctx);
+
+static int parse_args(int argc, char **argv, const tpk_phi_registry *reg, opts *o, tpk_ctx *ctx)
+{
+    char **rest = malloc((size_t)(argc + 1) * sizeof *rest);
+    if (!rest)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    int nrest = 0, st = take_arch_flags(argc, argv, &nrest, rest, o, ctx);
+    if (st == TPK_OK)
+        st = parse_args_rest(nrest, rest, reg, o, ctx);
+    free(rest);
+    return st;
+}
+
+/* getopt over gplimits' own options (rest of argv), then the architecture and its flags. */
+static int parse_args_rest(int argc, char **argv, const tpk_phi_registry *reg, opts *o,
+                           tpk_ctx *ctx)
 {
     int c, st = TPK_OK;
-    size_t depth = 0;
+    const char *arch = NULL;
     opterr = 0;
     while (st == TPK_OK && (c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
-        case OPT_ARCH: o->arch = optarg; break;
+        case OPT_ARCH: arch = optarg; break;
         case OPT_PROGRAM: o->program = optarg; break;
         case OPT_SET: {
             char *eq = strchr(optarg, '=');
@@ -217,13 +294,6 @@ static int parse_args(int argc, char **argv, opts *o, tpk_ctx *ctx)
         case OPT_INPUT: o->input = optarg; break;
         case OPT_MAXIN: st = parse_size("max-inputs", optarg, 0, 1u << 20, &o->max_inputs, ctx); break;
         case OPT_OUTPUT: o->output = optarg; break;
-        case OPT_PHI: o->phi = optarg; break;
-        case OPT_DEPTH:
-            st = parse_size("depth", optarg, 1, 1000, &depth, ctx);
-            o->depth = (int)depth;
-            break;
-        case OPT_SW2: st = parse_double("sigma-w2", optarg, &o->sigma_w2, ctx); break;
-        case OPT_SB2: st = parse_double("sigma-b2", optarg, &o->sigma_b2, ctx); break;
         case OPT_WIDTHS: st = parse_widths(optarg, o, ctx); break;
         case OPT_SEEDS: st = parse_size("seeds", optarg, 4, 1u << 20, &o->seeds, ctx); break;
         case OPT_SEED: {
@@ -237,8 +307,18 @@ static int parse_args(int argc, char **argv, opts *o, tpk_ctx *ctx)
         case OPT_W1IN: st = parse_size("w1-input", optarg, 0, 1u << 20, &o->w1_input, ctx); break;
         case OPT_SLICES: st = parse_size("slices", optarg, 1, 10000, &o->slices, ctx); break;
         case OPT_FITMIN:
-            st = parse_size("fit-min-width", optarg, 0, 1u << 24, &o->fit_min_width, ctx);
+            if (strcmp(optarg, "auto") == 0)
+                o->fit_min_width = FIT_AUTO;
+            else
+                st = parse_size("fit-min-width", optarg, 0, 1u << 24, &o->fit_min_width, ctx);
             break;
+        case OPT_FITRATIO:
+            st = parse_double("fit-ratio", optarg, &o->fit_ratio, ctx);
+            if (st == TPK_OK && !(o->fit_ratio > 0))
+                st = TPK_ERROR(ctx, TPK_EINVAL, "--fit-ratio must be > 0 (got %s)", optarg);
+            break;
+        case OPT_ALLOUT: o->all_outputs = 1; break;
+        case OPT_LN: o->layernorm = 1; break;
         case OPT_PROGRESS: o->progress = 1; break;
         case OPT_NOPROGRESS: o->progress = 0; break;
         case OPT_QUIET: o->quiet = 1; break;
@@ -253,40 +333,34 @@ static int parse_args(int argc, char **argv, opts *o, tpk_ctx *ctx)
         return st;
     if (optind < argc)
         return TPK_ERROR(ctx, TPK_EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
-    if (!o->arch == !o->program)
+    if (!arch == !o->program)
         return TPK_ERROR(ctx, TPK_EINVAL, "give exactly one of --arch and --program (see --help)");
-    if (o->arch && strcmp(o->arch, "mlp") != 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--arch: unknown architecture '%s' (known: mlp)",
-                         o->arch);
-    if (o->program && (o->phi || depth))
-        return TPK_ERROR(ctx, TPK_EINVAL, "--phi/--depth go with --arch; use --set with --program");
+    if (arch) {
+        char names[512];
+        if (!(o->arch = tpk_arch_find(arch)))
+            return TPK_ERROR(ctx, TPK_EINVAL, "--arch: unknown architecture '%s' (known: %s)",
+                             arch, tpk_arch_names(names, sizeof names));
+        if (!o->arch->program)
+            return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--arch=%s has no NETSOR program to run at "
+                             "finite width", arch);
+    }
+    for (int f = 0; f < o->nflags; f++) {
+        const char *flag = o->fl[f].flag;
+        if (!o->arch)
+            return TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s': architecture flags go with "
+                             "--arch; use --set NAME=VALUE with --program", flag);
+        if (!tpk_arch_flag_param(o->arch, flag, o->fl_param[f], sizeof o->fl_param[0]))
+            return TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s' for --arch=%s (see --help "
+                             "and gpkernel --list-archs)", flag, o->arch->name);
+        o->fl[f].param = o->fl_param[f];
+        if ((st = tpk_arch_check_flag(flag, o->fl[f].value, reg, ctx)))
+            return st;
+    }
+    if (o->layernorm && !o->arch)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--layernorm goes with --arch=mlp");
     if (!o->output)
         return TPK_ERROR(ctx, TPK_EINVAL, "--output=FILE.h5 is required");
-    if (o->sigma_w2 < 0 || o->sigma_b2 < 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "variances must be >= 0");
     return TPK_OK;
-}
-
-/* Bundled files beside the executable: build/bin/../../DIR (source tree) or
- * bin/../share/tpk/DIR (installed); else relative to the working directory. */
-static const char *find_bundled(const char *rel, char *buf, size_t len)
-{
-    static const char *const pre[] = {"/../../", "/../share/tpk/"};
-    char exe[2048];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k > 0) {
-        exe[k] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash)
-            *slash = '\0';
-        for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++) {
-            int k2 = snprintf(buf, len, "%s%s%s", exe, pre[i], rel);
-            if (k2 > 0 && (size_t)k2 < len && access(buf, R_OK) == 0)
-                return buf;
-        }
-    }
-    snprintf(buf, len, "%s", rel);
-    return buf;
 }
 
 /* ---- The run state: raw per-(width, seed) results ---------------------------------------------- */
@@ -424,8 +498,19 @@ static int write_fit(tpk_h5out *h, const char *name, const tpk_limits_fit *f, co
 
 typedef struct summary {
     tpk_limits_fit rms, shape, rbw1, kurt, sw;
-    int have_sw;
+    tpk_limits_window window;
+    int have_sw, auto_window;
+    int degenerate;  /* the conditional variance at w1_input does not vary over networks */
+    double vdev;     /* max over (width, seed) of |v − v_inf| / v_inf */
 } summary;
+
+/* Below this relative spread of the per-network output variance at the W1 coordinate, the
+ * variance is fixed by the architecture (LayerNorm's unit diagonal) up to rounding; a real
+ * finite-width spread is O(n^-1/2) >= 1e-3 at any width the executor runs. */
+#define DEGENERATE_SPREAD 1e-9
+/* theory.md §7.4 asks S >= 64; with 16 the transformer's intervals missed -1/2 at 2 of 4 seed
+ * bases while 128 seeds cover it (limits/README.md). */
+#define MIN_SEEDS_FOR_CI 64
 
 static int analyse(const run *r, const opts *o, const double *n, const tpk_array *K, tpk_h5out *h,
                    summary *sum, tpk_ctx *ctx)
@@ -449,6 +534,10 @@ static int analyse(const run *r, const opts *o, const double *n, const tpk_array
     }
     if (st)
         goto done;
+    sum->vdev = 0;
+    for (size_t k = 0; k < W * S; k++)
+        sum->vdev = fmax(sum->vdev, fabs(v[k] - K->data[i0 * N + i0]) / K->data[i0 * N + i0]);
+    sum->degenerate = sum->vdev < DEGENERATE_SPREAD;
     /* Per width: bias/fluctuation, plain RB-W1 and its floor, variance part, sample statistics. */
     enum { RMS, RMS_LO, RMS_HI, BIAS, BIAS_DEB, BIAS2_DEB, BIAS_FLOOR, FLUCT, RBW1, RBW1_FLOOR,
            SHAPE, SHAPE_LO, SHAPE_HI, VARPART, KURT_MIX, KURT_Y };
@@ -478,12 +567,24 @@ static int analyse(const run *r, const opts *o, const double *n, const tpk_array
     }
     if (st)
         goto done;
-    /* Default: drop the smallest width when there are 4 or more. Its O(1/n) corrections bias
-     * the slope (for the 2-layer ReLU MLP, c2/(c1 √32) ≈ 17% at n = 32, theory.md §7.4) and the
-     * paired bootstrap is tight enough to see it; the stability table shows every choice. */
+    /* Fitting window. Default: the rule of tpk_limits_fit_window on the RMS error (it never
+     * looks at the fitted exponent; theory.md §7.4): if the all-widths paired-bootstrap two-term
+     * fit resolves an n^-1 term (c2's interval excludes 0), start at the smallest n_min where
+     * it is at most --fit-ratio of the n^-1/2 term, keeping >= 3 widths; else keep all widths.
+     * The same window serves every fit; /fits/rms_stability shows every other choice. */
+    tpk_limits_boot_opts bo = {o->boot, o->seed, 0.95, 1, 0};
+    tpk_limits_series ds_err = {W, S, 1, n, err}, ds_v = {W, S, 1, n, v};
+    st = tpk_limits_stability(&ds_err, tpk_limits_stat_rms, NULL, &bo, stab, ctx);
     size_t first = 0;
-    if (o->fit_min_width == SIZE_MAX)
-        first = W >= 4 ? 1 : 0;
+    tpk_limits_window *win = &sum->window;
+    memset(win, 0, sizeof *win);
+    sum->auto_window = o->fit_min_width == FIT_AUTO;
+    if (st == TPK_OK && sum->auto_window)
+        st = tpk_limits_fit_window(n, W, &stab[0], o->fit_ratio, W >= 3 ? 3 : 2, win, ctx);
+    if (st)
+        goto done;
+    if (sum->auto_window)
+        first = win->first;
     else
         while (first < W && n[first] < (double)o->fit_min_width)
             first++;
@@ -493,12 +594,9 @@ static int analyse(const run *r, const opts *o, const double *n, const tpk_array
         goto done;
     }
     /* Paired bootstrap: seed s is network BASE + s at every width (nested, theory.md §7.3). */
-    tpk_limits_boot_opts bo = {o->boot, o->seed, 0.95, 1, first};
-    tpk_limits_series ds_err = {W, S, 1, n, err}, ds_v = {W, S, 1, n, v};
+    bo.first = first;
     st = tpk_limits_boot_fit(&ds_err, tpk_limits_stat_rms, NULL, &bo, &sum->rms, col[RMS],
                              col[RMS_LO], col[RMS_HI], ctx);
-    if (st == TPK_OK)
-        st = tpk_limits_stability(&ds_err, tpk_limits_stat_rms, NULL, &bo, stab, ctx);
     if (st == TPK_OK)
         st = tpk_limits_boot_fit(&ds_v, tpk_limits_stat_rbw1, NULL, &bo, &sum->shape, col[SHAPE],
                                  col[SHAPE_LO], col[SHAPE_HI], ctx);
@@ -559,6 +657,9 @@ static int analyse(const run *r, const opts *o, const double *n, const tpk_array
         tpk_h5out_write(h, "/slices", &th, ctx);
         write_fit(h, "/fits/rms", &sum->rms, n, ctx);
         write_fit(h, "/fits/rbw1_shape", &sum->shape, n, ctx);
+        tpk_h5out_attr_int(h, "/per_seed/w1_input_variance", "degenerate", sum->degenerate, ctx);
+        tpk_h5out_attr_double(h, "/per_seed/w1_input_variance", "max_relative_deviation",
+                              sum->vdev, ctx);
         write_fit(h, "/fits/rbw1", &sum->rbw1, n, ctx);
         write_fit(h, "/fits/kurtosis_mixture", &sum->kurt, n, ctx);
         write_fit(h, "/fits/sliced_rbw1_shape", &sum->sw, n, ctx);
@@ -575,6 +676,24 @@ static int analyse(const run *r, const opts *o, const double *n, const tpk_array
             tpk_h5out_attr_str(h, "/fits/rms_stability", "columns",
                                "first_width slope slope_lo slope_hi", ctx);
             free(stb);
+        }
+        /* How the window was chosen (tpk_limits_fit_window): on /fits/rms. */
+        tpk_h5out_attr_str(h, "/fits/rms", "window_rule",
+                           sum->auto_window
+                               ? "auto: in the all-widths two-term fit of the RMS error, if c2's "
+                                 "95% interval excludes 0, the smallest width with |c2|/(c1 "
+                                 "sqrt(n)) <= window_ratio, >= 3 widths kept; else all widths"
+                               : "--fit-min-width", ctx);
+        if (sum->auto_window) {
+            const tpk_limits_window *wn = &sum->window;
+            tpk_h5out_attr_double(h, "/fits/rms", "window_ratio", o->fit_ratio, ctx);
+            tpk_h5out_attr_double(h, "/fits/rms", "window_c1_all_widths", wn->c1, ctx);
+            tpk_h5out_attr_double(h, "/fits/rms", "window_c2_all_widths", wn->c2, ctx);
+            tpk_h5out_attr_double(h, "/fits/rms", "window_ratio_at_first", wn->ratio_at_first,
+                                  ctx);
+            tpk_h5out_attr_double(h, "/fits/rms", "window_n_needed", wn->n_needed, ctx);
+            tpk_h5out_attr_int(h, "/fits/rms", "window_capped", wn->capped, ctx);
+            tpk_h5out_attr_int(h, "/fits/rms", "window_c2_resolved", wn->resolved, ctx);
         }
         st = ctx->status;
     }
@@ -595,10 +714,38 @@ static int analyse(const run *r, const opts *o, const double *n, const tpk_array
             printf("%-40s exponent %7.3f  95%% CI [%7.3f, %7.3f]  (expected %g: %s)\n",
                    rows[k].name, rows[k].f->slope, rows[k].f->slope_lo, rows[k].f->slope_hi,
                    rows[k].expect,
-                   rows[k].f->slope_lo <= rows[k].expect && rows[k].expect <= rows[k].f->slope_hi
+                   sum->degenerate && k >= 1 && k <= 3 ? "degenerate, see below"
+                   : rows[k].f->slope_lo <= rows[k].expect && rows[k].expect <= rows[k].f->slope_hi
                        ? "inside"
                        : "outside");
-        printf("two-term RMS fit: %.4g n^-1/2 + %.4g n^-1\n", sum->rms.c1, sum->rms.c2);
+        if (S < MIN_SEEDS_FOR_CI)
+            printf("note: %zu seeds < %d (theory.md §7.4): percentile-bootstrap intervals from so "
+                   "few networks are too narrow and the window rule's c2 test too eager (see "
+                   "limits/README.md)\n", S, MIN_SEEDS_FOR_CI);
+        if (sum->degenerate)
+            printf("note: the output variance at coordinate %zu is the same for every network "
+                   "(max relative deviation %.1e; e.g. LayerNorm): its 1-D law is exactly the GP's "
+                   "and the 1-D fits above are of rounding noise; the sliced distance is the "
+                   "law statistic here\n", o->w1_input, sum->vdev);
+        printf("two-term RMS fit (n >= %g): %.4g n^-1/2 + %.4g n^-1\n", n[sum->rms.first],
+               sum->rms.c1, sum->rms.c2);
+        if (sum->auto_window) {
+            const tpk_limits_window *wn = &sum->window;
+            if (!wn->resolved)
+                printf("fit window n >= %g: all widths give %.4g n^-1/2 + %.4g n^-1 [c2 95%% CI "
+                       "%.3g, %.3g]: the n^-1 term is not resolved, every width is fitted\n",
+                       n[sum->rms.first], wn->c1, wn->c2, stab[0].c2_lo, stab[0].c2_hi);
+            else
+                printf("fit window n >= %g: all widths give %.4g n^-1/2 + %.4g n^-1 [c2 95%% CI "
+                       "%.3g, %.3g], whose n^-1 term is %.3g of the n^-1/2 term there (rule: <= "
+                       "%g%s)\n", n[sum->rms.first], wn->c1, wn->c2, stab[0].c2_lo,
+                       stab[0].c2_hi, wn->ratio_at_first, o->fit_ratio,
+                       wn->capped ? "; NOT MET: capped to keep 3 widths" : "");
+            if (wn->capped)
+                printf("warning: widths up to >= %.0f are needed for the O(1/n) correction to be "
+                       "small; the exponent is biased toward %s\n", wn->n_needed,
+                       wn->c2 > 0 ? "steeper values" : "shallower values");
+        }
         printf("RMS exponent as small widths are dropped:");
         for (size_t k = 0; k + 1 < W; k++)
             printf(" n>=%g: %.3f", n[k], stab[k].slope);
@@ -639,61 +786,186 @@ static tpk_array *subset(const tpk_array *x, size_t K, double *rows, tpk_ctx *ct
     return s;
 }
 
+/* Settings of gpkernel's custom jobs that are not program parameters, translated for the
+ * finite-width comparison of the program itself: attention runs its 1/n program (the 1/sqrt(n)
+ * limit is not a GP, gpattention compares with it); the CNNs' padding and filter become the
+ * program's circular and k (kh, kw), their readouts (gap/flatten, computed by gpkernel's direct
+ * recursion) are not programs' outputs: gplimits compares the per-position readouts. */
+static int typed_flag(const opts *o, const char *param)
+{
+    for (int f = 0; f < o->nflags; f++)
+        if (strcmp(o->fl[f].param, param) == 0)
+            return 1;
+    return 0;
+}
+
+static int job_settings(const opts *o, tpk_param_set *sets, int *n, char buf[3][32],
+                        tpk_ctx *ctx)
+{
+    const tpk_arch *a = o->arch;
+    int k = 0, twod = strcmp(a->name, "cnn2d") == 0;
+    tpk_param_set out[MAX_SETS + 16];
+    for (int i = 0; i < *n; i++) {
+        const char *nm = sets[i].name, *v = sets[i].value;
+        if (strcmp(nm, "scaling") == 0) {
+            if (strcmp(v, "inv-sqrt-n") == 0)
+                return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                                 "--logit-scaling=inv-sqrt-n: that limit is not a GP (theory.md "
+                                 "§5); gpattention compares finite widths with it");
+            if (strcmp(v, "inv-n") != 0)
+                return TPK_ERROR(ctx, TPK_EINVAL, "--logit-scaling must be inv-n (got '%s')", v);
+        } else if (strcmp(nm, "R") == 0 || strcmp(nm, "rng_seed") == 0 ||
+                   strcmp(nm, "readout") == 0 || strcmp(nm, "conv") == 0) {
+            if (!typed_flag(o, nm))
+                continue; /* the architecture's default for gpkernel, not asked for here */
+            return TPK_ERROR(ctx, TPK_EINVAL, "--arch=%s: '%s' is a setting of gpkernel's %s; "
+                             "gplimits compares the program's own outputs (--all-outputs for "
+                             "all of them)", a->name, nm,
+                             strcmp(nm, "R") == 0 || strcmp(nm, "rng_seed") == 0
+                                 ? "1/sqrt(n) attention limit" : "direct CNN recursion");
+        } else if (strcmp(nm, "padding") == 0) {
+            if (strcmp(v, "circular") != 0 && strcmp(v, "zero") != 0)
+                return TPK_ERROR(ctx, TPK_EINVAL, "--padding must be circular or zero (got '%s')",
+                                 v);
+            out[k++] = (tpk_param_set){"circular", strcmp(v, "circular") == 0 ? "1" : "0"};
+        } else if (strcmp(nm, "filter") == 0) {
+            const char *comma = strchr(v, ',');
+            if (comma && !twod)
+                return TPK_ERROR(ctx, TPK_EINVAL, "--filter=k takes one size for cnn1d (got '%s')",
+                                 v);
+            snprintf(buf[0], 32, "%.*s", comma ? (int)(comma - v) : 31, v);
+            snprintf(buf[1], 32, "%.31s", comma ? comma + 1 : buf[0]);
+            if (twod) {
+                out[k++] = (tpk_param_set){"kh", buf[0]};
+                out[k++] = (tpk_param_set){"kw", buf[1]};
+            } else {
+                out[k++] = (tpk_param_set){"k", buf[0]};
+            }
+        } else {
+            out[k++] = sets[i];
+        }
+        if (k > MAX_SETS + 4)
+            return TPK_ERROR(ctx, TPK_EINVAL, "too many parameter settings");
+    }
+    memcpy(sets, out, (size_t)k * sizeof *sets);
+    *n = k;
+    return TPK_OK;
+}
+
+static int has_param(const tpk_program *p, const char *name)
+{
+    for (int i = 0; i < p->nparams; i++)
+        if (strcmp(p->param_name[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+static int set_by_user(const opts *o, const char *name)
+{
+    for (int i = 0; i < o->nsets; i++)
+        if (strcmp(o->sets[i].name, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* Load the program for these inputs: sequences N×T×d set a parameter T, images N×rows×cols×C
+ * set rows and cols and are given to the back ends as N×(rows·cols)×C (the same memory), unless
+ * the user set those with --set (as tpk_job_kernel does). */
+static tpk_program *load_program(const char *path, const opts *o, tpk_param_set *sets, int nsets,
+                                 tpk_array *x, const tpk_phi_registry *reg, tpk_ctx *ctx)
+{
+    char buf[2][32];
+    tpk_netsor_opts no = {sets, nsets, 1, 0, NULL};
+    tpk_program *p = tpk_netsor_load_file(path, &no, reg, ctx);
+    if (!p)
+        return NULL;
+    int extra = 0;
+    if (x->ndim == 3 && has_param(p, "T") && !set_by_user(o, "T") &&
+        (size_t)p->nslots != x->dims[1]) {
+        snprintf(buf[0], sizeof buf[0], "%zu", x->dims[1]);
+        sets[nsets + extra++] = (tpk_param_set){"T", buf[0]};
+    } else if (x->ndim == 4 && has_param(p, "rows") && has_param(p, "cols")) {
+        if (!set_by_user(o, "rows") && !set_by_user(o, "cols")) {
+            snprintf(buf[0], sizeof buf[0], "%zu", x->dims[1]);
+            snprintf(buf[1], sizeof buf[1], "%zu", x->dims[2]);
+            sets[nsets + extra++] = (tpk_param_set){"rows", buf[0]};
+            sets[nsets + extra++] = (tpk_param_set){"cols", buf[1]};
+        }
+        x->dims[1] *= x->dims[2];
+        x->dims[2] = x->dims[3];
+        x->dims[3] = 0;
+        x->ndim = 3;
+    }
+    if (extra) {
+        tpk_program_free(p);
+        no.nsets = nsets + extra;
+        p = tpk_netsor_load_file(path, &no, reg, ctx);
+    }
+    return p;
+}
+
 int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     gsl_set_error_handler_off();
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    opts o = {.depth = 2, .sigma_w2 = 2.0, .sigma_b2 = 0.0, .seeds = 64, .seed = 1,
-              .max_inputs = 8, .boot = 1000, .slices = 8, .progress = -1, .fit_min_width = SIZE_MAX};
+    opts o = {.seeds = 64, .seed = 1, .max_inputs = 8, .boot = 1000, .slices = 8, .progress = -1,
+              .fit_min_width = FIT_AUTO, .fit_ratio = FIT_RATIO_DEFAULT};
     /* Argument copy: --set splits its argument in place, the provenance wants the original. */
     char **av = malloc((size_t)(argc + 1) * sizeof *av);
     for (int i = 0; i < argc; i++)
         av[i] = strdup(argv[i]);
     av[argc] = NULL;
-    int rc = parse_args(argc, av, &o, &ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx); /* built-ins plus sqrt (LN, attention) */
+    int rc = reg ? parse_args(argc, av, reg, &o, &ctx) : ctx.status;
     if (rc == -1) {
         for (int i = 0; i < argc; i++)
             free(av[i]);
         free(av);
+        tpk_phi_registry_free(reg);
         return 0;
     }
     if (o.nwidths == 0 && rc == TPK_OK)
         rc = parse_widths("32..2048", &o, &ctx);
 
-    tpk_phi_registry *reg = NULL;
     tpk_program *prog = NULL;
     tpk_array *xall = NULL, *x = NULL, *K = NULL;
     tpk_input_info info;
     run r;
     memset(&r, 0, sizeof r);
-    char pathbuf[4096], setbuf[MAX_SETS][64];
+    char pathbuf[4096], lists[2048], jbuf[3][32];
     double nw[MAX_WIDTHS], *rows = NULL;
     const char *prog_path = o.program;
-    tpk_param_set sets[MAX_SETS + 5];
+    tpk_param_set sets[MAX_SETS + 16];
     int nsets = 0;
     if (rc)
         goto fail;
 
-    reg = tpk_job_registry(&ctx); /* the built-ins plus sqrt (layernorm, attention programs) */
-    if (!reg)
-        goto fail;
     if (o.arch) {
-        prog_path = find_bundled("programs/mlp.nsr", pathbuf, sizeof pathbuf);
-        snprintf(setbuf[0], 64, "%d", o.depth);
-        snprintf(setbuf[1], 64, "%.17g", o.sigma_w2);
-        snprintf(setbuf[2], 64, "%.17g", o.sigma_b2);
-        sets[nsets++] = (tpk_param_set){"L", setbuf[0]};
-        sets[nsets++] = (tpk_param_set){"phi", o.phi ? o.phi : "relu"};
-        sets[nsets++] = (tpk_param_set){"sigma_w2", setbuf[1]};
-        sets[nsets++] = (tpk_param_set){"sigma_b2", setbuf[2]};
-        sets[nsets++] = (tpk_param_set){"sigma_v2", setbuf[1]};
+        const char *rel = NULL;
+        if (tpk_arch_program(o.arch, o.layernorm, o.fl, o.nflags, &rel, &ctx) ||
+            tpk_arch_sets(o.arch, o.fl, o.nflags, o.sets, o.nsets, sets, MAX_SETS + 8, &nsets,
+                          lists, sizeof lists, &ctx) ||
+            job_settings(&o, sets, &nsets, jbuf, &ctx))
+            goto fail;
+        prog_path = tpk_shipped_path(rel, pathbuf, sizeof pathbuf);
+    } else {
+        for (int i = 0; i < o.nsets; i++)
+            sets[nsets++] = o.sets[i];
     }
-    for (int i = 0; i < o.nsets; i++)
-        sets[nsets++] = o.sets[i];
-    tpk_netsor_opts nopts = {sets, nsets, 1, 0, NULL};
-    prog = tpk_netsor_load_file(prog_path, &nopts, reg, &ctx);
+    char demo[4096];
+    const char *input = o.input ? o.input
+                      : tpk_shipped_path(o.arch ? o.arch->input : "data/demo-inputs.csv", demo,
+                                         sizeof demo);
+    xall = tpk_io_read(input, &info, &ctx);
+    if (!xall)
+        goto fail;
+    size_t Nall = xall->dims[0], N = o.max_inputs == 0 || o.max_inputs > Nall ? Nall : o.max_inputs;
+    rows = malloc(N * sizeof *rows);
+    if (!rows || !(x = subset(xall, N, rows, &ctx)))
+        goto fail;
+    prog = load_program(prog_path, &o, sets, nsets, x, reg, &ctx);
     if (!prog)
         goto fail;
     if (prog->features & TPK_FEAT_SQRT_N_LOGITS) {
@@ -704,33 +976,27 @@ int main(int argc, char **argv)
                   prog_path);
         goto fail;
     }
-    char demo[4096];
-    const char *input = o.input ? o.input : find_bundled("data/demo-inputs.csv", demo, sizeof demo);
-    xall = tpk_io_read(input, &info, &ctx);
-    if (!xall)
+    double kerr = 0;
+    if (tpk_netsor_kernel(prog, x, o.all_outputs, &K, &kerr, &ctx))
         goto fail;
-    size_t Nall = xall->dims[0], N = o.max_inputs == 0 || o.max_inputs > Nall ? Nall : o.max_inputs;
-    rows = malloc(N * sizeof *rows);
-    if (!rows || !(x = subset(xall, N, rows, &ctx)))
-        goto fail;
-    if (o.w1_input >= N) {
-        TPK_ERROR(&ctx, TPK_EINVAL, "--w1-input=%zu: only %zu inputs are used", o.w1_input, N);
+    /* The compared kernel: N×N (last output) or (N·O)×(N·O) input-major (--all-outputs); the
+     * sampled outputs y are N×O in the same order, so one coordinate index serves both. */
+    size_t kdim = K->dims[0];
+    if (K->ndim != 2 || K->dims[1] != kdim || kdim % N != 0) {
+        TPK_ERROR(&ctx, TPK_EUNSUPPORTED, "unexpected limit kernel shape for %zu inputs", N);
         goto fail;
     }
-    double kerr = 0;
-    if (tpk_netsor_kernel(prog, x, 0, &K, &kerr, &ctx))
-        goto fail;
-    if (K->dims[0] != N || K->dims[1] != N) {
-        TPK_ERROR(&ctx, TPK_EUNSUPPORTED, "program has %d outputs; gplimits compares the first "
-                  "output only and expects an N×N kernel", prog->noutputs);
+    if (o.w1_input >= kdim) {
+        TPK_ERROR(&ctx, TPK_EINVAL, "--w1-input=%zu: only %zu output coordinates (%zu inputs x "
+                  "%zu outputs) are compared", o.w1_input, kdim, N, kdim / N);
         goto fail;
     }
 
     /* Raw-data identity: program file digest, overrides, inputs, widths, seeds. */
     r.W = (size_t)o.nwidths;
     r.S = o.seeds;
-    r.N = N;
-    r.NN = N * N;
+    r.N = kdim;
+    r.NN = kdim * kdim;
     {
         char psha[65] = "", *pos = r.config;
         FILE *pf = fopen(prog_path, "rb");
@@ -756,12 +1022,15 @@ int main(int argc, char **argv)
         char xsha[65];
         tpk_sha256_array_hex(x, xsha);
         size_t left = sizeof r.config;
-        int k = snprintf(pos, left, "gplimits/1 program_sha256=%s inputs_sha256=%s seeds=%zu "
-                         "seed=%llu widths=", psha, xsha, r.S, (unsigned long long)o.seed);
-        for (int i = 0; i < o.nwidths && k > 0 && (size_t)k < left; i++)
-            k += snprintf(pos + k, left - (size_t)k, "%zu,", o.widths[i]);
-        for (int i = 0; i < nsets && k > 0 && (size_t)k < left; i++)
-            k += snprintf(pos + k, left - (size_t)k, " %s=%s", sets[i].name, sets[i].value);
+        int c = snprintf(pos, left, "gplimits/1 program_sha256=%s inputs_sha256=%s seeds=%zu "
+                         "seed=%llu all_outputs=%d widths=", psha, xsha, r.S,
+                         (unsigned long long)o.seed, o.all_outputs);
+        for (int i = 0; i < o.nwidths && c > 0 && (size_t)c < left; i++)
+            c += snprintf(pos + c, left - (size_t)c, "%zu,", o.widths[i]);
+        /* the program's final parameter values: what the raw data depend on */
+        for (int i = 0; i < prog->nparams && c > 0 && (size_t)c < left; i++)
+            c += snprintf(pos + c, left - (size_t)c, " %s=%s", prog->param_name[i],
+                          prog->param_value[i]);
     }
     snprintf(r.partial, sizeof r.partial, "%s.partial.h5", o.output);
     r.khat = calloc(r.W * r.S * r.NN, sizeof(double));
@@ -804,56 +1073,71 @@ int main(int argc, char **argv)
     size_t total = r.W * r.S, ndone = 0;
     for (size_t k = 0; k < total; k++)
         ndone += r.done[k] != 0;
-    size_t todo0 = total - ndone, ran = 0;
+    size_t todo0 = total - ndone, ran = 0, wdone = 0, *wleft = calloc(r.W, sizeof *wleft);
+    if (!wleft) {
+        TPK_ERROR(&ctx, TPK_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t w = 0; w < r.W; w++) {
+        for (size_t s = 0; s < r.S; s++)
+            wleft[w] += r.done[w * r.S + s] == 0;
+        wdone += wleft[w] == 0;
+    }
     double t0 = now_s(), tlast = t0, tdraw = 0;
     int st = TPK_OK;
-    for (size_t w = 0; w < r.W && st == TPK_OK && !interrupted; w++) {
-        size_t dirty = 0;
+    size_t dirty = 0;
+    /* Widths run in parallel with seeds: one loop over all (width, seed) pairs, widest first
+     * (longest jobs first balances the threads). Peak memory is unchanged: one network per
+     * thread, at most the widest. Results depend on (width, seed) alone. */
 #pragma omp parallel for schedule(dynamic, 1)
-        for (size_t s = 0; s < r.S; s++) {
-            if (interrupted || st != TPK_OK || r.done[w * r.S + s] != 0)
-                continue;
-            tpk_ctx lctx;
-            tpk_ctx_init(&lctx);
-            tpk_array *Kh = NULL, *yy = NULL;
-            int ls = tpk_netsor_run(prog, x, o.widths[w], o.seed + s, 0, &Kh, &yy, &lctx);
+    for (size_t j = 0; j < total; j++) {
+        size_t w = r.W - 1 - j / r.S, s = j % r.S;
+        if (interrupted || st != TPK_OK || r.done[w * r.S + s] != 0)
+            continue;
+        tpk_ctx lctx;
+        tpk_ctx_init(&lctx);
+        tpk_array *Kh = NULL, *yy = NULL;
+        int ls = tpk_netsor_run(prog, x, o.widths[w], o.seed + s, o.all_outputs, &Kh, &yy, &lctx);
 #pragma omp critical(gplimits_store)
-            {
-                if (ls != TPK_OK) {
-                    if (st == TPK_OK)
-                        st = TPK_ERROR(&ctx, ls, "width %zu, seed %llu: %s", o.widths[w],
-                                       (unsigned long long)(o.seed + s), lctx.msg);
-                } else {
-                    memcpy(r.khat + (w * r.S + s) * r.NN, Kh->data, r.NN * sizeof(double));
-                    memcpy(r.y + (w * r.S + s) * r.N, yy->data, r.N * sizeof(double));
-                    r.done[w * r.S + s] = 1;
-                    ndone++;
-                    ran++;
-                    dirty++;
-                    double t = now_s();
-                    if (t - tlast > CHECKPOINT_SECONDS) {
-                        tpk_ctx cctx;
-                        tpk_ctx_init(&cctx);
-                        if (write_checkpoint(&r, &cctx) == TPK_OK)
-                            dirty = 0;
-                        else if (st == TPK_OK)
-                            st = TPK_ERROR(&ctx, cctx.status, "checkpoint: %s", cctx.msg);
-                        tlast = now_s();
-                    }
-                    if (show && t - tdraw > 0.2) {
-                        progress_draw(w, r.W, ndone, total, todo0, ran, t0);
-                        tdraw = t;
-                    }
+        {
+            if (ls != TPK_OK) {
+                if (st == TPK_OK)
+                    st = TPK_ERROR(&ctx, ls, "width %zu, seed %llu: %s", o.widths[w],
+                                   (unsigned long long)(o.seed + s), lctx.msg);
+            } else if (tpk_array_size(Kh) != r.NN || tpk_array_size(yy) != r.N) {
+                if (st == TPK_OK)
+                    st = TPK_ERROR(&ctx, TPK_EUNSUPPORTED, "width %zu: the executor's kernel "
+                                   "does not match the limit's shape", o.widths[w]);
+            } else {
+                memcpy(r.khat + (w * r.S + s) * r.NN, Kh->data, r.NN * sizeof(double));
+                memcpy(r.y + (w * r.S + s) * r.N, yy->data, r.N * sizeof(double));
+                r.done[w * r.S + s] = 1;
+                ndone++;
+                ran++;
+                dirty++;
+                wdone += --wleft[w] == 0;
+                double t = now_s();
+                if (t - tlast > CHECKPOINT_SECONDS) {
+                    tpk_ctx cctx;
+                    tpk_ctx_init(&cctx);
+                    if (write_checkpoint(&r, &cctx) == TPK_OK)
+                        dirty = 0;
+                    else if (st == TPK_OK)
+                        st = TPK_ERROR(&ctx, cctx.status, "checkpoint: %s", cctx.msg);
+                    tlast = now_s();
+                }
+                if (show && t - tdraw > 0.2) {
+                    progress_draw(wdone, r.W, ndone, total, todo0, ran, t0);
+                    tdraw = t;
                 }
             }
-            tpk_array_free(Kh);
-            tpk_array_free(yy);
         }
-        if (dirty && st == TPK_OK) {
-            st = write_checkpoint(&r, &ctx);
-            tlast = now_s();
-        }
+        tpk_array_free(Kh);
+        tpk_array_free(yy);
     }
+    free(wleft);
+    if (dirty && st == TPK_OK)
+        st = write_checkpoint(&r, &ctx);
     if (show) {
         progress_draw(r.W, r.W, ndone, total, todo0, ran, t0);
         fputc('\n', stderr);

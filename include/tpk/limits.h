@@ -124,6 +124,30 @@ TPK_API int tpk_limits_stability(const tpk_limits_series *d, tpk_limits_stat_fn 
                                  const void *user, const tpk_limits_boot_opts *o,
                                  tpk_limits_fit *fits, tpk_ctx *ctx);
 
+/* The fitting window for an n^(-1/2) statistic (theory.md §7.4), chosen by a rule that never
+ * looks at the fitted exponent. `all` is the fit over all W widths (first = 0, e.g. fits[0] of
+ * tpk_limits_stability): its two-term model c1 n^(-1/2) + c2 n^(-1) and c2's bootstrap interval.
+ *  - If that interval contains 0 (or c1 ≤ 0 … see below), the n^(-1) correction is not resolved
+ *    by the data: its effect on the slope is within the noise, and all widths are kept.
+ *  - Else `first` is the smallest width whose n^(-1) term is at most `ratio` times the n^(-1/2)
+ *    term, |c2| / (c1 √n_first) ≤ ratio. At that width the model's local log-slope,
+ *    −(1/2 + r)/(1 + r) with r = c2/(c1 √n), is within |r|/(2(1 − |r|)) of −1/2 (≈ ratio/2),
+ *    and closer above.
+ * At least `keep` widths stay (2 ≤ keep ≤ W): if the rule would leave fewer, or c1 ≤ 0 with a
+ * resolved c2 (no n^(-1/2) regime seen), first = W − keep and *capped = 1: the ladder does not
+ * reach widths where the correction is small, and the slope keeps a bias of that sign. */
+typedef struct tpk_limits_window {
+    size_t first;          /* fit over widths first..W−1 */
+    double c1, c2;         /* the all-widths two-term fit (copied from `all`) */
+    int resolved;          /* c2's interval excludes 0 */
+    double ratio_at_first; /* |c2| / (c1 √n_first) (inf if c1 ≤ 0) */
+    double n_needed;       /* the smallest n with ratio ≤ `ratio`: (|c2| / (ratio c1))² */
+    int capped;
+} tpk_limits_window;
+TPK_API int tpk_limits_fit_window(const double *n, size_t W, const tpk_limits_fit *all,
+                                  double ratio, size_t keep, tpk_limits_window *out,
+                                  tpk_ctx *ctx);
+
 /* ---- Output laws (theory.md §7.5) ----------------------------------------------------------- */
 
 /* W1 between two zero-mean Gaussian scale mixtures Σ_i wa_i N(0, va_i) / Σ wa and
