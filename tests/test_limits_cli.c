@@ -282,12 +282,149 @@ static void test_errors(void **state)
     }
 }
 
+/* --all-outputs: the whole input-major output kernel. Invariants, no stored numbers: the default
+ * (last output) kernel is the last-time-step block of the all-outputs kernel, for the limit and
+ * for each network (the same network: same seed), and one (width, seed) reproduces through the
+ * executor with all_outputs = 1. */
+static void test_all_outputs(void **state)
+{
+    (void)state;
+    char all[512], last[512], args[1024];
+    path(all, sizeof all, "all.h5");
+    path(last, sizeof last, "last.h5");
+    const char *common = "--arch=rnn --widths=16,32,64 --seeds=8 --boot=60 --max-inputs=3 --seed=7";
+    snprintf(args, sizeof args, "%s --all-outputs --output='%s'", common, all);
+    assert_int_equal(gplimits(args), 0);
+    snprintf(args, sizeof args, "%s --output='%s'", common, last);
+    assert_int_equal(gplimits(args), 0);
+    tpk_array *Ka = ds(all, "/kernel_limit"), *Kl = ds(last, "/kernel_limit"),
+              *ha = ds(all, "/per_seed/khat"), *hl = ds(last, "/per_seed/khat"),
+              *ya = ds(all, "/per_seed/outputs"), *yl = ds(last, "/per_seed/outputs"),
+              *x = ds(all, "/inputs");
+    const size_t N = 3, T = x->dims[1], k = N * T, WS = 3 * 8;
+    assert_int_equal(Ka->dims[0], k);
+    assert_int_equal(Kl->dims[0], N);
+    assert_int_equal(ha->dims[2], k);
+    assert_int_equal(ya->dims[2], k);
+    for (size_t i = 0; i < N; i++)
+        for (size_t j = 0; j < N; j++) {
+            size_t a = i * T + T - 1, b = j * T + T - 1;
+            assert_true(fabs(Ka->data[a * k + b] - Kl->data[i * N + j]) <= 1e-14);
+            for (size_t r = 0; r < WS; r++)
+                assert_true(fabs(ha->data[r * k * k + a * k + b] - hl->data[r * N * N + i * N + j]) <=
+                            1e-12 * fabs(hl->data[r * N * N + i * N + j]) + 1e-15);
+        }
+    for (size_t r = 0; r < WS; r++)
+        for (size_t i = 0; i < N; i++)
+            assert_true(fabs(ya->data[r * k + i * T + T - 1] - yl->data[r * N + i]) <= 1e-12);
+    /* (width 32, seed 7 + 5) alone through the executor */
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_phi_registry_alloc(&ctx);
+    char prog[1200], tbuf[16];
+    snprintf(prog, sizeof prog, "%s/programs/rnn.nsr", root);
+    snprintf(tbuf, sizeof tbuf, "%zu", T);
+    tpk_param_set sets[] = {{"T", tbuf}};
+    tpk_netsor_opts no = {sets, 1, 1, 0, NULL};
+    tpk_program *p = tpk_netsor_load_file(prog, &no, reg, &ctx);
+    assert_non_null(p);
+    tpk_array *Kh = NULL;
+    assert_int_equal(tpk_netsor_run(p, x, 32, 7 + 5, 1, &Kh, NULL, &ctx), TPK_OK);
+    for (size_t i = 0; i < k * k; i++)
+        assert_true(fabs(Kh->data[i] - ha->data[(1 * 8 + 5) * k * k + i]) <=
+                    1e-12 * fabs(Kh->data[i]) + 1e-15);
+    tpk_array_free(Kh);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+    tpk_array *arr[] = {Ka, Kl, ha, hl, ya, yl, x};
+    for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
+        tpk_array_free(arr[i]);
+}
+
+/* Architecture flags go through the shared table (include/tpk/archs.h): the CNN's padding and
+ * filter reach the program, so gplimits' limit (the NETSOR evaluator on every position) equals
+ * gpkernel's direct recursion (kernels/cnn.c, --all-times) — two independent computations; images
+ * (N×rows×cols×C) set rows and cols. */
+static void test_arch_flags_cnn(void **state)
+{
+    (void)state;
+    const char *dims[2] = {"cnn1d", "cnn2d"};
+    for (int twod = 0; twod < 2; twod++) {
+        char gl[512], gk[512], args[1024], cmd[2048];
+        path(gl, sizeof gl, twod ? "c2.h5" : "c1.h5");
+        path(gk, sizeof gk, twod ? "c2k.h5" : "c1k.h5");
+        const char *flags = "--padding=zero --filter=3 --depth=2 --sigma-b2=0.2";
+        snprintf(args, sizeof args, "--arch=%s %s --all-outputs --widths=16,32 --seeds=4 "
+                 "--boot=60 --max-inputs=0 --output='%s'", dims[twod], flags, gl);
+        assert_int_equal(gplimits(args), 0);
+        snprintf(cmd, sizeof cmd, "'%s/gpkernel' --arch=%s %s --all-times --quiet --output='%s'",
+                 bindir, dims[twod], flags, gk);
+        assert_int_equal(system(cmd), 0);
+        tpk_array *a = ds(gl, "/kernel_limit"), *b = ds(gk, "/kernel");
+        assert_int_equal(tpk_array_size(a), tpk_array_size(b));
+        double e = 0;
+        for (size_t i = 0; i < tpk_array_size(a); i++)
+            e = fmax(e, fabs(a->data[i] - b->data[i]));
+        print_message("%s: gplimits limit vs gpkernel recursion: %.1e\n", dims[twod], e);
+        assert_true(e < 1e-10); /* both exact (ReLU arc-cosine closed form) */
+        tpk_array_free(a);
+        tpk_array_free(b);
+    }
+}
+
+/* Every flag error names the problem. */
+static void test_arch_flag_errors(void **state)
+{
+    (void)state;
+    char msg[4096], out[512], args[1200];
+    path(out, sizeof out, "f.h5");
+    struct { const char *args, *needle; } cases[] = {
+        {"--arch=rnn --depth=3", "--depth"},
+        {"--arch=rnn --layernorm", "--layernorm"},
+        {"--arch=mlp --sigma-w2=-1", "sigma-w2"},
+        {"--arch=mlp --ln-eps=0.1", "--ln-eps"},
+        {"--arch=transformer --temp=0", "temp"},
+        {"--arch=attention --logit-scaling=inv-sqrt-n", "gpattention"},
+        {"--arch=attention --score-samples=8", "score"},
+        {"--arch=cnn1d --readout=flatten", "readout"},
+        {"--arch=cnn1d --padding=mirror", "padding"},
+        {"--arch=cnn1d --filter=3,3", "filter"},
+        {"--program=programs/mlp.nsr --phi=erf", "--set"},
+        {"--program=programs/mlp.nsr --layernorm", "--layernorm"},
+        {"--arch=mlp --fit-ratio=0", "fit-ratio"},
+        {"--arch=mlp --w1-input=99", "--w1-input"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "%s --widths=16,32 --seeds=4 --output='%s'", cases[i].args,
+                 out);
+        assert_int_equal(gplimits(args), 1);
+        read_stderr(msg, sizeof msg);
+        if (!strstr(msg, cases[i].needle))
+            fail_msg("case %zu (%s): message does not name '%s': %s", i, cases[i].args,
+                     cases[i].needle, msg);
+    }
+    /* and the other shipped architectures run (attention at 1/n, mlp variants) */
+    const char *ok[] = {"--arch=attention --logit-scaling=inv-n --heads=2",
+                        "--arch=mlp --layernorm --residual=0.5", "--arch=rnn-untied"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        snprintf(args, sizeof args, "%s --widths=16,32 --seeds=4 --boot=60 --max-inputs=3 "
+                 "--output='%s'", ok[i], out);
+        if (gplimits(args) != 0) {
+            read_stderr(msg, sizeof msg);
+            fail_msg("%s: %s", ok[i], msg);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_toy_run_and_reproduce),
         cmocka_unit_test(test_kill_and_resume),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_all_outputs),
+        cmocka_unit_test(test_arch_flags_cnn),
+        cmocka_unit_test(test_arch_flag_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -791,12 +791,13 @@ static tpk_array *subset(const tpk_array *x, size_t K, double *rows, tpk_ctx *ct
  * limit is not a GP, gpattention compares with it); the CNNs' padding and filter become the
  * program's circular and k (kh, kw), their readouts (gap/flatten, computed by gpkernel's direct
  * recursion) are not programs' outputs: gplimits compares the per-position readouts. */
-static int typed_flag(const opts *o, const char *param)
+/* The flag the user typed for `param`, or NULL. */
+static const char *typed_flag(const opts *o, const char *param)
 {
     for (int f = 0; f < o->nflags; f++)
         if (strcmp(o->fl[f].param, param) == 0)
-            return 1;
-    return 0;
+            return o->fl[f].flag;
+    return NULL;
 }
 
 static int job_settings(const opts *o, tpk_param_set *sets, int *n, char buf[3][32],
@@ -818,9 +819,9 @@ static int job_settings(const opts *o, tpk_param_set *sets, int *n, char buf[3][
                    strcmp(nm, "readout") == 0 || strcmp(nm, "conv") == 0) {
             if (!typed_flag(o, nm))
                 continue; /* the architecture's default for gpkernel, not asked for here */
-            return TPK_ERROR(ctx, TPK_EINVAL, "--arch=%s: '%s' is a setting of gpkernel's %s; "
+            return TPK_ERROR(ctx, TPK_EINVAL, "--arch=%s: --%s is a setting of gpkernel's %s; "
                              "gplimits compares the program's own outputs (--all-outputs for "
-                             "all of them)", a->name, nm,
+                             "all of them)", a->name, typed_flag(o, nm),
                              strcmp(nm, "R") == 0 || strcmp(nm, "rng_seed") == 0
                                  ? "1/sqrt(n) attention limit" : "direct CNN recursion");
         } else if (strcmp(nm, "padding") == 0) {
