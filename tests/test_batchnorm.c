@@ -176,7 +176,7 @@ static void test_mc_b3_b4(void **state)
  * = q/2), by LU here — no eigen-decomposition, nothing shared with kernels/batchnorm.c. */
 static double log_integrand(const double *S, int B, double r)
 {
-    double G[16], A[16], X[16], s = exp(r);
+    double G[16] = {0}, A[16], X[16], s = exp(r); /* zeroed: -O1 cannot see B ≤ 4 */
     for (int i = 0; i < B; i++)
         for (int j = 0; j < B; j++) {
             double x = S[i * B + j];
