@@ -31,6 +31,8 @@ TOOL_SRC   := $(wildcard tools/*.c)
 TOOLS      := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
 TEST_SRC   := $(wildcard tests/test_*.c)
 TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# Helpers every test program links (tests/support/testutil.h).
+TEST_SUPPORT := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/*.c))
 BENCH_SRC  := $(wildcard bench/*.c)
 BENCHES    := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 STATIC     := $(BUILD)/lib/libtpk.a
@@ -73,9 +75,9 @@ $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(STATIC)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(STATIC)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL) -lcmocka
+	$(CC) -o $@ $< $(TEST_SUPPORT) $(STATIC) $(LDLIBS_ALL) -lcmocka
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
 	@mkdir -p $(@D)

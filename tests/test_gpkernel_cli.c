@@ -8,109 +8,25 @@
 #include <gsl/gsl_integration.h>
 #include <gsl/gsl_rng.h>
 #include <gsl/gsl_randist.h>
-#include <hdf5.h>
+#include "support/testutil.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* Closed forms carry only rounding: 1e-12 relative is the issue's acceptance bound. */
 #define TOL_CLOSED 1e-12
 /* tanh has no closed form: the issue asks 1e-8 against a high-order reference. */
 #define TOL_TANH 1e-8
 
-static char tmpdir[256];
-static char bindir[1024];
+static int setup(void **state) { return tu_setup_tagged(state, "cli"); }
 
-static int setup(void **state)
+/* Run gpkernel (quietly) with the given arguments. Returns the exit status. */
+static int gpkernel(const tu_env *e, const char *args)
 {
-    (void)state;
-    strcpy(tmpdir, "/tmp/tpk-cli-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        return -1;
-    const char *b = getenv("TPK_BIN");
-    snprintf(bindir, sizeof bindir, "%s", b ? b : "build/bin");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static void path(char *buf, size_t len, const char *name)
-{
-    snprintf(buf, len, "%s/%s", tmpdir, name);
-}
-
-/* Run gpkernel with the given arguments; stderr goes to err.txt. Returns the exit status. */
-static int gpkernel(const char *args)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s/gpkernel' %s --quiet >/dev/null 2>'%s/err.txt'", bindir, args,
-             tmpdir);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static void read_stderr(char *buf, size_t len)
-{
-    char p[512];
-    path(p, sizeof p, "err.txt");
-    FILE *f = fopen(p, "r");
-    assert_non_null(f);
-    size_t k = fread(buf, 1, len - 1, f);
-    buf[k] = '\0';
-    fclose(f);
-}
-
-static int exists(const char *p)
-{
-    struct stat sb;
-    return stat(p, &sb) == 0;
-}
-
-/* ---- raw HDF5 helpers (independent of the toolkit's I/O module) ---------------------------- */
-
-static void h5_write(const char *file, const char *dset, const double *v, size_t r, size_t c)
-{
-    hid_t f = H5Fcreate(file, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    hsize_t dims[2] = {r, c};
-    hid_t sp = H5Screate_simple(2, dims, NULL);
-    hid_t d = H5Dcreate2(f, dset, H5T_NATIVE_DOUBLE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
-    H5Dclose(d);
-    H5Sclose(sp);
-    H5Fclose(f);
-}
-
-static double *h5_read(const char *file, const char *dset, size_t *count)
-{
-    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    assert_true(f >= 0);
-    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
-    assert_true(d >= 0);
-    hid_t sp = H5Dget_space(d);
-    *count = (size_t)H5Sget_simple_extent_npoints(sp);
-    double *v = malloc(*count * sizeof *v);
-    H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
-    H5Sclose(sp);
-    H5Dclose(d);
-    H5Fclose(f);
-    return v;
-}
-
-static int h5_has_attr(const char *file, const char *name)
-{
-    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    int r = H5Aexists(f, name) > 0;
-    H5Fclose(f);
-    return r;
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s --quiet", args);
+    return tu_run_tool(e, "gpkernel", buf);
 }
 
 /* ---- independent reference recursions ------------------------------------------------------ */
@@ -202,26 +118,26 @@ static double max_rel_err(const double *a, const double *b, size_t len)
 
 static void test_relu_matches_direct_recursion(void **state)
 {
-    (void)state;
+    const tu_env *e = *state;
     enum { N = 9, D = 13 };
     double X[N * D], Kref[N * N];
     random_inputs(X, N, D, 2385);
     memcpy(X + 8 * D, X + 7 * D, D * sizeof *X); /* a duplicated input: ρ = 1 exactly */
     char xin[512], kout[512], args[2048];
-    path(xin, sizeof xin, "X.h5");
-    path(kout, sizeof kout, "K.h5");
-    h5_write(xin, "/x", X, N, D);
+    tu_path(e, xin, sizeof xin, "X.h5");
+    tu_path(e, kout, sizeof kout, "K.h5");
+    tu_h5_write(xin, "/x", X, N, D);
     snprintf(args, sizeof args,
              "--arch=mlp --depth=3 --phi=relu --sigma-w2=2 --sigma-b2=0.1 --input='%s:/x' "
              "--output='%s'", xin, kout);
-    assert_int_equal(gpkernel(args), 0);
+    assert_int_equal(gpkernel(e, args), 0);
     size_t cnt;
-    double *K = h5_read(kout, "/kernel", &cnt);
+    double *K = tu_h5_read(kout, "/kernel", &cnt);
     assert_int_equal(cnt, N * N);
     reference_mlp(X, N, D, 3, 2.0, 0.1, relu_e2, Kref);
-    double e = max_rel_err(K, Kref, N * N);
-    print_message("relu depth 3: max relative error %.2e\n", e);
-    assert_true(e < TOL_CLOSED);
+    double rel = max_rel_err(K, Kref, N * N);
+    print_message("relu depth 3: max relative error %.2e\n", rel);
+    assert_true(rel < TOL_CLOSED);
     for (size_t i = 0; i < N; i++)
         for (size_t j = 0; j < N; j++)
             assert_true(K[i * N + j] == K[j * N + i]);
@@ -230,49 +146,49 @@ static void test_relu_matches_direct_recursion(void **state)
 
 static void test_tanh_matches_high_order_reference(void **state)
 {
-    (void)state;
+    const tu_env *e = *state;
     enum { N = 5, D = 7 };
     double X[N * D], Kref[N * N];
     random_inputs(X, N, D, 4711);
     char xin[512], kout[512], args[2048];
-    path(xin, sizeof xin, "Xt.h5");
-    path(kout, sizeof kout, "Kt.h5");
-    h5_write(xin, "/inputs", X, N, D);
+    tu_path(e, xin, sizeof xin, "Xt.h5");
+    tu_path(e, kout, sizeof kout, "Kt.h5");
+    tu_h5_write(xin, "/inputs", X, N, D);
     snprintf(args, sizeof args,
              "--arch=mlp --depth=3 --phi=tanh --sigma-w2=1.7 --sigma-b2=0.05 "
              "--input='%s:/inputs' --output='%s'", xin, kout);
-    assert_int_equal(gpkernel(args), 0);
+    assert_int_equal(gpkernel(e, args), 0);
     size_t cnt;
-    double *K = h5_read(kout, "/kernel", &cnt);
+    double *K = tu_h5_read(kout, "/kernel", &cnt);
     reference_mlp(X, N, D, 3, 1.7, 0.05, tanh_e2, Kref);
-    double e = max_rel_err(K, Kref, N * N);
-    print_message("tanh depth 3: max relative error %.2e\n", e);
-    assert_true(e < TOL_TANH);
+    double rel = max_rel_err(K, Kref, N * N);
+    print_message("tanh depth 3: max relative error %.2e\n", rel);
+    assert_true(rel < TOL_TANH);
     free(K);
 }
 
 static void test_test_set_outputs(void **state)
 {
-    (void)state;
+    const tu_env *e = *state;
     enum { N = 6, M = 4, D = 5 };
     double X[N * D], Xt[M * D];
     random_inputs(X, N, D, 77);
     random_inputs(Xt, M, D, 78);
     memcpy(Xt, X + 2 * D, D * sizeof *X); /* test row 0 equals train row 2 */
     char xin[512], tin[512], kout[512], args[2048];
-    path(xin, sizeof xin, "train.h5");
-    path(tin, sizeof tin, "test.h5");
-    path(kout, sizeof kout, "Kx.h5");
-    h5_write(xin, "/x", X, N, D);
-    h5_write(tin, "/x", Xt, M, D);
+    tu_path(e, xin, sizeof xin, "train.h5");
+    tu_path(e, tin, sizeof tin, "test.h5");
+    tu_path(e, kout, sizeof kout, "Kx.h5");
+    tu_h5_write(xin, "/x", X, N, D);
+    tu_h5_write(tin, "/x", Xt, M, D);
     snprintf(args, sizeof args,
              "--arch=mlp --depth=2 --phi=erf --sigma-w2=1.3 --sigma-b2=0.2 --input='%s:/x' "
              "--test='%s:/x' --output='%s'", xin, tin, kout);
-    assert_int_equal(gpkernel(args), 0);
+    assert_int_equal(gpkernel(e, args), 0);
     size_t c1, c2, c3;
-    double *K = h5_read(kout, "/kernel", &c1);
-    double *Kx = h5_read(kout, "/kernel_test_train", &c2);
-    double *kd = h5_read(kout, "/kernel_test_diag", &c3);
+    double *K = tu_h5_read(kout, "/kernel", &c1);
+    double *Kx = tu_h5_read(kout, "/kernel_test_train", &c2);
+    double *kd = tu_h5_read(kout, "/kernel_test_diag", &c3);
     assert_int_equal(c2, M * N);
     assert_int_equal(c3, M);
     /* Test row 0 is train input 2: its cross row and diagonal must equal the train kernel's. */
@@ -290,16 +206,16 @@ static void test_test_set_outputs(void **state)
 
 static void test_provenance_attributes(void **state)
 {
-    (void)state;
+    const tu_env *e = *state;
     char kout[512], args[1024];
-    path(kout, sizeof kout, "demo.h5");
+    tu_path(e, kout, sizeof kout, "demo.h5");
     snprintf(args, sizeof args, "--arch=mlp --output='%s'", kout); /* bundled demo input */
-    assert_int_equal(gpkernel(args), 0);
+    assert_int_equal(gpkernel(e, args), 0);
     static const char *const attrs[] = {"architecture", "phi", "depth", "sigma_w2", "sigma_b2",
                                         "toolkit_version", "command_line", "created",
                                         "input_file", "input_sha256", "error_estimate"};
     for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
-        if (!h5_has_attr(kout, attrs[i]))
+        if (!tu_h5_has_attr(kout, attrs[i]))
             fail_msg("attribute %s missing", attrs[i]);
     }
 }
@@ -308,15 +224,15 @@ static void test_provenance_attributes(void **state)
  * and an existing file at the output path left alone. */
 static void test_bad_inputs(void **state)
 {
-    (void)state;
+    const tu_env *e = *state;
     char good[512], nan_csv[512], ragged[512], kout[512], keep[512];
-    path(good, sizeof good, "good.h5");
-    path(nan_csv, sizeof nan_csv, "nan.csv");
-    path(ragged, sizeof ragged, "ragged.csv");
-    path(kout, sizeof kout, "never.h5");
-    path(keep, sizeof keep, "keep.h5");
+    tu_path(e, good, sizeof good, "good.h5");
+    tu_path(e, nan_csv, sizeof nan_csv, "nan.csv");
+    tu_path(e, ragged, sizeof ragged, "ragged.csv");
+    tu_path(e, kout, sizeof kout, "never.h5");
+    tu_path(e, keep, sizeof keep, "keep.h5");
     double X[6] = {0.3, -1.2, 2.5, 0.7, 1.1, -0.4};
-    h5_write(good, "/x", X, 3, 2);
+    tu_h5_write(good, "/x", X, 3, 2);
     FILE *f = fopen(nan_csv, "w");
     fputs("0.5,1.5\nnan,2.0\n", f);
     fclose(f);
@@ -356,9 +272,9 @@ static void test_bad_inputs(void **state)
                 *o = '\0';
             }
         }
-        int rc = gpkernel(args);
+        int rc = gpkernel(e, args);
         char err[4096];
-        read_stderr(err, sizeof err);
+        tu_stderr(e, err, sizeof err);
         if (rc == 0)
             fail_msg("case %zu (%s) exited 0", i, args);
         if (!strstr(err, cases[i].needle))
@@ -366,13 +282,13 @@ static void test_bad_inputs(void **state)
         char *nl = strchr(err, '\n');
         if (!nl || nl[1] != '\0')
             fail_msg("case %zu: message is not one line: %s", i, err);
-        if (exists(kout))
+        if (tu_exists(kout))
             fail_msg("case %zu left an output file", i);
     }
     /* A failing run aimed at an existing file leaves it intact. */
     char args[2048];
     snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s'", nan_csv, keep);
-    assert_int_not_equal(gpkernel(args), 0);
+    assert_int_not_equal(gpkernel(e, args), 0);
     f = fopen(keep, "r");
     char buf[32] = "";
     assert_non_null(fgets(buf, sizeof buf, f));
@@ -389,5 +305,5 @@ int main(void)
         cmocka_unit_test(test_provenance_attributes),
         cmocka_unit_test(test_bad_inputs),
     };
-    return cmocka_run_group_tests_name("gpkernel_cli", tests, setup, teardown);
+    return cmocka_run_group_tests_name("gpkernel_cli", tests, setup, tu_teardown);
 }

@@ -6,17 +6,17 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "tpk/job.h"
 #include "tpk/limits.h"
 #include "tpk/tpk.h"
+#include "support/testutil.h"
+
+static int setup(void **state) { return tu_setup_tagged(state, "rnn"); }
 
 enum { N = 4, T = 5, D = 3 };
 /* Closed-form erf expectations on both sides, T steps of rounding: the issue asks 1e-10. */
@@ -25,27 +25,6 @@ enum { N = 4, T = 5, D = 3 };
 #define SLOPE_TOL 0.1
 
 static const double sw2 = 1.3, su2 = 0.8, sb2 = 0.1, sv2 = 1.1;
-static char tmpdir[256], bindir[1024];
-
-static int setup(void **state)
-{
-    (void)state;
-    strcpy(tmpdir, "/tmp/tpk-rnn-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        return -1;
-    const char *b = getenv("TPK_BIN");
-    snprintf(bindir, sizeof bindir, "%s", b ? b : "build/bin");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
 /* Deterministic "high-entropy" sequences: x[a][t][j]. */
 static void sequences(double *x)
 {
@@ -53,26 +32,6 @@ static void sequences(double *x)
         for (int t = 0; t < T; t++)
             for (int j = 0; j < D; j++)
                 x[(a * T + t) * D + j] = sin(1.37 * a + 0.61 * t + 2.11 * j + 0.3) * (1.0 + 0.2 * a);
-}
-
-/* A .npy file written by hand (format v1), independent of the toolkit's reader. */
-static void write_npy(const char *path, const double *x)
-{
-    char hdr[128];
-    int len = snprintf(hdr, sizeof hdr, "{'descr': '<f8', 'fortran_order': False, 'shape': (%d, %d, %d), }",
-                       N, T, D);
-    int pad = 64 - (10 + len + 1) % 64;
-    FILE *f = fopen(path, "wb");
-    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-    unsigned short hl = (unsigned short)(len + pad + 1);
-    fputc(hl & 0xff, f);
-    fputc(hl >> 8, f);
-    fwrite(hdr, 1, (size_t)len, f);
-    for (int i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
-    fwrite(x, sizeof(double), N * T * D, f);
-    fclose(f);
 }
 
 /* Williams' erf kernel, written out here (theory.md §3.2). */
@@ -108,43 +67,27 @@ static void reference(const double *x, int tied, double *Y)
             Y[i * M + j] = sv2 * erf_e2(S[i * M + i], S[j * M + j], S[i * M + j]);
 }
 
-static double *h5_read(const char *file, const char *dset, size_t *count)
+static double *gpkernel_rnn(const tu_env *e, const char *arch, const char *extra, size_t *count)
 {
-    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    assert_true(f >= 0);
-    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
-    hid_t sp = H5Dget_space(d);
-    *count = (size_t)H5Sget_simple_extent_npoints(sp);
-    double *v = malloc(*count * sizeof *v);
-    H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
-    H5Sclose(sp);
-    H5Dclose(d);
-    H5Fclose(f);
-    return v;
-}
-
-static double *gpkernel_rnn(const char *arch, const char *extra, size_t *count)
-{
-    char in[512], out[512], cmd[4096];
+    char in[512], out[512], name[64], args[4096];
     double x[N * T * D];
+    const size_t dims[3] = {N, T, D};
     sequences(x);
-    snprintf(in, sizeof in, "%s/seq.npy", tmpdir);
-    snprintf(out, sizeof out, "%s/K-%s%s.h5", tmpdir, arch, extra[0] ? "-all" : "");
-    write_npy(in, x);
-    snprintf(cmd, sizeof cmd,
-             "'%s/gpkernel' --arch=%s --phi=erf --sigma-w2=%g --sigma-u2=%g --sigma-b2=%g "
-             "--sigma-v2=%g --input='%s' --output='%s' --quiet %s",
-             bindir, arch, sw2, su2, sb2, sv2, in, out, extra);
-    int rc = system(cmd);
-    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
-    return h5_read(out, "/kernel", count);
+    tu_write_npy(tu_path(e, in, sizeof in, "seq.npy"), x, 3, dims);
+    snprintf(name, sizeof name, "K-%s%s.h5", arch, extra[0] ? "-all" : "");
+    tu_path(e, out, sizeof out, name);
+    snprintf(args, sizeof args,
+             "--arch=%s --phi=erf --sigma-w2=%g --sigma-u2=%g --sigma-b2=%g --sigma-v2=%g "
+             "--input='%s' --output='%s' --quiet %s", arch, sw2, su2, sb2, sv2, in, out, extra);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    return tu_h5_read(out, "/kernel", count);
 }
 
-static void check_against_reference(const char *arch, int tied)
+static void check_against_reference(const tu_env *e, const char *arch, int tied)
 {
     enum { M = N * T };
     size_t cnt;
-    double *K = gpkernel_rnn(arch, "--all-times", &cnt);
+    double *K = gpkernel_rnn(e, arch, "--all-times", &cnt);
     assert_int_equal(cnt, M * M);
     static double R[M * M];
     double x[N * T * D];
@@ -158,7 +101,7 @@ static void check_against_reference(const char *arch, int tied)
     print_message("%s --all-times: max relative error %.2e\n", arch, worst);
     assert_true(worst < TOL_RNN);
     /* default output: the final time step of each sequence, i.e. entries (a·T + T−1, c·T + T−1) */
-    double *Kl = gpkernel_rnn(arch, "", &cnt);
+    double *Kl = gpkernel_rnn(e, arch, "", &cnt);
     assert_int_equal(cnt, N * N);
     for (int a = 0; a < N; a++)
         for (int c = 0; c < N; c++)
@@ -169,16 +112,14 @@ static void check_against_reference(const char *arch, int tied)
 
 static void test_rnn_matches_recursion(void **state)
 {
-    (void)state;
-    check_against_reference("rnn", 1);
+    check_against_reference(*state, "rnn", 1);
 }
 
 /* Untied weights: no recurrent cross-time contributions (theory.md §1.8). The reference above
  * drops them; it also differs from the tied kernel, so the test can tell the two apart. */
 static void test_untied_rnn(void **state)
 {
-    (void)state;
-    check_against_reference("rnn-untied", 0);
+    check_against_reference(*state, "rnn-untied", 0);
     enum { M = N * T };
     static double Rt[M * M], Ru[M * M];
     double x[N * T * D];
@@ -246,5 +187,5 @@ int main(void)
         cmocka_unit_test(test_untied_rnn),
         cmocka_unit_test(test_executor_rate),
     };
-    return cmocka_run_group_tests_name("rnn", tests, setup, teardown);
+    return cmocka_run_group_tests_name("rnn", tests, setup, tu_teardown);
 }

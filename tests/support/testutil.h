@@ -1,0 +1,37 @@
+/* Shared helpers of the test programs: a scratch directory, running the command-line tools, and
+ * reading/writing files with the raw HDF5 / .npy formats — independent of the toolkit's own I/O,
+ * so tests check the toolkit against something it did not write itself. */
+#ifndef TPK_TESTUTIL_H
+#define TPK_TESTUTIL_H
+
+#include <stddef.h>
+
+/* Scratch directory for one test program: created by tu_setup, removed by tu_teardown. */
+typedef struct tu_env {
+    char tmpdir[256];
+    char bindir[1024]; /* $TPK_BIN, else build/bin */
+} tu_env;
+
+/* cmocka group fixtures: *state becomes a tu_env (tag names the directory /tmp/tpk-TAG-XXXXXX). */
+int tu_setup_tagged(void **state, const char *tag);
+int tu_teardown(void **state);
+
+/* TMPDIR/name into buf; returns buf. */
+char *tu_path(const tu_env *e, char *buf, size_t len, const char *name);
+/* Run BINDIR/tool with shell-ready arguments, stdout discarded, stderr to TMPDIR/err.txt.
+ * Returns the exit status (-1 if it did not exit normally). */
+int tu_run_tool(const tu_env *e, const char *tool, const char *args);
+/* What the last tu_run_tool printed on stderr. */
+void tu_stderr(const tu_env *e, char *buf, size_t len);
+int tu_exists(const char *path);
+
+/* Raw HDF5: write an r×c float64 dataset (new file), read any float64 dataset (malloc'd, count
+ * values), test a root attribute. Failures abort the test. */
+void tu_h5_write(const char *file, const char *dset, const double *v, size_t r, size_t c);
+double *tu_h5_read(const char *file, const char *dset, size_t *count);
+int tu_h5_has_attr(const char *file, const char *name);
+
+/* A little-endian float64 C-order .npy file (format 1.0) of rank 1..4, written by hand. */
+void tu_write_npy(const char *path, const double *x, int ndim, const size_t *dims);
+
+#endif
