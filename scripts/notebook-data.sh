@@ -11,7 +11,7 @@ OUT=${1:-$ROOT/build/notebook-data}
 SEEDS=${NB_SEEDS:-24}          # networks per width: toy size (paper-figures/ uses more)
 WIDTHS=${NB_WIDTHS:-32..512}
 TUNE_TRIALS=${NB_TUNE_TRIALS:-6}
-STEP_TIMEOUT=${NB_STEP_TIMEOUT:-180}   # seconds; a step that hangs is skipped, not waited for
+STEP_TIMEOUT=${NB_STEP_TIMEOUT:-60}   # seconds: a step slower than a toy run is skipped, not waited for
 cd "$ROOT" || exit 1
 
 rm -rf "$OUT"
@@ -27,18 +27,23 @@ skip() {  # skip STEP REASON...
 run() {
     s=$1; shift
     t0=$(date +%s)
-    if timeout "$STEP_TIMEOUT" "$@" > "$OUT/$s.log" 2>&1; then
+    timeout "$STEP_TIMEOUT" "$@" > "$OUT/$s.log" 2>&1
+    rc=$?
+    if [ $rc = 0 ]; then
         echo "notebook-data: $s ($(($(date +%s) - t0)) s)" >&2
         return 0
+    elif [ $rc = 124 ]; then
+        skip "$s" "$(basename "$1") took longer than the toy budget of $STEP_TIMEOUT s (NB_STEP_TIMEOUT); see make figures"
+    else
+        skip "$s" "$(basename "$1") failed: $(tail -n 3 "$OUT/$s.log" | tr '\n' ' ')"
     fi
-    skip "$s" "$(basename "$1") failed: $(tail -n 3 "$OUT/$s.log" | tr '\n' ' ')"
     return 1
 }
 # The architecture table: "name  summary  [programs/x.nsr]" then an indented "flags:" line.
 ARCHS=$("$BIN/gpkernel" --list-archs | awk '/^[^ \t]/ { print $1 }')
 program_of() {
     "$BIN/gpkernel" --list-archs |
-        awk -v a="$1" '$1 == a { if (match($0, /\[[^]]*\]/)) print substr($0, RSTART + 1, RLENGTH - 2) }'
+        awk -v a="$1" '$1 == a { if (match($0, /\[[^] ]*\][ \t]*$/)) { p = substr($0, RSTART + 1); sub(/\].*/, "", p); print p } }'
 }
 has_arch() { printf '%s\n' "$ARCHS" | grep -qx "$1"; }
 # T of an N×T×d .npy input, from its header (dict text in the first 128 bytes).
@@ -60,18 +65,33 @@ for a in rnn gru lstm transformer batchnorm; do
     if grep -q 'input *[A-Za-z_]*\[' "$prog"; then
         set -- --input=data/demo-sequences.npy --set T="$(npy_T data/demo-sequences.npy)"
     fi
-    run "convergence/$a" "$BIN/gplimits" --program="$prog" "$@" --widths="$WIDTHS" \
+    run "convergence/$a" "$BIN/gplimits" --program="$prog" "$@" --max-inputs=4 --widths="$WIDTHS" \
         --seeds="$SEEDS" --boot=200 --output="$OUT/convergence/$a.h5"
 done
 
-# 3. The 1/sqrt(n) attention layer (theory.md §5): hierarchical limit and finite widths.
-if has_arch attention; then
+# 3. The 1/sqrt(n) attention layer (theory.md §5): the hierarchical limit on the demo tokens
+#    (gpkernel: sampled conditional covariances C(p)), finite-width networks of the same layer
+#    (netsor run, one file per network: /kernel_hat is the output's conditional variance), and law
+#    distances against width in the paper's setting (gpattention: s = 4 tokens, Sigma^x = I).
+if has_arch attention && [ -x "$BIN/gpattention" ] && [ -f programs/attention-sqrtn.nsr ]; then
+    TOK=data/demo-tokens.npy
     run attention/limit "$BIN/gpkernel" --arch=attention --heads=2 --logit-scaling=inv-sqrt-n \
-        --score-samples=2000 --output="$OUT/attention/limit.h5" &&
-    run attention/finite "$BIN/gplimits" --program="$(program_of attention)" --widths=16,64,256 \
-        --seeds=200 --boot=100 --output="$OUT/attention/finite.h5"
+        --score-samples=2000 --input=$TOK --output="$OUT/attention/limit.h5"
+    run attention/distances "$BIN/gpattention" --tokens=4 --heads=2 --widths=16..256 --networks=1000 \
+        --score-samples=1000 --output="$OUT/attention/distances.h5"
+    T=$(npy_T $TOK)
+    for n in 16 64 256; do
+        mkdir -p "$OUT/attention/n$n"
+        s=1
+        while [ $s -le 60 ]; do
+            "$BIN/netsor" run programs/attention-sqrtn.nsr --input=$TOK --set heads=2 --set T="$T" \
+                --width=$n --seed=$s --output="$OUT/attention/n$n/net$s.h5" --quiet ||
+                { skip attention/finite "netsor run programs/attention-sqrtn.nsr failed"; break; }
+            s=$((s + 1))
+        done
+    done
 else
-    skip attention "architecture attention (1/sqrt(n) logits, hierarchical limit) not in gpkernel --list-archs yet"
+    skip attention "needs gpkernel --arch=attention, gpattention and programs/attention-sqrtn.nsr"
 fi
 
 # 4. GP regression. (a) A 1-D toy problem: NNGP kernel with test cross terms, then gpregress.
