@@ -10,7 +10,6 @@
 
 #include <gsl/gsl_randist.h>
 #include <gsl/gsl_rng.h>
-#include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +20,7 @@
 #include "tpk/attention.h"
 #include "tpk/limits.h"
 #include "tpk/tpk.h"
+#include "support/testutil.h"
 
 enum { N = 3, T = 4, D = 3, P = N * T };
 /* 1/n: both sides are exact linear algebra (softmax of exact zeros) */
@@ -30,23 +30,16 @@ enum { N = 3, T = 4, D = 3, P = N * T };
 
 static char tmpdir[256], bindir[1024];
 
+/* The shared fixture; the file-scope copies keep the command lines below short. */
 static int setup(void **state)
 {
-    (void)state;
-    strcpy(tmpdir, "/tmp/tpk-attention-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        return -1;
-    const char *b = getenv("TPK_BIN");
-    snprintf(bindir, sizeof bindir, "%s", b ? b : "build/bin");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    int rc = tu_setup_tagged(state, "attention");
+    if (rc == 0) {
+        const tu_env *e = *state;
+        snprintf(tmpdir, sizeof tmpdir, "%s", e->tmpdir);
+        snprintf(bindir, sizeof bindir, "%s", e->bindir);
+    }
+    return rc;
 }
 
 static void sequences(double *x)
@@ -59,38 +52,8 @@ static void sequences(double *x)
 
 static void write_npy(const char *path, const double *x, int n, int t, int d)
 {
-    char hdr[128];
-    int len = snprintf(hdr, sizeof hdr, "{'descr': '<f8', 'fortran_order': False, 'shape': (%d, %d, %d), }",
-                       n, t, d);
-    int pad = 64 - (10 + len + 1) % 64;
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-    unsigned short hl = (unsigned short)(len + pad + 1);
-    fputc(hl & 0xff, f);
-    fputc(hl >> 8, f);
-    fwrite(hdr, 1, (size_t)len, f);
-    for (int i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
-    fwrite(x, sizeof(double), (size_t)(n * t * d), f);
-    fclose(f);
-}
-
-static double *h5_read(const char *file, const char *dset, size_t *count)
-{
-    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    assert_true(f >= 0);
-    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
-    assert_true(d >= 0);
-    hid_t sp = H5Dget_space(d);
-    *count = (size_t)H5Sget_simple_extent_npoints(sp);
-    double *v = malloc(*count * sizeof *v);
-    H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
-    H5Sclose(sp);
-    H5Dclose(d);
-    H5Fclose(f);
-    return v;
+    const size_t dims[3] = {(size_t)n, (size_t)t, (size_t)d};
+    tu_write_npy(path, x, 3, dims);
 }
 
 static int run_cmd(const char *cmd)
@@ -116,7 +79,7 @@ static void check_uniform(int causal)
              "--input='%s' --output='%s' --quiet", bindir, causal, ve, vq, vk, vv, vo, in, out);
     assert_int_equal(run_cmd(cmd), 0);
     size_t cnt;
-    double *K = h5_read(out, "/kernel", &cnt);
+    double *K = tu_h5_read(out, "/kernel", &cnt);
     assert_int_equal(cnt, P * P);
     static double Sv[P * P], Ab[P * P], Y[P * P];
     for (int i = 0; i < P; i++)
@@ -431,8 +394,8 @@ static void test_cli(void **state)
              "--all-times --input='%s' --output='%s' --quiet", bindir, in, out);
     assert_int_equal(run_cmd(cmd), 0);
     size_t nk, nc, nq, ns;
-    double *K = h5_read(out, "/kernel", &nk), *Cs = h5_read(out, "/score_covariances", &nc);
-    double *kq = h5_read(out, "/excess_kurtosis", &nq), *Sx = h5_read(out, "/input_kernel", &ns);
+    double *K = tu_h5_read(out, "/kernel", &nk), *Cs = tu_h5_read(out, "/score_covariances", &nc);
+    double *kq = tu_h5_read(out, "/excess_kurtosis", &nq), *Sx = tu_h5_read(out, "/input_kernel", &ns);
     assert_int_equal(nk, P * P);
     assert_int_equal(nc, 64 * P * P);
     assert_int_equal(nq, P);
@@ -464,7 +427,7 @@ static void test_cli(void **state)
     snprintf(cmd, sizeof cmd, "'%s/gpattention' --widths=4,16 --networks=64 --score-samples=64 "
              "--heads-list=2,8 --output='%s' --quiet", bindir, out);
     assert_int_equal(run_cmd(cmd), 0);
-    double *e = h5_read(out, "/energy_limit", &nk), *hk = h5_read(out, "/heads_kurtosis", &nq);
+    double *e = tu_h5_read(out, "/energy_limit", &nk), *hk = tu_h5_read(out, "/heads_kurtosis", &nq);
     assert_int_equal(nk, 2);
     assert_int_equal(nq, 2);
     assert_true(e[0] > e[1]); /* n = 4 is far from the limit */
@@ -486,5 +449,5 @@ int main(void)
         cmocka_unit_test(test_law_convergence),
         cmocka_unit_test(test_cli),
     };
-    return cmocka_run_group_tests_name("attention", tests, setup, teardown);
+    return cmocka_run_group_tests_name("attention", tests, setup, tu_teardown);
 }

@@ -7,7 +7,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +17,7 @@
 #include "tpk/job.h"
 #include "tpk/limits.h"
 #include "tpk/tpk.h"
+#include "support/testutil.h"
 
 enum { N = 3, T = 4, D = 3, M = N * T };
 /* Both sides are closed forms (softmax of exact Moments, 2-D ReLU kernel, LN as a correlation);
@@ -34,23 +34,16 @@ static const double var_e = 1.3, var_u = 0.8, var_w = 1.7, var_b = 0.2, temp = 0
                     sv2 = 1.0;
 static char tmpdir[256], bindir[1024];
 
+/* The shared fixture; the file-scope copies keep the command lines below short. */
 static int setup(void **state)
 {
-    (void)state;
-    strcpy(tmpdir, "/tmp/tpk-transformer-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        return -1;
-    const char *b = getenv("TPK_BIN");
-    snprintf(bindir, sizeof bindir, "%s", b ? b : "build/bin");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    int rc = tu_setup_tagged(state, "transformer");
+    if (rc == 0) {
+        const tu_env *e = *state;
+        snprintf(tmpdir, sizeof tmpdir, "%s", e->tmpdir);
+        snprintf(bindir, sizeof bindir, "%s", e->bindir);
+    }
+    return rc;
 }
 
 /* Deterministic "high-entropy" token sequences x[a][t][j]. */
@@ -65,22 +58,8 @@ static void sequences(double *x)
 /* A .npy file written by hand (format v1), independent of the toolkit's reader. */
 static void write_npy(const char *path, const double *x, int n, int t, int d)
 {
-    char hdr[128];
-    int len = snprintf(hdr, sizeof hdr, "{'descr': '<f8', 'fortran_order': False, 'shape': (%d, %d, %d), }",
-                       n, t, d);
-    int pad = 64 - (10 + len + 1) % 64;
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-    unsigned short hl = (unsigned short)(len + pad + 1);
-    fputc(hl & 0xff, f);
-    fputc(hl >> 8, f);
-    fwrite(hdr, 1, (size_t)len, f);
-    for (int i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
-    fwrite(x, sizeof(double), (size_t)(n * t * d), f);
-    fclose(f);
+    const size_t dims[3] = {(size_t)n, (size_t)t, (size_t)d};
+    tu_write_npy(path, x, 3, dims);
 }
 
 /* E[relu(u) relu(v)] (Cho & Saul, theory.md §3.2), written out here. */
@@ -159,22 +138,6 @@ static void reference(const double *x, int L, double e, double *out)
         out[i] = sv2 * Z[i];
 }
 
-static double *h5_read(const char *file, const char *dset, size_t *count)
-{
-    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    assert_true(f >= 0);
-    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
-    assert_true(d >= 0);
-    hid_t sp = H5Dget_space(d);
-    *count = (size_t)H5Sget_simple_extent_npoints(sp);
-    double *v = malloc(*count * sizeof *v);
-    H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
-    H5Sclose(sp);
-    H5Dclose(d);
-    H5Fclose(f);
-    return v;
-}
-
 /* gpkernel --arch=transformer on x (n sequences), with extra flags; returns /kernel. */
 static double *gpkernel(const double *x, int n, const char *tag, const char *extra, size_t *count)
 {
@@ -188,7 +151,7 @@ static double *gpkernel(const double *x, int n, const char *tag, const char *ext
              bindir, depth, var_e, var_u, var_w, var_b, temp, in, out, extra);
     int rc = system(cmd);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
-    return h5_read(out, "/kernel", count);
+    return tu_h5_read(out, "/kernel", count);
 }
 
 static void test_matches_recursion(void **state)
@@ -350,5 +313,5 @@ int main(void)
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_executor),
     };
-    return cmocka_run_group_tests_name("transformer", tests, setup, teardown);
+    return cmocka_run_group_tests_name("transformer", tests, setup, tu_teardown);
 }
