@@ -8,7 +8,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <hdf5.h>
 #include <lapacke.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +19,7 @@
 #include "tpk/cnn.h"
 #include "tpk/limits.h"
 #include "tpk/tpk.h"
+#include "support/testutil.h"
 
 /* Evaluator vs recursion: both closed-form ReLU maps, L layers of rounding (values O(1)). */
 #define TOL_EVAL 1e-10
@@ -39,12 +39,11 @@ static tpk_phi *relu;
 
 static int setup(void **state)
 {
-    (void)state;
-    strcpy(tmpdir, "/tmp/tpk-cnn-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (tu_setup_tagged(state, "cnn"))
         return -1;
-    const char *b = getenv("TPK_BIN");
-    snprintf(bindir, sizeof bindir, "%s", b ? b : "build/bin");
+    const tu_env *e = *state;
+    snprintf(tmpdir, sizeof tmpdir, "%s", e->tmpdir);
+    snprintf(bindir, sizeof bindir, "%s", e->bindir);
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     reg = tpk_job_registry(&ctx);
@@ -54,12 +53,9 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    (void)state;
     tpk_phi_free(relu);
     tpk_phi_registry_free(reg);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_teardown(state);
 }
 
 /* Deterministic "high-entropy" inputs x[a][position][channel]. */
@@ -313,38 +309,10 @@ static void test_cnn2d_program(void **state)
 }
 
 /* gpkernel --arch=cnn1d (the custom hook) equals the NETSOR evaluator, through the CLI. */
-static double *h5_read(const char *file, const char *dset, size_t *count)
-{
-    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    assert_true(f >= 0);
-    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
-    hid_t sp = H5Dget_space(d);
-    *count = (size_t)H5Sget_simple_extent_npoints(sp);
-    double *v = malloc(*count * sizeof *v);
-    H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
-    H5Sclose(sp);
-    H5Dclose(d);
-    H5Fclose(f);
-    return v;
-}
-
 static void write_npy(const char *path, const double *x, size_t N, size_t P, size_t C)
 {
-    char hdr[128];
-    int len = snprintf(hdr, sizeof hdr, "{'descr': '<f8', 'fortran_order': False, 'shape': (%zu, %zu, %zu), }",
-                       N, P, C);
-    int pad = 64 - (10 + len + 1) % 64;
-    FILE *f = fopen(path, "wb");
-    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-    unsigned short hl = (unsigned short)(len + pad + 1);
-    fputc(hl & 0xff, f);
-    fputc(hl >> 8, f);
-    fwrite(hdr, 1, (size_t)len, f);
-    for (int i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
-    fwrite(x, sizeof(double), N * P * C, f);
-    fclose(f);
+    const size_t dims[3] = {N, P, C};
+    tu_write_npy(path, x, 3, dims);
 }
 
 static void test_gpkernel_hook(void **state)
@@ -372,7 +340,7 @@ static void test_gpkernel_hook(void **state)
         int rc = system(cmd);
         assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
         size_t cnt;
-        double *K = h5_read(out, "/kernel", &cnt);
+        double *K = tu_h5_read(out, "/kernel", &cnt);
         assert_int_equal(cnt, N * N);
         reduce(Ke->data, N, P, gap, Kred);
         double e = max_rel(K, Kred, N * N);
@@ -389,7 +357,7 @@ static void test_gpkernel_hook(void **state)
     int rc = system(cmd);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
     size_t cnt;
-    double *K = h5_read(out, "/kernel", &cnt);
+    double *K = tu_h5_read(out, "/kernel", &cnt);
     assert_int_equal(cnt, tpk_array_size(Ke));
     assert_true(max_rel(K, Ke->data, cnt) < TOL_EVAL);
     free(K);
