@@ -9,6 +9,8 @@
 #include <cblas.h>
 #include <hdf5.h>
 #include <lapacke.h>
+
+#include "support/testutil.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,21 +29,12 @@ static char bindir[1024];
 
 static int setup(void **state)
 {
-    (void)state;
-    strcpy(tmpdir, "/tmp/tpk-gpcli-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (tu_setup_tagged(state, "gpcli"))
         return -1;
-    const char *b = getenv("TPK_BIN");
-    snprintf(bindir, sizeof bindir, "%s", b ? b : "build/bin");
+    const tu_env *e = *state;
+    snprintf(tmpdir, sizeof tmpdir, "%s", e->tmpdir);
+    snprintf(bindir, sizeof bindir, "%s", e->bindir);
     return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
 }
 
 static void path(char *buf, size_t len, const char *name)
@@ -72,9 +65,8 @@ static void read_text(const char *name, char *buf, size_t len)
 static int exists(const char *name)
 {
     char p[512];
-    struct stat sb;
     path(p, sizeof p, name);
-    return stat(p, &sb) == 0;
+    return tu_exists(p);
 }
 
 /* ---- raw HDF5 / CSV / IDX writers (independent of the toolkit's I/O) ------------------------- */
@@ -99,18 +91,7 @@ static double *h5_read(const char *name, const char *dset, size_t *count)
 {
     char p[512];
     path(p, sizeof p, name);
-    hid_t f = H5Fopen(p, H5F_ACC_RDONLY, H5P_DEFAULT);
-    assert_true(f >= 0);
-    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
-    assert_true(d >= 0);
-    hid_t sp = H5Dget_space(d);
-    *count = (size_t)H5Sget_simple_extent_npoints(sp);
-    double *v = malloc(*count * sizeof *v);
-    H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
-    H5Sclose(sp);
-    H5Dclose(d);
-    H5Fclose(f);
-    return v;
+    return tu_h5_read(p, dset, count);
 }
 
 static void csv_write(const char *name, const double *v, size_t r, size_t c)
@@ -404,5 +385,5 @@ int main(void)
         cmocka_unit_test(test_classify_idx),
         cmocka_unit_test(test_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, tu_teardown);
 }
