@@ -1,4 +1,7 @@
-/* tpk_dgemm: a thin row-major wrapper over CBLAS dgemm (include/tpk/matmul.h). */
+/* tpk_dgemm: the library's one matrix-multiply entry point (include/tpk/matmul.h). It goes through
+ * the tuner's shape dispatch (include/tpk/gemm.h: generated kernels from the shipped tuning logs,
+ * OpenBLAS where no tuned kernel wins or the problem is tiny). */
+#include "tpk/gemm.h"
 #include "tpk/matmul.h"
 
 #include <cblas.h>
@@ -25,10 +28,8 @@ int tpk_dgemm(int transa, int transb, size_t m, size_t n, size_t k, double alpha
                 C[i * ldc + j] = beta == 0.0 ? 0.0 : beta * C[i * ldc + j];
         return TPK_OK;
     }
-    cblas_dgemm(CblasRowMajor, transa == TPK_TRANS ? CblasTrans : CblasNoTrans,
-                transb == TPK_TRANS ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, A,
-                (int)lda, B, (int)ldb, beta, C, (int)ldc);
-    return TPK_OK;
+    return tpk_gemm_tuned_d(transa == TPK_TRANS, transb == TPK_TRANS, m, n, k, alpha, A, lda, B,
+                            ldb, beta, C, ldc, 0, NULL, ctx);
 }
 
 int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, size_t lda,
@@ -63,5 +64,5 @@ int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, siz
 
 const char *tpk_dgemm_backend(void)
 {
-    return "cblas";
+    return "tuned (gen/, shipped logs) with OpenBLAS fallback";
 }
