@@ -54,6 +54,7 @@ int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, siz
                 (int)k, alpha, A, (int)lda, beta, C, (int)ldc);
     /* mirror the lower triangle, in tiles */
     const size_t TS = 64;
+#pragma omp parallel for schedule(dynamic, 1) if (n >= 512)
     for (size_t i0 = 0; i0 < n; i0 += TS)
         for (size_t j0 = 0; j0 <= i0; j0 += TS)
             for (size_t i = i0; i < i0 + TS && i < n; i++)

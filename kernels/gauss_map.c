@@ -472,7 +472,7 @@ static void store_row(double *restrict dst, const double *restrict src, size_t l
 }
 
 static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, double beta,
-                   double *out, const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
+                   double *out, int mirror, const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
 {
     if (err_max)
         *err_max = 0.0;
@@ -534,10 +534,10 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
                 store_row(out + i * n + j0, buf + (i - i0) * TILE, jend - j0, alpha, beta, stream);
         }
         double bt[TILE * TILE];
-        for (size_t i = i0; i < i1; i++)
+        for (size_t i = i0; mirror && i < i1; i++)
             for (size_t j = j0; j < (I == Jt ? i : j1); j++)
                 bt[(j - j0) * TILE + (i - i0)] = buf[(i - i0) * TILE + (j - j0)];
-        for (size_t j = j0; j < j1; j++) {
+        for (size_t j = j0; mirror && j < j1; j++) {
             const size_t ist = I == Jt ? j + 1 : i0;
             if (i1 > ist)
                 store_row(out + j * n + ist, bt + (j - j0) * TILE + (ist - i0), i1 - ist, alpha,
@@ -583,13 +583,21 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
 int tpk_gauss_map(const tpk_phi *phi, const double *S, size_t n, double *out,
                   const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
 {
-    return map_sym(phi, S, n, 1.0, 0.0, out, ws, err_max, ctx);
+    return map_sym(phi, S, n, 1.0, 0.0, out, 1, ws, err_max, ctx);
 }
 
 int tpk_gauss_map_affine(const tpk_phi *phi, const double *S, size_t n, double alpha, double beta,
                          double *out, const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
 {
-    return map_sym(phi, S, n, alpha, beta, out, ws, err_max, ctx);
+    return map_sym(phi, S, n, alpha, beta, out, 1, ws, err_max, ctx);
+}
+
+int tpk_gauss_map_affine_lower(const tpk_phi *phi, const double *S, size_t n, double alpha,
+                               double beta, double *out, const tpk_gauss_ws *ws, double *err_max,
+                               tpk_ctx *ctx)
+{
+    /* half the stores and no transposed tiles: the map is memory-bound (perf: loads of S) */
+    return map_sym(phi, S, n, alpha, beta, out, 0, ws, err_max, ctx);
 }
 
 int tpk_gauss_map_cross(const tpk_phi *phi, const double *qa, size_t m, const double *qb,

@@ -118,9 +118,10 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
             affine(Kxt->data, m * n, p->sigma_w2, p->sigma_b2);
             affine(kdiag->data, m, p->sigma_w2, p->sigma_b2);
         }
-        /* Fused σ_w² V_φ(Σ) + σ_b²: one pass over the matrix per layer. */
-        st = tpk_gauss_map_affine(p->phi, K->data, n, p->sigma_w2, p->sigma_b2, K->data, ws, &el,
-                                  ctx);
+        /* Fused σ_w² V_φ(Σ) + σ_b²: one pass over the matrix per layer. The maps read only the
+         * lower triangle, so inner layers leave the upper one stale; the last layer mirrors. */
+        st = (l + 1 == p->depth ? tpk_gauss_map_affine : tpk_gauss_map_affine_lower)(
+            p->phi, K->data, n, p->sigma_w2, p->sigma_b2, K->data, ws, &el, ctx);
         if (st)
             break;
         e = p->sigma_w2 * e + el + p->sigma_w2 * et;

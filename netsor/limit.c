@@ -127,6 +127,11 @@ static double atom_cov(const lim *L, int i, size_t a, int j, size_t c)
     if (f->kind == FAM_BIAS)
         return f->var;
     size_t ld = (size_t)f->cap * L->N;
+    if (i == j && c > a) { /* a same-atom sub-block is kept in its lower triangle only */
+        size_t t = a;
+        a = c;
+        c = t;
+    }
     return f->blk[((size_t)ai->loc * L->N + a) * ld + (size_t)aj->loc * L->N + c];
 }
 
@@ -164,8 +169,11 @@ static void cov_mat(const lim *L, int g, int h, int lower, double *out)
             double cc = r->coef[i] * s->coef[j];
             size_t ld = (size_t)f->cap * N;
             const double *b = f->blk + (size_t)ai->loc * N * ld + (size_t)aj->loc * N;
+            /* a same-atom sub-block holds only its lower triangle: the rest is its transpose */
+            const int same = r->atom[i] == s->atom[j];
+#pragma omp parallel for schedule(dynamic, 64) if (N >= 512)
             for (size_t a = 0; a < N; a++) {
-                size_t cend = lower ? a + 1 : N;
+                size_t cend = lower || same ? a + 1 : N;
                 double *o = out + a * N;
                 const double *br = b + a * ld;
                 if (first)
@@ -174,6 +182,9 @@ static void cov_mat(const lim *L, int g, int h, int lower, double *out)
                 else
                     for (size_t c = 0; c < cend; c++)
                         o[c] += cc * br[c];
+                if (same && !lower)
+                    for (size_t c = a + 1; c < N; c++)
+                        o[c] = (first ? c0 : o[c]) + cc * b[c * ld + a];
             }
             first = 0;
         }
@@ -1134,7 +1145,7 @@ static int bn_m2(lim *L, int u, int v, double *out, size_t ld, double scale, dou
     return st;
 }
 
-static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, size_t ld,
+static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, size_t ld, int lower_ok,
               double scale, double *errp)
 {
     size_t N = L->N;
@@ -1189,7 +1200,8 @@ static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, siz
              * with one atom is the one being written, and g cannot contain it yet) */
             double *dst = ld == N ? out : sc->s1;
             cov_mat(L, g, g, 1, dst);
-            st = tpk_gauss_map_affine(na[1].fn, dst, N, cc, 0.0, dst, L->gws, &e, L->ctx);
+            st = (lower_ok && dst == out ? tpk_gauss_map_affine_lower : tpk_gauss_map_affine)(
+                na[1].fn, dst, N, cc, 0.0, dst, L->gws, &e, L->ctx);
             if (st == TPK_OK && dst != out)
                 put_rows(N, sc->s1, 1.0, out, ld);
         } else {
@@ -1643,8 +1655,10 @@ static int do_matmul(lim *L, int k, scratch *sc)
         const atom *ai = &L->atom[f->atoms[li]];
         double e = 0.0;
         /* Cov(W h_a, W h'_c) = σ_W² E[Z^h_a Z^h'_c] (theory §1.6 rule 3) */
+        /* the diagonal sub-block (li = loc) needs only its lower triangle (see atom_cov) */
         int st = m2(L, in->src, ai->src, (uint64_t)k * 4096 + (uint64_t)li, sc,
-                    f->blk + (size_t)aj->loc * N * ld + (size_t)li * N, ld, f->var, &e);
+                    f->blk + (size_t)aj->loc * N * ld + (size_t)li * N, ld, li == aj->loc, f->var,
+                    &e);
         if (st)
             return st;
         note_err(L, e);
@@ -1854,7 +1868,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
             /* a scalar readout bias β shared by the outputs adds its variance everywhere */
             double beta = sqrt(po->bias_var * pq->bias_var);
             if (O == 1) { /* straight into K */
-                if ((st = m2(&L, po->src, pq->src, site, &sc, out->data, N, s, &e)))
+                if ((st = m2(&L, po->src, pq->src, site, &sc, out->data, N, 0, s, &e)))
                     goto done;
                 note_err(&L, e);
                 if (beta != 0.0)
@@ -1862,7 +1876,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
                         out->data[i] += beta;
                 continue;
             }
-            if ((st = m2(&L, po->src, pq->src, site, &sc, M, N, s, &e)))
+            if ((st = m2(&L, po->src, pq->src, site, &sc, M, N, 0, s, &e)))
                 goto done;
             note_err(&L, e);
             for (size_t a = 0; a < N; a++)

@@ -93,6 +93,11 @@ TPK_API int tpk_gauss_map_cross(const tpk_phi *phi, const double *qa, size_t m, 
 TPK_API int tpk_gauss_map_affine(const tpk_phi *phi, const double *S, size_t n, double alpha,
                                  double beta, double *out, const tpk_gauss_ws *ws, double *err_max,
                                  tpk_ctx *ctx);
+/* As tpk_gauss_map_affine, but only the lower triangle (with the diagonal) of out is written: for
+ * recursions whose next step reads only the lower triangle (it halves the memory traffic). */
+TPK_API int tpk_gauss_map_affine_lower(const tpk_phi *phi, const double *S, size_t n, double alpha,
+                                       double beta, double *out, const tpk_gauss_ws *ws,
+                                       double *err_max, tpk_ctx *ctx);
 /* Notes on the maps: only the lower triangle (and diagonal) of S is read. ws may be NULL when φ
  * has a closed form. On error (TPK_EDOM for a non-PSD entry, naming it) out is left partially
  * written. Non-closed-form φ use the Mehler (Hermite-coefficient) series of theory.md §3.2 per
