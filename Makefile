@@ -104,6 +104,9 @@ install: all
 	install -m 644 $(STATIC) $(SHARED) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/tpk/*.h $(DESTDIR)$(PREFIX)/include/tpk/
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/tpk/programs $(DESTDIR)$(PREFIX)/share/tpk/data
+	install -m 644 programs/*.nsr $(DESTDIR)$(PREFIX)/share/tpk/programs/
+	install -m 644 data/demo-* $(DESTDIR)$(PREFIX)/share/tpk/data/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tpk.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk.pc
 
 clean:
