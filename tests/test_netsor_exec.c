@@ -16,6 +16,7 @@
 #include "tpk/matmul.h"
 #include "tpk/rng.h"
 #include "tpk/tpk.h"
+#include "support/testutil.h"
 #include "../netsor/backend-impl.h"
 
 /* Monte Carlo comparisons: this many standard errors. */
@@ -127,43 +128,7 @@ static tpk_program *build_rnn(const tpk_phi *f, int T)
     return p;
 }
 
-typedef struct fixture {
-    tpk_phi_registry *reg;
-    tpk_phi *relu, *tanh_, *erf_;
-} fixture;
-
-static double sqrt_fn(double v, const double *params)
-{
-    (void)params;
-    return sqrt(v);
-}
-
-static int setup(void **state)
-{
-    fixture *f = calloc(1, sizeof *f);
-    f->reg = tpk_phi_registry_alloc(NULL);
-    if (f->reg == NULL ||
-        tpk_phi_register(f->reg, "sqrt", sqrt_fn, 0, NULL, TPK_PHI_CONTROLLED | TPK_PHI_SMOOTH, NULL))
-        return -1;
-    f->relu = tpk_phi_alloc(f->reg, "relu", NULL);
-    f->tanh_ = tpk_phi_alloc(f->reg, "tanh", NULL);
-    f->erf_ = tpk_phi_alloc(f->reg, "erf", NULL);
-    if (!f->reg || !f->relu || !f->tanh_ || !f->erf_)
-        return -1;
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    tpk_phi_free(f->relu);
-    tpk_phi_free(f->tanh_);
-    tpk_phi_free(f->erf_);
-    tpk_phi_registry_free(f->reg);
-    free(f);
-    return 0;
-}
+typedef tu_phis fixture; /* the shared registry fixture (tests/support) */
 
 /* Seeds → mean Khat and the Frobenius check ‖mean − K‖ ≤ N_SE·√(Σ SE²); returns RMS error. */
 typedef struct conv {
@@ -517,5 +482,5 @@ int main(void)
         cmocka_unit_test(test_layernorm_program),
         cmocka_unit_test(test_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "tpk/tpk.h"
+#include "support/testutil.h"
 #include "../netsor/backend-impl.h"
 
 /* Closed forms carry rounding only (three layers): the 1e-12 relative bound. */
@@ -209,44 +210,7 @@ static double V_quad(double q1, double q2, double k, void *c)
     return e.value;
 }
 
-typedef struct fixture {
-    tpk_phi_registry *reg;
-    tpk_phi *relu, *tanh_, *erf_;
-} fixture;
-
-static double sqrt_fn(double v, const double *params)
-{
-    (void)params;
-    return sqrt(v);
-}
-
-static int setup(void **state)
-{
-    fixture *f = calloc(1, sizeof *f);
-    f->reg = tpk_phi_registry_alloc(NULL);
-    /* layernorm-mlp.nsr calls sqrt (on a scalar only) */
-    if (f->reg == NULL ||
-        tpk_phi_register(f->reg, "sqrt", sqrt_fn, 0, NULL, TPK_PHI_CONTROLLED | TPK_PHI_SMOOTH, NULL))
-        return -1;
-    f->relu = tpk_phi_alloc(f->reg, "relu", NULL);
-    f->tanh_ = tpk_phi_alloc(f->reg, "tanh", NULL);
-    f->erf_ = tpk_phi_alloc(f->reg, "erf", NULL);
-    if (!f->reg || !f->relu || !f->tanh_ || !f->erf_)
-        return -1;
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    tpk_phi_free(f->relu);
-    tpk_phi_free(f->tanh_);
-    tpk_phi_free(f->erf_);
-    tpk_phi_registry_free(f->reg);
-    free(f);
-    return 0;
-}
+typedef tu_phis fixture; /* the shared registry fixture (tests/support) */
 
 /* ---- tests ------------------------------------------------------------------------------- */
 
@@ -794,5 +758,5 @@ int main(void)
         cmocka_unit_test(test_degenerate_inputs),
         cmocka_unit_test(test_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
 }

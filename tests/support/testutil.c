@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "tpk/job.h"
 
 #include <hdf5.h>
 #include <stdio.h>
@@ -139,4 +140,30 @@ void tu_write_npy(const char *path, const double *x, int ndim, const size_t *dim
     fputc('\n', f);
     fwrite(x, sizeof(double), n, f);
     fclose(f);
+}
+
+int tu_phis_setup(void **state)
+{
+    tu_phis *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    *state = f;
+    f->reg = tpk_job_registry(NULL);
+    if (!f->reg)
+        return -1;
+    f->relu = tpk_phi_alloc(f->reg, "relu", NULL);
+    f->tanh_ = tpk_phi_alloc(f->reg, "tanh", NULL);
+    f->erf_ = tpk_phi_alloc(f->reg, "erf", NULL);
+    return f->relu && f->tanh_ && f->erf_ ? 0 : -1;
+}
+
+int tu_phis_teardown(void **state)
+{
+    tu_phis *f = *state;
+    tpk_phi_free(f->relu);
+    tpk_phi_free(f->tanh_);
+    tpk_phi_free(f->erf_);
+    tpk_phi_registry_free(f->reg);
+    free(f);
+    return 0;
 }

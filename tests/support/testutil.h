@@ -34,4 +34,15 @@ int tu_h5_has_attr(const char *file, const char *name);
 /* A little-endian float64 C-order .npy file (format 1.0) of rank 1..4, written by hand. */
 void tu_write_npy(const char *path, const double *x, int ndim, const size_t *dims);
 
+/* A registry (the job registry: built-ins plus sqrt for layernorm programs) with three
+ * instantiated nonlinearities, as a cmocka group fixture: *state becomes a tu_phis. */
+typedef struct tpk_phi_registry tpk_phi_registry;
+typedef struct tpk_phi tpk_phi;
+typedef struct tu_phis {
+    tpk_phi_registry *reg;
+    tpk_phi *relu, *tanh_, *erf_;
+} tu_phis;
+int tu_phis_setup(void **state);
+int tu_phis_teardown(void **state);
+
 #endif
