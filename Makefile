@@ -40,6 +40,8 @@ SHARED     := $(BUILD)/lib/libtpk.so
 DEPS_OK    := $(BUILD)/.deps-ok
 
 .PHONY: all lib tools tests run check check-asan bench install deps clean fuzz
+# Keep the objects of programs and tests (make would delete them as intermediates and rebuild).
+.SECONDARY:
 all: lib tools
 
 deps: $(DEPS_OK)
