@@ -3,6 +3,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx)
 {
@@ -63,4 +64,19 @@ size_t tpk_array_item_size(const tpk_array *a)
     for (int i = 1; i < a->ndim; i++)
         n *= a->dims[i];
     return n;
+}
+
+tpk_array *tpk_array_block(const tpk_array *A, size_t r0, size_t rows, size_t c0, size_t cols,
+                           tpk_ctx *ctx)
+{
+    if (A->ndim != 2 || r0 + rows > A->dims[0] || c0 + cols > A->dims[1]) {
+        TPK_ERROR(ctx, TPK_EINVAL, "block outside the matrix");
+        return NULL;
+    }
+    tpk_array *B = tpk_array_alloc2(rows, cols, ctx);
+    if (!B)
+        return NULL;
+    for (size_t i = 0; i < rows; i++)
+        memcpy(B->data + i * cols, A->data + (r0 + i) * A->dims[1] + c0, cols * sizeof(double));
+    return B;
 }

@@ -488,3 +488,14 @@ void tpk_h5out_abort(tpk_h5out *out)
     unlink(out->tmp);
     out_free(out);
 }
+
+int tpk_h5out_attr_auto(tpk_h5out *out, const char *obj, const char *key, const char *value,
+                        tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(value, &end);
+    if (end != value && *end == '\0' && errno == 0)
+        return tpk_h5out_attr_double(out, obj, key, v, ctx);
+    return tpk_h5out_attr_str(out, obj, key, value, ctx);
+}

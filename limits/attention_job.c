@@ -20,26 +20,6 @@ static double seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static const char *param(const tpk_program *p, const char *name)
-{
-    for (int i = p->nparams - 1; i >= 0; i--)
-        if (strcmp(p->param_name[i], name) == 0)
-            return p->param_value[i];
-    return NULL;
-}
-
-static int num_param(const tpk_program *p, const char *name, double *v, tpk_ctx *ctx)
-{
-    const char *s = param(p, name);
-    char *end;
-    if (!s)
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: the program has no parameter '%s'", p->path, name);
-    *v = strtod(s, &end);
-    if (end == s || *end != '\0' || !isfinite(*v))
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: parameter %s = %s is not a number", p->path, name, s);
-    return TPK_OK;
-}
-
 static int parse_count(const char *what, const char *s, unsigned long long lo,
                        unsigned long long hi, unsigned long long *out, tpk_ctx *ctx)
 {
@@ -51,16 +31,6 @@ static int parse_count(const char *what, const char *s, unsigned long long lo,
                          hi);
     *out = v;
     return TPK_OK;
-}
-
-static int write_attr(tpk_h5out *out, const char *name, const char *value, tpk_ctx *ctx)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(value, &end);
-    if (end != value && *end == '\0' && errno == 0)
-        return tpk_h5out_attr_double(out, "/", name, v, ctx);
-    return tpk_h5out_attr_str(out, "/", name, value, ctx);
 }
 
 int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
@@ -134,15 +104,15 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
     }
     double H, causal, var_e, sv2;
     tpk_attn_params prm = {.scaling = TPK_ATTN_INV_SQRT_N};
-    st = num_param(p, "heads", &H, ctx);
-    if (!st) st = num_param(p, "causal", &causal, ctx);
-    if (!st) st = num_param(p, "var_e", &var_e, ctx);
-    if (!st) st = num_param(p, "var_q", &prm.var_q, ctx);
-    if (!st) st = num_param(p, "var_k", &prm.var_k, ctx);
-    if (!st) st = num_param(p, "var_v", &prm.var_v, ctx);
-    if (!st) st = num_param(p, "var_o", &prm.var_o, ctx);
-    if (!st) st = num_param(p, "temp", &prm.temp, ctx);
-    if (!st) st = num_param(p, "sigma_v2", &sv2, ctx);
+    st = tpk_program_param_number(p, "heads", &H, ctx);
+    if (!st) st = tpk_program_param_number(p, "causal", &causal, ctx);
+    if (!st) st = tpk_program_param_number(p, "var_e", &var_e, ctx);
+    if (!st) st = tpk_program_param_number(p, "var_q", &prm.var_q, ctx);
+    if (!st) st = tpk_program_param_number(p, "var_k", &prm.var_k, ctx);
+    if (!st) st = tpk_program_param_number(p, "var_v", &prm.var_v, ctx);
+    if (!st) st = tpk_program_param_number(p, "var_o", &prm.var_o, ctx);
+    if (!st) st = tpk_program_param_number(p, "temp", &prm.temp, ctx);
+    if (!st) st = tpk_program_param_number(p, "sigma_v2", &sv2, ctx);
     if (st)
         goto done;
     if (H < 1 || H != floor(H) || H > 1e6 || (causal != 0 && causal != 1) || !(var_e >= 0)) {
@@ -207,9 +177,9 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_attr_str(out, "/", "architecture", job->label ? job->label : "attention", ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "program", prog, ctx);
     for (int i = 0; !st && i < p->nparams; i++)
-        st = write_attr(out, p->param_name[i], p->param_value[i], ctx);
+        st = tpk_h5out_attr_auto(out, "/", p->param_name[i], p->param_value[i], ctx);
     for (int i = 0; !st && i < job->nattrs; i++)
-        st = write_attr(out, job->attrs[i].name, job->attrs[i].value, ctx);
+        st = tpk_h5out_attr_auto(out, "/", job->attrs[i].name, job->attrs[i].value, ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "logit_scaling", "inv-sqrt-n", ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "score_samples", (long long)R, ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "seed", (long long)seed, ctx);

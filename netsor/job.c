@@ -3,7 +3,6 @@
 
 #include "tpk/io.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -89,14 +88,6 @@ static void job_state_free(job_state *s)
     free(s->sets);
 }
 
-static int has_param(const tpk_program *p, const char *name)
-{
-    for (int i = 0; i < p->nparams; i++)
-        if (strcmp(p->param_name[i], name) == 0)
-            return 1;
-    return 0;
-}
-
 static int user_set(const tpk_job *job, const char *name)
 {
     for (int i = 0; i < job->nsets; i++)
@@ -118,7 +109,7 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     if (!s->prog)
         return ctx->status;
     size_t T = s->X->ndim >= 3 ? s->X->dims[1] : 1;
-    if ((size_t)s->prog->nslots != T && s->X->ndim >= 3 && has_param(s->prog, "T") &&
+    if ((size_t)s->prog->nslots != T && s->X->ndim >= 3 && tpk_program_param(s->prog, "T") &&
         !user_set(job, "T")) {
         snprintf(s->tbuf, sizeof s->tbuf, "%zu", T);
         s->sets[job->nsets] = (tpk_param_set){.name = "T", .value = s->tbuf};
@@ -178,16 +169,6 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-static int write_attr(tpk_h5out *out, const char *name, const char *value, tpk_ctx *ctx)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(value, &end);
-    if (end != value && *end == '\0' && errno == 0)
-        return tpk_h5out_attr_double(out, "/", name, v, ctx);
-    return tpk_h5out_attr_str(out, "/", name, value, ctx);
-}
-
 /* Provenance, the program and its final parameters, inputs, the CLI's own flags. */
 static int describe(const tpk_job *job, const job_state *s, tpk_ctx *ctx)
 {
@@ -195,9 +176,9 @@ static int describe(const tpk_job *job, const job_state *s, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_attr_str(s->out, "/", "architecture", job->label ? job->label : "program", ctx);
     if (!st) st = tpk_h5out_attr_str(s->out, "/", "program", job->program, ctx);
     for (int i = 0; !st && i < s->prog->nparams; i++)
-        st = write_attr(s->out, s->prog->param_name[i], s->prog->param_value[i], ctx);
+        st = tpk_h5out_attr_auto(s->out, "/", s->prog->param_name[i], s->prog->param_value[i], ctx);
     for (int i = 0; !st && i < job->nattrs; i++)
-        st = write_attr(s->out, job->attrs[i].name, job->attrs[i].value, ctx);
+        st = tpk_h5out_attr_auto(s->out, "/", job->attrs[i].name, job->attrs[i].value, ctx);
     if (!st) st = tpk_h5out_attr_int(s->out, "/", "all_outputs", job->all_outputs, ctx);
     if (!st) st = tpk_h5out_input_attrs(s->out, "input", &s->xi, s->X, ctx);
     if (!st && s->Xt) st = tpk_h5out_input_attrs(s->out, "test", &s->ti, s->Xt, ctx);
@@ -205,17 +186,6 @@ static int describe(const tpk_job *job, const job_state *s, tpk_ctx *ctx)
 }
 
 /* Copy the [r0, r0+rows) × [c0, c0+cols) block of the square matrix K. */
-static tpk_array *block(const tpk_array *K, size_t r0, size_t rows, size_t c0, size_t cols, tpk_ctx *ctx)
-{
-    tpk_array *B = tpk_array_alloc2(rows, cols, ctx);
-    if (!B)
-        return NULL;
-    size_t n = K->dims[1];
-    for (size_t i = 0; i < rows; i++)
-        memcpy(B->data + i * cols, K->data + (r0 + i) * n + c0, cols * sizeof(double));
-    return B;
-}
-
 static void summarise(const tpk_job *job, const job_state *s, const tpk_array *K, double err,
                       double secs, const char *what)
 {
@@ -256,8 +226,8 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
     if (s.Xt) {
         size_t nte = s.Xt->dims[0] * per;
         size_t dm[1] = {nte};
-        Ktr = block(K, 0, ntr, 0, ntr, ctx);
-        Kx = block(K, ntr, nte, 0, ntr, ctx);
+        Ktr = tpk_array_block(K, 0, ntr, 0, ntr, ctx);
+        Kx = tpk_array_block(K, ntr, nte, 0, ntr, ctx);
         kd = tpk_array_alloc(1, dm, ctx);
         if (!Ktr || !Kx || !kd) {
             st = ctx->status;

@@ -157,47 +157,27 @@ static int settings(const tpk_job *job, cnn_job *s, size_t *rows, size_t *cols, 
     return st;
 }
 
-static const char *param(const tpk_program *p, const char *name)
-{
-    for (int i = p->nparams - 1; i >= 0; i--)
-        if (strcmp(p->param_name[i], name) == 0)
-            return p->param_value[i];
-    return NULL;
-}
-
-static int num_param(const tpk_program *p, const char *name, double *v, tpk_ctx *ctx)
-{
-    const char *s = param(p, name);
-    char *end;
-    if (!s)
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: the program has no parameter '%s'", p->path, name);
-    *v = strtod(s, &end);
-    if (end == s || *end != '\0')
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: parameter %s = %s is not a number", p->path, name, s);
-    return TPK_OK;
-}
-
 /* The program's final parameter values → tpk_cnn_params. */
 static int params_from_program(cnn_job *s, size_t rows, size_t cols, size_t C, tpk_cnn_params *cp,
                                tpk_ctx *ctx)
 {
     const tpk_program *p = s->prog;
     double L, kh = 1, kw, circ, grid_r = 1, grid_c;
-    int st = num_param(p, "L", &L, ctx);
-    if (!st) st = num_param(p, "circular", &circ, ctx);
-    if (!st) st = num_param(p, "sigma_u2", &cp->sigma_u2, ctx);
-    if (!st) st = num_param(p, "sigma_w2", &cp->sigma_w2, ctx);
-    if (!st) st = num_param(p, "sigma_b2", &cp->sigma_b2, ctx);
-    if (!st) st = num_param(p, "sigma_v2", &cp->sigma_v2, ctx);
-    if (!st) st = num_param(p, "sigma_ob2", &cp->sigma_ob2, ctx);
+    int st = tpk_program_param_number(p, "L", &L, ctx);
+    if (!st) st = tpk_program_param_number(p, "circular", &circ, ctx);
+    if (!st) st = tpk_program_param_number(p, "sigma_u2", &cp->sigma_u2, ctx);
+    if (!st) st = tpk_program_param_number(p, "sigma_w2", &cp->sigma_w2, ctx);
+    if (!st) st = tpk_program_param_number(p, "sigma_b2", &cp->sigma_b2, ctx);
+    if (!st) st = tpk_program_param_number(p, "sigma_v2", &cp->sigma_v2, ctx);
+    if (!st) st = tpk_program_param_number(p, "sigma_ob2", &cp->sigma_ob2, ctx);
     if (s->twod) {
-        if (!st) st = num_param(p, "kh", &kh, ctx);
-        if (!st) st = num_param(p, "kw", &kw, ctx);
-        if (!st) st = num_param(p, "rows", &grid_r, ctx);
-        if (!st) st = num_param(p, "cols", &grid_c, ctx);
+        if (!st) st = tpk_program_param_number(p, "kh", &kh, ctx);
+        if (!st) st = tpk_program_param_number(p, "kw", &kw, ctx);
+        if (!st) st = tpk_program_param_number(p, "rows", &grid_r, ctx);
+        if (!st) st = tpk_program_param_number(p, "cols", &grid_c, ctx);
     } else {
-        if (!st) st = num_param(p, "k", &kw, ctx);
-        if (!st) st = num_param(p, "T", &grid_c, ctx);
+        if (!st) st = tpk_program_param_number(p, "k", &kw, ctx);
+        if (!st) st = tpk_program_param_number(p, "T", &grid_c, ctx);
     }
     if (st)
         return st;
@@ -206,7 +186,7 @@ static int params_from_program(cnn_job *s, size_t rows, size_t cols, size_t C, t
                          grid_r, grid_c, rows, cols);
     if (circ != 0 && circ != 1)
         return TPK_ERROR(ctx, TPK_EINVAL, "circular must be 1 (circular padding) or 0 (zero padding)");
-    const char *phi = param(p, "phi");
+    const char *phi = tpk_program_param(p, "phi");
     if (!phi)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: the program has no parameter 'phi'", p->path);
     s->phi = tpk_phi_alloc(s->reg, phi, ctx);
@@ -225,26 +205,6 @@ static int params_from_program(cnn_job *s, size_t rows, size_t cols, size_t C, t
                                    : strcmp(s->conv, "fft") == 0 ? TPK_CNN_CONV_FFT
                                                                  : TPK_CNN_CONV_DIRECT};
     return tpk_cnn_params_check(cp, ctx);
-}
-
-static tpk_array *block(const tpk_array *K, size_t r0, size_t rows, size_t c0, size_t cols, tpk_ctx *ctx)
-{
-    tpk_array *B = tpk_array_alloc2(rows, cols, ctx);
-    if (!B)
-        return NULL;
-    for (size_t i = 0; i < rows; i++)
-        memcpy(B->data + i * cols, K->data + (r0 + i) * K->dims[1] + c0, cols * sizeof(double));
-    return B;
-}
-
-static int write_attr(tpk_h5out *out, const char *name, const char *value, tpk_ctx *ctx)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(value, &end);
-    if (end != value && *end == '\0' && errno == 0)
-        return tpk_h5out_attr_double(out, "/", name, v, ctx);
-    return tpk_h5out_attr_str(out, "/", name, value, ctx);
 }
 
 int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
@@ -308,7 +268,7 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
     size_t ntr = s.X->dims[0] * per;
     if (s.Xt) {
         size_t nte = s.Xt->dims[0] * per, dm[1] = {nte};
-        if (!(Ktr = block(s.K, 0, ntr, 0, ntr, ctx)) || !(Kx = block(s.K, ntr, nte, 0, ntr, ctx)) ||
+        if (!(Ktr = tpk_array_block(s.K, 0, ntr, 0, ntr, ctx)) || !(Kx = tpk_array_block(s.K, ntr, nte, 0, ntr, ctx)) ||
             !(kd = tpk_array_alloc(1, dm, ctx))) {
             st = ctx->status;
             goto done;
@@ -327,9 +287,9 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "architecture", job->label ? job->label : "cnn", ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "program", job->program, ctx);
     for (int i = 0; !st && i < s.prog->nparams; i++)
-        st = write_attr(s.out, s.prog->param_name[i], s.prog->param_value[i], ctx);
+        st = tpk_h5out_attr_auto(s.out, "/", s.prog->param_name[i], s.prog->param_value[i], ctx);
     for (int i = 0; !st && i < job->nattrs; i++)
-        st = write_attr(s.out, job->attrs[i].name, job->attrs[i].value, ctx);
+        st = tpk_h5out_attr_auto(s.out, "/", job->attrs[i].name, job->attrs[i].value, ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "readout", rname[cp.readout], ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "padding", cp.padding == TPK_CNN_CIRCULAR ? "circular" : "zero", ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "convolution", fft ? "fft" : "direct", ctx);

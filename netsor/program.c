@@ -1,5 +1,6 @@
 /* NETSOR front end: the driver (file/string → lex → parse → check → elaborate → tpk_program)
  * and the IR's lifecycle and text dump. */
+#include <math.h>
 #include "netsor-impl.h"
 
 #include <errno.h>
@@ -282,4 +283,24 @@ void tpk_program_dump(const tpk_program *p, FILE *f)
         fprintf(f, "output %s = readout(%s, %.10g, %.10g)\n", p->output[i].name,
                 p->output[i].src >= 0 && p->output[i].src < p->nvars ? p->var[p->output[i].src].name : "?",
                 p->output[i].var, p->output[i].bias_var);
+}
+
+const char *tpk_program_param(const tpk_program *p, const char *name)
+{
+    for (int i = p->nparams - 1; i >= 0; i--)
+        if (strcmp(p->param_name[i], name) == 0)
+            return p->param_value[i];
+    return NULL;
+}
+
+int tpk_program_param_number(const tpk_program *p, const char *name, double *v, tpk_ctx *ctx)
+{
+    const char *s = tpk_program_param(p, name);
+    char *end;
+    if (!s)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: the program has no parameter '%s'", p->path, name);
+    *v = strtod(s, &end);
+    if (end == s || *end != '\0' || !isfinite(*v))
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: parameter %s = %s is not a number", p->path, name, s);
+    return TPK_OK;
 }

@@ -584,6 +584,43 @@ static void test_syntax_variants(void **state)
     tpk_program_free(p);
 }
 
+/* Final parameter values: overrides win, functions come back as specs, bad lookups say why; and
+ * tpk_array_block copies a block and refuses one outside the matrix. */
+static void test_param_lookup(void **state)
+{
+    (void)state;
+    tpk_param_set sets[] = {{"sigma_w2", "1.375"}, {"phi", "leaky_relu(0.25)"}};
+    tpk_program *p = load_prog("mlp.nsr", sets, 2);
+    assert_non_null(p);
+    double v = 0;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_program_param_number(p, "sigma_w2", &v, &ctx), TPK_OK);
+    assert_true(v == 1.375);
+    assert_non_null(strstr(tpk_program_param(p, "phi"), "leaky_relu"));
+    assert_null(tpk_program_param(p, "no_such"));
+    assert_int_equal(tpk_program_param_number(p, "no_such", &v, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "no_such"));
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_program_param_number(p, "phi", &v, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "not a number"));
+    tpk_program_free(p);
+
+    tpk_array *A = tpk_array_alloc2(3, 4, NULL);
+    for (int i = 0; i < 12; i++)
+        A->data[i] = 0.5 * i - 1.25;
+    tpk_array *B = tpk_array_block(A, 1, 2, 1, 3, NULL);
+    assert_non_null(B);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            assert_true(B->data[i * 3 + j] == A->data[(1 + i) * 4 + 1 + j]);
+    tpk_ctx_init(&ctx);
+    assert_null(tpk_array_block(A, 2, 2, 0, 1, &ctx));
+    assert_int_equal(ctx.status, TPK_EINVAL);
+    tpk_array_free(B);
+    tpk_array_free(A);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -592,6 +629,7 @@ int main(void)
         cmocka_unit_test(test_io_errors),
         cmocka_unit_test(test_mlp),
         cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_param_lookup),
         cmocka_unit_test(test_rnn),
         cmocka_unit_test(test_gru_inlining),
         cmocka_unit_test(test_netsor_plus),

@@ -853,14 +853,6 @@ static int job_settings(const opts *o, tpk_param_set *sets, int *n, char buf[3][
     return TPK_OK;
 }
 
-static int has_param(const tpk_program *p, const char *name)
-{
-    for (int i = 0; i < p->nparams; i++)
-        if (strcmp(p->param_name[i], name) == 0)
-            return 1;
-    return 0;
-}
-
 static int set_by_user(const opts *o, const char *name)
 {
     for (int i = 0; i < o->nsets; i++)
@@ -881,11 +873,11 @@ static tpk_program *load_program(const char *path, const opts *o, tpk_param_set 
     if (!p)
         return NULL;
     int extra = 0;
-    if (x->ndim == 3 && has_param(p, "T") && !set_by_user(o, "T") &&
+    if (x->ndim == 3 && tpk_program_param(p, "T") && !set_by_user(o, "T") &&
         (size_t)p->nslots != x->dims[1]) {
         snprintf(buf[0], sizeof buf[0], "%zu", x->dims[1]);
         sets[nsets + extra++] = (tpk_param_set){"T", buf[0]};
-    } else if (x->ndim == 4 && has_param(p, "rows") && has_param(p, "cols")) {
+    } else if (x->ndim == 4 && tpk_program_param(p, "rows") && tpk_program_param(p, "cols")) {
         if (!set_by_user(o, "rows") && !set_by_user(o, "cols")) {
             snprintf(buf[0], sizeof buf[0], "%zu", x->dims[1]);
             snprintf(buf[1], sizeof buf[1], "%zu", x->dims[2]);

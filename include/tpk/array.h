@@ -23,6 +23,9 @@ TPK_API void tpk_array_free(tpk_array *a);
 TPK_API size_t tpk_array_size(const tpk_array *a);
 /* Number of items along axis 0 (N) and the size of one item (product of the other dims). */
 TPK_API size_t tpk_array_item_size(const tpk_array *a);
+/* A copy of the rows×cols block of the 2-D array A at (r0, c0); NULL (ctx set) on failure. */
+TPK_API tpk_array *tpk_array_block(const tpk_array *A, size_t r0, size_t rows, size_t c0,
+                                   size_t cols, tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }

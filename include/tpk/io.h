@@ -49,6 +49,9 @@ TPK_API int tpk_h5out_attr_double(tpk_h5out *out, const char *obj, const char *k
                                   tpk_ctx *ctx);
 TPK_API int tpk_h5out_attr_int(tpk_h5out *out, const char *obj, const char *key, long long val,
                                tpk_ctx *ctx);
+/* An attribute from text: a double when `value` parses as one, else a string. */
+TPK_API int tpk_h5out_attr_auto(tpk_h5out *out, const char *obj, const char *key, const char *value,
+                                tpk_ctx *ctx);
 /* Root attributes every output carries: toolkit_version, command_line (argv joined, shell-quoted),
  * created (ISO 8601 UTC). */
 TPK_API int tpk_h5out_provenance(tpk_h5out *out, int argc, char **argv, tpk_ctx *ctx);

@@ -148,6 +148,11 @@ TPK_API tpk_program *tpk_netsor_load_string(const char *name, const char *src,
                                             const tpk_netsor_opts *opts,
                                             const tpk_phi_registry *reg, tpk_ctx *ctx);
 TPK_API void tpk_program_free(tpk_program *p);
+/* A final parameter value (after --set) as text, or NULL if the program has no such parameter. */
+TPK_API const char *tpk_program_param(const tpk_program *p, const char *name);
+/* The same as a finite number; TPK_EINVAL naming the program and parameter otherwise. */
+TPK_API int tpk_program_param_number(const tpk_program *p, const char *name, double *v,
+                                     tpk_ctx *ctx);
 TPK_API void tpk_program_dump(const tpk_program *p, FILE *f);
 
 /* ---- Back ends -------------------------------------------------------------------------------- */
