@@ -173,19 +173,12 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_write(out, "/score_covariances", Cs, ctx);
     if (!st) st = tpk_h5out_write(out, "/excess_kurtosis", kurt, ctx);
     if (!st) st = tpk_h5out_write(out, "/input_kernel", Sx, ctx);
-    if (!st) st = tpk_h5out_provenance(out, job->argc, job->argv, ctx);
-    if (!st) st = tpk_h5out_attr_str(out, "/", "architecture", job->label ? job->label : "attention", ctx);
-    if (!st) st = tpk_h5out_attr_str(out, "/", "program", prog, ctx);
-    for (int i = 0; !st && i < p->nparams; i++)
-        st = tpk_h5out_attr_auto(out, "/", p->param_name[i], p->param_value[i], ctx);
-    for (int i = 0; !st && i < job->nattrs; i++)
-        st = tpk_h5out_attr_auto(out, "/", job->attrs[i].name, job->attrs[i].value, ctx);
+    if (!st) st = tpk_job_describe(out, job, p, prog, "attention", ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "logit_scaling", "inv-sqrt-n", ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "score_samples", (long long)R, ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "seed", (long long)seed, ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "limit", "hierarchical: y | p ~ N(0, C(p)), "
                                      "C(p) = (1/H) sum_a A^a Sigma^V A^a^T (theory.md 5.2)", ctx);
-    if (!st) st = tpk_h5out_attr_int(out, "/", "all_outputs", job->all_outputs, ctx);
     if (!st) st = tpk_h5out_input_attrs(out, "input", &info, X, ctx);
     if (!st) st = tpk_h5out_attr_double(out, "/", "error_estimate", err, ctx);
     if (!st) {

@@ -169,17 +169,24 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-/* Provenance, the program and its final parameters, inputs, the CLI's own flags. */
+int tpk_job_describe(tpk_h5out *out, const tpk_job *job, const tpk_program *prog,
+                     const char *path, const char *fallback_label, tpk_ctx *ctx)
+{
+    int st = tpk_h5out_provenance(out, job->argc, job->argv, ctx);
+    if (!st) st = tpk_h5out_attr_str(out, "/", "architecture", job->label ? job->label : fallback_label, ctx);
+    if (!st) st = tpk_h5out_attr_str(out, "/", "program", path ? path : job->program, ctx);
+    for (int i = 0; !st && i < prog->nparams; i++)
+        st = tpk_h5out_attr_auto(out, "/", prog->param_name[i], prog->param_value[i], ctx);
+    for (int i = 0; !st && i < job->nattrs; i++)
+        st = tpk_h5out_attr_auto(out, "/", job->attrs[i].name, job->attrs[i].value, ctx);
+    if (!st) st = tpk_h5out_attr_int(out, "/", "all_outputs", job->all_outputs, ctx);
+    return st;
+}
+
+/* The common attributes, then the inputs. */
 static int describe(const tpk_job *job, const job_state *s, tpk_ctx *ctx)
 {
-    int st = tpk_h5out_provenance(s->out, job->argc, job->argv, ctx);
-    if (!st) st = tpk_h5out_attr_str(s->out, "/", "architecture", job->label ? job->label : "program", ctx);
-    if (!st) st = tpk_h5out_attr_str(s->out, "/", "program", job->program, ctx);
-    for (int i = 0; !st && i < s->prog->nparams; i++)
-        st = tpk_h5out_attr_auto(s->out, "/", s->prog->param_name[i], s->prog->param_value[i], ctx);
-    for (int i = 0; !st && i < job->nattrs; i++)
-        st = tpk_h5out_attr_auto(s->out, "/", job->attrs[i].name, job->attrs[i].value, ctx);
-    if (!st) st = tpk_h5out_attr_int(s->out, "/", "all_outputs", job->all_outputs, ctx);
+    int st = tpk_job_describe(s->out, job, s->prog, NULL, "program", ctx);
     if (!st) st = tpk_h5out_input_attrs(s->out, "input", &s->xi, s->X, ctx);
     if (!st && s->Xt) st = tpk_h5out_input_attrs(s->out, "test", &s->ti, s->Xt, ctx);
     return st;

@@ -283,17 +283,10 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
     st = tpk_h5out_write(s.out, "/kernel", Ktr ? Ktr : s.K, ctx);
     if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
     if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
-    if (!st) st = tpk_h5out_provenance(s.out, job->argc, job->argv, ctx);
-    if (!st) st = tpk_h5out_attr_str(s.out, "/", "architecture", job->label ? job->label : "cnn", ctx);
-    if (!st) st = tpk_h5out_attr_str(s.out, "/", "program", job->program, ctx);
-    for (int i = 0; !st && i < s.prog->nparams; i++)
-        st = tpk_h5out_attr_auto(s.out, "/", s.prog->param_name[i], s.prog->param_value[i], ctx);
-    for (int i = 0; !st && i < job->nattrs; i++)
-        st = tpk_h5out_attr_auto(s.out, "/", job->attrs[i].name, job->attrs[i].value, ctx);
+    if (!st) st = tpk_job_describe(s.out, job, s.prog, NULL, "cnn", ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "readout", rname[cp.readout], ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "padding", cp.padding == TPK_CNN_CIRCULAR ? "circular" : "zero", ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "convolution", fft ? "fft" : "direct", ctx);
-    if (!st) st = tpk_h5out_attr_int(s.out, "/", "all_outputs", job->all_outputs, ctx);
     if (!st) st = tpk_h5out_attr_int(s.out, "/", "channels", (long long)C, ctx);
     if (!st) st = tpk_h5out_input_attrs(s.out, "input", &s.xi, s.X, ctx);
     if (!st && s.Xt) st = tpk_h5out_input_attrs(s.out, "test", &s.ti, s.Xt, ctx);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "io.h"
 #include "netsor.h"
 
 #ifdef __cplusplus
@@ -44,6 +45,13 @@ TPK_API int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx
  * executable: <exe>/../../REL (build tree) or <exe>/../share/tpk/REL (installed); falls back to
  * REL relative to the working directory. Returns buf. */
 TPK_API const char *tpk_shipped_path(const char *rel, char *buf, size_t len);
+
+/* The attributes every job writes on "/": provenance (tpk_h5out_provenance), "architecture"
+ * (job->label, else fallback_label), "program" (path, NULL: job->program), the program's final
+ * parameters, the CLI's own flags (job->attrs) and "all_outputs". The job modules add their own
+ * attributes after it. */
+TPK_API int tpk_job_describe(tpk_h5out *out, const tpk_job *job, const tpk_program *prog,
+                             const char *path, const char *fallback_label, tpk_ctx *ctx);
 
 /* A registry with the built-ins plus what programs commonly need. */
 TPK_API tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx);
