@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tpk/map.h"
+
 #define PI 3.14159265358979323846
 /* Square tiles of the lower triangle: a 64×64 block of doubles (32 KiB) is computed into a
  * buffer and written out twice (in place and transposed), so the mirror costs no extra pass. */
@@ -471,6 +473,30 @@ static void store_row(double *restrict dst, const double *restrict src, size_t l
         dst[j] = alpha * src[j] + beta;
 }
 
+/* relu's lower-triangle map through the tuner's generated kernel (tpk/map.h, gen/tpk_map_cpu.c;
+ * the tile loop of map_sym stays the reference). Returns 1 when it served, 0 when the reference
+ * must run: TPK_MAP=reference, another φ, no memory, or an entry flagged out of place (the loop
+ * then finds and reports it). In place a flagged entry is overwritten and cannot be named any
+ * more: *st gets the error (TPK_EDOM, as the reference's check). */
+static int relu_tuned(const tpk_phi *phi, const double *S, size_t n, double alpha, double beta,
+                      double *out, int *st, tpk_ctx *ctx)
+{
+    if (phi->kind != GK_ABRELU || phi->ca != 0.0 || phi->cb != 1.0 ||
+        tpk_relu_map_tuned_choice(0, n, 0, NULL) == TPK_MAP_REFERENCE)
+        return 0;
+    tpk_ctx local;
+    tpk_ctx_init(&local);
+    int bad = 1;
+    if (tpk_relu_map_tuned_d(n, S, n, alpha, beta, out, n, n * n >= PAR_MIN_ENTRIES ? 0 : 1, NULL,
+                             &bad, &local) != TPK_OK)
+        return 0;
+    if (bad && out == S)
+        *st = TPK_ERROR(ctx, TPK_EDOM,
+                        "%s: a covariance is not finite or exceeds sqrt(q_i*q_j) (not PSD); the "
+                        "in-place map overwrote it (TPK_MAP=reference names the entry)", phi->canon);
+    return !bad || out == S;
+}
+
 static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, double beta,
                    double *out, int mirror, const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
 {
@@ -494,8 +520,14 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
     P.alpha = alpha;
     P.beta = beta;
     const seg_fn seg = seg_for(P.mk);
+    /* relu, lower triangle: the tuned kernel replaces the tile loop; the fix-ups below still run */
+    const int tuned = !mirror && relu_tuned(phi, S, n, alpha, beta, out, &st, ctx);
+    if (st) {
+        prep_free(&ip);
+        return st;
+    }
 
-    const size_t T = (n + TILE - 1) / TILE, ntiles = T * (T + 1) / 2;
+    const size_t T = (n + TILE - 1) / TILE, ntiles = tuned ? 0 : T * (T + 1) / 2;
     const int stream = n * n * sizeof(double) >= STREAM_MIN_BYTES;
     map_fail fail = {0, 0, 0, 0.0};
     double maxr = 0.0, errmax = 0.0;

@@ -14,7 +14,7 @@ TUNE_LOGS   := $(sort $(wildcard data/tuning/*.jsonl))
 GEN_CPU     := gen/tpk_gemm_cpu.c
 TPGEN       := $(BUILD)/host/tptune-gen
 TPGEN_OBJ    = $(BUILD)/obj/tools/tptune.o $(BUILD)/obj/core/error.o \
-               $(filter-out $(BUILD)/obj/tuner/gemm_dispatch.o,$(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tuner/*.c)))
+               $(filter-out $(BUILD)/obj/tuner/gemm_dispatch.o $(BUILD)/obj/tuner/map_dispatch.o,$(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tuner/*.c)))
 
 $(TPGEN): $(TPGEN_OBJ)
 	@mkdir -p $(@D)

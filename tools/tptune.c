@@ -3,6 +3,8 @@
  *               [--trials=N] [--batch=16] [--model=rank|reg|random] [--seed=S]
  *               [--transfer=LOG] [--repeat=5] [--min-ms=50] --log=FILE
  *   tptune syrk --n=N --k=K [same options]   lower triangle of A·Aᵀ (Gram / covariance update)
+ *   tptune map --n=N [same options]          ReLU NNGP map over the lower triangle (rate: G entries/s)
+ *   tptune gen --op=map --out=FILE LOG...    the map library file (gen/tpk_map_cpu.c)
  *   tptune show LOG...                       best record per workload
  *   tptune emit --m= --n= --k= [--dtype=] [--target=] [--knobs=mr=8,nv=3,...]   print source
  *   tptune gen --out=FILE LOG...             library kernels + dispatch table (gen/)
@@ -24,6 +26,8 @@ static void usage(FILE *f)
           "                   [--trials=N] [--batch=B] [--model=rank|reg|random] [--seed=S]\n"
           "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] [--vendor=0|1] --log=FILE\n"
           "       tptune syrk --n=N --k=K [options as for gemm]\n"
+          "       tptune map --n=N [options as for gemm]   (ReLU NNGP map; rates in G entries/s)\n"
+          "       tptune gen --op=map --out=FILE LOG...\n"
           "       tptune show LOG...\n"
           "       tptune emit --m=M --n=N --k=K [--dtype=..] [--target=..] [--threads=T] [--knobs=a=1,b=2]\n"
           "       tptune gen --out=FILE LOG...\n"
@@ -119,6 +123,8 @@ static int parse_args(int argc, char **argv, args *a)
                 a->task.op = TPK_TUNE_GEMM;
             else if (!strcmp(v, "syrk"))
                 a->task.op = TPK_TUNE_SYRK;
+            else if (!strcmp(v, "map") || !strcmp(v, "relu_map"))
+                a->task.op = TPK_TUNE_MAP;
             else
                 bad = 1;
         } else if (!strcmp(k, "model")) {
@@ -331,7 +337,8 @@ static int cmd_gen(const args *a, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EIO, "%s: cannot write: %s", tmp, strerror(errno));
         return 1;
     }
-    int st = a->task.target == TPK_TUNE_CUDA ? tpk_tune_gen_cuda_library(all, nall, "tptune gen", f, ctx)
+    int st = a->task.op == TPK_TUNE_MAP ? tpk_tune_gen_map_library(all, nall, "tptune gen", f, ctx)
+             : a->task.target == TPK_TUNE_CUDA ? tpk_tune_gen_cuda_library(all, nall, "tptune gen", f, ctx)
                                               : tpk_tune_gen_cpu_library(all, nall, "tptune gen", f, ctx);
     if (fclose(f) != 0 && !st)
         st = TPK_ERROR(ctx, TPK_EIO, "%s: write failed", tmp);
@@ -499,7 +506,14 @@ int main(int argc, char **argv)
     }
     if (a.task.op == TPK_TUNE_SYRK && !a.task.m)
         a.task.m = a.task.n;
-    if (!strcmp(argv[1], "gemm") || !strcmp(argv[1], "syrk"))
+    if (!strcmp(argv[1], "map"))
+        a.task.op = TPK_TUNE_MAP;
+    if (a.task.op == TPK_TUNE_MAP) { /* the n×n map: m = n, no k */
+        a.task.m = a.task.m ? a.task.m : a.task.n;
+        a.task.n = a.task.m;
+        a.task.k = 1;
+    }
+    if (!strcmp(argv[1], "gemm") || !strcmp(argv[1], "syrk") || !strcmp(argv[1], "map"))
         rc = cmd_gemm(&a, &ctx);
     else if (!strcmp(argv[1], "show"))
         rc = cmd_show(&a, &ctx);

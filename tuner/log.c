@@ -180,7 +180,7 @@ static void task_member(jp *j, const char *key, void *u)
     } else if (!strcmp(key, "op")) {
         char d[16];
         str(j, d, sizeof d);
-        r->task.op = !strcmp(d, "syrk") ? TPK_TUNE_SYRK : TPK_TUNE_GEMM;
+        r->task.op = !strcmp(d, "syrk") ? TPK_TUNE_SYRK : !strcmp(d, "relu_map") ? TPK_TUNE_MAP : TPK_TUNE_GEMM;
     } else if (!strcmp(key, "m"))
         r->task.m = (size_t)num(j);
     else if (!strcmp(key, "n"))

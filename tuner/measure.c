@@ -91,7 +91,8 @@ int tpk_tune_compile_cpu(const char *src, const char *so, const char *cc, double
             dup2(null, 2);
         }
         execlp(cc ? cc : "gcc", cc ? cc : "gcc", "-std=gnu11", "-O3", "-march=native",
-               "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-o", so, src, (char *)NULL);
+               "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-o", so, src, "-lmvec", "-lm",
+               (char *)NULL); /* libmvec: the map template's vector acos / atan2 */
         _exit(127);
     }
     int ws = wait_timeout(pid, timeout_s > 0 ? timeout_s : 60);
@@ -300,7 +301,10 @@ static void child_run(const child_args *a, tpk_tune_result *r)
         r->err = TPK_TUNE_ELOAD;
         return;
     }
-    r->err = a->dtype == TPK_TUNE_F32 ? child_float(h, a, r) : child_double(h, a, r);
+    if (a->op == TPK_TUNE_MAP)
+        r->err = tpk__cpu_map_child(h, a->dtype, a->m, a->threads, a->repeat, a->min_repeat_ms, r);
+    else
+        r->err = a->dtype == TPK_TUNE_F32 ? child_float(h, a, r) : child_double(h, a, r);
     if (r->err)
         r->gflops = 0;
     /* No dlclose: the process ends here, and unloading OpenMP code under live workers crashes. */
@@ -514,8 +518,9 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
             unlink(src);
         return TPK_OK;
     }
-    tpk__cpu_blocking b;
-    tpk__cpu_gemm_blocking(s, c, &b);
+    tpk__cpu_blocking b = {.mr = 1, .nr = 1, .kc = 1}; /* map: the check shapes are its own */
+    if (s->task.op != TPK_TUNE_MAP)
+        tpk__cpu_gemm_blocking(s, c, &b);
     child_args a = {.so = so, .dtype = s->task.dtype, .threads = s->task.threads,
                     .repeat = o->repeat < 1 ? 1 : o->repeat > TPK_TUNE_MAX_REPEAT ? TPK_TUNE_MAX_REPEAT : o->repeat,
                     .m = s->task.m, .n = s->task.n, .k = s->task.k,

@@ -45,7 +45,7 @@ const char *tpk_tune_target_name(int target)
 
 const char *tpk_tune_op_name(int op)
 {
-    return op == TPK_TUNE_SYRK ? "syrk" : "gemm";
+    return op == TPK_TUNE_SYRK ? "syrk" : op == TPK_TUNE_MAP ? "relu_map" : "gemm";
 }
 
 const char *tpk_tune_target_class(int target)
@@ -67,6 +67,8 @@ const char *tpk_tune_target_class(int target)
 
 double tpk_tune_task_flops(const tpk_tune_task *t)
 {
+    if (t->op == TPK_TUNE_MAP) /* entries of the lower triangle: the rate is entries per second */
+        return (double)t->m * ((double)t->m + 1) / 2;
     if (t->op == TPK_TUNE_SYRK) /* the lower triangle, diagonal included */
         return (double)t->m * ((double)t->m + 1) * (double)t->k;
     return 2.0 * (double)t->m * (double)t->n * (double)t->k;
@@ -80,12 +82,16 @@ int tpk_tune_space_init(tpk_tune_space *s, const tpk_tune_task *task, tpk_ctx *c
                          task->k);
     if (task->dtype != TPK_TUNE_F64 && task->dtype != TPK_TUNE_F32)
         return TPK_ERROR(ctx, TPK_EINVAL, "tune: dtype must be f64 or f32");
-    if (task->op != TPK_TUNE_GEMM && task->op != TPK_TUNE_SYRK)
-        return TPK_ERROR(ctx, TPK_EINVAL, "tune: op must be gemm or syrk");
+    if (task->op != TPK_TUNE_GEMM && task->op != TPK_TUNE_SYRK && task->op != TPK_TUNE_MAP)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: op must be gemm, syrk or relu_map");
+    if (task->op == TPK_TUNE_MAP && (task->n != task->m || task->target != TPK_TUNE_CPU))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: relu_map needs n = m and the cpu target");
     if (task->op == TPK_TUNE_SYRK && (task->n != task->m || task->target != TPK_TUNE_CPU))
         return TPK_ERROR(ctx, TPK_EINVAL, "tune: syrk needs n = m and the cpu target");
     int st;
-    if (task->target == TPK_TUNE_CPU)
+    if (task->op == TPK_TUNE_MAP)
+        st = tpk__cpu_map_space(s, task, ctx);
+    else if (task->target == TPK_TUNE_CPU)
         st = tpk__cpu_gemm_space(s, task, ctx);
     else if (task->target == TPK_TUNE_CUDA)
         st = tpk__cuda_gemm_space(s, task, ctx);
@@ -171,7 +177,9 @@ uint64_t tpk_tune_space_random(const tpk_tune_space *s, uint64_t *rng)
 
 void tpk_tune_space_default(const tpk_tune_space *s, tpk_tune_config *c)
 {
-    if (s->task.target == TPK_TUNE_CUDA)
+    if (s->task.op == TPK_TUNE_MAP)
+        tpk__cpu_map_default(s, c);
+    else if (s->task.target == TPK_TUNE_CUDA)
         tpk__cuda_gemm_default(s, c);
     else
         tpk__cpu_gemm_default(s, c);
@@ -203,5 +211,7 @@ int tpk_tune_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char 
         return TPK_ERROR(ctx, TPK_EINVAL, "tune: configuration violates the space's constraints");
     if (s->task.target == TPK_TUNE_CUDA)
         return tpk__cuda_gemm_emit(s, c, fname, standalone, out, ctx);
+    if (s->task.op == TPK_TUNE_MAP)
+        return tpk__cpu_map_emit(s, c, fname, standalone, out, ctx);
     return tpk__cpu_gemm_emit(s, c, fname, standalone, out, ctx);
 }

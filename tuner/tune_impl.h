@@ -15,6 +15,16 @@ void tpk__cpu_gemm_default(const tpk_tune_space *s, tpk_tune_config *c);
 void tpk__cuda_gemm_default(const tpk_tune_space *s, tpk_tune_config *c);
 void tpk__cuda_emit_harness(FILE *o, const char *const *names, const int *dtypes, int nk,
                             const size_t (*shapes)[3], int nshape, int repeat);
+/* The cpu_map template (relu_map, tuner/cpu_map.c) and its measuring child (h: the dlopen'd
+ * candidate; times it on the n×n workload after checking it against tpk_ref_relu_map_*). */
+int tpk__cpu_map_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx);
+void tpk__cpu_map_default(const tpk_tune_space *s, tpk_tune_config *c);
+int tpk__cpu_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
+                      int standalone, FILE *out, tpk_ctx *ctx);
+void tpk__cpu_map_kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap);
+void tpk__cpu_map_prelude(FILE *out);
+int tpk__cpu_map_child(void *h, int dtype, size_t n, int threads, int repeat, double min_repeat_ms,
+                       tpk_tune_result *r);
 void tpk__cuda_kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap);
 int tpk__cuda_measure(const tpk_tune_space *s, const tpk_tune_config *c,
                       const tpk_tune_measure_opts *o, tpk_tune_result *res, tpk_ctx *ctx);

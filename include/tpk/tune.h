@@ -19,7 +19,10 @@ enum tpk_tune_target { TPK_TUNE_CPU = 0, TPK_TUNE_CUDA = 1 };
 enum tpk_tune_dtype { TPK_TUNE_F64 = 0, TPK_TUNE_F32 = 1 };
 /* GEMM: C(m×n) = alpha·A(m×k)·B(k×n) + beta·C. SYRK: the lower triangle of C(m×m) =
  * alpha·A·Aᵀ + beta·C (the Gram / covariance update), n = m, B = Aᵀ by strides; CPU only. */
-enum tpk_tune_op { TPK_TUNE_GEMM = 0, TPK_TUNE_SYRK = 1 };
+enum tpk_tune_op { TPK_TUNE_GEMM = 0, TPK_TUNE_SYRK = 1, TPK_TUNE_MAP = 2 };
+/* MAP ("relu_map", tuner/cpu_map.c): the ReLU NNGP map over the lower triangle of an N×N
+ * covariance S (m = n = N, k = 1): out_ij = alpha/(2π)·√(q_i q_j)(sin θ + (π − θ) cos θ) + beta,
+ * cos θ = S_ij/√(q_i q_j), q = diag S; CPU only. Its "gflops" are giga-entries per second. */
 
 /* One workload of an op and dtype on a target with a thread count. */
 typedef struct tpk_tune_task {
@@ -110,6 +113,14 @@ typedef void (*tpk_sgemm_kernel_fn)(size_t m, size_t n, size_t k, float alpha, c
                                     size_t csb, float beta, float *C, size_t ldc, int nt,
                                     void *ws);
 typedef size_t (*tpk_gemm_ws_fn)(int nt);
+/* Map kernels (op MAP): write the lower triangle (diagonal included) of out (row stride ldo) from
+ * S (row stride lds; out may be S); ws holds ws_fn(n) bytes aligned to 64. Returns non-zero when
+ * some |S_ij| exceeds √(q_i q_j) beyond rounding or is NaN (the output is then unspecified). */
+typedef int (*tpk_dmap_kernel_fn)(size_t n, const double *S, size_t lds, double alpha, double beta,
+                                  double *out, size_t ldo, int nt, void *ws);
+typedef int (*tpk_smap_kernel_fn)(size_t n, const float *S, size_t lds, float alpha, float beta,
+                                  float *out, size_t ldo, int nt, void *ws);
+typedef size_t (*tpk_map_ws_fn)(size_t n);
 
 /* Reference kernels beside the tuned ones (style.md §9): plain loops, same contract. */
 TPK_API void tpk_ref_dgemm(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
@@ -118,6 +129,13 @@ TPK_API void tpk_ref_dgemm(size_t m, size_t n, size_t k, double alpha, const dou
 TPK_API void tpk_ref_sgemm(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
                            size_t csa, const float *B, size_t rsb, size_t csb, float beta,
                            float *C, size_t ldc);
+
+/* Reference ReLU maps (plain loops, double arithmetic; kernels/gauss_map.c's formula for relu):
+ * the same contract as the map kernels; -1 when out of memory. */
+TPK_API int tpk_ref_relu_map_d(size_t n, const double *S, size_t lds, double alpha, double beta,
+                               double *out, size_t ldo);
+TPK_API int tpk_ref_relu_map_s(size_t n, const float *S, size_t lds, float alpha, float beta,
+                               float *out, size_t ldo);
 
 /* ---- Measurement -------------------------------------------------------------------------- */
 
@@ -289,6 +307,11 @@ TPK_API int tpk_tune_synthetic_measure(void *user, const tpk_tune_space *s,
 /* Write the generated C file of the library's tuned CPU GEMM kernels and their dispatch table
  * from the best record per (dtype, m, n, k, threads) in recs. Deterministic output. */
 TPK_API int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *generator,
+                                     FILE *out, tpk_ctx *ctx);
+
+/* The generated map file (gen/tpk_map_cpu.c): the best relu_map record per (dtype, n, threads),
+ * the analytic defaults, and the table tuner/map_dispatch.c reads. Deterministic output. */
+TPK_API int tpk_tune_gen_map_library(const tpk_tune_record *recs, size_t n, const char *generator,
                                      FILE *out, tpk_ctx *ctx);
 
 /* The generated CUDA file (gen/tpk_gemm_cuda.cu): the best cuda_gemm record per workload, the
