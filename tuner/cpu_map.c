@@ -60,9 +60,6 @@ static int map_valid(const tpk_tune_space *s, const tpk_tune_config *c)
     map_cfg m;
     cfg_of(s, c, &m);
     const size_t n = s->task.m;
-    /* an unrolled step must fit in a column block */
-    if (m.un * m.vl > m.nb)
-        return 0;
     /* the balanced split assigns rows itself: the schedule knobs would only duplicate points */
     if (m.split == SPLIT_BALANCED && (m.sched != SCHED_STATIC || m.chunk != 1))
         return 0;
@@ -228,7 +225,7 @@ void tpk__cpu_map_default(const tpk_tune_space *s, tpk_tune_config *c)
     c->v[K_RQ] = 1;
     c->v[K_UN] = 2;
     c->v[K_SPLIT] = SPLIT_ROWS;
-    c->v[K_SCHED] = SCHED_DYNAMIC;
+    c->v[K_SCHED] = s->task.threads > 1 ? SCHED_DYNAMIC : SCHED_STATIC; /* one thread: one candidate */
     c->v[K_CHUNK] = 1;
     while (!tpk_tune_space_valid(s, c) && c->v[K_NB] > 64)
         c->v[K_NB] /= 2;
