@@ -248,6 +248,9 @@ TPK_API int tpk_tune_model_fit(tpk_tune_model *m, const float *X, const float *y
 TPK_API int tpk_tune_model_predict(const tpk_tune_model *m, const float *X, size_t n,
                                    const float *base_margin, float *out, tpk_ctx *ctx);
 TPK_API int tpk_tune_model_trained(const tpk_tune_model *m);
+/* Override one XGBoost parameter of later fits (e.g. "max_depth", "4"); an unknown name or
+ * value fails at the next fit. */
+TPK_API int tpk_tune_model_set(tpk_tune_model *m, const char *name, const char *value, tpk_ctx *ctx);
 
 /* ---- Search ------------------------------------------------------------------------------- */
 
@@ -276,6 +279,16 @@ typedef struct tpk_tune_opts {
     size_t nhistory;
     /* Stop early once best ≥ stop_at_gflops (> 0); used by replay experiments. */
     double stop_at_gflops;
+    /* Early batches: the first batch has plan_first points, later ones half the trials so far,
+     * between plan_first and plan_size (more refits while the model learns fastest). 0: every
+     * batch is plan_size (AutoTVM). */
+    int plan_first;
+    /* Diversity (AutoTVM submodular_pick): the model's top diversity × want candidates, of which
+     * want are picked greedily for knob values not yet in the batch. ≤ 1: plain top-k. */
+    double diversity;
+    /* Tree depth and learning rate of the model; 0: AutoTVM's 3 and 0.3. */
+    int model_depth;
+    double model_eta;
 } tpk_tune_opts;
 
 TPK_API void tpk_tune_opts_default(tpk_tune_opts *o);
