@@ -289,6 +289,131 @@ static void test_model_beats_random_on_table(void **state)
     free(tab);
 }
 
+/* ---- batch schedule, diversity, model settings --------------------------------------------- */
+
+typedef struct recorder {
+    uint64_t idx[256];
+    int n;
+    int batch_end[64]; /* trials after each batch */
+    int nbatch;
+} recorder;
+
+static int recording_measure(void *user, const tpk_tune_space *s, const tpk_tune_config *c, tpk_tune_result *res,
+                             tpk_ctx *ctx)
+{
+    recorder *r = user;
+    if (r->n < 256)
+        r->idx[r->n++] = tpk_tune_space_index(s, c);
+    uint64_t noise = NOISE_SEED;
+    return tpk_tune_synthetic_measure(&noise, s, c, res, ctx);
+}
+
+static void recording_progress(void *user, int batch, int trials, double best, const char *knobs,
+                               const tpk_tune_result *last)
+{
+    (void)batch, (void)best, (void)knobs, (void)last;
+    recorder *r = user;
+    if (r->nbatch < 64)
+        r->batch_end[r->nbatch++] = trials;
+}
+
+/* Distinct (knob, value) pairs among configurations idx[from..to). */
+static int knob_values(const tpk_tune_space *s, const uint64_t *idx, int from, int to)
+{
+    int seen[TPK_TUNE_MAX_KNOBS][TPK_TUNE_MAX_CANDS] = {{0}}, count = 0;
+    for (int i = from; i < to; i++) {
+        tpk_tune_config c;
+        tpk_tune_space_point(s, idx[i], &c);
+        for (int k = 0; k < s->nknob; k++)
+            for (int j = 0; j < s->knob[k].ncand; j++)
+                if (s->knob[k].cand[j] == c.v[k] && !seen[k][j]) {
+                    seen[k][j] = 1;
+                    count++;
+                }
+    }
+    return count;
+}
+
+static void test_batches_and_diversity(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_tune_space s;
+    tpk_tune_task t = task_of(1536, 1536, 1536, 2);
+    assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
+    double best;
+    uint64_t *tab = make_table(&s, 31, &best);
+
+    /* Early batches: plan_first, then half the trials so far, capped at plan_size. */
+    tpk_tune_opts o;
+    tpk_tune_opts_default(&o);
+    o.trials = 60;
+    o.plan_size = 16;
+    o.plan_first = 4;
+    o.universe = tab;
+    o.nuniverse = TABLE_SIZE;
+    recorder rec = {0};
+    tpk_tune_outcome out;
+    assert_int_equal(tpk_tune_run(&s, &o, recording_measure, &rec, NULL, recording_progress, &rec, &out, &ctx), TPK_OK);
+    static const int expect[] = {4, 8, 12, 18, 27, 40, 56, 60};
+    assert_int_equal(rec.nbatch, 8);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(rec.batch_end[i], expect[i]);
+    for (int i = 0; i < rec.n; i++) /* every trial distinct */
+        for (int j = i + 1; j < rec.n; j++)
+            assert_true(rec.idx[i] != rec.idx[j]);
+
+    /* Diversity: the same first batch and model, so the second batch differs only in the pick;
+     * the diverse pick covers more knob values than the model's plain top 16. */
+    recorder plain = {0}, div = {0};
+    tpk_tune_opts_default(&o);
+    o.trials = 32;
+    o.plan_size = 16;
+    o.eps = 0;
+    o.universe = tab;
+    o.nuniverse = TABLE_SIZE;
+    assert_int_equal(tpk_tune_run(&s, &o, recording_measure, &plain, NULL, NULL, NULL, &out, &ctx), TPK_OK);
+    o.diversity = 4;
+    assert_int_equal(tpk_tune_run(&s, &o, recording_measure, &div, NULL, NULL, NULL, &out, &ctx), TPK_OK);
+    assert_int_equal(plain.n, 32);
+    assert_int_equal(div.n, 32);
+    for (int i = 0; i < 16; i++)
+        assert_true(plain.idx[i] == div.idx[i]);
+    int vp = knob_values(&s, plain.idx, 16, 32), vd = knob_values(&s, div.idx, 16, 32);
+    print_message("second batch covers %d knob values with the diversity pick, %d without\n", vd, vp);
+    assert_true(vd > vp);
+
+    /* Model settings: depth and learning rate reach XGBoost; bad ones fail at the fit. */
+    tpk_tune_model *m = tpk_tune_model_alloc(TPK_TUNE_MODEL_XGB_RANK, 3, 5, 1, &ctx);
+    assert_non_null(m);
+    assert_int_equal(tpk_tune_model_set(m, "max_depth", "5", &ctx), TPK_OK);
+    assert_int_equal(tpk_tune_model_set(m, "max_depth", "4", &ctx), TPK_OK); /* replaces */
+    assert_int_equal(tpk_tune_model_set(m, "a_parameter_name_longer_than_thirty_two", "1", &ctx), TPK_EINVAL);
+    tpk_ctx_clear(&ctx);
+    float X[8 * 3], y[8];
+    for (int i = 0; i < 8; i++) {
+        X[3 * i] = (float)i * 1.375f, X[3 * i + 1] = (float)(i % 3), X[3 * i + 2] = 2.5f - (float)i;
+        y[i] = (float)(i * i) + 0.5f;
+    }
+    unsigned g = 8;
+    assert_int_equal(tpk_tune_model_fit(m, X, y, 8, &g, 1, NULL, &ctx), TPK_OK);
+    assert_int_equal(tpk_tune_model_set(m, "max_depth", "deep", &ctx), TPK_OK);
+    assert_int_equal(tpk_tune_model_fit(m, X, y, 8, &g, 1, NULL, &ctx), TPK_ENUMERIC);
+    tpk_ctx_clear(&ctx);
+    tpk_tune_model_free(m);
+    tpk_tune_opts_default(&o);
+    o.trials = 8;
+    o.model_depth = 2;
+    o.model_eta = 0.15;
+    o.plan_first = 4;
+    o.universe = tab;
+    o.nuniverse = TABLE_SIZE;
+    assert_int_equal(tpk_tune_run(&s, &o, recording_measure, &rec, NULL, NULL, NULL, &out, &ctx), TPK_OK);
+    assert_int_equal(out.trials, 8);
+    free(tab);
+}
+
 /* Annealing over the whole space (no table): the model finds better points than random within
  * the same budget, median over seeds. */
 static void test_annealing_beats_random(void **state)
@@ -347,6 +472,7 @@ int main(void)
         cmocka_unit_test(test_model_ranks_held_out),
         cmocka_unit_test(test_model_beats_random_on_table),
         cmocka_unit_test(test_annealing_beats_random),
+        cmocka_unit_test(test_batches_and_diversity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,9 @@
  *   tptune show LOG...                       best record per workload
  *   tptune emit --m= --n= --k= [--dtype=] [--target=] [--knobs=mr=8,nv=3,...]   print source
  *   tptune gen --out=FILE LOG...             library kernels + dispatch table (gen/)
- *   tptune replay --log=FILE [--seeds=20] [--trials=N]   model vs random over a recorded table
+ *   tptune replay --log=FILE [--seeds=21] [--seed0=1] [--transfer=LOG[,LOG]] [--model=rank|reg]
+ *                 [--batch=B] [--first=F] [--eps=E] [--div=D] [--depth=N] [--eta=X] [--rounds=N]
+ *                                            random vs model vs model+transfer over a recorded table
  *   tptune gen --target=cuda --out=FILE LOG...            CUDA library file (gen/tpk_gemm_cuda.cu)
  *   tptune cuda-check --out=DIR [--trials=N] [--seed=S]   kernels.cu + harness.cu for a device */
 #include <errno.h>
@@ -31,7 +33,9 @@ static void usage(FILE *f)
           "       tptune show LOG...\n"
           "       tptune emit --m=M --n=N --k=K [--dtype=..] [--target=..] [--threads=T] [--knobs=a=1,b=2]\n"
           "       tptune gen --out=FILE LOG...\n"
-          "       tptune replay --log=FILE [--seeds=S] [--trials=N] [--batch=B]\n"
+          "       tptune replay --log=FILE [--seeds=S] [--seed0=S0] [--trials=N] [--transfer=LOG[,LOG...]]\n"
+          "                     [--model=rank|reg] [--batch=B] [--first=F] [--eps=E] [--div=D] [--depth=N]\n"
+          "                     [--eta=X] [--rounds=N]\n"
           "       tptune gen --target=cuda --out=FILE LOG...\n"
           "       tptune cuda-check --out=DIR [--trials=RANDOM_CONFIGS] [--seed=S] [--m= --n= --k=]\n", f);
 }
@@ -39,7 +43,8 @@ static void usage(FILE *f)
 typedef struct args {
     tpk_tune_task task;
     int trials, batch, model, seeds, repeat, vendor;
-    double min_ms;
+    int first, depth, rounds, seed0; /* replay search settings; -1: the search's default */
+    double min_ms, eps, div, eta;
     unsigned long long seed;
     const char *log, *transfer, *knobs, *out;
     const char *files[64];
@@ -68,6 +73,17 @@ static int parse_int(const char *v, int *out)
     return 0;
 }
 
+static int parse_frac(const char *v, double *out, double max)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || *end || end == v || !(x >= 0 && x <= max))
+        return -1;
+    *out = x;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, args *a)
 {
     memset(a, 0, sizeof *a);
@@ -77,11 +93,14 @@ static int parse_args(int argc, char **argv, args *a)
     a->trials = 64;
     a->batch = 16;
     a->model = TPK_TUNE_MODEL_XGB_RANK;
-    a->seeds = 20;
+    a->seeds = 21;
     a->repeat = 5;
     a->vendor = 1;
     a->min_ms = 50;
     a->seed = 1;
+    a->first = a->depth = a->rounds = -1;
+    a->eps = a->div = a->eta = -1;
+    a->seed0 = 1;
     for (int i = 2; i < argc; i++) {
         char *s = argv[i];
         if (strncmp(s, "--", 2) != 0) {
@@ -152,6 +171,20 @@ static int parse_args(int argc, char **argv, args *a)
             bad = (a->min_ms = atof(v)) <= 0;
         else if (!strcmp(k, "seed"))
             a->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "seed0"))
+            bad = parse_int(v, &a->seed0);
+        else if (!strcmp(k, "first"))
+            bad = parse_int(v, &a->first);
+        else if (!strcmp(k, "depth"))
+            bad = parse_int(v, &a->depth) || a->depth < 1;
+        else if (!strcmp(k, "rounds"))
+            bad = parse_int(v, &a->rounds) || a->rounds < 1;
+        else if (!strcmp(k, "eps"))
+            bad = parse_frac(v, &a->eps, 1);
+        else if (!strcmp(k, "div"))
+            bad = parse_frac(v, &a->div, 64);
+        else if (!strcmp(k, "eta"))
+            bad = parse_frac(v, &a->eta, 1) || a->eta == 0;
         else if (!strcmp(k, "log"))
             a->log = v;
         else if (!strcmp(k, "transfer"))
@@ -381,6 +414,99 @@ static int cmp_int(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
+/* Records of several logs ("a.jsonl,b.jsonl") into one array. */
+static int read_logs(const char *list, tpk_tune_record **out, size_t *nout, tpk_ctx *ctx)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", list);
+    tpk_tune_record *all = NULL;
+    size_t nall = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        tpk_tune_record *r;
+        size_t n;
+        if (tpk_tune_log_read(tok, &r, &n, ctx)) {
+            free(all);
+            return 1;
+        }
+        tpk_tune_record *g = realloc(all, (nall + n + 1) * sizeof *g);
+        if (!g) {
+            free(r);
+            free(all);
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            return 1;
+        }
+        all = g;
+        memcpy(all + nall, r, n * sizeof *r);
+        nall += n;
+        free(r);
+    }
+    *out = all;
+    *nout = nall;
+    return 0;
+}
+
+/* Median over seeds of the trials one method needs to reach `target` on the table (trials + 1
+ * when it never does). */
+static int replay_median(const args *a, const tpk_tune_space *s, table *t, int trials, double target, int model,
+                         const tpk_tune_record *hist, size_t nhist, int *lo, int *hi, tpk_ctx *ctx)
+{
+    int *need = malloc((size_t)a->seeds * sizeof *need);
+    if (!need) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return -1;
+    }
+    for (int sd = 0; sd < a->seeds; sd++) {
+        tpk_tune_opts o;
+        tpk_tune_opts_default(&o);
+        o.trials = trials;
+        o.plan_size = a->batch;
+        o.model = model;
+        o.seed = (uint64_t)(a->seed0 + sd);
+        o.universe = t->idx;
+        o.nuniverse = t->n;
+        o.stop_at_gflops = target;
+        o.history = hist;
+        o.nhistory = nhist;
+        if (a->first >= 0)
+            o.plan_first = a->first;
+        if (a->eps >= 0)
+            o.eps = a->eps;
+        if (a->div >= 0)
+            o.diversity = a->div;
+        if (a->depth > 0)
+            o.model_depth = a->depth;
+        if (a->eta > 0)
+            o.model_eta = a->eta;
+        if (a->rounds > 0)
+            o.rounds = a->rounds;
+        tpk_tune_outcome out;
+        if (tpk_tune_run(s, &o, table_measure, t, NULL, NULL, NULL, &out, ctx)) {
+            free(need);
+            return -1;
+        }
+        need[sd] = out.trials_to_stop ? out.trials_to_stop : trials + 1;
+    }
+    qsort(need, (size_t)a->seeds, sizeof *need, cmp_int);
+    int med = need[a->seeds / 2];
+    *lo = need[0];
+    *hi = need[a->seeds - 1];
+    free(need);
+    return med;
+}
+
+/* Exact median trials of random search without replacement when `hits` of `n` configurations
+ * reach the target: the smallest t with P(no hit in t draws) = C(n−hits, t)/C(n, t) ≤ 1/2. */
+static int random_median_exact(size_t n, size_t hits)
+{
+    double p = 1;
+    for (size_t t = 0; t < n; t++) {
+        p *= t + hits < n ? (double)(n - hits - t) / (double)(n - t) : 0.0;
+        if (p <= 0.5)
+            return (int)t + 1;
+    }
+    return (int)n;
+}
+
 static int cmd_replay(const args *a, tpk_ctx *ctx)
 {
     if (!a->log) {
@@ -402,6 +528,13 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         return 1;
     }
     table t = {malloc(n * sizeof(uint64_t)), malloc(n * sizeof(double)), 0};
+    tpk_tune_record *hist = NULL;
+    size_t nhist = 0;
+    int rc = 1;
+    if (!t.idx || !t.gf) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
     double best = 0;
     for (size_t i = 0; i < n; i++) {
         tpk_tune_config c;
@@ -423,44 +556,43 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
             t.gf[j] = g; /* a re-measured configuration: its best */
         best = g > best ? g : best;
     }
-    free(r);
+    if (a->transfer && read_logs(a->transfer, &hist, &nhist, ctx))
+        goto done;
     int trials = a->trials > 64 ? a->trials : (int)t.n;
-    printf("replay: %zu distinct configurations of %zux%zux%zu %s, best %.2f GFLOP/s; target 95%% = %.2f\n",
-           t.n, s.task.m, s.task.n, s.task.k, tpk_tune_dtype_name(s.task.dtype), best, 0.95 * best);
-    int models[] = {TPK_TUNE_MODEL_RANDOM, TPK_TUNE_MODEL_XGB_RANK, TPK_TUNE_MODEL_XGB_REG};
-    const char *names[] = {"random", "xgb-rank", "xgb-reg"};
-    int *need = malloc((size_t)a->seeds * sizeof *need);
-    int med[3] = {0};
-    for (int mi = 0; mi < 3; mi++) {
-        for (int sd = 0; sd < a->seeds; sd++) {
-            tpk_tune_opts o;
-            tpk_tune_opts_default(&o);
-            o.trials = trials;
-            o.plan_size = a->batch;
-            o.model = models[mi];
-            o.seed = (uint64_t)sd + 1;
-            o.universe = t.idx;
-            o.nuniverse = t.n;
-            o.stop_at_gflops = 0.95 * best;
-            tpk_tune_outcome out;
-            if (tpk_tune_run(&s, &o, table_measure, &t, NULL, NULL, NULL, &out, ctx)) {
-                free(need);
-                free(t.idx);
-                free(t.gf);
-                return 1;
-            }
-            need[sd] = out.trials_to_stop ? out.trials_to_stop : trials + 1;
-        }
-        qsort(need, (size_t)a->seeds, sizeof *need, cmp_int);
-        med[mi] = need[a->seeds / 2];
-        printf("%-9s trials to 95%% of best: median %d (min %d, max %d) over %d seeds\n", names[mi], med[mi],
-               need[0], need[a->seeds - 1], a->seeds);
+    int near = 0;
+    for (size_t i = 0; i < t.n; i++)
+        near += t.gf[i] >= 0.95 * best;
+    printf("replay: %zu distinct configurations of %zux%zux%zu %s, best %.2f GFLOP/s; target 95%% = %.2f "
+           "(%d configurations reach it); seeds %d..%d\n",
+           t.n, s.task.m, s.task.n, s.task.k, tpk_tune_dtype_name(s.task.dtype), best, 0.95 * best, near, a->seed0,
+           a->seed0 + a->seeds - 1);
+    int model = a->model == TPK_TUNE_MODEL_RANDOM ? TPK_TUNE_MODEL_XGB_RANK : a->model;
+    const char *mname = model == TPK_TUNE_MODEL_XGB_REG ? "xgb-reg" : "xgb-rank";
+    int med[3], lo, hi, exact = random_median_exact(t.n, (size_t)near);
+    for (int mi = 0; mi < (hist ? 3 : 2); mi++) {
+        med[mi] = replay_median(a, &s, &t, trials, 0.95 * best, mi ? model : TPK_TUNE_MODEL_RANDOM,
+                                mi == 2 ? hist : NULL, mi == 2 ? nhist : 0, &lo, &hi, ctx);
+        if (med[mi] < 0)
+            goto done;
+        char name[32];
+        snprintf(name, sizeof name, "%s%s", mi ? mname : "random", mi == 2 ? "+transfer" : "");
+        printf("%-19s trials to 95%% of best: median %4d (min %d, max %d) over %d seeds", name, med[mi], lo, hi,
+               a->seeds);
+        if (mi)
+            printf("  ratio to random %.2f (to exact %.2f)", (double)med[mi] / med[0], (double)med[mi] / exact);
+        else
+            printf("; exact median %d", exact);
+        if (mi == 2)
+            printf(", to cold %.2f (%zu records of other workloads)", (double)med[2] / med[1], nhist);
+        printf("\n");
     }
-    printf("ratio model/random: rank %.2f, reg %.2f\n", (double)med[1] / med[0], (double)med[2] / med[0]);
-    free(need);
+    rc = 0;
+done:
+    free(r);
+    free(hist);
     free(t.idx);
     free(t.gf);
-    return 0;
+    return rc;
 }
 
 /* Device-check bundle: kernels.cu + harness.cu for scripts/device-check.sh. */

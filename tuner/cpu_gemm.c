@@ -136,6 +136,26 @@ static int cpu_features(const tpk_tune_space *s, const tpk_tune_config *c, float
     v[i++] = tpk__log2(ceil(m / mr) * ceil(n / nr) * nblk_k);
     v[i++] = fmod(kce, b.ku) == 0 ? 1 : 0;
     v[i++] = (m * k * nblk_n + k * n) / (m * n * k) * 64;
+    /* Micro-kernel issue model (two FMA and two load ports, FMA latency 4): per k step mr·nv
+     * FMAs against nv vector loads plus mr broadcasts; fewer than 8 accumulator chains leave
+     * the pipes idle. Its product with the vector width is the attainable peak fraction. */
+    double fmas = mr * b.nv, loads = b.nv + mr;
+    double uk = fmas / fmax(fmas, loads) * fmin(1.0, fmas / 8.0);
+    v[i++] = uk;
+    v[i++] = uk * c->v[K_VW] / 512.0;
+    v[i++] = tpk__log2(fmas);
+    /* Edge waste per direction (the padded last tiles and blocks of this shape). */
+    v[i++] = round_up(t->m, (size_t)b.mr) / m;
+    v[i++] = round_up(t->n, (size_t)b.nr) / n;
+    v[i++] = (nblk_m * mce - m) / fmax(m, 1);
+    /* The A micro-panel (streamed, ir inner) and C micro-tile against L1; packed B panel and
+     * A block together against L2 (they compete when nc·kc is small). */
+    v[i++] = mr * kce * es / ca.l1;
+    v[i++] = (mce * kce + kce * nr) * es / ca.l2;
+    /* Roofline of the blocking: time at the attainable peak plus memory traffic at ~16 B/cycle,
+     * in flops per cycle (log2); a single number the trees can split on early. */
+    double cyc = flops / (2 * (c->v[K_VW] / (8.0 * es)) * 2 * fmax(uk, 0.05)) + mem / 16.0;
+    v[i++] = tpk__log2(flops / cyc);
     int nf = i < cap ? i : cap;
     for (int j = 0; j < nf; j++)
         f[j] = (float)v[j];

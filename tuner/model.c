@@ -8,10 +8,14 @@
 #include <string.h>
 #include <xgboost/c_api.h>
 
+#define MAX_EXTRA 8
+
 struct tpk_tune_model {
     int kind, nfeat, rounds, seed;
     BoosterHandle bst;
     int trained;
+    int nextra; /* parameters overriding AutoTVM's (tpk_tune_model_set) */
+    char extra[MAX_EXTRA][2][32];
 };
 
 static int xgb_fail(tpk_ctx *ctx, const char *what)
@@ -48,6 +52,22 @@ void tpk_tune_model_free(tpk_tune_model *m)
     if (m->bst)
         XGBoosterFree(m->bst);
     free(m);
+}
+
+int tpk_tune_model_set(tpk_tune_model *m, const char *name, const char *value, tpk_ctx *ctx)
+{
+    if (!m || !name || !value || strlen(name) >= sizeof m->extra[0][0] || strlen(value) >= sizeof m->extra[0][1])
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: bad model parameter");
+    int i = 0;
+    while (i < m->nextra && strcmp(m->extra[i][0], name) != 0)
+        i++;
+    if (i == MAX_EXTRA)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: more than %d model parameters", MAX_EXTRA);
+    if (i == m->nextra)
+        m->nextra++;
+    snprintf(m->extra[i][0], sizeof m->extra[i][0], "%s", name);
+    snprintf(m->extra[i][1], sizeof m->extra[i][1], "%s", value);
+    return TPK_OK;
 }
 
 int tpk_tune_model_trained(const tpk_tune_model *m)
@@ -116,6 +136,9 @@ int tpk_tune_model_fit(tpk_tune_model *m, const float *X, const float *y, size_t
         {"seed", seed}};
     for (size_t i = 0; !st && i < sizeof params / sizeof params[0]; i++)
         if (XGBoosterSetParam(m->bst, params[i][0], params[i][1]) != 0)
+            st = xgb_fail(ctx, "parameters");
+    for (int i = 0; !st && i < m->nextra; i++)
+        if (XGBoosterSetParam(m->bst, m->extra[i][0], m->extra[i][1]) != 0)
             st = xgb_fail(ctx, "parameters");
     for (int it = 0; !st && it < m->rounds; it++)
         if (XGBoosterUpdateOneIter(m->bst, it, d) != 0)

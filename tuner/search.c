@@ -174,6 +174,64 @@ static int topk_push(topk *t, uint64_t idx, float v)
     return 1;
 }
 
+static void topk_sort(topk *t)
+{
+    for (int i = 1; i < t->n; i++) {
+        float v = t->val[i];
+        uint64_t x = t->idx[i];
+        int j = i;
+        while (j > 0 && t->val[j - 1] < v) {
+            t->val[j] = t->val[j - 1];
+            t->idx[j] = t->idx[j - 1];
+            j--;
+        }
+        t->val[j] = v;
+        t->idx[j] = x;
+    }
+}
+
+/* AutoTVM's submodular_pick with zero score weight: from candidates sorted best first, pick
+ * `want` greedily, each time the one bringing the most (knob, value) pairs not yet in the
+ * picked set; ties go to the better score. Points are moved to the front of `cand`. */
+static void diverse_pick(const tpk_tune_space *s, uint64_t *cand, int n, int want)
+{
+    unsigned char seen[TPK_TUNE_MAX_KNOBS][TPK_TUNE_MAX_CANDS];
+    memset(seen, 0, sizeof seen);
+    for (int p = 0; p < want && p < n; p++) {
+        int bi = p, bg = -1;
+        for (int i = p; i < n; i++) {
+            tpk_tune_config c;
+            tpk_tune_space_point(s, cand[i], &c);
+            int g = 0;
+            for (int k = 0; k < s->nknob; k++) {
+                int j = 0;
+                while (j < s->knob[k].ncand - 1 && s->knob[k].cand[j] != c.v[k])
+                    j++;
+                g += !seen[k][j];
+            }
+            if (g > bg)
+                bg = g, bi = i;
+        }
+        uint64_t x = cand[p];
+        cand[p] = cand[bi];
+        cand[bi] = x;
+        tpk_tune_config c;
+        tpk_tune_space_point(s, cand[p], &c);
+        for (int k = 0; k < s->nknob; k++) {
+            int j = 0;
+            while (j < s->knob[k].ncand - 1 && s->knob[k].cand[j] != c.v[k])
+                j++;
+            seen[k][j] = 1;
+        }
+    }
+}
+
+/* Number of candidates to rank before the diversity pick. */
+static int pool_size(const tpk_tune_opts *o, int want)
+{
+    return o->diversity > 1 ? (int)ceil(o->diversity * want) : want;
+}
+
 /* Change one knob to another candidate, keeping the point valid (AutoTVM random_walk). */
 static uint64_t random_walk(const tpk_tune_space *s, uint64_t idx, uint64_t *rng)
 {
@@ -208,7 +266,8 @@ static int sa_propose(scorer *sc, sa_state *st, const tpk_tune_opts *o, const id
     int n = st->n;
     uint64_t *np = malloc((size_t)n * sizeof *np);
     float *ns = malloc((size_t)n * sizeof *ns);
-    topk t = {malloc((size_t)want * sizeof(uint64_t)), malloc((size_t)want * sizeof(float)), 0, want};
+    int pool = pool_size(o, want);
+    topk t = {malloc((size_t)pool * sizeof(uint64_t)), malloc((size_t)pool * sizeof(float)), 0, pool};
     int rc = TPK_OK;
     if (!np || !ns || !t.idx || !t.val) {
         rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
@@ -242,19 +301,11 @@ static int sa_propose(scorer *sc, sa_state *st, const tpk_tune_opts *o, const id
         }
         quiet = changed ? 0 : quiet + 1;
     }
-    /* best first */
-    for (int i = 0; i < t.n; i++)
-        for (int j = i + 1; j < t.n; j++)
-            if (t.val[j] > t.val[i]) {
-                float v = t.val[i];
-                uint64_t x = t.idx[i];
-                t.val[i] = t.val[j];
-                t.idx[i] = t.idx[j];
-                t.val[j] = v;
-                t.idx[j] = x;
-            }
-    memcpy(out, t.idx, (size_t)t.n * sizeof *out);
-    *nout = t.n;
+    topk_sort(&t); /* best first */
+    if (t.n > want)
+        diverse_pick(s, t.idx, t.n, want);
+    *nout = t.n < want ? t.n : want;
+    memcpy(out, t.idx, (size_t)*nout * sizeof *out);
 done:
     free(np);
     free(ns);
@@ -263,12 +314,13 @@ done:
     return rc;
 }
 
-/* Top `want` unvisited members of a recorded table by model score. */
+/* Top `want` unvisited members of a recorded table by model score (diversified when asked). */
 static int table_propose(scorer *sc, const tpk_tune_opts *o, const idxset *visited, int want,
                          uint64_t *out, int *nout, tpk_ctx *ctx)
 {
     uint64_t *cand = malloc(o->nuniverse * sizeof *cand);
-    topk t = {malloc((size_t)want * sizeof(uint64_t)), malloc((size_t)want * sizeof(float)), 0, want};
+    int pool = pool_size(o, want);
+    topk t = {malloc((size_t)pool * sizeof(uint64_t)), malloc((size_t)pool * sizeof(float)), 0, pool};
     int rc = TPK_OK;
     size_t nc = 0;
     if (!cand || !t.idx || !t.val) {
@@ -283,8 +335,11 @@ static int table_propose(scorer *sc, const tpk_tune_opts *o, const idxset *visit
         goto done;
     for (size_t i = 0; i < nc; i++)
         topk_push(&t, cand[i], sc->out[i]);
-    memcpy(out, t.idx, (size_t)t.n * sizeof *out);
-    *nout = t.n;
+    topk_sort(&t);
+    if (t.n > want)
+        diverse_pick(sc->s, t.idx, t.n, want);
+    *nout = t.n < want ? t.n : want;
+    memcpy(out, t.idx, (size_t)*nout * sizeof *out);
 done:
     free(cand);
     free(t.idx);
@@ -326,6 +381,22 @@ static int same_task(const tpk_tune_task *a, const tpk_tune_task *b)
 {
     return a->target == b->target && a->dtype == b->dtype && a->op == b->op && a->m == b->m && a->n == b->n &&
            a->k == b->k && a->threads == b->threads;
+}
+
+/* The options' model settings (depth, learning rate) on a model. */
+static int model_params(tpk_tune_model *m, const tpk_tune_opts *o, tpk_ctx *ctx)
+{
+    char v[32];
+    int st = TPK_OK;
+    if (o->model_depth > 0) {
+        snprintf(v, sizeof v, "%d", o->model_depth);
+        st = tpk_tune_model_set(m, "max_depth", v, ctx);
+    }
+    if (!st && o->model_eta > 0) {
+        snprintf(v, sizeof v, "%g", o->model_eta);
+        st = tpk_tune_model_set(m, "eta", v, ctx);
+    }
+    return st;
 }
 
 static tpk_tune_model *fit_base(const tpk_tune_space *s, const tpk_tune_opts *o, int nfeat, tpk_ctx *ctx)
@@ -371,7 +442,7 @@ static tpk_tune_model *fit_base(const tpk_tune_space *s, const tpk_tune_opts *o,
     if (rows < 16)
         goto done; /* too little to learn from */
     m = tpk_tune_model_alloc(TPK_TUNE_MODEL_XGB_RANK, nfeat, o->rounds, (int)o->seed, ctx);
-    if (m && tpk_tune_model_fit(m, X, y, rows, group, ng, NULL, ctx) != TPK_OK) {
+    if (m && (model_params(m, o, ctx) != TPK_OK || tpk_tune_model_fit(m, X, y, rows, group, ng, NULL, ctx) != TPK_OK)) {
         tpk_tune_model_free(m);
         m = NULL;
     }
@@ -428,7 +499,9 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
     idxset visited = {0};
     float *X = malloc((size_t)o.trials * (size_t)nfeat * sizeof *X);
     float *y = malloc((size_t)o.trials * sizeof *y), *bm = malloc((size_t)o.trials * sizeof *bm);
-    uint64_t *batch = malloc((size_t)o.plan_size * sizeof *batch);
+    if (o.plan_first < 0)
+        o.plan_first = 0;
+    uint64_t *batch = malloc((size_t)(o.plan_size > o.plan_first ? o.plan_size : o.plan_first) * sizeof *batch);
     sa_state sa = {malloc((size_t)o.sa_chains * sizeof(uint64_t)), malloc((size_t)o.sa_chains * sizeof(float)), o.sa_chains};
     uint64_t rng = o.seed * 0x2545F4914F6CDD1Dull + 0x1234567;
     int rc = TPK_OK;
@@ -444,6 +517,9 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
             rc = ctx ? ctx->status : TPK_EINVAL;
             goto done;
         }
+        rc = model_params(sc.own, &o, ctx);
+        if (rc)
+            goto done;
         if (o.nhistory)
             sc.base = fit_base(s, &o, nfeat, ctx);
     }
@@ -452,7 +528,11 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
     double best = 0;
     char best_str[256] = "";
     while (done_n < o.trials) {
-        int want = o.plan_size < o.trials - done_n ? o.plan_size : o.trials - done_n;
+        int want = o.plan_size;
+        if (o.plan_first > 0) /* early batches: half the trials so far, within [plan_first, plan_size] */
+            want = done_n / 2 < o.plan_first ? o.plan_first : done_n / 2 > o.plan_size ? o.plan_size : done_n / 2;
+        if (want > o.trials - done_n)
+            want = o.trials - done_n;
         int nb = 0;
         if (o.model != TPK_TUNE_MODEL_RANDOM && scorer_ready(&sc)) {
             int nrand = (int)floor(o.eps * want + 0.5);
