@@ -226,13 +226,14 @@ typedef struct pairws {
     fftw_complex *cx;
 } pairws;
 
-static void pairws_free(pairws *w)
+static void pairws_free(pairws *w) /* idempotent */
 {
     free(w->A);
     free(w->B);
     free(w->T);
     fftw_free(w->re);
     fftw_free(w->cx);
+    memset(w, 0, sizeof *w);
 }
 
 static int pairws_alloc(pairws *w, size_t Q, const fftplan *f)
@@ -478,11 +479,432 @@ static int diag_variances(const tpk_cnn_params *p, const grid *g, const double *
     return st;
 }
 
-static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
-                        const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
+/* ---- the direct path: one streaming pass per layer, plane by plane --------------------------- */
+
+/* A block (p, p') is stored row-major over p = (r, s) and p' = (r2, s2); "plane r" is the S×Q
+ * slab of rows p = r·S .. r·S + S − 1 (176 KB for 28×28). The separable tap sum
+ *   out[(r,s),(r2,s2)] = α Σ_{i,j} K[(r+d_i, s+d_j), (r2+d_i, s2+d_j)] + β
+ * is a column pass inside each plane, T[(r,s),·] = Σ_j K[(r, s+d_j), · shifted by d_j], and a
+ * row pass over the planes, out[(r,s),·] = α Σ_i T[(r+d_i, s), · shifted by d_i·S] + β.
+ * Both shifts act on a whole Q-row: the row pass shifts by d_i·S (cyclically mod Q for circular
+ * padding, since (r2 + d) mod R · S + s2 = (x + d·S) mod Q), the column pass by d_j except at
+ * the kw − 1 columns per grid row where s2 + d_j leaves [0, S), which are recomputed.
+ * So one layer reads Σ once, maps a plane (tpk_gauss_map_cross, the same map as the block
+ * path), sums its column taps into T while the plane is in L2, and writes an output plane as
+ * soon as its kh T-planes exist: one read and one write of the Q×Q block per layer instead of
+ * a map pass plus two tap passes. The first layer's Σ¹ plane comes straight from the image
+ * patches: Σ¹ = α/C · P_a P_cᵀ + β with P_x[p] = (x[p+t, ch])_{t,ch} (zero off the grid for
+ * zero padding), the tap sum of the Gram block ⟨x_a[p], x_c[p']⟩/C written as one product. */
+
+typedef struct dws {
+    double *A, *B;       /* Q×Q Σ blocks (ping-pong) */
+    double *T;           /* column-tap sums of the live planes: 2kh − 1 S×Q slots (tslot) */
+    double *P;           /* S×Q: Σ, then K, of one plane */
+    double *acc;         /* Q */
+    double *pa, *pct;    /* patches of the pair: Q×m (image a) and m×Q (image c), m = kh·kw·C */
+    long *cmap;          /* kw×S: axis_pos(s2, d_j) */
+    unsigned char *done; /* R flags: T-plane computed this layer */
+    /* zero-variance positions (compaction, see map_plane) */
+    double *cb;          /* S×Q compacted plane */
+    double *qr, *qcz;    /* compacted row variances (S) and column variances (Q) */
+    long *runs;          /* [start, end) runs of non-zero-variance columns, 2Q */
+    long *zc;            /* zero-variance columns, Q */
+    size_t nruns, nzc, nz; /* runs, non-zero columns, zero columns of this layer */
+} dws;
+
+static void dws_free(dws *w)
+{
+    free(w->A);
+    free(w->B);
+    free(w->T);
+    free(w->P);
+    free(w->acc);
+    free(w->pa);
+    free(w->pct);
+    free(w->cmap);
+    free(w->done);
+    free(w->cb);
+    free(w->qr);
+    free(w->qcz);
+    free(w->runs);
+    free(w->zc);
+    memset(w, 0, sizeof *w); /* idempotent */
+}
+
+static int dws_alloc(dws *w, const grid *g, size_t C)
+{
+    memset(w, 0, sizeof *w);
+    const size_t Q = g->Q, m = (size_t)g->kh * (size_t)g->kw * C;
+    w->A = malloc(Q * Q * sizeof *w->A);
+    w->B = malloc(Q * Q * sizeof *w->B);
+    w->T = malloc((2 * (size_t)g->kh - 1) * g->S * Q * sizeof *w->T);
+    w->P = malloc(g->S * Q * sizeof *w->P);
+    w->acc = malloc(Q * sizeof *w->acc);
+    w->pa = malloc(Q * m * sizeof *w->pa);
+    w->pct = malloc(Q * m * sizeof *w->pct);
+    w->cmap = malloc((size_t)g->kw * g->S * sizeof *w->cmap);
+    w->done = malloc(g->R);
+    w->cb = malloc(g->S * Q * sizeof *w->cb);
+    w->qr = malloc(g->S * sizeof *w->qr);
+    w->qcz = malloc(Q * sizeof *w->qcz);
+    w->runs = malloc(2 * Q * sizeof *w->runs);
+    w->zc = malloc(Q * sizeof *w->zc);
+    if (!w->A || !w->B || !w->T || !w->P || !w->acc || !w->pa || !w->pct || !w->cmap || !w->done ||
+        !w->cb || !w->qr || !w->qcz || !w->runs || !w->zc) {
+        dws_free(w);
+        return TPK_ENOMEM;
+    }
+    for (int j = 0; j < g->kw; j++)
+        for (size_t s = 0; s < g->S; s++)
+            w->cmap[(size_t)j * g->S + s] = axis_pos((long)s, j - g->cs, (long)g->S, g->circular);
+    return TPK_OK;
+}
+
+/* Patches of the pair: pa[p·m + t·C + ch] = x_a[p+t, ch], pct[(t·C + ch)·Q + p] = x_c[p+t, ch],
+ * taps t = (i, j) row-major, 0 off the grid (zero padding). */
+static void patches(const grid *g, size_t C, const double *xa, const double *xc, dws *w)
+{
+    const size_t Q = g->Q, m = (size_t)g->kh * (size_t)g->kw * C;
+    for (long r = 0; r < (long)g->R; r++)
+        for (long s = 0; s < (long)g->S; s++) {
+            const size_t p = (size_t)r * g->S + (size_t)s;
+            for (int i = 0; i < g->kh; i++)
+                for (int j = 0; j < g->kw; j++) {
+                    long rr = axis_pos(r, i - g->cr, (long)g->R, g->circular);
+                    long ss = axis_pos(s, j - g->cs, (long)g->S, g->circular);
+                    size_t t = ((size_t)i * (size_t)g->kw + (size_t)j) * C;
+                    for (size_t ch = 0; ch < C; ch++) {
+                        int in = rr >= 0 && ss >= 0;
+                        size_t src = in ? ((size_t)rr * g->S + (size_t)ss) * C + ch : 0;
+                        w->pa[p * m + t + ch] = in ? xa[src] : 0.0;
+                        w->pct[(t + ch) * Q + p] = in ? xc[src] : 0.0;
+                    }
+                }
+        }
+}
+
+/* Σ¹ rows r·S .. r·S + S − 1 into w->P: α/C · P_a P_cᵀ + β. */
+static void first_plane(const grid *g, size_t C, double alpha, double beta, size_t r, dws *w)
+{
+    const size_t Q = g->Q, S = g->S, m = (size_t)g->kh * (size_t)g->kw * C;
+    const double sc = alpha / (double)C;
+    for (size_t s = 0; s < S; s++) {
+        const double *pa = w->pa + (r * S + s) * m;
+        double *restrict acc = w->acc, *restrict dst = w->P + s * Q;
+        memset(acc, 0, Q * sizeof *acc);
+        for (size_t t = 0; t < m; t++) {
+            const double v = pa[t], *restrict src = w->pct + t * Q;
+            if (v != 0.0)
+                for (size_t x = 0; x < Q; x++)
+                    acc[x] += v * src[x];
+        }
+        for (size_t x = 0; x < Q; x++)
+            dst[x] = sc * acc[x] + beta;
+    }
+}
+
+/* Slot of T-plane pr: the planes that circular padding needs both first and last (pr ≥ R − cr,
+ * pr < kh − 1 − cr) keep slots kh .. 2kh − 2; the others live in a ring of kh slots, pr mod kh.
+ * Output plane r reads planes r − cr .. r + kh − 1 − cr; a ring plane is computed for the first
+ * of its readers and last read cr + (kh − 1 − cr) = kh − 1 planes later, before the plane kh on
+ * (computed for reader pr + cr + 1) takes its slot. So the live T stays in L2 (5 planes, 880 KB
+ * for 3×3 on 28×28) instead of a Q×Q block that would be written to and read from memory. */
+static double *tslot(const grid *g, double *T, size_t pr)
+{
+    const size_t R = g->R, kh = (size_t)g->kh, cr = (size_t)g->cr, n = g->S * g->Q;
+    size_t slot = pr % kh;
+    if (g->circular && pr >= R - cr)
+        slot = kh + (pr - (R - cr));
+    else if (g->circular && pr + 1 + cr < kh)
+        slot = kh + cr + pr;
+    return T + slot * n;
+}
+
+/* Column taps of the mapped plane w->P into T-plane r: T[(r,s), (r2,s2)] = Σ_j P[s+d_j][(r2, s2+d_j)],
+ * j ascending; a whole-row shifted add, then the boundary columns (s2 + d_j off [0, S) for some
+ * j) recomputed with their wrapped or dropped neighbours, in the same order. */
+static void col_taps(const grid *g, dws *w, size_t r)
+{
+    const size_t Q = g->Q, S = g->S, R = g->R;
+    const long rt = (long)g->kw - 1 - g->cs; /* largest right shift */
+    for (size_t s = 0; s < S; s++) {
+        double *restrict dst = tslot(g, w->T, r) + s * Q;
+        memset(dst, 0, Q * sizeof *dst);
+        for (int j = 0; j < g->kw; j++) {
+            const long d = j - g->cs, ss = w->cmap[(size_t)j * S + s];
+            if (ss < 0)
+                continue;
+            const double *restrict src = w->P + (size_t)ss * Q;
+            const long lo = d < 0 ? -d : 0, hi = d > 0 ? (long)Q - d : (long)Q;
+            for (long x = lo; x < hi; x++)
+                dst[x] += src[x + d];
+        }
+        for (size_t r2 = 0; r2 < R; r2++)
+            for (long s2 = 0; s2 < (long)S; s2++) {
+                if (s2 >= g->cs && s2 + rt < (long)S) {
+                    s2 = (long)S - rt - 1; /* skip the interior */
+                    continue;
+                }
+                double v = 0;
+                for (int j = 0; j < g->kw; j++) {
+                    const long ss = w->cmap[(size_t)j * S + s], s2j = w->cmap[(size_t)j * S + (size_t)s2];
+                    if (ss >= 0 && s2j >= 0)
+                        v += w->P[(size_t)ss * Q + r2 * S + (size_t)s2j];
+                }
+                dst[r2 * S + (size_t)s2] = v;
+            }
+    }
+}
+
+/* Column structure of image c at one layer: runs of positions with variance > 0, the compacted
+ * variances, and the zero-variance positions. */
+static void col_runs(size_t Q, const double *qc, dws *w)
+{
+    w->nruns = w->nzc = w->nz = 0;
+    for (size_t j = 0; j < Q; j++) {
+        if (qc[j] == 0) {
+            w->zc[w->nz++] = (long)j;
+            continue;
+        }
+        if (j == 0 || qc[j - 1] == 0)
+            w->runs[2 * w->nruns++] = (long)j;
+        w->runs[2 * w->nruns - 1] = (long)j + 1;
+        w->qcz[w->nzc++] = qc[j];
+    }
+}
+
+/* Map plane r of Σ^{l} (from `in`, or from the patches when in == NULL) into w->P.
+ * Positions of zero variance (Fashion-MNIST's black borders with σ_b² = 0: a quarter of the
+ * grid at the first layer) are the constant 0; their entries are E[φ(0)φ(v)] = φ(0)·E φ(v),
+ * precomputed per image and layer in zv (the value tpk_gauss_map_cross's per-entry fix-up
+ * computes, there at the cost of a scalar expectation per entry of each such row and column).
+ * So the map runs on the compacted block of non-zero rows and columns, and those entries are
+ * filled from zv_a (zero columns) and zv_c (zero rows). */
+static int map_plane(const tpk_cnn_params *p, const grid *g, dws *w, const double *in, size_t r,
+                     const double *qa, const double *qc, const double *zva, const double *zvc,
+                     double zerr, const tpk_gauss_ws *ws, double *el, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, S = g->S;
+    const double *src = w->P;
+    if (in)
+        src = in + r * S * Q;
+    else
+        first_plane(g, p->channels, p->sigma_u2 / ((double)p->kh * p->kw), p->sigma_b2, r, w);
+    qa += r * S;
+    zva += r * S;
+    size_t nzr = 0;
+    for (size_t i = 0; i < S; i++)
+        if (qa[i] != 0)
+            w->qr[nzr++] = qa[i];
+    double e = 0;
+    int st = TPK_OK;
+    if (nzr == S && w->nz == 0) {
+        st = tpk_gauss_map_cross(p->phi, qa, S, qc, Q, src, w->P, ws, &e, ctx);
+        *el = fmax(*el, e);
+        return st;
+    }
+    /* compact, map, expand */
+    const size_t nc = w->nzc;
+    size_t k = 0;
+    for (size_t i = 0; i < S; i++) {
+        if (qa[i] == 0)
+            continue;
+        double *dst = w->cb + k++ * nc;
+        for (size_t u = 0; u < w->nruns; u++) {
+            const long j0 = w->runs[2 * u], j1 = w->runs[2 * u + 1];
+            memcpy(dst, src + i * Q + (size_t)j0, (size_t)(j1 - j0) * sizeof *dst);
+            dst += j1 - j0;
+        }
+    }
+    if (nzr > 0 && nc > 0)
+        st = tpk_gauss_map_cross(p->phi, w->qr, nzr, w->qcz, nc, w->cb, w->cb, ws, &e, ctx);
+    if (st)
+        return st;
+    k = nzr;
+    for (size_t i = S; i-- > 0;) {
+        double *row = w->P + i * Q;
+        if (qa[i] == 0) {
+            memcpy(row, zvc, Q * sizeof *row);
+            continue;
+        }
+        const double *cs = w->cb + --k * nc;
+        for (size_t u = 0; u < w->nruns; u++) {
+            const long j0 = w->runs[2 * u], j1 = w->runs[2 * u + 1];
+            memcpy(row + j0, cs, (size_t)(j1 - j0) * sizeof *row);
+            cs += j1 - j0;
+        }
+        for (size_t z = 0; z < w->nz; z++)
+            row[w->zc[z]] = zva[i];
+    }
+    *el = fmax(*el, fmax(e, zerr));
+    return TPK_OK;
+}
+
+/* One inner layer: out = α·taps(V_φ(Σ)) + β, Σ from `in` (NULL: the first layer's patches). */
+static int layer_direct(const tpk_cnn_params *p, const grid *g, dws *w, const double *in,
+                        const double *qa, const double *qc, const double *zva, const double *zvc,
+                        double zerr, double alpha, double beta, double *out,
+                        const tpk_gauss_ws *ws, double *el, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, S = g->S, R = g->R;
+    memset(w->done, 0, R);
+    col_runs(Q, qc, w);
+    for (size_t r = 0; r < R; r++) {
+        for (int i = 0; i < g->kh; i++) {
+            long pr = axis_pos((long)r, i - g->cr, (long)R, g->circular);
+            if (pr < 0 || w->done[pr])
+                continue;
+            int st = map_plane(p, g, w, in, (size_t)pr, qa, qc, zva, zvc, zerr, ws, el, ctx);
+            if (st)
+                return st;
+            col_taps(g, w, (size_t)pr);
+            w->done[pr] = 1;
+        }
+        for (size_t s = 0; s < S; s++) {
+            double *restrict acc = w->acc, *restrict dst = out + (r * S + s) * Q;
+            memset(acc, 0, Q * sizeof *acc);
+            for (int i = 0; i < g->kh; i++) {
+                const long d = i - g->cr, pr = axis_pos((long)r, d, (long)R, g->circular);
+                if (pr >= 0)
+                    add_shifted(acc, tslot(g, w->T, (size_t)pr) + s * Q, (long)Q, d * (long)S,
+                                g->circular);
+            }
+            for (size_t x = 0; x < Q; x++)
+                dst[x] = alpha * acc[x] + beta;
+        }
+    }
+    return TPK_OK;
+}
+
+/* Readout of rows [i0, i0 + n) of the pair's K^L block (GAP: into *sum, in row-major order). */
+static void readout_rows(const tpk_cnn_params *p, size_t Q, size_t N, size_t a, size_t c,
+                         size_t i0, size_t n, const double *rows, double *sum, double *K)
+{
+    if (p->readout == TPK_CNN_GAP) {
+        double s = *sum;
+        for (size_t i = 0; i < n * Q; i++)
+            s += rows[i];
+        *sum = s;
+    } else if (p->readout == TPK_CNN_FLATTEN) {
+        for (size_t i = 0; i < n; i++)
+            *sum += rows[i * Q + i0 + i];
+    } else {
+        const size_t ld = N * Q;
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < Q; j++) {
+                double v = p->sigma_v2 * rows[i * Q + j] + p->sigma_ob2;
+                K[(a * Q + i0 + i) * ld + c * Q + j] = v;
+                K[(c * Q + j) * ld + a * Q + i0 + i] = v;
+            }
+    }
+}
+
+/* Pair (a, c) by the direct path; *sum as readout_rows; *e the accumulated map error. q: the
+ * position-diagonal variances, zv: E[φ(0)φ(u_p)] at the same indices (map_plane). */
+static int pair_direct(const tpk_cnn_params *p, const grid *g, dws *w, const double *X,
+                       const double *q, const double *zv, double zerr, size_t N, size_t a,
+                       size_t c, const tpk_gauss_ws *ws, double *sum, double *K, double *e,
+                       tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, S = g->S, C = p->channels, L = (size_t)p->depth;
+    const double taps = (double)p->kh * p->kw;
+    patches(g, C, X + a * Q * C, X + c * Q * C, w);
+    const double *in = NULL;
+    double *out = w->A;
+    *e = 0;
+    for (size_t l = 0; l + 1 < L; l++) {
+        const size_t ia = (l * N + a) * Q, ic = (l * N + c) * Q;
+        double el = 0;
+        int st = layer_direct(p, g, w, in, q + ia, q + ic, zv + ia, zv + ic, zerr,
+                              p->sigma_w2 / taps, p->sigma_b2, out, ws, &el, ctx);
+        if (st)
+            return st;
+        *e = p->sigma_w2 * (*e + el);
+        in = out;
+        out = out == w->A ? w->B : w->A;
+    }
+    /* The last layer: map plane by plane straight into the readout. There is no tap sum after
+     * the last map to skip: GAP reads K^L = V_φ(Σ^L) itself. (Had the readout pooled a further
+     * convolution, circular padding would make it free: Σ_{p,p'} Σ_t K[p+t, p'+t] = kh·kw·Σ K,
+     * each shift t permuting the (p, p') pairs; zero padding drops border terms.) Nothing else
+     * can be skipped: every entry of Σ^L enters the sum through the nonlinear map, and each
+     * needs kh·kw entries of K^{L−1}, which together cover the whole block. */
+    const size_t ia = ((L - 1) * N + a) * Q, ic = ((L - 1) * N + c) * Q;
+    double el = 0;
+    col_runs(Q, q + ic, w);
+    for (size_t r = 0; r < g->R; r++) {
+        int st = map_plane(p, g, w, in, r, q + ia, q + ic, zv + ia, zv + ic, zerr, ws, &el, ctx);
+        if (st)
+            return st;
+        readout_rows(p, Q, N, a, c, r * S, S, w->P, sum, K);
+    }
+    *e += el;
+    return TPK_OK;
+}
+
+/* zv[i] = E[φ(0)φ(u)], u ~ N(0, q[i]) (the entries of a zero-variance row or column); *zerr
+ * the largest error estimate. */
+static int zero_values(const tpk_phi *phi, const double *q, size_t n, const tpk_gauss_ws *ws,
+                       double *zv, double *zerr, tpk_ctx *ctx)
+{
+    *zerr = 0;
+    for (size_t i = 0; i < n; i++) {
+        tpk_estimate r;
+        int st = tpk_gauss_expect2(phi, 0.0, q[i], 0.0, ws, &r, ctx);
+        if (st)
+            return st;
+        zv[i] = r.value;
+        *zerr = fmax(*zerr, r.err);
+    }
+    return TPK_OK;
+}
+
+/* Rows and columns of zero-variance positions are exactly 0 (|Σ_pp'| ≤ √(q_p q_p')); the FFT's
+ * rounding leaves ~1e-17 there, which the map would reject as not PSD. */
+static void zero_var_snap(size_t Q, const double *qa, const double *qc, double *blk)
+{
+    for (size_t i = 0; i < Q; i++)
+        for (size_t j = 0; j < Q; j++)
+            if (qa[i] == 0 || qc[j] == 0)
+                blk[i * Q + j] = 0.0;
+}
+
+/* Pair (a, c) by the block path (FFT tap sums); same outputs as pair_direct. */
+static int pair_fft(const tpk_cnn_params *p, const grid *g, const fftplan *f, pairws *w,
+                    const double *X, const double *q, size_t N, size_t a, size_t c,
+                    const tpk_gauss_ws *ws, double *sum, double *K, double *e, tpk_ctx *ctx)
 {
     const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth;
     const double taps = (double)p->kh * p->kw;
+    gram_block(X + a * Q * C, X + c * Q * C, Q, C, w->B);
+    conv_any(g, f, w, p->sigma_u2 / taps, p->sigma_b2, w->B, w->A);
+    zero_var_snap(Q, q + a * Q, q + c * Q, w->A);
+    *e = 0;
+    for (size_t l = 0; l < L; l++) {
+        double el = 0;
+        int st = tpk_gauss_map_cross(p->phi, q + (l * N + a) * Q, Q, q + (l * N + c) * Q, Q, w->A,
+                                     w->A, ws, &el, ctx);
+        if (st)
+            return st;
+        if (l + 1 < L) {
+            conv_any(g, f, w, p->sigma_w2 / taps, p->sigma_b2, w->A, w->B);
+            zero_var_snap(Q, q + ((l + 1) * N + a) * Q, q + ((l + 1) * N + c) * Q, w->B);
+            double *t = w->A;
+            w->A = w->B;
+            w->B = t;
+            *e = p->sigma_w2 * (*e + el);
+        } else {
+            *e += el;
+        }
+    }
+    readout_rows(p, Q, N, a, c, 0, Q, w->A, sum, K);
+    return TPK_OK;
+}
+
+static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
+                        const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, L = (size_t)p->depth;
     const size_t npairs = N * (N + 1) / 2;
     double *q = malloc(L * N * Q * sizeof *q);
     if (!q)
@@ -491,11 +913,20 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
     int fft = p->conv == TPK_CNN_CONV_FFT ||
               (p->conv == TPK_CNN_CONV_AUTO &&
                tpk_cnn_conv_prefers_fft(g->R, g->S, g->kh, g->kw, p->padding));
+    double *zv = NULL, zerr = 0;
+    if (!st && !fft) { /* zero-variance entries (map_plane); none with a bias variance > 0 */
+        zv = calloc(L * N * Q, sizeof *zv);
+        size_t nzero = 0;
+        for (size_t i = 0; i < L * N * Q; i++)
+            nzero += q[i] == 0;
+        if (!zv)
+            st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        else if (nzero)
+            st = zero_values(p->phi, q, L * N * Q, ws, zv, &zerr, ctx);
+    }
     fftplan f = {0};
-    if (!st && fft && L > 1)
-        st = fftplan_make(&f, g, npairs * (L - 1) > 256, ctx);
-    if (!st && fft && L == 1) /* the first layer's convolution is the only one */
-        st = fftplan_make(&f, g, npairs > 256, ctx);
+    if (!st && fft) /* measured plans pay off when many blocks follow */
+        st = fftplan_make(&f, g, npairs * (L > 1 ? L - 1 : 1) > 256, ctx);
     double emax = 0;
     int failed = st;
     tpk_ctx tctx;
@@ -503,10 +934,12 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
     if (!st) {
 #pragma omp parallel reduction(max : emax)
         {
-            pairws w;
+            pairws w = {0};
+            dws dw = {0};
             tpk_ctx lctx;
             tpk_ctx_init(&lctx);
-            int lst = pairws_alloc(&w, Q, fft ? &f : NULL) ? TPK_ENOMEM : TPK_OK;
+            int lst = (fft ? pairws_alloc(&w, Q, &f) : dws_alloc(&dw, g, p->channels)) ? TPK_ENOMEM
+                                                                                       : TPK_OK;
             if (lst)
                 TPK_ERROR(&lctx, TPK_ENOMEM, "out of memory (pair workspace, %zu positions)", Q);
 #pragma omp for schedule(dynamic, 1)
@@ -523,45 +956,16 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                 while ((a + 1) * (a + 2) / 2 <= k)
                     a++;
                 size_t c = k - a * (a + 1) / 2;
-                gram_block(X + a * Q * C, X + c * Q * C, Q, C, w.B);
-                conv_any(g, fft ? &f : NULL, &w, p->sigma_u2 / taps, p->sigma_b2, w.B, w.A);
-                double e = 0;
-                for (size_t l = 0; l < L && !lst; l++) {
-                    double el = 0;
-                    lst = tpk_gauss_map_cross(p->phi, q + (l * N + a) * Q, Q, q + (l * N + c) * Q, Q,
-                                              w.A, w.A, ws, &el, &lctx);
-                    if (!lst && l + 1 < L) {
-                        conv_any(g, fft ? &f : NULL, &w, p->sigma_w2 / taps, p->sigma_b2, w.A, w.B);
-                        double *t = w.A;
-                        w.A = w.B;
-                        w.B = t;
-                        e = p->sigma_w2 * (e + el);
-                    } else {
-                        e += el;
-                    }
-                }
+                double e = 0, sum = 0;
+                lst = fft ? pair_fft(p, g, &f, &w, X, q, N, a, c, ws, &sum, K, &e, &lctx)
+                          : pair_direct(p, g, &dw, X, q, zv, zerr, N, a, c, ws, &sum, K, &e, &lctx);
                 if (lst)
                     continue;
                 emax = fmax(emax, p->sigma_v2 * e);
-                if (p->readout == TPK_CNN_GAP) {
-                    double s = 0;
-                    for (size_t i = 0; i < Q * Q; i++)
-                        s += w.A[i];
-                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * s / ((double)Q * Q) + p->sigma_ob2;
-                } else if (p->readout == TPK_CNN_FLATTEN) {
-                    double s = 0;
-                    for (size_t i = 0; i < Q; i++)
-                        s += w.A[i * Q + i];
-                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
-                } else {
-                    const size_t ld = N * Q;
-                    for (size_t i = 0; i < Q; i++)
-                        for (size_t j = 0; j < Q; j++) {
-                            double v = p->sigma_v2 * w.A[i * Q + j] + p->sigma_ob2;
-                            K[(a * Q + i) * ld + c * Q + j] = v;
-                            K[(c * Q + j) * ld + a * Q + i] = v;
-                        }
-                }
+                if (p->readout == TPK_CNN_GAP)
+                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * sum / ((double)Q * Q) + p->sigma_ob2;
+                else if (p->readout == TPK_CNN_FLATTEN)
+                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * sum / (double)Q + p->sigma_ob2;
             }
             if (lst) {
 #pragma omp critical(tpk_cnn_err)
@@ -572,10 +976,12 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                 }
             }
             pairws_free(&w);
+            dws_free(&dw);
         }
     }
     fftplan_free(&f);
     free(q);
+    free(zv);
     if (!st && failed) {
         *ctx = tctx;
         st = failed;

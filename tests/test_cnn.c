@@ -1,6 +1,6 @@
 /* CNN kernels (theory.md §2.8, §3.4): the direct recursion of kernels/cnn.c (gpkernel --arch=cnn1d
  * / cnn2d) against the NETSOR evaluator on programs/cnn{1,2}d.nsr and against a naive recursion
- * written here (4-D direct summation, no FFT); flatten = the locally connected twin; circular
+ * written here (4-D direct summation, no FFT), also with zero-variance positions; flatten = the locally connected twin; circular
  * translation equivariance; symmetric/PSD/no NaN for zero images; the executor's n^(-1/2) rate. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -114,11 +114,11 @@ static void naive_conv(const naive *nv, size_t N, double alpha, double beta, con
                         }
 }
 
-/* σ_v² K^L + σ_ob² over (input, position) pairs, (N·Q)². */
-static double *naive_kernel(const naive *nv, const double *x, size_t N)
+/* σ_v² K^L + σ_ob² over (input, position) pairs, (N·Q)², with bias variance b2. */
+static double *naive_kernel_b(const naive *nv, const double *x, size_t N, double b2)
 {
     const size_t Q = nv->R * nv->S, M = N * Q;
-    double *G = malloc(M * M * sizeof *G), *S = malloc(M * M * sizeof *S);
+    double *G = calloc(M * M, sizeof *G), *S = malloc(M * M * sizeof *S);
     for (size_t i = 0; i < M; i++)
         for (size_t j = 0; j < M; j++) {
             double g = 0;
@@ -127,18 +127,23 @@ static double *naive_kernel(const naive *nv, const double *x, size_t N)
             G[i * M + j] = g / (double)nv->C;
         }
     const double taps = (double)nv->kh * nv->kw;
-    naive_conv(nv, N, su2 / taps, sb2, G, S);
+    naive_conv(nv, N, su2 / taps, b2, G, S);
     for (int l = 1; l <= nv->L; l++) {
         for (size_t i = 0; i < M; i++)
             for (size_t j = 0; j < M; j++)
                 G[i * M + j] = relu_e2(S[i * M + i], S[j * M + j], S[i * M + j]);
         if (l < nv->L)
-            naive_conv(nv, N, sw2 / taps, sb2, G, S);
+            naive_conv(nv, N, sw2 / taps, b2, G, S);
     }
     for (size_t i = 0; i < M * M; i++)
         G[i] = sv2 * G[i] + sob2;
     free(S);
     return G;
+}
+
+static double *naive_kernel(const naive *nv, const double *x, size_t N)
+{
+    return naive_kernel_b(nv, x, N, sb2);
 }
 
 /* Flatten / GAP readouts of a positions kernel. */
@@ -532,6 +537,78 @@ static void test_naive_direct_fft(void **state)
                      TPK_EINVAL);
 }
 
+/* The direct path (kernels/cnn.c: plane-streaming layers, T-plane ring, first layer from
+ * patches, zero-variance rows and columns compacted out of the map) with no bias, so that
+ * positions whose receptive field is zero have variance 0: against the naive recursion (relu,
+ * φ(0) = 0) and against the FFT block path, whose map fixes such entries up one by one
+ * (erf_sigmoid, φ(0) = 1/2: the entries are φ(0)·E φ(v) ≠ 0). Grids where the filter fills
+ * the grid (the ring's wrap slots), even filters, 1-D, depth 1. */
+static void test_direct_zero_variance(void **state)
+{
+    (void)state;
+    enum { N = 4 };
+    static const struct { size_t R, S, C; int kh, kw, L; } cases[] = {
+        {6, 7, 2, 3, 3, 3}, {4, 4, 1, 4, 4, 2}, {5, 6, 1, 2, 3, 2}, {3, 5, 1, 3, 1, 1}, {1, 9, 2, 1, 3, 2}};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi *sig = tpk_phi_alloc(reg, "erf_sigmoid", &ctx);
+    assert_non_null(sig);
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        const size_t R = cases[t].R, S = cases[t].S, C = cases[t].C, Q = R * S, M = N * Q;
+        double *x = malloc(N * Q * C * sizeof *x);
+        inputs(x, N, Q, C, 0.7 + (double)t);
+        for (size_t p = 0; p < Q; p++)
+            for (size_t ch = 0; ch < C; ch++) {
+                if (p < S || p % S == 0)                 /* image 0: top row and left column */
+                    x[(0 * Q + p) * C + ch] = 0;
+                x[(1 * Q + p) * C + ch] = 0;             /* image 1: all zero */
+                if (2 * p >= Q)                          /* image 2: bottom half */
+                    x[(2 * Q + p) * C + ch] = 0;
+            }
+        for (int circ = 0; circ < 2; circ++) {
+            naive nv = {R, S, C, cases[t].kh, cases[t].kw, cases[t].L, circ};
+            double *Kn = naive_kernel_b(&nv, x, N, 0.0), Kred[N * N];
+            double worst = 0, worst_fft = 0;
+            for (int ro = TPK_CNN_GAP; ro <= TPK_CNN_POSITIONS; ro++)
+                for (int ph = 0; ph < 2; ph++) {
+                    tpk_cnn_params d = params(R, S, C, cases[t].kh, cases[t].kw, cases[t].L, circ,
+                                              ro, TPK_CNN_CONV_DIRECT);
+                    d.sigma_b2 = 0;
+                    d.phi = ph ? sig : relu;
+                    tpk_cnn_params f = d;
+                    f.conv = TPK_CNN_CONV_FFT;
+                    tpk_array *Kd = cnn(&d, x, N), *Kf = cnn(&f, x, N);
+                    const size_t n = Kd->dims[0];
+                    worst_fft = fmax(worst_fft, max_rel(Kd->data, Kf->data, n * n));
+                    if (ph == 0) {
+                        const double *ref = Kn;
+                        if (ro == TPK_CNN_GAP) {
+                            reduce(Kn, N, Q, 1, Kred);
+                            ref = Kred;
+                        }
+                        worst = fmax(worst, max_rel(Kd->data, ref, n * n));
+                        /* the zero image: σ_v²·0 + σ_ob² (its variance is 0 at every layer) */
+                        for (size_t j = 0; j < (ro == TPK_CNN_GAP ? N : M); j++)
+                            assert_true(fabs(Kd->data[(ro == TPK_CNN_GAP ? 1 : Q) * n + j] - sob2) < 1e-15);
+                    } else {
+                        /* erf_sigmoid: the zero image's entries are (1/2)·E φ(v) > 0 */
+                        assert_true(Kd->data[(ro == TPK_CNN_GAP ? 1 : Q) * n + 0] > sob2 + 0.1);
+                    }
+                    tpk_array_free(Kd);
+                    tpk_array_free(Kf);
+                }
+            print_message("%zux%zu filter %dx%d depth %d %s, zero biases: direct vs naive %.2e, "
+                          "vs FFT block path %.2e\n", R, S, cases[t].kh, cases[t].kw, cases[t].L,
+                          circ ? "circular" : "zero", worst, worst_fft);
+            assert_true(worst < TOL_FFT);
+            assert_true(worst_fft < TOL_FFT);
+            free(Kn);
+        }
+        free(x);
+    }
+    tpk_phi_free(sig);
+}
+
 /* Symmetric, PSD, finite — also with a zero image and a repeated image in the batch. */
 static double min_eig_ratio(const double *K, size_t n)
 {
@@ -712,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_flatten_equals_lcn),
         cmocka_unit_test(test_translation_equivariance),
         cmocka_unit_test(test_naive_direct_fft),
+        cmocka_unit_test(test_direct_zero_variance),
         cmocka_unit_test(test_psd_zero_images),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_executor_rate),
