@@ -1,8 +1,8 @@
 /* Benchmark: the tuner's generated ReLU NNGP map (tpk_relu_map_tuned_d/s, gen/tpk_map_cpu.c) against
  * the library's reference map (kernels/gauss_map.c under TPK_MAP=reference) and the library path
  * with the tuned kernel in place, with OpenBLAS dsyrk/ssyrk (k = 1, beta = 1: it reads and writes
- * the same lower triangle, the memory traffic of an in-place map) as a floor; side by side in one
- * run, on 1 and 2 threads.
+ * the same lower triangle, the memory traffic of an in-place map) as a floor, and the mirrored
+ * library map (tpk_gauss_map_affine) both ways; side by side in one run, on 1 and 2 threads.
  *   bench_map [N] [--no-naive]      N default 4096; --no-naive is accepted and ignored
  * Prints milliseconds per call (median of interleaved repeats), G entries/s, and the kernel that
  * served. Not a test: no pass/fail. */
@@ -33,9 +33,10 @@ static int cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-enum { C_TUNED, C_LIB_TUNED, C_LIB_REF, C_SYRK, C_TUNED_S, C_SYRK_S, NC };
+enum { C_TUNED, C_LIB_TUNED, C_LIB_REF, C_MIR_TUNED, C_MIR_REF, C_SYRK, C_TUNED_S, C_SYRK_S, NC };
 static const char *const cname[NC] = {"tuned map f64 (tpk_relu_map_tuned_d)", "gauss_map relu, tuned kernel",
-                                      "gauss_map relu, TPK_MAP=reference", "OpenBLAS dsyrk k=1 (floor)",
+                                      "gauss_map relu, TPK_MAP=reference", "gauss_map_affine (mirrored), tuned",
+                                      "gauss_map_affine (mirrored), reference", "OpenBLAS dsyrk k=1 (floor)",
                                       "tuned map f32 (tpk_relu_map_tuned_s)", "OpenBLAS ssyrk k=1 (floor)"};
 
 typedef struct bench {
@@ -59,6 +60,11 @@ static void run(bench *b, int c)
     case C_LIB_REF:
         setenv("TPK_MAP", c == C_LIB_REF ? "reference" : "tuned", 1);
         tpk_gauss_map_affine_lower(b->relu, b->S, n, 1.6, 0.1, b->O, NULL, NULL, &b->ctx);
+        break;
+    case C_MIR_TUNED:
+    case C_MIR_REF:
+        setenv("TPK_MAP", c == C_MIR_REF ? "reference" : "tuned", 1);
+        tpk_gauss_map_affine(b->relu, b->S, n, 1.6, 0.1, b->O, NULL, NULL, &b->ctx);
         break;
     case C_SYRK:
         cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (int)n, 1, 1e-9, b->x, 1, 1.0, b->O, (int)n);
@@ -144,9 +150,9 @@ int main(int argc, char **argv)
             med[c] = t[c][REPEATS / 2];
             printf("   %-40s %9.3f ms  %6.3f G entries/s\n", cname[c], 1e3 * med[c], (double)n * (n + 1) / 2 / med[c] * 1e-9);
         }
-        printf("   ratios: reference/tuned f64 %.2f, library tuned/reference %.2f, tuned/dsyrk floor %.2f, "
-               "f32 tuned/ssyrk floor %.2f\n", med[C_LIB_REF] / med[C_TUNED], med[C_LIB_TUNED] / med[C_LIB_REF],
-               med[C_TUNED] / med[C_SYRK], med[C_TUNED_S] / med[C_SYRK_S]);
+        printf("   ratios: reference/tuned f64 %.2f, library tuned/reference %.2f (mirrored %.2f), tuned/dsyrk "
+               "floor %.2f, f32 tuned/ssyrk floor %.2f\n", med[C_LIB_REF] / med[C_TUNED], med[C_LIB_TUNED] / med[C_LIB_REF],
+               med[C_MIR_TUNED] / med[C_MIR_REF], med[C_TUNED] / med[C_SYRK], med[C_TUNED_S] / med[C_SYRK_S]);
     }
     tpk_phi_free(relu);
     tpk_phi_registry_free(reg);

@@ -322,6 +322,19 @@ static void test_gauss_map_relu(void **state)
                 fail_msg("(%zu,%zu): tuned %.17g reference %.17g", i, j, A[i * n + j], B[i * n + j]);
         }
     }
+    /* the mirrored map (tpk_gauss_map_affine: the MLP's last layer, GP kernels): whole matrix */
+    assert_int_equal(tpk_gauss_map_affine(relu, S, n, ALPHA, BETA, A, NULL, &ea, &ctx), TPK_OK);
+    setenv("TPK_MAP", "reference", 1);
+    assert_int_equal(tpk_gauss_map_affine(relu, S, n, ALPHA, BETA, B, NULL, &eb, &ctx), TPK_OK);
+    unsetenv("TPK_MAP");
+    assert_true(ea == eb);
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            double e = fabs(A[i * n + j] - B[i * n + j]) / scale(S[i * n + i], S[j * n + j]);
+            if (!(e <= TOL_F64) || A[i * n + j] != A[j * n + i])
+                fail_msg("mirrored (%zu,%zu): tuned %.17g reference %.17g", i, j, A[i * n + j], B[i * n + j]);
+        }
+    assert_int_equal(tpk_gauss_map_affine_lower(relu, S, n, ALPHA, BETA, A, NULL, NULL, &ctx), TPK_OK);
     /* in place, as the MLP recursion calls it */
     memcpy(B, S, n * n * sizeof *B);
     assert_int_equal(tpk_gauss_map_affine_lower(relu, B, n, ALPHA, BETA, B, NULL, NULL, &ctx), TPK_OK);
