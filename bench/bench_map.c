@@ -35,8 +35,8 @@ static int cmp(const void *a, const void *b)
 
 enum { C_TUNED, C_LIB_TUNED, C_LIB_REF, C_MIR_TUNED, C_MIR_REF, C_SYRK, C_TUNED_S, C_SYRK_S, NC };
 static const char *const cname[NC] = {"tuned map f64 (tpk_relu_map_tuned_d)", "gauss_map relu, tuned kernel",
-                                      "gauss_map relu, TPK_MAP=reference", "gauss_map_affine (mirrored), tuned",
-                                      "gauss_map_affine (mirrored), reference", "OpenBLAS dsyrk k=1 (floor)",
+                                      "gauss_map relu, TPK_MAP=reference", "gauss_map_affine (mirrored), TPK_MAP=tuned",
+                                      "gauss_map_affine (mirrored), =reference", "OpenBLAS dsyrk k=1 (floor)",
                                       "tuned map f32 (tpk_relu_map_tuned_s)", "OpenBLAS ssyrk k=1 (floor)"};
 
 typedef struct bench {

@@ -473,19 +473,6 @@ static void store_row(double *restrict dst, const double *restrict src, size_t l
         dst[j] = alpha * src[j] + beta;
 }
 
-/* out's strict upper triangle from its lower one in TILE×TILE blocks: the tuned relu kernel writes
- * the lower triangle only. */
-static void mirror_lower(double *out, size_t n)
-{
-    const size_t T = (n + TILE - 1) / TILE;
-#pragma omp parallel for schedule(dynamic, 1) if (n * n >= PAR_MIN_ENTRIES)
-    for (size_t I = 0; I < T; I++)
-        for (size_t J = 0; J <= I; J++)
-            for (size_t i = I * TILE; i < (I + 1) * TILE && i < n; i++)
-                for (size_t j = J * TILE; j < (J + 1) * TILE && j < (I == J ? i : n); j++)
-                    out[j * n + i] = out[i * n + j];
-}
-
 /* relu's lower-triangle map through the tuner's generated kernel (tpk/map.h, gen/tpk_map_cpu.c;
  * the tile loop of map_sym stays the reference). Returns 1 when it served, 0 when the reference
  * must run: TPK_MAP=reference, another φ, no memory, or an entry flagged out of place (the loop
@@ -533,9 +520,10 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
     P.alpha = alpha;
     P.beta = beta;
     const seg_fn seg = seg_for(P.mk);
-    /* relu: the tuned kernel replaces the tile loop (lower triangle; mirrored at the end when
-     * asked); the fix-ups below still run */
-    const int tuned = relu_tuned(phi, S, n, alpha, beta, out, &st, ctx);
+    /* relu, lower triangle: the tuned kernel replaces the tile loop; the fix-ups below still run.
+     * Mirrored maps stay on the tile loop, which writes both halves from one tile buffer: the
+     * tuned kernel plus a transposing pass measured no faster (tuner/README.md). */
+    const int tuned = !mirror && relu_tuned(phi, S, n, alpha, beta, out, &st, ctx);
     if (st) {
         prep_free(&ip);
         return st;
@@ -620,8 +608,6 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
             err = e > err ? e : err;
         }
     }
-    if (tuned && mirror && !st)
-        mirror_lower(out, n);
     prep_free(&ip);
     if (err_max)
         *err_max = fabs(alpha) * err;
