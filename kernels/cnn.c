@@ -537,7 +537,7 @@ static int dws_alloc(dws *w, const grid *g, size_t C)
     const size_t Q = g->Q, m = (size_t)g->kh * (size_t)g->kw * C;
     w->A = malloc(Q * Q * sizeof *w->A);
     w->B = malloc(Q * Q * sizeof *w->B);
-    w->T = malloc((2 * (size_t)g->kh - 1) * g->S * Q * sizeof *w->T);
+    w->T = calloc((2 * (size_t)g->kh - 1) * g->S * Q, sizeof *w->T); /* see col_taps */
     w->P = malloc(g->S * Q * sizeof *w->P);
     w->acc = malloc(Q * sizeof *w->acc);
     w->pa = malloc(Q * m * sizeof *w->pa);
@@ -629,15 +629,20 @@ static void col_taps(const grid *g, dws *w, size_t r)
     const long rt = (long)g->kw - 1 - g->cs; /* largest right shift */
     for (size_t s = 0; s < S; s++) {
         double *restrict dst = tslot(g, w->T, r) + s * Q;
-        memset(dst, 0, Q * sizeof *dst);
+        int first = 1; /* the first tap assigns: what it leaves out is boundary, rewritten below */
         for (int j = 0; j < g->kw; j++) {
             const long d = j - g->cs, ss = w->cmap[(size_t)j * S + s];
             if (ss < 0)
                 continue;
             const double *restrict src = w->P + (size_t)ss * Q;
             const long lo = d < 0 ? -d : 0, hi = d > 0 ? (long)Q - d : (long)Q;
-            for (long x = lo; x < hi; x++)
-                dst[x] += src[x + d];
+            if (first)
+                for (long x = lo; x < hi; x++)
+                    dst[x] = src[x + d];
+            else
+                for (long x = lo; x < hi; x++)
+                    dst[x] += src[x + d];
+            first = 0;
         }
         for (size_t r2 = 0; r2 < R; r2++)
             for (long s2 = 0; s2 < (long)S; s2++) {
@@ -762,12 +767,22 @@ static int layer_direct(const tpk_cnn_params *p, const grid *g, dws *w, const do
         }
         for (size_t s = 0; s < S; s++) {
             double *restrict acc = w->acc, *restrict dst = out + (r * S + s) * Q;
-            memset(acc, 0, Q * sizeof *acc);
+            if (!g->circular) /* circular: the first tap covers every entry and assigns */
+                memset(acc, 0, Q * sizeof *acc);
             for (int i = 0; i < g->kh; i++) {
                 const long d = i - g->cr, pr = axis_pos((long)r, d, (long)R, g->circular);
-                if (pr >= 0)
-                    add_shifted(acc, tslot(g, w->T, (size_t)pr) + s * Q, (long)Q, d * (long)S,
-                                g->circular);
+                if (pr < 0)
+                    continue;
+                const double *restrict src = tslot(g, w->T, (size_t)pr) + s * Q;
+                if (g->circular && i == 0) {
+                    const long sh = ((d * (long)S) % (long)Q + (long)Q) % (long)Q;
+                    for (long x = 0; x < (long)Q - sh; x++)
+                        acc[x] = src[x + sh];
+                    for (long x = (long)Q - sh; x < (long)Q; x++)
+                        acc[x] = src[x + sh - (long)Q];
+                } else {
+                    add_shifted(acc, src, (long)Q, d * (long)S, g->circular);
+                }
             }
             for (size_t x = 0; x < Q; x++)
                 dst[x] = alpha * acc[x] + beta;

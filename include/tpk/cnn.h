@@ -54,8 +54,10 @@ TPK_API int tpk_cnn_params_check(const tpk_cnn_params *p, tpk_ctx *ctx);
  * size) into K: N×N for FLATTEN / GAP, (N·P)×(N·P) for POSITIONS (preallocated).
  * FLATTEN runs the closed position-diagonal recursion: P blocks of N×N (memory 2·P·N² doubles).
  * GAP / POSITIONS run the full recursion one input pair at a time (P×P blocks, OpenMP over
- * pairs): cost L·P²·N²/2 2-D expectations. err (may be NULL) gets a first-order bound on the
- * accumulated expectation error. ws may be NULL when φ has a closed form. */
+ * pairs): cost L·P²·N²/2 2-D expectations (fewer where positions have zero variance, e.g. black
+ * borders with σ_b² = 0). With direct tap sums each layer is one streaming pass over the block,
+ * plane by plane (kernels/cnn.c); per thread ≈ (2 + (2kh − 1)/rows)·P² doubles of workspace.
+ * err (may be NULL) gets a first-order bound on the accumulated expectation error. ws may be NULL when φ has a closed form. */
 TPK_API int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
                            tpk_array *K, double *err, tpk_ctx *ctx);
 
