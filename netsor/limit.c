@@ -877,8 +877,42 @@ static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t sit
 
 /* ---- E[Z^u_a Z^v_c] for all input pairs ------------------------------------------------ */
 
+/* Half-products of one affine left factor u, kept while one MatMul instruction pairs u with every
+ * earlier source v of its family: Q_h[a][c] = Σ_g l^u_g(a) Cov(Z^g_a, Z^h_c) for each G-var h met
+ * so far. With them E[Z^u Z^v] costs |args(v)| N² instead of |args(u)|·|args(v)| N² — for a
+ * transformer layer (u, v attention outputs over T keys) O(T³ N²) per layer instead of O(T⁴ N²). */
+#define AFFQ_MAX_BYTES ((size_t)256 << 20) /* beyond this, pairs are summed directly */
+typedef struct affq {
+    int on;       /* set by do_matmul for the span of one instruction */
+    int u;        /* owner of the half-products, -1 none */
+    int n, cap;
+    int *h;
+    double **Q;
+    size_t bytes;
+} affq;
+
+static void affq_clear(affq *q)
+{
+    for (int i = 0; i < q->n; i++)
+        free(q->Q[i]);
+    q->n = 0;
+    q->u = -1;
+    q->bytes = 0;
+}
+
+static void affq_free(affq *q)
+{
+    affq_clear(q);
+    free(q->h);
+    free(q->Q);
+    q->h = NULL;
+    q->Q = NULL;
+    q->cap = 0;
+}
+
 typedef struct scratch {
     double *s1, *s2, *s3, *qa, *qb;
+    affq aq;
 } scratch;
 
 /* ---- affine and quadratic bodies (netsor/limit_poly.c) --------------------------------- */
@@ -928,6 +962,60 @@ static int share_family(const lim *L, int g, int h)
     return 0;
 }
 
+/* Q_h of the cache (computed on first use; C is N×N scratch), or NULL when the cache is off or
+ * full — the caller then sums the pairs directly — or out of memory (L->ctx set). */
+static const double *half_product(lim *L, affq *q, int u, const int *argu, int nu,
+                                  const double *coefu, int h, double *C)
+{
+    size_t N = L->N, nn = N * N;
+    if (!q->on)
+        return NULL;
+    for (int i = 0; i < q->n; i++)
+        if (q->h[i] == h)
+            return q->Q[i];
+    if (q->bytes + nn * sizeof(double) > AFFQ_MAX_BYTES)
+        return NULL;
+    if (q->n == q->cap) {
+        int cap = q->cap ? 2 * q->cap : 16;
+        int *nh = realloc(q->h, (size_t)cap * sizeof *nh);
+        if (nh)
+            q->h = nh;
+        double **nq = nh ? realloc(q->Q, (size_t)cap * sizeof *nq) : NULL;
+        if (!nq) {
+            TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+            return NULL;
+        }
+        q->Q = nq;
+        q->cap = cap;
+    }
+    double *Q = calloc(nn, sizeof *Q);
+    if (!Q) {
+        TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+        return NULL;
+    }
+    for (int gi = 0; gi < nu; gi++) {
+        int g = argu[gi];
+        if (!share_family(L, g, h))
+            continue;
+        cov_mat(L, g, h, 0, C);
+        const double *cu = coefu ? coefu + (size_t)gi * N : NULL;
+        for (size_t a = 0; a < N; a++) {
+            double w = cu ? cu[a] : 1.0;
+            if (w == 0.0)
+                continue;
+            double *o = Q + a * N;
+            const double *Ca = C + a * N;
+            for (size_t c = 0; c < N; c++)
+                o[c] += w * Ca[c];
+        }
+    }
+    q->u = u;
+    q->h[q->n] = h;
+    q->Q[q->n++] = Q;
+    q->bytes += nn * sizeof(double);
+    return Q;
+}
+
 /* E[Z^u_a Z^v_c] = Σ_{g,h} l^u_g(a) l^v_h(c) Cov(Z^g_a, Z^h_c) + m^u(a) m^v(c), exact, when u and v
  * are G-vars or affine H-vars and not both G-vars. Returns 1 if it took the pair (status in st). */
 static int aff_m2(lim *L, int u, int v, scratch *sc, double *out, size_t ld, double scale,
@@ -970,14 +1058,33 @@ static int aff_m2(lim *L, int u, int v, scratch *sc, double *out, size_t ld, dou
         for (size_t c = 0; c < N; c++)
             acc[a * N + c] = mu * (mean[1] ? mean[1][c] : L->rep[v].mean);
     }
-    for (int gi = 0; gi < na[0]; gi++)
-        for (int hj = 0; hj < na[1]; hj++) {
-            int g = args[0][gi], h = args[1][hj];
+    affq *q = &sc->aq;
+    if (q->on && q->u != u)
+        affq_clear(q);
+    for (int hj = 0; hj < na[1]; hj++) {
+        int h = args[1][hj];
+        const double *cv = coef[1] ? coef[1] + (size_t)hj * N : ones;
+        const double *Q = half_product(L, q, u, args[0], na[0], coef[0], h, C);
+        if (Q != NULL) { /* E += l^v_h(c) Q_h[a][c] */
+            for (size_t a = 0; a < N; a++) {
+                double *o = acc + a * N;
+                const double *Qa = Q + a * N;
+                for (size_t c = 0; c < N; c++)
+                    o[c] += cv[c] * Qa[c];
+            }
+            continue;
+        }
+        if (L->ctx->status) {
+            *st = L->ctx->status;
+            free(ones);
+            return 1;
+        }
+        for (int gi = 0; gi < na[0]; gi++) {
+            int g = args[0][gi];
             if (!share_family(L, g, h))
                 continue;
             cov_mat(L, g, h, 0, C);
             const double *cu = coef[0] ? coef[0] + (size_t)gi * N : ones;
-            const double *cv = coef[1] ? coef[1] + (size_t)hj * N : ones;
             for (size_t a = 0; a < N; a++) {
                 if (cu[a] == 0.0)
                     continue;
@@ -987,6 +1094,7 @@ static int aff_m2(lim *L, int u, int v, scratch *sc, double *out, size_t ld, dou
                     o[c] += cu[a] * cv[c] * Ca[c];
             }
         }
+    }
     put_rows(N, acc, scale, out, ld);
     *errp = 0.0;
     free(ones);
@@ -1651,20 +1759,25 @@ static int do_matmul(lim *L, int k, scratch *sc)
     ld = (size_t)f->cap * N;
     f->atoms[aj->loc] = L->atom_of_instr[k];
     f->m = aj->loc + 1;
+    sc->aq.on = 1; /* u = in->src is the left factor of every pair below */
+    int st = TPK_OK;
     for (int li = 0; li <= aj->loc; li++) {
         const atom *ai = &L->atom[f->atoms[li]];
         double e = 0.0;
         /* Cov(W h_a, W h'_c) = σ_W² E[Z^h_a Z^h'_c] (theory §1.6 rule 3) */
         /* the diagonal sub-block (li = loc) needs only its lower triangle (see atom_cov) */
-        int st = m2(L, in->src, ai->src, (uint64_t)k * 4096 + (uint64_t)li, sc,
+        st = m2(L, in->src, ai->src, (uint64_t)k * 4096 + (uint64_t)li, sc,
                     f->blk + (size_t)aj->loc * N * ld + (size_t)li * N, ld, li == aj->loc, f->var,
                     &e);
         if (st)
-            return st;
+            break;
         note_err(L, e);
         mirror_block(L, f, aj->loc, li);
     }
-    return TPK_OK;
+    /* the half-products hold covariances of live G-vars only while this instruction runs */
+    affq_clear(&sc->aq);
+    sc->aq.on = 0;
+    return st;
 }
 
 static int do_moment(lim *L, int k)
@@ -1787,7 +1900,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.ocache = tpk_nsr_orthant_cache_alloc(); /* NULL (out of memory) only disables the memo */
     size_t N = L.N;
     /* s1, s2, s3 only serve the cross/general paths: allocated on first use */
-    scratch sc = {NULL, NULL, NULL, malloc(N * sizeof(double)), malloc(N * sizeof(double))};
+    scratch sc = {NULL, NULL, NULL, malloc(N * sizeof(double)), malloc(N * sizeof(double)),
+                  {0, -1, 0, 0, NULL, NULL, 0}};
     tpk_array *out = NULL;
     double *M = NULL;
     if (!sc.qa || !sc.qb) {
@@ -1906,6 +2020,7 @@ done:
     free(sc.s3);
     free(sc.qa);
     free(sc.qb);
+    affq_free(&sc.aq);
     lim_free(&L);
     return st;
 }
