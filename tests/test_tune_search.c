@@ -370,6 +370,7 @@ static void test_batches_and_diversity(void **state)
     tpk_tune_opts_default(&o);
     o.trials = 32;
     o.plan_size = 16;
+    o.plan_first = 0; /* two batches of 16 */
     o.eps = 0;
     o.universe = tab;
     o.nuniverse = TABLE_SIZE;

@@ -20,6 +20,11 @@ void tpk_tune_opts_default(tpk_tune_opts *o)
     o->sa_chains = 128;
     o->sa_steps = 500;
     o->sa_patience = 50;
+    /* Chosen on replay (f64 1024³ table, seeds 1001–1021; tuner/README.md "Search efficiency"):
+     * batches from 4 with refits, learning rate 0.1; AutoTVM's plan of 16–64 and η 0.3 are
+     * plan_first = 0, model_eta = 0. */
+    o->plan_first = 4;
+    o->model_eta = 0.1;
 }
 
 /* ---- a set of visited indices (open addressing) ------------------------------------------- */
