@@ -285,11 +285,11 @@ static void tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0(size_t m, size_t n
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=512,ku=8,order=jr_ir,par=ic,pf=2,pb=shared ---- */
-enum { tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_MC = 240, tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_NC = 528 };
+/* ---- tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=288,nc=512,ku=8,order=ir_jr,par=ic,pf=2,pb=shared ---- */
+enum { tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_MC = 288, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_NC = 528 };
 
 /* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
-static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
     tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
@@ -457,7 +457,7 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_ukr(size_t kc, co
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
-static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
 {
     if (csa == 1 && mr_e == 6) {
         for (size_t i = 0; i < 6; i++)
@@ -475,7 +475,7 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_pack_a(size_t mr_
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 24-column panel, zero-padded. */
-static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -491,22 +491,22 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_pack_b(size_t nr_
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
     const size_t mpan = (mc + 6 - 1) / 6;
-    for (size_t jp = jp0; jp < jp1; jp++)
-        for (size_t ip = 0; ip < mpan; ip++) {
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
             const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
             const size_t nr_e = nc - jp * 24 < 24 ? nc - jp * 24 : 24;
             double *c = C + ip * 6 * ldc + jp * 24;
             const double *a = ap + ip * 6 * kc, *b = bp + jp * 24 * kc;
             if (mr_e == 6 && nr_e == 24) {
-                tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_ukr(kc, a, b, ct, 24, 1, 0);
+            tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ukr(kc, a, b, ct, 24, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 24 + j];
@@ -514,13 +514,13 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_macro(size_t mc, 
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_ws(int nt)
+static size_t tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ws(int nt)
 {
-    return (135168 + (size_t)(nt < 1 ? 1 : nt) * 61440) * sizeof(double);
+    return (135168 + (size_t)(nt < 1 ? 1 : nt) * 73728) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -545,18 +545,18 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2(size_t m, size_t 
                 const size_t kc = k - pc < 256 ? k - pc : 256;
                 const double bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
+                    tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
                             rsb, csb, bp + jp * 24 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 61440;
-                const size_t nblk = (m + 240 - 1) / 240;
+                double *const ap = ap_all + tid * 73728;
+                const size_t nblk = (m + 288 - 1) / 288;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 240, mc = m - ic < 240 ? m - ic : 240;
+                    const size_t ic = ib * 288, mc = m - ic < 288 ? m - ic : 288;
                     for (size_t ip = 0; ip * 6 < mc; ip++)
-                        tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                        tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 6 * kc);
-                    tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -816,11 +816,11 @@ static void tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2(size_t m, size_t n
     }
 }
 
-/* ---- tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2: dgemm, vw=512,mr=8,nv=3,kc=256,mc=48,nc=4096,ku=4,order=jr_ir,par=ic,pf=2,pb=shared ---- */
-enum { tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_MR = 8, tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_NR = 24, tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_KC = 256, tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_MC = 48, tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_NC = 4104 };
+/* ---- tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=1024,ku=8,order=jr_ir,par=ic,pf=2,pb=shared ---- */
+enum { tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_MC = 240, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_NC = 1032 };
 
-/* C[8×24] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×24). */
-static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+/* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
+static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
     tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
@@ -829,8 +829,6 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ukr(size_t kc, co
     tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
     tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
     tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
-    tpk_v8d c6_0 = {0}, c6_1 = {0}, c6_2 = {0};
-    tpk_v8d c7_0 = {0}, c7_1 = {0}, c7_2 = {0};
     __builtin_prefetch(c + 0 * ldc, 1, 3);
     __builtin_prefetch(c + 0 * ldc + 23, 1, 3);
     __builtin_prefetch(c + 1 * ldc, 1, 3);
@@ -843,64 +841,96 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ukr(size_t kc, co
     __builtin_prefetch(c + 4 * ldc + 23, 1, 3);
     __builtin_prefetch(c + 5 * ldc, 1, 3);
     __builtin_prefetch(c + 5 * ldc + 23, 1, 3);
-    __builtin_prefetch(c + 6 * ldc, 1, 3);
-    __builtin_prefetch(c + 6 * ldc + 23, 1, 3);
-    __builtin_prefetch(c + 7 * ldc, 1, 3);
-    __builtin_prefetch(c + 7 * ldc + 23, 1, 3);
     size_t p = 0;
-    for (; p + 4 <= kc; p += 4) {
-        __builtin_prefetch(a + (p + 8) * 8, 0, 3);
+    for (; p + 8 <= kc; p += 8) {
+        __builtin_prefetch(a + (p + 16) * 6, 0, 3);
         {
             const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
             const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
             const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
-            { const double ai = a[(p + 0) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
         {
             const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 24 + 0);
             const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 24 + 8);
             const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 24 + 16);
-            { const double ai = a[(p + 1) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
         {
             const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 24 + 0);
             const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 24 + 8);
             const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 24 + 16);
-            { const double ai = a[(p + 2) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
         {
             const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 24 + 0);
             const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 24 + 8);
             const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 24 + 16);
-            { const double ai = a[(p + 3) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 24 + 16);
+            { const double ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 24 + 16);
+            { const double ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 24 + 16);
+            { const double ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 24 + 16);
+            { const double ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
     }
     for (; p < kc; p++) {
@@ -908,14 +938,12 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ukr(size_t kc, co
             const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
             const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
             const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
-            { const double ai = a[(p + 0) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
     }
     if (beta == 0) {
@@ -937,12 +965,6 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ukr(size_t kc, co
         tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
         tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
         tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
-        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
-        tpk_v8d_st(c + 6 * ldc + 8, alpha * c6_1);
-        tpk_v8d_st(c + 6 * ldc + 16, alpha * c6_2);
-        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
-        tpk_v8d_st(c + 7 * ldc + 8, alpha * c7_1);
-        tpk_v8d_st(c + 7 * ldc + 16, alpha * c7_2);
     } else {
         tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
         tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
@@ -962,35 +984,29 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ukr(size_t kc, co
         tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
         tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
         tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
-        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
-        tpk_v8d_st(c + 6 * ldc + 8, beta * tpk_v8d_ld(c + 6 * ldc + 8) + alpha * c6_1);
-        tpk_v8d_st(c + 6 * ldc + 16, beta * tpk_v8d_ld(c + 6 * ldc + 16) + alpha * c6_2);
-        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
-        tpk_v8d_st(c + 7 * ldc + 8, beta * tpk_v8d_ld(c + 7 * ldc + 8) + alpha * c7_1);
-        tpk_v8d_st(c + 7 * ldc + 16, beta * tpk_v8d_ld(c + 7 * ldc + 16) + alpha * c7_2);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 8-row panel, zero-padded. */
-static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
 {
-    if (csa == 1 && mr_e == 8) {
-        for (size_t i = 0; i < 8; i++)
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 8 + i] = A[i * rsa + p];
+                dst[p * 6 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 8 + i] = A[i * rsa + p * csa];
-        for (; i < 8; i++)
-            dst[p * 8 + i] = 0;
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
     }
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 24-column panel, zero-padded. */
-static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -1006,22 +1022,22 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_pack_b(size_t nr_
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
-    const size_t mpan = (mc + 8 - 1) / 8;
+    const size_t mpan = (mc + 6 - 1) / 6;
     for (size_t jp = jp0; jp < jp1; jp++)
         for (size_t ip = 0; ip < mpan; ip++) {
-            const size_t mr_e = mc - ip * 8 < 8 ? mc - ip * 8 : 8;
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
             const size_t nr_e = nc - jp * 24 < 24 ? nc - jp * 24 : 24;
-            double *c = C + ip * 8 * ldc + jp * 24;
-            const double *a = ap + ip * 8 * kc, *b = bp + jp * 24 * kc;
-            if (mr_e == 8 && nr_e == 24) {
-                tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+            double *c = C + ip * 6 * ldc + jp * 24;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 24 * kc;
+            if (mr_e == 6 && nr_e == 24) {
+                tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ukr(kc, a, b, ct, 24, 1, 0);
+            tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ukr(kc, a, b, ct, 24, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 24 + j];
@@ -1029,13 +1045,13 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_macro(size_t mc, 
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ws(int nt)
+static size_t tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ws(int nt)
 {
-    return (1050624 + (size_t)(nt < 1 ? 1 : nt) * 12288) * sizeof(double);
+    return (264192 + (size_t)(nt < 1 ? 1 : nt) * 61440) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -1048,30 +1064,30 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2(size_t m, size_t 
     }
     if (nt < 1)
         nt = 1;
-    double *const bp = ws, *const ap_all = bp + 1050624;
+    double *const bp = ws, *const ap_all = bp + 264192;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        double ct[8 * 24] __attribute__((aligned(64)));
-        for (size_t jc = 0; jc < n; jc += 4104) {
-            const size_t nc = n - jc < 4104 ? n - jc : 4104;
+        double ct[6 * 24] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 1032) {
+            const size_t nc = n - jc < 1032 ? n - jc : 1032;
             const size_t npan = (nc + 24 - 1) / 24;
             for (size_t pc = 0; pc < k; pc += 256) {
                 const size_t kc = k - pc < 256 ? k - pc : 256;
                 const double bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
+                    tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
                             rsb, csb, bp + jp * 24 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 12288;
-                const size_t nblk = (m + 48 - 1) / 48;
+                double *const ap = ap_all + tid * 61440;
+                const size_t nblk = (m + 240 - 1) / 240;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
-                    for (size_t ip = 0; ip * 8 < mc; ip++)
-                        tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 8 * kc);
-                    tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    const size_t ic = ib * 240, mc = m - ic < 240 ? m - ic : 240;
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -1079,11 +1095,11 @@ static void tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2(size_t m, size_t 
     }
 }
 
-/* ---- tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2: dgemm, vw=512,mr=24,nv=1,kc=512,mc=48,nc=256,ku=8,order=ir_jr,par=ic,pf=2,pb=shared ---- */
-enum { tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_MR = 24, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_NR = 8, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_KC = 512, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_MC = 48, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_NC = 256 };
+/* ---- tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2: dgemm, vw=512,mr=24,nv=1,kc=512,mc=48,nc=256,ku=8,order=jr_ir,par=ic,pf=2,pb=shared ---- */
+enum { tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_MR = 24, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_NR = 8, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_KC = 512, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_MC = 48, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_NC = 256 };
 
 /* C[24×8] = alpha·a·b + beta·C from packed panels a (kc×24) and b (kc×8). */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
     tpk_v8d c0_0 = {0};
@@ -1461,7 +1477,7 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_ukr(size_t kc, con
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 24-row panel, zero-padded. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
 {
     if (csa == 1 && mr_e == 24) {
         for (size_t i = 0; i < 24; i++)
@@ -1479,7 +1495,7 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_pack_a(size_t mr_e
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 8-column panel, zero-padded. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -1495,22 +1511,22 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_pack_b(size_t nr_e
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
     const size_t mpan = (mc + 24 - 1) / 24;
-    for (size_t ip = 0; ip < mpan; ip++)
-        for (size_t jp = jp0; jp < jp1; jp++) {
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
             const size_t mr_e = mc - ip * 24 < 24 ? mc - ip * 24 : 24;
             const size_t nr_e = nc - jp * 8 < 8 ? nc - jp * 8 : 8;
             double *c = C + ip * 24 * ldc + jp * 8;
             const double *a = ap + ip * 24 * kc, *b = bp + jp * 8 * kc;
             if (mr_e == 24 && nr_e == 8) {
-                tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_ukr(kc, a, b, ct, 8, 1, 0);
+            tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ukr(kc, a, b, ct, 8, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 8 + j];
@@ -1518,13 +1534,13 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_macro(size_t mc, s
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_ws(int nt)
+static size_t tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ws(int nt)
 {
     return (131072 + (size_t)(nt < 1 ? 1 : nt) * 24576) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -1549,7 +1565,7 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2(size_t m, size_t n
                 const size_t kc = k - pc < 512 ? k - pc : 512;
                 const double bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_pack_b(nc - jp * 8 < 8 ? nc - jp * 8 : 8, kc, B + pc * rsb + (jc + jp * 8) * csb,
+                    tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_pack_b(nc - jp * 8 < 8 ? nc - jp * 8 : 8, kc, B + pc * rsb + (jc + jp * 8) * csb,
                             rsb, csb, bp + jp * 8 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
@@ -1558,9 +1574,9 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2(size_t m, size_t n
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
                     const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
                     for (size_t ip = 0; ip * 24 < mc; ip++)
-                        tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_pack_a(mc - ip * 24 < 24 ? mc - ip * 24 : 24, kc, A + (ic + ip * 24) * rsa + pc * csa,
+                        tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_pack_a(mc - ip * 24 < 24 ? mc - ip * 24 : 24, kc, A + (ic + ip * 24) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 24 * kc);
-                    tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -1949,11 +1965,11 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2(size_t m, size_t 
     }
 }
 
-/* ---- tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=240,nc=2048,ku=8,order=ir_jr,par=ic,pf=2,pb=shared ---- */
-enum { tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_MR = 14, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_NR = 32, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_KC = 256, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_MC = 252, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_NC = 2048 };
+/* ---- tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=72,nc=2048,ku=8,order=ir_jr,par=ic,pf=2,pb=shared ---- */
+enum { tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_MR = 14, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_NR = 32, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_KC = 256, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_MC = 84, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_NC = 2048 };
 
 /* C[14×32] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×32). */
-static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
     tpk_v16f c0_0 = {0}, c0_1 = {0};
@@ -2228,7 +2244,7 @@ static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_ukr(size_t kc, 
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 14-row panel, zero-padded. */
-static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
 {
     if (csa == 1 && mr_e == 14) {
         for (size_t i = 0; i < 14; i++)
@@ -2246,7 +2262,7 @@ static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_pack_a(size_t m
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
-static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -2262,7 +2278,7 @@ static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_pack_b(size_t n
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
 {
     const size_t mpan = (mc + 14 - 1) / 14;
@@ -2273,11 +2289,11 @@ static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_macro(size_t mc
             float *c = C + ip * 14 * ldc + jp * 32;
             const float *a = ap + ip * 14 * kc, *b = bp + jp * 32 * kc;
             if (mr_e == 14 && nr_e == 32) {
-                tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_ukr(kc, a, b, ct, 32, 1, 0);
+            tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ukr(kc, a, b, ct, 32, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
@@ -2285,13 +2301,13 @@ static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_macro(size_t mc
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_ws(int nt)
+static size_t tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ws(int nt)
 {
-    return (524288 + (size_t)(nt < 1 ? 1 : nt) * 64512) * sizeof(float);
+    return (524288 + (size_t)(nt < 1 ? 1 : nt) * 21504) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -2316,18 +2332,18 @@ static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2(size_t m, size_
                 const size_t kc = k - pc < 256 ? k - pc : 256;
                 const float bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                    tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
                             rsb, csb, bp + jp * 32 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                float *const ap = ap_all + tid * 64512;
-                const size_t nblk = (m + 252 - 1) / 252;
+                float *const ap = ap_all + tid * 21504;
+                const size_t nblk = (m + 84 - 1) / 84;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 252, mc = m - ic < 252 ? m - ic : 252;
+                    const size_t ic = ib * 84, mc = m - ic < 84 ? m - ic : 84;
                     for (size_t ip = 0; ip * 14 < mc; ip++)
-                        tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_pack_a(mc - ip * 14 < 14 ? mc - ip * 14 : 14, kc, A + (ic + ip * 14) * rsa + pc * csa,
+                        tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_pack_a(mc - ip * 14 < 14 ? mc - ip * 14 : 14, kc, A + (ic + ip * 14) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 14 * kc);
-                    tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -2335,11 +2351,11 @@ static void tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2(size_t m, size_
     }
 }
 
-/* ---- tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2: sgemm, vw=512,mr=10,nv=2,kc=512,mc=72,nc=256,ku=1,order=ir_jr,par=ic,pf=2,pb=private ---- */
-enum { tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_MR = 10, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_NR = 32, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_KC = 512, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_MC = 80, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_NC = 256 };
+/* ---- tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0: sgemm, vw=512,mr=10,nv=2,kc=512,mc=96,nc=256,ku=1,order=ir_jr,par=ic,pf=0,pb=private ---- */
+enum { tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_MR = 10, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_NR = 32, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_KC = 512, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_MC = 100, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_NC = 256 };
 
 /* C[10×32] = alpha·a·b + beta·C from packed panels a (kc×10) and b (kc×32). */
-static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
     tpk_v16f c0_0 = {0}, c0_1 = {0};
@@ -2352,29 +2368,8 @@ static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ukr(size_t kc, 
     tpk_v16f c7_0 = {0}, c7_1 = {0};
     tpk_v16f c8_0 = {0}, c8_1 = {0};
     tpk_v16f c9_0 = {0}, c9_1 = {0};
-    __builtin_prefetch(c + 0 * ldc, 1, 3);
-    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 1 * ldc, 1, 3);
-    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 2 * ldc, 1, 3);
-    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 3 * ldc, 1, 3);
-    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 4 * ldc, 1, 3);
-    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 5 * ldc, 1, 3);
-    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 6 * ldc, 1, 3);
-    __builtin_prefetch(c + 6 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 7 * ldc, 1, 3);
-    __builtin_prefetch(c + 7 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 8 * ldc, 1, 3);
-    __builtin_prefetch(c + 8 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 9 * ldc, 1, 3);
-    __builtin_prefetch(c + 9 * ldc + 31, 1, 3);
     size_t p = 0;
     for (; p + 1 <= kc; p += 1) {
-        __builtin_prefetch(a + (p + 2) * 10, 0, 3);
         {
             const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
             const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
@@ -2452,7 +2447,7 @@ static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ukr(size_t kc, 
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 10-row panel, zero-padded. */
-static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
 {
     if (csa == 1 && mr_e == 10) {
         for (size_t i = 0; i < 10; i++)
@@ -2470,7 +2465,7 @@ static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_a(size_t m
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
-static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -2486,7 +2481,7 @@ static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_b(size_t n
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
 {
     const size_t mpan = (mc + 10 - 1) / 10;
@@ -2497,11 +2492,11 @@ static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_macro(size_t mc
             float *c = C + ip * 10 * ldc + jp * 32;
             const float *a = ap + ip * 10 * kc, *b = bp + jp * 32 * kc;
             if (mr_e == 10 && nr_e == 32) {
-                tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ukr(kc, a, b, ct, 32, 1, 0);
+            tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ukr(kc, a, b, ct, 32, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
@@ -2509,13 +2504,13 @@ static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_macro(size_t mc
 }
 
 /* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
-static size_t tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ws(int nt)
+static size_t tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ws(int nt)
 {
-    return (size_t)(nt < 1 ? 1 : nt) * (131072 + 40960) * sizeof(float);
+    return (size_t)(nt < 1 ? 1 : nt) * (131072 + 51200) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -2533,8 +2528,8 @@ static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2(size_t m, size_
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
         float ct[10 * 32] __attribute__((aligned(64)));
         /* Every thread packs B for itself: no barrier anywhere. */
-        float *const bp = (float *)ws + tid * 172032, *const ap = bp + 131072;
-        const size_t nblk = (m + 80 - 1) / 80, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        float *const bp = (float *)ws + tid * 182272, *const ap = bp + 131072;
+        const size_t nblk = (m + 100 - 1) / 100, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
         for (size_t jc = 0; jc < n; jc += 256) {
             const size_t nc = n - jc < 256 ? n - jc : 256;
             const size_t npan = (nc + 32 - 1) / 32;
@@ -2544,15 +2539,15 @@ static void tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2(size_t m, size_
                 if (b0 == b1)
                     continue;
                 for (size_t jp = 0; jp < npan; jp++)
-                    tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                    tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
                             rsb, csb, bp + jp * 32 * kc);
                 /* Threads split the ic loop; each packs its own A block. */
                 for (size_t ib = b0; ib < b1; ib++) {
-                    const size_t ic = ib * 80, mc = m - ic < 80 ? m - ic : 80;
+                    const size_t ic = ib * 100, mc = m - ic < 100 ? m - ic : 100;
                     for (size_t ip = 0; ip * 10 < mc; ip++)
-                        tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
+                        tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 10 * kc);
-                    tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
             }
         }
@@ -3901,15 +3896,15 @@ static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size
 
 /* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s as measured when tuned (load-corrected). */
 const tpk__gemm_entry tpk__gemm_table[] = {
-    {0, 0, 1, 1024, 64, 1024, 52.9, "tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0", tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0, NULL, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_ws},
-    {0, 0, 1, 1024, 1024, 1024, 81.3, "tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2", tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m240_n528_u8_jrir_ic_p2_ws},
-    {0, 0, 1, 2048, 64, 2048, 48.6, "tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2", tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ws},
-    {0, 0, 1, 2048, 2048, 2048, 86.0, "tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2", tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2, NULL, tpk_dgemm_avx512_8x24_k256_m48_n4104_u4_jrir_ic_p2_ws},
-    {0, 0, 2, 2048, 64, 2048, 107.4, "tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_irjr_ic_p2_ws},
-    {0, 0, 2, 2048, 2048, 2048, 144.0, "tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ws},
-    {0, 1, 1, 2048, 64, 2048, 103.2, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
-    {0, 1, 1, 2048, 2048, 2048, 176.2, "tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2, tpk_sgemm_avx512_14x32_k256_m252_n2048_u8_irjr_ic_p2_ws},
-    {0, 1, 2, 2048, 64, 2048, 223.7, "tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2", NULL, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2, tpk_sgemm_avx512_10x32_k512_m80_n256_u1_irjr_icpb_p2_ws},
+    {0, 0, 1, 1024, 64, 1024, 26.4, "tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0", tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0, NULL, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_ws},
+    {0, 0, 1, 1024, 1024, 1024, 82.0, "tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2", tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ws},
+    {0, 0, 1, 2048, 64, 2048, 50.8, "tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2", tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ws},
+    {0, 0, 1, 2048, 2048, 2048, 79.3, "tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2", tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ws},
+    {0, 0, 2, 2048, 64, 2048, 109.2, "tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ws},
+    {0, 0, 2, 2048, 2048, 2048, 145.9, "tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ws},
+    {0, 1, 1, 2048, 64, 2048, 100.9, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 1, 2048, 2048, 2048, 171.5, "tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ws},
+    {0, 1, 2, 2048, 64, 2048, 227.7, "tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0", NULL, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ws},
     {0, 1, 2, 2048, 2048, 2048, 309.3, "tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ws},
 };
 const size_t tpk__gemm_table_len = 10;
