@@ -404,16 +404,37 @@ static int model_params(tpk_tune_model *m, const tpk_tune_opts *o, tpk_ctx *ctx)
     return st;
 }
 
-static tpk_tune_model *fit_base(const tpk_tune_space *s, const tpk_tune_opts *o, int nfeat, tpk_ctx *ctx)
+/* Earlier workloads' measurements of this template: features, labels, one group per workload
+ * (rank:pairwise then learns only the order within each workload, never across shapes). */
+typedef struct history_rows {
+    float *X, *y;
+    unsigned *group;
+    size_t rows, ng;
+} history_rows;
+
+static void history_free(history_rows *h)
+{
+    free(h->X);
+    free(h->y);
+    free(h->group);
+    memset(h, 0, sizeof *h);
+}
+
+static int history_collect(const tpk_tune_space *s, const tpk_tune_opts *o, int nfeat, history_rows *h)
 {
     size_t n = o->nhistory;
-    float *X = malloc((n + 1) * (size_t)nfeat * sizeof *X), *y = malloc((n + 1) * sizeof *y);
-    unsigned *group = malloc((n + 1) * sizeof *group);
+    memset(h, 0, sizeof *h);
+    h->X = malloc((n + 1) * (size_t)nfeat * sizeof *h->X);
+    h->y = malloc((n + 1) * sizeof *h->y);
+    h->group = malloc((n + 1) * sizeof *h->group);
     char *used = calloc(n + 1, 1);
-    tpk_tune_model *m = NULL;
+    if (!h->X || !h->y || !h->group || !used) {
+        free(used);
+        history_free(h);
+        return -1;
+    }
+    float *X = h->X, *y = h->y;
     size_t rows = 0, ng = 0;
-    if (!X || !y || !group || !used)
-        goto done;
     /* Rows grouped by workload, in log order of each workload's first record. */
     for (size_t i = 0; i < n; i++) {
         if (used[i] || strcmp(o->history[i].template_name, s->template_name) != 0 ||
@@ -442,20 +463,24 @@ static tpk_tune_model *fit_base(const tpk_tune_space *s, const tpk_tune_opts *o,
             len++;
         }
         if (len)
-            group[ng++] = len;
+            h->group[ng++] = len;
     }
-    if (rows < 16)
-        goto done; /* too little to learn from */
-    m = tpk_tune_model_alloc(TPK_TUNE_MODEL_XGB_RANK, nfeat, o->rounds, (int)o->seed, ctx);
-    if (m && (model_params(m, o, ctx) != TPK_OK || tpk_tune_model_fit(m, X, y, rows, group, ng, NULL, ctx) != TPK_OK)) {
+    free(used);
+    h->rows = rows;
+    h->ng = ng;
+    return 0;
+}
+
+static tpk_tune_model *fit_base(const history_rows *h, const tpk_tune_opts *o, int nfeat, tpk_ctx *ctx)
+{
+    if (h->rows < 16)
+        return NULL; /* too little to learn from */
+    tpk_tune_model *m = tpk_tune_model_alloc(TPK_TUNE_MODEL_XGB_RANK, nfeat, o->rounds, (int)o->seed, ctx);
+    if (m && (model_params(m, o, ctx) != TPK_OK ||
+              tpk_tune_model_fit(m, h->X, h->y, h->rows, h->group, h->ng, NULL, ctx) != TPK_OK)) {
         tpk_tune_model_free(m);
         m = NULL;
     }
-done:
-    free(X);
-    free(y);
-    free(group);
-    free(used);
     return m;
 }
 
@@ -520,6 +545,7 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
     int nfeat = s->features(s, &probe, fbuf, TPK_TUNE_MAX_FEATURES);
 
     scorer sc = {.s = s, .nfeat = nfeat};
+    history_rows hist = {0};
     idxset visited = {0};
     float *X = malloc((size_t)o.trials * (size_t)nfeat * sizeof *X);
     float *y = malloc((size_t)o.trials * sizeof *y), *bm = malloc((size_t)o.trials * sizeof *bm);
@@ -544,8 +570,13 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
         rc = model_params(sc.own, &o, ctx);
         if (rc)
             goto done;
-        if (o.nhistory)
-            sc.base = fit_base(s, &o, nfeat, ctx);
+        if (o.nhistory) {
+            if (history_collect(s, &o, nfeat, &hist)) {
+                rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+                goto done;
+            }
+            sc.base = fit_base(&hist, &o, nfeat, ctx);
+        }
     }
 
     int done_n = 0, nbatch = 0;
@@ -647,6 +678,7 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
 done:
     tpk_tune_model_free(sc.own);
     tpk_tune_model_free(sc.base);
+    history_free(&hist);
     free(sc.X);
     free(sc.bm);
     free(sc.out);
