@@ -1965,6 +1965,258 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2(size_t m, size_t 
     }
 }
 
+/* ---- tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2: dgemm, vw=512,mr=6,nv=4,kc=384,mc=144,nc=2048,ku=4,order=jr_ir,par=ic,pf=2,pb=private ---- */
+enum { tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_MR = 6, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_NR = 32, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_KC = 384, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_MC = 144, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_NC = 2048 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + (p + 8) * 6, 0, 3);
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (786432 + 55296) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 841728, *const ap = bp + 786432;
+        const size_t nblk = (m + 144 - 1) / 144, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 2048) {
+            const size_t nc = n - jc < 2048 ? n - jc : 2048;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 384) {
+                const size_t kc = k - pc < 384 ? k - pc : 384;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 144, mc = m - ic < 144 ? m - ic : 144;
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
 /* ---- tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=72,nc=2048,ku=8,order=ir_jr,par=ic,pf=2,pb=shared ---- */
 enum { tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_MR = 14, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_NR = 32, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_KC = 256, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_MC = 84, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_NC = 2048 };
 
@@ -2346,6 +2598,226 @@ static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2(size_t m, size_t
                     tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0: sgemm, vw=512,mr=8,nv=3,kc=512,mc=72,nc=512,ku=2,order=jr_ir,par=ic,pf=0,pb=private ---- */
+enum { tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_MR = 8, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_NR = 48, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_KC = 512, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_MC = 72, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_NC = 528 };
+
+/* C[8×48] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×48). */
+static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
+    tpk_v16f c6_0 = {0}, c6_1 = {0}, c6_2 = {0};
+    tpk_v16f c7_0 = {0}, c7_1 = {0}, c7_2 = {0};
+    size_t p = 0;
+    for (; p + 2 <= kc; p += 2) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[(p + 0) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 48 + 32);
+            { const float ai = a[(p + 1) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[(p + 0) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
+        tpk_v16f_st(c + 6 * ldc + 32, alpha * c6_2);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
+        tpk_v16f_st(c + 7 * ldc + 32, alpha * c7_2);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
+        tpk_v16f_st(c + 6 * ldc + 32, beta * tpk_v16f_ld(c + 6 * ldc + 32) + alpha * c6_2);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
+        tpk_v16f_st(c + 7 * ldc + 32, beta * tpk_v16f_ld(c + 7 * ldc + 32) + alpha * c7_2);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 8-row panel, zero-padded. */
+static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 8) {
+        for (size_t i = 0; i < 8; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 8 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 8 + i] = A[i * rsa + p * csa];
+        for (; i < 8; i++)
+            dst[p * 8 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 48-column panel, zero-padded. */
+static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 48 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 48 + j] = B[p * rsb + j * csb];
+        for (; j < 48; j++)
+            dst[p * 48 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 8 - 1) / 8;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 8 < 8 ? mc - ip * 8 : 8;
+            const size_t nr_e = nc - jp * 48 < 48 ? nc - jp * 48 : 48;
+            float *c = C + ip * 8 * ldc + jp * 48;
+            const float *a = ap + ip * 8 * kc, *b = bp + jp * 48 * kc;
+            if (mr_e == 8 && nr_e == 48) {
+                tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ukr(kc, a, b, ct, 48, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 48 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (270336 + 36864) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[8 * 48] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 307200, *const ap = bp + 270336;
+        const size_t nblk = (m + 72 - 1) / 72, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 528) {
+            const size_t nc = n - jc < 528 ? n - jc : 528;
+            const size_t npan = (nc + 48 - 1) / 48;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_pack_b(nc - jp * 48 < 48 ? nc - jp * 48 : 48, kc, B + pc * rsb + (jc + jp * 48) * csb,
+                            rsb, csb, bp + jp * 48 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 72, mc = m - ic < 72 ? m - ic : 72;
+                    for (size_t ip = 0; ip * 8 < mc; ip++)
+                        tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 8 * kc);
+                    tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
             }
         }
     }
@@ -3900,14 +4372,20 @@ const tpk__gemm_entry tpk__gemm_table[] = {
     {0, 0, 1, 1024, 1024, 1024, 82.0, "tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2", tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ws},
     {0, 0, 1, 2048, 64, 2048, 50.8, "tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2", tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ws},
     {0, 0, 1, 2048, 2048, 2048, 79.3, "tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2", tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ws},
+    {0, 0, 1, 4096, 4096, 4096, 84.6, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
     {0, 0, 2, 2048, 64, 2048, 109.2, "tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ws},
     {0, 0, 2, 2048, 2048, 2048, 145.9, "tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ws},
+    {0, 0, 2, 4096, 4096, 4096, 172.7, "tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2", tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2, NULL, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ws},
     {0, 1, 1, 2048, 64, 2048, 100.9, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
     {0, 1, 1, 2048, 2048, 2048, 171.5, "tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ws},
+    {0, 1, 1, 4096, 4096, 4096, 184.7, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 2, 1024, 1024, 1024, 339.3, "tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0", NULL, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ws},
     {0, 1, 2, 2048, 64, 2048, 227.7, "tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0", NULL, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ws},
     {0, 1, 2, 2048, 2048, 2048, 309.3, "tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ws},
+    {0, 1, 2, 4096, 64, 4096, 166.4, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 2, 4096, 4096, 4096, 366.3, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
 };
-const size_t tpk__gemm_table_len = 10;
+const size_t tpk__gemm_table_len = 16;
 
 const tpk__gemm_entry tpk__gemm_default[4] = {
     {0, 0, 0, 0, 0, 0, 0.0, "tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1", tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1, NULL, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ws},
