@@ -6,12 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct pick {
-    const tpk_tune_record *r;
-    tpk_tune_space s;
-    tpk_tune_config c;
-    char name[160];
-} pick;
+typedef tpk__pick pick;
 
 static int workload_cmp(const tpk_tune_record *a, const tpk_tune_record *b)
 {
@@ -32,6 +27,7 @@ static int workload_cmp(const tpk_tune_record *a, const tpk_tune_record *b)
 
 /* Undisturbed runs first (CPU share ≥ 0.85, or unknown), then the load-corrected rate: a
  * corrected rate from a heavily disturbed run is an estimate, a quiet run a measurement. */
+/* Undisturbed runs (CPU share ≥ 0.85) first, then the label (the fastest repeat's rate). */
 static int better(const tpk_tune_record *a, const tpk_tune_record *b)
 {
     int qa = !(a->result.cpu_ratio > 0) || a->result.cpu_ratio >= 0.85;
@@ -41,12 +37,50 @@ static int better(const tpk_tune_record *a, const tpk_tune_record *b)
     return tpk__label(&a->result) > tpk__label(&b->result);
 }
 
-static int pick_cmp(const void *x, const void *y)
+size_t tpk__pick_best(const tpk_tune_record *recs, size_t n, int (*accept)(const tpk_tune_record *r),
+                      tpk__rec_cmp cmp, tpk__kernel_namer name, tpk__pick *p)
 {
-    return workload_cmp(((const pick *)x)->r, ((const pick *)y)->r);
+    size_t np = 0;
+    for (size_t i = 0; i < n; i++) {
+        const tpk_tune_record *r = &recs[i];
+        if (r->result.err != 0 || !(r->result.gflops > 0) || !accept(r))
+            continue;
+        size_t j = 0;
+        while (j < np && cmp(p[j].r, r) != 0)
+            j++;
+        if (j < np && !better(r, p[j].r))
+            continue;
+        tpk_tune_space s;
+        tpk_tune_config c;
+        tpk_ctx q;
+        tpk_ctx_init(&q);
+        if (tpk_tune_space_init(&s, &r->task, &q) || tpk_tune_record_config(&s, r, &c, &q) ||
+            !tpk_tune_space_valid(&s, &c))
+            continue; /* a record from an older space: skip, do not fail the build */
+        p[j].r = r;
+        p[j].s = s;
+        p[j].c = c;
+        name(&s, &c, p[j].name, sizeof p[j].name);
+        if (j == np)
+            np++;
+    }
+    /* insertion sort by workload: qsort's comparator could not take cmp */
+    for (size_t i = 1; i < np; i++)
+        for (size_t k = i; k > 0 && cmp(p[k - 1].r, p[k].r) > 0; k--) {
+            tpk__pick t = p[k];
+            p[k] = p[k - 1];
+            p[k - 1] = t;
+        }
+    return np;
 }
 
 /* Kernel names say what they are (style.md §12). */
+static int is_cpu_gemm(const tpk_tune_record *r)
+{
+    return r->task.target == TPK_TUNE_CPU &&
+           (strcmp(r->template_name, "cpu_gemm") == 0 || strcmp(r->template_name, "cpu_syrk") == 0);
+}
+
 static void kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap)
 {
     tpk__cpu_blocking b;
@@ -85,34 +119,8 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *
     pick *p = calloc(n + 2, sizeof *p);
     if (!p)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
-    size_t np = 0;
-    /* Best valid record per workload (AutoTVM ApplyHistoryBest), by load-corrected rate. */
-    for (size_t i = 0; i < n; i++) {
-        const tpk_tune_record *r = &recs[i];
-        if (r->task.target != TPK_TUNE_CPU ||
-            (strcmp(r->template_name, "cpu_gemm") != 0 && strcmp(r->template_name, "cpu_syrk") != 0) ||
-            r->result.err != 0 || !(r->result.gflops > 0))
-            continue;
-        size_t j = 0;
-        while (j < np && workload_cmp(p[j].r, r) != 0)
-            j++;
-        if (j < np && !better(r, p[j].r))
-            continue;
-        tpk_tune_space s;
-        tpk_tune_config c;
-        tpk_ctx q;
-        tpk_ctx_init(&q);
-        if (tpk_tune_space_init(&s, &r->task, &q) || tpk_tune_record_config(&s, r, &c, &q) ||
-            !tpk_tune_space_valid(&s, &c))
-            continue; /* a record from an older space: skip, do not fail the build */
-        p[j].r = r;
-        p[j].s = s;
-        p[j].c = c;
-        kernel_name(&s, &c, p[j].name, sizeof p[j].name);
-        if (j == np)
-            np++;
-    }
-    qsort(p, np, sizeof *p, pick_cmp);
+    /* Best valid record per workload (AutoTVM ApplyHistoryBest). */
+    size_t np = tpk__pick_best(recs, n, is_cpu_gemm, workload_cmp, kernel_name, p);
 
     /* Safe defaults: the analytic blocking for a large square problem on 2 threads, per
      * (op, dtype). */
@@ -178,37 +186,18 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *
 
 /* ---- CUDA --------------------------------------------------------------------------------- */
 
+static int is_cuda_gemm(const tpk_tune_record *r)
+{
+    return r->task.target == TPK_TUNE_CUDA && strcmp(r->template_name, "cuda_gemm") == 0;
+}
+
 int tpk_tune_gen_cuda_library(const tpk_tune_record *recs, size_t n, const char *generator, FILE *out,
                               tpk_ctx *ctx)
 {
     pick *p = calloc(n + 2, sizeof *p);
     if (!p)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
-    size_t np = 0;
-    for (size_t i = 0; i < n; i++) {
-        const tpk_tune_record *r = &recs[i];
-        if (r->task.target != TPK_TUNE_CUDA || strcmp(r->template_name, "cuda_gemm") != 0 || r->result.err != 0 ||
-            !(r->result.gflops > 0))
-            continue;
-        size_t j = 0;
-        while (j < np && workload_cmp(p[j].r, r) != 0)
-            j++;
-        if (j < np && !(r->result.gflops > p[j].r->result.gflops))
-            continue;
-        tpk_ctx q;
-        tpk_ctx_init(&q);
-        tpk_tune_space s;
-        tpk_tune_config c;
-        if (tpk_tune_space_init(&s, &r->task, &q) || tpk_tune_record_config(&s, r, &c, &q) || !tpk_tune_space_valid(&s, &c))
-            continue;
-        p[j].r = r;
-        p[j].s = s;
-        p[j].c = c;
-        tpk__cuda_kernel_name(&s, &c, p[j].name, sizeof p[j].name);
-        if (j == np)
-            np++;
-    }
-    qsort(p, np, sizeof *p, pick_cmp);
+    size_t np = tpk__pick_best(recs, n, is_cuda_gemm, workload_cmp, tpk__cuda_kernel_name, p);
     pick def[2];
     for (int d = 0; d < 2; d++) {
         tpk_tune_task t = {TPK_TUNE_CUDA, d, 4096, 4096, 4096, 1, TPK_TUNE_GEMM};

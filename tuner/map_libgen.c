@@ -6,12 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct mpick {
-    const tpk_tune_record *r;
-    tpk_tune_space s;
-    tpk_tune_config c;
-    char name[160];
-} mpick;
+typedef tpk__pick mpick;
 
 static int wl_cmp(const tpk_tune_record *a, const tpk_tune_record *b)
 {
@@ -24,19 +19,9 @@ static int wl_cmp(const tpk_tune_record *a, const tpk_tune_record *b)
     return 0;
 }
 
-static int mpick_cmp(const void *x, const void *y)
+static int is_cpu_map(const tpk_tune_record *r)
 {
-    return wl_cmp(((const mpick *)x)->r, ((const mpick *)y)->r);
-}
-
-/* As libgen.c: undisturbed runs (CPU share ≥ 0.85) first, then the load-corrected rate. */
-static int better(const tpk_tune_record *a, const tpk_tune_record *b)
-{
-    int qa = !(a->result.cpu_ratio > 0) || a->result.cpu_ratio >= 0.85;
-    int qb = !(b->result.cpu_ratio > 0) || b->result.cpu_ratio >= 0.85;
-    if (qa != qb)
-        return qa > qb;
-    return tpk__label(&a->result) > tpk__label(&b->result);
+    return r->task.op == TPK_TUNE_MAP && strcmp(r->template_name, "cpu_map") == 0;
 }
 
 static void entry(FILE *out, const tpk_tune_task *t, double rate, const char *name)
@@ -51,32 +36,7 @@ int tpk_tune_gen_map_library(const tpk_tune_record *recs, size_t n, const char *
     mpick *p = calloc(n + 1, sizeof *p);
     if (!p)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
-    size_t np = 0;
-    for (size_t i = 0; i < n; i++) {
-        const tpk_tune_record *r = &recs[i];
-        if (r->task.op != TPK_TUNE_MAP || strcmp(r->template_name, "cpu_map") != 0 || r->result.err != 0 ||
-            !(r->result.gflops > 0))
-            continue;
-        size_t j = 0;
-        while (j < np && wl_cmp(p[j].r, r) != 0)
-            j++;
-        if (j < np && !better(r, p[j].r))
-            continue;
-        tpk_tune_space s;
-        tpk_tune_config c;
-        tpk_ctx q;
-        tpk_ctx_init(&q);
-        if (tpk_tune_space_init(&s, &r->task, &q) || tpk_tune_record_config(&s, r, &c, &q) ||
-            !tpk_tune_space_valid(&s, &c))
-            continue; /* a record from an older space: skip, do not fail the build */
-        p[j].r = r;
-        p[j].s = s;
-        p[j].c = c;
-        tpk__cpu_map_kernel_name(&s, &c, p[j].name, sizeof p[j].name);
-        if (j == np)
-            np++;
-    }
-    qsort(p, np, sizeof *p, mpick_cmp);
+    size_t np = tpk__pick_best(recs, n, is_cpu_map, wl_cmp, tpk__cpu_map_kernel_name, p);
     /* Safe defaults: the analytic configuration for a large map on 2 threads, per dtype. */
     mpick def[2];
     for (int d = 0; d < 2; d++) {

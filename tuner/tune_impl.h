@@ -62,6 +62,21 @@ static inline double tpk__rng_unif(uint64_t *s)
 
 double tpk__now(void);
 double tpk__label(const tpk_tune_result *r);
+
+/* Library generation (libgen.c, map_libgen.c): the best valid record per workload of the logs
+ * (AutoTVM's ApplyHistoryBest), with its space, configuration and kernel name. */
+typedef struct tpk__pick {
+    const tpk_tune_record *r;
+    tpk_tune_space s;
+    tpk_tune_config c;
+    char name[160];
+} tpk__pick;
+typedef int (*tpk__rec_cmp)(const tpk_tune_record *a, const tpk_tune_record *b);
+typedef void (*tpk__kernel_namer)(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap);
+/* Fills p (room for n) with one pick per workload among the records accept() takes, workloads
+ * told apart and ordered by cmp; returns the count. Records of an older space are skipped. */
+size_t tpk__pick_best(const tpk_tune_record *recs, size_t n, int (*accept)(const tpk_tune_record *r),
+                      tpk__rec_cmp cmp, tpk__kernel_namer name, tpk__pick *p);
 double tpk__log2(double x);
 
 #endif
