@@ -1584,344 +1584,199 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2(size_t m, size_t n
     }
 }
 
-/* ---- tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2: dgemm, vw=512,mr=24,nv=1,kc=512,mc=48,nc=2048,ku=4,order=ir_jr,par=ic,pf=2,pb=shared ---- */
-enum { tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_MR = 24, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_NR = 8, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_KC = 512, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_MC = 48, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_NC = 2048 };
+/* ---- tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=4096,ku=4,order=jr_ir,par=jr,pf=2,pb=shared ---- */
+enum { tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_MC = 240, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_NC = 4104 };
 
-/* C[24×8] = alpha·a·b + beta·C from packed panels a (kc×24) and b (kc×8). */
-static void tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+/* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
+static void tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
-    tpk_v8d c0_0 = {0};
-    tpk_v8d c1_0 = {0};
-    tpk_v8d c2_0 = {0};
-    tpk_v8d c3_0 = {0};
-    tpk_v8d c4_0 = {0};
-    tpk_v8d c5_0 = {0};
-    tpk_v8d c6_0 = {0};
-    tpk_v8d c7_0 = {0};
-    tpk_v8d c8_0 = {0};
-    tpk_v8d c9_0 = {0};
-    tpk_v8d c10_0 = {0};
-    tpk_v8d c11_0 = {0};
-    tpk_v8d c12_0 = {0};
-    tpk_v8d c13_0 = {0};
-    tpk_v8d c14_0 = {0};
-    tpk_v8d c15_0 = {0};
-    tpk_v8d c16_0 = {0};
-    tpk_v8d c17_0 = {0};
-    tpk_v8d c18_0 = {0};
-    tpk_v8d c19_0 = {0};
-    tpk_v8d c20_0 = {0};
-    tpk_v8d c21_0 = {0};
-    tpk_v8d c22_0 = {0};
-    tpk_v8d c23_0 = {0};
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
     __builtin_prefetch(c + 0 * ldc, 1, 3);
-    __builtin_prefetch(c + 0 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 23, 1, 3);
     __builtin_prefetch(c + 1 * ldc, 1, 3);
-    __builtin_prefetch(c + 1 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 23, 1, 3);
     __builtin_prefetch(c + 2 * ldc, 1, 3);
-    __builtin_prefetch(c + 2 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 23, 1, 3);
     __builtin_prefetch(c + 3 * ldc, 1, 3);
-    __builtin_prefetch(c + 3 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 23, 1, 3);
     __builtin_prefetch(c + 4 * ldc, 1, 3);
-    __builtin_prefetch(c + 4 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 23, 1, 3);
     __builtin_prefetch(c + 5 * ldc, 1, 3);
-    __builtin_prefetch(c + 5 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 6 * ldc, 1, 3);
-    __builtin_prefetch(c + 6 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 7 * ldc, 1, 3);
-    __builtin_prefetch(c + 7 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 8 * ldc, 1, 3);
-    __builtin_prefetch(c + 8 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 9 * ldc, 1, 3);
-    __builtin_prefetch(c + 9 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 10 * ldc, 1, 3);
-    __builtin_prefetch(c + 10 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 11 * ldc, 1, 3);
-    __builtin_prefetch(c + 11 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 12 * ldc, 1, 3);
-    __builtin_prefetch(c + 12 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 13 * ldc, 1, 3);
-    __builtin_prefetch(c + 13 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 14 * ldc, 1, 3);
-    __builtin_prefetch(c + 14 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 15 * ldc, 1, 3);
-    __builtin_prefetch(c + 15 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 16 * ldc, 1, 3);
-    __builtin_prefetch(c + 16 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 17 * ldc, 1, 3);
-    __builtin_prefetch(c + 17 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 18 * ldc, 1, 3);
-    __builtin_prefetch(c + 18 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 19 * ldc, 1, 3);
-    __builtin_prefetch(c + 19 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 20 * ldc, 1, 3);
-    __builtin_prefetch(c + 20 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 21 * ldc, 1, 3);
-    __builtin_prefetch(c + 21 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 22 * ldc, 1, 3);
-    __builtin_prefetch(c + 22 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 23 * ldc, 1, 3);
-    __builtin_prefetch(c + 23 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 23, 1, 3);
     size_t p = 0;
     for (; p + 4 <= kc; p += 4) {
-        __builtin_prefetch(a + (p + 8) * 24, 0, 3);
+        __builtin_prefetch(a + (p + 8) * 6, 0, 3);
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 8 + 0);
-            { const double ai = a[(p + 0) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 8 + 0);
-            { const double ai = a[(p + 1) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 24 + 16);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 8 + 0);
-            { const double ai = a[(p + 2) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 24 + 16);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 8 + 0);
-            { const double ai = a[(p + 3) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 24 + 16);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 8 + 0);
-            { const double ai = a[(p + 0) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
         }
     }
     if (beta == 0) {
         tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
         tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
         tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
         tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
         tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
         tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
-        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
-        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
-        tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
-        tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
-        tpk_v8d_st(c + 10 * ldc + 0, alpha * c10_0);
-        tpk_v8d_st(c + 11 * ldc + 0, alpha * c11_0);
-        tpk_v8d_st(c + 12 * ldc + 0, alpha * c12_0);
-        tpk_v8d_st(c + 13 * ldc + 0, alpha * c13_0);
-        tpk_v8d_st(c + 14 * ldc + 0, alpha * c14_0);
-        tpk_v8d_st(c + 15 * ldc + 0, alpha * c15_0);
-        tpk_v8d_st(c + 16 * ldc + 0, alpha * c16_0);
-        tpk_v8d_st(c + 17 * ldc + 0, alpha * c17_0);
-        tpk_v8d_st(c + 18 * ldc + 0, alpha * c18_0);
-        tpk_v8d_st(c + 19 * ldc + 0, alpha * c19_0);
-        tpk_v8d_st(c + 20 * ldc + 0, alpha * c20_0);
-        tpk_v8d_st(c + 21 * ldc + 0, alpha * c21_0);
-        tpk_v8d_st(c + 22 * ldc + 0, alpha * c22_0);
-        tpk_v8d_st(c + 23 * ldc + 0, alpha * c23_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
     } else {
         tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
         tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
         tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
         tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
         tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
         tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
-        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
-        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
-        tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
-        tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
-        tpk_v8d_st(c + 10 * ldc + 0, beta * tpk_v8d_ld(c + 10 * ldc + 0) + alpha * c10_0);
-        tpk_v8d_st(c + 11 * ldc + 0, beta * tpk_v8d_ld(c + 11 * ldc + 0) + alpha * c11_0);
-        tpk_v8d_st(c + 12 * ldc + 0, beta * tpk_v8d_ld(c + 12 * ldc + 0) + alpha * c12_0);
-        tpk_v8d_st(c + 13 * ldc + 0, beta * tpk_v8d_ld(c + 13 * ldc + 0) + alpha * c13_0);
-        tpk_v8d_st(c + 14 * ldc + 0, beta * tpk_v8d_ld(c + 14 * ldc + 0) + alpha * c14_0);
-        tpk_v8d_st(c + 15 * ldc + 0, beta * tpk_v8d_ld(c + 15 * ldc + 0) + alpha * c15_0);
-        tpk_v8d_st(c + 16 * ldc + 0, beta * tpk_v8d_ld(c + 16 * ldc + 0) + alpha * c16_0);
-        tpk_v8d_st(c + 17 * ldc + 0, beta * tpk_v8d_ld(c + 17 * ldc + 0) + alpha * c17_0);
-        tpk_v8d_st(c + 18 * ldc + 0, beta * tpk_v8d_ld(c + 18 * ldc + 0) + alpha * c18_0);
-        tpk_v8d_st(c + 19 * ldc + 0, beta * tpk_v8d_ld(c + 19 * ldc + 0) + alpha * c19_0);
-        tpk_v8d_st(c + 20 * ldc + 0, beta * tpk_v8d_ld(c + 20 * ldc + 0) + alpha * c20_0);
-        tpk_v8d_st(c + 21 * ldc + 0, beta * tpk_v8d_ld(c + 21 * ldc + 0) + alpha * c21_0);
-        tpk_v8d_st(c + 22 * ldc + 0, beta * tpk_v8d_ld(c + 22 * ldc + 0) + alpha * c22_0);
-        tpk_v8d_st(c + 23 * ldc + 0, beta * tpk_v8d_ld(c + 23 * ldc + 0) + alpha * c23_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 24-row panel, zero-padded. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
 {
-    if (csa == 1 && mr_e == 24) {
-        for (size_t i = 0; i < 24; i++)
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 24 + i] = A[i * rsa + p];
+                dst[p * 6 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 24 + i] = A[i * rsa + p * csa];
-        for (; i < 24; i++)
-            dst[p * 24 + i] = 0;
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 8-column panel, zero-padded. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 24-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 8 + j] = B[p * rsb + j];
+                dst[p * 24 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 8 + j] = B[p * rsb + j * csb];
-        for (; j < 8; j++)
-            dst[p * 8 + j] = 0;
+                dst[p * 24 + j] = B[p * rsb + j * csb];
+        for (; j < 24; j++)
+            dst[p * 24 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
-    const size_t mpan = (mc + 24 - 1) / 24;
-    for (size_t ip = 0; ip < mpan; ip++)
-        for (size_t jp = jp0; jp < jp1; jp++) {
-            const size_t mr_e = mc - ip * 24 < 24 ? mc - ip * 24 : 24;
-            const size_t nr_e = nc - jp * 8 < 8 ? nc - jp * 8 : 8;
-            double *c = C + ip * 24 * ldc + jp * 8;
-            const double *a = ap + ip * 24 * kc, *b = bp + jp * 8 * kc;
-            if (mr_e == 24 && nr_e == 8) {
-                tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 24 < 24 ? nc - jp * 24 : 24;
+            double *c = C + ip * 6 * ldc + jp * 24;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 24 * kc;
+            if (mr_e == 6 && nr_e == 24) {
+                tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ukr(kc, a, b, ct, 8, 1, 0);
+            tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_ukr(kc, a, b, ct, 24, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 8 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 24 + j];
         }
 }
 
-/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ws(int nt)
+/* Workspace bytes for nt threads: the packed B block and a shared packed A block. */
+static size_t tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_ws(int nt)
 {
-    return (1048576 + (size_t)(nt < 1 ? 1 : nt) * 24576) * sizeof(double);
+    (void)nt; /* one shared A block whatever the threads */
+    return (1050624 + (size_t)1 * 61440) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -1934,30 +1789,31 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2(size_t m, size_t 
     }
     if (nt < 1)
         nt = 1;
-    double *const bp = ws, *const ap_all = bp + 1048576;
+    double *const bp = ws, *const ap_all = bp + 1050624;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        double ct[24 * 8] __attribute__((aligned(64)));
-        for (size_t jc = 0; jc < n; jc += 2048) {
-            const size_t nc = n - jc < 2048 ? n - jc : 2048;
-            const size_t npan = (nc + 8 - 1) / 8;
-            for (size_t pc = 0; pc < k; pc += 512) {
-                const size_t kc = k - pc < 512 ? k - pc : 512;
+        double ct[6 * 24] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 4104) {
+            const size_t nc = n - jc < 4104 ? n - jc : 4104;
+            const size_t npan = (nc + 24 - 1) / 24;
+            for (size_t pc = 0; pc < k; pc += 256) {
+                const size_t kc = k - pc < 256 ? k - pc : 256;
                 const double bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_pack_b(nc - jp * 8 < 8 ? nc - jp * 8 : 8, kc, B + pc * rsb + (jc + jp * 8) * csb,
-                            rsb, csb, bp + jp * 8 * kc);
+                    tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
+                            rsb, csb, bp + jp * 24 * kc);
 #pragma omp barrier
-                /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 24576;
-                const size_t nblk = (m + 48 - 1) / 48;
-                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
-                    for (size_t ip = 0; ip * 24 < mc; ip++)
-                        tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_pack_a(mc - ip * 24 < 24 ? mc - ip * 24 : 24, kc, A + (ic + ip * 24) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 24 * kc);
-                    tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                /* Threads pack the A block together and split the jr loop. */
+                for (size_t ic = 0; ic < m; ic += 240) {
+                    const size_t mc = m - ic < 240 ? m - ic : 240, mpan = (mc + 6 - 1) / 6;
+                    for (size_t ip = tid; ip < mpan; ip += nth)
+                        tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap_all + ip * 6 * kc);
+#pragma omp barrier
+                    tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_macro(mc, nc, kc, ap_all, bp, npan * tid / nth, npan * (tid + 1) / nth, C + ic * ldc + jc,
+                            ldc, alpha, bet, ct);
+#pragma omp barrier
                 }
 #pragma omp barrier
             }
@@ -2217,349 +2073,214 @@ static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2(size_t m, size
     }
 }
 
-/* ---- tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=72,nc=2048,ku=8,order=ir_jr,par=ic,pf=2,pb=shared ---- */
-enum { tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_MR = 14, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_NR = 32, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_KC = 256, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_MC = 84, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_NC = 2048 };
+/* ---- tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1: sgemm, vw=512,mr=6,nv=4,kc=512,mc=96,nc=256,ku=4,order=ir_jr,par=ic,pf=1,pb=shared ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_MR = 6, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_NR = 64, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_KC = 512, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_MC = 96, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_NC = 256 };
 
-/* C[14×32] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×32). */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
-    tpk_v16f c0_0 = {0}, c0_1 = {0};
-    tpk_v16f c1_0 = {0}, c1_1 = {0};
-    tpk_v16f c2_0 = {0}, c2_1 = {0};
-    tpk_v16f c3_0 = {0}, c3_1 = {0};
-    tpk_v16f c4_0 = {0}, c4_1 = {0};
-    tpk_v16f c5_0 = {0}, c5_1 = {0};
-    tpk_v16f c6_0 = {0}, c6_1 = {0};
-    tpk_v16f c7_0 = {0}, c7_1 = {0};
-    tpk_v16f c8_0 = {0}, c8_1 = {0};
-    tpk_v16f c9_0 = {0}, c9_1 = {0};
-    tpk_v16f c10_0 = {0}, c10_1 = {0};
-    tpk_v16f c11_0 = {0}, c11_1 = {0};
-    tpk_v16f c12_0 = {0}, c12_1 = {0};
-    tpk_v16f c13_0 = {0}, c13_1 = {0};
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
     __builtin_prefetch(c + 0 * ldc, 1, 3);
-    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 1 * ldc, 1, 3);
-    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 2 * ldc, 1, 3);
-    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 3 * ldc, 1, 3);
-    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 4 * ldc, 1, 3);
-    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 5 * ldc, 1, 3);
-    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 6 * ldc, 1, 3);
-    __builtin_prefetch(c + 6 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 7 * ldc, 1, 3);
-    __builtin_prefetch(c + 7 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 8 * ldc, 1, 3);
-    __builtin_prefetch(c + 8 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 9 * ldc, 1, 3);
-    __builtin_prefetch(c + 9 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 10 * ldc, 1, 3);
-    __builtin_prefetch(c + 10 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 11 * ldc, 1, 3);
-    __builtin_prefetch(c + 11 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 12 * ldc, 1, 3);
-    __builtin_prefetch(c + 12 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 13 * ldc, 1, 3);
-    __builtin_prefetch(c + 13 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
     size_t p = 0;
-    for (; p + 8 <= kc; p += 8) {
-        __builtin_prefetch(a + (p + 16) * 14, 0, 3);
+    for (; p + 4 <= kc; p += 4) {
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
-            { const float ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 32 + 16);
-            { const float ai = a[(p + 1) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 32 + 16);
-            { const float ai = a[(p + 2) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 2) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 32 + 16);
-            { const float ai = a[(p + 3) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 3) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 32 + 16);
-            { const float ai = a[(p + 4) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 4) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 32 + 16);
-            { const float ai = a[(p + 5) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 5) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 32 + 16);
-            { const float ai = a[(p + 6) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 6) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
-        }
-        {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 32 + 16);
-            { const float ai = a[(p + 7) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 7) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
-            { const float ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     if (beta == 0) {
         tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
         tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
         tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
         tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
         tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
         tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
         tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
         tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
         tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
         tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
         tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
         tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
-        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
-        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
-        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
-        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
-        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
-        tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
-        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
-        tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
-        tpk_v16f_st(c + 10 * ldc + 0, alpha * c10_0);
-        tpk_v16f_st(c + 10 * ldc + 16, alpha * c10_1);
-        tpk_v16f_st(c + 11 * ldc + 0, alpha * c11_0);
-        tpk_v16f_st(c + 11 * ldc + 16, alpha * c11_1);
-        tpk_v16f_st(c + 12 * ldc + 0, alpha * c12_0);
-        tpk_v16f_st(c + 12 * ldc + 16, alpha * c12_1);
-        tpk_v16f_st(c + 13 * ldc + 0, alpha * c13_0);
-        tpk_v16f_st(c + 13 * ldc + 16, alpha * c13_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
     } else {
         tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
         tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
         tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
         tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
         tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
         tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
         tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
         tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
         tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
         tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
         tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
         tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
-        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
-        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
-        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
-        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
-        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
-        tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
-        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
-        tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
-        tpk_v16f_st(c + 10 * ldc + 0, beta * tpk_v16f_ld(c + 10 * ldc + 0) + alpha * c10_0);
-        tpk_v16f_st(c + 10 * ldc + 16, beta * tpk_v16f_ld(c + 10 * ldc + 16) + alpha * c10_1);
-        tpk_v16f_st(c + 11 * ldc + 0, beta * tpk_v16f_ld(c + 11 * ldc + 0) + alpha * c11_0);
-        tpk_v16f_st(c + 11 * ldc + 16, beta * tpk_v16f_ld(c + 11 * ldc + 16) + alpha * c11_1);
-        tpk_v16f_st(c + 12 * ldc + 0, beta * tpk_v16f_ld(c + 12 * ldc + 0) + alpha * c12_0);
-        tpk_v16f_st(c + 12 * ldc + 16, beta * tpk_v16f_ld(c + 12 * ldc + 16) + alpha * c12_1);
-        tpk_v16f_st(c + 13 * ldc + 0, beta * tpk_v16f_ld(c + 13 * ldc + 0) + alpha * c13_0);
-        tpk_v16f_st(c + 13 * ldc + 16, beta * tpk_v16f_ld(c + 13 * ldc + 16) + alpha * c13_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 14-row panel, zero-padded. */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
 {
-    if (csa == 1 && mr_e == 14) {
-        for (size_t i = 0; i < 14; i++)
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 14 + i] = A[i * rsa + p];
+                dst[p * 6 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 14 + i] = A[i * rsa + p * csa];
-        for (; i < 14; i++)
-            dst[p * 14 + i] = 0;
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 32 + j] = B[p * rsb + j];
+                dst[p * 64 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 32 + j] = B[p * rsb + j * csb];
-        for (; j < 32; j++)
-            dst[p * 32 + j] = 0;
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
 {
-    const size_t mpan = (mc + 14 - 1) / 14;
+    const size_t mpan = (mc + 6 - 1) / 6;
     for (size_t ip = 0; ip < mpan; ip++)
         for (size_t jp = jp0; jp < jp1; jp++) {
-            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
-            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
-            float *c = C + ip * 14 * ldc + jp * 32;
-            const float *a = ap + ip * 14 * kc, *b = bp + jp * 32 * kc;
-            if (mr_e == 14 && nr_e == 32) {
-                tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ukr(kc, a, b, ct, 32, 1, 0);
+            tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ukr(kc, a, b, ct, 64, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
         }
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ws(int nt)
+static size_t tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ws(int nt)
 {
-    return (524288 + (size_t)(nt < 1 ? 1 : nt) * 21504) * sizeof(float);
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 49152) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -2572,30 +2293,486 @@ static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2(size_t m, size_t
     }
     if (nt < 1)
         nt = 1;
-    float *const bp = ws, *const ap_all = bp + 524288;
+    float *const bp = ws, *const ap_all = bp + 131072;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        float ct[14 * 32] __attribute__((aligned(64)));
-        for (size_t jc = 0; jc < n; jc += 2048) {
-            const size_t nc = n - jc < 2048 ? n - jc : 2048;
-            const size_t npan = (nc + 32 - 1) / 32;
-            for (size_t pc = 0; pc < k; pc += 256) {
-                const size_t kc = k - pc < 256 ? k - pc : 256;
+        float ct[6 * 64] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
                 const float bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
-                            rsb, csb, bp + jp * 32 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                float *const ap = ap_all + tid * 21504;
-                const size_t nblk = (m + 84 - 1) / 84;
+                float *const ap = ap_all + tid * 49152;
+                const size_t nblk = (m + 96 - 1) / 96;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 84, mc = m - ic < 84 ? m - ic : 84;
-                    for (size_t ip = 0; ip * 14 < mc; ip++)
-                        tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_pack_a(mc - ip * 14 < 14 ? mc - ip * 14 : 14, kc, A + (ic + ip * 14) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 14 * kc);
-                    tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    const size_t ic = ib * 96, mc = m - ic < 96 ? m - ic : 96;
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2: sgemm, vw=512,mr=6,nv=4,kc=512,mc=240,nc=2048,ku=2,order=jr_ir,par=ic,pf=2,pb=shared ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_MR = 6, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_NR = 64, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_KC = 512, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_MC = 240, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_NC = 2048 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 2 <= kc; p += 2) {
+        __builtin_prefetch(a + (p + 4) * 6, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_ws(int nt)
+{
+    return (1048576 + (size_t)(nt < 1 ? 1 : nt) * 122880) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 1048576;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 2048) {
+            const size_t nc = n - jc < 2048 ? n - jc : 2048;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 122880;
+                const size_t nblk = (m + 240 - 1) / 240;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 240, mc = m - ic < 240 ? m - ic : 240;
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2: sgemm, vw=512,mr=6,nv=4,kc=512,mc=240,nc=4096,ku=2,order=jr_ir,par=ic,pf=2,pb=shared ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_MR = 6, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_NR = 64, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_KC = 512, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_MC = 240, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_NC = 4096 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 2 <= kc; p += 2) {
+        __builtin_prefetch(a + (p + 4) * 6, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_ws(int nt)
+{
+    return (2097152 + (size_t)(nt < 1 ? 1 : nt) * 122880) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 2097152;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 4096) {
+            const size_t nc = n - jc < 4096 ? n - jc : 4096;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 122880;
+                const size_t nblk = (m + 240 - 1) / 240;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 240, mc = m - ic < 240 ? m - ic : 240;
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -4373,19 +4550,22 @@ const tpk__gemm_entry tpk__gemm_table[] = {
     {0, 0, 1, 2048, 64, 2048, 50.8, "tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2", tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ws},
     {0, 0, 1, 2048, 2048, 2048, 79.3, "tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2", tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ws},
     {0, 0, 1, 4096, 4096, 4096, 84.6, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 0, 2, 1024, 1024, 1024, 158.4, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
     {0, 0, 2, 2048, 64, 2048, 109.2, "tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ws},
-    {0, 0, 2, 2048, 2048, 2048, 145.9, "tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n2048_u4_irjr_ic_p2_ws},
+    {0, 0, 2, 2048, 2048, 2048, 168.6, "tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2", tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2, NULL, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_ws},
     {0, 0, 2, 4096, 4096, 4096, 172.7, "tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2", tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2, NULL, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ws},
-    {0, 1, 1, 2048, 64, 2048, 100.9, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
-    {0, 1, 1, 2048, 2048, 2048, 171.5, "tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2, tpk_sgemm_avx512_14x32_k256_m84_n2048_u8_irjr_ic_p2_ws},
-    {0, 1, 1, 4096, 4096, 4096, 184.7, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 1, 1024, 64, 1024, 133.8, "tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1", NULL, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ws},
+    {0, 1, 1, 2048, 64, 2048, 128.2, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 1, 2048, 2048, 2048, 185.1, "tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_ws},
+    {0, 1, 1, 4096, 64, 4096, 80.4, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 1, 4096, 4096, 4096, 188.1, "tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_ws},
     {0, 1, 2, 1024, 1024, 1024, 339.3, "tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0", NULL, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ws},
     {0, 1, 2, 2048, 64, 2048, 227.7, "tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0", NULL, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ws},
     {0, 1, 2, 2048, 2048, 2048, 309.3, "tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ws},
-    {0, 1, 2, 4096, 64, 4096, 166.4, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 2, 4096, 64, 4096, 172.5, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
     {0, 1, 2, 4096, 4096, 4096, 366.3, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
 };
-const size_t tpk__gemm_table_len = 16;
+const size_t tpk__gemm_table_len = 19;
 
 const tpk__gemm_entry tpk__gemm_default[4] = {
     {0, 0, 0, 0, 0, 0, 0.0, "tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1", tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1, NULL, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ws},

@@ -406,9 +406,10 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
         fprintf(o, "%ssize_t %s_ws(int nt)\n{\n    return (size_t)(nt < 1 ? 1 : nt) * (%zu + %zu) * sizeof(%s);\n}\n\n",
                 st, standalone ? "tpk_kernel" : fn, bpn, apn, T);
     else
-        fprintf(o, "%ssize_t %s_ws(int nt)\n{\n    return (%zu + (size_t)%s * %zu) * sizeof(%s);\n}\n\n",
-                st, standalone ? "tpk_kernel" : fn, bpn, b.par == TPK__PAR_IC ? "(nt < 1 ? 1 : nt)" : "1",
-                apn, T);
+        fprintf(o, "%ssize_t %s_ws(int nt)\n{\n%s    return (%zu + (size_t)%s * %zu) * sizeof(%s);\n}\n\n",
+                st, standalone ? "tpk_kernel" : fn,
+                b.par == TPK__PAR_IC ? "" : "    (void)nt; /* one shared A block whatever the threads */\n", bpn,
+                b.par == TPK__PAR_IC ? "(nt < 1 ? 1 : nt)" : "1", apn, T);
     if (!standalone)
         fprintf(o, "/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: %s_ws(nt) bytes, 64-aligned. */\n", fn);
     else
