@@ -300,7 +300,9 @@ static void test_measure_pipeline(void **state)
     fputs("#include <stddef.h>\nsize_t tpk_kernel_ws(int nt) { (void)nt; return 64; }\n"
           "void tpk_kernel(size_t m, size_t n, size_t k, double al, const double *A, size_t ra, size_t ca,\n"
           "  const double *B, size_t rb, size_t cb, double be, double *C, size_t ldc, int nt, void *ws)\n"
-          "{ for (size_t i = 0; i < m; i++) for (size_t j = 0; j < n; j++) C[i * ldc + j] = 0; }\n", f);
+          "{ (void)k; (void)al; (void)A; (void)ra; (void)ca; (void)B; (void)rb; (void)cb; (void)be;\n"
+          "  (void)nt; (void)ws; /* it must compile under the measurer's -Wall -Wextra -Werror */\n"
+          "  for (size_t i = 0; i < m; i++) for (size_t j = 0; j < n; j++) C[i * ldc + j] = 0; }\n", f);
     fclose(f);
     assert_int_equal(tpk_tune_compile_cpu(src, so, "gcc", 60, NULL, &ctx), TPK_OK);
     assert_int_equal(tpk_tune_compile_cpu("/nonexistent.c", so, "gcc", 60, NULL, &ctx), TPK_EIO);

@@ -90,8 +90,11 @@ int tpk_tune_compile_cpu(const char *src, const char *so, const char *cc, double
             dup2(null, 1);
             dup2(null, 2);
         }
+        /* The library's warning flags: a candidate that would not build in gen/ (-Werror there)
+         * is rejected here, not discovered by `make` after tuning. */
         execlp(cc ? cc : "gcc", cc ? cc : "gcc", "-std=gnu11", "-O3", "-march=native",
-               "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-o", so, src, "-lmvec", "-lm",
+               "-ffp-contract=fast", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+               "-o", so, src, "-lmvec", "-lm",
                (char *)NULL); /* libmvec: the map template's vector acos / atan2 */
         _exit(127);
     }
