@@ -77,6 +77,8 @@ typedef void (*tpk__kernel_namer)(const tpk_tune_space *s, const tpk_tune_config
  * told apart and ordered by cmp; returns the count. Records of an older space are skipped. */
 size_t tpk__pick_best(const tpk_tune_record *recs, size_t n, int (*accept)(const tpk_tune_record *r),
                       tpk__rec_cmp cmp, tpk__kernel_namer name, tpk__pick *p);
+/* The analytic default configuration of task t as a pick (r NULL): the generators' safe kernels. */
+int tpk__pick_default(const tpk_tune_task *t, tpk__kernel_namer name, tpk__pick *p, tpk_ctx *ctx);
 double tpk__log2(double x);
 
 #endif
