@@ -31,18 +31,23 @@ static double now(void)
 
 static double esig(double x) { return 0.5 * (1.0 + erf(x)); }
 
-/* Lower Cholesky with a small jitter (duplicated rows are singular). */
-static void chol(int n, double *A)
+/* A ← B with B Bᵀ = A for a PSD A: B = V max(Λ, 0)^{1/2} from the eigendecomposition. These
+ * covariances are singular (N·T inputs in d = 3 dimensions), and a jittered Cholesky of them
+ * failed silently at T = 8 (dpotrf stops at the first non-positive pivot), which had made this
+ * reference disagree with both the evaluator and the finite-width executor. */
+static void psd_root(int n, double *A)
 {
-    double mx = 0;
+    double *w = malloc((size_t)n * sizeof *w), *V = malloc((size_t)n * n * sizeof *V);
+    memcpy(V, A, (size_t)n * n * sizeof *V);
+    if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, V, n, w) != 0) {
+        fprintf(stderr, "bench_recurrent: eigendecomposition failed\n");
+        exit(1);
+    }
     for (int i = 0; i < n; i++)
-        mx = fmax(mx, A[i * n + i]);
-    for (int i = 0; i < n; i++)
-        A[i * n + i] += 1e-12 * mx;
-    LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', n, A, n);
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            A[i * n + j] = 0;
+        for (int j = 0; j < n; j++)
+            A[i * n + j] = V[i * n + j] * sqrt(w[j] > 0 ? w[j] : 0.0);
+    free(w);
+    free(V);
 }
 
 /* Plain MC of the GRU limit: returns σ_v² E[h^T_a h^T_c] (N×N) from P particles. */
@@ -69,7 +74,7 @@ static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed,
                     L[i * m + j] = vU * gsum / D + vb +
                                    (ti > 0 && tj > 0 ? vW * H[IX(ti - 1, a) * M + IX(tj - 1, c)] : 0);
                 }
-            chol(m, L);
+            psd_root(m, L);
         }
         /* E[r^t r^s]: r-family samples first (h̃ needs them) */
         double *acc = calloc((size_t)m * m, sizeof *acc);
@@ -78,7 +83,7 @@ static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed,
                 g[i] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_MC, 100 + t), (uint32_t)p, (uint32_t)i);
             for (int i = 0; i < m; i++) {
                 double s = 0;
-                for (int k = 0; k <= i; k++)
+                for (int k = 0; k < m; k++)
                     s += Lr[i * m + k] * g[k];
                 r[i] = esig(s);
             }
@@ -98,14 +103,14 @@ static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed,
                 Lh[i * m + j] = vU * gsum / D + vb +
                                 (ti > 0 && tj > 0 ? vW * H[IX(ti - 1, a) * M + IX(tj - 1, c)] * Er[i * M + j] : 0);
             }
-        chol(m, Lh);
+        psd_root(m, Lh);
         memset(acc, 0, (size_t)m * m * sizeof *acc);
         for (size_t p = 0; p < P; p++) {
             for (int i = 0; i < m; i++)
                 g[i] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_MC, 200 + t), (uint32_t)p, (uint32_t)i);
             for (int i = 0; i < m; i++) {
                 double s = 0;
-                for (int k = 0; k <= i; k++)
+                for (int k = 0; k < m; k++)
                     s += Lz[i * m + k] * g[k];
                 z[i] = esig(s);
             }
@@ -113,7 +118,7 @@ static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed,
                 g[i] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_MC, 300 + t), (uint32_t)p, (uint32_t)i);
             for (int i = 0; i < m; i++) {
                 double s = 0;
-                for (int k = 0; k <= i; k++)
+                for (int k = 0; k < m; k++)
                     s += Lh[i * m + k] * g[k];
                 hh[i] = erf(s);
             }
