@@ -51,6 +51,20 @@ static void psd_root(int n, double *A)
     free(V);
 }
 
+/* One joint draw of m correlated pre-activations B·g (B from psd_root), passed through f. */
+static void draw(int m, const double *B, uint64_t seed, uint64_t stream, size_t p, double *g,
+                 double (*f)(double), double *out)
+{
+    for (int i = 0; i < m; i++)
+        g[i] = tpk_rng_normal_at(seed, stream, (uint32_t)p, (uint32_t)i);
+    for (int i = 0; i < m; i++) {
+        double s = 0;
+        for (int k = 0; k < m; k++)
+            s += B[i * m + k] * g[k];
+        out[i] = f(s);
+    }
+}
+
 /* Plain MC of the GRU limit: returns σ_v² E[h^T_a h^T_c] (N×N) from P particles. */
 static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed, double *K)
 {
@@ -80,14 +94,7 @@ static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed,
         /* E[r^t r^s]: r-family samples first (h̃ needs them) */
         double *acc = calloc((size_t)m * m, sizeof *acc);
         for (size_t p = 0; p < P; p++) {
-            for (int i = 0; i < m; i++)
-                g[i] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_MC, 100 + t), (uint32_t)p, (uint32_t)i);
-            for (int i = 0; i < m; i++) {
-                double s = 0;
-                for (int k = 0; k < m; k++)
-                    s += Lr[i * m + k] * g[k];
-                r[i] = esig(s);
-            }
+            draw(m, Lr, seed, TPK_RNG_STREAM(TPK_RNG_MC, 100 + t), p, g, esig, r);
             for (int i = (t - 1) * N; i < m; i++)
                 for (int j = 0; j < m; j++)
                     acc[i * m + j] += r[i] * r[j];
@@ -107,22 +114,8 @@ static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed,
         psd_root(m, Lh);
         memset(acc, 0, (size_t)m * m * sizeof *acc);
         for (size_t p = 0; p < P; p++) {
-            for (int i = 0; i < m; i++)
-                g[i] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_MC, 200 + t), (uint32_t)p, (uint32_t)i);
-            for (int i = 0; i < m; i++) {
-                double s = 0;
-                for (int k = 0; k < m; k++)
-                    s += Lz[i * m + k] * g[k];
-                z[i] = esig(s);
-            }
-            for (int i = 0; i < m; i++)
-                g[i] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_MC, 300 + t), (uint32_t)p, (uint32_t)i);
-            for (int i = 0; i < m; i++) {
-                double s = 0;
-                for (int k = 0; k < m; k++)
-                    s += Lh[i * m + k] * g[k];
-                hh[i] = erf(s);
-            }
+            draw(m, Lz, seed, TPK_RNG_STREAM(TPK_RNG_MC, 200 + t), p, g, esig, z);
+            draw(m, Lh, seed, TPK_RNG_STREAM(TPK_RNG_MC, 300 + t), p, g, erf, hh);
             for (int a = 0; a < N; a++) /* h^s = (1 − z^s) h^{s−1} + z^s erf(h̃^s) */
                 for (int s = 0; s < t; s++)
                     h[IX(s, a)] = (1 - z[IX(s, a)]) * (s ? h[IX(s - 1, a)] : 0) + z[IX(s, a)] * hh[IX(s, a)];
