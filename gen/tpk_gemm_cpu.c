@@ -4543,7 +4543,7 @@ static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size
     }
 }
 
-/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s as measured when tuned (load-corrected). */
+/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s of the fastest repeat when tuned. */
 const tpk__gemm_entry tpk__gemm_table[] = {
     {0, 0, 1, 1024, 64, 1024, 26.4, "tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0", tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0, NULL, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_ws},
     {0, 0, 1, 1024, 1024, 1024, 82.0, "tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2", tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ws},

@@ -1152,7 +1152,7 @@ static int tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1(size_t n, const
     return bad;
 }
 
-/* Workloads, sorted by dtype, threads, n; G entries/s as measured when tuned (load-corrected). */
+/* Workloads, sorted by dtype, threads, n; G entries/s of the fastest repeat when tuned. */
 const tpk__map_entry tpk__map_table[] = {
     {0, 1, 1024, 0.346, "tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1", tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1, NULL, tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_ws},
     {0, 1, 4096, 0.318, "tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1", tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1, NULL, tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_ws},

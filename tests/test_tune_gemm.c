@@ -307,6 +307,17 @@ static void test_measure_pipeline(void **state)
     assert_int_equal(tpk_tune_compile_cpu(src, so, "gcc", 60, NULL, &ctx), TPK_OK);
     assert_int_equal(tpk_tune_compile_cpu("/nonexistent.c", so, "gcc", 60, NULL, &ctx), TPK_EIO);
     tpk_ctx_clear(&ctx);
+    /* A candidate that compiles only with warnings would fail gen/'s -Werror build: rejected. */
+    char warn[128], wso[128];
+    snprintf(warn, sizeof warn, "%s/warn.c", dir);
+    snprintf(wso, sizeof wso, "%s/warn.so", dir);
+    FILE *fw = fopen(warn, "w");
+    fputs("#include <stddef.h>\nsize_t tpk_kernel_ws(int nt) { return 64; }\n", fw);
+    fclose(fw);
+    assert_int_equal(tpk_tune_compile_cpu(warn, wso, "gcc", 60, NULL, &ctx), TPK_EIO);
+    tpk_ctx_clear(&ctx);
+    remove(warn);
+    remove(wso);
     char *argv[] = {"t", "__measure", so, "0", "40", "30", "20", "1", "1", "1", "11", "13", "17", NULL};
     fflush(stdout);
     FILE *saved = fopen(out, "w");

@@ -417,6 +417,25 @@ static void test_batches_and_diversity(void **state)
 
 /* Annealing over the whole space (no table): the model finds better points than random within
  * the same budget, median over seeds. */
+/* The label is the fastest repeat's rate: gflops (the median repeat's rate) × median / fastest;
+ * failures 0; without repeats the rate as recorded. */
+static void test_label_fastest_repeat(void **state)
+{
+    (void)state;
+    tpk_tune_result r = {0};
+    r.gflops = 50.0; /* rate at the median cost, 2 s */
+    r.ncost = 3;
+    r.costs_s[0] = 3.0;
+    r.costs_s[1] = 1.0;
+    r.costs_s[2] = 2.0;
+    r.cpu_ratio = 0.8; /* a disturbed run is not scaled by its share (that would give 62.5) */
+    assert_true(fabs(tpk_tune_result_label(&r) - 100.0) < 1e-12);
+    r.ncost = 0;
+    assert_true(fabs(tpk_tune_result_label(&r) - 50.0) < 1e-12);
+    r.err = 1;
+    assert_true(tpk_tune_result_label(&r) == 0.0);
+}
+
 static void test_annealing_beats_random(void **state)
 {
     (void)state;
@@ -469,6 +488,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_space_index_roundtrip),
+        cmocka_unit_test(test_label_fastest_repeat),
         cmocka_unit_test(test_log_roundtrip),
         cmocka_unit_test(test_model_ranks_held_out),
         cmocka_unit_test(test_model_beats_random_on_table),

@@ -217,7 +217,7 @@ static int need_shape(const args *a)
 static void progress(void *u, int batch, int trials, double best, const char *knobs, const tpk_tune_result *last)
 {
     (void)u;
-    printf("batch %3d  trials %4d  best %8.2f GFLOP/s (load-corrected)  last: err %d cpu %.2f load %.2f  %s\n", batch,
+    printf("batch %3d  trials %4d  best %8.2f GFLOP/s (fastest repeat)  last: err %d cpu %.2f load %.2f  %s\n", batch,
            trials, best, last->err, last->cpu_ratio, last->load1, knobs);
     fflush(stdout);
 }

@@ -25,9 +25,8 @@ static int workload_cmp(const tpk_tune_record *a, const tpk_tune_record *b)
     return 0;
 }
 
-/* Undisturbed runs first (CPU share ≥ 0.85, or unknown), then the load-corrected rate: a
- * corrected rate from a heavily disturbed run is an estimate, a quiet run a measurement. */
-/* Undisturbed runs (CPU share ≥ 0.85) first, then the label (the fastest repeat's rate). */
+/* Undisturbed runs (CPU share ≥ 0.85, or unknown) first, then the label (the fastest repeat's
+ * rate): a quiet run is a measurement, a disturbed one a lower bound. */
 static int better(const tpk_tune_record *a, const tpk_tune_record *b)
 {
     int qa = !(a->result.cpu_ratio > 0) || a->result.cpu_ratio >= 0.85;
@@ -170,7 +169,7 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *
         st = tpk_tune_emit(&q->s, &q->c, q->name, 0, out, ctx);
     }
     if (!st) {
-        fprintf(out, "/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s as measured when tuned (load-corrected). */\n");
+        fprintf(out, "/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s of the fastest repeat when tuned. */\n");
         fprintf(out, "const tpk__gemm_entry tpk__gemm_table[] = {\n");
         for (size_t i = 0; i < np; i++)
             entry(out, &p[i].r->task, tpk__label(&p[i].r->result), vendor_wins(p[i].r) ? NULL : p[i].name);

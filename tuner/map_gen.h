@@ -11,7 +11,7 @@ typedef struct tpk__map_entry {
     int dtype;   /* enum tpk_tune_dtype */
     int threads; /* threads it was tuned for */
     size_t n;
-    double rate; /* G entries/s measured when tuned (load-corrected) */
+    double rate; /* G entries/s of the fastest repeat when tuned */
     const char *name;
     tpk_dmap_kernel_fn dfn; /* set for f64 */
     tpk_smap_kernel_fn sfn; /* set for f32 */

@@ -72,7 +72,7 @@ int tpk_tune_gen_map_library(const tpk_tune_record *recs, size_t n, const char *
         st = tpk_tune_emit(&q->s, &q->c, q->name, 0, out, ctx);
     }
     if (!st) {
-        fprintf(out, "/* Workloads, sorted by dtype, threads, n; G entries/s as measured when tuned (load-corrected). */\n");
+        fprintf(out, "/* Workloads, sorted by dtype, threads, n; G entries/s of the fastest repeat when tuned. */\n");
         fprintf(out, "const tpk__map_entry tpk__map_table[] = {\n");
         for (size_t i = 0; i < np; i++)
             entry(out, &p[i].r->task, tpk__label(&p[i].r->result), p[i].name);

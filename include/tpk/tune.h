@@ -211,8 +211,8 @@ typedef struct tpk_tune_record {
     double ts; /* unix time */
 } tpk_tune_record;
 
-/* A measurement's rate for ranking: GFLOP/s corrected for the CPU share the run got (a run that
- * got a share r of the CPU it asked for took about 1/r as long; r floored at 0.3); 0 on error. */
+/* A measurement's rate for ranking: the rate of its fastest repeat (other processes only slow a
+ * run down; scaling by the CPU share instead ranked disturbed runs first); 0 on error. */
 TPK_API double tpk_tune_result_label(const tpk_tune_result *r);
 TPK_API void tpk_tune_record_fill(tpk_tune_record *r, const tpk_tune_space *s,
                                   const tpk_tune_config *c, const tpk_tune_result *res);
