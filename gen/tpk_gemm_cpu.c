@@ -55,193 +55,300 @@ static inline void tpk_v16f_st(float *p, tpk_v16f v)
     memcpy(p, &v, sizeof v);
 }
 
-/* ---- tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0: dgemm, vw=512,mr=16,nv=1,kc=64,mc=144,nc=256,ku=2,order=ir_jr,par=ic,pf=0,pb=shared ---- */
-enum { tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_MR = 16, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_NR = 8, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_KC = 64, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_MC = 144, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_NC = 256 };
+/* ---- tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da: dgemm, vw=512,mr=4,nv=4,kc=256,mc=288,nc=256,ku=4,order=ir_jr,par=ic,pf=0,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_MR = 4, tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_NR = 32, tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_KC = 256, tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_MC = 288, tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_NC = 256 };
 
-/* C[16×8] = alpha·a·b + beta·C from packed panels a (kc×16) and b (kc×8). */
-static void tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+/* C[4×32] = alpha·a·b + beta·C from packed panels a (kc×4) and b (kc×32). */
+static void tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
-    tpk_v8d c0_0 = {0};
-    tpk_v8d c1_0 = {0};
-    tpk_v8d c2_0 = {0};
-    tpk_v8d c3_0 = {0};
-    tpk_v8d c4_0 = {0};
-    tpk_v8d c5_0 = {0};
-    tpk_v8d c6_0 = {0};
-    tpk_v8d c7_0 = {0};
-    tpk_v8d c8_0 = {0};
-    tpk_v8d c9_0 = {0};
-    tpk_v8d c10_0 = {0};
-    tpk_v8d c11_0 = {0};
-    tpk_v8d c12_0 = {0};
-    tpk_v8d c13_0 = {0};
-    tpk_v8d c14_0 = {0};
-    tpk_v8d c15_0 = {0};
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
     size_t p = 0;
-    for (; p + 2 <= kc; p += 2) {
+    for (; p + 4 <= kc; p += 4) {
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 8 + 0);
-            { const double ai = a[(p + 0) * 16 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 15]; c15_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 4 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 4 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 4 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 4 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 8 + 0);
-            { const double ai = a[(p + 1) * 16 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 16 + 15]; c15_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 4 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 4 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 4 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 4 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 4 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 4 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 4 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 4 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 4 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 4 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 4 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 4 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 8 + 0);
-            { const double ai = a[(p + 0) * 16 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 16 + 15]; c15_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 4 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 4 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 4 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 4 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
         }
     }
     if (beta == 0) {
         tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
         tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
         tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
         tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
-        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
-        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
-        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
-        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
-        tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
-        tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
-        tpk_v8d_st(c + 10 * ldc + 0, alpha * c10_0);
-        tpk_v8d_st(c + 11 * ldc + 0, alpha * c11_0);
-        tpk_v8d_st(c + 12 * ldc + 0, alpha * c12_0);
-        tpk_v8d_st(c + 13 * ldc + 0, alpha * c13_0);
-        tpk_v8d_st(c + 14 * ldc + 0, alpha * c14_0);
-        tpk_v8d_st(c + 15 * ldc + 0, alpha * c15_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
     } else {
         tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
         tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
         tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
         tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
-        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
-        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
-        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
-        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
-        tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
-        tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
-        tpk_v8d_st(c + 10 * ldc + 0, beta * tpk_v8d_ld(c + 10 * ldc + 0) + alpha * c10_0);
-        tpk_v8d_st(c + 11 * ldc + 0, beta * tpk_v8d_ld(c + 11 * ldc + 0) + alpha * c11_0);
-        tpk_v8d_st(c + 12 * ldc + 0, beta * tpk_v8d_ld(c + 12 * ldc + 0) + alpha * c12_0);
-        tpk_v8d_st(c + 13 * ldc + 0, beta * tpk_v8d_ld(c + 13 * ldc + 0) + alpha * c13_0);
-        tpk_v8d_st(c + 14 * ldc + 0, beta * tpk_v8d_ld(c + 14 * ldc + 0) + alpha * c14_0);
-        tpk_v8d_st(c + 15 * ldc + 0, beta * tpk_v8d_ld(c + 15 * ldc + 0) + alpha * c15_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 16-row panel, zero-padded. */
-static void tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+/* C[4×32] = alpha·a·b + beta·C from 4 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
 {
-    if (csa == 1 && mr_e == 16) {
-        for (size_t i = 0; i < 16; i++)
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 4-row panel, zero-padded. */
+static void tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 4) {
+        for (size_t i = 0; i < 4; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 16 + i] = A[i * rsa + p];
+                dst[p * 4 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 16 + i] = A[i * rsa + p * csa];
-        for (; i < 16; i++)
-            dst[p * 16 + i] = 0;
+            dst[p * 4 + i] = A[i * rsa + p * csa];
+        for (; i < 4; i++)
+            dst[p * 4 + i] = 0;
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 8-column panel, zero-padded. */
-static void tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 8 + j] = B[p * rsb + j];
+                dst[p * 32 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 8 + j] = B[p * rsb + j * csb];
-        for (; j < 8; j++)
-            dst[p * 8 + j] = 0;
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
-    const size_t mpan = (mc + 16 - 1) / 16;
+    const size_t mpan = (mc + 4 - 1) / 4;
     for (size_t ip = 0; ip < mpan; ip++)
         for (size_t jp = jp0; jp < jp1; jp++) {
-            const size_t mr_e = mc - ip * 16 < 16 ? mc - ip * 16 : 16;
-            const size_t nr_e = nc - jp * 8 < 8 ? nc - jp * 8 : 8;
-            double *c = C + ip * 16 * ldc + jp * 8;
-            const double *a = ap + ip * 16 * kc, *b = bp + jp * 8 * kc;
-            if (mr_e == 16 && nr_e == 8) {
-                tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_ukr(kc, a, b, c, ldc, alpha, beta);
+            const size_t mr_e = mc - ip * 4 < 4 ? mc - ip * 4 : 4;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 4 * ldc + jp * 32;
+            const double *a = ap + ip * 4 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 4 && nr_e == 32) {
+                tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_ukr(kc, a, b, ct, 8, 1, 0);
+            tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ukr(kc, a, b, ct, 32, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 8 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 4-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 4 - 1) / 4, full = mc / 4;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 4 < 4 ? mc - ip * 4 : 4;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 4 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ukr_d(kc, A + ip * 4 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ukr_d(kc, A + ip * 4 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
         }
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_ws(int nt)
+static size_t tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ws(int nt)
 {
-    return (16384 + (size_t)(nt < 1 ? 1 : nt) * 9216) * sizeof(double);
+    return (65536 + (size_t)(nt < 1 ? 1 : nt) * 73728) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -254,30 +361,38 @@ static void tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0(size_t m, size_t n
     }
     if (nt < 1)
         nt = 1;
-    double *const bp = ws, *const ap_all = bp + 16384;
+    double *const bp = ws, *const ap_all = bp + 65536;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        double ct[16 * 8] __attribute__((aligned(64)));
+        double ct[4 * 32] __attribute__((aligned(64)));
         for (size_t jc = 0; jc < n; jc += 256) {
             const size_t nc = n - jc < 256 ? n - jc : 256;
-            const size_t npan = (nc + 8 - 1) / 8;
-            for (size_t pc = 0; pc < k; pc += 64) {
-                const size_t kc = k - pc < 64 ? k - pc : 64;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 256) {
+                const size_t kc = k - pc < 256 ? k - pc : 256;
                 const double bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_pack_b(nc - jp * 8 < 8 ? nc - jp * 8 : 8, kc, B + pc * rsb + (jc + jp * 8) * csb,
-                            rsb, csb, bp + jp * 8 * kc);
+                    tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 9216;
-                const size_t nblk = (m + 144 - 1) / 144;
+                double *const ap = ap_all + tid * 73728;
+                const size_t nblk = (m + 288 - 1) / 288;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 144, mc = m - ic < 144 ? m - ic : 144;
-                    for (size_t ip = 0; ip * 16 < mc; ip++)
-                        tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_pack_a(mc - ip * 16 < 16 ? mc - ip * 16 : 16, kc, A + (ic + ip * 16) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 16 * kc);
-                    tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    const size_t ic = ib * 288, mc = m - ic < 288 ? m - ic : 288;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 4;
+                        if (full * 4 < mc)
+                            tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_pack_a(mc - full * 4, kc, A + (ic + full * 4) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 4 < mc; ip++)
+                        tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_pack_a(mc - ip * 4 < 4 ? mc - ip * 4 : 4, kc, A + (ic + ip * 4) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 4 * kc);
+                    tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -285,7 +400,7 @@ static void tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0(size_t m, size_t n
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=288,nc=512,ku=8,order=ir_jr,par=ic,pf=2,pb=shared ---- */
+/* ---- tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=288,nc=512,ku=8,order=ir_jr,par=ic,pf=2,pb=shared,pa=packed ---- */
 enum { tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_MC = 288, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_NC = 528 };
 
 /* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
@@ -564,215 +679,592 @@ static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2(size_t m, size_t 
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2: dgemm, vw=512,mr=6,nv=4,kc=384,mc=96,nc=256,ku=4,order=ir_jr,par=ic,pf=2,pb=shared ---- */
-enum { tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_MR = 6, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_NR = 32, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_KC = 384, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_MC = 96, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_NC = 256 };
+/* ---- tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da: dgemm, vw=512,mr=14,nv=2,kc=384,mc=72,nc=256,ku=8,order=ir_jr,par=ic,pf=0,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_MR = 14, tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_NR = 16, tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_KC = 384, tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_MC = 84, tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_NC = 256 };
 
-/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
-static void tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+/* C[14×16] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×16). */
+static void tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
-    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
-    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
-    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
-    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
-    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
-    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
-    __builtin_prefetch(c + 0 * ldc, 1, 3);
-    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 1 * ldc, 1, 3);
-    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 2 * ldc, 1, 3);
-    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 3 * ldc, 1, 3);
-    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 4 * ldc, 1, 3);
-    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 5 * ldc, 1, 3);
-    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    tpk_v8d c6_0 = {0}, c6_1 = {0};
+    tpk_v8d c7_0 = {0}, c7_1 = {0};
+    tpk_v8d c8_0 = {0}, c8_1 = {0};
+    tpk_v8d c9_0 = {0}, c9_1 = {0};
+    tpk_v8d c10_0 = {0}, c10_1 = {0};
+    tpk_v8d c11_0 = {0}, c11_1 = {0};
+    tpk_v8d c12_0 = {0}, c12_1 = {0};
+    tpk_v8d c13_0 = {0}, c13_1 = {0};
     size_t p = 0;
-    for (; p + 4 <= kc; p += 4) {
-        __builtin_prefetch(a + (p + 8) * 6, 0, 3);
+    for (; p + 8 <= kc; p += 8) {
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
-            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
-            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
-            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
-            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[(p + 1) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
-            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
-            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 16 + 8);
+            { const double ai = a[(p + 2) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
-            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
-            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 16 + 8);
+            { const double ai = a[(p + 3) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 16 + 8);
+            { const double ai = a[(p + 4) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 16 + 8);
+            { const double ai = a[(p + 5) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 16 + 8);
+            { const double ai = a[(p + 6) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 16 + 8);
+            { const double ai = a[(p + 7) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
-            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
-            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
         }
     }
     if (beta == 0) {
         tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
         tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
-        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
-        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
         tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
         tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
-        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
-        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
         tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
         tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
-        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
-        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
         tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
         tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
-        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
-        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
         tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
         tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
-        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
-        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
         tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
         tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
-        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
-        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, alpha * c13_1);
     } else {
         tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
         tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
-        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
-        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
         tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
         tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
-        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
-        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
         tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
         tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
-        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
-        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
         tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
         tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
-        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
-        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
         tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
         tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
-        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
-        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
         tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
         tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
-        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
-        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, beta * tpk_v8d_ld(c + 6 * ldc + 8) + alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, beta * tpk_v8d_ld(c + 7 * ldc + 8) + alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, beta * tpk_v8d_ld(c + 8 * ldc + 8) + alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, beta * tpk_v8d_ld(c + 9 * ldc + 8) + alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, beta * tpk_v8d_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, beta * tpk_v8d_ld(c + 10 * ldc + 8) + alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, beta * tpk_v8d_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, beta * tpk_v8d_ld(c + 11 * ldc + 8) + alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, beta * tpk_v8d_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, beta * tpk_v8d_ld(c + 12 * ldc + 8) + alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, beta * tpk_v8d_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, beta * tpk_v8d_ld(c + 13 * ldc + 8) + alpha * c13_1);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
-static void tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+/* C[14×16] = alpha·a·b + beta·C from 14 rows of A in place (stride lda) and a packed panel b (kc×16). */
+static void tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
 {
-    if (csa == 1 && mr_e == 6) {
-        for (size_t i = 0; i < 6; i++)
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    tpk_v8d c6_0 = {0}, c6_1 = {0};
+    tpk_v8d c7_0 = {0}, c7_1 = {0};
+    tpk_v8d c8_0 = {0}, c8_1 = {0};
+    tpk_v8d c9_0 = {0}, c9_1 = {0};
+    tpk_v8d c10_0 = {0}, c10_1 = {0};
+    tpk_v8d c11_0 = {0}, c11_1 = {0};
+    tpk_v8d c12_0 = {0}, c12_1 = {0};
+    tpk_v8d c13_0 = {0}, c13_1 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 1]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 1]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 1]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 1]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 1]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 1]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 1]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 1]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 16 + 8);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 2]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 2]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 2]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 2]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 2]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 2]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 2]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 2]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 16 + 8);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 3]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 3]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 3]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 3]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 3]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 3]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 3]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 3]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 16 + 8);
+            { const double ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 4]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 4]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 4]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 4]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 4]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 4]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 4]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 4]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 16 + 8);
+            { const double ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 5]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 5]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 5]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 5]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 5]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 5]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 5]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 5]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 16 + 8);
+            { const double ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 6]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 6]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 6]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 6]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 6]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 6]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 6]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 16 + 8);
+            { const double ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 7]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 7]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 7]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 7]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 7]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 7]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 7]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, alpha * c13_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, beta * tpk_v8d_ld(c + 6 * ldc + 8) + alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, beta * tpk_v8d_ld(c + 7 * ldc + 8) + alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, beta * tpk_v8d_ld(c + 8 * ldc + 8) + alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, beta * tpk_v8d_ld(c + 9 * ldc + 8) + alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, beta * tpk_v8d_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, beta * tpk_v8d_ld(c + 10 * ldc + 8) + alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, beta * tpk_v8d_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, beta * tpk_v8d_ld(c + 11 * ldc + 8) + alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, beta * tpk_v8d_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, beta * tpk_v8d_ld(c + 12 * ldc + 8) + alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, beta * tpk_v8d_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, beta * tpk_v8d_ld(c + 13 * ldc + 8) + alpha * c13_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 14-row panel, zero-padded. */
+static void tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 14) {
+        for (size_t i = 0; i < 14; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 6 + i] = A[i * rsa + p];
+                dst[p * 14 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 6 + i] = A[i * rsa + p * csa];
-        for (; i < 6; i++)
-            dst[p * 6 + i] = 0;
+            dst[p * 14 + i] = A[i * rsa + p * csa];
+        for (; i < 14; i++)
+            dst[p * 14 + i] = 0;
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
-static void tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 16-column panel, zero-padded. */
+static void tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 32 + j] = B[p * rsb + j];
+                dst[p * 16 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 32 + j] = B[p * rsb + j * csb];
-        for (; j < 32; j++)
-            dst[p * 32 + j] = 0;
+                dst[p * 16 + j] = B[p * rsb + j * csb];
+        for (; j < 16; j++)
+            dst[p * 16 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
-    const size_t mpan = (mc + 6 - 1) / 6;
+    const size_t mpan = (mc + 14 - 1) / 14;
     for (size_t ip = 0; ip < mpan; ip++)
         for (size_t jp = jp0; jp < jp1; jp++) {
-            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
-            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
-            double *c = C + ip * 6 * ldc + jp * 32;
-            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
-            if (mr_e == 6 && nr_e == 32) {
-                tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 14 * ldc + jp * 16;
+            const double *a = ap + ip * 14 * kc, *b = bp + jp * 16 * kc;
+            if (mr_e == 14 && nr_e == 16) {
+                tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ukr(kc, a, b, ct, 32, 1, 0);
+            tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ukr(kc, a, b, ct, 16, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 14-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 14 - 1) / 14, full = mc / 14;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 14 * ldc + jp * 16;
+            const double *b = bp + jp * 16 * kc;
+            if (ip < full && nr_e == 16) {
+                tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ukr_d(kc, A + ip * 14 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ukr_d(kc, A + ip * 14 * lda, lda, b, ct, 16, 1, 0);
+            else
+                tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ukr(kc, ape, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
         }
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ws(int nt)
+static size_t tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ws(int nt)
 {
-    return (98304 + (size_t)(nt < 1 ? 1 : nt) * 36864) * sizeof(double);
+    return (98304 + (size_t)(nt < 1 ? 1 : nt) * 32256) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -789,26 +1281,34 @@ static void tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2(size_t m, size_t n
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        double ct[6 * 32] __attribute__((aligned(64)));
+        double ct[14 * 16] __attribute__((aligned(64)));
         for (size_t jc = 0; jc < n; jc += 256) {
             const size_t nc = n - jc < 256 ? n - jc : 256;
-            const size_t npan = (nc + 32 - 1) / 32;
+            const size_t npan = (nc + 16 - 1) / 16;
             for (size_t pc = 0; pc < k; pc += 384) {
                 const size_t kc = k - pc < 384 ? k - pc : 384;
                 const double bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
-                            rsb, csb, bp + jp * 32 * kc);
+                    tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_pack_b(nc - jp * 16 < 16 ? nc - jp * 16 : 16, kc, B + pc * rsb + (jc + jp * 16) * csb,
+                            rsb, csb, bp + jp * 16 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 36864;
-                const size_t nblk = (m + 96 - 1) / 96;
+                double *const ap = ap_all + tid * 32256;
+                const size_t nblk = (m + 84 - 1) / 84;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 96, mc = m - ic < 96 ? m - ic : 96;
-                    for (size_t ip = 0; ip * 6 < mc; ip++)
-                        tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 6 * kc);
-                    tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    const size_t ic = ib * 84, mc = m - ic < 84 ? m - ic : 84;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 14;
+                        if (full * 14 < mc)
+                            tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_pack_a(mc - full * 14, kc, A + (ic + full * 14) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 14 < mc; ip++)
+                        tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_pack_a(mc - ip * 14 < 14 ? mc - ip * 14 : 14, kc, A + (ic + ip * 14) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 14 * kc);
+                    tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -816,7 +1316,7 @@ static void tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2(size_t m, size_t n
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=1024,ku=8,order=jr_ir,par=ic,pf=2,pb=shared ---- */
+/* ---- tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=1024,ku=8,order=jr_ir,par=ic,pf=2,pb=shared,pa=packed ---- */
 enum { tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_MC = 240, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_NC = 1032 };
 
 /* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
@@ -1095,452 +1595,408 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2(size_t m, size_t
     }
 }
 
-/* ---- tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2: dgemm, vw=512,mr=24,nv=1,kc=512,mc=48,nc=256,ku=8,order=jr_ir,par=ic,pf=2,pb=shared ---- */
-enum { tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_MR = 24, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_NR = 8, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_KC = 512, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_MC = 48, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_NC = 256 };
+/* ---- tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da: dgemm, vw=512,mr=10,nv=2,kc=384,mc=480,nc=256,ku=4,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_MR = 10, tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_NR = 16, tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_KC = 384, tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_MC = 480, tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_NC = 256 };
 
-/* C[24×8] = alpha·a·b + beta·C from packed panels a (kc×24) and b (kc×8). */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+/* C[10×16] = alpha·a·b + beta·C from packed panels a (kc×10) and b (kc×16). */
+static void tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
-    tpk_v8d c0_0 = {0};
-    tpk_v8d c1_0 = {0};
-    tpk_v8d c2_0 = {0};
-    tpk_v8d c3_0 = {0};
-    tpk_v8d c4_0 = {0};
-    tpk_v8d c5_0 = {0};
-    tpk_v8d c6_0 = {0};
-    tpk_v8d c7_0 = {0};
-    tpk_v8d c8_0 = {0};
-    tpk_v8d c9_0 = {0};
-    tpk_v8d c10_0 = {0};
-    tpk_v8d c11_0 = {0};
-    tpk_v8d c12_0 = {0};
-    tpk_v8d c13_0 = {0};
-    tpk_v8d c14_0 = {0};
-    tpk_v8d c15_0 = {0};
-    tpk_v8d c16_0 = {0};
-    tpk_v8d c17_0 = {0};
-    tpk_v8d c18_0 = {0};
-    tpk_v8d c19_0 = {0};
-    tpk_v8d c20_0 = {0};
-    tpk_v8d c21_0 = {0};
-    tpk_v8d c22_0 = {0};
-    tpk_v8d c23_0 = {0};
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    tpk_v8d c6_0 = {0}, c6_1 = {0};
+    tpk_v8d c7_0 = {0}, c7_1 = {0};
+    tpk_v8d c8_0 = {0}, c8_1 = {0};
+    tpk_v8d c9_0 = {0}, c9_1 = {0};
     __builtin_prefetch(c + 0 * ldc, 1, 3);
-    __builtin_prefetch(c + 0 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
     __builtin_prefetch(c + 1 * ldc, 1, 3);
-    __builtin_prefetch(c + 1 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
     __builtin_prefetch(c + 2 * ldc, 1, 3);
-    __builtin_prefetch(c + 2 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
     __builtin_prefetch(c + 3 * ldc, 1, 3);
-    __builtin_prefetch(c + 3 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
     __builtin_prefetch(c + 4 * ldc, 1, 3);
-    __builtin_prefetch(c + 4 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
     __builtin_prefetch(c + 5 * ldc, 1, 3);
-    __builtin_prefetch(c + 5 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
     __builtin_prefetch(c + 6 * ldc, 1, 3);
-    __builtin_prefetch(c + 6 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 15, 1, 3);
     __builtin_prefetch(c + 7 * ldc, 1, 3);
-    __builtin_prefetch(c + 7 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 15, 1, 3);
     __builtin_prefetch(c + 8 * ldc, 1, 3);
-    __builtin_prefetch(c + 8 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 15, 1, 3);
     __builtin_prefetch(c + 9 * ldc, 1, 3);
-    __builtin_prefetch(c + 9 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 10 * ldc, 1, 3);
-    __builtin_prefetch(c + 10 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 11 * ldc, 1, 3);
-    __builtin_prefetch(c + 11 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 12 * ldc, 1, 3);
-    __builtin_prefetch(c + 12 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 13 * ldc, 1, 3);
-    __builtin_prefetch(c + 13 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 14 * ldc, 1, 3);
-    __builtin_prefetch(c + 14 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 15 * ldc, 1, 3);
-    __builtin_prefetch(c + 15 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 16 * ldc, 1, 3);
-    __builtin_prefetch(c + 16 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 17 * ldc, 1, 3);
-    __builtin_prefetch(c + 17 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 18 * ldc, 1, 3);
-    __builtin_prefetch(c + 18 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 19 * ldc, 1, 3);
-    __builtin_prefetch(c + 19 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 20 * ldc, 1, 3);
-    __builtin_prefetch(c + 20 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 21 * ldc, 1, 3);
-    __builtin_prefetch(c + 21 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 22 * ldc, 1, 3);
-    __builtin_prefetch(c + 22 * ldc + 7, 1, 3);
-    __builtin_prefetch(c + 23 * ldc, 1, 3);
-    __builtin_prefetch(c + 23 * ldc + 7, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 15, 1, 3);
     size_t p = 0;
-    for (; p + 8 <= kc; p += 8) {
-        __builtin_prefetch(a + (p + 16) * 24, 0, 3);
+    for (; p + 4 <= kc; p += 4) {
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 8 + 0);
-            { const double ai = a[(p + 0) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 8 + 0);
-            { const double ai = a[(p + 1) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 1) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[(p + 1) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 8 + 0);
-            { const double ai = a[(p + 2) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 2) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 16 + 8);
+            { const double ai = a[(p + 2) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 8 + 0);
-            { const double ai = a[(p + 3) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 3) * 24 + 23]; c23_0 += ai * b0; }
-        }
-        {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 8 + 0);
-            { const double ai = a[(p + 4) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 4) * 24 + 23]; c23_0 += ai * b0; }
-        }
-        {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 8 + 0);
-            { const double ai = a[(p + 5) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 5) * 24 + 23]; c23_0 += ai * b0; }
-        }
-        {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 8 + 0);
-            { const double ai = a[(p + 6) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 6) * 24 + 23]; c23_0 += ai * b0; }
-        }
-        {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 8 + 0);
-            { const double ai = a[(p + 7) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 7) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 16 + 8);
+            { const double ai = a[(p + 3) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 8 + 0);
-            { const double ai = a[(p + 0) * 24 + 0]; c0_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 1]; c1_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 2]; c2_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 3]; c3_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 4]; c4_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 5]; c5_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 6]; c6_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 7]; c7_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 8]; c8_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 9]; c9_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 10]; c10_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 11]; c11_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 12]; c12_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 13]; c13_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 14]; c14_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 15]; c15_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 16]; c16_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 17]; c17_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 18]; c18_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 19]; c19_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 20]; c20_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 21]; c21_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 22]; c22_0 += ai * b0; }
-            { const double ai = a[(p + 0) * 24 + 23]; c23_0 += ai * b0; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
     }
     if (beta == 0) {
         tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
         tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
         tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
         tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
         tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
         tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
         tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, alpha * c6_1);
         tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, alpha * c7_1);
         tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, alpha * c8_1);
         tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
-        tpk_v8d_st(c + 10 * ldc + 0, alpha * c10_0);
-        tpk_v8d_st(c + 11 * ldc + 0, alpha * c11_0);
-        tpk_v8d_st(c + 12 * ldc + 0, alpha * c12_0);
-        tpk_v8d_st(c + 13 * ldc + 0, alpha * c13_0);
-        tpk_v8d_st(c + 14 * ldc + 0, alpha * c14_0);
-        tpk_v8d_st(c + 15 * ldc + 0, alpha * c15_0);
-        tpk_v8d_st(c + 16 * ldc + 0, alpha * c16_0);
-        tpk_v8d_st(c + 17 * ldc + 0, alpha * c17_0);
-        tpk_v8d_st(c + 18 * ldc + 0, alpha * c18_0);
-        tpk_v8d_st(c + 19 * ldc + 0, alpha * c19_0);
-        tpk_v8d_st(c + 20 * ldc + 0, alpha * c20_0);
-        tpk_v8d_st(c + 21 * ldc + 0, alpha * c21_0);
-        tpk_v8d_st(c + 22 * ldc + 0, alpha * c22_0);
-        tpk_v8d_st(c + 23 * ldc + 0, alpha * c23_0);
+        tpk_v8d_st(c + 9 * ldc + 8, alpha * c9_1);
     } else {
         tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
         tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
         tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
         tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
         tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
         tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
         tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, beta * tpk_v8d_ld(c + 6 * ldc + 8) + alpha * c6_1);
         tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, beta * tpk_v8d_ld(c + 7 * ldc + 8) + alpha * c7_1);
         tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, beta * tpk_v8d_ld(c + 8 * ldc + 8) + alpha * c8_1);
         tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
-        tpk_v8d_st(c + 10 * ldc + 0, beta * tpk_v8d_ld(c + 10 * ldc + 0) + alpha * c10_0);
-        tpk_v8d_st(c + 11 * ldc + 0, beta * tpk_v8d_ld(c + 11 * ldc + 0) + alpha * c11_0);
-        tpk_v8d_st(c + 12 * ldc + 0, beta * tpk_v8d_ld(c + 12 * ldc + 0) + alpha * c12_0);
-        tpk_v8d_st(c + 13 * ldc + 0, beta * tpk_v8d_ld(c + 13 * ldc + 0) + alpha * c13_0);
-        tpk_v8d_st(c + 14 * ldc + 0, beta * tpk_v8d_ld(c + 14 * ldc + 0) + alpha * c14_0);
-        tpk_v8d_st(c + 15 * ldc + 0, beta * tpk_v8d_ld(c + 15 * ldc + 0) + alpha * c15_0);
-        tpk_v8d_st(c + 16 * ldc + 0, beta * tpk_v8d_ld(c + 16 * ldc + 0) + alpha * c16_0);
-        tpk_v8d_st(c + 17 * ldc + 0, beta * tpk_v8d_ld(c + 17 * ldc + 0) + alpha * c17_0);
-        tpk_v8d_st(c + 18 * ldc + 0, beta * tpk_v8d_ld(c + 18 * ldc + 0) + alpha * c18_0);
-        tpk_v8d_st(c + 19 * ldc + 0, beta * tpk_v8d_ld(c + 19 * ldc + 0) + alpha * c19_0);
-        tpk_v8d_st(c + 20 * ldc + 0, beta * tpk_v8d_ld(c + 20 * ldc + 0) + alpha * c20_0);
-        tpk_v8d_st(c + 21 * ldc + 0, beta * tpk_v8d_ld(c + 21 * ldc + 0) + alpha * c21_0);
-        tpk_v8d_st(c + 22 * ldc + 0, beta * tpk_v8d_ld(c + 22 * ldc + 0) + alpha * c22_0);
-        tpk_v8d_st(c + 23 * ldc + 0, beta * tpk_v8d_ld(c + 23 * ldc + 0) + alpha * c23_0);
+        tpk_v8d_st(c + 9 * ldc + 8, beta * tpk_v8d_ld(c + 9 * ldc + 8) + alpha * c9_1);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 24-row panel, zero-padded. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+/* C[10×16] = alpha·a·b + beta·C from 10 rows of A in place (stride lda) and a packed panel b (kc×16). */
+static void tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
 {
-    if (csa == 1 && mr_e == 24) {
-        for (size_t i = 0; i < 24; i++)
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    tpk_v8d c6_0 = {0}, c6_1 = {0};
+    tpk_v8d c7_0 = {0}, c7_1 = {0};
+    tpk_v8d c8_0 = {0}, c8_1 = {0};
+    tpk_v8d c9_0 = {0}, c9_1 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 15, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 1]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 1]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 1]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 1]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 16 + 8);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 2]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 2]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 2]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 2]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 16 + 8);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 3]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 3]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 3]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 3]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, alpha * c9_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, beta * tpk_v8d_ld(c + 6 * ldc + 8) + alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, beta * tpk_v8d_ld(c + 7 * ldc + 8) + alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, beta * tpk_v8d_ld(c + 8 * ldc + 8) + alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, beta * tpk_v8d_ld(c + 9 * ldc + 8) + alpha * c9_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 10-row panel, zero-padded. */
+static void tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 10) {
+        for (size_t i = 0; i < 10; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 24 + i] = A[i * rsa + p];
+                dst[p * 10 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 24 + i] = A[i * rsa + p * csa];
-        for (; i < 24; i++)
-            dst[p * 24 + i] = 0;
+            dst[p * 10 + i] = A[i * rsa + p * csa];
+        for (; i < 10; i++)
+            dst[p * 10 + i] = 0;
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 8-column panel, zero-padded. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 16-column panel, zero-padded. */
+static void tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 8 + j] = B[p * rsb + j];
+                dst[p * 16 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 8 + j] = B[p * rsb + j * csb];
-        for (; j < 8; j++)
-            dst[p * 8 + j] = 0;
+                dst[p * 16 + j] = B[p * rsb + j * csb];
+        for (; j < 16; j++)
+            dst[p * 16 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
-    const size_t mpan = (mc + 24 - 1) / 24;
-    for (size_t jp = jp0; jp < jp1; jp++)
-        for (size_t ip = 0; ip < mpan; ip++) {
-            const size_t mr_e = mc - ip * 24 < 24 ? mc - ip * 24 : 24;
-            const size_t nr_e = nc - jp * 8 < 8 ? nc - jp * 8 : 8;
-            double *c = C + ip * 24 * ldc + jp * 8;
-            const double *a = ap + ip * 24 * kc, *b = bp + jp * 8 * kc;
-            if (mr_e == 24 && nr_e == 8) {
-                tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+    const size_t mpan = (mc + 10 - 1) / 10;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 10 * ldc + jp * 16;
+            const double *a = ap + ip * 10 * kc, *b = bp + jp * 16 * kc;
+            if (mr_e == 10 && nr_e == 16) {
+                tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ukr(kc, a, b, ct, 8, 1, 0);
+            tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ukr(kc, a, b, ct, 16, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 8 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 10-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 10 - 1) / 10, full = mc / 10;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 10 * ldc + jp * 16;
+            const double *b = bp + jp * 16 * kc;
+            if (ip < full && nr_e == 16) {
+                tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ukr_d(kc, A + ip * 10 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ukr_d(kc, A + ip * 10 * lda, lda, b, ct, 16, 1, 0);
+            else
+                tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ukr(kc, ape, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
         }
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ws(int nt)
+static size_t tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ws(int nt)
 {
-    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 24576) * sizeof(double);
+    return (98304 + (size_t)(nt < 1 ? 1 : nt) * 184320) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -1553,30 +2009,38 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2(size_t m, size_t n
     }
     if (nt < 1)
         nt = 1;
-    double *const bp = ws, *const ap_all = bp + 131072;
+    double *const bp = ws, *const ap_all = bp + 98304;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        double ct[24 * 8] __attribute__((aligned(64)));
+        double ct[10 * 16] __attribute__((aligned(64)));
         for (size_t jc = 0; jc < n; jc += 256) {
             const size_t nc = n - jc < 256 ? n - jc : 256;
-            const size_t npan = (nc + 8 - 1) / 8;
-            for (size_t pc = 0; pc < k; pc += 512) {
-                const size_t kc = k - pc < 512 ? k - pc : 512;
+            const size_t npan = (nc + 16 - 1) / 16;
+            for (size_t pc = 0; pc < k; pc += 384) {
+                const size_t kc = k - pc < 384 ? k - pc : 384;
                 const double bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_pack_b(nc - jp * 8 < 8 ? nc - jp * 8 : 8, kc, B + pc * rsb + (jc + jp * 8) * csb,
-                            rsb, csb, bp + jp * 8 * kc);
+                    tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_pack_b(nc - jp * 16 < 16 ? nc - jp * 16 : 16, kc, B + pc * rsb + (jc + jp * 16) * csb,
+                            rsb, csb, bp + jp * 16 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 24576;
-                const size_t nblk = (m + 48 - 1) / 48;
+                double *const ap = ap_all + tid * 184320;
+                const size_t nblk = (m + 480 - 1) / 480;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
-                    for (size_t ip = 0; ip * 24 < mc; ip++)
-                        tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_pack_a(mc - ip * 24 < 24 ? mc - ip * 24 : 24, kc, A + (ic + ip * 24) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 24 * kc);
-                    tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    const size_t ic = ib * 480, mc = m - ic < 480 ? m - ic : 480;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 10;
+                        if (full * 10 < mc)
+                            tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_pack_a(mc - full * 10, kc, A + (ic + full * 10) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 10 < mc; ip++)
+                        tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 10 * kc);
+                    tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -1584,7 +2048,1494 @@ static void tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2(size_t m, size_t n
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=4096,ku=4,order=jr_ir,par=jr,pf=2,pb=shared ---- */
+/* ---- tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da: dgemm, vw=512,mr=6,nv=4,kc=64,mc=480,nc=256,ku=4,order=ir_jr,par=ic,pf=1,pb=private,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_MR = 6, tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_NR = 32, tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_KC = 64, tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_MC = 480, tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_NC = 256 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (16384 + 30720) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 47104, *const ap = bp + 16384;
+        const size_t nblk = (m + 480 - 1) / 480, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 64) {
+                const size_t kc = k - pc < 64 ? k - pc : 64;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 480, mc = m - ic < 480 ? m - ic : 480;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da: dgemm, vw=512,mr=6,nv=4,kc=384,mc=240,nc=256,ku=4,order=jr_ir,par=ic,pf=1,pb=private,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_MR = 6, tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_NR = 32, tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_KC = 384, tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_MC = 240, tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_NC = 256 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (98304 + 92160) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 190464, *const ap = bp + 98304;
+        const size_t nblk = (m + 240 - 1) / 240, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 384) {
+                const size_t kc = k - pc < 384 ? k - pc : 384;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 240, mc = m - ic < 240 ? m - ic : 240;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da: dgemm, vw=512,mr=14,nv=2,kc=192,mc=48,nc=256,ku=8,order=ir_jr,par=ic,pf=0,pb=private,pa=direct ---- */
+enum { tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_MR = 14, tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_NR = 16, tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_KC = 192, tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_MC = 56, tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_NC = 256 };
+
+/* C[14×16] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×16). */
+static void tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    tpk_v8d c6_0 = {0}, c6_1 = {0};
+    tpk_v8d c7_0 = {0}, c7_1 = {0};
+    tpk_v8d c8_0 = {0}, c8_1 = {0};
+    tpk_v8d c9_0 = {0}, c9_1 = {0};
+    tpk_v8d c10_0 = {0}, c10_1 = {0};
+    tpk_v8d c11_0 = {0}, c11_1 = {0};
+    tpk_v8d c12_0 = {0}, c12_1 = {0};
+    tpk_v8d c13_0 = {0}, c13_1 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[(p + 1) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 16 + 8);
+            { const double ai = a[(p + 2) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 16 + 8);
+            { const double ai = a[(p + 3) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 16 + 8);
+            { const double ai = a[(p + 4) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 4) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 16 + 8);
+            { const double ai = a[(p + 5) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 5) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 16 + 8);
+            { const double ai = a[(p + 6) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 6) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 16 + 8);
+            { const double ai = a[(p + 7) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 7) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, alpha * c13_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, beta * tpk_v8d_ld(c + 6 * ldc + 8) + alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, beta * tpk_v8d_ld(c + 7 * ldc + 8) + alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, beta * tpk_v8d_ld(c + 8 * ldc + 8) + alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, beta * tpk_v8d_ld(c + 9 * ldc + 8) + alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, beta * tpk_v8d_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, beta * tpk_v8d_ld(c + 10 * ldc + 8) + alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, beta * tpk_v8d_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, beta * tpk_v8d_ld(c + 11 * ldc + 8) + alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, beta * tpk_v8d_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, beta * tpk_v8d_ld(c + 12 * ldc + 8) + alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, beta * tpk_v8d_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, beta * tpk_v8d_ld(c + 13 * ldc + 8) + alpha * c13_1);
+    }
+}
+
+/* C[14×16] = alpha·a·b + beta·C from 14 rows of A in place (stride lda) and a packed panel b (kc×16). */
+static void tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    tpk_v8d c6_0 = {0}, c6_1 = {0};
+    tpk_v8d c7_0 = {0}, c7_1 = {0};
+    tpk_v8d c8_0 = {0}, c8_1 = {0};
+    tpk_v8d c9_0 = {0}, c9_1 = {0};
+    tpk_v8d c10_0 = {0}, c10_1 = {0};
+    tpk_v8d c11_0 = {0}, c11_1 = {0};
+    tpk_v8d c12_0 = {0}, c12_1 = {0};
+    tpk_v8d c13_0 = {0}, c13_1 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 1]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 1]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 1]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 1]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 1]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 1]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 1]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 1]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 16 + 8);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 2]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 2]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 2]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 2]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 2]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 2]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 2]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 2]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 16 + 8);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 3]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 3]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 3]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 3]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 3]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 3]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 3]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 3]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 16 + 8);
+            { const double ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 4]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 4]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 4]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 4]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 4]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 4]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 4]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 4]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 16 + 8);
+            { const double ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 5]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 5]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 5]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 5]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 5]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 5]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 5]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 5]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 16 + 8);
+            { const double ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 6]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 6]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 6]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 6]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 6]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 6]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 6]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 16 + 8);
+            { const double ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 7]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 7]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 7]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 7]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 7]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 7]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 7]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, alpha * c13_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, beta * tpk_v8d_ld(c + 6 * ldc + 8) + alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, beta * tpk_v8d_ld(c + 7 * ldc + 8) + alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, beta * tpk_v8d_ld(c + 8 * ldc + 8) + alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, beta * tpk_v8d_ld(c + 9 * ldc + 8) + alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, beta * tpk_v8d_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, beta * tpk_v8d_ld(c + 10 * ldc + 8) + alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, beta * tpk_v8d_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, beta * tpk_v8d_ld(c + 11 * ldc + 8) + alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, beta * tpk_v8d_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, beta * tpk_v8d_ld(c + 12 * ldc + 8) + alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, beta * tpk_v8d_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, beta * tpk_v8d_ld(c + 13 * ldc + 8) + alpha * c13_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 14-row panel, zero-padded. */
+static void tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 14) {
+        for (size_t i = 0; i < 14; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 14 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 14 + i] = A[i * rsa + p * csa];
+        for (; i < 14; i++)
+            dst[p * 14 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 16-column panel, zero-padded. */
+static void tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j * csb];
+        for (; j < 16; j++)
+            dst[p * 16 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 14 - 1) / 14;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 14 * ldc + jp * 16;
+            const double *a = ap + ip * 14 * kc, *b = bp + jp * 16 * kc;
+            if (mr_e == 14 && nr_e == 16) {
+                tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ukr(kc, a, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 14-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 14 - 1) / 14, full = mc / 14;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 14 * ldc + jp * 16;
+            const double *b = bp + jp * 16 * kc;
+            if (ip < full && nr_e == 16) {
+                tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ukr_d(kc, A + ip * 14 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ukr_d(kc, A + ip * 14 * lda, lda, b, ct, 16, 1, 0);
+            else
+                tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ukr(kc, ape, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (49152 + 10752) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[14 * 16] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 59904, *const ap = bp + 49152;
+        const size_t nblk = (m + 56 - 1) / 56, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 16 - 1) / 16;
+            for (size_t pc = 0; pc < k; pc += 192) {
+                const size_t kc = k - pc < 192 ? k - pc : 192;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_pack_b(nc - jp * 16 < 16 ? nc - jp * 16 : 16, kc, B + pc * rsb + (jc + jp * 16) * csb,
+                            rsb, csb, bp + jp * 16 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 56, mc = m - ic < 56 ? m - ic : 56;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 14;
+                        if (full * 14 < mc)
+                            tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_pack_a(mc - full * 14, kc, A + (ic + full * 14) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 14 < mc; ip++)
+                        tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_pack_a(mc - ip * 14 < 14 ? mc - ip * 14 : 14, kc, A + (ic + ip * 14) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 14 * kc);
+                    tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=4096,ku=4,order=jr_ir,par=jr,pf=2,pb=shared,pa=packed ---- */
 enum { tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_MC = 240, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_NC = 4104 };
 
 /* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
@@ -1821,7 +3772,484 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2(size_t m, size_t
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2: dgemm, vw=512,mr=6,nv=4,kc=384,mc=144,nc=2048,ku=4,order=jr_ir,par=ic,pf=2,pb=private ---- */
+/* ---- tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da: dgemm, vw=512,mr=14,nv=2,kc=512,mc=72,nc=256,ku=2,order=jr_ir,par=ic,pf=1,pb=private,pa=direct ---- */
+enum { tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_MR = 14, tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_NR = 16, tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_KC = 512, tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_MC = 84, tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_NC = 256 };
+
+/* C[14×16] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×16). */
+static void tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    tpk_v8d c6_0 = {0}, c6_1 = {0};
+    tpk_v8d c7_0 = {0}, c7_1 = {0};
+    tpk_v8d c8_0 = {0}, c8_1 = {0};
+    tpk_v8d c9_0 = {0}, c9_1 = {0};
+    tpk_v8d c10_0 = {0}, c10_1 = {0};
+    tpk_v8d c11_0 = {0}, c11_1 = {0};
+    tpk_v8d c12_0 = {0}, c12_1 = {0};
+    tpk_v8d c13_0 = {0}, c13_1 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 10 * ldc, 1, 3);
+    __builtin_prefetch(c + 10 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 11 * ldc, 1, 3);
+    __builtin_prefetch(c + 11 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 12 * ldc, 1, 3);
+    __builtin_prefetch(c + 12 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 13 * ldc, 1, 3);
+    __builtin_prefetch(c + 13 * ldc + 15, 1, 3);
+    size_t p = 0;
+    for (; p + 2 <= kc; p += 2) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[(p + 1) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, alpha * c13_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, beta * tpk_v8d_ld(c + 6 * ldc + 8) + alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, beta * tpk_v8d_ld(c + 7 * ldc + 8) + alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, beta * tpk_v8d_ld(c + 8 * ldc + 8) + alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, beta * tpk_v8d_ld(c + 9 * ldc + 8) + alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, beta * tpk_v8d_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, beta * tpk_v8d_ld(c + 10 * ldc + 8) + alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, beta * tpk_v8d_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, beta * tpk_v8d_ld(c + 11 * ldc + 8) + alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, beta * tpk_v8d_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, beta * tpk_v8d_ld(c + 12 * ldc + 8) + alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, beta * tpk_v8d_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, beta * tpk_v8d_ld(c + 13 * ldc + 8) + alpha * c13_1);
+    }
+}
+
+/* C[14×16] = alpha·a·b + beta·C from 14 rows of A in place (stride lda) and a packed panel b (kc×16). */
+static void tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    tpk_v8d c6_0 = {0}, c6_1 = {0};
+    tpk_v8d c7_0 = {0}, c7_1 = {0};
+    tpk_v8d c8_0 = {0}, c8_1 = {0};
+    tpk_v8d c9_0 = {0}, c9_1 = {0};
+    tpk_v8d c10_0 = {0}, c10_1 = {0};
+    tpk_v8d c11_0 = {0}, c11_1 = {0};
+    tpk_v8d c12_0 = {0}, c12_1 = {0};
+    tpk_v8d c13_0 = {0}, c13_1 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 10 * ldc, 1, 3);
+    __builtin_prefetch(c + 10 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 11 * ldc, 1, 3);
+    __builtin_prefetch(c + 11 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 12 * ldc, 1, 3);
+    __builtin_prefetch(c + 12 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 13 * ldc, 1, 3);
+    __builtin_prefetch(c + 13 * ldc + 15, 1, 3);
+    size_t p = 0;
+    for (; p + 2 <= kc; p += 2) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 1]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 1]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 1]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 1]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 1]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 1]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 1]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 1]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const double ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const double ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const double ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const double ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const double ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const double ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const double ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const double ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, alpha * c13_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 6 * ldc + 0, beta * tpk_v8d_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v8d_st(c + 6 * ldc + 8, beta * tpk_v8d_ld(c + 6 * ldc + 8) + alpha * c6_1);
+        tpk_v8d_st(c + 7 * ldc + 0, beta * tpk_v8d_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v8d_st(c + 7 * ldc + 8, beta * tpk_v8d_ld(c + 7 * ldc + 8) + alpha * c7_1);
+        tpk_v8d_st(c + 8 * ldc + 0, beta * tpk_v8d_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v8d_st(c + 8 * ldc + 8, beta * tpk_v8d_ld(c + 8 * ldc + 8) + alpha * c8_1);
+        tpk_v8d_st(c + 9 * ldc + 0, beta * tpk_v8d_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v8d_st(c + 9 * ldc + 8, beta * tpk_v8d_ld(c + 9 * ldc + 8) + alpha * c9_1);
+        tpk_v8d_st(c + 10 * ldc + 0, beta * tpk_v8d_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v8d_st(c + 10 * ldc + 8, beta * tpk_v8d_ld(c + 10 * ldc + 8) + alpha * c10_1);
+        tpk_v8d_st(c + 11 * ldc + 0, beta * tpk_v8d_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v8d_st(c + 11 * ldc + 8, beta * tpk_v8d_ld(c + 11 * ldc + 8) + alpha * c11_1);
+        tpk_v8d_st(c + 12 * ldc + 0, beta * tpk_v8d_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v8d_st(c + 12 * ldc + 8, beta * tpk_v8d_ld(c + 12 * ldc + 8) + alpha * c12_1);
+        tpk_v8d_st(c + 13 * ldc + 0, beta * tpk_v8d_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v8d_st(c + 13 * ldc + 8, beta * tpk_v8d_ld(c + 13 * ldc + 8) + alpha * c13_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 14-row panel, zero-padded. */
+static void tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 14) {
+        for (size_t i = 0; i < 14; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 14 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 14 + i] = A[i * rsa + p * csa];
+        for (; i < 14; i++)
+            dst[p * 14 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 16-column panel, zero-padded. */
+static void tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j * csb];
+        for (; j < 16; j++)
+            dst[p * 16 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 14 - 1) / 14;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 14 * ldc + jp * 16;
+            const double *a = ap + ip * 14 * kc, *b = bp + jp * 16 * kc;
+            if (mr_e == 14 && nr_e == 16) {
+                tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ukr(kc, a, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 14-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 14 - 1) / 14, full = mc / 14;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 14 * ldc + jp * 16;
+            const double *b = bp + jp * 16 * kc;
+            if (ip < full && nr_e == 16) {
+                tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ukr_d(kc, A + ip * 14 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ukr_d(kc, A + ip * 14 * lda, lda, b, ct, 16, 1, 0);
+            else
+                tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ukr(kc, ape, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (131072 + 43008) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[14 * 16] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 174080, *const ap = bp + 131072;
+        const size_t nblk = (m + 84 - 1) / 84, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 16 - 1) / 16;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_pack_b(nc - jp * 16 < 16 ? nc - jp * 16 : 16, kc, B + pc * rsb + (jc + jp * 16) * csb,
+                            rsb, csb, bp + jp * 16 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 84, mc = m - ic < 84 ? m - ic : 84;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 14;
+                        if (full * 14 < mc)
+                            tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_pack_a(mc - full * 14, kc, A + (ic + full * 14) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 14 < mc; ip++)
+                        tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_pack_a(mc - ip * 14 < 14 ? mc - ip * 14 : 14, kc, A + (ic + ip * 14) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 14 * kc);
+                    tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2: dgemm, vw=512,mr=6,nv=4,kc=384,mc=144,nc=2048,ku=4,order=jr_ir,par=ic,pf=2,pb=private,pa=packed ---- */
 enum { tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_MR = 6, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_NR = 32, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_KC = 384, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_MC = 144, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_NC = 2048 };
 
 /* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
@@ -2073,214 +4501,480 @@ static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2(size_t m, size
     }
 }
 
-/* ---- tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1: sgemm, vw=512,mr=6,nv=4,kc=512,mc=96,nc=256,ku=4,order=ir_jr,par=ic,pf=1,pb=shared ---- */
-enum { tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_MR = 6, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_NR = 64, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_KC = 512, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_MC = 96, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_NC = 256 };
+/* ---- tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da: sgemm, vw=512,mr=10,nv=2,kc=512,mc=480,nc=256,ku=8,order=ir_jr,par=ic,pf=0,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_MR = 10, tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_NR = 32, tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_KC = 512, tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_MC = 480, tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_NC = 256 };
 
-/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
-static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+/* C[10×32] = alpha·a·b + beta·C from packed panels a (kc×10) and b (kc×32). */
+static void tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
-    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
-    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
-    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
-    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
-    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
-    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
-    __builtin_prefetch(c + 0 * ldc, 1, 3);
-    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
-    __builtin_prefetch(c + 1 * ldc, 1, 3);
-    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
-    __builtin_prefetch(c + 2 * ldc, 1, 3);
-    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
-    __builtin_prefetch(c + 3 * ldc, 1, 3);
-    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
-    __builtin_prefetch(c + 4 * ldc, 1, 3);
-    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
-    __builtin_prefetch(c + 5 * ldc, 1, 3);
-    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    tpk_v16f c0_0 = {0}, c0_1 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0};
+    tpk_v16f c6_0 = {0}, c6_1 = {0};
+    tpk_v16f c7_0 = {0}, c7_1 = {0};
+    tpk_v16f c8_0 = {0}, c8_1 = {0};
+    tpk_v16f c9_0 = {0}, c9_1 = {0};
     size_t p = 0;
-    for (; p + 4 <= kc; p += 4) {
+    for (; p + 8 <= kc; p += 8) {
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
-            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
-            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
-            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
-            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
-            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
-            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 32 + 16);
+            { const float ai = a[(p + 1) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
-            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
-            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
-            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 32 + 16);
+            { const float ai = a[(p + 2) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
-            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
-            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
-            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 32 + 16);
+            { const float ai = a[(p + 3) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 32 + 16);
+            { const float ai = a[(p + 4) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 32 + 16);
+            { const float ai = a[(p + 5) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 32 + 16);
+            { const float ai = a[(p + 6) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 32 + 16);
+            { const float ai = a[(p + 7) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
-            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
-            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
-            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
-            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
         }
     }
     if (beta == 0) {
         tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
         tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
-        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
-        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
         tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
         tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
-        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
-        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
         tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
         tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
-        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
-        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
         tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
         tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
-        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
-        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
         tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
         tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
-        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
-        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
         tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
         tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
-        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
-        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
     } else {
         tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
         tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
-        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
-        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
         tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
         tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
-        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
-        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
         tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
         tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
-        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
-        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
         tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
         tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
-        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
-        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
         tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
         tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
-        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
-        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
         tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
         tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
-        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
-        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
-static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+/* C[10×32] = alpha·a·b + beta·C from 10 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
 {
-    if (csa == 1 && mr_e == 6) {
-        for (size_t i = 0; i < 6; i++)
+    tpk_v16f c0_0 = {0}, c0_1 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0};
+    tpk_v16f c6_0 = {0}, c6_1 = {0};
+    tpk_v16f c7_0 = {0}, c7_1 = {0};
+    tpk_v16f c8_0 = {0}, c8_1 = {0};
+    tpk_v16f c9_0 = {0}, c9_1 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 32 + 16);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 1]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 1]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 1]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 1]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 32 + 16);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 2]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 2]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 2]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 2]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 32 + 16);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 3]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 3]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 3]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 3]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 32 + 16);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 4]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 4]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 4]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 4]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 32 + 16);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 5]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 5]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 5]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 5]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 32 + 16);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 6]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 6]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 6]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 32 + 16);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 7]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 7]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 7]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 10-row panel, zero-padded. */
+static void tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 10) {
+        for (size_t i = 0; i < 10; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 6 + i] = A[i * rsa + p];
+                dst[p * 10 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 6 + i] = A[i * rsa + p * csa];
-        for (; i < 6; i++)
-            dst[p * 6 + i] = 0;
+            dst[p * 10 + i] = A[i * rsa + p * csa];
+        for (; i < 10; i++)
+            dst[p * 10 + i] = 0;
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
-static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 64 + j] = B[p * rsb + j];
+                dst[p * 32 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 64 + j] = B[p * rsb + j * csb];
-        for (; j < 64; j++)
-            dst[p * 64 + j] = 0;
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
 {
-    const size_t mpan = (mc + 6 - 1) / 6;
+    const size_t mpan = (mc + 10 - 1) / 10;
     for (size_t ip = 0; ip < mpan; ip++)
         for (size_t jp = jp0; jp < jp1; jp++) {
-            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
-            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
-            float *c = C + ip * 6 * ldc + jp * 64;
-            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
-            if (mr_e == 6 && nr_e == 64) {
-                tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ukr(kc, a, b, c, ldc, alpha, beta);
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            float *c = C + ip * 10 * ldc + jp * 32;
+            const float *a = ap + ip * 10 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 10 && nr_e == 32) {
+                tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ukr(kc, a, b, ct, 64, 1, 0);
+            tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ukr(kc, a, b, ct, 32, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 10-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 10 - 1) / 10, full = mc / 10;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            float *c = C + ip * 10 * ldc + jp * 32;
+            const float *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ukr_d(kc, A + ip * 10 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ukr_d(kc, A + ip * 10 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
         }
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ws(int nt)
+static size_t tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ws(int nt)
 {
-    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 49152) * sizeof(float);
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 245760) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ws(nt) bytes, 64-aligned. */
-static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -2297,26 +4991,34 @@ static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1(size_t m, size_t n
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        float ct[6 * 64] __attribute__((aligned(64)));
+        float ct[10 * 32] __attribute__((aligned(64)));
         for (size_t jc = 0; jc < n; jc += 256) {
             const size_t nc = n - jc < 256 ? n - jc : 256;
-            const size_t npan = (nc + 64 - 1) / 64;
+            const size_t npan = (nc + 32 - 1) / 32;
             for (size_t pc = 0; pc < k; pc += 512) {
                 const size_t kc = k - pc < 512 ? k - pc : 512;
                 const float bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
-                            rsb, csb, bp + jp * 64 * kc);
+                    tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                float *const ap = ap_all + tid * 49152;
-                const size_t nblk = (m + 96 - 1) / 96;
+                float *const ap = ap_all + tid * 245760;
+                const size_t nblk = (m + 480 - 1) / 480;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 96, mc = m - ic < 96 ? m - ic : 96;
-                    for (size_t ip = 0; ip * 6 < mc; ip++)
-                        tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 6 * kc);
-                    tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    const size_t ic = ib * 480, mc = m - ic < 480 ? m - ic : 480;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 10;
+                        if (full * 10 < mc)
+                            tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_pack_a(mc - full * 10, kc, A + (ic + full * 10) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 10 < mc; ip++)
+                        tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 10 * kc);
+                    tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -2324,7 +5026,376 @@ static void tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1(size_t m, size_t n
     }
 }
 
-/* ---- tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2: sgemm, vw=512,mr=6,nv=4,kc=512,mc=240,nc=2048,ku=2,order=jr_ir,par=ic,pf=2,pb=shared ---- */
+/* ---- tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da: sgemm, vw=512,mr=10,nv=2,kc=384,mc=96,nc=256,ku=1,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_MR = 10, tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_NR = 32, tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_KC = 384, tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_MC = 100, tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_NC = 256 };
+
+/* C[10×32] = alpha·a·b + beta·C from packed panels a (kc×10) and b (kc×32). */
+static void tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0};
+    tpk_v16f c6_0 = {0}, c6_1 = {0};
+    tpk_v16f c7_0 = {0}, c7_1 = {0};
+    tpk_v16f c8_0 = {0}, c8_1 = {0};
+    tpk_v16f c9_0 = {0}, c9_1 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 1 <= kc; p += 1) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
+    }
+}
+
+/* C[10×32] = alpha·a·b + beta·C from 10 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0};
+    tpk_v16f c6_0 = {0}, c6_1 = {0};
+    tpk_v16f c7_0 = {0}, c7_1 = {0};
+    tpk_v16f c8_0 = {0}, c8_1 = {0};
+    tpk_v16f c9_0 = {0}, c9_1 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 1 <= kc; p += 1) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 10-row panel, zero-padded. */
+static void tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 10) {
+        for (size_t i = 0; i < 10; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 10 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 10 + i] = A[i * rsa + p * csa];
+        for (; i < 10; i++)
+            dst[p * 10 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 10 - 1) / 10;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            float *c = C + ip * 10 * ldc + jp * 32;
+            const float *a = ap + ip * 10 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 10 && nr_e == 32) {
+                tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 10-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 10 - 1) / 10, full = mc / 10;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            float *c = C + ip * 10 * ldc + jp * 32;
+            const float *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ukr_d(kc, A + ip * 10 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ukr_d(kc, A + ip * 10 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ws(int nt)
+{
+    return (98304 + (size_t)(nt < 1 ? 1 : nt) * 38400) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 98304;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[10 * 32] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 384) {
+                const size_t kc = k - pc < 384 ? k - pc : 384;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 38400;
+                const size_t nblk = (m + 100 - 1) / 100;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 100, mc = m - ic < 100 ? m - ic : 100;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 10;
+                        if (full * 10 < mc)
+                            tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_pack_a(mc - full * 10, kc, A + (ic + full * 10) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 10 < mc; ip++)
+                        tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 10 * kc);
+                    tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2: sgemm, vw=512,mr=6,nv=4,kc=512,mc=240,nc=2048,ku=2,order=jr_ir,par=ic,pf=2,pb=shared,pa=packed ---- */
 enum { tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_MR = 6, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_NR = 64, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_KC = 512, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_MC = 240, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_NC = 2048 };
 
 /* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
@@ -2552,7 +5623,525 @@ static void tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2(size_t m, size_t
     }
 }
 
-/* ---- tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2: sgemm, vw=512,mr=6,nv=4,kc=512,mc=240,nc=4096,ku=2,order=jr_ir,par=ic,pf=2,pb=shared ---- */
+/* ---- tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da: sgemm, vw=512,mr=10,nv=1,kc=512,mc=192,nc=256,ku=8,order=ir_jr,par=ic,pf=2,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_MR = 10, tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_NR = 16, tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_KC = 512, tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_MC = 200, tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_NC = 256 };
+
+/* C[10×16] = alpha·a·b + beta·C from packed panels a (kc×10) and b (kc×16). */
+static void tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0};
+    tpk_v16f c1_0 = {0};
+    tpk_v16f c2_0 = {0};
+    tpk_v16f c3_0 = {0};
+    tpk_v16f c4_0 = {0};
+    tpk_v16f c5_0 = {0};
+    tpk_v16f c6_0 = {0};
+    tpk_v16f c7_0 = {0};
+    tpk_v16f c8_0 = {0};
+    tpk_v16f c9_0 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 15, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        __builtin_prefetch(a + (p + 16) * 10, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 16 + 0);
+            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 16 + 0);
+            { const float ai = a[(p + 1) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 16 + 0);
+            { const float ai = a[(p + 2) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 16 + 0);
+            { const float ai = a[(p + 3) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 16 + 0);
+            { const float ai = a[(p + 4) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 16 + 0);
+            { const float ai = a[(p + 5) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 16 + 0);
+            { const float ai = a[(p + 6) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 16 + 0);
+            { const float ai = a[(p + 7) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 9]; c9_0 += ai * b0; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 16 + 0);
+            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+    }
+}
+
+/* C[10×16] = alpha·a·b + beta·C from 10 rows of A in place (stride lda) and a packed panel b (kc×16). */
+static void tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0};
+    tpk_v16f c1_0 = {0};
+    tpk_v16f c2_0 = {0};
+    tpk_v16f c3_0 = {0};
+    tpk_v16f c4_0 = {0};
+    tpk_v16f c5_0 = {0};
+    tpk_v16f c6_0 = {0};
+    tpk_v16f c7_0 = {0};
+    tpk_v16f c8_0 = {0};
+    tpk_v16f c9_0 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 15, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        __builtin_prefetch(a + 0 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 1 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 2 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 3 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 4 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 5 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 6 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 7 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 8 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 9 * lda + p + 64, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 16 + 0);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 16 + 0);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 1]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 1]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 1]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 1]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 16 + 0);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 2]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 2]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 2]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 2]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 16 + 0);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 3]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 3]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 3]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 3]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 16 + 0);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 4]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 4]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 4]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 4]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 16 + 0);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 5]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 5]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 5]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 5]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 16 + 0);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 6]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 6]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 6]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 6]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 16 + 0);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 7]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 7]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 7]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 7]; c9_0 += ai * b0; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 16 + 0);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 10-row panel, zero-padded. */
+static void tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 10) {
+        for (size_t i = 0; i < 10; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 10 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 10 + i] = A[i * rsa + p * csa];
+        for (; i < 10; i++)
+            dst[p * 10 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 16-column panel, zero-padded. */
+static void tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j * csb];
+        for (; j < 16; j++)
+            dst[p * 16 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 10 - 1) / 10;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            float *c = C + ip * 10 * ldc + jp * 16;
+            const float *a = ap + ip * 10 * kc, *b = bp + jp * 16 * kc;
+            if (mr_e == 10 && nr_e == 16) {
+                tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ukr(kc, a, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 10-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 10 - 1) / 10, full = mc / 10;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            float *c = C + ip * 10 * ldc + jp * 16;
+            const float *b = bp + jp * 16 * kc;
+            if (ip < full && nr_e == 16) {
+                tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ukr_d(kc, A + ip * 10 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ukr_d(kc, A + ip * 10 * lda, lda, b, ct, 16, 1, 0);
+            else
+                tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ukr(kc, ape, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ws(int nt)
+{
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 102400) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 131072;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[10 * 16] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 16 - 1) / 16;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_pack_b(nc - jp * 16 < 16 ? nc - jp * 16 : 16, kc, B + pc * rsb + (jc + jp * 16) * csb,
+                            rsb, csb, bp + jp * 16 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 102400;
+                const size_t nblk = (m + 200 - 1) / 200;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 200, mc = m - ic < 200 ? m - ic : 200;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 10;
+                        if (full * 10 < mc)
+                            tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_pack_a(mc - full * 10, kc, A + (ic + full * 10) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 10 < mc; ip++)
+                        tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 10 * kc);
+                    tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2: sgemm, vw=512,mr=6,nv=4,kc=512,mc=240,nc=4096,ku=2,order=jr_ir,par=ic,pf=2,pb=shared,pa=packed ---- */
 enum { tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_MR = 6, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_NR = 64, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_KC = 512, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_MC = 240, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_NC = 4096 };
 
 /* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
@@ -2780,7 +6369,644 @@ static void tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2(size_t m, size_t
     }
 }
 
-/* ---- tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0: sgemm, vw=512,mr=8,nv=3,kc=512,mc=72,nc=512,ku=2,order=jr_ir,par=ic,pf=0,pb=private ---- */
+/* ---- tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da: sgemm, vw=512,mr=14,nv=2,kc=128,mc=72,nc=256,ku=8,order=jr_ir,par=ic,pf=0,pb=private,pa=direct ---- */
+enum { tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_MR = 14, tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_NR = 32, tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_KC = 128, tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_MC = 84, tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_NC = 256 };
+
+/* C[14×32] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×32). */
+static void tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0};
+    tpk_v16f c6_0 = {0}, c6_1 = {0};
+    tpk_v16f c7_0 = {0}, c7_1 = {0};
+    tpk_v16f c8_0 = {0}, c8_1 = {0};
+    tpk_v16f c9_0 = {0}, c9_1 = {0};
+    tpk_v16f c10_0 = {0}, c10_1 = {0};
+    tpk_v16f c11_0 = {0}, c11_1 = {0};
+    tpk_v16f c12_0 = {0}, c12_1 = {0};
+    tpk_v16f c13_0 = {0}, c13_1 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 32 + 16);
+            { const float ai = a[(p + 1) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 1) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 32 + 16);
+            { const float ai = a[(p + 2) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 2) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 32 + 16);
+            { const float ai = a[(p + 3) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 3) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 32 + 16);
+            { const float ai = a[(p + 4) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 4) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 32 + 16);
+            { const float ai = a[(p + 5) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 5) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 32 + 16);
+            { const float ai = a[(p + 6) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 6) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 32 + 16);
+            { const float ai = a[(p + 7) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 7) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
+        tpk_v16f_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v16f_st(c + 10 * ldc + 16, alpha * c10_1);
+        tpk_v16f_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v16f_st(c + 11 * ldc + 16, alpha * c11_1);
+        tpk_v16f_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v16f_st(c + 12 * ldc + 16, alpha * c12_1);
+        tpk_v16f_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v16f_st(c + 13 * ldc + 16, alpha * c13_1);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
+        tpk_v16f_st(c + 10 * ldc + 0, beta * tpk_v16f_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v16f_st(c + 10 * ldc + 16, beta * tpk_v16f_ld(c + 10 * ldc + 16) + alpha * c10_1);
+        tpk_v16f_st(c + 11 * ldc + 0, beta * tpk_v16f_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v16f_st(c + 11 * ldc + 16, beta * tpk_v16f_ld(c + 11 * ldc + 16) + alpha * c11_1);
+        tpk_v16f_st(c + 12 * ldc + 0, beta * tpk_v16f_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v16f_st(c + 12 * ldc + 16, beta * tpk_v16f_ld(c + 12 * ldc + 16) + alpha * c12_1);
+        tpk_v16f_st(c + 13 * ldc + 0, beta * tpk_v16f_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v16f_st(c + 13 * ldc + 16, beta * tpk_v16f_ld(c + 13 * ldc + 16) + alpha * c13_1);
+    }
+}
+
+/* C[14×32] = alpha·a·b + beta·C from 14 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0};
+    tpk_v16f c6_0 = {0}, c6_1 = {0};
+    tpk_v16f c7_0 = {0}, c7_1 = {0};
+    tpk_v16f c8_0 = {0}, c8_1 = {0};
+    tpk_v16f c9_0 = {0}, c9_1 = {0};
+    tpk_v16f c10_0 = {0}, c10_1 = {0};
+    tpk_v16f c11_0 = {0}, c11_1 = {0};
+    tpk_v16f c12_0 = {0}, c12_1 = {0};
+    tpk_v16f c13_0 = {0}, c13_1 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 32 + 16);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 1]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 1]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 1]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 1]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 1]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 1]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 1]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 1]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 32 + 16);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 2]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 2]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 2]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 2]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 2]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 2]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 2]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 2]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 32 + 16);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 3]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 3]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 3]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 3]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 3]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 3]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 3]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 3]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 32 + 16);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 4]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 4]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 4]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 4]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 4]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 4]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 4]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 4]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 32 + 16);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 5]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 5]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 5]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 5]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 5]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 5]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 5]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 5]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 32 + 16);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 6]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 6]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 6]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 6]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 6]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 6]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 6]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 32 + 16);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 7]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 7]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 7]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 7]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 7]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 7]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 7]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
+        tpk_v16f_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v16f_st(c + 10 * ldc + 16, alpha * c10_1);
+        tpk_v16f_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v16f_st(c + 11 * ldc + 16, alpha * c11_1);
+        tpk_v16f_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v16f_st(c + 12 * ldc + 16, alpha * c12_1);
+        tpk_v16f_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v16f_st(c + 13 * ldc + 16, alpha * c13_1);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
+        tpk_v16f_st(c + 10 * ldc + 0, beta * tpk_v16f_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v16f_st(c + 10 * ldc + 16, beta * tpk_v16f_ld(c + 10 * ldc + 16) + alpha * c10_1);
+        tpk_v16f_st(c + 11 * ldc + 0, beta * tpk_v16f_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v16f_st(c + 11 * ldc + 16, beta * tpk_v16f_ld(c + 11 * ldc + 16) + alpha * c11_1);
+        tpk_v16f_st(c + 12 * ldc + 0, beta * tpk_v16f_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v16f_st(c + 12 * ldc + 16, beta * tpk_v16f_ld(c + 12 * ldc + 16) + alpha * c12_1);
+        tpk_v16f_st(c + 13 * ldc + 0, beta * tpk_v16f_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v16f_st(c + 13 * ldc + 16, beta * tpk_v16f_ld(c + 13 * ldc + 16) + alpha * c13_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 14-row panel, zero-padded. */
+static void tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 14) {
+        for (size_t i = 0; i < 14; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 14 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 14 + i] = A[i * rsa + p * csa];
+        for (; i < 14; i++)
+            dst[p * 14 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 14 - 1) / 14;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            float *c = C + ip * 14 * ldc + jp * 32;
+            const float *a = ap + ip * 14 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 14 && nr_e == 32) {
+                tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 14-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 14 - 1) / 14, full = mc / 14;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            float *c = C + ip * 14 * ldc + jp * 32;
+            const float *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ukr_d(kc, A + ip * 14 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ukr_d(kc, A + ip * 14 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (32768 + 10752) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[14 * 32] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 43520, *const ap = bp + 32768;
+        const size_t nblk = (m + 84 - 1) / 84, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 128) {
+                const size_t kc = k - pc < 128 ? k - pc : 128;
+                const float bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 84, mc = m - ic < 84 ? m - ic : 84;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 14;
+                        if (full * 14 < mc)
+                            tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_pack_a(mc - full * 14, kc, A + (ic + full * 14) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 14 < mc; ip++)
+                        tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_pack_a(mc - ip * 14 < 14 ? mc - ip * 14 : 14, kc, A + (ic + ip * 14) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 14 * kc);
+                    tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0: sgemm, vw=512,mr=8,nv=3,kc=512,mc=72,nc=512,ku=2,order=jr_ir,par=ic,pf=0,pb=private,pa=packed ---- */
 enum { tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_MR = 8, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_NR = 48, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_KC = 512, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_MC = 72, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_NC = 528 };
 
 /* C[8×48] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×48). */
@@ -3000,11 +7226,11 @@ static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0(size_t m, size_t
     }
 }
 
-/* ---- tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0: sgemm, vw=512,mr=10,nv=2,kc=512,mc=96,nc=256,ku=1,order=ir_jr,par=ic,pf=0,pb=private ---- */
-enum { tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_MR = 10, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_NR = 32, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_KC = 512, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_MC = 100, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_NC = 256 };
+/* ---- tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da: sgemm, vw=512,mr=14,nv=2,kc=192,mc=48,nc=256,ku=1,order=ir_jr,par=ic,pf=1,pb=private,pa=direct ---- */
+enum { tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_MR = 14, tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_NR = 32, tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_KC = 192, tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_MC = 56, tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_NC = 256 };
 
-/* C[10×32] = alpha·a·b + beta·C from packed panels a (kc×10) and b (kc×32). */
-static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+/* C[14×32] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×32). */
+static void tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
     tpk_v16f c0_0 = {0}, c0_1 = {0};
@@ -3017,37 +7243,77 @@ static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ukr(size_t kc,
     tpk_v16f c7_0 = {0}, c7_1 = {0};
     tpk_v16f c8_0 = {0}, c8_1 = {0};
     tpk_v16f c9_0 = {0}, c9_1 = {0};
+    tpk_v16f c10_0 = {0}, c10_1 = {0};
+    tpk_v16f c11_0 = {0}, c11_1 = {0};
+    tpk_v16f c12_0 = {0}, c12_1 = {0};
+    tpk_v16f c13_0 = {0}, c13_1 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 10 * ldc, 1, 3);
+    __builtin_prefetch(c + 10 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 11 * ldc, 1, 3);
+    __builtin_prefetch(c + 11 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 12 * ldc, 1, 3);
+    __builtin_prefetch(c + 12 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 13 * ldc, 1, 3);
+    __builtin_prefetch(c + 13 * ldc + 31, 1, 3);
     size_t p = 0;
     for (; p + 1 <= kc; p += 1) {
         {
             const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
             const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
-            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
         }
     }
     for (; p < kc; p++) {
         {
             const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
             const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
-            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
         }
     }
     if (beta == 0) {
@@ -3071,6 +7337,14 @@ static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ukr(size_t kc,
         tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
         tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
         tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
+        tpk_v16f_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v16f_st(c + 10 * ldc + 16, alpha * c10_1);
+        tpk_v16f_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v16f_st(c + 11 * ldc + 16, alpha * c11_1);
+        tpk_v16f_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v16f_st(c + 12 * ldc + 16, alpha * c12_1);
+        tpk_v16f_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v16f_st(c + 13 * ldc + 16, alpha * c13_1);
     } else {
         tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
         tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
@@ -3092,29 +7366,185 @@ static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ukr(size_t kc,
         tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
         tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
         tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
+        tpk_v16f_st(c + 10 * ldc + 0, beta * tpk_v16f_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v16f_st(c + 10 * ldc + 16, beta * tpk_v16f_ld(c + 10 * ldc + 16) + alpha * c10_1);
+        tpk_v16f_st(c + 11 * ldc + 0, beta * tpk_v16f_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v16f_st(c + 11 * ldc + 16, beta * tpk_v16f_ld(c + 11 * ldc + 16) + alpha * c11_1);
+        tpk_v16f_st(c + 12 * ldc + 0, beta * tpk_v16f_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v16f_st(c + 12 * ldc + 16, beta * tpk_v16f_ld(c + 12 * ldc + 16) + alpha * c12_1);
+        tpk_v16f_st(c + 13 * ldc + 0, beta * tpk_v16f_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v16f_st(c + 13 * ldc + 16, beta * tpk_v16f_ld(c + 13 * ldc + 16) + alpha * c13_1);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 10-row panel, zero-padded. */
-static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+/* C[14×32] = alpha·a·b + beta·C from 14 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
 {
-    if (csa == 1 && mr_e == 10) {
-        for (size_t i = 0; i < 10; i++)
+    tpk_v16f c0_0 = {0}, c0_1 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0};
+    tpk_v16f c6_0 = {0}, c6_1 = {0};
+    tpk_v16f c7_0 = {0}, c7_1 = {0};
+    tpk_v16f c8_0 = {0}, c8_1 = {0};
+    tpk_v16f c9_0 = {0}, c9_1 = {0};
+    tpk_v16f c10_0 = {0}, c10_1 = {0};
+    tpk_v16f c11_0 = {0}, c11_1 = {0};
+    tpk_v16f c12_0 = {0}, c12_1 = {0};
+    tpk_v16f c13_0 = {0}, c13_1 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 10 * ldc, 1, 3);
+    __builtin_prefetch(c + 10 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 11 * ldc, 1, 3);
+    __builtin_prefetch(c + 11 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 12 * ldc, 1, 3);
+    __builtin_prefetch(c + 12 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 13 * ldc, 1, 3);
+    __builtin_prefetch(c + 13 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 1 <= kc; p += 1) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; c6_1 += ai * b1; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; c7_1 += ai * b1; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; c8_1 += ai * b1; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; c9_1 += ai * b1; }
+            { const float ai = a[10 * lda + p + 0]; c10_0 += ai * b0; c10_1 += ai * b1; }
+            { const float ai = a[11 * lda + p + 0]; c11_0 += ai * b0; c11_1 += ai * b1; }
+            { const float ai = a[12 * lda + p + 0]; c12_0 += ai * b0; c12_1 += ai * b1; }
+            { const float ai = a[13 * lda + p + 0]; c13_0 += ai * b0; c13_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
+        tpk_v16f_st(c + 10 * ldc + 0, alpha * c10_0);
+        tpk_v16f_st(c + 10 * ldc + 16, alpha * c10_1);
+        tpk_v16f_st(c + 11 * ldc + 0, alpha * c11_0);
+        tpk_v16f_st(c + 11 * ldc + 16, alpha * c11_1);
+        tpk_v16f_st(c + 12 * ldc + 0, alpha * c12_0);
+        tpk_v16f_st(c + 12 * ldc + 16, alpha * c12_1);
+        tpk_v16f_st(c + 13 * ldc + 0, alpha * c13_0);
+        tpk_v16f_st(c + 13 * ldc + 16, alpha * c13_1);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+        tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
+        tpk_v16f_st(c + 10 * ldc + 0, beta * tpk_v16f_ld(c + 10 * ldc + 0) + alpha * c10_0);
+        tpk_v16f_st(c + 10 * ldc + 16, beta * tpk_v16f_ld(c + 10 * ldc + 16) + alpha * c10_1);
+        tpk_v16f_st(c + 11 * ldc + 0, beta * tpk_v16f_ld(c + 11 * ldc + 0) + alpha * c11_0);
+        tpk_v16f_st(c + 11 * ldc + 16, beta * tpk_v16f_ld(c + 11 * ldc + 16) + alpha * c11_1);
+        tpk_v16f_st(c + 12 * ldc + 0, beta * tpk_v16f_ld(c + 12 * ldc + 0) + alpha * c12_0);
+        tpk_v16f_st(c + 12 * ldc + 16, beta * tpk_v16f_ld(c + 12 * ldc + 16) + alpha * c12_1);
+        tpk_v16f_st(c + 13 * ldc + 0, beta * tpk_v16f_ld(c + 13 * ldc + 0) + alpha * c13_0);
+        tpk_v16f_st(c + 13 * ldc + 16, beta * tpk_v16f_ld(c + 13 * ldc + 16) + alpha * c13_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 14-row panel, zero-padded. */
+static void tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 14) {
+        for (size_t i = 0; i < 14; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 10 + i] = A[i * rsa + p];
+                dst[p * 14 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 10 + i] = A[i * rsa + p * csa];
-        for (; i < 10; i++)
-            dst[p * 10 + i] = 0;
+            dst[p * 14 + i] = A[i * rsa + p * csa];
+        for (; i < 14; i++)
+            dst[p * 14 + i] = 0;
     }
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
-static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+static void tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -3130,22 +7560,48 @@ static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_pack_b(size_t 
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
 {
-    const size_t mpan = (mc + 10 - 1) / 10;
+    const size_t mpan = (mc + 14 - 1) / 14;
     for (size_t ip = 0; ip < mpan; ip++)
         for (size_t jp = jp0; jp < jp1; jp++) {
-            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
             const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
-            float *c = C + ip * 10 * ldc + jp * 32;
-            const float *a = ap + ip * 10 * kc, *b = bp + jp * 32 * kc;
-            if (mr_e == 10 && nr_e == 32) {
-                tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ukr(kc, a, b, c, ldc, alpha, beta);
+            float *c = C + ip * 14 * ldc + jp * 32;
+            const float *a = ap + ip * 14 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 14 && nr_e == 32) {
+                tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ukr(kc, a, b, ct, 32, 1, 0);
+            tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 14-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 14 - 1) / 14, full = mc / 14;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            float *c = C + ip * 14 * ldc + jp * 32;
+            const float *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ukr_d(kc, A + ip * 14 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ukr_d(kc, A + ip * 14 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
@@ -3153,13 +7609,13 @@ static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_macro(size_t m
 }
 
 /* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
-static size_t tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ws(int nt)
+static size_t tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ws(int nt)
 {
-    return (size_t)(nt < 1 ? 1 : nt) * (131072 + 51200) * sizeof(float);
+    return (size_t)(nt < 1 ? 1 : nt) * (49152 + 10752) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ws(nt) bytes, 64-aligned. */
-static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -3175,35 +7631,43 @@ static void tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0(size_t m, size
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        float ct[10 * 32] __attribute__((aligned(64)));
+        float ct[14 * 32] __attribute__((aligned(64)));
         /* Every thread packs B for itself: no barrier anywhere. */
-        float *const bp = (float *)ws + tid * 182272, *const ap = bp + 131072;
-        const size_t nblk = (m + 100 - 1) / 100, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        float *const bp = (float *)ws + tid * 59904, *const ap = bp + 49152;
+        const size_t nblk = (m + 56 - 1) / 56, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
         for (size_t jc = 0; jc < n; jc += 256) {
             const size_t nc = n - jc < 256 ? n - jc : 256;
             const size_t npan = (nc + 32 - 1) / 32;
-            for (size_t pc = 0; pc < k; pc += 512) {
-                const size_t kc = k - pc < 512 ? k - pc : 512;
+            for (size_t pc = 0; pc < k; pc += 192) {
+                const size_t kc = k - pc < 192 ? k - pc : 192;
                 const float bet = pc == 0 ? beta : 1;
                 if (b0 == b1)
                     continue;
                 for (size_t jp = 0; jp < npan; jp++)
-                    tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                    tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
                             rsb, csb, bp + jp * 32 * kc);
                 /* Threads split the ic loop; each packs its own A block. */
                 for (size_t ib = b0; ib < b1; ib++) {
-                    const size_t ic = ib * 100, mc = m - ic < 100 ? m - ic : 100;
-                    for (size_t ip = 0; ip * 10 < mc; ip++)
-                        tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 10 * kc);
-                    tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    const size_t ic = ib * 56, mc = m - ic < 56 ? m - ic : 56;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 14;
+                        if (full * 14 < mc)
+                            tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_pack_a(mc - full * 14, kc, A + (ic + full * 14) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 14 < mc; ip++)
+                        tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_pack_a(mc - ip * 14 < 14 ? mc - ip * 14 : 14, kc, A + (ic + ip * 14) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 14 * kc);
+                    tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
             }
         }
     }
 }
 
-/* ---- tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=72,nc=2048,ku=2,order=jr_ir,par=ic,pf=2,pb=shared ---- */
+/* ---- tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=72,nc=2048,ku=2,order=jr_ir,par=ic,pf=2,pb=shared,pa=packed ---- */
 enum { tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_MR = 14, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_NR = 32, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_KC = 256, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_MC = 84, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_NC = 2048 };
 
 /* C[14×32] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×32). */
@@ -3481,7 +7945,912 @@ static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2(size_t m, size_t
     }
 }
 
-/* ---- tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1: dgemm, vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private ---- */
+/* ---- tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da: sgemm, vw=512,mr=6,nv=4,kc=512,mc=144,nc=256,ku=8,order=jr_ir,par=ic,pf=2,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_MR = 6, tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_NR = 64, tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_KC = 512, tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_MC = 144, tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_NC = 256 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        __builtin_prefetch(a + (p + 16) * 6, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        __builtin_prefetch(a + 0 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 1 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 2 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 3 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 4 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 5 * lda + p + 64, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ws(int nt)
+{
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 73728) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 131072;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 73728;
+                const size_t nblk = (m + 144 - 1) / 144;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 144, mc = m - ic < 144 ? m - ic : 144;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da: sgemm, vw=512,mr=6,nv=4,kc=384,mc=96,nc=1024,ku=2,order=jr_ir,par=ic,pf=1,pb=private,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_MR = 6, tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_NR = 64, tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_KC = 384, tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_MC = 96, tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_NC = 1024 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 2 <= kc; p += 2) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 2 <= kc; p += 2) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (393216 + 36864) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 430080, *const ap = bp + 393216;
+        const size_t nblk = (m + 96 - 1) / 96, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 1024) {
+            const size_t nc = n - jc < 1024 ? n - jc : 1024;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 384) {
+                const size_t kc = k - pc < 384 ? k - pc : 384;
+                const float bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 96, mc = m - ic < 96 ? m - ic : 96;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1: dgemm, vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private,pa=packed ---- */
 enum { tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_MR = 8, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_NR = 24, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_KC = 128, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_MC = 576, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_NC = 8208 };
 
 /* C[8×24] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×24). */
@@ -3743,7 +9112,7 @@ static void tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size
     }
 }
 
-/* ---- tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1: sgemm, vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private ---- */
+/* ---- tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1: sgemm, vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private,pa=packed ---- */
 enum { tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_MR = 8, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_NR = 48, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_KC = 128, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_MC = 576, tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_NC = 8208 };
 
 /* C[8×48] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×48). */
@@ -4005,7 +9374,7 @@ static void tpk_sgemm_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size
     }
 }
 
-/* ---- tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1: dsyrk (lower triangle), vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private ---- */
+/* ---- tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1: dsyrk (lower triangle), vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private,pa=packed ---- */
 enum { tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_MR = 8, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_NR = 24, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_KC = 128, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_MC = 576, tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_NC = 8208 };
 
 /* C[8×24] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×24). */
@@ -4274,7 +9643,7 @@ static void tpk_dsyrk_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size
     }
 }
 
-/* ---- tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1: ssyrk (lower triangle), vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private ---- */
+/* ---- tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1: ssyrk (lower triangle), vw=512,mr=8,nv=3,kc=128,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private,pa=packed ---- */
 enum { tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_MR = 8, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_NR = 48, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_KC = 128, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_MC = 576, tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1_NC = 8208 };
 
 /* C[8×48] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×48). */
@@ -4545,27 +9914,31 @@ static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size
 
 /* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s of the fastest repeat when tuned. */
 const tpk__gemm_entry tpk__gemm_table[] = {
-    {0, 0, 1, 1024, 64, 1024, 26.4, "tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0", tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0, NULL, tpk_dgemm_avx512_16x8_k64_m144_n256_u2_irjr_ic_p0_ws},
+    {0, 0, 1, 1024, 64, 1024, 93.9, "tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da", tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da, NULL, tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ws},
     {0, 0, 1, 1024, 1024, 1024, 82.0, "tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2", tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ws},
-    {0, 0, 1, 2048, 64, 2048, 50.8, "tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2", tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x32_k384_m96_n256_u4_irjr_ic_p2_ws},
+    {0, 0, 1, 2048, 64, 2048, 80.2, "tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da", tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da, NULL, tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ws},
     {0, 0, 1, 2048, 2048, 2048, 79.3, "tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2", tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ws},
-    {0, 0, 1, 4096, 4096, 4096, 84.6, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
-    {0, 0, 2, 1024, 1024, 1024, 158.4, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
-    {0, 0, 2, 2048, 64, 2048, 109.2, "tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2", tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_24x8_k512_m48_n256_u8_jrir_ic_p2_ws},
+    {0, 0, 1, 4096, 64, 4096, 75.0, "tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da", tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ws},
+    {0, 0, 1, 4096, 4096, 4096, 89.4, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 0, 2, 1024, 64, 1024, 166.5, "tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da", tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da, NULL, tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ws},
+    {0, 0, 2, 1024, 1024, 1024, 184.9, "tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da", tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da, NULL, tpk_dgemm_avx512_6x32_k384_m240_n256_u4_jrir_icpb_p1_da_ws},
+    {0, 0, 2, 2048, 64, 2048, 168.7, "tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da", tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da, NULL, tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ws},
     {0, 0, 2, 2048, 2048, 2048, 168.6, "tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2", tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2, NULL, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_ws},
+    {0, 0, 2, 4096, 64, 4096, 169.1, "tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da", tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da, NULL, tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ws},
     {0, 0, 2, 4096, 4096, 4096, 172.7, "tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2", tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2, NULL, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ws},
-    {0, 1, 1, 1024, 64, 1024, 133.8, "tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1", NULL, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1, tpk_sgemm_avx512_6x64_k512_m96_n256_u4_irjr_ic_p1_ws},
-    {0, 1, 1, 2048, 64, 2048, 128.2, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 1, 1024, 64, 1024, 186.8, "tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da", NULL, tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da, tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ws},
+    {0, 1, 1, 2048, 64, 2048, 180.3, "tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da", NULL, tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da, tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ws},
     {0, 1, 1, 2048, 2048, 2048, 185.1, "tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_ws},
-    {0, 1, 1, 4096, 64, 4096, 80.4, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 1, 4096, 64, 4096, 153.8, "tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da", NULL, tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da, tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ws},
     {0, 1, 1, 4096, 4096, 4096, 188.1, "tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_ws},
+    {0, 1, 2, 1024, 64, 1024, 337.7, "tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da", NULL, tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da, tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ws},
     {0, 1, 2, 1024, 1024, 1024, 339.3, "tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0", NULL, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ws},
-    {0, 1, 2, 2048, 64, 2048, 227.7, "tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0", NULL, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0, tpk_sgemm_avx512_10x32_k512_m100_n256_u1_irjr_icpb_p0_ws},
+    {0, 1, 2, 2048, 64, 2048, 308.9, "tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da", NULL, tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da, tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ws},
     {0, 1, 2, 2048, 2048, 2048, 309.3, "tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ws},
-    {0, 1, 2, 4096, 64, 4096, 172.5, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
-    {0, 1, 2, 4096, 4096, 4096, 366.3, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 1, 2, 4096, 64, 4096, 371.5, "tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da", NULL, tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da, tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ws},
+    {0, 1, 2, 4096, 4096, 4096, 372.5, "tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da", NULL, tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da, tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ws},
 };
-const size_t tpk__gemm_table_len = 19;
+const size_t tpk__gemm_table_len = 23;
 
 const tpk__gemm_entry tpk__gemm_default[4] = {
     {0, 0, 0, 0, 0, 0, 0.0, "tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1", tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1, NULL, tpk_dgemm_avx512_8x24_k128_m576_n8208_u4_jrir_icpb_p1_ws},

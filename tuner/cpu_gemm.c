@@ -10,7 +10,7 @@
 static const char *const order_labels[] = {"jr_ir", "ir_jr"};
 static const char *const par_labels[] = {"ic", "jr"};
 
-enum { K_VW, K_MR, K_NV, K_KC, K_MC, K_NC, K_KU, K_ORDER, K_PAR, K_PF, K_PB, K_COUNT };
+enum { K_VW, K_MR, K_NV, K_KC, K_MC, K_NC, K_KU, K_ORDER, K_PAR, K_PF, K_PB, K_PA, K_COUNT };
 
 static void set_knob(tpk_tune_knob *k, const char *name, const int *c, int n,
                      const char *const *labels)
@@ -41,6 +41,7 @@ void tpk__cpu_gemm_blocking(const tpk_tune_space *s, const tpk_tune_config *c, t
     b->par = c->v[K_PAR];
     b->pf = c->v[K_PF];
     b->pb = c->v[K_PB];
+    b->pa = c->v[K_PA];
     b->syrk = s->task.op == TPK_TUNE_SYRK;
 }
 
@@ -54,6 +55,10 @@ static int cpu_valid(const tpk_tune_space *s, const tpk_tune_config *c)
     if (b.mr * b.nv + b.nv + 1 > 32 || b.mr * b.nv < 8)
         return 0;
     if (b.pb && b.par != TPK__PAR_IC) /* private B needs threads that own whole ic blocks */
+        return 0;
+    /* Direct A: the ic split and plain gemm only; its mr row addresses share the 16 general
+     * registers with the loop state, so at most 16 rows. */
+    if (b.pa && (b.par != TPK__PAR_IC || b.syrk || b.mr > 16))
         return 0;
     if ((double)b.mc * b.kc * b.es > 4.0 * 1024 * 1024 || (double)b.kc * b.nc * b.es > 64.0 * 1024 * 1024)
         return 0;
@@ -156,6 +161,11 @@ static int cpu_features(const tpk_tune_space *s, const tpk_tune_config *c, float
      * in flops per cycle (log2); a single number the trees can split on early. */
     double cyc = flops / (2 * (c->v[K_VW] / (8.0 * es)) * 2 * fmax(uk, 0.05)) + mem / 16.0;
     v[i++] = tpk__log2(flops / cyc);
+    /* A read in place: no A packing, but mr row streams from memory into each micro-kernel and
+     * A re-read from memory (not the packed L2 block) once per B micro-panel of the block. */
+    v[i++] = b.pa;
+    v[i++] = ((b.pa ? 0 : m * k * nblk_n) + k * n) / (m * n * k) * 64;
+    v[i++] = b.pa ? tpk__log2(ceil(nce / nr)) : 0;
     int nf = i < cap ? i : cap;
     for (int j = 0; j < nf; j++)
         f[j] = (float)v[j];
@@ -196,6 +206,13 @@ int tpk__cpu_gemm_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx)
     static const int pb[] = {0, 1};
     static const char *const pb_labels[] = {"shared", "private"};
     set_knob(&s->knob[K_PB], "pb", pb, s->task.threads > 1 ? 2 : 1, pb_labels);
+    /* A packed into mc×kc blocks (candidate 0, what logs without this knob used) or read in
+     * place by the micro-kernel: for tall-skinny products (n×n · n×64) A is touched once per
+     * B panel, so packing it is a serial memory-bound pass that the micro-kernel's own
+     * streaming reads would overlap with arithmetic (tuner/README.md "Direct A"). */
+    static const int pa[] = {0, 1};
+    static const char *const pa_labels[] = {"packed", "direct"};
+    set_knob(&s->knob[K_PA], "pa", pa, t->op == TPK_TUNE_SYRK ? 1 : 2, pa_labels);
     s->valid = cpu_valid;
     s->features = cpu_features;
     return TPK_OK;
@@ -263,6 +280,75 @@ void tpk_tune_emit_cpu_prelude(FILE *o)
     fputs("\n", o);
 }
 
+/* The register micro-kernel. Packed: a is an mr-row panel stored k-major (a[p·mr + i]).
+ * Direct (_ukr_d): a points at row-major A itself (a[i·lda + p]); the mr rows are streams the
+ * hardware prefetcher follows, and pf ≥ 2 prefetches each row a few lines ahead. */
+static void emit_ukr(FILE *o, const char *fn, const tpk__cpu_blocking *bk, const char *T, const char *V,
+                     int direct)
+{
+    const tpk__cpu_blocking b = *bk;
+    if (direct)
+        fprintf(o, "/* C[%d×%d] = alpha·a·b + beta·C from %d rows of A in place (stride lda) and a packed panel b (kc×%d). */\n"
+                   "static void %s_ukr_d(size_t kc, const %s *restrict a, size_t lda, const %s *restrict b, %s *restrict c,\n"
+                   "        size_t ldc, %s alpha, %s beta)\n{\n",
+                b.mr, b.nr, b.mr, b.nr, fn, T, T, T, T, T);
+    else
+        fprintf(o, "/* C[%d×%d] = alpha·a·b + beta·C from packed panels a (kc×%d) and b (kc×%d). */\n"
+                   "static void %s_ukr(size_t kc, const %s *restrict a, const %s *restrict b, %s *restrict c,\n"
+                   "        size_t ldc, %s alpha, %s beta)\n{\n",
+                b.mr, b.nr, b.mr, b.nr, fn, T, T, T, T, T);
+    for (int i = 0; i < b.mr; i++) {
+        fprintf(o, "    %s", V);
+        for (int j = 0; j < b.nv; j++)
+            fprintf(o, "%s c%d_%d = {0}", j ? "," : "", i, j);
+        fprintf(o, ";\n");
+    }
+    if (b.pf >= 1)
+        for (int i = 0; i < b.mr; i++)
+            fprintf(o, "    __builtin_prefetch(c + %d * ldc, 1, 3);\n    __builtin_prefetch(c + %d * ldc + %d, 1, 3);\n",
+                    i, i, b.nr - 1);
+    fprintf(o, "    size_t p = 0;\n");
+    for (int pass = 0; pass < 2; pass++) {
+        int steps = pass == 0 ? b.ku : 1;
+        if (pass == 0)
+            fprintf(o, "    for (; p + %d <= kc; p += %d) {\n", b.ku, b.ku);
+        else
+            fprintf(o, "    for (; p < kc; p++) {\n");
+        if (pass == 0 && b.pf >= 2 && !direct)
+            fprintf(o, "        __builtin_prefetch(a + (p + %d) * %d, 0, 3);\n", 2 * b.ku, b.mr);
+        if (pass == 0 && b.pf >= 2 && direct) /* four lines ahead on every row */
+            for (int i = 0; i < b.mr; i++)
+                fprintf(o, "        __builtin_prefetch(a + %d * lda + p + %d, 0, 3);\n", i, 256 / b.es);
+        for (int u = 0; u < steps; u++) {
+            fprintf(o, "        {\n");
+            for (int j = 0; j < b.nv; j++)
+                fprintf(o, "            const %s b%d = %s_ld(b + (p + %d) * %d + %d);\n", V, j, V, u,
+                        b.nr, j * b.vl);
+            for (int i = 0; i < b.mr; i++) {
+                if (direct)
+                    fprintf(o, "            { const %s ai = a[%d * lda + p + %d];", T, i, u);
+                else
+                    fprintf(o, "            { const %s ai = a[(p + %d) * %d + %d];", T, u, b.mr, i);
+                for (int j = 0; j < b.nv; j++)
+                    fprintf(o, " c%d_%d += ai * b%d;", i, j, j);
+                fprintf(o, " }\n");
+            }
+            fprintf(o, "        }\n");
+        }
+        fprintf(o, "    }\n");
+    }
+    fprintf(o, "    if (beta == 0) {\n");
+    for (int i = 0; i < b.mr; i++)
+        for (int j = 0; j < b.nv; j++)
+            fprintf(o, "        %s_st(c + %d * ldc + %d, alpha * c%d_%d);\n", V, i, j * b.vl, i, j);
+    fprintf(o, "    } else {\n");
+    for (int i = 0; i < b.mr; i++)
+        for (int j = 0; j < b.nv; j++)
+            fprintf(o, "        %s_st(c + %d * ldc + %d, beta * %s_ld(c + %d * ldc + %d) + alpha * c%d_%d);\n",
+                    V, i, j * b.vl, V, i, j * b.vl, i, j);
+    fprintf(o, "    }\n}\n\n");
+}
+
 int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fn,
                        int standalone, FILE *o, tpk_ctx *ctx)
 {
@@ -283,55 +369,9 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
     fprintf(o, "enum { %s_MR = %d, %s_NR = %d, %s_KC = %d, %s_MC = %d, %s_NC = %d };\n\n", fn, b.mr,
             fn, b.nr, fn, b.kc, fn, b.mc, fn, b.nc);
 
-    /* micro-kernel */
-    fprintf(o, "/* C[%d×%d] = alpha·a·b + beta·C from packed panels a (kc×%d) and b (kc×%d). */\n",
-            b.mr, b.nr, b.mr, b.nr);
-    fprintf(o, "static void %s_ukr(size_t kc, const %s *restrict a, const %s *restrict b, %s *restrict c,\n"
-               "        size_t ldc, %s alpha, %s beta)\n{\n", fn, T, T, T, T, T);
-    for (int i = 0; i < b.mr; i++) {
-        fprintf(o, "    %s", V);
-        for (int j = 0; j < b.nv; j++)
-            fprintf(o, "%s c%d_%d = {0}", j ? "," : "", i, j);
-        fprintf(o, ";\n");
-    }
-    if (b.pf >= 1)
-        for (int i = 0; i < b.mr; i++)
-            fprintf(o, "    __builtin_prefetch(c + %d * ldc, 1, 3);\n    __builtin_prefetch(c + %d * ldc + %d, 1, 3);\n",
-                    i, i, b.nr - 1);
-    fprintf(o, "    size_t p = 0;\n");
-    for (int pass = 0; pass < 2; pass++) {
-        int steps = pass == 0 ? b.ku : 1;
-        if (pass == 0)
-            fprintf(o, "    for (; p + %d <= kc; p += %d) {\n", b.ku, b.ku);
-        else
-            fprintf(o, "    for (; p < kc; p++) {\n");
-        if (pass == 0 && b.pf >= 2)
-            fprintf(o, "        __builtin_prefetch(a + (p + %d) * %d, 0, 3);\n", 2 * b.ku, b.mr);
-        for (int u = 0; u < steps; u++) {
-            fprintf(o, "        {\n");
-            for (int j = 0; j < b.nv; j++)
-                fprintf(o, "            const %s b%d = %s_ld(b + (p + %d) * %d + %d);\n", V, j, V, u,
-                        b.nr, j * b.vl);
-            for (int i = 0; i < b.mr; i++) {
-                fprintf(o, "            { const %s ai = a[(p + %d) * %d + %d];", T, u, b.mr, i);
-                for (int j = 0; j < b.nv; j++)
-                    fprintf(o, " c%d_%d += ai * b%d;", i, j, j);
-                fprintf(o, " }\n");
-            }
-            fprintf(o, "        }\n");
-        }
-        fprintf(o, "    }\n");
-    }
-    fprintf(o, "    if (beta == 0) {\n");
-    for (int i = 0; i < b.mr; i++)
-        for (int j = 0; j < b.nv; j++)
-            fprintf(o, "        %s_st(c + %d * ldc + %d, alpha * c%d_%d);\n", V, i, j * b.vl, i, j);
-    fprintf(o, "    } else {\n");
-    for (int i = 0; i < b.mr; i++)
-        for (int j = 0; j < b.nv; j++)
-            fprintf(o, "        %s_st(c + %d * ldc + %d, beta * %s_ld(c + %d * ldc + %d) + alpha * c%d_%d);\n",
-                    V, i, j * b.vl, V, i, j * b.vl, i, j);
-    fprintf(o, "    }\n}\n\n");
+    emit_ukr(o, fn, &b, T, V, 0);
+    if (b.pa)
+        emit_ukr(o, fn, &b, T, V, 1);
 
     /* packing */
     fprintf(o,
@@ -397,6 +437,41 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
         "        }\n}\n\n",
         T, b.mr, b.nr, T, b.mr, b.nr, b.mr, b.nr, b.syrk ? " && !diag" : "",
         fn, fn, b.nr, b.syrk ? "(!diag ? nr_e : gi + i < gj ? 0 : gi + i + 1 - gj < nr_e ? gi + i + 1 - gj : nr_e)" : "nr_e", b.nr);
+
+    if (b.pa) {
+        /* Direct A: whole mr-row panels straight from A (row stride lda), the last partial
+         * panel packed into ape by the driver. */
+        const char *outer_d = b.order == TPK__ORDER_JR_IR ? "    for (size_t jp = jp0; jp < jp1; jp++)\n"
+                                                          : "    for (size_t ip = 0; ip < mpan; ip++)\n";
+        const char *inner_d = b.order == TPK__ORDER_JR_IR ? "        for (size_t ip = 0; ip < mpan; ip++) {\n"
+                                                          : "        for (size_t jp = jp0; jp < jp1; jp++) {\n";
+        fprintf(o,
+            "/* An mc×kc block of A read in place (whole %d-row panels; the partial last one packed in\n"
+            " * ape) against B panels [jp0, jp1) of the packed kc×nc block. */\n"
+            "static void %s_macro_d(size_t mc, size_t nc, size_t kc, const %s *A, size_t lda, const %s *ape,\n"
+            "        const %s *bp, size_t jp0, size_t jp1, %s *C, size_t ldc, %s alpha, %s beta, %s *ct)\n{\n"
+            "    const size_t mpan = (mc + %d - 1) / %d, full = mc / %d;\n%s%s",
+            b.mr, fn, T, T, T, T, T, T, T, b.mr, b.mr, b.mr, outer_d, inner_d);
+        fprintf(o,
+            "            const size_t mr_e = mc - ip * %d < %d ? mc - ip * %d : %d;\n"
+            "            const size_t nr_e = nc - jp * %d < %d ? nc - jp * %d : %d;\n"
+            "            %s *c = C + ip * %d * ldc + jp * %d;\n"
+            "            const %s *b = bp + jp * %d * kc;\n"
+            "            if (ip < full && nr_e == %d) {\n"
+            "                %s_ukr_d(kc, A + ip * %d * lda, lda, b, c, ldc, alpha, beta);\n"
+            "                continue;\n"
+            "            }\n"
+            "            if (ip < full)\n"
+            "                %s_ukr_d(kc, A + ip * %d * lda, lda, b, ct, %d, 1, 0);\n"
+            "            else\n"
+            "                %s_ukr(kc, ape, b, ct, %d, 1, 0);\n"
+            "            for (size_t i = 0; i < mr_e; i++)\n"
+            "                for (size_t j = 0; j < nr_e; j++)\n"
+            "                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * %d + j];\n"
+            "        }\n}\n\n",
+            b.mr, b.mr, b.mr, b.mr, b.nr, b.nr, b.nr, b.nr, T, b.mr, b.nr, T, b.nr, b.nr, fn, b.mr, fn, b.mr,
+            b.nr, fn, b.nr, b.nr);
+    }
 
     /* workspace and driver */
     size_t apn = (size_t)b.mc * (size_t)b.kc, bpn = (size_t)b.kc * (size_t)b.nc;
@@ -473,15 +548,26 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
                 "                const size_t nblk = (m + %d - 1) / %d;\n"
                 "                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {\n",
                 T, apn, b.mc, b.mc);
+        fprintf(o, "                    const size_t ic = ib * %d, mc = m - ic < %d ? m - ic : %d;\n%s", b.mc,
+                b.mc, b.mc, skip);
+        if (b.pa)
+            fprintf(o,
+                "                    if (csa == 1) { /* rows of A contiguous: read them in place */\n"
+                "                        const size_t full = mc / %d;\n"
+                "                        if (full * %d < mc)\n"
+                "                            %s_pack_a(mc - full * %d, kc, A + (ic + full * %d) * rsa + pc, rsa, 1, ap);\n"
+                "                        %s_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,\n"
+                "                                ldc, alpha, bet, ct);\n"
+                "                        continue;\n"
+                "                    }\n",
+                b.mr, b.mr, fn, b.mr, b.mr, fn);
         fprintf(o,
-            "                    const size_t ic = ib * %d, mc = m - ic < %d ? m - ic : %d;\n"
-            "%s"
             "                    for (size_t ip = 0; ip * %d < mc; ip++)\n"
             "                        %s_pack_a(mc - ip * %d < %d ? mc - ip * %d : %d, kc, A + (ic + ip * %d) * rsa + pc * csa,\n"
             "                                rsa, csa, ap + ip * %d * kc);\n"
             "                    %s_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct%s);\n"
             "                }\n",
-            b.mc, b.mc, b.mc, skip, b.mr, fn, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr, fn, b.syrk ? ", ic, jc" : "");
+            b.mr, fn, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr, fn, b.syrk ? ", ic, jc" : "");
     } else
         fprintf(o,
             "                /* Threads pack the A block together and split the jr loop. */\n"

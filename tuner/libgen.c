@@ -95,15 +95,16 @@ static void kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char 
 {
     tpk__cpu_blocking b;
     tpk__cpu_gemm_blocking(s, c, &b);
-    snprintf(out, cap, "tpk_%c%s_avx%d_%dx%d_k%d_m%d_n%d_u%d_%s_%s%s_p%d", b.es == 4 ? 's' : 'd', b.syrk ? "syrk" : "gemm",
+    snprintf(out, cap, "tpk_%c%s_avx%d_%dx%d_k%d_m%d_n%d_u%d_%s_%s%s_p%d%s", b.es == 4 ? 's' : 'd', b.syrk ? "syrk" : "gemm",
              c->v[0] == 512 ? 512 : 2, b.mr, b.nr, b.kc, b.mc, b.nc, b.ku,
-             b.order == TPK__ORDER_JR_IR ? "jrir" : "irjr", b.par == TPK__PAR_IC ? "ic" : "jr", b.pb ? "pb" : "", b.pf);
+             b.order == TPK__ORDER_JR_IR ? "jrir" : "irjr", b.par == TPK__PAR_IC ? "ic" : "jr", b.pb ? "pb" : "", b.pf,
+             b.pa ? "_da" : "");
 }
 
 /* The vendor library won this workload when the best candidate's own side-by-side ratio against
  * OpenBLAS (same child, same data, same load) is below this: then OpenBLAS serves it (AutoTVM
  * notes §3: always keep the vendor path as a candidate). */
-#define VENDOR_WINS 0.97
+#define VENDOR_WINS 1.0
 
 static int vendor_wins(const tpk_tune_record *r)
 {

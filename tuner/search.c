@@ -320,7 +320,7 @@ done:
 }
 
 /* Top `want` unvisited members of a recorded table by model score (diversified when asked). */
-static int table_propose(scorer *sc, const tpk_tune_opts *o, const idxset *visited, int want,
+static int table_propose(scorer *sc, const tpk_tune_opts *o, const idxset *visited, int want, uint64_t *rng,
                          uint64_t *out, int *nout, tpk_ctx *ctx)
 {
     uint64_t *cand = malloc(o->nuniverse * sizeof *cand);
@@ -335,6 +335,14 @@ static int table_propose(scorer *sc, const tpk_tune_opts *o, const idxset *visit
     for (size_t i = 0; i < o->nuniverse; i++)
         if (!set_has(visited, o->universe[i]))
             cand[nc++] = o->universe[i];
+    /* Shuffled, so that equal scores (a model fit on a handful of points predicts a few
+     * distinct values) are broken at random, not by the table's recording order. */
+    for (size_t i = nc; i > 1; i--) {
+        size_t j = (size_t)(tpk__rng_next(rng) % i);
+        uint64_t x = cand[i - 1];
+        cand[i - 1] = cand[j];
+        cand[j] = x;
+    }
     rc = score(sc, cand, nc, ctx);
     if (rc)
         goto done;
@@ -590,10 +598,15 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
             want = o.trials - done_n;
         int nb = 0;
         if (o.model != TPK_TUNE_MODEL_RANDOM && scorer_ready(&sc)) {
-            int nrand = (int)floor(o.eps * want + 0.5);
+            /* Each trial of the batch is random with probability ε (AutoTVM's ε-greedy): a
+             * rounded ε·want is 0 for every small early batch, which made searches from the
+             * same prior identical whatever the seed. */
+            int nrand = 0;
+            for (int i = 0; i < want; i++)
+                nrand += tpk__rng_unif(&rng) < o.eps;
             int nmodel = want - nrand;
             if (nmodel > 0) {
-                rc = o.universe ? table_propose(&sc, &o, &visited, nmodel, batch, &nb, ctx)
+                rc = o.universe ? table_propose(&sc, &o, &visited, nmodel, &rng, batch, &nb, ctx)
                                 : sa_propose(&sc, &sa, &o, &visited, nmodel, &rng, batch, &nb, ctx);
                 if (rc)
                     goto done;
@@ -724,10 +737,16 @@ double tpk_tune_synthetic_gflops(const tpk_tune_space *s, const tpk_tune_config 
     double pf = b.pf == 1 ? 1.0 : b.pf == 2 ? 0.99 : 0.97;
     double units = b.par == TPK__PAR_IC ? ceil(m / b.mc) : ceil(fmin(b.nc, n) / b.nr);
     double bal = units / (ceil(units / th) * th);
+    /* Direct A (pa): no A packing pass, worth ~16 flops per packed element against 2n flops
+     * per element of A (large for n×n·n×64, nothing for square), but A's rows are re-read in
+     * place, with cache-set conflicts, once per B micro-panel. */
+    double direct = 1.0;
+    if (b.pa)
+        direct = (1 + 16.0 * ceil(n / b.nc) / (2 * n)) / (1 + 0.02 * tpk__log2(ceil(fmin(b.nc, n) / b.nr)));
     uint64_t h = tpk_tune_space_index(s, c) ^ (noise_seed * 0x9E3779B97F4A7C15ull);
     double u1 = tpk__rng_unif(&h), u2 = tpk__rng_unif(&h);
     double noise = exp(0.03 * sqrt(-2 * log(u1 + 1e-12)) * cos(6.283185307179586 * u2));
-    return peak * uk * cache * kcost * mcost * edge * kus[kui] * pf * bal * noise;
+    return peak * uk * cache * kcost * mcost * edge * kus[kui] * pf * bal * direct * noise;
 }
 
 int tpk_tune_synthetic_measure(void *user, const tpk_tune_space *s, const tpk_tune_config *c,

@@ -35,6 +35,7 @@ typedef struct tpk__cpu_blocking {
     int vl;   /* vector length in elements */
     int mr, nr, nv, kc, mc, nc, ku, order, par, pf;
     int pb;   /* B packed per thread, no barriers (par = ic only) */
+    int pa;   /* A read in place by the micro-kernel (row-contiguous A), not packed */
     int syrk; /* lower triangle only */
 } tpk__cpu_blocking;
 void tpk__cpu_gemm_blocking(const tpk_tune_space *s, const tpk_tune_config *c, tpk__cpu_blocking *b);
