@@ -134,12 +134,14 @@ static void test_cli(void **state)
     assert_non_null(strstr(out, "bad.jsonl:1:"));
 }
 
-/* Search efficiency on the shipped replay tables (data/tuning/replay/: 1000 measured
- * configurations each, recorded on an idle machine), 21 seeds, nothing timed. Asserted: the
- * cold model-guided search needs fewer trials than random search's exact median to reach 95 % of
- * the table's best; with transfer from other shapes (the shipped log, none of whose configurations
- * is in the tables) it needs at most a third of random's, and fewer than the cold start. (The
- * cold search alone is at 0.3-0.5 of random depending on the seeds: tuner/README.md.) */
+/* Search efficiency on the shipped replay tables (data/tuning/replay/: 1000 configurations
+ * each, measured twice on an idle machine), 21 seeds, nothing timed. Asserted: the cold
+ * model-guided search needs fewer trials than random search's exact median to reach 95 % of the
+ * table's best; with transfer from other shapes (the shipped GEMM logs, none of whose
+ * configurations is in the tables; records measured under load are not learnt from) it needs at
+ * most a third of random's, and fewer than the cold start. The cold search's own ratio (0.3 on
+ * these seeds, 0.28-0.52 over other seed sets and passes) is reported, not asserted:
+ * tuner/README.md "Search efficiency". */
 static void test_replay_shipped_tables(void **state)
 {
     (void)state;
@@ -151,7 +153,8 @@ static void test_replay_shipped_tables(void **state)
     char cmd[4096], out[8192];
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s replay --log=%s/data/tuning/replay/%s --seeds=21 "
-                 "--transfer=%s/data/tuning/cpu-avx512-intel.jsonl", tptune, root, tables[i], root);
+                 "--transfer=%s/data/tuning/cpu-avx512-intel.jsonl,%s/data/tuning/cpu-avx512-intel-quiet.jsonl,"
+                 "%s/data/tuning/cpu-avx512-intel-direct.jsonl", tptune, root, tables[i], root, root, root);
         assert_int_equal(run(cmd, out, sizeof out), 0);
         /* The medians as printed (integers), not the rounded ratios. */
         const char *ex = strstr(out, "exact median "), *cold = strstr(out, "\nxgb-rank "),
@@ -161,6 +164,7 @@ static void test_replay_shipped_tables(void **state)
         assert_int_equal(sscanf(ex, "exact median %d", &exact), 1);
         assert_int_equal(sscanf(strstr(cold, "median"), "median %d", &ncold), 1);
         assert_int_equal(sscanf(strstr(warm, "median"), "median %d", &nwarm), 1);
+        print_message("%s: random %d, model %d, model + transfer %d trials\n", tables[i], exact, ncold, nwarm);
         if (!(ncold < exact && 3 * nwarm <= exact && nwarm < ncold))
             fail_msg("%s: random %d, model %d, model + transfer %d trials (need model < random, transfer <= "
                      "random / 3 and < model)\n%s", tables[i], exact, ncold, nwarm, out);

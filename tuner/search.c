@@ -459,6 +459,11 @@ static int history_collect(const tpk_tune_space *s, const tpk_tune_opts *o, int 
                 strcmp(o->history[j].template_name, s->template_name) != 0)
                 continue;
             used[j] = 1;
+            /* Measured while other processes competed for the cores (load above the measuring
+             * threads plus one): such labels rank configurations badly (tuner/README.md: Spearman
+             * 0.49-0.62 against an idle re-measurement), and a prior learnt from them misleads. */
+            if (o->history[j].result.load1 > o->history[j].task.threads + 1.0)
+                continue;
             tpk_tune_config c;
             if (tpk_tune_record_config(&hs, &o->history[j], &c, &qc) != TPK_OK || !tpk_tune_space_valid(&hs, &c)) {
                 tpk_ctx_clear(&qc);
