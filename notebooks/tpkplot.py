@@ -174,13 +174,15 @@ def tuning_runs(paths):
                 e = runs.setdefault(key, {"file": os.path.basename(path), "target": r["target"],
                                           "workload": f"{t['op']} {t['dtype']} {t['m']}x{t['n']}x{t['k']} "
                                                       f"{t['threads']}t",
-                                          "gflops": [], "vendor": []})
+                                          "threads": t["threads"], "gflops": [], "vendor": [], "load": []})
                 e["gflops"].append(res["gflops"] if res.get("err", 0) == 0 else 0.0)
                 e["vendor"].append(res.get("vendor_gflops", float("nan")))
+                e["load"].append(res.get("load1", float("nan")))
     out = list(runs.values())
     for e in out:
         e["gflops"] = np.array(e["gflops"])
         e["vendor"] = np.array(e["vendor"])
+        e["load"] = np.array(e["load"])
         e["best"] = np.maximum.accumulate(e["gflops"])
         e["search"] = "random" if "random" in e["file"] else ("model" if re.search(r"rank|model|xgb", e["file"])
                                                               else "log")
