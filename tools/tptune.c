@@ -558,6 +558,15 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
     }
     if (a->transfer && read_logs(a->transfer, &hist, &nhist, ctx))
         goto done;
+    /* What transfer learns from: other workloads' records measured without competing load
+     * (the rule of tuner/search.c history_collect). */
+    size_t nlearn = 0;
+    for (size_t i = 0; i < nhist; i++) {
+        const tpk_tune_task *h = &hist[i].task;
+        int same = h->m == s.task.m && h->n == s.task.n && h->k == s.task.k && h->op == s.task.op &&
+                   h->dtype == s.task.dtype && h->threads == s.task.threads && h->target == s.task.target;
+        nlearn += !same && hist[i].result.load1 <= h->threads + 1.0;
+    }
     int trials = a->trials > 64 ? a->trials : (int)t.n;
     int near = 0;
     for (size_t i = 0; i < t.n; i++)
@@ -583,7 +592,8 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         else
             printf("; exact median %d", exact);
         if (mi == 2)
-            printf(", to cold %.2f (%zu records of other workloads)", (double)med[2] / med[1], nhist);
+            printf(", to cold %.2f (%zu of %zu records: other workloads, measured without load)",
+                   (double)med[2] / med[1], nlearn, nhist);
         printf("\n");
     }
     rc = 0;
