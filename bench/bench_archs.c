@@ -16,25 +16,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include <lapacke.h>
 
 #include "tpk/attention.h"
 #include "tpk/cnn.h"
 #include "tpk/job.h"
 #include "tpk/netsor.h"
 #include "tpk/rng.h"
+#include "bench_util.h"
 
 /* a library call is repeated (best of 3) when one run takes less than this many seconds */
 #define TIME_REPEAT 5.0
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* One line of the closing table. */
 typedef struct row {
@@ -79,10 +71,10 @@ static double time_kernel(const tpk_program *p, const tpk_array *x, int all, tpk
     for (int rep = 0; rep < 3; rep++) {
         tpk_array_free(*K);
         *K = NULL;
-        double t0 = now();
+        double t0 = bench_now();
         if (tpk_netsor_kernel(p, x, all, K, err, ctx))
             return -1;
-        best = fmin(best, now() - t0);
+        best = fmin(best, bench_now() - t0);
         if (best >= TIME_REPEAT)
             break;
     }
@@ -117,24 +109,6 @@ static const double lstm_vU = 1.0, lstm_vW = 1.0, lstm_vb = 0.1, lstm_mu = 0.0, 
 
 static double gate_erf(double x) { return 0.5 * (1.0 + erf(x)); }
 
-/* A square root L Lᵀ = S (n×n, in place) by eigen-decomposition with negative eigenvalues clipped
- * at 0: the covariances below contain E[h h'] assembled from different steps' particles, which
- * need not be exactly PSD, and a Cholesky would stop at the first negative pivot (theory §1.6).
- * w: n² + n doubles. Returns 0 on success. */
-static int psd_sqrt(int n, double *S, double *w)
-{
-    double *V = w, *lam = w + (size_t)n * n;
-    memcpy(V, S, (size_t)n * n * sizeof *V);
-    if (LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'V', 'L', n, V, n, lam) != 0)
-        return -1;
-    for (int j = 0; j < n; j++) {
-        double r = lam[j] > 0 ? sqrt(lam[j]) : 0.0;
-        for (int i = 0; i < n; i++)
-            S[i * n + j] = V[i * n + j] * r;
-    }
-    return 0;
-}
-
 /* Plain Monte Carlo of the LSTM limit with P particles: K (N×N) = σ_v² E[h^T_a h^T_c].
  * Step t: the four gate/cell families are independent centred Gaussians over (time s ≤ t,
  * input) with covariance v_U ⟨x^s_a, x^s'_c⟩/d + v_b + v_W E[h^{s−1}_a h^{s'−1}_c] (h⁰ = 0);
@@ -145,8 +119,8 @@ static int lstm_mc(const double *x, int N, int T, size_t P, uint64_t seed, doubl
     const int M = N * T;
     double *H = calloc((size_t)M * M, sizeof *H), *Lf[4], *acc = malloc((size_t)N * M * sizeof *acc);
     double *z = malloc(4 * (size_t)M * sizeof *z), *g = malloc((size_t)M * sizeof *g);
-    double *h = malloc((size_t)M * sizeof *h), *w = malloc(((size_t)M * M + M) * sizeof *w);
-    int ok = H && acc && z && g && h && w;
+    double *h = malloc((size_t)M * sizeof *h);
+    int ok = H && acc && z && g && h;
     for (int f = 0; f < 4; f++)
         ok &= (Lf[f] = malloc((size_t)M * M * sizeof *Lf[f])) != NULL;
     if (!ok)
@@ -165,7 +139,8 @@ static int lstm_mc(const double *x, int N, int T, size_t P, uint64_t seed, doubl
                     L[i * m + j] = lstm_vU * ip / LSTM_D + lstm_vb +
                                    (si > 1 && sj > 1 ? lstm_vW * H[IX(si - 1, a) * M + IX(sj - 1, c)] : 0);
                 }
-            if (psd_sqrt(m, L, w)) {
+            /* E[h h'] comes from particles, so L need not be exactly PSD: an eigen root. */
+            if (bench_psd_root(m, L)) {
                 ok = 0;
                 goto out;
             }
@@ -205,7 +180,7 @@ static int lstm_mc(const double *x, int N, int T, size_t P, uint64_t seed, doubl
             K[a * N + c] = lstm_sv2 * H[IX(T, a) * M + IX(T, c)];
 #undef IX
 out:
-    free(H), free(acc), free(z), free(g), free(h), free(w);
+    free(H), free(acc), free(z), free(g), free(h);
     for (int f = 0; f < 4; f++)
         free(Lf[f]);
     return ok ? 0 : -1;
@@ -256,11 +231,11 @@ static int bench_lstm(bench *b)
     if (b->naive) {
         const int NN = N * N;
         double *Kr = malloc((size_t)REPS * NN * sizeof *Kr);
-        double t0 = now();
+        double t0 = bench_now();
         for (int q = 0; q < REPS && Kr; q++)
             if (lstm_mc(x->data, N, T, P, 11 + (uint64_t)q, Kr + (size_t)q * NN))
                 Kr = (free(Kr), NULL);
-        r->t_ref = now() - t0;
+        r->t_ref = bench_now() - t0;
         if (!Kr) {
             fprintf(stderr, "bench_archs lstm: out of memory or eigen-decomposition failed\n");
             return 1;
@@ -375,7 +350,7 @@ static int bench_attention_inv_n(bench *b)
             return 1;
         double best = 1e300;
         for (int rep = 0; rep < 3; rep++) {
-            double t0 = now();
+            double t0 = bench_now();
             att_token_kernel(x->data, P, Sx);
             for (int s = 0; s < NS; s++) /* Ā: row i averages tokens 0..i */
                 for (int i = 0; i < T; i++)
@@ -383,7 +358,7 @@ static int bench_attention_inv_n(bench *b)
                         A[(s * T + i) * T + j] = j <= i ? 1.0 / (i + 1) : 0.0;
             memset(Y, 0, (size_t)P * P * sizeof *Y);
             att_sandwich(A, Sx, NS, T, 1.0 /* σ_V² σ_O² σ_v² */, Y);
-            best = fmin(best, now() - t0);
+            best = fmin(best, bench_now() - t0);
         }
         r->t_ref = best;
         double rel = max_rel(K->data, Y, (size_t)P * P);
@@ -423,13 +398,13 @@ static int bench_attention_inv_sqrt_n(bench *b)
                                  .var_q = 1, .var_k = 1, .var_v = 1, .var_o = 1, .temp = 1};
     double best = 1e300;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (tpk_attn_limit_covs(Sx, (size_t)NS, (size_t)T, &prm, NULL, (size_t)P, R, 7, NULL, mean,
                                 se, &ctx)) {
             fprintf(stderr, "bench_archs attention-inv-sqrt-n: %s\n", ctx.msg);
             return 1;
         }
-        best = fmin(best, now() - t0);
+        best = fmin(best, bench_now() - t0);
         if (best >= TIME_REPEAT)
             break;
     }
@@ -447,7 +422,7 @@ static int bench_attention_inv_sqrt_n(bench *b)
         double G[ATT_D * ATT_D], lg[T * T];
         if (!A || !C || !s1 || !s2)
             return 1;
-        double t0 = now();
+        double t0 = bench_now();
         for (size_t q = 0; q < R; q++) {
             memset(C, 0, (size_t)P * P * sizeof *C);
             for (int h = 0; h < ATT_H; h++) {
@@ -479,7 +454,7 @@ static int bench_attention_inv_sqrt_n(bench *b)
             for (size_t i = 0; i < (size_t)P * P; i++)
                 s1[i] += C[i], s2[i] += C[i] * C[i];
         }
-        r->t_ref = now() - t0;
+        r->t_ref = bench_now() - t0;
         double zmax = 0, d2 = 0, v2 = 0;
         for (size_t i = 0; i < (size_t)P * P; i++) {
             double m = s1[i] / R, v = (s2[i] / R - m * m) * R / (R - 1.0);
@@ -581,12 +556,12 @@ static int bench_cnn1d(bench *b)
     row *r = add_row(b, "cnn1d", size);
     double best = 1e300, err = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (tpk_cnn_kernel(&prm, X, NULL, K, &err, &ctx)) {
             fprintf(stderr, "bench_archs cnn1d: %s\n", ctx.msg);
             return 1;
         }
-        best = fmin(best, now() - t0);
+        best = fmin(best, bench_now() - t0);
         if (best >= TIME_REPEAT)
             break;
     }
@@ -600,7 +575,7 @@ static int bench_cnn1d(bench *b)
         double *S = malloc(4 * (size_t)Q * Q * sizeof *S), *G = malloc(4 * (size_t)Q * Q * sizeof *G);
         if (!S || !G)
             return 1;
-        double worst = 0, kmax = 0, t0 = now();
+        double worst = 0, kmax = 0, t0 = bench_now();
         for (int j = 0; j < NREF; j++) { /* pairs a ≥ c spread over the lower triangle */
             size_t q = (size_t)((double)j * npairs / NREF), a = 0;
             while ((a + 1) * (a + 2) / 2 <= q)
@@ -610,7 +585,7 @@ static int bench_cnn1d(bench *b)
             worst = fmax(worst, fabs(kr - K->data[a * N + c]));
             kmax = fmax(kmax, fabs(kr));
         }
-        double tr = now() - t0;
+        double tr = bench_now() - t0;
         r->t_ref = tr / NREF * npairs;
         printf("  reference plain (2Q)^2 recursion per pair, every tap summed: %8.3f s "
                "(timed on %d of %.0f pairs: %.3g s, one thread)\n", r->t_ref, NREF, npairs, tr);
@@ -705,9 +680,9 @@ static int bench_mlp_norm(bench *b, const char *name, const char *prog, int ln, 
             return 1;
         double best = 1e300;
         for (int rep = 0; rep < 3; rep++) {
-            double t0 = now();
+            double t0 = bench_now();
             mlp_recursion(x->data, N, L, ln, res, S, C, V);
-            best = fmin(best, now() - t0);
+            best = fmin(best, bench_now() - t0);
         }
         r->t_ref = best;
         double rel = max_rel(K->data, V, nn);

@@ -3,23 +3,15 @@
  * Carlo over the batch (sample y, normalise, relu, average) at M samples, with the accuracy each
  * reaches. Usage: bench_batchnorm [B] [--no-naive] (run-bench.sh passes "4096 --no-naive": B is
  * capped at 256). */
-#include <lapacke.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "tpk/batchnorm.h"
 #include "tpk/job.h"
 #include "tpk/rng.h"
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "bench_util.h"
 
 static void gram(double *S, size_t n)
 {
@@ -33,13 +25,13 @@ static void gram(double *S, size_t n)
 /* Monte Carlo reference: out (n×n) = mean of relu(BN y) relu(BN y)ᵀ; batches [0,B1), [B1,n). */
 static void mc(const double *S, size_t n, size_t B1, size_t M, double *out)
 {
-    double *L = malloc(n * n * sizeof *L), *w = malloc(n * sizeof *w), *z = malloc(n * sizeof *z);
+    double *L = malloc(n * n * sizeof *L), *z = malloc(n * sizeof *z);
     double *y = malloc(n * sizeof *y);
     memcpy(L, S, n * n * sizeof *L);
-    LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'V', 'U', (int)n, L, (int)n, w);
-    for (size_t i = 0; i < n; i++)
-        for (size_t k = 0; k < n; k++)
-            L[i * n + k] *= sqrt(fmax(w[k], 0.0));
+    if (bench_psd_root((int)n, L)) {
+        fprintf(stderr, "bench_batchnorm: eigendecomposition failed\n");
+        exit(1);
+    }
     memset(out, 0, n * n * sizeof *out);
     for (size_t t = 0; t < M; t++) {
         tpk_rng_normal_row(42, 9, (uint32_t)t, 0, n, z);
@@ -63,7 +55,7 @@ static void mc(const double *S, size_t n, size_t B1, size_t M, double *out)
             for (size_t j = 0; j < n; j++)
                 out[i * n + j] += y[i] * y[j] / (double)M;
     }
-    free(L), free(w), free(z), free(y);
+    free(L), free(z), free(y);
 }
 
 int main(int argc, char **argv)
@@ -79,12 +71,12 @@ int main(int argc, char **argv)
     double *S = malloc(B * B * sizeof *S), *V = malloc(B * B * sizeof *V);
     double *R = malloc(B * B * sizeof *R), e;
     gram(S, B);
-    double t0 = now();
+    double t0 = bench_now();
     if (tpk_bn_map(relu, S, B, V, &e, &ctx)) {
         fprintf(stderr, "%s\n", ctx.msg);
         return 1;
     }
-    double t1 = now() - t0;
+    double t1 = bench_now() - t0;
     printf("batchnorm: one batch B=%zu (Laplace 1-D): %.4f s, error estimate %.2g\n", B, t1, e);
     double S2[256], C[64];
     gram(S2, 2 * Bc);
@@ -95,26 +87,26 @@ int main(int argc, char **argv)
             S12[i * Bc + j] = S2[i * 2 * Bc + Bc + j];
             S22[i * Bc + j] = S2[(Bc + i) * 2 * Bc + Bc + j];
         }
-    t0 = now();
+    t0 = bench_now();
     if (tpk_bn_cross(relu, S11, Bc, S12, S22, Bc, C, &e, &ctx)) {
         fprintf(stderr, "%s\n", ctx.msg);
         return 1;
     }
-    double t2 = now() - t0;
+    double t2 = bench_now() - t0;
     printf("batchnorm: cross block %zu×%zu (Laplace 2-D): %.4f s, error estimate %.2g\n", Bc, Bc, t2, e);
     if (naive) {
         size_t M = 100000;
-        t0 = now();
+        t0 = bench_now();
         mc(S, B, B, M, R);
-        double t3 = now() - t0, d = 0;
+        double t3 = bench_now() - t0, d = 0;
         for (size_t i = 0; i < B * B; i++)
             d = fmax(d, fabs(R[i] - V[i]));
         printf("batchnorm: reference Monte Carlo B=%zu, M=%zu: %.4f s (ratio %.1fx), max |MC - V| "
                "%.2g (MC error ~M^-1/2: 1e-10 would need ~1e18 samples)\n", B, M, t3, t3 / t1, d);
         double R2[256];
-        t0 = now();
+        t0 = bench_now();
         mc(S2, 2 * Bc, Bc, M, R2);
-        double t4 = now() - t0;
+        double t4 = bench_now() - t0;
         d = 0;
         for (size_t i = 0; i < Bc; i++)
             for (size_t j = 0; j < Bc; j++)

@@ -15,16 +15,10 @@
 #include "tpk/cnn.h"
 #include "tpk/idx.h"
 #include "tpk/job.h"
+#include "bench_util.h"
 
 #define FASHION "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 #define REF_PAIRS 48 /* pairs the reference runs; its time is scaled to all pairs */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* CPU seconds of the whole process (all threads): on a shared machine the wall time depends on
  * the other load, the CPU time much less; CPU/threads is the wall time on idle cores. */
@@ -45,11 +39,11 @@ static double time_conv(size_t R, size_t S, int kh, int kw, int pad, int method,
     double best = 1e30;
     for (int rep = 0; rep < 3; rep++) {
         int iters = 0;
-        double t0 = now(), t;
+        double t0 = bench_now(), t;
         do {
             tpk_cnn_conv_block(R, S, kh, kw, pad, method, 1.0, 0.0, in, out, &ctx);
             iters++;
-        } while ((t = now() - t0) < 0.05);
+        } while ((t = bench_now() - t0) < 0.05);
         best = fmin(best, t / iters);
     }
     return best;
@@ -128,7 +122,7 @@ static double reference(const double *X, size_t N, size_t R, size_t S, int k, in
     const size_t Q = R * S;
     const double sw2 = 2.0, taps = (double)k * k;
     const long c0 = (k - 1) / 2;
-    double t0 = now();
+    double t0 = bench_now();
     size_t nimg = 0;
     while (nimg * (nimg + 1) / 2 < npairs)
         nimg++;
@@ -187,7 +181,7 @@ static double reference(const double *X, size_t N, size_t R, size_t S, int k, in
     }
     free(q);
     *cpu_s = cpu_now() - c0cpu;
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 int main(int argc, char **argv)
@@ -237,12 +231,12 @@ int main(int argc, char **argv)
     tpk_array *K = tpk_array_alloc2(N, N, &ctx);
     printf("\nCNN-2D + GAP NNGP: %zu images %zux%zu (%s), depth %d, 3x3 circular, relu, %d threads\n",
            N, R, S, src, L, omp_get_max_threads());
-    double t0 = now(), c0 = cpu_now(), err = 0;
+    double t0 = bench_now(), c0 = cpu_now(), err = 0;
     if (tpk_cnn_kernel(&p, X, NULL, K, &err, &ctx)) {
         fprintf(stderr, "bench_cnn: %s\n", ctx.msg);
         return 1;
     }
-    double t = now() - t0, tc = cpu_now() - c0, npairs = (double)N * (N + 1) / 2;
+    double t = bench_now() - t0, tc = cpu_now() - c0, npairs = (double)N * (N + 1) / 2;
     const int nth = omp_get_max_threads();
     printf("tpk_cnn_kernel: %.2f s (%.3g s per pair of images, %.0f pairs), error estimate %.1e\n"
            "  CPU %.1f s (%.3g s per pair on one core; %.0f s on %d idle cores)\n",

@@ -11,16 +11,10 @@
 #include <time.h>
 
 #include "tpk/gemm.h"
+#include "bench_util.h"
 
 #define REPEATS 5         /* interleaved tuned/OpenBLAS pairs; the median of each is reported */
 #define MIN_REP_S 0.15    /* each repeat runs the call enough times to last this long */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double load1(void)
 {
@@ -72,10 +66,10 @@ static double one_repeat(const prob *p, int tuned, long calls)
 {
     struct timespec pause = {0, 200000000};
     nanosleep(&pause, NULL);
-    double t = now();
+    double t = bench_now();
     for (long i = 0; i < calls; i++)
         call(p, tuned);
-    return (now() - t) / (double)calls;
+    return (bench_now() - t) / (double)calls;
 }
 
 static void bench(int f32, int nt, size_t m, size_t n, size_t k)
@@ -99,9 +93,9 @@ static void bench(int f32, int nt, size_t m, size_t n, size_t k)
     /* Warm-up both; calls per repeat from the warm-up time. */
     double tw[2];
     for (int w = 0; w < 2; w++) {
-        double t = now();
+        double t = bench_now();
         call(&p, w);
-        tw[w] = now() - t;
+        tw[w] = bench_now() - t;
     }
     long calls[2];
     for (int w = 0; w < 2; w++) {

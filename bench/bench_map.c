@@ -12,20 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "tpk/gauss.h"
 #include "tpk/map.h"
+#include "bench_util.h"
 
 #define REPEATS 5      /* interleaved rounds; the median of each contender is reported */
 #define MIN_REP_S 0.1  /* each round runs a contender enough times to last this long */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp(const void *a, const void *b)
 {
@@ -130,17 +123,17 @@ int main(int argc, char **argv)
         double t[NC][REPEATS];
         long calls[NC];
         for (int c = 0; c < NC; c++) { /* warm-up and calls per round */
-            double t0 = now();
+            double t0 = bench_now();
             run(&b, c);
-            double dt = now() - t0;
+            double dt = bench_now() - t0;
             calls[c] = (long)ceil(MIN_REP_S / (dt > 1e-6 ? dt : 1e-6));
         }
         for (int r = 0; r < REPEATS; r++)
             for (int c = 0; c < NC; c++) {
-                double t0 = now();
+                double t0 = bench_now();
                 for (long k = 0; k < calls[c]; k++)
                     run(&b, c);
-                t[c][r] = (now() - t0) / (double)calls[c];
+                t[c][r] = (bench_now() - t0) / (double)calls[c];
             }
         unsetenv("TPK_MAP");
         printf("-- %d thread(s); f64 kernel %s (%s), f32 kernel %s (%s)\n", nt, kd, how[hd], ks, how[hs]);

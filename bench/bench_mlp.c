@@ -10,27 +10,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "tpk/job.h"
 #include "tpk/kernels.h"
 #include "tpk/netsor.h"
+#include "bench_util.h"
 
 /* Let GCC call glibc's vector acos (libmvec) in the floor loop, as a tuned map would; this needs
  * -fno-math-errno too (acos may set errno), which the bench objects get. */
 __attribute__((simd("notinbranch"))) double acos(double);
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The floor: the input Gram matrix by OpenBLAS plus one vectorised acos over the lower triangle. */
 static double floor_run(const double *X, size_t n, size_t d, double *S)
 {
-    double t0 = now();
+    double t0 = bench_now();
     cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (int)n, (int)d, 1.0 / (double)d, X, (int)d,
                 0.0, S, (int)n);
 #pragma omp parallel for schedule(dynamic, 64)
@@ -45,13 +38,13 @@ static double floor_run(const double *X, size_t n, size_t d, double *S)
             row[j] = acos(r);
         }
     }
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 /* Plain scalar loops: Gram by a triple loop, then the arc-cosine recursion entry by entry. */
 static double naive_run(const double *X, size_t n, size_t d, int depth, double *S, double *T)
 {
-    double t0 = now();
+    double t0 = bench_now();
     for (size_t i = 0; i < n; i++)
         for (size_t j = 0; j < n; j++) {
             double s = 0;
@@ -70,7 +63,7 @@ static double naive_run(const double *X, size_t n, size_t d, int depth, double *
             }
         memcpy(S, T, n * n * sizeof *S);
     }
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 int main(int argc, char **argv)
@@ -108,20 +101,20 @@ int main(int argc, char **argv)
     }
     double best_lib = INFINITY, best_floor = INFINITY, best_nsr = INFINITY, nsr_diff = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (tpk_mlp_kernel(&p, X, NULL, NULL, K, NULL, NULL, NULL, &ctx)) {
             fprintf(stderr, "bench_mlp: %s\n", ctx.msg);
             return 1;
         }
-        best_lib = fmin(best_lib, now() - t0);
+        best_lib = fmin(best_lib, bench_now() - t0);
         best_floor = fmin(best_floor, floor_run(X->data, n, d, S));
         tpk_array *Kn = NULL;
-        t0 = now();
+        t0 = bench_now();
         if (tpk_netsor_kernel(pr, X, 0, &Kn, NULL, &ctx)) {
             fprintf(stderr, "bench_mlp: %s\n", ctx.msg);
             return 1;
         }
-        best_nsr = fmin(best_nsr, now() - t0);
+        best_nsr = fmin(best_nsr, bench_now() - t0);
         for (size_t i = 0; i < n * n; i++)
             nsr_diff = fmax(nsr_diff, fabs(Kn->data[i] - K->data[i]) / K->data[(i / n) * (n + 1)]);
         tpk_array_free(Kn);

@@ -8,50 +8,32 @@
  * Measured on the quiet 2-core machine (session 2): 16 x 8 took 328 s wall (631 s CPU); the
  * issue's 32 x 8, four times the pairs, would take about 22 min, so 16 x 8 is the default and the
  * 32 x 8 time printed is that of 16 x 8 times 4 (cost ∝ pairs of sequences). */
-#include <lapacke.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "tpk/job.h"
 #include "tpk/netsor.h"
 #include "tpk/rng.h"
 #include "../netsor/backend-impl.h"
+#include "bench_util.h"
 
 enum { D = 3 };
 static const double vU = 1.0, vW = 1.0, vb = 0.1, sv2 = 1.0; /* gru.nsr defaults */
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double esig(double x) { return 0.5 * (1.0 + erf(x)); }
 
-/* A ← B with B Bᵀ = A for a PSD A: B = V max(Λ, 0)^{1/2} from the eigendecomposition. These
- * covariances are singular (N·T inputs in d = 3 dimensions), and a jittered Cholesky of them
- * failed silently at T = 8 (dpotrf stops at the first non-positive pivot), which had made this
- * reference disagree with both the evaluator and the finite-width executor. */
-static void psd_root(int n, double *A)
+/* B ← a root of the covariance B (bench_psd_root); the bench cannot go on without it. */
+static void root(int m, double *B)
 {
-    double *w = malloc((size_t)n * sizeof *w), *V = malloc((size_t)n * n * sizeof *V);
-    memcpy(V, A, (size_t)n * n * sizeof *V);
-    if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, V, n, w) != 0) {
+    if (bench_psd_root(m, B)) {
         fprintf(stderr, "bench_recurrent: eigendecomposition failed\n");
         exit(1);
     }
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++)
-            A[i * n + j] = V[i * n + j] * sqrt(w[j] > 0 ? w[j] : 0.0);
-    free(w);
-    free(V);
 }
 
-/* One joint draw of m correlated pre-activations B·g (B from psd_root), passed through f. */
+/* One joint draw of m correlated pre-activations B·g (B from root), passed through f. */
 static void draw(int m, const double *B, uint64_t seed, uint64_t stream, size_t p, double *g,
                  double (*f)(double), double *out)
 {
@@ -76,21 +58,26 @@ static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed,
     double *r = malloc((size_t)M * sizeof *r), *hh = malloc((size_t)M * sizeof *hh);
     double *h = malloc((size_t)M * sizeof *h);
 #define IX(t, a) ((t) * N + (a))
+    /* The input part of every pre-activation covariance, vU⟨x^s_a, x^s'_c⟩/d + vb: the same at
+     * every step, so computed once (rows and columns (time, input) like H). */
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < M; j++) {
+            int ti = i / N, a = i % N, tj = j / N, c = j % N;
+            double gsum = 0;
+            for (int k = 0; k < D; k++)
+                gsum += x[(a * T + ti) * D + k] * x[(c * T + tj) * D + k];
+            C[i * M + j] = vU * gsum / D + vb;
+        }
     for (int t = 1; t <= T; t++) {
         int m = t * N; /* (time < t, input) */
-        for (int fam = 0; fam < 2; fam++) {
-            double *L = fam ? Lr : Lz;
-            for (int i = 0; i < m; i++)
-                for (int j = 0; j < m; j++) {
-                    int ti = i / N, a = i % N, tj = j / N, c = j % N;
-                    double gsum = 0;
-                    for (int k = 0; k < D; k++)
-                        gsum += x[(a * T + ti) * D + k] * x[(c * T + tj) * D + k];
-                    L[i * m + j] = vU * gsum / D + vb +
-                                   (ti > 0 && tj > 0 ? vW * H[IX(ti - 1, a) * M + IX(tj - 1, c)] : 0);
-                }
-            psd_root(m, L);
-        }
+        /* z and r: independent families with the same covariance, so one root serves both */
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < m; j++) {
+                int ti = i / N, tj = j / N;
+                Lz[i * m + j] = C[i * M + j] + (ti > 0 && tj > 0 ? vW * H[(i - N) * M + (j - N)] : 0);
+            }
+        root(m, Lz);
+        memcpy(Lr, Lz, (size_t)m * m * sizeof *Lr);
         /* E[r^t r^s]: r-family samples first (h̃ needs them) */
         double *acc = calloc((size_t)m * m, sizeof *acc);
         for (size_t p = 0; p < P; p++) {
@@ -104,14 +91,11 @@ static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed,
                 Er[i * M + j] = Er[j * M + i] = acc[i * m + j] / (double)P;
         for (int i = 0; i < m; i++)
             for (int j = 0; j < m; j++) {
-                int ti = i / N, a = i % N, tj = j / N, c = j % N;
-                double gsum = 0;
-                for (int k = 0; k < D; k++)
-                    gsum += x[(a * T + ti) * D + k] * x[(c * T + tj) * D + k];
-                Lh[i * m + j] = vU * gsum / D + vb +
-                                (ti > 0 && tj > 0 ? vW * H[IX(ti - 1, a) * M + IX(tj - 1, c)] * Er[i * M + j] : 0);
+                int ti = i / N, tj = j / N;
+                Lh[i * m + j] = C[i * M + j] +
+                                (ti > 0 && tj > 0 ? vW * H[(i - N) * M + (j - N)] * Er[i * M + j] : 0);
             }
-        psd_root(m, Lh);
+        root(m, Lh);
         memset(acc, 0, (size_t)m * m * sizeof *acc);
         for (size_t p = 0; p < P; p++) {
             draw(m, Lz, seed, TPK_RNG_STREAM(TPK_RNG_MC, 200 + t), p, g, esig, z);
@@ -171,12 +155,12 @@ int main(int argc, char **argv)
             for (int j = 0; j < D; j++)
                 x->data[(a * T + t) * D + j] = sin(1.37 * a + 0.61 * t + 2.11 * j + 0.3) * (1.0 + 0.2 * a / N);
     tpk_array *K = NULL;
-    double err = 0, t0 = now();
+    double err = 0, t0 = bench_now();
     if (tpk_netsor_kernel(p, x, 0, &K, &err, &ctx)) {
         fprintf(stderr, "bench_recurrent: %s\n", ctx.msg);
         return 1;
     }
-    double t_ours = now() - t0, kmax = 0;
+    double t_ours = bench_now() - t0, kmax = 0;
     for (int i = 0; i < N * N; i++)
         kmax = fmax(kmax, fabs(K->data[i]));
     printf("GRU limit, %d sequences x T=%d (d=%d): %.2f s, error estimate %.2e (relative %.1e)\n",
@@ -189,9 +173,9 @@ int main(int argc, char **argv)
          * time it would need for the evaluator's error (MC error ∝ P^(-1/2)) */
         size_t P = argc >= 4 ? (size_t)atol(argv[3]) : 20000;
         double *K1 = malloc((size_t)N * N * sizeof *K1), *K2 = malloc((size_t)N * N * sizeof *K2);
-        t0 = now();
+        t0 = bench_now();
         mc_reference(x->data, N, T, P, 1, K1);
-        double t_mc = now() - t0;
+        double t_mc = bench_now() - t0;
         mc_reference(x->data, N, T, P, 2, K2);
         double d2 = 0, dev = 0;
         for (int i = 0; i < N * N; i++) {

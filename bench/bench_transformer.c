@@ -7,19 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "tpk/job.h"
 #include "tpk/netsor.h"
+#include "bench_util.h"
 
 enum { NS = 64, T = 16, D = 8, L = 4, M = NS * T };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double relu_e2(double q1, double q2, double k)
 {
@@ -98,9 +91,9 @@ int main(int argc, char **argv)
     tpk_shipped_path("programs/transformer.nsr", prog, sizeof prog);
     tpk_param_set sets[] = {{"L", "4"}, {"T", "16"}};
     tpk_netsor_opts o = {.sets = sets, .nsets = 2};
-    double t0 = now();
+    double t0 = bench_now();
     tpk_program *p = reg ? tpk_netsor_load_file(prog, &o, reg, &ctx) : NULL;
-    double tload = now() - t0;
+    double tload = bench_now() - t0;
     size_t dims[3] = {NS, T, D};
     tpk_array *x = p ? tpk_array_alloc(3, dims, &ctx) : NULL;
     double *Z = malloc((size_t)M * M * sizeof *Z), *R = malloc((size_t)M * M * sizeof *R);
@@ -116,15 +109,15 @@ int main(int argc, char **argv)
     for (int rep = 0; rep < 3; rep++) {
         tpk_array_free(K);
         K = NULL;
-        t0 = now();
+        t0 = bench_now();
         if (tpk_netsor_kernel(p, x, 1, &K, NULL, &ctx)) {
             fprintf(stderr, "bench_transformer: %s\n", ctx.msg);
             return 1;
         }
-        best_e = fmin(best_e, now() - t0);
-        t0 = now();
+        best_e = fmin(best_e, bench_now() - t0);
+        t0 = bench_now();
         direct(x->data, Z, B, R, tmp);
-        best_d = fmin(best_d, now() - t0);
+        best_d = fmin(best_d, bench_now() - t0);
     }
     for (size_t i = 0; i < (size_t)M * M; i++)
         diff = fmax(diff, fabs(K->data[i] - Z[i]));

@@ -249,6 +249,38 @@ static int median_trials(const tpk_tune_space *s, const uint64_t *tab, double ta
     return need[SEEDS / 2];
 }
 
+/* Workload identity and the load rule of transfer (tpk_tune_record_unloaded). */
+static void test_task_same_and_unloaded(void **state)
+{
+    (void)state;
+    tpk_tune_task a = task_of(512, 64, 512, 2), b = a;
+    assert_true(tpk_tune_task_same(&a, &b));
+    b.threads = 1;
+    assert_false(tpk_tune_task_same(&a, &b));
+    b = a;
+    b.dtype = TPK_TUNE_F32;
+    assert_false(tpk_tune_task_same(&a, &b));
+    b = a;
+    b.target = TPK_TUNE_CUDA;
+    assert_false(tpk_tune_task_same(&a, &b));
+    b = a;
+    b.n = 65;
+    assert_false(tpk_tune_task_same(&a, &b));
+    tpk_tune_record r;
+    memset(&r, 0, sizeof r);
+    r.task = a;
+    assert_true(tpk_tune_record_unloaded(&r)); /* load not recorded */
+    r.result.load1 = 3.0;                       /* 2 threads + 1: still counted as unloaded */
+    assert_true(tpk_tune_record_unloaded(&r));
+    r.result.load1 = 3.01;
+    assert_false(tpk_tune_record_unloaded(&r));
+    r.task.threads = 0; /* read as one thread */
+    r.result.load1 = 2.0;
+    assert_true(tpk_tune_record_unloaded(&r));
+    r.result.load1 = 2.5;
+    assert_false(tpk_tune_record_unloaded(&r));
+}
+
 static void test_model_beats_random_on_table(void **state)
 {
     (void)state;
@@ -285,6 +317,13 @@ static void test_model_beats_random_on_table(void **state)
     int xfer = median_trials(&s, tab, 0.95 * best, TPK_TUNE_MODEL_XGB_RANK, hist, nh);
     print_message("with transfer from 2 other shapes: xgb-rank %d trials (cold %d)\n", xfer, rank);
     assert_true(xfer <= rank);
+    /* The same records measured under load (load average 2 + 1.5 on 2 threads) are not learnt
+     * from: the search is then exactly the cold one. */
+    for (size_t i = 0; i < nh; i++) {
+        hist[i].result.load1 = hist[i].task.threads + 1.5;
+        assert_false(tpk_tune_record_unloaded(&hist[i]));
+    }
+    assert_int_equal(median_trials(&s, tab, 0.95 * best, TPK_TUNE_MODEL_XGB_RANK, hist, nh), rank);
     free(hist);
     free(tab);
 }
@@ -489,6 +528,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_space_index_roundtrip),
         cmocka_unit_test(test_label_fastest_repeat),
+        cmocka_unit_test(test_task_same_and_unloaded),
         cmocka_unit_test(test_log_roundtrip),
         cmocka_unit_test(test_model_ranks_held_out),
         cmocka_unit_test(test_model_beats_random_on_table),

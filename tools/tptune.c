@@ -540,9 +540,7 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         tpk_tune_config c;
         tpk_ctx q;
         tpk_ctx_init(&q);
-        if (r[i].task.m != s.task.m || r[i].task.n != s.task.n || r[i].task.k != s.task.k || r[i].task.op != s.task.op ||
-            r[i].task.dtype != s.task.dtype || r[i].task.threads != s.task.threads ||
-            tpk_tune_record_config(&s, &r[i], &c, &q))
+        if (!tpk_tune_task_same(&r[i].task, &s.task) || tpk_tune_record_config(&s, &r[i], &c, &q))
             continue;
         uint64_t idx = tpk_tune_space_index(&s, &c);
         size_t j = 0;
@@ -558,15 +556,10 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
     }
     if (a->transfer && read_logs(a->transfer, &hist, &nhist, ctx))
         goto done;
-    /* What transfer learns from: other workloads' records measured without competing load
-     * (the rule of tuner/search.c history_collect). */
+    /* What transfer learns from: other workloads' records measured without competing load. */
     size_t nlearn = 0;
-    for (size_t i = 0; i < nhist; i++) {
-        const tpk_tune_task *h = &hist[i].task;
-        int same = h->m == s.task.m && h->n == s.task.n && h->k == s.task.k && h->op == s.task.op &&
-                   h->dtype == s.task.dtype && h->threads == s.task.threads && h->target == s.task.target;
-        nlearn += !same && hist[i].result.load1 <= h->threads + 1.0;
-    }
+    for (size_t i = 0; i < nhist; i++)
+        nlearn += !tpk_tune_task_same(&hist[i].task, &s.task) && tpk_tune_record_unloaded(&hist[i]);
     int trials = a->trials > 64 ? a->trials : (int)t.n;
     int near = 0;
     for (size_t i = 0; i < t.n; i++)

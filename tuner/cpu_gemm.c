@@ -441,17 +441,13 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
     if (b.pa) {
         /* Direct A: whole mr-row panels straight from A (row stride lda), the last partial
          * panel packed into ape by the driver. */
-        const char *outer_d = b.order == TPK__ORDER_JR_IR ? "    for (size_t jp = jp0; jp < jp1; jp++)\n"
-                                                          : "    for (size_t ip = 0; ip < mpan; ip++)\n";
-        const char *inner_d = b.order == TPK__ORDER_JR_IR ? "        for (size_t ip = 0; ip < mpan; ip++) {\n"
-                                                          : "        for (size_t jp = jp0; jp < jp1; jp++) {\n";
         fprintf(o,
             "/* An mc×kc block of A read in place (whole %d-row panels; the partial last one packed in\n"
             " * ape) against B panels [jp0, jp1) of the packed kc×nc block. */\n"
             "static void %s_macro_d(size_t mc, size_t nc, size_t kc, const %s *A, size_t lda, const %s *ape,\n"
             "        const %s *bp, size_t jp0, size_t jp1, %s *C, size_t ldc, %s alpha, %s beta, %s *ct)\n{\n"
             "    const size_t mpan = (mc + %d - 1) / %d, full = mc / %d;\n%s%s",
-            b.mr, fn, T, T, T, T, T, T, T, b.mr, b.mr, b.mr, outer_d, inner_d);
+            b.mr, fn, T, T, T, T, T, T, T, b.mr, b.mr, b.mr, outer, inner); /* the loop order of _macro */
         fprintf(o,
             "            const size_t mr_e = mc - ip * %d < %d ? mc - ip * %d : %d;\n"
             "            const size_t nr_e = nc - jp * %d < %d ? nc - jp * %d : %d;\n"

@@ -313,6 +313,12 @@ int tpk_tune_log_read(const char *path, tpk_tune_record **recs, size_t *n, tpk_c
     return st;
 }
 
+int tpk_tune_record_unloaded(const tpk_tune_record *r)
+{
+    int threads = r->task.threads > 0 ? r->task.threads : 1;
+    return !(r->result.load1 > threads + 1.0);
+}
+
 int tpk_tune_record_config(const tpk_tune_space *s, const tpk_tune_record *r, tpk_tune_config *c,
                            tpk_ctx *ctx)
 {
@@ -330,9 +336,7 @@ int tpk_tune_record_config(const tpk_tune_space *s, const tpk_tune_record *r, tp
 
 static int same_workload(const tpk_tune_record *a, const tpk_tune_record *b)
 {
-    return !strcmp(a->target_class, b->target_class) && a->task.dtype == b->task.dtype && a->task.op == b->task.op &&
-           a->task.m == b->task.m && a->task.n == b->task.n && a->task.k == b->task.k &&
-           a->task.threads == b->task.threads;
+    return !strcmp(a->target_class, b->target_class) && tpk_tune_task_same(&a->task, &b->task);
 }
 
 int tpk_tune_log_show(const tpk_tune_record *recs, size_t n, FILE *out)

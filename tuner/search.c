@@ -390,12 +390,6 @@ static int random_unvisited(const tpk_tune_space *s, const tpk_tune_opts *o, con
 
 /* ---- transfer: a base model on earlier workloads ------------------------------------------ */
 
-static int same_task(const tpk_tune_task *a, const tpk_tune_task *b)
-{
-    return a->target == b->target && a->dtype == b->dtype && a->op == b->op && a->m == b->m && a->n == b->n &&
-           a->k == b->k && a->threads == b->threads;
-}
-
 /* The options' model settings (depth, learning rate) on a model. */
 static int model_params(tpk_tune_model *m, const tpk_tune_opts *o, tpk_ctx *ctx)
 {
@@ -446,7 +440,7 @@ static int history_collect(const tpk_tune_space *s, const tpk_tune_opts *o, int 
     /* Rows grouped by workload, in log order of each workload's first record. */
     for (size_t i = 0; i < n; i++) {
         if (used[i] || strcmp(o->history[i].template_name, s->template_name) != 0 ||
-            same_task(&o->history[i].task, &s->task))
+            tpk_tune_task_same(&o->history[i].task, &s->task))
             continue;
         tpk_tune_space hs;
         tpk_ctx qc;
@@ -455,15 +449,12 @@ static int history_collect(const tpk_tune_space *s, const tpk_tune_opts *o, int 
             continue;
         unsigned len = 0;
         for (size_t j = i; j < n; j++) {
-            if (used[j] || !same_task(&o->history[j].task, &o->history[i].task) ||
+            if (used[j] || !tpk_tune_task_same(&o->history[j].task, &o->history[i].task) ||
                 strcmp(o->history[j].template_name, s->template_name) != 0)
                 continue;
             used[j] = 1;
-            /* Measured while other processes competed for the cores (load above the measuring
-             * threads plus one): such labels rank configurations badly (tuner/README.md: Spearman
-             * 0.49-0.62 against an idle re-measurement), and a prior learnt from them misleads. */
-            if (o->history[j].result.load1 > o->history[j].task.threads + 1.0)
-                continue;
+            if (!tpk_tune_record_unloaded(&o->history[j]))
+                continue; /* measured under load: a prior learnt from it misleads */
             tpk_tune_config c;
             if (tpk_tune_record_config(&hs, &o->history[j], &c, &qc) != TPK_OK || !tpk_tune_space_valid(&hs, &c)) {
                 tpk_ctx_clear(&qc);

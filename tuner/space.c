@@ -74,6 +74,12 @@ double tpk_tune_task_flops(const tpk_tune_task *t)
     return 2.0 * (double)t->m * (double)t->n * (double)t->k;
 }
 
+int tpk_tune_task_same(const tpk_tune_task *a, const tpk_tune_task *b)
+{
+    return a->target == b->target && a->op == b->op && a->dtype == b->dtype && a->m == b->m && a->n == b->n &&
+           a->k == b->k && a->threads == b->threads;
+}
+
 int tpk_tune_space_init(tpk_tune_space *s, const tpk_tune_task *task, tpk_ctx *ctx)
 {
     memset(s, 0, sizeof *s);

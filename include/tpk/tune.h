@@ -39,6 +39,8 @@ TPK_API const char *tpk_tune_op_name(int op);         /* "gemm" / "syrk" */
 /* Target class string written into logs, e.g. "cpu/x86_64/avx512/intel" or "cuda/sm_90". */
 TPK_API const char *tpk_tune_target_class(int target);
 TPK_API double tpk_tune_task_flops(const tpk_tune_task *t);
+/* 1 when a and b are the same workload (target, op, dtype, m, n, k, threads). */
+TPK_API int tpk_tune_task_same(const tpk_tune_task *a, const tpk_tune_task *b);
 
 /* ---- Schedule space: a table of knobs, a validity filter, a mixed-radix index -------------- */
 
@@ -214,6 +216,10 @@ typedef struct tpk_tune_record {
 /* A measurement's rate for ranking: the rate of its fastest repeat (other processes only slow a
  * run down; scaling by the CPU share instead ranked disturbed runs first); 0 on error. */
 TPK_API double tpk_tune_result_label(const tpk_tune_result *r);
+/* 1 when the record was measured without competing load: load average at most its threads + 1
+ * (or not recorded). Transfer learns only from these: labels measured under load rank
+ * configurations badly (Spearman 0.49-0.62 against an idle re-measurement, tuner/README.md). */
+TPK_API int tpk_tune_record_unloaded(const tpk_tune_record *r);
 TPK_API void tpk_tune_record_fill(tpk_tune_record *r, const tpk_tune_space *s,
                                   const tpk_tune_config *c, const tpk_tune_result *res);
 TPK_API int tpk_tune_log_write(FILE *f, const tpk_tune_record *r, tpk_ctx *ctx);
