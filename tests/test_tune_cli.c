@@ -134,13 +134,113 @@ static void test_cli(void **state)
     assert_non_null(strstr(out, "bad.jsonl:1:"));
 }
 
+/* measure: every configuration of a log again, in reverse order, each a new record with
+ * OpenBLAS timed beside it; usage and file errors. A tiny shape: compile plus milliseconds. */
+static void test_measure(void **state)
+{
+    (void)state;
+    if (!tptune[0])
+        skip();
+    char out[16384], cmd[8192], in[1200], res[1200];
+    snprintf(in, sizeof in, "%s/m_in.jsonl", dir);
+    snprintf(res, sizeof res, "%s/m_out.jsonl", dir);
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, 40, 24, 32, 1, TPK_TUNE_GEMM};
+    tpk_tune_space s;
+    assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
+    tpk_tune_config c[2];
+    tpk_tune_space_default(&s, &c[0]);
+    uint64_t rng = 9;
+    do
+        tpk_tune_space_point(&s, tpk_tune_space_random(&s, &rng), &c[1]);
+    while (tpk_tune_space_index(&s, &c[1]) == tpk_tune_space_index(&s, &c[0]));
+    FILE *f = fopen(in, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 2; i++) {
+        tpk_tune_result r = {0};
+        r.gflops = 1 + i;
+        tpk_tune_record rec;
+        tpk_tune_record_fill(&rec, &s, &c[i], &r);
+        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s measure %s", tptune, in);
+    assert_int_equal(run(cmd, out, sizeof out), 2);
+    snprintf(cmd, sizeof cmd, "%s measure %s/missing.jsonl --log=%s", tptune, dir, res);
+    assert_int_equal(run(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "cannot open"));
+    snprintf(cmd, sizeof cmd, "%s measure %s --log=%s --reverse=1 --repeat=1 --min-ms=1", tptune, in, res);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "measured 2 of 2"));
+    tpk_tune_record *r;
+    size_t n;
+    assert_int_equal(tpk_tune_log_read(res, &r, &n, &ctx), TPK_OK);
+    assert_int_equal(n, 2);
+    for (int i = 0; i < 2; i++) {
+        tpk_tune_config got;
+        assert_int_equal(tpk_tune_record_config(&s, &r[i], &got, &ctx), TPK_OK);
+        assert_int_equal(tpk_tune_space_index(&s, &got), tpk_tune_space_index(&s, &c[1 - i]));
+        assert_int_equal(r[i].result.err, 0);
+        assert_true(r[i].result.gflops > 0 && r[i].result.vendor_gflops > 0);
+    }
+    free(r);
+}
+
+/* replay labels: a configuration measured in two passes gets the mean of its records, each
+ * relative to OpenBLAS timed beside it and scaled by the median vendor rate. Records (rate,
+ * vendor): A (80, 80) (60, 50); B (70, 80) (66, 60); C (40, 80) (30, 60). Vendor median of the
+ * six: 80. A = (1 + 1.2) / 2 * 80 = 88, B = (0.875 + 1.1) / 2 * 80 = 79, C = 40; without the
+ * vendor rates the means are 70, 68 and 35. */
+static void test_replay_labels(void **state)
+{
+    (void)state;
+    if (!tptune[0])
+        skip();
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, 256, 256, 256, 1, TPK_TUNE_GEMM};
+    tpk_tune_space s;
+    assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
+    const double g[2][3] = {{80, 70, 40}, {60, 66, 30}}, v[2][3] = {{80, 80, 80}, {50, 60, 60}};
+    tpk_tune_config c[3];
+    uint64_t rng = 5;
+    for (int j = 0; j < 3; j++)
+        do
+            tpk_tune_space_point(&s, tpk_tune_space_random(&s, &rng), &c[j]);
+        while (j && tpk_tune_space_index(&s, &c[j]) == tpk_tune_space_index(&s, &c[j - 1]));
+    char path[2][1200], cmd[4096], out[8192];
+    for (int vend = 0; vend < 2; vend++) {
+        snprintf(path[vend], sizeof path[vend], "%s/labels%d.jsonl", dir, vend);
+        FILE *f = fopen(path[vend], "w");
+        assert_non_null(f);
+        for (int p = 0; p < 2; p++)
+            for (int j = 0; j < 3; j++) {
+                tpk_tune_result r = {0};
+                r.gflops = g[p][j];
+                r.vendor_gflops = vend ? v[p][j] : 0;
+                tpk_tune_record rec;
+                tpk_tune_record_fill(&rec, &s, &c[j], &r);
+                assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
+            }
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "%s replay --log=%s --seeds=1", tptune, path[vend]);
+        assert_int_equal(run(cmd, out, sizeof out), 0);
+        assert_non_null(strstr(out, "3 distinct configurations"));
+        assert_non_null(strstr(out, vend ? "best 88.00 GFLOP/s; target 95% = 83.60 (1 configurations"
+                                         : "best 70.00 GFLOP/s; target 95% = 66.50 (2 configurations"));
+        assert_non_null(strstr(out, vend ? "relative to OpenBLAS timed beside it, times its median 80.00"
+                                         : "fastest repeat's rate"));
+    }
+}
+
 /* Search efficiency on the shipped replay tables (data/tuning/replay/: 1000 configurations
- * each, measured twice on an idle machine), 21 seeds, nothing timed. Asserted: the cold
- * model-guided search needs fewer trials than random search's exact median to reach 95 % of the
- * table's best; with transfer from other shapes (the shipped GEMM logs, none of whose
- * configurations is in the tables; records measured under load are not learnt from) it needs at
- * most a third of random's, and fewer than the cold start. The cold search's own ratio (0.3 on
- * these seeds, 0.28-0.52 over other seed sets and passes) is reported, not asserted:
+ * each, measured twice with OpenBLAS timed beside every one; labels are the mean of the two
+ * vendor-relative rates), 21 seeds, nothing timed. Asserted, against random search's exact
+ * median to reach 95 % of the table's best: the cold model-guided search needs at most a third of
+ * its trials (AutoTVM's claim; 16 / 74 and 37 / 207 here, 0.13-0.31 over other seed sets); with
+ * transfer from other shapes (the shipped GEMM logs, none of whose configurations is in the
+ * tables; records measured under load are not learnt from) fewer than the cold start.
  * tuner/README.md "Search efficiency". */
 static void test_replay_shipped_tables(void **state)
 {
@@ -165,14 +265,15 @@ static void test_replay_shipped_tables(void **state)
         assert_int_equal(sscanf(strstr(cold, "median"), "median %d", &ncold), 1);
         assert_int_equal(sscanf(strstr(warm, "median"), "median %d", &nwarm), 1);
         print_message("%s: random %d, model %d, model + transfer %d trials\n", tables[i], exact, ncold, nwarm);
-        if (!(ncold < exact && 3 * nwarm <= exact && nwarm < ncold))
-            fail_msg("%s: random %d, model %d, model + transfer %d trials (need model < random, transfer <= "
-                     "random / 3 and < model)\n%s", tables[i], exact, ncold, nwarm, out);
+        if (!(3 * ncold <= exact && nwarm < ncold))
+            fail_msg("%s: random %d, model %d, model + transfer %d trials (need model <= random / 3, transfer "
+                     "< model)\n%s", tables[i], exact, ncold, nwarm, out);
     }
 }
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_cli), cmocka_unit_test(test_replay_shipped_tables)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_cli), cmocka_unit_test(test_measure),
+                                       cmocka_unit_test(test_replay_labels), cmocka_unit_test(test_replay_shipped_tables)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -454,6 +454,73 @@ static void test_batches_and_diversity(void **state)
     free(tab);
 }
 
+/* A machine whose speed drifts between measurements: every rate, the candidate's and OpenBLAS's
+ * beside it, scaled by a factor of the trial (0.7 or 1). The search ranks by the rate relative
+ * to OpenBLAS, so over the whole table it keeps the truly fastest configuration even when that
+ * one was measured slow; the raw rate would pick another. Nothing timed. */
+typedef struct drift {
+    uint64_t true_best; /* measured at 0.7 */
+    int trials;
+} drift;
+
+static int drifting_measure(void *user, const tpk_tune_space *s, const tpk_tune_config *c, tpk_tune_result *r,
+                            tpk_ctx *ctx)
+{
+    drift *d = user;
+    uint64_t noise = NOISE_SEED;
+    int st = tpk_tune_synthetic_measure(&noise, s, c, r, ctx);
+    double f = tpk_tune_space_index(s, c) == d->true_best || d->trials % 2 ? 0.7 : 1.0;
+    d->trials++;
+    r->gflops *= f;
+    r->costs_s[0] /= f;
+    r->vendor_gflops = 40.0 * f;
+    return st;
+}
+
+static void test_search_ranks_relative_to_vendor(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_tune_space s;
+    tpk_tune_task t = task_of(1024, 1024, 1024, 1);
+    assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
+    enum { N = 200 };
+    uint64_t tab[N], rng = 3;
+    double best = 0, second = 0;
+    drift d = {0, 0};
+    for (int i = 0; i < N;) {
+        uint64_t idx = tpk_tune_space_random(&s, &rng);
+        int dup = 0;
+        for (int j = 0; j < i && !dup; j++)
+            dup = tab[j] == idx;
+        if (dup)
+            continue;
+        tab[i++] = idx;
+        tpk_tune_config c;
+        tpk_tune_space_point(&s, idx, &c);
+        double g = tpk_tune_synthetic_gflops(&s, &c, NOISE_SEED);
+        if (g > best) {
+            second = best;
+            best = g;
+            d.true_best = idx;
+        } else if (g > second)
+            second = g;
+    }
+    assert_true(0.7 * best < second); /* measured raw, the best would lose */
+    tpk_tune_opts o;
+    tpk_tune_opts_default(&o);
+    o.trials = N;
+    o.model = TPK_TUNE_MODEL_RANDOM;
+    o.universe = tab;
+    o.nuniverse = N;
+    tpk_tune_outcome out;
+    assert_int_equal(tpk_tune_run(&s, &o, drifting_measure, &d, NULL, NULL, NULL, &out, &ctx), TPK_OK);
+    assert_int_equal(out.trials, N);
+    assert_true(tpk_tune_space_index(&s, &out.best) == d.true_best);
+    assert_true(fabs(out.best_gflops - 0.7 * best) < 1e-9 * best); /* reported as measured */
+}
+
 /* Annealing over the whole space (no table): the model finds better points than random within
  * the same budget, median over seeds. */
 /* The label is the fastest repeat's rate: gflops (the median repeat's rate) × median / fastest;
@@ -534,6 +601,7 @@ int main(void)
         cmocka_unit_test(test_model_beats_random_on_table),
         cmocka_unit_test(test_annealing_beats_random),
         cmocka_unit_test(test_batches_and_diversity),
+        cmocka_unit_test(test_search_ranks_relative_to_vendor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
  *   tptune map --n=N [same options]          ReLU NNGP map over the lower triangle (rate: G entries/s)
  *   tptune gen --op=map --out=FILE LOG...    the map library file (gen/tpk_map_cpu.c)
  *   tptune show LOG...                       best record per workload
+ *   tptune measure LOG... --log=OUT [--reverse=1]   measure every configuration again (a new pass)
  *   tptune emit --m= --n= --k= [--dtype=] [--target=] [--knobs=mr=8,nv=3,...]   print source
  *   tptune gen --out=FILE LOG...             library kernels + dispatch table (gen/)
  *   tptune replay --log=FILE [--seeds=21] [--seed0=1] [--transfer=LOG[,LOG]] [--model=rank|reg]
@@ -31,6 +32,7 @@ static void usage(FILE *f)
           "       tptune map --n=N [options as for gemm]   (ReLU NNGP map; rates in G entries/s)\n"
           "       tptune gen --op=map --out=FILE LOG...\n"
           "       tptune show LOG...\n"
+          "       tptune measure LOG... --log=OUT [--reverse=0|1] [--repeat=R] [--min-ms=MS] [--vendor=0|1]\n"
           "       tptune emit --m=M --n=N --k=K [--dtype=..] [--target=..] [--threads=T] [--knobs=a=1,b=2]\n"
           "       tptune gen --out=FILE LOG...\n"
           "       tptune replay --log=FILE [--seeds=S] [--seed0=S0] [--trials=N] [--transfer=LOG[,LOG...]]\n"
@@ -42,7 +44,7 @@ static void usage(FILE *f)
 
 typedef struct args {
     tpk_tune_task task;
-    int trials, batch, model, seeds, repeat, vendor;
+    int trials, batch, model, seeds, repeat, vendor, reverse;
     int first, depth, rounds, seed0; /* replay search settings; -1: the search's default */
     double min_ms, eps, div, eta;
     unsigned long long seed;
@@ -167,6 +169,8 @@ static int parse_args(int argc, char **argv, args *a)
             bad = parse_int(v, &a->repeat) || a->repeat < 1 || a->repeat > TPK_TUNE_MAX_REPEAT;
         else if (!strcmp(k, "vendor"))
             bad = parse_int(v, &a->vendor) || a->vendor > 1;
+        else if (!strcmp(k, "reverse"))
+            bad = parse_int(v, &a->reverse) || a->reverse > 1;
         else if (!strcmp(k, "min-ms"))
             bad = (a->min_ms = atof(v)) <= 0;
         else if (!strcmp(k, "seed"))
@@ -227,6 +231,21 @@ static int measure_cb(void *u, const tpk_tune_space *s, const tpk_tune_config *c
     return tpk_tune_measure(s, c, u, r, ctx);
 }
 
+/* Measuring options of the command line; candidates run in a fresh exec of this program
+ * (tpk_tune_child_main), whose path goes to `self`. */
+static void measure_opts(const args *a, tpk_tune_measure_opts *mo, char *self, size_t cap)
+{
+    tpk_tune_measure_opts_default(mo);
+    mo->repeat = a->repeat;
+    mo->min_repeat_ms = a->min_ms;
+    mo->vendor = a->vendor; /* OpenBLAS side by side: the log then carries a load-robust ratio */
+    ssize_t len = readlink("/proc/self/exe", self, cap - 1);
+    if (len > 0) {
+        self[len] = '\0';
+        mo->runner = self;
+    }
+}
+
 static int cmd_gemm(const args *a, tpk_ctx *ctx)
 {
     if (need_shape(a))
@@ -253,17 +272,8 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
         o.nhistory = nhist;
     }
     tpk_tune_measure_opts mo;
-    tpk_tune_measure_opts_default(&mo);
-    mo.repeat = a->repeat;
-    mo.min_repeat_ms = a->min_ms;
-    mo.vendor = a->vendor; /* OpenBLAS side by side: the log then carries a load-robust ratio */
-    /* Candidates run in a fresh exec of this program (tpk_tune_child_main). */
     char self[4096];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len > 0) {
-        self[len] = '\0';
-        mo.runner = self;
-    }
+    measure_opts(a, &mo, self, sizeof self);
     FILE *log = fopen(a->log, "a");
     if (!log) {
         free(hist);
@@ -283,6 +293,86 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     printf("best %.2f GFLOP/s after %d trials: %s\n", out.best_gflops, out.trials,
            tpk_tune_config_str(&s, &out.best, buf, sizeof buf));
     return 0;
+}
+
+/* Measure again every configuration of the given logs (first to last, or last to first), one
+ * new record each appended to --log: a second pass over a replay table, or an old log on a new
+ * machine. CPU records only; others are skipped with a count. */
+static int cmd_measure(const args *a, tpk_ctx *ctx)
+{
+    if (a->nfiles == 0 || !a->log) {
+        fprintf(stderr, "tptune measure: LOG... and --log=OUT are required\n");
+        return 2;
+    }
+    tpk_tune_record *r = NULL;
+    size_t n = 0;
+    for (int f = 0; f < a->nfiles; f++) {
+        tpk_tune_record *rf;
+        size_t nf;
+        if (tpk_tune_log_read(a->files[f], &rf, &nf, ctx)) {
+            free(r);
+            return 1;
+        }
+        tpk_tune_record *g = realloc(r, (n + nf + 1) * sizeof *g);
+        if (!g) {
+            free(rf);
+            free(r);
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            return 1;
+        }
+        r = g;
+        memcpy(r + n, rf, nf * sizeof *rf);
+        n += nf;
+        free(rf);
+    }
+    tpk_tune_measure_opts mo;
+    char self[4096];
+    measure_opts(a, &mo, self, sizeof self);
+    FILE *log = fopen(a->log, "a");
+    if (!log) {
+        free(r);
+        TPK_ERROR(ctx, TPK_EIO, "%s: cannot open for appending: %s", a->log, strerror(errno));
+        return 1;
+    }
+    int rc = 0;
+    size_t done = 0, skipped = 0;
+    for (size_t q = 0; q < n && !rc; q++) {
+        const tpk_tune_record *rec = &r[a->reverse ? n - 1 - q : q];
+        tpk_tune_space s;
+        tpk_tune_config c;
+        tpk_tune_result res;
+        tpk_tune_record out;
+        tpk_ctx quiet;
+        tpk_ctx_init(&quiet);
+        if (rec->task.target != TPK_TUNE_CPU || tpk_tune_space_init(&s, &rec->task, &quiet) ||
+            tpk_tune_record_config(&s, rec, &c, &quiet)) {
+            skipped++;
+            continue;
+        }
+        if (tpk_tune_measure(&s, &c, &mo, &res, ctx)) {
+            rc = 1;
+            break;
+        }
+        tpk_tune_record_fill(&out, &s, &c, &res);
+        if (tpk_tune_log_write(log, &out, ctx)) {
+            rc = 1;
+            break;
+        }
+        fflush(log);
+        if (++done % 50 == 0 || q + 1 == n) {
+            printf("measured %zu of %zu  last %.2f GFLOP/s (OpenBLAS beside it %.2f)  load %.2f\n", done, n,
+                   tpk_tune_result_label(&res), res.vendor_gflops, res.load1);
+            fflush(stdout);
+        }
+    }
+    if (fclose(log) != 0 && !rc) {
+        TPK_ERROR(ctx, TPK_EIO, "%s: write failed", a->log);
+        rc = 1;
+    }
+    if (skipped)
+        printf("skipped %zu records (not CPU, or not a configuration of their space)\n", skipped);
+    free(r);
+    return rc;
 }
 
 static int cmd_show(const args *a, tpk_ctx *ctx)
@@ -414,6 +504,12 @@ static int cmp_int(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* Records of several logs ("a.jsonl,b.jsonl") into one array. */
 static int read_logs(const char *list, tpk_tune_record **out, size_t *nout, tpk_ctx *ctx)
 {
@@ -535,25 +631,62 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
-    double best = 0;
+    /* Labels. A configuration measured more than once (one record per pass) gets the mean of
+     * its records: the best of them would select the passes' favourable noise. When every
+     * successful record also timed OpenBLAS in the same child (--vendor=1), each record's rate
+     * is first divided by that vendor rate and scaled by the table's median vendor rate: the
+     * machine's drift between children, which moves both alike, cancels (tuner/README.md
+     * "Search efficiency": the raw labels of two idle passes differ by 6-7 % rms, the
+     * vendor-relative ones by about 4 %). */
+    double *vend = malloc(n * sizeof *vend), *sum = calloc(n, sizeof *sum);
+    int *cnt = calloc(n, sizeof *cnt), *slot = malloc(n * sizeof *slot);
+    size_t nvend = 0, nok = 0;
+    if (!vend || !sum || !cnt || !slot) {
+        free(vend), free(sum), free(cnt), free(slot);
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
     for (size_t i = 0; i < n; i++) {
         tpk_tune_config c;
         tpk_ctx q;
         tpk_ctx_init(&q);
+        slot[i] = -1;
         if (!tpk_tune_task_same(&r[i].task, &s.task) || tpk_tune_record_config(&s, &r[i], &c, &q))
             continue;
         uint64_t idx = tpk_tune_space_index(&s, &c);
         size_t j = 0;
         while (j < t.n && t.idx[j] != idx)
             j++;
-        double g = tpk_tune_result_label(&r[i].result);
-        if (j == t.n) {
-            t.idx[t.n] = idx;
-            t.gf[t.n++] = g;
-        } else if (g > t.gf[j])
-            t.gf[j] = g; /* a re-measured configuration: its best */
-        best = g > best ? g : best;
+        if (j == t.n)
+            t.idx[t.n++] = idx;
+        slot[i] = (int)j;
+        if (tpk_tune_result_label(&r[i].result) > 0) {
+            nok++;
+            if (r[i].result.vendor_gflops > 0)
+                vend[nvend++] = r[i].result.vendor_gflops;
+        }
     }
+    const int relative = nok > 0 && nvend == nok;
+    double vmed = 0;
+    if (relative) {
+        qsort(vend, nvend, sizeof *vend, cmp_double);
+        vmed = vend[nvend / 2];
+    }
+    for (size_t i = 0; i < n; i++) {
+        double g = slot[i] < 0 ? 0 : tpk_tune_result_label(&r[i].result);
+        if (g > 0) {
+            sum[slot[i]] += relative ? g / r[i].result.vendor_gflops * vmed : g;
+            cnt[slot[i]]++;
+        }
+    }
+    double best = 0;
+    int passes = 0;
+    for (size_t j = 0; j < t.n; j++) {
+        t.gf[j] = cnt[j] ? sum[j] / cnt[j] : 0; /* failed in every record: 0 */
+        best = t.gf[j] > best ? t.gf[j] : best;
+        passes = cnt[j] > passes ? cnt[j] : passes;
+    }
+    free(vend), free(sum), free(cnt), free(slot);
     if (a->transfer && read_logs(a->transfer, &hist, &nhist, ctx))
         goto done;
     /* What transfer learns from: other workloads' records measured without competing load. */
@@ -568,6 +701,11 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
            "(%d configurations reach it); seeds %d..%d\n",
            t.n, s.task.m, s.task.n, s.task.k, tpk_tune_dtype_name(s.task.dtype), best, 0.95 * best, near, a->seed0,
            a->seed0 + a->seeds - 1);
+    if (relative)
+        printf("labels: mean over up to %d records per configuration of the rate relative to OpenBLAS timed beside it, "
+               "times its median %.2f GFLOP/s\n", passes, vmed);
+    else
+        printf("labels: mean over up to %d records per configuration of the fastest repeat's rate\n", passes);
     int model = a->model == TPK_TUNE_MODEL_RANDOM ? TPK_TUNE_MODEL_XGB_RANK : a->model;
     const char *mname = model == TPK_TUNE_MODEL_XGB_REG ? "xgb-reg" : "xgb-rank";
     int med[3], lo, hi, exact = random_median_exact(t.n, (size_t)near);
@@ -652,6 +790,8 @@ int main(int argc, char **argv)
         rc = cmd_gemm(&a, &ctx);
     else if (!strcmp(argv[1], "show"))
         rc = cmd_show(&a, &ctx);
+    else if (!strcmp(argv[1], "measure"))
+        rc = cmd_measure(&a, &ctx);
     else if (!strcmp(argv[1], "emit"))
         rc = cmd_emit(&a, &ctx);
     else if (!strcmp(argv[1], "gen"))

@@ -406,6 +406,20 @@ static int model_params(tpk_tune_model *m, const tpk_tune_opts *o, tpk_ctx *ctx)
     return st;
 }
 
+/* What the model learns from and the search ranks by: the label, divided by the rate of OpenBLAS
+ * timed in the same child when it was (tpk_tune_measure_opts.vendor) and scaled by `vref`, a
+ * vendor rate fixed for the run. The machine's speed drifts between children (a shared VM: the
+ * same configuration's rate differs by 6-7 % rms from one child to the next, OpenBLAS's by as
+ * much, their ratio by about 4 %; tuner/README.md "Search efficiency"), and the ratio cancels
+ * what moves both. Without a vendor rate the label itself. Transfer keeps the plain labels of
+ * the earlier logs: on the replay tables their vendor-relative labels gave the 512³ search 9
+ * trials against 5 (two-thread OpenBLAS rates under load do not move with the kernel's). */
+static double ranked_label(const tpk_tune_result *r, double vref)
+{
+    double g = tpk__label(r);
+    return g > 0 && r->vendor_gflops > 0 && vref > 0 ? g * vref / r->vendor_gflops : g;
+}
+
 /* Earlier workloads' measurements of this template: features, labels, one group per workload
  * (rank:pairwise then learns only the order within each workload, never across shapes). */
 typedef struct history_rows {
@@ -584,7 +598,7 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
     }
 
     int done_n = 0, nbatch = 0;
-    double best = 0;
+    double best = 0, best_ranked = 0, vref = 0; /* best: the label of the best by ranked_label */
     char best_str[256] = "";
     while (done_n < o.trials) {
         int want = o.plan_size;
@@ -646,9 +660,12 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
             int nf = s->features(s, &c, X + (size_t)done_n * (size_t)nfeat, nfeat);
             for (int f = nf; f < nfeat; f++)
                 X[(size_t)done_n * (size_t)nfeat + (size_t)f] = 0;
-            y[done_n] = (float)tpk__label(&r);
+            if (vref == 0 && tpk__label(&r) > 0 && r.vendor_gflops > 0)
+                vref = r.vendor_gflops;
+            y[done_n] = (float)ranked_label(&r, vref);
             done_n++;
-            if (r.err == 0 && tpk__label(&r) > best) {
+            if (r.err == 0 && ranked_label(&r, vref) > best_ranked) {
+                best_ranked = ranked_label(&r, vref);
                 best = tpk__label(&r);
                 out->best = c;
                 tpk_tune_config_str(s, &c, best_str, sizeof best_str);
