@@ -400,179 +400,387 @@ static void tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da(size_t m, size
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=288,nc=512,ku=8,order=ir_jr,par=ic,pf=2,pb=shared,pa=packed ---- */
-enum { tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_MC = 288, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_NC = 528 };
+/* ---- tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da: dgemm, vw=512,mr=6,nv=4,kc=384,mc=48,nc=256,ku=8,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_MR = 6, tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_NR = 32, tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_KC = 384, tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_MC = 48, tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_NC = 256 };
 
-/* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
-static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
-    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
-    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
-    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
-    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
-    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
-    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
     __builtin_prefetch(c + 0 * ldc, 1, 3);
-    __builtin_prefetch(c + 0 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 1 * ldc, 1, 3);
-    __builtin_prefetch(c + 1 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 2 * ldc, 1, 3);
-    __builtin_prefetch(c + 2 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 3 * ldc, 1, 3);
-    __builtin_prefetch(c + 3 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 4 * ldc, 1, 3);
-    __builtin_prefetch(c + 4 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 5 * ldc, 1, 3);
-    __builtin_prefetch(c + 5 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
     size_t p = 0;
     for (; p + 8 <= kc; p += 8) {
-        __builtin_prefetch(a + (p + 16) * 6, 0, 3);
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
-            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 24 + 16);
-            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 24 + 16);
-            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 24 + 16);
-            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 24 + 16);
-            { const double ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 4) * 32 + 24);
+            { const double ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 24 + 16);
-            { const double ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 5) * 32 + 24);
+            { const double ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 24 + 16);
-            { const double ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 6) * 32 + 24);
+            { const double ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 24 + 16);
-            { const double ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 7) * 32 + 24);
+            { const double ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
-            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     if (beta == 0) {
         tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
         tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
         tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
         tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
         tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
         tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
         tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
         tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
         tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
         tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
         tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
         tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
         tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
         tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
         tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
         tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
         tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
         tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
     } else {
         tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
         tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
         tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
         tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
         tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
         tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
         tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
         tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
         tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
         tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
         tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
         tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
         tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
         tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
         tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
         tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
         tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
         tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 4) * 32 + 24);
+            { const double ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 5) * 32 + 24);
+            { const double ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 6) * 32 + 24);
+            { const double ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 7) * 32 + 24);
+            { const double ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
     }
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
-static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+static void tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
 {
     if (csa == 1 && mr_e == 6) {
         for (size_t i = 0; i < 6; i++)
@@ -589,53 +797,79 @@ static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_pack_a(size_t mr_
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 24-column panel, zero-padded. */
-static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 24 + j] = B[p * rsb + j];
+                dst[p * 32 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 24 + j] = B[p * rsb + j * csb];
-        for (; j < 24; j++)
-            dst[p * 24 + j] = 0;
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
     const size_t mpan = (mc + 6 - 1) / 6;
     for (size_t ip = 0; ip < mpan; ip++)
         for (size_t jp = jp0; jp < jp1; jp++) {
             const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
-            const size_t nr_e = nc - jp * 24 < 24 ? nc - jp * 24 : 24;
-            double *c = C + ip * 6 * ldc + jp * 24;
-            const double *a = ap + ip * 6 * kc, *b = bp + jp * 24 * kc;
-            if (mr_e == 6 && nr_e == 24) {
-                tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ukr(kc, a, b, ct, 24, 1, 0);
+            tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 24 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
         }
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ws(int nt)
+static size_t tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ws(int nt)
 {
-    return (135168 + (size_t)(nt < 1 ? 1 : nt) * 73728) * sizeof(double);
+    return (98304 + (size_t)(nt < 1 ? 1 : nt) * 18432) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -648,30 +882,38 @@ static void tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2(size_t m, size_t 
     }
     if (nt < 1)
         nt = 1;
-    double *const bp = ws, *const ap_all = bp + 135168;
+    double *const bp = ws, *const ap_all = bp + 98304;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        double ct[6 * 24] __attribute__((aligned(64)));
-        for (size_t jc = 0; jc < n; jc += 528) {
-            const size_t nc = n - jc < 528 ? n - jc : 528;
-            const size_t npan = (nc + 24 - 1) / 24;
-            for (size_t pc = 0; pc < k; pc += 256) {
-                const size_t kc = k - pc < 256 ? k - pc : 256;
+        double ct[6 * 32] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 384) {
+                const size_t kc = k - pc < 384 ? k - pc : 384;
                 const double bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
-                            rsb, csb, bp + jp * 24 * kc);
+                    tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 73728;
-                const size_t nblk = (m + 288 - 1) / 288;
+                double *const ap = ap_all + tid * 18432;
+                const size_t nblk = (m + 48 - 1) / 48;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 288, mc = m - ic < 288 ? m - ic : 288;
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
                     for (size_t ip = 0; ip * 6 < mc; ip++)
-                        tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                        tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 6 * kc);
-                    tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -1316,179 +1558,387 @@ static void tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da(size_t m, size
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2: dgemm, vw=512,mr=6,nv=3,kc=256,mc=240,nc=1024,ku=8,order=jr_ir,par=ic,pf=2,pb=shared,pa=packed ---- */
-enum { tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_MR = 6, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_NR = 24, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_KC = 256, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_MC = 240, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_NC = 1032 };
+/* ---- tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da: dgemm, vw=512,mr=6,nv=4,kc=512,mc=48,nc=256,ku=8,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_MR = 6, tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_NR = 32, tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_KC = 512, tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_MC = 48, tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_NC = 256 };
 
-/* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
-static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
-    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
-    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
-    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
-    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
-    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
-    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
     __builtin_prefetch(c + 0 * ldc, 1, 3);
-    __builtin_prefetch(c + 0 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 1 * ldc, 1, 3);
-    __builtin_prefetch(c + 1 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 2 * ldc, 1, 3);
-    __builtin_prefetch(c + 2 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 3 * ldc, 1, 3);
-    __builtin_prefetch(c + 3 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 4 * ldc, 1, 3);
-    __builtin_prefetch(c + 4 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
     __builtin_prefetch(c + 5 * ldc, 1, 3);
-    __builtin_prefetch(c + 5 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
     size_t p = 0;
     for (; p + 8 <= kc; p += 8) {
-        __builtin_prefetch(a + (p + 16) * 6, 0, 3);
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
-            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 24 + 16);
-            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 24 + 16);
-            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 24 + 16);
-            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 24 + 16);
-            { const double ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 4) * 32 + 24);
+            { const double ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 24 + 16);
-            { const double ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 5) * 32 + 24);
+            { const double ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 24 + 16);
-            { const double ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 6) * 32 + 24);
+            { const double ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 24 + 16);
-            { const double ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 7) * 32 + 24);
+            { const double ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
-            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
-            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
-            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     if (beta == 0) {
         tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
         tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
         tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
         tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
         tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
         tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
         tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
         tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
         tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
         tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
         tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
         tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
         tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
         tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
         tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
         tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
         tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
         tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
     } else {
         tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
         tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
         tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
         tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
         tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
         tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
         tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
         tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
         tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
         tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
         tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
         tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
         tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
         tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
         tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
         tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
         tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
         tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 4) * 32 + 24);
+            { const double ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 5) * 32 + 24);
+            { const double ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 6) * 32 + 24);
+            { const double ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 7) * 32 + 24);
+            { const double ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
     }
 }
 
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
-static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+static void tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
 {
     if (csa == 1 && mr_e == 6) {
         for (size_t i = 0; i < 6; i++)
@@ -1505,53 +1955,79 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_pack_a(size_t mr
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 24-column panel, zero-padded. */
-static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 24 + j] = B[p * rsb + j];
+                dst[p * 32 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 24 + j] = B[p * rsb + j * csb];
-        for (; j < 24; j++)
-            dst[p * 24 + j] = 0;
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
     const size_t mpan = (mc + 6 - 1) / 6;
-    for (size_t jp = jp0; jp < jp1; jp++)
-        for (size_t ip = 0; ip < mpan; ip++) {
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
             const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
-            const size_t nr_e = nc - jp * 24 < 24 ? nc - jp * 24 : 24;
-            double *c = C + ip * 6 * ldc + jp * 24;
-            const double *a = ap + ip * 6 * kc, *b = bp + jp * 24 * kc;
-            if (mr_e == 6 && nr_e == 24) {
-                tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ukr(kc, a, b, ct, 24, 1, 0);
+            tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 24 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
         }
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ws(int nt)
+static size_t tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ws(int nt)
 {
-    return (264192 + (size_t)(nt < 1 ? 1 : nt) * 61440) * sizeof(double);
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 24576) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -1564,30 +2040,38 @@ static void tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2(size_t m, size_t
     }
     if (nt < 1)
         nt = 1;
-    double *const bp = ws, *const ap_all = bp + 264192;
+    double *const bp = ws, *const ap_all = bp + 131072;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        double ct[6 * 24] __attribute__((aligned(64)));
-        for (size_t jc = 0; jc < n; jc += 1032) {
-            const size_t nc = n - jc < 1032 ? n - jc : 1032;
-            const size_t npan = (nc + 24 - 1) / 24;
-            for (size_t pc = 0; pc < k; pc += 256) {
-                const size_t kc = k - pc < 256 ? k - pc : 256;
+        double ct[6 * 32] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
                 const double bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
-                            rsb, csb, bp + jp * 24 * kc);
+                    tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                double *const ap = ap_all + tid * 61440;
-                const size_t nblk = (m + 240 - 1) / 240;
+                double *const ap = ap_all + tid * 24576;
+                const size_t nblk = (m + 48 - 1) / 48;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 240, mc = m - ic < 240 ? m - ic : 240;
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
                     for (size_t ip = 0; ip * 6 < mc; ip++)
-                        tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                        tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 6 * kc);
-                    tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -4249,11 +4733,11 @@ static void tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da(size_t m, si
     }
 }
 
-/* ---- tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2: dgemm, vw=512,mr=6,nv=4,kc=384,mc=144,nc=2048,ku=4,order=jr_ir,par=ic,pf=2,pb=private,pa=packed ---- */
-enum { tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_MR = 6, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_NR = 32, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_KC = 384, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_MC = 144, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_NC = 2048 };
+/* ---- tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da: dgemm, vw=512,mr=6,nv=4,kc=256,mc=48,nc=512,ku=4,order=ir_jr,par=ic,pf=2,pb=private,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_MR = 6, tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_NR = 32, tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_KC = 256, tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_MC = 48, tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_NC = 512 };
 
 /* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
-static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+static void tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
         size_t ldc, double alpha, double beta)
 {
     tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
@@ -4393,8 +4877,154 @@ static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ukr(size_t kc,
     }
 }
 
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + 0 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 1 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 2 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 3 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 4 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 5 * lda + p + 32, 0, 3);
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
 /* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
-static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+static void tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
 {
     if (csa == 1 && mr_e == 6) {
         for (size_t i = 0; i < 6; i++)
@@ -4412,7 +5042,7 @@ static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_a(size_t 
 }
 
 /* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
-static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+static void tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
@@ -4428,22 +5058,48 @@ static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_b(size_t 
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+static void tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
         size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
 {
     const size_t mpan = (mc + 6 - 1) / 6;
-    for (size_t jp = jp0; jp < jp1; jp++)
-        for (size_t ip = 0; ip < mpan; ip++) {
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
             const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
             const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
             double *c = C + ip * 6 * ldc + jp * 32;
             const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
             if (mr_e == 6 && nr_e == 32) {
-                tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+                tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ukr(kc, a, b, ct, 32, 1, 0);
+            tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ukr(kc, ape, b, ct, 32, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
                     c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
@@ -4451,13 +5107,13 @@ static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_macro(size_t m
 }
 
 /* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
-static size_t tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ws(int nt)
+static size_t tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ws(int nt)
 {
-    return (size_t)(nt < 1 ? 1 : nt) * (786432 + 55296) * sizeof(double);
+    return (size_t)(nt < 1 ? 1 : nt) * (131072 + 12288) * sizeof(double);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
         size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -4475,26 +5131,34 @@ static void tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2(size_t m, size
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
         double ct[6 * 32] __attribute__((aligned(64)));
         /* Every thread packs B for itself: no barrier anywhere. */
-        double *const bp = (double *)ws + tid * 841728, *const ap = bp + 786432;
-        const size_t nblk = (m + 144 - 1) / 144, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
-        for (size_t jc = 0; jc < n; jc += 2048) {
-            const size_t nc = n - jc < 2048 ? n - jc : 2048;
+        double *const bp = (double *)ws + tid * 143360, *const ap = bp + 131072;
+        const size_t nblk = (m + 48 - 1) / 48, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 512) {
+            const size_t nc = n - jc < 512 ? n - jc : 512;
             const size_t npan = (nc + 32 - 1) / 32;
-            for (size_t pc = 0; pc < k; pc += 384) {
-                const size_t kc = k - pc < 384 ? k - pc : 384;
+            for (size_t pc = 0; pc < k; pc += 256) {
+                const size_t kc = k - pc < 256 ? k - pc : 256;
                 const double bet = pc == 0 ? beta : 1;
                 if (b0 == b1)
                     continue;
                 for (size_t jp = 0; jp < npan; jp++)
-                    tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                    tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
                             rsb, csb, bp + jp * 32 * kc);
                 /* Threads split the ic loop; each packs its own A block. */
                 for (size_t ib = b0; ib < b1; ib++) {
-                    const size_t ic = ib * 144, mc = m - ic < 144 ? m - ic : 144;
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
                     for (size_t ip = 0; ip * 6 < mc; ip++)
-                        tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                        tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
                                 rsa, csa, ap + ip * 6 * kc);
-                    tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
             }
         }
@@ -7006,183 +7670,476 @@ static void tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da(size_t m, si
     }
 }
 
-/* ---- tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0: sgemm, vw=512,mr=8,nv=3,kc=512,mc=72,nc=512,ku=2,order=jr_ir,par=ic,pf=0,pb=private,pa=packed ---- */
-enum { tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_MR = 8, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_NR = 48, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_KC = 512, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_MC = 72, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_NC = 528 };
+/* ---- tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da: sgemm, vw=512,mr=6,nv=4,kc=384,mc=48,nc=256,ku=8,order=jr_ir,par=ic,pf=1,pb=private,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_MR = 6, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_NR = 64, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_KC = 384, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_MC = 48, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_NC = 256 };
 
-/* C[8×48] = alpha·a·b + beta·C from packed panels a (kc×8) and b (kc×48). */
-static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
-    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
-    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
-    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
-    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
-    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
-    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
-    tpk_v16f c6_0 = {0}, c6_1 = {0}, c6_2 = {0};
-    tpk_v16f c7_0 = {0}, c7_1 = {0}, c7_2 = {0};
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
     size_t p = 0;
-    for (; p + 2 <= kc; p += 2) {
+    for (; p + 8 <= kc; p += 8) {
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
-            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
-            { const float ai = a[(p + 0) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 48 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 48 + 16);
-            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 48 + 32);
-            { const float ai = a[(p + 1) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const float ai = a[(p + 1) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const float ai = a[(p + 1) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const float ai = a[(p + 1) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const float ai = a[(p + 1) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const float ai = a[(p + 1) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
-            { const float ai = a[(p + 1) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
-            { const float ai = a[(p + 1) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
-            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
-            { const float ai = a[(p + 0) * 8 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; c6_2 += ai * b2; }
-            { const float ai = a[(p + 0) * 8 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; c7_2 += ai * b2; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     if (beta == 0) {
         tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
         tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
         tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
         tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
         tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
         tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
         tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
         tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
         tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
         tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
         tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
         tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
         tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
         tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
         tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
         tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
         tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
         tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
-        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
-        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
-        tpk_v16f_st(c + 6 * ldc + 32, alpha * c6_2);
-        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
-        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
-        tpk_v16f_st(c + 7 * ldc + 32, alpha * c7_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
     } else {
         tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
         tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
         tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
         tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
         tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
         tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
         tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
         tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
         tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
         tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
         tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
         tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
         tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
         tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
         tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
         tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
         tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
         tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
-        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
-        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
-        tpk_v16f_st(c + 6 * ldc + 32, beta * tpk_v16f_ld(c + 6 * ldc + 32) + alpha * c6_2);
-        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
-        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
-        tpk_v16f_st(c + 7 * ldc + 32, beta * tpk_v16f_ld(c + 7 * ldc + 32) + alpha * c7_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 8-row panel, zero-padded. */
-static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
 {
-    if (csa == 1 && mr_e == 8) {
-        for (size_t i = 0; i < 8; i++)
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 8 + i] = A[i * rsa + p];
+                dst[p * 6 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 8 + i] = A[i * rsa + p * csa];
-        for (; i < 8; i++)
-            dst[p * 8 + i] = 0;
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 48-column panel, zero-padded. */
-static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 48 + j] = B[p * rsb + j];
+                dst[p * 64 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 48 + j] = B[p * rsb + j * csb];
-        for (; j < 48; j++)
-            dst[p * 48 + j] = 0;
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
 {
-    const size_t mpan = (mc + 8 - 1) / 8;
+    const size_t mpan = (mc + 6 - 1) / 6;
     for (size_t jp = jp0; jp < jp1; jp++)
         for (size_t ip = 0; ip < mpan; ip++) {
-            const size_t mr_e = mc - ip * 8 < 8 ? mc - ip * 8 : 8;
-            const size_t nr_e = nc - jp * 48 < 48 ? nc - jp * 48 : 48;
-            float *c = C + ip * 8 * ldc + jp * 48;
-            const float *a = ap + ip * 8 * kc, *b = bp + jp * 48 * kc;
-            if (mr_e == 8 && nr_e == 48) {
-                tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ukr(kc, a, b, c, ldc, alpha, beta);
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ukr(kc, a, b, ct, 48, 1, 0);
+            tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ukr(kc, a, b, ct, 64, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 48 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
         }
 }
 
 /* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
-static size_t tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ws(int nt)
+static size_t tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ws(int nt)
 {
-    return (size_t)(nt < 1 ? 1 : nt) * (270336 + 36864) * sizeof(float);
+    return (size_t)(nt < 1 ? 1 : nt) * (98304 + 18432) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ws(nt) bytes, 64-aligned. */
-static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -7198,28 +8155,36 @@ static void tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0(size_t m, size_t
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        float ct[8 * 48] __attribute__((aligned(64)));
+        float ct[6 * 64] __attribute__((aligned(64)));
         /* Every thread packs B for itself: no barrier anywhere. */
-        float *const bp = (float *)ws + tid * 307200, *const ap = bp + 270336;
-        const size_t nblk = (m + 72 - 1) / 72, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
-        for (size_t jc = 0; jc < n; jc += 528) {
-            const size_t nc = n - jc < 528 ? n - jc : 528;
-            const size_t npan = (nc + 48 - 1) / 48;
-            for (size_t pc = 0; pc < k; pc += 512) {
-                const size_t kc = k - pc < 512 ? k - pc : 512;
+        float *const bp = (float *)ws + tid * 116736, *const ap = bp + 98304;
+        const size_t nblk = (m + 48 - 1) / 48, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 384) {
+                const size_t kc = k - pc < 384 ? k - pc : 384;
                 const float bet = pc == 0 ? beta : 1;
                 if (b0 == b1)
                     continue;
                 for (size_t jp = 0; jp < npan; jp++)
-                    tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_pack_b(nc - jp * 48 < 48 ? nc - jp * 48 : 48, kc, B + pc * rsb + (jc + jp * 48) * csb,
-                            rsb, csb, bp + jp * 48 * kc);
+                    tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
                 /* Threads split the ic loop; each packs its own A block. */
                 for (size_t ib = b0; ib < b1; ib++) {
-                    const size_t ic = ib * 72, mc = m - ic < 72 ? m - ic : 72;
-                    for (size_t ip = 0; ip * 8 < mc; ip++)
-                        tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_pack_a(mc - ip * 8 < 8 ? mc - ip * 8 : 8, kc, A + (ic + ip * 8) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 8 * kc);
-                    tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
             }
         }
@@ -7667,241 +8632,380 @@ static void tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da(size_t m, si
     }
 }
 
-/* ---- tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2: sgemm, vw=512,mr=14,nv=2,kc=256,mc=72,nc=2048,ku=2,order=jr_ir,par=ic,pf=2,pb=shared,pa=packed ---- */
-enum { tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_MR = 14, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_NR = 32, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_KC = 256, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_MC = 84, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_NC = 2048 };
+/* ---- tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da: sgemm, vw=512,mr=6,nv=4,kc=512,mc=48,nc=256,ku=4,order=jr_ir,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_MR = 6, tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_NR = 64, tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_KC = 512, tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_MC = 48, tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_NC = 256 };
 
-/* C[14×32] = alpha·a·b + beta·C from packed panels a (kc×14) and b (kc×32). */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
         size_t ldc, float alpha, float beta)
 {
-    tpk_v16f c0_0 = {0}, c0_1 = {0};
-    tpk_v16f c1_0 = {0}, c1_1 = {0};
-    tpk_v16f c2_0 = {0}, c2_1 = {0};
-    tpk_v16f c3_0 = {0}, c3_1 = {0};
-    tpk_v16f c4_0 = {0}, c4_1 = {0};
-    tpk_v16f c5_0 = {0}, c5_1 = {0};
-    tpk_v16f c6_0 = {0}, c6_1 = {0};
-    tpk_v16f c7_0 = {0}, c7_1 = {0};
-    tpk_v16f c8_0 = {0}, c8_1 = {0};
-    tpk_v16f c9_0 = {0}, c9_1 = {0};
-    tpk_v16f c10_0 = {0}, c10_1 = {0};
-    tpk_v16f c11_0 = {0}, c11_1 = {0};
-    tpk_v16f c12_0 = {0}, c12_1 = {0};
-    tpk_v16f c13_0 = {0}, c13_1 = {0};
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
     __builtin_prefetch(c + 0 * ldc, 1, 3);
-    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 1 * ldc, 1, 3);
-    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 2 * ldc, 1, 3);
-    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 3 * ldc, 1, 3);
-    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 4 * ldc, 1, 3);
-    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
     __builtin_prefetch(c + 5 * ldc, 1, 3);
-    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 6 * ldc, 1, 3);
-    __builtin_prefetch(c + 6 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 7 * ldc, 1, 3);
-    __builtin_prefetch(c + 7 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 8 * ldc, 1, 3);
-    __builtin_prefetch(c + 8 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 9 * ldc, 1, 3);
-    __builtin_prefetch(c + 9 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 10 * ldc, 1, 3);
-    __builtin_prefetch(c + 10 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 11 * ldc, 1, 3);
-    __builtin_prefetch(c + 11 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 12 * ldc, 1, 3);
-    __builtin_prefetch(c + 12 * ldc + 31, 1, 3);
-    __builtin_prefetch(c + 13 * ldc, 1, 3);
-    __builtin_prefetch(c + 13 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
     size_t p = 0;
-    for (; p + 2 <= kc; p += 2) {
-        __builtin_prefetch(a + (p + 4) * 14, 0, 3);
+    for (; p + 4 <= kc; p += 4) {
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
-            { const float ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 32 + 16);
-            { const float ai = a[(p + 1) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 1) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     for (; p < kc; p++) {
         {
-            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 32 + 0);
-            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 32 + 16);
-            { const float ai = a[(p + 0) * 14 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 6]; c6_0 += ai * b0; c6_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 7]; c7_0 += ai * b0; c7_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 8]; c8_0 += ai * b0; c8_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 9]; c9_0 += ai * b0; c9_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 10]; c10_0 += ai * b0; c10_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 11]; c11_0 += ai * b0; c11_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 12]; c12_0 += ai * b0; c12_1 += ai * b1; }
-            { const float ai = a[(p + 0) * 14 + 13]; c13_0 += ai * b0; c13_1 += ai * b1; }
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
         }
     }
     if (beta == 0) {
         tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
         tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
         tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
         tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
         tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
         tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
         tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
         tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
         tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
         tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
         tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
         tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
-        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
-        tpk_v16f_st(c + 6 * ldc + 16, alpha * c6_1);
-        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
-        tpk_v16f_st(c + 7 * ldc + 16, alpha * c7_1);
-        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
-        tpk_v16f_st(c + 8 * ldc + 16, alpha * c8_1);
-        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
-        tpk_v16f_st(c + 9 * ldc + 16, alpha * c9_1);
-        tpk_v16f_st(c + 10 * ldc + 0, alpha * c10_0);
-        tpk_v16f_st(c + 10 * ldc + 16, alpha * c10_1);
-        tpk_v16f_st(c + 11 * ldc + 0, alpha * c11_0);
-        tpk_v16f_st(c + 11 * ldc + 16, alpha * c11_1);
-        tpk_v16f_st(c + 12 * ldc + 0, alpha * c12_0);
-        tpk_v16f_st(c + 12 * ldc + 16, alpha * c12_1);
-        tpk_v16f_st(c + 13 * ldc + 0, alpha * c13_0);
-        tpk_v16f_st(c + 13 * ldc + 16, alpha * c13_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
     } else {
         tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
         tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
         tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
         tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
         tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
         tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
         tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
         tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
         tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
         tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
         tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
         tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
-        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
-        tpk_v16f_st(c + 6 * ldc + 16, beta * tpk_v16f_ld(c + 6 * ldc + 16) + alpha * c6_1);
-        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
-        tpk_v16f_st(c + 7 * ldc + 16, beta * tpk_v16f_ld(c + 7 * ldc + 16) + alpha * c7_1);
-        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
-        tpk_v16f_st(c + 8 * ldc + 16, beta * tpk_v16f_ld(c + 8 * ldc + 16) + alpha * c8_1);
-        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
-        tpk_v16f_st(c + 9 * ldc + 16, beta * tpk_v16f_ld(c + 9 * ldc + 16) + alpha * c9_1);
-        tpk_v16f_st(c + 10 * ldc + 0, beta * tpk_v16f_ld(c + 10 * ldc + 0) + alpha * c10_0);
-        tpk_v16f_st(c + 10 * ldc + 16, beta * tpk_v16f_ld(c + 10 * ldc + 16) + alpha * c10_1);
-        tpk_v16f_st(c + 11 * ldc + 0, beta * tpk_v16f_ld(c + 11 * ldc + 0) + alpha * c11_0);
-        tpk_v16f_st(c + 11 * ldc + 16, beta * tpk_v16f_ld(c + 11 * ldc + 16) + alpha * c11_1);
-        tpk_v16f_st(c + 12 * ldc + 0, beta * tpk_v16f_ld(c + 12 * ldc + 0) + alpha * c12_0);
-        tpk_v16f_st(c + 12 * ldc + 16, beta * tpk_v16f_ld(c + 12 * ldc + 16) + alpha * c12_1);
-        tpk_v16f_st(c + 13 * ldc + 0, beta * tpk_v16f_ld(c + 13 * ldc + 0) + alpha * c13_0);
-        tpk_v16f_st(c + 13 * ldc + 16, beta * tpk_v16f_ld(c + 13 * ldc + 16) + alpha * c13_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
     }
 }
 
-/* Pack an mr_e×kc block of A (strides rsa, csa) into an 14-row panel, zero-padded. */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
 {
-    if (csa == 1 && mr_e == 14) {
-        for (size_t i = 0; i < 14; i++)
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * 14 + i] = A[i * rsa + p];
+                dst[p * 6 + i] = A[i * rsa + p];
         return;
     }
     for (size_t p = 0; p < kc; p++) {
         size_t i = 0;
         for (; i < mr_e; i++)
-            dst[p * 14 + i] = A[i * rsa + p * csa];
-        for (; i < 14; i++)
-            dst[p * 14 + i] = 0;
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
     }
 }
 
-/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
 {
     for (size_t p = 0; p < kc; p++) {
         size_t j = 0;
         if (csb == 1)
             for (; j < nr_e; j++)
-                dst[p * 32 + j] = B[p * rsb + j];
+                dst[p * 64 + j] = B[p * rsb + j];
         else
             for (; j < nr_e; j++)
-                dst[p * 32 + j] = B[p * rsb + j * csb];
-        for (; j < 32; j++)
-            dst[p * 32 + j] = 0;
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
     }
 }
 
 /* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
         size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
 {
-    const size_t mpan = (mc + 14 - 1) / 14;
+    const size_t mpan = (mc + 6 - 1) / 6;
     for (size_t jp = jp0; jp < jp1; jp++)
         for (size_t ip = 0; ip < mpan; ip++) {
-            const size_t mr_e = mc - ip * 14 < 14 ? mc - ip * 14 : 14;
-            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
-            float *c = C + ip * 14 * ldc + jp * 32;
-            const float *a = ap + ip * 14 * kc, *b = bp + jp * 32 * kc;
-            if (mr_e == 14 && nr_e == 32) {
-                tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
                 continue;
             }
             /* Edge tile: full tile into ct, then the valid part into C. */
-            tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ukr(kc, a, b, ct, 32, 1, 0);
+            tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ukr(kc, a, b, ct, 64, 1, 0);
             for (size_t i = 0; i < mr_e; i++)
                 for (size_t j = 0; j < nr_e; j++)
-                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
         }
 }
 
 /* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
-static size_t tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ws(int nt)
+static size_t tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ws(int nt)
 {
-    return (524288 + (size_t)(nt < 1 ? 1 : nt) * 21504) * sizeof(float);
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 24576) * sizeof(float);
 }
 
-/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ws(nt) bytes, 64-aligned. */
-static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
         size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
 {
     if (m == 0 || n == 0)
@@ -7914,30 +9018,38 @@ static void tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2(size_t m, size_t
     }
     if (nt < 1)
         nt = 1;
-    float *const bp = ws, *const ap_all = bp + 524288;
+    float *const bp = ws, *const ap_all = bp + 131072;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        float ct[14 * 32] __attribute__((aligned(64)));
-        for (size_t jc = 0; jc < n; jc += 2048) {
-            const size_t nc = n - jc < 2048 ? n - jc : 2048;
-            const size_t npan = (nc + 32 - 1) / 32;
-            for (size_t pc = 0; pc < k; pc += 256) {
-                const size_t kc = k - pc < 256 ? k - pc : 256;
+        float ct[6 * 64] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
                 const float bet = pc == 0 ? beta : 1;
                 for (size_t jp = tid; jp < npan; jp += nth)
-                    tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
-                            rsb, csb, bp + jp * 32 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
 #pragma omp barrier
                 /* Threads split the ic loop; each packs its own A block. */
-                float *const ap = ap_all + tid * 21504;
-                const size_t nblk = (m + 84 - 1) / 84;
+                float *const ap = ap_all + tid * 24576;
+                const size_t nblk = (m + 48 - 1) / 48;
                 for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
-                    const size_t ic = ib * 84, mc = m - ic < 84 ? m - ic : 84;
-                    for (size_t ip = 0; ip * 14 < mc; ip++)
-                        tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_pack_a(mc - ip * 14 < 14 ? mc - ip * 14 : 14, kc, A + (ic + ip * 14) * rsa + pc * csa,
-                                rsa, csa, ap + ip * 14 * kc);
-                    tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
                 }
 #pragma omp barrier
             }
@@ -9915,9 +11027,9 @@ static void tpk_ssyrk_avx512_8x48_k128_m576_n8208_u4_jrir_icpb_p1(size_t m, size
 /* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s of the fastest repeat when tuned. */
 const tpk__gemm_entry tpk__gemm_table[] = {
     {0, 0, 1, 1024, 64, 1024, 93.9, "tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da", tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da, NULL, tpk_dgemm_avx512_4x32_k256_m288_n256_u4_irjr_ic_p0_da_ws},
-    {0, 0, 1, 1024, 1024, 1024, 82.0, "tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2", tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m288_n528_u8_irjr_ic_p2_ws},
+    {0, 0, 1, 1024, 1024, 1024, 88.2, "tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da", tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_6x32_k384_m48_n256_u8_irjr_ic_p1_da_ws},
     {0, 0, 1, 2048, 64, 2048, 80.2, "tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da", tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da, NULL, tpk_dgemm_avx512_14x16_k384_m84_n256_u8_irjr_ic_p0_da_ws},
-    {0, 0, 1, 2048, 2048, 2048, 79.3, "tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2", tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2, NULL, tpk_dgemm_avx512_6x24_k256_m240_n1032_u8_jrir_ic_p2_ws},
+    {0, 0, 1, 2048, 2048, 2048, 88.9, "tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da", tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_6x32_k512_m48_n256_u8_irjr_ic_p1_da_ws},
     {0, 0, 1, 4096, 64, 4096, 75.0, "tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da", tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_10x16_k384_m480_n256_u4_irjr_ic_p1_da_ws},
     {0, 0, 1, 4096, 4096, 4096, 89.4, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
     {0, 0, 2, 1024, 64, 1024, 166.5, "tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da", tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da, NULL, tpk_dgemm_avx512_6x32_k64_m480_n256_u4_irjr_icpb_p1_da_ws},
@@ -9925,16 +11037,16 @@ const tpk__gemm_entry tpk__gemm_table[] = {
     {0, 0, 2, 2048, 64, 2048, 168.7, "tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da", tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da, NULL, tpk_dgemm_avx512_14x16_k192_m56_n256_u8_irjr_icpb_p0_da_ws},
     {0, 0, 2, 2048, 2048, 2048, 168.6, "tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2", tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2, NULL, tpk_dgemm_avx512_6x24_k256_m240_n4104_u4_jrir_jr_p2_ws},
     {0, 0, 2, 4096, 64, 4096, 169.1, "tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da", tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da, NULL, tpk_dgemm_avx512_14x16_k512_m84_n256_u2_jrir_icpb_p1_da_ws},
-    {0, 0, 2, 4096, 4096, 4096, 172.7, "tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2", tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2, NULL, tpk_dgemm_avx512_6x32_k384_m144_n2048_u4_jrir_icpb_p2_ws},
+    {0, 0, 2, 4096, 4096, 4096, 175.4, "tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da", tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da, NULL, tpk_dgemm_avx512_6x32_k256_m48_n512_u4_irjr_icpb_p2_da_ws},
     {0, 1, 1, 1024, 64, 1024, 186.8, "tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da", NULL, tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da, tpk_sgemm_avx512_10x32_k512_m480_n256_u8_irjr_ic_p0_da_ws},
     {0, 1, 1, 2048, 64, 2048, 180.3, "tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da", NULL, tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da, tpk_sgemm_avx512_10x32_k384_m100_n256_u1_irjr_ic_p1_da_ws},
     {0, 1, 1, 2048, 2048, 2048, 185.1, "tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2, tpk_sgemm_avx512_6x64_k512_m240_n2048_u2_jrir_ic_p2_ws},
     {0, 1, 1, 4096, 64, 4096, 153.8, "tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da", NULL, tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da, tpk_sgemm_avx512_10x16_k512_m200_n256_u8_irjr_ic_p2_da_ws},
     {0, 1, 1, 4096, 4096, 4096, 188.1, "tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2, tpk_sgemm_avx512_6x64_k512_m240_n4096_u2_jrir_ic_p2_ws},
     {0, 1, 2, 1024, 64, 1024, 337.7, "tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da", NULL, tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da, tpk_sgemm_avx512_14x32_k128_m84_n256_u8_jrir_icpb_p0_da_ws},
-    {0, 1, 2, 1024, 1024, 1024, 339.3, "tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0", NULL, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0, tpk_sgemm_avx512_8x48_k512_m72_n528_u2_jrir_icpb_p0_ws},
+    {0, 1, 2, 1024, 1024, 1024, 340.4, "tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da", NULL, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_jrir_icpb_p1_da_ws},
     {0, 1, 2, 2048, 64, 2048, 308.9, "tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da", NULL, tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da, tpk_sgemm_avx512_14x32_k192_m56_n256_u1_irjr_icpb_p1_da_ws},
-    {0, 1, 2, 2048, 2048, 2048, 309.3, "tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2", NULL, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2, tpk_sgemm_avx512_14x32_k256_m84_n2048_u2_jrir_ic_p2_ws},
+    {0, 1, 2, 2048, 2048, 2048, 367.8, "tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da", NULL, tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da, tpk_sgemm_avx512_6x64_k512_m48_n256_u4_jrir_ic_p1_da_ws},
     {0, 1, 2, 4096, 64, 4096, 371.5, "tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da", NULL, tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da, tpk_sgemm_avx512_6x64_k512_m144_n256_u8_jrir_ic_p2_da_ws},
     {0, 1, 2, 4096, 4096, 4096, 372.5, "tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da", NULL, tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da, tpk_sgemm_avx512_6x64_k384_m96_n1024_u2_jrir_icpb_p1_da_ws},
 };

@@ -234,6 +234,49 @@ static void test_replay_labels(void **state)
     }
 }
 
+/* gen's pick per workload: a record measured without load (load average ≤ threads + 1) before
+ * a faster one measured under load; among unloaded records the fastest. */
+static void test_gen_prefers_unloaded(void **state)
+{
+    (void)state;
+    if (!tptune[0])
+        skip();
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, 320, 320, 320, 1, TPK_TUNE_GEMM};
+    tpk_tune_space s;
+    assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
+    const double rate[3] = {100, 80, 70}, load[3] = {5.0, 0.5, 1.5};
+    char path[1200], gen[1200], cmd[4096], out[4096];
+    snprintf(path, sizeof path, "%s/pick.jsonl", dir);
+    snprintf(gen, sizeof gen, "%s/pick.c", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    uint64_t rng = 21;
+    for (int i = 0; i < 3; i++) {
+        tpk_tune_config c;
+        tpk_tune_space_point(&s, tpk_tune_space_random(&s, &rng), &c);
+        tpk_tune_result r = {0};
+        r.gflops = rate[i];
+        r.cpu_ratio = 1;
+        r.load1 = load[i];
+        tpk_tune_record rec;
+        tpk_tune_record_fill(&rec, &s, &c, &r);
+        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s gen --out=%s %s", tptune, gen, path);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    static char src[1 << 20];
+    f = fopen(gen, "r");
+    assert_non_null(f);
+    size_t n = fread(src, 1, sizeof src - 1, f);
+    fclose(f);
+    src[n] = '\0';
+    assert_non_null(strstr(src, "{0, 0, 1, 320, 320, 320, 80.0, \"tpk_dgemm"));
+    assert_null(strstr(src, "320, 320, 320, 100.0"));
+}
+
 /* Search efficiency on the shipped replay tables (data/tuning/replay/: 1000 configurations
  * each, measured twice with OpenBLAS timed beside every one; labels are the mean of the two
  * vendor-relative rates), 21 seeds, nothing timed. Asserted, against random search's exact
@@ -274,6 +317,7 @@ static void test_replay_shipped_tables(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_cli), cmocka_unit_test(test_measure),
-                                       cmocka_unit_test(test_replay_labels), cmocka_unit_test(test_replay_shipped_tables)};
+                                       cmocka_unit_test(test_replay_labels), cmocka_unit_test(test_gen_prefers_unloaded),
+                                       cmocka_unit_test(test_replay_shipped_tables)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -25,14 +25,20 @@ static int workload_cmp(const tpk_tune_record *a, const tpk_tune_record *b)
     return 0;
 }
 
-/* Undisturbed runs (CPU share ≥ 0.85, or unknown) first, then the label (the fastest repeat's
- * rate): a quiet run is a measurement, a disturbed one a lower bound. */
+/* Undisturbed runs (CPU share ≥ 0.85, or unknown) first, then runs on an unloaded machine (load
+ * average ≤ threads + 1, the rule transfer uses), then the label (the fastest repeat's rate): a
+ * quiet run is a measurement, a disturbed one a lower bound, and a kernel chosen under load
+ * (first shipped log, load 4-9) ran at 0.88-0.91x OpenBLAS on sgemm 2048³ and 1024³ on two
+ * threads in session 4's bench, where its idle retune won (tuner/README.md). */
 static int better(const tpk_tune_record *a, const tpk_tune_record *b)
 {
     int qa = !(a->result.cpu_ratio > 0) || a->result.cpu_ratio >= 0.85;
     int qb = !(b->result.cpu_ratio > 0) || b->result.cpu_ratio >= 0.85;
     if (qa != qb)
         return qa > qb;
+    int ua = tpk_tune_record_unloaded(a), ub = tpk_tune_record_unloaded(b);
+    if (ua != ub)
+        return ua > ub;
     return tpk__label(&a->result) > tpk__label(&b->result);
 }
 
