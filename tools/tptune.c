@@ -231,6 +231,47 @@ static int measure_cb(void *u, const tpk_tune_space *s, const tpk_tune_config *c
     return tpk_tune_measure(s, c, u, r, ctx);
 }
 
+/* Records of several logs into one array. */
+static int read_files(const char *const *paths, int npaths, tpk_tune_record **out, size_t *nout, tpk_ctx *ctx)
+{
+    tpk_tune_record *all = NULL;
+    size_t nall = 0;
+    for (int i = 0; i < npaths; i++) {
+        tpk_tune_record *r;
+        size_t n;
+        if (tpk_tune_log_read(paths[i], &r, &n, ctx)) {
+            free(all);
+            return 1;
+        }
+        tpk_tune_record *g = realloc(all, (nall + n + 1) * sizeof *g);
+        if (!g) {
+            free(r);
+            free(all);
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            return 1;
+        }
+        all = g;
+        memcpy(all + nall, r, n * sizeof *r);
+        nall += n;
+        free(r);
+    }
+    *out = all;
+    *nout = nall;
+    return 0;
+}
+
+/* The same for a comma-separated list ("a.jsonl,b.jsonl"). */
+static int read_logs(const char *list, tpk_tune_record **out, size_t *nout, tpk_ctx *ctx)
+{
+    char buf[4096];
+    const char *paths[64];
+    int np = 0;
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *tok = strtok(buf, ","); tok && np < 64; tok = strtok(NULL, ","))
+        paths[np++] = tok;
+    return read_files(paths, np, out, nout, ctx);
+}
+
 /* Measuring options of the command line; candidates run in a fresh exec of this program
  * (tpk_tune_child_main), whose path goes to `self`. */
 static void measure_opts(const args *a, tpk_tune_measure_opts *mo, char *self, size_t cap)
@@ -304,27 +345,10 @@ static int cmd_measure(const args *a, tpk_ctx *ctx)
         fprintf(stderr, "tptune measure: LOG... and --log=OUT are required\n");
         return 2;
     }
-    tpk_tune_record *r = NULL;
-    size_t n = 0;
-    for (int f = 0; f < a->nfiles; f++) {
-        tpk_tune_record *rf;
-        size_t nf;
-        if (tpk_tune_log_read(a->files[f], &rf, &nf, ctx)) {
-            free(r);
-            return 1;
-        }
-        tpk_tune_record *g = realloc(r, (n + nf + 1) * sizeof *g);
-        if (!g) {
-            free(rf);
-            free(r);
-            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-            return 1;
-        }
-        r = g;
-        memcpy(r + n, rf, nf * sizeof *rf);
-        n += nf;
-        free(rf);
-    }
+    tpk_tune_record *r;
+    size_t n;
+    if (read_files(a->files, a->nfiles, &r, &n, ctx))
+        return 1;
     tpk_tune_measure_opts mo;
     char self[4096];
     measure_opts(a, &mo, self, sizeof self);
@@ -431,27 +455,10 @@ static int cmd_gen(const args *a, tpk_ctx *ctx)
         fprintf(stderr, "tptune gen: --out=FILE is required\n");
         return 2;
     }
-    tpk_tune_record *all = NULL;
-    size_t nall = 0;
-    for (int i = 0; i < a->nfiles; i++) {
-        tpk_tune_record *r;
-        size_t n;
-        if (tpk_tune_log_read(a->files[i], &r, &n, ctx)) {
-            free(all);
-            return 1;
-        }
-        tpk_tune_record *g = realloc(all, (nall + n + 1) * sizeof *g);
-        if (!g) {
-            free(r);
-            free(all);
-            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-            return 1;
-        }
-        all = g;
-        memcpy(all + nall, r, n * sizeof *r);
-        nall += n;
-        free(r);
-    }
+    tpk_tune_record *all;
+    size_t nall;
+    if (read_files(a->files, a->nfiles, &all, &nall, ctx))
+        return 1;
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", a->out);
     FILE *f = fopen(tmp, "w");
@@ -508,37 +515,6 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-/* Records of several logs ("a.jsonl,b.jsonl") into one array. */
-static int read_logs(const char *list, tpk_tune_record **out, size_t *nout, tpk_ctx *ctx)
-{
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", list);
-    tpk_tune_record *all = NULL;
-    size_t nall = 0;
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        tpk_tune_record *r;
-        size_t n;
-        if (tpk_tune_log_read(tok, &r, &n, ctx)) {
-            free(all);
-            return 1;
-        }
-        tpk_tune_record *g = realloc(all, (nall + n + 1) * sizeof *g);
-        if (!g) {
-            free(r);
-            free(all);
-            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-            return 1;
-        }
-        all = g;
-        memcpy(all + nall, r, n * sizeof *r);
-        nall += n;
-        free(r);
-    }
-    *out = all;
-    *nout = nall;
-    return 0;
 }
 
 /* Median over seeds of the trials one method needs to reach `target` on the table (trials + 1
