@@ -205,332 +205,11 @@ static inline tpk_v16f tpk_v16f_pmt_atan2(tpk_v16f x, tpk_v16f w)
     return 3.14159265358979323846f - _ZGVeN16vv_atan2f(w, x);
 }
 
-/* ---- tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1: f64 relu map (lower triangle), vw=256,mb=128,nb=512,acos=mvec,rq=pre,un=2,split=rows,sched=static,chunk=1 ---- */
-/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 4 entries of a row, cos θ = k/√(q_i q_j)
- * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
- * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
-static inline __attribute__((always_inline)) tpk_v4d tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_ent(tpk_v4d k, tpk_v4d ai, tpk_v4d aj, tpk_v4d si, tpk_v4d sj, tpk_v4d lim,
-        tpk_v4d a2p, tpk_v4d b, tpk_v4l *bad)
-{
-    const tpk_v4d zero = {0};
-    *bad |= ~(tpk_v4d_sel(k < 0.0, -k, k) <= lim * sj);
-    tpk_v4d x = k * ai * aj;
-    const tpk_v4d one = zero + 1.0, mone = zero - 1.0;
-    x = tpk_v4d_sel(x > one, one, x);
-    x = tpk_v4d_sel(x < mone, mone, x);
-    x = tpk_v4d_sel(tpk_v4d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v4d_sel(x < 0.0, mone, one), x);
-    const tpk_v4d w = tpk_v4d_sqrt((1.0 - x) * (1.0 + x));
-    const tpk_v4d p = tpk_v4d_pmt_mvec(x);
-    return a2p * (si * sj) * (w + p * x) + b;
-}
-
-/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
-static void tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
-        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v4l *bad)
-{
-    const tpk_v4d zero = {0};
-    const tpk_v4d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
-    for (size_t i = i0; i < i1; i++) {
-        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
-        const double *srow = S + i * lds;
-        double *orow = out + i * ldo;
-        const tpk_v4d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
-        size_t j = j0;
-        for (; j + 8 <= je; j += 8) {
-            const tpk_v4d k0 = tpk_v4d_ld(srow + j);
-            const tpk_v4d k1 = tpk_v4d_ld(srow + j + 4);
-            tpk_v4d_st(orow + j, tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_ent(k0, ci, tpk_v4d_ld(ra + j), si, tpk_v4d_ld(rs + j), lim, a2p, bv, bad));
-            tpk_v4d_st(orow + j + 4, tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_ent(k1, ci, tpk_v4d_ld(ra + j + 4), si, tpk_v4d_ld(rs + j + 4), lim, a2p, bv, bad));
-        }
-        for (; j + 4 <= je; j += 4) {
-            const tpk_v4d k0 = tpk_v4d_ld(srow + j);
-            tpk_v4d_st(orow + j, tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_ent(k0, ci, tpk_v4d_ld(ra + j), si, tpk_v4d_ld(rs + j), lim, a2p, bv, bad));
-        }
-        if (j < je) {
-            double tk[4] = {0}, tc[4] = {0}, td[4] = {0}, to[4];
-            for (size_t l = 0; j + l < je; l++) {
-                tk[l] = srow[j + l];
-                tc[l] = ra[j + l];
-                td[l] = rs[j + l];
-            }
-            tpk_v4d_st(to, tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_ent(tpk_v4d_ld(tk), ci, tpk_v4d_ld(tc), si, tpk_v4d_ld(td), lim, a2p, bv, bad));
-            for (size_t l = 0; j + l < je; l++)
-                orow[j + l] = to[l];
-        }
-        if (i >= j0 && i < j1)
-            orow[i] = alpha * (q[i] * (double)0.5) + beta;
-    }
-}
-
-/* Workspace bytes: q, 1/√q and √q (n + 4 each), and the row-block tile offsets. */
-static size_t tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_ws(size_t n)
-{
-    return (3 * (n + 4) * sizeof(double) + 63) / 64 * 64 + (n / 128 + 2) * sizeof(size_t);
-}
-
-/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
- * exceeds its bound or is NaN. */
-static int tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
-        void *ws)
-{
-    if (n == 0)
-        return 0;
-    if (nt < 1)
-        nt = 1;
-    double *const q = ws, *const ra = q + n + 4, *const rs = ra + n + 4;
-    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 4) * sizeof(double) + 63) / 64 * 64);
-    const size_t nrb = (n + 128 - 1) / 128;
-    for (size_t i = 0; i < n; i++) {
-        q[i] = S[i * lds + i];
-        rs[i] = sqrt(q[i]);
-        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
-    }
-    /* tiles before row block b (column blocks of 512 up to the block's last row) */
-    pre[0] = 0;
-    for (size_t b = 0; b < nrb; b++) {
-        const size_t i1 = (b + 1) * 128 < n ? (b + 1) * 128 : n;
-        pre[b + 1] = pre[b] + (i1 + 512 - 1) / 512;
-    }
-    int bad = 0;
-#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
-    {
-        tpk_v4l badv = {0};
-        /* row blocks of the triangle, static schedule, chunk 1 */
-#pragma omp for schedule(static, 1)
-        for (size_t b = 0; b < nrb; b++) {
-            const size_t i0 = b * 128, i1 = i0 + 128 < n ? i0 + 128 : n;
-            for (size_t j0 = 0; j0 < i1; j0 += 512)
-                tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_rows(i0, i1, j0, j0 + 512, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
-        }
-        for (int l = 0; l < 4; l++)
-            bad |= badv[l] != 0;
-    }
-    return bad;
-}
-
-/* ---- tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1: f64 relu map (lower triangle), vw=256,mb=4,nb=512,acos=mvec,rq=pre,un=2,split=rows,sched=static,chunk=1 ---- */
-/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 4 entries of a row, cos θ = k/√(q_i q_j)
- * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
- * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
-static inline __attribute__((always_inline)) tpk_v4d tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_ent(tpk_v4d k, tpk_v4d ai, tpk_v4d aj, tpk_v4d si, tpk_v4d sj, tpk_v4d lim,
-        tpk_v4d a2p, tpk_v4d b, tpk_v4l *bad)
-{
-    const tpk_v4d zero = {0};
-    *bad |= ~(tpk_v4d_sel(k < 0.0, -k, k) <= lim * sj);
-    tpk_v4d x = k * ai * aj;
-    const tpk_v4d one = zero + 1.0, mone = zero - 1.0;
-    x = tpk_v4d_sel(x > one, one, x);
-    x = tpk_v4d_sel(x < mone, mone, x);
-    x = tpk_v4d_sel(tpk_v4d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v4d_sel(x < 0.0, mone, one), x);
-    const tpk_v4d w = tpk_v4d_sqrt((1.0 - x) * (1.0 + x));
-    const tpk_v4d p = tpk_v4d_pmt_mvec(x);
-    return a2p * (si * sj) * (w + p * x) + b;
-}
-
-/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
-static void tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
-        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v4l *bad)
-{
-    const tpk_v4d zero = {0};
-    const tpk_v4d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
-    for (size_t i = i0; i < i1; i++) {
-        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
-        const double *srow = S + i * lds;
-        double *orow = out + i * ldo;
-        const tpk_v4d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
-        size_t j = j0;
-        for (; j + 8 <= je; j += 8) {
-            const tpk_v4d k0 = tpk_v4d_ld(srow + j);
-            const tpk_v4d k1 = tpk_v4d_ld(srow + j + 4);
-            tpk_v4d_st(orow + j, tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_ent(k0, ci, tpk_v4d_ld(ra + j), si, tpk_v4d_ld(rs + j), lim, a2p, bv, bad));
-            tpk_v4d_st(orow + j + 4, tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_ent(k1, ci, tpk_v4d_ld(ra + j + 4), si, tpk_v4d_ld(rs + j + 4), lim, a2p, bv, bad));
-        }
-        for (; j + 4 <= je; j += 4) {
-            const tpk_v4d k0 = tpk_v4d_ld(srow + j);
-            tpk_v4d_st(orow + j, tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_ent(k0, ci, tpk_v4d_ld(ra + j), si, tpk_v4d_ld(rs + j), lim, a2p, bv, bad));
-        }
-        if (j < je) {
-            double tk[4] = {0}, tc[4] = {0}, td[4] = {0}, to[4];
-            for (size_t l = 0; j + l < je; l++) {
-                tk[l] = srow[j + l];
-                tc[l] = ra[j + l];
-                td[l] = rs[j + l];
-            }
-            tpk_v4d_st(to, tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_ent(tpk_v4d_ld(tk), ci, tpk_v4d_ld(tc), si, tpk_v4d_ld(td), lim, a2p, bv, bad));
-            for (size_t l = 0; j + l < je; l++)
-                orow[j + l] = to[l];
-        }
-        if (i >= j0 && i < j1)
-            orow[i] = alpha * (q[i] * (double)0.5) + beta;
-    }
-}
-
-/* Workspace bytes: q, 1/√q and √q (n + 4 each), and the row-block tile offsets. */
-static size_t tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_ws(size_t n)
-{
-    return (3 * (n + 4) * sizeof(double) + 63) / 64 * 64 + (n / 4 + 2) * sizeof(size_t);
-}
-
-/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
- * exceeds its bound or is NaN. */
-static int tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
-        void *ws)
-{
-    if (n == 0)
-        return 0;
-    if (nt < 1)
-        nt = 1;
-    double *const q = ws, *const ra = q + n + 4, *const rs = ra + n + 4;
-    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 4) * sizeof(double) + 63) / 64 * 64);
-    const size_t nrb = (n + 4 - 1) / 4;
-    for (size_t i = 0; i < n; i++) {
-        q[i] = S[i * lds + i];
-        rs[i] = sqrt(q[i]);
-        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
-    }
-    /* tiles before row block b (column blocks of 512 up to the block's last row) */
-    pre[0] = 0;
-    for (size_t b = 0; b < nrb; b++) {
-        const size_t i1 = (b + 1) * 4 < n ? (b + 1) * 4 : n;
-        pre[b + 1] = pre[b] + (i1 + 512 - 1) / 512;
-    }
-    int bad = 0;
-#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
-    {
-        tpk_v4l badv = {0};
-        /* row blocks of the triangle, static schedule, chunk 1 */
-#pragma omp for schedule(static, 1)
-        for (size_t b = 0; b < nrb; b++) {
-            const size_t i0 = b * 4, i1 = i0 + 4 < n ? i0 + 4 : n;
-            for (size_t j0 = 0; j0 < i1; j0 += 512)
-                tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_rows(i0, i1, j0, j0 + 512, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
-        }
-        for (int l = 0; l < 4; l++)
-            bad |= badv[l] != 0;
-    }
-    return bad;
-}
-
-/* ---- tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16: f64 relu map (lower triangle), vw=512,mb=4,nb=1024,acos=poly,rq=sqrt,un=2,split=tiles,sched=static,chunk=16 ---- */
+/* ---- tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1: f64 relu map (lower triangle), vw=512,mb=16,nb=512,acos=mvec,rq=pre,un=4,split=rows,sched=static,chunk=1 ---- */
 /* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
  * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
  * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
-static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16_ent(tpk_v8d k, tpk_v8d qi, tpk_v8d qj, tpk_v8d lim2, tpk_v8d a2p, tpk_v8d b,
-        tpk_v8l *bad)
-{
-    const tpk_v8d zero = {0};
-    const tpk_v8d qq = qi * qj, r = tpk_v8d_sqrt(qq);
-    *bad |= ~(k * k <= lim2 * qq);
-    tpk_v8d x = tpk_v8d_sel(r > 0.0, k / r, zero);
-    const tpk_v8d one = zero + 1.0, mone = zero - 1.0;
-    x = tpk_v8d_sel(x > one, one, x);
-    x = tpk_v8d_sel(x < mone, mone, x);
-    x = tpk_v8d_sel(tpk_v8d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v8d_sel(x < 0.0, mone, one), x);
-    const tpk_v8d w = tpk_v8d_sqrt((1.0 - x) * (1.0 + x));
-    const tpk_v8d p = tpk_v8d_pmt_poly(x);
-    return a2p * (r) * (w + p * x) + b;
-}
-
-/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
-static void tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
-        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
-{
-    const tpk_v8d zero = {0};
-    const tpk_v8d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
-    (void)ra;
-    (void)rs;
-    const tpk_v8d lim2 = zero + (double)1.0000000002;
-    for (size_t i = i0; i < i1; i++) {
-        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
-        const double *srow = S + i * lds;
-        double *orow = out + i * ldo;
-        const tpk_v8d ci = zero + q[i];
-        size_t j = j0;
-        for (; j + 16 <= je; j += 16) {
-            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
-            const tpk_v8d k1 = tpk_v8d_ld(srow + j + 8);
-            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16_ent(k0, ci, tpk_v8d_ld(q + j), lim2, a2p, bv, bad));
-            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16_ent(k1, ci, tpk_v8d_ld(q + j + 8), lim2, a2p, bv, bad));
-        }
-        for (; j + 8 <= je; j += 8) {
-            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
-            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16_ent(k0, ci, tpk_v8d_ld(q + j), lim2, a2p, bv, bad));
-        }
-        if (j < je) {
-            double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
-            for (size_t l = 0; j + l < je; l++) {
-                tk[l] = srow[j + l];
-                tc[l] = q[j + l];
-                td[l] = q[j + l];
-            }
-            (void)td;
-            tpk_v8d_st(to, tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), lim2, a2p, bv, bad));
-            for (size_t l = 0; j + l < je; l++)
-                orow[j + l] = to[l];
-        }
-        if (i >= j0 && i < j1)
-            orow[i] = alpha * (q[i] * (double)0.5) + beta;
-    }
-}
-
-/* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
-static size_t tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16_ws(size_t n)
-{
-    return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 4 + 2) * sizeof(size_t);
-}
-
-/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
- * exceeds its bound or is NaN. */
-static int tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
-        void *ws)
-{
-    if (n == 0)
-        return 0;
-    if (nt < 1)
-        nt = 1;
-    double *const q = ws, *const ra = q + n + 8, *const rs = ra + n + 8;
-    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 8) * sizeof(double) + 63) / 64 * 64);
-    const size_t nrb = (n + 4 - 1) / 4;
-    for (size_t i = 0; i < n; i++) {
-        q[i] = S[i * lds + i];
-        rs[i] = sqrt(q[i]);
-        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
-    }
-    /* tiles before row block b (column blocks of 1024 up to the block's last row) */
-    pre[0] = 0;
-    for (size_t b = 0; b < nrb; b++) {
-        const size_t i1 = (b + 1) * 4 < n ? (b + 1) * 4 : n;
-        pre[b + 1] = pre[b] + (i1 + 1024 - 1) / 1024;
-    }
-    int bad = 0;
-#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
-    {
-        tpk_v8l badv = {0};
-        /* tiles of the triangle, linearised row block by row block, static schedule, chunk 16 */
-#pragma omp for schedule(static, 16)
-        for (size_t t = 0; t < pre[nrb]; t++) {
-            size_t lo = 0, hi = nrb; /* the row block b with pre[b] <= t < pre[b + 1] */
-            while (hi - lo > 1) {
-                const size_t mid = (lo + hi) / 2;
-                if (pre[mid] <= t)
-                    lo = mid;
-                else
-                    hi = mid;
-            }
-            const size_t i0 = lo * 4, i1 = i0 + 4 < n ? i0 + 4 : n, j0 = (t - pre[lo]) * 1024;
-            tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16_rows(i0, i1, j0, j0 + 1024, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
-        }
-        for (int l = 0; l < 8; l++)
-            bad |= badv[l] != 0;
-    }
-    return bad;
-}
-
-/* ---- tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4: f64 relu map (lower triangle), vw=512,mb=16,nb=1024,acos=mvec,rq=pre,un=2,split=rows,sched=dynamic,chunk=4 ---- */
-/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
- * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
- * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
-static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
+static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
         tpk_v8d a2p, tpk_v8d b, tpk_v8l *bad)
 {
     const tpk_v8d zero = {0};
@@ -546,7 +225,7 @@ static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_16x102
 }
 
 /* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
-static void tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
+static void tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
         size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
 {
     const tpk_v8d zero = {0};
@@ -557,15 +236,19 @@ static void tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_rows(size_t i
         double *orow = out + i * ldo;
         const tpk_v8d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
         size_t j = j0;
-        for (; j + 16 <= je; j += 16) {
+        for (; j + 32 <= je; j += 32) {
             const tpk_v8d k0 = tpk_v8d_ld(srow + j);
             const tpk_v8d k1 = tpk_v8d_ld(srow + j + 8);
-            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
-            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
+            const tpk_v8d k2 = tpk_v8d_ld(srow + j + 16);
+            const tpk_v8d k3 = tpk_v8d_ld(srow + j + 24);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 16, tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_ent(k2, ci, tpk_v8d_ld(ra + j + 16), si, tpk_v8d_ld(rs + j + 16), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 24, tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_ent(k3, ci, tpk_v8d_ld(ra + j + 24), si, tpk_v8d_ld(rs + j + 24), lim, a2p, bv, bad));
         }
         for (; j + 8 <= je; j += 8) {
             const tpk_v8d k0 = tpk_v8d_ld(srow + j);
-            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
         }
         if (j < je) {
             double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
@@ -574,7 +257,7 @@ static void tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_rows(size_t i
                 tc[l] = ra[j + l];
                 td[l] = rs[j + l];
             }
-            tpk_v8d_st(to, tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
+            tpk_v8d_st(to, tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
             for (size_t l = 0; j + l < je; l++)
                 orow[j + l] = to[l];
         }
@@ -584,14 +267,14 @@ static void tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_rows(size_t i
 }
 
 /* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
-static size_t tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_ws(size_t n)
+static size_t tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_ws(size_t n)
 {
     return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 16 + 2) * sizeof(size_t);
 }
 
 /* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
  * exceeds its bound or is NaN. */
-static int tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
+static int tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
         void *ws)
 {
     if (n == 0)
@@ -606,11 +289,324 @@ static int tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4(size_t n, cons
         rs[i] = sqrt(q[i]);
         ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
     }
-    /* tiles before row block b (column blocks of 1024 up to the block's last row) */
+    /* tiles before row block b (column blocks of 512 up to the block's last row) */
     pre[0] = 0;
     for (size_t b = 0; b < nrb; b++) {
         const size_t i1 = (b + 1) * 16 < n ? (b + 1) * 16 : n;
-        pre[b + 1] = pre[b] + (i1 + 1024 - 1) / 1024;
+        pre[b + 1] = pre[b] + (i1 + 512 - 1) / 512;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v8l badv = {0};
+        /* row blocks of the triangle, static schedule, chunk 1 */
+#pragma omp for schedule(static, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 16, i1 = i0 + 16 < n ? i0 + 16 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 512)
+                tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_rows(i0, i1, j0, j0 + 512, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 8; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1: f64 relu map (lower triangle), vw=512,mb=4,nb=64,acos=mvec,rq=pre,un=2,split=rows,sched=static,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
+        tpk_v8d a2p, tpk_v8d b, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    *bad |= ~(tpk_v8d_sel(k < 0.0, -k, k) <= lim * sj);
+    tpk_v8d x = k * ai * aj;
+    const tpk_v8d one = zero + 1.0, mone = zero - 1.0;
+    x = tpk_v8d_sel(x > one, one, x);
+    x = tpk_v8d_sel(x < mone, mone, x);
+    x = tpk_v8d_sel(tpk_v8d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v8d_sel(x < 0.0, mone, one), x);
+    const tpk_v8d w = tpk_v8d_sqrt((1.0 - x) * (1.0 + x));
+    const tpk_v8d p = tpk_v8d_pmt_mvec(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
+        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    const tpk_v8d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const double *srow = S + i * lds;
+        double *orow = out + i * ldo;
+        const tpk_v8d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 16 <= je; j += 16) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            const tpk_v8d k1 = tpk_v8d_ld(srow + j + 8);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
+        }
+        for (; j + 8 <= je; j += 8) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v8d_st(to, tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (double)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
+static size_t tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1_ws(size_t n)
+{
+    return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 4 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    double *const q = ws, *const ra = q + n + 8, *const rs = ra + n + 8;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 8) * sizeof(double) + 63) / 64 * 64);
+    const size_t nrb = (n + 4 - 1) / 4;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrt(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 64 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 4 < n ? (b + 1) * 4 : n;
+        pre[b + 1] = pre[b] + (i1 + 64 - 1) / 64;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v8l badv = {0};
+        /* row blocks of the triangle, static schedule, chunk 1 */
+#pragma omp for schedule(static, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 4, i1 = i0 + 4 < n ? i0 + 4 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 64)
+                tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1_rows(i0, i1, j0, j0 + 64, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 8; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1: f64 relu map (lower triangle), vw=512,mb=4,nb=512,acos=mvec,rq=pre,un=2,split=rows,sched=dynamic,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
+        tpk_v8d a2p, tpk_v8d b, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    *bad |= ~(tpk_v8d_sel(k < 0.0, -k, k) <= lim * sj);
+    tpk_v8d x = k * ai * aj;
+    const tpk_v8d one = zero + 1.0, mone = zero - 1.0;
+    x = tpk_v8d_sel(x > one, one, x);
+    x = tpk_v8d_sel(x < mone, mone, x);
+    x = tpk_v8d_sel(tpk_v8d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v8d_sel(x < 0.0, mone, one), x);
+    const tpk_v8d w = tpk_v8d_sqrt((1.0 - x) * (1.0 + x));
+    const tpk_v8d p = tpk_v8d_pmt_mvec(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
+        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    const tpk_v8d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const double *srow = S + i * lds;
+        double *orow = out + i * ldo;
+        const tpk_v8d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 16 <= je; j += 16) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            const tpk_v8d k1 = tpk_v8d_ld(srow + j + 8);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
+        }
+        for (; j + 8 <= je; j += 8) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v8d_st(to, tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (double)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
+static size_t tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1_ws(size_t n)
+{
+    return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 4 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    double *const q = ws, *const ra = q + n + 8, *const rs = ra + n + 8;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 8) * sizeof(double) + 63) / 64 * 64);
+    const size_t nrb = (n + 4 - 1) / 4;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrt(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 512 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 4 < n ? (b + 1) * 4 : n;
+        pre[b + 1] = pre[b] + (i1 + 512 - 1) / 512;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v8l badv = {0};
+        /* row blocks of the triangle, dynamic schedule, chunk 1 */
+#pragma omp for schedule(dynamic, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 4, i1 = i0 + 4 < n ? i0 + 4 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 512)
+                tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1_rows(i0, i1, j0, j0 + 512, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 8; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4: f64 relu map (lower triangle), vw=512,mb=4,nb=4096,acos=mvec,rq=pre,un=4,split=rows,sched=dynamic,chunk=4 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
+        tpk_v8d a2p, tpk_v8d b, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    *bad |= ~(tpk_v8d_sel(k < 0.0, -k, k) <= lim * sj);
+    tpk_v8d x = k * ai * aj;
+    const tpk_v8d one = zero + 1.0, mone = zero - 1.0;
+    x = tpk_v8d_sel(x > one, one, x);
+    x = tpk_v8d_sel(x < mone, mone, x);
+    x = tpk_v8d_sel(tpk_v8d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v8d_sel(x < 0.0, mone, one), x);
+    const tpk_v8d w = tpk_v8d_sqrt((1.0 - x) * (1.0 + x));
+    const tpk_v8d p = tpk_v8d_pmt_mvec(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
+        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    const tpk_v8d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const double *srow = S + i * lds;
+        double *orow = out + i * ldo;
+        const tpk_v8d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 32 <= je; j += 32) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            const tpk_v8d k1 = tpk_v8d_ld(srow + j + 8);
+            const tpk_v8d k2 = tpk_v8d_ld(srow + j + 16);
+            const tpk_v8d k3 = tpk_v8d_ld(srow + j + 24);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 16, tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_ent(k2, ci, tpk_v8d_ld(ra + j + 16), si, tpk_v8d_ld(rs + j + 16), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 24, tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_ent(k3, ci, tpk_v8d_ld(ra + j + 24), si, tpk_v8d_ld(rs + j + 24), lim, a2p, bv, bad));
+        }
+        for (; j + 8 <= je; j += 8) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v8d_st(to, tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (double)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
+static size_t tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_ws(size_t n)
+{
+    return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 4 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    double *const q = ws, *const ra = q + n + 8, *const rs = ra + n + 8;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 8) * sizeof(double) + 63) / 64 * 64);
+    const size_t nrb = (n + 4 - 1) / 4;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrt(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 4096 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 4 < n ? (b + 1) * 4 : n;
+        pre[b + 1] = pre[b] + (i1 + 4096 - 1) / 4096;
     }
     int bad = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
@@ -619,9 +615,9 @@ static int tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4(size_t n, cons
         /* row blocks of the triangle, dynamic schedule, chunk 4 */
 #pragma omp for schedule(dynamic, 4)
         for (size_t b = 0; b < nrb; b++) {
-            const size_t i0 = b * 16, i1 = i0 + 16 < n ? i0 + 16 : n;
-            for (size_t j0 = 0; j0 < i1; j0 += 1024)
-                tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_rows(i0, i1, j0, j0 + 1024, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+            const size_t i0 = b * 4, i1 = i0 + 4 < n ? i0 + 4 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 4096)
+                tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_rows(i0, i1, j0, j0 + 4096, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
         }
         for (int l = 0; l < 8; l++)
             bad |= badv[l] != 0;
@@ -629,11 +625,11 @@ static int tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4(size_t n, cons
     return bad;
 }
 
-/* ---- tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1: f32 relu map (lower triangle), vw=512,mb=4,nb=1024,acos=poly,rq=pre,un=4,split=rows,sched=static,chunk=1 ---- */
+/* ---- tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1: f32 relu map (lower triangle), vw=512,mb=8,nb=1024,acos=poly,rq=pre,un=2,split=rows,sched=static,chunk=1 ---- */
 /* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 16 entries of a row, cos θ = k/√(q_i q_j)
  * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
  * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
-static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
+static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
         tpk_v16f a2p, tpk_v16f b, tpk_v16i *bad)
 {
     const tpk_v16f zero = {0};
@@ -649,7 +645,110 @@ static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_4x102
 }
 
 /* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
-static void tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
+static void tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
+        size_t ldo, const float *q, const float *ra, const float *rs, float alpha, float beta, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    const tpk_v16f a2p = zero + alpha * (float)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const float *srow = S + i * lds;
+        float *orow = out + i * ldo;
+        const tpk_v16f ci = zero + ra[i], si = zero + rs[i], lim = zero + (float)1.0000100000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 32 <= je; j += 32) {
+            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
+            const tpk_v16f k1 = tpk_v16f_ld(srow + j + 16);
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
+        }
+        for (; j + 16 <= je; j += 16) {
+            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            float tk[16] = {0}, tc[16] = {0}, td[16] = {0}, to[16];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v16f_st(to, tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (float)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 16 each), and the row-block tile offsets. */
+static size_t tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1_ws(size_t n)
+{
+    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 8 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    float *const q = ws, *const ra = q + n + 16, *const rs = ra + n + 16;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 16) * sizeof(float) + 63) / 64 * 64);
+    const size_t nrb = (n + 8 - 1) / 8;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrtf(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 1024 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 8 < n ? (b + 1) * 8 : n;
+        pre[b + 1] = pre[b] + (i1 + 1024 - 1) / 1024;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v16i badv = {0};
+        /* row blocks of the triangle, static schedule, chunk 1 */
+#pragma omp for schedule(static, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 8, i1 = i0 + 8 < n ? i0 + 8 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 1024)
+                tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1_rows(i0, i1, j0, j0 + 1024, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 16; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1: f32 relu map (lower triangle), vw=512,mb=128,nb=2048,acos=poly,rq=pre,un=4,split=rows,sched=static,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 16 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
+        tpk_v16f a2p, tpk_v16f b, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    *bad |= ~(tpk_v16f_sel(k < 0.0f, -k, k) <= lim * sj);
+    tpk_v16f x = k * ai * aj;
+    const tpk_v16f one = zero + 1.0f, mone = zero - 1.0f;
+    x = tpk_v16f_sel(x > one, one, x);
+    x = tpk_v16f_sel(x < mone, mone, x);
+    x = tpk_v16f_sel(tpk_v16f_sel(x < 0.0f, -x, x) >= 1.0f - 9.5367431640625e-07f, tpk_v16f_sel(x < 0.0f, mone, one), x);
+    const tpk_v16f w = tpk_v16f_sqrt((1.0f - x) * (1.0f + x));
+    const tpk_v16f p = tpk_v16f_pmt_poly(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
         size_t ldo, const float *q, const float *ra, const float *rs, float alpha, float beta, tpk_v16i *bad)
 {
     const tpk_v16f zero = {0};
@@ -665,14 +764,14 @@ static void tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_rows(size_t i0,
             const tpk_v16f k1 = tpk_v16f_ld(srow + j + 16);
             const tpk_v16f k2 = tpk_v16f_ld(srow + j + 32);
             const tpk_v16f k3 = tpk_v16f_ld(srow + j + 48);
-            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
-            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
-            tpk_v16f_st(orow + j + 32, tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_ent(k2, ci, tpk_v16f_ld(ra + j + 32), si, tpk_v16f_ld(rs + j + 32), lim, a2p, bv, bad));
-            tpk_v16f_st(orow + j + 48, tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_ent(k3, ci, tpk_v16f_ld(ra + j + 48), si, tpk_v16f_ld(rs + j + 48), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j + 32, tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_ent(k2, ci, tpk_v16f_ld(ra + j + 32), si, tpk_v16f_ld(rs + j + 32), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j + 48, tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_ent(k3, ci, tpk_v16f_ld(ra + j + 48), si, tpk_v16f_ld(rs + j + 48), lim, a2p, bv, bad));
         }
         for (; j + 16 <= je; j += 16) {
             const tpk_v16f k0 = tpk_v16f_ld(srow + j);
-            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
         }
         if (j < je) {
             float tk[16] = {0}, tc[16] = {0}, td[16] = {0}, to[16];
@@ -681,7 +780,7 @@ static void tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_rows(size_t i0,
                 tc[l] = ra[j + l];
                 td[l] = rs[j + l];
             }
-            tpk_v16f_st(to, tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
+            tpk_v16f_st(to, tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
             for (size_t l = 0; j + l < je; l++)
                 orow[j + l] = to[l];
         }
@@ -691,14 +790,14 @@ static void tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_rows(size_t i0,
 }
 
 /* Workspace bytes: q, 1/√q and √q (n + 16 each), and the row-block tile offsets. */
-static size_t tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_ws(size_t n)
+static size_t tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_ws(size_t n)
 {
-    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 4 + 2) * sizeof(size_t);
+    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 128 + 2) * sizeof(size_t);
 }
 
 /* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
  * exceeds its bound or is NaN. */
-static int tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
+static int tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
         void *ws)
 {
     if (n == 0)
@@ -707,17 +806,17 @@ static int tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1(size_t n, const 
         nt = 1;
     float *const q = ws, *const ra = q + n + 16, *const rs = ra + n + 16;
     size_t *const pre = (size_t *)((char *)ws + (3 * (n + 16) * sizeof(float) + 63) / 64 * 64);
-    const size_t nrb = (n + 4 - 1) / 4;
+    const size_t nrb = (n + 128 - 1) / 128;
     for (size_t i = 0; i < n; i++) {
         q[i] = S[i * lds + i];
         rs[i] = sqrtf(q[i]);
         ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
     }
-    /* tiles before row block b (column blocks of 1024 up to the block's last row) */
+    /* tiles before row block b (column blocks of 2048 up to the block's last row) */
     pre[0] = 0;
     for (size_t b = 0; b < nrb; b++) {
-        const size_t i1 = (b + 1) * 4 < n ? (b + 1) * 4 : n;
-        pre[b + 1] = pre[b] + (i1 + 1024 - 1) / 1024;
+        const size_t i1 = (b + 1) * 128 < n ? (b + 1) * 128 : n;
+        pre[b + 1] = pre[b] + (i1 + 2048 - 1) / 2048;
     }
     int bad = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
@@ -726,9 +825,9 @@ static int tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1(size_t n, const 
         /* row blocks of the triangle, static schedule, chunk 1 */
 #pragma omp for schedule(static, 1)
         for (size_t b = 0; b < nrb; b++) {
-            const size_t i0 = b * 4, i1 = i0 + 4 < n ? i0 + 4 : n;
-            for (size_t j0 = 0; j0 < i1; j0 += 1024)
-                tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_rows(i0, i1, j0, j0 + 1024, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+            const size_t i0 = b * 128, i1 = i0 + 128 < n ? i0 + 128 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 2048)
+                tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_rows(i0, i1, j0, j0 + 2048, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
         }
         for (int l = 0; l < 16; l++)
             bad |= badv[l] != 0;
@@ -736,11 +835,11 @@ static int tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1(size_t n, const 
     return bad;
 }
 
-/* ---- tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1: f32 relu map (lower triangle), vw=512,mb=8,nb=4096,acos=poly,rq=pre,un=2,split=rows,sched=static,chunk=1 ---- */
+/* ---- tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1: f32 relu map (lower triangle), vw=512,mb=32,nb=1024,acos=poly,rq=pre,un=2,split=rows,sched=dynamic,chunk=1 ---- */
 /* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 16 entries of a row, cos θ = k/√(q_i q_j)
  * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
  * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
-static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
+static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
         tpk_v16f a2p, tpk_v16f b, tpk_v16i *bad)
 {
     const tpk_v16f zero = {0};
@@ -756,7 +855,7 @@ static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_8x409
 }
 
 /* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
-static void tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
+static void tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
         size_t ldo, const float *q, const float *ra, const float *rs, float alpha, float beta, tpk_v16i *bad)
 {
     const tpk_v16f zero = {0};
@@ -770,12 +869,12 @@ static void tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_rows(size_t i0,
         for (; j + 32 <= je; j += 32) {
             const tpk_v16f k0 = tpk_v16f_ld(srow + j);
             const tpk_v16f k1 = tpk_v16f_ld(srow + j + 16);
-            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
-            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
         }
         for (; j + 16 <= je; j += 16) {
             const tpk_v16f k0 = tpk_v16f_ld(srow + j);
-            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
         }
         if (j < je) {
             float tk[16] = {0}, tc[16] = {0}, td[16] = {0}, to[16];
@@ -784,7 +883,7 @@ static void tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_rows(size_t i0,
                 tc[l] = ra[j + l];
                 td[l] = rs[j + l];
             }
-            tpk_v16f_st(to, tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
+            tpk_v16f_st(to, tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
             for (size_t l = 0; j + l < je; l++)
                 orow[j + l] = to[l];
         }
@@ -794,14 +893,14 @@ static void tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_rows(size_t i0,
 }
 
 /* Workspace bytes: q, 1/√q and √q (n + 16 each), and the row-block tile offsets. */
-static size_t tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_ws(size_t n)
+static size_t tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1_ws(size_t n)
 {
-    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 8 + 2) * sizeof(size_t);
+    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 32 + 2) * sizeof(size_t);
 }
 
 /* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
  * exceeds its bound or is NaN. */
-static int tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
+static int tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
         void *ws)
 {
     if (n == 0)
@@ -810,110 +909,7 @@ static int tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1(size_t n, const 
         nt = 1;
     float *const q = ws, *const ra = q + n + 16, *const rs = ra + n + 16;
     size_t *const pre = (size_t *)((char *)ws + (3 * (n + 16) * sizeof(float) + 63) / 64 * 64);
-    const size_t nrb = (n + 8 - 1) / 8;
-    for (size_t i = 0; i < n; i++) {
-        q[i] = S[i * lds + i];
-        rs[i] = sqrtf(q[i]);
-        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
-    }
-    /* tiles before row block b (column blocks of 4096 up to the block's last row) */
-    pre[0] = 0;
-    for (size_t b = 0; b < nrb; b++) {
-        const size_t i1 = (b + 1) * 8 < n ? (b + 1) * 8 : n;
-        pre[b + 1] = pre[b] + (i1 + 4096 - 1) / 4096;
-    }
-    int bad = 0;
-#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
-    {
-        tpk_v16i badv = {0};
-        /* row blocks of the triangle, static schedule, chunk 1 */
-#pragma omp for schedule(static, 1)
-        for (size_t b = 0; b < nrb; b++) {
-            const size_t i0 = b * 8, i1 = i0 + 8 < n ? i0 + 8 : n;
-            for (size_t j0 = 0; j0 < i1; j0 += 4096)
-                tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_rows(i0, i1, j0, j0 + 4096, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
-        }
-        for (int l = 0; l < 16; l++)
-            bad |= badv[l] != 0;
-    }
-    return bad;
-}
-
-/* ---- tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1: f32 relu map (lower triangle), vw=512,mb=16,nb=1024,acos=poly,rq=pre,un=2,split=rows,sched=dynamic,chunk=1 ---- */
-/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 16 entries of a row, cos θ = k/√(q_i q_j)
- * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
- * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
-static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
-        tpk_v16f a2p, tpk_v16f b, tpk_v16i *bad)
-{
-    const tpk_v16f zero = {0};
-    *bad |= ~(tpk_v16f_sel(k < 0.0f, -k, k) <= lim * sj);
-    tpk_v16f x = k * ai * aj;
-    const tpk_v16f one = zero + 1.0f, mone = zero - 1.0f;
-    x = tpk_v16f_sel(x > one, one, x);
-    x = tpk_v16f_sel(x < mone, mone, x);
-    x = tpk_v16f_sel(tpk_v16f_sel(x < 0.0f, -x, x) >= 1.0f - 9.5367431640625e-07f, tpk_v16f_sel(x < 0.0f, mone, one), x);
-    const tpk_v16f w = tpk_v16f_sqrt((1.0f - x) * (1.0f + x));
-    const tpk_v16f p = tpk_v16f_pmt_poly(x);
-    return a2p * (si * sj) * (w + p * x) + b;
-}
-
-/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
-static void tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
-        size_t ldo, const float *q, const float *ra, const float *rs, float alpha, float beta, tpk_v16i *bad)
-{
-    const tpk_v16f zero = {0};
-    const tpk_v16f a2p = zero + alpha * (float)0.15915494309189533577, bv = zero + beta;
-    for (size_t i = i0; i < i1; i++) {
-        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
-        const float *srow = S + i * lds;
-        float *orow = out + i * ldo;
-        const tpk_v16f ci = zero + ra[i], si = zero + rs[i], lim = zero + (float)1.0000100000000001 * rs[i];
-        size_t j = j0;
-        for (; j + 32 <= je; j += 32) {
-            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
-            const tpk_v16f k1 = tpk_v16f_ld(srow + j + 16);
-            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
-            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
-        }
-        for (; j + 16 <= je; j += 16) {
-            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
-            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
-        }
-        if (j < je) {
-            float tk[16] = {0}, tc[16] = {0}, td[16] = {0}, to[16];
-            for (size_t l = 0; j + l < je; l++) {
-                tk[l] = srow[j + l];
-                tc[l] = ra[j + l];
-                td[l] = rs[j + l];
-            }
-            tpk_v16f_st(to, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
-            for (size_t l = 0; j + l < je; l++)
-                orow[j + l] = to[l];
-        }
-        if (i >= j0 && i < j1)
-            orow[i] = alpha * (q[i] * (float)0.5) + beta;
-    }
-}
-
-/* Workspace bytes: q, 1/√q and √q (n + 16 each), and the row-block tile offsets. */
-static size_t tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ws(size_t n)
-{
-    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 16 + 2) * sizeof(size_t);
-}
-
-/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
- * exceeds its bound or is NaN. */
-static int tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
-        void *ws)
-{
-    if (n == 0)
-        return 0;
-    if (nt < 1)
-        nt = 1;
-    float *const q = ws, *const ra = q + n + 16, *const rs = ra + n + 16;
-    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 16) * sizeof(float) + 63) / 64 * 64);
-    const size_t nrb = (n + 16 - 1) / 16;
+    const size_t nrb = (n + 32 - 1) / 32;
     for (size_t i = 0; i < n; i++) {
         q[i] = S[i * lds + i];
         rs[i] = sqrtf(q[i]);
@@ -922,7 +918,7 @@ static int tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1(size_t n, cons
     /* tiles before row block b (column blocks of 1024 up to the block's last row) */
     pre[0] = 0;
     for (size_t b = 0; b < nrb; b++) {
-        const size_t i1 = (b + 1) * 16 < n ? (b + 1) * 16 : n;
+        const size_t i1 = (b + 1) * 32 < n ? (b + 1) * 32 : n;
         pre[b + 1] = pre[b] + (i1 + 1024 - 1) / 1024;
     }
     int bad = 0;
@@ -932,9 +928,9 @@ static int tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1(size_t n, cons
         /* row blocks of the triangle, dynamic schedule, chunk 1 */
 #pragma omp for schedule(dynamic, 1)
         for (size_t b = 0; b < nrb; b++) {
-            const size_t i0 = b * 16, i1 = i0 + 16 < n ? i0 + 16 : n;
+            const size_t i0 = b * 32, i1 = i0 + 32 < n ? i0 + 32 : n;
             for (size_t j0 = 0; j0 < i1; j0 += 1024)
-                tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_rows(i0, i1, j0, j0 + 1024, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+                tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1_rows(i0, i1, j0, j0 + 1024, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
         }
         for (int l = 0; l < 16; l++)
             bad |= badv[l] != 0;
@@ -942,11 +938,11 @@ static int tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1(size_t n, cons
     return bad;
 }
 
-/* ---- tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16: f32 relu map (lower triangle), vw=512,mb=8,nb=1024,acos=poly,rq=pre,un=4,split=rows,sched=static,chunk=16 ---- */
+/* ---- tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1: f32 relu map (lower triangle), vw=512,mb=64,nb=4096,acos=poly,rq=pre,un=2,split=rows,sched=static,chunk=1 ---- */
 /* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 16 entries of a row, cos θ = k/√(q_i q_j)
  * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
  * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
-static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
+static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
         tpk_v16f a2p, tpk_v16f b, tpk_v16i *bad)
 {
     const tpk_v16f zero = {0};
@@ -962,7 +958,7 @@ static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_8x102
 }
 
 /* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
-static void tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
+static void tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
         size_t ldo, const float *q, const float *ra, const float *rs, float alpha, float beta, tpk_v16i *bad)
 {
     const tpk_v16f zero = {0};
@@ -973,19 +969,15 @@ static void tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_rows(size_t i0
         float *orow = out + i * ldo;
         const tpk_v16f ci = zero + ra[i], si = zero + rs[i], lim = zero + (float)1.0000100000000001 * rs[i];
         size_t j = j0;
-        for (; j + 64 <= je; j += 64) {
+        for (; j + 32 <= je; j += 32) {
             const tpk_v16f k0 = tpk_v16f_ld(srow + j);
             const tpk_v16f k1 = tpk_v16f_ld(srow + j + 16);
-            const tpk_v16f k2 = tpk_v16f_ld(srow + j + 32);
-            const tpk_v16f k3 = tpk_v16f_ld(srow + j + 48);
-            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
-            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
-            tpk_v16f_st(orow + j + 32, tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_ent(k2, ci, tpk_v16f_ld(ra + j + 32), si, tpk_v16f_ld(rs + j + 32), lim, a2p, bv, bad));
-            tpk_v16f_st(orow + j + 48, tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_ent(k3, ci, tpk_v16f_ld(ra + j + 48), si, tpk_v16f_ld(rs + j + 48), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
         }
         for (; j + 16 <= je; j += 16) {
             const tpk_v16f k0 = tpk_v16f_ld(srow + j);
-            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
         }
         if (j < je) {
             float tk[16] = {0}, tc[16] = {0}, td[16] = {0}, to[16];
@@ -994,7 +986,7 @@ static void tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_rows(size_t i0
                 tc[l] = ra[j + l];
                 td[l] = rs[j + l];
             }
-            tpk_v16f_st(to, tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
+            tpk_v16f_st(to, tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
             for (size_t l = 0; j + l < je; l++)
                 orow[j + l] = to[l];
         }
@@ -1004,14 +996,14 @@ static void tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_rows(size_t i0
 }
 
 /* Workspace bytes: q, 1/√q and √q (n + 16 each), and the row-block tile offsets. */
-static size_t tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_ws(size_t n)
+static size_t tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1_ws(size_t n)
 {
-    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 8 + 2) * sizeof(size_t);
+    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 64 + 2) * sizeof(size_t);
 }
 
 /* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
  * exceeds its bound or is NaN. */
-static int tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
+static int tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
         void *ws)
 {
     if (n == 0)
@@ -1020,28 +1012,28 @@ static int tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16(size_t n, const
         nt = 1;
     float *const q = ws, *const ra = q + n + 16, *const rs = ra + n + 16;
     size_t *const pre = (size_t *)((char *)ws + (3 * (n + 16) * sizeof(float) + 63) / 64 * 64);
-    const size_t nrb = (n + 8 - 1) / 8;
+    const size_t nrb = (n + 64 - 1) / 64;
     for (size_t i = 0; i < n; i++) {
         q[i] = S[i * lds + i];
         rs[i] = sqrtf(q[i]);
         ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
     }
-    /* tiles before row block b (column blocks of 1024 up to the block's last row) */
+    /* tiles before row block b (column blocks of 4096 up to the block's last row) */
     pre[0] = 0;
     for (size_t b = 0; b < nrb; b++) {
-        const size_t i1 = (b + 1) * 8 < n ? (b + 1) * 8 : n;
-        pre[b + 1] = pre[b] + (i1 + 1024 - 1) / 1024;
+        const size_t i1 = (b + 1) * 64 < n ? (b + 1) * 64 : n;
+        pre[b + 1] = pre[b] + (i1 + 4096 - 1) / 4096;
     }
     int bad = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
     {
         tpk_v16i badv = {0};
-        /* row blocks of the triangle, static schedule, chunk 16 */
-#pragma omp for schedule(static, 16)
+        /* row blocks of the triangle, static schedule, chunk 1 */
+#pragma omp for schedule(static, 1)
         for (size_t b = 0; b < nrb; b++) {
-            const size_t i0 = b * 8, i1 = i0 + 8 < n ? i0 + 8 : n;
-            for (size_t j0 = 0; j0 < i1; j0 += 1024)
-                tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_rows(i0, i1, j0, j0 + 1024, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+            const size_t i0 = b * 64, i1 = i0 + 64 < n ? i0 + 64 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 4096)
+                tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1_rows(i0, i1, j0, j0 + 4096, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
         }
         for (int l = 0; l < 16; l++)
             bad |= badv[l] != 0;
@@ -1152,16 +1144,119 @@ static int tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1(size_t n, const
     return bad;
 }
 
+/* ---- tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1: f32 relu map (lower triangle), vw=512,mb=16,nb=1024,acos=poly,rq=pre,un=2,split=rows,sched=dynamic,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 16 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
+        tpk_v16f a2p, tpk_v16f b, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    *bad |= ~(tpk_v16f_sel(k < 0.0f, -k, k) <= lim * sj);
+    tpk_v16f x = k * ai * aj;
+    const tpk_v16f one = zero + 1.0f, mone = zero - 1.0f;
+    x = tpk_v16f_sel(x > one, one, x);
+    x = tpk_v16f_sel(x < mone, mone, x);
+    x = tpk_v16f_sel(tpk_v16f_sel(x < 0.0f, -x, x) >= 1.0f - 9.5367431640625e-07f, tpk_v16f_sel(x < 0.0f, mone, one), x);
+    const tpk_v16f w = tpk_v16f_sqrt((1.0f - x) * (1.0f + x));
+    const tpk_v16f p = tpk_v16f_pmt_poly(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
+        size_t ldo, const float *q, const float *ra, const float *rs, float alpha, float beta, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    const tpk_v16f a2p = zero + alpha * (float)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const float *srow = S + i * lds;
+        float *orow = out + i * ldo;
+        const tpk_v16f ci = zero + ra[i], si = zero + rs[i], lim = zero + (float)1.0000100000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 32 <= je; j += 32) {
+            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
+            const tpk_v16f k1 = tpk_v16f_ld(srow + j + 16);
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
+        }
+        for (; j + 16 <= je; j += 16) {
+            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            float tk[16] = {0}, tc[16] = {0}, td[16] = {0}, to[16];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v16f_st(to, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (float)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 16 each), and the row-block tile offsets. */
+static size_t tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ws(size_t n)
+{
+    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 16 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    float *const q = ws, *const ra = q + n + 16, *const rs = ra + n + 16;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 16) * sizeof(float) + 63) / 64 * 64);
+    const size_t nrb = (n + 16 - 1) / 16;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrtf(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 1024 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 16 < n ? (b + 1) * 16 : n;
+        pre[b + 1] = pre[b] + (i1 + 1024 - 1) / 1024;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v16i badv = {0};
+        /* row blocks of the triangle, dynamic schedule, chunk 1 */
+#pragma omp for schedule(dynamic, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 16, i1 = i0 + 16 < n ? i0 + 16 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 1024)
+                tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_rows(i0, i1, j0, j0 + 1024, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 16; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
 /* Workloads, sorted by dtype, threads, n; G entries/s of the fastest repeat when tuned. */
 const tpk__map_entry tpk__map_table[] = {
-    {0, 1, 1024, 0.346, "tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1", tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1, NULL, tpk_drelu_map_avx2_128x512_mvec_pre_u2_rows_static1_ws},
-    {0, 1, 4096, 0.318, "tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1", tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1, NULL, tpk_drelu_map_avx2_4x512_mvec_pre_u2_rows_static1_ws},
-    {0, 2, 1024, 0.468, "tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16", tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16, NULL, tpk_drelu_map_avx512_4x1024_poly_sqrt_u2_tiles_static16_ws},
-    {0, 2, 4096, 0.434, "tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4", tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4, NULL, tpk_drelu_map_avx512_16x1024_mvec_pre_u2_rows_dynamic4_ws},
-    {1, 1, 1024, 1.155, "tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1", NULL, tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1, tpk_srelu_map_avx512_4x1024_poly_pre_u4_rows_static1_ws},
-    {1, 1, 4096, 1.111, "tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1", NULL, tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1, tpk_srelu_map_avx512_8x4096_poly_pre_u2_rows_static1_ws},
-    {1, 2, 1024, 2.097, "tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1", NULL, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ws},
-    {1, 2, 4096, 1.050, "tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16", NULL, tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16, tpk_srelu_map_avx512_8x1024_poly_pre_u4_rows_static16_ws},
+    {0, 1, 1024, 0.478, "tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1", tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1, NULL, tpk_drelu_map_avx512_16x512_mvec_pre_u4_rows_static1_ws},
+    {0, 1, 4096, 0.437, "tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1", tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1, NULL, tpk_drelu_map_avx512_4x64_mvec_pre_u2_rows_static1_ws},
+    {0, 2, 1024, 0.835, "tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1", tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1, NULL, tpk_drelu_map_avx512_4x512_mvec_pre_u2_rows_dynamic1_ws},
+    {0, 2, 4096, 0.830, "tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4", tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4, NULL, tpk_drelu_map_avx512_4x4096_mvec_pre_u4_rows_dynamic4_ws},
+    {1, 1, 1024, 1.079, "tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1", NULL, tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1, tpk_srelu_map_avx512_8x1024_poly_pre_u2_rows_static1_ws},
+    {1, 1, 4096, 1.044, "tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1", NULL, tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1, tpk_srelu_map_avx512_128x2048_poly_pre_u4_rows_static1_ws},
+    {1, 2, 1024, 2.042, "tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1", NULL, tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1, tpk_srelu_map_avx512_32x1024_poly_pre_u2_rows_dynamic1_ws},
+    {1, 2, 4096, 2.114, "tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1", NULL, tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1, tpk_srelu_map_avx512_64x4096_poly_pre_u2_rows_static1_ws},
 };
 const size_t tpk__map_table_len = 8;
 
