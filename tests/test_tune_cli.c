@@ -128,10 +128,55 @@ static void test_cli(void **state)
     assert_int_equal(run(cmd, out, sizeof out), 0);
     assert_non_null(strstr(out, "distinct configurations"));
     assert_non_null(strstr(out, "xgb-rank"));
+    /* more transfer logs than the list holds: an error, not a silent cut */
+    {
+        char many[1024] = "";
+        for (int i = 0; i < 65; i++)
+            strcat(many, i ? ",x" : "x");
+        snprintf(cmd, sizeof cmd, "%s replay --log=%s --seeds=1 --transfer=%s", tptune, log, many);
+        assert_int_equal(run(cmd, out, sizeof out), 1);
+        assert_non_null(strstr(out, "more than 64 logs"));
+    }
     /* a malformed log */
     snprintf(cmd, sizeof cmd, "echo '{not json' > %s/bad.jsonl && %s show %s/bad.jsonl", dir, tptune, dir);
     assert_int_equal(run(cmd, out, sizeof out), 1);
     assert_non_null(strstr(out, "bad.jsonl:1:"));
+}
+
+/* n configurations of the space, random and pairwise distinct. */
+static void distinct_configs(const tpk_tune_space *s, uint64_t seed, tpk_tune_config *c, int n)
+{
+    for (int j = 0; j < n; j++) {
+        int dup;
+        do {
+            tpk_tune_space_point(s, tpk_tune_space_random(s, &seed), &c[j]);
+            dup = 0;
+            for (int i = 0; i < j && !dup; i++)
+                dup = tpk_tune_space_index(s, &c[i]) == tpk_tune_space_index(s, &c[j]);
+        } while (dup);
+    }
+}
+
+/* A log of n hand-made records: configuration c[i] at rate[i], with OpenBLAS beside it at
+ * vendor[i] and load average load[i] (NULL: none recorded). */
+static void write_records(const char *path, const tpk_tune_space *s, const tpk_tune_config *c, int n,
+                          const double *rate, const double *vendor, const double *load)
+{
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < n; i++) {
+        tpk_tune_result r = {0};
+        r.gflops = rate[i];
+        r.cpu_ratio = 1;
+        r.vendor_gflops = vendor ? vendor[i] : 0;
+        r.load1 = load ? load[i] : 0;
+        tpk_tune_record rec;
+        tpk_tune_record_fill(&rec, s, &c[i], &r);
+        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
+    }
+    fclose(f);
 }
 
 /* measure: every configuration of a log again, in reverse order, each a new record with
@@ -150,21 +195,9 @@ static void test_measure(void **state)
     tpk_tune_space s;
     assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
     tpk_tune_config c[2];
-    tpk_tune_space_default(&s, &c[0]);
-    uint64_t rng = 9;
-    do
-        tpk_tune_space_point(&s, tpk_tune_space_random(&s, &rng), &c[1]);
-    while (tpk_tune_space_index(&s, &c[1]) == tpk_tune_space_index(&s, &c[0]));
-    FILE *f = fopen(in, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 2; i++) {
-        tpk_tune_result r = {0};
-        r.gflops = 1 + i;
-        tpk_tune_record rec;
-        tpk_tune_record_fill(&rec, &s, &c[i], &r);
-        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
-    }
-    fclose(f);
+    distinct_configs(&s, 9, c, 2);
+    const double rate[2] = {1, 2};
+    write_records(in, &s, c, 2, rate, NULL, NULL);
     snprintf(cmd, sizeof cmd, "%s measure %s", tptune, in);
     assert_int_equal(run(cmd, out, sizeof out), 2);
     snprintf(cmd, sizeof cmd, "%s measure %s/missing.jsonl --log=%s", tptune, dir, res);
@@ -202,28 +235,16 @@ static void test_replay_labels(void **state)
     tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, 256, 256, 256, 1, TPK_TUNE_GEMM};
     tpk_tune_space s;
     assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
-    const double g[2][3] = {{80, 70, 40}, {60, 66, 30}}, v[2][3] = {{80, 80, 80}, {50, 60, 60}};
-    tpk_tune_config c[3];
-    uint64_t rng = 5;
+    /* two passes over A, B, C */
+    const double g[6] = {80, 70, 40, 60, 66, 30}, v[6] = {80, 80, 80, 50, 60, 60};
+    tpk_tune_config c[6];
+    distinct_configs(&s, 5, c, 3);
     for (int j = 0; j < 3; j++)
-        do
-            tpk_tune_space_point(&s, tpk_tune_space_random(&s, &rng), &c[j]);
-        while (j && tpk_tune_space_index(&s, &c[j]) == tpk_tune_space_index(&s, &c[j - 1]));
+        c[3 + j] = c[j];
     char path[2][1200], cmd[4096], out[8192];
     for (int vend = 0; vend < 2; vend++) {
         snprintf(path[vend], sizeof path[vend], "%s/labels%d.jsonl", dir, vend);
-        FILE *f = fopen(path[vend], "w");
-        assert_non_null(f);
-        for (int p = 0; p < 2; p++)
-            for (int j = 0; j < 3; j++) {
-                tpk_tune_result r = {0};
-                r.gflops = g[p][j];
-                r.vendor_gflops = vend ? v[p][j] : 0;
-                tpk_tune_record rec;
-                tpk_tune_record_fill(&rec, &s, &c[j], &r);
-                assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
-            }
-        fclose(f);
+        write_records(path[vend], &s, c, 6, g, vend ? v : NULL, NULL);
         snprintf(cmd, sizeof cmd, "%s replay --log=%s --seeds=1", tptune, path[vend]);
         assert_int_equal(run(cmd, out, sizeof out), 0);
         assert_non_null(strstr(out, "3 distinct configurations"));
@@ -250,25 +271,13 @@ static void test_gen_prefers_unloaded(void **state)
     char path[1200], gen[1200], cmd[4096], out[4096];
     snprintf(path, sizeof path, "%s/pick.jsonl", dir);
     snprintf(gen, sizeof gen, "%s/pick.c", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    uint64_t rng = 21;
-    for (int i = 0; i < 3; i++) {
-        tpk_tune_config c;
-        tpk_tune_space_point(&s, tpk_tune_space_random(&s, &rng), &c);
-        tpk_tune_result r = {0};
-        r.gflops = rate[i];
-        r.cpu_ratio = 1;
-        r.load1 = load[i];
-        tpk_tune_record rec;
-        tpk_tune_record_fill(&rec, &s, &c, &r);
-        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
-    }
-    fclose(f);
+    tpk_tune_config c[3];
+    distinct_configs(&s, 21, c, 3);
+    write_records(path, &s, c, 3, rate, NULL, load);
     snprintf(cmd, sizeof cmd, "%s gen --out=%s %s", tptune, gen, path);
     assert_int_equal(run(cmd, out, sizeof out), 0);
     static char src[1 << 20];
-    f = fopen(gen, "r");
+    FILE *f = fopen(gen, "r");
     assert_non_null(f);
     size_t n = fread(src, 1, sizeof src - 1, f);
     fclose(f);

@@ -515,7 +515,7 @@ static void test_search_ranks_relative_to_vendor(void **state)
 /* Annealing over the whole space (no table): the model finds better points than random within
  * the same budget, median over seeds. */
 /* The label is the fastest repeat's rate: gflops (the median repeat's rate) × median / fastest;
- * failures 0; without repeats the rate as recorded. */
+ * failures 0; without repeats the rate as recorded. Its relative form scales by vref / vendor. */
 static void test_label_fastest_repeat(void **state)
 {
     (void)state;
@@ -529,8 +529,16 @@ static void test_label_fastest_repeat(void **state)
     assert_true(fabs(tpk_tune_result_label(&r) - 100.0) < 1e-12);
     r.ncost = 0;
     assert_true(fabs(tpk_tune_result_label(&r) - 50.0) < 1e-12);
+    /* relative to OpenBLAS beside it: 50 · 80 / 40 = 100; the plain label without either rate */
+    r.vendor_gflops = 40.0;
+    assert_true(fabs(tpk_tune_result_label_relative(&r, 80.0) - 100.0) < 1e-12);
+    assert_true(fabs(tpk_tune_result_label_relative(&r, 0.0) - 50.0) < 1e-12);
+    r.vendor_gflops = 0;
+    assert_true(fabs(tpk_tune_result_label_relative(&r, 80.0) - 50.0) < 1e-12);
     r.err = 1;
     assert_true(tpk_tune_result_label(&r) == 0.0);
+    r.vendor_gflops = 40.0;
+    assert_true(tpk_tune_result_label_relative(&r, 80.0) == 0.0);
 }
 
 static void test_annealing_beats_random(void **state)

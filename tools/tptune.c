@@ -267,8 +267,11 @@ static int read_logs(const char *list, tpk_tune_record **out, size_t *nout, tpk_
     const char *paths[64];
     int np = 0;
     snprintf(buf, sizeof buf, "%s", list);
-    for (char *tok = strtok(buf, ","); tok && np < 64; tok = strtok(NULL, ","))
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (np == 64)
+            return TPK_ERROR(ctx, TPK_EINVAL, "more than 64 logs in '%.64s...'", list), 1;
         paths[np++] = tok;
+    }
     return read_files(paths, np, out, nout, ctx);
 }
 
@@ -579,6 +582,67 @@ static int random_median_exact(size_t n, size_t hits)
     return (int)n;
 }
 
+/* The table's labels. A configuration measured more than once (one record per pass) gets the
+ * mean of its records: the best of them would select the passes' favourable noise. When every
+ * successful record also timed OpenBLAS in the same child (--vendor=1), each record's rate is
+ * taken relative to that vendor rate, times the table's median vendor rate (*vmed; 0 when the
+ * labels are plain): the machine's drift between children, which moves both alike, cancels
+ * (tuner/README.md "Search efficiency": raw labels of two idle passes differ by 6.5 % rms, the
+ * relative ones by 3.9-5.4 %). */
+static int table_labels(const tpk_tune_record *r, size_t n, const tpk_tune_space *s, table *t, double *best,
+                        int *passes, double *vmed, tpk_ctx *ctx)
+{
+    double *vend = malloc(n * sizeof *vend), *sum = calloc(n, sizeof *sum);
+    int *cnt = calloc(n, sizeof *cnt), *slot = malloc(n * sizeof *slot);
+    if (!vend || !sum || !cnt || !slot) {
+        free(vend), free(sum), free(cnt), free(slot);
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return 1;
+    }
+    size_t nvend = 0, nok = 0;
+    for (size_t i = 0; i < n; i++) {
+        tpk_tune_config c;
+        tpk_ctx q;
+        tpk_ctx_init(&q);
+        slot[i] = -1;
+        if (!tpk_tune_task_same(&r[i].task, &s->task) || tpk_tune_record_config(s, &r[i], &c, &q))
+            continue;
+        uint64_t idx = tpk_tune_space_index(s, &c);
+        size_t j = 0;
+        while (j < t->n && t->idx[j] != idx)
+            j++;
+        if (j == t->n)
+            t->idx[t->n++] = idx;
+        slot[i] = (int)j;
+        if (tpk_tune_result_label(&r[i].result) > 0) {
+            nok++;
+            if (r[i].result.vendor_gflops > 0)
+                vend[nvend++] = r[i].result.vendor_gflops;
+        }
+    }
+    *vmed = 0;
+    if (nok > 0 && nvend == nok) {
+        qsort(vend, nvend, sizeof *vend, cmp_double);
+        *vmed = vend[nvend / 2];
+    }
+    for (size_t i = 0; i < n; i++) {
+        double g = slot[i] < 0 ? 0 : tpk_tune_result_label_relative(&r[i].result, *vmed);
+        if (g > 0) {
+            sum[slot[i]] += g;
+            cnt[slot[i]]++;
+        }
+    }
+    *best = 0;
+    *passes = 0;
+    for (size_t j = 0; j < t->n; j++) {
+        t->gf[j] = cnt[j] ? sum[j] / cnt[j] : 0; /* failed in every record: 0 */
+        *best = t->gf[j] > *best ? t->gf[j] : *best;
+        *passes = cnt[j] > *passes ? cnt[j] : *passes;
+    }
+    free(vend), free(sum), free(cnt), free(slot);
+    return 0;
+}
+
 static int cmd_replay(const args *a, tpk_ctx *ctx)
 {
     if (!a->log) {
@@ -607,62 +671,10 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
-    /* Labels. A configuration measured more than once (one record per pass) gets the mean of
-     * its records: the best of them would select the passes' favourable noise. When every
-     * successful record also timed OpenBLAS in the same child (--vendor=1), each record's rate
-     * is first divided by that vendor rate and scaled by the table's median vendor rate: the
-     * machine's drift between children, which moves both alike, cancels (tuner/README.md
-     * "Search efficiency": the raw labels of two idle passes differ by 6-7 % rms, the
-     * vendor-relative ones by about 4 %). */
-    double *vend = malloc(n * sizeof *vend), *sum = calloc(n, sizeof *sum);
-    int *cnt = calloc(n, sizeof *cnt), *slot = malloc(n * sizeof *slot);
-    size_t nvend = 0, nok = 0;
-    if (!vend || !sum || !cnt || !slot) {
-        free(vend), free(sum), free(cnt), free(slot);
-        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    double best, vmed;
+    int passes;
+    if (table_labels(r, n, &s, &t, &best, &passes, &vmed, ctx))
         goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        tpk_tune_config c;
-        tpk_ctx q;
-        tpk_ctx_init(&q);
-        slot[i] = -1;
-        if (!tpk_tune_task_same(&r[i].task, &s.task) || tpk_tune_record_config(&s, &r[i], &c, &q))
-            continue;
-        uint64_t idx = tpk_tune_space_index(&s, &c);
-        size_t j = 0;
-        while (j < t.n && t.idx[j] != idx)
-            j++;
-        if (j == t.n)
-            t.idx[t.n++] = idx;
-        slot[i] = (int)j;
-        if (tpk_tune_result_label(&r[i].result) > 0) {
-            nok++;
-            if (r[i].result.vendor_gflops > 0)
-                vend[nvend++] = r[i].result.vendor_gflops;
-        }
-    }
-    const int relative = nok > 0 && nvend == nok;
-    double vmed = 0;
-    if (relative) {
-        qsort(vend, nvend, sizeof *vend, cmp_double);
-        vmed = vend[nvend / 2];
-    }
-    for (size_t i = 0; i < n; i++) {
-        double g = slot[i] < 0 ? 0 : tpk_tune_result_label(&r[i].result);
-        if (g > 0) {
-            sum[slot[i]] += relative ? g / r[i].result.vendor_gflops * vmed : g;
-            cnt[slot[i]]++;
-        }
-    }
-    double best = 0;
-    int passes = 0;
-    for (size_t j = 0; j < t.n; j++) {
-        t.gf[j] = cnt[j] ? sum[j] / cnt[j] : 0; /* failed in every record: 0 */
-        best = t.gf[j] > best ? t.gf[j] : best;
-        passes = cnt[j] > passes ? cnt[j] : passes;
-    }
-    free(vend), free(sum), free(cnt), free(slot);
     if (a->transfer && read_logs(a->transfer, &hist, &nhist, ctx))
         goto done;
     /* What transfer learns from: other workloads' records measured without competing load. */
@@ -677,7 +689,7 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
            "(%d configurations reach it); seeds %d..%d\n",
            t.n, s.task.m, s.task.n, s.task.k, tpk_tune_dtype_name(s.task.dtype), best, 0.95 * best, near, a->seed0,
            a->seed0 + a->seeds - 1);
-    if (relative)
+    if (vmed > 0)
         printf("labels: mean over up to %d records per configuration of the rate relative to OpenBLAS timed beside it, "
                "times its median %.2f GFLOP/s\n", passes, vmed);
     else

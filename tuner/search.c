@@ -406,20 +406,6 @@ static int model_params(tpk_tune_model *m, const tpk_tune_opts *o, tpk_ctx *ctx)
     return st;
 }
 
-/* What the model learns from and the search ranks by: the label, divided by the rate of OpenBLAS
- * timed in the same child when it was (tpk_tune_measure_opts.vendor) and scaled by `vref`, a
- * vendor rate fixed for the run. The machine's speed drifts between children (a shared VM: the
- * same configuration's rate differs by 6-7 % rms from one child to the next, OpenBLAS's by as
- * much, their ratio by about 4 %; tuner/README.md "Search efficiency"), and the ratio cancels
- * what moves both. Without a vendor rate the label itself. Transfer keeps the plain labels of
- * the earlier logs: on the replay tables their vendor-relative labels gave the 512³ search 9
- * trials against 5 (two-thread OpenBLAS rates under load do not move with the kernel's). */
-static double ranked_label(const tpk_tune_result *r, double vref)
-{
-    double g = tpk__label(r);
-    return g > 0 && r->vendor_gflops > 0 && vref > 0 ? g * vref / r->vendor_gflops : g;
-}
-
 /* Earlier workloads' measurements of this template: features, labels, one group per workload
  * (rank:pairwise then learns only the order within each workload, never across shapes). */
 typedef struct history_rows {
@@ -507,6 +493,12 @@ static tpk_tune_model *fit_base(const history_rows *h, const tpk_tune_opts *o, i
 double tpk_tune_result_label(const tpk_tune_result *r)
 {
     return tpk__label(r);
+}
+
+double tpk_tune_result_label_relative(const tpk_tune_result *r, double vref)
+{
+    double g = tpk__label(r);
+    return g > 0 && r->vendor_gflops > 0 && vref > 0 ? g * vref / r->vendor_gflops : g;
 }
 
 /* Label of a measurement: the rate of its fastest repeat (GFLOP/s, or entries/s for maps), 0 for
@@ -598,7 +590,7 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
     }
 
     int done_n = 0, nbatch = 0;
-    double best = 0, best_ranked = 0, vref = 0; /* best: the label of the best by ranked_label */
+    double best = 0, best_ranked = 0, vref = 0; /* best: the plain label of the best ranked */
     char best_str[256] = "";
     while (done_n < o.trials) {
         int want = o.plan_size;
@@ -660,12 +652,17 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
             int nf = s->features(s, &c, X + (size_t)done_n * (size_t)nfeat, nfeat);
             for (int f = nf; f < nfeat; f++)
                 X[(size_t)done_n * (size_t)nfeat + (size_t)f] = 0;
+            /* The model learns, and the search ranks by, the rate relative to OpenBLAS timed in
+             * the same child when it was (vref: the run's first vendor rate). Transfer keeps the
+             * earlier logs' plain labels: relative ones gave the 512³ replay 9 trials against 5
+             * (two-thread OpenBLAS rates under load do not move with the kernel's). */
             if (vref == 0 && tpk__label(&r) > 0 && r.vendor_gflops > 0)
                 vref = r.vendor_gflops;
-            y[done_n] = (float)ranked_label(&r, vref);
+            double ranked = tpk_tune_result_label_relative(&r, vref);
+            y[done_n] = (float)ranked;
             done_n++;
-            if (r.err == 0 && ranked_label(&r, vref) > best_ranked) {
-                best_ranked = ranked_label(&r, vref);
+            if (r.err == 0 && ranked > best_ranked) {
+                best_ranked = ranked;
                 best = tpk__label(&r);
                 out->best = c;
                 tpk_tune_config_str(s, &c, best_str, sizeof best_str);

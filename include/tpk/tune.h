@@ -216,6 +216,11 @@ typedef struct tpk_tune_record {
 /* A measurement's rate for ranking: the rate of its fastest repeat (other processes only slow a
  * run down; scaling by the CPU share instead ranked disturbed runs first); 0 on error. */
 TPK_API double tpk_tune_result_label(const tpk_tune_result *r);
+/* The label relative to OpenBLAS timed in the same child, times `vref` (a vendor rate fixed for
+ * the comparison, so the unit stays GFLOP/s): label · vref / vendor_gflops. The machine's speed
+ * drifts between children and moves both rates alike (tuner/README.md "Search efficiency").
+ * The plain label when there is no vendor rate or vref ≤ 0; 0 on error. */
+TPK_API double tpk_tune_result_label_relative(const tpk_tune_result *r, double vref);
 /* 1 when the record was measured without competing load: load average at most its threads + 1
  * (or not recorded). Transfer learns only from these: labels measured under load rank
  * configurations badly (Spearman 0.49-0.62 against an idle re-measurement, tuner/README.md). */
