@@ -57,7 +57,43 @@ static int teardown(void **state)
     return 0;
 }
 
-/* A log of n synthetic measurements of one workload. */
+/* n configurations of the space, random and pairwise distinct. */
+static void distinct_configs(const tpk_tune_space *s, uint64_t seed, tpk_tune_config *c, int n)
+{
+    for (int j = 0; j < n; j++) {
+        int dup;
+        do {
+            tpk_tune_space_point(s, tpk_tune_space_random(s, &seed), &c[j]);
+            dup = 0;
+            for (int i = 0; i < j && !dup; i++)
+                dup = tpk_tune_space_index(s, &c[i]) == tpk_tune_space_index(s, &c[j]);
+        } while (dup);
+    }
+}
+
+/* A log of n hand-made records: configuration c[i] at rate[i], with OpenBLAS beside it at
+ * vendor[i] and load average load[i] (NULL: none recorded). */
+static void write_records(const char *path, const tpk_tune_space *s, const tpk_tune_config *c, int n,
+                          const double *rate, const double *vendor, const double *load)
+{
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < n; i++) {
+        tpk_tune_result r = {0};
+        r.gflops = rate[i];
+        r.cpu_ratio = 1;
+        r.vendor_gflops = vendor ? vendor[i] : 0;
+        r.load1 = load ? load[i] : 0;
+        tpk_tune_record rec;
+        tpk_tune_record_fill(&rec, s, &c[i], &r);
+        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
+    }
+    fclose(f);
+}
+
+/* A log of n synthetic measurements of one workload (n ≤ 300). */
 static void write_log(const char *path, int n)
 {
     tpk_ctx ctx;
@@ -65,19 +101,13 @@ static void write_log(const char *path, int n)
     tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, 768, 768, 768, 1, TPK_TUNE_GEMM};
     tpk_tune_space s;
     assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
-    FILE *f = fopen(path, "w");
-    uint64_t rng = 17;
-    for (int i = 0; i < n; i++) {
-        tpk_tune_config c;
-        tpk_tune_space_point(&s, tpk_tune_space_random(&s, &rng), &c);
-        tpk_tune_result r = {0};
-        r.gflops = tpk_tune_synthetic_gflops(&s, &c, 3);
-        r.cpu_ratio = 0.97;
-        tpk_tune_record rec;
-        tpk_tune_record_fill(&rec, &s, &c, &r);
-        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
-    }
-    fclose(f);
+    static tpk_tune_config c[300];
+    double rate[300];
+    assert_true(n <= 300);
+    distinct_configs(&s, 17, c, n);
+    for (int i = 0; i < n; i++)
+        rate[i] = tpk_tune_synthetic_gflops(&s, &c[i], 3);
+    write_records(path, &s, c, n, rate, NULL, NULL);
 }
 
 static void test_cli(void **state)
@@ -141,42 +171,6 @@ static void test_cli(void **state)
     snprintf(cmd, sizeof cmd, "echo '{not json' > %s/bad.jsonl && %s show %s/bad.jsonl", dir, tptune, dir);
     assert_int_equal(run(cmd, out, sizeof out), 1);
     assert_non_null(strstr(out, "bad.jsonl:1:"));
-}
-
-/* n configurations of the space, random and pairwise distinct. */
-static void distinct_configs(const tpk_tune_space *s, uint64_t seed, tpk_tune_config *c, int n)
-{
-    for (int j = 0; j < n; j++) {
-        int dup;
-        do {
-            tpk_tune_space_point(s, tpk_tune_space_random(s, &seed), &c[j]);
-            dup = 0;
-            for (int i = 0; i < j && !dup; i++)
-                dup = tpk_tune_space_index(s, &c[i]) == tpk_tune_space_index(s, &c[j]);
-        } while (dup);
-    }
-}
-
-/* A log of n hand-made records: configuration c[i] at rate[i], with OpenBLAS beside it at
- * vendor[i] and load average load[i] (NULL: none recorded). */
-static void write_records(const char *path, const tpk_tune_space *s, const tpk_tune_config *c, int n,
-                          const double *rate, const double *vendor, const double *load)
-{
-    tpk_ctx ctx;
-    tpk_ctx_init(&ctx);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < n; i++) {
-        tpk_tune_result r = {0};
-        r.gflops = rate[i];
-        r.cpu_ratio = 1;
-        r.vendor_gflops = vendor ? vendor[i] : 0;
-        r.load1 = load ? load[i] : 0;
-        tpk_tune_record rec;
-        tpk_tune_record_fill(&rec, s, &c[i], &r);
-        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
-    }
-    fclose(f);
 }
 
 /* measure: every configuration of a log again, in reverse order, each a new record with
