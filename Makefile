@@ -24,7 +24,8 @@ CFLAGS_ALL  = -std=c11 $(OPT) $(SAN) $(WARN) -fopenmp -fPIC -fvisibility=hidden 
 KERNEL_FLAGS := -march=native -O3
 LDLIBS_ALL  = $(SAN) -fopenmp $(PKG_LIBS) -lz -ldl $(LDFLAGS)
 
-LIB_DIRS   := core kernels netsor gp limits tuner gen
+# The layers, bottom up (mk/layers.txt; scripts/check-layers.sh checks them in `make check`).
+LIB_DIRS   := core runtime gen kernels netsor app limits gp
 LIB_SRC    := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))))
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOL_SRC   := $(wildcard tools/*.c)
@@ -37,6 +38,12 @@ BENCH_SRC  := $(wildcard bench/*.c)
 BENCHES    := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 STATIC     := $(BUILD)/lib/libtpk.a
 SHARED     := $(BUILD)/lib/libtpk.so
+# The tuner is an offline library of its own (XGBoost, the compiler, measurement): only tptune, the
+# gen/ generator, and the tests and benchmarks of the tuner link it; libtpk does not.
+TUNE_SRC   := $(sort $(wildcard tuner/*.c))
+TUNE_OBJ   := $(TUNE_SRC:%.c=$(BUILD)/obj/%.o)
+TUNE_LIB   := $(BUILD)/lib/libtpktune.a
+TUNE_LIBS  := -lxgboost
 DEPS_OK    := $(BUILD)/.deps-ok
 
 .PHONY: all lib tools tests run check check-asan bench install deps clean fuzz
@@ -49,7 +56,7 @@ $(DEPS_OK): scripts/install-deps.sh
 	@sh scripts/install-deps.sh
 	@mkdir -p $(@D) && touch $@
 
-lib: $(STATIC) $(SHARED)
+lib: $(STATIC) $(SHARED) $(TUNE_LIB)
 tools: $(TOOLS)
 tests: $(TESTS)
 
@@ -69,6 +76,10 @@ $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
+$(TUNE_LIB): $(TUNE_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
 $(SHARED): $(LIB_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -shared -o $@ $^ $(LDLIBS_ALL)
@@ -77,13 +88,17 @@ $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(STATIC)
+$(BUILD)/bin/tptune: $(BUILD)/obj/tools/tptune.o $(TUNE_LIB) $(STATIC)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(TEST_SUPPORT) $(STATIC) $(LDLIBS_ALL) -lcmocka
+	$(CC) -o $@ $< $(TUNE_LIB) $(STATIC) $(LDLIBS_ALL) $(TUNE_LIBS)
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(TUNE_LIB) $(STATIC)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
+	$(CC) -o $@ $< $(TEST_SUPPORT) $(TUNE_LIB) $(STATIC) $(LDLIBS_ALL) $(TUNE_LIBS) -lcmocka
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TUNE_LIB) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(TUNE_LIB) $(STATIC) $(LDLIBS_ALL) $(TUNE_LIBS)
 
 # Main job (the design card's headline): the infinite-width kernel of the Tensor Programs I
 # transformer on the bundled demo token sequences, written to HDF5.

@@ -1,6 +1,5 @@
 # Tensor-program tuner (issue 6; tuner/README.md): link flags, gen/ from the shipped logs, and
 # `make tune`.
-LDFLAGS += -lxgboost -ldl
 
 # gen/ objects are kernels: -O3 -march=native as for kernels/ (BLIS make_defs), and FMA
 # contraction, which -std=c11 turns off.
@@ -13,12 +12,12 @@ $(BUILD)/obj/gen/%.o: gen/%.c | $(DEPS_OK)
 TUNE_LOGS   := $(sort $(wildcard data/tuning/*.jsonl))
 GEN_CPU     := gen/tpk_gemm_cpu.c
 TPGEN       := $(BUILD)/host/tptune-gen
-TPGEN_OBJ    = $(BUILD)/obj/tools/tptune.o $(BUILD)/obj/core/error.o \
-               $(filter-out $(BUILD)/obj/tuner/gemm_dispatch.o $(BUILD)/obj/tuner/map_dispatch.o,$(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tuner/*.c)))
+TPGEN_OBJ    = $(BUILD)/obj/tools/tptune.o $(BUILD)/obj/core/error.o $(BUILD)/obj/runtime/ref_gemm.o \
+               $(BUILD)/obj/runtime/ref_map.o $(TUNE_OBJ)
 
 $(TPGEN): $(TPGEN_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $^ $(LDLIBS_ALL)
+	$(CC) -o $@ $^ $(LDLIBS_ALL) $(TUNE_LIBS)
 
 $(GEN_CPU): $(TUNE_LOGS) $(TPGEN)
 	$(TPGEN) gen --out=$@ $(TUNE_LOGS)

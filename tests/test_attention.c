@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tpk/job.h"
 #include "tpk/attention.h"
 #include "tpk/limits.h"
 #include "tpk/tpk.h"

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tpk/job.h"
 #include "tpk/cnn.h"
 #include "tpk/limits.h"
 #include "tpk/tpk.h"

@@ -14,7 +14,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include "../tuner/gemm_gen.h"
+#include "../runtime/gemm_gen.h"
 #include "tpk/gemm.h"
 #include "tpk/tune.h"
 

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../tuner/map_gen.h"
+#include "../runtime/map_gen.h"
 #include "../tuner/tune_impl.h"
 #include "tpk/gauss.h"
 #include "tpk/map.h"

@@ -172,7 +172,7 @@ static int cpu_features(const tpk_tune_space *s, const tpk_tune_config *c, float
     return nf;
 }
 
-int tpk__cpu_gemm_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx)
+static int cpu_gemm_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx)
 {
     (void)ctx;
     static const int vw[] = {256, 512};
@@ -228,7 +228,7 @@ static int pick_le(const tpk_tune_knob *k, double target)
     return best;
 }
 
-void tpk__cpu_gemm_default(const tpk_tune_space *s, tpk_tune_config *c)
+static void cpu_gemm_default(const tpk_tune_space *s, tpk_tune_config *c)
 {
     tpk__caches ca;
     tpk__cache_sizes(&ca);
@@ -349,7 +349,7 @@ static void emit_ukr(FILE *o, const char *fn, const tpk__cpu_blocking *bk, const
     fprintf(o, "    }\n}\n\n");
 }
 
-int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fn,
+static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fn,
                        int standalone, FILE *o, tpk_ctx *ctx)
 {
     (void)ctx;
@@ -582,3 +582,13 @@ int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const 
     fprintf(o, "%s            }\n        }\n    }\n}\n\n", b.pb ? "" : "#pragma omp barrier\n");
     return TPK_OK;
 }
+
+/* ---- the template (space.c lists it) ----------------------------------------------------- */
+
+/* Serves GEMM and SYRK on the CPU. */
+static int cpu_gemm_applicable(const tpk_tune_task *t)
+{
+    return t->target == TPK_TUNE_CPU && (t->op == TPK_TUNE_GEMM || t->op == TPK_TUNE_SYRK);
+}
+
+const tpk__template tpk__template_cpu_gemm = {"cpu_gemm", cpu_gemm_applicable, cpu_gemm_space, cpu_gemm_default, cpu_gemm_emit};

@@ -168,7 +168,7 @@ static int map_features(const tpk_tune_space *s, const tpk_tune_config *c, float
     return nf;
 }
 
-int tpk__cpu_map_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx)
+static int cpu_map_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx)
 {
     (void)ctx;
     static const int vw[] = {256, 512};
@@ -202,7 +202,7 @@ int tpk__cpu_map_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-void tpk__cpu_map_default(const tpk_tune_space *s, tpk_tune_config *c)
+static void cpu_map_default(const tpk_tune_space *s, tpk_tune_config *c)
 {
     tpk__caches ca;
     tpk__cache_sizes(&ca);
@@ -315,7 +315,7 @@ void tpk__cpu_map_prelude(FILE *o)
     }
 }
 
-int tpk__cpu_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fn, int standalone, FILE *o,
+static int cpu_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fn, int standalone, FILE *o,
                       tpk_ctx *ctx)
 {
     (void)ctx;
@@ -701,3 +701,13 @@ int tpk__cpu_map_child(void *h, int dtype, size_t n, int threads, int repeat, do
     return dtype == TPK_TUNE_F32 ? map_child_float(h, n, threads, repeat, min_repeat_ms, r)
                                  : map_child_double(h, n, threads, repeat, min_repeat_ms, r);
 }
+
+/* ---- the template (space.c lists it) ----------------------------------------------------- */
+
+/* Serves the ReLU NNGP map, on the CPU only. */
+static int cpu_map_applicable(const tpk_tune_task *t)
+{
+    return t->target == TPK_TUNE_CPU && t->op == TPK_TUNE_MAP;
+}
+
+const tpk__template tpk__template_cpu_map = {"cpu_map", cpu_map_applicable, cpu_map_space, cpu_map_default, cpu_map_emit};

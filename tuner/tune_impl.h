@@ -4,23 +4,23 @@
 
 #include "tpk/tune.h"
 
-/* Templates: fill a space for a task (knob table, constraints, features). */
-int tpk__cpu_gemm_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx);
-int tpk__cuda_gemm_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx);
-int tpk__cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
-                       int standalone, FILE *out, tpk_ctx *ctx);
-int tpk__cuda_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
-                        int standalone, FILE *out, tpk_ctx *ctx);
-void tpk__cpu_gemm_default(const tpk_tune_space *s, tpk_tune_config *c);
-void tpk__cuda_gemm_default(const tpk_tune_space *s, tpk_tune_config *c);
+/* A schedule template (FFTW's solver, AutoTVM's template): which tasks it serves, its knob table
+ * (constraints, features), its analytic default configuration, and its emitter. space.c holds the
+ * one table of templates and dispatches through it; templates call only the knob mechanics
+ * (knob.c), never space.c. */
+typedef struct tpk__template {
+    const char *name;
+    int (*applicable)(const tpk_tune_task *t);
+    int (*space)(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx);
+    void (*defaults)(const tpk_tune_space *s, tpk_tune_config *c);
+    int (*emit)(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
+                int standalone, FILE *out, tpk_ctx *ctx);
+} tpk__template;
+extern const tpk__template tpk__template_cpu_gemm, tpk__template_cpu_map, tpk__template_cuda_gemm;
 void tpk__cuda_emit_harness(FILE *o, const char *const *names, const int *dtypes, int nk,
                             const size_t (*shapes)[3], int nshape, int repeat);
-/* The cpu_map template (relu_map, tuner/cpu_map.c) and its measuring child (h: the dlopen'd
+/* The cpu_map template's (relu_map, tuner/cpu_map.c) kernel names, prelude and measuring child (h: the dlopen'd
  * candidate; times it on the n×n workload after checking it against tpk_ref_relu_map_*). */
-int tpk__cpu_map_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx);
-void tpk__cpu_map_default(const tpk_tune_space *s, tpk_tune_config *c);
-int tpk__cpu_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
-                      int standalone, FILE *out, tpk_ctx *ctx);
 void tpk__cpu_map_kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap);
 void tpk__cpu_map_prelude(FILE *out);
 int tpk__cpu_map_child(void *h, int dtype, size_t n, int threads, int repeat, double min_repeat_ms,

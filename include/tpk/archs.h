@@ -30,6 +30,21 @@ typedef struct tpk_arch {
     int (*custom)(const tpk_job *job, tpk_ctx *ctx); /* NULL: tpk_job_kernel */
 } tpk_arch;
 
+/* The custom jobs of the table (app/job_cnn.c, app/attention_job.c). */
+/* The gpkernel job of --arch=cnn1d / cnn2d: the shipped program
+ * (programs/cnn1d.nsr or cnn2d.nsr, by job->program) is loaded with the job's settings for its
+ * parameters and their final values drive tpk_cnn_kernel. Settings the program does not have:
+ * padding=circular|zero, readout=flatten|gap, filter=k or kh,kw. The grid comes from the input
+ * (1-D: N×P or N×P×C; 2-D: N×rows×cols or N×rows×cols×C; IDX files such as Fashion-MNIST
+ * are read by tpk_idx_read). job->all_outputs selects the POSITIONS readout. */
+TPK_API int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx);
+
+/* gpkernel --arch=attention: --logit-scaling=inv-n evaluates programs/attention.nsr (Gaussian
+ * limit); inv-sqrt-n writes /kernel (σ_v² E_p[C]), /kernel_se, /score_covariances (R × m × m),
+ * /excess_kurtosis (3 Var C_ii / E[C_ii]², per output), /input_kernel (token kernel Σ^x). */
+TPK_API int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx);
+
+
 /* The table (count gets its length) and a lookup by name (NULL if unknown). */
 TPK_API const tpk_arch *tpk_arch_table(size_t *count);
 TPK_API const tpk_arch *tpk_arch_find(const char *name);

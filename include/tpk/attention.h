@@ -9,7 +9,6 @@
 #include <stdint.h>
 
 #include "error.h"
-#include "job.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,11 +66,6 @@ TPK_API int tpk_attn_w1_samples(const double *x, size_t M, const double *y, size
  * of one component uses its exact √(4a/π)). No sampling noise from drawing the outputs. */
 TPK_API int tpk_attn_energy_mixtures(const double *va, size_t na, const double *vb, size_t nb,
                                      double *out, tpk_ctx *ctx);
-
-/* gpkernel --arch=attention: --logit-scaling=inv-n evaluates programs/attention.nsr (Gaussian
- * limit); inv-sqrt-n writes /kernel (σ_v² E_p[C]), /kernel_se, /score_covariances (R × m × m),
- * /excess_kurtosis (3 Var C_ii / E[C_ii]², per output), /input_kernel (token kernel Σ^x). */
-TPK_API int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,6 @@
 
 #include "array.h"
 #include "gauss.h"
-#include "job.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -79,14 +78,6 @@ TPK_API int tpk_cnn_conv_block(size_t rows, size_t cols, int kh, int kw, int pad
 #define TPK_CNN_FFT_COST_1D 6.0
 #define TPK_CNN_FFT_COST_2D 1.5
 TPK_API int tpk_cnn_conv_prefers_fft(size_t rows, size_t cols, int kh, int kw, int padding);
-
-/* The gpkernel job of --arch=cnn1d / cnn2d (an `archs[]` custom hook): the shipped program
- * (programs/cnn1d.nsr or cnn2d.nsr, by job->program) is loaded with the job's settings for its
- * parameters and their final values drive tpk_cnn_kernel. Settings the program does not have:
- * padding=circular|zero, readout=flatten|gap, filter=k or kh,kw. The grid comes from the input
- * (1-D: N×P or N×P×C; 2-D: N×rows×cols or N×rows×cols×C; IDX files such as Fashion-MNIST
- * are read by tpk_idx_read). job->all_outputs selects the POSITIONS readout. */
-TPK_API int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }

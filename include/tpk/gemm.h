@@ -11,6 +11,26 @@
 extern "C" {
 #endif
 
+/* CPU kernel entry points (row-major, strides in elements, transposes as strides). `ws` holds
+ * ws_fn(nt) bytes aligned to 64, or is NULL (the kernel then allocates once per call). */
+typedef void (*tpk_dgemm_kernel_fn)(size_t m, size_t n, size_t k, double alpha, const double *A,
+                                    size_t rsa, size_t csa, const double *B, size_t rsb,
+                                    size_t csb, double beta, double *C, size_t ldc, int nt,
+                                    void *ws);
+typedef void (*tpk_sgemm_kernel_fn)(size_t m, size_t n, size_t k, float alpha, const float *A,
+                                    size_t rsa, size_t csa, const float *B, size_t rsb,
+                                    size_t csb, float beta, float *C, size_t ldc, int nt,
+                                    void *ws);
+typedef size_t (*tpk_gemm_ws_fn)(int nt);
+/* Reference kernels beside the tuned ones (style.md §9): plain loops, same contract. */
+TPK_API void tpk_ref_dgemm(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+                           size_t csa, const double *B, size_t rsb, size_t csb, double beta,
+                           double *C, size_t ldc);
+TPK_API void tpk_ref_sgemm(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+                           size_t csa, const float *B, size_t rsb, size_t csb, float beta,
+                           float *C, size_t ldc);
+
+
 /* How a call is served. */
 enum tpk_gemm_how {
     TPK_GEMM_EXACT = 0,   /* a kernel tuned for this very shape and thread count */

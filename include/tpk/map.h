@@ -12,6 +12,23 @@
 extern "C" {
 #endif
 
+/* Map kernels (op MAP): write the lower triangle (diagonal included) of out (row stride ldo) from
+ * S (row stride lds; out may be S); ws holds ws_fn(n) bytes aligned to 64. Returns non-zero when
+ * some |S_ij| exceeds √(q_i q_j) beyond rounding or is NaN (the output is then unspecified). */
+typedef int (*tpk_dmap_kernel_fn)(size_t n, const double *S, size_t lds, double alpha, double beta,
+                                  double *out, size_t ldo, int nt, void *ws);
+typedef int (*tpk_smap_kernel_fn)(size_t n, const float *S, size_t lds, float alpha, float beta,
+                                  float *out, size_t ldo, int nt, void *ws);
+typedef size_t (*tpk_map_ws_fn)(size_t n);
+
+/* Reference ReLU maps (plain loops, double arithmetic; kernels/gauss_map.c's formula for relu):
+ * the same contract as the map kernels; -1 when out of memory. */
+TPK_API int tpk_ref_relu_map_d(size_t n, const double *S, size_t lds, double alpha, double beta,
+                               double *out, size_t ldo);
+TPK_API int tpk_ref_relu_map_s(size_t n, const float *S, size_t lds, float alpha, float beta,
+                               float *out, size_t ldo);
+
+
 enum tpk_map_how {
     TPK_MAP_EXACT = 0,    /* a kernel tuned for this n and thread count */
     TPK_MAP_NEAREST = 1,  /* the kernel of the nearest tuned n (log2 distance) */

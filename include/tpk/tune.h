@@ -8,6 +8,8 @@
 #include <stdio.h>
 
 #include "error.h"
+#include "gemm.h"
+#include "map.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -104,40 +106,7 @@ TPK_API int tpk_tune_emit(const tpk_tune_space *s, const tpk_tune_config *c, con
 /* The shared prelude of a file holding several CPU kernels (gen/). */
 TPK_API void tpk_tune_emit_cpu_prelude(FILE *out);
 
-/* CPU kernel entry points (row-major, strides in elements, transposes as strides). `ws` holds
- * ws_fn(nt) bytes aligned to 64, or is NULL (the kernel then allocates once per call). */
-typedef void (*tpk_dgemm_kernel_fn)(size_t m, size_t n, size_t k, double alpha, const double *A,
-                                    size_t rsa, size_t csa, const double *B, size_t rsb,
-                                    size_t csb, double beta, double *C, size_t ldc, int nt,
-                                    void *ws);
-typedef void (*tpk_sgemm_kernel_fn)(size_t m, size_t n, size_t k, float alpha, const float *A,
-                                    size_t rsa, size_t csa, const float *B, size_t rsb,
-                                    size_t csb, float beta, float *C, size_t ldc, int nt,
-                                    void *ws);
-typedef size_t (*tpk_gemm_ws_fn)(int nt);
-/* Map kernels (op MAP): write the lower triangle (diagonal included) of out (row stride ldo) from
- * S (row stride lds; out may be S); ws holds ws_fn(n) bytes aligned to 64. Returns non-zero when
- * some |S_ij| exceeds √(q_i q_j) beyond rounding or is NaN (the output is then unspecified). */
-typedef int (*tpk_dmap_kernel_fn)(size_t n, const double *S, size_t lds, double alpha, double beta,
-                                  double *out, size_t ldo, int nt, void *ws);
-typedef int (*tpk_smap_kernel_fn)(size_t n, const float *S, size_t lds, float alpha, float beta,
-                                  float *out, size_t ldo, int nt, void *ws);
-typedef size_t (*tpk_map_ws_fn)(size_t n);
-
-/* Reference kernels beside the tuned ones (style.md §9): plain loops, same contract. */
-TPK_API void tpk_ref_dgemm(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
-                           size_t csa, const double *B, size_t rsb, size_t csb, double beta,
-                           double *C, size_t ldc);
-TPK_API void tpk_ref_sgemm(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
-                           size_t csa, const float *B, size_t rsb, size_t csb, float beta,
-                           float *C, size_t ldc);
-
-/* Reference ReLU maps (plain loops, double arithmetic; kernels/gauss_map.c's formula for relu):
- * the same contract as the map kernels; -1 when out of memory. */
-TPK_API int tpk_ref_relu_map_d(size_t n, const double *S, size_t lds, double alpha, double beta,
-                               double *out, size_t ldo);
-TPK_API int tpk_ref_relu_map_s(size_t n, const float *S, size_t lds, float alpha, float beta,
-                               float *out, size_t ldo);
+/* Kernel entry-point types and the reference kernels: tpk/gemm.h and tpk/map.h (runtime). */
 
 /* ---- Measurement -------------------------------------------------------------------------- */
 
@@ -334,7 +303,7 @@ TPK_API int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, cons
                                      FILE *out, tpk_ctx *ctx);
 
 /* The generated map file (gen/tpk_map_cpu.c): the best relu_map record per (dtype, n, threads),
- * the analytic defaults, and the table tuner/map_dispatch.c reads. Deterministic output. */
+ * the analytic defaults, and the table runtime/map_dispatch.c reads. Deterministic output. */
 TPK_API int tpk_tune_gen_map_library(const tpk_tune_record *recs, size_t n, const char *generator,
                                      FILE *out, tpk_ctx *ctx);
 

@@ -3,7 +3,7 @@
  * V(k) = √(q_i q_j)[c0 √(1−ρ²) + (c1 + c0 asin ρ) ρ], c0 = 1/(2π), c1 = 1/4, ρ = k a_i a_j with
  * a = 1/√q clamped to [−1, 1] and snapped to ±1 within 8 ulp; the diagonal q/2 exactly; a zero
  * variance gives 0. out = alpha·V + beta on the lower triangle. */
-#include "tune_impl.h"
+#include "tpk/map.h"
 
 #include <float.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* Reference GEMM beside the generated ones (style.md §9, BLIS ref_kernels): plain loops, the
  * oracle every tuned kernel is checked against. */
-#include "tpk/tune.h"
+#include "tpk/gemm.h"
 
 #define REF_GEMM(NAME, T)                                                                          \
     void NAME(size_t m, size_t n, size_t k, T alpha, const T *A, size_t rsa, size_t csa,           \

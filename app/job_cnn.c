@@ -1,5 +1,6 @@
 /* gpkernel --arch=cnn1d / cnn2d: the shipped program fixes the parameters, the direct recursion
  * of kernels/cnn.c computes the kernel (theory.md §2.8), written to HDF5 like tpk_job_kernel. */
+#include "tpk/archs.h"
 #include "tpk/cnn.h"
 
 #include "tpk/idx.h"

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "tpk/tune.h"
+#include "tpk/map.h"
 
 typedef struct tpk__map_entry {
     int dtype;   /* enum tpk_tune_dtype */

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "tpk/tune.h"
+#include "tpk/gemm.h"
 
 typedef struct tpk__gemm_entry {
     int op;      /* enum tpk_tune_op: gemm, or syrk (lower triangle, B = Aᵀ by strides) */

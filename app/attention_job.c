@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tpk/archs.h"
 #include "tpk/attention.h"
 #include "tpk/io.h"
 

@@ -1,0 +1,171 @@
+/* Knob mechanics of schedule spaces: the mixed-radix index, validity, random points (AutoTVM
+ * task/space.py: point2knob, knob2point, random_walk), names and small helpers. The templates
+ * build their spaces from these; space.c dispatches to the templates. */
+#include "tune_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+double tpk__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double tpk__log2(double x)
+{
+    return x > 0 ? log2(x) : 0.0;
+}
+
+void tpk__cache_sizes(tpk__caches *c)
+{
+    /* Fallbacks: a current server core (48 KiB L1d, 2 MiB L2, 32 MiB L3 share); VMs often
+     * report nothing. */
+    long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    c->l1 = l1 > 0 ? (double)l1 : 48.0 * 1024;
+    c->l2 = l2 > 0 ? (double)l2 : 2048.0 * 1024;
+    c->l3 = l3 > 0 ? (double)l3 : 32.0 * 1024 * 1024;
+    if (c->l3 > 64.0 * 1024 * 1024)
+        c->l3 = 64.0 * 1024 * 1024; /* a VM's "480 MiB" is the socket's, not ours */
+}
+
+const char *tpk_tune_dtype_name(int dtype)
+{
+    return dtype == TPK_TUNE_F32 ? "f32" : "f64";
+}
+
+const char *tpk_tune_target_name(int target)
+{
+    return target == TPK_TUNE_CUDA ? "cuda" : "cpu";
+}
+
+const char *tpk_tune_op_name(int op)
+{
+    return op == TPK_TUNE_SYRK ? "syrk" : op == TPK_TUNE_MAP ? "relu_map" : "gemm";
+}
+
+const char *tpk_tune_target_class(int target)
+{
+    if (target == TPK_TUNE_CUDA)
+        return "cuda/sm_90";
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    int intel = __builtin_cpu_is("intel");
+    if (__builtin_cpu_supports("avx512f"))
+        return intel ? "cpu/x86_64/avx512/intel" : "cpu/x86_64/avx512/amd";
+    if (__builtin_cpu_supports("avx2"))
+        return intel ? "cpu/x86_64/avx2/intel" : "cpu/x86_64/avx2/amd";
+    return "cpu/x86_64/generic";
+#else
+    return "cpu/generic";
+#endif
+}
+
+double tpk_tune_task_flops(const tpk_tune_task *t)
+{
+    if (t->op == TPK_TUNE_MAP) /* entries of the lower triangle: the rate is entries per second */
+        return (double)t->m * ((double)t->m + 1) / 2;
+    if (t->op == TPK_TUNE_SYRK) /* the lower triangle, diagonal included */
+        return (double)t->m * ((double)t->m + 1) * (double)t->k;
+    return 2.0 * (double)t->m * (double)t->n * (double)t->k;
+}
+
+int tpk_tune_task_same(const tpk_tune_task *a, const tpk_tune_task *b)
+{
+    return a->target == b->target && a->op == b->op && a->dtype == b->dtype && a->m == b->m && a->n == b->n &&
+           a->k == b->k && a->threads == b->threads;
+}
+
+void tpk_tune_space_point(const tpk_tune_space *s, uint64_t index, tpk_tune_config *c)
+{
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < s->nknob; i++) {
+        uint64_t r = (uint64_t)s->knob[i].ncand;
+        c->v[i] = s->knob[i].cand[index % r];
+        index /= r;
+    }
+}
+
+static int cand_pos(const tpk_tune_knob *k, int v)
+{
+    for (int j = 0; j < k->ncand; j++)
+        if (k->cand[j] == v)
+            return j;
+    return -1;
+}
+
+uint64_t tpk_tune_space_index(const tpk_tune_space *s, const tpk_tune_config *c)
+{
+    uint64_t idx = 0;
+    for (int i = s->nknob - 1; i >= 0; i--) {
+        int p = cand_pos(&s->knob[i], c->v[i]);
+        idx = idx * (uint64_t)s->knob[i].ncand + (uint64_t)(p < 0 ? 0 : p);
+    }
+    return idx;
+}
+
+int tpk_tune_space_valid(const tpk_tune_space *s, const tpk_tune_config *c)
+{
+    for (int i = 0; i < s->nknob; i++)
+        if (cand_pos(&s->knob[i], c->v[i]) < 0)
+            return 0;
+    return s->valid ? s->valid(s, c) : 1;
+}
+
+int tpk_tune_config_get(const tpk_tune_space *s, const tpk_tune_config *c, const char *name,
+                        int dflt)
+{
+    for (int i = 0; i < s->nknob; i++)
+        if (strcmp(s->knob[i].name, name) == 0)
+            return c->v[i];
+    return dflt;
+}
+
+int tpk_tune_config_set(const tpk_tune_space *s, tpk_tune_config *c, const char *name, int value)
+{
+    for (int i = 0; i < s->nknob; i++)
+        if (strcmp(s->knob[i].name, name) == 0) {
+            if (cand_pos(&s->knob[i], value) < 0)
+                return TPK_ENOTFOUND;
+            c->v[i] = value;
+            return TPK_OK;
+        }
+    return TPK_ENOTFOUND;
+}
+
+uint64_t tpk_tune_space_random(const tpk_tune_space *s, uint64_t *rng)
+{
+    tpk_tune_config c;
+    uint64_t idx = 0;
+    for (int tries = 0; tries < 100000; tries++) {
+        idx = tpk__rng_next(rng) % s->size;
+        tpk_tune_space_point(s, idx, &c);
+        if (!s->valid || s->valid(s, &c))
+            return idx;
+    }
+    return idx; /* a space with almost no valid point: the caller's validity check rejects it */
+}
+
+char *tpk_tune_config_str(const tpk_tune_space *s, const tpk_tune_config *c, char *buf, size_t cap)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < s->nknob && off < cap; i++) {
+        const tpk_tune_knob *k = &s->knob[i];
+        int p = cand_pos(k, c->v[i]);
+        int w;
+        if (k->labels && p >= 0)
+            w = snprintf(buf + off, cap - off, "%s%s=%s", i ? "," : "", k->name, k->labels[p]);
+        else
+            w = snprintf(buf + off, cap - off, "%s%s=%d", i ? "," : "", k->name, c->v[i]);
+        if (w < 0)
+            break;
+        off += (size_t)w;
+    }
+    return buf;
+}
