@@ -20,13 +20,25 @@ OPT        ?= -O2 -g
 SAN        ?=
 CFLAGS_ALL  = -std=c11 $(OPT) $(SAN) $(WARN) -fopenmp -fPIC -fvisibility=hidden \
               -D_XOPEN_SOURCE=700 -DTPK_VERSION='"$(VERSION)"' -Iinclude $(PKG_CFLAGS) $(CFLAGS)
-# Only kernel objects get -march=native (style.md, BLIS): the framework stays portable.
-KERNEL_FLAGS := -march=native -O3
+# Only kernel objects get -march (style.md §9, BLIS): the framework is built for the baseline.
+# ARCH=x86-64-v3 (or any -march value) builds kernels/ for that CPU level instead of this host;
+# the generated tables of each machine class are compiled with that class's own flags
+# (data/machines/ID.conf "cflags") and chosen at run time by CPUID, so a portable build runs on
+# every CPU of level ARCH and still uses AVX-512 where the CPU has it (tuner-notes §7).
+ARCH       ?= native
+KERNEL_FLAGS := -march=$(ARCH) -O3
 LDLIBS_ALL  = $(SAN) -fopenmp $(PKG_LIBS) -lz -ldl $(LDFLAGS)
 
 # The layers, bottom up (mk/layers.txt; scripts/check-layers.sh checks them in `make check`).
-LIB_DIRS   := core runtime gen kernels netsor app limits gp
-LIB_SRC    := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))))
+LIB_DIRS   := core runtime kernels netsor app limits gp
+# gen/: the class index and, per machine class (data/machines/ID.conf), its GEMM and map tables,
+# all generated from data (mk/tuner.mk, mk/map.mk).
+CLASS_CONFS := $(sort $(wildcard data/machines/*.conf))
+CLASS_IDS   := $(CLASS_CONFS:data/machines/%.conf=%)
+GEN_CLASSES := gen/tpk_classes.c
+GEN_CPU     := $(CLASS_IDS:%=gen/tpk_gemm_cpu_%.c)
+GEN_MAP     := $(CLASS_IDS:%=gen/tpk_map_cpu_%.c)
+LIB_SRC    := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))) $(GEN_CLASSES) $(GEN_CPU) $(GEN_MAP))
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOL_SRC   := $(wildcard tools/*.c)
 TOOLS      := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)

@@ -1,13 +1,10 @@
-# Tuned ReLU NNGP map (issue 6, tuner/cpu_map.c): gen/tpk_map_cpu.c from the shipped logs, and
+# Tuned ReLU NNGP map (issue 6, tuner/cpu_map.c): gen/tpk_map_cpu_ID.c per machine class from the shipped logs, and
 # libmvec for its vector acos / atan2 variants. (Read before mk/tuner.mk: names spelled out.)
 LDFLAGS  += -lmvec
 MAP_LOGS := $(sort $(wildcard data/tuning/*.jsonl))
-GEN_MAP  := gen/tpk_map_cpu.c
 
-$(GEN_MAP): $(MAP_LOGS) $(BUILD)/host/tptune-gen
-	$(BUILD)/host/tptune-gen gen --op=map --out=$@ $(MAP_LOGS)
-
-$(BUILD)/obj/gen/tpk_map_cpu.o: $(GEN_MAP)
+gen/tpk_map_cpu_%.c: data/machines/%.conf $(MAP_LOGS) $(BUILD)/host/tptune-gen
+	$(BUILD)/host/tptune-gen gen --op=map --class=$< --out=$@ $(MAP_LOGS)
 
 # make tune-map: retune the shipped map workloads on this machine into a fresh log, then regenerate.
 TUNE_MAP_TRIALS ?= 48

@@ -1,29 +1,37 @@
 # Tensor-program tuner (issue 6; tuner/README.md): link flags, gen/ from the shipped logs, and
 # `make tune`.
 
-# gen/ objects are kernels: -O3 -march=native as for kernels/ (BLIS make_defs), and FMA
-# contraction, which -std=c11 turns off.
-$(BUILD)/obj/gen/%.o: gen/%.c | $(DEPS_OK)
+# gen/ per-class tables are kernels: -O3 with the class's own -march (its data file's cflags, not
+# this host's: BLIS make_defs per configuration), and FMA contraction, which -std=c11 turns off.
+# The class index is data only: baseline flags.
+class_cflags = $(shell sed -n 's/[[:space:]]*\#.*//; s/^cflags[[:space:]]*//p' data/machines/$(1).conf)
+$(BUILD)/obj/gen/tpk_gemm_cpu_%.o: gen/tpk_gemm_cpu_%.c | $(DEPS_OK)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) $(KERNEL_FLAGS) -ffp-contract=fast -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS_ALL) -O3 $(call class_cflags,$*) -ffp-contract=fast -MMD -MP -c $< -o $@
+$(BUILD)/obj/gen/tpk_map_cpu_%.o: gen/tpk_map_cpu_%.c | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -O3 $(call class_cflags,$*) -ffp-contract=fast -MMD -MP -c $< -o $@
 
-# The generator is tptune linked from the tuner objects alone: the library contains gen/, so
-# generating gen/ must not need the library.
+# The generator is tptune built without its library-only parts (TPTUNE_GENERATOR) and linked from
+# the tuner objects alone: the library contains gen/, so generating gen/ must not need the library.
 TUNE_LOGS   := $(sort $(wildcard data/tuning/*.jsonl))
-GEN_CPU     := gen/tpk_gemm_cpu.c
 TPGEN       := $(BUILD)/host/tptune-gen
-TPGEN_OBJ    = $(BUILD)/obj/tools/tptune.o $(BUILD)/obj/core/error.o $(BUILD)/obj/runtime/ref_gemm.o \
-               $(BUILD)/obj/runtime/ref_map.o $(TUNE_OBJ)
+TPGEN_OBJ    = $(BUILD)/host/tptune.o $(BUILD)/obj/core/error.o $(BUILD)/obj/runtime/ref_gemm.o \
+               $(BUILD)/obj/runtime/ref_map.o $(BUILD)/obj/runtime/machine.o $(TUNE_OBJ)
+
+$(BUILD)/host/tptune.o: tools/tptune.c | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -DTPTUNE_GENERATOR -MMD -MP -c $< -o $@
 
 $(TPGEN): $(TPGEN_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LDLIBS_ALL) $(TUNE_LIBS)
 
-$(GEN_CPU): $(TUNE_LOGS) $(TPGEN)
-	$(TPGEN) gen --out=$@ $(TUNE_LOGS)
-
-# The object depends on the generated source through the pattern rule above.
-$(BUILD)/obj/gen/tpk_gemm_cpu.o: $(GEN_CPU)
+# gen/ from data alone: the class files and the logs, never this host (style.md §10).
+gen/tpk_gemm_cpu_%.c: data/machines/%.conf $(TUNE_LOGS) $(TPGEN)
+	$(TPGEN) gen --class=$< --out=$@ $(TUNE_LOGS)
+$(GEN_CLASSES): $(CLASS_CONFS) $(TPGEN)
+	$(TPGEN) gen --op=classes --out=$@ $(CLASS_CONFS)
 
 # make tune: retune the shipped workloads on this machine into a fresh log, then regenerate.
 # Quiet machine wanted: the measurer redoes disturbed runs but cannot create idle cores.
@@ -40,7 +48,7 @@ tune: tools
 	        --trials=$(TUNE_TRIALS) --log=$(TUNE_OUT) \
 	        $$([ -s $(TUNE_OUT) ] && echo --transfer=$(TUNE_OUT)) || exit 1; \
 	done; done; done
-	$(MAKE) $(GEN_CPU)
+	$(MAKE) $(GEN_CPU) $(GEN_CLASSES)
 
 # CUDA: the library file and the device-check bundle (scripts/device-check.sh), both generated;
 # nvcc builds them where a toolkit exists (tests/test_tune_cuda.c), never the CPU library.

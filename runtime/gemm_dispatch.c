@@ -1,6 +1,7 @@
-/* Dispatch of the tuned GEMM kernels by shape (AutoTVM ApplyHistoryBest + fallback, tuner-notes
- * §3 "Lookup"): exact (dtype, m, n, k, threads) → nearest tuned shape in log2 space → analytic
- * default → OpenBLAS. */
+/* Dispatch of the tuned GEMM kernels (AutoTVM ApplyHistoryBest + fallback, tuner-notes §3
+ * "Lookup", §7): the machine class serving this CPU (tpk_machine_select), then by shape within its
+ * table: exact (dtype, m, n, k, threads) → nearest tuned shape in log2 space → the class's analytic
+ * default → OpenBLAS (also when no shipped class runs on this CPU). */
 #include "tpk/gemm.h"
 
 #include <cblas.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "gemm_gen.h"
+#include "machine_gen.h"
 
 /* Below this many multiply-adds packing costs more than it saves: OpenBLAS serves. */
 #define TINY_MNK (48.0 * 48.0 * 48.0)
@@ -38,10 +40,16 @@ static const tpk__gemm_entry *choose(int op, int dtype, size_t m, size_t n, size
         *how = TPK_GEMM_OPENBLAS;
         return NULL;
     }
+    int ci = tpk__machine_index(NULL);
+    if (ci < 0) {
+        *how = TPK_GEMM_OPENBLAS;
+        return NULL;
+    }
+    const tpk__gemm_class *cl = tpk__gemm_classes[ci];
     const tpk__gemm_entry *best = NULL;
     double bd = INFINITY;
-    for (size_t i = 0; f != TPK_GEMM_DEFAULT && i < tpk__gemm_table_len; i++) {
-        const tpk__gemm_entry *e = &tpk__gemm_table[i];
+    for (size_t i = 0; f != TPK_GEMM_DEFAULT && i < cl->len; i++) {
+        const tpk__gemm_entry *e = &cl->table[i];
         if (e->op != op || e->dtype != dtype || !e->name)
             continue;
         if (e->m == m && e->n == n && e->k == k && e->threads == nt) {
@@ -60,7 +68,7 @@ static const tpk__gemm_entry *choose(int op, int dtype, size_t m, size_t n, size
         return best->ws ? best : NULL;
     }
     *how = TPK_GEMM_DEFAULT;
-    return &tpk__gemm_default[2 * (op == 1) + (dtype == 1)];
+    return &cl->defaults[2 * (op == 1) + (dtype == 1)];
 }
 
 static int threads_of(int nthreads)

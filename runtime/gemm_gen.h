@@ -1,5 +1,5 @@
-/* The table that gen/tpk_gemm_cpu.c (generated from data/tuning logs) defines and the
- * dispatcher (gemm_dispatch.c) reads. */
+/* The tables that gen/tpk_gemm_cpu_ID.c (generated per machine class from data/tuning logs)
+ * define and the dispatcher (gemm_dispatch.c) reads. */
 #ifndef TPK_GEMM_GEN_H
 #define TPK_GEMM_GEN_H
 
@@ -19,9 +19,13 @@ typedef struct tpk__gemm_entry {
     tpk_gemm_ws_fn ws;
 } tpk__gemm_entry;
 
-extern const tpk__gemm_entry tpk__gemm_table[];
-extern const size_t tpk__gemm_table_len;
-/* Safe defaults (analytic blocking), indexed by 2·op + dtype. */
-extern const tpk__gemm_entry tpk__gemm_default[4];
+/* One machine class's table (gen/tpk_gemm_cpu_ID.c, compiled with that class's flags): the tuned
+ * workloads, and safe defaults (the class's analytic blocking) indexed by 2·op + dtype. The class
+ * index gen/tpk_classes.c lists them in the order of tpk__machine_classes (machine_gen.h). */
+typedef struct tpk__gemm_class {
+    const tpk__gemm_entry *table;
+    size_t len;
+    const tpk__gemm_entry *defaults; /* [4] */
+} tpk__gemm_class;
 
 #endif

@@ -1,5 +1,7 @@
-/* Dispatch of the tuned ReLU maps by size (AutoTVM ApplyHistoryBest + fallback, tuner-notes §3
- * "Lookup"): exact (dtype, n, threads) → nearest tuned n in log2 space → analytic default. */
+/* Dispatch of the tuned ReLU maps (AutoTVM ApplyHistoryBest + fallback, tuner-notes §3 "Lookup",
+ * §7): the machine class serving this CPU, then by size within its table: exact (dtype, n,
+ * threads) → nearest tuned n in log2 space → the class's analytic default; the reference loops
+ * where no shipped class runs on this CPU. */
 #include "tpk/map.h"
 
 #include <math.h>
@@ -7,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "machine_gen.h"
 #include "map_gen.h"
 
 /* Farther than this in |log2 n ratio| (plus the thread mismatch) a tuned tiling says little
@@ -33,11 +36,16 @@ static int threads_of(int nthreads)
 
 static const tpk__map_entry *choose(int dtype, size_t n, int nt, int *how)
 {
-    int f = forced();
+    int f = forced(), ci = tpk__machine_index(NULL);
+    if (ci < 0) {
+        *how = TPK_MAP_REFERENCE;
+        return NULL;
+    }
+    const tpk__map_class *cl = tpk__map_classes[ci];
     const tpk__map_entry *best = NULL;
     double bd = INFINITY;
-    for (size_t i = 0; f != TPK_MAP_DEFAULT && i < tpk__map_table_len; i++) {
-        const tpk__map_entry *e = &tpk__map_table[i];
+    for (size_t i = 0; f != TPK_MAP_DEFAULT && i < cl->len; i++) {
+        const tpk__map_entry *e = &cl->table[i];
         if (e->dtype != dtype || !e->name || !e->ws)
             continue;
         double d = fabs(log2((double)e->n / (double)(n ? n : 1))) + (e->threads != nt ? THREAD_MISMATCH : 0);
@@ -50,7 +58,7 @@ static const tpk__map_entry *choose(int dtype, size_t n, int nt, int *how)
         *how = bd == 0 ? TPK_MAP_EXACT : TPK_MAP_NEAREST;
     else {
         *how = TPK_MAP_DEFAULT;
-        best = &tpk__map_default[dtype == 1];
+        best = &cl->defaults[dtype == 1];
     }
     if (f == TPK_MAP_REFERENCE)
         *how = TPK_MAP_REFERENCE;
@@ -62,7 +70,7 @@ int tpk_relu_map_tuned_choice(int dtype, size_t n, int nthreads, const char **na
     int how;
     const tpk__map_entry *e = choose(dtype, n, threads_of(nthreads), &how);
     if (name)
-        *name = how == TPK_MAP_REFERENCE ? "reference" : e->name;
+        *name = how == TPK_MAP_REFERENCE || !e ? "reference" : e->name;
     return how;
 }
 
@@ -70,10 +78,10 @@ size_t tpk_relu_map_tuned_ws_size(int dtype, size_t n, int nthreads)
 {
     int how;
     const tpk__map_entry *e = choose(dtype, n, threads_of(nthreads), &how);
-    return (e->ws(n) + 63) / 64 * 64;
+    return e ? (e->ws(n) + 63) / 64 * 64 : 0;
 }
 
-#define TUNED_MAP(NAME, T, DT, FN)                                                                 \
+#define TUNED_MAP(NAME, T, DT, FN, REF)                                                            \
     int NAME(size_t n, const T *S, size_t lds, T alpha, T beta, T *out, size_t ldo, int nthreads,  \
              void *ws, int *bad, tpk_ctx *ctx)                                                     \
     {                                                                                              \
@@ -93,6 +101,14 @@ size_t tpk_relu_map_tuned_ws_size(int dtype, size_t n, int nthreads)
         }                                                                                          \
         int how, nt = threads_of(nthreads);                                                        \
         const tpk__map_entry *e = choose(DT, n, nt, &how);                                         \
+        if (!e) { /* no class runs here: the reference loops */                                    \
+            int b = REF(n, S, lds, alpha, beta, out, ldo);                                          \
+            if (b < 0)                                                                             \
+                return TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", #NAME);                     \
+            if (bad)                                                                               \
+                *bad = b;                                                                          \
+            return TPK_OK;                                                                         \
+        }                                                                                          \
         void *own = NULL;                                                                          \
         if (!ws) {                                                                                 \
             ws = own = aligned_alloc(64, (e->ws(n) + 63) / 64 * 64);                               \
@@ -107,5 +123,5 @@ size_t tpk_relu_map_tuned_ws_size(int dtype, size_t n, int nthreads)
         return TPK_OK;                                                                             \
     }
 
-TUNED_MAP(tpk_relu_map_tuned_d, double, 0, dfn)
-TUNED_MAP(tpk_relu_map_tuned_s, float, 1, sfn)
+TUNED_MAP(tpk_relu_map_tuned_d, double, 0, dfn, tpk_ref_relu_map_d)
+TUNED_MAP(tpk_relu_map_tuned_s, float, 1, sfn, tpk_ref_relu_map_s)

@@ -1,5 +1,5 @@
-/* The table that gen/tpk_map_cpu.c (generated from data/tuning logs) defines and the map
- * dispatcher (map_dispatch.c) reads. */
+/* The tables that gen/tpk_map_cpu_ID.c (generated per machine class from data/tuning logs)
+ * define and the map dispatcher (map_dispatch.c) reads. */
 #ifndef TPK_MAP_GEN_H
 #define TPK_MAP_GEN_H
 
@@ -18,9 +18,12 @@ typedef struct tpk__map_entry {
     tpk_map_ws_fn ws;
 } tpk__map_entry;
 
-extern const tpk__map_entry tpk__map_table[];
-extern const size_t tpk__map_table_len;
-/* Safe defaults (analytic blocking, rational arcsine), indexed by dtype. */
-extern const tpk__map_entry tpk__map_default[2];
+/* One machine class's table (gen/tpk_map_cpu_ID.c): the tuned n, and safe defaults (the class's
+ * analytic blocking, rational arcsine) indexed by dtype; listed by gen/tpk_classes.c. */
+typedef struct tpk__map_class {
+    const tpk__map_entry *table;
+    size_t len;
+    const tpk__map_entry *defaults; /* [2] */
+} tpk__map_class;
 
 #endif

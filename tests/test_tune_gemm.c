@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../runtime/gemm_gen.h"
+#include "../runtime/machine_gen.h"
 #include "tpk/gemm.h"
 #include "tpk/tune.h"
 
@@ -99,11 +100,18 @@ static void test_generated_kernels_match_reference(void **state)
     (void)state;
     /* Shapes that leave edge tiles in m and n and cross the kc blocking (kc ≤ 512). */
     const size_t shapes[][3] = {{131, 97, 547}, {29, 203, 64}, {1, 1, 1}};
-    size_t nent = tpk__gemm_table_len + 4;
+    /* Every class this CPU runs: on an AVX-512 machine the AVX2 class's kernels are checked too. */
+    int checked = 0;
+    for (size_t ci = 0; ci < tpk__machine_nclasses; ci++) {
+    if (tpk__machine_classes[ci].isa > tpk_machine_host_isa())
+        continue;
+    const tpk__gemm_class *cl = tpk__gemm_classes[ci];
+    size_t nent = cl->len + 4;
     for (size_t i = 0; i < nent; i++) {
-        const tpk__gemm_entry *e = i < tpk__gemm_table_len ? &tpk__gemm_table[i] : &tpk__gemm_default[i - tpk__gemm_table_len];
+        const tpk__gemm_entry *e = i < cl->len ? &cl->table[i] : &cl->defaults[i - cl->len];
         if (!e->dfn && !e->sfn)
             continue; /* OpenBLAS serves this workload */
+        checked++;
         for (size_t s = 0; s < 3; s++) {
             int ta = (int)((i + s) & 1), tb = (int)(((i + s) >> 1) & 1), nt = 1 + (int)((i + s) % 2);
             size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
@@ -111,10 +119,12 @@ static void test_generated_kernels_match_reference(void **state)
                                 : check_s(e->sfn, e->ws, m, n, k, ta, tb, nt, e->op);
             double tol = e->dfn ? TOL_F64(k) : TOL_F32(k);
             if (!(err <= tol))
-                fail_msg("%s on %zux%zux%zu (ta %d tb %d, %d threads): error %.3g > %.3g", e->name, m, n, k, ta, tb,
-                         nt, err, tol);
+                fail_msg("%s (%s) on %zux%zux%zu (ta %d tb %d, %d threads): error %.3g > %.3g", e->name,
+                         tpk__machine_classes[ci].id, m, n, k, ta, tb, nt, err, tol);
         }
     }
+    }
+    assert_true(checked >= 4); /* at least one class's four defaults ran */
 }
 
 static void test_dispatch(void **state)
@@ -126,8 +136,11 @@ static void test_dispatch(void **state)
     unsetenv("TPK_GEMM");
     assert_int_equal(tpk_gemm_tuned_choice(0, 8, 8, 8, 1, &name), TPK_GEMM_OPENBLAS);
     assert_string_equal(name, "openblas");
-    for (size_t i = 0; i < tpk__gemm_table_len; i++) {
-        const tpk__gemm_entry *e = &tpk__gemm_table[i];
+    int ci = tpk__machine_index(NULL);
+    assert_true(ci >= 0);
+    const tpk__gemm_class *cl = tpk__gemm_classes[ci];
+    for (size_t i = 0; i < cl->len; i++) {
+        const tpk__gemm_entry *e = &cl->table[i];
         int tuned = e->ws != NULL;
         assert_int_equal(tpk_gemm_tuned_choice(e->dtype, e->m, e->n, e->k, e->threads, &name),
                          tuned ? TPK_GEMM_EXACT : TPK_GEMM_OPENBLAS);

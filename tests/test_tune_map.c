@@ -2,7 +2,7 @@
  * both 1/√q modes, both vector widths and all three parallel splits, f64 and f32, against the
  * plain reference and an independent closed form, on odd n with degenerate variances; the
  * library's generated kernels and their dispatch; kernels/gauss_map.c's relu path with the tuned
- * kernel in place vs TPK_MAP=reference; byte-identical regeneration of gen/tpk_map_cpu.c; the
+ * kernel in place vs TPK_MAP=reference; byte-identical regeneration of gen/ (every class, the index); class files; the
  * measuring child accepting a right kernel and rejecting a wrong one; tptune map / show. No
  * assertion on any time. */
 #include <setjmp.h>
@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../runtime/machine_gen.h"
 #include "../runtime/map_gen.h"
 #include "../tuner/tune_impl.h"
 #include "tpk/gauss.h"
@@ -236,25 +237,32 @@ static void test_variants(void **state)
 static void test_library_kernels(void **state)
 {
     (void)state;
-    for (size_t i = 0; i < tpk__map_table_len + 2; i++) {
-        const tpk__map_entry *e = i < tpk__map_table_len ? &tpk__map_table[i] : &tpk__map_default[i - tpk__map_table_len];
+    /* every class this CPU runs (on an AVX-512 machine, the AVX2 class's kernels too) */
+    for (size_t ci = 0; ci < tpk__machine_nclasses; ci++) {
+    if (tpk__machine_classes[ci].isa > tpk_machine_host_isa())
+        continue;
+    const tpk__map_class *cls = tpk__map_classes[ci];
+    for (size_t i = 0; i < cls->len + 2; i++) {
+        const tpk__map_entry *e = i < cls->len ? &cls->table[i] : &cls->defaults[i - cls->len];
         if (!e->name)
             continue;
         for (int nt = 1; nt <= 2; nt++) {
             double err = e->dfn ? check_d(e->dfn, e->ws, 203, nt) : check_s(e->sfn, e->ws, 203, nt);
             if (!(err <= (e->dfn ? TOL_F64 : TOL_F32)))
-                fail_msg("%s, %d thread(s): error %g", e->name, nt, err);
+                fail_msg("%s (%s), %d thread(s): error %g", e->name, tpk__machine_classes[ci].id, nt, err);
         }
     }
+    }
+    const tpk__map_class *cl = tpk__map_classes[tpk__machine_index(NULL)];
     const char *name = NULL;
     setenv("TPK_MAP", "default", 1);
     assert_int_equal(tpk_relu_map_tuned_choice(0, 4096, 2, &name), TPK_MAP_DEFAULT);
-    assert_string_equal(name, tpk__map_default[0].name);
+    assert_string_equal(name, cl->defaults[0].name);
     setenv("TPK_MAP", "reference", 1);
     assert_int_equal(tpk_relu_map_tuned_choice(1, 4096, 2, &name), TPK_MAP_REFERENCE);
     unsetenv("TPK_MAP");
-    for (size_t i = 0; i < tpk__map_table_len; i++) {
-        const tpk__map_entry *e = &tpk__map_table[i];
+    for (size_t i = 0; i < cl->len; i++) {
+        const tpk__map_entry *e = &cl->table[i];
         if (!e->name)
             continue;
         assert_int_equal(tpk_relu_map_tuned_choice(e->dtype, e->n, e->threads, &name), TPK_MAP_EXACT);
@@ -356,7 +364,47 @@ static void test_gauss_map_relu(void **state)
     free(S), free(A), free(B);
 }
 
-/* gen/tpk_map_cpu.c is what the shipped logs generate, byte for byte (style.md §10). */
+/* The contents of path, malloc'd (len set). */
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *g = fopen(path, "rb");
+    if (!g)
+        fail_msg("%s: cannot open", path);
+    fseek(g, 0, SEEK_END);
+    long n = ftell(g);
+    fseek(g, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    *len = fread(buf, 1, (size_t)n, g);
+    fclose(g);
+    return buf;
+}
+
+/* What one generator writes, twice (it must not depend on anything but its inputs). */
+typedef int (*gen_fn)(const tpk_tune_record *recs, size_t n, const tpk_machine *cls, const char *generator,
+                      FILE *out, tpk_ctx *ctx);
+static void expect_generated(const char *path, gen_fn gen, const tpk_tune_record *all, size_t nall,
+                             const tpk_machine *cls, const char *must_have)
+{
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    char *buf = NULL, *buf2 = NULL;
+    size_t len = 0, len2 = 0, flen;
+    FILE *m = open_memstream(&buf, &len), *m2 = open_memstream(&buf2, &len2);
+    assert_int_equal(gen(all, nall, cls, "tptune gen", m, &ctx), TPK_OK);
+    assert_int_equal(gen(all, nall, cls, "tptune gen", m2, &ctx), TPK_OK);
+    fclose(m);
+    fclose(m2);
+    assert_true(len == len2 && memcmp(buf, buf2, len) == 0);
+    char *file = slurp(path, &flen);
+    if (flen != len || memcmp(file, buf, len) != 0)
+        fail_msg("%s is not what data/machines and data/tuning generate", path);
+    if (must_have)
+        assert_non_null(strstr(buf, must_have));
+    free(file), free(buf), free(buf2);
+}
+
+/* gen/ is what the class files and the shipped logs generate, byte for byte (style.md §10): for
+ * every class its GEMM and map tables, and the class index; and the host is not an input. */
 static void test_regeneration(void **state)
 {
     (void)state;
@@ -384,26 +432,78 @@ static void test_regeneration(void **state)
         free(r);
     }
     globfree(&gl);
-    char *buf = NULL, *buf2 = NULL;
-    size_t len = 0, len2 = 0;
-    FILE *m = open_memstream(&buf, &len), *m2 = open_memstream(&buf2, &len2);
-    assert_int_equal(tpk_tune_gen_map_library(all, nall, "tptune gen", m, &ctx), TPK_OK);
-    assert_int_equal(tpk_tune_gen_map_library(all, nall, "tptune gen", m2, &ctx), TPK_OK);
+    snprintf(path, sizeof path, "%s/data/machines/*.conf", root);
+    assert_int_equal(glob(path, 0, NULL, &gl), 0);
+    assert_true(gl.gl_pathc >= 1);
+    tpk_tune_class *cls = calloc(gl.gl_pathc, sizeof *cls);
+    int tuned_classes = 0;
+    for (size_t i = 0; i < gl.gl_pathc; i++) {
+        assert_int_equal(tpk_tune_class_read(gl.gl_pathv[i], &cls[i], &ctx), TPK_OK);
+        int has = 0;
+        for (size_t r = 0; r < nall; r++)
+            has |= !strcmp(all[r].target_class, cls[i].name);
+        tuned_classes += has;
+        /* a class with logs names a tuned kernel per workload; one without has an empty table */
+        snprintf(path, sizeof path, "%s/gen/tpk_map_cpu_%s.c", root, cls[i].id);
+        expect_generated(path, tpk_tune_gen_map_library, all, nall, &cls[i].m, has ? "_mvec_" : ", 0, defaults}");
+        snprintf(path, sizeof path, "%s/gen/tpk_gemm_cpu_%s.c", root, cls[i].id);
+        expect_generated(path, tpk_tune_gen_cpu_library, all, nall, &cls[i].m, has ? "_da\", tpk_dgemm" : ", 0, defaults}");
+    }
+    assert_true(tuned_classes >= 1);
+    char *buf = NULL;
+    size_t len = 0, flen;
+    FILE *m = open_memstream(&buf, &len);
+    assert_int_equal(tpk_tune_gen_class_index(cls, gl.gl_pathc, "tptune gen", m, &ctx), TPK_OK);
     fclose(m);
-    fclose(m2);
-    assert_true(len == len2 && memcmp(buf, buf2, len) == 0);
-    snprintf(path, sizeof path, "%s/gen/tpk_map_cpu.c", root);
-    FILE *g = fopen(path, "rb");
-    assert_non_null(g);
-    char *file = malloc(len + 2);
-    size_t got = fread(file, 1, len + 1, g);
-    fclose(g);
-    assert_int_equal(got, len);
-    assert_memory_equal(file, buf, len);
-    /* the file names a tuned kernel per record workload when the log has any */
-    if (nall)
-        assert_non_null(strstr(buf, "tpk__map_table[] = {"));
-    free(file), free(buf), free(buf2), free(all);
+    snprintf(path, sizeof path, "%s/gen/tpk_classes.c", root);
+    char *file = slurp(path, &flen);
+    assert_true(flen == len && memcmp(file, buf, len) == 0);
+    free(file), free(buf);
+    globfree(&gl);
+    free(cls), free(all);
+}
+
+/* Class files: what a good one gives, and every error named with its place. */
+static void test_class_files(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tpk-class-XXXXXX", path[256];
+    assert_non_null(mkdtemp(dir));
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_tune_class c;
+    static const struct { const char *text, *err; } cases[] = {
+        {"name cpu/x/y\nisa avx2\nvector_bits 256\nregisters 16\nl1 32768 # L1d\nl2 262144\nl3 8388608\n"
+         "cflags -march=x86-64-v3\n", NULL},
+        {"name a\nisa sse9\n", "good.conf:2: isa must be"},
+        {"name a\nisa avx2\nvector_bits 256\nregisters 16\nl1 32768\nl2 262144\n", "needs name, isa"},
+        {"name a\nl1 -5\n", "good.conf:2: l1 must be an integer"},
+        {"name a\nfrobs 3\n", "good.conf:2: unknown key 'frobs'"},
+    };
+    snprintf(path, sizeof path, "%s/good.conf", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        fputs(cases[i].text, f);
+        fclose(f);
+        tpk_ctx_clear(&ctx);
+        int st = tpk_tune_class_read(path, &c, &ctx);
+        if (!cases[i].err) {
+            assert_int_equal(st, TPK_OK);
+            assert_string_equal(c.m.name, "cpu/x/y");
+            assert_string_equal(c.m.id, "good");
+            assert_int_equal(c.m.isa, TPK_ISA_AVX2);
+            assert_true(c.m.registers == 16 && c.m.vector_bits == 256 && c.m.l1 == 32768 && c.m.l3 == 8388608);
+            assert_string_equal(c.cflags, "-march=x86-64-v3");
+        } else {
+            assert_int_equal(st, TPK_EINVAL);
+            if (!strstr(ctx.msg, cases[i].err))
+                fail_msg("case %zu: '%s' does not say '%s'", i, ctx.msg, cases[i].err);
+        }
+    }
+    tpk_ctx_clear(&ctx);
+    assert_int_equal(tpk_tune_class_read("/nonexistent/x.conf", &c, &ctx), TPK_EIO);
+    remove(path);
+    rmdir(dir);
 }
 
 /* The measuring child: the default kernel passes and is timed; the same kernel with a wrong
@@ -552,6 +652,7 @@ int main(void)
         cmocka_unit_test(test_library_kernels),
         cmocka_unit_test(test_gauss_map_relu),
         cmocka_unit_test(test_regeneration),
+        cmocka_unit_test(test_class_files),
         cmocka_unit_test(test_measure_child),
         cmocka_unit_test(test_cli),
     };

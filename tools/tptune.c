@@ -4,11 +4,14 @@
  *               [--transfer=LOG] [--repeat=5] [--min-ms=50] --log=FILE
  *   tptune syrk --n=N --k=K [same options]   lower triangle of A·Aᵀ (Gram / covariance update)
  *   tptune map --n=N [same options]          ReLU NNGP map over the lower triangle (rate: G entries/s)
- *   tptune gen --op=map --out=FILE LOG...    the map library file (gen/tpk_map_cpu.c)
+ *   tptune gen --op=map --class=C.conf --out=FILE LOG...   class C's map file (gen/tpk_map_cpu_C.c)
+ *   tptune gen --op=classes --out=FILE C.conf...          the class index (gen/tpk_classes.c)
  *   tptune show LOG...                       best record per workload
+ *   tptune show                              this CPU's class and the kernels serving each tuned shape
  *   tptune measure LOG... --log=OUT [--reverse=1]   measure every configuration again (a new pass)
  *   tptune emit --m= --n= --k= [--dtype=] [--target=] [--knobs=mr=8,nv=3,...]   print source
- *   tptune gen --out=FILE LOG...             library kernels + dispatch table (gen/)
+ *   tptune gen --class=C.conf --out=FILE LOG...   class C's GEMM kernels + table (gen/tpk_gemm_cpu_C.c);
+ *                                            without --class: this host's class and profile
  *   tptune replay --log=FILE [--seeds=21] [--seed0=1] [--transfer=LOG[,LOG]] [--model=rank|reg]
  *                 [--batch=B] [--first=F] [--eps=E] [--div=D] [--depth=N] [--eta=X] [--rounds=N]
  *                                            random vs model vs model+transfer over a recorded table
@@ -30,11 +33,12 @@ static void usage(FILE *f)
           "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] [--vendor=0|1] --log=FILE\n"
           "       tptune syrk --n=N --k=K [options as for gemm]\n"
           "       tptune map --n=N [options as for gemm]   (ReLU NNGP map; rates in G entries/s)\n"
-          "       tptune gen --op=map --out=FILE LOG...\n"
-          "       tptune show LOG...\n"
+          "       tptune gen --op=map --class=CLASS.conf --out=FILE LOG...\n"
+          "       tptune gen --op=classes --out=FILE CLASS.conf...\n"
+          "       tptune show [LOG...]   (no LOG: this CPU's machine class and the kernels it serves)\n"
           "       tptune measure LOG... --log=OUT [--reverse=0|1] [--repeat=R] [--min-ms=MS] [--vendor=0|1]\n"
           "       tptune emit --m=M --n=N --k=K [--dtype=..] [--target=..] [--threads=T] [--knobs=a=1,b=2]\n"
-          "       tptune gen --out=FILE LOG...\n"
+          "       tptune gen --class=CLASS.conf --out=FILE LOG...\n"
           "       tptune replay --log=FILE [--seeds=S] [--seed0=S0] [--trials=N] [--transfer=LOG[,LOG...]]\n"
           "                     [--model=rank|reg] [--batch=B] [--first=F] [--eps=E] [--div=D] [--depth=N]\n"
           "                     [--eta=X] [--rounds=N]\n"
@@ -48,7 +52,8 @@ typedef struct args {
     int first, depth, rounds, seed0; /* replay search settings; -1: the search's default */
     double min_ms, eps, div, eta;
     unsigned long long seed;
-    const char *log, *transfer, *knobs, *out;
+    const char *log, *transfer, *knobs, *out, *cls;
+    int classes; /* gen --op=classes */
     const char *files[64];
     int nfiles;
 } args;
@@ -146,6 +151,8 @@ static int parse_args(int argc, char **argv, args *a)
                 a->task.op = TPK_TUNE_SYRK;
             else if (!strcmp(v, "map") || !strcmp(v, "relu_map"))
                 a->task.op = TPK_TUNE_MAP;
+            else if (!strcmp(v, "classes"))
+                a->classes = 1;
             else
                 bad = 1;
         } else if (!strcmp(k, "model")) {
@@ -197,6 +204,8 @@ static int parse_args(int argc, char **argv, args *a)
             a->knobs = v;
         else if (!strcmp(k, "out"))
             a->out = v;
+        else if (!strcmp(k, "class"))
+            a->cls = v;
         else {
             fprintf(stderr, "tptune: unknown option --%s\n", k);
             return -1;
@@ -402,11 +411,59 @@ static int cmd_measure(const args *a, tpk_ctx *ctx)
     return rc;
 }
 
+#ifndef TPTUNE_GENERATOR
+/* tptune show without logs: which machine class serves this CPU and which kernel each shipped
+ * workload shape gets (the generator build, which links no library, leaves this out). */
+static void show_machine(void)
+{
+    int how;
+    const tpk_machine *m = tpk_machine_select(&how);
+    size_t nc;
+    const tpk_machine *all = tpk_machine_classes(&nc);
+    printf("cpu: %s (isa %s)\n", tpk_machine_host_name(), tpk_isa_name(tpk_machine_host_isa()));
+    printf("shipped classes:");
+    for (size_t i = 0; i < nc; i++)
+        printf(" %s", all[i].name);
+    printf("\nserving class: %s (%s)%s\n", m ? m->name : "none", tpk_machine_how_name(how),
+           getenv("TPK_CLASS") && *getenv("TPK_CLASS") ? "  [TPK_CLASS is set]" : "");
+    if (m)
+        printf("  profile: %d-bit vectors, %d registers, L1 %.0f KiB, L2 %.0f KiB, L3 %.0f MiB\n",
+               m->vector_bits, m->registers, m->l1 / 1024, m->l2 / 1024, m->l3 / 1048576);
+    static const char *const hows[] = {"exact", "nearest", "default", "openblas"};
+    static const char *const mhows[] = {"exact", "nearest", "default", "reference"};
+    static const size_t shapes[][3] = {{1024, 1024, 1024}, {2048, 2048, 2048}, {4096, 4096, 4096},
+                                       {2048, 64, 2048},   {4096, 64, 4096},   {500, 300, 200}};
+    for (int op = 0; op < 2; op++)
+        for (int d = 0; d < 2; d++)
+            for (int t = 1; t <= 2; t++)
+                for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+                    const char *name;
+                    size_t mm = shapes[i][0], n = op ? mm : shapes[i][1], k = shapes[i][2];
+                    int h = op ? tpk_syrk_tuned_choice(d, n, k, t, &name)
+                               : tpk_gemm_tuned_choice(d, mm, n, k, t, &name);
+                    printf("%s %s %5zux%5zux%5zu %d thr: %-8s %s\n", op ? "syrk" : "gemm", d ? "f32" : "f64",
+                           mm, n, k, t, hows[h], name);
+                }
+    for (int d = 0; d < 2; d++)
+        for (int t = 1; t <= 2; t++)
+            for (size_t n = 1024; n <= 4096; n *= 4) {
+                const char *name;
+                int h = tpk_relu_map_tuned_choice(d, n, t, &name);
+                printf("map  %s %5zu %d thr: %-8s %s\n", d ? "f32" : "f64", n, t, mhows[h], name);
+            }
+}
+#endif
+
 static int cmd_show(const args *a, tpk_ctx *ctx)
 {
     if (a->nfiles == 0) {
+#ifndef TPTUNE_GENERATOR
+        show_machine();
+        return 0;
+#else
         usage(stderr);
         return 2;
+#endif
     }
     for (int i = 0; i < a->nfiles; i++) {
         tpk_tune_record *r;
@@ -458,24 +515,51 @@ static int cmd_gen(const args *a, tpk_ctx *ctx)
         fprintf(stderr, "tptune gen: --out=FILE is required\n");
         return 2;
     }
-    tpk_tune_record *all;
-    size_t nall;
-    if (read_files(a->files, a->nfiles, &all, &nall, ctx))
-        return 1;
+    int cpu = !a->classes && a->task.target == TPK_TUNE_CPU;
+    /* Without --class: this host's class (its records, its sysconf profile), for a table tried by
+     * hand; `make` always names a class file, so gen/ never depends on the host. */
+    tpk_tune_class cls, *index = NULL;
+    memset(&cls, 0, sizeof cls);
+    tpk_machine_host(&cls.m);
+    tpk_tune_record *all = NULL;
+    size_t nall = 0;
+    if (a->classes) {
+        if (a->nfiles == 0) {
+            fprintf(stderr, "tptune gen --op=classes: name the class files\n");
+            return 2;
+        }
+        if (!(index = calloc((size_t)a->nfiles, sizeof *index))) {
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            return 1;
+        }
+        for (int i = 0; i < a->nfiles; i++)
+            if (tpk_tune_class_read(a->files[i], &index[i], ctx)) {
+                free(index);
+                return 1;
+            }
+    } else {
+        if (cpu && a->cls && tpk_tune_class_read(a->cls, &cls, ctx))
+            return 1;
+        if (read_files(a->files, a->nfiles, &all, &nall, ctx))
+            return 1;
+    }
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", a->out);
     FILE *f = fopen(tmp, "w");
     if (!f) {
         free(all);
+        free(index);
         TPK_ERROR(ctx, TPK_EIO, "%s: cannot write: %s", tmp, strerror(errno));
         return 1;
     }
-    int st = a->task.op == TPK_TUNE_MAP ? tpk_tune_gen_map_library(all, nall, "tptune gen", f, ctx)
-             : a->task.target == TPK_TUNE_CUDA ? tpk_tune_gen_cuda_library(all, nall, "tptune gen", f, ctx)
-                                              : tpk_tune_gen_cpu_library(all, nall, "tptune gen", f, ctx);
+    int st = a->classes ? tpk_tune_gen_class_index(index, (size_t)a->nfiles, "tptune gen", f, ctx)
+             : !cpu ? tpk_tune_gen_cuda_library(all, nall, "tptune gen", f, ctx)
+             : a->task.op == TPK_TUNE_MAP ? tpk_tune_gen_map_library(all, nall, &cls.m, "tptune gen", f, ctx)
+                                          : tpk_tune_gen_cpu_library(all, nall, &cls.m, "tptune gen", f, ctx);
     if (fclose(f) != 0 && !st)
         st = TPK_ERROR(ctx, TPK_EIO, "%s: write failed", tmp);
     free(all);
+    free(index);
     if (st || rename(tmp, a->out) != 0) {
         remove(tmp);
         if (!st)

@@ -49,10 +49,12 @@ static int cpu_valid(const tpk_tune_space *s, const tpk_tune_config *c)
 {
     tpk__cpu_blocking b;
     tpk__cpu_gemm_blocking(s, c, &b);
-    /* Registers: mr·nv accumulators + nv B vectors + one broadcast, 32 vector registers with
-     * AVX-512 (zmm or, with AVX-512VL, ymm); at least 8 independent FMAs chains to cover the
-     * FMA latency of two pipes. */
-    if (b.mr * b.nv + b.nv + 1 > 32 || b.mr * b.nv < 8)
+    /* Registers: mr·nv accumulators + nv B vectors + one broadcast within the class's vector
+     * registers (32 with AVX-512, zmm or, with AVX-512VL, ymm; 16 with AVX2); at least 8
+     * independent FMA chains to cover the FMA latency of two pipes; no wider vector than the
+     * class has. */
+    if (b.mr * b.nv + b.nv + 1 > s->machine.registers || b.mr * b.nv < 8 ||
+        c->v[K_VW] > s->machine.vector_bits)
         return 0;
     if (b.pb && b.par != TPK__PAR_IC) /* private B needs threads that own whole ic blocks */
         return 0;
@@ -81,8 +83,7 @@ static int cpu_features(const tpk_tune_space *s, const tpk_tune_config *c, float
     const tpk_tune_task *t = &s->task;
     tpk__cpu_blocking b;
     tpk__cpu_gemm_blocking(s, c, &b);
-    tpk__caches ca;
-    tpk__cache_sizes(&ca);
+    const tpk_machine ca = s->machine;
     double m = (double)t->m, n = (double)t->n, k = (double)t->k, es = b.es;
     double th = t->threads > 0 ? t->threads : 1;
     double mr = b.mr, nr = b.nr, kc = b.kc, mc = b.mc, nc = b.nc;
@@ -230,14 +231,19 @@ static int pick_le(const tpk_tune_knob *k, double target)
 
 static void cpu_gemm_default(const tpk_tune_space *s, tpk_tune_config *c)
 {
-    tpk__caches ca;
-    tpk__cache_sizes(&ca);
+    const tpk_machine ca = s->machine;
     int es = s->task.dtype == TPK_TUNE_F32 ? 4 : 8;
     memset(c, 0, sizeof *c);
-    c->v[K_VW] = 512;
-    c->v[K_MR] = 8;
-    c->v[K_NV] = 3; /* 24 accumulators, 3 B vectors, one broadcast: 28 of 32 registers */
-    int nr = 3 * 512 / (8 * es);
+    const int vw = ca.vector_bits >= 512 ? 512 : 256;
+    c->v[K_VW] = vw;
+    if (ca.registers >= 32) {
+        c->v[K_MR] = 8;
+        c->v[K_NV] = 3; /* 24 accumulators, 3 B vectors, one broadcast: 28 of 32 registers */
+    } else {
+        c->v[K_MR] = 6;
+        c->v[K_NV] = 2; /* 12 accumulators, 2 B vectors, one broadcast: 15 of 16 (BLIS haswell) */
+    }
+    int nr = c->v[K_NV] * vw / (8 * es);
     /* kc: the B micro-panel (nr×kc) in half of L1; mc: the A block in half of L2; nc: the B
      * panel in a quarter of L3 (BLIS's analytical model, Low et al. 2016). */
     const tpk_tune_task *t = &s->task;
@@ -270,12 +276,18 @@ void tpk_tune_emit_cpu_prelude(FILE *o)
     static const struct { const char *name, *elt; int bytes; } vt[] = {
         {"tpk_v4d", "double", 32}, {"tpk_v8d", "double", 64},
         {"tpk_v8f", "float", 32},  {"tpk_v16f", "float", 64}};
+    /* 512-bit types only where the class's flags enable AVX-512: passing them by value is
+     * ABI-defined only there (an AVX2 class's file compiles without them). */
     for (int i = 0; i < 4; i++) {
+        if (vt[i].bytes == 64)
+            fputs("#ifdef __AVX512F__\n", o);
         fprintf(o, "typedef %s %s __attribute__((vector_size(%d)));\n", vt[i].elt, vt[i].name, vt[i].bytes);
         fprintf(o, "static inline %s %s_ld(const %s *p)\n{\n    %s v;\n    memcpy(&v, p, sizeof v);\n    return v;\n}\n",
                 vt[i].name, vt[i].name, vt[i].elt, vt[i].name);
         fprintf(o, "static inline void %s_st(%s *p, %s v)\n{\n    memcpy(p, &v, sizeof v);\n}\n",
                 vt[i].name, vt[i].elt, vt[i].name);
+        if (vt[i].bytes == 64)
+            fputs("#endif\n", o);
     }
     fputs("\n", o);
 }

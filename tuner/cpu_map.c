@@ -60,6 +60,8 @@ static int map_valid(const tpk_tune_space *s, const tpk_tune_config *c)
     map_cfg m;
     cfg_of(s, c, &m);
     const size_t n = s->task.m;
+    if (c->v[K_VW] > s->machine.vector_bits) /* no wider vector than the class has */
+        return 0;
     /* the balanced split assigns rows itself: the schedule knobs would only duplicate points */
     if (m.split == SPLIT_BALANCED && (m.sched != SCHED_STATIC || m.chunk != 1))
         return 0;
@@ -121,8 +123,7 @@ static int map_features(const tpk_tune_space *s, const tpk_tune_config *c, float
 {
     map_cfg m;
     cfg_of(s, c, &m);
-    tpk__caches ca;
-    tpk__cache_sizes(&ca);
+    const tpk_machine ca = s->machine;
     const double n = (double)s->task.m, es = m.es, th = s->task.threads > 0 ? s->task.threads : 1;
     const double entries = n * (n + 1) / 2;
     double v[TPK_TUNE_MAX_FEATURES];
@@ -204,12 +205,11 @@ static int cpu_map_space(tpk_tune_space *s, const tpk_tune_task *t, tpk_ctx *ctx
 
 static void cpu_map_default(const tpk_tune_space *s, tpk_tune_config *c)
 {
-    tpk__caches ca;
-    tpk__cache_sizes(&ca);
+    const tpk_machine ca = s->machine;
     memset(c, 0, sizeof *c);
     for (int i = 0; i < s->nknob; i++)
         c->v[i] = s->knob[i].cand[0];
-    c->v[K_VW] = 512;
+    c->v[K_VW] = ca.vector_bits >= 512 ? 512 : 256;
     c->v[K_MB] = 16;
     /* the column vectors of a block (1/√q and √q) in a quarter of L1 */
     const int es = s->task.dtype == TPK_TUNE_F32 ? 4 : 8;
@@ -274,12 +274,17 @@ void tpk__cpu_map_prelude(FILE *o)
           "typedef int tpk_v8i __attribute__((vector_size(32)));\n"
           "typedef int tpk_v16i __attribute__((vector_size(64)));\n\n"
           "/* libmvec (glibc's vector math, x86_64 vector ABI): acos and atan2. */\n", o);
+    /* 512-bit helpers only where the class's flags enable AVX-512: passing those vectors by value
+     * is ABI-defined only there (an AVX2 class's file compiles without them). */
     for (int t = 0; t < 4; t++)
-        fprintf(o, "%s %s(%s);\n%s %s(%s, %s);\n", VTY[t].V, VTY[t].acos_fn, VTY[t].V, VTY[t].V, VTY[t].atan2_fn,
-                VTY[t].V, VTY[t].V);
+        fprintf(o, "%s%s %s(%s);\n%s %s(%s, %s);\n%s", VTY[t].bytes == 64 ? "#ifdef __AVX512F__\n" : "",
+                VTY[t].V, VTY[t].acos_fn, VTY[t].V, VTY[t].V, VTY[t].atan2_fn, VTY[t].V, VTY[t].V,
+                VTY[t].bytes == 64 ? "#endif\n" : "");
     fputs("\n", o);
     for (int t = 0; t < 4; t++) {
         const vty *y = &VTY[t];
+        if (y->bytes == 64)
+            fputs("#ifdef __AVX512F__\n", o);
         const char *V = y->V, *I = y->I, *f = y->sfx;
         fprintf(o, "static inline %s %s_sel(%s m, %s a, %s b)\n{\n    return (%s)((m & (%s)a) | (~m & (%s)b));\n}\n", V, V,
                 I, V, V, V, I, I);
@@ -312,6 +317,8 @@ void tpk__cpu_map_prelude(FILE *o)
                    "static inline %s %s_pmt_atan2(%s x, %s w)\n{\n    return %s - %s(w, x);\n}\n\n",
                 V, V, V, t >= 2 ? "3.14159265358979323846f" : "3.14159265358979323846", y->acos_fn, V, V, V, V,
                 t >= 2 ? "3.14159265358979323846f" : "3.14159265358979323846", y->atan2_fn);
+        if (y->bytes == 64)
+            fputs("#endif\n\n", o);
     }
 }
 

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 double tpk__now(void)
 {
@@ -19,19 +18,6 @@ double tpk__now(void)
 double tpk__log2(double x)
 {
     return x > 0 ? log2(x) : 0.0;
-}
-
-void tpk__cache_sizes(tpk__caches *c)
-{
-    /* Fallbacks: a current server core (48 KiB L1d, 2 MiB L2, 32 MiB L3 share); VMs often
-     * report nothing. */
-    long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    c->l1 = l1 > 0 ? (double)l1 : 48.0 * 1024;
-    c->l2 = l2 > 0 ? (double)l2 : 2048.0 * 1024;
-    c->l3 = l3 > 0 ? (double)l3 : 32.0 * 1024 * 1024;
-    if (c->l3 > 64.0 * 1024 * 1024)
-        c->l3 = 64.0 * 1024 * 1024; /* a VM's "480 MiB" is the socket's, not ours */
 }
 
 const char *tpk_tune_dtype_name(int dtype)
@@ -51,19 +37,7 @@ const char *tpk_tune_op_name(int op)
 
 const char *tpk_tune_target_class(int target)
 {
-    if (target == TPK_TUNE_CUDA)
-        return "cuda/sm_90";
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    int intel = __builtin_cpu_is("intel");
-    if (__builtin_cpu_supports("avx512f"))
-        return intel ? "cpu/x86_64/avx512/intel" : "cpu/x86_64/avx512/amd";
-    if (__builtin_cpu_supports("avx2"))
-        return intel ? "cpu/x86_64/avx2/intel" : "cpu/x86_64/avx2/amd";
-    return "cpu/x86_64/generic";
-#else
-    return "cpu/generic";
-#endif
+    return target == TPK_TUNE_CUDA ? "cuda/sm_90" : tpk_machine_host_name();
 }
 
 double tpk_tune_task_flops(const tpk_tune_task *t)

@@ -22,7 +22,16 @@ static const tpk__template *template_for(const tpk_tune_task *t)
 
 int tpk_tune_space_init(tpk_tune_space *s, const tpk_tune_task *task, tpk_ctx *ctx)
 {
+    tpk_machine host;
+    tpk_machine_host(&host);
+    return tpk_tune_space_init_on(s, task, &host, ctx);
+}
+
+int tpk_tune_space_init_on(tpk_tune_space *s, const tpk_tune_task *task, const tpk_machine *m,
+                           tpk_ctx *ctx)
+{
     memset(s, 0, sizeof *s);
+    s->machine = *m;
     if (task->m == 0 || task->n == 0 || task->k == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tune: empty workload %zux%zux%zu", task->m, task->n,
                          task->k);

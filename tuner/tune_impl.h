@@ -1,4 +1,4 @@
-/* Internals shared by the tuner's files: templates, RNG, cache sizes, small helpers. */
+/* Internals shared by the tuner's files: templates, RNG, small helpers. */
 #ifndef TPK_TUNE_IMPL_H
 #define TPK_TUNE_IMPL_H
 
@@ -42,11 +42,6 @@ void tpk__cpu_gemm_blocking(const tpk_tune_space *s, const tpk_tune_config *c, t
 enum { TPK__ORDER_JR_IR = 0, TPK__ORDER_IR_JR = 1 };
 enum { TPK__PAR_IC = 0, TPK__PAR_JR = 1 };
 
-/* Data cache sizes in bytes (sysconf with fallbacks of a current server core). */
-typedef struct tpk__caches {
-    double l1, l2, l3;
-} tpk__caches;
-void tpk__cache_sizes(tpk__caches *c);
 
 /* splitmix64: small, seedable, good enough for search decisions. */
 static inline uint64_t tpk__rng_next(uint64_t *s)
@@ -74,12 +69,18 @@ typedef struct tpk__pick {
 } tpk__pick;
 typedef int (*tpk__rec_cmp)(const tpk_tune_record *a, const tpk_tune_record *b);
 typedef void (*tpk__kernel_namer)(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap);
-/* Fills p (room for n) with one pick per workload among the records accept() takes, workloads
- * told apart and ordered by cmp; returns the count. Records of an older space are skipped. */
-size_t tpk__pick_best(const tpk_tune_record *recs, size_t n, int (*accept)(const tpk_tune_record *r),
-                      tpk__rec_cmp cmp, tpk__kernel_namer name, tpk__pick *p);
-/* The analytic default configuration of task t as a pick (r NULL): the generators' safe kernels. */
-int tpk__pick_default(const tpk_tune_task *t, tpk__kernel_namer name, tpk__pick *p, tpk_ctx *ctx);
+/* Fills p (room for n) with one pick per workload among the records of class m (target m->name)
+ * that accept() takes, workloads told apart and ordered by cmp, spaces on m; returns the count.
+ * Records of an older space are skipped. */
+size_t tpk__pick_best(const tpk_tune_record *recs, size_t n, const tpk_machine *m,
+                      int (*accept)(const tpk_tune_record *r), tpk__rec_cmp cmp,
+                      tpk__kernel_namer name, tpk__pick *p);
+/* The analytic default configuration of task t on class m as a pick (r NULL): the generators'
+ * safe kernels. */
+int tpk__pick_default(const tpk_tune_task *t, const tpk_machine *m, tpk__kernel_namer name,
+                      tpk__pick *p, tpk_ctx *ctx);
+/* A C identifier from a class id ("avx512-intel" → "avx512_intel"). */
+void tpk__class_ident(const char *id, char *out, size_t cap);
 double tpk__log2(double x);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "error.h"
 #include "gemm.h"
+#include "machine.h"
 #include "map.h"
 
 #ifdef __cplusplus
@@ -64,6 +65,7 @@ typedef struct tpk_tune_config {
 
 struct tpk_tune_space {
     tpk_tune_task task;
+    tpk_machine machine;       /* the class tuned or generated for: caches, vector width, registers */
     const char *template_name; /* "cpu_gemm" / "cpu_syrk" / "cuda_gemm" */
     int nknob;
     tpk_tune_knob knob[TPK_TUNE_MAX_KNOBS];
@@ -76,8 +78,20 @@ struct tpk_tune_space {
 
 #define TPK_TUNE_MAX_FEATURES 64
 
-/* The space of the template that serves `task` (cpu_gemm for CPU, cuda_gemm for CUDA). */
+/* The space of the template that serves `task` (cpu_gemm for CPU, cuda_gemm for CUDA), on this
+ * host (tpk_machine_host), or on machine class m (gen/: the class's data file, never the host). */
 TPK_API int tpk_tune_space_init(tpk_tune_space *s, const tpk_tune_task *task, tpk_ctx *ctx);
+TPK_API int tpk_tune_space_init_on(tpk_tune_space *s, const tpk_tune_task *task,
+                                   const tpk_machine *m, tpk_ctx *ctx);
+
+/* A machine class as the tuner reads it from data/machines/ID.conf ("key value" lines, '#'
+ * comments: name, isa avx2|avx512, vector_bits, registers, l1, l2, l3 in bytes, cflags). The
+ * strings live in the struct; m's pointers point into it. */
+typedef struct tpk_tune_class {
+    tpk_machine m;
+    char name[64], id[64], cflags[256];
+} tpk_tune_class;
+TPK_API int tpk_tune_class_read(const char *path, tpk_tune_class *c, tpk_ctx *ctx);
 /* Mixed-radix index ↔ knob values (AutoTVM point2knob / knob2point). */
 TPK_API void tpk_tune_space_point(const tpk_tune_space *s, uint64_t index, tpk_tune_config *c);
 TPK_API uint64_t tpk_tune_space_index(const tpk_tune_space *s, const tpk_tune_config *c);
@@ -297,14 +311,19 @@ TPK_API int tpk_tune_synthetic_measure(void *user, const tpk_tune_space *s,
 
 /* ---- Library generation (gen/) ------------------------------------------------------------ */
 
-/* Write the generated C file of the library's tuned CPU GEMM kernels and their dispatch table
- * from the best record per (dtype, m, n, k, threads) in recs. Deterministic output. */
-TPK_API int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const char *generator,
-                                     FILE *out, tpk_ctx *ctx);
+/* Write the generated C file of one machine class's tuned CPU GEMM kernels and their dispatch
+ * table (gen/tpk_gemm_cpu_ID.c, defining tpk__gemm_class_ID) from the best record per (dtype, m, n,
+ * k, threads) among the records whose target is cls->name, and the class's analytic defaults.
+ * Output depends only on recs and cls. */
+TPK_API int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const tpk_machine *cls,
+                                     const char *generator, FILE *out, tpk_ctx *ctx);
 
-/* The generated map file (gen/tpk_map_cpu.c): the best relu_map record per (dtype, n, threads),
- * the analytic defaults, and the table runtime/map_dispatch.c reads. Deterministic output. */
-TPK_API int tpk_tune_gen_map_library(const tpk_tune_record *recs, size_t n, const char *generator,
+/* One class's generated map file (gen/tpk_map_cpu_ID.c): the best relu_map record per (dtype, n,
+ * threads) of that class, its analytic defaults, and the table runtime/map_dispatch.c reads. */
+TPK_API int tpk_tune_gen_map_library(const tpk_tune_record *recs, size_t n, const tpk_machine *cls,
+                                     const char *generator, FILE *out, tpk_ctx *ctx);
+/* The class index (gen/tpk_classes.c): every class's profile and its GEMM and map tables. */
+TPK_API int tpk_tune_gen_class_index(const tpk_tune_class *cls, size_t n, const char *generator,
                                      FILE *out, tpk_ctx *ctx);
 
 /* The generated CUDA file (gen/tpk_gemm_cuda.cu): the best cuda_gemm record per workload, the
