@@ -58,7 +58,7 @@ TUNE_LIB   := $(BUILD)/lib/libtpktune.a
 TUNE_LIBS  := -lxgboost
 DEPS_OK    := $(BUILD)/.deps-ok
 
-.PHONY: all lib tools tests run check check-asan bench install deps clean fuzz
+.PHONY: all lib tools tests run check check-asan check-portable bench install deps clean fuzz
 # Keep the objects of programs and tests (make would delete them as intermediates and rebuild).
 .SECONDARY:
 all: lib tools
@@ -125,6 +125,10 @@ check-asan: $(DEPS_OK)
 	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" check
 
+# The portable build (ARCH=x86-64-v3, build-v3/) under qemu-x86_64 -cpu Haswell against this one.
+check-portable: $(DEPS_OK)
+	@sh scripts/check-portable.sh
+
 bench: tools $(BENCHES)
 	@sh scripts/run-bench.sh $(BUILD)
 
@@ -139,7 +143,7 @@ install: all
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tpk.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk.pc
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-v3
 
 # Module fragments (targets of the tuner, GP regression, figures, ...) live in mk/*.mk.
 -include $(sort $(wildcard mk/*.mk))

@@ -1,9 +1,11 @@
 #!/bin/sh
 # Install the Debian packages tpk needs, if any is missing. Safe to run repeatedly.
+#   sh scripts/install-deps.sh [EXTRA...]   also the named extra packages (e.g. qemu-user for
+#                                           scripts/check-portable.sh)
 set -eu
 PKGS="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
       libhdf5-dev hdf5-tools libxgboost-dev libcmocka-dev zlib1g-dev nettle-dev
-      clang libclang-rt-14-dev"
+      clang libclang-rt-14-dev $*"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
