@@ -1,8 +1,9 @@
 /* Benchmark: tuned generated GEMM (tpk_gemm_tuned_d/s, gen/) against OpenBLAS, side by side in one
  * run, on 1 and 2 threads, square n³ and the executor's tall-skinny n×n·n×64 (issue 6 acceptance).
  *   bench_gemm [NMAX] [--no-naive]      sizes 1024..NMAX (default 4096, the issue's range); --no-naive is accepted
- * Prints GFLOP/s (median of interleaved repeats), the ratio tuned/OpenBLAS, and which kernel
- * served (exact / nearest tuned shape / default). Not a test: no pass/fail. */
+ * Prints GFLOP/s (median of interleaved repeats), the ratio tuned/OpenBLAS, and which machine
+ * class and kernel served (exact / nearest tuned shape / default; TPK_CLASS forces a class). Not a
+ * test: no pass/fail. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <time.h>
 
 #include "tpk/gemm.h"
+#include "tpk/machine.h"
 #include "bench_util.h"
 
 #define REPEATS 5         /* interleaved tuned/OpenBLAS pairs; the median of each is reported */
@@ -115,8 +117,11 @@ static void bench(int f32, int nt, size_t m, size_t n, size_t k)
     const char *name;
     int how = tpk_gemm_tuned_choice(f32, m, n, k, nt, &name);
     static const char *hows[] = {"exact", "nearest", "default", "openblas"};
-    printf("%sgemm %5zux%5zux%5zu  %d thr  OpenBLAS %7.1f  tuned %7.1f GFLOP/s  ratio %5.2f  (%s: %s)\n",
-           f32 ? "s" : "d", m, n, k, nt, gf[0], gf[1], gf[1] / gf[0], hows[how], name);
+    int chow;
+    const tpk_machine *cls = tpk_machine_select(&chow);
+    printf("%sgemm %5zux%5zux%5zu  %d thr  OpenBLAS %7.1f  tuned %7.1f GFLOP/s  ratio %5.2f  (%s %s: %s)\n",
+           f32 ? "s" : "d", m, n, k, nt, gf[0], gf[1], gf[1] / gf[0], how == TPK_GEMM_OPENBLAS ? "-" : cls ? cls->id : "none",
+           hows[how], name);
     fflush(stdout);
     free(p.A);
     free(p.B);
@@ -131,8 +136,12 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--no-naive") != 0 && atol(argv[i]) >= 1024)
             nmax = (size_t)atol(argv[i]);
     const char *ct = getenv("OPENBLAS_CORETYPE");
-    printf("bench_gemm: OpenBLAS core %s (OPENBLAS_CORETYPE=%s), load average %.2f at start; sizes 1024..%zu\n",
-           openblas_get_corename(), ct ? ct : "(unset)", load1(), nmax);
+    int chow;
+    const tpk_machine *cls = tpk_machine_select(&chow);
+    printf("bench_gemm: OpenBLAS core %s (OPENBLAS_CORETYPE=%s), load average %.2f at start; sizes 1024..%zu\n"
+           "bench_gemm: cpu %s, serving class %s (%s)\n",
+           openblas_get_corename(), ct ? ct : "(unset)", load1(), nmax, tpk_machine_host_name(),
+           cls ? cls->name : "none", tpk_machine_how_name(chow));
     for (int f32 = 0; f32 < 2; f32++)
         for (int nt = 1; nt <= 2; nt++) {
             for (size_t n = 1024; n <= nmax; n *= 2)

@@ -1,4 +1,4 @@
-/* Benchmark: the tuner's generated ReLU NNGP map (tpk_relu_map_tuned_d/s, gen/tpk_map_cpu.c) against
+/* Benchmark: the tuner's generated ReLU NNGP map (tpk_relu_map_tuned_d/s, gen/tpk_map_cpu_ID.c) against
  * the library's reference map (kernels/gauss_map.c under TPK_MAP=reference) and the library path
  * with the tuned kernel in place, with OpenBLAS dsyrk/ssyrk (k = 1, beta = 1: it reads and writes
  * the same lower triangle, the memory traffic of an in-place map) as a floor, and the mirrored

@@ -473,7 +473,7 @@ static void store_row(double *restrict dst, const double *restrict src, size_t l
         dst[j] = alpha * src[j] + beta;
 }
 
-/* relu's lower-triangle map through the tuner's generated kernel (tpk/map.h, gen/tpk_map_cpu.c;
+/* relu's lower-triangle map through the tuner's generated kernel (tpk/map.h, gen/tpk_map_cpu_ID.c;
  * the tile loop of map_sym stays the reference). Returns 1 when it served, 0 when the reference
  * must run: TPK_MAP=reference, another φ, no memory, or an entry flagged out of place (the loop
  * then finds and reports it). In place a flagged entry is overwritten and cannot be named any

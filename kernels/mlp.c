@@ -1,7 +1,7 @@
 /* Deep MLP NNGP kernel by the direct layer recursion (theory.md §2.1). */
 #include "tpk/kernels.h"
+#include "tpk/matmul.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,21 +19,19 @@ int tpk_mlp_params_check(const tpk_mlp_params *p, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-/* Σ¹ for the lower triangle of the train block: one dsyrk, then the affine map.
- * Only the lower triangle is referenced by tpk_gauss_map, so we fill it and mirror once. */
-static void first_layer_train(const tpk_mlp_params *p, const double *X, size_t n, size_t d, double *S)
+/* Σ¹ of the train block: the Gram matrix by tpk_dsyrk (the tuned SYRK kernels; symmetric on
+ * return), then the bias. */
+static int first_layer_train(const tpk_mlp_params *p, const double *X, size_t n, size_t d, double *S,
+                             tpk_ctx *ctx)
 {
     const double scale = d ? p->sigma_w2 / (double)d : 0.0;
-    cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (int)n, (int)d, scale, X, (int)d, 0.0, S,
-                (int)n);
-#pragma omp parallel for schedule(dynamic, 64)
-    for (size_t i = 0; i < n; i++) {
-        double *row = S + i * n;
-        for (size_t j = 0; j <= i; j++)
-            row[j] += p->sigma_b2;
-        for (size_t j = 0; j < i; j++)
-            S[j * n + i] = row[j];
-    }
+    int st = tpk_dsyrk(TPK_NO_TRANS, n, d, scale, X, d ? d : 1, 0.0, S, n ? n : 1, ctx);
+    if (st)
+        return st;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n * n; i++)
+        S[i] += p->sigma_b2;
+    return TPK_OK;
 }
 
 static void affine(double *v, size_t len, double a, double b)
@@ -73,7 +71,8 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
             return TPK_ERROR(ctx, TPK_EINVAL, "cross-kernel outputs must be %zux%zu and %zu", m, n, m);
     }
 
-    first_layer_train(p, X->data, n, d, K->data);
+    if ((st = first_layer_train(p, X->data, n, d, K->data, ctx)))
+        return st;
     /* Train diagonal, needed by the cross map; test diagonal and cross block. */
     double *qtrain = NULL;
     if (Xt) {
@@ -81,8 +80,11 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
         if (!qtrain)
             return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         const double scale = d ? p->sigma_w2 / (double)d : 0.0;
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)d, scale,
-                    Xt->data, (int)d, X->data, (int)d, 0.0, Kxt->data, (int)n);
+        if ((st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, m, n, d, scale, Xt->data, d ? d : 1, X->data,
+                            d ? d : 1, 0.0, Kxt->data, n ? n : 1, ctx))) {
+            free(qtrain);
+            return st;
+        }
         affine(Kxt->data, m * n, 1.0, p->sigma_b2);
         for (size_t i = 0; i < m; i++) {
             const double *xi = Xt->data + i * d;

@@ -1,8 +1,8 @@
 # Fuzzing the NETSOR front end with libFuzzer (clang), under ASan + UBSan.
 #   make fuzz             build build/fuzz_netsor and run it for FUZZ_SECONDS (default 30)
 FUZZ_SECONDS ?= 30
-FUZZ_SRC := tests/fuzz/fuzz_netsor.c netsor/lex.c netsor/parse.c netsor/check.c netsor/elab.c \
-            netsor/program.c kernels/gauss.c kernels/gauss_quad.c core/error.c
+FUZZ_SRC := tests/fuzz/fuzz_netsor.c netsor/load.c netsor/lex.c netsor/parse.c netsor/check.c netsor/elab.c \
+            netsor/program.c kernels/phi.c kernels/gauss.c kernels/gauss_quad.c core/error.c
 .PHONY: fuzz
 $(BUILD)/fuzz_netsor: $(FUZZ_SRC) $(wildcard netsor/*.h kernels/*.h include/tpk/*.h) | $(DEPS_OK)
 	@mkdir -p $(@D)

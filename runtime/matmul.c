@@ -1,6 +1,7 @@
-/* tpk_dgemm: the library's one matrix-multiply entry point (include/tpk/matmul.h). It goes through
- * the tuner's shape dispatch (include/tpk/gemm.h: generated kernels from the shipped tuning logs,
- * OpenBLAS where no tuned kernel wins or the problem is tiny). */
+/* tpk_dgemm and tpk_dsyrk: the library's matrix-multiply entry points (include/tpk/matmul.h). They
+ * go through the shape dispatch of the generated kernels (include/tpk/gemm.h: the tables of this
+ * CPU's machine class, from the shipped tuning logs; OpenBLAS where no tuned kernel wins or the
+ * problem is tiny). */
 #include "tpk/gemm.h"
 #include "tpk/matmul.h"
 
@@ -50,8 +51,11 @@ int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, siz
                 C[i * ldc + j] = beta == 0.0 ? 0.0 : beta * C[i * ldc + j];
         return TPK_OK;
     }
-    cblas_dsyrk(CblasRowMajor, CblasLower, transa == TPK_TRANS ? CblasTrans : CblasNoTrans, (int)n,
-                (int)k, alpha, A, (int)lda, beta, C, (int)ldc);
+    /* The lower triangle by the tuned SYRK kernels (gen/: exact, nearest or default blocking of
+     * this CPU's class; OpenBLAS where none wins), then the mirror. */
+    int st = tpk_syrk_tuned_d(transa == TPK_TRANS, n, k, alpha, A, lda, beta, C, ldc, 0, NULL, ctx);
+    if (st)
+        return st;
     /* mirror the lower triangle, in tiles */
     const size_t TS = 64;
 #pragma omp parallel for schedule(dynamic, 1) if (n >= 512)
@@ -65,5 +69,5 @@ int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, siz
 
 const char *tpk_dgemm_backend(void)
 {
-    return "tuned (gen/, shipped logs) with OpenBLAS fallback";
+    return "tuned (gen/, the machine class of this CPU) with OpenBLAS fallback";
 }

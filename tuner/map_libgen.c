@@ -1,5 +1,5 @@
 /* Library generation for the map template (libgen.c's pipeline, style.md §10): the best relu_map
- * record per (dtype, n, threads) of the logs becomes a generated kernel in gen/tpk_map_cpu.c,
+ * record per (dtype, n, threads) of the logs becomes a generated kernel in gen/tpk_map_cpu_ID.c,
  * with its table and the analytic defaults. Output depends only on the logs. */
 #include "tune_impl.h"
 
