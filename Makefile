@@ -40,7 +40,9 @@ GEN_CPU     := $(CLASS_IDS:%=gen/tpk_gemm_cpu_%.c)
 GEN_MAP     := $(CLASS_IDS:%=gen/tpk_map_cpu_%.c)
 LIB_SRC    := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))) $(GEN_CLASSES) $(GEN_CPU) $(GEN_MAP))
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-TOOL_SRC   := $(wildcard tools/*.c)
+# Every tools/*.c is a program, but tools/cli.c: the helpers they share, linked into each.
+TOOL_CLI   := $(BUILD)/obj/tools/cli.o
+TOOL_SRC   := $(filter-out tools/cli.c,$(wildcard tools/*.c))
 TOOLS      := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
 TEST_SRC   := $(wildcard tests/test_*.c)
 TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -96,9 +98,9 @@ $(SHARED): $(LIB_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -shared -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(STATIC)
+$(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(TOOL_CLI) $(STATIC)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
+	$(CC) -o $@ $< $(TOOL_CLI) $(STATIC) $(LDLIBS_ALL)
 
 $(BUILD)/bin/tptune: $(BUILD)/obj/tools/tptune.o $(TUNE_LIB) $(STATIC)
 	@mkdir -p $(@D)

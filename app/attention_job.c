@@ -5,21 +5,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "tpk/archs.h"
+#include "tpk/clock.h"
 #include "tpk/attention.h"
 #include "tpk/io.h"
 
 #define DEFAULT_R 256   /* score samples: the mean kernel's MC error is ~ sd/√R */
 #define MAX_SETS 80
-
-static double seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int parse_count(const char *what, const char *s, unsigned long long lo,
                        unsigned long long hi, unsigned long long *out, tpk_ctx *ctx)
@@ -71,7 +64,7 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
         return tpk_job_kernel(&j, ctx);
     }
 
-    double t0 = seconds();
+    double t0 = tpk_wall_seconds();
     char prog[4200];
     tpk_shipped_path("programs/attention-sqrtn.nsr", prog, sizeof prog);
     tpk_input_info info;
@@ -196,7 +189,7 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
         fprintf(job->summary, "  input   %s (N=%zu, T=%zu)\n", job->input, N, T);
         fprintf(job->summary, "  kernel  %zux%zu mean E_p[C(p)], K[0][0]=%.6g, MC error <= %.2e; "
                 "excess kurtosis up to %.3g (not a GP)\n", m, m, K->data[0], err, kmax);
-        fprintf(job->summary, "  wrote   %s in %.3f s\n", job->output, seconds() - t0);
+        fprintf(job->summary, "  wrote   %s in %.3f s\n", job->output, tpk_wall_seconds() - t0);
     }
 done:
     tpk_h5out_abort(out);

@@ -1,13 +1,13 @@
 /* Jobs behind gpkernel and netsor: program + inputs → kernel or finite-width run → atomic HDF5. */
 #include "tpk/job.h"
 
+#include "tpk/clock.h"
 #include "tpk/io.h"
 
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 const char *tpk_shipped_path(const char *rel, char *buf, size_t len)
@@ -57,13 +57,6 @@ tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx)
         return NULL;
     }
     return reg;
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Everything a job holds; freed in one place. */
@@ -221,7 +214,7 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
 {
     job_state s = {0};
     tpk_array *K = NULL, *Ktr = NULL, *Kx = NULL, *kd = NULL;
-    double t0 = now_seconds(), err = 0;
+    double t0 = tpk_wall_seconds(), err = 0;
     int st = prepare(job, &s, ctx);
     if (!st)
         st = tpk_netsor_kernel(s.prog, s.Xall ? s.Xall : s.X, job->all_outputs, &K, &err, ctx);
@@ -253,7 +246,7 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
     st = tpk_h5out_commit(s.out, ctx);
     s.out = NULL;
     if (!st)
-        summarise(job, &s, Ktr ? Ktr : K, err, now_seconds() - t0, "kernel");
+        summarise(job, &s, Ktr ? Ktr : K, err, tpk_wall_seconds() - t0, "kernel");
 done:
     tpk_array_free(K);
     tpk_array_free(Ktr);
@@ -267,7 +260,7 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
 {
     job_state s = {0};
     tpk_array *Khat = NULL, *y = NULL;
-    double t0 = now_seconds();
+    double t0 = tpk_wall_seconds();
     int st = TPK_OK;
     if (job->test)
         st = TPK_ERROR(ctx, TPK_EINVAL, "a finite-width run takes no test set (put all inputs in --input)");
@@ -287,7 +280,7 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
         s.out = NULL;
     }
     if (!st)
-        summarise(job, &s, Khat, -1, now_seconds() - t0, "finite-width run");
+        summarise(job, &s, Khat, -1, tpk_wall_seconds() - t0, "finite-width run");
     tpk_array_free(Khat);
     tpk_array_free(y);
     job_state_free(&s);

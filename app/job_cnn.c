@@ -1,6 +1,7 @@
 /* gpkernel --arch=cnn1d / cnn2d: the shipped program fixes the parameters, the direct recursion
  * of kernels/cnn.c computes the kernel (theory.md §2.8), written to HDF5 like tpk_job_kernel. */
 #include "tpk/archs.h"
+#include "tpk/clock.h"
 #include "tpk/cnn.h"
 
 #include "tpk/idx.h"
@@ -9,7 +10,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MAX_JOB_SETS 96
 
@@ -39,13 +39,6 @@ static void cnn_job_free(cnn_job *s)
     tpk_phi_free(s->phi);
     tpk_gauss_ws_free(s->ws);
     tpk_phi_registry_free(s->reg);
-}
-
-static double seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* IDX files (Fashion-MNIST) by name, everything else by tpk_io_read. */
@@ -212,7 +205,7 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
 {
     cnn_job s = {0};
     tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL;
-    double t0 = seconds(), err = 0;
+    double t0 = tpk_wall_seconds(), err = 0;
     size_t rows = 0, cols = 0, C = 0;
     tpk_cnn_params cp = {0};
     int st = TPK_OK;
@@ -309,7 +302,7 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
             fprintf(job->summary, "  test    %s (M=%zu)\n", job->test, s.Xt->dims[0]);
         fprintf(job->summary, "  kernel  %zux%zu, K[0][0]=%.6g, K[0][1]=%.6g, error estimate %.2e\n",
                 n, n, K->data[0], n > 1 ? K->data[1] : K->data[0], err);
-        fprintf(job->summary, "  wrote   %s in %.3f s\n", job->output, seconds() - t0);
+        fprintf(job->summary, "  wrote   %s in %.3f s\n", job->output, tpk_wall_seconds() - t0);
     }
 done:
     tpk_array_free(Ktr);

@@ -9,11 +9,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "tpk/clock.h"
+
+/* The toolkit's wall clock (include/tpk/clock.h). */
 static inline double bench_now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return tpk_wall_seconds();
 }
 
 /* A ← B (n×n, row-major, in place) with B Bᵀ = A for a symmetric PSD A: B = V max(Λ, 0)^{1/2}

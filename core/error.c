@@ -1,6 +1,8 @@
-/* Error context: first error wins, message formatted once. */
+/* Error context: first error wins, message formatted once. GSL's error handler, once. */
 #include "tpk/error.h"
 
+#include <gsl/gsl_errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,4 +47,22 @@ const char *tpk_strerror(int status)
     case TPK_EUNSUPPORTED: return "unsupported";
     default: return "unknown status";
     }
+}
+
+/* The handler is GSL's own process-wide variable (gsl_set_error_handler), not ours: style.md §6
+ * keeps errors out of mutable globals, and the toolkit's errors stay in tpk_ctx. Setting GSL's
+ * variable once, under pthread_once, is the one exception; the once-flag below is the only state
+ * this file keeps. */
+static pthread_once_t gsl_once = PTHREAD_ONCE_INIT;
+
+static void gsl_handler_off(void)
+{
+    gsl_error_handler_t *prev = gsl_set_error_handler_off();
+    if (prev != NULL) /* the host program's own handler (NULL is GSL's aborting default) */
+        gsl_set_error_handler(prev);
+}
+
+void tpk_error_gsl_init(void)
+{
+    pthread_once(&gsl_once, gsl_handler_off);
 }

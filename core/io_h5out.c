@@ -196,8 +196,9 @@ int tpk_h5out_write(tpk_h5out *out, const char *name, const tpk_array *a, tpk_ct
                          ctx);
 }
 
-int tpk_h5out_write_ints(tpk_h5out *out, const char *name, const long long *v, size_t n,
-                         tpk_ctx *ctx)
+/* A rank-1 dataset of n values of one type. */
+static int write_rank1(tpk_h5out *out, const char *name, const void *v, size_t n,
+                       hid_t file_type, hid_t mem_type, tpk_ctx *ctx)
 {
     int st = check_out(out, name, ctx);
     if (st != TPK_OK)
@@ -207,7 +208,19 @@ int tpk_h5out_write_ints(tpk_h5out *out, const char *name, const long long *v, s
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: '%s': NULL data", out->path, name);
     }
     hsize_t dims[1] = {(hsize_t)n};
-    return write_dataset(out, name, 1, dims, H5T_STD_I64LE, H5T_NATIVE_LLONG, v, ctx);
+    return write_dataset(out, name, 1, dims, file_type, mem_type, v, ctx);
+}
+
+int tpk_h5out_write_vector(tpk_h5out *out, const char *name, const double *v, size_t n,
+                           tpk_ctx *ctx)
+{
+    return write_rank1(out, name, v, n, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, ctx);
+}
+
+int tpk_h5out_write_ints(tpk_h5out *out, const char *name, const long long *v, size_t n,
+                         tpk_ctx *ctx)
+{
+    return write_rank1(out, name, v, n, H5T_STD_I64LE, H5T_NATIVE_LLONG, ctx);
 }
 
 /* Write (or replace) one attribute on `obj` ("/" when NULL). Replacing rather than failing lets

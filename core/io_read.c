@@ -255,6 +255,97 @@ done:
     return a;
 }
 
+int tpk_io_read_attr_str(const char *path, const char *obj, const char *key, char *buf,
+                         size_t cap, tpk_ctx *ctx)
+{
+    if (path == NULL || key == NULL || buf == NULL || cap == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_io_read_attr_str: NULL argument or empty buffer");
+    buf[0] = '\0';
+    if (obj == NULL || obj[0] == '\0')
+        obj = "/";
+    FILE *probe = open_input(path, ctx);
+    if (probe == NULL)
+        return TPK_EIO;
+    fclose(probe);
+
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    int st = TPK_OK;
+    hid_t file = -1, at = -1, type = -1, mtype = -1;
+    char *vl = NULL;
+    if (H5Fis_hdf5(path) <= 0) {
+        st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: not an HDF5 file", path);
+        goto done;
+    }
+    file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0) {
+        st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot open HDF5 file", path);
+        goto done;
+    }
+    if (strcmp(obj, "/") != 0 && H5Lexists(file, obj, H5P_DEFAULT) <= 0) {
+        st = TPK_ERROR(ctx, TPK_ENOTFOUND, "%s: no object '%s'", path, obj);
+        goto done;
+    }
+    if (H5Aexists_by_name(file, obj, key, H5P_DEFAULT) <= 0) {
+        st = TPK_ERROR(ctx, TPK_ENOTFOUND, "%s: no attribute '%s' on '%s'", path, key, obj);
+        goto done;
+    }
+    at = H5Aopen_by_name(file, obj, key, H5P_DEFAULT, H5P_DEFAULT);
+    type = at < 0 ? -1 : H5Aget_type(at);
+    if (type < 0 || H5Tget_class(type) != H5T_STRING) {
+        st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: attribute '%s' on '%s' is not a string", path, key,
+                       obj);
+        goto done;
+    }
+    htri_t var = H5Tis_variable_str(type);
+    size_t len = 0;
+    if (var > 0) {
+        mtype = H5Tcopy(H5T_C_S1);
+        if (mtype < 0 || H5Tset_size(mtype, H5T_VARIABLE) < 0 ||
+            H5Tset_cset(mtype, H5Tget_cset(type)) < 0 || H5Aread(at, mtype, &vl) < 0) {
+            st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot read attribute '%s'", path, key);
+            goto done;
+        }
+        len = vl ? strlen(vl) : 0;
+        if (len >= cap) {
+            st = TPK_ERROR(ctx, TPK_EINVAL, "%s: attribute '%s' has %zu bytes, more than %zu",
+                           path, key, len, cap - 1);
+            goto done;
+        }
+        if (len)
+            memcpy(buf, vl, len);
+    } else {
+        /* Fixed length: the stored size, NUL-padded or not, plus our own terminator. */
+        size_t fixed = H5Tget_size(type);
+        if (fixed >= cap) {
+            st = TPK_ERROR(ctx, TPK_EINVAL, "%s: attribute '%s' has %zu bytes, more than %zu",
+                           path, key, fixed, cap - 1);
+            goto done;
+        }
+        mtype = H5Tcopy(type);
+        if (mtype < 0 || H5Aread(at, mtype, buf) < 0) {
+            st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot read attribute '%s'", path, key);
+            goto done;
+        }
+        buf[fixed] = '\0';
+        len = strlen(buf);
+    }
+    buf[len] = '\0';
+done:
+    if (vl != NULL)
+        H5free_memory(vl);
+    if (mtype >= 0)
+        H5Tclose(mtype);
+    if (type >= 0)
+        H5Tclose(type);
+    if (at >= 0)
+        H5Aclose(at);
+    if (file >= 0)
+        H5Fclose(file);
+    tpk_h5_quiet_end(&q);
+    return st;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* NumPy .npy (format spec: numpy/lib/format.py, versions 1.0, 2.0, 3.0)                      */
 

@@ -182,6 +182,7 @@ static void gsl_fdf(const gsl_vector *x, void *p, double *f, gsl_vector *g)
 int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta, double *noise,
                      const tpk_gp_hyper_options *opt, tpk_gp_hyper_result *res, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     tpk_gp_hyper_options def;
     if (!opt) {
         tpk_gp_hyper_options_default(&def);

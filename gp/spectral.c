@@ -151,6 +151,7 @@ static double brent_f(double x, void *p)
 int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo, double noise_hi,
                                  int fit_scale, tpk_gp_noise_choice *out, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     if (!(noise_lo > 0) || !(noise_hi > noise_lo) || !isfinite(noise_hi))
         return TPK_ERROR(ctx, TPK_EINVAL,
                          "noise range must satisfy 0 < lo < hi < inf (got %g, %g)", noise_lo,

@@ -80,6 +80,7 @@ int tpk_attn_limit_covs(const double *Sx, size_t nseq, size_t T, const tpk_attn_
                         const size_t *sel, size_t m, size_t R, uint64_t seed, double *C,
                         double *mean, double *se, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     int st = check_params(prm, ctx);
     if (st)
         return st;
@@ -220,6 +221,7 @@ done:
 int tpk_attn_finite_sample(const double *Sx, size_t s, const tpk_attn_params *prm, size_t n,
                            size_t M, uint64_t seed, double *Khat, double *Y, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init();
     int st = check_params(prm, ctx);
     if (st)
         return st;
@@ -339,6 +341,7 @@ int tpk_attn_finite_sample(const double *Sx, size_t s, const tpk_attn_params *pr
 int tpk_attn_mixture_sample(const double *C, size_t R, size_t m, size_t M, uint64_t seed,
                             double *Y, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init();
     if (C == NULL || Y == NULL || R == 0 || m == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_attn_mixture_sample: C, Y and sizes >= 1 required");
     double *L = malloc(R * m * m * sizeof *L), *work = malloc((m * m + m) * sizeof *work);

@@ -51,6 +51,7 @@ typedef struct rule {
 
 static int tabs_init(tabs *T, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     for (int lv = 0; lv < NLEVEL; lv++) {
         gsl_integration_glfixed_table *g = gsl_integration_glfixed_table_alloc((size_t)leg_n[lv]);
         gsl_integration_fixed_workspace *l = gsl_integration_fixed_alloc(

@@ -94,6 +94,7 @@ static int radial_init(gauss_rule *r, const gauss_rule *gl, tpk_ctx *ctx)
 
 tpk_gauss_ws *tpk_gauss_ws_alloc(size_t degree, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     if (degree < MIN_DEGREE || degree > MAX_DEGREE) {
         TPK_ERROR(ctx, TPK_EINVAL, "Gauss-Hermite degree %zu out of range %d..%d", degree, MIN_DEGREE,
                   MAX_DEGREE);

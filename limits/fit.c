@@ -76,6 +76,7 @@ int tpk_limits_fit_power(const double *n, const double *y, size_t W, double *slo
 int tpk_limits_fit_two_term(const double *n, const double *y, const double *w, size_t W,
                             double *c1, double *c2, double cov[4], double *chisq, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     if (!n || !y || !c1 || !c2)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_fit_two_term: NULL argument");
     if (W < 2)
@@ -208,6 +209,7 @@ int tpk_limits_boot_fit(const tpk_limits_series *d, tpk_limits_stat_fn stat, con
                         const tpk_limits_boot_opts *o, tpk_limits_fit *fit, double *value,
                         double *lo, double *hi, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init();
     static const char fn[] = "tpk_limits_boot_fit";
     int st = series_check(d, stat, o, fn, ctx);
     if (st)

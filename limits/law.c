@@ -127,6 +127,7 @@ static int integrate(const pair *p, double lo, double hi, double epsabs,
 
 static int w1_core(const mixture *a, const mixture *b, double *out, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     pair p = {a, b};
     double T = TAIL_SIGMAS * fmax(a->sdmax, b->sdmax);
     if (!(T > 0)) {
@@ -199,6 +200,7 @@ int tpk_limits_rbw1(const double *v, size_t S, double v_inf, double *out, tpk_ct
 int tpk_limits_rbw1_floor(const double *v, size_t S, size_t B, uint64_t seed, double *out,
                           tpk_ctx *ctx)
 {
+    tpk_error_gsl_init();
     if (!v || !out || S < 2 || B == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_rbw1_floor: NULL argument, S < 2 or B = 0");
     /* Per-replicate values summed in order afterwards: the result does not depend on the thread
@@ -244,6 +246,7 @@ int tpk_limits_rbw1_floor(const double *v, size_t S, size_t B, uint64_t seed, do
 
 int tpk_limits_directions(size_t k, size_t L, uint64_t seed, double *theta, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init();
     if (!theta || k == 0 || L == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_directions: NULL output or zero size");
     gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
@@ -361,6 +364,7 @@ int tpk_limits_sw1_samples(const double *Y, size_t M, const tpk_limits_slices *s
 /* A = V diag(√max(λ, 0)) with K = V Λ Vᵀ: a square root that tolerates singular K. */
 static int psd_sqrt(const double *K, size_t k, double *A, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init();
     gsl_matrix *m = gsl_matrix_alloc(k, k), *V = gsl_matrix_alloc(k, k);
     gsl_vector *lam = gsl_vector_alloc(k);
     gsl_eigen_symmv_workspace *w = gsl_eigen_symmv_alloc(k);
@@ -387,6 +391,7 @@ static int psd_sqrt(const double *K, size_t k, double *A, tpk_ctx *ctx)
 int tpk_limits_sw1_gp_floor(size_t M, const tpk_limits_slices *sl, size_t R, uint64_t seed,
                             double *mean, double *sd, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init();
     int st = slices_check(sl, "tpk_limits_sw1_gp_floor", ctx);
     if (st)
         return st;

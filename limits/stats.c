@@ -103,6 +103,7 @@ int tpk_limits_kurtosis(const double *x, size_t M, double *out, tpk_ctx *ctx)
 
 int tpk_limits_w1_gauss_samples(const double *x, size_t M, double var, double *out, tpk_ctx *ctx)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     if (!x || !out || M == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_w1_gauss_samples: NULL or empty sample");
     if (!(var >= 0) || !isfinite(var))

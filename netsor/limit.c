@@ -1157,6 +1157,7 @@ static int gh_init(lim *L);
 static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint64_t site,
                       double *out, double *vals, double *errmax)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     size_t N = L->N;
     const xbody *bu = &L->xb[u], *bv = &L->xb[v];
     int sym = u == v;

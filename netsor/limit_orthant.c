@@ -100,6 +100,7 @@ static double shift_baker(double u, double delta)
 /* A QMC point set of dimension r: Sobol (GSL, r ≤ 40) or Halton beyond. */
 static gsl_qrng *qrng_alloc(int r)
 {
+    tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     if (r < 1)
         r = 1;
     return gsl_qrng_alloc(r <= 40 ? gsl_qrng_sobol : gsl_qrng_halton, (unsigned)r);

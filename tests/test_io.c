@@ -1104,6 +1104,82 @@ static void test_writer_attrs(void **state)
     tpk_array_free(x);
 }
 
+/* tpk_io_read_attr_str reads back what tpk_h5out_attr_str wrote (variable-length UTF-8) and
+ * fixed-length strings HDF5 itself wrote; tpk_h5out_write_vector is a rank-1 dataset. Every error
+ * path: unreadable file, not HDF5, no object, no attribute, not a string, too small a buffer. */
+static void test_attr_read_and_vector(void **state)
+{
+    fixture *f = *state;
+    const char *p = P(f, 0, "a.h5");
+    const double v[3] = {2.385, -0.125, 1e-300};
+    tpk_ctx_init(&f->ctx);
+    tpk_h5out *out = tpk_h5out_open(p, &f->ctx);
+    assert_non_null(out);
+    assert_int_equal(tpk_h5out_write_vector(out, "/g/v", v, 3, &f->ctx), TPK_OK);
+    assert_int_equal(tpk_h5out_attr_str(out, "/", "cfg", "gplimits/1 seeds=24 \u00e9", &f->ctx),
+                     TPK_OK);
+    assert_int_equal(tpk_h5out_attr_str(out, "/g/v", "what", "", &f->ctx), TPK_OK);
+    assert_int_equal(tpk_h5out_attr_double(out, "/", "num", 2.5, &f->ctx), TPK_OK);
+    assert_int_equal(tpk_h5out_commit(out, &f->ctx), TPK_OK);
+    char spec[1300];
+    snprintf(spec, sizeof spec, "%s:/g/v", p);
+    tpk_array *a = read_ok(f, spec, NULL);
+    assert_int_equal(a->ndim, 2); /* rank 1 reads as N×1 */
+    assert_int_equal(a->dims[0], 3);
+    assert_values(a, v, 3);
+    tpk_array_free(a);
+
+    char buf[64];
+    tpk_ctx_init(&f->ctx);
+    assert_int_equal(tpk_io_read_attr_str(p, "/", "cfg", buf, sizeof buf, &f->ctx), TPK_OK);
+    assert_string_equal(buf, "gplimits/1 seeds=24 \u00e9");
+    assert_int_equal(tpk_io_read_attr_str(p, NULL, "cfg", buf, sizeof buf, &f->ctx), TPK_OK);
+    assert_int_equal(tpk_io_read_attr_str(p, "/g/v", "what", buf, sizeof buf, &f->ctx), TPK_OK);
+    assert_string_equal(buf, "");
+    /* A fixed-length string written by HDF5 directly. */
+    const char *q = P(f, 1, "fixed.h5");
+    hid_t file = H5Fcreate(q, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t t = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR);
+    H5Tset_size(t, 5);
+    hid_t at = H5Acreate2(file, "fx", t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(H5Awrite(at, t, "abcde") >= 0);
+    H5Aclose(at);
+    H5Sclose(sp);
+    H5Tclose(t);
+    H5Fclose(file);
+    assert_int_equal(tpk_io_read_attr_str(q, "/", "fx", buf, sizeof buf, &f->ctx), TPK_OK);
+    assert_string_equal(buf, "abcde");
+
+    struct { const char *path, *obj, *key; size_t cap; int status; const char *sub; } bad[] = {
+        {P(f, 2, "missing.h5"), "/", "cfg", 64, TPK_EIO, "missing.h5"},
+        {P(f, 3, "text.h5"), "/", "cfg", 64, TPK_EFORMAT, "not an HDF5 file"},
+        {p, "/nope", "cfg", 64, TPK_ENOTFOUND, "no object"},
+        {p, "/", "nokey", 64, TPK_ENOTFOUND, "no attribute"},
+        {p, "/", "num", 64, TPK_EFORMAT, "not a string"},
+        {p, "/", "cfg", 8, TPK_EINVAL, "more than 7"},
+        {q, "/", "fx", 5, TPK_EINVAL, "more than 4"},
+    };
+    write_bytes(bad[1].path, "plain text", 10);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tpk_ctx_init(&f->ctx);
+        int st = tpk_io_read_attr_str(bad[i].path, bad[i].obj, bad[i].key, buf, bad[i].cap,
+                                      &f->ctx);
+        if (st != bad[i].status || !strstr(f->ctx.msg, bad[i].sub))
+            fail_msg("case %zu: status %d (want %d), '%s' (want '%s')", i, st, bad[i].status,
+                     f->ctx.msg, bad[i].sub);
+    }
+    tpk_ctx_init(&f->ctx);
+    assert_int_equal(tpk_io_read_attr_str(p, "/", "cfg", NULL, 8, &f->ctx), TPK_EINVAL);
+    assert_int_equal(tpk_io_read_attr_str(NULL, "/", "cfg", buf, 8, &f->ctx), TPK_EINVAL);
+    /* Vector errors: NULL data, and a failed write makes the commit refuse. */
+    tpk_ctx_init(&f->ctx);
+    out = tpk_h5out_open(P(f, 2, "v.h5"), &f->ctx);
+    assert_non_null(out);
+    assert_int_equal(tpk_h5out_write_vector(out, "/v", NULL, 2, &f->ctx), TPK_EINVAL);
+    assert_int_equal(tpk_h5out_commit(out, &f->ctx), TPK_EIO);
+    assert_int_equal(tpk_h5out_write_vector(NULL, "/v", v, 3, &f->ctx), TPK_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1125,6 +1201,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_writer_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_writer_abort_preserves, setup, teardown),
         cmocka_unit_test_setup_teardown(test_writer_attrs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attr_read_and_vector, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

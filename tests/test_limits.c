@@ -671,7 +671,6 @@ static void test_fit_window(void **state)
 
 int main(void)
 {
-    gsl_set_error_handler_off();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_layer_exact),
         cmocka_unit_test(test_relu_diag_unbiased_depth3),

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "tpk/tpk.h"
+#include "tpk/clock.h"
 
 static char tmpdir[64];
 static char bindir[1024];
@@ -68,18 +69,11 @@ static tpk_array *ds(const char *file, const char *name)
     return a;
 }
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* gplimits `args` TOY at BASES seed bases; /fits/rms = slope, lo, hi, ... */
 static void check_rate(const char *label, const char *args)
 {
     int cover = 0;
-    double t0 = now_s();
+    double t0 = tpk_wall_seconds();
     for (int b = 0; b < BASES; b++) {
         char out[512], cmd[4096];
         snprintf(out, sizeof out, "%s/%s-%d.h5", tmpdir, label, b);
@@ -109,7 +103,7 @@ static void check_rate(const char *label, const char *args)
         tpk_array_free(fit);
     }
     print_message("%-12s %d of %d intervals contain -1/2 (%.1f s)\n", label, cover, BASES,
-                  now_s() - t0);
+                  tpk_wall_seconds() - t0);
     assert_true(cover >= BASES - 1);
 }
 

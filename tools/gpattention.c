@@ -3,24 +3,19 @@
  * the exact-in-law sampler, and writes law distances (Rao–Blackwellised energy and W1 of a
  * coordinate, energy and MMD² of the s-token output), excess kurtosis, the distance of the limit
  * from the Gaussian with its covariance, and the infinite-head trend, to HDF5. */
+#include "cli.h"
+
 #include "tpk/attention.h"
 #include "tpk/io.h"
 #include "tpk/limits.h"
 #include "tpk/tpk.h"
 
-#include <errno.h>
-#include <getopt.h>
-#include <gsl/gsl_errno.h>
 #include <gsl/gsl_randist.h>
 #include <gsl/gsl_rng.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifndef TPK_VERSION
-#define TPK_VERSION "unknown"
-#endif
 
 #define MAX_WIDTHS 32
 #define MAX_HEADS 16
@@ -55,47 +50,8 @@ typedef struct opts {
     const char *input, *output;
 } opts;
 
-static int parse_list(const char *what, const char *s, size_t *out, size_t *n, size_t max,
-                      int range, tpk_ctx *ctx)
-{
-    char buf[1024];
-    const char *dots = strstr(s, "..");
-    *n = 0;
-    if (range && dots) {
-        unsigned long long lo = strtoull(s, NULL, 10), hi = strtoull(dots + 2, NULL, 10);
-        if (lo < 1 || hi <= lo)
-            return TPK_ERROR(ctx, TPK_EINVAL, "--%s: malformed range '%s'", what, s);
-        for (unsigned long long v = lo; v <= hi && *n < max; v *= 2)
-            out[(*n)++] = (size_t)v;
-        return TPK_OK;
-    }
-    if (strlen(s) >= sizeof buf)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: list too long", what);
-    strcpy(buf, s);
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(t, &end, 10);
-        if (end == t || *end || errno || v < 1 || v > (1u << 24) || *n == max)
-            return TPK_ERROR(ctx, TPK_EINVAL, "--%s: bad entry '%s' (1..2^24, at most %zu)", what,
-                             t, max);
-        out[(*n)++] = (size_t)v;
-    }
-    return *n ? TPK_OK : TPK_ERROR(ctx, TPK_EINVAL, "--%s: empty list", what);
-}
-
-static int parse_count(const char *what, const char *s, size_t lo, size_t hi, size_t *out,
-                       tpk_ctx *ctx)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s || *end || errno || s[0] == '-' || v < lo || v > hi)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not an integer in %zu..%zu", what, s, lo, hi);
-    *out = (size_t)v;
-    return TPK_OK;
-}
+/* Widths and head counts: 1..2^24 each. */
+#define COUNT_MAX (1u << 24)
 
 /* 3 Var v / E[v]² over M variances (stride apart), with a bootstrap standard error. */
 static void mix_kurtosis(const double *v, size_t M, size_t stride, uint64_t seed, double *k,
@@ -121,23 +77,13 @@ static void mix_kurtosis(const double *v, size_t M, size_t stride, uint64_t seed
     *se = sqrt(fmax(b2 / BOOT - (b1 / BOOT) * (b1 / BOOT), 0.0));
 }
 
-static int write_vec(tpk_h5out *out, const char *name, const double *v, size_t n, tpk_ctx *ctx)
-{
-    size_t d[1] = {n};
-    tpk_array *a = tpk_array_alloc(1, d, ctx);
-    if (!a)
-        return ctx->status;
-    memcpy(a->data, v, n * sizeof *v);
-    int st = tpk_h5out_write(out, name, a, ctx);
-    tpk_array_free(a);
-    return st;
-}
-
 static int run(int argc, char **argv, tpk_ctx *ctx)
 {
     opts o = {.tokens = 4, .heads = 2, .networks = 3000, .R = 3000, .seed = 1};
-    int st = parse_list("widths", "4..1024", o.widths, &o.nwidths, MAX_WIDTHS, 1, ctx);
-    st = st ? st : parse_list("heads-list", "1,2,4,16,64", o.hl, &o.nheads, MAX_HEADS, 0, ctx);
+    int st = cli_parse_sizes("widths", "4..1024", 1, COUNT_MAX, o.widths, MAX_WIDTHS, &o.nwidths,
+                             ctx);
+    st = st ? st : cli_parse_sizes("heads-list", "1,2,4,16,64", 1, COUNT_MAX, o.hl, MAX_HEADS,
+                                   &o.nheads, ctx);
     static const struct option lo[] = {
         {"tokens", 1, NULL, 't'}, {"input", 1, NULL, 'i'}, {"heads", 1, NULL, 'H'},
         {"causal", 0, NULL, 'c'}, {"widths", 1, NULL, 'w'}, {"networks", 1, NULL, 'M'},
@@ -149,28 +95,32 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     opterr = 0;
     while (!st && (c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
-        case 't': st = parse_count("tokens", optarg, 1, 64, &o.tokens, ctx); break;
+        case 't': st = cli_parse_size("tokens", optarg, 1, 64, &o.tokens, ctx); break;
         case 'i': o.input = optarg; break;
-        case 'H': st = parse_count("heads", optarg, 1, 100000, &o.heads, ctx); break;
+        case 'H': st = cli_parse_size("heads", optarg, 1, 100000, &o.heads, ctx); break;
         case 'c': o.causal = 1; break;
-        case 'w': st = parse_list("widths", optarg, o.widths, &o.nwidths, MAX_WIDTHS, 1, ctx); break;
-        case 'M': st = parse_count("networks", optarg, 8, 1u << 24, &o.networks, ctx); break;
-        case 'R': st = parse_count("score-samples", optarg, 8, 1u << 24, &o.R, ctx); break;
-        case 'L': st = parse_list("heads-list", optarg, o.hl, &o.nheads, MAX_HEADS, 0, ctx); break;
-        case 's': st = parse_count("seed", optarg, 0, SIZE_MAX, &sd, ctx); o.seed = sd; break;
+        case 'w':
+            st = cli_parse_sizes("widths", optarg, 1, COUNT_MAX, o.widths, MAX_WIDTHS, &o.nwidths,
+                                 ctx);
+            break;
+        case 'M': st = cli_parse_size("networks", optarg, 8, COUNT_MAX, &o.networks, ctx); break;
+        case 'R': st = cli_parse_size("score-samples", optarg, 8, COUNT_MAX, &o.R, ctx); break;
+        case 'L':
+            st = cli_parse_sizes("heads-list", optarg, 1, COUNT_MAX, o.hl, MAX_HEADS, &o.nheads,
+                                 ctx);
+            break;
+        case 's': st = cli_parse_size("seed", optarg, 0, SIZE_MAX, &sd, ctx); o.seed = sd; break;
         case 'o': o.output = optarg; break;
         case 'q': o.quiet = 1; break;
         case 'h': fputs(usage, stdout); return -1;
-        case 'v': printf("gpattention (tpk) %s\n", TPK_VERSION); return -1;
-        default:
-            return TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
-                             argv[optind - 1]);
+        case 'v': cli_version("gpattention"); return -1;
+        default: return cli_bad_option(argv, ctx);
         }
     }
+    if (!st)
+        st = cli_no_operands(argc, argv, ctx);
     if (st)
         return st;
-    if (optind < argc)
-        return TPK_ERROR(ctx, TPK_EINVAL, "unexpected argument '%s'", argv[optind]);
     if (!o.output)
         return TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
 
@@ -290,13 +240,13 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     static const char *const names[8] = {"/energy_limit", "/energy_gauss", "/w1_limit", "/w1_gauss",
                                          "/energy_samples", "/mmd2_samples", "/kurtosis",
                                          "/kurtosis_se"};
-    if (!st) st = write_vec(out, "/widths", nw, W, ctx);
+    if (!st) st = tpk_h5out_write_vector(out, "/widths", nw, W, ctx);
     for (int q = 0; !st && q < 8; q++)
-        st = write_vec(out, names[q], res + (size_t)q * W, W, ctx);
-    if (!st) st = write_vec(out, "/heads_list", hd, o.nheads, ctx);
-    if (!st) st = write_vec(out, "/heads_kurtosis", hk, o.nheads, ctx);
-    if (!st) st = write_vec(out, "/heads_kurtosis_se", hks, o.nheads, ctx);
-    if (!st) st = write_vec(out, "/heads_energy_gauss", he, o.nheads, ctx);
+        st = tpk_h5out_write_vector(out, names[q], res + (size_t)q * W, W, ctx);
+    if (!st) st = tpk_h5out_write_vector(out, "/heads_list", hd, o.nheads, ctx);
+    if (!st) st = tpk_h5out_write_vector(out, "/heads_kurtosis", hk, o.nheads, ctx);
+    if (!st) st = tpk_h5out_write_vector(out, "/heads_kurtosis_se", hks, o.nheads, ctx);
+    if (!st) st = tpk_h5out_write_vector(out, "/heads_energy_gauss", he, o.nheads, ctx);
     if (!st) st = tpk_h5out_provenance(out, argc, argv, ctx);
     if (!st) st = tpk_h5out_attr_double(out, "/", "limit_kurtosis", kl, ctx);
     if (!st) st = tpk_h5out_attr_double(out, "/", "limit_kurtosis_se", kl_se, ctx);
@@ -331,11 +281,6 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    gsl_set_error_handler_off();
     int st = run(argc, argv, &ctx);
-    if (st > 0) {
-        fprintf(stderr, "gpattention: error: %s\n", ctx.msg[0] ? ctx.msg : tpk_strerror(st));
-        return 1;
-    }
-    return 0;
+    return st > 0 ? cli_report("gpattention", st, &ctx) : 0;
 }

@@ -1,20 +1,16 @@
 /* gpkernel: infinite-width GP kernels of whole architectures (shipped NETSOR programs) or of any
  * NETSOR program, written to self-describing HDF5. */
+#include "cli.h"
+
 #include "tpk/archs.h"
 #include "tpk/job.h"
 #include "tpk/tpk.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef TPK_VERSION
-#define TPK_VERSION "unknown"
-#endif
-
-#define MAX_SETS 64
-#define MAX_FLAGS 32
+#define MAX_SETS TPK_ARCH_MAX_SETS
 
 static const char usage[] =
     "Usage: gpkernel --arch=NAME [options] --output=FILE.h5\n"
@@ -76,43 +72,13 @@ static const char usage[] =
 typedef struct opts {
     const tpk_arch *a;
     const char *program, *input, *test, *output;
-    struct {
-        const char *typed;  /* "name=value" as typed after "--" */
-        char flag[64];      /* "sigma-w2" */
-        char param[64];     /* the program parameter it sets: "sigma_w2" */
-        char attr[64];      /* output attribute: the flag with '_' for '-' */
-        const char *value;
-    } fl[MAX_FLAGS];
-    int nflags;
-    tpk_param_set sets[MAX_SETS];
-    char *owned[MAX_SETS];
-    int nsets, all_times, netsor_plus, quiet, layernorm;
+    cli_arch_flags flags;       /* --flag=value of the architecture */
+    char attr[CLI_MAX_FLAGS][64]; /* output attribute of each: the flag with '_' for '-' */
+    cli_sets sets;
+    int all_times, netsor_plus, quiet, layernorm;
 } opts;
 
 #define EXIT_EARLY (-1) /* --help, --version, --list-*: done, successfully */
-
-static int add_set(opts *o, const char *name, const char *value, int copy_name, tpk_ctx *ctx)
-{
-    if (o->nsets == MAX_SETS)
-        return TPK_ERROR(ctx, TPK_EINVAL, "at most %d parameter settings", MAX_SETS);
-    char *n = NULL;
-    if (copy_name && (n = strdup(name)) == NULL)
-        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    o->owned[o->nsets] = n;
-    o->sets[o->nsets++] = (tpk_param_set){.name = n ? n : name, .value = value};
-    return TPK_OK;
-}
-
-/* "--set name=value" */
-static int parse_set(opts *o, const char *kv, tpk_ctx *ctx)
-{
-    const char *eq = strchr(kv, '=');
-    if (!eq || eq == kv)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--set needs NAME=VALUE (got '%s')", kv);
-    char name[128];
-    snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv);
-    return add_set(o, name, eq + 1, 1, ctx);
-}
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
        OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_LN };
@@ -136,37 +102,14 @@ static const struct option longopts[] = {
 
 static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *reg, tpk_ctx *ctx);
 
-static int is_common(const char *name, size_t len)
-{
-    for (const struct option *op = longopts; op->name; op++)
-        if (strlen(op->name) == len && strncmp(op->name, name, len) == 0)
-            return 1;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *reg, tpk_ctx *ctx)
 {
-    int c, st = TPK_OK;
+    int c, st = TPK_OK, nrest = 0;
     const char *arch_name = NULL;
-    /* Architecture flags (--depth=3, --var-Uz=0.5, ...) are not known to getopt: take every
-     * "--name=value" whose name is not a common option out of argv first. */
-    char **rest = malloc((size_t)(argc + 1) * sizeof *rest);
+    /* Architecture flags (--depth=3, --var-Uz=0.5, ...) are not known to getopt: out first. */
+    char **rest = cli_arch_flags_take(argc, argv, longopts, &o->flags, &nrest, ctx);
     if (!rest)
-        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    int nrest = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *eq = strchr(a, '=');
-        if (i > 0 && strncmp(a, "--", 2) == 0 && eq && !is_common(a + 2, (size_t)(eq - a - 2))) {
-            if (o->nflags == MAX_FLAGS) {
-                free(rest);
-                return TPK_ERROR(ctx, TPK_EINVAL, "too many options");
-            }
-            o->fl[o->nflags++].typed = a + 2;
-        } else {
-            rest[nrest++] = argv[i];
-        }
-    }
-    rest[nrest] = NULL;
+        return ctx->status;
     argc = nrest;
     argv = rest;
     opterr = 0;
@@ -177,27 +120,26 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
         case OPT_INPUT: o->input = optarg; break;
         case OPT_TEST: o->test = optarg; break;
         case OPT_OUTPUT: o->output = optarg; break;
-        case OPT_SET: st = parse_set(o, optarg, ctx); break;
+        case OPT_SET: st = cli_sets_add(&o->sets, optarg, ctx); break;
         case OPT_ALLT: o->all_times = 1; break;
         case OPT_PLUS: o->netsor_plus = 1; break;
         case OPT_QUIET: o->quiet = 1; break;
         case OPT_LN: o->layernorm = 1; break;
-        case OPT_LISTARCH: tpk_arch_list(stdout); return EXIT_EARLY;
-        case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); return EXIT_EARLY;
+        case OPT_LISTARCH: tpk_arch_list(stdout); st = EXIT_EARLY; break;
+        case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); st = EXIT_EARLY; break;
         case OPT_HELP: /* the usage, then every architecture's flags from its row's flag map */
             fputs(usage, stdout);
             fputs("\nArchitectures (--arch=NAME) and their flags (--flag=value sets the parameter):\n",
                   stdout);
             tpk_arch_list(stdout);
-            return EXIT_EARLY;
-        case OPT_VERSION: printf("gpkernel (tpk) %s\n", TPK_VERSION); return EXIT_EARLY;
-        default:
-            st = TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
-                           argv[optind - 1]);
+            st = EXIT_EARLY;
+            break;
+        case OPT_VERSION: cli_version("gpkernel"); st = EXIT_EARLY; break;
+        default: st = cli_bad_option(argv, ctx);
         }
     }
-    if (!st && optind < argc)
-        st = TPK_ERROR(ctx, TPK_EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
+    if (!st)
+        st = cli_no_operands(argc, argv, ctx);
     free(rest);
     if (st)
         return st;
@@ -210,36 +152,18 @@ static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *re
     int st;
     if (!arch_name == !o->program)
         return TPK_ERROR(ctx, TPK_EINVAL, "give exactly one of --arch=NAME and --program=FILE.nsr");
-    if (arch_name) {
-        char names[512];
-        if (!(o->a = tpk_arch_find(arch_name)))
-            return TPK_ERROR(ctx, TPK_EINVAL, "unknown architecture '%s' (see --list-archs: %s)",
-                             arch_name, tpk_arch_names(names, sizeof names));
-    }
+    if (arch_name && !(o->a = cli_arch(arch_name, ctx)))
+        return ctx->status;
     if (!o->output)
         return TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
-    for (int f = 0; f < o->nflags; f++) {
-        const char *typed = o->fl[f].typed, *eq = strchr(typed, '=');
-        char *flag = o->fl[f].flag;
-        snprintf(flag, sizeof o->fl[f].flag, "%.*s", (int)(eq - typed), typed);
-        o->fl[f].value = eq + 1;
-        if (!o->a || !tpk_arch_flag_param(o->a, flag, o->fl[f].param, sizeof o->fl[f].param))
-            return TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s' for %s (see --help%s)", flag,
-                             o->a ? o->a->name : "--program", o->a ? "" : "; use --set NAME=VALUE");
+    if ((st = cli_arch_flags_resolve(&o->flags, o->a, reg, ctx)))
+        return st;
+    for (int f = 0; f < o->flags.n; f++) {
+        const char *flag = o->flags.fl[f].flag;
         for (size_t i = 0; i <= strlen(flag); i++)
-            o->fl[f].attr[i] = flag[i] == '-' ? '_' : flag[i];
-        if ((st = tpk_arch_check_flag(flag, eq + 1, reg, ctx)))
-            return st;
+            o->attr[f][i] = flag[i] == '-' ? '_' : flag[i];
     }
     return TPK_OK;
-}
-
-/* The resolved flags, as the architecture module takes them. */
-static int arch_flags(const opts *o, tpk_arch_flag *fl)
-{
-    for (int f = 0; f < o->nflags; f++)
-        fl[f] = (tpk_arch_flag){o->fl[f].flag, o->fl[f].param, o->fl[f].value};
-    return o->nflags;
 }
 
 static int run(int argc, char **argv, tpk_ctx *ctx)
@@ -259,13 +183,13 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
 
     char prog[4200], input[4200], lists[2048];
     tpk_param_set sets[MAX_SETS];
-    tpk_arch_flag afl[MAX_FLAGS];
-    tpk_attr attrs[MAX_FLAGS];
+    tpk_attr attrs[CLI_MAX_FLAGS + 2];
     int nsets = 0, nattrs = 0;
+    const tpk_arch_flag *afl = o.flags.fl;
+    const int nafl = o.flags.n;
     if (o.a) {
-        int nafl = arch_flags(&o, afl);
-        if ((st = tpk_arch_sets(o.a, afl, nafl, o.sets, o.nsets, sets, MAX_SETS, &nsets, lists,
-                                sizeof lists, ctx)))
+        if ((st = tpk_arch_sets(o.a, afl, nafl, o.sets.set, o.sets.n, sets, MAX_SETS, &nsets,
+                                lists, sizeof lists, ctx)))
             goto done;
         const char *program = NULL;
         if ((st = tpk_arch_program(o.a, o.layernorm, afl, nafl, &program, ctx)))
@@ -278,14 +202,14 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
             o.input = tpk_shipped_path(o.a->input, input, sizeof input);
         /* Flags under their own names when those differ from the parameter (depth vs L), so a
          * file reads the way the command was typed; equal names are written as parameters. */
-        for (int f = 0; f < o.nflags; f++)
-            if (strcmp(o.fl[f].attr, o.fl[f].param) != 0)
-                attrs[nattrs++] = (tpk_attr){.name = o.fl[f].attr, .value = o.fl[f].value};
+        for (int f = 0; f < nafl; f++)
+            if (strcmp(o.attr[f], afl[f].param) != 0)
+                attrs[nattrs++] = (tpk_attr){.name = o.attr[f], .value = afl[f].value};
         /* mlp's depth is always recorded, also when it is the default */
         if (strcmp(o.a->name, "mlp") == 0) {
             int have = 0;
-            for (int f = 0; f < o.nflags; f++)
-                have |= strcmp(o.fl[f].flag, "depth") == 0;
+            for (int f = 0; f < nafl; f++)
+                have |= strcmp(afl[f].flag, "depth") == 0;
             if (!have)
                 for (int i = nsets - 1; i >= 0; i--)
                     if (strcmp(sets[i].name, "L") == 0) {
@@ -294,8 +218,8 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
                     }
         }
     } else {
-        memcpy(sets, o.sets, (size_t)o.nsets * sizeof *sets);
-        nsets = o.nsets;
+        memcpy(sets, o.sets.set, (size_t)o.sets.n * sizeof *sets);
+        nsets = o.sets.n;
         if (!o.input) {
             st = TPK_ERROR(ctx, TPK_EINVAL, "--program needs --input=SPEC");
             goto done;
@@ -309,8 +233,7 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
                    .summary = o.quiet ? NULL : stdout};
     st = o.a && o.a->custom ? o.a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);
 done:
-    for (int i = 0; i < o.nsets; i++)
-        free(o.owned[i]);
+    cli_sets_free(&o.sets);
     return st;
 }
 
@@ -318,10 +241,5 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    int st = run(argc, argv, &ctx);
-    if (st) {
-        fprintf(stderr, "gpkernel: error: %s\n", ctx.msg[0] ? ctx.msg : tpk_strerror(st));
-        return 1;
-    }
-    return 0;
+    return cli_report("gpkernel", run(argc, argv, &ctx), &ctx);
 }

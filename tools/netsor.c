@@ -2,28 +2,20 @@
  *   netsor check prog.nsr [--set k=v]... [--netsor-plus] [--explain]
  *   netsor dump  prog.nsr [...]
  * One function per subcommand, dispatched from the table `commands` (add rows to extend). */
+#include "cli.h"
+
 #include "tpk/tpk.h"
 #include "tpk/job.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef TPK_VERSION
-#define TPK_VERSION "unknown"
-#endif
-
-#define MAX_SETS 64
-
 /* Options shared by the subcommands that load a program. */
 typedef struct cli {
     const char *path;
-    tpk_param_set sets[MAX_SETS];
-    int nsets;
+    cli_sets sets;
     tpk_netsor_opts opts;
-    char *owned[MAX_SETS];
     int nargs;              /* extra positional arguments, for subcommands that take them */
     const char *args[8];
     const char *input, *test, *output, *width, *seed; /* kernel / run */
@@ -62,8 +54,7 @@ static const char usage[] =
 
 static void cli_free(cli *c)
 {
-    for (int i = 0; i < c->nsets; i++)
-        free(c->owned[i]);
+    cli_sets_free(&c->sets);
 }
 
 /* Parse PROGRAM and options after the subcommand name. Returns 0, or 2 on a usage error. */
@@ -91,27 +82,13 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         } else if (strncmp(a, "--seed=", 7) == 0) {
             c->seed = a + 7;
         } else if (strcmp(a, "--set") == 0 || strncmp(a, "--set=", 6) == 0) {
-            const char *kv = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
-            const char *eq = kv ? strchr(kv, '=') : NULL;
-            if (eq == NULL || eq == kv) {
-                fprintf(stderr, "netsor %s: --set needs NAME=VALUE\n", cmd);
+            const char *kv = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : "");
+            tpk_ctx ctx;
+            tpk_ctx_init(&ctx);
+            if (cli_sets_add(&c->sets, kv, &ctx)) {
+                fprintf(stderr, "netsor %s: %s\n", cmd, ctx.msg);
                 return 2;
             }
-            if (c->nsets == MAX_SETS) {
-                fprintf(stderr, "netsor %s: at most %d --set options\n", cmd, MAX_SETS);
-                return 2;
-            }
-            char *name = malloc((size_t)(eq - kv) + 1);
-            if (name == NULL) {
-                fprintf(stderr, "netsor %s: out of memory\n", cmd);
-                return 2;
-            }
-            memcpy(name, kv, (size_t)(eq - kv));
-            name[eq - kv] = '\0';
-            c->owned[c->nsets] = name;
-            c->sets[c->nsets].name = name;
-            c->sets[c->nsets].value = eq + 1;
-            c->nsets++;
         } else if (a[0] == '-' && a[1] == '-') {
             fprintf(stderr, "netsor %s: unknown option '%s' (see netsor --help)\n", cmd, a);
             return 2;
@@ -128,8 +105,8 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         fprintf(stderr, "netsor %s: missing PROGRAM.nsr (see netsor --help)\n", cmd);
         return 2;
     }
-    c->opts.sets = c->sets;
-    c->opts.nsets = c->nsets;
+    c->opts.sets = c->sets.set;
+    c->opts.nsets = c->sets.n;
     c->opts.diag = stderr;
     return 0;
 }
@@ -203,7 +180,8 @@ static int make_job(const cli *c, const char *cmd, tpk_job *job)
         fprintf(stderr, "netsor %s: needs --input=SPEC and --output=FILE.h5 (see netsor --help)\n", cmd);
         return 2;
     }
-    *job = (tpk_job){.label = "program", .program = c->path, .sets = c->sets, .nsets = c->nsets,
+    *job = (tpk_job){.label = "program", .program = c->path, .sets = c->sets.set,
+                     .nsets = c->sets.n,
                      .netsor_plus = c->opts.netsor_plus, .input = c->input, .test = c->test,
                      .output = c->output, .all_outputs = c->all_outputs, .argc = c->argc,
                      .argv = c->argv, .summary = c->quiet ? NULL : stdout};
@@ -212,10 +190,10 @@ static int make_job(const cli *c, const char *cmd, tpk_job *job)
 
 static int finish(cli *c, const char *cmd, int st, const tpk_ctx *ctx)
 {
-    if (st)
-        fprintf(stderr, "netsor %s: %s\n", cmd, ctx->msg[0] ? ctx->msg : tpk_strerror(st));
+    char name[32];
+    snprintf(name, sizeof name, "netsor %s", cmd);
     cli_free(c);
-    return st ? 1 : 0;
+    return cli_report(name, st, ctx);
 }
 
 static int cmd_kernel(int argc, char **argv)
@@ -249,23 +227,13 @@ static int cmd_run(int argc, char **argv)
         fprintf(stderr, "netsor run: needs --width=N\n");
         st = 2;
     }
-    char *end = NULL;
-    unsigned long long n = 0, seed = 0;
-    if (!st) {
-        errno = 0;
-        n = strtoull(c.width, &end, 10);
-        if (end == c.width || *end || errno || n < 1 || c.width[0] == '-') {
-            fprintf(stderr, "netsor run: --width: '%s' is not a positive integer\n", c.width);
-            st = 2;
-        }
-    }
-    if (!st && c.seed) {
-        errno = 0;
-        seed = strtoull(c.seed, &end, 10);
-        if (end == c.seed || *end || errno || c.seed[0] == '-') {
-            fprintf(stderr, "netsor run: --seed: '%s' is not a non-negative integer\n", c.seed);
-            st = 2;
-        }
+    size_t n = 0, seed = 0;
+    tpk_ctx pctx;
+    tpk_ctx_init(&pctx);
+    if (!st && (cli_parse_size("width", c.width, 1, (size_t)1 << 32, &n, &pctx) ||
+                (c.seed && cli_parse_size("seed", c.seed, 0, SIZE_MAX, &seed, &pctx)))) {
+        fprintf(stderr, "netsor run: %s\n", pctx.msg);
+        st = 2;
     }
     if (st) {
         cli_free(&c);
@@ -275,7 +243,7 @@ static int cmd_run(int argc, char **argv)
     job.argv = argv;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    return finish(&c, "run", tpk_job_run(&job, (size_t)n, (uint64_t)seed, &ctx), &ctx);
+    return finish(&c, "run", tpk_job_run(&job, n, (uint64_t)seed, &ctx), &ctx);
 }
 
 typedef struct command {
@@ -301,7 +269,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("netsor (tpk) %s\n", TPK_VERSION);
+        cli_version("netsor");
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

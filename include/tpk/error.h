@@ -50,6 +50,14 @@ TPK_API int tpk_error_at(tpk_ctx *ctx, int status, const char *src_file, int src
                          const char *fmt, ...) TPK_PRINTF(5, 6);
 TPK_API const char *tpk_strerror(int status);
 
+/* GSL reports errors through a process-wide handler whose default prints and calls abort().
+ * Every toolkit function that calls GSL calls this first: once per process (pthread_once, so
+ * concurrent first calls are safe) it replaces GSL's default handler by GSL's "off" handler, so
+ * GSL failures come back as return codes, which the toolkit turns into TPK_ statuses with a
+ * message. A handler the host program installed itself is left in place. Callers of the toolkit
+ * never need to call this (or gsl_set_error_handler_off) themselves. */
+TPK_API void tpk_error_gsl_init(void);
+
 #define TPK_ERROR(ctx, status, ...) tpk_error_at((ctx), (status), __FILE__, __LINE__, __VA_ARGS__)
 
 #ifdef __cplusplus

@@ -3,6 +3,8 @@
 #ifndef TPK_GP_H
 #define TPK_GP_H
 
+#include <stdio.h>
+
 #include "array.h"
 #include "kernels.h"
 
@@ -179,6 +181,65 @@ typedef int (*tpk_gp_depth_fn)(int depth, const tpk_array *K, const tpk_array *K
 TPK_API int tpk_gp_mlp_sweep(const tpk_mlp_params *p, const tpk_array *X, const tpk_array *Xt,
                              const tpk_gauss_ws *ws, tpk_array *K, tpk_array *Kxt,
                              tpk_array *kdiag, tpk_gp_depth_fn cb, void *data, tpk_ctx *ctx);
+
+/* ---- experiments: what gpregress runs ---------------------------------------------------------
+ * Inputs and targets from files, a kernel per depth (or a precomputed one), noise and
+ * hyperparameters chosen by the training marginal likelihood only (never by test data), the
+ * posterior mean and variance on the test items, scores, all in one atomically written HDF5 file.
+ * Options mirror gpregress's one to one, and messages name them as gpregress spells them. */
+typedef struct tpk_gp_experiment_opts {
+    /* kernel: exactly one of `kernel` and `kernel_file` */
+    const char *kernel;         /* "mlp" (the NNGP of tpk_mlp_kernel) or "rbf" (s·exp(−|x−x'|²/(2ℓ²))) */
+    const char *kernel_file;    /* precomputed, as gpkernel --test writes: /kernel (N×N),
+                                   /kernel_test_train (M×N), /kernel_test_diag (M), optional
+                                   /kernel_test_test (M×M, for full_cov) */
+    const char *phi;            /* mlp: the nonlinearity (default relu) */
+    int depth_lo, depth_hi;     /* mlp: hidden layers; a range is swept one layer at a time */
+    int quad_degree;            /* Gauss–Hermite degree for φ without closed form, 4..512 */
+    double sigma_w2, sigma_b2;  /* mlp variances (default 2, 0) */
+    double lengthscale2, amplitude; /* rbf ℓ² and s (default 1, 1) */
+    /* data: FILE.h5:/ds, FILE.npy, FILE.csv or IDX (NAME-ubyte[.gz]) */
+    const char *train, *test;   /* inputs (with `kernel`); test may be NULL */
+    const char *labels, *test_labels; /* targets N×C, or class labels with classify */
+    size_t n_train, n_test;     /* use the first items only (0: all) */
+    int center;                 /* subtract the training mean of each feature */
+    int unit_norm;              /* scale each item to unit norm (after centering) */
+    int classify;               /* one-hot targets from integer labels; test accuracy */
+    /* noise and hyperparameters */
+    int noise_auto;             /* noise (and scale) by the training LML: an eigendecomposition
+                                   of the first select_n points, then a full-size walk */
+    double noise;               /* fixed noise variance when !noise_auto (>= 0) */
+    int fit_scale;              /* noise_auto: profile an output scale s (cov s·(K + rI)) */
+    int fit_hyper;              /* BFGS on the LML over kernel parameters and noise, on the
+                                   first select_n points (every depth of a range) */
+    const char *fix;            /* fit_hyper: held parameters, comma list of sigma_w2, sigma_b2,
+                                   lengthscale2, amplitude, noise (NULL: none) */
+    size_t select_n;            /* subsample size for noise_auto and fit_hyper (>= 2) */
+    int noise_fits;             /* full-size factorisations of the noise walk (0: none) */
+    size_t var_n;               /* predictive variances (and NLL) of the first var_n test items
+                                   only (0: all) */
+    /* output */
+    const char *output;         /* HDF5, atomically: mean, var, per kernel the noise, scale, LML,
+                                   jitter, rcond, accuracy, NLL; a depth range under /depth_L and
+                                   the summary in /depths, /accuracy, ... */
+    int full_cov;               /* also the full latent predictive covariance /cov (one depth) */
+    int no_var;                 /* skip the predictive variance (and the NLL) */
+    int argc;                   /* command line for provenance */
+    char **argv;
+    const char *name;           /* prefix of the summary's first line and of warnings */
+    FILE *summary;              /* one line per kernel, as gpregress prints it; NULL: none */
+    FILE *warnings;             /* NULL: none */
+} tpk_gp_experiment_opts;
+
+/* gpregress's defaults: mlp depth 3, relu, σ_w² 2, σ_b² 0, ℓ² 1, s 1, automatic noise with a
+ * profiled scale, select_n 2000, 5 noise fits, TPK_GAUSS_DEFAULT_DEGREE; no files, no streams. */
+TPK_API void tpk_gp_experiment_opts_default(tpk_gp_experiment_opts *o);
+/* The options together: exactly one kernel source, the files each needs, ranges. */
+TPK_API int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx);
+/* Check, read, open the output (before the heavy work: an unwritable path fails at once), then
+ * every kernel: noise, fit, predict, score, write; commit. On failure no output file (and no
+ * temporary) is left behind. */
+TPK_API int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,14 @@ typedef struct tpk_input_info {
  * HDF5 from one thread at a time). */
 TPK_API tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx);
 
+/* A string attribute `key` of the object `obj` ("/" for the root, or a dataset or group path) of
+ * the HDF5 file at `path`, as tpk_h5out_attr_str writes it (variable-length UTF-8; fixed-length
+ * strings are read too), into buf (cap bytes with the NUL). TPK_EIO: the file cannot be read;
+ * TPK_EFORMAT: not an HDF5 file, or the attribute is not a string; TPK_ENOTFOUND: no such object
+ * or attribute; TPK_EINVAL: the value does not fit in cap. */
+TPK_API int tpk_io_read_attr_str(const char *path, const char *obj, const char *key, char *buf,
+                                 size_t cap, tpk_ctx *ctx);
+
 /* SHA-256 of n bytes as 64 hex digits + NUL. */
 TPK_API void tpk_sha256_hex(const void *data, size_t n, char out[65]);
 /* SHA-256 of an array's float64 values as little-endian bytes in row-major order (the same
@@ -40,6 +48,9 @@ TPK_API tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx);
 /* Write a float64 dataset (any rank) at an absolute path like "/kernel" or "/group/x"
  * (groups are created as needed). */
 TPK_API int tpk_h5out_write(tpk_h5out *out, const char *name, const tpk_array *a, tpk_ctx *ctx);
+/* A vector of n doubles as a rank-1 dataset (tpk_h5out_write without building an array). */
+TPK_API int tpk_h5out_write_vector(tpk_h5out *out, const char *name, const double *v, size_t n,
+                                   tpk_ctx *ctx);
 TPK_API int tpk_h5out_write_ints(tpk_h5out *out, const char *name, const long long *v, size_t n,
                                  tpk_ctx *ctx);
 /* Attributes on "/" or on a dataset/group written earlier. */

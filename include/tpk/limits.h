@@ -1,12 +1,11 @@
 /* Finite-width convergence statistics: kernel errors, bias/fluctuation, power-law fits with
  * bootstrap-over-seeds intervals, and distances between output laws (theory.md §7).
  * Every function is pure: it reads per-(width, seed) data the caller produced and writes results
- * to caller memory. Nothing here runs a network (tools/gplimits.c does that).
+ * to caller memory. Nothing here runs a network (a study does: include/tpk/study.h).
  *
- * GSL note: the Rao–Blackwellised W1 uses gsl_integration_qag. GSL's default error handler calls
- * abort() on a quadrature failure; programs using these functions should call
- * gsl_set_error_handler_off() once at start-up (gplimits and the tests do). Failures then come
- * back as TPK_ENUMERIC. */
+ * GSL note: the Rao–Blackwellised W1 uses gsl_integration_qag. GSL's default error handler would
+ * abort() on a quadrature failure; these functions switch it off first (tpk_error_gsl_init,
+ * include/tpk/error.h), so failures come back as TPK_ENUMERIC. */
 #ifndef TPK_LIMITS_H
 #define TPK_LIMITS_H
 

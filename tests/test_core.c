@@ -1,0 +1,140 @@
+/* Core pieces that hold process state of other libraries or of the system: GSL's error handler,
+ * which the toolkit switches off once (tpk_error_gsl_init), keeping a handler the host installed,
+ * and the one wall clock. The handler tests run in child processes, so each starts from GSL's
+ * aborting default whatever another test did first. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <gsl/gsl_errno.h>
+#include <gsl/gsl_integration.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tpk/clock.h"
+#include "tpk/limits.h"
+
+static double one(double x, void *p)
+{
+    (void)p;
+    return x;
+}
+
+/* A GSL call that reports GSL_EINVAL through the error handler: a subdivision limit larger
+ * than the workspace. With GSL's default handler this aborts the process. */
+static int gsl_error_call(void)
+{
+    gsl_integration_workspace *w = gsl_integration_workspace_alloc(10);
+    gsl_function F = {one, NULL};
+    double r, e;
+    int st = gsl_integration_qag(&F, 0, 1, 0, 1e-10, 20, GSL_INTEG_GAUSS21, w, &r, &e);
+    gsl_integration_workspace_free(w);
+    return st;
+}
+
+/* Any toolkit function that calls GSL (here: random directions by GSL's mt19937). */
+static void library_call(void)
+{
+    double theta[6];
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    if (tpk_limits_directions(3, 2, 2385, theta, &ctx) != TPK_OK)
+        _exit(100);
+}
+
+static int host_calls;
+
+static void host_handler(const char *reason, const char *file, int line, int gsl_errno)
+{
+    (void)reason;
+    (void)file;
+    (void)line;
+    (void)gsl_errno;
+    host_calls++;
+}
+
+enum { PLAIN, AFTER_LIBRARY, HOST_HANDLER, THREADS };
+
+/* The child's exit status: the GSL status it got back (+ 10 × host handler calls), or the
+ * signal that ended it, negated. */
+static int in_child(int what)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (what == HOST_HANDLER)
+            gsl_set_error_handler(host_handler);
+        if (what == AFTER_LIBRARY || what == HOST_HANDLER)
+            library_call();
+        if (what == THREADS) {
+#pragma omp parallel num_threads(8)
+            tpk_error_gsl_init();
+        }
+        int st = gsl_error_call();
+        _exit(st + 10 * host_calls);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? -WTERMSIG(status) : -999;
+}
+
+static void test_gsl_default_aborts(void **state)
+{
+    (void)state;
+    /* Before any toolkit call GSL is untouched: the error aborts (the check below can fail). */
+    int quiet = dup(2), null = open("/dev/null", 1);
+    dup2(null, 2); /* GSL's default handler prints before abort() */
+    int rc = in_child(PLAIN);
+    dup2(quiet, 2);
+    close(null);
+    close(quiet);
+    assert_int_equal(rc, -SIGABRT);
+}
+
+static void test_gsl_off_after_library_call(void **state)
+{
+    (void)state;
+    assert_int_equal(in_child(AFTER_LIBRARY), GSL_EINVAL);
+    assert_int_equal(in_child(THREADS), GSL_EINVAL);
+}
+
+static void test_gsl_host_handler_kept(void **state)
+{
+    (void)state;
+    /* The host's handler is called once, and the code still comes back. */
+    assert_int_equal(in_child(HOST_HANDLER), GSL_EINVAL + 10);
+}
+
+static void test_wall_clock(void **state)
+{
+    (void)state;
+    double t0 = tpk_wall_seconds(), prev = t0;
+    for (int i = 0; i < 1000; i++) {
+        double t = tpk_wall_seconds();
+        assert_true(t >= prev);
+        prev = t;
+    }
+    struct timespec ts = {0, 30 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    double dt = tpk_wall_seconds() - t0;
+    /* at least the 30 ms slept; well under a second even on a loaded machine */
+    assert_true(dt >= 0.029 && dt < 5.0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gsl_default_aborts),
+        cmocka_unit_test(test_gsl_off_after_library_call),
+        cmocka_unit_test(test_gsl_host_handler_kept),
+        cmocka_unit_test(test_wall_clock),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,211 @@
+/* Shared command-line helpers of tools/ (tools/cli.h). */
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef TPK_VERSION
+#define TPK_VERSION "unknown"
+#endif
+
+int cli_parse_size(const char *name, const char *s, size_t lo, size_t hi, size_t *out,
+                   tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || *end != '\0' || errno == ERANGE || s[0] == '-' || s[0] == '+' || v < lo ||
+        v > hi)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not an integer in %zu..%zu", name, s, lo,
+                         hi);
+    *out = (size_t)v;
+    return TPK_OK;
+}
+
+int cli_parse_int(const char *name, const char *s, int lo, int hi, int *out, tpk_ctx *ctx)
+{
+    size_t v = 0;
+    if (lo < 0 || hi < lo)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: bad range %d..%d", name, lo, hi);
+    int st = cli_parse_size(name, s, (size_t)lo, (size_t)hi, &v, ctx);
+    if (st == TPK_OK)
+        *out = (int)v;
+    return st;
+}
+
+int cli_parse_double(const char *name, const char *s, double *out, tpk_ctx *ctx)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v))
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", name, s);
+    *out = v;
+    return TPK_OK;
+}
+
+int cli_parse_sizes(const char *name, const char *s, size_t lo, size_t hi, size_t *out,
+                    size_t max, size_t *n, tpk_ctx *ctx)
+{
+    const char *dots = strstr(s, "..");
+    *n = 0;
+    if (dots) {
+        char a[64];
+        size_t len = (size_t)(dots - s), first, last;
+        if (len == 0 || len >= sizeof a)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--%s: malformed range '%s'", name, s);
+        memcpy(a, s, len);
+        a[len] = '\0';
+        if (cli_parse_size(name, a, lo > 0 ? lo : 1, hi, &first, ctx) ||
+            cli_parse_size(name, dots + 2, lo > 0 ? lo : 1, hi, &last, ctx))
+            return TPK_EINVAL;
+        if (last <= first)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--%s: empty range '%s'", name, s);
+        for (size_t v = first; v <= last; v *= 2) {
+            if (*n == max)
+                return TPK_ERROR(ctx, TPK_EINVAL, "--%s: more than %zu values", name, max);
+            out[(*n)++] = v;
+        }
+        return TPK_OK;
+    }
+    char buf[1024];
+    if (strlen(s) >= sizeof buf)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: list too long", name);
+    strcpy(buf, s);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n == max)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--%s: more than %zu values", name, max);
+        if (cli_parse_size(name, t, lo, hi, &out[*n], ctx))
+            return TPK_EINVAL;
+        (*n)++;
+    }
+    return *n ? TPK_OK : TPK_ERROR(ctx, TPK_EINVAL, "--%s: empty list", name);
+}
+
+int cli_bad_option(char **argv, tpk_ctx *ctx)
+{
+    return TPK_ERROR(ctx, TPK_EINVAL, "unknown or malformed option '%s' (see --help)",
+                     argv[optind - 1]);
+}
+
+int cli_no_operands(int argc, char **argv, tpk_ctx *ctx)
+{
+    if (optind < argc)
+        return TPK_ERROR(ctx, TPK_EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
+    return TPK_OK;
+}
+
+int cli_sets_add(cli_sets *s, const char *kv, tpk_ctx *ctx)
+{
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--set needs NAME=VALUE (got '%s')", kv);
+    if (s->n == CLI_MAX_SETS)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--set: more than %d overrides", CLI_MAX_SETS);
+    char *name = malloc((size_t)(eq - kv) + 1);
+    if (!name)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    memcpy(name, kv, (size_t)(eq - kv));
+    name[eq - kv] = '\0';
+    s->owned[s->n] = name;
+    s->set[s->n++] = (tpk_param_set){name, eq + 1};
+    return TPK_OK;
+}
+
+void cli_sets_free(cli_sets *s)
+{
+    for (int i = 0; i < s->n; i++)
+        free(s->owned[i]);
+    s->n = 0;
+}
+
+const tpk_arch *cli_arch(const char *name, tpk_ctx *ctx)
+{
+    char names[512];
+    const tpk_arch *a = tpk_arch_find(name);
+    if (!a)
+        TPK_ERROR(ctx, TPK_EINVAL, "--arch: unknown architecture '%s' (known: %s)", name,
+                  tpk_arch_names(names, sizeof names));
+    return a;
+}
+
+static int is_own_option(const struct option *own, const char *name, size_t len)
+{
+    for (const struct option *op = own; op->name; op++)
+        if (strlen(op->name) == len && strncmp(op->name, name, len) == 0)
+            return 1;
+    return 0;
+}
+
+char **cli_arch_flags_take(int argc, char **argv, const struct option *own, cli_arch_flags *f,
+                           int *nrest, tpk_ctx *ctx)
+{
+    char **rest = malloc((size_t)(argc + 1) * sizeof *rest);
+    if (!rest) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return NULL;
+    }
+    int k = 0;
+    f->n = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *eq = strchr(a, '=');
+        size_t len = eq ? (size_t)(eq - a - 2) : 0;
+        if (i == 0 || strncmp(a, "--", 2) != 0 || !eq || is_own_option(own, a + 2, len)) {
+            rest[k++] = argv[i];
+            continue;
+        }
+        if (f->n == CLI_MAX_FLAGS || len == 0 || len >= sizeof f->flag[0]) {
+            free(rest);
+            if (f->n == CLI_MAX_FLAGS)
+                TPK_ERROR(ctx, TPK_EINVAL, "more than %d architecture flags", CLI_MAX_FLAGS);
+            else
+                TPK_ERROR(ctx, TPK_EINVAL, "unknown option '%s' (see --help)", a);
+            return NULL;
+        }
+        snprintf(f->flag[f->n], sizeof f->flag[0], "%.*s", (int)len, a + 2);
+        f->fl[f->n] = (tpk_arch_flag){f->flag[f->n], NULL, eq + 1};
+        f->n++;
+    }
+    rest[k] = NULL;
+    *nrest = k;
+    return rest;
+}
+
+int cli_arch_flags_resolve(cli_arch_flags *f, const tpk_arch *a, const tpk_phi_registry *reg,
+                           tpk_ctx *ctx)
+{
+    for (int i = 0; i < f->n; i++) {
+        const char *flag = f->fl[i].flag;
+        if (!a)
+            return TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s': architecture flags go with "
+                             "--arch; use --set NAME=VALUE with --program", flag);
+        if (!tpk_arch_flag_param(a, flag, f->param[i], sizeof f->param[0]))
+            return TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s' for --arch=%s (see --help "
+                             "and gpkernel --list-archs)", flag, a->name);
+        f->fl[i].param = f->param[i];
+        int st = tpk_arch_check_flag(flag, f->fl[i].value, reg, ctx);
+        if (st)
+            return st;
+    }
+    return TPK_OK;
+}
+
+void cli_version(const char *prog)
+{
+    printf("%s (tpk) %s\n", prog, TPK_VERSION);
+}
+
+int cli_report(const char *prog, int st, const tpk_ctx *ctx)
+{
+    if (st == TPK_OK)
+        return 0;
+    int status = ctx->status ? ctx->status : st;
+    fprintf(stderr, "%s: error: %s (%s)\n", prog, ctx->msg[0] ? ctx->msg : "failed",
+            tpk_strerror(status));
+    return 1;
+}
