@@ -73,7 +73,7 @@ int tpk_tune_class_read(const char *path, tpk_tune_class *c, tpk_ctx *ctx)
             if (!*v || strlen(v) >= sizeof c->name)
                 st = TPK_ERROR(ctx, TPK_EINVAL, "%s:%d: name: 1..%zu characters", path, line, sizeof c->name - 1);
             else
-                snprintf(c->name, sizeof c->name, "%s", v), have |= HAVE_NAME;
+                memcpy(c->name, v, strlen(v) + 1), have |= HAVE_NAME;
         } else if (!strcmp(k, "isa")) {
             if (!strcmp(v, "avx512"))
                 c->m.isa = TPK_ISA_AVX512;
@@ -103,7 +103,7 @@ int tpk_tune_class_read(const char *path, tpk_tune_class *c, tpk_ctx *ctx)
             if (strlen(v) >= sizeof c->cflags)
                 st = TPK_ERROR(ctx, TPK_EINVAL, "%s:%d: cflags too long", path, line);
             else
-                snprintf(c->cflags, sizeof c->cflags, "%s", v);
+                memcpy(c->cflags, v, strlen(v) + 1);
         } else {
             st = TPK_ERROR(ctx, TPK_EINVAL, "%s:%d: unknown key '%s' (name, isa, vector_bits, registers, "
                            "l1, l2, l3, cflags)", path, line, k);

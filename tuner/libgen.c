@@ -318,7 +318,7 @@ int tpk_tune_emit_cuda_check(const char *dir, int nrandom, uint64_t seed, const 
         /* Configurations are drawn for the first shape; the kernels are generic in M, N, K. */
         tpk_tune_task t = {TPK_TUNE_CUDA, d, shapes[0][0], shapes[0][1], shapes[0][2], 1, TPK_TUNE_GEMM};
         tpk_tune_space s;
-        st = tpk_tune_space_init(&s, &t, ctx);
+        st = tpk_tune_space_init_on(&s, &t, &cuda_class, ctx);
         for (int i = 0; i <= nrandom && !st; i++) {
             tpk_tune_config c;
             if (i == 0)
