@@ -271,7 +271,7 @@ static int bench_lstm(bench *b)
     return 0;
 }
 
-/* ==== attention (theory.md §2.7, §5; programs/attention.nsr, limits/attention.c) ============== */
+/* ==== attention (theory.md §2.7, §5; programs/attention.nsr, kernels/attention.c) ============== */
 
 enum { ATT_D = 8, ATT_H = 2 };
 
@@ -409,11 +409,11 @@ static int bench_attention_inv_sqrt_n(bench *b)
             break;
     }
     r->t_lib = best;
-    printf("\n== attention, 1/sqrt(n) logits (hierarchical limit, theory.md §5; limits/attention.c): "
+    printf("\n== attention, 1/sqrt(n) logits (hierarchical limit, theory.md §5; kernels/attention.c): "
            "%d sequences x %d tokens, d = %d, %d heads, causal, all tokens (%dx%d), R = %zu score "
            "draws\n", NS, T, ATT_D, ATT_H, P, P, R);
     printf("  library   tpk_attn_limit_covs (E_p[C] and its SE):        %8.3f s\n", r->t_lib);
-    if (b->naive) /* limits/attention.c forms the full (NS T)² logit matrix L G Lᵀ per head */
+    if (b->naive) /* kernels/attention.c forms the full (NS T)² logit matrix L G Lᵀ per head */
         printf("  (%d sequences x %d tokens: ~%.0f s extrapolated, each draw O((NS T)^3) per head)\n",
                64, T, r->t_lib * pow(64.0 / NS, 3));
     if (b->naive) {

@@ -674,20 +674,20 @@ static void fill_cov(double *S, size_t n, uint64_t *rng)
             return TPK_TUNE_EWRONG;                                                                \
         }                                                                                          \
         /* 3. Time: warm-up, calls per repeat grown to min_ms, median of repeats. */               \
-        double t0 = tpk__now();                                                                    \
+        double t0 = tpk_wall_seconds();                                                                    \
         kern(n, S, n, al, be, O, n, nt, ws);                                                       \
-        double tw = tpk__now() - t0;                                                               \
+        double tw = tpk_wall_seconds() - t0;                                                               \
         long number = (long)ceil(min_ms * 1e-3 / (tw > 1e-9 ? tw : 1e-9));                         \
         if (number < 1)                                                                            \
             number = 1;                                                                            \
-        double c0 = now_cpu(), w0 = tpk__now();                                                    \
+        double c0 = now_cpu(), w0 = tpk_wall_seconds();                                                    \
         for (int rep = 0; rep < repeat; rep++) {                                                   \
-            double t = tpk__now();                                                                 \
+            double t = tpk_wall_seconds();                                                                 \
             for (long it = 0; it < number; it++)                                                   \
                 kern(n, S, n, al, be, O, n, nt, ws);                                               \
-            r->costs_s[rep] = (tpk__now() - t) / (double)number;                                   \
+            r->costs_s[rep] = (tpk_wall_seconds() - t) / (double)number;                                   \
         }                                                                                          \
-        r->cpu_ratio = (now_cpu() - c0) / ((tpk__now() - w0) * (double)nt);                        \
+        r->cpu_ratio = (now_cpu() - c0) / ((tpk_wall_seconds() - w0) * (double)nt);                        \
         r->ncost = repeat;                                                                         \
         double sorted[TPK_TUNE_MAX_REPEAT];                                                        \
         memcpy(sorted, r->costs_s, (size_t)repeat * sizeof *sorted);                               \

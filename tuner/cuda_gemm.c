@@ -447,13 +447,13 @@ int tpk__cuda_measure(const tpk_tune_space *s, const tpk_tune_config *c, const t
     fclose(f);
     if (st)
         return st;
-    double t0 = tpk__now();
+    double t0 = tpk_wall_seconds();
     snprintf(cmd, sizeof cmd, "'%s' -O3 -std=c++17 -arch=sm_90 -o '%s' '%s' -lcublas >/dev/null 2>&1", nvcc, bin, src);
     if (system(cmd) != 0) {
         res->err = TPK_TUNE_ECOMPILE;
         return TPK_OK;
     }
-    res->compile_s = tpk__now() - t0;
+    res->compile_s = tpk_wall_seconds() - t0;
     snprintf(cmd, sizeof cmd, "timeout %d '%s'", (int)(o->timeout_s > 0 ? o->timeout_s : 60), bin);
     FILE *p = popen(cmd, "r");
     char line[512];

@@ -3,17 +3,12 @@
  * build their spaces from these; space.c dispatches to the templates. */
 #include "tune_impl.h"
 
+#include "tpk/clock.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-
-double tpk__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 double tpk__log2(double x)
 {

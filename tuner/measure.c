@@ -58,7 +58,7 @@ static double load1(void)
 /* Wait for pid up to timeout_s; kill it past that. Returns the wait status or -1 on timeout. */
 static int wait_timeout(pid_t pid, double timeout_s)
 {
-    double t0 = tpk__now();
+    double t0 = tpk_wall_seconds();
     for (;;) {
         int ws;
         pid_t r = waitpid(pid, &ws, WNOHANG);
@@ -66,7 +66,7 @@ static int wait_timeout(pid_t pid, double timeout_s)
             return ws;
         if (r < 0 && errno != EINTR)
             return -1;
-        if (tpk__now() - t0 > timeout_s) {
+        if (tpk_wall_seconds() - t0 > timeout_s) {
             kill(pid, SIGKILL);
             waitpid(pid, &ws, 0);
             return -1;
@@ -79,7 +79,7 @@ static int wait_timeout(pid_t pid, double timeout_s)
 int tpk_tune_compile_cpu(const char *src, const char *so, const char *cc, double timeout_s,
                          double *seconds, tpk_ctx *ctx)
 {
-    double t0 = tpk__now();
+    double t0 = tpk_wall_seconds();
     pid_t pid = fork();
     if (pid < 0)
         return TPK_ERROR(ctx, TPK_EIO, "tune: fork failed: %s", strerror(errno));
@@ -100,7 +100,7 @@ int tpk_tune_compile_cpu(const char *src, const char *so, const char *cc, double
     }
     int ws = wait_timeout(pid, timeout_s > 0 ? timeout_s : 60);
     if (seconds)
-        *seconds = tpk__now() - t0;
+        *seconds = tpk_wall_seconds() - t0;
     if (ws == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
         return TPK_ERROR(ctx, TPK_EIO, "tune: compiling %s failed", src);
     return TPK_OK;
@@ -251,20 +251,20 @@ typedef struct child_args {
             return TPK_TUNE_EWRONG;                                                                \
         }                                                                                          \
         /* 3. Time: one warm-up call, calls per repeat grown to min_repeat_ms, median. */         \
-        double t0 = tpk__now();                                                                    \
+        double t0 = tpk_wall_seconds();                                                                    \
         kern(m, n, k, 1, A, k, 1, B, rsb, csb, 0, C, n, (int)nt, ws);                              \
-        double tw = tpk__now() - t0;                                                               \
+        double tw = tpk_wall_seconds() - t0;                                                               \
         long number = (long)ceil(a->min_repeat_ms * 1e-3 / (tw > 1e-9 ? tw : 1e-9));               \
         if (number < 1)                                                                            \
             number = 1;                                                                            \
-        double c0 = cpu_now(), w0 = tpk__now();                                                    \
+        double c0 = cpu_now(), w0 = tpk_wall_seconds();                                                    \
         for (int rep = 0; rep < a->repeat; rep++) {                                                \
-            double t = tpk__now();                                                                 \
+            double t = tpk_wall_seconds();                                                                 \
             for (long it = 0; it < number; it++)                                                   \
                 kern(m, n, k, 1, A, k, 1, B, rsb, csb, 0, C, n, (int)nt, ws);                      \
-            r->costs_s[rep] = (tpk__now() - t) / (double)number;                                   \
+            r->costs_s[rep] = (tpk_wall_seconds() - t) / (double)number;                                   \
         }                                                                                          \
-        r->cpu_ratio = (cpu_now() - c0) / ((tpk__now() - w0) * (double)nt);                        \
+        r->cpu_ratio = (cpu_now() - c0) / ((tpk_wall_seconds() - w0) * (double)nt);                        \
         r->ncost = a->repeat;                                                                      \
         double sorted[TPK_TUNE_MAX_REPEAT];                                                        \
         memcpy(sorted, r->costs_s, (size_t)r->ncost * sizeof *sorted);                             \
@@ -275,7 +275,7 @@ typedef struct child_args {
         if (a->vendor) { /* OpenBLAS on the same data, same conditions: a load-robust ratio */      \
             openblas_set_num_threads((int)nt);                                                     \
             for (int rep = -1; rep < a->repeat; rep++) { /* rep -1: warm-up */                     \
-                double t = tpk__now();                                                             \
+                double t = tpk_wall_seconds();                                                             \
                 for (long it = 0; it < (rep < 0 ? 1 : number); it++) {                             \
                     if (syrk)                                                                      \
                         SYRK(CblasRowMajor, CblasLower, CblasNoTrans, (int)m, (int)k, 1, A, (int)k, 0, C, (int)n); \
@@ -284,7 +284,7 @@ typedef struct child_args {
                              (int)k, B, (int)n, 0, C, (int)n);                                     \
                 }                                                                                  \
                 if (rep >= 0)                                                                      \
-                    sorted[rep] = (tpk__now() - t) / (double)number;                               \
+                    sorted[rep] = (tpk_wall_seconds() - t) / (double)number;                               \
             }                                                                                      \
             qsort(sorted, (size_t)a->repeat, sizeof *sorted, cmp_double);                          \
             r->vendor_gflops = flops / sorted[a->repeat / 2] * 1e-9;                               \
@@ -421,11 +421,11 @@ static void run_child(const char *runner, char *const argv[], const child_args *
     close(fd[1]);
     char buf[4096];
     size_t len = 0;
-    double t0 = tpk__now();
+    double t0 = tpk_wall_seconds();
     int timed_out = 0;
     for (;;) {
         struct pollfd pf = {fd[0], POLLIN, 0};
-        double left = timeout_s - (tpk__now() - t0);
+        double left = timeout_s - (tpk_wall_seconds() - t0);
         if (left <= 0) {
             timed_out = 1;
             break;

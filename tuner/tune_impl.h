@@ -2,6 +2,7 @@
 #ifndef TPK_TUNE_IMPL_H
 #define TPK_TUNE_IMPL_H
 
+#include "tpk/clock.h"
 #include "tpk/tune.h"
 
 /* A schedule template (FFTW's solver, AutoTVM's template): which tasks it serves, its knob table
@@ -56,7 +57,6 @@ static inline double tpk__rng_unif(uint64_t *s)
     return (double)(tpk__rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-double tpk__now(void);
 double tpk__label(const tpk_tune_result *r);
 
 /* Library generation (libgen.c, map_libgen.c): the best valid record per workload of the logs
