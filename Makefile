@@ -57,7 +57,7 @@ SHARED     := $(BUILD)/lib/libtpk.so
 TUNE_SRC   := $(sort $(wildcard tuner/*.c))
 TUNE_OBJ   := $(TUNE_SRC:%.c=$(BUILD)/obj/%.o)
 TUNE_LIB   := $(BUILD)/lib/libtpktune.a
-TUNE_LIBS  := -lxgboost
+TUNE_LIBS  := -lxgboost -ljansson
 DEPS_OK    := $(BUILD)/.deps-ok
 
 .PHONY: all lib tools tests run check check-asan check-portable bench install deps clean fuzz

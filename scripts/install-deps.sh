@@ -4,7 +4,7 @@
 #                                           scripts/check-portable.sh)
 set -eu
 PKGS="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
-      libhdf5-dev hdf5-tools libxgboost-dev libcmocka-dev zlib1g-dev nettle-dev
+      libhdf5-dev hdf5-tools libxgboost-dev libjansson-dev libcmocka-dev zlib1g-dev nettle-dev
       clang libclang-rt-14-dev $*"
 missing=""
 for p in $PKGS; do

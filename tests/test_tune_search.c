@@ -132,6 +132,76 @@ static void test_log_roundtrip(void **state)
     assert_int_equal(tpk_tune_log_read(path, &recs, &n, &ctx), TPK_EIO);
 }
 
+/* The log reader refuses what it cannot represent (jansson underneath): unknown op or dtype, wrong
+ * types, duplicate keys, out-of-range sizes; and strings round-trip escaped. */
+static void test_log_strict(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    char path[] = "/tmp/tpk_tune_strictXXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    static const char *const good = "{\"v\":1,\"target\":\"cpu/x\",\"template\":\"cpu_gemm\",\"task\":{\"op\":\"gemm\","
+                                    "\"dtype\":\"f64\",\"m\":8,\"n\":8,\"k\":8,\"threads\":1},\"knobs\":{\"vw\":512},"
+                                    "\"result\":{\"err\":0,\"gflops\":1.5}}";
+    static const struct { const char *from, *to, *msg; } bad[] = {
+        {"\"op\":\"gemm\"", "\"op\":\"conv\"", "unknown op \"conv\""},
+        {"\"dtype\":\"f64\"", "\"dtype\":\"f16\"", "unknown dtype \"f16\""},
+        {"\"m\":8", "\"m\":-1", "\"m\" must be an integer in 1.."},
+        {"\"m\":8", "\"m\":\"8\"", "\"m\" must be an integer"},
+        {"\"gflops\":1.5", "\"gflops\":\"fast\"", "\"gflops\" must be a number"},
+        {"\"vw\":512", "\"vw\":512.5", "knob \"vw\" must be an integer"},
+        {"\"v\":1,", "\"v\":1,\"target\":\"a\",", "duplicate"},
+        {"\"knobs\":{\"vw\":512},", "", "no \"knobs\""},
+    };
+    char line[1024];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *at = strstr(good, bad[i].from);
+        assert_non_null(at);
+        snprintf(line, sizeof line, "%.*s%s%s\n", (int)(at - good), good, bad[i].to, at + strlen(bad[i].from));
+        FILE *f = fopen(path, "w");
+        fputs(good, f);
+        fputs("\n", f);
+        fputs(line, f);
+        fclose(f);
+        tpk_tune_record *recs = NULL;
+        size_t n = 7;
+        tpk_ctx_clear(&ctx);
+        assert_int_equal(tpk_tune_log_read(path, &recs, &n, &ctx), TPK_EFORMAT);
+        assert_null(recs);
+        assert_int_equal(n, 0);
+        if (!strstr(ctx.msg, ":2:") || !strstr(ctx.msg, bad[i].msg))
+            fail_msg("case %zu: '%s' should name line 2 and say '%s'", i, ctx.msg, bad[i].msg);
+    }
+    /* Escaping: a target class with a quote, a backslash and a newline survives the round trip. */
+    tpk_tune_record r, *back = NULL;
+    size_t n = 0;
+    memset(&r, 0, sizeof r);
+    snprintf(r.target_class, sizeof r.target_class, "cpu/\"odd\\class\n");
+    snprintf(r.template_name, sizeof r.template_name, "cpu_gemm");
+    r.task = (tpk_tune_task){TPK_TUNE_CPU, TPK_TUNE_F32, 64, 32, 16, 2, TPK_TUNE_SYRK};
+    r.nknob = 1;
+    snprintf(r.knob_name[0], sizeof r.knob_name[0], "mr");
+    r.knob_val[0] = 6;
+    r.result.gflops = 12.3456789;
+    r.result.ncost = 1;
+    r.result.costs_s[0] = 1.234567891e-3;
+    FILE *f = fopen(path, "w");
+    assert_int_equal(tpk_tune_log_write(f, &r, &ctx), TPK_OK);
+    fclose(f);
+    assert_int_equal(tpk_tune_log_read(path, &back, &n, &ctx), TPK_OK);
+    assert_int_equal(n, 1);
+    assert_string_equal(back[0].target_class, r.target_class);
+    assert_int_equal(back[0].task.op, TPK_TUNE_SYRK);
+    assert_int_equal(back[0].task.dtype, TPK_TUNE_F32);
+    assert_true(fabs(back[0].result.gflops - 12.346) < 1e-12);          /* written to 1e-3 */
+    assert_true(fabs(back[0].result.costs_s[0] - 1.234568e-3) < 1e-15); /* 7 significant digits */
+    free(back);
+    unlink(path);
+}
+
 /* Kendall's τ between two score vectors. */
 static double kendall(const float *a, const double *b, size_t n)
 {
@@ -596,6 +666,7 @@ int main(void)
         cmocka_unit_test(test_label_fastest_repeat),
         cmocka_unit_test(test_task_same_and_unloaded),
         cmocka_unit_test(test_log_roundtrip),
+        cmocka_unit_test(test_log_strict),
         cmocka_unit_test(test_model_ranks_held_out),
         cmocka_unit_test(test_model_beats_random_on_table),
         cmocka_unit_test(test_annealing_beats_random),

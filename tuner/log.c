@@ -1,8 +1,11 @@
 /* Tuning logs: one JSON object per line per measurement (AutoTVM record.py; tuner-notes §3
- * "Tuning log"), a small JSON reader for our own records, and `tptune show`. */
+ * "Tuning log"), written and read with jansson (strings escaped, every field's type checked, an
+ * unknown op or dtype an error), and `tptune show`. */
 #include "tune_impl.h"
 
 #include <ctype.h>
+#include <jansson.h>
+#include <limits.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -28,243 +31,223 @@ void tpk_tune_record_fill(tpk_tune_record *r, const tpk_tune_space *s, const tpk
     r->ts = (double)ts.tv_sec;
 }
 
+/* Rounded as the logs have always been written: rates to 1e-3, costs to 7 significant digits. */
+static double rounded(double x, double unit)
+{
+    return isfinite(x) ? round(x / unit) * unit : 0.0;
+}
+
+static int set(json_t *o, const char *key, json_t *v)
+{
+    return !v || json_object_set_new(o, key, v) != 0;
+}
+
 int tpk_tune_log_write(FILE *f, const tpk_tune_record *r, tpk_ctx *ctx)
 {
     const tpk_tune_task *t = &r->task;
-    fprintf(f, "{\"v\":1,\"target\":\"%s\",\"template\":\"%s\",\"task\":{\"op\":\"%s\",\"dtype\":\"%s\","
-               "\"m\":%zu,\"n\":%zu,\"k\":%zu,\"threads\":%d},\"knobs\":{",
-            r->target_class, r->template_name, tpk_tune_op_name(t->op), tpk_tune_dtype_name(t->dtype), t->m, t->n,
-            t->k, t->threads);
-    for (int i = 0; i < r->nknob; i++)
-        fprintf(f, "%s\"%s\":%d", i ? "," : "", r->knob_name[i], r->knob_val[i]);
     const tpk_tune_result *s = &r->result;
-    fprintf(f, "},\"result\":{\"err\":%d,\"gflops\":%.3f,\"costs_s\":[", s->err, s->gflops);
-    for (int i = 0; i < s->ncost; i++)
-        fprintf(f, "%s%.6e", i ? "," : "", s->costs_s[i]);
-    fprintf(f, "],\"compile_s\":%.3f,\"cpu_ratio\":%.3f,\"redone\":%d,\"load1\":%.2f,\"max_rel_err\":%.3e,",
-            s->compile_s, s->cpu_ratio, s->redone, s->load1, s->max_rel_err);
+    json_t *rec = json_object(), *task = json_object(), *knobs = json_object(),
+           *res = json_object(), *costs = json_array();
+    int bad = !rec || !task || !knobs || !res || !costs;
+    bad |= set(rec, "v", json_integer(1)) | set(rec, "target", json_string(r->target_class)) |
+           set(rec, "template", json_string(r->template_name));
+    bad |= set(task, "op", json_string(tpk_tune_op_name(t->op))) |
+           set(task, "dtype", json_string(tpk_tune_dtype_name(t->dtype))) |
+           set(task, "m", json_integer((json_int_t)t->m)) | set(task, "n", json_integer((json_int_t)t->n)) |
+           set(task, "k", json_integer((json_int_t)t->k)) | set(task, "threads", json_integer(t->threads));
+    for (int i = 0; i < r->nknob && !bad; i++)
+        bad |= set(knobs, r->knob_name[i], json_integer(r->knob_val[i]));
+    for (int i = 0; i < s->ncost && !bad; i++) {
+        double c = s->costs_s[i], e = c > 0 ? pow(10, floor(log10(c)) - 6) : 1;
+        bad |= json_array_append_new(costs, json_real(rounded(c, e))) != 0;
+    }
+    bad |= set(res, "err", json_integer(s->err)) | set(res, "gflops", json_real(rounded(s->gflops, 1e-3))) |
+           (json_object_set(res, "costs_s", costs) != 0) |
+           set(res, "compile_s", json_real(rounded(s->compile_s, 1e-3))) |
+           set(res, "cpu_ratio", json_real(rounded(s->cpu_ratio, 1e-3))) | set(res, "redone", json_integer(s->redone)) |
+           set(res, "load1", json_real(rounded(s->load1, 1e-2))) |
+           set(res, "max_rel_err", json_real(isfinite(s->max_rel_err) ? s->max_rel_err : 0.0));
     if (s->vendor_gflops > 0)
-        fprintf(f, "\"vendor_gflops\":%.3f,", s->vendor_gflops);
-    fprintf(f, "\"ts\":%.0f}}\n", r->ts);
-    if (fflush(f) != 0 || ferror(f))
+        bad |= set(res, "vendor_gflops", json_real(rounded(s->vendor_gflops, 1e-3)));
+    bad |= set(res, "ts", json_integer((json_int_t)r->ts));
+    bad |= json_object_set(rec, "task", task) != 0 || json_object_set(rec, "knobs", knobs) != 0 ||
+           json_object_set(rec, "result", res) != 0;
+    char *line = bad ? NULL : json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    json_decref(rec), json_decref(task), json_decref(knobs), json_decref(res), json_decref(costs);
+    if (!line)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory writing a log record");
+    int ok = fputs(line, f) >= 0 && fputc('\n', f) != EOF;
+    free(line);
+    if (!ok || fflush(f) != 0 || ferror(f))
         return TPK_ERROR(ctx, TPK_EIO, "tune: cannot write the log: %s", strerror(errno));
     return TPK_OK;
 }
 
-/* ---- a small JSON reader: enough for the records above ------------------------------------ */
+/* ---- reading: jansson, with every field's type checked ------------------------------------ */
 
-typedef struct jp {
-    const char *p;
-    int err;
-} jp;
-
-static void ws(jp *j)
+/* A field of o: NULL when absent; an error (named) when present with another type. */
+static json_t *field(json_t *o, const char *key, int (*is)(const json_t *), const char *what,
+                     const char *where, int need, tpk_ctx *ctx, int *st)
 {
-    while (isspace((unsigned char)*j->p))
-        j->p++;
-}
-
-static int expect(jp *j, char c)
-{
-    ws(j);
-    if (*j->p != c) {
-        j->err = 1;
-        return 0;
+    json_t *v = o ? json_object_get(o, key) : NULL;
+    if (*st)
+        return NULL;
+    if (!v) {
+        if (need)
+            *st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a tuning record: no \"%s\"", where, key);
+        return NULL;
     }
-    j->p++;
-    return 1;
-}
-
-static void str(jp *j, char *out, size_t cap)
-{
-    size_t n = 0;
-    if (!expect(j, '"'))
-        return;
-    while (*j->p && *j->p != '"') {
-        char c = *j->p++;
-        if (c == '\\' && *j->p)
-            c = *j->p++;
-        if (out && n + 1 < cap)
-            out[n++] = c;
+    if (!is(v)) {
+        *st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: \"%s\" must be %s", where, key, what);
+        return NULL;
     }
-    if (out && cap)
-        out[n] = '\0';
-    if (!expect(j, '"'))
-        return;
-}
-
-static void skip_value(jp *j);
-
-static double num(jp *j)
-{
-    ws(j);
-    char *end;
-    double v = strtod(j->p, &end);
-    if (end == j->p)
-        j->err = 1;
-    j->p = end;
     return v;
 }
+static int is_object(const json_t *v) { return json_is_object(v); }
+static int is_string(const json_t *v) { return json_is_string(v); }
+static int is_number(const json_t *v) { return json_is_number(v); }
+static int is_integer(const json_t *v) { return json_is_integer(v); }
+static int is_array(const json_t *v) { return json_is_array(v); }
 
-static void skip_value(jp *j)
+static int copy_string(json_t *v, char *out, size_t cap, const char *key, const char *where, tpk_ctx *ctx)
 {
-    ws(j);
-    char c = *j->p;
-    if (c == '"')
-        str(j, NULL, 0);
-    else if (c == '{' || c == '[') {
-        char close = c == '{' ? '}' : ']';
-        j->p++;
-        ws(j);
-        if (*j->p == close) {
-            j->p++;
-            return;
-        }
-        for (;;) {
-            if (c == '{') {
-                str(j, NULL, 0);
-                expect(j, ':');
+    const char *s = json_string_value(v);
+    if (strlen(s) >= cap)
+        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: \"%s\" longer than %zu characters", where, key, cap - 1);
+    memcpy(out, s, strlen(s) + 1);
+    return TPK_OK;
+}
+
+static int positive(json_t *v, const char *key, const char *where, json_int_t max, json_int_t *out, tpk_ctx *ctx)
+{
+    json_int_t x = json_integer_value(v);
+    if (x < 1 || x > max)
+        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: \"%s\" must be an integer in 1..%lld, not %lld", where, key,
+                         (long long)max, (long long)x);
+    *out = x;
+    return TPK_OK;
+}
+
+static double real(json_t *v)
+{
+    return v ? json_number_value(v) : 0.0;
+}
+
+/* One line → one record; where is "PATH:LINE". */
+static int parse_record(const char *line, const char *where, tpk_tune_record *r, tpk_ctx *ctx)
+{
+    memset(r, 0, sizeof *r);
+    json_error_t je;
+    json_t *rec = json_loads(line, JSON_REJECT_DUPLICATES, &je);
+    if (!rec)
+        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a tuning record: %s (column %d)", where, je.text, je.column);
+    int st = TPK_OK;
+    if (!json_is_object(rec))
+        st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a tuning record: not a JSON object", where);
+    json_t *target = field(rec, "target", is_string, "a string", where, 1, ctx, &st);
+    json_t *tmpl = field(rec, "template", is_string, "a string", where, 1, ctx, &st);
+    json_t *task = field(rec, "task", is_object, "an object", where, 1, ctx, &st);
+    json_t *knobs = field(rec, "knobs", is_object, "an object", where, 1, ctx, &st);
+    json_t *res = field(rec, "result", is_object, "an object", where, 1, ctx, &st);
+    if (!st)
+        st = copy_string(target, r->target_class, sizeof r->target_class, "target", where, ctx);
+    if (!st)
+        st = copy_string(tmpl, r->template_name, sizeof r->template_name, "template", where, ctx);
+    if (!st && !strncmp(r->target_class, "cuda", 4))
+        r->task.target = TPK_TUNE_CUDA;
+    /* task: an unknown op or dtype is an error, not a guess */
+    json_t *op = field(task, "op", is_string, "a string", where, 1, ctx, &st);
+    json_t *dt = field(task, "dtype", is_string, "a string", where, 1, ctx, &st);
+    if (!st) {
+        const char *o = json_string_value(op), *d = json_string_value(dt);
+        if (!strcmp(o, "gemm"))
+            r->task.op = TPK_TUNE_GEMM;
+        else if (!strcmp(o, "syrk"))
+            r->task.op = TPK_TUNE_SYRK;
+        else if (!strcmp(o, "relu_map"))
+            r->task.op = TPK_TUNE_MAP;
+        else
+            st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: unknown op \"%s\" (gemm, syrk, relu_map)", where, o);
+        if (!st && !strcmp(d, "f64"))
+            r->task.dtype = TPK_TUNE_F64;
+        else if (!st && !strcmp(d, "f32"))
+            r->task.dtype = TPK_TUNE_F32;
+        else if (!st)
+            st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: unknown dtype \"%s\" (f64, f32)", where, d);
+    }
+    static const char *const dims[] = {"m", "n", "k", "threads"};
+    for (int i = 0; i < 4 && !st; i++) {
+        json_t *v = field(task, dims[i], is_integer, "an integer", where, 1, ctx, &st);
+        json_int_t x = 0;
+        if (!st)
+            st = positive(v, dims[i], where, i < 3 ? ((json_int_t)1 << 40) : 4096, &x, ctx);
+        if (i == 0)
+            r->task.m = (size_t)x;
+        else if (i == 1)
+            r->task.n = (size_t)x;
+        else if (i == 2)
+            r->task.k = (size_t)x;
+        else
+            r->task.threads = (int)x;
+    }
+    /* knobs, in the order written */
+    const char *key;
+    json_t *v;
+    if (!st)
+        json_object_foreach(knobs, key, v)
+        {
+            if (r->nknob >= TPK_TUNE_MAX_KNOBS) {
+                st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: more than %d knobs", where, TPK_TUNE_MAX_KNOBS);
+                break;
             }
-            skip_value(j);
-            ws(j);
-            if (*j->p == ',') {
-                j->p++;
-                continue;
+            if (!json_is_integer(v) || json_integer_value(v) < INT_MIN || json_integer_value(v) > INT_MAX) {
+                st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: knob \"%s\" must be an integer", where, key);
+                break;
             }
-            expect(j, close);
-            return;
+            if (strlen(key) >= sizeof r->knob_name[0]) {
+                st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: knob name \"%s\" too long", where, key);
+                break;
+            }
+            memcpy(r->knob_name[r->nknob], key, strlen(key) + 1);
+            r->knob_val[r->nknob++] = (int)json_integer_value(v);
         }
-    } else if (!strncmp(j->p, "true", 4) || !strncmp(j->p, "null", 4))
-        j->p += 4;
-    else if (!strncmp(j->p, "false", 5))
-        j->p += 5;
-    else
-        num(j);
-}
-
-/* Iterate over an object's members: calls fn(key) positioned at the value; fn consumes it. */
-typedef void (*member_fn)(jp *j, const char *key, void *u);
-static void object(jp *j, member_fn fn, void *u)
-{
-    if (!expect(j, '{'))
-        return;
-    ws(j);
-    if (*j->p == '}') {
-        j->p++;
-        return;
-    }
-    while (!j->err) {
-        char key[64];
-        str(j, key, sizeof key);
-        expect(j, ':');
-        if (j->err)
-            return;
-        fn(j, key, u);
-        ws(j);
-        if (*j->p == ',') {
-            j->p++;
-            continue;
-        }
-        expect(j, '}');
-        return;
-    }
-}
-
-static void task_member(jp *j, const char *key, void *u)
-{
-    tpk_tune_record *r = u;
-    if (!strcmp(key, "dtype")) {
-        char d[16];
-        str(j, d, sizeof d);
-        r->task.dtype = !strcmp(d, "f32") ? TPK_TUNE_F32 : TPK_TUNE_F64;
-    } else if (!strcmp(key, "op")) {
-        char d[16];
-        str(j, d, sizeof d);
-        r->task.op = !strcmp(d, "syrk") ? TPK_TUNE_SYRK : !strcmp(d, "relu_map") ? TPK_TUNE_MAP : TPK_TUNE_GEMM;
-    } else if (!strcmp(key, "m"))
-        r->task.m = (size_t)num(j);
-    else if (!strcmp(key, "n"))
-        r->task.n = (size_t)num(j);
-    else if (!strcmp(key, "k"))
-        r->task.k = (size_t)num(j);
-    else if (!strcmp(key, "threads"))
-        r->task.threads = (int)num(j);
-    else
-        skip_value(j);
-}
-
-static void knob_member(jp *j, const char *key, void *u)
-{
-    tpk_tune_record *r = u;
-    if (r->nknob >= TPK_TUNE_MAX_KNOBS) {
-        j->err = 1;
-        return;
-    }
-    snprintf(r->knob_name[r->nknob], sizeof r->knob_name[0], "%s", key);
-    r->knob_val[r->nknob++] = (int)num(j);
-}
-
-static void result_member(jp *j, const char *key, void *u)
-{
-    tpk_tune_result *s = &((tpk_tune_record *)u)->result;
-    if (!strcmp(key, "err"))
-        s->err = (int)num(j);
-    else if (!strcmp(key, "gflops"))
-        s->gflops = num(j);
-    else if (!strcmp(key, "compile_s"))
-        s->compile_s = num(j);
-    else if (!strcmp(key, "cpu_ratio"))
-        s->cpu_ratio = num(j);
-    else if (!strcmp(key, "redone"))
-        s->redone = (int)num(j);
-    else if (!strcmp(key, "load1"))
-        s->load1 = num(j);
-    else if (!strcmp(key, "max_rel_err"))
-        s->max_rel_err = num(j);
-    else if (!strcmp(key, "vendor_gflops"))
-        s->vendor_gflops = num(j);
-    else if (!strcmp(key, "ts"))
-        ((tpk_tune_record *)u)->ts = num(j);
-    else if (!strcmp(key, "costs_s")) {
-        expect(j, '[');
-        ws(j);
-        if (*j->p == ']') {
-            j->p++;
-            return;
-        }
-        while (!j->err) {
-            double v = num(j);
+    if (!st && r->nknob == 0)
+        st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a tuning record: no knobs", where);
+    /* result */
+    tpk_tune_result *s = &r->result;
+    json_t *err = field(res, "err", is_integer, "an integer", where, 1, ctx, &st);
+    json_t *gf = field(res, "gflops", is_number, "a number", where, 1, ctx, &st);
+    json_t *costs = field(res, "costs_s", is_array, "an array", where, 0, ctx, &st);
+    json_t *comp = field(res, "compile_s", is_number, "a number", where, 0, ctx, &st);
+    json_t *cpu = field(res, "cpu_ratio", is_number, "a number", where, 0, ctx, &st);
+    json_t *red = field(res, "redone", is_integer, "an integer", where, 0, ctx, &st);
+    json_t *load = field(res, "load1", is_number, "a number", where, 0, ctx, &st);
+    json_t *mre = field(res, "max_rel_err", is_number, "a number", where, 0, ctx, &st);
+    json_t *ven = field(res, "vendor_gflops", is_number, "a number", where, 0, ctx, &st);
+    json_t *ts = field(res, "ts", is_number, "a number", where, 0, ctx, &st);
+    if (!st) {
+        s->err = (int)json_integer_value(err);
+        s->gflops = real(gf);
+        s->compile_s = real(comp);
+        s->cpu_ratio = real(cpu);
+        s->redone = red ? (int)json_integer_value(red) : 0;
+        s->load1 = real(load);
+        s->max_rel_err = real(mre);
+        s->vendor_gflops = real(ven);
+        r->ts = real(ts);
+        size_t i;
+        json_array_foreach(costs, i, v)
+        {
+            if (!json_is_number(v)) {
+                st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: \"costs_s\" must hold numbers", where);
+                break;
+            }
             if (s->ncost < TPK_TUNE_MAX_REPEAT)
-                s->costs_s[s->ncost++] = v;
-            ws(j);
-            if (*j->p == ',') {
-                j->p++;
-                continue;
-            }
-            expect(j, ']');
-            return;
+                s->costs_s[s->ncost++] = json_number_value(v);
         }
-    } else
-        skip_value(j);
-}
-
-static void record_member(jp *j, const char *key, void *u)
-{
-    tpk_tune_record *r = u;
-    if (!strcmp(key, "target")) {
-        str(j, r->target_class, sizeof r->target_class);
-        if (!strncmp(r->target_class, "cuda", 4))
-            r->task.target = TPK_TUNE_CUDA;
-    } else if (!strcmp(key, "template"))
-        str(j, r->template_name, sizeof r->template_name);
-    else if (!strcmp(key, "task"))
-        object(j, task_member, r);
-    else if (!strcmp(key, "knobs"))
-        object(j, knob_member, r);
-    else if (!strcmp(key, "result"))
-        object(j, result_member, r);
-    else
-        skip_value(j);
+    }
+    json_decref(rec);
+    return st;
 }
 
 int tpk_tune_log_read(const char *path, tpk_tune_record **recs, size_t *n, tpk_ctx *ctx)
@@ -280,17 +263,16 @@ int tpk_tune_log_read(const char *path, tpk_tune_record **recs, size_t *n, tpk_c
     int st = TPK_OK;
     while (getline(&line, &lcap, f) > 0) {
         lineno++;
-        jp j = {line, 0};
-        ws(&j);
-        if (!*j.p)
+        const char *p = line;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (!*p)
             continue;
+        char where[1100];
+        snprintf(where, sizeof where, "%s:%zu", path, lineno);
         tpk_tune_record r;
-        memset(&r, 0, sizeof r);
-        object(&j, record_member, &r);
-        if (j.err || !r.task.m || !r.nknob) {
-            st = TPK_ERROR(ctx, TPK_EFORMAT, "%s:%zu: not a tuning record", path, lineno);
+        if ((st = parse_record(p, where, &r, ctx)))
             break;
-        }
         if (*n == cap) {
             size_t nc = cap ? 2 * cap : 64;
             tpk_tune_record *nr = realloc(*recs, nc * sizeof *nr);
