@@ -137,7 +137,9 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
     }
     for (size_t i = 0; i < m; i++)
         sel[i] = job->all_outputs ? i : i * T + T - 1; /* default: each sequence's last token */
-    if (!(out = tpk_h5out_open(job->output, ctx))) { /* fail before computing */
+    const char *ins[] = {job->program, job->input, job->test};
+    if (tpk_io_check_output(job->output, ins, 3, ctx) ||
+        !(out = tpk_h5out_open(job->output, ctx))) { /* fail before computing */
         st = ctx->status;
         goto done;
     }

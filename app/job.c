@@ -144,7 +144,11 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     int st = load(job, s, ctx);
     if (st)
         return st;
-    /* Open before computing: an unwritable path fails at once, not after the work. */
+    /* Open before computing: an unwritable path fails at once, not after the work; an output
+     * that is an input would destroy it. */
+    const char *ins[] = {job->program, job->input, job->test};
+    if (tpk_io_check_output(job->output, ins, 3, ctx))
+        return ctx->status;
     s->out = tpk_h5out_open(job->output, ctx);
     if (!s->out)
         return ctx->status;

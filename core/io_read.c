@@ -783,6 +783,47 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 /* Entry point                                                                                */
 
+/* spec := path [ ':' dataset ]; the dataset part is recognised only after an HDF5 extension, so
+ * any other path containing ':' is taken literally. Returns the path's length. */
+static size_t spec_split(const char *spec, const char **dataset)
+{
+    *dataset = "";
+    for (const char *c = strchr(spec, ':'); c != NULL; c = strchr(c + 1, ':')) {
+        size_t k = (size_t)(c - spec);
+        if (ends_with_ci(spec, k, ".h5") || ends_with_ci(spec, k, ".hdf5")) {
+            *dataset = c + 1;
+            return k;
+        }
+    }
+    return strlen(spec);
+}
+
+/* Output = input would destroy the input (issue 18): compared as files (device and inode), so a
+ * symlink, a hard link or another spelling of the same path is caught too. */
+int tpk_io_check_output(const char *output, const char *const *inputs, size_t n, tpk_ctx *ctx)
+{
+    struct stat so;
+    if (output == NULL || stat(output, &so) != 0)
+        return TPK_OK; /* a file that does not exist yet is no input */
+    for (size_t i = 0; i < n; i++) {
+        if (inputs[i] == NULL || inputs[i][0] == '\0')
+            continue;
+        const char *ds;
+        size_t len = spec_split(inputs[i], &ds);
+        char path[4096];
+        if (len >= sizeof path)
+            continue;
+        memcpy(path, inputs[i], len);
+        path[len] = '\0';
+        struct stat si;
+        if (stat(path, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+            return TPK_ERROR(ctx, TPK_EINVAL,
+                             "%s is the input %s: writing the output would destroy it (choose another "
+                             "output file)", output, path);
+    }
+    return TPK_OK;
+}
+
 tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
 {
     if (info != NULL)
@@ -791,18 +832,8 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EINVAL, "empty input specification");
         return NULL;
     }
-    /* spec := path [ ':' dataset ]; the dataset part is recognised only after an HDF5
-     * extension, so any other path containing ':' is taken literally. */
-    size_t plen = strlen(spec);
-    const char *dataset = "";
-    for (const char *c = strchr(spec, ':'); c != NULL; c = strchr(c + 1, ':')) {
-        size_t k = (size_t)(c - spec);
-        if (ends_with_ci(spec, k, ".h5") || ends_with_ci(spec, k, ".hdf5")) {
-            plen = k;
-            dataset = c + 1;
-            break;
-        }
-    }
+    const char *dataset;
+    size_t plen = spec_split(spec, &dataset);
     char path[sizeof info->path];
     char ds[sizeof info->dataset];
     if (plen >= sizeof path) {
@@ -819,7 +850,9 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EINVAL, "%s: dataset name too long", path);
         return NULL;
     }
-    snprintf(ds, sizeof ds, "%s%s", need_slash ? "/" : "", dataset);
+    /* the length was checked above: copy rather than snprintf (GCC cannot see the check) */
+    ds[0] = '/';
+    memcpy(ds + need_slash, dataset, strlen(dataset) + 1);
 
     const char *format;
     tpk_array *a;

@@ -822,7 +822,11 @@ static int experiment(exp_state *e, const opts *o, tpk_ctx *ctx)
     if ((st = o->kernel_file ? read_kernel_file(e, o, ctx) : read_inputs(e, o, ctx)) ||
         (st = read_targets(e, o, ctx)))
         return st;
-    /* Open the output before the heavy work: an unwritable path fails now. */
+    /* Open the output before the heavy work: an unwritable path fails now; an input file is
+     * never overwritten. */
+    const char *ins[] = {o->kernel_file, o->train, o->test, o->labels, o->test_labels};
+    if (tpk_io_check_output(o->output, ins, 5, ctx))
+        return ctx->status;
     if (!(rs->out = tpk_h5out_open(o->output, ctx)))
         return ctx->status;
     if (e->X)

@@ -162,7 +162,8 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     tpk_attn_params prm = {.heads = (int)o.heads, .scaling = TPK_ATTN_INV_SQRT_N,
                            .causal = o.causal, .var_q = 1, .var_k = 1, .var_v = 1, .var_o = 1,
                            .temp = 1};
-    if (!(out = tpk_h5out_open(o.output, ctx))) {
+    const char *ins[] = {o.input};
+    if (tpk_io_check_output(o.output, ins, 1, ctx) || !(out = tpk_h5out_open(o.output, ctx))) {
         st = ctx->status;
         goto done;
     }

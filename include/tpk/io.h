@@ -41,6 +41,13 @@ TPK_API void tpk_sha256_hex(const void *data, size_t n, char out[65]);
  * fingerprint tpk_io_read puts in info->sha256), as 64 hex digits + NUL. */
 TPK_API void tpk_sha256_array_hex(const tpk_array *a, char out[65]);
 
+/* TPK_EINVAL when `output` names the same file as one of the n input specs ("f.h5:/x" counts as
+ * f.h5), compared by device and inode (through symlinks, hard links and other spellings), so that
+ * writing the output would destroy an input; NULL or empty entries are skipped, and an output
+ * that does not exist yet clashes with nothing. Every writer calls it before tpk_h5out_open. */
+TPK_API int tpk_io_check_output(const char *output, const char *const *inputs, size_t n,
+                                tpk_ctx *ctx);
+
 /* Atomic HDF5 output: everything goes to a hidden temporary file in the destination folder,
  * which replaces `path` only on tpk_h5out_commit. An error or abort leaves `path` untouched. */
 typedef struct tpk_h5out tpk_h5out;
