@@ -2,8 +2,11 @@
 #include "io_impl.h"
 #include "tpk/io.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,11 +23,126 @@
  * second try is already unlikely; the loop only guards against a stale file by bad luck. */
 #define TMP_TRIES 16
 
+
+/* ---- temp files and signals (issue 18) ------------------------------------------------------
+ * A SIGINT or SIGTERM while a temp file exists must not leave it behind. The live temp names
+ * sit in a small process-wide table that the handler walks with unlink() only (async-signal-
+ * safe); then it says why on stderr and exits 128 + signal, as a shell reports it. The table
+ * and the handler are the one piece of process state here (style.md §6 allows none else): a
+ * signal cannot be given a context. The handler is installed only where SIGINT / SIGTERM still
+ * have their default action, so a program with handlers of its own (gplimits checkpoints on
+ * SIGINT) keeps them and calls tpk_h5out_abort itself. */
+#define LIVE_MAX 16
+#define LIVE_PATH 4096
+static char live_path[LIVE_MAX][LIVE_PATH];
+static volatile sig_atomic_t live_used[LIVE_MAX];
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t live_once = PTHREAD_ONCE_INIT;
+
+static void on_signal(int sig)
+{
+    for (int i = 0; i < LIVE_MAX; i++)
+        if (live_used[i])
+            unlink(live_path[i]);
+    static const char msg_int[] = "interrupted (SIGINT): no output written\n";
+    static const char msg_term[] = "terminated (SIGTERM): no output written\n";
+    const char *m = sig == SIGINT ? msg_int : msg_term;
+    size_t n = sig == SIGINT ? sizeof msg_int - 1 : sizeof msg_term - 1;
+    ssize_t w = write(2, m, n);
+    (void)w;
+    _exit(128 + sig);
+}
+
+static void install_handlers(void)
+{
+    const int sigs[] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+            !(old.sa_flags & SA_SIGINFO)) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = on_signal;
+            sigemptyset(&sa.sa_mask);
+            sigaddset(&sa.sa_mask, SIGINT);
+            sigaddset(&sa.sa_mask, SIGTERM);
+            sigaction(sigs[i], &sa, NULL);
+        }
+    }
+}
+
+/* Slot of a registered temp path, or -1 (full table or too long a path: only the signal
+ * clean-up is lost, the file is still removed by commit and abort). */
+static int live_add(const char *tmp)
+{
+    pthread_once(&live_once, install_handlers);
+    if (strlen(tmp) >= LIVE_PATH)
+        return -1;
+    int slot = -1;
+    pthread_mutex_lock(&live_lock);
+    for (int i = 0; i < LIVE_MAX && slot < 0; i++)
+        if (!live_used[i]) {
+            memcpy(live_path[i], tmp, strlen(tmp) + 1);
+            live_used[i] = 1;
+            slot = i;
+        }
+    pthread_mutex_unlock(&live_lock);
+    return slot;
+}
+
+static void live_remove(int slot)
+{
+    if (slot < 0)
+        return;
+    pthread_mutex_lock(&live_lock);
+    live_used[slot] = 0;
+    pthread_mutex_unlock(&live_lock);
+}
+
+/* Temp files of this destination left by processes that no longer exist (SIGKILL, a crash):
+ * ".<base>.tmp.<pid>.<16 hex>" in its folder with <pid> not alive. Only that exact pattern is
+ * touched, and only when kill(pid, 0) says there is no such process. */
+static void remove_stale(const char *path, size_t dlen, const char *base)
+{
+    char dir[LIVE_PATH];
+    if (dlen >= sizeof dir)
+        return;
+    if (dlen == 0)
+        memcpy(dir, ".", 2);
+    else {
+        memcpy(dir, path, dlen);
+        dir[dlen] = '\0';
+    }
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    size_t blen = strlen(base);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        if (n[0] != '.' || strncmp(n + 1, base, blen) != 0 || strncmp(n + 1 + blen, ".tmp.", 5) != 0)
+            continue;
+        const char *p = n + 1 + blen + 5;
+        char *end;
+        long pid = strtol(p, &end, 10);
+        if (end == p || *end != '.' || pid <= 0 || strlen(end + 1) != 16 ||
+            strspn(end + 1, "0123456789abcdef") != 16)
+            continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char full[2 * LIVE_PATH];
+        snprintf(full, sizeof full, "%s/%s", dir, n);
+        unlink(full);
+    }
+    closedir(d);
+}
+
 struct tpk_h5out {
     hid_t file;
     char *path;   /* final destination */
     char *tmp;    /* ".<basename>.tmp.<pid>.<hex>" beside it, so rename() stays on one filesystem */
     int failed;   /* an operation failed: commit must not publish a partial file */
+    int live;     /* slot in the signal clean-up table, or -1 */
 };
 
 /* splitmix64 (Steele, Lea, Flood 2014): spreads clock and address bits over the whole word. */
@@ -67,6 +185,7 @@ tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
         goto fail;
     }
     out->file = -1;
+    out->live = -1;
     memcpy(out->path, path, plen + 1);
     if (base[0] == '\0') {
         TPK_ERROR(ctx, TPK_EINVAL, "%s: output path names a directory, not a file", path);
@@ -77,6 +196,7 @@ tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
      * process) can never share one, and with mode 0666 so the umask applies as it would to
      * any new file (mkstemp would force 0600). This is also the early check the callers rely
      * on: a missing or unwritable directory fails here, before any computation. */
+    remove_stale(path, dlen, base);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t seed = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
@@ -85,8 +205,14 @@ tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
     for (int t = 0; t < TMP_TRIES && fd < 0; t++) {
         snprintf(out->tmp, tcap, "%.*s.%s.tmp.%ld.%016llx", (int)dlen, path, base,
                  (long)getpid(), (unsigned long long)mix64(seed + (uint64_t)t));
+        /* registered first, so that a signal right after the open still removes it */
+        out->live = live_add(out->tmp);
         fd = open(out->tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
         err = errno;
+        if (fd < 0) {
+            live_remove(out->live);
+            out->live = -1;
+        }
         if (fd < 0 && err != EEXIST)
             break;
     }
@@ -120,6 +246,7 @@ tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
     return out;
 fail:
     if (out != NULL) {
+        live_remove(out->live);
         free(out->path);
         free(out->tmp);
         free(out);
@@ -429,6 +556,7 @@ static int sync_path(const char *p, int dir)
 
 static void out_free(tpk_h5out *out)
 {
+    live_remove(out->live);
     free(out->path);
     free(out->tmp);
     free(out);

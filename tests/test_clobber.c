@@ -1,7 +1,8 @@
-/* An output that is an input destroys nothing (issue 18): tpk_io_check_output against the same
+/* Nothing a run is given or told is lost (issue 18): an output that is an input, tpk_io_check_output against the same
  * path, another spelling, a hard link, a symlink and an HDF5 dataset spec; and every program that
  * writes, run with its output on one of its inputs, exits non-zero with the message and leaves
- * the input byte for byte as it was. */
+ * the input byte for byte as it was; a signal leaves no temp file and the previous output intact;
+ * stale temp files of dead processes go at the next run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,7 +11,12 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "support/testutil.h"
@@ -137,6 +143,86 @@ static void test_programs_refuse(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Number of "<dir>/.<base>.tmp.*" files. */
+static int temps(const char *dir, const char *base)
+{
+    char pre[256];
+    snprintf(pre, sizeof pre, ".%s.tmp.", base);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        n += strncmp(de->d_name, pre, strlen(pre)) == 0;
+    closedir(d);
+    return n;
+}
+
+/* SIGINT and SIGTERM while the output's temp file exists: exit 130 / 143 with a message, no temp
+ * file left, the previous output intact. A stale temp file of a dead process is removed by the
+ * next run into the same path; one of a live process (pid 1) is not. */
+static void test_signals_and_stale_temps(void **state)
+{
+    tu_env *e = *state;
+    char out[600], stale[700], live[700], bin[1200];
+    snprintf(out, sizeof out, "%s/sig.h5", e->tmpdir);
+    snprintf(bin, sizeof bin, "%s/gpkernel", e->bindir);
+    put(out, "the previous good output");
+    /* 400 inputs through 50000 layers: seconds of work after the output is opened */
+    char in[600], inarg[700];
+    snprintf(in, sizeof in, "%s/many.csv", e->tmpdir);
+    FILE *f = fopen(in, "w");
+    assert_non_null(f);
+    for (int r = 0; r < 400; r++)
+        fprintf(f, "%.3f,%.3f,%.3f\n", 0.5 + 0.013 * r, 1.25 - 0.007 * r, 0.001 * r * r);
+    fclose(f);
+    snprintf(inarg, sizeof inarg, "--input=%s", in);
+    const int sigs[2] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            signal(SIGINT, SIG_DFL); /* a test runner may start us with SIGINT ignored */
+            signal(SIGTERM, SIG_DFL);
+            int fd = open("/dev/null", O_WRONLY);
+            dup2(fd, 1);
+            dup2(fd, 2);
+            char o[700];
+            snprintf(o, sizeof o, "--output=%s", out);
+            execl(bin, bin, "--arch=mlp", "--depth=50000", inarg, o, (char *)NULL);
+            _exit(127);
+        }
+        int seen = 0;
+        for (int k = 0; k < 2000 && !seen; k++) { /* up to 20 s for the temp file to appear */
+            seen = temps(e->tmpdir, "sig.h5") > 0;
+            if (!seen)
+                nanosleep(&(struct timespec){0, 10000000}, NULL);
+        }
+        assert_true(seen);
+        kill(pid, sigs[i]);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 128 + sigs[i]);
+        assert_int_equal(temps(e->tmpdir, "sig.h5"), 0);
+        size_t len;
+        char *was = slurp(out, &len);
+        assert_true(was && len == strlen("the previous good output") && !memcmp(was, "the previous good output", len));
+        free(was);
+    }
+    /* stale temp files: pid 4194303 + 1 cannot exist (above Linux's pid_max limit); pid 1 does */
+    snprintf(stale, sizeof stale, "%s/.sig.h5.tmp.4194305.0123456789abcdef", e->tmpdir);
+    snprintf(live, sizeof live, "%s/.sig.h5.tmp.1.0123456789abcdef", e->tmpdir);
+    put(stale, "");
+    put(live, "");
+    char args[1400];
+    snprintf(args, sizeof args, "--arch=mlp --depth=2 --output=%s", out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    assert_int_equal(access(stale, F_OK), -1);
+    assert_int_equal(access(live, F_OK), 0);
+    unlink(live);
+}
+
 static int setup(void **state)
 {
     return tu_setup_tagged(state, "clobber");
@@ -147,6 +233,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_check_output),
         cmocka_unit_test(test_programs_refuse),
+        cmocka_unit_test(test_signals_and_stale_temps),
     };
     return cmocka_run_group_tests(tests, setup, tu_teardown);
 }
