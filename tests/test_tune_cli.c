@@ -128,6 +128,18 @@ static void test_cli(void **state)
     assert_int_equal(run(cmd, out, sizeof out), 2);
     snprintf(cmd, sizeof cmd, "%s gemm --bogus=1", tptune);
     assert_int_equal(run(cmd, out, sizeof out), 2);
+    /* a negative size is refused, not wrapped to 2^64 - 1 (issue 18) */
+    snprintf(cmd, sizeof cmd, "%s gemm --m=-1 --n=4 --k=4 --log=%s/neg.jsonl", tptune, dir);
+    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "bad value for --m: '-1'"));
+    /* a run whose every trial fails (CUDA here: no device, or no compiler) exits 1 and says so */
+    snprintf(cmd, sizeof cmd, "%s gemm --target=cuda --m=64 --n=64 --k=64 --trials=2 --batch=2 --log=%s/fail.jsonl",
+             tptune, dir);
+    int frc = run(cmd, out, sizeof out);
+    if (!strstr(out, "GFLOP/s after")) { /* where a GPU is present the trials may succeed */
+        assert_int_equal(frc, 1);
+        assert_non_null(strstr(out, "all 2 trials failed"));
+    }
     snprintf(cmd, sizeof cmd, "%s frobnicate", tptune);
     assert_int_equal(run(cmd, out, sizeof out), 2);
     /* show */

@@ -62,6 +62,8 @@ static int parse_size(const char *v, size_t *out)
 {
     char *end;
     errno = 0;
+    if (*v == '-' || *v == '+' || *v == ' ') /* strtoull would wrap "-1" to 2^64 - 1 */
+        return -1;
     unsigned long long x = strtoull(v, &end, 10);
     if (errno || *end || end == v || x == 0)
         return -1;
@@ -342,6 +344,12 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     free(hist);
     if (st)
         return 1;
+    if (!(out.best_gflops > 0)) { /* every trial failed: no result, and say why */
+        TPK_ERROR(ctx, TPK_EIO, "all %d trials failed (see the err codes in %s: 1 compile, 2 load, "
+                  "3 wrong result, 4 crash or timeout, 5 no device, 6 invalid configuration)",
+                  out.trials, a->log);
+        return 1;
+    }
     char buf[256];
     printf("best %.2f GFLOP/s after %d trials: %s\n", out.best_gflops, out.trials,
            tpk_tune_config_str(&s, &out.best, buf, sizeof buf));
