@@ -319,6 +319,27 @@ static void summarise(const tpk_job *job, const job_state *s, const tpk_array *K
     fprintf(job->summary, "\n  wrote   %s in %.3f s\n", job->output, secs);
 }
 
+/* Named dimensions of the kernel datasets (tpk_h5out_dims: xarray shows them): train / test
+ * items, or train_readout / test_readout when a kernel has several readouts per item. */
+static int kernel_dims(tpk_h5out *out, const char *K, const char *Kx, const char *kd,
+                       int per_item, tpk_ctx *ctx)
+{
+    const char *tr[2] = {per_item ? "train_readout" : "train",
+                         per_item ? "train_readout2" : "train2"};
+    const char *te[2] = {per_item ? "test_readout" : "test", tr[1]};
+    int st = tpk_h5out_dims(out, K, tr, 2, ctx);
+    if (!st && Kx) st = tpk_h5out_dims(out, Kx, te, 2, ctx);
+    if (!st && kd) st = tpk_h5out_dims(out, kd, te, 1, ctx);
+    return st;
+}
+
+int tpk_job_kernel_dims(tpk_h5out *out, const tpk_array *K, const tpk_array *X, int test,
+                        tpk_ctx *ctx)
+{
+    return kernel_dims(out, "/kernel", test ? "/kernel_test_train" : NULL,
+                       test ? "/kernel_test_diag" : NULL, K->dims[0] != X->dims[0], ctx);
+}
+
 int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
 {
     job_state s = {0};
@@ -330,6 +351,7 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_write(s.out, "/kernel", Ktr, ctx);
     if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
     if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
+    if (!st) st = tpk_job_kernel_dims(s.out, Ktr, s.X, Kx != NULL, ctx);
     if (!st) st = describe(job, &s, ctx);
     if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
     if (!st) {
@@ -391,6 +413,8 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
         st = tpk_netsor_run(s.prog, s.X, width, seed, job->all_outputs, &Khat, &y, ctx);
     if (!st) st = tpk_h5out_write(s.out, "/kernel_hat", Khat, ctx);
     if (!st) st = tpk_h5out_write(s.out, "/outputs", y, ctx);
+    if (!st) st = kernel_dims(s.out, "/kernel_hat", NULL, NULL, Khat->dims[0] != s.X->dims[0], ctx);
+    if (!st) st = tpk_h5out_dims(s.out, "/outputs", (const char *const[]){"train", "output"}, 2, ctx);
     if (!st) st = describe(job, &s, ctx);
     if (!st) st = tpk_h5out_attr_int(s.out, "/", "width", (long long)width, ctx);
     if (!st) st = tpk_h5out_attr_int(s.out, "/", "seed", (long long)seed, ctx);

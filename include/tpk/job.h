@@ -70,6 +70,12 @@ TPK_API const char *tpk_shipped_path(const char *rel, char *buf, size_t len);
 TPK_API int tpk_job_describe(tpk_h5out *out, const tpk_job *job, const tpk_program *prog,
                              const char *path, const char *fallback_label, tpk_ctx *ctx);
 
+/* Named dimensions (tpk_h5out_dims) of /kernel (train, train2) and, with a test set,
+ * /kernel_test_train (test, train2) and /kernel_test_diag (test), as every kernel job writes them:
+ * train_readout, train_readout2 and test_readout when K has several readouts per item of X. */
+TPK_API int tpk_job_kernel_dims(tpk_h5out *out, const tpk_array *K, const tpk_array *X, int test,
+                                tpk_ctx *ctx);
+
 /* A registry with the built-ins plus what programs commonly need. */
 TPK_API tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx);
 

@@ -35,3 +35,27 @@ def test_errors(tmp_path):
     assert e.value.status == tpk.EIO
     with pytest.raises(tpk.Error, match="cannot create output"):
         tpk.gpkernel(tmp_path / "no" / "dir" / "K.h5", "mlp")
+
+
+def test_xarray_reads_named_dimensions(tmp_path, rng):
+    """The files carry netCDF-4 dimension scales: xarray's own h5netcdf engine names the axes."""
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("h5netcdf")
+    X, Xt = rng.normal(size=(5, 3)), rng.normal(size=(3, 3))
+    out = tmp_path / "K.h5"
+    tpk.gpkernel(out, "mlp", X, Xt, depth=2)
+    with xr.open_dataset(out, engine="h5netcdf") as ds:
+        assert ds["kernel"].dims == ("train", "train2")
+        assert ds["kernel_test_train"].dims == ("test", "train2")
+        assert ds["kernel_test_diag"].dims == ("test",)
+        assert list(ds["train"].values) == [0, 1, 2, 3, 4]
+        assert ds["train"].dtype.kind == "i"
+        R, Rx, _ = mlp_blocks(X, Xt, depth=2, sigma_w2=2.0, sigma_b2=0.0)
+        assert np.max(np.abs(ds["kernel_test_train"].values - Rx)) < 1e-12
+    d2 = tpk.read(out)                  # tpk.read takes the file's names as well
+    assert d2["kernel"].dims == ("train", "train2") and "train" in d2.coords
+    out = tmp_path / "R.h5"
+    tpk.gpkernel(out, "rnn", rng.normal(size=(2, 3, 2)), all_times=True)
+    with xr.open_dataset(out, engine="h5netcdf") as ds:
+        assert ds["kernel"].dims == ("train_readout", "train_readout2")
+        assert ds.sizes["train_readout"] == 6

@@ -75,7 +75,12 @@ def read(path):
             data = ds[()]
             if ds.dtype.kind in "SO":
                 data = np.array(_text(data) if ds.ndim else _text(data), dtype=object)
-            names = [_scale_name(ds, k) for k in range(ds.ndim)]
+            if name in scales and ds.ndim == 1:     # a dimension scale: the coordinate of itself
+                names = [ds.attrs.get("NAME", base.encode()).decode() or base]
+                if names[0].startswith("This is a netCDF dimension"):
+                    names = [base]
+            else:
+                names = [_scale_name(ds, k) for k in range(ds.ndim)]
             default = _DIMS.get(base, ())
             dims = []
             for k in range(ds.ndim):
