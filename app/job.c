@@ -59,11 +59,13 @@ tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx)
     return reg;
 }
 
-/* Everything a job holds; freed in one place. */
+/* Everything a job holds; freed in one place. X and Xt are the inputs (read from files into
+ * Xown / Xtown, or borrowed from the caller of the *_arrays entry points). */
 typedef struct job_state {
     tpk_phi_registry *reg;
     tpk_program *prog;
-    tpk_array *X, *Xt, *Xall;
+    const tpk_array *X, *Xt;
+    tpk_array *Xown, *Xtown, *Xall;
     tpk_input_info xi, ti;
     tpk_h5out *out;
     tpk_param_set *sets; /* the user's sets plus an automatic T */
@@ -74,8 +76,8 @@ static void job_state_free(job_state *s)
 {
     tpk_h5out_abort(s->out);
     tpk_program_free(s->prog);
-    tpk_array_free(s->X);
-    tpk_array_free(s->Xt);
+    tpk_array_free(s->Xown);
+    tpk_array_free(s->Xtown);
     tpk_array_free(s->Xall);
     tpk_phi_registry_free(s->reg);
     free(s->sets);
@@ -89,6 +91,25 @@ static int user_set(const tpk_job *job, const char *name)
     return 0;
 }
 
+static const char *input_name(const tpk_job *job)
+{
+    return job->input ? job->input : "input";
+}
+
+/* The program from its file or, with job->source, from its text. */
+static tpk_program *load_program(const tpk_job *job, const tpk_netsor_opts *o,
+                                 const tpk_phi_registry *reg, tpk_ctx *ctx)
+{
+    if (job->source)
+        return tpk_netsor_load_string(job->program ? job->program : "<program>", job->source, o,
+                                      reg, ctx);
+    if (!job->program) {
+        TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program");
+        return NULL;
+    }
+    return tpk_netsor_load_file(job->program, o, reg, ctx);
+}
+
 /* Load the program for these inputs. Sequence inputs (N×T×d) fix the number of time steps:
  * a program with a parameter T that the user did not set gets T from the input. */
 static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
@@ -96,9 +117,10 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     s->sets = calloc((size_t)job->nsets + 1, sizeof *s->sets);
     if (!s->sets)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    memcpy(s->sets, job->sets, (size_t)job->nsets * sizeof *s->sets);
+    if (job->nsets)
+        memcpy(s->sets, job->sets, (size_t)job->nsets * sizeof *s->sets);
     tpk_netsor_opts o = {.sets = s->sets, .nsets = job->nsets, .netsor_plus = job->netsor_plus};
-    s->prog = tpk_netsor_load_file(job->program, &o, s->reg, ctx);
+    s->prog = load_program(job, &o, s->reg, ctx);
     if (!s->prog)
         return ctx->status;
     size_t T = s->X->ndim >= 3 ? s->X->dims[1] : 1;
@@ -108,7 +130,7 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
         s->sets[job->nsets] = (tpk_param_set){.name = "T", .value = s->tbuf};
         o.nsets = job->nsets + 1;
         tpk_program_free(s->prog);
-        s->prog = tpk_netsor_load_file(job->program, &o, s->reg, ctx);
+        s->prog = load_program(job, &o, s->reg, ctx);
         if (!s->prog)
             return ctx->status;
     }
@@ -116,30 +138,39 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     if (slots > 1 && (s->X->ndim != 3 || s->X->dims[1] != (size_t)slots))
         return TPK_ERROR(ctx, TPK_EINVAL,
                          "%s: the program reads sequences of %d steps (input x[t]); the input must be "
-                         "N×%d×d, not %s", job->input, slots, slots,
+                         "N×%d×d, not %s", input_name(job), slots, slots,
                          s->X->ndim == 3 ? "of another length (set T)" : "a matrix of vectors");
     return TPK_OK;
 }
 
-/* Read inputs, stack train and test rows into one batch, load the program, open the output. */
+/* Test items must look like the training items. */
+static int check_test_shape(const tpk_job *job, const job_state *s, tpk_ctx *ctx)
+{
+    if (s->Xt->ndim != s->X->ndim || tpk_array_item_size(s->Xt) != tpk_array_item_size(s->X))
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: test items have %zu values each but %s has %zu",
+                         job->test ? job->test : "test input", tpk_array_item_size(s->Xt),
+                         input_name(job), tpk_array_item_size(s->X));
+    return TPK_OK;
+}
+
+/* Read inputs, load the program, open the output. */
 static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
 {
-    if (!job->program || !job->input || !job->output)
+    if ((!job->program && !job->source) || !job->input || !job->output)
         return TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
     s->reg = tpk_job_registry(ctx);
     if (!s->reg)
         return ctx->status;
-    s->X = tpk_io_read(job->input, &s->xi, ctx);
+    s->X = s->Xown = tpk_io_read(job->input, &s->xi, ctx);
     if (!s->X)
         return ctx->status;
     if (job->test) {
-        s->Xt = tpk_io_read(job->test, &s->ti, ctx);
+        s->Xt = s->Xtown = tpk_io_read(job->test, &s->ti, ctx);
         if (!s->Xt)
             return ctx->status;
-        if (s->Xt->ndim != s->X->ndim || tpk_array_item_size(s->Xt) != tpk_array_item_size(s->X))
-            return TPK_ERROR(ctx, TPK_EINVAL,
-                             "%s: test items have %zu values each but %s has %zu", job->test,
-                             tpk_array_item_size(s->Xt), job->input, tpk_array_item_size(s->X));
+        int st = check_test_shape(job, s, ctx);
+        if (st)
+            return st;
     }
     int st = load(job, s, ctx);
     if (st)
@@ -150,19 +181,97 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     if (tpk_io_check_output(job->output, ins, 3, ctx))
         return ctx->status;
     s->out = tpk_h5out_open(job->output, ctx);
-    if (!s->out)
+    return s->out ? TPK_OK : ctx->status;
+}
+
+/* A caller's array as an input: rank 2..4, not empty, finite (the first bad value named by its
+ * 0-based index, as tpk_io_read names one in a file). */
+static int check_array(const char *what, const tpk_array *a, tpk_ctx *ctx)
+{
+    if (!a || !a->data || a->ndim < 2 || a->ndim > TPK_ARRAY_MAXDIM)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: inputs are arrays of rank 2..%d (N×d, N×T×d, ...)",
+                         what, TPK_ARRAY_MAXDIM);
+    for (int k = 0; k < a->ndim; k++)
+        if (a->dims[k] == 0)
+            return TPK_ERROR(ctx, TPK_EINVAL, "%s: empty input (axis %d has length 0)", what, k);
+    size_t n = tpk_array_size(a);
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(a->data[i]))
+            continue;
+        char idx[160];
+        size_t rem = i, used = 0, pos[TPK_ARRAY_MAXDIM];
+        for (int k = a->ndim - 1; k >= 0; k--) {
+            pos[k] = rem % a->dims[k];
+            rem /= a->dims[k];
+        }
+        for (int k = 0; k < a->ndim; k++)
+            used += (size_t)snprintf(idx + used, sizeof idx - used, k ? ", %zu" : "%zu", pos[k]);
+        return TPK_ERROR(ctx, TPK_EDOM, "%s: non-finite value %g at index [%s] (0-based)", what,
+                         a->data[i], idx);
+    }
+    return TPK_OK;
+}
+
+/* The *_arrays entry points: borrowed inputs, checked, and the program loaded for them. */
+static int prepare_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
+                          job_state *s, tpk_ctx *ctx)
+{
+    int st = check_array(input_name(job), X, ctx);
+    if (!st && Xt)
+        st = check_array(job->test ? job->test : "test input", Xt, ctx);
+    if (st)
+        return st;
+    s->X = X;
+    s->Xt = Xt;
+    if (Xt && (st = check_test_shape(job, s, ctx)))
+        return st;
+    if (!(s->reg = tpk_job_registry(ctx)))
         return ctx->status;
-    if (!s->Xt)
+    return load(job, s, ctx);
+}
+
+/* The kernel of train and test stacked into one batch, split into the train block (*Ktr), and
+ * with a test set the test × train block (*Kx) and the test diagonal (*kd). */
+static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_array **Kx,
+                         tpk_array **kd, double *err, tpk_ctx *ctx)
+{
+    *Ktr = *Kx = *kd = NULL;
+    if (s->Xt) {
+        size_t dims[TPK_ARRAY_MAXDIM];
+        memcpy(dims, s->X->dims, sizeof dims);
+        dims[0] = s->X->dims[0] + s->Xt->dims[0];
+        s->Xall = tpk_array_alloc(s->X->ndim, dims, ctx);
+        if (!s->Xall)
+            return ctx->status;
+        size_t nx = tpk_array_size(s->X);
+        memcpy(s->Xall->data, s->X->data, nx * sizeof(double));
+        memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
+    }
+    tpk_array *K = NULL;
+    int st = tpk_netsor_kernel(s->prog, s->Xall ? s->Xall : s->X, job->all_outputs, &K, err, ctx);
+    if (st)
+        return st;
+    if (!s->Xt) {
+        *Ktr = K;
         return TPK_OK;
-    size_t dims[TPK_ARRAY_MAXDIM];
-    memcpy(dims, s->X->dims, sizeof dims);
-    dims[0] = s->X->dims[0] + s->Xt->dims[0];
-    s->Xall = tpk_array_alloc(s->X->ndim, dims, ctx);
-    if (!s->Xall)
+    }
+    /* Layout is input-major: index a·O + o; the train block comes first. */
+    size_t per = K->dims[0] / s->Xall->dims[0];
+    size_t ntr = s->X->dims[0] * per, nte = s->Xt->dims[0] * per, dm[1] = {nte};
+    *Ktr = tpk_array_block(K, 0, ntr, 0, ntr, ctx);
+    *Kx = tpk_array_block(K, ntr, nte, 0, ntr, ctx);
+    *kd = tpk_array_alloc(1, dm, ctx);
+    if (*kd)
+        for (size_t i = 0; i < nte; i++)
+            (*kd)->data[i] = K->data[(ntr + i) * K->dims[1] + ntr + i];
+    tpk_array_free(K);
+    if (!*Ktr || !*Kx || !*kd) {
+        tpk_array_free(*Ktr);
+        tpk_array_free(*Kx);
+        tpk_array_free(*kd);
+        *Ktr = *Kx = *kd = NULL;
         return ctx->status;
-    size_t nx = tpk_array_size(s->X);
-    memcpy(s->Xall->data, s->X->data, nx * sizeof(double));
-    memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
+    }
     return TPK_OK;
 }
 
@@ -214,50 +323,82 @@ static void summarise(const tpk_job *job, const job_state *s, const tpk_array *K
     fprintf(job->summary, "\n  wrote   %s in %.3f s\n", job->output, secs);
 }
 
+/* Named dimensions of the kernel datasets (tpk_h5out_dims: xarray shows them): train / test
+ * items, or train_readout / test_readout when a kernel has several readouts per item. */
+static int kernel_dims(tpk_h5out *out, const char *K, const char *Kx, const char *kd,
+                       int per_item, tpk_ctx *ctx)
+{
+    const char *tr[2] = {per_item ? "train_readout" : "train",
+                         per_item ? "train_readout2" : "train2"};
+    const char *te[2] = {per_item ? "test_readout" : "test", tr[1]};
+    int st = tpk_h5out_dims(out, K, tr, 2, ctx);
+    if (!st && Kx) st = tpk_h5out_dims(out, Kx, te, 2, ctx);
+    if (!st && kd) st = tpk_h5out_dims(out, kd, te, 1, ctx);
+    return st;
+}
+
+int tpk_job_kernel_dims(tpk_h5out *out, const tpk_array *K, const tpk_array *X, int test,
+                        tpk_ctx *ctx)
+{
+    return kernel_dims(out, "/kernel", test ? "/kernel_test_train" : NULL,
+                       test ? "/kernel_test_diag" : NULL, K->dims[0] != X->dims[0], ctx);
+}
+
 int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
 {
     job_state s = {0};
-    tpk_array *K = NULL, *Ktr = NULL, *Kx = NULL, *kd = NULL;
+    tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL;
     double t0 = tpk_wall_seconds(), err = 0;
     int st = prepare(job, &s, ctx);
     if (!st)
-        st = tpk_netsor_kernel(s.prog, s.Xall ? s.Xall : s.X, job->all_outputs, &K, &err, ctx);
-    if (st)
-        goto done;
-    /* Layout is input-major: index a·O + o; the train block comes first. */
-    size_t per = K->dims[0] / (s.Xall ? s.Xall->dims[0] : s.X->dims[0]);
-    size_t ntr = s.X->dims[0] * per;
-    if (s.Xt) {
-        size_t nte = s.Xt->dims[0] * per;
-        size_t dm[1] = {nte};
-        Ktr = tpk_array_block(K, 0, ntr, 0, ntr, ctx);
-        Kx = tpk_array_block(K, ntr, nte, 0, ntr, ctx);
-        kd = tpk_array_alloc(1, dm, ctx);
-        if (!Ktr || !Kx || !kd) {
-            st = ctx->status;
-            goto done;
-        }
-        for (size_t i = 0; i < nte; i++)
-            kd->data[i] = K->data[(ntr + i) * K->dims[1] + ntr + i];
-    }
-    st = tpk_h5out_write(s.out, "/kernel", Ktr ? Ktr : K, ctx);
+        st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, &err, ctx);
+    if (!st) st = tpk_h5out_write(s.out, "/kernel", Ktr, ctx);
     if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
     if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
+    if (!st) st = tpk_job_kernel_dims(s.out, Ktr, s.X, Kx != NULL, ctx);
     if (!st) st = describe(job, &s, ctx);
     if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
-    if (st)
-        goto done;
-    st = tpk_h5out_commit(s.out, ctx);
-    s.out = NULL;
+    if (!st) {
+        st = tpk_h5out_commit(s.out, ctx);
+        s.out = NULL;
+    }
     if (!st)
-        summarise(job, &s, Ktr ? Ktr : K, err, tpk_wall_seconds() - t0, "kernel");
-done:
-    tpk_array_free(K);
+        summarise(job, &s, Ktr, err, tpk_wall_seconds() - t0, "kernel");
     tpk_array_free(Ktr);
     tpk_array_free(Kx);
     tpk_array_free(kd);
     job_state_free(&s);
     return st;
+}
+
+int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
+                          tpk_array **K, tpk_array **Kxt, tpk_array **kdiag, double *err,
+                          tpk_ctx *ctx)
+{
+    job_state s = {0};
+    tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL;
+    double e = 0;
+    *K = NULL;
+    if (Kxt)
+        *Kxt = NULL;
+    if (kdiag)
+        *kdiag = NULL;
+    int st = Xt && (!Kxt || !kdiag)
+                 ? TPK_ERROR(ctx, TPK_EINVAL, "a test input needs Kxt and kdiag for its blocks")
+                 : prepare_arrays(job, X, Xt, &s, ctx);
+    if (!st)
+        st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, &e, ctx);
+    job_state_free(&s);
+    if (st)
+        return st;
+    *K = Ktr;
+    if (Kxt)
+        *Kxt = Kx;
+    if (kdiag)
+        *kdiag = kd;
+    if (err)
+        *err = e;
+    return TPK_OK;
 }
 
 int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
@@ -276,6 +417,8 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
         st = tpk_netsor_run(s.prog, s.X, width, seed, job->all_outputs, &Khat, &y, ctx);
     if (!st) st = tpk_h5out_write(s.out, "/kernel_hat", Khat, ctx);
     if (!st) st = tpk_h5out_write(s.out, "/outputs", y, ctx);
+    if (!st) st = kernel_dims(s.out, "/kernel_hat", NULL, NULL, Khat->dims[0] != s.X->dims[0], ctx);
+    if (!st) st = tpk_h5out_dims(s.out, "/outputs", (const char *const[]){"train", "output"}, 2, ctx);
     if (!st) st = describe(job, &s, ctx);
     if (!st) st = tpk_h5out_attr_int(s.out, "/", "width", (long long)width, ctx);
     if (!st) st = tpk_h5out_attr_int(s.out, "/", "seed", (long long)seed, ctx);
@@ -287,6 +430,26 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
         summarise(job, &s, Khat, -1, tpk_wall_seconds() - t0, "finite-width run");
     tpk_array_free(Khat);
     tpk_array_free(y);
+    job_state_free(&s);
+    return st;
+}
+
+int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uint64_t seed,
+                       tpk_array **Khat, tpk_array **y, tpk_ctx *ctx)
+{
+    job_state s = {0};
+    *Khat = NULL;
+    if (y)
+        *y = NULL;
+    int st = TPK_OK;
+    if (job->test)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "a finite-width run takes no test set (put all inputs in the input)");
+    else if (width < 1)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "the width must be at least 1");
+    if (!st)
+        st = prepare_arrays(job, X, NULL, &s, ctx);
+    if (!st)
+        st = tpk_netsor_run(s.prog, s.X, width, seed, job->all_outputs, Khat, y, ctx);
     job_state_free(&s);
     return st;
 }

@@ -278,6 +278,7 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
     st = tpk_h5out_write(s.out, "/kernel", Ktr ? Ktr : s.K, ctx);
     if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
     if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
+    if (!st) st = tpk_job_kernel_dims(s.out, Ktr ? Ktr : s.K, s.X, Kx != NULL, ctx);
     if (!st) st = tpk_job_describe(s.out, job, s.prog, NULL, "cnn", ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "readout", rname[cp.readout], ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "padding", cp.padding == TPK_CNN_CIRCULAR ? "circular" : "zero", ctx);

@@ -2,6 +2,8 @@
 #include "io_impl.h"
 #include "tpk/io.h"
 
+#include <hdf5_hl.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -348,6 +350,121 @@ int tpk_h5out_write_ints(tpk_h5out *out, const char *name, const long long *v, s
                          tpk_ctx *ctx)
 {
     return write_rank1(out, name, v, n, H5T_STD_I64LE, H5T_NATIVE_LLONG, ctx);
+}
+
+static int dim_name_ok(const char *s)
+{
+    if (!s || !((*s >= 'A' && *s <= 'Z') || (*s >= 'a' && *s <= 'z') || *s == '_'))
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'A' && *s <= 'Z') || (*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') ||
+              *s == '_'))
+            return 0;
+    return strlen(s) < 64;
+}
+
+/* The dimension scale "/NAME" of length n: opened, or created as 0 .. n−1 (int64). */
+static hid_t dim_scale(tpk_h5out *out, const char *dname, hsize_t n, tpk_ctx *ctx)
+{
+    char path[72];
+    snprintf(path, sizeof path, "/%s", dname);
+    if (H5Lexists(out->file, path, H5P_DEFAULT) <= 0) {
+        long long *v = malloc((n ? n : 1) * sizeof *v);
+        if (!v) {
+            out->failed = 1;
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            return -1;
+        }
+        for (hsize_t i = 0; i < n; i++)
+            v[i] = (long long)i;
+        int st = write_dataset(out, path, 1, &n, H5T_STD_I64LE, H5T_NATIVE_LLONG, v, ctx);
+        free(v);
+        if (st)
+            return -1;
+        hid_t ds = H5Dopen2(out->file, path, H5P_DEFAULT);
+        if (ds < 0 || H5DSset_scale(ds, dname) < 0) {
+            if (ds >= 0)
+                H5Dclose(ds);
+            mark_failed(out, ctx, TPK_EIO, "cannot make a dimension scale of", path);
+            return -1;
+        }
+        return ds;
+    }
+    hid_t ds = H5Oopen(out->file, path, H5P_DEFAULT);
+    if (ds < 0 || H5Iget_type(ds) != H5I_DATASET || H5DSis_scale(ds) <= 0) {
+        if (ds >= 0)
+            H5Oclose(ds);
+        mark_failed(out, ctx, TPK_EINVAL, "has an object that is not a dimension scale at", path);
+        return -1;
+    }
+    hid_t sp = H5Dget_space(ds);
+    hsize_t len = 0;
+    int rank = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+    if (rank == 1)
+        H5Sget_simple_extent_dims(sp, &len, NULL);
+    if (sp >= 0)
+        H5Sclose(sp);
+    if (rank != 1 || len != n) {
+        H5Dclose(ds);
+        out->failed = 1;
+        TPK_ERROR(ctx, TPK_EINVAL, "%s: dimension '%s' has length %llu, not %llu", out->path,
+                  dname, (unsigned long long)len, (unsigned long long)n);
+        return -1;
+    }
+    return ds;
+}
+
+int tpk_h5out_dims(tpk_h5out *out, const char *name, const char *const *names, int ndims,
+                   tpk_ctx *ctx)
+{
+    int st = check_out(out, name, ctx);
+    if (st != TPK_OK) {
+        if (out)
+            out->failed = 1; /* a file with an axis left unnamed is not the file asked for */
+        return st;
+    }
+    for (int k = 0; k < ndims; k++)
+        if (!names || !dim_name_ok(names[k])) {
+            out->failed = 1;
+            return TPK_ERROR(ctx, TPK_EINVAL, "%s: '%s': dimension name '%s' is not an identifier",
+                             out->path, name, names && names[k] ? names[k] : "(null)");
+        }
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    hid_t ds = -1, sp = -1;
+    hsize_t dims[H5S_MAX_RANK];
+    if (H5Lexists(out->file, name, H5P_DEFAULT) <= 0 ||
+        (ds = H5Dopen2(out->file, name, H5P_DEFAULT)) < 0) {
+        out->failed = 1;
+        st = TPK_ERROR(ctx, TPK_ENOTFOUND, "%s: no dataset '%s' to name the dimensions of",
+                       out->path, name);
+        goto done;
+    }
+    sp = H5Dget_space(ds);
+    int rank = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+    if (rank != ndims || rank < 1 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0) {
+        out->failed = 1;
+        st = TPK_ERROR(ctx, TPK_EINVAL, "%s: '%s' has rank %d but %d dimension names were given",
+                       out->path, name, rank, ndims);
+        goto done;
+    }
+    for (int k = 0; k < ndims && !st; k++) {
+        hid_t sc = dim_scale(out, names[k], dims[k], ctx);
+        if (sc < 0) {
+            st = ctx->status ? ctx->status : TPK_EIO;
+            break;
+        }
+        if (H5DSattach_scale(ds, sc, (unsigned)k) < 0)
+            st = mark_failed(out, ctx, TPK_EIO, "cannot attach a dimension scale to", name);
+        H5Dclose(sc);
+    }
+done:
+    if (sp >= 0)
+        H5Sclose(sp);
+    if (ds >= 0)
+        H5Dclose(ds);
+    tpk_h5_quiet_end(&q);
+    return st;
 }
 
 /* Write (or replace) one attribute on `obj` ("/" when NULL). Replacing rather than failing lets

@@ -93,7 +93,7 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     int c;
     size_t sd = 1;
     opterr = 0;
-    while (!st && (c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    while (!st && (c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
         case 't': st = cli_parse_size("tokens", optarg, 1, 64, &o.tokens, ctx); break;
         case 'i': o.input = optarg; break;

@@ -113,7 +113,7 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
     argc = nrest;
     argv = rest;
     opterr = 0;
-    while (st == TPK_OK && (c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while (st == TPK_OK && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case OPT_ARCH: arch_name = optarg; break;
         case OPT_PROGRAM: o->program = optarg; break;
@@ -127,6 +127,7 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
         case OPT_LN: o->layernorm = 1; break;
         case OPT_LISTARCH: tpk_arch_list(stdout); st = EXIT_EARLY; break;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); st = EXIT_EARLY; break;
+        case 'h':
         case OPT_HELP: /* the usage, then every architecture's flags from its row's flag map */
             fputs(usage, stdout);
             fputs("\nArchitectures (--arch=NAME) and their flags (--flag=value sets the parameter):\n",

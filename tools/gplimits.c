@@ -175,6 +175,7 @@ static int take_option(int c, opts *o, char **argv, tpk_ctx *ctx)
     case OPT_PROGRESS: o->progress = 1; break;
     case OPT_NOPROGRESS: o->progress = 0; break;
     case OPT_QUIET: o->quiet = 1; break;
+    case 'h':
     case OPT_HELP: fputs(usage, stdout); return -1;
     case OPT_VERSION: cli_version("gplimits"); return -1;
     default: return cli_bad_option(argv, ctx);
@@ -191,7 +192,7 @@ static int parse_args(int argc, char **argv, const tpk_phi_registry *reg, opts *
     if (!rest)
         return ctx->status;
     opterr = 0;
-    while (st == TPK_OK && (c = getopt_long(nrest, rest, "", longopts, NULL)) != -1)
+    while (st == TPK_OK && (c = getopt_long(nrest, rest, "h", longopts, NULL)) != -1)
         st = take_option(c, o, rest, ctx);
     if (st == TPK_OK)
         st = cli_no_operands(nrest, rest, ctx);

@@ -143,6 +143,7 @@ static int take_option(int c, tpk_gp_experiment_opts *o, int *quiet, char **argv
     case O_FULLCOV: o->full_cov = 1; return TPK_OK;
     case O_NOVAR: o->no_var = 1; return TPK_OK;
     case O_QUIET: *quiet = 1; return TPK_OK;
+    case 'h':
     case O_HELP: fputs(usage, stdout); return -1;
     case O_VERSION: cli_version("gpregress"); return -1;
     default: return cli_bad_option(argv, ctx);
@@ -158,7 +159,7 @@ int main(int argc, char **argv)
     tpk_gp_experiment_opts_default(&o);
     int c, quiet = 0, st = TPK_OK;
     opterr = 0;
-    while (st == TPK_OK && (c = getopt_long(argc, argv, "", longopts, NULL)) != -1)
+    while (st == TPK_OK && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1)
         st = take_option(c, &o, &quiet, argv, &ctx);
     if (st == -1)
         return 0;

@@ -84,6 +84,33 @@ TPK_API int tpk_arch_sets(const tpk_arch *a, const tpk_arch_flag *fl, int nfl,
 TPK_API int tpk_arch_program(const tpk_arch *a, int layernorm, const tpk_arch_flag *fl, int nfl,
                              const char **program, tpk_ctx *ctx);
 
+/* ---- an architecture without a command line (app/arch_kernel.c) -------------------------------
+ * What gpkernel --arch=NAME does with its flags, for callers that hold the flags as data (the
+ * Python package): each flag's parameter (tpk_arch_flag_param) and value (tpk_arch_check_flag),
+ * the settings (tpk_arch_sets), the program (tpk_arch_program), then the job. */
+typedef struct tpk_arch_opts {
+    const tpk_arch_flag *flags; /* flag as on the command line ("depth", "sigma-w2") and value;
+                                 * the param member is ignored (looked up in the row) */
+    int nflags;
+    const tpk_param_set *sets;  /* --set overrides, applied after the flags */
+    int nsets;
+    int layernorm;              /* --layernorm (mlp) */
+    int all_outputs;            /* --all-times */
+    const char *root;           /* folder holding programs/ and data/ (NULL: tpk_shipped_path) */
+} tpk_arch_opts;
+
+/* The architecture's kernel on inputs in memory (tpk_job_kernel_arrays; the arrays as there).
+ * Rows with a custom job (cnn1d, cnn2d, attention), whose jobs write HDF5, are TPK_EUNSUPPORTED:
+ * run them with tpk_arch_job. Unknown flags are TPK_EINVAL naming the architecture. */
+TPK_API int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
+                            const tpk_array *Xt, tpk_array **K, tpk_array **Kxt,
+                            tpk_array **kdiag, double *err, tpk_ctx *ctx);
+/* The same request as a gpkernel job over files, any architecture (custom jobs included):
+ * input (NULL: the row's bundled input under root), test (NULL: none), output (HDF5, written
+ * atomically; the flags are recorded as root attributes the way gpkernel records them). */
+TPK_API int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input,
+                         const char *test, const char *output, tpk_ctx *ctx);
+
 #ifdef __cplusplus
 }
 #endif

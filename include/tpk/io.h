@@ -60,6 +60,15 @@ TPK_API int tpk_h5out_write_vector(tpk_h5out *out, const char *name, const doubl
                                    tpk_ctx *ctx);
 TPK_API int tpk_h5out_write_ints(tpk_h5out *out, const char *name, const long long *v, size_t n,
                                  tpk_ctx *ctx);
+/* Name the axes of a dataset written earlier, netCDF-4 style, so that xarray / h5netcdf / netCDF
+ * read named dimensions: axis k gets the dimension names[k], an HDF5 dimension scale "/NAME" on
+ * the root holding 0 .. len−1 as int64 (a coordinate), created on first use and shared by every
+ * dataset that names it. ndims must be the dataset's rank; names are [A-Za-z_][A-Za-z0-9_]*.
+ * TPK_EINVAL: a bad name, the rank, an axis whose length differs from the dimension's, a root
+ * object of that name that is not a dimension scale; TPK_ENOTFOUND: no such dataset. Any error
+ * fails the file (tpk_h5out_commit refuses it). */
+TPK_API int tpk_h5out_dims(tpk_h5out *out, const char *name, const char *const *names, int ndims,
+                           tpk_ctx *ctx);
 /* Attributes on "/" or on a dataset/group written earlier. */
 TPK_API int tpk_h5out_attr_str(tpk_h5out *out, const char *obj, const char *key, const char *val,
                                tpk_ctx *ctx);

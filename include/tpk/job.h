@@ -33,6 +33,8 @@ typedef struct tpk_job {
     int argc;                   /* command line, for provenance */
     char **argv;
     FILE *summary;              /* a short human summary; NULL for none */
+    const char *source;         /* the program's text (NULL: read the file job->program; else
+                                 * job->program, which may be NULL, only names it in messages) */
 } tpk_job;
 
 /* Infinite-width kernel: /kernel, and with a test set /kernel_test_train and /kernel_test_diag. */
@@ -40,6 +42,21 @@ TPK_API int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx);
 /* Finite-width run at width n with seed s: /kernel_hat (empirical kernel, same layout as /kernel)
  * and /outputs (sampled readouts, N × outputs). */
 TPK_API int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx);
+
+/* The kernel of tpk_job_kernel on inputs in memory, without files: the same program loading (a
+ * sequence input fixes an unset T), train and test stacked into one batch, the same evaluator.
+ * job->input, test and output are not read; job->input (if set) names X in messages. X: N×d or
+ * N×T×d (rank 2..4, finite); Xt (NULL: none) items of X's shape. *K gets the train kernel; with
+ * Xt, *Kxt the test × train block and *kdiag the test diagonal (else both NULL). err (may be
+ * NULL) gets the error estimate. The caller frees the arrays. Errors: TPK_EINVAL (shapes),
+ * TPK_EDOM (a non-finite value, named by its index), and those of the program and evaluator. */
+TPK_API int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
+                                  tpk_array **K, tpk_array **Kxt, tpk_array **kdiag, double *err,
+                                  tpk_ctx *ctx);
+/* tpk_job_run on inputs in memory: *Khat (empirical kernel) and, if y is not NULL, *y (sampled
+ * readouts, N × outputs). X as for tpk_job_kernel_arrays; job->test must be NULL. */
+TPK_API int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width,
+                               uint64_t seed, tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
 
 /* Find a file shipped with the toolkit ("programs/mlp.nsr", "data/demo-inputs.csv") beside the
  * executable: <exe>/../../REL (build tree) or <exe>/../share/tpk/REL (installed); falls back to
@@ -52,6 +69,12 @@ TPK_API const char *tpk_shipped_path(const char *rel, char *buf, size_t len);
  * attributes after it. */
 TPK_API int tpk_job_describe(tpk_h5out *out, const tpk_job *job, const tpk_program *prog,
                              const char *path, const char *fallback_label, tpk_ctx *ctx);
+
+/* Named dimensions (tpk_h5out_dims) of /kernel (train, train2) and, with a test set,
+ * /kernel_test_train (test, train2) and /kernel_test_diag (test), as every kernel job writes them:
+ * train_readout, train_readout2 and test_readout when K has several readouts per item of X. */
+TPK_API int tpk_job_kernel_dims(tpk_h5out *out, const tpk_array *K, const tpk_array *X, int test,
+                                tpk_ctx *ctx);
 
 /* A registry with the built-ins plus what programs commonly need. */
 TPK_API tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx);

@@ -1,0 +1,126 @@
+/* Architectures without a command line (include/tpk/archs.h): gpkernel --arch's flag checks,
+ * settings and program choice from data, then the kernel in memory or a gpkernel job over files. */
+#include "tpk/archs.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ARCH_MAX_FLAGS 32
+
+/* A request resolved: flags with their parameters, the settings, the program's path. */
+typedef struct resolved {
+    tpk_arch_flag fl[ARCH_MAX_FLAGS];
+    char param[ARCH_MAX_FLAGS][64];
+    char attr[ARCH_MAX_FLAGS][64];   /* the flag with '_' for '-', as gpkernel records it */
+    tpk_param_set sets[TPK_ARCH_MAX_SETS];
+    int nsets;
+    char lists[2048];
+    char prog[4200];
+    const char *program;             /* prog, or NULL for a row without a program */
+} resolved;
+
+/* root/rel, or the shipped file. */
+static const char *locate(const char *root, const char *rel, char *buf, size_t len)
+{
+    if (root)
+        snprintf(buf, len, "%s/%s", root, rel);
+    else
+        tpk_shipped_path(rel, buf, len);
+    return buf;
+}
+
+static int resolve(const tpk_arch *a, const tpk_arch_opts *o, resolved *r, tpk_ctx *ctx)
+{
+    if (!a || !o)
+        return TPK_ERROR(ctx, TPK_EINVAL, "an architecture request needs the architecture and options");
+    if (o->nflags < 0 || o->nflags > ARCH_MAX_FLAGS || (o->nflags && !o->flags))
+        return TPK_ERROR(ctx, TPK_EINVAL, "at most %d architecture flags", ARCH_MAX_FLAGS);
+    if (o->nsets < 0 || (o->nsets && !o->sets))
+        return TPK_ERROR(ctx, TPK_EINVAL, "bad parameter settings");
+    tpk_phi_registry *reg = tpk_job_registry(ctx);
+    if (!reg)
+        return ctx->status;
+    int st = TPK_OK;
+    for (int i = 0; !st && i < o->nflags; i++) {
+        const char *flag = o->flags[i].flag, *value = o->flags[i].value;
+        if (!flag || !value)
+            st = TPK_ERROR(ctx, TPK_EINVAL, "architecture flag %d has no name or value", i);
+        else if (!tpk_arch_flag_param(a, flag, r->param[i], sizeof r->param[i]))
+            st = TPK_ERROR(ctx, TPK_EINVAL, "unknown flag '%s' of architecture %s (see gpkernel "
+                           "--list-archs)", flag, a->name);
+        else
+            st = tpk_arch_check_flag(flag, value, reg, ctx);
+        if (!st) {
+            r->fl[i] = (tpk_arch_flag){.flag = flag, .param = r->param[i], .value = value};
+            snprintf(r->attr[i], sizeof r->attr[i], "%s", flag);
+            for (char *c = r->attr[i]; *c; c++)
+                if (*c == '-')
+                    *c = '_';
+        }
+    }
+    tpk_phi_registry_free(reg);
+    if (!st)
+        st = tpk_arch_sets(a, r->fl, o->nflags, o->sets, o->nsets, r->sets, TPK_ARCH_MAX_SETS,
+                           &r->nsets, r->lists, sizeof r->lists, ctx);
+    const char *program = NULL;
+    if (!st)
+        st = tpk_arch_program(a, o->layernorm, r->fl, o->nflags, &program, ctx);
+    if (!st)
+        r->program = program ? locate(o->root, program, r->prog, sizeof r->prog) : NULL;
+    return st;
+}
+
+int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
+                    const tpk_array *Xt, tpk_array **K, tpk_array **Kxt, tpk_array **kdiag,
+                    double *err, tpk_ctx *ctx)
+{
+    *K = NULL;
+    if (Kxt)
+        *Kxt = NULL;
+    if (kdiag)
+        *kdiag = NULL;
+    if (a && a->custom)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
+                         "writes HDF5: run it with tpk_arch_job", a->name);
+    resolved *r = calloc(1, sizeof *r);
+    if (!r)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    int st = resolve(a, o, r, ctx);
+    if (!st) {
+        tpk_job job = {.label = a->name, .program = r->program, .sets = r->sets,
+                       .nsets = r->nsets, .all_outputs = o->all_outputs};
+        st = tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kdiag, err, ctx);
+    }
+    free(r);
+    return st;
+}
+
+int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, const char *test,
+                 const char *output, tpk_ctx *ctx)
+{
+    resolved *r = calloc(1, sizeof *r);
+    char in[4200];
+    tpk_attr attrs[ARCH_MAX_FLAGS + 1];
+    int nattrs = 0;
+    if (!r)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    int st = resolve(a, o, r, ctx);
+    if (!st && !output)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "an architecture job needs an output file");
+    if (!st) {
+        if (!input)
+            input = locate(o->root, a->input, in, sizeof in);
+        if (o->layernorm)
+            attrs[nattrs++] = (tpk_attr){.name = "layernorm", .value = "1"};
+        /* as gpkernel: flags under their own names where those differ from the parameter */
+        for (int f = 0; f < o->nflags; f++)
+            if (strcmp(r->attr[f], r->fl[f].param) != 0)
+                attrs[nattrs++] = (tpk_attr){.name = r->attr[f], .value = r->fl[f].value};
+        tpk_job job = {.label = a->name, .program = r->program, .sets = r->sets,
+                       .nsets = r->nsets, .input = input, .test = test, .output = output,
+                       .all_outputs = o->all_outputs, .attrs = attrs, .nattrs = nattrs};
+        st = a->custom ? a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);
+    }
+    free(r);
+    return st;
+}

@@ -1,0 +1,111 @@
+"""The cffi (API mode) module tpk._native over the public headers include/tpk/*.h.
+
+API mode: the C compiler checks every declaration below against the real headers when the
+package is built (a struct that changes shape fails the build instead of corrupting memory), and
+libtpk.a is linked statically into the module, so an installed package needs no build tree.
+Only what the Python layer calls is declared; "...;" leaves the rest of a struct to the headers.
+"""
+import cffi
+
+CDEF = r"""
+typedef struct tpk_ctx { int status; char msg[1024]; ...; } tpk_ctx;
+void tpk_ctx_init(tpk_ctx *ctx);
+const char *tpk_strerror(int status);
+enum tpk_status { TPK_OK, TPK_EINVAL, TPK_ENOMEM, TPK_EIO, TPK_EFORMAT, TPK_ENOTFOUND,
+                  TPK_EDOM, TPK_ESYNTAX, TPK_ETYPE, TPK_ENUMERIC, TPK_EUNSUPPORTED };
+
+typedef struct tpk_array { int ndim; size_t dims[4]; double *data; } tpk_array;
+tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx);
+void tpk_array_free(tpk_array *a);
+
+typedef struct tpk_phi_registry tpk_phi_registry;
+void tpk_phi_registry_free(tpk_phi_registry *reg);
+
+typedef struct tpk_param_set { const char *name; const char *value; } tpk_param_set;
+typedef struct tpk_netsor_opts {
+    const tpk_param_set *sets; int nsets; int netsor_plus; int explain; ...;
+} tpk_netsor_opts;
+typedef struct tpk_program {
+    int ninstr; int nslots; int noutputs; unsigned features;
+    int nparams; char **param_name; char **param_value; ...;
+} tpk_program;
+tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
+                                  const tpk_phi_registry *reg, tpk_ctx *ctx);
+tpk_program *tpk_netsor_load_string(const char *name, const char *src,
+                                    const tpk_netsor_opts *opts, const tpk_phi_registry *reg,
+                                    tpk_ctx *ctx);
+void tpk_program_free(tpk_program *p);
+
+typedef struct tpk_job {
+    const char *label; const char *program; const tpk_param_set *sets; int nsets;
+    int netsor_plus; const char *input; const char *test; const char *output;
+    int all_outputs; const char *source; ...;
+} tpk_job;
+tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx);
+int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
+                          tpk_array **K, tpk_array **Kxt, tpk_array **kdiag, double *err,
+                          tpk_ctx *ctx);
+int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uint64_t seed,
+                       tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
+
+typedef struct tpk_arch {
+    const char *name; const char *program; const char *input; const char *summary;
+    const char *flags; const char *defaults; const char *fixed; ...;
+} tpk_arch;
+typedef struct tpk_arch_flag { const char *flag; const char *param; const char *value; } tpk_arch_flag;
+typedef struct tpk_arch_opts {
+    const tpk_arch_flag *flags; int nflags; const tpk_param_set *sets; int nsets;
+    int layernorm; int all_outputs; const char *root;
+} tpk_arch_opts;
+const tpk_arch *tpk_arch_table(size_t *count);
+const tpk_arch *tpk_arch_find(const char *name);
+int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
+                    const tpk_array *Xt, tpk_array **K, tpk_array **Kxt, tpk_array **kdiag,
+                    double *err, tpk_ctx *ctx);
+int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input,
+                 const char *test, const char *output, tpk_ctx *ctx);
+
+typedef struct tpk_gp tpk_gp;
+typedef struct tpk_gp_options { ...; } tpk_gp_options;
+typedef struct tpk_gp_info {
+    size_t n, c; double noise; double jitter; int tries; double rcond; double logdet;
+    double quad; double lml;
+} tpk_gp_info;
+tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise, const tpk_gp_options *opt,
+                   tpk_ctx *ctx);
+void tpk_gp_free(tpk_gp *gp);
+const tpk_gp_info *tpk_gp_get_info(const tpk_gp *gp);
+int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdiag,
+                   tpk_array *mean, tpk_array *var, tpk_ctx *ctx);
+typedef struct tpk_gp_spectral tpk_gp_spectral;
+tpk_gp_spectral *tpk_gp_spectral_alloc(const tpk_array *K, const tpk_array *Y, tpk_ctx *ctx);
+void tpk_gp_spectral_free(tpk_gp_spectral *s);
+double tpk_gp_spectral_lml(const tpk_gp_spectral *s, double scale, double noise);
+typedef struct tpk_gp_noise_choice {
+    double noise; double scale; double lml; int at_bound; int fits;
+} tpk_gp_noise_choice;
+int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo, double noise_hi,
+                                 int fit_scale, tpk_gp_noise_choice *out, tpk_ctx *ctx);
+"""
+
+HEADERS = r"""
+#include "tpk/tpk.h"
+#include "tpk/archs.h"
+#include "tpk/job.h"
+#include "tpk/gp.h"
+"""
+
+
+def make_ffi(include_dir, static_lib, link_args):
+    """The builder and the arguments of its extension: headers from include_dir, libtpk.a and
+    the libraries it needs after it (link_args)."""
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source("tpk._native", HEADERS)
+    ext = dict(
+        include_dirs=[include_dir],
+        extra_compile_args=["-std=c11", "-D_XOPEN_SOURCE=700"],
+        extra_objects=[static_lib],
+        extra_link_args=link_args,
+    )
+    return ffi, ext

@@ -1,0 +1,145 @@
+"""GP regression over include/tpk/gp.h (Cholesky fit, predict, marginal likelihood), with a
+scikit-learn estimator interface."""
+import math
+
+import numpy as np
+
+from ._core import Strings, check, fail, ffi, from_c, lib, new_ctx, to_c
+
+try:  # scikit-learn is optional: with it, GPRegressor is a genuine sklearn regressor
+    from sklearn.base import BaseEstimator as _Base
+    from sklearn.base import RegressorMixin as _Mixin
+except ImportError:  # pragma: no cover - exercised only without scikit-learn
+    import inspect
+
+    class _Base:
+        """get_params / set_params as scikit-learn defines them (constructor arguments)."""
+
+        def get_params(self, deep=True):
+            names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+            out = {n: getattr(self, n) for n in names}
+            if deep:
+                for n, v in list(out.items()):
+                    if hasattr(v, "get_params"):
+                        out.update({f"{n}__{k}": w for k, w in v.get_params(deep=True).items()})
+            return out
+
+        def set_params(self, **params):
+            for k, v in params.items():
+                if "__" in k:
+                    head, rest = k.split("__", 1)
+                    getattr(self, head).set_params(**{rest: v})
+                else:
+                    setattr(self, k, v)
+            return self
+
+    class _Mixin:
+        def score(self, X, y):
+            y = np.asarray(y, dtype=float)
+            r = y - self.predict(X)
+            return 1.0 - float(np.sum(r**2) / np.sum((y - y.mean(axis=0)) ** 2))
+
+
+def _as_matrix(a, what):
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    if a.ndim != 2:
+        fail(f"{what} must be a matrix, not rank {a.ndim}")
+    return a
+
+
+class GPRegressor(_Mixin, _Base):
+    """Gaussian-process regression with a tpk kernel, scikit-learn style.
+
+    kernel: a tpk.Kernel (default tpk.Kernel("mlp")) or any callable k(x, x2=None) returning
+    K(x, x2) as an array. noise: the noise variance σ²; None chooses it by the training log
+    marginal likelihood (an eigendecomposition of K; tpk_gp_spectral_choose_noise) within
+    noise_bounds, relative to mean(diag K). Model: each column of y ~ N(0, K + σ²I).
+
+    After fit: noise_ (σ² used), log_marginal_likelihood_, jitter_ (extra diagonal the library
+    needed, 0 normally), X_train_. predict(X, return_std=False) gives the posterior mean and,
+    with return_std, the latent posterior standard deviation (without σ², as scikit-learn's
+    GaussianProcessRegressor with alpha)."""
+
+    def __init__(self, kernel=None, noise=None, noise_bounds=(1e-8, 10.0)):
+        self.kernel = kernel
+        self.noise = noise
+        self.noise_bounds = noise_bounds
+
+    def _kernel(self):
+        if self.kernel is None:
+            from .kernel import Kernel
+
+            return Kernel("mlp")
+        return self.kernel
+
+    def _blocks(self, X, Xs):
+        k = self._kernel()
+        if hasattr(k, "blocks"):
+            return k.blocks(X, Xs)
+        return k(X), k(Xs, X), np.array([float(np.asarray(k(Xs[i:i + 1]))[0, 0]) for i in range(len(Xs))])
+
+    def fit(self, X, y):
+        X = np.asarray(X)
+        y = np.asarray(y, dtype=np.float64)
+        if y.ndim not in (1, 2) or y.shape[0] != X.shape[0]:
+            fail(f"y must have one row per item of X ({X.shape[0]}), got shape {y.shape}")
+        k = self._kernel()
+        K = _as_matrix(k(X), "the kernel matrix")
+        Y = np.ascontiguousarray(y.reshape(len(y), -1))
+        keep = Strings()
+        ctx = new_ctx()
+        noise = self.noise
+        if noise is None:
+            lo, hi = self.noise_bounds
+            scale = float(np.mean(np.diag(K)))
+            s = lib.tpk_gp_spectral_alloc(to_c(K, keep), to_c(Y, keep), ctx)
+            if s == ffi.NULL:
+                check(ctx.status or lib.TPK_ENOMEM, ctx)
+            try:
+                ch = ffi.new("tpk_gp_noise_choice *")
+                check(lib.tpk_gp_spectral_choose_noise(s, lo * scale, hi * scale, 0, ch, ctx), ctx)
+                noise = ch.noise
+            finally:
+                lib.tpk_gp_spectral_free(s)
+        noise = float(noise)
+        if not math.isfinite(noise) or noise < 0:
+            fail(f"noise must be a finite variance >= 0 (got {noise!r})", lib.TPK_EDOM)
+        gp = lib.tpk_gp_fit(to_c(K, keep), to_c(Y, keep), noise, ffi.NULL, ctx)
+        if gp == ffi.NULL:
+            check(ctx.status or lib.TPK_ENUMERIC, ctx)
+        self._gp = ffi.gc(gp, lib.tpk_gp_free)
+        info = lib.tpk_gp_get_info(gp)
+        self.X_train_ = X
+        self.noise_ = noise
+        self.jitter_ = float(info.jitter)
+        self.log_marginal_likelihood_ = float(info.lml)
+        self.n_outputs_ = Y.shape[1]
+        self._y_1d = y.ndim == 1
+        return self
+
+    def predict(self, X, return_std=False):
+        if not hasattr(self, "_gp"):
+            fail("this GPRegressor is not fitted yet: call fit(X, y) first")
+        Xs = np.asarray(X)
+        _, Kx, kd = self._blocks(self.X_train_, Xs)
+        Kx = _as_matrix(Kx, "the test × train kernel")
+        kd = np.ascontiguousarray(kd, dtype=np.float64).reshape(-1)
+        M = Kx.shape[0]
+        keep = Strings()
+        ctx = new_ctx()
+        dims = ffi.new("size_t[2]", [M, self.n_outputs_])
+        mean = lib.tpk_array_alloc(2, dims, ctx)
+        var = lib.tpk_array_alloc(1, dims, ctx) if return_std else ffi.NULL
+        if mean == ffi.NULL or (return_std and var == ffi.NULL):
+            lib.tpk_array_free(mean)
+            lib.tpk_array_free(var)
+            check(lib.TPK_ENOMEM, ctx)
+        st = lib.tpk_gp_predict(self._gp, to_c(Kx, keep), to_c(kd, keep), mean, var, ctx)
+        mu, v = from_c(mean), from_c(var) if return_std else None
+        check(st, ctx)
+        if self._y_1d:
+            mu = mu[:, 0]
+        if not return_std:
+            return mu
+        return mu, np.sqrt(np.maximum(v, 0.0))
+

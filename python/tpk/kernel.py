@@ -1,0 +1,185 @@
+"""Kernels of the shipped architectures (app/archs.c, as gpkernel --arch) and of NETSOR programs."""
+import os
+import tempfile
+
+import numpy as np
+
+from . import _core
+from ._core import Error, Strings, as_input, as_text, check, fail, ffi, from_c, lib, new_ctx, to_c  # noqa: F401
+
+# keyword arguments that are not architecture flags
+_OWN = ("all_times", "all_outputs", "layernorm", "set")
+
+
+def architectures():
+    """The shipped architectures: {name: summary}."""
+    n = ffi.new("size_t *")
+    t = lib.tpk_arch_table(n)
+    return {ffi.string(t[i].name).decode(): ffi.string(t[i].summary).decode() for i in range(n[0])}
+
+
+def _arch(name):
+    if not isinstance(name, str):
+        fail(f"an architecture is named by a string, not {type(name).__name__}")
+    a = lib.tpk_arch_find(name.encode())
+    if a == ffi.NULL:
+        fail(f"unknown architecture '{name}' (known: {', '.join(architectures())})")
+    return a
+
+
+def _arch_opts(params, keep):
+    """gpkernel's flags from keyword arguments: sigma_w2=2.0 is --sigma-w2=2.0."""
+    p = dict(params)
+    all_outputs = bool(p.pop("all_times", False)) or bool(p.pop("all_outputs", False))
+    layernorm = bool(p.pop("layernorm", False))
+    sets = p.pop("set", None) or {}
+    flags = [(k.replace("_", "-"), as_text(v)) for k, v in p.items() if v is not None]
+    o = keep.keep(ffi.new("tpk_arch_opts *"))
+    if flags:
+        fl = keep.keep(ffi.new("tpk_arch_flag[]", len(flags)))
+        for i, (f, v) in enumerate(flags):
+            fl[i].flag = keep(f)
+            fl[i].param = ffi.NULL
+            fl[i].value = keep(v)
+        o.flags = fl
+    o.nflags = len(flags)
+    o.sets, o.nsets = _core.param_sets(sets, keep)
+    o.layernorm = int(layernorm)
+    o.all_outputs = int(all_outputs)
+    o.root = keep(_core.SHARE)
+    return o
+
+
+def _blocks_arch(arch, params, x, x_test):
+    """(K, K_test_train or None, K_test_diag or None) of an architecture."""
+    a = _arch(arch)
+    keep = Strings()
+    o = _arch_opts(params, keep)
+    X = as_input(x, "x")
+    Xt = None if x_test is None else as_input(x_test, "x_test")
+    ctx = new_ctx()
+    K, Kx, kd = ffi.new("tpk_array **"), ffi.new("tpk_array **"), ffi.new("tpk_array **")
+    st = lib.tpk_arch_kernel(a, o, to_c(X, keep), ffi.NULL if Xt is None else to_c(Xt, keep),
+                             K, Kx, kd, ffi.NULL, ctx)
+    if st == lib.TPK_EUNSUPPORTED:
+        return _blocks_job(a, o, keep, X, Xt)
+    check(st, ctx)
+    return from_c(K[0]), from_c(Kx[0]), from_c(kd[0])
+
+
+def _blocks_job(a, o, keep, X, Xt):
+    """Architectures with a custom job (cnn1d, cnn2d, attention) write HDF5: through a scratch
+    folder (.npy in, the job's file out, read back with h5py)."""
+    import h5py
+
+    with tempfile.TemporaryDirectory(prefix="tpk-") as d:
+        xin, tin, out = (os.path.join(d, n) for n in ("x.npy", "x_test.npy", "K.h5"))
+        np.save(xin, X)
+        if Xt is not None:
+            np.save(tin, Xt)
+        ctx = new_ctx()
+        with _core.HDF5_LOCK:
+            st = lib.tpk_arch_job(a, o, keep(xin), keep(tin) if Xt is not None else ffi.NULL,
+                                  keep(out), ctx)
+        check(st, ctx)
+        with h5py.File(out, "r") as f:
+            get = lambda n: np.array(f[n], dtype=np.float64) if n in f else None  # noqa: E731
+            return get("kernel"), get("kernel_test_train"), get("kernel_test_diag")
+
+
+def kernel(arch, x, x_test=None, **params):
+    """The infinite-width kernel of a shipped architecture, as gpkernel --arch=ARCH computes it.
+
+    x: N×d (or N×T×d sequences, N×H×W×C images), any real dtype and memory order. params are
+    gpkernel's flags with underscores (depth=3, phi="relu", sigma_w2=2.0), plus all_times=True
+    (--all-times), layernorm=True (--layernorm) and set={"name": value} (--set).
+    Returns K (N×N); with x_test the tuple (K, K_test_train (M×N), K_test_diag (M,))."""
+    K, Kx, kd = _blocks_arch(arch, params, x, x_test)
+    return K if x_test is None else (K, Kx, kd)
+
+
+def gpkernel(output, arch, x=None, x_test=None, **params):
+    """gpkernel --arch=ARCH --output=OUTPUT as a call: the same HDF5 file (read it with tpk.read).
+    x=None: the architecture's bundled demo input. Returns output."""
+    a = _arch(arch)
+    keep = Strings()
+    o = _arch_opts(params, keep)
+    with tempfile.TemporaryDirectory(prefix="tpk-") as d:
+        xin = tin = ffi.NULL
+        if x is not None:
+            xin = keep(os.path.join(d, "x.npy"))
+            np.save(ffi.string(xin).decode(), as_input(x, "x"))
+        if x_test is not None:
+            tin = keep(os.path.join(d, "x_test.npy"))
+            np.save(ffi.string(tin).decode(), as_input(x_test, "x_test"))
+        ctx = new_ctx()
+        with _core.HDF5_LOCK:
+            st = lib.tpk_arch_job(a, o, xin, tin, keep(os.fspath(output)), ctx)
+        check(st, ctx)
+    return output
+
+
+class Kernel:
+    """A reusable kernel: Kernel("mlp", depth=3, phi="relu") or Kernel(program=P, **set) for a
+    NETSOR program P (a tpk.Program, a path or the program's text).
+
+    k(x) is K(x, x) (N×N); k(x, x2) the cross kernel K(x, x2) (len(x) × len(x2)), computed with
+    x2 and x as one batch the way gpkernel --input=x2 --test=x does. k.blocks(x, x_test) gives
+    (K, K_test_train, K_test_diag) at once. get_params / set_params follow scikit-learn, so
+    GridSearchCV can tune kernel__depth etc. through a tpk.GPRegressor."""
+
+    def __init__(self, arch=None, program=None, **params):
+        self.arch = arch
+        self.program = program
+        self.params = params
+        self._validate()
+
+    def _validate(self):
+        if (self.arch is None) == (self.program is None):
+            fail("a Kernel needs exactly one of an architecture name and a program")
+        if self.arch is not None:
+            _arch(self.arch)
+
+    def _program(self):
+        from .program import Program
+
+        p = self.program if isinstance(self.program, Program) else Program(self.program)
+        return p
+
+    def blocks(self, x, x_test=None):
+        """(K, K_test_train, K_test_diag); the last two None without x_test."""
+        if self.arch is not None:
+            return _blocks_arch(self.arch, self.params, x, x_test)
+        p = dict(self.params)
+        all_outputs = bool(p.pop("all_times", False)) or bool(p.pop("all_outputs", False))
+        return self._program()._blocks(x, x_test, all_outputs, p)
+
+    def __call__(self, x, x2=None):
+        if x2 is None:
+            return self.blocks(x)[0]
+        return self.blocks(x2, x)[1]
+
+    def diag(self, x):
+        """The diagonal k(x_i, x_i)."""
+        return np.diagonal(self.blocks(x)[0]).copy()
+
+    # scikit-learn's parameter protocol
+    def get_params(self, deep=True):
+        return {"arch": self.arch, "program": self.program, **self.params}
+
+    def set_params(self, **params):
+        for k, v in params.items():
+            if k in ("arch", "program"):
+                setattr(self, k, v)
+            else:
+                self.params[k] = v
+        self._validate()
+        return self
+
+    def __repr__(self):
+        what = repr(self.arch) if self.arch is not None else f"program={self.program!r}"
+        rest = "".join(f", {k}={v!r}" for k, v in self.params.items())
+        return f"tpk.Kernel({what}{rest})"
+
+
+__all__ = ["Kernel", "kernel", "gpkernel", "architectures", "Error"]

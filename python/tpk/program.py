@@ -1,0 +1,107 @@
+"""NETSOR programs (docs/netsor.md) from Python: check, limit kernel, finite-width run."""
+import os
+
+from . import _core
+from ._core import Strings, as_input, check, fail, ffi, from_c, lib, new_ctx, to_c
+
+
+class Program:
+    """A NETSOR program: Program("prog.nsr", L=4) or Program(source_text, sigma_w2=1.5).
+
+    A string naming an existing file (or any os.PathLike) is read from that file, so messages say
+    "prog.nsr:LINE:COL: ..."; any other string is the program's text, named name (default
+    "<program>") in messages. Keyword arguments are --set overrides of its parameters;
+    netsor_plus=True allows Moments without 'use netsor+'."""
+
+    def __init__(self, source_or_path, netsor_plus=False, name=None, **set):
+        s = source_or_path
+        self.path = None
+        self.source = None
+        if isinstance(s, os.PathLike) or (isinstance(s, str) and "\n" not in s and os.path.isfile(s)):
+            self.path = os.fspath(s)
+        elif isinstance(s, str):
+            if "\n" not in s and s.strip().endswith(".nsr"):
+                fail(f"{s}: no such program file", lib.TPK_EIO)
+            self.source = s
+        else:
+            fail(f"a program is a path or its text, not {type(s).__name__}")
+        self.name = name if name is not None else (self.path or "<program>")
+        self.netsor_plus = bool(netsor_plus)
+        self.set = dict(set)
+
+    def __repr__(self):
+        what = repr(self.path) if self.path else f"<{len(self.source)} characters>"
+        return f"tpk.Program({what}" + "".join(f", {k}={v!r}" for k, v in self.set.items()) + ")"
+
+    def _job(self, keep, all_outputs=False, extra=None):
+        sets = dict(self.set)
+        sets.update(extra or {})
+        job = keep.keep(ffi.new("tpk_job *"))
+        job.label = keep("program")
+        job.program = keep(self.name)
+        job.source = keep(self.source) if self.source is not None else ffi.NULL
+        job.sets, job.nsets = _core.param_sets(sets, keep)
+        job.netsor_plus = int(self.netsor_plus)
+        job.all_outputs = int(bool(all_outputs))
+        return job
+
+    def check(self, **set):
+        """Parse, type-check and elaborate (raises tpk.Error with file:line:col). Returns the
+        final parameter values {name: text} after the overrides."""
+        keep = Strings()
+        sets = dict(self.set)
+        sets.update(set)
+        o = keep.keep(ffi.new("tpk_netsor_opts *"))
+        o.sets, o.nsets = _core.param_sets(sets, keep)
+        o.netsor_plus = int(self.netsor_plus)
+        ctx = new_ctx()
+        reg = lib.tpk_job_registry(ctx)
+        if reg == ffi.NULL:
+            check(ctx.status or lib.TPK_ENOMEM, ctx)
+        try:
+            if self.source is not None:
+                p = lib.tpk_netsor_load_string(keep(self.name), keep(self.source), o, reg, ctx)
+            else:
+                p = lib.tpk_netsor_load_file(keep(self.path), o, reg, ctx)
+            if p == ffi.NULL:
+                check(ctx.status or lib.TPK_EINVAL, ctx)
+            try:
+                return {ffi.string(p.param_name[i]).decode(): ffi.string(p.param_value[i]).decode()
+                        for i in range(p.nparams)}
+            finally:
+                lib.tpk_program_free(p)
+        finally:
+            lib.tpk_phi_registry_free(reg)
+
+    def _blocks(self, x, x_test, all_outputs, set):
+        keep = Strings()
+        job = self._job(keep, all_outputs, set)
+        X = as_input(x, "x")
+        Xt = None if x_test is None else as_input(x_test, "x_test")
+        K, Kx, kd = ffi.new("tpk_array **"), ffi.new("tpk_array **"), ffi.new("tpk_array **")
+        ctx = new_ctx()
+        check(lib.tpk_job_kernel_arrays(job, to_c(X, keep),
+                                        ffi.NULL if Xt is None else to_c(Xt, keep),
+                                        K, Kx, kd, ffi.NULL, ctx), ctx)
+        return from_c(K[0]), from_c(Kx[0]), from_c(kd[0])
+
+    def kernel(self, x, x_test=None, all_outputs=False, **set):
+        """The limit kernel (netsor kernel): K, or with x_test (K, K_test_train, K_test_diag).
+        A sequence input (N×T×d) sets the parameter T when it is not set."""
+        K, Kx, kd = self._blocks(x, x_test, all_outputs, set)
+        return K if x_test is None else (K, Kx, kd)
+
+    def run(self, x, width, seed=0, all_outputs=False, **set):
+        """A finite-width run with random weights (netsor run --width --seed): (K_hat, outputs),
+        the empirical kernel (layout of kernel()) and the sampled readouts (N × outputs)."""
+        if isinstance(width, bool) or int(width) != width or width < 1:
+            fail(f"the width must be an integer >= 1 (got {width!r})")
+        if isinstance(seed, bool) or int(seed) != seed or not 0 <= seed < 2**64:
+            fail(f"the seed must be an integer in 0..2^64-1 (got {seed!r})")
+        keep = Strings()
+        job = self._job(keep, all_outputs, set)
+        X = as_input(x, "x")
+        Kh, y = ffi.new("tpk_array **"), ffi.new("tpk_array **")
+        ctx = new_ctx()
+        check(lib.tpk_job_run_arrays(job, to_c(X, keep), int(width), int(seed), Kh, y, ctx), ctx)
+        return from_c(Kh[0]), from_c(y[0])
