@@ -224,7 +224,9 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
     double t0 = now_seconds(), err = 0;
     int st = prepare(job, &s, ctx);
     if (!st)
-        st = tpk_netsor_kernel(s.prog, s.Xall ? s.Xall : s.X, job->all_outputs, &K, &err, ctx);
+        /* a progress line on stderr for long (recurrent) kernels unless the job is quiet */
+        st = tpk_netsor_kernel_progress(s.prog, s.Xall ? s.Xall : s.X, job->all_outputs,
+                                        job->summary ? stderr : NULL, &K, &err, ctx);
     if (st)
         goto done;
     /* Layout is input-major: index a·O + o; the train block comes first. */

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <gsl/gsl_integration.h>
 #include <lapacke.h>
@@ -100,8 +101,20 @@ typedef struct lim {
     size_t spare_len;
     double err;
     tpk_orthant_cache *ocache; /* memo of the orthant back-end (NULL: none) */
+    struct m2memo *mm;  /* memo of generic E[Z^u Z^v] matrices (m2_memo_*) */
+    int nmm, capmm;
     tpk_ctx *ctx;
 } lim;
+
+/* The same E[Z^u_a Z^v_c] is asked by several MatMuls whose A-vars multiply the same sources:
+ * an LSTM's W_i, W_f, W_o, W_g all multiply h^{t−1} (and pair it with every earlier h^{r−1}), a
+ * GRU's W_z and W_r likewise (theory §2.3–2.4). The generic (per-entry) results are kept, unscaled,
+ * while u and v live, so each is computed once. */
+typedef struct m2memo {
+    int u, v;
+    double *E; /* N×N, row a = input of u */
+    double err;
+} m2memo;
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -867,7 +880,8 @@ static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t sit
                 group_numeric(L, w, fs, nodeoff, gf, ngf, nd, r, site ^ ((uint64_t)root << 40), &e);
             }
         }
-        err = err * fabs(e.value) + e.err * fabs(val);
+        /* the groups are independent estimates: first-order propagation, root-sum-square */
+        err = hypot(err * fabs(e.value), e.err * fabs(val));
         val *= e.value;
     }
     out->value = val;
@@ -1153,7 +1167,11 @@ static void note_err(lim *L, double e)
 
 static int gh_init(lim *L);
 
-/* Per-entry generic expectations for the term pairs gen[]; results added into out. */
+/* Per-entry generic expectations for the term pairs gen[]; results added into out. The work
+ * is one batch of (entry, term pair) items over OpenMP (dynamic: an item's cost ranges from a
+ * closed form to a QMC orthant probability), so a few entries with many terms still use every
+ * thread; the orthant memo computes each distinct problem once. An entry's error is the
+ * root-sum-square of its terms' (independent) errors (issue 19). */
 static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint64_t site,
                       double *out, double *vals, double *errmax)
 {
@@ -1164,35 +1182,44 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
     double emax = 0.0;
     if (status)
         return status;
+    size_t nent = sym ? N * (N + 1) / 2 : N * N, nitem = nent * (size_t)ngen;
+    double *iv = malloc(2 * (nitem ? nitem : 1) * sizeof *iv);
+    if (iv == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
 #pragma omp parallel
     {
         pws *w = pws_alloc(L);
-        double my_emax = 0.0;
         int my_st = w == NULL ? TPK_ENOMEM : TPK_OK;
 #pragma omp for schedule(dynamic, 1)
-        for (size_t a = 0; a < N; a++) {
-            size_t cend = sym ? a + 1 : N;
-            for (size_t c = 0; c < cend && my_st == TPK_OK; c++) {
-                double sum = 0.0, esum = 0.0;
-                for (int g = 0; g < ngen && my_st == TPK_OK; g++) {
-                    const xterm *ts = &bu->t[gen[g][0]], *tt = &bv->t[gen[g][1]];
-                    fac fs[2 * MAXF];
-                    int nf = 0;
-                    for (int q = 0; q < ts->nf; q++)
-                        fs[nf++] = (fac){bu->node + ts->fs[q], ts->fe[q] - ts->fs[q], a};
-                    for (int q = 0; q < tt->nf; q++)
-                        fs[nf++] = (fac){bv->node + tt->fs[q], tt->fe[q] - tt->fs[q], c};
-                    tpk_estimate e;
-                    my_st = prod_expect(L, w, fs, nf,
-                                        site * (MAXT * MAXT) + (uint64_t)(gen[g][0] * MAXT + gen[g][1]), &e);
-                    double cc = ts->coef * tt->coef;
-                    sum += cc * e.value;
-                    esum += fabs(cc) * e.err;
-                }
-                vals[a * N + c] = sum;
-                if (esum > my_emax || isnan(esum))
-                    my_emax = esum;
+        for (size_t it = 0; it < nitem; it++) {
+            if (my_st != TPK_OK)
+                continue;
+            size_t ent = it / (size_t)ngen, a, c;
+            int g = (int)(it % (size_t)ngen);
+            if (sym) { /* ent = a(a+1)/2 + c, c ≤ a */
+                a = (size_t)((sqrt(8.0 * (double)ent + 1.0) - 1.0) / 2.0);
+                while (a * (a + 1) / 2 > ent)
+                    a--;
+                while ((a + 1) * (a + 2) / 2 <= ent)
+                    a++;
+                c = ent - a * (a + 1) / 2;
+            } else {
+                a = ent / N;
+                c = ent % N;
             }
+            const xterm *ts = &bu->t[gen[g][0]], *tt = &bv->t[gen[g][1]];
+            fac fs[2 * MAXF];
+            int nf = 0;
+            for (int q = 0; q < ts->nf; q++)
+                fs[nf++] = (fac){bu->node + ts->fs[q], ts->fe[q] - ts->fs[q], a};
+            for (int q = 0; q < tt->nf; q++)
+                fs[nf++] = (fac){bv->node + tt->fs[q], tt->fe[q] - tt->fs[q], c};
+            tpk_estimate e = {0.0, 0.0};
+            my_st = prod_expect(L, w, fs, nf,
+                                site * (MAXT * MAXT) + (uint64_t)(gen[g][0] * MAXT + gen[g][1]), &e);
+            double cc = ts->coef * tt->coef;
+            iv[2 * it] = cc * e.value;
+            iv[2 * it + 1] = cc * e.err;
         }
 #pragma omp critical(tpk_limit_err)
         {
@@ -1203,21 +1230,33 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
                 else
                     TPK_ERROR(L->ctx, my_st, "expectation failed (out of memory?)");
             }
-            if (my_emax > emax)
-                emax = my_emax;
         }
         pws_free(w);
     }
-    if (status != TPK_OK)
+    if (status != TPK_OK) {
+        free(iv);
         return status;
+    }
+    size_t ent = 0;
     for (size_t a = 0; a < N; a++) {
         size_t cend = sym ? a + 1 : N;
-        for (size_t c = 0; c < cend; c++) {
-            out[a * N + c] += vals[a * N + c];
+        for (size_t c = 0; c < cend; c++, ent++) {
+            double sum = 0.0, e2 = 0.0;
+            for (int g = 0; g < ngen; g++) {
+                sum += iv[2 * (ent * (size_t)ngen + (size_t)g)];
+                double e = iv[2 * (ent * (size_t)ngen + (size_t)g) + 1];
+                e2 += e * e;
+            }
+            vals[a * N + c] = sum;
+            double esum = sqrt(e2);
+            if (esum > emax || isnan(esum))
+                emax = esum;
+            out[a * N + c] += sum;
             if (sym && c != a)
-                out[c * N + a] += vals[a * N + c];
+                out[c * N + a] += sum;
         }
     }
+    free(iv);
     *errmax = emax;
     return TPK_OK;
 }
@@ -1253,6 +1292,53 @@ static int bn_m2(lim *L, int u, int v, double *out, size_t ld, double scale, dou
     return st;
 }
 
+static const m2memo *m2_memo_find(const lim *L, int u, int v, int *transposed)
+{
+    for (int i = 0; i < L->nmm; i++) {
+        if (L->mm[i].u == u && L->mm[i].v == v) {
+            *transposed = 0;
+            return &L->mm[i];
+        }
+        if (L->mm[i].u == v && L->mm[i].v == u) {
+            *transposed = 1;
+            return &L->mm[i];
+        }
+    }
+    return NULL;
+}
+
+/* Keep a copy of E (N×N); out of memory only skips the memo. */
+static void m2_memo_put(lim *L, int u, int v, const double *E, double err)
+{
+    size_t nn = L->N * L->N;
+    if (L->nmm == L->capmm) {
+        int cap = L->capmm ? 2 * L->capmm : 16;
+        m2memo *n = realloc(L->mm, (size_t)cap * sizeof *n);
+        if (n == NULL)
+            return;
+        L->mm = n;
+        L->capmm = cap;
+    }
+    double *c = malloc(nn * sizeof *c);
+    if (c == NULL)
+        return;
+    memcpy(c, E, nn * sizeof *c);
+    L->mm[L->nmm++] = (m2memo){u, v, c, err};
+}
+
+/* Drop the entries that read variable x (it is being freed). */
+static void m2_memo_drop(lim *L, int x)
+{
+    int j = 0;
+    for (int i = 0; i < L->nmm; i++) {
+        if (L->mm[i].u == x || L->mm[i].v == x)
+            free(L->mm[i].E);
+        else
+            L->mm[j++] = L->mm[i];
+    }
+    L->nmm = j;
+}
+
 static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, size_t ld, int lower_ok,
               double scale, double *errp)
 {
@@ -1263,6 +1349,16 @@ static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, siz
     int ast = TPK_OK;
     if (aff_m2(L, u, v, sc, out, ld, scale, errp, &ast))
         return ast;
+    int tr;
+    const m2memo *hit = m2_memo_find(L, u, v, &tr);
+    if (hit != NULL) {
+        size_t N2 = L->N;
+        for (size_t a = 0; a < N2; a++)
+            for (size_t c = 0; c < N2; c++)
+                out[a * ld + c] = scale * (tr ? hit->E[c * N2 + a] : hit->E[a * N2 + c]);
+        *errp = fabs(scale) * hit->err;
+        return TPK_OK;
+    }
     const xbody *bu = &L->xb[u], *bv = &L->xb[v];
     int gen[MAXT * MAXT][2], ngen = 0, nlin = 0;
     int fast[MAXT * MAXT][2], nfast = 0;
@@ -1360,14 +1456,15 @@ static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, siz
             return st;
         for (size_t i = 0; i < N * N; i++)
             acc[i] += cc * (sc->s1[i] + mm);
-        err += fabs(cc) * e;
+        err = hypot(err, fabs(cc) * e);
     }
     if (ngen > 0) {
         double e = 0.0;
         int st = m2_entries(L, u, v, (const int(*)[2])gen, ngen, site, acc, sc->s3, &e);
         if (st)
             return st;
-        err += e;
+        err = hypot(err, e);
+        m2_memo_put(L, u, v, acc, err);
     }
     put_rows(N, acc, scale, out, ld);
     *errp = fabs(scale) * err;
@@ -1584,6 +1681,7 @@ static int setup(lim *L, int all_outputs)
 
 static void free_var_data(lim *L, int v)
 {
+    m2_memo_drop(L, v);
     free(L->rep[v].atom);
     free(L->rep[v].coef);
     L->rep[v].atom = NULL;
@@ -1638,6 +1736,9 @@ static void lim_free(lim *L)
         }
     tpk_gauss_ws_free(L->gws);
     tpk_nsr_orthant_cache_free(L->ocache);
+    for (int i = 0; i < L->nmm; i++)
+        free(L->mm[i].E);
+    free(L->mm);
     free(L->spare);
 }
 
@@ -1814,7 +1915,7 @@ static int do_moment(lim *L, int k)
                 tpk_estimate e;
                 my_st = prod_expect(L, w, fs, xb.t[t].nf, (uint64_t)k * 4096 + (uint64_t)t, &e);
                 sum += xb.t[t].coef * e.value;
-                esum += fabs(xb.t[t].coef) * e.err;
+                esum = hypot(esum, xb.t[t].coef * e.err); /* independent terms: RSS */
             }
             s[a] = sum;
             if (esum > my_emax)
@@ -1840,6 +1941,29 @@ static int do_moment(lim *L, int k)
     note_err(L, emax);
     L->scal[in->out] = s;
     return TPK_OK;
+}
+
+static double wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* "\r  limit kernel: instruction k/n, t s" once the run is older than TPK_NETSOR_PROGRESS_AFTER
+ * (short runs print nothing); returns 1 when it printed. */
+static int progress_line(FILE *f, int k, int n, double t0, int shown)
+{
+    double t = wall_seconds() - t0;
+    if (t < TPK_NETSOR_PROGRESS_AFTER && !shown)
+        return 0;
+    if (k < n)
+        fprintf(f, "\r  limit kernel: instruction %d/%d (%.0f%%), %.1f s", k + 1, n,
+                100.0 * k / n, t);
+    else
+        fprintf(f, "\r  limit kernel: readouts, %.1f s%12s", t, "");
+    fflush(f);
+    return 1;
 }
 
 static int check_psd(lim *L, const double *K, size_t n)
@@ -1898,6 +2022,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.maxdepth = sh.maxdepth;
     L.ctx = ctx;
     L.ocache = tpk_nsr_orthant_cache_alloc(); /* NULL (out of memory) only disables the memo */
+    double t_start = wall_seconds();
+    int shown = 0; /* a progress line was printed */
     size_t N = L.N;
     /* s1, s2, s3 only serve the cross/general paths: allocated on first use */
     scratch sc = {NULL, NULL, NULL, malloc(N * sizeof(double)), malloc(N * sizeof(double)),
@@ -1912,6 +2038,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         goto done;
     for (int k = 0; k < p->ninstr; k++) {
         const tpk_instr *in = &p->instr[k];
+        if (L.o.progress && (in->op == TPK_OP_MATMUL || in->op == TPK_OP_MOMENT))
+            shown |= progress_line(L.o.progress, k, p->ninstr, t_start, shown);
         switch (in->op) {
         case TPK_OP_EMBED:
             st = do_embed(&L, k, &sc);
@@ -1961,6 +2089,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         }
     }
     /* outputs: K[(a,o),(c,o')] = σ_v² E[Z^o_a Z^o'_c], input-major */
+    if (L.o.progress)
+        shown |= progress_line(L.o.progress, p->ninstr, p->ninstr, t_start, shown);
     int o0 = all_outputs ? 0 : p->noutputs - 1, O = p->noutputs - o0;
     size_t dim = N * (size_t)O;
     out = tpk_array_alloc2(dim, dim, ctx);
@@ -2013,6 +2143,10 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     *K = out;
     out = NULL;
 done:
+    if (L.o.progress && shown) {
+        fprintf(L.o.progress, "\r  limit kernel: done in %.1f s%20s\n", wall_seconds() - t_start, "");
+        fflush(L.o.progress);
+    }
     tpk_array_free(out);
     free(M);
     free(sc.s1);
@@ -2029,4 +2163,13 @@ int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                       double *err, tpk_ctx *ctx)
 {
     return tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
+}
+
+int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x, int all_outputs,
+                               FILE *progress, tpk_array **K, double *err, tpk_ctx *ctx)
+{
+    tpk_limit_opts o;
+    memset(&o, 0, sizeof o);
+    o.progress = progress;
+    return tpk_netsor_kernel_ex(p, x, all_outputs, &o, K, err, ctx);
 }
