@@ -7,6 +7,7 @@
  * the eigen-decomposed joint Gaussian (dimension ≤ 4), and Monte Carlo with a standard error. */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -18,6 +19,7 @@
 #include "orthant-impl.h"
 #include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
+#include "tpk/mvn.h"
 #include "tpk/rng.h"
 #include "limit-poly.h"
 
@@ -675,6 +677,51 @@ static int affine_call(const lim *L, pws *w, const fac *f, int *g, double *a, do
     return 1;
 }
 
+/* erf, the erf-sigmoid gate and the step as α·P(ξ < x) + β, ξ ~ N(0, v) (theory §2.3:
+ * erf x = 2Φ(√2 x) − 1 = 2σ(x) − 1). Returns 0 for other φ. */
+static int smooth_affine(const tpk_phi *phi, double *al, double *be, double *v)
+{
+    const char *n = tpk_phi_name(phi);
+    double b = 1.0;
+    if (strcmp(n, "erf") == 0 || (sscanf(n, "erf(%lf)", &b) == 1 && isfinite(b) && b != 0.0)) {
+        /* erf(b x) = sign(b)·(2 P(ξ < x) − 1), ξ ~ N(0, 1/(2b²)) */
+        double sg = b > 0 ? 1.0 : -1.0;
+        return *al = 2.0 * sg, *be = -sg, *v = 0.5 / (b * b), 1;
+    }
+    if (strcmp(n, "erf_sigmoid") == 0)
+        return *al = 1.0, *be = 0.0, *v = 0.5, 1;
+    if (strcmp(n, "step") == 0)
+        return *al = 1.0, *be = 0.0, *v = 0.0, 1;
+    return 0;
+}
+
+/* E[φ1(u)] or E[φ1(u)φ2(w)] for φ ∈ {erf, erf_sigmoid, step} with any means, exactly: products of
+ * P(ξ < ·) are normal probabilities of dimension ≤ 2 (kernels/mvn.c, error 1e-15) — the 2-D
+ * Gauss–Hermite rule loses digits here (1e-4 at variance 4: erf(x) is steep on the rule's
+ * scale), and the GRU's r-gates and erf(h̃) with biases of non-zero mean are exactly these.
+ * Returns 1 when it took the pair (status in *st). */
+static int smooth_expect(int ngf, const tpk_phi *p1, const tpk_phi *p2, double m1, double m2,
+                         double q1, double q2, double k, tpk_estimate *e, int *st, tpk_ctx *ctx)
+{
+    double a1, b1, v1, a2 = 0.0, b2 = 1.0, v2 = 0.0;
+    if (!smooth_affine(p1, &a1, &b1, &v1) || (ngf == 2 && !smooth_affine(p2, &a2, &b2, &v2)))
+        return 0;
+    tpk_estimate A1, A2 = {0.0, 0.0}, B = {0.0, 0.0};
+    double s1 = q1 + v1, S[4] = {q1 + v1, k, k, q2 + v2}, mu[2] = {m1, m2};
+    *st = tpk_mvn_cdf(1, &m1, &s1, 0.0, &A1, ctx);
+    if (!*st && ngf == 2) {
+        double s2 = q2 + v2;
+        *st = tpk_mvn_cdf(1, &m2, &s2, 0.0, &A2, ctx);
+        if (!*st)
+            *st = tpk_mvn_cdf(2, mu, S, 0.0, &B, ctx);
+    }
+    if (*st == TPK_EUNSUPPORTED) /* cannot happen for m ≤ 2; keep the general rules then */
+        return 0;
+    e->value = a1 * a2 * B.value + a1 * b2 * A1.value + b1 * a2 * A2.value + b1 * b2;
+    e->err = fabs(a1 * a2) * B.err + fabs(a1 * b2) * A1.err + fabs(b1 * a2) * A2.err;
+    return 1;
+}
+
 /* Orthant back-end (netsor/limit_orthant.c): a group whose factors are all smoothed steps
  * σ_v(a·g + b) = P(ξ < a·g + b) (erf-sigmoid gates, steps) is P(w > 0) with
  * w_q = a_q Z^{g_q} + b_q − ξ_q, the ξ_q ~ N(0, v_q) independent — a repeated factor gets its own
@@ -699,7 +746,8 @@ static int orthant_group(const lim *L, pws *w, const fac *fs, const int *nodeoff
         for (int j = 0; j < ngf; j++)
             S[i * ngf + j] = a[i] * a[j] * w->C[k[i] * D + k[j]] + (i == j ? v[i] : 0.0);
     }
-    tpk_orthant_opts oo = {.abs_tol = L->o.orthant_abs_tol, .rel_tol = L->o.orthant_rel_tol};
+    tpk_orthant_opts oo = {.abs_tol = L->o.orthant_abs_tol, .rel_tol = L->o.orthant_rel_tol,
+                           .max_points = L->o.orthant_max_points};
     (void)site; /* shifts are keyed by the problem, so a memo hit equals a recomputation */
     *st = tpk_nsr_orthant_cached(L->ocache, ngf, mu, S, L->o.mc_seed, &oo, e, &w->ctx);
     return 1;
@@ -816,9 +864,21 @@ static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t sit
                     for (int i = 0; i < f1->len; i++)
                         if (f1->node[i].op == TPK_RPN_GVAR)
                             k1 = w->nodedim[nodeoff[gf[0]] + i];
-                    int st;
+                    int st = TPK_OK;
                     double m1 = a1 * w->m[k1] + b1, q1 = a1 * a1 * w->C[k1 * D + k1];
-                    if (ngf == 1) {
+                    double m2s = 0.0, q2s = 0.0, kks = 0.0;
+                    if (ngf == 2) {
+                        for (int i = 0; i < f2->len; i++)
+                            if (f2->node[i].op == TPK_RPN_GVAR)
+                                k2 = w->nodedim[nodeoff[gf[1]] + i];
+                        m2s = a2 * w->m[k2] + b2;
+                        q2s = a2 * a2 * w->C[k2 * D + k2];
+                        kks = a1 * a2 * w->C[k1 * D + k2];
+                    }
+                    if (smooth_expect(ngf, p1, p2, m1, m2s, q1, q2s, kks, &e, &st, &w->ctx)) {
+                        if (st)
+                            return st;
+                    } else if (ngf == 1) {
                         st = tpk_gauss_expect1(p1, m1, q1, L->gws, &e, &w->ctx);
                     } else {
                         for (int i = 0; i < f2->len; i++)
