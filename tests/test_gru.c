@@ -502,9 +502,9 @@ static void test_gru_reference(void **state)
     tpk_array *x = tpk_array_alloc(3, dims, &ctx), *K = NULL;
     memcpy(x->data, gref_x, sizeof gref_x);
     for (int pass = 0; pass < 2; pass++) {
-        /* 2^17 lattice points per shift (4× the default cap) for the 5–8-D problems */
+        /* 2^19 QMC points per shift (16× the default cap) for the 5–8-D problems */
         tpk_limit_opts tight = {.orthant_abs_tol = 1e-10, .orthant_rel_tol = 1e-9,
-                                .orthant_max_points = (size_t)1 << 17};
+                                .orthant_max_points = (size_t)1 << 19};
         double err = -1;
         assert_int_equal(tpk_netsor_kernel_ex(p, x, 1, pass ? &tight : NULL, &K, &err, &ctx),
                          TPK_OK);
@@ -523,6 +523,32 @@ static void test_gru_reference(void **state)
         tpk_array_free(K);
         K = NULL;
     }
+    tpk_array_free(x);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+}
+
+/* tpk_netsor_kernel_progress: the same kernel as tpk_netsor_kernel, and no line for a run shorter
+ * than TPK_NETSOR_PROGRESS_AFTER seconds (T = 2 takes milliseconds). */
+static void test_progress_quiet_when_short(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_program *p = load("programs/gru.nsr", 2, NULL, 0, reg, &ctx);
+    tpk_array *x = seq_array(2, &ctx), *K = NULL, *K2 = NULL;
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    double e1, e2;
+    assert_int_equal(tpk_netsor_kernel(p, x, 1, &K, &e1, &ctx), TPK_OK);
+    assert_int_equal(tpk_netsor_kernel_progress(p, x, 1, f, &K2, &e2, &ctx), TPK_OK);
+    assert_true(ftell(f) == 0);
+    assert_memory_equal(K->data, K2->data, tpk_array_size(K) * sizeof(double));
+    assert_true(e1 == e2);
+    fclose(f);
+    tpk_array_free(K);
+    tpk_array_free(K2);
     tpk_array_free(x);
     tpk_program_free(p);
     tpk_phi_registry_free(reg);
@@ -549,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_gru_matches_recursion),
         cmocka_unit_test(test_gru_tight),
         cmocka_unit_test(test_gru_reference),
+        cmocka_unit_test(test_progress_quiet_when_short),
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_gru_executor),
         cmocka_unit_test(test_lstm_executor),
