@@ -248,7 +248,9 @@ static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_
         memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
     }
     tpk_array *K = NULL;
-    int st = tpk_netsor_kernel(s->prog, s->Xall ? s->Xall : s->X, job->all_outputs, &K, err, ctx);
+    /* a progress line on stderr for long (recurrent) kernels unless the job is quiet */
+    int st = tpk_netsor_kernel_progress(s->prog, s->Xall ? s->Xall : s->X, job->all_outputs,
+                                        job->summary ? stderr : NULL, &K, err, ctx);
     if (st)
         return st;
     if (!s->Xt) {

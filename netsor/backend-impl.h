@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "tpk/netsor.h"
 
@@ -42,6 +43,8 @@ typedef struct tpk_limit_opts {
     int max_gh_dim;     /* 0: default 4 */
     double orthant_abs_tol; /* orthant back-end (limit_orthant.c) target standard errors, */
     double orthant_rel_tol; /* absolute or relative; 0: its defaults                      */
+    size_t orthant_max_points; /* QMC points per shift before giving up (0: its default) */
+    FILE *progress;     /* progress line for long runs (tpk_netsor_kernel_progress), or NULL */
 } tpk_limit_opts;
 
 int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outputs,

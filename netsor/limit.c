@@ -7,8 +7,10 @@
  * the eigen-decomposed joint Gaussian (dimension ≤ 4), and Monte Carlo with a standard error. */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <gsl/gsl_integration.h>
 #include <lapacke.h>
@@ -17,6 +19,7 @@
 #include "orthant-impl.h"
 #include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
+#include "tpk/mvn.h"
 #include "tpk/rng.h"
 #include "limit-poly.h"
 
@@ -100,8 +103,20 @@ typedef struct lim {
     size_t spare_len;
     double err;
     tpk_orthant_cache *ocache; /* memo of the orthant back-end (NULL: none) */
+    struct m2memo *mm;  /* memo of generic E[Z^u Z^v] matrices (m2_memo_*) */
+    int nmm, capmm;
     tpk_ctx *ctx;
 } lim;
+
+/* The same E[Z^u_a Z^v_c] is asked by several MatMuls whose A-vars multiply the same sources:
+ * an LSTM's W_i, W_f, W_o, W_g all multiply h^{t−1} (and pair it with every earlier h^{r−1}), a
+ * GRU's W_z and W_r likewise (theory §2.3–2.4). The generic (per-entry) results are kept, unscaled,
+ * while u and v live, so each is computed once. */
+typedef struct m2memo {
+    int u, v;
+    double *E; /* N×N, row a = input of u */
+    double err;
+} m2memo;
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -662,6 +677,51 @@ static int affine_call(const lim *L, pws *w, const fac *f, int *g, double *a, do
     return 1;
 }
 
+/* erf, the erf-sigmoid gate and the step as α·P(ξ < x) + β, ξ ~ N(0, v) (theory §2.3:
+ * erf x = 2Φ(√2 x) − 1 = 2σ(x) − 1). Returns 0 for other φ. */
+static int smooth_affine(const tpk_phi *phi, double *al, double *be, double *v)
+{
+    const char *n = tpk_phi_name(phi);
+    double b = 1.0;
+    if (strcmp(n, "erf") == 0 || (sscanf(n, "erf(%lf)", &b) == 1 && isfinite(b) && b != 0.0)) {
+        /* erf(b x) = sign(b)·(2 P(ξ < x) − 1), ξ ~ N(0, 1/(2b²)) */
+        double sg = b > 0 ? 1.0 : -1.0;
+        return *al = 2.0 * sg, *be = -sg, *v = 0.5 / (b * b), 1;
+    }
+    if (strcmp(n, "erf_sigmoid") == 0)
+        return *al = 1.0, *be = 0.0, *v = 0.5, 1;
+    if (strcmp(n, "step") == 0)
+        return *al = 1.0, *be = 0.0, *v = 0.0, 1;
+    return 0;
+}
+
+/* E[φ1(u)] or E[φ1(u)φ2(w)] for φ ∈ {erf, erf_sigmoid, step} with any means, exactly: products of
+ * P(ξ < ·) are normal probabilities of dimension ≤ 2 (kernels/mvn.c, error 1e-15) — the 2-D
+ * Gauss–Hermite rule loses digits here (1e-4 at variance 4: erf(x) is steep on the rule's
+ * scale), and the GRU's r-gates and erf(h̃) with biases of non-zero mean are exactly these.
+ * Returns 1 when it took the pair (status in *st). */
+static int smooth_expect(int ngf, const tpk_phi *p1, const tpk_phi *p2, double m1, double m2,
+                         double q1, double q2, double k, tpk_estimate *e, int *st, tpk_ctx *ctx)
+{
+    double a1, b1, v1, a2 = 0.0, b2 = 1.0, v2 = 0.0;
+    if (!smooth_affine(p1, &a1, &b1, &v1) || (ngf == 2 && !smooth_affine(p2, &a2, &b2, &v2)))
+        return 0;
+    tpk_estimate A1, A2 = {0.0, 0.0}, B = {0.0, 0.0};
+    double s1 = q1 + v1, S[4] = {q1 + v1, k, k, q2 + v2}, mu[2] = {m1, m2};
+    *st = tpk_mvn_cdf(1, &m1, &s1, 0.0, &A1, ctx);
+    if (!*st && ngf == 2) {
+        double s2 = q2 + v2;
+        *st = tpk_mvn_cdf(1, &m2, &s2, 0.0, &A2, ctx);
+        if (!*st)
+            *st = tpk_mvn_cdf(2, mu, S, 0.0, &B, ctx);
+    }
+    if (*st == TPK_EUNSUPPORTED) /* cannot happen for m ≤ 2; keep the general rules then */
+        return 0;
+    e->value = a1 * a2 * B.value + a1 * b2 * A1.value + b1 * a2 * A2.value + b1 * b2;
+    e->err = fabs(a1 * a2) * B.err + fabs(a1 * b2) * A1.err + fabs(b1 * a2) * A2.err;
+    return 1;
+}
+
 /* Orthant back-end (netsor/limit_orthant.c): a group whose factors are all smoothed steps
  * σ_v(a·g + b) = P(ξ < a·g + b) (erf-sigmoid gates, steps) is P(w > 0) with
  * w_q = a_q Z^{g_q} + b_q − ξ_q, the ξ_q ~ N(0, v_q) independent — a repeated factor gets its own
@@ -686,7 +746,8 @@ static int orthant_group(const lim *L, pws *w, const fac *fs, const int *nodeoff
         for (int j = 0; j < ngf; j++)
             S[i * ngf + j] = a[i] * a[j] * w->C[k[i] * D + k[j]] + (i == j ? v[i] : 0.0);
     }
-    tpk_orthant_opts oo = {.abs_tol = L->o.orthant_abs_tol, .rel_tol = L->o.orthant_rel_tol};
+    tpk_orthant_opts oo = {.abs_tol = L->o.orthant_abs_tol, .rel_tol = L->o.orthant_rel_tol,
+                           .max_points = L->o.orthant_max_points};
     (void)site; /* shifts are keyed by the problem, so a memo hit equals a recomputation */
     *st = tpk_nsr_orthant_cached(L->ocache, ngf, mu, S, L->o.mc_seed, &oo, e, &w->ctx);
     return 1;
@@ -803,9 +864,21 @@ static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t sit
                     for (int i = 0; i < f1->len; i++)
                         if (f1->node[i].op == TPK_RPN_GVAR)
                             k1 = w->nodedim[nodeoff[gf[0]] + i];
-                    int st;
+                    int st = TPK_OK;
                     double m1 = a1 * w->m[k1] + b1, q1 = a1 * a1 * w->C[k1 * D + k1];
-                    if (ngf == 1) {
+                    double m2s = 0.0, q2s = 0.0, kks = 0.0;
+                    if (ngf == 2) {
+                        for (int i = 0; i < f2->len; i++)
+                            if (f2->node[i].op == TPK_RPN_GVAR)
+                                k2 = w->nodedim[nodeoff[gf[1]] + i];
+                        m2s = a2 * w->m[k2] + b2;
+                        q2s = a2 * a2 * w->C[k2 * D + k2];
+                        kks = a1 * a2 * w->C[k1 * D + k2];
+                    }
+                    if (smooth_expect(ngf, p1, p2, m1, m2s, q1, q2s, kks, &e, &st, &w->ctx)) {
+                        if (st)
+                            return st;
+                    } else if (ngf == 1) {
                         st = tpk_gauss_expect1(p1, m1, q1, L->gws, &e, &w->ctx);
                     } else {
                         for (int i = 0; i < f2->len; i++)
@@ -867,7 +940,8 @@ static int prod_expect(const lim *L, pws *w, const fac *fs, int nf, uint64_t sit
                 group_numeric(L, w, fs, nodeoff, gf, ngf, nd, r, site ^ ((uint64_t)root << 40), &e);
             }
         }
-        err = err * fabs(e.value) + e.err * fabs(val);
+        /* the groups are independent estimates: first-order propagation, root-sum-square */
+        err = hypot(err * fabs(e.value), e.err * fabs(val));
         val *= e.value;
     }
     out->value = val;
@@ -1153,7 +1227,11 @@ static void note_err(lim *L, double e)
 
 static int gh_init(lim *L);
 
-/* Per-entry generic expectations for the term pairs gen[]; results added into out. */
+/* Per-entry generic expectations for the term pairs gen[]; results added into out. The work
+ * is one batch of (entry, term pair) items over OpenMP (dynamic: an item's cost ranges from a
+ * closed form to a QMC orthant probability), so a few entries with many terms still use every
+ * thread; the orthant memo computes each distinct problem once. An entry's error is the
+ * root-sum-square of its terms' (independent) errors (issue 19). */
 static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint64_t site,
                       double *out, double *vals, double *errmax)
 {
@@ -1165,35 +1243,44 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
     double emax = 0.0;
     if (status)
         return status;
+    size_t nent = sym ? N * (N + 1) / 2 : N * N, nitem = nent * (size_t)ngen;
+    double *iv = malloc(2 * (nitem ? nitem : 1) * sizeof *iv);
+    if (iv == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
 #pragma omp parallel
     {
         pws *w = pws_alloc(L);
-        double my_emax = 0.0;
         int my_st = w == NULL ? TPK_ENOMEM : TPK_OK;
 #pragma omp for schedule(dynamic, 1)
-        for (size_t a = 0; a < N; a++) {
-            size_t cend = sym ? a + 1 : N;
-            for (size_t c = 0; c < cend && my_st == TPK_OK; c++) {
-                double sum = 0.0, esum = 0.0;
-                for (int g = 0; g < ngen && my_st == TPK_OK; g++) {
-                    const xterm *ts = &bu->t[gen[g][0]], *tt = &bv->t[gen[g][1]];
-                    fac fs[2 * MAXF];
-                    int nf = 0;
-                    for (int q = 0; q < ts->nf; q++)
-                        fs[nf++] = (fac){bu->node + ts->fs[q], ts->fe[q] - ts->fs[q], a};
-                    for (int q = 0; q < tt->nf; q++)
-                        fs[nf++] = (fac){bv->node + tt->fs[q], tt->fe[q] - tt->fs[q], c};
-                    tpk_estimate e;
-                    my_st = prod_expect(L, w, fs, nf,
-                                        site * (MAXT * MAXT) + (uint64_t)(gen[g][0] * MAXT + gen[g][1]), &e);
-                    double cc = ts->coef * tt->coef;
-                    sum += cc * e.value;
-                    esum += fabs(cc) * e.err;
-                }
-                vals[a * N + c] = sum;
-                if (esum > my_emax || isnan(esum))
-                    my_emax = esum;
+        for (size_t it = 0; it < nitem; it++) {
+            if (my_st != TPK_OK)
+                continue;
+            size_t ent = it / (size_t)ngen, a, c;
+            int g = (int)(it % (size_t)ngen);
+            if (sym) { /* ent = a(a+1)/2 + c, c ≤ a */
+                a = (size_t)((sqrt(8.0 * (double)ent + 1.0) - 1.0) / 2.0);
+                while (a * (a + 1) / 2 > ent)
+                    a--;
+                while ((a + 1) * (a + 2) / 2 <= ent)
+                    a++;
+                c = ent - a * (a + 1) / 2;
+            } else {
+                a = ent / N;
+                c = ent % N;
             }
+            const xterm *ts = &bu->t[gen[g][0]], *tt = &bv->t[gen[g][1]];
+            fac fs[2 * MAXF];
+            int nf = 0;
+            for (int q = 0; q < ts->nf; q++)
+                fs[nf++] = (fac){bu->node + ts->fs[q], ts->fe[q] - ts->fs[q], a};
+            for (int q = 0; q < tt->nf; q++)
+                fs[nf++] = (fac){bv->node + tt->fs[q], tt->fe[q] - tt->fs[q], c};
+            tpk_estimate e = {0.0, 0.0};
+            my_st = prod_expect(L, w, fs, nf,
+                                site * (MAXT * MAXT) + (uint64_t)(gen[g][0] * MAXT + gen[g][1]), &e);
+            double cc = ts->coef * tt->coef;
+            iv[2 * it] = cc * e.value;
+            iv[2 * it + 1] = cc * e.err;
         }
 #pragma omp critical(tpk_limit_err)
         {
@@ -1204,21 +1291,33 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
                 else
                     TPK_ERROR(L->ctx, my_st, "expectation failed (out of memory?)");
             }
-            if (my_emax > emax)
-                emax = my_emax;
         }
         pws_free(w);
     }
-    if (status != TPK_OK)
+    if (status != TPK_OK) {
+        free(iv);
         return status;
+    }
+    size_t ent = 0;
     for (size_t a = 0; a < N; a++) {
         size_t cend = sym ? a + 1 : N;
-        for (size_t c = 0; c < cend; c++) {
-            out[a * N + c] += vals[a * N + c];
+        for (size_t c = 0; c < cend; c++, ent++) {
+            double sum = 0.0, e2 = 0.0;
+            for (int g = 0; g < ngen; g++) {
+                sum += iv[2 * (ent * (size_t)ngen + (size_t)g)];
+                double e = iv[2 * (ent * (size_t)ngen + (size_t)g) + 1];
+                e2 += e * e;
+            }
+            vals[a * N + c] = sum;
+            double esum = sqrt(e2);
+            if (esum > emax || isnan(esum))
+                emax = esum;
+            out[a * N + c] += sum;
             if (sym && c != a)
-                out[c * N + a] += vals[a * N + c];
+                out[c * N + a] += sum;
         }
     }
+    free(iv);
     *errmax = emax;
     return TPK_OK;
 }
@@ -1254,6 +1353,53 @@ static int bn_m2(lim *L, int u, int v, double *out, size_t ld, double scale, dou
     return st;
 }
 
+static const m2memo *m2_memo_find(const lim *L, int u, int v, int *transposed)
+{
+    for (int i = 0; i < L->nmm; i++) {
+        if (L->mm[i].u == u && L->mm[i].v == v) {
+            *transposed = 0;
+            return &L->mm[i];
+        }
+        if (L->mm[i].u == v && L->mm[i].v == u) {
+            *transposed = 1;
+            return &L->mm[i];
+        }
+    }
+    return NULL;
+}
+
+/* Keep a copy of E (N×N); out of memory only skips the memo. */
+static void m2_memo_put(lim *L, int u, int v, const double *E, double err)
+{
+    size_t nn = L->N * L->N;
+    if (L->nmm == L->capmm) {
+        int cap = L->capmm ? 2 * L->capmm : 16;
+        m2memo *n = realloc(L->mm, (size_t)cap * sizeof *n);
+        if (n == NULL)
+            return;
+        L->mm = n;
+        L->capmm = cap;
+    }
+    double *c = malloc(nn * sizeof *c);
+    if (c == NULL)
+        return;
+    memcpy(c, E, nn * sizeof *c);
+    L->mm[L->nmm++] = (m2memo){u, v, c, err};
+}
+
+/* Drop the entries that read variable x (it is being freed). */
+static void m2_memo_drop(lim *L, int x)
+{
+    int j = 0;
+    for (int i = 0; i < L->nmm; i++) {
+        if (L->mm[i].u == x || L->mm[i].v == x)
+            free(L->mm[i].E);
+        else
+            L->mm[j++] = L->mm[i];
+    }
+    L->nmm = j;
+}
+
 static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, size_t ld, int lower_ok,
               double scale, double *errp)
 {
@@ -1264,6 +1410,16 @@ static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, siz
     int ast = TPK_OK;
     if (aff_m2(L, u, v, sc, out, ld, scale, errp, &ast))
         return ast;
+    int tr;
+    const m2memo *hit = m2_memo_find(L, u, v, &tr);
+    if (hit != NULL) {
+        size_t N2 = L->N;
+        for (size_t a = 0; a < N2; a++)
+            for (size_t c = 0; c < N2; c++)
+                out[a * ld + c] = scale * (tr ? hit->E[c * N2 + a] : hit->E[a * N2 + c]);
+        *errp = fabs(scale) * hit->err;
+        return TPK_OK;
+    }
     const xbody *bu = &L->xb[u], *bv = &L->xb[v];
     int gen[MAXT * MAXT][2], ngen = 0, nlin = 0;
     int fast[MAXT * MAXT][2], nfast = 0;
@@ -1361,14 +1517,15 @@ static int m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, siz
             return st;
         for (size_t i = 0; i < N * N; i++)
             acc[i] += cc * (sc->s1[i] + mm);
-        err += fabs(cc) * e;
+        err = hypot(err, fabs(cc) * e);
     }
     if (ngen > 0) {
         double e = 0.0;
         int st = m2_entries(L, u, v, (const int(*)[2])gen, ngen, site, acc, sc->s3, &e);
         if (st)
             return st;
-        err += e;
+        err = hypot(err, e);
+        m2_memo_put(L, u, v, acc, err);
     }
     put_rows(N, acc, scale, out, ld);
     *errp = fabs(scale) * err;
@@ -1585,6 +1742,7 @@ static int setup(lim *L, int all_outputs)
 
 static void free_var_data(lim *L, int v)
 {
+    m2_memo_drop(L, v);
     free(L->rep[v].atom);
     free(L->rep[v].coef);
     L->rep[v].atom = NULL;
@@ -1639,6 +1797,9 @@ static void lim_free(lim *L)
         }
     tpk_gauss_ws_free(L->gws);
     tpk_nsr_orthant_cache_free(L->ocache);
+    for (int i = 0; i < L->nmm; i++)
+        free(L->mm[i].E);
+    free(L->mm);
     free(L->spare);
 }
 
@@ -1815,7 +1976,7 @@ static int do_moment(lim *L, int k)
                 tpk_estimate e;
                 my_st = prod_expect(L, w, fs, xb.t[t].nf, (uint64_t)k * 4096 + (uint64_t)t, &e);
                 sum += xb.t[t].coef * e.value;
-                esum += fabs(xb.t[t].coef) * e.err;
+                esum = hypot(esum, xb.t[t].coef * e.err); /* independent terms: RSS */
             }
             s[a] = sum;
             if (esum > my_emax)
@@ -1841,6 +2002,29 @@ static int do_moment(lim *L, int k)
     note_err(L, emax);
     L->scal[in->out] = s;
     return TPK_OK;
+}
+
+static double wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* "\r  limit kernel: instruction k/n, t s" once the run is older than TPK_NETSOR_PROGRESS_AFTER
+ * (short runs print nothing); returns 1 when it printed. */
+static int progress_line(FILE *f, int k, int n, double t0, int shown)
+{
+    double t = wall_seconds() - t0;
+    if (t < TPK_NETSOR_PROGRESS_AFTER && !shown)
+        return 0;
+    if (k < n)
+        fprintf(f, "\r  limit kernel: instruction %d/%d (%.0f%%), %.1f s", k + 1, n,
+                100.0 * k / n, t);
+    else
+        fprintf(f, "\r  limit kernel: readouts, %.1f s%12s", t, "");
+    fflush(f);
+    return 1;
 }
 
 static int check_psd(lim *L, const double *K, size_t n)
@@ -1899,6 +2083,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.maxdepth = sh.maxdepth;
     L.ctx = ctx;
     L.ocache = tpk_nsr_orthant_cache_alloc(); /* NULL (out of memory) only disables the memo */
+    double t_start = wall_seconds();
+    int shown = 0; /* a progress line was printed */
     size_t N = L.N;
     /* s1, s2, s3 only serve the cross/general paths: allocated on first use */
     scratch sc = {NULL, NULL, NULL, malloc(N * sizeof(double)), malloc(N * sizeof(double)),
@@ -1913,6 +2099,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         goto done;
     for (int k = 0; k < p->ninstr; k++) {
         const tpk_instr *in = &p->instr[k];
+        if (L.o.progress && (in->op == TPK_OP_MATMUL || in->op == TPK_OP_MOMENT))
+            shown |= progress_line(L.o.progress, k, p->ninstr, t_start, shown);
         switch (in->op) {
         case TPK_OP_EMBED:
             st = do_embed(&L, k, &sc);
@@ -1962,6 +2150,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         }
     }
     /* outputs: K[(a,o),(c,o')] = σ_v² E[Z^o_a Z^o'_c], input-major */
+    if (L.o.progress)
+        shown |= progress_line(L.o.progress, p->ninstr, p->ninstr, t_start, shown);
     int o0 = all_outputs ? 0 : p->noutputs - 1, O = p->noutputs - o0;
     size_t dim = N * (size_t)O;
     out = tpk_array_alloc2(dim, dim, ctx);
@@ -2014,6 +2204,10 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     *K = out;
     out = NULL;
 done:
+    if (L.o.progress && shown) {
+        fprintf(L.o.progress, "\r  limit kernel: done in %.1f s%20s\n", wall_seconds() - t_start, "");
+        fflush(L.o.progress);
+    }
     tpk_array_free(out);
     free(M);
     free(sc.s1);
@@ -2030,4 +2224,13 @@ int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                       double *err, tpk_ctx *ctx)
 {
     return tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
+}
+
+int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x, int all_outputs,
+                               FILE *progress, tpk_array **K, double *err, tpk_ctx *ctx)
+{
+    tpk_limit_opts o;
+    memset(&o, 0, sizeof o);
+    o.progress = progress;
+    return tpk_netsor_kernel_ex(p, x, all_outputs, &o, K, err, ctx);
 }

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 
 #include "orthant-impl.h"
+#include "tpk/mvn.h"
 #include "tpk/rng.h"
 
 #define DEF_ABS_TOL 5e-7   /* default target standard error, absolute ... */
@@ -29,6 +30,9 @@
 #define DEF_SHIFTS 8       /* R shifts: the standard error has R − 1 degrees of freedom     */
 #define DEF_MAXPTS 32768   /* points per shift before giving up on the tolerance           */
 #define FIRST_PTS 64       /* points per shift of the first pass                            */
+/* Absolute tolerance of the deterministic back ends (m ≤ 4): far below any QMC error here, and
+ * a 4-D probability still costs ~0.2 ms at it (tests/test_mvn.c test_speed). */
+#define MVN_TOL 1e-13
 /* A conditional variance below this fraction of the largest variance is zero: the variable is
  * a linear function of the earlier ones and its factor a 0/1 indicator given them. */
 #define DEGEN_TOL 1e-12
@@ -308,8 +312,12 @@ static void sov_setup(sov *z, int m, const double *mu, const double *S)
  * (measured on a trivariate orthant with a closed form: 3e-8 at M = 2^14, against 7e-7 for the
  * shifted Sobol points used before). */
 #define LATTICE_BITS 20
+/* Used up to 3 SOV dimensions only: with components 2..5 the rule stalls as well (a 5-variable
+ * GRU gate product: standard error 1.7e-6 at 2^15 and at 2^17 points per shift; the shifted
+ * Sobol points reach 1.3e-7 at 2^17). Dimensions ≤ 4 are deterministic (kernels/mvn.c), so the
+ * lattice now serves only problems the deterministic back ends cannot reduce. */
 #ifndef LATTICE_MAXDIM
-#define LATTICE_MAXDIM 4
+#define LATTICE_MAXDIM 3
 #endif
 static const uint32_t lattice_z[TPK_ORTHANT_MAXDIM - 1] = {
     182667, 469891, 498753, 110745, 446247, 250185, 118627, 245333, 283199, 408519,
@@ -380,6 +388,20 @@ int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
     if (m == 1) {
         out->value = S[0] > 0 ? Phi(mu[0] / sqrt(S[0])) : (mu[0] > 0 ? 1.0 : 0.0);
         return TPK_OK;
+    }
+    if (m <= TPK_MVN_MAXDIM) {
+        /* P(w > 0) = P(X < μ), X = μ − w ~ N(0, S): the deterministic bivariate / trivariate /
+         * 4-D back ends (kernels/mvn.c) with their error bounds. A singular S they cannot
+         * reduce (TPK_EUNSUPPORTED) falls through to the QMC below; a missed tolerance
+         * (TPK_ENUMERIC) still returns the value with its honest bound. */
+        tpk_ctx mctx;
+        tpk_ctx_init(&mctx);
+        int st = tpk_mvn_cdf(m, mu, S, MVN_TOL, out, &mctx);
+        if (st == TPK_OK || st == TPK_ENUMERIC)
+            return TPK_OK;
+        if (st != TPK_EUNSUPPORTED)
+            return TPK_ERROR(ctx, st, "%s", mctx.msg);
+        out->err = 0.0;
     }
     sov z;
     sov_setup(&z, m, mu, S);
@@ -527,6 +549,14 @@ void tpk_nsr_orthant_cache_free(tpk_orthant_cache *c)
     free(c);
 }
 
+/* Problems are keyed after rounding each entry to 52 − ROUND_BITS mantissa bits (relative
+ * 2^-44 ≈ 6e-14): the same (covariance, threshold) met through another summation order — the
+ * (a, c) and (c, a) entries, a MatMul and the readout of the same pair — hits the memo; the
+ * probability moves by ≲ 1e-13 under such a change, far below every error estimate here. */
+#define ROUND_BITS 8
+#define ROUND_MASK ((UINT64_C(1) << ROUND_BITS) - 1)
+#define ROUND_HALF (UINT64_C(1) << (ROUND_BITS - 1))
+
 static void hash_problem(int m, const double *mu, const double *S, uint64_t *h1, uint64_t *h2)
 {
     uint64_t a = UINT64_C(0xcbf29ce484222325) ^ (uint64_t)m, b = UINT64_C(0x9E3779B97F4A7C15) + (uint64_t)m;
@@ -535,6 +565,7 @@ static void hash_problem(int m, const double *mu, const double *S, uint64_t *h1,
         double v = i < (size_t)m ? mu[i] : S[i - (size_t)m];
         uint64_t x;
         memcpy(&x, &v, sizeof x);
+        x = (x + ROUND_HALF) & ~ROUND_MASK; /* the rounded problem (see ROUND_BITS) */
         a = (a ^ x) * UINT64_C(0x100000001b3);
         a ^= a >> 29;
         b = (b + x) * UINT64_C(0xbf58476d1ce4e5b9);

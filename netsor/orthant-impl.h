@@ -28,14 +28,15 @@ int tpk_nsr_orthant_factor(const tpk_rpn_node *node, int len, int *leaf, double 
                            double *v);
 
 /* P(w > 0 componentwise) for w ~ N(mu, S), S m×m row-major PSD, m ≤ TPK_ORTHANT_MAXDIM.
- * Genz's separation of variables with Genz–Bretz variable reordering, integrated by randomly
+ * m ≤ 4: the deterministic kernels/mvn.c (out->err its bound; a singular S it cannot reduce goes
+ * on to the QMC). Beyond: Genz's separation of variables with Genz–Bretz variable reordering, integrated by randomly
  * shifted, baker-transformed Sobol points; out->err is the standard error over
  * the shifts (exact cases m ≤ 1: err 0). Shifts are keyed by `seed` (deterministic). */
 int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
                     const tpk_orthant_opts *o, tpk_estimate *out, tpk_ctx *ctx);
 
 /* A memo of orthant probabilities shared by threads (OpenMP critical sections): the same
- * (m, μ, S) — bit for bit — is computed once; its shifts are seeded by the problem's hash (and
+ * (m, μ, S) — after rounding to 44 mantissa bits — is computed once; its shifts are seeded by the problem's hash (and
  * `seed`), so results do not depend on the order of requests. c == NULL: no memo. */
 typedef struct tpk_orthant_cache tpk_orthant_cache;
 tpk_orthant_cache *tpk_nsr_orthant_cache_alloc(void);

@@ -21,6 +21,7 @@
 #include "tpk/tpk.h"
 #include "../netsor/backend-impl.h"
 #include "../netsor/orthant-impl.h"
+#include "gru_reference.h"
 
 enum { N = 3, D = 3 };
 /* The issue's accuracy for the GRU limit (T ≤ 8): relative to the largest kernel entry. */
@@ -467,6 +468,92 @@ static void executor_check(const char *prog, int T, const tpk_param_set *extra, 
     tpk_phi_registry_free(reg);
 }
 
+/* Against the independent reference of scripts/gru_reference.py (numpy + SciPy, tests/
+ * gru_reference.h): 3 sequences × 4 steps with input standard deviations 0.5, 1, 1.6, every
+ * time step. The issue asks ≤ 1e-7 of the kernel; the reported error estimate (a root-sum-square
+ * of the terms' standard errors) must cover the difference. Run at the tight orthant tolerances
+ * (the default one is what gpkernel uses; its estimate is checked the same way). */
+#define TOL_REF 1e-7
+#define REF_SE 5.0 /* the difference within this many combined standard errors */
+static void test_gru_reference(void **state)
+{
+    (void)state;
+    enum { RT = GREF_T, RN = GREF_N, RD = GREF_D };
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    static const char *names[13] = {"var_Uz", "var_Ur", "var_Uh", "var_Wz", "var_Wr", "var_Wh",
+                                    "var_bz", "var_br", "var_bh", "mu_bz",  "mu_br",  "mu_bh",
+                                    "sigma_v2"};
+    char v[14][32], path[4200];
+    tpk_param_set sets[14];
+    snprintf(v[13], sizeof v[13], "%d", RT);
+    sets[0] = (tpk_param_set){"T", v[13]};
+    for (int i = 0; i < 13; i++) {
+        snprintf(v[i], sizeof v[i], "%.17g", gref_param[i]);
+        sets[i + 1] = (tpk_param_set){names[i], v[i]};
+    }
+    tpk_shipped_path("programs/gru.nsr", path, sizeof path);
+    tpk_netsor_opts o = {.sets = sets, .nsets = 14};
+    tpk_program *p = tpk_netsor_load_file(path, &o, reg, &ctx);
+    if (!p)
+        fail_msg("%s", ctx.msg);
+    size_t dims[3] = {RN, RT, RD};
+    tpk_array *x = tpk_array_alloc(3, dims, &ctx), *K = NULL;
+    memcpy(x->data, gref_x, sizeof gref_x);
+    for (int pass = 0; pass < 2; pass++) {
+        /* 2^19 QMC points per shift (16× the default cap) for the 5–8-D problems */
+        tpk_limit_opts tight = {.orthant_abs_tol = 1e-10, .orthant_rel_tol = 1e-9,
+                                .orthant_max_points = (size_t)1 << 19};
+        double err = -1;
+        assert_int_equal(tpk_netsor_kernel_ex(p, x, 1, pass ? &tight : NULL, &K, &err, &ctx),
+                         TPK_OK);
+        double worst = 0, worst_se = 0;
+        for (int i = 0; i < RN * RT * RN * RT; i++) {
+            double d = fabs(K->data[i] - gref_K[i]);
+            worst = fmax(worst, d);
+            worst_se = fmax(worst_se, d / (err + gref_err_max));
+        }
+        print_message("GRU 3x4 vs independent reference (%s): max |diff| %.2e, error estimate "
+                      "%.2e (reference %.1e), %.2f combined SE\n", pass ? "tight" : "default",
+                      worst, err, gref_err_max, worst_se);
+        assert_true(worst <= REF_SE * (err + gref_err_max));
+        if (pass)
+            assert_true(worst <= TOL_REF);
+        tpk_array_free(K);
+        K = NULL;
+    }
+    tpk_array_free(x);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+}
+
+/* tpk_netsor_kernel_progress: the same kernel as tpk_netsor_kernel, and no line for a run shorter
+ * than TPK_NETSOR_PROGRESS_AFTER seconds (T = 2 takes milliseconds). */
+static void test_progress_quiet_when_short(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_program *p = load("programs/gru.nsr", 2, NULL, 0, reg, &ctx);
+    tpk_array *x = seq_array(2, &ctx), *K = NULL, *K2 = NULL;
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    double e1, e2;
+    assert_int_equal(tpk_netsor_kernel(p, x, 1, &K, &e1, &ctx), TPK_OK);
+    assert_int_equal(tpk_netsor_kernel_progress(p, x, 1, f, &K2, &e2, &ctx), TPK_OK);
+    assert_true(ftell(f) == 0);
+    assert_memory_equal(K->data, K2->data, tpk_array_size(K) * sizeof(double));
+    assert_true(e1 == e2);
+    fclose(f);
+    tpk_array_free(K);
+    tpk_array_free(K2);
+    tpk_array_free(x);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+}
+
 static void test_gru_executor(void **state)
 {
     (void)state;
@@ -487,6 +574,8 @@ int main(void)
         cmocka_unit_test(test_orthant_exact),
         cmocka_unit_test(test_gru_matches_recursion),
         cmocka_unit_test(test_gru_tight),
+        cmocka_unit_test(test_gru_reference),
+        cmocka_unit_test(test_progress_quiet_when_short),
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_gru_executor),
         cmocka_unit_test(test_lstm_executor),

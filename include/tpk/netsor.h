@@ -162,6 +162,12 @@ TPK_API void tpk_program_dump(const tpk_program *p, FILE *f);
  * estimate of any entry. */
 TPK_API int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                               tpk_array **K, double *err, tpk_ctx *ctx);
+/* The same, with a progress line on `progress` (e.g. stderr; NULL: none) for runs longer than
+ * TPK_NETSOR_PROGRESS_AFTER seconds: instructions done of all, elapsed seconds, rewritten in place
+ * ("\r") and ended with a newline. Recurrent programs (GRU, LSTM) are the long ones. */
+#define TPK_NETSOR_PROGRESS_AFTER 2.0
+TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x, int all_outputs,
+                                       FILE *progress, tpk_array **K, double *err, tpk_ctx *ctx);
 
 /* Finite-width run at width n, seed s: empirical kernel (1/n)⟨h, h'⟩·σ_v² of the read-out
  * variables (same layout as tpk_netsor_kernel) and, if `y` is not NULL, sampled outputs
