@@ -194,21 +194,11 @@ static int check_array(const char *what, const tpk_array *a, tpk_ctx *ctx)
     for (int k = 0; k < a->ndim; k++)
         if (a->dims[k] == 0)
             return TPK_ERROR(ctx, TPK_EINVAL, "%s: empty input (axis %d has length 0)", what, k);
-    size_t n = tpk_array_size(a);
-    for (size_t i = 0; i < n; i++) {
-        if (isfinite(a->data[i]))
-            continue;
-        char idx[160];
-        size_t rem = i, used = 0, pos[TPK_ARRAY_MAXDIM];
-        for (int k = a->ndim - 1; k >= 0; k--) {
-            pos[k] = rem % a->dims[k];
-            rem /= a->dims[k];
-        }
-        for (int k = 0; k < a->ndim; k++)
-            used += (size_t)snprintf(idx + used, sizeof idx - used, k ? ", %zu" : "%zu", pos[k]);
+    char idx[160];
+    size_t i = tpk_array_first_nonfinite(a, idx, sizeof idx);
+    if (i < tpk_array_size(a))
         return TPK_ERROR(ctx, TPK_EDOM, "%s: non-finite value %g at index [%s] (0-based)", what,
                          a->data[i], idx);
-    }
     return TPK_OK;
 }
 

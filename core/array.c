@@ -2,6 +2,8 @@
 #include "tpk/array.h"
 
 #include <stdint.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,4 +81,24 @@ tpk_array *tpk_array_block(const tpk_array *A, size_t r0, size_t rows, size_t c0
     for (size_t i = 0; i < rows; i++)
         memcpy(B->data + i * cols, A->data + (r0 + i) * A->dims[1] + c0, cols * sizeof(double));
     return B;
+}
+
+size_t tpk_array_first_nonfinite(const tpk_array *a, char *idx, size_t cap)
+{
+    size_t n = tpk_array_size(a);
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(a->data[i]))
+            continue;
+        size_t rem = i, used = 0, pos[TPK_ARRAY_MAXDIM];
+        for (int k = a->ndim - 1; k >= 0; k--) {
+            pos[k] = rem % a->dims[k];
+            rem /= a->dims[k];
+        }
+        if (cap)
+            idx[0] = '\0';
+        for (int k = 0; k < a->ndim && used < cap; k++)
+            used += (size_t)snprintf(idx + used, cap - used, k ? ", %zu" : "%zu", pos[k]);
+        return i;
+    }
+    return n;
 }

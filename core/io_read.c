@@ -98,18 +98,9 @@ static tpk_array *alloc_shaped(const char *path, int ndim, const size_t *dims, t
 /* Reject NaN/Inf, naming the first one by its 0-based index in the stored shape. */
 static int check_finite(const char *path, const tpk_array *a, tpk_ctx *ctx)
 {
-    size_t n = tpk_array_size(a);
-    for (size_t i = 0; i < n; i++) {
-        if (isfinite(a->data[i]))
-            continue;
-        char idx[160], sb[160];
-        size_t rem = i, used = 0, pos[TPK_ARRAY_MAXDIM];
-        for (int k = a->ndim - 1; k >= 0; k--) {
-            pos[k] = rem % a->dims[k];
-            rem /= a->dims[k];
-        }
-        for (int k = 0; k < a->ndim; k++)
-            used += (size_t)snprintf(idx + used, sizeof idx - used, k ? ", %zu" : "%zu", pos[k]);
+    char idx[160], sb[160];
+    size_t i = tpk_array_first_nonfinite(a, idx, sizeof idx);
+    if (i < tpk_array_size(a)) {
         shape_str(a->ndim, a->dims, sb, sizeof sb);
         return TPK_ERROR(ctx, TPK_EDOM,
                          "%s: non-finite value %g at index [%s] (0-based) of shape %s", path,

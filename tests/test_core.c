@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tpk/array.h"
 #include "tpk/clock.h"
 #include "tpk/limits.h"
 
@@ -128,6 +129,24 @@ static void test_wall_clock(void **state)
     assert_true(dt >= 0.029 && dt < 5.0);
 }
 
+/* The first non-finite entry by flat and multi-index; all finite gives the size. */
+static void test_first_nonfinite(void **state)
+{
+    (void)state;
+    size_t dims[3] = {2, 3, 4};
+    tpk_array *a = tpk_array_alloc(3, dims, NULL);
+    assert_non_null(a);
+    for (size_t i = 0; i < 24; i++)
+        a->data[i] = 0.125 * (double)i - 1.375;
+    char idx[64];
+    assert_int_equal(tpk_array_first_nonfinite(a, idx, sizeof idx), 24);
+    a->data[23] = INFINITY;
+    a->data[17] = NAN; /* [1, 1, 1] */
+    assert_int_equal(tpk_array_first_nonfinite(a, idx, sizeof idx), 17);
+    assert_string_equal(idx, "1, 1, 1");
+    tpk_array_free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -135,6 +154,7 @@ int main(void)
         cmocka_unit_test(test_gsl_off_after_library_call),
         cmocka_unit_test(test_gsl_host_handler_kept),
         cmocka_unit_test(test_wall_clock),
+        cmocka_unit_test(test_first_nonfinite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,6 +23,9 @@ TPK_API void tpk_array_free(tpk_array *a);
 TPK_API size_t tpk_array_size(const tpk_array *a);
 /* Number of items along axis 0 (N) and the size of one item (product of the other dims). */
 TPK_API size_t tpk_array_item_size(const tpk_array *a);
+/* The flat index of the first NaN or infinite entry (tpk_array_size(a) when all are finite),
+ * and its 0-based multi-index as "i, j, k" in idx (cap bytes): what error messages name. */
+TPK_API size_t tpk_array_first_nonfinite(const tpk_array *a, char *idx, size_t cap);
 /* A copy of the rows×cols block of the 2-D array A at (r0, c0); NULL (ctx set) on failure. */
 TPK_API tpk_array *tpk_array_block(const tpk_array *A, size_t r0, size_t rows, size_t c0,
                                    size_t cols, tpk_ctx *ctx);
