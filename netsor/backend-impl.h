@@ -45,7 +45,19 @@ typedef struct tpk_limit_opts {
     double orthant_rel_tol; /* absolute or relative; 0: its defaults                      */
     size_t orthant_max_points; /* QMC points per shift before giving up (0: its default) */
     FILE *progress;     /* progress line for long runs (tpk_netsor_kernel_progress), or NULL */
+    int unrolled;       /* evaluate the unrolled form even when the rolled one exists */
 } tpk_limit_opts;
+
+/* The rolled evaluator (netsor/flimit.c). plan: the data-independent pass (support, liveness);
+ * with fill, a rolled-only program gets its outputs (names, variances). *unsupported = 1 when
+ * the failure is a form the rolled evaluator does not take (the unrolled one may). */
+int nsr_flimit_plan(tpk_program *p, int fill, tpk_ctx *ctx, int *unsupported);
+/* Only the outputs of a rolled-only program (names, variances), without planning. */
+int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx);
+int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
+                      double *err, int *unsupported, tpk_ctx *ctx);
+/* Clear PSD violation of a kernel (n ≤ 600; larger kernels are not checked). */
+int nsr_check_psd(const double *K, size_t n, double err, tpk_ctx *ctx);
 
 int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outputs,
                          const tpk_limit_opts *opts, tpk_array **K, double *err, tpk_ctx *ctx);

@@ -270,6 +270,13 @@ static int is_builtin_mod(walker *W, const nsr_expr *e)
     return strcmp(e->name, "mod") == 0 && lookup(W, e->name) < 0 && function_sym(W->C, e->name) < 0;
 }
 
+/* wrap(v, lo, hi) and inside(v, lo, hi): index arithmetic for padding (docs/netsor.md) */
+static int is_builtin_pad(walker *W, const nsr_expr *e)
+{
+    return (strcmp(e->name, "wrap") == 0 || strcmp(e->name, "inside") == 0) &&
+           lookup(W, e->name) < 0 && function_sym(W->C, e->name) < 0;
+}
+
 /* sum(j in lo..hi, body): lo and hi in the enclosing scope, body with j as a loop variable. */
 static int resolve_sum(walker *W, nsr_expr *e, int depth)
 {
@@ -299,6 +306,40 @@ static int resolve_sum(walker *W, nsr_expr *e, int depth)
     return st;
 }
 
+/* softmax(j in lo..hi: s): j names an enclosing index (the entry taken) and binds a fresh j
+ * inside, as in the paper's a_ij = softmax_j(s_ij). */
+static int resolve_softmax(walker *W, nsr_expr *e, int depth)
+{
+    nsr_check *C = W->C;
+    if (!C->netsor_plus)
+        return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
+                         "softmax(...) computes scalars (NETSOR+): pass --netsor-plus or write "
+                         "'use netsor+' at the top of the program");
+    if (resolve(W, e->args[0], depth + 1) || resolve(W, e->args[1], depth + 1))
+        return TPK_ETYPE;
+    int outer = -1;
+    for (int i = W->nloops - 1; i >= 0 && outer < 0; i--)
+        if (strcmp(C->sym[W->loops[i]].name, e->name) == 0)
+            outer = W->loops[i];
+    if (outer < 0)
+        return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
+                         "softmax(%s in ...) gives the entry at the enclosing index '%s', but no "
+                         "enclosing loop or binder is named '%s' (write a[i, %s in 1..i] = "
+                         "softmax(%s in 1..i: s[i, %s]))", e->name, e->name, e->name, e->name,
+                         e->name, e->name);
+    if (W->nloops >= NSR_MAX_DEPTH)
+        return nsr_error(C->S, TPK_ESYNTAX, e->line, e->col, "loops nested too deeply");
+    int l = add_sym(C, e->name, NSR_SYM_LOOP, e->line, e->col);
+    if (l < 0)
+        return TPK_ENOMEM;
+    e->sym = l;
+    e->op = outer;
+    W->loops[W->nloops++] = l;
+    int st = resolve(W, e->a, depth + 1);
+    W->nloops--;
+    return st;
+}
+
 static int resolve_call(walker *W, nsr_expr *e, int depth)
 {
     nsr_check *C = W->C;
@@ -314,6 +355,16 @@ static int resolve_call(walker *W, nsr_expr *e, int depth)
     if (strcmp(e->name, "readout") == 0)
         return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
                          "readout(...) may only appear as 'output y = readout(var, sigma_v2)'");
+    if (is_builtin_pad(W, e)) {
+        if (e->nargs != 3 || e->nidx)
+            return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
+                             "%s takes three integers: %s(v, lo, hi) (index arithmetic for padding)",
+                             e->name, e->name);
+        for (int i = 0; i < 3; i++)
+            if (resolve(W, e->args[i], depth + 1))
+                return TPK_ETYPE;
+        return TPK_OK;
+    }
     if (is_builtin_mod(W, e)) { /* mod(a, b): integer index arithmetic (elab checks the values) */
         if (e->nargs != 2 || e->nidx)
             return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
@@ -422,6 +473,8 @@ static int resolve(walker *W, nsr_expr *e, int depth)
         return resolve(W, e->a, depth + 1);
     case NSR_E_SUM:
         return resolve_sum(W, e, depth);
+    case NSR_E_SOFTMAX:
+        return resolve_softmax(W, e, depth);
     default:
         return TPK_OK;
     }

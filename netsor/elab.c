@@ -116,6 +116,11 @@ typedef struct elab {
     int input_lo;
     phi_entry *phis;
     int nphis, capphis;
+    /* rolled mode (issue 14): statements are recorded as family instructions, not unrolled */
+    nsr_rolled *R;
+    int ndom;
+    const nsr_stmt *dom[NSR_MAX_INDICES];
+    long dom_size;     /* upper bound of the current domain's size */
 } elab;
 
 static int oom(elab *E)
@@ -1157,6 +1162,17 @@ static int elab_call(elab *E, const nsr_expr *e, rbuf *out)
                              "mod(a, b) needs b >= 1 (got %d)", b);
         return rb_push(out, TPK_RPN_CONST, -1, (double)(((a % b) + b) % b), NULL) ? oom(E) : TPK_OK;
     }
+    if (e->sym < 0 && (strcmp(e->name, "wrap") == 0 || strcmp(e->name, "inside") == 0)) {
+        int v, lo, hi;
+        if (eval_int(E, e->args[0], "an index", &v) || eval_int(E, e->args[1], "a range bound", &lo) ||
+            eval_int(E, e->args[2], "a range bound", &hi))
+            return TPK_ETYPE;
+        if (hi < lo)
+            return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%s(v, lo, hi) needs lo <= hi (got %d..%d)",
+                             e->name, lo, hi);
+        double r = e->name[0] == 'w' ? (double)nsr_wrap(v, lo, hi) : (double)(v >= lo && v <= hi);
+        return rb_push(out, TPK_RPN_CONST, -1, r, NULL) ? oom(E) : TPK_OK;
+    }
     const nsr_sym *y = &E->C->sym[e->sym];
     if (y->kind == NSR_SYM_AFAM) {
         nsr_expr a = *e;
@@ -1264,6 +1280,55 @@ static int elab_sum(elab *E, const nsr_expr *e, rbuf *out)
     return st;
 }
 
+/* softmax(j in lo..hi: s) at the enclosing j: exp(s_j − s_hi) / Σ_j' exp(s_j' − s_hi). The
+ * shift by the last logit changes nothing mathematically and keeps a causal row finite (its
+ * largest logit is the diagonal one for the shipped attention programs); the rolled evaluator
+ * shifts by the row maximum instead. */
+static int elab_softmax(elab *E, const nsr_expr *e, rbuf *out)
+{
+    int lo, hi;
+    if (eval_int(E, e->args[0], "a range bound", &lo) || eval_int(E, e->args[1], "a range bound", &hi))
+        return TPK_ETYPE;
+    if (hi < lo)
+        return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "softmax over the empty range %d..%d",
+                         lo, hi);
+    int at = (int)E->num[e->op];
+    if (at < lo || at > hi)
+        return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                         "softmax entry %s = %d is outside its range %d..%d", e->name, at, lo, hi);
+    const tpk_phi *ex = get_phi(E, "exp", e->line, e->col);
+    if (ex == NULL)
+        return TPK_ETYPE;
+    rbuf ref = {0}, num = {0}, den = {0};
+    E->have[e->sym] = 1;
+    E->num[e->sym] = hi;
+    int st = elab_expr(E, e->a, &ref);
+    for (long j = lo; j <= hi && st == TPK_OK; j++) {
+        E->num[e->sym] = (double)j;
+        rbuf b = {0};
+        st = elab_expr(E, e->a, &b);
+        if (st == TPK_OK && (st = rb_append(&b, ref.n, ref.len)) == TPK_OK &&
+            (st = rb_push(&b, TPK_RPN_SUB, -1, 0, NULL)) == TPK_OK &&
+            (st = rb_push(&b, TPK_RPN_CALL, -1, 0, ex)) == TPK_OK) {
+            if (j == at)
+                st = rb_append(&num, b.n, b.len);
+            if (st == TPK_OK && (st = rb_append(&den, b.n, b.len)) == TPK_OK && j > lo)
+                st = rb_push(&den, TPK_RPN_ADD, -1, 0, NULL);
+        }
+        rb_free(&b);
+    }
+    E->have[e->sym] = 0;
+    if (st == TPK_OK && (st = rb_append(&num, den.n, den.len)) == TPK_OK &&
+        (st = rb_push(&num, TPK_RPN_DIV, -1, 0, NULL)) == TPK_OK)
+        st = rb_append(out, num.n, num.len);
+    rb_free(&ref);
+    rb_free(&num);
+    rb_free(&den);
+    if (st && !E->S->failed)
+        st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
+    return st;
+}
+
 static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
 {
     if (++E->steps > NSR_MAX_STEPS * 4L)
@@ -1279,6 +1344,8 @@ static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
         return elab_matmul(E, e->a, e->b, e, NULL, -1, out);
     case NSR_E_SUM:
         return elab_sum(E, e, out);
+    case NSR_E_SOFTMAX:
+        return elab_softmax(E, e, out);
     case NSR_E_NEG: {
         rbuf a = {0};
         int st = elab_expr(E, e->a, &a);
@@ -1359,6 +1426,131 @@ static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
     default:
         return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "unsupported expression");
     }
+}
+
+/* ---- Rolled mode (issue 14) ---------------------------------------------------------------- */
+
+/* A number from constants, parameters and bound loop variables, or 0 without a word (the
+ * unrolled-size estimate must not report errors the evaluator will report with context). */
+static int try_number(const elab *E, const nsr_expr *e, double *v)
+{
+    double a, b;
+    switch (e->kind) {
+    case NSR_E_NUM:
+        *v = e->num;
+        return 1;
+    case NSR_E_NAME:
+        if (e->nidx || e->sym < 0 || !E->have[e->sym] ||
+            (E->C->sym[e->sym].kind != NSR_SYM_PARAM && E->C->sym[e->sym].kind != NSR_SYM_LOOP))
+            return 0;
+        *v = E->num[e->sym];
+        return 1;
+    case NSR_E_NEG:
+        if (!try_number(E, e->a, &a))
+            return 0;
+        *v = -a;
+        return 1;
+    case NSR_E_BIN:
+        if (!try_number(E, e->a, &a) || !try_number(E, e->b, &b))
+            return 0;
+        *v = e->op == NSR_T_PLUS ? a + b : e->op == NSR_T_MINUS ? a - b : e->op == NSR_T_STAR ? a * b
+             : e->op == NSR_T_SLASH ? a / b : pow(a, b);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Unrolled steps of one member of an expression: nodes, index sums multiplied out. */
+static long expr_cost(const elab *E, const nsr_expr *e, int depth)
+{
+    if (e == NULL || depth > NSR_MAX_DEPTH)
+        return 1;
+    long c = 1;
+    if (e->kind == NSR_E_SUM || e->kind == NSR_E_SOFTMAX) {
+        double lo, hi;
+        long n = try_number(E, e->args[0], &lo) && try_number(E, e->args[1], &hi) && hi >= lo
+                     ? (long)fmin(hi - lo + 1, 1e7) : 1000;
+        long b = expr_cost(E, e->a, depth + 1);
+        return 1 + (e->kind == NSR_E_SOFTMAX ? 3 : 1) * n * b;
+    }
+    c += expr_cost(E, e->a, depth + 1) + (e->kind == NSR_E_BIN || e->kind == NSR_E_APPLY
+                                          ? expr_cost(E, e->b, depth + 1) : 0);
+    for (int i = 0; i < e->nargs; i++)
+        c += expr_cost(E, e->args[i], depth + 1);
+    return c > 1000000000L ? 1000000000L : c;
+}
+
+/* Instantiate the functions an expression calls (e->phi), so the evaluator needs no registry. */
+static int bind_phis(elab *E, nsr_expr *e, int depth)
+{
+    if (e == NULL || depth > 4 * NSR_MAX_DEPTH)
+        return TPK_OK;
+    if (e->kind == NSR_E_CALL && e->sym >= 0 && !is_mean(e) && !is_bn(e)) {
+        const nsr_sym *y = &E->C->sym[e->sym];
+        const char *spec = y->kind == NSR_SYM_FUNC ? y->name
+                           : y->kind == NSR_SYM_PARAM ? E->spec[e->sym] : NULL;
+        if (y->kind == NSR_SYM_PARAM && spec == NULL)
+            return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                             "'%s' is a number parameter (= %g), not a function", e->name,
+                             E->num[e->sym]);
+        if (spec != NULL && (e->phi = get_phi(E, spec, e->line, e->col)) == NULL)
+            return TPK_ETYPE;
+    }
+    if (bind_phis(E, e->a, depth + 1) || bind_phis(E, e->b, depth + 1))
+        return TPK_ETYPE;
+    for (int i = 0; i < e->nargs; i++)
+        if (bind_phis(E, e->args[i], depth + 1))
+            return TPK_ETYPE;
+    for (int i = 0; i < e->nidx; i++)
+        if (bind_phis(E, e->idx[i], depth + 1))
+            return TPK_ETYPE;
+    return TPK_OK;
+}
+
+static int record_family(elab *E, nsr_stmt *s)
+{
+    nsr_rolled *R = E->R;
+    if (R->nfi >= NSR_MAX_FAMILY_INSTR)
+        return nsr_error(E->S, TPK_EINVAL, s->line, s->col,
+                         "more than %d family instructions", NSR_MAX_FAMILY_INSTR);
+    if (bind_phis(E, s->value, 0))
+        return TPK_ETYPE;
+    if (grow((void **)&R->fi, &R->capfi, R->nfi + 1, sizeof *R->fi))
+        return oom(E);
+    nsr_finstr *f = &R->fi[R->nfi];
+    memset(f, 0, sizeof *f);
+    f->stmt = s;
+    f->nloops = E->ndom;
+    memcpy(f->loop, E->dom, sizeof E->dom);
+    f->num = nsr_alloc(R->arena, ((size_t)E->C->nsym + 1) * sizeof *f->num);
+    if (f->num == NULL)
+        return oom(E);
+    for (int i = 0; i < E->C->nsym; i++)
+        f->num[i] = E->have[i] ? E->num[i] : NAN;
+    f->estimate = E->dom_size * expr_cost(E, s->value, 0);
+    R->nfi++;
+    return TPK_OK;
+}
+
+static int record_decl(elab *E, const nsr_stmt *s)
+{
+    int idx[NSR_MAX_INDICES];
+    if (eval_indices(E, s->idx, s->nidx, idx))
+        return TPK_ETYPE;
+    member *m = find_member(E, s->fam, s->nidx, idx);
+    nsr_rolled *R = E->R;
+    if (m == NULL || grow((void **)&R->dm, &R->capdm, R->ndm + 1, sizeof *R->dm))
+        return oom(E);
+    nsr_dmember *d = &R->dm[R->ndm++];
+    memset(d, 0, sizeof *d);
+    d->sym = s->fam;
+    d->nidx = s->nidx;
+    memcpy(d->idx, idx, sizeof idx);
+    d->kind = s->kind == NSR_S_ADECL ? NSR_DM_AVAR : NSR_DM_GDECL;
+    d->mean = m->mean;
+    d->var = m->v;
+    return TPK_OK;
 }
 
 /* ---- Statements ------------------------------------------------------------------------------ */
@@ -1659,14 +1851,35 @@ static int exec_stmt(elab *E, nsr_stmt *s)
         }
         return TPK_OK;
     case NSR_S_ADECL:
-    case NSR_S_GDECL:
-        return exec_decl(E, s);
+    case NSR_S_GDECL: {
+        int st = exec_decl(E, s);
+        return st || E->R == NULL ? st : record_decl(E, s);
+    }
     case NSR_S_DEF:
-        return exec_def(E, s);
+        return E->R ? record_family(E, s) : exec_def(E, s);
     case NSR_S_OUTPUT:
-        return exec_output(E, s);
+        return E->R ? record_family(E, s) : exec_output(E, s);
     case NSR_S_FOR: {
         int lo, hi;
+        if (E->R && s->rolled) {
+            /* one index of the domain; bounds may read outer rolled indices, which stand at
+             * their largest value here, so dom_size bounds the domain's size */
+            double a, b;
+            long n = try_number(E, s->lo, &a) && try_number(E, s->hi, &b)
+                         ? (b >= a ? (long)fmin(b - a + 1, 1e9) : 0) : 1000;
+            if (E->ndom >= NSR_MAX_INDICES)
+                return nsr_error(E->S, TPK_EINVAL, s->line, s->col, "loops nested too deeply");
+            long saved = E->dom_size;
+            E->dom_size = saved * n > 4000000000000L / (n ? n : 1) ? saved : saved * n;
+            E->dom[E->ndom++] = s;
+            E->have[s->fam] = 1;
+            E->num[s->fam] = try_number(E, s->hi, &b) ? b : 0;
+            int st = exec_block(E, s->body, s->nbody);
+            E->have[s->fam] = 0;
+            E->ndom--;
+            E->dom_size = saved;
+            return st;
+        }
         if (eval_int(E, s->lo, "a range bound", &lo) || eval_int(E, s->hi, "a range bound", &hi))
             return TPK_ETYPE;
         E->have[s->fam] = 1;
@@ -1824,4 +2037,55 @@ tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
         return NULL;
     }
     return E.p;
+}
+
+/* Rolled mode: parameters, declarations and sequential loops as above; every definition and
+ * output becomes a family instruction of r (issue 14). p gets the widths, input slots and the
+ * final parameter values; its instructions stay empty. */
+int nsr_elaborate_rolled(nsr_state *S, nsr_ast *ast, nsr_check *C, tpk_program *p, nsr_rolled *R)
+{
+    elab E = {.S = S, .C = C, .p = p, .R = R, .dom_size = 1};
+    E.num = calloc((size_t)C->nsym + 1, sizeof *E.num);
+    E.spec = calloc((size_t)C->nsym + 1, sizeof *E.spec);
+    E.have = calloc((size_t)C->nsym + 1, sizeof *E.have);
+    int st = TPK_ENOMEM;
+    if (E.num != NULL && E.spec != NULL && E.have != NULL) {
+        st = exec_block(&E, ast->stmts, ast->nstmts);
+        R->input_lo = E.input_lo;
+        if (st == TPK_OK && record_params(&E))
+            st = oom(&E);
+        int nw = 0;
+        for (int i = 0; st == TPK_OK && i < C->nsym; i++)
+            nw += C->sym[i].kind == NSR_SYM_WIDTH;
+        if (st == TPK_OK && nw == 0)
+            st = nsr_error(S, TPK_ETYPE, 1, 1, "the program declares no width (write 'width n')");
+        if (st == TPK_OK && (p->width_name = calloc((size_t)nw, sizeof *p->width_name)) == NULL)
+            st = oom(&E);
+        for (int i = 0; st == TPK_OK && i < C->nsym; i++)
+            if (C->sym[i].kind == NSR_SYM_WIDTH &&
+                (p->width_name[p->nwidths++] = strdup(C->sym[i].name)) == NULL)
+                st = oom(&E);
+    } else {
+        oom(&E);
+    }
+    /* the function instances stay with the rolled form */
+    R->phis = calloc((size_t)E.nphis + 1, sizeof *R->phis);
+    for (int i = 0; i < E.nphis; i++) {
+        free(E.phis[i].spec);
+        if (R->phis != NULL)
+            R->phis[R->nphis++] = E.phis[i].phi;
+        else
+            tpk_phi_free(E.phis[i].phi);
+    }
+    if (R->phis == NULL && st == TPK_OK)
+        st = oom(&E);
+    free(E.phis);
+    free(E.num);
+    free(E.spec);
+    free(E.have);
+    free(E.mem);
+    free(E.bucket);
+    free(E.var_node);
+    free(E.var_line);
+    return st;
 }

@@ -261,6 +261,11 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
     *Khat = NULL;
     if (y)
         *y = NULL;
+    if (p != NULL && p->ninstr == 0 && p->rolled != NULL)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "%s: the finite-width executor runs the unrolled program, which is too "
+                         "large here (only the rolled form was kept); run it at a smaller size "
+                         "(e.g. fewer tokens or layers)", p->path ? p->path : "program");
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)
         return st;

@@ -2027,7 +2027,7 @@ static int progress_line(FILE *f, int k, int n, double t0, int shown)
     return 1;
 }
 
-static int check_psd(lim *L, const double *K, size_t n)
+int nsr_check_psd(const double *K, size_t n, double err, tpk_ctx *ctx)
 {
     /* Cheap enough up to a few hundred rows; beyond that the O(n³) check would dominate. */
     if (n > 600)
@@ -2035,21 +2035,26 @@ static int check_psd(lim *L, const double *K, size_t n)
     double *A = malloc(n * n * sizeof *A), *lam = malloc(n * sizeof *lam);
     int st = TPK_OK;
     if (A == NULL || lam == NULL) {
-        st = TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     } else {
         memcpy(A, K, n * n * sizeof *A);
         if (LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'N', 'L', (int)n, A, (int)n, lam) == 0) {
             double lmax = fabs(lam[n - 1]) > fabs(lam[0]) ? fabs(lam[n - 1]) : fabs(lam[0]);
-            double tol = PSD_REL * lmax + PSD_ERR * (double)n * L->err + DBL_MIN;
+            double tol = PSD_REL * lmax + PSD_ERR * (double)n * err + DBL_MIN;
             if (lam[0] < -tol)
-                st = TPK_ERROR(L->ctx, TPK_ENUMERIC,
+                st = TPK_ERROR(ctx, TPK_ENUMERIC,
                                "limit kernel is not PSD: smallest eigenvalue %.3g (largest %.3g, "
-                               "error estimate %.3g)", lam[0], lam[n - 1], L->err);
+                               "error estimate %.3g)", lam[0], lam[n - 1], err);
         }
     }
     free(A);
     free(lam);
     return st;
+}
+
+static int check_psd(lim *L, const double *K, size_t n)
+{
+    return nsr_check_psd(K, n, L->err, L->ctx);
 }
 
 int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outputs,
@@ -2061,6 +2066,31 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     *K = NULL;
     if (err)
         *err = 0.0;
+    /* TPK_NETSOR_FORM=unrolled: the unrolled evaluator even where the rolled one serves
+     * (comparisons and benchmarks of the two; docs/netsor.md) */
+    tpk_ctx local;
+    if (ctx == NULL) { /* the rolled evaluator reports through a context */
+        tpk_ctx_init(&local);
+        ctx = &local;
+    }
+    const char *form = getenv("TPK_NETSOR_FORM");
+    int force_unrolled = (opts && opts->unrolled) || (form && strcmp(form, "unrolled") == 0);
+    if (p != NULL && p->rolled != NULL && !force_unrolled) {
+        /* the rolled form first; a form it does not take falls back to the unrolled one */
+        int unsup = 0;
+        int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, ctx);
+        if (st == TPK_OK) {
+            st = nsr_check_psd((*K)->data, (*K)->dims[0], err ? *err : 0, ctx);
+            if (st) {
+                tpk_array_free(*K);
+                *K = NULL;
+            }
+            return st;
+        }
+        if (!unsup || p->ninstr == 0)
+            return st;
+        tpk_ctx_clear(ctx);
+    }
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)
         return st;

@@ -1,12 +1,121 @@
 /* NETSOR front end, the driver: file or string → lex → parse → check → elaborate → tpk_program
  * (the top of the pipeline, as Lua's ldo.c: it calls every pass, and no pass calls it). */
 #include "netsor-impl.h"
+#include "backend-impl.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define NSR_MAX_SOURCE (16u << 20) /* refuse program files above 16 MiB */
+
+/* Both forms (issue 14): the rolled one — family instructions — always, the unrolled one
+ * unless it would be large. The rolled form stays when its evaluator takes the program (a
+ * data-independent plan); a program with neither a small unrolled form nor a supported rolled
+ * one is refused with the rolled evaluator's reason. */
+static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
+{
+    const tpk_netsor_opts *o = S->opts;
+    FILE *diag = o && o->explain ? o->diag : NULL;
+    int nrolled = nsr_roll_mark(C, ast);
+    nsr_rolled *R = calloc(1, sizeof *R);
+    tpk_program *pr = calloc(1, sizeof *pr);
+    if (R == NULL || pr == NULL || (R->file = strdup(S->file)) == NULL ||
+        (pr->path = strdup(S->file)) == NULL) {
+        free(R ? R->file : NULL), free(R), tpk_program_free(pr);
+        nsr_oom(S);
+        return NULL;
+    }
+    R->arena = S->arena;
+    R->C = *C;
+    int st = nsr_elaborate_rolled(S, ast, C, pr, R);
+    long estimate = 0;
+    for (int k = 0; k < R->nfi; k++)
+        estimate = estimate + R->fi[k].estimate > 4000000000000L ? 4000000000000L
+                                                                 : estimate + R->fi[k].estimate;
+    int keep = st == TPK_OK;
+    if (st && S->ctx->status == TPK_EINVAL && R->nfi >= NSR_MAX_FAMILY_INSTR) {
+        tpk_ctx_clear(S->ctx); /* too many sequential steps for the rolled form: unrolled only */
+        S->failed = 0;
+        estimate = 0;
+    } else if (st) {
+        R->arena = NULL;
+        nsr_rolled_free(R);
+        tpk_program_free(pr);
+        return NULL;
+    }
+    tpk_program *p = NULL;
+    if (!keep || estimate <= NSR_UNROLL_ESTIMATE) {
+        p = nsr_elaborate(S, ast, C);
+        if (p == NULL) {
+            R->arena = NULL;
+            nsr_rolled_free(R);
+            tpk_program_free(pr);
+            return NULL;
+        }
+        tpk_program_free(pr);
+        pr = NULL;
+    } else {
+        p = pr;
+        if (R->C.netsor_plus)
+            p->features |= TPK_FEAT_NETSOR_PLUS;
+        if (diag)
+            fprintf(diag, "%s: note: the unrolled form would take about %ld steps: only the rolled "
+                          "form (%d family instructions) is kept\n", S->file, estimate, R->nfi);
+    }
+    if (!keep) {
+        R->arena = NULL;
+        nsr_rolled_free(R);
+        return p;
+    }
+    p->rolled = R;
+    R->C.S = NULL;
+    int unsup = 0;
+    if (estimate > NSR_PLAN_BUDGET) {
+        /* planning visits every member: leave it to the first evaluation */
+        st = pr != NULL ? nsr_flimit_outputs(p, S->ctx) : TPK_OK;
+        if (st == TPK_OK && diag)
+            fprintf(diag, "%s: note: rolled: %d family instructions, %d loops kept rolled; "
+                          "planned when first evaluated (about %ld member steps)\n",
+                    S->file, R->nfi, nrolled, estimate);
+        if (st == TPK_OK)
+            return p;
+        p->rolled = NULL;
+        R->arena = NULL;
+        nsr_rolled_free(R);
+        tpk_program_free(p);
+        return NULL;
+    }
+    st = nsr_flimit_plan(p, pr != NULL, S->ctx, &unsup);
+    if (st == TPK_OK) {
+        if (diag)
+            fprintf(diag, "%s: note: rolled: %d family instructions, %d loops kept rolled\n",
+                    S->file, R->nfi, nrolled);
+        return p;
+    }
+    if (p->ninstr > 0) { /* the unrolled form serves */
+        if (diag)
+            fprintf(diag, "%s: note: the limit evaluator uses the unrolled form: %s\n", S->file,
+                    S->ctx->msg);
+        tpk_ctx_clear(S->ctx);
+        p->rolled = NULL;
+        R->arena = NULL;
+        nsr_rolled_free(R);
+        return p;
+    }
+    if (unsup) {
+        char msg[sizeof S->ctx->msg];
+        snprintf(msg, sizeof msg, "%s", S->ctx->msg);
+        tpk_ctx_clear(S->ctx);
+        TPK_ERROR(S->ctx, TPK_EINVAL, "%s (the unrolled form would take about %ld steps, beyond "
+                  "the limit, and the rolled evaluator does not take this form)", msg, estimate);
+    }
+    p->rolled = NULL;
+    R->arena = NULL;
+    nsr_rolled_free(R);
+    tpk_program_free(p);
+    return NULL;
+}
 
 tpk_program *tpk_netsor_load_string(const char *name, const char *src, const tpk_netsor_opts *opts,
                                     const tpk_phi_registry *reg, tpk_ctx *ctx)
@@ -33,10 +142,11 @@ tpk_program *tpk_netsor_load_string(const char *name, const char *src, const tpk
     nsr_check C;
     if (nsr_lex(&S, src, &toks, &ntoks) == TPK_OK && nsr_parse(&S, toks, ntoks, &ast) == TPK_OK &&
         nsr_check_program(&S, &ast, &C) == TPK_OK)
-        p = nsr_elaborate(&S, &ast, &C);
+        p = elaborate(&S, &ast, &C);
     if (p == NULL && ctx->status == TPK_OK)
         TPK_ERROR(ctx, TPK_ETYPE, "%s: cannot elaborate the program", S.file);
-    nsr_arena_free(S.arena);
+    if (p == NULL || p->rolled == NULL)
+        nsr_arena_free(S.arena); /* else the rolled form owns it */
     return p;
 }
 

@@ -66,8 +66,10 @@ enum nsr_ekind {
     NSR_E_BIN,       /* + - * / ^  (op holds the token kind) */
     NSR_E_NEG,
     NSR_E_TRANSPOSE, /* W'  (always rejected) */
-    NSR_E_SUM        /* sum(j in lo..hi, body): name = binder, args = {lo, hi}, a = body,
+    NSR_E_SUM,       /* sum(j in lo..hi: body): name = binder, args = {lo, hi}, a = body,
                       * sym (check) = the binder's loop symbol */
+    NSR_E_SOFTMAX    /* softmax(j in lo..hi: body): as SUM; op (check) = the enclosing loop
+                      * symbol named j, at whose value the entry is taken */
 };
 typedef struct nsr_expr nsr_expr;
 struct nsr_expr {
@@ -82,6 +84,7 @@ struct nsr_expr {
     nsr_expr **args;      /* CALL */
     nsr_expr *a, *b;      /* APPLY (a = matrix), BIN, NEG, TRANSPOSE */
     int sym;              /* filled by check: resolved symbol id, -1 if none */
+    const tpk_phi *phi;   /* rolled elaboration: the function of a CALL (owned by the program) */
 };
 
 /* A dimension written in a declaration: a symbol name or a hole `_`. */
@@ -125,6 +128,8 @@ struct nsr_stmt {
     nsr_stmt **body;         /* FOR */
     int fam;                 /* check: family / symbol id */
     int generated;           /* FOR made from a binder `h[t in 1..T] = ...` */
+    int rolled;              /* FOR (roll.c): its iterations are independent, so it stays one
+                              * index of a family instruction instead of being unrolled */
 };
 
 typedef struct nsr_ast {
@@ -183,6 +188,60 @@ const char *nsr_uf_show(nsr_check *C, int node); /* symbol name, or "_" */
 
 /* ---- Elaboration (elab.c) ------------------------------------------------------------------- */
 tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C);
+
+/* ---- Rolled elaboration (roll.c; elab.c in rolled mode) ------------------------------------
+ * The rolled form of a program (issue 14): one family instruction per program statement and
+ * value of its enclosing sequential loops (layers), carrying its index domain — the loops that
+ * stay rolled — and its expression, whose index expressions are the index maps. The AST, the
+ * symbols and the parameter values live on with the program; netsor/flimit.c evaluates it. */
+#define NSR_MAX_FAMILY_INSTR 20000   /* beyond: keep the unrolled form only */
+#define NSR_UNROLL_ESTIMATE 2000000L /* also elaborate unrolled below this many member steps
+                                      * (the unrolled limit: what unrolled before still does) */
+#define NSR_PLAN_BUDGET 20000000L    /* plan the rolled form at load below this many steps; above,
+                                      * its first evaluation plans it (check stays O(text)) */
+
+typedef struct nsr_finstr {
+    const nsr_stmt *stmt;       /* DEF or OUTPUT */
+    int nloops;                 /* domain: the rolled FORs around stmt, outermost first */
+    const nsr_stmt *loop[NSR_MAX_INDICES];
+    double *num;                /* values of the bound symbols (parameters, sequential loops) */
+    long estimate;              /* member steps the unrolled elaboration would take (upper bound) */
+} nsr_finstr;
+
+enum { NSR_DM_AVAR, NSR_DM_GDECL };
+typedef struct nsr_dmember {    /* a declared A-var or initial G-var member and its law */
+    int sym, nidx, kind;
+    int idx[NSR_MAX_INDICES];
+    double mean, var;
+} nsr_dmember;
+
+typedef struct nsr_rolled {
+    nsr_arena *arena;           /* the AST and the symbols; owned */
+    nsr_check C;                /* C.S is NULL after loading */
+    char *file;
+    int nfi, capfi;
+    nsr_finstr *fi;
+    int ndm, capdm;
+    nsr_dmember *dm;
+    int input_lo;
+    tpk_phi **phis;             /* the functions the statements call (owned) */
+    int nphis;
+    int why_line, why_col;      /* where the unrolled form was given up (0: it exists) */
+    char why[200];
+} nsr_rolled;
+
+/* wrap(v, lo, hi): v moved into lo..hi by a multiple of its length (circular padding). */
+static inline int nsr_wrap(int v, int lo, int hi)
+{
+    int n = hi - lo + 1;
+    return lo + (((v - lo) % n) + n) % n;
+}
+
+/* Mark the FORs whose iterations are independent (s->rolled); returns how many. */
+int nsr_roll_mark(nsr_check *C, nsr_ast *ast);
+void nsr_rolled_free(nsr_rolled *r);
+/* Elaborate `ast` in rolled mode into r (the arena stays with r). */
+int nsr_elaborate_rolled(nsr_state *S, nsr_ast *ast, nsr_check *C, tpk_program *p, nsr_rolled *r);
 
 /* ---- IR helpers (program.c) ----------------------------------------------------------------- */
 void nsr_rpn_free(tpk_rpn *r);

@@ -128,16 +128,19 @@ static int exprlist(parser *P, int close, const char *what, nsr_expr ***out, int
     return TPK_OK;
 }
 
-/* sum = 'sum' '(' NAME 'in' expr '..' expr ',' expr ')'
- * An index sum, unrolled by the elaborator into `body + body + ...` (binder = each value of the
- * inclusive range; an empty range is 0). Written for convolutions: sum(j in 0..k-1, W[j] h[p+j]). */
-static nsr_expr *sum_expr(parser *P)
+/* sum     = 'sum' '(' binder { ',' binder } ( ':' | ',' ) expr ')'
+ * softmax = 'softmax' '(' binder ':' expr ')'
+ * binder  = NAME 'in' expr '..' expr
+ * An index sum (binder = each value of the inclusive range; an empty range is 0), written for
+ * attention and convolutions: sum(j in 1..i: a[i, j] * k[j]), sum(i in 0..2, j in 0..2: F[i, j]
+ * h[r + i, s + j]); several binders nest. softmax(j in lo..hi: s[j]) is, at the value of the
+ * enclosing index j, exp(s[j]) / sum(j' in lo..hi: exp(s[j'])): a causal mask is the range
+ * 1..i (docs/netsor.md). The older form sum(j in lo..hi, body) stays valid. */
+static nsr_expr *binder_expr(parser *P, int kind)
 {
-    nsr_expr *e = new_expr(P, NSR_E_SUM, cur(P));
+    nsr_expr *e = new_expr(P, kind, cur(P));
     if (e == NULL)
         return NULL;
-    advance(P); /* sum */
-    advance(P); /* ( */
     e->name = cur(P)->text;
     advance(P); /* NAME */
     advance(P); /* in */
@@ -145,11 +148,43 @@ static nsr_expr *sum_expr(parser *P)
     if (e->args == NULL)
         return NULL;
     e->nargs = 2;
-    if ((e->args[0] = expr(P)) == NULL || expect(P, NSR_T_DOTDOT, "'..' in sum(j in lo..hi, ...)") ||
-        (e->args[1] = expr(P)) == NULL || expect(P, NSR_T_COMMA, "',' after the range of sum(...)") ||
-        (e->a = expr(P)) == NULL || expect(P, NSR_T_RP, "')'"))
+    const char *what = kind == NSR_E_SUM ? "'..' in sum(j in lo..hi: ...)"
+                                         : "'..' in softmax(j in lo..hi: ...)";
+    if ((e->args[0] = expr(P)) == NULL || expect(P, NSR_T_DOTDOT, what) ||
+        (e->args[1] = expr(P)) == NULL)
+        return NULL;
+    if (kind == NSR_E_SUM && cur(P)->kind == NSR_T_COMMA && peek(P, 1)->kind == NSR_T_NAME &&
+        is_name(peek(P, 2), "in")) {
+        advance(P); /* , */
+        if ((e->a = binder_expr(P, NSR_E_SUM)) == NULL)
+            return NULL;
+        finish(P, e);
+        return e;
+    }
+    if (cur(P)->kind == NSR_T_COLON || (kind == NSR_E_SUM && cur(P)->kind == NSR_T_COMMA)) {
+        advance(P);
+    } else {
+        expect(P, NSR_T_COLON, kind == NSR_E_SUM ? "':' (or ',') after the range of sum(...)"
+                                                 : "':' after the range of softmax(...)");
+        return NULL;
+    }
+    if ((e->a = expr(P)) == NULL || expect(P, NSR_T_RP, "')'"))
         return NULL;
     finish(P, e);
+    return e;
+}
+
+static nsr_expr *sum_expr(parser *P, int kind)
+{
+    const nsr_token *t = cur(P);
+    advance(P); /* sum / softmax */
+    advance(P); /* ( */
+    nsr_expr *e = binder_expr(P, kind);
+    if (e != NULL) { /* the outer node spans the whole call */
+        e->line = t->line;
+        e->col = t->col;
+        e->start = t->start;
+    }
     return e;
 }
 
@@ -183,9 +218,9 @@ static nsr_expr *primary(parser *P)
         syntax_error(P, t, "an expression");
         return NULL;
     }
-    if (is_name(t, "sum") && peek(P, 1)->kind == NSR_T_LP && peek(P, 2)->kind == NSR_T_NAME &&
-        is_name(peek(P, 3), "in"))
-        return sum_expr(P);
+    if ((is_name(t, "sum") || is_name(t, "softmax")) && peek(P, 1)->kind == NSR_T_LP &&
+        peek(P, 2)->kind == NSR_T_NAME && is_name(peek(P, 3), "in"))
+        return sum_expr(P, is_name(t, "sum") ? NSR_E_SUM : NSR_E_SOFTMAX);
     nsr_expr *e = new_expr(P, NSR_E_NAME, t);
     if (e == NULL)
         return NULL;

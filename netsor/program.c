@@ -48,7 +48,13 @@ void tpk_program_free(tpk_program *p)
     }
     free(p->param_name);
     free(p->param_value);
+    nsr_rolled_free(p->rolled);
     free(p);
+}
+
+int tpk_program_family_instructions(const tpk_program *p)
+{
+    return p != NULL && p->rolled != NULL ? p->rolled->nfi : 0;
 }
 
 const char *nsr_op_name(int op)

@@ -696,7 +696,7 @@ static void test_errors(void **state)
         {"width n\ninput x : d\nA U : (n, d) ~ 1\nfor j in 1..2 {\n g[j] = sum(j in 1..2, U x)\n}\n"
          "output y = readout(g[1], 1)\n", "shadows the loop variable"},
         {"width n\ninput x : d\nA U : (n, d) ~ 1\ng = sum(j in 1..2 U x)\noutput y = readout(g, 1)\n",
-         "',' after the range"},
+         "(or ',') after the range"},
         {"width n\ninput x : d\nA U : (n, d) ~ 1\ng = U x + mod(1)\noutput y = readout(g, 1)\n",
          "mod takes two integers"},
     };

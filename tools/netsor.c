@@ -140,12 +140,20 @@ static int cmd_check(int argc, char **argv)
             nh += p->var[i].type == TPK_VAR_H;
             ns += p->var[i].type == TPK_VAR_SCALAR;
         }
-        printf("%s: ok (%d instructions, %d G-vars, %d H-vars, %d scalars, %d A-vars, %d embeddings, "
-               "%d input slot%s, %d output%s%s%s)\n",
-               c.path, p->ninstr, ng, nh, ns, p->navars, p->nembeds, p->nslots,
-               p->nslots == 1 ? "" : "s", p->noutputs, p->noutputs == 1 ? "" : "s",
-               p->features & TPK_FEAT_NETSOR_PLUS ? ", netsor+" : "",
-               p->features & TPK_FEAT_SQRT_N_LOGITS ? ", sqrt-n-logits" : "");
+        int nf = tpk_program_family_instructions(p);
+        if (p->ninstr == 0 && nf > 0) /* only the rolled form: the unrolled one is too large */
+            printf("%s: ok (rolled: %d family instructions, %d input slot%s, %d output%s%s)\n",
+                   c.path, nf, p->nslots, p->nslots == 1 ? "" : "s", p->noutputs,
+                   p->noutputs == 1 ? "" : "s",
+                   p->features & TPK_FEAT_NETSOR_PLUS ? ", netsor+" : "");
+        else
+            printf("%s: ok (%d instructions, %d G-vars, %d H-vars, %d scalars, %d A-vars, %d "
+                   "embeddings, %d input slot%s, %d output%s%s%s%s)\n",
+                   c.path, p->ninstr, ng, nh, ns, p->navars, p->nembeds, p->nslots,
+                   p->nslots == 1 ? "" : "s", p->noutputs, p->noutputs == 1 ? "" : "s",
+                   p->features & TPK_FEAT_NETSOR_PLUS ? ", netsor+" : "",
+                   p->features & TPK_FEAT_SQRT_N_LOGITS ? ", sqrt-n-logits" : "",
+                   nf > 0 ? ", rolled" : "");
     }
     int rc = p != NULL ? 0 : 1;
     tpk_program_free(p);

@@ -116,6 +116,9 @@ typedef struct tpk_program {
     int nparams;        /* final parameter values after --set, for output attributes */
     char **param_name;
     char **param_value; /* "%.17g" for numbers, the function spec for functions */
+    struct nsr_rolled *rolled; /* the rolled form (family instructions, issue 14), or NULL; when
+                                * the unrolled form would be too large, ninstr = 0 and only the
+                                * rolled form exists (the limit evaluator takes it) */
 } tpk_program;
 
 enum tpk_feature {
@@ -154,6 +157,8 @@ TPK_API const char *tpk_program_param(const tpk_program *p, const char *name);
 TPK_API int tpk_program_param_number(const tpk_program *p, const char *name, double *v,
                                      tpk_ctx *ctx);
 TPK_API void tpk_program_dump(const tpk_program *p, FILE *f);
+/* Family instructions of the rolled form (one per statement and layer, issue 14), 0 if none. */
+TPK_API int tpk_program_family_instructions(const tpk_program *p);
 
 /* ---- Back ends -------------------------------------------------------------------------------- */
 

@@ -1,0 +1,3092 @@
+/* Infinite-width limit of a rolled NETSOR program (issue 14): the Master Theorem recursion of
+ * netsor/limit.c, on whole index families instead of member by member (theory.md §1.6–1.9,
+ * §2.7–2.8, docs/netsor.md "Rolled programs").
+ *
+ * Stages, run by nsr_flimit_kernel for each family instruction in order:
+ *   plan      the same pass with no inputs (N = 0): domains, index maps, block kinds and which
+ *             forms are supported, and every block's last use (liveness);
+ *   store     blocks: one per family instruction (and temporaries), each a covariance block over
+ *             (input × member) — second moments E[Z_p^a Z_q^c] of the (N·m)×(N·m) block —
+ *             with first moments, or a deterministic scalar family (NETSOR+ Moments);
+ *   expansion an expression over a domain evaluates to a value: a constant, a scalar family, or
+ *             a linear combination of block members with per-input coefficients (a gather —
+ *             one member per point — or a dense mixing matrix, as attention's Σ_j a_ij k_j);
+ *   back ends MatMul → σ²·E[h hᵀ] of its source (a sandwich C·M2·Cᵀ of the value's terms, GEMMs
+ *             for dense maps); a sum over a binder of MatMuls by distinct fresh A-vars
+ *             (convolution taps) → one block accumulating each tap's term; φ(Gaussian block) →
+ *             the whole-matrix expectation maps of kernels/gauss (closed forms, Mehler,
+ *             quadrature); Moments → the block's diagonal; softmax → scalar rows;
+ *   driver    outputs → K = σ_v² E[y yᵀ] + β, blocks freed at their last use.
+ * Independence is structural: every MatMul by an A-var that no other MatMul uses, every
+ * embedding and every initial G-var starts a new root, and blocks without a common root are
+ * independent (E[XY] = E[X]E[Y]). What this evaluator does not take — A-vars shared by several
+ * MatMuls (recurrent weights), products of two vectors outside mean(), batchnorm, correlated
+ * cross terms — is reported as TPK_EUNSUPPORTED with the statement's position, and the caller
+ * uses the unrolled form. */
+#include "netsor-impl.h"
+#include "backend-impl.h"
+
+#include "tpk/cnn.h"
+#include "tpk/matmul.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXV (NSR_MAX_INDICES + 12) /* domain indices plus nested binders */
+#define MAXANC 48                   /* roots remembered per block */
+
+enum { BK_GAUSS, BK_NONLIN, BK_BIAS, BK_SCAL, BK_MIX, BK_ZERO };
+enum { V_CONST, V_SCAL, V_LIN };
+
+typedef struct fdom {   /* evaluation domain: m points over nv index symbols */
+    long m;
+    int nv;
+    int sym[MAXV];
+    int *val;           /* m × nv */
+} fdom;
+
+typedef struct term {
+    int blk;
+    int dense;          /* 0: gather idx/w; 1: w is N × m × m_src */
+    int *idx;           /* gather: source member per point, −1 = none */
+    double *w;          /* gather: N × m weights (NULL: 1) */
+} term;
+
+typedef struct val {
+    int kind;
+    long m;
+    double c;           /* V_CONST */
+    double *s;          /* V_SCAL: N × m */
+    int nt;
+    term *t;            /* V_LIN */
+    double *mu;         /* V_LIN: N × m constant part (NULL: 0) */
+} val;
+
+typedef struct trie {   /* member lookup: target index tuple → member */
+    int nlev;
+    int pos[NSR_MAX_INDICES];   /* target position of each rolled level */
+    int nfix;
+    int fpos[NSR_MAX_INDICES], fval[NSR_MAX_INDICES]; /* fixed target positions */
+    int *lo[NSR_MAX_INDICES], *hi[NSR_MAX_INDICES];
+    long *base[NSR_MAX_INDICES];
+    long nn[NSR_MAX_INDICES];
+} trie;
+
+typedef struct fblock {
+    int kind, fam, fi;
+    long m;
+    int nidx;
+    trie tr;
+    double *M2;         /* GAUSS, BIAS, NONLIN (cached): (N m)² second moments */
+    double *mean;       /* N m first moments (NULL: 0); NONLIN: computed with M2 */
+    double *s;          /* SCAL */
+    const tpk_phi *phi; /* NONLIN: φ(arg) */
+    int arg;
+    val mix;            /* MIX: a stored value (gather terms only) */
+    int nanc;
+    int anc[MAXANC];    /* roots; nanc < 0: unknown (correlated with everything) */
+    int last_use;
+    int line, col;
+} fblock;
+
+typedef struct fl {
+    const tpk_program *p;
+    const nsr_rolled *R;
+    const nsr_check *C;
+    size_t N, T, d;
+    const double *x;
+    int dry;            /* plan: no numbers */
+    int cur;            /* instruction being evaluated */
+    fblock *b;
+    int nb, capb;
+    const int *last;    /* from the plan: last use per block (real run) */
+    int *amark;         /* A-var member → site that used it (−1) */
+    long site;
+    double *num;        /* symbol values of the current instruction (domain and binders set) */
+    double err;
+    tpk_gauss_ws *ws;
+    double *gram;       /* (N T)² input inner products /d, on first use */
+    tpk_ctx *ctx;
+    int unsup;          /* the failure is an unsupported form (fall back), not an error */
+    tpk_program *fill;  /* plan of a rolled-only program: give it its outputs */
+} fl;
+
+/* ---- errors and memory ---------------------------------------------------------------------- */
+
+static int fl_err(fl *F, int st, const nsr_expr *e, const char *fmt, ...) TPK_PRINTF(4, 5);
+static int fl_err(fl *F, int st, const nsr_expr *e, const char *fmt, ...)
+{
+    if (F->ctx->status)
+        return F->ctx->status;
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const nsr_stmt *s = F->R->fi[F->cur].stmt;
+    int line = e ? e->line : s->line, col = e ? e->col : s->col;
+    if (st == TPK_EUNSUPPORTED)
+        F->unsup = 1;
+    return TPK_ERROR(F->ctx, st, "%s:%d:%d: %s", F->R->file, line, col, msg);
+}
+#define UNSUP(F, e, ...) fl_err((F), TPK_EUNSUPPORTED, (e), __VA_ARGS__)
+
+static void *fl_alloc(fl *F, size_t n, size_t size)
+{
+    if (n == 0)
+        n = 1;
+    if (n > SIZE_MAX / size / 2) {
+        TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory (%zu × %zu bytes)", n, size);
+        return NULL;
+    }
+    void *q = calloc(n, size);
+    if (q == NULL)
+        TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory (%.3g GB)", (double)n * size / 1e9);
+    return q;
+}
+
+static void val_free(val *v)
+{
+    free(v->s);
+    free(v->mu);
+    for (int i = 0; i < v->nt; i++) {
+        free(v->t[i].idx);
+        free(v->t[i].w);
+    }
+    free(v->t);
+    memset(v, 0, sizeof *v);
+}
+
+static void trie_free(trie *t)
+{
+    for (int k = 0; k < NSR_MAX_INDICES; k++) {
+        free(t->lo[k]);
+        free(t->hi[k]);
+        free(t->base[k]);
+    }
+}
+
+static void block_data_free(fblock *b)
+{
+    free(b->M2);
+    free(b->mean);
+    free(b->s);
+    b->M2 = b->mean = b->s = NULL;
+    val_free(&b->mix);
+}
+
+static int new_block(fl *F, int kind, int fam, long m)
+{
+    if (F->nb == F->capb) {
+        int cap = F->capb ? 2 * F->capb : 64;
+        fblock *nb = realloc(F->b, (size_t)cap * sizeof *nb);
+        if (nb == NULL) {
+            TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+            return -1;
+        }
+        F->b = nb;
+        F->capb = cap;
+    }
+    fblock *b = &F->b[F->nb];
+    memset(b, 0, sizeof *b);
+    b->kind = kind;
+    b->fam = fam;
+    b->fi = F->cur;
+    b->m = m;
+    b->arg = -1;
+    b->last_use = F->cur;
+    return F->nb++;
+}
+
+static void touch(fl *F, int k)
+{
+    if (F->b[k].last_use < F->cur)
+        F->b[k].last_use = F->cur;
+}
+
+/* ---- ancestry: the roots a block depends on ------------------------------------------------ */
+
+static void anc_root(fblock *b, int self)
+{
+    b->nanc = 1;
+    b->anc[0] = self;
+}
+
+static void anc_union(fblock *b, const fblock *o)
+{
+    if (b->nanc < 0 || o->nanc < 0) {
+        b->nanc = -1;
+        return;
+    }
+    for (int i = 0; i < o->nanc; i++) {
+        int j = 0;
+        while (j < b->nanc && b->anc[j] != o->anc[i])
+            j++;
+        if (j < b->nanc)
+            continue;
+        if (b->nanc == MAXANC) {
+            b->nanc = -1;
+            return;
+        }
+        b->anc[b->nanc++] = o->anc[i];
+    }
+}
+
+static int correlated(const fblock *x, const fblock *y)
+{
+    if (x->nanc < 0 || y->nanc < 0)
+        return 1;
+    for (int i = 0; i < x->nanc; i++)
+        for (int j = 0; j < y->nanc; j++)
+            if (x->anc[i] == y->anc[j])
+                return 1;
+    return 0;
+}
+
+/* ---- numbers of index expressions ---------------------------------------------------------- */
+
+static int num_expr(fl *F, const nsr_expr *e, double *v)
+{
+    double a, b;
+    switch (e->kind) {
+    case NSR_E_NUM:
+        *v = e->num;
+        return TPK_OK;
+    case NSR_E_NAME:
+        if (e->nidx == 0 && e->sym >= 0 && !isnan(F->num[e->sym]) &&
+            (F->C->sym[e->sym].kind == NSR_SYM_PARAM || F->C->sym[e->sym].kind == NSR_SYM_LOOP)) {
+            *v = F->num[e->sym];
+            return TPK_OK;
+        }
+        return UNSUP(F, e, "'%s' is not a number here", e->name);
+    case NSR_E_NEG:
+        if (num_expr(F, e->a, &a))
+            return F->ctx->status;
+        *v = -a;
+        return TPK_OK;
+    case NSR_E_BIN:
+        if (num_expr(F, e->a, &a) || num_expr(F, e->b, &b))
+            return F->ctx->status;
+        *v = e->op == NSR_T_PLUS ? a + b : e->op == NSR_T_MINUS ? a - b : e->op == NSR_T_STAR ? a * b
+             : e->op == NSR_T_SLASH ? a / b : pow(a, b);
+        return TPK_OK;
+    case NSR_E_CALL:
+        if (e->sym < 0 && strcmp(e->name, "mod") == 0 && e->nargs == 2) {
+            if (num_expr(F, e->args[0], &a) || num_expr(F, e->args[1], &b))
+                return F->ctx->status;
+            if (b < 1 || a != floor(a) || b != floor(b))
+                return fl_err(F, TPK_ETYPE, e, "mod(a, b) needs integers, b >= 1");
+            long ia = (long)a, ib = (long)b;
+            *v = (double)(((ia % ib) + ib) % ib);
+            return TPK_OK;
+        }
+        if (e->sym < 0 && (strcmp(e->name, "wrap") == 0 || strcmp(e->name, "inside") == 0)) {
+            double lo, hi;
+            if (num_expr(F, e->args[0], &a) || num_expr(F, e->args[1], &lo) ||
+                num_expr(F, e->args[2], &hi))
+                return F->ctx->status;
+            if (hi < lo)
+                return fl_err(F, TPK_ETYPE, e, "%s(v, lo, hi) needs lo <= hi", e->name);
+            *v = e->name[0] == 'w' ? (double)nsr_wrap((int)a, (int)lo, (int)hi)
+                                   : (double)(a >= lo && a <= hi);
+            return TPK_OK;
+        }
+        return UNSUP(F, e, "'%s(...)' is not index arithmetic", e->name);
+    default:
+        return UNSUP(F, e, "not an index expression");
+    }
+}
+
+static int int_expr(fl *F, const nsr_expr *e, int *out)
+{
+    double v;
+    if (num_expr(F, e, &v))
+        return F->ctx->status;
+    if (v != floor(v) || fabs(v) > 1e9)
+        return fl_err(F, TPK_ETYPE, e, "index %g is not an integer", v);
+    *out = (int)v;
+    return TPK_OK;
+}
+
+/* Does e read any of the symbols syms[0..n)? */
+static int reads_syms(const nsr_expr *e, const int *syms, int n, int depth)
+{
+    if (e == NULL || depth > 4 * NSR_MAX_DEPTH)
+        return 0;
+    if (e->kind == NSR_E_NAME && e->nidx == 0)
+        for (int i = 0; i < n; i++)
+            if (e->sym == syms[i])
+                return 1;
+    if (reads_syms(e->a, syms, n, depth + 1) || reads_syms(e->b, syms, n, depth + 1))
+        return 1;
+    for (int i = 0; i < e->nargs; i++)
+        if (reads_syms(e->args[i], syms, n, depth + 1))
+            return 1;
+    for (int i = 0; i < e->nidx; i++)
+        if (reads_syms(e->idx[i], syms, n, depth + 1))
+            return 1;
+    return 0;
+}
+
+static void bind_point(fl *F, const fdom *D, long p)
+{
+    for (int k = 0; k < D->nv; k++)
+        F->num[D->sym[k]] = D->val[p * D->nv + k];
+}
+
+/* An index expression as k + Σ_v c_v·(domain index v), when it is one with integer k and c
+ * (then a read costs a few multiply-adds per point instead of walking the expression). */
+typedef struct iaff {
+    double k, c[MAXV];
+} iaff;
+
+static int iaff_of(fl *F, const nsr_expr *e, const fdom *D, iaff *a, int depth)
+{
+    memset(a, 0, sizeof *a);
+    if (depth > NSR_MAX_DEPTH)
+        return 0;
+    if (!reads_syms(e, D->sym, D->nv, 0)) {
+        double v;
+        if (num_expr(F, e, &v)) {
+            tpk_ctx_clear(F->ctx); /* the per-point path reports it where it happens */
+            F->unsup = 0;
+            return 0;
+        }
+        a->k = v;
+        return 1;
+    }
+    iaff x, y;
+    switch (e->kind) {
+    case NSR_E_NAME:
+        for (int v = 0; v < D->nv; v++)
+            if (D->sym[v] == e->sym) {
+                a->c[v] = 1;
+                return 1;
+            }
+        return 0;
+    case NSR_E_NEG:
+        if (!iaff_of(F, e->a, D, &x, depth + 1))
+            return 0;
+        a->k = -x.k;
+        for (int v = 0; v < D->nv; v++)
+            a->c[v] = -x.c[v];
+        return 1;
+    case NSR_E_BIN:
+        if (!iaff_of(F, e->a, D, &x, depth + 1) || !iaff_of(F, e->b, D, &y, depth + 1))
+            return 0;
+        if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS) {
+            double sg = e->op == NSR_T_PLUS ? 1 : -1;
+            a->k = x.k + sg * y.k;
+            for (int v = 0; v < D->nv; v++)
+                a->c[v] = x.c[v] + sg * y.c[v];
+            return 1;
+        }
+        if (e->op == NSR_T_STAR) {
+            int xc = 1, yc = 1;
+            for (int v = 0; v < D->nv; v++) {
+                xc &= x.c[v] == 0;
+                yc &= y.c[v] == 0;
+            }
+            if (!xc && !yc)
+                return 0;
+            const iaff *f = xc ? &y : &x;
+            double s = xc ? x.k : y.k;
+            a->k = f->k * s;
+            for (int v = 0; v < D->nv; v++)
+                a->c[v] = f->c[v] * s;
+            for (int v = 0; v < D->nv; v++)
+                if (a->c[v] != floor(a->c[v]))
+                    return 0;
+            return a->k == floor(a->k);
+        }
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+/* ---- domains ------------------------------------------------------------------------------ */
+
+/* Points of the rolled loops loop[0..n) (bounds may read outer loops), in loop order, with the
+ * member-lookup trie of targets that carry the loops at positions pos[]. */
+static int build_domain(fl *F, const nsr_stmt *const *loop, int n, fdom *D, trie *tr)
+{
+    memset(D, 0, sizeof *D);
+    D->nv = n;
+    for (int k = 0; k < n; k++)
+        D->sym[k] = loop[k]->fam;
+    /* count level by level */
+    long cnt = 1;
+    long *prev = NULL; /* values of the previous level's points, flattened */
+    int *pv = NULL;    /* prefix values: cnt × k */
+    pv = fl_alloc(F, 1, sizeof *pv);
+    if (pv == NULL)
+        return F->ctx->status;
+    for (int k = 0; k < n; k++) {
+        int *lo = fl_alloc(F, (size_t)cnt, sizeof *lo), *hi = fl_alloc(F, (size_t)cnt, sizeof *hi);
+        long *base = fl_alloc(F, (size_t)cnt, sizeof *base);
+        if (lo == NULL || hi == NULL || base == NULL) {
+            free(lo), free(hi), free(base), free(pv);
+            return F->ctx->status;
+        }
+        long next = 0;
+        for (long q = 0; q < cnt; q++) {
+            for (int j = 0; j < k; j++)
+                F->num[D->sym[j]] = pv[q * k + j];
+            if (int_expr(F, loop[k]->lo, &lo[q]) || int_expr(F, loop[k]->hi, &hi[q])) {
+                free(lo), free(hi), free(base), free(pv);
+                return F->ctx->status;
+            }
+            if (hi[q] < lo[q])
+                hi[q] = lo[q] - 1;
+            base[q] = next;
+            next += (long)hi[q] - lo[q] + 1;
+            if (next > 400000000L) {
+                free(lo), free(hi), free(base), free(pv);
+                return fl_err(F, TPK_EINVAL, loop[k]->lo, "index domain too large (%ld points)", next);
+            }
+        }
+        int *nv = fl_alloc(F, (size_t)next * (size_t)(k + 1), sizeof *nv);
+        if (nv == NULL) {
+            free(lo), free(hi), free(base), free(pv);
+            return F->ctx->status;
+        }
+        for (long q = 0; q < cnt; q++)
+            for (int v = lo[q]; v <= hi[q]; v++) {
+                long r = base[q] + (v - lo[q]);
+                memcpy(&nv[r * (k + 1)], &pv[q * k], (size_t)k * sizeof *nv);
+                nv[r * (k + 1) + k] = v;
+            }
+        free(pv);
+        pv = nv;
+        if (tr) {
+            tr->lo[k] = lo;
+            tr->hi[k] = hi;
+            tr->base[k] = base;
+            tr->nn[k] = cnt;
+        } else {
+            free(lo), free(hi), free(base);
+        }
+        cnt = next;
+    }
+    (void)prev;
+    D->m = cnt;
+    D->val = pv;
+    if (tr)
+        tr->nlev = n;
+    return TPK_OK;
+}
+
+/* Member of a block for a target index tuple, or −1. */
+static long trie_find(const trie *t, const int *idx)
+{
+    if (t->nlev < 0) { /* a table of nfix-index tuples (declared G-var members) */
+        for (long r = 0; r < t->nn[0]; r++)
+            if (memcmp(&t->lo[0][r * (NSR_MAX_INDICES + 1)], idx, (size_t)t->nfix * sizeof *idx) == 0)
+                return r;
+        return -1;
+    }
+    for (int f = 0; f < t->nfix; f++)
+        if (idx[t->fpos[f]] != t->fval[f])
+            return -1;
+    if (t->nlev == 0)
+        return 0;
+    long node = 0;
+    for (int k = 0; k < t->nlev; k++) {
+        int v = idx[t->pos[k]];
+        if (v < t->lo[k][node] || v > t->hi[k][node])
+            return -1;
+        node = t->base[k][node] + (v - t->lo[k][node]);
+    }
+    return node;
+}
+
+/* ---- values ------------------------------------------------------------------------------- */
+
+static int v_const(val *v, long m, double c)
+{
+    memset(v, 0, sizeof *v);
+    v->kind = V_CONST;
+    v->m = m;
+    v->c = c;
+    return TPK_OK;
+}
+
+/* SCAL array of v (allocating for a constant). */
+static int v_scal(fl *F, val *v)
+{
+    if (v->kind == V_SCAL)
+        return TPK_OK;
+    size_t n = F->N * (size_t)v->m;
+    double *s = fl_alloc(F, n, sizeof *s);
+    if (s == NULL)
+        return F->ctx->status;
+    for (size_t i = 0; i < n; i++)
+        s[i] = v->c;
+    v->kind = V_SCAL;
+    v->s = s;
+    return TPK_OK;
+}
+
+/* v ← v · c (per input and point when c is SCAL). */
+static int v_scale(fl *F, val *v, const val *c)
+{
+    size_t N = F->N, m = (size_t)v->m;
+    if (c->kind == V_CONST && c->c == 1)
+        return TPK_OK;
+    if (v->kind == V_CONST && c->kind == V_CONST) {
+        v->c *= c->c;
+        return TPK_OK;
+    }
+    if (v->kind != V_LIN) {
+        if (v_scal(F, v))
+            return F->ctx->status;
+        for (size_t i = 0; i < N * m; i++)
+            v->s[i] *= c->kind == V_CONST ? c->c : c->s[i];
+        return TPK_OK;
+    }
+    if (v->mu)
+        for (size_t i = 0; i < N * m; i++)
+            v->mu[i] *= c->kind == V_CONST ? c->c : c->s[i];
+    for (int k = 0; k < v->nt; k++) {
+        term *t = &v->t[k];
+        size_t ms = (size_t)F->b[t->blk].m;
+        if (t->dense) {
+            for (size_t a = 0; a < N; a++)
+                for (size_t p = 0; p < m; p++) {
+                    double w = c->kind == V_CONST ? c->c : c->s[a * m + p];
+                    double *row = t->w + (a * m + p) * ms;
+                    for (size_t q = 0; q < ms; q++)
+                        row[q] *= w;
+                }
+            continue;
+        }
+        if (t->w == NULL) {
+            if ((t->w = fl_alloc(F, N * m, sizeof *t->w)) == NULL)
+                return F->ctx->status;
+            for (size_t i = 0; i < N * m; i++)
+                t->w[i] = 1;
+        }
+        for (size_t i = 0; i < N * m; i++)
+            t->w[i] *= c->kind == V_CONST ? c->c : c->s[i];
+    }
+    return TPK_OK;
+}
+
+/* a ← a + s·b (b consumed). */
+static int v_add(fl *F, val *a, val *b, double s)
+{
+    size_t N = F->N, m = (size_t)a->m;
+    if (s != 1) {
+        val c;
+        v_const(&c, b->m, s);
+        if (v_scale(F, b, &c))
+            return F->ctx->status;
+    }
+    if (a->kind == V_CONST && b->kind == V_CONST) {
+        a->c += b->c;
+        return TPK_OK;
+    }
+    if (a->kind != V_LIN && b->kind != V_LIN) {
+        if (v_scal(F, a))
+            return F->ctx->status;
+        for (size_t i = 0; i < N * m; i++)
+            a->s[i] += b->kind == V_CONST ? b->c : b->s[i];
+        val_free(b);
+        return TPK_OK;
+    }
+    if (a->kind != V_LIN) {
+        val t = *a;
+        *a = *b;
+        *b = t;
+    }
+    /* a is LIN */
+    if (b->kind != V_LIN) {
+        if (b->kind == V_CONST && b->c == 0)
+            return TPK_OK;
+        if (a->mu == NULL && (a->mu = fl_alloc(F, N * m, sizeof *a->mu)) == NULL)
+            return F->ctx->status;
+        for (size_t i = 0; i < N * m; i++)
+            a->mu[i] += b->kind == V_CONST ? b->c : b->s[i];
+        val_free(b);
+        return TPK_OK;
+    }
+    if (b->mu) {
+        if (a->mu == NULL) {
+            a->mu = b->mu;
+            b->mu = NULL;
+        } else {
+            for (size_t i = 0; i < N * m; i++)
+                a->mu[i] += b->mu[i];
+        }
+    }
+    term *t = realloc(a->t, (size_t)(a->nt + b->nt) * sizeof *t);
+    if (t == NULL)
+        return TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+    memcpy(t + a->nt, b->t, (size_t)b->nt * sizeof *t);
+    a->t = t;
+    a->nt += b->nt;
+    free(b->t);
+    b->t = NULL;
+    b->nt = 0;
+    val_free(b);
+    return TPK_OK;
+}
+
+/* The value "member idx[p] of block k" over m points (idx consumed). */
+static int v_gather(fl *F, val *v, long m, int k, int *idx)
+{
+    memset(v, 0, sizeof *v);
+    v->kind = V_LIN;
+    v->m = m;
+    v->t = fl_alloc(F, 1, sizeof *v->t);
+    if (v->t == NULL) {
+        free(idx);
+        return F->ctx->status;
+    }
+    v->nt = 1;
+    v->t[0].blk = k;
+    v->t[0].idx = idx;
+    return TPK_OK;
+}
+
+/* ---- block second moments --------------------------------------------------------------- */
+
+static int nonlin_moments(fl *F, int k);
+
+/* First moments of block k, N·m (NULL: all zero). */
+static const double *block_mean(fl *F, int k)
+{
+    fblock *b = &F->b[k];
+    touch(F, k);
+    if (b->kind == BK_NONLIN)
+        touch(F, b->arg); /* read when its moments are computed (lazily): keep it alive */
+    if (b->kind == BK_NONLIN && b->M2 == NULL)
+        nonlin_moments(F, k);
+    return b->mean;
+}
+
+/* Second moments of block k, (N m)². */
+static const double *block_m2(fl *F, int k)
+{
+    fblock *b = &F->b[k];
+    touch(F, k);
+    if (b->kind == BK_NONLIN)
+        touch(F, b->arg);
+    if (b->kind == BK_NONLIN && b->M2 == NULL && nonlin_moments(F, k))
+        return NULL;
+    return b->M2;
+}
+
+static int ensure_ws(fl *F)
+{
+    if (F->ws == NULL && (F->ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, F->ctx)) == NULL)
+        return F->ctx->status;
+    return TPK_OK;
+}
+
+/* φ(u) block: E[φ(u_p)φ(u_q)] over the block by the library's whole-matrix maps (zero means),
+ * or entry by entry with means (theory §3). */
+static int nonlin_moments(fl *F, int k)
+{
+    fblock *b = &F->b[k];
+    const fblock *u = &F->b[b->arg];
+    size_t n = F->N * (size_t)b->m;
+    if (F->dry || n == 0)
+        return TPK_OK;
+    double *M2 = fl_alloc(F, n * n, sizeof *M2), *mean = fl_alloc(F, n, sizeof *mean);
+    if (M2 == NULL || mean == NULL || ensure_ws(F)) {
+        free(M2), free(mean);
+        return F->ctx->status;
+    }
+    double e = 0;
+    int st = TPK_OK;
+    int zero_mean = 1;
+    if (u->mean)
+        for (size_t i = 0; i < n && zero_mean; i++)
+            zero_mean = u->mean[i] == 0;
+    if (zero_mean) {
+        st = tpk_gauss_map(b->phi, u->M2, n, M2, F->ws, &e, F->ctx);
+        for (size_t i = 0; st == TPK_OK && i < n; i++) {
+            tpk_estimate r;
+            st = tpk_gauss_expect1(b->phi, 0, u->M2[i * n + i], F->ws, &r, F->ctx);
+            mean[i] = r.value;
+            e = fmax(e, r.err);
+        }
+    } else {
+        for (size_t i = 0; st == TPK_OK && i < n; i++) {
+            double mi = u->mean[i], qi = u->M2[i * n + i] - mi * mi;
+            tpk_estimate r;
+            st = tpk_gauss_expect1(b->phi, mi, fmax(qi, 0), F->ws, &r, F->ctx);
+            mean[i] = r.value;
+            for (size_t j = 0; st == TPK_OK && j <= i; j++) {
+                double mj = u->mean[j], qj = u->M2[j * n + j] - mj * mj;
+                double kij = u->M2[i * n + j] - mi * mj;
+                st = tpk_gauss_expect2_quad(b->phi, b->phi, mi, mj, fmax(qi, 0), fmax(qj, 0), kij,
+                                            F->ws, &r, F->ctx);
+                M2[i * n + j] = M2[j * n + i] = r.value;
+                e = fmax(e, r.err);
+            }
+        }
+    }
+    if (st) {
+        free(M2), free(mean);
+        return fl_err(F, st, NULL, "%s", F->ctx->msg);
+    }
+    F->err = fmax(F->err, e);
+    b->M2 = M2;
+    b->mean = mean;
+    return TPK_OK;
+}
+
+/* P = E[X Yᵀ] for blocks x ≠ y or x = y, as (N m_x) × (N m_y) with leading dimension ld;
+ * returns a pointer into the store (x = y) or fills buf. NULL with *st set on failure;
+ * *zero = 1 when P = 0 (independent, zero means). */
+static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *st)
+{
+    *zero = 0;
+    *st = TPK_OK;
+    touch(F, x);
+    touch(F, y);
+    if (x == y) {
+        const double *M = block_m2(F, x);
+        if (M == NULL && !F->dry)
+            *st = F->ctx->status ? F->ctx->status : TPK_ENOMEM;
+        return M;
+    }
+    fblock *bx = &F->b[x], *by = &F->b[y];
+    if (correlated(bx, by)) {
+        if (bx->kind == BK_NONLIN && by->kind == BK_NONLIN && bx->arg == by->arg) {
+            /* two functions of one Gaussian block: entry by entry */
+            if (F->dry)
+                return NULL;
+            const fblock *u = &F->b[bx->arg];
+            size_t n = F->N * (size_t)bx->m;
+            if (ensure_ws(F)) {
+                *st = F->ctx->status;
+                return NULL;
+            }
+            for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j < n; j++) {
+                    double mi = u->mean ? u->mean[i] : 0, mj = u->mean ? u->mean[j] : 0;
+                    tpk_estimate r;
+                    if ((*st = tpk_gauss_expect2_quad(bx->phi, by->phi, mi, mj,
+                                                      u->M2[i * n + i] - mi * mi,
+                                                      u->M2[j * n + j] - mj * mj,
+                                                      u->M2[i * n + j] - mi * mj, F->ws, &r,
+                                                      F->ctx)))
+                        return NULL;
+                    buf[i * n + j] = r.value;
+                    F->err = fmax(F->err, r.err);
+                }
+            return buf;
+        }
+        *st = UNSUP(F, NULL, "correlated terms of different kinds (line %d and line %d) in one "
+                    "expectation", bx->line, by->line);
+        return NULL;
+    }
+    if (F->dry)
+        return NULL;
+    const double *mx = block_mean(F, x), *my = block_mean(F, y);
+    if (F->ctx->status) {
+        *st = F->ctx->status;
+        return NULL;
+    }
+    if (mx == NULL || my == NULL) {
+        *zero = 1;
+        return NULL;
+    }
+    size_t nx = F->N * (size_t)bx->m, ny = F->N * (size_t)by->m;
+    for (size_t i = 0; i < nx; i++)
+        for (size_t j = 0; j < ny; j++)
+            buf[i * ny + j] = mx[i] * my[j];
+    return buf;
+}
+
+/* E[u] of a LIN value: mu + Σ_t C_t E[X_t]; N·m into out. */
+static int lin_mean(fl *F, const val *u, double *out, int *nonzero)
+{
+    size_t N = F->N, m = (size_t)u->m;
+    *nonzero = u->mu != NULL;
+    for (size_t i = 0; i < N * m; i++)
+        out[i] = u->mu ? u->mu[i] : 0;
+    for (int k = 0; k < u->nt; k++) {
+        const term *t = &u->t[k];
+        const double *mx = block_mean(F, t->blk);
+        if (F->ctx->status)
+            return F->ctx->status;
+        if (mx == NULL)
+            continue;
+        *nonzero = 1;
+        size_t ms = (size_t)F->b[t->blk].m;
+        for (size_t a = 0; a < N; a++)
+            for (size_t p = 0; p < m; p++) {
+                double acc = 0;
+                if (t->dense) {
+                    const double *row = t->w + (a * m + p) * ms;
+                    for (size_t q = 0; q < ms; q++)
+                        acc += row[q] * mx[a * ms + q];
+                } else if (t->idx[p] >= 0) {
+                    acc = (t->w ? t->w[a * m + p] : 1) * mx[a * ms + (size_t)t->idx[p]];
+                }
+                out[a * m + p] += acc;
+            }
+    }
+    return TPK_OK;
+}
+
+/* Dense per-input map of a term: N × m × ms (gather expanded). */
+static double *term_dense(fl *F, const term *t, size_t m)
+{
+    size_t N = F->N, ms = (size_t)F->b[t->blk].m;
+    if (t->dense)
+        return t->w;
+    double *w = fl_alloc(F, N * m * ms, sizeof *w);
+    if (w == NULL)
+        return NULL;
+    for (size_t a = 0; a < N; a++)
+        for (size_t p = 0; p < m; p++)
+            if (t->idx[p] >= 0)
+                w[(a * m + p) * ms + (size_t)t->idx[p]] = t->w ? t->w[a * m + p] : 1;
+    return w;
+}
+
+/* ext[p] = 1 + the last non-zero column of row p of W (m × n), 0 for a zero row. */
+static void row_extents(const double *W, size_t m, size_t n, int *ext)
+{
+    for (size_t p = 0; p < m; p++) {
+        size_t q = n;
+        while (q > 0 && W[p * n + q - 1] == 0)
+            q--;
+        ext[p] = (int)q;
+    }
+}
+
+#define SW_TILE 256 /* rows per GEMM tile of the sandwich */
+
+/* out (mu × mv, ld) += Wt (mu × mt) · P (mt × ms, ldp) · Wsᵀ (Ws: mv × ms), by tpk_dgemm in
+ * row tiles whose inner dimension stops at the tile's last non-zero column (a causal attention
+ * matrix is lower triangular: about half the flops); lower: only q ≤ p of out is needed (a
+ * diagonal block of a symmetric result). tmp: mu × ms. */
+static int sandwich(fl *F, const double *Wt, size_t mu, size_t mt, const int *et, const double *P,
+                    size_t ldp, const double *Ws, size_t mv, size_t ms, const int *es, double *out,
+                    size_t ld, int lower, double *tmp)
+{
+    int st = TPK_OK;
+    for (size_t p0 = 0; p0 < mu && st == TPK_OK; p0 += SW_TILE) {
+        size_t p1 = p0 + SW_TILE < mu ? p0 + SW_TILE : mu, K = 0;
+        for (size_t p = p0; p < p1; p++)
+            K = (size_t)et[p] > K ? (size_t)et[p] : K;
+        if (K == 0) {
+            memset(tmp + p0 * ms, 0, (p1 - p0) * ms * sizeof *tmp);
+            continue;
+        }
+        st = tpk_dgemm(TPK_NO_TRANS, TPK_NO_TRANS, p1 - p0, ms, K, 1.0, Wt + p0 * mt, mt, P, ldp,
+                       0.0, tmp + p0 * ms, ms, F->ctx);
+    }
+    for (size_t p0 = 0; p0 < mu && st == TPK_OK; p0 += SW_TILE) {
+        size_t p1 = p0 + SW_TILE < mu ? p0 + SW_TILE : mu;
+        size_t qend = lower ? p1 : mv;
+        for (size_t q0 = 0; q0 < qend && st == TPK_OK; q0 += SW_TILE) {
+            size_t q1 = q0 + SW_TILE < qend ? q0 + SW_TILE : qend, K = 0;
+            for (size_t q = q0; q < q1; q++)
+                K = (size_t)es[q] > K ? (size_t)es[q] : K;
+            if (K == 0)
+                continue;
+            st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, p1 - p0, q1 - q0, K, 1.0, tmp + p0 * ms, ms,
+                           Ws + q0 * ms, ms, 1.0, out + p0 * ld + q0, ld, F->ctx);
+        }
+    }
+    return st;
+}
+
+/* Terms on one block merge into one dense map when any of them is dense (attention's k + Σ a k
+ * is (I + A)·k: one sandwich instead of four). */
+static int v_merge(fl *F, val *v)
+{
+    size_t N = F->N, m = (size_t)v->m;
+    for (int i = 0; i < v->nt; i++)
+        for (int j = i + 1; j < v->nt; j++) {
+            term *a = &v->t[i], *b = &v->t[j];
+            if (a->blk != b->blk || (!a->dense && !b->dense))
+                continue;
+            size_t ms = (size_t)F->b[a->blk].m;
+            if (!F->dry) {
+                if (!a->dense) {
+                    double *w = term_dense(F, a, m);
+                    if (w == NULL)
+                        return F->ctx->status;
+                    free(a->w);
+                    free(a->idx);
+                    a->w = w;
+                    a->idx = NULL;
+                }
+                if (b->dense) {
+                    for (size_t k = 0; k < N * m * ms; k++)
+                        a->w[k] += b->w[k];
+                } else {
+                    for (size_t x = 0; x < N; x++)
+                        for (size_t p = 0; p < m; p++)
+                            if (b->idx[p] >= 0)
+                                a->w[(x * m + p) * ms + (size_t)b->idx[p]] += b->w ? b->w[x * m + p] : 1;
+                }
+            } else if (!a->dense) {
+                free(a->idx);
+                a->idx = NULL;
+            }
+            a->dense = 1;
+            free(b->w);
+            free(b->idx);
+            v->t[j] = v->t[--v->nt];
+            j--;
+        }
+    return TPK_OK;
+}
+
+/* out (N mu × N mv, ld) += Σ_{t,s} C_t E[X_t X_sᵀ] C_sᵀ + mean terms: E[u vᵀ] for LIN values.
+ * sym: u = v, and only the lower triangle needs to be right (it is mirrored). */
+static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int sym)
+{
+    size_t N = F->N, mu = (size_t)u->m, mv = (size_t)v->m;
+    int st = TPK_OK;
+    for (int i = 0; i < u->nt && st == TPK_OK; i++)
+        for (int j = 0; j < v->nt && st == TPK_OK; j++) {
+            const term *t = &u->t[i], *s = &v->t[j];
+            if (sym && j > i)
+                continue; /* the (j, i) pair is the transpose of (i, j): added below */
+            size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
+            double *buf = NULL;
+            if (t->blk != s->blk && !F->dry &&
+                (buf = fl_alloc(F, N * mt * N * ms, sizeof *buf)) == NULL)
+                return F->ctx->status;
+            int zero;
+            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st);
+            if (st || F->dry || zero) {
+                free(buf);
+                continue;
+            }
+            size_t ldp = N * ms;
+            int twice = sym && i != j; /* (i,j) and (j,i) */
+            if (!t->dense && !s->dense) {
+                for (size_t a = 0; a < N; a++)
+                    for (size_t p = 0; p < mu; p++) {
+                        int ip = t->idx[p];
+                        if (ip < 0)
+                            continue;
+                        double wp = t->w ? t->w[a * mu + p] : 1;
+                        const double *Prow = P + (a * mt + (size_t)ip) * ldp;
+                        double *orow = out + (a * mu + p) * ld;
+                        size_t cmax = sym ? a + 1 : N;
+                        for (size_t c = 0; c < cmax; c++) {
+                            size_t qmax = sym && c == a ? p + 1 : mv;
+                            const double *Pc = Prow + c * ms;
+                            const double *ws = s->w ? s->w + c * mv : NULL;
+                            double *oc = orow + c * mv;
+                            for (size_t q = 0; q < qmax; q++) {
+                                int iq = s->idx[q];
+                                if (iq >= 0)
+                                    oc[q] += wp * (ws ? ws[q] : 1) * Pc[iq];
+                            }
+                        }
+                    }
+                if (twice) { /* the transposed pair: out[(a,p),(c,q)] += C_s P' C_tᵀ */
+                    for (size_t a = 0; a < N; a++)
+                        for (size_t p = 0; p < mu; p++) {
+                            int ip = s->idx[p];
+                            if (ip < 0)
+                                continue;
+                            double wp = s->w ? s->w[a * mu + p] : 1;
+                            double *orow = out + (a * mu + p) * ld;
+                            for (size_t c = 0; c <= a; c++) {
+                                size_t qmax = c == a ? p + 1 : mv;
+                                for (size_t q = 0; q < qmax; q++) {
+                                    int iq = t->idx[q];
+                                    if (iq >= 0)
+                                        orow[c * mv + q] += wp * (t->w ? t->w[c * mv + q] : 1) *
+                                                            P[(c * mt + (size_t)iq) * ldp + a * ms + (size_t)ip];
+                                }
+                            }
+                        }
+                }
+                free(buf);
+                continue;
+            }
+            /* dense: per input pair, out(a,c) += W_t(a) P(a,c) W_s(c)ᵀ by GEMM */
+            double *Wt = term_dense(F, t, mu), *Ws = term_dense(F, s, mv);
+            double *tmp = fl_alloc(F, mu * ms, sizeof *tmp);
+            if (Wt == NULL || Ws == NULL || tmp == NULL) {
+                if (Wt != t->w)
+                    free(Wt);
+                if (Ws != s->w)
+                    free(Ws);
+                free(tmp), free(buf);
+                return F->ctx->status;
+            }
+            int *et = fl_alloc(F, N * mu, sizeof *et), *es = fl_alloc(F, N * mv, sizeof *es);
+            if (et == NULL || es == NULL)
+                st = F->ctx->status;
+            for (size_t a = 0; st == TPK_OK && a < N; a++) {
+                row_extents(Wt + a * mu * mt, mu, mt, et + a * mu);
+                row_extents(Ws + a * mv * ms, mv, ms, es + a * mv);
+            }
+            for (size_t a = 0; a < N && st == TPK_OK; a++)
+                for (size_t c = 0; c < (sym ? a + 1 : N) && st == TPK_OK; c++) {
+                    const double *Pac = P + (a * mt) * ldp + c * ms;
+                    st = sandwich(F, Wt + a * mu * mt, mu, mt, et + a * mu, Pac, ldp,
+                                  Ws + c * mv * ms, mv, ms, es + c * mv, out + (a * mu) * ld + c * mv,
+                                  ld, sym && a == c && !twice, tmp);
+                    if (st == TPK_OK && twice) { /* + (W_s(a) P(c,a)ᵀ... ) = transpose pair */
+                        const double *Pca = P + (c * mt) * ldp + a * ms;
+                        /* W_s(a) · P(c,a)ᵀ · W_t(c)ᵀ */
+                        double *tmp2 = fl_alloc(F, mv * mt, sizeof *tmp2);
+                        if (tmp2 == NULL) {
+                            st = F->ctx->status;
+                            break;
+                        }
+                        st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mt, ms, 1.0, Ws + a * mv * ms, ms,
+                                       Pca, ldp, 0.0, tmp2, mt, F->ctx);
+                        if (st == TPK_OK)
+                            st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mu, mt, 1.0, tmp2, mt,
+                                           Wt + c * mu * mt, mt, 1.0, out + (a * mu) * ld + c * mv,
+                                           ld, F->ctx);
+                        free(tmp2);
+                    }
+                }
+            free(et), free(es);
+            if (Wt != t->w)
+                free(Wt);
+            if (Ws != s->w)
+                free(Ws);
+            free(tmp);
+            free(buf);
+        }
+    if (st || F->dry)
+        return st;
+    /* mean terms: E[uvᵀ] = E[LLᵀ] + μ_u m_vᵀ + m_u μ_vᵀ − μ_u μ_vᵀ (m = full first moment) */
+    if (u->mu || v->mu) {
+        double *mU = fl_alloc(F, N * mu, sizeof *mU), *mV = fl_alloc(F, N * mv, sizeof *mV);
+        int nz;
+        if (mU == NULL || mV == NULL || lin_mean(F, u, mU, &nz) || lin_mean(F, v, mV, &nz)) {
+            free(mU), free(mV);
+            return F->ctx->status;
+        }
+        for (size_t i = 0; i < N * mu; i++)
+            for (size_t j = 0; j < N * mv; j++) {
+                double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[j] : 0;
+                out[i * ld + j] += a * mV[j] + mU[i] * b - a * b;
+            }
+        free(mU), free(mV);
+    }
+    return TPK_OK;
+}
+
+static void mirror(double *M, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++)
+            M[j * n + i] = M[i * n + j];
+}
+
+/* A Gaussian block holding the LIN value u (its second and first moments). */
+static int materialize(fl *F, val *u, int fam, int *out)
+{
+    for (int k = 0; k < u->nt; k++) {
+        int kind = F->b[u->t[k].blk].kind;
+        if (kind == BK_NONLIN)
+            return UNSUP(F, NULL, "a function of an H-var that is not Gaussian (a Nonlin of a "
+                         "Nonlin): write the composition as one function");
+    }
+    if (v_merge(F, u))
+        return F->ctx->status;
+    int k = new_block(F, BK_GAUSS, fam, u->m);
+    if (k < 0)
+        return F->ctx->status;
+    fblock *b = &F->b[k];
+    b->nanc = 0;
+    for (int i = 0; i < u->nt; i++)
+        anc_union(&F->b[k], &F->b[u->t[i].blk]);
+    if (!F->dry) {
+        size_t n = F->N * (size_t)u->m;
+        double *M2 = fl_alloc(F, n * n, sizeof *M2), *mean = fl_alloc(F, n, sizeof *mean);
+        int nz = 0;
+        if (M2 == NULL || mean == NULL || lin_m2(F, u, u, M2, n, 1) || lin_mean(F, u, mean, &nz)) {
+            free(M2), free(mean);
+            return F->ctx->status;
+        }
+        mirror(M2, n);
+        b = &F->b[k];
+        b->M2 = M2;
+        if (nz) {
+            b->mean = mean;
+        } else {
+            free(mean);
+        }
+    } else {
+        lin_m2(F, u, u, NULL, 0, 1); /* touches the bases, checks support */
+    }
+    *out = k;
+    return F->ctx->status;
+}
+
+/* ---- expressions ------------------------------------------------------------------------- */
+
+static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out);
+
+/* The family instruction block holding member idx of family sym, or −1 (and *mem). */
+static int find_block(fl *F, int sym, const int *idx, long *mem)
+{
+    for (int k = F->nb - 1; k >= 0; k--) {
+        const fblock *b = &F->b[k];
+        if (b->fam != sym || b->fi >= F->cur)
+            continue;
+        long r = trie_find(&b->tr, idx);
+        if (r >= 0) {
+            *mem = r;
+            return k;
+        }
+    }
+    return -1;
+}
+
+static int bias_block(fl *F, int sym, int *out);
+
+/* f[idx...] over the domain: a scalar family, a vector family (gather), or a G-decl. */
+static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
+{
+    const nsr_sym *y = &F->C->sym[e->sym];
+    if (y->kind == NSR_SYM_PARAM || y->kind == NSR_SYM_LOOP) {
+        if (e->nidx)
+            return fl_err(F, TPK_ETYPE, e, "'%s' is a number, not a family", e->name);
+        int vary = y->kind == NSR_SYM_LOOP && reads_syms(e, D->sym, D->nv, 0);
+        if (!vary) {
+            double c;
+            if (num_expr(F, e, &c))
+                return F->ctx->status;
+            return v_const(out, D->m, c);
+        }
+        v_const(out, D->m, 0);
+        if (v_scal(F, out))
+            return F->ctx->status;
+        int k = 0;
+        while (D->sym[k] != e->sym)
+            k++;
+        for (size_t a = 0; a < F->N; a++)
+            for (long p = 0; p < D->m; p++)
+                out->s[a * (size_t)D->m + (size_t)p] = D->val[p * D->nv + k];
+        return TPK_OK;
+    }
+    if (y->kind == NSR_SYM_GFAM) {
+        int k = -1;
+        if (bias_block(F, e->sym, &k))
+            return F->ctx->status;
+        int *idx = fl_alloc(F, (size_t)D->m, sizeof *idx);
+        if (idx == NULL)
+            return F->ctx->status;
+        const fblock *b = &F->b[k];
+        int vary = reads_syms(e, D->sym, D->nv, 0);
+        for (long p = 0; p < D->m; p++) {
+            if (vary || p == 0) {
+                bind_point(F, D, p);
+                int t[NSR_MAX_INDICES];
+                for (int i = 0; i < e->nidx; i++)
+                    if (int_expr(F, e->idx[i], &t[i])) {
+                        free(idx);
+                        return F->ctx->status;
+                    }
+                long r = trie_find(&b->tr, t);
+                if (r < 0) {
+                    free(idx);
+                    return fl_err(F, TPK_ETYPE, e, "%s has no such member", e->name);
+                }
+                idx[p] = (int)r;
+            } else {
+                idx[p] = idx[0];
+            }
+        }
+        return v_gather(F, out, D->m, k, idx);
+    }
+    if (y->kind != NSR_SYM_DFAM)
+        return UNSUP(F, e, "'%s' cannot be read here", e->name);
+    /* a defined family: resolve each point's member, one term per block met */
+    int vary = reads_syms(e, D->sym, D->nv, 0);
+    int *idx = NULL, blk = -1, k0 = -1;
+    long first = -1;
+    v_const(out, D->m, 0);
+    int is_scal = -1;
+    double *sv = NULL;
+    iaff A[NSR_MAX_INDICES];
+    int affine = vary;
+    for (int i = 0; i < e->nidx && affine; i++)
+        affine = iaff_of(F, e->idx[i], D, &A[i], 0);
+    for (long p = 0; p < D->m; p++) {
+        int t[NSR_MAX_INDICES];
+        long mem = -1;
+        int k;
+        if (affine) {
+            const int *pv = &D->val[p * D->nv];
+            for (int i = 0; i < e->nidx; i++) {
+                double v = A[i].k;
+                for (int q = 0; q < D->nv; q++)
+                    v += A[i].c[q] * pv[q];
+                t[i] = (int)v;
+            }
+        }
+        if (vary || p == 0) {
+            if (!affine) {
+                bind_point(F, D, p);
+                for (int i = 0; i < e->nidx; i++)
+                    if (int_expr(F, e->idx[i], &t[i])) {
+                        free(idx), free(sv);
+                        return F->ctx->status;
+                    }
+            }
+            k = k0 >= 0 && (mem = trie_find(&F->b[k0].tr, t)) >= 0 ? k0 : find_block(F, e->sym, t, &mem);
+            if (k < 0) {
+                free(idx), free(sv);
+                char buf[80] = "";
+                size_t n = 0;
+                for (int i = 0; i < e->nidx && n < sizeof buf; i++)
+                    n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%d", i ? "," : "", t[i]);
+                return fl_err(F, TPK_ETYPE, e, "%s[%s] is read but not defined before (members "
+                              "are defined for %s)", e->name, buf, y->ranges[0] ? y->ranges : "?");
+            }
+        } else {
+            k = k0;
+            mem = first;
+        }
+        if (p == 0)
+            first = mem;
+        k0 = k;
+        fblock *b = &F->b[k];
+        touch(F, k);
+        if (b->kind == BK_ZERO)
+            continue;
+        int sc = b->kind == BK_SCAL;
+        if (is_scal < 0)
+            is_scal = sc;
+        if (is_scal != sc) {
+            free(idx), free(sv);
+            return UNSUP(F, e, "%s mixes scalar and vector members in one read", e->name);
+        }
+        if (sc) {
+            if (sv == NULL && (sv = fl_alloc(F, F->N * (size_t)D->m, sizeof *sv)) == NULL)
+                return F->ctx->status;
+            if (!F->dry)
+                for (size_t a = 0; a < F->N; a++)
+                    sv[a * (size_t)D->m + (size_t)p] = b->s[a * (size_t)b->m + (size_t)mem];
+            continue;
+        }
+        if (blk >= 0 && blk != k) {
+            free(idx), free(sv);
+            return UNSUP(F, e, "a read of %s spans several definitions (lines %d and %d)", e->name,
+                         F->b[blk].line, b->line);
+        }
+        if (idx == NULL) {
+            if ((idx = fl_alloc(F, (size_t)D->m, sizeof *idx)) == NULL)
+                return F->ctx->status;
+            for (long q = 0; q < D->m; q++)
+                idx[q] = -1;
+        }
+        blk = k;
+        idx[p] = (int)mem;
+    }
+    if (sv != NULL) {
+        out->kind = V_SCAL;
+        out->s = sv;
+        return TPK_OK;
+    }
+    if (blk < 0)
+        return v_const(out, D->m, 0); /* only padding members */
+    fblock *b = &F->b[blk];
+    if (b->kind != BK_MIX)
+        return v_gather(F, out, D->m, blk, idx);
+    /* a stored combination: compose the gathers */
+    const val *s = &b->mix;
+    memset(out, 0, sizeof *out);
+    out->kind = V_LIN;
+    out->m = D->m;
+    size_t N = F->N, m = (size_t)D->m, mb = (size_t)b->m;
+    out->t = fl_alloc(F, (size_t)s->nt, sizeof *out->t);
+    if (out->t == NULL) {
+        free(idx);
+        return F->ctx->status;
+    }
+    out->nt = s->nt;
+    for (int i = 0; i < s->nt; i++) {
+        term *t = &out->t[i];
+        t->blk = s->t[i].blk;
+        touch(F, t->blk);
+        t->idx = fl_alloc(F, m, sizeof *t->idx);
+        t->w = s->t[i].w ? fl_alloc(F, N * m, sizeof *t->w) : NULL;
+        if (t->idx == NULL || (s->t[i].w && t->w == NULL)) {
+            free(idx);
+            return F->ctx->status;
+        }
+        for (size_t p = 0; p < m; p++) {
+            t->idx[p] = idx[p] < 0 ? -1 : s->t[i].idx[idx[p]];
+            if (t->w)
+                for (size_t a = 0; a < N; a++)
+                    t->w[a * m + p] = idx[p] < 0 ? 0 : s->t[i].w[a * mb + (size_t)idx[p]];
+        }
+    }
+    if (s->mu) {
+        if ((out->mu = fl_alloc(F, N * m, sizeof *out->mu)) == NULL) {
+            free(idx);
+            return F->ctx->status;
+        }
+        for (size_t p = 0; p < m; p++)
+            for (size_t a = 0; a < N; a++)
+                out->mu[a * m + p] = idx[p] < 0 ? 0 : s->mu[a * mb + (size_t)idx[p]];
+    }
+    free(idx);
+    return TPK_OK;
+}
+
+/* One block for the declared members of an initial G-var family: E = mean, Cov = var·δ. */
+static int bias_block(fl *F, int sym, int *out)
+{
+    for (int k = 0; k < F->nb; k++)
+        if (F->b[k].kind == BK_BIAS && F->b[k].fam == sym) {
+            *out = k;
+            return TPK_OK;
+        }
+    const nsr_rolled *R = F->R;
+    long m = 0;
+    int nidx = 0;
+    for (int i = 0; i < R->ndm; i++)
+        if (R->dm[i].sym == sym) {
+            m++;
+            nidx = R->dm[i].nidx;
+        }
+    int save = F->cur;
+    F->cur = -1; /* visible to every instruction */
+    int k = new_block(F, BK_BIAS, -1, m);
+    F->cur = save;
+    if (k < 0)
+        return F->ctx->status;
+    fblock *b = &F->b[k];
+    b->fam = sym;
+    b->fi = -1;
+    b->last_use = F->cur;
+    anc_root(b, k);
+    /* members in declaration order; the trie degenerates to a sorted scan (few members) */
+    b->nidx = nidx;
+    b->tr.nlev = -1; /* a table searched linearly: declared biases are few */
+    b->tr.nfix = nidx;
+    size_t N = F->N;
+    double *M2 = F->dry ? NULL : fl_alloc(F, N * m * N * m, sizeof *M2);
+    double *mean = F->dry ? NULL : fl_alloc(F, N * (size_t)m, sizeof *mean);
+    int *tab = fl_alloc(F, (size_t)m * (NSR_MAX_INDICES + 1), sizeof *tab);
+    if ((!F->dry && (M2 == NULL || mean == NULL)) || tab == NULL) {
+        free(M2), free(mean), free(tab);
+        return F->ctx->status;
+    }
+    long j = 0;
+    int anymean = 0;
+    for (int i = 0; i < R->ndm; i++) {
+        if (R->dm[i].sym != sym)
+            continue;
+        memcpy(&tab[j * (NSR_MAX_INDICES + 1)], R->dm[i].idx, sizeof R->dm[i].idx);
+        if (!F->dry) {
+            for (size_t a = 0; a < N; a++)
+                mean[a * (size_t)m + (size_t)j] = R->dm[i].mean;
+            for (size_t a = 0; a < N; a++)
+                for (size_t c = 0; c < N; c++)
+                    M2[(a * (size_t)m + (size_t)j) * N * (size_t)m + c * (size_t)m + (size_t)j] =
+                        R->dm[i].var;
+        }
+        anymean |= R->dm[i].mean != 0;
+        j++;
+    }
+    if (!F->dry) {
+        size_t n = N * (size_t)m;
+        for (size_t i = 0; i < n; i++)
+            for (size_t q = 0; q < n; q++)
+                M2[i * n + q] += mean[i] * mean[q];
+        if (!anymean) {
+            free(mean);
+            mean = NULL;
+        }
+    }
+    b = &F->b[k];
+    b->M2 = M2;
+    b->mean = mean;
+    /* store the member table in the trie's first level arrays */
+    b->tr.lo[0] = tab;
+    b->tr.nn[0] = m;
+    *out = k;
+    return TPK_OK;
+}
+
+/* ---- MatMul ---------------------------------------------------------------------------------- */
+
+/* The declared member of A-var (or G) family sym at the indices of e, or −1. */
+static int dm_find(fl *F, int sym, const nsr_expr *e, int *out)
+{
+    int t[NSR_MAX_INDICES];
+    for (int i = 0; i < e->nidx; i++)
+        if (int_expr(F, e->idx[i], &t[i]))
+            return F->ctx->status;
+    for (int i = 0; i < F->R->ndm; i++) {
+        const nsr_dmember *d = &F->R->dm[i];
+        if (d->sym == sym && d->nidx == e->nidx && memcmp(d->idx, t, (size_t)e->nidx * sizeof *t) == 0) {
+            *out = i;
+            return TPK_OK;
+        }
+    }
+    return fl_err(F, TPK_ETYPE, e, "%s has no such member (not declared)", e->name);
+}
+
+/* The input slots as one Gaussian-like block: M2 = (1/d) x xᵀ over (input × slot), so an
+ * embedding U·x[t] is a MatMul of a gather on it (σ_U² E[x_t x_t'] with the 1/d of the
+ * embedding's fan-in, theory §1.2). Created once, at its first use. */
+static int input_block(fl *F, int *out)
+{
+    for (int k = 0; k < F->nb; k++)
+        if (F->b[k].kind == BK_GAUSS && F->b[k].fi == -2) {
+            *out = k;
+            return TPK_OK;
+        }
+    int save = F->cur;
+    int k = new_block(F, BK_GAUSS, -1, (long)F->T);
+    F->cur = save;
+    if (k < 0)
+        return F->ctx->status;
+    fblock *b = &F->b[k];
+    b->fi = -2;
+    b->last_use = save;
+    anc_root(b, k);
+    if (!F->dry) {
+        size_t n = F->N * F->T;
+        if ((b->M2 = fl_alloc(F, n * n, sizeof *b->M2)) == NULL)
+            return F->ctx->status;
+        if (tpk_dsyrk(TPK_NO_TRANS, n, F->d, 1.0 / (double)F->d, F->x, F->d, 0.0, b->M2, n, F->ctx))
+            return F->ctx->status;
+    }
+    *out = k;
+    return TPK_OK;
+}
+
+/* The embedding's source U·x[slot(p)] as a gather on the input block. */
+static int embed_src(fl *F, const nsr_expr *src, const fdom *D, val *u)
+{
+    size_t m = (size_t)D->m;
+    if (src->nidx != (F->p->nslots > 1 || src->nidx ? 1 : 0))
+        return fl_err(F, TPK_ETYPE, src, "the input is read as %s[t]", src->name);
+    int ib = -1;
+    if (input_block(F, &ib))
+        return F->ctx->status;
+    int *slot = fl_alloc(F, m, sizeof *slot);
+    if (slot == NULL)
+        return F->ctx->status;
+    int vary = reads_syms(src, D->sym, D->nv, 0);
+    for (size_t p = 0; p < m; p++) {
+        int t = F->R->input_lo;
+        if (vary || p == 0) {
+            bind_point(F, D, (long)p);
+            if (src->nidx && int_expr(F, src->idx[0], &t)) {
+                free(slot);
+                return F->ctx->status;
+            }
+            t -= F->R->input_lo;
+        } else {
+            t = slot[0];
+        }
+        if (t < 0 || t >= F->p->nslots) {
+            free(slot);
+            return fl_err(F, TPK_ETYPE, src, "input slot %d is outside %d..%d", t + F->R->input_lo,
+                          F->R->input_lo, F->R->input_lo + F->p->nslots - 1);
+        }
+        slot[p] = t;
+    }
+    return v_gather(F, u, D->m, ib, slot);
+}
+
+/* The vector taps of a convolution-like sum, kept to try the convolution lowering. */
+typedef struct tap {
+    val u;              /* coef · src over the domain */
+    double var;
+    int b[2];           /* binder values */
+} tap;
+typedef struct taps {
+    int n, cap, nb;     /* nb: binders */
+    tap *t;
+} taps;
+
+static void taps_free(taps *T)
+{
+    for (int i = 0; i < T->n; i++)
+        val_free(&T->t[i].u);
+    free(T->t);
+    memset(T, 0, sizeof *T);
+}
+
+static int lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2)
+{
+    if (F->dry)
+        return lin_m2(F, u, u, NULL, 0, 1);
+    double *tmp = fl_alloc(F, n * n, sizeof *tmp);
+    if (tmp == NULL)
+        return F->ctx->status;
+    int st = lin_m2(F, u, u, tmp, n, 1);
+    for (size_t i = 0; st == TPK_OK && i < n; i++)
+        for (size_t j = 0; j <= i; j++)
+            M2[i * n + j] += var * tmp[i * n + j];
+    free(tmp);
+    return st;
+}
+
+/* One MatMul term A·src (scaled by coef) added into the atom's M2 (lower triangle), or kept in
+ * T (a vector source inside a tap sum). */
+static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom *D, val *coef,
+                      double *M2, taps *T)
+{
+    if (reads_syms(am, D->sym, D->nv, 0))
+        return UNSUP(F, am, "an A-var that changes with the family's index (%s): untied weights "
+                     "per member", am->name);
+    int di = -1;
+    if (dm_find(F, am->sym, am, &di))
+        return F->ctx->status;
+    if (F->amark[di] >= 0)
+        return UNSUP(F, am, "%s is multiplied in more than one place (weight tying, e.g. a "
+                     "recurrence); the rolled evaluator keeps every MatMul's A-var its own",
+                     am->name);
+    F->amark[di] = (int)F->site;
+    double var = F->R->dm[di].var;
+    val u;
+    if (src->kind == NSR_E_NAME && src->sym >= 0 && F->C->sym[src->sym].kind == NSR_SYM_INPUT) {
+        if (embed_src(F, src, D, &u))
+            return F->ctx->status;
+    } else if (eval(F, src, D, &u)) {
+        return F->ctx->status;
+    }
+    if (u.kind != V_LIN) {
+        int zero = u.kind == V_CONST && u.c == 0;
+        val_free(&u);
+        if (zero || (coef && coef->kind == V_CONST && coef->c == 0))
+            return TPK_OK;
+        return UNSUP(F, src, "MatMul of a constant vector");
+    }
+    if ((coef && v_scale(F, &u, coef)) || v_merge(F, &u)) {
+        val_free(&u);
+        return F->ctx->status;
+    }
+    if (T != NULL) {
+        if (T->n == T->cap) {
+            int cap = T->cap ? 2 * T->cap : 16;
+            tap *t = realloc(T->t, (size_t)cap * sizeof *t);
+            if (t == NULL) {
+                val_free(&u);
+                return TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+            }
+            T->t = t;
+            T->cap = cap;
+        }
+        tap *t = &T->t[T->n++];
+        memset(t, 0, sizeof *t);
+        t->u = u;
+        t->var = var;
+        return TPK_OK;
+    }
+    int st = lin_m2_acc(F, &u, var, F->N * (size_t)D->m, M2);
+    val_free(&u);
+    return st;
+}
+
+static int new_atom(fl *F, long m, double **M2, int *k)
+{
+    if ((*k = new_block(F, BK_GAUSS, -1, m)) < 0)
+        return F->ctx->status;
+    anc_root(&F->b[*k], *k);
+    *M2 = NULL;
+    if (!F->dry) {
+        size_t n = F->N * (size_t)m;
+        if ((*M2 = fl_alloc(F, n * n, sizeof **M2)) == NULL)
+            return F->ctx->status;
+    }
+    return TPK_OK;
+}
+
+static int finish_atom(fl *F, int k, double *M2, val *out, long m)
+{
+    if (M2)
+        mirror(M2, F->N * (size_t)m);
+    F->b[k].M2 = M2;
+    int *idx = fl_alloc(F, (size_t)m, sizeof *idx);
+    if (idx == NULL)
+        return F->ctx->status;
+    for (long p = 0; p < m; p++)
+        idx[p] = (int)p;
+    return v_gather(F, out, m, k, idx);
+}
+
+static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom *D, val *out)
+{
+    double *M2;
+    int k = -1;
+    F->site++;
+    if (new_atom(F, D->m, &M2, &k))
+        return F->ctx->status;
+    F->b[k].line = am->line;
+    if (matmul_acc(F, am, src, D, NULL, M2, NULL)) {
+        free(M2);
+        return F->ctx->status;
+    }
+    return finish_atom(F, k, M2, out, D->m);
+}
+
+/* A sum over binders of MatMuls whose A-var changes with the binder (convolution taps:
+ * Σ_t F_t h_{p+t}): the terms are independent (distinct A-vars, theory §1.6), so the sum is one
+ * Gaussian block with M2 = Σ_t σ_t² E[h_{p+t} h_{q+t}ᵀ] (theory §2.8) — no block per tap. */
+static int is_acc_leaf(const fl *F, const nsr_expr *e, const nsr_expr **am, const nsr_expr **src,
+                       const nsr_expr **coef)
+{
+    *coef = NULL;
+    if (e->kind == NSR_E_BIN && e->op == NSR_T_STAR) {
+        const nsr_expr *x = e->a, *y = e->b;
+        if (y->kind == NSR_E_APPLY || (y->kind == NSR_E_CALL && y->sym >= 0 &&
+                                       F->C->sym[y->sym].kind == NSR_SYM_AFAM)) {
+            *coef = x;
+            e = y;
+        } else {
+            *coef = y;
+            e = x;
+        }
+    }
+    if (e->kind == NSR_E_APPLY) {
+        *am = e->a;
+        *src = e->b;
+        return 1;
+    }
+    if (e->kind == NSR_E_CALL && e->sym >= 0 && F->C->sym[e->sym].kind == NSR_SYM_AFAM &&
+        e->nargs == 1) {
+        *am = e;
+        *src = e->args[0];
+        return 1;
+    }
+    return 0;
+}
+
+static int acc_sum(fl *F, const nsr_expr *e, const fdom *D, double *M2, taps *T,
+                   const int *binders, int nb, int depth)
+{
+    if (depth > NSR_MAX_DEPTH)
+        return UNSUP(F, e, "sums nested too deeply");
+    if (e->kind == NSR_E_SUM) {
+        int lo, hi;
+        if (int_expr(F, e->args[0], &lo) || int_expr(F, e->args[1], &hi))
+            return F->ctx->status;
+        for (int j = lo; j <= hi; j++) {
+            F->num[e->sym] = j;
+            if (acc_sum(F, e->a, D, M2, T, binders, nb, depth + 1))
+                return F->ctx->status;
+        }
+        F->num[e->sym] = NAN;
+        return TPK_OK;
+    }
+    const nsr_expr *am, *src, *ce;
+    if (!is_acc_leaf(F, e, &am, &src, &ce))
+        return UNSUP(F, e, "internal: not a MatMul term");
+    val c, *cp = NULL;
+    if (ce) {
+        if (eval(F, ce, D, &c))
+            return F->ctx->status;
+        if (c.kind == V_LIN) {
+            val_free(&c);
+            return UNSUP(F, ce, "a MatMul multiplied by a vector");
+        }
+        cp = &c;
+    }
+    int n0 = T->n;
+    int st = matmul_acc(F, am, src, D, cp, M2, T);
+    if (st == TPK_OK && T->n > n0)
+        for (int i = 0; i < nb && i < 2; i++)
+            T->t[T->n - 1].b[i] = (int)F->num[binders[i]];
+    if (cp)
+        val_free(cp);
+    return st;
+}
+
+/* The convolution lowering (theory §2.8): the taps of a sum Σ_t F_t h[p + t] over a rows×cols
+ * grid, every tap reading one block h defined on the same grid at the shifted position — wrapped
+ * (circular) or masked to zero outside (zero padding) — with one variance, are the step between
+ * CNN layers of kernels/cnn.c: M2 += σ² Σ_t M2_h[p+t, q+t] per input pair by
+ * tpk_cnn_conv_block. Returns 1 when it took the taps; 0 leaves them to the generic sum. */
+static int conv_lowering(fl *F, const fdom *D, taps *T, double *M2, int *st)
+{
+    *st = TPK_OK;
+    if (F->dry || T->n == 0 || D->nv < 1 || D->nv > 2 || T->nb != D->nv)
+        return 0; /* the plan takes the generic path: it touches the same block */
+    /* the grid: D is r0..r1 × s0..s1 in row-major order */
+    int two = D->nv == 2;
+    int r0 = two ? D->val[0] : 1, s0 = D->val[two ? 1 : 0];
+    const int *last = &D->val[(D->m - 1) * D->nv];
+    int r1 = two ? last[0] : 1, s1 = last[two ? 1 : 0];
+    long R = r1 - r0 + 1, C = s1 - s0 + 1;
+    if (R < 1 || C < 1 || R * C != D->m)
+        return 0;
+    for (long p = 0; p < D->m; p++)
+        if ((two && D->val[p * 2] != r0 + p / C) || D->val[p * D->nv + two] != s0 + p % C)
+            return 0;
+    const tap *t0 = &T->t[0];
+    if (t0->u.nt != 1)
+        return 0;
+    int X = t0->u.t[0].blk;
+    const fblock *bx = &F->b[X];
+    if (bx->m != D->m || bx->tr.nlev != D->nv)
+        return 0;
+    /* X's members: the same grid, row-major */
+    if (bx->tr.nn[0] != 1 || bx->tr.lo[0][0] != (two ? r0 : s0) || bx->tr.hi[0][0] != (two ? r1 : s1))
+        return 0;
+    if (two)
+        for (long q = 0; q < bx->tr.nn[1]; q++)
+            if (bx->tr.lo[1][q] != s0 || bx->tr.hi[1][q] != s1)
+                return 0;
+    int kh = 1, kw = 0;
+    for (int i = 0; i < T->n; i++) {
+        kh = two && T->t[i].b[0] + 1 > kh ? T->t[i].b[0] + 1 : kh;
+        kw = T->t[i].b[two] + 1 > kw ? T->t[i].b[two] + 1 : kw;
+    }
+    if (kh * kw != T->n || kh > R || kw > C)
+        return 0;
+    int cr = (kh - 1) / 2, cs = (kw - 1) / 2, padding = -1;
+    size_t N = F->N, m = (size_t)D->m;
+    for (int i = 0; i < T->n; i++) {
+        const tap *t = &T->t[i];
+        const term *u = &t->u.t[0];
+        int ti = two ? t->b[0] : 0, tj = t->b[two];
+        if (t->u.nt != 1 || u->blk != X || u->dense || t->u.mu || t->var != t0->var || ti < 0 ||
+            tj < 0 || ti != i / kw || tj != i % kw)
+            return 0;
+        for (long p = 0; p < D->m; p++) {
+            long r = two ? p / C : 0, c = p % C;
+            long rr = r + ti - cr, cc = c + tj - cs;
+            int in = rr >= 0 && rr < R && cc >= 0 && cc < C;
+            long want = ((rr % R + R) % R) * C + (cc % C + C) % C;
+            double w = u->w ? u->w[p] : 1;
+            for (size_t a = 1; u->w && a < N; a++)
+                if (u->w[a * m + (size_t)p] != w)
+                    return 0;
+            if (!(w == 1 || w == 0) || (w == 1 && u->idx[p] != want))
+                return 0;
+            int pad = w == 0 ? TPK_CNN_ZERO : in ? -1 : TPK_CNN_CIRCULAR;
+            if (w == 0 && in)
+                return 0;
+            if (pad >= 0) {
+                if (padding >= 0 && padding != pad)
+                    return 0;
+                padding = pad;
+            }
+        }
+    }
+    if (padding < 0)
+        padding = TPK_CNN_CIRCULAR; /* no tap leaves the grid */
+    const double *MX = block_m2(F, X);
+    double *in = fl_alloc(F, m * m, sizeof *in), *out = fl_alloc(F, m * m, sizeof *out);
+    if (MX == NULL || in == NULL || out == NULL) {
+        free(in), free(out);
+        *st = F->ctx->status ? F->ctx->status : TPK_ENOMEM;
+        return 1;
+    }
+    size_t n = N * m;
+    for (size_t a = 0; a < N && *st == TPK_OK; a++)
+        for (size_t c = 0; c <= a && *st == TPK_OK; c++) {
+            for (size_t p = 0; p < m; p++)
+                memcpy(in + p * m, MX + (a * m + p) * n + c * m, m * sizeof *in);
+            *st = tpk_cnn_conv_block((size_t)R, (size_t)C, kh, kw, padding, TPK_CNN_CONV_AUTO,
+                                     t0->var, 0.0, in, out, F->ctx);
+            for (size_t p = 0; *st == TPK_OK && p < m; p++) {
+                double *row = M2 + (a * m + p) * n + c * m;
+                for (size_t q = 0; q < m; q++)
+                    row[q] += out[p * m + q];
+            }
+        }
+    free(in), free(out);
+    return 1;
+}
+
+/* Does the innermost body of nested sums have the accumulable form, with an A-var reading a
+ * binder? */
+static int accumulable(const fl *F, const nsr_expr *e, int *binders, int nb)
+{
+    while (e->kind == NSR_E_SUM && nb < MAXV) {
+        binders[nb++] = e->sym;
+        e = e->a;
+    }
+    const nsr_expr *am, *src, *ce;
+    if (!is_acc_leaf(F, e, &am, &src, &ce))
+        return 0;
+    return reads_syms(am, binders, nb, 0);
+}
+
+/* ---- sums, softmax -------------------------------------------------------------------------- */
+
+/* D' = D × (binder in lo..hi), with each point's parent in D. */
+static int extend(fl *F, const nsr_expr *e, const fdom *D, fdom *X, long **parent)
+{
+    memset(X, 0, sizeof *X);
+    if (D->nv >= MAXV)
+        return UNSUP(F, e, "too many nested index sums");
+    X->nv = D->nv + 1;
+    memcpy(X->sym, D->sym, (size_t)D->nv * sizeof *D->sym);
+    X->sym[D->nv] = e->sym;
+    int *lo = fl_alloc(F, (size_t)D->m, sizeof *lo), *hi = fl_alloc(F, (size_t)D->m, sizeof *hi);
+    if (lo == NULL || hi == NULL) {
+        free(lo), free(hi);
+        return F->ctx->status;
+    }
+    long m = 0;
+    for (long p = 0; p < D->m; p++) {
+        bind_point(F, D, p);
+        if (int_expr(F, e->args[0], &lo[p]) || int_expr(F, e->args[1], &hi[p])) {
+            free(lo), free(hi);
+            return F->ctx->status;
+        }
+        if (hi[p] >= lo[p])
+            m += hi[p] - lo[p] + 1;
+        if (m > 400000000L) {
+            free(lo), free(hi);
+            return fl_err(F, TPK_EINVAL, e, "index sum too large");
+        }
+    }
+    X->m = m;
+    X->val = fl_alloc(F, (size_t)m * (size_t)X->nv, sizeof *X->val);
+    *parent = fl_alloc(F, (size_t)m, sizeof **parent);
+    if (X->val == NULL || *parent == NULL) {
+        free(lo), free(hi), free(X->val), free(*parent);
+        X->val = NULL;
+        *parent = NULL;
+        return F->ctx->status;
+    }
+    long r = 0;
+    for (long p = 0; p < D->m; p++)
+        for (int j = lo[p]; j <= hi[p]; j++, r++) {
+            memcpy(&X->val[r * X->nv], &D->val[p * D->nv], (size_t)D->nv * sizeof *D->val);
+            X->val[r * X->nv + D->nv] = j;
+            (*parent)[r] = p;
+        }
+    free(lo), free(hi);
+    return TPK_OK;
+}
+
+static int eval_sum(fl *F, const nsr_expr *e, const fdom *D, val *out)
+{
+    int binders[MAXV];
+    if (accumulable(F, e, binders, 0)) {
+        double *M2;
+        int k = -1;
+        F->site++;
+        if (new_atom(F, D->m, &M2, &k))
+            return F->ctx->status;
+        F->b[k].line = e->line;
+        taps T = {.nb = 0};
+        const nsr_expr *q = e;
+        while (q->kind == NSR_E_SUM && T.nb < MAXV)
+            T.nb++, q = q->a;
+        if (acc_sum(F, e, D, M2, &T, binders, T.nb, 0)) {
+            taps_free(&T);
+            free(M2);
+            return F->ctx->status;
+        }
+        int st = TPK_OK;
+        if (!conv_lowering(F, D, &T, M2, &st))
+            for (int i = 0; i < T.n && st == TPK_OK; i++)
+                st = lin_m2_acc(F, &T.t[i].u, T.t[i].var, F->N * (size_t)D->m, M2);
+        taps_free(&T);
+        if (st) {
+            free(M2);
+            return st;
+        }
+        return finish_atom(F, k, M2, out, D->m);
+    }
+    fdom X;
+    long *parent;
+    if (extend(F, e, D, &X, &parent))
+        return F->ctx->status;
+    val v;
+    int st = eval(F, e->a, &X, &v);
+    free(X.val);
+    if (st) {
+        free(parent);
+        return st;
+    }
+    size_t N = F->N, m = (size_t)D->m, mx = (size_t)X.m;
+    if (v.kind != V_LIN) {
+        v_const(out, D->m, 0);
+        if (v_scal(F, out) || v_scal(F, &v)) {
+            free(parent), val_free(&v);
+            return F->ctx->status;
+        }
+        for (size_t a = 0; a < N; a++)
+            for (size_t r = 0; r < mx; r++)
+                out->s[a * m + (size_t)parent[r]] += v.s[a * mx + r];
+        free(parent), val_free(&v);
+        return TPK_OK;
+    }
+    memset(out, 0, sizeof *out);
+    out->kind = V_LIN;
+    out->m = D->m;
+    if (v.mu) {
+        if ((out->mu = fl_alloc(F, N * m, sizeof *out->mu)) == NULL) {
+            free(parent), val_free(&v);
+            return F->ctx->status;
+        }
+        for (size_t a = 0; a < N; a++)
+            for (size_t r = 0; r < mx; r++)
+                out->mu[a * m + (size_t)parent[r]] += v.mu[a * mx + r];
+    }
+    /* each term becomes a dense map; terms on one block merge */
+    out->t = fl_alloc(F, (size_t)v.nt, sizeof *out->t);
+    if (out->t == NULL) {
+        free(parent), val_free(&v);
+        return F->ctx->status;
+    }
+    for (int i = 0; i < v.nt && st == TPK_OK; i++) {
+        const term *t = &v.t[i];
+        size_t ms = (size_t)F->b[t->blk].m;
+        int j = 0;
+        while (j < out->nt && out->t[j].blk != t->blk)
+            j++;
+        if (j == out->nt) {
+            out->t[j].blk = t->blk;
+            out->t[j].dense = 1;
+            out->nt++;
+            if (!F->dry && (out->t[j].w = fl_alloc(F, N * m * ms, sizeof(double))) == NULL)
+                st = F->ctx->status;
+        }
+        if (st || F->dry)
+            continue;
+        double *W = out->t[j].w;
+        for (size_t a = 0; a < N; a++)
+            for (size_t r = 0; r < mx; r++) {
+                double *row = W + (a * m + (size_t)parent[r]) * ms;
+                if (t->dense) {
+                    const double *src = t->w + (a * mx + r) * ms;
+                    for (size_t q = 0; q < ms; q++)
+                        row[q] += src[q];
+                } else if (t->idx[r] >= 0) {
+                    row[t->idx[r]] += t->w ? t->w[a * mx + r] : 1;
+                }
+            }
+    }
+    free(parent);
+    val_free(&v);
+    return st;
+}
+
+/* softmax(j in lo..hi: s) at the enclosing j. Its rows depend on the other indices only, so
+ * they are computed once per row (a[i, j] for all j ≤ i costs T² exp, not T³), shifted by the
+ * row maximum. */
+static int eval_softmax(fl *F, const nsr_expr *e, const fdom *D, val *out)
+{
+    int kv = -1;
+    for (int v = 0; v < D->nv; v++)
+        if (D->sym[v] == e->op)
+            kv = v;
+    if (kv >= 0 && (reads_syms(e->a, &e->op, 1, 0) || reads_syms(e->args[0], &e->op, 1, 0) ||
+                    reads_syms(e->args[1], &e->op, 1, 0)))
+        kv = -1; /* the row reads the entry's own index: no sharing */
+    /* rows: the points of D with index kv dropped (hashing the other indices) */
+    fdom Rw;
+    memset(&Rw, 0, sizeof Rw);
+    long *row = fl_alloc(F, (size_t)D->m, sizeof *row);
+    if (row == NULL)
+        return F->ctx->status;
+    int st = TPK_OK;
+    if (kv < 0) {
+        Rw = *D;
+        Rw.val = fl_alloc(F, (size_t)D->m * (size_t)D->nv, sizeof *Rw.val);
+        if (Rw.val == NULL) {
+            free(row);
+            return F->ctx->status;
+        }
+        memcpy(Rw.val, D->val, (size_t)D->m * (size_t)D->nv * sizeof *Rw.val);
+        for (long p = 0; p < D->m; p++)
+            row[p] = p;
+    } else {
+        Rw.nv = D->nv - 1;
+        for (int v = 0, w = 0; v < D->nv; v++)
+            if (v != kv)
+                Rw.sym[w++] = D->sym[v];
+        size_t cap = 16;
+        while (cap < 2 * (size_t)D->m)
+            cap *= 2;
+        long *tab = fl_alloc(F, cap, sizeof *tab);
+        Rw.val = fl_alloc(F, (size_t)D->m * (size_t)(Rw.nv ? Rw.nv : 1), sizeof *Rw.val);
+        if (tab == NULL || Rw.val == NULL) {
+            free(tab), free(Rw.val), free(row);
+            return F->ctx->status;
+        }
+        for (size_t i = 0; i < cap; i++)
+            tab[i] = -1;
+        for (long p = 0; p < D->m; p++) {
+            int key[MAXV];
+            for (int v = 0, w = 0; v < D->nv; v++)
+                if (v != kv)
+                    key[w++] = D->val[p * D->nv + v];
+            uint64_t h = 1469598103934665603u;
+            for (int w = 0; w < Rw.nv; w++)
+                h = (h ^ (uint32_t)key[w]) * 1099511628211u;
+            size_t q = (size_t)h & (cap - 1);
+            while (tab[q] >= 0 &&
+                   memcmp(&Rw.val[tab[q] * Rw.nv], key, (size_t)Rw.nv * sizeof *key) != 0)
+                q = (q + 1) & (cap - 1);
+            if (tab[q] < 0) {
+                tab[q] = Rw.m;
+                memcpy(&Rw.val[Rw.m * Rw.nv], key, (size_t)Rw.nv * sizeof *key);
+                Rw.m++;
+            }
+            row[p] = tab[q];
+        }
+        free(tab);
+    }
+    fdom X;
+    long *parent = NULL;
+    val v;
+    memset(&v, 0, sizeof v);
+    st = extend(F, e, &Rw, &X, &parent);
+    if (st == TPK_OK)
+        st = eval(F, e->a, &X, &v);
+    if (st == TPK_OK && v.kind == V_LIN)
+        st = UNSUP(F, e->a, "softmax of a vector: its argument must be scalars (Moments)");
+    if (st == TPK_OK)
+        st = v_scal(F, &v);
+    size_t N = F->N, m = (size_t)D->m, mx = (size_t)X.m, nr = (size_t)Rw.m;
+    long *start = st ? NULL : fl_alloc(F, nr + 1, sizeof *start);
+    if (st == TPK_OK && start == NULL)
+        st = F->ctx->status;
+    for (size_t r = 0; st == TPK_OK && r <= nr; r++)
+        start[r] = (long)mx;
+    for (size_t r = mx; st == TPK_OK && r-- > 0;)
+        start[parent[r]] = (long)r;
+    /* the entry of each point: its row's member whose binder equals the point's index */
+    long *pick = st ? NULL : fl_alloc(F, m, sizeof *pick);
+    if (st == TPK_OK && pick == NULL)
+        st = F->ctx->status;
+    for (size_t p = 0; st == TPK_OK && p < m; p++) {
+        size_t r = (size_t)row[p];
+        int want;
+        if (kv >= 0) {
+            want = D->val[p * (size_t)D->nv + (size_t)kv];
+        } else {
+            bind_point(F, D, (long)p);
+            want = (int)F->num[e->op];
+        }
+        long s0 = start[r], s1 = r + 1 < nr ? start[r + 1] : (long)mx;
+        long q = s0 < s1 ? s0 + (want - X.val[s0 * X.nv + Rw.nv]) : -1;
+        if (q < s0 || q >= s1)
+            st = fl_err(F, TPK_ETYPE, e, "softmax entry %s = %d is outside its range", e->name, want);
+        else
+            pick[p] = q;
+    }
+    if (st == TPK_OK) {
+        v_const(out, D->m, 0);
+        st = v_scal(F, out);
+    }
+    if (st == TPK_OK && !F->dry) {
+        double *z = fl_alloc(F, nr, sizeof *z), *mxr = fl_alloc(F, nr, sizeof *mxr);
+        if (z == NULL || mxr == NULL)
+            st = F->ctx->status;
+        for (size_t a = 0; st == TPK_OK && a < N; a++) {
+            const double *sv = v.s + a * mx;
+            for (size_t r = 0; r < nr; r++) {
+                long s0 = start[r], s1 = r + 1 < nr ? start[r + 1] : (long)mx;
+                double mm = -INFINITY, zz = 0;
+                for (long q = s0; q < s1; q++)
+                    mm = fmax(mm, sv[q]);
+                for (long q = s0; q < s1; q++)
+                    zz += exp(sv[q] - mm);
+                z[r] = zz;
+                mxr[r] = mm;
+            }
+            for (size_t p = 0; p < m; p++)
+                out->s[a * m + p] = exp(sv[pick[p]] - mxr[row[p]]) / z[row[p]];
+        }
+        free(z), free(mxr);
+    }
+    free(start);
+    free(pick);
+    free(parent);
+    free(row);
+    free(X.val);
+    free(Rw.val);
+    val_free(&v);
+    return st;
+}
+
+/* ---- Moments ----------------------------------------------------------------------------- */
+
+typedef struct mono {
+    val coef;           /* CONST or SCAL */
+    int nf;
+    val f[2];           /* LIN factors */
+} mono;
+
+typedef struct mlist {
+    int n, cap;
+    mono *v;
+} mlist;
+
+static void ml_free(mlist *L)
+{
+    for (int i = 0; i < L->n; i++) {
+        val_free(&L->v[i].coef);
+        for (int k = 0; k < L->v[i].nf; k++)
+            val_free(&L->v[i].f[k]);
+    }
+    free(L->v);
+    memset(L, 0, sizeof *L);
+}
+
+static int ml_push(fl *F, mlist *L, mono *m)
+{
+    if (L->n == L->cap) {
+        int cap = L->cap ? 2 * L->cap : 8;
+        mono *v = realloc(L->v, (size_t)cap * sizeof *v);
+        if (v == NULL)
+            return TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+        L->v = v;
+        L->cap = cap;
+    }
+    L->v[L->n++] = *m;
+    return TPK_OK;
+}
+
+static int v_copy(fl *F, const val *a, val *out)
+{
+    size_t N = F->N, m = (size_t)a->m;
+    *out = *a;
+    out->s = NULL;
+    out->mu = NULL;
+    out->t = NULL;
+    if (a->s && (out->s = fl_alloc(F, N * m, sizeof *out->s)) == NULL)
+        return F->ctx->status;
+    if (a->s)
+        memcpy(out->s, a->s, N * m * sizeof *out->s);
+    if (a->mu && (out->mu = fl_alloc(F, N * m, sizeof *out->mu)) == NULL)
+        return F->ctx->status;
+    if (a->mu)
+        memcpy(out->mu, a->mu, N * m * sizeof *out->mu);
+    if (a->nt) {
+        if ((out->t = fl_alloc(F, (size_t)a->nt, sizeof *out->t)) == NULL)
+            return F->ctx->status;
+        for (int i = 0; i < a->nt; i++) {
+            const term *t = &a->t[i];
+            term *u = &out->t[i];
+            *u = *t;
+            u->idx = NULL;
+            u->w = NULL;
+            size_t ms = (size_t)F->b[t->blk].m;
+            size_t nw = t->dense ? N * m * ms : N * m;
+            if (t->idx && (u->idx = fl_alloc(F, m, sizeof *u->idx)) == NULL)
+                return F->ctx->status;
+            if (t->idx)
+                memcpy(u->idx, t->idx, m * sizeof *u->idx);
+            if (t->w && (u->w = fl_alloc(F, nw, sizeof *u->w)) == NULL)
+                return F->ctx->status;
+            if (t->w)
+                memcpy(u->w, t->w, nw * sizeof *u->w);
+        }
+    }
+    return TPK_OK;
+}
+
+static int expand(fl *F, const nsr_expr *e, const fdom *D, mlist *L, int depth);
+
+static int ml_mul(fl *F, mlist *A, mlist *B, mlist *out, const nsr_expr *e)
+{
+    int st = TPK_OK;
+    for (int i = 0; i < A->n && st == TPK_OK; i++)
+        for (int j = 0; j < B->n && st == TPK_OK; j++) {
+            mono *x = &A->v[i], *y = &B->v[j];
+            if (x->nf + y->nf > 2) {
+                st = UNSUP(F, e, "a Moment of degree > 2 in vectors: write the product as one "
+                           "function");
+                break;
+            }
+            mono r = {0};
+            if ((st = v_copy(F, &x->coef, &r.coef)) == TPK_OK)
+                st = v_scale(F, &r.coef, &y->coef);
+            for (int k = 0; k < x->nf && st == TPK_OK; k++)
+                st = v_copy(F, &x->f[k], &r.f[r.nf++]);
+            for (int k = 0; k < y->nf && st == TPK_OK; k++)
+                st = v_copy(F, &y->f[k], &r.f[r.nf++]);
+            if (st == TPK_OK)
+                st = ml_push(F, out, &r);
+            else {
+                val_free(&r.coef);
+                for (int k = 0; k < r.nf; k++)
+                    val_free(&r.f[k]);
+            }
+        }
+    return st;
+}
+
+static int expand(fl *F, const nsr_expr *e, const fdom *D, mlist *L, int depth)
+{
+    if (depth > NSR_MAX_DEPTH)
+        return UNSUP(F, e, "expression nested too deeply");
+    if (e->kind == NSR_E_BIN && (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS)) {
+        mlist B = {0};
+        if (expand(F, e->a, D, L, depth + 1) || expand(F, e->b, D, &B, depth + 1)) {
+            ml_free(&B);
+            return F->ctx->status;
+        }
+        val neg;
+        v_const(&neg, D->m, -1);
+        for (int i = 0; i < B.n; i++) {
+            if (e->op == NSR_T_MINUS && v_scale(F, &B.v[i].coef, &neg))
+                break;
+            if (ml_push(F, L, &B.v[i]))
+                break;
+            memset(&B.v[i], 0, sizeof B.v[i]);
+        }
+        ml_free(&B);
+        return F->ctx->status;
+    }
+    if (e->kind == NSR_E_NEG) {
+        mlist A = {0};
+        if (expand(F, e->a, D, &A, depth + 1)) {
+            ml_free(&A);
+            return F->ctx->status;
+        }
+        val neg;
+        v_const(&neg, D->m, -1);
+        for (int i = 0; i < A.n; i++) {
+            v_scale(F, &A.v[i].coef, &neg);
+            ml_push(F, L, &A.v[i]);
+            memset(&A.v[i], 0, sizeof A.v[i]);
+        }
+        ml_free(&A);
+        return F->ctx->status;
+    }
+    if (e->kind == NSR_E_BIN && (e->op == NSR_T_STAR || e->op == NSR_T_CARET)) {
+        mlist A = {0}, B = {0};
+        int st = expand(F, e->a, D, &A, depth + 1);
+        if (st == TPK_OK && e->op == NSR_T_STAR)
+            st = expand(F, e->b, D, &B, depth + 1);
+        if (st == TPK_OK && e->op == NSR_T_CARET) {
+            double k;
+            st = num_expr(F, e->b, &k);
+            if (st == TPK_OK && k == 1) {
+                for (int i = 0; i < A.n; i++) {
+                    ml_push(F, L, &A.v[i]);
+                    memset(&A.v[i], 0, sizeof A.v[i]);
+                }
+                ml_free(&A);
+                return F->ctx->status;
+            }
+            if (st == TPK_OK && k != 2) {
+                int vec = 0;
+                for (int i = 0; i < A.n; i++)
+                    vec |= A.v[i].nf > 0;
+                if (vec)
+                    st = UNSUP(F, e, "a power other than 2 of a vector inside mean()");
+            }
+            if (st == TPK_OK && k == 2) {
+                mlist A2 = {0};
+                for (int i = 0; i < A.n && st == TPK_OK; i++) {
+                    mono c = {0};
+                    if ((st = v_copy(F, &A.v[i].coef, &c.coef)) == TPK_OK) {
+                        for (int q = 0; q < A.v[i].nf && st == TPK_OK; q++)
+                            st = v_copy(F, &A.v[i].f[q], &c.f[c.nf++]);
+                        if (st == TPK_OK)
+                            st = ml_push(F, &A2, &c);
+                    }
+                }
+                if (st == TPK_OK)
+                    st = ml_mul(F, &A, &A2, L, e);
+                ml_free(&A2);
+                ml_free(&A);
+                return st;
+            }
+        }
+        if (st == TPK_OK && e->op == NSR_T_STAR)
+            st = ml_mul(F, &A, &B, L, e);
+        ml_free(&A);
+        ml_free(&B);
+        if (st == TPK_OK && e->op == NSR_T_CARET) {
+            /* a scalar power: evaluate as a leaf */
+            goto leaf;
+        }
+        return st;
+    }
+    if (e->kind == NSR_E_BIN && e->op == NSR_T_SLASH) {
+        val d;
+        if (eval(F, e->b, D, &d))
+            return F->ctx->status;
+        if (d.kind == V_LIN) {
+            val_free(&d);
+            return UNSUP(F, e->b, "division by a vector inside mean()");
+        }
+        if (v_scal(F, &d)) {
+            val_free(&d);
+            return F->ctx->status;
+        }
+        for (size_t i = 0; i < F->N * (size_t)D->m; i++)
+            d.s[i] = 1.0 / d.s[i];
+        mlist A = {0};
+        if (expand(F, e->a, D, &A, depth + 1) == TPK_OK)
+            for (int i = 0; i < A.n; i++) {
+                v_scale(F, &A.v[i].coef, &d);
+                ml_push(F, L, &A.v[i]);
+                memset(&A.v[i], 0, sizeof A.v[i]);
+            }
+        ml_free(&A);
+        val_free(&d);
+        return F->ctx->status;
+    }
+leaf:;
+    mono r = {0};
+    val v;
+    if (eval(F, e, D, &v))
+        return F->ctx->status;
+    if (v.kind == V_LIN) {
+        v_const(&r.coef, D->m, 1);
+        r.f[0] = v;
+        r.nf = 1;
+    } else {
+        r.coef = v;
+    }
+    return ml_push(F, L, &r);
+}
+
+/* E[u_p v_p] at each input and point (same input, same member): N·m into out. */
+static int diag_m2(fl *F, const val *u, const val *v, double *out)
+{
+    size_t N = F->N, m = (size_t)u->m;
+    for (int i = 0; i < u->nt; i++)
+        for (int j = 0; j < v->nt; j++) {
+            const term *t = &u->t[i], *s = &v->t[j];
+            size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
+            double *buf = NULL;
+            if (t->blk != s->blk && !F->dry &&
+                (buf = fl_alloc(F, N * mt * N * ms, sizeof *buf)) == NULL)
+                return F->ctx->status;
+            int zero, st;
+            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st);
+            if (st || F->dry || zero) {
+                free(buf);
+                if (st)
+                    return st;
+                continue;
+            }
+            size_t ldp = N * ms;
+            double *Wt = (t->dense || s->dense) ? term_dense(F, t, m) : NULL;
+            double *Ws = (t->dense || s->dense) ? term_dense(F, s, m) : NULL;
+            for (size_t a = 0; a < N; a++)
+                for (size_t p = 0; p < m; p++) {
+                    double acc = 0;
+                    if (Wt) {
+                        for (size_t q = 0; q < mt; q++) {
+                            double wq = Wt[(a * m + p) * mt + q];
+                            if (wq == 0)
+                                continue;
+                            const double *Prow = P + (a * mt + q) * ldp + a * ms;
+                            for (size_t r = 0; r < ms; r++)
+                                acc += wq * Prow[r] * Ws[(a * m + p) * ms + r];
+                        }
+                    } else if (t->idx[p] >= 0 && s->idx[p] >= 0) {
+                        acc = (t->w ? t->w[a * m + p] : 1) * (s->w ? s->w[a * m + p] : 1) *
+                              P[(a * mt + (size_t)t->idx[p]) * ldp + a * ms + (size_t)s->idx[p]];
+                    }
+                    out[a * m + p] += acc;
+                }
+            if (Wt && Wt != t->w)
+                free(Wt);
+            if (Ws && Ws != s->w)
+                free(Ws);
+            free(buf);
+        }
+    if (F->dry || (u->mu == NULL && v->mu == NULL))
+        return TPK_OK;
+    double *mU = fl_alloc(F, N * m, sizeof *mU), *mV = fl_alloc(F, N * m, sizeof *mV);
+    int nz;
+    if (mU == NULL || mV == NULL || lin_mean(F, u, mU, &nz) || lin_mean(F, v, mV, &nz)) {
+        free(mU), free(mV);
+        return F->ctx->status;
+    }
+    for (size_t i = 0; i < N * m; i++) {
+        double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[i] : 0;
+        out[i] += a * mV[i] + mU[i] * b - a * b;
+    }
+    free(mU), free(mV);
+    return TPK_OK;
+}
+
+/* mean(body) at every point: Σ monomials coef·E[Π factors] (theory §1.9: the limit of a
+ * NETSOR+ Moment is the expectation under the limit Gaussian). */
+static int eval_mean(fl *F, const nsr_expr *e, const fdom *D, val *out)
+{
+    mlist L = {0};
+    if (expand(F, e->args[0], D, &L, 0)) {
+        ml_free(&L);
+        return F->ctx->status;
+    }
+    size_t N = F->N, m = (size_t)D->m;
+    v_const(out, D->m, 0);
+    int st = v_scal(F, out);
+    double *tmp = st ? NULL : fl_alloc(F, N * m, sizeof *tmp);
+    if (st == TPK_OK && tmp == NULL)
+        st = F->ctx->status;
+    for (int i = 0; i < L.n && st == TPK_OK; i++) {
+        mono *q = &L.v[i];
+        memset(tmp, 0, N * m * sizeof *tmp);
+        int nz = 1;
+        if (q->nf == 0) {
+            for (size_t k = 0; k < N * m; k++)
+                tmp[k] = 1;
+        } else if (q->nf == 1) {
+            st = lin_mean(F, &q->f[0], tmp, &nz);
+        } else {
+            st = diag_m2(F, &q->f[0], &q->f[1], tmp);
+        }
+        if (st)
+            break;
+        for (size_t k = 0; k < N * m; k++)
+            out->s[k] += (q->coef.kind == V_CONST ? q->coef.c : q->coef.s[k]) * tmp[k];
+    }
+    free(tmp);
+    ml_free(&L);
+    return st;
+}
+
+/* ---- functions --------------------------------------------------------------------------- */
+
+static int eval_phi(fl *F, const nsr_expr *e, const fdom *D, val *out)
+{
+    if (e->nargs != 1)
+        return fl_err(F, TPK_ETYPE, e, "%s takes one argument", e->name);
+    val u;
+    if (eval(F, e->args[0], D, &u))
+        return F->ctx->status;
+    if (u.kind == V_CONST) {
+        u.c = tpk_phi_eval(e->phi, u.c);
+        *out = u;
+        return TPK_OK;
+    }
+    if (u.kind == V_SCAL) {
+        for (size_t i = 0; i < F->N * (size_t)u.m; i++)
+            u.s[i] = tpk_phi_eval(e->phi, u.s[i]);
+        *out = u;
+        return TPK_OK;
+    }
+    /* a Gaussian argument, as one block */
+    int arg = -1;
+    if (u.nt == 1 && u.mu == NULL && !u.t[0].dense && u.t[0].w == NULL &&
+        F->b[u.t[0].blk].kind == BK_GAUSS && F->b[u.t[0].blk].m == u.m) {
+        arg = u.t[0].blk;
+        for (long p = 0; p < u.m && arg >= 0; p++)
+            if (u.t[0].idx[p] != p)
+                arg = -1;
+    }
+    if (arg < 0 && materialize(F, &u, -1, &arg)) {
+        val_free(&u);
+        return F->ctx->status;
+    }
+    val_free(&u);
+    int k = new_block(F, BK_NONLIN, -1, D->m);
+    if (k < 0)
+        return F->ctx->status;
+    fblock *b = &F->b[k];
+    b->phi = e->phi;
+    b->arg = arg;
+    b->line = e->line;
+    b->nanc = 0;
+    anc_union(b, &F->b[arg]);
+    touch(F, arg);
+    int *idx = fl_alloc(F, (size_t)D->m, sizeof *idx);
+    if (idx == NULL)
+        return F->ctx->status;
+    for (long p = 0; p < D->m; p++)
+        idx[p] = (int)p;
+    return v_gather(F, out, D->m, k, idx);
+}
+
+static int eval_call(fl *F, const nsr_expr *e, const fdom *D, val *out)
+{
+    if (e->sym < 0 && (strcmp(e->name, "mod") == 0 || strcmp(e->name, "wrap") == 0 ||
+                       strcmp(e->name, "inside") == 0)) {
+        if (!reads_syms(e, D->sym, D->nv, 0)) {
+            double c;
+            if (num_expr(F, e, &c))
+                return F->ctx->status;
+            return v_const(out, D->m, c);
+        }
+        v_const(out, D->m, 0);
+        if (v_scal(F, out))
+            return F->ctx->status;
+        for (long p = 0; p < D->m; p++) {
+            double c;
+            bind_point(F, D, p);
+            if (num_expr(F, e, &c))
+                return F->ctx->status;
+            for (size_t a = 0; a < F->N; a++)
+                out->s[a * (size_t)D->m + (size_t)p] = c;
+        }
+        return TPK_OK;
+    }
+    if (strcmp(e->name, "mean") == 0 && e->sym < 0)
+        return eval_mean(F, e, D, out);
+    if (e->sym >= 0 && F->C->sym[e->sym].kind == NSR_SYM_AFAM)
+        return eval_matmul(F, e, e->args[0], D, out);
+    if (e->phi != NULL)
+        return eval_phi(F, e, D, out);
+    return UNSUP(F, e, "'%s(...)' is not taken by the rolled evaluator", e->name);
+}
+
+static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out)
+{
+    memset(out, 0, sizeof *out);
+    if (F->ctx->status)
+        return F->ctx->status;
+    switch (e->kind) {
+    case NSR_E_NUM:
+        return v_const(out, D->m, e->num);
+    case NSR_E_NAME:
+        if (e->sym >= 0 && F->C->sym[e->sym].kind == NSR_SYM_INPUT)
+            return fl_err(F, TPK_ETYPE, e, "the input can only be embedded (U %s)", e->name);
+        return eval_name(F, e, D, out);
+    case NSR_E_CALL:
+        return eval_call(F, e, D, out);
+    case NSR_E_APPLY:
+        return eval_matmul(F, e->a, e->b, D, out);
+    case NSR_E_SUM:
+        return eval_sum(F, e, D, out);
+    case NSR_E_SOFTMAX:
+        return eval_softmax(F, e, D, out);
+    case NSR_E_NEG: {
+        if (eval(F, e->a, D, out))
+            return F->ctx->status;
+        val c;
+        v_const(&c, D->m, -1);
+        return v_scale(F, out, &c);
+    }
+    case NSR_E_BIN: {
+        val a, b;
+        if (e->op == NSR_T_CARET) {
+            double k;
+            if (num_expr(F, e->b, &k))
+                return F->ctx->status;
+            if (eval(F, e->a, D, &a))
+                return F->ctx->status;
+            if (a.kind == V_LIN) {
+                if (k == 1) {
+                    *out = a;
+                    return TPK_OK;
+                }
+                val_free(&a);
+                return UNSUP(F, e, "a power of a vector outside mean(): write it as a function");
+            }
+            if (a.kind == V_CONST) {
+                a.c = pow(a.c, k);
+            } else {
+                for (size_t i = 0; i < F->N * (size_t)a.m; i++)
+                    a.s[i] = pow(a.s[i], k);
+            }
+            *out = a;
+            return TPK_OK;
+        }
+        if (eval(F, e->a, D, &a))
+            return F->ctx->status;
+        if (eval(F, e->b, D, &b)) {
+            val_free(&a);
+            return F->ctx->status;
+        }
+        int st = TPK_OK;
+        if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS) {
+            st = v_add(F, &a, &b, e->op == NSR_T_PLUS ? 1 : -1);
+        } else if (e->op == NSR_T_STAR) {
+            if (a.kind == V_LIN && b.kind == V_LIN)
+                st = UNSUP(F, e, "a product of two vectors outside mean() (a Nonlin of several "
+                           "G-vars)");
+            else if (a.kind == V_LIN)
+                st = v_scale(F, &a, &b);
+            else {
+                st = v_scale(F, &b, &a);
+                val t = a;
+                a = b;
+                b = t;
+            }
+        } else { /* / */
+            if (b.kind == V_LIN) {
+                st = UNSUP(F, e->b, "division by a vector");
+            } else if ((st = v_scal(F, &b)) == TPK_OK) {
+                for (size_t i = 0; i < F->N * (size_t)b.m; i++)
+                    b.s[i] = 1.0 / b.s[i];
+                if (F->dry && a.kind == V_CONST)
+                    a.kind = V_SCAL, a.s = fl_alloc(F, 1, sizeof *a.s);
+                st = v_scale(F, &a, &b);
+            }
+        }
+        if (st) {
+            val_free(&a);
+            val_free(&b);
+            return st;
+        }
+        val_free(&b);
+        *out = a;
+        return TPK_OK;
+    }
+    default:
+        return UNSUP(F, e, "expression not taken by the rolled evaluator");
+    }
+}
+
+/* ---- instructions --------------------------------------------------------------------------- */
+
+typedef struct fout {
+    val v;
+    double var, bias_var;
+} fout;
+
+/* The domain of instruction k and its block's member lookup (target positions of the rolled
+ * loops; other positions fixed by the bound loops). */
+static int instr_domain(fl *F, const nsr_finstr *fi, fdom *D, trie *tr)
+{
+    const nsr_stmt *s = fi->stmt;
+    if (build_domain(F, fi->loop, fi->nloops, D, tr))
+        return F->ctx->status;
+    for (int k = 0; k < fi->nloops; k++) {
+        tr->pos[k] = -1;
+        for (int i = 0; i < s->nidx; i++)
+            if (s->idx[i]->kind == NSR_E_NAME && s->idx[i]->nidx == 0 &&
+                s->idx[i]->sym == fi->loop[k]->fam)
+                tr->pos[k] = i;
+        if (tr->pos[k] < 0)
+            return fl_err(F, TPK_ETYPE, s->idx[0], "internal: rolled index not in the target");
+    }
+    for (int i = 0; i < s->nidx; i++) {
+        int rolled = 0;
+        for (int k = 0; k < fi->nloops; k++)
+            rolled |= tr->pos[k] == i;
+        if (rolled)
+            continue;
+        if (reads_syms(s->idx[i], D->sym, D->nv, 0))
+            return UNSUP(F, s->idx[i], "a target index that is an expression of a rolled index");
+        tr->fpos[tr->nfix] = i;
+        if (int_expr(F, s->idx[i], &tr->fval[tr->nfix]))
+            return F->ctx->status;
+        tr->nfix++;
+    }
+    return TPK_OK;
+}
+
+static int is_identity(const val *v, const fblock *b)
+{
+    if (v->kind != V_LIN || v->nt != 1 || v->mu || v->t[0].dense || v->t[0].w || b->m != v->m)
+        return 0;
+    for (long p = 0; p < v->m; p++)
+        if (v->t[0].idx[p] != p)
+            return 0;
+    return 1;
+}
+
+static int run_def(fl *F, const nsr_finstr *fi)
+{
+    const nsr_stmt *s = fi->stmt;
+    fdom D;
+    trie tr;
+    memset(&tr, 0, sizeof tr);
+    if (instr_domain(F, fi, &D, &tr)) {
+        free(D.val);
+        trie_free(&tr);
+        return F->ctx->status;
+    }
+    val v;
+    int st = eval(F, s->value, &D, &v);
+    free(D.val);
+    if (st) {
+        trie_free(&tr);
+        return st;
+    }
+    int k = -1;
+    if (v.kind != V_LIN) {
+        if (s->annot == NSR_ANN_G || s->annot == NSR_ANN_H) {
+            val_free(&v);
+            trie_free(&tr);
+            return fl_err(F, TPK_ETYPE, s->value, "%s is annotated %s but its value is a scalar",
+                          s->name, s->annot == NSR_ANN_G ? "G" : "H");
+        }
+        int zero = v.kind == V_CONST && v.c == 0 && s->annot != NSR_ANN_SCALAR;
+        k = new_block(F, zero ? BK_ZERO : BK_SCAL, s->fam, v.m);
+        if (k >= 0 && !zero && (st = v_scal(F, &v)) == TPK_OK) {
+            F->b[k].s = v.s;
+            v.s = NULL;
+        }
+        val_free(&v);
+    } else if (s->annot == NSR_ANN_SCALAR) {
+        val_free(&v);
+        trie_free(&tr);
+        return fl_err(F, TPK_ETYPE, s->value, "%s is annotated scalar but its value is a vector",
+                      s->name);
+    } else {
+        int dense = 0, nonlin = 0;
+        for (int i = 0; i < v.nt; i++) {
+            dense |= v.t[i].dense;
+            nonlin |= F->b[v.t[i].blk].kind == BK_NONLIN;
+        }
+        if (v.nt == 1 && is_identity(&v, &F->b[v.t[0].blk]) && F->b[v.t[0].blk].fam < 0 &&
+            F->b[v.t[0].blk].kind != BK_BIAS) {
+            /* a new block (MatMul, φ) is the family's own */
+            k = v.t[0].blk;
+            F->b[k].fam = s->fam;
+            F->b[k].fi = F->cur;
+            val_free(&v);
+        } else if (dense && !nonlin) {
+            st = materialize(F, &v, s->fam, &k);
+            val_free(&v);
+        } else if (dense) {
+            val_free(&v);
+            st = UNSUP(F, s->value, "an index sum of H-vars defining a family (pooling is taken "
+                       "in a readout)");
+        } else {
+            k = new_block(F, BK_MIX, s->fam, v.m);
+            if (k >= 0) {
+                fblock *b = &F->b[k];
+                b->nanc = 0;
+                for (int i = 0; i < v.nt; i++) {
+                    anc_union(&F->b[k], &F->b[v.t[i].blk]);
+                    touch(F, v.t[i].blk);
+                }
+                F->b[k].mix = v;
+            } else {
+                val_free(&v);
+            }
+        }
+    }
+    if (k < 0 || st) {
+        trie_free(&tr);
+        return st ? st : F->ctx->status;
+    }
+    fblock *b = &F->b[k];
+    b->fam = s->fam;
+    b->fi = F->cur;
+    b->nidx = s->nidx;
+    b->tr = tr;
+    b->line = s->name_line;
+    b->col = s->name_col;
+    return TPK_OK;
+}
+
+/* The outputs of an output instruction as the program's tpk_output entries ("y[3]"). */
+static int name_outputs(fl *F, const nsr_stmt *s, const fdom *D, double var, double bias)
+{
+    tpk_program *P = F->fill;
+    int st = TPK_OK;
+    {
+        tpk_output *no = realloc(P->output, ((size_t)P->noutputs + (size_t)D->m) * sizeof *no);
+        if (no == NULL)
+            st = TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+        else
+            P->output = no;
+        for (long q = 0; st == TPK_OK && q < D->m; q++) {
+            char buf[160];
+            size_t n = (size_t)snprintf(buf, sizeof buf, "%s", s->name);
+            bind_point(F, D, q);
+            for (int i = 0; i < s->nidx && st == TPK_OK && n < sizeof buf; i++) {
+                int v;
+                st = int_expr(F, s->idx[i], &v);
+                n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%d", i ? "," : "[", v);
+                if (i == s->nidx - 1 && n < sizeof buf)
+                    n += (size_t)snprintf(buf + n, sizeof buf - n, "]");
+            }
+            tpk_output *y = &P->output[P->noutputs];
+            memset(y, 0, sizeof *y);
+            if (st == TPK_OK && (y->name = strdup(buf)) == NULL)
+                st = TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+            if (st == TPK_OK) {
+                y->src = -1;
+                y->var = var;
+                y->bias_var = bias;
+                P->noutputs++;
+            }
+        }
+    }
+    return st;
+}
+
+static int run_output(fl *F, const nsr_finstr *fi, fout *o)
+{
+    const nsr_stmt *s = fi->stmt;
+    const nsr_expr *rd = s->value;
+    fdom D;
+    trie tr;
+    memset(&tr, 0, sizeof tr);
+    int st = instr_domain(F, fi, &D, &tr);
+    trie_free(&tr);
+    if (st) {
+        free(D.val);
+        return st;
+    }
+    memset(o, 0, sizeof *o);
+    if (num_expr(F, rd->args[1], &o->var) || (rd->nargs == 3 && num_expr(F, rd->args[2], &o->bias_var))) {
+        free(D.val);
+        return F->ctx->status;
+    }
+    if (o->var < 0 || o->bias_var < 0) {
+        free(D.val);
+        return fl_err(F, TPK_ETYPE, rd, "readout variance is negative");
+    }
+    st = eval(F, rd->args[0], &D, &o->v);
+    if (st == TPK_OK && o->v.kind != V_LIN)
+        st = fl_err(F, TPK_ETYPE, rd->args[0], "readout needs a G- or H-var, not a scalar");
+    if (st == TPK_OK && F->fill != NULL) /* a rolled-only program: name its outputs */
+        st = name_outputs(F, s, &D, o->var, o->bias_var);
+    free(D.val);
+    return st;
+}
+
+/* ---- driver ------------------------------------------------------------------------------- */
+
+static void fl_free(fl *F)
+{
+    for (int k = 0; k < F->nb; k++) {
+        block_data_free(&F->b[k]);
+        trie_free(&F->b[k].tr);
+    }
+    free(F->b);
+    free(F->amark);
+    free(F->num);
+    free(F->gram);
+    tpk_gauss_ws_free(F->ws);
+}
+
+/* Keep only the last member of v (the default kernel reads the last output). */
+static int v_last(fl *F, val *v)
+{
+    size_t N = F->N, m = (size_t)v->m;
+    for (int i = 0; i < v->nt; i++) {
+        term *t = &v->t[i];
+        size_t ms = (size_t)F->b[t->blk].m;
+        if (t->dense) {
+            for (size_t a = 0; a < N; a++)
+                memmove(t->w + a * ms, t->w + (a * m + m - 1) * ms, ms * sizeof *t->w);
+        } else {
+            t->idx[0] = t->idx[m - 1];
+            if (t->w)
+                for (size_t a = 0; a < N; a++)
+                    t->w[a] = t->w[a * m + m - 1];
+        }
+    }
+    if (v->mu)
+        for (size_t a = 0; a < N; a++)
+            v->mu[a] = v->mu[a * m + m - 1];
+    v->m = 1;
+    return TPK_OK;
+}
+
+/* One pass over the program: plan (F->dry) or numbers. */
+static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_array **K)
+{
+    const nsr_rolled *R = F->R;
+    int nout = 0;
+    for (int k = 0; k < R->nfi; k++)
+        nout += R->fi[k].stmt->kind == NSR_S_OUTPUT;
+    if (nout == 0)
+        return TPK_ERROR(F->ctx, TPK_ETYPE, "%s: the program has no output", R->file);
+    fout *out = fl_alloc(F, (size_t)nout, sizeof *out);
+    if (out == NULL)
+        return F->ctx->status;
+    int no = 0, st = TPK_OK;
+    for (int k = 0; k < R->nfi && st == TPK_OK; k++) {
+        F->cur = k;
+        memcpy(F->num, R->fi[k].num, ((size_t)F->C->nsym + 1) * sizeof *F->num);
+        st = R->fi[k].stmt->kind == NSR_S_OUTPUT ? run_output(F, &R->fi[k], &out[no++])
+                                                 : run_def(F, &R->fi[k]);
+        if (st == TPK_OK && plan_last)
+            for (int b = 0; b < F->nb && b < nplan; b++)
+                if (plan_last[b] <= k && plan_last[b] >= 0 && F->b[b].last_use != INT32_MAX) {
+                    block_data_free(&F->b[b]);
+                    F->b[b].last_use = INT32_MAX; /* freed */
+                }
+    }
+    F->cur = R->nfi; /* the outputs read their blocks at the end */
+    if (st == TPK_OK && !all_outputs) {
+        for (int i = 0; i < no - 1; i++)
+            val_free(&out[i].v);
+        out[0] = out[no - 1];
+        no = 1;
+        v_last(F, &out[0].v);
+    }
+    size_t O = 0;
+    for (int i = 0; st == TPK_OK && i < no; i++)
+        O += (size_t)out[i].v.m;
+    if (st == TPK_OK && O > 200000)
+        st = TPK_ERROR(F->ctx, TPK_EINVAL, "%s: %zu outputs per input are too many for one kernel",
+                       R->file, O);
+    size_t N = F->N, dim = N * O;
+    tpk_array *Kout = NULL;
+    if (st == TPK_OK && !F->dry) {
+        Kout = tpk_array_alloc2(dim, dim, F->ctx);
+        if (Kout == NULL)
+            st = F->ctx->status;
+    }
+    size_t oi0 = 0;
+    for (int i = 0; i < no && st == TPK_OK; i++) {
+        size_t oj0 = 0;
+        for (int j = 0; j <= i && st == TPK_OK; j++) {
+            const fout *a = &out[i], *c = &out[j];
+            size_t mi = (size_t)a->v.m, mj = (size_t)c->v.m;
+            if (F->dry) {
+                st = lin_m2(F, &a->v, &c->v, NULL, 0, i == j);
+                oj0 += mj;
+                continue;
+            }
+            double *M = fl_alloc(F, N * mi * N * mj, sizeof *M);
+            if (M == NULL) {
+                st = F->ctx->status;
+                break;
+            }
+            st = lin_m2(F, &a->v, &c->v, M, N * mj, i == j);
+            if (st == TPK_OK && i == j)
+                mirror(M, N * mi);
+            double s = sqrt(a->var * c->var), beta = sqrt(a->bias_var * c->bias_var);
+            for (size_t x = 0; st == TPK_OK && x < N; x++)
+                for (size_t p = 0; p < mi; p++)
+                    for (size_t y = 0; y < N; y++)
+                        for (size_t q = 0; q < mj; q++) {
+                            double v = s * M[(x * mi + p) * N * mj + y * mj + q] + beta;
+                            Kout->data[(x * O + oi0 + p) * dim + y * O + oj0 + q] = v;
+                            Kout->data[(y * O + oj0 + q) * dim + x * O + oi0 + p] = v;
+                        }
+            free(M);
+            oj0 += mj;
+        }
+        oi0 += (size_t)out[i].v.m;
+    }
+    for (int i = 0; i < no; i++)
+        val_free(&out[i].v);
+    free(out);
+    if (st == TPK_OK && Kout)
+        for (size_t i = 0; i < dim * dim; i++)
+            if (!isfinite(Kout->data[i])) {
+                st = TPK_ERROR(F->ctx, TPK_ENUMERIC, "limit kernel has a non-finite entry (%zu, %zu)",
+                               i / dim, i % dim);
+                break;
+            }
+    if (st) {
+        tpk_array_free(Kout);
+        return st;
+    }
+    if (K)
+        *K = Kout;
+    return TPK_OK;
+}
+
+static int fl_init(fl *F, const tpk_program *p, size_t N, size_t T, size_t d, const double *x,
+                   tpk_ctx *ctx)
+{
+    memset(F, 0, sizeof *F);
+    F->p = p;
+    F->R = p->rolled;
+    F->C = &F->R->C;
+    F->N = N;
+    F->T = T;
+    F->d = d;
+    F->x = x;
+    F->ctx = ctx;
+    F->dry = N == 0;
+    F->num = fl_alloc(F, (size_t)F->C->nsym + 1, sizeof *F->num);
+    F->amark = fl_alloc(F, (size_t)F->R->ndm + 1, sizeof *F->amark);
+    if (F->num == NULL || F->amark == NULL)
+        return ctx->status;
+    for (int i = 0; i < F->R->ndm; i++)
+        F->amark[i] = -1;
+    return TPK_OK;
+}
+
+int nsr_flimit_plan(tpk_program *p, int fill, tpk_ctx *ctx, int *unsupported)
+{
+    fl F;
+    int st = fl_init(&F, p, 0, (size_t)p->nslots, 0, NULL, ctx);
+    F.fill = fill ? p : NULL;
+    if (st == TPK_OK)
+        st = fl_run(&F, 1, NULL, 0, NULL);
+    *unsupported = F.unsup;
+    fl_free(&F);
+    return st;
+}
+
+int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx)
+{
+    fl F;
+    int st = fl_init(&F, p, 0, (size_t)p->nslots, 0, NULL, ctx);
+    F.fill = p;
+    for (int k = 0; st == TPK_OK && k < F.R->nfi; k++) {
+        const nsr_finstr *fi = &F.R->fi[k];
+        if (fi->stmt->kind != NSR_S_OUTPUT)
+            continue;
+        F.cur = k;
+        memcpy(F.num, fi->num, ((size_t)F.C->nsym + 1) * sizeof *F.num);
+        fdom D;
+        trie tr;
+        memset(&tr, 0, sizeof tr);
+        st = instr_domain(&F, fi, &D, &tr);
+        trie_free(&tr);
+        double var = 0, bias = 0;
+        const nsr_expr *rd = fi->stmt->value;
+        if (st == TPK_OK)
+            st = num_expr(&F, rd->args[1], &var);
+        if (st == TPK_OK && rd->nargs == 3)
+            st = num_expr(&F, rd->args[2], &bias);
+        if (st == TPK_OK)
+            st = name_outputs(&F, fi->stmt, &D, var, bias);
+        free(D.val);
+    }
+    fl_free(&F);
+    return st;
+}
+
+int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
+                      double *err, int *unsupported, tpk_ctx *ctx)
+{
+    *unsupported = 0;
+    if (x == NULL || x->data == NULL || (x->ndim != 2 && x->ndim != 3))
+        return TPK_ERROR(ctx, TPK_EINVAL, "input array must be N×d or N×T×d");
+    if (!((x->ndim == 2 && p->nslots == 1) || (x->ndim == 3 && x->dims[1] == (size_t)p->nslots)))
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "input array has rank %d; the program needs N×d (1 slot) or N×%d×d",
+                         x->ndim, p->nslots);
+    size_t N = x->dims[0], T = x->ndim == 3 ? x->dims[1] : 1, d = x->dims[x->ndim - 1];
+    if (N == 0 || d == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "empty input array (N = %zu, d = %zu)", N, d);
+    char where[64];
+    size_t bad = tpk_array_first_nonfinite(x, where, sizeof where);
+    if (bad != tpk_array_size(x))
+        return TPK_ERROR(ctx, TPK_EDOM, "input array holds a non-finite value at [%s]", where);
+    fl P;
+    int st = fl_init(&P, p, 0, T, d, NULL, ctx);
+    if (st == TPK_OK)
+        st = fl_run(&P, all_outputs, NULL, 0, NULL);
+    *unsupported = P.unsup;
+    if (st) {
+        fl_free(&P);
+        return st;
+    }
+    int nb = P.nb;
+    int *last = malloc(((size_t)nb + 1) * sizeof *last);
+    if (last == NULL) {
+        fl_free(&P);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    }
+    for (int k = 0; k < nb; k++)
+        last[k] = P.b[k].last_use >= P.R->nfi ? -1 : P.b[k].last_use;
+    fl_free(&P);
+    fl F;
+    st = fl_init(&F, p, N, T, d, x->data, ctx);
+    if (st == TPK_OK)
+        st = fl_run(&F, all_outputs, last, nb, K);
+    if (st == TPK_OK && F.nb != nb)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "internal: the plan and the run differ (%d vs %d blocks)",
+                       nb, F.nb);
+    *unsupported = F.unsup;
+    if (err)
+        *err = F.err;
+    free(last);
+    fl_free(&F);
+    return st;
+}

@@ -1,0 +1,238 @@
+/* NETSOR front end, between check and elaboration: which loops stay rolled (issue 14).
+ * A `for` loop (or a binder h[i in 1..T] = ...) stays one index of a family instruction when its
+ * iterations are independent: its body only defines families (no declarations), each target
+ * carries the loop variable as a plain index, every loop inside it stays rolled, and a read of a
+ * family the body defines either takes the same iteration (the loop variable itself at the
+ * target's position) or provably another member set — an index that differs from the target's
+ * by a non-zero constant, as layer l reading layer l − 1. Everything else (a recurrence over
+ * time, a running sum) is a sequential loop, unrolled as before (theory.md §1.3). */
+#include "netsor-impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Affine form k + Σ c_i·sym_i of an index expression, over at most 8 symbols. */
+typedef struct aff {
+    int ok, n;
+    int sym[8];
+    double c[8];
+    double k;
+} aff;
+
+static void aff_add(aff *r, const aff *a, double s)
+{
+    r->k += s * a->k;
+    for (int i = 0; i < a->n && r->ok; i++) {
+        int j = 0;
+        while (j < r->n && r->sym[j] != a->sym[i])
+            j++;
+        if (j == r->n) {
+            if (r->n == 8) {
+                r->ok = 0;
+                return;
+            }
+            r->sym[r->n] = a->sym[i];
+            r->c[r->n++] = 0;
+        }
+        r->c[j] += s * a->c[i];
+    }
+}
+
+static aff affine(const nsr_check *C, const nsr_expr *e, int depth)
+{
+    aff r = {.ok = 1};
+    if (e == NULL || depth > NSR_MAX_DEPTH) {
+        r.ok = 0;
+        return r;
+    }
+    switch (e->kind) {
+    case NSR_E_NUM:
+        r.k = e->num;
+        return r;
+    case NSR_E_NAME:
+        if (e->nidx || e->sym < 0 ||
+            (C->sym[e->sym].kind != NSR_SYM_LOOP && C->sym[e->sym].kind != NSR_SYM_PARAM)) {
+            r.ok = 0;
+            return r;
+        }
+        r.n = 1;
+        r.sym[0] = e->sym;
+        r.c[0] = 1;
+        return r;
+    case NSR_E_NEG: {
+        aff a = affine(C, e->a, depth + 1);
+        r.ok = a.ok;
+        aff_add(&r, &a, -1);
+        return r;
+    }
+    case NSR_E_BIN: {
+        aff a = affine(C, e->a, depth + 1), b = affine(C, e->b, depth + 1);
+        r.ok = a.ok && b.ok;
+        if (!r.ok)
+            return r;
+        if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS) {
+            aff_add(&r, &a, 1);
+            aff_add(&r, &b, e->op == NSR_T_PLUS ? 1 : -1);
+        } else if (e->op == NSR_T_STAR && (a.n == 0 || b.n == 0)) {
+            aff_add(&r, a.n == 0 ? &b : &a, a.n == 0 ? a.k : b.k);
+        } else {
+            r.ok = 0;
+        }
+        return r;
+    }
+    default:
+        r.ok = 0;
+        return r;
+    }
+}
+
+/* t − e is a non-zero constant. */
+static int differ_by_constant(const nsr_check *C, const nsr_expr *t, const nsr_expr *e)
+{
+    aff d = affine(C, t, 0), b = affine(C, e, 0);
+    if (!d.ok || !b.ok)
+        return 0;
+    aff_add(&d, &b, -1);
+    if (!d.ok)
+        return 0;
+    for (int i = 0; i < d.n; i++)
+        if (d.c[i] != 0)
+            return 0;
+    return d.k != 0;
+}
+
+static int is_var(const nsr_expr *e, int sym)
+{
+    return e->kind == NSR_E_NAME && e->nidx == 0 && e->sym == sym;
+}
+
+/* The definitions and outputs inside a body, nested loops included. */
+typedef struct defs {
+    const nsr_stmt **s;
+    int n, cap;
+    int ok;
+} defs;
+
+static void collect(defs *D, nsr_stmt **body, int n, int depth)
+{
+    for (int i = 0; i < n && D->ok; i++) {
+        const nsr_stmt *s = body[i];
+        if (s->kind == NSR_S_FOR && s->rolled && depth < NSR_MAX_DEPTH) {
+            collect(D, s->body, s->nbody, depth + 1);
+        } else if (s->kind == NSR_S_DEF || s->kind == NSR_S_OUTPUT) {
+            if (D->n == D->cap) {
+                int cap = D->cap ? 2 * D->cap : 16;
+                const nsr_stmt **v = realloc(D->s, (size_t)cap * sizeof *v);
+                if (v == NULL) {
+                    D->ok = 0;
+                    return;
+                }
+                D->s = v;
+                D->cap = cap;
+            }
+            D->s[D->n++] = s;
+        } else {
+            D->ok = 0; /* declarations, sequential loops */
+        }
+    }
+}
+
+/* Position of loop symbol v in a target, or -1. */
+static int target_pos(const nsr_stmt *s, int v)
+{
+    for (int i = 0; i < s->nidx; i++)
+        if (is_var(s->idx[i], v))
+            return i;
+    return -1;
+}
+
+/* Every read of a body family in e takes the same iteration of v or a disjoint member set. */
+static int reads_ok(const nsr_check *C, const defs *D, int v, const nsr_expr *e, int depth)
+{
+    if (e == NULL)
+        return 1;
+    if (depth > 4 * NSR_MAX_DEPTH)
+        return 0;
+    if (e->kind == NSR_E_NAME && e->nidx > 0 && e->sym >= 0) {
+        for (int d = 0; d < D->n; d++) {
+            const nsr_stmt *t = D->s[d];
+            if (t->fam != e->sym || t->nidx != e->nidx)
+                continue;
+            int p = target_pos(t, v);
+            if (p >= 0 && is_var(e->idx[p], v))
+                continue;
+            int disjoint = 0;
+            for (int q = 0; q < t->nidx && !disjoint; q++)
+                disjoint = q != p && differ_by_constant(C, t->idx[q], e->idx[q]);
+            if (!disjoint)
+                return 0;
+        }
+    }
+    if (!reads_ok(C, D, v, e->a, depth + 1) || !reads_ok(C, D, v, e->b, depth + 1))
+        return 0;
+    for (int i = 0; i < e->nargs; i++)
+        if (!reads_ok(C, D, v, e->args[i], depth + 1))
+            return 0;
+    for (int i = 0; i < e->nidx; i++)
+        if (!reads_ok(C, D, v, e->idx[i], depth + 1))
+            return 0;
+    return 1;
+}
+
+static int mark_block(nsr_check *C, nsr_stmt **body, int n, int depth);
+
+static int mark_for(nsr_check *C, nsr_stmt *s, int depth)
+{
+    int k = mark_block(C, s->body, s->nbody, depth + 1);
+    if (k < 0)
+        return k;
+    defs D = {.ok = 1};
+    collect(&D, s->body, s->nbody, 0);
+    int ok = D.ok && D.n > 0;
+    for (int d = 0; d < D.n && ok; d++)
+        ok = target_pos(D.s[d], s->fam) >= 0;
+    for (int d = 0; d < D.n && ok; d++) {
+        const nsr_stmt *t = D.s[d];
+        for (int e = 0; e < D.n && ok; e++) /* one family: the same position everywhere */
+            if (D.s[e]->fam == t->fam && target_pos(D.s[e], s->fam) != target_pos(t, s->fam))
+                ok = 0;
+        ok = ok && reads_ok(C, &D, s->fam, t->value, 0);
+    }
+    free(D.s); /* out of memory in collect leaves the loop sequential, which is always correct */
+    s->rolled = ok;
+    return k + ok;
+}
+
+static int mark_block(nsr_check *C, nsr_stmt **body, int n, int depth)
+{
+    if (depth > NSR_MAX_DEPTH)
+        return 0;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (body[i]->kind == NSR_S_FOR) {
+            int m = mark_for(C, body[i], depth);
+            if (m < 0)
+                return m;
+            k += m;
+        }
+    return k;
+}
+
+int nsr_roll_mark(nsr_check *C, nsr_ast *ast)
+{
+    return mark_block(C, ast->stmts, ast->nstmts, 0);
+}
+
+void nsr_rolled_free(nsr_rolled *r)
+{
+    if (r == NULL)
+        return;
+    for (int i = 0; i < r->nphis; i++)
+        tpk_phi_free(r->phis[i]);
+    free(r->phis);
+    free(r->fi);
+    free(r->dm);
+    free(r->file);
+    nsr_arena_free(r->arena);
+    free(r);
+}
