@@ -6,6 +6,7 @@
 
 #include "tpk/idx.h"
 #include "tpk/io.h"
+#include "tpk/netsor.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -151,6 +152,76 @@ static int settings(const tpk_job *job, cnn_job *s, size_t *rows, size_t *cols, 
     return st;
 }
 
+/* Whole (input × position) covariance blocks of the rolled evaluator up to this size (entries
+ * per block; a run holds about four): beyond it the direct recursion, one input pair at a time. */
+#define CNN_ROLLED_MAX_ENTRIES ((size_t)1 << 26)
+
+/* The program with one more output, the global average pool of the last layer: its default
+ * (last-output) kernel is the GAP kernel (σ_v²/P²) Σ_{p,p'} K^L + σ_ob² of theory §2.8. */
+static tpk_program *load_pooled(const tpk_job *job, const tpk_netsor_opts *o, int twod,
+                                const tpk_phi_registry *reg, tpk_ctx *ctx)
+{
+    FILE *f = fopen(job->program, "rb");
+    if (f == NULL) {
+        TPK_ERROR(ctx, TPK_EIO, "%s: cannot open: %s", job->program, strerror(errno));
+        return NULL;
+    }
+    static const char pool2[] = "\noutput y_gap = readout(sum(r in 1..rows, s in 1..cols: "
+                                "h[L, r, s]) / (rows * cols), sigma_v2, sigma_ob2)\n";
+    static const char pool1[] = "\noutput y_gap = readout(sum(p in 1..T: h[L, p]) / T, sigma_v2, "
+                                "sigma_ob2)\n";
+    const char *pool = twod ? pool2 : pool1;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + strlen(pool) + 1);
+    while (buf != NULL && !feof(f) && !ferror(f)) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n == cap) {
+            char *b = realloc(buf, 2 * cap + strlen(pool) + 1);
+            if (b == NULL) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (buf == NULL || bad) {
+        free(buf);
+        TPK_ERROR(ctx, bad ? TPK_EIO : TPK_ENOMEM, "%s: %s", job->program,
+                  bad ? "read error" : "out of memory");
+        return NULL;
+    }
+    memcpy(buf + n, pool, strlen(pool) + 1);
+    tpk_program *p = tpk_netsor_load_string(job->program, buf, o, reg, ctx);
+    free(buf);
+    return p;
+}
+
+/* The kernel by the rolled NETSOR evaluator, whose convolution families lower to the same tap
+ * sums as tpk_cnn_kernel (netsor/flimit.c): GAP through the pooled output, positions through
+ * every output. X: N × rows × cols × C, viewed as N × P × C. */
+static int rolled_kernel(const tpk_job *job, const tpk_netsor_opts *o, cnn_job *s, int twod,
+                         const tpk_array *X, int positions, tpk_array **K, double *err,
+                         tpk_ctx *ctx)
+{
+    tpk_program *p = positions ? tpk_netsor_load_file(job->program, o, s->reg, ctx)
+                               : load_pooled(job, o, twod, s->reg, ctx);
+    if (p == NULL)
+        return ctx->status;
+    size_t C = X->dims[X->ndim - 1], P = tpk_array_item_size(X) / C;
+    tpk_array view = *X;
+    view.ndim = 3;
+    view.dims[0] = X->dims[0];
+    view.dims[1] = P;
+    view.dims[2] = C;
+    int st = tpk_netsor_kernel(p, &view, positions, K, err, ctx);
+    tpk_program_free(p);
+    return st;
+}
+
 /* The program's final parameter values → tpk_cnn_params. */
 static int params_from_program(cnn_job *s, size_t rows, size_t cols, size_t C, tpk_cnn_params *cp,
                                tpk_ctx *ctx)
@@ -208,7 +279,7 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
     double t0 = tpk_wall_seconds(), err = 0;
     size_t rows = 0, cols = 0, C = 0;
     tpk_cnn_params cp = {0};
-    int st = TPK_OK;
+    int st = TPK_OK, rolled = 0;
     if (!job->program || !job->input || !job->output) {
         st = TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
         goto done;
@@ -255,8 +326,14 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         Xin = s.Xall;
     }
     size_t per = cp.readout == TPK_CNN_POSITIONS ? rows * cols : 1, side = Xin->dims[0] * per;
-    if (!(s.K = tpk_array_alloc2(side, side, ctx)) ||
-        (st = tpk_cnn_kernel(&cp, Xin, s.ws, s.K, &err, ctx))) {
+    size_t whole = Xin->dims[0] * rows * cols;
+    rolled = cp.readout != TPK_CNN_FLATTEN && whole * whole <= CNN_ROLLED_MAX_ENTRIES;
+    if (rolled) {
+        if ((st = rolled_kernel(job, &o, &s, s.twod, Xin, cp.readout == TPK_CNN_POSITIONS, &s.K,
+                                &err, ctx)))
+            goto done;
+    } else if (!(s.K = tpk_array_alloc2(side, side, ctx)) ||
+               (st = tpk_cnn_kernel(&cp, Xin, s.ws, s.K, &err, ctx))) {
         st = st ? st : ctx->status;
         goto done;
     }
@@ -283,6 +360,8 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "readout", rname[cp.readout], ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "padding", cp.padding == TPK_CNN_CIRCULAR ? "circular" : "zero", ctx);
     if (!st) st = tpk_h5out_attr_str(s.out, "/", "convolution", fft ? "fft" : "direct", ctx);
+    /* which evaluator computed it: the rolled program (whole blocks) or the per-pair recursion */
+    if (!st) st = tpk_h5out_attr_str(s.out, "/", "evaluator", rolled ? "rolled-netsor" : "direct-recursion", ctx);
     if (!st) st = tpk_h5out_attr_int(s.out, "/", "channels", (long long)C, ctx);
     if (!st) st = tpk_h5out_input_attrs(s.out, "input", &s.xi, s.X, ctx);
     if (!st && s.Xt) st = tpk_h5out_input_attrs(s.out, "test", &s.ti, s.Xt, ctx);
@@ -295,10 +374,10 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         const tpk_array *K = Ktr ? Ktr : s.K;
         size_t n = K->dims[0];
         fprintf(job->summary, "kernel: %s (%s), %zux%zu grid, %zu channel%s, %d layers, filter %dx%d, "
-                "%s padding, %s readout (%s convolution)\n", job->label ? job->label : "cnn",
+                "%s padding, %s readout (%s convolution, %s)\n", job->label ? job->label : "cnn",
                 job->program, rows, cols, C, C == 1 ? "" : "s", cp.depth, cp.kh, cp.kw,
                 cp.padding == TPK_CNN_CIRCULAR ? "circular" : "zero", rname[cp.readout],
-                fft ? "FFT" : "direct");
+                fft ? "FFT" : "direct", rolled ? "rolled program" : "direct recursion");
         fprintf(job->summary, "  input   %s (N=%zu)\n", job->input, s.X->dims[0]);
         if (s.Xt)
             fprintf(job->summary, "  test    %s (M=%zu)\n", job->test, s.Xt->dims[0]);

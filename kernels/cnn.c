@@ -263,6 +263,56 @@ static void conv_any(const grid *g, const fftplan *f, pairws *w, double alpha, d
         conv_direct(g, alpha, beta, in, out, w->T);
 }
 
+/* A convolution of blocks with its plan and workspace, reused across calls (one per thread). */
+struct tpk_cnn_convws {
+    grid g;
+    int fft;
+    fftplan f;
+    pairws w;
+};
+
+tpk_cnn_convws *tpk_cnn_convws_alloc(size_t rows, size_t cols, int kh, int kw, int padding, int method,
+                                 tpk_ctx *ctx)
+{
+    if (rows < 1 || cols < 1 || kh < 1 || kw < 1 || (size_t)kh > rows || (size_t)kw > cols) {
+        TPK_ERROR(ctx, TPK_EINVAL, "filter %dx%d does not fit a %zux%zu grid", kh, kw, rows, cols);
+        return NULL;
+    }
+    tpk_cnn_convws *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return NULL;
+    }
+    c->g = make_grid(rows, cols, kh, kw, padding);
+    c->fft = method == TPK_CNN_CONV_FFT ||
+             (method == TPK_CNN_CONV_AUTO && tpk_cnn_conv_prefers_fft(rows, cols, kh, kw, padding));
+    if (c->fft && fftplan_make(&c->f, &c->g, 0, ctx)) {
+        free(c);
+        return NULL;
+    }
+    if (pairws_alloc(&c->w, c->g.Q, c->fft ? &c->f : NULL)) {
+        fftplan_free(&c->f);
+        free(c);
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return NULL;
+    }
+    return c;
+}
+
+void tpk_cnn_convws_free(tpk_cnn_convws *c)
+{
+    if (c == NULL)
+        return;
+    pairws_free(&c->w);
+    fftplan_free(&c->f);
+    free(c);
+}
+
+void tpk_cnn_convws_apply(tpk_cnn_convws *c, double alpha, double beta, const double *in, double *out)
+{
+    conv_any(&c->g, c->fft ? &c->f : NULL, &c->w, alpha, beta, in, out);
+}
+
 int tpk_cnn_conv_block(size_t rows, size_t cols, int kh, int kw, int padding, int method,
                        double alpha, double beta, const double *in, double *out, tpk_ctx *ctx)
 {

@@ -89,6 +89,7 @@ typedef struct fblock {
     int nanc;
     int anc[MAXANC];    /* roots; nanc < 0: unknown (correlated with everything) */
     int last_use;
+    int lower;          /* M2 holds only its lower triangle (mirrored on first full read) */
     int line, col;
 } fblock;
 
@@ -112,6 +113,12 @@ typedef struct fl {
     tpk_ctx *ctx;
     int unsup;          /* the failure is an unsupported form (fall back), not an error */
     tpk_program *fill;  /* plan of a rolled-only program: give it its outputs */
+    const int *plan;    /* real run: every block's last use from the plan (−1: the end) */
+    int nplan;
+    struct {
+        void *p;
+        size_t bytes;
+    } pool[6];          /* freed big matrices, reused: fresh pages cost more than a memset */
 } fl;
 
 /* ---- errors and memory ---------------------------------------------------------------------- */
@@ -148,6 +155,53 @@ static void *fl_alloc(fl *F, size_t n, size_t size)
     return q;
 }
 
+#define POOL_MIN ((size_t)4 << 20)
+
+/* A zeroed (zero = 1) or uninitialised n × size buffer, from the pool when one of that size
+ * is there. */
+static void *fl_big(fl *F, size_t n, size_t size, int zero)
+{
+    size_t bytes = n * size;
+    if (n != 0 && bytes / n == size && bytes >= POOL_MIN)
+        for (int i = 0; i < 6; i++)
+            if (F->pool[i].p != NULL && F->pool[i].bytes == bytes) {
+                void *q = F->pool[i].p;
+                F->pool[i].p = NULL;
+                if (zero)
+                    memset(q, 0, bytes);
+                return q;
+            }
+    if (n != 0 && bytes / n == size && bytes >= POOL_MIN) {
+        /* malloc + memset, not calloc: calloc's untouched zero pages turn the first += into a
+         * copy-on-write fault with a TLB shootdown per page across the threads */
+        void *q = NULL; /* posix_memalign: the compiler folds malloc + memset into calloc */
+        if (posix_memalign(&q, 64, bytes) != 0)
+            q = NULL;
+        if (q == NULL) {
+            TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory (%.3g GB)", (double)bytes / 1e9);
+            return NULL;
+        }
+        if (zero)
+            memset(q, 0, bytes);
+        return q;
+    }
+    return fl_alloc(F, n, size);
+}
+
+static void fl_release(fl *F, void *q, size_t bytes)
+{
+    if (q == NULL)
+        return;
+    if (bytes >= POOL_MIN)
+        for (int i = 0; i < 6; i++)
+            if (F->pool[i].p == NULL) {
+                F->pool[i].p = q;
+                F->pool[i].bytes = bytes;
+                return;
+            }
+    free(q);
+}
+
 static void val_free(val *v)
 {
     free(v->s);
@@ -169,9 +223,10 @@ static void trie_free(trie *t)
     }
 }
 
-static void block_data_free(fblock *b)
+static void block_data_free(fl *F, fblock *b)
 {
-    free(b->M2);
+    size_t n = F->N * (size_t)b->m;
+    fl_release(F, b->M2, n * n * sizeof *b->M2);
     free(b->mean);
     free(b->s);
     b->M2 = b->mean = b->s = NULL;
@@ -656,6 +711,11 @@ static int v_gather(fl *F, val *v, long m, int k, int *idx)
 /* ---- block second moments --------------------------------------------------------------- */
 
 static int nonlin_moments(fl *F, int k);
+static void mirror(double *M, size_t n);
+
+/* M2 of block k with both triangles (a symmetric block stored as its lower triangle is
+ * mirrored now: most consumers read the lower triangle only and never pay for it). */
+static const double *block_m2_full(fl *F, int k);
 
 /* First moments of block k, N·m (NULL: all zero). */
 static const double *block_mean(fl *F, int k)
@@ -688,6 +748,17 @@ static int ensure_ws(fl *F)
     return TPK_OK;
 }
 
+static const double *block_m2_full(fl *F, int k)
+{
+    const double *M = block_m2(F, k);
+    fblock *b = &F->b[k];
+    if (M != NULL && b->lower) {
+        mirror(b->M2, F->N * (size_t)b->m);
+        b->lower = 0;
+    }
+    return M;
+}
+
 /* φ(u) block: E[φ(u_p)φ(u_q)] over the block by the library's whole-matrix maps (zero means),
  * or entry by entry with means (theory §3). */
 static int nonlin_moments(fl *F, int k)
@@ -697,7 +768,7 @@ static int nonlin_moments(fl *F, int k)
     size_t n = F->N * (size_t)b->m;
     if (F->dry || n == 0)
         return TPK_OK;
-    double *M2 = fl_alloc(F, n * n, sizeof *M2), *mean = fl_alloc(F, n, sizeof *mean);
+    double *M2 = fl_big(F, n * n, sizeof *M2, 0), *mean = fl_alloc(F, n, sizeof *mean);
     if (M2 == NULL || mean == NULL || ensure_ws(F)) {
         free(M2), free(mean);
         return F->ctx->status;
@@ -709,7 +780,8 @@ static int nonlin_moments(fl *F, int k)
         for (size_t i = 0; i < n && zero_mean; i++)
             zero_mean = u->mean[i] == 0;
     if (zero_mean) {
-        st = tpk_gauss_map(b->phi, u->M2, n, M2, F->ws, &e, F->ctx);
+        /* the lower triangle only: the tuned maps serve it (ReLU), and most readers need no more */
+        st = tpk_gauss_map_affine_lower(b->phi, u->M2, n, 1.0, 0.0, M2, F->ws, &e, F->ctx);
         for (size_t i = 0; st == TPK_OK && i < n; i++) {
             tpk_estimate r;
             st = tpk_gauss_expect1(b->phi, 0, u->M2[i * n + i], F->ws, &r, F->ctx);
@@ -739,20 +811,21 @@ static int nonlin_moments(fl *F, int k)
     F->err = fmax(F->err, e);
     b->M2 = M2;
     b->mean = mean;
+    b->lower = zero_mean;
     return TPK_OK;
 }
 
 /* P = E[X Yᵀ] for blocks x ≠ y or x = y, as (N m_x) × (N m_y) with leading dimension ld;
  * returns a pointer into the store (x = y) or fills buf. NULL with *st set on failure;
  * *zero = 1 when P = 0 (independent, zero means). */
-static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *st)
+static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *st, int full)
 {
     *zero = 0;
     *st = TPK_OK;
     touch(F, x);
     touch(F, y);
     if (x == y) {
-        const double *M = block_m2(F, x);
+        const double *M = full ? block_m2_full(F, x) : block_m2(F, x);
         if (M == NULL && !F->dry)
             *st = F->ctx->status ? F->ctx->status : TPK_ENOMEM;
         return M;
@@ -763,6 +836,10 @@ static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *s
             /* two functions of one Gaussian block: entry by entry */
             if (F->dry)
                 return NULL;
+            if (block_m2_full(F, bx->arg) == NULL) {
+                *st = F->ctx->status ? F->ctx->status : TPK_ENOMEM;
+                return NULL;
+            }
             const fblock *u = &F->b[bx->arg];
             size_t n = F->N * (size_t)bx->m;
             if (ensure_ws(F)) {
@@ -804,6 +881,26 @@ static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *s
         for (size_t j = 0; j < ny; j++)
             buf[i * ny + j] = mx[i] * my[j];
     return buf;
+}
+
+static int is_identity_term(const term *t, long m)
+{
+    if (t->dense || t->w)
+        return 0;
+    for (long p = 0; p < m; p++)
+        if (t->idx[p] != p)
+            return 0;
+    return 1;
+}
+
+/* Non-decreasing gather: a symmetric pair of it reads only the lower triangle of its block
+ * ((a, idx p) ≥ (c, idx q) whenever (a, p) ≥ (c, q)). */
+static int monotone(const int *idx, size_t m)
+{
+    for (size_t p = 1; p < m; p++)
+        if (idx[p] < idx[p - 1])
+            return 0;
+    return 1;
 }
 
 /* E[u] of a LIN value: mu + Σ_t C_t E[X_t]; N·m into out. */
@@ -963,7 +1060,9 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                 (buf = fl_alloc(F, N * mt * N * ms, sizeof *buf)) == NULL)
                 return F->ctx->status;
             int zero;
-            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st);
+            /* the lower triangle serves a symmetric identity pair: (a,p) ≥ (c,q) reads only it */
+            int full = !(sym && i == j && !t->dense && monotone(t->idx, mu));
+            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, full);
             if (st || F->dry || zero) {
                 free(buf);
                 continue;
@@ -1083,11 +1182,18 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
     return TPK_OK;
 }
 
+/* Upper triangle ← lower, in cache-sized tiles (a plain column walk is memory-bound at n²). */
 static void mirror(double *M, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < i; j++)
-            M[j * n + i] = M[i * n + j];
+    const size_t B = 64;
+#pragma omp parallel for schedule(dynamic, 1) if (n > 512)
+    for (size_t i0 = 0; i0 < n; i0 += B)
+        for (size_t j0 = 0; j0 <= i0; j0 += B) {
+            size_t i1 = i0 + B < n ? i0 + B : n, j1 = j0 + B < n ? j0 + B : n;
+            for (size_t i = i0; i < i1; i++)
+                for (size_t j = j0; j < j1 && j < i; j++)
+                    M[j * n + i] = M[i * n + j];
+        }
 }
 
 /* A Gaussian block holding the LIN value u (its second and first moments). */
@@ -1110,15 +1216,40 @@ static int materialize(fl *F, val *u, int fam, int *out)
         anc_union(&F->b[k], &F->b[u->t[i].blk]);
     if (!F->dry) {
         size_t n = F->N * (size_t)u->m;
-        double *M2 = fl_alloc(F, n * n, sizeof *M2), *mean = fl_alloc(F, n, sizeof *mean);
-        int nz = 0;
-        if (M2 == NULL || mean == NULL || lin_m2(F, u, u, M2, n, 1) || lin_mean(F, u, mean, &nz)) {
+        /* a block that dies here and is the value's identity term lends its matrix:
+         * g = (conv atom) + b adds b in place instead of copying the atom */
+        int x = u->t[0].blk, steal = 0;
+        const fblock *bx = &F->b[x];
+        if (F->plan && x < F->nplan && F->plan[x] == F->cur && bx->kind == BK_GAUSS &&
+            bx->fi != -2 && bx->M2 && bx->mean == NULL && bx->m == u->m && is_identity_term(&u->t[0], u->m)) {
+            steal = 1;
+            for (int i = 1; i < u->nt && steal; i++)
+                steal = u->t[i].blk != x && !correlated(bx, &F->b[u->t[i].blk]);
+        }
+        double *M2 = NULL, *mean = fl_alloc(F, n, sizeof *mean);
+        int nz = 0, st = mean == NULL ? F->ctx->status : TPK_OK;
+        if (st == TPK_OK && steal) {
+            M2 = F->b[x].M2;
+            F->b[x].M2 = NULL;
+            val rest = *u;
+            rest.t = u->t + 1;
+            rest.nt = u->nt - 1;
+            st = lin_m2(F, &rest, &rest, M2, n, 1);
+        } else if (st == TPK_OK) {
+            if ((M2 = fl_big(F, n * n, sizeof *M2, 1)) == NULL)
+                st = F->ctx->status;
+            else
+                st = lin_m2(F, u, u, M2, n, 1);
+        }
+        if (st == TPK_OK)
+            st = lin_mean(F, u, mean, &nz);
+        if (st) {
             free(M2), free(mean);
             return F->ctx->status;
         }
-        mirror(M2, n);
         b = &F->b[k];
         b->M2 = M2;
+        b->lower = 1;
         if (nz) {
             b->mean = mean;
         } else {
@@ -1179,7 +1310,11 @@ static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
         return TPK_OK;
     }
     if (y->kind == NSR_SYM_GFAM) {
-        int k = -1;
+        int k = -1, nonzero = 0;
+        for (int i = 0; i < F->R->ndm && !nonzero; i++)
+            nonzero = F->R->dm[i].sym == e->sym && (F->R->dm[i].var != 0 || F->R->dm[i].mean != 0);
+        if (!nonzero) /* N(0, 0): the zero vector (σ_b² = 0 biases cost nothing) */
+            return v_const(out, D->m, 0);
         if (bias_block(F, e->sym, &k))
             return F->ctx->status;
         int *idx = fl_alloc(F, (size_t)D->m, sizeof *idx);
@@ -1528,14 +1663,14 @@ static int lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2)
 {
     if (F->dry)
         return lin_m2(F, u, u, NULL, 0, 1);
-    double *tmp = fl_alloc(F, n * n, sizeof *tmp);
+    double *tmp = fl_big(F, n * n, sizeof *tmp, 1);
     if (tmp == NULL)
         return F->ctx->status;
     int st = lin_m2(F, u, u, tmp, n, 1);
     for (size_t i = 0; st == TPK_OK && i < n; i++)
         for (size_t j = 0; j <= i; j++)
             M2[i * n + j] += var * tmp[i * n + j];
-    free(tmp);
+    fl_release(F, tmp, n * n * sizeof *tmp);
     return st;
 }
 
@@ -1596,7 +1731,8 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
     return st;
 }
 
-static int new_atom(fl *F, long m, double **M2, int *k)
+/* zero = 0: M2 is left uninitialised (the caller assigns every lower-triangle entry) */
+static int new_atom(fl *F, long m, double **M2, int *k, int zero)
 {
     if ((*k = new_block(F, BK_GAUSS, -1, m)) < 0)
         return F->ctx->status;
@@ -1604,7 +1740,7 @@ static int new_atom(fl *F, long m, double **M2, int *k)
     *M2 = NULL;
     if (!F->dry) {
         size_t n = F->N * (size_t)m;
-        if ((*M2 = fl_alloc(F, n * n, sizeof **M2)) == NULL)
+        if ((*M2 = fl_big(F, n * n, sizeof **M2, zero)) == NULL)
             return F->ctx->status;
     }
     return TPK_OK;
@@ -1612,9 +1748,8 @@ static int new_atom(fl *F, long m, double **M2, int *k)
 
 static int finish_atom(fl *F, int k, double *M2, val *out, long m)
 {
-    if (M2)
-        mirror(M2, F->N * (size_t)m);
     F->b[k].M2 = M2;
+    F->b[k].lower = 1;
     int *idx = fl_alloc(F, (size_t)m, sizeof *idx);
     if (idx == NULL)
         return F->ctx->status;
@@ -1628,7 +1763,7 @@ static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const fdo
     double *M2;
     int k = -1;
     F->site++;
-    if (new_atom(F, D->m, &M2, &k))
+    if (new_atom(F, D->m, &M2, &k, 1))
         return F->ctx->status;
     F->b[k].line = am->line;
     if (matmul_acc(F, am, src, D, NULL, M2, NULL)) {
@@ -1736,12 +1871,14 @@ static int conv_lowering(fl *F, const fdom *D, taps *T, double *M2, int *st)
         return 0;
     int X = t0->u.t[0].blk;
     const fblock *bx = &F->b[X];
-    if (bx->m != D->m || bx->tr.nlev != D->nv)
+    if (bx->m != D->m)
         return 0;
-    /* X's members: the same grid, row-major */
-    if (bx->tr.nn[0] != 1 || bx->tr.lo[0][0] != (two ? r0 : s0) || bx->tr.hi[0][0] != (two ? r1 : s1))
+    /* X's members: the same grid, row-major (the input's slots are, by the program's
+     * (r − 1)·cols + s, which the index check below confirms) */
+    if (bx->fi != -2 && (bx->tr.nlev != D->nv || bx->tr.nn[0] != 1 ||
+                         bx->tr.lo[0][0] != (two ? r0 : s0) || bx->tr.hi[0][0] != (two ? r1 : s1)))
         return 0;
-    if (two)
+    if (two && bx->fi != -2)
         for (long q = 0; q < bx->tr.nn[1]; q++)
             if (bx->tr.lo[1][q] != s0 || bx->tr.hi[1][q] != s1)
                 return 0;
@@ -1785,26 +1922,64 @@ static int conv_lowering(fl *F, const fdom *D, taps *T, double *M2, int *st)
     if (padding < 0)
         padding = TPK_CNN_CIRCULAR; /* no tap leaves the grid */
     const double *MX = block_m2(F, X);
+    int lowerX = F->b[X].lower;
     double *in = fl_alloc(F, m * m, sizeof *in), *out = fl_alloc(F, m * m, sizeof *out);
     if (MX == NULL || in == NULL || out == NULL) {
         free(in), free(out);
         *st = F->ctx->status ? F->ctx->status : TPK_ENOMEM;
         return 1;
     }
-    size_t n = N * m;
-    for (size_t a = 0; a < N && *st == TPK_OK; a++)
-        for (size_t c = 0; c <= a && *st == TPK_OK; c++) {
+    free(in), free(out);
+    size_t n = N * m, npairs = N * (N + 1) / 2;
+    int fail = 0;
+    /* input pairs are independent: one per thread, each with its two P×P buffers */
+#pragma omp parallel reduction(| : fail)
+    {
+        void *vi = NULL, *vo = NULL; /* posix_memalign: see fl_big */
+        if (posix_memalign(&vi, 64, m * m * sizeof(double)))
+            vi = NULL;
+        if (posix_memalign(&vo, 64, m * m * sizeof(double)))
+            vo = NULL;
+        double *bi = vi, *bo = vo;
+        tpk_ctx lc;
+        tpk_ctx_init(&lc);
+        tpk_cnn_convws *cv = tpk_cnn_convws_alloc((size_t)R, (size_t)C, kh, kw, padding,
+                                              TPK_CNN_CONV_AUTO, &lc);
+        fail |= bi == NULL || bo == NULL || cv == NULL;
+        if (bi != NULL && bo != NULL) { /* touch the pages by writing (see fl_big) */
+            memset(bi, 0, m * m * sizeof *bi);
+            memset(bo, 0, m * m * sizeof *bo);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (size_t ac = 0; ac < npairs; ac++) {
+            if (bi == NULL || bo == NULL || cv == NULL)
+                continue;
+            size_t a = (size_t)((sqrt(8.0 * (double)ac + 1.0) - 1.0) / 2.0);
+            while (a * (a + 1) / 2 > ac)
+                a--;
+            while ((a + 1) * (a + 2) / 2 <= ac)
+                a++;
+            size_t c = ac - a * (a + 1) / 2;
             for (size_t p = 0; p < m; p++)
-                memcpy(in + p * m, MX + (a * m + p) * n + c * m, m * sizeof *in);
-            *st = tpk_cnn_conv_block((size_t)R, (size_t)C, kh, kw, padding, TPK_CNN_CONV_AUTO,
-                                     t0->var, 0.0, in, out, F->ctx);
-            for (size_t p = 0; *st == TPK_OK && p < m; p++) {
+                memcpy(bi + p * m, MX + (a * m + p) * n + c * m,
+                       (lowerX && a == c ? p + 1 : m) * sizeof *bi);
+            if (lowerX && a == c) /* a diagonal block of a lower-stored matrix */
+                for (size_t p = 0; p < m; p++)
+                    for (size_t q = 0; q < p; q++)
+                        bi[q * m + p] = bi[p * m + q];
+            tpk_cnn_convws_apply(cv, t0->var, 0.0, bi, bo);
+            for (size_t p = 0; p < m; p++) {
                 double *row = M2 + (a * m + p) * n + c * m;
                 for (size_t q = 0; q < m; q++)
-                    row[q] += out[p * m + q];
+                    row[q] = bo[p * m + q]; /* the block was uninitialised: assign */
             }
         }
-    free(in), free(out);
+        free(bi), free(bo);
+        tpk_cnn_convws_free(cv);
+    }
+    if (fail)
+        *st = TPK_ERROR(F->ctx, TPK_ENOMEM, "convolution of the covariance blocks failed (out of "
+                        "memory)");
     return 1;
 }
 
@@ -1879,7 +2054,7 @@ static int eval_sum(fl *F, const nsr_expr *e, const fdom *D, val *out)
         double *M2;
         int k = -1;
         F->site++;
-        if (new_atom(F, D->m, &M2, &k))
+        if (new_atom(F, D->m, &M2, &k, 0))
             return F->ctx->status;
         F->b[k].line = e->line;
         taps T = {.nb = 0};
@@ -1892,9 +2067,13 @@ static int eval_sum(fl *F, const nsr_expr *e, const fdom *D, val *out)
             return F->ctx->status;
         }
         int st = TPK_OK;
-        if (!conv_lowering(F, D, &T, M2, &st))
+        if (!conv_lowering(F, D, &T, M2, &st)) {
+            size_t n = F->N * (size_t)D->m; /* the generic sum adds into a zeroed block */
+            if (M2 != NULL)
+                memset(M2, 0, n * n * sizeof *M2);
             for (int i = 0; i < T.n && st == TPK_OK; i++)
                 st = lin_m2_acc(F, &T.t[i].u, T.t[i].var, F->N * (size_t)D->m, M2);
+        }
         taps_free(&T);
         if (st) {
             free(M2);
@@ -2367,7 +2546,7 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
                 (buf = fl_alloc(F, N * mt * N * ms, sizeof *buf)) == NULL)
                 return F->ctx->status;
             int zero, st;
-            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st);
+            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, 1);
             if (st || F->dry || zero) {
                 free(buf);
                 if (st)
@@ -2845,13 +3024,15 @@ static int run_output(fl *F, const nsr_finstr *fi, fout *o)
 static void fl_free(fl *F)
 {
     for (int k = 0; k < F->nb; k++) {
-        block_data_free(&F->b[k]);
+        block_data_free(F, &F->b[k]);
         trie_free(&F->b[k].tr);
     }
     free(F->b);
     free(F->amark);
     free(F->num);
     free(F->gram);
+    for (int i = 0; i < 6; i++)
+        free(F->pool[i].p);
     tpk_gauss_ws_free(F->ws);
 }
 
@@ -2892,6 +3073,8 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     if (out == NULL)
         return F->ctx->status;
     int no = 0, st = TPK_OK;
+    F->plan = plan_last;
+    F->nplan = nplan;
     for (int k = 0; k < R->nfi && st == TPK_OK; k++) {
         F->cur = k;
         memcpy(F->num, R->fi[k].num, ((size_t)F->C->nsym + 1) * sizeof *F->num);
@@ -2900,7 +3083,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
         if (st == TPK_OK && plan_last)
             for (int b = 0; b < F->nb && b < nplan; b++)
                 if (plan_last[b] <= k && plan_last[b] >= 0 && F->b[b].last_use != INT32_MAX) {
-                    block_data_free(&F->b[b]);
+                    block_data_free(F, &F->b[b]);
                     F->b[b].last_use = INT32_MAX; /* freed */
                 }
     }

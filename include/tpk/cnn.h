@@ -68,6 +68,15 @@ TPK_API int tpk_cnn_conv_block(size_t rows, size_t cols, int kh, int kw, int pad
                                double alpha, double beta, const double *in, double *out,
                                tpk_ctx *ctx);
 
+/* The same with its plan and workspace kept (a loop over many blocks: one per thread, since
+ * the workspace is written). apply: in and out must not alias. */
+typedef struct tpk_cnn_convws tpk_cnn_convws;
+TPK_API tpk_cnn_convws *tpk_cnn_convws_alloc(size_t rows, size_t cols, int kh, int kw, int padding,
+                                         int method, tpk_ctx *ctx);
+TPK_API void tpk_cnn_convws_apply(tpk_cnn_convws *c, double alpha, double beta, const double *in,
+                                double *out);
+TPK_API void tpk_cnn_convws_free(tpk_cnn_convws *c);
+
 /* 1 when the FFT is expected to beat direct summation for this grid and filter: direct costs
  * (kh + kw) adds per entry (taps of size 1 cost nothing), the FFT about
  * c·log2(M)·M/P² add-equivalents per entry, M the (zero-extended) transform size, with c from
