@@ -1,0 +1,358 @@
+/* Rolled NETSOR (issue 14): the rolled form and its evaluator (netsor/roll.c, netsor/flimit.c)
+ * against the unrolled evaluator on every shipped program, against an independent matrix
+ * recursion of the transformer written out here (theory.md §2.7; GP4A's way), and the checks
+ * that elaboration does not grow with T and that errors keep their file:line:col. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tpk/tpk.h"
+#include "support/testutil.h"
+#include "../netsor/backend-impl.h"
+
+static const double PI = 3.14159265358979323846;
+
+/* Same closed forms on both sides, different order of summation. */
+#define TOL_SAME 1e-14
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static tpk_array *random_inputs(size_t N, size_t T, size_t d, uint64_t seed)
+{
+    size_t dims[3] = {N, T, d};
+    tpk_array *x = T > 1 ? tpk_array_alloc(3, dims, NULL) : tpk_array_alloc2(N, d, NULL);
+    assert_non_null(x);
+    for (size_t i = 0; i < tpk_array_size(x); i++) {
+        double u1 = ((double)(rng_next(&seed) >> 11) + 0.5) / 9007199254740992.0;
+        double u2 = ((double)(rng_next(&seed) >> 11) + 0.5) / 9007199254740992.0;
+        x->data[i] = sqrt(-2 * log(u1)) * cos(2 * PI * u2);
+    }
+    return x;
+}
+
+static tpk_program *load(const tu_phis *f, const char *rel, const tpk_param_set *sets, int n)
+{
+    char path[1024];
+    const char *root = getenv("TPK_ROOT");
+    snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
+    tpk_netsor_opts o = {sets, n, 1, 0, NULL};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, &ctx);
+    if (p == NULL)
+        print_message("%s: %s\n", path, ctx.msg);
+    assert_non_null(p);
+    return p;
+}
+
+static double max_abs(const double *v, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(v[i]));
+    return m;
+}
+
+/* Kernel by the rolled and by the unrolled evaluator; returns max |difference| / max |K|. */
+static double rolled_vs_unrolled(const tpk_program *p, const tpk_array *x)
+{
+    tpk_array *A = NULL, *B = NULL;
+    tpk_limit_opts o = {0};
+    tpk_ctx c1, c2;
+    tpk_ctx_init(&c1);
+    tpk_ctx_init(&c2);
+    int s1 = tpk_netsor_kernel_ex(p, x, 1, NULL, &A, NULL, &c1);
+    o.unrolled = 1;
+    int s2 = tpk_netsor_kernel_ex(p, x, 1, &o, &B, NULL, &c2);
+    if (s1 || s2)
+        print_message("%s | %s\n", c1.msg, c2.msg);
+    assert_int_equal(s1, TPK_OK);
+    assert_int_equal(s2, TPK_OK);
+    assert_int_equal(tpk_array_size(A), tpk_array_size(B));
+    double d = 0;
+    for (size_t i = 0; i < tpk_array_size(A); i++)
+        d = fmax(d, fabs(A->data[i] - B->data[i]));
+    d /= max_abs(B->data, tpk_array_size(B));
+    tpk_array_free(A);
+    tpk_array_free(B);
+    return d;
+}
+
+/* Every shipped program at a small size: the programs the rolled evaluator takes keep it (and
+ * give the unrolled kernel to 1e-14), the others fall back to the unrolled form. */
+static void test_shipped_programs(void **state)
+{
+    const tu_phis *f = *state;
+    static const struct {
+        const char *path;
+        size_t T, d;
+        int rolled;
+        tpk_param_set set[3];
+        int nset;
+    } cases[] = {
+        {"programs/mlp.nsr", 1, 4, 1, {{0}}, 0},
+        {"programs/mlp.nsr", 1, 4, 1, {{"phi", "erf"}, {"sigma_b2", "0.3"}}, 2},
+        {"programs/mlp-residual.nsr", 1, 4, 1, {{0}}, 0},
+        {"programs/mlp-ln.nsr", 1, 4, 1, {{0}}, 0},
+        {"programs/layernorm-mlp.nsr", 1, 4, 1, {{0}}, 0},
+        {"programs/mlp-ln-residual.nsr", 1, 4, 1, {{0}}, 0},
+        {"programs/transformer.nsr", 5, 3, 1, {{"var_b", "0.3"}, {"temp", "0.7"}}, 2},
+        {"programs/transformer.nsr", 4, 2, 1, {{"L", "3"}, {"eps", "0.01"}}, 2},
+        {"programs/cnn1d.nsr", 6, 2, 1, {{"sigma_b2", "0.2"}}, 1},
+        {"programs/cnn1d.nsr", 6, 2, 1, {{"circular", "0"}, {"k", "4"}}, 2},
+        {"programs/cnn2d.nsr", 9, 2, 1, {{0}}, 0},
+        {"programs/cnn2d.nsr", 20, 2, 1,
+         {{"rows", "4"}, {"cols", "5"}, {"circular", "0"}}, 3},
+        {"programs/rnn.nsr", 4, 3, 0, {{0}}, 0},
+        {"programs/rnn_untied.nsr", 4, 3, 0, {{0}}, 0},
+        {"programs/gru.nsr", 3, 2, 0, {{0}}, 0},
+        {"programs/lstm.nsr", 3, 2, 0, {{0}}, 0},
+        {"programs/attention.nsr", 4, 3, 0, {{0}}, 0},
+        {"programs/batchnorm.nsr", 1, 4, 0, {{0}}, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tpk_param_set sets[4];
+        int n = cases[c].nset;
+        memcpy(sets, cases[c].set, sizeof cases[c].set);
+        char tbuf[32];
+        if (cases[c].T > 1 && strstr(cases[c].path, "cnn2d") == NULL) {
+            snprintf(tbuf, sizeof tbuf, "%zu", cases[c].T);
+            sets[n++] = (tpk_param_set){"T", tbuf};
+        }
+        tpk_program *p = load(f, cases[c].path, sets, n);
+        int rolled = tpk_program_family_instructions(p) > 0;
+        if (rolled != cases[c].rolled)
+            print_message("%s: rolled form %s\n", cases[c].path, rolled ? "kept" : "dropped");
+        assert_int_equal(rolled, cases[c].rolled);
+        assert_true(p->ninstr > 0); /* small: the unrolled form exists too */
+        tpk_array *x = random_inputs(3, cases[c].T, cases[c].d, 100 + c);
+        double d = rolled_vs_unrolled(p, x);
+        print_message("%-28s rolled %d: |rolled - unrolled| / max|K| = %.2e\n", cases[c].path,
+                      rolled, d);
+        assert_true(d <= TOL_SAME);
+        tpk_array_free(x);
+        tpk_program_free(p);
+    }
+}
+
+/* ---- the transformer of programs/transformer.nsr as whole matrices (independent) ---------- */
+
+/* E[relu(u) relu(v)] for (u, v) ~ N(0, [[a, k], [k, b]]) (arc-cosine kernel of degree 1). */
+static double relu2(double a, double b, double k)
+{
+    double s = sqrt(a * b);
+    if (s == 0)
+        return 0;
+    double r = fmax(-1.0, fmin(1.0, k / s)), t = acos(r);
+    return s / (2 * PI) * (sin(t) + (PI - t) * r);
+}
+
+/* LN of a Gaussian block in place: Σ ← D Σ D, D = diag(1/√(diag Σ + eps)) (zero means). */
+static void ln_block(double *S, size_t n, double eps)
+{
+    double *d = malloc(n * sizeof *d);
+    for (size_t i = 0; i < n; i++)
+        d[i] = 1 / sqrt(S[i * n + i] + eps);
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++)
+            S[i * n + j] *= d[i] * d[j];
+    free(d);
+}
+
+/* K over (sequence, token): embedding, then per layer causal softmax attention with
+ * query = key = value, residual, LN, ReLU feed-forward with biases, residual, LN. */
+static double *transformer_matrices(const tpk_array *x, int L, double var_e, double var_u,
+                                    double var_w, double var_b, double temp, double eps)
+{
+    size_t N = x->dims[0], T = x->dims[1], d = x->dims[2], n = N * T;
+    double *Z = calloc(n * n, sizeof *Z), *K = calloc(n * n, sizeof *K), *R = calloc(n * n, sizeof *R);
+    double *B = calloc(N * T * T, sizeof *B);
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            double s = 0;
+            for (size_t q = 0; q < d; q++)
+                s += x->data[i * d + q] * x->data[j * d + q];
+            Z[i * n + j] = var_e * s / (double)d;
+        }
+    for (int l = 0; l < L; l++) {
+        for (size_t i = 0; i < n * n; i++)
+            K[i] = var_u * Z[i];
+        /* B_a = I + A_a, A_a the causal softmax of K(a,a)/temp */
+        for (size_t a = 0; a < N; a++)
+            for (size_t i = 0; i < T; i++) {
+                double *row = B + (a * T + i) * T, mx = -INFINITY, z = 0;
+                for (size_t j = 0; j <= i; j++)
+                    mx = fmax(mx, K[(a * T + i) * n + a * T + j] / temp);
+                for (size_t j = 0; j < T; j++)
+                    row[j] = j <= i ? exp(K[(a * T + i) * n + a * T + j] / temp - mx) : 0;
+                for (size_t j = 0; j <= i; j++)
+                    z += row[j];
+                for (size_t j = 0; j <= i; j++)
+                    row[j] /= z;
+                row[i] += 1;
+            }
+        /* R = B K Bᵀ, block by block */
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = 0; c < N; c++)
+                for (size_t i = 0; i < T; i++)
+                    for (size_t j = 0; j < T; j++) {
+                        double s = 0;
+                        for (size_t p = 0; p < T; p++)
+                            for (size_t q = 0; q < T; q++)
+                                s += B[(a * T + i) * T + p] * K[(a * T + p) * n + c * T + q] *
+                                     B[(c * T + j) * T + q];
+                        R[(a * T + i) * n + c * T + j] = s;
+                    }
+        ln_block(R, n, eps); /* h */
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++) { /* q = W2 relu(W1 h + b1) + b2 + h */
+                double a = var_w * R[i * n + i] + var_b, b = var_w * R[j * n + j] + var_b;
+                double k = var_w * R[i * n + j] + var_b;
+                Z[i * n + j] = var_w * relu2(a, b, k) + var_b + R[i * n + j];
+            }
+        ln_block(Z, n, eps);
+    }
+    free(K), free(R), free(B);
+    return Z;
+}
+
+static void test_transformer_independent(void **state)
+{
+    const tu_phis *f = *state;
+    const size_t N = 2, T = 24, d = 5;
+    tpk_param_set s[] = {{"T", "24"}, {"L", "2"}, {"var_b", "0.2"}, {"temp", "1.5"},
+                         {"eps", "0.001"}};
+    tpk_program *p = load(f, "programs/transformer.nsr", s, 5);
+    assert_true(tpk_program_family_instructions(p) > 0);
+    tpk_array *x = random_inputs(N, T, d, 7);
+    tpk_array *K = NULL;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_netsor_kernel(p, x, 1, &K, NULL, &ctx), TPK_OK);
+    double *R = transformer_matrices(x, 2, 1.0, 1.0, 1.0, 0.2, 1.5, 0.001);
+    double e = 0;
+    for (size_t i = 0; i < N * T * N * T; i++)
+        e = fmax(e, fabs(K->data[i] - R[i]));
+    print_message("transformer N=2 T=24: rolled vs matrix recursion %.2e\n", e);
+    assert_true(e <= 1e-12 * max_abs(R, N * T * N * T));
+    free(R);
+    tpk_array_free(K);
+    tpk_array_free(x);
+    tpk_program_free(p);
+}
+
+/* The rolled form's size is the text's, not T's: the same family instructions at T = 20 and
+ * T = 2000 (where only the rolled form is kept, the unrolled one would be millions of steps). */
+static void test_elaboration_scale(void **state)
+{
+    const tu_phis *f = *state;
+    tpk_param_set small[] = {{"T", "20"}, {"L", "24"}}, large[] = {{"T", "2000"}, {"L", "24"}};
+    tpk_program *a = load(f, "programs/transformer.nsr", small, 2);
+    tpk_program *b = load(f, "programs/transformer.nsr", large, 2);
+    assert_int_equal(tpk_program_family_instructions(a), tpk_program_family_instructions(b));
+    assert_int_equal(b->ninstr, 0);
+    assert_int_equal(b->noutputs, 2000);
+    assert_string_equal(b->output[1999].name, "y[2000]");
+    /* the executor says why it cannot run the rolled-only program */
+    tpk_array *x = random_inputs(1, 2000, 2, 3), *Kh = NULL;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_netsor_run(b, x, 8, 1, 0, &Kh, NULL, &ctx), TPK_EUNSUPPORTED);
+    assert_non_null(strstr(ctx.msg, "unrolled"));
+    tpk_array_free(x);
+    tpk_program_free(a);
+    tpk_program_free(b);
+}
+
+/* Errors keep their position on the rolled form: a read past a family's members (found by the
+ * plan, at T where only the rolled form is kept), softmax outside its range, and the grammar. */
+static void test_errors(void **state)
+{
+    const tu_phis *f = *state;
+    static const struct {
+        const char *src, *want;
+    } cases[] = {
+        {"use netsor+\nparam T = 1500\nwidth n\ninput x[t in 1..T] : d\nA U : (n, d) ~ 1\n"
+         "g[i in 1..T] = U x[i]\nscalar s[i in 1..T, j in 1..T] = mean(g[i] * g[j + 1])\n"
+         "output y[i in 1..T] = readout(g[i], 1)\n",
+         "<rolled>:7:46: g[1501] is read but not defined"},
+        {"use netsor+\nparam T = 3\nwidth n\ninput x[t in 1..T] : d\nA U : (n, d) ~ 1\n"
+         "g[i in 1..T] = U x[i]\nscalar s[i in 1..T] = softmax(j in 1..T: mean(g[j] * g[j]))\n"
+         "output y[i in 1..T] = readout(g[i], 1)\n",
+         "no enclosing loop or binder is named 'j'"},
+        {"param T = 3\nwidth n\ninput x[t in 1..T] : d\nA U[i in 0..1] : (n, d) ~ 1\n"
+         "g[i in 1..T] = sum(k in 0..1 U[k] x[i])\noutput y = readout(g[1], 1)\n",
+         "<rolled>:5:39: expected ':' (or ',') after the range of sum(...)"},
+        {"param T = 3\nwidth n\ninput x[t in 1..T] : d\nA U : (n, d) ~ 1\n"
+         "g[i in 1..T] = U x[wrap(i, 1)]\noutput y = readout(g[1], 1)\n",
+         "wrap takes three integers"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tpk_netsor_opts o = {NULL, 0, 0, 0, NULL};
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        tpk_program *p = tpk_netsor_load_string("<rolled>", cases[c].src, &o, f->reg, &ctx);
+        if (p != NULL || strstr(ctx.msg, cases[c].want) == NULL)
+            print_message("case %zu: got '%s', want '%s'\n", c, ctx.msg, cases[c].want);
+        assert_null(p);
+        assert_non_null(strstr(ctx.msg, cases[c].want));
+    }
+}
+
+/* The new operations have the meaning the unrolled elaborator gives them: nested binders,
+ * softmax rows, the padding arithmetic, two output families. (relu(r) of the attention output r
+ * is left out: the unrolled evaluator integrates φ(Σ_j a_ij g_j) of six G-vars by Monte Carlo,
+ * 1e-3, where the rolled one has the closed form of one Gaussian.) */
+static void test_operations(void **state)
+{
+    const tu_phis *f = *state;
+    const char *src =
+        "use netsor+\nparam T = 6\nwidth n\ninput x[t in 1..T] : d\nA U : (n, d) ~ 1\n"
+        "A F[i in 0..1, j in 0..2] : (n, n) ~ 0.5\n"
+        "g[t in 1..T] = U x[t]\n"
+        "scalar a[i in 1..T, j in 1..i] = softmax(j in 1..i: mean(g[i] * g[j]) / 2)\n"
+        "H r[i in 1..T] = sum(j in 1..i: a[i, j] * g[j])\n"
+        "h[i in 1..T] = sum(p in 0..1, q in 0..2: inside(i + p + q - 2, 1, T) * "
+        "F[p, q] relu(g[wrap(i + p + q - 2, 1, T)]))\n"
+        "output y[i in 1..T] = readout(h[i], 1)\n"
+        "output z[i in 1..T] = readout(r[i], 2, 0.5)\n";
+    tpk_netsor_opts o = {NULL, 0, 0, 0, NULL};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_program *p = tpk_netsor_load_string("<ops>", src, &o, f->reg, &ctx);
+    if (p == NULL)
+        print_message("%s\n", ctx.msg);
+    assert_non_null(p);
+    assert_true(tpk_program_family_instructions(p) > 0);
+    tpk_array *x = random_inputs(3, 6, 2, 11);
+    double dd = rolled_vs_unrolled(p, x);
+    print_message("sum/softmax/wrap/inside: |rolled - unrolled| / max|K| = %.2e\n", dd);
+    assert_true(dd <= TOL_SAME);
+    tpk_array_free(x);
+    tpk_program_free(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shipped_programs),
+        cmocka_unit_test(test_transformer_independent),
+        cmocka_unit_test(test_elaboration_scale),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_operations),
+    };
+    return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
+}
