@@ -26,6 +26,7 @@
 #include "netsor-impl.h"
 #include "backend-impl.h"
 
+#include "tpk/clock.h"
 #include "tpk/cnn.h"
 #include "tpk/matmul.h"
 
@@ -970,7 +971,7 @@ static void row_extents(const double *W, size_t m, size_t n, int *ext)
  * diagonal block of a symmetric result). tmp: mu × ms. */
 static int sandwich(fl *F, const double *Wt, size_t mu, size_t mt, const int *et, const double *P,
                     size_t ldp, const double *Ws, size_t mv, size_t ms, const int *es, double *out,
-                    size_t ld, int lower, double *tmp)
+                    size_t ld, int lower, double *tmp, double alpha)
 {
     int st = TPK_OK;
     for (size_t p0 = 0; p0 < mu && st == TPK_OK; p0 += SW_TILE) {
@@ -993,7 +994,7 @@ static int sandwich(fl *F, const double *Wt, size_t mu, size_t mt, const int *et
                 K = (size_t)es[q] > K ? (size_t)es[q] : K;
             if (K == 0)
                 continue;
-            st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, p1 - p0, q1 - q0, K, 1.0, tmp + p0 * ms, ms,
+            st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, p1 - p0, q1 - q0, K, alpha, tmp + p0 * ms, ms,
                            Ws + q0 * ms, ms, 1.0, out + p0 * ld + q0, ld, F->ctx);
         }
     }
@@ -1045,7 +1046,8 @@ static int v_merge(fl *F, val *v)
 
 /* out (N mu × N mv, ld) += Σ_{t,s} C_t E[X_t X_sᵀ] C_sᵀ + mean terms: E[u vᵀ] for LIN values.
  * sym: u = v, and only the lower triangle needs to be right (it is mirrored). */
-static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int sym)
+static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int sym,
+                  double alpha)
 {
     size_t N = F->N, mu = (size_t)u->m, mv = (size_t)v->m;
     int st = TPK_OK;
@@ -1075,7 +1077,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                         int ip = t->idx[p];
                         if (ip < 0)
                             continue;
-                        double wp = t->w ? t->w[a * mu + p] : 1;
+                        double wp = alpha * (t->w ? t->w[a * mu + p] : 1);
                         const double *Prow = P + (a * mt + (size_t)ip) * ldp;
                         double *orow = out + (a * mu + p) * ld;
                         size_t cmax = sym ? a + 1 : N;
@@ -1097,7 +1099,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                             int ip = s->idx[p];
                             if (ip < 0)
                                 continue;
-                            double wp = s->w ? s->w[a * mu + p] : 1;
+                            double wp = alpha * (s->w ? s->w[a * mu + p] : 1);
                             double *orow = out + (a * mu + p) * ld;
                             for (size_t c = 0; c <= a; c++) {
                                 size_t qmax = c == a ? p + 1 : mv;
@@ -1136,7 +1138,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                     const double *Pac = P + (a * mt) * ldp + c * ms;
                     st = sandwich(F, Wt + a * mu * mt, mu, mt, et + a * mu, Pac, ldp,
                                   Ws + c * mv * ms, mv, ms, es + c * mv, out + (a * mu) * ld + c * mv,
-                                  ld, sym && a == c && !twice, tmp);
+                                  ld, sym && a == c && !twice, tmp, alpha);
                     if (st == TPK_OK && twice) { /* + (W_s(a) P(c,a)ᵀ... ) = transpose pair */
                         const double *Pca = P + (c * mt) * ldp + a * ms;
                         /* W_s(a) · P(c,a)ᵀ · W_t(c)ᵀ */
@@ -1148,7 +1150,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                         st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mt, ms, 1.0, Ws + a * mv * ms, ms,
                                        Pca, ldp, 0.0, tmp2, mt, F->ctx);
                         if (st == TPK_OK)
-                            st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mu, mt, 1.0, tmp2, mt,
+                            st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mu, mt, alpha, tmp2, mt,
                                            Wt + c * mu * mt, mt, 1.0, out + (a * mu) * ld + c * mv,
                                            ld, F->ctx);
                         free(tmp2);
@@ -1175,7 +1177,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
         for (size_t i = 0; i < N * mu; i++)
             for (size_t j = 0; j < N * mv; j++) {
                 double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[j] : 0;
-                out[i * ld + j] += a * mV[j] + mU[i] * b - a * b;
+                out[i * ld + j] += alpha * (a * mV[j] + mU[i] * b - a * b);
             }
         free(mU), free(mV);
     }
@@ -1234,12 +1236,12 @@ static int materialize(fl *F, val *u, int fam, int *out)
             val rest = *u;
             rest.t = u->t + 1;
             rest.nt = u->nt - 1;
-            st = lin_m2(F, &rest, &rest, M2, n, 1);
+            st = lin_m2(F, &rest, &rest, M2, n, 1, 1.0);
         } else if (st == TPK_OK) {
             if ((M2 = fl_big(F, n * n, sizeof *M2, 1)) == NULL)
                 st = F->ctx->status;
             else
-                st = lin_m2(F, u, u, M2, n, 1);
+                st = lin_m2(F, u, u, M2, n, 1, 1.0);
         }
         if (st == TPK_OK)
             st = lin_mean(F, u, mean, &nz);
@@ -1256,7 +1258,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
             free(mean);
         }
     } else {
-        lin_m2(F, u, u, NULL, 0, 1); /* touches the bases, checks support */
+        lin_m2(F, u, u, NULL, 0, 1, 1.0); /* touches the bases, checks support */
     }
     *out = k;
     return F->ctx->status;
@@ -1661,17 +1663,7 @@ static void taps_free(taps *T)
 
 static int lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2)
 {
-    if (F->dry)
-        return lin_m2(F, u, u, NULL, 0, 1);
-    double *tmp = fl_big(F, n * n, sizeof *tmp, 1);
-    if (tmp == NULL)
-        return F->ctx->status;
-    int st = lin_m2(F, u, u, tmp, n, 1);
-    for (size_t i = 0; st == TPK_OK && i < n; i++)
-        for (size_t j = 0; j <= i; j++)
-            M2[i * n + j] += var * tmp[i * n + j];
-    fl_release(F, tmp, n * n * sizeof *tmp);
-    return st;
+    return lin_m2(F, u, u, F->dry ? NULL : M2, F->dry ? 0 : n, 1, var);
 }
 
 /* One MatMul term A·src (scaled by coef) added into the atom's M2 (lower triangle), or kept in
@@ -3075,7 +3067,17 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     int no = 0, st = TPK_OK;
     F->plan = plan_last;
     F->nplan = nplan;
+    /* TPK_NETSOR_TRACE=1: seconds per family instruction on stderr (where the time goes) */
+    const char *tr = getenv("TPK_NETSOR_TRACE");
+    int trace = !F->dry && tr != NULL && strcmp(tr, "1") == 0;
+    double t_prev = trace ? tpk_wall_seconds() : 0;
     for (int k = 0; k < R->nfi && st == TPK_OK; k++) {
+        if (trace && k > 0) {
+            double t = tpk_wall_seconds();
+            fprintf(stderr, "  %s:%d: %s %.4f s\n", R->file, R->fi[k - 1].stmt->line,
+                    R->fi[k - 1].stmt->name, t - t_prev);
+            t_prev = t;
+        }
         F->cur = k;
         memcpy(F->num, R->fi[k].num, ((size_t)F->C->nsym + 1) * sizeof *F->num);
         st = R->fi[k].stmt->kind == NSR_S_OUTPUT ? run_output(F, &R->fi[k], &out[no++])
@@ -3086,6 +3088,12 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                     block_data_free(F, &F->b[b]);
                     F->b[b].last_use = INT32_MAX; /* freed */
                 }
+    }
+    if (trace && R->nfi > 0) {
+        double t = tpk_wall_seconds();
+        fprintf(stderr, "  %s:%d: %s %.4f s\n", R->file, R->fi[R->nfi - 1].stmt->line,
+                R->fi[R->nfi - 1].stmt->name, t - t_prev);
+        t_prev = t;
     }
     F->cur = R->nfi; /* the outputs read their blocks at the end */
     if (st == TPK_OK && !all_outputs) {
@@ -3107,6 +3115,8 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
         Kout = tpk_array_alloc2(dim, dim, F->ctx);
         if (Kout == NULL)
             st = F->ctx->status;
+        else /* write the pages before the first += reads them (see fl_big) */
+            memset(Kout->data, 0, dim * dim * sizeof *Kout->data);
     }
     size_t oi0 = 0;
     for (int i = 0; i < no && st == TPK_OK; i++) {
@@ -3115,16 +3125,27 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
             const fout *a = &out[i], *c = &out[j];
             size_t mi = (size_t)a->v.m, mj = (size_t)c->v.m;
             if (F->dry) {
-                st = lin_m2(F, &a->v, &c->v, NULL, 0, i == j);
+                st = lin_m2(F, &a->v, &c->v, NULL, 0, i == j, 1.0);
                 oj0 += mj;
                 continue;
+            }
+            if (no == 1) { /* one output family: K is its second-moment block itself */
+                double sc = a->var, beta = a->bias_var;
+                st = lin_m2(F, &a->v, &a->v, Kout->data, dim, 1, sc);
+                if (st == TPK_OK) {
+                    mirror(Kout->data, dim);
+                    if (beta != 0)
+                        for (size_t x = 0; x < dim * dim; x++)
+                            Kout->data[x] += beta;
+                }
+                break;
             }
             double *M = fl_alloc(F, N * mi * N * mj, sizeof *M);
             if (M == NULL) {
                 st = F->ctx->status;
                 break;
             }
-            st = lin_m2(F, &a->v, &c->v, M, N * mj, i == j);
+            st = lin_m2(F, &a->v, &c->v, M, N * mj, i == j, 1.0);
             if (st == TPK_OK && i == j)
                 mirror(M, N * mi);
             double s = sqrt(a->var * c->var), beta = sqrt(a->bias_var * c->bias_var);
@@ -3151,6 +3172,8 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                                i / dim, i % dim);
                 break;
             }
+    if (trace)
+        fprintf(stderr, "  %s: kernel of the outputs %.4f s\n", R->file, tpk_wall_seconds() - t_prev);
     if (st) {
         tpk_array_free(Kout);
         return st;
@@ -3242,6 +3265,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     if (bad != tpk_array_size(x))
         return TPK_ERROR(ctx, TPK_EDOM, "input array holds a non-finite value at [%s]", where);
     fl P;
+    double t_plan = tpk_wall_seconds();
     int st = fl_init(&P, p, 0, T, d, NULL, ctx);
     if (st == TPK_OK)
         st = fl_run(&P, all_outputs, NULL, 0, NULL);
@@ -3251,6 +3275,9 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
         return st;
     }
     int nb = P.nb;
+    const char *tr = getenv("TPK_NETSOR_TRACE");
+    if (tr != NULL && strcmp(tr, "1") == 0)
+        fprintf(stderr, "  %s: plan %.4f s, %d blocks\n", P.R->file, tpk_wall_seconds() - t_plan, nb);
     int *last = malloc(((size_t)nb + 1) * sizeof *last);
     if (last == NULL) {
         fl_free(&P);
