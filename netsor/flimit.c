@@ -735,6 +735,15 @@ static const double *block_m2(fl *F, int k)
 {
     fblock *b = &F->b[k];
     touch(F, k);
+    if (b->kind == BK_BIAS && b->M2 == NULL && !F->dry) {
+        size_t n = F->N * (size_t)b->m, m = (size_t)b->m;
+        if ((b->M2 = fl_big(F, n * n, sizeof *b->M2, 1)) == NULL)
+            return NULL;
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++)
+                b->M2[i * n + j] = (i % m == j % m ? b->s[i % m] : 0) +
+                                   (b->mean ? b->mean[i] * b->mean[j] : 0);
+    }
     if (b->kind == BK_NONLIN)
         touch(F, b->arg);
     if (b->kind == BK_NONLIN && b->M2 == NULL && nonlin_moments(F, k))
@@ -1061,6 +1070,42 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
             if (t->blk != s->blk && !F->dry &&
                 (buf = fl_alloc(F, N * mt * N * ms, sizeof *buf)) == NULL)
                 return F->ctx->status;
+            if (t->blk == s->blk && F->b[t->blk].kind == BK_BIAS && !t->dense && !s->dense) {
+                /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j, shared by all inputs
+                 * (theory §1.2), without the (N m)² matrix */
+                touch(F, t->blk);
+                free(buf);
+                if (F->dry)
+                    continue;
+                const fblock *bb = &F->b[t->blk];
+                int twice_b = sym && i != j;
+                for (int pass = 0; pass < 1 + twice_b; pass++) {
+                    const term *x = pass ? s : t, *y = pass ? t : s;
+                    for (size_t a = 0; a < N; a++)
+                        for (size_t p = 0; p < mu; p++) {
+                            int ip = x->idx[p];
+                            if (ip < 0)
+                                continue;
+                            double wp = alpha * (x->w ? x->w[a * mu + p] : 1);
+                            double mi = bb->mean ? bb->mean[(size_t)ip] : 0;
+                            double *orow = out + (a * mu + p) * ld;
+                            size_t cmax = sym ? a + 1 : N;
+                            for (size_t c = 0; c < cmax; c++) {
+                                size_t qmax = sym && c == a ? p + 1 : mv;
+                                const double *wy = y->w ? y->w + c * mv : NULL;
+                                for (size_t q = 0; q < qmax; q++) {
+                                    int iq = y->idx[q];
+                                    if (iq < 0)
+                                        continue;
+                                    double e = (iq == ip ? bb->s[ip] : 0) +
+                                               (bb->mean ? mi * bb->mean[(size_t)iq] : 0);
+                                    orow[c * mv + q] += wp * (wy ? wy[q] : 1) * e;
+                                }
+                            }
+                        }
+                }
+                continue;
+            }
             int zero;
             /* the lower triangle serves a symmetric identity pair: (a,p) ≥ (c,q) reads only it */
             int full = !(sym && i == j && !t->dense && monotone(t->idx, mu));
@@ -1514,11 +1559,13 @@ static int bias_block(fl *F, int sym, int *out)
     b->tr.nlev = -1; /* a table searched linearly: declared biases are few */
     b->tr.nfix = nidx;
     size_t N = F->N;
-    double *M2 = F->dry ? NULL : fl_alloc(F, N * m * N * m, sizeof *M2);
+    /* per member: variance in s, means in mean (N·m, NULL when all zero); the (N m)² second
+     * moments are built only if a dense map asks for them (block_m2) */
+    double *var = fl_alloc(F, (size_t)m, sizeof *var);
     double *mean = F->dry ? NULL : fl_alloc(F, N * (size_t)m, sizeof *mean);
     int *tab = fl_alloc(F, (size_t)m * (NSR_MAX_INDICES + 1), sizeof *tab);
-    if ((!F->dry && (M2 == NULL || mean == NULL)) || tab == NULL) {
-        free(M2), free(mean), free(tab);
+    if (var == NULL || (!F->dry && mean == NULL) || tab == NULL) {
+        free(var), free(mean), free(tab);
         return F->ctx->status;
     }
     long j = 0;
@@ -1527,29 +1574,18 @@ static int bias_block(fl *F, int sym, int *out)
         if (R->dm[i].sym != sym)
             continue;
         memcpy(&tab[j * (NSR_MAX_INDICES + 1)], R->dm[i].idx, sizeof R->dm[i].idx);
-        if (!F->dry) {
-            for (size_t a = 0; a < N; a++)
-                mean[a * (size_t)m + (size_t)j] = R->dm[i].mean;
-            for (size_t a = 0; a < N; a++)
-                for (size_t c = 0; c < N; c++)
-                    M2[(a * (size_t)m + (size_t)j) * N * (size_t)m + c * (size_t)m + (size_t)j] =
-                        R->dm[i].var;
-        }
+        var[j] = R->dm[i].var;
+        for (size_t a = 0; mean && a < N; a++)
+            mean[a * (size_t)m + (size_t)j] = R->dm[i].mean;
         anymean |= R->dm[i].mean != 0;
         j++;
     }
-    if (!F->dry) {
-        size_t n = N * (size_t)m;
-        for (size_t i = 0; i < n; i++)
-            for (size_t q = 0; q < n; q++)
-                M2[i * n + q] += mean[i] * mean[q];
-        if (!anymean) {
-            free(mean);
-            mean = NULL;
-        }
+    if (!anymean) {
+        free(mean);
+        mean = NULL;
     }
     b = &F->b[k];
-    b->M2 = M2;
+    b->s = var;
     b->mean = mean;
     /* store the member table in the trie's first level arrays */
     b->tr.lo[0] = tab;
@@ -1717,6 +1753,26 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
         t->u = u;
         t->var = var;
         return TPK_OK;
+    }
+    /* A·φ(g) where the φ block dies here: its map goes straight into the (zeroed) atom, scaled
+     * by σ², instead of being stored and then copied — one pass over the block per layer, as in
+     * the direct recursion's fused map (tpk_gauss_map_affine) */
+    if (!F->dry && u.nt == 1 && u.mu == NULL && is_identity_term(&u.t[0], u.m)) {
+        int x = u.t[0].blk;
+        fblock *bx = &F->b[x];
+        if (bx->kind == BK_NONLIN && bx->M2 == NULL && F->plan && x < F->nplan &&
+            F->plan[x] == F->cur && F->b[bx->arg].mean == NULL && F->b[bx->arg].M2 != NULL &&
+            ensure_ws(F) == TPK_OK) {
+            double e = 0;
+            size_t n = F->N * (size_t)D->m;
+            touch(F, x);
+            touch(F, bx->arg);
+            int st = tpk_gauss_map_affine_lower(bx->phi, F->b[bx->arg].M2, n, var, 0.0, M2, F->ws,
+                                                &e, F->ctx);
+            F->err = fmax(F->err, e);
+            val_free(&u);
+            return st;
+        }
     }
     int st = lin_m2_acc(F, &u, var, F->N * (size_t)D->m, M2);
     val_free(&u);
