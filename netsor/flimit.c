@@ -134,8 +134,10 @@ static int fl_err(fl *F, int st, const nsr_expr *e, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    const nsr_stmt *s = F->R->fi[F->cur].stmt;
-    int line = e ? e->line : s->line, col = e ? e->col : s->col;
+    /* the statement being evaluated (the last one while the outputs are read at the end) */
+    int k = F->cur < 0 ? 0 : F->cur >= F->R->nfi ? F->R->nfi - 1 : F->cur;
+    const nsr_stmt *s = F->R->nfi > 0 ? F->R->fi[k].stmt : NULL;
+    int line = e ? e->line : s ? s->line : 1, col = e ? e->col : s ? s->col : 1;
     if (st == TPK_EUNSUPPORTED)
         F->unsup = 1;
     return TPK_ERROR(F->ctx, st, "%s:%d:%d: %s", F->R->file, line, col, msg);
@@ -593,6 +595,11 @@ static int v_scale(fl *F, val *v, const val *c)
     size_t N = F->N, m = (size_t)v->m;
     if (c->kind == V_CONST && c->c == 1)
         return TPK_OK;
+    if (c->kind == V_CONST && c->c == 0) { /* 0 · x is the zero vector, as the unrolled form folds */
+        long mv = v->m;
+        val_free(v);
+        return v_const(v, mv, 0);
+    }
     if (v->kind == V_CONST && c->kind == V_CONST) {
         v->c *= c->c;
         return TPK_OK;

@@ -345,6 +345,25 @@ static void test_operations(void **state)
     tpk_program_free(p);
 }
 
+/* Found by the fuzzer: 0 · φ(g) in a sum with g (the zero term folds, as in the unrolled form;
+ * before, the plan reported an unsupported correlated pair from past the last statement). */
+static void test_zero_term(void **state)
+{
+    const tu_phis *f = *state;
+    const char *src = "width n\ninput x : d\nA U : (n, d) ~ 1\ng = U x\nz[1] = erf_sigmoid(g)\n"
+                      "mix = g + 0 * z[1]\noutput y = readout(mix, 1)\n";
+    tpk_netsor_opts o = {NULL, 0, 0, 0, NULL};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_program *p = tpk_netsor_load_string("<zero>", src, &o, f->reg, &ctx);
+    assert_non_null(p);
+    assert_true(tpk_program_family_instructions(p) > 0);
+    tpk_array *x = random_inputs(4, 1, 3, 5);
+    assert_true(rolled_vs_unrolled(p, x) <= TOL_SAME);
+    tpk_array_free(x);
+    tpk_program_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -353,6 +372,7 @@ int main(void)
         cmocka_unit_test(test_elaboration_scale),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_operations),
+        cmocka_unit_test(test_zero_term),
     };
     return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
 }
