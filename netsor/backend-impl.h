@@ -48,10 +48,11 @@ typedef struct tpk_limit_opts {
     int unrolled;       /* evaluate the unrolled form even when the rolled one exists */
 } tpk_limit_opts;
 
-/* The rolled evaluator (netsor/flimit.c). plan: the data-independent pass (support, liveness);
- * with fill, a rolled-only program gets its outputs (names, variances). *unsupported = 1 when
+/* The rolled evaluator (netsor/flimit.c). plan: the data-independent pass (support, liveness,
+ * kept in p->rolled for the evaluations); *deferred = 1 when it would visit more than budget
+ * points (0: no limit) and was left to the first evaluation. *unsupported = 1 when
  * the failure is a form the rolled evaluator does not take (the unrolled one may). */
-int nsr_flimit_plan(tpk_program *p, int fill, tpk_ctx *ctx, int *unsupported);
+int nsr_flimit_plan(tpk_program *p, long budget, tpk_ctx *ctx, int *unsupported, int *deferred);
 /* Only the outputs of a rolled-only program (names, variances), without planning. */
 int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx);
 int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,

@@ -114,6 +114,8 @@ typedef struct fl {
     tpk_ctx *ctx;
     int unsup;          /* the failure is an unsupported form (fall back), not an error */
     tpk_program *fill;  /* plan of a rolled-only program: give it its outputs */
+    long work, work_budget; /* points visited by the plan, and its limit (0: none) */
+    int deferred;       /* the plan stopped at its budget */
     const int *plan;    /* real run: every block's last use from the plan (−1: the end) */
     int nplan;
     struct {
@@ -502,9 +504,16 @@ static int build_domain(fl *F, const nsr_stmt *const *loop, int n, fdom *D, trie
                 hi[q] = lo[q] - 1;
             base[q] = next;
             next += (long)hi[q] - lo[q] + 1;
+            F->work += (long)hi[q] - lo[q] + 1;
             if (next > 400000000L) {
                 free(lo), free(hi), free(base), free(pv);
                 return fl_err(F, TPK_EINVAL, loop[k]->lo, "index domain too large (%ld points)", next);
+            }
+            if (F->work_budget > 0 && F->work > F->work_budget) {
+                free(lo), free(hi), free(base), free(pv);
+                F->deferred = 1;
+                return TPK_ERROR(F->ctx, TPK_EINVAL, "plan deferred (more than %ld points)",
+                                 F->work_budget);
             }
         }
         int *nv = fl_alloc(F, (size_t)next * (size_t)(k + 1), sizeof *nv);
@@ -2077,12 +2086,19 @@ static int extend(fl *F, const nsr_expr *e, const fdom *D, fdom *X, long **paren
         }
         if (hi[p] >= lo[p])
             m += hi[p] - lo[p] + 1;
+        if (F->work_budget > 0 && F->work + m > F->work_budget) {
+            free(lo), free(hi);
+            F->deferred = 1;
+            return TPK_ERROR(F->ctx, TPK_EINVAL, "plan deferred (more than %ld points)",
+                             F->work_budget);
+        }
         if (m > 400000000L) {
             free(lo), free(hi);
             return fl_err(F, TPK_EINVAL, e, "index sum too large");
         }
     }
     X->m = m;
+    F->work += m;
     X->val = fl_alloc(F, (size_t)m * (size_t)X->nv, sizeof *X->val);
     *parent = fl_alloc(F, (size_t)m, sizeof **parent);
     if (X->val == NULL || *parent == NULL) {
@@ -3192,6 +3208,17 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 oj0 += mj;
                 continue;
             }
+            if (no == 1 && a->v.nt == 1 && a->v.mu == NULL && is_identity_term(&a->v.t[0], a->v.m) &&
+                F->b[a->v.t[0].blk].kind == BK_NONLIN && F->b[a->v.t[0].blk].M2 == NULL &&
+                F->b[F->b[a->v.t[0].blk].arg].mean == NULL && ensure_ws(F) == TPK_OK) {
+                /* y = readout(φ(g)): K = σ_v² V_φ(Σ_g) + β in one fused map */
+                const fblock *bx = &F->b[a->v.t[0].blk];
+                double e = 0;
+                st = tpk_gauss_map_affine(bx->phi, F->b[bx->arg].M2, dim, a->var, a->bias_var,
+                                          Kout->data, F->ws, &e, F->ctx);
+                F->err = fmax(F->err, e * a->var);
+                break;
+            }
             if (no == 1) { /* one output family: K is its second-moment block itself */
                 double sc = a->var, beta = a->bias_var;
                 st = lin_m2(F, &a->v, &a->v, Kout->data, dim, 1, sc);
@@ -3268,14 +3295,26 @@ static int fl_init(fl *F, const tpk_program *p, size_t N, size_t T, size_t d, co
     return TPK_OK;
 }
 
-int nsr_flimit_plan(tpk_program *p, int fill, tpk_ctx *ctx, int *unsupported)
+int nsr_flimit_plan(tpk_program *p, long budget, tpk_ctx *ctx, int *unsupported, int *deferred)
 {
     fl F;
+    *deferred = 0;
     int st = fl_init(&F, p, 0, (size_t)p->nslots, 0, NULL, ctx);
-    F.fill = fill ? p : NULL;
+    F.work_budget = budget;
     if (st == TPK_OK)
         st = fl_run(&F, 1, NULL, 0, NULL);
     *unsupported = F.unsup;
+    *deferred = F.deferred;
+    if (st == TPK_OK) {
+        nsr_rolled *R = p->rolled;
+        free(R->plan_last);
+        R->plan_last = malloc(((size_t)F.nb + 1) * sizeof *R->plan_last);
+        if (R->plan_last != NULL) {
+            for (int k = 0; k < F.nb; k++)
+                R->plan_last[k] = F.b[k].last_use >= R->nfi ? -1 : F.b[k].last_use;
+            R->nplan = F.nb;
+        }
+    }
     fl_free(&F);
     return st;
 }
@@ -3327,9 +3366,19 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     size_t bad = tpk_array_first_nonfinite(x, where, sizeof where);
     if (bad != tpk_array_size(x))
         return TPK_ERROR(ctx, TPK_EDOM, "input array holds a non-finite value at [%s]", where);
+    const nsr_rolled *RR = p->rolled;
+    int st = TPK_OK, nb;
+    int *last = NULL;
+    if (RR->plan_last != NULL) { /* planned at load */
+        nb = RR->nplan;
+        if ((last = malloc(((size_t)nb + 1) * sizeof *last)) == NULL)
+            return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        memcpy(last, RR->plan_last, (size_t)nb * sizeof *last);
+        goto run;
+    }
     fl P;
     double t_plan = tpk_wall_seconds();
-    int st = fl_init(&P, p, 0, T, d, NULL, ctx);
+    st = fl_init(&P, p, 0, T, d, NULL, ctx);
     if (st == TPK_OK)
         st = fl_run(&P, all_outputs, NULL, 0, NULL);
     *unsupported = P.unsup;
@@ -3337,11 +3386,11 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
         fl_free(&P);
         return st;
     }
-    int nb = P.nb;
+    nb = P.nb;
     const char *tr = getenv("TPK_NETSOR_TRACE");
     if (tr != NULL && strcmp(tr, "1") == 0)
         fprintf(stderr, "  %s: plan %.4f s, %d blocks\n", P.R->file, tpk_wall_seconds() - t_plan, nb);
-    int *last = malloc(((size_t)nb + 1) * sizeof *last);
+    last = malloc(((size_t)nb + 1) * sizeof *last);
     if (last == NULL) {
         fl_free(&P);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -3349,6 +3398,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     for (int k = 0; k < nb; k++)
         last[k] = P.b[k].last_use >= P.R->nfi ? -1 : P.b[k].last_use;
     fl_free(&P);
+run:;
     fl F;
     st = fl_init(&F, p, N, T, d, x->data, ctx);
     if (st == TPK_OK)

@@ -70,27 +70,20 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
     }
     p->rolled = R;
     R->C.S = NULL;
-    int unsup = 0;
-    if (estimate > NSR_PLAN_BUDGET) {
-        /* planning visits every member: leave it to the first evaluation */
-        st = pr != NULL ? nsr_flimit_outputs(p, S->ctx) : TPK_OK;
-        if (st == TPK_OK && diag)
-            fprintf(diag, "%s: note: rolled: %d family instructions, %d loops kept rolled; "
-                          "planned when first evaluated (about %ld member steps)\n",
-                    S->file, R->nfi, nrolled, estimate);
-        if (st == TPK_OK)
-            return p;
-        p->rolled = NULL;
-        R->arena = NULL;
-        nsr_rolled_free(R);
-        tpk_program_free(p);
-        return NULL;
+    int unsup = 0, deferred = 0;
+    /* plan now (support, liveness: kept for the evaluations) unless it visits too many points;
+     * then the first evaluation plans it and `check` stays O(text) */
+    st = nsr_flimit_plan(p, NSR_PLAN_BUDGET, S->ctx, &unsup, &deferred);
+    if (deferred) {
+        tpk_ctx_clear(S->ctx);
+        st = TPK_OK;
     }
-    st = nsr_flimit_plan(p, pr != NULL, S->ctx, &unsup);
+    if (st == TPK_OK && pr != NULL)
+        st = nsr_flimit_outputs(p, S->ctx);
     if (st == TPK_OK) {
         if (diag)
-            fprintf(diag, "%s: note: rolled: %d family instructions, %d loops kept rolled\n",
-                    S->file, R->nfi, nrolled);
+            fprintf(diag, "%s: note: rolled: %d family instructions, %d loops kept rolled%s\n",
+                    S->file, R->nfi, nrolled, deferred ? "; planned when first evaluated" : "");
         return p;
     }
     if (p->ninstr > 0) { /* the unrolled form serves */

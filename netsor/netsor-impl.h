@@ -197,8 +197,8 @@ tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C);
 #define NSR_MAX_FAMILY_INSTR 20000   /* beyond: keep the unrolled form only */
 #define NSR_UNROLL_ESTIMATE 2000000L /* also elaborate unrolled below this many member steps
                                       * (the unrolled limit: what unrolled before still does) */
-#define NSR_PLAN_BUDGET 20000000L    /* plan the rolled form at load below this many steps; above,
-                                      * its first evaluation plans it (check stays O(text)) */
+#define NSR_PLAN_BUDGET 8000000L     /* points the plan may visit at load; beyond, the first
+                                      * evaluation plans (check stays O(text)) */
 
 typedef struct nsr_finstr {
     const nsr_stmt *stmt;       /* DEF or OUTPUT */
@@ -226,6 +226,9 @@ typedef struct nsr_rolled {
     int input_lo;
     tpk_phi **phis;             /* the functions the statements call (owned) */
     int nphis;
+    int *plan_last;             /* the load-time plan: each block's last use (−1: the end), or
+                                 * NULL (not planned yet: each evaluation plans) */
+    int nplan;
     int why_line, why_col;      /* where the unrolled form was given up (0: it exists) */
     char why[200];
 } nsr_rolled;

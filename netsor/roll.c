@@ -230,6 +230,7 @@ void nsr_rolled_free(nsr_rolled *r)
     for (int i = 0; i < r->nphis; i++)
         tpk_phi_free(r->phis[i]);
     free(r->phis);
+    free(r->plan_last);
     free(r->fi);
     free(r->dm);
     free(r->file);
