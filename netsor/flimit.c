@@ -751,6 +751,17 @@ static const double *block_m2(fl *F, int k)
 {
     fblock *b = &F->b[k];
     touch(F, k);
+    if (b->kind == BK_GAUSS && b->fi == -2 && b->M2 == NULL && !F->dry) { /* the input block */
+        size_t n = F->N * F->T;
+        if ((b->M2 = fl_big(F, n * n, sizeof *b->M2, 0)) == NULL)
+            return NULL;
+        if (tpk_dsyrk(TPK_NO_TRANS, n, F->d, 1.0 / (double)F->d, F->x, F->d, 0.0, b->M2, n,
+                      F->ctx)) {
+            free(b->M2);
+            b->M2 = NULL;
+            return NULL;
+        }
+    }
     if (b->kind == BK_BIAS && b->M2 == NULL && !F->dry) {
         size_t n = F->N * (size_t)b->m, m = (size_t)b->m;
         if ((b->M2 = fl_big(F, n * n, sizeof *b->M2, 1)) == NULL)
@@ -1648,14 +1659,8 @@ static int input_block(fl *F, int *out)
     b->fi = -2;
     b->last_use = save;
     anc_root(b, k);
-    if (!F->dry) {
-        size_t n = F->N * F->T;
-        if ((b->M2 = fl_alloc(F, n * n, sizeof *b->M2)) == NULL)
-            return F->ctx->status;
-        if (tpk_dsyrk(TPK_NO_TRANS, n, F->d, 1.0 / (double)F->d, F->x, F->d, 0.0, b->M2, n, F->ctx))
-            return F->ctx->status;
-    }
-    *out = k;
+    *out = k; /* its M2 is computed when first read (block_m2): an embedding of every slot in
+               * order writes its Gram straight into the atom instead */
     return TPK_OK;
 }
 
@@ -1769,6 +1774,16 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
         t->u = u;
         t->var = var;
         return TPK_OK;
+    }
+    /* U·x[t] over every slot in order: the Gram (σ²/d) x xᵀ straight into the atom */
+    if (!F->dry && u.nt == 1 && u.mu == NULL && is_identity_term(&u.t[0], u.m) &&
+        F->b[u.t[0].blk].fi == -2 && F->b[u.t[0].blk].M2 == NULL && (size_t)u.m == F->T) {
+        size_t n = F->N * F->T;
+        touch(F, u.t[0].blk);
+        int st = tpk_dsyrk(TPK_NO_TRANS, n, F->d, var / (double)F->d, F->x, F->d, 0.0, M2, n,
+                           F->ctx);
+        val_free(&u);
+        return st;
     }
     /* A·φ(g) where the φ block dies here: its map goes straight into the (zeroed) atom, scaled
      * by σ², instead of being stored and then copied — one pass over the block per layer, as in
