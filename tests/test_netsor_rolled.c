@@ -120,7 +120,8 @@ static void test_shipped_programs(void **state)
         {"programs/rnn_untied.nsr", 4, 3, 0, {{0}}, 0},
         {"programs/gru.nsr", 3, 2, 0, {{0}}, 0},
         {"programs/lstm.nsr", 3, 2, 0, {{0}}, 0},
-        {"programs/attention.nsr", 4, 3, 0, {{0}}, 0},
+        {"programs/attention.nsr", 4, 3, 1, {{0}}, 0},
+        {"programs/attention.nsr", 4, 3, 1, {{"causal", "1"}, {"heads", "3"}}, 2},
         {"programs/batchnorm.nsr", 1, 4, 0, {{0}}, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
