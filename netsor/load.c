@@ -56,6 +56,13 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
         tpk_program_free(pr);
         pr = NULL;
     } else {
+        /* the unrolled elaborator's width rules, once per statement */
+        if (nsr_roll_widths(C, R)) {
+            R->arena = NULL;
+            nsr_rolled_free(R);
+            tpk_program_free(pr);
+            return NULL;
+        }
         p = pr;
         if (R->C.netsor_plus)
             p->features |= TPK_FEAT_NETSOR_PLUS;

@@ -243,6 +243,9 @@ static inline int nsr_wrap(int v, int lo, int hi)
 /* Mark the FORs whose iterations are independent (s->rolled); returns how many. */
 int nsr_roll_mark(nsr_check *C, nsr_ast *ast);
 void nsr_rolled_free(nsr_rolled *r);
+/* Width rules on the rolled form (for a program without the unrolled one): errors with
+ * file:line:col through C->S. */
+int nsr_roll_widths(nsr_check *C, const nsr_rolled *R);
 /* Elaborate `ast` in rolled mode into r (the arena stays with r). */
 int nsr_elaborate_rolled(nsr_state *S, nsr_ast *ast, nsr_check *C, tpk_program *p, nsr_rolled *r);
 

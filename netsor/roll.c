@@ -237,3 +237,155 @@ void nsr_rolled_free(nsr_rolled *r)
     nsr_arena_free(r->arena);
     free(r);
 }
+
+/* ---- Widths of the rolled form ---------------------------------------------------------------
+ * The unrolled elaborator unifies widths member by member; a program kept only rolled gets the
+ * same rules once per statement (theory §6): a MatMul's source has the A-var's column width and
+ * its result the row width, the vectors of a sum or product share a width, a definition has its
+ * family's width. Values: a width node (≥ 0), W_SCALAR, W_NUM (numbers: fit anywhere), W_ANY. */
+enum { W_SCALAR = -1, W_NUM = -2, W_ANY = -3 };
+
+typedef struct wwalk {
+    nsr_check *C;
+    signed char *vec; /* per symbol: −1 unknown, 0 scalar family, 1 vector family */
+} wwalk;
+
+static int w_unify(wwalk *W, int a, int b, const nsr_expr *e, const char *what)
+{
+    if (a < 0 || b < 0)
+        return TPK_OK;
+    char fa[160], fb[160];
+    snprintf(fa, sizeof fa, "one side has width %s", nsr_uf_show(W->C, a));
+    snprintf(fb, sizeof fb, "the other has width %s", nsr_uf_show(W->C, b));
+    return nsr_uf_unify(W->C, a, b, e->line, e->col, what, fa, fb);
+}
+
+static int w_expr(wwalk *W, const nsr_expr *e, int depth, int *out);
+
+static int w_matmul(wwalk *W, const nsr_expr *am, const nsr_expr *src, const nsr_expr *at,
+                    int depth, int *out)
+{
+    nsr_check *C = W->C;
+    const nsr_sym *af = &C->sym[am->sym];
+    char what[200], fa[200], fb[200];
+    int ws;
+    if (src->kind == NSR_E_NAME && src->sym >= 0 && C->sym[src->sym].kind == NSR_SYM_INPUT) {
+        ws = C->sym[src->sym].node;
+    } else if (w_expr(W, src, depth + 1, &ws)) {
+        return TPK_ETYPE;
+    }
+    if (ws == W_SCALAR)
+        return nsr_error(C->S, TPK_ETYPE, src->line, src->col,
+                         "MatMul %s needs a G- or H-var on the right, not a scalar", af->name);
+    snprintf(what, sizeof what, "MatMul %s\xc2\xb7%s", af->name,
+             src->kind == NSR_E_NAME && src->name ? src->name : "(...)");
+    snprintf(fa, sizeof fa, "%s is A(%s, %s) (declared at line %d)", af->name,
+             nsr_uf_show(C, af->node), nsr_uf_show(C, af->node2), af->line);
+    if (ws >= 0) {
+        snprintf(fb, sizeof fb, "the source has width %s", nsr_uf_show(C, ws));
+        if (nsr_uf_unify(C, af->node2, ws, at->line, at->col, what, fa, fb))
+            return TPK_ETYPE;
+    }
+    *out = af->node;
+    return TPK_OK;
+}
+
+static int w_expr(wwalk *W, const nsr_expr *e, int depth, int *out)
+{
+    nsr_check *C = W->C;
+    *out = W_NUM;
+    if (e == NULL || depth > 4 * NSR_MAX_DEPTH)
+        return TPK_OK;
+    const nsr_sym *y = e->sym >= 0 ? &C->sym[e->sym] : NULL;
+    int a, b;
+    switch (e->kind) {
+    case NSR_E_NUM:
+        return TPK_OK;
+    case NSR_E_NAME:
+        if (y == NULL)
+            return TPK_OK;
+        if (y->kind == NSR_SYM_GFAM)
+            *out = y->node;
+        else if (y->kind == NSR_SYM_DFAM)
+            *out = W->vec[e->sym] == 1 ? y->node : W->vec[e->sym] == 0 ? W_SCALAR : W_ANY;
+        return TPK_OK;
+    case NSR_E_APPLY:
+        return e->a->kind == NSR_E_NAME && e->a->sym >= 0 ? w_matmul(W, e->a, e->b, e, depth, out)
+                                                          : TPK_OK;
+    case NSR_E_CALL:
+        if (y != NULL && y->kind == NSR_SYM_AFAM && e->nargs == 1)
+            return w_matmul(W, e, e->args[0], e, depth, out);
+        if (e->sym < 0 && (strcmp(e->name, "mean") == 0)) {
+            *out = W_SCALAR;
+            return e->nargs == 1 ? w_expr(W, e->args[0], depth + 1, &a) : TPK_OK;
+        }
+        if (e->sym < 0) /* mod, wrap, inside, bn, readout: numbers or left to the evaluator */
+            return TPK_OK;
+        if (e->nargs == 1)
+            return w_expr(W, e->args[0], depth + 1, out); /* φ keeps the width */
+        return TPK_OK;
+    case NSR_E_SUM:
+        return w_expr(W, e->a, depth + 1, out);
+    case NSR_E_SOFTMAX:
+        *out = W_SCALAR;
+        return w_expr(W, e->a, depth + 1, &a);
+    case NSR_E_NEG:
+        return w_expr(W, e->a, depth + 1, out);
+    case NSR_E_BIN:
+        if (w_expr(W, e->a, depth + 1, &a) || w_expr(W, e->b, depth + 1, &b))
+            return TPK_ETYPE;
+        if (e->op == NSR_T_CARET) {
+            *out = a;
+            return TPK_OK;
+        }
+        if (a >= 0 && b >= 0 &&
+            w_unify(W, a, b, e, e->op == NSR_T_PLUS || e->op == NSR_T_MINUS ? "sum of vectors"
+                                                                             : "product of vectors"))
+            return TPK_ETYPE;
+        *out = a >= 0 ? a : b >= 0 ? b : (a == W_ANY || b == W_ANY) ? W_ANY
+               : (a == W_SCALAR || b == W_SCALAR) ? W_SCALAR : W_NUM;
+        return TPK_OK;
+    default:
+        return TPK_OK;
+    }
+}
+
+int nsr_roll_widths(nsr_check *C, const nsr_rolled *R)
+{
+    wwalk W = {.C = C};
+    W.vec = calloc((size_t)C->nsym + 1, 1);
+    if (W.vec == NULL)
+        return TPK_ENOMEM;
+    memset(W.vec, -1, (size_t)C->nsym + 1);
+    int st = TPK_OK;
+    /* twice: a family read before the statement that fixes its kind (rare) is seen again */
+    for (int pass = 0; pass < 2 && st == TPK_OK; pass++)
+        for (int k = 0; k < R->nfi && st == TPK_OK; k++) {
+            const nsr_stmt *s = R->fi[k].stmt;
+            if (k > 0 && R->fi[k - 1].stmt == s)
+                continue; /* the same statement in the next layer: the same facts */
+            int w;
+            if (s->kind == NSR_S_OUTPUT) {
+                if (s->value->nargs >= 1)
+                    st = w_expr(&W, s->value->args[0], 0, &w);
+                continue;
+            }
+            if ((st = w_expr(&W, s->value, 0, &w)))
+                break;
+            if (s->annot == NSR_ANN_SCALAR || w == W_SCALAR) {
+                if (W.vec[s->fam] < 0)
+                    W.vec[s->fam] = 0;
+            } else if (w >= 0) {
+                W.vec[s->fam] = 1;
+                char what[200], fa[200], fb[200];
+                snprintf(what, sizeof what, "definition of %s", s->name);
+                snprintf(fa, sizeof fa, "%s has width %s", s->name,
+                         nsr_uf_show(C, C->sym[s->fam].node));
+                snprintf(fb, sizeof fb, "its value has width %s", nsr_uf_show(C, w));
+                st = nsr_uf_unify(C, C->sym[s->fam].node, w, s->value->line, s->value->col, what,
+                                  fa, fb);
+            }
+        }
+    free(W.vec);
+    return st;
+}

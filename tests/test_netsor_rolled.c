@@ -300,6 +300,13 @@ static void test_errors(void **state)
         {"param T = 3\nwidth n\ninput x[t in 1..T] : d\nA U : (n, d) ~ 1\n"
          "g[i in 1..T] = U x[wrap(i, 1)]\noutput y = readout(g[1], 1)\n",
          "wrap takes three integers"},
+        /* widths on a program kept only rolled (the unrolled form would be 6·10⁷ steps) */
+        {"use netsor+\nparam T = 3000\nwidth n, m\ninput x[t in 1..T] : d\nA U : (n, d) ~ 1\n"
+         "A W : (m, m) ~ 1\ng[i in 1..T] = U x[i]\n"
+         "scalar s[i in 1..T, j in 1..i] = mean(g[i] * g[j])\nk[i in 1..T] = W g[i]\n"
+         "output y[i in 1..T] = readout(k[i], 1)\n",
+         "<rolled>:9:16: MatMul W\xc2\xb7g: W is A(m, m) (declared at line 6) but the source has "
+         "width n; cannot unify m with n"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         tpk_netsor_opts o = {NULL, 0, 0, 0, NULL};
