@@ -302,8 +302,14 @@ static void summarise(const tpk_job *job, const job_state *s, const tpk_array *K
         dmin = fmin(dmin, K->data[i * n + i]);
         dmax = fmax(dmax, K->data[i * n + i]);
     }
-    fprintf(job->summary, "%s: %s (%s), %d instructions, %d outputs\n", what,
-            job->label ? job->label : "program", job->program, s->prog->ninstr, s->prog->noutputs);
+    int nf = tpk_program_family_instructions(s->prog);
+    if (nf > 0) /* the rolled evaluator computed it (docs/netsor.md "Rolled programs") */
+        fprintf(job->summary, "%s: %s (%s), rolled: %d family instructions, %d outputs\n", what,
+                job->label ? job->label : "program", job->program, nf, s->prog->noutputs);
+    else
+        fprintf(job->summary, "%s: %s (%s), %d instructions, %d outputs\n", what,
+                job->label ? job->label : "program", job->program, s->prog->ninstr,
+                s->prog->noutputs);
     fprintf(job->summary, "  input   %s (N=%zu%s)\n", job->input, s->X->dims[0],
             s->X->ndim >= 3 ? ", sequences" : "");
     if (s->Xt)
