@@ -17,6 +17,10 @@
  *             the whole-matrix expectation maps of kernels/gauss (closed forms, Mehler,
  *             quadrature); Moments → the block's diagonal; softmax → scalar rows;
  *   driver    outputs → K = σ_v² E[y yᵀ] + β, blocks freed at their last use.
+ * Fusions where a block dies at once (the plan says so): A·φ(g) and readout(φ(g)) map straight
+ * into their targets, a dying atom lends its matrix to g = atom + b, an embedding of every slot
+ * writes the input Gram into its atom. Symmetric blocks keep their lower triangle and are
+ * mirrored only when a reader needs both.
  * Independence is structural: every MatMul by an A-var that no other MatMul uses, every
  * embedding and every initial G-var starts a new root, and blocks without a common root are
  * independent (E[XY] = E[X]E[Y]). What this evaluator does not take — A-vars shared by several
@@ -110,7 +114,6 @@ typedef struct fl {
     double *num;        /* symbol values of the current instruction (domain and binders set) */
     double err;
     tpk_gauss_ws *ws;
-    double *gram;       /* (N T)² input inner products /d, on first use */
     tpk_ctx *ctx;
     int unsup;          /* the failure is an unsupported form (fall back), not an error */
     tpk_program *fill;  /* plan of a rolled-only program: give it its outputs */
@@ -3116,7 +3119,7 @@ static void fl_free(fl *F)
     free(F->b);
     free(F->amark);
     free(F->num);
-    free(F->gram);
+
     for (int i = 0; i < 6; i++)
         free(F->pool[i].p);
     tpk_gauss_ws_free(F->ws);
