@@ -5,7 +5,8 @@ FUZZ_SRC := tests/fuzz/fuzz_netsor.c netsor/load.c netsor/lex.c netsor/parse.c n
             netsor/roll.c netsor/flimit.c netsor/program.c kernels/phi.c kernels/gauss.c \
             kernels/gauss_quad.c core/error.c
 # the rolled evaluator's plan runs at load; its numerical callees (GEMM, maps, the tap
-# convolution) come uninstrumented from libtpk.a, which the plan never enters
+# convolution) come uninstrumented from libtpk.a, which the plan never enters; libtpk's
+# OpenMP (gcc's GOMP entry points) links against LLVM's libomp (libomp-dev, install-deps.sh)
 .PHONY: fuzz
 $(BUILD)/fuzz_netsor: $(FUZZ_SRC) $(STATIC) $(wildcard netsor/*.h kernels/*.h include/tpk/*.h) | $(DEPS_OK)
 	@mkdir -p $(@D)

@@ -5,7 +5,7 @@
 set -eu
 PKGS="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
       libhdf5-dev hdf5-tools libxgboost-dev libjansson-dev libcmocka-dev zlib1g-dev nettle-dev
-      clang libclang-rt-14-dev $*"
+      clang libclang-rt-14-dev libomp-dev $*"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
