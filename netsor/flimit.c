@@ -2635,7 +2635,10 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
                 (buf = fl_alloc(F, N * mt * N * ms, sizeof *buf)) == NULL)
                 return F->ctx->status;
             int zero, st;
-            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, 1);
+            /* two gathers of one block read entries (a, i), (a, j): the lower triangle holds
+             * them as (a, max), (a, min), so a lower-stored block need not be mirrored */
+            int lower_ok = t->blk == s->blk && !t->dense && !s->dense;
+            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, !lower_ok);
             if (st || F->dry || zero) {
                 free(buf);
                 if (st)
@@ -2658,8 +2661,14 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
                                 acc += wq * Prow[r] * Ws[(a * m + p) * ms + r];
                         }
                     } else if (t->idx[p] >= 0 && s->idx[p] >= 0) {
+                        size_t i1 = (size_t)t->idx[p], i2 = (size_t)s->idx[p];
+                        if (lower_ok && i2 > i1) { /* same block: ms = mt */
+                            size_t tmpi = i1;
+                            i1 = i2;
+                            i2 = tmpi;
+                        }
                         acc = (t->w ? t->w[a * m + p] : 1) * (s->w ? s->w[a * m + p] : 1) *
-                              P[(a * mt + (size_t)t->idx[p]) * ldp + a * ms + (size_t)s->idx[p]];
+                              P[(a * mt + i1) * ldp + a * ms + i2];
                     }
                     out[a * m + p] += acc;
                 }
