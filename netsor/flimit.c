@@ -39,6 +39,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAXV (NSR_MAX_INDICES + 12) /* domain indices plus nested binders */
 #define MAXANC 48                   /* roots remembered per block */
@@ -149,6 +150,8 @@ static int fl_err(fl *F, int st, const nsr_expr *e, const char *fmt, ...)
 }
 #define UNSUP(F, e, ...) fl_err((F), TPK_EUNSUPPORTED, (e), __VA_ARGS__)
 
+static int too_big(fl *F, size_t bytes);
+
 static void *fl_alloc(fl *F, size_t n, size_t size)
 {
     if (n == 0)
@@ -157,6 +160,8 @@ static void *fl_alloc(fl *F, size_t n, size_t size)
         TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory (%zu × %zu bytes)", n, size);
         return NULL;
     }
+    if (n * size >= ((size_t)1 << 30) && too_big(F, n * size))
+        return NULL;
     void *q = calloc(n, size);
     if (q == NULL)
         TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory (%.3g GB)", (double)n * size / 1e9);
@@ -165,11 +170,31 @@ static void *fl_alloc(fl *F, size_t n, size_t size)
 
 #define POOL_MIN ((size_t)4 << 20)
 
+/* A block may not take more than this share of the machine's memory: beyond, a clear error
+ * instead of the kernel's OOM killer once the pages are touched. */
+#define BLOCK_MEM_SHARE 0.6
+
+static int too_big(fl *F, size_t bytes)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psize <= 0)
+        return 0;
+    double phys = (double)pages * (double)psize;
+    if ((double)bytes <= BLOCK_MEM_SHARE * phys)
+        return 0;
+    fl_err(F, TPK_ENOMEM, NULL, "one covariance block over (input × member) needs %.3g GB and "
+           "this machine has %.3g GB: fewer inputs or members (the rolled evaluator keeps whole "
+           "blocks, docs/netsor.md)", (double)bytes / 1e9, phys / 1e9);
+    return 1;
+}
+
 /* A zeroed (zero = 1) or uninitialised n × size buffer, from the pool when one of that size
  * is there. */
 static void *fl_big(fl *F, size_t n, size_t size, int zero)
 {
     size_t bytes = n * size;
+    if (n != 0 && bytes / n == size && too_big(F, bytes))
+        return NULL;
     if (n != 0 && bytes / n == size && bytes >= POOL_MIN)
         for (int i = 0; i < 6; i++)
             if (F->pool[i].p != NULL && F->pool[i].bytes == bytes) {
