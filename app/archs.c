@@ -216,6 +216,17 @@ int tpk_arch_sets(const tpk_arch *a, const tpk_arch_flag *fl, int nfl, const tpk
                   tpk_ctx *ctx)
 {
     *n = 0;
+    /* A --set of a parameter that a flag also sets would make the flag's value, recorded in the
+     * output under the flag's name, contradict what ran (issue 18: --depth=2 --set L=5 ran 5
+     * layers and recorded depth=2): refuse it, naming both. */
+    for (int i = 0; i < nuser; i++)
+        for (int f = 0; f < nfl; f++)
+            if (user[i].name && fl[f].param && strcmp(user[i].name, fl[f].param) == 0)
+                return TPK_ERROR(ctx, TPK_EINVAL, "--set %s=%s conflicts with --%s=%s: both set "
+                                 "the parameter %s of --arch=%s; give only one of them",
+                                 user[i].name, user[i].value ? user[i].value : "",
+                                 fl[f].flag, fl[f].value ? fl[f].value : "", fl[f].param,
+                                 a->name);
     size_t half = len / 2;
     int bad = add_list(a->defaults, buf, half, out, cap, n);
     for (int f = 0; !bad && f < nfl; f++) {

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -308,6 +309,26 @@ done:
     return st;
 }
 
+/* Every float result passes here: a NaN or infinity is a failed computation, never a result
+ * (issue 18: runs wrote all-NaN kernels and NaN kurtoses with exit 0). The file is failed, so
+ * commit refuses it and the destination stays as it was. */
+static const char *nonfinite_name(double v)
+{
+    return isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf";
+}
+
+static int check_finite(tpk_h5out *out, const char *name, const tpk_array *a, tpk_ctx *ctx)
+{
+    char idx[128];
+    size_t n = tpk_array_size(a), i = tpk_array_first_nonfinite(a, idx, sizeof idx);
+    if (i == n)
+        return TPK_OK;
+    out->failed = 1;
+    return TPK_ERROR(ctx, TPK_EDOM, "%s: refusing to write a non-finite result: dataset '%s' "
+                     "entry [%s] is %s (the computation failed there; nothing was written)",
+                     out->path, name, idx, nonfinite_name(a->data[i]));
+}
+
 int tpk_h5out_write(tpk_h5out *out, const char *name, const tpk_array *a, tpk_ctx *ctx)
 {
     int st = check_out(out, name, ctx);
@@ -321,6 +342,8 @@ int tpk_h5out_write(tpk_h5out *out, const char *name, const tpk_array *a, tpk_ct
     hsize_t dims[TPK_ARRAY_MAXDIM];
     for (int i = 0; i < a->ndim; i++)
         dims[i] = (hsize_t)a->dims[i];
+    if ((st = check_finite(out, name, a, ctx)))
+        return st;
     return write_dataset(out, name, a->ndim, dims, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, a->data,
                          ctx);
 }
@@ -343,6 +366,12 @@ static int write_rank1(tpk_h5out *out, const char *name, const void *v, size_t n
 int tpk_h5out_write_vector(tpk_h5out *out, const char *name, const double *v, size_t n,
                            tpk_ctx *ctx)
 {
+    int st = check_out(out, name, ctx);
+    if (st != TPK_OK || v == NULL)
+        return st ? st : write_rank1(out, name, v, n, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, ctx);
+    tpk_array a = {1, {n, 0, 0, 0}, (double *)v};
+    if ((st = check_finite(out, name, &a, ctx)))
+        return st;
     return write_rank1(out, name, v, n, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, ctx);
 }
 
@@ -538,6 +567,13 @@ int tpk_h5out_attr_str(tpk_h5out *out, const char *obj, const char *key, const c
 int tpk_h5out_attr_double(tpk_h5out *out, const char *obj, const char *key, double val,
                           tpk_ctx *ctx)
 {
+    if (out != NULL && out->file >= 0 && !isfinite(val)) {
+        out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EDOM, "%s: refusing to write a non-finite result: attribute "
+                         "'%s' of '%s' is %s (the computation failed there; nothing was "
+                         "written)", out->path, key ? key : "", obj ? obj : "/",
+                         nonfinite_name(val));
+    }
     return write_attr(out, obj, key, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 0, NULL, &val, ctx);
 }
 
@@ -753,7 +789,7 @@ int tpk_h5out_attr_auto(tpk_h5out *out, const char *obj, const char *key, const 
     char *end;
     errno = 0;
     double v = strtod(value, &end);
-    if (end != value && *end == '\0' && errno == 0)
+    if (end != value && *end == '\0' && errno == 0 && isfinite(v)) /* text like "nan" stays text */
         return tpk_h5out_attr_double(out, obj, key, v, ctx);
     return tpk_h5out_attr_str(out, obj, key, value, ctx);
 }

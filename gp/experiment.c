@@ -7,6 +7,8 @@
 #include "tpk/idx.h"
 #include "tpk/io.h"
 
+#include <lapacke.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,18 @@
 #define QUAD_DEGREE_MIN 4
 #define QUAD_DEGREE_MAX 512
 #define DEPTH_MAX 1000
+/* A precomputed kernel must be a covariance. Its entries carry the error of whatever computed
+ * them (quadrature, QMC orthants: ~1e-8 relative for the shipped kernels); by Gershgorin an
+ * entrywise error ε·mean-diagonal moves the spectrum by at most N·ε·mean-diagonal, so an
+ * eigenvalue below −N·PSD_REL_TOL·mean-diagonal is no rounding: the file is not PSD. Symmetry
+ * is required to the same relative tolerance. */
+#define PSD_REL_TOL 1e-7
+/* --noise=0 (interpolation): two items are the same point to the kernel when their squared
+ * feature distance K_ii + K_jj − 2K_ij is below DUP_REL_TOL of K_ii + K_jj (rounding of the
+ * kernel sums); their targets then must agree to TARGET_REL_TOL of the largest |target|
+ * (rounding of text files). */
+#define DUP_REL_TOL 1e-12
+#define TARGET_REL_TOL 1e-9
 
 typedef tpk_gp_experiment_opts opts;
 
@@ -375,6 +389,34 @@ static void print_result(const run_state *rs, int depth, const double *r, double
     fflush(f);
 }
 
+/* --noise=0 asks the GP to interpolate: two items the kernel cannot tell apart must then have
+ * the same targets, else no interpolant exists and the jittered fit reports an absurd LML
+ * (issue 18: duplicate rows gave lml = -6.4e8). O(N²), only for noise 0. */
+static int check_interpolable(const run_state *rs, const tpk_array *K, tpk_ctx *ctx)
+{
+    const size_t n = rs->n, c = rs->c;
+    const double *k = K->data, *y = rs->Y->data;
+    double ymax = 0;
+    for (size_t i = 0; i < n * c; i++)
+        ymax = fmax(ymax, fabs(y[i]));
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++) {
+            double kii = k[i * n + i], kjj = k[j * n + j], d2 = kii + kjj - 2 * k[i * n + j];
+            if (!(d2 <= DUP_REL_TOL * (kii + kjj)))
+                continue;
+            for (size_t q = 0; q < c; q++)
+                if (fabs(y[i * c + q] - y[j * c + q]) > TARGET_REL_TOL * ymax)
+                    return TPK_ERROR(ctx, TPK_EDOM, "%s: training items %zu and %zu are the "
+                                     "same point to the kernel (K[%zu][%zu] + K[%zu][%zu] - "
+                                     "2 K[%zu][%zu] = %.3g) but their targets differ (%.6g vs "
+                                     "%.6g, output %zu): --noise=0 asks to interpolate both; "
+                                     "give --noise > 0 or --noise=auto",
+                                     rs->o->kernel_file ? rs->o->kernel_file : rs->o->train, j, i, j,
+                                     j, i, i, i, j, d2, y[j * c + q], y[i * c + q], q);
+        }
+    return TPK_OK;
+}
+
 /* K is consumed (overwritten by its factor) when Kmut != NULL; else it is copied to rs->work.
  * noise < 0: choose it. */
 static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *K,
@@ -390,6 +432,8 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
     double ratio = noise, scale = 1.0;
     int st = TPK_OK;
     if (noise < 0 && (st = choose_noise(rs, K, &ratio, &scale, &r[R_LMLSEL], ctx)))
+        return st;
+    if (noise == 0 && (st = check_interpolable(rs, K, ctx)))
         return st;
     tpk_gp_options go;
     tpk_gp_options_default(&go);
@@ -425,6 +469,11 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
     if (!gp)
         return ctx->status;
     const tpk_gp_info *in = tpk_gp_get_info(gp);
+    if (noise == 0 && in->jitter > 0 && o->warnings)
+        fprintf(o->warnings, "%s: warning: --noise=0 but the kernel is numerically singular: "
+                "jitter %.3g (%.3g x mean diagonal) added to its diagonal, so the fit, LML and "
+                "predictions are those of noise = %.3g\n", o->name, in->jitter * scale,
+                in->jitter / mean_diag(K), in->jitter * scale);
     r[R_NOISE] = ratio * scale;
     r[R_SCALE] = scale;
     r[R_JITTER] = in->jitter * scale;
@@ -583,8 +632,16 @@ static int write_summary(run_state *rs, tpk_ctx *ctx)
     for (int f = 0; f < R_NFIELDS && !st; f++) {
         if (f == R_DEPTH && !rs->multi)
             continue;
-        for (int i = 0; i < rs->nres; i++)
+        int any = 0;
+        for (int i = 0; i < rs->nres; i++) {
             col->data[i] = rs->res[(size_t)i * R_NFIELDS + f];
+            any |= !isnan(col->data[i]);
+        }
+        /* NaN marks a quantity this run does not compute (lml_select with a given noise, nll
+         * without test targets): no dataset then. A NaN among computed values is a failure,
+         * which the writer refuses. */
+        if (!any)
+            continue;
         char path[64];
         snprintf(path, sizeof path, "/%s", res_names[f]);
         st = tpk_h5out_write(rs->out, path, col, ctx);
@@ -640,6 +697,63 @@ static void exp_free(exp_state *e)
     tpk_phi_registry_free(e->reg);
 }
 
+/* Symmetric and positive semidefinite within PSD_REL_TOL, or an error naming the entry or the
+ * smallest eigenvalue (issue 18: an indefinite /kernel was taken without a word, the automatic
+ * noise hiding the negative eigenvalues). One Cholesky factorisation of K + N·tol·md·I decides;
+ * the eigenvalue is computed only for the message. */
+static int check_psd(const char *file, const tpk_array *K, tpk_ctx *ctx)
+{
+    const size_t n = K->dims[0];
+    const double *k = K->data;
+    double md = mean_diag(K);
+    for (size_t i = 0; i < n; i++)
+        if (!(k[i * n + i] >= 0))
+            return TPK_ERROR(ctx, TPK_EDOM, "%s: /kernel is not a covariance: diagonal entry "
+                             "[%zu, %zu] = %g is negative", file, i, i, k[i * n + i]);
+    if (!(md > 0))
+        return TPK_ERROR(ctx, TPK_EDOM, "%s: /kernel is zero on its diagonal: no covariance "
+                         "to regress with", file);
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++)
+            if (fabs(k[i * n + j] - k[j * n + i]) > PSD_REL_TOL * md)
+                return TPK_ERROR(ctx, TPK_EDOM, "%s: /kernel is not symmetric: entry [%zu, %zu] "
+                                 "= %.17g but [%zu, %zu] = %.17g", file, i, j, k[i * n + j], j,
+                                 i, k[j * n + i]);
+    if (n > (size_t)INT_MAX)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: kernel of size %zu exceeds LAPACK's int indexing",
+                         file, n);
+    double *a = malloc(n * n * sizeof *a);
+    if (!a)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory (PSD check of /kernel)", file);
+    const double shift = (double)n * PSD_REL_TOL * md;
+    memcpy(a, k, n * n * sizeof *a);
+    for (size_t i = 0; i < n; i++)
+        a[i * n + i] += shift;
+    lapack_int info = LAPACKE_dpotrf_work(LAPACK_ROW_MAJOR, 'L', (lapack_int)n, a, (lapack_int)n);
+    int st = TPK_OK;
+    if (info > 0) {
+        memcpy(a, k, n * n * sizeof *a);
+        double w[1] = {NAN};
+        lapack_int m = 0, isuppz[2];
+        lapack_int einfo = LAPACKE_dsyevr(LAPACK_ROW_MAJOR, 'N', 'I', 'L', (lapack_int)n, a,
+                                          (lapack_int)n, 0, 0, 1, 1, 0, &m, w, NULL, 1, isuppz);
+        if (einfo == 0 && m == 1)
+            st = TPK_ERROR(ctx, TPK_EDOM, "%s: /kernel is not positive semidefinite: its "
+                           "smallest eigenvalue is %.4g (%.3g x the mean diagonal %.4g; "
+                           "tolerance %.3g): not a covariance, so no GP has it", file, w[0],
+                           w[0] / md, md, -shift);
+        else
+            st = TPK_ERROR(ctx, TPK_EDOM, "%s: /kernel is not positive semidefinite: Cholesky "
+                           "of /kernel + %.3g I fails at column %d: not a covariance", file,
+                           shift, (int)info);
+    } else if (info < 0) {
+        st = TPK_ERROR(ctx, TPK_EINVAL, "dpotrf rejected argument %d (internal error)",
+                       (int)-info);
+    }
+    free(a);
+    return st;
+}
+
 /* The precomputed kernels of kernel_file: /kernel, and if present the test blocks. */
 static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
 {
@@ -673,7 +787,7 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
                          tpk_array_size(e->kd), e->K->dims[0], e->K->dims[0]);
     e->rs.n = e->K->dims[0];
     e->rs.m = e->Kxt ? e->Kxt->dims[0] : 0;
-    return TPK_OK;
+    return check_psd(o->kernel_file, e->K, ctx);
 }
 
 static int read_inputs(exp_state *e, const opts *o, tpk_ctx *ctx)
@@ -695,7 +809,10 @@ static int read_inputs(exp_state *e, const opts *o, tpk_ctx *ctx)
 static int read_targets(exp_state *e, const opts *o, tpk_ctx *ctx)
 {
     run_state *rs = &e->rs;
-    if (!(e->L = read_any(o->labels, rs->n, &e->li, ctx)))
+    /* Cut the targets to the items only with --n-train / --n-test (the first items of longer
+     * files, e.g. IDX sets); otherwise a count that differs from the items' is an error either
+     * way (issue 18: more test labels than test items were silently cut). */
+    if (!(e->L = read_any(o->labels, o->n_train ? rs->n : 0, &e->li, ctx)))
         return ctx->status;
     if (e->L->dims[0] != rs->n)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu rows but there are %zu training items",
@@ -703,7 +820,7 @@ static int read_targets(exp_state *e, const opts *o, tpk_ctx *ctx)
     if (o->test_labels) {
         if (!rs->m)
             return TPK_ERROR(ctx, TPK_EINVAL, "--test-labels given but no test kernel or inputs");
-        if (!(e->Lt = read_any(o->test_labels, rs->m, &e->lti, ctx)))
+        if (!(e->Lt = read_any(o->test_labels, o->n_test ? rs->m : 0, &e->lti, ctx)))
             return ctx->status;
         if (e->Lt->dims[0] != rs->m)
             return TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu rows but there are %zu test items",

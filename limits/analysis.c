@@ -297,6 +297,15 @@ static int write_stability(const tpk_study_analysis *a, tpk_h5out *h, tpk_ctx *c
     return ctx->status;
 }
 
+/* A ratio or width that is infinite by definition (c1 <= 0: the two-term fit never reaches the
+ * ratio) as the text "inf", since the writer refuses non-finite numbers as failed results. */
+static int attr_maybe_inf(tpk_h5out *h, const char *obj, const char *key, double v, tpk_ctx *ctx)
+{
+    if (isinf(v))
+        return tpk_h5out_attr_str(h, obj, key, v > 0 ? "inf" : "-inf", ctx);
+    return tpk_h5out_attr_double(h, obj, key, v, ctx);
+}
+
 /* How the window was chosen (tpk_limits_fit_window): attributes of /fits/rms. */
 static int write_window(const tpk_study_analysis *a, tpk_h5out *h, tpk_ctx *ctx)
 {
@@ -311,8 +320,8 @@ static int write_window(const tpk_study_analysis *a, tpk_h5out *h, tpk_ctx *ctx)
         tpk_h5out_attr_double(h, "/fits/rms", "window_ratio", a->stats.fit_ratio, ctx);
         tpk_h5out_attr_double(h, "/fits/rms", "window_c1_all_widths", wn->c1, ctx);
         tpk_h5out_attr_double(h, "/fits/rms", "window_c2_all_widths", wn->c2, ctx);
-        tpk_h5out_attr_double(h, "/fits/rms", "window_ratio_at_first", wn->ratio_at_first, ctx);
-        tpk_h5out_attr_double(h, "/fits/rms", "window_n_needed", wn->n_needed, ctx);
+        attr_maybe_inf(h, "/fits/rms", "window_ratio_at_first", wn->ratio_at_first, ctx);
+        attr_maybe_inf(h, "/fits/rms", "window_n_needed", wn->n_needed, ctx);
         tpk_h5out_attr_int(h, "/fits/rms", "window_capped", wn->capped, ctx);
         tpk_h5out_attr_int(h, "/fits/rms", "window_c2_resolved", wn->resolved, ctx);
     }

@@ -173,6 +173,15 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     for (size_t r = 0; r < R; r++)
         cl[r] = C[r * s * s];
     double g = mean[0], e_lg, w_lg, kl, kl_se;
+    /* Kurtosis divides by the variance of y_1: zero tokens (Sigma^x = 0 on what y_1 sees) give
+     * y_1 = 0 in every network, whose law has no kurtosis (issue 18: NaN was written). */
+    if (!(g > 0)) {
+        st = TPK_ERROR(ctx, TPK_EDOM, "%s: the first output y_1 is identically 0 (limit variance "
+                       "E[C_11] = %g): the tokens it attends to embed to zero (token kernel "
+                       "Sigma^x[0][0] = %g), so its kurtosis and distances are undefined; give "
+                       "nonzero tokens", o.input ? o.input : "--tokens", g, Sx[0]);
+        goto done;
+    }
     if ((st = tpk_attn_energy_mixtures(cl, R, &g, 1, &e_lg, ctx)) ||
         (st = tpk_limits_w1_mixtures(cl, NULL, R, &g, NULL, 1, &w_lg, ctx)))
         goto done;

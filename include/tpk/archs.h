@@ -73,7 +73,9 @@ typedef struct tpk_arch_flag {
 /* The flag → --set translation: parameter settings in the order the front end applies them (later
  * wins): the architecture's defaults, the flags, its fixed settings, then the user's --set. The
  * settings point into `buf` (which holds split copies of the defaults and fixed lists), into the
- * flags and into `user`: keep all three alive while `out` is used. out has room for `cap`. */
+ * flags and into `user`: keep all three alive while `out` is used. out has room for `cap`.
+ * TPK_EINVAL when a user setting names the parameter of one of the flags (--depth=2 --set L=5):
+ * the two contradict each other and the output would record the flag's value. */
 TPK_API int tpk_arch_sets(const tpk_arch *a, const tpk_arch_flag *fl, int nfl,
                           const tpk_param_set *user, int nuser, tpk_param_set *out, int cap,
                           int *n, char *buf, size_t len, tpk_ctx *ctx);

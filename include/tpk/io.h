@@ -53,7 +53,9 @@ TPK_API int tpk_io_check_output(const char *output, const char *const *inputs, s
 typedef struct tpk_h5out tpk_h5out;
 TPK_API tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx);
 /* Write a float64 dataset (any rank) at an absolute path like "/kernel" or "/group/x"
- * (groups are created as needed). */
+ * (groups are created as needed). A NaN or infinite entry is TPK_EDOM naming the dataset and the
+ * entry, and fails the file (commit refuses it): a non-finite number is a failed computation,
+ * never a result. The same holds for tpk_h5out_write_vector and tpk_h5out_attr_double. */
 TPK_API int tpk_h5out_write(tpk_h5out *out, const char *name, const tpk_array *a, tpk_ctx *ctx);
 /* A vector of n doubles as a rank-1 dataset (tpk_h5out_write without building an array). */
 TPK_API int tpk_h5out_write_vector(tpk_h5out *out, const char *name, const double *v, size_t n,
@@ -76,7 +78,7 @@ TPK_API int tpk_h5out_attr_double(tpk_h5out *out, const char *obj, const char *k
                                   tpk_ctx *ctx);
 TPK_API int tpk_h5out_attr_int(tpk_h5out *out, const char *obj, const char *key, long long val,
                                tpk_ctx *ctx);
-/* An attribute from text: a double when `value` parses as one, else a string. */
+/* An attribute from text: a double when `value` parses as a finite one, else a string. */
 TPK_API int tpk_h5out_attr_auto(tpk_h5out *out, const char *obj, const char *key, const char *value,
                                 tpk_ctx *ctx);
 /* Root attributes every output carries: toolkit_version, command_line (argv joined, shell-quoted),

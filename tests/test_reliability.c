@@ -1,0 +1,342 @@
+/* No run ends silently wrong (issue 18): the writer refuses NaN and infinities naming the dataset
+ * and entry, and so every program leaves no file after a non-finite result (netsor run of a
+ * division by 0); gpregress refuses label files longer than the items, an indefinite or
+ * asymmetric precomputed kernel (smallest eigenvalue in the message), --noise=0 on duplicates
+ * whose targets differ (and warns of the jitter when they agree); gpattention refuses tokens
+ * that make its output identically 0; a --set that contradicts an architecture flag is an error
+ * naming both, so no file records a parameter other than the one that ran. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <hdf5.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/testutil.h"
+#include "tpk/io.h"
+
+enum { N = 7, M = 4 };
+
+static int setup(void **state)
+{
+    return tu_setup_tagged(state, "reliab");
+}
+
+static void put(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* rows×cols values as CSV. */
+static void put_csv(const char *path, const double *v, size_t rows, size_t cols)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++)
+            fprintf(f, "%.17g%c", v[i * cols + j], j + 1 < cols ? ',' : '\n');
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Run a tool that must fail (exit 1) with `want` (and `want2`, if given) on stderr and leave no
+ * file at `out`. */
+static void expect_fail(const tu_env *e, const char *tool, const char *args, const char *want,
+                        const char *want2, const char *out)
+{
+    int rc = tu_run_tool(e, tool, args);
+    char err[4096];
+    tu_stderr(e, err, sizeof err);
+    if (rc != 1 || !strstr(err, want) || (want2 && !strstr(err, want2)))
+        fail_msg("%s %s: exit %d, stderr '%s' (wanted '%s'%s%s)", tool, args, rc, err, want,
+                 want2 ? " and " : "", want2 ? want2 : "");
+    if (out && tu_exists(out))
+        fail_msg("%s %s: left %s behind", tool, args, out);
+}
+
+/* The writer itself: a NaN in a dataset, an infinity in a vector or an attribute fails the file
+ * with the dataset and entry named, commit refuses it and the destination keeps its old file. */
+static void test_writer_refuses_nonfinite(void **state)
+{
+    const tu_env *e = *state;
+    char p[512];
+    tu_path(e, p, sizeof p, "w.h5");
+    double good[6] = {2.385, -1.25, 0.5, 3.75, 1.125, 0.0625}, bad[6];
+    memcpy(bad, good, sizeof bad);
+    bad[5] = NAN; /* entry [1, 2] of a 2×3 array */
+    tpk_array ag = {2, {2, 3, 0, 0}, good}, ab = {2, {2, 3, 0, 0}, bad};
+    tpk_ctx ctx;
+
+    /* a good file first: it must survive the failed writes below */
+    tpk_ctx_init(&ctx);
+    tpk_h5out *h = tpk_h5out_open(p, &ctx);
+    assert_non_null(h);
+    assert_int_equal(tpk_h5out_write(h, "/good", &ag, &ctx), TPK_OK);
+    assert_int_equal(tpk_h5out_commit(h, &ctx), TPK_OK);
+
+    tpk_ctx_init(&ctx);
+    h = tpk_h5out_open(p, &ctx);
+    assert_non_null(h);
+    assert_int_equal(tpk_h5out_write(h, "/good", &ag, &ctx), TPK_OK);
+    assert_int_equal(tpk_h5out_write(h, "/kernel", &ab, &ctx), TPK_EDOM);
+    if (!strstr(ctx.msg, "'/kernel'") || !strstr(ctx.msg, "[1, 2]") || !strstr(ctx.msg, "NaN"))
+        fail_msg("message '%s' does not name the dataset, entry and value", ctx.msg);
+    assert_int_not_equal(tpk_h5out_commit(h, &ctx), TPK_OK);
+    size_t cnt;
+    double *back = tu_h5_read(p, "/good", &cnt); /* the old file, untouched */
+    assert_int_equal(cnt, 6);
+    assert_memory_equal(back, good, sizeof good);
+    free(back);
+
+    double v[3] = {1.5, INFINITY, 0.25};
+    tpk_ctx_init(&ctx);
+    h = tpk_h5out_open(p, &ctx);
+    assert_non_null(h);
+    assert_int_equal(tpk_h5out_write_vector(h, "/v", v, 3, &ctx), TPK_EDOM);
+    if (!strstr(ctx.msg, "'/v'") || !strstr(ctx.msg, "[1]") || !strstr(ctx.msg, "+inf"))
+        fail_msg("message '%s'", ctx.msg);
+    tpk_h5out_abort(h);
+
+    tpk_ctx_init(&ctx);
+    h = tpk_h5out_open(p, &ctx);
+    assert_non_null(h);
+    assert_int_equal(tpk_h5out_attr_double(h, "/", "error_estimate", -INFINITY, &ctx), TPK_EDOM);
+    if (!strstr(ctx.msg, "'error_estimate'") || !strstr(ctx.msg, "-inf"))
+        fail_msg("message '%s'", ctx.msg);
+    /* text attributes stay text, whatever they spell */
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_h5out_attr_auto(h, "/", "alpha", "nan", &ctx), TPK_OK);
+    assert_int_not_equal(tpk_h5out_commit(h, &ctx), TPK_OK); /* the failed attribute */
+}
+
+/* netsor run of a program dividing by 0: all-NaN outputs, refused, no file (it wrote one with
+ * exit 0 before). */
+static void test_netsor_run_nonfinite(void **state)
+{
+    const tu_env *e = *state;
+    char prog[512], in[512], out[512], args[2048];
+    tu_path(e, prog, sizeof prog, "div0.nsr");
+    tu_path(e, in, sizeof in, "x.csv");
+    tu_path(e, out, sizeof out, "r.h5");
+    put(prog, "param phi = relu\nwidth n\ninput x : d\nA U : (n, d) ~ 1.0\ng = U x\n"
+              "h = phi(g) / 0\noutput y = readout(h, 1.0, 0.0)\n");
+    put(in, "0.25,1.5\n-0.75,2.125\n1.375,-0.5\n");
+    snprintf(args, sizeof args, "run '%s' --input='%s' --width=16 --seed=3 --output='%s'", prog, in,
+             out);
+    expect_fail(e, "netsor", args, "non-finite", "entry [0, 0]", out);
+    snprintf(args, sizeof args, "kernel '%s' --input='%s' --output='%s'", prog, in, out);
+    int rc = tu_run_tool(e, "netsor", args);
+    assert_int_not_equal(rc, 0);
+    assert_false(tu_exists(out));
+}
+
+/* Training inputs, targets and test inputs of a small smooth problem. */
+static void make_problem(const tu_env *e)
+{
+    double X[N * 3], Y[N], Xt[M * 3], Yt[M + 2];
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < 3; j++)
+            X[i * 3 + j] = sin(0.731 * i + 1.37 * j);
+        Y[i] = cos(0.913 * i);
+    }
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < 3; j++)
+            Xt[i * 3 + j] = cos(0.57 * i + 0.29 * j);
+    for (int i = 0; i < M + 2; i++)
+        Yt[i] = sin(1.13 * i);
+    char p[512];
+    put_csv(tu_path(e, p, sizeof p, "x.csv"), X, N, 3);
+    put_csv(tu_path(e, p, sizeof p, "y.csv"), Y, N, 1);
+    put_csv(tu_path(e, p, sizeof p, "xt.csv"), Xt, M, 3);
+    put_csv(tu_path(e, p, sizeof p, "yt.csv"), Yt, M, 1);
+    put_csv(tu_path(e, p, sizeof p, "yt_long.csv"), Yt, M + 2, 1);
+}
+
+static void test_gpregress_label_count(void **state)
+{
+    const tu_env *e = *state;
+    make_problem(e);
+    char args[4096], d[256];
+    snprintf(d, sizeof d, "%s", e->tmpdir);
+    char out[512];
+    tu_path(e, out, sizeof out, "o.h5");
+    snprintf(args, sizeof args, "--arch=rbf --noise=0.0385 --train=%s/x.csv --labels=%s/y.csv "
+             "--test=%s/xt.csv --test-labels=%s/yt_long.csv --quiet --output='%s'", d, d, d, d,
+             out);
+    expect_fail(e, "gpregress", args, "yt_long.csv has 6 rows but there are 4 test items", NULL,
+                out);
+    /* --n-test asks for the first items: the labels are cut with them */
+    snprintf(args, sizeof args, "--arch=rbf --noise=0.0385 --train=%s/x.csv --labels=%s/y.csv "
+             "--test=%s/xt.csv --n-test=3 --test-labels=%s/yt_long.csv --quiet --output='%s'", d,
+             d, d, d, out);
+    assert_int_equal(tu_run_tool(e, "gpregress", args), 0);
+    assert_true(tu_exists(out));
+    remove(out);
+    snprintf(args, sizeof args, "--arch=rbf --noise=0.0385 --train=%s/x.csv --labels=%s/yt.csv "
+             "--quiet --output='%s'", d, d, out);
+    expect_fail(e, "gpregress", args, "yt.csv has 4 rows but there are 7 training items", NULL,
+                out);
+}
+
+/* K = J + (δ − 1) I has eigenvalues δ − 1 (N − 1 times) and δ − 1 + N. */
+static void test_gpregress_indefinite_kernel(void **state)
+{
+    const tu_env *e = *state;
+    make_problem(e);
+    double K[N * N];
+    const double delta = 0.385;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++)
+            K[i * N + j] = i == j ? delta : 1.0;
+    char kf[512], out[512], args[4096];
+    tu_path(e, kf, sizeof kf, "kind.h5");
+    tu_path(e, out, sizeof out, "o.h5");
+    tu_h5_write(kf, "/kernel", K, N, N);
+    /* with the automatic noise it was accepted, the noise covering the negative eigenvalues */
+    snprintf(args, sizeof args, "--kernel='%s' --labels=%s/y.csv --quiet --output='%s'", kf,
+             e->tmpdir, out);
+    expect_fail(e, "gpregress", args, "kind.h5: /kernel is not positive semidefinite",
+                "smallest eigenvalue is -0.615", out);
+    snprintf(args, sizeof args, "--kernel='%s' --labels=%s/y.csv --noise=0.01 --quiet "
+             "--output='%s'", kf, e->tmpdir, out);
+    expect_fail(e, "gpregress", args, "smallest eigenvalue is -0.615", NULL, out);
+    /* asymmetric */
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++)
+            K[i * N + j] = i == j ? 2.385 : 0.125 * exp(-fabs((double)(i - j)));
+    K[2 * N + 5] += 0.0625;
+    tu_path(e, kf, sizeof kf, "kasym.h5");
+    tu_h5_write(kf, "/kernel", K, N, N);
+    snprintf(args, sizeof args, "--kernel='%s' --labels=%s/y.csv --quiet --output='%s'", kf,
+             e->tmpdir, out);
+    expect_fail(e, "gpregress", args, "kasym.h5: /kernel is not symmetric", "[5, 2]", out);
+    /* the symmetric version passes */
+    K[2 * N + 5] -= 0.0625;
+    tu_path(e, kf, sizeof kf, "kgood.h5");
+    tu_h5_write(kf, "/kernel", K, N, N);
+    snprintf(args, sizeof args, "--kernel='%s' --labels=%s/y.csv --quiet --output='%s'", kf,
+             e->tmpdir, out);
+    assert_int_equal(tu_run_tool(e, "gpregress", args), 0);
+    remove(out);
+}
+
+static void test_gpregress_noise0_duplicates(void **state)
+{
+    const tu_env *e = *state;
+    double X[2 * N * 3], Y[2 * N], Ysame[2 * N];
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < 3; j++)
+            X[i * 3 + j] = X[(N + i) * 3 + j] = sin(0.731 * i + 1.37 * j);
+        Y[i] = Ysame[i] = Ysame[N + i] = cos(0.913 * i);
+        Y[N + i] = cos(0.913 * i) + 0.0385;
+    }
+    char p[512], out[512], args[4096];
+    put_csv(tu_path(e, p, sizeof p, "xd.csv"), X, 2 * N, 3);
+    put_csv(tu_path(e, p, sizeof p, "yd.csv"), Y, 2 * N, 1);
+    put_csv(tu_path(e, p, sizeof p, "ysame.csv"), Ysame, 2 * N, 1);
+    tu_path(e, out, sizeof out, "o.h5");
+    for (int mlp = 0; mlp < 2; mlp++) {
+        snprintf(args, sizeof args, "--arch=%s --noise=0 --train=%s/xd.csv --labels=%s/yd.csv "
+                 "--quiet --output='%s'", mlp ? "mlp" : "rbf", e->tmpdir, e->tmpdir, out);
+        expect_fail(e, "gpregress", args, "training items 0 and 7 are the same point",
+                    "their targets differ", out);
+    }
+    /* equal targets: interpolation exists; the jitter is reported, the file has no NaN */
+    snprintf(args, sizeof args, "--arch=rbf --noise=0 --train=%s/xd.csv --labels=%s/ysame.csv "
+             "--output='%s'", e->tmpdir, e->tmpdir, out);
+    assert_int_equal(tu_run_tool(e, "gpregress", args), 0);
+    char err[4096];
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "warning: --noise=0 but the kernel is numerically singular: jitter"))
+        fail_msg("no jitter warning: '%s'", err);
+    size_t cnt;
+    double *lml = tu_h5_read(out, "/lml", &cnt);
+    assert_int_equal(cnt, 1);
+    assert_true(isfinite(lml[0]));
+    free(lml);
+    remove(out);
+}
+
+static void test_gpattention_zero_tokens(void **state)
+{
+    const tu_env *e = *state;
+    double z[2 * 3 * 4] = {0};
+    size_t dims[3] = {2, 3, 4};
+    char in[512], out[512], args[2048];
+    tu_write_npy(tu_path(e, in, sizeof in, "zero.npy"), z, 3, dims);
+    tu_path(e, out, sizeof out, "a.h5");
+    snprintf(args, sizeof args, "--input='%s' --widths=4,8 --networks=16 --score-samples=16 "
+             "--heads-list=1,2 --quiet --output='%s'", in, out);
+    expect_fail(e, "gpattention", args, "zero.npy: the first output y_1 is identically 0",
+                "kurtosis", out);
+    /* nonzero tokens still run */
+    for (int i = 0; i < 2 * 3 * 4; i++)
+        z[i] = sin(0.731 * i + 0.25);
+    tu_write_npy(in, z, 3, dims);
+    assert_int_equal(tu_run_tool(e, "gpattention", args), 0);
+    remove(out);
+}
+
+/* A numeric root attribute, read with raw HDF5 (NaN when absent or not a number). */
+static double attr_double(const char *file, const char *name)
+{
+    double v = NAN;
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(f >= 0);
+    if (H5Aexists(f, name) > 0) {
+        hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+        hid_t t = H5Aget_type(a);
+        if (H5Tget_class(t) == H5T_FLOAT && H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0)
+            v = NAN;
+        H5Tclose(t);
+        H5Aclose(a);
+    }
+    H5Fclose(f);
+    return v;
+}
+
+/* A --set naming a flag's parameter: gpkernel computed 5 layers and recorded depth=2. */
+static void test_conflicting_flags(void **state)
+{
+    const tu_env *e = *state;
+    char out[512], args[2048];
+    tu_path(e, out, sizeof out, "k.h5");
+    snprintf(args, sizeof args, "--arch=mlp --depth=2 --set L=5 --quiet --output='%s'", out);
+    expect_fail(e, "gpkernel", args, "--set L=5 conflicts with --depth=2", "parameter L", out);
+    snprintf(args, sizeof args, "--arch=rnn --sigma-w2=2 --set sigma_w2=3 --quiet --output='%s'",
+             out);
+    expect_fail(e, "gpkernel", args, "--set sigma_w2=3 conflicts with --sigma-w2=2", NULL, out);
+    snprintf(args, sizeof args, "--arch=transformer --ln-eps=1e-5 --set eps=0.001 --quiet "
+             "--output='%s'", out);
+    expect_fail(e, "gpkernel", args, "--set eps=0.001 conflicts with --ln-eps=1e-5", NULL, out);
+    snprintf(args, sizeof args, "--arch=mlp --depth=2 --set L=5 --widths=8,16 --seeds=4 --quiet "
+             "--output='%s'", out);
+    expect_fail(e, "gplimits", args, "--set L=5 conflicts with --depth=2", NULL, out);
+    /* either alone is fine; the file records the depth that ran */
+    snprintf(args, sizeof args, "--arch=mlp --set L=5 --quiet --output='%s'", out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    assert_true(attr_double(out, "depth") == 5.0);
+    assert_true(attr_double(out, "L") == 5.0);
+    remove(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_writer_refuses_nonfinite),
+        cmocka_unit_test(test_netsor_run_nonfinite),
+        cmocka_unit_test(test_gpregress_label_count),
+        cmocka_unit_test(test_gpregress_indefinite_kernel),
+        cmocka_unit_test(test_gpregress_noise0_duplicates),
+        cmocka_unit_test(test_gpattention_zero_tokens),
+        cmocka_unit_test(test_conflicting_flags),
+    };
+    return cmocka_run_group_tests(tests, setup, tu_teardown);
+}
