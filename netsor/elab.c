@@ -1399,6 +1399,18 @@ static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
         double ca = 0, cb = 0;
         if (st == TPK_OK) {
             int ka = rb_is_const(&a, &ca), kb = rb_is_const(&b, &cb);
+            if (op == TPK_RPN_DIV && kb && cb == 0) {
+                rb_free(&a);
+                rb_free(&b);
+                return nsr_error(E->S, TPK_ETYPE, e->b->line, e->b->col,
+                                 "division by the constant 0");
+            }
+            if (ka && kb && !isfinite(fold(op, ca, cb))) {
+                rb_free(&a);
+                rb_free(&b);
+                return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                                 "the constant expression is not finite (%g)", fold(op, ca, cb));
+            }
             if (ka && kb) {
                 st = rb_push(out, TPK_RPN_CONST, -1, fold(op, ca, cb), NULL);
             } else if ((op == TPK_RPN_MUL && ((ka && ca == 0) || (kb && cb == 0))) ||

@@ -2914,7 +2914,9 @@ static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out)
                 b = t;
             }
         } else { /* / */
-            if (b.kind == V_LIN) {
+            if (b.kind == V_CONST && b.c == 0) {
+                st = fl_err(F, TPK_ETYPE, e->b, "division by the constant 0");
+            } else if (b.kind == V_LIN) {
                 st = UNSUP(F, e->b, "division by a vector");
             } else if ((st = v_scal(F, &b)) == TPK_OK) {
                 for (size_t i = 0; i < F->N * (size_t)b.m; i++)

@@ -116,8 +116,8 @@ static void test_writer_refuses_nonfinite(void **state)
     assert_int_not_equal(tpk_h5out_commit(h, &ctx), TPK_OK); /* the failed attribute */
 }
 
-/* netsor run of a program dividing by 0: all-NaN outputs, refused, no file (it wrote one with
- * exit 0 before). */
+/* A program dividing by 0: the constant 0 is a check error; a divisor that is 0 at run time gives
+ * all-NaN outputs, refused, no file (it wrote one with exit 0 before). */
 static void test_netsor_run_nonfinite(void **state)
 {
     const tu_env *e = *state;
@@ -125,8 +125,19 @@ static void test_netsor_run_nonfinite(void **state)
     tu_path(e, prog, sizeof prog, "div0.nsr");
     tu_path(e, in, sizeof in, "x.csv");
     tu_path(e, out, sizeof out, "r.h5");
+    /* division by the constant 0: the checker refuses it where it is written */
     put(prog, "param phi = relu\nwidth n\ninput x : d\nA U : (n, d) ~ 1.0\ng = U x\n"
               "h = phi(g) / 0\noutput y = readout(h, 1.0, 0.0)\n");
+    snprintf(args, sizeof args, "check '%s'", prog);
+    assert_int_not_equal(tu_run_tool(e, "netsor", args), 0);
+    char err[2048];
+    tu_stderr(e, err, sizeof err);
+    assert_non_null(strstr(err, "div0.nsr:6:14: division by the constant 0"));
+    /* a divisor that is 0 only when run (the difference of two equal Moments): the writers
+     * refuse the non-finite result */
+    put(prog, "use netsor+\nparam phi = relu\nwidth n\ninput x : d\nA U : (n, d) ~ 1.0\n"
+              "g = U x\nh = phi(g) / (mean(g * g) - mean(g * g))\n"
+              "output y = readout(h, 1.0, 0.0)\n");
     put(in, "0.25,1.5\n-0.75,2.125\n1.375,-0.5\n");
     snprintf(args, sizeof args, "run '%s' --input='%s' --width=16 --seed=3 --output='%s'", prog, in,
              out);
