@@ -197,7 +197,7 @@ tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C);
 #define NSR_MAX_FAMILY_INSTR 20000   /* beyond: keep the unrolled form only */
 #define NSR_UNROLL_ESTIMATE 2000000L /* also elaborate unrolled below this many member steps
                                       * (the unrolled limit: what unrolled before still does) */
-#define NSR_PLAN_BUDGET 8000000L     /* points the plan may visit at load; beyond, the first
+#define NSR_PLAN_BUDGET 3000000L     /* points the plan may visit at load; beyond, the first
                                       * evaluation plans (check stays O(text)) */
 
 typedef struct nsr_finstr {
