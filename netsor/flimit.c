@@ -1368,6 +1368,29 @@ static int materialize(fl *F, val *u, int fam, int *out)
 
 static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out);
 
+/* A number over the domain (index arithmetic, parameters, loop indices): a constant when it
+ * reads no domain index, else one value per point (the same for every input). */
+static int number_value(fl *F, const nsr_expr *e, const fdom *D, val *out)
+{
+    double c;
+    if (!reads_syms(e, D->sym, D->nv, 0)) {
+        if (num_expr(F, e, &c))
+            return F->ctx->status;
+        return v_const(out, D->m, c);
+    }
+    v_const(out, D->m, 0);
+    if (v_scal(F, out))
+        return F->ctx->status;
+    for (long p = 0; p < D->m; p++) {
+        bind_point(F, D, p);
+        if (num_expr(F, e, &c))
+            return F->ctx->status;
+        for (size_t a = 0; a < F->N; a++)
+            out->s[a * (size_t)D->m + (size_t)p] = c;
+    }
+    return TPK_OK;
+}
+
 /* The family instruction block holding member idx of family sym, or −1 (and *mem). */
 static int find_block(fl *F, int sym, const int *idx, long *mem)
 {
@@ -1393,23 +1416,7 @@ static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
     if (y->kind == NSR_SYM_PARAM || y->kind == NSR_SYM_LOOP) {
         if (e->nidx)
             return fl_err(F, TPK_ETYPE, e, "'%s' is a number, not a family", e->name);
-        int vary = y->kind == NSR_SYM_LOOP && reads_syms(e, D->sym, D->nv, 0);
-        if (!vary) {
-            double c;
-            if (num_expr(F, e, &c))
-                return F->ctx->status;
-            return v_const(out, D->m, c);
-        }
-        v_const(out, D->m, 0);
-        if (v_scal(F, out))
-            return F->ctx->status;
-        int k = 0;
-        while (D->sym[k] != e->sym)
-            k++;
-        for (size_t a = 0; a < F->N; a++)
-            for (long p = 0; p < D->m; p++)
-                out->s[a * (size_t)D->m + (size_t)p] = D->val[p * D->nv + k];
-        return TPK_OK;
+        return number_value(F, e, D, out);
     }
     if (y->kind == NSR_SYM_GFAM) {
         int k = -1, nonzero = 0;
@@ -2812,24 +2819,7 @@ static int eval_call(fl *F, const nsr_expr *e, const fdom *D, val *out)
 {
     if (e->sym < 0 && (strcmp(e->name, "mod") == 0 || strcmp(e->name, "wrap") == 0 ||
                        strcmp(e->name, "inside") == 0)) {
-        if (!reads_syms(e, D->sym, D->nv, 0)) {
-            double c;
-            if (num_expr(F, e, &c))
-                return F->ctx->status;
-            return v_const(out, D->m, c);
-        }
-        v_const(out, D->m, 0);
-        if (v_scal(F, out))
-            return F->ctx->status;
-        for (long p = 0; p < D->m; p++) {
-            double c;
-            bind_point(F, D, p);
-            if (num_expr(F, e, &c))
-                return F->ctx->status;
-            for (size_t a = 0; a < F->N; a++)
-                out->s[a * (size_t)D->m + (size_t)p] = c;
-        }
-        return TPK_OK;
+        return number_value(F, e, D, out);
     }
     if (strcmp(e->name, "mean") == 0 && e->sym < 0)
         return eval_mean(F, e, D, out);
