@@ -1134,6 +1134,20 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                     continue;
                 const fblock *bb = &F->b[t->blk];
                 int twice_b = sym && i != j;
+                int same = i == j && t->w == NULL && mu > 0 && t->idx[0] >= 0;
+                for (size_t p = 1; same && p < mu; p++)
+                    same = t->idx[p] == t->idx[0];
+                if (same && sym) { /* one member broadcast to every point: a constant */
+                    size_t i0 = (size_t)t->idx[0];
+                    double cst = alpha * (bb->s[i0] + (bb->mean ? bb->mean[i0] * bb->mean[i0] : 0));
+                    size_t n = N * mu;
+                    for (size_t r = 0; r < n; r++) {
+                        double *orow = out + r * ld;
+                        for (size_t q = 0; q <= r; q++)
+                            orow[q] += cst;
+                    }
+                    continue;
+                }
                 for (int pass = 0; pass < 1 + twice_b; pass++) {
                     const term *x = pass ? s : t, *y = pass ? t : s;
                     for (size_t a = 0; a < N; a++)
@@ -1345,6 +1359,11 @@ static int materialize(fl *F, val *u, int fam, int *out)
         }
         if (st == TPK_OK)
             st = lin_mean(F, u, mean, &nz);
+        if (st == TPK_OK && nz) { /* means that are exactly zero are no means (LN's g − m) */
+            nz = 0;
+            for (size_t i = 0; i < n && !nz; i++)
+                nz = mean[i] != 0;
+        }
         if (st) {
             free(M2), free(mean);
             return F->ctx->status;
@@ -1785,8 +1804,11 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
     if (u.kind != V_LIN) {
         int zero = u.kind == V_CONST && u.c == 0;
         val_free(&u);
-        if (zero || (coef && coef->kind == V_CONST && coef->c == 0))
+        if (zero || (coef && coef->kind == V_CONST && coef->c == 0)) {
+            if (T == NULL && M2 != NULL) /* eval_matmul's block is uninitialised */
+                memset(M2, 0, F->N * (size_t)D->m * F->N * (size_t)D->m * sizeof *M2);
             return TPK_OK;
+        }
         return UNSUP(F, src, "MatMul of a constant vector");
     }
     if ((coef && v_scale(F, &u, coef)) || v_merge(F, &u)) {
@@ -1840,6 +1862,8 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
             return st;
         }
     }
+    if (M2 != NULL) /* the generic sum accumulates: eval_matmul's block starts uninitialised */
+        memset(M2, 0, F->N * (size_t)D->m * F->N * (size_t)D->m * sizeof *M2);
     int st = lin_m2_acc(F, &u, var, F->N * (size_t)D->m, M2);
     val_free(&u);
     return st;
@@ -1877,7 +1901,7 @@ static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const fdo
     double *M2;
     int k = -1;
     F->site++;
-    if (new_atom(F, D->m, &M2, &k, 1))
+    if (new_atom(F, D->m, &M2, &k, 0)) /* matmul_acc writes or zeroes it */
         return F->ctx->status;
     F->b[k].line = am->line;
     if (matmul_acc(F, am, src, D, NULL, M2, NULL)) {
@@ -3238,8 +3262,6 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
         Kout = tpk_array_alloc2(dim, dim, F->ctx);
         if (Kout == NULL)
             st = F->ctx->status;
-        else /* write the pages before the first += reads them (see fl_big) */
-            memset(Kout->data, 0, dim * dim * sizeof *Kout->data);
     }
     size_t oi0 = 0;
     for (int i = 0; i < no && st == TPK_OK; i++) {
@@ -3265,6 +3287,8 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
             }
             if (no == 1) { /* one output family: K is its second-moment block itself */
                 double sc = a->var, beta = a->bias_var;
+                /* zeroed by writing, before the first += reads the pages (see fl_big) */
+                memset(Kout->data, 0, dim * dim * sizeof *Kout->data);
                 st = lin_m2(F, &a->v, &a->v, Kout->data, dim, 1, sc);
                 if (st == TPK_OK) {
                     mirror(Kout->data, dim);
