@@ -156,49 +156,12 @@ static int settings(const tpk_job *job, cnn_job *s, size_t *rows, size_t *cols, 
  * per block; a run holds about four): beyond it the direct recursion, one input pair at a time. */
 #define CNN_ROLLED_MAX_ENTRIES ((size_t)1 << 26)
 
-/* The program with one more output, the global average pool of the last layer: its default
+/* One more output, the global average pool of the last layer: the pooled program's default
  * (last-output) kernel is the GAP kernel (σ_v²/P²) Σ_{p,p'} K^L + σ_ob² of theory §2.8. */
-static tpk_program *load_pooled(const tpk_job *job, const tpk_netsor_opts *o, int twod,
-                                const tpk_phi_registry *reg, tpk_ctx *ctx)
-{
-    FILE *f = fopen(job->program, "rb");
-    if (f == NULL) {
-        TPK_ERROR(ctx, TPK_EIO, "%s: cannot open: %s", job->program, strerror(errno));
-        return NULL;
-    }
-    static const char pool2[] = "\noutput y_gap = readout(sum(r in 1..rows, s in 1..cols: "
-                                "h[L, r, s]) / (rows * cols), sigma_v2, sigma_ob2)\n";
-    static const char pool1[] = "\noutput y_gap = readout(sum(p in 1..T: h[L, p]) / T, sigma_v2, "
-                                "sigma_ob2)\n";
-    const char *pool = twod ? pool2 : pool1;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + strlen(pool) + 1);
-    while (buf != NULL && !feof(f) && !ferror(f)) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n == cap) {
-            char *b = realloc(buf, 2 * cap + strlen(pool) + 1);
-            if (b == NULL) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = b;
-            cap *= 2;
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (buf == NULL || bad) {
-        free(buf);
-        TPK_ERROR(ctx, bad ? TPK_EIO : TPK_ENOMEM, "%s: %s", job->program,
-                  bad ? "read error" : "out of memory");
-        return NULL;
-    }
-    memcpy(buf + n, pool, strlen(pool) + 1);
-    tpk_program *p = tpk_netsor_load_string(job->program, buf, o, reg, ctx);
-    free(buf);
-    return p;
-}
+static const char POOL_2D[] = "output y_gap = readout(sum(r in 1..rows, s in 1..cols: h[L, r, s]) "
+                              "/ (rows * cols), sigma_v2, sigma_ob2)\n";
+static const char POOL_1D[] = "output y_gap = readout(sum(p in 1..T: h[L, p]) / T, sigma_v2, "
+                              "sigma_ob2)\n";
 
 /* The kernel by the rolled NETSOR evaluator, whose convolution families lower to the same tap
  * sums as tpk_cnn_kernel (netsor/flimit.c): GAP through the pooled output, positions through
@@ -207,8 +170,9 @@ static int rolled_kernel(const tpk_job *job, const tpk_netsor_opts *o, cnn_job *
                          const tpk_array *X, int positions, tpk_array **K, double *err,
                          tpk_ctx *ctx)
 {
-    tpk_program *p = positions ? tpk_netsor_load_file(job->program, o, s->reg, ctx)
-                               : load_pooled(job, o, twod, s->reg, ctx);
+    tpk_netsor_opts po = *o;
+    po.append = positions ? NULL : twod ? POOL_2D : POOL_1D;
+    tpk_program *p = tpk_netsor_load_file(job->program, &po, s->reg, ctx);
     if (p == NULL)
         return ctx->status;
     size_t C = X->dims[X->ndim - 1], P = tpk_array_item_size(X) / C;

@@ -35,17 +35,10 @@ static tpk_program *program(const char *rel, const char *append, const tpk_param
 {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", getenv("TPK_ROOT") ? getenv("TPK_ROOT") : ".", rel);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    static char buf[1 << 16];
-    size_t len = fread(buf, 1, sizeof buf - 512, f);
-    fclose(f);
-    snprintf(buf + len, 512, "%s", append ? append : "");
-    tpk_netsor_opts o = {s, n, 1, 0, NULL};
+    tpk_netsor_opts o = {.sets = s, .nsets = n, .netsor_plus = 1, .append = append};
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    tpk_program *p = tpk_netsor_load_string(path, buf, &o, reg, &ctx);
+    tpk_program *p = tpk_netsor_load_file(path, &o, reg, &ctx);
     if (p == NULL)
         fprintf(stderr, "%s: %s\n", path, ctx.msg);
     return p;
@@ -151,7 +144,7 @@ static void bench_cnn(void)
     const size_t N = 8, R = 28, C = 28;
     tpk_param_set s[] = {{"rows", "28"}, {"cols", "28"}, {"L", "8"}};
     tpk_program *p = program("programs/cnn2d.nsr",
-                             "\noutput y_gap = readout(sum(r in 1..rows, s in 1..cols: h[L, r, s]) / "
+                             "output y_gap = readout(sum(r in 1..rows, s in 1..cols: h[L, r, s]) / "
                              "(rows * cols), sigma_v2, sigma_ob2)\n", s, 3);
     tpk_array *x = inputs(N, R * C, 1, 3), *K = NULL, *D = tpk_array_alloc2(N, N, NULL);
     tpk_phi *relu = tpk_phi_alloc(reg, "relu", NULL);

@@ -124,7 +124,7 @@ static tpk_program *load_program(const char *path, const tpk_study_opts *o, tpk_
                                  tpk_ctx *ctx)
 {
     char buf[2][32];
-    tpk_netsor_opts no = {sets, nsets, 1, 0, NULL};
+    tpk_netsor_opts no = {.sets = sets, .nsets = nsets, .netsor_plus = 1, .explain = 0};
     tpk_program *p = tpk_netsor_load_file(path, &no, reg, ctx);
     if (!p)
         return NULL;

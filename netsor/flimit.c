@@ -508,7 +508,6 @@ static int build_domain(fl *F, const nsr_stmt *const *loop, int n, fdom *D, trie
         D->sym[k] = loop[k]->fam;
     /* count level by level */
     long cnt = 1;
-    long *prev = NULL; /* values of the previous level's points, flattened */
     int *pv = NULL;    /* prefix values: cnt × k */
     pv = fl_alloc(F, 1, sizeof *pv);
     if (pv == NULL)
@@ -567,7 +566,6 @@ static int build_domain(fl *F, const nsr_stmt *const *loop, int n, fdom *D, trie
         }
         cnt = next;
     }
-    (void)prev;
     D->m = cnt;
     D->val = pv;
     if (tr)
@@ -2935,8 +2933,6 @@ static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out)
             } else if ((st = v_scal(F, &b)) == TPK_OK) {
                 for (size_t i = 0; i < F->N * (size_t)b.m; i++)
                     b.s[i] = 1.0 / b.s[i];
-                if (F->dry && a.kind == V_CONST)
-                    a.kind = V_SCAL, a.s = fl_alloc(F, 1, sizeof *a.s);
                 st = v_scale(F, &a, &b);
             }
         }

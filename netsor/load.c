@@ -198,6 +198,20 @@ tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
         return NULL;
     }
     buf[n] = '\0';
+    const char *app = opts ? opts->append : NULL;
+    if (app != NULL && memchr(buf, '\0', n) == NULL) {
+        size_t na = strlen(app);
+        char *b = realloc(buf, n + na + 2);
+        if (b == NULL) {
+            free(buf);
+            TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+            return NULL;
+        }
+        buf = b;
+        buf[n] = '\n';
+        memcpy(buf + n + 1, app, na + 1);
+        n += na + 1;
+    }
     if (memchr(buf, '\0', n) != NULL) {
         /* report the NUL byte at its position rather than silently truncating */
         int line = 1, col = 1;

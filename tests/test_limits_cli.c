@@ -110,7 +110,7 @@ static void test_toy_run_and_reproduce(void **state)
     tpk_phi_registry *reg = tpk_phi_registry_alloc(&ctx);
     tpk_param_set sets[] = {{"L", "2"}, {"phi", "relu"}, {"sigma_w2", "2"}, {"sigma_b2", "0"},
                             {"sigma_v2", "2"}};
-    tpk_netsor_opts no = {sets, 5, 1, 0, NULL};
+    tpk_netsor_opts no = {.sets = sets, .nsets = 5, .netsor_plus = 1, .explain = 0};
     char prog[1200];
     snprintf(prog, sizeof prog, "%s/programs/mlp.nsr", root);
     tpk_program *p = tpk_netsor_load_file(prog, &no, reg, &ctx);
@@ -325,7 +325,7 @@ static void test_all_outputs(void **state)
     snprintf(prog, sizeof prog, "%s/programs/rnn.nsr", root);
     snprintf(tbuf, sizeof tbuf, "%zu", T);
     tpk_param_set sets[] = {{"T", tbuf}};
-    tpk_netsor_opts no = {sets, 1, 1, 0, NULL};
+    tpk_netsor_opts no = {.sets = sets, .nsets = 1, .netsor_plus = 1, .explain = 0};
     tpk_program *p = tpk_netsor_load_file(prog, &no, reg, &ctx);
     assert_non_null(p);
     tpk_array *Kh = NULL;

@@ -434,7 +434,7 @@ static void test_layernorm_program(void **state)
     char path[1024];
     const char *root = getenv("TPK_ROOT");
     snprintf(path, sizeof path, "%s/programs/layernorm-mlp.nsr", root ? root : ".");
-    tpk_netsor_opts o = {NULL, 0, 1, 0, NULL};
+    tpk_netsor_opts o = {.sets = NULL, .nsets = 0, .netsor_plus = 1, .explain = 0};
     tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, NULL);
     assert_non_null(p);
     tpk_array *x = random_inputs(5, 1, 4, 109);

@@ -580,7 +580,7 @@ static tpk_program *load_program(const fixture *f, const char *rel, const tpk_pa
     char path[1024];
     const char *root = getenv("TPK_ROOT");
     snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
-    tpk_netsor_opts o = {sets, nsets, 1, 0, NULL};
+    tpk_netsor_opts o = {.sets = sets, .nsets = nsets, .netsor_plus = 1, .explain = 0};
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, &ctx);

@@ -48,7 +48,7 @@ static tpk_program *load(const tu_phis *f, const char *rel, const tpk_param_set 
     char path[1024];
     const char *root = getenv("TPK_ROOT");
     snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
-    tpk_netsor_opts o = {sets, n, 1, 0, NULL};
+    tpk_netsor_opts o = {.sets = sets, .nsets = n, .netsor_plus = 1, .explain = 0};
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, &ctx);
@@ -309,7 +309,7 @@ static void test_errors(void **state)
          "width n; cannot unify m with n"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        tpk_netsor_opts o = {NULL, 0, 0, 0, NULL};
+        tpk_netsor_opts o = {.sets = NULL, .nsets = 0, .netsor_plus = 0, .explain = 0};
         tpk_ctx ctx;
         tpk_ctx_init(&ctx);
         tpk_program *p = tpk_netsor_load_string("<rolled>", cases[c].src, &o, f->reg, &ctx);
@@ -337,7 +337,7 @@ static void test_operations(void **state)
         "F[p, q] relu(g[wrap(i + p + q - 2, 1, T)]))\n"
         "output y[i in 1..T] = readout(h[i], 1)\n"
         "output z[i in 1..T] = readout(r[i], 2, 0.5)\n";
-    tpk_netsor_opts o = {NULL, 0, 0, 0, NULL};
+    tpk_netsor_opts o = {.sets = NULL, .nsets = 0, .netsor_plus = 0, .explain = 0};
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     tpk_program *p = tpk_netsor_load_string("<ops>", src, &o, f->reg, &ctx);
@@ -360,7 +360,7 @@ static void test_zero_term(void **state)
     const tu_phis *f = *state;
     const char *src = "width n\ninput x : d\nA U : (n, d) ~ 1\ng = U x\nz[1] = erf_sigmoid(g)\n"
                       "mix = g + 0 * z[1]\noutput y = readout(mix, 1)\n";
-    tpk_netsor_opts o = {NULL, 0, 0, 0, NULL};
+    tpk_netsor_opts o = {.sets = NULL, .nsets = 0, .netsor_plus = 0, .explain = 0};
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     tpk_program *p = tpk_netsor_load_string("<zero>", src, &o, f->reg, &ctx);
@@ -372,6 +372,26 @@ static void test_zero_term(void **state)
     tpk_program_free(p);
 }
 
+/* opts.append: a statement read after the file's (the CNN jobs' pooled readout) */
+static void test_append(void **state)
+{
+    const tu_phis *f = *state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/programs/mlp.nsr", getenv("TPK_ROOT") ? getenv("TPK_ROOT") : ".");
+    tpk_netsor_opts o = {.append = "output z = readout(h[1], 2.0)"};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, &ctx);
+    assert_non_null(p);
+    assert_int_equal(p->noutputs, 2);
+    assert_string_equal(p->output[1].name, "z");
+    assert_true(p->output[1].var == 2.0);
+    tpk_program_free(p);
+    o.append = "output z = readout(nothing, 1)";
+    assert_null(tpk_netsor_load_file(path, &o, f->reg, &ctx));
+    assert_non_null(strstr(ctx.msg, "mlp.nsr:"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -381,6 +401,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_operations),
         cmocka_unit_test(test_zero_term),
+        cmocka_unit_test(test_append),
     };
     return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
 }

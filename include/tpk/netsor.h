@@ -141,6 +141,8 @@ typedef struct tpk_netsor_opts {
     int netsor_plus;   /* allow Moments (else a type error that says so) */
     int explain;       /* report inferred shape holes to `diag` */
     FILE *diag;        /* where `--explain` notes and warnings go (NULL: none) */
+    const char *append; /* tpk_netsor_load_file: source read after the file's, on new lines
+                         * (e.g. one more output statement); NULL: none */
 } tpk_netsor_opts;
 
 /* Parse, check and elaborate a program file or string. Errors: TPK_ESYNTAX / TPK_ETYPE with the
