@@ -2,7 +2,7 @@
 #   make fuzz             build build/fuzz_netsor and run it for FUZZ_SECONDS (default 30)
 FUZZ_SECONDS ?= 30
 FUZZ_SRC := tests/fuzz/fuzz_netsor.c netsor/load.c netsor/lex.c netsor/parse.c netsor/check.c netsor/elab.c \
-            netsor/roll.c netsor/flimit.c netsor/program.c kernels/phi.c kernels/gauss.c \
+            netsor/roll.c netsor/family.c netsor/flimit.c netsor/program.c kernels/phi.c kernels/gauss.c \
             kernels/gauss_quad.c core/error.c
 # the rolled evaluator's plan runs at load; its numerical callees (GEMM, maps, the tap
 # convolution) come uninstrumented from libtpk.a, which the plan never enters; libtpk's

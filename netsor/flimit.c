@@ -27,8 +27,8 @@
  * MatMuls (recurrent weights), products of two vectors outside mean(), batchnorm, correlated
  * cross terms — is reported as TPK_EUNSUPPORTED with the statement's position, and the caller
  * uses the unrolled form. */
-#include "netsor-impl.h"
 #include "backend-impl.h"
+#include "family-impl.h"
 
 #include "tpk/clock.h"
 #include "tpk/cnn.h"
@@ -41,18 +41,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAXV (NSR_MAX_INDICES + 12) /* domain indices plus nested binders */
+#define NSR_MAXV (NSR_MAX_INDICES + 12) /* domain indices plus nested binders */
 #define MAXANC 48                   /* roots remembered per block */
 
 enum { BK_GAUSS, BK_NONLIN, BK_BIAS, BK_SCAL, BK_MIX, BK_ZERO };
 enum { V_CONST, V_SCAL, V_LIN };
-
-typedef struct fdom {   /* evaluation domain: m points over nv index symbols */
-    long m;
-    int nv;
-    int sym[MAXV];
-    int *val;           /* m × nv */
-} fdom;
 
 typedef struct term {
     int blk;
@@ -71,21 +64,11 @@ typedef struct val {
     double *mu;         /* V_LIN: N × m constant part (NULL: 0) */
 } val;
 
-typedef struct trie {   /* member lookup: target index tuple → member */
-    int nlev;
-    int pos[NSR_MAX_INDICES];   /* target position of each rolled level */
-    int nfix;
-    int fpos[NSR_MAX_INDICES], fval[NSR_MAX_INDICES]; /* fixed target positions */
-    int *lo[NSR_MAX_INDICES], *hi[NSR_MAX_INDICES];
-    long *base[NSR_MAX_INDICES];
-    long nn[NSR_MAX_INDICES];
-} trie;
-
 typedef struct fblock {
     int kind, fam, fi;
     long m;
     int nidx;
-    trie tr;
+    nsr_trie tr;
     double *M2;         /* GAUSS, BIAS, NONLIN (cached): (N m)² second moments */
     double *mean;       /* N m first moments (NULL: 0); NONLIN: computed with M2 */
     double *s;          /* SCAL */
@@ -100,26 +83,19 @@ typedef struct fblock {
 } fblock;
 
 typedef struct fl {
+    nsr_fam X;          /* program, symbol values, current instruction, errors (family-impl.h) */
     const tpk_program *p;
-    const nsr_rolled *R;
-    const nsr_check *C;
     size_t N, T, d;
     const double *x;
     int dry;            /* plan: no numbers */
-    int cur;            /* instruction being evaluated */
     fblock *b;
     int nb, capb;
     const int *last;    /* from the plan: last use per block (real run) */
     int *amark;         /* A-var member → site that used it (−1) */
     long site;
-    double *num;        /* symbol values of the current instruction (domain and binders set) */
     double err;
     tpk_gauss_ws *ws;
-    tpk_ctx *ctx;
-    int unsup;          /* the failure is an unsupported form (fall back), not an error */
     tpk_program *fill;  /* plan of a rolled-only program: give it its outputs */
-    long work, work_budget; /* points visited by the plan, and its limit (0: none) */
-    int deferred;       /* the plan stopped at its budget */
     const int *plan;    /* real run: every block's last use from the plan (−1: the end) */
     int nplan;
     struct {
@@ -130,70 +106,14 @@ typedef struct fl {
 
 /* ---- errors and memory ---------------------------------------------------------------------- */
 
-static int fl_err(fl *F, int st, const nsr_expr *e, const char *fmt, ...) TPK_PRINTF(4, 5);
-static int fl_err(fl *F, int st, const nsr_expr *e, const char *fmt, ...)
-{
-    if (F->ctx->status)
-        return F->ctx->status;
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    /* the statement being evaluated (the last one while the outputs are read at the end) */
-    int k = F->cur < 0 ? 0 : F->cur >= F->R->nfi ? F->R->nfi - 1 : F->cur;
-    const nsr_stmt *s = F->R->nfi > 0 ? F->R->fi[k].stmt : NULL;
-    int line = e ? e->line : s ? s->line : 1, col = e ? e->col : s ? s->col : 1;
-    if (st == TPK_EUNSUPPORTED)
-        F->unsup = 1;
-    return TPK_ERROR(F->ctx, st, "%s:%d:%d: %s", F->R->file, line, col, msg);
-}
-#define UNSUP(F, e, ...) fl_err((F), TPK_EUNSUPPORTED, (e), __VA_ARGS__)
-
-static int too_big(fl *F, size_t bytes);
-
-static void *fl_alloc(fl *F, size_t n, size_t size)
-{
-    if (n == 0)
-        n = 1;
-    if (n > SIZE_MAX / size / 2) {
-        TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory (%zu × %zu bytes)", n, size);
-        return NULL;
-    }
-    if (n * size >= ((size_t)1 << 30) && too_big(F, n * size))
-        return NULL;
-    void *q = calloc(n, size);
-    if (q == NULL)
-        TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory (%.3g GB)", (double)n * size / 1e9);
-    return q;
-}
-
 #define POOL_MIN ((size_t)4 << 20)
-
-/* A block may not take more than this share of the machine's memory: beyond, a clear error
- * instead of the kernel's OOM killer once the pages are touched. */
-#define BLOCK_MEM_SHARE 0.6
-
-static int too_big(fl *F, size_t bytes)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || psize <= 0)
-        return 0;
-    double phys = (double)pages * (double)psize;
-    if ((double)bytes <= BLOCK_MEM_SHARE * phys)
-        return 0;
-    fl_err(F, TPK_ENOMEM, NULL, "one covariance block over (input × member) needs %.3g GB and "
-           "this machine has %.3g GB: fewer inputs or members (the rolled evaluator keeps whole "
-           "blocks, docs/netsor.md)", (double)bytes / 1e9, phys / 1e9);
-    return 1;
-}
 
 /* A zeroed (zero = 1) or uninitialised n × size buffer, from the pool when one of that size
  * is there. */
 static void *fl_big(fl *F, size_t n, size_t size, int zero)
 {
     size_t bytes = n * size;
-    if (n != 0 && bytes / n == size && too_big(F, bytes))
+    if (n != 0 && bytes / n == size && nsr_fam_too_big(&F->X, bytes))
         return NULL;
     if (n != 0 && bytes / n == size && bytes >= POOL_MIN)
         for (int i = 0; i < 6; i++)
@@ -211,14 +131,14 @@ static void *fl_big(fl *F, size_t n, size_t size, int zero)
         if (posix_memalign(&q, 64, bytes) != 0)
             q = NULL;
         if (q == NULL) {
-            TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory (%.3g GB)", (double)bytes / 1e9);
+            TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory (%.3g GB)", (double)bytes / 1e9);
             return NULL;
         }
         if (zero)
             memset(q, 0, bytes);
         return q;
     }
-    return fl_alloc(F, n, size);
+    return nsr_fam_alloc(&F->X, n, size);
 }
 
 static void fl_release(fl *F, void *q, size_t bytes)
@@ -247,15 +167,6 @@ static void val_free(val *v)
     memset(v, 0, sizeof *v);
 }
 
-static void trie_free(trie *t)
-{
-    for (int k = 0; k < NSR_MAX_INDICES; k++) {
-        free(t->lo[k]);
-        free(t->hi[k]);
-        free(t->base[k]);
-    }
-}
-
 static void block_data_free(fl *F, fblock *b)
 {
     size_t n = F->N * (size_t)b->m;
@@ -272,7 +183,7 @@ static int new_block(fl *F, int kind, int fam, long m)
         int cap = F->capb ? 2 * F->capb : 64;
         fblock *nb = realloc(F->b, (size_t)cap * sizeof *nb);
         if (nb == NULL) {
-            TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+            TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
             return -1;
         }
         F->b = nb;
@@ -282,17 +193,17 @@ static int new_block(fl *F, int kind, int fam, long m)
     memset(b, 0, sizeof *b);
     b->kind = kind;
     b->fam = fam;
-    b->fi = F->cur;
+    b->fi = F->X.cur;
     b->m = m;
     b->arg = -1;
-    b->last_use = F->cur;
+    b->last_use = F->X.cur;
     return F->nb++;
 }
 
 static void touch(fl *F, int k)
 {
-    if (F->b[k].last_use < F->cur)
-        F->b[k].last_use = F->cur;
+    if (F->b[k].last_use < F->X.cur)
+        F->b[k].last_use = F->X.cur;
 }
 
 /* ---- ancestry: the roots a block depends on ------------------------------------------------ */
@@ -336,266 +247,7 @@ static int correlated(const fblock *x, const fblock *y)
 
 /* ---- numbers of index expressions ---------------------------------------------------------- */
 
-static int num_expr(fl *F, const nsr_expr *e, double *v)
-{
-    double a, b;
-    switch (e->kind) {
-    case NSR_E_NUM:
-        *v = e->num;
-        return TPK_OK;
-    case NSR_E_NAME:
-        if (e->nidx == 0 && e->sym >= 0 && !isnan(F->num[e->sym]) &&
-            (F->C->sym[e->sym].kind == NSR_SYM_PARAM || F->C->sym[e->sym].kind == NSR_SYM_LOOP)) {
-            *v = F->num[e->sym];
-            return TPK_OK;
-        }
-        return UNSUP(F, e, "'%s' is not a number here", e->name);
-    case NSR_E_NEG:
-        if (num_expr(F, e->a, &a))
-            return F->ctx->status;
-        *v = -a;
-        return TPK_OK;
-    case NSR_E_BIN:
-        if (num_expr(F, e->a, &a) || num_expr(F, e->b, &b))
-            return F->ctx->status;
-        *v = e->op == NSR_T_PLUS ? a + b : e->op == NSR_T_MINUS ? a - b : e->op == NSR_T_STAR ? a * b
-             : e->op == NSR_T_SLASH ? a / b : pow(a, b);
-        return TPK_OK;
-    case NSR_E_CALL:
-        if (e->sym < 0 && strcmp(e->name, "mod") == 0 && e->nargs == 2) {
-            if (num_expr(F, e->args[0], &a) || num_expr(F, e->args[1], &b))
-                return F->ctx->status;
-            if (b < 1 || a != floor(a) || b != floor(b))
-                return fl_err(F, TPK_ETYPE, e, "mod(a, b) needs integers, b >= 1");
-            long ia = (long)a, ib = (long)b;
-            *v = (double)(((ia % ib) + ib) % ib);
-            return TPK_OK;
-        }
-        if (e->sym < 0 && (strcmp(e->name, "wrap") == 0 || strcmp(e->name, "inside") == 0)) {
-            double lo, hi;
-            if (num_expr(F, e->args[0], &a) || num_expr(F, e->args[1], &lo) ||
-                num_expr(F, e->args[2], &hi))
-                return F->ctx->status;
-            if (hi < lo)
-                return fl_err(F, TPK_ETYPE, e, "%s(v, lo, hi) needs lo <= hi", e->name);
-            *v = e->name[0] == 'w' ? (double)nsr_wrap((int)a, (int)lo, (int)hi)
-                                   : (double)(a >= lo && a <= hi);
-            return TPK_OK;
-        }
-        return UNSUP(F, e, "'%s(...)' is not index arithmetic", e->name);
-    default:
-        return UNSUP(F, e, "not an index expression");
-    }
-}
-
-static int int_expr(fl *F, const nsr_expr *e, int *out)
-{
-    double v;
-    if (num_expr(F, e, &v))
-        return F->ctx->status;
-    if (v != floor(v) || fabs(v) > 1e9)
-        return fl_err(F, TPK_ETYPE, e, "index %g is not an integer", v);
-    *out = (int)v;
-    return TPK_OK;
-}
-
-/* Does e read any of the symbols syms[0..n)? */
-static int reads_syms(const nsr_expr *e, const int *syms, int n, int depth)
-{
-    if (e == NULL || depth > 4 * NSR_MAX_DEPTH)
-        return 0;
-    if (e->kind == NSR_E_NAME && e->nidx == 0)
-        for (int i = 0; i < n; i++)
-            if (e->sym == syms[i])
-                return 1;
-    if (reads_syms(e->a, syms, n, depth + 1) || reads_syms(e->b, syms, n, depth + 1))
-        return 1;
-    for (int i = 0; i < e->nargs; i++)
-        if (reads_syms(e->args[i], syms, n, depth + 1))
-            return 1;
-    for (int i = 0; i < e->nidx; i++)
-        if (reads_syms(e->idx[i], syms, n, depth + 1))
-            return 1;
-    return 0;
-}
-
-static void bind_point(fl *F, const fdom *D, long p)
-{
-    for (int k = 0; k < D->nv; k++)
-        F->num[D->sym[k]] = D->val[p * D->nv + k];
-}
-
-/* An index expression as k + Σ_v c_v·(domain index v), when it is one with integer k and c
- * (then a read costs a few multiply-adds per point instead of walking the expression). */
-typedef struct iaff {
-    double k, c[MAXV];
-} iaff;
-
-static int iaff_of(fl *F, const nsr_expr *e, const fdom *D, iaff *a, int depth)
-{
-    memset(a, 0, sizeof *a);
-    if (depth > NSR_MAX_DEPTH)
-        return 0;
-    if (!reads_syms(e, D->sym, D->nv, 0)) {
-        double v;
-        if (num_expr(F, e, &v)) {
-            tpk_ctx_clear(F->ctx); /* the per-point path reports it where it happens */
-            F->unsup = 0;
-            return 0;
-        }
-        a->k = v;
-        return 1;
-    }
-    iaff x, y;
-    switch (e->kind) {
-    case NSR_E_NAME:
-        for (int v = 0; v < D->nv; v++)
-            if (D->sym[v] == e->sym) {
-                a->c[v] = 1;
-                return 1;
-            }
-        return 0;
-    case NSR_E_NEG:
-        if (!iaff_of(F, e->a, D, &x, depth + 1))
-            return 0;
-        a->k = -x.k;
-        for (int v = 0; v < D->nv; v++)
-            a->c[v] = -x.c[v];
-        return 1;
-    case NSR_E_BIN:
-        if (!iaff_of(F, e->a, D, &x, depth + 1) || !iaff_of(F, e->b, D, &y, depth + 1))
-            return 0;
-        if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS) {
-            double sg = e->op == NSR_T_PLUS ? 1 : -1;
-            a->k = x.k + sg * y.k;
-            for (int v = 0; v < D->nv; v++)
-                a->c[v] = x.c[v] + sg * y.c[v];
-            return 1;
-        }
-        if (e->op == NSR_T_STAR) {
-            int xc = 1, yc = 1;
-            for (int v = 0; v < D->nv; v++) {
-                xc &= x.c[v] == 0;
-                yc &= y.c[v] == 0;
-            }
-            if (!xc && !yc)
-                return 0;
-            const iaff *f = xc ? &y : &x;
-            double s = xc ? x.k : y.k;
-            a->k = f->k * s;
-            for (int v = 0; v < D->nv; v++)
-                a->c[v] = f->c[v] * s;
-            for (int v = 0; v < D->nv; v++)
-                if (a->c[v] != floor(a->c[v]))
-                    return 0;
-            return a->k == floor(a->k);
-        }
-        return 0;
-    default:
-        return 0;
-    }
-}
-
 /* ---- domains ------------------------------------------------------------------------------ */
-
-/* Points of the rolled loops loop[0..n) (bounds may read outer loops), in loop order, with the
- * member-lookup trie of targets that carry the loops at positions pos[]. */
-static int build_domain(fl *F, const nsr_stmt *const *loop, int n, fdom *D, trie *tr)
-{
-    memset(D, 0, sizeof *D);
-    D->nv = n;
-    for (int k = 0; k < n; k++)
-        D->sym[k] = loop[k]->fam;
-    /* count level by level */
-    long cnt = 1;
-    int *pv = NULL;    /* prefix values: cnt × k */
-    pv = fl_alloc(F, 1, sizeof *pv);
-    if (pv == NULL)
-        return F->ctx->status;
-    for (int k = 0; k < n; k++) {
-        int *lo = fl_alloc(F, (size_t)cnt, sizeof *lo), *hi = fl_alloc(F, (size_t)cnt, sizeof *hi);
-        long *base = fl_alloc(F, (size_t)cnt, sizeof *base);
-        if (lo == NULL || hi == NULL || base == NULL) {
-            free(lo), free(hi), free(base), free(pv);
-            return F->ctx->status;
-        }
-        long next = 0;
-        for (long q = 0; q < cnt; q++) {
-            for (int j = 0; j < k; j++)
-                F->num[D->sym[j]] = pv[q * k + j];
-            if (int_expr(F, loop[k]->lo, &lo[q]) || int_expr(F, loop[k]->hi, &hi[q])) {
-                free(lo), free(hi), free(base), free(pv);
-                return F->ctx->status;
-            }
-            if (hi[q] < lo[q])
-                hi[q] = lo[q] - 1;
-            base[q] = next;
-            next += (long)hi[q] - lo[q] + 1;
-            F->work += (long)hi[q] - lo[q] + 1;
-            if (next > 400000000L) {
-                free(lo), free(hi), free(base), free(pv);
-                return fl_err(F, TPK_EINVAL, loop[k]->lo, "index domain too large (%ld points)", next);
-            }
-            if (F->work_budget > 0 && F->work > F->work_budget) {
-                free(lo), free(hi), free(base), free(pv);
-                F->deferred = 1;
-                return TPK_ERROR(F->ctx, TPK_EINVAL, "plan deferred (more than %ld points)",
-                                 F->work_budget);
-            }
-        }
-        int *nv = fl_alloc(F, (size_t)next * (size_t)(k + 1), sizeof *nv);
-        if (nv == NULL) {
-            free(lo), free(hi), free(base), free(pv);
-            return F->ctx->status;
-        }
-        for (long q = 0; q < cnt; q++)
-            for (int v = lo[q]; v <= hi[q]; v++) {
-                long r = base[q] + (v - lo[q]);
-                memcpy(&nv[r * (k + 1)], &pv[q * k], (size_t)k * sizeof *nv);
-                nv[r * (k + 1) + k] = v;
-            }
-        free(pv);
-        pv = nv;
-        if (tr) {
-            tr->lo[k] = lo;
-            tr->hi[k] = hi;
-            tr->base[k] = base;
-            tr->nn[k] = cnt;
-        } else {
-            free(lo), free(hi), free(base);
-        }
-        cnt = next;
-    }
-    D->m = cnt;
-    D->val = pv;
-    if (tr)
-        tr->nlev = n;
-    return TPK_OK;
-}
-
-/* Member of a block for a target index tuple, or −1. */
-static long trie_find(const trie *t, const int *idx)
-{
-    if (t->nlev < 0) { /* a table of nfix-index tuples (declared G-var members) */
-        for (long r = 0; r < t->nn[0]; r++)
-            if (memcmp(&t->lo[0][r * (NSR_MAX_INDICES + 1)], idx, (size_t)t->nfix * sizeof *idx) == 0)
-                return r;
-        return -1;
-    }
-    for (int f = 0; f < t->nfix; f++)
-        if (idx[t->fpos[f]] != t->fval[f])
-            return -1;
-    if (t->nlev == 0)
-        return 0;
-    long node = 0;
-    for (int k = 0; k < t->nlev; k++) {
-        int v = idx[t->pos[k]];
-        if (v < t->lo[k][node] || v > t->hi[k][node])
-            return -1;
-        node = t->base[k][node] + (v - t->lo[k][node]);
-    }
-    return node;
-}
 
 /* ---- values ------------------------------------------------------------------------------- */
 
@@ -614,9 +266,9 @@ static int v_scal(fl *F, val *v)
     if (v->kind == V_SCAL)
         return TPK_OK;
     size_t n = F->N * (size_t)v->m;
-    double *s = fl_alloc(F, n, sizeof *s);
+    double *s = nsr_fam_alloc(&F->X, n, sizeof *s);
     if (s == NULL)
-        return F->ctx->status;
+        return F->X.ctx->status;
     for (size_t i = 0; i < n; i++)
         s[i] = v->c;
     v->kind = V_SCAL;
@@ -641,7 +293,7 @@ static int v_scale(fl *F, val *v, const val *c)
     }
     if (v->kind != V_LIN) {
         if (v_scal(F, v))
-            return F->ctx->status;
+            return F->X.ctx->status;
         for (size_t i = 0; i < N * m; i++)
             v->s[i] *= c->kind == V_CONST ? c->c : c->s[i];
         return TPK_OK;
@@ -663,8 +315,8 @@ static int v_scale(fl *F, val *v, const val *c)
             continue;
         }
         if (t->w == NULL) {
-            if ((t->w = fl_alloc(F, N * m, sizeof *t->w)) == NULL)
-                return F->ctx->status;
+            if ((t->w = nsr_fam_alloc(&F->X, N * m, sizeof *t->w)) == NULL)
+                return F->X.ctx->status;
             for (size_t i = 0; i < N * m; i++)
                 t->w[i] = 1;
         }
@@ -682,7 +334,7 @@ static int v_add(fl *F, val *a, val *b, double s)
         val c;
         v_const(&c, b->m, s);
         if (v_scale(F, b, &c))
-            return F->ctx->status;
+            return F->X.ctx->status;
     }
     if (a->kind == V_CONST && b->kind == V_CONST) {
         a->c += b->c;
@@ -690,7 +342,7 @@ static int v_add(fl *F, val *a, val *b, double s)
     }
     if (a->kind != V_LIN && b->kind != V_LIN) {
         if (v_scal(F, a))
-            return F->ctx->status;
+            return F->X.ctx->status;
         for (size_t i = 0; i < N * m; i++)
             a->s[i] += b->kind == V_CONST ? b->c : b->s[i];
         val_free(b);
@@ -705,8 +357,8 @@ static int v_add(fl *F, val *a, val *b, double s)
     if (b->kind != V_LIN) {
         if (b->kind == V_CONST && b->c == 0)
             return TPK_OK;
-        if (a->mu == NULL && (a->mu = fl_alloc(F, N * m, sizeof *a->mu)) == NULL)
-            return F->ctx->status;
+        if (a->mu == NULL && (a->mu = nsr_fam_alloc(&F->X, N * m, sizeof *a->mu)) == NULL)
+            return F->X.ctx->status;
         for (size_t i = 0; i < N * m; i++)
             a->mu[i] += b->kind == V_CONST ? b->c : b->s[i];
         val_free(b);
@@ -723,7 +375,7 @@ static int v_add(fl *F, val *a, val *b, double s)
     }
     term *t = realloc(a->t, (size_t)(a->nt + b->nt) * sizeof *t);
     if (t == NULL)
-        return TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+        return TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
     memcpy(t + a->nt, b->t, (size_t)b->nt * sizeof *t);
     a->t = t;
     a->nt += b->nt;
@@ -740,10 +392,10 @@ static int v_gather(fl *F, val *v, long m, int k, int *idx)
     memset(v, 0, sizeof *v);
     v->kind = V_LIN;
     v->m = m;
-    v->t = fl_alloc(F, 1, sizeof *v->t);
+    v->t = nsr_fam_alloc(&F->X, 1, sizeof *v->t);
     if (v->t == NULL) {
         free(idx);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     v->nt = 1;
     v->t[0].blk = k;
@@ -782,7 +434,7 @@ static const double *block_m2(fl *F, int k)
         if ((b->M2 = fl_big(F, n * n, sizeof *b->M2, 0)) == NULL)
             return NULL;
         if (tpk_dsyrk(TPK_NO_TRANS, n, F->d, 1.0 / (double)F->d, F->x, F->d, 0.0, b->M2, n,
-                      F->ctx)) {
+                      F->X.ctx)) {
             free(b->M2);
             b->M2 = NULL;
             return NULL;
@@ -806,8 +458,8 @@ static const double *block_m2(fl *F, int k)
 
 static int ensure_ws(fl *F)
 {
-    if (F->ws == NULL && (F->ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, F->ctx)) == NULL)
-        return F->ctx->status;
+    if (F->ws == NULL && (F->ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, F->X.ctx)) == NULL)
+        return F->X.ctx->status;
     return TPK_OK;
 }
 
@@ -831,10 +483,10 @@ static int nonlin_moments(fl *F, int k)
     size_t n = F->N * (size_t)b->m;
     if (F->dry || n == 0)
         return TPK_OK;
-    double *M2 = fl_big(F, n * n, sizeof *M2, 0), *mean = fl_alloc(F, n, sizeof *mean);
+    double *M2 = fl_big(F, n * n, sizeof *M2, 0), *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
     if (M2 == NULL || mean == NULL || ensure_ws(F)) {
         free(M2), free(mean);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     double e = 0;
     int st = TPK_OK;
@@ -844,10 +496,10 @@ static int nonlin_moments(fl *F, int k)
             zero_mean = u->mean[i] == 0;
     if (zero_mean) {
         /* the lower triangle only: the tuned maps serve it (ReLU), and most readers need no more */
-        st = tpk_gauss_map_affine_lower(b->phi, u->M2, n, 1.0, 0.0, M2, F->ws, &e, F->ctx);
+        st = tpk_gauss_map_affine_lower(b->phi, u->M2, n, 1.0, 0.0, M2, F->ws, &e, F->X.ctx);
         for (size_t i = 0; st == TPK_OK && i < n; i++) {
             tpk_estimate r;
-            st = tpk_gauss_expect1(b->phi, 0, u->M2[i * n + i], F->ws, &r, F->ctx);
+            st = tpk_gauss_expect1(b->phi, 0, u->M2[i * n + i], F->ws, &r, F->X.ctx);
             mean[i] = r.value;
             e = fmax(e, r.err);
         }
@@ -855,13 +507,13 @@ static int nonlin_moments(fl *F, int k)
         for (size_t i = 0; st == TPK_OK && i < n; i++) {
             double mi = u->mean[i], qi = u->M2[i * n + i] - mi * mi;
             tpk_estimate r;
-            st = tpk_gauss_expect1(b->phi, mi, fmax(qi, 0), F->ws, &r, F->ctx);
+            st = tpk_gauss_expect1(b->phi, mi, fmax(qi, 0), F->ws, &r, F->X.ctx);
             mean[i] = r.value;
             for (size_t j = 0; st == TPK_OK && j <= i; j++) {
                 double mj = u->mean[j], qj = u->M2[j * n + j] - mj * mj;
                 double kij = u->M2[i * n + j] - mi * mj;
                 st = tpk_gauss_expect2_quad(b->phi, b->phi, mi, mj, fmax(qi, 0), fmax(qj, 0), kij,
-                                            F->ws, &r, F->ctx);
+                                            F->ws, &r, F->X.ctx);
                 M2[i * n + j] = M2[j * n + i] = r.value;
                 e = fmax(e, r.err);
             }
@@ -869,7 +521,7 @@ static int nonlin_moments(fl *F, int k)
     }
     if (st) {
         free(M2), free(mean);
-        return fl_err(F, st, NULL, "%s", F->ctx->msg);
+        return nsr_fam_err(&F->X, st, NULL, "%s", F->X.ctx->msg);
     }
     F->err = fmax(F->err, e);
     b->M2 = M2;
@@ -890,7 +542,7 @@ static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *s
     if (x == y) {
         const double *M = full ? block_m2_full(F, x) : block_m2(F, x);
         if (M == NULL && !F->dry)
-            *st = F->ctx->status ? F->ctx->status : TPK_ENOMEM;
+            *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
         return M;
     }
     fblock *bx = &F->b[x], *by = &F->b[y];
@@ -900,13 +552,13 @@ static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *s
             if (F->dry)
                 return NULL;
             if (block_m2_full(F, bx->arg) == NULL) {
-                *st = F->ctx->status ? F->ctx->status : TPK_ENOMEM;
+                *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
                 return NULL;
             }
             const fblock *u = &F->b[bx->arg];
             size_t n = F->N * (size_t)bx->m;
             if (ensure_ws(F)) {
-                *st = F->ctx->status;
+                *st = F->X.ctx->status;
                 return NULL;
             }
             for (size_t i = 0; i < n; i++)
@@ -917,22 +569,22 @@ static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *s
                                                       u->M2[i * n + i] - mi * mi,
                                                       u->M2[j * n + j] - mj * mj,
                                                       u->M2[i * n + j] - mi * mj, F->ws, &r,
-                                                      F->ctx)))
+                                                      F->X.ctx)))
                         return NULL;
                     buf[i * n + j] = r.value;
                     F->err = fmax(F->err, r.err);
                 }
             return buf;
         }
-        *st = UNSUP(F, NULL, "correlated terms of different kinds (line %d and line %d) in one "
+        *st = NSR_UNSUP(&F->X, NULL, "correlated terms of different kinds (line %d and line %d) in one "
                     "expectation", bx->line, by->line);
         return NULL;
     }
     if (F->dry)
         return NULL;
     const double *mx = block_mean(F, x), *my = block_mean(F, y);
-    if (F->ctx->status) {
-        *st = F->ctx->status;
+    if (F->X.ctx->status) {
+        *st = F->X.ctx->status;
         return NULL;
     }
     if (mx == NULL || my == NULL) {
@@ -976,8 +628,8 @@ static int lin_mean(fl *F, const val *u, double *out, int *nonzero)
     for (int k = 0; k < u->nt; k++) {
         const term *t = &u->t[k];
         const double *mx = block_mean(F, t->blk);
-        if (F->ctx->status)
-            return F->ctx->status;
+        if (F->X.ctx->status)
+            return F->X.ctx->status;
         if (mx == NULL)
             continue;
         *nonzero = 1;
@@ -1004,7 +656,7 @@ static double *term_dense(fl *F, const term *t, size_t m)
     size_t N = F->N, ms = (size_t)F->b[t->blk].m;
     if (t->dense)
         return t->w;
-    double *w = fl_alloc(F, N * m * ms, sizeof *w);
+    double *w = nsr_fam_alloc(&F->X, N * m * ms, sizeof *w);
     if (w == NULL)
         return NULL;
     for (size_t a = 0; a < N; a++)
@@ -1045,7 +697,7 @@ static int sandwich(fl *F, const double *Wt, size_t mu, size_t mt, const int *et
             continue;
         }
         st = tpk_dgemm(TPK_NO_TRANS, TPK_NO_TRANS, p1 - p0, ms, K, 1.0, Wt + p0 * mt, mt, P, ldp,
-                       0.0, tmp + p0 * ms, ms, F->ctx);
+                       0.0, tmp + p0 * ms, ms, F->X.ctx);
     }
     for (size_t p0 = 0; p0 < mu && st == TPK_OK; p0 += SW_TILE) {
         size_t p1 = p0 + SW_TILE < mu ? p0 + SW_TILE : mu;
@@ -1057,7 +709,7 @@ static int sandwich(fl *F, const double *Wt, size_t mu, size_t mt, const int *et
             if (K == 0)
                 continue;
             st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, p1 - p0, q1 - q0, K, alpha, tmp + p0 * ms, ms,
-                           Ws + q0 * ms, ms, 1.0, out + p0 * ld + q0, ld, F->ctx);
+                           Ws + q0 * ms, ms, 1.0, out + p0 * ld + q0, ld, F->X.ctx);
         }
     }
     return st;
@@ -1078,7 +730,7 @@ static int v_merge(fl *F, val *v)
                 if (!a->dense) {
                     double *w = term_dense(F, a, m);
                     if (w == NULL)
-                        return F->ctx->status;
+                        return F->X.ctx->status;
                     free(a->w);
                     free(a->idx);
                     a->w = w;
@@ -1121,8 +773,8 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
             size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
             double *buf = NULL;
             if (t->blk != s->blk && !F->dry &&
-                (buf = fl_alloc(F, N * mt * N * ms, sizeof *buf)) == NULL)
-                return F->ctx->status;
+                (buf = nsr_fam_alloc(&F->X, N * mt * N * ms, sizeof *buf)) == NULL)
+                return F->X.ctx->status;
             if (t->blk == s->blk && F->b[t->blk].kind == BK_BIAS && !t->dense && !s->dense) {
                 /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j, shared by all inputs
                  * (theory §1.2), without the (N m)² matrix */
@@ -1229,18 +881,18 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
             }
             /* dense: per input pair, out(a,c) += W_t(a) P(a,c) W_s(c)ᵀ by GEMM */
             double *Wt = term_dense(F, t, mu), *Ws = term_dense(F, s, mv);
-            double *tmp = fl_alloc(F, mu * ms, sizeof *tmp);
+            double *tmp = nsr_fam_alloc(&F->X, mu * ms, sizeof *tmp);
             if (Wt == NULL || Ws == NULL || tmp == NULL) {
                 if (Wt != t->w)
                     free(Wt);
                 if (Ws != s->w)
                     free(Ws);
                 free(tmp), free(buf);
-                return F->ctx->status;
+                return F->X.ctx->status;
             }
-            int *et = fl_alloc(F, N * mu, sizeof *et), *es = fl_alloc(F, N * mv, sizeof *es);
+            int *et = nsr_fam_alloc(&F->X, N * mu, sizeof *et), *es = nsr_fam_alloc(&F->X, N * mv, sizeof *es);
             if (et == NULL || es == NULL)
-                st = F->ctx->status;
+                st = F->X.ctx->status;
             for (size_t a = 0; st == TPK_OK && a < N; a++) {
                 row_extents(Wt + a * mu * mt, mu, mt, et + a * mu);
                 row_extents(Ws + a * mv * ms, mv, ms, es + a * mv);
@@ -1254,17 +906,17 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                     if (st == TPK_OK && twice) { /* + (W_s(a) P(c,a)ᵀ... ) = transpose pair */
                         const double *Pca = P + (c * mt) * ldp + a * ms;
                         /* W_s(a) · P(c,a)ᵀ · W_t(c)ᵀ */
-                        double *tmp2 = fl_alloc(F, mv * mt, sizeof *tmp2);
+                        double *tmp2 = nsr_fam_alloc(&F->X, mv * mt, sizeof *tmp2);
                         if (tmp2 == NULL) {
-                            st = F->ctx->status;
+                            st = F->X.ctx->status;
                             break;
                         }
                         st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mt, ms, 1.0, Ws + a * mv * ms, ms,
-                                       Pca, ldp, 0.0, tmp2, mt, F->ctx);
+                                       Pca, ldp, 0.0, tmp2, mt, F->X.ctx);
                         if (st == TPK_OK)
                             st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mu, mt, alpha, tmp2, mt,
                                            Wt + c * mu * mt, mt, 1.0, out + (a * mu) * ld + c * mv,
-                                           ld, F->ctx);
+                                           ld, F->X.ctx);
                         free(tmp2);
                     }
                 }
@@ -1280,11 +932,11 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
         return st;
     /* mean terms: E[uvᵀ] = E[LLᵀ] + μ_u m_vᵀ + m_u μ_vᵀ − μ_u μ_vᵀ (m = full first moment) */
     if (u->mu || v->mu) {
-        double *mU = fl_alloc(F, N * mu, sizeof *mU), *mV = fl_alloc(F, N * mv, sizeof *mV);
+        double *mU = nsr_fam_alloc(&F->X, N * mu, sizeof *mU), *mV = nsr_fam_alloc(&F->X, N * mv, sizeof *mV);
         int nz;
         if (mU == NULL || mV == NULL || lin_mean(F, u, mU, &nz) || lin_mean(F, v, mV, &nz)) {
             free(mU), free(mV);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         for (size_t i = 0; i < N * mu; i++)
             for (size_t j = 0; j < N * mv; j++) {
@@ -1316,14 +968,14 @@ static int materialize(fl *F, val *u, int fam, int *out)
     for (int k = 0; k < u->nt; k++) {
         int kind = F->b[u->t[k].blk].kind;
         if (kind == BK_NONLIN)
-            return UNSUP(F, NULL, "a function of an H-var that is not Gaussian (a Nonlin of a "
+            return NSR_UNSUP(&F->X, NULL, "a function of an H-var that is not Gaussian (a Nonlin of a "
                          "Nonlin): write the composition as one function");
     }
     if (v_merge(F, u))
-        return F->ctx->status;
+        return F->X.ctx->status;
     int k = new_block(F, BK_GAUSS, fam, u->m);
     if (k < 0)
-        return F->ctx->status;
+        return F->X.ctx->status;
     fblock *b = &F->b[k];
     b->nanc = 0;
     for (int i = 0; i < u->nt; i++)
@@ -1334,14 +986,14 @@ static int materialize(fl *F, val *u, int fam, int *out)
          * g = (conv atom) + b adds b in place instead of copying the atom */
         int x = u->t[0].blk, steal = 0;
         const fblock *bx = &F->b[x];
-        if (F->plan && x < F->nplan && F->plan[x] == F->cur && bx->kind == BK_GAUSS &&
+        if (F->plan && x < F->nplan && F->plan[x] == F->X.cur && bx->kind == BK_GAUSS &&
             bx->fi != -2 && bx->M2 && bx->mean == NULL && bx->m == u->m && is_identity_term(&u->t[0], u->m)) {
             steal = 1;
             for (int i = 1; i < u->nt && steal; i++)
                 steal = u->t[i].blk != x && !correlated(bx, &F->b[u->t[i].blk]);
         }
-        double *M2 = NULL, *mean = fl_alloc(F, n, sizeof *mean);
-        int nz = 0, st = mean == NULL ? F->ctx->status : TPK_OK;
+        double *M2 = NULL, *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
+        int nz = 0, st = mean == NULL ? F->X.ctx->status : TPK_OK;
         if (st == TPK_OK && steal) {
             M2 = F->b[x].M2;
             F->b[x].M2 = NULL;
@@ -1351,7 +1003,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
             st = lin_m2(F, &rest, &rest, M2, n, 1, 1.0);
         } else if (st == TPK_OK) {
             if ((M2 = fl_big(F, n * n, sizeof *M2, 1)) == NULL)
-                st = F->ctx->status;
+                st = F->X.ctx->status;
             else
                 st = lin_m2(F, u, u, M2, n, 1, 1.0);
         }
@@ -1364,7 +1016,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
         }
         if (st) {
             free(M2), free(mean);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         b = &F->b[k];
         b->M2 = M2;
@@ -1378,30 +1030,30 @@ static int materialize(fl *F, val *u, int fam, int *out)
         lin_m2(F, u, u, NULL, 0, 1, 1.0); /* touches the bases, checks support */
     }
     *out = k;
-    return F->ctx->status;
+    return F->X.ctx->status;
 }
 
 /* ---- expressions ------------------------------------------------------------------------- */
 
-static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out);
+static int eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out);
 
 /* A number over the domain (index arithmetic, parameters, loop indices): a constant when it
  * reads no domain index, else one value per point (the same for every input). */
-static int number_value(fl *F, const nsr_expr *e, const fdom *D, val *out)
+static int number_value(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     double c;
-    if (!reads_syms(e, D->sym, D->nv, 0)) {
-        if (num_expr(F, e, &c))
-            return F->ctx->status;
+    if (!nsr_reads_syms(e, D->sym, D->nv, 0)) {
+        if (nsr_fam_num(&F->X, e, &c))
+            return F->X.ctx->status;
         return v_const(out, D->m, c);
     }
     v_const(out, D->m, 0);
     if (v_scal(F, out))
-        return F->ctx->status;
+        return F->X.ctx->status;
     for (long p = 0; p < D->m; p++) {
-        bind_point(F, D, p);
-        if (num_expr(F, e, &c))
-            return F->ctx->status;
+        nsr_bind_point(&F->X, D, p);
+        if (nsr_fam_num(&F->X, e, &c))
+            return F->X.ctx->status;
         for (size_t a = 0; a < F->N; a++)
             out->s[a * (size_t)D->m + (size_t)p] = c;
     }
@@ -1413,9 +1065,9 @@ static int find_block(fl *F, int sym, const int *idx, long *mem)
 {
     for (int k = F->nb - 1; k >= 0; k--) {
         const fblock *b = &F->b[k];
-        if (b->fam != sym || b->fi >= F->cur)
+        if (b->fam != sym || b->fi >= F->X.cur)
             continue;
-        long r = trie_find(&b->tr, idx);
+        long r = nsr_trie_find(&b->tr, idx);
         if (r >= 0) {
             *mem = r;
             return k;
@@ -1427,40 +1079,40 @@ static int find_block(fl *F, int sym, const int *idx, long *mem)
 static int bias_block(fl *F, int sym, int *out);
 
 /* f[idx...] over the domain: a scalar family, a vector family (gather), or a G-decl. */
-static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
+static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
-    const nsr_sym *y = &F->C->sym[e->sym];
+    const nsr_sym *y = &F->X.C->sym[e->sym];
     if (y->kind == NSR_SYM_PARAM || y->kind == NSR_SYM_LOOP) {
         if (e->nidx)
-            return fl_err(F, TPK_ETYPE, e, "'%s' is a number, not a family", e->name);
+            return nsr_fam_err(&F->X, TPK_ETYPE, e, "'%s' is a number, not a family", e->name);
         return number_value(F, e, D, out);
     }
     if (y->kind == NSR_SYM_GFAM) {
         int k = -1, nonzero = 0;
-        for (int i = 0; i < F->R->ndm && !nonzero; i++)
-            nonzero = F->R->dm[i].sym == e->sym && (F->R->dm[i].var != 0 || F->R->dm[i].mean != 0);
+        for (int i = 0; i < F->X.R->ndm && !nonzero; i++)
+            nonzero = F->X.R->dm[i].sym == e->sym && (F->X.R->dm[i].var != 0 || F->X.R->dm[i].mean != 0);
         if (!nonzero) /* N(0, 0): the zero vector (σ_b² = 0 biases cost nothing) */
             return v_const(out, D->m, 0);
         if (bias_block(F, e->sym, &k))
-            return F->ctx->status;
-        int *idx = fl_alloc(F, (size_t)D->m, sizeof *idx);
+            return F->X.ctx->status;
+        int *idx = nsr_fam_alloc(&F->X, (size_t)D->m, sizeof *idx);
         if (idx == NULL)
-            return F->ctx->status;
+            return F->X.ctx->status;
         const fblock *b = &F->b[k];
-        int vary = reads_syms(e, D->sym, D->nv, 0);
+        int vary = nsr_reads_syms(e, D->sym, D->nv, 0);
         for (long p = 0; p < D->m; p++) {
             if (vary || p == 0) {
-                bind_point(F, D, p);
+                nsr_bind_point(&F->X, D, p);
                 int t[NSR_MAX_INDICES];
                 for (int i = 0; i < e->nidx; i++)
-                    if (int_expr(F, e->idx[i], &t[i])) {
+                    if (nsr_fam_int(&F->X, e->idx[i], &t[i])) {
                         free(idx);
-                        return F->ctx->status;
+                        return F->X.ctx->status;
                     }
-                long r = trie_find(&b->tr, t);
+                long r = nsr_trie_find(&b->tr, t);
                 if (r < 0) {
                     free(idx);
-                    return fl_err(F, TPK_ETYPE, e, "%s has no such member", e->name);
+                    return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s has no such member", e->name);
                 }
                 idx[p] = (int)r;
             } else {
@@ -1470,18 +1122,18 @@ static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
         return v_gather(F, out, D->m, k, idx);
     }
     if (y->kind != NSR_SYM_DFAM)
-        return UNSUP(F, e, "'%s' cannot be read here", e->name);
+        return NSR_UNSUP(&F->X, e, "'%s' cannot be read here", e->name);
     /* a defined family: resolve each point's member, one term per block met */
-    int vary = reads_syms(e, D->sym, D->nv, 0);
+    int vary = nsr_reads_syms(e, D->sym, D->nv, 0);
     int *idx = NULL, blk = -1, k0 = -1;
     long first = -1;
     v_const(out, D->m, 0);
     int is_scal = -1;
     double *sv = NULL;
-    iaff A[NSR_MAX_INDICES];
+    nsr_iaff A[NSR_MAX_INDICES];
     int affine = vary;
     for (int i = 0; i < e->nidx && affine; i++)
-        affine = iaff_of(F, e->idx[i], D, &A[i], 0);
+        affine = nsr_iaff_of(&F->X, e->idx[i], D, &A[i], 0);
     for (long p = 0; p < D->m; p++) {
         int t[NSR_MAX_INDICES];
         long mem = -1;
@@ -1497,21 +1149,21 @@ static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
         }
         if (vary || p == 0) {
             if (!affine) {
-                bind_point(F, D, p);
+                nsr_bind_point(&F->X, D, p);
                 for (int i = 0; i < e->nidx; i++)
-                    if (int_expr(F, e->idx[i], &t[i])) {
+                    if (nsr_fam_int(&F->X, e->idx[i], &t[i])) {
                         free(idx), free(sv);
-                        return F->ctx->status;
+                        return F->X.ctx->status;
                     }
             }
-            k = k0 >= 0 && (mem = trie_find(&F->b[k0].tr, t)) >= 0 ? k0 : find_block(F, e->sym, t, &mem);
+            k = k0 >= 0 && (mem = nsr_trie_find(&F->b[k0].tr, t)) >= 0 ? k0 : find_block(F, e->sym, t, &mem);
             if (k < 0) {
                 free(idx), free(sv);
                 char buf[80] = "";
                 size_t n = 0;
                 for (int i = 0; i < e->nidx && n < sizeof buf; i++)
                     n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%d", i ? "," : "", t[i]);
-                return fl_err(F, TPK_ETYPE, e, "%s[%s] is read but not defined before (members "
+                return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s[%s] is read but not defined before (members "
                               "are defined for %s)", e->name, buf, y->ranges[0] ? y->ranges : "?");
             }
         } else {
@@ -1530,11 +1182,11 @@ static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
             is_scal = sc;
         if (is_scal != sc) {
             free(idx), free(sv);
-            return UNSUP(F, e, "%s mixes scalar and vector members in one read", e->name);
+            return NSR_UNSUP(&F->X, e, "%s mixes scalar and vector members in one read", e->name);
         }
         if (sc) {
-            if (sv == NULL && (sv = fl_alloc(F, F->N * (size_t)D->m, sizeof *sv)) == NULL)
-                return F->ctx->status;
+            if (sv == NULL && (sv = nsr_fam_alloc(&F->X, F->N * (size_t)D->m, sizeof *sv)) == NULL)
+                return F->X.ctx->status;
             if (!F->dry)
                 for (size_t a = 0; a < F->N; a++)
                     sv[a * (size_t)D->m + (size_t)p] = b->s[a * (size_t)b->m + (size_t)mem];
@@ -1542,12 +1194,12 @@ static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
         }
         if (blk >= 0 && blk != k) {
             free(idx), free(sv);
-            return UNSUP(F, e, "a read of %s spans several definitions (lines %d and %d)", e->name,
+            return NSR_UNSUP(&F->X, e, "a read of %s spans several definitions (lines %d and %d)", e->name,
                          F->b[blk].line, b->line);
         }
         if (idx == NULL) {
-            if ((idx = fl_alloc(F, (size_t)D->m, sizeof *idx)) == NULL)
-                return F->ctx->status;
+            if ((idx = nsr_fam_alloc(&F->X, (size_t)D->m, sizeof *idx)) == NULL)
+                return F->X.ctx->status;
             for (long q = 0; q < D->m; q++)
                 idx[q] = -1;
         }
@@ -1570,21 +1222,21 @@ static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
     out->kind = V_LIN;
     out->m = D->m;
     size_t N = F->N, m = (size_t)D->m, mb = (size_t)b->m;
-    out->t = fl_alloc(F, (size_t)s->nt, sizeof *out->t);
+    out->t = nsr_fam_alloc(&F->X, (size_t)s->nt, sizeof *out->t);
     if (out->t == NULL) {
         free(idx);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     out->nt = s->nt;
     for (int i = 0; i < s->nt; i++) {
         term *t = &out->t[i];
         t->blk = s->t[i].blk;
         touch(F, t->blk);
-        t->idx = fl_alloc(F, m, sizeof *t->idx);
-        t->w = s->t[i].w ? fl_alloc(F, N * m, sizeof *t->w) : NULL;
+        t->idx = nsr_fam_alloc(&F->X, m, sizeof *t->idx);
+        t->w = s->t[i].w ? nsr_fam_alloc(&F->X, N * m, sizeof *t->w) : NULL;
         if (t->idx == NULL || (s->t[i].w && t->w == NULL)) {
             free(idx);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         for (size_t p = 0; p < m; p++) {
             t->idx[p] = idx[p] < 0 ? -1 : s->t[i].idx[idx[p]];
@@ -1594,9 +1246,9 @@ static int eval_name(fl *F, const nsr_expr *e, const fdom *D, val *out)
         }
     }
     if (s->mu) {
-        if ((out->mu = fl_alloc(F, N * m, sizeof *out->mu)) == NULL) {
+        if ((out->mu = nsr_fam_alloc(&F->X, N * m, sizeof *out->mu)) == NULL) {
             free(idx);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         for (size_t p = 0; p < m; p++)
             for (size_t a = 0; a < N; a++)
@@ -1614,7 +1266,7 @@ static int bias_block(fl *F, int sym, int *out)
             *out = k;
             return TPK_OK;
         }
-    const nsr_rolled *R = F->R;
+    const nsr_rolled *R = F->X.R;
     long m = 0;
     int nidx = 0;
     for (int i = 0; i < R->ndm; i++)
@@ -1622,30 +1274,30 @@ static int bias_block(fl *F, int sym, int *out)
             m++;
             nidx = R->dm[i].nidx;
         }
-    int save = F->cur;
-    F->cur = -1; /* visible to every instruction */
+    int save = F->X.cur;
+    F->X.cur = -1; /* visible to every instruction */
     int k = new_block(F, BK_BIAS, -1, m);
-    F->cur = save;
+    F->X.cur = save;
     if (k < 0)
-        return F->ctx->status;
+        return F->X.ctx->status;
     fblock *b = &F->b[k];
     b->fam = sym;
     b->fi = -1;
-    b->last_use = F->cur;
+    b->last_use = F->X.cur;
     anc_root(b, k);
-    /* members in declaration order; the trie degenerates to a sorted scan (few members) */
+    /* members in declaration order; the nsr_trie degenerates to a sorted scan (few members) */
     b->nidx = nidx;
     b->tr.nlev = -1; /* a table searched linearly: declared biases are few */
     b->tr.nfix = nidx;
     size_t N = F->N;
     /* per member: variance in s, means in mean (N·m, NULL when all zero); the (N m)² second
      * moments are built only if a dense map asks for them (block_m2) */
-    double *var = fl_alloc(F, (size_t)m, sizeof *var);
-    double *mean = F->dry ? NULL : fl_alloc(F, N * (size_t)m, sizeof *mean);
-    int *tab = fl_alloc(F, (size_t)m * (NSR_MAX_INDICES + 1), sizeof *tab);
+    double *var = nsr_fam_alloc(&F->X, (size_t)m, sizeof *var);
+    double *mean = F->dry ? NULL : nsr_fam_alloc(&F->X, N * (size_t)m, sizeof *mean);
+    int *tab = nsr_fam_alloc(&F->X, (size_t)m * (NSR_MAX_INDICES + 1), sizeof *tab);
     if (var == NULL || (!F->dry && mean == NULL) || tab == NULL) {
         free(var), free(mean), free(tab);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     long j = 0;
     int anymean = 0;
@@ -1666,7 +1318,7 @@ static int bias_block(fl *F, int sym, int *out)
     b = &F->b[k];
     b->s = var;
     b->mean = mean;
-    /* store the member table in the trie's first level arrays */
+    /* store the member table in the nsr_trie's first level arrays */
     b->tr.lo[0] = tab;
     b->tr.nn[0] = m;
     *out = k;
@@ -1680,16 +1332,16 @@ static int dm_find(fl *F, int sym, const nsr_expr *e, int *out)
 {
     int t[NSR_MAX_INDICES];
     for (int i = 0; i < e->nidx; i++)
-        if (int_expr(F, e->idx[i], &t[i]))
-            return F->ctx->status;
-    for (int i = 0; i < F->R->ndm; i++) {
-        const nsr_dmember *d = &F->R->dm[i];
+        if (nsr_fam_int(&F->X, e->idx[i], &t[i]))
+            return F->X.ctx->status;
+    for (int i = 0; i < F->X.R->ndm; i++) {
+        const nsr_dmember *d = &F->X.R->dm[i];
         if (d->sym == sym && d->nidx == e->nidx && memcmp(d->idx, t, (size_t)e->nidx * sizeof *t) == 0) {
             *out = i;
             return TPK_OK;
         }
     }
-    return fl_err(F, TPK_ETYPE, e, "%s has no such member (not declared)", e->name);
+    return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s has no such member (not declared)", e->name);
 }
 
 /* The input slots as one Gaussian-like block: M2 = (1/d) x xᵀ over (input × slot), so an
@@ -1702,11 +1354,11 @@ static int input_block(fl *F, int *out)
             *out = k;
             return TPK_OK;
         }
-    int save = F->cur;
+    int save = F->X.cur;
     int k = new_block(F, BK_GAUSS, -1, (long)F->T);
-    F->cur = save;
+    F->X.cur = save;
     if (k < 0)
-        return F->ctx->status;
+        return F->X.ctx->status;
     fblock *b = &F->b[k];
     b->fi = -2;
     b->last_use = save;
@@ -1717,34 +1369,34 @@ static int input_block(fl *F, int *out)
 }
 
 /* The embedding's source U·x[slot(p)] as a gather on the input block. */
-static int embed_src(fl *F, const nsr_expr *src, const fdom *D, val *u)
+static int embed_src(fl *F, const nsr_expr *src, const nsr_fdom *D, val *u)
 {
     size_t m = (size_t)D->m;
     if (src->nidx != (F->p->nslots > 1 || src->nidx ? 1 : 0))
-        return fl_err(F, TPK_ETYPE, src, "the input is read as %s[t]", src->name);
+        return nsr_fam_err(&F->X, TPK_ETYPE, src, "the input is read as %s[t]", src->name);
     int ib = -1;
     if (input_block(F, &ib))
-        return F->ctx->status;
-    int *slot = fl_alloc(F, m, sizeof *slot);
+        return F->X.ctx->status;
+    int *slot = nsr_fam_alloc(&F->X, m, sizeof *slot);
     if (slot == NULL)
-        return F->ctx->status;
-    int vary = reads_syms(src, D->sym, D->nv, 0);
+        return F->X.ctx->status;
+    int vary = nsr_reads_syms(src, D->sym, D->nv, 0);
     for (size_t p = 0; p < m; p++) {
-        int t = F->R->input_lo;
+        int t = F->X.R->input_lo;
         if (vary || p == 0) {
-            bind_point(F, D, (long)p);
-            if (src->nidx && int_expr(F, src->idx[0], &t)) {
+            nsr_bind_point(&F->X, D, (long)p);
+            if (src->nidx && nsr_fam_int(&F->X, src->idx[0], &t)) {
                 free(slot);
-                return F->ctx->status;
+                return F->X.ctx->status;
             }
-            t -= F->R->input_lo;
+            t -= F->X.R->input_lo;
         } else {
             t = slot[0];
         }
         if (t < 0 || t >= F->p->nslots) {
             free(slot);
-            return fl_err(F, TPK_ETYPE, src, "input slot %d is outside %d..%d", t + F->R->input_lo,
-                          F->R->input_lo, F->R->input_lo + F->p->nslots - 1);
+            return nsr_fam_err(&F->X, TPK_ETYPE, src, "input slot %d is outside %d..%d", t + F->X.R->input_lo,
+                          F->X.R->input_lo, F->X.R->input_lo + F->p->nslots - 1);
         }
         slot[p] = t;
     }
@@ -1777,27 +1429,27 @@ static int lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2)
 
 /* One MatMul term A·src (scaled by coef) added into the atom's M2 (lower triangle), or kept in
  * T (a vector source inside a tap sum). */
-static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom *D, val *coef,
+static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, val *coef,
                       double *M2, taps *T)
 {
-    if (reads_syms(am, D->sym, D->nv, 0))
-        return UNSUP(F, am, "an A-var that changes with the family's index (%s): untied weights "
+    if (nsr_reads_syms(am, D->sym, D->nv, 0))
+        return NSR_UNSUP(&F->X, am, "an A-var that changes with the family's index (%s): untied weights "
                      "per member", am->name);
     int di = -1;
     if (dm_find(F, am->sym, am, &di))
-        return F->ctx->status;
+        return F->X.ctx->status;
     if (F->amark[di] >= 0)
-        return UNSUP(F, am, "%s is multiplied in more than one place (weight tying, e.g. a "
+        return NSR_UNSUP(&F->X, am, "%s is multiplied in more than one place (weight tying, e.g. a "
                      "recurrence); the rolled evaluator keeps every MatMul's A-var its own",
                      am->name);
     F->amark[di] = (int)F->site;
-    double var = F->R->dm[di].var;
+    double var = F->X.R->dm[di].var;
     val u;
-    if (src->kind == NSR_E_NAME && src->sym >= 0 && F->C->sym[src->sym].kind == NSR_SYM_INPUT) {
+    if (src->kind == NSR_E_NAME && src->sym >= 0 && F->X.C->sym[src->sym].kind == NSR_SYM_INPUT) {
         if (embed_src(F, src, D, &u))
-            return F->ctx->status;
+            return F->X.ctx->status;
     } else if (eval(F, src, D, &u)) {
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     if (u.kind != V_LIN) {
         int zero = u.kind == V_CONST && u.c == 0;
@@ -1807,11 +1459,11 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
                 memset(M2, 0, F->N * (size_t)D->m * F->N * (size_t)D->m * sizeof *M2);
             return TPK_OK;
         }
-        return UNSUP(F, src, "MatMul of a constant vector");
+        return NSR_UNSUP(&F->X, src, "MatMul of a constant vector");
     }
     if ((coef && v_scale(F, &u, coef)) || v_merge(F, &u)) {
         val_free(&u);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     if (T != NULL) {
         if (T->n == T->cap) {
@@ -1819,7 +1471,7 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
             tap *t = realloc(T->t, (size_t)cap * sizeof *t);
             if (t == NULL) {
                 val_free(&u);
-                return TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+                return TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
             }
             T->t = t;
             T->cap = cap;
@@ -1836,7 +1488,7 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
         size_t n = F->N * F->T;
         touch(F, u.t[0].blk);
         int st = tpk_dsyrk(TPK_NO_TRANS, n, F->d, var / (double)F->d, F->x, F->d, 0.0, M2, n,
-                           F->ctx);
+                           F->X.ctx);
         val_free(&u);
         return st;
     }
@@ -1847,14 +1499,14 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
         int x = u.t[0].blk;
         fblock *bx = &F->b[x];
         if (bx->kind == BK_NONLIN && bx->M2 == NULL && F->plan && x < F->nplan &&
-            F->plan[x] == F->cur && F->b[bx->arg].mean == NULL && F->b[bx->arg].M2 != NULL &&
+            F->plan[x] == F->X.cur && F->b[bx->arg].mean == NULL && F->b[bx->arg].M2 != NULL &&
             ensure_ws(F) == TPK_OK) {
             double e = 0;
             size_t n = F->N * (size_t)D->m;
             touch(F, x);
             touch(F, bx->arg);
             int st = tpk_gauss_map_affine_lower(bx->phi, F->b[bx->arg].M2, n, var, 0.0, M2, F->ws,
-                                                &e, F->ctx);
+                                                &e, F->X.ctx);
             F->err = fmax(F->err, e);
             val_free(&u);
             return st;
@@ -1871,13 +1523,13 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom
 static int new_atom(fl *F, long m, double **M2, int *k, int zero)
 {
     if ((*k = new_block(F, BK_GAUSS, -1, m)) < 0)
-        return F->ctx->status;
+        return F->X.ctx->status;
     anc_root(&F->b[*k], *k);
     *M2 = NULL;
     if (!F->dry) {
         size_t n = F->N * (size_t)m;
         if ((*M2 = fl_big(F, n * n, sizeof **M2, zero)) == NULL)
-            return F->ctx->status;
+            return F->X.ctx->status;
     }
     return TPK_OK;
 }
@@ -1886,25 +1538,25 @@ static int finish_atom(fl *F, int k, double *M2, val *out, long m)
 {
     F->b[k].M2 = M2;
     F->b[k].lower = 1;
-    int *idx = fl_alloc(F, (size_t)m, sizeof *idx);
+    int *idx = nsr_fam_alloc(&F->X, (size_t)m, sizeof *idx);
     if (idx == NULL)
-        return F->ctx->status;
+        return F->X.ctx->status;
     for (long p = 0; p < m; p++)
         idx[p] = (int)p;
     return v_gather(F, out, m, k, idx);
 }
 
-static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const fdom *D, val *out)
+static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, val *out)
 {
     double *M2;
     int k = -1;
     F->site++;
     if (new_atom(F, D->m, &M2, &k, 0)) /* matmul_acc writes or zeroes it */
-        return F->ctx->status;
+        return F->X.ctx->status;
     F->b[k].line = am->line;
     if (matmul_acc(F, am, src, D, NULL, M2, NULL)) {
         free(M2);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     return finish_atom(F, k, M2, out, D->m);
 }
@@ -1919,7 +1571,7 @@ static int is_acc_leaf(const fl *F, const nsr_expr *e, const nsr_expr **am, cons
     if (e->kind == NSR_E_BIN && e->op == NSR_T_STAR) {
         const nsr_expr *x = e->a, *y = e->b;
         if (y->kind == NSR_E_APPLY || (y->kind == NSR_E_CALL && y->sym >= 0 &&
-                                       F->C->sym[y->sym].kind == NSR_SYM_AFAM)) {
+                                       F->X.C->sym[y->sym].kind == NSR_SYM_AFAM)) {
             *coef = x;
             e = y;
         } else {
@@ -1932,7 +1584,7 @@ static int is_acc_leaf(const fl *F, const nsr_expr *e, const nsr_expr **am, cons
         *src = e->b;
         return 1;
     }
-    if (e->kind == NSR_E_CALL && e->sym >= 0 && F->C->sym[e->sym].kind == NSR_SYM_AFAM &&
+    if (e->kind == NSR_E_CALL && e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_AFAM &&
         e->nargs == 1) {
         *am = e;
         *src = e->args[0];
@@ -1941,33 +1593,33 @@ static int is_acc_leaf(const fl *F, const nsr_expr *e, const nsr_expr **am, cons
     return 0;
 }
 
-static int acc_sum(fl *F, const nsr_expr *e, const fdom *D, double *M2, taps *T,
+static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, double *M2, taps *T,
                    const int *binders, int nb, int depth)
 {
     if (depth > NSR_MAX_DEPTH)
-        return UNSUP(F, e, "sums nested too deeply");
+        return NSR_UNSUP(&F->X, e, "sums nested too deeply");
     if (e->kind == NSR_E_SUM) {
         int lo, hi;
-        if (int_expr(F, e->args[0], &lo) || int_expr(F, e->args[1], &hi))
-            return F->ctx->status;
+        if (nsr_fam_int(&F->X, e->args[0], &lo) || nsr_fam_int(&F->X, e->args[1], &hi))
+            return F->X.ctx->status;
         for (int j = lo; j <= hi; j++) {
-            F->num[e->sym] = j;
+            F->X.num[e->sym] = j;
             if (acc_sum(F, e->a, D, M2, T, binders, nb, depth + 1))
-                return F->ctx->status;
+                return F->X.ctx->status;
         }
-        F->num[e->sym] = NAN;
+        F->X.num[e->sym] = NAN;
         return TPK_OK;
     }
     const nsr_expr *am, *src, *ce;
     if (!is_acc_leaf(F, e, &am, &src, &ce))
-        return UNSUP(F, e, "internal: not a MatMul term");
+        return NSR_UNSUP(&F->X, e, "internal: not a MatMul term");
     val c, *cp = NULL;
     if (ce) {
         if (eval(F, ce, D, &c))
-            return F->ctx->status;
+            return F->X.ctx->status;
         if (c.kind == V_LIN) {
             val_free(&c);
-            return UNSUP(F, ce, "a MatMul multiplied by a vector");
+            return NSR_UNSUP(&F->X, ce, "a MatMul multiplied by a vector");
         }
         cp = &c;
     }
@@ -1975,7 +1627,7 @@ static int acc_sum(fl *F, const nsr_expr *e, const fdom *D, double *M2, taps *T,
     int st = matmul_acc(F, am, src, D, cp, M2, T);
     if (st == TPK_OK && T->n > n0)
         for (int i = 0; i < nb && i < 2; i++)
-            T->t[T->n - 1].b[i] = (int)F->num[binders[i]];
+            T->t[T->n - 1].b[i] = (int)F->X.num[binders[i]];
     if (cp)
         val_free(cp);
     return st;
@@ -1986,7 +1638,7 @@ static int acc_sum(fl *F, const nsr_expr *e, const fdom *D, double *M2, taps *T,
  * (circular) or masked to zero outside (zero padding) — with one variance, are the step between
  * CNN layers of kernels/cnn.c: M2 += σ² Σ_t M2_h[p+t, q+t] per input pair by
  * tpk_cnn_conv_block. Returns 1 when it took the taps; 0 leaves them to the generic sum. */
-static int conv_lowering(fl *F, const fdom *D, taps *T, double *M2, int *st)
+static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
 {
     *st = TPK_OK;
     if (F->dry || T->n == 0 || D->nv < 1 || D->nv > 2 || T->nb != D->nv)
@@ -2059,10 +1711,10 @@ static int conv_lowering(fl *F, const fdom *D, taps *T, double *M2, int *st)
         padding = TPK_CNN_CIRCULAR; /* no tap leaves the grid */
     const double *MX = block_m2(F, X);
     int lowerX = F->b[X].lower;
-    double *in = fl_alloc(F, m * m, sizeof *in), *out = fl_alloc(F, m * m, sizeof *out);
+    double *in = nsr_fam_alloc(&F->X, m * m, sizeof *in), *out = nsr_fam_alloc(&F->X, m * m, sizeof *out);
     if (MX == NULL || in == NULL || out == NULL) {
         free(in), free(out);
-        *st = F->ctx->status ? F->ctx->status : TPK_ENOMEM;
+        *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
         return 1;
     }
     free(in), free(out);
@@ -2114,7 +1766,7 @@ static int conv_lowering(fl *F, const fdom *D, taps *T, double *M2, int *st)
         tpk_cnn_convws_free(cv);
     }
     if (fail)
-        *st = TPK_ERROR(F->ctx, TPK_ENOMEM, "convolution of the covariance blocks failed (out of "
+        *st = TPK_ERROR(F->X.ctx, TPK_ENOMEM, "convolution of the covariance blocks failed (out of "
                         "memory)");
     return 1;
 }
@@ -2123,91 +1775,36 @@ static int conv_lowering(fl *F, const fdom *D, taps *T, double *M2, int *st)
  * binder? */
 static int accumulable(const fl *F, const nsr_expr *e, int *binders, int nb)
 {
-    while (e->kind == NSR_E_SUM && nb < MAXV) {
+    while (e->kind == NSR_E_SUM && nb < NSR_MAXV) {
         binders[nb++] = e->sym;
         e = e->a;
     }
     const nsr_expr *am, *src, *ce;
     if (!is_acc_leaf(F, e, &am, &src, &ce))
         return 0;
-    return reads_syms(am, binders, nb, 0);
+    return nsr_reads_syms(am, binders, nb, 0);
 }
 
 /* ---- sums, softmax -------------------------------------------------------------------------- */
 
-/* D' = D × (binder in lo..hi), with each point's parent in D. */
-static int extend(fl *F, const nsr_expr *e, const fdom *D, fdom *X, long **parent)
+static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
-    memset(X, 0, sizeof *X);
-    if (D->nv >= MAXV)
-        return UNSUP(F, e, "too many nested index sums");
-    X->nv = D->nv + 1;
-    memcpy(X->sym, D->sym, (size_t)D->nv * sizeof *D->sym);
-    X->sym[D->nv] = e->sym;
-    int *lo = fl_alloc(F, (size_t)D->m, sizeof *lo), *hi = fl_alloc(F, (size_t)D->m, sizeof *hi);
-    if (lo == NULL || hi == NULL) {
-        free(lo), free(hi);
-        return F->ctx->status;
-    }
-    long m = 0;
-    for (long p = 0; p < D->m; p++) {
-        bind_point(F, D, p);
-        if (int_expr(F, e->args[0], &lo[p]) || int_expr(F, e->args[1], &hi[p])) {
-            free(lo), free(hi);
-            return F->ctx->status;
-        }
-        if (hi[p] >= lo[p])
-            m += hi[p] - lo[p] + 1;
-        if (F->work_budget > 0 && F->work + m > F->work_budget) {
-            free(lo), free(hi);
-            F->deferred = 1;
-            return TPK_ERROR(F->ctx, TPK_EINVAL, "plan deferred (more than %ld points)",
-                             F->work_budget);
-        }
-        if (m > 400000000L) {
-            free(lo), free(hi);
-            return fl_err(F, TPK_EINVAL, e, "index sum too large");
-        }
-    }
-    X->m = m;
-    F->work += m;
-    X->val = fl_alloc(F, (size_t)m * (size_t)X->nv, sizeof *X->val);
-    *parent = fl_alloc(F, (size_t)m, sizeof **parent);
-    if (X->val == NULL || *parent == NULL) {
-        free(lo), free(hi), free(X->val), free(*parent);
-        X->val = NULL;
-        *parent = NULL;
-        return F->ctx->status;
-    }
-    long r = 0;
-    for (long p = 0; p < D->m; p++)
-        for (int j = lo[p]; j <= hi[p]; j++, r++) {
-            memcpy(&X->val[r * X->nv], &D->val[p * D->nv], (size_t)D->nv * sizeof *D->val);
-            X->val[r * X->nv + D->nv] = j;
-            (*parent)[r] = p;
-        }
-    free(lo), free(hi);
-    return TPK_OK;
-}
-
-static int eval_sum(fl *F, const nsr_expr *e, const fdom *D, val *out)
-{
-    int binders[MAXV];
+    int binders[NSR_MAXV];
     if (accumulable(F, e, binders, 0)) {
         double *M2;
         int k = -1;
         F->site++;
         if (new_atom(F, D->m, &M2, &k, 0))
-            return F->ctx->status;
+            return F->X.ctx->status;
         F->b[k].line = e->line;
         taps T = {.nb = 0};
         const nsr_expr *q = e;
-        while (q->kind == NSR_E_SUM && T.nb < MAXV)
+        while (q->kind == NSR_E_SUM && T.nb < NSR_MAXV)
             T.nb++, q = q->a;
         if (acc_sum(F, e, D, M2, &T, binders, T.nb, 0)) {
             taps_free(&T);
             free(M2);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         int st = TPK_OK;
         if (!conv_lowering(F, D, &T, M2, &st)) {
@@ -2224,10 +1821,10 @@ static int eval_sum(fl *F, const nsr_expr *e, const fdom *D, val *out)
         }
         return finish_atom(F, k, M2, out, D->m);
     }
-    fdom X;
+    nsr_fdom X;
     long *parent;
-    if (extend(F, e, D, &X, &parent))
-        return F->ctx->status;
+    if (nsr_extend(&F->X, e, D, &X, &parent))
+        return F->X.ctx->status;
     val v;
     int st = eval(F, e->a, &X, &v);
     free(X.val);
@@ -2240,7 +1837,7 @@ static int eval_sum(fl *F, const nsr_expr *e, const fdom *D, val *out)
         v_const(out, D->m, 0);
         if (v_scal(F, out) || v_scal(F, &v)) {
             free(parent), val_free(&v);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         for (size_t a = 0; a < N; a++)
             for (size_t r = 0; r < mx; r++)
@@ -2252,19 +1849,19 @@ static int eval_sum(fl *F, const nsr_expr *e, const fdom *D, val *out)
     out->kind = V_LIN;
     out->m = D->m;
     if (v.mu) {
-        if ((out->mu = fl_alloc(F, N * m, sizeof *out->mu)) == NULL) {
+        if ((out->mu = nsr_fam_alloc(&F->X, N * m, sizeof *out->mu)) == NULL) {
             free(parent), val_free(&v);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         for (size_t a = 0; a < N; a++)
             for (size_t r = 0; r < mx; r++)
                 out->mu[a * m + (size_t)parent[r]] += v.mu[a * mx + r];
     }
     /* each term becomes a dense map; terms on one block merge */
-    out->t = fl_alloc(F, (size_t)v.nt, sizeof *out->t);
+    out->t = nsr_fam_alloc(&F->X, (size_t)v.nt, sizeof *out->t);
     if (out->t == NULL) {
         free(parent), val_free(&v);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     for (int i = 0; i < v.nt && st == TPK_OK; i++) {
         const term *t = &v.t[i];
@@ -2276,8 +1873,8 @@ static int eval_sum(fl *F, const nsr_expr *e, const fdom *D, val *out)
             out->t[j].blk = t->blk;
             out->t[j].dense = 1;
             out->nt++;
-            if (!F->dry && (out->t[j].w = fl_alloc(F, N * m * ms, sizeof(double))) == NULL)
-                st = F->ctx->status;
+            if (!F->dry && (out->t[j].w = nsr_fam_alloc(&F->X, N * m * ms, sizeof(double))) == NULL)
+                st = F->X.ctx->status;
         }
         if (st || F->dry)
             continue;
@@ -2302,139 +1899,44 @@ static int eval_sum(fl *F, const nsr_expr *e, const fdom *D, val *out)
 /* softmax(j in lo..hi: s) at the enclosing j. Its rows depend on the other indices only, so
  * they are computed once per row (a[i, j] for all j ≤ i costs T² exp, not T³), shifted by the
  * row maximum. */
-static int eval_softmax(fl *F, const nsr_expr *e, const fdom *D, val *out)
+static int eval_softmax(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
-    int kv = -1;
-    for (int v = 0; v < D->nv; v++)
-        if (D->sym[v] == e->op)
-            kv = v;
-    if (kv >= 0 && (reads_syms(e->a, &e->op, 1, 0) || reads_syms(e->args[0], &e->op, 1, 0) ||
-                    reads_syms(e->args[1], &e->op, 1, 0)))
-        kv = -1; /* the row reads the entry's own index: no sharing */
-    /* rows: the points of D with index kv dropped (hashing the other indices) */
-    fdom Rw;
-    memset(&Rw, 0, sizeof Rw);
-    long *row = fl_alloc(F, (size_t)D->m, sizeof *row);
-    if (row == NULL)
-        return F->ctx->status;
-    int st = TPK_OK;
-    if (kv < 0) {
-        Rw = *D;
-        Rw.val = fl_alloc(F, (size_t)D->m * (size_t)D->nv, sizeof *Rw.val);
-        if (Rw.val == NULL) {
-            free(row);
-            return F->ctx->status;
-        }
-        memcpy(Rw.val, D->val, (size_t)D->m * (size_t)D->nv * sizeof *Rw.val);
-        for (long p = 0; p < D->m; p++)
-            row[p] = p;
-    } else {
-        Rw.nv = D->nv - 1;
-        for (int v = 0, w = 0; v < D->nv; v++)
-            if (v != kv)
-                Rw.sym[w++] = D->sym[v];
-        size_t cap = 16;
-        while (cap < 2 * (size_t)D->m)
-            cap *= 2;
-        long *tab = fl_alloc(F, cap, sizeof *tab);
-        Rw.val = fl_alloc(F, (size_t)D->m * (size_t)(Rw.nv ? Rw.nv : 1), sizeof *Rw.val);
-        if (tab == NULL || Rw.val == NULL) {
-            free(tab), free(Rw.val), free(row);
-            return F->ctx->status;
-        }
-        for (size_t i = 0; i < cap; i++)
-            tab[i] = -1;
-        for (long p = 0; p < D->m; p++) {
-            int key[MAXV];
-            for (int v = 0, w = 0; v < D->nv; v++)
-                if (v != kv)
-                    key[w++] = D->val[p * D->nv + v];
-            uint64_t h = 1469598103934665603u;
-            for (int w = 0; w < Rw.nv; w++)
-                h = (h ^ (uint32_t)key[w]) * 1099511628211u;
-            size_t q = (size_t)h & (cap - 1);
-            while (tab[q] >= 0 &&
-                   memcmp(&Rw.val[tab[q] * Rw.nv], key, (size_t)Rw.nv * sizeof *key) != 0)
-                q = (q + 1) & (cap - 1);
-            if (tab[q] < 0) {
-                tab[q] = Rw.m;
-                memcpy(&Rw.val[Rw.m * Rw.nv], key, (size_t)Rw.nv * sizeof *key);
-                Rw.m++;
-            }
-            row[p] = tab[q];
-        }
-        free(tab);
-    }
-    fdom X;
-    long *parent = NULL;
+    nsr_softmax_shape S;
     val v;
     memset(&v, 0, sizeof v);
-    st = extend(F, e, &Rw, &X, &parent);
+    int st = nsr_softmax_shape_of(&F->X, e, D, &S);
     if (st == TPK_OK)
-        st = eval(F, e->a, &X, &v);
+        st = eval(F, e->a, &S.X, &v);
     if (st == TPK_OK && v.kind == V_LIN)
-        st = UNSUP(F, e->a, "softmax of a vector: its argument must be scalars (Moments)");
+        st = NSR_UNSUP(&F->X, e->a, "softmax of a vector: its argument must be scalars (Moments)");
     if (st == TPK_OK)
         st = v_scal(F, &v);
-    size_t N = F->N, m = (size_t)D->m, mx = (size_t)X.m, nr = (size_t)Rw.m;
-    long *start = st ? NULL : fl_alloc(F, nr + 1, sizeof *start);
-    if (st == TPK_OK && start == NULL)
-        st = F->ctx->status;
-    for (size_t r = 0; st == TPK_OK && r <= nr; r++)
-        start[r] = (long)mx;
-    for (size_t r = mx; st == TPK_OK && r-- > 0;)
-        start[parent[r]] = (long)r;
-    /* the entry of each point: its row's member whose binder equals the point's index */
-    long *pick = st ? NULL : fl_alloc(F, m, sizeof *pick);
-    if (st == TPK_OK && pick == NULL)
-        st = F->ctx->status;
-    for (size_t p = 0; st == TPK_OK && p < m; p++) {
-        size_t r = (size_t)row[p];
-        int want;
-        if (kv >= 0) {
-            want = D->val[p * (size_t)D->nv + (size_t)kv];
-        } else {
-            bind_point(F, D, (long)p);
-            want = (int)F->num[e->op];
-        }
-        long s0 = start[r], s1 = r + 1 < nr ? start[r + 1] : (long)mx;
-        long q = s0 < s1 ? s0 + (want - X.val[s0 * X.nv + Rw.nv]) : -1;
-        if (q < s0 || q >= s1)
-            st = fl_err(F, TPK_ETYPE, e, "softmax entry %s = %d is outside its range", e->name, want);
-        else
-            pick[p] = q;
-    }
     if (st == TPK_OK) {
         v_const(out, D->m, 0);
         st = v_scal(F, out);
     }
+    size_t N = F->N, m = (size_t)D->m, mx = (size_t)S.X.m, nr = (size_t)S.rows.m;
     if (st == TPK_OK && !F->dry) {
-        double *z = fl_alloc(F, nr, sizeof *z), *mxr = fl_alloc(F, nr, sizeof *mxr);
+        double *z = nsr_fam_alloc(&F->X, nr, sizeof *z), *mxr = nsr_fam_alloc(&F->X, nr, sizeof *mxr);
         if (z == NULL || mxr == NULL)
-            st = F->ctx->status;
+            st = F->X.ctx->status;
         for (size_t a = 0; st == TPK_OK && a < N; a++) {
             const double *sv = v.s + a * mx;
             for (size_t r = 0; r < nr; r++) {
-                long s0 = start[r], s1 = r + 1 < nr ? start[r + 1] : (long)mx;
                 double mm = -INFINITY, zz = 0;
-                for (long q = s0; q < s1; q++)
+                for (long q = S.start[r]; q < S.start[r + 1]; q++)
                     mm = fmax(mm, sv[q]);
-                for (long q = s0; q < s1; q++)
+                for (long q = S.start[r]; q < S.start[r + 1]; q++)
                     zz += exp(sv[q] - mm);
                 z[r] = zz;
                 mxr[r] = mm;
             }
             for (size_t p = 0; p < m; p++)
-                out->s[a * m + p] = exp(sv[pick[p]] - mxr[row[p]]) / z[row[p]];
+                out->s[a * m + p] = exp(sv[S.pick[p]] - mxr[S.row[p]]) / z[S.row[p]];
         }
         free(z), free(mxr);
     }
-    free(start);
-    free(pick);
-    free(parent);
-    free(row);
-    free(X.val);
-    free(Rw.val);
+    nsr_softmax_shape_free(&S);
     val_free(&v);
     return st;
 }
@@ -2469,7 +1971,7 @@ static int ml_push(fl *F, mlist *L, mono *m)
         int cap = L->cap ? 2 * L->cap : 8;
         mono *v = realloc(L->v, (size_t)cap * sizeof *v);
         if (v == NULL)
-            return TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+            return TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
         L->v = v;
         L->cap = cap;
     }
@@ -2484,17 +1986,17 @@ static int v_copy(fl *F, const val *a, val *out)
     out->s = NULL;
     out->mu = NULL;
     out->t = NULL;
-    if (a->s && (out->s = fl_alloc(F, N * m, sizeof *out->s)) == NULL)
-        return F->ctx->status;
+    if (a->s && (out->s = nsr_fam_alloc(&F->X, N * m, sizeof *out->s)) == NULL)
+        return F->X.ctx->status;
     if (a->s)
         memcpy(out->s, a->s, N * m * sizeof *out->s);
-    if (a->mu && (out->mu = fl_alloc(F, N * m, sizeof *out->mu)) == NULL)
-        return F->ctx->status;
+    if (a->mu && (out->mu = nsr_fam_alloc(&F->X, N * m, sizeof *out->mu)) == NULL)
+        return F->X.ctx->status;
     if (a->mu)
         memcpy(out->mu, a->mu, N * m * sizeof *out->mu);
     if (a->nt) {
-        if ((out->t = fl_alloc(F, (size_t)a->nt, sizeof *out->t)) == NULL)
-            return F->ctx->status;
+        if ((out->t = nsr_fam_alloc(&F->X, (size_t)a->nt, sizeof *out->t)) == NULL)
+            return F->X.ctx->status;
         for (int i = 0; i < a->nt; i++) {
             const term *t = &a->t[i];
             term *u = &out->t[i];
@@ -2503,12 +2005,12 @@ static int v_copy(fl *F, const val *a, val *out)
             u->w = NULL;
             size_t ms = (size_t)F->b[t->blk].m;
             size_t nw = t->dense ? N * m * ms : N * m;
-            if (t->idx && (u->idx = fl_alloc(F, m, sizeof *u->idx)) == NULL)
-                return F->ctx->status;
+            if (t->idx && (u->idx = nsr_fam_alloc(&F->X, m, sizeof *u->idx)) == NULL)
+                return F->X.ctx->status;
             if (t->idx)
                 memcpy(u->idx, t->idx, m * sizeof *u->idx);
-            if (t->w && (u->w = fl_alloc(F, nw, sizeof *u->w)) == NULL)
-                return F->ctx->status;
+            if (t->w && (u->w = nsr_fam_alloc(&F->X, nw, sizeof *u->w)) == NULL)
+                return F->X.ctx->status;
             if (t->w)
                 memcpy(u->w, t->w, nw * sizeof *u->w);
         }
@@ -2516,7 +2018,7 @@ static int v_copy(fl *F, const val *a, val *out)
     return TPK_OK;
 }
 
-static int expand(fl *F, const nsr_expr *e, const fdom *D, mlist *L, int depth);
+static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth);
 
 static int ml_mul(fl *F, mlist *A, mlist *B, mlist *out, const nsr_expr *e)
 {
@@ -2525,7 +2027,7 @@ static int ml_mul(fl *F, mlist *A, mlist *B, mlist *out, const nsr_expr *e)
         for (int j = 0; j < B->n && st == TPK_OK; j++) {
             mono *x = &A->v[i], *y = &B->v[j];
             if (x->nf + y->nf > 2) {
-                st = UNSUP(F, e, "a Moment of degree > 2 in vectors: write the product as one "
+                st = NSR_UNSUP(&F->X, e, "a Moment of degree > 2 in vectors: write the product as one "
                            "function");
                 break;
             }
@@ -2547,15 +2049,15 @@ static int ml_mul(fl *F, mlist *A, mlist *B, mlist *out, const nsr_expr *e)
     return st;
 }
 
-static int expand(fl *F, const nsr_expr *e, const fdom *D, mlist *L, int depth)
+static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
 {
     if (depth > NSR_MAX_DEPTH)
-        return UNSUP(F, e, "expression nested too deeply");
+        return NSR_UNSUP(&F->X, e, "expression nested too deeply");
     if (e->kind == NSR_E_BIN && (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS)) {
         mlist B = {0};
         if (expand(F, e->a, D, L, depth + 1) || expand(F, e->b, D, &B, depth + 1)) {
             ml_free(&B);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         val neg;
         v_const(&neg, D->m, -1);
@@ -2567,13 +2069,13 @@ static int expand(fl *F, const nsr_expr *e, const fdom *D, mlist *L, int depth)
             memset(&B.v[i], 0, sizeof B.v[i]);
         }
         ml_free(&B);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     if (e->kind == NSR_E_NEG) {
         mlist A = {0};
         if (expand(F, e->a, D, &A, depth + 1)) {
             ml_free(&A);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         val neg;
         v_const(&neg, D->m, -1);
@@ -2583,7 +2085,7 @@ static int expand(fl *F, const nsr_expr *e, const fdom *D, mlist *L, int depth)
             memset(&A.v[i], 0, sizeof A.v[i]);
         }
         ml_free(&A);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     if (e->kind == NSR_E_BIN && (e->op == NSR_T_STAR || e->op == NSR_T_CARET)) {
         mlist A = {0}, B = {0};
@@ -2592,21 +2094,21 @@ static int expand(fl *F, const nsr_expr *e, const fdom *D, mlist *L, int depth)
             st = expand(F, e->b, D, &B, depth + 1);
         if (st == TPK_OK && e->op == NSR_T_CARET) {
             double k;
-            st = num_expr(F, e->b, &k);
+            st = nsr_fam_num(&F->X, e->b, &k);
             if (st == TPK_OK && k == 1) {
                 for (int i = 0; i < A.n; i++) {
                     ml_push(F, L, &A.v[i]);
                     memset(&A.v[i], 0, sizeof A.v[i]);
                 }
                 ml_free(&A);
-                return F->ctx->status;
+                return F->X.ctx->status;
             }
             if (st == TPK_OK && k != 2) {
                 int vec = 0;
                 for (int i = 0; i < A.n; i++)
                     vec |= A.v[i].nf > 0;
                 if (vec)
-                    st = UNSUP(F, e, "a power other than 2 of a vector inside mean()");
+                    st = NSR_UNSUP(&F->X, e, "a power other than 2 of a vector inside mean()");
             }
             if (st == TPK_OK && k == 2) {
                 mlist A2 = {0};
@@ -2639,14 +2141,14 @@ static int expand(fl *F, const nsr_expr *e, const fdom *D, mlist *L, int depth)
     if (e->kind == NSR_E_BIN && e->op == NSR_T_SLASH) {
         val d;
         if (eval(F, e->b, D, &d))
-            return F->ctx->status;
+            return F->X.ctx->status;
         if (d.kind == V_LIN) {
             val_free(&d);
-            return UNSUP(F, e->b, "division by a vector inside mean()");
+            return NSR_UNSUP(&F->X, e->b, "division by a vector inside mean()");
         }
         if (v_scal(F, &d)) {
             val_free(&d);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         for (size_t i = 0; i < F->N * (size_t)D->m; i++)
             d.s[i] = 1.0 / d.s[i];
@@ -2659,13 +2161,13 @@ static int expand(fl *F, const nsr_expr *e, const fdom *D, mlist *L, int depth)
             }
         ml_free(&A);
         val_free(&d);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
 leaf:;
     mono r = {0};
     val v;
     if (eval(F, e, D, &v))
-        return F->ctx->status;
+        return F->X.ctx->status;
     if (v.kind == V_LIN) {
         v_const(&r.coef, D->m, 1);
         r.f[0] = v;
@@ -2686,8 +2188,8 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
             size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
             double *buf = NULL;
             if (t->blk != s->blk && !F->dry &&
-                (buf = fl_alloc(F, N * mt * N * ms, sizeof *buf)) == NULL)
-                return F->ctx->status;
+                (buf = nsr_fam_alloc(&F->X, N * mt * N * ms, sizeof *buf)) == NULL)
+                return F->X.ctx->status;
             int zero, st;
             /* two gathers of one block read entries (a, i), (a, j): the lower triangle holds
              * them as (a, max), (a, min), so a lower-stored block need not be mirrored */
@@ -2734,11 +2236,11 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
         }
     if (F->dry || (u->mu == NULL && v->mu == NULL))
         return TPK_OK;
-    double *mU = fl_alloc(F, N * m, sizeof *mU), *mV = fl_alloc(F, N * m, sizeof *mV);
+    double *mU = nsr_fam_alloc(&F->X, N * m, sizeof *mU), *mV = nsr_fam_alloc(&F->X, N * m, sizeof *mV);
     int nz;
     if (mU == NULL || mV == NULL || lin_mean(F, u, mU, &nz) || lin_mean(F, v, mV, &nz)) {
         free(mU), free(mV);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     for (size_t i = 0; i < N * m; i++) {
         double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[i] : 0;
@@ -2750,19 +2252,19 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
 
 /* mean(body) at every point: Σ monomials coef·E[Π factors] (theory §1.9: the limit of a
  * NETSOR+ Moment is the expectation under the limit Gaussian). */
-static int eval_mean(fl *F, const nsr_expr *e, const fdom *D, val *out)
+static int eval_mean(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     mlist L = {0};
     if (expand(F, e->args[0], D, &L, 0)) {
         ml_free(&L);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     size_t N = F->N, m = (size_t)D->m;
     v_const(out, D->m, 0);
     int st = v_scal(F, out);
-    double *tmp = st ? NULL : fl_alloc(F, N * m, sizeof *tmp);
+    double *tmp = st ? NULL : nsr_fam_alloc(&F->X, N * m, sizeof *tmp);
     if (st == TPK_OK && tmp == NULL)
-        st = F->ctx->status;
+        st = F->X.ctx->status;
     for (int i = 0; i < L.n && st == TPK_OK; i++) {
         mono *q = &L.v[i];
         memset(tmp, 0, N * m * sizeof *tmp);
@@ -2787,13 +2289,13 @@ static int eval_mean(fl *F, const nsr_expr *e, const fdom *D, val *out)
 
 /* ---- functions --------------------------------------------------------------------------- */
 
-static int eval_phi(fl *F, const nsr_expr *e, const fdom *D, val *out)
+static int eval_phi(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     if (e->nargs != 1)
-        return fl_err(F, TPK_ETYPE, e, "%s takes one argument", e->name);
+        return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s takes one argument", e->name);
     val u;
     if (eval(F, e->args[0], D, &u))
-        return F->ctx->status;
+        return F->X.ctx->status;
     if (u.kind == V_CONST) {
         u.c = tpk_phi_eval(e->phi, u.c);
         *out = u;
@@ -2816,12 +2318,12 @@ static int eval_phi(fl *F, const nsr_expr *e, const fdom *D, val *out)
     }
     if (arg < 0 && materialize(F, &u, -1, &arg)) {
         val_free(&u);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     val_free(&u);
     int k = new_block(F, BK_NONLIN, -1, D->m);
     if (k < 0)
-        return F->ctx->status;
+        return F->X.ctx->status;
     fblock *b = &F->b[k];
     b->phi = e->phi;
     b->arg = arg;
@@ -2829,15 +2331,15 @@ static int eval_phi(fl *F, const nsr_expr *e, const fdom *D, val *out)
     b->nanc = 0;
     anc_union(b, &F->b[arg]);
     touch(F, arg);
-    int *idx = fl_alloc(F, (size_t)D->m, sizeof *idx);
+    int *idx = nsr_fam_alloc(&F->X, (size_t)D->m, sizeof *idx);
     if (idx == NULL)
-        return F->ctx->status;
+        return F->X.ctx->status;
     for (long p = 0; p < D->m; p++)
         idx[p] = (int)p;
     return v_gather(F, out, D->m, k, idx);
 }
 
-static int eval_call(fl *F, const nsr_expr *e, const fdom *D, val *out)
+static int eval_call(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     if (e->sym < 0 && (strcmp(e->name, "mod") == 0 || strcmp(e->name, "wrap") == 0 ||
                        strcmp(e->name, "inside") == 0)) {
@@ -2845,24 +2347,24 @@ static int eval_call(fl *F, const nsr_expr *e, const fdom *D, val *out)
     }
     if (strcmp(e->name, "mean") == 0 && e->sym < 0)
         return eval_mean(F, e, D, out);
-    if (e->sym >= 0 && F->C->sym[e->sym].kind == NSR_SYM_AFAM)
+    if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_AFAM)
         return eval_matmul(F, e, e->args[0], D, out);
     if (e->phi != NULL)
         return eval_phi(F, e, D, out);
-    return UNSUP(F, e, "'%s(...)' is not taken by the rolled evaluator", e->name);
+    return NSR_UNSUP(&F->X, e, "'%s(...)' is not taken by the rolled evaluator", e->name);
 }
 
-static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out)
+static int eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     memset(out, 0, sizeof *out);
-    if (F->ctx->status)
-        return F->ctx->status;
+    if (F->X.ctx->status)
+        return F->X.ctx->status;
     switch (e->kind) {
     case NSR_E_NUM:
         return v_const(out, D->m, e->num);
     case NSR_E_NAME:
-        if (e->sym >= 0 && F->C->sym[e->sym].kind == NSR_SYM_INPUT)
-            return fl_err(F, TPK_ETYPE, e, "the input can only be embedded (U %s)", e->name);
+        if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_INPUT)
+            return nsr_fam_err(&F->X, TPK_ETYPE, e, "the input can only be embedded (U %s)", e->name);
         return eval_name(F, e, D, out);
     case NSR_E_CALL:
         return eval_call(F, e, D, out);
@@ -2874,7 +2376,7 @@ static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out)
         return eval_softmax(F, e, D, out);
     case NSR_E_NEG: {
         if (eval(F, e->a, D, out))
-            return F->ctx->status;
+            return F->X.ctx->status;
         val c;
         v_const(&c, D->m, -1);
         return v_scale(F, out, &c);
@@ -2883,17 +2385,17 @@ static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out)
         val a, b;
         if (e->op == NSR_T_CARET) {
             double k;
-            if (num_expr(F, e->b, &k))
-                return F->ctx->status;
+            if (nsr_fam_num(&F->X, e->b, &k))
+                return F->X.ctx->status;
             if (eval(F, e->a, D, &a))
-                return F->ctx->status;
+                return F->X.ctx->status;
             if (a.kind == V_LIN) {
                 if (k == 1) {
                     *out = a;
                     return TPK_OK;
                 }
                 val_free(&a);
-                return UNSUP(F, e, "a power of a vector outside mean(): write it as a function");
+                return NSR_UNSUP(&F->X, e, "a power of a vector outside mean(): write it as a function");
             }
             if (a.kind == V_CONST) {
                 a.c = pow(a.c, k);
@@ -2905,17 +2407,17 @@ static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out)
             return TPK_OK;
         }
         if (eval(F, e->a, D, &a))
-            return F->ctx->status;
+            return F->X.ctx->status;
         if (eval(F, e->b, D, &b)) {
             val_free(&a);
-            return F->ctx->status;
+            return F->X.ctx->status;
         }
         int st = TPK_OK;
         if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS) {
             st = v_add(F, &a, &b, e->op == NSR_T_PLUS ? 1 : -1);
         } else if (e->op == NSR_T_STAR) {
             if (a.kind == V_LIN && b.kind == V_LIN)
-                st = UNSUP(F, e, "a product of two vectors outside mean() (a Nonlin of several "
+                st = NSR_UNSUP(&F->X, e, "a product of two vectors outside mean() (a Nonlin of several "
                            "G-vars)");
             else if (a.kind == V_LIN)
                 st = v_scale(F, &a, &b);
@@ -2927,9 +2429,9 @@ static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out)
             }
         } else { /* / */
             if (b.kind == V_CONST && b.c == 0) {
-                st = fl_err(F, TPK_ETYPE, e->b, "division by the constant 0");
+                st = nsr_fam_err(&F->X, TPK_ETYPE, e->b, "division by the constant 0");
             } else if (b.kind == V_LIN) {
-                st = UNSUP(F, e->b, "division by a vector");
+                st = NSR_UNSUP(&F->X, e->b, "division by a vector");
             } else if ((st = v_scal(F, &b)) == TPK_OK) {
                 for (size_t i = 0; i < F->N * (size_t)b.m; i++)
                     b.s[i] = 1.0 / b.s[i];
@@ -2946,7 +2448,7 @@ static int eval(fl *F, const nsr_expr *e, const fdom *D, val *out)
         return TPK_OK;
     }
     default:
-        return UNSUP(F, e, "expression not taken by the rolled evaluator");
+        return NSR_UNSUP(&F->X, e, "expression not taken by the rolled evaluator");
     }
 }
 
@@ -2956,38 +2458,6 @@ typedef struct fout {
     val v;
     double var, bias_var;
 } fout;
-
-/* The domain of instruction k and its block's member lookup (target positions of the rolled
- * loops; other positions fixed by the bound loops). */
-static int instr_domain(fl *F, const nsr_finstr *fi, fdom *D, trie *tr)
-{
-    const nsr_stmt *s = fi->stmt;
-    if (build_domain(F, fi->loop, fi->nloops, D, tr))
-        return F->ctx->status;
-    for (int k = 0; k < fi->nloops; k++) {
-        tr->pos[k] = -1;
-        for (int i = 0; i < s->nidx; i++)
-            if (s->idx[i]->kind == NSR_E_NAME && s->idx[i]->nidx == 0 &&
-                s->idx[i]->sym == fi->loop[k]->fam)
-                tr->pos[k] = i;
-        if (tr->pos[k] < 0)
-            return fl_err(F, TPK_ETYPE, s->idx[0], "internal: rolled index not in the target");
-    }
-    for (int i = 0; i < s->nidx; i++) {
-        int rolled = 0;
-        for (int k = 0; k < fi->nloops; k++)
-            rolled |= tr->pos[k] == i;
-        if (rolled)
-            continue;
-        if (reads_syms(s->idx[i], D->sym, D->nv, 0))
-            return UNSUP(F, s->idx[i], "a target index that is an expression of a rolled index");
-        tr->fpos[tr->nfix] = i;
-        if (int_expr(F, s->idx[i], &tr->fval[tr->nfix]))
-            return F->ctx->status;
-        tr->nfix++;
-    }
-    return TPK_OK;
-}
 
 static int is_identity(const val *v, const fblock *b)
 {
@@ -3002,27 +2472,27 @@ static int is_identity(const val *v, const fblock *b)
 static int run_def(fl *F, const nsr_finstr *fi)
 {
     const nsr_stmt *s = fi->stmt;
-    fdom D;
-    trie tr;
+    nsr_fdom D;
+    nsr_trie tr;
     memset(&tr, 0, sizeof tr);
-    if (instr_domain(F, fi, &D, &tr)) {
+    if (nsr_instr_domain(&F->X, fi, &D, &tr)) {
         free(D.val);
-        trie_free(&tr);
-        return F->ctx->status;
+        nsr_trie_free(&tr);
+        return F->X.ctx->status;
     }
     val v;
     int st = eval(F, s->value, &D, &v);
     free(D.val);
     if (st) {
-        trie_free(&tr);
+        nsr_trie_free(&tr);
         return st;
     }
     int k = -1;
     if (v.kind != V_LIN) {
         if (s->annot == NSR_ANN_G || s->annot == NSR_ANN_H) {
             val_free(&v);
-            trie_free(&tr);
-            return fl_err(F, TPK_ETYPE, s->value, "%s is annotated %s but its value is a scalar",
+            nsr_trie_free(&tr);
+            return nsr_fam_err(&F->X, TPK_ETYPE, s->value, "%s is annotated %s but its value is a scalar",
                           s->name, s->annot == NSR_ANN_G ? "G" : "H");
         }
         int zero = v.kind == V_CONST && v.c == 0 && s->annot != NSR_ANN_SCALAR;
@@ -3034,8 +2504,8 @@ static int run_def(fl *F, const nsr_finstr *fi)
         val_free(&v);
     } else if (s->annot == NSR_ANN_SCALAR) {
         val_free(&v);
-        trie_free(&tr);
-        return fl_err(F, TPK_ETYPE, s->value, "%s is annotated scalar but its value is a vector",
+        nsr_trie_free(&tr);
+        return nsr_fam_err(&F->X, TPK_ETYPE, s->value, "%s is annotated scalar but its value is a vector",
                       s->name);
     } else {
         int dense = 0, nonlin = 0;
@@ -3048,14 +2518,14 @@ static int run_def(fl *F, const nsr_finstr *fi)
             /* a new block (MatMul, φ) is the family's own */
             k = v.t[0].blk;
             F->b[k].fam = s->fam;
-            F->b[k].fi = F->cur;
+            F->b[k].fi = F->X.cur;
             val_free(&v);
         } else if (dense && !nonlin) {
             st = materialize(F, &v, s->fam, &k);
             val_free(&v);
         } else if (dense) {
             val_free(&v);
-            st = UNSUP(F, s->value, "an index sum of H-vars defining a family (pooling is taken "
+            st = NSR_UNSUP(&F->X, s->value, "an index sum of H-vars defining a family (pooling is taken "
                        "in a readout)");
         } else {
             k = new_block(F, BK_MIX, s->fam, v.m);
@@ -3073,12 +2543,12 @@ static int run_def(fl *F, const nsr_finstr *fi)
         }
     }
     if (k < 0 || st) {
-        trie_free(&tr);
-        return st ? st : F->ctx->status;
+        nsr_trie_free(&tr);
+        return st ? st : F->X.ctx->status;
     }
     fblock *b = &F->b[k];
     b->fam = s->fam;
-    b->fi = F->cur;
+    b->fi = F->X.cur;
     b->nidx = s->nidx;
     b->tr = tr;
     b->line = s->name_line;
@@ -3087,23 +2557,23 @@ static int run_def(fl *F, const nsr_finstr *fi)
 }
 
 /* The outputs of an output instruction as the program's tpk_output entries ("y[3]"). */
-static int name_outputs(fl *F, const nsr_stmt *s, const fdom *D, double var, double bias)
+static int name_outputs(fl *F, const nsr_stmt *s, const nsr_fdom *D, double var, double bias)
 {
     tpk_program *P = F->fill;
     int st = TPK_OK;
     {
         tpk_output *no = realloc(P->output, ((size_t)P->noutputs + (size_t)D->m) * sizeof *no);
         if (no == NULL)
-            st = TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+            st = TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
         else
             P->output = no;
         for (long q = 0; st == TPK_OK && q < D->m; q++) {
             char buf[160];
             size_t n = (size_t)snprintf(buf, sizeof buf, "%s", s->name);
-            bind_point(F, D, q);
+            nsr_bind_point(&F->X, D, q);
             for (int i = 0; i < s->nidx && st == TPK_OK && n < sizeof buf; i++) {
                 int v;
-                st = int_expr(F, s->idx[i], &v);
+                st = nsr_fam_int(&F->X, s->idx[i], &v);
                 n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%d", i ? "," : "[", v);
                 if (i == s->nidx - 1 && n < sizeof buf)
                     n += (size_t)snprintf(buf + n, sizeof buf - n, "]");
@@ -3111,7 +2581,7 @@ static int name_outputs(fl *F, const nsr_stmt *s, const fdom *D, double var, dou
             tpk_output *y = &P->output[P->noutputs];
             memset(y, 0, sizeof *y);
             if (st == TPK_OK && (y->name = strdup(buf)) == NULL)
-                st = TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory");
+                st = TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
             if (st == TPK_OK) {
                 y->src = -1;
                 y->var = var;
@@ -3127,27 +2597,27 @@ static int run_output(fl *F, const nsr_finstr *fi, fout *o)
 {
     const nsr_stmt *s = fi->stmt;
     const nsr_expr *rd = s->value;
-    fdom D;
-    trie tr;
+    nsr_fdom D;
+    nsr_trie tr;
     memset(&tr, 0, sizeof tr);
-    int st = instr_domain(F, fi, &D, &tr);
-    trie_free(&tr);
+    int st = nsr_instr_domain(&F->X, fi, &D, &tr);
+    nsr_trie_free(&tr);
     if (st) {
         free(D.val);
         return st;
     }
     memset(o, 0, sizeof *o);
-    if (num_expr(F, rd->args[1], &o->var) || (rd->nargs == 3 && num_expr(F, rd->args[2], &o->bias_var))) {
+    if (nsr_fam_num(&F->X, rd->args[1], &o->var) || (rd->nargs == 3 && nsr_fam_num(&F->X, rd->args[2], &o->bias_var))) {
         free(D.val);
-        return F->ctx->status;
+        return F->X.ctx->status;
     }
     if (o->var < 0 || o->bias_var < 0) {
         free(D.val);
-        return fl_err(F, TPK_ETYPE, rd, "readout variance is negative");
+        return nsr_fam_err(&F->X, TPK_ETYPE, rd, "readout variance is negative");
     }
     st = eval(F, rd->args[0], &D, &o->v);
     if (st == TPK_OK && o->v.kind != V_LIN)
-        st = fl_err(F, TPK_ETYPE, rd->args[0], "readout needs a G- or H-var, not a scalar");
+        st = nsr_fam_err(&F->X, TPK_ETYPE, rd->args[0], "readout needs a G- or H-var, not a scalar");
     if (st == TPK_OK && F->fill != NULL) /* a rolled-only program: name its outputs */
         st = name_outputs(F, s, &D, o->var, o->bias_var);
     free(D.val);
@@ -3160,11 +2630,11 @@ static void fl_free(fl *F)
 {
     for (int k = 0; k < F->nb; k++) {
         block_data_free(F, &F->b[k]);
-        trie_free(&F->b[k].tr);
+        nsr_trie_free(&F->b[k].tr);
     }
     free(F->b);
     free(F->amark);
-    free(F->num);
+    nsr_fam_free(&F->X);
 
     for (int i = 0; i < 6; i++)
         free(F->pool[i].p);
@@ -3198,15 +2668,15 @@ static int v_last(fl *F, val *v)
 /* One pass over the program: plan (F->dry) or numbers. */
 static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_array **K)
 {
-    const nsr_rolled *R = F->R;
+    const nsr_rolled *R = F->X.R;
     int nout = 0;
     for (int k = 0; k < R->nfi; k++)
         nout += R->fi[k].stmt->kind == NSR_S_OUTPUT;
     if (nout == 0)
-        return TPK_ERROR(F->ctx, TPK_ETYPE, "%s: the program has no output", R->file);
-    fout *out = fl_alloc(F, (size_t)nout, sizeof *out);
+        return TPK_ERROR(F->X.ctx, TPK_ETYPE, "%s: the program has no output", R->file);
+    fout *out = nsr_fam_alloc(&F->X, (size_t)nout, sizeof *out);
     if (out == NULL)
-        return F->ctx->status;
+        return F->X.ctx->status;
     int no = 0, st = TPK_OK;
     F->plan = plan_last;
     F->nplan = nplan;
@@ -3221,8 +2691,8 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                     R->fi[k - 1].stmt->name, t - t_prev);
             t_prev = t;
         }
-        F->cur = k;
-        memcpy(F->num, R->fi[k].num, ((size_t)F->C->nsym + 1) * sizeof *F->num);
+        F->X.cur = k;
+        memcpy(F->X.num, R->fi[k].num, ((size_t)F->X.C->nsym + 1) * sizeof *F->X.num);
         st = R->fi[k].stmt->kind == NSR_S_OUTPUT ? run_output(F, &R->fi[k], &out[no++])
                                                  : run_def(F, &R->fi[k]);
         if (st == TPK_OK && plan_last)
@@ -3238,7 +2708,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 R->fi[R->nfi - 1].stmt->name, t - t_prev);
         t_prev = t;
     }
-    F->cur = R->nfi; /* the outputs read their blocks at the end */
+    F->X.cur = R->nfi; /* the outputs read their blocks at the end */
     if (st == TPK_OK && !all_outputs) {
         for (int i = 0; i < no - 1; i++)
             val_free(&out[i].v);
@@ -3250,14 +2720,14 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     for (int i = 0; st == TPK_OK && i < no; i++)
         O += (size_t)out[i].v.m;
     if (st == TPK_OK && O > 200000)
-        st = TPK_ERROR(F->ctx, TPK_EINVAL, "%s: %zu outputs per input are too many for one kernel",
+        st = TPK_ERROR(F->X.ctx, TPK_EINVAL, "%s: %zu outputs per input are too many for one kernel",
                        R->file, O);
     size_t N = F->N, dim = N * O;
     tpk_array *Kout = NULL;
     if (st == TPK_OK && !F->dry) {
-        Kout = tpk_array_alloc2(dim, dim, F->ctx);
+        Kout = tpk_array_alloc2(dim, dim, F->X.ctx);
         if (Kout == NULL)
-            st = F->ctx->status;
+            st = F->X.ctx->status;
     }
     size_t oi0 = 0;
     for (int i = 0; i < no && st == TPK_OK; i++) {
@@ -3277,7 +2747,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 const fblock *bx = &F->b[a->v.t[0].blk];
                 double e = 0;
                 st = tpk_gauss_map_affine(bx->phi, F->b[bx->arg].M2, dim, a->var, a->bias_var,
-                                          Kout->data, F->ws, &e, F->ctx);
+                                          Kout->data, F->ws, &e, F->X.ctx);
                 F->err = fmax(F->err, e * a->var);
                 break;
             }
@@ -3294,9 +2764,9 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 }
                 break;
             }
-            double *M = fl_alloc(F, N * mi * N * mj, sizeof *M);
+            double *M = nsr_fam_alloc(&F->X, N * mi * N * mj, sizeof *M);
             if (M == NULL) {
-                st = F->ctx->status;
+                st = F->X.ctx->status;
                 break;
             }
             st = lin_m2(F, &a->v, &c->v, M, N * mj, i == j, 1.0);
@@ -3322,7 +2792,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     if (st == TPK_OK && Kout)
         for (size_t i = 0; i < dim * dim; i++)
             if (!isfinite(Kout->data[i])) {
-                st = TPK_ERROR(F->ctx, TPK_ENUMERIC, "limit kernel has a non-finite entry (%zu, %zu)",
+                st = TPK_ERROR(F->X.ctx, TPK_ENUMERIC, "limit kernel has a non-finite entry (%zu, %zu)",
                                i / dim, i % dim);
                 break;
             }
@@ -3341,20 +2811,20 @@ static int fl_init(fl *F, const tpk_program *p, size_t N, size_t T, size_t d, co
                    tpk_ctx *ctx)
 {
     memset(F, 0, sizeof *F);
+    int st = nsr_fam_init(&F->X, p, ctx);
+    F->X.big_hint = "one covariance block over (input × member)";
     F->p = p;
-    F->R = p->rolled;
-    F->C = &F->R->C;
     F->N = N;
     F->T = T;
     F->d = d;
     F->x = x;
-    F->ctx = ctx;
     F->dry = N == 0;
-    F->num = fl_alloc(F, (size_t)F->C->nsym + 1, sizeof *F->num);
-    F->amark = fl_alloc(F, (size_t)F->R->ndm + 1, sizeof *F->amark);
-    if (F->num == NULL || F->amark == NULL)
+    if (st)
+        return st;
+    F->amark = nsr_fam_alloc(&F->X, (size_t)F->X.R->ndm + 1, sizeof *F->amark);
+    if (F->amark == NULL)
         return ctx->status;
-    for (int i = 0; i < F->R->ndm; i++)
+    for (int i = 0; i < F->X.R->ndm; i++)
         F->amark[i] = -1;
     return TPK_OK;
 }
@@ -3364,11 +2834,11 @@ int nsr_flimit_plan(tpk_program *p, long budget, tpk_ctx *ctx, int *unsupported,
     fl F;
     *deferred = 0;
     int st = fl_init(&F, p, 0, (size_t)p->nslots, 0, NULL, ctx);
-    F.work_budget = budget;
+    F.X.work_budget = budget;
     if (st == TPK_OK)
         st = fl_run(&F, 1, NULL, 0, NULL);
-    *unsupported = F.unsup;
-    *deferred = F.deferred;
+    *unsupported = F.X.unsup;
+    *deferred = F.X.deferred;
     if (st == TPK_OK) {
         nsr_rolled *R = p->rolled;
         free(R->plan_last);
@@ -3388,23 +2858,23 @@ int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx)
     fl F;
     int st = fl_init(&F, p, 0, (size_t)p->nslots, 0, NULL, ctx);
     F.fill = p;
-    for (int k = 0; st == TPK_OK && k < F.R->nfi; k++) {
-        const nsr_finstr *fi = &F.R->fi[k];
+    for (int k = 0; st == TPK_OK && k < F.X.R->nfi; k++) {
+        const nsr_finstr *fi = &F.X.R->fi[k];
         if (fi->stmt->kind != NSR_S_OUTPUT)
             continue;
-        F.cur = k;
-        memcpy(F.num, fi->num, ((size_t)F.C->nsym + 1) * sizeof *F.num);
-        fdom D;
-        trie tr;
+        F.X.cur = k;
+        memcpy(F.X.num, fi->num, ((size_t)F.X.C->nsym + 1) * sizeof *F.X.num);
+        nsr_fdom D;
+        nsr_trie tr;
         memset(&tr, 0, sizeof tr);
-        st = instr_domain(&F, fi, &D, &tr);
-        trie_free(&tr);
+        st = nsr_instr_domain(&F.X, fi, &D, &tr);
+        nsr_trie_free(&tr);
         double var = 0, bias = 0;
         const nsr_expr *rd = fi->stmt->value;
         if (st == TPK_OK)
-            st = num_expr(&F, rd->args[1], &var);
+            st = nsr_fam_num(&F.X, rd->args[1], &var);
         if (st == TPK_OK && rd->nargs == 3)
-            st = num_expr(&F, rd->args[2], &bias);
+            st = nsr_fam_num(&F.X, rd->args[2], &bias);
         if (st == TPK_OK)
             st = name_outputs(&F, fi->stmt, &D, var, bias);
         free(D.val);
@@ -3445,7 +2915,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     st = fl_init(&P, p, 0, T, d, NULL, ctx);
     if (st == TPK_OK)
         st = fl_run(&P, all_outputs, NULL, 0, NULL);
-    *unsupported = P.unsup;
+    *unsupported = P.X.unsup;
     if (st) {
         fl_free(&P);
         return st;
@@ -3453,14 +2923,14 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     nb = P.nb;
     const char *tr = getenv("TPK_NETSOR_TRACE");
     if (tr != NULL && strcmp(tr, "1") == 0)
-        fprintf(stderr, "  %s: plan %.4f s, %d blocks\n", P.R->file, tpk_wall_seconds() - t_plan, nb);
+        fprintf(stderr, "  %s: plan %.4f s, %d blocks\n", P.X.R->file, tpk_wall_seconds() - t_plan, nb);
     last = malloc(((size_t)nb + 1) * sizeof *last);
     if (last == NULL) {
         fl_free(&P);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     }
     for (int k = 0; k < nb; k++)
-        last[k] = P.b[k].last_use >= P.R->nfi ? -1 : P.b[k].last_use;
+        last[k] = P.b[k].last_use >= P.X.R->nfi ? -1 : P.b[k].last_use;
     fl_free(&P);
 run:;
     fl F;
@@ -3470,7 +2940,7 @@ run:;
     if (st == TPK_OK && F.nb != nb)
         st = TPK_ERROR(ctx, TPK_EINVAL, "internal: the plan and the run differ (%d vs %d blocks)",
                        nb, F.nb);
-    *unsupported = F.unsup;
+    *unsupported = F.X.unsup;
     if (err)
         *err = F.err;
     free(last);
