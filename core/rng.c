@@ -100,3 +100,11 @@ double tpk_rng_uniform_at(uint64_t seed, uint64_t stream, uint32_t row, uint32_t
     block_at(seed, stream, row, col >> 1, w);
     return (col & 1u) ? to_01(w[2], w[3]) : to_01(w[0], w[1]);
 }
+
+uint64_t tpk_rng_stream_named(enum tpk_rng_tag tag, const char *name)
+{
+    uint64_t h = 14695981039346656037u; /* FNV-1a, 64 bits */
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = (h ^ *c) * 1099511628211u;
+    return ((uint64_t)tag << 56) | (h & (((uint64_t)1 << 56) - 1));
+}

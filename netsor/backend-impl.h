@@ -53,10 +53,17 @@ typedef struct tpk_limit_opts {
  * points (0: no limit) and was left to the first evaluation. *unsupported = 1 when
  * the failure is a form the rolled evaluator does not take (the unrolled one may). */
 int nsr_flimit_plan(tpk_program *p, long budget, tpk_ctx *ctx, int *unsupported, int *deferred);
+/* Why a program kept only rolled has no limit kernel here (TPK_EUNSUPPORTED). */
+int nsr_flimit_refusal(const tpk_program *p, tpk_ctx *ctx);
 /* Only the outputs of a rolled-only program (names, variances), without planning. */
 int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx);
 int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
                       double *err, int *unsupported, tpk_ctx *ctx);
+/* The finite-width executor on the rolled form (netsor/fexec.c): tpk_netsor_run's contract.
+ * *unsupported = 1 when the failure is a form it does not take (the unrolled one may). */
+int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
+                  int all_outputs, tpk_array **Khat, tpk_array **y, int *unsupported,
+                  tpk_ctx *ctx);
 /* Clear PSD violation of a kernel (n ≤ 600; larger kernels are not checked). */
 int nsr_check_psd(const double *K, size_t n, double err, tpk_ctx *ctx);
 

@@ -207,8 +207,7 @@ static member *add_member(elab *E, int fam, int nidx, const int *idx, int kind, 
     return x;
 }
 
-/* "h[3]" / "a[1,2]" / "g" */
-static char *member_name(const char *base, int nidx, const int *idx)
+char *nsr_member_name(const char *base, int nidx, const int *idx)
 {
     char buf[256];
     size_t k = (size_t)snprintf(buf, sizeof buf, "%s", base);
@@ -405,7 +404,7 @@ static int loop_values(elab *E, const nsr_expr *e, char *buf, size_t n, int *k, 
 static int missing_member(elab *E, const nsr_expr *e, int fam, const int *idx, const char *verb)
 {
     const nsr_sym *f = &E->C->sym[fam];
-    char *key = member_name(f->name, e->nidx, idx);
+    char *key = nsr_member_name(f->name, e->nidx, idx);
     if (key == NULL)
         return oom(E);
     char loops[200];
@@ -456,7 +455,7 @@ static int use_gdecl(elab *E, member *m)
     if (m->var >= 0)
         return m->var;
     const nsr_sym *f = &E->C->sym[m->fam];
-    int v = new_var(E, member_name(f->name, m->nidx, m->idx), TPK_VAR_G, f->node, m->line);
+    int v = new_var(E, nsr_member_name(f->name, m->nidx, m->idx), TPK_VAR_G, f->node, m->line);
     if (v < 0)
         return -1;
     tpk_instr *in = new_instr(E, TPK_OP_BIAS, v, m->line, m->col);
@@ -838,7 +837,7 @@ static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const ns
 {
     const nsr_sym *af = &E->C->sym[a->sym];
     member *m = lookup_member(E, a, "declared");
-    char *aname = m ? member_name(af->name, m->nidx, m->idx) : NULL;
+    char *aname = m ? nsr_member_name(af->name, m->nidx, m->idx) : NULL;
     char what[300], fa[300], fb[300];
     int st = TPK_OK;
     if (m == NULL || aname == NULL) {
@@ -1613,7 +1612,7 @@ static int exec_decl(elab *E, const nsr_stmt *s)
         return TPK_ETYPE;
     member *o = find_member(E, s->fam, s->nidx, idx);
     if (o != NULL) {
-        char *key = member_name(s->name, s->nidx, idx);
+        char *key = nsr_member_name(s->name, s->nidx, idx);
         int st = nsr_error(E->S, TPK_ETYPE, s->name_line, s->name_col,
                            "redeclaration of %s (first declared at line %d)", key ? key : s->name,
                            o->line);
@@ -1643,7 +1642,7 @@ static int exec_def(elab *E, const nsr_stmt *s)
     if (eval_indices(E, s->idx, s->nidx, idx))
         return TPK_ETYPE;
     member *o = find_member(E, s->fam, s->nidx, idx);
-    char *name = member_name(s->name, s->nidx, idx);
+    char *name = nsr_member_name(s->name, s->nidx, idx);
     if (name == NULL)
         return oom(E);
     if (o != NULL) {
@@ -1745,7 +1744,7 @@ static int exec_output(elab *E, const nsr_stmt *s)
     if (eval_indices(E, s->idx, s->nidx, idx))
         return TPK_ETYPE;
     member *o = find_member(E, s->fam, s->nidx, idx);
-    char *name = member_name(s->name, s->nidx, idx);
+    char *name = nsr_member_name(s->name, s->nidx, idx);
     if (name == NULL)
         return oom(E);
     if (o != NULL) {

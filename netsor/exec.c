@@ -28,8 +28,40 @@ typedef struct ex {
     int *last;      /* per var: last instruction reading it (ninstr: outputs) */
     int *lastA, *lastU;
     int maxdepth, maxlen;
+    int named;      /* streams keyed by member names (unique in the program), else by ids */
     tpk_ctx *ctx;
 } ex;
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Are the streams of all random tensors distinct when keyed by name? A program from the DSL
+ * names every member uniquely; hand-built IR may not (then ids key them, as before). */
+static int streams_by_name(const tpk_program *p)
+{
+    size_t n = (size_t)p->navars + (size_t)p->nembeds + (size_t)p->ninstr, k = 0;
+    uint64_t *h = malloc((n + 1) * sizeof *h);
+    if (h == NULL)
+        return 0;
+    for (int i = 0; i < p->navars; i++)
+        h[k++] = tpk_rng_stream_named(TPK_RNG_AVAR, p->avar[i].name ? p->avar[i].name : "");
+    for (int i = 0; i < p->nembeds; i++)
+        h[k++] = tpk_rng_stream_named(TPK_RNG_EMBED, p->embed[i].name ? p->embed[i].name : "");
+    for (int i = 0; i < p->ninstr; i++)
+        if (p->instr[i].op == TPK_OP_BIAS) {
+            const char *nm = p->var[p->instr[i].out].name;
+            h[k++] = tpk_rng_stream_named(TPK_RNG_BIAS, nm ? nm : "");
+        }
+    qsort(h, k, sizeof *h, cmp_u64);
+    int ok = 1;
+    for (size_t i = 1; i < k && ok; i++)
+        ok = h[i] != h[i - 1];
+    free(h);
+    return ok;
+}
 
 static double *normals(ex *E, uint64_t stream, size_t rows, size_t cols)
 {
@@ -192,14 +224,17 @@ static int step(ex *E, int k)
     case TPK_OP_EMBED: {
         /* out_a = U x_a^slot, U_αj = σ_U/√d · z */
         if (E->U[in->avar] == NULL &&
-            (E->U[in->avar] = normals(E, TPK_RNG_STREAM(TPK_RNG_EMBED, in->avar), n, d)) == NULL)
+            (E->U[in->avar] = normals(E, E->named ? tpk_rng_stream_named(TPK_RNG_EMBED,
+                                                                         p->embed[in->avar].name)
+                                                 : TPK_RNG_STREAM(TPK_RNG_EMBED, in->avar), n, d)) == NULL)
             return E->ctx->status;
         return tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, n, d, sqrt(in->var / (double)d),
                          E->x + (size_t)in->src * d, E->T * d, E->U[in->avar], d, 0.0, out, n,
                          E->ctx);
     }
     case TPK_OP_BIAS: {
-        uint64_t stream = TPK_RNG_STREAM(TPK_RNG_BIAS, in->out);
+        uint64_t stream = E->named ? tpk_rng_stream_named(TPK_RNG_BIAS, p->var[in->out].name)
+                                   : TPK_RNG_STREAM(TPK_RNG_BIAS, in->out);
         double s = sqrt(in->var);
         for (size_t r = 0; r < n; r++)
             out[r] = in->mean + s * tpk_rng_normal_at(E->seed, stream, (uint32_t)r, 0);
@@ -210,7 +245,9 @@ static int step(ex *E, int k)
     case TPK_OP_MATMUL: {
         /* out_a = W src_a, W_αβ = σ_W/√n · z_αβ: one GEMM for the batch */
         if (E->Z[in->avar] == NULL &&
-            (E->Z[in->avar] = normals(E, TPK_RNG_STREAM(TPK_RNG_AVAR, in->avar), n, n)) == NULL)
+            (E->Z[in->avar] = normals(E, E->named ? tpk_rng_stream_named(TPK_RNG_AVAR,
+                                                                         p->avar[in->avar].name)
+                                                 : TPK_RNG_STREAM(TPK_RNG_AVAR, in->avar), n, n)) == NULL)
             return E->ctx->status;
         return tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, n, n, sqrt(p->avar[in->avar].var / (double)n),
                          E->val[in->src], n, E->Z[in->avar], n, 0.0, out, n, E->ctx);
@@ -261,16 +298,31 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
     *Khat = NULL;
     if (y)
         *y = NULL;
-    if (p != NULL && p->ninstr == 0 && p->rolled != NULL)
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
-                         "%s: the finite-width executor runs the unrolled program, which is too "
-                         "large here (only the rolled form was kept); run it at a smaller size "
-                         "(e.g. fewer tokens or layers)", p->path ? p->path : "program");
+    if (n < 1 || n > UINT32_MAX / 2)
+        return TPK_ERROR(ctx, TPK_EINVAL, "width n = %zu outside 1..%u", n, UINT32_MAX / 2);
+    /* the rolled form first (whole families as GEMMs); a form it does not take falls back to
+     * the unrolled one. TPK_NETSOR_FORM=unrolled: the unrolled executor where it exists. */
+    const char *form = getenv("TPK_NETSOR_FORM");
+    int force_unrolled = form && strcmp(form, "unrolled") == 0 && p != NULL && p->ninstr > 0;
+    if (p != NULL && p->rolled != NULL && !force_unrolled) {
+        tpk_ctx local;
+        tpk_ctx *c = ctx;
+        if (c == NULL) { /* the rolled executor reports through a context */
+            tpk_ctx_init(&local);
+            c = &local;
+        }
+        int unsup = 0;
+        int st = nsr_fexec_run(p, x, n, seed, all_outputs, Khat, y, &unsup, c);
+        if (st == TPK_OK || !unsup || p->ninstr == 0)
+            return st;
+        const char *tr = getenv("TPK_NETSOR_TRACE"); /* where the time goes, and which form */
+        if (tr != NULL && strcmp(tr, "1") == 0)
+            fprintf(stderr, "  rolled executor: %s; the unrolled one runs\n", c->msg);
+        tpk_ctx_clear(c);
+    }
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)
         return st;
-    if (n < 1 || n > UINT32_MAX / 2)
-        return TPK_ERROR(ctx, TPK_EINVAL, "width n = %zu outside 1..%u", n, UINT32_MAX / 2);
     ex E;
     memset(&E, 0, sizeof E);
     E.p = p;
@@ -283,6 +335,7 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
     E.maxdepth = sh.maxdepth;
     E.maxlen = sh.maxlen;
     E.ctx = ctx;
+    E.named = streams_by_name(p);
     tpk_array *K = NULL, *Y = NULL;
     double *M = NULL;
     if ((st = ex_setup(&E, all_outputs)))

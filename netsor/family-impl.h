@@ -51,6 +51,9 @@ typedef struct nsr_iaff {
 } nsr_iaff;
 
 int nsr_fam_init(nsr_fam *F, const tpk_program *p, tpk_ctx *ctx);
+/* The input array x for program p: N×d (one slot) or N×T×d, non-empty, finite. */
+int nsr_rolled_input(const tpk_program *p, const tpk_array *x, size_t *N, size_t *T, size_t *d,
+                     tpk_ctx *ctx);
 void nsr_fam_free(nsr_fam *F);
 
 /* Report "file:line:col: message" at e (or the current statement); TPK_EUNSUPPORTED also sets

@@ -537,3 +537,24 @@ int nsr_softmax_shape_of(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_s
     }
     return TPK_OK;
 }
+
+int nsr_rolled_input(const tpk_program *p, const tpk_array *x, size_t *N, size_t *T, size_t *d,
+                     tpk_ctx *ctx)
+{
+    if (x == NULL || x->data == NULL || (x->ndim != 2 && x->ndim != 3))
+        return TPK_ERROR(ctx, TPK_EINVAL, "input array must be N×d or N×T×d");
+    if (!((x->ndim == 2 && p->nslots == 1) || (x->ndim == 3 && x->dims[1] == (size_t)p->nslots)))
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "input array has rank %d; the program needs N×d (1 slot) or N×%d×d",
+                         x->ndim, p->nslots);
+    *N = x->dims[0];
+    *T = x->ndim == 3 ? x->dims[1] : 1;
+    *d = x->dims[x->ndim - 1];
+    if (*N == 0 || *d == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "empty input array (N = %zu, d = %zu)", *N, *d);
+    char where[64];
+    size_t bad = tpk_array_first_nonfinite(x, where, sizeof where);
+    if (bad != tpk_array_size(x))
+        return TPK_ERROR(ctx, TPK_EDOM, "input array holds a non-finite value at [%s]", where);
+    return TPK_OK;
+}

@@ -2887,19 +2887,9 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                       double *err, int *unsupported, tpk_ctx *ctx)
 {
     *unsupported = 0;
-    if (x == NULL || x->data == NULL || (x->ndim != 2 && x->ndim != 3))
-        return TPK_ERROR(ctx, TPK_EINVAL, "input array must be N×d or N×T×d");
-    if (!((x->ndim == 2 && p->nslots == 1) || (x->ndim == 3 && x->dims[1] == (size_t)p->nslots)))
-        return TPK_ERROR(ctx, TPK_EINVAL,
-                         "input array has rank %d; the program needs N×d (1 slot) or N×%d×d",
-                         x->ndim, p->nslots);
-    size_t N = x->dims[0], T = x->ndim == 3 ? x->dims[1] : 1, d = x->dims[x->ndim - 1];
-    if (N == 0 || d == 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "empty input array (N = %zu, d = %zu)", N, d);
-    char where[64];
-    size_t bad = tpk_array_first_nonfinite(x, where, sizeof where);
-    if (bad != tpk_array_size(x))
-        return TPK_ERROR(ctx, TPK_EDOM, "input array holds a non-finite value at [%s]", where);
+    size_t N, T, d;
+    if (nsr_rolled_input(p, x, &N, &T, &d, ctx))
+        return ctx->status;
     const nsr_rolled *RR = p->rolled;
     int st = TPK_OK, nb;
     int *last = NULL;
@@ -2946,4 +2936,12 @@ run:;
     free(last);
     fl_free(&F);
     return st;
+}
+
+int nsr_flimit_refusal(const tpk_program *p, tpk_ctx *ctx)
+{
+    return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "%s (the unrolled form is too large here; the "
+                     "finite-width executor runs the program)",
+                     p->rolled && p->rolled->limit_why[0] ? p->rolled->limit_why
+                                                          : "no limit evaluator takes it");
 }

@@ -2075,7 +2075,9 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     }
     const char *form = getenv("TPK_NETSOR_FORM");
     int force_unrolled = (opts && opts->unrolled) || (form && strcmp(form, "unrolled") == 0);
-    if (p != NULL && p->rolled != NULL && !force_unrolled) {
+    if (p != NULL && p->ninstr == 0 && !tpk_program_limit_rolled(p))
+        return nsr_flimit_refusal(p, ctx);
+    if (tpk_program_limit_rolled(p) && !force_unrolled) {
         /* the rolled form first; a form it does not take falls back to the unrolled one */
         int unsup = 0;
         int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, ctx);

@@ -93,28 +93,30 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
                     S->file, R->nfi, nrolled, deferred ? "; planned when first evaluated" : "");
         return p;
     }
-    if (p->ninstr > 0) { /* the unrolled form serves */
-        if (diag)
-            fprintf(diag, "%s: note: the limit evaluator uses the unrolled form: %s\n", S->file,
-                    S->ctx->msg);
-        tpk_ctx_clear(S->ctx);
+    if (!unsup && p->ninstr == 0) { /* an error of the program, not of the evaluator */
         p->rolled = NULL;
         R->arena = NULL;
         nsr_rolled_free(R);
-        return p;
+        tpk_program_free(p);
+        return NULL;
     }
-    if (unsup) {
-        char msg[sizeof S->ctx->msg];
-        snprintf(msg, sizeof msg, "%s", S->ctx->msg);
-        tpk_ctx_clear(S->ctx);
-        TPK_ERROR(S->ctx, TPK_EINVAL, "%s (the unrolled form would take about %ld steps, beyond "
-                  "the limit, and the rolled evaluator does not take this form)", msg, estimate);
+    /* the limit evaluator does not take the rolled form (tied A-vars, bn, sqrt(n) logits): the
+     * unrolled form serves the limit where it exists; the rolled executor runs either way */
+    snprintf(R->limit_why, sizeof R->limit_why, "%s", S->ctx->msg);
+    R->limit_unsup = 1;
+    tpk_ctx_clear(S->ctx);
+    if (pr != NULL && nsr_flimit_outputs(p, S->ctx)) {
+        R->arena = NULL;
+        p->rolled = NULL;
+        nsr_rolled_free(R);
+        tpk_program_free(p);
+        return NULL;
     }
-    p->rolled = NULL;
-    R->arena = NULL;
-    nsr_rolled_free(R);
-    tpk_program_free(p);
-    return NULL;
+    if (diag)
+        fprintf(diag, "%s: note: the limit evaluator uses the %s: %s\n", S->file,
+                p->ninstr > 0 ? "unrolled form" : "rolled form, which it does not take here",
+                R->limit_why);
+    return p;
 }
 
 tpk_program *tpk_netsor_load_string(const char *name, const char *src, const tpk_netsor_opts *opts,

@@ -187,6 +187,9 @@ int nsr_uf_unify(nsr_check *C, int a, int b, int line, int col, const char *what
 const char *nsr_uf_show(nsr_check *C, int node); /* symbol name, or "_" */
 
 /* ---- Elaboration (elab.c) ------------------------------------------------------------------- */
+/* A member's name, "h[3]" / "a[1,2]" / "g" (malloc'd; NULL when out of memory). It keys the
+ * member's random stream in both executors. */
+char *nsr_member_name(const char *base, int nidx, const int *idx);
 tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C);
 
 /* ---- Rolled elaboration (roll.c; elab.c in rolled mode) ------------------------------------
@@ -229,6 +232,9 @@ typedef struct nsr_rolled {
     int *plan_last;             /* the load-time plan: each block's last use (−1: the end), or
                                  * NULL (not planned yet: each evaluation plans) */
     int nplan;
+    int limit_unsup;            /* the rolled limit evaluator does not take this program (the
+                                 * executor does): limit_why says why */
+    char limit_why[TPK_MSG_MAX];
     int why_line, why_col;      /* where the unrolled form was given up (0: it exists) */
     char why[200];
 } nsr_rolled;

@@ -57,6 +57,11 @@ int tpk_program_family_instructions(const tpk_program *p)
     return p != NULL && p->rolled != NULL ? p->rolled->nfi : 0;
 }
 
+int tpk_program_limit_rolled(const tpk_program *p)
+{
+    return p != NULL && p->rolled != NULL && !p->rolled->limit_unsup;
+}
+
 const char *nsr_op_name(int op)
 {
     switch (op) {

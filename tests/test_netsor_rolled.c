@@ -91,57 +91,63 @@ static double rolled_vs_unrolled(const tpk_program *p, const tpk_array *x)
     return d;
 }
 
-/* Every shipped program at a small size: the programs the rolled evaluator takes keep it (and
- * give the unrolled kernel to 1e-14), the others fall back to the unrolled form. */
+/* Every shipped program at a small size (rolled: whether the limit evaluator takes the rolled
+ * form; the others fall back to the unrolled form). */
+static const struct shipped {
+    const char *path;
+    size_t T, d;
+    int rolled;
+    tpk_param_set set[3];
+    int nset;
+} shipped_cases[] = {
+    {"programs/mlp.nsr", 1, 4, 1, {{0}}, 0},
+    {"programs/mlp.nsr", 1, 4, 1, {{"phi", "erf"}, {"sigma_b2", "0.3"}}, 2},
+    {"programs/mlp-residual.nsr", 1, 4, 1, {{0}}, 0},
+    {"programs/mlp-ln.nsr", 1, 4, 1, {{0}}, 0},
+    {"programs/layernorm-mlp.nsr", 1, 4, 1, {{0}}, 0},
+    {"programs/mlp-ln-residual.nsr", 1, 4, 1, {{0}}, 0},
+    {"programs/transformer.nsr", 5, 3, 1, {{"var_b", "0.3"}, {"temp", "0.7"}}, 2},
+    {"programs/transformer.nsr", 4, 2, 1, {{"L", "3"}, {"eps", "0.01"}}, 2},
+    {"programs/cnn1d.nsr", 6, 2, 1, {{"sigma_b2", "0.2"}}, 1},
+    {"programs/cnn1d.nsr", 6, 2, 1, {{"circular", "0"}, {"k", "4"}}, 2},
+    {"programs/cnn2d.nsr", 9, 2, 1, {{0}}, 0},
+    {"programs/cnn2d.nsr", 20, 2, 1,
+     {{"rows", "4"}, {"cols", "5"}, {"circular", "0"}}, 3},
+    {"programs/rnn.nsr", 4, 3, 0, {{0}}, 0},
+    {"programs/rnn_untied.nsr", 4, 3, 0, {{0}}, 0},
+    {"programs/gru.nsr", 3, 2, 0, {{0}}, 0},
+    {"programs/lstm.nsr", 3, 2, 0, {{0}}, 0},
+    {"programs/attention.nsr", 4, 3, 1, {{0}}, 0},
+    {"programs/attention.nsr", 4, 3, 1, {{"causal", "1"}, {"heads", "3"}}, 2},
+    {"programs/batchnorm.nsr", 1, 4, 0, {{0}}, 0},
+};
+
+static tpk_program *load_case(const tu_phis *f, const struct shipped *c)
+{
+    tpk_param_set sets[4];
+    int n = c->nset;
+    memcpy(sets, c->set, sizeof c->set);
+    char tbuf[32];
+    if (c->T > 1 && strstr(c->path, "cnn2d") == NULL) {
+        snprintf(tbuf, sizeof tbuf, "%zu", c->T);
+        sets[n++] = (tpk_param_set){"T", tbuf};
+    }
+    return load(f, c->path, sets, n);
+}
+
 static void test_shipped_programs(void **state)
 {
     const tu_phis *f = *state;
-    static const struct {
-        const char *path;
-        size_t T, d;
-        int rolled;
-        tpk_param_set set[3];
-        int nset;
-    } cases[] = {
-        {"programs/mlp.nsr", 1, 4, 1, {{0}}, 0},
-        {"programs/mlp.nsr", 1, 4, 1, {{"phi", "erf"}, {"sigma_b2", "0.3"}}, 2},
-        {"programs/mlp-residual.nsr", 1, 4, 1, {{0}}, 0},
-        {"programs/mlp-ln.nsr", 1, 4, 1, {{0}}, 0},
-        {"programs/layernorm-mlp.nsr", 1, 4, 1, {{0}}, 0},
-        {"programs/mlp-ln-residual.nsr", 1, 4, 1, {{0}}, 0},
-        {"programs/transformer.nsr", 5, 3, 1, {{"var_b", "0.3"}, {"temp", "0.7"}}, 2},
-        {"programs/transformer.nsr", 4, 2, 1, {{"L", "3"}, {"eps", "0.01"}}, 2},
-        {"programs/cnn1d.nsr", 6, 2, 1, {{"sigma_b2", "0.2"}}, 1},
-        {"programs/cnn1d.nsr", 6, 2, 1, {{"circular", "0"}, {"k", "4"}}, 2},
-        {"programs/cnn2d.nsr", 9, 2, 1, {{0}}, 0},
-        {"programs/cnn2d.nsr", 20, 2, 1,
-         {{"rows", "4"}, {"cols", "5"}, {"circular", "0"}}, 3},
-        {"programs/rnn.nsr", 4, 3, 0, {{0}}, 0},
-        {"programs/rnn_untied.nsr", 4, 3, 0, {{0}}, 0},
-        {"programs/gru.nsr", 3, 2, 0, {{0}}, 0},
-        {"programs/lstm.nsr", 3, 2, 0, {{0}}, 0},
-        {"programs/attention.nsr", 4, 3, 1, {{0}}, 0},
-        {"programs/attention.nsr", 4, 3, 1, {{"causal", "1"}, {"heads", "3"}}, 2},
-        {"programs/batchnorm.nsr", 1, 4, 0, {{0}}, 0},
-    };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        tpk_param_set sets[4];
-        int n = cases[c].nset;
-        memcpy(sets, cases[c].set, sizeof cases[c].set);
-        char tbuf[32];
-        if (cases[c].T > 1 && strstr(cases[c].path, "cnn2d") == NULL) {
-            snprintf(tbuf, sizeof tbuf, "%zu", cases[c].T);
-            sets[n++] = (tpk_param_set){"T", tbuf};
-        }
-        tpk_program *p = load(f, cases[c].path, sets, n);
-        int rolled = tpk_program_family_instructions(p) > 0;
-        if (rolled != cases[c].rolled)
-            print_message("%s: rolled form %s\n", cases[c].path, rolled ? "kept" : "dropped");
-        assert_int_equal(rolled, cases[c].rolled);
+    for (size_t c = 0; c < sizeof shipped_cases / sizeof shipped_cases[0]; c++) {
+        tpk_program *p = load_case(f, &shipped_cases[c]);
+        int rolled = tpk_program_limit_rolled(p);
+        if (rolled != shipped_cases[c].rolled)
+            print_message("%s: rolled form %s\n", shipped_cases[c].path, rolled ? "kept" : "dropped");
+        assert_int_equal(rolled, shipped_cases[c].rolled);
         assert_true(p->ninstr > 0); /* small: the unrolled form exists too */
-        tpk_array *x = random_inputs(3, cases[c].T, cases[c].d, 100 + c);
+        tpk_array *x = random_inputs(3, shipped_cases[c].T, shipped_cases[c].d, 100 + c);
         double d = rolled_vs_unrolled(p, x);
-        print_message("%-28s rolled %d: |rolled - unrolled| / max|K| = %.2e\n", cases[c].path,
+        print_message("%-28s rolled %d: |rolled - unrolled| / max|K| = %.2e\n", shipped_cases[c].path,
                       rolled, d);
         assert_true(d <= TOL_SAME);
         tpk_array_free(x);
@@ -267,12 +273,14 @@ static void test_elaboration_scale(void **state)
     assert_int_equal(b->ninstr, 0);
     assert_int_equal(b->noutputs, 2000);
     assert_string_equal(b->output[1999].name, "y[2000]");
-    /* the executor says why it cannot run the rolled-only program */
+    /* the rolled executor runs the rolled-only program: a correlation kernel (eps ≈ 0) */
     tpk_array *x = random_inputs(1, 2000, 2, 3), *Kh = NULL;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    assert_int_equal(tpk_netsor_run(b, x, 8, 1, 0, &Kh, NULL, &ctx), TPK_EUNSUPPORTED);
-    assert_non_null(strstr(ctx.msg, "unrolled"));
+    assert_int_equal(tpk_netsor_run(b, x, 8, 1, 0, &Kh, NULL, &ctx), TPK_OK);
+    assert_int_equal(tpk_array_size(Kh), 1);
+    assert_true(fabs(Kh->data[0] - 1.0) < 1e-6);
+    tpk_array_free(Kh);
     tpk_array_free(x);
     tpk_program_free(a);
     tpk_program_free(b);
@@ -392,6 +400,97 @@ static void test_append(void **state)
     assert_non_null(strstr(ctx.msg, "mlp.nsr:"));
 }
 
+/* ---- the finite-width executor on families (netsor/fexec.c) ---------------------------------- */
+
+/* max |a − b| / max |b| */
+static double rel_diff(const tpk_array *a, const tpk_array *b)
+{
+    assert_int_equal(tpk_array_size(a), tpk_array_size(b));
+    double d = 0;
+    for (size_t i = 0; i < tpk_array_size(a); i++)
+        d = fmax(d, fabs(a->data[i] - b->data[i]));
+    return d / max_abs(b->data, tpk_array_size(b));
+}
+
+/* The rolled executor runs the same network as the unrolled one (weights keyed by member
+ * name): the same K̂ and readouts up to rounding, on every shipped program. */
+static void test_executor_shipped(void **state)
+{
+    const tu_phis *f = *state;
+    const struct shipped extra = {"programs/attention-sqrtn.nsr", 4, 3, 0, {{"causal", "1"}}, 1};
+    size_t ncase = sizeof shipped_cases / sizeof shipped_cases[0];
+    for (size_t c = 0; c <= ncase; c++) {
+        const struct shipped *cs = c < ncase ? &shipped_cases[c] : &extra;
+        tpk_program *p = load_case(f, cs);
+        tpk_array *x = random_inputs(3, cs->T, cs->d, 300 + c);
+        tpk_array *K1 = NULL, *y1 = NULL, *K2 = NULL, *y2 = NULL;
+        tpk_ctx c1, c2;
+        tpk_ctx_init(&c1);
+        tpk_ctx_init(&c2);
+        int unsup = 0;
+        int s1 = nsr_fexec_run(p, x, 48, 11, 1, &K1, &y1, &unsup, &c1);
+        if (strstr(cs->path, "batchnorm") != NULL) { /* bn(...) stays with the unrolled one */
+            assert_int_equal(s1, TPK_EUNSUPPORTED);
+            assert_int_equal(unsup, 1);
+            tpk_array_free(x);
+            tpk_program_free(p);
+            continue;
+        }
+        setenv("TPK_NETSOR_FORM", "unrolled", 1);
+        int s2 = tpk_netsor_run(p, x, 48, 11, 1, &K2, &y2, &c2);
+        unsetenv("TPK_NETSOR_FORM");
+        if (s1 || s2)
+            print_message("%s: %s | %s\n", cs->path, c1.msg, c2.msg);
+        assert_int_equal(s1, TPK_OK);
+        assert_int_equal(s2, TPK_OK);
+        double dk = rel_diff(K1, K2), dy = rel_diff(y1, y2);
+        print_message("%-28s executor rolled vs unrolled: K %.1e, y %.1e\n", cs->path, dk, dy);
+        assert_true(dk <= 1e-13);
+        assert_true(dy <= 1e-13);
+        tpk_array_free(K1), tpk_array_free(K2), tpk_array_free(y1), tpk_array_free(y2);
+        tpk_array_free(x);
+        tpk_program_free(p);
+    }
+}
+
+/* At T = 1000 (only the rolled form is kept) the finite-width kernel converges to the limit:
+ * the relative error of K̂ over all 1000 token outputs falls like 1/√n (theory.md §1.5, the
+ * Master Theorem's fluctuations), about 1/√8 from n = 64 to n = 512. */
+static void test_executor_large_T(void **state)
+{
+    const tu_phis *f = *state;
+    tpk_param_set s[] = {{"T", "1000"}, {"L", "2"}};
+    tpk_program *p = load(f, "programs/transformer.nsr", s, 2);
+    assert_int_equal(p->ninstr, 0);
+    tpk_array *x = random_inputs(1, 1000, 6, 21), *K = NULL;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_netsor_kernel(p, x, 1, &K, NULL, &ctx), TPK_OK);
+    double e[2];
+    const size_t width[2] = {64, 512};
+    for (int w = 0; w < 2; w++) {
+        double s2 = 0;
+        for (uint64_t seed = 1; seed <= 2; seed++) {
+            tpk_array *Kh = NULL;
+            assert_int_equal(tpk_netsor_run(p, x, width[w], seed, 1, &Kh, NULL, &ctx), TPK_OK);
+            double num = 0, den = 0;
+            for (size_t i = 0; i < tpk_array_size(K); i++) {
+                num += (Kh->data[i] - K->data[i]) * (Kh->data[i] - K->data[i]);
+                den += K->data[i] * K->data[i];
+            }
+            s2 += num / den;
+            tpk_array_free(Kh);
+        }
+        e[w] = sqrt(s2 / 2);
+        print_message("transformer T=1000: n = %zu, relative error of K-hat %.3f\n", width[w], e[w]);
+    }
+    assert_true(e[1] < 0.6 * e[0]);
+    assert_true(e[1] < 0.25);
+    tpk_array_free(K);
+    tpk_array_free(x);
+    tpk_program_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -402,6 +501,8 @@ int main(void)
         cmocka_unit_test(test_operations),
         cmocka_unit_test(test_zero_term),
         cmocka_unit_test(test_append),
+        cmocka_unit_test(test_executor_shipped),
+        cmocka_unit_test(test_executor_large_T),
     };
     return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
 }

@@ -161,6 +161,9 @@ TPK_API int tpk_program_param_number(const tpk_program *p, const char *name, dou
 TPK_API void tpk_program_dump(const tpk_program *p, FILE *f);
 /* Family instructions of the rolled form (one per statement and layer, issue 14), 0 if none. */
 TPK_API int tpk_program_family_instructions(const tpk_program *p);
+/* Does the limit evaluator use the rolled form? (The finite-width executor runs the rolled form
+ * wherever it exists; the limit evaluator does not take every program, docs/netsor.md.) */
+TPK_API int tpk_program_limit_rolled(const tpk_program *p);
 
 /* ---- Back ends -------------------------------------------------------------------------------- */
 

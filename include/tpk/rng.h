@@ -26,6 +26,11 @@ enum tpk_rng_tag {
     TPK_RNG_MC = 5       /* Monte Carlo in the limit evaluator */
 };
 #define TPK_RNG_STREAM(tag, id) (((uint64_t)(tag) << 32) | (uint64_t)(uint32_t)(id))
+/* The stream of a named tensor: tag in the top byte, a 56-bit FNV-1a hash of the name below
+ * (never equal to a TPK_RNG_STREAM id). The executors key weights by member name ("W[2]"), so
+ * a network's weights do not change when statements are added or reordered, and the rolled
+ * and unrolled forms of one program draw the same numbers. */
+TPK_API uint64_t tpk_rng_stream_named(enum tpk_rng_tag tag, const char *name);
 
 /* Standard normal z(seed, stream, row, col) (inverse CDF of a 53-bit uniform; columns 2k and
  * 2k+1 share one Philox block, one 64-bit half each). Keyed by (row, col), not by a flat index, so the n×n matrix of a
