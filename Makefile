@@ -131,8 +131,9 @@ check-asan: $(DEPS_OK)
 check-portable: $(DEPS_OK)
 	@sh scripts/check-portable.sh
 
-bench: tools $(BENCHES)
+bench: tools $(BENCHES) $(NT_VENV_OK)
 	@sh scripts/run-bench.sh $(BUILD)
+	@sh scripts/bench-rolled.sh $(BUILD)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/tpk $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig

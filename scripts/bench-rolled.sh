@@ -7,6 +7,8 @@
 #       second (compiled) call (bench/rolled/cnn_ref.py; bar 1e-10, >= 5×)
 #   (c) netsor check programs/transformer.nsr --set T=2000 --set L=24: wall time and max RSS,
 #       and at T = 20 (bar < 1 s, < 200 MB, within 3× of T = 20)
+#   (d) netsor run of the transformer of (a) at n = 1024 (the rolled executor): wall time, RSS
+#       and its relative error against (a)'s limit kernel
 # One summary line per item with PASS/FAIL; a size the toolkit refuses prints "refused: <message>"
 # and the run goes on. --toy: every item at tiny sizes (about 10 s), exit 1 if an agreement is off;
 # --strict: exit 1 unless every bar is met. Inputs: fixed seeds, BUILD/rolled/*.npy.

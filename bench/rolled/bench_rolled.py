@@ -8,6 +8,8 @@
       bar: max|diff| <= 1e-10, gpkernel >= 5× faster
   (c) netsor check programs/transformer.nsr --set T=2000 --set L=24: wall time and max RSS, and
       the same at T = 20; bar: < 1 s, < 200 MB (10^6 bytes), time and RSS within 3× of T = 20
+  (d) netsor run of (a)'s transformer at n = 1024 (the rolled executor, item 4): wall time, RSS,
+      and |K-hat − K|_F / |K|_F against (a)'s limit kernel
 
 Times are medians of 3 whole processes (time.perf_counter around the subprocess; max RSS from
 /usr/bin/time -f "%e %M", GNU time, Debian package `time`), but neural-tangents: one
@@ -218,6 +220,35 @@ def item_check(a, results):
     results.append(r)
 
 
+def item_run(a, results):
+    """(d) netsor run of the transformer at T = 1000, n = 1024 (item 4: the rolled executor),
+    against the limit kernel of (a): its relative Frobenius error, which falls like 1/sqrt(n)."""
+    N, T, d, L, n = (2, 1000, 12, 2, 1024) if not a.toy else (2, 8, 12, 2, 64)
+    tag = f"[d] netsor run transformer {N}x{T} tokens n={n} all-outputs"
+    xin = os.path.join(a.out, f"transformer-{N}x{T}x{d}.npy")
+    kg = os.path.join(a.out, f"transformer-{N}x{T}-gpkernel.h5")
+    kr = os.path.join(a.out, f"transformer-{N}x{T}-run.h5")
+    prog = os.path.join(ROOT, "programs", "transformer.nsr")
+    rc, t, kb, _, err = median_runs([a.bin + "/netsor", "run", prog, f"--input={xin}",
+                                     "--set", f"L={L}", f"--width={n}", "--seed=1",
+                                     "--all-outputs", f"--output={kr}", "--quiet"], a.reps)
+    r = {"item": "d", "N": N, "T": T, "n": n, "run_s": t, "run_MB": kb * 1024 / 1e6}
+    if rc != 0:
+        r.update(refused=refusal(err), passed=False)
+        print(f"{tag}: refused: {r['refused']}")
+        results.append(r)
+        return
+    import h5py
+    with h5py.File(kr, "r") as f:
+        Kh = f["/kernel_hat"][()]
+    K = read_kernel(kg)
+    e = float(np.linalg.norm(Kh - K) / np.linalg.norm(K))
+    r.update(rel_error=e, passed=bool(np.isfinite(e) and t < 10))
+    print(f"{tag}: {fmt_t(t)} {kb * 1024 / 1e6:.0f} MB (bar: practical, < 10 s: "
+          f"{verdict(t < 10)}) | |K-hat - K|_F / |K|_F {e:.3f} (fluctuation ~ 1/sqrt(n))")
+    results.append(r)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default="build")
@@ -246,6 +277,7 @@ def main(argv=None):
         for N, H, C, L, key in cnn:
             item_cnn(a, py, results, N, H, C, L, key)
         item_check(a, results)
+        item_run(a, results)
     except HarnessError as e:
         print(f"bench-rolled: harness error: {e}", file=sys.stderr)
         return 2
