@@ -146,11 +146,7 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
 /* Test items must look like the training items. */
 static int check_test_shape(const tpk_job *job, const job_state *s, tpk_ctx *ctx)
 {
-    if (s->Xt->ndim != s->X->ndim || tpk_array_item_size(s->Xt) != tpk_array_item_size(s->X))
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: test items have %zu values each but %s has %zu",
-                         job->test ? job->test : "test input", tpk_array_item_size(s->Xt),
-                         input_name(job), tpk_array_item_size(s->X));
-    return TPK_OK;
+    return tpk_array_check_items(s->Xt, job->test, s->X, input_name(job), ctx);
 }
 
 /* Read inputs, load the program, open the output. */

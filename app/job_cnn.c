@@ -254,11 +254,8 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         st = ctx->status;
         goto done;
     }
-    if (s.Xt && (s.Xt->ndim != s.X->ndim || tpk_array_item_size(s.Xt) != tpk_array_item_size(s.X))) {
-        st = TPK_ERROR(ctx, TPK_EINVAL, "%s: test items have %zu values each but %s has %zu",
-                       job->test, tpk_array_item_size(s.Xt), job->input, tpk_array_item_size(s.X));
+    if (s.Xt && (st = tpk_array_check_items(s.Xt, job->test, s.X, job->input, ctx)))
         goto done;
-    }
     if ((st = settings(job, &s, &rows, &cols, &C, ctx)))
         goto done;
     tpk_netsor_opts o = {.sets = s.sets, .nsets = s.nsets};

@@ -102,3 +102,31 @@ size_t tpk_array_first_nonfinite(const tpk_array *a, char *idx, size_t cap)
     }
     return n;
 }
+
+/* "3×4" (the dims after the first), or "scalar" for one value per item. */
+static void item_shape(const tpk_array *a, char *buf, size_t len)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 1; i < a->ndim && k < len; i++)
+        k += (size_t)snprintf(buf + k, len - k, "%s%zu", i > 1 ? "\xc3\x97" : "", a->dims[i]);
+    if (a->ndim < 2)
+        snprintf(buf, len, "scalar");
+}
+
+int tpk_array_check_items(const tpk_array *test, const char *test_name,
+                          const tpk_array *train, const char *train_name, tpk_ctx *ctx)
+{
+    int same = test->ndim == train->ndim;
+    for (int i = 1; same && i < test->ndim; i++)
+        same = test->dims[i] == train->dims[i];
+    if (same)
+        return TPK_OK;
+    char st[96], sr[96];
+    item_shape(test, st, sizeof st);
+    item_shape(train, sr, sizeof sr);
+    return TPK_ERROR(ctx, TPK_EINVAL, "%s: test items have %zu values each (shape %s) but the items "
+                     "of %s have %zu (shape %s)", test_name ? test_name : "test input",
+                     tpk_array_item_size(test), st, train_name ? train_name : "the input",
+                     tpk_array_item_size(train), sr);
+}

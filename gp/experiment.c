@@ -796,10 +796,10 @@ static int read_inputs(exp_state *e, const opts *o, tpk_ctx *ctx)
         return ctx->status;
     if (o->test && !(e->Xt = read_any(o->test, o->n_test, &e->ti, ctx)))
         return ctx->status;
-    if (e->Xt && tpk_array_item_size(e->Xt) != tpk_array_item_size(e->X))
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: test items have %zu values but %s has %zu",
-                         o->test, tpk_array_item_size(e->Xt), o->train,
-                         tpk_array_item_size(e->X));
+    /* items are flattened here: the sizes must agree, the shapes may differ (N×784 vs N×28×28) */
+    if (e->Xt && tpk_array_item_size(e->Xt) != tpk_array_item_size(e->X) &&
+        tpk_array_check_items(e->Xt, o->test, e->X, o->train, ctx))
+        return ctx->status;
     e->rs.n = e->X->dims[0];
     e->rs.m = e->Xt ? e->Xt->dims[0] : 0;
     return TPK_OK;

@@ -3,6 +3,7 @@
 #include "gauss_impl.h"
 
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,8 +23,14 @@
 
 static int check_var(double q, const char *what, tpk_ctx *ctx)
 {
+    (void)what;
+    if (isinf(q))
+        return TPK_ERROR(ctx, TPK_EDOM, "a pre-activation variance overflowed to inf: the "
+                         "kernel grows without bound (weight variance or depth too large for "
+                         "this nonlinearity)");
     if (!isfinite(q) || !(q >= 0))
-        return TPK_ERROR(ctx, TPK_EDOM, "%s = %g is not a finite variance >= 0", what, q);
+        return TPK_ERROR(ctx, TPK_EDOM, "a pre-activation variance is %g, not a finite variance "
+                         ">= 0", q);
     return TPK_OK;
 }
 
@@ -38,6 +45,11 @@ int tpk__gauss_check_cov(double q1, double q2, double k, double *rho, tpk_ctx *c
         return TPK_ERROR(ctx, TPK_EDOM, "covariance k = %g is not finite", k);
     /* √q1·√q2 rather than √(q1q2): the product can under/overflow. */
     double s = q1 == q2 ? q1 : sqrt(q1) * sqrt(q2);
+    if (fabs(k) > s * (1.0 + PSD_RTOL) && ((q1 > 0 && q1 < DBL_MIN) || (q2 > 0 && q2 < DBL_MIN)))
+        return TPK_ERROR(ctx, TPK_EDOM, "the kernel underflowed: variances %g and %g are below "
+                         "the smallest normal double (%g), where covariances lose their digits; "
+                         "the signal vanishes with depth (e.g. ReLU with sigma_w2 < 2 halves it "
+                         "every layer): fewer layers or a larger weight variance", q1, q2, DBL_MIN);
     if (fabs(k) > s * (1.0 + PSD_RTOL))
         return TPK_ERROR(ctx, TPK_EDOM,
                          "covariance not PSD: |k| = %.17g exceeds sqrt(q1*q2) = %.17g (q1 = %g, q2 = %g)",

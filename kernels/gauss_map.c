@@ -301,7 +301,14 @@ static int prep_alloc(index_prep *p, const tpk_phi *phi, int mk, const tpk_gauss
     for (size_t i = 0; i < len; i++) {
         const double qi = q[i * qstride];
         if (!isfinite(qi) || !(qi >= 0)) {
-            int st = TPK_ERROR(ctx, TPK_EDOM, "%s[%zu] = %g is not a finite variance >= 0", what, i, qi);
+            /* in the user's terms: rows and columns of a cross kernel, else the inputs */
+            const char *who = strcmp(what, "qa") == 0 ? "row input"
+                              : strcmp(what, "qb") == 0 ? "column input" : "input";
+            int st = isinf(qi) ? TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu overflowed to "
+                                           "inf: the kernel grows without bound (weight variance "
+                                           "or depth too large for this nonlinearity)", who, i)
+                               : TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu is %g, not a "
+                                           "finite variance >= 0", who, i, qi);
             prep_free(p);
             return st;
         }

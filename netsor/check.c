@@ -222,7 +222,12 @@ static int resolve_name(walker *W, nsr_expr *e, int depth)
         if (strcmp(e->name, "mean") == 0 || strcmp(e->name, "readout") == 0)
             return nsr_error(C->S, TPK_ESYNTAX, e->line, e->col, "'%s' needs arguments: %s(...)",
                              e->name, e->name);
-        return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "undefined name '%s'", e->name);
+        return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "undefined name '%s'%s", e->name,
+                         !C->S->set_value ? ""
+                         : strcmp(e->name, "nan") == 0 || strcmp(e->name, "inf") == 0
+                         ? " (a parameter must be a finite number)"
+                         : " (a value is a number, a function, or an expression of the "
+                           "program's parameters)");
     }
     e->sym = s;
     nsr_sym *y = &C->sym[s];
@@ -671,6 +676,7 @@ static int apply_override(walker *W, nsr_stmt *s)
     sub.file = where;
     sub.src = value;
     sub.failed = 0;
+    sub.set_value = 1;
     int st;
     nsr_expr *e = nsr_parse_value(&sub, value, &st);
     if (e == NULL) {
@@ -679,6 +685,7 @@ static int apply_override(walker *W, nsr_stmt *s)
     }
     s->value = e;
     S->file = where; /* name-resolution errors in the value point at the --set */
+    S->set_value = 1;
     return TPK_OK;
 }
 
@@ -711,6 +718,7 @@ static int walk_stmt(walker *W, nsr_stmt *s)
             st = resolve(W, v, 0);
         }
         C->S->file = file;
+        C->S->set_value = 0;
         if (st)
             return TPK_ETYPE;
         int p = declare(W, s->name, NSR_SYM_PARAM, s->name_line, s->name_col);

@@ -79,7 +79,9 @@ int nsr_error(nsr_state *S, int status, int line, int col, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (!S->failed)
+    if (!S->failed && S->set_value) /* a --set value is one line: say the column in words */
+        TPK_ERROR(S->ctx, status, "%s (column %d): %s", S->file, col, msg);
+    else if (!S->failed)
         TPK_ERROR(S->ctx, status, "%s:%d:%d: %s", S->file, line, col, msg);
     S->failed = 1;
     return status;

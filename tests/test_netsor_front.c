@@ -144,7 +144,7 @@ static const bad_case bad[] = {
     {HDR "g = U x\nh = g^1.5\n", 0, NULL, TPK_ETYPE, "5:7", "exponent must be an integer"},
     /* parameters */
     {HDR "param L = 2\ng = U x\n", 0, "M=3", TPK_EINVAL, NULL, "--set M: unknown parameter 'M'"},
-    {HDR "param L = 2\ng = U x\n", 0, "L=3 3", TPK_ESYNTAX, NULL, "--set L=3 3:1:3"},
+    {HDR "param L = 2\ng = U x\n", 0, "L=3 3", TPK_ESYNTAX, NULL, "--set L=3 3 (column 3)"},
     {HDR "param L = 2\ng = U x\n", 0, "L=foo", TPK_ETYPE, NULL, "undefined name 'foo'"},
     {HDR "param phi = relu\ng = U x\nh = phi(g)\noutput y = readout(h, 1)\n", 0, "phi=2", TPK_ETYPE,
      "6:5", "'phi' is a number parameter"},

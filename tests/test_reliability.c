@@ -338,6 +338,41 @@ static void test_conflicting_flags(void **state)
     remove(out);
 }
 
+/* Messages name the cause in the user's terms: an underflowing or overflowing recursion (not
+ * "covariance not PSD" or "q1 = inf"), a --set value by its column (not "VALUE:1:1"), and test
+ * items by their shapes (not flattened sizes). */
+static void test_messages(void **state)
+{
+    const tu_env *e = *state;
+    char out[512], args[2048], x[512], t[512], p[512];
+    tu_path(e, out, sizeof out, "k.h5");
+    snprintf(args, sizeof args, "--arch=mlp --sigma-w2=1 --depth=2000 --quiet --output='%s'", out);
+    expect_fail(e, "gpkernel", args, "the kernel underflowed", "fewer layers or a larger weight "
+                "variance", out);
+    snprintf(args, sizeof args, "--arch=mlp --sigma-w2=1e300 --depth=3 --quiet --output='%s'", out);
+    expect_fail(e, "gpkernel", args, "overflowed to inf", NULL, out);
+    tu_path(e, x, sizeof x, "seq.csv");
+    tu_path(e, p, sizeof p, "mlp.nsr");
+    put(p, "param L = 2\nparam sigma_w2 = 2\nwidth n\ninput x : d\nA U : (n, d) ~ 1\n"
+           "A W : (n, n) ~ sigma_w2\ng = U x\nh = W relu(g)\noutput y = readout(relu(h), 1)\n");
+    double v[6] = {1, 2, 3, 4, 5, 6};
+    put_csv(x, v, 2, 3);
+    snprintf(args, sizeof args, "kernel '%s' --set sigma_w2=nan --input='%s' --quiet --output='%s'",
+             p, x, out);
+    expect_fail(e, "netsor", args, "--set sigma_w2=nan (column 1): undefined name 'nan'",
+                "must be a finite number", out);
+    snprintf(args, sizeof args, "kernel '%s' --set 'sigma_w2=2*bogus' --input='%s' --quiet "
+             "--output='%s'", p, x, out);
+    expect_fail(e, "netsor", args, "--set sigma_w2=2*bogus (column 3): undefined name 'bogus'",
+                "expression of the program's parameters", out);
+    tu_path(e, t, sizeof t, "test.csv");
+    put_csv(t, v, 3, 2);
+    snprintf(args, sizeof args, "--arch=mlp --input='%s' --test='%s' --quiet --output='%s'", x, t,
+             out);
+    expect_fail(e, "gpkernel", args, "test items have 2 values each (shape 2)",
+                "have 3 (shape 3)", out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -348,6 +383,7 @@ int main(void)
         cmocka_unit_test(test_gpregress_noise0_duplicates),
         cmocka_unit_test(test_gpattention_zero_tokens),
         cmocka_unit_test(test_conflicting_flags),
+        cmocka_unit_test(test_messages),
     };
     return cmocka_run_group_tests(tests, setup, tu_teardown);
 }

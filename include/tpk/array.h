@@ -23,6 +23,10 @@ TPK_API void tpk_array_free(tpk_array *a);
 TPK_API size_t tpk_array_size(const tpk_array *a);
 /* Number of items along axis 0 (N) and the size of one item (product of the other dims). */
 TPK_API size_t tpk_array_item_size(const tpk_array *a);
+/* Do the items (dims after the first) of test have the shape of train's? If not, TPK_EINVAL with
+ * "TEST: test items have K values each (shape a×b) but the items of TRAIN have ... (shape c×d)". */
+TPK_API int tpk_array_check_items(const tpk_array *test, const char *test_name,
+                                  const tpk_array *train, const char *train_name, tpk_ctx *ctx);
 /* The flat index of the first NaN or infinite entry (tpk_array_size(a) when all are finite),
  * and its 0-based multi-index as "i, j, k" in idx (cap bytes): what error messages name. */
 TPK_API size_t tpk_array_first_nonfinite(const tpk_array *a, char *idx, size_t cap);
