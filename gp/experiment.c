@@ -613,11 +613,10 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
                 st = tpk_h5out_write_vector(rs->out, path, &theta[q], 1, ctx);
             }
         }
-        /* Kernel parameters from the subsample; the noise (and scale) at full size as without
-         * fit_hyper when it is automatic: the subsample's noise is biased upwards. */
+        /* The final model uses exactly the hyperparameters printed above (kernel parameters
+         * and noise of the fit), not a noise re-selected at full size. */
         if (!st)
-            st = evaluate(rs, depth, rs->multi ? NULL : K, K, Xt ? Kxt : NULL, kd,
-                          o->noise_auto ? -1 : noise, ctx);
+            st = evaluate(rs, depth, rs->multi ? NULL : K, K, Xt ? Kxt : NULL, kd, noise, ctx);
     }
     return st;
 }

@@ -14,6 +14,7 @@
 /* A finite stand-in for −LML where the kernel or its factorisation fails: GSL's default error
  * handler aborts on non-finite objective values, and the line search backs off from this one. */
 #define HYPER_HUGE 1e300
+#define HYPER_MAX_GRID 256 /* grid starts evaluated at most (else the given start only) */
 /* First trial step of the line search, in log θ (a factor e^0.5 ≈ 1.6), and its tolerance. */
 #define HYPER_STEP 0.5
 #define HYPER_LINE_TOL 0.1
@@ -107,6 +108,7 @@ void tpk_gp_hyper_options_default(tpk_gp_hyper_options *o)
     o->log_lo = -25;
     o->log_hi = 10;
     o->trace = NULL;
+    o->multistart = 3;
 }
 
 /* State shared with the GSL callbacks. */
@@ -237,6 +239,49 @@ int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta, 
         goto done;
     }
     int iters = 0, converged = 0;
+    /* Multi-start (the LML is not concave in log θ, log σ²: from a tiny noise BFGS can stall at
+     * the interpolating optimum): the given start and a grid around it — each kernel parameter
+     * ×e^{±3}, the noise at 10⁻⁴, 10⁻² and 0.3 of the targets' variance — are evaluated, and BFGS
+     * runs from the `multistart` best; the best point of all evaluations is the result. */
+    double starts[HYPER_MAX_GRID][TPK_GP_MAXPARAMS + 1], sval[HYPER_MAX_GRID];
+    int ns = 0;
+    {
+        double vy = 0;
+        for (size_t i = 0; i < n * c; i++)
+            vy += Y->data[i] * Y->data[i];
+        vy = vy > 0 ? vy / (double)(n * c) : 1.0;
+        int nopt[TPK_GP_MAXPARAMS + 1], total = 1;
+        double opt_v[TPK_GP_MAXPARAMS + 1][4];
+        for (int k = 0; k < h.nfree; k++) {
+            int p = h.free_idx[k];
+            double b = h.base[p];
+            opt_v[k][0] = b;
+            if ((size_t)p < h.np) {
+                opt_v[k][1] = b - 3;
+                opt_v[k][2] = b + 3;
+                nopt[k] = 3;
+            } else {
+                opt_v[k][1] = log(1e-4 * vy);
+                opt_v[k][2] = log(1e-2 * vy);
+                opt_v[k][3] = log(0.3 * vy);
+                nopt[k] = 4;
+            }
+            total *= nopt[k];
+        }
+        if (opt->multistart <= 1 || total > HYPER_MAX_GRID)
+            total = 1; /* the given start only */
+        for (int g = 0; g < total; g++) {
+            int r = g;
+            for (int k = 0; k < h.nfree; k++) {
+                double v = opt_v[k][r % nopt[k]];
+                r /= nopt[k];
+                starts[ns][k] = fmin(fmax(v, opt->log_lo), opt->log_hi);
+                gsl_vector_set(x, (size_t)k, starts[ns][k]);
+            }
+            sval[ns++] = g == 0 ? h.best_f : objective(&h, x, NULL);
+        }
+    }
+    int runs = opt->multistart < 1 ? 1 : opt->multistart;
     if (h.nfree > 0 && opt->max_iter > 0) {
         gsl_multimin_function_fdf F = {gsl_f, gsl_df, gsl_fdf, (size_t)h.nfree, &h};
         m = gsl_multimin_fdfminimizer_alloc(gsl_multimin_fdfminimizer_vector_bfgs2,
@@ -245,26 +290,42 @@ int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta, 
             st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (GSL minimiser)");
             goto done;
         }
-        gsl_multimin_fdfminimizer_set(m, &F, x, HYPER_STEP, HYPER_LINE_TOL);
-        while (iters < opt->max_iter) {
-            iters++;
-            int s = gsl_multimin_fdfminimizer_iterate(m);
-            if (opt->trace) {
-                FILE *tf = opt->trace;
-                fprintf(tf, "  hyper iter %3d  -lml/(NC) %.10g ", iters, m->f);
-                for (int k = 0; k < h.nfree; k++) {
-                    int p = h.free_idx[k];
-                    fprintf(tf, " %s=%.6g", (size_t)p < h.np ? f->names[p] : "noise",
-                            exp(gsl_vector_get(m->x, (size_t)k)));
-                }
-                fputc('\n', tf);
-            }
-            if (s != GSL_SUCCESS)
-                break; /* GSL_ENOPROG: the line search cannot improve */
-            if (gsl_multimin_test_gradient(m->gradient, opt->gtol) == GSL_SUCCESS) {
-                converged = 1;
+        for (int run = 0; run < runs && run < ns; run++) {
+            int b = -1; /* the best grid point not started from yet */
+            for (int g = 0; g < ns; g++)
+                if (sval[g] < HYPER_HUGE && (b < 0 || sval[g] < sval[b]))
+                    b = g;
+            if (b < 0)
                 break;
+            sval[b] = INFINITY;
+            for (int k = 0; k < h.nfree; k++)
+                gsl_vector_set(x, (size_t)k, starts[b][k]);
+            gsl_multimin_fdfminimizer_set(m, &F, x, HYPER_STEP, HYPER_LINE_TOL);
+            int it = 0, conv = 0;
+            while (it < opt->max_iter) {
+                it++;
+                int s = gsl_multimin_fdfminimizer_iterate(m);
+                if (opt->trace) {
+                    FILE *tf = opt->trace;
+                    fprintf(tf, "  hyper start %d iter %3d  -lml/(NC) %.10g ", run + 1, it, m->f);
+                    for (int k = 0; k < h.nfree; k++) {
+                        int p = h.free_idx[k];
+                        fprintf(tf, " %s=%.6g", (size_t)p < h.np ? f->names[p] : "noise",
+                                exp(gsl_vector_get(m->x, (size_t)k)));
+                    }
+                    fputc('\n', tf);
+                }
+                if (s != GSL_SUCCESS)
+                    break; /* GSL_ENOPROG: the line search cannot improve */
+                if (gsl_multimin_test_gradient(m->gradient, opt->gtol) == GSL_SUCCESS) {
+                    conv = 1;
+                    break;
+                }
             }
+            iters += it;
+            /* converged: the run that found the best point met the gradient test */
+            if (m->f <= h.best_f)
+                converged = conv;
         }
     } else {
         converged = 1;

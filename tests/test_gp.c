@@ -597,6 +597,23 @@ static void test_fit_hyper_rbf(void **state)
     assert_true(ch.lml >= tpk_gp_spectral_lml(sp, ch.scale, ch.noise * 1.05) - 1e-9);
     assert_true(ch.lml >= tpk_gp_spectral_lml(sp, ch.scale, ch.noise / 1.05) - 1e-9);
     tpk_gp_spectral_free(sp);
+    /* From a start near the interpolating optimum (tiny lengthscale and noise) one BFGS run
+     * stalls; the multi-start grid reaches the optimum found from the good start (issue 18). */
+    double good = r.lml;
+    assert_int_equal(tpk_gp_fit_hyper(f, Y, (double[]){3.0, 0.5}, (double[]){0.5}, NULL, &r, &ctx),
+                     TPK_OK);
+    good = r.lml;
+    tpk_gp_hyper_options_default(&o);
+    o.multistart = 1;
+    double th3[2] = {0.002, 0.5}, nz3 = 1e-7;
+    assert_int_equal(tpk_gp_fit_hyper(f, Y, th3, &nz3, &o, &r, &ctx), TPK_OK);
+    double single = r.lml;
+    double th4[2] = {0.002, 0.5}, nz4 = 1e-7;
+    assert_int_equal(tpk_gp_fit_hyper(f, Y, th4, &nz4, NULL, &r, &ctx), TPK_OK);
+    print_message("fit-hyper from a bad start: one run lml %.4f, multi-start %.4f, good start "
+                  "%.4f\n", single, r.lml, good);
+    assert_true(r.lml >= good - 1e-6 * fabs(good));
+    assert_close(r.lml, family_lml(f, Y, th4, nz4), 1e-12);
     tpk_gp_family_free(f);
     tpk_array_free(K);
     tpk_array_free(X);

@@ -157,6 +157,8 @@ typedef struct tpk_gp_hyper_options {
     double gtol;        /* stop when |∇(−LML/(NC))| in log θ is below this (default 1e-4) */
     double log_lo, log_hi; /* box on log θ and log σ² (defaults −25, 10): values are clamped */
     void *trace;        /* FILE* for one line per iteration, or NULL */
+    int multistart;     /* BFGS runs from the best points of a grid of starts around the given
+                         * one (default 3); ≤ 1: the given start only */
 } tpk_gp_hyper_options;
 TPK_API void tpk_gp_hyper_options_default(tpk_gp_hyper_options *o);
 
@@ -166,8 +168,9 @@ typedef struct tpk_gp_hyper_result {
     int converged;      /* 1: gradient test met; 0: stopped (max_iter or no progress) */
 } tpk_gp_hyper_result;
 
-/* Maximise the LML over log θ and log σ² with GSL's vector BFGS (gsl_multimin, gradient-based).
- * theta (nparams) and noise are the start and receive the best point found. */
+/* Maximise the LML over log θ and log σ² with GSL's vector BFGS (gsl_multimin, gradient-based),
+ * from several starts (opt->multistart). theta (nparams) and noise are the start and receive the
+ * best point found; res->iters counts the iterations of all runs. */
 TPK_API int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta,
                              double *noise, const tpk_gp_hyper_options *opt,
                              tpk_gp_hyper_result *res, tpk_ctx *ctx);
