@@ -92,6 +92,15 @@ static tpk_array *alloc_shaped(const char *path, int ndim, const size_t *dims, t
         d[1] = 1;
         nd = 2;
     }
+    size_t n = 1;
+    for (int i = 0; i < nd; i++) {
+        if (n > SIZE_MAX / sizeof(double) / d[i]) {
+            TPK_ERROR(ctx, TPK_EFORMAT, "%s: shape %s is too large for memory (more than %zu "
+                      "values); a corrupt header?", path, sb, SIZE_MAX / sizeof(double));
+            return NULL;
+        }
+        n *= d[i];
+    }
     return tpk_array_alloc(nd, d, ctx);
 }
 

@@ -119,12 +119,24 @@ static tpk_array *read_any(const char *spec, size_t limit, tpk_input_info *info,
         a = tpk_idx_read(spec, limit, ctx);
         if (!a)
             return NULL;
+        if (limit > 0 && a->dims[0] < limit) {
+            TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu items, fewer than the %zu asked for "
+                      "(--n-train / --n-test)", spec, a->dims[0], limit);
+            tpk_array_free(a);
+            return NULL;
+        }
         snprintf(info->path, sizeof info->path, "%s", spec);
         snprintf(info->format, sizeof info->format, "idx");
     } else {
         a = tpk_io_read(spec, info, ctx);
         if (!a)
             return NULL;
+        if (limit > 0 && a->dims[0] < limit) { /* --n-train / --n-test beyond the file */
+            TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu items, fewer than the %zu asked for "
+                      "(--n-train / --n-test)", spec, a->dims[0], limit);
+            tpk_array_free(a);
+            return NULL;
+        }
         if (limit > 0 && a->dims[0] > limit)
             a->dims[0] = limit; /* the rows beyond stay allocated, unused */
         else
