@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include "tpk/job.h"
+#include <gsl/gsl_cdf.h>
+
 #include "tpk/limits.h"
 #include "tpk/tpk.h"
 #include "../netsor/backend-impl.h"
@@ -29,10 +31,14 @@ enum { N = 3, D = 3 };
 /* Exact orthant probabilities: the back-end's own standard error times this, plus a floor for
  * the 1-D reference quadrature (composite Simpson, 4000 panels: ~1e-12). */
 #define N_SE 5.0
-/* Fitted RMS slope must be within this of −1/2 (theory §7.2, issue 4). */
-#define SLOPE_TOL 0.1
-/* Executor mean at the largest width vs the limit: this many standard errors (issue 4). */
-#define EXEC_SE 3.0
+/* Executor vs limit, with thresholds from the seeds' own spread (a fixed tolerance on a slope
+ * fitted from a few seeds fails on about one draw of the weights in three): the fitted RMS slope
+ * within 3 of its standard errors of [−1, −1/2] (fluctuation n^-1/2 plus bias n^-1, theory
+ * §7.2), that interval narrow enough (3 SE ≤ SLOPE_SE_MAX) to tell convergence from none, and
+ * every entry's seed mean at the largest width within the two-sided t quantile at family-wise
+ * level EXEC_ALPHA (Bonferroni over the entries) of the limit. */
+#define SLOPE_SE_MAX 0.25
+#define EXEC_ALPHA 1e-3
 /* PSD: smallest eigenvalue ≥ −(PSD_TOL·largest + dim·error estimate): QMC entries carry their
  * own errors. */
 #define PSD_TOL 1e-6
@@ -420,7 +426,7 @@ static void test_invariants(void **state)
  * (+ the limit's own error estimate). */
 static void executor_check(const char *prog, int T, const tpk_param_set *extra, int nextra)
 {
-    enum { W = 4, S = 10 };
+    enum { W = 4, S = 16 };
     static const double widths[W] = {256, 512, 1024, 2048};
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
@@ -431,7 +437,7 @@ static void executor_check(const char *prog, int T, const tpk_param_set *extra, 
     if (tpk_netsor_kernel(p, x, 0, &K, &err, &ctx))
         fail_msg("%s", ctx.msg);
     size_t len = tpk_array_size(K);
-    double rms[W], *sum = calloc(len, sizeof *sum), *sum2 = calloc(len, sizeof *sum2);
+    double rms[W], se_log[W], *sum = calloc(len, sizeof *sum), *sum2 = calloc(len, sizeof *sum2);
     for (int w = 0; w < W; w++) {
         double e[S];
         for (int s = 0; s < S; s++) {
@@ -447,19 +453,38 @@ static void executor_check(const char *prog, int T, const tpk_param_set *extra, 
             tpk_array_free(Kh);
         }
         rms[w] = tpk_limits_rms(e, S);
+        /* standard error of log RMS (delta method on the mean of e²) */
+        double m2 = 0, v2 = 0;
+        for (int s = 0; s < S; s++)
+            m2 += e[s] * e[s] / S;
+        for (int s = 0; s < S; s++)
+            v2 += (e[s] * e[s] - m2) * (e[s] * e[s] - m2) / (S - 1);
+        se_log[w] = 0.5 * sqrt(v2 / S) / m2;
     }
     double slope, icpt, worst = 0;
     assert_int_equal(tpk_limits_fit_power(widths, rms, W, &slope, &icpt, NULL, &ctx), TPK_OK);
+    /* least-squares slope in log n: SE² = Σ w_i² se_i², w_i = (x_i − x̄)/Σ(x_j − x̄)² (widths
+     * nest, so their errors correlate positively and this overstates the SE) */
+    double xm = 0, sxx = 0, se_slope = 0;
+    for (int w = 0; w < W; w++)
+        xm += log(widths[w]) / W;
+    for (int w = 0; w < W; w++)
+        sxx += (log(widths[w]) - xm) * (log(widths[w]) - xm);
+    for (int w = 0; w < W; w++)
+        se_slope += pow((log(widths[w]) - xm) / sxx * se_log[w], 2);
+    se_slope = sqrt(se_slope);
     for (size_t i = 0; i < len; i++) {
         double m = sum[i] / S, var = (sum2[i] / S - m * m) * S / (S - 1);
         double se = sqrt(fmax(var, 0) / S);
         worst = fmax(worst, fabs(m - K->data[i]) / (se + err + 1e-300));
     }
-    print_message("%s T=%d executor: RMS rel. error %.3g (n=256) .. %.3g (n=2048), slope %.3f; "
-                  "n=2048 mean vs limit: worst %.2f SE (limit err %.1e)\n",
-                  prog, T, rms[0], rms[W - 1], slope, worst, err);
-    assert_true(fabs(slope + 0.5) < SLOPE_TOL);
-    assert_true(worst < EXEC_SE);
+    double tq = gsl_cdf_tdist_Qinv(EXEC_ALPHA / (2.0 * (double)len), S - 1);
+    print_message("%s T=%d executor: RMS rel. error %.3g (n=256) .. %.3g (n=2048), slope %.3f "
+                  "± %.3f; n=2048 mean vs limit: worst %.2f SE (bound %.2f, limit err %.1e)\n",
+                  prog, T, rms[0], rms[W - 1], slope, se_slope, worst, tq, err);
+    assert_true(3 * se_slope <= SLOPE_SE_MAX);
+    assert_true(slope >= -1.0 - 3 * se_slope && slope <= -0.5 + 3 * se_slope);
+    assert_true(worst < tq);
     free(sum);
     free(sum2);
     tpk_array_free(K);
