@@ -305,20 +305,22 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
     const char *form = getenv("TPK_NETSOR_FORM");
     int force_unrolled = form && strcmp(form, "unrolled") == 0 && p != NULL && p->ninstr > 0;
     if (p != NULL && p->rolled != NULL && !force_unrolled) {
-        tpk_ctx local;
-        tpk_ctx *c = ctx;
-        if (c == NULL) { /* the rolled executor reports through a context */
-            tpk_ctx_init(&local);
-            c = &local;
-        }
+        /* a fresh context: the rolled executor stops at a recorded error, and the caller's
+         * may hold an earlier, handled one */
+        tpk_ctx local, *c = &local;
+        tpk_ctx_init(c);
         int unsup = 0;
         int st = nsr_fexec_run(p, x, n, seed, all_outputs, Khat, y, &unsup, c);
-        if (st == TPK_OK || !unsup || p->ninstr == 0)
+        if (st != TPK_OK && (!unsup || p->ninstr == 0)) {
+            if (ctx)
+                *ctx = local;
+            return st;
+        }
+        if (st == TPK_OK)
             return st;
         const char *tr = getenv("TPK_NETSOR_TRACE"); /* where the time goes, and which form */
         if (tr != NULL && strcmp(tr, "1") == 0)
             fprintf(stderr, "  rolled executor: %s; the unrolled one runs\n", c->msg);
-        tpk_ctx_clear(c);
     }
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)

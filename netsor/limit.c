@@ -175,30 +175,30 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         *err = 0.0;
     /* TPK_NETSOR_FORM=unrolled: the unrolled evaluator even where the rolled one serves
      * (comparisons and benchmarks of the two; docs/netsor.md) */
-    tpk_ctx local;
-    if (ctx == NULL) { /* the rolled evaluator reports through a context */
-        tpk_ctx_init(&local);
-        ctx = &local;
-    }
     const char *form = getenv("TPK_NETSOR_FORM");
     int force_unrolled = (opts && opts->unrolled) || (form && strcmp(form, "unrolled") == 0);
     if (p != NULL && p->ninstr == 0 && !tpk_program_limit_rolled(p))
         return nsr_flimit_refusal(p, ctx);
     if (tpk_program_limit_rolled(p) && !force_unrolled) {
-        /* the rolled form first; a form it does not take falls back to the unrolled one */
+        /* the rolled form first; a form it does not take falls back to the unrolled one. A
+         * fresh context: the rolled evaluator stops at a recorded error, and the caller's may
+         * hold an earlier, handled one. */
+        tpk_ctx local;
+        tpk_ctx_init(&local);
         int unsup = 0;
-        int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, ctx);
+        int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, &local);
         if (st == TPK_OK) {
-            st = nsr_check_psd((*K)->data, (*K)->dims[0], err ? *err : 0, ctx);
+            st = nsr_check_psd((*K)->data, (*K)->dims[0], err ? *err : 0, &local);
             if (st) {
                 tpk_array_free(*K);
                 *K = NULL;
             }
+        }
+        if (st == TPK_OK || !unsup || p->ninstr == 0) {
+            if (st && ctx)
+                *ctx = local;
             return st;
         }
-        if (!unsup || p->ninstr == 0)
-            return st;
-        tpk_ctx_clear(ctx);
     }
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)
