@@ -158,11 +158,11 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     if (!s->reg)
         return ctx->status;
     s->X = s->Xown = tpk_io_read(job->input, &s->xi, ctx);
-    if (!s->X)
+    if (!s->X || tpk_array_check_scale(s->X, job->input, ctx))
         return ctx->status;
     if (job->test) {
         s->Xt = s->Xtown = tpk_io_read(job->test, &s->ti, ctx);
-        if (!s->Xt)
+        if (!s->Xt || tpk_array_check_scale(s->Xt, job->test, ctx))
             return ctx->status;
         int st = check_test_shape(job, s, ctx);
         if (st)
@@ -195,7 +195,7 @@ static int check_array(const char *what, const tpk_array *a, tpk_ctx *ctx)
     if (i < tpk_array_size(a))
         return TPK_ERROR(ctx, TPK_EDOM, "%s: non-finite value %g at index [%s] (0-based)", what,
                          a->data[i], idx);
-    return TPK_OK;
+    return tpk_array_check_scale(a, what, ctx);
 }
 
 /* The *_arrays entry points: borrowed inputs, checked, and the program loaded for them. */

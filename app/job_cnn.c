@@ -250,7 +250,9 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
     }
     s.twod = (job->label && strcmp(job->label, "cnn2d") == 0) || strstr(job->program, "cnn2d") != NULL;
     if (!(s.reg = tpk_job_registry(ctx)) || !(s.X = read_input(job->input, &s.xi, ctx)) ||
-        (job->test && !(s.Xt = read_input(job->test, &s.ti, ctx)))) {
+        tpk_array_check_scale(s.X, job->input, ctx) ||
+        (job->test && (!(s.Xt = read_input(job->test, &s.ti, ctx)) ||
+                       tpk_array_check_scale(s.Xt, job->test, ctx)))) {
         st = ctx->status;
         goto done;
     }

@@ -130,3 +130,23 @@ int tpk_array_check_items(const tpk_array *test, const char *test_name,
                      tpk_array_item_size(test), st, train_name ? train_name : "the input",
                      tpk_array_item_size(train), sr);
 }
+
+int tpk_array_check_scale(const tpk_array *a, const char *name, tpk_ctx *ctx)
+{
+    size_t d = a->ndim >= 2 ? a->dims[a->ndim - 1] : 1, nv = tpk_array_size(a) / (d ? d : 1);
+    for (size_t v = 0; v < nv; v++) {
+        double s = 0, big = 0;
+        const double *x = a->data + v * d;
+        for (size_t k = 0; k < d; k++) {
+            s += x[k] * x[k];
+            big = fmax(big, fabs(x[k]));
+        }
+        if (!isfinite(s)) {
+            size_t per = nv / (a->dims[0] ? a->dims[0] : 1);
+            return TPK_ERROR(ctx, TPK_EDOM, "%s: item %zu%s has a squared norm beyond the range of "
+                             "a double (entries up to %g): rescale the inputs", name ? name : "input",
+                             v / (per ? per : 1), per > 1 ? " (one of its vectors)" : "", big);
+        }
+    }
+    return TPK_OK;
+}

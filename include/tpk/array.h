@@ -25,6 +25,10 @@ TPK_API size_t tpk_array_size(const tpk_array *a);
 TPK_API size_t tpk_array_item_size(const tpk_array *a);
 /* Do the items (dims after the first) of test have the shape of train's? If not, TPK_EINVAL with
  * "TEST: test items have K values each (shape a×b) but the items of TRAIN have ... (shape c×d)". */
+/* Are the squared norms along the last axis (a vector per item and slot: what every kernel's
+ * first Gram x·x'/d needs) within the range of a double? If not, TPK_EDOM naming the item and
+ * the largest entry ("rescale the inputs"), rather than an overflow deep in a recursion. */
+TPK_API int tpk_array_check_scale(const tpk_array *a, const char *name, tpk_ctx *ctx);
 TPK_API int tpk_array_check_items(const tpk_array *test, const char *test_name,
                                   const tpk_array *train, const char *train_name, tpk_ctx *ctx);
 /* The flat index of the first NaN or infinite entry (tpk_array_size(a) when all are finite),
