@@ -72,6 +72,13 @@ static void install_handlers(void)
             sigaction(sigs[i], &sa, NULL);
         }
     }
+    /* A file size limit (RLIMIT_FSIZE) is a write error like a full disk: with SIGXFSZ at its
+     * default the process would be killed mid-write instead of failing the write with EFBIG
+     * and reporting it. */
+    struct sigaction old;
+    if (sigaction(SIGXFSZ, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+        !(old.sa_flags & SA_SIGINFO))
+        signal(SIGXFSZ, SIG_IGN);
 }
 
 /* Slot of a registered temp path, or -1 (full table or too long a path: only the signal
@@ -160,7 +167,14 @@ static uint64_t mix64(uint64_t x)
 static int mark_failed(tpk_h5out *out, tpk_ctx *ctx, int status, const char *what,
                        const char *name)
 {
+    int e = errno; /* as the failed HDF5 call left it: name a full disk or a size limit */
     out->failed = 1;
+    if (e == ENOSPC || e == EFBIG || e == EDQUOT) {
+        char eb[128];
+        return TPK_ERROR(ctx, status, "%s: %s '%s': %s (nothing was written to %s; an earlier "
+                         "file there is unchanged)", out->path, what, name,
+                         tpk_io_errstr(e, eb, sizeof eb), out->path);
+    }
     return TPK_ERROR(ctx, status, "%s: %s '%s'", out->path, what, name);
 }
 

@@ -17,6 +17,12 @@ typedef struct tpk_h5_quiet {
 
 static inline void tpk_h5_quiet_begin(tpk_h5_quiet *q)
 {
+    /* Before HDF5's first call initialises it (this is the toolkit's first call into HDF5): no
+     * library shutdown at exit. After a write failed on a full disk or a file size limit,
+     * H5Fclose cannot flush and leaves the file open, and HDF5 1.10's shutdown then crashes on
+     * it; every file the toolkit writes is closed explicitly, so the shutdown has nothing to do.
+     * Later calls only set the same flag again. */
+    H5dont_atexit();
     q->func = NULL;
     q->data = NULL;
     if (H5Eget_auto2(H5E_DEFAULT, &q->func, &q->data) < 0) {

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 
 #include "support/testutil.h"
 #include "tpk/io.h"
@@ -373,6 +375,52 @@ static void test_messages(void **state)
                 "have 3 (shape 3)", out);
 }
 
+/* A write that fails (here a file size limit, as a full disk) ends in a message naming the cause,
+ * exit 1, no temp file, and the previous good file unchanged; before, SIGXFSZ killed the tool
+ * mid-write, and with the signal ignored HDF5's exit-time shutdown crashed on the file it could
+ * not close. */
+static void test_write_failure_keeps_old_file(void **state)
+{
+    const tu_env *e = *state;
+    char x[512], out[512], args[2048];
+    tu_path(e, x, sizeof x, "big.csv");
+    tu_path(e, out, sizeof out, "keep.h5");
+    double v[300 * 4];
+    for (int i = 0; i < 300 * 4; i++)
+        v[i] = sin(0.37 * i) + 0.1 * (i % 7);
+    put_csv(x, v, 8, 4); /* a small run first: the good file */
+    snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --quiet", x, out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    FILE *f = fopen(out, "rb");
+    assert_non_null(f);
+    char good[65536];
+    size_t ng = fread(good, 1, sizeof good, f);
+    fclose(f);
+    put_csv(x, v, 300, 4); /* 300×300 doubles: 720 KB, beyond the limit below */
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 200 * 1024;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int rc = tu_run_tool(e, "gpkernel", args);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    char err[4096];
+    tu_stderr(e, err, sizeof err);
+    if (rc != 1 || strstr(err, "File too large") == NULL || strstr(err, "unchanged") == NULL)
+        fail_msg("gpkernel under a file size limit: exit %d, '%s'", rc, err);
+    f = fopen(out, "rb");
+    assert_non_null(f);
+    char now[65536];
+    size_t nn = fread(now, 1, sizeof now, f);
+    fclose(f);
+    assert_true(nn == ng && memcmp(now, good, ng) == 0);
+    DIR *d = opendir(e->tmpdir);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        assert_null(strstr(de->d_name, ".tmp."));
+    closedir(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -384,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_gpattention_zero_tokens),
         cmocka_unit_test(test_conflicting_flags),
         cmocka_unit_test(test_messages),
+        cmocka_unit_test(test_write_failure_keeps_old_file),
     };
     return cmocka_run_group_tests(tests, setup, tu_teardown);
 }
