@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx)
 {
@@ -21,6 +22,8 @@ tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx)
         }
         n *= dims[i];
     }
+    if (tpk_array_check_memory(n, "array", ctx))
+        return NULL;
     tpk_array *a = calloc(1, sizeof *a);
     if (a == NULL) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating array header");
@@ -149,4 +152,17 @@ int tpk_array_check_scale(const tpk_array *a, const char *name, tpk_ctx *ctx)
         }
     }
     return TPK_OK;
+}
+
+int tpk_array_check_memory(size_t count, const char *what, tpk_ctx *ctx)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psize <= 0)
+        return TPK_OK;
+    double phys = (double)pages * (double)psize, need = (double)count * sizeof(double);
+    if (need <= 0.6 * phys)
+        return TPK_OK;
+    return TPK_ERROR(ctx, TPK_ENOMEM, "%s: %zu values (%.3g GB) are more than this machine can "
+                     "hold (%.3g GB of memory)", what ? what : "array", count, need / 1e9,
+                     phys / 1e9);
 }

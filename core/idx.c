@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 /* Bytes per gzread call: large enough to amortise the call, small enough for a stack-free loop. */
@@ -141,6 +142,21 @@ tpk_array *tpk_idx_read(const char *path, size_t max_items, tpk_ctx *ctx)
     }
     if (max_items > 0 && dims[0] > max_items)
         dims[0] = max_items;
+    if (dims[0] != 0 && item > SIZE_MAX / 16 / dims[0]) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: IDX dimensions overflow", path);
+        goto done;
+    }
+    if (tpk_array_check_memory(dims[0] * item, path, ctx)) /* a corrupt header's dimensions */
+        goto done;
+    struct stat sb; /* an uncompressed file must hold the data its header announces */
+    if (gzdirect(g) && stat(path, &sb) == 0 &&
+        (uint64_t)sb.st_size < 4 + 4 * (uint64_t)rank + (uint64_t)dims[0] * item * es) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated IDX data: the header's dimensions need %llu "
+                  "bytes, the file has %lld", path,
+                  (unsigned long long)(4 + 4 * (uint64_t)rank + (uint64_t)dims[0] * item * es),
+                  (long long)sb.st_size);
+        goto done;
+    }
     a = tpk_array_alloc(rank, dims, ctx);
     if (!a)
         goto done;

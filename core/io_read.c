@@ -32,14 +32,15 @@ static int ends_with_ci(const char *s, size_t n, const char *suffix)
     return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
 }
 
-/* "4096x784" for messages. */
+/* "4096x784" for messages; beyond READ_MAXDIM dims (all a header parse keeps) "x...". */
 static void shape_str(int ndim, const size_t *dims, char *buf, size_t n)
 {
     size_t used = 0;
     buf[0] = '\0';
     for (int i = 0; i < ndim && used < n; i++) {
-        int w = snprintf(buf + used, n - used, i ? "x%zu" : "%zu", dims[i]);
-        if (w < 0)
+        int w = i < READ_MAXDIM ? snprintf(buf + used, n - used, i ? "x%zu" : "%zu", dims[i])
+                                : snprintf(buf + used, n - used, "x...");
+        if (w < 0 || i >= READ_MAXDIM)
             break;
         used += (size_t)w;
     }
@@ -101,6 +102,8 @@ static tpk_array *alloc_shaped(const char *path, int ndim, const size_t *dims, t
         }
         n *= d[i];
     }
+    if (tpk_array_check_memory(n, path, ctx)) /* a corrupt header's shape, named by its file */
+        return NULL;
     return tpk_array_alloc(nd, d, ctx);
 }
 
@@ -577,19 +580,25 @@ static tpk_array *read_npy(const char *path, tpk_ctx *ctx)
                   h.descr);
         goto done;
     }
+    /* the data the header announces must be in the file: checked before allocating, so a
+     * corrupt shape is a format error, not a huge allocation */
+    uint64_t cnt = 1;
+    for (int i = 0; i < h.ndim && i < READ_MAXDIM; i++)
+        cnt = h.dims[i] && cnt > UINT64_MAX / 16 / h.dims[i] ? UINT64_MAX / 16 : cnt * h.dims[i];
+    off_t have = fstat(fileno(f), &st) == 0 ? st.st_size - (off_t)(prelen + hlen) : -1;
+    if (h.ndim >= 1 && h.ndim <= TPK_ARRAY_MAXDIM && cnt > 0 && have >= 0 &&
+        (uint64_t)have != cnt * item) {
+        char sb[160];
+        shape_str(h.ndim, h.dims, sb, sizeof sb);
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: expected %llu bytes of data for %s shape %s, found %lld",
+                  path, (unsigned long long)(cnt * item), h.descr, sb, (long long)have);
+        goto done;
+    }
     a = alloc_shaped(path, h.ndim, h.dims, ctx);
     if (a == NULL)
         goto done;
     size_t n = tpk_array_size(a);
     size_t want = n * item; /* cannot overflow: tpk_array_alloc checked n * 8 */
-    off_t have = fstat(fileno(f), &st) == 0 ? st.st_size - (off_t)(prelen + hlen) : -1;
-    if (have >= 0 && (uint64_t)have != (uint64_t)want) {
-        char sb[160];
-        shape_str(h.ndim, h.dims, sb, sizeof sb);
-        TPK_ERROR(ctx, TPK_EFORMAT, "%s: expected %zu bytes of data for %s shape %s, found %lld",
-                  path, want, h.descr, sb, (long long)have);
-        goto fail;
-    }
     if (item == 8) {
         /* Read straight into the array, then fix byte order in place. */
         if (fread(a->data, 8, n, f) != n) {

@@ -28,6 +28,11 @@ TPK_API size_t tpk_array_item_size(const tpk_array *a);
 /* Are the squared norms along the last axis (a vector per item and slot: what every kernel's
  * first Gram x·x'/d needs) within the range of a double? If not, TPK_EDOM naming the item and
  * the largest entry ("rescale the inputs"), rather than an overflow deep in a recursion. */
+/* Would an array of `count` doubles fit in 60% of this machine's memory? If not, TPK_ENOMEM
+ * "WHAT: COUNT values (X GB) are more than this machine can hold (Y GB of memory)" — a clear
+ * error before the allocation (a corrupt header's shape, an oversized request), instead of an
+ * allocator failure or the OOM killer. */
+TPK_API int tpk_array_check_memory(size_t count, const char *what, tpk_ctx *ctx);
 TPK_API int tpk_array_check_scale(const tpk_array *a, const char *name, tpk_ctx *ctx);
 TPK_API int tpk_array_check_items(const tpk_array *test, const char *test_name,
                                   const tpk_array *train, const char *train_name, tpk_ctx *ctx);
