@@ -899,7 +899,7 @@ static int verify_class(size_t ci, const tpk_tune_record *recs, size_t nrec, con
                         vlist *all, int *nok, int *nbad, tpk_ctx *ctx)
 {
     const tpk_machine *m = &tpk__machine_classes[ci];
-    char path[4096];
+    char path[4200];
     snprintf(path, sizeof path, "%s/machines/%s.conf", data, m->id);
     tpk_tune_class cls;
     if (tpk_tune_class_read(path, &cls, ctx))
