@@ -16,8 +16,11 @@
  *                 [--batch=B] [--first=F] [--eps=E] [--div=D] [--depth=N] [--eta=X] [--rounds=N]
  *                                            random vs model vs model+transfer over a recorded table
  *   tptune gen --target=cuda --out=FILE LOG...            CUDA library file (gen/tpk_gemm_cuda.cu)
- *   tptune cuda-check --out=DIR [--trials=N] [--seed=S]   kernels.cu + harness.cu for a device */
+ *   tptune cuda-check --out=DIR [--trials=N] [--seed=S]   kernels.cu + harness.cu for a device
+ *   tptune verify [--mutants=N] [--kinds=K,K] [--seed=S] [--class=ID] [--data=DIR]   exact checks of every shipped
+ *                                            kernel (gen/) and the mutation suite (last line caught K/N) */
 #include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +28,11 @@
 #include <unistd.h>
 
 #include "tpk/tune.h"
+#ifndef TPTUNE_GENERATOR
+#include "../runtime/gemm_gen.h"
+#include "../runtime/machine_gen.h"
+#include "../runtime/map_gen.h"
+#endif
 
 static void usage(FILE *f)
 {
@@ -38,18 +46,28 @@ static void usage(FILE *f)
           "       tptune show [LOG...]   (no LOG: this CPU's machine class and the kernels it serves)\n"
           "       tptune measure LOG... --log=OUT [--reverse=0|1] [--repeat=R] [--min-ms=MS] [--vendor=0|1]\n"
           "       tptune emit --m=M --n=N --k=K [--dtype=..] [--target=..] [--threads=T] [--knobs=a=1,b=2]\n"
+          "                   [--twin=1] [--mutant=KIND[:SITE]]   (a map's Z_p twin; a mutant of tptune verify)\n"
           "       tptune gen --class=CLASS.conf --out=FILE LOG...\n"
           "       tptune replay --log=FILE [--seeds=S] [--seed0=S0] [--trials=N] [--transfer=LOG[,LOG...]]\n"
           "                     [--model=rank|reg] [--batch=B] [--first=F] [--eps=E] [--div=D] [--depth=N]\n"
           "                     [--eta=X] [--rounds=N]\n"
           "       tptune gen --target=cuda --out=FILE LOG...\n"
-          "       tptune cuda-check --out=DIR [--trials=RANDOM_CONFIGS] [--seed=S] [--m= --n= --k=]\n", f);
+          "       tptune cuda-check --out=DIR [--trials=RANDOM_CONFIGS] [--seed=S] [--m= --n= --k=]\n"
+          "       tptune verify [--mutants=N] [--kinds=K,K] [--seed=S] [--class=ID] [--data=DIR]\n"
+          "           every shipped kernel of the classes this CPU runs: GEMM/SYRK exactly on integers, maps by\n"
+          "           their Z_p twin (and the kernel within tolerance); --mutants: N injected bugs, last line\n"
+          "           `caught K/N`; exit 1 on any failure\n", f);
 }
 
 typedef struct args {
     tpk_tune_task task;
     int trials, batch, model, seeds, repeat, vendor, reverse;
     int first, depth, rounds, seed0; /* replay search settings; -1: the search's default */
+    int mutants;                     /* verify --mutants */
+    int twin;                        /* emit --twin: a map kernel's Z_p twin */
+    const char *mutant;              /* emit --mutant=KIND[:SITE] */
+    const char *kinds;               /* verify --kinds=K,K: the mutation kinds drawn from */
+    const char *data;                /* verify --data: the folder of machines/ and tuning/ */
     double min_ms, eps, div, eta;
     unsigned long long seed;
     const char *log, *transfer, *knobs, *out, *cls;
@@ -208,6 +226,16 @@ static int parse_args(int argc, char **argv, args *a)
             a->out = v;
         else if (!strcmp(k, "class"))
             a->cls = v;
+        else if (!strcmp(k, "mutants"))
+            bad = parse_int(v, &a->mutants) || a->mutants < 1;
+        else if (!strcmp(k, "data"))
+            a->data = v;
+        else if (!strcmp(k, "twin"))
+            bad = parse_int(v, &a->twin) || a->twin > 1;
+        else if (!strcmp(k, "mutant"))
+            a->mutant = v;
+        else if (!strcmp(k, "kinds"))
+            a->kinds = v;
         else {
             fprintf(stderr, "tptune: unknown option --%s\n", k);
             return -1;
@@ -494,26 +522,10 @@ static int cmd_emit(const args *a, tpk_ctx *ctx)
         return 1;
     tpk_tune_config c;
     tpk_tune_space_default(&s, &c);
-    if (a->knobs) {
-        char buf[512];
-        snprintf(buf, sizeof buf, "%s", a->knobs);
-        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-            char *eq = strchr(tok, '=');
-            int v = 0;
-            if (eq) {
-                *eq = '\0';
-                v = atoi(eq + 1);
-                for (int i = 0; i < s.nknob; i++)
-                    for (int j = 0; s.knob[i].labels && j < s.knob[i].ncand; j++)
-                        if (!strcmp(s.knob[i].name, tok) && !strcmp(s.knob[i].labels[j], eq + 1))
-                            v = s.knob[i].cand[j];
-            }
-            if (!eq || tpk_tune_config_set(&s, &c, tok, v)) {
-                TPK_ERROR(ctx, TPK_EINVAL, "--knobs: '%s' is not a knob=value of the %s space", tok, s.template_name);
-                return 1;
-            }
-        }
-    }
+    if (a->knobs && tpk_tune_config_parse(&s, &c, a->knobs, ctx))
+        return 1;
+    if (a->twin || a->mutant)
+        return tpk_tune_emit_variant(&s, &c, a->twin, a->mutant, stdout, ctx) ? 1 : 0;
     return tpk_tune_emit(&s, &c, "tpk_kernel", 1, stdout, ctx) ? 1 : 0;
 }
 
@@ -833,10 +845,220 @@ static int cmd_cuda_check(const args *a, tpk_ctx *ctx)
     return tpk_tune_emit_cuda_check(a->out, nrand, a->seed, (const size_t(*)[3])shapes, nshape, a->repeat, ctx) ? 1 : 0;
 }
 
+#ifndef TPTUNE_GENERATOR
+/* tptune verify (issue 20 item 3): every kernel the library ships, for every class this CPU can
+ * run. The kernels' configurations come from data/ exactly as the generator picks them
+ * (tpk_tune_gen_kernels), matched by name with the compiled tables of gen/, so the check runs the
+ * shipped code and knows its blocking; a table entry without its configuration is an error
+ * (gen/ older than data/). */
+typedef struct vlist {
+    tpk_tune_space *s;
+    tpk_tune_config *c;
+    char (*name)[160];
+    size_t n, cap;
+} vlist;
+
+static int vlist_add(vlist *l, const tpk_tune_space *s, const tpk_tune_config *c, const char *name)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (!strcmp(l->name[i], name))
+            return 0; /* one source, one mutant pool */
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        tpk_tune_space *ns = realloc(l->s, cap * sizeof *ns);
+        if (ns)
+            l->s = ns;
+        tpk_tune_config *nc = realloc(l->c, cap * sizeof *nc);
+        if (nc)
+            l->c = nc;
+        char(*nn)[160] = realloc(l->name, cap * sizeof *nn);
+        if (nn)
+            l->name = nn;
+        if (!ns || !nc || !nn)
+            return -1;
+        l->cap = cap;
+    }
+    l->s[l->n] = *s;
+    l->c[l->n] = *c;
+    snprintf(l->name[l->n++], 160, "%s", name);
+    return 0;
+}
+
+static void human(double x, char *buf, size_t cap)
+{
+    if (x >= 1e6)
+        snprintf(buf, cap, "%.1fM", x / 1e6);
+    else if (x >= 1e3)
+        snprintf(buf, cap, "%.1fk", x / 1e3);
+    else
+        snprintf(buf, cap, "%.0f", x);
+}
+
+/* The shipped kernels of one class: *nok / *nbad verified / failed; the kernels join `all`. */
+static int verify_class(size_t ci, const tpk_tune_record *recs, size_t nrec, const char *data, uint64_t seed,
+                        vlist *all, int *nok, int *nbad, tpk_ctx *ctx)
+{
+    const tpk_machine *m = &tpk__machine_classes[ci];
+    char path[4200];
+    snprintf(path, sizeof path, "%s/machines/%s.conf", data, m->id);
+    tpk_tune_class cls;
+    if (tpk_tune_class_read(path, &cls, ctx))
+        return 1;
+    int rc = 0;
+    for (int map = 0; map < 2 && !rc; map++) {
+        tpk_tune_space *sp;
+        tpk_tune_config *cf;
+        char(*names)[160];
+        size_t nk;
+        if (tpk_tune_gen_kernels(recs, nrec, &cls.m, map, &sp, &cf, &names, &nk, ctx))
+            return 1;
+        const size_t len = map ? tpk__map_classes[ci]->len : tpk__gemm_classes[ci]->len, nd = map ? 2 : 4;
+        char done[64][160];
+        size_t ndone = 0;
+        for (size_t e = 0; e < len + nd && !rc; e++) {
+            const char *name;
+            int threads;
+            if (map) {
+                const tpk__map_entry *me = e < len ? &tpk__map_classes[ci]->table[e] : &tpk__map_classes[ci]->defaults[e - len];
+                name = me->dfn || me->sfn ? me->name : NULL;
+                threads = me->threads;
+            } else {
+                const tpk__gemm_entry *ge =
+                    e < len ? &tpk__gemm_classes[ci]->table[e] : &tpk__gemm_classes[ci]->defaults[e - len];
+                name = ge->dfn || ge->sfn ? ge->name : NULL;
+                threads = ge->threads;
+            }
+            int seen = !name;
+            for (size_t q = 0; q < ndone && !seen; q++)
+                seen = !strcmp(done[q], name);
+            if (seen || ndone == 64)
+                continue;
+            snprintf(done[ndone++], 160, "%s", name);
+            size_t ki = 0;
+            while (ki < nk && strcmp(names[ki], name))
+                ki++;
+            if (ki == nk) {
+                TPK_ERROR(ctx, TPK_EINVAL, "%s: gen/ ships %s, which data/ does not pick (regenerate gen/ with make)",
+                          m->name, name);
+                rc = 1;
+                break;
+            }
+            tpk_tune_space s = sp[ki];
+            if (threads > 0) /* the tuned thread count (defaults: the pick's, 2) */
+                s.task.threads = threads;
+            tpk_tune_verify_report r;
+            char ent[32], line[256] = "";
+            int st, ok;
+            if (map) {
+                const tpk__map_entry *me = e < len ? &tpk__map_classes[ci]->table[e] : &tpk__map_classes[ci]->defaults[e - len];
+                double worst;
+                st = tpk_tune_verify_map(&s, &cf[ki], seed, NULL, &r, ctx);
+                const int tol = !st && tpk_tune_check_map(me->dfn, me->sfn, me->ws, s.task.threads, &worst);
+                ok = !st && r.ok && tol;
+                human((double)r.entries, ent, sizeof ent);
+                snprintf(line, sizeof line, "Z_p twin: %d shapes, %d runs, %s elements, miss <= %.1e per wrong entry; "
+                         "kernel within tolerance: %s (%.1e)", r.shapes, r.runs, ent, r.miss_bound, tol ? "yes" : "NO",
+                         worst);
+            } else {
+                const tpk__gemm_entry *ge =
+                    e < len ? &tpk__gemm_classes[ci]->table[e] : &tpk__gemm_classes[ci]->defaults[e - len];
+                st = tpk_tune_verify_gemm(&s, &cf[ki], ge->dfn, ge->sfn, ge->ws, seed, &r, ctx);
+                ok = !st && r.ok;
+                human((double)r.entries, ent, sizeof ent);
+                snprintf(line, sizeof line, "exact: %d shapes, %d runs, %s elements", r.shapes, r.runs, ent);
+            }
+            if (st) {
+                rc = 1;
+                break;
+            }
+            printf("  %-4s %s %d thr  %-58s %s  %s\n", map ? "map" : s.task.op == TPK_TUNE_SYRK ? "syrk" : "gemm",
+                   tpk_tune_dtype_name(s.task.dtype), s.task.threads, name, line, ok ? "ok" : "FAILED");
+            if (!r.ok)
+                printf("      %s\n", r.what);
+            *nok += ok;
+            *nbad += !ok;
+            if (vlist_add(all, &s, &cf[ki], name)) {
+                TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+                rc = 1;
+            }
+            fflush(stdout);
+        }
+        free(sp);
+        free(cf);
+        free(names);
+    }
+    return rc;
+}
+
+static int cmd_verify(const args *a, tpk_ctx *ctx)
+{
+    char data[4096], pat[4200];
+    const char *root = getenv("TPK_ROOT");
+    snprintf(data, sizeof data, "%s", a->data ? a->data : root && *root ? root : ".");
+    if (!a->data)
+        strncat(data, "/data", sizeof data - strlen(data) - 1);
+    snprintf(pat, sizeof pat, "%s/tuning/*.jsonl", data);
+    glob_t g;
+    if (glob(pat, 0, NULL, &g) != 0) {
+        TPK_ERROR(ctx, TPK_EIO, "%s: no tuning logs (run from the repository, or --data=DIR)", pat);
+        return 1;
+    }
+    tpk_tune_record *recs;
+    size_t nrec;
+    int rc = read_files((const char *const *)g.gl_pathv, (int)g.gl_pathc, &recs, &nrec, ctx);
+    globfree(&g);
+    if (rc)
+        return 1;
+    const uint64_t seed = a->seed;
+    printf("tptune verify: the shipped kernels (gen/) against data/ (%zu records), seed %llu; this CPU: %s\n", nrec,
+           (unsigned long long)seed, tpk_isa_name(tpk_machine_host_isa()));
+    vlist all = {0};
+    int nok = 0, nbad = 0, nclass = 0;
+    for (size_t ci = 0; ci < tpk__machine_nclasses && !rc; ci++) {
+        const tpk_machine *m = &tpk__machine_classes[ci];
+        if (a->cls && strcmp(a->cls, m->id) && strcmp(a->cls, m->name))
+            continue;
+        nclass++;
+        if (m->isa > tpk_machine_host_isa()) {
+            printf("class %s: skipped (its kernels need %s; this CPU has %s)\n", m->name, tpk_isa_name(m->isa),
+                   tpk_isa_name(tpk_machine_host_isa()));
+            continue;
+        }
+        printf("class %s\n", m->name);
+        rc = verify_class(ci, recs, nrec, data, seed, &all, &nok, &nbad, ctx);
+    }
+    free(recs);
+    if (!rc && !nclass) {
+        TPK_ERROR(ctx, TPK_EINVAL, "--class=%s: no such machine class", a->cls);
+        rc = 1;
+    }
+    if (!rc)
+        printf("verified %d kernels: %d passed, %d failed\n", nok + nbad, nok, nbad);
+    if (!rc && a->mutants) {
+        char self[4096];
+        ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[len > 0 ? len : 0] = '\0';
+        tpk_tune_mutant_opts mo = {.n = a->mutants, .seed = seed, .runner = len > 0 ? self : NULL, .kinds = a->kinds};
+        int caught;
+        if (!all.n) {
+            TPK_ERROR(ctx, TPK_EINVAL, "no kernels to mutate on this CPU");
+            rc = 1;
+        } else if (tpk_tune_verify_mutants(all.s, all.c, all.n, &mo, stdout, &caught, ctx))
+            rc = 1;
+        else if (caught < a->mutants)
+            nbad++;
+    }
+    free(all.s), free(all.c), free(all.name);
+    return rc ? 1 : nbad ? 1 : 0;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "__measure"))
         return tpk_tune_child_main(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "__verify"))
+        return tpk_tune_verify_child_main(argc, argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -880,6 +1102,10 @@ int main(int argc, char **argv)
         rc = cmd_replay(&a, &ctx);
     else if (!strcmp(argv[1], "cuda-check"))
         rc = cmd_cuda_check(&a, &ctx);
+#ifndef TPTUNE_GENERATOR
+    else if (!strcmp(argv[1], "verify"))
+        rc = cmd_verify(&a, &ctx);
+#endif
     else {
         fprintf(stderr, "tptune: unknown command '%s'\n", argv[1]);
         usage(stderr);

@@ -294,11 +294,15 @@ void tpk_tune_emit_cpu_prelude(FILE *o)
 
 /* The register micro-kernel. Packed: a is an mr-row panel stored k-major (a[p·mr + i]).
  * Direct (_ukr_d): a points at row-major A itself (a[i·lda + p]); the mr rows are streams the
- * hardware prefetcher follows, and pf ≥ 2 prefetches each row a few lines ahead. */
+ * hardware prefetcher follows, and pf ≥ 2 prefetches each row a few lines ahead. Mutation sites
+ * (tune_impl.h): both micro-kernels run full tiles in the verifier's variants with beta ∉ {0, 1}
+ * and with beta = 0, alpha ≠ 1 (the packed one with A transposed), the unrolled loop at least
+ * twice (kc ≥ 64), the remainder loop whenever ku > 1 (a last k block of 7). */
 static void emit_ukr(FILE *o, const char *fn, const tpk__cpu_blocking *bk, const char *T, const char *V,
-                     int direct)
+                     int direct, tpk__mutation *mu)
 {
     const tpk__cpu_blocking b = *bk;
+    char txt[256], mtx[256];
     if (direct)
         fprintf(o, "/* C[%d×%d] = alpha·a·b + beta·C from %d rows of A in place (stride lda) and a packed panel b (kc×%d). */\n"
                    "static void %s_ukr_d(size_t kc, const %s *restrict a, size_t lda, const %s *restrict b, %s *restrict c,\n"
@@ -322,27 +326,44 @@ static void emit_ukr(FILE *o, const char *fn, const tpk__cpu_blocking *bk, const
     fprintf(o, "    size_t p = 0;\n");
     for (int pass = 0; pass < 2; pass++) {
         int steps = pass == 0 ? b.ku : 1;
-        if (pass == 0)
-            fprintf(o, "    for (; p + %d <= kc; p += %d) {\n", b.ku, b.ku);
-        else
-            fprintf(o, "    for (; p < kc; p++) {\n");
+        if (pass == 0) { /* skipping a k step: terms p = ku, 2ku + 1, ... missing */
+            snprintf(txt, sizeof txt, "    for (; p + %d <= kc; p += %d) {\n", b.ku, b.ku);
+            snprintf(mtx, sizeof mtx, "    for (; p + %d <= kc; p += %d) {\n", b.ku, b.ku + 1);
+            fputs(tpk__site(mu, TPK__MUT_K_SKIP, 1, txt, mtx), o);
+        } else /* the last k term of a block dropped */
+            fputs(tpk__site(mu, TPK__MUT_K_TAIL, b.ku > 1, "    for (; p < kc; p++) {\n",
+                            "    for (; p + 1 < kc; p++) {\n"), o);
         if (pass == 0 && b.pf >= 2 && !direct)
             fprintf(o, "        __builtin_prefetch(a + (p + %d) * %d, 0, 3);\n", 2 * b.ku, b.mr);
         if (pass == 0 && b.pf >= 2 && direct) /* four lines ahead on every row */
             for (int i = 0; i < b.mr; i++)
                 fprintf(o, "        __builtin_prefetch(a + %d * lda + p + %d, 0, 3);\n", i, 256 / b.es);
         for (int u = 0; u < steps; u++) {
+            const int s0 = pass == 0 && u == 0; /* the sites: first step of the unrolled loop */
             fprintf(o, "        {\n");
-            for (int j = 0; j < b.nv; j++)
-                fprintf(o, "            const %s b%d = %s_ld(b + (p + %d) * %d + %d);\n", V, j, V, u,
-                        b.nr, j * b.vl);
+            for (int j = 0; j < b.nv; j++) {
+                /* the last B vector read from the first one's place */
+                snprintf(txt, sizeof txt, "            const %s b%d = %s_ld(b + (p + %d) * %d + %d);\n", V, j, V, u,
+                         b.nr, j * b.vl);
+                snprintf(mtx, sizeof mtx, "            const %s b%d = %s_ld(b + (p + %d) * %d + %d);\n", V, j, V, u,
+                         b.nr, 0);
+                fputs(tpk__site(mu, TPK__MUT_UKR_B_INDEX, s0 && j == b.nv - 1 && b.nv > 1, txt, mtx), o);
+            }
             for (int i = 0; i < b.mr; i++) {
+                /* the last row's A element read from row 0 */
+                const int ir = s0 && i == b.mr - 1 && tpk__mut_at(mu, TPK__MUT_UKR_A_INDEX, 1) ? 0 : i;
                 if (direct)
-                    fprintf(o, "            { const %s ai = a[%d * lda + p + %d];", T, i, u);
+                    fprintf(o, "            { const %s ai = a[%d * lda + p + %d];", T, ir, u);
                 else
-                    fprintf(o, "            { const %s ai = a[(p + %d) * %d + %d];", T, u, b.mr, i);
-                for (int j = 0; j < b.nv; j++)
+                    fprintf(o, "            { const %s ai = a[(p + %d) * %d + %d];", T, u, b.mr, ir);
+                for (int j = 0; j < b.nv; j++) {
+                    /* one accumulator's terms added twice */
+                    const int dbl = s0 && ((i == 0 && j == 0) || (i == b.mr - 1 && j == b.nv - 1)) &&
+                                    tpk__mut_at(mu, TPK__MUT_ACC_DOUBLE, 1);
                     fprintf(o, " c%d_%d += ai * b%d;", i, j, j);
+                    if (dbl)
+                        fprintf(o, " c%d_%d += ai * b%d;", i, j, j);
+                }
                 fprintf(o, " }\n");
             }
             fprintf(o, "        }\n");
@@ -351,18 +372,50 @@ static void emit_ukr(FILE *o, const char *fn, const tpk__cpu_blocking *bk, const
     }
     fprintf(o, "    if (beta == 0) {\n");
     for (int i = 0; i < b.mr; i++)
-        for (int j = 0; j < b.nv; j++)
-            fprintf(o, "        %s_st(c + %d * ldc + %d, alpha * c%d_%d);\n", V, i, j * b.vl, i, j);
+        for (int j = 0; j < b.nv; j++) {
+            /* alpha dropped from one store */
+            const int noalpha = i == 0 && j == 0 && tpk__mut_at(mu, TPK__MUT_STORE_ALPHA, 1);
+            fprintf(o, "        %s_st(c + %d * ldc + %d, %sc%d_%d);\n", V, i, j * b.vl, noalpha ? "" : "alpha * ", i, j);
+        }
     fprintf(o, "    } else {\n");
     for (int i = 0; i < b.mr; i++)
-        for (int j = 0; j < b.nv; j++)
-            fprintf(o, "        %s_st(c + %d * ldc + %d, beta * %s_ld(c + %d * ldc + %d) + alpha * c%d_%d);\n",
-                    V, i, j * b.vl, V, i, j * b.vl, i, j);
+        for (int j = 0; j < b.nv; j++) {
+            /* beta dropped from one store; one row stored with the tile's stride, not C's */
+            const int nobeta = i == 0 && j == 0 && tpk__mut_at(mu, TPK__MUT_STORE_BETA, 1);
+            const int stride = i == b.mr - 1 && j == 0 && tpk__mut_at(mu, TPK__MUT_STORE_STRIDE, 1);
+            char at[64];
+            if (stride)
+                snprintf(at, sizeof at, "c + %d * %d + %d", i, b.nr, j * b.vl);
+            else
+                snprintf(at, sizeof at, "c + %d * ldc + %d", i, j * b.vl);
+            fprintf(o, "        %s_st(%s, %s%s_ld(%s) + alpha * c%d_%d);\n", V, at, nobeta ? "" : "beta * ", V, at, i, j);
+        }
     fprintf(o, "    }\n}\n\n");
 }
 
+/* Sites the two macro-kernels share: the partial last panel left out; a tile stored one column to
+ * the right (its first column never written); beta dropped from the edge store. */
+static const char *panels_tail(tpk__mutation *mu, const tpk__cpu_blocking *b, char *t, char *m)
+{
+    snprintf(t, 192, "(mc + %d - 1) / %d", b->mr, b->mr);
+    snprintf(m, 192, "mc / %d", b->mr);
+    return tpk__site(mu, TPK__MUT_PANELS_TAIL, 1, t, m);
+}
+
+static const char *tile_offset(tpk__mutation *mu, const tpk__cpu_blocking *b, char *t, char *m)
+{
+    snprintf(t, 192, "C + ip * %d * ldc + jp * %d", b->mr, b->nr);
+    snprintf(m, 192, "C + ip * %d * ldc + jp * %d + 1", b->mr, b->nr);
+    return tpk__site(mu, TPK__MUT_TILE_OFFSET, 1, t, m);
+}
+
+static const char *edge_beta(tpk__mutation *mu)
+{
+    return tpk__site(mu, TPK__MUT_EDGE_BETA, 1, "beta == 0 ? 0 : beta * c[i * ldc + j]", "beta == 0 ? 0 : c[i * ldc + j]");
+}
+
 static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fn,
-                       int standalone, FILE *o, tpk_ctx *ctx)
+                         int standalone, tpk__mutation *mu, FILE *o, tpk_ctx *ctx)
 {
     (void)ctx;
     tpk__cpu_blocking b;
@@ -381,44 +434,59 @@ static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, cons
     fprintf(o, "enum { %s_MR = %d, %s_NR = %d, %s_KC = %d, %s_MC = %d, %s_NC = %d };\n\n", fn, b.mr,
             fn, b.nr, fn, b.kc, fn, b.mc, fn, b.nc);
 
-    emit_ukr(o, fn, &b, T, V, 0);
+    emit_ukr(o, fn, &b, T, V, 0, mu);
     if (b.pa)
-        emit_ukr(o, fn, &b, T, V, 1);
+        emit_ukr(o, fn, &b, T, V, 1, mu);
+    /* Mutation sites below (tune_impl.h) rely on the verifier's shapes (tuner/verify.c): edge
+     * tiles in m and n, two k blocks, two ic blocks, n > nc (gemm; syrk only up to
+     * TPK__VERIFY_SYRK_NC_MAX), A and B each row-major and transposed, beta = 0 and beta ∉ {0, 1}.
+     * Left out as equivalent there: the zero padding of packed panels (padded rows and columns of
+     * an edge tile are never stored), prefetches, the unrolled loop's bound (the remainder loop
+     * takes what it leaves). */
+    char t1[192], m1[192], t2[192], m2[192];
 
     /* packing */
+    /* packed A: the last row of full panels left out (packed kernels: A row-major runs it);
+     * strides swapped in the general loop (A transposed, and the partial panels) */
+    snprintf(t1, sizeof t1, "i < %d", b.mr);
+    snprintf(m1, sizeof m1, "i + 1 < %d", b.mr);
     fprintf(o,
         "/* Pack an mr_e×kc block of A (strides rsa, csa) into an %d-row panel, zero-padded. */\n"
         "static void %s_pack_a(size_t mr_e, size_t kc, const %s *A, size_t rsa, size_t csa, %s *restrict dst)\n{\n"
         "    if (csa == 1 && mr_e == %d) {\n"
-        "        for (size_t i = 0; i < %d; i++)\n"
+        "        for (size_t i = 0; %s; i++)\n"
         "            for (size_t p = 0; p < kc; p++)\n"
         "                dst[p * %d + i] = A[i * rsa + p];\n"
         "        return;\n    }\n"
         "    for (size_t p = 0; p < kc; p++) {\n"
         "        size_t i = 0;\n"
-        "        for (; i < mr_e; i++)\n            dst[p * %d + i] = A[i * rsa + p * csa];\n"
+        "        for (; i < mr_e; i++)\n            dst[p * %d + i] = %s;\n"
         "        for (; i < %d; i++)\n            dst[p * %d + i] = 0;\n"
         "    }\n}\n\n",
-        b.mr, fn, T, T, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr);
+        b.mr, fn, T, T, b.mr, tpk__site(mu, TPK__MUT_PACK_A_ROWS, !b.pa, t1, m1), b.mr, b.mr,
+        tpk__site(mu, TPK__MUT_PACK_A_STRIDES, 1, "A[i * rsa + p * csa]", "A[i * csa + p * rsa]"), b.mr, b.mr);
+    /* packed B: the last column of every panel left out (B row-major, or Aᵀ of a transposed A);
+     * strides swapped (B transposed, syrk's Aᵀ of a row-major A) */
     fprintf(o,
         "/* Pack a kc×nr_e block of B (strides rsb, csb) into a %d-column panel, zero-padded. */\n"
         "static void %s_pack_b(size_t nr_e, size_t kc, const %s *B, size_t rsb, size_t csb, %s *restrict dst)\n{\n"
         "    for (size_t p = 0; p < kc; p++) {\n"
         "        size_t j = 0;\n"
-        "        if (csb == 1)\n            for (; j < nr_e; j++)\n                dst[p * %d + j] = B[p * rsb + j];\n"
-        "        else\n            for (; j < nr_e; j++)\n                dst[p * %d + j] = B[p * rsb + j * csb];\n"
+        "        if (csb == 1)\n            for (; %s; j++)\n                dst[p * %d + j] = B[p * rsb + j];\n"
+        "        else\n            for (; j < nr_e; j++)\n                dst[p * %d + j] = %s;\n"
         "        for (; j < %d; j++)\n            dst[p * %d + j] = 0;\n"
         "    }\n}\n\n",
-        b.nr, fn, T, T, b.nr, b.nr, b.nr, b.nr);
+        b.nr, fn, T, T, tpk__site(mu, TPK__MUT_PACK_B_COLS, 1, "j < nr_e", "j + 1 < nr_e"), b.nr, b.nr,
+        tpk__site(mu, TPK__MUT_PACK_B_STRIDES, 1, "B[p * rsb + j * csb]", "B[p * csb + j * rsb]"), b.nr, b.nr);
 
     /* macro-kernel */
     fprintf(o,
         "/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block%s. */\n"
         "static void %s_macro(size_t mc, size_t nc, size_t kc, const %s *ap, const %s *bp, size_t jp0,\n"
         "        size_t jp1, %s *C, size_t ldc, %s alpha, %s beta, %s *ct%s)\n{\n"
-        "    const size_t mpan = (mc + %d - 1) / %d;\n",
+        "    const size_t mpan = %s;\n",
         b.syrk ? "; (i0, j0): where the block sits in C, for the triangle" : "", fn, T, T, T, T, T, T,
-        b.syrk ? ", size_t i0, size_t j0" : "", b.mr, b.mr);
+        b.syrk ? ", size_t i0, size_t j0" : "", panels_tail(mu, &b, t1, m1));
     const char *outer = b.order == TPK__ORDER_JR_IR ? "    for (size_t jp = jp0; jp < jp1; jp++)\n"
                                                     : "    for (size_t ip = 0; ip < mpan; ip++)\n";
     const char *inner = b.order == TPK__ORDER_JR_IR ? "        for (size_t ip = 0; ip < mpan; ip++) {\n"
@@ -434,21 +502,42 @@ static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, cons
             "            const size_t gi = i0 + ip * %d, gj = j0 + jp * %d;\n"
             "            if (gj > gi + mr_e - 1)\n                continue;\n"
             "            const int diag = gj + nr_e - 1 > gi;\n", b.mr, b.nr);
+    /* edge tiles: a full tile's condition with || (a partial tile stored whole: rows past m land
+     * in C's guard), syrk's diagonal tiles stored whole; the last row or column of an edge tile
+     * left out; beta dropped; syrk's row limit one short (the diagonal entry) or one long (above) */
+    const char *tile = tile_offset(mu, &b, t2, m2);
+    char cond[96], mcond[96], nodiag[96];
+    snprintf(cond, sizeof cond, "mr_e == %d && nr_e == %d%s", b.mr, b.nr, b.syrk ? " && !diag" : "");
+    snprintf(mcond, sizeof mcond, "(mr_e == %d || nr_e == %d)%s", b.mr, b.nr, b.syrk ? " && !diag" : "");
+    snprintf(nodiag, sizeof nodiag, "mr_e == %d && nr_e == %d", b.mr, b.nr);
+    const char *cd = tpk__site(mu, TPK__MUT_EDGE_COND, 1, cond, mcond);
+    cd = tpk__site(mu, TPK__MUT_SYRK_DIAG_COND, b.syrk, cd, nodiag);
+    const char *rows = tpk__site(mu, TPK__MUT_EDGE_ROWS, 1, "i < mr_e", "i + 1 < mr_e"), *cols;
+    if (b.syrk) {
+        cols = tpk__site(mu, TPK__MUT_EDGE_COLS, 1,
+                         "j < (!diag ? nr_e : gi + i < gj ? 0 : gi + i + 1 - gj < nr_e ? gi + i + 1 - gj : nr_e)",
+                         "j < (!diag ? nr_e - 1 : gi + i < gj ? 0 : gi + i + 1 - gj < nr_e ? gi + i + 1 - gj : nr_e)");
+        cols = tpk__site(mu, TPK__MUT_SYRK_DIAG_DROP, 1, cols,
+                         "j < (!diag ? nr_e : gi + i < gj ? 0 : gi + i - gj < nr_e ? gi + i - gj : nr_e)");
+        cols = tpk__site(mu, TPK__MUT_SYRK_DIAG_OVER, 1, cols,
+                         "j < (!diag ? nr_e : gi + i < gj ? 0 : gi + i + 2 - gj < nr_e ? gi + i + 2 - gj : nr_e)");
+    } else
+        cols = tpk__site(mu, TPK__MUT_EDGE_COLS, 1, "j < nr_e", "j + 1 < nr_e");
+    const char *bc = edge_beta(mu);
     fprintf(o,
-        "            %s *c = C + ip * %d * ldc + jp * %d;\n"
+        "            %s *c = %s;\n"
         "            const %s *a = ap + ip * %d * kc, *b = bp + jp * %d * kc;\n"
-        "            if (mr_e == %d && nr_e == %d%s) {\n"
+        "            if (%s) {\n"
         "                %s_ukr(kc, a, b, c, ldc, alpha, beta);\n"
         "                continue;\n"
         "            }\n"
         "            /* Edge tile: full tile into ct, then the valid part into C. */\n"
         "            %s_ukr(kc, a, b, ct, %d, 1, 0);\n"
-        "            for (size_t i = 0; i < mr_e; i++)\n"
-        "                for (size_t j = 0; j < %s; j++)\n"
-        "                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * %d + j];\n"
+        "            for (size_t i = 0; %s; i++)\n"
+        "                for (size_t j = 0; %s; j++)\n"
+        "                    c[i * ldc + j] = (%s) + alpha * ct[i * %d + j];\n"
         "        }\n}\n\n",
-        T, b.mr, b.nr, T, b.mr, b.nr, b.mr, b.nr, b.syrk ? " && !diag" : "",
-        fn, fn, b.nr, b.syrk ? "(!diag ? nr_e : gi + i < gj ? 0 : gi + i + 1 - gj < nr_e ? gi + i + 1 - gj : nr_e)" : "nr_e", b.nr);
+        T, tile, T, b.mr, b.nr, cd, fn, fn, b.nr, rows, cols, bc, b.nr);
 
     if (b.pa) {
         /* Direct A: whole mr-row panels straight from A (row stride lda), the last partial
@@ -458,14 +547,21 @@ static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, cons
             " * ape) against B panels [jp0, jp1) of the packed kc×nc block. */\n"
             "static void %s_macro_d(size_t mc, size_t nc, size_t kc, const %s *A, size_t lda, const %s *ape,\n"
             "        const %s *bp, size_t jp0, size_t jp1, %s *C, size_t ldc, %s alpha, %s beta, %s *ct)\n{\n"
-            "    const size_t mpan = (mc + %d - 1) / %d, full = mc / %d;\n%s%s",
-            b.mr, fn, T, T, T, T, T, T, T, b.mr, b.mr, b.mr, outer, inner); /* the loop order of _macro */
+            "    const size_t mpan = %s, full = mc / %d;\n%s%s",
+            b.mr, fn, T, T, T, T, T, T, T, panels_tail(mu, &b, t1, m1), b.mr, outer, inner); /* the loop order of _macro */
+        const char *tile_d = tile_offset(mu, &b, t2, m2);
+        snprintf(cond, sizeof cond, "ip < full && nr_e == %d", b.nr);
+        snprintf(mcond, sizeof mcond, "ip <= full && nr_e == %d", b.nr); /* the partial panel in place */
+        const char *cd_d = tpk__site(mu, TPK__MUT_EDGE_COND, 1, cond, mcond);
+        const char *rows_d = tpk__site(mu, TPK__MUT_EDGE_ROWS, 1, "i < mr_e", "i + 1 < mr_e");
+        const char *cols_d = tpk__site(mu, TPK__MUT_EDGE_COLS, 1, "j < nr_e", "j + 1 < nr_e");
+        const char *bc_d = edge_beta(mu);
         fprintf(o,
             "            const size_t mr_e = mc - ip * %d < %d ? mc - ip * %d : %d;\n"
             "            const size_t nr_e = nc - jp * %d < %d ? nc - jp * %d : %d;\n"
-            "            %s *c = C + ip * %d * ldc + jp * %d;\n"
+            "            %s *c = %s;\n"
             "            const %s *b = bp + jp * %d * kc;\n"
-            "            if (ip < full && nr_e == %d) {\n"
+            "            if (%s) {\n"
             "                %s_ukr_d(kc, A + ip * %d * lda, lda, b, c, ldc, alpha, beta);\n"
             "                continue;\n"
             "            }\n"
@@ -473,12 +569,12 @@ static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, cons
             "                %s_ukr_d(kc, A + ip * %d * lda, lda, b, ct, %d, 1, 0);\n"
             "            else\n"
             "                %s_ukr(kc, ape, b, ct, %d, 1, 0);\n"
-            "            for (size_t i = 0; i < mr_e; i++)\n"
-            "                for (size_t j = 0; j < nr_e; j++)\n"
-            "                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * %d + j];\n"
+            "            for (size_t i = 0; %s; i++)\n"
+            "                for (size_t j = 0; %s; j++)\n"
+            "                    c[i * ldc + j] = (%s) + alpha * ct[i * %d + j];\n"
             "        }\n}\n\n",
-            b.mr, b.mr, b.mr, b.mr, b.nr, b.nr, b.nr, b.nr, T, b.mr, b.nr, T, b.nr, b.nr, fn, b.mr, fn, b.mr,
-            b.nr, fn, b.nr, b.nr);
+            b.mr, b.mr, b.mr, b.mr, b.nr, b.nr, b.nr, b.nr, T, tile_d, T, b.nr, cd_d, fn, b.mr, fn, b.mr,
+            b.nr, fn, b.nr, rows_d, cols_d, bc_d, b.nr);
     }
 
     /* workspace and driver */
@@ -523,24 +619,34 @@ static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, cons
             "        %s *const bp = (%s *)ws + tid * %zu, *const ap = bp + %zu;\n"
             "        const size_t nblk = (m + %d - 1) / %d, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;\n",
             T, T, bpn + apn, bpn, b.mc, b.mc);
+    /* the last partial B panel left out; beta applied to every k block, or the earlier blocks
+     * dropped; every column block packed from the first one's B (needs n > nc) */
+    snprintf(t1, sizeof t1, "(nc + %d - 1) / %d", b.nr, b.nr);
+    snprintf(m1, sizeof m1, "nc / %d", b.nr);
+    const char *npan = tpk__site(mu, TPK__MUT_NPAN_TAIL, 1, t1, m1);
+    const char *bet = tpk__site(mu, TPK__MUT_BETA_BLOCKS, 1, "pc == 0 ? beta : 1", "beta");
+    bet = tpk__site(mu, TPK__MUT_K_BLOCKS, 1, bet, "pc == 0 ? beta : 0");
     fprintf(o,
         "        for (size_t jc = 0; jc < n; jc += %d) {\n"
         "            const size_t nc = n - jc < %d ? n - jc : %d;\n"
-        "            const size_t npan = (nc + %d - 1) / %d;\n"
+        "            const size_t npan = %s;\n"
         "            for (size_t pc = 0; pc < k; pc += %d) {\n"
         "                const size_t kc = k - pc < %d ? k - pc : %d;\n"
-        "                const %s bet = pc == 0 ? beta : 1;\n",
-        b.nc, b.nc, b.nc, b.nr, b.nr, b.kc, b.kc, b.kc, T);
+        "                const %s bet = %s;\n",
+        b.nc, b.nc, b.nc, npan, b.kc, b.kc, b.kc, T, bet);
     if (b.pb)
         fprintf(o,
             "                if (b0 == b1)\n                    continue;\n"
             "                for (size_t jp = 0; jp < npan; jp++)\n");
     else
         fprintf(o, "                for (size_t jp = tid; jp < npan; jp += nth)\n");
+    snprintf(t1, sizeof t1, "(jc + jp * %d)", b.nr);
+    snprintf(m1, sizeof m1, "(jp * %d)", b.nr);
     fprintf(o,
-        "                    %s_pack_b(nc - jp * %d < %d ? nc - jp * %d : %d, kc, B + pc * rsb + (jc + jp * %d) * csb,\n"
+        "                    %s_pack_b(nc - jp * %d < %d ? nc - jp * %d : %d, kc, B + pc * rsb + %s * csb,\n"
         "                            rsb, csb, bp + jp * %d * kc);\n",
-        fn, b.nr, b.nr, b.nr, b.nr, b.nr, b.nr);
+        fn, b.nr, b.nr, b.nr, b.nr,
+        tpk__site(mu, TPK__MUT_JC_OFFSET, !b.syrk || b.nc <= TPK__VERIFY_SYRK_NC_MAX, t1, m1), b.nr);
     if (!b.pb)
         fprintf(o, "#pragma omp barrier\n");
     /* syrk: a row block wholly above the diagonal of this column block does nothing. */
@@ -548,14 +654,16 @@ static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, cons
     if (b.par == TPK__PAR_IC) {
         if (b.pb)
             fprintf(o, "                /* Threads split the ic loop; each packs its own A block. */\n"
-                       "                for (size_t ib = b0; ib < b1; ib++) {\n");
+                       "                for (size_t ib = b0; %s; ib++) {\n",
+                    tpk__site(mu, TPK__MUT_IC_SPLIT, 1, "ib < b1", "ib + 1 < b1")); /* a thread's last block left out */
         else
             fprintf(o,
                 "                /* Threads split the ic loop; each packs its own A block. */\n"
                 "                %s *const ap = ap_all + tid * %zu;\n"
                 "                const size_t nblk = (m + %d - 1) / %d;\n"
-                "                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {\n",
-                T, apn, b.mc, b.mc);
+                "                for (size_t ib = nblk * tid / nth; %s; ib++) {\n",
+                T, apn, b.mc, b.mc,
+                tpk__site(mu, TPK__MUT_IC_SPLIT, 1, "ib < nblk * (tid + 1) / nth", "ib + 1 < nblk * (tid + 1) / nth"));
         fprintf(o, "                    const size_t ic = ib * %d, mc = m - ic < %d ? m - ic : %d;\n%s", b.mc,
                 b.mc, b.mc, skip);
         if (b.pa)
@@ -564,18 +672,20 @@ static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, cons
                 "                        const size_t full = mc / %d;\n"
                 "                        if (full * %d < mc)\n"
                 "                            %s_pack_a(mc - full * %d, kc, A + (ic + full * %d) * rsa + pc, rsa, 1, ap);\n"
-                "                        %s_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,\n"
+                "                        %s_macro_d(mc, nc, kc, %s, rsa, ap, bp, 0, npan, C + ic * ldc + jc,\n"
                 "                                ldc, alpha, bet, ct);\n"
                 "                        continue;\n"
                 "                    }\n",
-                b.mr, b.mr, fn, b.mr, b.mr, fn);
+                b.mr, b.mr, fn, b.mr, b.mr, fn,
+                tpk__site(mu, TPK__MUT_PC_OFFSET, 1, "A + ic * rsa + pc", "A + ic * rsa")); /* k offset dropped */
         fprintf(o,
             "                    for (size_t ip = 0; ip * %d < mc; ip++)\n"
-            "                        %s_pack_a(mc - ip * %d < %d ? mc - ip * %d : %d, kc, A + (ic + ip * %d) * rsa + pc * csa,\n"
+            "                        %s_pack_a(mc - ip * %d < %d ? mc - ip * %d : %d, kc, A + (ic + ip * %d) * rsa + %s,\n"
             "                                rsa, csa, ap + ip * %d * kc);\n"
             "                    %s_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct%s);\n"
             "                }\n",
-            b.mr, fn, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr, fn, b.syrk ? ", ic, jc" : "");
+            b.mr, fn, b.mr, b.mr, b.mr, b.mr, b.mr, tpk__site(mu, TPK__MUT_PC_OFFSET, 1, "pc * csa", "pc * rsa"), b.mr,
+            fn, b.syrk ? ", ic, jc" : "");
     } else
         fprintf(o,
             "                /* Threads pack the A block together and split the jr loop. */\n"
@@ -583,14 +693,19 @@ static int cpu_gemm_emit(const tpk_tune_space *s, const tpk_tune_config *c, cons
             "                    const size_t mc = m - ic < %d ? m - ic : %d, mpan = (mc + %d - 1) / %d;\n"
             "%s"
             "                    for (size_t ip = tid; ip < mpan; ip += nth)\n"
-            "                        %s_pack_a(mc - ip * %d < %d ? mc - ip * %d : %d, kc, A + (ic + ip * %d) * rsa + pc * csa,\n"
+            "                        %s_pack_a(mc - ip * %d < %d ? mc - ip * %d : %d, kc, A + (ic + ip * %d) * rsa + %s,\n"
             "                                rsa, csa, ap_all + ip * %d * kc);\n"
             "#pragma omp barrier\n"
-            "                    %s_macro(mc, nc, kc, ap_all, bp, npan * tid / nth, npan * (tid + 1) / nth, C + ic * ldc + jc,\n"
+            "                    %s_macro(mc, nc, kc, ap_all, bp, npan * tid / nth, %s, C + ic * ldc + jc,\n"
             "                            ldc, alpha, bet, ct%s);\n"
             "#pragma omp barrier\n"
             "                }\n",
-            b.mc, b.mc, b.mc, b.mr, b.mr, skip, fn, b.mr, b.mr, b.mr, b.mr, b.mr, b.mr, fn, b.syrk ? ", ic, jc" : "");
+            b.mc, b.mc, b.mc, b.mr, b.mr, skip, fn, b.mr, b.mr, b.mr, b.mr, b.mr,
+            tpk__site(mu, TPK__MUT_PC_OFFSET, 1, "pc * csa", "pc * rsa"), b.mr, fn,
+            /* a thread's last B panel left out (a non-empty range: npan ≥ 3 ≥ threads) */
+            tpk__site(mu, TPK__MUT_JR_SPLIT, 1, "npan * (tid + 1) / nth",
+                      "npan * (tid + 1) / nth - (npan * (tid + 1) / nth > npan * tid / nth)"),
+            b.syrk ? ", ic, jc" : "");
     fprintf(o, "%s            }\n        }\n    }\n}\n\n", b.pb ? "" : "#pragma omp barrier\n");
     return TPK_OK;
 }

@@ -322,19 +322,246 @@ void tpk__cpu_map_prelude(FILE *o)
     }
 }
 
-static int cpu_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fn, int standalone, FILE *o,
-                      tpk_ctx *ctx)
+/* What the kernel and its Z_p twin (tpk__cpu_map_emit_twin) do differently: the types and the
+ * arithmetic of an entry, the diagonal and the column vectors. The loop nest — rows, unrolled
+ * loops, tails, the diagonal's place, blocks, the parallel split, the flag reduction — is emitted
+ * once for both (emit_rows, emit_driver), mutation sites included. */
+typedef struct map_flav {
+    const char *V, *I, *T; /* vector, lane mask, element */
+    char a2p[64];          /* the entry's factor of alpha */
+    char lim[64], lim2[64];/* the PSD bounds (rq pre / sqrt) */
+    char diag[96];         /* the diagonal entry */
+    char prep[160];        /* rs[i] and ra[i] from q[i] */
+} map_flav;
+
+static void flav_real(const map_cfg *m, map_flav *fl)
+{
+    const vty *y = vty_of(m->es, m->vl);
+    const double tol = m->es == 4 ? PSD_RTOL_F32 : PSD_RTOL_F64;
+    fl->V = y->V, fl->I = y->I, fl->T = y->T;
+    snprintf(fl->a2p, sizeof fl->a2p, "alpha * (%s)0.15915494309189533577", y->T);
+    snprintf(fl->lim, sizeof fl->lim, "(%s)%.17g * rs[i]", y->T, 1 + tol);
+    snprintf(fl->lim2, sizeof fl->lim2, "(%s)%.17g", y->T, (1 + tol) * (1 + tol));
+    snprintf(fl->diag, sizeof fl->diag, "alpha * (q[i] * (%s)0.5) + beta", y->T);
+    snprintf(fl->prep, sizeof fl->prep, "        rs[i] = sqrt%s(q[i]);\n        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;\n",
+             m->es == 4 ? "f" : "");
+}
+
+/* Rows i0..i1 of the column block j0..j1. Mutation sites (tune_impl.h) rely on the twin checks of
+ * tuner/verify.c: n = 37 and n = nb + mb + 3 (rows longer than a column block, several row
+ * blocks, tails of every length), out of place with lds ≠ ldo, in place, and a flagged entry in
+ * every lane. */
+static void emit_rows(FILE *o, const char *fn, const map_cfg *m, const map_flav *fl, tpk__mutation *mu)
+{
+    const char *V = fl->V, *I = fl->I, *T = fl->T;
+    const int L = m->vl;
+    char t[192], x[192];
+    const char *colc = m->rq ? "ra" : "q";
+    fprintf(o, "/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */\n"
+               "static void %s_rows(size_t i0, size_t i1, size_t j0, size_t j1, const %s *S, size_t lds, %s *out,\n"
+               "        size_t ldo, const %s *q, const %s *ra, const %s *rs, %s alpha, %s beta, %s *bad)\n{\n"
+               "    const %s zero = {0};\n"
+               "    const %s a2p = zero + %s, bv = zero + beta;\n",
+            fn, T, T, T, T, T, T, T, I, V, V, fl->a2p);
+    if (!m->rq)
+        fprintf(o, "    (void)ra;\n    (void)rs;\n    const %s lim2 = zero + %s;\n", V, fl->lim2);
+    /* the row end one short (entry (i, i − 1)); S's and out's row strides swapped */
+    const char *je = tpk__site(mu, TPK__MUT_MAP_ROW_END, 1, "j1 < i ? j1 : i", "j1 < i ? j1 : (i ? i - 1 : 0)");
+    const char *sst = tpk__site(mu, TPK__MUT_MAP_ROW_STRIDE, 1, "lds", "(ldo + 0 * lds)"); /* lds still used */
+    const char *ost = tpk__site(mu, TPK__MUT_MAP_ROW_STRIDE, 1, "ldo", "(lds + 0 * ldo)");
+    fprintf(o, "    for (size_t i = i0; i < i1; i++) {\n"
+               "        const size_t je = %s; /* strictly below the diagonal */\n"
+               "        const %s *srow = S + i * %s;\n"
+               "        %s *orow = out + i * %s;\n", je, T, sst, T, ost);
+    if (m->rq)
+        fprintf(o, "        const %s ci = zero + ra[i], si = zero + rs[i], lim = zero + %s;\n", V, fl->lim);
+    else
+        fprintf(o, "        const %s ci = zero + q[i];\n", V);
+    const char *args = m->rq ? "ci, %s_ld(ra + j%s%s), si, %s_ld(rs + j%s), lim, a2p, bv, bad"
+                             : "ci, %s_ld(q + j%s%s), lim2, a2p, bv, bad";
+    fprintf(o, "        size_t j = j0;\n");
+    for (int pass = 0; pass < 2; pass++) {
+        int U = pass == 0 ? m->un : 1;
+        if (pass == 0 && m->un == 1)
+            continue;
+        /* sites of the first loop: its step one long (an entry skipped: needs rows longer than
+         * U·L within a block), the second load of an unrolled step from the first one's place,
+         * the first column vector misaligned */
+        const int first = pass == 0 || m->un == 1;
+        snprintf(t, sizeof t, "        for (; j + %d <= je; j += %d) {\n", U * L, U * L);
+        snprintf(x, sizeof x, "        for (; j + %d <= je; j += %d) {\n", U * L, U * L + 1);
+        fputs(tpk__site(mu, TPK__MUT_MAP_STEP, first && m->nb > U * L, t, x), o);
+        for (int u = 0; u < U; u++) {
+            char off[32] = "";
+            if (u)
+                snprintf(off, sizeof off, " + %d", u * L);
+            const int again = pass == 0 && u == 1 && tpk__mut_at(mu, TPK__MUT_MAP_UNROLL_LOAD, 1);
+            fprintf(o, "            const %s k%d = %s_ld(srow + j%s);\n", V, u, V, again ? "" : off);
+        }
+        for (int u = 0; u < U; u++) {
+            char off[32] = "", a[256];
+            if (u)
+                snprintf(off, sizeof off, " + %d", u * L);
+            const char *mis = first && u == 0 && tpk__mut_at(mu, TPK__MUT_MAP_COL_LOAD, 1) ? " + 1" : "";
+            if (m->rq)
+                snprintf(a, sizeof a, args, V, off, mis, V, off);
+            else
+                snprintf(a, sizeof a, args, V, off, mis);
+            fprintf(o, "            %s_st(orow + j%s, %s_ent(k%d, %s));\n", V, off, fn, u, a);
+        }
+        fprintf(o, "        }\n");
+    }
+    /* tail: padded lanes k = 0 with zero column scales give β, flag nothing. Sites: the tail's S
+     * value, or its column vector, read one to the right; its last entry not stored; every lane
+     * stored (past the diagonal: the upper triangle) */
+    const char *tl = tpk__site(mu, TPK__MUT_MAP_TAIL_LOAD, 1, "j + l", "j + l + 1");
+    const char *tc = tpk__site(mu, TPK__MUT_MAP_TAIL_COL, 1, "j + l", "j + l + 1");
+    const char *td = tpk__site(mu, TPK__MUT_MAP_TAIL_COL, m->rq, "j + l", "j + l + 1"); /* sqrt: td unused */
+    fprintf(o, "        if (j < je) {\n"
+               "            %s tk[%d] = {0}, tc[%d] = {0}, td[%d] = {0}, to[%d];\n"
+               "            for (size_t l = 0; j + l < je; l++) {\n"
+               "                tk[l] = srow[%s];\n"
+               "                tc[l] = %s[%s];\n"
+               "                td[l] = %s[%s];\n"
+               "            }\n",
+            T, L, L, L, L, tl, colc, tc, m->rq ? "rs" : "q", td);
+    if (m->rq)
+        fprintf(o, "            %s_st(to, %s_ent(%s_ld(tk), ci, %s_ld(tc), si, %s_ld(td), lim, a2p, bv, bad));\n", V, fn, V, V, V);
+    else
+        fprintf(o, "            (void)td;\n            %s_st(to, %s_ent(%s_ld(tk), ci, %s_ld(tc), lim2, a2p, bv, bad));\n", V, fn, V, V);
+    snprintf(x, sizeof x, "l < %d", L);
+    const char *ts = tpk__site(mu, TPK__MUT_MAP_TAIL_STORE, 1, "j + l < je", "j + l + 1 < je");
+    ts = tpk__site(mu, TPK__MUT_MAP_TAIL_MASK, 1, ts, x);
+    /* the diagonal of a block's first row left out; stored one to the left */
+    const char *dc = tpk__site(mu, TPK__MUT_MAP_DIAG_COND, 1, "i >= j0 && i < j1", "i > j0 && i < j1");
+    const char *di = tpk__site(mu, TPK__MUT_MAP_DIAG_INDEX, 1, "i", "i - 1");
+    fprintf(o, "            for (size_t l = 0; %s; l++)\n"
+               "                orow[j + l] = to[l];\n"
+               "        }\n"
+               "        if (%s)\n"
+               "            orow[%s] = %s;\n"
+               "    }\n}\n\n", ts, dc, di, fl->diag);
+}
+
+/* Workspace size and the driver: the column vectors from the diagonal, the tile offsets, the
+ * parallel split, the flag reduction. */
+static void emit_driver(FILE *o, const char *fn, const char *ename, const char *st, int standalone, const map_cfg *m,
+                        const map_flav *fl, tpk__mutation *mu)
+{
+    const char *T = fl->T, *I = fl->I;
+    const int L = m->vl;
+    char t[192], x[192];
+    fprintf(o, "/* Workspace bytes: q, 1/√q and √q (n + %d each), and the row-block tile offsets. */\n", L);
+    if (standalone)
+        fprintf(o, "size_t tpk_kernel_ws(size_t n);\nint tpk_kernel(size_t n, const %s *S, size_t lds, %s alpha, %s beta, %s *out,\n"
+                   "        size_t ldo, int nt, void *ws);\n\n", T, T, T, T);
+    fprintf(o, "%ssize_t %s_ws(size_t n)\n{\n    return (3 * (n + %d) * sizeof(%s) + 63) / 64 * 64 + (n / %d + 2) * sizeof(size_t);\n}\n\n",
+            st, ename, L, T, m->mb);
+    /* sites: q read from the first column, not the diagonal; the last partial tile of every row
+     * block left out (tiles split only) */
+    const char *qr = tpk__site(mu, TPK__MUT_MAP_Q_READ, 1, "i * lds + i", "i * lds");
+    snprintf(t, sizeof t, "(i1 + %d - 1) / %d", m->nb, m->nb);
+    snprintf(x, sizeof x, "i1 / %d", m->nb);
+    const char *tiles = tpk__site(mu, TPK__MUT_MAP_TILES, m->split == SPLIT_TILES, t, x);
+    fprintf(o, "/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance\n"
+               " * exceeds its bound or is NaN. */\n"
+               "%sint %s(size_t n, const %s *S, size_t lds, %s alpha, %s beta, %s *out, size_t ldo, int nt,\n"
+               "        void *ws)\n{\n"
+               "    if (n == 0)\n        return 0;\n"
+               "    if (nt < 1)\n        nt = 1;\n"
+               "    %s *const q = ws, *const ra = q + n + %d, *const rs = ra + n + %d;\n"
+               "    size_t *const pre = (size_t *)((char *)ws + (3 * (n + %d) * sizeof(%s) + 63) / 64 * 64);\n"
+               "    const size_t nrb = (n + %d - 1) / %d;\n"
+               "    for (size_t i = 0; i < n; i++) {\n"
+               "        q[i] = S[%s];\n"
+               "%s"
+               "    }\n"
+               "    /* tiles before row block b (column blocks of %d up to the block's last row) */\n"
+               "    pre[0] = 0;\n"
+               "    for (size_t b = 0; b < nrb; b++) {\n"
+               "        const size_t i1 = (b + 1) * %d < n ? (b + 1) * %d : n;\n"
+               "        pre[b + 1] = pre[b] + %s;\n"
+               "    }\n"
+               "    int bad = 0;\n"
+               "#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)\n"
+               "    {\n"
+               "        %s badv = {0};\n",
+            st, ename, T, T, T, T, T, L, L, L, T, m->mb, m->mb, qr, fl->prep, m->nb, m->mb, m->mb, tiles, I);
+    /* sites: the last row block one row short; each row block's last column block left out (the
+     * one holding the diagonal); a block's last column left out (rows longer than a block); the
+     * balanced split's first block left out */
+    snprintf(t, sizeof t, "i0 + %d < n ? i0 + %d : n", m->mb, m->mb);
+    snprintf(x, sizeof x, "i0 + %d < n ? i0 + %d : n - 1", m->mb, m->mb);
+    const char *i1 = tpk__site(mu, TPK__MUT_MAP_BLOCK_ROWS, 1, t, x);
+    const char *cb = tpk__site(mu, TPK__MUT_MAP_COL_BLOCKS, m->split != SPLIT_TILES, "j0 < i1", "j0 + %d < i1");
+    char cbuf[64], j1[64], mj1[64];
+    snprintf(cbuf, sizeof cbuf, cb, m->nb);
+    snprintf(j1, sizeof j1, "j0 + %d", m->nb);
+    snprintf(mj1, sizeof mj1, "j0 + %d - 1", m->nb);
+    const char *je = tpk__site(mu, TPK__MUT_MAP_BLOCK_COLS, 1, j1, mj1);
+    const char *sched = m->sched == SCHED_STATIC ? "static" : "dynamic";
+    if (m->split == SPLIT_ROWS)
+        fprintf(o, "        /* row blocks of the triangle, %s schedule, chunk %d */\n"
+                   "#pragma omp for schedule(%s, %d)\n"
+                   "        for (size_t b = 0; b < nrb; b++) {\n"
+                   "            const size_t i0 = b * %d, i1 = %s;\n"
+                   "            for (size_t j0 = 0; %s; j0 += %d)\n"
+                   "                %s_rows(i0, i1, j0, %s, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);\n"
+                   "        }\n",
+                sched, m->chunk, sched, m->chunk, m->mb, i1, cbuf, m->nb, fn, je);
+    else if (m->split == SPLIT_TILES)
+        fprintf(o, "        /* tiles of the triangle, linearised row block by row block, %s schedule, chunk %d */\n"
+                   "#pragma omp for schedule(%s, %d)\n"
+                   "        for (size_t t = 0; t < pre[nrb]; t++) {\n"
+                   "            size_t lo = 0, hi = nrb; /* the row block b with pre[b] <= t < pre[b + 1] */\n"
+                   "            while (hi - lo > 1) {\n"
+                   "                const size_t mid = (lo + hi) / 2;\n"
+                   "                if (pre[mid] <= t)\n                    lo = mid;\n                else\n                    hi = mid;\n"
+                   "            }\n"
+                   "            const size_t i0 = lo * %d, i1 = %s, j0 = (t - pre[lo]) * %d;\n"
+                   "            %s_rows(i0, i1, j0, %s, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);\n"
+                   "        }\n",
+                sched, m->chunk, sched, m->chunk, m->mb, i1, m->nb, fn, je);
+    else {
+        char r0[32];
+        snprintf(r0, sizeof r0, "tid == 0 ? %d :", m->mb);
+        fprintf(o, "        /* balanced: thread t owns rows [n√(t/T), n√((t+1)/T)), rounded to row blocks, so that\n"
+                   "         * every thread gets about the same share of the triangle's entries */\n"
+                   "        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();\n"
+                   "        const size_t r0 = %s ((size_t)((double)n * sqrt((double)tid / (double)nth)) + %d / 2) / %d * %d;\n"
+                   "        const size_t r1 = tid + 1 == nth ? n : ((size_t)((double)n * sqrt((double)(tid + 1) / (double)nth)) + %d / 2) / %d * %d;\n"
+                   "        for (size_t i0 = r0; i0 < r1 && i0 < n; i0 += %d) {\n"
+                   "            const size_t i1 = %s;\n"
+                   "            for (size_t j0 = 0; %s; j0 += %d)\n"
+                   "                %s_rows(i0, i1, j0, %s, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);\n"
+                   "        }\n",
+                tpk__site(mu, TPK__MUT_MAP_BALANCED, 1, "tid == 0 ? 0 :", r0), m->mb, m->mb, m->mb, m->mb, m->mb, m->mb, m->mb, i1,
+                cbuf, m->nb, fn, je);
+    }
+    /* site: the last lane's flags not reduced */
+    snprintf(t, sizeof t, "l < %d", L);
+    snprintf(x, sizeof x, "l < %d", L - 1);
+    fprintf(o, "        for (int l = 0; %s; l++)\n"
+               "            bad |= badv[l] != 0;\n"
+               "    }\n"
+               "    return bad;\n}\n\n", tpk__site(mu, TPK__MUT_MAP_FLAG_LANES, 1, t, x));
+}
+
+static int cpu_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fn, int standalone,
+                        tpk__mutation *mu, FILE *o, tpk_ctx *ctx)
 {
     (void)ctx;
     map_cfg m;
     cfg_of(s, c, &m);
     const vty *y = vty_of(m.es, m.vl);
-    const char *V = y->V, *I = y->I, *T = y->T, *f = y->sfx;
+    const char *V = y->V, *I = y->I, *f = y->sfx;
     const int L = m.vl;
     const char *st = standalone ? "" : "static ";
     const char *ename = standalone ? "tpk_kernel" : fn;
     char knobs[256];
     tpk_tune_config_str(s, c, knobs, sizeof knobs);
+    map_flav fl;
+    flav_real(&m, &fl);
     if (standalone) {
         fprintf(o, "/* Generated by tptune (tpk tuner, cpu_map template) - DO NOT EDIT. */\n");
         tpk_tune_emit_cpu_prelude(o);
@@ -372,143 +599,86 @@ static int cpu_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, const
             V, f, f, V, V, V, V, m.es == 4 ? ".0f" : ".0", f, m.es == 4 ? SNAP_F32 : SNAP_F64, V,
             m.es == 4 ? ".0f" : ".0", V, V, f, f, V, V, pmt, m.rq ? "si * sj" : "r");
 
-    /* rows i0..i1 of the column block j0..j1 */
-    const char *colc = m.rq ? "ra" : "q";
-    fprintf(o, "/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */\n"
-               "static void %s_rows(size_t i0, size_t i1, size_t j0, size_t j1, const %s *S, size_t lds, %s *out,\n"
-               "        size_t ldo, const %s *q, const %s *ra, const %s *rs, %s alpha, %s beta, %s *bad)\n{\n"
-               "    const %s zero = {0};\n"
-               "    const %s a2p = zero + alpha * (%s)0.15915494309189533577, bv = zero + beta;\n",
-            fn, T, T, T, T, T, T, T, I, V, V, T);
-    if (!m.rq)
-        fprintf(o, "    (void)ra;\n    (void)rs;\n    const %s lim2 = zero + (%s)%.17g;\n", V, T,
-                (1 + (m.es == 4 ? PSD_RTOL_F32 : PSD_RTOL_F64)) * (1 + (m.es == 4 ? PSD_RTOL_F32 : PSD_RTOL_F64)));
-    fprintf(o, "    for (size_t i = i0; i < i1; i++) {\n"
-               "        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */\n"
-               "        const %s *srow = S + i * lds;\n"
-               "        %s *orow = out + i * ldo;\n", T, T);
-    if (m.rq)
-        fprintf(o, "        const %s ci = zero + ra[i], si = zero + rs[i], lim = zero + (%s)%.17g * rs[i];\n", V, T,
-                1 + (m.es == 4 ? PSD_RTOL_F32 : PSD_RTOL_F64));
-    else
-        fprintf(o, "        const %s ci = zero + q[i];\n", V);
-    const char *args = m.rq ? "ci, %s_ld(ra + j%s), si, %s_ld(rs + j%s), lim, a2p, bv, bad" : "ci, %s_ld(q + j%s), lim2, a2p, bv, bad";
-    fprintf(o, "        size_t j = j0;\n");
-    for (int pass = 0; pass < 2; pass++) {
-        int U = pass == 0 ? m.un : 1;
-        if (pass == 0 && m.un == 1)
-            continue;
-        fprintf(o, "        for (; j + %d <= je; j += %d) {\n", U * L, U * L);
-        for (int u = 0; u < U; u++) {
-            char off[32] = "";
-            if (u)
-                snprintf(off, sizeof off, " + %d", u * L);
-            fprintf(o, "            const %s k%d = %s_ld(srow + j%s);\n", V, u, V, off);
-        }
-        for (int u = 0; u < U; u++) {
-            char off[32] = "", a[256];
-            if (u)
-                snprintf(off, sizeof off, " + %d", u * L);
-            if (m.rq)
-                snprintf(a, sizeof a, args, V, off, V, off);
-            else
-                snprintf(a, sizeof a, args, V, off);
-            fprintf(o, "            %s_st(orow + j%s, %s_ent(k%d, %s));\n", V, off, fn, u, a);
-        }
-        fprintf(o, "        }\n");
-    }
-    /* tail: padded lanes k = 0 with zero column scales give β, flag nothing */
-    fprintf(o, "        if (j < je) {\n"
-               "            %s tk[%d] = {0}, tc[%d] = {0}, td[%d] = {0}, to[%d];\n"
-               "            for (size_t l = 0; j + l < je; l++) {\n"
-               "                tk[l] = srow[j + l];\n"
-               "                tc[l] = %s[j + l];\n"
-               "                td[l] = %s[j + l];\n"
-               "            }\n",
-            T, L, L, L, L, colc, m.rq ? "rs" : "q");
-    if (m.rq)
-        fprintf(o, "            %s_st(to, %s_ent(%s_ld(tk), ci, %s_ld(tc), si, %s_ld(td), lim, a2p, bv, bad));\n", V, fn, V, V, V);
-    else
-        fprintf(o, "            (void)td;\n            %s_st(to, %s_ent(%s_ld(tk), ci, %s_ld(tc), lim2, a2p, bv, bad));\n", V, fn, V, V);
-    fprintf(o, "            for (size_t l = 0; j + l < je; l++)\n"
-               "                orow[j + l] = to[l];\n"
-               "        }\n"
-               "        if (i >= j0 && i < j1)\n"
-               "            orow[i] = alpha * (q[i] * (%s)0.5) + beta;\n"
-               "    }\n}\n\n", T);
-
-    /* workspace and driver */
-    fprintf(o, "/* Workspace bytes: q, 1/√q and √q (n + %d each), and the row-block tile offsets. */\n", L);
-    if (standalone)
-        fprintf(o, "size_t tpk_kernel_ws(size_t n);\nint tpk_kernel(size_t n, const %s *S, size_t lds, %s alpha, %s beta, %s *out,\n"
-                   "        size_t ldo, int nt, void *ws);\n\n", T, T, T, T);
-    fprintf(o, "%ssize_t %s_ws(size_t n)\n{\n    return (3 * (n + %d) * sizeof(%s) + 63) / 64 * 64 + (n / %d + 2) * sizeof(size_t);\n}\n\n",
-            st, ename, L, T, m.mb);
-    fprintf(o, "/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance\n"
-               " * exceeds its bound or is NaN. */\n"
-               "%sint %s(size_t n, const %s *S, size_t lds, %s alpha, %s beta, %s *out, size_t ldo, int nt,\n"
-               "        void *ws)\n{\n"
-               "    if (n == 0)\n        return 0;\n"
-               "    if (nt < 1)\n        nt = 1;\n"
-               "    %s *const q = ws, *const ra = q + n + %d, *const rs = ra + n + %d;\n"
-               "    size_t *const pre = (size_t *)((char *)ws + (3 * (n + %d) * sizeof(%s) + 63) / 64 * 64);\n"
-               "    const size_t nrb = (n + %d - 1) / %d;\n"
-               "    for (size_t i = 0; i < n; i++) {\n"
-               "        q[i] = S[i * lds + i];\n"
-               "        rs[i] = sqrt%s(q[i]);\n"
-               "        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;\n"
-               "    }\n"
-               "    /* tiles before row block b (column blocks of %d up to the block's last row) */\n"
-               "    pre[0] = 0;\n"
-               "    for (size_t b = 0; b < nrb; b++) {\n"
-               "        const size_t i1 = (b + 1) * %d < n ? (b + 1) * %d : n;\n"
-               "        pre[b + 1] = pre[b] + (i1 + %d - 1) / %d;\n"
-               "    }\n"
-               "    int bad = 0;\n"
-               "#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)\n"
-               "    {\n"
-               "        %s badv = {0};\n",
-            st, ename, T, T, T, T, T, L, L, L, T, m.mb, m.mb, m.es == 4 ? "f" : "", m.nb, m.mb, m.mb, m.nb, m.nb, I);
-    const char *sched = m.sched == SCHED_STATIC ? "static" : "dynamic";
-    if (m.split == SPLIT_ROWS)
-        fprintf(o, "        /* row blocks of the triangle, %s schedule, chunk %d */\n"
-                   "#pragma omp for schedule(%s, %d)\n"
-                   "        for (size_t b = 0; b < nrb; b++) {\n"
-                   "            const size_t i0 = b * %d, i1 = i0 + %d < n ? i0 + %d : n;\n"
-                   "            for (size_t j0 = 0; j0 < i1; j0 += %d)\n"
-                   "                %s_rows(i0, i1, j0, j0 + %d, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);\n"
-                   "        }\n",
-                sched, m.chunk, sched, m.chunk, m.mb, m.mb, m.mb, m.nb, fn, m.nb);
-    else if (m.split == SPLIT_TILES)
-        fprintf(o, "        /* tiles of the triangle, linearised row block by row block, %s schedule, chunk %d */\n"
-                   "#pragma omp for schedule(%s, %d)\n"
-                   "        for (size_t t = 0; t < pre[nrb]; t++) {\n"
-                   "            size_t lo = 0, hi = nrb; /* the row block b with pre[b] <= t < pre[b + 1] */\n"
-                   "            while (hi - lo > 1) {\n"
-                   "                const size_t mid = (lo + hi) / 2;\n"
-                   "                if (pre[mid] <= t)\n                    lo = mid;\n                else\n                    hi = mid;\n"
-                   "            }\n"
-                   "            const size_t i0 = lo * %d, i1 = i0 + %d < n ? i0 + %d : n, j0 = (t - pre[lo]) * %d;\n"
-                   "            %s_rows(i0, i1, j0, j0 + %d, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);\n"
-                   "        }\n",
-                sched, m.chunk, sched, m.chunk, m.mb, m.mb, m.mb, m.nb, fn, m.nb);
-    else
-        fprintf(o, "        /* balanced: thread t owns rows [n√(t/T), n√((t+1)/T)), rounded to row blocks, so that\n"
-                   "         * every thread gets about the same share of the triangle's entries */\n"
-                   "        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();\n"
-                   "        const size_t r0 = tid == 0 ? 0 : ((size_t)((double)n * sqrt((double)tid / (double)nth)) + %d / 2) / %d * %d;\n"
-                   "        const size_t r1 = tid + 1 == nth ? n : ((size_t)((double)n * sqrt((double)(tid + 1) / (double)nth)) + %d / 2) / %d * %d;\n"
-                   "        for (size_t i0 = r0; i0 < r1 && i0 < n; i0 += %d) {\n"
-                   "            const size_t i1 = i0 + %d < n ? i0 + %d : n;\n"
-                   "            for (size_t j0 = 0; j0 < i1; j0 += %d)\n"
-                   "                %s_rows(i0, i1, j0, j0 + %d, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);\n"
-                   "        }\n",
-                m.mb, m.mb, m.mb, m.mb, m.mb, m.mb, m.mb, m.mb, m.mb, m.nb, fn, m.nb);
-    fprintf(o, "        for (int l = 0; l < %d; l++)\n"
-               "            bad |= badv[l] != 0;\n"
-               "    }\n"
-               "    return bad;\n}\n\n", L);
+    emit_rows(o, fn, &m, &fl, mu);
+    emit_driver(o, fn, ename, st, standalone, &m, &fl, mu);
     return TPK_OK;
+}
+
+/* ---- the Z_p twin (tptune verify: tuner/verify.c) -------------------------------------------- */
+
+void tpk__cpu_map_shape(const tpk_tune_space *s, const tpk_tune_config *c, int *lanes, int *mb, int *nb, int *un)
+{
+    map_cfg m;
+    cfg_of(s, c, &m);
+    *lanes = m.vl, *mb = m.mb, *nb = m.nb, *un = m.un;
+}
+
+/* The loop nest of the kernel (emit_rows, emit_driver) over uint32_t vectors of the same lanes,
+ * with the entry, the diagonal and the column vectors computed in Z_p from random functions
+ * (table + random linear term; verify.c states the model and the miss probability). */
+int tpk__cpu_map_emit_twin(const tpk_tune_space *s, const tpk_tune_config *c, tpk__mutation *mu, FILE *o,
+                           tpk_ctx *ctx)
+{
+    if (s->task.op != TPK_TUNE_MAP || !tpk_tune_space_valid(s, c))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: the Z_p twin needs a valid cpu_map configuration");
+    map_cfg m;
+    cfg_of(s, c, &m);
+    const int L = m.vl;
+    char V[16], I[16], knobs[256];
+    snprintf(V, sizeof V, "tpk_zv%d", L);
+    snprintf(I, sizeof I, "tpk_zm%d", L);
+    tpk_tune_config_str(s, c, knobs, sizeof knobs);
+    map_flav fl = {V, I, "uint32_t", "alpha", "0", "0", "tpk_zp_diag(alpha, q[i], beta)",
+                   "        rs[i] = tpk_zp_fn(1, q[i]);\n        ra[i] = tpk_zp_fn(2, q[i]);\n"};
+    fprintf(o, "/* Generated by tptune (tpk tuner, cpu_map template, Z_p twin for tptune verify) - DO NOT EDIT. */\n"
+               "/* ---- the Z_p twin of the %s relu map %s: its loop nest over values in Z_p, p = 2^31 - 1 ---- */\n"
+               "#include <math.h>\n#include <omp.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <string.h>\n\n"
+               "typedef uint32_t %s __attribute__((vector_size(%d)));\n"
+               "typedef int %s __attribute__((vector_size(%d)));\n"
+               "static inline %s %s_ld(const uint32_t *p)\n{\n    %s v;\n    memcpy(&v, p, sizeof v);\n    return v;\n}\n"
+               "static inline void %s_st(uint32_t *p, %s v)\n{\n    memcpy(p, &v, sizeof v);\n}\n\n",
+            m.es == 4 ? "f32" : "f64", knobs, V, 4 * L, I, 4 * L, V, V, V, V, V);
+    fputs("#define TPK_ZP_P 2147483647u\n"
+          "/* Four random tables of 2^16 values and four random coefficients (tpk_twin_tables): f_t(x) =\n"
+          " * tab[t][x mod 2^16] + c_t x in Z_p; t = 0 the entry's phi, 1 and 2 the column scales (the\n"
+          " * kernel's sqrt q and 1/sqrt q), 3 the diagonal. */\n"
+          "static const uint32_t *tpk_zp_tab;\n"
+          "void tpk_twin_tables(const uint32_t *tab);\n"
+          "void tpk_twin_tables(const uint32_t *tab)\n{\n    tpk_zp_tab = tab;\n}\n"
+          "static inline uint32_t tpk_zp_mul(uint32_t a, uint32_t b)\n{\n"
+          "    uint64_t x = (uint64_t)a * b;\n"
+          "    x = (x & TPK_ZP_P) + (x >> 31); /* 2^31 = 1 mod p */\n"
+          "    x = (x & TPK_ZP_P) + (x >> 31);\n"
+          "    return (uint32_t)(x >= TPK_ZP_P ? x - TPK_ZP_P : x);\n}\n"
+          "static inline uint32_t tpk_zp_add(uint32_t a, uint32_t b)\n{\n"
+          "    return (uint32_t)(((uint64_t)a + b) % TPK_ZP_P);\n}\n"
+          "static inline uint32_t tpk_zp_fn(int t, uint32_t x)\n{\n"
+          "    return tpk_zp_add(tpk_zp_tab[t * 65536 + (x & 65535)], tpk_zp_mul(tpk_zp_tab[4 * 65536 + t], x));\n}\n"
+          "/* An entry: alpha phi(k) s_i s_j + a_i a_j + beta; the diagonal: alpha f_3(q_i) + beta. */\n"
+          "static inline uint32_t tpk_zp_ent(uint32_t k, uint32_t ai, uint32_t aj, uint32_t si, uint32_t sj, uint32_t a,\n"
+          "        uint32_t b)\n{\n"
+          "    return tpk_zp_add(tpk_zp_add(tpk_zp_mul(tpk_zp_mul(tpk_zp_mul(a, tpk_zp_fn(0, k)), si), sj), tpk_zp_mul(ai, aj)), b);\n}\n"
+          "static inline uint32_t tpk_zp_diag(uint32_t a, uint32_t q, uint32_t b)\n{\n"
+          "    return tpk_zp_add(tpk_zp_mul(a, tpk_zp_fn(3, q)), b);\n}\n\n", o);
+    fprintf(o, "/* %d entries of a row in Z_p; an S value outside Z_p (none of the inputs) is flagged in *bad. */\n", L);
+    if (m.rq)
+        fprintf(o, "static inline __attribute__((always_inline)) %s tpk_twin_ent(%s k, %s ai, %s aj, %s si, %s sj, %s lim,\n"
+                   "        %s a2p, %s b, %s *bad)\n{\n    %s r = {0};\n    (void)lim;\n"
+                   "    for (int l = 0; l < %d; l++) {\n"
+                   "        if (k[l] >= TPK_ZP_P)\n            (*bad)[l] = -1;\n"
+                   "        r[l] = tpk_zp_ent(k[l], ai[l], aj[l], si[l], sj[l], a2p[l], b[l]);\n"
+                   "    }\n    return r;\n}\n\n", V, V, V, V, V, V, V, V, V, I, V, L);
+    else
+        fprintf(o, "static inline __attribute__((always_inline)) %s tpk_twin_ent(%s k, %s qi, %s qj, %s lim2, %s a2p, %s b,\n"
+                   "        %s *bad)\n{\n    %s r = {0};\n    (void)lim2;\n"
+                   "    for (int l = 0; l < %d; l++) {\n"
+                   "        if (k[l] >= TPK_ZP_P)\n            (*bad)[l] = -1;\n"
+                   "        r[l] = tpk_zp_ent(k[l], tpk_zp_fn(2, qi[l]), tpk_zp_fn(2, qj[l]), tpk_zp_fn(1, qi[l]),\n"
+                   "                tpk_zp_fn(1, qj[l]), a2p[l], b[l]);\n"
+                   "    }\n    return r;\n}\n\n", V, V, V, V, V, V, V, I, V, L);
+    emit_rows(o, "tpk_twin", &m, &fl, mu);
+    emit_driver(o, "tpk_twin", "tpk_kernel", "", 1, &m, &fl, mu);
+    return ferror(o) ? TPK_ERROR(ctx, TPK_EIO, "tune: write error") : TPK_OK;
 }
 
 /* ---- the measuring child ------------------------------------------------------------------ */
@@ -562,16 +732,12 @@ static void fill_cov(double *S, size_t n, uint64_t *rng)
     free(x);
 }
 
-#define MAP_CHILD(T, KFN, REF, TOL)                                                                \
-    static int map_child_##T(void *h, size_t n, int threads, int repeat, double min_ms,            \
-                             tpk_tune_result *r)                                                   \
+/* The tolerance check (step 1 of the measuring child; tpk_tune_check_map): the largest error over
+ * the small sizes, INFINITY for a wrong flag or an upper-triangle write, −1 when out of memory. */
+#define MAP_CHECK(T, KFN, REF)                                                                     \
+    static double map_check_##T(KFN kern, tpk_map_ws_fn wsf, int nt, uint64_t *rngp)              \
     {                                                                                              \
-        KFN kern = (KFN)dlsym(h, "tpk_kernel");                                                    \
-        tpk_map_ws_fn wsf = (tpk_map_ws_fn)dlsym(h, "tpk_kernel_ws");                              \
-        if (!kern || !wsf)                                                                         \
-            return TPK_TUNE_ELOAD;                                                                 \
-        const int nt = threads < 1 ? 1 : threads;                                                  \
-        uint64_t rng = 0x5eed0002;                                                                 \
+        uint64_t rng = *rngp;                                                                      \
         double worst = 0;                                                                          \
         /* 1. Odd sizes with degenerate rows, out of place (upper triangle untouched) and in       \
          * place, against the reference; a corrupted entry must be flagged. */                     \
@@ -584,7 +750,7 @@ static void fill_cov(double *S, size_t n, uint64_t *rng)
             void *ws = aligned_alloc(64, (wsf(ns) + 63) / 64 * 64);                                \
             if (!Sd || !S || !O || !R || !ws) {                                                    \
                 free(Sd); free(S); free(O); free(R); free(ws);                                     \
-                return TPK_TUNE_ECRASH;                                                            \
+                return -1;                                                                         \
             }                                                                                      \
             fill_cov(Sd, ns, &rng);                                                                \
             for (size_t i = 0; i < ns * ns; i++) {                                                 \
@@ -628,6 +794,33 @@ static void fill_cov(double *S, size_t n, uint64_t *rng)
             }                                                                                      \
             free(Sd); free(S); free(O); free(R); free(ws);                                         \
         }                                                                                          \
+        *rngp = rng;                                                                               \
+        return worst;                                                                              \
+    }
+
+MAP_CHECK(double, tpk_dmap_kernel_fn, tpk_ref_relu_map_d)
+MAP_CHECK(float, tpk_smap_kernel_fn, tpk_ref_relu_map_s)
+
+int tpk_tune_check_map(tpk_dmap_kernel_fn dfn, tpk_smap_kernel_fn sfn, tpk_map_ws_fn ws, int nt, double *worst)
+{
+    uint64_t rng = 0x5eed0002;
+    *worst = dfn ? map_check_double(dfn, ws, nt < 1 ? 1 : nt, &rng) : map_check_float(sfn, ws, nt < 1 ? 1 : nt, &rng);
+    return *worst >= 0 && *worst <= (dfn ? MAP_TOL_F64 : MAP_TOL_F32);
+}
+
+#define MAP_CHILD(T, KFN, REF, TOL)                                                                \
+    static int map_child_##T(void *h, size_t n, int threads, int repeat, double min_ms,            \
+                             tpk_tune_result *r)                                                   \
+    {                                                                                              \
+        KFN kern = (KFN)dlsym(h, "tpk_kernel");                                                    \
+        tpk_map_ws_fn wsf = (tpk_map_ws_fn)dlsym(h, "tpk_kernel_ws");                              \
+        if (!kern || !wsf)                                                                         \
+            return TPK_TUNE_ELOAD;                                                                 \
+        const int nt = threads < 1 ? 1 : threads;                                                  \
+        uint64_t rng = 0x5eed0002;                                                                 \
+        double worst = map_check_##T(kern, wsf, nt, &rng);                                        \
+        if (worst < 0)                                                                             \
+            return TPK_TUNE_ECRASH;                                                                \
         r->max_rel_err = worst;                                                                    \
         if (!(worst <= TOL))                                                                       \
             return TPK_TUNE_EWRONG;                                                                \

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -137,4 +138,27 @@ char *tpk_tune_config_str(const tpk_tune_space *s, const tpk_tune_config *c, cha
         off += (size_t)w;
     }
     return buf;
+}
+
+int tpk_tune_config_parse(const tpk_tune_space *s, tpk_tune_config *c, const char *knobs, tpk_ctx *ctx)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", knobs);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        int v = 0;
+        if (eq) {
+            *eq = '\0';
+            v = atoi(eq + 1);
+            for (int i = 0; i < s->nknob; i++)
+                for (int j = 0; s->knob[i].labels && j < s->knob[i].ncand; j++)
+                    if (!strcmp(s->knob[i].name, tok) && !strcmp(s->knob[i].labels[j], eq + 1))
+                        v = s->knob[i].cand[j];
+        }
+        if (!eq || tpk_tune_config_set(s, c, tok, v))
+            return TPK_ERROR(ctx, TPK_EINVAL, "--knobs: '%s' is not a knob=value of the %s space", tok,
+                             s->template_name);
+    }
+    return TPK_OK;
 }

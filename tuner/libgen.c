@@ -101,7 +101,7 @@ static int is_cpu_gemm(const tpk_tune_record *r)
            (strcmp(r->template_name, "cpu_gemm") == 0 || strcmp(r->template_name, "cpu_syrk") == 0);
 }
 
-static void kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap)
+void tpk__cpu_gemm_kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char *out, size_t cap)
 {
     tpk__cpu_blocking b;
     tpk__cpu_gemm_blocking(s, c, &b);
@@ -118,7 +118,7 @@ static void kernel_name(const tpk_tune_space *s, const tpk_tune_config *c, char 
  * dgemm 4096³ was chosen and ran at 0.89× in bench_gemm (tuner/README.md). */
 #define VENDOR_WINS 1.0
 
-static int vendor_wins(const tpk_tune_record *r)
+int tpk__vendor_wins(const tpk_tune_record *r)
 {
     return r->result.vendor_gflops > 0 && r->result.gflops < VENDOR_WINS * r->result.vendor_gflops;
 }
@@ -144,26 +144,50 @@ void tpk__class_ident(const char *id, char *out, size_t cap)
     out[i] = '\0';
 }
 
-int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const tpk_machine *cls,
-                             const char *generator, FILE *out, tpk_ctx *ctx)
+/* The picks of a class's GEMM file: the best valid record per workload (AutoTVM
+ * ApplyHistoryBest; *p malloc'd) and the safe defaults, the analytic blocking for a large square
+ * problem on 2 threads per (op, dtype). */
+int tpk__gemm_picks(const tpk_tune_record *recs, size_t n, const tpk_machine *cls, tpk__pick **p, size_t *np,
+                    tpk__pick *def, tpk_ctx *ctx)
 {
-    pick *p = calloc(n + 2, sizeof *p);
-    if (!p)
+    *p = calloc(n + 2, sizeof **p);
+    if (!*p)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
-    /* Best valid record per workload (AutoTVM ApplyHistoryBest). */
-    size_t np = tpk__pick_best(recs, n, cls, is_cpu_gemm, workload_cmp, kernel_name, p);
-
-    /* Safe defaults: the analytic blocking for a large square problem on 2 threads, per
-     * (op, dtype). */
-    pick def[4];
+    *np = tpk__pick_best(recs, n, cls, is_cpu_gemm, workload_cmp, tpk__cpu_gemm_kernel_name, *p);
     for (int d = 0; d < 4; d++) {
         tpk_tune_task t = {TPK_TUNE_CPU, d % 2, 4096, 4096, 4096, 2, d / 2};
-        int st = tpk__pick_default(&t, cls, kernel_name, &def[d], ctx);
+        int st = tpk__pick_default(&t, cls, tpk__cpu_gemm_kernel_name, &def[d], ctx);
         if (st) {
-            free(p);
+            free(*p);
             return st;
         }
     }
+    return TPK_OK;
+}
+
+size_t tpk__distinct_kernels(const tpk__pick *p, size_t np, const tpk__pick *def, size_t nd,
+                             int (*skip)(const tpk_tune_record *r), const tpk__pick **out)
+{
+    size_t nn = 0;
+    for (size_t i = 0; i < np + nd; i++) {
+        const pick *q = i < np ? &p[i] : &def[i - np];
+        int dup = i < np && skip && skip(q->r);
+        for (size_t j = 0; j < nn; j++)
+            dup |= !strcmp(out[j]->name, q->name);
+        if (!dup)
+            out[nn++] = q;
+    }
+    return nn;
+}
+
+int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const tpk_machine *cls,
+                             const char *generator, FILE *out, tpk_ctx *ctx)
+{
+    pick *p, def[4];
+    size_t np;
+    int st = tpk__gemm_picks(recs, n, cls, &p, &np, def, ctx);
+    if (st)
+        return st;
 
     char ident[80];
     tpk__class_ident(cls->id, ident, sizeof ident);
@@ -175,29 +199,20 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const tpk_ma
                  " * `make tune`. */\n", cls->name);
     fputs("#include \"../runtime/gemm_gen.h\"\n\n", out);
     tpk_tune_emit_cpu_prelude(out);
-    /* Each distinct kernel once, in name order. */
-    char **names = calloc(np + 4, sizeof *names);
-    if (!names) {
+    /* Each distinct kernel once, in the order of the workloads, then the defaults. */
+    const pick **kern = calloc(np + 4, sizeof *kern);
+    if (!kern) {
         free(p);
         return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
     }
-    size_t nn = 0;
-    int st = TPK_OK;
-    for (size_t i = 0; i < np + 4 && !st; i++) {
-        const pick *q = i < np ? &p[i] : &def[i - np];
-        int dup = i < np && vendor_wins(q->r);
-        for (size_t j = 0; j < nn; j++)
-            dup |= !strcmp(names[j], q->name);
-        if (dup)
-            continue;
-        names[nn++] = (char *)q->name;
-        st = tpk_tune_emit(&q->s, &q->c, q->name, 0, out, ctx);
-    }
+    size_t nn = tpk__distinct_kernels(p, np, def, 4, tpk__vendor_wins, kern);
+    for (size_t i = 0; i < nn && !st; i++)
+        st = tpk_tune_emit(&kern[i]->s, &kern[i]->c, kern[i]->name, 0, out, ctx);
     if (!st) {
         fprintf(out, "/* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s of the fastest repeat when tuned. */\n");
         fprintf(out, "static const tpk__gemm_entry table[] = {\n");
         for (size_t i = 0; i < np; i++)
-            entry(out, &p[i].r->task, tpk__label(&p[i].r->result), vendor_wins(p[i].r) ? NULL : p[i].name);
+            entry(out, &p[i].r->task, tpk__label(&p[i].r->result), tpk__vendor_wins(p[i].r) ? NULL : p[i].name);
         if (np == 0)
             fprintf(out, "    {0, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL},\n");
         fprintf(out, "};\n\n");
@@ -210,7 +225,7 @@ int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, const tpk_ma
         }
         fprintf(out, "};\n\nconst tpk__gemm_class tpk__gemm_class_%s = {table, %zu, defaults};\n", ident, np);
     }
-    free(names);
+    free(kern);
     free(p);
     if (!st && ferror(out))
         st = TPK_ERROR(ctx, TPK_EIO, "tune: write error");

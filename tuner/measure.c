@@ -8,14 +8,9 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,15 +29,6 @@ void tpk_tune_measure_opts_default(tpk_tune_measure_opts *o)
     o->cc = "gcc";
 }
 
-void tpk_tune_pin_openmp(void)
-{
-    static int done;
-    if (!done) {
-        done = 1;
-        (void)dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL | RTLD_NODELETE);
-    }
-}
-
 static double load1(void)
 {
     double l = -1;
@@ -53,57 +39,6 @@ static double load1(void)
         fclose(f);
     }
     return l;
-}
-
-/* Wait for pid up to timeout_s; kill it past that. Returns the wait status or -1 on timeout. */
-static int wait_timeout(pid_t pid, double timeout_s)
-{
-    double t0 = tpk_wall_seconds();
-    for (;;) {
-        int ws;
-        pid_t r = waitpid(pid, &ws, WNOHANG);
-        if (r == pid)
-            return ws;
-        if (r < 0 && errno != EINTR)
-            return -1;
-        if (tpk_wall_seconds() - t0 > timeout_s) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &ws, 0);
-            return -1;
-        }
-        struct timespec ts = {0, 2000000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-int tpk_tune_compile_cpu(const char *src, const char *so, const char *cc, double timeout_s,
-                         double *seconds, tpk_ctx *ctx)
-{
-    double t0 = tpk_wall_seconds();
-    pid_t pid = fork();
-    if (pid < 0)
-        return TPK_ERROR(ctx, TPK_EIO, "tune: fork failed: %s", strerror(errno));
-    if (pid == 0) {
-        /* Quiet unless it fails: the caller reports a failed compile as a result. */
-        int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) {
-            dup2(null, 1);
-            dup2(null, 2);
-        }
-        /* The library's warning flags: a candidate that would not build in gen/ (-Werror there)
-         * is rejected here, not discovered by `make` after tuning. */
-        execlp(cc ? cc : "gcc", cc ? cc : "gcc", "-std=gnu11", "-O3", "-march=native",
-               "-ffp-contract=fast", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-               "-o", so, src, "-lmvec", "-lm",
-               (char *)NULL); /* libmvec: the map template's vector acos / atan2 */
-        _exit(127);
-    }
-    int ws = wait_timeout(pid, timeout_s > 0 ? timeout_s : 60);
-    if (seconds)
-        *seconds = tpk_wall_seconds() - t0;
-    if (ws == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-        return TPK_ERROR(ctx, TPK_EIO, "tune: compiling %s failed", src);
-    return TPK_OK;
 }
 
 /* ---- the child ---------------------------------------------------------------------------- */
@@ -126,6 +61,9 @@ typedef struct child_args {
     int dtype, threads, repeat, vendor, op;
     size_t m, n, k, ms, ns, ks;
     double min_repeat_ms;
+    int exact;          /* run the exact verifier first (tuner/verify.c) */
+    uint64_t index;     /* the configuration's index in its space, for the verifier */
+    const char *twin;   /* map: the compiled Z_p twin */
 } child_args;
 
 /* Typed body of the child, instantiated for double and float. For syrk the kernel gets B = Aᵀ
@@ -296,12 +234,46 @@ typedef struct child_args {
 CHILD_BODY(double, tpk_dgemm_kernel_fn, tpk_ref_dgemm, 1.1102230246251565e-16, cblas_dgemm, cblas_dsyrk)
 CHILD_BODY(float, tpk_sgemm_kernel_fn, tpk_ref_sgemm, 5.9604644775390625e-08, cblas_sgemm, cblas_ssyrk)
 
+/* The exact check of a candidate (issue 20 item 4; the tolerance checks below stay as the second
+ * line): GEMM / SYRK on integers, a map's Z_p twin. 1 when it passed, 0 when the candidate is
+ * wrong, -1 when the check could not run. */
+static int child_exact(void *h, const child_args *a)
+{
+    tpk_tune_task t = {TPK_TUNE_CPU, a->dtype, a->m, a->n, a->k, a->threads, a->op};
+    tpk_machine host;
+    tpk_machine_host(&host);
+    tpk_tune_space s;
+    tpk_tune_config c;
+    tpk_tune_verify_report vr;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    if (tpk_tune_space_init_on(&s, &t, &host, &ctx))
+        return -1;
+    tpk_tune_space_point(&s, a->index, &c);
+    int st;
+    memset(&vr, 0, sizeof vr);
+    if (a->op == TPK_TUNE_MAP) {
+        vr.ok = 1;
+        st = a->twin ? tpk__verify_twin_so(a->twin, &s, &c, 1, &vr, &ctx) : TPK_EINVAL;
+    } else
+        st = tpk_tune_verify_gemm(&s, &c, (tpk_dgemm_kernel_fn)dlsym(h, "tpk_kernel"),
+                                  (tpk_sgemm_kernel_fn)dlsym(h, "tpk_kernel"), (tpk_gemm_ws_fn)dlsym(h, "tpk_kernel_ws"),
+                                  1, &vr, &ctx);
+    return st ? -1 : vr.ok;
+}
+
 static void child_run(const child_args *a, tpk_tune_result *r)
 {
     memset(r, 0, sizeof *r);
     void *h = dlopen(a->so, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         r->err = TPK_TUNE_ELOAD;
+        return;
+    }
+    const int ex = a->exact ? child_exact(h, a) : 1;
+    if (ex <= 0) {
+        r->err = ex < 0 ? TPK_TUNE_ELOAD : TPK_TUNE_EWRONG;
+        r->max_rel_err = INFINITY;
         return;
     }
     if (a->op == TPK_TUNE_MAP)
@@ -325,8 +297,9 @@ static void child_print(FILE *f, const tpk_tune_result *r)
 
 int tpk_tune_child_main(int argc, char **argv)
 {
-    if (argc < 13 || argc > 15 || strcmp(argv[1], "__measure") != 0) {
-        fprintf(stderr, "usage: %s __measure SO DTYPE M N K THREADS REPEAT MIN_MS MS NS KS [VENDOR [OP]]\n", argv[0]);
+    if (argc < 13 || argc > 17 || strcmp(argv[1], "__measure") != 0) {
+        fprintf(stderr, "usage: %s __measure SO DTYPE M N K THREADS REPEAT MIN_MS MS NS KS [VENDOR [OP [INDEX [TWIN]]]]\n",
+                argv[0]);
         return 2;
     }
     child_args a = {.so = argv[2], .dtype = atoi(argv[3]), .m = strtoull(argv[4], NULL, 10),
@@ -334,7 +307,9 @@ int tpk_tune_child_main(int argc, char **argv)
                     .threads = atoi(argv[7]), .repeat = atoi(argv[8]),
                     .min_repeat_ms = atof(argv[9]), .ms = strtoull(argv[10], NULL, 10),
                     .ns = strtoull(argv[11], NULL, 10), .ks = strtoull(argv[12], NULL, 10),
-                    .vendor = argc >= 14 ? atoi(argv[13]) : 0, .op = argc >= 15 ? atoi(argv[14]) : 0};
+                    .vendor = argc >= 14 ? atoi(argv[13]) : 0, .op = argc >= 15 ? atoi(argv[14]) : 0,
+                    .exact = argc >= 16, .index = argc >= 16 ? strtoull(argv[15], NULL, 10) : 0,
+                    .twin = argc >= 17 ? argv[16] : NULL};
     if (a.repeat < 1 || a.repeat > TPK_TUNE_MAX_REPEAT || !a.m || !a.n || !a.k || !a.ms || !a.ns || !a.ks)
         return 2;
     tpk_tune_result r;
@@ -344,22 +319,6 @@ int tpk_tune_child_main(int argc, char **argv)
 }
 
 /* ---- the parent --------------------------------------------------------------------------- */
-
-static const char *find_runner(const tpk_tune_measure_opts *o, char *buf, size_t cap)
-{
-    if (o->runner)
-        return o->runner[0] ? o->runner : NULL;
-    const char *e = getenv("TPK_TUNE_RUNNER");
-    if (e && *e)
-        return e;
-    e = getenv("TPK_BIN");
-    if (e && *e) {
-        snprintf(buf, cap, "%s/tptune", e);
-        if (access(buf, X_OK) == 0)
-            return buf;
-    }
-    return NULL;
-}
 
 static int parse_result(const char *line, tpk_tune_result *r)
 {
@@ -381,106 +340,27 @@ static int parse_result(const char *line, tpk_tune_result *r)
     return 0;
 }
 
+/* The measuring child in this process (no runner): a plain fork. */
+static void child_inproc(void *arg, int fd)
+{
+    tpk_tune_result cr;
+    child_run(arg, &cr);
+    FILE *f = fdopen(fd, "w");
+    if (f)
+        child_print(f, &cr);
+}
+
 /* One run of the child with its stdout on a pipe; ECRASH on death, timeout or garbage. */
 static void run_child(const char *runner, char *const argv[], const child_args *a, double timeout_s,
                       tpk_tune_result *r)
 {
-    int fd[2];
-    memset(r, 0, sizeof *r);
-    if (pipe(fd) != 0) {
-        r->err = TPK_TUNE_ECRASH;
-        return;
-    }
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(fd[0]);
-        close(fd[1]);
-        r->err = TPK_TUNE_ECRASH;
-        return;
-    }
-    if (pid == 0) {
-        close(fd[0]);
-        dup2(fd[1], 1);
-        if (runner) {
-            /* OpenBLAS starts its worker threads at load and lets them spin before they sleep:
-             * with more than the candidate's threads they would compete with it. */
-            char nt[16];
-            snprintf(nt, sizeof nt, "%d", a->threads < 1 ? 1 : a->threads);
-            setenv("OPENBLAS_NUM_THREADS", nt, 1);
-            execv(runner, argv);
-            _exit(127);
-        }
-        tpk_tune_result cr;
-        child_run(a, &cr);
-        FILE *f = fdopen(1, "w");
-        if (f)
-            child_print(f, &cr);
-        _exit(0);
-    }
-    close(fd[1]);
     char buf[4096];
-    size_t len = 0;
-    double t0 = tpk_wall_seconds();
-    int timed_out = 0;
-    for (;;) {
-        struct pollfd pf = {fd[0], POLLIN, 0};
-        double left = timeout_s - (tpk_wall_seconds() - t0);
-        if (left <= 0) {
-            timed_out = 1;
-            break;
-        }
-        int pr = poll(&pf, 1, (int)(left * 1000) + 1);
-        if (pr < 0 && errno == EINTR)
-            continue;
-        if (pr <= 0) {
-            timed_out = pr == 0;
-            break;
-        }
-        ssize_t got = read(fd[0], buf + len, sizeof buf - 1 - len);
-        if (got <= 0)
-            break;
-        len += (size_t)got;
-        if (len >= sizeof buf - 1)
-            break;
-    }
-    buf[len] = '\0';
-    close(fd[0]);
-    if (timed_out)
-        kill(pid, SIGKILL);
-    int ws = wait_timeout(pid, 5);
-    if (timed_out || ws == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0 || parse_result(buf, r) != 0) {
+    memset(r, 0, sizeof *r);
+    if (tpk__run_capture(runner, argv, a->threads, timeout_s, child_inproc, (void *)a, buf, sizeof buf) != 0 ||
+        parse_result(buf, r) != 0) {
         memset(r, 0, sizeof *r);
         r->err = TPK_TUNE_ECRASH;
     }
-}
-
-static char g_workdir[512];
-
-static void remove_workdir(void)
-{
-    if (g_workdir[0])
-        rmdir(g_workdir);
-}
-
-static int ensure_workdir(const tpk_tune_measure_opts *o, char *dir, size_t cap, tpk_ctx *ctx)
-{
-    if (o->workdir) {
-        mkdir(o->workdir, 0755);
-        snprintf(dir, cap, "%s", o->workdir);
-        return TPK_OK;
-    }
-    if (!g_workdir[0]) {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(g_workdir, sizeof g_workdir, "%s/tptune.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(g_workdir)) {
-            g_workdir[0] = '\0';
-            return TPK_ERROR(ctx, TPK_EIO, "tune: cannot create a scratch directory: %s", strerror(errno));
-        }
-        atexit(remove_workdir);
-    }
-    snprintf(dir, cap, "%s", g_workdir);
-    return TPK_OK;
 }
 
 int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tpk_tune_measure_opts *o,
@@ -498,13 +378,10 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
     }
     if (s->task.target == TPK_TUNE_CUDA)
         return tpk__cuda_measure(s, c, o, res, ctx);
-    char dir[512], src[600], so[600], rbuf[600];
-    int st = ensure_workdir(o, dir, sizeof dir, ctx);
+    char src[600], so[600], rbuf[600];
+    int st = tpk__scratch(o->workdir, "k", src, so, sizeof src, ctx);
     if (st)
         return st;
-    static unsigned counter;
-    snprintf(src, sizeof src, "%s/k%ld_%u.c", dir, (long)getpid(), counter);
-    snprintf(so, sizeof so, "%s/k%ld_%u.so", dir, (long)getpid(), counter++);
     FILE *f = fopen(src, "w");
     if (!f)
         return TPK_ERROR(ctx, TPK_EIO, "tune: cannot write %s: %s", src, strerror(errno));
@@ -521,6 +398,23 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
             unlink(src);
         return TPK_OK;
     }
+    /* A map candidate's Z_p twin beside it, for the exact check of its loop nest. */
+    char tsrc[600] = "", tso[600] = "";
+    if (s->task.op == TPK_TUNE_MAP) {
+        int tst = tpk__scratch(o->workdir, "twin", tsrc, tso, sizeof tsrc, &cctx);
+        FILE *tf = tst ? NULL : fopen(tsrc, "w");
+        tst = tf ? tpk__cpu_map_emit_twin(s, c, NULL, tf, &cctx) : TPK_EIO;
+        if (tf && fclose(tf) != 0)
+            tst = TPK_EIO;
+        if (!tst)
+            tst = tpk__compile_cpu(tsrc, tso, o->cc, "-Wno-psabi", o->timeout_s, NULL, &cctx);
+        if (tst) {
+            res->err = TPK_TUNE_ECOMPILE;
+            if (!o->keep)
+                unlink(src), unlink(so), unlink(tsrc);
+            return TPK_OK;
+        }
+    }
     tpk__cpu_blocking b = {.mr = 1, .nr = 1, .kc = 1}; /* map: the check shapes are its own */
     if (s->task.op != TPK_TUNE_MAP)
         tpk__cpu_gemm_blocking(s, c, &b);
@@ -529,8 +423,8 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
                     .m = s->task.m, .n = s->task.n, .k = s->task.k,
                     .min_repeat_ms = o->min_repeat_ms, .ms = (size_t)(2 * b.mr + 3),
                     .ns = (size_t)(2 * b.nr + 5), .ks = (size_t)(b.kc + 7), .vendor = o->vendor,
-                    .op = s->task.op};
-    char av[12][32];
+                    .op = s->task.op, .exact = 1, .index = tpk_tune_space_index(s, c), .twin = tso[0] ? tso : NULL};
+    char av[13][32];
     snprintf(av[0], 32, "%d", a.dtype);
     snprintf(av[1], 32, "%zu", a.m);
     snprintf(av[2], 32, "%zu", a.n);
@@ -543,9 +437,10 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
     snprintf(av[9], 32, "%zu", a.ks);
     snprintf(av[10], 32, "%d", a.vendor);
     snprintf(av[11], 32, "%d", a.op);
-    const char *runner = find_runner(o, rbuf, sizeof rbuf);
+    snprintf(av[12], 32, "%llu", (unsigned long long)a.index);
+    const char *runner = tpk__find_runner(o->runner, rbuf, sizeof rbuf);
     char *argv[] = {(char *)(runner ? runner : "tptune"), "__measure", so, av[0], av[1], av[2], av[3],
-                    av[4], av[5], av[6], av[7], av[8], av[9], av[10], av[11], NULL};
+                    av[4], av[5], av[6], av[7], av[8], av[9], av[10], av[11], av[12], tso[0] ? tso : NULL, NULL};
     double compile_s = res->compile_s;
     tpk_tune_result best;
     memset(&best, 0, sizeof best);
@@ -570,6 +465,8 @@ int tpk_tune_measure(const tpk_tune_space *s, const tpk_tune_config *c, const tp
     if (!o->keep) {
         unlink(src);
         unlink(so);
+        if (tsrc[0])
+            unlink(tsrc), unlink(tso);
     }
     return TPK_OK;
 }

@@ -64,10 +64,16 @@ void tpk_tune_space_default(const tpk_tune_space *s, tpk_tune_config *c)
     template_for(&s->task)->defaults(s, c);
 }
 
-int tpk_tune_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
-                  int standalone, FILE *out, tpk_ctx *ctx)
+int tpk__emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname, int standalone,
+              tpk__mutation *mu, FILE *out, tpk_ctx *ctx)
 {
     if (!tpk_tune_space_valid(s, c))
         return TPK_ERROR(ctx, TPK_EINVAL, "tune: configuration violates the space's constraints");
-    return template_for(&s->task)->emit(s, c, fname, standalone, out, ctx);
+    return template_for(&s->task)->emit(s, c, fname, standalone, mu, out, ctx);
+}
+
+int tpk_tune_emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname,
+                  int standalone, FILE *out, tpk_ctx *ctx)
+{
+    return tpk__emit(s, c, fname, standalone, NULL, out, ctx);
 }

@@ -102,6 +102,9 @@ TPK_API int tpk_tune_config_get(const tpk_tune_space *s, const tpk_tune_config *
 /* Set a knob by name to a value; TPK_ENOTFOUND if the knob or value is not in the table. */
 TPK_API int tpk_tune_config_set(const tpk_tune_space *s, tpk_tune_config *c, const char *name,
                                 int value);
+/* Set knobs from "mr=8,nv=3,order=ir_jr" (values, or the labels of categorical knobs) on top of c;
+ * TPK_EINVAL names the first pair outside the table. */
+TPK_API int tpk_tune_config_parse(const tpk_tune_space *s, tpk_tune_config *c, const char *knobs, tpk_ctx *ctx);
 /* A uniformly drawn valid configuration index (rejection sampling); state is a 64-bit seed. */
 TPK_API uint64_t tpk_tune_space_random(const tpk_tune_space *s, uint64_t *rng);
 /* Analytic default (tuner-notes §3 lookup step 3): kc from L1, mc from L2, nc from L3. */
@@ -309,6 +312,63 @@ TPK_API int tpk_tune_synthetic_measure(void *user, const tpk_tune_space *s,
                                        const tpk_tune_config *c, tpk_tune_result *res,
                                        tpk_ctx *ctx);
 
+/* ---- Exact verification (tptune verify: tuner/verify.c, tuner/mutate.c) ------------------- */
+
+/* What one kernel's checks found. A failed check is a report (ok = 0), never a status. */
+typedef struct tpk_tune_verify_report {
+    int ok;            /* 1: every check passed */
+    int runs;          /* kernel calls checked */
+    int shapes;        /* distinct problem sizes */
+    size_t entries;    /* elements compared exactly: every output entry, padding and guard */
+    double miss_bound; /* Z_p twin: bound on the probability that a wrong entry passes; 0: exact */
+    char what[512];    /* the first failure: shape, variant, entry, value and expected value */
+} tpk_tune_verify_report;
+
+/* A cpu_gemm / cpu_syrk kernel of configuration c in space s (its blocking chooses the shapes;
+ * s->task.threads the thread count) — dfn for f64, sfn for f32, ws its workspace function — run
+ * unchanged on small nonzero integers whose every float sum is exact, on ragged shapes that
+ * cross every block of the blocking, with A and B row-major and transposed, padded leading
+ * dimensions, alpha ∈ {3, −1, 2, −2, 0}, beta ∈ {−2, 0, 3, −3} and both thread counts; every
+ * output entry is compared exactly with an int64 reference, and guards and padding around C (and
+ * SYRK's upper triangle) must be untouched. seed: the inputs. */
+TPK_API int tpk_tune_verify_gemm(const tpk_tune_space *s, const tpk_tune_config *c, tpk_dgemm_kernel_fn dfn,
+                                 tpk_sgemm_kernel_fn sfn, tpk_gemm_ws_fn ws, uint64_t seed,
+                                 tpk_tune_verify_report *rep, tpk_ctx *ctx);
+/* A cpu_map configuration's Z_p twin (the kernel's loop nest over Z_p, p = 2^31 − 1, with the
+ * arithmetic of an entry replaced by random lookup tables): emitted, compiled with cc (NULL:
+ * gcc) and checked exactly against a scalar Z_p reference, out of place, in place and with a
+ * flagged entry in every lane. rep->miss_bound states the probability that a wrong entry passes. */
+TPK_API int tpk_tune_verify_map(const tpk_tune_space *s, const tpk_tune_config *c, uint64_t seed, const char *cc,
+                                tpk_tune_verify_report *rep, tpk_ctx *ctx);
+/* The tolerance check of a map kernel (the measurer's, issue 6): odd n with degenerate
+ * variances, out of place and in place, a flagged entry, against tpk_ref_relu_map_*; *worst is
+ * the largest error relative to the entry's scale. Returns 1 within the tolerance. */
+TPK_API int tpk_tune_check_map(tpk_dmap_kernel_fn dfn, tpk_smap_kernel_fn sfn, tpk_map_ws_fn ws, int nt,
+                               double *worst);
+
+typedef struct tpk_tune_mutant_opts {
+    int n;             /* mutants wanted */
+    uint64_t seed;     /* which sites, and the verifier's inputs */
+    const char *cc;    /* compiler; NULL: gcc */
+    const char *runner;/* the program whose `__verify` runs a mutant (measure options' rule) */
+    double timeout_s;  /* per mutant run; default 120 */
+    const char *kinds; /* only these kinds ("k_tail,map_tiles"), NULL: all */
+} tpk_tune_mutant_opts;
+/* The mutation suite: n distinct mutants — one bug each (off-by-one bounds, swapped strides,
+ * dropped tails, wrong masks, doubled accumulation, wrong indices: tuner/mutate.c) injected into
+ * the emitted source of the kernels (spaces s[i], configurations c[i]; a map kernel's twin) —
+ * each compiled and run through the exact verifier in a process of its own. One line per mutant
+ * on out and `caught K/N` last; *caught = K. A mutant that does not compile is replaced. */
+TPK_API int tpk_tune_verify_mutants(const tpk_tune_space *s, const tpk_tune_config *c, size_t nk,
+                                    const tpk_tune_mutant_opts *o, FILE *out, int *caught, tpk_ctx *ctx);
+/* The standalone source the suite compiles: the kernel (twin = 0) or a map kernel's Z_p twin, with
+ * the mutation "KIND[:SITE]" (the kinds of tuner/mutate.c) or none (NULL). */
+TPK_API int tpk_tune_emit_variant(const tpk_tune_space *s, const tpk_tune_config *c, int twin, const char *mutant,
+                                  FILE *out, tpk_ctx *ctx);
+/* The suite's child: argv = {prog, "__verify", SO, OP, DTYPE, M, N, K, THREADS, INDEX, SEED}
+ * (INDEX: the configuration's mixed-radix index). Prints one "TPKVERIFY ..." line. */
+TPK_API int tpk_tune_verify_child_main(int argc, char **argv);
+
 /* ---- Library generation (gen/) ------------------------------------------------------------ */
 
 /* Write the generated C file of one machine class's tuned CPU GEMM kernels and their dispatch
@@ -322,6 +382,12 @@ TPK_API int tpk_tune_gen_cpu_library(const tpk_tune_record *recs, size_t n, cons
  * threads) of that class, its analytic defaults, and the table runtime/map_dispatch.c reads. */
 TPK_API int tpk_tune_gen_map_library(const tpk_tune_record *recs, size_t n, const tpk_machine *cls,
                                      const char *generator, FILE *out, tpk_ctx *ctx);
+/* The distinct kernels a class's generated file holds (what tpk_tune_gen_cpu_library, or for
+ * map = 1 tpk_tune_gen_map_library, emits): *out (malloc'd, the caller frees) holds *nout spaces
+ * and configurations, names[i] (may be NULL, 160 bytes each) their kernel names. */
+TPK_API int tpk_tune_gen_kernels(const tpk_tune_record *recs, size_t n, const tpk_machine *cls, int map,
+                                 tpk_tune_space **spaces, tpk_tune_config **configs, char (**names)[160],
+                                 size_t *nout, tpk_ctx *ctx);
 /* The class index (gen/tpk_classes.c): every class's profile and its GEMM and map tables. */
 TPK_API int tpk_tune_gen_class_index(const tpk_tune_class *cls, size_t n, const char *generator,
                                      FILE *out, tpk_ctx *ctx);

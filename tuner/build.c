@@ -1,0 +1,200 @@
+/* Building and running candidates: compiling a kernel source into a shared object with the
+ * library's warning flags, the scratch directory, libgomp kept resident, and child processes with
+ * a timeout whose stdout is captured (the measurer, tuner/measure.c, and the exact verifier's
+ * mutation suite, tuner/mutate.c, run every candidate in a process of its own). */
+#include "tune_impl.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+void tpk_tune_pin_openmp(void)
+{
+    static int done;
+    if (!done) {
+        done = 1;
+        (void)dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL | RTLD_NODELETE);
+    }
+}
+
+/* Wait for pid up to timeout_s; kill it past that. Returns the wait status or -1 on timeout. */
+static int wait_timeout(pid_t pid, double timeout_s)
+{
+    double t0 = tpk_wall_seconds();
+    for (;;) {
+        int ws;
+        pid_t r = waitpid(pid, &ws, WNOHANG);
+        if (r == pid)
+            return ws;
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (tpk_wall_seconds() - t0 > timeout_s) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &ws, 0);
+            return -1;
+        }
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int tpk_tune_compile_cpu(const char *src, const char *so, const char *cc, double timeout_s,
+                         double *seconds, tpk_ctx *ctx)
+{
+    return tpk__compile_cpu(src, so, cc, NULL, timeout_s, seconds, ctx);
+}
+
+int tpk__compile_cpu(const char *src, const char *so, const char *cc, const char *extra, double timeout_s,
+                     double *seconds, tpk_ctx *ctx)
+{
+    double t0 = tpk_wall_seconds();
+    pid_t pid = fork();
+    if (pid < 0)
+        return TPK_ERROR(ctx, TPK_EIO, "tune: fork failed: %s", strerror(errno));
+    if (pid == 0) {
+        /* Quiet unless it fails: the caller reports a failed compile as a result. */
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        /* The library's warning flags: a candidate that would not build in gen/ (-Werror there)
+         * is rejected here, not discovered by `make` after tuning. */
+        execlp(cc ? cc : "gcc", cc ? cc : "gcc", "-std=gnu11", "-O3", "-march=native",
+               "-ffp-contract=fast", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+               "-o", so, src, "-lmvec", "-lm", extra,
+               (char *)NULL); /* libmvec: the map template's vector acos / atan2 */
+        _exit(127);
+    }
+    int ws = wait_timeout(pid, timeout_s > 0 ? timeout_s : 60);
+    if (seconds)
+        *seconds = tpk_wall_seconds() - t0;
+    if (ws == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        return TPK_ERROR(ctx, TPK_EIO, "tune: compiling %s failed", src);
+    return TPK_OK;
+}
+
+const char *tpk__find_runner(const char *runner, char *buf, size_t cap)
+{
+    if (runner)
+        return runner[0] ? runner : NULL;
+    const char *e = getenv("TPK_TUNE_RUNNER");
+    if (e && *e)
+        return e;
+    e = getenv("TPK_BIN");
+    if (e && *e) {
+        snprintf(buf, cap, "%s/tptune", e);
+        if (access(buf, X_OK) == 0)
+            return buf;
+    }
+    return NULL;
+}
+
+int tpk__run_capture(const char *runner, char *const argv[], int threads, double timeout_s,
+                     void (*inproc)(void *arg, int fd), void *arg, char *buf, size_t cap)
+{
+    int fd[2];
+    if (pipe(fd) != 0)
+        return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        dup2(fd[1], 1);
+        if (runner) {
+            /* OpenBLAS starts its worker threads at load and lets them spin before they sleep:
+             * with more than the candidate's threads they would compete with it. */
+            char nt[16];
+            snprintf(nt, sizeof nt, "%d", threads < 1 ? 1 : threads);
+            setenv("OPENBLAS_NUM_THREADS", nt, 1);
+            execv(runner, argv);
+            _exit(127);
+        }
+        inproc(arg, 1);
+        _exit(0);
+    }
+    close(fd[1]);
+    size_t len = 0;
+    double t0 = tpk_wall_seconds();
+    int timed_out = 0;
+    for (;;) {
+        struct pollfd pf = {fd[0], POLLIN, 0};
+        double left = timeout_s - (tpk_wall_seconds() - t0);
+        if (left <= 0) {
+            timed_out = 1;
+            break;
+        }
+        int pr = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0) {
+            timed_out = pr == 0;
+            break;
+        }
+        ssize_t got = read(fd[0], buf + len, cap - 1 - len);
+        if (got <= 0)
+            break;
+        len += (size_t)got;
+        if (len >= cap - 1)
+            break;
+    }
+    buf[len] = '\0';
+    close(fd[0]);
+    if (timed_out)
+        kill(pid, SIGKILL);
+    int ws = wait_timeout(pid, 5);
+    return timed_out || ws == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0 ? -1 : 0;
+}
+
+static char g_workdir[512];
+
+static void remove_workdir(void)
+{
+    if (g_workdir[0])
+        rmdir(g_workdir);
+}
+
+int tpk__workdir(const char *o_dir, char *dir, size_t cap, tpk_ctx *ctx)
+{
+    if (o_dir) {
+        mkdir(o_dir, 0755);
+        snprintf(dir, cap, "%s", o_dir);
+        return TPK_OK;
+    }
+    if (!g_workdir[0]) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(g_workdir, sizeof g_workdir, "%s/tptune.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(g_workdir)) {
+            g_workdir[0] = '\0';
+            return TPK_ERROR(ctx, TPK_EIO, "tune: cannot create a scratch directory: %s", strerror(errno));
+        }
+        atexit(remove_workdir);
+    }
+    snprintf(dir, cap, "%s", g_workdir);
+    return TPK_OK;
+}
+
+int tpk__scratch(const char *o_dir, const char *tag, char *src, char *so, size_t cap, tpk_ctx *ctx)
+{
+    char dir[512];
+    int st = tpk__workdir(o_dir, dir, sizeof dir, ctx);
+    if (st)
+        return st;
+    static unsigned counter;
+    snprintf(src, cap, "%s/%s%ld_%u.c", dir, tag, (long)getpid(), counter);
+    snprintf(so, cap, "%s/%s%ld_%u.so", dir, tag, (long)getpid(), counter++);
+    return TPK_OK;
+}
