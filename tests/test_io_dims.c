@@ -221,12 +221,19 @@ static void test_job_dims(void **state)
     assert_string_equal(got, "train");
     scale_of(f, "/outputs", 1, got, sizeof got);
     assert_string_equal(got, "output");
-    /* the 1/sqrt(n) attention job */
+    /* the 1/sqrt(n) attention job and gpattention */
     snprintf(args, sizeof args, "--arch=attention --logit-scaling=inv-sqrt-n --output=%s --quiet",
              f);
     assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
     expect_dims(f, "/score_covariances", (const char *const[]){"sample", "train", "train2"}, 3);
     expect_dims(f, "/input_kernel", (const char *const[]){"token", "token2"}, 2);
+    snprintf(args, sizeof args, "--widths=4,8 --networks=8 --heads-list=1,2 --output=%s --quiet",
+             f);
+    assert_int_equal(tu_run_tool(e, "gpattention", args), 0);
+    expect_dims(f, "/energy_limit", (const char *const[]){"width"}, 1);
+    expect_dims(f, "/heads_kurtosis", (const char *const[]){"heads"}, 1);
+    expect_dims(f, "/limit_mean", (const char *const[]){"token", "token2"}, 2);
+    assert_int_equal(class_of(f, "/widths"), H5T_INTEGER);
 }
 
 /* Coordinates: integer, float and label dimension scales, attached by tpk_h5out_dims afterwards;
