@@ -134,6 +134,41 @@ static void test_separate_values(void **state)
     assert_int_equal(tu_run_tool(e, "tptune", "emit --m 16 --n 16 --k 16"), 0);
 }
 
+/* scripts/tpk-completion.bash, as bash runs it: options from --help, --arch names, commands. */
+static void test_bash_completion(void **state)
+{
+    const tu_env *e = *state;
+    if (system("command -v bash >/dev/null 2>&1") != 0) {
+        print_message("no bash: the completion check is skipped\n");
+        return;
+    }
+    const char *r = getenv("TPK_ROOT");
+    char script[4096], out[4096];
+    snprintf(script, sizeof script, "%s/c.sh", e->tmpdir);
+    FILE *f = fopen(script, "w");
+    assert_non_null(f);
+    fprintf(f, "PATH='%s':$PATH\n. '%s/scripts/tpk-completion.bash'\n"
+            "t() { COMP_LINE=$1; COMP_POINT=${#1}; read -ra COMP_WORDS <<< \"$1\"\n"
+            "  COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); COMPREPLY=(); _tpk \"${COMP_WORDS[0]}\"\n"
+            "  echo \"$1 => ${COMPREPLY[*]}\"; }\n"
+            "t 'gpkernel --list-a'; t 'gplimits --wid'; t 'gpkernel --arch=ml'; t 'netsor ke'; "
+            "t 'tptune rep'\n", e->bindir, r ? r : ".");
+    fclose(f);
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "bash '%s'", script);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    static const char *const want[] = {"gpkernel --list-a => --list-archs",
+                                       "gplimits --wid => --widths", "gpkernel --arch=ml => mlp",
+                                       "netsor ke => kernel", "tptune rep => replay"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(out, want[i]))
+            fail_msg("completion: want '%s' in:\n%s", want[i], out);
+}
+
 /* -h is the only short option: any other one is an error naming it (not taken for help). */
 static void test_unknown_short_option(void **state)
 {
@@ -156,6 +191,7 @@ int main(void)
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_exit_statuses),
         cmocka_unit_test(test_separate_values),
+        cmocka_unit_test(test_bash_completion),
     };
     return cmocka_run_group_tests_name("cli_help", tests, setup, tu_teardown);
 }
