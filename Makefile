@@ -2,10 +2,22 @@
 #   make            library + command-line programs (installs missing Debian packages first)
 #   make run        main job: gpkernel --arch=transformer on the bundled demo tokens
 #   make check      whole test suite      make check-asan   the same under ASan+UBSan
-#   make bench      benchmarks (not tests) make install PREFIX=...
-VERSION    := 0.1.0
+#   make bench      benchmarks (not tests) make install PREFIX=... (DESTDIR, LIBDIR, ...)
+#   make docs       API reference (Doxygen)  make man   manual pages (help2man)
+# The version is include/tpk/version.h's (one place); the SONAME follows its major number.
+VERSION    := $(shell sed -n 's/^\#define TPK_VERSION_STRING "\(.*\)"/\1/p' include/tpk/version.h)
+VERSION_MAJOR := $(firstword $(subst ., ,$(VERSION)))
 BUILD      ?= build
+# Install locations (GNU conventions; DESTDIR is prepended to all of them for staged installs).
+# The tools find their programs/ and data/ at BINDIR/../share/tpk, so DATADIR follows PREFIX.
 PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DATADIR    := $(PREFIX)/share
+MANDIR     ?= $(DATADIR)/man
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 CC         := gcc
 NVCC       ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) nvcc)
 
@@ -51,6 +63,9 @@ TEST_SUPPORT := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/*.c))
 BENCH_SRC  := $(wildcard bench/*.c)
 BENCHES    := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 STATIC     := $(BUILD)/lib/libtpk.a
+# The shared library: libtpk.so.VERSION with SONAME libtpk.so.MAJOR, and the two links to it.
+SONAME     := libtpk.so.$(VERSION_MAJOR)
+SHARED_REAL := $(BUILD)/lib/libtpk.so.$(VERSION)
 SHARED     := $(BUILD)/lib/libtpk.so
 # The tuner is an offline library of its own (XGBoost, the compiler, measurement): only tptune, the
 # gen/ generator, and the tests and benchmarks of the tuner link it; libtpk does not.
@@ -94,9 +109,13 @@ $(TUNE_LIB): $(TUNE_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(SHARED): $(LIB_OBJ)
+$(SHARED_REAL): $(LIB_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -shared -o $@ $^ $(LDLIBS_ALL)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS_ALL)
+
+$(SHARED): $(SHARED_REAL)
+	ln -sf $(notdir $(SHARED_REAL)) $(@D)/$(SONAME)
+	ln -sf $(SONAME) $@
 
 $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(TOOL_CLI) $(STATIC)
 	@mkdir -p $(@D)
@@ -135,15 +154,70 @@ bench: tools $(BENCHES) $(NT_VENV_OK)
 	@sh scripts/run-bench.sh $(BUILD)
 	@sh scripts/bench-rolled.sh $(BUILD)
 
-install: all
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/tpk $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 644 $(STATIC) $(SHARED) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 include/tpk/*.h $(DESTDIR)$(PREFIX)/include/tpk/
-	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
-	install -d $(DESTDIR)$(PREFIX)/share/tpk/programs $(DESTDIR)$(PREFIX)/share/tpk/data
-	install -m 644 programs/*.nsr $(DESTDIR)$(PREFIX)/share/tpk/programs/
-	install -m 644 data/demo-* $(DESTDIR)$(PREFIX)/share/tpk/data/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tpk.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk.pc
+# Public headers of libtpk: tune.h is the offline tuner's (libtpktune.a, not installed).
+INSTALL_HEADERS := $(filter-out include/tpk/tune.h,$(wildcard include/tpk/*.h))
+TOOL_NAMES := $(TOOLS:$(BUILD)/bin/%=%)
+# What `make install` puts under DESTDIR, for `make uninstall` (directories are left alone).
+INSTALLED := $(LIBDIR)/libtpk.a $(LIBDIR)/libtpk.so.$(VERSION) $(LIBDIR)/$(SONAME) \
+             $(LIBDIR)/libtpk.so $(INSTALL_HEADERS:include/%=$(INCLUDEDIR)/%) \
+             $(TOOL_NAMES:%=$(BINDIR)/%) $(TOOL_NAMES:%=$(MANDIR)/man1/%.1) \
+             $(TOOL_NAMES:%=$(BASHCOMPDIR)/%) $(PKGCONFIGDIR)/tpk.pc \
+             $(patsubst %,$(DATADIR)/tpk/%,$(wildcard programs/*.nsr) $(wildcard data/demo-*))
+
+install: all man
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/tpk $(DESTDIR)$(BINDIR) \
+	    $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(BASHCOMPDIR) \
+	    $(DESTDIR)$(DATADIR)/tpk/programs $(DESTDIR)$(DATADIR)/tpk/data
+	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/
+	ln -sf libtpk.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libtpk.so
+	install -m 644 $(INSTALL_HEADERS) $(DESTDIR)$(INCLUDEDIR)/tpk/
+	install -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
+	install -m 644 $(MANPAGES) $(DESTDIR)$(MANDIR)/man1/
+	for t in $(TOOL_NAMES); do install -m 644 scripts/tpk-completion.bash \
+	    $(DESTDIR)$(BASHCOMPDIR)/$$t || exit 1; done
+	install -m 644 programs/*.nsr $(DESTDIR)$(DATADIR)/tpk/programs/
+	install -m 644 data/demo-* $(DESTDIR)$(DATADIR)/tpk/data/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
+	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
+	    -e 's|@VERSION@|$(VERSION)|' tpk.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/tpk.pc
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	-rmdir $(DESTDIR)$(INCLUDEDIR)/tpk $(DESTDIR)$(DATADIR)/tpk/programs \
+	    $(DESTDIR)$(DATADIR)/tpk/data $(DESTDIR)$(DATADIR)/tpk 2>/dev/null
+
+# Manual pages from each tool's --help and --version (help2man; installed from Debian when
+# missing, see scripts/install-deps.sh). One-line descriptions for the NAME section:
+MAN_DESC_gpkernel    := infinite-width (NNGP) kernel of a network architecture or NETSOR program
+MAN_DESC_netsor      := check, elaborate and run NETSOR programs (Tensor Programs)
+MAN_DESC_gplimits    := finite-width convergence of a network to its infinite-width limit
+MAN_DESC_gpregress   := Gaussian-process regression and classification with NNGP kernels
+MAN_DESC_gpattention := finite-width 1/sqrt(n) attention against its hierarchical limit
+MAN_DESC_tptune      := the tensor-program tuner: GEMM, SYRK and map schedules
+MANPAGES   := $(TOOL_NAMES:%=$(BUILD)/man/%.1)
+HELP2MAN_OK := $(BUILD)/.help2man-ok
+
+.PHONY: man docs uninstall
+man: $(MANPAGES)
+$(HELP2MAN_OK):
+	@command -v help2man >/dev/null 2>&1 || sh scripts/install-deps.sh --only help2man
+	@mkdir -p $(@D) && touch $@
+$(BUILD)/man/%.1: $(BUILD)/bin/% | $(HELP2MAN_OK)
+	@mkdir -p $(@D)
+	help2man --no-info --no-discard-stderr --section=1 --source="tpk $(VERSION)" \
+	    --name="$(MAN_DESC_$*)" --output=$@ $(abspath $<)
+
+# The API reference from the public headers (Doxygen; its comments are plain C comments, which
+# docs/doxygen-filter.sh turns into Doxygen's). Output: $(BUILD)/docs/html/index.html.
+docs: $(wildcard include/tpk/*.h) docs/Doxyfile docs/doxygen-filter.sh
+	@command -v doxygen >/dev/null 2>&1 || sh scripts/install-deps.sh --only doxygen
+	@mkdir -p $(BUILD)/docs
+	( cat docs/Doxyfile; echo "OUTPUT_DIRECTORY = $(BUILD)/docs"; \
+	  echo "PROJECT_NUMBER = $(VERSION)"; echo "WARN_LOGFILE = $(BUILD)/docs/warnings.log" ) \
+	    | doxygen - > $(BUILD)/docs/doxygen.log
+	@echo "API reference: $(BUILD)/docs/html/index.html"
 
 clean:
 	rm -rf build build-asan build-v3

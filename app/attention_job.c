@@ -169,6 +169,16 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_write(out, "/score_covariances", Cs, ctx);
     if (!st) st = tpk_h5out_write(out, "/excess_kurtosis", kurt, ctx);
     if (!st) st = tpk_h5out_write(out, "/input_kernel", Sx, ctx);
+    /* named axes: the kernel's items as gpkernel names them, score samples, the P = N·T tokens */
+    if (!st) st = tpk_job_kernel_dims(out, K, X, 0, ctx);
+    const char *kdn = m == N ? "train" : "train_readout", *kdn2 = m == N ? "train2"
+                                                                         : "train_readout2";
+    if (!st) st = tpk_h5out_dims(out, "/kernel_se", (const char *const[]){kdn, kdn2}, 2, ctx);
+    if (!st) st = tpk_h5out_dims(out, "/score_covariances",
+                                 (const char *const[]){"sample", kdn, kdn2}, 3, ctx);
+    if (!st) st = tpk_h5out_dims(out, "/excess_kurtosis", (const char *const[]){kdn}, 1, ctx);
+    if (!st) st = tpk_h5out_dims(out, "/input_kernel", (const char *const[]){"token", "token2"},
+                                 2, ctx);
     if (!st) st = tpk_job_describe(out, job, p, prog, "attention", ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "logit_scaling", "inv-sqrt-n", ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "score_samples", (long long)R, ctx);

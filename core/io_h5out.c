@@ -185,6 +185,10 @@ tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EINVAL, "empty output path");
         return NULL;
     }
+    if (strcmp(path, "-") == 0) {
+        TPK_ERROR(ctx, TPK_EINVAL, TPK_IO_NO_STDOUT);
+        return NULL;
+    }
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(EISDIR, eb, sizeof eb));
@@ -455,6 +459,117 @@ static hid_t dim_scale(tpk_h5out *out, const char *dname, hsize_t n, tpk_ctx *ct
         return -1;
     }
     return ds;
+}
+
+int tpk_h5out_has(tpk_h5out *out, const char *name)
+{
+    tpk_ctx lc;
+    tpk_ctx_init(&lc);
+    if (check_out(out, name, &lc) != TPK_OK)
+        return 0;
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    /* every parent must exist before H5Lexists may be asked about the child */
+    int found = 1;
+    char part[1024];
+    size_t len = strlen(name);
+    for (size_t i = 1; i <= len && found; i++)
+        if (name[i] == '/' || name[i] == '\0') {
+            if (i >= sizeof part) {
+                found = 0;
+                break;
+            }
+            memcpy(part, name, i);
+            part[i] = '\0';
+            found = H5Lexists(out->file, part, H5P_DEFAULT) > 0;
+        }
+    tpk_h5_quiet_end(&q);
+    return found;
+}
+
+/* A new root dimension scale "/NAME" of n values of file_type (from buf in mem_type). */
+static int coord_scale(tpk_h5out *out, const char *dname, size_t n, hid_t file_type,
+                       hid_t mem_type, const void *buf, tpk_ctx *ctx)
+{
+    int st = TPK_OK;
+    if (out == NULL || out->file < 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "HDF5 output is not open");
+    if (!dim_name_ok(dname)) {
+        out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: dimension name '%s' is not an identifier",
+                         out->path, dname ? dname : "(null)");
+    }
+    if (n == 0 || buf == NULL) {
+        out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: dimension '%s': no coordinate values", out->path,
+                         dname);
+    }
+    char path[72];
+    snprintf(path, sizeof path, "/%s", dname);
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    int exists = H5Lexists(out->file, path, H5P_DEFAULT) > 0;
+    tpk_h5_quiet_end(&q);
+    if (exists) {
+        out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: dimension '%s' exists already (coordinates are "
+                         "given once, before any dataset names it)", out->path, dname);
+    }
+    hsize_t len = (hsize_t)n;
+    if ((st = write_dataset(out, path, 1, &len, file_type, mem_type, buf, ctx)))
+        return st;
+    tpk_h5_quiet_begin(&q);
+    hid_t ds = H5Dopen2(out->file, path, H5P_DEFAULT);
+    if (ds < 0 || H5DSset_scale(ds, dname) < 0)
+        st = mark_failed(out, ctx, TPK_EIO, "cannot make a dimension scale of", path);
+    if (ds >= 0)
+        H5Dclose(ds);
+    tpk_h5_quiet_end(&q);
+    return st;
+}
+
+int tpk_h5out_coord_ints(tpk_h5out *out, const char *name, const long long *v, size_t n,
+                         tpk_ctx *ctx)
+{
+    return coord_scale(out, name, n, H5T_STD_I64LE, H5T_NATIVE_LLONG, v, ctx);
+}
+
+int tpk_h5out_coord_doubles(tpk_h5out *out, const char *name, const double *v, size_t n,
+                            tpk_ctx *ctx)
+{
+    for (size_t i = 0; v && i < n; i++)
+        if (!isfinite(v[i])) {
+            if (out)
+                out->failed = 1;
+            return TPK_ERROR(ctx, TPK_EDOM, "%s: dimension '%s': coordinate %zu is %s",
+                             out ? out->path : "", name ? name : "", i, nonfinite_name(v[i]));
+        }
+    return coord_scale(out, name, n, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, v, ctx);
+}
+
+int tpk_h5out_coord_labels(tpk_h5out *out, const char *name, const char *const *labels,
+                           size_t n, tpk_ctx *ctx)
+{
+    for (size_t i = 0; labels && i < n; i++)
+        if (labels[i] == NULL) {
+            if (out)
+                out->failed = 1;
+            return TPK_ERROR(ctx, TPK_EINVAL, "dimension '%s': label %zu is NULL",
+                             name ? name : "", i);
+        }
+    /* variable-length UTF-8, as the string attributes: h5py / xarray read str */
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t < 0 || H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+        if (t >= 0)
+            H5Tclose(t);
+        if (out)
+            out->failed = 1;
+        return TPK_ERROR(ctx, TPK_EIO, "cannot make string type for dimension '%s'",
+                         name ? name : "");
+    }
+    int st = coord_scale(out, name, n, t, t, labels, ctx);
+    H5Tclose(t);
+    return st;
 }
 
 int tpk_h5out_dims(tpk_h5out *out, const char *name, const char *const *names, int ndims,

@@ -46,4 +46,9 @@ static inline const char *tpk_io_errstr(int errnum, char *buf, size_t n)
     return buf;
 }
 
+/* --output=- (issue 17): HDF5 cannot be streamed, so '-' is refused rather than written to a
+ * file named '-'. */
+#define TPK_IO_NO_STDOUT "--output=-: HDF5 output cannot go to standard output (the format needs " \
+                         "a seekable file); give a file name, e.g. --output=out.h5"
+
 #endif

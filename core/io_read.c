@@ -1,4 +1,5 @@
-/* Input readers: "file.h5:/dataset", "file.npy" and "file.csv" into a float64 tpk_array. */
+/* Input readers: "file.h5:/dataset", "file.npy", "file.npz:name" and "file.csv" into a float64
+ * tpk_array. */
 #include "io_impl.h"
 #include "tpk/io.h"
 
@@ -13,6 +14,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <zlib.h>
 
 /* Shape policy, the same for every format: rank 2..4 is taken as is; rank 1 (a vector of N
  * scalar inputs, as np.save(x) of a 1-D x gives) is read as N×1 because every consumer treats
@@ -494,36 +496,186 @@ static int npy_parse_header(const char *path, const char *text, size_t len, npy_
     return TPK_OK;
 }
 
-static uint64_t load_u64(const unsigned char *b, int big)
+/* ---- byte sources: a .npy file, or one member of a .npz (ZIP) archive, stored or deflated ---- */
+
+#define NPZ_CHUNK (1u << 16)
+
+typedef struct npy_src {
+    FILE *f;
+    int deflated;            /* a deflated .npz member (else the bytes are read as they are) */
+    uint64_t left;           /* bytes of the member (compressed) not yet read from f */
+    z_stream z;
+    int z_live;
+    unsigned char *zin;      /* NPZ_CHUNK bytes of compressed input */
+    uint32_t crc;            /* CRC-32 of what was handed out (.npz members carry one) */
+    int corrupt;             /* inflate failed */
+} npy_src;
+
+/* n bytes into dst: 0, or -1 when the source ends first (or is corrupt: src->corrupt). */
+static int src_read(npy_src *src, void *dst, size_t n)
+{
+    unsigned char *out = dst;
+    if (!src->deflated) {
+        if (src->left != UINT64_MAX && (uint64_t)n > src->left)
+            return -1;
+        if (fread(out, 1, n, src->f) != n)
+            return -1;
+        if (src->left != UINT64_MAX)
+            src->left -= n;
+        src->crc = (uint32_t)crc32(src->crc, out, (uInt)n);
+        return 0;
+    }
+    size_t got = 0;
+    while (got < n) {
+        if (src->z.avail_in == 0 && src->left > 0) {
+            size_t k = src->left < NPZ_CHUNK ? (size_t)src->left : NPZ_CHUNK;
+            if (fread(src->zin, 1, k, src->f) != k)
+                return -1;
+            src->left -= k;
+            src->z.next_in = src->zin;
+            src->z.avail_in = (uInt)k;
+        }
+        size_t want = n - got > (1u << 30) ? (1u << 30) : n - got;
+        src->z.next_out = out + got;
+        src->z.avail_out = (uInt)want;
+        int zr = inflate(&src->z, Z_NO_FLUSH);
+        size_t made = want - src->z.avail_out;
+        src->crc = (uint32_t)crc32(src->crc, out + got, (uInt)made);
+        got += made;
+        if (zr == Z_STREAM_END && got < n)
+            return -1;
+        if (zr != Z_OK && zr != Z_STREAM_END && !(zr == Z_BUF_ERROR && made > 0)) {
+            src->corrupt = 1;
+            return -1;
+        }
+        if (made == 0 && src->z.avail_in == 0 && src->left == 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- dtypes ------------------------------------------------------------------------------------ */
+
+/* descr := byteorder kind size: byteorder '<' '>' '|' '=' (np.save writes '<', '>' or '|'),
+ * kind 'f' (2, 4, 8 bytes), 'i' / 'u' (1, 2, 4, 8), 'b' (1: bool). */
+typedef struct npy_dtype {
+    char kind;
+    size_t size;
+    int big;
+} npy_dtype;
+
+static int npy_dtype_parse(const char *d, npy_dtype *t)
+{
+    if (!strchr("<>|=", d[0]) || !d[1] || !strchr("fiub", d[1]))
+        return -1;
+    char *end;
+    long n = strtol(d + 2, &end, 10);
+    if (*end != '\0' || end == d + 2)
+        return -1;
+    t->kind = d[1];
+    t->size = (size_t)n;
+    t->big = d[0] == '>';
+    if (t->kind == 'f')
+        return n == 2 || n == 4 || n == 8 ? 0 : -1;
+    if (t->kind == 'b')
+        return n == 1 ? 0 : -1;
+    return n == 1 || n == 2 || n == 4 || n == 8 ? 0 : -1;
+}
+
+static uint64_t load_un(const unsigned char *b, size_t n, int big)
 {
     uint64_t u = 0;
-    for (int i = 0; i < 8; i++)
-        u |= (uint64_t)b[big ? 7 - i : i] << (8 * i);
+    for (size_t i = 0; i < n; i++)
+        u |= (uint64_t)b[big ? n - 1 - i : i] << (8 * i);
     return u;
 }
 
 static uint32_t load_u32(const unsigned char *b, int big)
 {
-    uint32_t u = 0;
-    for (int i = 0; i < 4; i++)
-        u |= (uint32_t)b[big ? 3 - i : i] << (8 * i);
-    return u;
+    return (uint32_t)load_un(b, 4, big);
 }
 
-static tpk_array *read_npy(const char *path, tpk_ctx *ctx)
+/* IEEE binary16 to double: sign, 5-bit exponent, 10-bit mantissa (subnormals, inf, NaN). */
+static double half_to_double(uint16_t h)
 {
-    FILE *f = open_input(path, ctx);
-    if (f == NULL)
-        return NULL;
+    int e = (h >> 10) & 0x1f;
+    double m = (double)(h & 0x3ff), v;
+    if (e == 0)
+        v = ldexp(m, -24);
+    else if (e == 31)
+        v = m == 0 ? INFINITY : NAN;
+    else
+        v = ldexp(m + 1024.0, e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+/* One element of dtype t at b as a double (64-bit integers beyond 2^53 round). */
+static double npy_value(const unsigned char *b, const npy_dtype *t)
+{
+    uint64_t u = load_un(b, t->size, t->big);
+    switch (t->kind) {
+    case 'f':
+        if (t->size == 8) {
+            double x;
+            memcpy(&x, &u, 8);
+            return x;
+        }
+        if (t->size == 4) {
+            uint32_t w = (uint32_t)u;
+            float x;
+            memcpy(&x, &w, 4);
+            return (double)x;
+        }
+        return half_to_double((uint16_t)u);
+    case 'i': {
+        if (t->size < 8 && (u >> (8 * t->size - 1)) & 1)
+            u |= ~(uint64_t)0 << (8 * t->size); /* sign-extend */
+        int64_t x;
+        memcpy(&x, &u, 8);
+        return (double)x;
+    }
+    case 'u':
+        return (double)u;
+    default: /* 'b' */
+        return u != 0;
+    }
+}
+
+/* Fortran (column-major) order in `in` to C (row-major) order in `out`, both of shape dims. */
+static void fortran_to_c(const double *in, double *out, int ndim, const size_t *dims)
+{
+    size_t stride[READ_MAXDIM], idx[READ_MAXDIM] = {0}, n = 1;
+    for (int k = ndim - 1; k >= 0; k--) {
+        stride[k] = n;
+        n *= dims[k];
+    }
+    size_t off = 0; /* C offset of the current Fortran-order element */
+    for (size_t i = 0; i < n; i++) {
+        out[off] = in[i];
+        for (int k = 0; k < ndim; k++) { /* the first axis varies fastest */
+            if (++idx[k] < dims[k]) {
+                off += stride[k];
+                break;
+            }
+            off -= (dims[k] - 1) * stride[k];
+            idx[k] = 0;
+        }
+    }
+}
+
+/* A .npy stream from src: `total` bytes in all (UINT64_MAX: unknown). `what` names it in
+ * messages ("x.npy", "d.npz:x"). */
+static tpk_array *npy_decode(const char *what, npy_src *src, uint64_t total, tpk_ctx *ctx)
+{
     tpk_array *a = NULL;
     char *text = NULL;
     unsigned char *raw = NULL;
+    double *tmp = NULL;
     unsigned char pre[12];
     size_t prelen;
-    struct stat st;
 
-    if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
-        TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a .npy file (bad magic)", path);
+    if (src_read(src, pre, 10) != 0 || memcmp(pre, "\x93NUMPY", 6) != 0) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a .npy file (bad magic)", what);
         goto done;
     }
     /* v1 has a 2-byte header length, v2/v3 a 4-byte one; v3 only adds UTF-8 in the header. */
@@ -533,109 +685,310 @@ static tpk_array *read_npy(const char *path, tpk_ctx *ctx)
         hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
         prelen = 10;
     } else if (major == 2 || major == 3) {
-        if (fread(pre + 10, 1, 2, f) != 2) {
-            TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy header", path);
+        if (src_read(src, pre + 10, 2) != 0) {
+            TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy header", what);
             goto done;
         }
         hlen = load_u32(pre + 8, 0);
         prelen = 12;
     } else {
-        TPK_ERROR(ctx, TPK_EFORMAT, "%s: unsupported .npy format version %u.%u", path, major,
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: unsupported .npy format version %u.%u", what, major,
                   minor);
         goto done;
     }
     if (hlen > NPY_MAX_HEADER) {
-        TPK_ERROR(ctx, TPK_EFORMAT, "%s: .npy header of %zu bytes is implausibly long", path,
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: .npy header of %zu bytes is implausibly long", what,
                   hlen);
         goto done;
     }
     text = malloc(hlen + 1);
     if (text == NULL) {
-        TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+        TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", what);
         goto done;
     }
-    if (fread(text, 1, hlen, f) != hlen) {
-        TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy header", path);
+    if (src_read(src, text, hlen) != 0) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy header", what);
         goto done;
     }
     text[hlen] = '\0';
     npy_header h;
-    if (npy_parse_header(path, text, hlen, &h, ctx) != TPK_OK)
+    if (npy_parse_header(what, text, hlen, &h, ctx) != TPK_OK)
         goto done;
-    if (h.fortran) {
-        TPK_ERROR(ctx, TPK_EFORMAT, "%s: Fortran order not supported (save a C-order array)",
-                  path);
-        goto done;
-    }
-    /* Both byte orders are accepted: '>f8' costs one byte swap and np.save writes it for
-     * big-endian arrays. '|' and '=' never appear for floats in files np.save writes. */
-    int big = h.descr[0] == '>';
-    size_t item;
-    if ((h.descr[0] == '<' || h.descr[0] == '>') && strcmp(h.descr + 1, "f8") == 0)
-        item = 8;
-    else if ((h.descr[0] == '<' || h.descr[0] == '>') && strcmp(h.descr + 1, "f4") == 0)
-        item = 4;
-    else {
-        TPK_ERROR(ctx, TPK_EFORMAT, "%s: unsupported dtype '%s' (expected '<f8' or '<f4')", path,
-                  h.descr);
+    npy_dtype t;
+    if (npy_dtype_parse(h.descr, &t) != 0) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: unsupported dtype '%s' (expected real numbers: float16, "
+                  "float32, float64, signed or unsigned integers, bool; not complex, strings or "
+                  "records)", what, h.descr);
         goto done;
     }
-    /* the data the header announces must be in the file: checked before allocating, so a
-     * corrupt shape is a format error, not a huge allocation */
-    uint64_t cnt = 1;
+    /* The data the header announces must be what the file (or archive member) holds: checked
+     * before allocating, so a corrupt shape is a format error, not a huge allocation. */
+    uint64_t want = t.size;
     for (int i = 0; i < h.ndim && i < READ_MAXDIM; i++)
-        cnt = h.dims[i] && cnt > UINT64_MAX / 16 / h.dims[i] ? UINT64_MAX / 16 : cnt * h.dims[i];
-    off_t have = fstat(fileno(f), &st) == 0 ? st.st_size - (off_t)(prelen + hlen) : -1;
-    if (h.ndim >= 1 && h.ndim <= TPK_ARRAY_MAXDIM && cnt > 0 && have >= 0 &&
-        (uint64_t)have != cnt * item) {
+        want = h.dims[i] && want > UINT64_MAX / 16 / h.dims[i] ? UINT64_MAX / 16 : want * h.dims[i];
+    if (total != UINT64_MAX && h.ndim >= 1 && h.ndim <= TPK_ARRAY_MAXDIM && want > 0 &&
+        total - (prelen + hlen) != want) {
         char sb[160];
         shape_str(h.ndim, h.dims, sb, sizeof sb);
         TPK_ERROR(ctx, TPK_EFORMAT, "%s: expected %llu bytes of data for %s shape %s, found %lld",
-                  path, (unsigned long long)(cnt * item), h.descr, sb, (long long)have);
+                  what, (unsigned long long)want, h.descr, sb,
+                  (long long)(total - (prelen + hlen)));
         goto done;
     }
-    a = alloc_shaped(path, h.ndim, h.dims, ctx);
+    a = alloc_shaped(what, h.ndim, h.dims, ctx);
     if (a == NULL)
         goto done;
     size_t n = tpk_array_size(a);
-    size_t want = n * item; /* cannot overflow: tpk_array_alloc checked n * 8 */
-    if (item == 8) {
-        /* Read straight into the array, then fix byte order in place. */
-        if (fread(a->data, 8, n, f) != n) {
-            TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy data", path);
+    /* Fortran order: read in file order into a scratch buffer, then transpose into C order. */
+    double *dst = a->data;
+    if (h.fortran && h.ndim > 1) {
+        if (!(tmp = malloc(n * sizeof *tmp))) {
+            TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", what);
             goto fail;
         }
-        unsigned char *b = (unsigned char *)a->data;
-        for (size_t i = 0; i < n; i++) {
-            uint64_t u = load_u64(b + 8 * i, big);
-            memcpy(&a->data[i], &u, 8);
+        dst = tmp;
+    }
+    if (t.kind == 'f' && t.size == 8 && !t.big) {
+        if (src_read(src, dst, n * 8) != 0) /* little-endian float64: straight in */
+            goto short_data;
+        if (1 != *(const unsigned char *)&(const uint16_t){1}) { /* a big-endian host */
+            unsigned char *b = (unsigned char *)dst;
+            for (size_t i = 0; i < n; i++) {
+                uint64_t u = load_un(b + 8 * i, 8, 0);
+                memcpy(&dst[i], &u, 8);
+            }
         }
     } else {
-        raw = malloc(want);
-        if (raw == NULL) {
-            TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+        const size_t per = NPZ_CHUNK / t.size;
+        if (!(raw = malloc(per * t.size))) {
+            TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", what);
             goto fail;
         }
-        if (fread(raw, 4, n, f) != n) {
-            TPK_ERROR(ctx, TPK_EFORMAT, "%s: truncated .npy data", path);
-            goto fail;
-        }
-        for (size_t i = 0; i < n; i++) {
-            uint32_t u = load_u32(raw + 4 * i, big);
-            float x;
-            memcpy(&x, &u, 4);
-            a->data[i] = (double)x;
+        for (size_t i = 0; i < n; i += per) {
+            size_t k = n - i < per ? n - i : per;
+            if (src_read(src, raw, k * t.size) != 0)
+                goto short_data;
+            for (size_t j = 0; j < k; j++)
+                dst[i + j] = npy_value(raw + j * t.size, &t);
         }
     }
-    if (check_finite(path, a, ctx) != TPK_OK)
+    if (dst != a->data)
+        fortran_to_c(dst, a->data, h.ndim, h.dims);
+    if (check_finite(what, a, ctx) != TPK_OK)
         goto fail;
     goto done;
+short_data:
+    TPK_ERROR(ctx, TPK_EFORMAT, src->corrupt ? "%s: corrupt compressed data" :
+              "%s: truncated .npy data", what);
 fail:
     tpk_array_free(a);
     a = NULL;
 done:
+    free(tmp);
     free(raw);
     free(text);
+    return a;
+}
+
+static tpk_array *read_npy(const char *path, tpk_ctx *ctx)
+{
+    FILE *f = open_input(path, ctx);
+    if (f == NULL)
+        return NULL;
+    struct stat st;
+    npy_src src = {.f = f, .left = UINT64_MAX};
+    uint64_t total = fstat(fileno(f), &st) == 0 ? (uint64_t)st.st_size : UINT64_MAX;
+    tpk_array *a = npy_decode(path, &src, total, ctx);
+    fclose(f);
+    return a;
+}
+
+/* ---- .npz: a ZIP archive of NAME.npy members (np.savez stores, np.savez_compressed deflates) --
+ * Read from the central directory (APPNOTE.TXT 4.3.12; ZIP64 sizes and offsets from the extra
+ * field 0x0001, 4.5.3), each member checked against its CRC-32. */
+
+#define ZIP_EOCD_MAX (22 + 65535) /* end record plus the longest archive comment */
+
+typedef struct zip_entry {
+    char name[256];
+    int method;              /* 0 stored, 8 deflated */
+    int flags;
+    uint32_t crc;
+    uint64_t csize, usize, local;
+} zip_entry;
+
+static uint64_t le(const unsigned char *b, size_t n)
+{
+    return load_un(b, n, 0);
+}
+
+/* The central directory: its offset and entry count, from the end record (or the ZIP64 one). */
+static int zip_directory(FILE *f, const char *path, uint64_t *off, uint64_t *count, tpk_ctx *ctx)
+{
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 22)
+        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a .npz file (too short for a ZIP archive)",
+                         path);
+    uint64_t size = (uint64_t)st.st_size, k = size < ZIP_EOCD_MAX ? size : ZIP_EOCD_MAX;
+    unsigned char *b = malloc(k);
+    if (!b)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+    int st2 = TPK_EFORMAT;
+    if (fseeko(f, (off_t)(size - k), SEEK_SET) == 0 && fread(b, 1, k, f) == k) {
+        for (uint64_t i = k - 22 + 1; i-- > 0;) {
+            if (le(b + i, 4) != 0x06054b50)
+                continue;
+            *count = le(b + i + 10, 2);
+            *off = le(b + i + 16, 4);
+            st2 = TPK_OK;
+            if ((*off == 0xffffffffu || *count == 0xffff) && i >= 20 &&
+                le(b + i - 20, 4) == 0x07064b50) { /* ZIP64 end locator, then record */
+                unsigned char r[56];
+                uint64_t roff = le(b + i - 20 + 8, 8);
+                if (fseeko(f, (off_t)roff, SEEK_SET) != 0 || fread(r, 1, 56, f) != 56 ||
+                    le(r, 4) != 0x06064b50)
+                    st2 = TPK_EFORMAT;
+                else {
+                    *count = le(r + 32, 8);
+                    *off = le(r + 48, 8);
+                }
+            }
+            break;
+        }
+    }
+    free(b);
+    if (st2)
+        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a .npz file (no ZIP end-of-directory record)",
+                         path);
+    return TPK_OK;
+}
+
+/* Every entry of the directory; *names gets "a, b, c" for messages. Returns the entry called
+ * `want` ("" and only one entry: that one) in *hit, or hit->name[0] = '\0'. */
+static int zip_find(FILE *f, const char *path, const char *want, zip_entry *hit, char *names,
+                    size_t nlen, size_t *nentries, tpk_ctx *ctx)
+{
+    uint64_t off = 0, count = 0;
+    if (zip_directory(f, path, &off, &count, ctx))
+        return ctx->status;
+    hit->name[0] = '\0';
+    names[0] = '\0';
+    *nentries = 0;
+    if (fseeko(f, (off_t)off, SEEK_SET) != 0)
+        return TPK_ERROR(ctx, TPK_EFORMAT, "%s: corrupt ZIP directory", path);
+    size_t used = 0;
+    /* names and extra fields are at most 65535 bytes each (16-bit lengths) */
+    char *name = malloc(65536);
+    unsigned char *extra = malloc(65536);
+    int st = TPK_OK;
+    if (!name || !extra)
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+    for (uint64_t e = 0; e < count && !st; e++) {
+        unsigned char c[46];
+        if (fread(c, 1, 46, f) != 46 || le(c, 4) != 0x02014b50) {
+            st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: corrupt ZIP directory (entry %llu)", path,
+                           (unsigned long long)e);
+            break;
+        }
+        zip_entry z = {.flags = (int)le(c + 8, 2), .method = (int)le(c + 10, 2),
+                       .crc = (uint32_t)le(c + 16, 4), .csize = le(c + 20, 4),
+                       .usize = le(c + 24, 4), .local = le(c + 42, 4)};
+        size_t fn = le(c + 28, 2), xn = le(c + 30, 2), cn = le(c + 32, 2);
+        if (fread(name, 1, fn, f) != fn || fread(extra, 1, xn, f) != xn ||
+            fseeko(f, (off_t)cn, SEEK_CUR) != 0) {
+            st = TPK_ERROR(ctx, TPK_EFORMAT, "%s: corrupt ZIP directory", path);
+            break;
+        }
+        name[fn] = '\0';
+        for (size_t x = 0; x + 4 <= xn;) { /* ZIP64: the 8-byte values that did not fit */
+            size_t id = le(extra + x, 2), len = le(extra + x + 2, 2), q = x + 4;
+            if (id == 0x0001) {
+                if (z.usize == 0xffffffffu && q + 8 <= x + 4 + len)
+                    z.usize = le(extra + q, 8), q += 8;
+                if (z.csize == 0xffffffffu && q + 8 <= x + 4 + len)
+                    z.csize = le(extra + q, 8), q += 8;
+                if (z.local == 0xffffffffu && q + 8 <= x + 4 + len)
+                    z.local = le(extra + q, 8);
+            }
+            x += 4 + len;
+        }
+        /* the array name is the member name less ".npy" (np.savez's convention) */
+        if (fn > 4 && strcmp(name + fn - 4, ".npy") == 0)
+            name[fn - 4] = '\0';
+        if (used < nlen)
+            used += (size_t)snprintf(names + used, nlen - used, "%s%s", e ? ", " : "", name);
+        (*nentries)++;
+        if ((want[0] && strcmp(name, want) == 0) || (!want[0] && count == 1)) {
+            *hit = z;
+            snprintf(hit->name, sizeof hit->name, "%s", name);
+        }
+    }
+    free(name);
+    free(extra);
+    return st;
+}
+
+static tpk_array *read_npz(const char *path, const char *member, tpk_ctx *ctx)
+{
+    FILE *f = open_input(path, ctx);
+    if (f == NULL)
+        return NULL;
+    tpk_array *a = NULL;
+    zip_entry z;
+    char names[512], what[1400];
+    size_t n = 0;
+    npy_src src = {.f = f};
+    if (zip_find(f, path, member, &z, names, sizeof names, &n, ctx))
+        goto done;
+    if (!z.name[0]) {
+        if (!member[0])
+            TPK_ERROR(ctx, TPK_EINVAL, "%s: %zu arrays in the archive: name one as %s:NAME "
+                      "(arrays: %s)", path, n, path, names);
+        else
+            TPK_ERROR(ctx, TPK_ENOTFOUND, "%s: no array '%s' in the archive (arrays: %s)", path,
+                      member, n ? names : "none");
+        goto done;
+    }
+    snprintf(what, sizeof what, "%s:%s", path, z.name);
+    if (z.flags & 1) {
+        TPK_ERROR(ctx, TPK_EUNSUPPORTED, "%s: the member is encrypted", what);
+        goto done;
+    }
+    if (z.method != 0 && z.method != 8) {
+        TPK_ERROR(ctx, TPK_EUNSUPPORTED, "%s: ZIP compression method %d is not supported "
+                  "(np.savez stores, np.savez_compressed deflates)", what, z.method);
+        goto done;
+    }
+    unsigned char lh[30];
+    if (fseeko(f, (off_t)z.local, SEEK_SET) != 0 || fread(lh, 1, 30, f) != 30 ||
+        le(lh, 4) != 0x04034b50 ||
+        fseeko(f, (off_t)(le(lh + 26, 2) + le(lh + 28, 2)), SEEK_CUR) != 0) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: corrupt ZIP member header", what);
+        goto done;
+    }
+    src.left = z.csize;
+    src.deflated = z.method == 8;
+    if (src.deflated) {
+        if (!(src.zin = malloc(NPZ_CHUNK))) {
+            TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", what);
+            goto done;
+        }
+        if (inflateInit2(&src.z, -MAX_WBITS) != Z_OK) { /* raw deflate, as ZIP stores it */
+            TPK_ERROR(ctx, TPK_ENOMEM, "%s: cannot start inflating", what);
+            goto done;
+        }
+        src.z_live = 1;
+    }
+    a = npy_decode(what, &src, z.usize, ctx);
+    if (a && src.crc != z.crc) {
+        TPK_ERROR(ctx, TPK_EFORMAT, "%s: CRC-32 mismatch (the archive is corrupt)", what);
+        tpk_array_free(a);
+        a = NULL;
+    }
+done:
+    if (src.z_live)
+        inflateEnd(&src.z);
+    free(src.zin);
     fclose(f);
     return a;
 }
@@ -792,14 +1145,15 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 /* Entry point                                                                                */
 
-/* spec := path [ ':' dataset ]; the dataset part is recognised only after an HDF5 extension, so
- * any other path containing ':' is taken literally. Returns the path's length. */
+/* spec := path [ ':' dataset ]; the dataset part is recognised only after an HDF5 or .npz
+ * extension, so any other path containing ':' is taken literally. Returns the path's length. */
 static size_t spec_split(const char *spec, const char **dataset)
 {
     *dataset = "";
     for (const char *c = strchr(spec, ':'); c != NULL; c = strchr(c + 1, ':')) {
         size_t k = (size_t)(c - spec);
-        if (ends_with_ci(spec, k, ".h5") || ends_with_ci(spec, k, ".hdf5")) {
+        if (ends_with_ci(spec, k, ".h5") || ends_with_ci(spec, k, ".hdf5") ||
+            ends_with_ci(spec, k, ".npz")) {
             *dataset = c + 1;
             return k;
         }
@@ -811,6 +1165,8 @@ static size_t spec_split(const char *spec, const char **dataset)
  * symlink, a hard link or another spelling of the same path is caught too. */
 int tpk_io_check_output(const char *output, const char *const *inputs, size_t n, tpk_ctx *ctx)
 {
+    if (output != NULL && strcmp(output, "-") == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, TPK_IO_NO_STDOUT);
     struct stat so;
     if (output == NULL || stat(output, &so) != 0)
         return TPK_OK; /* a file that does not exist yet is no input */
@@ -853,8 +1209,9 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
     memcpy(path, spec, plen);
     path[plen] = '\0';
     /* "file.h5:x" means "/x": HDF5 resolves relative names from the root anyway, but the
-     * recorded provenance should be one spelling. */
-    int need_slash = dataset[0] != '\0' && dataset[0] != '/';
+     * recorded provenance should be one spelling. A .npz member keeps its name. */
+    const int npz = ends_with_ci(path, plen, ".npz");
+    int need_slash = !npz && dataset[0] != '\0' && dataset[0] != '/';
     if (strlen(dataset) + (size_t)need_slash >= sizeof ds) {
         TPK_ERROR(ctx, TPK_EINVAL, "%s: dataset name too long", path);
         return NULL;
@@ -871,13 +1228,16 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
     } else if (ends_with_ci(path, plen, ".npy")) {
         format = "npy";
         a = read_npy(path, ctx);
+    } else if (npz) {
+        format = "npz";
+        a = read_npz(path, ds + need_slash, ctx);
     } else if (ends_with_ci(path, plen, ".csv")) {
         format = "csv";
         a = read_csv(path, ctx);
     } else {
         TPK_ERROR(ctx, TPK_EINVAL,
-                  "%s: unrecognised input format (expected file.h5:/dataset, file.npy or "
-                  "file.csv)",
+                  "%s: unrecognised input format (expected file.h5:/dataset, file.npy, "
+                  "file.npz:name or file.csv)",
                   spec);
         return NULL;
     }

@@ -294,7 +294,12 @@ static int write_block(run_state *rs, const char *prefix, const char *name, cons
 {
     char path[128];
     snprintf(path, sizeof path, "%s/%s", prefix, name);
-    return tpk_h5out_write(rs->out, path, a, ctx);
+    int st = tpk_h5out_write(rs->out, path, a, ctx);
+    /* named axes (xarray, issue 17): mean test × output, var test (with --var-n < M its first
+     * items: test_var), cov test × test2 */
+    const char *dn[2] = {a->dims[0] == rs->m ? "test" : "test_var",
+                         strcmp(name, "cov") == 0 ? "test2" : "output"};
+    return st ? st : tpk_h5out_dims(rs->out, path, dn, a->ndim, ctx);
 }
 
 /* Test scores from the mean (and the variance of the first mv items): accuracy (with class
@@ -623,6 +628,8 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
             for (int q = 0; q < 2 && !st; q++) {
                 snprintf(path, sizeof path, "%s/fitted_%s", prefix, nm[q]);
                 st = tpk_h5out_write_vector(rs->out, path, &theta[q], 1, ctx);
+                if (!st)
+                    st = tpk_h5out_dims(rs->out, path, (const char *const[]){"model"}, 1, ctx);
             }
         }
         /* The final model uses exactly the hyperparameters printed above (kernel parameters
@@ -640,9 +647,21 @@ static int write_summary(run_state *rs, tpk_ctx *ctx)
     tpk_array *col = tpk_array_alloc(1, (size_t[]){(size_t)rs->nres}, ctx);
     if (!col)
         return ctx->status;
-    for (int f = 0; f < R_NFIELDS && !st; f++) {
-        if (f == R_DEPTH && !rs->multi)
-            continue;
+    /* one entry per kernel: the axis "depth" (its values the depths, integers) for a depth
+     * range, else "model" */
+    const char *kdim[1] = {rs->multi ? "depth" : "model"};
+    long long *dv = rs->multi ? malloc((size_t)rs->nres * sizeof *dv) : NULL;
+    for (int i = 0; dv && i < rs->nres; i++)
+        dv[i] = (long long)rs->res[(size_t)i * R_NFIELDS + R_DEPTH];
+    if (!st && rs->multi)
+        st = dv ? tpk_h5out_coord_ints(rs->out, "depth", dv, (size_t)rs->nres, ctx)
+                : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    if (!st && rs->multi)
+        st = tpk_h5out_write_ints(rs->out, "/depths", dv, (size_t)rs->nres, ctx);
+    if (!st && rs->multi)
+        st = tpk_h5out_dims(rs->out, "/depths", kdim, 1, ctx);
+    free(dv);
+    for (int f = R_DEPTH + 1; f < R_NFIELDS && !st; f++) {
         int any = 0;
         for (int i = 0; i < rs->nres; i++) {
             col->data[i] = rs->res[(size_t)i * R_NFIELDS + f];
@@ -656,6 +675,10 @@ static int write_summary(run_state *rs, tpk_ctx *ctx)
         char path[64];
         snprintf(path, sizeof path, "/%s", res_names[f]);
         st = tpk_h5out_write(rs->out, path, col, ctx);
+        if (!st)
+            st = tpk_h5out_dims(rs->out, path, kdim, 1, ctx);
+        if (!st && f == R_SECS)
+            st = tpk_h5out_attr_str(rs->out, path, "units", "s", ctx);
     }
     tpk_array_free(col);
     const char *kind = o->kernel_file ? "precomputed" : o->kernel;

@@ -4,6 +4,8 @@
  * summary of gplimits. */
 #include "tpk/study.h"
 
+#include "limits-impl.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,18 +262,24 @@ tpk_study_analysis *tpk_study_analyse(const tpk_study_raw *r, const tpk_study_st
 
 /* ---- Output ------------------------------------------------------------------------------------ */
 
+/* The fields of a fit record (/fits/NAME, its dimension fit_stat) and of the stability table. */
+#define FIT_NFIELDS 14
+static const char *const fit_fields[FIT_NFIELDS] = {
+    "slope", "slope_lo", "slope_hi", "slope_median", "intercept", "slope_ols_se", "c1", "c1_lo",
+    "c1_hi", "c2", "c2_lo", "c2_hi", "first_width", "boot_failures"};
+static const char *const stability_fields[4] = {"first_width", "slope", "slope_lo", "slope_hi"};
+
 /* A fit as a small dataset plus readable attributes. */
 static int write_fit(tpk_h5out *h, const char *name, const tpk_limits_fit *f, const double *n,
                      tpk_ctx *ctx)
 {
-    static const char *const keys[] = {"slope", "slope_lo", "slope_hi", "slope_median",
-                                       "intercept", "slope_ols_se", "c1", "c1_lo", "c1_hi",
-                                       "c2", "c2_lo", "c2_hi", "first_width", "boot_failures"};
-    double v[14] = {f->slope, f->slope_lo, f->slope_hi, f->slope_med, f->intercept, f->slope_se,
+    const char *const *keys = fit_fields;
+    double v[FIT_NFIELDS] = {f->slope, f->slope_lo, f->slope_hi, f->slope_med, f->intercept, f->slope_se,
                     f->c1, f->c1_lo, f->c1_hi, f->c2, f->c2_lo, f->c2_hi, n[f->first],
                     (double)f->nfail};
-    tpk_h5out_write_vector(h, name, v, 14, ctx);
-    for (int i = 0; i < 14; i++)
+    tpk_h5out_write_vector(h, name, v, FIT_NFIELDS, ctx);
+    tpk_h5out_dims(h, name, (const char *const[]){"fit_stat"}, 1, ctx);
+    for (int i = 0; i < FIT_NFIELDS; i++)
         tpk_h5out_attr_double(h, name, keys[i], v[i], ctx);
     tpk_h5out_attr_int(h, name, "boot_replicates", (long long)f->nboot, ctx);
     return ctx->status;
@@ -291,6 +299,18 @@ static int write_stability(const tpk_study_analysis *a, tpk_h5out *h, tpk_ctx *c
     }
     tpk_array sa = {2, {W - 1, 4, 0, 0}, stb};
     tpk_h5out_write(h, "/fits/rms_stability", &sa, ctx);
+    long long *fw = malloc((W - 1) * sizeof *fw);
+    if (!fw) {
+        free(stb);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    }
+    for (size_t k = 0; k + 1 < W; k++)
+        fw[k] = llround(a->widths[k]);
+    tpk_h5out_coord_ints(h, "first_width", fw, W - 1, ctx);
+    tpk_h5out_coord_labels(h, "stability_stat", stability_fields, 4, ctx);
+    tpk_h5out_dims(h, "/fits/rms_stability", (const char *const[]){"first_width",
+                   "stability_stat"}, 2, ctx);
+    free(fw);
     tpk_h5out_attr_str(h, "/fits/rms_stability", "columns", "first_width slope slope_lo slope_hi",
                        ctx);
     free(stb);
@@ -330,26 +350,54 @@ static int write_window(const tpk_study_analysis *a, tpk_h5out *h, tpk_ctx *ctx)
 
 int tpk_study_analysis_write(const tpk_study_analysis *a, tpk_h5out *h, tpk_ctx *ctx)
 {
+    return tpk_study_analysis_write_named(a, h, "coord", ctx);
+}
+
+/* A rank-1 statistic per width, its axis named. */
+static void write_per_width(tpk_h5out *h, const char *name, const double *v, size_t W,
+                            tpk_ctx *ctx)
+{
+    tpk_h5out_write_vector(h, name, v, W, ctx);
+    tpk_h5out_dims(h, name, (const char *const[]){"width"}, 1, ctx);
+}
+
+int tpk_study_analysis_write_named(const tpk_study_analysis *a, tpk_h5out *h, const char *point,
+                                   tpk_ctx *ctx)
+{
     if (!a || !h)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_study_analysis_write: NULL argument");
     const size_t W = a->W, S = a->S;
     const double *n = a->widths;
+    /* the coordinates of the width axis are the widths (integers); the caller may have made it */
+    long long *wi = malloc(W * sizeof *wi);
+    if (!wi)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    for (size_t w = 0; w < W; w++)
+        wi[w] = llround(n[w]);
+    if (!tpk_h5out_has(h, "/width"))
+        tpk_h5out_coord_ints(h, "width", wi, W, ctx);
+    free(wi);
+    tpk_h5out_coord_labels(h, "fit_stat", fit_fields, FIT_NFIELDS, ctx);
+    const char *const ws[] = {"width", "seed"};
     tpk_array e2 = {2, {W, S, 0, 0}, a->frob_rel}, v2 = {2, {W, S, 0, 0}, a->variance};
     tpk_h5out_write(h, "/per_seed/frob_rel", &e2, ctx);
+    tpk_h5out_dims(h, "/per_seed/frob_rel", ws, 2, ctx);
     tpk_h5out_write(h, "/per_seed/w1_input_variance", &v2, ctx);
+    tpk_h5out_dims(h, "/per_seed/w1_input_variance", ws, 2, ctx);
     for (int c = 0; c < TPK_STUDY_NCOLS; c++) {
         char name[64];
         snprintf(name, sizeof name, "/per_width/%s", column_names[c]);
-        tpk_h5out_write_vector(h, name, a->col[c], W, ctx);
+        write_per_width(h, name, a->col[c], W, ctx);
     }
-    tpk_h5out_write_vector(h, "/per_width/sliced_rbw1", a->sliced_rbw1, W, ctx);
-    tpk_h5out_write_vector(h, "/per_width/sliced_rbw1_shape", a->sliced_rbw1_shape, W, ctx);
-    tpk_h5out_write_vector(h, "/per_width/sliced_w1_samples", a->sliced_w1_samples, W, ctx);
+    write_per_width(h, "/per_width/sliced_rbw1", a->sliced_rbw1, W, ctx);
+    write_per_width(h, "/per_width/sliced_rbw1_shape", a->sliced_rbw1_shape, W, ctx);
+    write_per_width(h, "/per_width/sliced_w1_samples", a->sliced_w1_samples, W, ctx);
     tpk_h5out_attr_double(h, "/per_width/sliced_w1_samples", "gp_floor_mean", a->gp_floor_mean,
                           ctx);
     tpk_h5out_attr_double(h, "/per_width/sliced_w1_samples", "gp_floor_sd", a->gp_floor_sd, ctx);
     tpk_array th = {2, {a->stats.slices, a->N, 0, 0}, a->theta};
     tpk_h5out_write(h, "/slices", &th, ctx);
+    tpk_h5out_dims(h, "/slices", (const char *const[]){"slice", point}, 2, ctx);
     write_fit(h, "/fits/rms", &a->rms, n, ctx);
     write_fit(h, "/fits/rbw1_shape", &a->shape, n, ctx);
     tpk_h5out_attr_int(h, "/per_seed/w1_input_variance", "degenerate", a->degenerate, ctx);

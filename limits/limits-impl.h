@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tpk/study.h"
+
 /* Multiplicity of each record in a resample: cnt[s] = #{i : idx[i] = s}; idx NULL → all ones. */
 static inline void tpk_limits_counts(const size_t *idx, size_t S, double *cnt)
 {
@@ -23,5 +25,10 @@ static inline uint64_t tpk_limits_mix64(uint64_t x)
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     return x ^ (x >> 31);
 }
+
+/* tpk_study_analysis_write with the compared coordinates' axis named `point` ("input" when
+ * they are the inputs, "coord" with every readout); tpk_study_write's. */
+int tpk_study_analysis_write_named(const tpk_study_analysis *a, tpk_h5out *h, const char *point,
+                                   tpk_ctx *ctx);
 
 #endif

@@ -6,6 +6,10 @@
 #include "tpk/clock.h"
 #include "tpk/job.h"
 
+#include "limits-impl.h"
+
+#include <math.h>
+
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -40,6 +44,16 @@ struct tpk_study {
 };
 
 /* ---- The program ------------------------------------------------------------------------------- */
+
+/* A shipped file (programs/, data/): under o->root when set, else tpk_shipped_path. */
+static const char *shipped(const tpk_study_opts *o, const char *rel, char *buf, size_t len)
+{
+    if (o->root)
+        snprintf(buf, len, "%s/%s", o->root, rel);
+    else
+        tpk_shipped_path(rel, buf, len);
+    return buf;
+}
 
 /* The flag the user typed for `param`, or NULL. */
 static const char *typed_flag(const tpk_study_opts *o, const char *param)
@@ -195,7 +209,7 @@ static int program_settings(tpk_study *s, const tpk_study_opts *o, tpk_param_set
                       lists, nlists, ctx) ||
         job_settings(o, sets, nsets, jbuf, ctx))
         return ctx->status;
-    tpk_shipped_path(rel, s->program, sizeof s->program);
+    shipped(o, rel, s->program, sizeof s->program);
     return TPK_OK;
 }
 
@@ -376,7 +390,7 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
     if (program_settings(s, o, sets, &nsets, lists, sizeof lists, jbuf, ctx))
         return ctx->status;
     const char *input = o->input ? o->input
-                      : tpk_shipped_path(o->arch ? o->arch->input : "data/demo-inputs.csv", demo,
+                      : shipped(o, o->arch ? o->arch->input : "data/demo-inputs.csv", demo,
                                          sizeof demo);
     if (!(s->xall = tpk_io_read(input, &s->input, ctx)))
         return ctx->status;
@@ -616,6 +630,54 @@ static int write_attrs(const tpk_study *s, tpk_h5out *h, int argc, char **argv, 
     return ctx->status;
 }
 
+/* The raw data with named axes (xarray reads them, issue 17): width and seed with their values as
+ * coordinates (integers), the inputs by their row in the input file, the compared coordinates
+ * ("input" when they are the inputs, else "coord": input-major × readouts). */
+static int write_raw(const tpk_study *s, tpk_h5out *h, tpk_ctx *ctx)
+{
+    const size_t W = s->W, S = s->S, M = s->info.inputs, n = W > S ? (W > M ? W : M)
+                                                                   : (S > M ? S : M);
+    long long *v = malloc(n * sizeof *v);
+    if (!v)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    for (size_t w = 0; w < W; w++)
+        v[w] = (long long)s->widths[w];
+    tpk_h5out_coord_ints(h, "width", v, W, ctx);
+    tpk_h5out_write_ints(h, "/widths", v, W, ctx);
+    tpk_h5out_dims(h, "/widths", (const char *const[]){"width"}, 1, ctx);
+    /* seeds past INT64_MAX (never in practice) keep their offsets from seed_base */
+    const int offsets = s->seed > (uint64_t)INT64_MAX - S;
+    for (size_t i = 0; i < S; i++)
+        v[i] = offsets ? (long long)i : (long long)(s->seed + i);
+    tpk_h5out_coord_ints(h, "seed", v, S, ctx);
+    for (size_t i = 0; i < M; i++)
+        v[i] = llround(s->rows[i]);
+    tpk_h5out_coord_ints(h, "input", v, M, ctx);
+    tpk_h5out_write_ints(h, "/input_rows", v, M, ctx);
+    tpk_h5out_dims(h, "/input_rows", (const char *const[]){"input"}, 1, ctx);
+    if (!s->all_outputs)
+        tpk_h5out_coord_ints(h, "input2", v, M, ctx);
+    free(v);
+    /* images were read as N×rows×cols×C and are kept as N×(rows·cols)×C */
+    const int image = s->xall->ndim == 4;
+    static const char *const in2[] = {"input", "feature"}, *const in3[] = {"input", "token",
+                                                                            "feature"},
+                             *const im3[] = {"input", "pixel", "channel"},
+                             *const in4[] = {"input", "row", "col", "channel"};
+    const char *const *xd = s->x->ndim == 2 ? in2 : s->x->ndim == 4 ? in4 : image ? im3 : in3;
+    tpk_h5out_write(h, "/inputs", s->x, ctx);
+    tpk_h5out_dims(h, "/inputs", xd, s->x->ndim, ctx);
+    const char *p = s->all_outputs ? "coord" : "input", *p2 = s->all_outputs ? "coord2" : "input2";
+    tpk_h5out_write(h, "/kernel_limit", s->K, ctx);
+    tpk_h5out_dims(h, "/kernel_limit", (const char *const[]){p, p2}, 2, ctx);
+    tpk_array a4 = {4, {W, S, s->N, s->N}, s->khat}, a3 = {3, {W, S, s->N, 0}, s->y};
+    tpk_h5out_write(h, "/per_seed/khat", &a4, ctx);
+    tpk_h5out_dims(h, "/per_seed/khat", (const char *const[]){"width", "seed", p, p2}, 4, ctx);
+    tpk_h5out_write(h, "/per_seed/outputs", &a3, ctx);
+    tpk_h5out_dims(h, "/per_seed/outputs", (const char *const[]){"width", "seed", p}, 3, ctx);
+    return ctx->status;
+}
+
 int tpk_study_write(tpk_study *s, int argc, char **argv, FILE *summary, tpk_ctx *ctx)
 {
     if (!s)
@@ -633,14 +695,9 @@ int tpk_study_write(tpk_study *s, int argc, char **argv, FILE *summary, tpk_ctx 
         return ctx->status;
     }
     write_attrs(s, h, argc, argv, ctx);
-    tpk_h5out_write_vector(h, "/widths", s->nw, s->W, ctx);
-    tpk_h5out_write_vector(h, "/input_rows", s->rows, s->info.inputs, ctx);
-    tpk_h5out_write(h, "/inputs", s->x, ctx);
-    tpk_h5out_write(h, "/kernel_limit", s->K, ctx);
-    tpk_array a4 = {4, {s->W, s->S, s->N, s->N}, s->khat}, a3 = {3, {s->W, s->S, s->N, 0}, s->y};
-    tpk_h5out_write(h, "/per_seed/khat", &a4, ctx);
-    tpk_h5out_write(h, "/per_seed/outputs", &a3, ctx);
-    if (ctx->status || tpk_study_analysis_write(a, h, ctx)) {
+    write_raw(s, h, ctx);
+    if (ctx->status ||
+        tpk_study_analysis_write_named(a, h, s->all_outputs ? "coord" : "input", ctx)) {
         tpk_h5out_abort(h);
         tpk_study_analysis_free(a);
         return ctx->status;

@@ -18,8 +18,11 @@ venv: $(VENV_OK)
 notebook-data: tools
 	@TPK_BIN=$(abspath $(BUILD)/bin) sh scripts/notebook-data.sh $(NB_DATA)
 
-check-notebooks: tools $(VENV_OK)
+# The notebooks use the Python package too (05-gp-regression): installed into the venv first.
+check-notebooks: tools $(STATIC) $(VENV_OK)
 	@start=$$(date +%s); \
+	TPK_BUILD=$(BUILD) $(VENV_PY) -m pip install --quiet --disable-pip-version-check \
+	    --force-reinstall --no-deps ./python && \
 	TPK_BIN=$(abspath $(BUILD)/bin) sh scripts/notebook-data.sh $(NB_DATA) && \
 	TPK_NB_DATA=$(NB_DATA) TPK_BIN=$(abspath $(BUILD)/bin) \
 	    $(VENV_PY) notebooks/run_notebooks.py $(BUILD)/notebooks; \

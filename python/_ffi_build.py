@@ -8,6 +8,7 @@ Only what the Python layer calls is declared; "...;" leaves the rest of a struct
 import cffi
 
 CDEF = r"""
+const char *tpk_version(void);
 typedef struct tpk_ctx { int status; char msg[1024]; ...; } tpk_ctx;
 void tpk_ctx_init(tpk_ctx *ctx);
 const char *tpk_strerror(int status);
@@ -17,6 +18,11 @@ enum tpk_status { TPK_OK, TPK_EINVAL, TPK_ENOMEM, TPK_EIO, TPK_EFORMAT, TPK_ENOT
 typedef struct tpk_array { int ndim; size_t dims[4]; double *data; } tpk_array;
 tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx);
 void tpk_array_free(tpk_array *a);
+
+typedef struct tpk_input_info {
+    char path[1024]; char dataset[256]; char format[8]; char sha256[65];
+} tpk_input_info;
+tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx);
 
 typedef struct tpk_phi_registry tpk_phi_registry;
 void tpk_phi_registry_free(tpk_phi_registry *reg);
@@ -86,6 +92,38 @@ typedef struct tpk_gp_noise_choice {
 } tpk_gp_noise_choice;
 int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo, double noise_hi,
                                  int fit_scale, tpk_gp_noise_choice *out, tpk_ctx *ctx);
+
+const char *tpk_arch_flag_param(const tpk_arch *a, const char *flag, char *buf, size_t len);
+int tpk_arch_check_flag(const char *flag, const char *value, const tpk_phi_registry *reg,
+                        tpk_ctx *ctx);
+
+typedef struct tpk_study_stats {
+    size_t boot; uint64_t seed; size_t w1_input; size_t slices; size_t fit_min_width;
+    double fit_ratio;
+} tpk_study_stats;
+void tpk_study_stats_default(tpk_study_stats *o);
+typedef struct tpk_study_opts {
+    const tpk_arch *arch; const tpk_arch_flag *flags; int nflags; int layernorm;
+    const char *program; const tpk_param_set *sets; int nsets; int all_outputs;
+    const char *input; size_t max_inputs; const size_t *widths; size_t nwidths; size_t seeds;
+    uint64_t seed; const char *output; int resume; tpk_study_stats stats; const char *root; ...;
+} tpk_study_opts;
+typedef struct tpk_study tpk_study;
+typedef struct tpk_study_run_opts tpk_study_run_opts;
+tpk_study *tpk_study_alloc(const tpk_study_opts *o, const tpk_phi_registry *reg, tpk_ctx *ctx);
+void tpk_study_free(tpk_study *s);
+int tpk_study_run(tpk_study *s, const tpk_study_run_opts *o, tpk_ctx *ctx);
+int tpk_study_write(tpk_study *s, int argc, char **argv, FILE *summary, tpk_ctx *ctx);
+
+typedef struct tpk_gp_experiment_opts {
+    const char *kernel; const char *kernel_file; const char *phi; int depth_lo, depth_hi;
+    double sigma_w2, sigma_b2; double lengthscale2, amplitude;
+    const char *train, *test; const char *labels, *test_labels; int classify;
+    int noise_auto; double noise; int fit_hyper; const char *output; int full_cov;
+    int argc; char **argv; const char *name; ...;
+} tpk_gp_experiment_opts;
+void tpk_gp_experiment_opts_default(tpk_gp_experiment_opts *o);
+int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx);
 """
 
 HEADERS = r"""
@@ -93,6 +131,7 @@ HEADERS = r"""
 #include "tpk/archs.h"
 #include "tpk/job.h"
 #include "tpk/gp.h"
+#include "tpk/study.h"
 """
 
 

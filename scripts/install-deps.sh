@@ -1,16 +1,65 @@
 #!/bin/sh
-# Install the Debian packages tpk needs, if any is missing. Safe to run repeatedly.
-#   sh scripts/install-deps.sh [EXTRA...]   also the named extra packages (e.g. qemu-user for
-#                                           scripts/check-portable.sh)
+# Make sure what tpk needs is there; install what is missing with apt-get. Safe to run repeatedly.
+#   sh scripts/install-deps.sh [EXTRA...]     also the named extra Debian packages (e.g. qemu-user
+#                                            for scripts/check-portable.sh)
+#   sh scripts/install-deps.sh --only PKG...  just these (help2man for `make man`, doxygen for
+#                                            `make docs`)
+# Each dependency is checked by what the build uses (a command, a pkg-config module, a header or
+# a library file), not by its package name, so a machine that has them from elsewhere (another
+# distribution, a source build, no dpkg or apt) builds as it is. What is missing is installed with
+# apt-get where apt-get exists (as root, else through sudo); without apt-get the script stops with
+# the list of what is missing and the Debian package of each.
 set -eu
-PKGS="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
-      libhdf5-dev hdf5-tools libxgboost-dev libjansson-dev libcmocka-dev zlib1g-dev nettle-dev
-      clang libclang-rt-14-dev libomp-dev $*"
+
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
+have_pc() { have_cmd pkg-config && pkg-config --exists "$1"; }
+have_header() { printf '#include <%s>\n' "$1" | ${CC:-cc} -E -x c - >/dev/null 2>&1; }
+have_file() { for f in $1; do [ -e "$f" ] && return 0; done; return 1; }
+
+# Debian package | how to tell it is there
+check() {
+    case $1 in
+    build-essential) have_cmd gcc && have_cmd make ;;
+    pkg-config) have_cmd pkg-config ;;
+    libgsl-dev) have_pc gsl ;;
+    libfftw3-dev) have_pc fftw3 ;;
+    liblapacke-dev) have_pc lapacke && have_header lapacke.h ;;
+    libopenblas-dev) have_pc openblas ;;
+    libhdf5-dev) have_pc hdf5 ;;
+    hdf5-tools) have_cmd h5dump ;;
+    libxgboost-dev) have_header xgboost/c_api.h ;;
+    libjansson-dev) have_pc jansson ;;
+    libcmocka-dev) have_pc cmocka ;;
+    zlib1g-dev) have_pc zlib ;;
+    nettle-dev) have_pc nettle ;;
+    clang) have_cmd clang ;;
+    libclang-rt-14-dev) have_file "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" ;;
+    libomp-dev) have_file "/usr/lib/llvm-*/lib/libomp.so /usr/lib/*/libomp.so /usr/local/lib/libomp.so" ;;
+    *) # an extra package: a command of that name, or dpkg's word where there is dpkg
+        have_cmd "$1" ||
+            { have_cmd dpkg-query && dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; } ;;
+    esac
+}
+
+if [ "${1:-}" = "--only" ]; then
+    shift
+    PKGS="$*"
+else
+    PKGS="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
+          libhdf5-dev hdf5-tools libxgboost-dev libjansson-dev libcmocka-dev zlib1g-dev nettle-dev
+          clang libclang-rt-14-dev libomp-dev $*"
+fi
 missing=""
 for p in $PKGS; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+    check "$p" || missing="$missing $p"
 done
 [ -z "$missing" ] && exit 0
+if ! have_cmd apt-get; then
+    echo "install-deps: missing (Debian package names):$missing" >&2
+    echo "install-deps: no apt-get here: install them with this system's package manager (or from" >&2
+    echo "  source, where pkg-config and the compiler find them), then run make again" >&2
+    exit 1
+fi
 echo "install-deps: installing:$missing" >&2
 if [ "$(id -u)" != 0 ]; then
     SUDO=sudo

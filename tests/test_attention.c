@@ -417,12 +417,14 @@ static void test_cli(void **state)
     free(Cs);
     free(kq);
     free(Sx);
+    /* exit 2: a value the flag check refuses; 1: refused by the job (issue 17: 0/1/2) */
     static const char *const bad[] = {"--logit-scaling=bogus", "--score-samples=1", "--heads=0",
                                       "--temp=0", "--var-q=-1"};
+    static const int bad_rc[] = {1, 1, 1, 2, 2};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
         snprintf(cmd, sizeof cmd, "'%s/gpkernel' --arch=attention %s --input='%s' --output='%s/bad.h5' "
                  "2>/dev/null", bindir, bad[b], in, tmpdir);
-        assert_int_equal(run_cmd(cmd), 1);
+        assert_int_equal(run_cmd(cmd), bad_rc[b]);
     }
     snprintf(out, sizeof out, "%s/study.h5", tmpdir);
     snprintf(cmd, sizeof cmd, "'%s/gpattention' --widths=4,16 --networks=64 --score-samples=64 "
@@ -434,10 +436,11 @@ static void test_cli(void **state)
     assert_true(e[0] > e[1]); /* n = 4 is far from the limit */
     free(e);
     free(hk);
+    /* usage errors exit 2 (issue 17) */
     snprintf(cmd, sizeof cmd, "'%s/gpattention' --bogus --output='%s' 2>/dev/null", bindir, out);
-    assert_int_equal(run_cmd(cmd), 1);
+    assert_int_equal(run_cmd(cmd), 2);
     snprintf(cmd, sizeof cmd, "'%s/gpattention' --widths=4 --networks=2 2>/dev/null", bindir);
-    assert_int_equal(run_cmd(cmd), 1);
+    assert_int_equal(run_cmd(cmd), 2);
 }
 
 int main(void)

@@ -295,13 +295,96 @@ static void test_classify_idx(void **state)
     free(mean);
 }
 
+static void expect_fail(const char *args, const char *text, const char *out);
+
+/* An int64 .npy of labels, as np.save(np.array(labels)) writes it (header built here). */
+static void write_npy_i8(const char *name, const long long *v, size_t n)
+{
+    char p[512], hdr[128];
+    path(p, sizeof p, name);
+    int len = snprintf(hdr, sizeof hdr, "{'descr': '<i8', 'fortran_order': False, 'shape': (%zu,), }",
+                       n);
+    int pad = 64 - (10 + len + 1) % 64;
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fputc((len + pad + 1) & 0xff, f);
+    fputc((len + pad + 1) >> 8, f);
+    fwrite(hdr, 1, (size_t)len, f);
+    for (int i = 0; i < pad; i++)
+        fputc(' ', f);
+    fputc('\n', f);
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 8; k++)
+            fputc((int)(((unsigned long long)v[i] >> (8 * k)) & 0xff), f);
+    fclose(f);
+}
+
+/* Issue 17's acceptance: an int64 .npy of labels works with --classify, and gives the same
+ * predictions as the same labels in an IDX file (a reader written independently). */
+static void test_classify_int64_npy(void **state)
+{
+    (void)state;
+    enum { NI = 16, MI = 5 };
+    double x[(NI + MI) * 3];
+    long long lab[NI], tlab[MI];
+    unsigned char ulab[NI];
+    for (int i = 0; i < NI + MI; i++) {
+        int cls = (i * 7) % 3;
+        for (int k = 0; k < 3; k++)
+            x[i * 3 + k] = (k == cls ? 2.385 : -0.25) + 0.01 * sin(1.3 * i + k);
+        if (i < NI) {
+            lab[i] = cls;
+            ulab[i] = (unsigned char)cls;
+        } else {
+            tlab[i - NI] = cls;
+        }
+    }
+    char p[512];
+    path(p, sizeof p, "xtr.npy");
+    tu_write_npy(p, x, 2, (size_t[]){NI, 3});
+    path(p, sizeof p, "xte.npy");
+    tu_write_npy(p, x + NI * 3, 2, (size_t[]){MI, 3});
+    write_npy_i8("ltr.npy", lab, NI);
+    write_npy_i8("lte.npy", tlab, MI);
+    unsigned char h1[8] = {0, 0, 8, 1, 0, 0, 0, NI};
+    idx_write("ltr-labels-ubyte.gz", h1, 8, ulab, sizeof ulab);
+    assert_int_equal(gpregress("--arch=mlp --depth=2 --train=xtr.npy --labels=ltr.npy "
+                               "--test=xte.npy --test-labels=lte.npy --classify --noise=0.05 "
+                               "--output=i8.h5"), 0);
+    assert_int_equal(gpregress("--arch=mlp --depth=2 --train=xtr.npy "
+                               "--labels=ltr-labels-ubyte.gz --test=xte.npy --classify "
+                               "--noise=0.05 --output=idx.h5"), 0);
+    size_t cnt, cnt2;
+    double *acc = h5_read("i8.h5", "/accuracy", &cnt);
+    assert_true(acc[0] == 1.0);
+    free(acc);
+    double *m1 = h5_read("i8.h5", "/mean", &cnt), *m2 = h5_read("idx.h5", "/mean", &cnt2);
+    assert_int_equal(cnt, MI * 3);
+    assert_int_equal(cnt2, cnt);
+    assert_memory_equal(m1, m2, cnt * sizeof *m1);
+    free(m1);
+    free(m2);
+    /* a label that is not a class index is refused with its position */
+    lab[3] = -2;
+    write_npy_i8("lbad.npy", lab, NI);
+    expect_fail("--arch=mlp --train=xtr.npy --labels=lbad.npy --classify --output=bad.h5",
+                "lbad.npy", "bad.h5");
+    for (const char *n = "xtr.npy\0xte.npy\0ltr.npy\0lte.npy\0lbad.npy\0"; *n; n += strlen(n) + 1) {
+        path(p, sizeof p, n); /* test_errors checks the folder for stray files */
+        unlink(p);
+    }
+}
+
 static void expect_fail(const char *args, const char *text, const char *out)
 {
     int rc = gpregress(args);
     char err[4096];
     read_text("err.txt", err, sizeof err);
-    if (rc != 1 || !strstr(err, text))
-        fail_msg("'%s': exit %d, stderr '%s' (wanted '%s')", args, rc, err, text);
+    /* exit 2 for an error of the command line itself (said as "usage error"), else 1 */
+    const int want = strstr(err, "gpregress: usage error:") ? 2 : 1;
+    if (rc != want || !strstr(err, text))
+        fail_msg("'%s': exit %d, stderr '%s' (wanted '%s', exit %d)", args, rc, err, text, want);
     if (out && exists(out))
         fail_msg("'%s' left %s behind", args, out);
 }
@@ -383,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_kernel_file_matches_dense),
         cmocka_unit_test(test_arch_rbf_and_mlp),
         cmocka_unit_test(test_classify_idx),
+        cmocka_unit_test(test_classify_int64_npy),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, tu_teardown);

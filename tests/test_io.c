@@ -1,4 +1,4 @@
-/* Readers (.npy, CSV, HDF5), SHA-256 fingerprints and the atomic HDF5 writer, every error path. */
+/* Readers (.npy of every real dtype and order, .npz, CSV, HDF5), SHA-256 fingerprints and the atomic HDF5 writer, every error path. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +14,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <zlib.h>
 
 #include "tpk/io.h"
 
@@ -165,9 +167,10 @@ static const double X34[12] = {
     6.02214076e23,  -2.718281828459045, 0.001953125,       1.602176634e-19,
 };
 
-/* .npy writer for tests: header padded so data starts at a multiple of 64 (as NumPy does). */
-static void write_npy(const char *path, int major, const char *descr, const char *fortran,
-                      const char *shape, const void *data, size_t nbytes)
+/* .npy bytes for tests: header padded so data starts at a multiple of 64 (as NumPy does); the
+ * length in *len. */
+static unsigned char *npy_bytes(int major, const char *descr, const char *fortran,
+                                const char *shape, const void *data, size_t nbytes, size_t *len)
 {
     char dict[256];
     int dl = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }",
@@ -191,7 +194,16 @@ static void write_npy(const char *path, int major, const char *descr, const char
     b[pre + hlen - 1] = '\n';
     if (nbytes)
         memcpy(b + pre + hlen, data, nbytes);
-    write_bytes(path, b, pre + hlen + nbytes);
+    *len = pre + hlen + nbytes;
+    return b;
+}
+
+static void write_npy(const char *path, int major, const char *descr, const char *fortran,
+                      const char *shape, const void *data, size_t nbytes)
+{
+    size_t len;
+    unsigned char *b = npy_bytes(major, descr, fortran, shape, data, nbytes, &len);
+    write_bytes(path, b, len);
     free(b);
 }
 
@@ -430,11 +442,14 @@ static void test_npy_errors(void **state)
     fixture *f = *state;
     unsigned char *b = f8_bytes(X34, 12, 0);
 
-    write_npy(P(f, 0, "F.npy"), 1, "<f8", "True", "(3, 4)", b, 96);
-    read_fails(f, f->buf[0], TPK_EFORMAT, "F.npy: Fortran order not supported");
+    write_npy(P(f, 0, "i3.npy"), 1, "<i3", "False", "(3, 4)", b, 96);
+    read_fails(f, f->buf[0], TPK_EFORMAT, "unsupported dtype '<i3'");
 
-    write_npy(P(f, 0, "i8.npy"), 1, "<i8", "False", "(3, 4)", b, 96);
-    read_fails(f, f->buf[0], TPK_EFORMAT, "unsupported dtype '<i8'");
+    write_npy(P(f, 0, "U.npy"), 1, "<U2", "False", "(3, 4)", b, 96);
+    read_fails(f, f->buf[0], TPK_EFORMAT, "unsupported dtype '<U2' (expected real numbers");
+
+    write_npy(P(f, 0, "short2.npy"), 1, "<i2", "False", "(3, 4)", b, 23);
+    read_fails(f, f->buf[0], TPK_EFORMAT, "expected 24 bytes of data for <i2 shape 3x4, found 23");
 
     write_npy(P(f, 0, "c16.npy"), 1, "<c16", "False", "(6,)", b, 96);
     read_fails(f, f->buf[0], TPK_EFORMAT, "unsupported dtype '<c16'");
@@ -499,6 +514,265 @@ static void test_npy_errors(void **state)
     free(b4);
     read_fails(f, f->buf[0], TPK_EDOM, "at index [11, 0]");
     free(b);
+}
+
+/* Every real dtype numpy writes, with values whose bytes are built here by hand (two's complement,
+ * IEEE binary16), little- and big-endian. */
+static void test_npy_dtypes(void **state)
+{
+    fixture *f = *state;
+    /* int64 labels, including ones past 2^32 and negative */
+    const int64_t iv[6] = {0, 2, -1, 7, (int64_t)1 << 40, -((int64_t)1 << 35)};
+    unsigned char b[64];
+    for (int i = 0; i < 6; i++)
+        for (int k = 0; k < 8; k++)
+            b[8 * i + k] = (unsigned char)((uint64_t)iv[i] >> (8 * k));
+    write_npy(P(f, 0, "i8.npy"), 1, "<i8", "False", "(6,)", b, 48);
+    tpk_input_info info;
+    tpk_array *a = read_ok(f, f->buf[0], &info);
+    assert_int_equal(a->ndim, 2);
+    assert_int_equal(a->dims[0], 6);
+    assert_int_equal(a->dims[1], 1);
+    for (int i = 0; i < 6; i++)
+        assert_true(a->data[i] == (double)iv[i]);
+    tpk_array_free(a);
+    /* big-endian int32, int16, int8, uint8, uint16, uint64, bool */
+    const int32_t i4[3] = {-70000, 5, 123456789};
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 4; k++)
+            b[4 * i + k] = (unsigned char)((uint32_t)i4[i] >> (8 * (3 - k)));
+    write_npy(P(f, 0, "i4.npy"), 1, ">i4", "False", "(3,)", b, 12);
+    a = read_ok(f, f->buf[0], NULL);
+    for (int i = 0; i < 3; i++)
+        assert_true(a->data[i] == (double)i4[i]);
+    tpk_array_free(a);
+    const unsigned char i2[4] = {0x18, 0xfc, 0xff, 0x7f}; /* -1000, 32767 little-endian */
+    write_npy(P(f, 0, "i2.npy"), 1, "<i2", "False", "(2,)", i2, 4);
+    a = read_ok(f, f->buf[0], NULL);
+    assert_true(a->data[0] == -1000 && a->data[1] == 32767);
+    tpk_array_free(a);
+    const unsigned char by[4] = {0x00, 0x7f, 0x80, 0xff};
+    write_npy(P(f, 0, "i1.npy"), 1, "|i1", "False", "(2, 2)", by, 4);
+    a = read_ok(f, f->buf[0], NULL);
+    assert_true(a->data[0] == 0 && a->data[1] == 127 && a->data[2] == -128 && a->data[3] == -1);
+    tpk_array_free(a);
+    write_npy(P(f, 0, "u1.npy"), 1, "|u1", "False", "(4,)", by, 4);
+    a = read_ok(f, f->buf[0], NULL);
+    assert_true(a->data[2] == 128 && a->data[3] == 255);
+    tpk_array_free(a);
+    const unsigned char u2[2] = {0xff, 0xfe}; /* 65534 big-endian */
+    write_npy(P(f, 0, "u2.npy"), 1, ">u2", "False", "(1,)", u2, 2);
+    a = read_ok(f, f->buf[0], NULL);
+    assert_true(a->data[0] == 0xfffe);
+    tpk_array_free(a);
+    unsigned char u8[8];
+    for (int k = 0; k < 8; k++)
+        u8[k] = (unsigned char)(((uint64_t)3 << 60) >> (8 * k));
+    write_npy(P(f, 0, "u8.npy"), 1, "<u8", "False", "(1,)", u8, 8);
+    a = read_ok(f, f->buf[0], NULL);
+    assert_true(a->data[0] == ldexp(3.0, 60));
+    tpk_array_free(a);
+    const unsigned char bo[3] = {1, 0, 1};
+    write_npy(P(f, 0, "b1.npy"), 1, "|b1", "False", "(3,)", bo, 3);
+    a = read_ok(f, f->buf[0], NULL);
+    assert_true(a->data[0] == 1 && a->data[1] == 0 && a->data[2] == 1);
+    tpk_array_free(a);
+    /* float16: 1, -2, 65504 (largest), 2^-14 (smallest normal), 2^-24 (smallest subnormal),
+     * 0x3555 = 1365/4096 ... = 0.333251953125, -0 */
+    const uint16_t hv[7] = {0x3c00, 0xc000, 0x7bff, 0x0400, 0x0001, 0x3555, 0x8000};
+    const double want[7] = {1, -2, 65504, 0x1p-14, 0x1p-24, 0.333251953125, -0.0};
+    for (int i = 0; i < 7; i++) {
+        b[2 * i] = (unsigned char)(hv[i] & 0xff);
+        b[2 * i + 1] = (unsigned char)(hv[i] >> 8);
+    }
+    write_npy(P(f, 0, "f2.npy"), 1, "<f2", "False", "(7,)", b, 14);
+    a = read_ok(f, f->buf[0], NULL);
+    for (int i = 0; i < 7; i++)
+        assert_true(a->data[i] == want[i]);
+    assert_true(signbit(a->data[6]));
+    tpk_array_free(a);
+    const unsigned char hinf[2] = {0x00, 0x7c}; /* +inf */
+    write_npy(P(f, 0, "f2inf.npy"), 1, "<f2", "False", "(1,)", hinf, 2);
+    read_fails(f, f->buf[0], TPK_EDOM, "f2inf.npy: non-finite value inf at index [0, 0]");
+}
+
+/* Fortran order: the file holds the column-major sequence; the array is the same matrix. */
+static void test_npy_fortran(void **state)
+{
+    fixture *f = *state;
+    double colmajor[12];
+    for (int i = 0; i < 3; i++) /* X34 is 3×4 row-major: entry (i, j) at j·3 + i in the file */
+        for (int j = 0; j < 4; j++)
+            colmajor[j * 3 + i] = X34[i * 4 + j];
+    unsigned char *b = f8_bytes(colmajor, 12, 0);
+    write_npy(P(f, 0, "F.npy"), 1, "<f8", "True", "(3, 4)", b, 96);
+    tpk_array *a = read_ok(f, f->buf[0], NULL);
+    assert_memory_equal(a->data, X34, sizeof X34);
+    tpk_array_free(a);
+    free(b);
+    /* rank 3, 2×3×2 of int16: value 100i + 10j + k at Fortran position i + 2j + 6k */
+    unsigned char c[24];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 2; k++) {
+                int v = 100 * i + 10 * j + k, pos = i + 2 * j + 6 * k;
+                c[2 * pos] = (unsigned char)(v & 0xff);
+                c[2 * pos + 1] = (unsigned char)(v >> 8);
+            }
+    write_npy(P(f, 0, "F3.npy"), 1, "<i2", "True", "(2, 3, 2)", c, 24);
+    a = read_ok(f, f->buf[0], NULL);
+    assert_int_equal(a->ndim, 3);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 2; k++)
+                assert_true(a->data[(i * 3 + j) * 2 + k] == 100 * i + 10 * j + k);
+    tpk_array_free(a);
+}
+
+/* A ZIP archive of members (name, bytes), stored (method 0) or deflated (method 8) by zlib's own
+ * deflate: the layout of APPNOTE.TXT, as Python's zipfile writes it for np.savez. */
+typedef struct zmember {
+    const char *name;
+    const unsigned char *data;
+    size_t len;
+} zmember;
+
+static size_t put(unsigned char *b, size_t at, uint64_t v, int n)
+{
+    for (int k = 0; k < n; k++)
+        b[at + (size_t)k] = (unsigned char)(v >> (8 * k));
+    return at + (size_t)n;
+}
+
+static void write_zip(const char *path, const zmember *m, int n, int deflated, int corrupt_crc)
+{
+    size_t cap = 1 << 16, at = 0;
+    unsigned char *b = calloc(1, cap), *cd = calloc(1, cap);
+    size_t cdl = 0, offs[8];
+    assert_true(n <= 8);
+    for (int i = 0; i < n; i++) {
+        uLong crc = crc32(0, m[i].data, (uInt)m[i].len);
+        unsigned char *z = malloc(m[i].len + 64);
+        size_t zl = m[i].len;
+        if (deflated) {
+            z_stream s;
+            memset(&s, 0, sizeof s);
+            assert_int_equal(deflateInit2(&s, 6, Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY),
+                             Z_OK);
+            s.next_in = (unsigned char *)m[i].data;
+            s.avail_in = (uInt)m[i].len;
+            s.next_out = z;
+            s.avail_out = (uInt)(m[i].len + 64);
+            assert_int_equal(deflate(&s, Z_FINISH), Z_STREAM_END);
+            zl = s.total_out;
+            deflateEnd(&s);
+        } else {
+            memcpy(z, m[i].data, zl);
+        }
+        if (corrupt_crc)
+            crc ^= 1;
+        size_t nl = strlen(m[i].name);
+        offs[i] = at;
+        at = put(b, at, 0x04034b50, 4);
+        at = put(b, at, 20, 2);
+        at = put(b, at, 0, 2);
+        at = put(b, at, deflated ? 8 : 0, 2);
+        at = put(b, at, 0, 4); /* time, date */
+        at = put(b, at, crc, 4);
+        at = put(b, at, zl, 4);
+        at = put(b, at, m[i].len, 4);
+        at = put(b, at, nl, 2);
+        at = put(b, at, 0, 2);
+        memcpy(b + at, m[i].name, nl);
+        at += nl;
+        memcpy(b + at, z, zl);
+        at += zl;
+        cdl = put(cd, cdl, 0x02014b50, 4);
+        cdl = put(cd, cdl, 20, 2);
+        cdl = put(cd, cdl, 20, 2);
+        cdl = put(cd, cdl, 0, 2);
+        cdl = put(cd, cdl, deflated ? 8 : 0, 2);
+        cdl = put(cd, cdl, 0, 4);
+        cdl = put(cd, cdl, crc, 4);
+        cdl = put(cd, cdl, zl, 4);
+        cdl = put(cd, cdl, m[i].len, 4);
+        cdl = put(cd, cdl, nl, 2);
+        cdl = put(cd, cdl, 0, 2);
+        cdl = put(cd, cdl, 0, 2);
+        cdl = put(cd, cdl, 0, 2);
+        cdl = put(cd, cdl, 0, 2);
+        cdl = put(cd, cdl, 0, 4);
+        cdl = put(cd, cdl, offs[i], 4);
+        memcpy(cd + cdl, m[i].name, nl);
+        cdl += nl;
+        free(z);
+    }
+    size_t cdo = at;
+    memcpy(b + at, cd, cdl);
+    at += cdl;
+    at = put(b, at, 0x06054b50, 4);
+    at = put(b, at, 0, 4);
+    at = put(b, at, (uint64_t)n, 2);
+    at = put(b, at, (uint64_t)n, 2);
+    at = put(b, at, cdl, 4);
+    at = put(b, at, cdo, 4);
+    at = put(b, at, 0, 2);
+    write_bytes(path, b, at);
+    free(b);
+    free(cd);
+}
+
+static void test_npz(void **state)
+{
+    fixture *f = *state;
+    unsigned char *x8 = f8_bytes(X34, 12, 0);
+    size_t lx, ll;
+    unsigned char *x = npy_bytes(1, "<f8", "False", "(3, 4)", x8, 96, &lx);
+    const unsigned char lab[3] = {2, 0, 1};
+    unsigned char *l = npy_bytes(1, "|u1", "False", "(3,)", lab, 3, &ll);
+    const zmember two[2] = {{"x.npy", x, lx}, {"labels.npy", l, ll}};
+    for (int deflated = 0; deflated < 2; deflated++) {
+        const char *p = P(f, 0, deflated ? "dz.npz" : "d.npz");
+        write_zip(p, two, 2, deflated, 0);
+        char spec[1300];
+        tpk_input_info info;
+        snprintf(spec, sizeof spec, "%s:x", p);
+        tpk_array *a = read_ok(f, spec, &info);
+        assert_int_equal(a->dims[0], 3);
+        assert_int_equal(a->dims[1], 4);
+        assert_memory_equal(a->data, X34, sizeof X34);
+        assert_string_equal(info.format, "npz");
+        assert_string_equal(info.dataset, "x");
+        tpk_array_free(a);
+        snprintf(spec, sizeof spec, "%s:labels", p);
+        a = read_ok(f, spec, NULL);
+        assert_true(a->data[0] == 2 && a->data[1] == 0 && a->data[2] == 1);
+        tpk_array_free(a);
+        read_fails(f, p, TPK_EINVAL, "2 arrays in the archive: name one as");
+        snprintf(spec, sizeof spec, "%s:y", p);
+        read_fails(f, spec, TPK_ENOTFOUND, "no array 'y' in the archive (arrays: x, labels)");
+    }
+    /* one member: the name may be left out; the same fingerprint as the .npy */
+    write_zip(P(f, 0, "one.npz"), two, 1, 1, 0);
+    tpk_input_info i1, i2;
+    tpk_array *a = read_ok(f, f->buf[0], &i1);
+    tpk_array_free(a);
+    write_npy_f8(P(f, 1, "x.npy"), "(3, 4)", X34, 12);
+    a = read_ok(f, f->buf[1], &i2);
+    tpk_array_free(a);
+    assert_string_equal(i1.sha256, i2.sha256);
+    /* corruption: a CRC that does not match, a truncated archive, not a ZIP at all */
+    write_zip(P(f, 0, "crc.npz"), two, 1, 0, 1);
+    read_fails(f, f->buf[0], TPK_EFORMAT, "crc.npz:x: CRC-32 mismatch");
+    write_zip(P(f, 0, "crcz.npz"), two, 1, 1, 1);
+    read_fails(f, f->buf[0], TPK_EFORMAT, "CRC-32 mismatch");
+    write_bytes(P(f, 0, "junk.npz"), "PK\x03\x04 but nothing more of a ZIP archive", 42);
+    read_fails(f, f->buf[0], TPK_EFORMAT, "junk.npz: not a .npz file");
+    write_bytes(P(f, 0, "tiny.npz"), "PK", 2);
+    read_fails(f, f->buf[0], TPK_EFORMAT, "too short for a ZIP archive");
+    free(x);
+    free(l);
+    free(x8);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -786,6 +1060,15 @@ static void test_writer_open_errors(void **state)
 {
     fixture *f = *state;
     char want[1300];
+    /* "-" is standard output, which HDF5 cannot write (refused, no file named "-"). */
+    tpk_ctx_init(&f->ctx);
+    assert_null(tpk_h5out_open("-", &f->ctx));
+    assert_int_equal(f->ctx.status, TPK_EINVAL);
+    expect_msg(&f->ctx, "HDF5 output cannot go to standard output");
+    tpk_ctx_init(&f->ctx);
+    assert_int_equal(tpk_io_check_output("-", NULL, 0, &f->ctx), TPK_EINVAL);
+    expect_msg(&f->ctx, "give a file name");
+    assert_false(access("-", F_OK) == 0);
     /* Nonexistent directory. */
     tpk_ctx_init(&f->ctx);
     assert_null(tpk_h5out_open(P(f, 0, "no/such/dir/K.h5"), &f->ctx));
@@ -1187,6 +1470,9 @@ int main(void)
         cmocka_unit_test(test_sha256_array),
         cmocka_unit_test_setup_teardown(test_npy_f8, setup, teardown),
         cmocka_unit_test_setup_teardown(test_npy_f4, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_npy_dtypes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_npy_fortran, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_npz, setup, teardown),
         cmocka_unit_test_setup_teardown(test_npy_versions_and_ranks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_npy_big_endian, setup, teardown),
         cmocka_unit_test_setup_teardown(test_npy_errors, setup, teardown),

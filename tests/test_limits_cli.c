@@ -208,31 +208,31 @@ static void test_errors(void **state)
     (void)state;
     char msg[4096], out[512], args[1200];
     path(out, sizeof out, "e.h5");
-    assert_int_equal(gplimits("--arch=mlp"), 1);
+    assert_int_equal(gplimits("--arch=mlp"), 2); /* usage: exit 2 */
     read_stderr(msg, sizeof msg);
     assert_non_null(strstr(msg, "--output"));
     snprintf(args, sizeof args, "--arch=mlp --program=x.nsr --output='%s'", out);
-    assert_int_equal(gplimits(args), 1);
+    assert_int_equal(gplimits(args), 2);
     read_stderr(msg, sizeof msg);
     assert_non_null(strstr(msg, "exactly one"));
     snprintf(args, sizeof args, "--arch=mlp --widths=64..32 --output='%s'", out);
-    assert_int_equal(gplimits(args), 1);
+    assert_int_equal(gplimits(args), 2);
     read_stderr(msg, sizeof msg);
     assert_non_null(strstr(msg, "--widths"));
     snprintf(args, sizeof args, "--arch=mlp --widths=32,16 --output='%s'", out);
-    assert_int_equal(gplimits(args), 1);
+    assert_int_equal(gplimits(args), 2);
     snprintf(args, sizeof args, "--arch=cnn --output='%s'", out);
-    assert_int_equal(gplimits(args), 1);
+    assert_int_equal(gplimits(args), 2);
     read_stderr(msg, sizeof msg);
     assert_non_null(strstr(msg, "unknown architecture"));
     snprintf(args, sizeof args, "--arch=mlp --seeds=2 --output='%s'", out);
-    assert_int_equal(gplimits(args), 1);
+    assert_int_equal(gplimits(args), 2);
     snprintf(args, sizeof args, "--arch=mlp --max-inputs=2 --w1-input=5 --output='%s'", out);
     assert_int_equal(gplimits(args), 1);
     read_stderr(msg, sizeof msg);
     assert_non_null(strstr(msg, "--w1-input"));
     snprintf(args, sizeof args, "--arch=mlp --phi=nosuchfn --output='%s'", out);
-    assert_int_equal(gplimits(args), 1);
+    assert_int_equal(gplimits(args), 2);
     /* A checkpoint from other settings is refused, and one without --resume is not clobbered. */
     char partial[600];
     snprintf(partial, sizeof partial, "%s.partial.h5", out);
@@ -378,26 +378,27 @@ static void test_arch_flag_errors(void **state)
     (void)state;
     char msg[4096], out[512], args[1200];
     path(out, sizeof out, "f.h5");
-    struct { const char *args, *needle; } cases[] = {
-        {"--arch=rnn --depth=3", "--depth"},
-        {"--arch=rnn --layernorm", "--layernorm"},
-        {"--arch=mlp --sigma-w2=-1", "sigma-w2"},
-        {"--arch=mlp --ln-eps=0.1", "--ln-eps"},
-        {"--arch=transformer --temp=0", "temp"},
-        {"--arch=attention --logit-scaling=inv-sqrt-n", "gpattention"},
-        {"--arch=attention --score-samples=8", "score"},
-        {"--arch=cnn1d --readout=flatten", "readout"},
-        {"--arch=cnn1d --padding=mirror", "padding"},
-        {"--arch=cnn1d --filter=3,3", "filter"},
-        {"--program=programs/mlp.nsr --phi=erf", "--set"},
-        {"--program=programs/mlp.nsr --layernorm", "--layernorm"},
-        {"--arch=mlp --fit-ratio=0", "fit-ratio"},
-        {"--arch=mlp --w1-input=99", "--w1-input"},
+    /* exit 2: the command line alone is wrong; 1: refused when the study is prepared */
+    struct { const char *args, *needle; int rc; } cases[] = {
+        {"--arch=rnn --depth=3", "--depth", 2},
+        {"--arch=rnn --layernorm", "--layernorm", 1},
+        {"--arch=mlp --sigma-w2=-1", "sigma-w2", 2},
+        {"--arch=mlp --ln-eps=0.1", "--ln-eps", 1},
+        {"--arch=transformer --temp=0", "temp", 2},
+        {"--arch=attention --logit-scaling=inv-sqrt-n", "gpattention", 1},
+        {"--arch=attention --score-samples=8", "score", 1},
+        {"--arch=cnn1d --readout=flatten", "readout", 1},
+        {"--arch=cnn1d --padding=mirror", "padding", 1},
+        {"--arch=cnn1d --filter=3,3", "filter", 1},
+        {"--program=programs/mlp.nsr --phi=erf", "--set", 2},
+        {"--program=programs/mlp.nsr --layernorm", "--layernorm", 2},
+        {"--arch=mlp --fit-ratio=0", "fit-ratio", 2},
+        {"--arch=mlp --w1-input=99", "--w1-input", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(args, sizeof args, "%s --widths=16,32 --seeds=4 --output='%s'", cases[i].args,
                  out);
-        assert_int_equal(gplimits(args), 1);
+        assert_int_equal(gplimits(args), cases[i].rc);
         read_stderr(msg, sizeof msg);
         if (!strstr(msg, cases[i].needle))
             fail_msg("case %zu (%s): message does not name '%s': %s", i, cases[i].args,

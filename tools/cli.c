@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "tpk/clock.h"
 
 #ifndef TPK_VERSION
 #define TPK_VERSION "unknown"
@@ -142,6 +145,14 @@ static int is_own_option(const struct option *own, const char *name, size_t len)
     return 0;
 }
 
+static int own_takes_value(const struct option *own, const char *name)
+{
+    for (const struct option *op = own; op->name; op++)
+        if (strcmp(op->name, name) == 0)
+            return op->has_arg == required_argument;
+    return 0;
+}
+
 char **cli_arch_flags_take(int argc, char **argv, const struct option *own, cli_arch_flags *f,
                            int *nrest, tpk_ctx *ctx)
 {
@@ -153,11 +164,27 @@ char **cli_arch_flags_take(int argc, char **argv, const struct option *own, cli_
     int k = 0;
     f->n = 0;
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *eq = strchr(a, '=');
-        size_t len = eq ? (size_t)(eq - a - 2) : 0;
-        if (i == 0 || strncmp(a, "--", 2) != 0 || !eq || is_own_option(own, a + 2, len)) {
+        const char *a = argv[i];
+        if (i == 0 || strncmp(a, "--", 2) != 0 || a[2] == '\0') {
             rest[k++] = argv[i];
             continue;
+        }
+        const char *eq = strchr(a, '='), *value = eq ? eq + 1 : NULL;
+        size_t len = eq ? (size_t)(eq - a - 2) : strlen(a) - 2;
+        if (is_own_option(own, a + 2, len)) {
+            rest[k++] = argv[i];
+            /* "--own value": the value is the next word, never an architecture flag */
+            if (!eq && own_takes_value(own, a + 2) && i + 1 < argc)
+                rest[k++] = argv[++i];
+            continue;
+        }
+        if (!eq) { /* "--flag value": every architecture flag takes a value */
+            const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+            if (!next || (next[0] == '-' && next[1] == '-')) {
+                rest[k++] = argv[i]; /* getopt reports it as unknown */
+                continue;
+            }
+            value = argv[++i];
         }
         if (f->n == CLI_MAX_FLAGS || len == 0 || len >= sizeof f->flag[0]) {
             free(rest);
@@ -168,7 +195,7 @@ char **cli_arch_flags_take(int argc, char **argv, const struct option *own, cli_
             return NULL;
         }
         snprintf(f->flag[f->n], sizeof f->flag[0], "%.*s", (int)len, a + 2);
-        f->fl[f->n] = (tpk_arch_flag){f->flag[f->n], NULL, eq + 1};
+        f->fl[f->n] = (tpk_arch_flag){f->flag[f->n], NULL, value};
         f->n++;
     }
     rest[k] = NULL;
@@ -203,9 +230,71 @@ void cli_version(const char *prog)
 int cli_report(const char *prog, int st, const tpk_ctx *ctx)
 {
     if (st == TPK_OK)
-        return 0;
+        return CLI_EXIT_OK;
     int status = ctx->status ? ctx->status : st;
     fprintf(stderr, "%s: error: %s (%s)\n", prog, ctx->msg[0] ? ctx->msg : "failed",
             tpk_strerror(status));
-    return 1;
+    return CLI_EXIT_ERROR;
+}
+
+int cli_report_usage(const char *prog, int st, const tpk_ctx *ctx)
+{
+    if (st == TPK_OK)
+        return CLI_EXIT_OK;
+    const char *m = ctx->msg[0] ? ctx->msg : "bad command line";
+    if (strstr(m, "--help"))
+        fprintf(stderr, "%s: usage error: %s\n", prog, m);
+    else
+        fprintf(stderr, "%s: usage error: %s (see %s --help)\n", prog, m, prog);
+    return CLI_EXIT_USAGE;
+}
+
+/* ---- progress ---------------------------------------------------------------------------------- */
+
+int cli_progress_wanted(int flag)
+{
+    return flag == 1 || (flag == -1 && isatty(STDERR_FILENO));
+}
+
+void cli_progress_start(cli_progress *p, const char *prog, const char *what, size_t total, int on)
+{
+    p->prog = prog;
+    p->what = what;
+    p->total = total;
+    p->on = on;
+    p->shown = 0;
+    p->t0 = tpk_wall_seconds();
+}
+
+void cli_progress_update(cli_progress *p, size_t done)
+{
+    if (!p->on || !p->total)
+        return;
+    double t = tpk_wall_seconds() - p->t0;
+    if (t < CLI_PROGRESS_AFTER && !p->shown)
+        return;
+    double eta = done > 0 ? t * (double)(p->total - done) / (double)done : 0;
+    fprintf(stderr, "\r%s: %s %zu/%zu (%.0f%%), %.0f s, ETA %02d:%02d ", p->prog, p->what, done,
+            p->total, 100.0 * (double)done / (double)p->total, t, (int)(eta / 60),
+            (int)fmod(eta, 60));
+    fflush(stderr);
+    p->shown = 1;
+}
+
+void cli_progress_clear(cli_progress *p)
+{
+    if (p->on && p->shown) {
+        fprintf(stderr, "\r%*s\r", 78, "");
+        fflush(stderr);
+    }
+}
+
+void cli_progress_end(cli_progress *p)
+{
+    if (p->on && p->shown) {
+        fprintf(stderr, "\r%s: %s done in %.1f s%24s\n", p->prog, p->what,
+                tpk_wall_seconds() - p->t0, "");
+        fflush(stderr);
+    }
+    p->shown = 0;
 }

@@ -21,11 +21,12 @@
 #define MAX_HEADS 16
 #define BOOT 200 /* bootstrap replicates for kurtosis standard errors */
 
-static const char usage[] =
+static const char usage_text[] =
     "Usage: gpattention --output=FILE.h5 [options]\n"
     "One attention layer with 1/sqrt(n) logits at finite width against its hierarchical limit\n"
     "(theory.md §5): law distances per width, excess kurtosis (not a GP), infinite heads.\n"
     "\n"
+    "Options:\n"
     "  --tokens=S         tokens, with token kernel Sigma^x = I (theory §5.4; default 4)\n"
     "  --input=SPEC       instead: the first sequence of an N×T×d input, embedded with\n"
     "                     Sigma^x = <x, x'>/d\n"
@@ -40,7 +41,11 @@ static const char usage[] =
     "the Gaussian N(0, E_p[C])), /w1_limit, /w1_gauss (RB W1 of y_1), /energy_samples and\n"
     "/mmd2_samples (s-dim outputs vs limit samples), /kurtosis and /kurtosis_se (y_1 per width),\n"
     "/limit_kurtosis, /limit_energy_gauss, /heads_list with /heads_kurtosis, /heads_energy_gauss,\n"
-    "/limit_mean (E_p[C]), /token_kernel.\n";
+    "/limit_mean (E_p[C]), /token_kernel.\n"
+    "Progress: a line on stderr with an ETA for runs longer than 2 s, by default when stderr is a\n"
+    "terminal; --progress draws it anyway, --no-progress and --quiet never.\n"
+    "Options take their value as --opt=VALUE or --opt VALUE.\n"
+    CLI_EXIT_HELP;
 
 typedef struct opts {
     size_t tokens, heads, networks, R, nwidths, nheads, widths[MAX_WIDTHS];
@@ -77,7 +82,7 @@ static void mix_kurtosis(const double *v, size_t M, size_t stride, uint64_t seed
     *se = sqrt(fmax(b2 / BOOT - (b1 / BOOT) * (b1 / BOOT), 0.0));
 }
 
-static int run(int argc, char **argv, tpk_ctx *ctx)
+static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
 {
     opts o = {.tokens = 4, .heads = 2, .networks = 3000, .R = 3000, .seed = 1};
     int st = cli_parse_sizes("widths", "4..1024", 1, COUNT_MAX, o.widths, MAX_WIDTHS, &o.nwidths,
@@ -89,8 +94,9 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
         {"causal", 0, NULL, 'c'}, {"widths", 1, NULL, 'w'}, {"networks", 1, NULL, 'M'},
         {"score-samples", 1, NULL, 'R'}, {"heads-list", 1, NULL, 'L'}, {"seed", 1, NULL, 's'},
         {"output", 1, NULL, 'o'}, {"quiet", 0, NULL, 'q'}, {"help", 0, NULL, 'h'},
-        {"version", 0, NULL, 'v'}, {NULL, 0, NULL, 0}};
-    int c;
+        {"version", 0, NULL, 'v'}, {"progress", 0, NULL, 'p'}, {"no-progress", 0, NULL, 'P'},
+        {NULL, 0, NULL, 0}};
+    int c, progress = -1;
     size_t sd = 1;
     opterr = 0;
     while (!st && (c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -112,17 +118,23 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
         case 's': st = cli_parse_size("seed", optarg, 0, SIZE_MAX, &sd, ctx); o.seed = sd; break;
         case 'o': o.output = optarg; break;
         case 'q': o.quiet = 1; break;
-        case 'h': fputs(usage, stdout); return -1;
+        case 'p': progress = 1; break;
+        case 'P': progress = 0; break;
+        case 'h': fputs(usage_text, stdout); return -1;
         case 'v': cli_version("gpattention"); return -1;
-        default: return cli_bad_option(argv, ctx);
+        default: st = cli_bad_option(argv, ctx);
         }
     }
     if (!st)
         st = cli_no_operands(argc, argv, ctx);
-    if (st)
+    if (!st && !o.output)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
+    if (st) {
+        *usage = 1;
         return st;
-    if (!o.output)
-        return TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
+    }
+    cli_progress bar;
+    const int show = !o.quiet && cli_progress_wanted(progress);
 
     /* the token kernel */
     size_t s = o.tokens;
@@ -187,7 +199,7 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
         goto done;
     mix_kurtosis(C, R, s * s, o.seed + 2, &kl, &kl_se);
     double *en = res, *eg = res + W, *w1 = res + 2 * W, *wg = res + 3 * W, *es = res + 4 * W;
-    double *mmd = res + 5 * W, *kn = res + 6 * W, *kse = res + 7 * W, nw[MAX_WIDTHS];
+    double *mmd = res + 5 * W, *kn = res + 6 * W, *kse = res + 7 * W;
     /* MMD bandwidth: the median-heuristic scale of the limit's outputs, √(2 tr E[C]) */
     double tr = 0;
     for (size_t i = 0; i < s; i++)
@@ -197,8 +209,9 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
         printf("gpattention: s=%zu tokens, H=%zu, %zu networks per width, %zu limit draws\n"
                "  limit: E[C_11]=%.5g, excess kurtosis of y_1 %.4f ± %.4f (a GP has 0); "
                "RB energy to N(0, E C) %.3g, W1 %.3g\n", s, o.heads, M, R, g, kl, kl_se, e_lg, w_lg);
+    cli_progress_start(&bar, "gpattention", "widths and head counts", W + o.nheads, show);
     for (size_t w = 0; w < W; w++) {
-        nw[w] = (double)o.widths[w];
+        cli_progress_update(&bar, w);
         if ((st = tpk_attn_finite_sample(Sx, s, &prm, o.widths[w], M, o.seed + 100 + w, Kn, Yn, ctx)))
             goto done;
         for (size_t i = 0; i < M; i++)
@@ -211,6 +224,7 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
             (st = tpk_limits_mmd2(Yn, M, Yl, M, s, h, &mmd[w], ctx)))
             goto done;
         mix_kurtosis(Kn, M, s * s, o.seed + 3 + w, &kn[w], &kse[w]);
+        cli_progress_clear(&bar);
         if (!o.quiet)
             printf("  n=%6zu: y_1 RB energy to limit %9.2e, to Gaussian %9.2e; W1 %8.2e / %8.2e; "
                    "samples energy %9.2e, MMD² %9.2e; kurtosis %.4f ± %.4f\n", o.widths[w], en[w],
@@ -218,6 +232,7 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     }
     double *hk = res + 8 * W, *hks = hk + o.nheads, *he = hks + o.nheads, hd[MAX_HEADS];
     for (size_t k = 0; k < o.nheads; k++) {
+        cli_progress_update(&bar, W + k);
         tpk_attn_params p2 = prm;
         p2.heads = (int)o.hl[k];
         hd[k] = (double)o.hl[k];
@@ -229,10 +244,12 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
         mix_kurtosis(C, R, s * s, o.seed + 50 + k, &hk[k], &hks[k]);
         if ((st = tpk_attn_energy_mixtures(cl, R, &g, 1, &he[k], ctx)))
             goto done;
+        cli_progress_clear(&bar);
         if (!o.quiet)
             printf("  H=%5zu: limit kurtosis %.4f ± %.4f, RB energy to N(0, E C) %.3g\n", o.hl[k],
                    hk[k], hks[k], he[k]);
     }
+    cli_progress_end(&bar);
     size_t dm[2] = {s, s};
     tpk_array *A = tpk_array_alloc(2, dm, ctx), *B = tpk_array_alloc(2, dm, ctx);
     if (!A || !B) {
@@ -250,13 +267,33 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
     static const char *const names[8] = {"/energy_limit", "/energy_gauss", "/w1_limit", "/w1_gauss",
                                          "/energy_samples", "/mmd2_samples", "/kurtosis",
                                          "/kurtosis_se"};
-    if (!st) st = tpk_h5out_write_vector(out, "/widths", nw, W, ctx);
-    for (int q = 0; !st && q < 8; q++)
+    /* named axes (xarray): width and heads with their values as integer coordinates, tokens */
+    long long iw[MAX_WIDTHS], ih[MAX_HEADS];
+    for (size_t w = 0; w < W; w++)
+        iw[w] = (long long)o.widths[w];
+    for (size_t k = 0; k < o.nheads; k++)
+        ih[k] = (long long)o.hl[k];
+    const char *const tt[] = {"token", "token2"}, *const wd[] = {"width"}, *const hdim[] = {"heads"};
+    if (!st) st = tpk_h5out_coord_ints(out, "width", iw, W, ctx);
+    if (!st && o.nheads) st = tpk_h5out_coord_ints(out, "heads", ih, o.nheads, ctx);
+    if (!st) st = tpk_h5out_dims(out, "/limit_mean", tt, 2, ctx);
+    if (!st) st = tpk_h5out_dims(out, "/token_kernel", tt, 2, ctx);
+    if (!st) st = tpk_h5out_write_ints(out, "/widths", iw, W, ctx);
+    if (!st) st = tpk_h5out_dims(out, "/widths", wd, 1, ctx);
+    for (int q = 0; !st && q < 8; q++) {
         st = tpk_h5out_write_vector(out, names[q], res + (size_t)q * W, W, ctx);
-    if (!st) st = tpk_h5out_write_vector(out, "/heads_list", hd, o.nheads, ctx);
-    if (!st) st = tpk_h5out_write_vector(out, "/heads_kurtosis", hk, o.nheads, ctx);
-    if (!st) st = tpk_h5out_write_vector(out, "/heads_kurtosis_se", hks, o.nheads, ctx);
-    if (!st) st = tpk_h5out_write_vector(out, "/heads_energy_gauss", he, o.nheads, ctx);
+        if (!st) st = tpk_h5out_dims(out, names[q], wd, 1, ctx);
+    }
+    static const char *const hnames[4] = {"/heads_list", "/heads_kurtosis", "/heads_kurtosis_se",
+                                          "/heads_energy_gauss"};
+    const double *hv[4] = {hd, hk, hks, he};
+    for (int q = 0; !st && q < 4 && o.nheads; q++) {
+        if (q == 0)
+            st = tpk_h5out_write_ints(out, hnames[q], ih, o.nheads, ctx);
+        else
+            st = tpk_h5out_write_vector(out, hnames[q], hv[q], o.nheads, ctx);
+        if (!st) st = tpk_h5out_dims(out, hnames[q], hdim, 1, ctx);
+    }
     if (!st) st = tpk_h5out_provenance(out, argc, argv, ctx);
     if (!st) st = tpk_h5out_attr_double(out, "/", "limit_kurtosis", kl, ctx);
     if (!st) st = tpk_h5out_attr_double(out, "/", "limit_kurtosis_se", kl_se, ctx);
@@ -291,6 +328,8 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    int st = run(argc, argv, &ctx);
-    return st > 0 ? cli_report("gpattention", st, &ctx) : 0;
+    int usage = 0, st = run(argc, argv, &usage, &ctx);
+    if (st < 0)
+        return CLI_EXIT_OK; /* --help, --version */
+    return usage ? cli_report_usage("gpattention", st, &ctx) : cli_report("gpattention", st, &ctx);
 }

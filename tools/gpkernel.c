@@ -21,8 +21,9 @@ static const char usage[] =
     "  --arch=NAME        a shipped architecture (--list-archs): mlp, rnn, rnn-untied,\n"
     "                     gru, lstm, transformer, attention, cnn1d, cnn2d, ...\n"
     "  --program=FILE     any NETSOR program (docs/netsor.md); with --set NAME=VALUE overrides\n"
-    "  --input=SPEC       inputs: FILE.h5:/dataset, FILE.npy or FILE.csv; N×d, or N×T×d for\n"
-    "                     recurrent programs (default: the architecture's bundled demo input)\n"
+    "  --input=SPEC       inputs: FILE.h5:/dataset, FILE.npy (any real dtype or order),\n"
+    "                     FILE.npz:NAME or FILE.csv; N×d, or N×T×d for recurrent programs\n"
+    "                     (default: the architecture's bundled demo input)\n"
     "  --test=SPEC        test inputs: also /kernel_test_train (M×N) and /kernel_test_diag (M)\n"
     "  --output=FILE.h5   output file (written atomically; required)\n"
     "  --depth=L          (mlp) hidden layers, L >= 1 (default 3)\n"
@@ -67,7 +68,11 @@ static const char usage[] =
     "  the output is Sigma^{L+1}, the covariance of the scalar output of a network with L hidden\n"
     "  layers (neural-tangents serial([Dense(W_std=sw, b_std=sb), phi]*L + [Dense(...)]).\n"
     "Convention (rnn): h_t = W s_{t-1} + U x_t + b, s_t = phi(h_t), s_0 = 0; the output is the\n"
-    "  covariance of y_t = <v, s_t>, sigma_v2 E[phi(h_t)phi(h'_r)] (theory.md §2.2).\n";
+    "  covariance of y_t = <v, s_t>, sigma_v2 E[phi(h_t)phi(h'_r)] (theory.md §2.2).\n"
+    "Options take their value as --opt=VALUE or --opt VALUE (architecture flags too).\n"
+    "Progress: a line on stderr for kernels of the member-by-member evaluator (recurrent\n"
+    "programs) longer than 2 s, unless --quiet.\n"
+    CLI_EXIT_HELP;
 
 typedef struct opts {
     const tpk_arch *a;
@@ -167,7 +172,7 @@ static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *re
     return TPK_OK;
 }
 
-static int run(int argc, char **argv, tpk_ctx *ctx)
+static int run(int argc, char **argv, int *usage_error, tpk_ctx *ctx)
 {
     opts o = {0};
     tpk_phi_registry *reg = tpk_job_registry(ctx);
@@ -179,8 +184,10 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
         st = TPK_OK;
         goto done;
     }
-    if (st)
+    if (st) {
+        *usage_error = 1; /* the command line itself: exit 2 */
         goto done;
+    }
 
     char prog[4200], input[4200], lists[2048];
     tpk_param_set sets[MAX_SETS];
@@ -223,6 +230,7 @@ static int run(int argc, char **argv, tpk_ctx *ctx)
         nsets = o.sets.n;
         if (!o.input) {
             st = TPK_ERROR(ctx, TPK_EINVAL, "--program needs --input=SPEC");
+            *usage_error = 1;
             goto done;
         }
     }
@@ -242,5 +250,6 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    return cli_report("gpkernel", run(argc, argv, &ctx), &ctx);
+    int usage_error = 0, st = run(argc, argv, &usage_error, &ctx);
+    return usage_error ? cli_report_usage("gpkernel", st, &ctx) : cli_report("gpkernel", st, &ctx);
 }

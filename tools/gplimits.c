@@ -58,8 +58,9 @@ static const char usage[] =
     "                     time steps, tokens or positions), input-major, (N*O)x(N*O); default:\n"
     "                     the last output only (NxN), as tpk_netsor_kernel/run with all_outputs=0\n"
     "Run:\n"
-    "  --input=SPEC       FILE.h5:/dataset, FILE.npy or FILE.csv (default: the architecture's\n"
-    "                     bundled demo input; with --program: data/demo-inputs.csv). Sequences\n"
+    "  --input=SPEC       FILE.h5:/dataset, FILE.npy (any real dtype or order), FILE.npz:NAME\n"
+    "                     or FILE.csv (default: the architecture's bundled demo input; with\n"
+    "                     --program: data/demo-inputs.csv). Sequences\n"
     "                     N×T×d set a program parameter T, images N×rows×cols×C set rows, cols\n"
     "  --max-inputs=K     use K evenly spaced inputs of SPEC (default 8; 0 = all)\n"
     "  --widths=LIST      32,64,128 or 32..2048 (geometric, x2) (default 32..2048)\n"
@@ -88,7 +89,9 @@ static const char usage[] =
     "first): peak memory is that of one network at the largest width per thread.\n"
     "Reproducing one network: tpk_netsor_run(program, inputs, width, BASE + s, all_outputs)\n"
     "gives the kernel stored at /per_seed/khat[w][s]. Exit status 130: interrupted, checkpoint\n"
-    "written.\n";
+    "written.\n"
+    "Options take their value as --opt=VALUE or --opt VALUE (architecture flags too).\n"
+    CLI_EXIT_HELP;
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_SET, OPT_INPUT, OPT_MAXIN, OPT_OUTPUT, OPT_WIDTHS,
        OPT_SEEDS, OPT_SEED, OPT_RESUME, OPT_BOOT, OPT_W1IN, OPT_SLICES, OPT_FITMIN, OPT_FITRATIO,
@@ -285,7 +288,9 @@ int main(int argc, char **argv)
     tpk_study_stats_default(&o.study.stats);
     tpk_phi_registry *reg = tpk_job_registry(&ctx); /* built-ins plus sqrt (LN, attention) */
     int st = reg ? parse_args(argc, argv, reg, &o, &ctx) : ctx.status;
-    int rc = st == -1 ? 0 : st ? cli_report("gplimits", st, &ctx) : study(&o, argc, argv, reg, &ctx);
+    int rc = st == -1 ? 0
+             : st      ? (reg ? cli_report_usage("gplimits", st, &ctx) : cli_report("gplimits", st, &ctx))
+                       : study(&o, argc, argv, reg, &ctx);
     cli_sets_free(&o.sets);
     tpk_phi_registry_free(reg);
     return rc;

@@ -31,7 +31,8 @@ static const char usage[] =
     "  --lengthscale2=V --amplitude=V   RBF parameters (default 1, 1)\n"
     "  --quad-degree=D    Gauss-Hermite degree for phi without closed form (default 64)\n"
     "Data:\n"
-    "  --train=SPEC --test=SPEC    inputs: FILE.h5:/ds, FILE.npy, FILE.csv, or IDX (NAME-ubyte[.gz])\n"
+    "  --train=SPEC --test=SPEC    inputs: FILE.h5:/ds, FILE.npy (any real dtype: int64\n"
+    "                     labels too), FILE.npz:NAME, FILE.csv, or IDX (NAME-ubyte[.gz])\n"
     "  --labels=SPEC --test-labels=SPEC   targets N×C, or class labels (N) with --classify\n"
     "  --n-train=N --n-test=M      use the first N training / M test items (and labels) only;\n"
     "                     without them a label file must have one row per item\n"
@@ -56,7 +57,9 @@ static const char usage[] =
     "                     puts each depth under /depth_L and the summary in /depths, /accuracy, ...\n"
     "  --full-cov         also the full latent predictive covariance /cov (M×M)\n"
     "  --no-var           skip the predictive variance (and the NLL)\n"
-    "  --quiet, --help, --version\n";
+    "  --quiet, --help, --version\n"
+    "Options take their value as --opt=VALUE or --opt VALUE.\n"
+    CLI_EXIT_HELP;
 
 /* "L" or "A-B". */
 static int parse_depth(const char *s, tpk_gp_experiment_opts *o, tpk_ctx *ctx)
@@ -168,6 +171,10 @@ int main(int argc, char **argv)
         return 0;
     if (st == TPK_OK)
         st = cli_no_operands(argc, argv, &ctx);
+    if (st == TPK_OK)
+        st = tpk_gp_experiment_check(&o, &ctx); /* options together: still the command line */
+    if (st != TPK_OK)
+        return cli_report_usage("gpregress", st, &ctx);
     o.argc = argc;
     o.argv = argv;
     o.name = "gpregress";

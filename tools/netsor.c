@@ -39,8 +39,9 @@ static const char usage[] =
     "  --set NAME=VALUE   override a program parameter (repeatable): --set L=4 --set phi=erf\n"
     "  --netsor-plus      allow NETSOR+ Moments (mean(...)) without 'use netsor+'\n"
     "  --explain          report inferred shape holes '_' and other notes on stderr\n"
-    "  --input=SPEC       (kernel, run) inputs: FILE.h5:/dataset, FILE.npy or FILE.csv;\n"
-    "                     N×d, or N×T×d for programs with 'input x[t in 1..T]' (T set from it)\n"
+    "  --input=SPEC       (kernel, run) inputs: FILE.h5:/dataset, FILE.npy, FILE.npz:NAME or\n"
+    "                     FILE.csv; N×d, or N×T×d for programs with 'input x[t in 1..T]' (T\n"
+    "                     set from it)\n"
     "  --test=SPEC        (kernel) test inputs: also /kernel_test_train and /kernel_test_diag\n"
     "  --output=FILE.h5   (kernel, run) output, written atomically\n"
     "  --all-outputs      (kernel, run) every readout (e.g. all time steps), input-major;\n"
@@ -50,52 +51,64 @@ static const char usage[] =
     "  --quiet            (kernel, run) no summary on stdout\n"
     "  --help             this text        --version   the toolkit version\n"
     "\n"
-    "Errors go to stderr as file:line:col: message; the exit status is 1.\n";
+    "Options take their value as --opt=VALUE or --opt VALUE.\n"
+    "Errors go to stderr (file:line:col: message for the program's own).\n"
+    CLI_EXIT_HELP;
 
 static void cli_free(cli *c)
 {
     cli_sets_free(&c->sets);
 }
 
-/* Parse PROGRAM and options after the subcommand name. Returns 0, or 2 on a usage error. */
+enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
+       O_SET, O_HELP, O_VERSION };
+
+static const struct option longopts[] = {
+    {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
+    {"all-outputs", no_argument, NULL, O_ALLOUT}, {"quiet", no_argument, NULL, O_QUIET},
+    {"input", required_argument, NULL, O_INPUT}, {"test", required_argument, NULL, O_TEST},
+    {"output", required_argument, NULL, O_OUTPUT}, {"width", required_argument, NULL, O_WIDTH},
+    {"seed", required_argument, NULL, O_SEED}, {"set", required_argument, NULL, O_SET},
+    {"help", no_argument, NULL, O_HELP}, {"version", no_argument, NULL, O_VERSION},
+    {NULL, 0, NULL, 0}};
+
+/* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
+ * is the subcommand). Returns 0, or 2 on a usage error. */
 static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
 {
     memset(c, 0, sizeof *c);
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--netsor-plus") == 0) {
-            c->opts.netsor_plus = 1;
-        } else if (strcmp(a, "--explain") == 0) {
-            c->opts.explain = 1;
-        } else if (strcmp(a, "--all-outputs") == 0) {
-            c->all_outputs = 1;
-        } else if (strcmp(a, "--quiet") == 0) {
-            c->quiet = 1;
-        } else if (strncmp(a, "--input=", 8) == 0) {
-            c->input = a + 8;
-        } else if (strncmp(a, "--test=", 7) == 0) {
-            c->test = a + 7;
-        } else if (strncmp(a, "--output=", 9) == 0) {
-            c->output = a + 9;
-        } else if (strncmp(a, "--width=", 8) == 0) {
-            c->width = a + 8;
-        } else if (strncmp(a, "--seed=", 7) == 0) {
-            c->seed = a + 7;
-        } else if (strcmp(a, "--set") == 0 || strncmp(a, "--set=", 6) == 0) {
-            const char *kv = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : "");
-            tpk_ctx ctx;
-            tpk_ctx_init(&ctx);
-            if (cli_sets_add(&c->sets, kv, &ctx)) {
-                fprintf(stderr, "netsor %s: %s\n", cmd, ctx.msg);
-                return 2;
-            }
-        } else if (a[0] == '-' && a[1] == '-') {
-            fprintf(stderr, "netsor %s: unknown option '%s' (see netsor --help)\n", cmd, a);
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    int o, st = TPK_OK;
+    opterr = 0;
+    optind = 0; /* GNU getopt: start afresh */
+    while (st == TPK_OK && (o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (o) {
+        case O_PLUS: c->opts.netsor_plus = 1; break;
+        case O_EXPLAIN: c->opts.explain = 1; break;
+        case O_ALLOUT: c->all_outputs = 1; break;
+        case O_QUIET: c->quiet = 1; break;
+        case O_INPUT: c->input = optarg; break;
+        case O_TEST: c->test = optarg; break;
+        case O_OUTPUT: c->output = optarg; break;
+        case O_WIDTH: c->width = optarg; break;
+        case O_SEED: c->seed = optarg; break;
+        case O_SET: st = cli_sets_add(&c->sets, optarg, &ctx); break;
+        default:
+            fprintf(stderr, "netsor %s: unknown or malformed option '%s' (see netsor --help)\n",
+                    cmd, argv[optind - 1]);
             return 2;
-        } else if (c->path == NULL) {
-            c->path = a;
+        }
+    }
+    if (st) {
+        fprintf(stderr, "netsor %s: %s\n", cmd, ctx.msg);
+        return 2;
+    }
+    for (int i = optind; i < argc; i++) {
+        if (c->path == NULL) {
+            c->path = argv[i];
         } else if (c->nargs < (int)(sizeof c->args / sizeof c->args[0])) {
-            c->args[c->nargs++] = a;
+            c->args[c->nargs++] = argv[i];
         } else {
             fprintf(stderr, "netsor %s: too many arguments\n", cmd);
             return 2;
@@ -126,7 +139,7 @@ static tpk_program *load(cli *c, tpk_phi_registry **reg)
 static int cmd_check(int argc, char **argv)
 {
     cli c;
-    int st = parse_cli(argc - 2, argv + 2, &c, "check");
+    int st = parse_cli(argc - 1, argv + 1, &c, "check");
     if (st) {
         cli_free(&c);
         return st;
@@ -165,7 +178,7 @@ static int cmd_check(int argc, char **argv)
 static int cmd_dump(int argc, char **argv)
 {
     cli c;
-    int st = parse_cli(argc - 2, argv + 2, &c, "dump");
+    int st = parse_cli(argc - 1, argv + 1, &c, "dump");
     if (st) {
         cli_free(&c);
         return st;
@@ -208,7 +221,7 @@ static int cmd_kernel(int argc, char **argv)
 {
     cli c;
     tpk_job job;
-    int st = parse_cli(argc - 2, argv + 2, &c, "kernel");
+    int st = parse_cli(argc - 1, argv + 1, &c, "kernel");
     if (!st)
         st = make_job(&c, "kernel", &job);
     if (st) {
@@ -228,7 +241,7 @@ static int cmd_run(int argc, char **argv)
 {
     cli c;
     tpk_job job;
-    int st = parse_cli(argc - 2, argv + 2, &c, "run");
+    int st = parse_cli(argc - 1, argv + 1, &c, "run");
     if (!st)
         st = make_job(&c, "run", &job);
     if (!st && c.width == NULL) {
@@ -282,11 +295,16 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0) {
-            for (int k = 2; k < argc; k++)
-                if (strcmp(argv[k], "--help") == 0) {
+            for (int k = 2; k < argc; k++) {
+                if (strcmp(argv[k], "--help") == 0 || strcmp(argv[k], "-h") == 0) {
                     fputs(usage, stdout);
                     return 0;
                 }
+                if (strcmp(argv[k], "--version") == 0) {
+                    cli_version("netsor");
+                    return 0;
+                }
+            }
             return commands[i].fn(argc, argv);
         }
     fprintf(stderr, "netsor: unknown command '%s' (see netsor --help)\n", argv[1]);

@@ -34,6 +34,12 @@
 #include "../runtime/map_gen.h"
 #endif
 
+#include "cli.h" /* the exit statuses only: tptune does not link cli.o */
+
+#ifndef TPK_VERSION
+#define TPK_VERSION "unknown"
+#endif
+
 static void usage(FILE *f)
 {
     fputs("usage: tptune gemm --m=M --n=N --k=K [--dtype=f64|f32] [--target=cpu|cuda] [--threads=T]\n"
@@ -56,7 +62,10 @@ static void usage(FILE *f)
           "       tptune verify [--mutants=N] [--kinds=K,K] [--seed=S] [--class=ID] [--data=DIR]\n"
           "           every shipped kernel of the classes this CPU runs: GEMM/SYRK exactly on integers, maps by\n"
           "           their Z_p twin (and the kernel within tolerance); --mutants: N injected bugs, last line\n"
-          "           `caught K/N`; exit 1 on any failure\n", f);
+          "           `caught K/N`; exit 1 on any failure\n"
+          "       tptune --help | --version\n"
+          "Options take their value as --opt=VALUE or --opt VALUE.\n"
+          CLI_EXIT_HELP, f);
 }
 
 typedef struct args {
@@ -137,12 +146,16 @@ static int parse_args(int argc, char **argv, args *a)
             continue;
         }
         char *eq = strchr(s, '=');
-        if (!eq) {
-            fprintf(stderr, "tptune: option %s needs a value (--name=value)\n", s);
+        const char *k = s + 2, *v;
+        if (eq) {
+            *eq = '\0';
+            v = eq + 1;
+        } else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+            v = argv[++i]; /* --name value */
+        } else {
+            fprintf(stderr, "tptune: option %s needs a value (--name=value or --name value)\n", s);
             return -1;
         }
-        *eq = '\0';
-        const char *k = s + 2, *v = eq + 1;
         int bad = 0;
         if (!strcmp(k, "m"))
             bad = parse_size(v, &a->task.m);
@@ -1059,9 +1072,19 @@ int main(int argc, char **argv)
         return tpk_tune_child_main(argc, argv);
     if (argc > 1 && !strcmp(argv[1], "__verify"))
         return tpk_tune_verify_child_main(argc, argv);
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_EXIT_USAGE;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return CLI_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("tptune (tpk) %s\n", TPK_VERSION);
+            return CLI_EXIT_OK;
+        }
     }
     args a;
     if (parse_args(argc, argv, &a)) {

@@ -71,6 +71,21 @@ TPK_API int tpk_h5out_write_ints(tpk_h5out *out, const char *name, const long lo
  * fails the file (tpk_h5out_commit refuses it). */
 TPK_API int tpk_h5out_dims(tpk_h5out *out, const char *name, const char *const *names, int ndims,
                            tpk_ctx *ctx);
+/* 1 when the output has an object (dataset, group, dimension) at the absolute path `name`,
+ * else 0 (also for a closed output or a malformed name). */
+TPK_API int tpk_h5out_has(tpk_h5out *out, const char *name);
+/* A dimension with coordinates: the dimension scale "/NAME" holding v[0..n-1], int64
+ * (tpk_h5out_coord_ints: widths, seeds, input rows), float64 (tpk_h5out_coord_doubles, finite)
+ * or variable-length UTF-8 strings (tpk_h5out_coord_labels: the field names of a record), for
+ * tpk_h5out_dims to attach afterwards instead of 0 .. n−1. xarray shows them as the coordinate
+ * of that dimension. TPK_EINVAL: a bad name, n = 0, a NULL label, a dimension of that name made
+ * already; TPK_EDOM: a non-finite double. Any error fails the file. */
+TPK_API int tpk_h5out_coord_ints(tpk_h5out *out, const char *name, const long long *v, size_t n,
+                                 tpk_ctx *ctx);
+TPK_API int tpk_h5out_coord_doubles(tpk_h5out *out, const char *name, const double *v, size_t n,
+                                    tpk_ctx *ctx);
+TPK_API int tpk_h5out_coord_labels(tpk_h5out *out, const char *name, const char *const *labels,
+                                   size_t n, tpk_ctx *ctx);
 /* Attributes on "/" or on a dataset/group written earlier. */
 TPK_API int tpk_h5out_attr_str(tpk_h5out *out, const char *obj, const char *key, const char *val,
                                tpk_ctx *ctx);

@@ -130,6 +130,8 @@ typedef struct tpk_study_opts {
     int resume;                   /* continue from the checkpoint; without one, reuse the raw
                                      data of a finished `output` made with the same settings */
     tpk_study_stats stats;
+    const char *root;             /* folder holding programs/ and data/ (NULL: tpk_shipped_path;
+                                     the Python package gives its own) */
 } tpk_study_opts;
 
 /* Where the raw data of tpk_study_alloc came from. */

@@ -59,3 +59,41 @@ def test_xarray_reads_named_dimensions(tmp_path, rng):
     with xr.open_dataset(out, engine="h5netcdf") as ds:
         assert ds["kernel"].dims == ("train_readout", "train_readout2")
         assert ds.sizes["train_readout"] == 6
+
+
+def test_xarray_gplimits_and_gpregress(tmp_path, rng):
+    """Issue 17's acceptance: xarray.open_dataset of a gplimits and a gpregress output shows
+    named dimensions, integer coordinates, and the fits as labelled records."""
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("h5netcdf")
+    out = tmp_path / "conv.h5"
+    tpk.limits("mlp", depth=2, widths=(8, 16, 32), seeds=4, boot=60, max_inputs=3, output=out)
+    with xr.open_dataset(out, engine="h5netcdf") as ds:
+        assert ds["kernel_limit"].dims == ("input", "input2")
+        assert ds["inputs"].dims == ("input", "feature")
+        assert list(ds["width"].values) == [8, 16, 32] and ds["width"].dtype.kind == "i"
+        assert ds["widths"].dtype.kind == "i" and ds["input_rows"].dtype.kind == "i"
+        assert list(ds["seed"].values) == [1, 2, 3, 4]
+    tree = xr.open_datatree(out, engine="h5netcdf")      # groups inherit the coordinates
+    assert tree["per_seed"]["khat"].dims == ("width", "seed", "input", "input2")
+    assert tree["per_width"]["rms"].dims == ("width",)
+    fit = tree["fits"]["rms"]
+    assert fit.dims == ("fit_stat",) and float(fit.sel(fit_stat="first_width")) == 8
+    assert float(fit.sel(fit_stat="slope")) == fit.attrs["slope"]
+    assert tree["fits"]["rms_stability"].dims == ("first_width", "stability_stat")
+
+    X, Xt = rng.normal(size=(10, 3)), rng.normal(size=(4, 3))
+    y, yt = rng.integers(0, 3, size=10), rng.integers(0, 3, size=4)    # int64 labels
+    out = tmp_path / "gp.h5"
+    tpk.gpregress(out, X, y, Xt, yt, classify=True, depth=(1, 3), noise=0.1)
+    with xr.open_dataset(out, engine="h5netcdf") as ds:
+        assert ds["lml"].dims == ("depth",) and list(ds["depth"].values) == [1, 2, 3]
+        assert ds["accuracy"].dims == ("depth",) and ds["depths"].dtype.kind == "i"
+        assert ds["seconds"].attrs["units"] == "s"
+    with xr.open_dataset(out, engine="h5netcdf", group="depth_2") as ds:
+        assert ds["mean"].dims == ("test", "output") and ds.sizes["output"] == 3
+    out = tmp_path / "gp1.h5"
+    tpk.gpregress(out, X, rng.normal(size=(10, 2)), Xt, arch="rbf", noise=0.05, full_cov=True)
+    with xr.open_dataset(out, engine="h5netcdf") as ds:
+        assert ds["mean"].dims == ("test", "output") and ds["cov"].dims == ("test", "test2")
+        assert ds["noise"].dims == ("model",) and float(ds["noise"][0]) == 0.05

@@ -9,13 +9,16 @@ in and out (any real dtype, any memory order: converted to C-contiguous float64)
 the library raises tpk.Error (a ValueError) with its message.
 """
 from ._core import Error
+from ._native import ffi as _ffi
 from ._native import lib as _lib
-from .gp import GPRegressor
-from .io import read
+from .gp import GPRegressor, gpregress
+from .io import read, read_input
 from .kernel import Kernel, architectures, gpkernel, kernel
+from .limits import limits
 from .program import Program
 
-__version__ = "0.1.0"
+# the version of the library linked in (include/tpk/version.h), which pyproject.toml repeats
+__version__ = _ffi.string(_lib.tpk_version()).decode()
 
 # the library's status codes, as tpk.Error.status reports them
 OK = _lib.TPK_OK
@@ -30,5 +33,5 @@ ETYPE = _lib.TPK_ETYPE
 ENUMERIC = _lib.TPK_ENUMERIC
 EUNSUPPORTED = _lib.TPK_EUNSUPPORTED
 
-__all__ = ["Error", "GPRegressor", "Kernel", "Program", "architectures", "gpkernel", "kernel",
-           "read"]
+__all__ = ["Error", "GPRegressor", "Kernel", "Program", "architectures", "gpkernel", "gpregress",
+           "kernel", "limits", "read", "read_input"]

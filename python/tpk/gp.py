@@ -143,3 +143,64 @@ class GPRegressor(_Mixin, _Base):
             return mu
         return mu, np.sqrt(np.maximum(v, 0.0))
 
+
+
+def gpregress(output, x=None, y=None, x_test=None, y_test=None, *, arch="mlp", kernel_file=None,
+              classify=False, noise="auto", depth=3, phi="relu", sigma_w2=2.0, sigma_b2=0.0,
+              lengthscale2=1.0, amplitude=1.0, fit_hyper=False, full_cov=False):
+    """gpregress as a call (include/tpk/gp.h, tpk_gp_experiment_run): the same self-describing
+    HDF5 file at output (read it with tpk.read or xarray): /mean (test × output), /var, and per
+    kernel the noise, scale, lml, ... (a depth range, depth=(lo, hi): over the axis depth, each
+    depth's predictions under /depth_L). x, x_test: inputs; y, y_test: targets N×C, or integer
+    class labels with classify=True (any integer dtype). arch "mlp" or "rbf", or
+    kernel_file= a gpkernel file with a test set. noise: a variance or "auto" (training
+    marginal likelihood). Returns output."""
+    import os
+    import tempfile
+
+    from ._core import HDF5_LOCK, as_input
+
+    keep = Strings()
+    o = keep.keep(ffi.new("tpk_gp_experiment_opts *"))
+    lib.tpk_gp_experiment_opts_default(o)
+    if kernel_file is not None:
+        o.kernel_file = keep(os.fspath(kernel_file))
+    else:
+        o.kernel = keep(str(arch))
+    lo, hi = (depth, depth) if np.ndim(depth) == 0 else tuple(depth)
+    o.depth_lo, o.depth_hi = int(lo), int(hi)
+    o.phi = keep(str(phi))
+    o.sigma_w2, o.sigma_b2 = float(sigma_w2), float(sigma_b2)
+    o.lengthscale2, o.amplitude = float(lengthscale2), float(amplitude)
+    o.classify = int(bool(classify))
+    if isinstance(noise, str):
+        if noise != "auto":
+            fail(f"noise: a variance or 'auto', not {noise!r}")
+        o.noise_auto = 1
+    else:
+        o.noise_auto, o.noise = 0, float(noise)
+    o.fit_hyper = int(bool(fit_hyper))
+    o.full_cov = int(bool(full_cov))
+    o.name = keep("tpk.gpregress")
+    args = ["tpk.gpregress", f"arch={arch}" if kernel_file is None else f"kernel={kernel_file}"]
+    argv = keep.keep(ffi.new("char *[]", [keep(a) for a in args]))
+    o.argc, o.argv = len(args), argv
+    with tempfile.TemporaryDirectory(prefix="tpk-") as d:
+        for field, a, what in (("train", x, "x"), ("test", x_test, "x_test"),
+                               ("labels", y, "y"), ("test_labels", y_test, "y_test")):
+            if a is None:
+                continue
+            p = os.path.join(d, f"{what}.npy")
+            arr = np.asarray(a)
+            if what in ("x", "x_test"):
+                arr = as_input(arr, what)
+            elif arr.dtype.kind not in "fiub":
+                fail(f"{what}: real numbers expected, not dtype {arr.dtype}")
+            np.save(p, arr)
+            setattr(o, field, keep(p))
+        o.output = keep(os.fspath(output))
+        ctx = new_ctx()
+        with HDF5_LOCK:
+            st = lib.tpk_gp_experiment_run(o, ctx)
+        check(st, ctx)
+    return output

@@ -1,7 +1,11 @@
-"""tpk.read: any HDF5 file the toolkit writes as an xarray.Dataset."""
+"""tpk.read: any HDF5 file the toolkit writes as an xarray.Dataset; tpk.read_input: an input file
+as the command-line tools read it."""
+import os
+
 import numpy as np
 
-from ._core import fail, lib
+from . import _core
+from ._core import Strings, check, fail, ffi, from_c, lib, new_ctx
 
 # Dimension names of the datasets the tools write, where the file does not name them itself
 # (HDF5 dimension scales win when present). Square kernels get two names: xarray wants one name
@@ -95,3 +99,18 @@ def read(path):
                 variables[name] = var
         attrs = {k: _text(v) for k, v in f.attrs.items()}
     return xr.Dataset(variables, coords=coords, attrs=attrs)
+
+
+def read_input(spec):
+    """An input file as every tool reads it (core/io_read.c, tpk_io_read), as a float64 array:
+    "file.h5:/dataset", "file.npy" (any real dtype: float16/32/64, integers, bool; C or Fortran
+    order, either byte order), "file.npz:name" (np.savez / np.savez_compressed; the name may be
+    left out when the archive holds one array), "file.csv". A vector is N×1; a non-finite value
+    raises tpk.Error naming its index."""
+    keep = Strings()
+    ctx = new_ctx()
+    with _core.HDF5_LOCK:
+        a = lib.tpk_io_read(keep(os.fspath(spec)), ffi.NULL, ctx)
+    if a == ffi.NULL:
+        check(ctx.status or lib.TPK_EIO, ctx)
+    return from_c(a)
