@@ -56,8 +56,9 @@ static void take(const tu_env *e, snap *s)
             continue;
         if (strcmp(de->d_name, "err.txt") == 0)
             continue;
-        assert_true(s->n < 128 && strlen(de->d_name) < 64);
-        snprintf(s->name[s->n], sizeof s->name[0], "%s", de->d_name);
+        size_t len = strlen(de->d_name);
+        assert_true(s->n < 128 && len < sizeof s->name[0]);
+        memcpy(s->name[s->n], de->d_name, len + 1);
         s->n++;
     }
     closedir(d);
