@@ -86,6 +86,9 @@ static void put_bytes(const tu_env *e, const char *name, const void *b, size_t n
     assert_int_equal(fclose(f), 0);
 }
 
+/* A string literal's bytes (its NUL excluded). */
+#define PUT_LIT(e, name, lit) put_bytes((e), (name), (lit), sizeof(lit) - 1)
+
 static void put_text(const tu_env *e, const char *name, const char *text)
 {
     put_bytes(e, name, text, strlen(text));
@@ -168,10 +171,10 @@ static const badfile BAD[] = {
 
 static void make_bad_files(const tu_env *e)
 {
-    put_bytes(e, "empty.npy", "", 0);
+    PUT_LIT(e, "empty.npy", "");
     put_text(e, "text.npy", "this is not a numpy file\n");
-    put_bytes(e, "magic.npy", "\x93NUMPX\x01\x00\x10\x00{}              \n", 26);
-    put_bytes(e, "cut_header.npy", "\x93NUMPY\x01\x00\x40\x00{'descr': '<f8', ", 30);
+    PUT_LIT(e, "magic.npy", "\x93NUMPX\x01\x00\x10\x00{}              \n");
+    PUT_LIT(e, "cut_header.npy", "\x93NUMPY\x01\x00\x40\x00{'descr': '<f8', ");
     put_npy(e, "no_descr.npy", "{'fortran_order': False, 'shape': (4, 3), }", 12, 1.0);
     put_npy(e, "complex.npy", "{'descr': '<c16', 'fortran_order': False, 'shape': (4, 3), }", 24, 1.0);
     put_npy(e, "string.npy", "{'descr': '|S8', 'fortran_order': False, 'shape': (4, 3), }", 12, 1.0);
@@ -186,26 +189,26 @@ static void make_bad_files(const tu_env *e)
             1.0);
     put_npy(e, "huge_shape.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': "
             "(4000000000, 4000000000), }", 12, 1.0);
-    put_bytes(e, "hlen_past_end.npy", "\x93NUMPY\x01\x00\xff\x7f{'descr': '<f8'}\n", 27);
-    put_bytes(e, "empty.csv", "", 0);
+    PUT_LIT(e, "hlen_past_end.npy", "\x93NUMPY\x01\x00\xff\x7f{'descr': '<f8'}\n");
+    PUT_LIT(e, "empty.csv", "");
     put_text(e, "ragged.csv", "1,2,3\n4,5\n6,7,8\n9,1,2\n");
     put_text(e, "word.csv", "1,2,3\n4,five,6\n7,8,9\n1,2,3\n");
     put_text(e, "nan.csv", "1,2,3\n4,nan,6\n7,8,9\n1,2,3\n");
     put_text(e, "inf.csv", "1,2,3\n4,5,6\n7,-inf,9\n1,2,3\n");
     put_text(e, "overflow.csv", "1,2,3\n4,5,6\n7,1e999,9\n1,2,3\n");
-    put_bytes(e, "binary.csv", "\x01\x02\x00\xff\xfe\x00\x10", 7);
+    PUT_LIT(e, "binary.csv", "\x01\x02\x00\xff\xfe\x00\x10");
     put_text(e, "blank_line_only.csv", "\n");
     put_text(e, "trailing_comma.csv", "1,2,3,\n4,5,6,\n7,8,9,\n1,2,3,\n");
     put_text(e, "header_only.csv", "a,b,c\n");
     put_text(e, "text.h5", "not an HDF5 file\n");
     /* IDX: magic 00 00 TYPE RANK, big-endian dims, data */
-    put_bytes(e, "magic.idx", "\x01\x00\x08\x02\x00\x00\x00\x04\x00\x00\x00\x03"
-              "abcdefghijkl", 24);
-    put_bytes(e, "type.idx", "\x00\x00\x07\x02\x00\x00\x00\x04\x00\x00\x00\x03"
-              "abcdefghijkl", 24);
-    put_bytes(e, "rank0.idx", "\x00\x00\x08\x00", 4);
-    put_bytes(e, "cut.idx", "\x00\x00\x08\x02\x00\x00\x00\x04\x00\x00\x00\x03" "abc", 15);
-    put_bytes(e, "gzip-garbage-ubyte.gz", "\x1f\x8b\x08\x00" "garbage", 11);
+    PUT_LIT(e, "magic.idx", "\x01\x00\x08\x02\x00\x00\x00\x04\x00\x00\x00\x03"
+              "abcdefghijkl");
+    PUT_LIT(e, "type.idx", "\x00\x00\x07\x02\x00\x00\x00\x04\x00\x00\x00\x03"
+              "abcdefghijkl");
+    PUT_LIT(e, "rank0.idx", "\x00\x00\x08\x00");
+    PUT_LIT(e, "cut.idx", "\x00\x00\x08\x02\x00\x00\x00\x04\x00\x00\x00\x03" "abc");
+    PUT_LIT(e, "gzip-garbage-ubyte.gz", "\x1f\x8b\x08\x00" "garbage");
     char p[512];
     const double v[12] = {0.1, 0.2, 0.3, -0.4, 0.5, 0.6, 0.7, 0.8, -0.9, 1.0, 1.1, 1.2};
     double vn[12];

@@ -766,7 +766,8 @@ static void test_npz(void **state)
     read_fails(f, f->buf[0], TPK_EFORMAT, "crc.npz:x: CRC-32 mismatch");
     write_zip(P(f, 0, "crcz.npz"), two, 1, 1, 1);
     read_fails(f, f->buf[0], TPK_EFORMAT, "CRC-32 mismatch");
-    write_bytes(P(f, 0, "junk.npz"), "PK\x03\x04 but nothing more of a ZIP archive", 42);
+    write_bytes(P(f, 0, "junk.npz"), "PK\x03\x04 but nothing more of a ZIP archive",
+                sizeof "PK\x03\x04 but nothing more of a ZIP archive" - 1);
     read_fails(f, f->buf[0], TPK_EFORMAT, "junk.npz: not a .npz file");
     write_bytes(P(f, 0, "tiny.npz"), "PK", 2);
     read_fails(f, f->buf[0], TPK_EFORMAT, "too short for a ZIP archive");
