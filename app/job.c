@@ -119,7 +119,8 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     if (job->nsets)
         memcpy(s->sets, job->sets, (size_t)job->nsets * sizeof *s->sets);
-    tpk_netsor_opts o = {.sets = s->sets, .nsets = job->nsets, .netsor_plus = job->netsor_plus};
+    tpk_netsor_opts o = {.sets = s->sets, .nsets = job->nsets, .netsor_plus = job->netsor_plus,
+                         .plan_when_used = 1};
     s->prog = load_program(job, &o, s->reg, ctx);
     if (!s->prog)
         return ctx->status;

@@ -77,6 +77,28 @@ void nsr_bind_point(nsr_fam *F, const nsr_fdom *D, long p);
 /* e as an integer affine form of D's indices (1), or not one (0). */
 int nsr_iaff_of(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_iaff *a, int depth);
 
+/* The index tuple of a read e[i, ...] as integer affine maps of the domain's point, keeping only
+ * the non-zero terms (a read k[l, j] over (i, j) is t = (l, v_j): one load per index, where the
+ * dense double form costs a multiply-add per domain index). */
+typedef struct nsr_imap {
+    int n;
+    long k[NSR_MAX_INDICES];
+    int nt[NSR_MAX_INDICES];
+    int q[NSR_MAX_INDICES][NSR_MAXV];
+    long c[NSR_MAX_INDICES][NSR_MAXV];
+} nsr_imap;
+/* 1 when every index of e is affine in D's indices with integer coefficients (then m is set). */
+int nsr_imap_of(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_imap *m);
+static inline void nsr_imap_at(const nsr_imap *m, const int *pv, int *t)
+{
+    for (int i = 0; i < m->n; i++) {
+        long v = m->k[i];
+        for (int r = 0; r < m->nt[i]; r++)
+            v += m->c[i][r] * pv[m->q[i][r]];
+        t[i] = (int)v;
+    }
+}
+
 /* The points of the rolled loops loop[0..n) (bounds may read outer loops), in loop order, and
  * (tr non-NULL) the levels of the member-lookup trie. */
 int nsr_build_domain(nsr_fam *F, const nsr_stmt *const *loop, int n, nsr_fdom *D, nsr_trie *tr);

@@ -242,6 +242,25 @@ int nsr_iaff_of(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_iaff *a, i
     }
 }
 
+int nsr_imap_of(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_imap *m)
+{
+    memset(m, 0, sizeof *m);
+    m->n = e->nidx;
+    for (int i = 0; i < e->nidx; i++) {
+        nsr_iaff a;
+        if (!nsr_iaff_of(F, e->idx[i], D, &a, 0) || a.k != floor(a.k) || fabs(a.k) > 1e9)
+            return 0;
+        m->k[i] = (long)a.k;
+        for (int v = 0; v < D->nv; v++)
+            if (a.c[v] != 0) {
+                if (a.c[v] != floor(a.c[v]) || fabs(a.c[v]) > 1e6)
+                    return 0;
+                m->q[i][m->nt[i]] = v;
+                m->c[i][m->nt[i]++] = (long)a.c[v];
+            }
+    }
+    return 1;
+}
 
 /* Points of the rolled loops loop[0..n) (bounds may read outer loops), in loop order, with the
  * member-lookup nsr_trie of targets that carry the loops at positions pos[]. */

@@ -492,10 +492,8 @@ static int eval_name(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
     if (gdecl && gdecl_block(F, e->sym, &kg))
         return F->X.ctx->status;
     int vary = nsr_reads_syms(e, D->sym, D->nv, 0);
-    nsr_iaff A[NSR_MAX_INDICES];
-    int affine = vary;
-    for (int i = 0; i < e->nidx && affine; i++)
-        affine = nsr_iaff_of(&F->X, e->idx[i], D, &A[i], 0);
+    nsr_imap A;
+    int affine = vary && nsr_imap_of(&F->X, e, D, &A);
     int *idx = nsr_fam_alloc(&F->X, m, sizeof *idx), *blk = nsr_fam_alloc(&F->X, m, sizeof *blk);
     if (idx == NULL || blk == NULL) {
         free(idx), free(blk);
@@ -510,13 +508,7 @@ static int eval_name(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
         }
         int t[NSR_MAX_INDICES];
         if (affine) {
-            const int *pv = &D->val[p * (size_t)D->nv];
-            for (int i = 0; i < e->nidx; i++) {
-                double v = A[i].k;
-                for (int q = 0; q < D->nv; q++)
-                    v += A[i].c[q] * pv[q];
-                t[i] = (int)v;
-            }
+            nsr_imap_at(&A, &D->val[p * (size_t)D->nv], t);
         } else {
             nsr_bind_point(&F->X, D, (long)p);
             for (int i = 0; i < e->nidx && st == TPK_OK; i++)

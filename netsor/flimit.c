@@ -715,6 +715,44 @@ static int sandwich(fl *F, const double *Wt, size_t mu, size_t mt, const int *et
     return st;
 }
 
+/* out(a, c) += alpha · L_a · P(a, c) · L_cᵀ for every input pair c ≤ a, when each input's map
+ * L_a (m × m) is lower triangular — causal attention's I + A (theory §2.7): the sandwich as two
+ * triangular products per pair (tpk_dtrmm, half the flops of dense GEMMs, and large calls: the
+ * left product covers P(a, 0..a) at once). P is the full (N m)² block, row stride ldp. */
+static int tri_sandwich(fl *F, const double *L, size_t m, const double *P, size_t ldp, double *out,
+                        size_t ld, double alpha)
+{
+    size_t N = F->N, bytes = m * N * m * sizeof(double);
+    double *tmp = fl_big(F, m * N * m, sizeof *tmp, 0);
+    if (tmp == NULL)
+        return F->X.ctx->status;
+    int st = TPK_OK;
+    for (size_t a = 0; a < N && st == TPK_OK; a++) {
+        size_t w = (a + 1) * m; /* P(a, c) for c ≤ a: the first w columns of rows a·m.. */
+        for (size_t p = 0; p < m; p++)
+            memcpy(tmp + p * w, P + (a * m + p) * ldp, w * sizeof *tmp);
+        st = tpk_dtrmm(TPK_LEFT, TPK_LOWER, TPK_NO_TRANS, m, w, 1.0, L + a * m * m, m, tmp, w,
+                       F->X.ctx);
+        for (size_t c = 0; c <= a && st == TPK_OK; c++) {
+            st = tpk_dtrmm(TPK_RIGHT, TPK_LOWER, TPK_TRANS, m, m, alpha, L + c * m * m, m,
+                           tmp + c * m, w, F->X.ctx);
+            if (st)
+                break;
+            int diag = c == a; /* a diagonal pair: its lower triangle is what is read */
+#pragma omp parallel for schedule(static) if (m >= 256)
+            for (size_t p = 0; p < m; p++) {
+                const double *src = tmp + p * w + c * m;
+                double *dst = out + (a * m + p) * ld + c * m;
+                size_t qn = diag ? p + 1 : m;
+                for (size_t q = 0; q < qn; q++)
+                    dst[q] += src[q];
+            }
+        }
+    }
+    fl_release(F, tmp, bytes);
+    return st;
+}
+
 /* Terms on one block merge into one dense map when any of them is dense (attention's k + Σ a k
  * is (I + A)·k: one sandwich instead of four). */
 static int v_merge(fl *F, val *v)
@@ -836,20 +874,32 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
             size_t ldp = N * ms;
             int twice = sym && i != j; /* (i,j) and (j,i) */
             if (!t->dense && !s->dense) {
-                for (size_t a = 0; a < N; a++)
-                    for (size_t p = 0; p < mu; p++) {
-                        int ip = t->idx[p];
-                        if (ip < 0)
-                            continue;
-                        double wp = alpha * (t->w ? t->w[a * mu + p] : 1);
-                        const double *Prow = P + (a * mt + (size_t)ip) * ldp;
-                        double *orow = out + (a * mu + p) * ld;
-                        size_t cmax = sym ? a + 1 : N;
-                        for (size_t c = 0; c < cmax; c++) {
-                            size_t qmax = sym && c == a ? p + 1 : mv;
-                            const double *Pc = Prow + c * ms;
-                            const double *ws = s->w ? s->w + c * mv : NULL;
-                            double *oc = orow + c * mv;
+                /* s reading its block in order (s->idx[q] = q): contiguous, vectorised rows */
+                int sid = mv <= ms;
+                for (size_t q = 0; q < mv && sid; q++)
+                    sid = s->idx[q] == (int)q;
+#pragma omp parallel for schedule(dynamic, 16) if (N * mu >= 1024 && N * mu * mv >= (1u << 20))
+                for (size_t r = 0; r < N * mu; r++) {
+                    size_t a = r / mu, p = r % mu;
+                    int ip = t->idx[p];
+                    if (ip < 0)
+                        continue;
+                    double wp = alpha * (t->w ? t->w[a * mu + p] : 1);
+                    const double *Prow = P + (a * mt + (size_t)ip) * ldp;
+                    double *orow = out + (a * mu + p) * ld;
+                    size_t cmax = sym ? a + 1 : N;
+                    for (size_t c = 0; c < cmax; c++) {
+                        size_t qmax = sym && c == a ? p + 1 : mv;
+                        const double *Pc = Prow + c * ms;
+                        const double *ws = s->w ? s->w + c * mv : NULL;
+                        double *oc = orow + c * mv;
+                        if (sid && ws) {
+                            for (size_t q = 0; q < qmax; q++)
+                                oc[q] += wp * ws[q] * Pc[q];
+                        } else if (sid) {
+                            for (size_t q = 0; q < qmax; q++)
+                                oc[q] += wp * Pc[q];
+                        } else {
                             for (size_t q = 0; q < qmax; q++) {
                                 int iq = s->idx[q];
                                 if (iq >= 0)
@@ -857,6 +907,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                             }
                         }
                     }
+                }
                 if (twice) { /* the transposed pair: out[(a,p),(c,q)] += C_s P' C_tᵀ */
                     for (size_t a = 0; a < N; a++)
                         for (size_t p = 0; p < mu; p++) {
@@ -897,7 +948,13 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                 row_extents(Wt + a * mu * mt, mu, mt, et + a * mu);
                 row_extents(Ws + a * mv * ms, mv, ms, es + a * mv);
             }
-            for (size_t a = 0; a < N && st == TPK_OK; a++)
+            /* one term against itself with a lower-triangular map per input: triangular products */
+            int tri = st == TPK_OK && sym && i == j && mu == mt;
+            for (size_t r = 0; tri && r < N * mu; r++)
+                tri = (size_t)et[r] <= r % mu + 1;
+            if (tri)
+                st = tri_sandwich(F, Wt, mu, P, ldp, out, ld, alpha);
+            for (size_t a = 0; a < N && st == TPK_OK && !tri; a++)
                 for (size_t c = 0; c < (sym ? a + 1 : N) && st == TPK_OK; c++) {
                     const double *Pac = P + (a * mt) * ldp + c * ms;
                     st = sandwich(F, Wt + a * mu * mt, mu, mt, et + a * mu, Pac, ldp,
@@ -1130,23 +1187,14 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     v_const(out, D->m, 0);
     int is_scal = -1;
     double *sv = NULL;
-    nsr_iaff A[NSR_MAX_INDICES];
-    int affine = vary;
-    for (int i = 0; i < e->nidx && affine; i++)
-        affine = nsr_iaff_of(&F->X, e->idx[i], D, &A[i], 0);
+    nsr_imap A;
+    int affine = vary && nsr_imap_of(&F->X, e, D, &A);
     for (long p = 0; p < D->m; p++) {
         int t[NSR_MAX_INDICES];
         long mem = -1;
         int k;
-        if (affine) {
-            const int *pv = &D->val[p * D->nv];
-            for (int i = 0; i < e->nidx; i++) {
-                double v = A[i].k;
-                for (int q = 0; q < D->nv; q++)
-                    v += A[i].c[q] * pv[q];
-                t[i] = (int)v;
-            }
-        }
+        if (affine)
+            nsr_imap_at(&A, &D->val[p * D->nv], t);
         if (vary || p == 0) {
             if (!affine) {
                 nsr_bind_point(&F->X, D, p);

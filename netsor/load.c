@@ -80,7 +80,10 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
     int unsup = 0, deferred = 0;
     /* plan now (support, liveness: kept for the evaluations) unless it visits too many points;
      * then the first evaluation plans it and `check` stays O(text) */
-    st = nsr_flimit_plan(p, NSR_PLAN_BUDGET, S->ctx, &unsup, &deferred);
+    if (pr != NULL && o && o->plan_when_used)
+        deferred = 1; /* the caller evaluates at once: its evaluation plans */
+    else
+        st = nsr_flimit_plan(p, NSR_PLAN_BUDGET, S->ctx, &unsup, &deferred);
     if (deferred) {
         tpk_ctx_clear(S->ctx);
         st = TPK_OK;

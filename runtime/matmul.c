@@ -67,6 +67,26 @@ int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, siz
     return TPK_OK;
 }
 
+int tpk_dtrmm(int side, int uplo, int transa, size_t m, size_t n, double alpha, const double *A,
+              size_t lda, double *B, size_t ldb, tpk_ctx *ctx)
+{
+    if ((side != TPK_LEFT && side != TPK_RIGHT) || (uplo != TPK_LOWER && uplo != TPK_UPPER) ||
+        (transa != TPK_NO_TRANS && transa != TPK_TRANS))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dtrmm: side, triangle or transpose flag out of range");
+    if (m > INT_MAX || n > INT_MAX || lda > INT_MAX || ldb > INT_MAX)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dtrmm: dimension exceeds INT_MAX");
+    size_t na = side == TPK_LEFT ? m : n;
+    if (lda < (na ? na : 1) || ldb < (n ? n : 1))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dtrmm: leading dimension smaller than a row");
+    if (m == 0 || n == 0)
+        return TPK_OK;
+    /* No tuned triangular kernel: OpenBLAS's (threaded, GEMM-based) serves it. */
+    cblas_dtrmm(CblasRowMajor, side == TPK_LEFT ? CblasLeft : CblasRight,
+                uplo == TPK_LOWER ? CblasLower : CblasUpper, transa ? CblasTrans : CblasNoTrans,
+                CblasNonUnit, (int)m, (int)n, alpha, A, (int)lda, B, (int)ldb);
+    return TPK_OK;
+}
+
 const char *tpk_dgemm_backend(void)
 {
     return "tuned (gen/, the machine class of this CPU) with OpenBLAS fallback";

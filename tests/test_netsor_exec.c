@@ -249,6 +249,54 @@ static void test_dgemm(void **state)
     assert_non_null(tpk_dgemm_backend());
 }
 
+/* tpk_dtrmm against the dense product with the other triangle zeroed, every side/uplo/trans,
+ * with garbage in the unread triangle (it must not be read), and its argument errors. */
+static void test_dtrmm(void **state)
+{
+    (void)state;
+    enum { M = 37, N = 29 };
+    double *A = malloc(M * M * sizeof *A), *Ad = malloc(M * M * sizeof *Ad);
+    double B[M * N], R[M * N], C[M * N];
+    assert_non_null(A);
+    assert_non_null(Ad);
+    for (int side = 0; side < 2; side++)
+        for (int uplo = 0; uplo < 2; uplo++)
+            for (int tr = 0; tr < 2; tr++) {
+                int na = side == TPK_LEFT ? M : N;
+                for (int i = 0; i < na; i++)
+                    for (int j = 0; j < na; j++) {
+                        int in = uplo == TPK_LOWER ? j <= i : j >= i;
+                        A[i * na + j] = in ? sin(1.3 * i + 0.7 * j + 0.3) : 1e300; /* unread */
+                        Ad[i * na + j] = in ? A[i * na + j] : 0.0;
+                    }
+                for (int i = 0; i < M * N; i++)
+                    B[i] = C[i] = cos(0.37 * i + 0.11);
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        double acc = 0;
+                        if (side == TPK_LEFT)
+                            for (int k = 0; k < M; k++)
+                                acc += (tr ? Ad[k * M + i] : Ad[i * M + k]) * B[k * N + j];
+                        else
+                            for (int k = 0; k < N; k++)
+                                acc += B[i * N + k] * (tr ? Ad[j * N + k] : Ad[k * N + j]);
+                        R[i * N + j] = -1.75 * acc;
+                    }
+                assert_int_equal(tpk_dtrmm(side, uplo, tr, M, N, -1.75, A, (size_t)na, C, N, NULL),
+                                 TPK_OK);
+                for (int i = 0; i < M * N; i++)
+                    assert_true(fabs(C[i] - R[i]) < 1e-12);
+            }
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_dtrmm(2, 0, 0, M, N, 1.0, A, N, C, N, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "tpk_dtrmm"));
+    assert_int_equal(tpk_dtrmm(TPK_RIGHT, 0, 0, M, N, 1.0, A, N - 1, C, N, NULL), TPK_EINVAL);
+    assert_int_equal(tpk_dtrmm(TPK_LEFT, 0, 0, 0, N, 1.0, A, 1, C, N, NULL), TPK_OK);
+    free(A);
+    free(Ad);
+}
+
 /* Depth-3 ReLU MLP (σ_w² = 2, σ_b² = 0.1): width 2048 over 8 seeds matches the limit, and the
  * RMS error halves from n = 256 to 1024 (slope −1/2, theory §7.2). */
 static void test_mlp_converges(void **state)
@@ -474,6 +522,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_philox_known_answers),
         cmocka_unit_test(test_dgemm),
+        cmocka_unit_test(test_dtrmm),
         cmocka_unit_test(test_mlp_converges),
         cmocka_unit_test(test_tanh_and_rnn_converge),
         cmocka_unit_test(test_one_layer_exact),

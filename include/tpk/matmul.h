@@ -27,6 +27,16 @@ TPK_API int tpk_dgemm(int transa, int transb, size_t m, size_t n, size_t k, doub
 TPK_API int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, size_t lda,
                       double beta, double *C, size_t ldc, tpk_ctx *ctx);
 
+enum tpk_side { TPK_LEFT = 0, TPK_RIGHT = 1 };
+enum tpk_uplo { TPK_LOWER = 0, TPK_UPPER = 1 };
+
+/* B ← alpha·op(A)·B (side = TPK_LEFT; A is m×m) or alpha·B·op(A) (TPK_RIGHT; A is n×n), B m×n,
+ * in place, all ROW-MAJOR; A is triangular (uplo: which triangle holds it; the other is not read),
+ * non-unit diagonal. Half the flops of the dense product: causal attention's (I + A) and other
+ * lower-triangular mixing maps take it. Errors as tpk_dgemm. */
+TPK_API int tpk_dtrmm(int side, int uplo, int transa, size_t m, size_t n, double alpha,
+                      const double *A, size_t lda, double *B, size_t ldb, tpk_ctx *ctx);
+
 /* Name of the back end that serves tpk_dgemm now, e.g. "cblas". */
 TPK_API const char *tpk_dgemm_backend(void);
 

@@ -143,6 +143,9 @@ typedef struct tpk_netsor_opts {
     FILE *diag;        /* where `--explain` notes and warnings go (NULL: none) */
     const char *append; /* tpk_netsor_load_file: source read after the file's, on new lines
                          * (e.g. one more output statement); NULL: none */
+    int plan_when_used; /* 1: a program kept only rolled is planned by its first evaluation,
+                         * not at load (for callers that evaluate at once: one plan, not two;
+                         * errors of the plan then come from the evaluation) */
 } tpk_netsor_opts;
 
 /* Parse, check and elaborate a program file or string. Errors: TPK_ESYNTAX / TPK_ETYPE with the
