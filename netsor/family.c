@@ -501,7 +501,27 @@ int nsr_softmax_shape_of(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_s
         }
         for (size_t i = 0; i < cap; i++)
             tab[i] = -1;
-        for (long p = 0; p < D->m; p++) {
+        /* the usual case: the entry's index is the innermost loop and the points come in loop
+         * order, so each row is one run of equal prefixes and rows are numbered as the hash
+         * below would number them (first appearance); a prefix that does not increase
+         * lexicographically sends the whole domain to the hash */
+        int runs = kv == D->nv - 1 && Rw->nv > 0;
+        for (long p = 1; runs && p < D->m; p++) {
+            const int *a = &D->val[(p - 1) * D->nv], *b = &D->val[p * D->nv];
+            int c = 0;
+            for (int w = 0; w < Rw->nv && c == 0; w++)
+                c = (a[w] > b[w]) - (a[w] < b[w]);
+            runs = c <= 0;
+        }
+        for (long p = 0; runs && p < D->m; p++) {
+            const int *b = &D->val[p * D->nv];
+            if (p == 0 || memcmp(&Rw->val[(Rw->m - 1) * Rw->nv], b, (size_t)Rw->nv * sizeof *b) != 0) {
+                memcpy(&Rw->val[Rw->m * Rw->nv], b, (size_t)Rw->nv * sizeof *b);
+                Rw->m++;
+            }
+            row[p] = Rw->m - 1;
+        }
+        for (long p = 0; !runs && p < D->m; p++) {
             int key[NSR_MAXV];
             for (int v = 0, w = 0; v < D->nv; v++)
                 if (v != kv)

@@ -618,6 +618,15 @@ static int monotone(const int *idx, size_t m)
     return 1;
 }
 
+/* 1 when x is NULL or its n entries are all zero. */
+static int all_zero(const double *x, size_t n)
+{
+    for (size_t i = 0; x != NULL && i < n; i++)
+        if (x[i] != 0)
+            return 0;
+    return 1;
+}
+
 /* E[u] of a LIN value: mu + Σ_t C_t E[X_t]; N·m into out. */
 static int lin_mean(fl *F, const val *u, double *out, int *nonzero)
 {
@@ -987,16 +996,18 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
         }
     if (st || F->dry)
         return st;
-    /* mean terms: E[uvᵀ] = E[LLᵀ] + μ_u m_vᵀ + m_u μ_vᵀ − μ_u μ_vᵀ (m = full first moment) */
-    if (u->mu || v->mu) {
+    /* mean terms: E[uvᵀ] = E[LLᵀ] + μ_u m_vᵀ + m_u μ_vᵀ − μ_u μ_vᵀ (m = full first moment);
+     * none when both constant parts vanish (LN's g − mean(g) of a centred g) */
+    if (!all_zero(u->mu, N * mu) || !all_zero(v->mu, N * mv)) {
         double *mU = nsr_fam_alloc(&F->X, N * mu, sizeof *mU), *mV = nsr_fam_alloc(&F->X, N * mv, sizeof *mV);
         int nz;
         if (mU == NULL || mV == NULL || lin_mean(F, u, mU, &nz) || lin_mean(F, v, mV, &nz)) {
             free(mU), free(mV);
             return F->X.ctx->status;
         }
+#pragma omp parallel for schedule(dynamic, 16) if (N * mu >= 1024)
         for (size_t i = 0; i < N * mu; i++)
-            for (size_t j = 0; j < N * mv; j++) {
+            for (size_t j = 0; j < (sym ? i + 1 : N * mv); j++) {
                 double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[j] : 0;
                 out[i * ld + j] += alpha * (a * mV[j] + mU[i] * b - a * b);
             }
