@@ -1976,24 +1976,26 @@ static int eval_softmax(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     }
     size_t N = F->N, m = (size_t)D->m, mx = (size_t)S.X.m, nr = (size_t)S.rows.m;
     if (st == TPK_OK && !F->dry) {
-        double *z = nsr_fam_alloc(&F->X, nr, sizeof *z), *mxr = nsr_fam_alloc(&F->X, nr, sizeof *mxr);
-        if (z == NULL || mxr == NULL)
+        /* one exp per row entry: the row pass keeps exp(s − max) in place of s (v is ours),
+         * then each point picks its entry and divides by its row's sum */
+        double *z = nsr_fam_alloc(&F->X, nr, sizeof *z);
+        if (z == NULL)
             st = F->X.ctx->status;
         for (size_t a = 0; st == TPK_OK && a < N; a++) {
-            const double *sv = v.s + a * mx;
+            double *sv = v.s + a * mx;
+#pragma omp parallel for schedule(dynamic, 64) if (mx >= 65536)
             for (size_t r = 0; r < nr; r++) {
                 double mm = -INFINITY, zz = 0;
                 for (long q = S.start[r]; q < S.start[r + 1]; q++)
                     mm = fmax(mm, sv[q]);
                 for (long q = S.start[r]; q < S.start[r + 1]; q++)
-                    zz += exp(sv[q] - mm);
+                    zz += (sv[q] = exp(sv[q] - mm));
                 z[r] = zz;
-                mxr[r] = mm;
             }
             for (size_t p = 0; p < m; p++)
-                out->s[a * m + p] = exp(sv[S.pick[p]] - mxr[S.row[p]]) / z[S.row[p]];
+                out->s[a * m + p] = sv[S.pick[p]] / z[S.row[p]];
         }
-        free(z), free(mxr);
+        free(z);
     }
     nsr_softmax_shape_free(&S);
     val_free(&v);
