@@ -70,6 +70,9 @@ typedef struct fblock {
     int nidx;
     nsr_trie tr;
     double *M2;         /* GAUSS, BIAS, NONLIN (cached): (N m)² second moments */
+    double *Fac;        /* GAUSS, optional: M2 = Fac·Facᵀ, (N m) × rank (then M2 is made when a
+                         * reader needs it; theory §2.7: the embedding's Gram has rank d) */
+    long rank;
     double *mean;       /* N m first moments (NULL: 0); NONLIN: computed with M2 */
     double *s;          /* SCAL */
     const tpk_phi *phi; /* NONLIN: φ(arg) */
@@ -171,6 +174,8 @@ static void block_data_free(fl *F, fblock *b)
 {
     size_t n = F->N * (size_t)b->m;
     fl_release(F, b->M2, n * n * sizeof *b->M2);
+    free(b->Fac);
+    b->Fac = NULL;
     free(b->mean);
     free(b->s);
     b->M2 = b->mean = b->s = NULL;
@@ -440,6 +445,18 @@ static const double *block_m2(fl *F, int k)
             return NULL;
         }
     }
+    if (b->kind == BK_GAUSS && b->Fac != NULL && b->M2 == NULL && !F->dry) {
+        size_t n = F->N * (size_t)b->m;
+        if ((b->M2 = fl_big(F, n * n, sizeof *b->M2, 0)) == NULL)
+            return NULL;
+        if (tpk_dsyrk(TPK_NO_TRANS, n, (size_t)b->rank, 1.0, b->Fac, (size_t)b->rank, 0.0, b->M2,
+                      n, F->X.ctx)) {
+            fl_release(F, b->M2, n * n * sizeof *b->M2);
+            b->M2 = NULL;
+            return NULL;
+        }
+        b->lower = 0;
+    }
     if (b->kind == BK_BIAS && b->M2 == NULL && !F->dry) {
         size_t n = F->N * (size_t)b->m, m = (size_t)b->m;
         if ((b->M2 = fl_big(F, n * n, sizeof *b->M2, 1)) == NULL)
@@ -478,11 +495,13 @@ static const double *block_m2_full(fl *F, int k)
  * or entry by entry with means (theory §3). */
 static int nonlin_moments(fl *F, int k)
 {
-    fblock *b = &F->b[k];
-    const fblock *u = &F->b[b->arg];
-    size_t n = F->N * (size_t)b->m;
+    size_t n = F->N * (size_t)F->b[k].m;
     if (F->dry || n == 0)
         return TPK_OK;
+    if (block_m2(F, F->b[k].arg) == NULL) /* a factor block makes its matrix now */
+        return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+    fblock *b = &F->b[k];
+    const fblock *u = &F->b[b->arg];
     double *M2 = fl_big(F, n * n, sizeof *M2, 0), *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
     if (M2 == NULL || mean == NULL || ensure_ws(F)) {
         free(M2), free(mean);
@@ -762,6 +781,74 @@ static int tri_sandwich(fl *F, const double *L, size_t m, const double *P, size_
     return st;
 }
 
+/* A factor Fac (n × r) is kept instead of the (N m)² matrix when r ≤ n / FAC_RATIO. */
+#define FAC_RATIO 4
+
+/* C·Fac for one term on a factor block (theory §2.7: a Gram of rank d stays rank d through
+ * linear maps), (N m) × rank, times scale: a gather picks and weights rows; a dense map
+ * multiplies each input's rows (tpk_dtrmm when it is lower triangular, as causal attention's
+ * I + A). NULL when the block has no factor, or on error (ctx set). */
+static double *term_factor(fl *F, const term *t, size_t m, double scale, long *rank)
+{
+    const fblock *b = &F->b[t->blk];
+    if (b->kind != BK_GAUSS || b->Fac == NULL || b->mean != NULL)
+        return NULL;
+    size_t N = F->N, ms = (size_t)b->m, r = (size_t)b->rank;
+    double *G = nsr_fam_alloc(&F->X, N * m * r, sizeof *G);
+    if (G == NULL)
+        return NULL;
+    int st = TPK_OK;
+    for (size_t a = 0; a < N && st == TPK_OK; a++) {
+        const double *Fa = b->Fac + a * ms * r;
+        double *Ga = G + a * m * r;
+        if (!t->dense) {
+            for (size_t p = 0; p < m; p++)
+                if (t->idx[p] >= 0) {
+                    double w = scale * (t->w ? t->w[a * m + p] : 1);
+                    const double *src = Fa + (size_t)t->idx[p] * r;
+                    for (size_t q = 0; q < r; q++)
+                        Ga[p * r + q] = w * src[q];
+                }
+            continue;
+        }
+        const double *W = t->w + a * m * ms;
+        int tri = m == ms;
+        for (size_t p = 0; p < m && tri; p++)
+            for (size_t q = p + 1; q < ms && tri; q++)
+                tri = W[p * ms + q] == 0;
+        if (tri) {
+            memcpy(Ga, Fa, m * r * sizeof *Ga);
+            st = tpk_dtrmm(TPK_LEFT, TPK_LOWER, TPK_NO_TRANS, m, r, scale, W, ms, Ga, r, F->X.ctx);
+        } else {
+            st = tpk_dgemm(TPK_NO_TRANS, TPK_NO_TRANS, m, r, ms, scale, W, ms, Fa, r, 0.0, Ga, r,
+                           F->X.ctx);
+        }
+    }
+    if (st) {
+        free(G);
+        return NULL;
+    }
+    *rank = b->rank;
+    return G;
+}
+
+/* The factor of a value that is one term on a factor block with no constant part: 1 (and *G),
+ * 0 when it is not, −1 on error. */
+static int factor_of(fl *F, const val *u, double scale, double **G, long *rank)
+{
+    *G = NULL;
+    if (F->dry || u->kind != V_LIN || u->nt != 1 || !all_zero(u->mu, F->N * (size_t)u->m))
+        return 0;
+    const fblock *b = &F->b[u->t[0].blk];
+    if (b->Fac == NULL || (size_t)b->rank * FAC_RATIO > F->N * (size_t)u->m)
+        return 0;
+    *G = term_factor(F, &u->t[0], (size_t)u->m, scale, rank);
+    if (*G == NULL)
+        return F->X.ctx->status ? -1 : 0;
+    touch(F, u->t[0].blk);
+    return 1;
+}
+
 /* Terms on one block merge into one dense map when any of them is dense (attention's k + Σ a k
  * is (I + A)·k: one sandwich instead of four). */
 static int v_merge(fl *F, val *v)
@@ -870,6 +957,19 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                             }
                         }
                 }
+                continue;
+            }
+            if (sym && i == j && !F->dry && F->b[t->blk].Fac != NULL && F->b[t->blk].M2 == NULL) {
+                /* a factor block: C·E[X Xᵀ]·Cᵀ = (C Fac)(C Fac)ᵀ, one rank-r update */
+                long r = 0;
+                double *G = term_factor(F, t, mu, 1.0, &r);
+                free(buf);
+                if (G == NULL)
+                    return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+                touch(F, t->blk);
+                st = tpk_dsyrk(TPK_NO_TRANS, N * mu, (size_t)r, alpha, G, (size_t)r, 1.0, out, ld,
+                               F->X.ctx);
+                free(G);
                 continue;
             }
             int zero;
@@ -1050,6 +1150,18 @@ static int materialize(fl *F, val *u, int fam, int *out)
         anc_union(&F->b[k], &F->b[u->t[i].blk]);
     if (!F->dry) {
         size_t n = F->N * (size_t)u->m;
+        double *G = NULL;
+        long rank = 0;
+        int fo = factor_of(F, u, 1.0, &G, &rank);
+        if (fo < 0)
+            return F->X.ctx->status;
+        if (fo > 0) { /* stays low rank: its matrix is made only if a reader needs it */
+            b = &F->b[k];
+            b->Fac = G;
+            b->rank = rank;
+            *out = k;
+            return TPK_OK;
+        }
         /* a block that dies here and is the value's identity term lends its matrix:
          * g = (conv atom) + b adds b in place instead of copying the atom */
         int x = u->t[0].blk, steal = 0;
@@ -1489,7 +1601,7 @@ static int lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2)
 /* One MatMul term A·src (scaled by coef) added into the atom's M2 (lower triangle), or kept in
  * T (a vector source inside a tap sum). */
 static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, val *coef,
-                      double *M2, taps *T)
+                      double *M2, taps *T, double **fac, long *rank)
 {
     if (nsr_reads_syms(am, D->sym, D->nv, 0))
         return NSR_UNSUP(&F->X, am, "an A-var that changes with the family's index (%s): untied weights "
@@ -1546,6 +1658,16 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
         F->b[u.t[0].blk].fi == -2 && F->b[u.t[0].blk].M2 == NULL && (size_t)u.m == F->T) {
         size_t n = F->N * F->T;
         touch(F, u.t[0].blk);
+        if (fac != NULL && F->d * FAC_RATIO <= n) { /* rank d: the factor √(σ²/d)·x, no Gram */
+            val_free(&u);
+            if ((*fac = nsr_fam_alloc(&F->X, n * F->d, sizeof **fac)) == NULL)
+                return F->X.ctx->status;
+            double c = sqrt(var / (double)F->d);
+            for (size_t i = 0; i < n * F->d; i++)
+                (*fac)[i] = c * F->x[i];
+            *rank = (long)F->d;
+            return TPK_OK;
+        }
         int st = tpk_dsyrk(TPK_NO_TRANS, n, F->d, var / (double)F->d, F->x, F->d, 0.0, M2, n,
                            F->X.ctx);
         val_free(&u);
@@ -1558,7 +1680,7 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
         int x = u.t[0].blk;
         fblock *bx = &F->b[x];
         if (bx->kind == BK_NONLIN && bx->M2 == NULL && F->plan && x < F->nplan &&
-            F->plan[x] == F->X.cur && F->b[bx->arg].mean == NULL && F->b[bx->arg].M2 != NULL &&
+            F->plan[x] == F->X.cur && F->b[bx->arg].mean == NULL && block_m2(F, bx->arg) != NULL &&
             ensure_ws(F) == TPK_OK) {
             double e = 0;
             size_t n = F->N * (size_t)D->m;
@@ -1569,6 +1691,13 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
             F->err = fmax(F->err, e);
             val_free(&u);
             return st;
+        }
+    }
+    if (fac != NULL) { /* A·(C·X) of a factor block: σ·C·Fac */
+        int fo = factor_of(F, &u, sqrt(var), fac, rank);
+        if (fo != 0) {
+            val_free(&u);
+            return fo < 0 ? F->X.ctx->status : TPK_OK;
         }
     }
     if (M2 != NULL) /* the generic sum accumulates: eval_matmul's block starts uninitialised */
@@ -1613,9 +1742,18 @@ static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr
     if (new_atom(F, D->m, &M2, &k, 0)) /* matmul_acc writes or zeroes it */
         return F->X.ctx->status;
     F->b[k].line = am->line;
-    if (matmul_acc(F, am, src, D, NULL, M2, NULL)) {
+    double *fac = NULL;
+    long rank = 0;
+    if (matmul_acc(F, am, src, D, NULL, M2, NULL, &fac, &rank)) {
         free(M2);
         return F->X.ctx->status;
+    }
+    if (fac != NULL) { /* low rank: the block keeps the factor */
+        size_t n = F->N * (size_t)D->m;
+        fl_release(F, M2, n * n * sizeof *M2);
+        M2 = NULL;
+        F->b[k].Fac = fac;
+        F->b[k].rank = rank;
     }
     return finish_atom(F, k, M2, out, D->m);
 }
@@ -1683,7 +1821,7 @@ static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, double *M2, taps
         cp = &c;
     }
     int n0 = T->n;
-    int st = matmul_acc(F, am, src, D, cp, M2, T);
+    int st = matmul_acc(F, am, src, D, cp, M2, T, NULL, NULL);
     if (st == TPK_OK && T->n > n0)
         for (int i = 0; i < nb && i < 2; i++)
             T->t[T->n - 1].b[i] = (int)F->X.num[binders[i]];
@@ -2251,6 +2389,25 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
             if (t->blk != s->blk && !F->dry &&
                 (buf = nsr_fam_alloc(&F->X, N * mt * N * ms, sizeof *buf)) == NULL)
                 return F->X.ctx->status;
+            const fblock *bf = &F->b[t->blk];
+            if (!F->dry && t->blk == s->blk && !t->dense && !s->dense && bf->Fac != NULL &&
+                bf->M2 == NULL) { /* entries of a factor block: dot products of its rows */
+                size_t r = (size_t)bf->rank;
+                touch(F, t->blk);
+                for (size_t a = 0; a < N; a++)
+                    for (size_t p = 0; p < m; p++) {
+                        if (t->idx[p] < 0 || s->idx[p] < 0)
+                            continue;
+                        const double *x = bf->Fac + (a * mt + (size_t)t->idx[p]) * r;
+                        const double *y = bf->Fac + (a * mt + (size_t)s->idx[p]) * r;
+                        double acc = 0;
+                        for (size_t q = 0; q < r; q++)
+                            acc += x[q] * y[q];
+                        out[a * m + p] += (t->w ? t->w[a * m + p] : 1) * (s->w ? s->w[a * m + p] : 1) * acc;
+                    }
+                free(buf);
+                continue;
+            }
             int zero, st;
             /* two gathers of one block read entries (a, i), (a, j): the lower triangle holds
              * them as (a, max), (a, min), so a lower-stored block need not be mirrored */
@@ -2803,7 +2960,8 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
             }
             if (no == 1 && a->v.nt == 1 && a->v.mu == NULL && is_identity_term(&a->v.t[0], a->v.m) &&
                 F->b[a->v.t[0].blk].kind == BK_NONLIN && F->b[a->v.t[0].blk].M2 == NULL &&
-                F->b[F->b[a->v.t[0].blk].arg].mean == NULL && ensure_ws(F) == TPK_OK) {
+                F->b[F->b[a->v.t[0].blk].arg].mean == NULL &&
+                block_m2(F, F->b[a->v.t[0].blk].arg) != NULL && ensure_ws(F) == TPK_OK) {
                 /* y = readout(φ(g)): K = σ_v² V_φ(Σ_g) + β in one fused map */
                 const fblock *bx = &F->b[a->v.t[0].blk];
                 double e = 0;
