@@ -35,6 +35,7 @@
 #include "tpk/matmul.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -85,6 +86,22 @@ typedef struct fblock {
     int line, col;
 } fblock;
 
+/* The plan made on a second thread while the run starts (it needs no numbers, and at large T it
+ * costs as much as several instructions): the run waits for it only where a decision depends on
+ * it (a block that dies here lends its matrix), frees blocks once it is there, and takes its
+ * error if it fails — so the result is the same as planning first. */
+typedef struct plan_job {
+    const tpk_program *p;
+    size_t T, d;
+    int all_outputs;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, st, unsup, nb;
+    int *last;          /* each block's last use (−1: the end) */
+    double seconds;
+    tpk_ctx ctx;
+} plan_job;
+
 typedef struct fl {
     nsr_fam X;          /* program, symbol values, current instruction, errors (family-impl.h) */
     const tpk_program *p;
@@ -101,6 +118,7 @@ typedef struct fl {
     tpk_program *fill;  /* plan of a rolled-only program: give it its outputs */
     const int *plan;    /* real run: every block's last use from the plan (−1: the end) */
     int nplan;
+    plan_job *pj;       /* the plan being made beside the run (NULL: plan is final) */
     struct {
         void *p;
         size_t bytes;
@@ -209,6 +227,36 @@ static void touch(fl *F, int k)
 {
     if (F->b[k].last_use < F->X.cur)
         F->b[k].last_use = F->X.cur;
+}
+
+/* The plan, once made (wait = 1: until it is); NULL while it is not (or when it failed). */
+static const int *plan_get(fl *F, int wait)
+{
+    plan_job *J = F->pj;
+    if (F->plan != NULL || J == NULL)
+        return F->plan;
+    pthread_mutex_lock(&J->mu);
+    while (wait && !J->done)
+        pthread_cond_wait(&J->cv, &J->mu);
+    if (J->done && J->st == TPK_OK) {
+        F->plan = J->last;
+        F->nplan = J->nb;
+    }
+    pthread_mutex_unlock(&J->mu);
+    return F->plan;
+}
+
+/* The plan's status once made (wait = 1: until it is); TPK_OK while it is being made. */
+static int plan_status(fl *F, int wait)
+{
+    plan_job *J = F->pj;
+    if (J == NULL)
+        return TPK_OK;
+    plan_get(F, wait);
+    pthread_mutex_lock(&J->mu);
+    int st = J->done ? J->st : TPK_OK;
+    pthread_mutex_unlock(&J->mu);
+    return st;
 }
 
 /* ---- ancestry: the roots a block depends on ------------------------------------------------ */
@@ -1166,7 +1214,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
          * g = (conv atom) + b adds b in place instead of copying the atom */
         int x = u->t[0].blk, steal = 0;
         const fblock *bx = &F->b[x];
-        if (F->plan && x < F->nplan && F->plan[x] == F->X.cur && bx->kind == BK_GAUSS &&
+        if (plan_get(F, 1) && x < F->nplan && F->plan[x] == F->X.cur && bx->kind == BK_GAUSS &&
             bx->fi != -2 && bx->M2 && bx->mean == NULL && bx->m == u->m && is_identity_term(&u->t[0], u->m)) {
             steal = 1;
             for (int i = 1; i < u->nt && steal; i++)
@@ -1679,7 +1727,7 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
     if (!F->dry && u.nt == 1 && u.mu == NULL && is_identity_term(&u.t[0], u.m)) {
         int x = u.t[0].blk;
         fblock *bx = &F->b[x];
-        if (bx->kind == BK_NONLIN && bx->M2 == NULL && F->plan && x < F->nplan &&
+        if (bx->kind == BK_NONLIN && bx->M2 == NULL && plan_get(F, 1) && x < F->nplan &&
             F->plan[x] == F->X.cur && F->b[bx->arg].mean == NULL && block_m2(F, bx->arg) != NULL &&
             ensure_ws(F) == TPK_OK) {
             double e = 0;
@@ -2896,8 +2944,10 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     if (out == NULL)
         return F->X.ctx->status;
     int no = 0, st = TPK_OK;
-    F->plan = plan_last;
-    F->nplan = nplan;
+    if (plan_last != NULL || F->pj == NULL) {
+        F->plan = plan_last;
+        F->nplan = nplan;
+    }
     /* TPK_NETSOR_TRACE=1: seconds per family instruction on stderr (where the time goes) */
     const char *tr = getenv("TPK_NETSOR_TRACE");
     int trace = !F->dry && tr != NULL && strcmp(tr, "1") == 0;
@@ -2913,9 +2963,12 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
         memcpy(F->X.num, R->fi[k].num, ((size_t)F->X.C->nsym + 1) * sizeof *F->X.num);
         st = R->fi[k].stmt->kind == NSR_S_OUTPUT ? run_output(F, &R->fi[k], &out[no++])
                                                  : run_def(F, &R->fi[k]);
-        if (st == TPK_OK && plan_last)
-            for (int b = 0; b < F->nb && b < nplan; b++)
-                if (plan_last[b] <= k && plan_last[b] >= 0 && F->b[b].last_use != INT32_MAX) {
+        const int *pl = F->dry ? NULL : plan_get(F, 0);
+        if (st == TPK_OK)
+            st = plan_status(F, 0); /* the plan failed: its error is the result */
+        if (st == TPK_OK && pl)
+            for (int b = 0; b < F->nb && b < F->nplan; b++)
+                if (pl[b] <= k && pl[b] >= 0 && F->b[b].last_use != INT32_MAX) {
                     block_data_free(F, &F->b[b]);
                     F->b[b].last_use = INT32_MAX; /* freed */
                 }
@@ -2925,6 +2978,15 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
         fprintf(stderr, "  %s:%d: %s %.4f s\n", R->file, R->fi[R->nfi - 1].stmt->line,
                 R->fi[R->nfi - 1].stmt->name, t - t_prev);
         t_prev = t;
+    }
+    if (st == TPK_OK && !F->dry && F->pj != NULL) { /* the rest of the frees, and its verdict */
+        st = plan_status(F, 1);
+        const int *pl = plan_get(F, 0);
+        for (int b = 0; st == TPK_OK && pl && b < F->nb && b < F->nplan; b++)
+            if (pl[b] >= 0 && F->b[b].last_use != INT32_MAX) {
+                block_data_free(F, &F->b[b]);
+                F->b[b].last_use = INT32_MAX;
+            }
     }
     F->X.cur = R->nfi; /* the outputs read their blocks at the end */
     if (st == TPK_OK && !all_outputs) {
@@ -3102,6 +3164,32 @@ int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx)
     return st;
 }
 
+static void *plan_thread(void *arg)
+{
+    plan_job *J = arg;
+    double t0 = tpk_wall_seconds();
+    fl P;
+    int st = fl_init(&P, J->p, 0, J->T, J->d, NULL, &J->ctx);
+    if (st == TPK_OK)
+        st = fl_run(&P, J->all_outputs, NULL, 0, NULL);
+    int *last = NULL;
+    if (st == TPK_OK && (last = malloc(((size_t)P.nb + 1) * sizeof *last)) == NULL)
+        st = TPK_ERROR(&J->ctx, TPK_ENOMEM, "out of memory");
+    for (int k = 0; st == TPK_OK && k < P.nb; k++)
+        last[k] = P.b[k].last_use >= P.X.R->nfi ? -1 : P.b[k].last_use;
+    pthread_mutex_lock(&J->mu);
+    J->st = st;
+    J->unsup = P.X.unsup;
+    J->nb = P.nb;
+    J->last = last;
+    J->seconds = tpk_wall_seconds() - t0;
+    J->done = 1;
+    pthread_cond_broadcast(&J->cv);
+    pthread_mutex_unlock(&J->mu);
+    fl_free(&P);
+    return NULL;
+}
+
 int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
                       double *err, int *unsupported, tpk_ctx *ctx)
 {
@@ -3110,38 +3198,85 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     if (nsr_rolled_input(p, x, &N, &T, &d, ctx))
         return ctx->status;
     const nsr_rolled *RR = p->rolled;
-    int st = TPK_OK, nb;
+    int st = TPK_OK, nb = 0, threaded = 0;
     int *last = NULL;
+    plan_job J;
+    memset(&J, 0, sizeof J);
     if (RR->plan_last != NULL) { /* planned at load */
         nb = RR->nplan;
         if ((last = malloc(((size_t)nb + 1) * sizeof *last)) == NULL)
             return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         memcpy(last, RR->plan_last, (size_t)nb * sizeof *last);
-        goto run;
+    } else {
+        J.p = p;
+        J.T = T;
+        J.d = d;
+        J.all_outputs = all_outputs;
+        tpk_ctx_init(&J.ctx);
+        pthread_t th;
+        if (pthread_mutex_init(&J.mu, NULL) == 0) {
+            if (pthread_cond_init(&J.cv, NULL) == 0) {
+                threaded = pthread_create(&th, NULL, plan_thread, &J) == 0 ? 1 : 0;
+                if (!threaded)
+                    pthread_cond_destroy(&J.cv);
+            }
+            if (!threaded)
+                pthread_mutex_destroy(&J.mu);
+        }
+        if (!threaded) { /* no second thread: plan first, as the thread would */
+            fl P;
+            st = fl_init(&P, p, 0, T, d, NULL, ctx);
+            if (st == TPK_OK)
+                st = fl_run(&P, all_outputs, NULL, 0, NULL);
+            *unsupported = P.X.unsup;
+            nb = P.nb;
+            if (st == TPK_OK && (last = malloc(((size_t)nb + 1) * sizeof *last)) == NULL)
+                st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            for (int k = 0; st == TPK_OK && k < nb; k++)
+                last[k] = P.b[k].last_use >= P.X.R->nfi ? -1 : P.b[k].last_use;
+            fl_free(&P);
+            if (st)
+                return st;
+        }
+        if (threaded) {
+            fl F;
+            tpk_ctx rc;
+            tpk_ctx_init(&rc);
+            st = fl_init(&F, p, N, T, d, x->data, &rc);
+            F.pj = &J;
+            if (st == TPK_OK)
+                st = fl_run(&F, all_outputs, NULL, 0, K);
+            int made = st == TPK_OK && K != NULL; /* *K is ours to free if the verdict is no */
+            pthread_join(th, NULL);
+            pthread_cond_destroy(&J.cv);
+            pthread_mutex_destroy(&J.mu);
+            const char *tr = getenv("TPK_NETSOR_TRACE");
+            if (tr != NULL && strcmp(tr, "1") == 0)
+                fprintf(stderr, "  %s: plan %.4f s beside the run, %d blocks\n", RR->file, J.seconds,
+                        J.nb);
+            if (J.st != TPK_OK) { /* the plan's error, as if it had run first */
+                st = J.st;
+                *unsupported = J.unsup;
+                tpk_error_at(ctx, J.ctx.status, J.ctx.src_file, J.ctx.src_line, "%s", J.ctx.msg);
+            } else {
+                if (st == TPK_OK && F.nb != J.nb)
+                    st = TPK_ERROR(&rc, TPK_EINVAL, "internal: the plan and the run differ (%d vs "
+                                   "%d blocks)", J.nb, F.nb);
+                if (st)
+                    tpk_error_at(ctx, rc.status, rc.src_file, rc.src_line, "%s", rc.msg);
+                *unsupported = F.X.unsup;
+            }
+            if (st != TPK_OK && made) {
+                tpk_array_free(*K);
+                *K = NULL;
+            }
+            if (err)
+                *err = F.err;
+            free(J.last);
+            fl_free(&F);
+            return st;
+        }
     }
-    fl P;
-    double t_plan = tpk_wall_seconds();
-    st = fl_init(&P, p, 0, T, d, NULL, ctx);
-    if (st == TPK_OK)
-        st = fl_run(&P, all_outputs, NULL, 0, NULL);
-    *unsupported = P.X.unsup;
-    if (st) {
-        fl_free(&P);
-        return st;
-    }
-    nb = P.nb;
-    const char *tr = getenv("TPK_NETSOR_TRACE");
-    if (tr != NULL && strcmp(tr, "1") == 0)
-        fprintf(stderr, "  %s: plan %.4f s, %d blocks\n", P.X.R->file, tpk_wall_seconds() - t_plan, nb);
-    last = malloc(((size_t)nb + 1) * sizeof *last);
-    if (last == NULL) {
-        fl_free(&P);
-        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    }
-    for (int k = 0; k < nb; k++)
-        last[k] = P.b[k].last_use >= P.X.R->nfi ? -1 : P.b[k].last_use;
-    fl_free(&P);
-run:;
     fl F;
     st = fl_init(&F, p, N, T, d, x->data, ctx);
     if (st == TPK_OK)
