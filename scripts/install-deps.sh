@@ -4,6 +4,8 @@
 #                                            for scripts/check-portable.sh)
 #   sh scripts/install-deps.sh --only PKG...  just these (help2man for `make man`, doxygen for
 #                                            `make docs`)
+#   sh scripts/install-deps.sh --mpi          the default set plus the MPI stack of `make mpi`
+#                                            (Open MPI, parallel HDF5, ScaLAPACK; issue 16)
 # Each dependency is checked by what the build uses (a command, a pkg-config module, a header or
 # a library file), not by its package name, so a machine that has them from elsewhere (another
 # distribution, a source build, no dpkg or apt) builds as it is. What is missing is installed with
@@ -35,19 +37,30 @@ check() {
     clang) have_cmd clang ;;
     libclang-rt-14-dev) have_file "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" ;;
     libomp-dev) have_file "/usr/lib/llvm-*/lib/libomp.so /usr/lib/*/libomp.so /usr/local/lib/libomp.so" ;;
+    # make mpi (mk/mpi.mk): mpicc and mpirun, the openmpi flavour of HDF5 beside the serial one,
+    # ScaLAPACK with its BLACS built on Open MPI
+    openmpi-bin) have_cmd mpirun ;;
+    libopenmpi-dev) have_cmd mpicc && have_pc ompi-c ;;
+    libhdf5-openmpi-dev) have_pc hdf5-openmpi ;;
+    libscalapack-openmpi-dev) have_pc scalapack-openmpi ||
+        have_file "/usr/lib/*/libscalapack-openmpi.so /usr/local/lib/libscalapack-openmpi.so" ;;
     *) # an extra package: a command of that name, or dpkg's word where there is dpkg
         have_cmd "$1" ||
             { have_cmd dpkg-query && dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; } ;;
     esac
 }
 
+BASE="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
+      libhdf5-dev hdf5-tools libxgboost-dev libjansson-dev libcmocka-dev zlib1g-dev nettle-dev
+      clang libclang-rt-14-dev libomp-dev"
 if [ "${1:-}" = "--only" ]; then
     shift
     PKGS="$*"
+elif [ "${1:-}" = "--mpi" ]; then
+    shift
+    PKGS="$BASE openmpi-bin libopenmpi-dev libhdf5-openmpi-dev libscalapack-openmpi-dev $*"
 else
-    PKGS="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
-          libhdf5-dev hdf5-tools libxgboost-dev libjansson-dev libcmocka-dev zlib1g-dev nettle-dev
-          clang libclang-rt-14-dev libomp-dev $*"
+    PKGS="$BASE $*"
 fi
 missing=""
 for p in $PKGS; do
