@@ -425,7 +425,9 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     r->ck = NULL;
     if (anyfail) {
         rc = settle(st, 0, ctx, g);
-        if (g->rank == 0)
+        if (g->rank == 0 && before + all == 0)
+            unlink(r->ckpt); /* nothing in it to keep */
+        else if (g->rank == 0)
             fprintf(stderr, TOOL ": %llu of %zu tiles are in %s: --resume continues once the "
                     "cause is fixed\n", (unsigned long long)before + all, r->t.ntiles, r->ckpt);
         return rc ? rc : 1;

@@ -552,6 +552,15 @@ static void test_usage_errors(void **state)
     snprintf(args, sizeof args, "--arch=attention --output='%s'", out);
     assert_int_equal(run_mpi(e, args), 1);
     assert_stderr_has(e, "block by block");
+    /* a tile that fails (an expectation overflows): exit 1, its message, no checkpoint of
+     * nothing left behind */
+    snprintf(args, sizeof args, "--arch=mlp --phi=exp --depth=30 --sigma-w2=4 --input='%s' "
+             "--output='%s' --tile=8", x, out);
+    assert_int_equal(run_mpi(e, args), 1);
+    assert_stderr_has(e, "overflows");
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s.partial.h5", out);
+    assert_false(tu_exists(ck));
     assert_false(tu_exists(out));
 }
 
