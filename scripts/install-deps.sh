@@ -80,6 +80,16 @@ else
     SUDO=
 fi
 export DEBIAN_FRONTEND=noninteractive
+# libhdf5-openmpi-dev repoints Debian's hdf5.pc alternative at the MPI flavour (a higher priority
+# than the serial one): builds that ask pkg-config for "hdf5" (other checkouts, other programs)
+# would switch HDF5 under them. Where it pointed before, it is put back afterwards.
+hdf5_pc=$(pkg-config --variable=pcfiledir hdf5 2>/dev/null)/hdf5.pc
+hdf5_was=$(readlink -f "$hdf5_pc" 2>/dev/null || true)
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -qq --no-install-recommends $missing
+hdf5_now=$(readlink -f "$hdf5_pc" 2>/dev/null || true)
+if [ -n "$hdf5_was" ] && [ "$hdf5_was" != "$hdf5_now" ] && have_cmd update-alternatives &&
+    $SUDO update-alternatives --set hdf5.pc "$hdf5_was" >/dev/null 2>&1; then
+    echo "install-deps: kept hdf5.pc on $hdf5_was (the MPI flavour is hdf5-openmpi.pc)" >&2
+fi
