@@ -153,13 +153,14 @@ static int settle(int st, int usage_error, const tpk_ctx *ctx, const mpi_grid *g
 typedef struct strbuf {
     char *s;
     size_t n, cap;
+    int failed; /* out of memory: the text is incomplete */
 } strbuf;
 
 static void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sb_printf(strbuf *b, const char *fmt, ...)
 {
     va_list ap;
-    for (;;) {
+    while (!b->failed) {
         va_start(ap, fmt);
         int w = b->s ? vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap) : -1;
         va_end(ap);
@@ -171,8 +172,10 @@ static void sb_printf(strbuf *b, const char *fmt, ...)
         while (w >= 0 && cap <= b->n + (size_t)w)
             cap *= 2;
         char *s = realloc(b->s, cap);
-        if (!s)
-            abort(); /* a few kB of text: out of memory here is not recoverable */
+        if (!s) {
+            b->failed = 1;
+            return;
+        }
         b->s = s;
         b->cap = cap;
     }
@@ -208,7 +211,9 @@ static char *job_config(const tpk_job *job, const tpk_kernel_job *kj, const mpi_
             while ((k = fread(chunk, 1, sizeof chunk, f)) > 0)
                 sb_printf(&t, "%.*s", (int)k, chunk);
             fclose(f);
-            tpk_sha256_hex(t.s, t.n, sha);
+            if (!t.failed)
+                tpk_sha256_hex(t.s, t.n, sha);
+            b.failed |= t.failed;
             free(t.s);
         }
         sb_printf(&b, "program_sha256=%s\n", sha);
@@ -223,6 +228,10 @@ static char *job_config(const tpk_job *job, const tpk_kernel_job *kj, const mpi_
         sb_array(&b, "test", tpk_kernel_job_input(kj, 1));
     sb_printf(&b, "readouts=%zu\ntile_items=%zu\ndtype=%s\n", tpk_kernel_job_readouts(kj),
               o->tile, o->f32 ? "float32" : "float64");
+    if (b.failed) {
+        free(b.s);
+        return NULL;
+    }
     return b.s;
 }
 
