@@ -21,7 +21,12 @@ BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 CC         := gcc
 NVCC       ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) nvcc)
 
-PKGS       := hdf5 gsl fftw3 lapacke openblas nettle
+# HDF5's flavour: Debian installs the serial and the MPI builds side by side and points hdf5.pc
+# at the MPI one once libhdf5-openmpi-dev is in (`make mpi`), so the serial flavour is asked for
+# by name where it exists (mk/mpi.mk compiles the library's HDF5 callers again for the other).
+HDF5_PC     = $(if $(shell pkg-config --exists hdf5-serial && echo y),hdf5-serial,hdf5)
+PKGS_NOH5  := gsl fftw3 lapacke openblas nettle
+PKGS        = $(HDF5_PC) $(PKGS_NOH5)
 # Lazy (=) so that pkg-config runs after scripts/install-deps.sh has had its chance.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS))
 # GSL's pkg-config pulls in its reference CBLAS; we link OpenBLAS's instead.
@@ -30,8 +35,9 @@ PKG_LIBS   = $(filter-out -lgslcblas,$(shell pkg-config --libs $(PKGS))) -lhdf5_
 WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 OPT        ?= -O2 -g
 SAN        ?=
-CFLAGS_ALL  = -std=c11 $(OPT) $(SAN) $(WARN) -fopenmp -fPIC -fvisibility=hidden \
-              -D_XOPEN_SOURCE=700 -DTPK_VERSION='"$(VERSION)"' -Iinclude $(PKG_CFLAGS) $(CFLAGS)
+CFLAGS_BASE = -std=c11 $(OPT) $(SAN) $(WARN) -fopenmp -fPIC -fvisibility=hidden \
+              -D_XOPEN_SOURCE=700 -DTPK_VERSION='"$(VERSION)"' -Iinclude
+CFLAGS_ALL  = $(CFLAGS_BASE) $(PKG_CFLAGS) $(CFLAGS)
 # Only kernel objects get -march (style.md §9, BLIS): the framework is built for the baseline.
 # ARCH=x86-64-v3 (or any -march value) builds kernels/ for that CPU level instead of this host;
 # the generated tables of each machine class are compiled with that class's own flags
@@ -52,9 +58,11 @@ GEN_CPU     := $(CLASS_IDS:%=gen/tpk_gemm_cpu_%.c)
 GEN_MAP     := $(CLASS_IDS:%=gen/tpk_map_cpu_%.c)
 LIB_SRC    := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))) $(GEN_CLASSES) $(GEN_CPU) $(GEN_MAP))
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-# Every tools/*.c is a program, but tools/cli.c: the helpers they share, linked into each.
+# Every tools/*.c is a program, but tools/cli.c: the helpers they share, linked into each, and
+# tools/cli_kernel.c: gpkernel's command line, which gpkernel-mpi (mk/mpi.mk) shares.
 TOOL_CLI   := $(BUILD)/obj/tools/cli.o
-TOOL_SRC   := $(filter-out tools/cli.c,$(wildcard tools/*.c))
+TOOL_CLI_KERNEL := $(BUILD)/obj/tools/cli_kernel.o
+TOOL_SRC   := $(filter-out tools/cli.c tools/cli_kernel.c,$(wildcard tools/*.c))
 TOOLS      := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
 TEST_SRC   := $(wildcard tests/test_*.c)
 TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -121,6 +129,10 @@ $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(TOOL_CLI) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(TOOL_CLI) $(STATIC) $(LDLIBS_ALL)
 
+$(BUILD)/bin/gpkernel: $(BUILD)/obj/tools/gpkernel.o $(TOOL_CLI_KERNEL) $(TOOL_CLI) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(TOOL_CLI_KERNEL) $(TOOL_CLI) $(STATIC) $(LDLIBS_ALL)
+
 $(BUILD)/bin/tptune: $(BUILD)/obj/tools/tptune.o $(TUNE_LIB) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(TUNE_LIB) $(STATIC) $(LDLIBS_ALL) $(TUNE_LIBS)
@@ -181,7 +193,7 @@ install: all man
 	install -m 644 data/demo-* $(DESTDIR)$(DATADIR)/tpk/data/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
 	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
-	    -e 's|@VERSION@|$(VERSION)|' tpk.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/tpk.pc
+	    -e 's|@VERSION@|$(VERSION)|' -e 's|@HDF5_PC@|$(HDF5_PC)|' tpk.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/tpk.pc
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))

@@ -1,6 +1,7 @@
 /* Jobs behind gpkernel and netsor: program + inputs → kernel or finite-width run → atomic HDF5. */
 #include "tpk/job.h"
 
+#include "job-impl.h"
 #include "tpk/clock.h"
 #include "tpk/io.h"
 
@@ -70,6 +71,7 @@ typedef struct job_state {
     tpk_h5out *out;
     tpk_param_set *sets; /* the user's sets plus an automatic T */
     char tbuf[32];
+    int blocks;          /* evaluated block by block (tpk_kernel_job): plan once, at load */
 } job_state;
 
 static void job_state_free(job_state *s)
@@ -120,7 +122,7 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     if (job->nsets)
         memcpy(s->sets, job->sets, (size_t)job->nsets * sizeof *s->sets);
     tpk_netsor_opts o = {.sets = s->sets, .nsets = job->nsets, .netsor_plus = job->netsor_plus,
-                         .plan_when_used = 1};
+                         .plan_when_used = !s->blocks};
     s->prog = load_program(job, &o, s->reg, ctx);
     if (!s->prog)
         return ctx->status;
@@ -150,11 +152,9 @@ static int check_test_shape(const tpk_job *job, const job_state *s, tpk_ctx *ctx
     return tpk_array_check_items(s->Xt, job->test, s->X, input_name(job), ctx);
 }
 
-/* Read inputs, load the program, open the output. */
-static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
+/* Read inputs and load the program. */
+static int prepare_inputs(const tpk_job *job, job_state *s, tpk_ctx *ctx)
 {
-    if ((!job->program && !job->source) || !job->input || !job->output)
-        return TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
     s->reg = tpk_job_registry(ctx);
     if (!s->reg)
         return ctx->status;
@@ -169,7 +169,15 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
         if (st)
             return st;
     }
-    int st = load(job, s, ctx);
+    return load(job, s, ctx);
+}
+
+/* Read inputs, load the program, open the output. */
+static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
+{
+    if ((!job->program && !job->source) || !job->input || !job->output)
+        return TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
+    int st = prepare_inputs(job, s, ctx);
     if (st)
         return st;
     /* Open before computing: an unwritable path fails at once, not after the work; an output
@@ -279,11 +287,11 @@ int tpk_job_describe(tpk_h5out *out, const tpk_job *job, const tpk_program *prog
 }
 
 /* The common attributes, then the inputs. */
-static int describe(const tpk_job *job, const job_state *s, tpk_ctx *ctx)
+static int describe(tpk_h5out *out, const tpk_job *job, const job_state *s, tpk_ctx *ctx)
 {
-    int st = tpk_job_describe(s->out, job, s->prog, NULL, "program", ctx);
-    if (!st) st = tpk_h5out_input_attrs(s->out, "input", &s->xi, s->X, ctx);
-    if (!st && s->Xt) st = tpk_h5out_input_attrs(s->out, "test", &s->ti, s->Xt, ctx);
+    int st = tpk_job_describe(out, job, s->prog, NULL, "program", ctx);
+    if (!st) st = tpk_h5out_input_attrs(out, "input", &s->xi, s->X, ctx);
+    if (!st && s->Xt) st = tpk_h5out_input_attrs(out, "test", &s->ti, s->Xt, ctx);
     return st;
 }
 
@@ -353,7 +361,7 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
     if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
     if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
     if (!st) st = tpk_job_kernel_dims(s.out, Ktr, s.X, Kx != NULL, ctx);
-    if (!st) st = describe(job, &s, ctx);
+    if (!st) st = describe(s.out, job, &s, ctx);
     if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
     if (!st) {
         st = tpk_h5out_commit(s.out, ctx);
@@ -416,7 +424,7 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_write(s.out, "/outputs", y, ctx);
     if (!st) st = kernel_dims(s.out, "/kernel_hat", NULL, NULL, Khat->dims[0] != s.X->dims[0], ctx);
     if (!st) st = tpk_h5out_dims(s.out, "/outputs", (const char *const[]){"train", "output"}, 2, ctx);
-    if (!st) st = describe(job, &s, ctx);
+    if (!st) st = describe(s.out, job, &s, ctx);
     if (!st) st = tpk_h5out_attr_int(s.out, "/", "width", (long long)width, ctx);
     if (!st) st = tpk_h5out_attr_int(s.out, "/", "seed", (long long)seed, ctx);
     if (!st) {
@@ -449,4 +457,57 @@ int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uin
         st = tpk_netsor_run(s.prog, s.X, width, seed, job->all_outputs, Khat, y, ctx);
     job_state_free(&s);
     return st;
+}
+
+/* ---- the kernel job of a program, block by block (job-impl.h, app/job_block.c) ------------ */
+
+static int kjob_program_batch(tpk_kernel_job *kj, const tpk_array *Xb, tpk_array **K, double *err,
+                              tpk_ctx *ctx)
+{
+    const job_state *s = kj->self;
+    return tpk_netsor_kernel(s->prog, Xb, kj->job.all_outputs, K, err, ctx);
+}
+
+static int kjob_program_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx)
+{
+    return describe(out, &kj->job, kj->self, ctx);
+}
+
+static void kjob_program_release(void *self)
+{
+    if (self) {
+        job_state_free(self);
+        free(self);
+    }
+}
+
+static const kjob_impl kjob_program = {"program", kjob_program_batch, kjob_program_describe,
+                                       kjob_program_release};
+
+int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx)
+{
+    const tpk_job *job = &kj->job;
+    if ((!job->program && !job->source) || !job->input)
+        return TPK_ERROR(ctx, TPK_EINVAL, "a kernel job needs a program and an input");
+    job_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    kj->impl = &kjob_program;
+    kj->self = s;
+    s->blocks = 1;
+    int st = prepare_inputs(job, s, ctx);
+    if (st)
+        return st;
+    /* An entry of a batch-coupled program depends on the other inputs of its batch: a block
+     * evaluated on its own items is not the block of the whole kernel. */
+    if (s->prog->features & TPK_FEAT_BATCHNORM)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "%s: a batch-coupled program (batchnorm) has entries that depend on the "
+                         "other inputs of its batch: its kernel cannot be computed block by block",
+                         job->program ? job->program : "program");
+    kj->X = s->X;
+    kj->Xt = s->Xt;
+    /* input-major readouts: every output with all_outputs, else the last one (tpk_netsor_kernel) */
+    kj->readouts = job->all_outputs ? (size_t)s->prog->noutputs : 1;
+    return TPK_OK;
 }

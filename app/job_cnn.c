@@ -4,6 +4,8 @@
 #include "tpk/clock.h"
 #include "tpk/cnn.h"
 
+#include "job-impl.h"
+
 #include "tpk/idx.h"
 #include "tpk/io.h"
 #include "tpk/netsor.h"
@@ -27,6 +29,10 @@ typedef struct cnn_job {
     tpk_phi *phi;
     tpk_gauss_ws *ws;
     tpk_h5out *out;
+    tpk_netsor_opts o;  /* the program's settings (sets above) */
+    size_t rows, cols, C;
+    tpk_cnn_params cp;
+    int rolled;         /* the rolled program computes (decided for the whole job's batch) */
 } cnn_job;
 
 static void cnn_job_free(cnn_job *s)
@@ -236,39 +242,98 @@ static int params_from_program(cnn_job *s, size_t rows, size_t cols, size_t C, t
     return tpk_cnn_params_check(cp, ctx);
 }
 
+/* Read the inputs, resolve the settings, load the program, derive the CNN parameters (s->cp)
+ * and decide the evaluator for the whole job's batch of training and test items (s->rolled). */
+static int cnn_prepare(const tpk_job *job, cnn_job *s, tpk_ctx *ctx)
+{
+    int st;
+    if (!job->program || !job->input)
+        return TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
+    s->twod = (job->label && strcmp(job->label, "cnn2d") == 0) || strstr(job->program, "cnn2d") != NULL;
+    if (!(s->reg = tpk_job_registry(ctx)) || !(s->X = read_input(job->input, &s->xi, ctx)) ||
+        tpk_array_check_scale(s->X, job->input, ctx) ||
+        (job->test && (!(s->Xt = read_input(job->test, &s->ti, ctx)) ||
+                       tpk_array_check_scale(s->Xt, job->test, ctx))))
+        return ctx->status;
+    if (s->Xt && (st = tpk_array_check_items(s->Xt, job->test, s->X, job->input, ctx)))
+        return st;
+    if ((st = settings(job, s, &s->rows, &s->cols, &s->C, ctx)))
+        return st;
+    s->o = (tpk_netsor_opts){.sets = s->sets, .nsets = s->nsets};
+    if (!(s->prog = tpk_netsor_load_file(job->program, &s->o, s->reg, ctx)))
+        return ctx->status;
+    if ((st = params_from_program(s, s->rows, s->cols, s->C, &s->cp, ctx)))
+        return st;
+    if (job->all_outputs)
+        s->cp.readout = TPK_CNN_POSITIONS;
+    size_t whole = (s->X->dims[0] + (s->Xt ? s->Xt->dims[0] : 0)) * s->rows * s->cols;
+    s->rolled = s->cp.readout != TPK_CNN_FLATTEN && whole * whole <= CNN_ROLLED_MAX_ENTRIES;
+    return TPK_OK;
+}
+
+/* Kernel rows per item: every position with the POSITIONS readout, else one. */
+static size_t cnn_readouts(const cnn_job *s)
+{
+    return s->cp.readout == TPK_CNN_POSITIONS ? s->rows * s->cols : 1;
+}
+
+/* The kernel of the items Xin by the evaluator chosen for the job. */
+static int cnn_batch(const tpk_job *job, cnn_job *s, const tpk_array *Xin, tpk_array **K,
+                     double *err, tpk_ctx *ctx)
+{
+    *K = NULL;
+    if (s->rolled)
+        return rolled_kernel(job, &s->o, s, s->twod, Xin, s->cp.readout == TPK_CNN_POSITIONS, K,
+                             err, ctx);
+    size_t side = Xin->dims[0] * cnn_readouts(s);
+    if (!(*K = tpk_array_alloc2(side, side, ctx)))
+        return ctx->status;
+    int st = tpk_cnn_kernel(&s->cp, Xin, s->ws, *K, err, ctx);
+    if (st) {
+        tpk_array_free(*K);
+        *K = NULL;
+    }
+    return st;
+}
+
+static const char *const rname[] = {"flatten", "gap", "positions"};
+
+static int cnn_uses_fft(const cnn_job *s)
+{
+    const tpk_cnn_params *cp = &s->cp;
+    return cp->conv == TPK_CNN_CONV_FFT ||
+           (cp->conv == TPK_CNN_CONV_AUTO &&
+            tpk_cnn_conv_prefers_fft(s->rows, s->cols, cp->kh, cp->kw, cp->padding));
+}
+
+/* The root attributes of a CNN kernel file (the datasets' dimensions and error_estimate aside). */
+static int cnn_describe(tpk_h5out *out, const tpk_job *job, const cnn_job *s, tpk_ctx *ctx)
+{
+    const tpk_cnn_params *cp = &s->cp;
+    int st = tpk_job_describe(out, job, s->prog, NULL, "cnn", ctx);
+    if (!st) st = tpk_h5out_attr_str(out, "/", "readout", rname[cp->readout], ctx);
+    if (!st) st = tpk_h5out_attr_str(out, "/", "padding", cp->padding == TPK_CNN_CIRCULAR ? "circular" : "zero", ctx);
+    if (!st) st = tpk_h5out_attr_str(out, "/", "convolution", cnn_uses_fft(s) ? "fft" : "direct", ctx);
+    /* which evaluator computed it: the rolled program (whole blocks) or the per-pair recursion */
+    if (!st) st = tpk_h5out_attr_str(out, "/", "evaluator", s->rolled ? "rolled-netsor" : "direct-recursion", ctx);
+    if (!st) st = tpk_h5out_attr_int(out, "/", "channels", (long long)s->C, ctx);
+    if (!st) st = tpk_h5out_input_attrs(out, "input", &s->xi, s->X, ctx);
+    if (!st && s->Xt) st = tpk_h5out_input_attrs(out, "test", &s->ti, s->Xt, ctx);
+    return st;
+}
+
 int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
 {
     cnn_job s = {0};
     tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL;
     double t0 = tpk_wall_seconds(), err = 0;
-    size_t rows = 0, cols = 0, C = 0;
-    tpk_cnn_params cp = {0};
-    int st = TPK_OK, rolled = 0;
-    if (!job->program || !job->input || !job->output) {
+    int st = TPK_OK;
+    if (!job->output) {
         st = TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
         goto done;
     }
-    s.twod = (job->label && strcmp(job->label, "cnn2d") == 0) || strstr(job->program, "cnn2d") != NULL;
-    if (!(s.reg = tpk_job_registry(ctx)) || !(s.X = read_input(job->input, &s.xi, ctx)) ||
-        tpk_array_check_scale(s.X, job->input, ctx) ||
-        (job->test && (!(s.Xt = read_input(job->test, &s.ti, ctx)) ||
-                       tpk_array_check_scale(s.Xt, job->test, ctx)))) {
-        st = ctx->status;
+    if ((st = cnn_prepare(job, &s, ctx)))
         goto done;
-    }
-    if (s.Xt && (st = tpk_array_check_items(s.Xt, job->test, s.X, job->input, ctx)))
-        goto done;
-    if ((st = settings(job, &s, &rows, &cols, &C, ctx)))
-        goto done;
-    tpk_netsor_opts o = {.sets = s.sets, .nsets = s.nsets};
-    if (!(s.prog = tpk_netsor_load_file(job->program, &o, s.reg, ctx))) {
-        st = ctx->status;
-        goto done;
-    }
-    if ((st = params_from_program(&s, rows, cols, C, &cp, ctx)))
-        goto done;
-    if (job->all_outputs)
-        cp.readout = TPK_CNN_POSITIONS;
     /* open before computing: an unwritable path fails at once; an input is never the output */
     const char *ins[] = {job->program, job->input, job->test};
     if (tpk_io_check_output(job->output, ins, 3, ctx) || !(s.out = tpk_h5out_open(job->output, ctx))) {
@@ -288,18 +353,10 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         memcpy(s.Xall->data + tpk_array_size(s.X), s.Xt->data, tpk_array_size(s.Xt) * sizeof(double));
         Xin = s.Xall;
     }
-    size_t per = cp.readout == TPK_CNN_POSITIONS ? rows * cols : 1, side = Xin->dims[0] * per;
-    size_t whole = Xin->dims[0] * rows * cols;
-    rolled = cp.readout != TPK_CNN_FLATTEN && whole * whole <= CNN_ROLLED_MAX_ENTRIES;
-    if (rolled) {
-        if ((st = rolled_kernel(job, &o, &s, s.twod, Xin, cp.readout == TPK_CNN_POSITIONS, &s.K,
-                                &err, ctx)))
-            goto done;
-    } else if (!(s.K = tpk_array_alloc2(side, side, ctx)) ||
-               (st = tpk_cnn_kernel(&cp, Xin, s.ws, s.K, &err, ctx))) {
-        st = st ? st : ctx->status;
+    const tpk_cnn_params *cp = &s.cp;
+    size_t per = cnn_readouts(&s), side = Xin->dims[0] * per;
+    if ((st = cnn_batch(job, &s, Xin, &s.K, &err, ctx)))
         goto done;
-    }
     size_t ntr = s.X->dims[0] * per;
     if (s.Xt) {
         size_t nte = s.Xt->dims[0] * per, dm[1] = {nte};
@@ -311,23 +368,11 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         for (size_t i = 0; i < nte; i++)
             kd->data[i] = s.K->data[(ntr + i) * side + ntr + i];
     }
-    static const char *const rname[] = {"flatten", "gap", "positions"};
-    int fft = cp.conv == TPK_CNN_CONV_FFT ||
-              (cp.conv == TPK_CNN_CONV_AUTO &&
-               tpk_cnn_conv_prefers_fft(rows, cols, cp.kh, cp.kw, cp.padding));
     st = tpk_h5out_write(s.out, "/kernel", Ktr ? Ktr : s.K, ctx);
     if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
     if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
     if (!st) st = tpk_job_kernel_dims(s.out, Ktr ? Ktr : s.K, s.X, Kx != NULL, ctx);
-    if (!st) st = tpk_job_describe(s.out, job, s.prog, NULL, "cnn", ctx);
-    if (!st) st = tpk_h5out_attr_str(s.out, "/", "readout", rname[cp.readout], ctx);
-    if (!st) st = tpk_h5out_attr_str(s.out, "/", "padding", cp.padding == TPK_CNN_CIRCULAR ? "circular" : "zero", ctx);
-    if (!st) st = tpk_h5out_attr_str(s.out, "/", "convolution", fft ? "fft" : "direct", ctx);
-    /* which evaluator computed it: the rolled program (whole blocks) or the per-pair recursion */
-    if (!st) st = tpk_h5out_attr_str(s.out, "/", "evaluator", rolled ? "rolled-netsor" : "direct-recursion", ctx);
-    if (!st) st = tpk_h5out_attr_int(s.out, "/", "channels", (long long)C, ctx);
-    if (!st) st = tpk_h5out_input_attrs(s.out, "input", &s.xi, s.X, ctx);
-    if (!st && s.Xt) st = tpk_h5out_input_attrs(s.out, "test", &s.ti, s.Xt, ctx);
+    if (!st) st = cnn_describe(s.out, job, &s, ctx);
     if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
     if (!st) {
         st = tpk_h5out_commit(s.out, ctx);
@@ -338,9 +383,9 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         size_t n = K->dims[0];
         fprintf(job->summary, "kernel: %s (%s), %zux%zu grid, %zu channel%s, %d layers, filter %dx%d, "
                 "%s padding, %s readout (%s convolution, %s)\n", job->label ? job->label : "cnn",
-                job->program, rows, cols, C, C == 1 ? "" : "s", cp.depth, cp.kh, cp.kw,
-                cp.padding == TPK_CNN_CIRCULAR ? "circular" : "zero", rname[cp.readout],
-                fft ? "FFT" : "direct", rolled ? "rolled program" : "direct recursion");
+                job->program, s.rows, s.cols, s.C, s.C == 1 ? "" : "s", cp->depth, cp->kh, cp->kw,
+                cp->padding == TPK_CNN_CIRCULAR ? "circular" : "zero", rname[cp->readout],
+                cnn_uses_fft(&s) ? "FFT" : "direct", s.rolled ? "rolled program" : "direct recursion");
         fprintf(job->summary, "  input   %s (N=%zu)\n", job->input, s.X->dims[0]);
         if (s.Xt)
             fprintf(job->summary, "  test    %s (M=%zu)\n", job->test, s.Xt->dims[0]);
@@ -354,4 +399,43 @@ done:
     tpk_array_free(kd);
     cnn_job_free(&s);
     return st;
+}
+
+/* ---- the CNN's kernel job, block by block (job-impl.h, app/job_block.c) ------------------- */
+
+static int kjob_cnn_batch(tpk_kernel_job *kj, const tpk_array *Xb, tpk_array **K, double *err,
+                          tpk_ctx *ctx)
+{
+    return cnn_batch(&kj->job, kj->self, Xb, K, err, ctx);
+}
+
+static int kjob_cnn_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx)
+{
+    return cnn_describe(out, &kj->job, kj->self, ctx);
+}
+
+static void kjob_cnn_release(void *self)
+{
+    if (self) {
+        cnn_job_free(self);
+        free(self);
+    }
+}
+
+static const kjob_impl kjob_cnn = {"cnn", kjob_cnn_batch, kjob_cnn_describe, kjob_cnn_release};
+
+int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx)
+{
+    cnn_job *s = calloc(1, sizeof *s);
+    if (!s)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    kj->impl = &kjob_cnn;
+    kj->self = s;
+    int st = cnn_prepare(&kj->job, s, ctx);
+    if (st)
+        return st;
+    kj->X = s->X;
+    kj->Xt = s->Xt;
+    kj->readouts = cnn_readouts(s);
+    return TPK_OK;
 }

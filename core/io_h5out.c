@@ -153,6 +153,7 @@ struct tpk_h5out {
     char *tmp;    /* ".<basename>.tmp.<pid>.<hex>" beside it, so rename() stays on one filesystem */
     int failed;   /* an operation failed: commit must not publish a partial file */
     int live;     /* slot in the signal clean-up table, or -1 */
+    int adopted;  /* tmp is the caller's (tpk_h5out_adopt): kept by abort and a failed commit */
 };
 
 /* splitmix64 (Steele, Lea, Flood 2014): spreads clock and address bits over the whole word. */
@@ -893,7 +894,8 @@ int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx)
         out_free(out);
         return TPK_OK;
     }
-    unlink(out->tmp);
+    if (!out->adopted)
+        unlink(out->tmp);
     out_free(out);
     return st;
 }
@@ -908,8 +910,75 @@ void tpk_h5out_abort(tpk_h5out *out)
         H5Fclose(out->file);
         tpk_h5_quiet_end(&q);
     }
-    unlink(out->tmp);
+    if (!out->adopted)
+        unlink(out->tmp);
     out_free(out);
+}
+
+tpk_h5out *tpk_h5out_adopt(const char *path, const char *tmp, tpk_ctx *ctx)
+{
+    char eb[128];
+    if (path == NULL || path[0] == '\0' || tmp == NULL || tmp[0] == '\0') {
+        TPK_ERROR(ctx, TPK_EINVAL, "empty output or temporary path");
+        return NULL;
+    }
+    /* rename() must stay on one filesystem: the temporary lives in the destination's folder */
+    const char *ps = strrchr(path, '/'), *ts = strrchr(tmp, '/');
+    size_t pd = ps ? (size_t)(ps - path) : 0, td = ts ? (size_t)(ts - tmp) : 0;
+    if (pd != td || strncmp(path, tmp, pd) != 0) {
+        TPK_ERROR(ctx, TPK_EINVAL, "%s: the temporary '%s' is not in the output's folder", path,
+                  tmp);
+        return NULL;
+    }
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(EISDIR, eb, sizeof eb));
+        return NULL;
+    }
+    tpk_h5out *out = calloc(1, sizeof *out);
+    if (out == NULL || (out->path = strdup(path)) == NULL || (out->tmp = strdup(tmp)) == NULL) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+        if (out) {
+            free(out->path);
+            free(out);
+        }
+        return NULL;
+    }
+    out->live = -1;
+    out->adopted = 1;
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl >= 0)
+        H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
+    out->file = H5Fopen(tmp, H5F_ACC_RDWR, fapl >= 0 ? fapl : H5P_DEFAULT);
+    if (fapl >= 0)
+        H5Pclose(fapl);
+    tpk_h5_quiet_end(&q);
+    if (out->file < 0) {
+        TPK_ERROR(ctx, access(tmp, F_OK) == 0 ? TPK_EFORMAT : TPK_EIO,
+                  "%s: cannot open '%s' as an HDF5 file to finish", path, tmp);
+        out_free(out);
+        return NULL;
+    }
+    return out;
+}
+
+int tpk_h5out_remove(tpk_h5out *out, const char *name, tpk_ctx *ctx)
+{
+    int st = check_out(out, name, ctx);
+    if (st)
+        return st;
+    tpk_h5_quiet q;
+    tpk_h5_quiet_begin(&q);
+    htri_t have = H5Lexists(out->file, name, H5P_DEFAULT);
+    herr_t del = have > 0 ? H5Ldelete(out->file, name, H5P_DEFAULT) : -1;
+    tpk_h5_quiet_end(&q);
+    if (have <= 0)
+        return TPK_ERROR(ctx, TPK_ENOTFOUND, "%s: no object '%s' to remove", out->path, name);
+    if (del < 0)
+        return mark_failed(out, ctx, TPK_EIO, "cannot remove", name);
+    return TPK_OK;
 }
 
 int tpk_h5out_attr_auto(tpk_h5out *out, const char *obj, const char *key, const char *value,

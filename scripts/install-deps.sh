@@ -4,6 +4,8 @@
 #                                            for scripts/check-portable.sh)
 #   sh scripts/install-deps.sh --only PKG...  just these (help2man for `make man`, doxygen for
 #                                            `make docs`)
+#   sh scripts/install-deps.sh --mpi          the default set plus the MPI stack of `make mpi`
+#                                            (Open MPI, parallel HDF5, ScaLAPACK; issue 16)
 # Each dependency is checked by what the build uses (a command, a pkg-config module, a header or
 # a library file), not by its package name, so a machine that has them from elsewhere (another
 # distribution, a source build, no dpkg or apt) builds as it is. What is missing is installed with
@@ -35,19 +37,30 @@ check() {
     clang) have_cmd clang ;;
     libclang-rt-14-dev) have_file "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" ;;
     libomp-dev) have_file "/usr/lib/llvm-*/lib/libomp.so /usr/lib/*/libomp.so /usr/local/lib/libomp.so" ;;
+    # make mpi (mk/mpi.mk): mpicc and mpirun, the openmpi flavour of HDF5 beside the serial one,
+    # ScaLAPACK with its BLACS built on Open MPI
+    openmpi-bin) have_cmd mpirun ;;
+    libopenmpi-dev) have_cmd mpicc && have_pc ompi-c ;;
+    libhdf5-openmpi-dev) have_pc hdf5-openmpi ;;
+    libscalapack-openmpi-dev) have_pc scalapack-openmpi ||
+        have_file "/usr/lib/*/libscalapack-openmpi.so /usr/local/lib/libscalapack-openmpi.so" ;;
     *) # an extra package: a command of that name, or dpkg's word where there is dpkg
         have_cmd "$1" ||
             { have_cmd dpkg-query && dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; } ;;
     esac
 }
 
+BASE="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
+      libhdf5-dev hdf5-tools libxgboost-dev libjansson-dev libcmocka-dev zlib1g-dev nettle-dev
+      clang libclang-rt-14-dev libomp-dev"
 if [ "${1:-}" = "--only" ]; then
     shift
     PKGS="$*"
+elif [ "${1:-}" = "--mpi" ]; then
+    shift
+    PKGS="$BASE openmpi-bin libopenmpi-dev libhdf5-openmpi-dev libscalapack-openmpi-dev $*"
 else
-    PKGS="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
-          libhdf5-dev hdf5-tools libxgboost-dev libjansson-dev libcmocka-dev zlib1g-dev nettle-dev
-          clang libclang-rt-14-dev libomp-dev $*"
+    PKGS="$BASE $*"
 fi
 missing=""
 for p in $PKGS; do
@@ -67,6 +80,16 @@ else
     SUDO=
 fi
 export DEBIAN_FRONTEND=noninteractive
+# libhdf5-openmpi-dev repoints Debian's hdf5.pc alternative at the MPI flavour (a higher priority
+# than the serial one): builds that ask pkg-config for "hdf5" (other checkouts, other programs)
+# would switch HDF5 under them. Where it pointed before, it is put back afterwards.
+hdf5_pc=$(pkg-config --variable=pcfiledir hdf5 2>/dev/null)/hdf5.pc
+hdf5_was=$(readlink -f "$hdf5_pc" 2>/dev/null || true)
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -qq --no-install-recommends $missing
+hdf5_now=$(readlink -f "$hdf5_pc" 2>/dev/null || true)
+if [ -n "$hdf5_was" ] && [ "$hdf5_was" != "$hdf5_now" ] && have_cmd update-alternatives &&
+    $SUDO update-alternatives --set hdf5.pc "$hdf5_was" >/dev/null 2>&1; then
+    echo "install-deps: kept hdf5.pc on $hdf5_was (the MPI flavour is hdf5-openmpi.pc)" >&2
+fi

@@ -108,6 +108,16 @@ TPK_API int tpk_h5out_input_attrs(tpk_h5out *out, const char *prefix, const tpk_
 TPK_API int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx);
 /* Remove the temporary file and free. NULL is a no-op. */
 TPK_API void tpk_h5out_abort(tpk_h5out *out);
+/* Finish a file another writer made (gpkernel-mpi's parallel HDF5 phase, docs/scale-out.md):
+ * open the existing HDF5 file `tmp`, which must be in the folder of `path`, read-write as the
+ * temporary of an atomic output to `path`. Every call above works on it; tpk_h5out_commit
+ * flushes, fsyncs and renames it onto `path`. Unlike tpk_h5out_open's temporary, tmp is the
+ * caller's: tpk_h5out_abort and a failed commit close it and leave it where it is.
+ * TPK_EINVAL: tmp elsewhere; TPK_EFORMAT: not an HDF5 file; TPK_EIO: cannot be opened. */
+TPK_API tpk_h5out *tpk_h5out_adopt(const char *path, const char *tmp, tpk_ctx *ctx);
+/* Remove the object (dataset or group) at the absolute path `name`, e.g. the bookkeeping an
+ * adopted file keeps until it is finished. TPK_ENOTFOUND: none there. */
+TPK_API int tpk_h5out_remove(tpk_h5out *out, const char *name, tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -76,6 +76,44 @@ TPK_API int tpk_job_describe(tpk_h5out *out, const tpk_job *job, const tpk_progr
 TPK_API int tpk_job_kernel_dims(tpk_h5out *out, const tpk_array *K, const tpk_array *X, int test,
                                 tpk_ctx *ctx);
 
+/* ---- kernel jobs block by block (app/job_block.c; issue 16, docs/scale-out.md) ----------------
+ * gpkernel's job prepared once (inputs read, program loaded, the architecture's own evaluator
+ * chosen for the whole job), then its kernel computed on any block of items: rows from the
+ * training or the test items, columns from the training items. A block is the kernel of its
+ * items evaluated as one batch by the evaluator the whole job runs, the column items before the
+ * row items (as tpk_job_kernel stacks training before test items), so its entries are the whole
+ * kernel's to rounding: an NNGP entry depends on its two inputs alone (theory.md §1.6). A
+ * diagonal block costs its own pairs; any other block evaluates its rows' and columns' own
+ * pairs with it (twice the block's). Jobs whose entries depend on the other inputs of the batch
+ * (batch-coupled programs, TPK_FEAT_BATCHNORM) or that are computed over the whole batch by an
+ * architecture's own job (attention's 1/sqrt(n) limit) are TPK_EUNSUPPORTED. */
+typedef struct tpk_kernel_job tpk_kernel_job;
+struct tpk_arch;
+/* a: the job's architecture row (NULL: job->program is a user's program); the CNN rows' own
+ * recursion is used as gpkernel uses it. job as for tpk_job_kernel (input required, test
+ * optional); job->output is not written, and the job's strings must outlive the kernel job. */
+TPK_API tpk_kernel_job *tpk_kernel_job_alloc(const struct tpk_arch *a, const tpk_job *job,
+                                             tpk_ctx *ctx);
+TPK_API void tpk_kernel_job_free(tpk_kernel_job *kj);
+/* Training (test = 0) or test items (test = 1; 0 without a test set). */
+TPK_API size_t tpk_kernel_job_items(const tpk_kernel_job *kj, int test);
+/* Kernel rows per item: 1, or the readouts of job->all_outputs (outputs, positions). */
+TPK_API size_t tpk_kernel_job_readouts(const tpk_kernel_job *kj);
+/* The training (test = 0) or test inputs as read (NULL without a test set). */
+TPK_API const tpk_array *tpk_kernel_job_input(const tpk_kernel_job *kj, int test);
+/* The block of rows r0 .. r0+nr−1 of the training (test = 0) or test items (test = 1) and
+ * columns c0 .. c0+nc−1 of the training items: (nr·R) × (nc·R) entries, R readouts per item,
+ * input-major, into K (row stride ld ≥ nc·R). diag (NULL: not wanted) gets the nr·R entries
+ * k(x_a, x_a) of the row items (/kernel_test_diag for test rows); err (NULL: not wanted) the
+ * block's error estimate. TPK_EINVAL: an empty block, one outside the inputs, ld too small. */
+TPK_API int tpk_kernel_job_block(tpk_kernel_job *kj, int test, size_t r0, size_t nr, size_t c0,
+                                 size_t nc, double *K, size_t ld, double *diag, double *err,
+                                 tpk_ctx *ctx);
+/* The root attributes and named dimensions tpk_job_kernel writes (tpk_job_describe, inputs,
+ * the architecture's own; tpk_job_kernel_dims: /kernel, and with a test set /kernel_test_train
+ * and /kernel_test_diag, must exist in out), all but error_estimate. */
+TPK_API int tpk_kernel_job_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx);
+
 /* A registry with the built-ins plus what programs commonly need. */
 TPK_API tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx);
 

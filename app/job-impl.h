@@ -1,0 +1,33 @@
+/* Internal interface of the kernel jobs computed block by block (tpk_kernel_job, include/tpk/job.h):
+ * the state every implementation shares and the table of what differs between them — the NETSOR
+ * evaluator on a loaded program (app/job.c) and the CNN's direct recursion (app/job_cnn.c). The
+ * blocks themselves are cut and stacked in one place (app/job_block.c). Not installed. */
+#ifndef TPK_APP_JOB_IMPL_H
+#define TPK_APP_JOB_IMPL_H
+
+#include "tpk/job.h"
+
+typedef struct kjob_impl {
+    const char *name; /* for messages: "program", "cnn" */
+    /* The kernel of the items Xb (a batch of training and test items, in that order) as the
+     * implementation's evaluator computes it for the whole job: (items · readouts)². */
+    int (*batch)(tpk_kernel_job *kj, const tpk_array *Xb, tpk_array **K, double *err,
+                 tpk_ctx *ctx);
+    /* The root attributes of the job's file besides the dimensions and error_estimate. */
+    int (*describe)(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx);
+    void (*release)(void *self);
+} kjob_impl;
+
+struct tpk_kernel_job {
+    tpk_job job;              /* the caller's request (its strings stay the caller's) */
+    const tpk_array *X, *Xt;  /* training and test items (owned by the implementation's state) */
+    size_t readouts;          /* kernel rows per item */
+    const kjob_impl *impl;
+    void *self;               /* the implementation's state */
+};
+
+/* The implementations: fill kj (X, Xt, readouts, impl, self) from kj->job. */
+int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx);
+int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx);
+
+#endif
