@@ -500,7 +500,7 @@ static void test_chain_fuses_whole(void **state)
     tpk_orch_graph *g = tpk_orch_graph_alloc(&ctx);
     int x = add_input(g, "x", shape2(512, 384)), p = x;
     for (int i = 0; i < 6; i++) {
-        char nm[8];
+        char nm[16];
         snprintf(nm, sizeof nm, "m%d", i);
         p = add_prim(g, nm, TPK_ORCH_MAP, shape2(512, 384), 2.0 * 512 * 384, p, -1);
     }
