@@ -756,6 +756,42 @@ static void test_infeasible(void **state)
     tpk_orch_graph_free(g);
 }
 
+/* A real CBC stop: the first of the random DAGs whose BLP needs branching, solved again with a
+ * node limit of 1. */
+static void test_cbc_node_limit(void **state)
+{
+    (void)state;
+    int found = 0;
+    for (int i = 0; i < N_RANDOM && !found; i++) {
+        uint64_t seed = 0x0c0ffee0u + (uint64_t)i * 7919u;
+        int n = i % 2 == 0 ? MAX_PRIMS : 5 + (i / 2) % 9;
+        tpk_orch_graph *g = random_dag(seed, n);
+        tpk_orch_cands *c = cands_of(g, NULL);
+        cost_roofline(c);
+        tpk_orch_plan *b = solve_blp(c, NULL);
+        if (b->nodes >= 2 && b->solves == 1) {
+            found = 1;
+            tpk_orch_opts o;
+            tpk_orch_opts_default(&o);
+            o.max_nodes = 1;
+            tpk_ctx ctx;
+            tpk_ctx_init(&ctx);
+            tpk_orch_plan *p = tpk_orch_solve_blp(c, &o, &ctx);
+            if (p != NULL)
+                fail_msg("DAG %d: %ld nodes to the optimum, yet a 1-node limit gave a plan", i,
+                         b->nodes);
+            assert_int_equal(ctx.status, TPK_ENUMERIC);
+            assert_msg(&ctx, "node limit");
+            printf("orch: DAG %d (%ld nodes) with max_nodes = 1: %s\n", i, b->nodes, ctx.msg);
+        }
+        tpk_orch_plan_free(b);
+        tpk_orch_cands_free(c);
+        tpk_orch_graph_free(g);
+    }
+    if (!found)
+        skip(); /* this CBC closes every one of them at the root */
+}
+
 /* CBC's outcomes as statuses, with outcomes a small graph cannot be made to produce. */
 static void test_cbc_outcomes(void **state)
 {
@@ -1028,6 +1064,7 @@ int main(void)
         cmocka_unit_test(test_gemm_limit_splits),
         cmocka_unit_test(test_cycle_is_cut),
         cmocka_unit_test(test_infeasible),
+        cmocka_unit_test(test_cbc_node_limit),
         cmocka_unit_test(test_cbc_outcomes),
         cmocka_unit_test(test_graph_errors),
         cmocka_unit_test(test_cost_and_plan_errors),
