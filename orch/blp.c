@@ -388,7 +388,7 @@ tpk_orch_plan *tpk_orch_solve_blp(const tpk_orch_cands *c, const tpk_orch_opts *
     memset(&s, 0, sizeof s);
     s.c = c;
     s.o = o;
-    s.scale = 0;
+    s.scale = 1;
     tpk_orch_plan *plan = NULL;
     s.xk = malloc(((size_t)c->nk + 1) * sizeof *s.xk);
     s.colof = malloc(((size_t)c->nk + 1) * sizeof *s.colof);
@@ -416,12 +416,10 @@ tpk_orch_plan *tpk_orch_solve_blp(const tpk_orch_cands *c, const tpk_orch_opts *
         plan = orch_plan_new(c, sel, 0, ctx);
         goto done;
     }
-    /* Objective coefficients in [0, 1]: CBC's tolerances are absolute. */
-    if (!(s.scale > 0))
-        s.scale = 1;
     {
-        /* R = Σ_p min cost of a kernel holding p: opt ≥ R / P (every live p is computed by some
-         * chosen kernel), and R ≤ P·opt is at the scale of opt. */
+        /* CBC's tolerances are absolute: costs go in units of R / BLP_SCALE_REF, R = Σ_p the
+         * cheapest kernel holding p. opt ≥ R / P (every live p is computed by a chosen kernel),
+         * so the optimum is ≥ BLP_SCALE_REF / P in CBC's units. */
         double *minc = malloc(((size_t)c->nlive + 1) * sizeof *minc), R = 0;
         if (minc == NULL) {
             TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for the BLP");
