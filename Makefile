@@ -30,7 +30,12 @@ PKGS        = $(HDF5_PC) $(PKGS_NOH5)
 # Lazy (=) so that pkg-config runs after scripts/install-deps.sh has had its chance.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS))
 # GSL's pkg-config pulls in its reference CBLAS; we link OpenBLAS's instead.
-PKG_LIBS   = $(filter-out -lgslcblas,$(shell pkg-config --libs $(PKGS))) -lhdf5_serial_hl -lm
+PKG_LIBS   = $(filter-out -lgslcblas,$(shell pkg-config --libs $(PKGS))) -lhdf5_serial_hl $(CBC_LIBS) -lm
+# COIN-OR CBC (orch/blp.c, its C interface; the header is included as <coin/...>): pkg-config's
+# flags where cbc.pc exists, less -lblas/-llapack, which would name a second BLAS beside OpenBLAS
+# (CBC's own libraries load the LAPACK they need).
+CBC_LIBS   = $(filter-out -lblas -llapack,$(shell pkg-config --libs cbc 2>/dev/null || \
+                 echo -lCbcSolver -lCbc -lCgl -lOsiClp -lClp -lOsi -lCoinUtils))
 
 WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 OPT        ?= -O2 -g
@@ -48,7 +53,7 @@ KERNEL_FLAGS := -march=$(ARCH) -O3
 LDLIBS_ALL  = $(SAN) -fopenmp $(PKG_LIBS) -lz -ldl $(LDFLAGS)
 
 # The layers, bottom up (mk/layers.txt; scripts/check-layers.sh checks them in `make check`).
-LIB_DIRS   := core runtime kernels netsor app limits gp
+LIB_DIRS   := core runtime orch kernels netsor app limits gp
 # gen/: the class index and, per machine class (data/machines/ID.conf), its GEMM and map tables,
 # all generated from data (mk/tuner.mk, mk/map.mk).
 CLASS_CONFS := $(sort $(wildcard data/machines/*.conf))

@@ -34,6 +34,7 @@ check() {
     libcmocka-dev) have_pc cmocka ;;
     zlib1g-dev) have_pc zlib ;;
     nettle-dev) have_pc nettle ;;
+    coinor-libcbc-dev) have_pc cbc && have_header coin/Cbc_C_Interface.h ;;
     clang) have_cmd clang ;;
     libclang-rt-14-dev) have_file "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" ;;
     libomp-dev) have_file "/usr/lib/llvm-*/lib/libomp.so /usr/lib/*/libomp.so /usr/local/lib/libomp.so" ;;
@@ -52,7 +53,7 @@ check() {
 
 BASE="build-essential pkg-config libgsl-dev libfftw3-dev liblapacke-dev libopenblas-dev
       libhdf5-dev hdf5-tools libxgboost-dev libjansson-dev libcmocka-dev zlib1g-dev nettle-dev
-      clang libclang-rt-14-dev libomp-dev"
+      coinor-libcbc-dev clang libclang-rt-14-dev libomp-dev"
 if [ "${1:-}" = "--only" ]; then
     shift
     PKGS="$*"

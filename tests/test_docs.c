@@ -1,8 +1,9 @@
 /* The docs the code cites are in the repository (issue 15 item 5): a bare theory.md,
- * tuner-notes.md, style.md, netsor.md or architecture.md is a file of docs/, every other *.md
- * that a source file mentions exists, and every citation such as "theory.md §2.8",
- * "tuner-notes §3" or "style.md §9" names a section that exists in that document.
- * (This file spells its made-up citations with escapes so that the walk does not see them.) */
+ * tuner-notes.md, style.md, netsor.md, architecture.md or orchestration.md is a file of docs/,
+ * every other *.md that a source file mentions exists, and every citation such as
+ * "theory.md §2.8", "tuner-notes §3" or "style.md §9" names a section that exists in that
+ * document. (This file spells its made-up citations with escapes so that the walk does not see
+ * them.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,7 +23,7 @@
 /* The documents of docs/ that the sources cite by bare name. A section is a markdown heading that
  * starts with its number ("## 2. ...", "### 2.8 ..."); style.md numbers its rules as a list
  * ("9. Framework and kernels apart"), so there a numbered list item is a section too. */
-enum { N_DOCS = 5 };
+enum { N_DOCS = 6 };
 static const struct {
     const char *name, *file;
     int items_are_sections;
@@ -32,6 +33,7 @@ static const struct {
     {"style", "style.md", 1},
     {"netsor", "netsor.md", 0},
     {"architecture", "architecture.md", 0},
+    {"orchestration", "orchestration.md", 0},
 };
 
 typedef struct checker {

@@ -17,6 +17,8 @@
 #include "gemm.h"
 #include "map.h"
 #include "machine.h"
+/* orch */
+#include "orch.h"
 /* kernels */
 #include "gauss.h"
 #include "kernels.h"
