@@ -181,7 +181,7 @@ static int rolled_kernel(const tpk_job *job, const tpk_netsor_opts *o, cnn_job *
     view.dims[0] = X->dims[0];
     view.dims[1] = P;
     view.dims[2] = C;
-    int st = tpk_netsor_kernel(p, &view, positions, K, err, ctx);
+    int st = tpk_netsor_kernel_progress(p, &view, positions, job->progress, K, err, ctx);
     tpk_program_free(p);
     return st;
 }
@@ -296,7 +296,8 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
                                 &err, ctx)))
             goto done;
     } else if (!(s.K = tpk_array_alloc2(side, side, ctx)) ||
-               (st = tpk_cnn_kernel(&cp, Xin, s.ws, s.K, &err, ctx))) {
+               (st = tpk_cnn_kernel(&cp, Xin, s.ws, s.K, &err, ctx)) ||
+               (st = tpk_progress_check(job->progress, ctx))) {
         st = st ? st : ctx->status;
         goto done;
     }
