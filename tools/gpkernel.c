@@ -61,6 +61,7 @@ static const char usage[] =
     "  --var-q=V --var-k=V --var-v=V --var-o=V  (attention) projection variances (default 1)\n"
     "  --set NAME=VALUE   override any program parameter (repeatable)\n"
     "  --netsor-plus      allow NETSOR+ Moments in --program\n"
+    "  --progress, --no-progress   the progress line (below)\n"
     "  --list-archs, --list-phi, --quiet, --help, --version\n"
     "\n"
     "Convention (mlp): Sigma^1(x,x') = sigma_w2 <x,x'>/d + sigma_b2;\n"
@@ -70,8 +71,7 @@ static const char usage[] =
     "Convention (rnn): h_t = W s_{t-1} + U x_t + b, s_t = phi(h_t), s_0 = 0; the output is the\n"
     "  covariance of y_t = <v, s_t>, sigma_v2 E[phi(h_t)phi(h'_r)] (theory.md §2.2).\n"
     "Options take their value as --opt=VALUE or --opt VALUE (architecture flags too).\n"
-    "Progress: a line on stderr for kernels of the member-by-member evaluator (recurrent\n"
-    "programs) longer than 2 s, unless --quiet.\n"
+    CLI_PROGRESS_HELP
     CLI_EXIT_HELP;
 
 typedef struct opts {
@@ -81,12 +81,14 @@ typedef struct opts {
     char attr[CLI_MAX_FLAGS][64]; /* output attribute of each: the flag with '_' for '-' */
     cli_sets sets;
     int all_times, netsor_plus, quiet, layernorm;
+    int progress;               /* --progress 1, --no-progress 0, neither -1 */
 } opts;
 
 #define EXIT_EARLY (-1) /* --help, --version, --list-*: done, successfully */
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
-       OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_LN };
+       OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_LN,
+       OPT_PROGRESS, OPT_NOPROGRESS };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -103,6 +105,8 @@ static const struct option longopts[] = {
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {"layernorm", no_argument, NULL, OPT_LN},
+    {"progress", no_argument, NULL, OPT_PROGRESS},
+    {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
     {NULL, 0, NULL, 0}};
 
 static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *reg, tpk_ctx *ctx);
@@ -129,6 +133,8 @@ static int parse_args(int argc, char **argv, opts *o, const tpk_phi_registry *re
         case OPT_ALLT: o->all_times = 1; break;
         case OPT_PLUS: o->netsor_plus = 1; break;
         case OPT_QUIET: o->quiet = 1; break;
+        case OPT_PROGRESS: o->progress = 1; break;
+        case OPT_NOPROGRESS: o->progress = 0; break;
         case OPT_LN: o->layernorm = 1; break;
         case OPT_LISTARCH: tpk_arch_list(stdout); st = EXIT_EARLY; break;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); st = EXIT_EARLY; break;
@@ -175,6 +181,10 @@ static int check_args(opts *o, const char *arch_name, const tpk_phi_registry *re
 static int run(int argc, char **argv, int *usage_error, tpk_ctx *ctx)
 {
     opts o = {0};
+    o.progress = -1;
+    cli_progress bar = {0};
+    int nrec = 0;
+    char **rec = NULL; /* the command line as recorded */
     tpk_phi_registry *reg = tpk_job_registry(ctx);
     if (!reg)
         return ctx->status;
@@ -234,14 +244,22 @@ static int run(int argc, char **argv, int *usage_error, tpk_ctx *ctx)
             goto done;
         }
     }
+    if (!(rec = cli_record_argv(argc, argv, &nrec))) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
+    cli_progress_start(&bar, "gpkernel", "limit kernel", 0, !o.quiet && cli_progress_wanted(o.progress));
     tpk_job job = {.label = o.a ? o.a->name : "program",
                    .program = o.a ? (o.a->program ? prog : NULL) : o.program, .sets = sets,
                    .nsets = nsets, .netsor_plus = o.netsor_plus, .input = o.input, .test = o.test,
                    .output = o.output, .all_outputs = o.all_times, .attrs = attrs,
-                   .nattrs = nattrs, .argc = argc, .argv = argv,
-                   .summary = o.quiet ? NULL : stdout};
+                   .nattrs = nattrs, .argc = nrec, .argv = rec,
+                   .summary = o.quiet ? NULL : cli_progress_stream(&bar, stdout),
+                   .progress = cli_progress_lib(&bar, NULL)};
     st = o.a && o.a->custom ? o.a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);
 done:
+    cli_progress_end(&bar, st == TPK_OK);
+    free(rec);
     cli_sets_free(&o.sets);
     return st;
 }
