@@ -88,7 +88,8 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
     int st = resolve(a, o, r, ctx);
     if (!st) {
         tpk_job job = {.label = a->name, .program = r->program, .sets = r->sets,
-                       .nsets = r->nsets, .all_outputs = o->all_outputs};
+                       .nsets = r->nsets, .all_outputs = o->all_outputs,
+                       .progress = o->progress};
         st = tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kdiag, err, ctx);
     }
     free(r);
@@ -118,7 +119,8 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, c
                 attrs[nattrs++] = (tpk_attr){.name = r->attr[f], .value = r->fl[f].value};
         tpk_job job = {.label = a->name, .program = r->program, .sets = r->sets,
                        .nsets = r->nsets, .input = input, .test = test, .output = output,
-                       .all_outputs = o->all_outputs, .attrs = attrs, .nattrs = nattrs};
+                       .all_outputs = o->all_outputs, .attrs = attrs, .nattrs = nattrs,
+                       .progress = o->progress};
         st = a->custom ? a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);
     }
     free(r);

@@ -144,7 +144,8 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
         goto done;
     }
     if ((st = tpk_attn_limit_covs(Sx->data, N, T, &prm, sel, m, (size_t)R, (uint64_t)seed,
-                                  Cs->data, K->data, SE->data, ctx)))
+                                  Cs->data, K->data, SE->data, ctx)) ||
+        (st = tpk_progress_check(job->progress, ctx)))
         goto done;
     double err = 0.0;
     for (size_t i = 0; i < tpk_array_size(Cs); i++)

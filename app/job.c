@@ -243,9 +243,8 @@ static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_
         memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
     }
     tpk_array *K = NULL;
-    /* a progress line on stderr for long (recurrent) kernels unless the job is quiet */
     int st = tpk_netsor_kernel_progress(s->prog, s->Xall ? s->Xall : s->X, job->all_outputs,
-                                        job->summary ? stderr : NULL, &K, err, ctx);
+                                        job->progress, &K, err, ctx);
     if (st)
         return st;
     if (!s->Xt) {
@@ -419,7 +418,8 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
     if (!st)
         st = prepare(job, &s, ctx);
     if (!st)
-        st = tpk_netsor_run(s.prog, s.X, width, seed, job->all_outputs, &Khat, &y, ctx);
+        st = tpk_netsor_run_progress(s.prog, s.X, width, seed, job->all_outputs, job->progress,
+                                     &Khat, &y, ctx);
     if (!st) st = tpk_h5out_write(s.out, "/kernel_hat", Khat, ctx);
     if (!st) st = tpk_h5out_write(s.out, "/outputs", y, ctx);
     if (!st) st = kernel_dims(s.out, "/kernel_hat", NULL, NULL, Khat->dims[0] != s.X->dims[0], ctx);
@@ -454,7 +454,8 @@ int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uin
     if (!st)
         st = prepare_arrays(job, X, NULL, &s, ctx);
     if (!st)
-        st = tpk_netsor_run(s.prog, s.X, width, seed, job->all_outputs, Khat, y, ctx);
+        st = tpk_netsor_run_progress(s.prog, s.X, width, seed, job->all_outputs, job->progress,
+                                     Khat, y, ctx);
     job_state_free(&s);
     return st;
 }

@@ -187,7 +187,7 @@ static int rolled_kernel(const tpk_job *job, const tpk_netsor_opts *o, cnn_job *
     view.dims[0] = X->dims[0];
     view.dims[1] = P;
     view.dims[2] = C;
-    int st = tpk_netsor_kernel(p, &view, positions, K, err, ctx);
+    int st = tpk_netsor_kernel_progress(p, &view, positions, job->progress, K, err, ctx);
     tpk_program_free(p);
     return st;
 }
@@ -289,6 +289,8 @@ static int cnn_batch(const tpk_job *job, cnn_job *s, const tpk_array *Xin, tpk_a
     if (!(*K = tpk_array_alloc2(side, side, ctx)))
         return ctx->status;
     int st = tpk_cnn_kernel(&s->cp, Xin, s->ws, *K, err, ctx);
+    if (st == TPK_OK)
+        st = tpk_progress_check(job->progress, ctx);
     if (st) {
         tpk_array_free(*K);
         *K = NULL;

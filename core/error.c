@@ -45,6 +45,7 @@ const char *tpk_strerror(int status)
     case TPK_ETYPE: return "type error";
     case TPK_ENUMERIC: return "numerical failure";
     case TPK_EUNSUPPORTED: return "unsupported";
+    case TPK_ECANCELED: return "cancelled";
     default: return "unknown status";
     }
 }

@@ -232,6 +232,7 @@ typedef struct run_state {
     double *res;           /* per kernel: depth, noise, scale, lml, lml_select, jitter, rcond,
                             * accuracy, nll, rmse, seconds */
     const tpk_array *Ktt;  /* for full_cov */
+    size_t step, steps;    /* progress: steps done of all (o->progress) */
 } run_state;
 
 enum { R_DEPTH, R_NOISE, R_SCALE, R_LML, R_LMLSEL, R_JITTER, R_RCOND, R_ACC, R_NLL, R_RMSE,
@@ -253,6 +254,17 @@ static double mean_diag(const tpk_array *K)
 static size_t select_size(const opts *o, size_t n)
 {
     return o->select_n < n ? o->select_n : n;
+}
+
+/* Steps of progress (o->progress): the kernel, the noise, the fit and the predictions of every
+ * kernel, and with fit_hyper its BFGS run too. One more done; TPK_ECANCELED once cancelled. */
+enum { STEPS_PER_KERNEL = 4 };
+
+static int advance(run_state *rs, tpk_ctx *ctx)
+{
+    if (rs->step < rs->steps)
+        rs->step++;
+    return tpk_progress_report(rs->o->progress, "steps", rs->step, rs->steps, ctx);
 }
 
 /* Noise by the LML on the first select_n points (eigendecomposition). r = σ²/s. */
@@ -450,6 +462,8 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
     int st = TPK_OK;
     if (noise < 0 && (st = choose_noise(rs, K, &ratio, &scale, &r[R_LMLSEL], ctx)))
         return st;
+    if ((st = advance(rs, ctx))) /* the noise */
+        return st;
     if (noise == 0 && (st = check_interpolable(rs, K, ctx)))
         return st;
     tpk_gp_options go;
@@ -485,6 +499,10 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
     }
     if (!gp)
         return ctx->status;
+    if ((st = advance(rs, ctx))) { /* the fit */
+        tpk_gp_free(gp);
+        return st;
+    }
     const tpk_gp_info *in = tpk_gp_get_info(gp);
     if (noise == 0 && in->jitter > 0 && o->warnings)
         fprintf(o->warnings, "%s: warning: --noise=0 but the kernel is numerically singular: "
@@ -503,6 +521,8 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         snprintf(prefix, sizeof prefix, "/depth_%d", depth);
     if (!st && Kxt)
         st = predict(rs, gp, Kxt, kdiag, prefix, ratio, scale, r, ctx);
+    if (!st)
+        st = advance(rs, ctx); /* the predictions */
     if (!st) {
         r[R_SECS] = tpk_wall_seconds() - t0;
         print_result(rs, depth, r, scale, in);
@@ -522,8 +542,9 @@ static int sweep_cb(int depth, const tpk_array *K, const tpk_array *Kxt, const t
 {
     sweep_arg *a = data;
     if (depth < a->o->depth_lo)
-        return TPK_OK;
-    return evaluate(a->rs, depth, NULL, K, Kxt, kdiag, a->o->noise_auto ? -1 : a->o->noise, ctx);
+        return tpk_progress_check(a->o->progress, ctx);
+    int st = advance(a->rs, ctx); /* the kernel of this depth */
+    return st ? st : evaluate(a->rs, depth, NULL, K, Kxt, kdiag, a->o->noise_auto ? -1 : a->o->noise, ctx);
 }
 
 static unsigned fixed_mask(const opts *o, const tpk_gp_family *f, tpk_ctx *ctx, int *st)
@@ -602,6 +623,8 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
             st = start_noise(f, theta, &Ys, k, &noise, ctx);
         if (!st)
             st = tpk_gp_fit_hyper(f, &Ys, theta, &noise, &ho, &hr, ctx);
+        if (!st)
+            st = advance(rs, ctx); /* the BFGS run */
         tpk_gp_family_free(f);
         if (st)
             return st;
@@ -619,6 +642,8 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
         } else {
             st = tpk_gp_rbf_kernel(theta, X, Xt, K, Kxt, kd, ctx);
         }
+        if (!st)
+            st = advance(rs, ctx); /* the kernel */
         if (!st) {
             char prefix[64] = "";
             if (rs->multi)
@@ -942,7 +967,7 @@ static int run_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
         return fit_hyper_and_run(rs, o, e->X, e->Xt, e->phi, e->ws, e->K, e->Kxt, e->kd, ctx);
     }
     if (o->kernel_file)
-        return evaluate(rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
+        return (st = advance(rs, ctx)) ? st : evaluate(rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
     if (mlp) {
         tpk_mlp_params p = {.depth = o->depth_hi, .phi = e->phi, .sigma_w2 = o->sigma_w2,
                             .sigma_b2 = o->sigma_b2};
@@ -952,10 +977,14 @@ static int run_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
                                     ctx);
         }
         st = tpk_mlp_kernel(&p, e->X, e->Xt, e->ws, e->K, e->Kxt, e->kd, NULL, ctx);
+        if (!st)
+            st = advance(rs, ctx); /* the kernel */
         return st ? st : evaluate(rs, o->depth_lo, e->K, e->K, e->Kxt, e->kd, noise, ctx);
     }
     double th[2] = {o->lengthscale2, o->amplitude};
     st = tpk_gp_rbf_kernel(th, e->X, e->Xt, e->K, e->Kxt, e->kd, ctx);
+    if (!st)
+        st = advance(rs, ctx); /* the kernel */
     return st ? st : evaluate(rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
 }
 
@@ -984,6 +1013,9 @@ static int experiment(exp_state *e, const opts *o, tpk_ctx *ctx)
         preprocess(o, e->X, e->Xt);
     const int nk = o->depth_hi - o->depth_lo + 1;
     rs->multi = nk > 1;
+    rs->steps = (size_t)nk * (STEPS_PER_KERNEL + (o->fit_hyper ? 1 : 0));
+    if ((st = tpk_progress_report(o->progress, "steps", 0, rs->steps, ctx)))
+        return st;
     if (!(rs->res = calloc((size_t)nk * R_NFIELDS, sizeof(double))))
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     if (o->summary)

@@ -413,7 +413,8 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
                          "with the hierarchical limit by gpattention (law distances, kurtosis, "
                          "heads) and gpkernel --arch=attention (its mean kernel and score "
                          "covariances)", s->program);
-    if (tpk_netsor_kernel(s->prog, s->x, s->all_outputs, &s->K, &s->info.limit_error, ctx))
+    if (tpk_netsor_kernel_progress(s->prog, s->x, s->all_outputs, o->progress, &s->K,
+                                   &s->info.limit_error, ctx))
         return ctx->status;
     /* The compared kernel: N×N (last output) or (N·O)×(N·O) input-major (all outputs); the
      * sampled outputs y are N×O in the same order, so one coordinate index serves both. */
@@ -568,6 +569,8 @@ int tpk_study_run(tpk_study *s, const tpk_study_run_opts *opt, tpk_ctx *ctx)
     }
     rs.t0 = rs.tlast = tpk_wall_seconds();
     int st = TPK_OK;
+    /* the stop flag also ends the networks running when it is set (a wide one takes seconds) */
+    const tpk_progress stopper = {.cancel = o->stop};
     /* Widths run in parallel with seeds: one loop over all (width, seed) pairs, widest first
      * (longest jobs first balances the threads). Peak memory is unchanged: one network per
      * thread, at most the widest. Results depend on (width, seed) alone. */
@@ -579,11 +582,13 @@ int tpk_study_run(tpk_study *s, const tpk_study_run_opts *opt, tpk_ctx *ctx)
         tpk_ctx lctx;
         tpk_ctx_init(&lctx);
         tpk_array *Kh = NULL, *yy = NULL;
-        int ls = tpk_netsor_run(s->prog, s->x, s->widths[w], s->seed + sd, s->all_outputs, &Kh,
-                                &yy, &lctx);
+        int ls = tpk_netsor_run_progress(s->prog, s->x, s->widths[w], s->seed + sd,
+                                         s->all_outputs, &stopper, &Kh, &yy, &lctx);
 #pragma omp critical(tpk_study_store)
         {
-            if (ls != TPK_OK) {
+            if (ls == TPK_ECANCELED) {
+                /* stopped: this run stays missing (a resumed study runs it) */
+            } else if (ls != TPK_OK) {
                 if (st == TPK_OK)
                     st = TPK_ERROR(ctx, ls, "width %zu, seed %llu: %s", s->widths[w],
                                    (unsigned long long)(s->seed + sd), lctx.msg);

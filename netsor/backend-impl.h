@@ -44,7 +44,7 @@ typedef struct tpk_limit_opts {
     double orthant_abs_tol; /* orthant back-end (limit_orthant.c) target standard errors, */
     double orthant_rel_tol; /* absolute or relative; 0: its defaults                      */
     size_t orthant_max_points; /* QMC points per shift before giving up (0: its default) */
-    FILE *progress;     /* progress line for long runs (tpk_netsor_kernel_progress), or NULL */
+    const tpk_progress *progress; /* reports and cancel flag (tpk_netsor_kernel_progress), or NULL */
     int unrolled;       /* evaluate the unrolled form even when the rolled one exists */
 } tpk_limit_opts;
 
@@ -58,12 +58,12 @@ int nsr_flimit_refusal(const tpk_program *p, tpk_ctx *ctx);
 /* Only the outputs of a rolled-only program (names, variances), without planning. */
 int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx);
 int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
-                      double *err, int *unsupported, tpk_ctx *ctx);
+                      double *err, int *unsupported, const tpk_progress *progress, tpk_ctx *ctx);
 /* The finite-width executor on the rolled form (netsor/fexec.c): tpk_netsor_run's contract.
  * *unsupported = 1 when the failure is a form it does not take (the unrolled one may). */
 int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                   int all_outputs, tpk_array **Khat, tpk_array **y, int *unsupported,
-                  tpk_ctx *ctx);
+                  const tpk_progress *progress, tpk_ctx *ctx);
 /* Clear PSD violation of a kernel (n ≤ 600; larger kernels are not checked). */
 int nsr_check_psd(const double *K, size_t n, double err, tpk_ctx *ctx);
 

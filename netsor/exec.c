@@ -292,6 +292,13 @@ static int step(ex *E, int k)
 int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                    int all_outputs, tpk_array **Khat, tpk_array **y, tpk_ctx *ctx)
 {
+    return tpk_netsor_run_progress(p, x, n, seed, all_outputs, NULL, Khat, y, ctx);
+}
+
+int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
+                            int all_outputs, const tpk_progress *progress, tpk_array **Khat,
+                            tpk_array **y, tpk_ctx *ctx)
+{
     tpk_nsr_shape sh;
     if (Khat == NULL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_run: Khat must not be NULL");
@@ -310,7 +317,7 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
         tpk_ctx local, *c = &local;
         tpk_ctx_init(c);
         int unsup = 0;
-        int st = nsr_fexec_run(p, x, n, seed, all_outputs, Khat, y, &unsup, c);
+        int st = nsr_fexec_run(p, x, n, seed, all_outputs, Khat, y, &unsup, progress, c);
         if (st != TPK_OK && (!unsup || p->ninstr == 0)) {
             if (ctx)
                 *ctx = local;
@@ -344,7 +351,8 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
         goto done;
     for (int k = 0; k < p->ninstr; k++) {
         const tpk_instr *in = &p->instr[k];
-        if ((st = step(&E, k)))
+        if ((st = tpk_progress_report(progress, "instructions", (size_t)k, (size_t)p->ninstr, ctx)) ||
+            (st = step(&E, k)))
             goto done;
         /* liveness: drop what no later instruction reads */
         if (in->op == TPK_OP_MATMUL && E.lastA[in->avar] == k) {
@@ -378,6 +386,9 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
             }
         }
     }
+    if ((st = tpk_progress_report(progress, "instructions", (size_t)p->ninstr, (size_t)p->ninstr,
+                                  ctx)))
+        goto done;
     size_t N = E.N;
     int o0 = all_outputs ? 0 : p->noutputs - 1, O = p->noutputs - o0;
     size_t dim = N * (size_t)O;

@@ -24,6 +24,7 @@ typedef struct nsr_fam {
     long work, work_budget; /* domain points visited, and the limit (0: none) */
     int deferred;         /* stopped at work_budget */
     const char *big_hint; /* said when one buffer would not fit in memory */
+    const tpk_progress *progress; /* the caller's reports and cancel flag, or NULL */
 } nsr_fam;
 
 /* An evaluation domain: m points over nv index symbols (point-major values). */

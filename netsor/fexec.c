@@ -385,7 +385,10 @@ static const double *dm_draw(fx *F, int dm, int tag, size_t rows, size_t cols, i
         uint64_t stream = tpk_rng_stream_named(tag, name);
 #pragma omp parallel for schedule(static) if (rows * cols >= PAR_MIN)
         for (size_t r = 0; r < rows; r++)
-            tpk_rng_normal_row(F->seed, stream, (uint32_t)r, 0, cols, z + r * cols);
+            if (!tpk_progress_cancelled(F->X.progress)) /* a wide matrix takes seconds */
+                tpk_rng_normal_row(F->seed, stream, (uint32_t)r, 0, cols, z + r * cols);
+        if (*st == TPK_OK)
+            *st = tpk_progress_check(F->X.progress, F->X.ctx);
     }
     free(name);
     F->dmz[dm] = z;
@@ -1174,6 +1177,9 @@ static int fx_run(fx *F, xout **outp, int *noutp)
         return F->X.ctx->status;
     int no = 0;
     for (int k = 0; k < R->nfi && st == TPK_OK; k++) {
+        if (!F->dry && (st = tpk_progress_report(F->X.progress, "family instructions", (size_t)k,
+                                                 (size_t)R->nfi, F->X.ctx)))
+            break;
         F->X.cur = k;
         memcpy(F->X.num, R->fi[k].num, ((size_t)F->X.C->nsym + 1) * sizeof *F->X.num);
         st = R->fi[k].stmt->kind == NSR_S_OUTPUT ? run_output(F, &R->fi[k], &out[no++])
@@ -1181,6 +1187,9 @@ static int fx_run(fx *F, xout **outp, int *noutp)
         if (st == TPK_OK && !F->dry)
             release(F, k);
     }
+    if (st == TPK_OK && !F->dry)
+        st = tpk_progress_report(F->X.progress, "family instructions", (size_t)R->nfi,
+                                 (size_t)R->nfi, F->X.ctx);
     if (st) {
         for (int i = 0; i < no; i++)
             free(out[i].h);
@@ -1194,7 +1203,7 @@ static int fx_run(fx *F, xout **outp, int *noutp)
 
 int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                   int all_outputs, tpk_array **Khat, tpk_array **y, int *unsupported,
-                  tpk_ctx *ctx)
+                  const tpk_progress *progress, tpk_ctx *ctx)
 {
     *unsupported = 0;
     size_t N, T, d;
@@ -1211,6 +1220,7 @@ int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t s
     *unsupported = P.X.unsup;
     free(out);
     out = NULL;
+    no = 0; /* the dry pass's count: a failed run below leaves out NULL */
     int nb = P.nb, ndm = P.X.R->ndm;
     int *blast = st ? NULL : malloc(((size_t)nb + 1) * sizeof *blast);
     int *dlast = st ? NULL : malloc(((size_t)ndm + 1) * sizeof *dlast);
@@ -1225,6 +1235,7 @@ int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t s
     memset(&F, 0, sizeof F);
     if (st == TPK_OK && (st = fx_init(&F, p, N, T, d, n, seed, x->data, ctx)) == TPK_OK)
         *unsupported = 0;
+    F.X.progress = progress;
     F.blast = blast;
     F.nblast = nb;
     F.dlast = dlast;

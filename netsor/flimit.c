@@ -2953,6 +2953,9 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     int trace = !F->dry && tr != NULL && strcmp(tr, "1") == 0;
     double t_prev = trace ? tpk_wall_seconds() : 0;
     for (int k = 0; k < R->nfi && st == TPK_OK; k++) {
+        if (!F->dry && (st = tpk_progress_report(F->X.progress, "family instructions", (size_t)k,
+                                                 (size_t)R->nfi, F->X.ctx)))
+            break;
         if (trace && k > 0) {
             double t = tpk_wall_seconds();
             fprintf(stderr, "  %s:%d: %s %.4f s\n", R->file, R->fi[k - 1].stmt->line,
@@ -2988,6 +2991,9 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 F->b[b].last_use = INT32_MAX;
             }
     }
+    if (st == TPK_OK && !F->dry)
+        st = tpk_progress_report(F->X.progress, "family instructions", (size_t)R->nfi,
+                                 (size_t)R->nfi, F->X.ctx);
     F->X.cur = R->nfi; /* the outputs read their blocks at the end */
     if (st == TPK_OK && !all_outputs) {
         for (int i = 0; i < no - 1; i++)
@@ -3191,7 +3197,7 @@ static void *plan_thread(void *arg)
 }
 
 int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
-                      double *err, int *unsupported, tpk_ctx *ctx)
+                      double *err, int *unsupported, const tpk_progress *progress, tpk_ctx *ctx)
 {
     *unsupported = 0;
     size_t N, T, d;
@@ -3279,6 +3285,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     }
     fl F;
     st = fl_init(&F, p, N, T, d, x->data, ctx);
+    F.X.progress = progress;
     if (st == TPK_OK)
         st = fl_run(&F, all_outputs, last, nb, K);
     if (st == TPK_OK && F.nb != nb)

@@ -76,6 +76,8 @@ static int do_matmul(lim *L, int k, scratch *sc)
     for (int li = 0; li <= aj->loc; li++) {
         const atom *ai = &L->atom[f->atoms[li]];
         double e = 0.0;
+        if ((st = tpk_progress_check(L->o.progress, L->ctx))) /* a sub-block can take seconds */
+            break;
         /* Cov(W h_a, W h'_c) = σ_W² E[Z^h_a Z^h'_c] (theory §1.6 rule 3) */
         /* the diagonal sub-block (li = loc) needs only its lower triangle (see atom_cov) */
         st = nsr_lim_m2(L, in->src, ai->src, (uint64_t)k * 4096 + (uint64_t)li, sc,
@@ -90,29 +92,6 @@ static int do_matmul(lim *L, int k, scratch *sc)
     nsr_lim_halfprod_clear(&sc->aq);
     sc->aq.on = 0;
     return st;
-}
-
-static double wall_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* "\r  limit kernel: instruction k/n, t s" once the run is older than TPK_NETSOR_PROGRESS_AFTER
- * (short runs print nothing); returns 1 when it printed. */
-static int progress_line(FILE *f, int k, int n, double t0, int shown)
-{
-    double t = wall_seconds() - t0;
-    if (t < TPK_NETSOR_PROGRESS_AFTER && !shown)
-        return 0;
-    if (k < n)
-        fprintf(f, "\r  limit kernel: instruction %d/%d (%.0f%%), %.1f s", k + 1, n,
-                100.0 * k / n, t);
-    else
-        fprintf(f, "\r  limit kernel: readouts, %.1f s%12s", t, "");
-    fflush(f);
-    return 1;
 }
 
 int nsr_check_psd(const double *K, size_t n, double err, tpk_ctx *ctx)
@@ -186,7 +165,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         tpk_ctx local;
         tpk_ctx_init(&local);
         int unsup = 0;
-        int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, &local);
+        int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, opts ? opts->progress : NULL,
+                                   &local);
         if (st == TPK_OK) {
             st = nsr_check_psd((*K)->data, (*K)->dims[0], err ? *err : 0, &local);
             if (st) {
@@ -224,8 +204,6 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.ocache = tpk_nsr_orthant_cache_alloc(); /* NULL (out of memory) only disables the memo */
     const char *tr = getenv("TPK_NETSOR_TRACE");
     int trace = tr != NULL && strcmp(tr, "1") == 0;
-    double t_start = wall_seconds();
-    int shown = 0; /* a progress line was printed */
     size_t N = L.N;
     /* s1, s2, s3 only serve the cross/general paths: allocated on first use */
     scratch sc = {NULL, NULL, NULL, malloc(N * sizeof(double)), malloc(N * sizeof(double)),
@@ -240,8 +218,9 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         goto done;
     for (int k = 0; k < p->ninstr; k++) {
         const tpk_instr *in = &p->instr[k];
-        if (L.o.progress && (in->op == TPK_OP_MATMUL || in->op == TPK_OP_MOMENT))
-            shown |= progress_line(L.o.progress, k, p->ninstr, t_start, shown);
+        if ((st = tpk_progress_report(L.o.progress, "instructions", (size_t)k, (size_t)p->ninstr,
+                                      ctx)))
+            goto done;
         switch (in->op) {
         case TPK_OP_EMBED:
             st = do_embed(&L, k);
@@ -280,8 +259,9 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         nsr_lim_release(&L, k);
     }
     /* outputs: K[(a,o),(c,o')] = σ_v² E[Z^o_a Z^o'_c], input-major */
-    if (L.o.progress)
-        shown |= progress_line(L.o.progress, p->ninstr, p->ninstr, t_start, shown);
+    if ((st = tpk_progress_report(L.o.progress, "instructions", (size_t)p->ninstr,
+                                  (size_t)p->ninstr, ctx)))
+        goto done;
     int o0 = all_outputs ? 0 : p->noutputs - 1, O = p->noutputs - o0;
     size_t dim = N * (size_t)O;
     out = tpk_array_alloc2(dim, dim, ctx);
@@ -334,10 +314,6 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     *K = out;
     out = NULL;
 done:
-    if (L.o.progress && shown) {
-        fprintf(L.o.progress, "\r  limit kernel: done in %.1f s%20s\n", wall_seconds() - t_start, "");
-        fflush(L.o.progress);
-    }
     tpk_array_free(out);
     free(M);
     free(sc.s1);
@@ -359,7 +335,8 @@ int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
 }
 
 int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x, int all_outputs,
-                               FILE *progress, tpk_array **K, double *err, tpk_ctx *ctx)
+                               const tpk_progress *progress, tpk_array **K, double *err,
+                               tpk_ctx *ctx)
 {
     tpk_limit_opts o;
     memset(&o, 0, sizeof o);

@@ -156,7 +156,7 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
         int my_st = w == NULL ? TPK_ENOMEM : TPK_OK;
 #pragma omp for schedule(dynamic, 1)
         for (size_t it = 0; it < nitem; it++) {
-            if (my_st != TPK_OK)
+            if (my_st != TPK_OK || tpk_progress_cancelled(L->o.progress)) /* a QMC item: ms */
                 continue;
             size_t ent = it / (size_t)ngen, a, c;
             int g = (int)(it % (size_t)ngen);
@@ -199,6 +199,8 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
         }
         nsr_lim_pws_free(w);
     }
+    if (status == TPK_OK)
+        status = tpk_progress_check(L->o.progress, L->ctx);
     if (status != TPK_OK) {
         free(iv);
         return status;

@@ -13,7 +13,11 @@ typedef struct tpk_ctx { int status; char msg[1024]; ...; } tpk_ctx;
 void tpk_ctx_init(tpk_ctx *ctx);
 const char *tpk_strerror(int status);
 enum tpk_status { TPK_OK, TPK_EINVAL, TPK_ENOMEM, TPK_EIO, TPK_EFORMAT, TPK_ENOTFOUND,
-                  TPK_EDOM, TPK_ESYNTAX, TPK_ETYPE, TPK_ENUMERIC, TPK_EUNSUPPORTED };
+                  TPK_EDOM, TPK_ESYNTAX, TPK_ETYPE, TPK_ENUMERIC, TPK_EUNSUPPORTED,
+                  TPK_ECANCELED };
+
+typedef int... sig_atomic_t;
+typedef struct tpk_progress { void *user; const volatile sig_atomic_t *cancel; ...; } tpk_progress;
 
 typedef struct tpk_array { int ndim; size_t dims[4]; double *data; } tpk_array;
 tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx);
@@ -45,7 +49,7 @@ void tpk_program_free(tpk_program *p);
 typedef struct tpk_job {
     const char *label; const char *program; const tpk_param_set *sets; int nsets;
     int netsor_plus; const char *input; const char *test; const char *output;
-    int all_outputs; const char *source; ...;
+    int all_outputs; const char *source; const tpk_progress *progress; ...;
 } tpk_job;
 tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx);
 int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
@@ -61,7 +65,7 @@ typedef struct tpk_arch {
 typedef struct tpk_arch_flag { const char *flag; const char *param; const char *value; } tpk_arch_flag;
 typedef struct tpk_arch_opts {
     const tpk_arch_flag *flags; int nflags; const tpk_param_set *sets; int nsets;
-    int layernorm; int all_outputs; const char *root;
+    int layernorm; int all_outputs; const char *root; const tpk_progress *progress;
 } tpk_arch_opts;
 const tpk_arch *tpk_arch_table(size_t *count);
 const tpk_arch *tpk_arch_find(const char *name);
@@ -106,10 +110,15 @@ typedef struct tpk_study_opts {
     const tpk_arch *arch; const tpk_arch_flag *flags; int nflags; int layernorm;
     const char *program; const tpk_param_set *sets; int nsets; int all_outputs;
     const char *input; size_t max_inputs; const size_t *widths; size_t nwidths; size_t seeds;
-    uint64_t seed; const char *output; int resume; tpk_study_stats stats; const char *root; ...;
+    uint64_t seed; const char *output; int resume; tpk_study_stats stats; const char *root;
+    const tpk_progress *progress; ...;
 } tpk_study_opts;
 typedef struct tpk_study tpk_study;
-typedef struct tpk_study_run_opts tpk_study_run_opts;
+typedef struct tpk_study_run_opts {
+    const volatile sig_atomic_t *stop; double checkpoint_seconds; ...;
+} tpk_study_run_opts;
+typedef struct tpk_study_info { size_t runs, done; ...; } tpk_study_info;
+const tpk_study_info *tpk_study_get_info(const tpk_study *s);
 tpk_study *tpk_study_alloc(const tpk_study_opts *o, const tpk_phi_registry *reg, tpk_ctx *ctx);
 void tpk_study_free(tpk_study *s);
 int tpk_study_run(tpk_study *s, const tpk_study_run_opts *o, tpk_ctx *ctx);
@@ -120,7 +129,7 @@ typedef struct tpk_gp_experiment_opts {
     double sigma_w2, sigma_b2; double lengthscale2, amplitude;
     const char *train, *test; const char *labels, *test_labels; int classify;
     int noise_auto; double noise; int fit_hyper; const char *output; int full_cov;
-    int argc; char **argv; const char *name; ...;
+    int argc; char **argv; const char *name; const tpk_progress *progress; ...;
 } tpk_gp_experiment_opts;
 void tpk_gp_experiment_opts_default(tpk_gp_experiment_opts *o);
 int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx);

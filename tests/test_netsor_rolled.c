@@ -428,7 +428,7 @@ static void test_executor_shipped(void **state)
         tpk_ctx_init(&c1);
         tpk_ctx_init(&c2);
         int unsup = 0;
-        int s1 = nsr_fexec_run(p, x, 48, 11, 1, &K1, &y1, &unsup, &c1);
+        int s1 = nsr_fexec_run(p, x, 48, 11, 1, &K1, &y1, &unsup, NULL, &c1);
         if (strstr(cs->path, "batchnorm") != NULL) { /* bn(...) stays with the unrolled one */
             assert_int_equal(s1, TPK_EUNSUPPORTED);
             assert_int_equal(unsup, 1);

@@ -256,45 +256,212 @@ int cli_progress_wanted(int flag)
     return flag == 1 || (flag == -1 && isatty(STDERR_FILENO));
 }
 
-void cli_progress_start(cli_progress *p, const char *prog, const char *what, size_t total, int on)
+/* A threshold in seconds from the environment (tests, logs), else the default. */
+static double env_seconds(const char *name, double dflt)
 {
+    const char *v = getenv(name);
+    if (v == NULL || v[0] == '\0')
+        return dflt;
+    char *end;
+    double x = strtod(v, &end);
+    return *end == '\0' && x >= 0 && x < 1e9 ? x : dflt;
+}
+
+void cli_progress_start(cli_progress *p, const char *prog, const char *label, size_t total, int on)
+{
+    memset(p, 0, sizeof *p);
     p->prog = prog;
-    p->what = what;
+    p->label = label;
     p->total = total;
     p->on = on;
-    p->shown = 0;
-    p->t0 = tpk_wall_seconds();
+    p->tty = on && isatty(STDERR_FILENO);
+    p->t0 = p->tstage = tpk_wall_seconds();
+    p->after = env_seconds("TPK_PROGRESS_AFTER", CLI_PROGRESS_AFTER);
+    p->every = env_seconds("TPK_PROGRESS_EVERY", CLI_PROGRESS_EVERY);
+}
+
+/* "mm:ss", or "h:mm:ss" from an hour on; "--:--" when unknown. */
+static void clock_text(char *buf, size_t len, double s)
+{
+    if (!(s >= 0) || s > 1e8) {
+        snprintf(buf, len, "--:--");
+        return;
+    }
+    long t = lround(s);
+    if (t >= 3600)
+        snprintf(buf, len, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, len, "%02ld:%02ld", t / 60, t % 60);
+}
+
+/* "PROG: LABEL: UNIT done/total (p%)[, NOTE]" */
+static int line_head(const cli_progress *p, char *buf, size_t len)
+{
+    double pc = p->total ? 100.0 * (double)p->done / (double)p->total : 0;
+    return snprintf(buf, len, "%s: %s%s%s %zu/%zu (%.0f%%)%s%s", p->prog, p->label ? p->label : "",
+                    p->label && p->unit ? ": " : "", p->unit ? p->unit : "", p->done, p->total,
+                    pc, p->note[0] ? ", " : "", p->note);
+}
+
+/* Write text as the line: in place on a terminal (padded over a longer previous one), as a line
+ * of its own elsewhere; final: end it. */
+static void emit(cli_progress *p, const char *text, int final)
+{
+    int n = (int)strlen(text);
+    if (p->tty) {
+        fprintf(stderr, "\r%s%*s", text, p->width > n ? p->width - n : 0, "");
+        if (final)
+            fputc('\n', stderr);
+        p->width = n;
+        p->open = !final;
+    } else {
+        fprintf(stderr, "%s\n", text);
+    }
+    fflush(stderr);
+    p->shown = 1;
+}
+
+/* The buffered library output so far to its destination, the line blanked first. */
+static void flush_streams(cli_progress *p)
+{
+    for (int i = 0; i < p->nout; i++) {
+        fflush(p->out[i].buf);
+        if (p->out[i].len > p->out[i].sent) {
+            cli_progress_clear(p);
+            fwrite(p->out[i].data + p->out[i].sent, 1, p->out[i].len - p->out[i].sent,
+                   p->out[i].dest);
+            fflush(p->out[i].dest);
+            p->out[i].sent = p->out[i].len;
+        }
+    }
 }
 
 void cli_progress_update(cli_progress *p, size_t done)
 {
     if (!p->on || !p->total)
         return;
-    double t = tpk_wall_seconds() - p->t0;
-    if (t < CLI_PROGRESS_AFTER && !p->shown)
+    flush_streams(p);
+    p->done = done < p->total ? done : p->total;
+    double now = tpk_wall_seconds(), t = now - p->t0, ts = now - p->tstage;
+    if (t < p->after)
         return;
-    double eta = done > 0 ? t * (double)(p->total - done) / (double)done : 0;
-    fprintf(stderr, "\r%s: %s %zu/%zu (%.0f%%), %.0f s, ETA %02d:%02d ", p->prog, p->what, done,
-            p->total, 100.0 * (double)done / (double)p->total, t, (int)(eta / 60),
-            (int)fmod(eta, 60));
-    fflush(stderr);
-    p->shown = 1;
+    int stage_end = p->done == p->total;
+    if (!stage_end && p->shown &&
+        now - p->tlast < (p->tty ? CLI_PROGRESS_REDRAW : p->every))
+        return;
+    if (stage_end && !p->shown) /* a stage that ended before anything was shown: nothing */
+        return;
+    char line[512], eta[32];
+    int k = line_head(p, line, sizeof line);
+    if (k < 0 || (size_t)k >= sizeof line)
+        k = (int)sizeof line - 1;
+    if (stage_end) {
+        snprintf(line + k, sizeof line - (size_t)k, ", done in %.1f s", ts);
+    } else {
+        size_t dd = p->done - p->done0;
+        clock_text(eta, sizeof eta, dd > 0 ? ts * (double)(p->total - p->done) / (double)dd : -1);
+        snprintf(line + k, sizeof line - (size_t)k, ", %.0f s, ETA %s", t, eta);
+    }
+    emit(p, line, stage_end);
+    p->tlast = now;
+    if (stage_end)
+        p->shown = 0; /* the next stage draws anew once it is due */
 }
 
 void cli_progress_clear(cli_progress *p)
 {
-    if (p->on && p->shown) {
-        fprintf(stderr, "\r%*s\r", 78, "");
+    if (p->on && p->tty && p->open) {
+        fprintf(stderr, "\r%*s\r", p->width, "");
         fflush(stderr);
+        p->open = 0;
+        p->tlast = 0; /* redraw at the next update */
     }
 }
 
-void cli_progress_end(cli_progress *p)
+/* Close the stage's line: ok, as finished ("done in"); else ended where it stands (a newline on
+ * a terminal, so that what follows starts a line of its own). */
+static void close_stage(cli_progress *p, int ok)
 {
-    if (p->on && p->shown) {
-        fprintf(stderr, "\r%s: %s done in %.1f s%24s\n", p->prog, p->what,
-                tpk_wall_seconds() - p->t0, "");
+    if (p->on && p->shown && ok && p->total) {
+        p->done = p->total;
+        char line[512];
+        int k = line_head(p, line, sizeof line);
+        if (k >= 0 && (size_t)k < sizeof line)
+            snprintf(line + k, sizeof line - (size_t)k, ", done in %.1f s",
+                     tpk_wall_seconds() - p->tstage);
+        emit(p, line, 1);
+    } else if (p->on && p->tty && p->open) {
+        fputc('\n', stderr);
         fflush(stderr);
     }
+    p->open = 0;
     p->shown = 0;
+}
+
+void cli_progress_end(cli_progress *p, int ok)
+{
+    close_stage(p, ok);
+    flush_streams(p);
+    for (int i = 0; i < p->nout; i++) {
+        fclose(p->out[i].buf);
+        free(p->out[i].data);
+    }
+    p->nout = 0;
+}
+
+/* A report of the library: a new unit or total is a new stage. */
+static void on_report(const tpk_progress_info *in, void *user)
+{
+    cli_progress *p = user;
+    if (!p->unit || strcmp(p->unit, in->what) != 0 || p->total != in->total) {
+        close_stage(p, 0); /* a stage that stopped short (the next evaluator takes over) */
+        p->unit = in->what;
+        p->total = in->total;
+        p->done0 = in->done;
+        p->tstage = tpk_wall_seconds();
+        p->tlast = 0;
+    }
+    cli_progress_update(p, in->done);
+}
+
+const tpk_progress *cli_progress_lib(cli_progress *p, const volatile sig_atomic_t *cancel)
+{
+    p->lib = (tpk_progress){.fn = p->on ? on_report : NULL, .user = p, .cancel = cancel};
+    return &p->lib;
+}
+
+FILE *cli_progress_stream(cli_progress *p, FILE *dest)
+{
+    if (!dest || !p->tty || !isatty(fileno(dest)) || p->nout == CLI_PROGRESS_BUFFERS)
+        return dest;
+    int i = p->nout;
+    p->out[i].data = NULL;
+    p->out[i].len = p->out[i].sent = 0;
+    p->out[i].buf = open_memstream(&p->out[i].data, &p->out[i].len);
+    if (!p->out[i].buf)
+        return dest;
+    p->out[i].dest = dest;
+    p->nout++;
+    return p->out[i].buf;
+}
+
+/* ---- the recorded command line ------------------------------------------------------------------- */
+
+char **cli_record_argv(int argc, char **argv, int *n)
+{
+    static const char *const display[] = {"--progress", "--no-progress", "--quiet"};
+    char **v = malloc(((size_t)argc + 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    int k = 0;
+    for (int i = 0; i < argc; i++) {
+        int skip = 0;
+        for (size_t j = 0; j < sizeof display / sizeof display[0]; j++)
+            skip |= i > 0 && strcmp(argv[i], display[j]) == 0;
+        if (!skip)
+            v[k++] = argv[i];
+    }
+    v[k] = NULL;
+    *n = k;
+    return v;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "tpk/archs.h"
+#include "tpk/progress.h"
 
 #define CLI_MAX_SETS 64
 #define CLI_MAX_FLAGS 32
@@ -86,26 +87,69 @@ int cli_report(const char *prog, int st, const tpk_ctx *ctx);
  * st == 0: 0. */
 int cli_report_usage(const char *prog, int st, const tpk_ctx *ctx);
 
-/* ---- progress: one line on stderr with an ETA, redrawn in place -------------------------------- */
+/* ---- progress: one line on stderr with an ETA ---------------------------------------------------
+ * The same in every tool. On a terminal one line, rewritten in place ("\r") a few times a second;
+ * off a terminal (--progress into a log) a plain line every CLI_PROGRESS_EVERY seconds. Nothing
+ * before CLI_PROGRESS_AFTER seconds: short runs print nothing. A line reads
+ *   PROG: LABEL: UNIT done/total (p%), t s, ETA mm:ss
+ * (the ETA of the current stage, from its rate so far) and a stage ends with
+ *   PROG: LABEL: UNIT total/total (100%), done in t s
+ * Only stderr is written: stdout and the output files are the same with and without it (the
+ * display options are left out of the recorded command line, cli_record_argv). The environment
+ * variables TPK_PROGRESS_AFTER and TPK_PROGRESS_EVERY (seconds) replace the two thresholds. */
 
-/* Nothing is drawn before this many seconds: short runs stay quiet. */
-#define CLI_PROGRESS_AFTER 2.0
+#define CLI_PROGRESS_AFTER 2.0   /* seconds before the first line */
+#define CLI_PROGRESS_EVERY 10.0  /* off a terminal: seconds between lines */
+#define CLI_PROGRESS_REDRAW 0.1  /* on a terminal: seconds between redraws */
+#define CLI_PROGRESS_BUFFERS 2
 
 typedef struct cli_progress {
-    const char *prog, *what;
-    size_t total;
-    int on, shown;
-    double t0;
+    const char *prog, *label;
+    const char *unit;            /* the library's unit (tpk_progress_info.what), or NULL */
+    char note[64];               /* shown after the percentage when not empty */
+    size_t total, done, done0;   /* done0: the count when this stage started (its rate) */
+    int on, tty, shown, open, width;
+    double t0, tstage, tlast, after, every;
+    tpk_progress lib;            /* what cli_progress_lib hands to the library */
+    struct {                     /* streams the library writes while the line is on a terminal */
+        FILE *buf, *dest;
+        char *data;
+        size_t len, sent;
+    } out[CLI_PROGRESS_BUFFERS];
+    int nout;
 } cli_progress;
+
+/* What every tool's --help says of it. */
+#define CLI_PROGRESS_HELP \
+    "Progress: a line on stderr with an ETA for runs longer than 2 s, rewritten in place on a\n" \
+    "terminal (the default there); --progress also off a terminal (a plain line every 10 s),\n" \
+    "--no-progress and --quiet never. stdout and the output file are the same either way.\n"
+
 /* --progress (1), --no-progress (0) or neither (-1: when stderr is a terminal). */
 int cli_progress_wanted(int flag);
-void cli_progress_start(cli_progress *p, const char *prog, const char *what, size_t total, int on);
-/* done of total finished: "PROG: WHAT done/total (p%), t s, ETA mm:ss" once past
- * CLI_PROGRESS_AFTER seconds. */
+/* Start (on = 0: never draw). label names the job ("limit kernel", "widths and head counts"). */
+void cli_progress_start(cli_progress *p, const char *prog, const char *label, size_t total, int on);
+/* done of total finished. */
 void cli_progress_update(cli_progress *p, size_t done);
 /* Blank the line (before other output to the terminal); the next update redraws it. */
 void cli_progress_clear(cli_progress *p);
-/* The final line ("WHAT done in t s"), if anything was drawn. */
-void cli_progress_end(cli_progress *p);
+/* The end: ok, the final line of the stage ("done in", if a line was shown); else the line is
+ * left as it stands and ended (an error message follows). The buffered streams are written out. */
+void cli_progress_end(cli_progress *p, int ok);
+/* The tpk_progress to pass to the library (tpk_job.progress, ...): its reports become this line
+ * (a new unit or total starts a new stage; done == total ends it), cancel (may be NULL) is its
+ * flag. Valid while p is. */
+const tpk_progress *cli_progress_lib(cli_progress *p, const volatile sig_atomic_t *cancel);
+/* The stream to give the library instead of dest (stdout for a summary, stderr for warnings):
+ * dest itself unless the line is drawn on a terminal; then a buffer whose text goes to dest, the
+ * line blanked first, at each report and at cli_progress_end (the same text, not interleaved
+ * with the line). */
+FILE *cli_progress_stream(cli_progress *p, FILE *dest);
+
+/* The command line to record in an output file (provenance): argv without the options that only
+ * change what is displayed (--progress, --no-progress, --quiet), so that they do not change the
+ * file. Returns a malloc'd, NULL-terminated copy of the pointers (free() it), its length in *n;
+ * NULL when out of memory. */
+char **cli_record_argv(int argc, char **argv, int *n);
 
 #endif

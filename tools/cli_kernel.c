@@ -49,6 +49,7 @@ const char cli_kernel_options_help[] =
     "  --var-q=V --var-k=V --var-v=V --var-o=V  (attention) projection variances (default 1)\n"
     "  --set NAME=VALUE   override any program parameter (repeatable)\n"
     "  --netsor-plus      allow NETSOR+ Moments in --program\n"
+    "  --progress, --no-progress   the progress line (below)\n"
     "  --list-archs, --list-phi, --quiet, --help, --version\n";
 
 const char cli_kernel_conventions_help[] =
@@ -62,7 +63,8 @@ const char cli_kernel_conventions_help[] =
     "Options take their value as --opt=VALUE or --opt VALUE (architecture flags too).\n";
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
-       OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_LN };
+       OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_LN,
+       OPT_PROGRESS, OPT_NOPROGRESS };
 
 static const struct option kernel_opts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -79,6 +81,8 @@ static const struct option kernel_opts[] = {
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {"layernorm", no_argument, NULL, OPT_LN},
+    {"progress", no_argument, NULL, OPT_PROGRESS},
+    {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
     {NULL, 0, NULL, 0}};
 
 /* gpkernel's options followed by the tool's own, in one getopt table (free() it). */
@@ -107,6 +111,7 @@ int cli_kernel_parse(int argc, char **argv, const char *tool, const char *const 
                      tpk_ctx *ctx)
 {
     memset(k, 0, sizeof *k);
+    k->progress = -1;
     tpk_phi_registry *reg = tpk_job_registry(ctx);
     if (!reg)
         return ctx->status;
@@ -140,6 +145,8 @@ int cli_kernel_parse(int argc, char **argv, const char *tool, const char *const 
         case OPT_PLUS: k->netsor_plus = 1; break;
         case OPT_QUIET: k->quiet = 1; break;
         case OPT_LN: k->layernorm = 1; break;
+        case OPT_PROGRESS: k->progress = 1; break;
+        case OPT_NOPROGRESS: k->progress = 0; break;
         case OPT_LISTARCH: tpk_arch_list(stdout); st = CLI_KERNEL_DONE; break;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); st = CLI_KERNEL_DONE; break;
         case 'h':

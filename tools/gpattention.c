@@ -42,8 +42,7 @@ static const char usage_text[] =
     "/mmd2_samples (s-dim outputs vs limit samples), /kurtosis and /kurtosis_se (y_1 per width),\n"
     "/limit_kurtosis, /limit_energy_gauss, /heads_list with /heads_kurtosis, /heads_energy_gauss,\n"
     "/limit_mean (E_p[C]), /token_kernel.\n"
-    "Progress: a line on stderr with an ETA for runs longer than 2 s, by default when stderr is a\n"
-    "terminal; --progress draws it anyway, --no-progress and --quiet never.\n"
+    CLI_PROGRESS_HELP
     "Options take their value as --opt=VALUE or --opt VALUE.\n"
     CLI_EXIT_HELP;
 
@@ -133,7 +132,7 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
         *usage = 1;
         return st;
     }
-    cli_progress bar;
+    cli_progress bar = {0};
     const int show = !o.quiet && cli_progress_wanted(progress);
 
     /* the token kernel */
@@ -249,7 +248,7 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
             printf("  H=%5zu: limit kurtosis %.4f ± %.4f, RB energy to N(0, E C) %.3g\n", o.hl[k],
                    hk[k], hks[k], he[k]);
     }
-    cli_progress_end(&bar);
+    cli_progress_end(&bar, 1);
     size_t dm[2] = {s, s};
     tpk_array *A = tpk_array_alloc(2, dm, ctx), *B = tpk_array_alloc(2, dm, ctx);
     if (!A || !B) {
@@ -294,7 +293,13 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
             st = tpk_h5out_write_vector(out, hnames[q], hv[q], o.nheads, ctx);
         if (!st) st = tpk_h5out_dims(out, hnames[q], hdim, 1, ctx);
     }
-    if (!st) st = tpk_h5out_provenance(out, argc, argv, ctx);
+    if (!st) { /* the command as recorded: without the display options */
+        int nrec = 0;
+        char **rec = cli_record_argv(argc, argv, &nrec);
+        st = rec ? tpk_h5out_provenance(out, nrec, rec, ctx)
+                 : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        free(rec);
+    }
     if (!st) st = tpk_h5out_attr_double(out, "/", "limit_kurtosis", kl, ctx);
     if (!st) st = tpk_h5out_attr_double(out, "/", "limit_kurtosis_se", kl_se, ctx);
     if (!st) st = tpk_h5out_attr_double(out, "/", "limit_energy_gauss", e_lg, ctx);
@@ -310,6 +315,7 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
         out = NULL;
     }
 done:
+    cli_progress_end(&bar, 0); /* after an error: the line ends where it stands */
     tpk_h5out_abort(out);
     tpk_array_free(X);
     free(Sx);

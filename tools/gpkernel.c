@@ -6,6 +6,7 @@
 #include "tpk/tpk.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 static const char *const help[3] = {
     "Usage: gpkernel --arch=NAME [options] --output=FILE.h5\n"
@@ -13,8 +14,7 @@ static const char *const help[3] = {
     "Infinite-width (NNGP) kernel of an architecture or NETSOR program, written to HDF5.\n"
     "\n",
     "",
-    "Progress: a line on stderr for kernels of the member-by-member evaluator (recurrent\n"
-    "programs) longer than 2 s, unless --quiet.\n"
+    CLI_PROGRESS_HELP
     CLI_EXIT_HELP};
 
 static int run(int argc, char **argv, int *usage_error, tpk_ctx *ctx)
@@ -25,8 +25,22 @@ static int run(int argc, char **argv, int *usage_error, tpk_ctx *ctx)
         st = TPK_OK;
     else if (st)
         *usage_error = 1; /* the command line itself: exit 2 */
-    else if (!(st = cli_kernel_job(&k, argc, argv, usage_error, ctx)))
-        st = k.a && k.a->custom ? k.a->custom(&k.job, ctx) : tpk_job_kernel(&k.job, ctx);
+    else {
+        int nrec = 0;
+        char **rec = cli_record_argv(argc, argv, &nrec); /* the command line as recorded */
+        cli_progress bar = {0};
+        if (rec == NULL) {
+            st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        } else if (!(st = cli_kernel_job(&k, nrec, rec, usage_error, ctx))) {
+            cli_progress_start(&bar, "gpkernel", "limit kernel", 0,
+                               !k.quiet && cli_progress_wanted(k.progress));
+            k.job.summary = k.quiet ? NULL : cli_progress_stream(&bar, stdout);
+            k.job.progress = cli_progress_lib(&bar, NULL);
+            st = k.a && k.a->custom ? k.a->custom(&k.job, ctx) : tpk_job_kernel(&k.job, ctx);
+            cli_progress_end(&bar, st == TPK_OK);
+        }
+        free(rec);
+    }
     cli_kernel_free(&k);
     return st;
 }

@@ -81,8 +81,8 @@ static const char usage[] =
     "                     the statistics are recomputed from its raw data without rerunning.\n"
     "  --fit-ratio=R      the auto rule's bound on the n^-1 / n^-1/2 term ratio (default 0.1)\n"
     "Output:\n"
-    "  --progress / --no-progress   progress bar on stderr (default: when stderr is a terminal)\n"
-    "  --quiet            no summary on stdout\n"
+    "  --progress, --no-progress   the progress line (below)\n"
+    "  --quiet            no summary on stdout, no progress line\n"
     "  --help, --version\n"
     "\n"
     "Widths and seeds run in parallel (one OpenMP loop over all (width, seed) pairs, widest\n"
@@ -91,6 +91,7 @@ static const char usage[] =
     "gives the kernel stored at /per_seed/khat[w][s]. Exit status 130: interrupted, checkpoint\n"
     "written.\n"
     "Options take their value as --opt=VALUE or --opt VALUE (architecture flags too).\n"
+    CLI_PROGRESS_HELP
     CLI_EXIT_HELP;
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_SET, OPT_INPUT, OPT_MAXIN, OPT_OUTPUT, OPT_WIDTHS,
@@ -221,50 +222,63 @@ static int parse_args(int argc, char **argv, const tpk_phi_registry *reg, opts *
     return st;
 }
 
+/* The study's reports as the progress line: (width, seed) runs done of all, widths finished. */
 static void progress_draw(const tpk_study_progress *p, void *user)
 {
-    (void)user;
-    double frac = (double)p->done / (double)p->runs;
-    double eta = p->ran > 0 ? p->elapsed * (double)(p->todo - p->ran) / (double)p->ran : 0;
-    int bar = 30, fill = (int)(frac * bar);
-    fprintf(stderr, "\r[%.*s%*s] widths %zu/%zu  seeds %zu/%zu  ETA %02d:%02d ", fill,
-            "==============================", bar - fill, "", p->widths_done, p->widths, p->done,
-            p->runs, (int)(eta / 60), (int)fmod(eta, 60));
-    if (p->final)
-        fputc('\n', stderr);
-    fflush(stderr);
+    cli_progress *bar = user;
+    if (bar->unit == NULL || strcmp(bar->unit, "(width, seed) runs") != 0) { /* a new stage */
+        cli_progress_end(bar, 1); /* the limit kernel's line, if one is open */
+        cli_progress_start(bar, "gplimits", NULL, p->runs, bar->on);
+        bar->unit = "(width, seed) runs";
+        bar->done0 = p->done - p->ran; /* a resumed study: the rate of this run's seeds */
+        bar->t0 -= p->elapsed;
+        bar->tstage = bar->t0;
+    }
+    snprintf(bar->note, sizeof bar->note, "widths %zu/%zu", p->widths_done, p->widths);
+    cli_progress_update(bar, p->done);
 }
 
 /* The study: prepare, run (until done or interrupted), write. Returns the exit status. */
 static int study(opts *o, int argc, char **argv, const tpk_phi_registry *reg, tpk_ctx *ctx)
 {
-    tpk_study *s = tpk_study_alloc(&o->study, reg, ctx);
-    if (!s)
-        return cli_report("gplimits", ctx->status, ctx);
-    const tpk_study_info *in = tpk_study_get_info(s);
-    if (!o->quiet && in->source == TPK_STUDY_FROM_OUTPUT)
-        fprintf(stderr, "gplimits: reusing the raw data of %s\n", o->study.output);
-    else if (!o->quiet && in->source == TPK_STUDY_NO_CHECKPOINT)
-        fprintf(stderr, "gplimits: no checkpoint %s, starting from scratch\n", in->checkpoint);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    int show = o->progress == 1 || (o->progress == -1 && isatty(STDERR_FILENO));
-    tpk_study_run_opts ro = {.stop = &interrupted, .progress = show ? progress_draw : NULL};
+    cli_progress bar;
+    cli_progress_start(&bar, "gplimits", "limit kernel", 0, !o->quiet && cli_progress_wanted(o->progress));
+    o->study.progress = cli_progress_lib(&bar, &interrupted);
+    tpk_study *s = tpk_study_alloc(&o->study, reg, ctx);
+    if (!s) {
+        cli_progress_end(&bar, 0);
+        if (ctx->status == TPK_ECANCELED) {
+            fprintf(stderr, "gplimits: interrupted while computing the limit kernel\n");
+            return 130;
+        }
+        return cli_report("gplimits", ctx->status, ctx);
+    }
+    const tpk_study_info *in = tpk_study_get_info(s);
+    if (!o->quiet && in->source == TPK_STUDY_FROM_OUTPUT)
+        fprintf(stderr, "gplimits: reusing the raw data of %s\n", o->study.output);
+    else if (!o->quiet && in->source == TPK_STUDY_NO_CHECKPOINT)
+        fprintf(stderr, "gplimits: no checkpoint %s, starting from scratch\n", in->checkpoint);
+    tpk_study_run_opts ro = {.stop = &interrupted, .progress = bar.on ? progress_draw : NULL,
+                             .user = &bar};
     int rc = 0, st = tpk_study_run(s, &ro, ctx);
+    cli_progress_end(&bar, st == TPK_OK && !interrupted);
     if (st == TPK_OK && interrupted) {
         fprintf(stderr, "gplimits: interrupted; %zu of %zu (width, seed) runs saved in %s; "
                 "rerun with --resume\n", in->done, in->runs, in->checkpoint);
         rc = 130;
     } else if (st == TPK_OK) {
-        /* --resume is left out of the recorded command: a resumed run writes the same file. */
-        char **pv = malloc((size_t)argc * sizeof *pv);
-        int pc = 0;
-        for (int i = 0; pv && i < argc; i++)
-            if (strcmp(argv[i], "--resume") != 0)
-                pv[pc++] = argv[i];
+        /* --resume is left out of the recorded command: a resumed run writes the same file;
+         * and so are the display options (cli_record_argv). */
+        int n = 0, pc = 0;
+        char **pv = cli_record_argv(argc, argv, &n);
+        for (int i = 0; pv && i < n; i++)
+            if (strcmp(pv[i], "--resume") != 0)
+                pv[pc++] = pv[i];
         st = pv ? tpk_study_write(s, pc, pv, o->quiet ? NULL : stdout, ctx)
                 : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         free(pv);

@@ -8,6 +8,7 @@
 #include "tpk/tpk.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define DEPTH_MAX 1000
@@ -57,8 +58,10 @@ static const char usage[] =
     "                     puts each depth under /depth_L and the summary in /depths, /accuracy, ...\n"
     "  --full-cov         also the full latent predictive covariance /cov (M×M)\n"
     "  --no-var           skip the predictive variance (and the NLL)\n"
+    "  --progress, --no-progress   the progress line (below)\n"
     "  --quiet, --help, --version\n"
     "Options take their value as --opt=VALUE or --opt VALUE.\n"
+    CLI_PROGRESS_HELP
     CLI_EXIT_HELP;
 
 /* "L" or "A-B". */
@@ -89,7 +92,7 @@ static int parse_depth(const char *s, tpk_gp_experiment_opts *o, tpk_ctx *ctx)
 enum { O_ARCH = 256, O_KERNEL, O_TRAIN, O_TEST, O_LABELS, O_TLABELS, O_OUTPUT, O_PHI, O_DEPTH,
        O_SW2, O_SB2, O_L2, O_AMP, O_QDEG, O_NOISE, O_NOSCALE, O_FITH, O_FIX, O_SELN, O_NTRAIN,
        O_NTEST, O_NFITS, O_VARN, O_CENTER, O_UNIT, O_CLASSIFY, O_FULLCOV, O_NOVAR, O_QUIET, O_HELP,
-       O_VERSION };
+       O_VERSION, O_PROGRESS, O_NOPROGRESS };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, O_ARCH}, {"kernel", required_argument, NULL, O_KERNEL},
@@ -112,9 +115,10 @@ static const struct option longopts[] = {
     {"classify", no_argument, NULL, O_CLASSIFY}, {"full-cov", no_argument, NULL, O_FULLCOV},
     {"no-var", no_argument, NULL, O_NOVAR}, {"quiet", no_argument, NULL, O_QUIET},
     {"help", no_argument, NULL, O_HELP}, {"version", no_argument, NULL, O_VERSION},
+    {"progress", no_argument, NULL, O_PROGRESS}, {"no-progress", no_argument, NULL, O_NOPROGRESS},
     {NULL, 0, NULL, 0}};
 
-/* One option; -1: done (help, version). */
+/* One option; -1: done (help, version). quiet[1]: --progress 1, --no-progress 0, neither -1. */
 static int take_option(int c, tpk_gp_experiment_opts *o, int *quiet, char **argv, tpk_ctx *ctx)
 {
     switch (c) {
@@ -148,7 +152,9 @@ static int take_option(int c, tpk_gp_experiment_opts *o, int *quiet, char **argv
     case O_CLASSIFY: o->classify = 1; return TPK_OK;
     case O_FULLCOV: o->full_cov = 1; return TPK_OK;
     case O_NOVAR: o->no_var = 1; return TPK_OK;
-    case O_QUIET: *quiet = 1; return TPK_OK;
+    case O_QUIET: quiet[0] = 1; return TPK_OK;
+    case O_PROGRESS: quiet[1] = 1; return TPK_OK;
+    case O_NOPROGRESS: quiet[1] = 0; return TPK_OK;
     case 'h':
     case O_HELP: fputs(usage, stdout); return -1;
     case O_VERSION: cli_version("gpregress"); return -1;
@@ -163,10 +169,11 @@ int main(int argc, char **argv)
     const double t0 = tpk_wall_seconds();
     tpk_gp_experiment_opts o;
     tpk_gp_experiment_opts_default(&o);
-    int c, quiet = 0, st = TPK_OK;
+    int c, show[2] = {0, -1}, st = TPK_OK; /* --quiet, --progress */
     opterr = 0;
     while (st == TPK_OK && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1)
-        st = take_option(c, &o, &quiet, argv, &ctx);
+        st = take_option(c, &o, show, argv, &ctx);
+    const int quiet = show[0];
     if (st == -1)
         return 0;
     if (st == TPK_OK)
@@ -175,13 +182,21 @@ int main(int argc, char **argv)
         st = tpk_gp_experiment_check(&o, &ctx); /* options together: still the command line */
     if (st != TPK_OK)
         return cli_report_usage("gpregress", st, &ctx);
-    o.argc = argc;
-    o.argv = argv;
+    int nrec = 0;
+    char **rec = cli_record_argv(argc, argv, &nrec); /* without the display options */
+    if (!rec)
+        return cli_report("gpregress", TPK_ERROR(&ctx, TPK_ENOMEM, "out of memory"), &ctx);
+    o.argc = nrec;
+    o.argv = rec;
     o.name = "gpregress";
-    o.summary = quiet ? NULL : stdout;
-    o.warnings = quiet ? NULL : stderr;
-    if (st == TPK_OK)
-        st = tpk_gp_experiment_run(&o, &ctx);
+    cli_progress bar;
+    cli_progress_start(&bar, "gpregress", NULL, 0, !quiet && cli_progress_wanted(show[1]));
+    o.summary = quiet ? NULL : cli_progress_stream(&bar, stdout);
+    o.warnings = quiet ? NULL : cli_progress_stream(&bar, stderr);
+    o.progress = cli_progress_lib(&bar, NULL);
+    st = tpk_gp_experiment_run(&o, &ctx);
+    cli_progress_end(&bar, st == TPK_OK);
+    free(rec);
     if (st == TPK_OK && !quiet)
         printf("  wrote %s in %.1f s\n", o.output, tpk_wall_seconds() - t0);
     return cli_report("gpregress", st, &ctx);

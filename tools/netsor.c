@@ -20,6 +20,7 @@ typedef struct cli {
     const char *args[8];
     const char *input, *test, *output, *width, *seed; /* kernel / run */
     int all_outputs, quiet;
+    int progress;           /* --progress 1, --no-progress 0, neither -1 */
     int argc;               /* the whole command line, for provenance */
     char **argv;
 } cli;
@@ -48,11 +49,13 @@ static const char usage[] =
     "                     default: the last output only\n"
     "  --width=N          (run) the width n of every width symbol\n"
     "  --seed=S           (run) random seed (default 0); results depend on it alone\n"
-    "  --quiet            (kernel, run) no summary on stdout\n"
+    "  --quiet            (kernel, run) no summary on stdout, no progress line\n"
+    "  --progress, --no-progress   (kernel, run) the progress line (below)\n"
     "  --help             this text        --version   the toolkit version\n"
     "\n"
     "Options take their value as --opt=VALUE or --opt VALUE.\n"
     "Errors go to stderr (file:line:col: message for the program's own).\n"
+    CLI_PROGRESS_HELP
     CLI_EXIT_HELP;
 
 static void cli_free(cli *c)
@@ -61,7 +64,7 @@ static void cli_free(cli *c)
 }
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
-       O_SET, O_HELP, O_VERSION };
+       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -70,6 +73,7 @@ static const struct option longopts[] = {
     {"output", required_argument, NULL, O_OUTPUT}, {"width", required_argument, NULL, O_WIDTH},
     {"seed", required_argument, NULL, O_SEED}, {"set", required_argument, NULL, O_SET},
     {"help", no_argument, NULL, O_HELP}, {"version", no_argument, NULL, O_VERSION},
+    {"progress", no_argument, NULL, O_PROGRESS}, {"no-progress", no_argument, NULL, O_NOPROGRESS},
     {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
@@ -77,6 +81,7 @@ static const struct option longopts[] = {
 static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
 {
     memset(c, 0, sizeof *c);
+    c->progress = -1;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     int o, st = TPK_OK;
@@ -88,6 +93,8 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_EXPLAIN: c->opts.explain = 1; break;
         case O_ALLOUT: c->all_outputs = 1; break;
         case O_QUIET: c->quiet = 1; break;
+        case O_PROGRESS: c->progress = 1; break;
+        case O_NOPROGRESS: c->progress = 0; break;
         case O_INPUT: c->input = optarg; break;
         case O_TEST: c->test = optarg; break;
         case O_OUTPUT: c->output = optarg; break;
@@ -209,6 +216,28 @@ static int make_job(const cli *c, const char *cmd, tpk_job *job)
     return 0;
 }
 
+/* The job of `kernel` or `run` with the progress line: the command line recorded without the
+ * display options, the summary through the line's stream. */
+typedef struct shown_job {
+    cli_progress bar;
+    char **rec;
+} shown_job;
+
+static int show_job(cli *c, const char *prog, const char *label, tpk_job *job, shown_job *sj,
+                    tpk_ctx *ctx)
+{
+    int nrec = 0;
+    sj->rec = cli_record_argv(c->argc, c->argv, &nrec);
+    if (!sj->rec)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    job->argc = nrec;
+    job->argv = sj->rec;
+    cli_progress_start(&sj->bar, prog, label, 0, !c->quiet && cli_progress_wanted(c->progress));
+    job->summary = c->quiet ? NULL : cli_progress_stream(&sj->bar, stdout);
+    job->progress = cli_progress_lib(&sj->bar, NULL);
+    return TPK_OK;
+}
+
 static int finish(cli *c, const char *cmd, int st, const tpk_ctx *ctx)
 {
     char name[32];
@@ -230,11 +259,15 @@ static int cmd_kernel(int argc, char **argv)
     }
     c.argc = argc;
     c.argv = argv;
-    job.argc = argc;
-    job.argv = argv;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    return finish(&c, "kernel", tpk_job_kernel(&job, &ctx), &ctx);
+    shown_job sj = {0};
+    st = show_job(&c, "netsor kernel", "limit kernel", &job, &sj, &ctx);
+    if (!st)
+        st = tpk_job_kernel(&job, &ctx);
+    cli_progress_end(&sj.bar, st == TPK_OK);
+    free(sj.rec);
+    return finish(&c, "kernel", st, &ctx);
 }
 
 static int cmd_run(int argc, char **argv)
@@ -260,11 +293,17 @@ static int cmd_run(int argc, char **argv)
         cli_free(&c);
         return st;
     }
-    job.argc = argc;
-    job.argv = argv;
+    c.argc = argc;
+    c.argv = argv;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    return finish(&c, "run", tpk_job_run(&job, n, (uint64_t)seed, &ctx), &ctx);
+    shown_job sj = {0};
+    st = show_job(&c, "netsor run", "finite-width run", &job, &sj, &ctx);
+    if (!st)
+        st = tpk_job_run(&job, n, (uint64_t)seed, &ctx);
+    cli_progress_end(&sj.bar, st == TPK_OK);
+    free(sj.rec);
+    return finish(&c, "run", st, &ctx);
 }
 
 typedef struct command {

@@ -27,7 +27,8 @@ enum tpk_status {
     TPK_ESYNTAX,     /* NETSOR program does not parse */
     TPK_ETYPE,       /* NETSOR program does not type-check */
     TPK_ENUMERIC,    /* numerical failure: not PSD, quadrature did not converge */
-    TPK_EUNSUPPORTED /* valid request this build or back-end cannot serve */
+    TPK_EUNSUPPORTED, /* valid request this build or back-end cannot serve */
+    TPK_ECANCELED    /* the caller's cancel flag stopped the call (include/tpk/progress.h) */
 };
 
 #define TPK_MSG_MAX 1024

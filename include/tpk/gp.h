@@ -7,6 +7,7 @@
 
 #include "array.h"
 #include "kernels.h"
+#include "progress.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -232,6 +233,10 @@ typedef struct tpk_gp_experiment_opts {
     const char *name;           /* prefix of the summary's first line and of warnings */
     FILE *summary;              /* one line per kernel, as gpregress prints it; NULL: none */
     FILE *warnings;             /* NULL: none */
+    const tpk_progress *progress; /* "steps" done of all (per kernel: the kernel, the noise,
+                                   the fit, the predictions; with fit_hyper also the BFGS run)
+                                   and the cancel flag (TPK_ECANCELED, no output file); NULL:
+                                   none (include/tpk/progress.h) */
 } tpk_gp_experiment_opts;
 
 /* gpregress's defaults: mlp depth 3, relu, σ_w² 2, σ_b² 0, ℓ² 1, s 1, automatic noise with a

@@ -35,6 +35,9 @@ typedef struct tpk_job {
     FILE *summary;              /* a short human summary; NULL for none */
     const char *source;         /* the program's text (NULL: read the file job->program; else
                                  * job->program, which may be NULL, only names it in messages) */
+    const tpk_progress *progress; /* the evaluator's or executor's progress reports and cancel
+                                 * flag (include/tpk/progress.h); NULL: none. A cancelled job
+                                 * returns TPK_ECANCELED and leaves no output file */
 } tpk_job;
 
 /* Infinite-width kernel: /kernel, and with a test set /kernel_test_train and /kernel_test_diag. */

@@ -8,6 +8,7 @@
 
 #include "array.h"
 #include "gauss.h"
+#include "progress.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -175,18 +176,24 @@ TPK_API int tpk_program_limit_rolled(const tpk_program *p);
  * estimate of any entry. */
 TPK_API int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                               tpk_array **K, double *err, tpk_ctx *ctx);
-/* The same, with a progress line on `progress` (e.g. stderr; NULL: none) for runs longer than
- * TPK_NETSOR_PROGRESS_AFTER seconds: instructions done of all, elapsed seconds, rewritten in place
- * ("\r") and ended with a newline. Recurrent programs (GRU, LSTM) are the long ones. */
-#define TPK_NETSOR_PROGRESS_AFTER 2.0
+/* The same, reporting progress and honouring a cancel flag (include/tpk/progress.h; NULL:
+ * none, as tpk_netsor_kernel): the instructions of the program (the unrolled evaluator,
+ * "instructions") or its family instructions (the rolled one, "family instructions") done of
+ * all, before each and once at the end; the flag is read at each and inside the long loops, and
+ * stops the call with TPK_ECANCELED. Recurrent programs (GRU, LSTM) are the long ones. */
 TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x, int all_outputs,
-                                       FILE *progress, tpk_array **K, double *err, tpk_ctx *ctx);
+                                       const tpk_progress *progress, tpk_array **K, double *err,
+                                       tpk_ctx *ctx);
 
 /* Finite-width run at width n, seed s: empirical kernel (1/n)⟨h, h'⟩·σ_v² of the read-out
  * variables (same layout as tpk_netsor_kernel) and, if `y` is not NULL, sampled outputs
  * ⟨v, h⟩/√n (N × noutputs). Depends on (seed, variable) alone, not on the thread count. */
 TPK_API int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                            int all_outputs, tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
+/* The same with progress and a cancel flag, as tpk_netsor_kernel_progress (the same units). */
+TPK_API int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n,
+                                    uint64_t seed, int all_outputs, const tpk_progress *progress,
+                                    tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -132,6 +132,8 @@ typedef struct tpk_study_opts {
     tpk_study_stats stats;
     const char *root;             /* folder holding programs/ and data/ (NULL: tpk_shipped_path;
                                      the Python package gives its own) */
+    const tpk_progress *progress; /* reports and cancel flag of the limit kernel that
+                                     tpk_study_alloc computes (TPK_ECANCELED); NULL: none */
 } tpk_study_opts;
 
 /* Where the raw data of tpk_study_alloc came from. */
@@ -180,8 +182,9 @@ typedef struct tpk_study_progress {
 typedef void (*tpk_study_progress_fn)(const tpk_study_progress *p, void *user);
 
 typedef struct tpk_study_run_opts {
-    const volatile sig_atomic_t *stop; /* non-zero: start no more runs, checkpoint and return
-                                          TPK_OK with done < runs (e.g. set by SIGINT); NULL */
+    const volatile sig_atomic_t *stop; /* non-zero: start no more runs, end the running ones
+                                          (they stay missing), checkpoint and return TPK_OK
+                                          with done < runs (e.g. set by SIGINT); NULL */
     double checkpoint_seconds;    /* 0: TPK_STUDY_CHECKPOINT_SECONDS */
     tpk_study_progress_fn progress; /* NULL: none; one thread at a time, every 0.2 s or more,
                                        and once with final = 1 */

@@ -9,6 +9,7 @@
 #include "error.h"
 #include "array.h"
 #include "clock.h"
+#include "progress.h"
 #include "io.h"
 #include "idx.h"
 #include "rng.h"

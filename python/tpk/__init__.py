@@ -6,7 +6,8 @@
 
 Bindings (cffi) of the C toolkit's public API, with libtpk linked into the module; numpy arrays
 in and out (any real dtype, any memory order: converted to C-contiguous float64). Every error of
-the library raises tpk.Error (a ValueError) with its message.
+the library raises tpk.Error (a ValueError) with its message. Long calls release the GIL and
+Ctrl-C interrupts them (KeyboardInterrupt) within a step of the library (_core.interruptible).
 """
 from ._core import Error
 from ._native import ffi as _ffi
@@ -32,6 +33,7 @@ ESYNTAX = _lib.TPK_ESYNTAX
 ETYPE = _lib.TPK_ETYPE
 ENUMERIC = _lib.TPK_ENUMERIC
 EUNSUPPORTED = _lib.TPK_EUNSUPPORTED
+ECANCELED = _lib.TPK_ECANCELED  # a call stopped by Ctrl-C (raised as KeyboardInterrupt)
 
 __all__ = ["Error", "GPRegressor", "Kernel", "Program", "architectures", "gpkernel", "gpregress",
            "kernel", "limits", "read", "read_input"]

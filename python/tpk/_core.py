@@ -1,4 +1,5 @@
-"""The bridge to the C library (tpk._native, cffi): errors, arrays in and out, strings kept alive."""
+"""The bridge to the C library (tpk._native, cffi): errors, arrays in and out, strings kept alive,
+long calls that Ctrl-C interrupts."""
 import os
 import threading
 
@@ -32,11 +33,72 @@ def new_ctx():
 
 
 def check(st, ctx):
-    """Raise tpk.Error with the context's message when a call failed."""
+    """Raise tpk.Error with the context's message when a call failed; a call stopped by its
+    cancel flag (set on Ctrl-C by interruptible) raises KeyboardInterrupt."""
+    if st == lib.TPK_ECANCELED or (st != lib.TPK_OK and ctx.status == lib.TPK_ECANCELED):
+        raise KeyboardInterrupt
     if st != lib.TPK_OK:
         status = ctx.status or st
         msg = ffi.string(ctx.msg).decode("utf-8", "replace") or "failed"
         raise Error(msg, status)
+
+
+class Cancel:
+    """A cancel flag for one call: .progress is the tpk_progress to hand to the library (its flag
+    only: no reports), .set() raises it (include/tpk/progress.h: the library stops at its next
+    check with TPK_ECANCELED, having freed what it allocated and removed a half-written file)."""
+
+    def __init__(self):
+        self.flag = ffi.new("sig_atomic_t *")
+        self.progress = ffi.new("tpk_progress *")
+        self.progress.cancel = self.flag
+
+    def set(self):
+        self.flag[0] = 1
+
+    @property
+    def is_set(self):
+        return bool(self.flag[0])
+
+
+def interruptible(fn, cancel=None):
+    """fn() -- one long call into the library, which releases the GIL (cffi does around every C
+    call) -- such that Ctrl-C interrupts it promptly.
+
+    Python runs signal handlers on the main thread only, between bytecodes, so while the main
+    thread is inside a C call a SIGINT waits for the call to return. Here the main thread hands
+    fn to a worker thread and waits for it, where KeyboardInterrupt reaches it at once; it then
+    sets `cancel` (a Cancel whose .progress fn passed to the library), waits for the library to
+    stop at its next check (a second Ctrl-C stops waiting) and raises KeyboardInterrupt. A call
+    without a cancel flag (one LAPACK factorisation) cannot be stopped: the main thread raises at
+    once and the worker's result is dropped when it ends. Off the main thread (no signals there)
+    fn runs directly. Returns fn's result; an exception of fn is raised here."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    box = {}
+    done = threading.Event()  # not Thread.join: interrupted, it can take a live thread for ended
+
+    def work():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: B036 - handed to the waiting thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="tpk-call", daemon=True).start()
+    try:
+        while not done.wait(0.25):
+            pass
+    except KeyboardInterrupt:
+        if cancel is not None:
+            cancel.set()
+            while not done.wait(0.05):  # a second Ctrl-C ends this wait
+                pass
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 def fail(msg, status=None):
@@ -104,6 +166,24 @@ def from_c(p):
     finally:
         lib.tpk_array_free(p)
     return out
+
+
+def free_arrays(*pps):
+    """Free the tpk_array results a call left in its tpk_array ** outputs (after an interrupted
+    call whose result arrived as Ctrl-C did)."""
+    for pp in pps:
+        if pp[0] != ffi.NULL:
+            lib.tpk_array_free(pp[0])
+            pp[0] = ffi.NULL
+
+
+def call_arrays(fn, outs, cancel):
+    """interruptible(fn, cancel) for a call that returns arrays through outs (tpk_array **)."""
+    try:
+        return interruptible(fn, cancel)
+    except KeyboardInterrupt:
+        free_arrays(*outs)
+        raise
 
 
 def as_text(v):

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from ._core import Strings, check, fail, ffi, from_c, lib, new_ctx, to_c
+from ._core import Cancel, Strings, check, fail, ffi, from_c, interruptible, lib, new_ctx, to_c
 
 try:  # scikit-learn is optional: with it, GPRegressor is a genuine sklearn regressor
     from sklearn.base import BaseEstimator as _Base
@@ -89,25 +89,35 @@ class GPRegressor(_Mixin, _Base):
         keep = Strings()
         ctx = new_ctx()
         noise = self.noise
+        cK, cY = to_c(K, keep), to_c(Y, keep)
         if noise is None:
             lo, hi = self.noise_bounds
             scale = float(np.mean(np.diag(K)))
-            s = lib.tpk_gp_spectral_alloc(to_c(K, keep), to_c(Y, keep), ctx)
-            if s == ffi.NULL:
-                check(ctx.status or lib.TPK_ENOMEM, ctx)
-            try:
-                ch = ffi.new("tpk_gp_noise_choice *")
-                check(lib.tpk_gp_spectral_choose_noise(s, lo * scale, hi * scale, 0, ch, ctx), ctx)
-                noise = ch.noise
-            finally:
-                lib.tpk_gp_spectral_free(s)
+            ch = ffi.new("tpk_gp_noise_choice *")
+
+            def choose():  # one eigendecomposition (LAPACK): Ctrl-C stops waiting for it
+                s = lib.tpk_gp_spectral_alloc(cK, cY, ctx)
+                if s == ffi.NULL:
+                    return ctx.status or lib.TPK_ENOMEM
+                try:
+                    return lib.tpk_gp_spectral_choose_noise(s, lo * scale, hi * scale, 0, ch, ctx)
+                finally:
+                    lib.tpk_gp_spectral_free(s)
+
+            check(interruptible(choose), ctx)
+            noise = ch.noise
         noise = float(noise)
         if not math.isfinite(noise) or noise < 0:
             fail(f"noise must be a finite variance >= 0 (got {noise!r})", lib.TPK_EDOM)
-        gp = lib.tpk_gp_fit(to_c(K, keep), to_c(Y, keep), noise, ffi.NULL, ctx)
+
+        def factor():  # one Cholesky factorisation, owned as soon as it exists
+            g = lib.tpk_gp_fit(cK, cY, noise, ffi.NULL, ctx)
+            return ffi.gc(g, lib.tpk_gp_free) if g != ffi.NULL else g
+
+        gp = interruptible(factor)
         if gp == ffi.NULL:
             check(ctx.status or lib.TPK_ENUMERIC, ctx)
-        self._gp = ffi.gc(gp, lib.tpk_gp_free)
+        self._gp = gp
         info = lib.tpk_gp_get_info(gp)
         self.X_train_ = X
         self.noise_ = noise
@@ -134,8 +144,13 @@ class GPRegressor(_Mixin, _Base):
             lib.tpk_array_free(mean)
             lib.tpk_array_free(var)
             check(lib.TPK_ENOMEM, ctx)
-        st = lib.tpk_gp_predict(self._gp, to_c(Kx, keep), to_c(kd, keep), mean, var, ctx)
-        mu, v = from_c(mean), from_c(var) if return_std else None
+        gp, cKx, ckd = self._gp, to_c(Kx, keep), to_c(kd, keep)
+
+        def solve():  # triangular solves (BLAS); the arrays are freed here, also if interrupted
+            st = lib.tpk_gp_predict(gp, cKx, ckd, mean, var, ctx)
+            return st, from_c(mean), from_c(var) if return_std else None
+
+        st, mu, v = interruptible(solve)
         check(st, ctx)
         if self._y_1d:
             mu = mu[:, 0]
@@ -200,7 +215,9 @@ def gpregress(output, x=None, y=None, x_test=None, y_test=None, *, arch="mlp", k
             setattr(o, field, keep(p))
         o.output = keep(os.fspath(output))
         ctx = new_ctx()
+        cancel = Cancel()
+        o.progress = cancel.progress
         with HDF5_LOCK:
-            st = lib.tpk_gp_experiment_run(o, ctx)
+            st = interruptible(lambda: lib.tpk_gp_experiment_run(o, ctx), cancel)
         check(st, ctx)
     return output

@@ -59,8 +59,11 @@ def _blocks_arch(arch, params, x, x_test):
     Xt = None if x_test is None else as_input(x_test, "x_test")
     ctx = new_ctx()
     K, Kx, kd = ffi.new("tpk_array **"), ffi.new("tpk_array **"), ffi.new("tpk_array **")
-    st = lib.tpk_arch_kernel(a, o, to_c(X, keep), ffi.NULL if Xt is None else to_c(Xt, keep),
-                             K, Kx, kd, ffi.NULL, ctx)
+    cX, cXt = to_c(X, keep), ffi.NULL if Xt is None else to_c(Xt, keep)
+    cancel = _core.Cancel()
+    o.progress = cancel.progress
+    st = _core.call_arrays(lambda: lib.tpk_arch_kernel(a, o, cX, cXt, K, Kx, kd, ffi.NULL, ctx),
+                           (K, Kx, kd), cancel)
     if st == lib.TPK_EUNSUPPORTED:
         return _blocks_job(a, o, keep, X, Xt)
     check(st, ctx)
@@ -78,9 +81,11 @@ def _blocks_job(a, o, keep, X, Xt):
         if Xt is not None:
             np.save(tin, Xt)
         ctx = new_ctx()
+        cancel = _core.Cancel()
+        o.progress = cancel.progress
+        cin, ctin, cout = keep(xin), keep(tin) if Xt is not None else ffi.NULL, keep(out)
         with _core.HDF5_LOCK:
-            st = lib.tpk_arch_job(a, o, keep(xin), keep(tin) if Xt is not None else ffi.NULL,
-                                  keep(out), ctx)
+            st = _core.interruptible(lambda: lib.tpk_arch_job(a, o, cin, ctin, cout, ctx), cancel)
         check(st, ctx)
         with h5py.File(out, "r") as f:
             get = lambda n: np.array(f[n], dtype=np.float64) if n in f else None  # noqa: E731
@@ -113,8 +118,11 @@ def gpkernel(output, arch, x=None, x_test=None, **params):
             tin = keep(os.path.join(d, "x_test.npy"))
             np.save(ffi.string(tin).decode(), as_input(x_test, "x_test"))
         ctx = new_ctx()
+        cancel = _core.Cancel()
+        o.progress = cancel.progress
+        cout = keep(os.fspath(output))
         with _core.HDF5_LOCK:
-            st = lib.tpk_arch_job(a, o, xin, tin, keep(os.fspath(output)), ctx)
+            st = _core.interruptible(lambda: lib.tpk_arch_job(a, o, xin, tin, cout, ctx), cancel)
         check(st, ctx)
     return output
 

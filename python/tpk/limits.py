@@ -52,7 +52,10 @@ def limits(arch=None, x=None, *, program=None, widths=(32, 64, 128, 256, 512, 10
     width), fit_ratio, as gplimits' flags. Defaults are gplimits' (widths 32..2048). Other keywords are the architecture's flags
     (depth=2, phi="erf", sigma_w2=2.0), set={"name": value} program parameters.
     output: also keep the file there (and with resume=True continue an interrupted study from
-    its checkpoint); by default it lives in a scratch folder only while it is read."""
+    its checkpoint); by default it lives in a scratch folder only while it is read.
+    Ctrl-C stops the study within a network's run and raises KeyboardInterrupt; with output=,
+    the checkpoint output + ".partial.h5" keeps the finished runs for resume=True, without it
+    nothing is left behind."""
     if (arch is None) == (program is None):
         fail("tpk.limits: give an architecture or program=, not both or neither")
     stats_kw = {k: params.pop(k) for k in _STATS if k in params}
@@ -103,15 +106,27 @@ def limits(arch=None, x=None, *, program=None, widths=(32, 64, 128, 256, 512, 10
         out = os.fspath(output) if output is not None else os.path.join(d, "limits.h5")
         o.output = keep(out)
         ctx = new_ctx()
-        with _core.HDF5_LOCK:
+        # Ctrl-C: the flag stops the limit kernel (TPK_ECANCELED) or the runs (the study's stop
+        # flag: the running networks end, a checkpoint is written), and KeyboardInterrupt is
+        # raised; the study is freed by its owner, the call, when that has returned.
+        cancel = _core.Cancel()
+        o.progress = cancel.progress
+        ro = keep.keep(ffi.new("tpk_study_run_opts *"))
+        ro.stop = cancel.flag
+
+        def alloc():
             s = lib.tpk_study_alloc(o, reg, ctx)
+            return ffi.gc(s, lib.tpk_study_free) if s != ffi.NULL else s
+
+        with _core.HDF5_LOCK:
+            s = _core.interruptible(alloc, cancel)
             if s == ffi.NULL:
                 check(ctx.status or lib.TPK_ENOMEM, ctx)
-            try:
-                st = lib.tpk_study_run(s, ffi.NULL, ctx)
-                if st == lib.TPK_OK:
-                    st = lib.tpk_study_write(s, len(args), argv, ffi.NULL, ctx)
-            finally:
-                lib.tpk_study_free(s)
+            st = _core.interruptible(lambda: lib.tpk_study_run(s, ro, ctx), cancel)
+            if st == lib.TPK_OK and cancel.is_set:
+                raise KeyboardInterrupt
+            if st == lib.TPK_OK:
+                st = lib.tpk_study_write(s, len(args), argv, ffi.NULL, ctx)
+            ffi.release(s)
         check(st, ctx)
         return read(out)

@@ -80,9 +80,13 @@ class Program:
         Xt = None if x_test is None else as_input(x_test, "x_test")
         K, Kx, kd = ffi.new("tpk_array **"), ffi.new("tpk_array **"), ffi.new("tpk_array **")
         ctx = new_ctx()
-        check(lib.tpk_job_kernel_arrays(job, to_c(X, keep),
-                                        ffi.NULL if Xt is None else to_c(Xt, keep),
-                                        K, Kx, kd, ffi.NULL, ctx), ctx)
+        cX, cXt = to_c(X, keep), ffi.NULL if Xt is None else to_c(Xt, keep)
+        cancel = _core.Cancel()
+        job.progress = cancel.progress
+        st = _core.call_arrays(
+            lambda: lib.tpk_job_kernel_arrays(job, cX, cXt, K, Kx, kd, ffi.NULL, ctx),
+            (K, Kx, kd), cancel)
+        check(st, ctx)
         return from_c(K[0]), from_c(Kx[0]), from_c(kd[0])
 
     def kernel(self, x, x_test=None, all_outputs=False, **set):
@@ -103,5 +107,10 @@ class Program:
         X = as_input(x, "x")
         Kh, y = ffi.new("tpk_array **"), ffi.new("tpk_array **")
         ctx = new_ctx()
-        check(lib.tpk_job_run_arrays(job, to_c(X, keep), int(width), int(seed), Kh, y, ctx), ctx)
+        cX, n, s = to_c(X, keep), int(width), int(seed)
+        cancel = _core.Cancel()
+        job.progress = cancel.progress
+        st = _core.call_arrays(lambda: lib.tpk_job_run_arrays(job, cX, n, s, Kh, y, ctx), (Kh, y),
+                               cancel)
+        check(st, ctx)
         return from_c(Kh[0]), from_c(y[0])
