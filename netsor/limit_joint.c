@@ -22,6 +22,7 @@
 #include "backend-impl.h"
 #include "joint-impl.h"
 #include "orthant-impl.h"
+#include "tpk/gemm.h"
 #include "tpk/mvn.h"
 #include "tpk/rng.h"
 
@@ -315,8 +316,24 @@ static int sample_factors(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int nn
             J[nJ++] = k;
         }
     }
+    /* the rows of D over the columns J, dense: per block, samples = A · normals (one GEMM) */
+    double *A = calloc((size_t)(nD ? nD : 1) * (size_t)(nJ ? nJ : 1), sizeof *A);
+    int *dpos = malloc((size_t)j->nd * sizeof *dpos);
+    if (!A || !dpos) {
+        free(A);
+        free(dpos);
+        st = TPK_ENOMEM;
+        goto out;
+    }
+    for (int q = 0; q < nD; q++) {
+        int k = D[q];
+        dpos[k] = q;
+        for (int e = 0; e < j->rlen[k]; e++)
+            A[(size_t)q * (size_t)nJ + (size_t)jpos[j->ridx[j->roff[k] + e]]] = j->rval[j->roff[k] + e];
+    }
     const size_t M = j->M;
     const size_t nblk = (M + BLKP - 1) / BLKP;
+    const size_t gws = tpk_gemm_tuned_ws_size(0, (size_t)nD, BLKP, (size_t)nJ, 1);
     unsigned bits = 0;
     while (((size_t)1 << bits) < M)
         bits++;
@@ -324,11 +341,14 @@ static int sample_factors(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int nn
 #pragma omp parallel
     {
         double *nrm = malloc((size_t)nJ * BLKP * sizeof *nrm);
-        double *smp = malloc((size_t)j->nd * BLKP * sizeof *smp);
+        double *smp = malloc((size_t)(nD ? nD : 1) * BLKP * sizeof *smp);
+        void *gw = gws ? aligned_alloc(64, gws) : NULL;
+        tpk_ctx gctx;
+        tpk_ctx_init(&gctx);
         double *uu = malloc(BLKP * sizeof *uu), *sh = malloc(BLKP * sizeof *sh);
         double *stack = malloc((size_t)maxdepth * BLKP * sizeof *stack);
         const double **gv = malloc((size_t)maxlen * sizeof *gv);
-        int my = nrm && smp && uu && sh && stack && gv ? TPK_OK : TPK_ENOMEM;
+        int my = nrm && smp && uu && sh && stack && gv && (gw || !gws) ? TPK_OK : TPK_ENOMEM;
 #pragma omp for schedule(dynamic, 1)
         for (size_t it = 0; it < (size_t)j->R * nblk; it++) {
             if (my != TPK_OK)
@@ -352,23 +372,18 @@ static int sample_factors(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int nn
                 }
                 tpk_mvn_normals((int)B, uu, sh, n);
             }
-            for (int q = 0; q < nD; q++) { /* x_k = μ_k + Σ_i L_ki n_i */
-                int k = D[q];
-                double *x = smp + (size_t)k * BLKP;
-                const int *ix = j->ridx + j->roff[k];
-                const double *iv = j->rval + j->roff[k];
-                for (size_t b = 0; b < B; b++)
-                    x[b] = j->mu[k];
-                for (int e = 0; e < j->rlen[k]; e++) {
-                    const double *n = nrm + (size_t)jpos[ix[e]] * BLKP;
-                    double l = iv[e];
-                    for (size_t b = 0; b < B; b++)
-                        x[b] += l * n[b];
-                }
+            /* x_k = μ_k + Σ_i L_ki n_i for the coordinates the factors read */
+            if (tpk_gemm_tuned_d(0, 0, (size_t)nD, B, (size_t)nJ, 1.0, A, (size_t)nJ, nrm, BLKP, 0.0,
+                                 smp, BLKP, 1, gw, &gctx)) {
+                my = gctx.status;
+                continue;
             }
+            for (int q = 0; q < nD; q++)
+                for (size_t b = 0; b < B; b++)
+                    smp[(size_t)q * BLKP + b] += j->mu[D[q]];
             for (int f = 0; f < nn; f++) {
                 for (int i = 0; i < nf[f].len; i++)
-                    gv[i] = leaf[f][i] >= 0 ? smp + (size_t)leaf[f][i] * BLKP : NULL;
+                    gv[i] = leaf[f][i] >= 0 ? smp + (size_t)dpos[leaf[f][i]] * BLKP : NULL;
                 tpk_nsr_rpn_eval(nf[f].node, nf[f].len, gv, sv[f], B, stack,
                                  j->vals[slot[f]] + (size_t)r * M + k0);
             }
@@ -382,7 +397,10 @@ static int sample_factors(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int nn
         free(sh);
         free(stack);
         free(gv);
+        free(gw);
     }
+    free(A);
+    free(dpos);
 out:
     for (int f = 0; leaf && f < nn; f++)
         free(leaf[f]);
