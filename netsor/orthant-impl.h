@@ -13,6 +13,14 @@
 
 /* Largest orthant dimension (factors of one independent group). */
 #define TPK_ORTHANT_MAXDIM 64
+/* Most random shifts of a QMC estimate. */
+#define TPK_ORTHANT_MAXSHIFTS 64
+
+/* The generating vector of the embedded rank-1 lattice rule (2^10..2^20 points; Cools, Kuo &
+ * Nuyens 2006, components 2..64 of F. Kuo's table): point k of the 2^b-point rule has coordinate
+ * j = frac(k·z_j / 2^b). Shared by the orthant QMC and the joint sampler (limit_joint.c). */
+#define TPK_ORTHANT_LATTICE_DIMS (TPK_ORTHANT_MAXDIM - 1)
+extern const uint32_t tpk_nsr_lattice_z[TPK_ORTHANT_LATTICE_DIMS];
 
 typedef struct tpk_orthant_opts {
     double abs_tol;    /* stop when the standard error ≤ max(abs_tol, rel_tol·|P|)  (0: default) */
