@@ -10,6 +10,7 @@
  * e_i = Φ((b_i − Σ_{k<i} L_ik y_k)/L_ii), y_k = Φ⁻¹(u_k e_k). */
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "gauss_simd.h"
 #include "tpk/mvn.h"
@@ -258,4 +259,34 @@ void tpk_mvn_normals(int n, const double *u, const double *shift, double *out)
     }
     for (int i = nv; i < n; i++)
         out[i] = Phi_inv(shift ? shift_tent(u[i], shift[i]) : u[i]);
+}
+
+/* ---- Owen scrambling of quasi-random coordinates ------------------------------------------- */
+
+static inline uint32_t reverse_bits(uint32_t x)
+{
+    x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+    x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+    x = ((x >> 4) & 0x0F0F0F0Fu) | ((x & 0x0F0F0F0Fu) << 4);
+    x = ((x >> 8) & 0x00FF00FFu) | ((x & 0x00FF00FFu) << 8);
+    return (x >> 16) | (x << 16);
+}
+
+uint32_t tpk_mvn_reverse_bits(uint32_t x) { return reverse_bits(x); }
+
+/* B. Burley, "Practical hash-based Owen scrambling", J. Computer Graphics Techniques 9 (2020):
+ * the Laine–Karras permutation on the reversed bits (x += seed, then x ^= x·c for even c: bit k
+ * changes as a function of bits < k only, i.e. of the more significant digits of the fraction).
+ * Plain C: -march and -O3 (kernel flags) vectorise the loop. */
+void tpk_mvn_owen_scramble(int n, const uint32_t *rbits, uint32_t seed, double *out)
+{
+    const double inv = 1.0 / 4294967296.0;
+    for (int i = 0; i < n; i++) {
+        uint32_t x = rbits[i] + seed;
+        x ^= x * 0x6c50b47cu;
+        x ^= x * 0xb82f1e52u;
+        x ^= x * 0xc7afe638u;
+        x ^= x * 0x8d22f6e6u;
+        out[i] = ((double)reverse_bits(x) + 0.5) * inv;
+    }
 }

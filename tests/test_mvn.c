@@ -4,7 +4,7 @@
  * conditional formula (independent of the code under test: nested gsl_integration_qagil of Φ),
  * and every error path. kernels/mvn_sov.c: the SIMD separation-of-variables kernel against its
  * plain reference, its Monte Carlo mean against the exact trivariate, its normals against GSL's
- * inverse normal. */
+ * inverse normal, the Owen scrambling's nesting, stratification and uniformity. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -534,6 +534,74 @@ static void test_normals(void **state)
     }
 }
 
+/* Owen scrambling (tpk_mvn_owen_scramble): a nested scrambling keeps the number of leading bits
+ * two fractions share, exactly, so the 2^p points j/2^p land one in each interval of length 2^-p;
+ * for random seeds a fixed point is uniform (its mean within OWEN_SE standard errors of 1/2, its
+ * leading bit a fair coin). */
+#define OWEN_SE 5.0
+static int common_bits(uint32_t x, uint32_t y)
+{
+    int k = 0;
+    while (k < 32 && ((x ^ y) & (0x80000000u >> k)) == 0)
+        k++;
+    return k;
+}
+
+static uint32_t owen_bits(uint32_t x, uint32_t seed)
+{
+    uint32_t r = tpk_mvn_reverse_bits(x);
+    double v;
+    tpk_mvn_owen_scramble(1, &r, seed, &v);
+    assert_true(v > 0.0 && v < 1.0);
+    return (uint32_t)(v * 4294967296.0); /* the scrambled 32 bits (the half unit drops) */
+}
+
+static void test_owen_scramble(void **state)
+{
+    (void)state;
+    assert_true(tpk_mvn_reverse_bits(1u) == 0x80000000u);
+    assert_true(tpk_mvn_reverse_bits(0x12345678u) == 0x1E6A2C48u);
+    for (uint32_t i = 0; i < 1000; i++) {
+        uint32_t x = (uint32_t)(unif(41, i) * 4294967296.0);
+        assert_true(tpk_mvn_reverse_bits(tpk_mvn_reverse_bits(x)) == x);
+    }
+    /* nested: the number of shared leading bits is kept, for every k */
+    for (uint32_t i = 0; i < 4000; i++) {
+        uint32_t seed = (uint32_t)(unif(42, i) * 4294967296.0);
+        uint32_t x = (uint32_t)(unif(43, i) * 4294967296.0);
+        int k = (int)(i % 32);
+        uint32_t y = x ^ (0x80000000u >> k); /* the first difference at bit k */
+        y ^= (uint32_t)(unif(44, i) * 4294967296.0) & (0xFFFFFFFFu >> (k + 1 < 32 ? k + 1 : 31));
+        if (k == 31)
+            y = x ^ 1u;
+        assert_int_equal(common_bits(owen_bits(x, seed), owen_bits(y, seed)), common_bits(x, y));
+    }
+    /* a net stays a net: j/2^10 for j < 2^10 fill the 2^10 intervals */
+    enum { P = 10 };
+    static unsigned char hit[1 << P];
+    memset(hit, 0, sizeof hit);
+    for (uint32_t j = 0; j < (1u << P); j++)
+        hit[owen_bits(j << (32 - P), 0x9E3779B9u) >> (32 - P)]++;
+    for (int j = 0; j < (1 << P); j++)
+        assert_int_equal(hit[j], 1);
+    /* uniform over seeds */
+    enum { NS = 20000 };
+    double s1 = 0, s2 = 0;
+    int ones = 0;
+    for (uint32_t i = 0; i < NS; i++) {
+        uint32_t seed = (uint32_t)(unif(45, i) * 4294967296.0), v = owen_bits(0x40000000u, seed);
+        double x = v / 4294967296.0;
+        s1 += x;
+        s2 += x * x;
+        ones += (int)(v >> 31);
+    }
+    double mean = s1 / NS, se = sqrt((s2 / NS - mean * mean) / NS);
+    print_message("Owen scrambling of 1/4 over %d seeds: mean %.4f (%.2f SE from 1/2), leading "
+                  "bit 1 in %d\n", NS, mean, fabs(mean - 0.5) / se, ones);
+    assert_true(fabs(mean - 0.5) <= OWEN_SE * se);
+    assert_true(fabs(ones - NS / 2.0) <= OWEN_SE * sqrt(NS / 4.0));
+}
+
 static void test_speed(void **state)
 {
     (void)state;
@@ -575,7 +643,7 @@ int main(void)
         cmocka_unit_test(test_qvn),           cmocka_unit_test(test_cdf_reductions),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_speed),
         cmocka_unit_test(test_sov_kernel),    cmocka_unit_test(test_sov_mean),
-        cmocka_unit_test(test_normals),
+        cmocka_unit_test(test_normals),       cmocka_unit_test(test_owen_scramble),
     };
     return cmocka_run_group_tests_name("mvn", tests, NULL, NULL);
 }

@@ -3,6 +3,8 @@
 #ifndef TPK_MVN_H
 #define TPK_MVN_H
 
+#include <stdint.h>
+
 #include "error.h"
 #include "gauss.h"
 
@@ -74,6 +76,16 @@ TPK_API double tpk_mvn_sov_sum_ref(int m, const double *L, const double *b, cons
 /* Randomised quasi-random normals: out[i] = Φ⁻¹(1 − |2·frac(u_i + shift_i) − 1|) (shift NULL:
  * Φ⁻¹(u_i)), u_i ∈ [0, 1); the SIMD Φ⁻¹ above, clamped to Φ⁻¹(1e-300) in the tails. */
 TPK_API void tpk_mvn_normals(int n, const double *u, const double *shift, double *out);
+
+/* Owen's nested uniform scrambling of binary fractions (B. Burley, "Practical hash-based Owen
+ * scrambling", JCGT 9 (2020), the Laine–Karras hash on reversed bits): out[i] is the scrambled
+ * fraction whose bit-reversed 32 bits are rbits[i] — rbits[i] = tpk_mvn_reverse_bits(⌊u_i·2^32⌋)
+ * — plus half its last unit, in (0, 1). Points that share their k leading bits keep k shared
+ * leading bits (so a digital net stays one), and for a uniformly random seed each point is
+ * uniform on (0, 1). */
+TPK_API void tpk_mvn_owen_scramble(int n, const uint32_t *rbits, uint32_t seed, double *out);
+/* The 32 bits of x in reverse order. */
+TPK_API uint32_t tpk_mvn_reverse_bits(uint32_t x);
 
 #ifdef __cplusplus
 }
