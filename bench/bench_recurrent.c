@@ -4,7 +4,8 @@
  * at the accuracy the evaluator reports. Prints seconds, the ratio and a default-vs-tight accuracy
  * check (issue 4). Not a test.
  *   bench_recurrent [N T [P]]  default 16 sequences of length 8, P = 20000
- *   bench_recurrent 4096 --no-naive   (make bench's second pass): evaluator only, 8 x 4
+ *   bench_recurrent 4096 --no-naive   (make bench's second pass): evaluator only, 8 x 4, then
+ *                                     issue 19's sizes, all times: GRU 4 x 8, LSTM 8 x 4, 2 x 30
  * Measured on the quiet 2-core machine (session 2): 16 x 8 took 328 s wall (631 s CPU); the
  * issue's 32 x 8, four times the pairs, would take about 22 min, so 16 x 8 is the default and the
  * 32 x 8 time printed is that of 16 x 8 times 4 (cost ∝ pairs of sequences). */
@@ -120,6 +121,44 @@ static void mc_reference(const double *x, int N, int T, size_t P, uint64_t seed,
 #undef IX
 }
 
+/* The sequences of the runs below: x[a][t][j] = sin(1.37a + 0.61t + 2.11j + 0.3)(1 + 0.2a/N). */
+static void fill_sequences(tpk_array *x, int N, int T)
+{
+    for (int a = 0; a < N; a++)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < D; j++)
+                x->data[(a * T + t) * D + j] = sin(1.37 * a + 0.61 * t + 2.11 * j + 0.3) * (1.0 + 0.2 * a / N);
+}
+
+/* One kernel of the issue's acceptance list, every time step, timed in process (the issue asks
+ * whole-process times: gpkernel adds its start, input and output, ~0.05 s). */
+static void issue_size(tpk_phi_registry *reg, const char *prog, int N, int T, double target)
+{
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    char path[4200], tb[16];
+    tpk_shipped_path(prog, path, sizeof path);
+    snprintf(tb, sizeof tb, "%d", T);
+    tpk_param_set sets[] = {{"T", tb}};
+    tpk_netsor_opts o = {.sets = sets, .nsets = 1};
+    tpk_program *p = tpk_netsor_load_file(path, &o, reg, &ctx);
+    size_t dims[3] = {(size_t)N, (size_t)T, D};
+    tpk_array *x = p ? tpk_array_alloc(3, dims, &ctx) : NULL, *K = NULL;
+    double err = 0, t0 = bench_now();
+    if (x)
+        fill_sequences(x, N, T);
+    if (!x || tpk_netsor_kernel(p, x, 1, &K, &err, &ctx)) {
+        fprintf(stderr, "bench_recurrent: %s\n", ctx.msg);
+    } else {
+        double t = bench_now() - t0;
+        printf("%s %d sequences x T=%d, all times: %.2f s (issue 19: <= %.0f s), error estimate "
+               "%.2e\n", prog, N, T, t, target, err);
+    }
+    tpk_array_free(K);
+    tpk_array_free(x);
+    tpk_program_free(p);
+}
+
 int main(int argc, char **argv)
 {
     int N = 16, T = 8, naive = 1;
@@ -150,10 +189,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_recurrent: %s\n", ctx.msg);
         return 1;
     }
-    for (int a = 0; a < N; a++)
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < D; j++)
-                x->data[(a * T + t) * D + j] = sin(1.37 * a + 0.61 * t + 2.11 * j + 0.3) * (1.0 + 0.2 * a / N);
+    fill_sequences(x, N, T);
     tpk_array *K = NULL;
     double err = 0, t0 = bench_now();
     if (tpk_netsor_kernel(p, x, 0, &K, &err, &ctx)) {
@@ -216,6 +252,11 @@ int main(int argc, char **argv)
         tpk_array_free(x2);
         tpk_array_free(Kd);
         tpk_array_free(Kt);
+    }
+    if (!naive) {
+        issue_size(reg, "programs/gru.nsr", 4, 8, 2);
+        issue_size(reg, "programs/lstm.nsr", 8, 4, 2);
+        issue_size(reg, "programs/lstm.nsr", 2, 30, 10);
     }
     tpk_array_free(K);
     tpk_array_free(x);

@@ -46,6 +46,8 @@ typedef struct tpk_limit_opts {
     size_t orthant_max_points; /* QMC points per shift before giving up (0: its default) */
     const tpk_progress *progress; /* reports and cancel flag (tpk_netsor_kernel_progress), or NULL */
     int unrolled;       /* evaluate the unrolled form even when the rolled one exists */
+    int no_joint;       /* no joint sampler: every high-dimensional group sampled alone */
+    size_t joint_max_bytes; /* the joint sampler's cache of factor values (0: its default) */
 } tpk_limit_opts;
 
 /* The rolled evaluator (netsor/flimit.c). plan: the data-independent pass (support, liveness,

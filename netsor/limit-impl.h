@@ -10,7 +10,8 @@
  *   limit_backend.c  the back-end table: {name, applicable, eval}, in order of preference
  *   limit_quad.c     quadrature: Gauss–Hermite rules, tensor Gauss–Hermite / (Q)MC of a group
  *   limit.c          driver: instruction by instruction, readouts, PSD check, public entries
- * beside the helpers limit_poly.c (limit-poly.h) and limit_orthant.c (orthant-impl.h). Not
+ * beside the helpers limit_poly.c (limit-poly.h), limit_orthant.c (orthant-impl.h) and
+ * limit_joint.c (joint-impl.h: one QMC sample shared by the high-dimensional groups). Not
  * installed. */
 #ifndef TPK_NETSOR_LIMIT_IMPL_H
 #define TPK_NETSOR_LIMIT_IMPL_H
@@ -20,6 +21,7 @@
 #include <stdint.h>
 
 #include "backend-impl.h"
+#include "joint-impl.h"
 #include "orthant-impl.h"
 #include "tpk/gauss.h"
 #include "tpk/netsor.h"
@@ -30,6 +32,8 @@ enum { FAM_AVAR, FAM_EMBED, FAM_BIAS };
 #define MAXF 16          /* most factors in one term (a GRU ζ(1,t)·erf term has t + 1) */
 #define BLK 256          /* points per RPN block evaluation */
 #define GH_MAXDIM 6      /* largest tensor Gauss–Hermite rule we tabulate */
+#define MC_DEFAULT 65536 /* Monte Carlo samples per expectation */
+#define QMC_SHIFTS 16    /* randomised QMC: shifts (the standard error has 15 degrees of freedom) */
 #define NSR_LIM_MAXBACKENDS 16 /* capacity of the per-back-end counters */
 
 /* The levels at which the evaluator decides how an expectation is computed (limit_backend.c). A
@@ -122,6 +126,7 @@ typedef struct lim {
     double err;
     tpk_orthant_cache *ocache; /* memo of the orthant back-end (NULL: none) */
     m2memo *mm;         /* memo of generic E[Z^u Z^v] matrices (nsr_lim_memo_*) */
+    tpk_nsr_joint *joint; /* the shared sample of m2_joint (NULL: groups sampled alone) */
     int nmm, capmm;
     /* TPK_NETSOR_TRACE: what each back end took, by query kind; what none took (refined) */
     long used[NSR_LIM_MAXBACKENDS][NSR_LIM_NKINDS];
@@ -155,6 +160,11 @@ typedef struct pws {
     double *z, *stack, *fv, *prod, *xs;
     struct affv *aff;  /* affine-analysis stack */
     long used[NSR_LIM_MAXBACKENDS]; /* groups each back end took on this thread */
+    /* m2_entries' joint sampler: while jn_on, the first group that would be sampled alone
+     * (more dims than max_gh_dim) is left in jn_f[0..jn_nf) and counts 1 in the product (the
+     * joint back end, limit_backend.c) */
+    int jn_on, jn_nf;
+    fac jn_f[2 * MAXF];
     tpk_ctx ctx;
 } pws;
 

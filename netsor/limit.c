@@ -18,6 +18,13 @@
 #include "limit-impl.h"
 #include "tpk/matmul.h"
 
+/* The joint sampler (m2_joint, netsor/limit_joint.c) takes the groups of more dims than the
+ * tensor Gauss–Hermite rule serves (they would be sampled alone). Its sample is shared by all of
+ * them, so it affords JOINT_POINTS_X times the points one group gets: an LSTM 8 × 4 then has the
+ * per-group rule's RMS error (6e-5) and a smaller largest error estimate (1.8e-4 against 2.6e-4),
+ * 16 times faster. Its cache of factor values is bounded by JOINT_MAX_BYTES. */
+#define JOINT_POINTS_X 2
+#define JOINT_MAX_BYTES ((size_t)512 << 20)
 /* Clear PSD violation of the final kernel: λ_min < −(PSD_REL·λ_max + PSD_ERR·dim·err). */
 #define PSD_REL 1e-9
 #define PSD_ERR 8.0
@@ -202,6 +209,13 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.maxdepth = sh.maxdepth;
     L.ctx = ctx;
     L.ocache = tpk_nsr_orthant_cache_alloc(); /* NULL (out of memory) only disables the memo */
+    /* NULL (out of memory, or the options ask for Monte Carlo per group) disables it */
+    size_t jpts = (L.o.mc_samples ? L.o.mc_samples : MC_DEFAULT) / QMC_SHIFTS; /* per shift */
+    jpts *= JOINT_POINTS_X;
+    L.joint = L.o.force_mc || L.o.no_factor || L.o.no_joint ? NULL
+              : tpk_nsr_joint_alloc(QMC_SHIFTS, jpts > 0 ? jpts : 1,
+                                    L.o.joint_max_bytes ? L.o.joint_max_bytes : JOINT_MAX_BYTES,
+                                    L.o.mc_seed);
     const char *tr = getenv("TPK_NETSOR_TRACE");
     int trace = tr != NULL && strcmp(tr, "1") == 0;
     size_t N = L.N;

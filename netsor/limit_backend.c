@@ -11,6 +11,8 @@
  *   gauss-1d2d   groups of ≤ 2 φ(a·g + b): the library's closed forms and 1-/2-D Gauss–Hermite
  *                (kernels/gauss*.c, §3.2–3.3)
  *   orthant      groups of smoothed steps: Gaussian orthant probabilities (limit_orthant.c, §2.3)
+ *   joint        groups of more dims than tensor Gauss–Hermite serves, met by m2_entries: left
+ *                for the sample all of them share (limit_joint.c)
  *   quadrature   any group: tensor Gauss–Hermite or (quasi-)Monte Carlo (limit_quad.c, §3.3)
  * A query no entry takes is refined by the caller (a pair into term pairs, a term pair or a
  * Moment into entries); quadrature takes every group, so every expectation ends somewhere. */
@@ -653,6 +655,31 @@ static int orthant_eval(lim *L, nsr_lim_query *q)
     return tpk_nsr_orthant_cached(L->ocache, ngf, mu, S, L->o.mc_seed, &oo, &q->e, &q->w->ctx);
 }
 
+/* ---- joint ----------------------------------------------------------------------------- */
+
+static int joint_applicable(const lim *L, nsr_lim_query *q)
+{
+    const pws *w = q->w;
+    return q->kind == NSR_LIM_GROUP && w->jn_on && w->jn_nf < 0 &&
+           q->nd > (L->o.max_gh_dim ? L->o.max_gh_dim : 4);
+}
+
+/* A group of more dims than the tensor Gauss–Hermite rule serves, met by m2_entries while the
+ * joint sampler is on (limit_expect.c): its factors are left in w->jn_f for m2_joint, which
+ * integrates it on the sample all such groups share (netsor/limit_joint.c); here it counts 1, so
+ * the product is the group's weight (the product of the entry's other groups). */
+static int joint_eval(lim *L, nsr_lim_query *q)
+{
+    (void)L;
+    pws *w = q->w;
+    for (int i = 0; i < q->ngf; i++)
+        w->jn_f[i] = q->fs[q->gf[i]];
+    w->jn_nf = q->ngf;
+    q->e.value = 1.0;
+    q->e.err = 0.0;
+    return TPK_OK;
+}
+
 /* ---- quadrature ------------------------------------------------------------------------ */
 
 static int quad_applicable(const lim *L, nsr_lim_query *q)
@@ -676,6 +703,7 @@ const nsr_lim_backend nsr_lim_backends[] = {
     {"normal-prob", normal_applicable, normal_eval},
     {"gauss-1d2d", gauss12_applicable, gauss12_eval},
     {"orthant", orthant_applicable, orthant_eval},
+    {"joint", joint_applicable, joint_eval},
     {"quadrature", quad_applicable, quad_eval},
 };
 const int nsr_lim_nbackends = (int)(sizeof nsr_lim_backends / sizeof nsr_lim_backends[0]);

@@ -130,6 +130,65 @@ static void merge_used(lim *L, const pws *w)
         L->used[i][NSR_LIM_GROUP] += w->used[i];
 }
 
+/* The evaluator as the joint sampler sees it (netsor/joint-impl.h). */
+static double joint_cov(void *c, int g, size_t a, int h, size_t b)
+{
+    return nsr_lim_cov((const lim *)c, g, a, h, b);
+}
+static double joint_mean(void *c, int g) { return ((const lim *)c)->rep[g].mean; }
+static double joint_scalar(void *c, int v, size_t a) { return ((const lim *)c)->scal[v][a]; }
+static int joint_alive(void *c, int g) { return ((const lim *)c)->rep[g].atom != NULL; }
+
+/* The groups the items of m2_entries left in rec (rnf[it] factors; 0: none), integrated on the
+ * shared sample of netsor/limit_joint.c (issue 19): item it's value iv[2it] — its weight, the
+ * product of its other groups — times the group's expectation, the error to first order.
+ * *joint = 0 when the sampler declines (its cache is full): nothing changed, the caller computes
+ * those items alone. */
+static int m2_joint(lim *L, size_t nitem, const fac *rec, const int *rnf, double *iv, int *joint)
+{
+    size_t ng = 0, nf = 0;
+    for (size_t it = 0; it < nitem; it++)
+        if (rnf[it]) {
+            ng++;
+            nf += (size_t)rnf[it];
+        }
+    if (ng == 0)
+        return TPK_OK;
+    size_t *off = malloc((ng + 1) * sizeof *off), *item = malloc(ng * sizeof *item);
+    tpk_nsr_jfac *f = malloc(nf * sizeof *f);
+    tpk_estimate *e = malloc(ng * sizeof *e);
+    int st = off && item && f && e ? TPK_OK : TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    for (size_t it = 0, g = 0, q = 0; st == TPK_OK && it < nitem; it++) {
+        if (!rnf[it])
+            continue;
+        off[g] = q;
+        item[g++] = it;
+        for (int k = 0; k < rnf[it]; k++, q++) {
+            const fac *x = &rec[it * 2 * MAXF + (size_t)k];
+            f[q] = (tpk_nsr_jfac){x->node, x->len, x->input};
+        }
+        off[g] = q;
+    }
+    tpk_nsr_joint_env env = {L, joint_cov, joint_mean, joint_scalar, joint_alive};
+    if (st == TPK_OK)
+        st = tpk_nsr_joint_expect(L->joint, &env, (int)ng, off, f, e, L->ctx);
+    if (st == TPK_EUNSUPPORTED) {
+        *joint = 0;
+        st = TPK_OK;
+    } else if (st == TPK_OK) {
+        for (size_t g = 0; g < ng; g++) {
+            double *v = iv + 2 * item[g];
+            v[1] = hypot(v[1] * e[g].value, v[0] * e[g].err);
+            v[0] *= e[g].value;
+        }
+    }
+    free(off);
+    free(item);
+    free(f);
+    free(e);
+    return st;
+}
+
 /* Per-entry generic expectations for the term pairs gen[]; results added into out. The work
  * is one batch of (entry, term pair) items over OpenMP (dynamic: an item's cost ranges from a
  * closed form to a QMC orthant probability), so a few entries with many terms still use every
@@ -150,6 +209,12 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
     double *iv = malloc(2 * (nitem ? nitem : 1) * sizeof *iv);
     if (iv == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    /* with the joint sampler, an item's group of more dims than max_gh_dim is left in
+     * rec[it] (its factors, rnf[it] of them; 0: none) and integrated by m2_joint with the others */
+    fac *rec = L->joint ? malloc((nitem ? nitem : 1) * 2 * MAXF * sizeof *rec) : NULL;
+    int *rnf = L->joint ? malloc((nitem ? nitem : 1) * sizeof *rnf) : NULL;
+    int joint = rec != NULL && rnf != NULL, retry = 0;
+again:
 #pragma omp parallel
     {
         pws *w = nsr_lim_pws_alloc(L);
@@ -179,8 +244,18 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
             for (int q = 0; q < tt->nf; q++)
                 fs[nf++] = (fac){bv->node + tt->fs[q], tt->fe[q] - tt->fs[q], c};
             tpk_estimate e = {0.0, 0.0};
+            if (retry && rnf[it] == 0)
+                continue; /* done in the first pass */
+            w->jn_on = joint;
+            w->jn_nf = -1;
             my_st = prod_expect(L, w, fs, nf,
                                 site * (MAXT * MAXT) + (uint64_t)(gen[g][0] * MAXT + gen[g][1]), &e);
+            w->jn_on = 0;
+            if (joint) {
+                rnf[it] = w->jn_nf > 0 ? w->jn_nf : 0;
+                if (rnf[it])
+                    memcpy(rec + it * 2 * MAXF, w->jn_f, (size_t)rnf[it] * sizeof *rec);
+            }
             double cc = ts->coef * tt->coef;
             iv[2 * it] = cc * e.value;
             iv[2 * it + 1] = cc * e.err;
@@ -199,6 +274,15 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
         }
         nsr_lim_pws_free(w);
     }
+    if (status == TPK_OK && joint) {
+        status = m2_joint(L, nitem, rec, rnf, iv, &joint);
+        if (status == TPK_OK && !joint) { /* the sampler's cache is full: these items alone */
+            retry = 1;
+            goto again;
+        }
+    }
+    free(rec);
+    free(rnf);
     if (status == TPK_OK)
         status = tpk_progress_check(L->o.progress, L->ctx);
     if (status != TPK_OK) {

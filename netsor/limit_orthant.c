@@ -10,9 +10,12 @@
  *   e_i = Φ((b_i − Σ_{k<i} L_ik y_k) / L_ii),  y_k = Φ⁻¹(u_k e_k).
  * Variables are reordered while L is built so that the most constraining comes first (the
  * Genz–Bretz priority rule), which lowers the integrand's effective dimension. The integral
- * is taken with Sobol points (GSL; Halton beyond 40 dimensions) under R independent uniform
- * shifts modulo 1 and the baker's (tent) transform; the estimate is the mean over shifts and the
- * error estimate their standard error. Points are doubled until it meets the tolerance. */
+ * is taken with Sobol points (GSL, with the point 0 that GSL skips put back, so that the first
+ * 2^k points are a digital net) under R independent Owen scramblings (tpk_mvn_owen_scramble);
+ * beyond 40 dimensions with Halton points under R uniform shifts modulo 1 and the baker's (tent)
+ * transform. The estimate is the mean over the R randomisations and the error estimate their
+ * standard error; points are doubled until it meets the tolerance. The integrand is evaluated
+ * over blocks of points by the SIMD kernel tpk_mvn_sov_sum (kernels/mvn_sov.c). */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -37,69 +40,13 @@
  * a linear function of the earlier ones and its factor a 0/1 indicator given them. */
 #define DEGEN_TOL 1e-12
 
-/* Stream of the random shifts (a tag of its own inside the Monte Carlo tag). */
+/* Largest dimension of GSL's Sobol generator; Halton points beyond. */
+#define SOBOL_MAXDIM 40
+
+/* Stream of the random shifts and scramblings (a tag of its own inside the Monte Carlo tag). */
 #define SHIFT_STREAM TPK_RNG_STREAM(TPK_RNG_MC, 0x4F525448u) /* "ORTH" */
 
 static double Phi(double x) { return 0.5 * erfc(-x * M_SQRT1_2); }
-
-/* Φ⁻¹ by Wichura's algorithm AS 241 (PPND16, Appl. Statist. 37 (1988) 477), relative error
- * ~1e-16 (checked against gsl_cdf_ugaussian_Pinv, the same algorithm: 3e-16 on a grid of 2e6 points
- * and the tails to 1e-299), written out so that the compiler inlines it into the SOV loop, which
- * calls it once per point and dimension (GSL's out-of-line rational evaluation was ~30% of the time). */
-static double Phi_inv(double p)
-{
-    if (p <= 1e-300)
-        p = 1e-300;
-    if (p >= 1.0 - 1e-16)
-        p = 1.0 - 1e-16;
-    double q = p - 0.5;
-    if (fabs(q) <= 0.425) {
-        double r = 0.180625 - q * q;
-        double num = (((((((2.5090809287301226727e+3 * r + 3.3430575583588128105e+4) * r +
-                           6.7265770927008700853e+4) * r + 4.5921953931549871457e+4) * r +
-                         1.3731693765509461125e+4) * r + 1.9715909503065514427e+3) * r +
-                       1.3314166789178437745e+2) * r + 3.3871328727963666080e0);
-        double den = (((((((5.2264952788528545610e+3 * r + 2.8729085735721942674e+4) * r +
-                           3.9307895800092710610e+4) * r + 2.1213794301586595867e+4) * r +
-                         5.3941960214247511077e+3) * r + 6.8718700749205790830e+2) * r +
-                       4.2313330701600911252e+1) * r + 1.0);
-        return q * num / den;
-    }
-    double r = sqrt(-log(q < 0 ? p : 1.0 - p)), x;
-    if (r <= 5.0) {
-        r -= 1.6;
-        x = (((((((7.74545014278341407640e-4 * r + 2.27238449892691845833e-2) * r +
-                  2.41780725177450611770e-1) * r + 1.27045825245236838258e0) * r +
-                3.64784832476320460504e0) * r + 5.76949722146069140550e0) * r +
-              4.63033784615654529590e0) * r + 1.42343711074968357734e0) /
-            (((((((1.05075007164441684324e-9 * r + 5.47593808499534494600e-4) * r +
-                  1.51986665636164571966e-2) * r + 1.48103976427480074590e-1) * r +
-                6.89767334985100004550e-1) * r + 1.67638483018380384940e0) * r +
-              2.05319162663775882187e0) * r + 1.0);
-    } else {
-        r -= 5.0;
-        x = (((((((2.01033439929228813265e-7 * r + 2.71155556874348757815e-5) * r +
-                  1.24266094738807843860e-3) * r + 2.65321895265761230930e-2) * r +
-                2.96560571828504891230e-1) * r + 1.78482653991729133580e0) * r +
-              5.46378491116411436990e0) * r + 6.65790464350110377720e0) /
-            (((((((2.04426310338993978564e-15 * r + 1.42151175831644588870e-7) * r +
-                  1.84631831751005468180e-5) * r + 7.86869131145613259100e-4) * r +
-                1.48753612908506148525e-2) * r + 1.36929880922735805310e-1) * r +
-              5.99832206555887937690e-1) * r + 1.0);
-    }
-    return q < 0 ? -x : x;
-}
-
-/* Shift by Δ modulo 1, then the baker's (tent) transform x ↦ 1 − |2x − 1|, which periodises
- * the integrand: for shifted Sobol points the error then falls like ~M^(−1.8) on the smooth
- * SOV integrands here (measured on a bivariate orthant: 2e-9 at M = 2^16, against 2e-7 for a
- * Richtmyer lattice). */
-static double shift_baker(double u, double delta)
-{
-    double v = u + delta;
-    v -= floor(v);
-    return 1.0 - fabs(2.0 * v - 1.0);
-}
 
 /* A QMC point set of dimension r: Sobol (GSL, r ≤ 40) or Halton beyond. */
 static gsl_qrng *qrng_alloc(int r)
@@ -107,7 +54,7 @@ static gsl_qrng *qrng_alloc(int r)
     tpk_error_gsl_init(); /* GSL failures as return codes, never abort() (tpk/error.h) */
     if (r < 1)
         r = 1;
-    return gsl_qrng_alloc(r <= 40 ? gsl_qrng_sobol : gsl_qrng_halton, (unsigned)r);
+    return gsl_qrng_alloc(r <= SOBOL_MAXDIM ? gsl_qrng_sobol : gsl_qrng_halton, (unsigned)r);
 }
 
 /* ---- factor recognition ------------------------------------------------------------------ */
@@ -319,7 +266,7 @@ static void sov_setup(sov *z, int m, const double *mu, const double *S)
 #ifndef LATTICE_MAXDIM
 #define LATTICE_MAXDIM 3
 #endif
-static const uint32_t lattice_z[TPK_ORTHANT_MAXDIM - 1] = {
+const uint32_t tpk_nsr_lattice_z[TPK_ORTHANT_LATTICE_DIMS] = {
     182667, 469891, 498753, 110745, 446247, 250185, 118627, 245333, 283199, 408519,
     391023, 246327, 126539, 399185, 461527, 300343, 69681,  516695, 436179, 106383, 238523,
     413283, 70841,  47719,  300129, 113029, 123925, 410745, 211325, 17489,  511893, 40767,
@@ -335,40 +282,19 @@ static uint32_t radical_inverse(uint32_t k)
     return r;
 }
 
-/* Points per block of the vectorised SOV evaluation. */
-#define SOV_BLK 64
+/* Points per block of the SOV evaluation (kernels/mvn_sov.c: its stride). */
+#define SOV_BLK TPK_MVN_SOV_BLK
+#define TWO32 4294967296.0 /* 2^32: a binary fraction's 32 bits as an integer */
 
-/* Σ over the B points of the SOV integrand; u[j·SOV_BLK + b] is coordinate j of point b. */
-static double sov_block(const sov *z, const double *u, int B)
-{
-    const int m = z->m;
-    const double *L = z->L;
-    double y[TPK_ORTHANT_MAXDIM][SOV_BLK], e[SOV_BLK], f[SOV_BLK];
-    for (int b = 0; b < B; b++)
-        e[b] = f[b] = z->e0;
-    for (int i = 1; i < m; i++) {
-        const double *Li = L + (size_t)i * m, *ui = u + (size_t)(i - 1) * SOV_BLK;
-        double lp = L[(i - 1) * m + i - 1], lii = Li[i];
-        double *yp = y[i - 1];
-        if (lp > 0)
-            for (int b = 0; b < B; b++)
-                yp[b] = Phi_inv(ui[b] * e[b]);
-        else
-            for (int b = 0; b < B; b++)
-                yp[b] = 0.0;
-        for (int b = 0; b < B; b++) {
-            double t = z->b[i];
-            for (int k = 0; k < i; k++)
-                t -= Li[k] * y[k][b];
-            e[b] = lii > 0 ? Phi(t / lii) : (t > 0 ? 1.0 : 0.0);
-            f[b] *= e[b];
-        }
-    }
-    double s = 0.0;
-    for (int b = 0; b < B; b++)
-        s += f[b];
-    return s;
-}
+/* Owen's nested uniform scrambling of the Sobol points (tpk_mvn_owen_scramble, kernels/mvn_sov.c:
+ * B. Burley's hash, "Practical hash-based Owen scrambling", JCGT 9 (2020)). Each randomisation
+ * is unbiased (a scrambled point is uniform) and a scrambled digital net is one. Measured on 40
+ * orthant problems of a GRU 4 × 8 kernel (dimension 5–16, against 2^17 × 16 points): RMS error
+ * 2.4–3.5× below that of the shifted, tent-transformed Sobol points used before, at 2^10–2^16
+ * points per randomisation (1.3–2.1× of it from the point 0 put back). In the whole 4 × 8 kernel
+ * at the default tolerance: 2.3× fewer points (1.97e9 against 4.59e9 point-dimensions); the
+ * 3 × 4 kernel of tests/gru_reference.h is as accurate as before (RMS difference over 8 seeds
+ * 1.6e-7, before 1.7e-7). */
 
 int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
                     const tpk_orthant_opts *o, tpk_estimate *out, tpk_ctx *ctx)
@@ -419,13 +345,18 @@ int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
         maxpts = (size_t)1 << LATTICE_BITS;
     const int r1 = m - 1;
     double sum[64] = {0}, shift[64 * TPK_ORTHANT_MAXDIM];
-    double u[(TPK_ORTHANT_MAXDIM - 1) * SOV_BLK], v[(TPK_ORTHANT_MAXDIM - 1) * SOV_BLK];
+    double u[(TPK_ORTHANT_MAXDIM - 1) * SOV_BLK], us[(TPK_ORTHANT_MAXDIM - 1) * SOV_BLK];
+    uint32_t rb[(TPK_ORTHANT_MAXDIM - 1) * SOV_BLK]; /* the Sobol coordinates' reversed bits */
+    uint32_t sd[64 * TPK_ORTHANT_MAXDIM];
     for (int r = 0; r < R; r++)
-        for (int j = 0; j < r1; j++)
+        for (int j = 0; j < r1; j++) {
             shift[r * r1 + j] = tpk_rng_uniform_at(seed, SHIFT_STREAM, (uint32_t)r, (uint32_t)j);
+            sd[r * r1 + j] = (uint32_t)(shift[r * r1 + j] * TWO32);
+        }
     gsl_qrng *q = NULL;
     if (r1 > LATTICE_MAXDIM && (q = qrng_alloc(r1)) == NULL)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory for a QMC generator");
+    int sobol = q != NULL && r1 <= SOBOL_MAXDIM; /* Owen-scrambled; else shifted and tent */
     size_t M = 0, Mnext = FIRST_PTS;
     double mean = 0.0, se = 0.0;
     const double inv = 1.0 / (double)((uint32_t)1 << LATTICE_BITS);
@@ -436,20 +367,32 @@ int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
             for (int b = 0; b < B; b++) {
                 if (q != NULL) {
                     double pt[TPK_ORTHANT_MAXDIM];
-                    gsl_qrng_get(q, pt);
-                    for (int j = 0; j < r1; j++)
-                        u[j * SOV_BLK + b] = pt[j];
+                    if (sobol && k0 + (size_t)b == 0)
+                        memset(pt, 0, sizeof pt); /* the net's first point, which GSL skips */
+                    else
+                        gsl_qrng_get(q, pt);
+                    for (int j = 0; j < r1; j++) {
+                        uint32_t bits = (uint32_t)(pt[j] * TWO32); /* multiples of 2^-30: exact */
+                        if (sobol)
+                            rb[j * SOV_BLK + b] = tpk_mvn_reverse_bits(bits);
+                        else
+                            u[j * SOV_BLK + b] = pt[j];
+                    }
                     continue;
                 }
                 uint64_t psi = radical_inverse((uint32_t)(k0 + (size_t)b));
                 for (int j = 0; j < r1; j++)
-                    u[j * SOV_BLK + b] = (double)(uint32_t)((psi * lattice_z[j]) & mask) * inv;
+                    u[j * SOV_BLK + b] = (double)(uint32_t)((psi * tpk_nsr_lattice_z[j]) & mask) * inv;
             }
-            for (int r = 0; r < R; r++) { /* the same points under each shift */
-                for (int j = 0; j < r1; j++)
-                    for (int b = 0; b < B; b++)
-                        v[j * SOV_BLK + b] = shift_baker(u[j * SOV_BLK + b], shift[r * r1 + j]);
-                sum[r] += sov_block(&z, v, B);
+            for (int r = 0; r < R; r++) { /* the same points under each randomisation */
+                if (sobol) {
+                    for (int j = 0; j < r1; j++)
+                        tpk_mvn_owen_scramble(B, rb + j * SOV_BLK, sd[r * r1 + j],
+                                              us + j * SOV_BLK);
+                    sum[r] += tpk_mvn_sov_sum(m, z.L, z.b, us, NULL, B);
+                } else {
+                    sum[r] += tpk_mvn_sov_sum(m, z.L, z.b, u, shift + r * r1, B);
+                }
             }
         }
         M = Mnext;
@@ -516,8 +459,7 @@ void tpk_nsr_qmc_start(tpk_qmc *g, uint64_t seed, int shift)
 void tpk_nsr_qmc_next_normals(tpk_qmc *g, double *x)
 {
     gsl_qrng_get(g->q, g->u);
-    for (int j = 0; j < g->r; j++)
-        x[j] = Phi_inv(shift_baker(g->u[j], g->delta[j]));
+    tpk_mvn_normals(g->r, g->u, g->delta, x); /* Φ⁻¹(tent(u + Δ mod 1)), vectorised */
 }
 
 /* ---- memo of orthant probabilities --------------------------------------------------------- */

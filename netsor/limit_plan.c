@@ -258,6 +258,7 @@ void nsr_lim_free(lim *L)
         }
     tpk_gauss_ws_free(L->gws);
     tpk_nsr_orthant_cache_free(L->ocache);
+    tpk_nsr_joint_free(L->joint);
     for (int i = 0; i < L->nmm; i++)
         free(L->mm[i].E);
     free(L->mm);

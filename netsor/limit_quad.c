@@ -12,8 +12,6 @@
 #include "limit-impl.h"
 #include "tpk/rng.h"
 
-#define MC_DEFAULT 65536 /* Monte Carlo samples per expectation */
-#define QMC_SHIFTS 16    /* randomised QMC: shifts (the standard error has 15 degrees of freedom) */
 /* Eigenvalues below this fraction of the largest are treated as 0 (Σ may be singular, §1.6). */
 #define RANK_TOL 1e-12
 

@@ -13,11 +13,19 @@
 
 /* Largest orthant dimension (factors of one independent group). */
 #define TPK_ORTHANT_MAXDIM 64
+/* Most random shifts of a QMC estimate. */
+#define TPK_ORTHANT_MAXSHIFTS 64
+
+/* The generating vector of the embedded rank-1 lattice rule (2^10..2^20 points; Cools, Kuo &
+ * Nuyens 2006, components 2..64 of F. Kuo's table): point k of the 2^b-point rule has coordinate
+ * j = frac(k·z_j / 2^b). Shared by the orthant QMC and the joint sampler (limit_joint.c). */
+#define TPK_ORTHANT_LATTICE_DIMS (TPK_ORTHANT_MAXDIM - 1)
+extern const uint32_t tpk_nsr_lattice_z[TPK_ORTHANT_LATTICE_DIMS];
 
 typedef struct tpk_orthant_opts {
     double abs_tol;    /* stop when the standard error ≤ max(abs_tol, rel_tol·|P|)  (0: default) */
     double rel_tol;
-    int shifts;        /* random shifts of the lattice (the standard error is over these; 0: 8) */
+    int shifts;        /* randomisations of the point set (the standard error is over these; 0: 8) */
     size_t max_points; /* per shift (0: default 2^17) */
 } tpk_orthant_opts;
 
@@ -29,9 +37,10 @@ int tpk_nsr_orthant_factor(const tpk_rpn_node *node, int len, int *leaf, double 
 
 /* P(w > 0 componentwise) for w ~ N(mu, S), S m×m row-major PSD, m ≤ TPK_ORTHANT_MAXDIM.
  * m ≤ 4: the deterministic kernels/mvn.c (out->err its bound; a singular S it cannot reduce goes
- * on to the QMC). Beyond: Genz's separation of variables with Genz–Bretz variable reordering, integrated by randomly
- * shifted, baker-transformed Sobol points; out->err is the standard error over
- * the shifts (exact cases m ≤ 1: err 0). Shifts are keyed by `seed` (deterministic). */
+ * on to the QMC). Beyond: Genz's separation of variables with Genz–Bretz variable reordering,
+ * integrated by Owen-scrambled Sobol points (randomly shifted, baker-transformed Halton points
+ * beyond 41 dimensions); out->err is the standard error over the randomisations (exact cases
+ * m ≤ 1: err 0). The randomisations are keyed by `seed` (deterministic). */
 int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
                     const tpk_orthant_opts *o, tpk_estimate *out, tpk_ctx *ctx);
 

@@ -1,4 +1,5 @@
 /* GRU and LSTM (theory.md §2.3, §2.4): the orthant back-end against exact orthant probabilities,
+ * the joint sampler (netsor/limit_joint.c) against Gaussian moments and against per-group sampling,
  * the GRU limit against an independent recursion written here (tensor Gauss–Hermite over the
  * z-family, 2-D rules for the others), the finite-width executor on the same programs (within 3
  * standard errors at the largest width, RMS error ~ n^(-1/2)), and the invariants (symmetric, PSD,
@@ -22,6 +23,7 @@
 #include "tpk/limits.h"
 #include "tpk/tpk.h"
 #include "../netsor/backend-impl.h"
+#include "../netsor/joint-impl.h"
 #include "../netsor/orthant-impl.h"
 #include "gru_reference.h"
 
@@ -82,10 +84,12 @@ static void test_orthant_exact(void **state)
     (void)state;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    static const int dims[] = {1, 2, 3, 5, 8, 12};
+    /* 5–12: Owen-scrambled Sobol points; 44: shifted Halton points (beyond GSL's Sobol) */
+    static const int dims[] = {1, 2, 3, 5, 8, 12, 44};
     for (size_t q = 0; q < sizeof dims / sizeof dims[0]; q++) {
         int m = dims[q];
-        double mu[16], S[256], b[16], r = 0.35 + 0.05 * (double)q;
+        static double mu[64], S[64 * 64], b[64];
+        double r = 0.35 + 0.05 * (double)q;
         for (int i = 0; i < m; i++) {
             mu[i] = 0.4 * sin(1.3 * i + 0.2) + 0.1;
             b[i] = mu[i];
@@ -98,7 +102,10 @@ static void test_orthant_exact(void **state)
         print_message("orthant m=%2d: P=%.9f exact %.9f diff %.2e se %.2e\n", m, e.value, ex,
                       e.value - ex, e.err);
         assert_true(fabs(e.value - ex) <= N_SE * e.err + 1e-11);
-        assert_true(e.err <= 1e-5 * ex); /* the default tolerance is met */
+        /* the default tolerance is met — but for 44 dims, where the Halton points stop at the
+         * point cap short of it (measured: standard error 4.6e-6 against 6e-7 asked) */
+        if (m <= 12)
+            assert_true(e.err <= 1e-5 * ex);
     }
     /* steps (ξ variance 0): P(u > 0, v > 0) = 1/4 + asin(ρ)/(2π) (theory §3.2 step row) */
     double mu0[2] = {0, 0}, S2[4] = {1.3, 0.6, 0.6, 0.8};
@@ -605,6 +612,133 @@ static void test_lstm_executor(void **state)
     executor_check("programs/lstm.nsr", 2, logistic, 2);
 }
 
+/* ---- the joint sampler (netsor/limit_joint.c) ------------------------------------------------ */
+
+/* Its estimates against the exact moments: this many standard errors. */
+#define JOINT_SE 5.0
+
+/* A Gaussian of three G-vars at two inputs (a 6×6 covariance, G-var-major), means m. */
+static const double jm[3] = {0.3, -0.2, 0.1};
+static double jC(int i, int j)
+{
+    static const double C[36] = {
+        1.10, 0.40, 0.30, 0.10, 0.00, 0.00, 0.40, 0.90, 0.20, 0.25, 0.00, 0.00,
+        0.30, 0.20, 1.30, 0.15, 0.00, 0.00, 0.10, 0.25, 0.15, 0.80, 0.00, 0.00,
+        0.00, 0.00, 0.00, 0.00, 0.70, 0.35, 0.00, 0.00, 0.00, 0.00, 0.35, 1.20};
+    return C[i * 6 + j];
+}
+static double jcov(void *c, int g, size_t a, int h, size_t b)
+{
+    (void)c;
+    return jC(2 * g + (int)a, 2 * h + (int)b);
+}
+static double jmean(void *c, int g)
+{
+    (void)c;
+    return jm[g];
+}
+static double jscalar(void *c, int v, size_t a)
+{
+    (void)c;
+    return 1.5 + v + 0.25 * (double)a;
+}
+static int jdead = -1; /* a G-var the test has let die */
+static int jalive(void *c, int g)
+{
+    (void)c;
+    return g != jdead;
+}
+
+static void test_joint_sampler(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_nsr_joint_env env = {NULL, jcov, jmean, jscalar, jalive};
+    jdead = -1;
+    /* factors: Z0, Z1, Z0², and s·Z2 with a scalar s (var 0) */
+    tpk_rpn_node z0[1] = {{TPK_RPN_GVAR, 0, 0, NULL}}, z1[1] = {{TPK_RPN_GVAR, 1, 0, NULL}};
+    tpk_rpn_node sq0[3] = {{TPK_RPN_GVAR, 0, 0, NULL}, {TPK_RPN_GVAR, 0, 0, NULL},
+                           {TPK_RPN_MUL, 0, 0, NULL}};
+    tpk_rpn_node sz2[3] = {{TPK_RPN_SCALAR, 0, 0, NULL}, {TPK_RPN_GVAR, 2, 0, NULL},
+                           {TPK_RPN_MUL, 0, 0, NULL}};
+    tpk_nsr_joint *j = tpk_nsr_joint_alloc(16, 4096, (size_t)64 << 20, 11);
+    assert_non_null(j);
+    /* first call: E[Z0_0 Z1_1], E[Z0_0² Z1_0], E[Z0_1] */
+    tpk_nsr_jfac f1[5] = {{z0, 1, 0}, {z1, 1, 1}, {sq0, 3, 0}, {z1, 1, 0}, {z0, 1, 1}};
+    size_t off1[4] = {0, 2, 4, 5};
+    tpk_estimate e1[3];
+    assert_int_equal(tpk_nsr_joint_expect(j, &env, 3, off1, f1, e1, &ctx), TPK_OK);
+    double c00 = jC(0, 0);
+    double ex[3] = {jC(0, 3) + jm[0] * jm[1],
+                    /* E[X²Y], X = Z0_0, Y = Z1_0: 2 m_x C_xy + m_y (C_xx + m_x²) */
+                    2 * jm[0] * jC(0, 2) + jm[1] * (c00 + jm[0] * jm[0]), jm[0]};
+    /* second call: kept factors with a new one (Z2 at input 1 times its scalar) */
+    tpk_nsr_jfac f2[4] = {{z0, 1, 0}, {sz2, 3, 1}, {sq0, 3, 0}, {z1, 1, 0}};
+    size_t off2[3] = {0, 2, 4};
+    tpk_estimate e2[2];
+    assert_int_equal(tpk_nsr_joint_expect(j, &env, 2, off2, f2, e2, &ctx), TPK_OK);
+    double ex2[2] = {jscalar(NULL, 0, 1) * (jC(0, 5) + jm[0] * jm[2]), ex[1]};
+    for (int i = 0; i < 3; i++) {
+        print_message("joint E[%d] = %.5f ± %.1e, exact %.5f\n", i, e1[i].value, e1[i].err, ex[i]);
+        assert_true(e1[i].err > 0 && fabs(e1[i].value - ex[i]) <= JOINT_SE * e1[i].err);
+    }
+    assert_true(fabs(e2[0].value - ex2[0]) <= JOINT_SE * e2[0].err + 1e-15);
+    assert_true(e2[1].value == e1[1].value && e2[1].err == e1[1].err); /* the kept values */
+    /* G-var 1 dies: a fresh sample, the same moments within their errors */
+    jdead = 1;
+    tpk_nsr_jfac f3[2] = {{z0, 1, 0}, {sz2, 3, 1}};
+    size_t off3[2] = {0, 2};
+    tpk_estimate e3[1];
+    assert_int_equal(tpk_nsr_joint_expect(j, &env, 1, off3, f3, e3, &ctx), TPK_OK);
+    assert_true(fabs(e3[0].value - ex2[0]) <= JOINT_SE * e3[0].err + 1e-15);
+    jdead = -1;
+    /* a cache too small for the new factors: declined, nothing computed */
+    tpk_nsr_joint *small = tpk_nsr_joint_alloc(16, 4096, 1000, 11);
+    assert_int_equal(tpk_nsr_joint_expect(small, &env, 3, off1, f1, e1, &ctx), TPK_EUNSUPPORTED);
+    assert_null(tpk_nsr_joint_alloc(1, 4096, 1000, 11));
+    tpk_nsr_joint_free(small);
+    tpk_nsr_joint_free(j);
+    tpk_nsr_joint_free(NULL);
+}
+
+/* The LSTM limit through the joint sampler against every group sampled alone (independent
+ * randomisations: within the combined error), the fallback when its cache is full (exactly the
+ * per-group kernel), and the same kernel on a second run (deterministic whatever the threads). */
+static void test_lstm_joint(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_program *p = load("programs/lstm.nsr", 3, NULL, 0, reg, &ctx);
+    tpk_array *x = seq_array(3, &ctx), *Kj = NULL, *Kj2 = NULL, *Kg = NULL, *Kf = NULL;
+    tpk_limit_opts alone = {.no_joint = 1}, full = {.joint_max_bytes = 1};
+    double ej = 0, eg = 0, ef = 0, ej2 = 0;
+    assert_int_equal(tpk_netsor_kernel_ex(p, x, 1, NULL, &Kj, &ej, &ctx), TPK_OK);
+    assert_int_equal(tpk_netsor_kernel_ex(p, x, 1, NULL, &Kj2, &ej2, &ctx), TPK_OK);
+    assert_int_equal(tpk_netsor_kernel_ex(p, x, 1, &alone, &Kg, &eg, &ctx), TPK_OK);
+    assert_int_equal(tpk_netsor_kernel_ex(p, x, 1, &full, &Kf, &ef, &ctx), TPK_OK);
+    size_t len = tpk_array_size(Kj);
+    double worst = 0;
+    for (size_t i = 0; i < len; i++) {
+        worst = fmax(worst, fabs(Kj->data[i] - Kg->data[i]));
+        assert_true(Kj->data[i] == Kj2->data[i]);
+        assert_true(Kf->data[i] == Kg->data[i]);
+    }
+    print_message("LSTM T=3 joint vs per-group: max |diff| %.2e (errors %.1e, %.1e)\n", worst, ej,
+                  eg);
+    assert_true(worst <= JOINT_SE * hypot(ej, eg));
+    assert_true(ef == eg && ej == ej2 && ej > 0);
+    tpk_array_free(Kj);
+    tpk_array_free(Kj2);
+    tpk_array_free(Kg);
+    tpk_array_free(Kf);
+    tpk_array_free(x);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -616,6 +750,8 @@ int main(void)
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_gru_executor),
         cmocka_unit_test(test_lstm_executor),
+        cmocka_unit_test(test_joint_sampler),
+        cmocka_unit_test(test_lstm_joint),
     };
     return cmocka_run_group_tests_name("gru-lstm", tests, NULL, NULL);
 }

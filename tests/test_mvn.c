@@ -2,21 +2,26 @@
  * forms (orthant probabilities, theory.md §3.2 step row and its trivariate analogue), 25-digit
  * mpmath references (tests/mvn_reference.h, scripts/mvn_reference.py), GSL 1-D integrals of the
  * conditional formula (independent of the code under test: nested gsl_integration_qagil of Φ),
- * and every error path. */
+ * and every error path. kernels/mvn_sov.c: the SIMD separation-of-variables kernel against its
+ * plain reference, its Monte Carlo mean against the exact trivariate, its normals against GSL's
+ * inverse normal, the Owen scrambling's nesting, stratification and uniformity. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <gsl/gsl_cdf.h>
 #include <gsl/gsl_errno.h>
 #include <gsl/gsl_integration.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "tpk/mvn.h"
+#include "tpk/rng.h"
 #include "mvn_reference.h"
 
 /* BVN: the algorithm's bound is 1e-15 absolute; the references have 20 digits. */
@@ -421,6 +426,182 @@ static void test_errors(void **state)
 #undef EXPECT
 }
 
+/* ---- the SOV kernel (kernels/mvn_sov.c) ------------------------------------------------------ */
+
+/* SIMD kernel vs its reference: the same sums to rounding (Φ, Φ⁻¹ within 2e-16 absolute and
+ * 1e-15 relative of libm's; a sum of ≤ 64 products of factors ≤ 1). */
+#define SOV_TOL 1e-12
+/* Monte Carlo mean of the integrand vs the exact probability: this many standard errors. */
+#define SOV_SE 5.0
+/* tpk_mvn_normals vs GSL's inverse normal, relative (both ~1e-16; the tails through a log). */
+#define NORMAL_TOL 1e-13
+
+static double unif(uint64_t i, uint64_t j) { return tpk_rng_uniform_at(2385, 17, (uint32_t)i, (uint32_t)j); }
+
+/* A random m×m lower-triangular factor with positive diagonal, row `zero` degenerate (L_ii = 0). */
+static void random_factor(int m, int zero, uint64_t key, double *L, double *b)
+{
+    for (int i = 0; i < m; i++) {
+        for (int k = 0; k < m; k++)
+            L[i * m + k] = k < i ? 1.6 * unif(key, (uint64_t)(i * m + k)) - 0.8 : 0.0;
+        L[i * m + i] = i == zero ? 0.0 : 0.4 + unif(key, 4096 + (uint64_t)i);
+        b[i] = 2.4 * unif(key, 8192 + (uint64_t)i) - 1.1;
+    }
+}
+
+static void test_sov_kernel(void **state)
+{
+    (void)state;
+    double L[13 * 13], b[13], u[12 * TPK_MVN_SOV_BLK], sh[12];
+    double worst = 0.0;
+    for (int m = 1; m <= 13; m++)
+        for (int var = 0; var < 4; var++) {
+            random_factor(m, var == 3 ? m / 2 : -1, (uint64_t)(m * 10 + var), L, b);
+            for (int j = 0; j < 12; j++) {
+                sh[j] = unif(99, (uint64_t)(m * 100 + var * 12 + j));
+                for (int p = 0; p < TPK_MVN_SOV_BLK; p++) /* some points near 0 and 1: the tails */
+                    u[j * TPK_MVN_SOV_BLK + p] = p % 9 == 0 ? 1e-13 * (p + 1)
+                                                : p % 11 == 0 ? 1.0 - 1e-12 * (p + 1)
+                                                              : unif(7, (uint64_t)(j * 1000 + p));
+            }
+            const double *shift = var == 1 ? NULL : sh;
+            int B = var == 2 ? TPK_MVN_SOV_BLK - 3 : TPK_MVN_SOV_BLK; /* a tail of scalar points */
+            double v = tpk_mvn_sov_sum(m, L, b, u, shift, B);
+            double r = tpk_mvn_sov_sum_ref(m, L, b, u, shift, B);
+            assert_true(isfinite(v) && v >= 0.0 && v <= B);
+            worst = fmax(worst, fabs(v - r));
+        }
+    print_message("SOV kernel vs reference: worst |diff| %.2e over m = 1..13\n", worst);
+    assert_true(worst <= SOV_TOL);
+    assert_true(tpk_mvn_sov_sum(0, L, b, u, NULL, 4) == 0.0);
+    assert_true(tpk_mvn_sov_sum_ref(TPK_MVN_SOV_MAXDIM + 1, L, b, u, NULL, 4) == 0.0);
+}
+
+/* The integrand's mean over independent uniform points is P(X < b): against the exact trivariate
+ * (tpk_mvn_tvn, Plackett's identity), for the factor of a correlation matrix. */
+static void test_sov_mean(void **state)
+{
+    (void)state;
+    const double r12 = 0.38, r13 = -0.27, r23 = 0.51, bb[3] = {0.31, -0.42, 0.77};
+    double L[9] = {1, 0, 0, r12, sqrt(1 - r12 * r12), 0, r13, 0, 0};
+    L[7] = (r23 - r12 * r13) / L[4];
+    L[8] = sqrt(1 - r13 * r13 - L[7] * L[7]);
+    double u[2 * TPK_MVN_SOV_BLK], s1 = 0, s2 = 0;
+    int nblk = 4000;
+    for (int k = 0; k < nblk; k++) {
+        for (int j = 0; j < 2 * TPK_MVN_SOV_BLK; j++)
+            u[j] = unif(31 + (uint64_t)k, (uint64_t)j);
+        double x = tpk_mvn_sov_sum(3, L, bb, u, NULL, TPK_MVN_SOV_BLK) / TPK_MVN_SOV_BLK;
+        s1 += x;
+        s2 += x * x;
+    }
+    double mean = s1 / nblk, se = sqrt((s2 / nblk - mean * mean) / nblk);
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_estimate e;
+    double r[3] = {r12, r13, r23};
+    assert_int_equal(tpk_mvn_tvn(bb, r, 0, &e, &ctx), TPK_OK);
+    print_message("SOV Monte Carlo mean %.6f, exact %.6f, %.2f SE\n", mean, e.value,
+                  fabs(mean - e.value) / se);
+    assert_true(fabs(mean - e.value) <= SOV_SE * se);
+}
+
+static void test_normals(void **state)
+{
+    (void)state;
+    enum { NP = 517 };
+    double u[NP], sh[NP], x[NP];
+    double worst = 0.0;
+    for (int i = 0; i < NP; i++) /* 1e-300 .. 1 − 1e-15 on a log scale, and the middle */
+        u[i] = i < 300 ? pow(10.0, -300.0 + i) : i < 315 ? 1.0 - pow(10.0, -(double)(i - 299))
+                                                        : (i - 315 + 0.5) / (NP - 315);
+    tpk_mvn_normals(NP, u, NULL, x);
+    for (int i = 0; i < NP; i++) {
+        double ref = gsl_cdf_ugaussian_Pinv(u[i]);
+        worst = fmax(worst, fabs(x[i] - ref) / fmax(fabs(ref), 1e-3));
+    }
+    print_message("normals vs gsl_cdf_ugaussian_Pinv: worst relative %.2e\n", worst);
+    assert_true(worst <= NORMAL_TOL);
+    /* the shift and tent: Φ⁻¹(1 − |2 frac(u + s) − 1|) */
+    for (int i = 0; i < NP; i++) {
+        u[i] = unif(5, (uint64_t)i);
+        sh[i] = unif(6, (uint64_t)i);
+    }
+    tpk_mvn_normals(NP, u, sh, x);
+    for (int i = 0; i < NP; i++) {
+        double v = fmod(u[i] + sh[i], 1.0), ref = gsl_cdf_ugaussian_Pinv(1.0 - fabs(2 * v - 1));
+        assert_true(fabs(x[i] - ref) <= NORMAL_TOL * fmax(fabs(ref), 1e-3));
+    }
+}
+
+/* Owen scrambling (tpk_mvn_owen_scramble): a nested scrambling keeps the number of leading bits
+ * two fractions share, exactly, so the 2^p points j/2^p land one in each interval of length 2^-p;
+ * for random seeds a fixed point is uniform (its mean within OWEN_SE standard errors of 1/2, its
+ * leading bit a fair coin). */
+#define OWEN_SE 5.0
+static int common_bits(uint32_t x, uint32_t y)
+{
+    int k = 0;
+    while (k < 32 && ((x ^ y) & (0x80000000u >> k)) == 0)
+        k++;
+    return k;
+}
+
+static uint32_t owen_bits(uint32_t x, uint32_t seed)
+{
+    uint32_t r = tpk_mvn_reverse_bits(x);
+    double v;
+    tpk_mvn_owen_scramble(1, &r, seed, &v);
+    assert_true(v > 0.0 && v < 1.0);
+    return (uint32_t)(v * 4294967296.0); /* the scrambled 32 bits (the half unit drops) */
+}
+
+static void test_owen_scramble(void **state)
+{
+    (void)state;
+    assert_true(tpk_mvn_reverse_bits(1u) == 0x80000000u);
+    assert_true(tpk_mvn_reverse_bits(0x12345678u) == 0x1E6A2C48u);
+    for (uint32_t i = 0; i < 1000; i++) {
+        uint32_t x = (uint32_t)(unif(41, i) * 4294967296.0);
+        assert_true(tpk_mvn_reverse_bits(tpk_mvn_reverse_bits(x)) == x);
+    }
+    /* nested: the number of shared leading bits is kept, for every k */
+    for (uint32_t i = 0; i < 4000; i++) {
+        uint32_t seed = (uint32_t)(unif(42, i) * 4294967296.0);
+        uint32_t x = (uint32_t)(unif(43, i) * 4294967296.0);
+        int k = (int)(i % 32);
+        uint32_t y = x ^ (0x80000000u >> k); /* the first difference at bit k */
+        y ^= (uint32_t)(unif(44, i) * 4294967296.0) & (0xFFFFFFFFu >> (k + 1 < 32 ? k + 1 : 31));
+        if (k == 31)
+            y = x ^ 1u;
+        assert_int_equal(common_bits(owen_bits(x, seed), owen_bits(y, seed)), common_bits(x, y));
+    }
+    /* a net stays a net: j/2^10 for j < 2^10 fill the 2^10 intervals */
+    enum { P = 10 };
+    static unsigned char hit[1 << P];
+    memset(hit, 0, sizeof hit);
+    for (uint32_t j = 0; j < (1u << P); j++)
+        hit[owen_bits(j << (32 - P), 0x9E3779B9u) >> (32 - P)]++;
+    for (int j = 0; j < (1 << P); j++)
+        assert_int_equal(hit[j], 1);
+    /* uniform over seeds */
+    enum { NS = 20000 };
+    double s1 = 0, s2 = 0;
+    int ones = 0;
+    for (uint32_t i = 0; i < NS; i++) {
+        uint32_t seed = (uint32_t)(unif(45, i) * 4294967296.0), v = owen_bits(0x40000000u, seed);
+        double x = v / 4294967296.0;
+        s1 += x;
+        s2 += x * x;
+        ones += (int)(v >> 31);
+    }
+    double mean = s1 / NS, se = sqrt((s2 / NS - mean * mean) / NS);
+    print_message("Owen scrambling of 1/4 over %d seeds: mean %.4f (%.2f SE from 1/2), leading "
+                  "bit 1 in %d\n", NS, mean, fabs(mean - 0.5) / se, ones);
+    assert_true(fabs(mean - 0.5) <= OWEN_SE * se);
+    assert_true(fabs(ones - NS / 2.0) <= OWEN_SE * sqrt(NS / 4.0));
+}
+
 static void test_speed(void **state)
 {
     (void)state;
@@ -461,6 +642,8 @@ int main(void)
         cmocka_unit_test(test_tvn_orthant),   cmocka_unit_test(test_tvn_gsl),
         cmocka_unit_test(test_qvn),           cmocka_unit_test(test_cdf_reductions),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_speed),
+        cmocka_unit_test(test_sov_kernel),    cmocka_unit_test(test_sov_mean),
+        cmocka_unit_test(test_normals),       cmocka_unit_test(test_owen_scramble),
     };
     return cmocka_run_group_tests_name("mvn", tests, NULL, NULL);
 }

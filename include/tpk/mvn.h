@@ -3,6 +3,8 @@
 #ifndef TPK_MVN_H
 #define TPK_MVN_H
 
+#include <stdint.h>
+
 #include "error.h"
 #include "gauss.h"
 
@@ -51,6 +53,39 @@ TPK_API int tpk_mvn_qvn(const double b[4], const double R[16], double tol, tpk_e
  * to a sampling method), TPK_ENUMERIC as tpk_mvn_tvn. */
 TPK_API int tpk_mvn_cdf(int m, const double *b, const double *S, double tol, tpk_estimate *out,
                         tpk_ctx *ctx);
+
+/* ---- Genz's separation-of-variables integrand (kernels/mvn_sov.c) ---------------------------
+ * For P(X < b), X ~ N(0, S) = L·Y with L the m×m lower-triangular Cholesky factor of S (row-major,
+ * variables in the caller's order; A. Genz, J. Comput. Graph. Stat. 1 (1992)):
+ *   e_0 = Φ(b_0/L_00),  e_i = Φ((b_i − Σ_{k<i} L_ik y_k)/L_ii),  y_k = Φ⁻¹(u_k e_k),
+ * and P = ∫_{[0,1]^{m−1}} Π_i e_i(u) du. L_ii = 0 means X_i is a function of the earlier
+ * variables: e_i is then the indicator of its threshold. */
+#define TPK_MVN_SOV_BLK 64     /* points per call at most, and the stride of u */
+#define TPK_MVN_SOV_MAXDIM 64  /* largest m */
+
+/* Σ_{p<B} Π_i e_i(u_p) over B ≤ TPK_MVN_SOV_BLK points, 1 ≤ m ≤ TPK_MVN_SOV_MAXDIM: coordinate j of
+ * point p is u[j·TPK_MVN_SOV_BLK + p] ∈ [0, 1), j < m − 1. With shift (one value in [0, 1) per
+ * coordinate; NULL: none) each coordinate is randomised first as 1 − |2·frac(u + shift_j) − 1| (a
+ * random shift, then the baker's transform). The SIMD kernel (AVX-512, AVX2 or scalar by the
+ * build; its Φ and Φ⁻¹ are within 2e-16 absolute / 1e-15 relative of libm's). m out of range: 0. */
+TPK_API double tpk_mvn_sov_sum(int m, const double *L, const double *b, const double *u,
+                               const double *shift, int B);
+/* The plain reference of tpk_mvn_sov_sum: one point at a time, libm's erfc and AS 241. */
+TPK_API double tpk_mvn_sov_sum_ref(int m, const double *L, const double *b, const double *u,
+                                   const double *shift, int B);
+/* Randomised quasi-random normals: out[i] = Φ⁻¹(1 − |2·frac(u_i + shift_i) − 1|) (shift NULL:
+ * Φ⁻¹(u_i)), u_i ∈ [0, 1); the SIMD Φ⁻¹ above, clamped to Φ⁻¹(1e-300) in the tails. */
+TPK_API void tpk_mvn_normals(int n, const double *u, const double *shift, double *out);
+
+/* Owen's nested uniform scrambling of binary fractions (B. Burley, "Practical hash-based Owen
+ * scrambling", JCGT 9 (2020), the Laine–Karras hash on reversed bits): out[i] is the scrambled
+ * fraction whose bit-reversed 32 bits are rbits[i] — rbits[i] = tpk_mvn_reverse_bits(⌊u_i·2^32⌋)
+ * — plus half its last unit, in (0, 1). Points that share their k leading bits keep k shared
+ * leading bits (so a digital net stays one), and for a uniformly random seed each point is
+ * uniform on (0, 1). */
+TPK_API void tpk_mvn_owen_scramble(int n, const uint32_t *rbits, uint32_t seed, double *out);
+/* The 32 bits of x in reverse order. */
+TPK_API uint32_t tpk_mvn_reverse_bits(uint32_t x);
 
 #ifdef __cplusplus
 }
