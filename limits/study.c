@@ -606,7 +606,10 @@ int tpk_study_run(tpk_study *s, const tpk_study_run_opts *opt, tpk_ctx *ctx)
         tpk_array_free(yy);
     }
     free(rs.wleft);
-    if (rs.dirty && st == TPK_OK)
+    /* stopped before any run finished: the checkpoint still records the configuration, so the
+     * message's "saved in" holds and a --resume with other settings is refused */
+    int stopped = o->stop && *o->stop && s->info.done < total;
+    if ((rs.dirty || (stopped && access(s->partial, F_OK) != 0)) && st == TPK_OK)
         st = write_checkpoint(s, ctx);
     report(o, &rs, 1);
     return st;
