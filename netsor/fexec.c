@@ -700,6 +700,8 @@ static int eval_matmul(fx *F, const nsr_expr *am, const nsr_expr *src, const nsr
     }
     free(ti), free(to), free(pts), free(done), free(xin), free(slot), free(dm);
     xv_free(&u);
+    if (st)
+        xv_free(out); /* a failed (or cancelled) product leaves no value to its caller */
     return st;
 }
 

@@ -66,8 +66,19 @@ static int do_embed(lim *L, int k)
     return TPK_OK;
 }
 
-/* MatMul W h: its sub-blocks with every earlier atom of W's family. */
-static int do_matmul(lim *L, int k, scratch *sc)
+/* Progress of the unrolled evaluator, in covariance blocks: a MatMul's sub-blocks with the
+ * earlier atoms of its family (the late ones of a recurrent program are most of the time), one
+ * for every other instruction and one for the readouts. */
+#define BLOCKS "covariance blocks"
+
+static size_t instr_blocks(const lim *L, int k)
+{
+    return L->p->instr[k].op == TPK_OP_MATMUL ? (size_t)L->atom[L->atom_of_instr[k]].loc + 1 : 1;
+}
+
+/* MatMul W h: its sub-blocks with every earlier atom of W's family (blocks done before it of
+ * all, for the progress reports). */
+static int do_matmul(lim *L, int k, scratch *sc, size_t blocks, size_t nblocks)
 {
     const tpk_instr *in = &L->p->instr[k];
     atom *aj = &L->atom[L->atom_of_instr[k]];
@@ -83,7 +94,8 @@ static int do_matmul(lim *L, int k, scratch *sc)
     for (int li = 0; li <= aj->loc; li++) {
         const atom *ai = &L->atom[f->atoms[li]];
         double e = 0.0;
-        if ((st = tpk_progress_check(L->o.progress, L->ctx))) /* a sub-block can take seconds */
+        if ((st = tpk_progress_report(L->o.progress, BLOCKS, blocks + (size_t)li, nblocks,
+                                      L->ctx))) /* a sub-block can take seconds */
             break;
         /* Cov(W h_a, W h'_c) = σ_W² E[Z^h_a Z^h'_c] (theory §1.6 rule 3) */
         /* the diagonal sub-block (li = loc) needs only its lower triangle (see atom_cov) */
@@ -230,10 +242,12 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     }
     if ((st = nsr_lim_plan(&L, all_outputs)))
         goto done;
+    size_t blocks = 0, nblocks = 1; /* the readouts: one */
+    for (int k = 0; k < p->ninstr; k++)
+        nblocks += instr_blocks(&L, k);
     for (int k = 0; k < p->ninstr; k++) {
         const tpk_instr *in = &p->instr[k];
-        if ((st = tpk_progress_report(L.o.progress, "instructions", (size_t)k, (size_t)p->ninstr,
-                                      ctx)))
+        if ((st = tpk_progress_report(L.o.progress, BLOCKS, blocks, nblocks, ctx)))
             goto done;
         switch (in->op) {
         case TPK_OP_EMBED:
@@ -242,7 +256,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         case TPK_OP_BIAS:
             break;
         case TPK_OP_MATMUL:
-            st = do_matmul(&L, k, &sc);
+            st = do_matmul(&L, k, &sc, blocks, nblocks);
             break;
         case TPK_OP_LINCOMB:
             break;
@@ -271,10 +285,10 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         if (st)
             goto done;
         nsr_lim_release(&L, k);
+        blocks += instr_blocks(&L, k);
     }
     /* outputs: K[(a,o),(c,o')] = σ_v² E[Z^o_a Z^o'_c], input-major */
-    if ((st = tpk_progress_report(L.o.progress, "instructions", (size_t)p->ninstr,
-                                  (size_t)p->ninstr, ctx)))
+    if ((st = tpk_progress_report(L.o.progress, BLOCKS, blocks, nblocks, ctx)))
         goto done;
     int o0 = all_outputs ? 0 : p->noutputs - 1, O = p->noutputs - o0;
     size_t dim = N * (size_t)O;
@@ -321,7 +335,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
                            i / dim, i % dim);
             goto done;
         }
-    if ((st = check_psd(&L, out->data, dim)))
+    if ((st = check_psd(&L, out->data, dim)) ||
+        (st = tpk_progress_report(L.o.progress, BLOCKS, nblocks, nblocks, ctx)))
         goto done;
     if (err)
         *err = L.err;

@@ -176,7 +176,8 @@ static void check_run(const tpk_program *p, const tpk_array *x, const char *unit
     tpk_array_free(y);
 }
 
-/* The rolled forms (mlp: "family instructions") and the unrolled ones (TPK_NETSOR_FORM). */
+/* The rolled forms (mlp: "family instructions") and the unrolled ones (TPK_NETSOR_FORM:
+ * "covariance blocks" of the evaluator, "instructions" of the executor). */
 static void test_netsor(void **state)
 {
     (void)state;
@@ -191,7 +192,7 @@ static void test_netsor(void **state)
     check_kernel(mlp, x, "family instructions");
     check_run(mlp, x, "family instructions");
     setenv("TPK_NETSOR_FORM", "unrolled", 1);
-    check_kernel(mlp, x, "instructions");
+    check_kernel(mlp, x, "covariance blocks");
     check_run(mlp, x, "instructions");
     unsetenv("TPK_NETSOR_FORM");
     /* a recurrent program: the unrolled evaluator's sub-blocks (T = 2 takes milliseconds) */

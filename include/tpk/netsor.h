@@ -177,10 +177,12 @@ TPK_API int tpk_program_limit_rolled(const tpk_program *p);
 TPK_API int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                               tpk_array **K, double *err, tpk_ctx *ctx);
 /* The same, reporting progress and honouring a cancel flag (include/tpk/progress.h; NULL:
- * none, as tpk_netsor_kernel): the instructions of the program (the unrolled evaluator,
- * "instructions") or its family instructions (the rolled one, "family instructions") done of
- * all, before each and once at the end; the flag is read at each and inside the long loops, and
- * stops the call with TPK_ECANCELED. Recurrent programs (GRU, LSTM) are the long ones. */
+ * none, as tpk_netsor_kernel): the rolled evaluator counts its family instructions ("family
+ * instructions"), the unrolled one its covariance blocks ("covariance blocks": a MatMul's
+ * sub-blocks with the earlier members of its family, one for any other instruction and one for
+ * the readouts), before each and once at the end; the flag is read at each and inside the long
+ * loops, and stops the call with TPK_ECANCELED. Recurrent programs (GRU, LSTM) are the long
+ * ones. */
 TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x, int all_outputs,
                                        const tpk_progress *progress, tpk_array **K, double *err,
                                        tpk_ctx *ctx);
@@ -190,7 +192,8 @@ TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x,
  * ⟨v, h⟩/√n (N × noutputs). Depends on (seed, variable) alone, not on the thread count. */
 TPK_API int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                            int all_outputs, tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
-/* The same with progress and a cancel flag, as tpk_netsor_kernel_progress (the same units). */
+/* The same with progress and a cancel flag, as tpk_netsor_kernel_progress: the executors count
+ * family instructions (rolled) or instructions (unrolled). */
 TPK_API int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n,
                                     uint64_t seed, int all_outputs, const tpk_progress *progress,
                                     tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
