@@ -1,5 +1,6 @@
 /* Jobs behind gpkernel and netsor: program + inputs → kernel or finite-width run → atomic HDF5. */
 #include "tpk/job.h"
+#include "tpk/alloc.h"
 
 #include "tpk/clock.h"
 #include "tpk/io.h"
@@ -47,10 +48,14 @@ tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx)
         return NULL;
     /* layernorm programs divide by sqrt of a Moment; older registries lack it */
     tpk_ctx probe;
-    tpk_ctx_init(&probe);
+    tpk_ctx_init_from(&probe, ctx);
     tpk_phi *s = tpk_phi_alloc(reg, "sqrt", &probe);
     if (s != NULL) {
         tpk_phi_free(s);
+    } else if (probe.status == TPK_ENOMEM) {
+        tpk_error_at(ctx, TPK_ENOMEM, probe.src_file, probe.src_line, "%s", probe.msg);
+        tpk_phi_registry_free(reg);
+        return NULL;
     } else if (tpk_phi_register(reg, "sqrt", f_sqrt, 0, NULL,
                                 TPK_PHI_CONTROLLED | TPK_PHI_POLY_BOUNDED, ctx)) {
         tpk_phi_registry_free(reg);
@@ -72,7 +77,7 @@ typedef struct job_state {
     char tbuf[32];
 } job_state;
 
-static void job_state_free(job_state *s)
+static void job_state_free(job_state *s, tpk_ctx *ctx)
 {
     tpk_h5out_abort(s->out);
     tpk_program_free(s->prog);
@@ -80,7 +85,7 @@ static void job_state_free(job_state *s)
     tpk_array_free(s->Xtown);
     tpk_array_free(s->Xall);
     tpk_phi_registry_free(s->reg);
-    free(s->sets);
+    tpk_free(ctx, s->sets);
 }
 
 static int user_set(const tpk_job *job, const char *name)
@@ -114,7 +119,7 @@ static tpk_program *load_program(const tpk_job *job, const tpk_netsor_opts *o,
  * a program with a parameter T that the user did not set gets T from the input. */
 static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
 {
-    s->sets = calloc((size_t)job->nsets + 1, sizeof *s->sets);
+    s->sets = tpk_calloc(ctx, (size_t)job->nsets + 1, sizeof *s->sets);
     if (!s->sets)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     if (job->nsets)
@@ -363,7 +368,7 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
     tpk_array_free(Ktr);
     tpk_array_free(Kx);
     tpk_array_free(kd);
-    job_state_free(&s);
+    job_state_free(&s, ctx);
     return st;
 }
 
@@ -384,7 +389,7 @@ int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_arra
                  : prepare_arrays(job, X, Xt, &s, ctx);
     if (!st)
         st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, &e, ctx);
-    job_state_free(&s);
+    job_state_free(&s, ctx);
     if (st)
         return st;
     *K = Ktr;
@@ -426,7 +431,7 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
         summarise(job, &s, Khat, -1, tpk_wall_seconds() - t0, "finite-width run");
     tpk_array_free(Khat);
     tpk_array_free(y);
-    job_state_free(&s);
+    job_state_free(&s, ctx);
     return st;
 }
 
@@ -446,6 +451,6 @@ int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uin
         st = prepare_arrays(job, X, NULL, &s, ctx);
     if (!st)
         st = tpk_netsor_run(s.prog, s.X, width, seed, job->all_outputs, Khat, y, ctx);
-    job_state_free(&s);
+    job_state_free(&s, ctx);
     return st;
 }

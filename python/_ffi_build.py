@@ -15,7 +15,7 @@ const char *tpk_strerror(int status);
 enum tpk_status { TPK_OK, TPK_EINVAL, TPK_ENOMEM, TPK_EIO, TPK_EFORMAT, TPK_ENOTFOUND,
                   TPK_EDOM, TPK_ESYNTAX, TPK_ETYPE, TPK_ENUMERIC, TPK_EUNSUPPORTED };
 
-typedef struct tpk_array { int ndim; size_t dims[4]; double *data; } tpk_array;
+typedef struct tpk_array { int ndim; size_t dims[4]; double *data; ...; } tpk_array;
 tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx);
 void tpk_array_free(tpk_array *a);
 
