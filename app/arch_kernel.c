@@ -1,6 +1,7 @@
 /* Architectures without a command line (include/tpk/archs.h): gpkernel --arch's flag checks,
  * settings and program choice from data, then the kernel in memory or a gpkernel job over files. */
 #include "tpk/archs.h"
+#include "tpk/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +83,7 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
     if (a && a->custom)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
                          "writes HDF5: run it with tpk_arch_job", a->name);
-    resolved *r = calloc(1, sizeof *r);
+    resolved *r = tpk_calloc(ctx, 1, sizeof *r);
     if (!r)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     int st = resolve(a, o, r, ctx);
@@ -92,14 +93,14 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
                        .progress = o->progress};
         st = tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kdiag, err, ctx);
     }
-    free(r);
+    tpk_free(ctx, r);
     return st;
 }
 
 int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, const char *test,
                  const char *output, tpk_ctx *ctx)
 {
-    resolved *r = calloc(1, sizeof *r);
+    resolved *r = tpk_calloc(ctx, 1, sizeof *r);
     char in[4200];
     tpk_attr attrs[ARCH_MAX_FLAGS + 1];
     int nattrs = 0;
@@ -123,6 +124,6 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, c
                        .progress = o->progress};
         st = a->custom ? a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);
     }
-    free(r);
+    tpk_free(ctx, r);
     return st;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "tpk/archs.h"
+#include "tpk/alloc.h"
 #include "tpk/clock.h"
 #include "tpk/attention.h"
 #include "tpk/io.h"
@@ -131,7 +132,7 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
         }
     size_t cd[3] = {(size_t)R, m, m}, kd[1] = {m};
     if (!(Cs = tpk_array_alloc(3, cd, ctx)) || !(kurt = tpk_array_alloc(1, kd, ctx)) ||
-        !(sel = malloc(m * sizeof *sel))) {
+        !(sel = tpk_malloc(ctx, m * sizeof *sel))) {
         st = ctx->status ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
@@ -206,7 +207,7 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
     }
 done:
     tpk_h5out_abort(out);
-    free(sel);
+    tpk_free(ctx, sel);
     tpk_array_free(kurt);
     tpk_array_free(Cs);
     tpk_array_free(SE);

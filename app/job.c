@@ -1,5 +1,6 @@
 /* Jobs behind gpkernel and netsor: program + inputs → kernel or finite-width run → atomic HDF5. */
 #include "tpk/job.h"
+#include "tpk/alloc.h"
 
 #include "job-impl.h"
 #include "tpk/clock.h"
@@ -48,10 +49,14 @@ tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx)
         return NULL;
     /* layernorm programs divide by sqrt of a Moment; older registries lack it */
     tpk_ctx probe;
-    tpk_ctx_init(&probe);
+    tpk_ctx_init_from(&probe, ctx);
     tpk_phi *s = tpk_phi_alloc(reg, "sqrt", &probe);
     if (s != NULL) {
         tpk_phi_free(s);
+    } else if (probe.status == TPK_ENOMEM) {
+        tpk_error_at(ctx, TPK_ENOMEM, probe.src_file, probe.src_line, "%s", probe.msg);
+        tpk_phi_registry_free(reg);
+        return NULL;
     } else if (tpk_phi_register(reg, "sqrt", f_sqrt, 0, NULL,
                                 TPK_PHI_CONTROLLED | TPK_PHI_POLY_BOUNDED, ctx)) {
         tpk_phi_registry_free(reg);
@@ -72,9 +77,10 @@ typedef struct job_state {
     tpk_param_set *sets; /* the user's sets plus an automatic T */
     char tbuf[32];
     int blocks;          /* evaluated block by block (tpk_kernel_job): plan once, at load */
+    tpk_allocator al;    /* a kernel job's: what its state was allocated from */
 } job_state;
 
-static void job_state_free(job_state *s)
+static void job_state_free(job_state *s, tpk_ctx *ctx)
 {
     tpk_h5out_abort(s->out);
     tpk_program_free(s->prog);
@@ -82,7 +88,7 @@ static void job_state_free(job_state *s)
     tpk_array_free(s->Xtown);
     tpk_array_free(s->Xall);
     tpk_phi_registry_free(s->reg);
-    free(s->sets);
+    tpk_free(ctx, s->sets);
 }
 
 static int user_set(const tpk_job *job, const char *name)
@@ -116,7 +122,7 @@ static tpk_program *load_program(const tpk_job *job, const tpk_netsor_opts *o,
  * a program with a parameter T that the user did not set gets T from the input. */
 static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
 {
-    s->sets = calloc((size_t)job->nsets + 1, sizeof *s->sets);
+    s->sets = tpk_calloc(ctx, (size_t)job->nsets + 1, sizeof *s->sets);
     if (!s->sets)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     if (job->nsets)
@@ -371,7 +377,7 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
     tpk_array_free(Ktr);
     tpk_array_free(Kx);
     tpk_array_free(kd);
-    job_state_free(&s);
+    job_state_free(&s, ctx);
     return st;
 }
 
@@ -392,7 +398,7 @@ int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_arra
                  : prepare_arrays(job, X, Xt, &s, ctx);
     if (!st)
         st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, &e, ctx);
-    job_state_free(&s);
+    job_state_free(&s, ctx);
     if (st)
         return st;
     *K = Ktr;
@@ -435,7 +441,7 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
         summarise(job, &s, Khat, -1, tpk_wall_seconds() - t0, "finite-width run");
     tpk_array_free(Khat);
     tpk_array_free(y);
-    job_state_free(&s);
+    job_state_free(&s, ctx);
     return st;
 }
 
@@ -456,7 +462,7 @@ int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uin
     if (!st)
         st = tpk_netsor_run_progress(s.prog, s.X, width, seed, job->all_outputs, job->progress,
                                      Khat, y, ctx);
-    job_state_free(&s);
+    job_state_free(&s, ctx);
     return st;
 }
 
@@ -476,9 +482,13 @@ static int kjob_program_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_c
 
 static void kjob_program_release(void *self)
 {
-    if (self) {
-        job_state_free(self);
-        free(self);
+    if (self) { /* the allocator the job was prepared with (its _free takes no context) */
+        job_state *s = self;
+        tpk_ctx c;
+        tpk_ctx_init(&c);
+        c.alloc = s->al;
+        job_state_free(s, &c);
+        tpk_free(&c, s);
     }
 }
 
@@ -490,9 +500,10 @@ int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx)
     const tpk_job *job = &kj->job;
     if ((!job->program && !job->source) || !job->input)
         return TPK_ERROR(ctx, TPK_EINVAL, "a kernel job needs a program and an input");
-    job_state *s = calloc(1, sizeof *s);
+    job_state *s = tpk_calloc(ctx, 1, sizeof *s);
     if (!s)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    s->al = tpk_ctx_allocator(ctx);
     kj->impl = &kjob_program;
     kj->self = s;
     s->blocks = 1;

@@ -1,5 +1,6 @@
 /* Dense arrays: allocation with overflow checks. */
 #include "tpk/array.h"
+#include "tpk/alloc.h"
 
 #include <stdint.h>
 #include <math.h>
@@ -24,18 +25,16 @@ tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx)
     }
     if (tpk_array_check_memory(n, "array", ctx))
         return NULL;
-    tpk_array *a = calloc(1, sizeof *a);
-    if (a == NULL) {
-        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating array header");
+    tpk_array *a = tpk_calloc(ctx, 1, sizeof *a);
+    if (a == NULL)
         return NULL;
-    }
     a->ndim = ndim;
+    a->alloc = tpk_ctx_allocator(ctx);
     for (int i = 0; i < ndim; i++)
         a->dims[i] = dims[i];
-    a->data = calloc(n ? n : 1, sizeof(double));
+    a->data = tpk_calloc(ctx, n ? n : 1, sizeof(double));
     if (a->data == NULL) {
-        free(a);
-        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating %zu doubles", n);
+        tpk_free(ctx, a);
         return NULL;
     }
     return a;
@@ -51,8 +50,9 @@ void tpk_array_free(tpk_array *a)
 {
     if (a == NULL)
         return;
-    free(a->data);
-    free(a);
+    tpk_allocator al = a->alloc;
+    tpk_mem_free(&al, a->data);
+    tpk_mem_free(&al, a);
 }
 
 size_t tpk_array_size(const tpk_array *a)

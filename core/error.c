@@ -14,12 +14,25 @@ void tpk_ctx_init(tpk_ctx *ctx)
 
 void tpk_ctx_clear(tpk_ctx *ctx)
 {
+    tpk_allocator keep = ctx->alloc;
     tpk_ctx_init(ctx);
+    ctx->alloc = keep;
+}
+
+void tpk_ctx_init_from(tpk_ctx *ctx, const tpk_ctx *parent)
+{
+    tpk_ctx_init(ctx);
+    if (parent != NULL)
+        ctx->alloc = parent->alloc;
 }
 
 int tpk_error_at(tpk_ctx *ctx, int status, const char *src_file, int src_line, const char *fmt, ...)
 {
-    if (ctx == NULL || ctx->status != TPK_OK)
+    if (ctx == NULL)
+        return status;
+    if (ctx->status == TPK_ENOMEM) /* out of memory is sticky (tpk/error.h) */
+        return TPK_ENOMEM;
+    if (ctx->status != TPK_OK)
         return status;
     ctx->status = status;
     ctx->src_file = src_file;

@@ -1,5 +1,6 @@
 /* IDX reader over zlib's gz* stream (plain files read through unchanged). */
 #include "tpk/idx.h"
+#include "tpk/alloc.h"
 
 #include <errno.h>
 #include <math.h>
@@ -162,7 +163,7 @@ tpk_array *tpk_idx_read(const char *path, size_t max_items, tpk_ctx *ctx)
         goto done;
     const size_t total = tpk_array_size(a);
     const size_t per = IDX_CHUNK / es;
-    buf = malloc(IDX_CHUNK);
+    buf = tpk_malloc(ctx, IDX_CHUNK);
     if (!buf) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto fail;
@@ -187,7 +188,7 @@ fail:
     tpk_array_free(a);
     a = NULL;
 done:
-    free(buf);
+    tpk_free(ctx, buf);
     gzclose(g);
     return a;
 }

@@ -1,5 +1,6 @@
 /* Atomic, self-describing HDF5 output: write to a hidden temp file, fsync, rename into place. */
 #include "io_impl.h"
+#include "tpk/alloc.h"
 #include "tpk/io.h"
 
 #include <hdf5_hl.h>
@@ -154,6 +155,7 @@ struct tpk_h5out {
     int failed;   /* an operation failed: commit must not publish a partial file */
     int live;     /* slot in the signal clean-up table, or -1 */
     int adopted;  /* tmp is the caller's (tpk_h5out_adopt): kept by abort and a failed commit */
+    tpk_allocator alloc; /* of the tpk_h5out_open call: this struct, path and tmp */
 };
 
 /* splitmix64 (Steele, Lea, Flood 2014): spreads clock and address bits over the whole word. */
@@ -195,14 +197,16 @@ tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(EISDIR, eb, sizeof eb));
         return NULL;
     }
-    tpk_h5out *out = calloc(1, sizeof *out);
+    tpk_h5out *out = tpk_calloc(ctx, 1, sizeof *out);
     size_t plen = strlen(path);
     const char *slash = strrchr(path, '/');
     size_t dlen = slash ? (size_t)(slash - path) + 1 : 0; /* directory part, with its '/' */
     const char *base = slash ? slash + 1 : path;
     size_t tcap = plen + 64;
-    if (out == NULL || (out->path = malloc(plen + 1)) == NULL ||
-        (out->tmp = malloc(tcap)) == NULL) {
+    if (out != NULL)
+        out->alloc = tpk_ctx_allocator(ctx);
+    if (out == NULL || (out->path = tpk_malloc(ctx, plen + 1)) == NULL ||
+        (out->tmp = tpk_malloc(ctx, tcap)) == NULL) {
         TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
         goto fail;
     }
@@ -269,9 +273,9 @@ tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
 fail:
     if (out != NULL) {
         live_remove(out->live);
-        free(out->path);
-        free(out->tmp);
-        free(out);
+        tpk_free(ctx, out->path);
+        tpk_free(ctx, out->tmp);
+        tpk_free(ctx, out);
     }
     return NULL;
 }
@@ -388,7 +392,7 @@ int tpk_h5out_write_vector(tpk_h5out *out, const char *name, const double *v, si
     int st = check_out(out, name, ctx);
     if (st != TPK_OK || v == NULL)
         return st ? st : write_rank1(out, name, v, n, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, ctx);
-    tpk_array a = {1, {n, 0, 0, 0}, (double *)v};
+    tpk_array a = {.ndim = 1, .dims = {n, 0, 0, 0}, .data = (double *)v};
     if ((st = check_finite(out, name, &a, ctx)))
         return st;
     return write_rank1(out, name, v, n, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, ctx);
@@ -417,7 +421,7 @@ static hid_t dim_scale(tpk_h5out *out, const char *dname, hsize_t n, tpk_ctx *ct
     char path[72];
     snprintf(path, sizeof path, "/%s", dname);
     if (H5Lexists(out->file, path, H5P_DEFAULT) <= 0) {
-        long long *v = malloc((n ? n : 1) * sizeof *v);
+        long long *v = tpk_malloc(ctx, (n ? n : 1) * sizeof *v);
         if (!v) {
             out->failed = 1;
             TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -426,7 +430,7 @@ static hid_t dim_scale(tpk_h5out *out, const char *dname, hsize_t n, tpk_ctx *ct
         for (hsize_t i = 0; i < n; i++)
             v[i] = (long long)i;
         int st = write_dataset(out, path, 1, &n, H5T_STD_I64LE, H5T_NATIVE_LLONG, v, ctx);
-        free(v);
+        tpk_free(ctx, v);
         if (st)
             return -1;
         hid_t ds = H5Dopen2(out->file, path, H5P_DEFAULT);
@@ -727,14 +731,14 @@ static int shell_safe(const char *s)
 
 /* argv joined so that pasting it into sh re-runs the same command: unsafe words go in single
  * quotes, and a ' inside becomes '\'' (close, escaped quote, reopen). */
-static char *join_argv(int argc, char **argv)
+static char *join_argv(int argc, char **argv, tpk_ctx *ctx)
 {
     size_t n = 1;
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i] ? argv[i] : "";
         n += 3 + 4 * strlen(s); /* worst case: every char a ' */
     }
-    char *buf = malloc(n), *p = buf;
+    char *buf = tpk_malloc(ctx, n), *p = buf;
     if (buf == NULL)
         return NULL;
     for (int i = 0; i < argc; i++) {
@@ -766,7 +770,7 @@ int tpk_h5out_provenance(tpk_h5out *out, int argc, char **argv, tpk_ctx *ctx)
 {
     if (argc < 0 || (argc > 0 && argv == NULL))
         return TPK_ERROR(ctx, TPK_EINVAL, "provenance: bad argc/argv");
-    char *cmd = join_argv(argc, argv);
+    char *cmd = join_argv(argc, argv, ctx);
     if (cmd == NULL) {
         if (out != NULL)
             out->failed = 1;
@@ -782,7 +786,7 @@ int tpk_h5out_provenance(tpk_h5out *out, int argc, char **argv, tpk_ctx *ctx)
         st = tpk_h5out_attr_str(out, "/", "command_line", cmd, ctx);
     if (st == TPK_OK)
         st = tpk_h5out_attr_str(out, "/", "created", created, ctx);
-    free(cmd);
+    tpk_free(ctx, cmd);
     return st;
 }
 
@@ -839,10 +843,11 @@ static int sync_path(const char *p, int dir)
 
 static void out_free(tpk_h5out *out)
 {
+    tpk_allocator al = out->alloc;
     live_remove(out->live);
-    free(out->path);
-    free(out->tmp);
-    free(out);
+    tpk_mem_free(&al, out->path);
+    tpk_mem_free(&al, out->tmp);
+    tpk_mem_free(&al, out);
 }
 
 int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx)
@@ -882,14 +887,10 @@ int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx)
         } else if (slash == out->path) {
             sync_path("/", 1);
         } else {
-            size_t dlen = (size_t)(slash - out->path);
-            char *dir = malloc(dlen + 1);
-            if (dir != NULL) {
-                memcpy(dir, out->path, dlen);
-                dir[dlen] = '\0';
-                sync_path(dir, 1);
-                free(dir);
-            }
+            char *cut = out->path + (slash - out->path); /* the folder: path up to the slash */
+            *cut = '\0';
+            sync_path(out->path, 1);
+            *cut = '/';
         }
         out_free(out);
         return TPK_OK;

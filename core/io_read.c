@@ -1,6 +1,7 @@
 /* Input readers: "file.h5:/dataset", "file.npy", "file.npz:name" and "file.csv" into a float64
  * tpk_array. */
 #include "io_impl.h"
+#include "tpk/alloc.h"
 #include "tpk/io.h"
 
 #include <ctype.h>
@@ -701,7 +702,7 @@ static tpk_array *npy_decode(const char *what, npy_src *src, uint64_t total, tpk
                   hlen);
         goto done;
     }
-    text = malloc(hlen + 1);
+    text = tpk_malloc(ctx, hlen + 1);
     if (text == NULL) {
         TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", what);
         goto done;
@@ -742,7 +743,7 @@ static tpk_array *npy_decode(const char *what, npy_src *src, uint64_t total, tpk
     /* Fortran order: read in file order into a scratch buffer, then transpose into C order. */
     double *dst = a->data;
     if (h.fortran && h.ndim > 1) {
-        if (!(tmp = malloc(n * sizeof *tmp))) {
+        if (!(tmp = tpk_malloc(ctx, n * sizeof *tmp))) {
             TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", what);
             goto fail;
         }
@@ -760,7 +761,7 @@ static tpk_array *npy_decode(const char *what, npy_src *src, uint64_t total, tpk
         }
     } else {
         const size_t per = NPZ_CHUNK / t.size;
-        if (!(raw = malloc(per * t.size))) {
+        if (!(raw = tpk_malloc(ctx, per * t.size))) {
             TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", what);
             goto fail;
         }
@@ -784,9 +785,9 @@ fail:
     tpk_array_free(a);
     a = NULL;
 done:
-    free(tmp);
-    free(raw);
-    free(text);
+    tpk_free(ctx, tmp);
+    tpk_free(ctx, raw);
+    tpk_free(ctx, text);
     return a;
 }
 
@@ -830,7 +831,7 @@ static int zip_directory(FILE *f, const char *path, uint64_t *off, uint64_t *cou
         return TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a .npz file (too short for a ZIP archive)",
                          path);
     uint64_t size = (uint64_t)st.st_size, k = size < ZIP_EOCD_MAX ? size : ZIP_EOCD_MAX;
-    unsigned char *b = malloc(k);
+    unsigned char *b = tpk_malloc(ctx, k);
     if (!b)
         return TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
     int st2 = TPK_EFORMAT;
@@ -856,7 +857,7 @@ static int zip_directory(FILE *f, const char *path, uint64_t *off, uint64_t *cou
             break;
         }
     }
-    free(b);
+    tpk_free(ctx, b);
     if (st2)
         return TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a .npz file (no ZIP end-of-directory record)",
                          path);
@@ -878,8 +879,8 @@ static int zip_find(FILE *f, const char *path, const char *want, zip_entry *hit,
         return TPK_ERROR(ctx, TPK_EFORMAT, "%s: corrupt ZIP directory", path);
     size_t used = 0;
     /* names and extra fields are at most 65535 bytes each (16-bit lengths) */
-    char *name = malloc(65536);
-    unsigned char *extra = malloc(65536);
+    char *name = tpk_malloc(ctx, 65536);
+    unsigned char *extra = tpk_malloc(ctx, 65536);
     int st = TPK_OK;
     if (!name || !extra)
         st = TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
@@ -923,8 +924,8 @@ static int zip_find(FILE *f, const char *path, const char *want, zip_entry *hit,
             snprintf(hit->name, sizeof hit->name, "%s", name);
         }
     }
-    free(name);
-    free(extra);
+    tpk_free(ctx, name);
+    tpk_free(ctx, extra);
     return st;
 }
 
@@ -969,7 +970,7 @@ static tpk_array *read_npz(const char *path, const char *member, tpk_ctx *ctx)
     src.left = z.csize;
     src.deflated = z.method == 8;
     if (src.deflated) {
-        if (!(src.zin = malloc(NPZ_CHUNK))) {
+        if (!(src.zin = tpk_malloc(ctx, NPZ_CHUNK))) {
             TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", what);
             goto done;
         }
@@ -988,7 +989,7 @@ static tpk_array *read_npz(const char *path, const char *member, tpk_ctx *ctx)
 done:
     if (src.z_live)
         inflateEnd(&src.z);
-    free(src.zin);
+    tpk_free(ctx, src.zin);
     fclose(f);
     return a;
 }
@@ -1036,6 +1037,34 @@ static int is_blank(const char *s)
     return 1;
 }
 
+/* getline(3) with the line from ctx's allocator (tpk/alloc.h): the length read, NUL bytes
+ * included; -1 at the end of the file or on a read error (ferror tells); -2 when out of memory
+ * (ctx has the error). */
+static ssize_t read_line(FILE *f, char **line, size_t *cap, tpk_ctx *ctx)
+{
+    size_t len = 0;
+    int c = EOF;
+    for (;;) {
+        if (*line == NULL || *cap - len < 2) {
+            size_t ncap = *cap ? *cap * 2 : 256;
+            char *nl = ncap > *cap ? tpk_realloc(ctx, *line, ncap) : NULL;
+            if (nl == NULL) {
+                TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (a line of %zu bytes)", len);
+                return -2;
+            }
+            *line = nl;
+            *cap = ncap;
+        }
+        if ((c = getc_unlocked(f)) == EOF)
+            break;
+        (*line)[len++] = (char)c;
+        if (c == '\n')
+            break;
+    }
+    (*line)[len] = '\0';
+    return len == 0 && c == EOF ? -1 : (ssize_t)len;
+}
+
 static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
 {
     FILE *f = open_input(path, ctx);
@@ -1049,7 +1078,7 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
     ssize_t len;
     tpk_array *a = NULL;
 
-    while ((len = getline(&line, &cap, f)) >= 0) {
+    while ((len = read_line(f, &line, &cap, ctx)) >= 0) {
         lineno++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = '\0';
@@ -1077,7 +1106,7 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
                     break;
                 nc *= 2;
             }
-            double *nv = nc >= nvals + nf ? realloc(vals, nc * sizeof *vals) : NULL;
+            double *nv = nc >= nvals + nf ? tpk_realloc(ctx, vals, nc * sizeof *vals) : NULL;
             if (nv == NULL) {
                 TPK_ERROR(ctx, TPK_ENOMEM, "%s:%zu: out of memory", path, lineno);
                 goto done;
@@ -1119,6 +1148,8 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
         nvals += nf;
         nrows++;
     }
+    if (len == -2)
+        goto done;
     if (ferror(f)) {
         char eb[128];
         TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(errno, eb, sizeof eb));
@@ -1130,7 +1161,7 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
     }
     ok = 1;
 done:
-    free(line);
+    tpk_free(ctx, line);
     fclose(f);
     if (ok) {
         /* Always rank 2: a CSV has no way to say more. */
@@ -1138,7 +1169,7 @@ done:
         if (a != NULL)
             memcpy(a->data, vals, nvals * sizeof *vals);
     }
-    free(vals);
+    tpk_free(ctx, vals);
     return a;
 }
 

@@ -2,6 +2,7 @@
  * files, NNGP / RBF / precomputed kernels, noise and hyperparameters by the training marginal
  * likelihood, predictions and scores per kernel, one atomically written HDF5 file. */
 #include "tpk/gp.h"
+#include "tpk/alloc.h"
 
 #include "tpk/clock.h"
 #include "tpk/idx.h"
@@ -154,12 +155,14 @@ static tpk_array head_view(const tpk_array *a, size_t rows)
     return v;
 }
 
-static void preprocess(const opts *o, tpk_array *X, tpk_array *Xt)
+static int preprocess(const opts *o, tpk_array *X, tpk_array *Xt, tpk_ctx *ctx)
 {
     const size_t n = X->dims[0], d = tpk_array_item_size(X);
     if (o->center) {
-        double *mu = calloc(d, sizeof *mu);
-        if (mu) {
+        double *mu = tpk_calloc(ctx, d, sizeof *mu);
+        if (mu == NULL) /* never run uncentred without saying so */
+            return ctx->status;
+        {
             for (size_t i = 0; i < n; i++)
                 for (size_t j = 0; j < d; j++)
                     mu[j] += X->data[i * d + j];
@@ -172,7 +175,7 @@ static void preprocess(const opts *o, tpk_array *X, tpk_array *Xt)
                 for (size_t j = 0; j < d; j++)
                     Xt->data[i * d + j] -= mu[j];
         }
-        free(mu);
+        tpk_free(ctx, mu);
     }
     if (o->unit_norm) {
         tpk_array *arr[2] = {X, Xt};
@@ -189,6 +192,7 @@ static void preprocess(const opts *o, tpk_array *X, tpk_array *Xt)
             }
         }
     }
+    return TPK_OK;
 }
 
 /* Class labels (N or N×1, integers in 0..MAX_CLASSES-1). */
@@ -675,7 +679,7 @@ static int write_summary(run_state *rs, tpk_ctx *ctx)
     /* one entry per kernel: the axis "depth" (its values the depths, integers) for a depth
      * range, else "model" */
     const char *kdim[1] = {rs->multi ? "depth" : "model"};
-    long long *dv = rs->multi ? malloc((size_t)rs->nres * sizeof *dv) : NULL;
+    long long *dv = rs->multi ? tpk_malloc(ctx, (size_t)rs->nres * sizeof *dv) : NULL;
     for (int i = 0; dv && i < rs->nres; i++)
         dv[i] = (long long)rs->res[(size_t)i * R_NFIELDS + R_DEPTH];
     if (!st && rs->multi)
@@ -685,7 +689,7 @@ static int write_summary(run_state *rs, tpk_ctx *ctx)
         st = tpk_h5out_write_ints(rs->out, "/depths", dv, (size_t)rs->nres, ctx);
     if (!st && rs->multi)
         st = tpk_h5out_dims(rs->out, "/depths", kdim, 1, ctx);
-    free(dv);
+    tpk_free(ctx, dv);
     for (int f = R_DEPTH + 1; f < R_NFIELDS && !st; f++) {
         int any = 0;
         for (int i = 0; i < rs->nres; i++) {
@@ -743,11 +747,11 @@ typedef struct exp_state {
     run_state rs;
 } exp_state;
 
-static void exp_free(exp_state *e)
+static void exp_free(exp_state *e, tpk_ctx *ctx)
 {
     tpk_h5out_abort(e->rs.out);
-    free(e->rs.work);
-    free(e->rs.res);
+    tpk_free(ctx, e->rs.work);
+    tpk_free(ctx, e->rs.res);
     tpk_array *arr[] = {e->X, e->Xt, e->L, e->Lt, e->Y, e->Yt, e->K, e->Kxt, e->kd, e->Ktt};
     for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
         tpk_array_free(arr[i]);
@@ -781,7 +785,7 @@ static int check_psd(const char *file, const tpk_array *K, tpk_ctx *ctx)
     if (n > (size_t)INT_MAX)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: kernel of size %zu exceeds LAPACK's int indexing",
                          file, n);
-    double *a = malloc(n * n * sizeof *a);
+    double *a = tpk_malloc(ctx, n * n * sizeof *a);
     if (!a)
         return TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory (PSD check of /kernel)", file);
     const double shift = (double)n * PSD_REL_TOL * md;
@@ -809,7 +813,7 @@ static int check_psd(const char *file, const tpk_array *K, tpk_ctx *ctx)
         st = TPK_ERROR(ctx, TPK_EINVAL, "dpotrf rejected argument %d (internal error)",
                        (int)-info);
     }
-    free(a);
+    tpk_free(ctx, a);
     return st;
 }
 
@@ -821,7 +825,7 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
     if (!(e->K = tpk_io_read(spec, &e->xi, ctx)))
         return ctx->status;
     tpk_ctx lc;
-    tpk_ctx_init(&lc);
+    tpk_ctx_init_from(&lc, ctx);
     snprintf(spec, sizeof spec, "%s:/kernel_test_train", o->kernel_file);
     e->Kxt = tpk_io_read(spec, NULL, &lc);
     if (!e->Kxt && lc.status != TPK_ENOTFOUND)
@@ -936,7 +940,7 @@ static int alloc_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
         if (o->full_cov && e->Xt && !(e->Ktt = tpk_array_alloc2(m, m, ctx)))
             return ctx->status;
     }
-    if (e->rs.multi && !(e->rs.work = malloc(n * n * sizeof(double))))
+    if (e->rs.multi && !(e->rs.work = tpk_malloc(ctx, n * n * sizeof(double))))
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu×%zu workspace)", n, n);
     return TPK_OK;
 }
@@ -1009,14 +1013,14 @@ static int experiment(exp_state *e, const opts *o, tpk_ctx *ctx)
         return ctx->status;
     if (!(rs->out = tpk_h5out_open(o->output, ctx)))
         return ctx->status;
-    if (e->X)
-        preprocess(o, e->X, e->Xt);
+    if (e->X && (st = preprocess(o, e->X, e->Xt, ctx)))
+        return st;
     const int nk = o->depth_hi - o->depth_lo + 1;
     rs->multi = nk > 1;
     rs->steps = (size_t)nk * (STEPS_PER_KERNEL + (o->fit_hyper ? 1 : 0));
     if ((st = tpk_progress_report(o->progress, "steps", 0, rs->steps, ctx)))
         return st;
-    if (!(rs->res = calloc((size_t)nk * R_NFIELDS, sizeof(double))))
+    if (!(rs->res = tpk_calloc(ctx, (size_t)nk * R_NFIELDS, sizeof(double))))
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     if (o->summary)
         fprintf(o->summary, "%s: %s, N=%zu train, M=%zu test, C=%zu outputs%s\n", o->name,
@@ -1051,6 +1055,6 @@ int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
     e.rs.o = o;
     e.rs.noise_shift = 1.0;
     st = experiment(&e, o, ctx);
-    exp_free(&e);
+    exp_free(&e, ctx);
     return st;
 }

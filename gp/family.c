@@ -1,5 +1,6 @@
 /* Kernel families for hyperparameter fitting (MLP NNGP, RBF) and the depth-by-depth MLP sweep. */
 #include "gp-impl.h"
+#include "tpk/alloc.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -16,7 +17,8 @@ void tpk_gp_family_free(tpk_gp_family *f)
         return;
     if (f->destroy)
         f->destroy(f->data);
-    free(f);
+    tpk_allocator al = f->alloc;
+    tpk_mem_free(&al, f);
 }
 
 static tpk_array wrap2(double *data, size_t r, size_t c)
@@ -33,14 +35,17 @@ typedef struct mlp_data {
     const tpk_gauss_ws *ws;
     double h;
     double *scratch; /* N×N for the minus-side kernel */
+    tpk_allocator al;
 } mlp_data;
 
 static void mlp_destroy(void *d)
 {
     mlp_data *m = d;
-    if (m)
-        free(m->scratch);
-    free(m);
+    if (m == NULL)
+        return;
+    tpk_allocator al = m->al;
+    tpk_mem_free(&al, m->scratch);
+    tpk_mem_free(&al, m);
 }
 
 static int mlp_eval(const tpk_gp_family *f, const double *theta, double *K, double *const *dK,
@@ -91,12 +96,16 @@ tpk_gp_family *tpk_gp_family_mlp_alloc(const tpk_mlp_params *p, const tpk_array 
         return NULL;
     }
     const size_t n = X->dims[0];
-    tpk_gp_family *f = calloc(1, sizeof *f);
-    mlp_data *m = calloc(1, sizeof *m);
-    if (m)
-        m->scratch = malloc(n * n * sizeof(double));
+    tpk_gp_family *f = tpk_calloc(ctx, 1, sizeof *f);
+    mlp_data *m = tpk_calloc(ctx, 1, sizeof *m);
+    if (f)
+        f->alloc = tpk_ctx_allocator(ctx);
+    if (m) {
+        m->al = tpk_ctx_allocator(ctx);
+        m->scratch = tpk_malloc(ctx, n * n * sizeof(double));
+    }
     if (!f || !m || !m->scratch) {
-        free(f);
+        tpk_free(ctx, f);
         mlp_destroy(m);
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu×%zu)", n, n);
         return NULL;
@@ -129,7 +138,7 @@ static void row_sq_norms(const tpk_array *X, double *out)
 static int sq_dists(const tpk_array *X, double *D, tpk_ctx *ctx)
 {
     const size_t n = X->dims[0], d = tpk_array_item_size(X);
-    double *q = malloc(n * sizeof *q);
+    double *q = tpk_malloc(ctx, n * sizeof *q);
     if (!q)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     row_sq_norms(X, q);
@@ -145,20 +154,23 @@ static int sq_dists(const tpk_array *X, double *D, tpk_ctx *ctx)
     for (size_t i = 0; i < n; i++)
         for (size_t j = i + 1; j < n; j++)
             D[i * n + j] = D[j * n + i];
-    free(q);
+    tpk_free(ctx, q);
     return TPK_OK;
 }
 
 typedef struct rbf_data {
     double *D2; /* squared distances of the training inputs */
+    tpk_allocator al;
 } rbf_data;
 
 static void rbf_destroy(void *d)
 {
     rbf_data *r = d;
-    if (r)
-        free(r->D2);
-    free(r);
+    if (r == NULL)
+        return;
+    tpk_allocator al = r->al;
+    tpk_mem_free(&al, r->D2);
+    tpk_mem_free(&al, r);
 }
 
 static int rbf_check(const double *theta, tpk_ctx *ctx)
@@ -200,18 +212,22 @@ tpk_gp_family *tpk_gp_family_rbf_alloc(const tpk_array *X, tpk_ctx *ctx)
         return NULL;
     }
     const size_t n = X->dims[0];
-    tpk_gp_family *f = calloc(1, sizeof *f);
-    rbf_data *r = calloc(1, sizeof *r);
-    if (r)
-        r->D2 = malloc(n * n * sizeof(double));
+    tpk_gp_family *f = tpk_calloc(ctx, 1, sizeof *f);
+    rbf_data *r = tpk_calloc(ctx, 1, sizeof *r);
+    if (f)
+        f->alloc = tpk_ctx_allocator(ctx);
+    if (r) {
+        r->al = tpk_ctx_allocator(ctx);
+        r->D2 = tpk_malloc(ctx, n * n * sizeof(double));
+    }
     if (!f || !r || !r->D2) {
-        free(f);
+        tpk_free(ctx, f);
         rbf_destroy(r);
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu×%zu)", n, n);
         return NULL;
     }
     if (sq_dists(X, r->D2, ctx)) {
-        free(f);
+        tpk_free(ctx, f);
         rbf_destroy(r);
         return NULL;
     }
@@ -254,7 +270,7 @@ int tpk_gp_rbf_kernel(const double *theta, const tpk_array *X, const tpk_array *
     if (!Kxt || Kxt->ndim != 2 || Kxt->dims[0] != m || Kxt->dims[1] != n || !kdiag ||
         tpk_array_size(kdiag) != m)
         return TPK_ERROR(ctx, TPK_EINVAL, "cross-kernel outputs must be %zu×%zu and %zu", m, n, m);
-    double *qa = malloc((m + n + 1) * sizeof *qa);
+    double *qa = tpk_malloc(ctx, (m + n + 1) * sizeof *qa);
     if (!qa)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     double *qb = qa + m;
@@ -270,7 +286,7 @@ int tpk_gp_rbf_kernel(const double *theta, const tpk_array *X, const tpk_array *
         }
     for (size_t i = 0; i < m; i++)
         kdiag->data[i] = s;
-    free(qa);
+    tpk_free(ctx, qa);
     return TPK_OK;
 }
 
@@ -302,7 +318,7 @@ int tpk_gp_mlp_sweep(const tpk_mlp_params *p, const tpk_array *X, const tpk_arra
         return st;
     const size_t n = K->dims[0], m = Xt ? Xt->dims[0] : 0;
     double *qtrain = NULL;
-    if (Xt && !(qtrain = malloc((n ? n : 1) * sizeof *qtrain)))
+    if (Xt && !(qtrain = tpk_malloc(ctx, (n ? n : 1) * sizeof *qtrain)))
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     for (int l = 2; l <= p->depth && !st; l++) {
         if (Xt) {
@@ -335,6 +351,6 @@ int tpk_gp_mlp_sweep(const tpk_mlp_params *p, const tpk_array *X, const tpk_arra
         }
         st = cb(l, K, Kxt, kdiag, data, ctx);
     }
-    free(qtrain);
+    tpk_free(ctx, qtrain);
     return st;
 }

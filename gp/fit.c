@@ -1,5 +1,6 @@
 /* GP regression: checked Cholesky with jitter escalation, posterior mean/variance, LML (R&W Alg. 2.1). */
 #include "gp-impl.h"
+#include "tpk/alloc.h"
 
 #include <cblas.h>
 #include <lapacke.h>
@@ -24,6 +25,7 @@ struct tpk_gp {
     double *alpha;    /* column-major N×C */
     double anorm;     /* ‖A‖₁, for tpk_gp_rcond */
     tpk_gp_info info;
+    tpk_allocator al; /* of this struct, owned and alpha */
 };
 
 void tpk_gp_options_default(tpk_gp_options *o)
@@ -47,16 +49,17 @@ int tpk_gp_impl_check_noise(double noise, tpk_ctx *ctx)
 
 void tpk_gp_impl_kcheck_free(gp_kcheck *kc)
 {
-    free(kc->col_abs);
-    free(kc->diag);
+    tpk_mem_free(&kc->al, kc->col_abs);
+    tpk_mem_free(&kc->al, kc->diag);
     kc->col_abs = kc->diag = NULL;
 }
 
 int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const char *what,
                              gp_kcheck *kc, tpk_ctx *ctx)
 {
-    kc->col_abs = calloc(n ? n : 1, sizeof(double));
-    kc->diag = malloc((n ? n : 1) * sizeof(double));
+    kc->al = tpk_ctx_allocator(ctx);
+    kc->col_abs = tpk_calloc(ctx, n ? n : 1, sizeof(double));
+    kc->diag = tpk_malloc(ctx, (n ? n : 1) * sizeof(double));
     if (!kc->col_abs || !kc->diag) {
         tpk_gp_impl_kcheck_free(kc);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu doubles)", 2 * n);
@@ -85,7 +88,7 @@ int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const ch
     const double tol = sym_tol * (dmax > 0 ? dmax : 1.0);
     size_t bad_nf = n * n, bad_sym = n * n;
     int nth = omp_get_max_threads();
-    double *part = calloc((size_t)nth * n, sizeof *part);
+    double *part = tpk_calloc(ctx, (size_t)nth * n, sizeof *part);
     if (!part) {
         tpk_gp_impl_kcheck_free(kc);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%d×%zu)", nth, n);
@@ -121,7 +124,7 @@ int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const ch
     for (int t = 0; t < nth; t++)
         for (size_t i = 0; i < n; i++)
             kc->col_abs[i] += part[(size_t)t * n + i];
-    free(part);
+    tpk_free(ctx, part);
     int st = TPK_OK;
     if (bad_nf < n * n) {
         st = TPK_ERROR(ctx, TPK_EDOM, "%s has a non-finite value at [%zu][%zu]", what, bad_nf / n,
@@ -194,11 +197,11 @@ int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, con
     double *work = NULL;
     lapack_int *iwork = NULL;
     if (opt->rcond_min > 0) {
-        work = malloc((3 * n + 1) * sizeof *work);
-        iwork = malloc((n + 1) * sizeof *iwork);
+        work = tpk_malloc(ctx, (3 * n + 1) * sizeof *work);
+        iwork = tpk_malloc(ctx, (n + 1) * sizeof *iwork);
         if (!work || !iwork) {
-            free(work);
-            free(iwork);
+            tpk_free(ctx, work);
+            tpk_free(ctx, iwork);
             return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (condition estimate workspace)");
         }
     }
@@ -254,8 +257,8 @@ int tpk_gp_impl_factor(double *A, const double *src, size_t n, double noise, con
             break;
         jit = next;
     }
-    free(work);
-    free(iwork);
+    tpk_free(ctx, work);
+    tpk_free(ctx, iwork);
     if (st == TPK_OK) {
         *jitter = jit;
         *tries = t;
@@ -339,7 +342,9 @@ static tpk_gp *gp_prepare(tpk_array *K, const tpk_array *Y, const tpk_gp_options
     }
     if (tpk_gp_impl_check_kernel(K->data, n, opt->sym_tol, "kernel", kc, ctx))
         return NULL;
-    tpk_gp *gp = calloc(1, sizeof *gp);
+    tpk_gp *gp = tpk_calloc(ctx, 1, sizeof *gp);
+    if (gp != NULL)
+        gp->al = tpk_ctx_allocator(ctx);
     if (!gp) {
         tpk_gp_impl_kcheck_free(kc);
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -349,11 +354,11 @@ static tpk_gp *gp_prepare(tpk_array *K, const tpk_array *Y, const tpk_gp_options
     gp->c = c;
     gp->info.n = n;
     gp->info.c = c;
-    gp->alpha = malloc(n * c * sizeof(double));
+    gp->alpha = tpk_malloc(ctx, n * c * sizeof(double));
     if (opt->overwrite_k) {
         gp->A = K->data;
     } else {
-        gp->owned = malloc(n * n * sizeof(double));
+        gp->owned = tpk_malloc(ctx, n * n * sizeof(double));
         gp->A = gp->owned;
     }
     if (!gp->alpha || !gp->A) {
@@ -535,9 +540,10 @@ void tpk_gp_free(tpk_gp *gp)
 {
     if (!gp)
         return;
-    free(gp->owned);
-    free(gp->alpha);
-    free(gp);
+    tpk_allocator al = gp->al;
+    tpk_mem_free(&al, gp->owned);
+    tpk_mem_free(&al, gp->alpha);
+    tpk_mem_free(&al, gp);
 }
 
 const tpk_gp_info *tpk_gp_get_info(const tpk_gp *gp) { return &gp->info; }
@@ -597,7 +603,7 @@ int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdia
     if (!var)
         return TPK_OK;
     const size_t bs = m < GP_PRED_BLOCK ? m : GP_PRED_BLOCK;
-    double *W = malloc(n * bs * sizeof *W);
+    double *W = tpk_malloc(ctx, n * bs * sizeof *W);
     if (!W)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu×%zu workspace)", n, bs);
     for (size_t i0 = 0; i0 < m; i0 += bs) {
@@ -612,7 +618,7 @@ int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdia
             var->data[i0 + j] = fmax(kdiag->data[i0 + j] - s, 0.0);
         }
     }
-    free(W);
+    tpk_free(ctx, W);
     return TPK_OK;
 }
 
@@ -634,7 +640,7 @@ int tpk_gp_predict_cov(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *
                              k / m, k % m);
     if (m == 0)
         return TPK_OK;
-    double *W = malloc(n * m * sizeof *W);
+    double *W = tpk_malloc(ctx, n * m * sizeof *W);
     if (!W)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu×%zu workspace)", n, m);
     memcpy(W, Kxt->data, n * m * sizeof *W);
@@ -648,15 +654,15 @@ int tpk_gp_predict_cov(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *
     for (size_t i = 0; i < m; i++)
         for (size_t j = 0; j < i; j++)
             cov->data[j * m + i] = cov->data[i * m + j];
-    free(W);
+    tpk_free(ctx, W);
     return TPK_OK;
 }
 
 int tpk_gp_rcond(const tpk_gp *gp, double *rcond, tpk_ctx *ctx)
 {
     const size_t n = gp->n;
-    double *work = malloc((3 * n + 1) * sizeof *work);
-    lapack_int *iwork = malloc((n + 1) * sizeof *iwork);
+    double *work = tpk_malloc(ctx, (3 * n + 1) * sizeof *work);
+    lapack_int *iwork = tpk_malloc(ctx, (n + 1) * sizeof *iwork);
     int st = TPK_OK;
     if (!work || !iwork) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (condition estimate workspace)");
@@ -666,8 +672,8 @@ int tpk_gp_rcond(const tpk_gp *gp, double *rcond, tpk_ctx *ctx)
         if (info != 0)
             st = TPK_ERROR(ctx, TPK_ENUMERIC, "dpocon failed (info %d)", (int)info);
     }
-    free(work);
-    free(iwork);
+    tpk_free(ctx, work);
+    tpk_free(ctx, iwork);
     return st;
 }
 
@@ -680,12 +686,12 @@ int tpk_gp_min_eig(const tpk_gp *gp, int iters, double *lambda_min, tpk_ctx *ctx
     /* Lanczos on A⁻¹ (each step one solve with the factor, O(N²)), full reorthogonalisation:
      * its largest Ritz value is a lower bound on λ_max(A⁻¹) = 1/λ_min(A) that converges fast
      * even when the small eigenvalues of K cluster (Golub & Van Loan §10.1). */
-    double *V = calloc((k + 1) * n, sizeof *V), *al = malloc(k * sizeof *al);
-    double *be = malloc((k + 1) * sizeof *be);
+    double *V = tpk_calloc(ctx, (k + 1) * n, sizeof *V), *al = tpk_malloc(ctx, k * sizeof *al);
+    double *be = tpk_malloc(ctx, (k + 1) * sizeof *be);
     if (!V || !al || !be) {
-        free(V);
-        free(al);
-        free(be);
+        tpk_free(ctx, V);
+        tpk_free(ctx, al);
+        tpk_free(ctx, be);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu Lanczos vectors)", k + 1);
     }
     /* Deterministic start with weight in every direction: a centred low-discrepancy sequence. */
@@ -711,9 +717,9 @@ int tpk_gp_min_eig(const tpk_gp *gp, int iters, double *lambda_min, tpk_ctx *ctx
     /* Largest eigenvalue of the steps×steps tridiagonal (al, be). */
     lapack_int info = LAPACKE_dstev(LAPACK_COL_MAJOR, 'N', (lapack_int)steps, al, be, NULL, 1);
     double top = al[steps - 1];
-    free(V);
-    free(al);
-    free(be);
+    tpk_free(ctx, V);
+    tpk_free(ctx, al);
+    tpk_free(ctx, be);
     if (info != 0)
         return TPK_ERROR(ctx, TPK_ENUMERIC, "tridiagonal eigensolver failed (info %d)", (int)info);
     *lambda_min = 1.0 / top - gp->info.noise - gp->info.jitter;

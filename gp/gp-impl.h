@@ -16,6 +16,7 @@ typedef struct gp_kcheck {
     double *col_abs;
     double *diag;
     double mean_diag;
+    tpk_allocator al; /* of col_abs and diag */
 } gp_kcheck;
 
 int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const char *what,

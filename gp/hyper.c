@@ -1,5 +1,6 @@
 /* Log marginal likelihood with gradient (R&W eq. 5.9) and its maximisation with GSL's vector BFGS. */
 #include "gp-impl.h"
+#include "tpk/alloc.h"
 
 #include <cblas.h>
 #define __GSL_CBLAS_H__
@@ -42,8 +43,8 @@ int tpk_gp_lml_grad(const tpk_array *K, const tpk_array *Y, double noise,
     gp_kcheck kc = {0};
     if ((st = tpk_gp_impl_check_kernel(K->data, n, opt->sym_tol, "kernel", &kc, ctx)))
         return st;
-    double *A = malloc(n * n * sizeof *A), *alpha = malloc(n * c * sizeof *alpha);
-    double *T = grad ? malloc(n * c * sizeof *T) : NULL;
+    double *A = tpk_malloc(ctx, n * n * sizeof *A), *alpha = tpk_malloc(ctx, n * c * sizeof *alpha);
+    double *T = grad ? tpk_malloc(ctx, n * c * sizeof *T) : NULL;
     if (!A || !alpha || (grad && !T)) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu×%zu)", n, n);
         goto done;
@@ -94,9 +95,9 @@ int tpk_gp_lml_grad(const tpk_array *K, const tpk_array *Y, double noise,
     }
 done:
     tpk_gp_impl_kcheck_free(&kc);
-    free(A);
-    free(alpha);
-    free(T);
+    tpk_free(ctx, A);
+    tpk_free(ctx, alpha);
+    tpk_free(ctx, T);
     return st;
 }
 
@@ -149,7 +150,7 @@ static double objective(hyper_state *h, const gsl_vector *x, gsl_vector *g)
         if ((size_t)h->free_idx[k] < h->np)
             dK[h->free_idx[k]] = h->dK[h->free_idx[k]];
     tpk_ctx lc;
-    tpk_ctx_init(&lc);
+    tpk_ctx_init_from(&lc, &h->first_err); /* first_err carries the caller's allocator */
     h->evals++;
     double lml = 0;
     int st = h->f->eval(h->f, theta, h->K.data, g ? dK : NULL, &lc);
@@ -158,7 +159,8 @@ static double objective(hyper_state *h, const gsl_vector *x, gsl_vector *g)
                              g ? grad : NULL, NULL, &lc);
     const double nc = (double)(h->n * h->c);
     if (st) {
-        if (!h->first_err.status)
+        /* out of memory is no bad point: it ends the fit (below), so it is the one kept */
+        if (!h->first_err.status || (lc.status == TPK_ENOMEM && h->first_err.status != TPK_ENOMEM))
             h->first_err = lc;
         if (g)
             gsl_vector_set_zero(g);
@@ -200,7 +202,7 @@ int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta, 
         return TPK_ERROR(ctx, TPK_EINVAL, "invalid hyperparameter options (max_iter, gtol, box)");
     hyper_state h = {.f = f, .Y = Y, .opt = opt, .n = f->n, .c = c, .np = f->nparams,
                      .best_f = INFINITY};
-    tpk_ctx_init(&h.first_err);
+    tpk_ctx_init_from(&h.first_err, ctx);
     for (size_t p = 0; p <= h.np; p++) {
         double v = p < h.np ? theta[p] : *noise;
         const char *name = p < h.np ? f->names[p] : "noise";
@@ -216,17 +218,18 @@ int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta, 
     const size_t n = f->n;
     h.K.ndim = 2;
     h.K.dims[0] = h.K.dims[1] = n;
-    h.K.data = malloc(n * n * sizeof(double));
+    h.K.data = tpk_malloc(ctx, n * n * sizeof(double));
     st = h.K.data ? TPK_OK : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu×%zu)", n, n);
     for (int k = 0; !st && k < h.nfree; k++) {
         int p = h.free_idx[k];
-        if ((size_t)p < h.np && !(h.dK[p] = malloc(n * n * sizeof(double))))
+        if ((size_t)p < h.np && !(h.dK[p] = tpk_malloc(ctx, n * n * sizeof(double))))
             st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory for dK (%zu×%zu)", n, n);
     }
-    gsl_vector *x = st ? NULL : gsl_vector_alloc((size_t)(h.nfree ? h.nfree : 1));
+    /* the start point: at most TPK_GP_MAXPARAMS + 1 coordinates, on the stack */
+    double xbuf[TPK_GP_MAXPARAMS + 1] = {0};
+    gsl_vector_view xv = gsl_vector_view_array(xbuf, (size_t)(h.nfree ? h.nfree : 1));
+    gsl_vector *x = &xv.vector;
     gsl_multimin_fdfminimizer *m = NULL;
-    if (!st && !x)
-        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (GSL vector)");
     if (st)
         goto done;
     for (int k = 0; k < h.nfree; k++)
@@ -330,6 +333,11 @@ int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta, 
     } else {
         converged = 1;
     }
+    if (h.first_err.status == TPK_ENOMEM) { /* an evaluation ran out of memory: no result */
+        st = tpk_error_at(ctx, TPK_ENOMEM, h.first_err.src_file, h.first_err.src_line, "%s",
+                          h.first_err.msg);
+        goto done;
+    }
     for (size_t p = 0; p < h.np; p++)
         theta[p] = exp(h.best[p]);
     *noise = exp(h.best[h.np]);
@@ -341,9 +349,8 @@ int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta, 
     }
 done:
     gsl_multimin_fdfminimizer_free(m);
-    gsl_vector_free(x);
-    free(h.K.data);
+    tpk_free(ctx, h.K.data);
     for (size_t p = 0; p < TPK_GP_MAXPARAMS; p++)
-        free(h.dK[p]);
+        tpk_free(ctx, h.dK[p]);
     return st;
 }

@@ -1,5 +1,6 @@
 /* Noise (and amplitude) by the marginal likelihood on an eigendecomposition: O(N³) once, O(N) per value. */
 #include "gp-impl.h"
+#include "tpk/alloc.h"
 
 #include <cblas.h>
 #define __GSL_CBLAS_H__
@@ -22,6 +23,7 @@ struct tpk_gp_spectral {
     size_t n, c;
     double *lambda; /* ascending eigenvalues of K */
     double *zsq;    /* zsq[k] = Σ_c (q_kᵀ y_c)² */
+    tpk_allocator al; /* of this struct, lambda and zsq */
 };
 
 tpk_gp_spectral *tpk_gp_spectral_alloc(const tpk_array *K, const tpk_array *Y, tpk_ctx *ctx)
@@ -42,15 +44,17 @@ tpk_gp_spectral *tpk_gp_spectral_alloc(const tpk_array *K, const tpk_array *Y, t
     if (tpk_gp_impl_check_kernel(K->data, n, 1e-8, "kernel", &kc, ctx))
         return NULL;
     tpk_gp_impl_kcheck_free(&kc);
-    tpk_gp_spectral *s = calloc(1, sizeof *s);
-    double *Q = malloc(n * n * sizeof *Q), *Z = malloc(n * c * sizeof *Z);
+    tpk_gp_spectral *s = tpk_calloc(ctx, 1, sizeof *s);
+    if (s != NULL)
+        s->al = tpk_ctx_allocator(ctx);
+    double *Q = tpk_malloc(ctx, n * n * sizeof *Q), *Z = tpk_malloc(ctx, n * c * sizeof *Z);
     if (s) {
-        s->lambda = malloc(n * sizeof(double));
-        s->zsq = malloc(n * sizeof(double));
+        s->lambda = tpk_malloc(ctx, n * sizeof(double));
+        s->zsq = tpk_malloc(ctx, n * sizeof(double));
     }
     if (!s || !Q || !Z || !s->lambda || !s->zsq) {
-        free(Q);
-        free(Z);
+        tpk_free(ctx, Q);
+        tpk_free(ctx, Z);
         tpk_gp_spectral_free(s);
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory for the eigendecomposition (%zu×%zu)", n, n);
         return NULL;
@@ -61,8 +65,8 @@ tpk_gp_spectral *tpk_gp_spectral_alloc(const tpk_array *K, const tpk_array *Y, t
     lapack_int info = LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'V', 'U', (lapack_int)n, Q, (lapack_int)n,
                                      s->lambda);
     if (info != 0) {
-        free(Q);
-        free(Z);
+        tpk_free(ctx, Q);
+        tpk_free(ctx, Z);
         tpk_gp_spectral_free(s);
         TPK_ERROR(ctx, TPK_ENUMERIC, "eigendecomposition failed (dsyevd info %d)", (int)info);
         return NULL;
@@ -76,8 +80,8 @@ tpk_gp_spectral *tpk_gp_spectral_alloc(const tpk_array *K, const tpk_array *Y, t
             a += Z[k * c + j] * Z[k * c + j];
         s->zsq[k] = a;
     }
-    free(Q);
-    free(Z);
+    tpk_free(ctx, Q);
+    tpk_free(ctx, Z);
     return s;
 }
 
@@ -85,9 +89,10 @@ void tpk_gp_spectral_free(tpk_gp_spectral *s)
 {
     if (!s)
         return;
-    free(s->lambda);
-    free(s->zsq);
-    free(s);
+    tpk_allocator al = s->al;
+    tpk_mem_free(&al, s->lambda);
+    tpk_mem_free(&al, s->zsq);
+    tpk_mem_free(&al, s);
 }
 
 void tpk_gp_spectral_range(const tpk_gp_spectral *s, double *lo, double *hi)
@@ -163,7 +168,7 @@ int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo, doub
     const double h = (b - a) / g;
     int best = -1;
     double fbest = INFINITY, fprev = INFINITY, fnext = INFINITY, sc;
-    double *f = malloc((size_t)(g + 1) * sizeof *f);
+    double *f = tpk_malloc(ctx, (size_t)(g + 1) * sizeof *f);
     if (!f)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     for (int i = 0; i <= g; i++) {
@@ -174,7 +179,7 @@ int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo, doub
         }
     }
     if (best < 0) {
-        free(f);
+        tpk_free(ctx, f);
         return TPK_ERROR(ctx, TPK_ENUMERIC,
                          "the marginal likelihood is not finite anywhere in noise [%g, %g]: the "
                          "kernel has eigenvalues below -%g", noise_lo, noise_hi, noise_hi);
@@ -183,7 +188,7 @@ int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo, doub
         fprev = f[best - 1];
     if (best < g)
         fnext = f[best + 1];
-    free(f);
+    tpk_free(ctx, f);
     double x = a + best * h;
     out->at_bound = best == 0 || best == g;
     out->fits = 0;

@@ -9,6 +9,7 @@
 #include <lapacke.h>
 
 #include "tpk/attention.h"
+#include "tpk/alloc.h"
 
 /* Per-draw generator seeds: splitmix64 of (seed, stream, index), so draws do not depend on the
  * thread that makes them. */
@@ -93,13 +94,13 @@ int tpk_attn_limit_covs(const double *Sx, size_t nseq, size_t T, const tpk_attn_
     for (size_t i = 0; i < P * P; i++)
         if (!isfinite(Sx[i]))
             return TPK_ERROR(ctx, TPK_EDOM, "tpk_attn_limit_covs: token kernel is not finite");
-    double *L = malloc(P * P * sizeof *L), *work = malloc((P * P + P) * sizeof *work);
-    double *all = C ? C : malloc(R * m * m * sizeof *all);
+    double *L = tpk_malloc(ctx, P * P * sizeof *L), *work = tpk_malloc(ctx, (P * P + P) * sizeof *work);
+    double *all = C ? C : tpk_malloc(ctx, R * m * m * sizeof *all);
     if (!L || !work || !all) {
-        free(L);
-        free(work);
+        tpk_free(ctx, L);
+        tpk_free(ctx, work);
         if (all != C)
-            free(all);
+            tpk_free(ctx, all);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     }
     if (sqrt_psd(Sx, P, L, work)) {
@@ -110,11 +111,14 @@ int tpk_attn_limit_covs(const double *Sx, size_t nseq, size_t T, const tpk_attn_
     /* 1/n: every logit is 0, one deterministic C; 1/sqrt(n): R draws */
     size_t draws = prm->scaling == TPK_ATTN_INV_N ? 1 : R;
     int oom = 0;
+    const tpk_allocator mem = tpk_ctx_allocator(ctx); /* threads: no ctx (reported below) */
 #pragma omp parallel
     {
-        double *G = malloc(P * P * sizeof *G), *T1 = malloc(P * P * sizeof *T1);
-        double *A = calloc(P * P, sizeof *A), *M1 = malloc(P * P * sizeof *M1);
-        double *Cr = malloc(P * P * sizeof *Cr);
+        double *G = tpk_mem_malloc(&mem, P * P * sizeof *G, NULL);
+        double *T1 = tpk_mem_malloc(&mem, P * P * sizeof *T1, NULL);
+        double *A = tpk_mem_calloc(&mem, P * P, sizeof *A, NULL);
+        double *M1 = tpk_mem_malloc(&mem, P * P * sizeof *M1, NULL);
+        double *Cr = tpk_mem_malloc(&mem, P * P * sizeof *Cr, NULL);
         gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
         int ok = G && T1 && A && M1 && Cr && rng;
         if (!ok) {
@@ -185,11 +189,11 @@ int tpk_attn_limit_covs(const double *Sx, size_t nseq, size_t T, const tpk_attn_
                     dst[i * m + j] = 0.5 * (Cr[si * P + sj] + Cr[sj * P + si]);
                 }
         }
-        free(G);
-        free(T1);
-        free(A);
-        free(M1);
-        free(Cr);
+        tpk_mem_free(&mem, G);
+        tpk_mem_free(&mem, T1);
+        tpk_mem_free(&mem, A);
+        tpk_mem_free(&mem, M1);
+        tpk_mem_free(&mem, Cr);
         gsl_rng_free(rng);
     }
     if (oom) {
@@ -211,10 +215,10 @@ int tpk_attn_limit_covs(const double *Sx, size_t nseq, size_t T, const tpk_attn_
             se[i] = draws > 1 ? sqrt(s2 / (double)(draws - 1) / (double)draws) : 0.0;
     }
 done:
-    free(L);
-    free(work);
+    tpk_free(ctx, L);
+    tpk_free(ctx, work);
     if (all != C)
-        free(all);
+        tpk_free(ctx, all);
     return st;
 }
 
@@ -234,11 +238,15 @@ int tpk_attn_finite_sample(const double *Sx, size_t s, const tpk_attn_params *pr
         return TPK_ERROR(ctx, TPK_ENUMERIC, "eigen-decomposition of the token kernel failed");
     const double scale = prm->scaling == TPK_ATTN_INV_SQRT_N ? 1.0 / sqrt((double)n) : 1.0 / (double)n;
     int oom = 0;
+    const tpk_allocator mem = tpk_ctx_allocator(ctx); /* threads: no ctx (reported below) */
 #pragma omp parallel
     {
-        double *Z = malloc(n * s * sizeof *Z), *Q = malloc(n * s * sizeof *Q);
-        double *K = malloc(n * s * sizeof *K), *V = malloc(n * s * sizeof *V);
-        double *U = malloc(n * s * sizeof *U), *y = malloc(n * s * sizeof *y);
+        double *Z = tpk_mem_malloc(&mem, n * s * sizeof *Z, NULL);
+        double *Q = tpk_mem_malloc(&mem, n * s * sizeof *Q, NULL);
+        double *K = tpk_mem_malloc(&mem, n * s * sizeof *K, NULL);
+        double *V = tpk_mem_malloc(&mem, n * s * sizeof *V, NULL);
+        double *U = tpk_mem_malloc(&mem, n * s * sizeof *U, NULL);
+        double *y = tpk_mem_malloc(&mem, n * s * sizeof *y, NULL);
         double S[64 * 64], Ls[64 * 64], w2[64 * 64 + 64], Pl[64 * 64], A[64 * 64], g[64];
         gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
         int ok = Z && Q && K && V && U && y && rng;
@@ -327,12 +335,12 @@ int tpk_attn_finite_sample(const double *Sx, size_t s, const tpk_attn_params *pr
                     o[i] /= sqrt((double)n);
             }
         }
-        free(Z);
-        free(Q);
-        free(K);
-        free(V);
-        free(U);
-        free(y);
+        tpk_mem_free(&mem, Z);
+        tpk_mem_free(&mem, Q);
+        tpk_mem_free(&mem, K);
+        tpk_mem_free(&mem, V);
+        tpk_mem_free(&mem, U);
+        tpk_mem_free(&mem, y);
         gsl_rng_free(rng);
     }
     return oom ? TPK_ERROR(ctx, TPK_ENOMEM, "out of memory") : TPK_OK;
@@ -344,7 +352,7 @@ int tpk_attn_mixture_sample(const double *C, size_t R, size_t m, size_t M, uint6
     tpk_error_gsl_init();
     if (C == NULL || Y == NULL || R == 0 || m == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_attn_mixture_sample: C, Y and sizes >= 1 required");
-    double *L = malloc(R * m * m * sizeof *L), *work = malloc((m * m + m) * sizeof *work);
+    double *L = tpk_malloc(ctx, R * m * m * sizeof *L), *work = tpk_malloc(ctx, (m * m + m) * sizeof *work);
     int st = TPK_OK;
     if (!L || !work) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -356,10 +364,10 @@ int tpk_attn_mixture_sample(const double *C, size_t R, size_t m, size_t M, uint6
             goto done;
         }
     gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
-    double *g = malloc(m * sizeof *g);
+    double *g = tpk_malloc(ctx, m * sizeof *g);
     if (!rng || !g) {
         gsl_rng_free(rng);
-        free(g);
+        tpk_free(ctx, g);
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
@@ -376,10 +384,10 @@ int tpk_attn_mixture_sample(const double *C, size_t R, size_t m, size_t M, uint6
         }
     }
     gsl_rng_free(rng);
-    free(g);
+    tpk_free(ctx, g);
 done:
-    free(L);
-    free(work);
+    tpk_free(ctx, L);
+    tpk_free(ctx, work);
     return st;
 }
 
@@ -394,10 +402,10 @@ int tpk_attn_w1_samples(const double *x, size_t M, const double *y, size_t P, do
 {
     if (x == NULL || y == NULL || out == NULL || M == 0 || P == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_attn_w1_samples: two non-empty samples required");
-    double *a = malloc(M * sizeof *a), *b = malloc(P * sizeof *b);
+    double *a = tpk_malloc(ctx, M * sizeof *a), *b = tpk_malloc(ctx, P * sizeof *b);
     if (!a || !b) {
-        free(a);
-        free(b);
+        tpk_free(ctx, a);
+        tpk_free(ctx, b);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     }
     memcpy(a, x, M * sizeof *a);
@@ -416,8 +424,8 @@ int tpk_attn_w1_samples(const double *x, size_t M, const double *y, size_t P, do
         while (j < P && b[j] == next)
             j++;
     }
-    free(a);
-    free(b);
+    tpk_free(ctx, a);
+    tpk_free(ctx, b);
     *out = w;
     return TPK_OK;
 }

@@ -26,6 +26,7 @@
 #include <lapacke.h>
 
 #include "tpk/batchnorm.h"
+#include "tpk/alloc.h"
 
 /* Eigenvalues of Sᴳ below RANK_TOL·max diag(S) are 0: G kills 1 exactly, and repeated inputs
  * leave only rounding there (theory §1.6: Σ may be singular). */
@@ -203,14 +204,14 @@ static double max_diag(const double *S, size_t ld, size_t B)
 }
 
 /* Eigen-decompose the B×B symmetric A in place (eigenvectors in columns), keep eigenvalues
- * above tol: they go first in lam/Q's columns (compacted, descending). Returns the rank or -1. */
-static int eig_keep(double *A, size_t B, double tol, double *lam)
+ * above tol: they go first in lam/Q's columns (compacted, descending). work: B + B² doubles (the
+ * caller's: this runs once per quadrature node, style.md §5). Returns the rank or -1. */
+#define EIG_WORK(B) ((B) + (B) * (B))
+static int eig_keep(double *A, size_t B, double tol, double *lam, double *work)
 {
-    double *w = malloc(B * sizeof *w), *V = malloc(B * B * sizeof *V);
-    if (w == NULL || V == NULL || LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'V', 'U', (int)B, A, (int)B, w) != 0) {
-        free(w), free(V);
+    double *w = work, *V = work + B;
+    if (LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'V', 'U', (int)B, A, (int)B, w) != 0)
         return -1;
-    }
     memcpy(V, A, B * B * sizeof *V);
     int m = 0;
     for (size_t k = B; k-- > 0;) /* descending */
@@ -219,7 +220,6 @@ static int eig_keep(double *A, size_t B, double tol, double *lam)
                 A[i * B + (size_t)m] = V[i * B + k];
             lam[m++] = w[k];
         }
-    free(w), free(V);
     return m;
 }
 
@@ -227,11 +227,12 @@ static int eig_keep(double *A, size_t B, double tol, double *lam)
 static int map_one(const tpk_phi *phi, int deg, const tabs *T, const double *S, size_t ld,
                    size_t B, double *out, size_t ldo, double scale, double *err, tpk_ctx *ctx)
 {
-    double *Q = malloc(B * B * sizeof *Q), *lam = malloc(B * sizeof *lam);
-    double *C = malloc(B * B * sizeof *C), *acc = calloc(2 * B * B, sizeof *acc);
-    rule *R = malloc(sizeof *R);
+    double *Q = tpk_malloc(ctx, B * B * sizeof *Q), *lam = tpk_malloc(ctx, B * sizeof *lam);
+    double *C = tpk_malloc(ctx, B * B * sizeof *C), *acc = tpk_calloc(ctx, 2 * B * B, sizeof *acc);
+    double *work = tpk_malloc(ctx, EIG_WORK(B) * sizeof *work);
+    rule *R = tpk_malloc(ctx, sizeof *R);
     int st = TPK_OK;
-    if (!Q || !lam || !C || !acc || !R) {
+    if (!Q || !lam || !C || !acc || !work || !R) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
@@ -248,7 +249,7 @@ static int map_one(const tpk_phi *phi, int deg, const tabs *T, const double *S, 
             }
         goto done;
     }
-    int m = eig_keep(Q, B, tol, lam);
+    int m = eig_keep(Q, B, tol, lam, work);
     if (m < 0) {
         st = TPK_ERROR(ctx, TPK_ENUMERIC, "batchnorm: eigen-decomposition failed");
         goto done;
@@ -293,7 +294,12 @@ static int map_one(const tpk_phi *phi, int deg, const tabs *T, const double *S, 
     if (err)
         *err = fmax(*err, emax);
 done:
-    free(Q), free(lam), free(C), free(acc), free(R);
+    tpk_free(ctx, Q);
+    tpk_free(ctx, lam);
+    tpk_free(ctx, C);
+    tpk_free(ctx, acc);
+    tpk_free(ctx, work);
+    tpk_free(ctx, R);
     return st;
 }
 
@@ -303,13 +309,14 @@ static int cross_one(const tpk_phi *phi, int deg, const tabs *T, const double *S
                      double scale, double *err, tpk_ctx *ctx)
 {
     size_t nb = B1 > B2 ? B1 : B2;
-    double *T11 = malloc(B1 * B1 * sizeof *T11), *T12 = malloc(B1 * B2 * sizeof *T12);
-    double *T22 = malloc(B2 * B2 * sizeof *T22), *lam = malloc(nb * sizeof *lam);
-    double *K = malloc(B2 * B1 * sizeof *K), *Eps = malloc(B2 * B2 * sizeof *Eps);
-    double *acc = calloc((size_t)NLEVEL * NCHUNK * B1 * B2, sizeof *acc);
-    rule *R = malloc(sizeof *R);
+    double *T11 = tpk_malloc(ctx, B1 * B1 * sizeof *T11), *T12 = tpk_malloc(ctx, B1 * B2 * sizeof *T12);
+    double *T22 = tpk_malloc(ctx, B2 * B2 * sizeof *T22), *lam = tpk_malloc(ctx, nb * sizeof *lam);
+    double *K = tpk_malloc(ctx, B2 * B1 * sizeof *K), *Eps = tpk_malloc(ctx, B2 * B2 * sizeof *Eps);
+    double *acc = tpk_calloc(ctx, (size_t)NLEVEL * NCHUNK * B1 * B2, sizeof *acc);
+    double *work = tpk_malloc(ctx, EIG_WORK(B1) * sizeof *work);
+    rule *R = tpk_malloc(ctx, sizeof *R);
     int st = TPK_OK;
-    if (!T11 || !T12 || !T22 || !lam || !K || !Eps || !acc || !R) {
+    if (!T11 || !T12 || !T22 || !lam || !K || !Eps || !acc || !work || !R) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
@@ -326,7 +333,7 @@ static int cross_one(const tpk_phi *phi, int deg, const tabs *T, const double *S
             }
         goto done;
     }
-    int m1 = eig_keep(T11, B1, tol1, lam); /* T11 now holds Q1 (columns 0..m1) */
+    int m1 = eig_keep(T11, B1, tol1, lam, work); /* T11 now holds Q1 (columns 0..m1) */
     if (m1 < 0) {
         st = TPK_ERROR(ctx, TPK_ENUMERIC, "batchnorm: eigen-decomposition failed");
         goto done;
@@ -355,15 +362,16 @@ static int cross_one(const tpk_phi *phi, int deg, const tabs *T, const double *S
 #pragma omp parallel for schedule(dynamic, 1) if (B1 * B2 * (size_t)nq > 2048)
         for (int ch = 0; ch < NCHUNK; ch++) {
             tpk_ctx my;
-            tpk_ctx_init(&my);
-            double *W = malloc((B2 * B2 + B2 + B1 * B2 + B1 + B1 * B2 + B1) * sizeof *W);
-            rule *Ri = malloc(sizeof *Ri);
+            tpk_ctx_init_from(&my, ctx);
+            double *W = tpk_malloc(&my, (B2 * B2 + B2 + B1 * B2 + B1 + B1 * B2 + B1 + EIG_WORK(B2)) *
+                                            sizeof *W);
+            rule *Ri = tpk_malloc(&my, sizeof *Ri);
             int my_st = W && Ri ? TPK_OK : TPK_ENOMEM;
             double *A = acc + ((size_t)lv * NCHUNK + (size_t)ch) * B1 * B2;
             for (int q = ch; q < nq && !my_st; q += NCHUNK) {
                 double s = exp(R->r[q]), ld1 = 0.0;
                 double *P = W, *mu = P + B2 * B2, *Ta = mu + B2, *Taa = Ta + B1 * B2;
-                double *H = Taa + B1, *dl = H + B1 * B2;
+                double *H = Taa + B1, *dl = H + B1 * B2, *ew = dl + B1;
                 for (int k = 0; k < m1; k++)
                     ld1 += log1p(2.0 * s * lam[k]);
                 /* s-tilted law: Λ_s = Λ/(1+2sΛ) */
@@ -386,7 +394,7 @@ static int cross_one(const tpk_phi *phi, int deg, const tabs *T, const double *S
                             x += K[c * B1 + (size_t)k] * K[e * B1 + (size_t)k] * lam[k] / (1.0 + 2.0 * s * lam[k]);
                         P[c * B2 + e] = P[e * B2 + c] = x;
                     }
-                int m2 = eig_keep(P, B2, tol2, mu); /* P holds Q2 */
+                int m2 = eig_keep(P, B2, tol2, mu, ew); /* P holds Q2 */
                 if (m2 < 0) {
                     my_st = TPK_ENUMERIC;
                     break;
@@ -431,15 +439,14 @@ static int cross_one(const tpk_phi *phi, int deg, const tabs *T, const double *S
                     }
                 }
             }
-            free(W);
-            free(Ri);
+            tpk_free(&my, W);
+            tpk_free(&my, Ri);
 #pragma omp critical(tpk_bn_err)
             if (my_st && !st) {
-                st = my_st;
-                if (my.status)
-                    TPK_ERROR(ctx, my.status, "batchnorm: %s", my.msg);
+                if (my.status) /* the recorded cause (out of memory in eig_keep: not ENUMERIC) */
+                    st = TPK_ERROR(ctx, my.status, "batchnorm: %s", my.msg);
                 else
-                    TPK_ERROR(ctx, my_st, "batchnorm: cross-batch integral failed");
+                    st = TPK_ERROR(ctx, my_st, "batchnorm: cross-batch integral failed");
             }
         }
     }
@@ -458,7 +465,15 @@ static int cross_one(const tpk_phi *phi, int deg, const tabs *T, const double *S
     if (err)
         *err = fmax(*err, emax);
 done:
-    free(T11), free(T12), free(T22), free(lam), free(K), free(Eps), free(acc), free(R);
+    tpk_free(ctx, T11);
+    tpk_free(ctx, T12);
+    tpk_free(ctx, T22);
+    tpk_free(ctx, lam);
+    tpk_free(ctx, K);
+    tpk_free(ctx, Eps);
+    tpk_free(ctx, acc);
+    tpk_free(ctx, work);
+    tpk_free(ctx, R);
     return st;
 }
 
@@ -513,7 +528,7 @@ int tpk_bn_cross(const tpk_phi *phi, const double *S11, size_t B1, const double 
         return st;
     /* the block routine takes one leading dimension: pack [S11 S12; · S22] */
     size_t n = B1 + B2;
-    double *P = malloc(n * n * sizeof *P);
+    double *P = tpk_malloc(ctx, n * n * sizeof *P);
     if (P == NULL)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     for (size_t i = 0; i < B1; i++) {
@@ -524,7 +539,7 @@ int tpk_bn_cross(const tpk_phi *phi, const double *S11, size_t B1, const double 
         memcpy(P + (B1 + i) * n + B1, S22 + i * B2, B2 * sizeof *P);
     memset(out, 0, B1 * B2 * sizeof *out);
     st = cross_one(phi, deg, &T, P, P + B1, P + B1 * n + B1, n, B1, B2, out, B2, 1.0, err, ctx);
-    free(P);
+    tpk_free(ctx, P);
     return st;
 }
 
@@ -562,7 +577,7 @@ int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, const double *S11,
                 const double *c22 = S12 ? S22 : S11, *c12 = S12 ? S12 : S11;
                 /* rows oi of g, columns oj of g': pack the three blocks with one stride */
                 size_t n2 = 2 * B;
-                double *P = malloc(n2 * n2 * sizeof *P);
+                double *P = tpk_malloc(ctx, n2 * n2 * sizeof *P);
                 if (P == NULL)
                     return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
                 for (size_t r = 0; r < B; r++) {
@@ -572,7 +587,7 @@ int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, const double *S11,
                 }
                 st = cross_one(phi, deg, &T, P, P + B, P + B * n2 + B, n2, B, B, o, ld, scale,
                                err, ctx);
-                free(P);
+                tpk_free(ctx, P);
             }
         }
     if (S12 == NULL) /* g' = g: the kernel is symmetric */

@@ -2,6 +2,7 @@
  * blocks per input pair, the 2-D closed-form maps of gauss.h, and the tap convolution between
  * layers by separable direct summation or FFTW. */
 #include "tpk/cnn.h"
+#include "tpk/alloc.h"
 
 #include <fftw3.h>
 #include <math.h>
@@ -106,6 +107,7 @@ typedef struct fftplan {
     size_t MR, MS, nreal, ncplx;
     fftw_plan fwd, inv;
     fftw_complex *phr, *phs; /* Φ tables, MR and MS entries */
+    tpk_allocator al;        /* of phr, phs (the plans are FFTW's own) */
 } fftplan;
 
 static void fftplan_free(fftplan *f)
@@ -114,8 +116,8 @@ static void fftplan_free(fftplan *f)
         fftw_destroy_plan(f->fwd);
     if (f->inv)
         fftw_destroy_plan(f->inv);
-    fftw_free(f->phr);
-    fftw_free(f->phs);
+    tpk_mem_aligned_free(&f->al, f->phr);
+    tpk_mem_aligned_free(&f->al, f->phs);
     memset(f, 0, sizeof *f);
 }
 
@@ -142,10 +144,13 @@ static int fftplan_make(fftplan *f, const grid *g, int measure, tpk_ctx *ctx)
     f->MS = g->circular ? g->S : g->S + (size_t)g->kw - 1;
     f->nreal = f->MR * f->MS * f->MR * f->MS;
     f->ncplx = f->MR * f->MS * f->MR * (f->MS / 2 + 1);
-    double *re = fftw_alloc_real(f->nreal);
-    fftw_complex *cx = fftw_alloc_complex(f->ncplx);
-    f->phr = fftw_alloc_complex(f->MR);
-    f->phs = fftw_alloc_complex(f->MS);
+    f->al = tpk_ctx_allocator(ctx);
+    /* the buffers from the allocator hook (64-byte aligned: what FFTW's SIMD codelets need, and
+     * what every later buffer the plans run on has too) */
+    double *re = tpk_aligned_alloc(ctx, 64, f->nreal * sizeof *re);
+    fftw_complex *cx = tpk_aligned_alloc(ctx, 64, f->ncplx * sizeof *cx);
+    f->phr = tpk_aligned_alloc(ctx, 64, f->MR * sizeof *f->phr);
+    f->phs = tpk_aligned_alloc(ctx, 64, f->MS * sizeof *f->phs);
     int st = TPK_OK;
     if (!re || !cx || !f->phr || !f->phs) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (FFT of a %zu-position block)", g->Q);
@@ -163,14 +168,14 @@ static int fftplan_make(fftplan *f, const grid *g, int measure, tpk_ctx *ctx)
         phi_table(f->phr, f->MR, g->kh, g->cr);
         phi_table(f->phs, f->MS, g->kw, g->cs);
     }
-    fftw_free(re);
-    fftw_free(cx);
+    tpk_aligned_free(ctx, re);
+    tpk_aligned_free(ctx, cx);
     if (st)
         fftplan_free(f);
     return st;
 }
 
-/* out = alpha·(tap sum of in) + beta by FFT; re/cx: fftw_malloc'd buffers of the plan's sizes. */
+/* out = alpha·(tap sum of in) + beta by FFT; re/cx: 64-byte aligned buffers of the plan's sizes. */
 static void conv_fft(const grid *g, const fftplan *f, double alpha, double beta, const double *in,
                      double *out, double *re, fftw_complex *cx)
 {
@@ -224,28 +229,30 @@ typedef struct pairws {
     double *A, *B, *T;      /* Q×Q blocks */
     double *re;             /* FFT buffers (NULL for direct) */
     fftw_complex *cx;
+    tpk_allocator al;
 } pairws;
 
 static void pairws_free(pairws *w) /* idempotent */
 {
-    free(w->A);
-    free(w->B);
-    free(w->T);
-    fftw_free(w->re);
-    fftw_free(w->cx);
+    tpk_mem_free(&w->al, w->A);
+    tpk_mem_free(&w->al, w->B);
+    tpk_mem_free(&w->al, w->T);
+    tpk_mem_aligned_free(&w->al, w->re);
+    tpk_mem_aligned_free(&w->al, w->cx);
     memset(w, 0, sizeof *w);
 }
 
-static int pairws_alloc(pairws *w, size_t Q, const fftplan *f)
+static int pairws_alloc(pairws *w, size_t Q, const fftplan *f, tpk_ctx *ctx)
 {
     memset(w, 0, sizeof *w);
+    w->al = tpk_ctx_allocator(ctx);
     size_t q2 = Q > 0 ? Q * Q : 1;
-    w->A = malloc(q2 * sizeof *w->A);
-    w->B = malloc(q2 * sizeof *w->B);
-    w->T = malloc(q2 * sizeof *w->T);
+    w->A = tpk_malloc(ctx, q2 * sizeof *w->A);
+    w->B = tpk_malloc(ctx, q2 * sizeof *w->B);
+    w->T = tpk_malloc(ctx, q2 * sizeof *w->T);
     if (f && f->fwd) {
-        w->re = fftw_alloc_real(f->nreal);
-        w->cx = fftw_alloc_complex(f->ncplx);
+        w->re = tpk_aligned_alloc(ctx, 64, f->nreal * sizeof *w->re);
+        w->cx = tpk_aligned_alloc(ctx, 64, f->ncplx * sizeof *w->cx);
     }
     if (!w->A || !w->B || !w->T || (f && f->fwd && (!w->re || !w->cx))) {
         pairws_free(w);
@@ -269,6 +276,7 @@ struct tpk_cnn_convws {
     int fft;
     fftplan f;
     pairws w;
+    tpk_allocator al; /* of this struct */
 };
 
 tpk_cnn_convws *tpk_cnn_convws_alloc(size_t rows, size_t cols, int kh, int kw, int padding, int method,
@@ -278,21 +286,22 @@ tpk_cnn_convws *tpk_cnn_convws_alloc(size_t rows, size_t cols, int kh, int kw, i
         TPK_ERROR(ctx, TPK_EINVAL, "filter %dx%d does not fit a %zux%zu grid", kh, kw, rows, cols);
         return NULL;
     }
-    tpk_cnn_convws *c = calloc(1, sizeof *c);
+    tpk_cnn_convws *c = tpk_calloc(ctx, 1, sizeof *c);
     if (c == NULL) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         return NULL;
     }
+    c->al = tpk_ctx_allocator(ctx);
     c->g = make_grid(rows, cols, kh, kw, padding);
     c->fft = method == TPK_CNN_CONV_FFT ||
              (method == TPK_CNN_CONV_AUTO && tpk_cnn_conv_prefers_fft(rows, cols, kh, kw, padding));
     if (c->fft && fftplan_make(&c->f, &c->g, 0, ctx)) {
-        free(c);
+        tpk_free(ctx, c);
         return NULL;
     }
-    if (pairws_alloc(&c->w, c->g.Q, c->fft ? &c->f : NULL)) {
+    if (pairws_alloc(&c->w, c->g.Q, c->fft ? &c->f : NULL, ctx)) {
         fftplan_free(&c->f);
-        free(c);
+        tpk_free(ctx, c);
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         return NULL;
     }
@@ -303,9 +312,10 @@ void tpk_cnn_convws_free(tpk_cnn_convws *c)
 {
     if (c == NULL)
         return;
+    tpk_allocator al = c->al;
     pairws_free(&c->w);
     fftplan_free(&c->f);
-    free(c);
+    tpk_mem_free(&al, c);
 }
 
 void tpk_cnn_convws_apply(tpk_cnn_convws *c, double alpha, double beta, const double *in, double *out)
@@ -328,7 +338,7 @@ int tpk_cnn_conv_block(size_t rows, size_t cols, int kh, int kw, int padding, in
     if (fft && fftplan_make(&f, &g, 0, ctx))
         return ctx->status;
     pairws w;
-    if (pairws_alloc(&w, g.Q, fft ? &f : NULL)) {
+    if (pairws_alloc(&w, g.Q, fft ? &f : NULL, ctx)) {
         fftplan_free(&f);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     }
@@ -439,7 +449,7 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
 {
     const size_t Q = g->Q, C = p->channels, m = N * N;
     const double taps = (double)p->kh * p->kw;
-    double *D = malloc(Q * m * sizeof *D), *T = malloc(Q * m * sizeof *T);
+    double *D = tpk_malloc(ctx, Q * m * sizeof *D), *T = tpk_malloc(ctx, Q * m * sizeof *T);
     int st = TPK_OK;
     if (!D || !T) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu positions x %zu^2 inputs)", Q, N);
@@ -484,8 +494,8 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
         *err = p->sigma_v2 * e;
     st = check_finite(K, m, p->depth, ctx);
 done:
-    free(D);
-    free(T);
+    tpk_free(ctx, D);
+    tpk_free(ctx, T);
     return st;
 }
 
@@ -498,7 +508,7 @@ static int diag_variances(const tpk_cnn_params *p, const grid *g, const double *
 {
     const size_t Q = g->Q, C = p->channels;
     const double taps = (double)p->kh * p->kw;
-    double *u = malloc(2 * Q * sizeof *u);
+    double *u = tpk_malloc(ctx, 2 * Q * sizeof *u);
     if (!u)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     double *tmp = u + Q;
@@ -525,7 +535,7 @@ static int diag_variances(const tpk_cnn_params *p, const grid *g, const double *
             }
         }
     }
-    free(u);
+    tpk_free(ctx, u);
     return st;
 }
 
@@ -560,45 +570,47 @@ typedef struct dws {
     long *runs;          /* [start, end) runs of non-zero-variance columns, 2Q */
     long *zc;            /* zero-variance columns, Q */
     size_t nruns, nzc, nz; /* runs, non-zero columns, zero columns of this layer */
+    tpk_allocator al;
 } dws;
 
 static void dws_free(dws *w)
 {
-    free(w->A);
-    free(w->B);
-    free(w->T);
-    free(w->P);
-    free(w->acc);
-    free(w->pa);
-    free(w->pct);
-    free(w->cmap);
-    free(w->done);
-    free(w->cb);
-    free(w->qr);
-    free(w->qcz);
-    free(w->runs);
-    free(w->zc);
+    tpk_mem_free(&w->al, w->A);
+    tpk_mem_free(&w->al, w->B);
+    tpk_mem_free(&w->al, w->T);
+    tpk_mem_free(&w->al, w->P);
+    tpk_mem_free(&w->al, w->acc);
+    tpk_mem_free(&w->al, w->pa);
+    tpk_mem_free(&w->al, w->pct);
+    tpk_mem_free(&w->al, w->cmap);
+    tpk_mem_free(&w->al, w->done);
+    tpk_mem_free(&w->al, w->cb);
+    tpk_mem_free(&w->al, w->qr);
+    tpk_mem_free(&w->al, w->qcz);
+    tpk_mem_free(&w->al, w->runs);
+    tpk_mem_free(&w->al, w->zc);
     memset(w, 0, sizeof *w); /* idempotent */
 }
 
-static int dws_alloc(dws *w, const grid *g, size_t C)
+static int dws_alloc(dws *w, const grid *g, size_t C, tpk_ctx *ctx)
 {
     memset(w, 0, sizeof *w);
+    w->al = tpk_ctx_allocator(ctx);
     const size_t Q = g->Q, m = (size_t)g->kh * (size_t)g->kw * C;
-    w->A = malloc(Q * Q * sizeof *w->A);
-    w->B = malloc(Q * Q * sizeof *w->B);
-    w->T = calloc((2 * (size_t)g->kh - 1) * g->S * Q, sizeof *w->T); /* see col_taps */
-    w->P = malloc(g->S * Q * sizeof *w->P);
-    w->acc = malloc(Q * sizeof *w->acc);
-    w->pa = malloc(Q * m * sizeof *w->pa);
-    w->pct = malloc(Q * m * sizeof *w->pct);
-    w->cmap = malloc((size_t)g->kw * g->S * sizeof *w->cmap);
-    w->done = malloc(g->R);
-    w->cb = malloc(g->S * Q * sizeof *w->cb);
-    w->qr = malloc(g->S * sizeof *w->qr);
-    w->qcz = malloc(Q * sizeof *w->qcz);
-    w->runs = malloc(2 * Q * sizeof *w->runs);
-    w->zc = malloc(Q * sizeof *w->zc);
+    w->A = tpk_malloc(ctx, Q * Q * sizeof *w->A);
+    w->B = tpk_malloc(ctx, Q * Q * sizeof *w->B);
+    w->T = tpk_calloc(ctx, (2 * (size_t)g->kh - 1) * g->S * Q, sizeof *w->T); /* see col_taps */
+    w->P = tpk_malloc(ctx, g->S * Q * sizeof *w->P);
+    w->acc = tpk_malloc(ctx, Q * sizeof *w->acc);
+    w->pa = tpk_malloc(ctx, Q * m * sizeof *w->pa);
+    w->pct = tpk_malloc(ctx, Q * m * sizeof *w->pct);
+    w->cmap = tpk_malloc(ctx, (size_t)g->kw * g->S * sizeof *w->cmap);
+    w->done = tpk_malloc(ctx, g->R);
+    w->cb = tpk_malloc(ctx, g->S * Q * sizeof *w->cb);
+    w->qr = tpk_malloc(ctx, g->S * sizeof *w->qr);
+    w->qcz = tpk_malloc(ctx, Q * sizeof *w->qcz);
+    w->runs = tpk_malloc(ctx, 2 * Q * sizeof *w->runs);
+    w->zc = tpk_malloc(ctx, Q * sizeof *w->zc);
     if (!w->A || !w->B || !w->T || !w->P || !w->acc || !w->pa || !w->pct || !w->cmap || !w->done ||
         !w->cb || !w->qr || !w->qcz || !w->runs || !w->zc) {
         dws_free(w);
@@ -971,7 +983,7 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
 {
     const size_t Q = g->Q, L = (size_t)p->depth;
     const size_t npairs = N * (N + 1) / 2;
-    double *q = malloc(L * N * Q * sizeof *q);
+    double *q = tpk_malloc(ctx, L * N * Q * sizeof *q);
     if (!q)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     int st = diag_variances(p, g, X, N, ws, q, ctx);
@@ -980,7 +992,7 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                tpk_cnn_conv_prefers_fft(g->R, g->S, g->kh, g->kw, p->padding));
     double *zv = NULL, zerr = 0;
     if (!st && !fft) { /* zero-variance entries (map_plane); none with a bias variance > 0 */
-        zv = calloc(L * N * Q, sizeof *zv);
+        zv = tpk_calloc(ctx, L * N * Q, sizeof *zv);
         size_t nzero = 0;
         for (size_t i = 0; i < L * N * Q; i++)
             nzero += q[i] == 0;
@@ -995,16 +1007,17 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
     double emax = 0;
     int failed = st;
     tpk_ctx tctx;
-    tpk_ctx_init(&tctx);
+    tpk_ctx_init_from(&tctx, ctx);
     if (!st) {
 #pragma omp parallel reduction(max : emax)
         {
             pairws w = {0};
             dws dw = {0};
             tpk_ctx lctx;
-            tpk_ctx_init(&lctx);
-            int lst = (fft ? pairws_alloc(&w, Q, &f) : dws_alloc(&dw, g, p->channels)) ? TPK_ENOMEM
-                                                                                       : TPK_OK;
+            tpk_ctx_init_from(&lctx, ctx);
+            int lst = (fft ? pairws_alloc(&w, Q, &f, &lctx) : dws_alloc(&dw, g, p->channels, &lctx))
+                          ? TPK_ENOMEM
+                          : TPK_OK;
             if (lst)
                 TPK_ERROR(&lctx, TPK_ENOMEM, "out of memory (pair workspace, %zu positions)", Q);
 #pragma omp for schedule(dynamic, 1)
@@ -1045,8 +1058,8 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
         }
     }
     fftplan_free(&f);
-    free(q);
-    free(zv);
+    tpk_free(ctx, q);
+    tpk_free(ctx, zv);
     if (!st && failed) {
         *ctx = tctx;
         st = failed;

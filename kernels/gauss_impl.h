@@ -51,6 +51,7 @@ struct tpk_phi {
     int kind;                    /* enum gauss_kind */
     double ca, cb, cc;           /* family constants: ABRELU (a,b); ERF b; SIN/EXP/EXPSQ (a,b,c) */
     int m;                       /* GK_MONO degree; GK_SIN: 1 for cosine */
+    tpk_allocator al;            /* tpk_phi_alloc's: tpk_phi_free gives the struct back to it */
 };
 
 /* Gauss–Hermite rules for the standard normal: E f(Z) ≈ Σ w_i f(z_i), Σ w_i = 1. */
@@ -77,6 +78,7 @@ struct tpk_gauss_ws {
     size_t J;
     gauss_rule rh;
     double *hw;
+    tpk_allocator al; /* tpk_gauss_ws_alloc's: of the struct, hw and the rules' nodes */
 };
 
 /* ---- gauss.c: validation and closed forms --------------------------------------------- */

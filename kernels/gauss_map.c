@@ -1,5 +1,6 @@
 /* Whole-matrix maps S ↦ V_φ(S): tiled, OpenMP-parallel, vectorised closed forms (theory.md §3.2), Mehler series otherwise. */
 #include "gauss_impl.h"
+#include "tpk/alloc.h"
 #include "gauss_simd.h"
 
 #include <float.h>
@@ -39,6 +40,7 @@ typedef struct index_prep {
     double *q, *sq, *a, *s;
     double *coef, *tail, *norm;
     double qmax;
+    tpk_allocator al; /* of q and coef */
 } index_prep;
 
 typedef struct map_plan {
@@ -278,8 +280,8 @@ static seg_fn seg_for(int mk)
 
 static void prep_free(index_prep *p)
 {
-    free(p->q);
-    free(p->coef);
+    tpk_mem_free(&p->al, p->q);
+    tpk_mem_free(&p->al, p->coef);
     memset(p, 0, sizeof *p);
 }
 
@@ -288,9 +290,10 @@ static int prep_alloc(index_prep *p, const tpk_phi *phi, int mk, const tpk_gauss
                       const double *q, size_t qstride, size_t len, const char *what, tpk_ctx *ctx)
 {
     memset(p, 0, sizeof *p);
+    p->al = tpk_ctx_allocator(ctx);
     p->len = len;
     const size_t nb = len ? len : 1;
-    p->q = malloc(6 * nb * sizeof *p->q);
+    p->q = tpk_malloc(ctx, 6 * nb * sizeof *p->q);
     if (!p->q)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory in tpk_gauss_map");
     p->sq = p->q + nb;
@@ -336,7 +339,7 @@ static int prep_alloc(index_prep *p, const tpk_phi *phi, int mk, const tpk_gauss
     }
     if (mk == MK_MEHLER) {
         const size_t J = ws->J;
-        p->coef = malloc(J * nb * sizeof *p->coef);
+        p->coef = tpk_malloc(ctx, J * nb * sizeof *p->coef);
         if (!p->coef) {
             prep_free(p);
             return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory in tpk_gauss_map");
@@ -434,7 +437,7 @@ static void record_failure(const map_plan *P, size_t i, const double *k, size_t 
 static int report_failure(const map_plan *P, const map_fail *fail, tpk_ctx *ctx)
 {
     tpk_ctx local;
-    tpk_ctx_init(&local);
+    tpk_ctx_init_from(&local, ctx);
     double rho = 0.0, v, e;
     const double qi = P->r->q[fail->i], qj = P->c->q[fail->j];
     int st = tpk__gauss_check_cov(qi, qj, fail->k, &rho, &local);
@@ -492,7 +495,7 @@ static int relu_tuned(const tpk_phi *phi, const double *S, size_t n, double alph
         tpk_relu_map_tuned_choice(0, n, 0, NULL) == TPK_MAP_REFERENCE)
         return 0;
     tpk_ctx local;
-    tpk_ctx_init(&local);
+    tpk_ctx_init_from(&local, ctx);
     int bad = 1;
     if (tpk_relu_map_tuned_d(n, S, n, alpha, beta, out, n, n * n >= PAR_MIN_ENTRIES ? 0 : 1, NULL,
                              &bad, &local) != TPK_OK)

@@ -1,5 +1,6 @@
 /* Gauss–Hermite back-end: node tables from GSL, 1-D and 2-D (Cholesky) rules, Hermite coefficients (theory.md §3.3). */
 #include "gauss_impl.h"
+#include "tpk/alloc.h"
 
 #include <gsl/gsl_integration.h>
 #include <math.h>
@@ -22,10 +23,10 @@
  * estimates the error of Q_D by up to 1/(2^p − 1) ≈ 1.6; report 3× the difference for them. */
 #define KINKED_ERR_FACTOR 3.0
 
-static void rule_free(gauss_rule *r)
+static void rule_free(const tpk_allocator *al, gauss_rule *r)
 {
-    free(r->z);
-    free(r->w);
+    tpk_mem_free(al, r->z);
+    tpk_mem_free(al, r->w);
     r->z = r->w = NULL;
 }
 
@@ -33,14 +34,15 @@ static void rule_free(gauss_rule *r)
  * weights renormalised by their computed sum so that constants integrate exactly. */
 static int rule_init(gauss_rule *r, size_t n, tpk_ctx *ctx)
 {
+    const tpk_allocator al = tpk_ctx_allocator(ctx);
     r->n = n;
-    r->z = malloc(n * sizeof *r->z);
-    r->w = malloc(n * sizeof *r->w);
+    r->z = tpk_malloc(ctx, n * sizeof *r->z);
+    r->w = tpk_malloc(ctx, n * sizeof *r->w);
     gsl_integration_fixed_workspace *g =
         gsl_integration_fixed_alloc(gsl_integration_fixed_hermite, n, 0.0, 1.0, 0.0, 0.0);
     if (!r->z || !r->w || !g) {
         gsl_integration_fixed_free(g);
-        rule_free(r);
+        rule_free(&al, r);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory building a %zu-point Gauss-Hermite rule", n);
     }
     const double *x = gsl_integration_fixed_nodes(g), *w = gsl_integration_fixed_weights(g);
@@ -58,14 +60,15 @@ static int rule_init(gauss_rule *r, size_t n, tpk_ctx *ctx)
 /* n-point Gauss–Legendre rule on [0, 1]. */
 static int gl_init(gauss_rule *r, size_t n, tpk_ctx *ctx)
 {
+    const tpk_allocator al = tpk_ctx_allocator(ctx);
     r->n = n;
-    r->z = malloc(n * sizeof *r->z);
-    r->w = malloc(n * sizeof *r->w);
+    r->z = tpk_malloc(ctx, n * sizeof *r->z);
+    r->w = tpk_malloc(ctx, n * sizeof *r->w);
     gsl_integration_glfixed_table *t = gsl_integration_glfixed_table_alloc(n);
     if (!r->z || !r->w || !t) {
         if (t)
             gsl_integration_glfixed_table_free(t);
-        rule_free(r);
+        rule_free(&al, r);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory building a %zu-point Gauss-Legendre rule", n);
     }
     for (size_t i = 0; i < n; i++)
@@ -77,11 +80,12 @@ static int gl_init(gauss_rule *r, size_t n, tpk_ctx *ctx)
 /* Radial rule: r = R x, weight R w r e^{−r²/2}/(2π) (the polar density of N(0, I₂)). */
 static int radial_init(gauss_rule *r, const gauss_rule *gl, tpk_ctx *ctx)
 {
+    const tpk_allocator al = tpk_ctx_allocator(ctx);
     r->n = gl->n;
-    r->z = malloc(r->n * sizeof *r->z);
-    r->w = malloc(r->n * sizeof *r->w);
+    r->z = tpk_malloc(ctx, r->n * sizeof *r->z);
+    r->w = tpk_malloc(ctx, r->n * sizeof *r->w);
     if (!r->z || !r->w) {
-        rule_free(r);
+        rule_free(&al, r);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory building the radial rule");
     }
     for (size_t i = 0; i < r->n; i++) {
@@ -100,11 +104,12 @@ tpk_gauss_ws *tpk_gauss_ws_alloc(size_t degree, tpk_ctx *ctx)
                   MAX_DEGREE);
         return NULL;
     }
-    tpk_gauss_ws *ws = calloc(1, sizeof *ws);
+    tpk_gauss_ws *ws = tpk_calloc(ctx, 1, sizeof *ws);
     if (!ws) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating a Gauss-Hermite workspace");
         return NULL;
     }
+    ws->al = tpk_ctx_allocator(ctx);
     ws->degree = degree;
     ws->J = 2 * degree < MEHLER_JMAX ? 2 * degree : MEHLER_JMAX;
     const size_t d4 = degree / 4 ? degree / 4 : 1;
@@ -120,7 +125,7 @@ tpk_gauss_ws *tpk_gauss_ws_alloc(size_t degree, tpk_ctx *ctx)
      * h_{j+1} = (z h_j − √j h_{j−1})/√(j+1). The rh rule has 2J nodes, so it integrates h_j h_l
      * exactly for j + l < 4J: the 2J×2J discrete transform is orthogonal (discrete Parseval). */
     const size_t nh = ws->rh.n, nj = 2 * ws->J;
-    ws->hw = malloc(nj * nh * sizeof *ws->hw);
+    ws->hw = tpk_malloc(ctx, nj * nh * sizeof *ws->hw);
     if (!ws->hw) {
         tpk_gauss_ws_free(ws);
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating Hermite tables");
@@ -143,18 +148,19 @@ void tpk_gauss_ws_free(tpk_gauss_ws *ws)
 {
     if (!ws)
         return;
-    rule_free(&ws->r2);
-    rule_free(&ws->r2lo);
-    rule_free(&ws->r1);
-    rule_free(&ws->r1lo);
-    rule_free(&ws->rh);
-    rule_free(&ws->gl);
-    rule_free(&ws->gl2);
-    rule_free(&ws->gl4);
-    rule_free(&ws->pr);
-    rule_free(&ws->prlo);
-    free(ws->hw);
-    free(ws);
+    tpk_allocator al = ws->al;
+    rule_free(&al, &ws->r2);
+    rule_free(&al, &ws->r2lo);
+    rule_free(&al, &ws->r1);
+    rule_free(&al, &ws->r1lo);
+    rule_free(&al, &ws->rh);
+    rule_free(&al, &ws->gl);
+    rule_free(&al, &ws->gl2);
+    rule_free(&al, &ws->gl4);
+    rule_free(&al, &ws->pr);
+    rule_free(&al, &ws->prlo);
+    tpk_mem_free(&al, ws->hw);
+    tpk_mem_free(&al, ws);
 }
 
 size_t tpk_gauss_ws_degree(const tpk_gauss_ws *ws) { return ws ? ws->degree : 0; }

@@ -1,5 +1,6 @@
 /* Deep MLP NNGP kernel by the direct layer recursion (theory.md §2.1). */
 #include "tpk/kernels.h"
+#include "tpk/alloc.h"
 #include "tpk/matmul.h"
 
 #include <math.h>
@@ -76,13 +77,13 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
     /* Train diagonal, needed by the cross map; test diagonal and cross block. */
     double *qtrain = NULL;
     if (Xt) {
-        qtrain = malloc((n ? n : 1) * sizeof *qtrain);
+        qtrain = tpk_malloc(ctx, (n ? n : 1) * sizeof *qtrain);
         if (!qtrain)
             return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         const double scale = d ? p->sigma_w2 / (double)d : 0.0;
         if ((st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, m, n, d, scale, Xt->data, d ? d : 1, X->data,
                             d ? d : 1, 0.0, Kxt->data, n ? n : 1, ctx))) {
-            free(qtrain);
+            tpk_free(ctx, qtrain);
             return st;
         }
         affine(Kxt->data, m * n, 1.0, p->sigma_b2);
@@ -141,7 +142,7 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
             break;
         }
     }
-    free(qtrain);
+    tpk_free(ctx, qtrain);
     if (st)
         return st;
 

@@ -3,6 +3,7 @@
  * Gaussian expectations of these functions are in gauss.c (closed forms, theory.md §3.2) and
  * gauss_quad.c (quadrature). */
 #include "gauss_impl.h"
+#include "tpk/alloc.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -123,15 +124,18 @@ static const phi_def builtins[] = {
 struct tpk_phi_registry {
     phi_def *user;
     size_t nuser, cap;
+    tpk_allocator al; /* of this struct and user */
 };
 
 /* ==== registry =========================================================================== */
 
 tpk_phi_registry *tpk_phi_registry_alloc(tpk_ctx *ctx)
 {
-    tpk_phi_registry *reg = calloc(1, sizeof *reg);
+    tpk_phi_registry *reg = tpk_calloc(ctx, 1, sizeof *reg);
     if (!reg)
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating the phi registry");
+    else
+        reg->al = tpk_ctx_allocator(ctx);
     return reg;
 }
 
@@ -139,8 +143,9 @@ void tpk_phi_registry_free(tpk_phi_registry *reg)
 {
     if (!reg)
         return;
-    free(reg->user);
-    free(reg);
+    tpk_allocator al = reg->al;
+    tpk_mem_free(&al, reg->user);
+    tpk_mem_free(&al, reg);
 }
 
 static const phi_def *registry_find(const tpk_phi_registry *reg, const char *name, size_t len)
@@ -188,7 +193,7 @@ int tpk_phi_register(tpk_phi_registry *reg, const char *name, tpk_scalar_fn fn, 
                              i + 1);
     if (reg->nuser == reg->cap) {
         size_t cap = reg->cap ? 2 * reg->cap : 8;
-        phi_def *u = realloc(reg->user, cap * sizeof *u);
+        phi_def *u = tpk_mem_realloc(&reg->al, reg->user, cap * sizeof *u, ctx);
         if (!u)
             return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory registering phi '%s'", name);
         reg->user = u;
@@ -447,12 +452,13 @@ tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tpk_ctx *c
                   d->nparams == 1 ? "" : "s", nvals);
         return NULL;
     }
-    tpk_phi *phi = calloc(1, sizeof *phi);
+    tpk_phi *phi = tpk_calloc(ctx, 1, sizeof *phi);
     if (!phi) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating phi '%s'", d->name);
         return NULL;
     }
     phi->def = *d;
+    phi->al = tpk_ctx_allocator(ctx);
     for (int i = 0; i < d->nparams; i++)
         phi->p[i] = i < nvals ? vals[i] : d->defaults[i];
     int len = snprintf(phi->canon, sizeof phi->canon, "%s", d->name);
@@ -467,7 +473,13 @@ tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tpk_ctx *c
     return phi;
 }
 
-void tpk_phi_free(tpk_phi *phi) { free(phi); }
+void tpk_phi_free(tpk_phi *phi)
+{
+    if (phi != NULL) {
+        tpk_allocator al = phi->al;
+        tpk_mem_free(&al, phi);
+    }
+}
 const char *tpk_phi_name(const tpk_phi *phi) { return phi->canon; }
 double tpk_phi_eval(const tpk_phi *phi, double x) { return phi->def.fn(x, phi->p); }
 unsigned tpk_phi_flags(const tpk_phi *phi) { return phi->flags; }

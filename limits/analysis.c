@@ -3,6 +3,7 @@
  * bootstrap fits of every exponent, the sliced distances; then the HDF5 datasets and the human
  * summary of gplimits. */
 #include "tpk/study.h"
+#include "tpk/alloc.h"
 
 #include "limits-impl.h"
 
@@ -48,17 +49,18 @@ void tpk_study_analysis_free(tpk_study_analysis *a)
 {
     if (!a)
         return;
-    free(a->widths);
-    free(a->frob_rel);
-    free(a->variance);
+    tpk_allocator al = a->alloc;
+    tpk_mem_free(&al, a->widths);
+    tpk_mem_free(&al, a->frob_rel);
+    tpk_mem_free(&al, a->variance);
     for (int c = 0; c < TPK_STUDY_NCOLS; c++)
-        free(a->col[c]);
-    free(a->sliced_rbw1);
-    free(a->sliced_rbw1_shape);
-    free(a->sliced_w1_samples);
-    free(a->theta);
-    free(a->stability);
-    free(a);
+        tpk_mem_free(&al, a->col[c]);
+    tpk_mem_free(&al, a->sliced_rbw1);
+    tpk_mem_free(&al, a->sliced_rbw1_shape);
+    tpk_mem_free(&al, a->sliced_w1_samples);
+    tpk_mem_free(&al, a->theta);
+    tpk_mem_free(&al, a->stability);
+    tpk_mem_free(&al, a);
 }
 
 static int check_input(const tpk_study_raw *r, const tpk_study_stats *o, tpk_ctx *ctx)
@@ -175,7 +177,9 @@ static tpk_study_analysis *analysis_alloc(const tpk_study_raw *r, const tpk_stud
                                           tpk_ctx *ctx)
 {
     const size_t W = r->W, S = r->S;
-    tpk_study_analysis *a = calloc(1, sizeof *a);
+    tpk_study_analysis *a = tpk_calloc(ctx, 1, sizeof *a);
+    if (a != NULL)
+        a->alloc = tpk_ctx_allocator(ctx);
     if (!a) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         return NULL;
@@ -184,16 +188,16 @@ static tpk_study_analysis *analysis_alloc(const tpk_study_raw *r, const tpk_stud
     a->S = S;
     a->N = r->N;
     a->stats = *o;
-    int ok = (a->widths = malloc(W * sizeof(double))) != NULL;
-    ok &= (a->frob_rel = malloc(W * S * sizeof(double))) != NULL;
-    ok &= (a->variance = malloc(W * S * sizeof(double))) != NULL;
+    int ok = (a->widths = tpk_malloc(ctx, W * sizeof(double))) != NULL;
+    ok &= (a->frob_rel = tpk_malloc(ctx, W * S * sizeof(double))) != NULL;
+    ok &= (a->variance = tpk_malloc(ctx, W * S * sizeof(double))) != NULL;
     for (int c = 0; c < TPK_STUDY_NCOLS; c++)
-        ok &= (a->col[c] = calloc(W, sizeof(double))) != NULL;
-    ok &= (a->sliced_rbw1 = calloc(W, sizeof(double))) != NULL;
-    ok &= (a->sliced_rbw1_shape = calloc(W, sizeof(double))) != NULL;
-    ok &= (a->sliced_w1_samples = calloc(W, sizeof(double))) != NULL;
-    ok &= (a->theta = malloc(o->slices * r->N * sizeof(double))) != NULL;
-    ok &= (a->stability = calloc(W, sizeof *a->stability)) != NULL;
+        ok &= (a->col[c] = tpk_calloc(ctx, W, sizeof(double))) != NULL;
+    ok &= (a->sliced_rbw1 = tpk_calloc(ctx, W, sizeof(double))) != NULL;
+    ok &= (a->sliced_rbw1_shape = tpk_calloc(ctx, W, sizeof(double))) != NULL;
+    ok &= (a->sliced_w1_samples = tpk_calloc(ctx, W, sizeof(double))) != NULL;
+    ok &= (a->theta = tpk_malloc(ctx, o->slices * r->N * sizeof(double))) != NULL;
+    ok &= (a->stability = tpk_calloc(ctx, W, sizeof *a->stability)) != NULL;
     if (!ok) {
         tpk_study_analysis_free(a);
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory for the analysis of %zu widths x %zu seeds", W,
@@ -211,7 +215,7 @@ tpk_study_analysis *tpk_study_analyse(const tpk_study_raw *r, const tpk_study_st
         return NULL;
     const size_t W = r->W, S = r->S, N = r->N, NN = N * N, i0 = o->w1_input;
     tpk_study_analysis *a = analysis_alloc(r, o, ctx);
-    double *proj = a ? malloc(S * sizeof *proj) : NULL;
+    double *proj = a ? tpk_malloc(ctx, S * sizeof *proj) : NULL;
     if (!proj) {
         if (a)
             TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -252,7 +256,7 @@ tpk_study_analysis *tpk_study_analyse(const tpk_study_raw *r, const tpk_study_st
                                  a->col[TPK_STUDY_KURT_MIX], NULL, NULL, ctx);
     if (st == TPK_OK)
         st = sliced(a, r, &bo, ctx);
-    free(proj);
+    tpk_free(ctx, proj);
     if (st) {
         tpk_study_analysis_free(a);
         return NULL;
@@ -288,7 +292,7 @@ static int write_fit(tpk_h5out *h, const char *name, const tpk_limits_fit *f, co
 static int write_stability(const tpk_study_analysis *a, tpk_h5out *h, tpk_ctx *ctx)
 {
     const size_t W = a->W;
-    double *stb = malloc((W - 1) * 4 * sizeof *stb);
+    double *stb = tpk_malloc(ctx, (W - 1) * 4 * sizeof *stb);
     if (!stb)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     for (size_t k = 0; k + 1 < W; k++) {
@@ -297,11 +301,11 @@ static int write_stability(const tpk_study_analysis *a, tpk_h5out *h, tpk_ctx *c
         stb[k * 4 + 2] = a->stability[k].slope_lo;
         stb[k * 4 + 3] = a->stability[k].slope_hi;
     }
-    tpk_array sa = {2, {W - 1, 4, 0, 0}, stb};
+    tpk_array sa = {.ndim = 2, .dims = {W - 1, 4, 0, 0}, .data = stb};
     tpk_h5out_write(h, "/fits/rms_stability", &sa, ctx);
-    long long *fw = malloc((W - 1) * sizeof *fw);
+    long long *fw = tpk_malloc(ctx, (W - 1) * sizeof *fw);
     if (!fw) {
-        free(stb);
+        tpk_free(ctx, stb);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     }
     for (size_t k = 0; k + 1 < W; k++)
@@ -310,10 +314,10 @@ static int write_stability(const tpk_study_analysis *a, tpk_h5out *h, tpk_ctx *c
     tpk_h5out_coord_labels(h, "stability_stat", stability_fields, 4, ctx);
     tpk_h5out_dims(h, "/fits/rms_stability", (const char *const[]){"first_width",
                    "stability_stat"}, 2, ctx);
-    free(fw);
+    tpk_free(ctx, fw);
     tpk_h5out_attr_str(h, "/fits/rms_stability", "columns", "first_width slope slope_lo slope_hi",
                        ctx);
-    free(stb);
+    tpk_free(ctx, stb);
     return ctx->status;
 }
 
@@ -369,17 +373,18 @@ int tpk_study_analysis_write_named(const tpk_study_analysis *a, tpk_h5out *h, co
     const size_t W = a->W, S = a->S;
     const double *n = a->widths;
     /* the coordinates of the width axis are the widths (integers); the caller may have made it */
-    long long *wi = malloc(W * sizeof *wi);
+    long long *wi = tpk_malloc(ctx, W * sizeof *wi);
     if (!wi)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     for (size_t w = 0; w < W; w++)
         wi[w] = llround(n[w]);
     if (!tpk_h5out_has(h, "/width"))
         tpk_h5out_coord_ints(h, "width", wi, W, ctx);
-    free(wi);
+    tpk_free(ctx, wi);
     tpk_h5out_coord_labels(h, "fit_stat", fit_fields, FIT_NFIELDS, ctx);
     const char *const ws[] = {"width", "seed"};
-    tpk_array e2 = {2, {W, S, 0, 0}, a->frob_rel}, v2 = {2, {W, S, 0, 0}, a->variance};
+    tpk_array e2 = {2, {W, S, 0, 0}, a->frob_rel, {NULL, NULL}};
+    tpk_array v2 = {2, {W, S, 0, 0}, a->variance, {NULL, NULL}};
     tpk_h5out_write(h, "/per_seed/frob_rel", &e2, ctx);
     tpk_h5out_dims(h, "/per_seed/frob_rel", ws, 2, ctx);
     tpk_h5out_write(h, "/per_seed/w1_input_variance", &v2, ctx);
@@ -395,7 +400,7 @@ int tpk_study_analysis_write_named(const tpk_study_analysis *a, tpk_h5out *h, co
     tpk_h5out_attr_double(h, "/per_width/sliced_w1_samples", "gp_floor_mean", a->gp_floor_mean,
                           ctx);
     tpk_h5out_attr_double(h, "/per_width/sliced_w1_samples", "gp_floor_sd", a->gp_floor_sd, ctx);
-    tpk_array th = {2, {a->stats.slices, a->N, 0, 0}, a->theta};
+    tpk_array th = {.ndim = 2, .dims = {a->stats.slices, a->N, 0, 0}, .data = a->theta};
     tpk_h5out_write(h, "/slices", &th, ctx);
     tpk_h5out_dims(h, "/slices", (const char *const[]){"slice", point}, 2, ctx);
     write_fit(h, "/fits/rms", &a->rms, n, ctx);

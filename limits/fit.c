@@ -2,6 +2,7 @@
  * c1 n^(-1/2) + c2 n^(-1), bootstrap-over-seeds percentile intervals, and the exponent's
  * stability as small widths are dropped. */
 #include "tpk/limits.h"
+#include "tpk/alloc.h"
 
 /* OpenBLAS cblas.h first, then keep GSL's gsl_cblas.h out (they declare the same enums). */
 #include <cblas.h>
@@ -84,14 +85,21 @@ int tpk_limits_fit_two_term(const double *n, const double *y, const double *w, s
     for (size_t i = 0; i < W; i++)
         if (!(n[i] > 0) || !isfinite(y[i]) || (w && !(w[i] >= 0)))
             return TPK_ERROR(ctx, TPK_EDOM, "tpk_limits_fit_two_term: bad point %zu", i);
-    gsl_matrix *X = gsl_matrix_alloc(W, 2), *C = gsl_matrix_alloc(2, 2);
-    gsl_vector *Y = gsl_vector_alloc(W), *Wt = w ? gsl_vector_alloc(W) : NULL,
-               *c = gsl_vector_alloc(2);
-    gsl_multifit_linear_workspace *ws = gsl_multifit_linear_alloc(W, 2);
+    /* the matrices and vectors are views of one buffer from the allocator hook (tpk/alloc.h);
+     * only GSL's least-squares workspace is GSL's own */
+    double *buf = tpk_malloc(ctx, (4 * W + 6) * sizeof *buf);
+    gsl_multifit_linear_workspace *ws = buf ? gsl_multifit_linear_alloc(W, 2) : NULL;
     int st = TPK_OK;
-    if (!X || !C || !Y || !c || !ws || (w && !Wt)) {
+    if (!buf || !ws) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_fit_two_term: out of memory");
     } else {
+        gsl_matrix_view Xv = gsl_matrix_view_array(buf, W, 2);
+        gsl_matrix_view Cv = gsl_matrix_view_array(buf + 2 * W, 2, 2);
+        gsl_vector_view Yv = gsl_vector_view_array(buf + 2 * W + 4, W);
+        gsl_vector_view Wv = gsl_vector_view_array(buf + 3 * W + 4, W);
+        gsl_vector_view cv = gsl_vector_view_array(buf + 4 * W + 4, 2);
+        gsl_matrix *X = &Xv.matrix, *C = &Cv.matrix;
+        gsl_vector *Y = &Yv.vector, *Wt = w ? &Wv.vector : NULL, *c = &cv.vector;
         for (size_t i = 0; i < W; i++) {
             gsl_matrix_set(X, i, 0, 1.0 / sqrt(n[i]));
             gsl_matrix_set(X, i, 1, 1.0 / n[i]);
@@ -114,12 +122,9 @@ int tpk_limits_fit_two_term(const double *n, const double *y, const double *w, s
                 *chisq = chi;
         }
     }
-    gsl_multifit_linear_free(ws);
-    gsl_vector_free(c);
-    gsl_vector_free(Wt);
-    gsl_vector_free(Y);
-    gsl_matrix_free(C);
-    gsl_matrix_free(X);
+    if (ws != NULL)
+        gsl_multifit_linear_free(ws);
+    tpk_free(ctx, buf);
     return st;
 }
 
@@ -224,10 +229,10 @@ int tpk_limits_boot_fit(const tpk_limits_series *d, tpk_limits_stat_fn stat, con
     fit->first = first;
     fit->nboot = B;
 
-    double *y = malloc(W * sizeof *y), *wbuf = malloc(W * sizeof *wbuf);
-    double *bstat = malloc(B * W * sizeof *bstat), *bs = malloc(B * sizeof *bs),
-           *b1 = malloc(B * sizeof *b1), *b2 = malloc(B * sizeof *b2);
-    unsigned char *ok = calloc(B, 1);
+    double *y = tpk_malloc(ctx, W * sizeof *y), *wbuf = tpk_malloc(ctx, W * sizeof *wbuf);
+    double *bstat = tpk_malloc(ctx, B * W * sizeof *bstat), *bs = tpk_malloc(ctx, B * sizeof *bs),
+           *b1 = tpk_malloc(ctx, B * sizeof *b1), *b2 = tpk_malloc(ctx, B * sizeof *b2);
+    unsigned char *ok = tpk_calloc(ctx, B, 1);
     if (!y || !wbuf || !bstat || !bs || !b1 || !b2 || !ok) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", fn);
         goto done;
@@ -244,10 +249,10 @@ int tpk_limits_boot_fit(const tpk_limits_series *d, tpk_limits_stat_fn stat, con
 #pragma omp parallel
     {
         gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
-        size_t *idx = malloc(S * sizeof *idx);
-        double *yb = malloc(W * sizeof *yb), *wb = malloc(W * sizeof *wb);
+        size_t *idx = tpk_malloc(ctx, S * sizeof *idx);
+        double *yb = tpk_malloc(ctx, W * sizeof *yb), *wb = tpk_malloc(ctx, W * sizeof *wb);
         tpk_ctx lctx;
-        tpk_ctx_init(&lctx);
+        tpk_ctx_init_from(&lctx, ctx);
         if (!r || !idx || !yb || !wb)
             TPK_ERROR(&lctx, TPK_ENOMEM, "%s: out of memory", fn);
 #pragma omp for schedule(dynamic, 1)
@@ -262,20 +267,24 @@ int tpk_limits_boot_fit(const tpk_limits_series *d, tpk_limits_stat_fn stat, con
                     for (size_t i = 0; i < S; i++)
                         idx[i] = gsl_rng_uniform_int(r, S);
                 tpk_ctx sctx; /* a failing replicate is counted, not fatal */
-                tpk_ctx_init(&sctx);
+                tpk_ctx_init_from(&sctx, ctx);
                 if (stat(d->recs + w * S * rec, S, rec, idx, user, &yb[w], &sctx) != TPK_OK ||
                     !isfinite(yb[w]))
                     yb[w] = NAN;
+                if (sctx.status == TPK_ENOMEM) /* but out of memory is: no replicate is lost */
+                    tpk_error_at(&lctx, TPK_ENOMEM, sctx.src_file, sctx.src_line, "%s", sctx.msg);
                 bstat[b * W + w] = yb[w];
                 if (w >= first && !(yb[w] > 0))
                     good = 0;
             }
             if (good) {
                 tpk_ctx fctx;
-                tpk_ctx_init(&fctx);
+                tpk_ctx_init_from(&fctx, ctx);
                 double icpt;
                 good = fit_both(d->n, yb, W, first, &bs[b], &icpt, NULL, &b1[b], &b2[b], wb,
                                 &fctx) == TPK_OK;
+                if (fctx.status == TPK_ENOMEM)
+                    tpk_error_at(&lctx, TPK_ENOMEM, fctx.src_file, fctx.src_line, "%s", fctx.msg);
             }
             ok[b] = (unsigned char)good;
         }
@@ -283,9 +292,9 @@ int tpk_limits_boot_fit(const tpk_limits_series *d, tpk_limits_stat_fn stat, con
         if (lctx.status && st == TPK_OK)
             st = TPK_ERROR(ctx, lctx.status, "%s", lctx.msg);
         gsl_rng_free(r);
-        free(idx);
-        free(yb);
-        free(wb);
+        tpk_free(ctx, idx);
+        tpk_free(ctx, yb);
+        tpk_free(ctx, wb);
     }
     if (st)
         goto done;
@@ -327,13 +336,13 @@ int tpk_limits_boot_fit(const tpk_limits_series *d, tpk_limits_stat_fn stat, con
         }
     }
 done:
-    free(y);
-    free(wbuf);
-    free(bstat);
-    free(bs);
-    free(b1);
-    free(b2);
-    free(ok);
+    tpk_free(ctx, y);
+    tpk_free(ctx, wbuf);
+    tpk_free(ctx, bstat);
+    tpk_free(ctx, bs);
+    tpk_free(ctx, b1);
+    tpk_free(ctx, b2);
+    tpk_free(ctx, ok);
     return st;
 }
 

@@ -2,6 +2,7 @@
  * W1 of Gaussian scale mixtures by 1-D quadrature, its resampling noise floor, sliced versions
  * over several inputs, and the sample-based sliced W1 with its GP-vs-GP floor. */
 #include "tpk/limits.h"
+#include "tpk/alloc.h"
 
 /* OpenBLAS cblas.h first, then keep GSL's gsl_cblas.h out (they declare the same enums). */
 #include <cblas.h>
@@ -30,31 +31,49 @@
  * erfc, good to ~1e-16 absolute, so 1e-9 relative to a W1 of 1e-6·σ is still reachable. */
 #define QAG_EPSREL 1e-9
 
+/* Up to this many seeds the bootstrap's statistics (called once per replicate and width) keep
+ * their per-seed buffers on the stack: no allocation in that loop (style.md §5). */
+#define SMALL_S 64
+
 /* One side of the comparison: Σ w_i N(0, sd_i²), weights normalised, only w_i > 0 kept. */
 typedef struct mixture {
     size_t n;
     double *inv;  /* 1/(sd_i √2); 0 marks sd_i = 0 (a point mass at 0) */
     double *w;
     double sdmax;
+    double small[2 * SMALL_S]; /* inv and w of a mixture of at most SMALL_S components */
 } mixture;
+
+static void mixture_free(mixture *m, tpk_ctx *ctx)
+{
+    if (m->inv != m->small)
+        tpk_free(ctx, m->inv);
+    if (m->w != m->small + SMALL_S)
+        tpk_free(ctx, m->w);
+    m->inv = m->w = NULL;
+}
 
 static int mixture_init(mixture *m, const double *v, const double *w, size_t n, const char *fn,
                         tpk_ctx *ctx)
 {
-    memset(m, 0, sizeof *m);
-    m->inv = malloc((n ? n : 1) * sizeof *m->inv);
-    m->w = malloc((n ? n : 1) * sizeof *m->w);
+    m->n = 0;
+    m->sdmax = 0;
+    if (n <= SMALL_S) {
+        m->inv = m->small;
+        m->w = m->small + SMALL_S;
+    } else {
+        m->inv = tpk_malloc(ctx, n * sizeof *m->inv);
+        m->w = tpk_malloc(ctx, n * sizeof *m->w);
+    }
     if (!m->inv || !m->w) {
-        free(m->inv);
-        free(m->w);
+        mixture_free(m, ctx);
         return TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", fn);
     }
     double wsum = 0;
     for (size_t i = 0; i < n; i++) {
         double wi = w ? w[i] : 1.0;
         if (!(v[i] >= 0) || !isfinite(v[i]) || !(wi >= 0) || !isfinite(wi)) {
-            free(m->inv);
-            free(m->w);
+            mixture_free(m, ctx);
             return TPK_ERROR(ctx, TPK_EDOM, "%s: component %zu has variance %g, weight %g", fn, i,
                              v[i], wi);
         }
@@ -68,8 +87,7 @@ static int mixture_init(mixture *m, const double *v, const double *w, size_t n, 
         m->sdmax = fmax(m->sdmax, sd);
     }
     if (m->n == 0) {
-        free(m->inv);
-        free(m->w);
+        mixture_free(m, ctx);
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: mixture with no positive weight", fn);
     }
     for (size_t i = 0; i < m->n; i++)
@@ -77,11 +95,6 @@ static int mixture_init(mixture *m, const double *v, const double *w, size_t n, 
     return TPK_OK;
 }
 
-static void mixture_free(mixture *m)
-{
-    free(m->inv);
-    free(m->w);
-}
 
 /* Upper tail P(X > t), t > 0, from erfc so that it keeps its relative accuracy far out. */
 static double mixture_tail(const mixture *m, double t)
@@ -183,12 +196,12 @@ int tpk_limits_w1_mixtures(const double *va, const double *wa, size_t na, const 
         return st;
     st = mixture_init(&b, vb, wb, nb, fn, ctx);
     if (st) {
-        mixture_free(&a);
+        mixture_free(&a, ctx);
         return st;
     }
     st = w1_core(&a, &b, out, ctx);
-    mixture_free(&a);
-    mixture_free(&b);
+    mixture_free(&a, ctx);
+    mixture_free(&b, ctx);
     return st;
 }
 
@@ -205,17 +218,17 @@ int tpk_limits_rbw1_floor(const double *v, size_t S, size_t B, uint64_t seed, do
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_rbw1_floor: NULL argument, S < 2 or B = 0");
     /* Per-replicate values summed in order afterwards: the result does not depend on the thread
      * count (a reduction would change the last bits). */
-    double *val = calloc(B, sizeof *val);
+    double *val = tpk_calloc(ctx, B, sizeof *val);
     if (!val)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_rbw1_floor: out of memory");
     int st = TPK_OK;
 #pragma omp parallel
     {
         gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
-        double *cnt = malloc(S * sizeof *cnt);
-        size_t *idx = malloc(S * sizeof *idx);
+        double *cnt = tpk_malloc(ctx, S * sizeof *cnt);
+        size_t *idx = tpk_malloc(ctx, S * sizeof *idx);
         tpk_ctx lctx;
-        tpk_ctx_init(&lctx);
+        tpk_ctx_init_from(&lctx, ctx);
         if (!r || !cnt || !idx)
             TPK_ERROR(&lctx, TPK_ENOMEM, "tpk_limits_rbw1_floor: out of memory");
 #pragma omp for schedule(dynamic, 4)
@@ -232,13 +245,13 @@ int tpk_limits_rbw1_floor(const double *v, size_t S, size_t B, uint64_t seed, do
         if (lctx.status && st == TPK_OK)
             st = TPK_ERROR(ctx, lctx.status, "%s", lctx.msg);
         gsl_rng_free(r);
-        free(cnt);
-        free(idx);
+        tpk_free(ctx, cnt);
+        tpk_free(ctx, idx);
     }
     double sum = 0;
     for (size_t b = 0; b < B; b++)
         sum += val[b];
-    free(val);
+    tpk_free(ctx, val);
     if (st == TPK_OK)
         *out = sum / (double)B;
     return st;
@@ -301,7 +314,8 @@ static int rbsw1_weighted(const double *Khat, const double *w, size_t S,
                           const tpk_limits_slices *sl, double *out, tpk_ctx *ctx)
 {
     size_t k = sl->k;
-    double *v = malloc(S * sizeof *v), acc = 0;
+    double vsmall[SMALL_S], acc = 0;
+    double *v = S <= SMALL_S ? vsmall : tpk_malloc(ctx, S * sizeof *v);
     if (!v)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_rbsw1: out of memory");
     int st = TPK_OK;
@@ -314,7 +328,8 @@ static int rbsw1_weighted(const double *Khat, const double *w, size_t S,
         st = tpk_limits_w1_mixtures(v, w, S, &vinf, NULL, 1, &d, ctx);
         acc += d;
     }
-    free(v);
+    if (v != vsmall)
+        tpk_free(ctx, v);
     if (st == TPK_OK)
         *out = acc / (double)sl->L;
     return st;
@@ -340,7 +355,7 @@ int tpk_limits_sw1_samples(const double *Y, size_t M, const tpk_limits_slices *s
     if (!Y || !out || M == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_sw1_samples: NULL argument or no samples");
     size_t k = sl->k;
-    double *p = malloc(M * sizeof *p), acc = 0;
+    double *p = tpk_malloc(ctx, M * sizeof *p), acc = 0;
     if (!p)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_sw1_samples: out of memory");
     for (size_t l = 0; l < sl->L && st == TPK_OK; l++) {
@@ -355,7 +370,7 @@ int tpk_limits_sw1_samples(const double *Y, size_t M, const tpk_limits_slices *s
         st = tpk_limits_w1_gauss_samples(p, M, fmax(quad_form(th, sl->K, k), 0.0), &d, ctx);
         acc += d;
     }
-    free(p);
+    tpk_free(ctx, p);
     if (st == TPK_OK)
         *out = acc / (double)sl->L;
     return st;
@@ -365,13 +380,18 @@ int tpk_limits_sw1_samples(const double *Y, size_t M, const tpk_limits_slices *s
 static int psd_sqrt(const double *K, size_t k, double *A, tpk_ctx *ctx)
 {
     tpk_error_gsl_init();
-    gsl_matrix *m = gsl_matrix_alloc(k, k), *V = gsl_matrix_alloc(k, k);
-    gsl_vector *lam = gsl_vector_alloc(k);
-    gsl_eigen_symmv_workspace *w = gsl_eigen_symmv_alloc(k);
+    /* views of one buffer from the allocator hook; the eigensolver's workspace is GSL's own */
+    double *buf = k > 0 ? tpk_malloc(ctx, (2 * k * k + k) * sizeof *buf) : NULL;
+    gsl_eigen_symmv_workspace *w = buf ? gsl_eigen_symmv_alloc(k) : NULL;
     int st = TPK_OK;
-    if (!m || !V || !lam || !w) {
+    if (!buf || !w) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_sw1_gp_floor: out of memory");
     } else {
+        gsl_matrix_view mv = gsl_matrix_view_array(buf, k, k);
+        gsl_matrix_view Vv = gsl_matrix_view_array(buf + k * k, k, k);
+        gsl_vector_view lv = gsl_vector_view_array(buf + 2 * k * k, k);
+        gsl_matrix *m = &mv.matrix, *V = &Vv.matrix;
+        gsl_vector *lam = &lv.vector;
         for (size_t i = 0; i < k; i++)
             for (size_t j = 0; j < k; j++)
                 gsl_matrix_set(m, i, j, 0.5 * (K[i * k + j] + K[j * k + i]));
@@ -381,10 +401,9 @@ static int psd_sqrt(const double *K, size_t k, double *A, tpk_ctx *ctx)
             for (size_t j = 0; j < k; j++)
                 A[i * k + j] = gsl_matrix_get(V, i, j) * sqrt(fmax(gsl_vector_get(lam, j), 0.0));
     }
-    gsl_eigen_symmv_free(w);
-    gsl_vector_free(lam);
-    gsl_matrix_free(V);
-    gsl_matrix_free(m);
+    if (w != NULL)
+        gsl_eigen_symmv_free(w);
+    tpk_free(ctx, buf);
     return st;
 }
 
@@ -398,8 +417,8 @@ int tpk_limits_sw1_gp_floor(size_t M, const tpk_limits_slices *sl, size_t R, uin
     if (!mean || M == 0 || R == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_sw1_gp_floor: NULL output, M = 0 or R = 0");
     size_t k = sl->k;
-    double *A = malloc(k * k * sizeof *A), *Y = malloc(M * k * sizeof *Y),
-           *z = malloc(k * sizeof *z);
+    double *A = tpk_malloc(ctx, k * k * sizeof *A), *Y = tpk_malloc(ctx, M * k * sizeof *Y),
+           *z = tpk_malloc(ctx, k * sizeof *z);
     gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
     if (!A || !Y || !z || !r)
         st = TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_sw1_gp_floor: out of memory");
@@ -431,9 +450,9 @@ int tpk_limits_sw1_gp_floor(size_t M, const tpk_limits_slices *sl, size_t R, uin
             *sd = R > 1 ? sqrt(fmax(s2 - (double)R * m * m, 0.0) / (double)(R - 1)) : 0.0;
     }
     gsl_rng_free(r);
-    free(A);
-    free(Y);
-    free(z);
+    tpk_free(ctx, A);
+    tpk_free(ctx, Y);
+    tpk_free(ctx, z);
     return st;
 }
 
@@ -452,13 +471,15 @@ int tpk_limits_stat_rbw1(const double *recs, size_t S, size_t rec, const size_t 
 {
     if (rec != 1 || S == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_stat_rbw1: needs rec = 1, S > 0");
-    double *cnt = malloc(S * sizeof *cnt);
+    double csmall[SMALL_S];
+    double *cnt = S <= SMALL_S ? csmall : tpk_malloc(ctx, S * sizeof *cnt);
     if (!cnt)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_stat_rbw1: out of memory");
     tpk_limits_counts(idx, S, cnt);
     double target = user ? *(const double *)user : weighted_mean(recs, cnt, S);
     int st = tpk_limits_w1_mixtures(recs, cnt, S, &target, NULL, 1, out, ctx);
-    free(cnt);
+    if (cnt != csmall)
+        tpk_free(ctx, cnt);
     return st;
 }
 
@@ -491,11 +512,13 @@ int tpk_limits_stat_rbsw1(const double *recs, size_t S, size_t rec, const size_t
     if (rec != sl->k * sl->k)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_stat_rbsw1: record of %zu, expected k² = %zu",
                          rec, sl->k * sl->k);
-    double *cnt = malloc(S * sizeof *cnt);
+    double csmall[SMALL_S];
+    double *cnt = S <= SMALL_S ? csmall : tpk_malloc(ctx, S * sizeof *cnt);
     if (!cnt)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_stat_rbsw1: out of memory");
     tpk_limits_counts(idx, S, cnt);
     st = rbsw1_weighted(recs, cnt, S, sl, out, ctx);
-    free(cnt);
+    if (cnt != csmall)
+        tpk_free(ctx, cnt);
     return st;
 }

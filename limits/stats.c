@@ -1,6 +1,7 @@
 /* Kernel errors, bias/fluctuation, kurtosis, 1-D W1 to a Gaussian and two-sample distances
  * (theory.md §7.2, §7.3, §7.5). */
 #include "tpk/limits.h"
+#include "tpk/alloc.h"
 
 /* OpenBLAS cblas.h first, then keep GSL's gsl_cblas.h out (they declare the same enums). */
 #include <cblas.h>
@@ -108,7 +109,7 @@ int tpk_limits_w1_gauss_samples(const double *x, size_t M, double var, double *o
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_limits_w1_gauss_samples: NULL or empty sample");
     if (!(var >= 0) || !isfinite(var))
         return TPK_ERROR(ctx, TPK_EDOM, "tpk_limits_w1_gauss_samples: variance %g", var);
-    double *y = malloc(M * sizeof *y);
+    double *y = tpk_malloc(ctx, M * sizeof *y);
     if (!y)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tpk_limits_w1_gauss_samples: out of memory");
     memcpy(y, x, M * sizeof *y);
@@ -116,7 +117,7 @@ int tpk_limits_w1_gauss_samples(const double *x, size_t M, double var, double *o
     double sd = sqrt(var), acc = 0;
     for (size_t i = 0; i < M; i++)
         acc += fabs(y[i] - sd * gsl_cdf_ugaussian_Pinv(((double)i + 0.5) / (double)M));
-    free(y);
+    tpk_free(ctx, y);
     if (!isfinite(acc))
         return TPK_ERROR(ctx, TPK_EDOM, "tpk_limits_w1_gauss_samples: non-finite sample");
     *out = acc / (double)M;

@@ -2,6 +2,7 @@
  * limit; run a ladder of widths × seeds through the finite-width executor with checkpoints and
  * resume; write the raw data and its analysis as one atomic HDF5 file. */
 #include "tpk/study.h"
+#include "tpk/alloc.h"
 
 #include "tpk/clock.h"
 #include "tpk/job.h"
@@ -22,6 +23,7 @@
 #define PROGRESS_SECONDS 0.2
 
 struct tpk_study {
+    tpk_allocator al;         /* tpk_study_alloc's: of this struct and its arrays */
     tpk_study_info info;
     tpk_study_stats stats;
     size_t W, S, N, NN;       /* widths, seeds, compared coordinates, N² */
@@ -215,7 +217,7 @@ static int program_settings(tpk_study *s, const tpk_study_opts *o, tpk_param_set
 
 /* Raw-data identity: program file digest, inputs, widths, seeds, the program's final parameter
  * values (what the raw data depend on). */
-static void make_config(tpk_study *s)
+static int make_config(tpk_study *s, tpk_ctx *ctx)
 {
     char psha[65] = "";
     FILE *pf = fopen(s->program, "rb");
@@ -225,9 +227,12 @@ static void make_config(tpk_study *s)
         while ((got = fread(chunk, 1, sizeof chunk, pf)) > 0) {
             if (len + got > cap) {
                 cap = 2 * (len + got);
-                char *nb = realloc(buf, cap);
-                if (!nb)
-                    break;
+                char *nb = tpk_realloc(ctx, buf, cap);
+                if (!nb) { /* a digest of part of the file would name the wrong program */
+                    tpk_free(ctx, buf);
+                    fclose(pf);
+                    return ctx->status;
+                }
                 buf = nb;
             }
             memcpy(buf + len, chunk, got);
@@ -235,7 +240,7 @@ static void make_config(tpk_study *s)
         }
         fclose(pf);
         tpk_sha256_hex(buf ? buf : "", len, psha);
-        free(buf);
+        tpk_free(ctx, buf);
     }
     char xsha[65];
     tpk_sha256_array_hex(s->x, xsha);
@@ -249,6 +254,7 @@ static void make_config(tpk_study *s)
     for (int i = 0; i < s->prog->nparams && c > 0 && (size_t)c < left; i++)
         c += snprintf(pos + c, left - (size_t)c, " %s=%s", s->prog->param_name[i],
                       s->prog->param_value[i]);
+    return TPK_OK;
 }
 
 /* ---- Checkpoints --------------------------------------------------------------------------- */
@@ -260,9 +266,9 @@ static int write_checkpoint(const tpk_study *s, tpk_ctx *ctx)
     tpk_h5out *h = tpk_h5out_open(s->partial, ctx);
     if (!h)
         return ctx->status;
-    tpk_array a4 = {4, {s->W, s->S, s->N, s->N}, s->khat};
-    tpk_array a3 = {3, {s->W, s->S, s->N, 0}, s->y};
-    tpk_array a2 = {2, {s->W, s->S, 0, 0}, s->done};
+    tpk_array a4 = {4, {s->W, s->S, s->N, s->N}, s->khat, {NULL, NULL}};
+    tpk_array a3 = {3, {s->W, s->S, s->N, 0}, s->y, {NULL, NULL}};
+    tpk_array a2 = {2, {s->W, s->S, 0, 0}, s->done, {NULL, NULL}};
     tpk_h5out_write(h, "/khat", &a4, ctx);
     tpk_h5out_write(h, "/outputs", &a3, ctx);
     tpk_h5out_write(h, "/done", &a2, ctx);
@@ -276,7 +282,7 @@ static int read_checkpoint(tpk_study *s, const char *file, const char *prefix, t
 {
     char cfg[sizeof s->config + 1];
     tpk_ctx lc;
-    tpk_ctx_init(&lc);
+    tpk_ctx_init_from(&lc, ctx);
     int st = tpk_io_read_attr_str(file, "/", "gplimits_config", cfg, sizeof cfg, &lc);
     if (st == TPK_ENOTFOUND)
         return TPK_ERROR(ctx, TPK_EFORMAT, "%s: not a gplimits checkpoint", file);
@@ -366,11 +372,11 @@ static int alloc_raw(tpk_study *s, const tpk_study_opts *o, tpk_ctx *ctx)
 {
     s->W = o->nwidths;
     s->S = o->seeds;
-    s->widths = malloc(s->W * sizeof *s->widths);
-    s->nw = malloc(s->W * sizeof *s->nw);
-    s->khat = calloc(s->W * s->S * s->NN, sizeof(double));
-    s->y = calloc(s->W * s->S * s->N, sizeof(double));
-    s->done = calloc(s->W * s->S, sizeof(double));
+    s->widths = tpk_malloc(ctx, s->W * sizeof *s->widths);
+    s->nw = tpk_malloc(ctx, s->W * sizeof *s->nw);
+    s->khat = tpk_calloc(ctx, s->W * s->S * s->NN, sizeof(double));
+    s->y = tpk_calloc(ctx, s->W * s->S * s->N, sizeof(double));
+    s->done = tpk_calloc(ctx, s->W * s->S, sizeof(double));
     if (!s->widths || !s->nw || !s->khat || !s->y || !s->done)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory for %zu widths x %zu seeds", s->W, s->S);
     for (size_t i = 0; i < s->W; i++) {
@@ -401,7 +407,7 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
     size_t Nall = s->xall->dims[0];
     size_t N = o->max_inputs == 0 || o->max_inputs > Nall ? Nall : o->max_inputs;
     s->info.inputs = N;
-    if (!(s->rows = malloc(N * sizeof *s->rows)))
+    if (!(s->rows = tpk_malloc(ctx, N * sizeof *s->rows)))
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     if (!(s->x = subset(s->xall, N, s->rows, ctx)))
         return ctx->status;
@@ -434,9 +440,11 @@ tpk_study *tpk_study_alloc(const tpk_study_opts *o, const tpk_phi_registry *reg,
 {
     if (check_opts(o, ctx))
         return NULL;
-    tpk_study *s = calloc(1, sizeof *s);
-    if (!s || !(s->output = strdup(o->output))) {
-        free(s);
+    tpk_study *s = tpk_calloc(ctx, 1, sizeof *s);
+    if (s != NULL)
+        s->al = tpk_ctx_allocator(ctx);
+    if (!s || !(s->output = tpk_strdup(ctx, o->output))) {
+        tpk_free(ctx, s);
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         return NULL;
     }
@@ -450,8 +458,7 @@ tpk_study *tpk_study_alloc(const tpk_study_opts *o, const tpk_phi_registry *reg,
         tpk_study_free(s);
         return NULL;
     }
-    make_config(s);
-    if (load_earlier(s, o, ctx)) {
+    if (make_config(s, ctx) || load_earlier(s, o, ctx)) {
         tpk_study_free(s);
         return NULL;
     }
@@ -468,19 +475,20 @@ void tpk_study_free(tpk_study *s)
 {
     if (!s)
         return;
+    tpk_allocator al = s->al;
     tpk_study_analysis_free(s->analysis);
-    free(s->khat);
-    free(s->y);
-    free(s->done);
-    free(s->rows);
-    free(s->widths);
-    free(s->nw);
-    free(s->output);
+    tpk_mem_free(&al, s->khat);
+    tpk_mem_free(&al, s->y);
+    tpk_mem_free(&al, s->done);
+    tpk_mem_free(&al, s->rows);
+    tpk_mem_free(&al, s->widths);
+    tpk_mem_free(&al, s->nw);
+    tpk_mem_free(&al, s->output);
     tpk_array_free(s->K);
     tpk_array_free(s->x);
     tpk_array_free(s->xall);
     tpk_program_free(s->prog);
-    free(s);
+    tpk_mem_free(&al, s);
 }
 
 const tpk_study_info *tpk_study_get_info(const tpk_study *s)
@@ -536,7 +544,7 @@ static int store(tpk_study *s, const tpk_study_run_opts *o, run_state *rs, size_
     double t = tpk_wall_seconds();
     if (t - rs->tlast > rs->every) {
         tpk_ctx cctx;
-        tpk_ctx_init(&cctx);
+        tpk_ctx_init_from(&cctx, ctx);
         if (write_checkpoint(s, &cctx) == TPK_OK)
             rs->dirty = 0;
         else
@@ -560,7 +568,7 @@ int tpk_study_run(tpk_study *s, const tpk_study_run_opts *opt, tpk_ctx *ctx)
     run_state rs = {.p = {.widths = W, .runs = total, .done = s->info.done}};
     rs.p.todo = total - s->info.done;
     rs.every = o->checkpoint_seconds > 0 ? o->checkpoint_seconds : TPK_STUDY_CHECKPOINT_SECONDS;
-    if (!(rs.wleft = calloc(W, sizeof *rs.wleft)))
+    if (!(rs.wleft = tpk_calloc(ctx, W, sizeof *rs.wleft)))
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     for (size_t w = 0; w < W; w++) {
         for (size_t sd = 0; sd < S; sd++)
@@ -580,7 +588,7 @@ int tpk_study_run(tpk_study *s, const tpk_study_run_opts *opt, tpk_ctx *ctx)
         if ((o->stop && *o->stop) || st != TPK_OK || s->done[w * S + sd] != 0)
             continue;
         tpk_ctx lctx;
-        tpk_ctx_init(&lctx);
+        tpk_ctx_init_from(&lctx, ctx);
         tpk_array *Kh = NULL, *yy = NULL;
         int ls = tpk_netsor_run_progress(s->prog, s->x, s->widths[w], s->seed + sd,
                                          s->all_outputs, &stopper, &Kh, &yy, &lctx);
@@ -605,7 +613,7 @@ int tpk_study_run(tpk_study *s, const tpk_study_run_opts *opt, tpk_ctx *ctx)
         tpk_array_free(Kh);
         tpk_array_free(yy);
     }
-    free(rs.wleft);
+    tpk_free(ctx, rs.wleft);
     /* stopped before any run finished: the checkpoint still records the configuration, so the
      * message's "saved in" holds and a --resume with other settings is refused */
     int stopped = o->stop && *o->stop && s->info.done < total;
@@ -645,7 +653,7 @@ static int write_raw(const tpk_study *s, tpk_h5out *h, tpk_ctx *ctx)
 {
     const size_t W = s->W, S = s->S, M = s->info.inputs, n = W > S ? (W > M ? W : M)
                                                                    : (S > M ? S : M);
-    long long *v = malloc(n * sizeof *v);
+    long long *v = tpk_malloc(ctx, n * sizeof *v);
     if (!v)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     for (size_t w = 0; w < W; w++)
@@ -665,7 +673,7 @@ static int write_raw(const tpk_study *s, tpk_h5out *h, tpk_ctx *ctx)
     tpk_h5out_dims(h, "/input_rows", (const char *const[]){"input"}, 1, ctx);
     if (!s->all_outputs)
         tpk_h5out_coord_ints(h, "input2", v, M, ctx);
-    free(v);
+    tpk_free(ctx, v);
     /* images were read as N×rows×cols×C and are kept as N×(rows·cols)×C */
     const int image = s->xall->ndim == 4;
     static const char *const in2[] = {"input", "feature"}, *const in3[] = {"input", "token",
@@ -678,7 +686,8 @@ static int write_raw(const tpk_study *s, tpk_h5out *h, tpk_ctx *ctx)
     const char *p = s->all_outputs ? "coord" : "input", *p2 = s->all_outputs ? "coord2" : "input2";
     tpk_h5out_write(h, "/kernel_limit", s->K, ctx);
     tpk_h5out_dims(h, "/kernel_limit", (const char *const[]){p, p2}, 2, ctx);
-    tpk_array a4 = {4, {W, S, s->N, s->N}, s->khat}, a3 = {3, {W, S, s->N, 0}, s->y};
+    tpk_array a4 = {4, {W, S, s->N, s->N}, s->khat, {NULL, NULL}};
+    tpk_array a3 = {3, {W, S, s->N, 0}, s->y, {NULL, NULL}};
     tpk_h5out_write(h, "/per_seed/khat", &a4, ctx);
     tpk_h5out_dims(h, "/per_seed/khat", (const char *const[]){"width", "seed", p, p2}, 4, ctx);
     tpk_h5out_write(h, "/per_seed/outputs", &a3, ctx);

@@ -3,7 +3,7 @@
 FUZZ_SECONDS ?= 30
 FUZZ_SRC := tests/fuzz/fuzz_netsor.c netsor/load.c netsor/lex.c netsor/parse.c netsor/check.c netsor/elab.c \
             netsor/roll.c netsor/family.c netsor/flimit.c netsor/program.c kernels/phi.c kernels/gauss.c \
-            kernels/gauss_quad.c core/error.c
+            kernels/gauss_quad.c core/error.c core/alloc.c
 # the rolled evaluator's plan runs at load; its numerical callees (GEMM, maps, the tap
 # convolution) come uninstrumented from libtpk.a, which the plan never enters; libtpk's
 # OpenMP (gcc's GOMP entry points) links against LLVM's libomp (libomp-dev, install-deps.sh)
@@ -29,7 +29,7 @@ fuzz: $(BUILD)/fuzz_netsor
 #   make fuzz-all [FUZZ_SECONDS=30]   each harness for FUZZ_SECONDS; a summary line per format
 #                                     (executions, coverage, new corpus) and the logs in $(BUILD)
 FUZZ_FORMATS ?= npy npz csv idx tunelog
-FUZZ_IO_SRC  := tests/fuzz/fuzz_reader.c core/io_read.c core/idx.c core/array.c core/error.c
+FUZZ_IO_SRC  := tests/fuzz/fuzz_reader.c core/io_read.c core/idx.c core/array.c core/error.c core/alloc.c
 FUZZ_FLAGS   := -g -O1 -std=c11 -D_XOPEN_SOURCE=700 -fsanitize=fuzzer,address,undefined \
                 -fno-sanitize-recover=all -Iinclude $(PKG_CFLAGS)
 FUZZ_EXT_npy := .npy

@@ -76,7 +76,8 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
 
 /* ---- Hand-built IR (tests, and callers without the DSL front end) ---------------------------
  * Each adder returns the new id, or -1 when out of memory / given bad arguments. Functions
- * (tpk_phi) referenced from bodies stay owned by the caller; free with tpk_nsr_prog_free. */
+ * (tpk_phi) referenced from bodies stay owned by the caller; free with tpk_nsr_prog_free. A
+ * hand-built program allocates from the default allocator (tpk/alloc.h: NULL context). */
 tpk_program *tpk_nsr_prog_new(int nslots);
 void tpk_nsr_prog_free(tpk_program *p);
 int tpk_nsr_add_avar(tpk_program *p, const char *name, double var);

@@ -145,10 +145,13 @@ static int function_sym(nsr_check *C, const char *name)
     if (C->S->reg == NULL)
         return -1;
     tpk_ctx tmp;
-    tpk_ctx_init(&tmp);
+    tpk_ctx_init_from(&tmp, C->S->ctx);
     tpk_phi *phi = tpk_phi_alloc(C->S->reg, name, &tmp);
-    if (phi == NULL)
+    if (phi == NULL) {
+        if (tmp.status == TPK_ENOMEM)
+            nsr_oom(C->S);
         return -1;
+    }
     tpk_phi_free(phi);
     return add_sym(C, name, NSR_SYM_FUNC, 0, 0);
 }

@@ -5,6 +5,7 @@
  * G-vars only, hoists MatMuls and Moments out of expressions into temporaries (%1, %2, ...),
  * folds constants (h[0] = 0: MatMul of 0 is 0), and emits the tpk_program. */
 #include "netsor-impl.h"
+#include "tpk/alloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -12,71 +13,7 @@
 
 #define NSR_RPN_HVAR 64 /* internal leaf: an H-var not inlined yet (never reaches the IR) */
 
-/* ---- RPN buffers ------------------------------------------------------------------------------ */
-typedef struct rbuf {
-    tpk_rpn_node *n;
-    int len, cap;
-} rbuf;
-
-static void rb_free(rbuf *r)
-{
-    free(r->n);
-    r->n = NULL;
-    r->len = r->cap = 0;
-}
-
-static int rb_reserve(rbuf *r, int extra)
-{
-    if (extra > NSR_MAX_BODY || r->len > NSR_MAX_BODY - extra)
-        return TPK_EINVAL;
-    if (r->len + extra <= r->cap)
-        return TPK_OK;
-    int cap = r->cap ? r->cap : 8;
-    while (cap < r->len + extra)
-        cap *= 2;
-    tpk_rpn_node *n = realloc(r->n, (size_t)cap * sizeof *n);
-    if (n == NULL)
-        return TPK_ENOMEM;
-    r->n = n;
-    r->cap = cap;
-    return TPK_OK;
-}
-
-static int rb_push(rbuf *r, int op, int var, double value, const tpk_phi *fn)
-{
-    int st = rb_reserve(r, 1);
-    if (st)
-        return st;
-    tpk_rpn_node *x = &r->n[r->len++];
-    x->op = op;
-    x->var = var;
-    x->value = value;
-    x->fn = fn;
-    return TPK_OK;
-}
-
-static int rb_append(rbuf *r, const tpk_rpn_node *n, int len)
-{
-    int st = rb_reserve(r, len);
-    if (st)
-        return st;
-    memcpy(r->n + r->len, n, (size_t)len * sizeof *n);
-    r->len += len;
-    return TPK_OK;
-}
-
-static int rb_is_const(const rbuf *r, double *v)
-{
-    if (r->len == 1 && r->n[0].op == TPK_RPN_CONST) {
-        if (v)
-            *v = r->n[0].value;
-        return 1;
-    }
-    return 0;
-}
-
-/* ---- Elaboration state ---------------------------------------------------------------------- */
-enum { M_VAR, M_CONST, M_AVAR, M_GDECL, M_OUT };
+typedef struct elab elab;
 
 typedef struct member {
     int fam, nidx;
@@ -94,7 +31,7 @@ typedef struct phi_entry {
     tpk_phi *phi;
 } phi_entry;
 
-typedef struct elab {
+struct elab {
     nsr_state *S;
     nsr_check *C;
     tpk_program *p;
@@ -121,21 +58,88 @@ typedef struct elab {
     int ndom;
     const nsr_stmt *dom[NSR_MAX_INDICES];
     long dom_size;     /* upper bound of the current domain's size */
-} elab;
+};
+
+/* ---- RPN buffers ------------------------------------------------------------------------------ */
+typedef struct rbuf {
+    tpk_rpn_node *n;
+    int len, cap;
+} rbuf;
+
+static void rb_free(elab *E, rbuf *r)
+{
+    tpk_free(E->S->ctx, r->n);
+    r->n = NULL;
+    r->len = r->cap = 0;
+}
+
+static int rb_reserve(elab *E, rbuf *r, int extra)
+{
+    if (extra > NSR_MAX_BODY || r->len > NSR_MAX_BODY - extra)
+        return TPK_EINVAL;
+    if (r->len + extra <= r->cap)
+        return TPK_OK;
+    int cap = r->cap ? r->cap : 8;
+    while (cap < r->len + extra)
+        cap *= 2;
+    tpk_rpn_node *n = tpk_realloc(E->S->ctx, r->n, (size_t)cap * sizeof *n);
+    if (n == NULL)
+        return TPK_ENOMEM;
+    r->n = n;
+    r->cap = cap;
+    return TPK_OK;
+}
+
+static int rb_push(elab *E, rbuf *r, int op, int var, double value, const tpk_phi *fn)
+{
+    int st = rb_reserve(E, r, 1);
+    if (st)
+        return st;
+    tpk_rpn_node *x = &r->n[r->len++];
+    x->op = op;
+    x->var = var;
+    x->value = value;
+    x->fn = fn;
+    return TPK_OK;
+}
+
+static int rb_append(elab *E, rbuf *r, const tpk_rpn_node *n, int len)
+{
+    int st = rb_reserve(E, r, len);
+    if (st)
+        return st;
+    memcpy(r->n + r->len, n, (size_t)len * sizeof *n);
+    r->len += len;
+    return TPK_OK;
+}
+
+static int rb_is_const(const rbuf *r, double *v)
+{
+    if (r->len == 1 && r->n[0].op == TPK_RPN_CONST) {
+        if (v)
+            *v = r->n[0].value;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- Elaboration state ---------------------------------------------------------------------- */
+enum { M_VAR, M_CONST, M_AVAR, M_GDECL, M_OUT };
+
 
 static int oom(elab *E)
 {
     return nsr_oom(E->S);
 }
 
-static int grow(void **p, int *cap, int need, size_t elt)
+static int grow(elab *E, void **p, int *cap, int need, size_t elt)
 {
     if (need <= *cap)
         return TPK_OK;
     int c = *cap ? *cap : 16;
     while (c < need)
         c *= 2;
-    void *q = realloc(*p, (size_t)c * elt);
+    void *q = tpk_realloc(E->S->ctx, *p, (size_t)c * elt);
     if (q == NULL)
         return TPK_ENOMEM;
     memset((char *)q + (size_t)*cap * elt, 0, (size_t)(c - *cap) * elt);
@@ -173,7 +177,7 @@ static member *add_member(elab *E, int fam, int nidx, const int *idx, int kind, 
 {
     if (2 * (E->nmem + 1) > E->nbucket) {
         int nb = E->nbucket ? 2 * E->nbucket : 256;
-        int *b = malloc((size_t)nb * sizeof *b);
+        int *b = tpk_malloc(E->S->ctx, (size_t)nb * sizeof *b);
         if (b == NULL)
             return NULL;
         for (int i = 0; i < nb; i++)
@@ -184,11 +188,11 @@ static member *add_member(elab *E, int fam, int nidx, const int *idx, int kind, 
                 h = (h + 1) & (unsigned)(nb - 1);
             b[h] = m;
         }
-        free(E->bucket);
+        tpk_free(E->S->ctx, E->bucket);
         E->bucket = b;
         E->nbucket = nb;
     }
-    if (grow((void **)&E->mem, &E->capmem, E->nmem + 1, sizeof *E->mem))
+    if (grow(E, (void **)&E->mem, &E->capmem, E->nmem + 1, sizeof *E->mem))
         return NULL;
     member *x = &E->mem[E->nmem];
     memset(x, 0, sizeof *x);
@@ -207,7 +211,7 @@ static member *add_member(elab *E, int fam, int nidx, const int *idx, int kind, 
     return x;
 }
 
-char *nsr_member_name(const char *base, int nidx, const int *idx)
+char *nsr_member_name(tpk_ctx *ctx, const char *base, int nidx, const int *idx)
 {
     char buf[256];
     size_t k = (size_t)snprintf(buf, sizeof buf, "%s", base);
@@ -215,7 +219,7 @@ char *nsr_member_name(const char *base, int nidx, const int *idx)
         k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%d", i ? "," : "[", idx[i]);
     if (nidx && k < sizeof buf)
         snprintf(buf + k, sizeof buf - k, "]");
-    return strdup(buf);
+    return tpk_strdup(ctx, buf);
 }
 
 /* ---- IR emission ------------------------------------------------------------------------------- */
@@ -224,10 +228,10 @@ static int new_var(elab *E, char *name, int type, int node, int line)
     tpk_program *p = E->p;
     if (name == NULL)
         return oom(E), -1;
-    if (grow((void **)&p->var, &E->capvar, p->nvars + 1, sizeof *p->var) ||
-        grow((void **)&E->var_node, &E->capnode, p->nvars + 1, sizeof *E->var_node) ||
-        grow((void **)&E->var_line, &E->capline, p->nvars + 1, sizeof *E->var_line)) {
-        free(name);
+    if (grow(E, (void **)&p->var, &E->capvar, p->nvars + 1, sizeof *p->var) ||
+        grow(E, (void **)&E->var_node, &E->capnode, p->nvars + 1, sizeof *E->var_node) ||
+        grow(E, (void **)&E->var_line, &E->capline, p->nvars + 1, sizeof *E->var_line)) {
+        tpk_free(E->S->ctx, name);
         return oom(E), -1;
     }
     tpk_var *v = &p->var[p->nvars];
@@ -244,7 +248,7 @@ static char *temp_name(elab *E)
 {
     char buf[32];
     snprintf(buf, sizeof buf, "%%%d", ++E->ntemps);
-    return strdup(buf);
+    return tpk_strdup(E->S->ctx, buf);
 }
 
 static tpk_instr *new_instr(elab *E, int op, int out, int line, int col)
@@ -255,7 +259,7 @@ static tpk_instr *new_instr(elab *E, int op, int out, int line, int col)
                   p->ninstr);
         return NULL;
     }
-    if (grow((void **)&p->instr, &E->capinstr, p->ninstr + 1, sizeof *p->instr)) {
+    if (grow(E, (void **)&p->instr, &E->capinstr, p->ninstr + 1, sizeof *p->instr)) {
         oom(E);
         return NULL;
     }
@@ -318,19 +322,20 @@ static const tpk_phi *get_phi(elab *E, const char *spec, int line, int col)
         return NULL;
     }
     tpk_ctx tmp;
-    tpk_ctx_init(&tmp);
+    tpk_ctx_init_from(&tmp, E->S->ctx);
     tpk_phi *phi = tpk_phi_alloc(E->S->reg, spec, &tmp);
     if (phi == NULL) {
-        nsr_error(E->S, TPK_ETYPE, line, col, "cannot instantiate function '%s': %s", spec,
+        nsr_error(E->S, tmp.status == TPK_ENOMEM ? TPK_ENOMEM : TPK_ETYPE, line, col,
+                  "cannot instantiate function '%s': %s", spec,
                   tmp.msg[0] ? tmp.msg : tpk_strerror(tmp.status));
         return NULL;
     }
-    if (grow((void **)&E->phis, &E->capphis, E->nphis + 1, sizeof *E->phis)) {
+    if (grow(E, (void **)&E->phis, &E->capphis, E->nphis + 1, sizeof *E->phis)) {
         tpk_phi_free(phi);
         oom(E);
         return NULL;
     }
-    char *s = strdup(spec);
+    char *s = tpk_strdup(E->S->ctx, spec);
     if (s == NULL) {
         tpk_phi_free(phi);
         oom(E);
@@ -354,7 +359,7 @@ static int eval_number(elab *E, const nsr_expr *e, const char *what, double *v)
     if (st == TPK_OK && !rb_is_const(&r, v))
         st = nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%s must be a number known before unrolling "
                        "(parameters, loop variables and constants)", what);
-    rb_free(&r);
+    rb_free(E, &r);
     if (st == TPK_OK && !isfinite(*v))
         st = nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%s is not finite", what);
     return st;
@@ -404,7 +409,7 @@ static int loop_values(elab *E, const nsr_expr *e, char *buf, size_t n, int *k, 
 static int missing_member(elab *E, const nsr_expr *e, int fam, const int *idx, const char *verb)
 {
     const nsr_sym *f = &E->C->sym[fam];
-    char *key = nsr_member_name(f->name, e->nidx, idx);
+    char *key = nsr_member_name(E->S->ctx, f->name, e->nidx, idx);
     if (key == NULL)
         return oom(E);
     char loops[200];
@@ -434,7 +439,7 @@ static int missing_member(elab *E, const nsr_expr *e, int fam, const int *idx, c
     else
         st = nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%s is not %s: %s is %s for %s", key, verb,
                        f->name, verb, f->ranges);
-    free(key);
+    tpk_free(E->S->ctx, key);
     return st;
 }
 
@@ -455,7 +460,8 @@ static int use_gdecl(elab *E, member *m)
     if (m->var >= 0)
         return m->var;
     const nsr_sym *f = &E->C->sym[m->fam];
-    int v = new_var(E, nsr_member_name(f->name, m->nidx, m->idx), TPK_VAR_G, f->node, m->line);
+    int v = new_var(E, nsr_member_name(E->S->ctx, f->name, m->nidx, m->idx), TPK_VAR_G, f->node,
+                    m->line);
     if (v < 0)
         return -1;
     tpk_instr *in = new_instr(E, TPK_OP_BIAS, v, m->line, m->col);
@@ -471,7 +477,7 @@ static int push_var(elab *E, rbuf *out, int v)
 {
     int op = E->p->var[v].type == TPK_VAR_G ? TPK_RPN_GVAR
              : E->p->var[v].type == TPK_VAR_H ? NSR_RPN_HVAR : TPK_RPN_SCALAR;
-    if (rb_push(out, op, v, 0, NULL))
+    if (rb_push(E, out, op, v, 0, NULL))
         return nsr_error(E->S, TPK_EINVAL, E->var_line[v], 1, "expression too large");
     return TPK_OK;
 }
@@ -488,7 +494,7 @@ static int elab_name(elab *E, const nsr_expr *e, rbuf *out)
             return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
                              "'%s' is a function parameter (= %s); call it: %s(x)", e->name,
                              E->spec[e->sym], e->name);
-        return rb_push(out, TPK_RPN_CONST, -1, E->num[e->sym], NULL) ? oom(E) : TPK_OK;
+        return rb_push(E, out, TPK_RPN_CONST, -1, E->num[e->sym], NULL) ? oom(E) : TPK_OK;
     case NSR_SYM_FUNC:
         return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "function '%s' used as a value; call it: %s(x)",
                          e->name, e->name);
@@ -504,7 +510,7 @@ static int elab_name(elab *E, const nsr_expr *e, rbuf *out)
         if (m == NULL)
             return TPK_ETYPE;
         if (m->kind == M_CONST)
-            return rb_push(out, TPK_RPN_CONST, -1, m->value, NULL) ? oom(E) : TPK_OK;
+            return rb_push(E, out, TPK_RPN_CONST, -1, m->value, NULL) ? oom(E) : TPK_OK;
         return push_var(E, out, m->var);
     }
     default:
@@ -513,16 +519,17 @@ static int elab_name(elab *E, const nsr_expr *e, rbuf *out)
 }
 
 /* Linearity of an RPN body whose leaves are vars (atoms), constants and scalars.
- * Returns 0 constant, 1 affine in the atoms (constant coefficients), 2 otherwise. */
-static int rpn_linearity(const rbuf *r)
+ * Returns 0 constant, 1 affine in the atoms (constant coefficients), 2 otherwise; -1 out of
+ * memory (reported). */
+static int rpn_linearity(elab *E, const rbuf *r)
 {
     struct lv {
         int k;
         double c;
     };
-    struct lv *s = malloc((size_t)(r->len + 1) * sizeof *s);
-    if (s == NULL)
-        return 2;
+    struct lv *s = tpk_malloc(E->S->ctx, (size_t)(r->len + 1) * sizeof *s);
+    if (s == NULL) /* no memory: an error (a guess would change the variable's type) */
+        return oom(E), -1;
     int sp = 0;
     for (int i = 0; i < r->len; i++) {
         const tpk_rpn_node *x = &r->n[i];
@@ -557,7 +564,7 @@ static int rpn_linearity(const rbuf *r)
         }
     }
     int k = sp == 1 ? s[0].k : 2;
-    free(s);
+    tpk_free(E->S->ctx, s);
     return k;
 }
 
@@ -587,11 +594,11 @@ static double rpn_eval_affine(const rbuf *r, int one, double *stack)
 }
 
 /* Distinct atoms (GVAR/HVAR leaves) in order of first appearance. */
-static int rpn_atoms(const rbuf *r, int **atoms, int *has_h)
+static int rpn_atoms(elab *E, const rbuf *r, int **atoms, int *has_h)
 {
     int n = 0;
     *has_h = 0;
-    *atoms = malloc((size_t)(r->len + 1) * sizeof **atoms);
+    *atoms = tpk_malloc(E->S->ctx, (size_t)(r->len + 1) * sizeof **atoms);
     if (*atoms == NULL)
         return -1;
     for (int i = 0; i < r->len; i++) {
@@ -620,11 +627,11 @@ static int rpn_has(const rbuf *r, int op)
 static int emit_lincomb(elab *E, const rbuf *r, const int *atoms, int n, char *name, int node,
                         int line, int col)
 {
-    double *stack = malloc((size_t)(r->len + 1) * sizeof *stack);
-    int *term = malloc((size_t)(n + 1) * sizeof *term);
-    double *coef = malloc((size_t)(n + 1) * sizeof *coef);
+    double *stack = tpk_malloc(E->S->ctx, (size_t)(r->len + 1) * sizeof *stack);
+    int *term = tpk_malloc(E->S->ctx, (size_t)(n + 1) * sizeof *term);
+    double *coef = tpk_malloc(E->S->ctx, (size_t)(n + 1) * sizeof *coef);
     if (stack == NULL || term == NULL || coef == NULL) {
-        free(stack), free(term), free(coef), free(name);
+        tpk_free(E->S->ctx, stack), tpk_free(E->S->ctx, term), tpk_free(E->S->ctx, coef), tpk_free(E->S->ctx, name);
         return oom(E), -1;
     }
     double c0 = rpn_eval_affine(r, -1, stack);
@@ -636,11 +643,11 @@ static int emit_lincomb(elab *E, const rbuf *r, const int *atoms, int n, char *n
             coef[k++] = c;
         }
     }
-    free(stack);
+    tpk_free(E->S->ctx, stack);
     int v = new_var(E, name, TPK_VAR_G, node, line);
     tpk_instr *in = v < 0 ? NULL : new_instr(E, TPK_OP_LINCOMB, v, line, col);
     if (in == NULL) {
-        free(term), free(coef);
+        tpk_free(E->S->ctx, term), tpk_free(E->S->ctx, coef);
         return -1;
     }
     in->nterms = k;
@@ -663,9 +670,9 @@ static int inline_h(elab *E, const rbuf *r, rbuf *out, int line, int col, const 
                                  "an A-var or read out, e.g. W relu(bn(g)) (docs/netsor.md)", what,
                                  E->p->var[x->var].name, d->line);
             const tpk_rpn *b = &d->body;
-            st = rb_append(out, b->node, b->len);
+            st = rb_append(E, out, b->node, b->len);
         } else {
-            st = rb_push(out, x->op, x->var, x->value, x->fn);
+            st = rb_push(E, out, x->op, x->var, x->value, x->fn);
         }
         if (st == TPK_ENOMEM)
             return oom(E);
@@ -680,7 +687,7 @@ static int inline_h(elab *E, const rbuf *r, rbuf *out, int line, int col, const 
 
 static int finish_body(elab *E, rbuf *r, tpk_rpn *body)
 {
-    int *args = malloc((size_t)(r->len + 1) * sizeof *args);
+    int *args = tpk_malloc(E->S->ctx, (size_t)(r->len + 1) * sizeof *args);
     if (args == NULL)
         return oom(E);
     int n = 0;
@@ -716,14 +723,14 @@ static int emit_body(elab *E, int op, const rbuf *r, char *name, int node, int l
     if (name == NULL && (name = temp_name(E)) == NULL)
         return oom(E), -1;
     if (inline_h(E, r, &in, line, col, what)) {
-        rb_free(&in);
-        free(name);
+        rb_free(E, &in);
+        tpk_free(E->S->ctx, name);
         return -1;
     }
     int v = new_var(E, name, op == TPK_OP_NONLIN ? TPK_VAR_H : TPK_VAR_SCALAR, node, line);
     tpk_instr *ins = v < 0 ? NULL : new_instr(E, op, v, line, col);
     if (ins == NULL || finish_body(E, &in, &ins->body)) {
-        rb_free(&in);
+        rb_free(E, &in);
         return -1;
     }
     if (op == TPK_OP_MOMENT || rpn_has(r, TPK_RPN_SCALAR))
@@ -740,7 +747,7 @@ static int materialize(elab *E, rbuf *r, int annot, char *name, int fam_node, in
     int st;
     int node = unify_leaves(E, r, what, line, col, &st);
     if (st) {
-        free(name);
+        tpk_free(E->S->ctx, name);
         return -1;
     }
     if (name == NULL && (name = temp_name(E)) == NULL)
@@ -750,7 +757,7 @@ static int materialize(elab *E, rbuf *r, int annot, char *name, int fam_node, in
         snprintf(fa, sizeof fa, "%s has width %s", name, nsr_uf_show(E->C, fam_node));
         snprintf(fb, sizeof fb, "its right-hand side has width %s", nsr_uf_show(E->C, node));
         if (nsr_uf_unify(E->C, fam_node, node, line, col, what, fa, fb)) {
-            free(name);
+            tpk_free(E->S->ctx, name);
             return -1;
         }
     }
@@ -758,22 +765,27 @@ static int materialize(elab *E, rbuf *r, int annot, char *name, int fam_node, in
         fam_node = node >= 0 ? node : nsr_uf_new(E->C, -1);
     int *atoms;
     int has_h;
-    int n = rpn_atoms(r, &atoms, &has_h);
+    int n = rpn_atoms(E, r, &atoms, &has_h);
     if (n < 0) {
-        free(name);
+        tpk_free(E->S->ctx, name);
         return oom(E), -1;
     }
-    int lin = rpn_linearity(r);
+    int lin = rpn_linearity(E, r);
+    if (lin < 0) {
+        tpk_free(E->S->ctx, atoms);
+        tpk_free(E->S->ctx, name);
+        return -1;
+    }
     double stack0 = 0;
     int v = -1;
     if (n == 0) {
         /* no vectors: a constant (caller folds) or a scalar expression (Moment of a constant) */
         if (!rpn_has(r, TPK_RPN_SCALAR) && r->len == 1) {
-            free(atoms);
-            free(name);
+            tpk_free(E->S->ctx, atoms);
+            tpk_free(E->S->ctx, name);
             return -2;
         }
-        free(atoms);
+        tpk_free(E->S->ctx, atoms);
         if (annot == NSR_ANN_G || annot == NSR_ANN_H) {
             if (!rpn_has(r, TPK_RPN_SCALAR)) {
                 v = emit_body(E, TPK_OP_NONLIN, r, name, fam_node, line, col, what);
@@ -781,7 +793,7 @@ static int materialize(elab *E, rbuf *r, int annot, char *name, int fam_node, in
             }
             nsr_error(E->S, TPK_ETYPE, line, col, "%s: '%s' is declared a vector but its "
                       "right-hand side is a scalar", what, name);
-            free(name);
+            tpk_free(E->S->ctx, name);
             return -1;
         }
         return emit_body(E, TPK_OP_MOMENT, r, name, -1, line, col, what);
@@ -790,17 +802,17 @@ static int materialize(elab *E, rbuf *r, int annot, char *name, int fam_node, in
         nsr_error(E->S, TPK_ETYPE, line, col,
                   "%s: scalar '%s' reads vectors outside mean(...); a scalar is a Moment: "
                   "scalar %s = mean(...)", what, name, name);
-        free(atoms), free(name);
+        tpk_free(E->S->ctx, atoms), tpk_free(E->S->ctx, name);
         return -1;
     }
     if (lin <= 1) {
-        double *stack = malloc((size_t)(r->len + 1) * sizeof *stack);
+        double *stack = tpk_malloc(E->S->ctx, (size_t)(r->len + 1) * sizeof *stack);
         if (stack == NULL) {
-            free(atoms), free(name);
+            tpk_free(E->S->ctx, atoms), tpk_free(E->S->ctx, name);
             return oom(E), -1;
         }
         stack0 = rpn_eval_affine(r, -1, stack);
-        free(stack);
+        tpk_free(E->S->ctx, stack);
     }
     if (lin <= 1 && stack0 == 0 && annot != NSR_ANN_H) {
         if (has_h) {
@@ -812,19 +824,19 @@ static int materialize(elab *E, rbuf *r, int annot, char *name, int fam_node, in
                       "%s: LinComb argument '%s' is an H-var (line %d); LinComb accepts G-vars only. "
                       "Hint: write a Nonlin with a linear function ('H %s = ...')", what,
                       E->p->var[h].name, E->var_line[h], name);
-            free(atoms), free(name);
+            tpk_free(E->S->ctx, atoms), tpk_free(E->S->ctx, name);
             return -1;
         }
         v = emit_lincomb(E, r, atoms, n, name, fam_node, line, col);
-        free(atoms);
+        tpk_free(E->S->ctx, atoms);
         return v;
     }
-    free(atoms);
+    tpk_free(E->S->ctx, atoms);
     if (annot == NSR_ANN_G) {
         nsr_error(E->S, TPK_ETYPE, line, col,
                   "%s: '%s' is declared G but its right-hand side is not a linear combination of "
                   "G-vars without constant term (it is a Nonlin, an H-var); drop the 'G'", what, name);
-        free(name);
+        tpk_free(E->S->ctx, name);
         return -1;
     }
     return emit_body(E, TPK_OP_NONLIN, r, name, fam_node, line, col, what);
@@ -837,11 +849,11 @@ static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const ns
 {
     const nsr_sym *af = &E->C->sym[a->sym];
     member *m = lookup_member(E, a, "declared");
-    char *aname = m ? nsr_member_name(af->name, m->nidx, m->idx) : NULL;
+    char *aname = m ? nsr_member_name(E->S->ctx, af->name, m->nidx, m->idx) : NULL;
     char what[300], fa[300], fb[300];
     int st = TPK_OK;
     if (m == NULL || aname == NULL) {
-        free(name);
+        tpk_free(E->S->ctx, name);
         return m == NULL ? TPK_ETYPE : oom(E);
     }
     snprintf(fa, sizeof fa, "%s is A(%s, %s) (declared at line %d)", aname, nsr_uf_show(E->C, af->node),
@@ -855,13 +867,13 @@ static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const ns
         if (src->nidx == 1) {
             int t;
             if (eval_int(E, src->idx[0], "an index", &t)) {
-                free(aname), free(name);
+                tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
                 return TPK_ETYPE;
             }
             slot = t - E->input_lo;
             if (slot < 0 || slot >= E->p->nslots) {
                 int idx[1] = {t};
-                free(aname), free(name);
+                tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
                 return missing_member(E, src, src->sym, idx, "defined");
             }
         }
@@ -869,13 +881,13 @@ static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const ns
         snprintf(fb, sizeof fb, "%s is an input of dimension %s (line %d)", src->name,
                  nsr_uf_show(E->C, ys->node), ys->line);
         if (nsr_uf_unify(E->C, af->node2, ys->node, line, col, what, fa, fb)) {
-            free(aname), free(name);
+            tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
             return TPK_ETYPE;
         }
         if (m->aid < 0) {
             tpk_program *p = E->p;
-            if (grow((void **)&p->embed, &E->capembed, p->nembeds + 1, sizeof *p->embed)) {
-                free(aname), free(name);
+            if (grow(E, (void **)&p->embed, &E->capembed, p->nembeds + 1, sizeof *p->embed)) {
+                tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
                 return oom(E);
             }
             p->embed[p->nembeds].name = aname;
@@ -884,7 +896,7 @@ static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const ns
             p->embed[p->nembeds].rows = af->node; /* resolved to a width id at the end */
             m->aid = p->nembeds++;
         }
-        free(aname);
+        tpk_free(E->S->ctx, aname);
         v = new_var(E, name ? name : temp_name(E), TPK_VAR_G, fam_node >= 0 ? fam_node : af->node, line);
         tpk_instr *in = v < 0 ? NULL : new_instr(E, TPK_OP_EMBED, v, line, col);
         if (in == NULL)
@@ -900,7 +912,7 @@ static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const ns
     /* the source: a variable, the zero vector, or an expression made into a temporary */
     rbuf r = {0};
     if ((st = elab_expr(E, src, &r))) {
-        free(aname), free(name);
+        tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
         return st;
     }
     char *sname = NULL;
@@ -910,20 +922,20 @@ static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const ns
     if (r.len == 1 && (r.n[0].op == TPK_RPN_GVAR || r.n[0].op == NSR_RPN_HVAR)) {
         srcvar = r.n[0].var;
     } else if (r.len == 1 && r.n[0].op == TPK_RPN_SCALAR) {
-        rb_free(&r);
-        free(aname), free(name);
+        rb_free(E, &r);
+        tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
         return nsr_error(E->S, TPK_ETYPE, src->line, src->col,
                          "MatMul %s needs a G- or H-var on the right, not a scalar", af->name);
     } else if (!is_const) {
         snprintf(what, sizeof what, "MatMul %s\xc2\xb7(...)", aname);
         srcvar = materialize(E, &r, NSR_ANN_H, NULL, -1, src->line, src->col, what);
         if (srcvar < 0) {
-            rb_free(&r);
-            free(aname), free(name);
+            rb_free(E, &r);
+            tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
             return TPK_ETYPE;
         }
     }
-    rb_free(&r);
+    rb_free(E, &r);
     int src_node;
     if (srcvar >= 0) {
         sname = E->p->var[srcvar].name;
@@ -938,42 +950,42 @@ static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const ns
     }
     snprintf(what, sizeof what, "MatMul %s\xc2\xb7%s", aname, sname);
     if (nsr_uf_unify(E->C, af->node2, src_node, line, col, what, fa, fb)) {
-        free(aname), free(name);
+        tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
         return TPK_ETYPE;
     }
     int root = nsr_uf_find(E->C, af->node2);
     if (E->C->uf[root].rigid >= 0 && E->C->sym[E->C->uf[root].rigid].kind == NSR_SYM_DIM) {
-        free(name);
+        tpk_free(E->S->ctx, name);
         st = nsr_error(E->S, TPK_ETYPE, line, col,
                        "%s: %s is an embedding A(%s, %s) (declared at line %d); it can only multiply "
                        "the input", what, aname, nsr_uf_show(E->C, af->node),
                        nsr_uf_show(E->C, af->node2), m->line);
-        free(aname);
+        tpk_free(E->S->ctx, aname);
         return st;
     }
     if (srcvar < 0 && c == 0) {
         /* W·0 = 0: no instruction; the constant folds into whatever reads it */
-        free(aname), free(name);
-        return rb_push(out, TPK_RPN_CONST, -1, 0.0, NULL) ? oom(E) : TPK_OK;
+        tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
+        return rb_push(E, out, TPK_RPN_CONST, -1, 0.0, NULL) ? oom(E) : TPK_OK;
     }
     if (srcvar < 0) {
         /* a nonzero constant vector becomes a Nonlin with a constant body */
         rbuf k = {0};
-        if (rb_push(&k, TPK_RPN_CONST, -1, c, NULL)) {
-            free(aname), free(name);
+        if (rb_push(E, &k, TPK_RPN_CONST, -1, c, NULL)) {
+            tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
             return oom(E);
         }
         srcvar = emit_body(E, TPK_OP_NONLIN, &k, NULL, src_node, line, col, what);
-        rb_free(&k);
+        rb_free(E, &k);
         if (srcvar < 0) {
-            free(aname), free(name);
+            tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
             return TPK_ENOMEM;
         }
     }
     if (m->aid < 0) {
         tpk_program *p = E->p;
-        if (grow((void **)&p->avar, &E->capavar, p->navars + 1, sizeof *p->avar)) {
-            free(aname), free(name);
+        if (grow(E, (void **)&p->avar, &E->capavar, p->navars + 1, sizeof *p->avar)) {
+            tpk_free(E->S->ctx, aname), tpk_free(E->S->ctx, name);
             return oom(E);
         }
         p->avar[p->navars].name = aname;
@@ -983,13 +995,13 @@ static int elab_matmul(elab *E, const nsr_expr *a, const nsr_expr *src, const ns
         p->avar[p->navars].cols = af->node2;
         m->aid = p->navars++;
     }
-    free(aname);
+    tpk_free(E->S->ctx, aname);
     if (fam_node >= 0) {
         char f1[256], f2[256];
         snprintf(f1, sizeof f1, "%s has width %s", name ? name : "the result", nsr_uf_show(E->C, fam_node));
         snprintf(f2, sizeof f2, "%s has %s rows", E->p->avar[m->aid].name, nsr_uf_show(E->C, af->node));
         if (nsr_uf_unify(E->C, fam_node, af->node, line, col, what, f1, f2)) {
-            free(name);
+            tpk_free(E->S->ctx, name);
             return TPK_ETYPE;
         }
     }
@@ -1019,20 +1031,20 @@ static int elab_mean(elab *E, const nsr_expr *e, char *name, int sqrt_n, rbuf *o
     rbuf r = {0};
     int st = elab_expr(E, e->args[0], &r);
     if (st) {
-        rb_free(&r);
-        free(name);
+        rb_free(E, &r);
+        tpk_free(E->S->ctx, name);
         return st;
     }
     int ust;
     unify_leaves(E, &r, "Moment mean(...)", e->line, e->col, &ust);
     if (ust) {
-        rb_free(&r);
-        free(name);
+        rb_free(E, &r);
+        tpk_free(E->S->ctx, name);
         return ust;
     }
     int v = emit_body(E, TPK_OP_MOMENT, &r, name ? name : temp_name(E), -1, e->line, e->col,
                       "Moment mean(...)");
-    rb_free(&r);
+    rb_free(E, &r);
     if (v < 0)
         return TPK_ETYPE;
     if (sqrt_n) {
@@ -1072,32 +1084,37 @@ static int elab_bn(elab *E, const nsr_expr *e, const tpk_phi *phi, char *name, i
     int batch = 0, st;
     if (e->nargs == 2) {
         if (eval_int(E, e->args[1], "a batch size", &batch)) {
-            free(name);
+            tpk_free(E->S->ctx, name);
             return TPK_ETYPE;
         }
         if (batch < 0) {
-            free(name);
+            tpk_free(E->S->ctx, name);
             return nsr_error(E->S, TPK_ETYPE, e->args[1]->line, e->args[1]->col,
                              "bn: batch size must be >= 0 (0: all inputs), got %d", batch);
         }
     }
     rbuf r = {0};
     if ((st = elab_expr(E, e->args[0], &r))) {
-        rb_free(&r);
-        free(name);
+        rb_free(E, &r);
+        tpk_free(E->S->ctx, name);
         return st;
     }
-    int g = -1;
+    int g = -1, lin = 0;
     if (r.len == 1 && r.n[0].op == TPK_RPN_GVAR)
         g = r.n[0].var;
     else if (!rb_is_const(&r, NULL) && !rpn_has(&r, NSR_RPN_HVAR) && !rpn_has(&r, TPK_RPN_SCALAR) &&
-             rpn_linearity(&r) == 1)
+             (lin = rpn_linearity(E, &r)) == 1)
         g = materialize(E, &r, NSR_ANN_NONE, NULL, -1, e->line, e->col, "bn(...)");
-    rb_free(&r);
+    if (lin < 0) {
+        rb_free(E, &r);
+        tpk_free(E->S->ctx, name);
+        return TPK_ENOMEM;
+    }
+    rb_free(E, &r);
     if (g >= 0 && E->p->var[g].type != TPK_VAR_G)
         g = -1;
     if (g < 0) {
-        free(name);
+        tpk_free(E->S->ctx, name);
         return E->S->ctx->status ? E->S->ctx->status
                : nsr_error(E->S, TPK_ETYPE, e->line, e->col,
                            "bn(...) normalises a G-var: its argument must be a G-var or a linear "
@@ -1109,19 +1126,19 @@ static int elab_bn(elab *E, const nsr_expr *e, const tpk_phi *phi, char *name, i
         snprintf(fa, sizeof fa, "%s has width %s", name ? name : "the result", nsr_uf_show(E->C, fam_node));
         var_fact(E, g, fb, sizeof fb);
         if (nsr_uf_unify(E->C, fam_node, node, e->line, e->col, "bn(...)", fa, fb)) {
-            free(name);
+            tpk_free(E->S->ctx, name);
             return TPK_ETYPE;
         }
     }
     rbuf b = {0};
-    if (rb_push(&b, TPK_RPN_GVAR, g, 0, NULL) || (phi && rb_push(&b, TPK_RPN_CALL, -1, 0, phi))) {
-        rb_free(&b);
-        free(name);
+    if (rb_push(E, &b, TPK_RPN_GVAR, g, 0, NULL) || (phi && rb_push(E, &b, TPK_RPN_CALL, -1, 0, phi))) {
+        rb_free(E, &b);
+        tpk_free(E->S->ctx, name);
         return oom(E);
     }
     int v = emit_body(E, TPK_OP_NONLIN, &b, name, fam_node >= 0 ? fam_node : node, e->line, e->col,
                       "bn(...)");
-    rb_free(&b);
+    rb_free(E, &b);
     if (v < 0)
         return TPK_ETYPE;
     tpk_instr *in = &E->p->instr[E->p->var[v].def];
@@ -1159,7 +1176,7 @@ static int elab_call(elab *E, const nsr_expr *e, rbuf *out)
         if (b < 1)
             return nsr_error(E->S, TPK_ETYPE, e->args[1]->line, e->args[1]->col,
                              "mod(a, b) needs b >= 1 (got %d)", b);
-        return rb_push(out, TPK_RPN_CONST, -1, (double)(((a % b) + b) % b), NULL) ? oom(E) : TPK_OK;
+        return rb_push(E, out, TPK_RPN_CONST, -1, (double)(((a % b) + b) % b), NULL) ? oom(E) : TPK_OK;
     }
     if (e->sym < 0 && (strcmp(e->name, "wrap") == 0 || strcmp(e->name, "inside") == 0)) {
         int v, lo, hi;
@@ -1170,7 +1187,7 @@ static int elab_call(elab *E, const nsr_expr *e, rbuf *out)
             return nsr_error(E->S, TPK_ETYPE, e->line, e->col, "%s(v, lo, hi) needs lo <= hi (got %d..%d)",
                              e->name, lo, hi);
         double r = e->name[0] == 'w' ? (double)nsr_wrap(v, lo, hi) : (double)(v >= lo && v <= hi);
-        return rb_push(out, TPK_RPN_CONST, -1, r, NULL) ? oom(E) : TPK_OK;
+        return rb_push(E, out, TPK_RPN_CONST, -1, r, NULL) ? oom(E) : TPK_OK;
     }
     const nsr_sym *y = &E->C->sym[e->sym];
     if (y->kind == NSR_SYM_AFAM) {
@@ -1190,44 +1207,49 @@ static int elab_call(elab *E, const nsr_expr *e, rbuf *out)
     rbuf r = {0};
     int st = elab_expr(E, e->args[0], &r);
     if (st) {
-        rb_free(&r);
+        rb_free(E, &r);
         return st;
     }
     const tpk_phi *phi = get_phi(E, spec, e->line, e->col);
     if (phi == NULL) {
-        rb_free(&r);
+        rb_free(E, &r);
         return TPK_ETYPE;
     }
     double c = 0;
     if (rb_is_const(&r, &c)) {
-        rb_free(&r);
-        return rb_push(out, TPK_RPN_CONST, -1, tpk_phi_eval(phi, c), NULL) ? oom(E) : TPK_OK;
+        rb_free(E, &r);
+        return rb_push(E, out, TPK_RPN_CONST, -1, tpk_phi_eval(phi, c), NULL) ? oom(E) : TPK_OK;
     }
     /* φ(a + b) over several G-vars: hoist the LinComb so the expectation stays low-dimensional */
     int *atoms, has_h;
-    int n = rpn_atoms(&r, &atoms, &has_h);
+    int n = rpn_atoms(E, &r, &atoms, &has_h);
     if (n < 0) {
-        rb_free(&r);
+        rb_free(E, &r);
         return oom(E);
     }
-    free(atoms);
-    if (n >= 2 && !has_h && rpn_linearity(&r) == 1 && !rpn_has(&r, TPK_RPN_SCALAR)) {
-        double *stack = malloc((size_t)(r.len + 1) * sizeof *stack);
-        double c0 = stack ? rpn_eval_affine(&r, -1, stack) : 1;
-        free(stack);
+    tpk_free(E->S->ctx, atoms);
+    int lin = n >= 2 && !has_h ? rpn_linearity(E, &r) : 0;
+    double *stack = lin == 1 ? tpk_malloc(E->S->ctx, (size_t)(r.len + 1) * sizeof *stack) : NULL;
+    if (lin < 0 || (lin == 1 && stack == NULL)) {
+        rb_free(E, &r);
+        return oom(E);
+    }
+    double c0 = lin == 1 && !rpn_has(&r, TPK_RPN_SCALAR) ? rpn_eval_affine(&r, -1, stack) : 1;
+    tpk_free(E->S->ctx, stack);
+    if (lin == 1 && !rpn_has(&r, TPK_RPN_SCALAR)) {
         if (c0 == 0) {
             int v = materialize(E, &r, NSR_ANN_NONE, NULL, -1, e->line, e->col, "LinComb");
-            rb_free(&r);
+            rb_free(E, &r);
             if (v < 0)
                 return TPK_ETYPE;
             if (push_var(E, &r, v))
                 return TPK_EINVAL;
         }
     }
-    st = rb_push(&r, TPK_RPN_CALL, -1, 0, phi);
+    st = rb_push(E, &r, TPK_RPN_CALL, -1, 0, phi);
     if (st == TPK_OK)
-        st = rb_append(out, r.n, r.len);
-    rb_free(&r);
+        st = rb_append(E, out, r.n, r.len);
+    rb_free(E, &r);
     if (st)
         return nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
     return TPK_OK;
@@ -1261,19 +1283,19 @@ static int elab_sum(elab *E, const nsr_expr *e, rbuf *out)
         st = elab_expr(E, e->a, &b);
         if (st == TPK_OK && rb_is_const(&b, &cb))
             c0 += cb;
-        else if (st == TPK_OK && (st = rb_append(&acc, b.n, b.len)) == TPK_OK && nonconst++ > 0)
-            st = rb_push(&acc, TPK_RPN_ADD, -1, 0, NULL);
-        rb_free(&b);
+        else if (st == TPK_OK && (st = rb_append(E, &acc, b.n, b.len)) == TPK_OK && nonconst++ > 0)
+            st = rb_push(E, &acc, TPK_RPN_ADD, -1, 0, NULL);
+        rb_free(E, &b);
     }
     E->have[e->sym] = 0;
     if (st == TPK_OK && (c0 != 0 || nonconst == 0)) {
-        st = rb_push(&acc, TPK_RPN_CONST, -1, c0, NULL);
+        st = rb_push(E, &acc, TPK_RPN_CONST, -1, c0, NULL);
         if (st == TPK_OK && nonconst > 0)
-            st = rb_push(&acc, TPK_RPN_ADD, -1, 0, NULL);
+            st = rb_push(E, &acc, TPK_RPN_ADD, -1, 0, NULL);
     }
     if (st == TPK_OK)
-        st = rb_append(out, acc.n, acc.len);
-    rb_free(&acc);
+        st = rb_append(E, out, acc.n, acc.len);
+    rb_free(E, &acc);
     if (st && !E->S->failed)
         st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
     return st;
@@ -1306,23 +1328,23 @@ static int elab_softmax(elab *E, const nsr_expr *e, rbuf *out)
         E->num[e->sym] = (double)j;
         rbuf b = {0};
         st = elab_expr(E, e->a, &b);
-        if (st == TPK_OK && (st = rb_append(&b, ref.n, ref.len)) == TPK_OK &&
-            (st = rb_push(&b, TPK_RPN_SUB, -1, 0, NULL)) == TPK_OK &&
-            (st = rb_push(&b, TPK_RPN_CALL, -1, 0, ex)) == TPK_OK) {
+        if (st == TPK_OK && (st = rb_append(E, &b, ref.n, ref.len)) == TPK_OK &&
+            (st = rb_push(E, &b, TPK_RPN_SUB, -1, 0, NULL)) == TPK_OK &&
+            (st = rb_push(E, &b, TPK_RPN_CALL, -1, 0, ex)) == TPK_OK) {
             if (j == at)
-                st = rb_append(&num, b.n, b.len);
-            if (st == TPK_OK && (st = rb_append(&den, b.n, b.len)) == TPK_OK && j > lo)
-                st = rb_push(&den, TPK_RPN_ADD, -1, 0, NULL);
+                st = rb_append(E, &num, b.n, b.len);
+            if (st == TPK_OK && (st = rb_append(E, &den, b.n, b.len)) == TPK_OK && j > lo)
+                st = rb_push(E, &den, TPK_RPN_ADD, -1, 0, NULL);
         }
-        rb_free(&b);
+        rb_free(E, &b);
     }
     E->have[e->sym] = 0;
-    if (st == TPK_OK && (st = rb_append(&num, den.n, den.len)) == TPK_OK &&
-        (st = rb_push(&num, TPK_RPN_DIV, -1, 0, NULL)) == TPK_OK)
-        st = rb_append(out, num.n, num.len);
-    rb_free(&ref);
-    rb_free(&num);
-    rb_free(&den);
+    if (st == TPK_OK && (st = rb_append(E, &num, den.n, den.len)) == TPK_OK &&
+        (st = rb_push(E, &num, TPK_RPN_DIV, -1, 0, NULL)) == TPK_OK)
+        st = rb_append(E, out, num.n, num.len);
+    rb_free(E, &ref);
+    rb_free(E, &num);
+    rb_free(E, &den);
     if (st && !E->S->failed)
         st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
     return st;
@@ -1334,7 +1356,7 @@ static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
         return nsr_error(E->S, TPK_EINVAL, e->line, e->col, "program too large after unrolling");
     switch (e->kind) {
     case NSR_E_NUM:
-        return rb_push(out, TPK_RPN_CONST, -1, e->num, NULL) ? oom(E) : TPK_OK;
+        return rb_push(E, out, TPK_RPN_CONST, -1, e->num, NULL) ? oom(E) : TPK_OK;
     case NSR_E_NAME:
         return elab_name(E, e, out);
     case NSR_E_CALL:
@@ -1351,13 +1373,13 @@ static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
         double c;
         if (st == TPK_OK) {
             if (rb_is_const(&a, &c))
-                st = rb_push(out, TPK_RPN_CONST, -1, -c, NULL);
-            else if ((st = rb_append(out, a.n, a.len)) == TPK_OK)
-                st = rb_push(out, TPK_RPN_NEG, -1, 0, NULL);
+                st = rb_push(E, out, TPK_RPN_CONST, -1, -c, NULL);
+            else if ((st = rb_append(E, out, a.n, a.len)) == TPK_OK)
+                st = rb_push(E, out, TPK_RPN_NEG, -1, 0, NULL);
             if (st)
                 st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
         }
-        rb_free(&a);
+        rb_free(E, &a);
         return st;
     }
     case NSR_E_BIN: {
@@ -1378,15 +1400,15 @@ static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
             double c;
             if (st == TPK_OK) {
                 if (rb_is_const(&a, &c))
-                    st = rb_push(out, TPK_RPN_CONST, -1, pow(c, k), NULL);
+                    st = rb_push(E, out, TPK_RPN_CONST, -1, pow(c, k), NULL);
                 else if (k == 1)
-                    st = rb_append(out, a.n, a.len);
-                else if ((st = rb_append(out, a.n, a.len)) == TPK_OK)
-                    st = rb_push(out, TPK_RPN_POWI, -1, k, NULL);
+                    st = rb_append(E, out, a.n, a.len);
+                else if ((st = rb_append(E, out, a.n, a.len)) == TPK_OK)
+                    st = rb_push(E, out, TPK_RPN_POWI, -1, k, NULL);
                 if (st)
                     st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
             }
-            rb_free(&a);
+            rb_free(E, &a);
             return st;
         }
         int op = e->op == NSR_T_PLUS ? TPK_RPN_ADD : e->op == NSR_T_MINUS ? TPK_RPN_SUB
@@ -1399,39 +1421,39 @@ static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
         if (st == TPK_OK) {
             int ka = rb_is_const(&a, &ca), kb = rb_is_const(&b, &cb);
             if (op == TPK_RPN_DIV && kb && cb == 0) {
-                rb_free(&a);
-                rb_free(&b);
+                rb_free(E, &a);
+                rb_free(E, &b);
                 return nsr_error(E->S, TPK_ETYPE, e->b->line, e->b->col,
                                  "division by the constant 0");
             }
             if (ka && kb && !isfinite(fold(op, ca, cb))) {
-                rb_free(&a);
-                rb_free(&b);
+                rb_free(E, &a);
+                rb_free(E, &b);
                 return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
                                  "the constant expression is not finite (%g)", fold(op, ca, cb));
             }
             if (ka && kb) {
-                st = rb_push(out, TPK_RPN_CONST, -1, fold(op, ca, cb), NULL);
+                st = rb_push(E, out, TPK_RPN_CONST, -1, fold(op, ca, cb), NULL);
             } else if ((op == TPK_RPN_MUL && ((ka && ca == 0) || (kb && cb == 0))) ||
                        (op == TPK_RPN_DIV && ka && ca == 0)) {
-                st = rb_push(out, TPK_RPN_CONST, -1, 0.0, NULL); /* 0 * x folds (h[0] = 0) */
+                st = rb_push(E, out, TPK_RPN_CONST, -1, 0.0, NULL); /* 0 * x folds (h[0] = 0) */
             } else if ((op == TPK_RPN_ADD && ka && ca == 0) || (op == TPK_RPN_MUL && ka && ca == 1)) {
-                st = rb_append(out, b.n, b.len);
+                st = rb_append(E, out, b.n, b.len);
             } else if (((op == TPK_RPN_ADD || op == TPK_RPN_SUB) && kb && cb == 0) ||
                        ((op == TPK_RPN_MUL || op == TPK_RPN_DIV) && kb && cb == 1)) {
-                st = rb_append(out, a.n, a.len);
+                st = rb_append(E, out, a.n, a.len);
             } else if (op == TPK_RPN_SUB && ka && ca == 0) {
-                if ((st = rb_append(out, b.n, b.len)) == TPK_OK)
-                    st = rb_push(out, TPK_RPN_NEG, -1, 0, NULL);
-            } else if ((st = rb_append(out, a.n, a.len)) == TPK_OK &&
-                       (st = rb_append(out, b.n, b.len)) == TPK_OK) {
-                st = rb_push(out, op, -1, 0, NULL);
+                if ((st = rb_append(E, out, b.n, b.len)) == TPK_OK)
+                    st = rb_push(E, out, TPK_RPN_NEG, -1, 0, NULL);
+            } else if ((st = rb_append(E, out, a.n, a.len)) == TPK_OK &&
+                       (st = rb_append(E, out, b.n, b.len)) == TPK_OK) {
+                st = rb_push(E, out, op, -1, 0, NULL);
             }
             if (st)
                 st = nsr_error(E->S, TPK_EINVAL, e->line, e->col, "expression too large");
         }
-        rb_free(&a);
-        rb_free(&b);
+        rb_free(E, &a);
+        rb_free(E, &b);
         return st;
     }
     default:
@@ -1527,7 +1549,7 @@ static int record_family(elab *E, nsr_stmt *s)
                          "more than %d family instructions", NSR_MAX_FAMILY_INSTR);
     if (bind_phis(E, s->value, 0))
         return TPK_ETYPE;
-    if (grow((void **)&R->fi, &R->capfi, R->nfi + 1, sizeof *R->fi))
+    if (grow(E, (void **)&R->fi, &R->capfi, R->nfi + 1, sizeof *R->fi))
         return oom(E);
     nsr_finstr *f = &R->fi[R->nfi];
     memset(f, 0, sizeof *f);
@@ -1551,7 +1573,7 @@ static int record_decl(elab *E, const nsr_stmt *s)
         return TPK_ETYPE;
     member *m = find_member(E, s->fam, s->nidx, idx);
     nsr_rolled *R = E->R;
-    if (m == NULL || grow((void **)&R->dm, &R->capdm, R->ndm + 1, sizeof *R->dm))
+    if (m == NULL || grow(E, (void **)&R->dm, &R->capdm, R->ndm + 1, sizeof *R->dm))
         return oom(E);
     nsr_dmember *d = &R->dm[R->ndm++];
     memset(d, 0, sizeof *d);
@@ -1612,11 +1634,11 @@ static int exec_decl(elab *E, const nsr_stmt *s)
         return TPK_ETYPE;
     member *o = find_member(E, s->fam, s->nidx, idx);
     if (o != NULL) {
-        char *key = nsr_member_name(s->name, s->nidx, idx);
+        char *key = nsr_member_name(E->S->ctx, s->name, s->nidx, idx);
         int st = nsr_error(E->S, TPK_ETYPE, s->name_line, s->name_col,
                            "redeclaration of %s (first declared at line %d)", key ? key : s->name,
                            o->line);
-        free(key);
+        tpk_free(E->S->ctx, key);
         return st;
     }
     double mean = 0, var;
@@ -1642,13 +1664,13 @@ static int exec_def(elab *E, const nsr_stmt *s)
     if (eval_indices(E, s->idx, s->nidx, idx))
         return TPK_ETYPE;
     member *o = find_member(E, s->fam, s->nidx, idx);
-    char *name = nsr_member_name(s->name, s->nidx, idx);
+    char *name = nsr_member_name(E->S->ctx, s->name, s->nidx, idx);
     if (name == NULL)
         return oom(E);
     if (o != NULL) {
         int st = nsr_error(E->S, TPK_ETYPE, s->name_line, s->name_col,
                            "redefinition of %s (first defined at line %d)", name, o->line);
-        free(name);
+        tpk_free(E->S->ctx, name);
         return st;
     }
     const nsr_sym *f = &E->C->sym[s->fam];
@@ -1661,7 +1683,7 @@ static int exec_def(elab *E, const nsr_stmt *s)
         (e->kind == NSR_E_CALL && e->sym >= 0 && E->C->sym[e->sym].kind == NSR_SYM_AFAM)) {
         /* g = W h: the MatMul writes the target directly */
         if (s->annot == NSR_ANN_SCALAR) {
-            free(name);
+            tpk_free(E->S->ctx, name);
             return nsr_error(E->S, TPK_ETYPE, e->line, e->col,
                              "%s: a MatMul gives a G-var, not a scalar", what);
         }
@@ -1675,7 +1697,7 @@ static int exec_def(elab *E, const nsr_stmt *s)
         }
         int st = elab_matmul(E, am, src, e, name, f->node, &r);
         if (st) {
-            rb_free(&r);
+            rb_free(E, &r);
             return st;
         }
         if (rb_is_const(&r, NULL)) {
@@ -1691,7 +1713,7 @@ static int exec_def(elab *E, const nsr_stmt *s)
         int sq = !is_mean(e);
         int st = elab_mean(E, sq ? (is_mean(e->a) ? e->a : e->b) : e, name, sq, &r);
         if (st) {
-            rb_free(&r);
+            rb_free(E, &r);
             return st;
         }
         v = r.n[0].var;
@@ -1705,28 +1727,28 @@ static int exec_def(elab *E, const nsr_stmt *s)
                      : elab_bn(E, is_bn(e) ? e : e->args[0], phi, name, f->node, &r);
         if (st) {
             if (!is_bn(e) && phi == NULL)
-                free(name);
-            rb_free(&r);
+                tpk_free(E->S->ctx, name);
+            rb_free(E, &r);
             return st;
         }
         v = r.n[0].var;
     } else {
         int st = elab_expr(E, e, &r);
         if (st) {
-            rb_free(&r);
-            free(name);
+            rb_free(E, &r);
+            tpk_free(E->S->ctx, name);
             return st;
         }
         v = materialize(E, &r, s->annot, name, f->node, e->line, e->col, what);
         if (v == -1) {
-            rb_free(&r);
+            rb_free(E, &r);
             return TPK_ETYPE;
         }
     }
     member *m = add_member(E, s->fam, s->nidx, idx, v >= 0 ? M_VAR : M_CONST, s->name_line,
                            s->name_col);
     if (m == NULL) {
-        rb_free(&r);
+        rb_free(E, &r);
         return oom(E);
     }
     if (v >= 0) {
@@ -1734,7 +1756,7 @@ static int exec_def(elab *E, const nsr_stmt *s)
     } else {
         m->value = r.len == 1 ? r.n[0].value : 0;
     }
-    rb_free(&r);
+    rb_free(E, &r);
     return TPK_OK;
 }
 
@@ -1744,13 +1766,13 @@ static int exec_output(elab *E, const nsr_stmt *s)
     if (eval_indices(E, s->idx, s->nidx, idx))
         return TPK_ETYPE;
     member *o = find_member(E, s->fam, s->nidx, idx);
-    char *name = nsr_member_name(s->name, s->nidx, idx);
+    char *name = nsr_member_name(E->S->ctx, s->name, s->nidx, idx);
     if (name == NULL)
         return oom(E);
     if (o != NULL) {
         int st = nsr_error(E->S, TPK_ETYPE, s->name_line, s->name_col,
                            "redefinition of output %s (first defined at line %d)", name, o->line);
-        free(name);
+        tpk_free(E->S->ctx, name);
         return st;
     }
     const nsr_expr *rd = s->value;
@@ -1787,15 +1809,15 @@ static int exec_output(elab *E, const nsr_stmt *s)
                                "readout needs a G- or H-var, not a scalar expression");
         }
     }
-    rb_free(&r);
+    rb_free(E, &r);
     if (st) {
-        free(name);
+        tpk_free(E->S->ctx, name);
         return st;
     }
     tpk_program *p = E->p;
-    if (grow((void **)&p->output, &E->capout, p->noutputs + 1, sizeof *p->output) ||
+    if (grow(E, (void **)&p->output, &E->capout, p->noutputs + 1, sizeof *p->output) ||
         add_member(E, s->fam, s->nidx, idx, M_OUT, s->name_line, s->name_col) == NULL) {
-        free(name);
+        tpk_free(E->S->ctx, name);
         return oom(E);
     }
     p->output[p->noutputs].name = name;
@@ -1814,8 +1836,8 @@ static int record_params(elab *E)
     int n = 0;
     for (int i = 0; i < C->nsym; i++)
         n += C->sym[i].kind == NSR_SYM_PARAM && E->have[i];
-    p->param_name = calloc((size_t)n + 1, sizeof *p->param_name);
-    p->param_value = calloc((size_t)n + 1, sizeof *p->param_value);
+    p->param_name = tpk_calloc(E->S->ctx, (size_t)n + 1, sizeof *p->param_name);
+    p->param_value = tpk_calloc(E->S->ctx, (size_t)n + 1, sizeof *p->param_value);
     if (p->param_name == NULL || p->param_value == NULL)
         return TPK_ENOMEM;
     for (int i = 0; i < C->nsym; i++) {
@@ -1824,11 +1846,11 @@ static int record_params(elab *E)
         char buf[64];
         if (E->spec[i] == NULL)
             snprintf(buf, sizeof buf, "%.17g", E->num[i]);
-        p->param_name[p->nparams] = strdup(C->sym[i].name);
-        p->param_value[p->nparams] = strdup(E->spec[i] ? E->spec[i] : buf);
+        p->param_name[p->nparams] = tpk_strdup(E->S->ctx, C->sym[i].name);
+        p->param_value[p->nparams] = tpk_strdup(E->S->ctx, E->spec[i] ? E->spec[i] : buf);
         if (p->param_name[p->nparams] == NULL || p->param_value[p->nparams] == NULL) {
-            free(p->param_name[p->nparams]);
-            free(p->param_value[p->nparams]);
+            tpk_free(E->S->ctx, p->param_name[p->nparams]);
+            tpk_free(E->S->ctx, p->param_value[p->nparams]);
             return TPK_ENOMEM;
         }
         p->nparams++;
@@ -1959,12 +1981,12 @@ static int finalize(elab *E)
         nw += C->sym[i].kind == NSR_SYM_WIDTH;
     if (nw == 0)
         return nsr_error(E->S, TPK_ETYPE, 1, 1, "the program declares no width (write 'width n')");
-    p->width_name = calloc((size_t)nw, sizeof *p->width_name);
+    p->width_name = tpk_calloc(E->S->ctx, (size_t)nw, sizeof *p->width_name);
     if (p->width_name == NULL)
         return oom(E);
     for (int i = 0; i < C->nsym; i++)
         if (C->sym[i].kind == NSR_SYM_WIDTH) {
-            if ((p->width_name[p->nwidths] = strdup(C->sym[i].name)) == NULL)
+            if ((p->width_name[p->nwidths] = tpk_strdup(E->S->ctx, C->sym[i].name)) == NULL)
                 return oom(E);
             p->nwidths++;
         }
@@ -2003,7 +2025,7 @@ static int finalize(elab *E)
         return oom(E);
     /* hand the function instances to the program */
     if (E->nphis > 0) {
-        p->phis = calloc((size_t)E->nphis, sizeof *p->phis);
+        p->phis = tpk_calloc(E->S->ctx, (size_t)E->nphis, sizeof *p->phis);
         if (p->phis == NULL)
             return oom(E);
         for (int i = 0; i < E->nphis; i++) {
@@ -2018,13 +2040,15 @@ static int finalize(elab *E)
 tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
 {
     elab E = {.S = S, .C = C};
-    E.p = calloc(1, sizeof *E.p);
-    E.num = calloc((size_t)C->nsym + 1, sizeof *E.num);
-    E.spec = calloc((size_t)C->nsym + 1, sizeof *E.spec);
-    E.have = calloc((size_t)C->nsym + 1, sizeof *E.have);
+    E.p = tpk_calloc(S->ctx, 1, sizeof *E.p);
+    if (E.p != NULL)
+        E.p->alloc = tpk_ctx_allocator(S->ctx);
+    E.num = tpk_calloc(S->ctx, (size_t)C->nsym + 1, sizeof *E.num);
+    E.spec = tpk_calloc(S->ctx, (size_t)C->nsym + 1, sizeof *E.spec);
+    E.have = tpk_calloc(S->ctx, (size_t)C->nsym + 1, sizeof *E.have);
     int st = TPK_ENOMEM;
     if (E.p != NULL && E.num != NULL && E.spec != NULL && E.have != NULL) {
-        E.p->path = strdup(S->file);
+        E.p->path = tpk_strdup(S->ctx, S->file);
         st = E.p->path == NULL ? oom(&E) : exec_block(&E, ast->stmts, ast->nstmts);
         if (st == TPK_OK)
             st = finalize(&E);
@@ -2032,17 +2056,17 @@ tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
         oom(&E);
     }
     for (int i = 0; i < E.nphis; i++) {
-        free(E.phis[i].spec);
+        tpk_free(S->ctx, E.phis[i].spec);
         tpk_phi_free(E.phis[i].phi);
     }
-    free(E.phis);
-    free(E.num);
-    free(E.spec);
-    free(E.have);
-    free(E.mem);
-    free(E.bucket);
-    free(E.var_node);
-    free(E.var_line);
+    tpk_free(S->ctx, E.phis);
+    tpk_free(S->ctx, E.num);
+    tpk_free(S->ctx, E.spec);
+    tpk_free(S->ctx, E.have);
+    tpk_free(S->ctx, E.mem);
+    tpk_free(S->ctx, E.bucket);
+    tpk_free(S->ctx, E.var_node);
+    tpk_free(S->ctx, E.var_line);
     if (st) {
         tpk_program_free(E.p);
         return NULL;
@@ -2056,9 +2080,9 @@ tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
 int nsr_elaborate_rolled(nsr_state *S, nsr_ast *ast, nsr_check *C, tpk_program *p, nsr_rolled *R)
 {
     elab E = {.S = S, .C = C, .p = p, .R = R, .dom_size = 1};
-    E.num = calloc((size_t)C->nsym + 1, sizeof *E.num);
-    E.spec = calloc((size_t)C->nsym + 1, sizeof *E.spec);
-    E.have = calloc((size_t)C->nsym + 1, sizeof *E.have);
+    E.num = tpk_calloc(S->ctx, (size_t)C->nsym + 1, sizeof *E.num);
+    E.spec = tpk_calloc(S->ctx, (size_t)C->nsym + 1, sizeof *E.spec);
+    E.have = tpk_calloc(S->ctx, (size_t)C->nsym + 1, sizeof *E.have);
     int st = TPK_ENOMEM;
     if (E.num != NULL && E.spec != NULL && E.have != NULL) {
         st = exec_block(&E, ast->stmts, ast->nstmts);
@@ -2070,19 +2094,20 @@ int nsr_elaborate_rolled(nsr_state *S, nsr_ast *ast, nsr_check *C, tpk_program *
             nw += C->sym[i].kind == NSR_SYM_WIDTH;
         if (st == TPK_OK && nw == 0)
             st = nsr_error(S, TPK_ETYPE, 1, 1, "the program declares no width (write 'width n')");
-        if (st == TPK_OK && (p->width_name = calloc((size_t)nw, sizeof *p->width_name)) == NULL)
+        if (st == TPK_OK &&
+            (p->width_name = tpk_calloc(S->ctx, (size_t)nw, sizeof *p->width_name)) == NULL)
             st = oom(&E);
         for (int i = 0; st == TPK_OK && i < C->nsym; i++)
             if (C->sym[i].kind == NSR_SYM_WIDTH &&
-                (p->width_name[p->nwidths++] = strdup(C->sym[i].name)) == NULL)
+                (p->width_name[p->nwidths++] = tpk_strdup(S->ctx, C->sym[i].name)) == NULL)
                 st = oom(&E);
     } else {
         oom(&E);
     }
     /* the function instances stay with the rolled form */
-    R->phis = calloc((size_t)E.nphis + 1, sizeof *R->phis);
+    R->phis = tpk_calloc(S->ctx, (size_t)E.nphis + 1, sizeof *R->phis);
     for (int i = 0; i < E.nphis; i++) {
-        free(E.phis[i].spec);
+        tpk_free(S->ctx, E.phis[i].spec);
         if (R->phis != NULL)
             R->phis[R->nphis++] = E.phis[i].phi;
         else
@@ -2090,13 +2115,13 @@ int nsr_elaborate_rolled(nsr_state *S, nsr_ast *ast, nsr_check *C, tpk_program *
     }
     if (R->phis == NULL && st == TPK_OK)
         st = oom(&E);
-    free(E.phis);
-    free(E.num);
-    free(E.spec);
-    free(E.have);
-    free(E.mem);
-    free(E.bucket);
-    free(E.var_node);
-    free(E.var_line);
+    tpk_free(S->ctx, E.phis);
+    tpk_free(S->ctx, E.num);
+    tpk_free(S->ctx, E.spec);
+    tpk_free(S->ctx, E.have);
+    tpk_free(S->ctx, E.mem);
+    tpk_free(S->ctx, E.bucket);
+    tpk_free(S->ctx, E.var_node);
+    tpk_free(S->ctx, E.var_line);
     return st;
 }

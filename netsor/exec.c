@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "tpk/alloc.h"
 #include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
 #include "tpk/rng.h"
@@ -40,12 +41,12 @@ static int cmp_u64(const void *a, const void *b)
 
 /* Are the streams of all random tensors distinct when keyed by name? A program from the DSL
  * names every member uniquely; hand-built IR may not (then ids key them, as before). */
-static int streams_by_name(const tpk_program *p)
+static int streams_by_name(const tpk_program *p, tpk_ctx *ctx)
 {
     size_t n = (size_t)p->navars + (size_t)p->nembeds + (size_t)p->ninstr, k = 0;
-    uint64_t *h = malloc((n + 1) * sizeof *h);
+    uint64_t *h = tpk_malloc(ctx, (n + 1) * sizeof *h);
     if (h == NULL)
-        return 0;
+        return -1; /* no memory: not "by ids", which would draw other numbers */
     for (int i = 0; i < p->navars; i++)
         h[k++] = tpk_rng_stream_named(TPK_RNG_AVAR, p->avar[i].name ? p->avar[i].name : "");
     for (int i = 0; i < p->nembeds; i++)
@@ -59,13 +60,13 @@ static int streams_by_name(const tpk_program *p)
     int ok = 1;
     for (size_t i = 1; i < k && ok; i++)
         ok = h[i] != h[i - 1];
-    free(h);
+    tpk_free(ctx, h);
     return ok;
 }
 
 static double *normals(ex *E, uint64_t stream, size_t rows, size_t cols)
 {
-    double *z = malloc(rows * cols * sizeof *z);
+    double *z = tpk_malloc(E->ctx, rows * cols * sizeof *z);
     if (z == NULL) {
         TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu random matrix", rows, cols);
         return NULL;
@@ -86,12 +87,12 @@ static int ex_setup(ex *E, int all_outputs)
 {
     const tpk_program *p = E->p;
     int nv = p->nvars, ni = p->ninstr;
-    E->val = calloc((size_t)nv, sizeof *E->val);
-    E->Z = calloc((size_t)p->navars + 1, sizeof *E->Z);
-    E->U = calloc((size_t)p->nembeds + 1, sizeof *E->U);
-    E->last = malloc((size_t)nv * sizeof *E->last);
-    E->lastA = malloc(((size_t)p->navars + 1) * sizeof *E->lastA);
-    E->lastU = malloc(((size_t)p->nembeds + 1) * sizeof *E->lastU);
+    E->val = tpk_calloc(E->ctx, (size_t)nv, sizeof *E->val);
+    E->Z = tpk_calloc(E->ctx, (size_t)p->navars + 1, sizeof *E->Z);
+    E->U = tpk_calloc(E->ctx, (size_t)p->nembeds + 1, sizeof *E->U);
+    E->last = tpk_malloc(E->ctx, (size_t)nv * sizeof *E->last);
+    E->lastA = tpk_malloc(E->ctx, ((size_t)p->navars + 1) * sizeof *E->lastA);
+    E->lastU = tpk_malloc(E->ctx, ((size_t)p->nembeds + 1) * sizeof *E->lastU);
     if (!E->val || !E->Z || !E->U || !E->last || !E->lastA || !E->lastU)
         return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory setting up the executor");
     for (int v = 0; v < nv; v++)
@@ -130,19 +131,19 @@ static void ex_free(ex *E)
     const tpk_program *p = E->p;
     if (E->val)
         for (int v = 0; v < p->nvars; v++)
-            free(E->val[v]);
+            tpk_free(E->ctx, E->val[v]);
     if (E->Z)
         for (int i = 0; i < p->navars; i++)
-            free(E->Z[i]);
+            tpk_free(E->ctx, E->Z[i]);
     if (E->U)
         for (int i = 0; i < p->nembeds; i++)
-            free(E->U[i]);
-    free(E->val);
-    free(E->Z);
-    free(E->U);
-    free(E->last);
-    free(E->lastA);
-    free(E->lastU);
+            tpk_free(E->ctx, E->U[i]);
+    tpk_free(E->ctx, E->val);
+    tpk_free(E->ctx, E->Z);
+    tpk_free(E->ctx, E->U);
+    tpk_free(E->ctx, E->last);
+    tpk_free(E->ctx, E->lastA);
+    tpk_free(E->ctx, E->lastU);
 }
 
 /* Evaluate a body over all (input, coordinate) pairs; Moment: per-input means into out[N]. */
@@ -151,15 +152,15 @@ static int eval_body(ex *E, const tpk_instr *in, int moment, double *out)
     size_t N = E->N, n = E->n, nb = (n + BLK - 1) / BLK;
     const tpk_rpn *b = &in->body;
     double *part = NULL;
-    if (moment && (part = malloc(N * nb * sizeof *part)) == NULL)
+    if (moment && (part = tpk_malloc(E->ctx, N * nb * sizeof *part)) == NULL)
         return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory");
     int oom = 0;
 #pragma omp parallel if (N * n >= PAR_MIN / 4)
     {
-        double *stack = malloc((size_t)E->maxdepth * BLK * sizeof *stack);
-        double *tmp = malloc(BLK * sizeof *tmp);
-        const double **gv = malloc((size_t)b->len * sizeof *gv);
-        double *sv = malloc((size_t)b->len * sizeof *sv);
+        double *stack = tpk_malloc(E->ctx, (size_t)E->maxdepth * BLK * sizeof *stack);
+        double *tmp = tpk_malloc(E->ctx, BLK * sizeof *tmp);
+        const double **gv = tpk_malloc(E->ctx, (size_t)b->len * sizeof *gv);
+        double *sv = tpk_malloc(E->ctx, (size_t)b->len * sizeof *sv);
         int ok = stack && tmp && gv && sv;
         if (!ok) {
 #pragma omp atomic write
@@ -187,13 +188,13 @@ static int eval_body(ex *E, const tpk_instr *in, int moment, double *out)
                     part[a * nb + j] = s;
                 }
             }
-        free(stack);
-        free(tmp);
-        free(gv);
-        free(sv);
+        tpk_free(E->ctx, stack);
+        tpk_free(E->ctx, tmp);
+        tpk_free(E->ctx, gv);
+        tpk_free(E->ctx, sv);
     }
     if (oom) {
-        free(part);
+        tpk_free(E->ctx, part);
         return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory evaluating a body");
     }
     if (moment) {
@@ -204,7 +205,7 @@ static int eval_body(ex *E, const tpk_instr *in, int moment, double *out)
                 s += part[a * nb + j];
             out[a] = s / (double)n;
         }
-        free(part);
+        tpk_free(E->ctx, part);
     }
     return TPK_OK;
 }
@@ -215,7 +216,7 @@ static int step(ex *E, int k)
     const tpk_instr *in = &p->instr[k];
     size_t N = E->N, n = E->n, d = E->d;
     int type = p->var[in->out].type;
-    double *out = malloc((type == TPK_VAR_SCALAR ? N : N * n) * sizeof *out);
+    double *out = tpk_malloc(E->ctx, (type == TPK_VAR_SCALAR ? N : N * n) * sizeof *out);
     if (out == NULL)
         return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory for variable '%s' (%zu×%zu)",
                          p->var[in->out].name ? p->var[in->out].name : "?", N, n);
@@ -264,7 +265,7 @@ static int step(ex *E, int k)
     case TPK_OP_NONLIN:
         if (in->bnorm) { /* φ(bn(g)): normalise g across each batch, then the body (§2.5) */
             int g = in->body.node[0].var, st;
-            double *raw = E->val[g], *nrm = malloc(N * n * sizeof *nrm);
+            double *raw = E->val[g], *nrm = tpk_malloc(E->ctx, N * n * sizeof *nrm);
             if (nrm == NULL)
                 return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory for bn(%s)", p->var[g].name);
             memcpy(nrm, raw, N * n * sizeof *nrm);
@@ -273,7 +274,7 @@ static int step(ex *E, int k)
             if (st == TPK_OK)
                 st = eval_body(E, in, 0, out);
             E->val[g] = raw;
-            free(nrm);
+            tpk_free(E->ctx, nrm);
             return st;
         }
         return eval_body(E, in, 0, out);
@@ -315,7 +316,7 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
         /* a fresh context: the rolled executor stops at a recorded error, and the caller's
          * may hold an earlier, handled one */
         tpk_ctx local, *c = &local;
-        tpk_ctx_init(c);
+        tpk_ctx_init_from(c, ctx);
         int unsup = 0;
         int st = nsr_fexec_run(p, x, n, seed, all_outputs, Khat, y, &unsup, progress, c);
         if (st != TPK_OK && (!unsup || p->ninstr == 0)) {
@@ -344,10 +345,12 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
     E.maxdepth = sh.maxdepth;
     E.maxlen = sh.maxlen;
     E.ctx = ctx;
-    E.named = streams_by_name(p);
+    E.named = streams_by_name(p, ctx);
     tpk_array *K = NULL, *Y = NULL;
     double *M = NULL;
-    if ((st = ex_setup(&E, all_outputs)))
+    if (E.named < 0)
+        st = TPK_ENOMEM; /* recorded in ctx (which may be NULL) */
+    if (st || (st = ex_setup(&E, all_outputs)))
         goto done;
     for (int k = 0; k < p->ninstr; k++) {
         const tpk_instr *in = &p->instr[k];
@@ -356,31 +359,31 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
             goto done;
         /* liveness: drop what no later instruction reads */
         if (in->op == TPK_OP_MATMUL && E.lastA[in->avar] == k) {
-            free(E.Z[in->avar]);
+            tpk_free(ctx, E.Z[in->avar]);
             E.Z[in->avar] = NULL;
         }
         if (in->op == TPK_OP_EMBED && E.lastU[in->avar] == k) {
-            free(E.U[in->avar]);
+            tpk_free(ctx, E.U[in->avar]);
             E.U[in->avar] = NULL;
         }
         if (E.last[in->out] < k) { /* never read */
-            free(E.val[in->out]);
+            tpk_free(ctx, E.val[in->out]);
             E.val[in->out] = NULL;
         }
         if (in->op == TPK_OP_MATMUL && E.last[in->src] == k) {
-            free(E.val[in->src]);
+            tpk_free(ctx, E.val[in->src]);
             E.val[in->src] = NULL;
         } else if (in->op == TPK_OP_LINCOMB) {
             for (int t = 0; t < in->nterms; t++)
                 if (E.last[in->term[t]] == k) {
-                    free(E.val[in->term[t]]);
+                    tpk_free(ctx, E.val[in->term[t]]);
                     E.val[in->term[t]] = NULL;
                 }
         } else if (in->op == TPK_OP_NONLIN || in->op == TPK_OP_MOMENT) {
             for (int j = 0; j < in->body.len; j++) {
                 const tpk_rpn_node *nd = &in->body.node[j];
                 if ((nd->op == TPK_RPN_GVAR || nd->op == TPK_RPN_SCALAR) && E.last[nd->var] == k) {
-                    free(E.val[nd->var]);
+                    tpk_free(ctx, E.val[nd->var]);
                     E.val[nd->var] = NULL;
                 }
             }
@@ -393,7 +396,7 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
     int o0 = all_outputs ? 0 : p->noutputs - 1, O = p->noutputs - o0;
     size_t dim = N * (size_t)O;
     K = tpk_array_alloc2(dim, dim, ctx);
-    M = malloc(N * N * sizeof *M);
+    M = tpk_malloc(ctx, N * N * sizeof *M);
     if (K == NULL || M == NULL) {
         st = K == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
@@ -418,9 +421,9 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
     if (y) {
         /* y_a^o = ⟨v, h^o_a⟩/√n, one readout v ~ N(0, σ_v²) shared by all outputs (§1.5) */
         Y = tpk_array_alloc2(N, (size_t)O, ctx);
-        double *v = malloc(n * sizeof *v);
+        double *v = tpk_malloc(ctx, n * sizeof *v);
         if (Y == NULL || v == NULL) {
-            free(v);
+            tpk_free(ctx, v);
             st = Y == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             goto done;
         }
@@ -438,14 +441,14 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
                 Y->data[a * (size_t)O + (size_t)o] = s * acc + sqrt(po->bias_var) * zb;
             }
         }
-        free(v);
+        tpk_free(ctx, v);
         *y = Y;
         Y = NULL;
     }
     *Khat = K;
     K = NULL;
 done:
-    free(M);
+    tpk_free(ctx, M);
     tpk_array_free(K);
     tpk_array_free(Y);
     ex_free(&E);

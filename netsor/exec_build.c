@@ -4,20 +4,21 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "tpk/alloc.h"
 
 tpk_program *tpk_nsr_prog_new(int nslots)
 {
     if (nslots < 1)
         return NULL;
-    tpk_program *p = calloc(1, sizeof *p);
+    tpk_program *p = tpk_calloc(NULL, 1, sizeof *p);
     if (p == NULL)
         return NULL;
     p->nslots = nslots;
     p->nwidths = 1;
-    p->width_name = calloc(1, sizeof *p->width_name);
-    if (p->width_name == NULL || (p->width_name[0] = strdup("n")) == NULL) {
-        free(p->width_name);
-        free(p);
+    p->width_name = tpk_calloc(NULL, 1, sizeof *p->width_name);
+    if (p->width_name == NULL || (p->width_name[0] = tpk_strdup(NULL, "n")) == NULL) {
+        tpk_free(NULL, p->width_name);
+        tpk_free(NULL, p);
         return NULL;
     }
     return p;
@@ -28,34 +29,34 @@ void tpk_nsr_prog_free(tpk_program *p)
     if (p == NULL)
         return;
     for (int i = 0; i < p->nwidths; i++)
-        free(p->width_name[i]);
-    free(p->width_name);
+        tpk_free(NULL, p->width_name[i]);
+    tpk_free(NULL, p->width_name);
     for (int i = 0; i < p->nvars; i++)
-        free(p->var[i].name);
-    free(p->var);
+        tpk_free(NULL, p->var[i].name);
+    tpk_free(NULL, p->var);
     for (int i = 0; i < p->navars; i++)
-        free(p->avar[i].name);
-    free(p->avar);
+        tpk_free(NULL, p->avar[i].name);
+    tpk_free(NULL, p->avar);
     for (int i = 0; i < p->nembeds; i++)
-        free(p->embed[i].name);
-    free(p->embed);
+        tpk_free(NULL, p->embed[i].name);
+    tpk_free(NULL, p->embed);
     for (int i = 0; i < p->ninstr; i++) {
-        free(p->instr[i].term);
-        free(p->instr[i].coef);
-        free(p->instr[i].body.node);
-        free(p->instr[i].body.args);
+        tpk_free(NULL, p->instr[i].term);
+        tpk_free(NULL, p->instr[i].coef);
+        tpk_free(NULL, p->instr[i].body.node);
+        tpk_free(NULL, p->instr[i].body.args);
     }
-    free(p->instr);
+    tpk_free(NULL, p->instr);
     for (int i = 0; i < p->noutputs; i++)
-        free(p->output[i].name);
-    free(p->output);
-    free(p->path);
-    free(p);
+        tpk_free(NULL, p->output[i].name);
+    tpk_free(NULL, p->output);
+    tpk_free(NULL, p->path);
+    tpk_free(NULL, p);
 }
 
 static int grow(void **arr, int n, size_t size)
 {
-    void *q = realloc(*arr, (size_t)(n + 1) * size);
+    void *q = tpk_realloc(NULL, *arr, (size_t)(n + 1) * size);
     if (q == NULL)
         return -1;
     *arr = q;
@@ -68,7 +69,7 @@ static int add_var(tpk_program *p, const char *name, int type)
     if (grow((void **)&p->var, p->nvars, sizeof *p->var))
         return -1;
     tpk_var *v = &p->var[p->nvars];
-    if ((v->name = strdup(name ? name : "_")) == NULL)
+    if ((v->name = tpk_strdup(NULL, name ? name : "_")) == NULL)
         return -1;
     v->type = type;
     v->width = 0;
@@ -96,7 +97,7 @@ int tpk_nsr_add_avar(tpk_program *p, const char *name, double var)
     if (grow((void **)&p->avar, p->navars, sizeof *p->avar))
         return -1;
     tpk_avar *a = &p->avar[p->navars];
-    if ((a->name = strdup(name ? name : "W")) == NULL)
+    if ((a->name = tpk_strdup(NULL, name ? name : "W")) == NULL)
         return -1;
     a->var = var;
     return p->navars++;
@@ -107,7 +108,7 @@ int tpk_nsr_add_embed(tpk_program *p, const char *name, double var)
     if (grow((void **)&p->embed, p->nembeds, sizeof *p->embed))
         return -1;
     tpk_embed *e = &p->embed[p->nembeds];
-    if ((e->name = strdup(name ? name : "U")) == NULL)
+    if ((e->name = tpk_strdup(NULL, name ? name : "U")) == NULL)
         return -1;
     e->var = var;
     return p->nembeds++;
@@ -153,12 +154,12 @@ int tpk_nsr_lincomb(tpk_program *p, const char *out, int nterms, const int *term
 {
     if (nterms < 1)
         return -1;
-    int *t = malloc((size_t)nterms * sizeof *t);
-    double *c = malloc((size_t)nterms * sizeof *c);
+    int *t = tpk_malloc(NULL, (size_t)nterms * sizeof *t);
+    double *c = tpk_malloc(NULL, (size_t)nterms * sizeof *c);
     tpk_instr *in = t && c ? add_instr(p, TPK_OP_LINCOMB, out, TPK_VAR_G) : NULL;
     if (in == NULL) {
-        free(t);
-        free(c);
+        tpk_free(NULL, t);
+        tpk_free(NULL, c);
         return -1;
     }
     memcpy(t, term, (size_t)nterms * sizeof *t);
@@ -173,12 +174,12 @@ static int body(tpk_program *p, int op, const char *out, const tpk_rpn_node *nod
 {
     if (len < 1)
         return -1;
-    tpk_rpn_node *nd = malloc((size_t)len * sizeof *nd);
-    int *args = malloc((size_t)len * sizeof *args);
+    tpk_rpn_node *nd = tpk_malloc(NULL, (size_t)len * sizeof *nd);
+    int *args = tpk_malloc(NULL, (size_t)len * sizeof *args);
     tpk_instr *in = nd && args ? add_instr(p, op, out, op == TPK_OP_NONLIN ? TPK_VAR_H : TPK_VAR_SCALAR) : NULL;
     if (in == NULL) {
-        free(nd);
-        free(args);
+        tpk_free(NULL, nd);
+        tpk_free(NULL, args);
         return -1;
     }
     memcpy(nd, node, (size_t)len * sizeof *nd);
@@ -217,7 +218,7 @@ int tpk_nsr_output(tpk_program *p, const char *name, int src, double var)
     if (grow((void **)&p->output, p->noutputs, sizeof *p->output))
         return -1;
     tpk_output *o = &p->output[p->noutputs];
-    if ((o->name = strdup(name ? name : "y")) == NULL)
+    if ((o->name = tpk_strdup(NULL, name ? name : "y")) == NULL)
         return -1;
     o->src = src;
     o->var = var;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "tpk/alloc.h"
 
 int tpk_nsr_rpn_depth(const tpk_rpn_node *node, int len)
 {
@@ -189,7 +190,7 @@ int tpk_nsr_validate(const tpk_program *p, const tpk_array *x, int all_outputs,
         return TPK_ERROR(ctx, TPK_EINVAL, "program has no outputs");
     if (p->nvars < 1 || p->var == NULL || p->ninstr < 0 || (p->ninstr > 0 && p->instr == NULL))
         return TPK_ERROR(ctx, TPK_EINVAL, "program has no variables");
-    char *defined = calloc((size_t)p->nvars, 1);
+    char *defined = tpk_calloc(ctx, (size_t)p->nvars, 1);
     if (defined == NULL)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory validating the program");
     int st = TPK_OK;
@@ -282,6 +283,6 @@ int tpk_nsr_validate(const tpk_program *p, const tpk_array *x, int all_outputs,
             st = TPK_ERROR(ctx, TPK_EINVAL, "output %d has readout variance %g, bias variance %g",
                            o, p->output[o].var, p->output[o].bias_var);
     }
-    free(defined);
+    tpk_free(ctx, defined);
     return st;
 }

@@ -106,7 +106,7 @@ int nsr_build_domain(nsr_fam *F, const nsr_stmt *const *loop, int n, nsr_fdom *D
 /* The domain of family instruction fi and the member lookup of its target. */
 int nsr_instr_domain(nsr_fam *F, const nsr_finstr *fi, nsr_fdom *D, nsr_trie *tr);
 long nsr_trie_find(const nsr_trie *t, const int *idx);
-void nsr_trie_free(nsr_trie *t);
+void nsr_trie_free(nsr_trie *t, tpk_ctx *ctx); /* ctx: the evaluation's, whose allocator built t */
 /* X = D × (binder of e in lo..hi), points grouped by parent (each point's parent in D). */
 int nsr_extend(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_fdom *X, long **parent);
 
@@ -122,6 +122,6 @@ typedef struct nsr_softmax_shape {
     long *parent;         /* X.m: row of each argument point */
 } nsr_softmax_shape;
 int nsr_softmax_shape_of(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_softmax_shape *S);
-void nsr_softmax_shape_free(nsr_softmax_shape *S);
+void nsr_softmax_shape_free(nsr_softmax_shape *S, tpk_ctx *ctx);
 
 #endif

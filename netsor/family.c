@@ -1,5 +1,6 @@
 /* Index families of a rolled NETSOR program, shared by its two evaluators (family-impl.h). */
 #include "family-impl.h"
+#include "tpk/alloc.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -20,7 +21,7 @@ int nsr_fam_init(nsr_fam *F, const tpk_program *p, tpk_ctx *ctx)
 
 void nsr_fam_free(nsr_fam *F)
 {
-    free(F->num);
+    tpk_free(F->ctx, F->num);
     F->num = NULL;
 }
 
@@ -71,18 +72,18 @@ void *nsr_fam_alloc(nsr_fam *F, size_t n, size_t size)
     }
     if (n * size >= ((size_t)1 << 30) && nsr_fam_too_big(F, n * size))
         return NULL;
-    void *q = calloc(n, size);
+    void *q = tpk_calloc(F->ctx, n, size);
     if (q == NULL)
         TPK_ERROR(F->ctx, TPK_ENOMEM, "out of memory (%.3g GB)", (double)n * size / 1e9);
     return q;
 }
 
-void nsr_trie_free(nsr_trie *t)
+void nsr_trie_free(nsr_trie *t, tpk_ctx *ctx)
 {
     for (int k = 0; k < NSR_MAX_INDICES; k++) {
-        free(t->lo[k]);
-        free(t->hi[k]);
-        free(t->base[k]);
+        tpk_free(ctx, t->lo[k]);
+        tpk_free(ctx, t->hi[k]);
+        tpk_free(ctx, t->base[k]);
     }
 }
 
@@ -280,7 +281,10 @@ int nsr_build_domain(nsr_fam *F, const nsr_stmt *const *loop, int n, nsr_fdom *D
         int *lo = nsr_fam_alloc(F, (size_t)cnt, sizeof *lo), *hi = nsr_fam_alloc(F, (size_t)cnt, sizeof *hi);
         long *base = nsr_fam_alloc(F, (size_t)cnt, sizeof *base);
         if (lo == NULL || hi == NULL || base == NULL) {
-            free(lo), free(hi), free(base), free(pv);
+            tpk_free(F->ctx, lo);
+            tpk_free(F->ctx, hi);
+            tpk_free(F->ctx, base);
+            tpk_free(F->ctx, pv);
             return F->ctx->status;
         }
         long next = 0;
@@ -288,7 +292,10 @@ int nsr_build_domain(nsr_fam *F, const nsr_stmt *const *loop, int n, nsr_fdom *D
             for (int j = 0; j < k; j++)
                 F->num[D->sym[j]] = pv[q * k + j];
             if (nsr_fam_int(F, loop[k]->lo, &lo[q]) || nsr_fam_int(F, loop[k]->hi, &hi[q])) {
-                free(lo), free(hi), free(base), free(pv);
+                tpk_free(F->ctx, lo);
+                tpk_free(F->ctx, hi);
+                tpk_free(F->ctx, base);
+                tpk_free(F->ctx, pv);
                 return F->ctx->status;
             }
             if (hi[q] < lo[q])
@@ -297,11 +304,17 @@ int nsr_build_domain(nsr_fam *F, const nsr_stmt *const *loop, int n, nsr_fdom *D
             next += (long)hi[q] - lo[q] + 1;
             F->work += (long)hi[q] - lo[q] + 1;
             if (next > 400000000L) {
-                free(lo), free(hi), free(base), free(pv);
+                tpk_free(F->ctx, lo);
+                tpk_free(F->ctx, hi);
+                tpk_free(F->ctx, base);
+                tpk_free(F->ctx, pv);
                 return nsr_fam_err(F, TPK_EINVAL, loop[k]->lo, "index domain too large (%ld points)", next);
             }
             if (F->work_budget > 0 && F->work > F->work_budget) {
-                free(lo), free(hi), free(base), free(pv);
+                tpk_free(F->ctx, lo);
+                tpk_free(F->ctx, hi);
+                tpk_free(F->ctx, base);
+                tpk_free(F->ctx, pv);
                 F->deferred = 1;
                 return TPK_ERROR(F->ctx, TPK_EINVAL, "plan deferred (more than %ld points)",
                                  F->work_budget);
@@ -309,7 +322,10 @@ int nsr_build_domain(nsr_fam *F, const nsr_stmt *const *loop, int n, nsr_fdom *D
         }
         int *nv = nsr_fam_alloc(F, (size_t)next * (size_t)(k + 1), sizeof *nv);
         if (nv == NULL) {
-            free(lo), free(hi), free(base), free(pv);
+            tpk_free(F->ctx, lo);
+            tpk_free(F->ctx, hi);
+            tpk_free(F->ctx, base);
+            tpk_free(F->ctx, pv);
             return F->ctx->status;
         }
         for (long q = 0; q < cnt; q++)
@@ -318,7 +334,7 @@ int nsr_build_domain(nsr_fam *F, const nsr_stmt *const *loop, int n, nsr_fdom *D
                 memcpy(&nv[r * (k + 1)], &pv[q * k], (size_t)k * sizeof *nv);
                 nv[r * (k + 1) + k] = v;
             }
-        free(pv);
+        tpk_free(F->ctx, pv);
         pv = nv;
         if (tr) {
             tr->lo[k] = lo;
@@ -326,7 +342,9 @@ int nsr_build_domain(nsr_fam *F, const nsr_stmt *const *loop, int n, nsr_fdom *D
             tr->base[k] = base;
             tr->nn[k] = cnt;
         } else {
-            free(lo), free(hi), free(base);
+            tpk_free(F->ctx, lo);
+            tpk_free(F->ctx, hi);
+            tpk_free(F->ctx, base);
         }
         cnt = next;
     }
@@ -373,26 +391,30 @@ int nsr_extend(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_fdom *X, lo
     X->sym[D->nv] = e->sym;
     int *lo = nsr_fam_alloc(F, (size_t)D->m, sizeof *lo), *hi = nsr_fam_alloc(F, (size_t)D->m, sizeof *hi);
     if (lo == NULL || hi == NULL) {
-        free(lo), free(hi);
+        tpk_free(F->ctx, lo);
+        tpk_free(F->ctx, hi);
         return F->ctx->status;
     }
     long m = 0;
     for (long p = 0; p < D->m; p++) {
         nsr_bind_point(F, D, p);
         if (nsr_fam_int(F, e->args[0], &lo[p]) || nsr_fam_int(F, e->args[1], &hi[p])) {
-            free(lo), free(hi);
+            tpk_free(F->ctx, lo);
+            tpk_free(F->ctx, hi);
             return F->ctx->status;
         }
         if (hi[p] >= lo[p])
             m += hi[p] - lo[p] + 1;
         if (F->work_budget > 0 && F->work + m > F->work_budget) {
-            free(lo), free(hi);
+            tpk_free(F->ctx, lo);
+            tpk_free(F->ctx, hi);
             F->deferred = 1;
             return TPK_ERROR(F->ctx, TPK_EINVAL, "plan deferred (more than %ld points)",
                              F->work_budget);
         }
         if (m > 400000000L) {
-            free(lo), free(hi);
+            tpk_free(F->ctx, lo);
+            tpk_free(F->ctx, hi);
             return nsr_fam_err(F, TPK_EINVAL, e, "index sum too large");
         }
     }
@@ -401,7 +423,10 @@ int nsr_extend(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_fdom *X, lo
     X->val = nsr_fam_alloc(F, (size_t)m * (size_t)X->nv, sizeof *X->val);
     *parent = nsr_fam_alloc(F, (size_t)m, sizeof **parent);
     if (X->val == NULL || *parent == NULL) {
-        free(lo), free(hi), free(X->val), free(*parent);
+        tpk_free(F->ctx, lo);
+        tpk_free(F->ctx, hi);
+        tpk_free(F->ctx, X->val);
+        tpk_free(F->ctx, *parent);
         X->val = NULL;
         *parent = NULL;
         return F->ctx->status;
@@ -413,7 +438,8 @@ int nsr_extend(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_fdom *X, lo
             X->val[r * X->nv + D->nv] = j;
             (*parent)[r] = p;
         }
-    free(lo), free(hi);
+    tpk_free(F->ctx, lo);
+    tpk_free(F->ctx, hi);
     return TPK_OK;
 }
 
@@ -451,14 +477,14 @@ int nsr_instr_domain(nsr_fam *F, const nsr_finstr *fi, nsr_fdom *D, nsr_trie *tr
 }
 
 
-void nsr_softmax_shape_free(nsr_softmax_shape *S)
+void nsr_softmax_shape_free(nsr_softmax_shape *S, tpk_ctx *ctx)
 {
-    free(S->rows.val);
-    free(S->X.val);
-    free(S->row);
-    free(S->start);
-    free(S->pick);
-    free(S->parent);
+    tpk_free(ctx, S->rows.val);
+    tpk_free(ctx, S->X.val);
+    tpk_free(ctx, S->row);
+    tpk_free(ctx, S->start);
+    tpk_free(ctx, S->pick);
+    tpk_free(ctx, S->parent);
     memset(S, 0, sizeof *S);
 }
 
@@ -496,7 +522,7 @@ int nsr_softmax_shape_of(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_s
         long *tab = nsr_fam_alloc(F, cap, sizeof *tab);
         Rw->val = nsr_fam_alloc(F, (size_t)D->m * (size_t)(Rw->nv ? Rw->nv : 1), sizeof *Rw->val);
         if (tab == NULL || Rw->val == NULL) {
-            free(tab);
+            tpk_free(F->ctx, tab);
             return F->ctx->status;
         }
         for (size_t i = 0; i < cap; i++)
@@ -540,7 +566,7 @@ int nsr_softmax_shape_of(nsr_fam *F, const nsr_expr *e, const nsr_fdom *D, nsr_s
             }
             row[p] = tab[q];
         }
-        free(tab);
+        tpk_free(F->ctx, tab);
     }
     if (nsr_extend(F, e, Rw, &S->X, &S->parent))
         return F->ctx->status;

@@ -18,6 +18,7 @@
  * Forms not taken here (bn, tied A-var reads across statements are fine) are reported as
  * TPK_EUNSUPPORTED and the caller runs the unrolled form where it exists. */
 #include "backend-impl.h"
+#include "tpk/alloc.h"
 #include "family-impl.h"
 
 #include "tpk/matmul.h"
@@ -73,12 +74,12 @@ typedef struct fx {
 
 /* ---- values --------------------------------------------------------------------------------- */
 
-static void xv_free(xv *v)
+static void xv_free(fx *F, xv *v)
 {
-    free(v->s);
-    free(v->v);
-    free(v->idx);
-    free(v->w);
+    tpk_free(F->X.ctx, v->s);
+    tpk_free(F->X.ctx, v->v);
+    tpk_free(F->X.ctx, v->idx);
+    tpk_free(F->X.ctx, v->w);
     memset(v, 0, sizeof *v);
 }
 
@@ -170,9 +171,9 @@ static int to_vec(fx *F, xv *v)
                 }
         }
     }
-    free(v->s);
-    free(v->idx);
-    free(v->w);
+    tpk_free(F->X.ctx, v->s);
+    tpk_free(F->X.ctx, v->idx);
+    tpk_free(F->X.ctx, v->w);
     v->s = NULL;
     v->idx = NULL;
     v->w = NULL;
@@ -318,7 +319,7 @@ static int new_block(fx *F, int kind, int fam, long m)
 {
     if (F->nb == F->capb) {
         int cap = F->capb ? 2 * F->capb : 64;
-        xblock *nb = realloc(F->b, (size_t)cap * sizeof *nb);
+        xblock *nb = tpk_realloc(F->X.ctx, F->b, (size_t)cap * sizeof *nb);
         if (nb == NULL)
             return TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory"), -1;
         F->b = nb;
@@ -377,7 +378,7 @@ static const double *dm_draw(fx *F, int dm, int tag, size_t rows, size_t cols, i
     if (F->dry || F->dmz[dm] != NULL)
         return F->dmz[dm];
     const nsr_dmember *d = &F->X.R->dm[dm];
-    char *name = nsr_member_name(F->X.C->sym[d->sym].name, d->nidx, d->idx);
+    char *name = nsr_member_name(F->X.ctx, F->X.C->sym[d->sym].name, d->nidx, d->idx);
     double *z = name ? fx_buf(F, rows * cols, st) : NULL;
     if (name == NULL && *st == TPK_OK)
         *st = TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
@@ -390,7 +391,7 @@ static const double *dm_draw(fx *F, int dm, int tag, size_t rows, size_t cols, i
         if (*st == TPK_OK)
             *st = tpk_progress_check(F->X.progress, F->X.ctx);
     }
-    free(name);
+    tpk_free(F->X.ctx, name);
     F->dmz[dm] = z;
     return z;
 }
@@ -419,7 +420,7 @@ static int gdecl_block(fx *F, int sym, int *out)
     double *d = fx_buf(F, (size_t)m * N * n, &st);
     int *tab = nsr_fam_alloc(&F->X, (size_t)m * (NSR_MAX_INDICES + 1), sizeof *tab);
     if (st || tab == NULL) {
-        free(d), free(tab);
+        tpk_free(F->X.ctx, d), tpk_free(F->X.ctx, tab);
         return F->X.ctx->status;
     }
     xblock *b = &F->b[k];
@@ -435,11 +436,11 @@ static int gdecl_block(fx *F, int sym, int *out)
         b->tr.nfix = dm->nidx;
         memcpy(&tab[j * (NSR_MAX_INDICES + 1)], dm->idx, sizeof dm->idx);
         if (d != NULL) {
-            char *name = nsr_member_name(F->X.C->sym[sym].name, dm->nidx, dm->idx);
+            char *name = nsr_member_name(F->X.ctx, F->X.C->sym[sym].name, dm->nidx, dm->idx);
             if (name == NULL)
                 return TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
             uint64_t stream = tpk_rng_stream_named(TPK_RNG_BIAS, name);
-            free(name);
+            tpk_free(F->X.ctx, name);
             double s = sqrt(dm->var), *row = d + (size_t)j * N * n;
             for (size_t r = 0; r < n; r++)
                 row[r] = dm->mean + s * tpk_rng_normal_at(F->seed, stream, (uint32_t)r, 0);
@@ -499,7 +500,7 @@ static int eval_name(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
     int affine = vary && nsr_imap_of(&F->X, e, D, &A);
     int *idx = nsr_fam_alloc(&F->X, m, sizeof *idx), *blk = nsr_fam_alloc(&F->X, m, sizeof *blk);
     if (idx == NULL || blk == NULL) {
-        free(idx), free(blk);
+        tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, blk);
         return F->X.ctx->status;
     }
     int st = TPK_OK, k0 = -1, single = 1, scal = -1;
@@ -547,7 +548,7 @@ static int eval_name(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
         blk[p] = k;
     }
     if (st) {
-        free(idx), free(blk);
+        tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, blk);
         return st;
     }
     memset(out, 0, sizeof *out);
@@ -560,11 +561,11 @@ static int eval_name(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
                 const xblock *b = &F->b[blk[p]];
                 out->s[p * N + a] = b->kind == XB_ZERO ? 0 : b->d[(size_t)idx[p] * N + a];
             }
-        free(idx), free(blk);
+        tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, blk);
         return st;
     }
     if (scal < 0) { /* only zero members */
-        free(idx), free(blk);
+        tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, blk);
         xv_const(out, D->m, 0);
         out->kind = XV_VEC;
         out->v = fx_buf(F, m * N * n, &st);
@@ -574,7 +575,7 @@ static int eval_name(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
         out->kind = XV_GATHER;
         out->blk = k0;
         out->idx = idx;
-        free(blk);
+        tpk_free(F->X.ctx, blk);
         return TPK_OK;
     }
     out->kind = XV_VEC;
@@ -587,7 +588,7 @@ static int eval_name(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
         else
             memcpy(dst, b->d + (size_t)idx[p] * N * n, N * n * sizeof *dst);
     }
-    free(idx), free(blk);
+    tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, blk);
     return st;
 }
 
@@ -698,10 +699,10 @@ static int eval_matmul(fx *F, const nsr_expr *am, const nsr_expr *src, const nsr
         for (size_t q = 0; st == TPK_OK && q < k; q++)
             memcpy(out->v + (size_t)pts[q] * N * n, to + q * N * n, N * n * sizeof *to);
     }
-    free(ti), free(to), free(pts), free(done), free(xin), free(slot), free(dm);
-    xv_free(&u);
-    if (st)
-        xv_free(out); /* a failed (or cancelled) product leaves no value to its caller */
+    tpk_free(F->X.ctx, ti), tpk_free(F->X.ctx, to), tpk_free(F->X.ctx, pts), tpk_free(F->X.ctx, done), tpk_free(F->X.ctx, xin), tpk_free(F->X.ctx, slot), tpk_free(F->X.ctx, dm);
+    xv_free(F, &u);
+    if (st) /* nothing is left in out on failure (what eval's callers rely on) */
+        xv_free(F, out);
     return st;
 }
 
@@ -716,7 +717,7 @@ static int eval_sum(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
         return F->X.ctx->status;
     xv v;
     int st = eval(F, e->a, &X, &v);
-    free(X.val);
+    tpk_free(F->X.ctx, X.val);
     size_t N = F->N, n = F->n, m = (size_t)D->m, mx = (size_t)X.m;
     memset(out, 0, sizeof *out);
     out->m = D->m;
@@ -731,8 +732,8 @@ static int eval_sum(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
         out->v = fx_buf(F, m * N * n, &st);
     }
     if (st || !vecish(&v) || F->dry) {
-        free(parent);
-        xv_free(&v);
+        tpk_free(F->X.ctx, parent);
+        xv_free(F, &v);
         return st;
     }
     if (v.kind == XV_VEC) {
@@ -742,8 +743,8 @@ static int eval_sum(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
             for (size_t i = 0; i < N * n; i++)
                 dst[i] += src[i];
         }
-        free(parent);
-        xv_free(&v);
+        tpk_free(F->X.ctx, parent);
+        xv_free(F, &v);
         return TPK_OK;
     }
     const xblock *b = &F->b[v.blk];
@@ -759,7 +760,7 @@ static int eval_sum(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
             st = tpk_dgemm(TPK_NO_TRANS, TPK_NO_TRANS, m, n, mb, 1.0, W, mb, b->d + a * n, N * n,
                            0.0, out->v + a * n, N * n, F->X.ctx);
         }
-        free(W);
+        tpk_free(F->X.ctx, W);
     } else if (b->kind != XB_ZERO) {
 #pragma omp parallel for schedule(static) if (m * N * n >= PAR_MIN)
         for (size_t a = 0; a < N; a++)
@@ -773,8 +774,8 @@ static int eval_sum(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
                     dst[k] += w * src[k];
             }
     }
-    free(parent);
-    xv_free(&v);
+    tpk_free(F->X.ctx, parent);
+    xv_free(F, &v);
     return st;
 }
 
@@ -813,9 +814,9 @@ static int eval_softmax(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
             size_t r = (size_t)S.row[p];
             out->s[p * N + a] = exp(v.s[(size_t)S.pick[p] * N + a] - mr[r * N + a]) / z[r * N + a];
         }
-    free(z), free(mr);
-    nsr_softmax_shape_free(&S);
-    xv_free(&v);
+    tpk_free(F->X.ctx, z), tpk_free(F->X.ctx, mr);
+    nsr_softmax_shape_free(&S, F->X.ctx);
+    xv_free(F, &v);
     return st;
 }
 
@@ -832,7 +833,7 @@ static int eval_mean(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
         if (eval(F, body->a, D, &a))
             return F->X.ctx->status;
         if (eval(F, body->b, D, &b)) {
-            xv_free(&a);
+            xv_free(F, &a);
             return F->X.ctx->status;
         }
         if (a.kind == XV_GATHER && b.kind == XV_GATHER && F->b[a.blk].kind != XB_ZERO &&
@@ -863,14 +864,14 @@ static int eval_mean(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
                     out->s[p * N + x] = s * (a.w ? a.w[p * N + x] : 1.0) * (b.w ? b.w[p * N + x] : 1.0);
                 }
             }
-            free(G);
-            xv_free(&a), xv_free(&b);
+            tpk_free(F->X.ctx, G);
+            xv_free(F, &a), xv_free(F, &b);
             return st;
         }
         st = xv_mul(F, &a, &b, 0, body);
-        xv_free(&b);
+        xv_free(F, &b);
         if (st) {
-            xv_free(&a);
+            xv_free(F, &a);
             return st;
         }
         *out = a;
@@ -892,7 +893,7 @@ static int eval_mean(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
             acc += out->v[r * n + k];
         s[r] = acc / (double)n;
     }
-    free(out->v);
+    tpk_free(F->X.ctx, out->v);
     out->v = NULL;
     out->kind = XV_SCAL;
     out->s = s;
@@ -1001,16 +1002,16 @@ static int eval(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
         if (eval(F, e->a, D, &a))
             return F->X.ctx->status;
         if (eval(F, e->b, D, &b)) {
-            xv_free(&a);
+            xv_free(F, &a);
             return F->X.ctx->status;
         }
         if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS)
             st = xv_add(F, &a, &b, e->op == NSR_T_PLUS ? 1 : -1);
         else
             st = xv_mul(F, &a, &b, e->op == NSR_T_SLASH, e);
-        xv_free(&b);
+        xv_free(F, &b);
         if (st) {
-            xv_free(&a);
+            xv_free(F, &a);
             return st;
         }
         *out = a;
@@ -1041,7 +1042,7 @@ static int run_def(fx *F, const nsr_finstr *fi)
     int st = nsr_instr_domain(&F->X, fi, &D, &tr);
     if (st == TPK_OK)
         st = eval(F, s->value, &D, &v);
-    free(D.val);
+    tpk_free(F->X.ctx, D.val);
     int kind = XB_VEC;
     if (st == TPK_OK && !vecish(&v)) {
         if (s->annot == NSR_ANN_G || s->annot == NSR_ANN_H)
@@ -1059,8 +1060,8 @@ static int run_def(fx *F, const nsr_finstr *fi)
     }
     int k = st ? -1 : new_block(F, kind, s->fam, D.m);
     if (k < 0) {
-        xv_free(&v);
-        nsr_trie_free(&tr);
+        xv_free(F, &v);
+        nsr_trie_free(&tr, F->X.ctx);
         return st ? st : F->X.ctx->status;
     }
     xblock *b = &F->b[k];
@@ -1072,7 +1073,7 @@ static int run_def(fx *F, const nsr_finstr *fi)
         b->d = v.v;
         v.v = NULL;
     }
-    xv_free(&v);
+    xv_free(F, &v);
     return TPK_OK;
 }
 
@@ -1085,7 +1086,7 @@ static int run_output(fx *F, const nsr_finstr *fi, xout *o)
     memset(&tr, 0, sizeof tr);
     memset(o, 0, sizeof *o);
     int st = nsr_instr_domain(&F->X, fi, &D, &tr);
-    nsr_trie_free(&tr);
+    nsr_trie_free(&tr, F->X.ctx);
     if (st == TPK_OK && (nsr_fam_num(&F->X, rd->args[1], &o->var) ||
                          (rd->nargs == 3 && nsr_fam_num(&F->X, rd->args[2], &o->bias_var))))
         st = F->X.ctx->status;
@@ -1102,8 +1103,8 @@ static int run_output(fx *F, const nsr_finstr *fi, xout *o)
     o->m = D.m;
     o->h = v.v;
     v.v = NULL;
-    xv_free(&v);
-    free(D.val);
+    xv_free(F, &v);
+    tpk_free(F->X.ctx, D.val);
     return st;
 }
 
@@ -1112,15 +1113,15 @@ static int run_output(fx *F, const nsr_finstr *fi, xout *o)
 static void fx_free(fx *F)
 {
     for (int k = 0; k < F->nb; k++) {
-        free(F->b[k].d);
-        nsr_trie_free(&F->b[k].tr);
+        tpk_free(F->X.ctx, F->b[k].d);
+        nsr_trie_free(&F->b[k].tr, F->X.ctx);
     }
-    free(F->b);
+    tpk_free(F->X.ctx, F->b);
     if (F->dmz)
         for (int i = 0; i < F->X.R->ndm; i++)
-            free(F->dmz[i]);
-    free(F->dmz);
-    free(F->dmlast);
+            tpk_free(F->X.ctx, F->dmz[i]);
+    tpk_free(F->X.ctx, F->dmz);
+    tpk_free(F->X.ctx, F->dmlast);
     nsr_fam_free(&F->X);
 }
 
@@ -1154,13 +1155,13 @@ static void release(fx *F, int k)
 {
     for (int b = 0; b < F->nb && b < F->nblast; b++)
         if (F->blast[b] <= k && F->b[b].last != INT_MAX) {
-            free(F->b[b].d);
+            tpk_free(F->X.ctx, F->b[b].d);
             F->b[b].d = NULL;
             F->b[b].last = INT_MAX;
         }
     for (int i = 0; i < F->X.R->ndm; i++)
         if (F->dlast[i] <= k && F->dmz[i] != NULL) {
-            free(F->dmz[i]);
+            tpk_free(F->X.ctx, F->dmz[i]);
             F->dmz[i] = NULL;
         }
 }
@@ -1194,8 +1195,8 @@ static int fx_run(fx *F, xout **outp, int *noutp)
                                  (size_t)R->nfi, F->X.ctx);
     if (st) {
         for (int i = 0; i < no; i++)
-            free(out[i].h);
-        free(out);
+            tpk_free(F->X.ctx, out[i].h);
+        tpk_free(F->X.ctx, out);
         return st;
     }
     *outp = out;
@@ -1220,12 +1221,12 @@ int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t s
     if (st == TPK_OK)
         st = fx_run(&P, &out, &no);
     *unsupported = P.X.unsup;
-    free(out);
+    tpk_free(ctx, out);
     out = NULL;
-    no = 0; /* the dry pass's count: a failed run below leaves out NULL */
+    no = 0; /* the real run fills them again (a failure before it leaves none) */
     int nb = P.nb, ndm = P.X.R->ndm;
-    int *blast = st ? NULL : malloc(((size_t)nb + 1) * sizeof *blast);
-    int *dlast = st ? NULL : malloc(((size_t)ndm + 1) * sizeof *dlast);
+    int *blast = st ? NULL : tpk_malloc(ctx, ((size_t)nb + 1) * sizeof *blast);
+    int *dlast = st ? NULL : tpk_malloc(ctx, ((size_t)ndm + 1) * sizeof *dlast);
     if (st == TPK_OK && (blast == NULL || dlast == NULL))
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     for (int k = 0; st == TPK_OK && k < nb; k++)
@@ -1255,7 +1256,7 @@ int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t s
     if (st == TPK_OK && !all_outputs) {
         o0 = no - 1;
         O = 1;
-    } else {
+    } else if (st == TPK_OK) { /* after a failure out may not exist */
         for (int i = 0; i < no; i++)
             O += (size_t)out[i].m;
     }
@@ -1296,9 +1297,9 @@ int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t s
     if (st == TPK_OK && y != NULL) {
         /* y = ⟨v, h⟩/√n·σ_v + √β·z_b, one readout v ~ N(0, 1)·σ_v shared by all outputs (§1.5) */
         Y = tpk_array_alloc2(N, O, ctx);
-        double *v = Y ? malloc(n * sizeof *v) : NULL;
+        double *v = Y ? tpk_malloc(ctx, n * sizeof *v) : NULL;
         if (Y == NULL || v == NULL) {
-            free(v);
+            tpk_free(ctx, v);
             st = Y == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         } else {
             for (size_t r = 0; r < n; r++)
@@ -1312,12 +1313,12 @@ int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t s
                         acc += v[r] * h[r];
                     Y->data[a * O + o] = acc + beta[o] * zb;
                 }
-            free(v);
+            tpk_free(ctx, v);
         }
     }
     for (int i = 0; i < no; i++)
-        free(out[i].h);
-    free(out), free(H), free(beta), free(blast), free(dlast);
+        tpk_free(ctx, out[i].h);
+    tpk_free(ctx, out), tpk_free(ctx, H), tpk_free(ctx, beta), tpk_free(ctx, blast), tpk_free(ctx, dlast);
     fx_free(&F);
     if (st) {
         tpk_array_free(K);

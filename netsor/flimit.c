@@ -28,6 +28,7 @@
  * cross terms — is reported as TPK_EUNSUPPORTED with the statement's position, and the caller
  * uses the unrolled form. */
 #include "backend-impl.h"
+#include "tpk/alloc.h"
 #include "family-impl.h"
 
 #include "tpk/clock.h"
@@ -148,9 +149,7 @@ static void *fl_big(fl *F, size_t n, size_t size, int zero)
     if (n != 0 && bytes / n == size && bytes >= POOL_MIN) {
         /* malloc + memset, not calloc: calloc's untouched zero pages turn the first += into a
          * copy-on-write fault with a TLB shootdown per page across the threads */
-        void *q = NULL; /* posix_memalign: the compiler folds malloc + memset into calloc */
-        if (posix_memalign(&q, 64, bytes) != 0)
-            q = NULL;
+        void *q = tpk_malloc(F->X.ctx, bytes); /* the hook's: never folded into calloc */
         if (q == NULL) {
             TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory (%.3g GB)", (double)bytes / 1e9);
             return NULL;
@@ -173,18 +172,18 @@ static void fl_release(fl *F, void *q, size_t bytes)
                 F->pool[i].bytes = bytes;
                 return;
             }
-    free(q);
+    tpk_free(F->X.ctx, q);
 }
 
-static void val_free(val *v)
+static void val_free(fl *F, val *v)
 {
-    free(v->s);
-    free(v->mu);
+    tpk_free(F->X.ctx, v->s);
+    tpk_free(F->X.ctx, v->mu);
     for (int i = 0; i < v->nt; i++) {
-        free(v->t[i].idx);
-        free(v->t[i].w);
+        tpk_free(F->X.ctx, v->t[i].idx);
+        tpk_free(F->X.ctx, v->t[i].w);
     }
-    free(v->t);
+    tpk_free(F->X.ctx, v->t);
     memset(v, 0, sizeof *v);
 }
 
@@ -192,19 +191,19 @@ static void block_data_free(fl *F, fblock *b)
 {
     size_t n = F->N * (size_t)b->m;
     fl_release(F, b->M2, n * n * sizeof *b->M2);
-    free(b->Fac);
+    tpk_free(F->X.ctx, b->Fac);
     b->Fac = NULL;
-    free(b->mean);
-    free(b->s);
+    tpk_free(F->X.ctx, b->mean);
+    tpk_free(F->X.ctx, b->s);
     b->M2 = b->mean = b->s = NULL;
-    val_free(&b->mix);
+    val_free(F, &b->mix);
 }
 
 static int new_block(fl *F, int kind, int fam, long m)
 {
     if (F->nb == F->capb) {
         int cap = F->capb ? 2 * F->capb : 64;
-        fblock *nb = realloc(F->b, (size_t)cap * sizeof *nb);
+        fblock *nb = tpk_realloc(F->X.ctx, F->b, (size_t)cap * sizeof *nb);
         if (nb == NULL) {
             TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
             return -1;
@@ -337,7 +336,7 @@ static int v_scale(fl *F, val *v, const val *c)
         return TPK_OK;
     if (c->kind == V_CONST && c->c == 0) { /* 0 · x is the zero vector, as the unrolled form folds */
         long mv = v->m;
-        val_free(v);
+        val_free(F, v);
         return v_const(v, mv, 0);
     }
     if (v->kind == V_CONST && c->kind == V_CONST) {
@@ -398,7 +397,7 @@ static int v_add(fl *F, val *a, val *b, double s)
             return F->X.ctx->status;
         for (size_t i = 0; i < N * m; i++)
             a->s[i] += b->kind == V_CONST ? b->c : b->s[i];
-        val_free(b);
+        val_free(F, b);
         return TPK_OK;
     }
     if (a->kind != V_LIN) {
@@ -414,7 +413,7 @@ static int v_add(fl *F, val *a, val *b, double s)
             return F->X.ctx->status;
         for (size_t i = 0; i < N * m; i++)
             a->mu[i] += b->kind == V_CONST ? b->c : b->s[i];
-        val_free(b);
+        val_free(F, b);
         return TPK_OK;
     }
     if (b->mu) {
@@ -426,16 +425,16 @@ static int v_add(fl *F, val *a, val *b, double s)
                 a->mu[i] += b->mu[i];
         }
     }
-    term *t = realloc(a->t, (size_t)(a->nt + b->nt) * sizeof *t);
+    term *t = tpk_realloc(F->X.ctx, a->t, (size_t)(a->nt + b->nt) * sizeof *t);
     if (t == NULL)
         return TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
     memcpy(t + a->nt, b->t, (size_t)b->nt * sizeof *t);
     a->t = t;
     a->nt += b->nt;
-    free(b->t);
+    tpk_free(F->X.ctx, b->t);
     b->t = NULL;
     b->nt = 0;
-    val_free(b);
+    val_free(F, b);
     return TPK_OK;
 }
 
@@ -447,7 +446,7 @@ static int v_gather(fl *F, val *v, long m, int k, int *idx)
     v->m = m;
     v->t = nsr_fam_alloc(&F->X, 1, sizeof *v->t);
     if (v->t == NULL) {
-        free(idx);
+        tpk_free(F->X.ctx, idx);
         return F->X.ctx->status;
     }
     v->nt = 1;
@@ -488,7 +487,7 @@ static const double *block_m2(fl *F, int k)
             return NULL;
         if (tpk_dsyrk(TPK_NO_TRANS, n, F->d, 1.0 / (double)F->d, F->x, F->d, 0.0, b->M2, n,
                       F->X.ctx)) {
-            free(b->M2);
+            tpk_free(F->X.ctx, b->M2);
             b->M2 = NULL;
             return NULL;
         }
@@ -552,7 +551,7 @@ static int nonlin_moments(fl *F, int k)
     const fblock *u = &F->b[b->arg];
     double *M2 = fl_big(F, n * n, sizeof *M2, 0), *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
     if (M2 == NULL || mean == NULL || ensure_ws(F)) {
-        free(M2), free(mean);
+        tpk_free(F->X.ctx, M2), tpk_free(F->X.ctx, mean);
         return F->X.ctx->status;
     }
     double e = 0;
@@ -587,7 +586,7 @@ static int nonlin_moments(fl *F, int k)
         }
     }
     if (st) {
-        free(M2), free(mean);
+        tpk_free(F->X.ctx, M2), tpk_free(F->X.ctx, mean);
         return nsr_fam_err(&F->X, st, NULL, "%s", F->X.ctx->msg);
     }
     F->err = fmax(F->err, e);
@@ -873,7 +872,7 @@ static double *term_factor(fl *F, const term *t, size_t m, double scale, long *r
         }
     }
     if (st) {
-        free(G);
+        tpk_free(F->X.ctx, G);
         return NULL;
     }
     *rank = b->rank;
@@ -913,8 +912,8 @@ static int v_merge(fl *F, val *v)
                     double *w = term_dense(F, a, m);
                     if (w == NULL)
                         return F->X.ctx->status;
-                    free(a->w);
-                    free(a->idx);
+                    tpk_free(F->X.ctx, a->w);
+                    tpk_free(F->X.ctx, a->idx);
                     a->w = w;
                     a->idx = NULL;
                 }
@@ -928,12 +927,12 @@ static int v_merge(fl *F, val *v)
                                 a->w[(x * m + p) * ms + (size_t)b->idx[p]] += b->w ? b->w[x * m + p] : 1;
                 }
             } else if (!a->dense) {
-                free(a->idx);
+                tpk_free(F->X.ctx, a->idx);
                 a->idx = NULL;
             }
             a->dense = 1;
-            free(b->w);
-            free(b->idx);
+            tpk_free(F->X.ctx, b->w);
+            tpk_free(F->X.ctx, b->idx);
             v->t[j] = v->t[--v->nt];
             j--;
         }
@@ -961,7 +960,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                 /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j, shared by all inputs
                  * (theory §1.2), without the (N m)² matrix */
                 touch(F, t->blk);
-                free(buf);
+                tpk_free(F->X.ctx, buf);
                 if (F->dry)
                     continue;
                 const fblock *bb = &F->b[t->blk];
@@ -1011,13 +1010,13 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                 /* a factor block: C·E[X Xᵀ]·Cᵀ = (C Fac)(C Fac)ᵀ, one rank-r update */
                 long r = 0;
                 double *G = term_factor(F, t, mu, 1.0, &r);
-                free(buf);
+                tpk_free(F->X.ctx, buf);
                 if (G == NULL)
                     return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
                 touch(F, t->blk);
                 st = tpk_dsyrk(TPK_NO_TRANS, N * mu, (size_t)r, alpha, G, (size_t)r, 1.0, out, ld,
                                F->X.ctx);
-                free(G);
+                tpk_free(F->X.ctx, G);
                 continue;
             }
             int zero;
@@ -1025,7 +1024,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
             int full = !(sym && i == j && !t->dense && monotone(t->idx, mu));
             const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, full);
             if (st || F->dry || zero) {
-                free(buf);
+                tpk_free(F->X.ctx, buf);
                 continue;
             }
             size_t ldp = N * ms;
@@ -1084,7 +1083,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                             }
                         }
                 }
-                free(buf);
+                tpk_free(F->X.ctx, buf);
                 continue;
             }
             /* dense: per input pair, out(a,c) += W_t(a) P(a,c) W_s(c)ᵀ by GEMM */
@@ -1092,10 +1091,10 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
             double *tmp = nsr_fam_alloc(&F->X, mu * ms, sizeof *tmp);
             if (Wt == NULL || Ws == NULL || tmp == NULL) {
                 if (Wt != t->w)
-                    free(Wt);
+                    tpk_free(F->X.ctx, Wt);
                 if (Ws != s->w)
-                    free(Ws);
-                free(tmp), free(buf);
+                    tpk_free(F->X.ctx, Ws);
+                tpk_free(F->X.ctx, tmp), tpk_free(F->X.ctx, buf);
                 return F->X.ctx->status;
             }
             int *et = nsr_fam_alloc(&F->X, N * mu, sizeof *et), *es = nsr_fam_alloc(&F->X, N * mv, sizeof *es);
@@ -1131,16 +1130,16 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                             st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mu, mt, alpha, tmp2, mt,
                                            Wt + c * mu * mt, mt, 1.0, out + (a * mu) * ld + c * mv,
                                            ld, F->X.ctx);
-                        free(tmp2);
+                        tpk_free(F->X.ctx, tmp2);
                     }
                 }
-            free(et), free(es);
+            tpk_free(F->X.ctx, et), tpk_free(F->X.ctx, es);
             if (Wt != t->w)
-                free(Wt);
+                tpk_free(F->X.ctx, Wt);
             if (Ws != s->w)
-                free(Ws);
-            free(tmp);
-            free(buf);
+                tpk_free(F->X.ctx, Ws);
+            tpk_free(F->X.ctx, tmp);
+            tpk_free(F->X.ctx, buf);
         }
     if (st || F->dry)
         return st;
@@ -1150,7 +1149,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
         double *mU = nsr_fam_alloc(&F->X, N * mu, sizeof *mU), *mV = nsr_fam_alloc(&F->X, N * mv, sizeof *mV);
         int nz;
         if (mU == NULL || mV == NULL || lin_mean(F, u, mU, &nz) || lin_mean(F, v, mV, &nz)) {
-            free(mU), free(mV);
+            tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
             return F->X.ctx->status;
         }
 #pragma omp parallel for schedule(dynamic, 16) if (N * mu >= 1024)
@@ -1159,7 +1158,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
                 double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[j] : 0;
                 out[i * ld + j] += alpha * (a * mV[j] + mU[i] * b - a * b);
             }
-        free(mU), free(mV);
+        tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
     }
     return TPK_OK;
 }
@@ -1243,7 +1242,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
                 nz = mean[i] != 0;
         }
         if (st) {
-            free(M2), free(mean);
+            tpk_free(F->X.ctx, M2), tpk_free(F->X.ctx, mean);
             return F->X.ctx->status;
         }
         b = &F->b[k];
@@ -1252,7 +1251,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
         if (nz) {
             b->mean = mean;
         } else {
-            free(mean);
+            tpk_free(F->X.ctx, mean);
         }
     } else {
         lin_m2(F, u, u, NULL, 0, 1, 1.0); /* touches the bases, checks support */
@@ -1334,12 +1333,12 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
                 int t[NSR_MAX_INDICES];
                 for (int i = 0; i < e->nidx; i++)
                     if (nsr_fam_int(&F->X, e->idx[i], &t[i])) {
-                        free(idx);
+                        tpk_free(F->X.ctx, idx);
                         return F->X.ctx->status;
                     }
                 long r = nsr_trie_find(&b->tr, t);
                 if (r < 0) {
-                    free(idx);
+                    tpk_free(F->X.ctx, idx);
                     return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s has no such member", e->name);
                 }
                 idx[p] = (int)r;
@@ -1371,13 +1370,13 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
                 nsr_bind_point(&F->X, D, p);
                 for (int i = 0; i < e->nidx; i++)
                     if (nsr_fam_int(&F->X, e->idx[i], &t[i])) {
-                        free(idx), free(sv);
+                        tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
                         return F->X.ctx->status;
                     }
             }
             k = k0 >= 0 && (mem = nsr_trie_find(&F->b[k0].tr, t)) >= 0 ? k0 : find_block(F, e->sym, t, &mem);
             if (k < 0) {
-                free(idx), free(sv);
+                tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
                 char buf[80] = "";
                 size_t n = 0;
                 for (int i = 0; i < e->nidx && n < sizeof buf; i++)
@@ -1400,7 +1399,7 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         if (is_scal < 0)
             is_scal = sc;
         if (is_scal != sc) {
-            free(idx), free(sv);
+            tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
             return NSR_UNSUP(&F->X, e, "%s mixes scalar and vector members in one read", e->name);
         }
         if (sc) {
@@ -1412,7 +1411,7 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
             continue;
         }
         if (blk >= 0 && blk != k) {
-            free(idx), free(sv);
+            tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
             return NSR_UNSUP(&F->X, e, "a read of %s spans several definitions (lines %d and %d)", e->name,
                          F->b[blk].line, b->line);
         }
@@ -1443,7 +1442,7 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     size_t N = F->N, m = (size_t)D->m, mb = (size_t)b->m;
     out->t = nsr_fam_alloc(&F->X, (size_t)s->nt, sizeof *out->t);
     if (out->t == NULL) {
-        free(idx);
+        tpk_free(F->X.ctx, idx);
         return F->X.ctx->status;
     }
     out->nt = s->nt;
@@ -1454,7 +1453,8 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         t->idx = nsr_fam_alloc(&F->X, m, sizeof *t->idx);
         t->w = s->t[i].w ? nsr_fam_alloc(&F->X, N * m, sizeof *t->w) : NULL;
         if (t->idx == NULL || (s->t[i].w && t->w == NULL)) {
-            free(idx);
+            tpk_free(F->X.ctx, idx);
+            val_free(F, out); /* the terms made so far (the rest are zeroed) */
             return F->X.ctx->status;
         }
         for (size_t p = 0; p < m; p++) {
@@ -1466,14 +1466,15 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     }
     if (s->mu) {
         if ((out->mu = nsr_fam_alloc(&F->X, N * m, sizeof *out->mu)) == NULL) {
-            free(idx);
+            tpk_free(F->X.ctx, idx);
+            val_free(F, out);
             return F->X.ctx->status;
         }
         for (size_t p = 0; p < m; p++)
             for (size_t a = 0; a < N; a++)
                 out->mu[a * m + p] = idx[p] < 0 ? 0 : s->mu[a * mb + (size_t)idx[p]];
     }
-    free(idx);
+    tpk_free(F->X.ctx, idx);
     return TPK_OK;
 }
 
@@ -1515,7 +1516,7 @@ static int bias_block(fl *F, int sym, int *out)
     double *mean = F->dry ? NULL : nsr_fam_alloc(&F->X, N * (size_t)m, sizeof *mean);
     int *tab = nsr_fam_alloc(&F->X, (size_t)m * (NSR_MAX_INDICES + 1), sizeof *tab);
     if (var == NULL || (!F->dry && mean == NULL) || tab == NULL) {
-        free(var), free(mean), free(tab);
+        tpk_free(F->X.ctx, var), tpk_free(F->X.ctx, mean), tpk_free(F->X.ctx, tab);
         return F->X.ctx->status;
     }
     long j = 0;
@@ -1531,7 +1532,7 @@ static int bias_block(fl *F, int sym, int *out)
         j++;
     }
     if (!anymean) {
-        free(mean);
+        tpk_free(F->X.ctx, mean);
         mean = NULL;
     }
     b = &F->b[k];
@@ -1605,7 +1606,7 @@ static int embed_src(fl *F, const nsr_expr *src, const nsr_fdom *D, val *u)
         if (vary || p == 0) {
             nsr_bind_point(&F->X, D, (long)p);
             if (src->nidx && nsr_fam_int(&F->X, src->idx[0], &t)) {
-                free(slot);
+                tpk_free(F->X.ctx, slot);
                 return F->X.ctx->status;
             }
             t -= F->X.R->input_lo;
@@ -1613,7 +1614,7 @@ static int embed_src(fl *F, const nsr_expr *src, const nsr_fdom *D, val *u)
             t = slot[0];
         }
         if (t < 0 || t >= F->p->nslots) {
-            free(slot);
+            tpk_free(F->X.ctx, slot);
             return nsr_fam_err(&F->X, TPK_ETYPE, src, "input slot %d is outside %d..%d", t + F->X.R->input_lo,
                           F->X.R->input_lo, F->X.R->input_lo + F->p->nslots - 1);
         }
@@ -1633,11 +1634,11 @@ typedef struct taps {
     tap *t;
 } taps;
 
-static void taps_free(taps *T)
+static void taps_free(fl *F, taps *T)
 {
     for (int i = 0; i < T->n; i++)
-        val_free(&T->t[i].u);
-    free(T->t);
+        val_free(F, &T->t[i].u);
+    tpk_free(F->X.ctx, T->t);
     memset(T, 0, sizeof *T);
 }
 
@@ -1672,7 +1673,7 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
     }
     if (u.kind != V_LIN) {
         int zero = u.kind == V_CONST && u.c == 0;
-        val_free(&u);
+        val_free(F, &u);
         if (zero || (coef && coef->kind == V_CONST && coef->c == 0)) {
             if (T == NULL && M2 != NULL) /* eval_matmul's block is uninitialised */
                 memset(M2, 0, F->N * (size_t)D->m * F->N * (size_t)D->m * sizeof *M2);
@@ -1681,15 +1682,15 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
         return NSR_UNSUP(&F->X, src, "MatMul of a constant vector");
     }
     if ((coef && v_scale(F, &u, coef)) || v_merge(F, &u)) {
-        val_free(&u);
+        val_free(F, &u);
         return F->X.ctx->status;
     }
     if (T != NULL) {
         if (T->n == T->cap) {
             int cap = T->cap ? 2 * T->cap : 16;
-            tap *t = realloc(T->t, (size_t)cap * sizeof *t);
+            tap *t = tpk_realloc(F->X.ctx, T->t, (size_t)cap * sizeof *t);
             if (t == NULL) {
-                val_free(&u);
+                val_free(F, &u);
                 return TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
             }
             T->t = t;
@@ -1707,7 +1708,7 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
         size_t n = F->N * F->T;
         touch(F, u.t[0].blk);
         if (fac != NULL && F->d * FAC_RATIO <= n) { /* rank d: the factor √(σ²/d)·x, no Gram */
-            val_free(&u);
+            val_free(F, &u);
             if ((*fac = nsr_fam_alloc(&F->X, n * F->d, sizeof **fac)) == NULL)
                 return F->X.ctx->status;
             double c = sqrt(var / (double)F->d);
@@ -1718,7 +1719,7 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
         }
         int st = tpk_dsyrk(TPK_NO_TRANS, n, F->d, var / (double)F->d, F->x, F->d, 0.0, M2, n,
                            F->X.ctx);
-        val_free(&u);
+        val_free(F, &u);
         return st;
     }
     /* A·φ(g) where the φ block dies here: its map goes straight into the (zeroed) atom, scaled
@@ -1737,21 +1738,21 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
             int st = tpk_gauss_map_affine_lower(bx->phi, F->b[bx->arg].M2, n, var, 0.0, M2, F->ws,
                                                 &e, F->X.ctx);
             F->err = fmax(F->err, e);
-            val_free(&u);
+            val_free(F, &u);
             return st;
         }
     }
     if (fac != NULL) { /* A·(C·X) of a factor block: σ·C·Fac */
         int fo = factor_of(F, &u, sqrt(var), fac, rank);
         if (fo != 0) {
-            val_free(&u);
+            val_free(F, &u);
             return fo < 0 ? F->X.ctx->status : TPK_OK;
         }
     }
     if (M2 != NULL) /* the generic sum accumulates: eval_matmul's block starts uninitialised */
         memset(M2, 0, F->N * (size_t)D->m * F->N * (size_t)D->m * sizeof *M2);
     int st = lin_m2_acc(F, &u, var, F->N * (size_t)D->m, M2);
-    val_free(&u);
+    val_free(F, &u);
     return st;
 }
 
@@ -1793,7 +1794,7 @@ static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr
     double *fac = NULL;
     long rank = 0;
     if (matmul_acc(F, am, src, D, NULL, M2, NULL, &fac, &rank)) {
-        free(M2);
+        tpk_free(F->X.ctx, M2);
         return F->X.ctx->status;
     }
     if (fac != NULL) { /* low rank: the block keeps the factor */
@@ -1863,7 +1864,7 @@ static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, double *M2, taps
         if (eval(F, ce, D, &c))
             return F->X.ctx->status;
         if (c.kind == V_LIN) {
-            val_free(&c);
+            val_free(F, &c);
             return NSR_UNSUP(&F->X, ce, "a MatMul multiplied by a vector");
         }
         cp = &c;
@@ -1874,7 +1875,7 @@ static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, double *M2, taps
         for (int i = 0; i < nb && i < 2; i++)
             T->t[T->n - 1].b[i] = (int)F->X.num[binders[i]];
     if (cp)
-        val_free(cp);
+        val_free(F, cp);
     return st;
 }
 
@@ -1958,24 +1959,21 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
     int lowerX = F->b[X].lower;
     double *in = nsr_fam_alloc(&F->X, m * m, sizeof *in), *out = nsr_fam_alloc(&F->X, m * m, sizeof *out);
     if (MX == NULL || in == NULL || out == NULL) {
-        free(in), free(out);
+        tpk_free(F->X.ctx, in), tpk_free(F->X.ctx, out);
         *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
         return 1;
     }
-    free(in), free(out);
+    tpk_free(F->X.ctx, in), tpk_free(F->X.ctx, out);
     size_t n = N * m, npairs = N * (N + 1) / 2;
     int fail = 0;
     /* input pairs are independent: one per thread, each with its two P×P buffers */
 #pragma omp parallel reduction(| : fail)
     {
-        void *vi = NULL, *vo = NULL; /* posix_memalign: see fl_big */
-        if (posix_memalign(&vi, 64, m * m * sizeof(double)))
-            vi = NULL;
-        if (posix_memalign(&vo, 64, m * m * sizeof(double)))
-            vo = NULL;
+        void *vi = tpk_mem_malloc(TPK_ALLOCATOR_OF(F->X.ctx), m * m * sizeof(double), NULL); /* see fl_big */
+        void *vo = tpk_mem_malloc(TPK_ALLOCATOR_OF(F->X.ctx), m * m * sizeof(double), NULL);
         double *bi = vi, *bo = vo;
         tpk_ctx lc;
-        tpk_ctx_init(&lc);
+        tpk_ctx_init_from(&lc, F->X.ctx);
         tpk_cnn_convws *cv = tpk_cnn_convws_alloc((size_t)R, (size_t)C, kh, kw, padding,
                                               TPK_CNN_CONV_AUTO, &lc);
         fail |= bi == NULL || bo == NULL || cv == NULL;
@@ -2007,7 +2005,7 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
                     row[q] = bo[p * m + q]; /* the block was uninitialised: assign */
             }
         }
-        free(bi), free(bo);
+        tpk_free(F->X.ctx, bi), tpk_free(F->X.ctx, bo);
         tpk_cnn_convws_free(cv);
     }
     if (fail)
@@ -2047,8 +2045,8 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         while (q->kind == NSR_E_SUM && T.nb < NSR_MAXV)
             T.nb++, q = q->a;
         if (acc_sum(F, e, D, M2, &T, binders, T.nb, 0)) {
-            taps_free(&T);
-            free(M2);
+            taps_free(F, &T);
+            tpk_free(F->X.ctx, M2);
             return F->X.ctx->status;
         }
         int st = TPK_OK;
@@ -2059,9 +2057,9 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
             for (int i = 0; i < T.n && st == TPK_OK; i++)
                 st = lin_m2_acc(F, &T.t[i].u, T.t[i].var, F->N * (size_t)D->m, M2);
         }
-        taps_free(&T);
+        taps_free(F, &T);
         if (st) {
-            free(M2);
+            tpk_free(F->X.ctx, M2);
             return st;
         }
         return finish_atom(F, k, M2, out, D->m);
@@ -2072,22 +2070,22 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         return F->X.ctx->status;
     val v;
     int st = eval(F, e->a, &X, &v);
-    free(X.val);
+    tpk_free(F->X.ctx, X.val);
     if (st) {
-        free(parent);
+        tpk_free(F->X.ctx, parent);
         return st;
     }
     size_t N = F->N, m = (size_t)D->m, mx = (size_t)X.m;
     if (v.kind != V_LIN) {
         v_const(out, D->m, 0);
         if (v_scal(F, out) || v_scal(F, &v)) {
-            free(parent), val_free(&v);
+            tpk_free(F->X.ctx, parent), val_free(F, &v);
             return F->X.ctx->status;
         }
         for (size_t a = 0; a < N; a++)
             for (size_t r = 0; r < mx; r++)
                 out->s[a * m + (size_t)parent[r]] += v.s[a * mx + r];
-        free(parent), val_free(&v);
+        tpk_free(F->X.ctx, parent), val_free(F, &v);
         return TPK_OK;
     }
     memset(out, 0, sizeof *out);
@@ -2095,7 +2093,7 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     out->m = D->m;
     if (v.mu) {
         if ((out->mu = nsr_fam_alloc(&F->X, N * m, sizeof *out->mu)) == NULL) {
-            free(parent), val_free(&v);
+            tpk_free(F->X.ctx, parent), val_free(F, &v);
             return F->X.ctx->status;
         }
         for (size_t a = 0; a < N; a++)
@@ -2105,7 +2103,7 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     /* each term becomes a dense map; terms on one block merge */
     out->t = nsr_fam_alloc(&F->X, (size_t)v.nt, sizeof *out->t);
     if (out->t == NULL) {
-        free(parent), val_free(&v);
+        tpk_free(F->X.ctx, parent), val_free(F, &v), val_free(F, out);
         return F->X.ctx->status;
     }
     for (int i = 0; i < v.nt && st == TPK_OK; i++) {
@@ -2136,8 +2134,10 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
                 }
             }
     }
-    free(parent);
-    val_free(&v);
+    tpk_free(F->X.ctx, parent);
+    val_free(F, &v);
+    if (st)
+        val_free(F, out);
     return st;
 }
 
@@ -2181,10 +2181,10 @@ static int eval_softmax(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
             for (size_t p = 0; p < m; p++)
                 out->s[a * m + p] = sv[S.pick[p]] / z[S.row[p]];
         }
-        free(z);
+        tpk_free(F->X.ctx, z);
     }
-    nsr_softmax_shape_free(&S);
-    val_free(&v);
+    nsr_softmax_shape_free(&S, F->X.ctx);
+    val_free(F, &v);
     return st;
 }
 
@@ -2201,24 +2201,35 @@ typedef struct mlist {
     mono *v;
 } mlist;
 
-static void ml_free(mlist *L)
+static void ml_free(fl *F, mlist *L)
 {
     for (int i = 0; i < L->n; i++) {
-        val_free(&L->v[i].coef);
+        val_free(F, &L->v[i].coef);
         for (int k = 0; k < L->v[i].nf; k++)
-            val_free(&L->v[i].f[k]);
+            val_free(F, &L->v[i].f[k]);
     }
-    free(L->v);
+    tpk_free(F->X.ctx, L->v);
     memset(L, 0, sizeof *L);
 }
 
+static void mono_free(fl *F, mono *m)
+{
+    val_free(F, &m->coef);
+    for (int k = 0; k < m->nf; k++)
+        val_free(F, &m->f[k]);
+    memset(m, 0, sizeof *m);
+}
+
+/* Append m to L, which owns it from now on (on failure it is freed: no caller leaks it). */
 static int ml_push(fl *F, mlist *L, mono *m)
 {
     if (L->n == L->cap) {
         int cap = L->cap ? 2 * L->cap : 8;
-        mono *v = realloc(L->v, (size_t)cap * sizeof *v);
-        if (v == NULL)
+        mono *v = tpk_realloc(F->X.ctx, L->v, (size_t)cap * sizeof *v);
+        if (v == NULL) {
+            mono_free(F, m);
             return TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
+        }
         L->v = v;
         L->cap = cap;
     }
@@ -2233,6 +2244,7 @@ static int v_copy(fl *F, const val *a, val *out)
     out->s = NULL;
     out->mu = NULL;
     out->t = NULL;
+    out->nt = 0; /* until out->t exists: a copy that fails half-way is freed with val_free */
     if (a->s && (out->s = nsr_fam_alloc(&F->X, N * m, sizeof *out->s)) == NULL)
         return F->X.ctx->status;
     if (a->s)
@@ -2244,6 +2256,7 @@ static int v_copy(fl *F, const val *a, val *out)
     if (a->nt) {
         if ((out->t = nsr_fam_alloc(&F->X, (size_t)a->nt, sizeof *out->t)) == NULL)
             return F->X.ctx->status;
+        out->nt = a->nt;
         for (int i = 0; i < a->nt; i++) {
             const term *t = &a->t[i];
             term *u = &out->t[i];
@@ -2288,9 +2301,9 @@ static int ml_mul(fl *F, mlist *A, mlist *B, mlist *out, const nsr_expr *e)
             if (st == TPK_OK)
                 st = ml_push(F, out, &r);
             else {
-                val_free(&r.coef);
+                val_free(F, &r.coef);
                 for (int k = 0; k < r.nf; k++)
-                    val_free(&r.f[k]);
+                    val_free(F, &r.f[k]);
             }
         }
     return st;
@@ -2303,7 +2316,7 @@ static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int dep
     if (e->kind == NSR_E_BIN && (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS)) {
         mlist B = {0};
         if (expand(F, e->a, D, L, depth + 1) || expand(F, e->b, D, &B, depth + 1)) {
-            ml_free(&B);
+            ml_free(F, &B);
             return F->X.ctx->status;
         }
         val neg;
@@ -2315,13 +2328,13 @@ static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int dep
                 break;
             memset(&B.v[i], 0, sizeof B.v[i]);
         }
-        ml_free(&B);
+        ml_free(F, &B);
         return F->X.ctx->status;
     }
     if (e->kind == NSR_E_NEG) {
         mlist A = {0};
         if (expand(F, e->a, D, &A, depth + 1)) {
-            ml_free(&A);
+            ml_free(F, &A);
             return F->X.ctx->status;
         }
         val neg;
@@ -2331,7 +2344,7 @@ static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int dep
             ml_push(F, L, &A.v[i]);
             memset(&A.v[i], 0, sizeof A.v[i]);
         }
-        ml_free(&A);
+        ml_free(F, &A);
         return F->X.ctx->status;
     }
     if (e->kind == NSR_E_BIN && (e->op == NSR_T_STAR || e->op == NSR_T_CARET)) {
@@ -2347,7 +2360,7 @@ static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int dep
                     ml_push(F, L, &A.v[i]);
                     memset(&A.v[i], 0, sizeof A.v[i]);
                 }
-                ml_free(&A);
+                ml_free(F, &A);
                 return F->X.ctx->status;
             }
             if (st == TPK_OK && k != 2) {
@@ -2364,21 +2377,23 @@ static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int dep
                     if ((st = v_copy(F, &A.v[i].coef, &c.coef)) == TPK_OK) {
                         for (int q = 0; q < A.v[i].nf && st == TPK_OK; q++)
                             st = v_copy(F, &A.v[i].f[q], &c.f[c.nf++]);
-                        if (st == TPK_OK)
-                            st = ml_push(F, &A2, &c);
                     }
+                    if (st == TPK_OK)
+                        st = ml_push(F, &A2, &c);
+                    else
+                        mono_free(F, &c);
                 }
                 if (st == TPK_OK)
                     st = ml_mul(F, &A, &A2, L, e);
-                ml_free(&A2);
-                ml_free(&A);
+                ml_free(F, &A2);
+                ml_free(F, &A);
                 return st;
             }
         }
         if (st == TPK_OK && e->op == NSR_T_STAR)
             st = ml_mul(F, &A, &B, L, e);
-        ml_free(&A);
-        ml_free(&B);
+        ml_free(F, &A);
+        ml_free(F, &B);
         if (st == TPK_OK && e->op == NSR_T_CARET) {
             /* a scalar power: evaluate as a leaf */
             goto leaf;
@@ -2390,11 +2405,11 @@ static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int dep
         if (eval(F, e->b, D, &d))
             return F->X.ctx->status;
         if (d.kind == V_LIN) {
-            val_free(&d);
+            val_free(F, &d);
             return NSR_UNSUP(&F->X, e->b, "division by a vector inside mean()");
         }
         if (v_scal(F, &d)) {
-            val_free(&d);
+            val_free(F, &d);
             return F->X.ctx->status;
         }
         for (size_t i = 0; i < F->N * (size_t)D->m; i++)
@@ -2406,8 +2421,8 @@ static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int dep
                 ml_push(F, L, &A.v[i]);
                 memset(&A.v[i], 0, sizeof A.v[i]);
             }
-        ml_free(&A);
-        val_free(&d);
+        ml_free(F, &A);
+        val_free(F, &d);
         return F->X.ctx->status;
     }
 leaf:;
@@ -2453,7 +2468,7 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
                             acc += x[q] * y[q];
                         out[a * m + p] += (t->w ? t->w[a * m + p] : 1) * (s->w ? s->w[a * m + p] : 1) * acc;
                     }
-                free(buf);
+                tpk_free(F->X.ctx, buf);
                 continue;
             }
             int zero, st;
@@ -2462,7 +2477,7 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
             int lower_ok = t->blk == s->blk && !t->dense && !s->dense;
             const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, !lower_ok);
             if (st || F->dry || zero) {
-                free(buf);
+                tpk_free(F->X.ctx, buf);
                 if (st)
                     return st;
                 continue;
@@ -2495,24 +2510,24 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
                     out[a * m + p] += acc;
                 }
             if (Wt && Wt != t->w)
-                free(Wt);
+                tpk_free(F->X.ctx, Wt);
             if (Ws && Ws != s->w)
-                free(Ws);
-            free(buf);
+                tpk_free(F->X.ctx, Ws);
+            tpk_free(F->X.ctx, buf);
         }
     if (F->dry || (u->mu == NULL && v->mu == NULL))
         return TPK_OK;
     double *mU = nsr_fam_alloc(&F->X, N * m, sizeof *mU), *mV = nsr_fam_alloc(&F->X, N * m, sizeof *mV);
     int nz;
     if (mU == NULL || mV == NULL || lin_mean(F, u, mU, &nz) || lin_mean(F, v, mV, &nz)) {
-        free(mU), free(mV);
+        tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
         return F->X.ctx->status;
     }
     for (size_t i = 0; i < N * m; i++) {
         double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[i] : 0;
         out[i] += a * mV[i] + mU[i] * b - a * b;
     }
-    free(mU), free(mV);
+    tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
     return TPK_OK;
 }
 
@@ -2522,7 +2537,7 @@ static int eval_mean(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     mlist L = {0};
     if (expand(F, e->args[0], D, &L, 0)) {
-        ml_free(&L);
+        ml_free(F, &L);
         return F->X.ctx->status;
     }
     size_t N = F->N, m = (size_t)D->m;
@@ -2548,8 +2563,10 @@ static int eval_mean(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         for (size_t k = 0; k < N * m; k++)
             out->s[k] += (q->coef.kind == V_CONST ? q->coef.c : q->coef.s[k]) * tmp[k];
     }
-    free(tmp);
-    ml_free(&L);
+    tpk_free(F->X.ctx, tmp);
+    ml_free(F, &L);
+    if (st) /* eval's contract: nothing is left in out on failure */
+        val_free(F, out);
     return st;
 }
 
@@ -2583,10 +2600,10 @@ static int eval_phi(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
                 arg = -1;
     }
     if (arg < 0 && materialize(F, &u, -1, &arg)) {
-        val_free(&u);
+        val_free(F, &u);
         return F->X.ctx->status;
     }
-    val_free(&u);
+    val_free(F, &u);
     int k = new_block(F, BK_NONLIN, -1, D->m);
     if (k < 0)
         return F->X.ctx->status;
@@ -2660,7 +2677,7 @@ static int eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
                     *out = a;
                     return TPK_OK;
                 }
-                val_free(&a);
+                val_free(F, &a);
                 return NSR_UNSUP(&F->X, e, "a power of a vector outside mean(): write it as a function");
             }
             if (a.kind == V_CONST) {
@@ -2675,7 +2692,7 @@ static int eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         if (eval(F, e->a, D, &a))
             return F->X.ctx->status;
         if (eval(F, e->b, D, &b)) {
-            val_free(&a);
+            val_free(F, &a);
             return F->X.ctx->status;
         }
         int st = TPK_OK;
@@ -2705,11 +2722,11 @@ static int eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
             }
         }
         if (st) {
-            val_free(&a);
-            val_free(&b);
+            val_free(F, &a);
+            val_free(F, &b);
             return st;
         }
-        val_free(&b);
+        val_free(F, &b);
         *out = a;
         return TPK_OK;
     }
@@ -2742,22 +2759,22 @@ static int run_def(fl *F, const nsr_finstr *fi)
     nsr_trie tr;
     memset(&tr, 0, sizeof tr);
     if (nsr_instr_domain(&F->X, fi, &D, &tr)) {
-        free(D.val);
-        nsr_trie_free(&tr);
+        tpk_free(F->X.ctx, D.val);
+        nsr_trie_free(&tr, F->X.ctx);
         return F->X.ctx->status;
     }
     val v;
     int st = eval(F, s->value, &D, &v);
-    free(D.val);
+    tpk_free(F->X.ctx, D.val);
     if (st) {
-        nsr_trie_free(&tr);
+        nsr_trie_free(&tr, F->X.ctx);
         return st;
     }
     int k = -1;
     if (v.kind != V_LIN) {
         if (s->annot == NSR_ANN_G || s->annot == NSR_ANN_H) {
-            val_free(&v);
-            nsr_trie_free(&tr);
+            val_free(F, &v);
+            nsr_trie_free(&tr, F->X.ctx);
             return nsr_fam_err(&F->X, TPK_ETYPE, s->value, "%s is annotated %s but its value is a scalar",
                           s->name, s->annot == NSR_ANN_G ? "G" : "H");
         }
@@ -2767,10 +2784,10 @@ static int run_def(fl *F, const nsr_finstr *fi)
             F->b[k].s = v.s;
             v.s = NULL;
         }
-        val_free(&v);
+        val_free(F, &v);
     } else if (s->annot == NSR_ANN_SCALAR) {
-        val_free(&v);
-        nsr_trie_free(&tr);
+        val_free(F, &v);
+        nsr_trie_free(&tr, F->X.ctx);
         return nsr_fam_err(&F->X, TPK_ETYPE, s->value, "%s is annotated scalar but its value is a vector",
                       s->name);
     } else {
@@ -2785,12 +2802,12 @@ static int run_def(fl *F, const nsr_finstr *fi)
             k = v.t[0].blk;
             F->b[k].fam = s->fam;
             F->b[k].fi = F->X.cur;
-            val_free(&v);
+            val_free(F, &v);
         } else if (dense && !nonlin) {
             st = materialize(F, &v, s->fam, &k);
-            val_free(&v);
+            val_free(F, &v);
         } else if (dense) {
-            val_free(&v);
+            val_free(F, &v);
             st = NSR_UNSUP(&F->X, s->value, "an index sum of H-vars defining a family (pooling is taken "
                        "in a readout)");
         } else {
@@ -2804,12 +2821,12 @@ static int run_def(fl *F, const nsr_finstr *fi)
                 }
                 F->b[k].mix = v;
             } else {
-                val_free(&v);
+                val_free(F, &v);
             }
         }
     }
     if (k < 0 || st) {
-        nsr_trie_free(&tr);
+        nsr_trie_free(&tr, F->X.ctx);
         return st ? st : F->X.ctx->status;
     }
     fblock *b = &F->b[k];
@@ -2828,7 +2845,7 @@ static int name_outputs(fl *F, const nsr_stmt *s, const nsr_fdom *D, double var,
     tpk_program *P = F->fill;
     int st = TPK_OK;
     {
-        tpk_output *no = realloc(P->output, ((size_t)P->noutputs + (size_t)D->m) * sizeof *no);
+        tpk_output *no = tpk_realloc(F->X.ctx, P->output, ((size_t)P->noutputs + (size_t)D->m) * sizeof *no);
         if (no == NULL)
             st = TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
         else
@@ -2846,7 +2863,7 @@ static int name_outputs(fl *F, const nsr_stmt *s, const nsr_fdom *D, double var,
             }
             tpk_output *y = &P->output[P->noutputs];
             memset(y, 0, sizeof *y);
-            if (st == TPK_OK && (y->name = strdup(buf)) == NULL)
+            if (st == TPK_OK && (y->name = tpk_strdup(F->X.ctx, buf)) == NULL)
                 st = TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
             if (st == TPK_OK) {
                 y->src = -1;
@@ -2867,18 +2884,18 @@ static int run_output(fl *F, const nsr_finstr *fi, fout *o)
     nsr_trie tr;
     memset(&tr, 0, sizeof tr);
     int st = nsr_instr_domain(&F->X, fi, &D, &tr);
-    nsr_trie_free(&tr);
+    nsr_trie_free(&tr, F->X.ctx);
     if (st) {
-        free(D.val);
+        tpk_free(F->X.ctx, D.val);
         return st;
     }
     memset(o, 0, sizeof *o);
     if (nsr_fam_num(&F->X, rd->args[1], &o->var) || (rd->nargs == 3 && nsr_fam_num(&F->X, rd->args[2], &o->bias_var))) {
-        free(D.val);
+        tpk_free(F->X.ctx, D.val);
         return F->X.ctx->status;
     }
     if (o->var < 0 || o->bias_var < 0) {
-        free(D.val);
+        tpk_free(F->X.ctx, D.val);
         return nsr_fam_err(&F->X, TPK_ETYPE, rd, "readout variance is negative");
     }
     st = eval(F, rd->args[0], &D, &o->v);
@@ -2886,7 +2903,7 @@ static int run_output(fl *F, const nsr_finstr *fi, fout *o)
         st = nsr_fam_err(&F->X, TPK_ETYPE, rd->args[0], "readout needs a G- or H-var, not a scalar");
     if (st == TPK_OK && F->fill != NULL) /* a rolled-only program: name its outputs */
         st = name_outputs(F, s, &D, o->var, o->bias_var);
-    free(D.val);
+    tpk_free(F->X.ctx, D.val);
     return st;
 }
 
@@ -2896,14 +2913,14 @@ static void fl_free(fl *F)
 {
     for (int k = 0; k < F->nb; k++) {
         block_data_free(F, &F->b[k]);
-        nsr_trie_free(&F->b[k].tr);
+        nsr_trie_free(&F->b[k].tr, F->X.ctx);
     }
-    free(F->b);
-    free(F->amark);
+    tpk_free(F->X.ctx, F->b);
+    tpk_free(F->X.ctx, F->amark);
     nsr_fam_free(&F->X);
 
     for (int i = 0; i < 6; i++)
-        free(F->pool[i].p);
+        tpk_free(F->X.ctx, F->pool[i].p);
     tpk_gauss_ws_free(F->ws);
 }
 
@@ -2997,7 +3014,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     F->X.cur = R->nfi; /* the outputs read their blocks at the end */
     if (st == TPK_OK && !all_outputs) {
         for (int i = 0; i < no - 1; i++)
-            val_free(&out[i].v);
+            val_free(F, &out[i].v);
         out[0] = out[no - 1];
         no = 1;
         v_last(F, &out[0].v);
@@ -3068,14 +3085,14 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                             Kout->data[(x * O + oi0 + p) * dim + y * O + oj0 + q] = v;
                             Kout->data[(y * O + oj0 + q) * dim + x * O + oi0 + p] = v;
                         }
-            free(M);
+            tpk_free(F->X.ctx, M);
             oj0 += mj;
         }
         oi0 += (size_t)out[i].v.m;
     }
     for (int i = 0; i < no; i++)
-        val_free(&out[i].v);
-    free(out);
+        val_free(F, &out[i].v);
+    tpk_free(F->X.ctx, out);
     if (st == TPK_OK && Kout)
         for (size_t i = 0; i < dim * dim; i++)
             if (!isfinite(Kout->data[i])) {
@@ -3128,8 +3145,8 @@ int nsr_flimit_plan(tpk_program *p, long budget, tpk_ctx *ctx, int *unsupported,
     *deferred = F.X.deferred;
     if (st == TPK_OK) {
         nsr_rolled *R = p->rolled;
-        free(R->plan_last);
-        R->plan_last = malloc(((size_t)F.nb + 1) * sizeof *R->plan_last);
+        tpk_mem_free(&R->al, R->plan_last); /* no memory: each evaluation plans (no error) */
+        R->plan_last = tpk_mem_malloc(&R->al, ((size_t)F.nb + 1) * sizeof *R->plan_last, NULL);
         if (R->plan_last != NULL) {
             for (int k = 0; k < F.nb; k++)
                 R->plan_last[k] = F.b[k].last_use >= R->nfi ? -1 : F.b[k].last_use;
@@ -3155,7 +3172,7 @@ int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx)
         nsr_trie tr;
         memset(&tr, 0, sizeof tr);
         st = nsr_instr_domain(&F.X, fi, &D, &tr);
-        nsr_trie_free(&tr);
+        nsr_trie_free(&tr, ctx);
         double var = 0, bias = 0;
         const nsr_expr *rd = fi->stmt->value;
         if (st == TPK_OK)
@@ -3164,7 +3181,7 @@ int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx)
             st = nsr_fam_num(&F.X, rd->args[2], &bias);
         if (st == TPK_OK)
             st = name_outputs(&F, fi->stmt, &D, var, bias);
-        free(D.val);
+        tpk_free(ctx, D.val);
     }
     fl_free(&F);
     return st;
@@ -3179,7 +3196,7 @@ static void *plan_thread(void *arg)
     if (st == TPK_OK)
         st = fl_run(&P, J->all_outputs, NULL, 0, NULL);
     int *last = NULL;
-    if (st == TPK_OK && (last = malloc(((size_t)P.nb + 1) * sizeof *last)) == NULL)
+    if (st == TPK_OK && (last = tpk_malloc(&J->ctx, ((size_t)P.nb + 1) * sizeof *last)) == NULL)
         st = TPK_ERROR(&J->ctx, TPK_ENOMEM, "out of memory");
     for (int k = 0; st == TPK_OK && k < P.nb; k++)
         last[k] = P.b[k].last_use >= P.X.R->nfi ? -1 : P.b[k].last_use;
@@ -3210,7 +3227,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     memset(&J, 0, sizeof J);
     if (RR->plan_last != NULL) { /* planned at load */
         nb = RR->nplan;
-        if ((last = malloc(((size_t)nb + 1) * sizeof *last)) == NULL)
+        if ((last = tpk_malloc(ctx, ((size_t)nb + 1) * sizeof *last)) == NULL)
             return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         memcpy(last, RR->plan_last, (size_t)nb * sizeof *last);
     } else {
@@ -3218,7 +3235,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
         J.T = T;
         J.d = d;
         J.all_outputs = all_outputs;
-        tpk_ctx_init(&J.ctx);
+        tpk_ctx_init_from(&J.ctx, ctx);
         pthread_t th;
         if (pthread_mutex_init(&J.mu, NULL) == 0) {
             if (pthread_cond_init(&J.cv, NULL) == 0) {
@@ -3236,7 +3253,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                 st = fl_run(&P, all_outputs, NULL, 0, NULL);
             *unsupported = P.X.unsup;
             nb = P.nb;
-            if (st == TPK_OK && (last = malloc(((size_t)nb + 1) * sizeof *last)) == NULL)
+            if (st == TPK_OK && (last = tpk_malloc(ctx, ((size_t)nb + 1) * sizeof *last)) == NULL)
                 st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             for (int k = 0; st == TPK_OK && k < nb; k++)
                 last[k] = P.b[k].last_use >= P.X.R->nfi ? -1 : P.b[k].last_use;
@@ -3247,7 +3264,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
         if (threaded) {
             fl F;
             tpk_ctx rc;
-            tpk_ctx_init(&rc);
+            tpk_ctx_init_from(&rc, ctx);
             st = fl_init(&F, p, N, T, d, x->data, &rc);
             F.pj = &J;
             if (st == TPK_OK)
@@ -3278,7 +3295,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
             }
             if (err)
                 *err = F.err;
-            free(J.last);
+            tpk_free(ctx, J.last);
             fl_free(&F);
             return st;
         }
@@ -3294,7 +3311,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     *unsupported = F.X.unsup;
     if (err)
         *err = F.err;
-    free(last);
+    tpk_free(ctx, last);
     fl_free(&F);
     return st;
 }

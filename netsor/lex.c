@@ -2,6 +2,7 @@
  * error/note helpers shared by all stages. Newlines end statements except inside ( ) [ ]
  * and after a token that cannot end one (a binary operator, `=`, `,`, `~`, `{`). */
 #include "netsor-impl.h"
+#include "tpk/alloc.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -18,24 +19,29 @@ typedef struct nsr_chunk {
 
 struct nsr_arena {
     nsr_chunk *head;
+    tpk_allocator al; /* of the chunks and this struct */
 };
 
-nsr_arena *nsr_arena_alloc(void)
+nsr_arena *nsr_arena_alloc(tpk_ctx *ctx)
 {
-    return calloc(1, sizeof(nsr_arena));
+    nsr_arena *a = tpk_calloc(ctx, 1, sizeof(nsr_arena));
+    if (a != NULL)
+        a->al = tpk_ctx_allocator(ctx);
+    return a;
 }
 
 void nsr_arena_free(nsr_arena *a)
 {
     if (a == NULL)
         return;
+    tpk_allocator al = a->al;
     nsr_chunk *c = a->head;
     while (c != NULL) {
         nsr_chunk *next = c->next;
-        free(c);
+        tpk_mem_free(&al, c);
         c = next;
     }
-    free(a);
+    tpk_mem_free(&al, a);
 }
 
 void *nsr_alloc(nsr_arena *a, size_t size)
@@ -47,7 +53,7 @@ void *nsr_alloc(nsr_arena *a, size_t size)
     nsr_chunk *c = a->head;
     if (c == NULL || c->cap - c->used < size) {
         size_t cap = size > 65536 ? size : 65536;
-        c = malloc(sizeof(nsr_chunk) + cap);
+        c = tpk_mem_malloc(&a->al, sizeof(nsr_chunk) + cap, NULL); /* the caller reports */
         if (c == NULL)
             return NULL;
         c->used = 0;

@@ -264,12 +264,13 @@ const m2memo *nsr_lim_memo_find(const lim *L, int u, int v, int *transposed);
 void nsr_lim_memo_put(lim *L, int u, int v, const double *E, double err);
 const double *nsr_lim_halfprod(lim *L, affq *q, int u, const int *argu, int nu,
                                const double *coefu, int h, double *C);
-void nsr_lim_halfprod_clear(affq *q);
-void nsr_lim_halfprod_free(affq *q);
+void nsr_lim_halfprod_clear(affq *q, tpk_ctx *ctx); /* ctx: the evaluation's */
+void nsr_lim_halfprod_free(affq *q, tpk_ctx *ctx);
 void nsr_lim_release(lim *L, int k);
 
 /* ---- expansion (limit_expand.c) ----------------------------------------------------------- */
-int nsr_lim_expand(const tpk_rpn_node *node, int len, int atomic_only, xbody *xb);
+int nsr_lim_expand(const tpk_rpn_node *node, int len, int atomic_only, xbody *xb,
+                   tpk_ctx *ctx);
 
 /* ---- expectations (limit_expect.c) -------------------------------------------------------- */
 int nsr_lim_m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, size_t ld,

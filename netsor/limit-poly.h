@@ -14,11 +14,11 @@
  * constants and scalars 0, + and − the max, × the sum, ÷ and calls only of degree-0 operands,
  * x^e with e ≥ 0. Returns -1 when some node leaves polynomials (a call or division of a G-var,
  * a negative power of one). Input-independent: call once per body. */
-int tpk_nsr_poly_degree(const tpk_rpn *body);
+int tpk_nsr_poly_degree(const tpk_rpn *body, const tpk_allocator *al); /* al: scratch; -1 also without memory */
 
 typedef struct tpk_nsr_poly_ws tpk_nsr_poly_ws;
 /* Workspace for bodies of `body` (its stack depth and argument count). NULL when out of memory. */
-tpk_nsr_poly_ws *tpk_nsr_poly_ws_alloc(const tpk_rpn *body);
+tpk_nsr_poly_ws *tpk_nsr_poly_ws_alloc(const tpk_rpn *body, tpk_ctx *ctx);
 void tpk_nsr_poly_ws_free(tpk_nsr_poly_ws *ws);
 
 /* The body at input `input` as c0 + Σ_g lin[g] Z_g + Σ_{g,h} quad[g·nargs + h] Z_g Z_h over its

@@ -16,6 +16,7 @@
 #include <lapacke.h>
 
 #include "limit-impl.h"
+#include "tpk/alloc.h"
 #include "tpk/matmul.h"
 
 /* The joint sampler (m2_joint, netsor/limit_joint.c) takes the groups of more dims than the
@@ -108,7 +109,7 @@ static int do_matmul(lim *L, int k, scratch *sc, size_t blocks, size_t nblocks)
         nsr_lim_block_mirror(L, f, aj->loc, li);
     }
     /* the half-products hold covariances of live G-vars only while this instruction runs */
-    nsr_lim_halfprod_clear(&sc->aq);
+    nsr_lim_halfprod_clear(&sc->aq, L->ctx);
     sc->aq.on = 0;
     return st;
 }
@@ -118,7 +119,7 @@ int nsr_check_psd(const double *K, size_t n, double err, tpk_ctx *ctx)
     /* Cheap enough up to a few hundred rows; beyond that the O(n³) check would dominate. */
     if (n > 600)
         return TPK_OK;
-    double *A = malloc(n * n * sizeof *A), *lam = malloc(n * sizeof *lam);
+    double *A = tpk_malloc(ctx, n * n * sizeof *A), *lam = tpk_malloc(ctx, n * sizeof *lam);
     int st = TPK_OK;
     if (A == NULL || lam == NULL) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -133,8 +134,8 @@ int nsr_check_psd(const double *K, size_t n, double err, tpk_ctx *ctx)
                                "error estimate %.3g)", lam[0], lam[n - 1], err);
         }
     }
-    free(A);
-    free(lam);
+    tpk_free(ctx, A);
+    tpk_free(ctx, lam);
     return st;
 }
 
@@ -182,7 +183,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
          * fresh context: the rolled evaluator stops at a recorded error, and the caller's may
          * hold an earlier, handled one. */
         tpk_ctx local;
-        tpk_ctx_init(&local);
+        tpk_ctx_init_from(&local, ctx);
         int unsup = 0;
         int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, opts ? opts->progress : NULL,
                                    &local);
@@ -220,7 +221,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.maxlen = sh.maxlen;
     L.maxdepth = sh.maxdepth;
     L.ctx = ctx;
-    L.ocache = tpk_nsr_orthant_cache_alloc(); /* NULL (out of memory) only disables the memo */
+    L.ocache = tpk_nsr_orthant_cache_alloc(TPK_ALLOCATOR_OF(ctx)); /* NULL (out of memory) only disables the memo */
     /* NULL (out of memory, or the options ask for Monte Carlo per group) disables it */
     size_t jpts = (L.o.mc_samples ? L.o.mc_samples : MC_DEFAULT) / QMC_SHIFTS; /* per shift */
     jpts *= JOINT_POINTS_X;
@@ -232,7 +233,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     int trace = tr != NULL && strcmp(tr, "1") == 0;
     size_t N = L.N;
     /* s1, s2, s3 only serve the cross/general paths: allocated on first use */
-    scratch sc = {NULL, NULL, NULL, malloc(N * sizeof(double)), malloc(N * sizeof(double)),
+    scratch sc = {NULL, NULL, NULL, tpk_malloc(ctx, N * sizeof(double)), tpk_malloc(ctx, N * sizeof(double)),
                   {0, -1, 0, 0, NULL, NULL, 0}};
     tpk_array *out = NULL;
     double *M = NULL;
@@ -261,7 +262,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         case TPK_OP_LINCOMB:
             break;
         case TPK_OP_NONLIN:
-            if (nsr_lim_expand(in->body.node, in->body.len, L.o.no_factor, &L.xb[in->out]))
+            if (nsr_lim_expand(in->body.node, in->body.len, L.o.no_factor, &L.xb[in->out], ctx))
                 st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             else
                 st = nsr_lim_poly_prepare(&L, k);
@@ -276,7 +277,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
             int v = in->out;
             L.xb[v].node = &L.gnode[v];
             L.xb[v].nterms = 1;
-            L.xb[v].t = malloc(sizeof *L.xb[v].t);
+            L.xb[v].t = tpk_malloc(ctx, sizeof *L.xb[v].t);
             if (L.xb[v].t == NULL)
                 st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             else
@@ -294,11 +295,11 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     size_t dim = N * (size_t)O;
     out = tpk_array_alloc2(dim, dim, ctx);
     if (out != NULL && L.spare != NULL && L.spare_len == dim * dim) {
-        free(out->data); /* a freed block has its pages already: reuse it for K */
+        tpk_free(ctx, out->data); /* a freed block has its pages already: reuse it for K */
         out->data = L.spare;
         L.spare = NULL;
     }
-    M = O > 1 ? malloc(N * N * sizeof *M) : NULL;
+    M = O > 1 ? tpk_malloc(ctx, N * N * sizeof *M) : NULL;
     if (out == NULL || (O > 1 && M == NULL)) {
         st = out == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
@@ -344,13 +345,13 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     out = NULL;
 done:
     tpk_array_free(out);
-    free(M);
-    free(sc.s1);
-    free(sc.s2);
-    free(sc.s3);
-    free(sc.qa);
-    free(sc.qb);
-    nsr_lim_halfprod_free(&sc.aq);
+    tpk_free(ctx, M);
+    tpk_free(ctx, sc.s1);
+    tpk_free(ctx, sc.s2);
+    tpk_free(ctx, sc.s3);
+    tpk_free(ctx, sc.qa);
+    tpk_free(ctx, sc.qb);
+    nsr_lim_halfprod_free(&sc.aq, ctx);
     if (trace)
         trace_backends(&L);
     nsr_lim_free(&L);

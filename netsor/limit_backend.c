@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "limit-impl.h"
+#include "tpk/alloc.h"
 #include "limit-poly.h"
 #include "tpk/batchnorm.h"
 #include "tpk/mvn.h"
@@ -78,7 +79,7 @@ static int bn_eval(lim *L, nsr_lim_query *q)
                          L->p->var[v].name);
     size_t N = L->N;
     int g = iu->body.node[0].var, h = iv->body.node[0].var;
-    double *S = malloc((g == h ? 1 : 3) * N * N * sizeof *S);
+    double *S = tpk_malloc(L->ctx, (g == h ? 1 : 3) * N * N * sizeof *S);
     if (S == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     nsr_lim_cov_mat(L, g, g, 0, S);
@@ -88,7 +89,7 @@ static int bn_eval(lim *L, nsr_lim_query *q)
     }
     int st = tpk_bn_kernel(fu, N, (size_t)iu->batch, S, g == h ? NULL : S + N * N,
                            g == h ? NULL : S + 2 * N * N, q->out, q->ld, q->scale, &q->err, L->ctx);
-    free(S);
+    tpk_free(L->ctx, S);
     return st;
 }
 
@@ -101,11 +102,11 @@ int nsr_lim_poly_prepare(lim *L, int k)
 {
     const tpk_instr *in = &L->p->instr[k];
     const tpk_rpn *b = &in->body;
-    if (L->o.no_factor || b->nargs == 0 || tpk_nsr_poly_degree(b) != 1)
+    if (L->o.no_factor || b->nargs == 0 || tpk_nsr_poly_degree(b, TPK_ALLOCATOR_OF(L->ctx)) != 1)
         return TPK_OK;
     size_t N = L->N, na = (size_t)b->nargs;
-    tpk_nsr_poly_ws *ws = tpk_nsr_poly_ws_alloc(b);
-    double *A = malloc(N * (na + 1) * sizeof *A), *lin = malloc(na * sizeof *lin);
+    tpk_nsr_poly_ws *ws = tpk_nsr_poly_ws_alloc(b, L->ctx);
+    double *A = tpk_malloc(L->ctx, N * (na + 1) * sizeof *A), *lin = tpk_malloc(L->ctx, na * sizeof *lin);
     int ok = ws && A && lin;
     for (size_t a = 0; a < N && ok; a++) {
         double c0;
@@ -119,9 +120,9 @@ int nsr_lim_poly_prepare(lim *L, int k)
     }
     int oom = !ws || !A || !lin;
     tpk_nsr_poly_ws_free(ws);
-    free(lin);
+    tpk_free(L->ctx, lin);
     if (!ok) {
-        free(A);
+        tpk_free(L->ctx, A);
         return oom ? TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory") : TPK_OK;
     }
     L->aff[in->out] = A;
@@ -155,7 +156,7 @@ static int poly_applicable(const lim *L, nsr_lim_query *q)
     if (q->kind == NSR_LIM_MOMENT) {
         if (L->o.no_factor)
             return 0;
-        int deg = tpk_nsr_poly_degree(&L->p->instr[q->k].body);
+        int deg = tpk_nsr_poly_degree(&L->p->instr[q->k].body, TPK_ALLOCATOR_OF(L->ctx));
         return deg >= 0 && deg <= 2;
     }
     if (q->kind != NSR_LIM_PAIR)
@@ -181,9 +182,9 @@ static int poly_pair(lim *L, nsr_lim_query *q)
     double *ones = NULL;
     affine_form(L, &q->u, &args[0], &na[0], &mean[0], &coef[0]);
     affine_form(L, &q->v, &args[1], &na[1], &mean[1], &coef[1]);
-    if ((sc->s1 == NULL && (sc->s1 = malloc(N * N * sizeof *sc->s1)) == NULL) ||
-        (sc->s2 == NULL && (sc->s2 = malloc(N * N * sizeof *sc->s2)) == NULL) ||
-        (ones = malloc(N * sizeof *ones)) == NULL)
+    if ((sc->s1 == NULL && (sc->s1 = tpk_malloc(L->ctx, N * N * sizeof *sc->s1)) == NULL) ||
+        (sc->s2 == NULL && (sc->s2 = tpk_malloc(L->ctx, N * N * sizeof *sc->s2)) == NULL) ||
+        (ones = tpk_malloc(L->ctx, N * sizeof *ones)) == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     for (size_t a = 0; a < N; a++)
         ones[a] = 1.0;
@@ -195,7 +196,7 @@ static int poly_pair(lim *L, nsr_lim_query *q)
     }
     affq *hq = &sc->aq;
     if (hq->on && hq->u != u)
-        nsr_lim_halfprod_clear(hq);
+        nsr_lim_halfprod_clear(hq, L->ctx);
     for (int hj = 0; hj < na[1]; hj++) {
         int h = args[1][hj];
         const double *cv = coef[1] ? coef[1] + (size_t)hj * N : ones;
@@ -210,7 +211,7 @@ static int poly_pair(lim *L, nsr_lim_query *q)
             continue;
         }
         if (L->ctx->status) {
-            free(ones);
+            tpk_free(L->ctx, ones);
             return L->ctx->status;
         }
         for (int gi = 0; gi < na[0]; gi++) {
@@ -231,7 +232,7 @@ static int poly_pair(lim *L, nsr_lim_query *q)
     }
     nsr_lim_put_rows(N, acc, q->scale, q->out, q->ld);
     q->err = 0.0;
-    free(ones);
+    tpk_free(L->ctx, ones);
     return TPK_OK;
 }
 
@@ -243,11 +244,11 @@ static int poly_moment(lim *L, nsr_lim_query *q)
 {
     const tpk_instr *in = &L->p->instr[q->k];
     const tpk_rpn *b = &in->body;
-    int deg = tpk_nsr_poly_degree(b);
+    int deg = tpk_nsr_poly_degree(b, TPK_ALLOCATOR_OF(L->ctx));
     size_t N = L->N, na = (size_t)(b->nargs > 0 ? b->nargs : 1);
-    tpk_nsr_poly_ws *ws = tpk_nsr_poly_ws_alloc(b);
-    double *s = malloc(N * sizeof *s), *lin = malloc(na * sizeof *lin);
-    double *quad = deg == 2 ? malloc(na * na * sizeof *quad) : NULL;
+    tpk_nsr_poly_ws *ws = tpk_nsr_poly_ws_alloc(b, L->ctx);
+    double *s = tpk_malloc(L->ctx, N * sizeof *s), *lin = tpk_malloc(L->ctx, na * sizeof *lin);
+    double *quad = deg == 2 ? tpk_malloc(L->ctx, na * na * sizeof *quad) : NULL;
     int ok = ws && s && lin && (deg < 2 || quad), oom = !ok;
     for (size_t a = 0; a < N && ok; a++) {
         double c0;
@@ -266,10 +267,10 @@ static int poly_moment(lim *L, nsr_lim_query *q)
         s[a] = val;
     }
     tpk_nsr_poly_ws_free(ws);
-    free(lin);
-    free(quad);
+    tpk_free(L->ctx, lin);
+    tpk_free(L->ctx, quad);
     if (!ok) {
-        free(s);
+        tpk_free(L->ctx, s);
         if (oom)
             return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
         q->declined = 1;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "limit-impl.h"
+#include "tpk/alloc.h"
 
 /* The expansion of an RPN prefix: its first node and its terms. */
 typedef struct xent {
@@ -29,7 +30,7 @@ static void x_atomic(xent *e, int start, int end)
  * factor (no_factor). A sum or product that would exceed MAXT terms or MAXF factors, a call, a
  * power, a division stays one factor; 1 − σ(g) of a smoothed step stays one factor σ(−g) for the
  * orthant back end. Zero terms (g − g) are dropped, one is kept. */
-int nsr_lim_expand(const tpk_rpn_node *node, int len, int atomic_only, xbody *xb)
+int nsr_lim_expand(const tpk_rpn_node *node, int len, int atomic_only, xbody *xb, tpk_ctx *ctx)
 {
     xb->node = node;
     xb->nterms = 0;
@@ -39,7 +40,7 @@ int nsr_lim_expand(const tpk_rpn_node *node, int len, int atomic_only, xbody *xb
     if (atomic_only)
         goto whole;
     int depth = tpk_nsr_rpn_depth(node, len);
-    stk = malloc((size_t)(depth > 0 ? depth : 1) * sizeof *stk);
+    stk = tpk_malloc(ctx, (size_t)(depth > 0 ? depth : 1) * sizeof *stk);
     if (stk == NULL)
         return TPK_ENOMEM;
     for (int i = 0; i < len; i++) {
@@ -122,19 +123,19 @@ int nsr_lim_expand(const tpk_rpn_node *node, int len, int atomic_only, xbody *xb
             break;
         }
     }
-    xb->t = malloc((size_t)stk[0].n * sizeof *xb->t);
+    xb->t = tpk_malloc(ctx, (size_t)stk[0].n * sizeof *xb->t);
     if (xb->t == NULL) {
-        free(stk);
+        tpk_free(ctx, stk);
         return TPK_ENOMEM;
     }
     /* drop zero terms (e.g. g − g), keep at least one */
     for (int t = 0; t < stk[0].n; t++)
         if (stk[0].t[t].coef != 0.0 || (t == stk[0].n - 1 && xb->nterms == 0))
             xb->t[xb->nterms++] = stk[0].t[t];
-    free(stk);
+    tpk_free(ctx, stk);
     return TPK_OK;
 whole:
-    xb->t = malloc(sizeof *xb->t);
+    xb->t = tpk_malloc(ctx, sizeof *xb->t);
     if (xb->t == NULL)
         return TPK_ENOMEM;
     xb->nterms = 1;

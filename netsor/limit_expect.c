@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "limit-impl.h"
+#include "tpk/alloc.h"
 
 static int uf_find(int *p, int i)
 {
@@ -206,7 +207,7 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
     if (status)
         return status;
     size_t nent = sym ? N * (N + 1) / 2 : N * N, nitem = nent * (size_t)ngen;
-    double *iv = malloc(2 * (nitem ? nitem : 1) * sizeof *iv);
+    double *iv = tpk_malloc(L->ctx, 2 * (nitem ? nitem : 1) * sizeof *iv);
     if (iv == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     /* with the joint sampler, an item's group of more dims than max_gh_dim is left in
@@ -286,7 +287,7 @@ again:
     if (status == TPK_OK)
         status = tpk_progress_check(L->o.progress, L->ctx);
     if (status != TPK_OK) {
-        free(iv);
+        tpk_free(L->ctx, iv);
         return status;
     }
     size_t ent = 0;
@@ -308,7 +309,7 @@ again:
                 out[c * N + a] += sum;
         }
     }
-    free(iv);
+    tpk_free(L->ctx, iv);
     *errmax = emax;
     return TPK_OK;
 }
@@ -359,7 +360,7 @@ int nsr_lim_m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, si
                 nfast++;
             }
         }
-    if ((ld != N || u != v) && sc->s1 == NULL && (sc->s1 = malloc(N * N * sizeof *sc->s1)) == NULL)
+    if ((ld != N || u != v) && sc->s1 == NULL && (sc->s1 = tpk_malloc(L->ctx, N * N * sizeof *sc->s1)) == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     if (nfast == 1 && ngen == 0) { /* the only term pair: its back end may write out itself */
         q.s = fast[0][0];
@@ -372,13 +373,13 @@ int nsr_lim_m2(lim *L, int u, int v, uint64_t site, scratch *sc, double *out, si
         }
         q.alone = 0;
     }
-    if (sc->s1 == NULL && (sc->s1 = malloc(N * N * sizeof *sc->s1)) == NULL)
+    if (sc->s1 == NULL && (sc->s1 = tpk_malloc(L->ctx, N * N * sizeof *sc->s1)) == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     if (nsr_lim_gh_init(L))
         return L->ctx->status;
-    if (sc->s2 == NULL && (sc->s2 = malloc(N * N * sizeof *sc->s2)) == NULL)
+    if (sc->s2 == NULL && (sc->s2 = tpk_malloc(L->ctx, N * N * sizeof *sc->s2)) == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
-    if (ngen > 0 && sc->s3 == NULL && (sc->s3 = malloc(N * N * sizeof *sc->s3)) == NULL)
+    if (ngen > 0 && sc->s3 == NULL && (sc->s3 = tpk_malloc(L->ctx, N * N * sizeof *sc->s3)) == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     double *acc = sc->s2;
     memset(acc, 0, N * N * sizeof *acc);
@@ -419,11 +420,11 @@ int nsr_lim_moment(lim *L, int k)
         return pst;
     if (nsr_lim_gh_init(L))
         return L->ctx->status;
-    if (nsr_lim_expand(in->body.node, in->body.len, L->o.no_factor, &xb))
+    if (nsr_lim_expand(in->body.node, in->body.len, L->o.no_factor, &xb, L->ctx))
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
-    double *s = malloc(N * sizeof *s);
+    double *s = tpk_malloc(L->ctx, N * sizeof *s);
     if (s == NULL) {
-        free(xb.t);
+        tpk_free(L->ctx, xb.t);
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     }
     int status = TPK_OK;
@@ -463,9 +464,9 @@ int nsr_lim_moment(lim *L, int k)
         }
         nsr_lim_pws_free(w);
     }
-    free(xb.t);
+    tpk_free(L->ctx, xb.t);
     if (status != TPK_OK) {
-        free(s);
+        tpk_free(L->ctx, s);
         return status;
     }
     note_err(L, emax);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 
 #include "orthant-impl.h"
+#include "tpk/alloc.h"
 #include "tpk/mvn.h"
 #include "tpk/rng.h"
 
@@ -321,7 +322,7 @@ int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
          * reduce (TPK_EUNSUPPORTED) falls through to the QMC below; a missed tolerance
          * (TPK_ENUMERIC) still returns the value with its honest bound. */
         tpk_ctx mctx;
-        tpk_ctx_init(&mctx);
+        tpk_ctx_init_from(&mctx, ctx);
         int st = tpk_mvn_cdf(m, mu, S, MVN_TOL, out, &mctx);
         if (st == TPK_OK || st == TPK_ENUMERIC)
             return TPK_OK;
@@ -420,17 +421,19 @@ struct tpk_qmc {
     gsl_qrng *q;
     int r;
     double *u, *delta;
+    tpk_allocator al;
 };
 
-tpk_qmc *tpk_nsr_qmc_alloc(int r)
+tpk_qmc *tpk_nsr_qmc_alloc(int r, tpk_ctx *ctx)
 {
-    tpk_qmc *g = calloc(1, sizeof *g);
+    tpk_qmc *g = tpk_calloc(ctx, 1, sizeof *g);
     if (g == NULL)
         return NULL;
+    g->al = tpk_ctx_allocator(ctx);
     g->r = r;
     g->q = qrng_alloc(r);
-    g->u = malloc((size_t)(r > 0 ? r : 1) * sizeof *g->u);
-    g->delta = malloc((size_t)(r > 0 ? r : 1) * sizeof *g->delta);
+    g->u = tpk_malloc(ctx, (size_t)(r > 0 ? r : 1) * sizeof *g->u);
+    g->delta = tpk_malloc(ctx, (size_t)(r > 0 ? r : 1) * sizeof *g->delta);
     if (g->q == NULL || g->u == NULL || g->delta == NULL) {
         tpk_nsr_qmc_free(g);
         return NULL;
@@ -444,9 +447,10 @@ void tpk_nsr_qmc_free(tpk_qmc *g)
         return;
     if (g->q)
         gsl_qrng_free(g->q);
-    free(g->u);
-    free(g->delta);
-    free(g);
+    tpk_allocator al = g->al;
+    tpk_mem_free(&al, g->u);
+    tpk_mem_free(&al, g->delta);
+    tpk_mem_free(&al, g);
 }
 
 void tpk_nsr_qmc_start(tpk_qmc *g, uint64_t seed, int shift)
@@ -476,19 +480,24 @@ typedef struct oentry {
 struct tpk_orthant_cache {
     size_t cap, n;
     oentry *e;
+    tpk_allocator al; /* no error is recorded: without memory the memo just stays as it is */
 };
 
-tpk_orthant_cache *tpk_nsr_orthant_cache_alloc(void)
+tpk_orthant_cache *tpk_nsr_orthant_cache_alloc(const tpk_allocator *al)
 {
-    return calloc(1, sizeof(tpk_orthant_cache));
+    tpk_orthant_cache *c = tpk_mem_calloc(al, 1, sizeof(tpk_orthant_cache), NULL);
+    if (c != NULL && al != NULL)
+        c->al = *al;
+    return c;
 }
 
 void tpk_nsr_orthant_cache_free(tpk_orthant_cache *c)
 {
     if (c == NULL)
         return;
-    free(c->e);
-    free(c);
+    tpk_allocator al = c->al;
+    tpk_mem_free(&al, c->e);
+    tpk_mem_free(&al, c);
 }
 
 /* Problems are keyed after rounding each entry to 52 − ROUND_BITS mantissa bits (relative
@@ -530,7 +539,7 @@ static void cache_put(tpk_orthant_cache *c, uint64_t h1, uint64_t h2, const tpk_
 {
     if (2 * (c->n + 1) > c->cap) {
         size_t ncap = c->cap ? 2 * c->cap : 4096;
-        oentry *ne = calloc(ncap, sizeof *ne), *old = c->e;
+        oentry *ne = tpk_mem_calloc(&c->al, ncap, sizeof *ne, NULL), *old = c->e;
         if (ne == NULL)
             return;
         size_t ocap = c->cap;
@@ -539,7 +548,7 @@ static void cache_put(tpk_orthant_cache *c, uint64_t h1, uint64_t h2, const tpk_
         for (size_t i = 0; i < ocap; i++)
             if (old[i].h1 != 0)
                 *slot(c, old[i].h1, old[i].h2) = old[i];
-        free(old);
+        tpk_mem_free(&c->al, old);
     }
     oentry *s = slot(c, h1, h2);
     if (s->h1 == 0) {

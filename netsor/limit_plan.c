@@ -8,14 +8,15 @@
 #include <stdlib.h>
 
 #include "limit-impl.h"
+#include "tpk/alloc.h"
 
-static int rep_merge(grep *r, const tpk_instr *in, const grep *rep)
+static int rep_merge(grep *r, const tpk_instr *in, const grep *rep, tpk_ctx *ctx)
 {
     int cap = 0;
     for (int t = 0; t < in->nterms; t++)
         cap += rep[in->term[t]].n;
-    r->atom = malloc((size_t)(cap ? cap : 1) * sizeof *r->atom);
-    r->coef = malloc((size_t)(cap ? cap : 1) * sizeof *r->coef);
+    r->atom = tpk_malloc(ctx, (size_t)(cap ? cap : 1) * sizeof *r->atom);
+    r->coef = tpk_malloc(ctx, (size_t)(cap ? cap : 1) * sizeof *r->coef);
     if (r->atom == NULL || r->coef == NULL)
         return TPK_ENOMEM;
     r->n = 0;
@@ -67,21 +68,21 @@ int nsr_lim_plan(lim *L, int all_outputs)
             L->natoms++;
     }
     L->nfam = p->navars + p->nembeds + nbias;
-    L->atom = calloc((size_t)L->natoms + 1, sizeof *L->atom);
-    L->fam = calloc((size_t)L->nfam + 1, sizeof *L->fam);
-    L->fam_of_avar = calloc((size_t)p->navars + 1, sizeof(int));
-    L->fam_of_embed = calloc((size_t)p->nembeds + 1, sizeof(int));
-    L->atom_of_instr = calloc((size_t)ni + 1, sizeof(int));
-    L->rep = calloc((size_t)nv, sizeof *L->rep);
-    L->xb = calloc((size_t)nv, sizeof *L->xb);
-    L->scal = calloc((size_t)nv, sizeof *L->scal);
-    L->aff = calloc((size_t)nv, sizeof *L->aff);
-    L->gnode = calloc((size_t)nv, sizeof *L->gnode);
-    L->last = malloc((size_t)nv * sizeof *L->last);
-    L->def = malloc((size_t)nv * sizeof *L->def);
-    L->var_next = malloc(((size_t)nv + (size_t)L->nfam) * sizeof *L->var_next);
-    L->free_var = malloc(((size_t)ni + 2) * sizeof *L->free_var);
-    L->free_fam = malloc(((size_t)ni + 2) * sizeof *L->free_fam);
+    L->atom = tpk_calloc(L->ctx, (size_t)L->natoms + 1, sizeof *L->atom);
+    L->fam = tpk_calloc(L->ctx, (size_t)L->nfam + 1, sizeof *L->fam);
+    L->fam_of_avar = tpk_calloc(L->ctx, (size_t)p->navars + 1, sizeof(int));
+    L->fam_of_embed = tpk_calloc(L->ctx, (size_t)p->nembeds + 1, sizeof(int));
+    L->atom_of_instr = tpk_calloc(L->ctx, (size_t)ni + 1, sizeof(int));
+    L->rep = tpk_calloc(L->ctx, (size_t)nv, sizeof *L->rep);
+    L->xb = tpk_calloc(L->ctx, (size_t)nv, sizeof *L->xb);
+    L->scal = tpk_calloc(L->ctx, (size_t)nv, sizeof *L->scal);
+    L->aff = tpk_calloc(L->ctx, (size_t)nv, sizeof *L->aff);
+    L->gnode = tpk_calloc(L->ctx, (size_t)nv, sizeof *L->gnode);
+    L->last = tpk_malloc(L->ctx, (size_t)nv * sizeof *L->last);
+    L->def = tpk_malloc(L->ctx, (size_t)nv * sizeof *L->def);
+    L->var_next = tpk_malloc(L->ctx, ((size_t)nv + (size_t)L->nfam) * sizeof *L->var_next);
+    L->free_var = tpk_malloc(L->ctx, ((size_t)ni + 2) * sizeof *L->free_var);
+    L->free_fam = tpk_malloc(L->ctx, ((size_t)ni + 2) * sizeof *L->free_fam);
     if (!L->atom || !L->fam || !L->fam_of_avar || !L->fam_of_embed || !L->atom_of_instr ||
         !L->rep || !L->xb || !L->scal || !L->aff || !L->gnode || !L->last || !L->def || !L->var_next ||
         !L->free_var || !L->free_fam)
@@ -110,7 +111,7 @@ int nsr_lim_plan(lim *L, int all_outputs)
         deff[in->out] = k;
         L->atom_of_instr[k] = -1;
         if (in->op == TPK_OP_LINCOMB) {
-            if (rep_merge(&L->rep[in->out], in, L->rep))
+            if (rep_merge(&L->rep[in->out], in, L->rep, L->ctx))
                 return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
             continue;
         }
@@ -135,8 +136,8 @@ int nsr_lim_plan(lim *L, int all_outputs)
         L->fam[a->fam].last = k;
         L->atom_of_instr[k] = na;
         grep *r = &L->rep[in->out];
-        r->atom = malloc(sizeof *r->atom);
-        r->coef = malloc(sizeof *r->coef);
+        r->atom = tpk_malloc(L->ctx, sizeof *r->atom);
+        r->coef = tpk_malloc(L->ctx, sizeof *r->coef);
         if (r->atom == NULL || r->coef == NULL)
             return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
         r->n = 1;
@@ -147,14 +148,14 @@ int nsr_lim_plan(lim *L, int all_outputs)
     }
     for (int i = 0; i < L->nfam; i++) {
         family *fm = &L->fam[i];
-        fm->atoms = malloc((size_t)(fm->cap ? fm->cap : 1) * sizeof *fm->atoms);
+        fm->atoms = tpk_malloc(L->ctx, (size_t)(fm->cap ? fm->cap : 1) * sizeof *fm->atoms);
         if (fm->atoms == NULL)
             return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
         if (fm->cap == 0)
             fm->last = -1;
     }
     /* liveness: who reads what, and when */
-    int *lastmm = malloc(((size_t)p->navars + 1) * sizeof *lastmm);
+    int *lastmm = tpk_malloc(L->ctx, ((size_t)p->navars + 1) * sizeof *lastmm);
     if (lastmm == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     for (int i = 0; i < p->navars; i++)
@@ -212,7 +213,7 @@ int nsr_lim_plan(lim *L, int all_outputs)
         fm->next = L->free_fam[fm->last];
         L->free_fam[fm->last] = i;
     }
-    free(lastmm);
+    tpk_free(L->ctx, lastmm);
     return TPK_OK;
 }
 
@@ -223,45 +224,45 @@ void nsr_lim_free(lim *L)
     if (L->rep || L->xb || L->scal)
         for (int v = 0; v < p->nvars; v++) {
             if (L->rep)
-                free(L->rep[v].atom), free(L->rep[v].coef);
+                tpk_free(L->ctx, L->rep[v].atom), tpk_free(L->ctx, L->rep[v].coef);
             if (L->xb)
-                free(L->xb[v].t);
+                tpk_free(L->ctx, L->xb[v].t);
             if (L->scal)
-                free(L->scal[v]);
+                tpk_free(L->ctx, L->scal[v]);
             if (L->aff)
-                free(L->aff[v]);
+                tpk_free(L->ctx, L->aff[v]);
         }
     if (L->fam)
         for (int i = 0; i < L->nfam; i++) {
-            free(L->fam[i].atoms);
-            free(L->fam[i].blk);
+            tpk_free(L->ctx, L->fam[i].atoms);
+            tpk_free(L->ctx, L->fam[i].blk);
         }
-    free(L->atom);
-    free(L->fam);
-    free(L->fam_of_avar);
-    free(L->fam_of_embed);
-    free(L->atom_of_instr);
-    free(L->rep);
-    free(L->xb);
-    free(L->scal);
-    free(L->aff);
-    free(L->gnode);
-    free(L->last);
-    free(L->def);
-    free(L->var_next);
-    free(L->free_var);
-    free(L->free_fam);
+    tpk_free(L->ctx, L->atom);
+    tpk_free(L->ctx, L->fam);
+    tpk_free(L->ctx, L->fam_of_avar);
+    tpk_free(L->ctx, L->fam_of_embed);
+    tpk_free(L->ctx, L->atom_of_instr);
+    tpk_free(L->ctx, L->rep);
+    tpk_free(L->ctx, L->xb);
+    tpk_free(L->ctx, L->scal);
+    tpk_free(L->ctx, L->aff);
+    tpk_free(L->ctx, L->gnode);
+    tpk_free(L->ctx, L->last);
+    tpk_free(L->ctx, L->def);
+    tpk_free(L->ctx, L->var_next);
+    tpk_free(L->ctx, L->free_var);
+    tpk_free(L->ctx, L->free_fam);
     for (int r = 0; r <= GH_MAXDIM; r++)
         for (int h = 0; h < 2; h++) {
-            free(L->gh[r][h].x);
-            free(L->gh[r][h].w);
+            tpk_free(L->ctx, L->gh[r][h].x);
+            tpk_free(L->ctx, L->gh[r][h].w);
         }
     tpk_gauss_ws_free(L->gws);
     tpk_nsr_orthant_cache_free(L->ocache);
     tpk_nsr_joint_free(L->joint);
     for (int i = 0; i < L->nmm; i++)
-        free(L->mm[i].E);
-    free(L->mm);
-    free(L->spare);
+        tpk_free(L->ctx, L->mm[i].E);
+    tpk_free(L->ctx, L->mm);
+    tpk_free(L->ctx, L->spare);
 }
 

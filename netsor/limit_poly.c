@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "tpk/alloc.h"
 #include "limit-poly.h"
 
 struct tpk_nsr_poly_ws {
@@ -14,13 +15,14 @@ struct tpk_nsr_poly_ws {
     double *c0;     /* per slot */
     double *lin;    /* depth × nargs */
     double *quad;   /* depth × nargs², only when the body may be quadratic */
+    tpk_allocator al;
 };
 
-int tpk_nsr_poly_degree(const tpk_rpn *body)
+int tpk_nsr_poly_degree(const tpk_rpn *body, const tpk_allocator *al)
 {
     if (body == NULL || body->len <= 0)
         return -1;
-    int *st = malloc((size_t)body->len * sizeof *st), sp = 0, bad = 0;
+    int *st = tpk_mem_malloc(al, (size_t)body->len * sizeof *st, NULL), sp = 0, bad = 0;
     if (st == NULL)
         return -1;
     for (int i = 0; i < body->len && !bad; i++) {
@@ -71,26 +73,27 @@ int tpk_nsr_poly_degree(const tpk_rpn *body)
         }
     }
     int d = !bad && sp == 1 ? st[0] : -1;
-    free(st);
+    tpk_mem_free(al, st);
     return d;
 }
 
-tpk_nsr_poly_ws *tpk_nsr_poly_ws_alloc(const tpk_rpn *body)
+tpk_nsr_poly_ws *tpk_nsr_poly_ws_alloc(const tpk_rpn *body, tpk_ctx *ctx)
 {
     int depth = tpk_nsr_rpn_depth(body->node, body->len);
     if (depth < 1)
         return NULL;
-    tpk_nsr_poly_ws *w = calloc(1, sizeof *w);
+    tpk_nsr_poly_ws *w = tpk_calloc(ctx, 1, sizeof *w);
     if (w == NULL)
         return NULL;
+    w->al = tpk_ctx_allocator(ctx);
     size_t na = (size_t)(body->nargs > 0 ? body->nargs : 1), D = (size_t)depth;
     w->depth = depth;
     w->nargs = body->nargs;
-    w->deg2 = tpk_nsr_poly_degree(body) >= 2;
-    w->deg = malloc(D * sizeof *w->deg);
-    w->c0 = malloc(D * sizeof *w->c0);
-    w->lin = malloc(D * na * sizeof *w->lin);
-    w->quad = w->deg2 ? malloc(D * na * na * sizeof *w->quad) : NULL;
+    w->deg2 = tpk_nsr_poly_degree(body, &w->al) >= 2;
+    w->deg = tpk_malloc(ctx, D * sizeof *w->deg);
+    w->c0 = tpk_malloc(ctx, D * sizeof *w->c0);
+    w->lin = tpk_malloc(ctx, D * na * sizeof *w->lin);
+    w->quad = w->deg2 ? tpk_malloc(ctx, D * na * na * sizeof *w->quad) : NULL;
     if (!w->deg || !w->c0 || !w->lin || (w->deg2 && !w->quad)) {
         tpk_nsr_poly_ws_free(w);
         return NULL;
@@ -102,11 +105,12 @@ void tpk_nsr_poly_ws_free(tpk_nsr_poly_ws *w)
 {
     if (w == NULL)
         return;
-    free(w->deg);
-    free(w->c0);
-    free(w->lin);
-    free(w->quad);
-    free(w);
+    tpk_allocator al = w->al;
+    tpk_mem_free(&al, w->deg);
+    tpk_mem_free(&al, w->c0);
+    tpk_mem_free(&al, w->lin);
+    tpk_mem_free(&al, w->quad);
+    tpk_mem_free(&al, w);
 }
 
 static int arg_index(const tpk_rpn *b, int var)

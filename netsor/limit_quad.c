@@ -10,6 +10,7 @@
 #include <lapacke.h>
 
 #include "limit-impl.h"
+#include "tpk/alloc.h"
 #include "tpk/rng.h"
 
 /* Eigenvalues below this fraction of the largest are treated as 0 (Σ may be singular, §1.6). */
@@ -20,60 +21,63 @@ void nsr_lim_pws_free(pws *w)
 {
     if (w == NULL)
         return;
-    free(w->dg);
-    free(w->da);
-    free(w->nodedim);
-    free(w->sv);
-    free(w->gv);
-    free(w->C);
-    free(w->m);
-    free(w->sub);
-    free(w->lam);
-    free(w->V);
-    free(w->scaled);
-    free(w->parent);
-    free(w->gdims);
-    free(w->gfacs);
-    free(w->loc);
-    free(w->z);
-    free(w->stack);
-    free(w->fv);
-    free(w->prod);
-    free(w->xs);
-    free(w->aff);
-    free(w);
+    tpk_free(&w->ctx, w->dg);
+    tpk_free(&w->ctx, w->da);
+    tpk_free(&w->ctx, w->nodedim);
+    tpk_free(&w->ctx, w->sv);
+    tpk_free(&w->ctx, w->gv);
+    tpk_free(&w->ctx, w->C);
+    tpk_free(&w->ctx, w->m);
+    tpk_free(&w->ctx, w->sub);
+    tpk_free(&w->ctx, w->lam);
+    tpk_free(&w->ctx, w->V);
+    tpk_free(&w->ctx, w->scaled);
+    tpk_free(&w->ctx, w->parent);
+    tpk_free(&w->ctx, w->gdims);
+    tpk_free(&w->ctx, w->gfacs);
+    tpk_free(&w->ctx, w->loc);
+    tpk_free(&w->ctx, w->z);
+    tpk_free(&w->ctx, w->stack);
+    tpk_free(&w->ctx, w->fv);
+    tpk_free(&w->ctx, w->prod);
+    tpk_free(&w->ctx, w->xs);
+    tpk_free(&w->ctx, w->aff);
+    tpk_allocator al = w->ctx.alloc;
+    tpk_mem_free(&al, w);
 }
 
 pws *nsr_lim_pws_alloc(const lim *L)
 {
-    pws *w = calloc(1, sizeof *w);
+    /* per thread: errors go to w->ctx, never to L->ctx (the caller reports) */
+    const tpk_allocator al = tpk_ctx_allocator(L->ctx);
+    pws *w = tpk_mem_calloc(&al, 1, sizeof *w, NULL);
     if (w == NULL)
         return NULL;
     int nodes = 2 * L->maxlen + 2; /* leaves of both sides */
     size_t D = (size_t)nodes;
     w->maxd = nodes;
-    tpk_ctx_init(&w->ctx);
-    w->dg = malloc(D * sizeof *w->dg);
-    w->da = malloc(D * sizeof *w->da);
-    w->nodedim = malloc(D * sizeof *w->nodedim);
-    w->sv = malloc(D * sizeof *w->sv);
-    w->gv = malloc(D * sizeof *w->gv);
-    w->C = malloc(D * D * sizeof *w->C);
-    w->m = malloc(D * sizeof *w->m);
-    w->sub = malloc(D * D * sizeof *w->sub);
-    w->lam = malloc(D * sizeof *w->lam);
-    w->V = malloc(D * D * sizeof *w->V);
-    w->scaled = malloc(D * D * sizeof *w->scaled);
-    w->parent = malloc(D * sizeof *w->parent);
-    w->gdims = malloc(D * sizeof *w->gdims);
-    w->gfacs = malloc((2 * MAXF + 2) * sizeof *w->gfacs);
-    w->loc = malloc(D * sizeof *w->loc);
-    w->z = malloc(D * BLK * sizeof *w->z);
-    w->stack = malloc((size_t)L->maxdepth * BLK * sizeof *w->stack);
-    w->fv = malloc(BLK * sizeof *w->fv);
-    w->prod = malloc(BLK * sizeof *w->prod);
-    w->xs = malloc(D * sizeof *w->xs);
-    w->aff = malloc(D * sizeof *w->aff);
+    tpk_ctx_init_from(&w->ctx, L->ctx);
+    w->dg = tpk_malloc(&w->ctx, D * sizeof *w->dg);
+    w->da = tpk_malloc(&w->ctx, D * sizeof *w->da);
+    w->nodedim = tpk_malloc(&w->ctx, D * sizeof *w->nodedim);
+    w->sv = tpk_malloc(&w->ctx, D * sizeof *w->sv);
+    w->gv = tpk_malloc(&w->ctx, D * sizeof *w->gv);
+    w->C = tpk_malloc(&w->ctx, D * D * sizeof *w->C);
+    w->m = tpk_malloc(&w->ctx, D * sizeof *w->m);
+    w->sub = tpk_malloc(&w->ctx, D * D * sizeof *w->sub);
+    w->lam = tpk_malloc(&w->ctx, D * sizeof *w->lam);
+    w->V = tpk_malloc(&w->ctx, D * D * sizeof *w->V);
+    w->scaled = tpk_malloc(&w->ctx, D * D * sizeof *w->scaled);
+    w->parent = tpk_malloc(&w->ctx, D * sizeof *w->parent);
+    w->gdims = tpk_malloc(&w->ctx, D * sizeof *w->gdims);
+    w->gfacs = tpk_malloc(&w->ctx, (2 * MAXF + 2) * sizeof *w->gfacs);
+    w->loc = tpk_malloc(&w->ctx, D * sizeof *w->loc);
+    w->z = tpk_malloc(&w->ctx, D * BLK * sizeof *w->z);
+    w->stack = tpk_malloc(&w->ctx, (size_t)L->maxdepth * BLK * sizeof *w->stack);
+    w->fv = tpk_malloc(&w->ctx, BLK * sizeof *w->fv);
+    w->prod = tpk_malloc(&w->ctx, BLK * sizeof *w->prod);
+    w->xs = tpk_malloc(&w->ctx, D * sizeof *w->xs);
+    w->aff = tpk_malloc(&w->ctx, D * sizeof *w->aff);
     if (!w->xs || !w->aff || !w->dg || !w->da || !w->nodedim || !w->sv || !w->gv || !w->C || !w->m || !w->sub ||
         !w->lam || !w->V || !w->scaled || !w->parent || !w->gdims || !w->gfacs || !w->loc ||
         !w->z || !w->stack || !w->fv || !w->prod) {
@@ -162,7 +166,7 @@ static void group_numeric(const lim *L, pws *w, const fac *fs, const int *nodeof
          * points, the standard error over the shifts (theory §3.3: ~M⁻¹ for smooth integrands) */
         size_t Ms = (M + QMC_SHIFTS - 1) / QMC_SHIFTS;
         uint64_t qseed = seed ^ (uint64_t)stream;
-        tpk_qmc *g = tpk_nsr_qmc_alloc(r);
+        tpk_qmc *g = tpk_nsr_qmc_alloc(r, &w->ctx);
         if (g == NULL) { /* no error channel here: an infinite error estimate says it */
             est->value = 0.0;
             est->err = HUGE_VAL;
@@ -230,8 +234,8 @@ int nsr_lim_gh_init(lim *L)
             ghrule *g = &L->gh[r][h];
             gsl_integration_fixed_workspace *ws =
                 gsl_integration_fixed_alloc(gsl_integration_fixed_hermite, (size_t)n, 0.0, 1.0, 0.0, 0.0);
-            g->x = malloc((size_t)n * sizeof *g->x);
-            g->w = malloc((size_t)n * sizeof *g->w);
+            g->x = tpk_malloc(L->ctx, (size_t)n * sizeof *g->x);
+            g->w = tpk_malloc(L->ctx, (size_t)n * sizeof *g->w);
             if (ws == NULL || g->x == NULL || g->w == NULL) {
                 gsl_integration_fixed_free(ws);
                 return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for Gauss–Hermite rules");

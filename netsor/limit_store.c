@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "limit-impl.h"
+#include "tpk/alloc.h"
 
 #define AFFQ_MAX_BYTES ((size_t)256 << 20) /* beyond this, pairs are summed directly */
 
@@ -121,10 +122,10 @@ const double *nsr_lim_halfprod(lim *L, affq *q, int u, const int *argu, int nu,
         return NULL;
     if (q->n == q->cap) {
         int cap = q->cap ? 2 * q->cap : 16;
-        int *nh = realloc(q->h, (size_t)cap * sizeof *nh);
+        int *nh = tpk_realloc(L->ctx, q->h, (size_t)cap * sizeof *nh);
         if (nh)
             q->h = nh;
-        double **nq = nh ? realloc(q->Q, (size_t)cap * sizeof *nq) : NULL;
+        double **nq = nh ? tpk_realloc(L->ctx, q->Q, (size_t)cap * sizeof *nq) : NULL;
         if (!nq) {
             TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
             return NULL;
@@ -132,7 +133,7 @@ const double *nsr_lim_halfprod(lim *L, affq *q, int u, const int *argu, int nu,
         q->Q = nq;
         q->cap = cap;
     }
-    double *Q = calloc(nn, sizeof *Q);
+    double *Q = tpk_calloc(L->ctx, nn, sizeof *Q);
     if (!Q) {
         TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
         return NULL;
@@ -161,20 +162,20 @@ const double *nsr_lim_halfprod(lim *L, affq *q, int u, const int *argu, int nu,
 }
 
 /* The half-products of a finished instruction, and the cache itself at the end. */
-void nsr_lim_halfprod_clear(affq *q)
+void nsr_lim_halfprod_clear(affq *q, tpk_ctx *ctx)
 {
     for (int i = 0; i < q->n; i++)
-        free(q->Q[i]);
+        tpk_free(ctx, q->Q[i]);
     q->n = 0;
     q->u = -1;
     q->bytes = 0;
 }
 
-void nsr_lim_halfprod_free(affq *q)
+void nsr_lim_halfprod_free(affq *q, tpk_ctx *ctx)
 {
-    nsr_lim_halfprod_clear(q);
-    free(q->h);
-    free(q->Q);
+    nsr_lim_halfprod_clear(q, ctx);
+    tpk_free(ctx, q->h);
+    tpk_free(ctx, q->Q);
     q->h = NULL;
     q->Q = NULL;
     q->cap = 0;
@@ -202,13 +203,13 @@ void nsr_lim_memo_put(lim *L, int u, int v, const double *E, double err)
     size_t nn = L->N * L->N;
     if (L->nmm == L->capmm) {
         int cap = L->capmm ? 2 * L->capmm : 16;
-        m2memo *n = realloc(L->mm, (size_t)cap * sizeof *n);
+        m2memo *n = tpk_realloc(L->ctx, L->mm, (size_t)cap * sizeof *n);
         if (n == NULL)
             return;
         L->mm = n;
         L->capmm = cap;
     }
-    double *c = malloc(nn * sizeof *c);
+    double *c = tpk_malloc(L->ctx, nn * sizeof *c);
     if (c == NULL)
         return;
     memcpy(c, E, nn * sizeof *c);
@@ -221,7 +222,7 @@ static void memo_drop(lim *L, int x)
     int j = 0;
     for (int i = 0; i < L->nmm; i++) {
         if (L->mm[i].u == x || L->mm[i].v == x)
-            free(L->mm[i].E);
+            tpk_free(L->ctx, L->mm[i].E);
         else
             L->mm[j++] = L->mm[i];
     }
@@ -232,16 +233,16 @@ static void memo_drop(lim *L, int x)
 static void free_var_data(lim *L, int v)
 {
     memo_drop(L, v);
-    free(L->rep[v].atom);
-    free(L->rep[v].coef);
+    tpk_free(L->ctx, L->rep[v].atom);
+    tpk_free(L->ctx, L->rep[v].coef);
     L->rep[v].atom = NULL;
     L->rep[v].coef = NULL;
     L->rep[v].n = 0;
-    free(L->xb[v].t);
+    tpk_free(L->ctx, L->xb[v].t);
     L->xb[v].t = NULL;
-    free(L->scal[v]);
+    tpk_free(L->ctx, L->scal[v]);
     L->scal[v] = NULL;
-    free(L->aff[v]);
+    tpk_free(L->ctx, L->aff[v]);
     L->aff[v] = NULL;
 }
 
@@ -257,7 +258,7 @@ int nsr_lim_block_new(lim *L, family *f)
         L->spare = NULL;
         return TPK_OK;
     }
-    f->blk = malloc(dim * dim * sizeof *f->blk);
+    f->blk = tpk_malloc(L->ctx, dim * dim * sizeof *f->blk);
     if (f->blk == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu covariance block", dim, dim);
     return TPK_OK;
@@ -290,7 +291,7 @@ void nsr_lim_release(lim *L, int k)
             L->spare = L->fam[f].blk;
             L->spare_len = dim * dim;
         } else {
-            free(L->fam[f].blk);
+            tpk_free(L->ctx, L->fam[f].blk);
         }
         L->fam[f].blk = NULL;
     }

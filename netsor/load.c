@@ -1,6 +1,7 @@
 /* NETSOR front end, the driver: file or string → lex → parse → check → elaborate → tpk_program
  * (the top of the pipeline, as Lua's ldo.c: it calls every pass, and no pass calls it). */
 #include "netsor-impl.h"
+#include "tpk/alloc.h"
 #include "backend-impl.h"
 
 #include <errno.h>
@@ -18,11 +19,16 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
     const tpk_netsor_opts *o = S->opts;
     FILE *diag = o && o->explain ? o->diag : NULL;
     int nrolled = nsr_roll_mark(C, ast);
-    nsr_rolled *R = calloc(1, sizeof *R);
-    tpk_program *pr = calloc(1, sizeof *pr);
-    if (R == NULL || pr == NULL || (R->file = strdup(S->file)) == NULL ||
-        (pr->path = strdup(S->file)) == NULL) {
-        free(R ? R->file : NULL), free(R), tpk_program_free(pr);
+    nsr_rolled *R = tpk_calloc(S->ctx, 1, sizeof *R);
+    tpk_program *pr = tpk_calloc(S->ctx, 1, sizeof *pr);
+    if (R != NULL)
+        R->al = tpk_ctx_allocator(S->ctx);
+    if (pr != NULL)
+        pr->alloc = tpk_ctx_allocator(S->ctx);
+    if (R == NULL || pr == NULL || (R->file = tpk_strdup(S->ctx, S->file)) == NULL ||
+        (pr->path = tpk_strdup(S->ctx, S->file)) == NULL) {
+        nsr_rolled_free(R);
+        tpk_program_free(pr);
         nsr_oom(S);
         return NULL;
     }
@@ -84,6 +90,8 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
         deferred = 1; /* the caller evaluates at once: its evaluation plans */
     else
         st = nsr_flimit_plan(p, NSR_PLAN_BUDGET, S->ctx, &unsup, &deferred);
+    if (st && S->ctx->status == TPK_ENOMEM) /* out of memory is no reason to drop the rolled form */
+        unsup = deferred = 0;
     if (deferred) {
         tpk_ctx_clear(S->ctx);
         st = TPK_OK;
@@ -96,7 +104,8 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
                     S->file, R->nfi, nrolled, deferred ? "; planned when first evaluated" : "");
         return p;
     }
-    if (!unsup && p->ninstr == 0) { /* an error of the program, not of the evaluator */
+    if ((!unsup && p->ninstr == 0) || S->ctx->status == TPK_ENOMEM) {
+        /* an error of the program, not of the evaluator (or no memory) */
         p->rolled = NULL;
         R->arena = NULL;
         nsr_rolled_free(R);
@@ -135,7 +144,7 @@ tpk_program *tpk_netsor_load_string(const char *name, const char *src, const tpk
         return NULL;
     }
     nsr_state S = {.file = name ? name : "<string>", .src = src, .ctx = ctx, .opts = opts, .reg = reg};
-    S.arena = nsr_arena_alloc();
+    S.arena = nsr_arena_alloc(ctx);
     if (S.arena == NULL) {
         TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", S.file);
         return NULL;
@@ -168,18 +177,18 @@ tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
         return NULL;
     }
     size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
+    char *buf = tpk_malloc(ctx, cap);
     while (buf != NULL) {
         if (n + 1 >= cap) {
             if (cap >= NSR_MAX_SOURCE) {
-                free(buf);
+                tpk_free(ctx, buf);
                 fclose(f);
                 TPK_ERROR(ctx, TPK_EIO, "%s: program file larger than %u bytes", path, NSR_MAX_SOURCE);
                 return NULL;
             }
-            char *b = realloc(buf, cap * 2);
+            char *b = tpk_realloc(ctx, buf, cap * 2);
             if (b == NULL) {
-                free(buf);
+                tpk_free(ctx, buf);
                 buf = NULL;
                 break;
             }
@@ -198,7 +207,7 @@ tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
         return NULL;
     }
     if (bad) {
-        free(buf);
+        tpk_free(ctx, buf);
         TPK_ERROR(ctx, TPK_EIO, "%s: read error", path);
         return NULL;
     }
@@ -206,9 +215,9 @@ tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
     const char *app = opts ? opts->append : NULL;
     if (app != NULL && memchr(buf, '\0', n) == NULL) {
         size_t na = strlen(app);
-        char *b = realloc(buf, n + na + 2);
+        char *b = tpk_realloc(ctx, buf, n + na + 2);
         if (b == NULL) {
-            free(buf);
+            tpk_free(ctx, buf);
             TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
             return NULL;
         }
@@ -228,11 +237,11 @@ tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
                 col++;
             }
         }
-        free(buf);
+        tpk_free(ctx, buf);
         TPK_ERROR(ctx, TPK_ESYNTAX, "%s:%d:%d: unexpected byte 0x00", path, line, col);
         return NULL;
     }
     tpk_program *p = tpk_netsor_load_string(path, buf, opts, reg, ctx);
-    free(buf);
+    tpk_free(ctx, buf);
     return p;
 }

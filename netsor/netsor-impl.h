@@ -17,7 +17,7 @@
 
 /* ---- Arena: every front-end allocation lives here and dies with the load ------------------- */
 typedef struct nsr_arena nsr_arena;
-nsr_arena *nsr_arena_alloc(void);
+nsr_arena *nsr_arena_alloc(tpk_ctx *ctx); /* from ctx's allocator (tpk/alloc.h) */
 void nsr_arena_free(nsr_arena *a);
 void *nsr_alloc(nsr_arena *a, size_t size);          /* zeroed; NULL when out of memory */
 char *nsr_strndup(nsr_arena *a, const char *s, size_t n);
@@ -188,9 +188,9 @@ int nsr_uf_unify(nsr_check *C, int a, int b, int line, int col, const char *what
 const char *nsr_uf_show(nsr_check *C, int node); /* symbol name, or "_" */
 
 /* ---- Elaboration (elab.c) ------------------------------------------------------------------- */
-/* A member's name, "h[3]" / "a[1,2]" / "g" (malloc'd; NULL when out of memory). It keys the
+/* A member's name, "h[3]" / "a[1,2]" / "g" (from ctx's allocator; NULL when out of memory). It keys the
  * member's random stream in both executors. */
-char *nsr_member_name(const char *base, int nidx, const int *idx);
+char *nsr_member_name(tpk_ctx *ctx, const char *base, int nidx, const int *idx);
 tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C);
 
 /* ---- Rolled elaboration (roll.c; elab.c in rolled mode) ------------------------------------
@@ -238,6 +238,7 @@ typedef struct nsr_rolled {
     char limit_why[TPK_MSG_MAX];
     int why_line, why_col;      /* where the unrolled form was given up (0: it exists) */
     char why[200];
+    tpk_allocator al;           /* the load's: of this struct and its arrays (tpk/alloc.h) */
 } nsr_rolled;
 
 /* wrap(v, lo, hi): v moved into lo..hi by a multiple of its length (circular padding). */
@@ -257,7 +258,7 @@ int nsr_roll_widths(nsr_check *C, const nsr_rolled *R);
 int nsr_elaborate_rolled(nsr_state *S, nsr_ast *ast, nsr_check *C, tpk_program *p, nsr_rolled *r);
 
 /* ---- IR helpers (program.c) ----------------------------------------------------------------- */
-void nsr_rpn_free(tpk_rpn *r);
+void nsr_rpn_free(const tpk_allocator *al, tpk_rpn *r);
 const char *nsr_op_name(int op);
 
 #endif

@@ -48,7 +48,7 @@ int tpk_nsr_orthant(int m, const double *mu, const double *S, uint64_t seed,
  * (m, μ, S) — after rounding to 44 mantissa bits — is computed once; its shifts are seeded by the problem's hash (and
  * `seed`), so results do not depend on the order of requests. c == NULL: no memo. */
 typedef struct tpk_orthant_cache tpk_orthant_cache;
-tpk_orthant_cache *tpk_nsr_orthant_cache_alloc(void);
+tpk_orthant_cache *tpk_nsr_orthant_cache_alloc(const tpk_allocator *al); /* NULL: default */
 void tpk_nsr_orthant_cache_free(tpk_orthant_cache *c);
 int tpk_nsr_orthant_cached(tpk_orthant_cache *c, int m, const double *mu, const double *S,
                            uint64_t seed, const tpk_orthant_opts *o, tpk_estimate *out,
@@ -58,7 +58,7 @@ int tpk_nsr_orthant_cached(tpk_orthant_cache *c, int m, const double *mu, const 
  * sequence restarted for each random shift, x_j = Φ⁻¹(baker(u_j + Δ_{shift,j} mod 1)).
  * Deterministic in (seed, shift). */
 typedef struct tpk_qmc tpk_qmc;
-tpk_qmc *tpk_nsr_qmc_alloc(int r);
+tpk_qmc *tpk_nsr_qmc_alloc(int r, tpk_ctx *ctx);
 void tpk_nsr_qmc_free(tpk_qmc *g);
 void tpk_nsr_qmc_start(tpk_qmc *g, uint64_t seed, int shift);
 void tpk_nsr_qmc_next_normals(tpk_qmc *g, double *x);

@@ -1,14 +1,15 @@
 /* The elaborated IR (tpk_program): its lifecycle, parameter lookup and text dump. */
 #include <math.h>
 #include "netsor-impl.h"
+#include "tpk/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-void nsr_rpn_free(tpk_rpn *r)
+void nsr_rpn_free(const tpk_allocator *al, tpk_rpn *r)
 {
-    free(r->node);
-    free(r->args);
+    tpk_mem_free(al, r->node);
+    tpk_mem_free(al, r->args);
     r->node = NULL;
     r->args = NULL;
 }
@@ -17,39 +18,40 @@ void tpk_program_free(tpk_program *p)
 {
     if (p == NULL)
         return;
-    free(p->path);
+    const tpk_allocator al = p->alloc;
+    tpk_mem_free(&al, p->path);
     for (int i = 0; i < p->nwidths; i++)
-        free(p->width_name[i]);
-    free(p->width_name);
+        tpk_mem_free(&al, p->width_name[i]);
+    tpk_mem_free(&al, p->width_name);
     for (int i = 0; i < p->nvars; i++)
-        free(p->var[i].name);
-    free(p->var);
+        tpk_mem_free(&al, p->var[i].name);
+    tpk_mem_free(&al, p->var);
     for (int i = 0; i < p->navars; i++)
-        free(p->avar[i].name);
-    free(p->avar);
+        tpk_mem_free(&al, p->avar[i].name);
+    tpk_mem_free(&al, p->avar);
     for (int i = 0; i < p->nembeds; i++)
-        free(p->embed[i].name);
-    free(p->embed);
+        tpk_mem_free(&al, p->embed[i].name);
+    tpk_mem_free(&al, p->embed);
     for (int i = 0; i < p->ninstr; i++) {
-        free(p->instr[i].term);
-        free(p->instr[i].coef);
-        nsr_rpn_free(&p->instr[i].body);
+        tpk_mem_free(&al, p->instr[i].term);
+        tpk_mem_free(&al, p->instr[i].coef);
+        nsr_rpn_free(&al, &p->instr[i].body);
     }
-    free(p->instr);
+    tpk_mem_free(&al, p->instr);
     for (int i = 0; i < p->noutputs; i++)
-        free(p->output[i].name);
-    free(p->output);
+        tpk_mem_free(&al, p->output[i].name);
+    tpk_mem_free(&al, p->output);
     for (int i = 0; i < p->nphis; i++)
         tpk_phi_free(p->phis[i]);
-    free(p->phis);
+    tpk_mem_free(&al, p->phis);
     for (int i = 0; i < p->nparams; i++) {
-        free(p->param_name[i]);
-        free(p->param_value[i]);
+        tpk_mem_free(&al, p->param_name[i]);
+        tpk_mem_free(&al, p->param_value[i]);
     }
-    free(p->param_name);
-    free(p->param_value);
+    tpk_mem_free(&al, p->param_name);
+    tpk_mem_free(&al, p->param_value);
     nsr_rolled_free(p->rolled);
-    free(p);
+    tpk_mem_free(&al, p);
 }
 
 int tpk_program_family_instructions(const tpk_program *p)
@@ -81,7 +83,7 @@ const char *nsr_op_name(int op)
 static void print_rpn(const tpk_program *p, const tpk_rpn *r, FILE *f)
 {
     enum { CAP = 4096 };
-    char **st = calloc((size_t)r->len + 1, sizeof *st);
+    char **st = tpk_mem_calloc(&p->alloc, (size_t)r->len + 1, sizeof *st, NULL);
     if (st == NULL) {
         fputs("<out of memory>", f);
         return;
@@ -89,7 +91,7 @@ static void print_rpn(const tpk_program *p, const tpk_rpn *r, FILE *f)
     int sp = 0;
     for (int i = 0; i < r->len; i++) {
         const tpk_rpn_node *x = &r->node[i];
-        char *s = malloc(CAP);
+        char *s = tpk_mem_malloc(&p->alloc, CAP, NULL);
         if (s == NULL)
             break;
         const char *a = sp >= 1 ? st[sp - 1] : "?", *b = sp >= 2 ? st[sp - 2] : "?";
@@ -113,13 +115,13 @@ static void print_rpn(const tpk_program *p, const tpk_rpn *r, FILE *f)
         int pops = x->op >= TPK_RPN_ADD && x->op <= TPK_RPN_DIV ? 2
                    : (x->op == TPK_RPN_NEG || x->op == TPK_RPN_POWI || x->op == TPK_RPN_CALL) ? 1 : 0;
         for (int k = 0; k < pops && sp > 0; k++)
-            free(st[--sp]);
+            tpk_mem_free(&p->alloc, st[--sp]);
         st[sp++] = s;
     }
     fputs(sp == 1 ? st[0] : "<malformed body>", f);
     for (int k = 0; k < sp; k++)
-        free(st[k]);
-    free(st);
+        tpk_mem_free(&p->alloc, st[k]);
+    tpk_mem_free(&p->alloc, st);
 }
 
 static const char *wname(const tpk_program *p, int w)

@@ -7,6 +7,7 @@
  * by a non-zero constant, as layer l reading layer l − 1. Everything else (a recurrence over
  * time, a running sum) is a sequential loop, unrolled as before (theory.md §1.3). */
 #include "netsor-impl.h"
+#include "tpk/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +112,7 @@ typedef struct defs {
     const nsr_stmt **s;
     int n, cap;
     int ok;
+    tpk_allocator al; /* the load's (no error recorded: see mark_for) */
 } defs;
 
 static void collect(defs *D, nsr_stmt **body, int n, int depth)
@@ -122,7 +124,7 @@ static void collect(defs *D, nsr_stmt **body, int n, int depth)
         } else if (s->kind == NSR_S_DEF || s->kind == NSR_S_OUTPUT) {
             if (D->n == D->cap) {
                 int cap = D->cap ? 2 * D->cap : 16;
-                const nsr_stmt **v = realloc(D->s, (size_t)cap * sizeof *v);
+                const nsr_stmt **v = tpk_mem_realloc(&D->al, D->s, (size_t)cap * sizeof *v, NULL);
                 if (v == NULL) {
                     D->ok = 0;
                     return;
@@ -186,7 +188,7 @@ static int mark_for(nsr_check *C, nsr_stmt *s, int depth)
     int k = mark_block(C, s->body, s->nbody, depth + 1);
     if (k < 0)
         return k;
-    defs D = {.ok = 1};
+    defs D = {.ok = 1, .al = tpk_ctx_allocator(C->S->ctx)};
     collect(&D, s->body, s->nbody, 0);
     int ok = D.ok && D.n > 0;
     for (int d = 0; d < D.n && ok; d++)
@@ -198,7 +200,7 @@ static int mark_for(nsr_check *C, nsr_stmt *s, int depth)
                 ok = 0;
         ok = ok && reads_ok(C, &D, s->fam, t->value, 0);
     }
-    free(D.s); /* out of memory in collect leaves the loop sequential, which is always correct */
+    tpk_mem_free(&D.al, D.s); /* out of memory in collect leaves the loop sequential, which is always correct */
     s->rolled = ok;
     return k + ok;
 }
@@ -229,13 +231,14 @@ void nsr_rolled_free(nsr_rolled *r)
         return;
     for (int i = 0; i < r->nphis; i++)
         tpk_phi_free(r->phis[i]);
-    free(r->phis);
-    free(r->plan_last);
-    free(r->fi);
-    free(r->dm);
-    free(r->file);
+    tpk_allocator al = r->al;
+    tpk_mem_free(&al, r->phis);
+    tpk_mem_free(&al, r->plan_last);
+    tpk_mem_free(&al, r->fi);
+    tpk_mem_free(&al, r->dm);
+    tpk_mem_free(&al, r->file);
     nsr_arena_free(r->arena);
-    free(r);
+    tpk_mem_free(&al, r);
 }
 
 /* ---- Widths of the rolled form ---------------------------------------------------------------
@@ -353,7 +356,7 @@ static int w_expr(wwalk *W, const nsr_expr *e, int depth, int *out)
 int nsr_roll_widths(nsr_check *C, const nsr_rolled *R)
 {
     wwalk W = {.C = C};
-    W.vec = calloc((size_t)C->nsym + 1, 1);
+    W.vec = tpk_calloc(C->S->ctx, (size_t)C->nsym + 1, 1);
     if (W.vec == NULL)
         return TPK_ENOMEM;
     memset(W.vec, -1, (size_t)C->nsym + 1);
@@ -386,6 +389,6 @@ int nsr_roll_widths(nsr_check *C, const nsr_rolled *R)
                                   fa, fb);
             }
         }
-    free(W.vec);
+    tpk_free(C->S->ctx, W.vec);
     return st;
 }

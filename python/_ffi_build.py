@@ -19,7 +19,7 @@ enum tpk_status { TPK_OK, TPK_EINVAL, TPK_ENOMEM, TPK_EIO, TPK_EFORMAT, TPK_ENOT
 typedef int... sig_atomic_t;
 typedef struct tpk_progress { void *user; const volatile sig_atomic_t *cancel; ...; } tpk_progress;
 
-typedef struct tpk_array { int ndim; size_t dims[4]; double *data; } tpk_array;
+typedef struct tpk_array { int ndim; size_t dims[4]; double *data; ...; } tpk_array;
 tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx);
 void tpk_array_free(tpk_array *a);
 

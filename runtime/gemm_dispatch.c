@@ -3,6 +3,7 @@
  * table: exact (dtype, m, n, k, threads) → nearest tuned shape in log2 space → the class's analytic
  * default → OpenBLAS (also when no shipped class runs on this CPU). */
 #include "tpk/gemm.h"
+#include "tpk/alloc.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -123,7 +124,7 @@ static int check(const char *fn, int transa, int transb, size_t m, size_t n, siz
 
 #define TUNED_GEMM(NAME, T, DT, FN, CBLAS)                                                         \
     int NAME(int transa, int transb, size_t m, size_t n, size_t k, T alpha, const T *A, size_t lda, \
-             const T *B, size_t ldb, T beta, T *C, size_t ldc, int nthreads, void *ws,              \
+             const T *B, size_t ldb, T beta, T *C, size_t ldc, int nthreads, void *ws,             \
              tpk_ctx *ctx)                                                                         \
     {                                                                                              \
         int st = check(#NAME, transa, transb, m, n, k, lda, ldb, ldc, ctx);                        \
@@ -147,14 +148,14 @@ static int check(const char *fn, int transa, int transb, size_t m, size_t n, siz
         }                                                                                          \
         void *own = NULL;                                                                          \
         if (!ws) {                                                                                 \
-            ws = own = aligned_alloc(64, (e->ws(nt) + 63) / 64 * 64);                              \
+            ws = own = tpk_aligned_alloc(ctx, 64, (e->ws(nt) + 63) / 64 * 64);                     \
             if (!ws)                                                                               \
                 return TPK_ERROR(ctx, TPK_ENOMEM, "%s: no memory for a %zu-byte workspace",       \
                                  #NAME, e->ws(nt));                                                \
         }                                                                                          \
         e->FN(m, n, k, alpha, A, transa ? 1 : lda, transa ? lda : 1, B, transb ? 1 : ldb,          \
               transb ? ldb : 1, beta, C, ldc, nt, ws);                                             \
-        free(own);                                                                                 \
+        tpk_aligned_free(ctx, own);                                                                \
         return TPK_OK;                                                                             \
     }
 
@@ -187,14 +188,14 @@ TUNED_GEMM(tpk_gemm_tuned_s, float, 1, sfn, cblas_sgemm)
         }                                                                                          \
         void *own = NULL;                                                                          \
         if (!ws) {                                                                                 \
-            ws = own = aligned_alloc(64, (e->ws(nt) + 63) / 64 * 64);                              \
+            ws = own = tpk_aligned_alloc(ctx, 64, (e->ws(nt) + 63) / 64 * 64);                     \
             if (!ws)                                                                               \
                 return TPK_ERROR(ctx, TPK_ENOMEM, "%s: no memory for a %zu-byte workspace",       \
                                  #NAME, e->ws(nt));                                                \
         }                                                                                          \
         size_t rsa = trans ? 1 : lda, csa = trans ? lda : 1;                                       \
         e->FN(n, n, k, alpha, A, rsa, csa, A, csa, rsa, beta, C, ldc, nt, ws);                     \
-        free(own);                                                                                 \
+        tpk_aligned_free(ctx, own);                                                                \
         return TPK_OK;                                                                             \
     }
 

@@ -3,6 +3,7 @@
  * threads) → nearest tuned n in log2 space → the class's analytic default; the reference loops
  * where no shipped class runs on this CPU. */
 #include "tpk/map.h"
+#include "tpk/alloc.h"
 
 #include <math.h>
 #include <omp.h>
@@ -102,7 +103,7 @@ size_t tpk_relu_map_tuned_ws_size(int dtype, size_t n, int nthreads)
         int how, nt = threads_of(nthreads);                                                        \
         const tpk__map_entry *e = choose(DT, n, nt, &how);                                         \
         if (!e) { /* no class runs here: the reference loops */                                    \
-            int b = REF(n, S, lds, alpha, beta, out, ldo);                                          \
+            int b = REF(n, S, lds, alpha, beta, out, ldo);                                         \
             if (b < 0)                                                                             \
                 return TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", #NAME);                     \
             if (bad)                                                                               \
@@ -111,13 +112,13 @@ size_t tpk_relu_map_tuned_ws_size(int dtype, size_t n, int nthreads)
         }                                                                                          \
         void *own = NULL;                                                                          \
         if (!ws) {                                                                                 \
-            ws = own = aligned_alloc(64, (e->ws(n) + 63) / 64 * 64);                               \
+            ws = own = tpk_aligned_alloc(ctx, 64, (e->ws(n) + 63) / 64 * 64);                      \
             if (!ws)                                                                               \
                 return TPK_ERROR(ctx, TPK_ENOMEM, "%s: no memory for a %zu-byte workspace", #NAME, \
                                  e->ws(n));                                                        \
         }                                                                                          \
         int b = e->FN(n, S, lds, alpha, beta, out, ldo, nt, ws);                                   \
-        free(own);                                                                                 \
+        tpk_aligned_free(ctx, own);                                                                \
         if (bad)                                                                                   \
             *bad = b;                                                                              \
         return TPK_OK;                                                                             \

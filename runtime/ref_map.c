@@ -28,23 +28,22 @@ static double relu_entry(double qi, double qj, double k, double psd_rtol, int *b
     return si * sj * (c0 * sqrt(1.0 - x * x) + (c1 + c0 * asin(x)) * x);
 }
 
+/* Rows from the last to the first, each row's diagonal written last: out may be S (in place),
+ * and row i reads only its own diagonal and those of rows above it, which are still S's then, so
+ * no copy of the diagonal (no allocation) is needed. */
 #define REF_MAP(NAME, T, RTOL)                                                                     \
     int NAME(size_t n, const T *S, size_t lds, T alpha, T beta, T *out, size_t ldo)                \
     {                                                                                              \
-        double *q = malloc((n ? n : 1) * sizeof *q); /* out may be S: keep the diagonal */         \
-        if (!q)                                                                                    \
-            return -1;                                                                             \
-        for (size_t i = 0; i < n; i++)                                                             \
-            q[i] = (double)S[i * lds + i];                                                         \
         int bad = 0;                                                                               \
-        for (size_t i = 0; i < n; i++) {                                                           \
+        for (size_t i = n; i-- > 0;) {                                                             \
+            const double qi = (double)S[i * lds + i];                                              \
             for (size_t j = 0; j < i; j++)                                                         \
                 out[i * ldo + j] =                                                                 \
-                    (T)((double)alpha * relu_entry(q[i], q[j], (double)S[i * lds + j], RTOL, &bad) + \
+                    (T)((double)alpha * relu_entry(qi, (double)S[j * lds + j],                     \
+                                                   (double)S[i * lds + j], RTOL, &bad) +           \
                         (double)beta);                                                             \
-            out[i * ldo + i] = (T)((double)alpha * (0.5 * q[i]) + (double)beta);                   \
+            out[i * ldo + i] = (T)((double)alpha * (0.5 * qi) + (double)beta);                     \
         }                                                                                          \
-        free(q);                                                                                   \
         return bad;                                                                                \
     }
 

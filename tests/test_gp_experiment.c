@@ -174,7 +174,7 @@ static void test_classify_and_kernel_file(void **state)
         kd[i] = 1.3;
     tpk_h5out *h = tpk_h5out_open(p[7], &ctx);
     assert_non_null(h);
-    tpk_array aK = {2, {N, N, 0, 0}, K}, aX = {2, {M, N, 0, 0}, Kxt};
+    tpk_array aK = {2, {N, N, 0, 0}, K, {NULL, NULL}}, aX = {2, {M, N, 0, 0}, Kxt, {NULL, NULL}};
     assert_int_equal(tpk_h5out_write(h, "/kernel", &aK, &ctx), 0);
     assert_int_equal(tpk_h5out_write(h, "/kernel_test_train", &aX, &ctx), 0);
     assert_int_equal(tpk_h5out_write_vector(h, "/kernel_test_diag", kd, M, &ctx), 0);

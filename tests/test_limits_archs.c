@@ -144,7 +144,7 @@ static void test_gru(void **state)
     tpk_ctx_init(&ctx);
     tpk_h5out *h = tpk_h5out_open(in, &ctx);
     assert_non_null(h);
-    tpk_array a = {3, {3, 3, 2, 0}, x};
+    tpk_array a = {3, {3, 3, 2, 0}, x, {NULL, NULL}};
     assert_int_equal(tpk_h5out_write(h, "/x", &a, &ctx), TPK_OK);
     assert_int_equal(tpk_h5out_commit(h, &ctx), TPK_OK);
     snprintf(args, sizeof args, "--program='%s/programs/gru.nsr' --input='%s:/x'", root, in);

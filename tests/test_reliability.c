@@ -73,7 +73,8 @@ static void test_writer_refuses_nonfinite(void **state)
     double good[6] = {2.385, -1.25, 0.5, 3.75, 1.125, 0.0625}, bad[6];
     memcpy(bad, good, sizeof bad);
     bad[5] = NAN; /* entry [1, 2] of a 2×3 array */
-    tpk_array ag = {2, {2, 3, 0, 0}, good}, ab = {2, {2, 3, 0, 0}, bad};
+    tpk_array ag = {2, {2, 3, 0, 0}, good, {NULL, NULL}};
+    tpk_array ab = {2, {2, 3, 0, 0}, bad, {NULL, NULL}};
     tpk_ctx ctx;
 
     /* a good file first: it must survive the failed writes below */

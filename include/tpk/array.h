@@ -14,9 +14,12 @@ typedef struct tpk_array {
     int ndim;
     size_t dims[TPK_ARRAY_MAXDIM];
     double *data; /* row-major, owned by the array */
+    tpk_allocator alloc; /* what tpk_array_free gives the header and data back to (tpk/alloc.h);
+                          * zeroed in an array built by hand: the C library's malloc */
 } tpk_array;
 
-/* Allocate a zero-filled array; returns NULL (and sets ctx) on failure. */
+/* Allocate a zero-filled array from ctx's allocator (which it remembers); returns NULL (and sets
+ * ctx) on failure. */
 TPK_API tpk_array *tpk_array_alloc(int ndim, const size_t *dims, tpk_ctx *ctx);
 TPK_API tpk_array *tpk_array_alloc2(size_t rows, size_t cols, tpk_ctx *ctx);
 TPK_API void tpk_array_free(tpk_array *a);

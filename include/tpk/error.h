@@ -33,20 +33,51 @@ enum tpk_status {
 
 #define TPK_MSG_MAX 1024
 
+/* The allocator hook (one for the whole library, as Lua's lua_Alloc; tpk/alloc.h has the
+ * helpers and the rules). Every block of memory libtpk allocates comes from one call
+ *     fn(ud, NULL, n)  allocate n > 0 bytes (NULL: out of memory)
+ *     fn(ud, p, n)     resize the block p to n > 0 bytes, as realloc (NULL: p is left intact)
+ *     fn(ud, p, 0)     free the block p (p != NULL; the return value is ignored)
+ * The library never asks for 0 bytes and never frees NULL. Unlike lua_Alloc there is no old
+ * size: the library's objects do not record the size of every buffer they own, and an allocator
+ * that wants it (a counting one) keeps a header of its own. The hook may be called from several
+ * threads at once when a call runs threads (OpenMP, nthreads > 1); it must be thread-safe then.
+ * tpk_alloc_default is the C library's malloc/realloc/free behind this interface. */
+typedef void *(*tpk_alloc_fn)(void *ud, void *ptr, size_t nsize);
+/* An allocator: the hook and its user data. {NULL, NULL} (a zeroed struct) is the default. */
+typedef struct tpk_allocator {
+    tpk_alloc_fn fn;
+    void *ud;
+} tpk_allocator;
+
 /* Error context, passed to every fallible call. Callers own it (usually on the stack).
  * The first error wins: later errors do not overwrite the message, so the root cause
- * is what the user sees. */
+ * is what the user sees. The context also carries the allocator every call made with it
+ * allocates from (tpk_ctx_set_allocator); objects remember theirs, so their _free needs none. */
 typedef struct tpk_ctx {
     int status;
     char msg[TPK_MSG_MAX];
     const char *src_file; /* where in the toolkit the error was raised (for debugging) */
     int src_line;
+    tpk_allocator alloc;  /* {NULL, NULL} after tpk_ctx_init: the C library's malloc */
 } tpk_ctx;
 
+/* A clear context with the default allocator. */
 TPK_API void tpk_ctx_init(tpk_ctx *ctx);
-/* Clear a recorded error so the context can be reused. */
+/* Clear a recorded error so the context can be reused; the allocator is kept. */
 TPK_API void tpk_ctx_clear(tpk_ctx *ctx);
-/* Record an error (if none recorded yet) and return `status`. `ctx` may be NULL. */
+/* A clear context with the allocator of `parent` (NULL: the default): the scratch contexts the
+ * library makes for a step whose error it handles itself, or one per thread. */
+TPK_API void tpk_ctx_init_from(tpk_ctx *ctx, const tpk_ctx *parent);
+/* Make every later call with ctx allocate through fn(ud, ...); fn NULL: the default. Objects
+ * allocated before keep the allocator they were made with. */
+TPK_API void tpk_ctx_set_allocator(tpk_ctx *ctx, tpk_alloc_fn fn, void *ud);
+/* The C library's allocator as a tpk_alloc_fn (ud unused): a hook can pass calls on to it. */
+TPK_API void *tpk_alloc_default(void *ud, void *ptr, size_t nsize);
+/* Record an error (if none recorded yet) and return `status`. Out of memory is sticky: once ctx
+ * holds TPK_ENOMEM, every later call returns TPK_ENOMEM, so an allocation that failed deep down
+ * makes the whole call return TPK_ENOMEM, with the message, whatever status the levels above
+ * would have chosen for their own failure ("eigen-decomposition failed"). `ctx` may be NULL. */
 TPK_API int tpk_error_at(tpk_ctx *ctx, int status, const char *src_file, int src_line,
                          const char *fmt, ...) TPK_PRINTF(5, 6);
 TPK_API const char *tpk_strerror(int status);

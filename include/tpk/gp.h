@@ -130,6 +130,9 @@ struct tpk_gp_family {
                 tpk_ctx *ctx);
     void *data;
     void (*destroy)(void *data);
+    tpk_allocator alloc;                  /* what tpk_gp_family_free gives this struct back to
+                                           * (tpk/alloc.h); zeroed in a family built by hand:
+                                           * free() */
 };
 
 /* MLP NNGP (tpk_mlp_kernel) in θ = (σ_w², σ_b²); p->depth and p->phi fixed. X is borrowed.

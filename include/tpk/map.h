@@ -22,7 +22,8 @@ typedef int (*tpk_smap_kernel_fn)(size_t n, const float *S, size_t lds, float al
 typedef size_t (*tpk_map_ws_fn)(size_t n);
 
 /* Reference ReLU maps (plain loops, double arithmetic; kernels/gauss_map.c's formula for relu):
- * the same contract as the map kernels; -1 when out of memory. */
+ * the same contract as the map kernels. They allocate nothing (rows from the last, so that out
+ * may be S), hence never fail. */
 TPK_API int tpk_ref_relu_map_d(size_t n, const double *S, size_t lds, double alpha, double beta,
                                double *out, size_t ldo);
 TPK_API int tpk_ref_relu_map_s(size_t n, const float *S, size_t lds, float alpha, float beta,

@@ -120,6 +120,7 @@ typedef struct tpk_program {
     struct nsr_rolled *rolled; /* the rolled form (family instructions, issue 14), or NULL; when
                                 * the unrolled form would be too large, ninstr = 0 and only the
                                 * rolled form exists (the limit evaluator takes it) */
+    tpk_allocator alloc; /* the load's (tpk/alloc.h): tpk_program_free gives everything back to it */
 } tpk_program;
 
 enum tpk_feature {
@@ -162,6 +163,8 @@ TPK_API const char *tpk_program_param(const tpk_program *p, const char *name);
 /* The same as a finite number; TPK_EINVAL naming the program and parameter otherwise. */
 TPK_API int tpk_program_param_number(const tpk_program *p, const char *name, double *v,
                                      tpk_ctx *ctx);
+/* The IR as text. Its scratch strings come from the program's allocator (p->alloc); without
+ * memory a body prints as "<out of memory>". */
 TPK_API void tpk_program_dump(const tpk_program *p, FILE *f);
 /* Family instructions of the rolled form (one per statement and layer, issue 14), 0 if none. */
 TPK_API int tpk_program_family_instructions(const tpk_program *p);

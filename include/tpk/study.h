@@ -93,6 +93,7 @@ typedef struct tpk_study_analysis {
     int auto_window;
     int degenerate;                /* the variance at w1_input does not vary over networks */
     double vdev;                   /* max over (width, seed) of |v − v_inf| / v_inf */
+    tpk_allocator alloc;           /* tpk_study_analyse's (tpk/alloc.h), for its _free */
 } tpk_study_analysis;
 
 /* Every statistic of the raw data (deterministic for given data and options, whatever the thread

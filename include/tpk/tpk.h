@@ -7,6 +7,7 @@
 /* core */
 #include "version.h"
 #include "error.h"
+#include "alloc.h"
 #include "array.h"
 #include "clock.h"
 #include "progress.h"
