@@ -228,7 +228,9 @@ TPK_API int tpk_tune_log_show(const tpk_tune_record *recs, size_t n, FILE *out);
 enum tpk_tune_model_kind {
     TPK_TUNE_MODEL_RANDOM = 0, /* no model: random search */
     TPK_TUNE_MODEL_XGB_RANK,   /* XGBoost rank:pairwise (AutoTVM "rank") */
-    TPK_TUNE_MODEL_XGB_REG     /* XGBoost reg:squarederror on y / y_max (AutoTVM "reg") */
+    TPK_TUNE_MODEL_XGB_REG,    /* XGBoost reg:squarederror on y / y_max (AutoTVM "reg") */
+    TPK_TUNE_MODEL_LATENT,     /* the latent world model (tpk_tune_latent, below; issue 21) */
+    TPK_TUNE_MODEL_XGB_LATENT  /* XGBoost-rank and the latent model, standardised scores averaged */
 };
 
 typedef struct tpk_tune_model tpk_tune_model;
@@ -248,6 +250,66 @@ TPK_API int tpk_tune_model_trained(const tpk_tune_model *m);
 /* Override one XGBoost parameter of later fits (e.g. "max_depth", "4"); an unknown name or
  * value fails at the next fit. */
 TPK_API int tpk_tune_model_set(tpk_tune_model *m, const char *name, const char *value, tpk_ctx *ctx);
+
+/* ---- Latent cost model: a compiler world model (issue 21; tuner/latent.c) ------------------- */
+
+/* A configuration is the emitter's action sequence: one action per knob of its space, in the
+ * order of the template's knob table (vector width, register tile, splits, unroll, loop order,
+ * parallel loop, prefetch, packing). An encoder maps the task (shape, dtype, threads, op) and the
+ * machine class (caches, registers, vector width) to a latent state h0; each action updates it by
+ * a residual transition h <- h + W2 tanh(W1 h + A0[k] + u A1[k] + u^2 A2[k]) + b2 (k the knob, u
+ * its value scaled to [-1, 1]); a ranking head scores the final state with the action values and
+ * the task/machine features. Trained with a pairwise logistic rank loss (within each group) plus
+ * an auxiliary loss: a linear decoder of every state predicts the template's analytic features
+ * (s->features: footprints against the caches, arithmetic intensity, register use, ...), each
+ * from the first state whose actions determine it, on labelled and unlabelled configurations
+ * alike; Adam on the whole batch, initialised from the seed, warm-started by later fits. */
+typedef struct tpk_tune_latent tpk_tune_latent;
+
+typedef struct tpk_tune_latent_opts {
+    int hidden;        /* latent state width; default 16 */
+    int trans_hidden;  /* width of the transition MLP; default 32 */
+    int head_hidden;   /* width of the ranking head; default 16 */
+    int epochs;        /* Adam steps of the first fit; default 300 */
+    int refit_epochs;  /* Adam steps of each later fit, from the previous parameters; default 100 */
+    double lr;         /* Adam step size; default 0.01 */
+    double aux_weight; /* weight of the auxiliary feature loss; default 1 */
+    double l2;         /* weight decay on every parameter; default 1e-4 */
+    uint64_t seed;     /* initial parameters */
+} tpk_tune_latent_opts;
+
+/* One configuration of a space (the space outlives the call). */
+typedef struct tpk_tune_latent_row {
+    const tpk_tune_space *s;
+    tpk_tune_config c;
+} tpk_tune_latent_row;
+
+TPK_API void tpk_tune_latent_opts_default(tpk_tune_latent_opts *o);
+/* nfeat: the feature count of the template's spaces (the auxiliary targets), 1..64. */
+TPK_API tpk_tune_latent *tpk_tune_latent_alloc(const tpk_tune_latent_opts *o, int nfeat, tpk_ctx *ctx);
+TPK_API void tpk_tune_latent_free(tpk_tune_latent *m);
+/* Fit on n labelled rows (labels y, larger is better; 0 for failures) in ngroup contiguous groups
+ * (pairs are formed within a group; group NULL: one group) and nunlab unlabelled rows (the
+ * auxiliary loss only). The first fit fixes the standardisation of the auxiliary targets. */
+TPK_API int tpk_tune_latent_fit(tpk_tune_latent *m, const tpk_tune_latent_row *rows, const double *y, size_t n,
+                                const unsigned *group, size_t ngroup, const tpk_tune_latent_row *unlab,
+                                size_t nunlab, tpk_ctx *ctx);
+/* Scores of n rows (larger: predicted faster). */
+TPK_API int tpk_tune_latent_predict(tpk_tune_latent *m, const tpk_tune_latent_row *rows, size_t n, float *out,
+                                    tpk_ctx *ctx);
+TPK_API int tpk_tune_latent_trained(const tpk_tune_latent *m);
+/* The parameter vector (mutable; *n its length) and the training loss at the current parameters
+ * with its gradient (grad may be NULL), for tests and diagnostics. */
+TPK_API double *tpk_tune_latent_params(tpk_tune_latent *m, size_t *n);
+TPK_API int tpk_tune_latent_loss(tpk_tune_latent *m, const tpk_tune_latent_row *rows, const double *y, size_t n,
+                                 const unsigned *group, size_t ngroup, const tpk_tune_latent_row *unlab,
+                                 size_t nunlab, double *loss, double *grad, tpk_ctx *ctx);
+/* Persistence: a text file of the sizes, the target standardisation and the parameters. */
+TPK_API int tpk_tune_latent_save(const tpk_tune_latent *m, const char *path, tpk_ctx *ctx);
+TPK_API tpk_tune_latent *tpk_tune_latent_load(const char *path, tpk_ctx *ctx);
+
+/* Kendall's tau-b of two score vectors (ties in either count for neither pair class). */
+TPK_API double tpk_tune_kendall_tau(const double *a, const double *b, size_t n);
 
 /* ---- Search ------------------------------------------------------------------------------- */
 
@@ -286,9 +348,19 @@ typedef struct tpk_tune_opts {
     /* Tree depth and learning rate of the model; 0: AutoTVM's 3 and 0.3. */
     int model_depth;
     double model_eta;
+    /* The latent model (model LATENT or XGB_LATENT): its settings (NULL: the defaults, seeded by
+     * `seed`) and the unlabelled configurations of its auxiliary loss, drawn once per run from
+     * the table or the space; default 128. */
+    const tpk_tune_latent_opts *latent;
+    int latent_unlabelled;
 } tpk_tune_opts;
 
 TPK_API void tpk_tune_opts_default(tpk_tune_opts *o);
+/* Kendall's tau-b on held-out configurations: the model of o (o->model, its settings and seed)
+ * fitted on ntrain of the n configurations idx (labels y; a seeded random choice), scored on the
+ * rest; the latent model's unlabelled rows come from idx. */
+TPK_API int tpk_tune_model_tau(const tpk_tune_space *s, const tpk_tune_opts *o, const uint64_t *idx,
+                               const double *y, size_t n, size_t ntrain, double *tau, tpk_ctx *ctx);
 
 typedef struct tpk_tune_outcome {
     int trials;
