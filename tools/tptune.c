@@ -20,6 +20,9 @@
  *                                            configurations; last line `medians: random R xgb X latent Y`
  *   tptune gen --target=cuda --out=FILE LOG...            CUDA library file (gen/tpk_gemm_cuda.cu)
  *   tptune cuda-check --out=DIR [--trials=N] [--seed=S]   kernels.cu + harness.cu for a device
+ *   tptune port --from=CLASS --to=CLASS [--out=FILE] [--verify=0|1] [--data=DIR] [LOG...]
+ *                                            carry class CLASS's tuned configurations to another class
+ *                                            (passes, repair, exact verification); --out: seeds for --init
  *   tptune verify [--mutants=N] [--kinds=K,K] [--seed=S] [--class=ID] [--data=DIR]   exact checks of every shipped
  *                                            kernel (gen/) and the mutation suite (last line caught K/N) */
 #include <errno.h>
@@ -47,7 +50,8 @@ static void usage(FILE *f)
 {
     fputs("usage: tptune gemm --m=M --n=N --k=K [--dtype=f64|f32] [--target=cpu|cuda] [--threads=T]\n"
           "                   [--trials=N] [--batch=B] [--model=xgb|reg|latent|xgb+latent|random] [--seed=S]\n"
-          "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] [--vendor=0|1] [--latent=K=V,...] --log=FILE\n"
+          "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] [--vendor=0|1] [--latent=K=V,...]\n"
+          "                   [--init=PORTED.jsonl] --log=FILE\n"
           "       tptune syrk --n=N --k=K [options as for gemm]\n"
           "       tptune map --n=N [options as for gemm]   (ReLU NNGP map; rates in G entries/s)\n"
           "       tptune gen --op=map --class=CLASS.conf --out=FILE LOG...\n"
@@ -65,6 +69,9 @@ static void usage(FILE *f)
           "           last line `medians: random R xgb X latent Y` (trials to 95% of the table's best)\n"
           "       tptune gen --target=cuda --out=FILE LOG...\n"
           "       tptune cuda-check --out=DIR [--trials=RANDOM_CONFIGS] [--seed=S] [--m= --n= --k=]\n"
+          "       tptune port --from=CLASS --to=CLASS [--out=FILE] [--verify=0|1] [--data=DIR] [LOG...]\n"
+          "           CLASS: an id of data/machines (avx512-intel) or a .conf path; --out: the ported configurations\n"
+          "           as unmeasured records of the target class, measured first by tptune gemm --init=FILE\n"
           "       tptune verify [--mutants=N] [--kinds=K,K] [--seed=S] [--class=ID] [--data=DIR]\n"
           "           every shipped kernel of the classes this CPU runs: GEMM/SYRK exactly on integers, maps by\n"
           "           their Z_p twin (and the kernel within tolerance); --mutants: N injected bugs, last line\n"
@@ -82,6 +89,8 @@ typedef struct args {
     int tau_train;                   /* replay --tau-train: configurations the held-out tau fits on */
     tpk_tune_latent_opts latent;     /* --latent=K=V,...; seed 0: the run's seed */
     int unlabelled;                  /* --latent=unlab=U */
+    const char *from, *to, *init;    /* port --from/--to; gemm --init: configurations measured first */
+    int verify;                      /* port --verify */
     int mutants;                     /* verify --mutants */
     int twin;                        /* emit --twin: a map kernel's Z_p twin */
     const char *mutant;              /* emit --mutant=KIND[:SITE] */
@@ -261,6 +270,7 @@ static int parse_args(int argc, char **argv, args *a)
     tpk_tune_latent_opts_default(&a->latent);
     a->latent.seed = 0;
     a->unlabelled = -1;
+    a->verify = 1;
     for (int i = 2; i < argc; i++) {
         char *s = argv[i];
         if (strncmp(s, "--", 2) != 0) {
@@ -371,6 +381,14 @@ static int parse_args(int argc, char **argv, args *a)
             a->mutant = v;
         else if (!strcmp(k, "kinds"))
             a->kinds = v;
+        else if (!strcmp(k, "from"))
+            a->from = v;
+        else if (!strcmp(k, "to"))
+            a->to = v;
+        else if (!strcmp(k, "init"))
+            a->init = v;
+        else if (!strcmp(k, "verify"))
+            bad = parse_int(v, &a->verify) || a->verify > 1;
         else {
             fprintf(stderr, "tptune: unknown option --%s\n", k);
             return -1;
@@ -491,11 +509,37 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
         o.history = hist;
         o.nhistory = nhist;
     }
+    /* --init: this workload's configurations of a ported (or any) log, measured first */
+    tpk_tune_record *ir = NULL;
+    size_t nir = 0;
+    tpk_tune_config *init = NULL;
+    if (a->init) {
+        if (tpk_tune_log_read(a->init, &ir, &nir, ctx)) {
+            free(hist);
+            return 1;
+        }
+        init = malloc((nir + 1) * sizeof *init);
+        if (!init) {
+            free(hist), free(ir);
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            return 1;
+        }
+        for (size_t i = 0; i < nir; i++) {
+            tpk_ctx q;
+            tpk_ctx_init(&q);
+            if (tpk_tune_task_same(&ir[i].task, &s.task) && !strcmp(ir[i].template_name, s.template_name) &&
+                !tpk_tune_record_config(&s, &ir[i], &init[o.ninitial], &q))
+                o.ninitial++;
+        }
+        o.initial = init;
+        printf("tptune: %zu configuration(s) of this workload from %s measured first\n", o.ninitial, a->init);
+    }
     tpk_tune_measure_opts mo;
     char self[4096];
     measure_opts(a, &mo, self, sizeof self);
     FILE *log = fopen(a->log, "a");
     if (!log) {
+        free(init), free(ir);
         free(hist);
         TPK_ERROR(ctx, TPK_EIO, "%s: cannot open for appending: %s", a->log, strerror(errno));
         return 1;
@@ -507,6 +551,8 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     int st = tpk_tune_run(&s, &o, measure_cb, &mo, log, progress, NULL, &out, ctx);
     fclose(log);
     free(hist);
+    free(init);
+    free(ir);
     if (st)
         return 1;
     if (!(out.best_gflops > 0)) { /* every trial failed: no result, and say why */
@@ -1041,6 +1087,80 @@ done:
     return rc;
 }
 
+/* A machine class by id (DATA/machines/ID.conf) or as a .conf path. */
+static int read_class(const char *data, const char *spec, tpk_tune_class *c, tpk_ctx *ctx)
+{
+    char path[4400];
+    size_t len = strlen(spec);
+    if (len > 5 && !strcmp(spec + len - 5, ".conf"))
+        snprintf(path, sizeof path, "%s", spec);
+    else
+        snprintf(path, sizeof path, "%s/machines/%s.conf", data, spec);
+    return tpk_tune_class_read(path, c, ctx);
+}
+
+/* The data folder: --data, else $TPK_ROOT/data, else ./data. */
+static void data_dir(const args *a, char *data, size_t cap)
+{
+    const char *root = getenv("TPK_ROOT");
+    if (a->data)
+        snprintf(data, cap, "%s", a->data);
+    else
+        snprintf(data, cap, "%s/data", root && *root ? root : ".");
+}
+
+/* Port: class --from's tuned configurations to class --to, pass by pass, each verified. */
+static int cmd_port(const args *a, tpk_ctx *ctx)
+{
+    if (!a->from || !a->to) {
+        fprintf(stderr, "tptune port: --from=CLASS and --to=CLASS are required\n");
+        return 2;
+    }
+    char data[4096], pat[4200];
+    data_dir(a, data, sizeof data);
+    tpk_tune_class from, to;
+    if (read_class(data, a->from, &from, ctx) || read_class(data, a->to, &to, ctx))
+        return 1;
+    tpk_tune_record *recs;
+    size_t nrec;
+    if (a->nfiles) {
+        if (read_files(a->files, a->nfiles, &recs, &nrec, ctx))
+            return 1;
+    } else {
+        snprintf(pat, sizeof pat, "%s/tuning/*.jsonl", data);
+        glob_t g;
+        if (glob(pat, 0, NULL, &g) != 0) {
+            TPK_ERROR(ctx, TPK_EIO, "%s: no tuning logs (run from the repository, give LOG..., or --data=DIR)", pat);
+            return 1;
+        }
+        int rc = read_files((const char *const *)g.gl_pathv, (int)g.gl_pathc, &recs, &nrec, ctx);
+        globfree(&g);
+        if (rc)
+            return 1;
+    }
+    FILE *out = NULL;
+    if (a->out && !(out = fopen(a->out, "w"))) {
+        free(recs);
+        TPK_ERROR(ctx, TPK_EIO, "%s: cannot open for writing: %s", a->out, strerror(errno));
+        return 1;
+    }
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[len > 0 ? len : 0] = '\0';
+    tpk_tune_mutant_opts vo = {.seed = a->seed, .runner = len > 0 ? self : NULL};
+    printf("tptune port: %s (%s) -> %s (%s), %zu records%s\n", from.m.name, from.id, to.m.name, to.id, nrec,
+           a->verify ? "; every changed kernel checked by the exact verifier" : "; not verified (--verify=0)");
+    int np = 0, nf = 0;
+    int st = tpk_tune_port(recs, nrec, &from.m, &to.m, a->verify ? &vo : NULL, stdout, out, &np, &nf, ctx);
+    if (out && fclose(out) != 0 && !st)
+        st = TPK_ERROR(ctx, TPK_EIO, "%s: write failed", a->out);
+    free(recs);
+    if (st)
+        return 1;
+    printf("ported %d of %d configurations from %s to %s (%d failed)\n", np, np + nf, from.id, to.id, nf);
+    return nf ? 1 : 0;
+}
+
 /* Device-check bundle: kernels.cu + harness.cu for scripts/device-check.sh. */
 static int cmd_cuda_check(const args *a, tpk_ctx *ctx)
 {
@@ -1325,6 +1445,8 @@ int main(int argc, char **argv)
         rc = cmd_replay(&a, &ctx);
     else if (!strcmp(argv[1], "cuda-check"))
         rc = cmd_cuda_check(&a, &ctx);
+    else if (!strcmp(argv[1], "port"))
+        rc = cmd_port(&a, &ctx);
 #ifndef TPTUNE_GENERATOR
     else if (!strcmp(argv[1], "verify"))
         rc = cmd_verify(&a, &ctx);

@@ -22,8 +22,8 @@
 #define CONST_REL_TOL 1e-9
 
 /* One configuration, encoded: the encoder input, the action values and the auxiliary targets
- * with the first state that may predict each (dep: the last knob a feature depends on, -1: none,
- * so state dep + 1 on; the encoder's state is 0). */
+ * with the state that first determines each (dep: the last knob a feature depends on, -1: none;
+ * state dep + 1 predicts it, the encoder's state being 0, and so does the final state). */
 typedef struct enc {
     double x[NX];
     int na;
@@ -288,10 +288,35 @@ static int encode(tpk_tune_latent *m, const tpk_tune_latent_row *r, int targets,
 
 /* ---- forward and backward through one configuration ------------------------------------------ */
 
-/* Workspace of one rollout: states h[0..na], transition activations a[1..na], head hidden q. */
+/* Workspace of one rollout: states h[0..na], transition activations a[1..na], head hidden q and
+ * head input gin, in one block of roll_size(m) doubles. */
 typedef struct roll {
-    double h[(KMAX + 1) * 256], a[KMAX * 256], q[256], gin[256 + KMAX + NX];
+    double *h, *a, *q, *gin;
 } roll;
+
+static size_t roll_size(const tpk_tune_latent *m)
+{
+    return (size_t)(KMAX + 1) * (size_t)m->H + (size_t)KMAX * (size_t)m->M + (size_t)m->G + (size_t)m->NG;
+}
+
+static roll roll_at(const tpk_tune_latent *m, double *base)
+{
+    roll w = {base, base + (KMAX + 1) * m->H, base + (KMAX + 1) * m->H + KMAX * m->M,
+              base + (KMAX + 1) * m->H + KMAX * m->M + m->G};
+    return w;
+}
+
+/* tanh through one exp (about twice as fast as libm's here, and as accurate in absolute terms:
+ * the error is a few ulps of 1, so the derivative 1 - t^2 the backward pass uses stays exact to
+ * rounding). */
+static inline double tanh_fast(double x)
+{
+    if (x > 20)
+        return 1;
+    if (x < -20)
+        return -1;
+    return 1 - 2 / (exp(2 * x) + 1);
+}
 
 static double forward(const tpk_tune_latent *m, const enc *e, roll *w, int head)
 {
@@ -302,7 +327,7 @@ static double forward(const tpk_tune_latent *m, const enc *e, roll *w, int head)
         double acc = eb[i];
         for (int j = 0; j < NX; j++)
             acc += E[i * NX + j] * e->x[j];
-        w->h[i] = tanh(acc);
+        w->h[i] = tanh_fast(acc);
     }
     for (int t = 0; t < e->na; t++) {
         const double *hp = w->h + t * H, u = e->u[t], u2 = u * u;
@@ -312,7 +337,7 @@ static double forward(const tpk_tune_latent *m, const enc *e, roll *w, int head)
             const double *wr = W1 + r * H;
             for (int i = 0; i < H; i++)
                 acc += wr[i] * hp[i];
-            at[r] = tanh(acc);
+            at[r] = tanh_fast(acc);
         }
         for (int i = 0; i < H; i++) {
             double acc = b2[i];
@@ -334,7 +359,7 @@ static double forward(const tpk_tune_latent *m, const enc *e, roll *w, int head)
         const double *pr = P + r * NG;
         for (int i = 0; i < NG; i++)
             acc += pr[i] * w->gin[i];
-        w->q[r] = tanh(acc);
+        w->q[r] = tanh_fast(acc);
         s += v[r] * w->q[r];
     }
     return s;
@@ -369,9 +394,10 @@ static double backward(const tpk_tune_latent *m, const enc *e, roll *w, int head
            *gA0 = g + m->oA0, *gA1 = g + m->oA1, *gA2 = g + m->oA2;
     for (int t = na; t >= 0; t--) {
         const double *h = w->h + t * H;
-        /* auxiliary targets this state predicts: those whose knobs are all behind it */
+        /* auxiliary targets this state predicts: those its action completed (their last knob
+         * is the one just applied), and at the final state all */
         for (int f = 0; f < F; f++) {
-            if (e->dep[f] >= t || m->zsd[f] == 0)
+            if ((t != na && e->dep[f] != t - 1) || m->zsd[f] == 0)
                 continue;
             const double *dr = D + f * H;
             double r = d[f] - e->z[f];
@@ -439,6 +465,7 @@ typedef struct batch {
     size_t ngroup;
     double npairs, naux; /* normalisers */
     double *s, *ds;      /* scores, their gradients (nL) */
+    double *wbuf;        /* rollouts: one per labelled row (kept from forward to backward), one more */
 } batch;
 
 /* Standardisation of the targets from the first fit's rows (labelled and unlabelled). */
@@ -473,6 +500,7 @@ static void batch_free(batch *b)
     free(b->U);
     free(b->s);
     free(b->ds);
+    free(b->wbuf);
     memset(b, 0, sizeof *b);
 }
 
@@ -492,7 +520,8 @@ static int batch_make(tpk_tune_latent *m, const tpk_tune_latent_row *rows, const
     b->U = calloc(nunlab + 1, sizeof *b->U);
     b->s = calloc(n + 1, sizeof *b->s);
     b->ds = calloc(n + 1, sizeof *b->ds);
-    if (!b->L || !b->U || !b->s || !b->ds) {
+    b->wbuf = malloc((n + 1) * roll_size(m) * sizeof *b->wbuf);
+    if (!b->L || !b->U || !b->s || !b->ds || !b->wbuf) {
         batch_free(b);
         return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
     }
@@ -527,7 +556,7 @@ static int batch_make(tpk_tune_latent *m, const tpk_tune_latent_row *rows, const
         const enc *e = i < n ? &b->L[i] : &b->U[i - n];
         for (int f = 0; f < m->F; f++)
             if (m->zsd[f] > 0)
-                b->naux += e->na - e->dep[f]; /* states dep + 1 .. na */
+                b->naux += e->dep[f] + 1 == e->na ? 1 : 2; /* states dep + 1 and na */
     }
     return TPK_OK;
 }
@@ -539,13 +568,16 @@ static double softplus_neg(double d)
 }
 
 /* Loss and gradient (into m->g) at the current parameters. */
-static double batch_loss(tpk_tune_latent *m, batch *b, roll *w)
+static double batch_loss(tpk_tune_latent *m, batch *b)
 {
     memset(m->g, 0, m->np * sizeof *m->g);
     double loss = 0;
+    const size_t rs = roll_size(m);
     /* rank: logistic on score differences of ordered pairs within each group */
-    for (size_t i = 0; i < b->nL; i++)
-        b->s[i] = forward(m, &b->L[i], w, 1);
+    for (size_t i = 0; i < b->nL; i++) {
+        roll w = roll_at(m, b->wbuf + i * rs);
+        b->s[i] = forward(m, &b->L[i], &w, 1);
+    }
     memset(b->ds, 0, b->nL * sizeof *b->ds);
     if (b->npairs > 0) {
         size_t off = 0;
@@ -568,8 +600,10 @@ static double batch_loss(tpk_tune_latent *m, batch *b, roll *w)
     for (size_t i = 0; i < b->nL + b->nU; i++) {
         const enc *e = i < b->nL ? &b->L[i] : &b->U[i - b->nL];
         int head = i < b->nL && b->npairs > 0;
-        forward(m, e, w, head);
-        sq += backward(m, e, w, head, head ? b->ds[i] : 0, aux, m->g);
+        roll w = roll_at(m, b->wbuf + (i < b->nL ? i : b->nL) * rs);
+        if (i >= b->nL) /* labelled rows were rolled out above */
+            forward(m, e, &w, 0);
+        sq += backward(m, e, &w, head, head ? b->ds[i] : 0, aux, m->g);
     }
     loss += aux * sq;
     for (size_t k = 0; k < m->np; k++) {
@@ -587,15 +621,9 @@ int tpk_tune_latent_loss(tpk_tune_latent *m, const tpk_tune_latent_row *rows, co
     int st = batch_make(m, rows, y, n, group, ngroup, unlab, nunlab, &b, ctx);
     if (st)
         return st;
-    roll *w = malloc(sizeof *w);
-    if (!w) {
-        batch_free(&b);
-        return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
-    }
-    *loss = batch_loss(m, &b, w);
+    *loss = batch_loss(m, &b);
     if (grad)
         memcpy(grad, m->g, m->np * sizeof *grad);
-    free(w);
     batch_free(&b);
     return TPK_OK;
 }
@@ -608,11 +636,6 @@ int tpk_tune_latent_fit(tpk_tune_latent *m, const tpk_tune_latent_row *rows, con
     int st = batch_make(m, rows, y, n, group, ngroup, unlab, nunlab, &b, ctx);
     if (st)
         return st;
-    roll *w = malloc(sizeof *w);
-    if (!w) {
-        batch_free(&b);
-        return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
-    }
     /* Adam (Kingma & Ba 2015), moments fresh for every fit, parameters kept from the last. */
     const double b1 = 0.9, b2 = 0.999, eps = 1e-8, lr = m->o.lr;
     int epochs = m->trained ? m->o.refit_epochs : m->o.epochs;
@@ -620,7 +643,7 @@ int tpk_tune_latent_fit(tpk_tune_latent *m, const tpk_tune_latent_row *rows, con
     memset(m->m2, 0, m->np * sizeof *m->m2);
     double p1 = 1, p2 = 1;
     for (int it = 0; it < epochs; it++) {
-        double loss = batch_loss(m, &b, w);
+        double loss = batch_loss(m, &b);
         if (!isfinite(loss)) {
             st = TPK_ERROR(ctx, TPK_ENUMERIC, "tune: latent model diverged (loss %g at step %d)", loss, it);
             break;
@@ -633,7 +656,6 @@ int tpk_tune_latent_fit(tpk_tune_latent *m, const tpk_tune_latent_row *rows, con
             m->p[k] -= lr * (m->m1[k] / (1 - p1)) / (sqrt(m->m2[k] / (1 - p2)) + eps);
         }
     }
-    free(w);
     batch_free(&b);
     if (!st && n > 0)
         m->trained = 1;
@@ -645,15 +667,16 @@ int tpk_tune_latent_predict(tpk_tune_latent *m, const tpk_tune_latent_row *rows,
 {
     if (!m->trained)
         return TPK_ERROR(ctx, TPK_EINVAL, "tune: predicting with an untrained model");
-    roll *w = malloc(sizeof *w);
-    if (!w)
+    double *buf = malloc(roll_size(m) * sizeof *buf);
+    if (!buf)
         return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+    roll w = roll_at(m, buf);
     for (size_t i = 0; i < n; i++) {
         enc e;
         encode(m, &rows[i], 0, &e, ctx);
-        out[i] = (float)forward(m, &e, w, 1);
+        out[i] = (float)forward(m, &e, &w, 1);
     }
-    free(w);
+    free(buf);
     return TPK_OK;
 }
 

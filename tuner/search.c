@@ -833,7 +833,8 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
     tpk_tune_config *cfgs = malloc((size_t)o.trials * sizeof *cfgs);
     if (o.plan_first < 0)
         o.plan_first = 0;
-    uint64_t *batch = malloc((size_t)(o.plan_size > o.plan_first ? o.plan_size : o.plan_first) * sizeof *batch);
+    uint64_t *batch = malloc(((size_t)(o.plan_size > o.plan_first ? o.plan_size : o.plan_first) + o.ninitial) *
+                             sizeof *batch);
     sa_state sa = {malloc((size_t)o.sa_chains * sizeof(uint64_t)), malloc((size_t)o.sa_chains * sizeof(float)), o.sa_chains};
     uint64_t rng = o.seed * 0x2545F4914F6CDD1Dull + 0x1234567;
     int rc = TPK_OK;
@@ -854,22 +855,40 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
         int want = o.plan_size;
         if (o.plan_first > 0) /* early batches: half the trials so far, within [plan_first, plan_size] */
             want = done_n / 2 < o.plan_first ? o.plan_first : done_n / 2 > o.plan_size ? o.plan_size : done_n / 2;
+        int nb = 0;
+        if (done_n == 0) /* the given first configurations (tptune port's), then the batch's own */
+            for (size_t i = 0; i < o.ninitial && nb < o.trials; i++) {
+                uint64_t ii = tpk_tune_space_index(s, &o.initial[i]);
+                int dup = !tpk_tune_space_valid(s, &o.initial[i]);
+                for (int j = 0; j < nb && !dup; j++)
+                    dup = batch[j] == ii;
+                if (!dup)
+                    batch[nb++] = ii;
+            }
+        if (want < nb)
+            want = nb;
         if (want > o.trials - done_n)
             want = o.trials - done_n;
-        int nb = 0;
-        if (o.model != TPK_TUNE_MODEL_RANDOM && scorer_ready(&sc)) {
+        if (o.model != TPK_TUNE_MODEL_RANDOM && scorer_ready(&sc) && nb < want) {
             /* Each trial of the batch is random with probability ε (AutoTVM's ε-greedy): a
              * rounded ε·want is 0 for every small early batch, which made searches from the
              * same prior identical whatever the seed. */
-            int nrand = 0;
-            for (int i = 0; i < want; i++)
+            int nrand = 0, nb0 = nb, got = 0;
+            for (int i = nb0; i < want; i++)
                 nrand += tpk__rng_unif(&rng) < o.eps;
-            int nmodel = want - nrand;
+            int nmodel = want - nb0 - nrand;
             if (nmodel > 0) {
-                rc = o.universe ? table_propose(&sc, &o, &visited, nmodel, &rng, batch, &nb, ctx)
-                                : sa_propose(&sc, &sa, &o, &visited, nmodel, &rng, batch, &nb, ctx);
+                rc = o.universe ? table_propose(&sc, &o, &visited, nmodel, &rng, batch + nb0, &got, ctx)
+                                : sa_propose(&sc, &sa, &o, &visited, nmodel, &rng, batch + nb0, &got, ctx);
                 if (rc)
                     goto done;
+                for (int i = nb0; i < nb0 + got; i++) { /* not one of the given configurations again */
+                    int dup = 0;
+                    for (int j = 0; j < nb0 && !dup; j++)
+                        dup = batch[j] == batch[i];
+                    if (!dup)
+                        batch[nb++] = batch[i];
+                }
             }
         }
         if (done_n == 0 && nb < want && !o.universe) {

@@ -353,6 +353,11 @@ typedef struct tpk_tune_opts {
      * the table or the space; default 128. */
     const tpk_tune_latent_opts *latent;
     int latent_unlabelled;
+    /* Configurations measured first, as the first batch (with the batch's own picks when it is
+     * larger): tptune port's configurations of this workload on this class. Invalid ones are
+     * skipped. */
+    const tpk_tune_config *initial;
+    size_t ninitial;
 } tpk_tune_opts;
 
 TPK_API void tpk_tune_opts_default(tpk_tune_opts *o);
@@ -433,6 +438,12 @@ typedef struct tpk_tune_mutant_opts {
  * on out and `caught K/N` last; *caught = K. A mutant that does not compile is replaced. */
 TPK_API int tpk_tune_verify_mutants(const tpk_tune_space *s, const tpk_tune_config *c, size_t nk,
                                     const tpk_tune_mutant_opts *o, FILE *out, int *caught, tpk_ctx *ctx);
+/* One kernel (a map kernel: its Z_p twin) emitted, compiled and checked by the exact verifier in
+ * a process of its own, as a mutant is (o: compiler, runner, timeout, seed; n and kinds unused):
+ * *ok = 1 when every check passed; why says what ran or what failed. A kernel that does not
+ * compile or fails is a result (ok = 0), not a status. */
+TPK_API int tpk_tune_verify_kernel(const tpk_tune_space *s, const tpk_tune_config *c, const tpk_tune_mutant_opts *o,
+                                   int *ok, char *why, size_t cap, tpk_ctx *ctx);
 /* The standalone source the suite compiles: the kernel (twin = 0) or a map kernel's Z_p twin, with
  * the mutation "KIND[:SITE]" (the kinds of tuner/mutate.c) or none (NULL). */
 TPK_API int tpk_tune_emit_variant(const tpk_tune_space *s, const tpk_tune_config *c, int twin, const char *mutant,
@@ -440,6 +451,41 @@ TPK_API int tpk_tune_emit_variant(const tpk_tune_space *s, const tpk_tune_config
 /* The suite's child: argv = {prog, "__verify", SO, OP, DTYPE, M, N, K, THREADS, INDEX, SEED}
  * (INDEX: the configuration's mixed-radix index). Prints one "TPKVERIFY ..." line. */
 TPK_API int tpk_tune_verify_child_main(int argc, char **argv);
+
+/* ---- Porting to another machine class (tptune port: tuner/port.c, issue 21 item 3) ---------- */
+
+#define TPK_TUNE_PORT_MAX_STEPS 8
+
+/* One pass of a port: whether it changed the configuration, whether the target space's
+ * constraints then needed the enumerative repair, the verifier's verdict (1 passed, 0 failed,
+ * -1 not run: nothing changed), the configuration after it, and what the verifier said. */
+typedef struct tpk_tune_port_step {
+    char pass[16];
+    int changed, repaired, verified;
+    char knobs[256];
+    char why[256];
+} tpk_tune_port_step;
+
+typedef struct tpk_tune_port_report {
+    int ok; /* every pass repaired and verified */
+    int nstep;
+    tpk_tune_port_step step[TPK_TUNE_PORT_MAX_STEPS];
+    tpk_tune_config c; /* the ported configuration (in the target space) */
+} tpk_tune_port_report;
+
+/* Carry configuration c of space `from` (one machine class) to space `to` (the same template and
+ * workload on another class) through the passes vector width, register tile and cache
+ * re-blocking, each followed by the enumerative repair of `to`'s constraints (the nearest valid
+ * configuration changing at most three knobs) and, when verify is not NULL, the exact verifier
+ * (tpk_tune_verify_kernel) where the kernel changed. */
+TPK_API int tpk_tune_port_config(const tpk_tune_space *from, const tpk_tune_config *c, const tpk_tune_space *to,
+                                 const tpk_tune_mutant_opts *verify, tpk_tune_port_report *rep, tpk_ctx *ctx);
+/* Port every tuned configuration of class `from` in the logs (the picks of its generated GEMM
+ * and map files) to class `to`: one block of lines per workload on report, and each ported
+ * configuration as an unmeasured record (rate 0) of class `to` on log (both may be NULL). */
+TPK_API int tpk_tune_port(const tpk_tune_record *recs, size_t n, const tpk_machine *from, const tpk_machine *to,
+                          const tpk_tune_mutant_opts *verify, FILE *report, FILE *log, int *nported, int *nfailed,
+                          tpk_ctx *ctx);
 
 /* ---- Library generation (gen/) ------------------------------------------------------------ */
 
