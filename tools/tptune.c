@@ -228,6 +228,8 @@ static int parse_latent(const char *v, args *a)
             bad = parse_frac(val, &l->aux_weight, 1000);
         else if (!strcmp(tok, "l2"))
             bad = parse_frac(val, &l->l2, 1);
+        else if (!strcmp(tok, "pw"))
+            bad = parse_int(val, &l->pair_weight) || l->pair_weight > 1;
         else if (!strcmp(tok, "unlab"))
             bad = parse_int(val, &a->unlabelled);
         else

@@ -464,6 +464,7 @@ typedef struct batch {
     const unsigned *group;
     size_t ngroup;
     double npairs, naux; /* normalisers */
+    double *gmax;        /* the largest label of each group (pair weights) */
     double *s, *ds;      /* scores, their gradients (nL) */
     double *wbuf;        /* rollouts: one per labelled row (kept from forward to backward), one more */
 } batch;
@@ -501,7 +502,15 @@ static void batch_free(batch *b)
     free(b->s);
     free(b->ds);
     free(b->wbuf);
+    free(b->gmax);
     memset(b, 0, sizeof *b);
+}
+
+/* Weight of the ordered pair y_i > y_j of group g: 1, or (pair_weight) the label gap relative to
+ * the group's best, which spends the loss on the differences that matter to the search. */
+static double pair_weight(const tpk_tune_latent *m, const batch *b, size_t g, size_t i, size_t j)
+{
+    return m->o.pair_weight && b->gmax[g] > 0 ? (b->y[i] - b->y[j]) / b->gmax[g] : 1;
 }
 
 static int batch_make(tpk_tune_latent *m, const tpk_tune_latent_row *rows, const double *y, size_t n,
@@ -521,7 +530,8 @@ static int batch_make(tpk_tune_latent *m, const tpk_tune_latent_row *rows, const
     b->s = calloc(n + 1, sizeof *b->s);
     b->ds = calloc(n + 1, sizeof *b->ds);
     b->wbuf = malloc((n + 1) * roll_size(m) * sizeof *b->wbuf);
-    if (!b->L || !b->U || !b->s || !b->ds || !b->wbuf) {
+    b->gmax = calloc((group ? ngroup : 1) + 1, sizeof *b->gmax);
+    if (!b->L || !b->U || !b->s || !b->ds || !b->wbuf || !b->gmax) {
         batch_free(b);
         return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
     }
@@ -548,8 +558,10 @@ static int batch_make(tpk_tune_latent *m, const tpk_tune_latent_row *rows, const
     for (size_t g = 0; g < b->ngroup; g++) {
         size_t len = group ? group[g] : n;
         for (size_t i = off; i < off + len; i++)
+            b->gmax[g] = y[i] > b->gmax[g] ? y[i] : b->gmax[g];
+        for (size_t i = off; i < off + len; i++)
             for (size_t j = off; j < off + len; j++)
-                b->npairs += y[i] > y[j];
+                b->npairs += y[i] > y[j] ? pair_weight(m, b, g, i, j) : 0;
         off += len;
     }
     for (size_t i = 0; i < n + nunlab; i++) {
@@ -587,9 +599,9 @@ static double batch_loss(tpk_tune_latent *m, batch *b)
                 for (size_t j = off; j < off + len; j++) {
                     if (!(b->y[i] > b->y[j]))
                         continue;
-                    double d = b->s[i] - b->s[j];
-                    loss += softplus_neg(d) / b->npairs;
-                    double sg = 1 / (1 + exp(d)) / b->npairs; /* -dl/dd */
+                    double d = b->s[i] - b->s[j], w = pair_weight(m, b, g, i, j) / b->npairs;
+                    loss += w * softplus_neg(d);
+                    double sg = w / (1 + exp(d)); /* -dl/dd */
                     b->ds[i] -= sg;
                     b->ds[j] += sg;
                 }
@@ -690,9 +702,9 @@ int tpk_tune_latent_save(const tpk_tune_latent *m, const char *path, tpk_ctx *ct
     if (!f)
         return TPK_ERROR(ctx, TPK_EIO, "%s: cannot open for writing", path);
     const tpk_tune_latent_opts *o = &m->o;
-    fprintf(f, "%s\n%d %d %d %d %d %d %.17g %.17g %.17g %llu %d %d\n", SAVE_MAGIC, m->H, m->M, m->G, m->F,
-            o->epochs, o->refit_epochs, o->lr, o->aux_weight, o->l2, (unsigned long long)o->seed, m->zready,
-            m->trained);
+    fprintf(f, "%s\n%d %d %d %d %d %d %.17g %.17g %.17g %d %llu %d %d\n", SAVE_MAGIC, m->H, m->M, m->G, m->F,
+            o->epochs, o->refit_epochs, o->lr, o->aux_weight, o->l2, o->pair_weight, (unsigned long long)o->seed,
+            m->zready, m->trained);
     for (int i = 0; i < m->F; i++)
         fprintf(f, "%.17g %.17g\n", m->zmu[i], m->zsd[i]);
     for (size_t i = 0; i < m->np; i++)
@@ -716,8 +728,8 @@ tpk_tune_latent *tpk_tune_latent_load(const char *path, tpk_ctx *ctx)
     unsigned long long seed = 0;
     tpk_tune_latent *m = NULL;
     if (!fgets(magic, sizeof magic, f) || strncmp(magic, SAVE_MAGIC, strlen(SAVE_MAGIC)) != 0 ||
-        fscanf(f, "%d %d %d %d %d %d %lf %lf %lf %llu %d %d", &o.hidden, &o.trans_hidden, &o.head_hidden, &F,
-               &o.epochs, &o.refit_epochs, &o.lr, &o.aux_weight, &o.l2, &seed, &zready, &trained) != 12)
+        fscanf(f, "%d %d %d %d %d %d %lf %lf %lf %d %llu %d %d", &o.hidden, &o.trans_hidden, &o.head_hidden, &F,
+               &o.epochs, &o.refit_epochs, &o.lr, &o.aux_weight, &o.l2, &o.pair_weight, &seed, &zready, &trained) != 13)
         goto bad;
     o.seed = seed;
     m = latent_new(&o, F, ctx);

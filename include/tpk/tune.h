@@ -275,6 +275,7 @@ typedef struct tpk_tune_latent_opts {
     double lr;         /* Adam step size; default 0.01 */
     double aux_weight; /* weight of the auxiliary feature loss; default 1 */
     double l2;         /* weight decay on every parameter; default 1e-4 */
+    int pair_weight;   /* 1: pairs weighted by their label gap over the group's best; default 0 */
     uint64_t seed;     /* initial parameters */
 } tpk_tune_latent_opts;
 
