@@ -1,7 +1,8 @@
 /* The latent cost model (issue 21; "Toward Compiler World Models", docs/tuner-notes.md §2): a
  * configuration rolled out as the emitter's action sequence through a learned, action-conditioned
  * residual transition, ranked from its final latent state; pairwise logistic rank loss plus an
- * auxiliary decoder of the template's analytic features at every step. Plain C, double precision,
+ * auxiliary decoder of the template's analytic features at the step that completes each and at the
+ * final one. Plain C, double precision,
  * a few thousand parameters (include/tpk/tune.h states the architecture). */
 #include "tune_impl.h"
 
@@ -13,7 +14,7 @@
 #define KMAX TPK_TUNE_MAX_KNOBS    /* actions: one per knob */
 #define FMAX TPK_TUNE_MAX_FEATURES /* auxiliary targets: the template's features */
 #define NX 14                      /* task and machine-class features of the encoder and the head */
-#define NDEP_CACHE 128             /* spaces whose feature dependencies are remembered */
+#define NDEP_CACHE 128             /* spaces whose feature dependencies are remembered (then the last slot is reused) */
 #define DEP_PROBES 24              /* random configurations probed per space for dependencies */
 /* A feature "changes" with a knob beyond this relative amount (the features are floats). */
 #define DEP_REL_TOL 1e-6
@@ -44,7 +45,7 @@ struct tpk_tune_latent {
     int H, M, G, F, NG; /* state, transition, head widths; targets; head input */
     size_t np;
     double *p;                /* parameters (layout: the offsets below) */
-    double *m1, *m2, *g, *gw; /* Adam moments, gradient, scratch */
+    double *m1, *m2, *g;      /* Adam moments, gradient */
     size_t oE, oe, oW1, oA0, oA1, oA2, oW2, ob2, oD, od, oP, opb, ov;
     int zready;
     double zmu[FMAX], zsd[FMAX]; /* target standardisation; zsd 0: constant, not learnt */
@@ -144,9 +145,8 @@ static tpk_tune_latent *latent_new(const tpk_tune_latent_opts *o, int nfeat, tpk
     m->m1 = calloc(m->np, sizeof *m->m1);
     m->m2 = calloc(m->np, sizeof *m->m2);
     m->g = calloc(m->np, sizeof *m->g);
-    m->gw = calloc(m->np, sizeof *m->gw);
     m->dep = calloc(NDEP_CACHE, sizeof *m->dep);
-    if (!m->p || !m->m1 || !m->m2 || !m->g || !m->gw || !m->dep) {
+    if (!m->p || !m->m1 || !m->m2 || !m->g || !m->dep) {
         tpk_tune_latent_free(m);
         TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
         return NULL;
@@ -175,7 +175,6 @@ void tpk_tune_latent_free(tpk_tune_latent *m)
     free(m->m1);
     free(m->m2);
     free(m->g);
-    free(m->gw);
     free(m->dep);
     free(m);
 }

@@ -1,5 +1,6 @@
 /* Tensor-program tuner (AutoTVM-style, tuner-notes.md §1, §3): workloads, knob spaces, code
- * generation, measurement, JSON-lines logs, an XGBoost cost model and its search. */
+ * generation, measurement, JSON-lines logs, the cost models (XGBoost, the latent world model) and
+ * their search, exact verification, porting between machine classes. */
 #ifndef TPK_TUNE_H
 #define TPK_TUNE_H
 
