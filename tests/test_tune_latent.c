@@ -410,6 +410,28 @@ static void test_search_with_latent(void **state)
     print_message("toy table of %d: trials to 95%% of the best, median of %d seeds: random %d, latent %d, "
                   "xgb+latent %d\n", TABLE, SEEDS, med[0], med[1], med[2]);
     assert_true(3 * med[1] <= med[0] && 3 * med[2] <= med[0]);
+    /* Annealing over the whole space (no table) with the latent model, end to end: the synthetic
+     * objective, a short run of every batch size (the analytic default is among the first trials,
+     * so the best is at least its rate). */
+    {
+        tpk_tune_opts o;
+        tpk_tune_opts_default(&o);
+        o.trials = 20;
+        o.model = TPK_TUNE_MODEL_LATENT;
+        o.sa_chains = 32;
+        o.sa_steps = 40;
+        o.latent = &lo;
+        o.latent_unlabelled = 48;
+        uint64_t noise = 7;
+        tpk_tune_outcome out;
+        assert_int_equal(tpk_tune_run(&s, &o, tpk_tune_synthetic_measure, &noise, NULL, NULL, NULL, &out, &ctx), TPK_OK);
+        tpk_tune_config d;
+        tpk_tune_space_default(&s, &d);
+        print_message("annealing with the latent model: best %.2f after %d trials (default %.2f)\n", out.best_gflops,
+                      out.trials, tpk_tune_synthetic_gflops(&s, &d, noise));
+        assert_int_equal(out.trials, 20);
+        assert_true(out.best_gflops >= tpk_tune_synthetic_gflops(&s, &d, noise));
+    }
     for (int k = 1; k < 3; k++) {
         tpk_tune_opts o;
         tpk_tune_opts_default(&o);
