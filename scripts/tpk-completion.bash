@@ -34,7 +34,7 @@ _tpk_complete() {
         case ${tool##*/} in
         netsor) COMPREPLY=($(compgen -W "check dump kernel run" -- "$cur")); return 0 ;;
         tptune)
-            COMPREPLY=($(compgen -W "gemm syrk map gen show measure emit replay cuda-check" \
+            COMPREPLY=($(compgen -W "gemm syrk map gen show measure emit replay port verify cuda-check" \
                 -- "$cur"))
             return 0 ;;
         esac

@@ -1,6 +1,6 @@
 /* tptune: tune, inspect and generate tensor-program kernels (issue 6; tuner/README.md).
  *   tptune gemm --m=M --n=N --k=K [--dtype=f64|f32] [--target=cpu|cuda] [--threads=T]
- *               [--trials=N] [--batch=16] [--model=rank|reg|random] [--seed=S]
+ *               [--trials=N] [--batch=16] [--model=xgb|reg|latent|xgb+latent|random] [--seed=S]
  *               [--transfer=LOG] [--repeat=5] [--min-ms=50] --log=FILE
  *   tptune syrk --n=N --k=K [same options]   lower triangle of A·Aᵀ (Gram / covariance update)
  *   tptune map --n=N [same options]          ReLU NNGP map over the lower triangle (rate: G entries/s)
@@ -15,8 +15,14 @@
  *   tptune replay --log=FILE [--seeds=21] [--seed0=1] [--transfer=LOG[,LOG]] [--model=rank|reg]
  *                 [--batch=B] [--first=F] [--eps=E] [--div=D] [--depth=N] [--eta=X] [--rounds=N]
  *                                            random vs model vs model+transfer over a recorded table
+ *   tptune replay TABLE --models=random,xgb,latent[,xgb+latent] --seeds=A-B [--tau-train=64]
+ *                 [--latent=hidden=16,epochs=300,...]   the same per model; Kendall tau on held-out
+ *                                            configurations; last line `medians: random R xgb X latent Y`
  *   tptune gen --target=cuda --out=FILE LOG...            CUDA library file (gen/tpk_gemm_cuda.cu)
  *   tptune cuda-check --out=DIR [--trials=N] [--seed=S]   kernels.cu + harness.cu for a device
+ *   tptune port --from=CLASS --to=CLASS [--out=FILE] [--verify=0|1] [--data=DIR] [LOG...]
+ *                                            carry class CLASS's tuned configurations to another class
+ *                                            (passes, repair, exact verification); --out: seeds for --init
  *   tptune verify [--mutants=N] [--kinds=K,K] [--seed=S] [--class=ID] [--data=DIR]   exact checks of every shipped
  *                                            kernel (gen/) and the mutation suite (last line caught K/N) */
 #include <errno.h>
@@ -43,8 +49,9 @@
 static void usage(FILE *f)
 {
     fputs("usage: tptune gemm --m=M --n=N --k=K [--dtype=f64|f32] [--target=cpu|cuda] [--threads=T]\n"
-          "                   [--trials=N] [--batch=B] [--model=rank|reg|random] [--seed=S]\n"
-          "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] [--vendor=0|1] --log=FILE\n"
+          "                   [--trials=N] [--batch=B] [--model=xgb|reg|latent|xgb+latent|random] [--seed=S]\n"
+          "                   [--transfer=LOG] [--repeat=R] [--min-ms=MS] [--vendor=0|1] [--latent=K=V,...]\n"
+          "                   [--init=PORTED.jsonl] --log=FILE\n"
           "       tptune syrk --n=N --k=K [options as for gemm]\n"
           "       tptune map --n=N [options as for gemm]   (ReLU NNGP map; rates in G entries/s)\n"
           "       tptune gen --op=map --class=CLASS.conf --out=FILE LOG...\n"
@@ -57,8 +64,14 @@ static void usage(FILE *f)
           "       tptune replay --log=FILE [--seeds=S] [--seed0=S0] [--trials=N] [--transfer=LOG[,LOG...]]\n"
           "                     [--model=rank|reg] [--batch=B] [--first=F] [--eps=E] [--div=D] [--depth=N]\n"
           "                     [--eta=X] [--rounds=N]\n"
+          "       tptune replay TABLE --models=random,xgb,latent[,xgb+latent] [--seeds=A-B] [--tau-train=N]\n"
+          "                     [--latent=hidden=H,trans=M,head=G,epochs=E,refit=R,lr=X,aux=W,l2=X,unlab=U]\n"
+          "           last line `medians: random R xgb X latent Y` (trials to 95% of the table's best)\n"
           "       tptune gen --target=cuda --out=FILE LOG...\n"
           "       tptune cuda-check --out=DIR [--trials=RANDOM_CONFIGS] [--seed=S] [--m= --n= --k=]\n"
+          "       tptune port --from=CLASS --to=CLASS [--out=FILE] [--verify=0|1] [--data=DIR] [LOG...]\n"
+          "           CLASS: an id of data/machines (avx512-intel) or a .conf path; --out: the ported configurations\n"
+          "           as unmeasured records of the target class, measured first by tptune gemm --init=FILE\n"
           "       tptune verify [--mutants=N] [--kinds=K,K] [--seed=S] [--class=ID] [--data=DIR]\n"
           "           every shipped kernel of the classes this CPU runs: GEMM/SYRK exactly on integers, maps by\n"
           "           their Z_p twin (and the kernel within tolerance); --mutants: N injected bugs, last line\n"
@@ -72,6 +85,12 @@ typedef struct args {
     tpk_tune_task task;
     int trials, batch, model, seeds, repeat, vendor, reverse;
     int first, depth, rounds, seed0; /* replay search settings; -1: the search's default */
+    const char *models;              /* replay --models=random,xgb,latent */
+    int tau_train;                   /* replay --tau-train: configurations the held-out tau fits on */
+    tpk_tune_latent_opts latent;     /* --latent=K=V,...; seed 0: the run's seed */
+    int unlabelled;                  /* --latent=unlab=U */
+    const char *from, *to, *init;    /* port --from/--to; gemm --init: configurations measured first */
+    int verify;                      /* port --verify */
     int mutants;                     /* verify --mutants */
     int twin;                        /* emit --twin: a map kernel's Z_p twin */
     const char *mutant;              /* emit --mutant=KIND[:SITE] */
@@ -120,6 +139,118 @@ static int parse_frac(const char *v, double *out, double max)
     return 0;
 }
 
+/* A model name: xgb (= rank, xgb-rank), reg (xgb-reg), latent, xgb+latent, random; -1 otherwise. */
+static int model_kind(const char *v)
+{
+    if (!strcmp(v, "rank") || !strcmp(v, "xgb") || !strcmp(v, "xgb-rank"))
+        return TPK_TUNE_MODEL_XGB_RANK;
+    if (!strcmp(v, "reg") || !strcmp(v, "xgb-reg"))
+        return TPK_TUNE_MODEL_XGB_REG;
+    if (!strcmp(v, "latent"))
+        return TPK_TUNE_MODEL_LATENT;
+    if (!strcmp(v, "xgb+latent"))
+        return TPK_TUNE_MODEL_XGB_LATENT;
+    if (!strcmp(v, "random"))
+        return TPK_TUNE_MODEL_RANDOM;
+    return -1;
+}
+
+#define MAX_MODELS 8
+
+/* Split "random,xgb,latent" into kinds and names (buf holds the names); the count, -1 if a name
+ * is unknown or there are more than MAX_MODELS. */
+static int models_split(const char *list, char *buf, size_t cap, int *kind, const char **name)
+{
+    snprintf(buf, cap, "%s", list);
+    int n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n == MAX_MODELS || (kind[n] = model_kind(tok)) < 0)
+            return -1;
+        name[n++] = tok;
+    }
+    return n;
+}
+
+static int models_check(const char *list)
+{
+    char buf[256];
+    int kind[MAX_MODELS];
+    const char *name[MAX_MODELS];
+    return models_split(list, buf, sizeof buf, kind, name) < 1;
+}
+
+/* --seeds=N (seeds seed0 .. seed0 + N - 1) or --seeds=A-B. */
+static int parse_seeds(const char *v, args *a)
+{
+    const char *dash = strchr(v, '-');
+    if (!dash)
+        return parse_int(v, &a->seeds) || a->seeds < 1;
+    char lo[32];
+    int b;
+    if ((size_t)(dash - v) >= sizeof lo)
+        return -1;
+    memcpy(lo, v, (size_t)(dash - v));
+    lo[dash - v] = '\0';
+    if (parse_int(lo, &a->seed0) || parse_int(dash + 1, &b) || b < a->seed0)
+        return -1;
+    a->seeds = b - a->seed0 + 1;
+    return 0;
+}
+
+/* --latent=hidden=16,trans=32,head=16,epochs=300,refit=100,lr=0.01,aux=1,l2=1e-4,unlab=128 */
+static int parse_latent(const char *v, args *a)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", v);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq)
+            return -1;
+        *eq = '\0';
+        const char *val = eq + 1;
+        tpk_tune_latent_opts *l = &a->latent;
+        int bad;
+        if (!strcmp(tok, "hidden"))
+            bad = parse_int(val, &l->hidden) || l->hidden < 1 || l->hidden > 256;
+        else if (!strcmp(tok, "trans"))
+            bad = parse_int(val, &l->trans_hidden) || l->trans_hidden < 1 || l->trans_hidden > 256;
+        else if (!strcmp(tok, "head"))
+            bad = parse_int(val, &l->head_hidden) || l->head_hidden < 1 || l->head_hidden > 256;
+        else if (!strcmp(tok, "epochs"))
+            bad = parse_int(val, &l->epochs);
+        else if (!strcmp(tok, "refit"))
+            bad = parse_int(val, &l->refit_epochs);
+        else if (!strcmp(tok, "lr"))
+            bad = parse_frac(val, &l->lr, 1) || l->lr == 0;
+        else if (!strcmp(tok, "aux"))
+            bad = parse_frac(val, &l->aux_weight, 1000);
+        else if (!strcmp(tok, "l2"))
+            bad = parse_frac(val, &l->l2, 1);
+        else if (!strcmp(tok, "pw"))
+            bad = parse_int(val, &l->pair_weight) || l->pair_weight > 1;
+        else if (!strcmp(tok, "unlab"))
+            bad = parse_int(val, &a->unlabelled);
+        else
+            bad = 1;
+        if (bad)
+            return -1;
+    }
+    return 0;
+}
+
+/* The search options of the command line's model settings (replay's and the tuner's). */
+static void latent_into(const args *a, tpk_tune_opts *o, tpk_tune_latent_opts *lo)
+{
+    *lo = a->latent;
+    if (lo->seed == 0)
+        lo->seed = o->seed;
+    o->latent = lo;
+    if (a->unlabelled >= 0)
+        o->latent_unlabelled = a->unlabelled;
+}
+
 static int parse_args(int argc, char **argv, args *a)
 {
     memset(a, 0, sizeof *a);
@@ -137,6 +268,11 @@ static int parse_args(int argc, char **argv, args *a)
     a->first = a->depth = a->rounds = -1;
     a->eps = a->div = a->eta = -1;
     a->seed0 = 1;
+    a->tau_train = 64;
+    tpk_tune_latent_opts_default(&a->latent);
+    a->latent.seed = 0;
+    a->unlabelled = -1;
+    a->verify = 1;
     for (int i = 2; i < argc; i++) {
         char *s = argv[i];
         if (strncmp(s, "--", 2) != 0) {
@@ -188,23 +324,21 @@ static int parse_args(int argc, char **argv, args *a)
                 a->classes = 1;
             else
                 bad = 1;
-        } else if (!strcmp(k, "model")) {
-            if (!strcmp(v, "rank"))
-                a->model = TPK_TUNE_MODEL_XGB_RANK;
-            else if (!strcmp(v, "reg"))
-                a->model = TPK_TUNE_MODEL_XGB_REG;
-            else if (!strcmp(v, "random"))
-                a->model = TPK_TUNE_MODEL_RANDOM;
-            else
-                bad = 1;
-        } else if (!strcmp(k, "threads"))
+        } else if (!strcmp(k, "model"))
+            bad = (a->model = model_kind(v)) < 0;
+        else if (!strcmp(k, "models"))
+            bad = models_check(a->models = v);
+        else if (!strcmp(k, "latent"))
+            bad = parse_latent(v, a);
+        else if (!strcmp(k, "tau-train"))
+            bad = parse_int(v, &a->tau_train) || a->tau_train < 2; else if (!strcmp(k, "threads"))
             bad = parse_int(v, &a->task.threads) || a->task.threads < 1;
         else if (!strcmp(k, "trials"))
             bad = parse_int(v, &a->trials) || a->trials < 1;
         else if (!strcmp(k, "batch"))
             bad = parse_int(v, &a->batch) || a->batch < 1;
         else if (!strcmp(k, "seeds"))
-            bad = parse_int(v, &a->seeds) || a->seeds < 1;
+            bad = parse_seeds(v, a);
         else if (!strcmp(k, "repeat"))
             bad = parse_int(v, &a->repeat) || a->repeat < 1 || a->repeat > TPK_TUNE_MAX_REPEAT;
         else if (!strcmp(k, "vendor"))
@@ -249,6 +383,14 @@ static int parse_args(int argc, char **argv, args *a)
             a->mutant = v;
         else if (!strcmp(k, "kinds"))
             a->kinds = v;
+        else if (!strcmp(k, "from"))
+            a->from = v;
+        else if (!strcmp(k, "to"))
+            a->to = v;
+        else if (!strcmp(k, "init"))
+            a->init = v;
+        else if (!strcmp(k, "verify"))
+            bad = parse_int(v, &a->verify) || a->verify > 1;
         else {
             fprintf(stderr, "tptune: unknown option --%s\n", k);
             return -1;
@@ -359,6 +501,8 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     o.plan_size = a->batch;
     o.model = a->model;
     o.seed = a->seed;
+    tpk_tune_latent_opts lo;
+    latent_into(a, &o, &lo);
     tpk_tune_record *hist = NULL;
     size_t nhist = 0;
     if (a->transfer) {
@@ -367,11 +511,37 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
         o.history = hist;
         o.nhistory = nhist;
     }
+    /* --init: this workload's configurations of a ported (or any) log, measured first */
+    tpk_tune_record *ir = NULL;
+    size_t nir = 0;
+    tpk_tune_config *init = NULL;
+    if (a->init) {
+        if (tpk_tune_log_read(a->init, &ir, &nir, ctx)) {
+            free(hist);
+            return 1;
+        }
+        init = malloc((nir + 1) * sizeof *init);
+        if (!init) {
+            free(hist), free(ir);
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            return 1;
+        }
+        for (size_t i = 0; i < nir; i++) {
+            tpk_ctx q;
+            tpk_ctx_init(&q);
+            if (tpk_tune_task_same(&ir[i].task, &s.task) && !strcmp(ir[i].template_name, s.template_name) &&
+                !tpk_tune_record_config(&s, &ir[i], &init[o.ninitial], &q))
+                o.ninitial++;
+        }
+        o.initial = init;
+        printf("tptune: %zu configuration(s) of this workload from %s measured first\n", o.ninitial, a->init);
+    }
     tpk_tune_measure_opts mo;
     char self[4096];
     measure_opts(a, &mo, self, sizeof self);
     FILE *log = fopen(a->log, "a");
     if (!log) {
+        free(init), free(ir);
         free(hist);
         TPK_ERROR(ctx, TPK_EIO, "%s: cannot open for appending: %s", a->log, strerror(errno));
         return 1;
@@ -383,6 +553,8 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     int st = tpk_tune_run(&s, &o, measure_cb, &mo, log, progress, NULL, &out, ctx);
     fclose(log);
     free(hist);
+    free(init);
+    free(ir);
     if (st)
         return 1;
     if (!(out.best_gflops > 0)) { /* every trial failed: no result, and say why */
@@ -639,6 +811,28 @@ static int cmp_double(const void *a, const void *b)
 
 /* Median over seeds of the trials one method needs to reach `target` on the table (trials + 1
  * when it never does). */
+/* The search options of a replay run of `model` with seed `seed` (lo: room for the latent's). */
+static void replay_opts(const args *a, int model, uint64_t seed, tpk_tune_opts *o, tpk_tune_latent_opts *lo)
+{
+    tpk_tune_opts_default(o);
+    o->plan_size = a->batch;
+    o->model = model;
+    o->seed = seed;
+    if (a->first >= 0)
+        o->plan_first = a->first;
+    if (a->eps >= 0)
+        o->eps = a->eps;
+    if (a->div >= 0)
+        o->diversity = a->div;
+    if (a->depth > 0)
+        o->model_depth = a->depth;
+    if (a->eta > 0)
+        o->model_eta = a->eta;
+    if (a->rounds > 0)
+        o->rounds = a->rounds;
+    latent_into(a, o, lo);
+}
+
 static int replay_median(const args *a, const tpk_tune_space *s, table *t, int trials, double target, int model,
                          const tpk_tune_record *hist, size_t nhist, int *lo, int *hi, tpk_ctx *ctx)
 {
@@ -649,28 +843,14 @@ static int replay_median(const args *a, const tpk_tune_space *s, table *t, int t
     }
     for (int sd = 0; sd < a->seeds; sd++) {
         tpk_tune_opts o;
-        tpk_tune_opts_default(&o);
+        tpk_tune_latent_opts lopt;
+        replay_opts(a, model, (uint64_t)(a->seed0 + sd), &o, &lopt);
         o.trials = trials;
-        o.plan_size = a->batch;
-        o.model = model;
-        o.seed = (uint64_t)(a->seed0 + sd);
         o.universe = t->idx;
         o.nuniverse = t->n;
         o.stop_at_gflops = target;
         o.history = hist;
         o.nhistory = nhist;
-        if (a->first >= 0)
-            o.plan_first = a->first;
-        if (a->eps >= 0)
-            o.eps = a->eps;
-        if (a->div >= 0)
-            o.diversity = a->div;
-        if (a->depth > 0)
-            o.model_depth = a->depth;
-        if (a->eta > 0)
-            o.model_eta = a->eta;
-        if (a->rounds > 0)
-            o.rounds = a->rounds;
         tpk_tune_outcome out;
         if (tpk_tune_run(s, &o, table_measure, t, NULL, NULL, NULL, &out, ctx)) {
             free(need);
@@ -684,6 +864,28 @@ static int replay_median(const args *a, const tpk_tune_space *s, table *t, int t
     *hi = need[a->seeds - 1];
     free(need);
     return med;
+}
+
+/* Median over the seeds of a model's Kendall tau on held-out configurations: fitted on a->tau_train
+ * random configurations of the table (a different draw per seed), scored on the rest. */
+static int replay_tau(const args *a, const tpk_tune_space *s, const table *t, int model, double *tau, tpk_ctx *ctx)
+{
+    double *v = malloc((size_t)a->seeds * sizeof *v);
+    if (!v)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    int st = TPK_OK;
+    for (int sd = 0; !st && sd < a->seeds; sd++) {
+        tpk_tune_opts o;
+        tpk_tune_latent_opts lopt;
+        replay_opts(a, model, (uint64_t)(a->seed0 + sd), &o, &lopt);
+        st = tpk_tune_model_tau(s, &o, t->idx, t->gf, t->n, (size_t)a->tau_train, &v[sd], ctx);
+    }
+    if (!st) {
+        qsort(v, (size_t)a->seeds, sizeof *v, cmp_double);
+        *tau = v[a->seeds / 2];
+    }
+    free(v);
+    return st;
 }
 
 /* Exact median trials of random search without replacement when `hits` of `n` configurations
@@ -762,17 +964,32 @@ static int table_labels(const tpk_tune_record *r, size_t n, const tpk_tune_space
 
 static int cmd_replay(const args *a, tpk_ctx *ctx)
 {
-    if (!a->log) {
-        fprintf(stderr, "tptune replay: --log=FILE is required\n");
+    const char *path = a->log ? a->log : a->nfiles == 1 ? a->files[0] : NULL;
+    if (!path) {
+        fprintf(stderr, "tptune replay: a table is required (TABLE or --log=FILE)\n");
         return 2;
+    }
+    /* The methods: --models, or the classic three (random, the --model, and it with transfer). */
+    char mbuf[256];
+    int kind[MAX_MODELS], nm;
+    const char *mname[MAX_MODELS];
+    if (a->models)
+        nm = models_split(a->models, mbuf, sizeof mbuf, kind, mname);
+    else {
+        kind[0] = TPK_TUNE_MODEL_RANDOM;
+        mname[0] = "random";
+        kind[1] = a->model == TPK_TUNE_MODEL_RANDOM ? TPK_TUNE_MODEL_XGB_RANK : a->model;
+        mname[1] = kind[1] == TPK_TUNE_MODEL_XGB_REG ? "xgb-reg" : kind[1] == TPK_TUNE_MODEL_XGB_RANK ? "xgb-rank"
+                   : kind[1] == TPK_TUNE_MODEL_LATENT ? "latent" : "xgb+latent";
+        nm = 2;
     }
     tpk_tune_record *r;
     size_t n;
-    if (tpk_tune_log_read(a->log, &r, &n, ctx))
+    if (tpk_tune_log_read(path, &r, &n, ctx))
         return 1;
     if (n == 0) {
         free(r);
-        TPK_ERROR(ctx, TPK_EINVAL, "%s: no records", a->log);
+        TPK_ERROR(ctx, TPK_EINVAL, "%s: no records", path);
         return 1;
     }
     tpk_tune_space s;
@@ -811,25 +1028,56 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
                "times its median %.2f GFLOP/s\n", passes, vmed);
     else
         printf("labels: mean over up to %d records per configuration of the fastest repeat's rate\n", passes);
-    int model = a->model == TPK_TUNE_MODEL_RANDOM ? TPK_TUNE_MODEL_XGB_RANK : a->model;
-    const char *mname = model == TPK_TUNE_MODEL_XGB_REG ? "xgb-reg" : "xgb-rank";
-    int med[3], lo, hi, exact = random_median_exact(t.n, (size_t)near);
-    for (int mi = 0; mi < (hist ? 3 : 2); mi++) {
-        med[mi] = replay_median(a, &s, &t, trials, 0.95 * best, mi ? model : TPK_TUNE_MODEL_RANDOM,
-                                mi == 2 ? hist : NULL, mi == 2 ? nhist : 0, &lo, &hi, ctx);
-        if (med[mi] < 0)
+    /* Each model cold, then (with --transfer) each but random with transfer: the classic run's
+     * third line is its model with transfer. */
+    int med[2 * MAX_MODELS], lo, hi, exact = random_median_exact(t.n, (size_t)near), cold0 = -1;
+    int nrun = 0, runk[2 * MAX_MODELS], runx[2 * MAX_MODELS];
+    for (int x = 0; x < (hist ? 2 : 1); x++)
+        for (int i = 0; i < nm; i++)
+            if (!x || kind[i] != TPK_TUNE_MODEL_RANDOM) {
+                runk[nrun] = i;
+                runx[nrun++] = x;
+            }
+    for (int j = 0; j < nrun; j++) {
+        int i = runk[j], k = kind[i];
+        med[j] = replay_median(a, &s, &t, trials, 0.95 * best, k, runx[j] ? hist : NULL, runx[j] ? nhist : 0, &lo,
+                               &hi, ctx);
+        if (med[j] < 0)
             goto done;
-        char name[32];
-        snprintf(name, sizeof name, "%s%s", mi ? mname : "random", mi == 2 ? "+transfer" : "");
-        printf("%-19s trials to 95%% of best: median %4d (min %d, max %d) over %d seeds", name, med[mi], lo, hi,
+        if (k == TPK_TUNE_MODEL_RANDOM && cold0 < 0)
+            cold0 = med[j];
+        char name[48];
+        snprintf(name, sizeof name, "%s%s", mname[i], runx[j] ? "+transfer" : "");
+        printf("%-19s trials to 95%% of best: median %4d (min %d, max %d) over %d seeds", name, med[j], lo, hi,
                a->seeds);
-        if (mi)
-            printf("  ratio to random %.2f (to exact %.2f)", (double)med[mi] / med[0], (double)med[mi] / exact);
-        else
+        if (k == TPK_TUNE_MODEL_RANDOM)
             printf("; exact median %d", exact);
-        if (mi == 2)
-            printf(", to cold %.2f (%zu of %zu records: other workloads, measured without load)",
-                   (double)med[2] / med[1], nlearn, nhist);
+        else if (cold0 > 0)
+            printf("  ratio to random %.2f (to exact %.2f)", (double)med[j] / cold0, (double)med[j] / exact);
+        else
+            printf("  ratio to exact random %.2f", (double)med[j] / exact);
+        if (runx[j]) {
+            int c = 0; /* the same model's cold run */
+            while (runk[c] != i || runx[c])
+                c++;
+            printf(", to cold %.2f (%zu of %zu records: other workloads, measured without load)", (double)med[j] / med[c],
+                   nlearn, nhist);
+        }
+        printf("\n");
+    }
+    if (a->models) {
+        /* Held-out ranking quality of each model, then the medians, last. */
+        printf("kendall tau on held-out configurations (fit on %d, scored on the other %zu; median over seeds):",
+               a->tau_train, t.n > (size_t)a->tau_train ? t.n - (size_t)a->tau_train : 0);
+        for (int i = 0; i < nm; i++) {
+            double tau = 0;
+            if (kind[i] != TPK_TUNE_MODEL_RANDOM && replay_tau(a, &s, &t, kind[i], &tau, ctx))
+                goto done;
+            printf(" %s %.3f", mname[i], tau);
+        }
+        printf("\nmedians:");
+        for (int j = 0; j < nrun; j++)
+            printf(" %s%s %d", mname[runk[j]], runx[j] ? "+transfer" : "", med[j]);
         printf("\n");
     }
     rc = 0;
@@ -839,6 +1087,80 @@ done:
     free(t.idx);
     free(t.gf);
     return rc;
+}
+
+/* A machine class by id (DATA/machines/ID.conf) or as a .conf path. */
+static int read_class(const char *data, const char *spec, tpk_tune_class *c, tpk_ctx *ctx)
+{
+    char path[4400];
+    size_t len = strlen(spec);
+    if (len > 5 && !strcmp(spec + len - 5, ".conf"))
+        snprintf(path, sizeof path, "%s", spec);
+    else
+        snprintf(path, sizeof path, "%s/machines/%s.conf", data, spec);
+    return tpk_tune_class_read(path, c, ctx);
+}
+
+/* The data folder: --data, else $TPK_ROOT/data, else ./data. */
+static void data_dir(const args *a, char *data, size_t cap)
+{
+    const char *root = getenv("TPK_ROOT");
+    if (a->data)
+        snprintf(data, cap, "%s", a->data);
+    else
+        snprintf(data, cap, "%s/data", root && *root ? root : ".");
+}
+
+/* Port: class --from's tuned configurations to class --to, pass by pass, each verified. */
+static int cmd_port(const args *a, tpk_ctx *ctx)
+{
+    if (!a->from || !a->to) {
+        fprintf(stderr, "tptune port: --from=CLASS and --to=CLASS are required\n");
+        return 2;
+    }
+    char data[4096], pat[4200];
+    data_dir(a, data, sizeof data);
+    tpk_tune_class from, to;
+    if (read_class(data, a->from, &from, ctx) || read_class(data, a->to, &to, ctx))
+        return 1;
+    tpk_tune_record *recs;
+    size_t nrec;
+    if (a->nfiles) {
+        if (read_files(a->files, a->nfiles, &recs, &nrec, ctx))
+            return 1;
+    } else {
+        snprintf(pat, sizeof pat, "%s/tuning/*.jsonl", data);
+        glob_t g;
+        if (glob(pat, 0, NULL, &g) != 0) {
+            TPK_ERROR(ctx, TPK_EIO, "%s: no tuning logs (run from the repository, give LOG..., or --data=DIR)", pat);
+            return 1;
+        }
+        int rc = read_files((const char *const *)g.gl_pathv, (int)g.gl_pathc, &recs, &nrec, ctx);
+        globfree(&g);
+        if (rc)
+            return 1;
+    }
+    FILE *out = NULL;
+    if (a->out && !(out = fopen(a->out, "w"))) {
+        free(recs);
+        TPK_ERROR(ctx, TPK_EIO, "%s: cannot open for writing: %s", a->out, strerror(errno));
+        return 1;
+    }
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[len > 0 ? len : 0] = '\0';
+    tpk_tune_mutant_opts vo = {.seed = a->seed, .runner = len > 0 ? self : NULL};
+    printf("tptune port: %s (%s) -> %s (%s), %zu records%s\n", from.m.name, from.id, to.m.name, to.id, nrec,
+           a->verify ? "; every changed kernel checked by the exact verifier" : "; not verified (--verify=0)");
+    int np = 0, nf = 0;
+    int st = tpk_tune_port(recs, nrec, &from.m, &to.m, a->verify ? &vo : NULL, stdout, out, &np, &nf, ctx);
+    if (out && fclose(out) != 0 && !st)
+        st = TPK_ERROR(ctx, TPK_EIO, "%s: write failed", a->out);
+    free(recs);
+    if (st)
+        return 1;
+    printf("ported %d of %d configurations from %s to %s (%d failed)\n", np, np + nf, from.id, to.id, nf);
+    return nf ? 1 : 0;
 }
 
 /* Device-check bundle: kernels.cu + harness.cu for scripts/device-check.sh. */
@@ -1125,6 +1447,8 @@ int main(int argc, char **argv)
         rc = cmd_replay(&a, &ctx);
     else if (!strcmp(argv[1], "cuda-check"))
         rc = cmd_cuda_check(&a, &ctx);
+    else if (!strcmp(argv[1], "port"))
+        rc = cmd_port(&a, &ctx);
 #ifndef TPTUNE_GENERATOR
     else if (!strcmp(argv[1], "verify"))
         rc = cmd_verify(&a, &ctx);

@@ -296,3 +296,38 @@ int tpk_tune_verify_mutants(const tpk_tune_space *s, const tpk_tune_config *c, s
     fprintf(out, "caught %d/%d\n", *caught, o->n);
     return TPK_OK;
 }
+
+int tpk_tune_verify_kernel(const tpk_tune_space *s, const tpk_tune_config *c, const tpk_tune_mutant_opts *o, int *ok,
+                           char *why, size_t cap, tpk_ctx *ctx)
+{
+    *ok = 0;
+    why[0] = '\0';
+    char src[600], so[600];
+    int st = tpk__scratch(NULL, "port", src, so, sizeof src, ctx);
+    if (st)
+        return st;
+    FILE *f = fopen(src, "w");
+    if (!f)
+        return TPK_ERROR(ctx, TPK_EIO, "verify: cannot write %s", src);
+    tpk__mutation mu = {.kind = -1};
+    st = emit_one(s, c, &mu, f, ctx);
+    if (fclose(f) != 0 && !st)
+        st = TPK_ERROR(ctx, TPK_EIO, "verify: cannot write %s", src);
+    const int map = s->task.op == TPK_TUNE_MAP;
+    tpk_ctx q;
+    tpk_ctx_init(&q);
+    if (!st && tpk__compile_cpu(src, so, o->cc, map ? "-Wno-psabi" : NULL, 120, NULL, &q)) {
+        snprintf(why, cap, "does not compile: %s", q.msg);
+        unlink(src);
+        return TPK_OK;
+    }
+    unlink(src);
+    if (st)
+        return st;
+    const int r = run_mutant(so, s, c, o, why, cap);
+    unlink(so);
+    if (r < 0)
+        return TPK_ERROR(ctx, TPK_EIO, "verify: the kernel could not be checked: %s", why);
+    *ok = r == 0;
+    return TPK_OK;
+}

@@ -25,6 +25,7 @@ void tpk_tune_opts_default(tpk_tune_opts *o)
      * plan_first = 0, model_eta = 0. */
     o->plan_first = 4;
     o->model_eta = 0.1;
+    o->latent_unlabelled = 128;
 }
 
 /* ---- a set of visited indices (open addressing) ------------------------------------------- */
@@ -83,6 +84,9 @@ static int set_add(idxset *s, uint64_t v)
 
 /* ---- the scorer: own model, plus the discounted transfer prior ---------------------------- */
 
+/* XGBoost (own, and base: the transfer prior), the latent model (lat), or both blended: each
+ * model's scores standardised by their mean and deviation over the run's unlabelled sample at
+ * the last fit (fixed between fits, so that annealing compares scores of one scale), averaged. */
 typedef struct scorer {
     const tpk_tune_space *s;
     tpk_tune_model *own, *base;
@@ -90,6 +94,11 @@ typedef struct scorer {
     int nfeat;
     float *X, *bm, *out; /* scratch, cap rows */
     size_t cap;
+    tpk_tune_latent *lat;
+    tpk_tune_latent_row *rows, *unlab; /* scratch (cap rows); the unlabelled sample */
+    size_t nunlab;
+    float *lout;
+    double xmu, xsd, lmu, lsd; /* blend standardisation */
 } scorer;
 
 static int scorer_reserve(scorer *sc, size_t n)
@@ -109,25 +118,47 @@ static int scorer_reserve(scorer *sc, size_t n)
     if (!out)
         return -1;
     sc->out = out;
+    float *lout = realloc(sc->lout, c * sizeof *lout);
+    if (!lout)
+        return -1;
+    sc->lout = lout;
+    tpk_tune_latent_row *rows = realloc(sc->rows, c * sizeof *rows);
+    if (!rows)
+        return -1;
+    sc->rows = rows;
     sc->cap = c;
     return 0;
 }
 
-static int scorer_ready(const scorer *sc)
+static void scorer_free(scorer *sc)
+{
+    tpk_tune_model_free(sc->own);
+    tpk_tune_model_free(sc->base);
+    tpk_tune_latent_free(sc->lat);
+    free(sc->X);
+    free(sc->bm);
+    free(sc->out);
+    free(sc->lout);
+    free(sc->rows);
+    free(sc->unlab);
+}
+
+static int xgb_ready(const scorer *sc)
 {
     return tpk_tune_model_trained(sc->own) || tpk_tune_model_trained(sc->base);
 }
 
-/* Scores of n configuration indices into sc->out. */
-static int score(scorer *sc, const uint64_t *idx, size_t n, tpk_ctx *ctx)
+static int scorer_ready(const scorer *sc)
 {
-    if (scorer_reserve(sc, n))
-        return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+    return xgb_ready(sc) || tpk_tune_latent_trained(sc->lat);
+}
+
+/* XGBoost's scores of the n configurations cs into sc->out. */
+static int score_xgb(scorer *sc, const tpk_tune_config *cs, size_t n, tpk_ctx *ctx)
+{
     for (size_t i = 0; i < n; i++) {
-        tpk_tune_config c;
-        tpk_tune_space_point(sc->s, idx[i], &c);
         float *row = sc->X + i * (size_t)sc->nfeat;
-        int nf = sc->s->features(sc->s, &c, row, sc->nfeat);
+        int nf = sc->s->features(sc->s, &cs[i], row, sc->nfeat);
         for (int f = nf; f < sc->nfeat; f++)
             row[f] = 0;
     }
@@ -147,6 +178,78 @@ static int score(scorer *sc, const uint64_t *idx, size_t n, tpk_ctx *ctx)
             sc->bm[i] *= (float)sc->discount;
     return tpk_tune_model_predict(sc->own, sc->X, n, base_ok && sc->discount > 0 ? sc->bm : NULL,
                                   sc->out, ctx);
+}
+
+/* Scores of n configurations into sc->out. */
+static int score_configs(scorer *sc, const tpk_tune_config *cs, size_t n, tpk_ctx *ctx)
+{
+    if (scorer_reserve(sc, n))
+        return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+    int xr = xgb_ready(sc), lr = tpk_tune_latent_trained(sc->lat), st;
+    if (xr && (st = score_xgb(sc, cs, n, ctx)))
+        return st;
+    if (lr) {
+        for (size_t i = 0; i < n; i++) {
+            sc->rows[i].s = sc->s;
+            sc->rows[i].c = cs[i];
+        }
+        if ((st = tpk_tune_latent_predict(sc->lat, sc->rows, n, sc->lout, ctx)))
+            return st;
+        for (size_t i = 0; i < n; i++)
+            sc->out[i] = xr ? (float)(0.5 * ((sc->out[i] - sc->xmu) / sc->xsd + (sc->lout[i] - sc->lmu) / sc->lsd))
+                            : sc->lout[i];
+    }
+    return TPK_OK;
+}
+
+/* Scores of n configuration indices into sc->out. */
+static int score(scorer *sc, const uint64_t *idx, size_t n, tpk_ctx *ctx)
+{
+    tpk_tune_config *cs = malloc((n + 1) * sizeof *cs);
+    if (!cs)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+    for (size_t i = 0; i < n; i++)
+        tpk_tune_space_point(sc->s, idx[i], &cs[i]);
+    int st = score_configs(sc, cs, n, ctx);
+    free(cs);
+    return st;
+}
+
+/* Mean and deviation of n scores (deviation 1 when they are all equal). */
+static void score_stats(const float *v, size_t n, double *mu, double *sd)
+{
+    double s = 0, s2 = 0;
+    for (size_t i = 0; i < n; i++) {
+        s += v[i];
+        s2 += (double)v[i] * v[i];
+    }
+    *mu = n ? s / (double)n : 0;
+    double var = n ? s2 / (double)n - *mu * *mu : 0;
+    *sd = var > 1e-24 ? sqrt(var) : 1;
+}
+
+/* After a fit of both models: the blend's standardisation over the unlabelled sample. */
+static int scorer_blend_stats(scorer *sc, tpk_ctx *ctx)
+{
+    if (!sc->lat || !xgb_ready(sc) || !tpk_tune_latent_trained(sc->lat) || sc->nunlab == 0)
+        return TPK_OK;
+    size_t n = sc->nunlab;
+    tpk_tune_config *cs = malloc(n * sizeof *cs);
+    if (!cs || scorer_reserve(sc, n)) {
+        free(cs);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+    }
+    for (size_t i = 0; i < n; i++)
+        cs[i] = sc->unlab[i].c;
+    int st = score_xgb(sc, cs, n, ctx);
+    if (!st)
+        st = tpk_tune_latent_predict(sc->lat, sc->unlab, n, sc->lout, ctx);
+    if (!st) {
+        score_stats(sc->out, n, &sc->xmu, &sc->xsd);
+        score_stats(sc->lout, n, &sc->lmu, &sc->lsd);
+    }
+    free(cs);
+    return st;
 }
 
 /* ---- proposal: simulated annealing over the model ----------------------------------------- */
@@ -488,6 +591,174 @@ static tpk_tune_model *fit_base(const history_rows *h, const tpk_tune_opts *o, i
     return m;
 }
 
+/* The latent model's transfer: the other workloads' records (as for XGBoost: same template,
+ * measured without load), one group per workload, each in a space of its own; the model is
+ * pretrained on them (with the run's unlabelled sample) and the run's fits continue from there. */
+static int latent_pretrain(scorer *sc, const tpk_tune_space *s, const tpk_tune_opts *o, tpk_ctx *ctx)
+{
+    size_t n = o->nhistory, rows = 0, ng = 0;
+    tpk_tune_space *sp = malloc((n + 1) * sizeof *sp);
+    tpk_tune_latent_row *r = malloc((n + 1) * sizeof *r);
+    double *y = malloc((n + 1) * sizeof *y);
+    unsigned *group = malloc((n + 1) * sizeof *group);
+    char *used = calloc(n + 1, 1);
+    int st = TPK_OK;
+    if (!sp || !r || !y || !group || !used) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (used[i] || strcmp(o->history[i].template_name, s->template_name) != 0 ||
+            tpk_tune_task_same(&o->history[i].task, &s->task))
+            continue;
+        tpk_ctx qc;
+        tpk_ctx_init(&qc);
+        if (tpk_tune_space_init(&sp[ng], &o->history[i].task, &qc))
+            continue;
+        unsigned len = 0;
+        for (size_t j = i; j < n; j++) {
+            if (used[j] || !tpk_tune_task_same(&o->history[j].task, &o->history[i].task) ||
+                strcmp(o->history[j].template_name, s->template_name) != 0)
+                continue;
+            used[j] = 1;
+            tpk_tune_config c;
+            if (!tpk_tune_record_unloaded(&o->history[j]) ||
+                tpk_tune_record_config(&sp[ng], &o->history[j], &c, &qc) != TPK_OK || !tpk_tune_space_valid(&sp[ng], &c)) {
+                tpk_ctx_clear(&qc);
+                continue;
+            }
+            r[rows].s = &sp[ng];
+            r[rows].c = c;
+            y[rows++] = tpk__label(&o->history[j].result);
+            len++;
+        }
+        if (len)
+            group[ng++] = len;
+    }
+    if (rows >= 16) /* fit_base's threshold: too little to learn from below it */
+        st = tpk_tune_latent_fit(sc->lat, r, y, rows, group, ng, sc->unlab, sc->nunlab, ctx);
+done:
+    free(sp);
+    free(r);
+    free(y);
+    free(group);
+    free(used);
+    return st;
+}
+
+/* The models of o->model: XGBoost (with its transfer base when o has history), the latent model
+ * (pretrained on the history) with its unlabelled sample from the table or the space. */
+static int scorer_setup(scorer *sc, const tpk_tune_space *s, const tpk_tune_opts *o, int nfeat, history_rows *hist,
+                        tpk_ctx *ctx)
+{
+    int xgb = o->model == TPK_TUNE_MODEL_XGB_RANK || o->model == TPK_TUNE_MODEL_XGB_REG ||
+              o->model == TPK_TUNE_MODEL_XGB_LATENT;
+    int lat = o->model == TPK_TUNE_MODEL_LATENT || o->model == TPK_TUNE_MODEL_XGB_LATENT;
+    if (!xgb && !lat)
+        return o->model == TPK_TUNE_MODEL_RANDOM ? TPK_OK : TPK_ERROR(ctx, TPK_EINVAL, "tune: unknown model kind %d", o->model);
+    int st;
+    if (xgb) {
+        sc->own = tpk_tune_model_alloc(o->model == TPK_TUNE_MODEL_XGB_LATENT ? TPK_TUNE_MODEL_XGB_RANK : o->model, nfeat,
+                                       o->rounds, (int)o->seed, ctx);
+        if (!sc->own)
+            return ctx ? ctx->status : TPK_EINVAL;
+        if ((st = model_params(sc->own, o, ctx)))
+            return st;
+        if (o->nhistory) {
+            if (history_collect(s, o, nfeat, hist))
+                return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+            sc->base = fit_base(hist, o, nfeat, ctx);
+        }
+    }
+    if (lat) {
+        tpk_tune_latent_opts lo;
+        if (o->latent)
+            lo = *o->latent;
+        else {
+            tpk_tune_latent_opts_default(&lo);
+            lo.seed = o->seed;
+        }
+        sc->lat = tpk_tune_latent_alloc(&lo, nfeat, ctx);
+        if (!sc->lat)
+            return ctx ? ctx->status : TPK_EINVAL;
+        /* The unlabelled sample: its own stream, so that it does not move the search's draws. */
+        uint64_t urng = o->seed * 0x9E3779B97F4A7C15ull + 0x51;
+        size_t want = o->latent_unlabelled > 0 ? (size_t)o->latent_unlabelled : 0;
+        if (o->universe && want > o->nuniverse)
+            want = o->nuniverse;
+        sc->unlab = malloc((want + 1) * sizeof *sc->unlab);
+        uint64_t *pick = o->universe ? malloc((o->nuniverse + 1) * sizeof *pick) : NULL;
+        if (!sc->unlab || (o->universe && !pick)) {
+            free(pick);
+            return TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+        }
+        if (pick)
+            memcpy(pick, o->universe, o->nuniverse * sizeof *pick);
+        for (size_t i = 0; i < want; i++) {
+            uint64_t idx;
+            if (pick) { /* without replacement: a partial Fisher-Yates shuffle */
+                size_t j = i + (size_t)(tpk__rng_next(&urng) % (o->nuniverse - i));
+                idx = pick[j];
+                pick[j] = pick[i];
+                pick[i] = idx;
+            } else
+                idx = tpk_tune_space_random(s, &urng);
+            sc->unlab[i].s = s;
+            tpk_tune_space_point(s, idx, &sc->unlab[i].c);
+        }
+        free(pick);
+        sc->nunlab = want;
+        if (o->nhistory && (st = latent_pretrain(sc, s, o, ctx)))
+            return st;
+    }
+    return TPK_OK;
+}
+
+/* Refit the models on the n measurements so far (configurations cs, features X, labels y); bm:
+ * scratch of n. */
+static int scorer_fit(scorer *sc, const tpk_tune_config *cs, const float *X, const float *y, int n, float *bm,
+                      tpk_ctx *ctx)
+{
+    int rc = TPK_OK;
+    if (sc->own) {
+        /* Transfer prior weight 1/2^(n/64), dropped below 0.05 (AutoTVM fit_log / fit). */
+        sc->discount = tpk_tune_model_trained(sc->base) ? pow(0.5, n / 64.0) : 0;
+        if (sc->discount < 0.05)
+            sc->discount = 0;
+        const float *margin = NULL;
+        if (sc->discount > 0) {
+            rc = tpk_tune_model_predict(sc->base, X, (size_t)n, NULL, bm, ctx);
+            if (rc)
+                return rc;
+            for (int i = 0; i < n; i++)
+                bm[i] *= (float)sc->discount;
+            margin = bm;
+        }
+        unsigned g = (unsigned)n;
+        rc = tpk_tune_model_fit(sc->own, X, y, (size_t)n, &g, 1, margin, ctx);
+        if (rc)
+            return rc;
+    }
+    if (sc->lat) {
+        tpk_tune_latent_row *r = malloc(((size_t)n + 1) * sizeof *r);
+        double *yd = malloc(((size_t)n + 1) * sizeof *yd);
+        if (!r || !yd)
+            rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+        for (int i = 0; !rc && i < n; i++) {
+            r[i].s = sc->s;
+            r[i].c = cs[i];
+            yd[i] = y[i];
+        }
+        if (!rc)
+            rc = tpk_tune_latent_fit(sc->lat, r, yd, (size_t)n, NULL, 0, sc->unlab, sc->nunlab, ctx);
+        free(r);
+        free(yd);
+        if (rc)
+            return rc;
+    }
+    return scorer_blend_stats(sc, ctx);
+}
+
 /* ---- the tuner ---------------------------------------------------------------------------- */
 
 double tpk_tune_result_label(const tpk_tune_result *r)
@@ -559,35 +830,23 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
     idxset visited = {0};
     float *X = malloc((size_t)o.trials * (size_t)nfeat * sizeof *X);
     float *y = malloc((size_t)o.trials * sizeof *y), *bm = malloc((size_t)o.trials * sizeof *bm);
+    tpk_tune_config *cfgs = malloc((size_t)o.trials * sizeof *cfgs);
     if (o.plan_first < 0)
         o.plan_first = 0;
-    uint64_t *batch = malloc((size_t)(o.plan_size > o.plan_first ? o.plan_size : o.plan_first) * sizeof *batch);
+    uint64_t *batch = malloc(((size_t)(o.plan_size > o.plan_first ? o.plan_size : o.plan_first) + o.ninitial) *
+                             sizeof *batch);
     sa_state sa = {malloc((size_t)o.sa_chains * sizeof(uint64_t)), malloc((size_t)o.sa_chains * sizeof(float)), o.sa_chains};
     uint64_t rng = o.seed * 0x2545F4914F6CDD1Dull + 0x1234567;
     int rc = TPK_OK;
-    if (!X || !y || !bm || !batch || !sa.points || !sa.scores || set_init(&visited, (size_t)o.trials)) {
+    if (!X || !y || !bm || !cfgs || !batch || !sa.points || !sa.scores || set_init(&visited, (size_t)o.trials)) {
         rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
         goto done;
     }
     for (int i = 0; i < sa.n; i++)
         sa.points[i] = o.universe ? o.universe[tpk__rng_next(&rng) % o.nuniverse] : tpk_tune_space_random(s, &rng);
-    if (o.model != TPK_TUNE_MODEL_RANDOM) {
-        sc.own = tpk_tune_model_alloc(o.model, nfeat, o.rounds, (int)o.seed, ctx);
-        if (!sc.own) {
-            rc = ctx ? ctx->status : TPK_EINVAL;
-            goto done;
-        }
-        rc = model_params(sc.own, &o, ctx);
-        if (rc)
-            goto done;
-        if (o.nhistory) {
-            if (history_collect(s, &o, nfeat, &hist)) {
-                rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
-                goto done;
-            }
-            sc.base = fit_base(&hist, &o, nfeat, ctx);
-        }
-    }
+    rc = scorer_setup(&sc, s, &o, nfeat, &hist, ctx);
+    if (rc)
+        goto done;
 
     int done_n = 0, nbatch = 0;
     double best = 0, best_ranked = 0, vref = 0; /* best: the plain label of the best ranked */
@@ -596,22 +855,40 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
         int want = o.plan_size;
         if (o.plan_first > 0) /* early batches: half the trials so far, within [plan_first, plan_size] */
             want = done_n / 2 < o.plan_first ? o.plan_first : done_n / 2 > o.plan_size ? o.plan_size : done_n / 2;
+        int nb = 0;
+        if (done_n == 0) /* the given first configurations (tptune port's), then the batch's own */
+            for (size_t i = 0; i < o.ninitial && nb < o.trials; i++) {
+                uint64_t ii = tpk_tune_space_index(s, &o.initial[i]);
+                int dup = !tpk_tune_space_valid(s, &o.initial[i]);
+                for (int j = 0; j < nb && !dup; j++)
+                    dup = batch[j] == ii;
+                if (!dup)
+                    batch[nb++] = ii;
+            }
+        if (want < nb)
+            want = nb;
         if (want > o.trials - done_n)
             want = o.trials - done_n;
-        int nb = 0;
-        if (o.model != TPK_TUNE_MODEL_RANDOM && scorer_ready(&sc)) {
+        if (o.model != TPK_TUNE_MODEL_RANDOM && scorer_ready(&sc) && nb < want) {
             /* Each trial of the batch is random with probability ε (AutoTVM's ε-greedy): a
              * rounded ε·want is 0 for every small early batch, which made searches from the
              * same prior identical whatever the seed. */
-            int nrand = 0;
-            for (int i = 0; i < want; i++)
+            int nrand = 0, nb0 = nb, got = 0;
+            for (int i = nb0; i < want; i++)
                 nrand += tpk__rng_unif(&rng) < o.eps;
-            int nmodel = want - nrand;
+            int nmodel = want - nb0 - nrand;
             if (nmodel > 0) {
-                rc = o.universe ? table_propose(&sc, &o, &visited, nmodel, &rng, batch, &nb, ctx)
-                                : sa_propose(&sc, &sa, &o, &visited, nmodel, &rng, batch, &nb, ctx);
+                rc = o.universe ? table_propose(&sc, &o, &visited, nmodel, &rng, batch + nb0, &got, ctx)
+                                : sa_propose(&sc, &sa, &o, &visited, nmodel, &rng, batch + nb0, &got, ctx);
                 if (rc)
                     goto done;
+                for (int i = nb0; i < nb0 + got; i++) { /* not one of the given configurations again */
+                    int dup = 0;
+                    for (int j = 0; j < nb0 && !dup; j++)
+                        dup = batch[j] == batch[i];
+                    if (!dup)
+                        batch[nb++] = batch[i];
+                }
             }
         }
         if (done_n == 0 && nb < want && !o.universe) {
@@ -649,6 +926,7 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
                 if (rc)
                     goto done;
             }
+            cfgs[done_n] = c;
             int nf = s->features(s, &c, X + (size_t)done_n * (size_t)nfeat, nfeat);
             for (int f = nf; f < nfeat; f++)
                 X[(size_t)done_n * (size_t)nfeat + (size_t)f] = 0;
@@ -676,22 +954,8 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
             progress(progress_user, nbatch, done_n, best, best_str, &last);
         if (out->trials_to_stop)
             break;
-        if (sc.own && done_n < o.trials) {
-            /* Transfer prior weight 1/2^(n/64), dropped below 0.05 (AutoTVM fit_log / fit). */
-            sc.discount = tpk_tune_model_trained(sc.base) ? pow(0.5, done_n / 64.0) : 0;
-            if (sc.discount < 0.05)
-                sc.discount = 0;
-            const float *margin = NULL;
-            if (sc.discount > 0) {
-                rc = tpk_tune_model_predict(sc.base, X, (size_t)done_n, NULL, bm, ctx);
-                if (rc)
-                    goto done;
-                for (int i = 0; i < done_n; i++)
-                    bm[i] *= (float)sc.discount;
-                margin = bm;
-            }
-            unsigned g = (unsigned)done_n;
-            rc = tpk_tune_model_fit(sc.own, X, y, (size_t)done_n, &g, 1, margin, ctx);
+        if ((sc.own || sc.lat) && done_n < o.trials) {
+            rc = scorer_fit(&sc, cfgs, X, y, done_n, bm, ctx);
             if (rc)
                 goto done;
         }
@@ -699,19 +963,84 @@ int tpk_tune_run(const tpk_tune_space *s, const tpk_tune_opts *oin, tpk_tune_mea
     out->trials = done_n;
     out->best_gflops = best;
 done:
-    tpk_tune_model_free(sc.own);
-    tpk_tune_model_free(sc.base);
+    scorer_free(&sc);
     history_free(&hist);
-    free(sc.X);
-    free(sc.bm);
-    free(sc.out);
     free(visited.slot);
     free(X);
     free(y);
     free(bm);
+    free(cfgs);
     free(batch);
     free(sa.points);
     free(sa.scores);
+    return rc;
+}
+
+/* ---- held-out ranking quality ------------------------------------------------------------- */
+
+int tpk_tune_model_tau(const tpk_tune_space *s, const tpk_tune_opts *oin, const uint64_t *idx, const double *y,
+                       size_t n, size_t ntrain, double *tau, tpk_ctx *ctx)
+{
+    if (ntrain < 2 || ntrain >= n)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tune: held-out tau needs 2 <= ntrain < n (%zu of %zu)", ntrain, n);
+    tpk_tune_opts o = *oin;
+    o.universe = idx;
+    o.nuniverse = n;
+    tpk_tune_config probe;
+    tpk_tune_space_default(s, &probe);
+    float fbuf[TPK_TUNE_MAX_FEATURES];
+    int nfeat = s->features(s, &probe, fbuf, TPK_TUNE_MAX_FEATURES);
+    scorer sc = {.s = s, .nfeat = nfeat};
+    history_rows hist = {0};
+    size_t *perm = malloc(n * sizeof *perm), nt = n - ntrain;
+    tpk_tune_config *cs = malloc(n * sizeof *cs);
+    float *X = malloc(ntrain * (size_t)nfeat * sizeof *X), *yt = malloc(ntrain * sizeof *yt),
+          *bm = malloc(ntrain * sizeof *bm);
+    double *pred = malloc(nt * sizeof *pred), *truth = malloc(nt * sizeof *truth);
+    int rc = TPK_OK;
+    if (!perm || !cs || !X || !yt || !bm || !pred || !truth) {
+        rc = TPK_ERROR(ctx, TPK_ENOMEM, "tune: out of memory");
+        goto done;
+    }
+    if (o.model == TPK_TUNE_MODEL_RANDOM) {
+        *tau = 0;
+        goto done;
+    }
+    uint64_t rng = o.seed * 0x2545F4914F6CDD1Dull + 0x7A0;
+    for (size_t i = 0; i < n; i++)
+        perm[i] = i;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = i + (size_t)(tpk__rng_next(&rng) % (n - i));
+        size_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (size_t i = 0; i < n; i++)
+        tpk_tune_space_point(s, idx[perm[i]], &cs[i]);
+    for (size_t i = 0; i < ntrain; i++) {
+        int nf = s->features(s, &cs[i], X + i * (size_t)nfeat, nfeat);
+        for (int f = nf; f < nfeat; f++)
+            X[i * (size_t)nfeat + (size_t)f] = 0;
+        yt[i] = (float)y[perm[i]];
+    }
+    if ((rc = scorer_setup(&sc, s, &o, nfeat, &hist, ctx)) || (rc = scorer_fit(&sc, cs, X, yt, (int)ntrain, bm, ctx)) ||
+        (rc = score_configs(&sc, cs + ntrain, nt, ctx)))
+        goto done;
+    for (size_t i = 0; i < nt; i++) {
+        pred[i] = sc.out[i];
+        truth[i] = y[perm[ntrain + i]];
+    }
+    *tau = tpk_tune_kendall_tau(pred, truth, nt);
+done:
+    scorer_free(&sc);
+    history_free(&hist);
+    free(perm);
+    free(cs);
+    free(X);
+    free(yt);
+    free(bm);
+    free(pred);
+    free(truth);
     return rc;
 }
 

@@ -1,5 +1,6 @@
 /* Tensor-program tuner (AutoTVM-style, tuner-notes.md §1, §3): workloads, knob spaces, code
- * generation, measurement, JSON-lines logs, an XGBoost cost model and its search. */
+ * generation, measurement, JSON-lines logs, the cost models (XGBoost, the latent world model) and
+ * their search, exact verification, porting between machine classes. */
 #ifndef TPK_TUNE_H
 #define TPK_TUNE_H
 
@@ -228,7 +229,9 @@ TPK_API int tpk_tune_log_show(const tpk_tune_record *recs, size_t n, FILE *out);
 enum tpk_tune_model_kind {
     TPK_TUNE_MODEL_RANDOM = 0, /* no model: random search */
     TPK_TUNE_MODEL_XGB_RANK,   /* XGBoost rank:pairwise (AutoTVM "rank") */
-    TPK_TUNE_MODEL_XGB_REG     /* XGBoost reg:squarederror on y / y_max (AutoTVM "reg") */
+    TPK_TUNE_MODEL_XGB_REG,    /* XGBoost reg:squarederror on y / y_max (AutoTVM "reg") */
+    TPK_TUNE_MODEL_LATENT,     /* the latent world model (tpk_tune_latent, below; issue 21) */
+    TPK_TUNE_MODEL_XGB_LATENT  /* XGBoost-rank and the latent model, standardised scores averaged */
 };
 
 typedef struct tpk_tune_model tpk_tune_model;
@@ -248,6 +251,67 @@ TPK_API int tpk_tune_model_trained(const tpk_tune_model *m);
 /* Override one XGBoost parameter of later fits (e.g. "max_depth", "4"); an unknown name or
  * value fails at the next fit. */
 TPK_API int tpk_tune_model_set(tpk_tune_model *m, const char *name, const char *value, tpk_ctx *ctx);
+
+/* ---- Latent cost model: a compiler world model (issue 21; tuner/latent.c) ------------------- */
+
+/* A configuration is the emitter's action sequence: one action per knob of its space, in the
+ * order of the template's knob table (vector width, register tile, splits, unroll, loop order,
+ * parallel loop, prefetch, packing). An encoder maps the task (shape, dtype, threads, op) and the
+ * machine class (caches, registers, vector width) to a latent state h0; each action updates it by
+ * a residual transition h <- h + W2 tanh(W1 h + A0[k] + u A1[k] + u^2 A2[k]) + b2 (k the knob, u
+ * its value scaled to [-1, 1]); a ranking head scores the final state with the action values and
+ * the task/machine features. Trained with a pairwise logistic rank loss (within each group) plus
+ * an auxiliary loss: a linear decoder of every state predicts the template's analytic features
+ * (s->features: footprints against the caches, arithmetic intensity, register use, ...), each
+ * from the first state whose actions determine it, on labelled and unlabelled configurations
+ * alike; Adam on the whole batch, initialised from the seed, warm-started by later fits. */
+typedef struct tpk_tune_latent tpk_tune_latent;
+
+typedef struct tpk_tune_latent_opts {
+    int hidden;        /* latent state width; default 16 */
+    int trans_hidden;  /* width of the transition MLP; default 32 */
+    int head_hidden;   /* width of the ranking head; default 16 */
+    int epochs;        /* Adam steps of the first fit; default 300 */
+    int refit_epochs;  /* Adam steps of each later fit, from the previous parameters; default 100 */
+    double lr;         /* Adam step size; default 0.01 */
+    double aux_weight; /* weight of the auxiliary feature loss; default 1 */
+    double l2;         /* weight decay on every parameter; default 1e-4 */
+    int pair_weight;   /* 1: pairs weighted by their label gap over the group's best; default 0 */
+    uint64_t seed;     /* initial parameters */
+} tpk_tune_latent_opts;
+
+/* One configuration of a space (the space outlives the call). */
+typedef struct tpk_tune_latent_row {
+    const tpk_tune_space *s;
+    tpk_tune_config c;
+} tpk_tune_latent_row;
+
+TPK_API void tpk_tune_latent_opts_default(tpk_tune_latent_opts *o);
+/* nfeat: the feature count of the template's spaces (the auxiliary targets), 1..64. */
+TPK_API tpk_tune_latent *tpk_tune_latent_alloc(const tpk_tune_latent_opts *o, int nfeat, tpk_ctx *ctx);
+TPK_API void tpk_tune_latent_free(tpk_tune_latent *m);
+/* Fit on n labelled rows (labels y, larger is better; 0 for failures) in ngroup contiguous groups
+ * (pairs are formed within a group; group NULL: one group) and nunlab unlabelled rows (the
+ * auxiliary loss only). The first fit fixes the standardisation of the auxiliary targets. */
+TPK_API int tpk_tune_latent_fit(tpk_tune_latent *m, const tpk_tune_latent_row *rows, const double *y, size_t n,
+                                const unsigned *group, size_t ngroup, const tpk_tune_latent_row *unlab,
+                                size_t nunlab, tpk_ctx *ctx);
+/* Scores of n rows (larger: predicted faster). */
+TPK_API int tpk_tune_latent_predict(tpk_tune_latent *m, const tpk_tune_latent_row *rows, size_t n, float *out,
+                                    tpk_ctx *ctx);
+TPK_API int tpk_tune_latent_trained(const tpk_tune_latent *m);
+/* The parameter vector (mutable; *n its length) and the training loss at the current parameters
+ * with its gradient (grad may be NULL), for tests and diagnostics. */
+TPK_API double *tpk_tune_latent_params(tpk_tune_latent *m, size_t *n);
+TPK_API int tpk_tune_latent_loss(tpk_tune_latent *m, const tpk_tune_latent_row *rows, const double *y, size_t n,
+                                 const unsigned *group, size_t ngroup, const tpk_tune_latent_row *unlab,
+                                 size_t nunlab, double *loss, double *grad, tpk_ctx *ctx);
+/* Persistence: a text file of the sizes, the target standardisation and the parameters. */
+TPK_API int tpk_tune_latent_save(const tpk_tune_latent *m, const char *path, tpk_ctx *ctx);
+TPK_API tpk_tune_latent *tpk_tune_latent_load(const char *path, tpk_ctx *ctx);
+
+/* Kendall's tau-b of two score vectors (ties in either count for neither pair class). */
+TPK_API double tpk_tune_kendall_tau(const double *a, const double *b, size_t n);
 
 /* ---- Search ------------------------------------------------------------------------------- */
 
@@ -286,9 +350,24 @@ typedef struct tpk_tune_opts {
     /* Tree depth and learning rate of the model; 0: AutoTVM's 3 and 0.3. */
     int model_depth;
     double model_eta;
+    /* The latent model (model LATENT or XGB_LATENT): its settings (NULL: the defaults, seeded by
+     * `seed`) and the unlabelled configurations of its auxiliary loss, drawn once per run from
+     * the table or the space; default 128. */
+    const tpk_tune_latent_opts *latent;
+    int latent_unlabelled;
+    /* Configurations measured first, as the first batch (with the batch's own picks when it is
+     * larger): tptune port's configurations of this workload on this class. Invalid ones are
+     * skipped. */
+    const tpk_tune_config *initial;
+    size_t ninitial;
 } tpk_tune_opts;
 
 TPK_API void tpk_tune_opts_default(tpk_tune_opts *o);
+/* Kendall's tau-b on held-out configurations: the model of o (o->model, its settings and seed)
+ * fitted on ntrain of the n configurations idx (labels y; a seeded random choice), scored on the
+ * rest; the latent model's unlabelled rows come from idx. */
+TPK_API int tpk_tune_model_tau(const tpk_tune_space *s, const tpk_tune_opts *o, const uint64_t *idx,
+                               const double *y, size_t n, size_t ntrain, double *tau, tpk_ctx *ctx);
 
 typedef struct tpk_tune_outcome {
     int trials;
@@ -361,6 +440,12 @@ typedef struct tpk_tune_mutant_opts {
  * on out and `caught K/N` last; *caught = K. A mutant that does not compile is replaced. */
 TPK_API int tpk_tune_verify_mutants(const tpk_tune_space *s, const tpk_tune_config *c, size_t nk,
                                     const tpk_tune_mutant_opts *o, FILE *out, int *caught, tpk_ctx *ctx);
+/* One kernel (a map kernel: its Z_p twin) emitted, compiled and checked by the exact verifier in
+ * a process of its own, as a mutant is (o: compiler, runner, timeout, seed; n and kinds unused):
+ * *ok = 1 when every check passed; why says what ran or what failed. A kernel that does not
+ * compile or fails is a result (ok = 0), not a status. */
+TPK_API int tpk_tune_verify_kernel(const tpk_tune_space *s, const tpk_tune_config *c, const tpk_tune_mutant_opts *o,
+                                   int *ok, char *why, size_t cap, tpk_ctx *ctx);
 /* The standalone source the suite compiles: the kernel (twin = 0) or a map kernel's Z_p twin, with
  * the mutation "KIND[:SITE]" (the kinds of tuner/mutate.c) or none (NULL). */
 TPK_API int tpk_tune_emit_variant(const tpk_tune_space *s, const tpk_tune_config *c, int twin, const char *mutant,
@@ -368,6 +453,41 @@ TPK_API int tpk_tune_emit_variant(const tpk_tune_space *s, const tpk_tune_config
 /* The suite's child: argv = {prog, "__verify", SO, OP, DTYPE, M, N, K, THREADS, INDEX, SEED}
  * (INDEX: the configuration's mixed-radix index). Prints one "TPKVERIFY ..." line. */
 TPK_API int tpk_tune_verify_child_main(int argc, char **argv);
+
+/* ---- Porting to another machine class (tptune port: tuner/port.c, issue 21 item 3) ---------- */
+
+#define TPK_TUNE_PORT_MAX_STEPS 8
+
+/* One pass of a port: whether it changed the configuration, whether the target space's
+ * constraints then needed the enumerative repair, the verifier's verdict (1 passed, 0 failed,
+ * -1 not run: nothing changed), the configuration after it, and what the verifier said. */
+typedef struct tpk_tune_port_step {
+    char pass[16];
+    int changed, repaired, verified;
+    char knobs[256];
+    char why[256];
+} tpk_tune_port_step;
+
+typedef struct tpk_tune_port_report {
+    int ok; /* every pass repaired and verified */
+    int nstep;
+    tpk_tune_port_step step[TPK_TUNE_PORT_MAX_STEPS];
+    tpk_tune_config c; /* the ported configuration (in the target space) */
+} tpk_tune_port_report;
+
+/* Carry configuration c of space `from` (one machine class) to space `to` (the same template and
+ * workload on another class) through the passes vector width, register tile and cache
+ * re-blocking, each followed by the enumerative repair of `to`'s constraints (the nearest valid
+ * configuration changing at most three knobs) and, when verify is not NULL, the exact verifier
+ * (tpk_tune_verify_kernel) where the kernel changed. */
+TPK_API int tpk_tune_port_config(const tpk_tune_space *from, const tpk_tune_config *c, const tpk_tune_space *to,
+                                 const tpk_tune_mutant_opts *verify, tpk_tune_port_report *rep, tpk_ctx *ctx);
+/* Port every tuned configuration of class `from` in the logs (the picks of its generated GEMM
+ * and map files) to class `to`: one block of lines per workload on report, and each ported
+ * configuration as an unmeasured record (rate 0) of class `to` on log (both may be NULL). */
+TPK_API int tpk_tune_port(const tpk_tune_record *recs, size_t n, const tpk_machine *from, const tpk_machine *to,
+                          const tpk_tune_mutant_opts *verify, FILE *report, FILE *log, int *nported, int *nfailed,
+                          tpk_ctx *ctx);
 
 /* ---- Library generation (gen/) ------------------------------------------------------------ */
 
