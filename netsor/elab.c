@@ -2037,6 +2037,19 @@ static int finalize(elab *E)
     return TPK_OK;
 }
 
+/* The elaborator's working arrays (both forms), given back once the program is built. */
+static void elab_scratch_free(nsr_state *S, elab *E)
+{
+    tpk_free(S->ctx, E->phis);
+    tpk_free(S->ctx, E->num);
+    tpk_free(S->ctx, E->spec);
+    tpk_free(S->ctx, E->have);
+    tpk_free(S->ctx, E->mem);
+    tpk_free(S->ctx, E->bucket);
+    tpk_free(S->ctx, E->var_node);
+    tpk_free(S->ctx, E->var_line);
+}
+
 tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
 {
     elab E = {.S = S, .C = C};
@@ -2059,14 +2072,7 @@ tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
         tpk_free(S->ctx, E.phis[i].spec);
         tpk_phi_free(E.phis[i].phi);
     }
-    tpk_free(S->ctx, E.phis);
-    tpk_free(S->ctx, E.num);
-    tpk_free(S->ctx, E.spec);
-    tpk_free(S->ctx, E.have);
-    tpk_free(S->ctx, E.mem);
-    tpk_free(S->ctx, E.bucket);
-    tpk_free(S->ctx, E.var_node);
-    tpk_free(S->ctx, E.var_line);
+    elab_scratch_free(S, &E);
     if (st) {
         tpk_program_free(E.p);
         return NULL;
@@ -2115,13 +2121,6 @@ int nsr_elaborate_rolled(nsr_state *S, nsr_ast *ast, nsr_check *C, tpk_program *
     }
     if (R->phis == NULL && st == TPK_OK)
         st = oom(&E);
-    tpk_free(S->ctx, E.phis);
-    tpk_free(S->ctx, E.num);
-    tpk_free(S->ctx, E.spec);
-    tpk_free(S->ctx, E.have);
-    tpk_free(S->ctx, E.mem);
-    tpk_free(S->ctx, E.bucket);
-    tpk_free(S->ctx, E.var_node);
-    tpk_free(S->ctx, E.var_line);
+    elab_scratch_free(S, &E);
     return st;
 }
