@@ -1622,7 +1622,7 @@ static int case_tpk_gp_fit_search_noise(tpk_ctx *ctx)
 
 static int case_tpk_gp_lml_grad(tpk_ctx *ctx)
 {
-    double lml, grad[1], jit;
+    double lml, grad[2], jit; /* np + 1 entries: the last is d/d log(noise) */
     const double *dK[1] = {Kn->data};
     return tpk_gp_lml_grad(Kn, Y, 0.02, dK, 1, NULL, &lml, grad, &jit, ctx);
 }
