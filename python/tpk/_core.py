@@ -61,7 +61,7 @@ class Cancel:
         return bool(self.flag[0])
 
 
-def interruptible(fn, cancel=None):
+def interruptible(fn, cancel=None, hold=()):
     """fn() -- one long call into the library, which releases the GIL (cffi does around every C
     call) -- such that Ctrl-C interrupts it promptly.
 
@@ -69,16 +69,19 @@ def interruptible(fn, cancel=None):
     thread is inside a C call a SIGINT waits for the call to return. Here the main thread hands
     fn to a worker thread and waits for it, where KeyboardInterrupt reaches it at once; it then
     sets `cancel` (a Cancel whose .progress fn passed to the library), waits for the library to
-    stop at its next check (a second Ctrl-C stops waiting) and raises KeyboardInterrupt. A call
-    without a cancel flag (one LAPACK factorisation) cannot be stopped: the main thread raises at
-    once and the worker's result is dropped when it ends. Off the main thread (no signals there)
-    fn runs directly. Returns fn's result; an exception of fn is raised here."""
+    stop at its next check (it checks often: further Ctrl-C do not end this wait, so no call is
+    left running in the library, which may hold files) and raises KeyboardInterrupt. A call
+    without a cancel flag (one LAPACK factorisation, no files) cannot be stopped: the main thread
+    raises at once and the worker's result is dropped when it ends; `hold` (what the call's C
+    arguments point into: the Strings keeper, arrays) stays alive with the worker until then.
+    Off the main thread (no signals there) fn runs directly. Returns fn's result; an exception of
+    fn is raised here."""
     if threading.current_thread() is not threading.main_thread():
         return fn()
     box = {}
     done = threading.Event()  # not Thread.join: interrupted, it can take a live thread for ended
 
-    def work():
+    def work(*held):  # held: referenced by the thread until the call has returned
         try:
             box["value"] = fn()
         except BaseException as e:  # noqa: B036 - handed to the waiting thread
@@ -86,15 +89,19 @@ def interruptible(fn, cancel=None):
         finally:
             done.set()
 
-    threading.Thread(target=work, name="tpk-call", daemon=True).start()
+    threading.Thread(target=work, args=(hold, cancel), name="tpk-call", daemon=True).start()
     try:
         while not done.wait(0.25):
             pass
     except KeyboardInterrupt:
-        if cancel is not None:
-            cancel.set()
-            while not done.wait(0.05):  # a second Ctrl-C ends this wait
-                pass
+        if cancel is None:
+            raise
+        cancel.set()
+        while not done.is_set():
+            try:
+                done.wait(0.05)
+            except KeyboardInterrupt:
+                pass  # the library stops at its next check: wait for it
         raise
     if "error" in box:
         raise box["error"]
@@ -177,10 +184,11 @@ def free_arrays(*pps):
             pp[0] = ffi.NULL
 
 
-def call_arrays(fn, outs, cancel):
-    """interruptible(fn, cancel) for a call that returns arrays through outs (tpk_array **)."""
+def call_arrays(fn, outs, cancel, hold=()):
+    """interruptible(fn, cancel, hold) for a call that returns arrays through outs
+    (tpk_array **)."""
     try:
-        return interruptible(fn, cancel)
+        return interruptible(fn, cancel, hold)
     except KeyboardInterrupt:
         free_arrays(*outs)
         raise

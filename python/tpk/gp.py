@@ -104,7 +104,7 @@ class GPRegressor(_Mixin, _Base):
                 finally:
                     lib.tpk_gp_spectral_free(s)
 
-            check(interruptible(choose), ctx)
+            check(interruptible(choose, hold=(keep, K, Y, ch, ctx)), ctx)
             noise = ch.noise
         noise = float(noise)
         if not math.isfinite(noise) or noise < 0:
@@ -114,7 +114,7 @@ class GPRegressor(_Mixin, _Base):
             g = lib.tpk_gp_fit(cK, cY, noise, ffi.NULL, ctx)
             return ffi.gc(g, lib.tpk_gp_free) if g != ffi.NULL else g
 
-        gp = interruptible(factor)
+        gp = interruptible(factor, hold=(keep, K, Y, ctx))
         if gp == ffi.NULL:
             check(ctx.status or lib.TPK_ENUMERIC, ctx)
         self._gp = gp
@@ -150,7 +150,7 @@ class GPRegressor(_Mixin, _Base):
             st = lib.tpk_gp_predict(gp, cKx, ckd, mean, var, ctx)
             return st, from_c(mean), from_c(var) if return_std else None
 
-        st, mu, v = interruptible(solve)
+        st, mu, v = interruptible(solve, hold=(keep, Kx, kd, ctx))
         check(st, ctx)
         if self._y_1d:
             mu = mu[:, 0]
