@@ -16,6 +16,9 @@
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +125,14 @@ static void install_signals(const char *ckpt)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+#ifdef __linux__
+    /* A rank whose launcher is SIGKILLed is orphaned and would compute on unseen (and finish a
+     * file nobody asked for any more): its launcher's death is a SIGTERM to it, so it ends with
+     * the checkpoint like the others. The parent checked afterwards: it may be gone already. */
+    pid_t parent = getppid();
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) == 0 && getppid() != parent)
+        raise(SIGTERM);
+#endif
 }
 
 /* Enter the tile phase; a signal noted before acts now. */
@@ -329,7 +340,7 @@ static int compute_tiles(run_state *r, size_t *ran, double *errmax, tpk_ctx *ctx
         if (!st)
             st = mpi_ckpt_write_tile(r->ck, tile, r->K, ld, diag, ctx);
         if (st) {
-            cli_progress_end(&prog);
+            cli_progress_end(&prog, 0);
             return st;
         }
         if (e > *errmax)
@@ -337,7 +348,7 @@ static int compute_tiles(run_state *r, size_t *ran, double *errmax, tpk_ctx *ctx
         ++*ran;
         cli_progress_update(&prog, *ran);
     }
-    cli_progress_end(&prog);
+    cli_progress_end(&prog, 1);
     return TPK_OK;
 }
 
