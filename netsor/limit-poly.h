@@ -14,7 +14,8 @@
  * constants and scalars 0, + and − the max, × the sum, ÷ and calls only of degree-0 operands,
  * x^e with e ≥ 0. Returns -1 when some node leaves polynomials (a call or division of a G-var,
  * a negative power of one). Input-independent: call once per body. */
-int tpk_nsr_poly_degree(const tpk_rpn *body, const tpk_allocator *al); /* al: scratch; -1 also without memory */
+/* al: for scratch (NULL: the default); -1 also without memory (the general path is then taken). */
+int tpk_nsr_poly_degree(const tpk_rpn *body, const tpk_allocator *al);
 
 typedef struct tpk_nsr_poly_ws tpk_nsr_poly_ws;
 /* Workspace for bodies of `body` (its stack depth and argument count). NULL when out of memory. */

@@ -188,7 +188,7 @@ int nsr_uf_unify(nsr_check *C, int a, int b, int line, int col, const char *what
 const char *nsr_uf_show(nsr_check *C, int node); /* symbol name, or "_" */
 
 /* ---- Elaboration (elab.c) ------------------------------------------------------------------- */
-/* A member's name, "h[3]" / "a[1,2]" / "g" (from ctx's allocator; NULL when out of memory). It keys the
+/* A member's name, "h[3]" / "a[1,2]" / "g" (ctx's allocator; NULL when out of memory). It keys the
  * member's random stream in both executors. */
 char *nsr_member_name(tpk_ctx *ctx, const char *base, int nidx, const int *idx);
 tpk_program *nsr_elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C);

@@ -200,7 +200,8 @@ static int mark_for(nsr_check *C, nsr_stmt *s, int depth)
                 ok = 0;
         ok = ok && reads_ok(C, &D, s->fam, t->value, 0);
     }
-    tpk_mem_free(&D.al, D.s); /* out of memory in collect leaves the loop sequential, which is always correct */
+    /* out of memory in collect leaves the loop sequential, which is always correct */
+    tpk_mem_free(&D.al, D.s);
     s->rolled = ok;
     return k + ok;
 }

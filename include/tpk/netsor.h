@@ -120,7 +120,8 @@ typedef struct tpk_program {
     struct nsr_rolled *rolled; /* the rolled form (family instructions, issue 14), or NULL; when
                                 * the unrolled form would be too large, ninstr = 0 and only the
                                 * rolled form exists (the limit evaluator takes it) */
-    tpk_allocator alloc; /* the load's (tpk/alloc.h): tpk_program_free gives everything back to it */
+    tpk_allocator alloc; /* the load's (tpk/alloc.h): tpk_program_free gives everything back to
+                          * it */
 } tpk_program;
 
 enum tpk_feature {
