@@ -56,6 +56,15 @@ void *tpk_mem_calloc(const tpk_allocator *al, size_t count, size_t size, tpk_ctx
         return NULL;
     }
     size_t n = count * size;
+    if (al == NULL || al->fn == NULL || al->fn == tpk_alloc_default) {
+        /* the C library's calloc: a large block comes as fresh zero pages that are faulted in
+         * when first written, where malloc + memset touches every page now (a 32 MB scratch
+         * block that stays mostly unwritten cost a full page-fault pass each time) */
+        void *p = calloc(n > 0 ? count : 1, n > 0 ? size : 1);
+        if (p == NULL)
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu bytes)", n);
+        return p;
+    }
     void *p = tpk_mem_realloc(al, NULL, n, ctx);
     if (p != NULL)
         memset(p, 0, n > 0 ? n : 1);

@@ -644,6 +644,143 @@ int tpk_gauss_map_affine_lower(const tpk_phi *phi, const double *S, size_t n, do
     return map_sym(phi, S, n, alpha, beta, out, 0, ws, err_max, ctx);
 }
 
+/* ==== chains ============================================================================= */
+
+/* A chain of maps, M ↦ α_L V_φL(… α_1 V_φ1(S) + β_1 …) + β_L, in one pass over the lower
+ * triangle: each entry's recursion depends only on itself and the diagonals (theory.md §1.8:
+ * an MLP layer maps (q_i, q_j, k_ij) to the next), so the diagonals are carried first (O(n) per
+ * step) and each row segment then goes through every step in a cache-resident buffer. That is
+ * one read and one write of the matrix instead of one of each per step (a map is memory-bound,
+ * see map_sym). Only the vector kernels chain; a step of another kind, or a zero variance at
+ * some step (its entries take the scalar fix-ups), runs the steps one by one through map_sym. */
+static int chain_by_steps(const tpk_gauss_step *step, int ns, const double *S, size_t n,
+                          double *out, const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
+{
+    double e, emax = 0.0;
+    int st = TPK_OK;
+    for (int l = 0; l < ns && st == TPK_OK; l++) {
+        st = map_sym(step[l].phi, l == 0 ? S : out, n, step[l].alpha, step[l].beta, out, 0, ws, &e,
+                     ctx);
+        emax = e > emax ? e : emax;
+    }
+    if (err_max)
+        *err_max = emax;
+    return st;
+}
+
+static int vector_kind(int mk)
+{
+    return mk == MK_ASIN || mk == MK_ABRELU || mk == MK_ARCCOS2 || mk == MK_GELU;
+}
+
+int tpk_gauss_map_chain_lower(const tpk_gauss_step *step, int nsteps, const double *S, size_t n,
+                              double *out, const tpk_gauss_ws *ws, double *err_max, tpk_ctx *ctx)
+{
+    if (err_max)
+        *err_max = 0.0;
+    if (nsteps < 0 || nsteps > TPK_GAUSS_CHAIN_MAX || (nsteps && !step) || (n && (!S || !out)))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gauss_map_chain_lower: 0..%d steps, S and out are "
+                         "required", TPK_GAUSS_CHAIN_MAX);
+    for (int l = 0; l < nsteps; l++)
+        if (!step[l].phi || !isfinite(step[l].alpha) || !isfinite(step[l].beta))
+            return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gauss_map_chain_lower: step %d needs a φ and "
+                             "finite affine coefficients", l + 1);
+    if (n == 0 || nsteps == 0) {
+        for (size_t i = 0; out != S && i < n; i++)
+            memmove(out + i * n, S + i * n, (i + 1) * sizeof *out);
+        return TPK_OK;
+    }
+    if (nsteps == 1)
+        return map_sym(step[0].phi, S, n, step[0].alpha, step[0].beta, out, 0, ws, err_max, ctx);
+    map_plan P[TPK_GAUSS_CHAIN_MAX];
+    index_prep ip[TPK_GAUSS_CHAIN_MAX];
+    seg_fn seg[TPK_GAUSS_CHAIN_MAX];
+    int np = 0, st = TPK_OK, chain = 1;
+    double *q = tpk_malloc(ctx, n * sizeof *q);
+    if (q == NULL)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory in tpk_gauss_map_chain_lower");
+    for (size_t i = 0; i < n; i++)
+        q[i] = S[i * n + i];
+    double err = 0.0;
+    /* the diagonal of every step, exactly as map_sym's scalar fix-up makes it */
+    for (int l = 0; l < nsteps && st == TPK_OK && chain; l++) {
+        if ((st = plan_kernel(step[l].phi, ws, &P[l], ctx)) != TPK_OK)
+            break;
+        chain = vector_kind(P[l].mk);
+        if (!chain || (st = prep_alloc(&ip[l], step[l].phi, P[l].mk, ws, q, 1, n, "S diagonal",
+                                       ctx)) != TPK_OK)
+            break;
+        np = l + 1;
+        P[l].r = P[l].c = &ip[l];
+        P[l].alpha = step[l].alpha;
+        P[l].beta = step[l].beta;
+        seg[l] = seg_for(P[l].mk);
+        for (size_t i = 0; i < n && st == TPK_OK && chain; i++) {
+            double v, e;
+            chain = q[i] > 0;
+            if (chain && (st = fixup_entry(&P[l], q[i], q[i], q[i], 1.0, &v, &e, ctx)) == TPK_OK)
+                q[i] = step[l].alpha * v + step[l].beta;
+            err = e > err ? e : err;
+        }
+    }
+    if (st != TPK_OK || !chain) {
+        for (int l = 0; l < np; l++)
+            prep_free(&ip[l]);
+        tpk_free(ctx, q);
+        return st != TPK_OK ? st : chain_by_steps(step, nsteps, S, n, out, ws, err_max, ctx);
+    }
+    const int stream = n * n * sizeof(double) >= STREAM_MIN_BYTES;
+    map_fail fail[TPK_GAUSS_CHAIN_MAX];
+    memset(fail, 0, sizeof fail);
+    double maxr[TPK_GAUSS_CHAIN_MAX] = {0};
+#pragma omp parallel if (n * n >= PAR_MIN_ENTRIES)
+    {
+        double my_maxr[TPK_GAUSS_CHAIN_MAX] = {0};
+#pragma omp for schedule(dynamic, 8)
+        for (size_t i = 1; i < n; i++) {
+            double a[TILE], b[TILE];
+            for (size_t j0 = 0; j0 < i; j0 += TILE) {
+                const size_t len = j0 + TILE < i ? TILE : i - j0;
+                memcpy(a, S + i * n + j0, len * sizeof *a);
+                for (int l = 0; l < nsteps; l++) {
+                    seg_stats s1 = {0, 0.0, 0.0};
+                    seg[l](&P[l], i, a, j0, len, b, &s1);
+                    if (s1.bad)
+                        record_failure(&P[l], i, a, j0, len, b, &fail[l]);
+                    my_maxr[l] = s1.maxr > my_maxr[l] ? s1.maxr : my_maxr[l];
+                    if (l + 1 < nsteps)
+                        store_row(a, b, len, step[l].alpha, step[l].beta, 0);
+                    else
+                        store_row(out + i * n + j0, b, len, step[l].alpha, step[l].beta, stream);
+                }
+            }
+        }
+        gv_store_fence();
+#pragma omp critical(tpk_gauss_chain_maxr)
+        for (int l = 0; l < nsteps; l++)
+            maxr[l] = my_maxr[l] > maxr[l] ? my_maxr[l] : maxr[l];
+    }
+    for (int l = 0; l < nsteps && st == TPK_OK; l++) {
+        if (fail[l].any) {
+            /* the first step that failed names its entry; later steps saw what it made */
+            tpk_ctx local;
+            tpk_ctx_init_from(&local, ctx);
+            st = report_failure(&P[l], &fail[l], &local);
+            st = TPK_ERROR(ctx, st, "step %d of %d: %s", l + 1, nsteps, local.msg);
+        }
+        double e = fabs(step[l].alpha) * vector_err(&P[l], ip[l].qmax, ip[l].qmax, maxr[l]);
+        err = e > err ? e : err;
+    }
+    for (size_t i = 0; st == TPK_OK && i < n; i++)
+        out[i * n + i] = q[i];
+    for (int l = 0; l < nsteps; l++)
+        prep_free(&ip[l]);
+    tpk_free(ctx, q);
+    if (err_max && st == TPK_OK)
+        *err_max = err;
+    return st;
+}
+
 int tpk_gauss_map_cross(const tpk_phi *phi, const double *qa, size_t m, const double *qb,
                         size_t n, const double *C, double *out, const tpk_gauss_ws *ws,
                         double *err_max, tpk_ctx *ctx)

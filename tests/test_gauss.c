@@ -806,6 +806,99 @@ static void test_maps(void **state)
     tpk_phi_free(p);
 }
 
+/* A chain of maps in one pass against the entry-by-entry recursion through the scalar closed
+ * forms (q_i, q_j, k) ↦ (α E φ(u)² + β, …, α E φ(u)φ(v) + β) — an independent path — and against
+ * the same steps one map at a time. */
+static void check_chain(fixture *f, const char *const *specs, int ns, size_t n, unsigned long seed)
+{
+    tpk_gauss_step st[8];
+    tpk_phi *p[8];
+    for (int l = 0; l < ns; l++) {
+        p[l] = phi_new(f, specs[l]);
+        st[l] = (tpk_gauss_step){p[l], 0.8 + 0.3 * l, l % 2 ? 0.05 * l : 0.0};
+    }
+    double *S = random_psd(n, 7, seed), *K = malloc(n * n * sizeof *K);
+    double *K2 = malloc(n * n * sizeof *K2), err = -1;
+    /* no zero variance (random_psd's row 2), so the one-pass kernel runs; rows 4-6 keep ρ = ±1 */
+    S[2 * n + 2] = 0.3;
+    if (tpk_gauss_map_chain_lower(st, ns, S, n, K, f->ws, &err, &f->ctx))
+        fail_msg("chain %s..: %s", specs[0], f->ctx.msg);
+    assert_true(isfinite(err) && err >= 0);
+    memcpy(K2, S, n * n * sizeof *K2);
+    for (int l = 0; l < ns; l++)
+        assert_int_equal(tpk_gauss_map_affine_lower(p[l], K2, n, st[l].alpha, st[l].beta, K2, f->ws,
+                                                    NULL, &f->ctx), TPK_OK);
+    double scale = 0;
+    for (size_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(K2[i * n + i]));
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j <= i; j++) {
+            double qi = S[i * n + i], qj = S[j * n + j], k = S[i * n + j];
+            for (int l = 0; l < ns; l++) {
+                tpk_estimate a = e2(f, p[l], qi, qi, qi), b = e2(f, p[l], qj, qj, qj);
+                tpk_estimate c = e2(f, p[l], qi, qj, k);
+                qi = st[l].alpha * a.value + st[l].beta;
+                qj = st[l].alpha * b.value + st[l].beta;
+                k = st[l].alpha * c.value + st[l].beta;
+            }
+            /* each step's kernel is within err of the closed form, and the steps here are
+             * Lipschitz in k with constants ≤ 1.5: ns·err bounds the difference with room */
+            if (!(fabs(K[i * n + j] - k) <= ns * err + 1e-15 * scale))
+                fail_msg("chain %s.. (%zu,%zu): %.17g, recursion %.17g, map by map %.17g, err %.3g scale %.3g", specs[0], i, j, K[i * n + j], k, K2[i * n + j], err, scale);
+            if (!(fabs(K[i * n + j] - K2[i * n + j]) <= 1e-13 * scale))
+                fail_msg("chain (%zu,%zu): %.17g, map by map %.17g", i, j, K[i * n + j],
+                         K2[i * n + j]);
+        }
+    /* in place: the same numbers */
+    memcpy(K2, S, n * n * sizeof *K2);
+    assert_int_equal(tpk_gauss_map_chain_lower(st, ns, K2, n, K2, f->ws, NULL, &f->ctx), TPK_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_memory_equal(K2 + i * n, K + i * n, (i + 1) * sizeof *K);
+    for (int l = 0; l < ns; l++)
+        tpk_phi_free(p[l]);
+    free(S), free(K), free(K2);
+}
+
+static void test_map_chain(void **state)
+{
+    fixture *f = *state;
+    static const char *const deep[] = {"relu", "relu", "relu", "relu", "relu", "relu", "relu", "relu"};
+    check_chain(f, deep, 8, 150, 41);
+    static const char *const mixed[] = {"erf", "gelu", "relu", "arccos2", "erf(1.73)", "step"};
+    check_chain(f, mixed, 6, 131, 42);
+    static const char *const mehler[] = {"relu", "tanh", "relu"}; /* no vector kernel: map by map */
+    check_chain(f, mehler, 3, 37, 43);
+    check_chain(f, deep, 1, 20, 44);
+    /* a zero variance (an all-zero input): the scalar fix-ups, map by map */
+    const size_t n = 40;
+    double *S = random_psd(n, 7, 45), *K = malloc(n * n * sizeof *K);
+    for (size_t j = 0; j < n; j++)
+        S[3 * n + j] = S[j * n + 3] = 0;
+    tpk_phi *r = phi_new(f, "relu"), *g = phi_new(f, "gelu");
+    const tpk_gauss_step st[2] = {{r, 2.0, 0.0}, {g, 1.0, 0.0}};
+    assert_int_equal(tpk_gauss_map_chain_lower(st, 2, S, n, K, f->ws, NULL, &f->ctx), TPK_OK);
+    double *K2 = malloc(n * n * sizeof *K2);
+    assert_int_equal(tpk_gauss_map_affine_lower(r, S, n, 2.0, 0.0, K2, f->ws, NULL, &f->ctx), TPK_OK);
+    assert_int_equal(tpk_gauss_map_affine_lower(g, K2, n, 1.0, 0.0, K2, f->ws, NULL, &f->ctx), TPK_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_memory_equal(K2 + i * n, K + i * n, (i + 1) * sizeof *K);
+    /* a covariance beyond √(q_i q_j): the step and the entry are named */
+    double *B = random_psd(n, 7, 46);
+    B[2 * n + 2] = 0.3;
+    B[9 * n + 4] = 10 * sqrt(B[9 * n + 9] * B[4 * n + 4]);
+    assert_int_equal(tpk_gauss_map_chain_lower(st, 2, B, n, K, f->ws, NULL, &f->ctx), TPK_EDOM);
+    assert_non_null(strstr(f->ctx.msg, "step 1 of 2"));
+    assert_non_null(strstr(f->ctx.msg, "(9,4)"));
+    /* bad arguments */
+    assert_int_equal(tpk_gauss_map_chain_lower(st, TPK_GAUSS_CHAIN_MAX + 1, S, n, K, f->ws, NULL,
+                                               &f->ctx), TPK_EINVAL);
+    const tpk_gauss_step nan_step[1] = {{r, NAN, 0.0}};
+    assert_int_equal(tpk_gauss_map_chain_lower(nan_step, 1, S, n, K, f->ws, NULL, &f->ctx),
+                     TPK_EINVAL);
+    tpk_phi_free(r), tpk_phi_free(g);
+    free(S), free(K), free(K2), free(B);
+}
+
 static double ulp_err(double got, double ref)
 {
     if (ref == 0)
@@ -870,6 +963,7 @@ int main(void)
         cmocka_unit_test(test_numeric_and_user_functions),
         cmocka_unit_test(test_error_paths),
         cmocka_unit_test(test_maps),
+        cmocka_unit_test(test_map_chain),
         cmocka_unit_test(test_vector_asin_ulp),
     };
     return cmocka_run_group_tests_name("gauss", tests, setup, teardown);

@@ -98,6 +98,20 @@ TPK_API int tpk_gauss_map_affine(const tpk_phi *phi, const double *S, size_t n, 
 TPK_API int tpk_gauss_map_affine_lower(const tpk_phi *phi, const double *S, size_t n, double alpha,
                                        double beta, double *out, const tpk_gauss_ws *ws,
                                        double *err_max, tpk_ctx *ctx);
+/* One step of a chain: M ↦ alpha·V_φ(M) + beta, V_φ taken with M's own diagonal. */
+typedef struct tpk_gauss_step {
+    const tpk_phi *phi;
+    double alpha, beta;
+} tpk_gauss_step;
+#define TPK_GAUSS_CHAIN_MAX 64
+/* The lower triangle (with the diagonal) of out = step[nsteps−1](… step[0](S)) for 0 ≤ nsteps ≤
+ * TPK_GAUSS_CHAIN_MAX: an L-layer kernel recursion in one pass over the matrix (the diagonals
+ * first, then every entry through all steps). The same values as nsteps calls of
+ * tpk_gauss_map_affine_lower up to rounding; errors name the step and the entry. err_max: the
+ * largest per-step bound. out may alias S. */
+TPK_API int tpk_gauss_map_chain_lower(const tpk_gauss_step *step, int nsteps, const double *S,
+                                      size_t n, double *out, const tpk_gauss_ws *ws,
+                                      double *err_max, tpk_ctx *ctx);
 /* Notes on the maps: only the lower triangle (and diagonal) of S is read. ws may be NULL when φ
  * has a closed form. On error (TPK_EDOM for a non-PSD entry, naming it) out is left partially
  * written. Non-closed-form φ use the Mehler (Hermite-coefficient) series of theory.md §3.2 per
