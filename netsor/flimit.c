@@ -1305,6 +1305,52 @@ static int find_block(fl *F, int sym, const int *idx, long *mem)
 
 static int bias_block(fl *F, int sym, int *out);
 
+/* A stored combination of this many terms or more becomes a Gaussian block of its own when it is
+ * first read: a residual stream g_l = g_{l-1} + α W_l h_{l-1} is otherwise expanded again into
+ * all l terms at every layer, O(L²) passes over the matrix where the recursion makes one per
+ * layer (theory §2.9). Two-term sums (attention's f + h) stay combinations. */
+#define MIX_MATERIALIZE 3
+
+/* Block k (BK_MIX) in place as a Gaussian block (its number is kept: the plan's liveness is per
+ * block); left as it is when a term is not Gaussian (a φ block: E[φ·g] is read term by term). */
+static int mix_to_gauss(fl *F, int k)
+{
+    const val *u = &F->b[k].mix;
+    for (int i = 0; i < u->nt; i++) {
+        int kind = F->b[u->t[i].blk].kind;
+        if (kind != BK_GAUSS && kind != BK_BIAS)
+            return TPK_OK;
+    }
+    size_t n = F->N * (size_t)F->b[k].m;
+    double *M2 = NULL, *mean = NULL;
+    int nz = 0, st;
+    if (F->dry) {
+        st = lin_m2(F, u, u, NULL, 0, 1, 1.0); /* touches the terms, checks support */
+    } else if ((M2 = fl_big(F, n * n, sizeof *M2, 1)) == NULL ||
+               (mean = nsr_fam_alloc(&F->X, n, sizeof *mean)) == NULL) {
+        st = F->X.ctx->status;
+    } else if ((st = lin_m2(F, u, u, M2, n, 1, 1.0)) == TPK_OK &&
+               (st = lin_mean(F, u, mean, &nz)) == TPK_OK && nz) {
+        nz = !all_zero(mean, n); /* exactly zero means are no means (LN's g − m) */
+    }
+    fblock *b = &F->b[k];
+    if (st) {
+        fl_release(F, M2, n * n * sizeof *M2);
+        tpk_free(F->X.ctx, mean);
+        return st;
+    }
+    if (!nz) {
+        tpk_free(F->X.ctx, mean);
+        mean = NULL;
+    }
+    val_free(F, &b->mix);
+    b->kind = BK_GAUSS;
+    b->M2 = M2;
+    b->mean = mean;
+    b->lower = 1;
+    return TPK_OK;
+}
+
 /* f[idx...] over the domain: a scalar family, a vector family (gather), or a G-decl. */
 static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
@@ -1431,6 +1477,10 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     }
     if (blk < 0)
         return v_const(out, D->m, 0); /* only padding members */
+    if (F->b[blk].kind == BK_MIX && F->b[blk].mix.nt >= MIX_MATERIALIZE && mix_to_gauss(F, blk)) {
+        tpk_free(F->X.ctx, idx);
+        return F->X.ctx->status;
+    }
     fblock *b = &F->b[blk];
     if (b->kind != BK_MIX)
         return v_gather(F, out, D->m, blk, idx);
