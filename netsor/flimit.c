@@ -286,14 +286,88 @@ static void anc_union(fblock *b, const fblock *o)
     }
 }
 
+/* Members of an initial G-var family (one BK_BIAS block, say b[l in 1..L]) are independent of
+ * each other (theory §1.2), so a block made from b[2] is not correlated with a later read of
+ * b[3]: such a block remembers the members it read, as ancestors of their own, −2 − (block·2¹⁶
+ * + member); the block's own number stands for all of its members. */
+#define ANC_MEMBERS 65536
+
+static int anc_member(int blk, long mem)
+{
+    return blk < INT32_MAX / ANC_MEMBERS - 1 && mem >= 0 && mem < ANC_MEMBERS
+               ? -2 - (blk * ANC_MEMBERS + (int)mem)
+               : -1;
+}
+
+static int anc_block(int id) { return id >= 0 ? id : (-id - 2) / ANC_MEMBERS; }
+
+static void anc_add(fblock *b, int id)
+{
+    if (b->nanc < 0)
+        return;
+    for (int j = 0; j < b->nanc; j++)
+        if (b->anc[j] == id)
+            return;
+    if (b->nanc == MAXANC) {
+        b->nanc = -1;
+        return;
+    }
+    b->anc[b->nanc++] = id;
+}
+
+/* Block-level: conservative (a member ancestor meets its whole block, and vice versa). */
 static int correlated(const fblock *x, const fblock *y)
 {
     if (x->nanc < 0 || y->nanc < 0)
         return 1;
     for (int i = 0; i < x->nanc; i++)
-        for (int j = 0; j < y->nanc; j++)
-            if (x->anc[i] == y->anc[j])
+        for (int j = 0; j < y->nanc; j++) {
+            int a = x->anc[i], c = y->anc[j];
+            if (a == c || ((a < 0) != (c < 0) && anc_block(a) == anc_block(c)))
                 return 1;
+        }
+    return 0;
+}
+
+/* The ancestors a value term brings: the members it reads of an initial G-var family, else its
+ * block's. m: the term's points. */
+static void anc_union_term(const fl *F, fblock *b, const term *t, long m)
+{
+    const fblock *o = &F->b[t->blk];
+    if (o->kind != BK_BIAS || t->dense || o->nanc != 1 || o->anc[0] != t->blk) {
+        anc_union(b, o);
+        return;
+    }
+    for (long p = 0; p < m && b->nanc >= 0; p++)
+        if (t->idx[p] >= 0) {
+            int id = anc_member(t->blk, t->idx[p]);
+            if (id == -1) {
+                anc_union(b, o);
+                return;
+            }
+            anc_add(b, id);
+        }
+}
+
+/* Block x against term s (m points): as correlated(), but a read of members of an initial G-var
+ * family meets x only where x has read one of those members (or the whole family). */
+static int term_correlated(const fl *F, const fblock *x, const term *s, long m)
+{
+    const fblock *y = &F->b[s->blk];
+    if (y->kind != BK_BIAS || s->dense || y->nanc != 1 || y->anc[0] != s->blk || x->nanc < 0)
+        return correlated(x, y);
+    for (int i = 0; i < x->nanc; i++)
+        if (x->anc[i] == s->blk)
+            return 1;
+    for (long p = 0; p < m; p++)
+        if (s->idx[p] >= 0) {
+            int id = anc_member(s->blk, s->idx[p]);
+            if (id == -1)
+                return correlated(x, y);
+            for (int i = 0; i < x->nanc; i++)
+                if (x->anc[i] == id)
+                    return 1;
+        }
     return 0;
 }
 
@@ -599,7 +673,8 @@ static int nonlin_moments(fl *F, int k)
 /* P = E[X Yᵀ] for blocks x ≠ y or x = y, as (N m_x) × (N m_y) with leading dimension ld;
  * returns a pointer into the store (x = y) or fills buf. NULL with *st set on failure;
  * *zero = 1 when P = 0 (independent, zero means). */
-static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *st, int full)
+static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *st, int full,
+                             int indep)
 {
     *zero = 0;
     *st = TPK_OK;
@@ -612,7 +687,7 @@ static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *s
         return M;
     }
     fblock *bx = &F->b[x], *by = &F->b[y];
-    if (correlated(bx, by)) {
+    if (!indep && correlated(bx, by)) {
         if (bx->kind == BK_NONLIN && by->kind == BK_NONLIN && bx->arg == by->arg) {
             /* two functions of one Gaussian block: entry by entry */
             if (F->dry)
@@ -941,6 +1016,17 @@ static int v_merge(fl *F, val *v)
 
 /* out (N mu × N mv, ld) += Σ_{t,s} C_t E[X_t X_sᵀ] C_sᵀ + mean terms: E[u vᵀ] for LIN values.
  * sym: u = v, and only the lower triangle needs to be right (it is mirrored). */
+/* Terms t (mt points) and s (ms points) on different blocks known independent at the member
+ * level (pair_m2's indep): a read of initial G-var members the other block never read. */
+static int terms_indep(const fl *F, const term *t, long mt, const term *s, long ms)
+{
+    if (F->b[s->blk].kind == BK_BIAS)
+        return !term_correlated(F, &F->b[t->blk], s, ms);
+    if (F->b[t->blk].kind == BK_BIAS)
+        return !term_correlated(F, &F->b[s->blk], t, mt);
+    return 0;
+}
+
 static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int sym,
                   double alpha)
 {
@@ -1022,7 +1108,8 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
             int zero;
             /* the lower triangle serves a symmetric identity pair: (a,p) ≥ (c,q) reads only it */
             int full = !(sym && i == j && !t->dense && monotone(t->idx, mu));
-            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, full);
+            int indep = t->blk != s->blk && terms_indep(F, t, u->m, s, v->m);
+            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, full, indep);
             if (st || F->dry || zero) {
                 tpk_free(F->X.ctx, buf);
                 continue;
@@ -1194,7 +1281,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
     fblock *b = &F->b[k];
     b->nanc = 0;
     for (int i = 0; i < u->nt; i++)
-        anc_union(&F->b[k], &F->b[u->t[i].blk]);
+        anc_union_term(F, &F->b[k], &u->t[i], u->m);
     if (!F->dry) {
         size_t n = F->N * (size_t)u->m;
         double *G = NULL;
@@ -1217,7 +1304,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
             bx->fi != -2 && bx->M2 && bx->mean == NULL && bx->m == u->m && is_identity_term(&u->t[0], u->m)) {
             steal = 1;
             for (int i = 1; i < u->nt && steal; i++)
-                steal = u->t[i].blk != x && !correlated(bx, &F->b[u->t[i].blk]);
+                steal = u->t[i].blk != x && !term_correlated(F, bx, &u->t[i], u->m);
         }
         double *M2 = NULL, *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
         int nz = 0, st = mean == NULL ? F->X.ctx->status : TPK_OK;
@@ -2503,6 +2590,23 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
                 (buf = nsr_fam_alloc(&F->X, N * mt * N * ms, sizeof *buf)) == NULL)
                 return F->X.ctx->status;
             const fblock *bf = &F->b[t->blk];
+            if (t->blk == s->blk && bf->kind == BK_BIAS && !t->dense && !s->dense) {
+                /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j (as lin_m2), not
+                 * the block's (N m)² matrix */
+                touch(F, t->blk);
+                tpk_free(F->X.ctx, buf);
+                for (size_t a = 0; !F->dry && a < N; a++)
+                    for (size_t p = 0; p < m; p++) {
+                        int i1 = t->idx[p], i2 = s->idx[p];
+                        if (i1 < 0 || i2 < 0)
+                            continue;
+                        double e = (i1 == i2 ? bf->s[i1] : 0) +
+                                   (bf->mean ? bf->mean[i1] * bf->mean[i2] : 0);
+                        out[a * m + p] += (t->w ? t->w[a * m + p] : 1) *
+                                          (s->w ? s->w[a * m + p] : 1) * e;
+                    }
+                continue;
+            }
             if (!F->dry && t->blk == s->blk && !t->dense && !s->dense && bf->Fac != NULL &&
                 bf->M2 == NULL) { /* entries of a factor block: dot products of its rows */
                 size_t r = (size_t)bf->rank;
@@ -2525,7 +2629,8 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
             /* two gathers of one block read entries (a, i), (a, j): the lower triangle holds
              * them as (a, max), (a, min), so a lower-stored block need not be mirrored */
             int lower_ok = t->blk == s->blk && !t->dense && !s->dense;
-            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, !lower_ok);
+            int indep = t->blk != s->blk && terms_indep(F, t, u->m, s, v->m);
+            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, !lower_ok, indep);
             if (st || F->dry || zero) {
                 tpk_free(F->X.ctx, buf);
                 if (st)
@@ -2866,7 +2971,7 @@ static int run_def(fl *F, const nsr_finstr *fi)
                 fblock *b = &F->b[k];
                 b->nanc = 0;
                 for (int i = 0; i < v.nt; i++) {
-                    anc_union(&F->b[k], &F->b[v.t[i].blk]);
+                    anc_union_term(F, &F->b[k], &v.t[i], v.m);
                     touch(F, v.t[i].blk);
                 }
                 F->b[k].mix = v;

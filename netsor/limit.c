@@ -199,6 +199,9 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
                 *ctx = local;
             return st;
         }
+        const char *tr = getenv("TPK_NETSOR_TRACE");
+        if (tr != NULL && strcmp(tr, "1") == 0) /* why the slower form runs */
+            fprintf(stderr, "  rolled evaluator: %s; the unrolled one runs\n", local.msg);
     }
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)

@@ -106,6 +106,11 @@ static const struct shipped {
     {"programs/mlp-ln.nsr", 1, 4, 1, {{0}}, 0},
     {"programs/layernorm-mlp.nsr", 1, 4, 1, {{0}}, 0},
     {"programs/mlp-ln-residual.nsr", 1, 4, 1, {{0}}, 0},
+    /* biases: the residual stream becomes a block of its own at 3 terms, its bias members
+     * (b[1..l]) independent of the later ones (b[l+1]) */
+    {"programs/mlp-residual.nsr", 1, 4, 1, {{"sigma_b2", "0.2"}, {"L", "5"}}, 2},
+    {"programs/mlp-ln-residual.nsr", 1, 4, 1,
+     {{"sigma_b2", "0.13"}, {"L", "6"}, {"alpha", "0.6"}}, 3},
     {"programs/transformer.nsr", 5, 3, 1, {{"var_b", "0.3"}, {"temp", "0.7"}}, 2},
     {"programs/transformer.nsr", 4, 2, 1, {{"L", "3"}, {"eps", "0.01"}}, 2},
     {"programs/cnn1d.nsr", 6, 2, 1, {{"sigma_b2", "0.2"}}, 1},
