@@ -33,8 +33,8 @@ int tpk_dgemm(int transa, int transb, size_t m, size_t n, size_t k, double alpha
                             ldb, beta, C, ldc, 0, NULL, ctx);
 }
 
-int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, size_t lda,
-              double beta, double *C, size_t ldc, tpk_ctx *ctx)
+static int dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, size_t lda,
+                 double beta, double *C, size_t ldc, int mirror, tpk_ctx *ctx)
 {
     if (transa != TPK_NO_TRANS && transa != TPK_TRANS)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_dsyrk: transpose flag must be TPK_NO_TRANS or TPK_TRANS");
@@ -47,14 +47,14 @@ int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, siz
         return TPK_OK;
     if (k == 0) {
         for (size_t i = 0; i < n; i++)
-            for (size_t j = 0; j < n; j++)
+            for (size_t j = 0; j < (mirror ? n : i + 1); j++)
                 C[i * ldc + j] = beta == 0.0 ? 0.0 : beta * C[i * ldc + j];
         return TPK_OK;
     }
     /* The lower triangle by the tuned SYRK kernels (gen/: exact, nearest or default blocking of
      * this CPU's class; OpenBLAS where none wins), then the mirror. */
     int st = tpk_syrk_tuned_d(transa == TPK_TRANS, n, k, alpha, A, lda, beta, C, ldc, 0, NULL, ctx);
-    if (st)
+    if (st || !mirror)
         return st;
     /* mirror the lower triangle, in tiles */
     const size_t TS = 64;
@@ -65,6 +65,18 @@ int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, siz
                 for (size_t j = j0; j < j0 + TS && j < i; j++)
                     C[j * ldc + i] = C[i * ldc + j];
     return TPK_OK;
+}
+
+int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, size_t lda,
+              double beta, double *C, size_t ldc, tpk_ctx *ctx)
+{
+    return dsyrk(transa, n, k, alpha, A, lda, beta, C, ldc, 1, ctx);
+}
+
+int tpk_dsyrk_lower(int transa, size_t n, size_t k, double alpha, const double *A, size_t lda,
+                    double beta, double *C, size_t ldc, tpk_ctx *ctx)
+{
+    return dsyrk(transa, n, k, alpha, A, lda, beta, C, ldc, 0, ctx);
 }
 
 int tpk_dtrmm(int side, int uplo, int transa, size_t m, size_t n, double alpha, const double *A,

@@ -297,6 +297,43 @@ static void test_dtrmm(void **state)
     free(Ad);
 }
 
+/* tpk_dsyrk_lower against a triple loop, both transposes, beta ≠ 0, k = 0: the lower triangle
+ * written, the strict upper one untouched; tpk_dsyrk writes both, exactly symmetric. */
+static void test_dsyrk_lower(void **state)
+{
+    (void)state;
+    enum { N = 43, K = 17, LD = 47 };
+    static double A[N * K], C[N * LD], R[N * LD];
+    for (int i = 0; i < N * K; i++)
+        A[i] = sin(0.71 * i + 0.2);
+    for (int tr = 0; tr < 2; tr++)
+        for (int kk = 0; kk <= K; kk += K) {
+            for (int i = 0; i < N * LD; i++)
+                C[i] = R[i] = cos(0.13 * i);
+            for (int i = 0; i < N; i++)
+                for (int j = 0; j <= i; j++) {
+                    double acc = 0;
+                    for (int k = 0; k < kk; k++)
+                        acc += tr ? A[k * N + i] * A[k * N + j] : A[i * K + k] * A[j * K + k];
+                    R[i * LD + j] = 0.6 * acc + 0.5 * R[i * LD + j];
+                }
+            assert_int_equal(tpk_dsyrk_lower(tr ? TPK_TRANS : TPK_NO_TRANS, N, (size_t)kk, 0.6, A,
+                                             tr ? N : K, 0.5, C, LD, NULL), TPK_OK);
+            for (int i = 0; i < N; i++)
+                for (int j = 0; j < LD; j++)
+                    if (j > i)
+                        assert_true(C[i * LD + j] == R[i * LD + j]); /* untouched */
+                    else
+                        assert_true(fabs(C[i * LD + j] - R[i * LD + j]) < 1e-13);
+            assert_int_equal(tpk_dsyrk(tr ? TPK_TRANS : TPK_NO_TRANS, N, (size_t)kk, 1.0, A,
+                                       tr ? N : K, 0.0, C, LD, NULL), TPK_OK);
+            for (int i = 0; i < N; i++)
+                for (int j = 0; j < i; j++)
+                    assert_true(C[i * LD + j] == C[j * LD + i]);
+        }
+    assert_int_equal(tpk_dsyrk_lower(7, N, K, 1.0, A, K, 0.0, C, LD, NULL), TPK_EINVAL);
+}
+
 /* Depth-3 ReLU MLP (σ_w² = 2, σ_b² = 0.1): width 2048 over 8 seeds matches the limit, and the
  * RMS error halves from n = 256 to 1024 (slope −1/2, theory §7.2). */
 static void test_mlp_converges(void **state)
@@ -523,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_philox_known_answers),
         cmocka_unit_test(test_dgemm),
         cmocka_unit_test(test_dtrmm),
+        cmocka_unit_test(test_dsyrk_lower),
         cmocka_unit_test(test_mlp_converges),
         cmocka_unit_test(test_tanh_and_rnn_converge),
         cmocka_unit_test(test_one_layer_exact),

@@ -26,6 +26,10 @@ TPK_API int tpk_dgemm(int transa, int transb, size_t m, size_t n, size_t k, doub
  * mirrored), so C is exactly symmetric. Errors as tpk_dgemm. */
 TPK_API int tpk_dsyrk(int transa, size_t n, size_t k, double alpha, const double *A, size_t lda,
                       double beta, double *C, size_t ldc, tpk_ctx *ctx);
+/* As tpk_dsyrk, but only the lower triangle (with the diagonal) of C is written, the strict upper
+ * one left as it is: for readers of the lower triangle (it saves the mirror's pass). */
+TPK_API int tpk_dsyrk_lower(int transa, size_t n, size_t k, double alpha, const double *A,
+                            size_t lda, double beta, double *C, size_t ldc, tpk_ctx *ctx);
 
 enum tpk_side { TPK_LEFT = 0, TPK_RIGHT = 1 };
 enum tpk_uplo { TPK_LOWER = 0, TPK_UPPER = 1 };
