@@ -1267,6 +1267,47 @@ static void mirror(double *M, size_t n)
 }
 
 /* A Gaussian block holding the LIN value u (its second and first moments). */
+/* u = L·x for block x dying here, L lower triangular per input (causal attention's (I + A)·k, one
+ * dense term): the two triangular products of tri_sandwich run in x's own matrix, which becomes
+ * the result's (lower triangle); no zeroed block, no copy, no add. 1 when done (*M2 set), 0 when
+ * u is not of that form, −1 on error. */
+static int tri_in_place(fl *F, const val *u, double **M2)
+{
+    *M2 = NULL;
+    if (u->nt != 1 || !u->t[0].dense || !all_zero(u->mu, F->N * (size_t)u->m))
+        return 0;
+    int x = u->t[0].blk;
+    const fblock *bx = &F->b[x];
+    size_t N = F->N, m = (size_t)u->m, n = N * m;
+    if (bx->kind != BK_GAUSS || bx->M2 == NULL || bx->mean != NULL || (size_t)bx->m != m ||
+        !plan_get(F, 1) || x >= F->nplan || F->plan[x] != F->X.cur)
+        return 0;
+    const double *W = u->t[0].w; /* N × m × m */
+    for (size_t a = 0; a < N; a++)
+        for (size_t p = 0; p < m; p++)
+            for (size_t q = p + 1; q < m; q++)
+                if (W[(a * m + p) * m + q] != 0)
+                    return 0;
+    double *P = (double *)block_m2_full(F, x); /* both triangles of the diagonal blocks are read */
+    if (P == NULL)
+        return -1;
+    touch(F, x);
+    for (size_t a = 0; a < N; a++) {
+        /* rows of input a, columns of inputs c ≤ a: L_a · P(a, 0..a), then each · L_cᵀ */
+        double *Pa = P + a * m * n;
+        if (tpk_dtrmm(TPK_LEFT, TPK_LOWER, TPK_NO_TRANS, m, (a + 1) * m, 1.0, W + a * m * m, m, Pa,
+                      n, F->X.ctx))
+            return -1;
+        for (size_t c = 0; c <= a; c++)
+            if (tpk_dtrmm(TPK_RIGHT, TPK_LOWER, TPK_TRANS, m, m, 1.0, W + c * m * m, m, Pa + c * m,
+                          n, F->X.ctx))
+                return -1;
+    }
+    F->b[x].M2 = NULL; /* now the result's */
+    *M2 = P;
+    return 1;
+}
+
 static int materialize(fl *F, val *u, int fam, int *out)
 {
     for (int k = 0; k < u->nt; k++) {
@@ -1310,7 +1351,12 @@ static int materialize(fl *F, val *u, int fam, int *out)
         }
         double *M2 = NULL, *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
         int nz = 0, st = mean == NULL ? F->X.ctx->status : TPK_OK;
-        if (st == TPK_OK && steal) {
+        int tri = st == TPK_OK && !steal ? tri_in_place(F, u, &M2) : 0;
+        if (tri < 0)
+            st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+        if (tri != 0) {
+            /* done (or failed) in place */
+        } else if (st == TPK_OK && steal) {
             M2 = F->b[x].M2;
             F->b[x].M2 = NULL;
             val rest = *u;
