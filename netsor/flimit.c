@@ -1540,12 +1540,25 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     double *sv = NULL;
     nsr_imap A;
     int affine = vary && nsr_imap_of(&F->X, e, D, &A);
+    int kfast = -1; /* the block every check has passed for: its next points take the short way */
     for (long p = 0; p < D->m; p++) {
         int t[NSR_MAX_INDICES];
         long mem = -1;
         int k;
         if (affine)
             nsr_imap_at(&A, &D->val[p * D->nv], t);
+        if (kfast >= 0 && (!vary || (affine && (mem = nsr_trie_find(&F->b[kfast].tr, t)) >= 0))) {
+            if (!vary)
+                mem = first;
+            if (sv != NULL) {
+                const fblock *bf = &F->b[kfast];
+                for (size_t a = 0; !F->dry && a < F->N; a++)
+                    sv[a * (size_t)D->m + (size_t)p] = bf->s[a * (size_t)bf->m + (size_t)mem];
+            } else {
+                idx[p] = (int)mem;
+            }
+            continue;
+        }
         if (vary || p == 0) {
             if (!affine) {
                 nsr_bind_point(&F->X, D, p);
@@ -1589,6 +1602,7 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
             if (!F->dry)
                 for (size_t a = 0; a < F->N; a++)
                     sv[a * (size_t)D->m + (size_t)p] = b->s[a * (size_t)b->m + (size_t)mem];
+            kfast = k;
             continue;
         }
         if (blk >= 0 && blk != k) {
@@ -1604,6 +1618,7 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         }
         blk = k;
         idx[p] = (int)mem;
+        kfast = k;
     }
     if (sv != NULL) {
         out->kind = V_SCAL;
