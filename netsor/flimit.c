@@ -741,14 +741,20 @@ static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *s
     return buf;
 }
 
-static int is_identity_term(const term *t, long m)
+/* Member p read at point p, with weights (per input and point) allowed. */
+static int is_identity_gather(const term *t, long m)
 {
-    if (t->dense || t->w)
+    if (t->dense)
         return 0;
     for (long p = 0; p < m; p++)
         if (t->idx[p] != p)
             return 0;
     return 1;
+}
+
+static int is_identity_term(const term *t, long m)
+{
+    return t->w == NULL && is_identity_gather(t, m);
 }
 
 /* Non-decreasing gather: a symmetric pair of it reads only the lower triangle of its block
@@ -1344,7 +1350,8 @@ static int materialize(fl *F, val *u, int fam, int *out)
         int x = u->t[0].blk, steal = 0;
         const fblock *bx = &F->b[x];
         if (plan_get(F, 1) && x < F->nplan && F->plan[x] == F->X.cur && bx->kind == BK_GAUSS &&
-            bx->fi != -2 && bx->M2 && bx->mean == NULL && bx->m == u->m && is_identity_term(&u->t[0], u->m)) {
+            bx->fi != -2 && bx->M2 && bx->mean == NULL && bx->m == u->m &&
+            is_identity_gather(&u->t[0], u->m)) {
             steal = 1;
             for (int i = 1; i < u->nt && steal; i++)
                 steal = u->t[i].blk != x && !term_correlated(F, bx, &u->t[i], u->m);
@@ -1359,6 +1366,13 @@ static int materialize(fl *F, val *u, int fam, int *out)
         } else if (st == TPK_OK && steal) {
             M2 = F->b[x].M2;
             F->b[x].M2 = NULL;
+            const double *w = u->t[0].w; /* LN's 1/√(v + ε): M2_pq ← w_p w_q M2_pq, in place */
+            if (w != NULL) {
+#pragma omp parallel for schedule(dynamic, 64) if (n >= 512)
+                for (size_t r = 0; r < n; r++)
+                    for (size_t c = 0; c <= r; c++)
+                        M2[r * n + c] *= w[r] * w[c];
+            }
             val rest = *u;
             rest.t = u->t + 1;
             rest.nt = u->nt - 1;
