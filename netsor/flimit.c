@@ -3299,6 +3299,25 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 F->err = fmax(F->err, e * a->var);
                 break;
             }
+            const term *t0 = a->v.nt == 1 ? &a->v.t[0] : NULL;
+            fblock *g0 = t0 ? &F->b[t0->blk] : NULL;
+            if (no == 1 && t0 && g0->kind == BK_GAUSS && g0->M2 != NULL && g0->mean == NULL &&
+                (size_t)g0->m * N == dim && is_identity_gather(t0, a->v.m) &&
+                all_zero(a->v.mu, dim)) {
+                /* y = readout(w·g), g read for the last time: K takes g's matrix, scaled in
+                 * place (no zeroed dim² block), as the φ readout above */
+                double *M = g0->M2;
+                const double *w = t0->w, sc = a->var, beta = a->bias_var;
+                g0->M2 = NULL;
+                tpk_free(F->X.ctx, Kout->data);
+                Kout->data = M;
+#pragma omp parallel for schedule(dynamic, 64) if (dim >= 512)
+                for (size_t r = 0; r < dim; r++)
+                    for (size_t q = 0; q <= r; q++)
+                        M[r * dim + q] = sc * (w ? w[r] * w[q] : 1) * M[r * dim + q] + beta;
+                mirror(M, dim);
+                break;
+            }
             if (no == 1) { /* one output family: K is its second-moment block itself */
                 double sc = a->var, beta = a->bias_var;
                 /* zeroed by writing, before the first += reads the pages (see fl_big) */
