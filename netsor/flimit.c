@@ -675,7 +675,7 @@ static int nonlin_moments(fl *F, int k)
 /* P = E[X Yᵀ] for blocks x ≠ y or x = y, as (N m_x) × (N m_y) with leading dimension ld;
  * returns a pointer into the store (x = y) or fills buf. NULL with *st set on failure;
  * *zero = 1 when P = 0 (independent, zero means). */
-static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *st, int full,
+static const double *pair_m2(fl *F, int x, int y, double **bufp, int *zero, int *st, int full,
                              int indep)
 {
     *zero = 0;
@@ -701,6 +701,11 @@ static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *s
             const fblock *u = &F->b[bx->arg];
             size_t n = F->N * (size_t)bx->m;
             if (ensure_ws(F)) {
+                *st = F->X.ctx->status;
+                return NULL;
+            }
+            double *buf = *bufp ? *bufp : (*bufp = nsr_fam_alloc(&F->X, n * n, sizeof *buf));
+            if (buf == NULL) {
                 *st = F->X.ctx->status;
                 return NULL;
             }
@@ -735,6 +740,11 @@ static const double *pair_m2(fl *F, int x, int y, double *buf, int *zero, int *s
         return NULL;
     }
     size_t nx = F->N * (size_t)bx->m, ny = F->N * (size_t)by->m;
+    double *buf = *bufp ? *bufp : (*bufp = nsr_fam_alloc(&F->X, nx * ny, sizeof *buf));
+    if (buf == NULL) {
+        *st = F->X.ctx->status;
+        return NULL;
+    }
     for (size_t i = 0; i < nx; i++)
         for (size_t j = 0; j < ny; j++)
             buf[i * ny + j] = mx[i] * my[j];
@@ -1046,10 +1056,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
             if (sym && j > i)
                 continue; /* the (j, i) pair is the transpose of (i, j): added below */
             size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
-            double *buf = NULL;
-            if (t->blk != s->blk && !F->dry &&
-                (buf = nsr_fam_alloc(&F->X, N * mt * N * ms, sizeof *buf)) == NULL)
-                return F->X.ctx->status;
+            double *buf = NULL; /* pair_m2's, made only when it writes one */
             if (t->blk == s->blk && F->b[t->blk].kind == BK_BIAS && !t->dense && !s->dense) {
                 /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j, shared by all inputs
                  * (theory §1.2), without the (N m)² matrix */
@@ -1117,7 +1124,7 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
             /* the lower triangle serves a symmetric identity pair: (a,p) ≥ (c,q) reads only it */
             int full = !(sym && i == j && !t->dense && monotone(t->idx, mu));
             int indep = t->blk != s->blk && terms_indep(F, t, u->m, s, v->m);
-            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, full, indep);
+            const double *P = pair_m2(F, t->blk, s->blk, &buf, &zero, &st, full, indep);
             if (st || F->dry || zero) {
                 tpk_free(F->X.ctx, buf);
                 continue;
@@ -2662,10 +2669,7 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
         for (int j = 0; j < v->nt; j++) {
             const term *t = &u->t[i], *s = &v->t[j];
             size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
-            double *buf = NULL;
-            if (t->blk != s->blk && !F->dry &&
-                (buf = nsr_fam_alloc(&F->X, N * mt * N * ms, sizeof *buf)) == NULL)
-                return F->X.ctx->status;
+            double *buf = NULL; /* pair_m2's, made only when it writes one */
             const fblock *bf = &F->b[t->blk];
             if (t->blk == s->blk && bf->kind == BK_BIAS && !t->dense && !s->dense) {
                 /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j (as lin_m2), not
@@ -2707,7 +2711,7 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
              * them as (a, max), (a, min), so a lower-stored block need not be mirrored */
             int lower_ok = t->blk == s->blk && !t->dense && !s->dense;
             int indep = t->blk != s->blk && terms_indep(F, t, u->m, s, v->m);
-            const double *P = pair_m2(F, t->blk, s->blk, buf, &zero, &st, !lower_ok, indep);
+            const double *P = pair_m2(F, t->blk, s->blk, &buf, &zero, &st, !lower_ok, indep);
             if (st || F->dry || zero) {
                 tpk_free(F->X.ctx, buf);
                 if (st)
