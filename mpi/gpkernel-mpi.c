@@ -6,12 +6,12 @@
 #include "../tools/cli_kernel.h"
 #include "ckpt.h"
 #include "grid.h"
+#include "rank.h"
 #include "tiles.h"
 
 #include "tpk/tpk.h"
 
 #include <mpi.h>
-#include <omp.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -143,22 +143,6 @@ static void enter_tiles(void)
         leave_now(caught);
 }
 
-/* ---- one outcome for all ranks --------------------------------------------------------------- */
-
-/* Every rank's status of one step → 0 when all succeeded, else the exit status of the lowest
- * failing rank, which alone prints its message (every rank usually fails alike). */
-static int settle(int st, int usage_error, const tpk_ctx *ctx, const mpi_grid *g)
-{
-    int rank = g->rank, key = st ? rank : INT_MAX, first, rc = 0;
-    MPI_Allreduce(&key, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (first == INT_MAX)
-        return 0;
-    if (rank == first)
-        rc = usage_error ? cli_report_usage(TOOL, st, ctx) : cli_report(TOOL, st, ctx);
-    MPI_Bcast(&rc, 1, MPI_INT, first, MPI_COMM_WORLD);
-    return rc;
-}
-
 /* ---- what the tiles depend on ---------------------------------------------------------------- */
 
 typedef struct strbuf {
@@ -261,17 +245,6 @@ typedef struct run_state {
     double *K, *diag;     /* one tile and its row diagonal */
 } run_state;
 
-/* OpenMP threads: the node's cores shared by its ranks, unless the user said. */
-static void pick_threads(void)
-{
-    if (getenv("OMP_NUM_THREADS"))
-        return;
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    long ranks = local ? strtol(local, NULL, 10) : 1, cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (ranks >= 1 && cores >= 1)
-        omp_set_num_threads((int)(cores / ranks > 0 ? cores / ranks : 1));
-}
-
 /* Rank 0: fresh or resumed (1), as the checkpoint on disk and --resume say. */
 static int decide_resume(run_state *r, int *resume, tpk_ctx *ctx)
 {
@@ -316,20 +289,18 @@ static int finish(run_state *r, double err, tpk_ctx *ctx)
 static int compute_tiles(run_state *r, size_t *ran, double *errmax, tpk_ctx *ctx)
 {
     const mpi_tiles *t = &r->t;
+    const int me_r = r->g.myrow, me_c = r->g.mycol;
     size_t left = 0;
-    for (size_t id = 0; id < t->ntiles; id++) {
-        int pr, pc;
-        mpi_tiles_owner(t, mpi_tiles_tile(t, id), &pr, &pc);
-        left += pr == r->g.myrow && pc == r->g.mycol && !mpi_ckpt_done(r->ck, id);
-    }
+    for (size_t id = mpi_tiles_next(t, me_r, me_c, 0); id < t->ntiles;
+         id = mpi_tiles_next(t, me_r, me_c, id + 1))
+        left += !mpi_ckpt_done(r->ck, id);
     cli_progress prog;
     cli_progress_start(&prog, TOOL, "rank 0 tiles", left,
                        r->g.rank == 0 && !r->k.quiet && cli_progress_wanted(-1));
-    for (size_t id = 0; id < t->ntiles; id++) {
+    for (size_t id = mpi_tiles_next(t, me_r, me_c, 0); id < t->ntiles;
+         id = mpi_tiles_next(t, me_r, me_c, id + 1)) {
         mpi_tile tile = mpi_tiles_tile(t, id);
-        int pr, pc;
-        mpi_tiles_owner(t, tile, &pr, &pc);
-        if (pr != r->g.myrow || pc != r->g.mycol || mpi_ckpt_done(r->ck, id))
+        if (mpi_ckpt_done(r->ck, id))
             continue;
         size_t r0, nr, c0, nc;
         mpi_tiles_extent(t, tile, &r0, &nr, &c0, &nc);
@@ -368,13 +339,13 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
             r->argv_rec[pc++] = argv[i];
     if (!st && !r->argv_rec)
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    if ((rc = settle(st, 1, ctx, g)))
+    if ((rc = mpi_settle(st, 1, ctx, TOOL)))
         return rc;
     st = cli_kernel_job(&r->k, pc, r->argv_rec, &usage, ctx);
-    if ((rc = settle(st, usage, ctx, g)))
+    if ((rc = mpi_settle(st, usage, ctx, TOOL)))
         return rc;
     st = mpi_grid_init(g, r->o.nprow, r->o.npcol, ctx); /* a grid that is not the ranks': usage */
-    if ((rc = settle(st, 1, ctx, g)))
+    if ((rc = mpi_settle(st, 1, ctx, TOOL)))
         return rc;
 
     /* every rank prepares the job: reads the inputs, loads the program */
@@ -395,14 +366,14 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     if (!st && !(r->config = job_config(&r->k.job, r->kj, &r->o)))
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     snprintf(r->ckpt, sizeof r->ckpt, "%s.partial.h5", r->k.job.output);
-    if ((rc = settle(st, 0, ctx, g)))
+    if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
 
     install_signals(r->ckpt);
     int resume = 0;
     st = g->rank == 0 ? decide_resume(r, &resume, ctx) : TPK_OK;
     MPI_Bcast(&resume, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if ((rc = settle(st, 0, ctx, g)))
+    if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
     mpi_ckpt_spec spec = {.path = r->ckpt, .t = &r->t, .f32 = r->o.f32, .config = r->config};
     size_t before = 0;
@@ -424,7 +395,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     }
     if (!resume)
         st = mpi_ckpt_create(MPI_COMM_WORLD, &spec, &r->ck, ctx);
-    if ((rc = settle(st, 0, ctx, g)))
+    if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
     MPI_Barrier(MPI_COMM_WORLD); /* the checkpoint is laid out everywhere before any tile */
 
@@ -444,7 +415,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     int cst = mpi_ckpt_close(r->ck, &cctx);
     r->ck = NULL;
     if (anyfail) {
-        rc = settle(st, 0, ctx, g);
+        rc = mpi_settle(st, 0, ctx, TOOL);
         if (g->rank == 0 && before + all == 0)
             unlink(r->ckpt); /* nothing in it to keep */
         else if (g->rank == 0)
@@ -452,14 +423,14 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
                     "cause is fixed\n", (unsigned long long)before + all, r->t.ntiles, r->ckpt);
         return rc ? rc : 1;
     }
-    if ((rc = settle(cst, 0, &cctx, g)))
+    if ((rc = mpi_settle(cst, 0, &cctx, TOOL)))
         return rc;
     if (before + all != r->t.ntiles) /* every tile has exactly one owner: our bug if not */
         st = TPK_ERROR(ctx, TPK_EINVAL, "%zu of %zu tiles done after the run", (size_t)(before + all),
                        r->t.ntiles);
     else if (g->rank == 0)
         st = finish(r, errmax, ctx);
-    if ((rc = settle(st, 0, ctx, g)))
+    if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
     if (g->rank == 0 && !r->k.quiet) {
         const tpk_job *job = &r->k.job;
@@ -500,7 +471,7 @@ int main(int argc, char **argv)
     /* what a person reads comes from rank 0: help, version, the summary */
     if (rank != 0 && !freopen("/dev/null", "w", stdout))
         return 1;
-    pick_threads();
+    mpi_pick_threads();
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     run_state r;
