@@ -27,7 +27,7 @@
  * entrywise error ε·mean-diagonal moves the spectrum by at most N·ε·mean-diagonal, so an
  * eigenvalue below −N·PSD_REL_TOL·mean-diagonal is no rounding: the file is not PSD. Symmetry
  * is required to the same relative tolerance. */
-#define PSD_REL_TOL 1e-7
+#define PSD_REL_TOL TPK_GP_PSD_REL_TOL
 /* --noise=0 (interpolation): two items are the same point to the kernel when their squared
  * feature distance K_ii + K_jj − 2K_ij is below DUP_REL_TOL of K_ii + K_jj (rounding of the
  * kernel sums); their targets then must agree to TARGET_REL_TOL of the largest |target|

@@ -21,8 +21,9 @@ MPI_H5_SRC   := core/io_h5out.c core/io_read.c
 MPI_H5_OBJ   := $(MPI_H5_SRC:%.c=$(MPI_BUILD)/obj/%.o)
 MPI_REUSED   := $(filter-out $(MPI_H5_SRC:%.c=$(BUILD)/obj/%.o),$(LIB_OBJ))
 MPI_LIB      := $(MPI_BUILD)/lib/libtpk.a
-# mpi/: the programs (gpkernel-mpi.c, ...) and the modules they share (tiles, grid, checkpoint).
-MPI_PROG_SRC := mpi/gpkernel-mpi.c
+# mpi/: the programs (gpkernel-mpi.c, gpregress-mpi.c) and the modules they share (tiles, grid,
+# ranks, checkpoint, kernel stores and sources, the solvers).
+MPI_PROG_SRC := mpi/gpkernel-mpi.c mpi/gpregress-mpi.c
 MPI_MOD_OBJ  := $(patsubst %.c,$(MPI_BUILD)/obj/%.o,$(filter-out $(MPI_PROG_SRC),$(wildcard mpi/*.c)))
 MPI_PROGRAMS := $(MPI_PROG_SRC:mpi/%.c=$(BUILD)/bin/%)
 MPI_TEST_SRC := $(wildcard tests/mpi/test_*.c)
@@ -36,7 +37,7 @@ $(MPI_DEPS_OK): scripts/install-deps.sh
 	@sh scripts/install-deps.sh --mpi
 	@mkdir -p $(@D) && touch $@
 
-check-mpi: $(MPI_PROGRAMS) $(MPI_TESTS) $(BUILD)/bin/gpkernel
+check-mpi: $(MPI_PROGRAMS) $(MPI_TESTS) $(BUILD)/bin/gpkernel $(BUILD)/bin/gpregress
 	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) sh scripts/run-tests.sh $(MPI_TESTS)
 
 $(MPI_BUILD)/obj/%.o: %.c | $(MPI_DEPS_OK)
@@ -50,7 +51,10 @@ $(MPI_LIB): $(MPI_REUSED) $(MPI_H5_OBJ)
 	    "MPI_H5_SRC: $$bad" >&2; exit 1; fi
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/bin/%-mpi: $(MPI_BUILD)/obj/mpi/%-mpi.o $(MPI_MOD_OBJ) $(TOOL_CLI_KERNEL) $(TOOL_CLI) $(MPI_LIB)
+# each program links the command line it shares with its serial twin (tools/cli_*.c)
+$(BUILD)/bin/gpkernel-mpi: $(TOOL_CLI_KERNEL)
+$(BUILD)/bin/gpregress-mpi: $(TOOL_CLI_GPREGRESS)
+$(BUILD)/bin/%-mpi: $(MPI_BUILD)/obj/mpi/%-mpi.o $(MPI_MOD_OBJ) $(TOOL_CLI) $(MPI_LIB)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(filter %.o,$^) $(MPI_LIB) $(MPI_LDLIBS)
 

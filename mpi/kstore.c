@@ -258,6 +258,27 @@ void mpi_kstore_lead(mpi_kstore *s, size_t k, double *Kk)
     }
 }
 
+void mpi_kstore_abs_colsums(mpi_kstore *s, double shift, double *sums)
+{
+    memset(sums, 0, s->rows * sizeof *sums);
+    for (size_t q = 0; q < s->ntiles; q++) {
+        size_t r0, nr, c0, nc, ld;
+        const double *T;
+        mpi_tile tile = mpi_kstore_tile(s, q, &r0, &nr, &c0, &nc, &T, &ld);
+        const int diagonal = tile.i == tile.j;
+        for (size_t j = 0; j < nc; j++)
+            for (size_t i = diagonal ? j : 0; i < nr; i++) {
+                double v = T[i + j * ld];
+                if (diagonal && i == j) {
+                    sums[c0 + j] += fabs(v + shift);
+                    continue;
+                }
+                sums[c0 + j] += fabs(v);   /* column c0 + j, row r0 + i */
+                sums[r0 + i] += fabs(v);   /* its mirror: column r0 + i */
+            }
+    }
+}
+
 void mpi_kstore_rows_t(mpi_kstore *s, size_t i0, size_t q, double *R)
 {
     const size_t N = s->cols;

@@ -71,6 +71,9 @@ void mpi_kstore_mul(mpi_kstore *s, const double *x, size_t k, double *y);
 void mpi_kstore_diag(mpi_kstore *s, double *d);
 void mpi_kstore_column(mpi_kstore *s, size_t p, double *col);
 void mpi_kstore_lead(mpi_kstore *s, size_t k, double *Kk);
+/* Training store, this process's part (zeroed first): the column sums of |K + shift·I| (N), whose
+ * largest sum over the ranks is the 1-norm of K + shift·I. */
+void mpi_kstore_abs_colsums(mpi_kstore *s, double shift, double *sums);
 /* Test store, this process's part: rows i0 .. i0+q-1 of Kxt, transposed: R (N×q column-major,
  * R[j + c·N] = Kxt[i0 + c][j]), zeroed first. */
 void mpi_kstore_rows_t(mpi_kstore *s, size_t i0, size_t q, double *R);

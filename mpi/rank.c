@@ -43,7 +43,7 @@ void mpi_pick_threads(void)
         omp_set_num_threads((int)(cores / ranks > 0 ? cores / ranks : 1));
 }
 
-void mpi_sum_all(double *buf, size_t n)
+void mpi_sum_root(double *buf, size_t n)
 {
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -52,6 +52,11 @@ void mpi_sum_all(double *buf, size_t n)
         MPI_Reduce(rank == 0 ? MPI_IN_PLACE : buf + k, buf + k, len, MPI_DOUBLE, MPI_SUM, 0,
                    MPI_COMM_WORLD);
     }
+}
+
+void mpi_sum_all(double *buf, size_t n)
+{
+    mpi_sum_root(buf, n);
     mpi_bcast_doubles(buf, n);
 }
 

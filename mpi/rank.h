@@ -21,6 +21,8 @@ int mpi_local_ranks(void);
  * every rank: reduced to rank 0 and broadcast from it (MPI_Allreduce does not promise equal
  * results on all ranks). */
 void mpi_sum_all(double *buf, size_t n);
+/* Collective: the sum over the ranks on rank 0 only (the others' buf is left as it was). */
+void mpi_sum_root(double *buf, size_t n);
 /* Collective: rank 0's n doubles on every rank. */
 void mpi_bcast_doubles(double *buf, size_t n);
 

@@ -282,6 +282,10 @@ typedef struct tpk_gp_data {
     tpk_allocator al;
 } tpk_gp_data;
 
+/* A precomputed kernel is taken as a covariance when K + N·TPK_GP_PSD_REL_TOL·mean(diag K)·I
+ * has a Cholesky factor (the experiment's check; its reason in gp/experiment.c). */
+#define TPK_GP_PSD_REL_TOL 1e-7
+
 /* The options checked (tpk_gp_experiment_check), inputs and targets read. With o->kernel_file
  * the kernel is the caller's: n and m are its training and test item counts (m = 0: no test
  * block) and only the targets are read. */
