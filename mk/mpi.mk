@@ -28,7 +28,9 @@ MPI_MOD_OBJ  := $(patsubst %.c,$(MPI_BUILD)/obj/%.o,$(filter-out $(MPI_PROG_SRC)
 MPI_PROGRAMS := $(MPI_PROG_SRC:mpi/%.c=$(BUILD)/bin/%)
 MPI_TEST_SRC := $(wildcard tests/mpi/test_*.c)
 MPI_TESTS    := $(MPI_TEST_SRC:tests/mpi/%.c=$(MPI_BUILD)/tests/%)
-MPI_TEST_SUPPORT := $(patsubst %.c,$(MPI_BUILD)/obj/%.o,$(wildcard tests/support/*.c))
+# what every test program links, and the MPI tests' own helpers (tests/mpi/mpitest.c)
+MPI_TEST_SUPPORT := $(patsubst %.c,$(MPI_BUILD)/obj/%.o,$(wildcard tests/support/*.c) \
+                      tests/mpi/mpitest.c)
 
 .PHONY: mpi check-mpi
 mpi: $(MPI_PROGRAMS)
