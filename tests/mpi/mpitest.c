@@ -29,20 +29,26 @@ int mt_run_mpi(const tu_env *e, const char *tool, const char *args)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-void mt_write_inputs(const char *path, size_t n, const size_t *shape, int ndim, uint64_t seed)
+double *mt_values(size_t count, uint64_t seed)
 {
-    size_t per = 1;
-    for (int k = 1; k < ndim; k++)
-        per *= shape[k];
-    double *x = malloc(n * per * sizeof *x);
+    double *x = malloc((count ? count : 1) * sizeof *x);
     assert_non_null(x);
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n * per; i++) {
+    for (size_t i = 0; i < count; i++) { /* xorshift64 */
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
         x[i] = 2.385 * ((double)(s >> 11) / 9007199254740992.0 - 0.5);
     }
+    return x;
+}
+
+void mt_write_inputs(const char *path, size_t n, const size_t *shape, int ndim, uint64_t seed)
+{
+    size_t per = 1;
+    for (int k = 1; k < ndim; k++)
+        per *= shape[k];
+    double *x = mt_values(n * per, seed);
     size_t dims[4];
     memcpy(dims, shape, (size_t)ndim * sizeof *dims);
     dims[0] = n;

@@ -14,7 +14,9 @@ const char *mt_mpirun(void);
 /* BINDIR/tool under the launcher, stdout discarded, stderr to TMPDIR/err.txt: the exit status
  * (-1 when it did not exit normally). */
 int mt_run_mpi(const tu_env *e, const char *tool, const char *args);
-/* n items of shape[1..ndim-1] with deterministic high-entropy values (not 0, ±1), as .npy. */
+/* count deterministic high-entropy values (not 0, ±1) of a seed (malloc'd). */
+double *mt_values(size_t count, uint64_t seed);
+/* n items of shape[1..ndim-1] of mt_values(n·per, seed), as .npy. */
 void mt_write_inputs(const char *path, size_t n, const size_t *shape, int ndim, uint64_t seed);
 /* max |a − b| over a dataset both files hold (with equal sizes), and the largest |a|. */
 double mt_max_abs_diff(const char *a, const char *b, const char *dset);
