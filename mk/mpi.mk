@@ -3,6 +3,7 @@
 # default build needs (the README's commands do not build them).
 #   make mpi          install what is missing (scripts/install-deps.sh --mpi), build the programs
 #   make check-mpi    their tests under mpirun -np 2 at toy size (tests/mpi/; CI: .ci/run)
+#   make check-mpi-size  issue 16's acceptance at N = 6000 (tests/mpi/size_*.c; minutes)
 # A program links one HDF5, and the serial build links the serial one: the library objects that
 # call HDF5 (MPI_H5_SRC) are compiled a second time against the openmpi flavour into $(BUILD)/mpi/,
 # and the MPI programs link a library made of those and the serial build's other objects, which
@@ -32,7 +33,10 @@ MPI_TESTS    := $(MPI_TEST_SRC:tests/mpi/%.c=$(MPI_BUILD)/tests/%)
 MPI_TEST_SUPPORT := $(patsubst %.c,$(MPI_BUILD)/obj/%.o,$(wildcard tests/support/*.c) \
                       tests/mpi/mpitest.c)
 
-.PHONY: mpi check-mpi
+MPI_SIZE_SRC := $(wildcard tests/mpi/size_*.c)
+MPI_SIZE     := $(MPI_SIZE_SRC:tests/mpi/%.c=$(MPI_BUILD)/tests/%)
+
+.PHONY: mpi check-mpi check-mpi-size
 mpi: $(MPI_PROGRAMS)
 
 $(MPI_DEPS_OK): scripts/install-deps.sh
@@ -41,6 +45,9 @@ $(MPI_DEPS_OK): scripts/install-deps.sh
 
 check-mpi: $(MPI_PROGRAMS) $(MPI_TESTS) $(BUILD)/bin/gpkernel $(BUILD)/bin/gpregress
 	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) sh scripts/run-tests.sh $(MPI_TESTS)
+
+check-mpi-size: $(MPI_PROGRAMS) $(MPI_SIZE) $(BUILD)/bin/gpregress
+	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) sh scripts/run-tests.sh $(MPI_SIZE)
 
 $(MPI_BUILD)/obj/%.o: %.c | $(MPI_DEPS_OK)
 	@mkdir -p $(@D)
