@@ -194,8 +194,10 @@ static int read_targets(tpk_gp_data *d, const opts *o, tpk_ctx *ctx)
 
 tpk_gp_data *tpk_gp_data_read(const tpk_gp_experiment_opts *o, size_t n, size_t m, tpk_ctx *ctx)
 {
-    if (tpk_gp_experiment_check(o, ctx))
+    if (!o) {
+        TPK_ERROR(ctx, TPK_EINVAL, "tpk_gp_data_read: NULL options");
         return NULL;
+    }
     tpk_gp_data *d = tpk_calloc(ctx, 1, sizeof *d);
     if (!d)
         return NULL;

@@ -286,7 +286,7 @@ typedef struct tpk_gp_data {
  * has a Cholesky factor (the experiment's check; its reason in gp/experiment.c). */
 #define TPK_GP_PSD_REL_TOL 1e-7
 
-/* The options checked (tpk_gp_experiment_check), inputs and targets read. With o->kernel_file
+/* Inputs and targets read, for options that passed tpk_gp_experiment_check. With o->kernel_file
  * the kernel is the caller's: n and m are its training and test item counts (m = 0: no test
  * block) and only the targets are read. */
 TPK_API tpk_gp_data *tpk_gp_data_read(const tpk_gp_experiment_opts *o, size_t n, size_t m,
