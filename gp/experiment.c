@@ -113,15 +113,6 @@ typedef struct run_state {
     const tpk_array *Ktt;  /* for full_cov */
 } run_state;
 
-static double mean_diag(const tpk_array *K)
-{
-    const size_t n = K->dims[0];
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += K->data[i * n + i];
-    return s / (double)n;
-}
-
 /* A view of the first `rows` items of a (no copy). */
 static tpk_array head_view(const tpk_array *a, size_t rows)
 {
@@ -273,7 +264,7 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         fprintf(o->warnings, "%s: warning: --noise=0 but the kernel is numerically singular: "
                 "jitter %.3g (%.3g x mean diagonal) added to its diagonal, so the fit, LML and "
                 "predictions are those of noise = %.3g\n", o->name, in->jitter * scale,
-                in->jitter / mean_diag(K), in->jitter * scale);
+                in->jitter / tpk_gp_impl_mean_diag(K), in->jitter * scale);
     res.noise = ratio * scale;
     res.scale = scale;
     res.jitter = in->jitter * scale;
@@ -343,7 +334,7 @@ static int start_noise(const tpk_gp_family *f, const double *theta, const tpk_ar
     } else {
         tpk_gp_spectral *sp = tpk_gp_spectral_alloc(Ks, Ys, ctx);
         tpk_gp_noise_choice ch = {0};
-        double md = mean_diag(Ks);
+        double md = tpk_gp_impl_mean_diag(Ks);
         st = sp ? tpk_gp_spectral_choose_noise(sp, GP_NOISE_REL_LO * md, GP_NOISE_REL_HI * md, 0,
                                                &ch, ctx)
                 : ctx->status;
@@ -454,7 +445,7 @@ static int check_psd(const char *file, const tpk_array *K, tpk_ctx *ctx)
 {
     const size_t n = K->dims[0];
     const double *k = K->data;
-    double md = mean_diag(K);
+    double md = tpk_gp_impl_mean_diag(K);
     for (size_t i = 0; i < n; i++)
         if (!(k[i * n + i] >= 0))
             return TPK_ERROR(ctx, TPK_EDOM, "%s: /kernel is not a covariance: diagonal entry "

@@ -24,6 +24,9 @@ typedef struct gp_kcheck {
     tpk_allocator al; /* of col_abs and diag */
 } gp_kcheck;
 
+/* mean(diag K) of an N×N array. */
+double tpk_gp_impl_mean_diag(const tpk_array *K);
+
 int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const char *what,
                              gp_kcheck *kc, tpk_ctx *ctx);
 void tpk_gp_impl_kcheck_free(gp_kcheck *kc);

@@ -323,7 +323,7 @@ size_t tpk_gp_select_size(const tpk_gp_experiment_opts *o, size_t n)
     return o->select_n < n ? o->select_n : n;
 }
 
-static double mean_diag(const tpk_array *K)
+double tpk_gp_impl_mean_diag(const tpk_array *K)
 {
     const size_t n = K->dims[0];
     double s = 0;
@@ -344,7 +344,7 @@ int tpk_gp_report_noise_guess(tpk_gp_report *r, const tpk_array *Ks, double *rat
     int st = sp ? TPK_OK : ctx->status;
     tpk_gp_noise_choice ch = {0};
     if (!st) {
-        double md = mean_diag(Ks);
+        double md = tpk_gp_impl_mean_diag(Ks);
         if (!(md > 0))
             md = 1;
         st = tpk_gp_spectral_choose_noise(sp, GP_NOISE_REL_LO * md, GP_NOISE_REL_HI * md,

@@ -462,22 +462,14 @@ static void run_free(run_state *r)
 
 int main(int argc, char **argv)
 {
-    int provided;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     double t0 = tpk_wall_seconds();
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    is_rank0 = rank == 0;
-    /* what a person reads comes from rank 0: help, version, the summary */
-    if (rank != 0 && !freopen("/dev/null", "w", stdout))
+    int rank = mpi_start(&argc, &argv);
+    if (rank < 0)
         return 1;
-    mpi_pick_threads();
+    is_rank0 = rank == 0;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    run_state r;
-    memset(&r, 0, sizeof r);
-    r.g.rank = rank;
-    r.g.ctxt = -1;
+    run_state r = {.g = {.rank = rank, .ctxt = -1}};
     int rc = run(&r, argc, argv, t0, &ctx);
     run_free(&r);
     MPI_Finalize();

@@ -589,20 +589,13 @@ static void run_free(run_state *r)
 
 int main(int argc, char **argv)
 {
-    int provided;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     double t0 = tpk_wall_seconds();
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank != 0 && !freopen("/dev/null", "w", stdout)) /* help, version: rank 0's */
+    int rank = mpi_start(&argc, &argv);
+    if (rank < 0)
         return 1;
-    mpi_pick_threads();
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    run_state r;
-    memset(&r, 0, sizeof r);
-    r.g.rank = rank;
-    r.g.ctxt = -1;
+    run_state r = {.g = {.rank = rank, .ctxt = -1}};
     int rc = run(&r, argc, argv, t0, &ctx);
     run_free(&r);
     MPI_Finalize();

@@ -237,17 +237,30 @@ void mpi_kstore_column(mpi_kstore *s, size_t p, double *col)
     }
 }
 
+/* Tile q when it meets rows rlo .. rhi-1 and columns 0 .. chi-1 (its entries as
+ * mpi_kstore_tile gives them), else NULL without converting it. */
+static const double *tile_meeting(mpi_kstore *s, size_t q, size_t rlo, size_t rhi, size_t chi,
+                                  mpi_tile *tile, size_t *r0, size_t *nr, size_t *c0,
+                                  size_t *nc, size_t *ld)
+{
+    *tile = mpi_tiles_tile(s->t, s->ids[q]);
+    mpi_tiles_extent(s->t, *tile, r0, nr, c0, nc);
+    if (*r0 + *nr <= rlo || *r0 >= rhi || *c0 >= chi)
+        return NULL;
+    const double *T;
+    mpi_kstore_tile(s, q, r0, nr, c0, nc, &T, ld);
+    return T;
+}
+
 void mpi_kstore_lead(mpi_kstore *s, size_t k, double *Kk)
 {
     memset(Kk, 0, k * k * sizeof *Kk);
     for (size_t q = 0; q < s->ntiles; q++) {
         size_t r0, nr, c0, nc, ld;
-        const double *T;
-        mpi_tile tile = mpi_tiles_tile(s->t, s->ids[q]);
-        mpi_tiles_extent(s->t, tile, &r0, &nr, &c0, &nc);
-        if (r0 >= k || c0 >= k)
+        mpi_tile tile;
+        const double *T = tile_meeting(s, q, 0, k, k, &tile, &r0, &nr, &c0, &nc, &ld);
+        if (!T)
             continue;
-        mpi_kstore_tile(s, q, &r0, &nr, &c0, &nc, &T, &ld);
         /* the lower triangle and its mirror: exactly symmetric whatever the diagonal tiles'
          * upper halves hold */
         for (size_t j = 0; j < nc && c0 + j < k; j++)
@@ -285,12 +298,10 @@ void mpi_kstore_rows_t(mpi_kstore *s, size_t i0, size_t q, double *R)
     memset(R, 0, N * q * sizeof *R);
     for (size_t u = 0; u < s->ntiles; u++) {
         size_t r0, nr, c0, nc, ld;
-        const double *T;
-        mpi_tile tile = mpi_tiles_tile(s->t, s->ids[u]);
-        mpi_tiles_extent(s->t, tile, &r0, &nr, &c0, &nc);
-        if (r0 + nr <= i0 || r0 >= i0 + q)
+        mpi_tile tile;
+        const double *T = tile_meeting(s, u, i0, i0 + q, N, &tile, &r0, &nr, &c0, &nc, &ld);
+        if (!T)
             continue;
-        mpi_kstore_tile(s, u, &r0, &nr, &c0, &nc, &T, &ld);
         for (size_t i = 0; i < nr; i++) {
             if (r0 + i < i0 || r0 + i >= i0 + q)
                 continue;

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -25,6 +26,17 @@ int mpi_settle(int st, int usage_error, const tpk_ctx *ctx, const char *tool)
         rc = usage_error ? cli_report_usage(tool, st, ctx) : cli_report(tool, st, ctx);
     MPI_Bcast(&rc, 1, MPI_INT, first, MPI_COMM_WORLD);
     return rc;
+}
+
+int mpi_start(int *argc, char ***argv)
+{
+    int provided, rank;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0 && !freopen("/dev/null", "w", stdout))
+        return -1;
+    mpi_pick_threads();
+    return rank;
 }
 
 int mpi_local_ranks(void)

@@ -8,6 +8,10 @@
 
 #include "tpk/error.h"
 
+/* The start of every MPI program: MPI initialised (funneled threads), stdout kept on rank 0 only
+ * (help, version and the summary are rank 0's), OpenMP threads per rank (mpi_pick_threads).
+ * Returns this rank, or -1 when stdout cannot be redirected. */
+int mpi_start(int *argc, char ***argv);
 /* Collective over MPI_COMM_WORLD. Every rank's status of one step → 0 when all succeeded, else
  * the exit status of the lowest failing rank, which alone prints its message (usage_error: as a
  * command-line error, exit 2; else exit 1) under the name `tool`. */
