@@ -1,4 +1,5 @@
-# make mpi (issue 16, docs/scale-out.md): the MPI programs, $(BUILD)/bin/gpkernel-mpi, built against
+# make mpi (issue 16, docs/scale-out.md): the MPI programs, $(BUILD)/bin/gpkernel-mpi and
+# $(BUILD)/bin/gpregress-mpi, built against
 # Open MPI, the openmpi flavour of HDF5 (parallel HDF5) and ScaLAPACK/BLACS, none of which the
 # default build needs (the README's commands do not build them).
 #   make mpi          install what is missing (scripts/install-deps.sh --mpi), build the programs

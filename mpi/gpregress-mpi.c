@@ -62,8 +62,8 @@ static const char *const help[2] = {
     "  --slq-probes=T     Rademacher probes of the log-determinant (default 30, >= 2)\n"
     "  --seed=S           seed of the probes (default 0)\n"
     "Not here (gpregress has them): --fit-hyper, --full-cov, --noise=0, --quad-degree other than\n"
-    "the kernel evaluator's 64. CG variances cost one solve per test item: --var-n or --no-var\n"
-    "at scale.\n"};
+    "the kernel evaluator's 64, the progress line (--progress is accepted and shows nothing).\n"
+    "CG variances cost one solve per test item: --var-n or --no-var at scale.\n"};
 
 enum { SOLVER_AUTO, SOLVER_CHOLESKY, SOLVER_CG };
 enum { OPT_SOLVER = CLI_GPREGRESS_OWN, OPT_TILE, OPT_GRID, OPT_DTYPE, OPT_MEMORY, OPT_CGTOL,
