@@ -139,7 +139,7 @@ static int own_option(int val, const char *arg, void *user, tpk_ctx *ctx)
         return o->cg.tol > 0 && o->cg.tol < 1
                    ? TPK_OK
                    : TPK_ERROR(ctx, TPK_EINVAL, "--cg-tol must be in (0, 1) (got %s)", arg);
-    case OPT_CGMAX: return cli_parse_int("cg-maxiter", arg, 1, 1000000, &o->cg.maxiter, ctx);
+    case OPT_CGMAX: return cli_parse_int("cg-maxiter", arg, 1, 100000, &o->cg.maxiter, ctx);
     case OPT_PRECOND: return pick("precond", arg, precond_names, 3, &o->cg.precond, ctx);
     case OPT_PRANK: return cli_parse_size("precond-rank", arg, 1, 100000, &o->cg.rank, ctx);
     case OPT_PROBES: return cli_parse_int("slq-probes", arg, 2, 10000, &o->cg.probes, ctx);
