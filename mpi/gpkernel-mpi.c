@@ -54,34 +54,26 @@ static const char *const help[3] = {
     "set. Batch-coupled programs (batchnorm) and attention's 1/sqrt(n) limit are refused.\n"
     CLI_EXIT_HELP};
 
-enum { OPT_TILE = CLI_KERNEL_OWN, OPT_GRID, OPT_DTYPE, OPT_RESUME };
+enum { OPT_LAYOUT = CLI_KERNEL_OWN, OPT_RESUME = OPT_LAYOUT + 3 };
 
 static const struct option own_opts[] = {
-    {"tile", required_argument, NULL, OPT_TILE},
-    {"grid", required_argument, NULL, OPT_GRID},
-    {"dtype", required_argument, NULL, OPT_DTYPE},
+    MPI_LAYOUT_OPTIONS(OPT_LAYOUT),
     {"resume", no_argument, NULL, OPT_RESUME},
     {NULL, 0, NULL, 0}};
 
 typedef struct mpi_opts {
-    size_t tile;
-    int nprow, npcol, f32, resume;
+    mpi_layout l;
+    int resume;
 } mpi_opts;
 
 static int own_option(int val, const char *arg, void *user, tpk_ctx *ctx)
 {
     mpi_opts *o = user;
-    switch (val) {
-    case OPT_TILE: return cli_parse_size("tile", arg, 1, (size_t)1 << 24, &o->tile, ctx);
-    case OPT_GRID: return mpi_grid_parse(arg, &o->nprow, &o->npcol, ctx);
-    case OPT_DTYPE:
-        if (strcmp(arg, "float64") != 0 && strcmp(arg, "float32") != 0)
-            return TPK_ERROR(ctx, TPK_EINVAL, "--dtype must be float64 or float32 (got '%s')", arg);
-        o->f32 = strcmp(arg, "float32") == 0;
+    if (val == OPT_RESUME) {
+        o->resume = 1;
         return TPK_OK;
-    case OPT_RESUME: o->resume = 1; return TPK_OK;
-    default: return TPK_ERROR(ctx, TPK_EINVAL, "unknown option");
     }
+    return mpi_layout_option(val - OPT_LAYOUT, arg, (size_t)1 << 24, &o->l, ctx);
 }
 
 /* ---- signals ----------------------------------------------------------------------------------
@@ -222,7 +214,7 @@ static char *job_config(const tpk_job *job, const tpk_kernel_job *kj, const mpi_
     if (tpk_kernel_job_input(kj, 1))
         sb_array(&b, "test", tpk_kernel_job_input(kj, 1));
     sb_printf(&b, "readouts=%zu\ntile_items=%zu\ndtype=%s\n", tpk_kernel_job_readouts(kj),
-              o->tile, o->f32 ? "float32" : "float64");
+              o->l.tile, o->l.f32 ? "float32" : "float64");
     if (b.failed) {
         free(b.s);
         return NULL;
@@ -276,7 +268,7 @@ static int finish(run_state *r, double err, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_attr_int(out, "/", "mpi_ranks", r->g.size, ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "mpi_grid", grid, ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "tile_items", (long long)r->t.b, ctx);
-    if (!st) st = tpk_h5out_attr_str(out, "/", "dtype", r->o.f32 ? "float32" : "float64", ctx);
+    if (!st) st = tpk_h5out_attr_str(out, "/", "dtype", r->o.l.f32 ? "float32" : "float64", ctx);
     if (!st) st = tpk_h5out_remove(out, MPI_CKPT_GROUP, ctx);
     if (st) {
         tpk_h5out_abort(out); /* the checkpoint stays: its tiles are all there */
@@ -327,7 +319,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
 {
     int usage = 0, rc;
     mpi_grid *g = &r->g;
-    r->o.tile = DEFAULT_TILE;
+    r->o.l.tile = DEFAULT_TILE;
     int st = cli_kernel_parse(argc, argv, TOOL, help, own_opts, own_option, &r->o, &r->k, ctx);
     if (st == CLI_KERNEL_DONE)
         return 0;
@@ -344,7 +336,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     st = cli_kernel_job(&r->k, pc, r->argv_rec, &usage, ctx);
     if ((rc = mpi_settle(st, usage, ctx, TOOL)))
         return rc;
-    st = mpi_grid_init(g, r->o.nprow, r->o.npcol, ctx); /* a grid that is not the ranks': usage */
+    st = mpi_grid_init(g, r->o.l.nprow, r->o.l.npcol, ctx); /* a grid that is not the ranks': usage */
     if ((rc = mpi_settle(st, 1, ctx, TOOL)))
         return rc;
 
@@ -353,8 +345,8 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     r->kj = tpk_kernel_job_alloc(r->k.a, &r->k.job, ctx);
     st = r->kj ? TPK_OK : ctx->status;
     if (!st && mpi_tiles_init(&r->t, tpk_kernel_job_items(r->kj, 0), tpk_kernel_job_items(r->kj, 1),
-                              r->o.tile, tpk_kernel_job_readouts(r->kj), g->nprow, g->npcol))
-        st = TPK_ERROR(ctx, TPK_EINVAL, "--tile=%zu: no tile layout for %zu items", r->o.tile,
+                              r->o.l.tile, tpk_kernel_job_readouts(r->kj), g->nprow, g->npcol))
+        st = TPK_ERROR(ctx, TPK_EINVAL, "--tile=%zu: no tile layout for %zu items", r->o.l.tile,
                        tpk_kernel_job_items(r->kj, 0));
     if (!st) {
         size_t side = r->t.b * r->t.readouts;
@@ -375,7 +367,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     MPI_Bcast(&resume, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
-    mpi_ckpt_spec spec = {.path = r->ckpt, .t = &r->t, .f32 = r->o.f32, .config = r->config};
+    mpi_ckpt_spec spec = {.path = r->ckpt, .t = &r->t, .f32 = r->o.l.f32, .config = r->config};
     size_t before = 0;
     if (resume) {
         st = mpi_ckpt_open(MPI_COMM_WORLD, &spec, &r->ck, ctx);
@@ -442,7 +434,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
         if (r->t.m)
             printf("  test    %s (M=%zu)\n", job->test, r->t.m);
         printf("  kernel  %zux%zu %s, error estimate %.2e\n", side, side,
-               r->o.f32 ? "float32" : "float64", errmax);
+               r->o.l.f32 ? "float32" : "float64", errmax);
         printf("  wrote   %s in %.3f s\n", job->output, tpk_wall_seconds() - t0);
     }
     return 0;

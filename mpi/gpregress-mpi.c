@@ -66,14 +66,12 @@ static const char *const help[2] = {
     "CG variances cost one solve per test item: --var-n or --no-var at scale.\n"};
 
 enum { SOLVER_AUTO, SOLVER_CHOLESKY, SOLVER_CG };
-enum { OPT_SOLVER = CLI_GPREGRESS_OWN, OPT_TILE, OPT_GRID, OPT_DTYPE, OPT_MEMORY, OPT_CGTOL,
+enum { OPT_LAYOUT = CLI_GPREGRESS_OWN, OPT_SOLVER = OPT_LAYOUT + 3, OPT_MEMORY, OPT_CGTOL,
        OPT_CGMAX, OPT_PRECOND, OPT_PRANK, OPT_PROBES, OPT_SEED };
 
 static const struct option own_opts[] = {
+    MPI_LAYOUT_OPTIONS(OPT_LAYOUT),
     {"solver", required_argument, NULL, OPT_SOLVER},
-    {"tile", required_argument, NULL, OPT_TILE},
-    {"grid", required_argument, NULL, OPT_GRID},
-    {"dtype", required_argument, NULL, OPT_DTYPE},
     {"memory", required_argument, NULL, OPT_MEMORY},
     {"cg-tol", required_argument, NULL, OPT_CGTOL},
     {"cg-maxiter", required_argument, NULL, OPT_CGMAX},
@@ -84,8 +82,8 @@ static const struct option own_opts[] = {
     {NULL, 0, NULL, 0}};
 
 typedef struct mpi_opts {
-    int solver, nprow, npcol, f32;
-    size_t tile;
+    mpi_layout l;
+    int solver;
     double memory;           /* bytes per rank, 0: from the system */
     mpi_pcg_opts cg;
 } mpi_opts;
@@ -124,14 +122,12 @@ static int parse_bytes(const char *arg, double *out, tpk_ctx *ctx)
 static int own_option(int val, const char *arg, void *user, tpk_ctx *ctx)
 {
     mpi_opts *o = user;
-    static const char *const solvers[] = {"auto", "cholesky", "cg"},
-                             *const dtypes[] = {"float64", "float32"};
+    static const char *const solvers[] = {"auto", "cholesky", "cg"};
     size_t v;
+    if (val < OPT_LAYOUT + 3) /* ScaLAPACK indexes in int: tiles far below that */
+        return mpi_layout_option(val - OPT_LAYOUT, arg, (size_t)1 << 16, &o->l, ctx);
     switch (val) {
     case OPT_SOLVER: return pick("solver", arg, solvers, 3, &o->solver, ctx);
-    case OPT_TILE: return cli_parse_size("tile", arg, 1, (size_t)1 << 16, &o->tile, ctx);
-    case OPT_GRID: return mpi_grid_parse(arg, &o->nprow, &o->npcol, ctx);
-    case OPT_DTYPE: return pick("dtype", arg, dtypes, 2, &o->f32, ctx);
     case OPT_MEMORY: return parse_bytes(arg, &o->memory, ctx);
     case OPT_CGTOL:
         if (cli_parse_double("cg-tol", arg, &o->cg.tol, ctx))
@@ -166,7 +162,7 @@ static int check_supported(const tpk_gp_experiment_opts *e, const mpi_opts *o, t
     if (e->quad_degree != TPK_GAUSS_DEFAULT_DEGREE)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--quad-degree: the kernel is gpkernel's "
                          "evaluator, whose Gauss-Hermite degree is %d", TPK_GAUSS_DEFAULT_DEGREE);
-    if (o->f32 && o->solver == SOLVER_CHOLESKY)
+    if (o->l.f32 && o->solver == SOLVER_CHOLESKY)
         return TPK_ERROR(ctx, TPK_EINVAL, "--dtype=float32 is a storage of the cg solver: "
                          "ScaLAPACK's Cholesky factors in float64");
     return TPK_OK;
@@ -226,15 +222,15 @@ static void choose_solver(run_state *r)
     const int me_r = r->g.myrow, me_c = r->g.mycol;
     double chol = 2.0 * (double)mpi_kstore_bytes(t, 0, MPI_KSTORE_SCALAPACK, 0, me_r, me_c) +
                   (t->m ? (double)mpi_kstore_bytes(t, 1, MPI_KSTORE_SCALAPACK, 0, me_r, me_c) : 0);
-    double cg = (double)mpi_kstore_bytes(t, 0, MPI_KSTORE_PACKED, r->o.f32, me_r, me_c) +
-                (t->m ? (double)mpi_kstore_bytes(t, 1, MPI_KSTORE_PACKED, r->o.f32, me_r, me_c)
+    double cg = (double)mpi_kstore_bytes(t, 0, MPI_KSTORE_PACKED, r->o.l.f32, me_r, me_c) +
+                (t->m ? (double)mpi_kstore_bytes(t, 1, MPI_KSTORE_PACKED, r->o.l.f32, me_r, me_c)
                       : 0);
     double mine[2] = {chol, cg}, most[2];
     MPI_Allreduce(mine, most, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     double mem = r->o.memory > 0 ? r->o.memory : rank_memory(), have;
     MPI_Allreduce(&mem, &have, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
     r->solver = r->o.solver != SOLVER_AUTO ? r->o.solver
-                : !r->o.f32 && most[0] <= MEM_SHARE * have ? SOLVER_CHOLESKY
+                : !r->o.l.f32 && most[0] <= MEM_SHARE * have ? SOLVER_CHOLESKY
                                                            : SOLVER_CG;
     r->store_bytes = r->solver == SOLVER_CG ? most[1] : most[0];
     if (r->g.rank == 0 && r->cg.o.summary)
@@ -242,7 +238,7 @@ static void choose_solver(run_state *r)
                 "(kernel storage %.1f MiB per rank%s, %.0f MiB available)\n", r->g.size,
                 r->g.nprow, r->g.npcol, t->b, r->solver == SOLVER_CG ? "cg" : "cholesky",
                 r->o.solver == SOLVER_AUTO ? " by memory" : "", r->store_bytes / 1048576.0,
-                r->solver == SOLVER_CG && r->o.f32 ? ", float32" : "", have / 1048576.0);
+                r->solver == SOLVER_CG && r->o.l.f32 ? ", float32" : "", have / 1048576.0);
 }
 
 /* The kernel of one depth (0: the only kernel) from its source into the stores. */
@@ -474,7 +470,7 @@ static int finish(run_state *r, tpk_ctx *ctx)
                                           "stochastic Lanczos quadrature"
                                         : "cholesky: ScaLAPACK pdpotrf/pdpotrs", ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "tile_items", (long long)r->t.b, ctx);
-    if (!st) st = tpk_h5out_attr_str(out, "/", "dtype", cg && r->o.f32 ? "float32" : "float64",
+    if (!st) st = tpk_h5out_attr_str(out, "/", "dtype", cg && r->o.l.f32 ? "float32" : "float64",
                                      ctx);
     if (cg) {
         if (!st) st = tpk_h5out_attr_double(out, "/", "cg_tol", r->o.cg.tol, ctx);
@@ -492,9 +488,9 @@ static int alloc_stores(run_state *r, tpk_ctx *ctx)
 {
     const int layout = r->solver == SOLVER_CG ? MPI_KSTORE_PACKED : MPI_KSTORE_SCALAPACK;
     const size_t n = r->t.n, m = r->t.m, c = r->d->c;
-    int st = mpi_kstore_alloc(&r->K, &r->t, &r->g, 0, layout, r->o.f32, ctx);
+    int st = mpi_kstore_alloc(&r->K, &r->t, &r->g, 0, layout, r->o.l.f32, ctx);
     if (!st && m)
-        st = mpi_kstore_alloc(&r->Kx, &r->t, &r->g, 1, layout, r->o.f32, ctx);
+        st = mpi_kstore_alloc(&r->Kx, &r->t, &r->g, 1, layout, r->o.l.f32, ctx);
     if (st)
         return st;
     const tpk_gp_experiment_opts *e = &r->cg.o;
@@ -515,7 +511,7 @@ static int alloc_stores(run_state *r, tpk_ctx *ctx)
 static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
 {
     mpi_grid *g = &r->g;
-    r->o = (mpi_opts){.tile = DEFAULT_TILE, .cg = {.tol = DEFAULT_CG_TOL,
+    r->o = (mpi_opts){.l = {.tile = DEFAULT_TILE}, .cg = {.tol = DEFAULT_CG_TOL,
                       .maxiter = DEFAULT_CG_MAXITER, .precond = MPI_PRECOND_PIVCHOL,
                       .rank = DEFAULT_PRECOND_RANK, .probes = DEFAULT_PROBES}};
     int st = cli_gpregress_parse(argc, argv, TOOL, help, own_opts, own_option, &r->o, &r->cg,
@@ -527,7 +523,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
         st = check_supported(e, &r->o, ctx);
     if ((rc = mpi_settle(st, st != TPK_ENOMEM, ctx, TOOL)))
         return rc;
-    st = mpi_grid_init(g, r->o.nprow, r->o.npcol, ctx);
+    st = mpi_grid_init(g, r->o.l.nprow, r->o.l.npcol, ctx);
     if ((rc = mpi_settle(st, 1, ctx, TOOL)))
         return rc;
     /* what a person reads comes from rank 0 */
@@ -546,8 +542,8 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
         st = (r->rep = tpk_gp_report_open(e, r->d, ctx)) ? TPK_OK : ctx->status;
     if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
-    if (mpi_tiles_init(&r->t, r->d->n, r->d->m, r->o.tile, 1, g->nprow, g->npcol))
-        st = TPK_ERROR(ctx, TPK_EINVAL, "--tile=%zu: no tile layout for %zu items", r->o.tile,
+    if (mpi_tiles_init(&r->t, r->d->n, r->d->m, r->o.l.tile, 1, g->nprow, g->npcol))
+        st = TPK_ERROR(ctx, TPK_EINVAL, "--tile=%zu: no tile layout for %zu items", r->o.l.tile,
                        r->d->n);
     if ((rc = mpi_settle(st, 1, ctx, TOOL)))
         return rc;
