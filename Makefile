@@ -64,10 +64,12 @@ GEN_MAP     := $(CLASS_IDS:%=gen/tpk_map_cpu_%.c)
 LIB_SRC    := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))) $(GEN_CLASSES) $(GEN_CPU) $(GEN_MAP))
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 # Every tools/*.c is a program, but tools/cli.c: the helpers they share, linked into each, and
-# tools/cli_kernel.c: gpkernel's command line, which gpkernel-mpi (mk/mpi.mk) shares.
+# tools/cli_kernel.c, tools/cli_gpregress.c: gpkernel's and gpregress's command lines, which
+# gpkernel-mpi and gpregress-mpi (mk/mpi.mk) share.
 TOOL_CLI   := $(BUILD)/obj/tools/cli.o
 TOOL_CLI_KERNEL := $(BUILD)/obj/tools/cli_kernel.o
-TOOL_SRC   := $(filter-out tools/cli.c tools/cli_kernel.c,$(wildcard tools/*.c))
+TOOL_CLI_GPREGRESS := $(BUILD)/obj/tools/cli_gpregress.o
+TOOL_SRC   := $(filter-out tools/cli.c tools/cli_kernel.c tools/cli_gpregress.c,$(wildcard tools/*.c))
 TOOLS      := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
 TEST_SRC   := $(wildcard tests/test_*.c)
 TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -137,6 +139,10 @@ $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(TOOL_CLI) $(STATIC)
 $(BUILD)/bin/gpkernel: $(BUILD)/obj/tools/gpkernel.o $(TOOL_CLI_KERNEL) $(TOOL_CLI) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(TOOL_CLI_KERNEL) $(TOOL_CLI) $(STATIC) $(LDLIBS_ALL)
+
+$(BUILD)/bin/gpregress: $(BUILD)/obj/tools/gpregress.o $(TOOL_CLI_GPREGRESS) $(TOOL_CLI) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(TOOL_CLI_GPREGRESS) $(TOOL_CLI) $(STATIC) $(LDLIBS_ALL)
 
 $(BUILD)/bin/tptune: $(BUILD)/obj/tools/tptune.o $(TUNE_LIB) $(STATIC)
 	@mkdir -p $(@D)

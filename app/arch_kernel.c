@@ -1,7 +1,8 @@
 /* Architectures without a command line (include/tpk/archs.h): gpkernel --arch's flag checks,
  * settings and program choice from data, then the kernel in memory or a gpkernel job over files. */
-#include "tpk/archs.h"
+#include "job-impl.h"
 #include "tpk/alloc.h"
+#include "tpk/archs.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +96,34 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
     }
     tpk_free(ctx, r);
     return st;
+}
+
+tpk_kernel_job *tpk_arch_kernel_job(const tpk_arch *a, const tpk_arch_opts *o,
+                                    const tpk_array *X, const tpk_array *Xt, tpk_ctx *ctx)
+{
+    if (a && a->custom) {
+        TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
+                  "reads files: no kernel job on arrays", a->name);
+        return NULL;
+    }
+    resolved *r = tpk_calloc(ctx, 1, sizeof *r);
+    if (!r)
+        return NULL;
+    tpk_kernel_job *kj = NULL;
+    if (!resolve(a, o, r, ctx)) {
+        tpk_job job = {.label = a->name, .program = r->program, .sets = r->sets,
+                       .nsets = r->nsets, .all_outputs = o->all_outputs,
+                       .progress = o->progress};
+        kj = tpk_kernel_job_alloc_arrays(a, &job, X, Xt, ctx);
+    }
+    if (!kj) {
+        tpk_free(ctx, r);
+        return NULL;
+    }
+    /* the job's settings point into r: it lives as long as the job */
+    kj->owned = r;
+    kj->owned_al = tpk_ctx_allocator(ctx);
+    return kj;
 }
 
 int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, const char *test,

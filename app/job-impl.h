@@ -24,9 +24,14 @@ struct tpk_kernel_job {
     size_t readouts;          /* kernel rows per item */
     const kjob_impl *impl;
     void *self;               /* the implementation's state */
+    int borrowed;             /* X, Xt are the caller's arrays (tpk_kernel_job_alloc_arrays) */
+    void *owned;              /* what the job's strings point into, when the library made the job
+                               * (tpk_arch_kernel_job), from owned_al; freed with the job */
+    tpk_allocator owned_al;
 };
 
-/* The implementations: fill kj (X, Xt, readouts, impl, self) from kj->job. */
+/* The implementations: fill kj (X, Xt, readouts, impl, self) from kj->job; with kj->borrowed
+ * the inputs are kj->X, kj->Xt as set by the caller (the program's implementation only). */
 int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 

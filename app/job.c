@@ -498,7 +498,7 @@ static const kjob_impl kjob_program = {"program", kjob_program_batch, kjob_progr
 int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx)
 {
     const tpk_job *job = &kj->job;
-    if ((!job->program && !job->source) || !job->input)
+    if ((!job->program && !job->source) || (!job->input && !kj->borrowed))
         return TPK_ERROR(ctx, TPK_EINVAL, "a kernel job needs a program and an input");
     job_state *s = tpk_calloc(ctx, 1, sizeof *s);
     if (!s)
@@ -507,7 +507,8 @@ int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx)
     kj->impl = &kjob_program;
     kj->self = s;
     s->blocks = 1;
-    int st = prepare_inputs(job, s, ctx);
+    int st = kj->borrowed ? prepare_arrays(job, kj->X, kj->Xt, s, ctx)
+                          : prepare_inputs(job, s, ctx);
     if (st)
         return st;
     /* An entry of a batch-coupled program depends on the other inputs of its batch: a block

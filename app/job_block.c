@@ -3,11 +3,14 @@
 #include "tpk/archs.h"
 
 #include "job-impl.h"
+#include "tpk/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-tpk_kernel_job *tpk_kernel_job_alloc(const struct tpk_arch *a, const tpk_job *job, tpk_ctx *ctx)
+/* The job prepared from its files, or (X != NULL) on the caller's arrays. */
+static tpk_kernel_job *kernel_job(const struct tpk_arch *a, const tpk_job *job, const tpk_array *X,
+                                  const tpk_array *Xt, tpk_ctx *ctx)
 {
     if (!job) {
         TPK_ERROR(ctx, TPK_EINVAL, "a kernel job needs a job");
@@ -21,12 +24,20 @@ tpk_kernel_job *tpk_kernel_job_alloc(const struct tpk_arch *a, const tpk_job *jo
                   a->name);
         return NULL;
     }
+    if (X && a && a->custom) {
+        TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s reads its inputs from files (its own "
+                  "job): no kernel job on arrays", a->name);
+        return NULL;
+    }
     tpk_kernel_job *kj = calloc(1, sizeof *kj);
     if (!kj) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         return NULL;
     }
     kj->job = *job;
+    kj->borrowed = X != NULL;
+    kj->X = X;
+    kj->Xt = Xt;
     int st = a && a->custom ? tpk_kjob_cnn_init(kj, ctx) : tpk_kjob_program_init(kj, ctx);
     if (st) {
         tpk_kernel_job_free(kj);
@@ -35,12 +46,29 @@ tpk_kernel_job *tpk_kernel_job_alloc(const struct tpk_arch *a, const tpk_job *jo
     return kj;
 }
 
+tpk_kernel_job *tpk_kernel_job_alloc(const struct tpk_arch *a, const tpk_job *job, tpk_ctx *ctx)
+{
+    return kernel_job(a, job, NULL, NULL, ctx);
+}
+
+tpk_kernel_job *tpk_kernel_job_alloc_arrays(const struct tpk_arch *a, const tpk_job *job,
+                                            const tpk_array *X, const tpk_array *Xt,
+                                            tpk_ctx *ctx)
+{
+    if (!X) {
+        TPK_ERROR(ctx, TPK_EINVAL, "a kernel job on arrays needs its training inputs");
+        return NULL;
+    }
+    return kernel_job(a, job, X, Xt, ctx);
+}
+
 void tpk_kernel_job_free(tpk_kernel_job *kj)
 {
     if (!kj)
         return;
     if (kj->impl)
         kj->impl->release(kj->self);
+    tpk_mem_free(&kj->owned_al, kj->owned);
     free(kj);
 }
 

@@ -1,7 +1,7 @@
 /* GP regression experiments (include/tpk/gp.h, what gpregress runs): inputs and targets from
  * files, NNGP / RBF / precomputed kernels, noise and hyperparameters by the training marginal
  * likelihood, predictions and scores per kernel, one atomically written HDF5 file. */
-#include "tpk/gp.h"
+#include "gp-impl.h"
 #include "tpk/alloc.h"
 
 #include "tpk/clock.h"
@@ -14,18 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Automatic noise: σ²/s searched over this range relative to the mean diagonal of K. */
-#define NOISE_REL_LO 1e-7
-#define NOISE_REL_HI 1e2
-/* Default size of the training subsample on which noise / hyperparameters are chosen. */
+/* Default size of the training subsample on which noise / hyperparameters are chosen, and of the
+ * full-size noise walk (tpk_gp_fit_search_noise). */
 #define SELECT_N_DEFAULT 2000
-/* Full-size noise search (tpk_gp_fit_search_noise): steps in decades of σ², the first kernel's
- * wider (no shift known yet), and the default number of factorisations. */
-#define NOISE_STEP_FIRST 0.5
-#define NOISE_STEP_NEXT 0.3
 #define NOISE_FITS_DEFAULT 5
-/* Class labels must be small non-negative integers. */
-#define MAX_CLASSES 100000
 /* Gauss–Hermite degrees the kernels accept, and the deepest network of a sweep. */
 #define QUAD_DEGREE_MIN 4
 #define QUAD_DEGREE_MAX 512
@@ -35,7 +27,7 @@
  * entrywise error ε·mean-diagonal moves the spectrum by at most N·ε·mean-diagonal, so an
  * eigenvalue below −N·PSD_REL_TOL·mean-diagonal is no rounding: the file is not PSD. Symmetry
  * is required to the same relative tolerance. */
-#define PSD_REL_TOL 1e-7
+#define PSD_REL_TOL TPK_GP_PSD_REL_TOL
 /* --noise=0 (interpolation): two items are the same point to the kernel when their squared
  * feature distance K_ii + K_jj − 2K_ij is below DUP_REL_TOL of K_ii + K_jj (rounding of the
  * kernel sums); their targets then must agree to TARGET_REL_TOL of the largest |target|
@@ -109,43 +101,17 @@ int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-/* ---- inputs ---------------------------------------------------------------------------------- */
+/* ---- one kernel: choose noise, fit, predict, score, write ------------------------------------ */
 
-/* limit > 0: the first `limit` items only. */
-static tpk_array *read_any(const char *spec, size_t limit, tpk_input_info *info, tpk_ctx *ctx)
-{
-    tpk_array *a;
-    memset(info, 0, sizeof *info);
-    if (tpk_idx_name_matches(spec)) {
-        a = tpk_idx_read(spec, limit, ctx);
-        if (!a)
-            return NULL;
-        if (limit > 0 && a->dims[0] < limit) {
-            TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu items, fewer than the %zu asked for "
-                      "(--n-train / --n-test)", spec, a->dims[0], limit);
-            tpk_array_free(a);
-            return NULL;
-        }
-        snprintf(info->path, sizeof info->path, "%s", spec);
-        snprintf(info->format, sizeof info->format, "idx");
-    } else {
-        a = tpk_io_read(spec, info, ctx);
-        if (!a)
-            return NULL;
-        if (limit > 0 && a->dims[0] < limit) { /* --n-train / --n-test beyond the file */
-            TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu items, fewer than the %zu asked for "
-                      "(--n-train / --n-test)", spec, a->dims[0], limit);
-            tpk_array_free(a);
-            return NULL;
-        }
-        if (limit > 0 && a->dims[0] > limit)
-            a->dims[0] = limit; /* the rows beyond stay allocated, unused */
-        else
-            return a;
-    }
-    tpk_sha256_array_hex(a, info->sha256);
-    return a;
-}
+typedef struct run_state {
+    const opts *o;
+    const tpk_gp_data *d;
+    tpk_gp_report *rep;
+    size_t n, m, c;
+    double *work;          /* N×N factor workspace (when K must survive) */
+    int multi;             /* several kernels (a depth range) */
+    const tpk_array *Ktt;  /* for full_cov */
+} run_state;
 
 /* A view of the first `rows` items of a (no copy). */
 static tpk_array head_view(const tpk_array *a, size_t rows)
@@ -155,215 +121,38 @@ static tpk_array head_view(const tpk_array *a, size_t rows)
     return v;
 }
 
-static int preprocess(const opts *o, tpk_array *X, tpk_array *Xt, tpk_ctx *ctx)
-{
-    const size_t n = X->dims[0], d = tpk_array_item_size(X);
-    if (o->center) {
-        double *mu = tpk_calloc(ctx, d, sizeof *mu);
-        if (mu == NULL) /* never run uncentred without saying so */
-            return ctx->status;
-        {
-            for (size_t i = 0; i < n; i++)
-                for (size_t j = 0; j < d; j++)
-                    mu[j] += X->data[i * d + j];
-            for (size_t j = 0; j < d; j++)
-                mu[j] /= (double)n;
-            for (size_t i = 0; i < n; i++)
-                for (size_t j = 0; j < d; j++)
-                    X->data[i * d + j] -= mu[j];
-            for (size_t i = 0; Xt && i < Xt->dims[0]; i++)
-                for (size_t j = 0; j < d; j++)
-                    Xt->data[i * d + j] -= mu[j];
-        }
-        tpk_free(ctx, mu);
-    }
-    if (o->unit_norm) {
-        tpk_array *arr[2] = {X, Xt};
-        for (int a = 0; a < 2; a++) {
-            if (!arr[a])
-                continue;
-            for (size_t i = 0; i < arr[a]->dims[0]; i++) {
-                double *r = arr[a]->data + i * d, s = 0;
-                for (size_t j = 0; j < d; j++)
-                    s += r[j] * r[j];
-                if (s > 0)
-                    for (size_t j = 0; j < d; j++)
-                        r[j] /= sqrt(s);
-            }
-        }
-    }
-    return TPK_OK;
-}
-
-/* Class labels (N or N×1, integers in 0..MAX_CLASSES-1). */
-static int check_labels(const char *spec, const tpk_array *L, tpk_ctx *ctx)
-{
-    if (tpk_array_item_size(L) != 1)
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: --classify needs one integer label per item (got "
-                         "%zu values per item)", spec, tpk_array_item_size(L));
-    for (size_t i = 0; i < L->dims[0]; i++) {
-        double v = L->data[i];
-        if (v < 0 || v >= MAX_CLASSES || v != floor(v))
-            return TPK_ERROR(ctx, TPK_EINVAL, "%s: label %g at item %zu is not a class index in "
-                             "0..%d", spec, v, i, MAX_CLASSES - 1);
-    }
-    return TPK_OK;
-}
-
-static tpk_array *one_hot(const tpk_array *L, size_t c, tpk_ctx *ctx)
-{
-    tpk_array *Y = tpk_array_alloc2(L->dims[0], c, ctx);
-    if (Y)
-        for (size_t i = 0; i < L->dims[0]; i++)
-            Y->data[i * c + (size_t)L->data[i]] = 1.0;
-    return Y;
-}
-
-/* ---- one kernel: choose noise, fit, predict, score, write ------------------------------------ */
-
-typedef struct run_state {
-    const opts *o;
-    tpk_h5out *out;
-    const tpk_array *Y;    /* N×C training targets */
-    const tpk_array *Yt;   /* M×C test targets or NULL */
-    const tpk_array *Lt;   /* test class labels or NULL */
-    size_t n, m, c;
-    double *work;          /* N×N factor workspace (when K must survive) */
-    double noise_shift;    /* full-size / subsample optimal noise ratio of the last kernel */
-    int last_fits;         /* factorisations the last noise search used */
-    int multi;             /* results go under /depth_L */
-    int nres;
-    double *res;           /* per kernel: depth, noise, scale, lml, lml_select, jitter, rcond,
-                            * accuracy, nll, rmse, seconds */
-    const tpk_array *Ktt;  /* for full_cov */
-    size_t step, steps;    /* progress: steps done of all (o->progress) */
-} run_state;
-
-enum { R_DEPTH, R_NOISE, R_SCALE, R_LML, R_LMLSEL, R_JITTER, R_RCOND, R_ACC, R_NLL, R_RMSE,
-       R_SECS, R_NFIELDS };
-static const char *const res_names[R_NFIELDS] = {
-    "depths", "noise", "scale", "lml", "lml_select", "jitter", "rcond", "accuracy", "nll", "rmse",
-    "seconds"};
-
-static double mean_diag(const tpk_array *K)
-{
-    const size_t n = K->dims[0];
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += K->data[i * n + i];
-    return s / (double)n;
-}
-
-/* The subsample on which noise and hyperparameters are chosen. */
-static size_t select_size(const opts *o, size_t n)
-{
-    return o->select_n < n ? o->select_n : n;
-}
-
-/* Steps of progress (o->progress): the kernel, the noise, the fit and the predictions of every
- * kernel, and with fit_hyper its BFGS run too. One more done; TPK_ECANCELED once cancelled. */
-enum { STEPS_PER_KERNEL = 4 };
-
-static int advance(run_state *rs, tpk_ctx *ctx)
-{
-    if (rs->step < rs->steps)
-        rs->step++;
-    return tpk_progress_report(rs->o->progress, "steps", rs->step, rs->steps, ctx);
-}
-
 /* Noise by the LML on the first select_n points (eigendecomposition). r = σ²/s. */
 static int choose_noise(run_state *rs, const tpk_array *K, double *r, double *s, double *lml_sel,
                         tpk_ctx *ctx)
 {
-    const size_t n = rs->n, k = select_size(rs->o, n);
+    const size_t n = rs->n, k = tpk_gp_select_size(rs->o, n);
     tpk_array *Ks = tpk_array_alloc2(k, k, ctx);
     if (!Ks)
         return ctx->status;
     for (size_t i = 0; i < k; i++)
         memcpy(Ks->data + i * k, K->data + i * n, k * sizeof(double));
-    tpk_array Ys = head_view(rs->Y, k);
-    tpk_gp_spectral *sp = tpk_gp_spectral_alloc(Ks, &Ys, ctx);
-    int st = sp ? TPK_OK : ctx->status;
-    tpk_gp_noise_choice ch = {0};
-    if (!st) {
-        double md = mean_diag(Ks);
-        if (!(md > 0))
-            md = 1;
-        st = tpk_gp_spectral_choose_noise(sp, NOISE_REL_LO * md, NOISE_REL_HI * md,
-                                          rs->o->fit_scale, &ch, ctx);
-    }
-    if (!st) {
-        *s = ch.scale;
-        *r = ch.noise / ch.scale;
-        *lml_sel = ch.lml;
-        if (ch.at_bound && rs->o->warnings)
-            fprintf(rs->o->warnings, "%s: warning: the LML-optimal noise sits at the edge of the "
-                    "searched range (%g)\n", rs->o->name, ch.noise);
-    }
-    tpk_gp_spectral_free(sp);
+    int st = tpk_gp_report_noise_guess(rs->rep, Ks, r, s, lml_sel, ctx);
     tpk_array_free(Ks);
     return st;
 }
 
-static int write_block(run_state *rs, const char *prefix, const char *name, const tpk_array *a,
-                       tpk_ctx *ctx)
-{
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", prefix, name);
-    int st = tpk_h5out_write(rs->out, path, a, ctx);
-    /* named axes (xarray, issue 17): mean test × output, var test (with --var-n < M its first
-     * items: test_var), cov test × test2 */
-    const char *dn[2] = {a->dims[0] == rs->m ? "test" : "test_var",
-                         strcmp(name, "cov") == 0 ? "test2" : "output"};
-    return st ? st : tpk_h5out_dims(rs->out, path, dn, a->ndim, ctx);
-}
-
-/* Test scores from the mean (and the variance of the first mv items): accuracy (with class
- * labels), RMSE and the NLL of the noisy targets (with test targets). */
-static void score(const run_state *rs, const tpk_array *mean, const tpk_array *var, size_t mv,
-                  double noise, double *r)
-{
-    const size_t m = rs->m, c = rs->c;
-    if (rs->Lt) {
-        size_t hits = 0;
-        for (size_t i = 0; i < m; i++) {
-            size_t best = 0;
-            for (size_t k = 1; k < c; k++)
-                if (mean->data[i * c + k] > mean->data[i * c + best])
-                    best = k;
-            hits += (double)best == rs->Lt->data[i];
-        }
-        r[R_ACC] = (double)hits / (double)m;
-    }
-    if (rs->Yt) {
-        double se = 0, nll = 0;
-        for (size_t i = 0; i < m; i++)
-            for (size_t k = 0; k < c; k++) {
-                double e = rs->Yt->data[i * c + k] - mean->data[i * c + k];
-                se += e * e;
-                if (var && i < mv) { /* predictive density of the noisy target */
-                    double v = var->data[i] + noise;
-                    nll += 0.5 * log(2 * M_PI * v) + 0.5 * e * e / v;
-                }
-            }
-        r[R_RMSE] = sqrt(se / (double)(m * c));
-        r[R_NLL] = var ? nll / (double)mv : NAN;
-    }
-}
-
-/* Mean, variances (first var_n items), covariance, scores and their datasets. */
+/* Mean, variances (first var_n items), covariance of the fitted GP: res's kernel reported. */
 static int predict(run_state *rs, const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdiag,
-                   const char *prefix, double ratio, double scale, double *r, tpk_ctx *ctx)
+                   double scale, tpk_gp_result *res, double t0, tpk_ctx *ctx)
 {
     const opts *o = rs->o;
     const size_t m = rs->m, c = rs->c;
     const size_t mv = o->var_n > 0 && o->var_n < m ? o->var_n : m;
-    tpk_array *mean = tpk_array_alloc2(m, c, ctx), *var = NULL, *cov = NULL;
-    size_t dm[1] = {mv};
-    if (mean && !o->no_var)
-        var = tpk_array_alloc(1, dm, ctx);
-    int st = !mean || (!o->no_var && !var) ? ctx->status : TPK_OK;
-    if (!st)
+    tpk_array *mean = NULL, *var = NULL, *cov = NULL;
+    int st = TPK_OK;
+    if (Kxt) {
+        size_t dm[1] = {mv};
+        mean = tpk_array_alloc2(m, c, ctx);
+        if (mean && !o->no_var)
+            var = tpk_array_alloc(1, dm, ctx);
+        st = !mean || (!o->no_var && !var) ? ctx->status : TPK_OK;
+    }
+    if (!st && mean)
         st = tpk_gp_predict(gp, Kxt, NULL, mean, NULL, ctx);
     if (!st && var) {
         /* Variances of the first mv test items (the O(N²) per item part). */
@@ -374,7 +163,7 @@ static int predict(run_state *rs, const tpk_gp *gp, const tpk_array *Kxt, const 
         for (size_t i = 0; !st && i < mv; i++)
             var->data[i] *= scale;
     }
-    if (!st && o->full_cov && rs->Ktt) {
+    if (!st && mean && o->full_cov && rs->Ktt) {
         if (!(cov = tpk_array_alloc2(m, m, ctx)) ||
             tpk_gp_predict_cov(gp, Kxt, rs->Ktt, cov, ctx))
             st = ctx->status;
@@ -382,44 +171,13 @@ static int predict(run_state *rs, const tpk_gp *gp, const tpk_array *Kxt, const 
             cov->data[i] *= scale;
     }
     if (!st) {
-        score(rs, mean, var, mv, ratio * scale, r);
-        st = write_block(rs, prefix, "mean", mean, ctx);
+        res->seconds = tpk_wall_seconds() - t0;
+        st = tpk_gp_report_kernel(rs->rep, res, mean, var, cov, ctx);
     }
-    if (!st && var)
-        st = write_block(rs, prefix, "var", var, ctx);
-    if (!st && cov)
-        st = write_block(rs, prefix, "cov", cov, ctx);
     tpk_array_free(mean);
     tpk_array_free(var);
     tpk_array_free(cov);
     return st;
-}
-
-static void print_result(const run_state *rs, int depth, const double *r, double scale,
-                         const tpk_gp_info *in)
-{
-    FILE *f = rs->o->summary;
-    if (!f)
-        return;
-    if (depth)
-        fprintf(f, "  depth %-2d", depth);
-    else
-        fprintf(f, "  kernel  ");
-    fprintf(f, " noise %.4g  scale %.4g  lml/(NC) %+.6f", r[R_NOISE], scale,
-            r[R_LML] / (double)(rs->n * rs->c));
-    if (rs->last_fits)
-        fprintf(f, " (%d fits)", rs->last_fits);
-    if (in->jitter > 0)
-        fprintf(f, "  jitter %.3g", r[R_JITTER]);
-    fprintf(f, "  rcond %.2e", r[R_RCOND]);
-    if (!isnan(r[R_ACC]))
-        fprintf(f, "  accuracy %.4f", r[R_ACC]);
-    if (!isnan(r[R_NLL]))
-        fprintf(f, "  nll %.4f", r[R_NLL]);
-    else if (!isnan(r[R_RMSE]))
-        fprintf(f, "  rmse %.4g", r[R_RMSE]);
-    fprintf(f, "  (%.1f s)\n", r[R_SECS]);
-    fflush(f);
 }
 
 /* --noise=0 asks the GP to interpolate: two items the kernel cannot tell apart must then have
@@ -428,7 +186,7 @@ static void print_result(const run_state *rs, int depth, const double *r, double
 static int check_interpolable(const run_state *rs, const tpk_array *K, tpk_ctx *ctx)
 {
     const size_t n = rs->n, c = rs->c;
-    const double *k = K->data, *y = rs->Y->data;
+    const double *k = K->data, *y = rs->d->Y->data;
     double ymax = 0;
     for (size_t i = 0; i < n * c; i++)
         ymax = fmax(ymax, fabs(y[i]));
@@ -457,16 +215,15 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
 {
     const double t0 = tpk_wall_seconds();
     const opts *o = rs->o;
+    const tpk_array *Y = rs->d->Y;
     const size_t n = rs->n, c = rs->c;
-    double *r = rs->res + (size_t)rs->nres * R_NFIELDS;
-    for (int f = 0; f < R_NFIELDS; f++)
-        r[f] = NAN;
-    r[R_DEPTH] = depth;
+    tpk_gp_result res;
+    tpk_gp_result_init(&res, depth);
     double ratio = noise, scale = 1.0;
     int st = TPK_OK;
-    if (noise < 0 && (st = choose_noise(rs, K, &ratio, &scale, &r[R_LMLSEL], ctx)))
+    if (noise < 0 && (st = choose_noise(rs, K, &ratio, &scale, &res.lml_select, ctx)))
         return st;
-    if ((st = advance(rs, ctx))) /* the noise */
+    if ((st = tpk_gp_report_advance(rs->rep, ctx))) /* the noise */
         return st;
     if (noise == 0 && (st = check_interpolable(rs, K, ctx)))
         return st;
@@ -479,31 +236,26 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         A.data = rs->work;
     }
     tpk_gp *gp;
-    rs->last_fits = 0;
-    if (noise < 0 && select_size(o, n) < n && o->noise_fits > 0) {
-        /* The subsample's optimum is biased (the LML-optimal noise falls as N grows): walk from
-         * it, shifted by the shift the previous kernel of this run needed, at full size. */
+    if (noise < 0 && tpk_gp_select_size(o, n) < n && o->noise_fits > 0) {
+        /* the subsample's choice, walked at full size */
         const double sub = ratio;
+        double guess, step;
+        tpk_gp_report_noise_start(rs->rep, sub, &guess, &step);
         tpk_gp_noise_choice ch = {0};
-        gp = tpk_gp_fit_search_noise(&A, rs->Y, sub * rs->noise_shift,
-                                     rs->nres ? NOISE_STEP_NEXT : NOISE_STEP_FIRST, o->noise_fits,
-                                     o->fit_scale, &go, &ch, ctx);
+        gp = tpk_gp_fit_search_noise(&A, Y, guess, step, o->noise_fits, o->fit_scale, &go, &ch,
+                                     ctx);
         if (gp) {
             ratio = ch.noise / ch.scale;
             scale = ch.scale;
-            rs->noise_shift = ratio / sub;
-            rs->last_fits = ch.fits;
-            if (ch.at_bound && o->warnings)
-                fprintf(o->warnings, "%s: warning: noise search used its %d factorisations "
-                        "without bracketing the optimum; took the best seen\n", o->name,
-                        o->noise_fits);
+            res.fits = ch.fits;
+            tpk_gp_report_noise_end(rs->rep, sub, &ch);
         }
     } else {
-        gp = tpk_gp_fit(&A, rs->Y, ratio, &go, ctx);
+        gp = tpk_gp_fit(&A, Y, ratio, &go, ctx);
     }
     if (!gp)
         return ctx->status;
-    if ((st = advance(rs, ctx))) { /* the fit */
+    if ((st = tpk_gp_report_advance(rs->rep, ctx))) { /* the fit */
         tpk_gp_free(gp);
         return st;
     }
@@ -512,26 +264,18 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         fprintf(o->warnings, "%s: warning: --noise=0 but the kernel is numerically singular: "
                 "jitter %.3g (%.3g x mean diagonal) added to its diagonal, so the fit, LML and "
                 "predictions are those of noise = %.3g\n", o->name, in->jitter * scale,
-                in->jitter / mean_diag(K), in->jitter * scale);
-    r[R_NOISE] = ratio * scale;
-    r[R_SCALE] = scale;
-    r[R_JITTER] = in->jitter * scale;
-    st = tpk_gp_rcond(gp, &r[R_RCOND], ctx);
+                in->jitter / tpk_gp_impl_mean_diag(K), in->jitter * scale);
+    res.noise = ratio * scale;
+    res.scale = scale;
+    res.jitter = in->jitter * scale;
+    st = tpk_gp_rcond(gp, &res.rcond, ctx);
     /* log N(Y; 0, s·A) from the fit of A. */
-    r[R_LML] = -0.5 * in->quad / scale - 0.5 * (double)c * (in->logdet + (double)n * log(scale)) -
-               0.5 * (double)(n * c) * log(2 * M_PI);
-    char prefix[64] = "";
-    if (rs->multi)
-        snprintf(prefix, sizeof prefix, "/depth_%d", depth);
-    if (!st && Kxt)
-        st = predict(rs, gp, Kxt, kdiag, prefix, ratio, scale, r, ctx);
+    res.lml = -0.5 * in->quad / scale - 0.5 * (double)c * (in->logdet + (double)n * log(scale)) -
+              0.5 * (double)(n * c) * log(2 * M_PI);
     if (!st)
-        st = advance(rs, ctx); /* the predictions */
-    if (!st) {
-        r[R_SECS] = tpk_wall_seconds() - t0;
-        print_result(rs, depth, r, scale, in);
-        rs->nres++;
-    }
+        st = tpk_gp_report_advance(rs->rep, ctx); /* the predictions */
+    if (!st)
+        st = predict(rs, gp, Kxt, kdiag, scale, &res, t0, ctx);
     tpk_gp_free(gp);
     return st;
 }
@@ -547,7 +291,7 @@ static int sweep_cb(int depth, const tpk_array *K, const tpk_array *Kxt, const t
     sweep_arg *a = data;
     if (depth < a->o->depth_lo)
         return tpk_progress_check(a->o->progress, ctx);
-    int st = advance(a->rs, ctx); /* the kernel of this depth */
+    int st = tpk_gp_report_advance(a->rs->rep, ctx); /* the kernel of this depth */
     return st ? st : evaluate(a->rs, depth, NULL, K, Kxt, kdiag, a->o->noise_auto ? -1 : a->o->noise, ctx);
 }
 
@@ -590,9 +334,9 @@ static int start_noise(const tpk_gp_family *f, const double *theta, const tpk_ar
     } else {
         tpk_gp_spectral *sp = tpk_gp_spectral_alloc(Ks, Ys, ctx);
         tpk_gp_noise_choice ch = {0};
-        double md = mean_diag(Ks);
-        st = sp ? tpk_gp_spectral_choose_noise(sp, NOISE_REL_LO * md, NOISE_REL_HI * md, 0, &ch,
-                                               ctx)
+        double md = tpk_gp_impl_mean_diag(Ks);
+        st = sp ? tpk_gp_spectral_choose_noise(sp, GP_NOISE_REL_LO * md, GP_NOISE_REL_HI * md, 0,
+                                               &ch, ctx)
                 : ctx->status;
         *noise = ch.noise;
         tpk_gp_spectral_free(sp);
@@ -606,8 +350,8 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
                              const tpk_array *Xt, const tpk_phi *phi, const tpk_gauss_ws *ws,
                              tpk_array *K, tpk_array *Kxt, tpk_array *kd, tpk_ctx *ctx)
 {
-    const size_t k = select_size(o, rs->n);
-    tpk_array Xs = head_view(X, k), Ys = head_view(rs->Y, k);
+    const size_t k = tpk_gp_select_size(o, rs->n);
+    tpk_array Xs = head_view(X, k), Ys = head_view(rs->d->Y, k);
     const int mlp = strcmp(o->kernel, "mlp") == 0;
     int st = TPK_OK;
     for (int depth = mlp ? o->depth_lo : 0; depth <= (mlp ? o->depth_hi : 0) && !st; depth++) {
@@ -628,7 +372,7 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
         if (!st)
             st = tpk_gp_fit_hyper(f, &Ys, theta, &noise, &ho, &hr, ctx);
         if (!st)
-            st = advance(rs, ctx); /* the BFGS run */
+            st = tpk_gp_report_advance(rs->rep, ctx); /* the BFGS run */
         tpk_gp_family_free(f);
         if (st)
             return st;
@@ -647,18 +391,17 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
             st = tpk_gp_rbf_kernel(theta, X, Xt, K, Kxt, kd, ctx);
         }
         if (!st)
-            st = advance(rs, ctx); /* the kernel */
+            st = tpk_gp_report_advance(rs->rep, ctx); /* the kernel */
         if (!st) {
-            char prefix[64] = "";
-            if (rs->multi)
-                snprintf(prefix, sizeof prefix, "/depth_%d", depth);
-            char path[128];
+            char prefix[64], path[128];
+            tpk_gp_report_prefix(rs->rep, depth, prefix, sizeof prefix);
             const char *nm[2] = {mlp ? "sigma_w2" : "lengthscale2", mlp ? "sigma_b2" : "amplitude"};
             for (int q = 0; q < 2 && !st; q++) {
                 snprintf(path, sizeof path, "%s/fitted_%s", prefix, nm[q]);
-                st = tpk_h5out_write_vector(rs->out, path, &theta[q], 1, ctx);
+                st = tpk_h5out_write_vector(tpk_gp_report_output(rs->rep), path, &theta[q], 1, ctx);
                 if (!st)
-                    st = tpk_h5out_dims(rs->out, path, (const char *const[]){"model"}, 1, ctx);
+                    st = tpk_h5out_dims(tpk_gp_report_output(rs->rep), path,
+                                       (const char *const[]){"model"}, 1, ctx);
             }
         }
         /* The final model uses exactly the hyperparameters printed above (kernel parameters
@@ -669,72 +412,6 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
     return st;
 }
 
-static int write_summary(run_state *rs, tpk_ctx *ctx)
-{
-    const opts *o = rs->o;
-    int st = tpk_h5out_provenance(rs->out, o->argc, o->argv, ctx);
-    tpk_array *col = tpk_array_alloc(1, (size_t[]){(size_t)rs->nres}, ctx);
-    if (!col)
-        return ctx->status;
-    /* one entry per kernel: the axis "depth" (its values the depths, integers) for a depth
-     * range, else "model" */
-    const char *kdim[1] = {rs->multi ? "depth" : "model"};
-    long long *dv = rs->multi ? tpk_malloc(ctx, (size_t)rs->nres * sizeof *dv) : NULL;
-    for (int i = 0; dv && i < rs->nres; i++)
-        dv[i] = (long long)rs->res[(size_t)i * R_NFIELDS + R_DEPTH];
-    if (!st && rs->multi)
-        st = dv ? tpk_h5out_coord_ints(rs->out, "depth", dv, (size_t)rs->nres, ctx)
-                : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    if (!st && rs->multi)
-        st = tpk_h5out_write_ints(rs->out, "/depths", dv, (size_t)rs->nres, ctx);
-    if (!st && rs->multi)
-        st = tpk_h5out_dims(rs->out, "/depths", kdim, 1, ctx);
-    tpk_free(ctx, dv);
-    for (int f = R_DEPTH + 1; f < R_NFIELDS && !st; f++) {
-        int any = 0;
-        for (int i = 0; i < rs->nres; i++) {
-            col->data[i] = rs->res[(size_t)i * R_NFIELDS + f];
-            any |= !isnan(col->data[i]);
-        }
-        /* NaN marks a quantity this run does not compute (lml_select with a given noise, nll
-         * without test targets): no dataset then. A NaN among computed values is a failure,
-         * which the writer refuses. */
-        if (!any)
-            continue;
-        char path[64];
-        snprintf(path, sizeof path, "/%s", res_names[f]);
-        st = tpk_h5out_write(rs->out, path, col, ctx);
-        if (!st)
-            st = tpk_h5out_dims(rs->out, path, kdim, 1, ctx);
-        if (!st && f == R_SECS)
-            st = tpk_h5out_attr_str(rs->out, path, "units", "s", ctx);
-    }
-    tpk_array_free(col);
-    const char *kind = o->kernel_file ? "precomputed" : o->kernel;
-    if (!st) st = tpk_h5out_attr_str(rs->out, "/", "kernel", kind, ctx);
-    if (!st && o->kernel && strcmp(o->kernel, "mlp") == 0) {
-        st = tpk_h5out_attr_str(rs->out, "/", "phi", o->phi, ctx);
-        if (!st) st = tpk_h5out_attr_double(rs->out, "/", "sigma_w2", o->sigma_w2, ctx);
-        if (!st) st = tpk_h5out_attr_double(rs->out, "/", "sigma_b2", o->sigma_b2, ctx);
-    }
-    if (!st) st = tpk_h5out_attr_str(rs->out, "/", "noise_selection",
-                                     o->fit_hyper ? "fit-hyper: LML by BFGS on a training subsample"
-                                     : o->noise_auto ? "auto: training LML, subsample "
-                                                       "eigendecomposition then full-size walk, "
-                                                       "scale profiled"
-                                                     : "fixed", ctx);
-    if (!st) st = tpk_h5out_attr_int(rs->out, "/", "select_n", (long long)o->select_n, ctx);
-    if (!st) st = tpk_h5out_attr_int(rs->out, "/", "noise_fits", o->noise_fits, ctx);
-    if (!st) st = tpk_h5out_attr_int(rs->out, "/", "nll_test_items",
-                                     (long long)(o->var_n > 0 && o->var_n < rs->m ? o->var_n
-                                                                                  : rs->m), ctx);
-    if (!st) st = tpk_h5out_attr_str(rs->out, "/", "model",
-                                     "y_c ~ N(0, scale*(K + (noise/scale) I)) for each output c; "
-                                     "var is the latent variance (add noise for targets)", ctx);
-    if (!st) st = tpk_h5out_attr_int(rs->out, "/", "classify", o->classify, ctx);
-    return st;
-}
-
 /* ---- the experiment ---------------------------------------------------------------------------- */
 
 /* Everything an experiment holds; freed in one place. */
@@ -742,19 +419,19 @@ typedef struct exp_state {
     tpk_phi_registry *reg;
     tpk_phi *phi;
     tpk_gauss_ws *ws;
-    tpk_array *X, *Xt, *L, *Lt, *Y, *Yt, *K, *Kxt, *kd, *Ktt;
-    tpk_input_info xi, ti, li, lti;
+    tpk_gp_data *d;
+    tpk_array *K, *Kxt, *kd, *Ktt;
     run_state rs;
 } exp_state;
 
 static void exp_free(exp_state *e, tpk_ctx *ctx)
 {
-    tpk_h5out_abort(e->rs.out);
+    tpk_gp_report_free(e->rs.rep);
     tpk_free(ctx, e->rs.work);
-    tpk_free(ctx, e->rs.res);
-    tpk_array *arr[] = {e->X, e->Xt, e->L, e->Lt, e->Y, e->Yt, e->K, e->Kxt, e->kd, e->Ktt};
+    tpk_array *arr[] = {e->K, e->Kxt, e->kd, e->Ktt};
     for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
         tpk_array_free(arr[i]);
+    tpk_gp_data_free(e->d);
     tpk_gauss_ws_free(e->ws);
     tpk_phi_free(e->phi);
     tpk_phi_registry_free(e->reg);
@@ -768,7 +445,7 @@ static int check_psd(const char *file, const tpk_array *K, tpk_ctx *ctx)
 {
     const size_t n = K->dims[0];
     const double *k = K->data;
-    double md = mean_diag(K);
+    double md = tpk_gp_impl_mean_diag(K);
     for (size_t i = 0; i < n; i++)
         if (!(k[i * n + i] >= 0))
             return TPK_ERROR(ctx, TPK_EDOM, "%s: /kernel is not a covariance: diagonal entry "
@@ -822,7 +499,7 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
 {
     char spec[1200];
     snprintf(spec, sizeof spec, "%s:/kernel", o->kernel_file);
-    if (!(e->K = tpk_io_read(spec, &e->xi, ctx)))
+    if (!(e->K = tpk_io_read(spec, NULL, ctx)))
         return ctx->status;
     tpk_ctx lc;
     tpk_ctx_init_from(&lc, ctx);
@@ -848,84 +525,7 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
                          "/kernel_test_diag has %zu entries, but /kernel is %zu×%zu",
                          o->kernel_file, e->Kxt->dims[0], tpk_array_item_size(e->Kxt),
                          tpk_array_size(e->kd), e->K->dims[0], e->K->dims[0]);
-    e->rs.n = e->K->dims[0];
-    e->rs.m = e->Kxt ? e->Kxt->dims[0] : 0;
     return check_psd(o->kernel_file, e->K, ctx);
-}
-
-static int read_inputs(exp_state *e, const opts *o, tpk_ctx *ctx)
-{
-    if (!(e->X = read_any(o->train, o->n_train, &e->xi, ctx)))
-        return ctx->status;
-    if (o->test && !(e->Xt = read_any(o->test, o->n_test, &e->ti, ctx)))
-        return ctx->status;
-    /* items are flattened here: the sizes must agree, the shapes may differ (N×784 vs N×28×28) */
-    if (e->Xt && tpk_array_item_size(e->Xt) != tpk_array_item_size(e->X) &&
-        tpk_array_check_items(e->Xt, o->test, e->X, o->train, ctx))
-        return ctx->status;
-    e->rs.n = e->X->dims[0];
-    e->rs.m = e->Xt ? e->Xt->dims[0] : 0;
-    return TPK_OK;
-}
-
-/* Targets: one-hot classes (classify) or the values as given, N×C. */
-static int read_targets(exp_state *e, const opts *o, tpk_ctx *ctx)
-{
-    run_state *rs = &e->rs;
-    /* Cut the targets to the items only with --n-train / --n-test (the first items of longer
-     * files, e.g. IDX sets); otherwise a count that differs from the items' is an error either
-     * way (issue 18: more test labels than test items were silently cut). */
-    if (!(e->L = read_any(o->labels, o->n_train ? rs->n : 0, &e->li, ctx)))
-        return ctx->status;
-    if (e->L->dims[0] != rs->n)
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu rows but there are %zu training items",
-                         o->labels, e->L->dims[0], rs->n);
-    if (o->test_labels) {
-        if (!rs->m)
-            return TPK_ERROR(ctx, TPK_EINVAL, "--test-labels given but no test kernel or inputs");
-        if (!(e->Lt = read_any(o->test_labels, o->n_test ? rs->m : 0, &e->lti, ctx)))
-            return ctx->status;
-        if (e->Lt->dims[0] != rs->m)
-            return TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu rows but there are %zu test items",
-                             o->test_labels, e->Lt->dims[0], rs->m);
-    }
-    if (o->classify) {
-        int st;
-        if ((st = check_labels(o->labels, e->L, ctx)) ||
-            (e->Lt && (st = check_labels(o->test_labels, e->Lt, ctx))))
-            return st;
-        size_t c = 0;
-        for (size_t i = 0; i < rs->n; i++)
-            c = e->L->data[i] + 1 > (double)c ? (size_t)e->L->data[i] + 1 : c;
-        for (size_t i = 0; e->Lt && i < rs->m; i++)
-            if (e->Lt->data[i] >= (double)c)
-                return TPK_ERROR(ctx, TPK_EINVAL, "%s: test label %g at item %zu never occurs in "
-                                 "training (classes 0..%zu)", o->test_labels, e->Lt->data[i], i,
-                                 c - 1);
-        if (c < 2)
-            return TPK_ERROR(ctx, TPK_EINVAL, "%s: --classify needs at least 2 classes",
-                             o->labels);
-        if (!(e->Y = one_hot(e->L, c, ctx)) || (e->Lt && !(e->Yt = one_hot(e->Lt, c, ctx))))
-            return ctx->status;
-        rs->c = c;
-    } else {
-        e->Y = e->L;
-        e->L = NULL;
-        e->Y->ndim = 2;
-        e->Y->dims[1] = tpk_array_item_size(e->Y);
-        rs->c = e->Y->dims[1];
-        if (e->Lt) {
-            if (tpk_array_item_size(e->Lt) != rs->c)
-                return TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu values per item but %s has %zu",
-                                 o->test_labels, tpk_array_item_size(e->Lt), o->labels, rs->c);
-            e->Yt = e->Lt;
-            e->Lt = NULL;
-        }
-    }
-    rs->Y = e->Y;
-    rs->Yt = e->Yt;
-    rs->Lt = o->classify ? e->Lt : NULL;
-    return TPK_OK;
 }
 
 /* Kernel buffers (computed kernels only) and the factor workspace of a sweep. */
@@ -934,10 +534,10 @@ static int alloc_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
     const size_t n = e->rs.n, m = e->rs.m;
     if (!o->kernel_file) {
         if (!(e->K = tpk_array_alloc2(n, n, ctx)) ||
-            (e->Xt && (!(e->Kxt = tpk_array_alloc2(m, n, ctx)) ||
+            (e->d->Xt && (!(e->Kxt = tpk_array_alloc2(m, n, ctx)) ||
                        !(e->kd = tpk_array_alloc(1, (size_t[]){m}, ctx)))))
             return ctx->status;
-        if (o->full_cov && e->Xt && !(e->Ktt = tpk_array_alloc2(m, m, ctx)))
+        if (o->full_cov && e->d->Xt && !(e->Ktt = tpk_array_alloc2(m, m, ctx)))
             return ctx->status;
     }
     if (e->rs.multi && !(e->rs.work = tpk_malloc(ctx, n * n * sizeof(double))))
@@ -949,14 +549,15 @@ static int alloc_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
 static int run_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
 {
     run_state *rs = &e->rs;
+    const tpk_array *X = e->d->X, *Xt = e->d->Xt;
     const int mlp = o->kernel && strcmp(o->kernel, "mlp") == 0;
     const double noise = o->noise_auto ? -1 : o->noise;
     int st = TPK_OK;
-    if (o->full_cov && e->Xt && !o->fit_hyper) {
+    if (o->full_cov && Xt && !o->fit_hyper) {
         tpk_mlp_params p = {.depth = o->depth_lo, .phi = e->phi, .sigma_w2 = o->sigma_w2,
                             .sigma_b2 = o->sigma_b2};
-        st = mlp ? tpk_mlp_kernel(&p, e->Xt, NULL, e->ws, e->Ktt, NULL, NULL, NULL, ctx)
-                 : tpk_gp_rbf_kernel((double[]){o->lengthscale2, o->amplitude}, e->Xt, NULL,
+        st = mlp ? tpk_mlp_kernel(&p, Xt, NULL, e->ws, e->Ktt, NULL, NULL, NULL, ctx)
+                 : tpk_gp_rbf_kernel((double[]){o->lengthscale2, o->amplitude}, Xt, NULL,
                                      e->Ktt, NULL, NULL, ctx);
         if (st)
             return st;
@@ -968,27 +569,29 @@ static int run_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
     if (o->fit_hyper) {
         if (o->full_cov)
             return TPK_ERROR(ctx, TPK_EINVAL, "--full-cov is not available with --fit-hyper");
-        return fit_hyper_and_run(rs, o, e->X, e->Xt, e->phi, e->ws, e->K, e->Kxt, e->kd, ctx);
+        return fit_hyper_and_run(rs, o, X, Xt, e->phi, e->ws, e->K, e->Kxt, e->kd, ctx);
     }
     if (o->kernel_file)
-        return (st = advance(rs, ctx)) ? st : evaluate(rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
+        return (st = tpk_gp_report_advance(rs->rep, ctx))
+                   ? st
+                   : evaluate(rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
     if (mlp) {
         tpk_mlp_params p = {.depth = o->depth_hi, .phi = e->phi, .sigma_w2 = o->sigma_w2,
                             .sigma_b2 = o->sigma_b2};
         if (rs->multi) {
             sweep_arg sa = {rs, o};
-            return tpk_gp_mlp_sweep(&p, e->X, e->Xt, e->ws, e->K, e->Kxt, e->kd, sweep_cb, &sa,
+            return tpk_gp_mlp_sweep(&p, X, Xt, e->ws, e->K, e->Kxt, e->kd, sweep_cb, &sa,
                                     ctx);
         }
-        st = tpk_mlp_kernel(&p, e->X, e->Xt, e->ws, e->K, e->Kxt, e->kd, NULL, ctx);
+        st = tpk_mlp_kernel(&p, X, Xt, e->ws, e->K, e->Kxt, e->kd, NULL, ctx);
         if (!st)
-            st = advance(rs, ctx); /* the kernel */
+            st = tpk_gp_report_advance(rs->rep, ctx); /* the kernel */
         return st ? st : evaluate(rs, o->depth_lo, e->K, e->K, e->Kxt, e->kd, noise, ctx);
     }
     double th[2] = {o->lengthscale2, o->amplitude};
-    st = tpk_gp_rbf_kernel(th, e->X, e->Xt, e->K, e->Kxt, e->kd, ctx);
+    st = tpk_gp_rbf_kernel(th, X, Xt, e->K, e->Kxt, e->kd, ctx);
     if (!st)
-        st = advance(rs, ctx); /* the kernel */
+        st = tpk_gp_report_advance(rs->rep, ctx); /* the kernel */
     return st ? st : evaluate(rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
 }
 
@@ -1003,46 +606,21 @@ static int experiment(exp_state *e, const opts *o, tpk_ctx *ctx)
             !(e->ws = tpk_gauss_ws_alloc((size_t)o->quad_degree, ctx)))
             return ctx->status;
     }
-    if ((st = o->kernel_file ? read_kernel_file(e, o, ctx) : read_inputs(e, o, ctx)) ||
-        (st = read_targets(e, o, ctx)))
+    if (o->kernel_file && (st = read_kernel_file(e, o, ctx)))
         return st;
-    /* Open the output before the heavy work: an unwritable path fails now; an input file is
-     * never overwritten. */
-    const char *ins[] = {o->kernel_file, o->train, o->test, o->labels, o->test_labels};
-    if (tpk_io_check_output(o->output, ins, 5, ctx))
+    if (!(e->d = tpk_gp_data_read(o, e->K ? e->K->dims[0] : 0, e->Kxt ? e->Kxt->dims[0] : 0,
+                                  ctx)))
         return ctx->status;
-    if (!(rs->out = tpk_h5out_open(o->output, ctx)))
+    rs->d = e->d;
+    rs->n = e->d->n;
+    rs->m = e->d->m;
+    rs->c = e->d->c;
+    rs->multi = o->depth_hi > o->depth_lo;
+    if (!(rs->rep = tpk_gp_report_open(o, e->d, ctx)))
         return ctx->status;
-    if (e->X && (st = preprocess(o, e->X, e->Xt, ctx)))
+    if ((st = alloc_kernels(e, o, ctx)) || (st = run_kernels(e, o, ctx)))
         return st;
-    const int nk = o->depth_hi - o->depth_lo + 1;
-    rs->multi = nk > 1;
-    rs->steps = (size_t)nk * (STEPS_PER_KERNEL + (o->fit_hyper ? 1 : 0));
-    if ((st = tpk_progress_report(o->progress, "steps", 0, rs->steps, ctx)))
-        return st;
-    if (!(rs->res = tpk_calloc(ctx, (size_t)nk * R_NFIELDS, sizeof(double))))
-        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    if (o->summary)
-        fprintf(o->summary, "%s: %s, N=%zu train, M=%zu test, C=%zu outputs%s\n", o->name,
-                o->kernel_file ? o->kernel_file : o->kernel, rs->n, rs->m, rs->c,
-                o->classify ? " (one-hot classes)" : "");
-    if ((st = alloc_kernels(e, o, ctx)) || (st = run_kernels(e, o, ctx)) ||
-        (st = write_summary(rs, ctx)) ||
-        (e->X && (st = tpk_h5out_input_attrs(rs->out, "input", &e->xi, e->X, ctx))) ||
-        (e->Xt && (st = tpk_h5out_input_attrs(rs->out, "test", &e->ti, e->Xt, ctx))))
-        return st;
-    st = tpk_h5out_commit(rs->out, ctx);
-    rs->out = NULL;
-    if (!st && o->summary && rs->multi && rs->m && o->classify) {
-        int b = 0;
-        for (int i = 1; i < rs->nres; i++)
-            if (rs->res[(size_t)i * R_NFIELDS + R_LML] > rs->res[(size_t)b * R_NFIELDS + R_LML])
-                b = i;
-        fprintf(o->summary, "  depth chosen by training LML: %d (accuracy %.4f)\n",
-                (int)rs->res[(size_t)b * R_NFIELDS + R_DEPTH],
-                rs->res[(size_t)b * R_NFIELDS + R_ACC]);
-    }
-    return st;
+    return tpk_gp_report_commit(rs->rep, ctx);
 }
 
 int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
@@ -1053,7 +631,6 @@ int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
     exp_state e;
     memset(&e, 0, sizeof e);
     e.rs.o = o;
-    e.rs.noise_shift = 1.0;
     st = experiment(&e, o, ctx);
     exp_free(&e, ctx);
     return st;

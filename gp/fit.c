@@ -436,38 +436,37 @@ static double parabola_vertex(double x1, double f1, double x2, double f2, double
     return v > x1 && v < x3 ? v : x2;
 }
 
-tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, double step,
-                                int max_fits, int fit_scale, const tpk_gp_options *opt,
-                                tpk_gp_noise_choice *out, tpk_ctx *ctx)
+static int check_walk(double guess, double step, int max_fits, tpk_ctx *ctx)
 {
-    tpk_gp_options def;
-    if (!opt) {
-        tpk_gp_options_default(&def);
-        opt = &def;
-    }
-    if (!(guess > 0) || !isfinite(guess) || !(step > 0) || !isfinite(step) || max_fits < 1) {
-        TPK_ERROR(ctx, TPK_EINVAL, "noise search needs guess > 0, step > 0 and max_fits >= 1 "
-                  "(got %g, %g, %d)", guess, step, max_fits);
-        return NULL;
-    }
-    gp_kcheck kc = {0};
-    tpk_gp *gp = gp_prepare(K, Y, opt, &kc, ctx);
-    if (!gp)
-        return NULL;
+    if (!(guess > 0) || !isfinite(guess) || !(step > 0) || !isfinite(step) || max_fits < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "noise search needs guess > 0, step > 0 and max_fits "
+                         ">= 1 (got %g, %g, %d)", guess, step, max_fits);
+    return TPK_OK;
+}
+
+int tpk_gp_noise_walk(tpk_gp_noise_eval_fn eval, void *data, double guess, double step,
+                      int max_fits, int fit_scale, tpk_gp_noise_choice *out, tpk_ctx *ctx)
+{
+    int st = check_walk(guess, step, max_fits, ctx);
+    if (st)
+        return st;
     /* The walk is in x = log10 σ²; sc receives the profiled scale of each fit. */
+    tpk_gp_info in = {0};
     double sc;
-    int fits = 0, st = TPK_OK;
+    int fits = 0;
     double last_x = NAN;
     const double h = step;
 #define EVAL(x_, f_)                                                                               \
     do {                                                                                           \
-        st = gp_factor_solve(gp, K, Y, pow(10, (x_)), &kc, opt, fits > 0, ctx);                   \
+        st = eval(pow(10, (x_)), data, &in, ctx);                                                  \
+        in.lml = -0.5 * in.quad - 0.5 * (double)in.c * in.logdet -                                 \
+                 0.5 * (double)(in.n * in.c) * log(2 * M_PI);                                      \
         fits++;                                                                                    \
         last_x = (x_);                                                                             \
-        (f_) = st ? -INFINITY : model_lml(&gp->info, fit_scale, &sc);                             \
+        (f_) = st ? -INFINITY : model_lml(&in, fit_scale, &sc);                                    \
     } while (0)
     /* Evaluate c0 − h and c0 + h first and the guess c0 last, so that when the guess is the
-     * best of the three (the usual case with a good guess) its factor is the one left in place. */
+     * best of the three (the usual case with a good guess) its fit is the one left in place. */
     const double c0 = log10(guess);
     double lo = c0 - h, hi = c0 + h, mid = c0, flo = -INFINITY, fhi = -INFINITY, fmid;
     if (max_fits >= 3) {
@@ -475,11 +474,11 @@ tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, 
         if (!st)
             EVAL(hi, fhi);
         if (st)
-            goto done;
+            return st;
     }
     EVAL(mid, fmid);
     if (st)
-        goto done;
+        return st;
     /* Walk uphill in steps of h until the LML falls. */
     int dir = flo > fmid && flo >= fhi ? -1 : fhi > fmid ? +1 : 0;
     if (dir < 0) { hi = mid; fhi = fmid; mid = lo; fmid = flo; }
@@ -488,7 +487,7 @@ tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, 
         double x = mid + dir * h, f;
         EVAL(x, f);
         if (st)
-            goto done;
+            return st;
         if (f > fmid) { /* keep walking */
             if (dir < 0) { hi = mid; fhi = fmid; }
             else { lo = mid; flo = fmid; }
@@ -503,13 +502,13 @@ tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, 
     double best = mid;
     if (!out->at_bound && fits < max_fits) {
         double v = parabola_vertex(lo, flo, mid, fmid, hi, fhi);
-        /* Worth a factorisation only if it moves the noise by more than GP_VERTEX_MIN decades
-         * (or the factor in place is not the best point's anyway). */
+        /* Worth a fit only if it moves the noise by more than GP_VERTEX_MIN decades (or the
+         * fit in place is not the best point's anyway). */
         if (fabs(v - mid) > GP_VERTEX_MIN || last_x != mid) {
             double fv;
             EVAL(v, fv);
             if (st)
-                goto done;
+                return st;
             if (fv >= fmid) {
                 best = v;
                 fmid = fv;
@@ -521,13 +520,51 @@ tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, 
         EVAL(best, f);
         (void)f;
         if (st)
-            goto done;
+            return st;
     }
-    out->lml = model_lml(&gp->info, fit_scale, &out->scale);
+#undef EVAL
+    out->lml = model_lml(&in, fit_scale, &out->scale);
     out->noise = pow(10, best) * out->scale;
     out->fits = fits;
-#undef EVAL
-done:
+    return TPK_OK;
+}
+
+/* tpk_gp_fit_search_noise's fits: the factor of K + noise·I in the one tpk_gp, restored from K
+ * before every fit but the first. */
+typedef struct search_arg {
+    tpk_gp *gp;
+    const tpk_array *K, *Y;
+    const gp_kcheck *kc;
+    const tpk_gp_options *opt;
+    int fits;
+} search_arg;
+
+static int search_eval(double noise, void *data, tpk_gp_info *info, tpk_ctx *ctx)
+{
+    search_arg *a = data;
+    int st = gp_factor_solve(a->gp, a->K, a->Y, noise, a->kc, a->opt, a->fits++ > 0, ctx);
+    if (!st)
+        *info = a->gp->info;
+    return st;
+}
+
+tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, double step,
+                                int max_fits, int fit_scale, const tpk_gp_options *opt,
+                                tpk_gp_noise_choice *out, tpk_ctx *ctx)
+{
+    tpk_gp_options def;
+    if (!opt) {
+        tpk_gp_options_default(&def);
+        opt = &def;
+    }
+    if (check_walk(guess, step, max_fits, ctx))
+        return NULL;
+    gp_kcheck kc = {0};
+    tpk_gp *gp = gp_prepare(K, Y, opt, &kc, ctx);
+    if (!gp)
+        return NULL;
+    search_arg a = {.gp = gp, .K = K, .Y = Y, .kc = &kc, .opt = opt};
+    int st = tpk_gp_noise_walk(search_eval, &a, guess, step, max_fits, fit_scale, out, ctx);
     tpk_gp_impl_kcheck_free(&kc);
     if (st) {
         tpk_gp_free(gp);

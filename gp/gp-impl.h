@@ -6,6 +6,11 @@
 
 #include <stddef.h>
 
+/* Automatic noise: σ²/s searched over this range relative to the mean diagonal of K (the
+ * experiment's subsample choice and the start of its hyperparameter fit). */
+#define GP_NOISE_REL_LO 1e-7
+#define GP_NOISE_REL_HI 1e2
+
 /* Storage convention: a row-major N×N matrix's lower triangle is the column-major upper triangle
  * of the same buffer, so every LAPACK call is LAPACK_COL_MAJOR with uplo 'U' (no transposed copies,
  * which LAPACKE's row-major wrappers would make) and A = UᵀU with U = Lᵀ. */
@@ -18,6 +23,9 @@ typedef struct gp_kcheck {
     double mean_diag;
     tpk_allocator al; /* of col_abs and diag */
 } gp_kcheck;
+
+/* mean(diag K) of an N×N array. */
+double tpk_gp_impl_mean_diag(const tpk_array *K);
 
 int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const char *what,
                              gp_kcheck *kc, tpk_ctx *ctx);

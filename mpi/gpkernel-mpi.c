@@ -6,12 +6,12 @@
 #include "../tools/cli_kernel.h"
 #include "ckpt.h"
 #include "grid.h"
+#include "rank.h"
 #include "tiles.h"
 
 #include "tpk/tpk.h"
 
 #include <mpi.h>
-#include <omp.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -54,34 +54,26 @@ static const char *const help[3] = {
     "set. Batch-coupled programs (batchnorm) and attention's 1/sqrt(n) limit are refused.\n"
     CLI_EXIT_HELP};
 
-enum { OPT_TILE = CLI_KERNEL_OWN, OPT_GRID, OPT_DTYPE, OPT_RESUME };
+enum { OPT_LAYOUT = CLI_KERNEL_OWN, OPT_RESUME = OPT_LAYOUT + 3 };
 
 static const struct option own_opts[] = {
-    {"tile", required_argument, NULL, OPT_TILE},
-    {"grid", required_argument, NULL, OPT_GRID},
-    {"dtype", required_argument, NULL, OPT_DTYPE},
+    MPI_LAYOUT_OPTIONS(OPT_LAYOUT),
     {"resume", no_argument, NULL, OPT_RESUME},
     {NULL, 0, NULL, 0}};
 
 typedef struct mpi_opts {
-    size_t tile;
-    int nprow, npcol, f32, resume;
+    mpi_layout l;
+    int resume;
 } mpi_opts;
 
 static int own_option(int val, const char *arg, void *user, tpk_ctx *ctx)
 {
     mpi_opts *o = user;
-    switch (val) {
-    case OPT_TILE: return cli_parse_size("tile", arg, 1, (size_t)1 << 24, &o->tile, ctx);
-    case OPT_GRID: return mpi_grid_parse(arg, &o->nprow, &o->npcol, ctx);
-    case OPT_DTYPE:
-        if (strcmp(arg, "float64") != 0 && strcmp(arg, "float32") != 0)
-            return TPK_ERROR(ctx, TPK_EINVAL, "--dtype must be float64 or float32 (got '%s')", arg);
-        o->f32 = strcmp(arg, "float32") == 0;
+    if (val == OPT_RESUME) {
+        o->resume = 1;
         return TPK_OK;
-    case OPT_RESUME: o->resume = 1; return TPK_OK;
-    default: return TPK_ERROR(ctx, TPK_EINVAL, "unknown option");
     }
+    return mpi_layout_option(val - OPT_LAYOUT, arg, (size_t)1 << 24, &o->l, ctx);
 }
 
 /* ---- signals ----------------------------------------------------------------------------------
@@ -141,22 +133,6 @@ static void enter_tiles(void)
     phase = PHASE_TILES;
     if (caught)
         leave_now(caught);
-}
-
-/* ---- one outcome for all ranks --------------------------------------------------------------- */
-
-/* Every rank's status of one step → 0 when all succeeded, else the exit status of the lowest
- * failing rank, which alone prints its message (every rank usually fails alike). */
-static int settle(int st, int usage_error, const tpk_ctx *ctx, const mpi_grid *g)
-{
-    int rank = g->rank, key = st ? rank : INT_MAX, first, rc = 0;
-    MPI_Allreduce(&key, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (first == INT_MAX)
-        return 0;
-    if (rank == first)
-        rc = usage_error ? cli_report_usage(TOOL, st, ctx) : cli_report(TOOL, st, ctx);
-    MPI_Bcast(&rc, 1, MPI_INT, first, MPI_COMM_WORLD);
-    return rc;
 }
 
 /* ---- what the tiles depend on ---------------------------------------------------------------- */
@@ -238,7 +214,7 @@ static char *job_config(const tpk_job *job, const tpk_kernel_job *kj, const mpi_
     if (tpk_kernel_job_input(kj, 1))
         sb_array(&b, "test", tpk_kernel_job_input(kj, 1));
     sb_printf(&b, "readouts=%zu\ntile_items=%zu\ndtype=%s\n", tpk_kernel_job_readouts(kj),
-              o->tile, o->f32 ? "float32" : "float64");
+              o->l.tile, o->l.f32 ? "float32" : "float64");
     if (b.failed) {
         free(b.s);
         return NULL;
@@ -260,17 +236,6 @@ typedef struct run_state {
     char *config;
     double *K, *diag;     /* one tile and its row diagonal */
 } run_state;
-
-/* OpenMP threads: the node's cores shared by its ranks, unless the user said. */
-static void pick_threads(void)
-{
-    if (getenv("OMP_NUM_THREADS"))
-        return;
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    long ranks = local ? strtol(local, NULL, 10) : 1, cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (ranks >= 1 && cores >= 1)
-        omp_set_num_threads((int)(cores / ranks > 0 ? cores / ranks : 1));
-}
 
 /* Rank 0: fresh or resumed (1), as the checkpoint on disk and --resume say. */
 static int decide_resume(run_state *r, int *resume, tpk_ctx *ctx)
@@ -303,7 +268,7 @@ static int finish(run_state *r, double err, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_attr_int(out, "/", "mpi_ranks", r->g.size, ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "mpi_grid", grid, ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "tile_items", (long long)r->t.b, ctx);
-    if (!st) st = tpk_h5out_attr_str(out, "/", "dtype", r->o.f32 ? "float32" : "float64", ctx);
+    if (!st) st = tpk_h5out_attr_str(out, "/", "dtype", r->o.l.f32 ? "float32" : "float64", ctx);
     if (!st) st = tpk_h5out_remove(out, MPI_CKPT_GROUP, ctx);
     if (st) {
         tpk_h5out_abort(out); /* the checkpoint stays: its tiles are all there */
@@ -316,20 +281,18 @@ static int finish(run_state *r, double err, tpk_ctx *ctx)
 static int compute_tiles(run_state *r, size_t *ran, double *errmax, tpk_ctx *ctx)
 {
     const mpi_tiles *t = &r->t;
+    const int me_r = r->g.myrow, me_c = r->g.mycol;
     size_t left = 0;
-    for (size_t id = 0; id < t->ntiles; id++) {
-        int pr, pc;
-        mpi_tiles_owner(t, mpi_tiles_tile(t, id), &pr, &pc);
-        left += pr == r->g.myrow && pc == r->g.mycol && !mpi_ckpt_done(r->ck, id);
-    }
+    for (size_t id = mpi_tiles_next(t, me_r, me_c, 0); id < t->ntiles;
+         id = mpi_tiles_next(t, me_r, me_c, id + 1))
+        left += !mpi_ckpt_done(r->ck, id);
     cli_progress prog;
     cli_progress_start(&prog, TOOL, "rank 0 tiles", left,
                        r->g.rank == 0 && !r->k.quiet && cli_progress_wanted(-1));
-    for (size_t id = 0; id < t->ntiles; id++) {
+    for (size_t id = mpi_tiles_next(t, me_r, me_c, 0); id < t->ntiles;
+         id = mpi_tiles_next(t, me_r, me_c, id + 1)) {
         mpi_tile tile = mpi_tiles_tile(t, id);
-        int pr, pc;
-        mpi_tiles_owner(t, tile, &pr, &pc);
-        if (pr != r->g.myrow || pc != r->g.mycol || mpi_ckpt_done(r->ck, id))
+        if (mpi_ckpt_done(r->ck, id))
             continue;
         size_t r0, nr, c0, nc;
         mpi_tiles_extent(t, tile, &r0, &nr, &c0, &nc);
@@ -356,7 +319,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
 {
     int usage = 0, rc;
     mpi_grid *g = &r->g;
-    r->o.tile = DEFAULT_TILE;
+    r->o.l.tile = DEFAULT_TILE;
     int st = cli_kernel_parse(argc, argv, TOOL, help, own_opts, own_option, &r->o, &r->k, ctx);
     if (st == CLI_KERNEL_DONE)
         return 0;
@@ -368,13 +331,13 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
             r->argv_rec[pc++] = argv[i];
     if (!st && !r->argv_rec)
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    if ((rc = settle(st, 1, ctx, g)))
+    if ((rc = mpi_settle(st, 1, ctx, TOOL)))
         return rc;
     st = cli_kernel_job(&r->k, pc, r->argv_rec, &usage, ctx);
-    if ((rc = settle(st, usage, ctx, g)))
+    if ((rc = mpi_settle(st, usage, ctx, TOOL)))
         return rc;
-    st = mpi_grid_init(g, r->o.nprow, r->o.npcol, ctx); /* a grid that is not the ranks': usage */
-    if ((rc = settle(st, 1, ctx, g)))
+    st = mpi_grid_init(g, r->o.l.nprow, r->o.l.npcol, ctx); /* a grid that is not the ranks': usage */
+    if ((rc = mpi_settle(st, 1, ctx, TOOL)))
         return rc;
 
     /* every rank prepares the job: reads the inputs, loads the program */
@@ -382,8 +345,8 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     r->kj = tpk_kernel_job_alloc(r->k.a, &r->k.job, ctx);
     st = r->kj ? TPK_OK : ctx->status;
     if (!st && mpi_tiles_init(&r->t, tpk_kernel_job_items(r->kj, 0), tpk_kernel_job_items(r->kj, 1),
-                              r->o.tile, tpk_kernel_job_readouts(r->kj), g->nprow, g->npcol))
-        st = TPK_ERROR(ctx, TPK_EINVAL, "--tile=%zu: no tile layout for %zu items", r->o.tile,
+                              r->o.l.tile, tpk_kernel_job_readouts(r->kj), g->nprow, g->npcol))
+        st = TPK_ERROR(ctx, TPK_EINVAL, "--tile=%zu: no tile layout for %zu items", r->o.l.tile,
                        tpk_kernel_job_items(r->kj, 0));
     if (!st) {
         size_t side = r->t.b * r->t.readouts;
@@ -395,16 +358,16 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     if (!st && !(r->config = job_config(&r->k.job, r->kj, &r->o)))
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     snprintf(r->ckpt, sizeof r->ckpt, "%s.partial.h5", r->k.job.output);
-    if ((rc = settle(st, 0, ctx, g)))
+    if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
 
     install_signals(r->ckpt);
     int resume = 0;
     st = g->rank == 0 ? decide_resume(r, &resume, ctx) : TPK_OK;
     MPI_Bcast(&resume, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if ((rc = settle(st, 0, ctx, g)))
+    if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
-    mpi_ckpt_spec spec = {.path = r->ckpt, .t = &r->t, .f32 = r->o.f32, .config = r->config};
+    mpi_ckpt_spec spec = {.path = r->ckpt, .t = &r->t, .f32 = r->o.l.f32, .config = r->config};
     size_t before = 0;
     if (resume) {
         st = mpi_ckpt_open(MPI_COMM_WORLD, &spec, &r->ck, ctx);
@@ -424,7 +387,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     }
     if (!resume)
         st = mpi_ckpt_create(MPI_COMM_WORLD, &spec, &r->ck, ctx);
-    if ((rc = settle(st, 0, ctx, g)))
+    if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
     MPI_Barrier(MPI_COMM_WORLD); /* the checkpoint is laid out everywhere before any tile */
 
@@ -444,7 +407,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     int cst = mpi_ckpt_close(r->ck, &cctx);
     r->ck = NULL;
     if (anyfail) {
-        rc = settle(st, 0, ctx, g);
+        rc = mpi_settle(st, 0, ctx, TOOL);
         if (g->rank == 0 && before + all == 0)
             unlink(r->ckpt); /* nothing in it to keep */
         else if (g->rank == 0)
@@ -452,14 +415,14 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
                     "cause is fixed\n", (unsigned long long)before + all, r->t.ntiles, r->ckpt);
         return rc ? rc : 1;
     }
-    if ((rc = settle(cst, 0, &cctx, g)))
+    if ((rc = mpi_settle(cst, 0, &cctx, TOOL)))
         return rc;
     if (before + all != r->t.ntiles) /* every tile has exactly one owner: our bug if not */
         st = TPK_ERROR(ctx, TPK_EINVAL, "%zu of %zu tiles done after the run", (size_t)(before + all),
                        r->t.ntiles);
     else if (g->rank == 0)
         st = finish(r, errmax, ctx);
-    if ((rc = settle(st, 0, ctx, g)))
+    if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
     if (g->rank == 0 && !r->k.quiet) {
         const tpk_job *job = &r->k.job;
@@ -471,7 +434,7 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
         if (r->t.m)
             printf("  test    %s (M=%zu)\n", job->test, r->t.m);
         printf("  kernel  %zux%zu %s, error estimate %.2e\n", side, side,
-               r->o.f32 ? "float32" : "float64", errmax);
+               r->o.l.f32 ? "float32" : "float64", errmax);
         printf("  wrote   %s in %.3f s\n", job->output, tpk_wall_seconds() - t0);
     }
     return 0;
@@ -491,22 +454,14 @@ static void run_free(run_state *r)
 
 int main(int argc, char **argv)
 {
-    int provided;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     double t0 = tpk_wall_seconds();
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    is_rank0 = rank == 0;
-    /* what a person reads comes from rank 0: help, version, the summary */
-    if (rank != 0 && !freopen("/dev/null", "w", stdout))
+    int rank = mpi_start(&argc, &argv);
+    if (rank < 0)
         return 1;
-    pick_threads();
+    is_rank0 = rank == 0;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    run_state r;
-    memset(&r, 0, sizeof r);
-    r.g.rank = rank;
-    r.g.ctxt = -1;
+    run_state r = {.g = {.rank = rank, .ctxt = -1}};
     int rc = run(&r, argc, argv, t0, &ctx);
     run_free(&r);
     MPI_Finalize();

@@ -1,6 +1,8 @@
 /* The BLACS process grid of the MPI programs (mpi/grid.h). */
 #include "grid.h"
 
+#include "../tools/cli.h"
+
 #include <mpi.h>
 
 #include <errno.h>
@@ -32,6 +34,20 @@ int mpi_grid_parse(const char *s, int *p, int *q, tpk_ctx *ctx)
     *p = (int)a;
     *q = (int)b;
     return TPK_OK;
+}
+
+int mpi_layout_option(int which, const char *arg, size_t tile_max, mpi_layout *l, tpk_ctx *ctx)
+{
+    switch (which) {
+    case 0: return cli_parse_size("tile", arg, 1, tile_max, &l->tile, ctx);
+    case 1: return mpi_grid_parse(arg, &l->nprow, &l->npcol, ctx);
+    case 2:
+        if (strcmp(arg, "float64") != 0 && strcmp(arg, "float32") != 0)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--dtype must be float64 or float32 (got '%s')", arg);
+        l->f32 = strcmp(arg, "float32") == 0;
+        return TPK_OK;
+    default: return TPK_ERROR(ctx, TPK_EINVAL, "unknown layout option");
+    }
 }
 
 int mpi_grid_init(mpi_grid *g, int nprow, int npcol, tpk_ctx *ctx)

@@ -57,6 +57,17 @@ void mpi_tiles_owner(const mpi_tiles *t, mpi_tile tile, int *prow, int *pcol)
     *pcol = (int)(tile.j % (size_t)t->npcol);
 }
 
+size_t mpi_tiles_next(const mpi_tiles *t, int prow, int pcol, size_t id)
+{
+    for (; id < t->ntiles; id++) {
+        int pr, pc;
+        mpi_tiles_owner(t, mpi_tiles_tile(t, id), &pr, &pc);
+        if (pr == prow && pc == pcol)
+            return id;
+    }
+    return t->ntiles;
+}
+
 size_t mpi_tiles_count(const mpi_tiles *t, int prow, int pcol)
 {
     size_t k = 0;

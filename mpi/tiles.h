@@ -43,6 +43,9 @@ void mpi_tiles_extent(const mpi_tiles *t, mpi_tile tile, size_t *r0, size_t *nr,
  * block column j on process column j mod npcol (ScaLAPACK's block-cyclic distribution with
  * the first block on process (0, 0), RSRC = CSRC = 0). */
 void mpi_tiles_owner(const mpi_tiles *t, mpi_tile tile, int *prow, int *pcol);
+/* The first tile id >= id that the grid process (prow, pcol) owns, t->ntiles when none:
+ * for (id = mpi_tiles_next(t, r, c, 0); id < t->ntiles; id = mpi_tiles_next(t, r, c, id + 1)). */
+size_t mpi_tiles_next(const mpi_tiles *t, int prow, int pcol, size_t id);
 /* Tiles the grid process (prow, pcol) owns. */
 size_t mpi_tiles_count(const mpi_tiles *t, int prow, int pcol);
 

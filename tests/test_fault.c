@@ -1228,6 +1228,22 @@ static int case_tpk_arch_kernel(tpk_ctx *ctx)
     return st;
 }
 
+/* gpregress-mpi's tiles: the job on arrays, one block of it (the evaluator's allocations). */
+static int case_tpk_arch_kernel_job(tpk_ctx *ctx)
+{
+    tpk_arch_opts o = {.flags = mlp_flags, .nflags = 2, .root = root_dir};
+    tpk_kernel_job *kj = tpk_arch_kernel_job(tpk_arch_find("mlp"), &o, X, Xt, ctx);
+    if (!kj)
+        return ctx->status;
+    const size_t n = X->dims[0], m = Xt->dims[0];
+    double B[64], dg[8];
+    int st = n * m <= 64 && m <= 8
+                 ? tpk_kernel_job_block(kj, 1, 0, m, 0, n, B, n, dg, NULL, ctx)
+                 : TPK_ERROR(ctx, TPK_EINVAL, "the fault inputs outgrew the block buffer");
+    tpk_kernel_job_free(kj);
+    return st;
+}
+
 static int case_tpk_arch_job(tpk_ctx *ctx)
 {
     tpk_arch_opts o = {.flags = mlp_flags, .nflags = 2, .root = root_dir};
@@ -1270,7 +1286,7 @@ static int case_tpk_arch_sets(tpk_ctx *ctx)
 static const fcase app_cases[] = {
     CASE(tpk_job_registry), CASE(tpk_job_kernel_arrays), CASE(tpk_job_run_arrays),
     CASE(tpk_job_kernel), CASE(tpk_job_run), CASE(tpk_job_describe), CASE(tpk_arch_kernel),
-    CASE(tpk_arch_job), SAMPLED(tpk_cnn_job, 8), CASE(tpk_attention_job), NONE(tpk_arch_sets),
+    CASE(tpk_arch_kernel_job), CASE(tpk_arch_job), SAMPLED(tpk_cnn_job, 8), CASE(tpk_attention_job), NONE(tpk_arch_sets),
 };
 
 static void test_app(void **state)

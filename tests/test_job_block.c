@@ -19,6 +19,7 @@
 #include "tpk/archs.h"
 #include "tpk/io.h"
 #include "tpk/job.h"
+#include "tpk/tpk.h"
 
 /* A block is evaluated on other items than the whole kernel: the input Gram matrix and the
  * evaluator's reductions may round differently by a few ulps of O(1) entries. */
@@ -127,6 +128,61 @@ static void test_program_blocks_are_the_kernels(void **state)
     free(K);
     free(Kx);
     free(kd);
+}
+
+/* On arrays (tpk_arch_kernel_job, gpregress-mpi's tiles): mlp's flags give tpk_mlp_kernel's
+ * kernel (gpregress's) block by block, for a closed-form phi (relu) and a quadrature one (gelu,
+ * both Gauss–Hermite of the default degree: the same rounding). */
+static void test_arch_job_on_arrays_is_mlp_kernel(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    const size_t n = 19, m = 7, d = 5;
+    tpk_array *X = tpk_array_alloc2(n, d, &ctx), *Xt = tpk_array_alloc2(m, d, &ctx);
+    assert_non_null(X);
+    assert_non_null(Xt);
+    for (size_t i = 0; i < n * d; i++)
+        X->data[i] = 1.37 * sin(0.731 * (double)i + 0.3);
+    for (size_t i = 0; i < m * d; i++)
+        Xt->data[i] = 0.83 * cos(1.219 * (double)i + 0.1);
+    const tpk_arch *a = tpk_arch_find("mlp");
+    tpk_phi_registry *reg = tpk_phi_registry_alloc(&ctx);
+    assert_non_null(reg);
+    const char *phis[] = {"relu", "gelu"};
+    for (int q = 0; q < 2; q++) {
+        const tpk_arch_flag fl[] = {{"depth", NULL, "3"}, {"phi", NULL, phis[q]},
+                                    {"sigma-w2", NULL, "1.7"}, {"sigma-b2", NULL, "0.21"}};
+        tpk_arch_opts o = {.flags = fl, .nflags = 4};
+        tpk_kernel_job *kj = tpk_arch_kernel_job(a, &o, X, Xt, &ctx);
+        if (!kj)
+            fail_msg("%s", ctx.msg);
+        tpk_phi *phi = tpk_phi_alloc(reg, phis[q], &ctx);
+        tpk_gauss_ws *ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, &ctx);
+        tpk_mlp_params p = {.depth = 3, .phi = phi, .sigma_w2 = 1.7, .sigma_b2 = 0.21};
+        tpk_array *K = tpk_array_alloc2(n, n, &ctx), *Kx = tpk_array_alloc2(m, n, &ctx),
+                  *kd = tpk_array_alloc(1, (size_t[]){m}, &ctx);
+        assert_int_equal(tpk_mlp_kernel(&p, X, Xt, ws, K, Kx, kd, NULL, &ctx), TPK_OK);
+        check_block(kj, 0, 0, n, 0, n, K->data, n, NULL);
+        check_block(kj, 0, 11, 8, 3, 6, K->data, n, NULL);
+        check_block(kj, 1, 2, 5, 9, 10, Kx->data, n, kd->data);
+        tpk_kernel_job_free(kj);
+        tpk_array_free(K);
+        tpk_array_free(Kx);
+        tpk_array_free(kd);
+        tpk_gauss_ws_free(ws);
+        tpk_phi_free(phi);
+    }
+    /* refusals: no inputs, a custom row (it reads files) */
+    tpk_arch_opts none = {0};
+    assert_null(tpk_kernel_job_alloc_arrays(a, &(tpk_job){.label = "mlp"}, NULL, NULL, &ctx));
+    assert_int_equal(ctx.status, TPK_EINVAL);
+    tpk_ctx_clear(&ctx);
+    assert_null(tpk_arch_kernel_job(tpk_arch_find("cnn1d"), &none, X, NULL, &ctx));
+    assert_int_equal(ctx.status, TPK_EUNSUPPORTED);
+    tpk_phi_registry_free(reg);
+    tpk_array_free(X);
+    tpk_array_free(Xt);
 }
 
 /* The CNN's own recursion (a custom job) and positions read out: R = P readouts per item. */
@@ -301,6 +357,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_program_blocks_are_the_kernels),
+        cmocka_unit_test(test_arch_job_on_arrays_is_mlp_kernel),
         cmocka_unit_test(test_cnn_blocks_with_readouts),
         cmocka_unit_test(test_describe_is_gpkernels),
         cmocka_unit_test(test_block_errors),

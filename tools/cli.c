@@ -445,6 +445,28 @@ FILE *cli_progress_stream(cli_progress *p, FILE *dest)
     return p->out[i].buf;
 }
 
+/* ---- option tables ------------------------------------------------------------------------------ */
+
+struct option *cli_options_join(const struct option *base, const struct option *own,
+                                tpk_ctx *ctx)
+{
+    size_t nb = 0, no = 0;
+    while (base[nb].name)
+        nb++;
+    while (own && own[no].name)
+        no++;
+    struct option *t = malloc((nb + no + 1) * sizeof *t);
+    if (!t) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return NULL;
+    }
+    memcpy(t, base, nb * sizeof *t);
+    if (no)
+        memcpy(t + nb, own, no * sizeof *t);
+    t[nb + no] = base[nb];
+    return t;
+}
+
 /* ---- the recorded command line ------------------------------------------------------------------- */
 
 char **cli_record_argv(int argc, char **argv, int *n)

@@ -31,6 +31,10 @@ int cli_parse_sizes(const char *name, const char *s, size_t lo, size_t hi, size_
 
 /* ---- getopt_long (long options only; set opterr = 0 first) ------------------------------------ */
 
+/* A tool's options `base` followed by `own` (NULL: none), both ending in a zero entry, as one
+ * getopt table (free() it); NULL and TPK_ENOMEM when out of memory. */
+struct option *cli_options_join(const struct option *base, const struct option *own,
+                                tpk_ctx *ctx);
 /* After getopt_long returned '?' or ':': "unknown or malformed option '...' (see --help)". */
 int cli_bad_option(char **argv, tpk_ctx *ctx);
 /* After the loop: an error if operands are left ("unexpected argument '...' (see --help)"). */

@@ -85,24 +85,6 @@ static const struct option kernel_opts[] = {
     {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
     {NULL, 0, NULL, 0}};
 
-/* gpkernel's options followed by the tool's own, in one getopt table (free() it). */
-static struct option *all_options(const struct option *own, tpk_ctx *ctx)
-{
-    size_t nk = sizeof kernel_opts / sizeof kernel_opts[0] - 1, no = 0;
-    while (own && own[no].name)
-        no++;
-    struct option *t = malloc((nk + no + 1) * sizeof *t);
-    if (!t) {
-        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-        return NULL;
-    }
-    memcpy(t, kernel_opts, nk * sizeof *t);
-    if (no)
-        memcpy(t + nk, own, no * sizeof *t);
-    t[nk + no] = kernel_opts[nk];
-    return t;
-}
-
 static int check_args(cli_kernel *k, const char *arch_name, const tpk_phi_registry *reg,
                       tpk_ctx *ctx);
 
@@ -115,7 +97,7 @@ int cli_kernel_parse(int argc, char **argv, const char *tool, const char *const 
     tpk_phi_registry *reg = tpk_job_registry(ctx);
     if (!reg)
         return ctx->status;
-    struct option *longopts = all_options(own, ctx);
+    struct option *longopts = cli_options_join(kernel_opts, own, ctx);
     if (!longopts) {
         tpk_phi_registry_free(reg);
         return ctx->status;

@@ -108,6 +108,12 @@ typedef struct tpk_arch_opts {
 TPK_API int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
                             const tpk_array *Xt, tpk_array **K, tpk_array **Kxt,
                             tpk_array **kdiag, double *err, tpk_ctx *ctx);
+/* The architecture's kernel job on inputs in memory, block by block (tpk_kernel_job_alloc_arrays:
+ * X, Xt borrowed and kept alive by the caller, as o's flags and sets). Custom rows:
+ * TPK_EUNSUPPORTED. Free with tpk_kernel_job_free. */
+TPK_API tpk_kernel_job *tpk_arch_kernel_job(const tpk_arch *a, const tpk_arch_opts *o,
+                                            const tpk_array *X, const tpk_array *Xt,
+                                            tpk_ctx *ctx);
 /* The same request as a gpkernel job over files, any architecture (custom jobs included):
  * input (NULL: the row's bundled input under root), test (NULL: none), output (HDF5, written
  * atomically; the flags are recorded as root attributes the way gpkernel records them). */

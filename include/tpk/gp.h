@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "array.h"
+#include "io.h"
 #include "kernels.h"
 #include "progress.h"
 
@@ -112,6 +113,16 @@ TPK_API tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double
                                         double step, int max_fits, int fit_scale,
                                         const tpk_gp_options *opt, tpk_gp_noise_choice *out,
                                         tpk_ctx *ctx);
+
+/* The walk of tpk_gp_fit_search_noise over any fit of K + σ²I (a distributed or iterative solver:
+ * gpregress-mpi, issue 16). eval fits at noise σ² and fills info's n, c, quad (Σ_c y_cᵀA⁻¹y_c) and
+ * logdet (log det A, exact or estimated); a non-zero return stops the walk with that status. The
+ * last call is at the chosen noise, so the caller's state holds that fit when the walk returns.
+ * out as for tpk_gp_fit_search_noise (out->noise = r·s with fit_scale). */
+typedef int (*tpk_gp_noise_eval_fn)(double noise, void *data, tpk_gp_info *info, tpk_ctx *ctx);
+TPK_API int tpk_gp_noise_walk(tpk_gp_noise_eval_fn eval, void *data, double guess, double step,
+                              int max_fits, int fit_scale, tpk_gp_noise_choice *out,
+                              tpk_ctx *ctx);
 
 /* ---- hyperparameters ---------------------------------------------------------------------------
  * A kernel family K(θ), θ > 0, with ∂K/∂log θ_i. The built-in families give dK analytically
@@ -251,6 +262,87 @@ TPK_API int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ct
  * every kernel: noise, fit, predict, score, write; commit. On failure no output file (and no
  * temporary) is left behind. */
 TPK_API int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx);
+
+/* ---- experiments in parts (gp/report.c) --------------------------------------------------------
+ * What tpk_gp_experiment_run does around its solver, for a program that solves elsewhere
+ * (gpregress-mpi: ScaLAPACK or conjugate gradients over MPI ranks, issue 16) and must read the
+ * same data, choose the noise the same way and write the same file: the data, the noise choice's
+ * subsample start and walk bookkeeping, and the report (scores, datasets, attributes, summary). */
+
+/* Training and test data as the experiment reads them. */
+typedef struct tpk_gp_data {
+    tpk_array *X, *Xt;          /* inputs (with o->kernel), centred and scaled as o says; Xt
+                                   NULL without o->test */
+    tpk_array *Y;               /* training targets N×C (one-hot with classify) */
+    tpk_array *Yt;              /* test targets M×C, or NULL */
+    tpk_array *Lt;              /* test class labels (classify), or NULL */
+    tpk_array *L;               /* training class labels (classify), or NULL */
+    size_t n, m, c;             /* training items, test items, outputs */
+    tpk_input_info xi, ti, li, lti; /* the files read */
+    tpk_allocator al;
+} tpk_gp_data;
+
+/* A precomputed kernel is taken as a covariance when K + N·TPK_GP_PSD_REL_TOL·mean(diag K)·I
+ * has a Cholesky factor (the experiment's check; its reason in gp/experiment.c). */
+#define TPK_GP_PSD_REL_TOL 1e-7
+
+/* Inputs and targets read, for options that passed tpk_gp_experiment_check. With o->kernel_file
+ * the kernel is the caller's: n and m are its training and test item counts (m = 0: no test
+ * block) and only the targets are read. */
+TPK_API tpk_gp_data *tpk_gp_data_read(const tpk_gp_experiment_opts *o, size_t n, size_t m,
+                                      tpk_ctx *ctx);
+TPK_API void tpk_gp_data_free(tpk_gp_data *d);
+
+/* One kernel's result; NaN: not computed (no dataset is written for a quantity no kernel has). */
+typedef struct tpk_gp_result {
+    int depth;                  /* the MLP depth, 0 for a single kernel of another kind */
+    double noise, scale;        /* σ² (absolute) and s of cov s·(K + (σ²/s) I) */
+    double lml, lml_select;     /* training LML; the subsample's, when the noise was chosen */
+    double jitter, rcond;       /* the direct solver's extra diagonal and 1/κ₁ estimate */
+    double lml_error;           /* error bar of an estimated LML (one standard error) */
+    double cg_iterations, cg_residual; /* an iterative solver's iterations and relative residual */
+    int fits;                   /* full-size fits of the noise walk (printed only) */
+    double seconds;
+    double accuracy, nll, rmse; /* set by tpk_gp_report_kernel from the test targets */
+} tpk_gp_result;
+/* Every quantity NaN, fits 0. */
+TPK_API void tpk_gp_result_init(tpk_gp_result *res, int depth);
+
+typedef struct tpk_gp_report tpk_gp_report;
+/* Check the output against the inputs and open it (written atomically at commit), for the
+ * kernels of o's depth range; print the summary's first line; progress at 0. d must outlive r. */
+TPK_API tpk_gp_report *tpk_gp_report_open(const tpk_gp_experiment_opts *o, const tpk_gp_data *d,
+                                          tpk_ctx *ctx);
+/* Aborts the output unless it was committed (no file left). NULL: no-op. */
+TPK_API void tpk_gp_report_free(tpk_gp_report *r);
+/* The output, for a program's own datasets and attributes. */
+TPK_API tpk_h5out *tpk_gp_report_output(const tpk_gp_report *r);
+/* Where a kernel's datasets go: "/depth_L" for a depth range, else "" (the root). */
+TPK_API void tpk_gp_report_prefix(const tpk_gp_report *r, int depth, char *buf, size_t len);
+/* One more step of o->progress (tpk_gp_experiment_opts.progress); TPK_ECANCELED once cancelled. */
+TPK_API int tpk_gp_report_advance(tpk_gp_report *r, tpk_ctx *ctx);
+/* The subsample the noise and hyperparameters are chosen on: the first min(select_n, n) items. */
+TPK_API size_t tpk_gp_select_size(const tpk_gp_experiment_opts *o, size_t n);
+/* The noise by the LML of the subsample: Ks is the kernel of its k items (k×k, the first k of
+ * the training set), eigendecomposed (tpk_gp_spectral_choose_noise over 1e-7..1e2 × its mean
+ * diagonal). ratio = σ²/s, scale = s, lml_select the subsample's LML; warns at a range edge. */
+TPK_API int tpk_gp_report_noise_guess(tpk_gp_report *r, const tpk_array *Ks, double *ratio,
+                                      double *scale, double *lml_select, tpk_ctx *ctx);
+/* The full-size walk (tpk_gp_noise_walk, o->noise_fits fits) from the subsample's ratio sub:
+ * its start and step, then its end (the shift the next kernel starts from; a warning when the
+ * optimum was not bracketed). */
+TPK_API void tpk_gp_report_noise_start(const tpk_gp_report *r, double sub, double *guess,
+                                       double *step);
+TPK_API void tpk_gp_report_noise_end(tpk_gp_report *r, double sub,
+                                     const tpk_gp_noise_choice *ch);
+/* One kernel: scores into res (accuracy, NLL, RMSE), mean (M×C), var (the latent variance of
+ * the first items, scaled by s; NULL: none) and cov (NULL: none) written under the kernel's
+ * prefix, its summary line printed. mean NULL: no test set. */
+TPK_API int tpk_gp_report_kernel(tpk_gp_report *r, tpk_gp_result *res, const tpk_array *mean,
+                                 const tpk_array *var, const tpk_array *cov, tpk_ctx *ctx);
+/* The summary datasets (one entry per kernel), the attributes, provenance and inputs; commit;
+ * with a depth range and classes, the line naming the depth the training LML chooses. */
+TPK_API int tpk_gp_report_commit(tpk_gp_report *r, tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }

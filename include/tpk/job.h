@@ -97,6 +97,13 @@ struct tpk_arch;
  * optional); job->output is not written, and the job's strings must outlive the kernel job. */
 TPK_API tpk_kernel_job *tpk_kernel_job_alloc(const struct tpk_arch *a, const tpk_job *job,
                                              tpk_ctx *ctx);
+/* The same job on inputs in memory (gpregress-mpi's tiles, issue 16): X (and Xt, NULL: none)
+ * borrowed, checked as tpk_job_kernel_arrays checks them; job->input and job->test only name
+ * them in messages. They must outlive the kernel job. Architectures with their own job (CNN
+ * rows) read files: TPK_EUNSUPPORTED. */
+TPK_API tpk_kernel_job *tpk_kernel_job_alloc_arrays(const struct tpk_arch *a, const tpk_job *job,
+                                                    const tpk_array *X, const tpk_array *Xt,
+                                                    tpk_ctx *ctx);
 TPK_API void tpk_kernel_job_free(tpk_kernel_job *kj);
 /* Training (test = 0) or test items (test = 1; 0 without a test set). */
 TPK_API size_t tpk_kernel_job_items(const tpk_kernel_job *kj, int test);

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "../support/testutil.h"
+#include "mpitest.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -38,27 +38,14 @@
 
 static int setup(void **state) { return tu_setup_tagged(state, "mpi"); }
 
-static const char *mpirun(void)
-{
-    const char *m = getenv("TPK_MPIRUN");
-    return m && *m ? m : "mpirun -np 2 --allow-run-as-root --oversubscribe";
-}
+/* The root attributes gpkernel-mpi adds to gpkernel's. */
+static const char *const gpkernel_own[] = {"mpi_ranks", "mpi_grid", "tile_items", "dtype"};
 
-/* gpkernel-mpi under mpirun, stdout discarded, stderr to TMPDIR/err.txt: the exit status. */
-static int run_mpi(const tu_env *e, const char *args)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s '%s/gpkernel-mpi' %s >/dev/null 2>'%s/err.txt'", mpirun(),
-             e->bindir, args, e->tmpdir);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-/* The same with stdout kept: its first line into line. */
+/* gpkernel-mpi under mpirun with stdout kept: its first line into line. */
 static int run_mpi_summary(const tu_env *e, const char *args, char *line, size_t cap)
 {
     char cmd[8192], p[512];
-    snprintf(cmd, sizeof cmd, "%s '%s/gpkernel-mpi' %s >'%s/out.txt' 2>'%s/err.txt'", mpirun(),
+    snprintf(cmd, sizeof cmd, "%s '%s/gpkernel-mpi' %s >'%s/out.txt' 2>'%s/err.txt'", mt_mpirun(),
              e->bindir, args, e->tmpdir, e->tmpdir);
     int rc = system(cmd);
     FILE *f = fopen(tu_path(e, p, sizeof p, "out.txt"), "r");
@@ -73,7 +60,7 @@ static int run_mpi_summary(const tu_env *e, const char *args, char *line, size_t
 static pid_t spawn_mpi(const tu_env *e, const char *args)
 {
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "exec %s '%s/gpkernel-mpi' %s >/dev/null 2>'%s/err.txt'", mpirun(),
+    snprintf(cmd, sizeof cmd, "exec %s '%s/gpkernel-mpi' %s >/dev/null 2>'%s/err.txt'", mt_mpirun(),
              e->bindir, args, e->tmpdir);
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -137,40 +124,6 @@ static int children(pid_t parent, pid_t *kids, int cap)
 
 /* ---- inputs and comparisons -------------------------------------------------------------------- */
 
-/* n items of `per` values, deterministic and high-entropy (not 0, ±1). */
-static void write_inputs(const char *path, size_t n, const size_t *shape, int ndim, uint64_t seed)
-{
-    size_t per = 1;
-    for (int k = 1; k < ndim; k++)
-        per *= shape[k];
-    double *x = malloc(n * per * sizeof *x);
-    assert_non_null(x);
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n * per; i++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        x[i] = 2.385 * ((double)(s >> 11) / 9007199254740992.0 - 0.5);
-    }
-    size_t dims[4];
-    memcpy(dims, shape, (size_t)ndim * sizeof *dims);
-    dims[0] = n;
-    tu_write_npy(path, x, ndim, dims);
-    free(x);
-}
-
-static double max_abs_diff(const char *a, const char *b, const char *dset)
-{
-    size_t na, nb;
-    double *x = tu_h5_read(a, dset, &na), *y = tu_h5_read(b, dset, &nb), m = 0;
-    assert_int_equal(na, nb);
-    for (size_t i = 0; i < na; i++)
-        m = fmax(m, fabs(x[i] - y[i]));
-    free(x);
-    free(y);
-    return m;
-}
-
 /* The dataset's raw bytes are the same in both files (same type, same values). */
 static void assert_same_bytes(const char *a, const char *b, const char *dset)
 {
@@ -182,37 +135,6 @@ static void assert_same_bytes(const char *a, const char *b, const char *dset)
     free(y);
 }
 
-/* Every root attribute gpkernel writes is in the MPI file too. */
-static herr_t attr_in_other(hid_t loc, const char *name, const H5A_info_t *info, void *other)
-{
-    (void)loc;
-    (void)info;
-    if (H5Aexists(*(hid_t *)other, name) <= 0)
-        fail_msg("attribute %s of gpkernel's file is missing from gpkernel-mpi's", name);
-    return 0;
-}
-
-static void assert_attrs_superset(const char *serial, const char *mpi)
-{
-    hid_t fs = H5Fopen(serial, H5F_ACC_RDONLY, H5P_DEFAULT), fm = H5Fopen(mpi, H5F_ACC_RDONLY, H5P_DEFAULT);
-    assert_true(fs >= 0 && fm >= 0);
-    hsize_t idx = 0;
-    H5Aiterate2(fs, H5_INDEX_NAME, H5_ITER_INC, &idx, attr_in_other, &fm);
-    H5Fclose(fs);
-    H5Fclose(fm);
-    static const char *const own[] = {"mpi_ranks", "mpi_grid", "tile_items", "dtype"};
-    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
-        assert_true(tu_h5_has_attr(mpi, own[i]));
-}
-
-static void assert_stderr_has(const tu_env *e, const char *what)
-{
-    char err[8192];
-    tu_stderr(e, err, sizeof err);
-    if (!strstr(err, what))
-        fail_msg("stderr lacks '%s':\n%s", what, err);
-}
-
 /* ---- tests ------------------------------------------------------------------------------------ */
 
 /* MLP with a test set: 3 × 2 ranks' tiles (one short), the cross block and the test diagonal. */
@@ -221,8 +143,8 @@ static void test_mlp_matches_gpkernel(void **state)
     tu_env *e = *state;
     char x[512], t[512], s[512], m[512], args[4096];
     const size_t shape[2] = {0, 12};
-    write_inputs(tu_path(e, x, sizeof x, "x.npy"), 230, shape, 2, 1);
-    write_inputs(tu_path(e, t, sizeof t, "t.npy"), 70, shape, 2, 2);
+    mt_write_inputs(tu_path(e, x, sizeof x, "x.npy"), 230, shape, 2, 1);
+    mt_write_inputs(tu_path(e, t, sizeof t, "t.npy"), 70, shape, 2, 2);
     tu_path(e, s, sizeof s, "serial.h5");
     tu_path(e, m, sizeof m, "mpi.h5");
     snprintf(args, sizeof args, "--arch=mlp --depth=3 --sigma-b2=0.1 --input='%s' --test='%s' "
@@ -230,13 +152,13 @@ static void test_mlp_matches_gpkernel(void **state)
     assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
     snprintf(args, sizeof args, "--arch=mlp --depth=3 --sigma-b2=0.1 --input='%s' --test='%s' "
              "--output='%s' --tile=64 --quiet", x, t, m);
-    assert_int_equal(run_mpi(e, args), 0);
-    double dk = max_abs_diff(s, m, "/kernel"), dx = max_abs_diff(s, m, "/kernel_test_train"),
-           dd = max_abs_diff(s, m, "/kernel_test_diag");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 0);
+    double dk = mt_max_abs_diff(s, m, "/kernel"), dx = mt_max_abs_diff(s, m, "/kernel_test_train"),
+           dd = mt_max_abs_diff(s, m, "/kernel_test_diag");
     print_message("mlp N=230 M=70 tile 64: max |K_mpi - K| %.2e, cross %.2e, diag %.2e\n", dk, dx,
                   dd);
     assert_true(dk <= TOL_MPI && dx <= TOL_MPI && dd <= TOL_MPI);
-    assert_attrs_superset(s, m);
+    mt_assert_attrs_superset(s, m, gpkernel_own, 4);
     char ck[600];
     snprintf(ck, sizeof ck, "%s.partial.h5", m);
     assert_false(tu_exists(ck)); /* the checkpoint became the output */
@@ -248,7 +170,7 @@ static void test_cnn1d_matches_gpkernel(void **state)
     tu_env *e = *state;
     char x[512], s[512], m[512], args[4096];
     const size_t shape[3] = {0, 10, 2};
-    write_inputs(tu_path(e, x, sizeof x, "sig.npy"), 37, shape, 3, 3);
+    mt_write_inputs(tu_path(e, x, sizeof x, "sig.npy"), 37, shape, 3, 3);
     tu_path(e, s, sizeof s, "cnn-serial.h5");
     tu_path(e, m, sizeof m, "cnn-mpi.h5");
     snprintf(args, sizeof args, "--arch=cnn1d --depth=2 --filter=3 --input='%s' --output='%s' "
@@ -256,11 +178,11 @@ static void test_cnn1d_matches_gpkernel(void **state)
     assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
     snprintf(args, sizeof args, "--arch=cnn1d --depth=2 --filter=3 --input='%s' --output='%s' "
              "--tile=8 --quiet", x, m);
-    assert_int_equal(run_mpi(e, args), 0);
-    double d = max_abs_diff(s, m, "/kernel");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 0);
+    double d = mt_max_abs_diff(s, m, "/kernel");
     print_message("cnn1d N=37 tile 8: max |K_mpi - K| %.2e\n", d);
     assert_true(d <= TOL_MPI);
-    assert_attrs_superset(s, m);
+    mt_assert_attrs_superset(s, m, gpkernel_own, 4);
 }
 
 /* rnn with every readout: tiles of items × time steps (input-major). */
@@ -269,7 +191,7 @@ static void test_rnn_all_times_matches_gpkernel(void **state)
     tu_env *e = *state;
     char x[512], s[512], m[512], args[4096];
     const size_t shape[3] = {0, 4, 3};
-    write_inputs(tu_path(e, x, sizeof x, "seq.npy"), 29, shape, 3, 4);
+    mt_write_inputs(tu_path(e, x, sizeof x, "seq.npy"), 29, shape, 3, 4);
     tu_path(e, s, sizeof s, "rnn-serial.h5");
     tu_path(e, m, sizeof m, "rnn-mpi.h5");
     snprintf(args, sizeof args, "--arch=rnn --phi=erf --all-times --input='%s' --output='%s' "
@@ -277,8 +199,8 @@ static void test_rnn_all_times_matches_gpkernel(void **state)
     assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
     snprintf(args, sizeof args, "--arch=rnn --phi=erf --all-times --input='%s' --output='%s' "
              "--tile=6 --grid=2x1 --quiet", x, m);
-    assert_int_equal(run_mpi(e, args), 0);
-    double d = max_abs_diff(s, m, "/kernel");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 0);
+    double d = mt_max_abs_diff(s, m, "/kernel");
     print_message("rnn --all-times N=29 T=4 tile 6: max |K_mpi - K| %.2e\n", d);
     assert_true(d <= TOL_MPI);
 }
@@ -289,14 +211,14 @@ static void test_float32_is_rounded_float64(void **state)
     tu_env *e = *state;
     char x[512], a[512], b[512], args[4096];
     const size_t shape[2] = {0, 7};
-    write_inputs(tu_path(e, x, sizeof x, "x32.npy"), 90, shape, 2, 5);
+    mt_write_inputs(tu_path(e, x, sizeof x, "x32.npy"), 90, shape, 2, 5);
     tu_path(e, a, sizeof a, "f64.h5");
     tu_path(e, b, sizeof b, "f32.h5");
     snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --tile=32 --quiet", x, a);
-    assert_int_equal(run_mpi(e, args), 0);
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 0);
     snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --tile=32 --dtype=float32 "
              "--quiet", x, b);
-    assert_int_equal(run_mpi(e, args), 0);
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 0);
     hid_t f = H5Fopen(b, H5F_ACC_RDONLY, H5P_DEFAULT), d = H5Dopen2(f, "/kernel", H5P_DEFAULT);
     hid_t ty = H5Dget_type(d);
     assert_int_equal(H5Tget_class(ty), H5T_FLOAT);
@@ -320,7 +242,7 @@ static void long_args(const tu_env *e, const char *out, char *args, size_t cap)
     tu_path(e, x, sizeof x, "long.npy");
     if (!tu_exists(x)) {
         const size_t shape[2] = {0, 16};
-        write_inputs(x, 1200, shape, 2, 6);
+        mt_write_inputs(x, 1200, shape, 2, 6);
     }
     snprintf(args, cap, "--arch=mlp --depth=4 --phi=erf --input='%s' --output='%s' --tile=40 "
              "--quiet", x, out);
@@ -334,7 +256,7 @@ static const char *reference(const tu_env *e)
         char args[4096];
         tu_path(e, ref, sizeof ref, "ref.h5");
         long_args(e, ref, args, sizeof args);
-        assert_int_equal(run_mpi(e, args), 0);
+        assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 0);
     }
     return ref;
 }
@@ -430,7 +352,7 @@ static void interrupt_and_resume(const tu_env *e, const char *name, int sig, int
     else
         assert_true(rc != 0);
     if (msg)
-        assert_stderr_has(e, msg);
+        mt_assert_stderr_has(e, msg);
     assert_false(tu_exists(out));
     assert_true(tu_exists(ck));
     long total = 0, done = done_tiles(ck, &total);
@@ -481,7 +403,7 @@ static void test_resume_without_checkpoint(void **state)
     tu_path(e, out, sizeof out, "fresh.h5");
     long_args(e, out, args, sizeof args);
     snprintf(rargs, sizeof rargs, "%s --resume", args);
-    assert_int_equal(run_mpi(e, rargs), 0);
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", rargs), 0);
     assert_same_bytes(reference(e), out, "/kernel");
 }
 
@@ -501,12 +423,12 @@ static void test_checkpoint_refusals(void **state)
     wait_exit(mp);
     wait_gone(kids, n);
     assert_true(tu_exists(ck));
-    assert_int_equal(run_mpi(e, args), 1);
-    assert_stderr_has(e, "--resume continues it");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 1);
+    mt_assert_stderr_has(e, "--resume continues it");
     /* another depth: the config names the setting that differs */
     snprintf(other, sizeof other, "%s --depth=2 --resume", args);
-    assert_int_equal(run_mpi(e, other), 1);
-    assert_stderr_has(e, "set L=");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", other), 1);
+    mt_assert_stderr_has(e, "set L=");
     assert_true(tu_exists(ck));
     /* a process still holding it (as a killed run's ranks do for a moment): the resume waits */
     pid_t holder = fork();
@@ -523,8 +445,8 @@ static void test_checkpoint_refusals(void **state)
     char *q = strstr(other, " --quiet");
     assert_non_null(q);
     memmove(q, q + 8, strlen(q + 8) + 1);
-    assert_int_equal(run_mpi(e, other), 0);
-    assert_stderr_has(e, "waiting for the processes that still hold");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", other), 0);
+    mt_assert_stderr_has(e, "waiting for the processes that still hold");
     assert_int_equal(wait_exit(holder), 0);
     assert_same_bytes(reference(e), out, "/kernel");
 }
@@ -534,30 +456,30 @@ static void test_usage_errors(void **state)
     tu_env *e = *state;
     char x[512], out[512], args[4096];
     const size_t shape[2] = {0, 5};
-    write_inputs(tu_path(e, x, sizeof x, "small.npy"), 20, shape, 2, 7);
+    mt_write_inputs(tu_path(e, x, sizeof x, "small.npy"), 20, shape, 2, 7);
     tu_path(e, out, sizeof out, "bad.h5");
     snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --grid=3x1", x, out);
-    assert_int_equal(run_mpi(e, args), 2);
-    assert_stderr_has(e, "--grid=3x1");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 2);
+    mt_assert_stderr_has(e, "--grid=3x1");
     snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --dtype=float16", x, out);
-    assert_int_equal(run_mpi(e, args), 2);
-    assert_stderr_has(e, "--dtype");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 2);
+    mt_assert_stderr_has(e, "--dtype");
     snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --tile=0", x, out);
-    assert_int_equal(run_mpi(e, args), 2);
-    assert_stderr_has(e, "--tile");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 2);
+    mt_assert_stderr_has(e, "--tile");
     /* entries of a batch-coupled program depend on the whole batch: no tiles */
     snprintf(args, sizeof args, "--arch=batchnorm --input='%s' --output='%s'", x, out);
-    assert_int_equal(run_mpi(e, args), 1);
-    assert_stderr_has(e, "batch-coupled");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 1);
+    mt_assert_stderr_has(e, "batch-coupled");
     snprintf(args, sizeof args, "--arch=attention --output='%s'", out);
-    assert_int_equal(run_mpi(e, args), 1);
-    assert_stderr_has(e, "block by block");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 1);
+    mt_assert_stderr_has(e, "block by block");
     /* a tile that fails (an expectation overflows): exit 1, its message, no checkpoint of
      * nothing left behind */
     snprintf(args, sizeof args, "--arch=mlp --phi=exp --depth=30 --sigma-w2=4 --input='%s' "
              "--output='%s' --tile=8", x, out);
-    assert_int_equal(run_mpi(e, args), 1);
-    assert_stderr_has(e, "overflows");
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 1);
+    mt_assert_stderr_has(e, "overflows");
     char ck[600];
     snprintf(ck, sizeof ck, "%s.partial.h5", out);
     assert_false(tu_exists(ck));

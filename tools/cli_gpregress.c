@@ -1,0 +1,204 @@
+/* gpregress's command line, shared with gpregress-mpi (tools/cli_gpregress.h). */
+#include "cli_gpregress.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DEPTH_MAX 1000
+#define COUNT_MAX 1000000000
+
+const char cli_gpregress_options_help[] =
+    "Kernel:\n"
+    "  --arch=mlp         deep MLP NNGP (tpk_mlp_kernel; see gpkernel --help for the convention)\n"
+    "  --arch=rbf         RBF baseline s*exp(-|x-x'|^2/(2 l2)) (not a network)\n"
+    "  --kernel=FILE.h5   precomputed, as gpkernel --test writes: /kernel (N×N),\n"
+    "                     /kernel_test_train (M×N), /kernel_test_diag (M), optional\n"
+    "                     /kernel_test_test (M×M, for --full-cov)\n"
+    "  --depth=L|A-B      hidden layers, or a range swept one layer at a time (default 3)\n"
+    "  --phi=NAME         nonlinearity (default relu)\n"
+    "  --sigma-w2=V --sigma-b2=V   weight and bias variances (default 2, 0)\n"
+    "  --lengthscale2=V --amplitude=V   RBF parameters (default 1, 1)\n"
+    "  --quad-degree=D    Gauss-Hermite degree for phi without closed form (default 64)\n"
+    "Data:\n"
+    "  --train=SPEC --test=SPEC    inputs: FILE.h5:/ds, FILE.npy (any real dtype: int64\n"
+    "                     labels too), FILE.npz:NAME, FILE.csv, or IDX (NAME-ubyte[.gz])\n"
+    "  --labels=SPEC --test-labels=SPEC   targets N×C, or class labels (N) with --classify\n"
+    "  --n-train=N --n-test=M      use the first N training / M test items (and labels) only;\n"
+    "                     without them a label file must have one row per item\n"
+    "  --center           subtract the training mean of each feature (train and test)\n"
+    "  --unit-norm        scale each item to unit Euclidean norm (after --center)\n"
+    "  --classify         one-hot targets from integer labels; report test accuracy\n"
+    "Noise and hyperparameters (never chosen by test data):\n"
+    "  --noise=V|auto     noise variance; auto (default) maximises the training log marginal\n"
+    "                     likelihood over the noise and an output scale s (cov s*(K + r I)) on an\n"
+    "                     eigendecomposition of the first --select-n training points;\n"
+    "                     0 interpolates: items the kernel cannot tell apart must have equal\n"
+    "                     targets, and a singular kernel gets diagonal jitter (with a warning)\n"
+    "  --no-scale         with --noise=auto, hold s = 1\n"
+    "  --fit-hyper        maximise the LML over kernel parameters and noise (GSL BFGS) on the\n"
+    "                     first --select-n training points; with a depth range, every depth\n"
+    "  --fix=NAMES        hold these during --fit-hyper (comma list: sigma_w2, sigma_b2,\n"
+    "                     lengthscale2, amplitude, noise)\n"
+    "  --select-n=N       subsample size for --noise=auto and --fit-hyper (default 2000)\n"
+    "Output:\n"
+    "  --output=FILE.h5   written atomically: mean (M×C), var (M, latent, scaled by s), and per\n"
+    "                     kernel the noise, scale, LML, jitter, rcond, accuracy, NLL; a depth range\n"
+    "                     puts each depth under /depth_L and the summary in /depths, /accuracy, ...\n"
+    "  --full-cov         also the full latent predictive covariance /cov (M×M)\n"
+    "  --no-var           skip the predictive variance (and the NLL)\n"
+    "  --progress, --no-progress   the progress line (below)\n"
+    "  --quiet, --help, --version\n"
+;
+
+const char cli_gpregress_tail_help[] =
+    "Options take their value as --opt=VALUE or --opt VALUE.\n"
+    CLI_PROGRESS_HELP
+    CLI_EXIT_HELP;
+
+/* "L" or "A-B". */
+static int parse_depth(const char *s, tpk_gp_experiment_opts *o, tpk_ctx *ctx)
+{
+    const char *dash = strchr(s, '-');
+    if (!dash) {
+        if (cli_parse_int("depth", s, 1, DEPTH_MAX, &o->depth_lo, ctx))
+            return ctx->status;
+        o->depth_hi = o->depth_lo;
+        return TPK_OK;
+    }
+    char buf[64];
+    size_t k = (size_t)(dash - s);
+    if (k == 0 || k >= sizeof buf)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--depth: '%s' is not L or A-B", s);
+    memcpy(buf, s, k);
+    buf[k] = '\0';
+    if (cli_parse_int("depth", buf, 1, DEPTH_MAX, &o->depth_lo, ctx) ||
+        cli_parse_int("depth", dash + 1, 1, DEPTH_MAX, &o->depth_hi, ctx))
+        return ctx->status;
+    if (o->depth_hi < o->depth_lo)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--depth: range '%s' must have 1 <= A <= B <= %d", s,
+                         DEPTH_MAX);
+    return TPK_OK;
+}
+
+enum { O_ARCH = 256, O_KERNEL, O_TRAIN, O_TEST, O_LABELS, O_TLABELS, O_OUTPUT, O_PHI, O_DEPTH,
+       O_SW2, O_SB2, O_L2, O_AMP, O_QDEG, O_NOISE, O_NOSCALE, O_FITH, O_FIX, O_SELN, O_NTRAIN,
+       O_NTEST, O_NFITS, O_VARN, O_CENTER, O_UNIT, O_CLASSIFY, O_FULLCOV, O_NOVAR, O_QUIET, O_HELP,
+       O_VERSION, O_PROGRESS, O_NOPROGRESS };
+
+static const struct option longopts[] = {
+    {"arch", required_argument, NULL, O_ARCH}, {"kernel", required_argument, NULL, O_KERNEL},
+    {"train", required_argument, NULL, O_TRAIN}, {"test", required_argument, NULL, O_TEST},
+    {"labels", required_argument, NULL, O_LABELS},
+    {"test-labels", required_argument, NULL, O_TLABELS},
+    {"output", required_argument, NULL, O_OUTPUT}, {"phi", required_argument, NULL, O_PHI},
+    {"depth", required_argument, NULL, O_DEPTH}, {"sigma-w2", required_argument, NULL, O_SW2},
+    {"sigma-b2", required_argument, NULL, O_SB2},
+    {"lengthscale2", required_argument, NULL, O_L2},
+    {"amplitude", required_argument, NULL, O_AMP},
+    {"quad-degree", required_argument, NULL, O_QDEG},
+    {"noise", required_argument, NULL, O_NOISE}, {"no-scale", no_argument, NULL, O_NOSCALE},
+    {"fit-hyper", no_argument, NULL, O_FITH}, {"fix", required_argument, NULL, O_FIX},
+    {"select-n", required_argument, NULL, O_SELN},
+    {"noise-fits", required_argument, NULL, O_NFITS},
+    {"var-n", required_argument, NULL, O_VARN},
+    {"n-train", required_argument, NULL, O_NTRAIN}, {"n-test", required_argument, NULL, O_NTEST},
+    {"center", no_argument, NULL, O_CENTER}, {"unit-norm", no_argument, NULL, O_UNIT},
+    {"classify", no_argument, NULL, O_CLASSIFY}, {"full-cov", no_argument, NULL, O_FULLCOV},
+    {"no-var", no_argument, NULL, O_NOVAR}, {"quiet", no_argument, NULL, O_QUIET},
+    {"help", no_argument, NULL, O_HELP}, {"version", no_argument, NULL, O_VERSION},
+    {"progress", no_argument, NULL, O_PROGRESS}, {"no-progress", no_argument, NULL, O_NOPROGRESS},
+    {NULL, 0, NULL, 0}};
+
+/* One of gpregress's options (not --help, --version). */
+static int take_option(int c, tpk_gp_experiment_opts *o, cli_gpregress *g, char **argv,
+                       tpk_ctx *ctx)
+{
+    switch (c) {
+    case O_ARCH: o->kernel = optarg; return TPK_OK;
+    case O_KERNEL: o->kernel_file = optarg; return TPK_OK;
+    case O_TRAIN: o->train = optarg; return TPK_OK;
+    case O_TEST: o->test = optarg; return TPK_OK;
+    case O_LABELS: o->labels = optarg; return TPK_OK;
+    case O_TLABELS: o->test_labels = optarg; return TPK_OK;
+    case O_OUTPUT: o->output = optarg; return TPK_OK;
+    case O_PHI: o->phi = optarg; return TPK_OK;
+    case O_DEPTH: return parse_depth(optarg, o, ctx);
+    case O_SW2: return cli_parse_double("sigma-w2", optarg, &o->sigma_w2, ctx);
+    case O_SB2: return cli_parse_double("sigma-b2", optarg, &o->sigma_b2, ctx);
+    case O_L2: return cli_parse_double("lengthscale2", optarg, &o->lengthscale2, ctx);
+    case O_AMP: return cli_parse_double("amplitude", optarg, &o->amplitude, ctx);
+    case O_QDEG: return cli_parse_int("quad-degree", optarg, 4, 512, &o->quad_degree, ctx);
+    case O_NOISE:
+        o->noise_auto = strcmp(optarg, "auto") == 0;
+        return o->noise_auto ? TPK_OK : cli_parse_double("noise", optarg, &o->noise, ctx);
+    case O_NOSCALE: o->fit_scale = 0; return TPK_OK;
+    case O_FITH: o->fit_hyper = 1; return TPK_OK;
+    case O_FIX: o->fix = optarg; return TPK_OK;
+    case O_SELN: return cli_parse_size("select-n", optarg, 2, COUNT_MAX, &o->select_n, ctx);
+    case O_NFITS: return cli_parse_int("noise-fits", optarg, 0, COUNT_MAX, &o->noise_fits, ctx);
+    case O_VARN: return cli_parse_size("var-n", optarg, 1, COUNT_MAX, &o->var_n, ctx);
+    case O_NTRAIN: return cli_parse_size("n-train", optarg, 1, COUNT_MAX, &o->n_train, ctx);
+    case O_NTEST: return cli_parse_size("n-test", optarg, 1, COUNT_MAX, &o->n_test, ctx);
+    case O_CENTER: o->center = 1; return TPK_OK;
+    case O_UNIT: o->unit_norm = 1; return TPK_OK;
+    case O_CLASSIFY: o->classify = 1; return TPK_OK;
+    case O_FULLCOV: o->full_cov = 1; return TPK_OK;
+    case O_NOVAR: o->no_var = 1; return TPK_OK;
+    case O_QUIET: g->quiet = 1; return TPK_OK;
+    case O_PROGRESS: g->progress = 1; return TPK_OK;
+    case O_NOPROGRESS: g->progress = 0; return TPK_OK;
+    default: return cli_bad_option(argv, ctx);
+    }
+}
+
+int cli_gpregress_parse(int argc, char **argv, const char *tool, const char *const help[2],
+                        const struct option *own, cli_gpregress_own_fn fn, void *user,
+                        cli_gpregress *g, tpk_ctx *ctx)
+{
+    memset(g, 0, sizeof *g);
+    g->progress = -1;
+    tpk_gp_experiment_opts *o = &g->o;
+    tpk_gp_experiment_opts_default(o);
+    struct option *opts = cli_options_join(longopts, own, ctx);
+    if (!opts)
+        return ctx->status;
+    int c, st = TPK_OK;
+    opterr = 0;
+    optind = 1;
+    while (st == TPK_OK && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 'h' || c == O_HELP) {
+            fputs(help[0], stdout);
+            fputs(cli_gpregress_options_help, stdout);
+            fputs(help[1], stdout);
+            fputs(cli_gpregress_tail_help, stdout);
+            st = CLI_GPREGRESS_DONE;
+        } else if (c == O_VERSION) {
+            cli_version(tool);
+            st = CLI_GPREGRESS_DONE;
+        } else if (c >= CLI_GPREGRESS_OWN && fn) {
+            st = fn(c, optarg, user, ctx);
+        } else {
+            st = take_option(c, o, g, argv, ctx);
+        }
+    }
+    free(opts);
+    if (st == TPK_OK)
+        st = cli_no_operands(argc, argv, ctx);
+    if (st == TPK_OK)
+        st = tpk_gp_experiment_check(o, ctx); /* options together: still the command line */
+    if (st != TPK_OK)
+        return st;
+    int nrec = 0;
+    if (!(g->rec = cli_record_argv(argc, argv, &nrec))) /* without the display options */
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    o->argc = nrec;
+    o->argv = g->rec;
+    o->name = tool;
+    return TPK_OK;
+}
+
+void cli_gpregress_free(cli_gpregress *g)
+{
+    free(g->rec);
+    g->rec = NULL;
+}
