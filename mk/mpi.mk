@@ -5,6 +5,8 @@
 #   make mpi          install what is missing (scripts/install-deps.sh --mpi), build the programs
 #   make check-mpi    their tests under mpirun -np 2 at toy size (tests/mpi/; CI: .ci/run)
 #   make check-mpi-size  issue 16's acceptance at N = 6000 (tests/mpi/size_*.c; minutes)
+#   make fashion-full    NNGP classification on all of Fashion-MNIST over 2 ranks (issue 16,
+#                        item 5; scripts/fashion-full.sh: CG, float32 kernel; about an hour)
 # A program links one HDF5, and the serial build links the serial one: the library objects that
 # call HDF5 (MPI_H5_SRC) are compiled a second time against the openmpi flavour into $(BUILD)/mpi/,
 # and the MPI programs link a library made of those and the serial build's other objects, which
@@ -37,7 +39,7 @@ MPI_TEST_SUPPORT := $(patsubst %.c,$(MPI_BUILD)/obj/%.o,$(wildcard tests/support
 MPI_SIZE_SRC := $(wildcard tests/mpi/size_*.c)
 MPI_SIZE     := $(MPI_SIZE_SRC:tests/mpi/%.c=$(MPI_BUILD)/tests/%)
 
-.PHONY: mpi check-mpi check-mpi-size
+.PHONY: mpi check-mpi check-mpi-size fashion-full
 mpi: $(MPI_PROGRAMS)
 
 $(MPI_DEPS_OK): scripts/install-deps.sh
@@ -73,3 +75,7 @@ $(MPI_BUILD)/tests/%: $(MPI_BUILD)/obj/tests/mpi/%.o $(MPI_TEST_SUPPORT) $(MPI_L
 	$(CC) -o $@ $< $(MPI_TEST_SUPPORT) $(MPI_LIB) $(MPI_LDLIBS) -lcmocka
 
 -include $(shell find $(MPI_BUILD)/obj -name '*.d' 2>/dev/null)
+
+FASHION_FULL_OUT ?= $(BUILD)/fashion-full
+fashion-full: $(MPI_PROGRAMS)
+	@sh scripts/fashion-full.sh $(BUILD)/bin $(FASHION_FULL_OUT)

@@ -192,6 +192,7 @@ typedef struct run_state {
     tpk_gp_report *rep;      /* rank 0 */
     mpi_ksrc *file;          /* --kernel */
     tpk_kernel_job *kj;
+    tpk_array Xflat, Xtflat; /* the inputs as N × d views (images are items of 784 pixels) */
     mpi_ksrc *src;
     mpi_tiles t;
     mpi_kstore K, Kx;
@@ -262,7 +263,22 @@ static int fill_kernel(run_state *r, int depth, double *err, tpk_ctx *ctx)
         const tpk_arch_flag fl[] = {{"depth", NULL, dv}, {"phi", NULL, e->phi},
                                     {"sigma-w2", NULL, w2}, {"sigma-b2", NULL, b2}};
         tpk_arch_opts ao = {.flags = fl, .nflags = 4};
-        r->kj = tpk_arch_kernel_job(tpk_arch_find("mlp"), &ao, r->d->X, r->d->Xt, ctx);
+        /* gpregress's MLP kernel reads every item as one vector (⟨x, x'⟩ over all its
+         * entries, tpk_mlp_kernel); the architecture's program wants N × d: flat views */
+        r->Xflat = *r->d->X;
+        r->Xflat.ndim = 2;
+        r->Xflat.dims[1] = tpk_array_item_size(r->d->X);
+        for (int k = 2; k < TPK_ARRAY_MAXDIM; k++)
+            r->Xflat.dims[k] = 0;
+        if (r->d->Xt) {
+            r->Xtflat = *r->d->Xt;
+            r->Xtflat.ndim = 2;
+            r->Xtflat.dims[1] = tpk_array_item_size(r->d->Xt);
+            for (int k = 2; k < TPK_ARRAY_MAXDIM; k++)
+                r->Xtflat.dims[k] = 0;
+        }
+        r->kj = tpk_arch_kernel_job(tpk_arch_find("mlp"), &ao, &r->Xflat,
+                                    r->d->Xt ? &r->Xtflat : NULL, ctx);
         if (r->kj)
             r->src = mpi_ksrc_job(r->kj, ctx);
     }

@@ -7,12 +7,16 @@
 
 #include "mpitest.h"
 
+#include <dirent.h>
 #include <hdf5.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 const char *mt_mpirun(void)
 {
@@ -108,4 +112,146 @@ void mt_assert_stderr_has(const tu_env *e, const char *what)
     tu_stderr(e, err, sizeof err);
     if (!strstr(err, what))
         fail_msg("stderr lacks '%s':\n%s", what, err);
+}
+
+/* ---- runs in the background, checkpoints ------------------------------------------------ */
+
+/* The same in the background: the pid of mpirun itself (exec'd by the shell). */
+pid_t mt_spawn_mpi(const tu_env *e, const char *tool, const char *args)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "exec %s '%s/%s' %s >/dev/null 2>'%s/err.txt'", mt_mpirun(),
+             e->bindir, tool, args, e->tmpdir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+void mt_sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int mt_wait_exit(pid_t pid)
+{
+    int status;
+    for (int i = 0; i < MT_WAIT_LIMIT_S * 10; i++) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        mt_sleep_ms(100);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    fail_msg("mpirun did not end within %d s", MT_WAIT_LIMIT_S);
+    return -1;
+}
+
+/* The children of pid (mpirun's ranks), by /proc; their count. */
+int mt_children(pid_t parent, pid_t *kids, int cap)
+{
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d)) != NULL && n < cap) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        if (*end || pid <= 0)
+            continue;
+        char p[64], buf[512];
+        snprintf(p, sizeof p, "/proc/%ld/stat", pid);
+        FILE *f = fopen(p, "r");
+        if (!f)
+            continue;
+        size_t k = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[k] = '\0';
+        const char *rp = strrchr(buf, ')'); /* "pid (comm) S ppid ..." */
+        char state;
+        long ppid;
+        if (rp && sscanf(rp + 1, " %c %ld", &state, &ppid) == 2 && ppid == parent && state != 'Z')
+            kids[n++] = (pid_t)pid;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The dataset's raw bytes are the same in both files (same type, same values). */
+void mt_assert_same_bytes(const char *a, const char *b, const char *dset)
+{
+    size_t na, nb;
+    double *x = tu_h5_read(a, dset, &na), *y = tu_h5_read(b, dset, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(x, y, na * sizeof *x);
+    free(x);
+    free(y);
+}
+
+/* Tiles the checkpoint marks done (read while the run writes it: its metadata is fixed and on
+ * disk before the first tile), and in all; -1 while it cannot be read. */
+long mt_done_tiles(const char *ck, long *total)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(ck, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return -1;
+    hid_t d = H5Dopen2(f, "/tpk_checkpoint/done", H5P_DEFAULT);
+    long k = -1;
+    if (d >= 0) {
+        hid_t sp = H5Dget_space(d);
+        hssize_t n = H5Sget_simple_extent_npoints(sp);
+        unsigned char *b = malloc(n > 0 ? (size_t)n : 1);
+        if (b && H5Dread(d, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, b) >= 0) {
+            k = 0;
+            for (hssize_t i = 0; i < n; i++)
+                k += b[i] != 0;
+            if (total)
+                *total = (long)n;
+        }
+        free(b);
+        H5Sclose(sp);
+        H5Dclose(d);
+    }
+    H5Fclose(f);
+    return k;
+}
+
+/* Wait until none of the processes lives (a zombie counts as ended). */
+void mt_wait_gone(const pid_t *pids, int n)
+{
+    for (int t = 0; t < MT_WAIT_LIMIT_S * 10; t++) {
+        int alive = 0;
+        for (int i = 0; i < n; i++) {
+            char p[64], buf[512];
+            snprintf(p, sizeof p, "/proc/%ld/stat", (long)pids[i]);
+            FILE *f = fopen(p, "r");
+            if (!f)
+                continue;
+            size_t k = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[k] = '\0';
+            const char *rp = strrchr(buf, ')');
+            alive |= rp && rp[1] == ' ' && rp[2] != 'Z';
+        }
+        if (!alive)
+            return;
+        mt_sleep_ms(100);
+    }
+    fail_msg("ranks of a killed run still alive after %d s", MT_WAIT_LIMIT_S);
+}
+
+/* Wait until the run has finished at least `want` tiles (or it ended, or the limit passed). */
+void mt_wait_for_tiles(pid_t mp, const char *ck, long want)
+{
+    for (int i = 0; i < MT_WAIT_LIMIT_S * 50; i++) {
+        if (mt_done_tiles(ck, NULL) >= want || waitpid(mp, NULL, WNOHANG) == mp)
+            return;
+        mt_sleep_ms(20);
+    }
 }

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../support/testutil.h"
 
@@ -26,5 +27,23 @@ void mt_assert_attrs_superset(const char *serial, const char *mpi, const char *c
                               size_t nown);
 /* The last run's stderr holds `what`. */
 void mt_assert_stderr_has(const tu_env *e, const char *what);
+
+/* How long the helpers below wait for a run or its ranks before they fail the test. */
+#define MT_WAIT_LIMIT_S 600
+/* BINDIR/tool under the launcher in the background, stderr to TMPDIR/err.txt: mpirun's pid. */
+pid_t mt_spawn_mpi(const tu_env *e, const char *tool, const char *args);
+void mt_sleep_ms(long ms);
+/* Wait for pid: its exit status, 128 + signal when killed (fails the test after the limit). */
+int mt_wait_exit(pid_t pid);
+/* The live children of parent (mpirun's ranks), by /proc: their count (at most cap). */
+int mt_children(pid_t parent, pid_t *kids, int cap);
+/* Until none of pids lives (a zombie counts as ended); fails the test after the limit. */
+void mt_wait_gone(const pid_t *pids, int n);
+/* Tiles a checkpoint marks done (*total: all tiles, may be NULL); −1 while it cannot be read. */
+long mt_done_tiles(const char *ck, long *total);
+/* Until run mp has finished want tiles in ck, or ended, or the limit passed. */
+void mt_wait_for_tiles(pid_t mp, const char *ck, long want);
+/* The dataset's raw values are the same in both files. */
+void mt_assert_same_bytes(const char *a, const char *b, const char *dset);
 
 #endif

@@ -31,7 +31,7 @@
 #define TOL_MPI 1e-14
 /* Kill tests: tiles a run finishes before it is killed (of 465), the most a test waits. */
 #define KILL_AFTER_TILES 40
-#define WAIT_LIMIT_S 120
+
 /* How long a stand-in for a killed run's rank holds the checkpoint's lock: over the one second
  * after which a resume says it waits. */
 #define HOLD_MS 2500
@@ -56,84 +56,12 @@ static int run_mpi_summary(const tu_env *e, const char *args, char *line, size_t
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-/* The same in the background: the pid of mpirun itself (exec'd by the shell). */
-static pid_t spawn_mpi(const tu_env *e, const char *args)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "exec %s '%s/gpkernel-mpi' %s >/dev/null 2>'%s/err.txt'", mt_mpirun(),
-             e->bindir, args, e->tmpdir);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
-static int wait_exit(pid_t pid)
-{
-    int status;
-    for (int i = 0; i < WAIT_LIMIT_S * 10; i++) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
-        if (w == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        sleep_ms(100);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    fail_msg("mpirun did not end within %d s", WAIT_LIMIT_S);
-    return -1;
-}
 
-/* The children of pid (mpirun's ranks), by /proc; their count. */
-static int children(pid_t parent, pid_t *kids, int cap)
-{
-    DIR *d = opendir("/proc");
-    assert_non_null(d);
-    struct dirent *de;
-    int n = 0;
-    while ((de = readdir(d)) != NULL && n < cap) {
-        char *end;
-        long pid = strtol(de->d_name, &end, 10);
-        if (*end || pid <= 0)
-            continue;
-        char p[64], buf[512];
-        snprintf(p, sizeof p, "/proc/%ld/stat", pid);
-        FILE *f = fopen(p, "r");
-        if (!f)
-            continue;
-        size_t k = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[k] = '\0';
-        const char *rp = strrchr(buf, ')'); /* "pid (comm) S ppid ..." */
-        char state;
-        long ppid;
-        if (rp && sscanf(rp + 1, " %c %ld", &state, &ppid) == 2 && ppid == parent && state != 'Z')
-            kids[n++] = (pid_t)pid;
-    }
-    closedir(d);
-    return n;
-}
 
 /* ---- inputs and comparisons -------------------------------------------------------------------- */
 
-/* The dataset's raw bytes are the same in both files (same type, same values). */
-static void assert_same_bytes(const char *a, const char *b, const char *dset)
-{
-    size_t na, nb;
-    double *x = tu_h5_read(a, dset, &na), *y = tu_h5_read(b, dset, &nb);
-    assert_int_equal(na, nb);
-    assert_memory_equal(x, y, na * sizeof *x);
-    free(x);
-    free(y);
-}
 
 /* ---- tests ------------------------------------------------------------------------------------ */
 
@@ -261,68 +189,8 @@ static const char *reference(const tu_env *e)
     return ref;
 }
 
-/* Tiles the checkpoint marks done (read while the run writes it: its metadata is fixed and on
- * disk before the first tile), and in all; -1 while it cannot be read. */
-static long done_tiles(const char *ck, long *total)
-{
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fopen(ck, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0)
-        return -1;
-    hid_t d = H5Dopen2(f, "/tpk_checkpoint/done", H5P_DEFAULT);
-    long k = -1;
-    if (d >= 0) {
-        hid_t sp = H5Dget_space(d);
-        hssize_t n = H5Sget_simple_extent_npoints(sp);
-        unsigned char *b = malloc(n > 0 ? (size_t)n : 1);
-        if (b && H5Dread(d, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, b) >= 0) {
-            k = 0;
-            for (hssize_t i = 0; i < n; i++)
-                k += b[i] != 0;
-            if (total)
-                *total = (long)n;
-        }
-        free(b);
-        H5Sclose(sp);
-        H5Dclose(d);
-    }
-    H5Fclose(f);
-    return k;
-}
 
-/* Wait until none of the processes lives (a zombie counts as ended). */
-static void wait_gone(const pid_t *pids, int n)
-{
-    for (int t = 0; t < WAIT_LIMIT_S * 10; t++) {
-        int alive = 0;
-        for (int i = 0; i < n; i++) {
-            char p[64], buf[512];
-            snprintf(p, sizeof p, "/proc/%ld/stat", (long)pids[i]);
-            FILE *f = fopen(p, "r");
-            if (!f)
-                continue;
-            size_t k = fread(buf, 1, sizeof buf - 1, f);
-            fclose(f);
-            buf[k] = '\0';
-            const char *rp = strrchr(buf, ')');
-            alive |= rp && rp[1] == ' ' && rp[2] != 'Z';
-        }
-        if (!alive)
-            return;
-        sleep_ms(100);
-    }
-    fail_msg("ranks of a killed run still alive after %d s", WAIT_LIMIT_S);
-}
 
-/* Wait until the run has finished at least `want` tiles (or it ended, or the limit passed). */
-static void wait_for_tiles(pid_t mp, const char *ck, long want)
-{
-    for (int i = 0; i < WAIT_LIMIT_S * 50; i++) {
-        if (done_tiles(ck, NULL) >= want || waitpid(mp, NULL, WNOHANG) == mp)
-            return;
-        sleep_ms(20);
-    }
-}
 
 /* Kill (sig to mpirun, or to its ranks) once some tiles are done, then --resume: only the
  * missing tiles are computed, and the kernel has the bytes of `reference`'s. */
@@ -334,10 +202,10 @@ static void interrupt_and_resume(const tu_env *e, const char *name, int sig, int
     tu_path(e, out, sizeof out, name);
     snprintf(ck, sizeof ck, "%s.partial.h5", out);
     long_args(e, out, args, sizeof args);
-    pid_t mp = spawn_mpi(e, args);
-    wait_for_tiles(mp, ck, KILL_AFTER_TILES);
+    pid_t mp = mt_spawn_mpi(e, "gpkernel-mpi", args);
+    mt_wait_for_tiles(mp, ck, KILL_AFTER_TILES);
     pid_t kids[16];
-    int n = children(mp, kids, 16);
+    int n = mt_children(mp, kids, 16);
     assert_true(n >= 1);
     if (ranks) {
         for (int i = 0; i < (ranks > 1 ? n : 1); i++)
@@ -345,8 +213,8 @@ static void interrupt_and_resume(const tu_env *e, const char *name, int sig, int
     } else {
         kill(mp, sig);
     }
-    int rc = wait_exit(mp);
-    wait_gone(kids, n); /* ranks orphaned by a killed mpirun go on for a moment */
+    int rc = mt_wait_exit(mp);
+    mt_wait_gone(kids, n); /* ranks orphaned by a killed mpirun go on for a moment */
     if (want_rc >= 0)
         assert_int_equal(rc, want_rc);
     else
@@ -355,7 +223,7 @@ static void interrupt_and_resume(const tu_env *e, const char *name, int sig, int
         mt_assert_stderr_has(e, msg);
     assert_false(tu_exists(out));
     assert_true(tu_exists(ck));
-    long total = 0, done = done_tiles(ck, &total);
+    long total = 0, done = mt_done_tiles(ck, &total);
     print_message("%s after %s: %ld of %ld tiles in the checkpoint\n", name, strsignal(sig), done,
                   total);
     assert_true(done >= KILL_AFTER_TILES && done < total);
@@ -371,7 +239,7 @@ static void interrupt_and_resume(const tu_env *e, const char *name, int sig, int
     if (!strstr(line, want))
         fail_msg("the resumed run says '%s', not '%s'", line, want);
     assert_false(tu_exists(ck));
-    assert_same_bytes(ref, out, "/kernel");
+    mt_assert_same_bytes(ref, out, "/kernel");
 }
 
 static void test_resume_after_sigkill_of_a_rank(void **state)
@@ -404,7 +272,7 @@ static void test_resume_without_checkpoint(void **state)
     long_args(e, out, args, sizeof args);
     snprintf(rargs, sizeof rargs, "%s --resume", args);
     assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", rargs), 0);
-    assert_same_bytes(reference(e), out, "/kernel");
+    mt_assert_same_bytes(reference(e), out, "/kernel");
 }
 
 /* A checkpoint is not overwritten without --resume, nor resumed for another job. */
@@ -415,13 +283,13 @@ static void test_checkpoint_refusals(void **state)
     tu_path(e, out, sizeof out, "refuse.h5");
     snprintf(ck, sizeof ck, "%s.partial.h5", out);
     long_args(e, out, args, sizeof args);
-    pid_t mp = spawn_mpi(e, args);
-    wait_for_tiles(mp, ck, 1);
+    pid_t mp = mt_spawn_mpi(e, "gpkernel-mpi", args);
+    mt_wait_for_tiles(mp, ck, 1);
     pid_t kids[16];
-    int n = children(mp, kids, 16);
+    int n = mt_children(mp, kids, 16);
     kill(mp, SIGKILL);
-    wait_exit(mp);
-    wait_gone(kids, n);
+    mt_wait_exit(mp);
+    mt_wait_gone(kids, n);
     assert_true(tu_exists(ck));
     assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 1);
     mt_assert_stderr_has(e, "--resume continues it");
@@ -437,18 +305,18 @@ static void test_checkpoint_refusals(void **state)
         int fd = open(ck, O_RDONLY);
         if (fd < 0 || flock(fd, LOCK_SH) != 0)
             _exit(1);
-        sleep_ms(HOLD_MS);
+        mt_sleep_ms(HOLD_MS);
         _exit(0);
     }
-    sleep_ms(200);
+    mt_sleep_ms(200);
     snprintf(other, sizeof other, "%s --resume", args);
     char *q = strstr(other, " --quiet");
     assert_non_null(q);
     memmove(q, q + 8, strlen(q + 8) + 1);
     assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", other), 0);
     mt_assert_stderr_has(e, "waiting for the processes that still hold");
-    assert_int_equal(wait_exit(holder), 0);
-    assert_same_bytes(reference(e), out, "/kernel");
+    assert_int_equal(mt_wait_exit(holder), 0);
+    mt_assert_same_bytes(reference(e), out, "/kernel");
 }
 
 static void test_usage_errors(void **state)
