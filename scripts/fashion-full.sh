@@ -21,24 +21,12 @@ DEPTHS=${FASHION_DEPTHS:-1-4}
 RANKS=${FASHION_RANKS:-2}
 VAR_N=${FASHION_VAR_N:-100}
 MPIRUN=${TPK_MPIRUN:-mpirun -np $RANKS --allow-run-as-root --oversubscribe}
-PKG=dataset-fashion-mnist
 
 if [ -n "${FASHION_TRAIN:-}" ]; then
     TRX=$FASHION_TRAIN; TRY=${FASHION_LABELS:?}; TEX=${FASHION_TEST:?}; TEY=${FASHION_TEST_LABELS:?}
 else
-if ! dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null | grep -q "ok installed"; then
-    echo "fashion-full: installing $PKG" >&2
-    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$PKG" ||
-        { DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -qq &&
-          DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$PKG"; }
-fi
-find_file() { dpkg -L "$PKG" | grep "/$1\$" | head -n 1; }
-TRX=$(find_file train-images-idx3-ubyte.gz); TRY=$(find_file train-labels-idx1-ubyte.gz)
-TEX=$(find_file t10k-images-idx3-ubyte.gz);  TEY=$(find_file t10k-labels-idx1-ubyte.gz)
-for f in "$TRX" "$TRY" "$TEX" "$TEY"; do
-    [ -n "$f" ] && [ -r "$f" ] || { echo "fashion-full: $PKG lacks an IDX file ($f)" >&2; exit 1; }
-done
+    FASHION_WHO=fashion-full
+    . "$(dirname "$0")/fashion-data.sh"
 fi
 [ -x "$BIN/gpregress-mpi" ] || { echo "fashion-full: $BIN/gpregress-mpi missing (make mpi)" >&2; exit 1; }
 [ -x /usr/bin/time ] || { echo "fashion-full: /usr/bin/time missing (apt-get install time)" >&2; exit 1; }

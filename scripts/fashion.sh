@@ -13,21 +13,8 @@ N_TRAIN=${FASHION_N_TRAIN:-10000}
 N_TEST=${FASHION_N_TEST:-10000}
 DEPTHS=${FASHION_DEPTHS:-1-8}
 VAR_N=${FASHION_VAR_N:-2000}
-PKG=dataset-fashion-mnist
-
-if ! dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null | grep -q "ok installed"; then
-    echo "fashion: installing $PKG" >&2
-    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$PKG" ||
-        { DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -qq &&
-          DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$PKG"; }
-fi
-find_file() { dpkg -L "$PKG" | grep "/$1\$" | head -n 1; }
-TRX=$(find_file train-images-idx3-ubyte.gz); TRY=$(find_file train-labels-idx1-ubyte.gz)
-TEX=$(find_file t10k-images-idx3-ubyte.gz);  TEY=$(find_file t10k-labels-idx1-ubyte.gz)
-for f in "$TRX" "$TRY" "$TEX" "$TEY"; do
-    [ -n "$f" ] && [ -r "$f" ] || { echo "fashion: $PKG lacks an IDX file ($f)" >&2; exit 1; }
-done
+FASHION_WHO=fashion
+. "$(dirname "$0")/fashion-data.sh"
 mkdir -p "$OUT"
 COMMON="--train=$TRX --labels=$TRY --test=$TEX --test-labels=$TEY --n-train=$N_TRAIN
         --n-test=$N_TEST --center --unit-norm --classify --var-n=$VAR_N"
