@@ -494,6 +494,23 @@ static const struct {
     {"tptune", "emit --m=8 --n=8 --k=8 --knobs=nosuch=1", "nosuch"},
     {"tptune", "emit --m=8 --n=8 --k=8 --knobs=garbage", "garbage"},
     {"tptune", "gen --class='%1$s/text.npy' --out='%1$s/out.h5' '%1$s/text.npy'", "text.npy"},
+    /* A repeated option is an error in every tool (issue 18: the later silently won, and a second
+     * --input escaped the output-is-an-input check, so good.csv was replaced). */
+    {"gpkernel", "--arch=mlp --input='%1$s/good.csv' --input='%1$s/labels.csv' "
+                 "--output='%1$s/good.csv' --quiet", "--input given twice"},
+    {"gpkernel", GK "--arch=mlp --depth=2 --depth=3", "--depth given twice"},
+    {"gpkernel", GK "--arch=mlp --phi relu --phi erf", "--phi given twice"},
+    {"gpkernel", GK "--arch=mlp --set L=2 --set L=3", "--set L given twice"},
+    {"gpkernel", GK "--arch=mlp --output='%1$s/out2.h5'", "--output given twice"},
+    {"netsor", NR "--width=8 --width=16", "--width given twice"},
+    {"netsor", NK "--set L=2 --set L=4", "--set L given twice"},
+    {"gpregress", GR "--arch=mlp --noise=0.1 --noise auto", "--noise given twice"},
+    {"gpregress", GR "--arch=mlp --train='%1$s/img.npy'", "--train given twice"},
+    {"gplimits", GL "--widths=8,16 --widths=32 --seeds=4", "--widths given twice"},
+    {"gplimits", GL "--widths=8,16 --seeds=4 --sigma-w2=1 --sigma-w2 2", "--sigma-w2 given twice"},
+    {"gpattention", GA "--heads=2 --heads=4", "--heads given twice"},
+    {"tptune", "gemm --m=8 --m=16 --n=8 --k=8 --trials=2 --log='%1$s/out.h5'", "--m given twice"},
+    {"tptune", "gemm --m=8 --n=8 --k=8 --seed=-1 --trials=2 --log='%1$s/out.h5'", "seed"},
 };
 
 static void test_bad_options(void **state)

@@ -98,7 +98,13 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
     int c, progress = -1;
     size_t sd = 1;
     opterr = 0;
-    while (!st && (c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    cli_seen seen;
+    cli_seen_init(&seen, lo);
+    int li = -1;
+    while (!st && (c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
+        if (c != '?' && c != ':' && (st = cli_seen_add(&seen, li, optarg, ctx)))
+            break;
+        li = -1;
         switch (c) {
         case 't': st = cli_parse_size("tokens", optarg, 1, 64, &o.tokens, ctx); break;
         case 'i': o.input = optarg; break;

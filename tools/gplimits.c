@@ -196,8 +196,16 @@ static int parse_args(int argc, char **argv, const tpk_phi_registry *reg, opts *
     if (!rest)
         return ctx->status;
     opterr = 0;
-    while (st == TPK_OK && (c = getopt_long(nrest, rest, "h", longopts, NULL)) != -1)
-        st = take_option(c, o, rest, ctx);
+    cli_seen seen;
+    cli_seen_init(&seen, longopts);
+    int li = -1;
+    while (st == TPK_OK && (c = getopt_long(nrest, rest, "h", longopts, &li)) != -1) {
+        if (c != '?' && c != ':')
+            st = cli_seen_add(&seen, li, optarg, ctx);
+        li = -1;
+        if (st == TPK_OK)
+            st = take_option(c, o, rest, ctx);
+    }
     if (st == TPK_OK)
         st = cli_no_operands(nrest, rest, ctx);
     free(rest);

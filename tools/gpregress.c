@@ -171,8 +171,16 @@ int main(int argc, char **argv)
     tpk_gp_experiment_opts_default(&o);
     int c, show[2] = {0, -1}, st = TPK_OK; /* --quiet, --progress */
     opterr = 0;
-    while (st == TPK_OK && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1)
-        st = take_option(c, &o, show, argv, &ctx);
+    cli_seen seen;
+    cli_seen_init(&seen, longopts);
+    int li = -1;
+    while (st == TPK_OK && (c = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
+        if (c != '?' && c != ':')
+            st = cli_seen_add(&seen, li, optarg, &ctx);
+        li = -1;
+        if (st == TPK_OK)
+            st = take_option(c, &o, show, argv, &ctx);
+    }
     const int quiet = show[0];
     if (st == -1)
         return 0;

@@ -117,6 +117,21 @@ static int parse_size(const char *v, size_t *out)
     return 0;
 }
 
+/* A seed: any decimal integer >= 0 that fits 64 bits (strtoull alone would take "-1" as 2^64 - 1
+ * and "abc" as 0). */
+static int parse_seed(const char *v, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    if (*v < '0' || *v > '9')
+        return -1;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = x;
+    return 0;
+}
+
 static int parse_int(const char *v, int *out)
 {
     char *end;
@@ -273,6 +288,8 @@ static int parse_args(int argc, char **argv, args *a)
     a->latent.seed = 0;
     a->unlabelled = -1;
     a->verify = 1;
+    const char *given[64][2]; /* option names and values so far: each option at most once */
+    int ngiven = 0;
     for (int i = 2; i < argc; i++) {
         char *s = argv[i];
         if (strncmp(s, "--", 2) != 0) {
@@ -291,6 +308,16 @@ static int parse_args(int argc, char **argv, args *a)
         } else {
             fprintf(stderr, "tptune: option %s needs a value (--name=value or --name value)\n", s);
             return -1;
+        }
+        for (int g = 0; g < ngiven; g++)
+            if (!strcmp(given[g][0], k)) {
+                fprintf(stderr, "tptune: --%s given twice ('%s', then '%s'): give it once\n", k,
+                        given[g][1], v);
+                return -1;
+            }
+        if (ngiven < 64) {
+            given[ngiven][0] = k;
+            given[ngiven++][1] = v;
         }
         int bad = 0;
         if (!strcmp(k, "m"))
@@ -348,7 +375,7 @@ static int parse_args(int argc, char **argv, args *a)
         else if (!strcmp(k, "min-ms"))
             bad = (a->min_ms = atof(v)) <= 0;
         else if (!strcmp(k, "seed"))
-            a->seed = strtoull(v, NULL, 10);
+            bad = parse_seed(v, &a->seed);
         else if (!strcmp(k, "seed0"))
             bad = parse_int(v, &a->seed0);
         else if (!strcmp(k, "first"))
