@@ -29,11 +29,6 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Common helpers                                                                             */
 
-static int ends_with_ci(const char *s, size_t n, const char *suffix)
-{
-    size_t k = strlen(suffix);
-    return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
-}
 
 /* "4096x784" for messages; beyond READ_MAXDIM dims (all a header parse keeps) "x...". */
 static void shape_str(int ndim, const size_t *dims, char *buf, size_t n)
@@ -1176,50 +1171,6 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 /* Entry point                                                                                */
 
-/* spec := path [ ':' dataset ]; the dataset part is recognised only after an HDF5 or .npz
- * extension, so any other path containing ':' is taken literally. Returns the path's length. */
-static size_t spec_split(const char *spec, const char **dataset)
-{
-    *dataset = "";
-    for (const char *c = strchr(spec, ':'); c != NULL; c = strchr(c + 1, ':')) {
-        size_t k = (size_t)(c - spec);
-        if (ends_with_ci(spec, k, ".h5") || ends_with_ci(spec, k, ".hdf5") ||
-            ends_with_ci(spec, k, ".npz")) {
-            *dataset = c + 1;
-            return k;
-        }
-    }
-    return strlen(spec);
-}
-
-/* Output = input would destroy the input (issue 18): compared as files (device and inode), so a
- * symlink, a hard link or another spelling of the same path is caught too. */
-int tpk_io_check_output(const char *output, const char *const *inputs, size_t n, tpk_ctx *ctx)
-{
-    if (output != NULL && strcmp(output, "-") == 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, TPK_IO_NO_STDOUT);
-    struct stat so;
-    if (output == NULL || stat(output, &so) != 0)
-        return TPK_OK; /* a file that does not exist yet is no input */
-    for (size_t i = 0; i < n; i++) {
-        if (inputs[i] == NULL || inputs[i][0] == '\0')
-            continue;
-        const char *ds;
-        size_t len = spec_split(inputs[i], &ds);
-        char path[4096];
-        if (len >= sizeof path)
-            continue;
-        memcpy(path, inputs[i], len);
-        path[len] = '\0';
-        struct stat si;
-        if (stat(path, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-            return TPK_ERROR(ctx, TPK_EINVAL,
-                             "%s is the input %s: writing the output would destroy it (choose another "
-                             "output file)", output, path);
-    }
-    return TPK_OK;
-}
-
 tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
 {
     if (info != NULL)
@@ -1229,7 +1180,7 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
         return NULL;
     }
     const char *dataset;
-    size_t plen = spec_split(spec, &dataset);
+    size_t plen = tpk__io_spec_split(spec, &dataset);
     char path[sizeof info->path];
     char ds[sizeof info->dataset];
     if (plen >= sizeof path) {
@@ -1241,7 +1192,7 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
     path[plen] = '\0';
     /* "file.h5:x" means "/x": HDF5 resolves relative names from the root anyway, but the
      * recorded provenance should be one spelling. A .npz member keeps its name. */
-    const int npz = ends_with_ci(path, plen, ".npz");
+    const int npz = tpk__io_ends_with_ci(path, plen, ".npz");
     int need_slash = !npz && dataset[0] != '\0' && dataset[0] != '/';
     if (strlen(dataset) + (size_t)need_slash >= sizeof ds) {
         TPK_ERROR(ctx, TPK_EINVAL, "%s: dataset name too long", path);
@@ -1253,16 +1204,16 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
 
     const char *format;
     tpk_array *a;
-    if (ends_with_ci(path, plen, ".h5") || ends_with_ci(path, plen, ".hdf5")) {
+    if (tpk__io_ends_with_ci(path, plen, ".h5") || tpk__io_ends_with_ci(path, plen, ".hdf5")) {
         format = "hdf5";
         a = read_h5(path, ds, ctx);
-    } else if (ends_with_ci(path, plen, ".npy")) {
+    } else if (tpk__io_ends_with_ci(path, plen, ".npy")) {
         format = "npy";
         a = read_npy(path, ctx);
     } else if (npz) {
         format = "npz";
         a = read_npz(path, ds + need_slash, ctx);
-    } else if (ends_with_ci(path, plen, ".csv")) {
+    } else if (tpk__io_ends_with_ci(path, plen, ".csv")) {
         format = "csv";
         a = read_csv(path, ctx);
     } else {

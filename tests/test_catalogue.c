@@ -241,6 +241,21 @@ static void make_bad_files(const tu_env *e)
 
 /* ---- good files the slots need ---------------------------------------------------------------- */
 
+/* The first `lines` lines of the repository's file src ($TPK_ROOT) as the scratch file dst. */
+static void copy_head(const tu_env *e, const char *src, const char *dst, int lines)
+{
+    const char *root = getenv("TPK_ROOT");
+    char p[1024], q[512], line[8192];
+    snprintf(p, sizeof p, "%s/%s", root ? root : ".", src);
+    FILE *in = fopen(p, "r"), *out = fopen(tu_path(e, q, sizeof q, dst), "w");
+    assert_non_null(in);
+    assert_non_null(out);
+    for (int i = 0; i < lines && fgets(line, sizeof line, in); i++)
+        fputs(line, out);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+}
+
 static void make_good_files(const tu_env *e)
 {
     put_text(e, "good.csv", "0.1,0.2,0.3\n-0.4,0.5,0.6\n0.7,0.8,-0.9\n1.0,1.1,1.2\n");
@@ -253,6 +268,9 @@ static void make_good_files(const tu_env *e)
     put_text(e, "prog.nsr", "param L = 2\nwidth n\ninput x : d\nA U : (n, d) ~ 1\n"
                             "A W : (n, n) ~ 2\ng = U x\nh = W relu(g)\n"
                             "output y = readout(relu(h), 1)\n");
+    /* a tuning log (two records of a shipped one) and a machine class, for tptune's outputs */
+    copy_head(e, "data/tuning/cpu-avx512-intel-map.jsonl", "log.jsonl", 2);
+    copy_head(e, "data/machines/avx512-intel.conf", "cls.conf", 1000);
 }
 
 /* ---- running one case -------------------------------------------------------------------------- */
@@ -511,6 +529,15 @@ static const struct {
     {"gpattention", GA "--heads=2 --heads=4", "--heads given twice"},
     {"tptune", "gemm --m=8 --m=16 --n=8 --k=8 --trials=2 --log='%1$s/out.h5'", "--m given twice"},
     {"tptune", "gemm --m=8 --n=8 --k=8 --seed=-1 --trials=2 --log='%1$s/out.h5'", "seed"},
+    /* tptune's outputs on its inputs (issue 18: gen and port replaced the log they read) */
+    {"tptune", "gen --op=map --class='%1$s/cls.conf' --out='%1$s/log.jsonl' '%1$s/log.jsonl'",
+     "log.jsonl is the input"},
+    {"tptune", "gen --class='%1$s/cls.conf' --out='%1$s/cls.conf' '%1$s/log.jsonl'",
+     "cls.conf is the input"},
+    {"tptune", "port --from='%1$s/cls.conf' --to='%1$s/cls.conf' --verify=0 "
+               "--out='%1$s/log.jsonl' '%1$s/log.jsonl'", "log.jsonl is the input"},
+    {"tptune", "measure '%1$s/log.jsonl' --log='%1$s/./log.jsonl' --repeat=1 --min-ms=1",
+     "log.jsonl is the input"},
 };
 
 static void test_bad_options(void **state)

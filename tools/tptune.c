@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tpk/io.h"
 #include "tpk/tune.h"
 #ifndef TPTUNE_GENERATOR
 #include "../runtime/gemm_gen.h"
@@ -430,6 +431,24 @@ static int parse_args(int argc, char **argv, args *a)
     return 0;
 }
 
+/* An output that names one of the inputs (the LOG or class files, --class, --from, --to, or
+ * `more`) would destroy it or mix the new records into it (issue 18: gen and port replaced their
+ * own input log): refused, compared by device and inode (tpk_io_check_output). */
+static int output_not_input(const char *out, const args *a, const char *const *more, int nmore,
+                            tpk_ctx *ctx)
+{
+    const char *in[64 + 8];
+    size_t n = 0;
+    for (int i = 0; i < a->nfiles; i++)
+        in[n++] = a->files[i];
+    const char *named[] = {a->cls, a->from, a->to, a->init, a->transfer};
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+        in[n++] = named[i];
+    for (int i = 0; i < nmore && n < sizeof in / sizeof in[0]; i++)
+        in[n++] = more[i];
+    return tpk_io_check_output(out, in, n, ctx) ? 1 : 0;
+}
+
 static int need_shape(const args *a)
 {
     if (!a->task.m || !a->task.n || !a->task.k) {
@@ -605,6 +624,8 @@ static int cmd_measure(const args *a, tpk_ctx *ctx)
         fprintf(stderr, "tptune measure: LOG... and --log=OUT are required\n");
         return 2;
     }
+    if (output_not_input(a->log, a, NULL, 0, ctx))
+        return 1;
     tpk_tune_record *r;
     size_t n;
     if (read_files(a->files, a->nfiles, &r, &n, ctx))
@@ -747,6 +768,8 @@ static int cmd_gen(const args *a, tpk_ctx *ctx)
         fprintf(stderr, "tptune gen: --out=FILE is required\n");
         return 2;
     }
+    if (output_not_input(a->out, a, NULL, 0, ctx))
+        return 1;
     int cpu = !a->classes && a->task.target == TPK_TUNE_CPU;
     /* Without --class: this host's class (its records, its sysconf profile), for a table tried by
      * hand; `make` always names a class file, so gen/ never depends on the host. */
@@ -1117,14 +1140,15 @@ done:
 }
 
 /* A machine class by id (DATA/machines/ID.conf) or as a .conf path. */
-static int read_class(const char *data, const char *spec, tpk_tune_class *c, tpk_ctx *ctx)
+/* The class an id or a .conf path names; its file's path into path (cap bytes). */
+static int read_class(const char *data, const char *spec, tpk_tune_class *c, char *path,
+                      size_t cap, tpk_ctx *ctx)
 {
-    char path[4400];
     size_t len = strlen(spec);
     if (len > 5 && !strcmp(spec + len - 5, ".conf"))
-        snprintf(path, sizeof path, "%s", spec);
+        snprintf(path, cap, "%s", spec);
     else
-        snprintf(path, sizeof path, "%s/machines/%s.conf", data, spec);
+        snprintf(path, cap, "%s/machines/%s.conf", data, spec);
     return tpk_tune_class_read(path, c, ctx);
 }
 
@@ -1148,10 +1172,15 @@ static int cmd_port(const args *a, tpk_ctx *ctx)
     char data[4096], pat[4200];
     data_dir(a, data, sizeof data);
     tpk_tune_class from, to;
-    if (read_class(data, a->from, &from, ctx) || read_class(data, a->to, &to, ctx))
+    char from_path[4400], to_path[4400];
+    if (read_class(data, a->from, &from, from_path, sizeof from_path, ctx) ||
+        read_class(data, a->to, &to, to_path, sizeof to_path, ctx))
         return 1;
     tpk_tune_record *recs;
     size_t nrec;
+    const char *confs[2] = {from_path, to_path};
+    if (output_not_input(a->out, a, confs, 2, ctx))
+        return 1;
     if (a->nfiles) {
         if (read_files(a->files, a->nfiles, &recs, &nrec, ctx))
             return 1;
@@ -1160,6 +1189,10 @@ static int cmd_port(const args *a, tpk_ctx *ctx)
         glob_t g;
         if (glob(pat, 0, NULL, &g) != 0) {
             TPK_ERROR(ctx, TPK_EIO, "%s: no tuning logs (run from the repository, give LOG..., or --data=DIR)", pat);
+            return 1;
+        }
+        if (output_not_input(a->out, a, (const char *const *)g.gl_pathv, (int)g.gl_pathc, ctx)) {
+            globfree(&g);
             return 1;
         }
         int rc = read_files((const char *const *)g.gl_pathv, (int)g.gl_pathc, &recs, &nrec, ctx);
