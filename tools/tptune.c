@@ -466,9 +466,35 @@ static void progress(void *u, int batch, int trials, double best, const char *kn
     fflush(stdout);
 }
 
+/* A search's measurements, and how many trials failed with each enum tpk_tune_err code (the
+ * message of a search whose trials all failed names them: issue 18). */
+typedef struct measure_tally {
+    tpk_tune_measure_opts *mo;
+    int err[8];
+} measure_tally;
+
 static int measure_cb(void *u, const tpk_tune_space *s, const tpk_tune_config *c, tpk_tune_result *r, tpk_ctx *ctx)
 {
-    return tpk_tune_measure(s, c, u, r, ctx);
+    measure_tally *t = u;
+    int st = tpk_tune_measure(s, c, t->mo, r, ctx);
+    if (!st)
+        t->err[r->err >= 0 && r->err < 8 ? r->err : 7]++;
+    return st;
+}
+
+/* "2 crash or timeout (err 4), 1 compile (err 1)" into buf. */
+static const char *tally_str(const measure_tally *t, char *buf, size_t cap)
+{
+    static const char *const what[8] = {"ok", "compile", "load", "wrong result",
+                                        "crash or timeout", "no device", "invalid configuration",
+                                        "other"};
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int e = 1; e < 8 && k < cap; e++)
+        if (t->err[e])
+            k += (size_t)snprintf(buf + k, cap - k, "%s%d %s (err %d)", k ? ", " : "", t->err[e],
+                                  what[e], e);
+    return buf;
 }
 
 /* Records of several logs into one array. */
@@ -596,7 +622,8 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
            tpk_tune_target_class(a->task.target), tpk_tune_dtype_name(a->task.dtype), tpk_tune_op_name(a->task.op), a->task.m, a->task.n,
            a->task.k, s.task.threads, (unsigned long long)s.size, a->trials, a->batch);
     tpk_tune_outcome out;
-    int st = tpk_tune_run(&s, &o, measure_cb, &mo, log, progress, NULL, &out, ctx);
+    measure_tally tally = {.mo = &mo};
+    int st = tpk_tune_run(&s, &o, measure_cb, &tally, log, progress, NULL, &out, ctx);
     fclose(log);
     free(hist);
     free(init);
@@ -604,9 +631,11 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     if (st)
         return 1;
     if (!(out.best_gflops > 0)) { /* every trial failed: no result, and say why */
-        TPK_ERROR(ctx, TPK_EIO, "all %d trials failed (see the err codes in %s: 1 compile, 2 load, "
-                  "3 wrong result, 4 crash or timeout, 5 no device, 6 invalid configuration)",
-                  out.trials, a->log);
+        char why[256];
+        TPK_ERROR(ctx, TPK_EIO, "all %d trials failed: %s%s (every record is in %s)", out.trials,
+                  tally_str(&tally, why, sizeof why),
+                  tally.err[TPK_TUNE_ENODEV] ? "; --target=cuda needs a CUDA device" : "",
+                  a->log);
         return 1;
     }
     char buf[256];
