@@ -420,6 +420,19 @@ static void test_write_failure_keeps_old_file(void **state)
     while ((de = readdir(d)) != NULL)
         assert_null(strstr(de->d_name, ".tmp."));
     closedir(d);
+    /* gpattention's datasets are small: its file reaches the disk at the commit's flush, whose
+     * failure named no cause ("HDF5 flush/close ... failed") */
+    snprintf(args, sizeof args, "--output='%s' --quiet --networks=50 --score-samples=50 "
+             "--widths=4,8 --heads-list=1,2", out);
+    assert_int_equal(tu_run_tool(e, "gpattention", args), 0);
+    lim.rlim_cur = 8 * 1024;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    rc = tu_run_tool(e, "gpattention", args);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    tu_stderr(e, err, sizeof err);
+    if (rc != 1 || strstr(err, "File too large") == NULL || strstr(err, "unchanged") == NULL)
+        fail_msg("gpattention under a file size limit: exit %d, '%s'", rc, err);
+    assert_true(tu_exists(out));
 }
 
 int main(void)

@@ -108,6 +108,11 @@ TPK_API int tpk_h5out_input_attrs(tpk_h5out *out, const char *prefix, const tpk_
 TPK_API int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx);
 /* Remove the temporary file and free. NULL is a no-op. */
 TPK_API void tpk_h5out_abort(tpk_h5out *out);
+/* Remove the temporary file of every output still open, for a program's own signal handler
+ * (async-signal-safe: unlink() only; nothing is freed). tpk_h5out_open installs a handler that
+ * does this and exits 128 + signal on SIGINT, SIGTERM and SIGHUP wherever those still have their
+ * default action; a program that handles them itself calls this before it exits. */
+TPK_API void tpk_h5out_remove_temps(void);
 /* Finish a file another writer made (gpkernel-mpi's parallel HDF5 phase, docs/scale-out.md):
  * open the existing HDF5 file `tmp`, which must be in the folder of `path`, read-write as the
  * temporary of an atomic output to `path`. Every call above works on it; tpk_h5out_commit
