@@ -33,7 +33,11 @@ static int check_var(double q, const char *what, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EDOM, "a pre-activation variance overflowed to inf: the "
                          "kernel grows without bound (weight variance or depth too large for "
                          "this nonlinearity)");
-    if (!isfinite(q) || !(q >= 0))
+    if (isnan(q))
+        return TPK_ERROR(ctx, TPK_EDOM, "a pre-activation variance is not a number: an earlier "
+                         "step overflowed (inf - inf or 0 * inf; a weight variance or the depth "
+                         "too large)");
+    if (!(q >= 0))
         return TPK_ERROR(ctx, TPK_EDOM, "a pre-activation variance is %g, not a finite variance "
                          ">= 0", q);
     return TPK_OK;

@@ -529,6 +529,18 @@ static const struct {
     {"gpattention", GA "--heads=2 --heads=4", "--heads given twice"},
     {"tptune", "gemm --m=8 --m=16 --n=8 --k=8 --trials=2 --log='%1$s/out.h5'", "--m given twice"},
     {"tptune", "gemm --m=8 --n=8 --k=8 --seed=-1 --trials=2 --log='%1$s/out.h5'", "seed"},
+    /* An option the others make meaningless is refused, not ignored (issue 18: --tokens with
+     * --input) */
+    {"gpattention", GA "--tokens=3 --input='%1$s/img.npy'", "--tokens does not apply"},
+    {"gpregress", GR "--arch=rbf --sigma-w2=3", "--sigma-w2 does not apply"},
+    {"gpregress", GR "--arch=rbf --depth=2", "--depth does not apply"},
+    {"gpregress", GR "--arch=mlp --amplitude=2", "--amplitude does not apply"},
+    {"gpregress", GR "--arch=mlp --fix=noise", "--fix does not apply"},
+    {"gpregress", GR "--arch=mlp --noise=0.1 --no-scale", "--no-scale does not apply"},
+    {"gpregress", GR "--arch=mlp --noise=0.1 --select-n=3", "--select-n does not apply"},
+    {"netsor", NK "--width=8", "--width does not apply"},
+    {"netsor", NK "--seed=3", "--seed does not apply"},
+    {"netsor", "check '%1$s/prog.nsr' --input='%1$s/good.csv'", "--input does not apply"},
     /* tptune's outputs on its inputs (issue 18: gen and port replaced the log they read) */
     {"tptune", "gen --op=map --class='%1$s/cls.conf' --out='%1$s/log.jsonl' '%1$s/log.jsonl'",
      "log.jsonl is the input"},

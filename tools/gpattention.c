@@ -132,6 +132,9 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
     }
     if (!st)
         st = cli_no_operands(argc, argv, ctx);
+    if (!st && o.input) /* issue 18: --tokens was ignored without a word */
+        st = cli_refuse(&seen, "tokens", "with --input the tokens are the first sequence of the "
+                        "input (its T)", ctx);
     if (!st && !o.output)
         st = TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
     if (st) {

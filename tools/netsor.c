@@ -113,6 +113,16 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
             return 2;
         }
     }
+    /* options another command takes are refused, not ignored (issue 18: kernel --width=8 ran
+     * the limit as if it were not there) */
+    static const char *const run_only[] = {"width", "seed"}, *const job_only[] = {
+        "input", "test", "output", "all-outputs", "width", "seed"};
+    const int job = strcmp(cmd, "kernel") == 0 || strcmp(cmd, "run") == 0;
+    for (size_t i = 0; !st && !job && i < sizeof job_only / sizeof job_only[0]; i++)
+        st = cli_refuse(&seen, job_only[i], "check and dump read the program only", &ctx);
+    for (size_t i = 0; !st && strcmp(cmd, "kernel") == 0 && i < 2; i++)
+        st = cli_refuse(&seen, run_only[i], "the limit kernel has no width and no random "
+                        "weights (that is netsor run)", &ctx);
     if (st) {
         fprintf(stderr, "netsor %s: %s\n", cmd, ctx.msg);
         return 2;
