@@ -850,6 +850,11 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
                          tpk_array_size(e->kd), e->K->dims[0], e->K->dims[0]);
     e->rs.n = e->K->dims[0];
     e->rs.m = e->Kxt ? e->Kxt->dims[0] : 0;
+    for (size_t i = 0; i < e->rs.m; i++) /* a variance; the rest of the test blocks is checked by
+                                           * tpk_gp_predict against the training kernel */
+        if (!(e->kd->data[i] >= 0))
+            return TPK_ERROR(ctx, TPK_EDOM, "%s: /kernel_test_diag is not a variance: entry [%zu] "
+                             "= %g is negative", o->kernel_file, i, e->kd->data[i]);
     return check_psd(o->kernel_file, e->K, ctx);
 }
 

@@ -239,6 +239,36 @@ static void test_gpregress_indefinite_kernel(void **state)
              e->tmpdir, out);
     assert_int_equal(tu_run_tool(e, "gpregress", args), 0);
     remove(out);
+    /* test blocks that are no covariance with it: a negative test variance, and test×train
+     * entries larger than the test variance allows (the joint matrix indefinite); both gave a
+     * predictive variance of 0 without a word */
+    const struct {
+        const char *name;
+        double cross, diag;
+        const char *want, *want2;
+    } bad[] = {{"kneg.h5", 0.0, -1.0, "kneg.h5: /kernel_test_diag is not a variance",
+                "[0] = -1"},
+               {"kjoint.h5", 1.5, 0.125, "test item 0: its prior variance k(x,x) = 0.125",
+                "joint matrix is not PSD"}};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        tu_path(e, kf, sizeof kf, bad[b].name);
+        tpk_array Ka = {.ndim = 2, .dims = {N, N}, .data = K};
+        double row[N], dg[1] = {bad[b].diag};
+        for (int j = 0; j < N; j++)
+            row[j] = bad[b].cross;
+        tpk_array Ra = {.ndim = 2, .dims = {1, N}, .data = row};
+        tpk_h5out *o = tpk_h5out_open(kf, &ctx);
+        assert_non_null(o);
+        assert_int_equal(tpk_h5out_write(o, "/kernel", &Ka, &ctx), 0);
+        assert_int_equal(tpk_h5out_write(o, "/kernel_test_train", &Ra, &ctx), 0);
+        assert_int_equal(tpk_h5out_write_vector(o, "/kernel_test_diag", dg, 1, &ctx), 0);
+        assert_int_equal(tpk_h5out_commit(o, &ctx), 0);
+        snprintf(args, sizeof args, "--kernel='%s' --labels=%s/y.csv --noise=0.01 --quiet "
+                 "--output='%s'", kf, e->tmpdir, out);
+        expect_fail(e, "gpregress", args, bad[b].want, bad[b].want2, out);
+    }
 }
 
 static void test_gpregress_noise0_duplicates(void **state)
