@@ -450,6 +450,45 @@ static int check_interpolable(const run_state *rs, const tpk_array *K, tpk_ctx *
     return TPK_OK;
 }
 
+/* A noise below the jitter the factorisation needed (--noise=0, or a tiny one) asks to
+ * interpolate a singular kernel: that holds only for targets in its range. The fit of K + rI
+ * misses them by Y − Kα = rα, which stays O(r) for targets in the range and is a fraction of Y
+ * for the rest (issue 18: x and 2x under a bias-free ReLU kernel, whose targets differ from the
+ * homogeneous pair, gave LML −6.3e8 with exit 0: the duplicate check sees no duplicate). More
+ * than INTERP_RTOL of ‖Y‖ is no interpolant. */
+#define INTERP_RTOL 1e-3
+static int check_interpolant(const run_state *rs, const tpk_gp *gp, double r, tpk_ctx *ctx)
+{
+    const size_t n = rs->n, c = rs->c;
+    tpk_array *alpha = tpk_array_alloc2(n, c, ctx);
+    if (!alpha || tpk_gp_weights(gp, alpha, ctx)) {
+        tpk_array_free(alpha);
+        return ctx->status;
+    }
+    double miss = 0, norm = 0, worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n * c; i++) {
+        double m = fabs(r * alpha->data[i]);
+        miss += m * m;
+        norm += rs->Y->data[i] * rs->Y->data[i];
+        if (m > worst) {
+            worst = m;
+            at = i;
+        }
+    }
+    tpk_array_free(alpha);
+    if (!(sqrt(miss) > INTERP_RTOL * sqrt(norm)))
+        return TPK_OK;
+    const opts *o = rs->o;
+    return TPK_ERROR(ctx, TPK_EDOM, "%s: --noise=%g asks to interpolate, but the kernel is "
+                     "singular and the targets are not in its range: the closest fit misses "
+                     "them by %.3g of their size (most at training item %zu, output %zu); items "
+                     "the kernel ties together (duplicates, multiples under a bias-free "
+                     "homogeneous phi) need consistent targets: give --noise > 0 or "
+                     "--noise=auto", o->kernel_file ? o->kernel_file : o->train,
+                     o->noise, sqrt(miss / norm), at / c, at % c);
+}
+
 /* K is consumed (overwritten by its factor) when Kmut != NULL; else it is copied to rs->work.
  * noise < 0: choose it. */
 static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *K,
@@ -508,11 +547,17 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         return st;
     }
     const tpk_gp_info *in = tpk_gp_get_info(gp);
-    if (noise == 0 && in->jitter > 0 && o->warnings)
-        fprintf(o->warnings, "%s: warning: --noise=0 but the kernel is numerically singular: "
-                "jitter %.3g (%.3g x mean diagonal) added to its diagonal, so the fit, LML and "
-                "predictions are those of noise = %.3g\n", o->name, in->jitter * scale,
-                in->jitter / mean_diag(K), in->jitter * scale);
+    if (noise >= 0 && in->jitter > ratio) {
+        if ((st = check_interpolant(rs, gp, ratio + in->jitter, ctx))) {
+            tpk_gp_free(gp);
+            return st;
+        }
+        if (o->warnings)
+            fprintf(o->warnings, "%s: warning: --noise=%g but the kernel is numerically "
+                    "singular: jitter %.3g (%.3g x mean diagonal) added to its diagonal, so the "
+                    "fit, LML and predictions are those of noise = %.3g\n", o->name, noise,
+                    in->jitter * scale, in->jitter / mean_diag(K), (ratio + in->jitter) * scale);
+    }
     r[R_NOISE] = ratio * scale;
     r[R_SCALE] = scale;
     r[R_JITTER] = in->jitter * scale;

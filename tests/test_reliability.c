@@ -292,6 +292,21 @@ static void test_gpregress_noise0_duplicates(void **state)
         expect_fail(e, "gpregress", args, "training items 0 and 7 are the same point",
                     "their targets differ", out);
     }
+    /* a noise below the jitter asks to interpolate as well */
+    snprintf(args, sizeof args, "--arch=mlp --noise=1e-300 --train=%s/xd.csv --labels=%s/yd.csv "
+             "--quiet --output='%s'", e->tmpdir, e->tmpdir, out);
+    expect_fail(e, "gpregress", args, "--noise=1e-300 asks to interpolate",
+                "targets are not in its range", out);
+    /* no duplicates, but item N+i = 2 x item i: under the bias-free ReLU kernel f(2x) = 2 f(x)
+     * (K is singular) and these targets are not 2:1 (it gave LML -6.3e8 with exit 0) */
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < 3; j++)
+            X[(N + i) * 3 + j] = 2 * X[i * 3 + j];
+    put_csv(tu_path(e, p, sizeof p, "x2.csv"), X, 2 * N, 3);
+    snprintf(args, sizeof args, "--arch=mlp --noise=0 --train=%s/x2.csv --labels=%s/yd.csv "
+             "--quiet --output='%s'", e->tmpdir, e->tmpdir, out);
+    expect_fail(e, "gpregress", args, "x2.csv: --noise=0 asks to interpolate",
+                "targets are not in its range", out);
     /* equal targets: interpolation exists; the jitter is reported, the file has no NaN */
     snprintf(args, sizeof args, "--arch=rbf --noise=0 --train=%s/xd.csv --labels=%s/ysame.csv "
              "--output='%s'", e->tmpdir, e->tmpdir, out);
