@@ -254,6 +254,27 @@ static double mean_diag(const tpk_array *K)
     return s / (double)n;
 }
 
+/* The noise search range of kernel K: NOISE_REL_LO..NOISE_REL_HI of its mean diagonal (1 for
+ * a zero one). A kernel so large that the range overflows (an amplitude or variance near the
+ * largest double) is said to be that (issue 18: "noise range must satisfy 0 < lo < hi < inf
+ * (got inf, inf)"). */
+static int noise_range(const tpk_array *K, double *lo, double *hi, tpk_ctx *ctx)
+{
+    const size_t n = K->dims[0];
+    double md = 0;
+    for (size_t i = 0; i < n; i++) /* the mean without the sum's overflow */
+        md += K->data[i * n + i] / (double)n;
+    if (!(md > 0))
+        md = md == 0 ? 1 : md;
+    *lo = NOISE_REL_LO * md;
+    *hi = NOISE_REL_HI * md;
+    if (!isfinite(*hi) || !(*lo > 0))
+        return TPK_ERROR(ctx, TPK_EDOM, "the kernel's mean diagonal is %g: too large for a noise "
+                         "search (up to %g times it); rescale the kernel (its amplitude or "
+                         "weight variance) or give --noise", md, NOISE_REL_HI);
+    return TPK_OK;
+}
+
 /* The subsample on which noise and hyperparameters are chosen. */
 static size_t select_size(const opts *o, size_t n)
 {
@@ -285,13 +306,9 @@ static int choose_noise(run_state *rs, const tpk_array *K, double *r, double *s,
     tpk_gp_spectral *sp = tpk_gp_spectral_alloc(Ks, &Ys, ctx);
     int st = sp ? TPK_OK : ctx->status;
     tpk_gp_noise_choice ch = {0};
-    if (!st) {
-        double md = mean_diag(Ks);
-        if (!(md > 0))
-            md = 1;
-        st = tpk_gp_spectral_choose_noise(sp, NOISE_REL_LO * md, NOISE_REL_HI * md,
-                                          rs->o->fit_scale, &ch, ctx);
-    }
+    double lo, hi;
+    if (!st && !(st = noise_range(Ks, &lo, &hi, ctx)))
+        st = tpk_gp_spectral_choose_noise(sp, lo, hi, rs->o->fit_scale, &ch, ctx);
     if (!st) {
         *s = ch.scale;
         *r = ch.noise / ch.scale;
@@ -635,10 +652,10 @@ static int start_noise(const tpk_gp_family *f, const double *theta, const tpk_ar
     } else {
         tpk_gp_spectral *sp = tpk_gp_spectral_alloc(Ks, Ys, ctx);
         tpk_gp_noise_choice ch = {0};
-        double md = mean_diag(Ks);
-        st = sp ? tpk_gp_spectral_choose_noise(sp, NOISE_REL_LO * md, NOISE_REL_HI * md, 0, &ch,
-                                               ctx)
-                : ctx->status;
+        double lo, hi;
+        st = !sp ? ctx->status : noise_range(Ks, &lo, &hi, ctx);
+        if (!st)
+            st = tpk_gp_spectral_choose_noise(sp, lo, hi, 0, &ch, ctx);
         *noise = ch.noise;
         tpk_gp_spectral_free(sp);
     }
@@ -909,6 +926,10 @@ static int read_inputs(exp_state *e, const opts *o, tpk_ctx *ctx)
         return ctx->status;
     if (o->test && !(e->Xt = read_any(o->test, o->n_test, &e->ti, ctx)))
         return ctx->status;
+    /* squared norms beyond a double's range would be blamed on the kernel's parameters */
+    if (tpk_array_check_scale(e->X, o->train, ctx) ||
+        (e->Xt && tpk_array_check_scale(e->Xt, o->test, ctx)))
+        return ctx->status;
     /* items are flattened here: the sizes must agree, the shapes may differ (N×784 vs N×28×28) */
     if (e->Xt && tpk_array_item_size(e->Xt) != tpk_array_item_size(e->X) &&
         tpk_array_check_items(e->Xt, o->test, e->X, o->train, ctx))
@@ -971,6 +992,16 @@ static int read_targets(exp_state *e, const opts *o, tpk_ctx *ctx)
             e->Yt = e->Lt;
             e->Lt = NULL;
         }
+        /* The LML and the noise search square and sum the targets: beyond a double's range
+         * they failed as "the kernel has eigenvalues below ..." (issue 18). */
+        double ss = 0, big = 0;
+        for (size_t i = 0; i < tpk_array_size(e->Y); i++) {
+            ss += e->Y->data[i] * e->Y->data[i];
+            big = fmax(big, fabs(e->Y->data[i]));
+        }
+        if (!isfinite(ss))
+            return TPK_ERROR(ctx, TPK_EDOM, "%s: the targets' squares sum beyond the range of a "
+                             "double (entries up to %g): rescale the targets", o->labels, big);
     }
     rs->Y = e->Y;
     rs->Yt = e->Yt;

@@ -419,6 +419,27 @@ static void test_messages(void **state)
              out);
     expect_fail(e, "gpkernel", args, "test items have 2 values each (shape 2)",
                 "have 3 (shape 3)", out);
+    /* gpregress: huge targets were "the kernel has eigenvalues below ...", huge inputs blamed
+     * sigma-w2 and the depth, a huge RBF amplitude gave "noise range must satisfy 0 < lo < hi <
+     * inf (got inf, inf)" */
+    double yb[2] = {1e300, -2e300}, xb[6] = {1e200, 2, 3, 4, 5, 6};
+    char yf[512], xf[512];
+    put_csv(tu_path(e, yf, sizeof yf, "ybig.csv"), yb, 2, 1);
+    put_csv(tu_path(e, xf, sizeof xf, "xbig.csv"), xb, 2, 3);
+    snprintf(args, sizeof args, "--arch=mlp --train='%s' --labels='%s' --quiet --output='%s'", x,
+             yf, out);
+    expect_fail(e, "gpregress", args, "ybig.csv: the targets' squares sum beyond the range",
+                "rescale the targets", out);
+    snprintf(args, sizeof args, "--arch=mlp --train='%s' --labels='%s' --quiet --output='%s'", xf,
+             yf, out);
+    expect_fail(e, "gpregress", args, "xbig.csv: item 0 has a squared norm beyond the range",
+                "rescale the inputs", out);
+    yb[0] = 0.5;
+    yb[1] = -0.25;
+    put_csv(yf, yb, 2, 1);
+    snprintf(args, sizeof args, "--arch=rbf --amplitude=1e308 --train='%s' --labels='%s' --quiet "
+             "--output='%s'", x, yf, out);
+    expect_fail(e, "gpregress", args, "the kernel's mean diagonal is 1e+308", "amplitude", out);
 }
 
 /* A write that fails (here a file size limit, as a full disk) ends in a message naming the cause,
