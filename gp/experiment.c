@@ -613,14 +613,14 @@ static int sweep_cb(int depth, const tpk_array *K, const tpk_array *Kxt, const t
     return st ? st : evaluate(a->rs, depth, NULL, K, Kxt, kdiag, a->o->noise_auto ? -1 : a->o->noise, ctx);
 }
 
+/* The parameters --fix holds, and the noise when it is 0 (no log scale for 0). A zero
+ * sigma_b2 is not in it: fit_hyper_and_run runs that start twice, held at 0 and free from
+ * SB2_START (issue 18: held at 0 without a word, a fit on ReLU data stopped at LML -0.34 where a
+ * positive bias reaches +0.63). */
 static unsigned fixed_mask(const opts *o, const tpk_gp_family *f, tpk_ctx *ctx, int *st)
 {
     unsigned mask = 0;
     *st = TPK_OK;
-    for (size_t p = 0; p < f->nparams; p++) /* a zero variance cannot move in log scale */
-        if ((p == 1 && f->nparams == 2 && strcmp(f->names[1], "sigma_b2") == 0 &&
-             o->sigma_b2 == 0))
-            mask |= 1u << p;
     if (!o->noise_auto && o->noise == 0)
         mask |= 1u << f->nparams;
     if (!o->fix)
@@ -663,6 +663,19 @@ static int start_noise(const tpk_gp_family *f, const double *theta, const tpk_ar
     return st;
 }
 
+/* A start off the zero boundary for sigma_b2, relative to sigma_w2 (the grid of
+ * tpk_gp_fit_hyper then spans e^±3 around it). */
+#define SB2_START 0.1
+
+/* One tpk_gp_fit_hyper from theta (and the noise: with auto, its LML-best value there). */
+static int fit_from(const tpk_gp_family *f, const tpk_array *Ys, size_t k, int noise_auto,
+                    double *theta, double *noise, const tpk_gp_hyper_options *ho,
+                    tpk_gp_hyper_result *hr, tpk_ctx *ctx)
+{
+    int st = noise_auto ? start_noise(f, theta, Ys, k, noise, ctx) : TPK_OK;
+    return st ? st : tpk_gp_fit_hyper(f, Ys, theta, noise, ho, hr, ctx);
+}
+
 /* fit_hyper: BFGS on the first select_n points, then one full fit at the optimum. */
 static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
                              const tpk_array *Xt, const tpk_phi *phi, const tpk_gauss_ws *ws,
@@ -685,10 +698,30 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
         tpk_gp_hyper_options_default(&ho);
         ho.fixed = fixed_mask(o, f, ctx, &st);
         tpk_gp_hyper_result hr;
-        if (!st && o->noise_auto) /* start the noise at the LML-best value for the start */
-            st = start_noise(f, theta, &Ys, k, &noise, ctx);
+        /* a zero sigma_b2 cannot move in log scale: held there, and (unless --fix holds it)
+         * a second fit from a positive one; the better LML wins */
+        const int zero_b2 = mlp && theta[1] == 0, free_b2 = zero_b2 && !(ho.fixed & 2u);
+        if (zero_b2)
+            ho.fixed |= 2u;
         if (!st)
-            st = tpk_gp_fit_hyper(f, &Ys, theta, &noise, &ho, &hr, ctx);
+            st = fit_from(f, &Ys, k, o->noise_auto, theta, &noise, &ho, &hr, ctx);
+        if (!st && free_b2) {
+            double t2[2] = {o->sigma_w2, SB2_START * (o->sigma_w2 > 0 ? o->sigma_w2 : 1.0)};
+            double n2 = o->noise;
+            tpk_gp_hyper_result h2;
+            ho.fixed &= ~2u;
+            st = fit_from(f, &Ys, k, o->noise_auto, t2, &n2, &ho, &h2, ctx);
+            if (!st && h2.lml > hr.lml) {
+                h2.iters += hr.iters;
+                h2.evals += hr.evals;
+                memcpy(theta, t2, sizeof t2);
+                noise = n2;
+                hr = h2;
+            } else if (!st) {
+                hr.iters += h2.iters;
+                hr.evals += h2.evals;
+            }
+        }
         if (!st)
             st = advance(rs, ctx); /* the BFGS run */
         tpk_gp_family_free(f);
