@@ -218,15 +218,24 @@ int tpk_arch_sets(const tpk_arch *a, const tpk_arch_flag *fl, int nfl, const tpk
     *n = 0;
     /* A --set of a parameter that a flag also sets would make the flag's value, recorded in the
      * output under the flag's name, contradict what ran (issue 18: --depth=2 --set L=5 ran 5
-     * layers and recorded depth=2): refuse it, naming both. */
+     * layers and recorded depth=2): refuse it, naming both. Some flags set a job setting that
+     * the job turns into program parameters (app/job_cnn.c: --filter the taps k or kh, kw,
+     * --padding circular): a --set of those was silently overridden by the flag. */
+    static const char *const derived[][2] = {{"filter", "k"}, {"filter", "kh"}, {"filter", "kw"},
+                                             {"padding", "circular"}};
     for (int i = 0; i < nuser; i++)
-        for (int f = 0; f < nfl; f++)
-            if (user[i].name && fl[f].param && strcmp(user[i].name, fl[f].param) == 0)
+        for (int f = 0; f < nfl; f++) {
+            int clash = user[i].name && fl[f].param && strcmp(user[i].name, fl[f].param) == 0;
+            for (size_t d = 0; !clash && a->custom && user[i].name && fl[f].param &&
+                               d < sizeof derived / sizeof derived[0]; d++)
+                clash = !strcmp(fl[f].param, derived[d][0]) && !strcmp(user[i].name, derived[d][1]);
+            if (clash)
                 return TPK_ERROR(ctx, TPK_EINVAL, "--set %s=%s conflicts with --%s=%s: both set "
                                  "the parameter %s of --arch=%s; give only one of them",
                                  user[i].name, user[i].value ? user[i].value : "",
-                                 fl[f].flag, fl[f].value ? fl[f].value : "", fl[f].param,
+                                 fl[f].flag, fl[f].value ? fl[f].value : "", user[i].name,
                                  a->name);
+        }
     size_t half = len / 2;
     int bad = add_list(a->defaults, buf, half, out, cap, n);
     for (int f = 0; !bad && f < nfl; f++) {

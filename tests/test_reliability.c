@@ -384,6 +384,28 @@ static void test_conflicting_flags(void **state)
     assert_true(attr_double(out, "depth") == 5.0);
     assert_true(attr_double(out, "L") == 5.0);
     remove(out);
+    /* the CNN's --filter and --padding set the program's k and circular: with a --set of those
+     * the --set was overridden (and a lone --set circular=0 lost to the default padding, the
+     * file saying circular) */
+    char seq[512], sq[1100];
+    double v[2 * 5 * 2];
+    for (int i = 0; i < 20; i++)
+        v[i] = sin(0.731 * i + 0.25);
+    tu_write_npy(tu_path(e, seq, sizeof seq, "sig.npy"), v, 3, (size_t[]){2, 5, 2});
+    snprintf(sq, sizeof sq, "--input='%s'", seq);
+    snprintf(args, sizeof args, "--arch=cnn1d %s --filter=3 --set k=5 --quiet --output='%s'", sq,
+             out);
+    expect_fail(e, "gpkernel", args, "--set k=5 conflicts with --filter=3", NULL, out);
+    snprintf(args, sizeof args, "--arch=cnn1d %s --padding=zero --set circular=1 --quiet "
+             "--output='%s'", sq, out);
+    expect_fail(e, "gpkernel", args, "--set circular=1 conflicts with --padding=zero", NULL, out);
+    snprintf(args, sizeof args, "--arch=cnn1d %s --filter=3 --set k=5 --widths=8,16 --seeds=4 "
+             "--quiet --output='%s'", sq, out);
+    expect_fail(e, "gplimits", args, "--set k=5 conflicts with --filter=3", NULL, out);
+    snprintf(args, sizeof args, "--arch=cnn1d %s --set circular=0 --quiet --output='%s'", sq, out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    assert_true(attr_double(out, "circular") == 0.0);
+    remove(out);
 }
 
 /* Messages name the cause in the user's terms: an underflowing or overflowing recursion (not
