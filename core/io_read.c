@@ -90,6 +90,9 @@ static tpk_array *alloc_shaped(const char *path, int ndim, const size_t *dims, t
     if (ndim == 1) {
         d[1] = 1;
         nd = 2;
+        /* said, not silent (issue 18): a vector could as well be one item of n values */
+        tpk_note(ctx, "%s: a rank-1 array of %zu values, read as %zu items of one value each "
+                 "(N×1)", path, dims[0], dims[0]);
     }
     size_t n = 1;
     for (int i = 0; i < nd; i++) {
@@ -1016,6 +1019,22 @@ static int parse_field(const char *s, const char *e, double *v)
     return *end == '\0' ? 0 : -1;
 }
 
+/* Whether none of the line's nf fields parses as a number. */
+static int is_header(const char *line, size_t nf)
+{
+    const char *s = line;
+    for (size_t c = 0; c < nf; c++) {
+        const char *e = strchr(s, ',');
+        if (e == NULL)
+            e = s + strlen(s);
+        double v;
+        if (parse_field(s, e, &v) == 0)
+            return 0;
+        s = e + (*e == ',');
+    }
+    return 1;
+}
+
 static size_t count_fields(const char *line)
 {
     size_t n = 1;
@@ -1109,22 +1128,25 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
             vals = nv;
             vcap = nc;
         }
+        /* The first non-blank line is a header only when none of its fields is a number, and
+         * that is said (issue 18: "1,2,abc" was taken as a header, silently dropping a row). */
+        if (!seen_content && is_header(line, nf)) {
+            seen_content = 1;
+            tpk_note(ctx, "%s:%zu: taken as a header line, not data (none of its fields is a "
+                     "number): '%.60s'", path, lineno, line);
+            continue;
+        }
         const char *s = line;
-        int header = 0;
         for (size_t c = 0; c < nf; c++) {
             const char *e = strchr(s, ',');
             if (e == NULL)
                 e = s + strlen(s);
             double v;
             if (parse_field(s, e, &v) != 0) {
-                /* A non-number on the first non-blank line makes it a header: skip it. */
-                if (!seen_content) {
-                    header = 1;
-                    break;
-                }
                 int w = (int)(e - s);
-                TPK_ERROR(ctx, TPK_EFORMAT, "%s:%zu: column %zu: '%.*s' is not a number", path,
-                          lineno, c + 1, w > 40 ? 40 : w, s);
+                TPK_ERROR(ctx, TPK_EFORMAT, "%s:%zu: column %zu: '%.*s' is not a number%s", path,
+                          lineno, c + 1, w > 40 ? 40 : w, s,
+                          seen_content ? "" : " (a header line has no numbers)");
                 goto done;
             }
             if (!isfinite(v)) {
@@ -1136,8 +1158,6 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
             s = e + (*e == ',');
         }
         seen_content = 1;
-        if (header)
-            continue;
         if (nrows == 0)
             ncols = nf;
         nvals += nf;

@@ -979,16 +979,21 @@ static int read_targets(exp_state *e, const opts *o, tpk_ctx *ctx)
     /* Cut the targets to the items only with --n-train / --n-test (the first items of longer
      * files, e.g. IDX sets); otherwise a count that differs from the items' is an error either
      * way (issue 18: more test labels than test items were silently cut). */
-    if (!(e->L = read_any(o->labels, o->n_train ? rs->n : 0, &e->li, ctx)))
-        return ctx->status;
+    /* targets of one value per item are stored as vectors (class labels, IDX label files):
+     * reading them as N×1 is their meaning, no note */
+    tpk_ctx quiet = *ctx;
+    tpk_ctx_set_notes(&quiet, NULL, NULL);
+    e->L = read_any(o->labels, o->n_train ? rs->n : 0, &e->li, &quiet);
+    if (e->L && o->test_labels)
+        e->Lt = read_any(o->test_labels, o->n_test ? rs->m : 0, &e->lti, &quiet);
+    if (!e->L || (o->test_labels && !e->Lt))
+        return TPK_ERROR(ctx, quiet.status, "%s", quiet.msg);
     if (e->L->dims[0] != rs->n)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu rows but there are %zu training items",
                          o->labels, e->L->dims[0], rs->n);
     if (o->test_labels) {
         if (!rs->m)
             return TPK_ERROR(ctx, TPK_EINVAL, "--test-labels given but no test kernel or inputs");
-        if (!(e->Lt = read_any(o->test_labels, o->n_test ? rs->m : 0, &e->lti, ctx)))
-            return ctx->status;
         if (e->Lt->dims[0] != rs->m)
             return TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu rows but there are %zu test items",
                              o->test_labels, e->Lt->dims[0], rs->m);

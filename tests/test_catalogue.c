@@ -150,6 +150,8 @@ static const badfile BAD[] = {
     {"blank_line_only.csv", "csv"},
     {"trailing_comma.csv", "csv"},
     {"header_only.csv", "csv"},
+    {"numhead.csv", "csv"},  /* "1,2,abc": was taken as a header (issue 18) */
+    {"mixhead.csv", "csv"},
     /* HDF5 */
     {"text.h5:/x", "h5"},
     {"good.h5:/nosuch", "h5"},
@@ -200,6 +202,8 @@ static void make_bad_files(const tu_env *e)
     put_text(e, "blank_line_only.csv", "\n");
     put_text(e, "trailing_comma.csv", "1,2,3,\n4,5,6,\n7,8,9,\n1,2,3,\n");
     put_text(e, "header_only.csv", "a,b,c\n");
+    put_text(e, "numhead.csv", "1,2,abc\n4,5,6\n7,8,9\n1,2,3\n0.5,0.25,0.125\n");
+    put_text(e, "mixhead.csv", "x,1,2\n4,5,6\n7,8,9\n1,2,3\n0.5,0.25,0.125\n");
     put_text(e, "text.h5", "not an HDF5 file\n");
     /* IDX: magic 00 00 TYPE RANK, big-endian dims, data */
     PUT_LIT(e, "magic.idx", "\x01\x00\x08\x02\x00\x00\x00\x04\x00\x00\x00\x03"

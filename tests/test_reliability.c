@@ -523,6 +523,47 @@ static void test_write_failure_keeps_old_file(void **state)
     assert_true(tu_exists(out));
 }
 
+/* What a reader chooses for the user is said (issue 18, "silent choices"): a CSV line is a
+ * header only when none of its fields is a number, with a note; a rank-1 input is read as N×1
+ * with a note; rank-1 targets (class labels) are what they mean, no note. */
+static void test_silent_choices(void **state)
+{
+    const tu_env *e = *state;
+    char x[512], h[512], r[512], out[512], args[2048], err[4096];
+    tu_path(e, out, sizeof out, "sc.h5");
+    put(tu_path(e, h, sizeof h, "head.csv"), "alpha,beta\n0.25,1.5\n-0.5,2\n1,0.125\n");
+    snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --quiet", h, out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "note: ") || !strstr(err, "head.csv:1: taken as a header line"))
+        fail_msg("no header note: '%s'", err);
+    size_t n;
+    double *k = tu_h5_read(out, "/kernel", &n);
+    assert_int_equal(n, 9); /* three data rows */
+    free(k);
+    remove(out);
+    put(tu_path(e, x, sizeof x, "numhead.csv"), "1,2,abc\n0.25,1.5,2\n-0.5,2,1\n");
+    snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --quiet", x, out);
+    expect_fail(e, "gpkernel", args, "numhead.csv:1: column 3: 'abc' is not a number", NULL,
+                out);
+    double v[4] = {0.25, -1.5, 2.125, 0.5};
+    tu_write_npy(tu_path(e, r, sizeof r, "vec.npy"), v, 1, (size_t[]){4});
+    snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --quiet", r, out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "vec.npy: a rank-1 array of 4 values, read as 4 items"))
+        fail_msg("no rank-1 note: '%s'", err);
+    remove(out);
+    double xs[8] = {0.25, 1.5, -0.5, 2, 1, 0.125, 0.75, -1};
+    put_csv(tu_path(e, x, sizeof x, "x4.csv"), xs, 4, 2);
+    snprintf(args, sizeof args, "--arch=mlp --train='%s' --labels='%s' --noise=0.1 "
+             "--output='%s' --quiet", x, r, out);
+    assert_int_equal(tu_run_tool(e, "gpregress", args), 0);
+    tu_stderr(e, err, sizeof err);
+    assert_null(strstr(err, "note: "));
+    remove(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -535,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_conflicting_flags),
         cmocka_unit_test(test_messages),
         cmocka_unit_test(test_write_failure_keeps_old_file),
+        cmocka_unit_test(test_silent_choices),
     };
     return cmocka_run_group_tests(tests, setup, tu_teardown);
 }

@@ -268,6 +268,16 @@ int cli_arch_flags_resolve(cli_arch_flags *f, const tpk_arch *a, const tpk_phi_r
     return TPK_OK;
 }
 
+static void note_stderr(void *ud, const char *msg)
+{
+    fprintf(stderr, "%s: note: %s\n", (const char *)ud, msg);
+}
+
+void cli_notes(tpk_ctx *ctx, const char *prog)
+{
+    tpk_ctx_set_notes(ctx, note_stderr, (void *)prog);
+}
+
 void cli_version(const char *prog)
 {
     printf("%s (tpk) %s\n", prog, TPK_VERSION);

@@ -98,6 +98,10 @@ int cli_arch_flags_resolve(cli_arch_flags *f, const tpk_arch *a, const tpk_phi_r
     "Exit status: 0 success, 1 error (input, computation, output), 2 usage error (unknown\n" \
     "option, bad or missing value).\n"
 
+/* The library's notes (tpk_note: a CSV line taken as a header, a rank-1 array read as N×1) as
+ * "PROG: note: ..." lines on stderr; prog must outlive ctx. */
+void cli_notes(tpk_ctx *ctx, const char *prog);
+
 /* "PROG (tpk) VERSION" on stdout. */
 void cli_version(const char *prog);
 /* st != 0: "PROG: error: MESSAGE (STATUS)" on stderr, and 1; st == 0: 0. */

@@ -343,6 +343,7 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "gpattention");
     int usage = 0, st = run(argc, argv, &usage, &ctx);
     if (st < 0)
         return CLI_EXIT_OK; /* --help, --version */

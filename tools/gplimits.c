@@ -343,6 +343,7 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "gplimits");
     opts o;
     memset(&o, 0, sizeof o);
     o.study.seeds = 64;

@@ -192,6 +192,7 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "gpregress");
     const double t0 = tpk_wall_seconds();
     tpk_gp_experiment_opts o;
     tpk_gp_experiment_opts_default(&o);

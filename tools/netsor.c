@@ -277,6 +277,7 @@ static int cmd_kernel(int argc, char **argv)
     c.argv = argv;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "netsor kernel");
     shown_job sj = {0};
     st = show_job(&c, "netsor kernel", "limit kernel", &job, &sj, &ctx);
     if (!st)
@@ -313,6 +314,7 @@ static int cmd_run(int argc, char **argv)
     c.argv = argv;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "netsor run");
     shown_job sj = {0};
     st = show_job(&c, "netsor run", "finite-width run", &job, &sj, &ctx);
     if (!st)
