@@ -134,28 +134,39 @@ const char *tpk_arch_flag_param(const tpk_arch *a, const char *flag, char *buf, 
     return NULL;
 }
 
-static int check_variance(const char *flag, const char *s, tpk_ctx *ctx)
+/* A flag's number: a finite double, or a message saying what it is instead (issue 18: 1e400
+ * and 1e-320 were "not a number"). */
+static int flag_number(const char *flag, const char *s, double *v, tpk_ctx *ctx)
 {
     char *end;
     errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE)
+    *v = strtod(s, &end);
+    if (end == s || *end != '\0' || isnan(*v))
         return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
-    if (!(v >= 0) || !isfinite(v))
-        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be a finite variance >= 0 (got %s)", flag, s);
+    if (errno == ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is %s", flag, s,
+                         isinf(*v) ? "beyond the range of a double (about 1.8e308)"
+                                   : "below the smallest normal double (about 2.2e-308): give 0 "
+                                     "or a larger value");
     return TPK_OK;
+}
+
+static int check_variance(const char *flag, const char *s, tpk_ctx *ctx)
+{
+    double v;
+    int st = flag_number(flag, s, &v, ctx);
+    if (!st && (!(v >= 0) || !isfinite(v)))
+        st = TPK_ERROR(ctx, TPK_EDOM, "--%s must be a finite variance >= 0 (got %s)", flag, s);
+    return st;
 }
 
 static int check_positive(const char *flag, const char *s, tpk_ctx *ctx)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
-    if (!(v > 0) || !isfinite(v))
-        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be finite and > 0 (got %s)", flag, s);
-    return TPK_OK;
+    double v;
+    int st = flag_number(flag, s, &v, ctx);
+    if (!st && (!(v > 0) || !isfinite(v)))
+        st = TPK_ERROR(ctx, TPK_EDOM, "--%s must be finite and > 0 (got %s)", flag, s);
+    return st;
 }
 
 static int check_depth(const char *s, tpk_ctx *ctx)

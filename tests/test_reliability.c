@@ -48,15 +48,16 @@ static void put_csv(const char *path, const double *v, size_t rows, size_t cols)
     assert_int_equal(fclose(f), 0);
 }
 
-/* Run a tool that must fail (exit 1) with `want` (and `want2`, if given) on stderr and leave no
- * file at `out`. */
+/* Run a tool that must fail (exit 1, or 2 for a usage error) with `want` (and `want2`, if
+ * given) on stderr and leave no file at `out`. */
 static void expect_fail(const tu_env *e, const char *tool, const char *args, const char *want,
                         const char *want2, const char *out)
 {
     int rc = tu_run_tool(e, tool, args);
     char err[4096];
     tu_stderr(e, err, sizeof err);
-    if (rc != 1 || !strstr(err, want) || (want2 && !strstr(err, want2)))
+    if ((rc != 1 && !(rc == 2 && strstr(err, "usage error"))) || !strstr(err, want) ||
+        (want2 && !strstr(err, want2)))
         fail_msg("%s %s: exit %d, stderr '%s' (wanted '%s'%s%s)", tool, args, rc, err, want,
                  want2 ? " and " : "", want2 ? want2 : "");
     if (out && tu_exists(out))
@@ -462,6 +463,32 @@ static void test_messages(void **state)
     snprintf(args, sizeof args, "--arch=rbf --amplitude=1e308 --train='%s' --labels='%s' --quiet "
              "--output='%s'", x, yf, out);
     expect_fail(e, "gpregress", args, "the kernel's mean diagonal is 1e+308", "amplitude", out);
+    /* numbers beyond a double: at the --set, and as what they are (were "mlp.nsr:1:1: a
+     * parameter value is not finite" and "'1e-320' is not a number") */
+    snprintf(args, sizeof args, "kernel '%s' --set L=1e400 --input='%s' --quiet --output='%s'", p,
+             x, out);
+    expect_fail(e, "netsor", args, "--set L=1e400 (column 1): number '1e400' is beyond the range",
+                NULL, out);
+    snprintf(args, sizeof args, "--arch=rbf --lengthscale2=1e-320 --train='%s' --labels='%s' "
+             "--quiet --output='%s'", x, yf, out);
+    expect_fail(e, "gpregress", args, "'1e-320' is below the smallest normal double", NULL, out);
+    snprintf(args, sizeof args, "--arch=mlp --sigma-w2=1e400 --quiet --output='%s'", out);
+    expect_fail(e, "gpkernel", args, "'1e400' is beyond the range of a double", NULL, out);
+    /* gpattention: tokens whose products underflow are not "zero"; huge ones are refused up
+     * front (the file was refused at the end for a NaN kurtosis) */
+    double tok[2 * 2 * 3];
+    char tf[512];
+    for (int i = 0; i < 12; i++)
+        tok[i] = 1e-170 * sin(0.731 * i + 0.25);
+    tu_write_npy(tu_path(e, tf, sizeof tf, "tiny.npy"), tok, 3, (size_t[]){2, 2, 3});
+    snprintf(args, sizeof args, "--input='%s' --widths=4,8 --networks=16 --score-samples=16 "
+             "--heads-list=1,2 --quiet --output='%s'", tf, out);
+    expect_fail(e, "gpattention", args, "tiny.npy: the first output y_1 is identically 0",
+                "underflow", out);
+    for (int i = 0; i < 12; i++)
+        tok[i] = 1e150 * sin(0.731 * i + 0.25);
+    tu_write_npy(tf, tok, 3, (size_t[]){2, 2, 3});
+    expect_fail(e, "gpattention", args, "tiny.npy: the token kernel reaches", "rescale", out);
 }
 
 /* A write that fails (here a file size limit, as a full disk) ends in a message naming the cause,

@@ -45,8 +45,16 @@ int cli_parse_double(const char *name, const char *s, double *out, tpk_ctx *ctx)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v))
+    if (end == s || *end != '\0' || isnan(v))
         return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", name, s);
+    /* numbers, but not finite doubles: said as such (issue 18: "1e-320 is not a number") */
+    if (isinf(v) && errno != ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a finite number", name, s);
+    if (errno == ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is %s", name, s,
+                         isinf(v) ? "beyond the range of a double (about 1.8e308)"
+                                  : "below the smallest normal double (about 2.2e-308): give 0 "
+                                    "or a larger value");
     *out = v;
     return TPK_OK;
 }

@@ -20,6 +20,9 @@
 #define MAX_WIDTHS 32
 #define MAX_HEADS 16
 #define BOOT 200 /* bootstrap replicates for kurtosis standard errors */
+/* Largest token-kernel entry: fourth moments (Sigma^x squared, summed over up to 2^24 networks)
+ * stay finite. */
+#define SX_MAX 1e150
 
 static const char usage_text[] =
     "Usage: gpattention --output=FILE.h5 [options]\n"
@@ -152,6 +155,10 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
     if (o.input) {
         if (!(X = tpk_io_read(o.input, &info, ctx)))
             return ctx->status;
+        if (tpk_array_check_scale(X, o.input, ctx)) { /* NaN kurtosis at the write otherwise */
+            tpk_array_free(X);
+            return ctx->status;
+        }
         s = X->ndim >= 3 ? X->dims[1] : 1;
         if (s > 64) {
             tpk_array_free(X);
@@ -179,6 +186,17 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
             }
             Sx[i * s + j] = v;
         }
+    /* y_1's kurtosis takes fourth moments, of the order of Sigma^x squared: beyond SX_MAX they
+     * overflow and the file was refused at the end for a NaN (issue 18) */
+    double sxmax = 0;
+    for (size_t i = 0; i < s * s; i++)
+        sxmax = fmax(sxmax, fabs(Sx[i]));
+    if (sxmax > SX_MAX) {
+        st = TPK_ERROR(ctx, TPK_EDOM, "%s: the token kernel reaches %g, beyond %g: the fourth "
+                       "moments of y_1 (its kurtosis) would overflow a double; rescale the input",
+                       o.input, sxmax, SX_MAX);
+        goto done;
+    }
     tpk_attn_params prm = {.heads = (int)o.heads, .scaling = TPK_ATTN_INV_SQRT_N,
                            .causal = o.causal, .var_q = 1, .var_k = 1, .var_v = 1, .var_o = 1,
                            .temp = 1};
@@ -196,10 +214,20 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
     /* Kurtosis divides by the variance of y_1: zero tokens (Sigma^x = 0 on what y_1 sees) give
      * y_1 = 0 in every network, whose law has no kurtosis (issue 18: NaN was written). */
     if (!(g > 0)) {
+        /* tokens that are not zero but whose squares underflow are said to be that */
+        double big = 0;
+        for (size_t k = 0; X && k < s * d; k++)
+            big = fmax(big, fabs(X->data[k]));
+        char why[160];
+        if (big > 0)
+            snprintf(why, sizeof why, "are so small (entries up to %g) that their products "
+                     "underflow to 0: rescale the input", big);
+        else
+            snprintf(why, sizeof why, "embed to zero: give nonzero tokens");
         st = TPK_ERROR(ctx, TPK_EDOM, "%s: the first output y_1 is identically 0 (limit variance "
-                       "E[C_11] = %g): the tokens it attends to embed to zero (token kernel "
-                       "Sigma^x[0][0] = %g), so its kurtosis and distances are undefined; give "
-                       "nonzero tokens", o.input ? o.input : "--tokens", g, Sx[0]);
+                       "E[C_11] = %g, token kernel Sigma^x[0][0] = %g), so its kurtosis and "
+                       "distances are undefined: the tokens it attends to %s",
+                       o.input ? o.input : "--tokens", g, Sx[0], why);
         goto done;
     }
     if ((st = tpk_attn_energy_mixtures(cl, R, &g, 1, &e_lg, ctx)) ||
