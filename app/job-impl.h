@@ -24,6 +24,7 @@ struct tpk_kernel_job {
     size_t readouts;          /* kernel rows per item */
     const kjob_impl *impl;
     void *self;               /* the implementation's state */
+    tpk_allocator alloc;      /* of tpk_kernel_job_alloc: this struct (tpk/alloc.h) */
 };
 
 /* The implementations: fill kj (X, Xt, readouts, impl, self) from kj->job. */

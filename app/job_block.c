@@ -1,5 +1,6 @@
 /* Kernel jobs block by block (issue 16): a job prepared once, its kernel on any block of items
  * as the same evaluator computes the whole job, for the tiles of gpkernel-mpi (docs/scale-out.md). */
+#include "tpk/alloc.h"
 #include "tpk/archs.h"
 
 #include "job-impl.h"
@@ -21,11 +22,10 @@ tpk_kernel_job *tpk_kernel_job_alloc(const struct tpk_arch *a, const tpk_job *jo
                   a->name);
         return NULL;
     }
-    tpk_kernel_job *kj = calloc(1, sizeof *kj);
-    if (!kj) {
-        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    tpk_kernel_job *kj = tpk_calloc(ctx, 1, sizeof *kj);
+    if (!kj)
         return NULL;
-    }
+    kj->alloc = tpk_ctx_allocator(ctx);
     kj->job = *job;
     int st = a && a->custom ? tpk_kjob_cnn_init(kj, ctx) : tpk_kjob_program_init(kj, ctx);
     if (st) {
@@ -41,7 +41,8 @@ void tpk_kernel_job_free(tpk_kernel_job *kj)
         return;
     if (kj->impl)
         kj->impl->release(kj->self);
-    free(kj);
+    tpk_allocator al = kj->alloc;
+    tpk_mem_free(&al, kj);
 }
 
 size_t tpk_kernel_job_items(const tpk_kernel_job *kj, int test)

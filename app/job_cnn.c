@@ -1,5 +1,6 @@
 /* gpkernel --arch=cnn1d / cnn2d: the shipped program fixes the parameters, the direct recursion
  * of kernels/cnn.c computes the kernel (theory.md §2.8), written to HDF5 like tpk_job_kernel. */
+#include "tpk/alloc.h"
 #include "tpk/archs.h"
 #include "tpk/clock.h"
 #include "tpk/cnn.h"
@@ -33,6 +34,7 @@ typedef struct cnn_job {
     size_t rows, cols, C;
     tpk_cnn_params cp;
     int rolled;         /* the rolled program computes (decided for the whole job's batch) */
+    tpk_allocator al;   /* a kernel job's state (tpk_kjob_cnn_init): its allocator */
 } cnn_job;
 
 static void cnn_job_free(cnn_job *s)
@@ -427,8 +429,10 @@ static int kjob_cnn_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *
 static void kjob_cnn_release(void *self)
 {
     if (self) {
-        cnn_job_free(self);
-        free(self);
+        cnn_job *s = self;
+        tpk_allocator al = s->al;
+        cnn_job_free(s);
+        tpk_mem_free(&al, s);
     }
 }
 
@@ -436,9 +440,10 @@ static const kjob_impl kjob_cnn = {"cnn", kjob_cnn_batch, kjob_cnn_describe, kjo
 
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx)
 {
-    cnn_job *s = calloc(1, sizeof *s);
+    cnn_job *s = tpk_calloc(ctx, 1, sizeof *s);
     if (!s)
-        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return ctx->status;
+    s->al = tpk_ctx_allocator(ctx);
     kj->impl = &kjob_cnn;
     kj->self = s;
     int st = cnn_prepare(&kj->job, s, ctx);

@@ -29,8 +29,8 @@
 
 
 /* ---- temp files and signals (issue 18) ------------------------------------------------------
- * A SIGINT, SIGTERM or SIGHUP while a temp file exists must not leave it behind. The live temp names
- * sit in a small process-wide table that the handler walks with unlink() only (async-signal-
+ * A SIGINT, SIGTERM or SIGHUP while a temp file exists must not leave it behind. The live temp
+ * names sit in a small process-wide table that the handler walks with unlink() only (async-signal-
  * safe); then it says why on stderr and exits 128 + signal, as a shell reports it. The table
  * and the handler are the one piece of process state here (style.md §6 allows none else): a
  * signal cannot be given a context. The handler is installed only where those signals still
@@ -951,12 +951,14 @@ tpk_h5out *tpk_h5out_adopt(const char *path, const char *tmp, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(EISDIR, eb, sizeof eb));
         return NULL;
     }
-    tpk_h5out *out = calloc(1, sizeof *out);
-    if (out == NULL || (out->path = strdup(path)) == NULL || (out->tmp = strdup(tmp)) == NULL) {
-        TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+    tpk_h5out *out = tpk_calloc(ctx, 1, sizeof *out);
+    if (out != NULL)
+        out->alloc = tpk_ctx_allocator(ctx);
+    if (out == NULL || (out->path = tpk_strdup(ctx, path)) == NULL ||
+        (out->tmp = tpk_strdup(ctx, tmp)) == NULL) {
         if (out) {
-            free(out->path);
-            free(out);
+            out->live = -1;
+            out_free(out);
         }
         return NULL;
     }

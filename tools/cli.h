@@ -78,9 +78,9 @@ typedef struct cli_arch_flags {
 } cli_arch_flags;
 /* The architecture's flags (--depth=3, --var-u=0.5, ...) are not known to getopt: every
  * "--name=value" or "--name value" after argv[0] whose name is not one of `own` (a getopt table)
- * is one (each at most once) ("--name" followed by another option or nothing is left for getopt to report). Returns
- * the other arguments, argv[0] first, NULL-terminated (free() it; argv is untouched), their count
- * in *nrest. */
+ * is one, each at most once ("--name" followed by another option or nothing is left for getopt
+ * to report). Returns the other arguments, argv[0] first, NULL-terminated (free() it; argv is
+ * untouched), their count in *nrest. */
 char **cli_arch_flags_take(int argc, char **argv, const struct option *own, cli_arch_flags *f,
                            int *nrest, tpk_ctx *ctx);
 /* Each flag against the architecture (NULL: --program, which takes no flags): its parameter, and
