@@ -19,7 +19,9 @@ typedef struct tpk_input_info {
 /* Read "file.h5:/dataset", "file.npy" (float32/float64, C order) or "file.csv" (numbers, optional
  * header line, no ragged rows). Rank 2 (N×d) .. 4. Non-finite values are rejected with TPK_EDOM
  * naming the first bad position. `info` may be NULL.
- * Details: a rank-1 array (HDF5 or .npy) is read as N×1; rank 0, rank >= 5 and empty arrays are
+ * Details: a rank-1 array (HDF5 or .npy) is read as N×1, with a note (tpk_note); a CSV's first
+ * line is a header only when none of its fields is a number (with a note; a line mixing numbers
+ * and words is TPK_EFORMAT naming the column); rank 0, rank >= 5 and empty arrays are
  * TPK_EFORMAT. HDF5 datasets of any integer or float type are converted to float64; .npy accepts
  * '<f8', '<f4' and their big-endian forms, header versions 1..3; a CSV is always rank 2.
  * "file.h5" without ":/dataset" is TPK_EINVAL, with the file's datasets listed. While inside
