@@ -1,5 +1,6 @@
 /* Atomic, self-describing HDF5 output: write to a hidden temp file, fsync, rename into place. */
 #include "io_impl.h"
+#include "signal_impl.h"
 #include "tpk/alloc.h"
 #include "tpk/io.h"
 
@@ -53,15 +54,7 @@ void tpk_h5out_remove_temps(void)
 static void on_signal(int sig)
 {
     tpk_h5out_remove_temps();
-    static const char msg_int[] = "interrupted (SIGINT): no output written\n";
-    static const char msg_term[] = "terminated (SIGTERM): no output written\n";
-    static const char msg_hup[] = "hangup (SIGHUP): no output written\n";
-    const char *m = sig == SIGINT ? msg_int : sig == SIGTERM ? msg_term : msg_hup;
-    size_t n = sig == SIGINT    ? sizeof msg_int - 1
-               : sig == SIGTERM ? sizeof msg_term - 1
-                                : sizeof msg_hup - 1;
-    ssize_t w = write(2, m, n);
-    (void)w;
+    tpk__signal_say("", sig, ": no output written\n");
     _exit(128 + sig);
 }
 
@@ -69,19 +62,7 @@ static void install_handlers(void)
 {
     /* SIGHUP too: a closed terminal or a dropped ssh session left the temp file (issue 18) */
     const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-    for (int i = 0; i < 3; i++) {
-        struct sigaction old;
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
-            !(old.sa_flags & SA_SIGINFO)) {
-            struct sigaction sa;
-            memset(&sa, 0, sizeof sa);
-            sa.sa_handler = on_signal;
-            sigemptyset(&sa.sa_mask);
-            for (int k = 0; k < 3; k++)
-                sigaddset(&sa.sa_mask, sigs[k]);
-            sigaction(sigs[i], &sa, NULL);
-        }
-    }
+    tpk__signals_default_to(sigs, 3, on_signal);
     /* A file size limit (RLIMIT_FSIZE) is a write error like a full disk: with SIGXFSZ at its
      * default the process would be killed mid-write instead of failing the write with EFBIG
      * and reporting it. */

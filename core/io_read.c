@@ -1019,20 +1019,22 @@ static int parse_field(const char *s, const char *e, double *v)
     return *end == '\0' ? 0 : -1;
 }
 
-/* Whether none of the line's nf fields parses as a number. */
-static int is_header(const char *line, size_t nf)
+/* The end of the field that starts at s: the next ',' or the end of the line. */
+static const char *field_end(const char *s)
 {
-    const char *s = line;
-    for (size_t c = 0; c < nf; c++) {
-        const char *e = strchr(s, ',');
-        if (e == NULL)
-            e = s + strlen(s);
-        double v;
+    const char *e = strchr(s, ',');
+    return e ? e : s + strlen(s);
+}
+
+/* Whether none of the line's fields parses as a number. */
+static int is_header(const char *line)
+{
+    double v;
+    for (const char *s = line, *e = field_end(s);; s = e + 1, e = field_end(s))
         if (parse_field(s, e, &v) == 0)
             return 0;
-        s = e + (*e == ',');
-    }
-    return 1;
+        else if (*e != ',')
+            return 1;
 }
 
 static size_t count_fields(const char *line)
@@ -1130,7 +1132,7 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
         }
         /* The first non-blank line is a header only when none of its fields is a number, and
          * that is said (issue 18: "1,2,abc" was taken as a header, silently dropping a row). */
-        if (!seen_content && is_header(line, nf)) {
+        if (!seen_content && is_header(line)) {
             seen_content = 1;
             tpk_note(ctx, "%s:%zu: taken as a header line, not data (none of its fields is a "
                      "number): '%.60s'", path, lineno, line);
@@ -1138,9 +1140,7 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
         }
         const char *s = line;
         for (size_t c = 0; c < nf; c++) {
-            const char *e = strchr(s, ',');
-            if (e == NULL)
-                e = s + strlen(s);
+            const char *e = field_end(s);
             double v;
             if (parse_field(s, e, &v) != 0) {
                 int w = (int)(e - s);

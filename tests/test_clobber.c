@@ -11,7 +11,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
@@ -148,14 +147,7 @@ static int temps(const char *dir, const char *base)
 {
     char pre[256];
     snprintf(pre, sizeof pre, ".%s.tmp.", base);
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL)
-        n += strncmp(de->d_name, pre, strlen(pre)) == 0;
-    closedir(d);
-    return n;
+    return tu_count_prefix(dir, pre);
 }
 
 /* SIGINT, SIGTERM and SIGHUP while the output's temp file exists: exit 130 / 143 / 129, no temp

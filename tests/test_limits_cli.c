@@ -6,7 +6,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "support/testutil.h"
 #include "tpk/tpk.h"
 
 static char tmpdir[64];
@@ -138,23 +138,41 @@ static void test_toy_run_and_reproduce(void **state)
     tpk_array_free(K);
 }
 
-/* Start gplimits, signal it after `delay` seconds; returns its exit status (or −signal). */
-static int run_and_kill(const char *out, int sig, double delay)
+/* Start gplimits with args (NULL-terminated) and --output=out, its stdout and stderr to
+ * /dev/null, the signals a test sends at their default action. */
+static pid_t spawn_gplimits(const char *out, const char *const *args)
 {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         char exe[1100], o[600];
+        const char *av[32];
+        int n = 0;
         snprintf(exe, sizeof exe, "%s/gplimits", bindir);
         snprintf(o, sizeof o, "--output=%s", out);
-        if (!freopen("/dev/null", "w", stdout))
+        av[n++] = exe;
+        for (int i = 0; args[i] && n < 30; i++)
+            av[n++] = args[i];
+        av[n++] = o;
+        av[n] = NULL;
+        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr))
             _exit(126);
-        if (!freopen("/dev/null", "w", stderr))
-            _exit(126);
-        execl(exe, exe, "--arch=mlp", "--depth=2", "--widths=16..512", "--seeds=40",
-              "--boot=100", "--max-inputs=4", "--seed=5", o, "--resume", (char *)NULL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        execv(exe, (char *const *)av);
         _exit(127);
     }
+    return pid;
+}
+
+/* Start gplimits, signal it after `delay` seconds; returns its exit status (or −signal). */
+static int run_and_kill(const char *out, int sig, double delay)
+{
+    static const char *const args[] = {"--arch=mlp", "--depth=2", "--widths=16..512",
+                                       "--seeds=40", "--boot=100", "--max-inputs=4", "--seed=5",
+                                       "--resume", NULL};
+    pid_t pid = spawn_gplimits(out, args);
     struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
     nanosleep(&ts, NULL);
     kill(pid, sig);
@@ -216,19 +234,10 @@ static void test_signal_in_analysis(void **state)
     snprintf(partial, sizeof partial, "%s.partial.h5", out);
     const int sigs[2] = {SIGTERM, SIGHUP};
     for (int i = 0; i < 2; i++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            char exe[1100], o[600];
-            snprintf(exe, sizeof exe, "%s/gplimits", bindir);
-            snprintf(o, sizeof o, "--output=%s", out);
-            if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr))
-                _exit(126);
-            signal(sigs[i], SIG_DFL);
-            execl(exe, exe, "--arch=mlp", "--depth=2", "--widths=8..64", "--seeds=8",
-                  "--boot=20000", "--max-inputs=4", o, "--resume", (char *)NULL);
-            _exit(127);
-        }
+        static const char *const argl[] = {"--arch=mlp", "--depth=2", "--widths=8..64",
+                                           "--seeds=8", "--boot=20000", "--max-inputs=4",
+                                           "--resume", NULL};
+        pid_t pid = spawn_gplimits(out, argl);
         /* the checkpoint appears when the runs end; the analysis takes seconds after it */
         for (int k = 0; k < 3000 && access(partial, F_OK) != 0; k++)
             nanosleep(&(struct timespec){0, 5000000}, NULL);
@@ -240,11 +249,7 @@ static void test_signal_in_analysis(void **state)
         assert_int_equal(WEXITSTATUS(status), 128 + sigs[i]);
         assert_int_equal(access(out, F_OK), -1);
         assert_int_equal(access(partial, F_OK), 0);
-        DIR *d = opendir(tmpdir);
-        struct dirent *de;
-        while ((de = readdir(d)) != NULL)
-            assert_null(strstr(de->d_name, ".an.h5.tmp."));
-        closedir(d);
+        assert_int_equal(tu_count_prefix(tmpdir, ".an.h5.tmp."), 0);
     }
     remove(partial);
     char zin[600];

@@ -6,7 +6,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "support/testutil.h"
 #include "tpk/tune.h"
 
 static char tptune[1024];
@@ -395,19 +395,6 @@ static void test_replay_shipped_tables(void **state)
     }
 }
 
-/* Whether folder d has an entry starting with prefix. */
-static int has_entry(const char *d, const char *prefix)
-{
-    DIR *dd = opendir(d);
-    assert_non_null(dd);
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(dd)) != NULL)
-        n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
-    closedir(dd);
-    return n > 0;
-}
-
 /* A search interrupted by SIGINT, SIGTERM or SIGHUP exits 128 + signal with a message and leaves
  * no scratch folder; a folder of a process that is gone is removed by the next run (issue 18:
  * kernel sources and shared objects piled up in /tmp). TMPDIR is a folder of this test's own. */
@@ -451,7 +438,7 @@ static void test_signals_leave_no_scratch(void **state)
         assert_int_equal(waitpid(pid, &status, 0), pid);
         assert_true(WIFEXITED(status));
         assert_int_equal(WEXITSTATUS(status), 128 + sigs[i]);
-        if (has_entry(tmp, "tptune."))
+        if (tu_count_prefix(tmp, "tptune.") > 0)
             fail_msg("signal %d: a scratch folder is left in %s", sigs[i], tmp);
         FILE *f = fopen(err, "r");
         assert_non_null(f);

@@ -4,6 +4,8 @@
  * mutation suite, tuner/mutate.c, run every candidate in a process of its own). */
 #include "tune_impl.h"
 
+#include "../core/signal_impl.h"
+
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -186,34 +188,14 @@ static void on_signal(int sig)
         if (g_scratch_used[i])
             unlink(g_scratch[i]);
     remove_workdir();
-    static const char m_int[] = "tptune: interrupted (SIGINT); the records measured so far are "
-                                "in the log\n",
-                      m_term[] = "tptune: terminated (SIGTERM); the records measured so far are "
-                                 "in the log\n",
-                      m_hup[] = "tptune: hangup (SIGHUP); the records measured so far are in "
-                                "the log\n";
-    const char *m = sig == SIGINT ? m_int : sig == SIGTERM ? m_term : m_hup;
-    size_t n = sig == SIGINT ? sizeof m_int - 1 : sig == SIGTERM ? sizeof m_term - 1
-                                                                  : sizeof m_hup - 1;
-    ssize_t w = write(2, m, n);
-    (void)w;
+    tpk__signal_say("tptune: ", sig, "; the records measured so far are in the log\n");
     _exit(128 + sig);
 }
 
 static void install_handlers(void)
 {
     const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
-        struct sigaction old;
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
-            !(old.sa_flags & SA_SIGINFO)) {
-            struct sigaction sa;
-            memset(&sa, 0, sizeof sa);
-            sa.sa_handler = on_signal;
-            sigfillset(&sa.sa_mask);
-            sigaction(sigs[i], &sa, NULL);
-        }
-    }
+    tpk__signals_default_to(sigs, 3, on_signal);
 }
 
 static void scratch_note(const char *path)
