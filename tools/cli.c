@@ -130,6 +130,15 @@ int cli_seen_add(cli_seen *s, int longindex, const char *value, tpk_ctx *ctx)
     return TPK_OK;
 }
 
+int cli_getopt(int argc, char **argv, const struct option *opts, cli_seen *seen, int *st,
+               tpk_ctx *ctx)
+{
+    int li = -1, c = getopt_long(argc, argv, "h", opts, &li);
+    if (c != -1 && c != '?' && c != ':' && (*st = cli_seen_add(seen, li, optarg, ctx)))
+        return -1;
+    return c;
+}
+
 int cli_given(const cli_seen *s, const char *name)
 {
     for (int i = 0; i < CLI_MAX_OPTIONS && s->opts[i].name; i++)

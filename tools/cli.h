@@ -50,6 +50,10 @@ typedef struct cli_seen {
 } cli_seen;
 void cli_seen_init(cli_seen *s, const struct option *opts);
 int cli_seen_add(cli_seen *s, int longindex, const char *value, tpk_ctx *ctx);
+/* getopt_long(argc, argv, "h", opts) recording each option in seen (cli_seen_add): -1 at the end,
+ * and on a repeated option with its error in *st. */
+int cli_getopt(int argc, char **argv, const struct option *opts, cli_seen *seen, int *st,
+               tpk_ctx *ctx);
 int cli_given(const cli_seen *s, const char *name);
 /* An error when option `name` was given although `because` makes it meaningless, e.g.
  * cli_refuse(s, "tokens", "with --input the tokens come from the input"). */

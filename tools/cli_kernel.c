@@ -135,11 +135,7 @@ int cli_kernel_parse(int argc, char **argv, const char *tool, const char *const 
     optind = 1;
     cli_seen seen;
     cli_seen_init(&seen, longopts);
-    int li = -1;
-    while (st == TPK_OK && (c = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
-        if (c != '?' && c != ':' && (st = cli_seen_add(&seen, li, optarg, ctx)))
-            break;
-        li = -1;
+    while (st == TPK_OK && (c = cli_getopt(argc, argv, longopts, &seen, &st, ctx)) != -1) {
         switch (c) {
         case OPT_ARCH: arch_name = optarg; break;
         case OPT_PROGRAM: k->program = optarg; break;

@@ -103,11 +103,7 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
     opterr = 0;
     cli_seen seen;
     cli_seen_init(&seen, lo);
-    int li = -1;
-    while (!st && (c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
-        if (c != '?' && c != ':' && (st = cli_seen_add(&seen, li, optarg, ctx)))
-            break;
-        li = -1;
+    while (!st && (c = cli_getopt(argc, argv, lo, &seen, &st, ctx)) != -1) {
         switch (c) {
         case 't': st = cli_parse_size("tokens", optarg, 1, 64, &o.tokens, ctx); break;
         case 'i': o.input = optarg; break;

@@ -217,14 +217,8 @@ static int parse_args(int argc, char **argv, const tpk_phi_registry *reg, opts *
     opterr = 0;
     cli_seen seen;
     cli_seen_init(&seen, longopts);
-    int li = -1;
-    while (st == TPK_OK && (c = getopt_long(nrest, rest, "h", longopts, &li)) != -1) {
-        if (c != '?' && c != ':')
-            st = cli_seen_add(&seen, li, optarg, ctx);
-        li = -1;
-        if (st == TPK_OK)
-            st = take_option(c, o, rest, ctx);
-    }
+    while (st == TPK_OK && (c = cli_getopt(nrest, rest, longopts, &seen, &st, ctx)) != -1)
+        st = take_option(c, o, rest, ctx);
     if (st == TPK_OK)
         st = cli_no_operands(nrest, rest, ctx);
     free(rest);

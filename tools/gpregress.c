@@ -200,14 +200,8 @@ int main(int argc, char **argv)
     opterr = 0;
     cli_seen seen;
     cli_seen_init(&seen, longopts);
-    int li = -1;
-    while (st == TPK_OK && (c = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
-        if (c != '?' && c != ':')
-            st = cli_seen_add(&seen, li, optarg, &ctx);
-        li = -1;
-        if (st == TPK_OK)
-            st = take_option(c, &o, show, argv, &ctx);
-    }
+    while (st == TPK_OK && (c = cli_getopt(argc, argv, longopts, &seen, &st, &ctx)) != -1)
+        st = take_option(c, &o, show, argv, &ctx);
     const int quiet = show[0];
     if (st == -1)
         return 0;

@@ -89,11 +89,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
     optind = 0; /* GNU getopt: start afresh */
     cli_seen seen;
     cli_seen_init(&seen, longopts);
-    int li = -1;
-    while (st == TPK_OK && (o = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
-        if (o != '?' && o != ':' && (st = cli_seen_add(&seen, li, optarg, &ctx)))
-            break;
-        li = -1;
+    while (st == TPK_OK && (o = cli_getopt(argc, argv, longopts, &seen, &st, &ctx)) != -1) {
         switch (o) {
         case O_PLUS: c->opts.netsor_plus = 1; break;
         case O_EXPLAIN: c->opts.explain = 1; break;
