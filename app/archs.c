@@ -134,28 +134,39 @@ const char *tpk_arch_flag_param(const tpk_arch *a, const char *flag, char *buf, 
     return NULL;
 }
 
-static int check_variance(const char *flag, const char *s, tpk_ctx *ctx)
+/* A flag's number: a finite double, or a message saying what it is instead (issue 18: 1e400
+ * and 1e-320 were "not a number"). */
+static int flag_number(const char *flag, const char *s, double *v, tpk_ctx *ctx)
 {
     char *end;
     errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE)
+    *v = strtod(s, &end);
+    if (end == s || *end != '\0' || isnan(*v))
         return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
-    if (!(v >= 0) || !isfinite(v))
-        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be a finite variance >= 0 (got %s)", flag, s);
+    if (errno == ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is %s", flag, s,
+                         isinf(*v) ? "beyond the range of a double (about 1.8e308)"
+                                   : "below the smallest normal double (about 2.2e-308): give 0 "
+                                     "or a larger value");
     return TPK_OK;
+}
+
+static int check_variance(const char *flag, const char *s, tpk_ctx *ctx)
+{
+    double v;
+    int st = flag_number(flag, s, &v, ctx);
+    if (!st && (!(v >= 0) || !isfinite(v)))
+        st = TPK_ERROR(ctx, TPK_EDOM, "--%s must be a finite variance >= 0 (got %s)", flag, s);
+    return st;
 }
 
 static int check_positive(const char *flag, const char *s, tpk_ctx *ctx)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", flag, s);
-    if (!(v > 0) || !isfinite(v))
-        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be finite and > 0 (got %s)", flag, s);
-    return TPK_OK;
+    double v;
+    int st = flag_number(flag, s, &v, ctx);
+    if (!st && (!(v > 0) || !isfinite(v)))
+        st = TPK_ERROR(ctx, TPK_EDOM, "--%s must be finite and > 0 (got %s)", flag, s);
+    return st;
 }
 
 static int check_depth(const char *s, tpk_ctx *ctx)
@@ -218,15 +229,24 @@ int tpk_arch_sets(const tpk_arch *a, const tpk_arch_flag *fl, int nfl, const tpk
     *n = 0;
     /* A --set of a parameter that a flag also sets would make the flag's value, recorded in the
      * output under the flag's name, contradict what ran (issue 18: --depth=2 --set L=5 ran 5
-     * layers and recorded depth=2): refuse it, naming both. */
+     * layers and recorded depth=2): refuse it, naming both. Some flags set a job setting that
+     * the job turns into program parameters (app/job_cnn.c: --filter the taps k or kh, kw,
+     * --padding circular): a --set of those was silently overridden by the flag. */
+    static const char *const derived[][2] = {{"filter", "k"}, {"filter", "kh"}, {"filter", "kw"},
+                                             {"padding", "circular"}};
     for (int i = 0; i < nuser; i++)
-        for (int f = 0; f < nfl; f++)
-            if (user[i].name && fl[f].param && strcmp(user[i].name, fl[f].param) == 0)
+        for (int f = 0; f < nfl; f++) {
+            int clash = user[i].name && fl[f].param && strcmp(user[i].name, fl[f].param) == 0;
+            for (size_t d = 0; !clash && a->custom && user[i].name && fl[f].param &&
+                               d < sizeof derived / sizeof derived[0]; d++)
+                clash = !strcmp(fl[f].param, derived[d][0]) && !strcmp(user[i].name, derived[d][1]);
+            if (clash)
                 return TPK_ERROR(ctx, TPK_EINVAL, "--set %s=%s conflicts with --%s=%s: both set "
                                  "the parameter %s of --arch=%s; give only one of them",
                                  user[i].name, user[i].value ? user[i].value : "",
-                                 fl[f].flag, fl[f].value ? fl[f].value : "", fl[f].param,
+                                 fl[f].flag, fl[f].value ? fl[f].value : "", user[i].name,
                                  a->name);
+        }
     size_t half = len / 2;
     int bad = add_list(a->defaults, buf, half, out, cap, n);
     for (int f = 0; !bad && f < nfl; f++) {

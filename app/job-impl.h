@@ -28,6 +28,7 @@ struct tpk_kernel_job {
     void *owned;              /* what the job's strings point into, when the library made the job
                                * (tpk_arch_kernel_job), from owned_al; freed with the job */
     tpk_allocator owned_al;
+    tpk_allocator alloc;      /* of tpk_kernel_job_alloc: this struct (tpk/alloc.h) */
 };
 
 /* The implementations: fill kj (X, Xt, readouts, impl, self) from kj->job; with kj->borrowed

@@ -1,5 +1,6 @@
 /* Kernel jobs block by block (issue 16): a job prepared once, its kernel on any block of items
  * as the same evaluator computes the whole job, for the tiles of gpkernel-mpi (docs/scale-out.md). */
+#include "tpk/alloc.h"
 #include "tpk/archs.h"
 
 #include "job-impl.h"
@@ -29,11 +30,10 @@ static tpk_kernel_job *kernel_job(const struct tpk_arch *a, const tpk_job *job, 
                   "job): no kernel job on arrays", a->name);
         return NULL;
     }
-    tpk_kernel_job *kj = calloc(1, sizeof *kj);
-    if (!kj) {
-        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    tpk_kernel_job *kj = tpk_calloc(ctx, 1, sizeof *kj);
+    if (!kj)
         return NULL;
-    }
+    kj->alloc = tpk_ctx_allocator(ctx);
     kj->job = *job;
     kj->borrowed = X != NULL;
     kj->X = X;
@@ -69,7 +69,8 @@ void tpk_kernel_job_free(tpk_kernel_job *kj)
     if (kj->impl)
         kj->impl->release(kj->self);
     tpk_mem_free(&kj->owned_al, kj->owned);
-    free(kj);
+    tpk_allocator al = kj->alloc;
+    tpk_mem_free(&al, kj);
 }
 
 size_t tpk_kernel_job_items(const tpk_kernel_job *kj, int test)

@@ -1,5 +1,6 @@
 /* gpkernel --arch=cnn1d / cnn2d: the shipped program fixes the parameters, the direct recursion
  * of kernels/cnn.c computes the kernel (theory.md §2.8), written to HDF5 like tpk_job_kernel. */
+#include "tpk/alloc.h"
 #include "tpk/archs.h"
 #include "tpk/clock.h"
 #include "tpk/cnn.h"
@@ -33,6 +34,7 @@ typedef struct cnn_job {
     size_t rows, cols, C;
     tpk_cnn_params cp;
     int rolled;         /* the rolled program computes (decided for the whole job's batch) */
+    tpk_allocator al;   /* a kernel job's state (tpk_kjob_cnn_init): its allocator */
 } cnn_job;
 
 static void cnn_job_free(cnn_job *s)
@@ -82,6 +84,33 @@ static int parse_int(const char *what, const char *s, long lo, long hi, long *ou
     return TPK_OK;
 }
 
+/* --filter=k or kh,kw → the program's k (1-D) or kh, kw (2-D). */
+static int add_filter(cnn_job *s, tpk_ctx *ctx)
+{
+    long kh = 1, kw;
+    const char *comma = strchr(s->filter, ',');
+    if (comma && !s->twod)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--filter=k takes one size for cnn1d (got '%s')", s->filter);
+    char first[32];
+    snprintf(first, sizeof first, "%.*s", comma ? (int)(comma - s->filter) : 31, s->filter);
+    int st = parse_int("--filter", first, 1, 100000, &kw, ctx);
+    if (st)
+        return st;
+    if (comma) {
+        kh = kw;
+        if ((st = parse_int("--filter", comma + 1, 1, 100000, &kw, ctx)))
+            return st;
+    } else if (s->twod) {
+        kh = kw;
+    }
+    snprintf(s->buf[2], sizeof s->buf[2], "%ld", kh);
+    snprintf(s->buf[3], sizeof s->buf[3], "%ld", kw);
+    if (!s->twod)
+        return add(s, "k", s->buf[3], ctx);
+    st = add(s, "kh", s->buf[2], ctx);
+    return st ? st : add(s, "kw", s->buf[3], ctx);
+}
+
 /* Input shape → grid and channels; the settings that follow from it and from padding/filter. */
 static int settings(const tpk_job *job, cnn_job *s, size_t *rows, size_t *cols, size_t *C,
                     tpk_ctx *ctx)
@@ -106,56 +135,37 @@ static int settings(const tpk_job *job, cnn_job *s, size_t *rows, size_t *cols, 
         snprintf(s->buf[0], sizeof s->buf[0], "%zu", *cols);
         st = add(s, "T", s->buf[0], ctx);
     }
+    /* padding and filter become program parameters where they stand in the settings (the
+     * defaults first, the user's --set last): a later --set circular=0 wins over the default
+     * padding (it was overridden by it, and the output said circular, issue 18); a --filter
+     * flag beside a --set of k, kh or kw is refused by tpk_arch_sets */
     for (int i = 0; !st && i < job->nsets; i++) {
         const char *n = job->sets[i].name, *v = job->sets[i].value;
-        if (strcmp(n, "padding") == 0)
+        if (strcmp(n, "padding") == 0) {
             s->padding = v;
-        else if (strcmp(n, "readout") == 0)
+            if (strcmp(v, "circular") != 0 && strcmp(v, "zero") != 0)
+                return TPK_ERROR(ctx, TPK_EINVAL, "--padding must be circular or zero (got '%s')",
+                                 v);
+            st = add(s, "circular", strcmp(v, "circular") == 0 ? "1" : "0", ctx);
+        } else if (strcmp(n, "readout") == 0) {
             s->readout = v;
-        else if (strcmp(n, "filter") == 0)
+        } else if (strcmp(n, "filter") == 0) {
             s->filter = v;
-        else if (strcmp(n, "conv") == 0)
+            st = add_filter(s, ctx);
+        } else if (strcmp(n, "conv") == 0) {
             s->conv = v;
-        else
+        } else {
             st = add(s, n, v, ctx);
+        }
     }
     if (st)
         return st;
-    if (s->padding && strcmp(s->padding, "circular") != 0 && strcmp(s->padding, "zero") != 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--padding must be circular or zero (got '%s')", s->padding);
     if (s->readout && strcmp(s->readout, "flatten") != 0 && strcmp(s->readout, "gap") != 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "--readout must be flatten or gap (got '%s')", s->readout);
     if (s->conv && strcmp(s->conv, "auto") != 0 && strcmp(s->conv, "direct") != 0 &&
         strcmp(s->conv, "fft") != 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "--conv must be auto, direct or fft (got '%s')", s->conv);
-    if (s->padding)
-        st = add(s, "circular", strcmp(s->padding, "circular") == 0 ? "1" : "0", ctx);
-    if (!st && s->filter) {
-        long kh = 1, kw;
-        const char *comma = strchr(s->filter, ',');
-        if (comma && !s->twod)
-            return TPK_ERROR(ctx, TPK_EINVAL, "--filter=k takes one size for cnn1d (got '%s')", s->filter);
-        char first[32];
-        snprintf(first, sizeof first, "%.*s", comma ? (int)(comma - s->filter) : 31, s->filter);
-        if ((st = parse_int("--filter", first, 1, 100000, &kw, ctx)))
-            return st;
-        if (comma) {
-            kh = kw;
-            if ((st = parse_int("--filter", comma + 1, 1, 100000, &kw, ctx)))
-                return st;
-        } else if (s->twod) {
-            kh = kw;
-        }
-        snprintf(s->buf[2], sizeof s->buf[2], "%ld", kh);
-        snprintf(s->buf[3], sizeof s->buf[3], "%ld", kw);
-        if (s->twod) {
-            st = add(s, "kh", s->buf[2], ctx);
-            if (!st) st = add(s, "kw", s->buf[3], ctx);
-        } else {
-            st = add(s, "k", s->buf[3], ctx);
-        }
-    }
-    return st;
+    return TPK_OK;
 }
 
 /* Whole (input × position) covariance blocks of the rolled evaluator up to this size (entries
@@ -419,8 +429,10 @@ static int kjob_cnn_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *
 static void kjob_cnn_release(void *self)
 {
     if (self) {
-        cnn_job_free(self);
-        free(self);
+        cnn_job *s = self;
+        tpk_allocator al = s->al;
+        cnn_job_free(s);
+        tpk_mem_free(&al, s);
     }
 }
 
@@ -428,9 +440,10 @@ static const kjob_impl kjob_cnn = {"cnn", kjob_cnn_batch, kjob_cnn_describe, kjo
 
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx)
 {
-    cnn_job *s = calloc(1, sizeof *s);
+    cnn_job *s = tpk_calloc(ctx, 1, sizeof *s);
     if (!s)
-        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return ctx->status;
+    s->al = tpk_ctx_allocator(ctx);
     kj->impl = &kjob_cnn;
     kj->self = s;
     int st = cnn_prepare(&kj->job, s, ctx);

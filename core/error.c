@@ -14,16 +14,36 @@ void tpk_ctx_init(tpk_ctx *ctx)
 
 void tpk_ctx_clear(tpk_ctx *ctx)
 {
-    tpk_allocator keep = ctx->alloc;
-    tpk_ctx_init(ctx);
-    ctx->alloc = keep;
+    tpk_ctx keep = *ctx;
+    tpk_ctx_init_from(ctx, &keep);
 }
 
 void tpk_ctx_init_from(tpk_ctx *ctx, const tpk_ctx *parent)
 {
     tpk_ctx_init(ctx);
-    if (parent != NULL)
+    if (parent != NULL) {
         ctx->alloc = parent->alloc;
+        ctx->note = parent->note;
+        ctx->note_ud = parent->note_ud;
+    }
+}
+
+void tpk_ctx_set_notes(tpk_ctx *ctx, tpk_note_fn fn, void *ud)
+{
+    ctx->note = fn;
+    ctx->note_ud = ud;
+}
+
+void tpk_note(tpk_ctx *ctx, const char *fmt, ...)
+{
+    if (ctx == NULL || ctx->note == NULL)
+        return;
+    char msg[TPK_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ctx->note(ctx->note_ud, msg);
 }
 
 int tpk_error_at(tpk_ctx *ctx, int status, const char *src_file, int src_line, const char *fmt, ...)

@@ -1,5 +1,6 @@
 /* Atomic, self-describing HDF5 output: write to a hidden temp file, fsync, rename into place. */
 #include "io_impl.h"
+#include "signal_impl.h"
 #include "tpk/alloc.h"
 #include "tpk/io.h"
 
@@ -29,13 +30,13 @@
 
 
 /* ---- temp files and signals (issue 18) ------------------------------------------------------
- * A SIGINT or SIGTERM while a temp file exists must not leave it behind. The live temp names
- * sit in a small process-wide table that the handler walks with unlink() only (async-signal-
+ * A SIGINT, SIGTERM or SIGHUP while a temp file exists must not leave it behind. The live temp
+ * names sit in a small process-wide table that the handler walks with unlink() only (async-signal-
  * safe); then it says why on stderr and exits 128 + signal, as a shell reports it. The table
  * and the handler are the one piece of process state here (style.md §6 allows none else): a
- * signal cannot be given a context. The handler is installed only where SIGINT / SIGTERM still
+ * signal cannot be given a context. The handler is installed only where those signals still
  * have their default action, so a program with handlers of its own (gplimits checkpoints on
- * SIGINT) keeps them and calls tpk_h5out_abort itself. */
+ * SIGINT) keeps them and calls tpk_h5out_remove_temps (or tpk_h5out_abort) itself. */
 #define LIVE_MAX 16
 #define LIVE_PATH 4096
 static char live_path[LIVE_MAX][LIVE_PATH];
@@ -43,36 +44,25 @@ static volatile sig_atomic_t live_used[LIVE_MAX];
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t live_once = PTHREAD_ONCE_INIT;
 
-static void on_signal(int sig)
+void tpk_h5out_remove_temps(void)
 {
     for (int i = 0; i < LIVE_MAX; i++)
         if (live_used[i])
             unlink(live_path[i]);
-    static const char msg_int[] = "interrupted (SIGINT): no output written\n";
-    static const char msg_term[] = "terminated (SIGTERM): no output written\n";
-    const char *m = sig == SIGINT ? msg_int : msg_term;
-    size_t n = sig == SIGINT ? sizeof msg_int - 1 : sizeof msg_term - 1;
-    ssize_t w = write(2, m, n);
-    (void)w;
+}
+
+static void on_signal(int sig)
+{
+    tpk_h5out_remove_temps();
+    tpk__signal_say("", sig, ": no output written\n");
     _exit(128 + sig);
 }
 
 static void install_handlers(void)
 {
-    const int sigs[] = {SIGINT, SIGTERM};
-    for (int i = 0; i < 2; i++) {
-        struct sigaction old;
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
-            !(old.sa_flags & SA_SIGINFO)) {
-            struct sigaction sa;
-            memset(&sa, 0, sizeof sa);
-            sa.sa_handler = on_signal;
-            sigemptyset(&sa.sa_mask);
-            sigaddset(&sa.sa_mask, SIGINT);
-            sigaddset(&sa.sa_mask, SIGTERM);
-            sigaction(sigs[i], &sa, NULL);
-        }
-    }
+    /* SIGHUP too: a closed terminal or a dropped ssh session left the temp file (issue 18) */
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    tpk__signals_default_to(sigs, 3, on_signal);
     /* A file size limit (RLIMIT_FSIZE) is a write error like a full disk: with SIGXFSZ at its
      * default the process would be killed mid-write instead of failing the write with EFBIG
      * and reporting it. */
@@ -864,14 +854,20 @@ int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx)
     }
     tpk_h5_quiet q;
     tpk_h5_quiet_begin(&q);
+    errno = 0;
     herr_t hf = H5Fflush(out->file, H5F_SCOPE_GLOBAL);
+    int ef = errno;
     herr_t hc = H5Fclose(out->file);
+    int ec = ef ? ef : errno;
     tpk_h5_quiet_end(&q);
     out->file = -1;
     /* Data must be on disk before the rename makes it visible: otherwise a crash can leave a
      * renamed but empty file where the old good one was. */
     if (hf < 0 || hc < 0) {
-        st = TPK_ERROR(ctx, TPK_EIO, "%s: HDF5 flush/close of '%s' failed", out->path, out->tmp);
+        /* the cause as the failed write left it, as a write's own failure says (mark_failed):
+         * most data reach the disk only here (issue 18: "flush/close failed" named no cause) */
+        errno = ec;
+        st = mark_failed(out, ctx, TPK_EIO, "HDF5 flush/close of", out->tmp);
     } else if (sync_path(out->tmp, 0) != 0) {
         st = TPK_ERROR(ctx, TPK_EIO, "%s: fsync of '%s' failed: %s", out->path, out->tmp,
                        tpk_io_errstr(errno, eb, sizeof eb));
@@ -936,12 +932,14 @@ tpk_h5out *tpk_h5out_adopt(const char *path, const char *tmp, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(EISDIR, eb, sizeof eb));
         return NULL;
     }
-    tpk_h5out *out = calloc(1, sizeof *out);
-    if (out == NULL || (out->path = strdup(path)) == NULL || (out->tmp = strdup(tmp)) == NULL) {
-        TPK_ERROR(ctx, TPK_ENOMEM, "%s: out of memory", path);
+    tpk_h5out *out = tpk_calloc(ctx, 1, sizeof *out);
+    if (out != NULL)
+        out->alloc = tpk_ctx_allocator(ctx);
+    if (out == NULL || (out->path = tpk_strdup(ctx, path)) == NULL ||
+        (out->tmp = tpk_strdup(ctx, tmp)) == NULL) {
         if (out) {
-            free(out->path);
-            free(out);
+            out->live = -1;
+            out_free(out);
         }
         return NULL;
     }

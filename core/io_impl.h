@@ -51,4 +51,9 @@ static inline const char *tpk_io_errstr(int errnum, char *buf, size_t n)
 #define TPK_IO_NO_STDOUT "--output=-: HDF5 output cannot go to standard output (the format needs " \
                          "a seekable file); give a file name, e.g. --output=out.h5"
 
+/* core/io_path.c: whether s[0..n) ends with suffix, ignoring case; the length of spec's file part
+ * (*dataset: what follows ':' after an .h5, .hdf5 or .npz name, else ""). */
+int tpk__io_ends_with_ci(const char *s, size_t n, const char *suffix);
+size_t tpk__io_spec_split(const char *spec, const char **dataset);
+
 #endif

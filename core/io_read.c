@@ -29,11 +29,6 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Common helpers                                                                             */
 
-static int ends_with_ci(const char *s, size_t n, const char *suffix)
-{
-    size_t k = strlen(suffix);
-    return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
-}
 
 /* "4096x784" for messages; beyond READ_MAXDIM dims (all a header parse keeps) "x...". */
 static void shape_str(int ndim, const size_t *dims, char *buf, size_t n)
@@ -95,6 +90,9 @@ static tpk_array *alloc_shaped(const char *path, int ndim, const size_t *dims, t
     if (ndim == 1) {
         d[1] = 1;
         nd = 2;
+        /* said, not silent (issue 18): a vector could as well be one item of n values */
+        tpk_note(ctx, "%s: a rank-1 array of %zu values, read as %zu items of one value each "
+                 "(N×1)", path, dims[0], dims[0]);
     }
     size_t n = 1;
     for (int i = 0; i < nd; i++) {
@@ -1021,6 +1019,24 @@ static int parse_field(const char *s, const char *e, double *v)
     return *end == '\0' ? 0 : -1;
 }
 
+/* The end of the field that starts at s: the next ',' or the end of the line. */
+static const char *field_end(const char *s)
+{
+    const char *e = strchr(s, ',');
+    return e ? e : s + strlen(s);
+}
+
+/* Whether none of the line's fields parses as a number. */
+static int is_header(const char *line)
+{
+    double v;
+    for (const char *s = line, *e = field_end(s);; s = e + 1, e = field_end(s))
+        if (parse_field(s, e, &v) == 0)
+            return 0;
+        else if (*e != ',')
+            return 1;
+}
+
 static size_t count_fields(const char *line)
 {
     size_t n = 1;
@@ -1114,22 +1130,23 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
             vals = nv;
             vcap = nc;
         }
+        /* The first non-blank line is a header only when none of its fields is a number, and
+         * that is said (issue 18: "1,2,abc" was taken as a header, silently dropping a row). */
+        if (!seen_content && is_header(line)) {
+            seen_content = 1;
+            tpk_note(ctx, "%s:%zu: taken as a header line, not data (none of its fields is a "
+                     "number): '%.60s'", path, lineno, line);
+            continue;
+        }
         const char *s = line;
-        int header = 0;
         for (size_t c = 0; c < nf; c++) {
-            const char *e = strchr(s, ',');
-            if (e == NULL)
-                e = s + strlen(s);
+            const char *e = field_end(s);
             double v;
             if (parse_field(s, e, &v) != 0) {
-                /* A non-number on the first non-blank line makes it a header: skip it. */
-                if (!seen_content) {
-                    header = 1;
-                    break;
-                }
                 int w = (int)(e - s);
-                TPK_ERROR(ctx, TPK_EFORMAT, "%s:%zu: column %zu: '%.*s' is not a number", path,
-                          lineno, c + 1, w > 40 ? 40 : w, s);
+                TPK_ERROR(ctx, TPK_EFORMAT, "%s:%zu: column %zu: '%.*s' is not a number%s", path,
+                          lineno, c + 1, w > 40 ? 40 : w, s,
+                          seen_content ? "" : " (a header line has no numbers)");
                 goto done;
             }
             if (!isfinite(v)) {
@@ -1141,8 +1158,6 @@ static tpk_array *read_csv(const char *path, tpk_ctx *ctx)
             s = e + (*e == ',');
         }
         seen_content = 1;
-        if (header)
-            continue;
         if (nrows == 0)
             ncols = nf;
         nvals += nf;
@@ -1176,50 +1191,6 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 /* Entry point                                                                                */
 
-/* spec := path [ ':' dataset ]; the dataset part is recognised only after an HDF5 or .npz
- * extension, so any other path containing ':' is taken literally. Returns the path's length. */
-static size_t spec_split(const char *spec, const char **dataset)
-{
-    *dataset = "";
-    for (const char *c = strchr(spec, ':'); c != NULL; c = strchr(c + 1, ':')) {
-        size_t k = (size_t)(c - spec);
-        if (ends_with_ci(spec, k, ".h5") || ends_with_ci(spec, k, ".hdf5") ||
-            ends_with_ci(spec, k, ".npz")) {
-            *dataset = c + 1;
-            return k;
-        }
-    }
-    return strlen(spec);
-}
-
-/* Output = input would destroy the input (issue 18): compared as files (device and inode), so a
- * symlink, a hard link or another spelling of the same path is caught too. */
-int tpk_io_check_output(const char *output, const char *const *inputs, size_t n, tpk_ctx *ctx)
-{
-    if (output != NULL && strcmp(output, "-") == 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, TPK_IO_NO_STDOUT);
-    struct stat so;
-    if (output == NULL || stat(output, &so) != 0)
-        return TPK_OK; /* a file that does not exist yet is no input */
-    for (size_t i = 0; i < n; i++) {
-        if (inputs[i] == NULL || inputs[i][0] == '\0')
-            continue;
-        const char *ds;
-        size_t len = spec_split(inputs[i], &ds);
-        char path[4096];
-        if (len >= sizeof path)
-            continue;
-        memcpy(path, inputs[i], len);
-        path[len] = '\0';
-        struct stat si;
-        if (stat(path, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-            return TPK_ERROR(ctx, TPK_EINVAL,
-                             "%s is the input %s: writing the output would destroy it (choose another "
-                             "output file)", output, path);
-    }
-    return TPK_OK;
-}
-
 tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
 {
     if (info != NULL)
@@ -1229,7 +1200,7 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
         return NULL;
     }
     const char *dataset;
-    size_t plen = spec_split(spec, &dataset);
+    size_t plen = tpk__io_spec_split(spec, &dataset);
     char path[sizeof info->path];
     char ds[sizeof info->dataset];
     if (plen >= sizeof path) {
@@ -1241,7 +1212,7 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
     path[plen] = '\0';
     /* "file.h5:x" means "/x": HDF5 resolves relative names from the root anyway, but the
      * recorded provenance should be one spelling. A .npz member keeps its name. */
-    const int npz = ends_with_ci(path, plen, ".npz");
+    const int npz = tpk__io_ends_with_ci(path, plen, ".npz");
     int need_slash = !npz && dataset[0] != '\0' && dataset[0] != '/';
     if (strlen(dataset) + (size_t)need_slash >= sizeof ds) {
         TPK_ERROR(ctx, TPK_EINVAL, "%s: dataset name too long", path);
@@ -1253,16 +1224,16 @@ tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *ctx)
 
     const char *format;
     tpk_array *a;
-    if (ends_with_ci(path, plen, ".h5") || ends_with_ci(path, plen, ".hdf5")) {
+    if (tpk__io_ends_with_ci(path, plen, ".h5") || tpk__io_ends_with_ci(path, plen, ".hdf5")) {
         format = "hdf5";
         a = read_h5(path, ds, ctx);
-    } else if (ends_with_ci(path, plen, ".npy")) {
+    } else if (tpk__io_ends_with_ci(path, plen, ".npy")) {
         format = "npy";
         a = read_npy(path, ctx);
     } else if (npz) {
         format = "npz";
         a = read_npz(path, ds + need_slash, ctx);
-    } else if (ends_with_ci(path, plen, ".csv")) {
+    } else if (tpk__io_ends_with_ci(path, plen, ".csv")) {
         format = "csv";
         a = read_csv(path, ctx);
     } else {

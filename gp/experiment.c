@@ -208,6 +208,44 @@ static int check_interpolable(const run_state *rs, const tpk_array *K, tpk_ctx *
     return TPK_OK;
 }
 
+/* A noise below the jitter the factorisation needed (--noise=0, or a tiny one) asks to
+ * interpolate a singular kernel: that holds only for targets in its range. The fit of K + rI
+ * misses them by Y − Kα = rα, which stays O(r) for targets in the range and is a fraction of Y
+ * for the rest (issue 18: x and 2x under a bias-free ReLU kernel, whose targets differ from the
+ * homogeneous pair, gave LML −6.3e8 with exit 0: the duplicate check sees no duplicate). More
+ * than INTERP_RTOL of ‖Y‖ is no interpolant. */
+#define INTERP_RTOL 1e-3
+static int check_interpolant(const opts *o, const tpk_array *Y, size_t n, size_t c,
+                             const tpk_gp *gp, double r, tpk_ctx *ctx)
+{
+    tpk_array *alpha = tpk_array_alloc2(n, c, ctx);
+    if (!alpha || tpk_gp_weights(gp, alpha, ctx)) {
+        tpk_array_free(alpha);
+        return ctx->status;
+    }
+    double miss = 0, norm = 0, worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n * c; i++) {
+        double m = fabs(r * alpha->data[i]);
+        miss += m * m;
+        norm += Y->data[i] * Y->data[i];
+        if (m > worst) {
+            worst = m;
+            at = i;
+        }
+    }
+    tpk_array_free(alpha);
+    if (!(sqrt(miss) > INTERP_RTOL * sqrt(norm)))
+        return TPK_OK;
+    return TPK_ERROR(ctx, TPK_EDOM, "%s: --noise=%g asks to interpolate, but the kernel is "
+                     "singular and the targets are not in its range: the closest fit misses "
+                     "them by %.3g of their size (most at training item %zu, output %zu); items "
+                     "the kernel ties together (duplicates, multiples under a bias-free "
+                     "homogeneous phi) need consistent targets: give --noise > 0 or "
+                     "--noise=auto", o->kernel_file ? o->kernel_file : o->train,
+                     o->noise, sqrt(miss / norm), at / c, at % c);
+}
+
 /* K is consumed (overwritten by its factor) when Kmut != NULL; else it is copied to rs->work.
  * noise < 0: choose it. */
 static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *K,
@@ -260,11 +298,18 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         return st;
     }
     const tpk_gp_info *in = tpk_gp_get_info(gp);
-    if (noise == 0 && in->jitter > 0 && o->warnings)
-        fprintf(o->warnings, "%s: warning: --noise=0 but the kernel is numerically singular: "
-                "jitter %.3g (%.3g x mean diagonal) added to its diagonal, so the fit, LML and "
-                "predictions are those of noise = %.3g\n", o->name, in->jitter * scale,
-                in->jitter / tpk_gp_impl_mean_diag(K), in->jitter * scale);
+    if (noise >= 0 && in->jitter > ratio) {
+        if ((st = check_interpolant(o, Y, n, c, gp, ratio + in->jitter, ctx))) {
+            tpk_gp_free(gp);
+            return st;
+        }
+        if (o->warnings)
+            fprintf(o->warnings, "%s: warning: --noise=%g but the kernel is numerically "
+                    "singular: jitter %.3g (%.3g x mean diagonal) added to its diagonal, so the "
+                    "fit, LML and predictions are those of noise = %.3g\n", o->name, noise,
+                    in->jitter * scale, in->jitter / tpk_gp_impl_mean_diag(K),
+                    (ratio + in->jitter) * scale);
+    }
     res.noise = ratio * scale;
     res.scale = scale;
     res.jitter = in->jitter * scale;
@@ -295,14 +340,14 @@ static int sweep_cb(int depth, const tpk_array *K, const tpk_array *Kxt, const t
     return st ? st : evaluate(a->rs, depth, NULL, K, Kxt, kdiag, a->o->noise_auto ? -1 : a->o->noise, ctx);
 }
 
+/* The parameters --fix holds, and the noise when it is 0 (no log scale for 0). A zero
+ * sigma_b2 is not in it: fit_hyper_and_run runs that start twice, held at 0 and free from
+ * SB2_START (issue 18: held at 0 without a word, a fit on ReLU data stopped at LML -0.34 where a
+ * positive bias reaches +0.63). */
 static unsigned fixed_mask(const opts *o, const tpk_gp_family *f, tpk_ctx *ctx, int *st)
 {
     unsigned mask = 0;
     *st = TPK_OK;
-    for (size_t p = 0; p < f->nparams; p++) /* a zero variance cannot move in log scale */
-        if ((p == 1 && f->nparams == 2 && strcmp(f->names[1], "sigma_b2") == 0 &&
-             o->sigma_b2 == 0))
-            mask |= 1u << p;
     if (!o->noise_auto && o->noise == 0)
         mask |= 1u << f->nparams;
     if (!o->fix)
@@ -334,15 +379,28 @@ static int start_noise(const tpk_gp_family *f, const double *theta, const tpk_ar
     } else {
         tpk_gp_spectral *sp = tpk_gp_spectral_alloc(Ks, Ys, ctx);
         tpk_gp_noise_choice ch = {0};
-        double md = tpk_gp_impl_mean_diag(Ks);
-        st = sp ? tpk_gp_spectral_choose_noise(sp, GP_NOISE_REL_LO * md, GP_NOISE_REL_HI * md, 0,
-                                               &ch, ctx)
-                : ctx->status;
+        double lo, hi;
+        st = !sp ? ctx->status : tpk_gp_impl_noise_range(Ks, &lo, &hi, ctx);
+        if (!st)
+            st = tpk_gp_spectral_choose_noise(sp, lo, hi, 0, &ch, ctx);
         *noise = ch.noise;
         tpk_gp_spectral_free(sp);
     }
     tpk_array_free(Ks);
     return st;
+}
+
+/* A start off the zero boundary for sigma_b2, relative to sigma_w2 (the grid of
+ * tpk_gp_fit_hyper then spans e^±3 around it). */
+#define SB2_START 0.1
+
+/* One tpk_gp_fit_hyper from theta (and the noise: with auto, its LML-best value there). */
+static int fit_from(const tpk_gp_family *f, const tpk_array *Ys, size_t k, int noise_auto,
+                    double *theta, double *noise, const tpk_gp_hyper_options *ho,
+                    tpk_gp_hyper_result *hr, tpk_ctx *ctx)
+{
+    int st = noise_auto ? start_noise(f, theta, Ys, k, noise, ctx) : TPK_OK;
+    return st ? st : tpk_gp_fit_hyper(f, Ys, theta, noise, ho, hr, ctx);
 }
 
 /* fit_hyper: BFGS on the first select_n points, then one full fit at the optimum. */
@@ -367,10 +425,30 @@ static int fit_hyper_and_run(run_state *rs, const opts *o, const tpk_array *X,
         tpk_gp_hyper_options_default(&ho);
         ho.fixed = fixed_mask(o, f, ctx, &st);
         tpk_gp_hyper_result hr;
-        if (!st && o->noise_auto) /* start the noise at the LML-best value for the start */
-            st = start_noise(f, theta, &Ys, k, &noise, ctx);
+        /* a zero sigma_b2 cannot move in log scale: held there, and (unless --fix holds it)
+         * a second fit from a positive one; the better LML wins */
+        const int zero_b2 = mlp && theta[1] == 0, free_b2 = zero_b2 && !(ho.fixed & 2u);
+        if (zero_b2)
+            ho.fixed |= 2u;
         if (!st)
-            st = tpk_gp_fit_hyper(f, &Ys, theta, &noise, &ho, &hr, ctx);
+            st = fit_from(f, &Ys, k, o->noise_auto, theta, &noise, &ho, &hr, ctx);
+        if (!st && free_b2) {
+            double t2[2] = {o->sigma_w2, SB2_START * (o->sigma_w2 > 0 ? o->sigma_w2 : 1.0)};
+            double n2 = o->noise;
+            tpk_gp_hyper_result h2;
+            ho.fixed &= ~2u;
+            st = fit_from(f, &Ys, k, o->noise_auto, t2, &n2, &ho, &h2, ctx);
+            if (!st && h2.lml > hr.lml) {
+                h2.iters += hr.iters;
+                h2.evals += hr.evals;
+                memcpy(theta, t2, sizeof t2);
+                noise = n2;
+                hr = h2;
+            } else if (!st) {
+                hr.iters += h2.iters;
+                hr.evals += h2.evals;
+            }
+        }
         if (!st)
             st = tpk_gp_report_advance(rs->rep, ctx); /* the BFGS run */
         tpk_gp_family_free(f);
@@ -525,6 +603,12 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
                          "/kernel_test_diag has %zu entries, but /kernel is %zu×%zu",
                          o->kernel_file, e->Kxt->dims[0], tpk_array_item_size(e->Kxt),
                          tpk_array_size(e->kd), e->K->dims[0], e->K->dims[0]);
+    for (size_t i = 0; e->Kxt && i < e->Kxt->dims[0]; i++) /* a variance; the rest of the test
+                                                              * blocks is checked by
+                                                              * tpk_gp_predict */
+        if (!(e->kd->data[i] >= 0))
+            return TPK_ERROR(ctx, TPK_EDOM, "%s: /kernel_test_diag is not a variance: entry [%zu] "
+                             "= %g is negative", o->kernel_file, i, e->kd->data[i]);
     return check_psd(o->kernel_file, e->K, ctx);
 }
 

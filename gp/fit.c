@@ -14,6 +14,12 @@
 #define GP_TILE 64
 /* Test points per triangular solve in tpk_gp_predict: workspace N×GP_PRED_BLOCK doubles. */
 #define GP_PRED_BLOCK 256
+/* A predictive variance k(x,x) − kᵀA⁻¹k below −GP_VAR_RTOL·max(k(x,x), kᵀA⁻¹k) is no rounding
+ * (that is ~ε·cond(A), at most ~1e-6 at the jitter's floor): the test kernel is not the same
+ * covariance as the training one — its joint matrix is not PSD (issue 18: a precomputed
+ * /kernel_test_diag of −1, or test×train entries larger than the variances allow, gave variance 0
+ * without a word). Between that and 0 it is rounding, clipped to 0. */
+#define GP_VAR_RTOL 1e-3
 /* Noise search: smallest parabolic move (decades of σ²) worth a factorisation: the LML is flat
  * near its optimum, and 0.1 decade (26 %) in σ² changes it by O(1e-4) per output. */
 #define GP_VERTEX_MIN 0.1
@@ -613,6 +619,17 @@ static int check_cross(const tpk_gp *gp, const tpk_array *Kxt, size_t *m, tpk_ct
     return TPK_OK;
 }
 
+/* Test item i: prior variance d, of which the training points explain s (GP_VAR_RTOL). */
+static int check_variance(size_t i, double d, double s, tpk_ctx *ctx)
+{
+    if (!(d - s < -GP_VAR_RTOL * fmax(fabs(d), s)))
+        return TPK_OK;
+    return TPK_ERROR(ctx, TPK_EDOM, "test item %zu: its prior variance k(x,x) = %.6g is below "
+                     "the %.6g that its covariances with the training items imply: the test "
+                     "kernel (test x train, test diagonal) is not the training kernel's "
+                     "covariance (their joint matrix is not PSD)", i, d, s);
+}
+
 int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdiag,
                    tpk_array *mean, tpk_array *var, tpk_ctx *ctx)
 {
@@ -650,13 +667,16 @@ int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdia
         cblas_dtrsm(CblasColMajor, CblasLeft, CblasUpper, CblasTrans, CblasNonUnit, (int)n, (int)b,
                     1.0, gp->A, (int)n, W, (int)n);
         for (size_t j = 0; j < b; j++) {
-            double s = cblas_ddot((int)n, W + j * n, 1, W + j * n, 1);
-            /* Rounding can take a near-zero variance below 0; clip to the feasible value. */
-            var->data[i0 + j] = fmax(kdiag->data[i0 + j] - s, 0.0);
+            double s = cblas_ddot((int)n, W + j * n, 1, W + j * n, 1), d = kdiag->data[i0 + j];
+            if ((st = check_variance(i0 + j, d, s, ctx)))
+                break;
+            var->data[i0 + j] = fmax(d - s, 0.0);
         }
+        if (st)
+            break;
     }
     tpk_free(ctx, W);
-    return TPK_OK;
+    return st;
 }
 
 int tpk_gp_predict_cov(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *Ktt,
@@ -686,6 +706,13 @@ int tpk_gp_predict_cov(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *
     if (cov->data != Ktt->data)
         memcpy(cov->data, Ktt->data, m * m * sizeof(double));
     /* Column-major upper of cov = row-major lower: cov ← Ktt − WᵀW there, then mirror. */
+    for (size_t i = 0; i < m && !st; i++) /* the diagonal, as tpk_gp_predict checks it */
+        st = check_variance(i, Ktt->data[i * m + i],
+                            cblas_ddot((int)n, W + i * n, 1, W + i * n, 1), ctx);
+    if (st) {
+        tpk_free(ctx, W);
+        return st;
+    }
     cblas_dsyrk(CblasColMajor, CblasUpper, CblasTrans, (int)m, (int)n, -1.0, W, (int)n, 1.0,
                 cov->data, (int)m);
     for (size_t i = 0; i < m; i++)

@@ -26,6 +26,10 @@ typedef struct gp_kcheck {
 
 /* mean(diag K) of an N×N array. */
 double tpk_gp_impl_mean_diag(const tpk_array *K);
+/* The noise search range of kernel K: GP_NOISE_REL_LO..GP_NOISE_REL_HI of its mean diagonal (1
+ * for a zero one); TPK_EDOM when it overflows (an amplitude or variance near the largest double:
+ * issue 18's "noise range must satisfy 0 < lo < hi < inf (got inf, inf)"). */
+int tpk_gp_impl_noise_range(const tpk_array *K, double *lo, double *hi, tpk_ctx *ctx);
 
 int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const char *what,
                              gp_kcheck *kc, tpk_ctx *ctx);

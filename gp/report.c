@@ -127,6 +127,10 @@ static int read_inputs(tpk_gp_data *d, const opts *o, tpk_ctx *ctx)
         return ctx->status;
     if (o->test && !(d->Xt = read_any(o->test, o->n_test, &d->ti, ctx)))
         return ctx->status;
+    /* squared norms beyond a double's range would be blamed on the kernel's parameters */
+    if (tpk_array_check_scale(d->X, o->train, ctx) ||
+        (d->Xt && tpk_array_check_scale(d->Xt, o->test, ctx)))
+        return ctx->status;
     /* items are flattened here: the sizes must agree, the shapes may differ (N×784 vs N×28×28) */
     if (d->Xt && tpk_array_item_size(d->Xt) != tpk_array_item_size(d->X) &&
         tpk_array_check_items(d->Xt, o->test, d->X, o->train, ctx))
@@ -142,16 +146,21 @@ static int read_targets(tpk_gp_data *d, const opts *o, tpk_ctx *ctx)
     /* Cut the targets to the items only with --n-train / --n-test (the first items of longer
      * files, e.g. IDX sets); otherwise a count that differs from the items' is an error either
      * way (issue 18: more test labels than test items were silently cut). */
-    if (!(d->L = read_any(o->labels, o->n_train ? d->n : 0, &d->li, ctx)))
-        return ctx->status;
+    /* targets of one value per item are stored as vectors (class labels, IDX label files):
+     * reading them as N×1 is their meaning, no note */
+    tpk_ctx quiet = *ctx;
+    tpk_ctx_set_notes(&quiet, NULL, NULL);
+    d->L = read_any(o->labels, o->n_train ? d->n : 0, &d->li, &quiet);
+    if (d->L && o->test_labels && d->m)
+        d->Lt = read_any(o->test_labels, o->n_test ? d->m : 0, &d->lti, &quiet);
+    if (!d->L || (o->test_labels && d->m && !d->Lt))
+        return TPK_ERROR(ctx, quiet.status, "%s", quiet.msg);
     if (d->L->dims[0] != d->n)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu rows but there are %zu training items",
                          o->labels, d->L->dims[0], d->n);
     if (o->test_labels) {
         if (!d->m)
             return TPK_ERROR(ctx, TPK_EINVAL, "--test-labels given but no test kernel or inputs");
-        if (!(d->Lt = read_any(o->test_labels, o->n_test ? d->m : 0, &d->lti, ctx)))
-            return ctx->status;
         if (d->Lt->dims[0] != d->m)
             return TPK_ERROR(ctx, TPK_EINVAL, "%s has %zu rows but there are %zu test items",
                              o->test_labels, d->Lt->dims[0], d->m);
@@ -188,6 +197,16 @@ static int read_targets(tpk_gp_data *d, const opts *o, tpk_ctx *ctx)
             d->Yt = d->Lt;
             d->Lt = NULL;
         }
+        /* The LML and the noise search square and sum the targets: beyond a double's range
+         * they failed as "the kernel has eigenvalues below ..." (issue 18). */
+        double ss = 0, big = 0;
+        for (size_t i = 0; i < tpk_array_size(d->Y); i++) {
+            ss += d->Y->data[i] * d->Y->data[i];
+            big = fmax(big, fabs(d->Y->data[i]));
+        }
+        if (!isfinite(ss))
+            return TPK_ERROR(ctx, TPK_EDOM, "%s: the targets' squares sum beyond the range of a "
+                             "double (entries up to %g): rescale the targets", o->labels, big);
     }
     return TPK_OK;
 }
@@ -332,6 +351,23 @@ double tpk_gp_impl_mean_diag(const tpk_array *K)
     return s / (double)n;
 }
 
+int tpk_gp_impl_noise_range(const tpk_array *K, double *lo, double *hi, tpk_ctx *ctx)
+{
+    const size_t n = K->dims[0];
+    double md = 0;
+    for (size_t i = 0; i < n; i++) /* the mean without the sum's overflow */
+        md += K->data[i * n + i] / (double)n;
+    if (!(md > 0))
+        md = md == 0 ? 1 : md;
+    *lo = GP_NOISE_REL_LO * md;
+    *hi = GP_NOISE_REL_HI * md;
+    if (!isfinite(*hi) || !(*lo > 0))
+        return TPK_ERROR(ctx, TPK_EDOM, "the kernel's mean diagonal is %g: too large for a noise "
+                         "search (up to %g times it); rescale the kernel (its amplitude or "
+                         "weight variance) or give --noise", md, GP_NOISE_REL_HI);
+    return TPK_OK;
+}
+
 /* ---- the noise ------------------------------------------------------------------------------- */
 
 int tpk_gp_report_noise_guess(tpk_gp_report *r, const tpk_array *Ks, double *ratio,
@@ -343,13 +379,9 @@ int tpk_gp_report_noise_guess(tpk_gp_report *r, const tpk_array *Ks, double *rat
     tpk_gp_spectral *sp = tpk_gp_spectral_alloc(Ks, &Ys, ctx);
     int st = sp ? TPK_OK : ctx->status;
     tpk_gp_noise_choice ch = {0};
-    if (!st) {
-        double md = tpk_gp_impl_mean_diag(Ks);
-        if (!(md > 0))
-            md = 1;
-        st = tpk_gp_spectral_choose_noise(sp, GP_NOISE_REL_LO * md, GP_NOISE_REL_HI * md,
-                                          r->o->fit_scale, &ch, ctx);
-    }
+    double lo, hi;
+    if (!st && !(st = tpk_gp_impl_noise_range(Ks, &lo, &hi, ctx)))
+        st = tpk_gp_spectral_choose_noise(sp, lo, hi, r->o->fit_scale, &ch, ctx);
     if (!st) {
         *scale = ch.scale;
         *ratio = ch.noise / ch.scale;

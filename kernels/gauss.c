@@ -21,6 +21,11 @@
 
 /* ==== validation ========================================================================= */
 
+/* What an underflowing kernel means and what to change (issue 18: it was "covariance not PSD",
+ * and with a closed-form phi an all-zero kernel, exit 0). */
+#define UNDERFLOW_HINT "the signal vanishes with depth (e.g. ReLU with sigma_w2 < 2 halves it " \
+                       "every layer): fewer layers or a larger weight variance"
+
 static int check_var(double q, const char *what, tpk_ctx *ctx)
 {
     (void)what;
@@ -28,7 +33,11 @@ static int check_var(double q, const char *what, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EDOM, "a pre-activation variance overflowed to inf: the "
                          "kernel grows without bound (weight variance or depth too large for "
                          "this nonlinearity)");
-    if (!isfinite(q) || !(q >= 0))
+    if (isnan(q))
+        return TPK_ERROR(ctx, TPK_EDOM, "a pre-activation variance is not a number: an earlier "
+                         "step overflowed (inf - inf or 0 * inf; a weight variance or the depth "
+                         "too large)");
+    if (!(q >= 0))
         return TPK_ERROR(ctx, TPK_EDOM, "a pre-activation variance is %g, not a finite variance "
                          ">= 0", q);
     return TPK_OK;
@@ -48,8 +57,7 @@ int tpk__gauss_check_cov(double q1, double q2, double k, double *rho, tpk_ctx *c
     if (fabs(k) > s * (1.0 + PSD_RTOL) && ((q1 > 0 && q1 < DBL_MIN) || (q2 > 0 && q2 < DBL_MIN)))
         return TPK_ERROR(ctx, TPK_EDOM, "the kernel underflowed: variances %g and %g are below "
                          "the smallest normal double (%g), where covariances lose their digits; "
-                         "the signal vanishes with depth (e.g. ReLU with sigma_w2 < 2 halves it "
-                         "every layer): fewer layers or a larger weight variance", q1, q2, DBL_MIN);
+                         UNDERFLOW_HINT, q1, q2, DBL_MIN);
     if (fabs(k) > s * (1.0 + PSD_RTOL))
         return TPK_ERROR(ctx, TPK_EDOM,
                          "covariance not PSD: |k| = %.17g exceeds sqrt(q1*q2) = %.17g (q1 = %g, q2 = %g)",
@@ -170,7 +178,12 @@ int tpk__gauss_cf2(const tpk_phi *phi, double q1, double q2, double k, double rh
         const double a = phi->ca, b2 = phi->cb * phi->cb, sig = phi->m ? -1.0 : 1.0;
         const double e1 = exp(-0.5 * b2 * (q1 + q2 - 2.0 * k)), e2 = exp(-0.5 * b2 * (q1 + q2 + 2.0 * k));
         const double c2 = cos(2.0 * phi->cc);
-        v = 0.5 * a * a * (e1 - sig * c2 * e2);
+        /* e1 − σ c2 e2 = (e1 − e2) + (1 − σ c2) e2 with e1 − e2 = −e1·expm1(−2b²k) and
+         * 1 − σ cos 2c = 2 sin²c (sin) or 2 cos²c (cos): no cancellation where e1 ≈ e2, i.e. at
+         * small variances, where the plain difference lost every digit (sin(u) at q = 1e-17
+         * gave 0, issue 18). */
+        const double sc = sig > 0 ? sin(phi->cc) : cos(phi->cc);
+        v = 0.5 * a * a * (-e1 * expm1(-2.0 * b2 * k) + 2.0 * sc * sc * e2);
         /* exp's relative error grows with its argument's rounding: ε·(1 + |arg|). */
         e = 8.0 * eps * 0.5 * a * a * (e1 + fabs(c2) * e2) * (2.0 + b2 * (q1 + q2 + 2.0 * fabs(k)));
         break;
@@ -303,8 +316,24 @@ int tpk__gauss_cf1(const tpk_phi *phi, double m, double q, double *val, double *
     return finite_result(phi, v, ctx);
 }
 
+static int expect2_any(const tpk_phi *phi, double q1, double q2, double k, double rho,
+                       const tpk_gauss_ws *ws, double *val, double *err, tpk_ctx *ctx);
+
+/* E[φ(u)²] of a positive variance below the smallest normal double: the next layer's variance
+ * would be subnormal or 0, every later one 0, and the kernel all zeros without a word. */
 int tpk__gauss_expect2_checked(const tpk_phi *phi, double q1, double q2, double k, double rho,
                                const tpk_gauss_ws *ws, double *val, double *err, tpk_ctx *ctx)
+{
+    int st = expect2_any(phi, q1, q2, k, rho, ws, val, err, ctx);
+    if (st == TPK_OK && q1 > 0 && q1 == q2 && k == q1 && fabs(*val) < DBL_MIN)
+        return TPK_ERROR(ctx, TPK_EDOM, "the kernel underflowed: E[%s(u)^2] = %g for u ~ N(0, %g) "
+                         "is below the smallest normal double (%g); " UNDERFLOW_HINT, phi->canon,
+                         *val, q1, DBL_MIN);
+    return st;
+}
+
+static int expect2_any(const tpk_phi *phi, double q1, double q2, double k, double rho,
+                       const tpk_gauss_ws *ws, double *val, double *err, tpk_ctx *ctx)
 {
     if (phi->kind == GK_NUMERIC) {
         if (!ws)

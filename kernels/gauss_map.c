@@ -307,9 +307,15 @@ static int prep_alloc(index_prep *p, const tpk_phi *phi, int mk, const tpk_gauss
             /* in the user's terms: rows and columns of a cross kernel, else the inputs */
             const char *who = strcmp(what, "qa") == 0 ? "row input"
                               : strcmp(what, "qb") == 0 ? "column input" : "input";
+            /* NaN comes from an overflow upstream (inf − inf, 0·inf): said as such, not as
+             * "-nan, not a finite variance" (issue 18) */
             int st = isinf(qi) ? TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu overflowed to "
                                            "inf: the kernel grows without bound (weight variance "
                                            "or depth too large for this nonlinearity)", who, i)
+                     : isnan(qi) ? TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu is not a "
+                                             "number: an earlier step overflowed (inf - inf or "
+                                             "0 * inf; a weight variance or the depth too large)",
+                                             who, i)
                                : TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu is %g, not a "
                                            "finite variance >= 0", who, i, qi);
             prep_free(p);

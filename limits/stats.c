@@ -25,10 +25,13 @@ int tpk_limits_frob_rel(const double *Khat, const double *K, size_t len, double 
         num += d * d;
         den += K[i] * K[i];
     }
+    /* in the user's terms: these reach gplimits' messages (issue 18) */
     if (!isfinite(num) || !isfinite(den))
-        return TPK_ERROR(ctx, TPK_EDOM, "tpk_limits_frob_rel: non-finite kernel entry");
+        return TPK_ERROR(ctx, TPK_EDOM, "relative kernel error: a kernel entry is not finite "
+                         "(or their squares overflow)");
     if (den == 0)
-        return TPK_ERROR(ctx, TPK_EDOM, "tpk_limits_frob_rel: the limit kernel is zero");
+        return TPK_ERROR(ctx, TPK_EDOM, "relative kernel error: the limit kernel is zero, so the "
+                         "error relative to it is undefined");
     *out = sqrt(num / den);
     return TPK_OK;
 }

@@ -427,6 +427,16 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
     size_t kdim = s->K->dims[0];
     if (s->K->ndim != 2 || s->K->dims[1] != kdim || kdim % N != 0)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "unexpected limit kernel shape for %zu inputs", N);
+    /* Errors are relative to the limit: a zero limit (all-zero inputs through a program without
+     * biases) leaves nothing to compare with; said before any run (issue 18: gplimits ran every
+     * width and seed, then failed and left its checkpoint). */
+    int nonzero = 0;
+    for (size_t i = 0; i < kdim * kdim && !nonzero; i++)
+        nonzero = s->K->data[i] != 0;
+    if (!nonzero)
+        return TPK_ERROR(ctx, TPK_EDOM, "%s: the limit kernel of these inputs is zero (every "
+                         "entry; e.g. all-zero inputs and no biases), so errors relative to it are "
+                         "undefined: give inputs that are not all zero", input);
     if (o->stats.w1_input >= kdim)
         return TPK_ERROR(ctx, TPK_EINVAL, "--w1-input=%zu: only %zu output coordinates (%zu "
                          "inputs x %zu outputs) are compared", o->stats.w1_input, kdim, N,

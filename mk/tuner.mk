@@ -16,8 +16,10 @@ $(BUILD)/obj/gen/tpk_map_cpu_%.o: gen/tpk_map_cpu_%.c | $(DEPS_OK)
 # the tuner objects alone: the library contains gen/, so generating gen/ must not need the library.
 TUNE_LOGS   := $(sort $(wildcard data/tuning/*.jsonl))
 TPGEN       := $(BUILD)/host/tptune-gen
-TPGEN_OBJ    = $(BUILD)/host/tptune.o $(BUILD)/obj/core/error.o $(BUILD)/obj/core/clock.o $(BUILD)/obj/runtime/ref_gemm.o \
-               $(BUILD)/obj/runtime/ref_map.o $(BUILD)/obj/runtime/machine.o $(TUNE_OBJ)
+TPGEN_OBJ    = $(BUILD)/host/tptune.o $(BUILD)/obj/core/error.o $(BUILD)/obj/core/clock.o \
+               $(BUILD)/obj/core/io_path.o $(BUILD)/obj/core/signal.o \
+               $(BUILD)/obj/runtime/ref_gemm.o $(BUILD)/obj/runtime/ref_map.o \
+               $(BUILD)/obj/runtime/machine.o $(TUNE_OBJ)
 
 $(BUILD)/host/tptune.o: tools/tptune.c | $(DEPS_OK)
 	@mkdir -p $(@D)

@@ -29,8 +29,11 @@ typedef struct tpk_nsr_jfac {
 
 typedef struct tpk_nsr_joint tpk_nsr_joint;
 
-/* shifts × points per shift; max_bytes bounds the cache of factor values. NULL: out of memory. */
-tpk_nsr_joint *tpk_nsr_joint_alloc(int shifts, size_t points, size_t max_bytes, uint64_t seed);
+/* shifts × points per shift; max_bytes bounds the cache of factor values. Its memory comes from
+ * al (tpk/alloc.h; NULL: the default), kept for its growth and its _free. NULL: out of memory
+ * (nothing recorded: the caller then integrates without it). */
+tpk_nsr_joint *tpk_nsr_joint_alloc(int shifts, size_t points, size_t max_bytes, uint64_t seed,
+                                   const tpk_allocator *al);
 void tpk_nsr_joint_free(tpk_nsr_joint *j);
 
 /* out[i] = E[Π of the factors f[off[i] .. off[i+1])] with the standard error over the shifts, for

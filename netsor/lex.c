@@ -5,6 +5,7 @@
 #include "tpk/alloc.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -205,9 +206,15 @@ static int lex_number(lexer *L, int line, int col)
     int start = (int)L->pos;
     L->pos += n;
     L->col += (int)n;
+    double v = strtod(buf, NULL);
+    /* said where it is written (issue 18: --set L=1e400 was "prog.nsr:1:1: a parameter value
+     * is not finite") */
+    if (!isfinite(v))
+        return nsr_error(L->S, TPK_ESYNTAX, line, col, "number '%s' is beyond the range of a "
+                         "double (at most about 1.8e308)", buf);
     if (push(L, NSR_T_NUM, line, col, start))
         return TPK_ENOMEM;
-    L->tok[L->ntok - 1].num = strtod(buf, NULL);
+    L->tok[L->ntok - 1].num = v;
     return TPK_OK;
 }
 

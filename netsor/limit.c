@@ -231,7 +231,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.joint = L.o.force_mc || L.o.no_factor || L.o.no_joint ? NULL
               : tpk_nsr_joint_alloc(QMC_SHIFTS, jpts > 0 ? jpts : 1,
                                     L.o.joint_max_bytes ? L.o.joint_max_bytes : JOINT_MAX_BYTES,
-                                    L.o.mc_seed);
+                                    L.o.mc_seed, TPK_ALLOCATOR_OF(ctx));
     const char *tr = getenv("TPK_NETSOR_TRACE");
     int trace = tr != NULL && strcmp(tr, "1") == 0;
     size_t N = L.N;

@@ -155,10 +155,11 @@ static int m2_joint(lim *L, size_t nitem, const fac *rec, const int *rnf, double
         }
     if (ng == 0)
         return TPK_OK;
-    size_t *off = malloc((ng + 1) * sizeof *off), *item = malloc(ng * sizeof *item);
-    tpk_nsr_jfac *f = malloc(nf * sizeof *f);
-    tpk_estimate *e = malloc(ng * sizeof *e);
-    int st = off && item && f && e ? TPK_OK : TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    size_t *off = tpk_malloc(L->ctx, (ng + 1) * sizeof *off);
+    size_t *item = off ? tpk_malloc(L->ctx, ng * sizeof *item) : NULL;
+    tpk_nsr_jfac *f = item ? tpk_malloc(L->ctx, nf * sizeof *f) : NULL;
+    tpk_estimate *e = f ? tpk_malloc(L->ctx, ng * sizeof *e) : NULL;
+    int st = e ? TPK_OK : L->ctx->status;
     for (size_t it = 0, g = 0, q = 0; st == TPK_OK && it < nitem; it++) {
         if (!rnf[it])
             continue;
@@ -183,10 +184,10 @@ static int m2_joint(lim *L, size_t nitem, const fac *rec, const int *rnf, double
             v[0] *= e[g].value;
         }
     }
-    free(off);
-    free(item);
-    free(f);
-    free(e);
+    tpk_free(L->ctx, off);
+    tpk_free(L->ctx, item);
+    tpk_free(L->ctx, f);
+    tpk_free(L->ctx, e);
     return st;
 }
 
@@ -212,8 +213,11 @@ static int m2_entries(lim *L, int u, int v, const int (*gen)[2], int ngen, uint6
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     /* with the joint sampler, an item's group of more dims than max_gh_dim is left in
      * rec[it] (its factors, rnf[it] of them; 0: none) and integrated by m2_joint with the others */
-    fac *rec = L->joint ? malloc((nitem ? nitem : 1) * 2 * MAXF * sizeof *rec) : NULL;
-    int *rnf = L->joint ? malloc((nitem ? nitem : 1) * sizeof *rnf) : NULL;
+    /* without memory for them, the items are integrated alone: nothing recorded (a fallback) */
+    const tpk_allocator *al = TPK_ALLOCATOR_OF(L->ctx);
+    fac *rec = L->joint ? tpk_mem_malloc(al, (nitem ? nitem : 1) * 2 * MAXF * sizeof *rec, NULL)
+                        : NULL;
+    int *rnf = rec ? tpk_mem_malloc(al, (nitem ? nitem : 1) * sizeof *rnf, NULL) : NULL;
     int joint = rec != NULL && rnf != NULL, retry = 0;
 again:
 #pragma omp parallel
@@ -282,8 +286,8 @@ again:
             goto again;
         }
     }
-    free(rec);
-    free(rnf);
+    tpk_mem_free(al, rec);
+    tpk_mem_free(al, rnf);
     if (status == TPK_OK)
         status = tpk_progress_check(L->o.progress, L->ctx);
     if (status != TPK_OK) {

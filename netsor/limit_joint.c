@@ -22,6 +22,7 @@
 #include "backend-impl.h"
 #include "joint-impl.h"
 #include "orthant-impl.h"
+#include "tpk/alloc.h"
 #include "tpk/gemm.h"
 #include "tpk/mvn.h"
 #include "tpk/rng.h"
@@ -61,11 +62,11 @@ static int map_get(const map *m, uint64_t k1, uint64_t k2)
     }
 }
 
-static int map_put(map *m, uint64_t k1, uint64_t k2, int v)
+static int map_put(map *m, const tpk_allocator *al, uint64_t k1, uint64_t k2, int v)
 {
     if (2 * (m->n + 1) > m->cap) {
         size_t nc = m->cap ? 2 * m->cap : 256;
-        kv *ne = calloc(nc, sizeof *ne), *old = m->e;
+        kv *ne = tpk_mem_calloc(al, nc, sizeof *ne, NULL), *old = m->e;
         if (ne == NULL)
             return TPK_ENOMEM;
         size_t oc = m->cap;
@@ -74,8 +75,8 @@ static int map_put(map *m, uint64_t k1, uint64_t k2, int v)
         m->n = 0;
         for (size_t i = 0; i < oc; i++)
             if (old[i].k1 != 0)
-                map_put(m, old[i].k1, old[i].k2, old[i].v);
-        free(old);
+                map_put(m, al, old[i].k1, old[i].k2, old[i].v);
+        tpk_mem_free(al, old);
     }
     size_t i = (size_t)(k1 * UINT64_C(0x9E3779B97F4A7C15) >> 7) & (m->cap - 1);
     while (m->e[i].k1 != 0)
@@ -105,15 +106,18 @@ struct tpk_nsr_joint {
     int nf, capf;
     double **vals;
     map facs;
+    tpk_allocator al;     /* of tpk_nsr_joint_alloc: every block above */
 };
 
-tpk_nsr_joint *tpk_nsr_joint_alloc(int shifts, size_t points, size_t max_bytes, uint64_t seed)
+tpk_nsr_joint *tpk_nsr_joint_alloc(int shifts, size_t points, size_t max_bytes, uint64_t seed,
+                                   const tpk_allocator *al)
 {
     if (shifts < 2 || points < 1)
         return NULL;
-    tpk_nsr_joint *j = calloc(1, sizeof *j);
+    tpk_nsr_joint *j = tpk_mem_calloc(al, 1, sizeof *j, NULL);
     if (j == NULL)
         return NULL;
+    j->al = al ? *al : (tpk_allocator){NULL, NULL};
     j->R = shifts;
     j->M = points;
     j->P = (size_t)shifts * points;
@@ -126,27 +130,27 @@ void tpk_nsr_joint_free(tpk_nsr_joint *j)
 {
     if (j == NULL)
         return;
-    free(j->dg);
-    free(j->da);
-    free(j->mu);
-    free(j->diag);
-    free(j->row);
-    free(j->roff);
-    free(j->rlen);
-    free(j->ridx);
-    free(j->rval);
-    free(j->dims.e);
+    const tpk_allocator al = j->al;
+    void *blocks[] = {j->dg, j->da, j->mu, j->diag, j->row, j->roff, j->rlen, j->ridx, j->rval,
+                      j->dims.e, j->facs.e};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
+        tpk_mem_free(&al, blocks[i]);
     for (int i = 0; i < j->nf; i++)
-        free(j->vals[i]);
-    free(j->vals);
-    free(j->facs.e);
-    free(j);
+        tpk_mem_free(&al, j->vals[i]);
+    tpk_mem_free(&al, j->vals);
+    tpk_mem_free(&al, j);
 }
 
 static int grow_dims(tpk_nsr_joint *j)
 {
     int nc = j->capd ? 2 * j->capd : 64;
-#define GROW(p) do { void *q_ = realloc((p), (size_t)nc * sizeof *(p)); if (!q_) return TPK_ENOMEM; (p) = q_; } while (0)
+#define GROW(p)                                                                            \
+    do {                                                                                       \
+        void *q_ = tpk_mem_realloc(&j->al, (p), (size_t)nc * sizeof *(p), NULL);               \
+        if (!q_)                                                                               \
+            return TPK_ENOMEM;                                                                 \
+        (p) = q_;                                                                              \
+    } while (0)
     GROW(j->dg);
     GROW(j->da);
     GROW(j->mu);
@@ -190,11 +194,11 @@ static int dim_of(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int g, size_t 
         size_t nc = j->rcap ? 2 * j->rcap : 4096;
         while (nc < j->rn + (size_t)nz + 1)
             nc *= 2;
-        int *ni = realloc(j->ridx, nc * sizeof *ni);
+        int *ni = tpk_mem_realloc(&j->al, j->ridx, nc * sizeof *ni, NULL);
         if (ni == NULL)
             return -1;
         j->ridx = ni;
-        double *nv = realloc(j->rval, nc * sizeof *nv);
+        double *nv = tpk_mem_realloc(&j->al, j->rval, nc * sizeof *nv, NULL);
         if (nv == NULL)
             return -1;
         j->rval = nv;
@@ -213,7 +217,7 @@ static int dim_of(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int g, size_t 
     j->dg[k] = g;
     j->da[k] = a;
     j->mu[k] = env->mean(env->ctx, g);
-    if (map_put(&j->dims, k1, k2, k))
+    if (map_put(&j->dims, &j->al, k1, k2, k))
         return -1;
     j->nd++;
     return k;
@@ -258,15 +262,16 @@ static int sample_factors(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int nn
     int *jpos = NULL, maxlen = 1, maxdepth = 1, st = TPK_OK;
     int **leaf = NULL;     /* per factor: the coordinate of each node (−1: not a G-var) */
     double **sv = NULL;    /* per factor: the scalars' values */
-    leaf = calloc((size_t)nn, sizeof *leaf);
-    sv = calloc((size_t)nn, sizeof *sv);
+    const tpk_allocator *al = TPK_ALLOCATOR_OF(ctx); /* temporaries: the caller's allocator */
+    leaf = tpk_mem_calloc(al, (size_t)nn, sizeof *leaf, NULL);
+    sv = tpk_mem_calloc(al, (size_t)nn, sizeof *sv, NULL);
     if (!leaf || !sv) {
         st = TPK_ENOMEM;
         goto out;
     }
     for (int f = 0; f < nn; f++) {
-        leaf[f] = malloc((size_t)nf[f].len * sizeof **leaf);
-        sv[f] = malloc((size_t)nf[f].len * sizeof **sv);
+        leaf[f] = tpk_mem_malloc(al, (size_t)nf[f].len * sizeof **leaf, NULL);
+        sv[f] = tpk_mem_malloc(al, (size_t)nf[f].len * sizeof **sv, NULL);
         if (!leaf[f] || !sv[f]) {
             st = TPK_ENOMEM;
             goto out;
@@ -291,10 +296,10 @@ static int sample_factors(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int nn
         }
     }
     /* the marks: 1 read by a factor, 2 used by a row (after the appends above) */
-    mark = calloc((size_t)j->nd, sizeof *mark);
-    D = malloc((size_t)j->nd * sizeof *D);
-    J = malloc((size_t)j->nd * sizeof *J);
-    jpos = malloc((size_t)j->nd * sizeof *jpos);
+    mark = tpk_mem_calloc(al, (size_t)j->nd, sizeof *mark, NULL);
+    D = tpk_mem_malloc(al, (size_t)j->nd * sizeof *D, NULL);
+    J = tpk_mem_malloc(al, (size_t)j->nd * sizeof *J, NULL);
+    jpos = tpk_mem_malloc(al, (size_t)j->nd * sizeof *jpos, NULL);
     if (!mark || !D || !J || !jpos) {
         st = TPK_ENOMEM;
         goto out;
@@ -317,11 +322,12 @@ static int sample_factors(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int nn
         }
     }
     /* the rows of D over the columns J, dense: per block, samples = A · normals (one GEMM) */
-    double *A = calloc((size_t)(nD ? nD : 1) * (size_t)(nJ ? nJ : 1), sizeof *A);
-    int *dpos = malloc((size_t)j->nd * sizeof *dpos);
+    double *A = tpk_mem_calloc(al, (size_t)(nD ? nD : 1) * (size_t)(nJ ? nJ : 1), sizeof *A,
+                               NULL);
+    int *dpos = tpk_mem_malloc(al, (size_t)j->nd * sizeof *dpos, NULL);
     if (!A || !dpos) {
-        free(A);
-        free(dpos);
+        tpk_mem_free(al, A);
+        tpk_mem_free(al, dpos);
         st = TPK_ENOMEM;
         goto out;
     }
@@ -340,14 +346,17 @@ static int sample_factors(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int nn
     const int lattice = ((size_t)1 << bits) == M && bits <= 20; /* 2^b points: coord() */
 #pragma omp parallel
     {
-        double *nrm = malloc((size_t)nJ * BLKP * sizeof *nrm);
-        double *smp = malloc((size_t)(nD ? nD : 1) * BLKP * sizeof *smp);
-        void *gw = gws ? aligned_alloc(64, gws) : NULL;
+        /* per thread, from the caller's allocator (the hook is thread-safe where calls run
+         * threads; no context is written here: the region reports through st) */
+        double *nrm = tpk_mem_malloc(al, (size_t)nJ * BLKP * sizeof *nrm, NULL);
+        double *smp = tpk_mem_malloc(al, (size_t)(nD ? nD : 1) * BLKP * sizeof *smp, NULL);
         tpk_ctx gctx;
-        tpk_ctx_init(&gctx);
-        double *uu = malloc(BLKP * sizeof *uu), *sh = malloc(BLKP * sizeof *sh);
-        double *stack = malloc((size_t)maxdepth * BLKP * sizeof *stack);
-        const double **gv = malloc((size_t)maxlen * sizeof *gv);
+        tpk_ctx_init_from(&gctx, ctx);
+        void *gw = gws ? tpk_aligned_alloc(&gctx, 64, gws) : NULL;
+        double *uu = tpk_mem_malloc(al, BLKP * sizeof *uu, NULL);
+        double *sh = tpk_mem_malloc(al, BLKP * sizeof *sh, NULL);
+        double *stack = tpk_mem_malloc(al, (size_t)maxdepth * BLKP * sizeof *stack, NULL);
+        const double **gv = tpk_mem_malloc(al, (size_t)maxlen * sizeof *gv, NULL);
         int my = nrm && smp && uu && sh && stack && gv && (gw || !gws) ? TPK_OK : TPK_ENOMEM;
 #pragma omp for schedule(dynamic, 1)
         for (size_t it = 0; it < (size_t)j->R * nblk; it++) {
@@ -391,27 +400,21 @@ static int sample_factors(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int nn
 #pragma omp critical(tpk_joint_err)
         if (my != TPK_OK)
             st = my;
-        free(nrm);
-        free(smp);
-        free(uu);
-        free(sh);
-        free(stack);
-        free(gv);
-        free(gw);
+        void *tb[] = {nrm, smp, uu, sh, stack, (void *)gv};
+        for (size_t b = 0; b < sizeof tb / sizeof tb[0]; b++)
+            tpk_mem_free(al, tb[b]);
+        tpk_aligned_free(&gctx, gw);
     }
-    free(A);
-    free(dpos);
+    tpk_mem_free(al, A);
+    tpk_mem_free(al, dpos);
 out:
     for (int f = 0; leaf && f < nn; f++)
-        free(leaf[f]);
+        tpk_mem_free(al, leaf[f]);
     for (int f = 0; sv && f < nn; f++)
-        free(sv[f]);
-    free(leaf);
-    free(sv);
-    free(mark);
-    free(D);
-    free(J);
-    free(jpos);
+        tpk_mem_free(al, sv[f]);
+    void *ob[] = {leaf, sv, mark, D, J, jpos};
+    for (size_t b = 0; b < sizeof ob / sizeof ob[0]; b++)
+        tpk_mem_free(al, ob[b]);
     return st == TPK_OK ? TPK_OK : TPK_ERROR(ctx, st, "out of memory for the joint sample");
 }
 
@@ -419,7 +422,7 @@ out:
 static void joint_reset(tpk_nsr_joint *j)
 {
     for (int i = 0; i < j->nf; i++)
-        free(j->vals[i]);
+        tpk_mem_free(&j->al, j->vals[i]);
     j->nf = 0;
     j->nd = 0;
     j->rn = 0;
@@ -443,11 +446,11 @@ int tpk_nsr_joint_expect(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int n,
             break;
         }
     size_t nfac = off[n];
-    int *slot = malloc((nfac ? nfac : 1) * sizeof *slot), nn = 0, st = TPK_OK;
-    tpk_nsr_jfac *nf = malloc((nfac ? nfac : 1) * sizeof *nf);
-    int *nslot = malloc((nfac ? nfac : 1) * sizeof *nslot);
+    int *slot = tpk_malloc(ctx, (nfac ? nfac : 1) * sizeof *slot), nn = 0, st = TPK_OK;
+    tpk_nsr_jfac *nf = slot ? tpk_malloc(ctx, (nfac ? nfac : 1) * sizeof *nf) : NULL;
+    int *nslot = nf ? tpk_malloc(ctx, (nfac ? nfac : 1) * sizeof *nslot) : NULL;
     if (!slot || !nf || !nslot) {
-        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        st = ctx->status;
         goto done;
     }
     /* kept factors, and room for the new ones (in the order given: deterministic) */
@@ -479,32 +482,32 @@ int tpk_nsr_joint_expect(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int n,
             int nc = j->capf ? 2 * j->capf : 64;
             while (nc < j->nf + nn)
                 nc *= 2;
-            double **nv = realloc(j->vals, (size_t)nc * sizeof *nv);
+            double **nv = tpk_mem_realloc(&j->al, j->vals, (size_t)nc * sizeof *nv, ctx);
             if (nv == NULL) {
-                st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+                st = ctx->status;
                 goto done;
             }
             j->vals = nv;
             j->capf = nc;
         }
         for (int p = 0; p < nn; p++) {
-            j->vals[j->nf + p] = malloc(j->P * sizeof(double));
+            j->vals[j->nf + p] = tpk_mem_malloc(&j->al, j->P * sizeof(double), ctx);
             if (j->vals[j->nf + p] == NULL) {
                 for (int q = 0; q < p; q++)
-                    free(j->vals[j->nf + q]);
-                st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+                    tpk_mem_free(&j->al, j->vals[j->nf + q]);
+                st = ctx->status;
                 goto done;
             }
         }
         st = sample_factors(j, env, nn, nf, nslot, ctx);
         for (int p = 0; st == TPK_OK && p < nn; p++) {
             uint64_t k2, k1 = fac_key(&nf[p], &k2);
-            if (map_put(&j->facs, k1, k2, nslot[p]))
+            if (map_put(&j->facs, &j->al, k1, k2, nslot[p]))
                 st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         }
         if (st != TPK_OK) {
             for (int p = 0; p < nn; p++)
-                free(j->vals[j->nf + p]);
+                tpk_mem_free(&j->al, j->vals[j->nf + p]);
             goto done;
         }
         j->nf += nn;
@@ -533,8 +536,8 @@ int tpk_nsr_joint_expect(tpk_nsr_joint *j, const tpk_nsr_joint_env *env, int n,
         out[i].err = sqrt(s2 / (R - 1) / R);
     }
 done:
-    free(slot);
-    free(nf);
-    free(nslot);
+    tpk_free(ctx, slot);
+    tpk_free(ctx, nf);
+    tpk_free(ctx, nslot);
     return st;
 }

@@ -74,19 +74,20 @@ typedef struct trip {
     int n, cap;
     int *r, *c;
     double *v;
+    const tpk_allocator *al; /* the call's */
 } trip;
 
 static int trip_add(trip *t, int r, int c, double v)
 {
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 1024;
-        int *r2 = realloc(t->r, (size_t)cap * sizeof *r2);
+        int *r2 = tpk_mem_realloc(t->al, t->r, (size_t)cap * sizeof *r2, NULL);
         if (r2)
             t->r = r2;
-        int *c2 = realloc(t->c, (size_t)cap * sizeof *c2);
+        int *c2 = tpk_mem_realloc(t->al, t->c, (size_t)cap * sizeof *c2, NULL);
         if (c2)
             t->c = c2;
-        double *v2 = realloc(t->v, (size_t)cap * sizeof *v2);
+        double *v2 = tpk_mem_realloc(t->al, t->v, (size_t)cap * sizeof *v2, NULL);
         if (v2)
             t->v = v2;
         if (!r2 || !c2 || !v2)
@@ -104,9 +105,10 @@ static int trip_add(trip *t, int r, int c, double v)
  * live primitive: "the value is in memory"); rows as in orchestration.md §3.1 plus the cuts. */
 static Cbc_Model *build_model(const blp_state *s, tpk_ctx *ctx)
 {
+    const tpk_allocator *al = TPK_ALLOCATOR_OF(ctx); /* the call's temporaries */
     const tpk_orch_cands *c = s->c;
     int P = c->nlive, ncol = s->nx + P;
-    trip t = {0};
+    trip t = {.al = al};
     int nrow = 0, bad = 0;
     double *rlo = NULL, *rhi = NULL;
     int nrow_max = 0;
@@ -114,8 +116,8 @@ static Cbc_Model *build_model(const blp_state *s, tpk_ctx *ctx)
     nrow_max = 2 * P + s->ncut;
     for (int j = 0; j < s->nx; j++)
         nrow_max += c->k[s->xk[j]].ninputs;
-    rlo = malloc(((size_t)nrow_max + 1) * sizeof *rlo);
-    rhi = malloc(((size_t)nrow_max + 1) * sizeof *rhi);
+    rlo = tpk_mem_malloc(al, ((size_t)nrow_max + 1) * sizeof *rlo, NULL);
+    rhi = tpk_mem_malloc(al, ((size_t)nrow_max + 1) * sizeof *rhi, NULL);
     if (!rlo || !rhi)
         bad = 1;
     /* written(v): Σ_{k writes v} x_k − a_v ≥ 0 */
@@ -162,12 +164,12 @@ static Cbc_Model *build_model(const blp_state *s, tpk_ctx *ctx)
         rlo[nrow] = -DBL_MAX;
         rhi[nrow++] = cu->nt - 1;
     }
-    CoinBigIndex *start = calloc((size_t)ncol + 1, sizeof *start);
-    int *index = malloc(((size_t)t.n + 1) * sizeof *index);
-    double *value = malloc(((size_t)t.n + 1) * sizeof *value);
-    double *clo = malloc(((size_t)ncol + 1) * sizeof *clo);
-    double *chi = malloc(((size_t)ncol + 1) * sizeof *chi);
-    double *obj = malloc(((size_t)ncol + 1) * sizeof *obj);
+    CoinBigIndex *start = tpk_mem_calloc(al, (size_t)ncol + 1, sizeof *start, NULL);
+    int *index = tpk_mem_malloc(al, ((size_t)t.n + 1) * sizeof *index, NULL);
+    double *value = tpk_mem_malloc(al, ((size_t)t.n + 1) * sizeof *value, NULL);
+    double *clo = tpk_mem_malloc(al, ((size_t)ncol + 1) * sizeof *clo, NULL);
+    double *chi = tpk_mem_malloc(al, ((size_t)ncol + 1) * sizeof *chi, NULL);
+    double *obj = tpk_mem_malloc(al, ((size_t)ncol + 1) * sizeof *obj, NULL);
     Cbc_Model *m = NULL;
     if (bad || !start || !index || !value || !clo || !chi || !obj) {
         TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory building the BLP (%d columns)", ncol);
@@ -178,7 +180,7 @@ static Cbc_Model *build_model(const blp_state *s, tpk_ctx *ctx)
     for (int j = 0; j < ncol; j++)
         start[j + 1] += start[j];
     {
-        CoinBigIndex *fill = malloc(((size_t)ncol + 1) * sizeof *fill);
+        CoinBigIndex *fill = tpk_mem_malloc(al, ((size_t)ncol + 1) * sizeof *fill, NULL);
         if (fill == NULL) {
             TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory building the BLP");
             goto done;
@@ -189,7 +191,7 @@ static Cbc_Model *build_model(const blp_state *s, tpk_ctx *ctx)
             index[at] = t.r[e];
             value[at] = t.v[e];
         }
-        free(fill);
+        tpk_mem_free(al, fill);
     }
     for (int j = 0; j < s->nx; j++) {
         clo[j] = 0;
@@ -236,17 +238,17 @@ static Cbc_Model *build_model(const blp_state *s, tpk_ctx *ctx)
     if (s->o->max_nodes > 0)
         Cbc_setMaximumNodes(m, s->o->max_nodes);
 done:
-    free(t.r);
-    free(t.c);
-    free(t.v);
-    free(rlo);
-    free(rhi);
-    free(start);
-    free(index);
-    free(value);
-    free(clo);
-    free(chi);
-    free(obj);
+    tpk_mem_free(t.al, t.r);
+    tpk_mem_free(t.al, t.c);
+    tpk_mem_free(t.al, t.v);
+    tpk_mem_free(al, rlo);
+    tpk_mem_free(al, rhi);
+    tpk_mem_free(al, start);
+    tpk_mem_free(al, index);
+    tpk_mem_free(al, value);
+    tpk_mem_free(al, clo);
+    tpk_mem_free(al, chi);
+    tpk_mem_free(al, obj);
     return m;
 }
 
@@ -271,11 +273,13 @@ static int blocked(const tpk_orch_cands *c, int v, const unsigned char *selected
 static int add_cut(blp_state *s, const unsigned char *selected, const int *stuck, int nstuck,
                    tpk_ctx *ctx)
 {
+    const tpk_allocator *al = TPK_ALLOCATOR_OF(ctx); /* the call's temporaries */
     const tpk_orch_cands *c = s->c;
     int nk = c->nk, nv = c->g->nvalues;
-    unsigned char *inT = calloc((size_t)nk + 1, 1), *blk = calloc((size_t)nv + 1, 1);
-    unsigned char *inP = calloc((size_t)nk + 1, 1);
-    int *T = malloc(((size_t)nstuck + 1) * sizeof *T);
+    unsigned char *inT = tpk_mem_calloc(al, (size_t)nk + 1, 1, NULL);
+    unsigned char *blk = tpk_mem_calloc(al, (size_t)nv + 1, 1, NULL);
+    unsigned char *inP = tpk_mem_calloc(al, (size_t)nk + 1, 1, NULL);
+    int *T = tpk_mem_malloc(al, ((size_t)nstuck + 1) * sizeof *T, NULL);
     int st = TPK_OK;
     if (!inT || !blk || !inP || !T) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for an acyclicity cut");
@@ -289,7 +293,7 @@ static int add_cut(blp_state *s, const unsigned char *selected, const int *stuck
         int r = stuck[i];
         if (!inT[r])
             continue;
-        unsigned char *save = malloc((size_t)nk + 1);
+        unsigned char *save = tpk_mem_malloc(al, (size_t)nk + 1, NULL);
         if (save == NULL) {
             st = TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for an acyclicity cut");
             goto done;
@@ -316,7 +320,7 @@ static int add_cut(blp_state *s, const unsigned char *selected, const int *stuck
         }
         if (left == 0)
             memcpy(inT, save, (size_t)nk); /* r is needed */
-        free(save);
+        tpk_mem_free(al, save);
     }
     int nt = 0, np = 0;
     for (int i = 0; i < nstuck; i++)
@@ -338,7 +342,7 @@ static int add_cut(blp_state *s, const unsigned char *selected, const int *stuck
             }
     if (s->ncut == s->capcut) {
         int cap = s->capcut ? 2 * s->capcut : 16;
-        blp_cut *q = realloc(s->cut, (size_t)cap * sizeof *q);
+        blp_cut *q = tpk_mem_realloc(al, s->cut, (size_t)cap * sizeof *q, NULL);
         if (q == NULL) {
             st = TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for an acyclicity cut");
             goto done;
@@ -347,7 +351,7 @@ static int add_cut(blp_state *s, const unsigned char *selected, const int *stuck
         s->capcut = cap;
     }
     blp_cut *cu = &s->cut[s->ncut];
-    cu->idx = malloc(((size_t)nt + (size_t)np + 1) * sizeof *cu->idx);
+    cu->idx = tpk_mem_malloc(al, ((size_t)nt + (size_t)np + 1) * sizeof *cu->idx, NULL);
     if (cu->idx == NULL) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for an acyclicity cut");
         goto done;
@@ -360,15 +364,16 @@ static int add_cut(blp_state *s, const unsigned char *selected, const int *stuck
             cu->idx[q++] = k;
     s->ncut++;
 done:
-    free(inT);
-    free(blk);
-    free(inP);
-    free(T);
+    tpk_mem_free(al, inT);
+    tpk_mem_free(al, blk);
+    tpk_mem_free(al, inP);
+    tpk_mem_free(al, T);
     return st;
 }
 
 tpk_orch_plan *tpk_orch_solve_blp(const tpk_orch_cands *c, const tpk_orch_opts *o, tpk_ctx *ctx)
 {
+    const tpk_allocator *al = TPK_ALLOCATOR_OF(ctx); /* the call's temporaries */
     if (c == NULL) {
         TPK_ERROR(ctx, TPK_EINVAL, "orch: no candidates");
         return NULL;
@@ -390,12 +395,12 @@ tpk_orch_plan *tpk_orch_solve_blp(const tpk_orch_cands *c, const tpk_orch_opts *
     s.o = o;
     s.scale = 1;
     tpk_orch_plan *plan = NULL;
-    s.xk = malloc(((size_t)c->nk + 1) * sizeof *s.xk);
-    s.colof = malloc(((size_t)c->nk + 1) * sizeof *s.colof);
-    int *sel = malloc(((size_t)c->nk + 1) * sizeof *sel);
-    int *order = malloc(((size_t)c->nk + 1) * sizeof *order);
-    int *stuck = malloc(((size_t)c->nk + 1) * sizeof *stuck);
-    unsigned char *selected = calloc((size_t)c->nk + 1, 1);
+    s.xk = tpk_mem_malloc(al, ((size_t)c->nk + 1) * sizeof *s.xk, NULL);
+    s.colof = tpk_mem_malloc(al, ((size_t)c->nk + 1) * sizeof *s.colof, NULL);
+    int *sel = tpk_mem_malloc(al, ((size_t)c->nk + 1) * sizeof *sel, NULL);
+    int *order = tpk_mem_malloc(al, ((size_t)c->nk + 1) * sizeof *order, NULL);
+    int *stuck = tpk_mem_malloc(al, ((size_t)c->nk + 1) * sizeof *stuck, NULL);
+    unsigned char *selected = tpk_mem_calloc(al, (size_t)c->nk + 1, 1, NULL);
     if (!s.xk || !s.colof || !sel || !order || !stuck || !selected) {
         TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for the BLP of %d candidates", c->nk);
         goto done;
@@ -420,7 +425,7 @@ tpk_orch_plan *tpk_orch_solve_blp(const tpk_orch_cands *c, const tpk_orch_opts *
         /* CBC's tolerances are absolute: costs go in units of R / BLP_SCALE_REF, R = Σ_p the
          * cheapest kernel holding p. opt ≥ R / P (every live p is computed by a chosen kernel),
          * so the optimum is ≥ BLP_SCALE_REF / P in CBC's units. */
-        double *minc = malloc(((size_t)c->nlive + 1) * sizeof *minc), R = 0;
+        double *minc = tpk_mem_malloc(al, ((size_t)c->nlive + 1) * sizeof *minc, NULL), R = 0;
         if (minc == NULL) {
             TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for the BLP");
             goto done;
@@ -436,7 +441,7 @@ tpk_orch_plan *tpk_orch_solve_blp(const tpk_orch_cands *c, const tpk_orch_opts *
         for (int i = 0; i < c->nlive; i++)
             if (isfinite(minc[i]))
                 R += minc[i];
-        free(minc);
+        tpk_mem_free(al, minc);
         s.scale = R / BLP_SCALE_REF;
         if (!(s.scale > 0))
             s.scale = 1;
@@ -470,7 +475,7 @@ tpk_orch_plan *tpk_orch_solve_blp(const tpk_orch_cands *c, const tpk_orch_opts *
         if (st)
             goto done;
         int placed = 0, nstuck = 0;
-        int ok = orch_order(c, sel, n, order, &placed, stuck, &nstuck);
+        int ok = orch_order(c, sel, n, order, &placed, stuck, &nstuck, al);
         if (ok < 0) {
             TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory ordering a plan");
             goto done;
@@ -498,13 +503,13 @@ tpk_orch_plan *tpk_orch_solve_blp(const tpk_orch_cands *c, const tpk_orch_opts *
     }
 done:
     for (int q = 0; q < s.ncut; q++)
-        free(s.cut[q].idx);
-    free(s.cut);
-    free(s.xk);
-    free(s.colof);
-    free(sel);
-    free(order);
-    free(stuck);
-    free(selected);
+        tpk_mem_free(al, s.cut[q].idx);
+    tpk_mem_free(al, s.cut);
+    tpk_mem_free(al, s.xk);
+    tpk_mem_free(al, s.colof);
+    tpk_mem_free(al, sel);
+    tpk_mem_free(al, order);
+    tpk_mem_free(al, stuck);
+    tpk_mem_free(al, selected);
     return plan;
 }

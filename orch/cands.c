@@ -36,6 +36,7 @@ typedef struct enum_state {
     int *scratch;    /* 3 × nvalues ints for one emission */
     int *mark;       /* nvalues: stamp of the last emission that saw the value */
     int stamp;
+    const tpk_allocator *al; /* the call's (its ctx's): the arrays above */
 } enum_state;
 
 static orch_word *row(orch_word *base, int i, int nw)
@@ -53,11 +54,13 @@ static int push_kernel(tpk_orch_cands *c, const int *prims, int np, const int *i
                          "max_extra_outputs %d): lower max_size or max_extra_outputs",
                          c->opts.max_candidates, c->opts.max_size, c->opts.max_extra_outputs);
     int st;
-    if ((st = orch_grow((void **)&c->k, sizeof *c->k, (size_t)c->nk + 1, &c->capk, ctx)) ||
-        (st = orch_grow((void **)&c->off, sizeof *c->off, (size_t)c->nk + 1, &c->capoff, ctx)))
+    if ((st = orch_grow((void **)&c->k, sizeof *c->k, (size_t)c->nk + 1, &c->capk, &c->al,
+                        ctx)) ||
+        (st = orch_grow((void **)&c->off, sizeof *c->off, (size_t)c->nk + 1, &c->capoff, &c->al,
+                        ctx)))
         return st;
     size_t need = c->npool + (size_t)np + (size_t)ni + (size_t)no;
-    if ((st = orch_grow((void **)&c->pool, sizeof *c->pool, need, &c->cappool, ctx)))
+    if ((st = orch_grow((void **)&c->pool, sizeof *c->pool, need, &c->cappool, &c->al, ctx)))
         return st;
     int *p = c->pool + c->npool;
     memcpy(p, prims, (size_t)np * sizeof *p);
@@ -206,15 +209,15 @@ static int extend(enum_state *e, int d, int v, int nlin, tpk_ctx *ctx)
 static int index_rw(tpk_orch_cands *c, tpk_ctx *ctx)
 {
     int nv = c->g->nvalues;
-    c->wr_start = calloc((size_t)nv + 1, sizeof *c->wr_start);
-    c->rd_start = calloc((size_t)nv + 1, sizeof *c->rd_start);
+    c->wr_start = tpk_mem_calloc(&c->al, (size_t)nv + 1, sizeof *c->wr_start, NULL);
+    c->rd_start = tpk_mem_calloc(&c->al, (size_t)nv + 1, sizeof *c->rd_start, NULL);
     size_t nwr = 0, nrd = 0;
     for (int k = 0; k < c->nk; k++) {
         nwr += (size_t)c->k[k].noutputs;
         nrd += (size_t)c->k[k].ninputs;
     }
-    c->wr = malloc((nwr ? nwr : 1) * sizeof *c->wr);
-    c->rd = malloc((nrd ? nrd : 1) * sizeof *c->rd);
+    c->wr = tpk_mem_malloc(&c->al, (nwr ? nwr : 1) * sizeof *c->wr, NULL);
+    c->rd = tpk_mem_malloc(&c->al, (nrd ? nrd : 1) * sizeof *c->rd, NULL);
     if (!c->wr_start || !c->rd_start || !c->wr || !c->rd)
         return TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory indexing %d candidates", c->nk);
     for (int k = 0; k < c->nk; k++) {
@@ -227,10 +230,12 @@ static int index_rw(tpk_orch_cands *c, tpk_ctx *ctx)
         c->wr_start[v + 1] += c->wr_start[v];
         c->rd_start[v + 1] += c->rd_start[v];
     }
-    int *fw = malloc(((size_t)nv + 1) * sizeof *fw), *fr = malloc(((size_t)nv + 1) * sizeof *fr);
+    const tpk_allocator *al = TPK_ALLOCATOR_OF(ctx);
+    int *fw = tpk_mem_malloc(al, ((size_t)nv + 1) * sizeof *fw, NULL);
+    int *fr = tpk_mem_malloc(al, ((size_t)nv + 1) * sizeof *fr, NULL);
     if (!fw || !fr) {
-        free(fw);
-        free(fr);
+        tpk_mem_free(al, fw);
+        tpk_mem_free(al, fr);
         return TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory indexing %d candidates", c->nk);
     }
     memcpy(fw, c->wr_start, ((size_t)nv + 1) * sizeof *fw);
@@ -241,8 +246,8 @@ static int index_rw(tpk_orch_cands *c, tpk_ctx *ctx)
         for (int j = 0; j < c->k[k].ninputs; j++)
             c->rd[fr[c->k[k].inputs[j]]++] = k;
     }
-    free(fw);
-    free(fr);
+    tpk_mem_free(al, fw);
+    tpk_mem_free(al, fr);
     return TPK_OK;
 }
 
@@ -267,14 +272,9 @@ static int check_opts(const tpk_orch_opts *o, tpk_ctx *ctx)
 
 static void enum_free(enum_state *e)
 {
-    free(e->nb);
-    free(e->desc);
-    free(e->succ);
-    free(e->anc);
-    free(e->ws);
-    free(e->is_lin);
-    free(e->scratch);
-    free(e->mark);
+    void *b[] = {e->nb, e->desc, e->succ, e->anc, e->ws, e->is_lin, e->scratch, e->mark};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        tpk_mem_free(e->al, b[i]);
 }
 
 /* Liveness, the bitset graph and the enumeration. */
@@ -282,8 +282,8 @@ static int enumerate(tpk_orch_cands *c, tpk_ctx *ctx)
 {
     const tpk_orch_graph *g = c->g;
     int nv = g->nvalues;
-    c->live_of = malloc(((size_t)nv + 1) * sizeof *c->live_of);
-    c->live = malloc(((size_t)nv + 1) * sizeof *c->live);
+    c->live_of = tpk_mem_malloc(&c->al, ((size_t)nv + 1) * sizeof *c->live_of, NULL);
+    c->live = tpk_mem_malloc(&c->al, ((size_t)nv + 1) * sizeof *c->live, NULL);
     if (!c->live_of || !c->live)
         return TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for %d values", nv);
     /* Live: graph outputs and every primitive they read, transitively (ids are topological). */
@@ -305,19 +305,21 @@ static int enumerate(tpk_orch_cands *c, tpk_ctx *ctx)
     enum_state e;
     memset(&e, 0, sizeof e);
     e.c = c;
+    e.al = TPK_ALLOCATOR_OF(ctx);
     e.P = c->nlive;
     e.nw = (e.P + 63) / 64;
     if (e.nw == 0)
         return TPK_OK; /* nothing to compute */
     size_t bs = (size_t)e.P * (size_t)e.nw;
-    e.nb = calloc(bs, sizeof *e.nb);
-    e.desc = calloc(bs, sizeof *e.desc);
-    e.succ = calloc(bs, sizeof *e.succ);
-    e.anc = calloc(bs, sizeof *e.anc);
-    e.ws = calloc((size_t)(c->opts.max_size + 1) * W_N * (size_t)e.nw, sizeof *e.ws);
-    e.is_lin = calloc((size_t)e.P, sizeof *e.is_lin);
-    e.scratch = malloc(3 * ((size_t)nv + 1) * sizeof *e.scratch);
-    e.mark = calloc((size_t)nv + 1, sizeof *e.mark);
+    e.nb = tpk_mem_calloc(e.al, bs, sizeof *e.nb, NULL);
+    e.desc = tpk_mem_calloc(e.al, bs, sizeof *e.desc, NULL);
+    e.succ = tpk_mem_calloc(e.al, bs, sizeof *e.succ, NULL);
+    e.anc = tpk_mem_calloc(e.al, bs, sizeof *e.anc, NULL);
+    e.ws = tpk_mem_calloc(e.al, (size_t)(c->opts.max_size + 1) * W_N * (size_t)e.nw,
+                          sizeof *e.ws, NULL);
+    e.is_lin = tpk_mem_calloc(e.al, (size_t)e.P, sizeof *e.is_lin, NULL);
+    e.scratch = tpk_mem_malloc(e.al, 3 * ((size_t)nv + 1) * sizeof *e.scratch, NULL);
+    e.mark = tpk_mem_calloc(e.al, (size_t)nv + 1, sizeof *e.mark, NULL);
     if (!e.nb || !e.desc || !e.succ || !e.anc || !e.ws || !e.is_lin || !e.scratch || !e.mark) {
         enum_free(&e);
         return TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for the bitsets of %d primitives",
@@ -389,11 +391,12 @@ tpk_orch_cands *tpk_orch_cands_alloc(const tpk_orch_graph *g, const tpk_orch_opt
         TPK_ERROR(ctx, TPK_EINVAL, "orch: the graph has no output (tpk_orch_graph_set_output)");
         return NULL;
     }
-    tpk_orch_cands *c = calloc(1, sizeof *c);
+    tpk_orch_cands *c = tpk_mem_calloc(TPK_ALLOCATOR_OF(ctx), 1, sizeof *c, NULL);
     if (c == NULL) {
         TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for a candidate set");
         return NULL;
     }
+    c->al = tpk_ctx_allocator(ctx);
     c->g = g;
     c->opts = *o;
     int st = enumerate(c, ctx);
@@ -417,16 +420,12 @@ void tpk_orch_cands_free(tpk_orch_cands *c)
 {
     if (c == NULL)
         return;
-    free(c->live);
-    free(c->live_of);
-    free(c->k);
-    free(c->pool);
-    free(c->off);
-    free(c->wr_start);
-    free(c->wr);
-    free(c->rd_start);
-    free(c->rd);
-    free(c);
+    const tpk_allocator al = c->al;
+    void *b[] = {c->live, c->live_of, c->k, c->pool, c->off, c->wr_start, c->wr, c->rd_start,
+                 c->rd};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        tpk_mem_free(&al, b[i]);
+    tpk_mem_free(&al, c);
 }
 
 int tpk_orch_cands_count(const tpk_orch_cands *c)

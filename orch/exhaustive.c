@@ -16,6 +16,7 @@
  * never helps (costs are ≥ 0), so this is the optimum over sets of candidates too. */
 tpk_orch_plan *tpk_orch_solve_exhaustive(const tpk_orch_cands *c, tpk_ctx *ctx)
 {
+    const tpk_allocator *al = TPK_ALLOCATOR_OF(ctx); /* the call's temporaries */
     if (c == NULL) {
         TPK_ERROR(ctx, TPK_EINVAL, "orch: no candidates");
         return NULL;
@@ -34,13 +35,13 @@ tpk_orch_plan *tpk_orch_solve_exhaustive(const tpk_orch_cands *c, tpk_ctx *ctx)
         }
     double t0 = tpk_wall_seconds();
     size_t ns = (size_t)1 << P;
-    double *dist = malloc(ns * sizeof *dist);
-    uint32_t *from = malloc(ns * sizeof *from);
-    int32_t *via = malloc(ns * sizeof *via);
-    uint32_t *in = malloc(((size_t)c->nk + 1) * sizeof *in);
-    uint32_t *out = malloc(((size_t)c->nk + 1) * sizeof *out);
-    int *kid = malloc(((size_t)c->nk + 1) * sizeof *kid);
-    int *seq = malloc(((size_t)P + 1) * sizeof *seq);
+    double *dist = tpk_mem_malloc(al, ns * sizeof *dist, NULL);
+    uint32_t *from = tpk_mem_malloc(al, ns * sizeof *from, NULL);
+    int32_t *via = tpk_mem_malloc(al, ns * sizeof *via, NULL);
+    uint32_t *in = tpk_mem_malloc(al, ((size_t)c->nk + 1) * sizeof *in, NULL);
+    uint32_t *out = tpk_mem_malloc(al, ((size_t)c->nk + 1) * sizeof *out, NULL);
+    int *kid = tpk_mem_malloc(al, ((size_t)c->nk + 1) * sizeof *kid, NULL);
+    int *seq = tpk_mem_malloc(al, ((size_t)P + 1) * sizeof *seq, NULL);
     tpk_orch_plan *plan = NULL;
     if (!dist || !from || !via || !in || !out || !kid || !seq) {
         TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for 2^%d states", P);
@@ -111,12 +112,12 @@ tpk_orch_plan *tpk_orch_solve_exhaustive(const tpk_orch_cands *c, tpk_ctx *ctx)
     if (plan)
         plan->seconds = tpk_wall_seconds() - t0;
 done:
-    free(dist);
-    free(from);
-    free(via);
-    free(in);
-    free(out);
-    free(kid);
-    free(seq);
+    tpk_mem_free(al, dist);
+    tpk_mem_free(al, from);
+    tpk_mem_free(al, via);
+    tpk_mem_free(al, in);
+    tpk_mem_free(al, out);
+    tpk_mem_free(al, kid);
+    tpk_mem_free(al, seq);
     return plan;
 }

@@ -16,7 +16,8 @@ const char *tpk_orch_kind_name(int kind)
     return kind >= 0 && kind < TPK_ORCH_NKINDS ? KIND_NAMES[kind] : "?";
 }
 
-int orch_grow(void **p, size_t size, size_t need, size_t *cap, tpk_ctx *ctx)
+int orch_grow(void **p, size_t size, size_t need, size_t *cap, const tpk_allocator *al,
+              tpk_ctx *ctx)
 {
     if (need <= *cap)
         return TPK_OK;
@@ -25,7 +26,7 @@ int orch_grow(void **p, size_t size, size_t need, size_t *cap, tpk_ctx *ctx)
         n *= 2;
     if (n > SIZE_MAX / size)
         return TPK_ERROR(ctx, TPK_ENOMEM, "orch: %zu items of %zu bytes overflow", n, size);
-    void *q = realloc(*p, n * size);
+    void *q = tpk_mem_realloc(al, *p, n * size, NULL);
     if (q == NULL)
         return TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory (%zu bytes)", n * size);
     *p = q;
@@ -35,9 +36,11 @@ int orch_grow(void **p, size_t size, size_t need, size_t *cap, tpk_ctx *ctx)
 
 tpk_orch_graph *tpk_orch_graph_alloc(tpk_ctx *ctx)
 {
-    tpk_orch_graph *g = calloc(1, sizeof *g);
+    tpk_orch_graph *g = tpk_mem_calloc(TPK_ALLOCATOR_OF(ctx), 1, sizeof *g, NULL);
     if (g == NULL)
         TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for a graph");
+    else
+        g->al = tpk_ctx_allocator(ctx);
     return g;
 }
 
@@ -45,10 +48,11 @@ void tpk_orch_graph_free(tpk_orch_graph *g)
 {
     if (g == NULL)
         return;
+    const tpk_allocator al = g->al;
     for (int i = 0; i < g->nvalues; i++)
-        free((int *)g->v[i].args); /* the graph's own copy */
-    free(g->v);
-    free(g);
+        tpk_mem_free(&al, (int *)g->v[i].args); /* the graph's own copy */
+    tpk_mem_free(&al, g->v);
+    tpk_mem_free(&al, g);
 }
 
 int tpk_orch_graph_nvalues(const tpk_orch_graph *g)
@@ -118,11 +122,12 @@ static int add_value(tpk_orch_graph *g, const char *name, int is_input, int kind
     }
     if (g->nvalues == INT32_MAX)
         return TPK_ERROR(ctx, TPK_EINVAL, "orch: too many values");
-    if ((st = orch_grow((void **)&g->v, sizeof *g->v, (size_t)g->nvalues + 1, &g->cap, ctx)))
+    if ((st = orch_grow((void **)&g->v, sizeof *g->v, (size_t)g->nvalues + 1, &g->cap, &g->al,
+                        ctx)))
         return st;
     int *own = NULL;
     if (!is_input) {
-        own = malloc((size_t)nargs * sizeof *own);
+        own = tpk_mem_malloc(&g->al, (size_t)nargs * sizeof *own, NULL);
         if (own == NULL)
             return TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for '%s'", nm);
         memcpy(own, args, (size_t)nargs * sizeof *own);

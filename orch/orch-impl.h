@@ -6,12 +6,14 @@
 
 #include <stdint.h>
 
+#include "tpk/alloc.h"
 #include "tpk/orch.h"
 
 struct tpk_orch_graph {
     int nvalues;
     size_t cap;
     tpk_orch_value *v; /* v[i].args: the graph's own copy of the arguments */
+    tpk_allocator al;  /* of tpk_orch_graph_alloc (tpk/alloc.h): v and the arguments */
 };
 
 /* Bitsets of `nw` 64-bit words over the live primitives (their dense index 0..nlive). */
@@ -34,10 +36,15 @@ struct tpk_orch_cands {
     /* Who writes and who reads each value (CSR over value ids, filled after enumeration). */
     int *wr_start, *wr;
     int *rd_start, *rd;
+    tpk_allocator al;   /* of tpk_orch_cands_alloc: every array above */
 };
 
-/* Grows an array of `size`-byte items to hold at least `need`; TPK_ENOMEM on failure. */
-int orch_grow(void **p, size_t size, size_t need, size_t *cap, tpk_ctx *ctx);
+/* Grows an array of `size`-byte items (from al) to hold at least `need`; TPK_ENOMEM on failure.
+ * Every block of orch/ comes from the allocator hook (tpk/alloc.h): an object's from the one it
+ * remembers, a call's temporaries from its ctx's (TPK_ALLOCATOR_OF(ctx)), their failures
+ * reported with orch's own messages. */
+int orch_grow(void **p, size_t size, size_t need, size_t *cap, const tpk_allocator *al,
+              tpk_ctx *ctx);
 
 /* A plan of n kernels (indices copied), cost summed; NULL and ctx set on allocation failure. */
 tpk_orch_plan *orch_plan_new(const tpk_orch_cands *c, const int *kernels, int n, tpk_ctx *ctx);
@@ -48,7 +55,7 @@ tpk_orch_plan *orch_plan_new(const tpk_orch_cands *c, const int *kernels, int n,
  * and returns 1 when the placed ones write every graph output (the others are then not needed),
  * 0 when they do not, −1 when out of memory. */
 int orch_order(const tpk_orch_cands *c, const int *sel, int n, int *order, int *placed,
-               int *stuck, int *nstuck);
+               int *stuck, int *nstuck, const tpk_allocator *al);
 
 /* Turns CBC's outcome into a status and message (orch/blp.c; tests drive it with made-up
  * outcomes): status/secondary as Cbc_status/Cbc_secondaryStatus, infeasible and optimal as

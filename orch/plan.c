@@ -14,15 +14,17 @@
 
 tpk_orch_plan *orch_plan_new(const tpk_orch_cands *c, const int *kernels, int n, tpk_ctx *ctx)
 {
-    tpk_orch_plan *p = calloc(1, sizeof *p);
-    int *k = malloc(((size_t)n + 1) * sizeof *k);
+    const tpk_allocator *al = TPK_ALLOCATOR_OF(ctx);
+    tpk_orch_plan *p = tpk_mem_calloc(al, 1, sizeof *p, NULL);
+    int *k = tpk_mem_malloc(al, ((size_t)n + 1) * sizeof *k, NULL);
     if (p == NULL || k == NULL) {
-        free(p);
-        free(k);
+        tpk_mem_free(al, p);
+        tpk_mem_free(al, k);
         TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for a plan of %d kernels", n);
         return NULL;
     }
     memcpy(k, kernels, (size_t)n * sizeof *k);
+    p->alloc = tpk_ctx_allocator(ctx);
     p->kernels = k;
     p->nkernels = n;
     for (int i = 0; i < n; i++)
@@ -34,8 +36,9 @@ void tpk_orch_plan_free(tpk_orch_plan *p)
 {
     if (p == NULL)
         return;
-    free(p->kernels);
-    free(p);
+    const tpk_allocator al = p->alloc;
+    tpk_mem_free(&al, p->kernels);
+    tpk_mem_free(&al, p);
 }
 
 static int outputs_written(const tpk_orch_cands *c, const unsigned char *avail)
@@ -58,13 +61,14 @@ static int ready(const tpk_orch_cands *c, int k, const unsigned char *avail)
 /* A kernel can run once all its inputs are in memory, and running it only adds values, so
  * placing any ready kernel never hurts: the greedy order finds one iff one exists. */
 int orch_order(const tpk_orch_cands *c, const int *sel, int n, int *order, int *placed,
-               int *stuck, int *nstuck)
+               int *stuck, int *nstuck, const tpk_allocator *al)
 {
     int nv = c->g->nvalues;
-    unsigned char *avail = calloc((size_t)nv + 1, 1), *done = calloc((size_t)n + 1, 1);
+    unsigned char *avail = tpk_mem_calloc(al, (size_t)nv + 1, 1, NULL);
+    unsigned char *done = tpk_mem_calloc(al, (size_t)n + 1, 1, NULL);
     if (avail == NULL || done == NULL) {
-        free(avail);
-        free(done);
+        tpk_mem_free(al, avail);
+        tpk_mem_free(al, done);
         return -1;
     }
     int np = 0;
@@ -87,8 +91,8 @@ int orch_order(const tpk_orch_cands *c, const int *sel, int n, int *order, int *
         if (!done[i])
             stuck[(*nstuck)++] = sel[i];
     int ok = outputs_written(c, avail);
-    free(avail);
-    free(done);
+    tpk_mem_free(al, avail);
+    tpk_mem_free(al, done);
     return ok;
 }
 
@@ -113,7 +117,7 @@ int tpk_orch_plan_check(const tpk_orch_cands *c, const tpk_orch_plan *p, tpk_ctx
     if (c == NULL || p == NULL || (p->nkernels > 0 && p->kernels == NULL))
         return TPK_ERROR(ctx, TPK_EINVAL, "orch: no candidates or no plan to check");
     const tpk_orch_graph *g = c->g;
-    unsigned char *avail = calloc((size_t)g->nvalues + 1, 1);
+    unsigned char *avail = tpk_mem_calloc(TPK_ALLOCATOR_OF(ctx), (size_t)g->nvalues + 1, 1, NULL);
     if (avail == NULL)
         return TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory checking a plan");
     int st = TPK_OK;
@@ -147,7 +151,7 @@ int tpk_orch_plan_check(const tpk_orch_cands *c, const tpk_orch_plan *p, tpk_ctx
     if (!st && !(sum == p->cost || fabs(sum - p->cost) <= PLAN_COST_RTOL * fabs(sum)))
         st = TPK_ERROR(ctx, TPK_EINVAL, "orch: the plan says cost %.17g, its kernels sum to %.17g",
                        p->cost, sum);
-    free(avail);
+    tpk_mem_free(TPK_ALLOCATOR_OF(ctx), avail);
     return st;
 }
 
@@ -158,7 +162,7 @@ tpk_orch_plan *tpk_orch_solve_naive(const tpk_orch_cands *c, tpk_ctx *ctx)
         return NULL;
     }
     double t0 = tpk_wall_seconds();
-    int *sel = malloc(((size_t)c->nlive + 1) * sizeof *sel);
+    int *sel = tpk_mem_malloc(TPK_ALLOCATOR_OF(ctx), ((size_t)c->nlive + 1) * sizeof *sel, NULL);
     if (sel == NULL) {
         TPK_ERROR(ctx, TPK_ENOMEM, "orch: out of memory for a plan");
         return NULL;
@@ -173,13 +177,13 @@ tpk_orch_plan *tpk_orch_solve_naive(const tpk_orch_cands *c, tpk_ctx *ctx)
             TPK_ERROR(ctx, TPK_ENOTFOUND, "orch: no buildable one-primitive kernel for '%s'%s",
                       c->g->v[v].name,
                       found < 0 ? "" : isnan(c->k[found].cost) ? " (not costed)" : "");
-            free(sel);
+            tpk_mem_free(TPK_ALLOCATOR_OF(ctx), sel);
             return NULL;
         }
         sel[i] = found;
     }
     tpk_orch_plan *p = orch_plan_new(c, sel, c->nlive, ctx);
-    free(sel);
+    tpk_mem_free(TPK_ALLOCATOR_OF(ctx), sel);
     if (p)
         p->seconds = tpk_wall_seconds() - t0;
     return p;

@@ -150,6 +150,8 @@ static const badfile BAD[] = {
     {"blank_line_only.csv", "csv"},
     {"trailing_comma.csv", "csv"},
     {"header_only.csv", "csv"},
+    {"numhead.csv", "csv"},  /* "1,2,abc": was taken as a header (issue 18) */
+    {"mixhead.csv", "csv"},
     /* HDF5 */
     {"text.h5:/x", "h5"},
     {"good.h5:/nosuch", "h5"},
@@ -200,6 +202,8 @@ static void make_bad_files(const tu_env *e)
     put_text(e, "blank_line_only.csv", "\n");
     put_text(e, "trailing_comma.csv", "1,2,3,\n4,5,6,\n7,8,9,\n1,2,3,\n");
     put_text(e, "header_only.csv", "a,b,c\n");
+    put_text(e, "numhead.csv", "1,2,abc\n4,5,6\n7,8,9\n1,2,3\n0.5,0.25,0.125\n");
+    put_text(e, "mixhead.csv", "x,1,2\n4,5,6\n7,8,9\n1,2,3\n0.5,0.25,0.125\n");
     put_text(e, "text.h5", "not an HDF5 file\n");
     /* IDX: magic 00 00 TYPE RANK, big-endian dims, data */
     PUT_LIT(e, "magic.idx", "\x01\x00\x08\x02\x00\x00\x00\x04\x00\x00\x00\x03"
@@ -241,6 +245,21 @@ static void make_bad_files(const tu_env *e)
 
 /* ---- good files the slots need ---------------------------------------------------------------- */
 
+/* The first `lines` lines of the repository's file src ($TPK_ROOT) as the scratch file dst. */
+static void copy_head(const tu_env *e, const char *src, const char *dst, int lines)
+{
+    const char *root = getenv("TPK_ROOT");
+    char p[1024], q[512], line[8192];
+    snprintf(p, sizeof p, "%s/%s", root ? root : ".", src);
+    FILE *in = fopen(p, "r"), *out = fopen(tu_path(e, q, sizeof q, dst), "w");
+    assert_non_null(in);
+    assert_non_null(out);
+    for (int i = 0; i < lines && fgets(line, sizeof line, in); i++)
+        fputs(line, out);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+}
+
 static void make_good_files(const tu_env *e)
 {
     put_text(e, "good.csv", "0.1,0.2,0.3\n-0.4,0.5,0.6\n0.7,0.8,-0.9\n1.0,1.1,1.2\n");
@@ -253,6 +272,9 @@ static void make_good_files(const tu_env *e)
     put_text(e, "prog.nsr", "param L = 2\nwidth n\ninput x : d\nA U : (n, d) ~ 1\n"
                             "A W : (n, n) ~ 2\ng = U x\nh = W relu(g)\n"
                             "output y = readout(relu(h), 1)\n");
+    /* a tuning log (two records of a shipped one) and a machine class, for tptune's outputs */
+    copy_head(e, "data/tuning/cpu-avx512-intel-map.jsonl", "log.jsonl", 2);
+    copy_head(e, "data/machines/avx512-intel.conf", "cls.conf", 1000);
 }
 
 /* ---- running one case -------------------------------------------------------------------------- */
@@ -494,6 +516,44 @@ static const struct {
     {"tptune", "emit --m=8 --n=8 --k=8 --knobs=nosuch=1", "nosuch"},
     {"tptune", "emit --m=8 --n=8 --k=8 --knobs=garbage", "garbage"},
     {"tptune", "gen --class='%1$s/text.npy' --out='%1$s/out.h5' '%1$s/text.npy'", "text.npy"},
+    /* A repeated option is an error in every tool (issue 18: the later silently won, and a second
+     * --input escaped the output-is-an-input check, so good.csv was replaced). */
+    {"gpkernel", "--arch=mlp --input='%1$s/good.csv' --input='%1$s/labels.csv' "
+                 "--output='%1$s/good.csv' --quiet", "--input given twice"},
+    {"gpkernel", GK "--arch=mlp --depth=2 --depth=3", "--depth given twice"},
+    {"gpkernel", GK "--arch=mlp --phi relu --phi erf", "--phi given twice"},
+    {"gpkernel", GK "--arch=mlp --set L=2 --set L=3", "--set L given twice"},
+    {"gpkernel", GK "--arch=mlp --output='%1$s/out2.h5'", "--output given twice"},
+    {"netsor", NR "--width=8 --width=16", "--width given twice"},
+    {"netsor", NK "--set L=2 --set L=4", "--set L given twice"},
+    {"gpregress", GR "--arch=mlp --noise=0.1 --noise auto", "--noise given twice"},
+    {"gpregress", GR "--arch=mlp --train='%1$s/img.npy'", "--train given twice"},
+    {"gplimits", GL "--widths=8,16 --widths=32 --seeds=4", "--widths given twice"},
+    {"gplimits", GL "--widths=8,16 --seeds=4 --sigma-w2=1 --sigma-w2 2", "--sigma-w2 given twice"},
+    {"gpattention", GA "--heads=2 --heads=4", "--heads given twice"},
+    {"tptune", "gemm --m=8 --m=16 --n=8 --k=8 --trials=2 --log='%1$s/out.h5'", "--m given twice"},
+    {"tptune", "gemm --m=8 --n=8 --k=8 --seed=-1 --trials=2 --log='%1$s/out.h5'", "seed"},
+    /* An option the others make meaningless is refused, not ignored (issue 18: --tokens with
+     * --input) */
+    {"gpattention", GA "--tokens=3 --input='%1$s/img.npy'", "--tokens does not apply"},
+    {"gpregress", GR "--arch=rbf --sigma-w2=3", "--sigma-w2 does not apply"},
+    {"gpregress", GR "--arch=rbf --depth=2", "--depth does not apply"},
+    {"gpregress", GR "--arch=mlp --amplitude=2", "--amplitude does not apply"},
+    {"gpregress", GR "--arch=mlp --fix=noise", "--fix does not apply"},
+    {"gpregress", GR "--arch=mlp --noise=0.1 --no-scale", "--no-scale does not apply"},
+    {"gpregress", GR "--arch=mlp --noise=0.1 --select-n=3", "--select-n does not apply"},
+    {"netsor", NK "--width=8", "--width does not apply"},
+    {"netsor", NK "--seed=3", "--seed does not apply"},
+    {"netsor", "check '%1$s/prog.nsr' --input='%1$s/good.csv'", "--input does not apply"},
+    /* tptune's outputs on its inputs (issue 18: gen and port replaced the log they read) */
+    {"tptune", "gen --op=map --class='%1$s/cls.conf' --out='%1$s/log.jsonl' '%1$s/log.jsonl'",
+     "log.jsonl is the input"},
+    {"tptune", "gen --class='%1$s/cls.conf' --out='%1$s/cls.conf' '%1$s/log.jsonl'",
+     "cls.conf is the input"},
+    {"tptune", "port --from='%1$s/cls.conf' --to='%1$s/cls.conf' --verify=0 "
+               "--out='%1$s/log.jsonl' '%1$s/log.jsonl'", "log.jsonl is the input"},
+    {"tptune", "measure '%1$s/log.jsonl' --log='%1$s/./log.jsonl' --repeat=1 --min-ms=1",
+     "log.jsonl is the input"},
 };
 
 static void test_bad_options(void **state)

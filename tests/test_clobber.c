@@ -11,7 +11,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
@@ -148,17 +147,10 @@ static int temps(const char *dir, const char *base)
 {
     char pre[256];
     snprintf(pre, sizeof pre, ".%s.tmp.", base);
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL)
-        n += strncmp(de->d_name, pre, strlen(pre)) == 0;
-    closedir(d);
-    return n;
+    return tu_count_prefix(dir, pre);
 }
 
-/* SIGINT and SIGTERM while the output's temp file exists: exit 130 / 143 with a message, no temp
+/* SIGINT, SIGTERM and SIGHUP while the output's temp file exists: exit 130 / 143 / 129, no temp
  * file left, the previous output intact. A stale temp file of a dead process is removed by the
  * next run into the same path; one of a live process (pid 1) is not. */
 static void test_signals_and_stale_temps(void **state)
@@ -177,13 +169,14 @@ static void test_signals_and_stale_temps(void **state)
         fprintf(f, "%.3f,%.3f,%.3f\n", 0.5 + 0.013 * r, 1.25 - 0.007 * r, 0.001 * r * r);
     fclose(f);
     snprintf(inarg, sizeof inarg, "--input=%s", in);
-    const int sigs[2] = {SIGINT, SIGTERM};
-    for (int i = 0; i < 2; i++) {
+    const int sigs[3] = {SIGINT, SIGTERM, SIGHUP}; /* SIGHUP: a closed terminal (issue 18) */
+    for (int i = 0; i < 3; i++) {
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
             signal(SIGINT, SIG_DFL); /* a test runner may start us with SIGINT ignored */
             signal(SIGTERM, SIG_DFL);
+            signal(SIGHUP, SIG_DFL);
             int fd = open("/dev/null", O_WRONLY);
             dup2(fd, 1);
             dup2(fd, 2);

@@ -271,7 +271,7 @@ static char root_dir[1024];
 static tpk_phi_registry *reg;
 static tpk_phi *relu, *erf_, *tanh_;
 static tpk_gauss_ws *gws;
-static tpk_program *mlp_prog, *cnn_prog, *rnn_prog;
+static tpk_program *mlp_prog, *cnn_prog, *rnn_prog, *lstm_prog;
 static tpk_array *X, *Xt, *Xseq, *Ximg, *Y, *Kn, *Kxt, *Kdiag, *Ktt;
 static char path_npy[1100], path_csv[1100], path_npz[1100], path_h5[1100], path_idx[1100];
 static char path_out[1100], path_mlp[1100], path_seq[1100], path_kfile[1100], path_lab[1100];
@@ -385,7 +385,9 @@ static int setup(void **state)
     tpk_param_set rs[] = {{"T", "2"}};
     tpk_netsor_opts ro = {.sets = rs, .nsets = 1};
     rnn_prog = tpk_netsor_load_file(p2, &ro, reg, &ctx);
-    if (!mlp_prog || !cnn_prog || !rnn_prog) {
+    snprintf(p2, sizeof p2, "%s/programs/lstm.nsr", root_dir); /* T = 2: the joint sampler */
+    lstm_prog = tpk_netsor_load_file(p2, &ro, reg, &ctx);
+    if (!mlp_prog || !cnn_prog || !rnn_prog || !lstm_prog) {
         fprintf(stderr, "fault setup: %s\n", ctx.msg);
         return -1;
     }
@@ -400,6 +402,7 @@ static int teardown(void **state)
     tpk_program_free(mlp_prog);
     tpk_program_free(cnn_prog);
     tpk_program_free(rnn_prog);
+    tpk_program_free(lstm_prog);
     tpk_array *arrs[] = {X, Xt, Xseq, Ximg, Y, Kn, Kxt, Kdiag, Ktt};
     for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++)
         tpk_array_free(arrs[i]);
@@ -604,6 +607,65 @@ static int case_tpk_h5out_provenance(tpk_ctx *ctx) { return with_output(op_prove
 static int case_tpk_h5out_input_attrs(tpk_ctx *ctx) { return with_output(op_input_attrs, 0, ctx); }
 static int case_tpk_h5out_commit(tpk_ctx *ctx) { return with_output(op_write, 1, ctx); }
 
+/* A temp file another writer made (gpkernel-mpi's HDF5 phase), finished by the library: adopt,
+ * write, abort (the adopted temp stays, as documented), then the file is removed here. */
+static int case_tpk_h5out_adopt(tpk_ctx *ctx)
+{
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s/.out.h5.mpi", env->tmpdir);
+    tu_h5_write(tmp, "/first", Kn->data, N, N);
+    tpk_h5out *o = tpk_h5out_adopt(path_out, tmp, ctx);
+    int st = o ? tpk_h5out_write(o, "/kernel", Kn, ctx) : ctx->status;
+    if (o && !st && tpk_h5out_has(o, "/kernel") != 1)
+        fail_msg("tpk_h5out_adopt: the written dataset is not there");
+    tpk_h5out_abort(o);
+    remove(tmp);
+    return st;
+}
+
+static int progress_calls;
+static void count_progress(const tpk_progress_info *p, void *user)
+{
+    (void)p;
+    (void)user;
+    progress_calls++;
+}
+
+/* The progress entry points (core/progress.c): a report to a callback, the flag, the check. */
+static int case_tpk_progress(tpk_ctx *ctx)
+{
+    static volatile sig_atomic_t flag;
+    const tpk_progress pr = {count_progress, NULL, &flag};
+    int st = tpk_progress_report(&pr, "steps", 1, 3, ctx);
+    if (!st && (tpk_progress_cancelled(&pr) || tpk_progress_check(&pr, ctx) ||
+                tpk_progress_report(NULL, "steps", 2, 3, ctx)))
+        st = ctx->status ? ctx->status : TPK_EINVAL;
+    return st;
+}
+
+static void drop_note(void *ud, const char *msg)
+{
+    (void)msg;
+    (*(int *)ud)++;
+}
+
+/* Notes (tpk/error.h) through a callback, and the contexts that inherit them. */
+static int case_tpk_notes(tpk_ctx *ctx)
+{
+    int seen = 0;
+    tpk_ctx c;
+    tpk_ctx_init_from(&c, ctx);
+    tpk_ctx_set_notes(&c, drop_note, &seen);
+    tpk_note(&c, "a note %d", 1);
+    tpk_ctx sub2;
+    tpk_ctx_init_from(&sub2, &c);
+    tpk_note(&sub2, "inherited");
+    tpk_ctx_clear(&sub2);
+    tpk_note(&sub2, "kept by clear");
+    tpk_note(NULL, "dropped");
+    return seen == 3 ? TPK_OK : TPK_EINVAL;
+}
+
 static const fcase core_cases[] = {
     CASE(tpk_alloc_helpers), NONE(tpk_checks), CASE(tpk_array_alloc), CASE(tpk_array_alloc2),
     CASE(tpk_array_block),
@@ -612,7 +674,7 @@ static const fcase core_cases[] = {
     CASE(tpk_h5out_open), CASE(tpk_h5out_write), CASE(tpk_h5out_write_vector),
     CASE(tpk_h5out_write_ints), CASE(tpk_h5out_dims), CASE(tpk_h5out_coords),
     CASE(tpk_h5out_attrs), CASE(tpk_h5out_provenance), CASE(tpk_h5out_input_attrs),
-    CASE(tpk_h5out_commit),
+    CASE(tpk_h5out_commit), CASE(tpk_h5out_adopt), NONE(tpk_progress), NONE(tpk_notes),
 };
 
 static void test_core(void **state)
@@ -685,6 +747,13 @@ static int case_tpk_dsyrk(tpk_ctx *ctx)
     return tpk_dsyrk(0, GM, GM, 1.0, ga, GM, 0.0, gc, GM, ctx);
 }
 
+static int case_tpk_dtrmm(tpk_ctx *ctx)
+{
+    memcpy(gc, gb, sizeof gc);
+    int st = tpk_dtrmm(TPK_LEFT, TPK_LOWER, 0, GM, GM, 1.0, ga, GM, gc, GM, ctx);
+    return st ? st : tpk_dtrmm(TPK_RIGHT, TPK_UPPER, 1, GM, GM, 0.5, ga, GM, gc, GM, ctx);
+}
+
 static void test_runtime(void **state)
 {
     (void)state;
@@ -709,6 +778,7 @@ static void test_runtime(void **state)
         {"tpk_relu_map_tuned_s", case_tpk_relu_map_tuned_s, 0, !ms, 0},
         {"tpk_dgemm", case_tpk_dgemm, 0, !d, 0},
         {"tpk_dsyrk", case_tpk_dsyrk, 0, !sy, 0},
+        NONE(tpk_dtrmm),
     };
     run_group("runtime", cases, sizeof cases / sizeof cases[0]);
 }
@@ -960,6 +1030,25 @@ static int case_tpk_mvn(tpk_ctx *ctx)
     return st;
 }
 
+/* Genz's integrand (kernels/mvn_sov.c): both forms on one block of points, the normals and the
+ * Owen scrambling; none takes memory. */
+static int case_tpk_mvn_sov(tpk_ctx *ctx)
+{
+    (void)ctx;
+    enum { SM = 3, SB = 8 };
+    const double L[SM * SM] = {1.0, 0, 0, 0.4, 0.9, 0, -0.2, 0.3, 0.8}, b[SM] = {0.3, -0.1, 0.7};
+    double u[(SM - 1) * TPK_MVN_SOV_BLK], sh[SM] = {0.25, 0.5, 0.125}, out[SB];
+    uint32_t rb[SB];
+    for (int i = 0; i < (SM - 1) * TPK_MVN_SOV_BLK; i++)
+        u[i] = fmod(0.618 * (i + 1), 1.0);
+    for (int i = 0; i < SB; i++)
+        rb[i] = tpk_mvn_reverse_bits((uint32_t)(i * 2654435761u));
+    double s1 = tpk_mvn_sov_sum(SM, L, b, u, sh, SB), s2 = tpk_mvn_sov_sum_ref(SM, L, b, u, sh, SB);
+    tpk_mvn_normals(SB, u, NULL, out);
+    tpk_mvn_owen_scramble(SB, rb, 7u, out);
+    return fabs(s1 - s2) <= 1e-12 * SB ? TPK_OK : TPK_ENUMERIC;
+}
+
 static int case_tpk_mlp_kernel(tpk_ctx *ctx)
 {
     tpk_mlp_params p = {.depth = 2, .phi = tanh_, .sigma_w2 = 1.5, .sigma_b2 = 0.1};
@@ -984,7 +1073,7 @@ static const fcase kernel_cases[] = {
     CASE(tpk_cnn_kernel_fft), CASE(tpk_cnn_conv_block), CASE(tpk_cnn_convws_alloc),
     CASE(tpk_attn_limit_covs), CASE(tpk_attn_finite_sample), CASE(tpk_attn_mixture_sample),
     CASE(tpk_attn_w1_samples), NONE(tpk_attn_energy_mixtures), NONE(tpk_mvn),
-    CASE(tpk_mlp_kernel),
+    NONE(tpk_mvn_sov), CASE(tpk_mlp_kernel),
 };
 
 static void test_kernels(void **state)
@@ -1085,6 +1174,28 @@ static int case_tpk_netsor_kernel_progress(tpk_ctx *ctx)
     return st;
 }
 
+/* The LSTM's limit on 2 sequences of 2 steps: E[tanh(c) tanh(c')] by the joint sampler
+ * (netsor/limit_joint.c) beside the orthant and quadrature back ends. */
+static int case_tpk_netsor_kernel_lstm(tpk_ctx *ctx)
+{
+    tpk_array x = {.ndim = 3, .dims = {2, 2, 3}, .data = Xseq->data};
+    tpk_array *K = NULL;
+    int st = tpk_netsor_kernel(lstm_prog, &x, 0, &K, NULL, ctx);
+    tpk_array_free(K);
+    return st;
+}
+
+/* A finite-width run reporting to a callback (the tools' progress line). */
+static int case_tpk_netsor_run_progress(tpk_ctx *ctx)
+{
+    const tpk_progress pr = {count_progress, NULL, NULL};
+    tpk_array *Kh = NULL, *yy = NULL;
+    int st = tpk_netsor_run_progress(rnn_prog, Xseq, 8, 3, 1, &pr, &Kh, &yy, ctx);
+    tpk_array_free(Kh);
+    tpk_array_free(yy);
+    return st;
+}
+
 static int run_prog(const tpk_program *p, const tpk_array *x, tpk_ctx *ctx)
 {
     tpk_array *Kh = NULL, *yy = NULL;
@@ -1133,6 +1244,7 @@ static const fcase netsor_cases[] = {
     CASE(tpk_netsor_load_file_gru), CASE(tpk_netsor_load_file_transformer),
     CASE(tpk_netsor_kernel_rolled), CASE(tpk_netsor_kernel_cnn), CASE(tpk_netsor_kernel_rnn),
     CASE(tpk_netsor_kernel_unrolled), CASE(tpk_netsor_kernel_progress),
+    CASE(tpk_netsor_run_progress), SAMPLED(tpk_netsor_kernel_lstm, 8),
     CASE(tpk_netsor_run_rolled), CASE(tpk_netsor_run_cnn), CASE(tpk_netsor_run_rnn),
     CASE(tpk_netsor_run_unrolled), CASE(tpk_program_dump), NONE(tpk_program_param_number),
 };
@@ -1283,10 +1395,74 @@ static int case_tpk_arch_sets(tpk_ctx *ctx)
     return st;
 }
 
+/* A kernel job block by block (app/job_block.c, gpkernel-mpi's tiles): a diagonal block, an
+ * off-diagonal one, a test block, and the description of the output. */
+static int kernel_job_use(const tpk_arch *a, const tpk_job *j, tpk_ctx *ctx)
+{
+    tpk_kernel_job *kj = tpk_kernel_job_alloc(a, j, ctx);
+    if (kj == NULL)
+        return ctx->status;
+    const size_t n = tpk_kernel_job_items(kj, 0), m = tpk_kernel_job_items(kj, 1);
+    const size_t O = tpk_kernel_job_readouts(kj), w = n * O, wt = m * O;
+    double *K = malloc(w * w * sizeof *K), *dg = malloc(w * sizeof *dg), err;
+    double *Kt = malloc((wt ? wt : 1) * w * sizeof *Kt), *dt = malloc((wt ? wt : 1) * sizeof *dt);
+    assert_true(K && dg && Kt && dt && tpk_kernel_job_input(kj, 0) != NULL && n >= 3);
+    int st = tpk_kernel_job_block(kj, 0, 0, 2, 0, 2, K, w, dg, &err, ctx);
+    if (!st && m > 0)
+        st = tpk_kernel_job_block(kj, 1, 0, m, 0, n, Kt, w, dt, &err, ctx);
+    if (!st)
+        st = tpk_kernel_job_block(kj, 0, 2, n - 2, 0, 2, K, w, NULL, &err, ctx);
+    if (!st) /* the whole kernel: the output's /kernel, which the description names */
+        st = tpk_kernel_job_block(kj, 0, 0, n, 0, n, K, w, dg, &err, ctx);
+    if (!st) {
+        tpk_array Ka = {.ndim = 2, .dims = {w, w}, .data = K};
+        tpk_h5out *o = tpk_h5out_open(path_out, ctx);
+        tpk_array Ta = {.ndim = 2, .dims = {wt, w}, .data = Kt};
+        st = o ? tpk_h5out_write(o, "/kernel", &Ka, ctx) : ctx->status;
+        if (!st && m > 0)
+            st = tpk_h5out_write(o, "/kernel_test_train", &Ta, ctx);
+        if (!st && m > 0)
+            st = tpk_h5out_write_vector(o, "/kernel_test_diag", dt, wt, ctx);
+        if (!st)
+            st = tpk_kernel_job_describe(kj, o, ctx);
+        tpk_h5out_abort(o);
+    }
+    free(K);
+    free(dg);
+    free(Kt);
+    free(dt);
+    tpk_kernel_job_free(kj);
+    return st;
+}
+
+static int case_tpk_kernel_job_program(tpk_ctx *ctx)
+{
+    tpk_job j = mlp_job();
+    return kernel_job_use(NULL, &j, ctx);
+}
+
+/* The CNN's kernel job (app/job_cnn.c's state) on the 3 images. */
+static int case_tpk_kernel_job_cnn(tpk_ctx *ctx)
+{
+    const tpk_arch *a = tpk_arch_find("cnn1d");
+    const tpk_arch_flag f[] = {{"depth", "L", "1"}};
+    tpk_param_set sets[32];
+    char buf[1024], prog[1200];
+    int n = 0;
+    if (tpk_arch_sets(a, f, 1, NULL, 0, sets, 32, &n, buf, sizeof buf, ctx))
+        return ctx->status;
+    snprintf(prog, sizeof prog, "%s/%s", root_dir, a->program);
+    tpk_job j = {.label = "cnn1d", .program = prog, .sets = sets, .nsets = n, .input = path_img,
+                 .output = path_out};
+    return kernel_job_use(a, &j, ctx);
+}
+
 static const fcase app_cases[] = {
     CASE(tpk_job_registry), CASE(tpk_job_kernel_arrays), CASE(tpk_job_run_arrays),
     CASE(tpk_job_kernel), CASE(tpk_job_run), CASE(tpk_job_describe), CASE(tpk_arch_kernel),
-    CASE(tpk_arch_kernel_job), CASE(tpk_arch_job), SAMPLED(tpk_cnn_job, 8), CASE(tpk_attention_job), NONE(tpk_arch_sets),
+    CASE(tpk_arch_kernel_job), CASE(tpk_arch_job), SAMPLED(tpk_cnn_job, 8),
+    CASE(tpk_attention_job), NONE(tpk_arch_sets), SAMPLED(tpk_kernel_job_program, 8),
+    SAMPLED(tpk_kernel_job_cnn, 8),
 };
 
 static void test_app(void **state)
@@ -1295,6 +1471,119 @@ static void test_app(void **state)
     size_t di[3] = {3, 4, 1};
     tu_write_npy(tu_path(env, path_img, sizeof path_img, "img.npy"), Ximg->data, 3, di);
     run_group("app", app_cases, sizeof app_cases / sizeof app_cases[0]);
+}
+
+/* ---- orch: the primitive graph, candidate kernels, the solvers (orch/) --------------------- */
+
+/* x → a = x·x (linear) → b = φ(a) → c = rowsum(b) → d = b·c (map, broadcast c), outputs c and d:
+ * small enough for the exhaustive solver, with fusions for the BLP to choose. */
+static int orch_build(tpk_orch_graph **gp, tpk_ctx *ctx)
+{
+    const tpk_orch_shape m = {2, {64, 64, 0, 0}, 8}, v = {1, {64, 0, 0, 0}, 8};
+    tpk_orch_graph *g = *gp = tpk_orch_graph_alloc(ctx);
+    int x, a, b, c, d, st = g ? TPK_OK : ctx->status;
+    if (!st)
+        st = tpk_orch_graph_add_input(g, "x", &m, &x, ctx);
+    if (!st)
+        st = tpk_orch_graph_add_prim(g, "a", TPK_ORCH_LINEAR, &m, 2.0 * 64 * 64 * 64, 1,
+                                     (int[]){x}, &a, ctx);
+    if (!st)
+        st = tpk_orch_graph_add_prim(g, "b", TPK_ORCH_MAP, &m, 64 * 64, 1, (int[]){a}, &b, ctx);
+    if (!st)
+        st = tpk_orch_graph_add_prim(g, "c", TPK_ORCH_REDUCE, &v, 64 * 64, 1, (int[]){b}, &c, ctx);
+    if (!st)
+        st = tpk_orch_graph_add_prim(g, "d", TPK_ORCH_MAP, &m, 64 * 64, 2, (int[]){b, c}, &d,
+                                     ctx);
+    if (!st)
+        st = tpk_orch_graph_set_output(g, c, ctx);
+    if (!st)
+        st = tpk_orch_graph_set_output(g, d, ctx);
+    if (!st && (tpk_orch_graph_nvalues(g) != 5 || !tpk_orch_graph_value(g, d)))
+        st = TPK_EINVAL;
+    return st;
+}
+
+static tpk_orch_graph *ograph;
+static tpk_orch_cands *ocands;
+static const tpk_orch_roofline oroof = {3.7e-6, 2.13e10, 8.9e10};
+
+static int case_tpk_orch_graph(tpk_ctx *ctx)
+{
+    tpk_orch_graph *g = NULL;
+    int st = orch_build(&g, ctx);
+    tpk_orch_graph_free(g);
+    return st;
+}
+
+static int case_tpk_orch_cands(tpk_ctx *ctx)
+{
+    tpk_orch_cands *c = tpk_orch_cands_alloc(ograph, NULL, ctx);
+    int st = c ? tpk_orch_cands_cost(c, tpk_orch_cost_roofline, (void *)&oroof, ctx) : ctx->status;
+    if (!st)
+        st = tpk_orch_cands_set_cost(c, 0, tpk_orch_cands_get(c, 0)->cost, ctx);
+    if (!st && (tpk_orch_cands_count(c) < 4 || tpk_orch_cands_graph(c) != ograph))
+        st = TPK_EINVAL;
+    tpk_orch_cands_free(c);
+    return st;
+}
+
+/* A solver's plan, checked (the check allocates too) and freed with the allocator it remembers. */
+static int orch_plan_use(tpk_orch_plan *p, tpk_ctx *ctx)
+{
+    int st = p ? tpk_orch_plan_check(ocands, p, ctx) : ctx->status;
+    tpk_orch_plan_free(p);
+    return st;
+}
+
+static int case_tpk_orch_solve_blp(tpk_ctx *ctx)
+{
+    return orch_plan_use(tpk_orch_solve_blp(ocands, NULL, ctx), ctx);
+}
+static int case_tpk_orch_solve_exhaustive(tpk_ctx *ctx)
+{
+    return orch_plan_use(tpk_orch_solve_exhaustive(ocands, ctx), ctx);
+}
+static int case_tpk_orch_solve_naive(tpk_ctx *ctx)
+{
+    return orch_plan_use(tpk_orch_solve_naive(ocands, ctx), ctx);
+}
+
+/* The plan's text and the roofline cost: no memory of their own. */
+static int case_tpk_orch_plan_write(tpk_ctx *ctx)
+{
+    tpk_ctx c0;
+    tpk_ctx_init(&c0);
+    tpk_orch_plan *p = tpk_orch_solve_naive(ocands, &c0); /* outside the counted allocator */
+    FILE *f = fopen("/dev/null", "w");
+    double cost;
+    int st = p && f ? tpk_orch_plan_write(f, ocands, p, ctx) : TPK_EIO;
+    if (!st)
+        st = tpk_orch_cost_roofline(ograph, tpk_orch_cands_get(ocands, 0), (void *)&oroof, &cost,
+                                    ctx);
+    if (f)
+        fclose(f);
+    tpk_orch_plan_free(p);
+    return st;
+}
+
+static const fcase orch_cases[] = {
+    CASE(tpk_orch_graph), CASE(tpk_orch_cands), CASE(tpk_orch_solve_blp),
+    CASE(tpk_orch_solve_exhaustive), CASE(tpk_orch_solve_naive), NONE(tpk_orch_plan_write),
+};
+
+static void test_orch(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(orch_build(&ograph, &ctx), TPK_OK);
+    ocands = tpk_orch_cands_alloc(ograph, NULL, &ctx);
+    assert_non_null(ocands);
+    assert_int_equal(tpk_orch_cands_cost(ocands, tpk_orch_cost_roofline, (void *)&oroof, &ctx),
+                     TPK_OK);
+    run_group("orch", orch_cases, sizeof orch_cases / sizeof orch_cases[0]);
+    tpk_orch_cands_free(ocands);
+    tpk_orch_graph_free(ograph);
 }
 
 /* ---- limits: statistics of finite-width runs, fits with bootstrap intervals, laws ---------- */
@@ -1791,6 +2080,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_core),
         cmocka_unit_test(test_runtime),
+        cmocka_unit_test(test_orch),
         cmocka_unit_test(test_kernels),
         cmocka_unit_test(test_netsor),
         cmocka_unit_test(test_app),

@@ -239,6 +239,43 @@ static void test_arch_rbf_and_mlp(void **state)
     free(got);
 }
 
+/* --fit-hyper from the default sigma_b2 = 0 (which log scale cannot move) reaches the optimum
+ * with a positive bias that a start at sigma_b2 = 0.1 finds, and the fitted bias is positive
+ * (issue 18: it was held at 0 without a word, LML/(NC) -0.34 against +0.63). A smooth target
+ * with an offset, on which a bias helps. */
+static void test_fit_hyper_zero_bias(void **state)
+{
+    (void)state;
+    enum { NF = 60 };
+    double x[NF * 2], y[NF];
+    for (int i = 0; i < NF; i++) {
+        x[2 * i] = 2.0 * sin(1.731 * i + 0.25);
+        x[2 * i + 1] = 2.0 * cos(2.385 * i * i + 0.5);
+        y[i] = 1.5 + sin(1.3 * x[2 * i]) + 0.5 * cos(2.1 * x[2 * i + 1]) + 0.02 * sin(7.7 * i);
+    }
+    csv_write("fx.csv", x, NF, 2);
+    csv_write("fy.csv", y, NF, 1);
+    size_t cnt;
+    assert_int_equal(gpregress("--arch=mlp --fit-hyper --train=fx.csv --labels=fy.csv "
+                               "--output=f0.h5"), 0);
+    double *l0 = h5_read("f0.h5", "/lml", &cnt), *b0 = h5_read("f0.h5", "/fitted_sigma_b2", &cnt);
+    assert_int_equal(gpregress("--arch=mlp --fit-hyper --sigma-b2=0.1 --train=fx.csv "
+                               "--labels=fy.csv --output=f1.h5"), 0);
+    double *l1 = h5_read("f1.h5", "/lml", &cnt);
+    if (!(l0[0] >= l1[0] - 1e-3 * fabs(l1[0])) || !(b0[0] > 0))
+        fail_msg("from sigma_b2 = 0: lml %.6g, sigma_b2 %.6g; from 0.1: lml %.6g", l0[0], b0[0],
+                 l1[0]);
+    free(l0);
+    free(b0);
+    free(l1);
+    /* --fix=sigma_b2 holds it at 0 */
+    assert_int_equal(gpregress("--arch=mlp --fit-hyper --fix=sigma_b2 --train=fx.csv "
+                               "--labels=fy.csv --output=f2.h5"), 0);
+    double *b2 = h5_read("f2.h5", "/fitted_sigma_b2", &cnt);
+    assert_true(b2[0] == 0);
+    free(b2);
+}
+
 static void idx_write(const char *name, const unsigned char *hdr, size_t hl,
                       const unsigned char *body, size_t bl)
 {
@@ -465,6 +502,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernel_file_matches_dense),
         cmocka_unit_test(test_arch_rbf_and_mlp),
+        cmocka_unit_test(test_fit_hyper_zero_bias),
         cmocka_unit_test(test_classify_idx),
         cmocka_unit_test(test_classify_int64_npy),
         cmocka_unit_test(test_errors),

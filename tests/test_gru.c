@@ -662,7 +662,7 @@ static void test_joint_sampler(void **state)
                            {TPK_RPN_MUL, 0, 0, NULL}};
     tpk_rpn_node sz2[3] = {{TPK_RPN_SCALAR, 0, 0, NULL}, {TPK_RPN_GVAR, 2, 0, NULL},
                            {TPK_RPN_MUL, 0, 0, NULL}};
-    tpk_nsr_joint *j = tpk_nsr_joint_alloc(16, 4096, (size_t)64 << 20, 11);
+    tpk_nsr_joint *j = tpk_nsr_joint_alloc(16, 4096, (size_t)64 << 20, 11, NULL);
     assert_non_null(j);
     /* first call: E[Z0_0 Z1_1], E[Z0_0² Z1_0], E[Z0_1] */
     tpk_nsr_jfac f1[5] = {{z0, 1, 0}, {z1, 1, 1}, {sq0, 3, 0}, {z1, 1, 0}, {z0, 1, 1}};
@@ -694,9 +694,9 @@ static void test_joint_sampler(void **state)
     assert_true(fabs(e3[0].value - ex2[0]) <= JOINT_SE * e3[0].err + 1e-15);
     jdead = -1;
     /* a cache too small for the new factors: declined, nothing computed */
-    tpk_nsr_joint *small = tpk_nsr_joint_alloc(16, 4096, 1000, 11);
+    tpk_nsr_joint *small = tpk_nsr_joint_alloc(16, 4096, 1000, 11, NULL);
     assert_int_equal(tpk_nsr_joint_expect(small, &env, 3, off1, f1, e1, &ctx), TPK_EUNSUPPORTED);
-    assert_null(tpk_nsr_joint_alloc(1, 4096, 1000, 11));
+    assert_null(tpk_nsr_joint_alloc(1, 4096, 1000, 11, NULL));
     tpk_nsr_joint_free(small);
     tpk_nsr_joint_free(j);
     tpk_nsr_joint_free(NULL);

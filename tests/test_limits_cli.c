@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "support/testutil.h"
 #include "tpk/tpk.h"
 
 static char tmpdir[64];
@@ -137,23 +138,41 @@ static void test_toy_run_and_reproduce(void **state)
     tpk_array_free(K);
 }
 
-/* Start gplimits, signal it after `delay` seconds; returns its exit status (or −signal). */
-static int run_and_kill(const char *out, int sig, double delay)
+/* Start gplimits with args (NULL-terminated) and --output=out, its stdout and stderr to
+ * /dev/null, the signals a test sends at their default action. */
+static pid_t spawn_gplimits(const char *out, const char *const *args)
 {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         char exe[1100], o[600];
+        const char *av[32];
+        int n = 0;
         snprintf(exe, sizeof exe, "%s/gplimits", bindir);
         snprintf(o, sizeof o, "--output=%s", out);
-        if (!freopen("/dev/null", "w", stdout))
+        av[n++] = exe;
+        for (int i = 0; args[i] && n < 30; i++)
+            av[n++] = args[i];
+        av[n++] = o;
+        av[n] = NULL;
+        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr))
             _exit(126);
-        if (!freopen("/dev/null", "w", stderr))
-            _exit(126);
-        execl(exe, exe, "--arch=mlp", "--depth=2", "--widths=16..512", "--seeds=40",
-              "--boot=100", "--max-inputs=4", "--seed=5", o, "--resume", (char *)NULL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        execv(exe, (char *const *)av);
         _exit(127);
     }
+    return pid;
+}
+
+/* Start gplimits, signal it after `delay` seconds; returns its exit status (or −signal). */
+static int run_and_kill(const char *out, int sig, double delay)
+{
+    static const char *const args[] = {"--arch=mlp", "--depth=2", "--widths=16..512",
+                                       "--seeds=40", "--boot=100", "--max-inputs=4", "--seed=5",
+                                       "--resume", NULL};
+    pid_t pid = spawn_gplimits(out, args);
     struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
     nanosleep(&ts, NULL);
     kill(pid, sig);
@@ -182,10 +201,10 @@ static void test_kill_and_resume(void **state)
              "--arch=mlp --depth=2 --widths=16..512 --seeds=40 --boot=100 --max-inputs=4 "
              "--seed=5 --output='%s'", ref);
     assert_int_equal(gplimits(args), 0);
-    /* SIGTERM: caught, checkpoint written, exit 130 (or 0 if it finished first). */
+    /* SIGTERM: caught, checkpoint written, exit 143 (or 0 if it finished first). */
     int rc = run_and_kill(out, SIGTERM, 0.4);
-    assert_true(rc == 130 || rc == 0);
-    if (rc == 130)
+    assert_true(rc == 143 || rc == 0);
+    if (rc == 143)
         assert_int_equal(access(partial, F_OK), 0);
     /* SIGKILL while resuming: at most the last ~2 s are lost, the checkpoint stays valid. */
     rc = run_and_kill(out, SIGKILL, 0.3);
@@ -201,6 +220,49 @@ static void test_kill_and_resume(void **state)
                            "/fits/rms_stability", "/fits/sliced_rbw1_shape"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         same_dataset(ref, out, names[i]);
+}
+
+/* A signal once the runs are done (the analysis: here 20000 bootstrap replicates) ends the run
+ * too: exit 128 + signal, nothing written, no temp file, the runs kept in the checkpoint (issue
+ * 18: the signal was ignored and the run ended with 0). All-zero inputs, whose limit kernel is
+ * zero, are refused before any run, leaving no checkpoint (it failed only after running). */
+static void test_signal_in_analysis(void **state)
+{
+    (void)state;
+    char out[512], partial[600], args[2400], msg[4096];
+    path(out, sizeof out, "an.h5");
+    snprintf(partial, sizeof partial, "%s.partial.h5", out);
+    const int sigs[2] = {SIGTERM, SIGHUP};
+    for (int i = 0; i < 2; i++) {
+        static const char *const argl[] = {"--arch=mlp", "--depth=2", "--widths=8..64",
+                                           "--seeds=8", "--boot=20000", "--max-inputs=4",
+                                           "--resume", NULL};
+        pid_t pid = spawn_gplimits(out, argl);
+        /* the checkpoint appears when the runs end; the analysis takes seconds after it */
+        for (int k = 0; k < 3000 && access(partial, F_OK) != 0; k++)
+            nanosleep(&(struct timespec){0, 5000000}, NULL);
+        nanosleep(&(struct timespec){0, 100000000}, NULL);
+        kill(pid, sigs[i]);
+        int status;
+        waitpid(pid, &status, 0);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 128 + sigs[i]);
+        assert_int_equal(access(out, F_OK), -1);
+        assert_int_equal(access(partial, F_OK), 0);
+        assert_int_equal(tu_count_prefix(tmpdir, ".an.h5.tmp."), 0);
+    }
+    remove(partial);
+    char zin[600];
+    path(zin, sizeof zin, "zeros.csv");
+    FILE *f = fopen(zin, "w");
+    assert_non_null(f);
+    fputs("0,0,0\n0,0,0\n0,0,0\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, TOY " --input='%s' --output='%s'", zin, out);
+    assert_int_equal(gplimits(args), 1);
+    read_stderr(msg, sizeof msg);
+    assert_non_null(strstr(msg, "limit kernel of these inputs is zero"));
+    assert_int_equal(access(partial, F_OK), -1);
 }
 
 static void test_errors(void **state)
@@ -424,6 +486,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_toy_run_and_reproduce),
         cmocka_unit_test(test_kill_and_resume),
+        cmocka_unit_test(test_signal_in_analysis),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_all_outputs),
         cmocka_unit_test(test_arch_flags_cnn),

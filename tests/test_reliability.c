@@ -48,15 +48,16 @@ static void put_csv(const char *path, const double *v, size_t rows, size_t cols)
     assert_int_equal(fclose(f), 0);
 }
 
-/* Run a tool that must fail (exit 1) with `want` (and `want2`, if given) on stderr and leave no
- * file at `out`. */
+/* Run a tool that must fail (exit 1, or 2 for a usage error) with `want` (and `want2`, if
+ * given) on stderr and leave no file at `out`. */
 static void expect_fail(const tu_env *e, const char *tool, const char *args, const char *want,
                         const char *want2, const char *out)
 {
     int rc = tu_run_tool(e, tool, args);
     char err[4096];
     tu_stderr(e, err, sizeof err);
-    if (rc != 1 || !strstr(err, want) || (want2 && !strstr(err, want2)))
+    if ((rc != 1 && !(rc == 2 && strstr(err, "usage error"))) || !strstr(err, want) ||
+        (want2 && !strstr(err, want2)))
         fail_msg("%s %s: exit %d, stderr '%s' (wanted '%s'%s%s)", tool, args, rc, err, want,
                  want2 ? " and " : "", want2 ? want2 : "");
     if (out && tu_exists(out))
@@ -239,6 +240,36 @@ static void test_gpregress_indefinite_kernel(void **state)
              e->tmpdir, out);
     assert_int_equal(tu_run_tool(e, "gpregress", args), 0);
     remove(out);
+    /* test blocks that are no covariance with it: a negative test variance, and test×train
+     * entries larger than the test variance allows (the joint matrix indefinite); both gave a
+     * predictive variance of 0 without a word */
+    const struct {
+        const char *name;
+        double cross, diag;
+        const char *want, *want2;
+    } bad[] = {{"kneg.h5", 0.0, -1.0, "kneg.h5: /kernel_test_diag is not a variance",
+                "[0] = -1"},
+               {"kjoint.h5", 1.5, 0.125, "test item 0: its prior variance k(x,x) = 0.125",
+                "joint matrix is not PSD"}};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        tu_path(e, kf, sizeof kf, bad[b].name);
+        tpk_array Ka = {.ndim = 2, .dims = {N, N}, .data = K};
+        double row[N], dg[1] = {bad[b].diag};
+        for (int j = 0; j < N; j++)
+            row[j] = bad[b].cross;
+        tpk_array Ra = {.ndim = 2, .dims = {1, N}, .data = row};
+        tpk_h5out *o = tpk_h5out_open(kf, &ctx);
+        assert_non_null(o);
+        assert_int_equal(tpk_h5out_write(o, "/kernel", &Ka, &ctx), 0);
+        assert_int_equal(tpk_h5out_write(o, "/kernel_test_train", &Ra, &ctx), 0);
+        assert_int_equal(tpk_h5out_write_vector(o, "/kernel_test_diag", dg, 1, &ctx), 0);
+        assert_int_equal(tpk_h5out_commit(o, &ctx), 0);
+        snprintf(args, sizeof args, "--kernel='%s' --labels=%s/y.csv --noise=0.01 --quiet "
+                 "--output='%s'", kf, e->tmpdir, out);
+        expect_fail(e, "gpregress", args, bad[b].want, bad[b].want2, out);
+    }
 }
 
 static void test_gpregress_noise0_duplicates(void **state)
@@ -262,6 +293,21 @@ static void test_gpregress_noise0_duplicates(void **state)
         expect_fail(e, "gpregress", args, "training items 0 and 7 are the same point",
                     "their targets differ", out);
     }
+    /* a noise below the jitter asks to interpolate as well */
+    snprintf(args, sizeof args, "--arch=mlp --noise=1e-300 --train=%s/xd.csv --labels=%s/yd.csv "
+             "--quiet --output='%s'", e->tmpdir, e->tmpdir, out);
+    expect_fail(e, "gpregress", args, "--noise=1e-300 asks to interpolate",
+                "targets are not in its range", out);
+    /* no duplicates, but item N+i = 2 x item i: under the bias-free ReLU kernel f(2x) = 2 f(x)
+     * (K is singular) and these targets are not 2:1 (it gave LML -6.3e8 with exit 0) */
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < 3; j++)
+            X[(N + i) * 3 + j] = 2 * X[i * 3 + j];
+    put_csv(tu_path(e, p, sizeof p, "x2.csv"), X, 2 * N, 3);
+    snprintf(args, sizeof args, "--arch=mlp --noise=0 --train=%s/x2.csv --labels=%s/yd.csv "
+             "--quiet --output='%s'", e->tmpdir, e->tmpdir, out);
+    expect_fail(e, "gpregress", args, "x2.csv: --noise=0 asks to interpolate",
+                "targets are not in its range", out);
     /* equal targets: interpolation exists; the jitter is reported, the file has no NaN */
     snprintf(args, sizeof args, "--arch=rbf --noise=0 --train=%s/xd.csv --labels=%s/ysame.csv "
              "--output='%s'", e->tmpdir, e->tmpdir, out);
@@ -339,6 +385,28 @@ static void test_conflicting_flags(void **state)
     assert_true(attr_double(out, "depth") == 5.0);
     assert_true(attr_double(out, "L") == 5.0);
     remove(out);
+    /* the CNN's --filter and --padding set the program's k and circular: with a --set of those
+     * the --set was overridden (and a lone --set circular=0 lost to the default padding, the
+     * file saying circular) */
+    char seq[512], sq[1100];
+    double v[2 * 5 * 2];
+    for (int i = 0; i < 20; i++)
+        v[i] = sin(0.731 * i + 0.25);
+    tu_write_npy(tu_path(e, seq, sizeof seq, "sig.npy"), v, 3, (size_t[]){2, 5, 2});
+    snprintf(sq, sizeof sq, "--input='%s'", seq);
+    snprintf(args, sizeof args, "--arch=cnn1d %s --filter=3 --set k=5 --quiet --output='%s'", sq,
+             out);
+    expect_fail(e, "gpkernel", args, "--set k=5 conflicts with --filter=3", NULL, out);
+    snprintf(args, sizeof args, "--arch=cnn1d %s --padding=zero --set circular=1 --quiet "
+             "--output='%s'", sq, out);
+    expect_fail(e, "gpkernel", args, "--set circular=1 conflicts with --padding=zero", NULL, out);
+    snprintf(args, sizeof args, "--arch=cnn1d %s --filter=3 --set k=5 --widths=8,16 --seeds=4 "
+             "--quiet --output='%s'", sq, out);
+    expect_fail(e, "gplimits", args, "--set k=5 conflicts with --filter=3", NULL, out);
+    snprintf(args, sizeof args, "--arch=cnn1d %s --set circular=0 --quiet --output='%s'", sq, out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    assert_true(attr_double(out, "circular") == 0.0);
+    remove(out);
 }
 
 /* Messages name the cause in the user's terms: an underflowing or overflowing recursion (not
@@ -374,6 +442,53 @@ static void test_messages(void **state)
              out);
     expect_fail(e, "gpkernel", args, "test items have 2 values each (shape 2)",
                 "have 3 (shape 3)", out);
+    /* gpregress: huge targets were "the kernel has eigenvalues below ...", huge inputs blamed
+     * sigma-w2 and the depth, a huge RBF amplitude gave "noise range must satisfy 0 < lo < hi <
+     * inf (got inf, inf)" */
+    double yb[2] = {1e300, -2e300}, xb[6] = {1e200, 2, 3, 4, 5, 6};
+    char yf[512], xf[512];
+    put_csv(tu_path(e, yf, sizeof yf, "ybig.csv"), yb, 2, 1);
+    put_csv(tu_path(e, xf, sizeof xf, "xbig.csv"), xb, 2, 3);
+    snprintf(args, sizeof args, "--arch=mlp --train='%s' --labels='%s' --quiet --output='%s'", x,
+             yf, out);
+    expect_fail(e, "gpregress", args, "ybig.csv: the targets' squares sum beyond the range",
+                "rescale the targets", out);
+    snprintf(args, sizeof args, "--arch=mlp --train='%s' --labels='%s' --quiet --output='%s'", xf,
+             yf, out);
+    expect_fail(e, "gpregress", args, "xbig.csv: item 0 has a squared norm beyond the range",
+                "rescale the inputs", out);
+    yb[0] = 0.5;
+    yb[1] = -0.25;
+    put_csv(yf, yb, 2, 1);
+    snprintf(args, sizeof args, "--arch=rbf --amplitude=1e308 --train='%s' --labels='%s' --quiet "
+             "--output='%s'", x, yf, out);
+    expect_fail(e, "gpregress", args, "the kernel's mean diagonal is 1e+308", "amplitude", out);
+    /* numbers beyond a double: at the --set, and as what they are (were "mlp.nsr:1:1: a
+     * parameter value is not finite" and "'1e-320' is not a number") */
+    snprintf(args, sizeof args, "kernel '%s' --set L=1e400 --input='%s' --quiet --output='%s'", p,
+             x, out);
+    expect_fail(e, "netsor", args, "--set L=1e400 (column 1): number '1e400' is beyond the range",
+                NULL, out);
+    snprintf(args, sizeof args, "--arch=rbf --lengthscale2=1e-320 --train='%s' --labels='%s' "
+             "--quiet --output='%s'", x, yf, out);
+    expect_fail(e, "gpregress", args, "'1e-320' is below the smallest normal double", NULL, out);
+    snprintf(args, sizeof args, "--arch=mlp --sigma-w2=1e400 --quiet --output='%s'", out);
+    expect_fail(e, "gpkernel", args, "'1e400' is beyond the range of a double", NULL, out);
+    /* gpattention: tokens whose products underflow are not "zero"; huge ones are refused up
+     * front (the file was refused at the end for a NaN kurtosis) */
+    double tok[2 * 2 * 3];
+    char tf[512];
+    for (int i = 0; i < 12; i++)
+        tok[i] = 1e-170 * sin(0.731 * i + 0.25);
+    tu_write_npy(tu_path(e, tf, sizeof tf, "tiny.npy"), tok, 3, (size_t[]){2, 2, 3});
+    snprintf(args, sizeof args, "--input='%s' --widths=4,8 --networks=16 --score-samples=16 "
+             "--heads-list=1,2 --quiet --output='%s'", tf, out);
+    expect_fail(e, "gpattention", args, "tiny.npy: the first output y_1 is identically 0",
+                "underflow", out);
+    for (int i = 0; i < 12; i++)
+        tok[i] = 1e150 * sin(0.731 * i + 0.25);
+    tu_write_npy(tf, tok, 3, (size_t[]){2, 2, 3});
+    expect_fail(e, "gpattention", args, "tiny.npy: the token kernel reaches", "rescale", out);
 }
 
 /* A write that fails (here a file size limit, as a full disk) ends in a message naming the cause,
@@ -420,6 +535,60 @@ static void test_write_failure_keeps_old_file(void **state)
     while ((de = readdir(d)) != NULL)
         assert_null(strstr(de->d_name, ".tmp."));
     closedir(d);
+    /* gpattention's datasets are small: its file reaches the disk at the commit's flush, whose
+     * failure named no cause ("HDF5 flush/close ... failed") */
+    snprintf(args, sizeof args, "--output='%s' --quiet --networks=50 --score-samples=50 "
+             "--widths=4,8 --heads-list=1,2", out);
+    assert_int_equal(tu_run_tool(e, "gpattention", args), 0);
+    lim.rlim_cur = 8 * 1024;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    rc = tu_run_tool(e, "gpattention", args);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    tu_stderr(e, err, sizeof err);
+    if (rc != 1 || strstr(err, "File too large") == NULL || strstr(err, "unchanged") == NULL)
+        fail_msg("gpattention under a file size limit: exit %d, '%s'", rc, err);
+    assert_true(tu_exists(out));
+}
+
+/* What a reader chooses for the user is said (issue 18, "silent choices"): a CSV line is a
+ * header only when none of its fields is a number, with a note; a rank-1 input is read as N×1
+ * with a note; rank-1 targets (class labels) are what they mean, no note. */
+static void test_silent_choices(void **state)
+{
+    const tu_env *e = *state;
+    char x[512], h[512], r[512], out[512], args[2048], err[4096];
+    tu_path(e, out, sizeof out, "sc.h5");
+    put(tu_path(e, h, sizeof h, "head.csv"), "alpha,beta\n0.25,1.5\n-0.5,2\n1,0.125\n");
+    snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --quiet", h, out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "note: ") || !strstr(err, "head.csv:1: taken as a header line"))
+        fail_msg("no header note: '%s'", err);
+    size_t n;
+    double *k = tu_h5_read(out, "/kernel", &n);
+    assert_int_equal(n, 9); /* three data rows */
+    free(k);
+    remove(out);
+    put(tu_path(e, x, sizeof x, "numhead.csv"), "1,2,abc\n0.25,1.5,2\n-0.5,2,1\n");
+    snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --quiet", x, out);
+    expect_fail(e, "gpkernel", args, "numhead.csv:1: column 3: 'abc' is not a number", NULL,
+                out);
+    double v[4] = {0.25, -1.5, 2.125, 0.5};
+    tu_write_npy(tu_path(e, r, sizeof r, "vec.npy"), v, 1, (size_t[]){4});
+    snprintf(args, sizeof args, "--arch=mlp --input='%s' --output='%s' --quiet", r, out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "vec.npy: a rank-1 array of 4 values, read as 4 items"))
+        fail_msg("no rank-1 note: '%s'", err);
+    remove(out);
+    double xs[8] = {0.25, 1.5, -0.5, 2, 1, 0.125, 0.75, -1};
+    put_csv(tu_path(e, x, sizeof x, "x4.csv"), xs, 4, 2);
+    snprintf(args, sizeof args, "--arch=mlp --train='%s' --labels='%s' --noise=0.1 "
+             "--output='%s' --quiet", x, r, out);
+    assert_int_equal(tu_run_tool(e, "gpregress", args), 0);
+    tu_stderr(e, err, sizeof err);
+    assert_null(strstr(err, "note: "));
+    remove(out);
 }
 
 int main(void)
@@ -434,6 +603,7 @@ int main(void)
         cmocka_unit_test(test_conflicting_flags),
         cmocka_unit_test(test_messages),
         cmocka_unit_test(test_write_failure_keeps_old_file),
+        cmocka_unit_test(test_silent_choices),
     };
     return cmocka_run_group_tests(tests, setup, tu_teardown);
 }

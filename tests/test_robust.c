@@ -134,11 +134,74 @@ static void test_depth(void **state)
     print_message("depth 10^4: %d kernels, %d clear errors\n", nok - ok0, nerr - err0);
 }
 
+/* The kernel of X (n items) with no bias, or NULL and the error in ctx. */
+static tpk_array *kernel_nobias(const char *phi, const char *depth, const char *sw2,
+                                const double *x, int n, tpk_ctx *ctx)
+{
+    tpk_array X = {.ndim = 2, .dims = {(size_t)n, D}, .data = (double *)x};
+    const tpk_arch_flag fl[] = {{"depth", NULL, depth}, {"phi", NULL, phi},
+                                {"sigma-w2", NULL, sw2}, {"sigma-b2", NULL, "0"}};
+    tpk_arch_opts o = {.flags = fl, .nflags = 4, .root = root()};
+    tpk_array *K = NULL;
+    double err = 0;
+    tpk_ctx_init(ctx);
+    if (tpk_arch_kernel(tpk_arch_find("mlp"), &o, &X, NULL, &K, NULL, NULL, &err, ctx))
+        return NULL;
+    return K;
+}
+
+/* A vanishing signal (no bias, sigma_w2 0.3: every layer shrinks the variance) must end in an
+ * underflow error, not in a kernel of zeros for inputs that are not zero (issue 18: the closed
+ * forms of identity, gelu, erf, sin, x3, ... wrote all zeros with exit 0; only ReLU-like and
+ * quadrature maps said so), and a small variance keeps its digits: sin(u) on inputs of 1e-4,
+ * where sin is linear, is the identity network's kernel at depth 30 (variances down to 1e-25;
+ * it was rounding noise: the closed form subtracted two exponentials both within 1e-16 of 1). */
+static void test_vanishing_signal(void **state)
+{
+    (void)state;
+    double x[N * D];
+    inputs(IN_RANDOM, x, N);
+    int under = 0;
+    for (size_t p = 0; p < sizeof PHIS / sizeof PHIS[0]; p++) {
+        tpk_ctx ctx;
+        tpk_array *K = kernel_nobias(PHIS[p], p >= FIRST_QUADRATURE ? "1000" : "3000", "0.3", x,
+                                     N, &ctx);
+        if (!K) {
+            if (!strstr(ctx.msg, "underflow") && !names_cause(ctx.msg))
+                fail_msg("phi=%s vanishing: unclear error '%s'", PHIS[p], ctx.msg);
+            under += strstr(ctx.msg, "underflow") != NULL;
+            continue;
+        }
+        int zero = 1;
+        for (int i = 0; i < N; i++)
+            zero &= K->data[i * N + i] == 0;
+        tpk_array_free(K);
+        if (zero)
+            fail_msg("phi=%s vanishing: a kernel of zeros without an error", PHIS[p]);
+    }
+    assert_true(under > 0);
+    for (int i = 0; i < N * D; i++) /* variances ~1e-9 from the first layer: sin is linear */
+        x[i] *= 1e-4;
+    tpk_ctx ctx;
+    tpk_array *Ks = kernel_nobias("sin", "30", "0.3", x, N, &ctx);
+    assert_non_null(Ks);
+    tpk_array *Ki = kernel_nobias("identity", "30", "0.3", x, N, &ctx);
+    assert_non_null(Ki);
+    /* sin u = u (1 − u²/6 + …): relative to the identity kernel, of the order of the variance */
+    for (int i = 0; i < N * N; i++)
+        if (fabs(Ks->data[i] - Ki->data[i]) > 1e-6 * fabs(Ki->data[0]))
+            fail_msg("sin at depth 30: K[%d] = %.17g, the identity network's %.17g", i,
+                     Ks->data[i], Ki->data[i]);
+    tpk_array_free(Ks);
+    tpk_array_free(Ki);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_degenerate_inputs),
         cmocka_unit_test(test_depth),
+        cmocka_unit_test(test_vanishing_signal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

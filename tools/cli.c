@@ -45,8 +45,16 @@ int cli_parse_double(const char *name, const char *s, double *out, tpk_ctx *ctx)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v))
+    if (end == s || *end != '\0' || isnan(v))
         return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a number", name, s);
+    /* numbers, but not finite doubles: said as such (issue 18: "1e-320 is not a number") */
+    if (isinf(v) && errno != ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not a finite number", name, s);
+    if (errno == ERANGE)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is %s", name, s,
+                         isinf(v) ? "beyond the range of a double (about 1.8e308)"
+                                  : "below the smallest normal double (about 2.2e-308): give 0 "
+                                    "or a larger value");
     *out = v;
     return TPK_OK;
 }
@@ -103,11 +111,59 @@ int cli_no_operands(int argc, char **argv, tpk_ctx *ctx)
     return TPK_OK;
 }
 
+void cli_seen_init(cli_seen *s, const struct option *opts)
+{
+    memset(s, 0, sizeof *s);
+    s->opts = opts;
+}
+
+int cli_seen_add(cli_seen *s, int longindex, const char *value, tpk_ctx *ctx)
+{
+    if (longindex < 0 || longindex >= CLI_MAX_OPTIONS)
+        return TPK_OK; /* a short option (-h) */
+    const struct option *op = &s->opts[longindex];
+    if (s->given[longindex]++ && op->has_arg != no_argument && strcmp(op->name, "set") != 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s given twice ('%s', then '%s'): give it once",
+                         op->name, s->value[longindex] ? s->value[longindex] : "",
+                         value ? value : "");
+    s->value[longindex] = value;
+    return TPK_OK;
+}
+
+int cli_getopt(int argc, char **argv, const struct option *opts, cli_seen *seen, int *st,
+               tpk_ctx *ctx)
+{
+    int li = -1, c = getopt_long(argc, argv, "h", opts, &li);
+    if (c != -1 && c != '?' && c != ':' && (*st = cli_seen_add(seen, li, optarg, ctx)))
+        return -1;
+    return c;
+}
+
+int cli_given(const cli_seen *s, const char *name)
+{
+    for (int i = 0; i < CLI_MAX_OPTIONS && s->opts[i].name; i++)
+        if (strcmp(s->opts[i].name, name) == 0)
+            return s->given[i] > 0;
+    return 0;
+}
+
+int cli_refuse(const cli_seen *s, const char *name, const char *because, tpk_ctx *ctx)
+{
+    if (!cli_given(s, name))
+        return TPK_OK;
+    return TPK_ERROR(ctx, TPK_EINVAL, "--%s does not apply: %s", name, because);
+}
+
 int cli_sets_add(cli_sets *s, const char *kv, tpk_ctx *ctx)
 {
     const char *eq = strchr(kv, '=');
     if (!eq || eq == kv)
         return TPK_ERROR(ctx, TPK_EINVAL, "--set needs NAME=VALUE (got '%s')", kv);
+    for (int i = 0; i < s->n; i++)
+        if (strlen(s->set[i].name) == (size_t)(eq - kv) &&
+            strncmp(s->set[i].name, kv, (size_t)(eq - kv)) == 0)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--set %s given twice ('%s', then '%s'): give it "
+                             "once", s->set[i].name, s->set[i].value, eq + 1);
     if (s->n == CLI_MAX_SETS)
         return TPK_ERROR(ctx, TPK_EINVAL, "--set: more than %d overrides", CLI_MAX_SETS);
     char *name = malloc((size_t)(eq - kv) + 1);
@@ -194,6 +250,13 @@ char **cli_arch_flags_take(int argc, char **argv, const struct option *own, cli_
                 TPK_ERROR(ctx, TPK_EINVAL, "unknown option '%s' (see --help)", a);
             return NULL;
         }
+        for (int j = 0; j < f->n; j++)
+            if (strlen(f->flag[j]) == len && strncmp(f->flag[j], a + 2, len) == 0) {
+                TPK_ERROR(ctx, TPK_EINVAL, "--%s given twice ('%s', then '%s'): give it once",
+                          f->flag[j], f->fl[j].value, value);
+                free(rest);
+                return NULL;
+            }
         snprintf(f->flag[f->n], sizeof f->flag[0], "%.*s", (int)len, a + 2);
         f->fl[f->n] = (tpk_arch_flag){f->flag[f->n], NULL, value};
         f->n++;
@@ -220,6 +283,16 @@ int cli_arch_flags_resolve(cli_arch_flags *f, const tpk_arch *a, const tpk_phi_r
             return st;
     }
     return TPK_OK;
+}
+
+static void note_stderr(void *ud, const char *msg)
+{
+    fprintf(stderr, "%s: note: %s\n", (const char *)ud, msg);
+}
+
+void cli_notes(tpk_ctx *ctx, const char *prog)
+{
+    tpk_ctx_set_notes(ctx, note_stderr, (void *)prog);
 }
 
 void cli_version(const char *prog)

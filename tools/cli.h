@@ -40,6 +40,29 @@ int cli_bad_option(char **argv, tpk_ctx *ctx);
 /* After the loop: an error if operands are left ("unexpected argument '...' (see --help)"). */
 int cli_no_operands(int argc, char **argv, tpk_ctx *ctx);
 
+/* Which options a command line gave (issue 18: a repeated option silently overrode the first,
+ * and a second --input escaped the output-is-an-input check). Give getopt_long a longindex set
+ * to -1 before each call and pass it here: an option that takes a value may be given once
+ * ("--NAME given twice ('A', then 'B'): give it once"); --set, repeatable, is checked per name
+ * by cli_sets_add; options without a value may repeat. cli_given then tells whether an option
+ * was on the command line (to refuse one that the others make meaningless). */
+#define CLI_MAX_OPTIONS 128
+typedef struct cli_seen {
+    const struct option *opts;
+    const char *value[CLI_MAX_OPTIONS]; /* per index of opts: the value given, or NULL */
+    int given[CLI_MAX_OPTIONS];
+} cli_seen;
+void cli_seen_init(cli_seen *s, const struct option *opts);
+int cli_seen_add(cli_seen *s, int longindex, const char *value, tpk_ctx *ctx);
+/* getopt_long(argc, argv, "h", opts) recording each option in seen (cli_seen_add): -1 at the end,
+ * and on a repeated option with its error in *st. */
+int cli_getopt(int argc, char **argv, const struct option *opts, cli_seen *seen, int *st,
+               tpk_ctx *ctx);
+int cli_given(const cli_seen *s, const char *name);
+/* An error when option `name` was given although `because` makes it meaningless, e.g.
+ * cli_refuse(s, "tokens", "with --input the tokens come from the input"). */
+int cli_refuse(const cli_seen *s, const char *name, const char *because, tpk_ctx *ctx);
+
 /* ---- --set NAME=VALUE ------------------------------------------------------------------------- */
 
 typedef struct cli_sets {
@@ -47,7 +70,7 @@ typedef struct cli_sets {
     char *owned[CLI_MAX_SETS];
     int n;
 } cli_sets;
-/* Add "NAME=VALUE" (the value is not copied: keep kv alive). */
+/* Add "NAME=VALUE" (the value is not copied: keep kv alive); a NAME given before is an error. */
 int cli_sets_add(cli_sets *s, const char *kv, tpk_ctx *ctx);
 void cli_sets_free(cli_sets *s);
 
@@ -63,9 +86,9 @@ typedef struct cli_arch_flags {
 } cli_arch_flags;
 /* The architecture's flags (--depth=3, --var-u=0.5, ...) are not known to getopt: every
  * "--name=value" or "--name value" after argv[0] whose name is not one of `own` (a getopt table)
- * is one ("--name" followed by another option or nothing is left for getopt to report). Returns
- * the other arguments, argv[0] first, NULL-terminated (free() it; argv is untouched), their count
- * in *nrest. */
+ * is one, each at most once ("--name" followed by another option or nothing is left for getopt
+ * to report). Returns the other arguments, argv[0] first, NULL-terminated (free() it; argv is
+ * untouched), their count in *nrest. */
 char **cli_arch_flags_take(int argc, char **argv, const struct option *own, cli_arch_flags *f,
                            int *nrest, tpk_ctx *ctx);
 /* Each flag against the architecture (NULL: --program, which takes no flags): its parameter, and
@@ -82,6 +105,10 @@ int cli_arch_flags_resolve(cli_arch_flags *f, const tpk_arch *a, const tpk_phi_r
 #define CLI_EXIT_HELP \
     "Exit status: 0 success, 1 error (input, computation, output), 2 usage error (unknown\n" \
     "option, bad or missing value).\n"
+
+/* The library's notes (tpk_note: a CSV line taken as a header, a rank-1 array read as N×1) as
+ * "PROG: note: ..." lines on stderr; prog must outlive ctx. */
+void cli_notes(tpk_ctx *ctx, const char *prog);
 
 /* "PROG (tpk) VERSION" on stdout. */
 void cli_version(const char *prog);

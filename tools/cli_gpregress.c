@@ -151,6 +151,32 @@ static int take_option(int c, tpk_gp_experiment_opts *o, cli_gpregress *g, char 
     }
 }
 
+/* Options the others make meaningless are refused, not ignored (issue 18: --sigma-w2 with
+ * --arch=rbf, --depth with --kernel, --fix without --fit-hyper ran as if never given). */
+static int refuse_unused(const cli_seen *seen, const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
+{
+    static const char *const mlp_only[] = {"depth", "phi", "sigma-w2", "sigma-b2", "quad-degree"};
+    static const char *const rbf_only[] = {"lengthscale2", "amplitude"};
+    const int rbf = o->kernel && strcmp(o->kernel, "rbf") == 0;
+    const int mlp = o->kernel && strcmp(o->kernel, "mlp") == 0;
+    int st = TPK_OK;
+    for (size_t i = 0; !st && i < sizeof mlp_only / sizeof mlp_only[0]; i++)
+        st = !mlp ? cli_refuse(seen, mlp_only[i], rbf ? "it is a parameter of --arch=mlp, not of "
+                               "the RBF kernel" : "--kernel gives the kernel itself", ctx) : 0;
+    for (size_t i = 0; !st && i < sizeof rbf_only / sizeof rbf_only[0]; i++)
+        st = !rbf ? cli_refuse(seen, rbf_only[i], mlp ? "it is a parameter of --arch=rbf, not of "
+                               "the MLP kernel" : "--kernel gives the kernel itself", ctx) : 0;
+    if (!st && !o->fit_hyper)
+        st = cli_refuse(seen, "fix", "it holds parameters of --fit-hyper, which is not given", ctx);
+    if (!st && !o->noise_auto && !o->fit_hyper)
+        st = cli_refuse(seen, "select-n", "it sizes the subsample of --noise=auto and "
+                        "--fit-hyper, and neither is used", ctx);
+    if (!st && !o->noise_auto)
+        st = cli_refuse(seen, "no-scale", "it goes with --noise=auto (a given noise has no "
+                        "output scale to choose)", ctx);
+    return st;
+}
+
 int cli_gpregress_parse(int argc, char **argv, const char *tool, const char *const help[2],
                         const struct option *own, cli_gpregress_own_fn fn, void *user,
                         cli_gpregress *g, tpk_ctx *ctx)
@@ -165,7 +191,9 @@ int cli_gpregress_parse(int argc, char **argv, const char *tool, const char *con
     int c, st = TPK_OK;
     opterr = 0;
     optind = 1;
-    while (st == TPK_OK && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    cli_seen seen; /* a repeated option is a usage error (issue 18) */
+    cli_seen_init(&seen, opts);
+    while (st == TPK_OK && (c = cli_getopt(argc, argv, opts, &seen, &st, ctx)) != -1) {
         if (c == 'h' || c == O_HELP) {
             fputs(help[0], stdout);
             fputs(cli_gpregress_options_help, stdout);
@@ -181,11 +209,13 @@ int cli_gpregress_parse(int argc, char **argv, const char *tool, const char *con
             st = take_option(c, o, g, argv, ctx);
         }
     }
-    free(opts);
     if (st == TPK_OK)
         st = cli_no_operands(argc, argv, ctx);
     if (st == TPK_OK)
         st = tpk_gp_experiment_check(o, ctx); /* options together: still the command line */
+    if (st == TPK_OK)
+        st = refuse_unused(&seen, o, ctx);
+    free(opts); /* seen points into it */
     if (st != TPK_OK)
         return st;
     int nrec = 0;

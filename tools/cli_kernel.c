@@ -115,7 +115,9 @@ int cli_kernel_parse(int argc, char **argv, const char *tool, const char *const 
     argv = rest;
     opterr = 0;
     optind = 1;
-    while (st == TPK_OK && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    cli_seen seen;
+    cli_seen_init(&seen, longopts);
+    while (st == TPK_OK && (c = cli_getopt(argc, argv, longopts, &seen, &st, ctx)) != -1) {
         switch (c) {
         case OPT_ARCH: arch_name = optarg; break;
         case OPT_PROGRAM: k->program = optarg; break;

@@ -20,6 +20,9 @@
 #define MAX_WIDTHS 32
 #define MAX_HEADS 16
 #define BOOT 200 /* bootstrap replicates for kurtosis standard errors */
+/* Largest token-kernel entry: fourth moments (Sigma^x squared, summed over up to 2^24 networks)
+ * stay finite. */
+#define SX_MAX 1e150
 
 static const char usage_text[] =
     "Usage: gpattention --output=FILE.h5 [options]\n"
@@ -98,7 +101,9 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
     int c, progress = -1;
     size_t sd = 1;
     opterr = 0;
-    while (!st && (c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    cli_seen seen;
+    cli_seen_init(&seen, lo);
+    while (!st && (c = cli_getopt(argc, argv, lo, &seen, &st, ctx)) != -1) {
         switch (c) {
         case 't': st = cli_parse_size("tokens", optarg, 1, 64, &o.tokens, ctx); break;
         case 'i': o.input = optarg; break;
@@ -126,6 +131,9 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
     }
     if (!st)
         st = cli_no_operands(argc, argv, ctx);
+    if (!st && o.input) /* issue 18: --tokens was ignored without a word */
+        st = cli_refuse(&seen, "tokens", "with --input the tokens are the first sequence of the "
+                        "input (its T)", ctx);
     if (!st && !o.output)
         st = TPK_ERROR(ctx, TPK_EINVAL, "missing --output=FILE.h5");
     if (st) {
@@ -143,6 +151,10 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
     if (o.input) {
         if (!(X = tpk_io_read(o.input, &info, ctx)))
             return ctx->status;
+        if (tpk_array_check_scale(X, o.input, ctx)) { /* NaN kurtosis at the write otherwise */
+            tpk_array_free(X);
+            return ctx->status;
+        }
         s = X->ndim >= 3 ? X->dims[1] : 1;
         if (s > 64) {
             tpk_array_free(X);
@@ -170,6 +182,17 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
             }
             Sx[i * s + j] = v;
         }
+    /* y_1's kurtosis takes fourth moments, of the order of Sigma^x squared: beyond SX_MAX they
+     * overflow and the file was refused at the end for a NaN (issue 18) */
+    double sxmax = 0;
+    for (size_t i = 0; i < s * s; i++)
+        sxmax = fmax(sxmax, fabs(Sx[i]));
+    if (sxmax > SX_MAX) {
+        st = TPK_ERROR(ctx, TPK_EDOM, "%s: the token kernel reaches %g, beyond %g: the fourth "
+                       "moments of y_1 (its kurtosis) would overflow a double; rescale the input",
+                       o.input, sxmax, SX_MAX);
+        goto done;
+    }
     tpk_attn_params prm = {.heads = (int)o.heads, .scaling = TPK_ATTN_INV_SQRT_N,
                            .causal = o.causal, .var_q = 1, .var_k = 1, .var_v = 1, .var_o = 1,
                            .temp = 1};
@@ -187,10 +210,20 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
     /* Kurtosis divides by the variance of y_1: zero tokens (Sigma^x = 0 on what y_1 sees) give
      * y_1 = 0 in every network, whose law has no kurtosis (issue 18: NaN was written). */
     if (!(g > 0)) {
+        /* tokens that are not zero but whose squares underflow are said to be that */
+        double big = 0;
+        for (size_t k = 0; X && k < s * d; k++)
+            big = fmax(big, fabs(X->data[k]));
+        char why[160];
+        if (big > 0)
+            snprintf(why, sizeof why, "are so small (entries up to %g) that their products "
+                     "underflow to 0: rescale the input", big);
+        else
+            snprintf(why, sizeof why, "embed to zero: give nonzero tokens");
         st = TPK_ERROR(ctx, TPK_EDOM, "%s: the first output y_1 is identically 0 (limit variance "
-                       "E[C_11] = %g): the tokens it attends to embed to zero (token kernel "
-                       "Sigma^x[0][0] = %g), so its kurtosis and distances are undefined; give "
-                       "nonzero tokens", o.input ? o.input : "--tokens", g, Sx[0]);
+                       "E[C_11] = %g, token kernel Sigma^x[0][0] = %g), so its kurtosis and "
+                       "distances are undefined: the tokens it attends to %s",
+                       o.input ? o.input : "--tokens", g, Sx[0], why);
         goto done;
     }
     if ((st = tpk_attn_energy_mixtures(cl, R, &g, 1, &e_lg, ctx)) ||
@@ -334,6 +367,7 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "gpattention");
     int usage = 0, st = run(argc, argv, &usage, &ctx);
     if (st < 0)
         return CLI_EXIT_OK; /* --help, --version */

@@ -49,6 +49,7 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "gpkernel");
     int usage_error = 0, st = run(argc, argv, &usage_error, &ctx);
     return usage_error ? cli_report_usage("gpkernel", st, &ctx) : cli_report("gpkernel", st, &ctx);
 }

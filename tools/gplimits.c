@@ -19,14 +19,33 @@
 #define MAX_WIDTHS 32
 #define DEFAULT_WIDTHS "32..2048"
 
-/* Set by SIGINT/SIGTERM; the study stops taking new seeds, checkpoints, and gplimits exits 130.
- * A signal flag is the one piece of process state a program cannot pass around. */
-static volatile sig_atomic_t interrupted;
+/* The signal (SIGINT, SIGTERM, SIGHUP) that stopped the runs: the study stops taking new seeds,
+ * checkpoints, and gplimits exits 128 + it. Once the runs are done (the analysis and the write)
+ * there is nothing to checkpoint: the output's temp file goes, a message says where the runs
+ * are, and the exit is immediate (issue 18: a signal then was ignored and the run ended with 0).
+ * Signal state is the one piece of process state a program cannot pass around. */
+static volatile sig_atomic_t interrupted, analysing;
+static char analysis_msg[3][600]; /* what the handler writes in the analysis, per signal */
+
+static int sig_slot(int sig) { return sig == SIGINT ? 0 : sig == SIGTERM ? 1 : 2; }
 
 static void on_signal(int sig)
 {
-    (void)sig;
-    interrupted = 1;
+    if (!analysing) {
+        interrupted = sig;
+        return;
+    }
+    tpk_h5out_remove_temps();
+    const char *m = analysis_msg[sig_slot(sig)];
+    ssize_t w = write(2, m, strlen(m));
+    (void)w;
+    _exit(128 + sig);
+}
+
+static const char *sig_what(int sig)
+{
+    return sig == SIGINT ? "interrupted (SIGINT)" : sig == SIGTERM ? "terminated (SIGTERM)"
+                                                                   : "hangup (SIGHUP)";
 }
 
 typedef struct opts {
@@ -88,8 +107,8 @@ static const char usage[] =
     "Widths and seeds run in parallel (one OpenMP loop over all (width, seed) pairs, widest\n"
     "first): peak memory is that of one network at the largest width per thread.\n"
     "Reproducing one network: tpk_netsor_run(program, inputs, width, BASE + s, all_outputs)\n"
-    "gives the kernel stored at /per_seed/khat[w][s]. Exit status 130: interrupted, checkpoint\n"
-    "written.\n"
+    "gives the kernel stored at /per_seed/khat[w][s]. Exit status 130, 143, 129: SIGINT,\n"
+    "SIGTERM, SIGHUP (the runs so far checkpointed; during the analysis, nothing written).\n"
     "Options take their value as --opt=VALUE or --opt VALUE (architecture flags too).\n"
     CLI_PROGRESS_HELP
     CLI_EXIT_HELP;
@@ -196,7 +215,9 @@ static int parse_args(int argc, char **argv, const tpk_phi_registry *reg, opts *
     if (!rest)
         return ctx->status;
     opterr = 0;
-    while (st == TPK_OK && (c = getopt_long(nrest, rest, "h", longopts, NULL)) != -1)
+    cli_seen seen;
+    cli_seen_init(&seen, longopts);
+    while (st == TPK_OK && (c = cli_getopt(nrest, rest, longopts, &seen, &st, ctx)) != -1)
         st = take_option(c, o, rest, ctx);
     if (st == TPK_OK)
         st = cli_no_operands(nrest, rest, ctx);
@@ -244,8 +265,10 @@ static int study(opts *o, int argc, char **argv, const tpk_phi_registry *reg, tp
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
+    sigfillset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     cli_progress bar;
     cli_progress_start(&bar, "gplimits", "limit kernel", 0, !o->quiet && cli_progress_wanted(o->progress));
     o->study.progress = cli_progress_lib(&bar, &interrupted);
@@ -253,8 +276,9 @@ static int study(opts *o, int argc, char **argv, const tpk_phi_registry *reg, tp
     if (!s) {
         cli_progress_end(&bar, 0);
         if (ctx->status == TPK_ECANCELED) {
-            fprintf(stderr, "gplimits: interrupted while computing the limit kernel\n");
-            return 130;
+            fprintf(stderr, "gplimits: %s while computing the limit kernel\n",
+                    sig_what(interrupted));
+            return 128 + interrupted;
         }
         return cli_report("gplimits", ctx->status, ctx);
     }
@@ -265,13 +289,22 @@ static int study(opts *o, int argc, char **argv, const tpk_phi_registry *reg, tp
         fprintf(stderr, "gplimits: no checkpoint %s, starting from scratch\n", in->checkpoint);
     tpk_study_run_opts ro = {.stop = &interrupted, .progress = bar.on ? progress_draw : NULL,
                              .user = &bar};
-    int rc = 0, st = tpk_study_run(s, &ro, ctx);
+    int rc = 0, analysed = 0, st = tpk_study_run(s, &ro, ctx);
     cli_progress_end(&bar, st == TPK_OK && !interrupted);
     if (st == TPK_OK && interrupted) {
-        fprintf(stderr, "gplimits: interrupted; %zu of %zu (width, seed) runs saved in %s; "
-                "rerun with --resume\n", in->done, in->runs, in->checkpoint);
-        rc = 130;
+        fprintf(stderr, "gplimits: %s; %zu of %zu (width, seed) runs saved in %s; "
+                "rerun with --resume\n", sig_what(interrupted), in->done, in->runs,
+                in->checkpoint);
+        rc = 128 + interrupted;
     } else if (st == TPK_OK) {
+        const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+        for (int i = 0; i < 3; i++)
+            snprintf(analysis_msg[i], sizeof analysis_msg[i], "gplimits: %s during the analysis: "
+                     "nothing written to %s%s%s%s\n", sig_what(sigs[i]), o->study.output,
+                     access(in->checkpoint, F_OK) == 0 ? "; every run is saved in " : "",
+                     access(in->checkpoint, F_OK) == 0 ? in->checkpoint : "",
+                     access(in->checkpoint, F_OK) == 0 ? ": rerun with --resume" : "");
+        analysing = 1;
         /* --resume is left out of the recorded command: a resumed run writes the same file;
          * and so are the display options (cli_record_argv). */
         int n = 0, pc = 0;
@@ -282,9 +315,20 @@ static int study(opts *o, int argc, char **argv, const tpk_phi_registry *reg, tp
         st = pv ? tpk_study_write(s, pc, pv, o->quiet ? NULL : stdout, ctx)
                 : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         free(pv);
+        analysed = 1;
     }
     if (st)
         rc = cli_report("gplimits", st, ctx);
+    /* A failure after the runs: the checkpoint stays only where a rerun can succeed (the file
+     * could not be written: a full disk); any other cause would fail the same way again, and a
+     * checkpoint left behind made the next run refuse to start (issue 18). */
+    if (st && analysed && access(in->checkpoint, F_OK) == 0) {
+        if (ctx->status == TPK_EIO)
+            fprintf(stderr, "gplimits: every run is saved in %s: rerun with --resume once the "
+                    "output can be written\n", in->checkpoint);
+        else
+            remove(in->checkpoint);
+    }
     tpk_study_free(s);
     return rc;
 }
@@ -293,6 +337,7 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "gplimits");
     opts o;
     memset(&o, 0, sizeof o);
     o.study.seeds = 64;

@@ -21,6 +21,7 @@ int main(int argc, char **argv)
 {
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "gpregress");
     const double t0 = tpk_wall_seconds();
     cli_gpregress g;
     int st = cli_gpregress_parse(argc, argv, "gpregress", help, NULL, NULL, NULL, &g, &ctx);

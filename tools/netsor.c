@@ -87,7 +87,9 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
     int o, st = TPK_OK;
     opterr = 0;
     optind = 0; /* GNU getopt: start afresh */
-    while (st == TPK_OK && (o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    cli_seen seen;
+    cli_seen_init(&seen, longopts);
+    while (st == TPK_OK && (o = cli_getopt(argc, argv, longopts, &seen, &st, &ctx)) != -1) {
         switch (o) {
         case O_PLUS: c->opts.netsor_plus = 1; break;
         case O_EXPLAIN: c->opts.explain = 1; break;
@@ -107,6 +109,16 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
             return 2;
         }
     }
+    /* options another command takes are refused, not ignored (issue 18: kernel --width=8 ran
+     * the limit as if it were not there) */
+    static const char *const run_only[] = {"width", "seed"}, *const job_only[] = {
+        "input", "test", "output", "all-outputs", "width", "seed"};
+    const int job = strcmp(cmd, "kernel") == 0 || strcmp(cmd, "run") == 0;
+    for (size_t i = 0; !st && !job && i < sizeof job_only / sizeof job_only[0]; i++)
+        st = cli_refuse(&seen, job_only[i], "check and dump read the program only", &ctx);
+    for (size_t i = 0; !st && strcmp(cmd, "kernel") == 0 && i < 2; i++)
+        st = cli_refuse(&seen, run_only[i], "the limit kernel has no width and no random "
+                        "weights (that is netsor run)", &ctx);
     if (st) {
         fprintf(stderr, "netsor %s: %s\n", cmd, ctx.msg);
         return 2;
@@ -261,6 +273,7 @@ static int cmd_kernel(int argc, char **argv)
     c.argv = argv;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "netsor kernel");
     shown_job sj = {0};
     st = show_job(&c, "netsor kernel", "limit kernel", &job, &sj, &ctx);
     if (!st)
@@ -297,6 +310,7 @@ static int cmd_run(int argc, char **argv)
     c.argv = argv;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "netsor run");
     shown_job sj = {0};
     st = show_job(&c, "netsor run", "finite-width run", &job, &sj, &ctx);
     if (!st)

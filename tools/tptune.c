@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tpk/io.h"
 #include "tpk/tune.h"
 #ifndef TPTUNE_GENERATOR
 #include "../runtime/gemm_gen.h"
@@ -114,6 +115,21 @@ static int parse_size(const char *v, size_t *out)
     if (errno || *end || end == v || x == 0)
         return -1;
     *out = (size_t)x;
+    return 0;
+}
+
+/* A seed: any decimal integer >= 0 that fits 64 bits (strtoull alone would take "-1" as 2^64 - 1
+ * and "abc" as 0). */
+static int parse_seed(const char *v, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    if (*v < '0' || *v > '9')
+        return -1;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = x;
     return 0;
 }
 
@@ -273,6 +289,8 @@ static int parse_args(int argc, char **argv, args *a)
     a->latent.seed = 0;
     a->unlabelled = -1;
     a->verify = 1;
+    const char *given[64][2]; /* option names and values so far: each option at most once */
+    int ngiven = 0;
     for (int i = 2; i < argc; i++) {
         char *s = argv[i];
         if (strncmp(s, "--", 2) != 0) {
@@ -291,6 +309,16 @@ static int parse_args(int argc, char **argv, args *a)
         } else {
             fprintf(stderr, "tptune: option %s needs a value (--name=value or --name value)\n", s);
             return -1;
+        }
+        for (int g = 0; g < ngiven; g++)
+            if (!strcmp(given[g][0], k)) {
+                fprintf(stderr, "tptune: --%s given twice ('%s', then '%s'): give it once\n", k,
+                        given[g][1], v);
+                return -1;
+            }
+        if (ngiven < 64) {
+            given[ngiven][0] = k;
+            given[ngiven++][1] = v;
         }
         int bad = 0;
         if (!strcmp(k, "m"))
@@ -348,7 +376,7 @@ static int parse_args(int argc, char **argv, args *a)
         else if (!strcmp(k, "min-ms"))
             bad = (a->min_ms = atof(v)) <= 0;
         else if (!strcmp(k, "seed"))
-            a->seed = strtoull(v, NULL, 10);
+            bad = parse_seed(v, &a->seed);
         else if (!strcmp(k, "seed0"))
             bad = parse_int(v, &a->seed0);
         else if (!strcmp(k, "first"))
@@ -403,6 +431,24 @@ static int parse_args(int argc, char **argv, args *a)
     return 0;
 }
 
+/* An output that names one of the inputs (the LOG or class files, --class, --from, --to, or
+ * `more`) would destroy it or mix the new records into it (issue 18: gen and port replaced their
+ * own input log): refused, compared by device and inode (tpk_io_check_output). */
+static int output_not_input(const char *out, const args *a, const char *const *more, int nmore,
+                            tpk_ctx *ctx)
+{
+    const char *in[64 + 8];
+    size_t n = 0;
+    for (int i = 0; i < a->nfiles; i++)
+        in[n++] = a->files[i];
+    const char *named[] = {a->cls, a->from, a->to, a->init, a->transfer};
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+        in[n++] = named[i];
+    for (int i = 0; i < nmore && n < sizeof in / sizeof in[0]; i++)
+        in[n++] = more[i];
+    return tpk_io_check_output(out, in, n, ctx) ? 1 : 0;
+}
+
 static int need_shape(const args *a)
 {
     if (!a->task.m || !a->task.n || !a->task.k) {
@@ -420,9 +466,35 @@ static void progress(void *u, int batch, int trials, double best, const char *kn
     fflush(stdout);
 }
 
+/* A search's measurements, and how many trials failed with each enum tpk_tune_err code (the
+ * message of a search whose trials all failed names them: issue 18). */
+typedef struct measure_tally {
+    tpk_tune_measure_opts *mo;
+    int err[8];
+} measure_tally;
+
 static int measure_cb(void *u, const tpk_tune_space *s, const tpk_tune_config *c, tpk_tune_result *r, tpk_ctx *ctx)
 {
-    return tpk_tune_measure(s, c, u, r, ctx);
+    measure_tally *t = u;
+    int st = tpk_tune_measure(s, c, t->mo, r, ctx);
+    if (!st)
+        t->err[r->err >= 0 && r->err < 8 ? r->err : 7]++;
+    return st;
+}
+
+/* "2 crash or timeout (err 4), 1 compile (err 1)" into buf. */
+static const char *tally_str(const measure_tally *t, char *buf, size_t cap)
+{
+    static const char *const what[8] = {"ok", "compile", "load", "wrong result",
+                                        "crash or timeout", "no device", "invalid configuration",
+                                        "other"};
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int e = 1; e < 8 && k < cap; e++)
+        if (t->err[e])
+            k += (size_t)snprintf(buf + k, cap - k, "%s%d %s (err %d)", k ? ", " : "", t->err[e],
+                                  what[e], e);
+    return buf;
 }
 
 /* Records of several logs into one array. */
@@ -550,7 +622,8 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
            tpk_tune_target_class(a->task.target), tpk_tune_dtype_name(a->task.dtype), tpk_tune_op_name(a->task.op), a->task.m, a->task.n,
            a->task.k, s.task.threads, (unsigned long long)s.size, a->trials, a->batch);
     tpk_tune_outcome out;
-    int st = tpk_tune_run(&s, &o, measure_cb, &mo, log, progress, NULL, &out, ctx);
+    measure_tally tally = {.mo = &mo};
+    int st = tpk_tune_run(&s, &o, measure_cb, &tally, log, progress, NULL, &out, ctx);
     fclose(log);
     free(hist);
     free(init);
@@ -558,9 +631,11 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     if (st)
         return 1;
     if (!(out.best_gflops > 0)) { /* every trial failed: no result, and say why */
-        TPK_ERROR(ctx, TPK_EIO, "all %d trials failed (see the err codes in %s: 1 compile, 2 load, "
-                  "3 wrong result, 4 crash or timeout, 5 no device, 6 invalid configuration)",
-                  out.trials, a->log);
+        char why[256];
+        TPK_ERROR(ctx, TPK_EIO, "all %d trials failed: %s%s (every record is in %s)", out.trials,
+                  tally_str(&tally, why, sizeof why),
+                  tally.err[TPK_TUNE_ENODEV] ? "; --target=cuda needs a CUDA device" : "",
+                  a->log);
         return 1;
     }
     char buf[256];
@@ -578,6 +653,8 @@ static int cmd_measure(const args *a, tpk_ctx *ctx)
         fprintf(stderr, "tptune measure: LOG... and --log=OUT are required\n");
         return 2;
     }
+    if (output_not_input(a->log, a, NULL, 0, ctx))
+        return 1;
     tpk_tune_record *r;
     size_t n;
     if (read_files(a->files, a->nfiles, &r, &n, ctx))
@@ -720,6 +797,8 @@ static int cmd_gen(const args *a, tpk_ctx *ctx)
         fprintf(stderr, "tptune gen: --out=FILE is required\n");
         return 2;
     }
+    if (output_not_input(a->out, a, NULL, 0, ctx))
+        return 1;
     int cpu = !a->classes && a->task.target == TPK_TUNE_CPU;
     /* Without --class: this host's class (its records, its sysconf profile), for a table tried by
      * hand; `make` always names a class file, so gen/ never depends on the host. */
@@ -1090,14 +1169,15 @@ done:
 }
 
 /* A machine class by id (DATA/machines/ID.conf) or as a .conf path. */
-static int read_class(const char *data, const char *spec, tpk_tune_class *c, tpk_ctx *ctx)
+/* The class an id or a .conf path names; its file's path into path (cap bytes). */
+static int read_class(const char *data, const char *spec, tpk_tune_class *c, char *path,
+                      size_t cap, tpk_ctx *ctx)
 {
-    char path[4400];
     size_t len = strlen(spec);
     if (len > 5 && !strcmp(spec + len - 5, ".conf"))
-        snprintf(path, sizeof path, "%s", spec);
+        snprintf(path, cap, "%s", spec);
     else
-        snprintf(path, sizeof path, "%s/machines/%s.conf", data, spec);
+        snprintf(path, cap, "%s/machines/%s.conf", data, spec);
     return tpk_tune_class_read(path, c, ctx);
 }
 
@@ -1121,10 +1201,15 @@ static int cmd_port(const args *a, tpk_ctx *ctx)
     char data[4096], pat[4200];
     data_dir(a, data, sizeof data);
     tpk_tune_class from, to;
-    if (read_class(data, a->from, &from, ctx) || read_class(data, a->to, &to, ctx))
+    char from_path[4400], to_path[4400];
+    if (read_class(data, a->from, &from, from_path, sizeof from_path, ctx) ||
+        read_class(data, a->to, &to, to_path, sizeof to_path, ctx))
         return 1;
     tpk_tune_record *recs;
     size_t nrec;
+    const char *confs[2] = {from_path, to_path};
+    if (output_not_input(a->out, a, confs, 2, ctx))
+        return 1;
     if (a->nfiles) {
         if (read_files(a->files, a->nfiles, &recs, &nrec, ctx))
             return 1;
@@ -1133,6 +1218,10 @@ static int cmd_port(const args *a, tpk_ctx *ctx)
         glob_t g;
         if (glob(pat, 0, NULL, &g) != 0) {
             TPK_ERROR(ctx, TPK_EIO, "%s: no tuning logs (run from the repository, give LOG..., or --data=DIR)", pat);
+            return 1;
+        }
+        if (output_not_input(a->out, a, (const char *const *)g.gl_pathv, (int)g.gl_pathc, ctx)) {
+            globfree(&g);
             return 1;
         }
         int rc = read_files((const char *const *)g.gl_pathv, (int)g.gl_pathc, &recs, &nrec, ctx);

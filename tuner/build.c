@@ -4,11 +4,15 @@
  * mutation suite, tuner/mutate.c, run every candidate in a process of its own). */
 #include "tune_impl.h"
 
+#include "../core/signal_impl.h"
+
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -159,12 +163,78 @@ int tpk__run_capture(const char *runner, char *const argv[], int threads, double
     return timed_out || ws == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0 ? -1 : 0;
 }
 
+/* The scratch directory, "$TMPDIR/tptune.<pid>.XXXXXX", and the names of the latest scratch files
+ * in it: a SIGINT, SIGTERM or SIGHUP (where those still have their default action) removes them
+ * and the directory, says so and exits 128 + signal, and a directory left by a process that no
+ * longer exists (SIGKILL, a crash) is removed by the next tptune (issue 18: interrupted searches
+ * left kernel sources and shared objects in /tmp). Each scratch file is unlinked by its user
+ * before the next is made, so a ring of the latest names covers the live ones; the handler only
+ * calls unlink, rmdir, write and _exit (async-signal-safe). */
+#define SCRATCH_RING 16
 static char g_workdir[512];
+static char g_scratch[SCRATCH_RING][600];
+static volatile sig_atomic_t g_scratch_used[SCRATCH_RING];
+static unsigned g_scratch_next;
 
 static void remove_workdir(void)
 {
     if (g_workdir[0])
         rmdir(g_workdir);
+}
+
+static void on_signal(int sig)
+{
+    for (int i = 0; i < SCRATCH_RING; i++)
+        if (g_scratch_used[i])
+            unlink(g_scratch[i]);
+    remove_workdir();
+    tpk__signal_say("tptune: ", sig, "; the records measured so far are in the log\n");
+    _exit(128 + sig);
+}
+
+static void install_handlers(void)
+{
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    tpk__signals_default_to(sigs, 3, on_signal);
+}
+
+static void scratch_note(const char *path)
+{
+    unsigned i = g_scratch_next++ % SCRATCH_RING;
+    g_scratch_used[i] = 0;
+    snprintf(g_scratch[i], sizeof g_scratch[i], "%s", path);
+    g_scratch_used[i] = 1;
+}
+
+/* "tptune.<pid>.XXXXXX" folders of tmp whose process is gone: their files, then the folder. */
+static void remove_stale_workdirs(const char *tmp)
+{
+    DIR *d = opendir(tmp);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char *end;
+        if (strncmp(de->d_name, "tptune.", 7) != 0)
+            continue;
+        long pid = strtol(de->d_name + 7, &end, 10);
+        if (end == de->d_name + 7 || *end != '.' || strlen(end + 1) != 6 || pid <= 0 ||
+            pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char dir[1024], f[2048];
+        snprintf(dir, sizeof dir, "%s/%s", tmp, de->d_name);
+        DIR *sd = opendir(dir);
+        struct dirent *fe;
+        while (sd && (fe = readdir(sd)) != NULL)
+            if (strcmp(fe->d_name, ".") != 0 && strcmp(fe->d_name, "..") != 0) {
+                snprintf(f, sizeof f, "%s/%s", dir, fe->d_name);
+                unlink(f);
+            }
+        if (sd)
+            closedir(sd);
+        rmdir(dir);
+    }
+    closedir(d);
 }
 
 int tpk__workdir(const char *o_dir, char *dir, size_t cap, tpk_ctx *ctx)
@@ -176,7 +246,10 @@ int tpk__workdir(const char *o_dir, char *dir, size_t cap, tpk_ctx *ctx)
     }
     if (!g_workdir[0]) {
         const char *tmp = getenv("TMPDIR");
-        snprintf(g_workdir, sizeof g_workdir, "%s/tptune.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        tmp = tmp && *tmp ? tmp : "/tmp";
+        remove_stale_workdirs(tmp);
+        install_handlers();
+        snprintf(g_workdir, sizeof g_workdir, "%s/tptune.%ld.XXXXXX", tmp, (long)getpid());
         if (!mkdtemp(g_workdir)) {
             g_workdir[0] = '\0';
             return TPK_ERROR(ctx, TPK_EIO, "tune: cannot create a scratch directory: %s", strerror(errno));
@@ -196,5 +269,7 @@ int tpk__scratch(const char *o_dir, const char *tag, char *src, char *so, size_t
     static unsigned counter;
     snprintf(src, cap, "%s/%s%ld_%u.c", dir, tag, (long)getpid(), counter);
     snprintf(so, cap, "%s/%s%ld_%u.so", dir, tag, (long)getpid(), counter++);
+    scratch_note(src);
+    scratch_note(so);
     return TPK_OK;
 }

@@ -50,6 +50,11 @@ typedef struct tpk_allocator {
     void *ud;
 } tpk_allocator;
 
+/* Notes: what a call chose on the caller's behalf and the user should hear about (a CSV line
+ * taken as a header, a rank-1 array read as N×1): one line, without a newline, to fn(ud, msg).
+ * Not errors: the call goes on. None is the default (tpk_ctx_init): they are dropped. */
+typedef void (*tpk_note_fn)(void *ud, const char *msg);
+
 /* Error context, passed to every fallible call. Callers own it (usually on the stack).
  * The first error wins: later errors do not overwrite the message, so the root cause
  * is what the user sees. The context also carries the allocator every call made with it
@@ -60,15 +65,21 @@ typedef struct tpk_ctx {
     const char *src_file; /* where in the toolkit the error was raised (for debugging) */
     int src_line;
     tpk_allocator alloc;  /* {NULL, NULL} after tpk_ctx_init: the C library's malloc */
+    tpk_note_fn note;     /* NULL after tpk_ctx_init: notes are dropped (tpk_ctx_set_notes) */
+    void *note_ud;
 } tpk_ctx;
 
 /* A clear context with the default allocator. */
 TPK_API void tpk_ctx_init(tpk_ctx *ctx);
-/* Clear a recorded error so the context can be reused; the allocator is kept. */
+/* Clear a recorded error so the context can be reused; the allocator and notes are kept. */
 TPK_API void tpk_ctx_clear(tpk_ctx *ctx);
-/* A clear context with the allocator of `parent` (NULL: the default): the scratch contexts the
- * library makes for a step whose error it handles itself, or one per thread. */
+/* A clear context with the allocator and notes of `parent` (NULL: the defaults): the scratch
+ * contexts the library makes for a step whose error it handles itself, or one per thread. */
 TPK_API void tpk_ctx_init_from(tpk_ctx *ctx, const tpk_ctx *parent);
+/* Send the notes of every later call with ctx to fn(ud, msg); fn NULL: drop them. */
+TPK_API void tpk_ctx_set_notes(tpk_ctx *ctx, tpk_note_fn fn, void *ud);
+/* Hand a note to ctx's note function (a no-op without one, or with ctx NULL). */
+TPK_API void tpk_note(tpk_ctx *ctx, const char *fmt, ...) TPK_PRINTF(2, 3);
 /* Make every later call with ctx allocate through fn(ud, ...); fn NULL: the default. Objects
  * allocated before keep the allocator they were made with. */
 TPK_API void tpk_ctx_set_allocator(tpk_ctx *ctx, tpk_alloc_fn fn, void *ud);

@@ -19,7 +19,9 @@ typedef struct tpk_input_info {
 /* Read "file.h5:/dataset", "file.npy" (float32/float64, C order) or "file.csv" (numbers, optional
  * header line, no ragged rows). Rank 2 (N×d) .. 4. Non-finite values are rejected with TPK_EDOM
  * naming the first bad position. `info` may be NULL.
- * Details: a rank-1 array (HDF5 or .npy) is read as N×1; rank 0, rank >= 5 and empty arrays are
+ * Details: a rank-1 array (HDF5 or .npy) is read as N×1, with a note (tpk_note); a CSV's first
+ * line is a header only when none of its fields is a number (with a note; a line mixing numbers
+ * and words is TPK_EFORMAT naming the column); rank 0, rank >= 5 and empty arrays are
  * TPK_EFORMAT. HDF5 datasets of any integer or float type are converted to float64; .npy accepts
  * '<f8', '<f4' and their big-endian forms, header versions 1..3; a CSV is always rank 2.
  * "file.h5" without ":/dataset" is TPK_EINVAL, with the file's datasets listed. While inside
@@ -108,6 +110,11 @@ TPK_API int tpk_h5out_input_attrs(tpk_h5out *out, const char *prefix, const tpk_
 TPK_API int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx);
 /* Remove the temporary file and free. NULL is a no-op. */
 TPK_API void tpk_h5out_abort(tpk_h5out *out);
+/* Remove the temporary file of every output still open, for a program's own signal handler
+ * (async-signal-safe: unlink() only; nothing is freed). tpk_h5out_open installs a handler that
+ * does this and exits 128 + signal on SIGINT, SIGTERM and SIGHUP wherever those still have their
+ * default action; a program that handles them itself calls this before it exits. */
+TPK_API void tpk_h5out_remove_temps(void);
 /* Finish a file another writer made (gpkernel-mpi's parallel HDF5 phase, docs/scale-out.md):
  * open the existing HDF5 file `tmp`, which must be in the folder of `path`, read-write as the
  * temporary of an atomic output to `path`. Every call above works on it; tpk_h5out_commit

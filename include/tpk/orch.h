@@ -151,6 +151,7 @@ typedef struct tpk_orch_plan {
     int cuts;       /* acyclicity cuts added */
     long nodes;     /* CBC branch-and-bound nodes over all solves */
     double seconds; /* wall time of the solver */
+    tpk_allocator alloc; /* of the solver's call (tpk/alloc.h): kernels and the plan */
 } tpk_orch_plan;
 
 /* The optimal plan by the binary linear program of orchestration.md §3, solved by CBC, with

@@ -8,6 +8,7 @@
 #include "testutil.h"
 #include "tpk/job.h"
 
+#include <dirent.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +74,18 @@ int tu_exists(const char *path)
 {
     struct stat sb;
     return stat(path, &sb) == 0;
+}
+
+int tu_count_prefix(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
 }
 
 void tu_h5_write(const char *file, const char *dset, const double *v, size_t r, size_t c)

@@ -24,6 +24,8 @@ int tu_run_tool(const tu_env *e, const char *tool, const char *args);
 /* What the last tu_run_tool printed on stderr. */
 void tu_stderr(const tu_env *e, char *buf, size_t len);
 int tu_exists(const char *path);
+/* Entries of folder dir whose names start with prefix (temp files left behind, scratch folders). */
+int tu_count_prefix(const char *dir, const char *prefix);
 
 /* Raw HDF5: write an r×c float64 dataset (new file), read any float64 dataset (malloc'd, count
  * values), test a root attribute. Failures abort the test. */
