@@ -240,8 +240,12 @@ static void test_rbf_regression(void **state)
     char a[8192];
     size_t cnt;
     double *nz = tu_h5_read(m, "/noise", &cnt), *sc = tu_h5_read(m, "/scale", &cnt);
+    /* a given noise: --select-n (of the noise search) would be refused as meaningless */
     snprintf(a, sizeof a, "%s --noise=%.17g --memory=100K --cg-tol=%g --output='%s' --quiet",
              args, nz[0] / sc[0], CG_TOL, tu_path(e, g, sizeof g, "rbf-cg.h5"));
+    char *sel = strstr(a, " --select-n=60");
+    assert_non_null(sel);
+    memmove(sel, sel + 14, strlen(sel + 14) + 1);
     assert_int_equal(mt_run_mpi(e, "gpregress-mpi", a), 0);
     assert_true(tu_h5_has_attr(g, "cg_tol"));
     double dc = mt_max_abs_diff(m, g, "/mean");
