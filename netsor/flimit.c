@@ -1435,8 +1435,10 @@ static int number_value(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         return F->X.ctx->status;
     for (long p = 0; p < D->m; p++) {
         nsr_bind_point(&F->X, D, p);
-        if (nsr_fam_num(&F->X, e, &c))
+        if (nsr_fam_num(&F->X, e, &c)) {
+            val_free(F, out);
             return F->X.ctx->status;
+        }
         for (size_t a = 0; a < F->N; a++)
             out->s[a * (size_t)D->m + (size_t)p] = c;
     }

@@ -320,6 +320,14 @@ static void test_errors(void **state)
          "output y[i in 1..T] = readout(k[i], 1)\n",
          "<rolled>:9:16: MatMul W\xc2\xb7g: W is A(m, m) (declared at line 6) but the source has "
          "width n; cannot unify m with n"},
+        /* found by the fuzzer: a per-point coefficient failing in the rolled plan leaked the
+         * values it had allocated (LeakSanitizer in make check-asan); T² pairs keep the program
+         * rolled, so the plan is what sees the error */
+        {"use netsor+\nparam T = 1500\nwidth n\ninput x[t in 1..T] : d\nA U : (n, d) ~ 1\n"
+         "g[i in 1..T] = sum(k in 0..1: inside(i + k, T + 1, T) * U x[wrap(i + k, 1, T)])\n"
+         "scalar s[i in 1..T, j in 1..T] = mean(g[i] * g[j])\n"
+         "output y[i in 1..T] = readout(g[i], 1)\n",
+         "<rolled>:6:31: inside(v, lo, hi) needs lo <= hi"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         tpk_netsor_opts o = {.sets = NULL, .nsets = 0, .netsor_plus = 0, .explain = 0};
