@@ -51,6 +51,92 @@ static void check_finite(const double *v, size_t len, int *bad)
         }
 }
 
+/* Row l + 1 of q from row l: E[φ(u)²], u ~ N(0, q), then the affine step. */
+static int diag_step(const tpk_mlp_params *p, const double *q, double *next, size_t n, int layer,
+                     const tpk_gauss_ws *ws, double *err, tpk_ctx *ctx)
+{
+    double e = 0;
+    for (size_t i = 0; i < n; i++) {
+        tpk_estimate r;
+        int st = tpk_gauss_expect2(p->phi, q[i], q[i], q[i], ws, &r, ctx);
+        if (st)
+            return st;
+        next[i] = p->sigma_w2 * r.value + p->sigma_b2;
+        e = fmax(e, r.err);
+        if (!isfinite(next[i]))
+            return TPK_ERROR(ctx, TPK_ENUMERIC, "kernel overflowed at hidden layer %d: the "
+                             "variance grows without bound for this phi, sigma-w2 and depth",
+                             layer);
+    }
+    *err = e;
+    return TPK_OK;
+}
+
+int tpk_mlp_diag(const tpk_mlp_params *p, const tpk_array *X, const tpk_gauss_ws *ws, double *q,
+                 double *err, tpk_ctx *ctx)
+{
+    int st = tpk_mlp_params_check(p, ctx);
+    if (st)
+        return st;
+    const size_t n = X->dims[0], d = tpk_array_item_size(X);
+    const double scale = d ? p->sigma_w2 / (double)d : 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double *xi = X->data + i * d;
+        double s = 0;
+        for (size_t j = 0; j < d; j++)
+            s += xi[j] * xi[j];
+        q[i] = scale * s + p->sigma_b2;
+    }
+    double e = 0;
+    for (int l = 0; l < p->depth; l++) {
+        double el = 0;
+        if ((st = diag_step(p, q + (size_t)l * n, q + (size_t)(l + 1) * n, n, l + 1, ws, &el, ctx)))
+            return st;
+        e = p->sigma_w2 * e + p->sigma_w2 * el;
+    }
+    if (err)
+        *err = e;
+    return TPK_OK;
+}
+
+int tpk_mlp_kernel_cross(const tpk_mlp_params *p, const tpk_array *Xr, const double *qr,
+                         const tpk_array *Xc, const double *qc, const tpk_gauss_ws *ws, double *K,
+                         double *err, tpk_ctx *ctx)
+{
+    int st = tpk_mlp_params_check(p, ctx);
+    if (st)
+        return st;
+    const size_t m = Xr->dims[0], n = Xc->dims[0], d = tpk_array_item_size(Xc);
+    if (tpk_array_item_size(Xr) != d)
+        return TPK_ERROR(ctx, TPK_EINVAL, "cross kernel: items of dimension %zu against %zu",
+                         tpk_array_item_size(Xr), d);
+    const double scale = d ? p->sigma_w2 / (double)d : 0.0;
+    if ((st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, m, n, d, scale, Xr->data, d ? d : 1, Xc->data,
+                        d ? d : 1, 0.0, K, n ? n : 1, ctx)))
+        return st;
+    affine(K, m * n, 1.0, p->sigma_b2);
+    /* first order: a layer's map error plus σ_w² times what came in (tpk_mlp_kernel) */
+    double e = 0;
+    for (int l = 0; l < p->depth; l++) {
+        double el = 0;
+        st = tpk_gauss_map_cross(p->phi, qr + (size_t)l * m, m, qc + (size_t)l * n, n, K, K, ws,
+                                 &el, ctx);
+        if (st)
+            return st;
+        affine(K, m * n, p->sigma_w2, p->sigma_b2);
+        e = p->sigma_w2 * e + p->sigma_w2 * el;
+    }
+    int bad = 0;
+    check_finite(K, m * n, &bad);
+    if (bad)
+        return TPK_ERROR(ctx, TPK_ENUMERIC,
+                         "kernel overflowed to a non-finite value (variance grows without bound "
+                         "for this phi/sigma-w2/depth)");
+    if (err)
+        *err = e;
+    return TPK_OK;
+}
+
 int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array *Xt,
                    const tpk_gauss_ws *ws, tpk_array *K, tpk_array *Kxt, tpk_array *kdiag,
                    double *err, tpk_ctx *ctx)
@@ -74,77 +160,49 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
 
     if ((st = first_layer_train(p, X->data, n, d, K->data, ctx)))
         return st;
-    /* Train diagonal, needed by the cross map; test diagonal and cross block. */
-    double *qtrain = NULL;
+    /* The test block: every layer's diagonal of both sets, then the cross block alone. */
+    double ex = 0;
     if (Xt) {
-        qtrain = tpk_malloc(ctx, (n ? n : 1) * sizeof *qtrain);
-        if (!qtrain)
+        const size_t L1 = (size_t)p->depth + 1;
+        double *q = tpk_malloc(ctx, (L1 * (n + m) + 1) * sizeof *q), e2 = 0;
+        if (!q)
             return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-        const double scale = d ? p->sigma_w2 / (double)d : 0.0;
-        if ((st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, m, n, d, scale, Xt->data, d ? d : 1, X->data,
-                            d ? d : 1, 0.0, Kxt->data, n ? n : 1, ctx))) {
-            tpk_free(ctx, qtrain);
+        double *qtrain = q, *qtest = q + L1 * n;
+        st = tpk_mlp_diag(p, X, ws, qtrain, NULL, ctx);
+        if (!st)
+            st = tpk_mlp_diag(p, Xt, ws, qtest, &e2, ctx);
+        if (!st)
+            st = tpk_mlp_kernel_cross(p, Xt, qtest, X, qtrain, ws, Kxt->data, &ex, ctx);
+        if (!st)
+            memcpy(kdiag->data, qtest + (L1 - 1) * m, m * sizeof *qtest);
+        tpk_free(ctx, q);
+        if (st)
             return st;
-        }
-        affine(Kxt->data, m * n, 1.0, p->sigma_b2);
-        for (size_t i = 0; i < m; i++) {
-            const double *xi = Xt->data + i * d;
-            double s = 0;
-            for (size_t j = 0; j < d; j++)
-                s += xi[j] * xi[j];
-            kdiag->data[i] = scale * s + p->sigma_b2;
-        }
+        ex += e2;
     }
 
     /* Error bookkeeping: first order, each layer multiplies earlier errors by the map's gain,
      * which we bound by σ_w² times a unit Lipschitz constant of the normalised kernel map. */
     double e = 0.0;
     for (int l = 0; l < p->depth; l++) {
-        double el = 0.0, et = 0.0;
-        if (Xt) {
-            for (size_t i = 0; i < n; i++)
-                qtrain[i] = K->data[i * n + i];
-            st = tpk_gauss_map_cross(p->phi, kdiag->data, m, qtrain, n, Kxt->data, Kxt->data, ws,
-                                     &et, ctx);
-            if (st)
-                break;
-            /* Test diagonal: E[φ(u)²] with u ~ N(0, q). */
-            for (size_t i = 0; i < m && st == TPK_OK; i++) {
-                tpk_estimate r;
-                st = tpk_gauss_expect2(p->phi, kdiag->data[i], kdiag->data[i], kdiag->data[i], ws,
-                                       &r, ctx);
-                kdiag->data[i] = r.value;
-                et = fmax(et, r.err);
-            }
-            if (st)
-                break;
-            affine(Kxt->data, m * n, p->sigma_w2, p->sigma_b2);
-            affine(kdiag->data, m, p->sigma_w2, p->sigma_b2);
-        }
+        double el = 0.0;
         /* Fused σ_w² V_φ(Σ) + σ_b²: one pass over the matrix per layer. The maps read only the
          * lower triangle, so inner layers leave the upper one stale; the last layer mirrors. */
         st = (l + 1 == p->depth ? tpk_gauss_map_affine : tpk_gauss_map_affine_lower)(
             p->phi, K->data, n, p->sigma_w2, p->sigma_b2, K->data, ws, &el, ctx);
         if (st)
-            break;
-        e = p->sigma_w2 * e + el + p->sigma_w2 * et;
+            return st;
+        e = p->sigma_w2 * e + el;
         /* Off-diagonal entries are bounded by the diagonal (Cauchy–Schwarz), so a finite
          * diagonal is enough to go on; stop at the first layer whose variance overflows. */
         int bad = 0;
         for (size_t i = 0; i < n && !bad; i++)
             bad = !isfinite(K->data[i * n + i]);
-        for (size_t i = 0; i < m && !bad; i++)
-            bad = !isfinite(kdiag->data[i]);
-        if (bad) {
-            st = TPK_ERROR(ctx, TPK_ENUMERIC,
-                           "kernel overflowed at hidden layer %d: the variance grows without bound "
-                           "for this phi, sigma-w2 and depth", l + 1);
-            break;
-        }
+        if (bad)
+            return TPK_ERROR(ctx, TPK_ENUMERIC,
+                             "kernel overflowed at hidden layer %d: the variance grows without "
+                             "bound for this phi, sigma-w2 and depth", l + 1);
     }
-    tpk_free(ctx, qtrain);
-    if (st)
-        return st;
 
     int bad = 0;
     check_finite(K->data, n * n, &bad);
@@ -157,6 +215,6 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
                          "kernel overflowed to a non-finite value (variance grows without bound "
                          "for this phi/sigma-w2/depth)");
     if (err)
-        *err = e;
+        *err = e + ex;
     return TPK_OK;
 }

@@ -61,8 +61,7 @@ static const char *const help[2] = {
     "  --precond-rank=R   pivoted Cholesky rank (default 100)\n"
     "  --slq-probes=T     Rademacher probes of the log-determinant (default 30, >= 2)\n"
     "  --seed=S           seed of the probes (default 0)\n"
-    "Not here (gpregress has them): --fit-hyper, --full-cov, --noise=0, --quad-degree other than\n"
-    "the kernel evaluator's 64, the progress line (--progress is accepted and shows nothing).\n"
+    "Not here (gpregress has them): --fit-hyper, --full-cov, --noise=0.\n"
     "CG variances cost one solve per test item: --var-n or --no-var at scale.\n"};
 
 enum { SOLVER_AUTO, SOLVER_CHOLESKY, SOLVER_CG };
@@ -159,9 +158,6 @@ static int check_supported(const tpk_gp_experiment_opts *e, const mpi_opts *o, t
     if (!e->noise_auto && e->noise == 0)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--noise=0 (interpolation) is gpregress's: give "
                          "--noise > 0 or --noise=auto");
-    if (e->quad_degree != TPK_GAUSS_DEFAULT_DEGREE)
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--quad-degree: the kernel is gpkernel's "
-                         "evaluator, whose Gauss-Hermite degree is %d", TPK_GAUSS_DEFAULT_DEGREE);
     if (o->l.f32 && o->solver == SOLVER_CHOLESKY)
         return TPK_ERROR(ctx, TPK_EINVAL, "--dtype=float32 is a storage of the cg solver: "
                          "ScaLAPACK's Cholesky factors in float64");
@@ -191,8 +187,6 @@ typedef struct run_state {
     tpk_gp_data *d;
     tpk_gp_report *rep;      /* rank 0 */
     mpi_ksrc *file;          /* --kernel */
-    tpk_kernel_job *kj;
-    tpk_array Xflat, Xtflat; /* the inputs as N × d views (images are items of 784 pixels) */
     mpi_ksrc *src;
     mpi_tiles t;
     mpi_kstore K, Kx;
@@ -203,6 +197,7 @@ typedef struct run_state {
     mpi_chol ch;
     mpi_pcg *pc;
     tpk_gp_info last;        /* the fit in place */
+    cli_progress prog;       /* rank 0's line: kernel tiles, then each CG solve */
 } run_state;
 
 /* The walk's evaluation: either solver; the last fit kept. */
@@ -247,44 +242,19 @@ static int fill_kernel(run_state *r, int depth, double *err, tpk_ctx *ctx)
 {
     const tpk_gp_experiment_opts *e = &r->cg.o;
     if (r->file) /* collective: every rank reads, none fails before */
-        return mpi_ksrc_fill(r->file, &r->K, r->t.m ? &r->Kx : NULL, r->kdiag, err, ctx);
+        return mpi_ksrc_fill(r->file, &r->K, r->t.m ? &r->Kx : NULL, r->kdiag, err, NULL, ctx);
     mpi_ksrc_free(r->src);
-    tpk_kernel_job_free(r->kj);
     r->src = NULL;
-    r->kj = NULL;
     if (strcmp(e->kernel, "rbf") == 0) {
         const double th[2] = {e->lengthscale2, e->amplitude};
         r->src = mpi_ksrc_rbf(th, r->d->X, r->d->Xt, ctx);
-    } else { /* mlp: gpkernel's architecture with gpregress's parameters */
-        char dv[32], w2[40], b2[40];
-        snprintf(dv, sizeof dv, "%d", depth);
-        snprintf(w2, sizeof w2, "%.17g", e->sigma_w2);
-        snprintf(b2, sizeof b2, "%.17g", e->sigma_b2);
-        const tpk_arch_flag fl[] = {{"depth", NULL, dv}, {"phi", NULL, e->phi},
-                                    {"sigma-w2", NULL, w2}, {"sigma-b2", NULL, b2}};
-        tpk_arch_opts ao = {.flags = fl, .nflags = 4};
-        /* gpregress's MLP kernel reads every item as one vector (⟨x, x'⟩ over all its
-         * entries, tpk_mlp_kernel); the architecture's program wants N × d: flat views */
-        r->Xflat = *r->d->X;
-        r->Xflat.ndim = 2;
-        r->Xflat.dims[1] = tpk_array_item_size(r->d->X);
-        for (int k = 2; k < TPK_ARRAY_MAXDIM; k++)
-            r->Xflat.dims[k] = 0;
-        if (r->d->Xt) {
-            r->Xtflat = *r->d->Xt;
-            r->Xtflat.ndim = 2;
-            r->Xtflat.dims[1] = tpk_array_item_size(r->d->Xt);
-            for (int k = 2; k < TPK_ARRAY_MAXDIM; k++)
-                r->Xtflat.dims[k] = 0;
-        }
-        r->kj = tpk_arch_kernel_job(tpk_arch_find("mlp"), &ao, &r->Xflat,
-                                    r->d->Xt ? &r->Xtflat : NULL, ctx);
-        if (r->kj)
-            r->src = mpi_ksrc_job(r->kj, ctx);
+    } else { /* mlp: gpregress's kernel (tpk_mlp_kernel), every item read as one vector */
+        r->src = mpi_ksrc_mlp(e->phi, e->quad_degree, depth, e->sigma_w2, e->sigma_b2, r->d->X,
+                              r->d->Xt, ctx);
     }
     if (!r->src)
         return ctx->status;
-    return mpi_ksrc_fill(r->src, &r->K, r->t.m ? &r->Kx : NULL, r->kdiag, err, ctx);
+    return mpi_ksrc_fill(r->src, &r->K, r->t.m ? &r->Kx : NULL, r->kdiag, err, &r->prog, ctx);
 }
 
 /* Checks of a precomputed kernel (gpregress's check_psd where it can be done in tiles: the
@@ -545,6 +515,10 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     /* what a person reads comes from rank 0 */
     e->summary = g->rank == 0 && !r->cg.quiet ? stdout : NULL;
     e->warnings = g->rank == 0 && !r->cg.quiet ? stderr : NULL;
+    memset(&r->prog, 0, sizeof r->prog);
+    r->prog.prog = TOOL;
+    r->prog.on = g->rank == 0 && !r->cg.quiet && cli_progress_wanted(r->cg.progress);
+    r->o.cg.prog = &r->prog;
     size_t n = 0, m = 0;
     if (e->kernel_file)
         st = mpi_ksrc_file(MPI_COMM_WORLD, e->kernel_file, &n, &m, &r->file, ctx);
@@ -586,7 +560,6 @@ static void run_free(run_state *r)
     mpi_chol_free(&r->ch);
     mpi_ksrc_free(r->src);
     mpi_ksrc_free(r->file);
-    tpk_kernel_job_free(r->kj);
     mpi_kstore_free(&r->K);
     mpi_kstore_free(&r->Kx);
     free(r->kdiag);

@@ -7,12 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { SRC_JOB, SRC_RBF, SRC_FILE };
+enum { SRC_RBF, SRC_MLP, SRC_FILE };
 
 struct mpi_ksrc {
     int kind;
-    tpk_kernel_job *kj;          /* SRC_JOB */
     double theta[2];             /* SRC_RBF */
+    tpk_mlp_params mlp;          /* SRC_MLP: with every layer's diagonal of the training and */
+    tpk_phi_registry *reg;       /* test items, (depth + 1) × N and (depth + 1) × M, so that a */
+    tpk_gauss_ws *ws;            /* tile costs its own entries only (tpk_mlp_kernel_cross) */
+    double *q, *qt, *qtile;
     const tpk_array *X, *Xt;
     hid_t file, dk, dx, dd;      /* SRC_FILE: /kernel, /kernel_test_train, /kernel_test_diag */
     MPI_Comm comm;
@@ -32,14 +35,6 @@ static mpi_ksrc *src_new(int kind, tpk_ctx *ctx)
     return s;
 }
 
-mpi_ksrc *mpi_ksrc_job(tpk_kernel_job *kj, tpk_ctx *ctx)
-{
-    mpi_ksrc *s = src_new(SRC_JOB, ctx);
-    if (s)
-        s->kj = kj;
-    return s;
-}
-
 mpi_ksrc *mpi_ksrc_rbf(const double theta[2], const tpk_array *X, const tpk_array *Xt,
                        tpk_ctx *ctx)
 {
@@ -52,10 +47,48 @@ mpi_ksrc *mpi_ksrc_rbf(const double theta[2], const tpk_array *X, const tpk_arra
     return s;
 }
 
+mpi_ksrc *mpi_ksrc_mlp(const char *phi, int quad_degree, int depth, double sigma_w2,
+                       double sigma_b2, const tpk_array *X, const tpk_array *Xt, tpk_ctx *ctx)
+{
+    mpi_ksrc *s = src_new(SRC_MLP, ctx);
+    if (!s)
+        return NULL;
+    s->X = X;
+    s->Xt = Xt;
+    const size_t L1 = (size_t)(depth > 0 ? depth : 0) + 1, n = X->dims[0], m = Xt ? Xt->dims[0] : 0;
+    int st = TPK_OK;
+    if (!(s->reg = tpk_phi_registry_alloc(ctx)) ||
+        !(s->mlp.phi = tpk_phi_alloc(s->reg, phi, ctx)) ||
+        !(s->ws = tpk_gauss_ws_alloc((size_t)quad_degree, ctx)))
+        st = ctx->status ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    s->mlp.depth = depth;
+    s->mlp.sigma_w2 = sigma_w2;
+    s->mlp.sigma_b2 = sigma_b2;
+    if (!st && (!(s->q = malloc(L1 * n * sizeof *s->q)) ||
+                !(s->qt = malloc((L1 * m + 1) * sizeof *s->qt)) ||
+                !(s->qtile = malloc(2 * L1 * (n > m ? n : m) * sizeof *s->qtile))))
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory for the layer diagonals");
+    if (!st)
+        st = tpk_mlp_diag(&s->mlp, X, s->ws, s->q, NULL, ctx);
+    if (!st && Xt)
+        st = tpk_mlp_diag(&s->mlp, Xt, s->ws, s->qt, NULL, ctx);
+    if (st) {
+        mpi_ksrc_free(s);
+        return NULL;
+    }
+    return s;
+}
+
 void mpi_ksrc_free(mpi_ksrc *s)
 {
     if (!s)
         return;
+    free(s->q);
+    free(s->qt);
+    free(s->qtile);
+    tpk_gauss_ws_free(s->ws);
+    tpk_phi_free((tpk_phi *)s->mlp.phi);
+    tpk_phi_registry_free(s->reg);
     hid_t d[] = {s->dk, s->dx, s->dd};
     for (size_t i = 0; i < 3; i++)
         if (d[i] >= 0)
@@ -149,9 +182,39 @@ static tpk_array items(const tpk_array *A, size_t i0, size_t k)
     return v;
 }
 
+/* Rows [i0, i0 + k) of every layer of q (L1 rows of n) into dst (L1 rows of k). */
+static void layer_rows(const double *q, size_t n, size_t L1, size_t i0, size_t k, double *dst)
+{
+    for (size_t l = 0; l < L1; l++)
+        memcpy(dst + l * k, q + l * n + i0, k * sizeof *dst);
+}
+
+/* One tile of the MLP kernel: a diagonal tile is the kernel of its items (tpk_mlp_kernel, as
+ * gpregress computes the whole one); any other is the cross block alone. */
+static int mlp_tile(mpi_ksrc *s, mpi_tile tile, size_t r0, size_t nr, size_t c0, size_t nc,
+                    double *T, double *dg, double *err, tpk_ctx *ctx)
+{
+    const size_t L1 = (size_t)s->mlp.depth + 1, n = s->X->dims[0];
+    tpk_array Xc = items(s->X, c0, nc);
+    if (!tile.test && tile.i == tile.j) {
+        tpk_array Tb = {.ndim = 2, .dims = {nc, nc}, .data = T};
+        return tpk_mlp_kernel(&s->mlp, &Xc, NULL, s->ws, &Tb, NULL, NULL, err, ctx);
+    }
+    const tpk_array *R = tile.test ? s->Xt : s->X;
+    const double *qR = tile.test ? s->qt : s->q;
+    tpk_array Xr = items(R, r0, nr);
+    double *qr = s->qtile, *qc = s->qtile + L1 * nr;
+    layer_rows(qR, R->dims[0], L1, r0, nr, qr);
+    layer_rows(s->q, n, L1, c0, nc, qc);
+    int st = tpk_mlp_kernel_cross(&s->mlp, &Xr, qr, &Xc, qc, s->ws, T, err, ctx);
+    if (!st && dg)
+        memcpy(dg, qr + (L1 - 1) * nr, nr * sizeof *dg);
+    return st;
+}
+
 /* The tiles of one store by computation: this rank's own, no communication. */
 static int compute_store(mpi_ksrc *s, mpi_kstore *S, double *T, double *kdiag, double *dg,
-                         double *err, tpk_ctx *ctx)
+                         double *err, cli_progress *prog, size_t *done, tpk_ctx *ctx)
 {
     for (size_t k = 0; k < S->ntiles; k++) {
         mpi_tile tile = mpi_tiles_tile(S->t, S->ids[k]);
@@ -160,9 +223,8 @@ static int compute_store(mpi_ksrc *s, mpi_kstore *S, double *T, double *kdiag, d
         int want_diag = tile.test && tile.j == 0;
         double e = 0;
         int st;
-        if (s->kind == SRC_JOB) {
-            st = tpk_kernel_job_block(s->kj, tile.test, r0, nr, c0, nc, T, nc,
-                                      want_diag ? dg : NULL, &e, ctx);
+        if (s->kind == SRC_MLP) {
+            st = mlp_tile(s, tile, r0, nr, c0, nc, T, want_diag ? dg : NULL, &e, ctx);
         } else {
             tpk_array Xc = items(s->X, c0, nc), Xr = items(tile.test ? s->Xt : s->X, r0, nr);
             tpk_array Tb = {.ndim = 2, .dims = {nr, nc}, .data = T};
@@ -179,6 +241,8 @@ static int compute_store(mpi_ksrc *s, mpi_kstore *S, double *T, double *kdiag, d
             memcpy(kdiag + r0, dg, nr * sizeof *dg);
         if (err && e > *err)
             *err = e;
+        if (prog)
+            cli_progress_update(prog, ++*done);
     }
     return TPK_OK;
 }
@@ -258,7 +322,7 @@ static int read_diag(mpi_ksrc *s, double *kdiag, tpk_ctx *ctx)
 }
 
 int mpi_ksrc_fill(mpi_ksrc *s, mpi_kstore *K, mpi_kstore *Kx, double *kdiag, double *err,
-                  tpk_ctx *ctx)
+                  cli_progress *prog, tpk_ctx *ctx)
 {
     const size_t b = K->t->b;
     double *T = malloc(b * b * sizeof *T), *dg = malloc(b * sizeof *dg);
@@ -281,9 +345,15 @@ int mpi_ksrc_fill(mpi_ksrc *s, mpi_kstore *K, mpi_kstore *Kx, double *kdiag, dou
                 st = st2;
         }
     } else if (!st) {
-        st = compute_store(s, K, T, kdiag, dg, err, ctx);
+        size_t done = 0;
+        if (prog)
+            cli_progress_start(prog, prog->prog, "kernel tiles (rank 0's)",
+                               K->ntiles + (Kx ? Kx->ntiles : 0), prog->on);
+        st = compute_store(s, K, T, kdiag, dg, err, prog, &done, ctx);
         if (!st && Kx)
-            st = compute_store(s, Kx, T, kdiag, dg, err, ctx);
+            st = compute_store(s, Kx, T, kdiag, dg, err, prog, &done, ctx);
+        if (prog)
+            cli_progress_end(prog, st == TPK_OK);
     }
     free(T);
     free(dg);

@@ -331,7 +331,13 @@ static int solve(mpi_pcg *p, size_t w, size_t probes, tpk_ctx *ctx)
     }
     size_t it = 0;
     int active = 1, broke = 0;
+    cli_progress *pr = p->o.prog;
+    const size_t decades = (size_t)ceil(10 * -log10(p->o.tol > 0 ? p->o.tol : 1e-300));
+    if (pr)
+        cli_progress_start(pr, pr->prog, "CG residual (tenths of decades)", decades ? decades : 1,
+                           pr->on);
     for (; active && it < maxit; it++) {
+        double worst = 0;
         memset(p->AP, 0, n * w * sizeof *p->AP);
         mpi_kstore_mul(p->K, p->P, w, p->AP);
         mpi_sum_all(p->AP, n * w);
@@ -368,14 +374,23 @@ static int solve(mpi_pcg *p, size_t w, size_t probes, tpk_ctx *ctx)
             for (size_t i = 0; i < n; i++)
                 pj[i] = zj[i] + b * pj[i];
             p->steps[j] = (int)it + 1;
-            if (sqrt(dot(rj, rj, n)) <= p->o.tol * p->bn[j])
+            double rel = sqrt(dot(rj, rj, n)) / p->bn[j];
+            worst = fmax(worst, rel);
+            if (rel <= p->o.tol)
                 p->flag[j] = 0;
             else
                 active = 1;
         }
+        if (pr) {
+            snprintf(pr->note, sizeof pr->note, "iteration %zu, residual %.2g", it + 1, worst);
+            double got = worst > 0 ? 10 * -log10(worst) : (double)decades;
+            cli_progress_update(pr, got <= 0 ? 0 : got >= (double)decades ? decades - 1 : (size_t)got);
+        }
         MPI_Bcast(p->flag, (int)w, MPI_INT, 0, MPI_COMM_WORLD);
         MPI_Bcast(&active, 1, MPI_INT, 0, MPI_COMM_WORLD);
     }
+    if (pr)
+        cli_progress_end(pr, 1);
     p->iters = (int)it;
     p->resid = 0;
     for (size_t j = 0; j < w; j++) {

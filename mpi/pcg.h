@@ -15,6 +15,7 @@
 
 #include "kstore.h"
 #include "tpk/gp.h"
+#include "../tools/cli.h"
 
 enum { MPI_PRECOND_NONE, MPI_PRECOND_PIVCHOL, MPI_PRECOND_JACOBI };
 
@@ -25,6 +26,9 @@ typedef struct mpi_pcg_opts {
     size_t rank;       /* pivoted Cholesky: columns (at most) */
     int probes;        /* SLQ: Rademacher probes (>= 2: the error bar is their spread) */
     uint64_t seed;     /* of the probes */
+    cli_progress *prog; /* rank 0's progress line (NULL: none): each solve a stage counted in
+                         * tenths of decades of the largest residual, so its ETA assumes the
+                         * linear convergence of CG */
 } mpi_pcg_opts;
 
 typedef struct mpi_pcg mpi_pcg;

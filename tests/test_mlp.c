@@ -193,6 +193,70 @@ static void test_degenerate_inputs_psd(void **state)
     tpk_array_free(X);
 }
 
+/* Blocks on their own (gpregress-mpi's tiles): K(Xr, Xc) from tpk_mlp_kernel_cross and the
+ * per-layer diagonals of tpk_mlp_diag is the block of the kernel of both sets stacked, which the
+ * symmetric maps compute; the last row of tpk_mlp_diag is that kernel's diagonal. For a closed
+ * form (relu) and a numerical φ (tanh, Gauss–Hermite), with and without a bias. */
+static void test_cross_blocks(void **state)
+{
+    fixture *f = *state;
+    const char *specs[] = {"relu", "tanh", "erf"};
+    const double sb2[] = {0.1, 0.0, 0.3};
+    const size_t nr = 7, nc = 5, d = 6;
+    tpk_array *X = random_inputs(nr + nc, d, 5);
+    tpk_array Xc = *X, Xr = *X;
+    Xc.dims[0] = nc;
+    Xr.dims[0] = nr;
+    Xr.data = X->data + nc * d;
+    memset(&Xc.alloc, 0, sizeof Xc.alloc);
+    memset(&Xr.alloc, 0, sizeof Xr.alloc);
+    for (size_t c = 0; c < 3; c++) {
+        const int depth = 4;
+        tpk_array *K = kernel(f, specs[c], depth, 1.7, sb2[c], X);
+        tpk_phi *phi = tpk_phi_alloc(f->reg, specs[c], &f->ctx);
+        tpk_gauss_ws *ws = tpk_gauss_ws_alloc(64, &f->ctx);
+        tpk_mlp_params p = {.depth = depth, .phi = phi, .sigma_w2 = 1.7, .sigma_b2 = sb2[c]};
+        double *qr = malloc((depth + 1) * nr * sizeof *qr), *qc = malloc((depth + 1) * nc * sizeof *qc);
+        double *B = malloc(nr * nc * sizeof *B), err = -1;
+        assert_int_equal(tpk_mlp_diag(&p, &Xr, ws, qr, NULL, &f->ctx), TPK_OK);
+        assert_int_equal(tpk_mlp_diag(&p, &Xc, ws, qc, NULL, &f->ctx), TPK_OK);
+        assert_int_equal(tpk_mlp_kernel_cross(&p, &Xr, qr, &Xc, qc, ws, B, &err, &f->ctx), TPK_OK);
+        assert_true(err >= 0);
+        const size_t N = nr + nc;
+        double dev = 0, scale = 0;
+        for (size_t i = 0; i < nr; i++)
+            for (size_t j = 0; j < nc; j++) {
+                dev = fmax(dev, fabs(B[i * nc + j] - K->data[(nc + i) * N + j]));
+                scale = fmax(scale, fabs(K->data[(nc + i) * N + j]));
+            }
+        for (size_t i = 0; i < nr; i++)
+            dev = fmax(dev, fabs(qr[depth * nr + i] - K->data[(nc + i) * N + nc + i]));
+        for (size_t j = 0; j < nc; j++)
+            dev = fmax(dev, fabs(qc[depth * nc + j] - K->data[j * N + j]));
+        print_message("%s: |cross block - stacked kernel| = %.2e (max |K| %.2f)\n", specs[c], dev,
+                      scale);
+        assert_true(dev <= TOL_ROUND * scale);
+        /* the stacked kernel's test path (Xt) is the same block */
+        tpk_array *Kc = tpk_array_alloc2(nc, nc, &f->ctx), *Kx = tpk_array_alloc2(nr, nc, &f->ctx);
+        tpk_array *kd = tpk_array_alloc2(nr, 1, &f->ctx);
+        assert_int_equal(tpk_mlp_kernel(&p, &Xc, &Xr, ws, Kc, Kx, kd, NULL, &f->ctx), TPK_OK);
+        for (size_t i = 0; i < nr * nc; i++)
+            assert_true(Kx->data[i] == B[i]);
+        for (size_t i = 0; i < nr; i++)
+            assert_true(kd->data[i] == qr[depth * nr + i]);
+        tpk_array_free(Kc);
+        tpk_array_free(Kx);
+        tpk_array_free(kd);
+        free(qr);
+        free(qc);
+        free(B);
+        tpk_gauss_ws_free(ws);
+        tpk_phi_free(phi);
+        tpk_array_free(K);
+    }
+    tpk_array_free(X);
+}
+
 static void test_parameter_errors(void **state)
 {
     fixture *f = *state;
@@ -234,6 +298,7 @@ int main(void)
         cmocka_unit_test(test_linear_network),
         cmocka_unit_test(test_rotation_invariance),
         cmocka_unit_test(test_degenerate_inputs_psd),
+        cmocka_unit_test(test_cross_blocks),
         cmocka_unit_test(test_parameter_errors),
     };
     return cmocka_run_group_tests_name("mlp", tests, setup, teardown);

@@ -32,6 +32,19 @@ TPK_API int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tp
                            const tpk_gauss_ws *ws, tpk_array *K, tpk_array *Kxt, tpk_array *kdiag,
                            double *err, tpk_ctx *ctx);
 
+/* The diagonal of every layer, for kernels computed block by block (gpregress-mpi's tiles):
+ * q[l·N + i] = Σ^{l+1}(x_i, x_i) for l = 0 .. depth, so q holds (depth + 1)·N values and its
+ * last row is the kernel's diagonal. err (may be NULL): as tpk_mlp_kernel's. */
+TPK_API int tpk_mlp_diag(const tpk_mlp_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
+                         double *q, double *err, tpk_ctx *ctx);
+
+/* The block K(Xr, Xc) (Nr×Nc, row-major, preallocated) alone, from both sets' tpk_mlp_diag: the
+ * cost of the block, not of the kernel of both sets. err (may be NULL): the block's share of the
+ * first-order bound (a diagonal's errors carried through the cross maps). */
+TPK_API int tpk_mlp_kernel_cross(const tpk_mlp_params *p, const tpk_array *Xr, const double *qr,
+                                 const tpk_array *Xc, const double *qc, const tpk_gauss_ws *ws,
+                                 double *K, double *err, tpk_ctx *ctx);
+
 #ifdef __cplusplus
 }
 #endif
