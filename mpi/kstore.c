@@ -226,14 +226,29 @@ void mpi_kstore_column(mpi_kstore *s, size_t p, double *col)
         if (tile.j != bp && tile.i != bp)
             continue;
         size_t r0, nr, c0, nc, ld;
-        const double *T;
-        mpi_kstore_tile(s, q, &r0, &nr, &c0, &nc, &T, &ld);
+        mpi_tiles_extent(s->t, tile, &r0, &nr, &c0, &nc);
+        /* the entries in place, not the whole tile converted (mpi_kstore_tile): a column of
+         * the pivoted Cholesky reads N entries, not N·b */
+        const double *T = NULL;
+        const float *F = NULL;
+        if (s->layout == MPI_KSTORE_SCALAPACK) {
+            T = s->a + local_offset(s, tile);
+            ld = s->lld;
+        } else {
+            ld = nr;
+            if (s->f32)
+                F = s->af + s->off[q];
+            else
+                T = s->a + s->off[q];
+        }
+#define AT(i, j) (F ? (double)F[(i) + (j) * ld] : T[(i) + (j) * ld])
         if (tile.j == bp) /* column p of the tile: rows r0 .. */
             for (size_t i = 0; i < nr; i++)
-                col[r0 + i] = T[i + (p - c0) * ld];
+                col[r0 + i] = AT(i, p - c0);
         if (tile.i == bp && tile.i != tile.j) /* row p of a tile left of the diagonal */
             for (size_t j = 0; j < nc; j++)
-                col[c0 + j] = T[(p - r0) + j * ld];
+                col[c0 + j] = AT(p - r0, j);
+#undef AT
     }
 }
 

@@ -3,6 +3,7 @@
 
 #include "../tools/cli.h"
 
+#include <cblas.h>
 #include <mpi.h>
 #include <omp.h>
 
@@ -48,11 +49,14 @@ int mpi_local_ranks(void)
 
 void mpi_pick_threads(void)
 {
-    if (getenv("OMP_NUM_THREADS"))
-        return;
     long ranks = mpi_local_ranks(), cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores >= 1)
-        omp_set_num_threads((int)(cores / ranks > 0 ? cores / ranks : 1));
+    int per = cores >= 1 && cores / ranks > 0 ? (int)(cores / ranks) : 1;
+    if (!getenv("OMP_NUM_THREADS"))
+        omp_set_num_threads(per);
+    /* OpenBLAS (pthreads build) keeps its own pool, one thread per core by default: the ranks'
+     * products (CG, ScaLAPACK) would oversubscribe the node as many times as it has ranks */
+    if (!getenv("OPENBLAS_NUM_THREADS") && !getenv("OMP_NUM_THREADS"))
+        openblas_set_num_threads(per);
 }
 
 void mpi_sum_root(double *buf, size_t n)

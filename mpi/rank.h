@@ -16,8 +16,8 @@ int mpi_start(int *argc, char ***argv);
  * the exit status of the lowest failing rank, which alone prints its message (usage_error: as a
  * command-line error, exit 2; else exit 1) under the name `tool`. */
 int mpi_settle(int st, int usage_error, const tpk_ctx *ctx, const char *tool);
-/* OpenMP threads: the node's cores shared by its ranks (OMPI_COMM_WORLD_LOCAL_SIZE), unless
- * OMP_NUM_THREADS says otherwise. */
+/* OpenMP and OpenBLAS threads: the node's cores shared by its ranks
+ * (OMPI_COMM_WORLD_LOCAL_SIZE), unless OMP_NUM_THREADS (or OPENBLAS_NUM_THREADS) says otherwise. */
 void mpi_pick_threads(void);
 /* Ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE; 1 when unknown). */
 int mpi_local_ranks(void);
