@@ -386,6 +386,7 @@ static int one_kernel(run_state *r, int depth, tpk_ctx *ctx)
         return rc;
     if (r->file && (rc = mpi_settle(check_file_kernel(r, md, ctx), 0, ctx, TOOL)))
         return rc;
+    const double t1a = tpk_wall_seconds();
     tpk_gp_result res;
     tpk_gp_result_init(&res, depth);
     double scale, got[3] = {0, 0, 0};
@@ -394,6 +395,7 @@ static int one_kernel(run_state *r, int depth, tpk_ctx *ctx)
             return rc;
         mpi_bcast_doubles(got, 3);
     }
+    const double t1b = tpk_wall_seconds();
     st = noise_and_fit(r, e->noise_auto ? got : NULL, &res, &scale, ctx);
     if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
@@ -433,8 +435,10 @@ static int one_kernel(run_state *r, int depth, tpk_ctx *ctx)
     if (r->g.rank == 0) {
         st = tpk_gp_report_kernel(r->rep, &res, r->t.m ? r->mean : NULL, r->varr, NULL, ctx);
         if (!st && e->summary)
-            fprintf(e->summary, "    stages: kernel %.2f s, noise and fit %.2f s, predictions "
-                    "%.2f s\n", t1 - t0, t2 - t1, t3 - t2);
+            fprintf(e->summary, "    stages: kernel %.2f s, %s %.2f s, subsample noise %.2f s, "
+                    "fit%s %.2f s, predictions %.2f s\n", t1 - t0,
+                    r->solver == SOLVER_CG ? "preconditioner" : "setup", t1a - t1, t1b - t1a,
+                    res.fits > 1 ? "s" : "", t2 - t1b, t3 - t2);
     }
     mpi_pcg_free(r->pc);
     r->pc = NULL;

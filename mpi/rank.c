@@ -1,4 +1,5 @@
 /* Per-rank plumbing of the MPI programs (mpi/rank.h). */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "rank.h"
 
 #include "../tools/cli.h"
@@ -8,6 +9,7 @@
 #include <omp.h>
 
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -51,6 +53,13 @@ void mpi_pick_threads(void)
 {
     long ranks = mpi_local_ranks(), cores = sysconf(_SC_NPROCESSORS_ONLN);
     int per = cores >= 1 && cores / ranks > 0 ? (int)(cores / ranks) : 1;
+    /* a rank the launcher bound to some cores (Open MPI binds to a core for np <= 2) has
+     * those: more threads would share them (one rank on one of two cores took 2.9x the CG
+     * time of two ranks, its two BLAS threads on one core) */
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= 1 &&
+        CPU_COUNT(&set) < cores)
+        per = CPU_COUNT(&set);
     if (!getenv("OMP_NUM_THREADS"))
         omp_set_num_threads(per);
     /* OpenBLAS (pthreads build) keeps its own pool, one thread per core by default: the ranks'
