@@ -42,13 +42,15 @@ static void affine(double *v, size_t len, double a, double b)
         v[i] = a * v[i] + b;
 }
 
-static void check_finite(const double *v, size_t len, int *bad)
+/* TPK_ENUMERIC when an entry overflowed. */
+static int all_finite(const double *v, size_t len, tpk_ctx *ctx)
 {
     for (size_t i = 0; i < len; i++)
-        if (!isfinite(v[i])) {
-            *bad = 1;
-            return;
-        }
+        if (!isfinite(v[i]))
+            return TPK_ERROR(ctx, TPK_ENUMERIC,
+                             "kernel overflowed to a non-finite value (variance grows without "
+                             "bound for this phi/sigma-w2/depth)");
+    return TPK_OK;
 }
 
 /* Row l + 1 of q from row l: E[φ(u)²], u ~ N(0, q), then the affine step. */
@@ -126,12 +128,8 @@ int tpk_mlp_kernel_cross(const tpk_mlp_params *p, const tpk_array *Xr, const dou
         affine(K, m * n, p->sigma_w2, p->sigma_b2);
         e = p->sigma_w2 * e + p->sigma_w2 * el;
     }
-    int bad = 0;
-    check_finite(K, m * n, &bad);
-    if (bad)
-        return TPK_ERROR(ctx, TPK_ENUMERIC,
-                         "kernel overflowed to a non-finite value (variance grows without bound "
-                         "for this phi/sigma-w2/depth)");
+    if ((st = all_finite(K, m * n, ctx)))
+        return st;
     if (err)
         *err = e;
     return TPK_OK;
@@ -204,16 +202,9 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
                              "bound for this phi, sigma-w2 and depth", l + 1);
     }
 
-    int bad = 0;
-    check_finite(K->data, n * n, &bad);
-    if (Xt) {
-        check_finite(Kxt->data, m * n, &bad);
-        check_finite(kdiag->data, m, &bad);
-    }
-    if (bad)
-        return TPK_ERROR(ctx, TPK_ENUMERIC,
-                         "kernel overflowed to a non-finite value (variance grows without bound "
-                         "for this phi/sigma-w2/depth)");
+    /* the test block and diagonal were checked where they were made */
+    if ((st = all_finite(K->data, n * n, ctx)))
+        return st;
     if (err)
         *err = e + ex;
     return TPK_OK;
