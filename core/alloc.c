@@ -11,8 +11,9 @@
  * as fresh mappings, faulted in 4 KB at a time when first written: a 2 × 1000-token transformer
  * took 90 000 page faults, more system time than the run's own. Where the kernel gives
  * transparent huge pages on request (/sys/kernel/mm/transparent_hugepage/enabled = madvise),
- * asking for them on the block's whole 2 MB pages cuts the faults 512-fold; elsewhere the call
- * is a no-op or fails harmlessly. */
+ * the block's whole 2 MB pages are asked for (that transformer: 48 500 faults, 0.515 → 0.410 s;
+ * the rest are smaller blocks and the edges); elsewhere the call is a no-op or fails
+ * harmlessly. */
 #define HUGE_MIN ((size_t)8 << 20)
 #define HUGE_PAGE ((uintptr_t)2 << 20)
 

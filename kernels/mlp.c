@@ -4,6 +4,7 @@
 #include "tpk/matmul.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,6 +62,14 @@ static int diag_step(const tpk_mlp_params *p, const double *q, double *next, siz
     for (size_t i = 0; i < n; i++) {
         tpk_estimate r;
         int st = tpk_gauss_expect2(p->phi, q[i], q[i], q[i], ws, &r, ctx);
+        if (st == TPK_ENUMERIC && ctx) { /* the layer is what the user can change */
+            char why[sizeof ctx->msg];
+            snprintf(why, sizeof why, "%s", ctx->msg);
+            tpk_ctx_clear(ctx);
+            return TPK_ERROR(ctx, TPK_ENUMERIC, "kernel overflowed at hidden layer %d (%s): the "
+                             "variance grows without bound for this phi, sigma-w2 and depth",
+                             layer, why);
+        }
         if (st)
             return st;
         next[i] = p->sigma_w2 * r.value + p->sigma_b2;

@@ -332,10 +332,9 @@ static int solve(mpi_pcg *p, size_t w, size_t probes, tpk_ctx *ctx)
     size_t it = 0;
     int active = 1, broke = 0;
     cli_progress *pr = p->o.prog;
-    const size_t decades = (size_t)ceil(10 * -log10(p->o.tol > 0 ? p->o.tol : 1e-300));
+    const size_t decades = (size_t)ceil(10 * -log10(p->o.tol)); /* ≥ 1: tol is in (0, 1) */
     if (pr)
-        cli_progress_start(pr, pr->prog, "CG residual (tenths of decades)", decades ? decades : 1,
-                           pr->on);
+        cli_progress_start(pr, pr->prog, "CG residual (tenths of decades)", decades, pr->on);
     for (; active && it < maxit; it++) {
         double worst = 0;
         memset(p->AP, 0, n * w * sizeof *p->AP);

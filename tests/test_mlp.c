@@ -283,6 +283,20 @@ static void test_parameter_errors(void **state)
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
     assert_int_equal(tpk_mlp_kernel(&p, X, NULL, NULL, K, NULL, NULL, NULL, &ctx), TPK_ENUMERIC);
+    /* the block entry points: the layer diagonals overflow at a named layer; a cross block of
+     * items of two dimensions is refused */
+    double q[41 * 3], B[9];
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_mlp_diag(&p, X, NULL, q, NULL, &ctx), TPK_ENUMERIC);
+    print_message("diag overflow: %s\n", ctx.msg);
+    assert_non_null(strstr(ctx.msg, "hidden layer"));
+    tpk_array *X3 = random_inputs(3, 3, 2);
+    tpk_mlp_params pr = {.depth = 2, .phi = phi, .sigma_w2 = 2, .sigma_b2 = 0};
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_mlp_diag(&pr, X, NULL, q, NULL, &ctx), TPK_OK);
+    assert_int_equal(tpk_mlp_kernel_cross(&pr, X3, q, X, q, NULL, B, NULL, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "dimension"));
+    tpk_array_free(X3);
     tpk_phi_free(ex);
     tpk_phi_free(phi);
     tpk_array_free(X);

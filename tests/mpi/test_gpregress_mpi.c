@@ -220,6 +220,31 @@ static void test_depth_range(void **state)
     assert_true(mt_max_abs_diff(s, m, "/depths") == 0);
 }
 
+/* --progress off a terminal: rank 0's plain lines for the kernel tiles and each CG solve, each
+ * stage ending in "done in"; the file is the one a run without the line writes. */
+static void test_progress_line(void **state)
+{
+    tu_env *e = *state;
+    char args[4096], run[4600], a[512], b[512];
+    classify_data(e, 230, 70);
+    classify_args(e, args, sizeof args, "--depth=2 --noise=0.05 --solver=cg --tile=64");
+    setenv("TPK_PROGRESS_AFTER", "0", 1);
+    setenv("TPK_PROGRESS_EVERY", "0", 1);
+    snprintf(run, sizeof run, "%s --progress --output='%s'", args, tu_path(e, a, sizeof a, "pr.h5"));
+    assert_int_equal(mt_run_mpi(e, "gpregress-mpi", run), 0);
+    mt_assert_stderr_has(e, "gpregress-mpi: kernel tiles (rank 0's)");
+    mt_assert_stderr_has(e, "CG residual (tenths of decades)");
+    mt_assert_stderr_has(e, "done in");
+    snprintf(run, sizeof run, "%s --no-progress --output='%s'", args, tu_path(e, b, sizeof b, "np.h5"));
+    assert_int_equal(mt_run_mpi(e, "gpregress-mpi", run), 0);
+    unsetenv("TPK_PROGRESS_AFTER");
+    unsetenv("TPK_PROGRESS_EVERY");
+    char err[8192];
+    tu_stderr(e, err, sizeof err);
+    assert_null(strstr(err, "CG residual"));
+    assert_true(mt_max_abs_diff(a, b, "/mean") == 0);
+}
+
 /* RBF regression (two real targets, no classes) on a 2x1 grid, both solvers. */
 static void test_rbf_regression(void **state)
 {
@@ -333,6 +358,7 @@ int main(void)
         cmocka_unit_test(test_cg_mean_and_slq_lml),
         cmocka_unit_test(test_kernel_file),
         cmocka_unit_test(test_depth_range),
+        cmocka_unit_test(test_progress_line),
         cmocka_unit_test(test_rbf_regression),
         cmocka_unit_test(test_errors),
     };
