@@ -25,12 +25,23 @@ NVCC       ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) nvcc)
 # at the MPI one once libhdf5-openmpi-dev is in (`make mpi`), so the serial flavour is asked for
 # by name where it exists (mk/mpi.mk compiles the library's HDF5 callers again for the other).
 HDF5_PC     = $(if $(shell pkg-config --exists hdf5-serial && echo y),hdf5-serial,hdf5)
-PKGS_NOH5  := gsl fftw3 lapacke openblas nettle
+PKGS_NOH5  := gsl fftw3 lapacke nettle
 PKGS        = $(HDF5_PC) $(PKGS_NOH5)
+# OpenBLAS: its OpenMP build where Debian has it (libopenblas-openmp-dev), else whatever the
+# `openblas` pkg-config module names. The pthread build's workers spin on sched_yield for ~0.1 s
+# at start-up and after each call, and on two cores take a core from the OpenMP loops beside
+# them (gpkernel --arch=transformer, 2 × 1000 tokens: 0.16–0.35 s over 11 runs with it,
+# 0.16–0.20 s with the OpenMP build). libopenblas.so.0 resolves to Debian's alternative (the
+# pthread build) unless the run path names the OpenMP one.
+OPENBLAS_OMP = $(patsubst %/pkgconfig/openblas.pc,%,$(firstword $(wildcard /usr/lib/*/openblas-openmp/pkgconfig/openblas.pc)))
+BLAS_PC    = $(if $(OPENBLAS_OMP),PKG_CONFIG_PATH=$(OPENBLAS_OMP)/pkgconfig )pkg-config
+BLAS_LIBS  = $(shell $(BLAS_PC) --libs openblas)$(if $(OPENBLAS_OMP), -Wl$(comma)-rpath$(comma)$(OPENBLAS_OMP))
+comma     := ,
 # Lazy (=) so that pkg-config runs after scripts/install-deps.sh has had its chance.
-PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS))
-# GSL's pkg-config pulls in its reference CBLAS; we link OpenBLAS's instead.
-PKG_LIBS   = $(filter-out -lgslcblas,$(shell pkg-config --libs $(PKGS))) -lhdf5_serial_hl $(CBC_LIBS) -lm
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS)) $(shell $(BLAS_PC) --cflags openblas)
+# GSL's pkg-config pulls in its reference CBLAS; we link OpenBLAS's instead (first: the BLAS
+# symbols of every library after it resolve to it).
+PKG_LIBS   = $(BLAS_LIBS) $(filter-out -lgslcblas,$(shell pkg-config --libs $(PKGS))) -lhdf5_serial_hl $(CBC_LIBS) -lm
 # COIN-OR CBC (orch/blp.c, its C interface; the header is included as <coin/...>): pkg-config's
 # flags where cbc.pc exists, less -lblas/-llapack, which would name a second BLAS beside OpenBLAS
 # (CBC's own libraries load the LAPACK they need).

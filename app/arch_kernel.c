@@ -89,8 +89,8 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     int st = resolve(a, o, r, ctx);
     if (!st) {
-        tpk_job job = {.label = a->name, .program = r->program, .sets = r->sets,
-                       .nsets = r->nsets, .all_outputs = o->all_outputs,
+        tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
+                       .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
                        .progress = o->progress};
         st = tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kdiag, err, ctx);
     }
@@ -111,8 +111,8 @@ tpk_kernel_job *tpk_arch_kernel_job(const tpk_arch *a, const tpk_arch_opts *o,
         return NULL;
     tpk_kernel_job *kj = NULL;
     if (!resolve(a, o, r, ctx)) {
-        tpk_job job = {.label = a->name, .program = r->program, .sets = r->sets,
-                       .nsets = r->nsets, .all_outputs = o->all_outputs,
+        tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
+                       .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
                        .progress = o->progress};
         kj = tpk_kernel_job_alloc_arrays(a, &job, X, Xt, ctx);
     }
@@ -147,8 +147,8 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, c
         for (int f = 0; f < o->nflags; f++)
             if (strcmp(r->attr[f], r->fl[f].param) != 0)
                 attrs[nattrs++] = (tpk_attr){.name = r->attr[f], .value = r->fl[f].value};
-        tpk_job job = {.label = a->name, .program = r->program, .sets = r->sets,
-                       .nsets = r->nsets, .input = input, .test = test, .output = output,
+        tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
+                       .sets = r->sets, .nsets = r->nsets, .input = input, .test = test, .output = output,
                        .all_outputs = o->all_outputs, .attrs = attrs, .nattrs = nattrs,
                        .progress = o->progress};
         st = a->custom ? a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);

@@ -5,11 +5,48 @@
 
 #include "tpk/attention.h"
 #include "tpk/cnn.h"
+#include "tpk/kernels.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* --arch=transformer by kernels/transformer.c: the program's final parameter values (flags,
+ * --set, its defaults) drive the direct recursion of the same limit (theory.md §2.7; the
+ * shipped program's feed-forward φ is relu). Agreement with the evaluator on the program:
+ * tests/test_transformer.c. */
+static int transformer_direct(const tpk_program *p, const tpk_phi_registry *reg,
+                              const tpk_array *X, int all_outputs, const tpk_progress *prog,
+                              tpk_array **K, double *err, tpk_ctx *ctx)
+{
+    double L, T;
+    tpk_transformer_params tp = {0};
+    int st = tpk_program_param_number(p, "L", &L, ctx);
+    if (!st) st = tpk_program_param_number(p, "T", &T, ctx);
+    if (!st) st = tpk_program_param_number(p, "var_e", &tp.var_e, ctx);
+    if (!st) st = tpk_program_param_number(p, "var_u", &tp.var_u, ctx);
+    if (!st) st = tpk_program_param_number(p, "var_w", &tp.var_w, ctx);
+    if (!st) st = tpk_program_param_number(p, "var_b", &tp.var_b, ctx);
+    if (!st) st = tpk_program_param_number(p, "temp", &tp.temp, ctx);
+    if (!st) st = tpk_program_param_number(p, "eps", &tp.eps, ctx);
+    if (!st) st = tpk_program_param_number(p, "sigma_v2", &tp.sigma_v2, ctx);
+    if (st)
+        return st;
+    if (!(L >= 1 && L <= 1e6 && L == floor(L)))
+        return TPK_ERROR(ctx, TPK_EINVAL, "the depth L must be a whole number of layers >= 1 (got %g)", L);
+    if (X->ndim != 3 || (double)X->dims[1] != T)
+        return TPK_ERROR(ctx, TPK_EINVAL, "transformer inputs are N x T x d token arrays with T = %g "
+                         "(got rank %d)", T, X->ndim);
+    tpk_phi *relu = tpk_phi_alloc(reg, "relu", ctx);
+    if (!relu)
+        return ctx->status;
+    tp.depth = (int)L;
+    tp.phi = relu;
+    st = tpk_transformer_kernel(&tp, X, all_outputs, NULL, prog, K, err, ctx);
+    tpk_phi_free(relu);
+    return st;
+}
 
 static const tpk_arch archs[] = {
     {"mlp", "programs/mlp.nsr", "data/demo-inputs.csv",
@@ -17,58 +54,58 @@ static const tpk_arch archs[] = {
      "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,residual=alpha,ln-eps=ln_eps",
      "L=3,phi=relu,sigma_w2=2,sigma_b2=0",
      /* the last Dense layer is like the others: output Σ^{L+1} (issue-2 convention) */
-     "sigma_v2=sigma_w2,sigma_ob2=sigma_b2", NULL},
+     "sigma_v2=sigma_w2,sigma_ob2=sigma_b2", NULL, NULL},
     /* --layernorm / --residual=α pick programs/mlp-{ln,residual,ln-residual}.nsr (tpk_arch_program) */
     {"batchnorm", "programs/batchnorm.nsr", "data/demo-inputs.csv",
      "relu(BN(W x)) MLP, BN per neuron across a batch of inputs (theory.md §2.5)",
      "depth=L,phi=phi,sigma-w2=sigma_w2,batch-size=batch", "L=3,phi=relu,sigma_w2=2",
-     "sigma_v2=sigma_w2", NULL},
+     "sigma_v2=sigma_w2", NULL, NULL},
     {"rnn", "programs/rnn.nsr", "data/demo-sequences.npy",
      "simple RNN, W tied over time, inputs N×T×d (theory.md §2.2)",
      "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
-     NULL},
+     NULL, NULL},
     {"rnn-untied", "programs/rnn_untied.nsr", "data/demo-sequences.npy",
      "RNN with a fresh W at every step: no recurrent cross-time terms (theory.md §1.8)",
      "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
-     NULL},
+     NULL, NULL},
     /* GRU / LSTM: issue-4 names, U_* on the input, W_* on the hidden state, biases N(mu, var) */
     {"gru", "programs/gru.nsr", "data/demo-sequences.npy",
      "erf-GRU of Tensor Programs I, gates (1+erf x)/2, h0 = 0; gate products as Gaussian "
      "orthant probabilities (Genz, randomised QMC; theory.md §2.3)",
      "var-Uz=var_Uz,var-Ur=var_Ur,var-Uh=var_Uh,var-Wz=var_Wz,var-Wr=var_Wr,var-Wh=var_Wh,"
      "var-bz=var_bz,var-br=var_br,var-bh=var_bh,mu-bz=mu_bz,mu-br=mu_br,mu-bh=mu_bh,"
-     "sigma-v2=sigma_v2", "", "", NULL},
+     "sigma-v2=sigma_v2", "", "", NULL, NULL},
     {"lstm", "programs/lstm.nsr", "data/demo-sequences.npy",
      "LSTM, gates erf_sigmoid or sigmoid (--gate), cell tanh; E[gate gate'] closed or 2-D, "
      "E[tanh(c) tanh(c')] by randomised QMC (theory.md §2.4)",
      "gate=gate,var-Ui=var_Ui,var-Uf=var_Uf,var-Uo=var_Uo,var-Ug=var_Ug,var-Wi=var_Wi,"
      "var-Wf=var_Wf,var-Wo=var_Wo,var-Wg=var_Wg,var-bi=var_bi,var-bf=var_bf,var-bo=var_bo,"
      "var-bg=var_bg,mu-bi=mu_bi,mu-bf=mu_bf,mu-bo=mu_bo,mu-bg=mu_bg,sigma-v2=sigma_v2", "", "",
-     NULL},
+     NULL, NULL},
     {"transformer", "programs/transformer.nsr", "data/demo-tokens.npy",
      "Tensor Programs I transformer: causal single-head attention (q = k = v, 1/n logits), "
      "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7)",
      "depth=L,var-e=var_e,var-u=var_u,var-w=var_w,var-b=var_b,temp=temp,ln-eps=eps,"
-     "sigma-v2=sigma_v2", "", "", NULL},
+     "sigma-v2=sigma_v2", "", "", NULL, transformer_direct},
     /* inv-n: programs/attention.nsr evaluated; inv-sqrt-n: the hierarchical limit (theory §5) */
     {"attention", "programs/attention.nsr", "data/demo-tokens.npy",
      "one multi-head attention layer, independent W_Q, W_K, W_V, W_O; 1/n logits (Gaussian, "
      "uniform averaging) or 1/sqrt(n) (hierarchical, non-Gaussian limit; theory.md §5)",
      "heads=heads,logit-scaling=scaling,score-samples=R,seed=rng_seed,causal=causal,var-e=var_e,"
      "var-q=var_q,var-k=var_k,var-v=var_v,var-o=var_o,temp=temp,sigma-v2=sigma_v2", "", "",
-     tpk_attention_job},
+     tpk_attention_job, NULL},
     /* CNNs: the program fixes the parameters, the direct recursion of kernels/cnn.c computes
      * (tpk_cnn_job); padding/readout/filter/conv are settings of the job, not of the program */
     {"cnn1d", "programs/cnn1d.nsr", "data/demo-sequences.npy",
      "1-D CNN, a shared A-var per filter tap, signals N×P×C, flatten or GAP readout (theory.md §2.8)",
      "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
      "filter=filter,padding=padding,readout=readout,conv=conv",
-     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job},
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job, NULL},
     {"cnn2d", "programs/cnn2d.nsr", "data/demo-images.npy",
      "2-D CNN, a shared A-var per filter tap, images N×H×W×C, flatten or GAP readout (theory.md §2.8)",
      "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
      "filter=filter,padding=padding,readout=readout,conv=conv",
-     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job},
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job, NULL},
 };
 
 const tpk_arch *tpk_arch_table(size_t *count)

@@ -231,6 +231,26 @@ static int prepare_arrays(const tpk_job *job, const tpk_array *X, const tpk_arra
     return load(job, s, ctx);
 }
 
+/* The direct recursion that computes this job (tpk_job.direct), or NULL for the NETSOR
+ * evaluator: also with the program's text given (job->source) or TPK_EVALUATOR=program. */
+static tpk_direct_kernel job_direct(const tpk_job *job)
+{
+    if (!job->direct || job->source)
+        return NULL;
+    const char *ev = getenv("TPK_EVALUATOR");
+    return ev && strcmp(ev, "program") == 0 ? NULL : job->direct;
+}
+
+/* The limit kernel of a batch: the architecture's direct recursion or the NETSOR evaluator. */
+static int batch_kernel(const tpk_job *job, const job_state *s, const tpk_array *X,
+                        const tpk_progress *prog, tpk_array **K, double *err, tpk_ctx *ctx)
+{
+    tpk_direct_kernel direct = job_direct(job);
+    if (direct)
+        return direct(s->prog, s->reg, X, job->all_outputs, prog, K, err, ctx);
+    return tpk_netsor_kernel_progress(s->prog, X, job->all_outputs, prog, K, err, ctx);
+}
+
 /* The kernel of train and test stacked into one batch, split into the train block (*Ktr), and
  * with a test set the test × train block (*Kx) and the test diagonal (*kd). */
 static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_array **Kx,
@@ -249,8 +269,7 @@ static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_
         memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
     }
     tpk_array *K = NULL;
-    int st = tpk_netsor_kernel_progress(s->prog, s->Xall ? s->Xall : s->X, job->all_outputs,
-                                        job->progress, &K, err, ctx);
+    int st = batch_kernel(job, s, s->Xall ? s->Xall : s->X, job->progress, &K, err, ctx);
     if (st)
         return st;
     if (!s->Xt) {
@@ -295,6 +314,8 @@ int tpk_job_describe(tpk_h5out *out, const tpk_job *job, const tpk_program *prog
 static int describe(tpk_h5out *out, const tpk_job *job, const job_state *s, tpk_ctx *ctx)
 {
     int st = tpk_job_describe(out, job, s->prog, NULL, "program", ctx);
+    if (!st && job_direct(job))
+        st = tpk_h5out_attr_str(out, "/", "evaluator", "direct-recursion", ctx);
     if (!st) st = tpk_h5out_input_attrs(out, "input", &s->xi, s->X, ctx);
     if (!st && s->Xt) st = tpk_h5out_input_attrs(out, "test", &s->ti, s->Xt, ctx);
     return st;
@@ -472,7 +493,7 @@ static int kjob_program_batch(tpk_kernel_job *kj, const tpk_array *Xb, tpk_array
                               tpk_ctx *ctx)
 {
     const job_state *s = kj->self;
-    return tpk_netsor_kernel(s->prog, Xb, kj->job.all_outputs, K, err, ctx);
+    return batch_kernel(&kj->job, s, Xb, NULL, K, err, ctx);
 }
 
 static int kjob_program_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx)

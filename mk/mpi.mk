@@ -14,8 +14,9 @@
 # MPI programs' own objects and tests live in $(BUILD)/mpi/ too.
 MPI_BUILD    := $(BUILD)/mpi
 MPI_PKGS     := ompi-c scalapack-openmpi
-MPI_PKG_CFLAGS = $(shell pkg-config --cflags hdf5-openmpi $(PKGS_NOH5) $(MPI_PKGS))
-MPI_LDLIBS     = $(SAN) -fopenmp \
+MPI_PKG_CFLAGS = $(shell pkg-config --cflags hdf5-openmpi $(PKGS_NOH5) $(MPI_PKGS)) \
+                 $(shell $(BLAS_PC) --cflags openblas)
+MPI_LDLIBS     = $(SAN) -fopenmp $(BLAS_LIBS) \
                  $(filter-out -lgslcblas,$(shell pkg-config --libs hdf5-openmpi $(PKGS_NOH5) $(MPI_PKGS))) \
                  -lhdf5_openmpi_hl -lm -lz -ldl $(LDFLAGS)
 MPI_CFLAGS_ALL = $(CFLAGS_BASE) $(MPI_PKG_CFLAGS) $(CFLAGS)

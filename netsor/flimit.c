@@ -3239,6 +3239,11 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     }
     if (st == TPK_OK && !F->dry && F->pj != NULL) { /* the rest of the frees, and its verdict */
         st = plan_status(F, 1);
+        if (trace) {
+            double t = tpk_wall_seconds();
+            fprintf(stderr, "  %s: waiting for the plan %.4f s\n", R->file, t - t_prev);
+            t_prev = t;
+        }
         const int *pl = plan_get(F, 0);
         for (int b = 0; st == TPK_OK && pl && b < F->nb && b < F->nplan; b++)
             if (pl[b] >= 0 && F->b[b].last_use != INT32_MAX) {

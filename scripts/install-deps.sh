@@ -27,6 +27,9 @@ check() {
     libfftw3-dev) have_pc fftw3 ;;
     liblapacke-dev) have_pc lapacke && have_header lapacke.h ;;
     libopenblas-dev) have_pc openblas ;;
+    # OpenBLAS's OpenMP build, where Debian has it (the Makefile prefers it: one thread pool with
+    # the library's OpenMP loops; it falls back to whatever `openblas` pkg-config names)
+    libopenblas-openmp-dev) have_file "/usr/lib/*/openblas-openmp/pkgconfig/openblas.pc" ;;
     libhdf5-dev) have_pc hdf5 ;;
     hdf5-tools) have_cmd h5dump ;;
     libxgboost-dev) have_header xgboost/c_api.h ;;
@@ -67,6 +70,12 @@ missing=""
 for p in $PKGS; do
     check "$p" || missing="$missing $p"
 done
+# Wanted but not needed: installed where apt-get can, never a reason to stop.
+if [ "${1:-}" != "--only" ] && have_cmd apt-get; then
+    for p in libopenblas-openmp-dev; do
+        check "$p" || missing="$missing $p"
+    done
+fi
 [ -z "$missing" ] && exit 0
 if ! have_cmd apt-get; then
     echo "install-deps: missing (Debian package names):$missing" >&2

@@ -1,6 +1,8 @@
-/* Transformer of Tensor Programs I (theory.md §2.7): gpkernel --arch=transformer (the NETSOR+
- * program programs/transformer.nsr run by the limit evaluator) against an independent matrix
- * recursion written here, its invariants, and the finite-width executor's convergence. */
+/* Transformer of Tensor Programs I (theory.md §2.7): gpkernel --arch=transformer (its direct
+ * recursion, kernels/transformer.c, and with TPK_EVALUATOR=program the NETSOR+ program
+ * programs/transformer.nsr run by the limit evaluator) against an independent matrix recursion
+ * written here, the two evaluators against each other over a grid of shapes and settings, their
+ * invariants and errors, and the finite-width executor's convergence. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +10,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +155,20 @@ static double *gpkernel(const double *x, int n, const char *tag, const char *ext
     int rc = system(cmd);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
     return tu_h5_read(out, "/kernel", count);
+}
+
+/* The tests below run once with the default evaluator of --arch=transformer (the direct
+ * recursion) and once with TPK_EVALUATOR=program (the NETSOR evaluator on the program). */
+static int use_program(void **state)
+{
+    (void)state;
+    return setenv("TPK_EVALUATOR", "program", 1);
+}
+
+static int use_default(void **state)
+{
+    (void)state;
+    return unsetenv("TPK_EVALUATOR");
 }
 
 static void test_matches_recursion(void **state)
@@ -306,11 +323,184 @@ static void test_executor(void **state)
     tpk_phi_registry_free(reg);
 }
 
+/* The program's evaluator on (L, T, settings) of the program: its kernel of x. */
+static tpk_array *evaluator_kernel(const tpk_array *x, int L, const double *v, int all,
+                                   tpk_phi_registry *reg, tpk_ctx *ctx)
+{
+    char prog[4200], b[9][32];
+    tpk_shipped_path("programs/transformer.nsr", prog, sizeof prog);
+    snprintf(b[0], 32, "%d", L);
+    snprintf(b[1], 32, "%zu", x->dims[1]);
+    for (int i = 0; i < 7; i++)
+        snprintf(b[2 + i], 32, "%.17g", v[i]);
+    tpk_param_set sets[] = {{"L", b[0]},     {"T", b[1]},    {"var_e", b[2]}, {"var_u", b[3]},
+                            {"var_w", b[4]}, {"var_b", b[5]}, {"temp", b[6]}, {"eps", b[7]},
+                            {"sigma_v2", b[8]}};
+    tpk_netsor_opts o = {.sets = sets, .nsets = 9};
+    tpk_program *p = tpk_netsor_load_file(prog, &o, reg, ctx);
+    if (!p)
+        fail_msg("%s", ctx->msg);
+    tpk_array *K = NULL;
+    if (tpk_netsor_kernel(p, x, all, &K, NULL, ctx))
+        fail_msg("%s", ctx->msg);
+    tpk_program_free(p);
+    return K;
+}
+
+/* tpk_transformer_kernel against the NETSOR evaluator on the program, two implementations of
+ * theory §2.7 that share no code but the φ map: shapes with d < T (the rank-d first layer) and
+ * d >= T (the block products from the start), one token, one sequence, sequences of unequal
+ * scale, every setting away from its default, both readouts. */
+static void test_direct_matches_evaluator(void **state)
+{
+    (void)state;
+    static const struct {
+        size_t n, t, d;
+        int L;
+        double v[7]; /* var_e, var_u, var_w, var_b, temp, eps, sigma_v2 */
+    } cs[] = {
+        {3, 5, 2, 2, {1.3, 0.8, 1.7, 0.2, 0.7, 1e-12, 1.0}},
+        {2, 3, 7, 3, {0.6, 1.4, 0.9, 0.0, 2.5, 1e-3, 0.4}},
+        {1, 1, 4, 1, {1.0, 1.0, 1.0, 0.5, 1.0, 0.0, 2.0}},
+        {4, 6, 6, 2, {2.0, 0.3, 1.2, 0.1, 0.4, 1e-12, 1.0}},
+        {2, 9, 3, 4, {1.0, 2.0, 2.0, 0.3, 1.5, 0.05, 0.7}},
+    };
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_phi *relu = tpk_phi_alloc(reg, "relu", &ctx);
+    assert_non_null(relu);
+    double worst = 0;
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        size_t dims[3] = {cs[c].n, cs[c].t, cs[c].d};
+        tpk_array *x = tpk_array_alloc(3, dims, &ctx);
+        for (size_t i = 0; i < tpk_array_size(x); i++) /* sequence a scaled by 1 + a/2 */
+            x->data[i] = sin(0.37 * (double)i + 0.2 * (double)c) *
+                         (1.0 + 0.5 * (double)(i / (cs[c].t * cs[c].d)));
+        const double *v = cs[c].v;
+        tpk_transformer_params tp = {.depth = cs[c].L, .phi = relu, .var_e = v[0], .var_u = v[1],
+                                     .var_w = v[2], .var_b = v[3], .temp = v[4], .eps = v[5],
+                                     .sigma_v2 = v[6]};
+        for (int all = 0; all <= 1; all++) {
+            tpk_array *Ke = evaluator_kernel(x, cs[c].L, v, all, reg, &ctx), *Kd = NULL;
+            double err = -1;
+            if (tpk_transformer_kernel(&tp, x, all, NULL, NULL, &Kd, &err, &ctx))
+                fail_msg("%s", ctx.msg);
+            size_t side = all ? cs[c].n * cs[c].t : cs[c].n;
+            assert_int_equal(Kd->dims[0], side);
+            assert_int_equal(Kd->dims[1], side);
+            assert_int_equal(tpk_array_size(Ke), side * side);
+            assert_true(err >= 0 && err < 1e-12);
+            for (size_t i = 0; i < side * side; i++) {
+                double scale = fmax(1.0, fabs(Ke->data[i]));
+                worst = fmax(worst, fabs(Kd->data[i] - Ke->data[i]) / scale);
+                assert_true(Kd->data[i] == Kd->data[(i % side) * side + i / side]);
+            }
+            tpk_array_free(Ke);
+            tpk_array_free(Kd);
+        }
+        tpk_array_free(x);
+    }
+    print_message("transformer direct vs evaluator: largest difference %.2e\n", worst);
+    assert_true(worst < 1e-13);
+    tpk_phi_free(relu);
+    tpk_phi_registry_free(reg);
+}
+
+/* Bad input: a clear status and message, nothing allocated. */
+static void test_direct_errors(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_phi *relu = tpk_phi_alloc(reg, "relu", &ctx);
+    size_t dims[3] = {2, 3, 2};
+    tpk_array *x = tpk_array_alloc(3, dims, &ctx);
+    for (size_t i = 0; i < tpk_array_size(x); i++)
+        x->data[i] = 1.0 + (double)i;
+    tpk_transformer_params ok = {.depth = 2, .phi = relu, .var_e = 1, .var_u = 1, .var_w = 1,
+                                 .var_b = 0, .temp = 1, .eps = 1e-12, .sigma_v2 = 1};
+    tpk_array *K = (tpk_array *)&ctx; /* set to NULL by every call */
+    tpk_transformer_params p = ok;
+    p.depth = 0;
+    assert_int_equal(tpk_transformer_kernel(&p, x, 1, NULL, NULL, &K, NULL, &ctx), TPK_EINVAL);
+    assert_null(K);
+    assert_non_null(strstr(ctx.msg, "depth"));
+    tpk_ctx_clear(&ctx);
+    p = ok;
+    p.temp = 0;
+    assert_int_equal(tpk_transformer_kernel(&p, x, 1, NULL, NULL, &K, NULL, &ctx), TPK_EDOM);
+    assert_non_null(strstr(ctx.msg, "temp"));
+    tpk_ctx_clear(&ctx);
+    p = ok;
+    p.var_w = -1;
+    assert_int_equal(tpk_transformer_kernel(&p, x, 1, NULL, NULL, &K, NULL, &ctx), TPK_EDOM);
+    assert_non_null(strstr(ctx.msg, "var-w"));
+    tpk_ctx_clear(&ctx);
+    size_t d2[2] = {6, 2};
+    tpk_array *flat = tpk_array_alloc(2, d2, &ctx);
+    assert_int_equal(tpk_transformer_kernel(&ok, flat, 1, NULL, NULL, &K, NULL, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "N × T × d"));
+    tpk_ctx_clear(&ctx);
+    /* a sequence whose first token is zero, with eps = 0: LN of a zero vector, named */
+    x->data[6] = x->data[7] = 0;
+    p = ok;
+    p.eps = 0;
+    assert_int_equal(tpk_transformer_kernel(&p, x, 1, NULL, NULL, &K, NULL, &ctx), TPK_EDOM);
+    assert_null(K);
+    assert_non_null(strstr(ctx.msg, "token 1 of sequence 2"));
+    tpk_ctx_clear(&ctx);
+    /* the same with eps > 0 is finite (LN(0) = 0) */
+    assert_int_equal(tpk_transformer_kernel(&ok, x, 1, NULL, NULL, &K, NULL, &ctx), TPK_OK);
+    for (size_t i = 0; i < tpk_array_size(K); i++)
+        assert_true(isfinite(K->data[i]));
+    tpk_array_free(K);
+    /* cancelled before the first layer: TPK_ECANCELED, no kernel */
+    volatile sig_atomic_t stop = 1;
+    tpk_progress pr = {.cancel = &stop};
+    assert_int_equal(tpk_transformer_kernel(&ok, x, 1, NULL, &pr, &K, NULL, &ctx), TPK_ECANCELED);
+    assert_null(K);
+    tpk_ctx_clear(&ctx);
+    tpk_array_free(flat);
+    tpk_array_free(x);
+    tpk_phi_free(relu);
+    tpk_phi_registry_free(reg);
+}
+
+/* The file says which evaluator computed it. */
+static void test_evaluator_attribute(void **state)
+{
+    (void)state;
+    double x[M * D];
+    sequences(x);
+    char cmd[4096], in[512], out[512];
+    snprintf(in, sizeof in, "%s/attr.npy", tmpdir);
+    write_npy(in, x, N, T, D);
+    for (int prog = 0; prog <= 1; prog++) {
+        snprintf(out, sizeof out, "%s/attr-%d.h5", tmpdir, prog);
+        snprintf(cmd, sizeof cmd, "%s'%s/gpkernel' --arch=transformer --input='%s' --output='%s' "
+                 "--quiet", prog ? "TPK_EVALUATOR=program " : "", bindir, in, out);
+        int rc = system(cmd);
+        assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+        assert_int_equal(tu_h5_has_attr(out, "evaluator"), !prog);
+    }
+    snprintf(cmd, sizeof cmd, "h5dump -a /evaluator '%s/attr-0.h5' | grep -q direct-recursion",
+             tmpdir);
+    int rc = system(cmd);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matches_recursion),
-        cmocka_unit_test(test_invariants),
+        cmocka_unit_test_setup(test_matches_recursion, use_default),
+        cmocka_unit_test_setup(test_invariants, use_default),
+        cmocka_unit_test_setup_teardown(test_matches_recursion, use_program, use_default),
+        cmocka_unit_test_setup_teardown(test_invariants, use_program, use_default),
+        cmocka_unit_test(test_direct_matches_evaluator),
+        cmocka_unit_test(test_direct_errors),
+        cmocka_unit_test(test_evaluator_attribute),
         cmocka_unit_test(test_executor),
     };
     return cmocka_run_group_tests_name("transformer", tests, setup, tu_teardown);

@@ -230,6 +230,7 @@ int cli_kernel_job(cli_kernel *k, int argc, char **argv, int *usage_error, tpk_c
     k->njsets = nsets;
     k->nattrs = nattrs;
     k->job = (tpk_job){.label = k->a ? k->a->name : "program",
+                       .direct = k->a ? k->a->direct : NULL,
                        .program = k->a ? (k->a->program ? k->prog : NULL) : k->program,
                        .sets = sets, .nsets = nsets, .netsor_plus = k->netsor_plus,
                        .input = k->input, .test = k->test, .output = k->output,

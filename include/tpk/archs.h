@@ -28,6 +28,10 @@ typedef struct tpk_arch {
     const char *defaults;       /* the tools' defaults, "param=value,..." (before the flags) */
     const char *fixed;          /* settings applied after the flags, "param=value,..." */
     int (*custom)(const tpk_job *job, tpk_ctx *ctx); /* NULL: tpk_job_kernel */
+    /* A direct recursion of the same limit (NULL: none): the architecture's jobs set it as
+     * tpk_job.direct, which computes in place of the NETSOR evaluator on the loaded program
+     * unless the environment sets TPK_EVALUATOR=program. */
+    tpk_direct_kernel direct;
 } tpk_arch;
 
 /* The custom jobs of the table (app/job_cnn.c, app/attention_job.c). */

@@ -18,6 +18,13 @@ typedef struct tpk_attr {
     const char *value; /* written as a double when it parses as one, else as a string */
 } tpk_attr;
 
+/* A direct recursion that computes the limit of a loaded program (an architecture's
+ * tpk_arch.direct): from the program's final parameter values, on the batch X, all_outputs as
+ * for tpk_netsor_kernel; *K allocated, err (may be NULL) its bound. */
+typedef int (*tpk_direct_kernel)(const tpk_program *p, const tpk_phi_registry *reg,
+                                 const tpk_array *X, int all_outputs, const tpk_progress *prog,
+                                 tpk_array **K, double *err, tpk_ctx *ctx);
+
 typedef struct tpk_job {
     const char *label;          /* "architecture" attribute: "mlp", "rnn", or "program" */
     const char *program;        /* .nsr path */
@@ -38,6 +45,10 @@ typedef struct tpk_job {
     const tpk_progress *progress; /* the evaluator's or executor's progress reports and cancel
                                  * flag (include/tpk/progress.h); NULL: none. A cancelled job
                                  * returns TPK_ECANCELED and leaves no output file */
+    tpk_direct_kernel direct;   /* computes the kernel in place of the NETSOR evaluator (set by
+                                 * the architecture jobs from tpk_arch.direct; the output's
+                                 * "evaluator" attribute says so). NULL, a job->source, or
+                                 * TPK_EVALUATOR=program in the environment: the evaluator */
 } tpk_job;
 
 /* Infinite-width kernel: /kernel, and with a test set /kernel_test_train and /kernel_test_diag. */

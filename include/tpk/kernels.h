@@ -4,6 +4,7 @@
 
 #include "array.h"
 #include "gauss.h"
+#include "progress.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,6 +45,38 @@ TPK_API int tpk_mlp_diag(const tpk_mlp_params *p, const tpk_array *X, const tpk_
 TPK_API int tpk_mlp_kernel_cross(const tpk_mlp_params *p, const tpk_array *Xr, const double *qr,
                                  const tpk_array *Xc, const double *qc, const tpk_gauss_ws *ws,
                                  double *K, double *err, tpk_ctx *ctx);
+
+/* Transformer of Tensor Programs I (theory.md §2.7; the model of programs/transformer.nsr):
+ * token embedding, then per layer causal single-head attention with query = key = value and 1/n
+ * logits, a post-LN residual, a φ feed-forward block with a post-LN residual; LN without affine
+ * part, LN(v) = (v − mean v)/sqrt(var v + eps); readout σ_v²⟨v, z_L⟩ of each token. Parameter
+ * names are the program's (and gpkernel's flags --var-e ... --ln-eps). */
+typedef struct tpk_transformer_params {
+    int depth;           /* layers L, >= 1 */
+    const tpk_phi *phi;  /* the feed-forward nonlinearity (the shipped program: relu) */
+    double var_e;        /* embedding E: entries N(0, var_e/d) */
+    double var_u;        /* key projections U_l: N(0, var_u/n) */
+    double var_w;        /* feed-forward W1_l, W2_l: N(0, var_w/n) */
+    double var_b;        /* feed-forward biases: N(0, var_b) */
+    double temp;         /* softmax temperature, > 0 */
+    double eps;          /* LN: added to the variance, >= 0 */
+    double sigma_v2;     /* readout variance */
+} tpk_transformer_params;
+
+/* Check the parameters; a clear message naming the flag for each violation. */
+TPK_API int tpk_transformer_params_check(const tpk_transformer_params *p, tpk_ctx *ctx);
+
+/* The limit kernel by the direct recursion (kernels/transformer.c) of tokens X (N × T × d):
+ * all_tokens = 1: every token of every sequence, (N·T)×(N·T), index a·T + i (gpkernel
+ * --all-times); 0: the last token of each sequence, N × N. *K is allocated (the caller frees it).
+ * ws may be NULL when φ has a closed form. prog (may be NULL) gets the layers done and its flag
+ * is read between them (TPK_ECANCELED). err (may be NULL): σ_v² times the largest per-layer
+ * bound of the φ map. TPK_EDOM names the token whose LN variance is zero (eps = 0) or not
+ * finite; TPK_ENUMERIC an entry that overflowed. */
+TPK_API int tpk_transformer_kernel(const tpk_transformer_params *p, const tpk_array *X,
+                                   int all_tokens, const tpk_gauss_ws *ws,
+                                   const tpk_progress *prog, tpk_array **K, double *err,
+                                   tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,240 @@
+/* Transformer NNGP kernel of Tensor Programs I by the direct layer recursion over all tokens
+ * (theory.md §2.7; the model of programs/transformer.nsr, which the NETSOR evaluator computes
+ * from the program text). One (N·T)×(N·T) covariance over every token of every sequence,
+ * sequence-major (index a·T + i), as GP4A's recursion writes it:
+ *   Σ^{z0}       = var_e X Xᵀ / d
+ *   Σ^k          = var_u Σ^z                           (k = U z)
+ *   A_a          = causal row softmax of Σ^k_aa / temp, per sequence a (1/n logits: their limit
+ *                  is deterministic, theory §2.7)
+ *   Σ^r_ab       = (I + A_a) Σ^k_ab (I + A_b)ᵀ          (r = k + Σ_j a_ij k_j)
+ *   Σ^h          = LN(Σ^r),  LN(S)_ij = S_ij / sqrt((S_ii + ε)(S_jj + ε))   (E r = 0)
+ *   Σ^q          = var_w V_φ(var_w Σ^h + var_b) + var_b + Σ^h   (feed-forward + residual)
+ *   Σ^z          = LN(Σ^q)
+ * and K = σ_v² Σ^{z_L}.
+ * Cost. The mixing maps are block-diagonal and lower triangular, so Σ^r is made block by block
+ * (b ≤ a) by two triangular products each: N(N+1)/2 · 2T³ flops a layer where the dense
+ * product of the whole matrices costs 4(NT)³. The first layer's Σ^k has rank d (an embedding's
+ * Gram): while d < T, Σ^r = (P F)(P F)ᵀ with F the scaled inputs, one SYRK of rank d. Every other
+ * step is one pass over the lower triangle. */
+#include "tpk/kernels.h"
+#include "tpk/alloc.h"
+#include "tpk/matmul.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+int tpk_transformer_params_check(const tpk_transformer_params *p, tpk_ctx *ctx)
+{
+    if (p->depth < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "depth must be at least 1 layer (got %d)", p->depth);
+    if (p->phi == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "no nonlinearity given");
+    const struct {
+        const char *name;
+        double v;
+    } var[] = {{"var-e", p->var_e}, {"var-u", p->var_u}, {"var-w", p->var_w},
+               {"var-b", p->var_b}, {"ln-eps", p->eps}, {"sigma-v2", p->sigma_v2}};
+    for (size_t i = 0; i < sizeof var / sizeof var[0]; i++)
+        if (!(var[i].v >= 0) || !isfinite(var[i].v))
+            return TPK_ERROR(ctx, TPK_EDOM, "%s must be a finite value >= 0 (got %g)", var[i].name,
+                             var[i].v);
+    if (!(p->temp > 0) || !isfinite(p->temp))
+        return TPK_ERROR(ctx, TPK_EDOM, "temp must be a finite temperature > 0 (got %g)", p->temp);
+    return TPK_OK;
+}
+
+/* Row blocks of the triangular products below: the blocked product does (1 + TRI_NB/T) of the
+ * triangle's flops. */
+#define TRI_NB 128
+
+/* Y = c·L·B with L lower triangular (T×T; its strict upper triangle is zero), B T×n: by column
+ * blocks K of L, Y[K0:, :] += c·L[K0:, K]·B[K, :] (tall products that split well over threads),
+ * by tpk_dgemm. Not dtrmm: OpenBLAS's threads spin for ~0.1 s after each of its calls and halve
+ * the speed of the OpenMP passes around them on two cores; the tuned GEMM runs on the OpenMP
+ * threads of those passes. */
+static int tri_left(size_t T, size_t n, double c, const double *L, const double *B, size_t ldb,
+                    double *Y, size_t ldy, tpk_ctx *ctx)
+{
+    int st = TPK_OK;
+    for (size_t k0 = 0; st == TPK_OK && k0 < T; k0 += TRI_NB) {
+        size_t kb = k0 + TRI_NB < T ? TRI_NB : T - k0;
+        st = tpk_dgemm(TPK_NO_TRANS, TPK_NO_TRANS, T - k0, n, kb, c, L + k0 * T + k0, T,
+                       B + k0 * ldb, ldb, k0 ? 1.0 : 0.0, Y + k0 * ldy, ldy, ctx);
+    }
+    return st;
+}
+
+/* S = Y·Lᵀ with L lower triangular (T×T, strict upper triangle zero), Y m×T: by row blocks K of
+ * L, S[:, K0:] += Y[:, K]·L[K0:, K]ᵀ, as tri_left. */
+static int tri_right(size_t m, size_t T, const double *Y, size_t ldy, const double *L, double *S,
+                     size_t lds, tpk_ctx *ctx)
+{
+    int st = TPK_OK;
+    for (size_t k0 = 0; st == TPK_OK && k0 < T; k0 += TRI_NB) {
+        size_t kb = k0 + TRI_NB < T ? TRI_NB : T - k0;
+        st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, m, T - k0, kb, 1.0, Y + k0, ldy, L + k0 * T + k0,
+                       T, k0 ? 1.0 : 0.0, S + k0, lds, ctx);
+    }
+    return st;
+}
+
+/* P_a = I + causal row softmax of c·S_aa (S: M×M, lower triangle read), T×T per sequence, the
+ * strict upper triangle zero. */
+static void mixing(const double *S, size_t N, size_t T, double c, double *P)
+{
+    const size_t M = N * T;
+#pragma omp parallel for schedule(dynamic, 32)
+    for (size_t r = 0; r < M; r++) {
+        size_t a = r / T, i = r % T;
+        const double *s = S + r * M + a * T;
+        double *o = P + r * T, mx = -INFINITY, z = 0;
+        for (size_t j = 0; j <= i; j++)
+            mx = fmax(mx, c * s[j]);
+        for (size_t j = 0; j <= i; j++)
+            z += (o[j] = exp(c * s[j] - mx));
+        for (size_t j = 0; j <= i; j++)
+            o[j] /= z;
+        o[i] += 1.0;
+        memset(o + i + 1, 0, (T - i - 1) * sizeof *o);
+    }
+}
+
+/* The upper triangle of each T×T diagonal block from its lower one (the triangular products read
+ * whole blocks). */
+static void mirror_diagonal_blocks(double *S, size_t N, size_t T)
+{
+    const size_t M = N * T;
+#pragma omp parallel for schedule(dynamic, 32)
+    for (size_t r = 0; r < M; r++) {
+        size_t a = r / T, i = r % T;
+        for (size_t j = i + 1; j < T; j++)
+            S[r * M + a * T + j] = S[(a * T + j) * M + r];
+    }
+}
+
+/* D_i = 1/sqrt(S_ii + T_ii + ε) (Tm may be NULL); TPK_EDOM naming the token when it is not
+ * finite (a token whose prefix is all zero, with ε = 0). */
+static int ln_factors(const double *S, const double *Tm, size_t M, size_t T, double eps, int layer,
+                      const char *what, double *D, tpk_ctx *ctx)
+{
+    for (size_t i = 0; i < M; i++) {
+        double v = S[i * M + i] + (Tm ? Tm[i * M + i] : 0) + eps;
+        D[i] = 1.0 / sqrt(v);
+        if (!(v > 0) || !isfinite(D[i]))
+            return TPK_ERROR(ctx, TPK_EDOM, "layer %d: the %s of token %zu of sequence %zu has "
+                             "variance %g (%s; ln-eps > 0 keeps it finite)", layer, what,
+                             i % T + 1, i / T + 1, v, v > 0 ? "overflow" : "zero signal");
+    }
+    return TPK_OK;
+}
+
+int tpk_transformer_kernel(const tpk_transformer_params *p, const tpk_array *X, int all_tokens,
+                           const tpk_gauss_ws *ws, const tpk_progress *prog, tpk_array **K,
+                           double *err, tpk_ctx *ctx)
+{
+    *K = NULL;
+    if (err)
+        *err = 0;
+    int st = tpk_transformer_params_check(p, ctx);
+    if (st)
+        return st;
+    if (!X || !X->data || X->ndim != 3 || X->dims[0] == 0 || X->dims[1] == 0 || X->dims[2] == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tokens are N × T × d with N, T, d >= 1 (got rank %d)",
+                         X ? X->ndim : 0);
+    const size_t N = X->dims[0], T = X->dims[1], d = X->dims[2], M = N * T;
+    if (M / N != T || M > ((size_t)1 << 31) || M * M / M != M)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%zu sequences of %zu tokens are too many for one kernel",
+                         N, T);
+    tpk_array *Z = tpk_array_alloc2(M, M, ctx); /* Σ^z, then (all tokens) K itself */
+    double *R = tpk_malloc(ctx, M * M * sizeof *R), *P = tpk_malloc(ctx, M * T * sizeof *P);
+    double *D = tpk_malloc(ctx, M * sizeof *D);
+    const int lowrank = d < T;
+    if (!Z || !R || !P || !D) {
+        st = ctx->status ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
+    double *S = Z->data, emax = 0;
+    st = tpk_dsyrk_lower(TPK_NO_TRANS, M, d, p->var_e / (double)d, X->data, d, 0.0, S, M, ctx);
+    for (int l = 0; st == TPK_OK && l < p->depth; l++) {
+        if ((st = tpk_progress_report(prog, "layers", (size_t)l, (size_t)p->depth, ctx)))
+            break;
+        mixing(S, N, T, p->var_u / p->temp, P);
+        if (l == 0 && lowrank) { /* Σ^r = var_u (P F)(P F)ᵀ, F = sqrt(var_e/d) X; P F in R */
+            const double c = sqrt(p->var_e / (double)d);
+            for (size_t a = 0; st == TPK_OK && a < N; a++)
+                st = tri_left(T, d, c, P + a * T * T, X->data + a * T * d, d, R + a * T * d, d, ctx);
+            if (st == TPK_OK)
+                st = tpk_dsyrk_lower(TPK_NO_TRANS, M, d, p->var_u, R, d, 0.0, S, M, ctx);
+        } else { /* Σ^r_ab = var_u P_a Σ^z_ab P_bᵀ, blocks b ≤ a: P_a Σ^z_ab into R, then back */
+            mirror_diagonal_blocks(S, N, T);
+            for (size_t a = 0; st == TPK_OK && a < N; a++)
+                for (size_t b = 0; st == TPK_OK && b <= a; b++) {
+                    size_t o = a * T * M + b * T;
+                    st = tri_left(T, T, p->var_u, P + a * T * T, S + o, M, R + o, M, ctx);
+                    if (st == TPK_OK)
+                        st = tri_right(T, T, R + o, M, P + b * T * T, S + o, M, ctx);
+                }
+        }
+        if (st || (st = ln_factors(S, NULL, M, T, p->eps, l + 1, "attention output", D, ctx)))
+            break;
+        /* Σ^h = LN(Σ^r) in S; the feed-forward pre-activation var_w Σ^h + var_b in R */
+        const double vw = p->var_w, vb = p->var_b;
+#pragma omp parallel for schedule(dynamic, 32)
+        for (size_t i = 0; i < M; i++)
+            for (size_t j = 0; j <= i; j++) {
+                double h = S[i * M + j] * D[i] * D[j];
+                S[i * M + j] = h;
+                R[i * M + j] = vw * h + vb;
+            }
+        double e = 0;
+        if ((st = tpk_gauss_map_affine_lower(p->phi, R, M, vw, vb, R, ws, &e, ctx)))
+            break;
+        emax = fmax(emax, e);
+        if ((st = ln_factors(S, R, M, T, p->eps, l + 1, "feed-forward output", D, ctx)))
+            break;
+        /* Σ^z = LN(Σ^f + Σ^h); the last layer takes the readout's σ_v² too */
+        const double sc = l == p->depth - 1 ? p->sigma_v2 : 1.0;
+#pragma omp parallel for schedule(dynamic, 32)
+        for (size_t i = 0; i < M; i++)
+            for (size_t j = 0; j <= i; j++)
+                S[i * M + j] = sc * (R[i * M + j] + S[i * M + j]) * D[i] * D[j];
+    }
+    if (st == TPK_OK)
+        st = tpk_progress_report(prog, "layers", (size_t)p->depth, (size_t)p->depth, ctx);
+    if (st)
+        goto done;
+    if (all_tokens) {
+#pragma omp parallel for schedule(dynamic, 32)
+        for (size_t i = 0; i < M; i++)
+            for (size_t j = i + 1; j < M; j++)
+                S[i * M + j] = S[j * M + i];
+        *K = Z;
+        Z = NULL;
+    } else { /* the last token of each sequence */
+        if (!(*K = tpk_array_alloc2(N, N, ctx))) {
+            st = ctx->status;
+            goto done;
+        }
+        for (size_t a = 0; a < N; a++)
+            for (size_t b = 0; b <= a; b++)
+                (*K)->data[a * N + b] = (*K)->data[b * N + a] = S[(a * T + T - 1) * M + b * T + T - 1];
+    }
+    const size_t n = (*K)->dims[0];
+    for (size_t i = 0; i < n * n; i++)
+        if (!isfinite((*K)->data[i])) {
+            st = TPK_ERROR(ctx, TPK_ENUMERIC, "limit kernel has a non-finite entry (%zu, %zu)",
+                           i / n, i % n);
+            tpk_array_free(*K);
+            *K = NULL;
+            break;
+        }
+    if (err && st == TPK_OK)
+        *err = p->sigma_v2 * emax;
+done:
+    tpk_array_free(Z);
+    tpk_free(ctx, R);
+    tpk_free(ctx, P);
+    tpk_free(ctx, D);
+    return st;
+}
