@@ -12,8 +12,10 @@
  *   Σ^z          = LN(Σ^q)
  * and K = σ_v² Σ^{z_L}.
  * Cost. The mixing maps are block-diagonal and lower triangular, so Σ^r is made block by block
- * (b ≤ a) by two triangular products each: N(N+1)/2 · 2T³ flops a layer where the dense
- * product of the whole matrices costs 4(NT)³. The first layer's Σ^k has rank d (an embedding's
+ * (b ≤ a) by two triangular products each, the second only for the lower triangle on diagonal
+ * blocks: about (N² + N/3)·T³ flops a layer where the dense product of the whole matrices costs
+ * 4(NT)³. (dtrmm is OpenBLAS's, on the OpenMP threads of the passes around it where the
+ * Makefile links OpenBLAS's OpenMP build.) The first layer's Σ^k has rank d (an embedding's
  * Gram): while d < T, Σ^r = (P F)(P F)ᵀ with F the scaled inputs, one SYRK of rank d. Every other
  * step is one pass over the lower triangle. */
 #include "tpk/kernels.h"
@@ -48,11 +50,9 @@ int tpk_transformer_params_check(const tpk_transformer_params *p, tpk_ctx *ctx)
  * triangle's flops. */
 #define TRI_NB 128
 
-/* Y = c·L·B with L lower triangular (T×T; its strict upper triangle is zero), B T×n: by column
- * blocks K of L, Y[K0:, :] += c·L[K0:, K]·B[K, :] (tall products that split well over threads),
- * by tpk_dgemm. Not dtrmm: OpenBLAS's threads spin for ~0.1 s after each of its calls and halve
- * the speed of the OpenMP passes around them on two cores; the tuned GEMM runs on the OpenMP
- * threads of those passes. */
+/* Y = c·L·B with L lower triangular (T×T; its strict upper triangle is zero), B T×n, out of place
+ * (B is the caller's input): by column blocks K of L, Y[K0:, :] += c·L[K0:, K]·B[K, :], tall
+ * products by tpk_dgemm. */
 static int tri_left(size_t T, size_t n, double c, const double *L, const double *B, size_t ldb,
                     double *Y, size_t ldy, tpk_ctx *ctx)
 {
@@ -65,16 +65,17 @@ static int tri_left(size_t T, size_t n, double c, const double *L, const double 
     return st;
 }
 
-/* S = Y·Lᵀ with L lower triangular (T×T, strict upper triangle zero), Y m×T: by row blocks K of
- * L, S[:, K0:] += Y[:, K]·L[K0:, K]ᵀ, as tri_left. */
-static int tri_right(size_t m, size_t T, const double *Y, size_t ldy, const double *L, double *S,
-                     size_t lds, tpk_ctx *ctx)
+/* The lower triangle of S = Y·Lᵀ (L lower triangular T×T, Y T×T): column blocks J of S from
+ * their first row down, S[J0:, J] = Y[J0:, :J1]·L[J, :J1]ᵀ — a third of tri_right's flops, for
+ * the diagonal blocks of Σ^r, which are symmetric. */
+static int tri_right_lower(size_t T, const double *Y, size_t ldy, const double *L, double *S,
+                           size_t lds, tpk_ctx *ctx)
 {
     int st = TPK_OK;
-    for (size_t k0 = 0; st == TPK_OK && k0 < T; k0 += TRI_NB) {
-        size_t kb = k0 + TRI_NB < T ? TRI_NB : T - k0;
-        st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, m, T - k0, kb, 1.0, Y + k0, ldy, L + k0 * T + k0,
-                       T, k0 ? 1.0 : 0.0, S + k0, lds, ctx);
+    for (size_t j0 = 0; st == TPK_OK && j0 < T; j0 += TRI_NB) {
+        size_t j1 = j0 + TRI_NB < T ? j0 + TRI_NB : T;
+        st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, T - j0, j1 - j0, j1, 1.0, Y + j0 * ldy, ldy,
+                       L + j0 * T, T, 0.0, S + j0 * lds + j0, lds, ctx);
     }
     return st;
 }
@@ -166,14 +167,23 @@ int tpk_transformer_kernel(const tpk_transformer_params *p, const tpk_array *X, 
                 st = tri_left(T, d, c, P + a * T * T, X->data + a * T * d, d, R + a * T * d, d, ctx);
             if (st == TPK_OK)
                 st = tpk_dsyrk_lower(TPK_NO_TRANS, M, d, p->var_u, R, d, 0.0, S, M, ctx);
-        } else { /* Σ^r_ab = var_u P_a Σ^z_ab P_bᵀ, blocks b ≤ a: P_a Σ^z_ab into R, then back */
+        } else { /* Σ^r_ab = var_u P_a Σ^z_ab P_bᵀ, blocks b ≤ a, in place; a diagonal block's
+                  * lower triangle by tri_right_lower through R */
             mirror_diagonal_blocks(S, N, T);
             for (size_t a = 0; st == TPK_OK && a < N; a++)
                 for (size_t b = 0; st == TPK_OK && b <= a; b++) {
                     size_t o = a * T * M + b * T;
-                    st = tri_left(T, T, p->var_u, P + a * T * T, S + o, M, R + o, M, ctx);
-                    if (st == TPK_OK)
-                        st = tri_right(T, T, R + o, M, P + b * T * T, S + o, M, ctx);
+                    const double *Pa = P + a * T * T, *Pb = P + b * T * T;
+                    st = tpk_dtrmm(TPK_LEFT, TPK_LOWER, TPK_NO_TRANS, T, T, p->var_u, Pa, T, S + o,
+                                   M, ctx);
+                    if (st == TPK_OK && a == b) {
+                        st = tri_right_lower(T, S + o, M, Pa, R + o, M, ctx);
+                        for (size_t i = 0; st == TPK_OK && i < T; i++)
+                            memcpy(S + o + i * M, R + o + i * M, (i + 1) * sizeof *S);
+                    } else if (st == TPK_OK) {
+                        st = tpk_dtrmm(TPK_RIGHT, TPK_LOWER, TPK_TRANS, T, T, 1.0, Pb, T, S + o, M,
+                                       ctx);
+                    }
                 }
         }
         if (st || (st = ln_factors(S, NULL, M, T, p->eps, l + 1, "attention output", D, ctx)))

@@ -350,7 +350,8 @@ static tpk_array *evaluator_kernel(const tpk_array *x, int L, const double *v, i
 /* tpk_transformer_kernel against the NETSOR evaluator on the program, two implementations of
  * theory §2.7 that share no code but the φ map: shapes with d < T (the rank-d first layer) and
  * d >= T (the block products from the start), one token, one sequence, sequences of unequal
- * scale, every setting away from its default, both readouts. */
+ * scale, T beyond one block of the blocked products, every setting away from its default, both
+ * readouts. */
 static void test_direct_matches_evaluator(void **state)
 {
     (void)state;
@@ -364,6 +365,9 @@ static void test_direct_matches_evaluator(void **state)
         {1, 1, 4, 1, {1.0, 1.0, 1.0, 0.5, 1.0, 0.0, 2.0}},
         {4, 6, 6, 2, {2.0, 0.3, 1.2, 0.1, 0.4, 1e-12, 1.0}},
         {2, 9, 3, 4, {1.0, 2.0, 2.0, 0.3, 1.5, 0.05, 0.7}},
+        /* more tokens than one block of the blocked triangular products, not a multiple of it */
+        {2, 300, 5, 2, {1.1, 0.9, 1.3, 0.1, 0.8, 1e-12, 1.0}},
+        {1, 260, 300, 2, {0.7, 1.2, 1.0, 0.0, 1.2, 1e-6, 1.3}},
     };
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
