@@ -84,7 +84,8 @@ static const tpk_arch archs[] = {
      NULL, NULL},
     {"transformer", "programs/transformer.nsr", "data/demo-tokens.npy",
      "Tensor Programs I transformer: causal single-head attention (q = k = v, 1/n logits), "
-     "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7)",
+     "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7); computed by its direct "
+     "recursion, kernels/transformer.c (TPK_EVALUATOR=program: by the evaluator)",
      "depth=L,var-e=var_e,var-u=var_u,var-w=var_w,var-b=var_b,temp=temp,ln-eps=eps,"
      "sigma-v2=sigma_v2", "", "", NULL, transformer_direct},
     /* inv-n: programs/attention.nsr evaluated; inv-sqrt-n: the hierarchical limit (theory §5) */
