@@ -1,7 +1,8 @@
 /* Benchmark: the transformer kernel (theory.md §2.7) — programs/transformer.nsr run by the limit
- * evaluator against a straightforward direct implementation of the same recursion — at 64
- * sequences of 16 tokens, depth 4, over all tokens (1024 × 1024). Prints seconds, the ratio and
- * the largest difference. Not a test: no pass/fail. Arguments (`BIN 4096 --no-naive` from
+ * evaluator against a straightforward direct implementation of the same recursion and against
+ * the library's (tpk_transformer_kernel, what gpkernel --arch=transformer runs) — at 64
+ * sequences of 16 tokens, depth 4, over all tokens (1024 × 1024). Prints seconds, the ratios and
+ * the largest differences. Not a test: no pass/fail. Arguments (`BIN 4096 --no-naive` from
  * scripts/run-bench.sh) are accepted and ignored. */
 #include <math.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "tpk/job.h"
+#include "tpk/kernels.h"
 #include "tpk/netsor.h"
 #include "bench_util.h"
 
@@ -104,8 +106,11 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < tpk_array_size(x); i++) /* tokens: deterministic, varied */
         x->data[i] = sin(0.37 * (double)i + 1.3 * (double)(i % D)) + 0.3 * cos(0.011 * (double)i * (double)i);
-    double best_e = 1e30, best_d = 1e30, diff = 0;
-    tpk_array *K = NULL;
+    double best_e = 1e30, best_d = 1e30, best_l = 1e30, diff = 0, diff_l = 0;
+    tpk_array *K = NULL, *Kl = NULL;
+    tpk_phi *relu = tpk_phi_alloc(reg, "relu", &ctx);
+    const tpk_transformer_params tp = {.depth = L, .phi = relu, .var_e = 1, .var_u = 1, .var_w = 1,
+                                       .var_b = 0, .temp = 1, .eps = 1e-12, .sigma_v2 = 1};
     for (int rep = 0; rep < 3; rep++) {
         tpk_array_free(K);
         K = NULL;
@@ -118,7 +123,17 @@ int main(int argc, char **argv)
         t0 = bench_now();
         direct(x->data, Z, B, R, tmp);
         best_d = fmin(best_d, bench_now() - t0);
+        tpk_array_free(Kl);
+        Kl = NULL;
+        t0 = bench_now();
+        if (tpk_transformer_kernel(&tp, x, 1, NULL, NULL, &Kl, NULL, &ctx)) {
+            fprintf(stderr, "bench_transformer: %s\n", ctx.msg);
+            return 1;
+        }
+        best_l = fmin(best_l, bench_now() - t0);
     }
+    for (size_t i = 0; i < (size_t)M * M; i++)
+        diff_l = fmax(diff_l, fabs(Kl->data[i] - Z[i]));
     for (size_t i = 0; i < (size_t)M * M; i++)
         diff = fmax(diff, fabs(K->data[i] - Z[i]));
     printf("transformer kernel, %d sequences x %d tokens, depth %d, all tokens (%dx%d), best of 3:\n",
@@ -128,7 +143,13 @@ int main(int argc, char **argv)
     printf("  direct recursion (block (I+A) S (I+A)^T, 2-D ReLU closed forms):        %8.3f s\n",
            best_d);
     printf("  ratio evaluator / direct: %.2f; max |difference| %.2e\n", best_e / best_d, diff);
+    printf("  the library's direct recursion (tpk_transformer_kernel, gpkernel's):    %8.3f s\n",
+           best_l);
+    printf("  ratio evaluator / library direct: %.2f; max |difference| %.2e\n", best_e / best_l,
+           diff_l);
     tpk_array_free(K);
+    tpk_array_free(Kl);
+    tpk_phi_free(relu);
     tpk_array_free(x);
     tpk_program_free(p);
     tpk_phi_registry_free(reg);

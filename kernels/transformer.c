@@ -11,9 +11,9 @@
  *   Σ^q          = var_w V_φ(var_w Σ^h + var_b) + var_b + Σ^h   (feed-forward + residual)
  *   Σ^z          = LN(Σ^q)
  * and K = σ_v² Σ^{z_L}.
- * Cost. The mixing maps are block-diagonal and lower triangular, so Σ^r is made block by block
- * (b ≤ a) by two triangular products each, the second only for the lower triangle on diagonal
- * blocks: about (N² + N/3)·T³ flops a layer where the dense product of the whole matrices costs
+ * Cost. The mixing maps are block-diagonal and lower triangular, so Σ^r is made on the blocks
+ * b ≤ a by triangular products of row and column slabs, the second only for the lower triangle
+ * on diagonal blocks: about (N² + N/3)·T³ flops a layer where the dense product of the whole matrices costs
  * 4(NT)³. (dtrmm is OpenBLAS's, on the OpenMP threads of the passes around it where the
  * Makefile links OpenBLAS's OpenMP build.) The first layer's Σ^k has rank d (an embedding's
  * Gram): while d < T, Σ^r = (P F)(P F)ᵀ with F the scaled inputs, one SYRK of rank d. Every other
@@ -167,24 +167,25 @@ int tpk_transformer_kernel(const tpk_transformer_params *p, const tpk_array *X, 
                 st = tri_left(T, d, c, P + a * T * T, X->data + a * T * d, d, R + a * T * d, d, ctx);
             if (st == TPK_OK)
                 st = tpk_dsyrk_lower(TPK_NO_TRANS, M, d, p->var_u, R, d, 0.0, S, M, ctx);
-        } else { /* Σ^r_ab = var_u P_a Σ^z_ab P_bᵀ, blocks b ≤ a, in place; a diagonal block's
-                  * lower triangle by tri_right_lower through R */
+        } else { /* Σ^r_ab = var_u P_a Σ^z_ab P_bᵀ on the blocks b ≤ a, in place: each row slab
+                  * of them times P_a, then each column slab times P_bᵀ (2N products, whatever
+                  * the number of blocks); a diagonal block's lower triangle by
+                  * tri_right_lower through R */
             mirror_diagonal_blocks(S, N, T);
             for (size_t a = 0; st == TPK_OK && a < N; a++)
-                for (size_t b = 0; st == TPK_OK && b <= a; b++) {
-                    size_t o = a * T * M + b * T;
-                    const double *Pa = P + a * T * T, *Pb = P + b * T * T;
-                    st = tpk_dtrmm(TPK_LEFT, TPK_LOWER, TPK_NO_TRANS, T, T, p->var_u, Pa, T, S + o,
-                                   M, ctx);
-                    if (st == TPK_OK && a == b) {
-                        st = tri_right_lower(T, S + o, M, Pa, R + o, M, ctx);
-                        for (size_t i = 0; st == TPK_OK && i < T; i++)
-                            memcpy(S + o + i * M, R + o + i * M, (i + 1) * sizeof *S);
-                    } else if (st == TPK_OK) {
-                        st = tpk_dtrmm(TPK_RIGHT, TPK_LOWER, TPK_TRANS, T, T, 1.0, Pb, T, S + o, M,
-                                       ctx);
-                    }
-                }
+                st = tpk_dtrmm(TPK_LEFT, TPK_LOWER, TPK_NO_TRANS, T, (a + 1) * T, p->var_u,
+                               P + a * T * T, T, S + a * T * M, M, ctx);
+            for (size_t b = 0; st == TPK_OK && b < N; b++) {
+                const double *Pb = P + b * T * T;
+                size_t o = b * T * M + b * T;
+                if (b + 1 < N)
+                    st = tpk_dtrmm(TPK_RIGHT, TPK_LOWER, TPK_TRANS, M - (b + 1) * T, T, 1.0, Pb, T,
+                                   S + o + T * M, M, ctx);
+                if (st == TPK_OK)
+                    st = tri_right_lower(T, S + o, M, Pb, R + o, M, ctx);
+                for (size_t i = 0; st == TPK_OK && i < T; i++)
+                    memcpy(S + o + i * M, R + o + i * M, (i + 1) * sizeof *S);
+            }
         }
         if (st || (st = ln_factors(S, NULL, M, T, p->eps, l + 1, "attention output", D, ctx)))
             break;
