@@ -336,7 +336,10 @@ static void summarise(const tpk_job *job, const job_state *s, const tpk_array *K
     int nf = tpk_program_family_instructions(s->prog);
     if (strcmp(what, "kernel") == 0 && !tpk_program_limit_rolled(s->prog))
         nf = 0; /* the limit evaluator took the unrolled form */
-    if (nf > 0) /* the rolled form computed it (docs/netsor.md "Rolled programs") */
+    if (strcmp(what, "kernel") == 0 && job_direct(job)) /* the architecture's recursion */
+        fprintf(job->summary, "%s: %s (%s) by its direct recursion, %d outputs\n", what,
+                job->label ? job->label : "program", job->program, s->prog->noutputs);
+    else if (nf > 0) /* the rolled form computed it (docs/netsor.md "Rolled programs") */
         fprintf(job->summary, "%s: %s (%s), rolled: %d family instructions, %d outputs\n", what,
                 job->label ? job->label : "program", job->program, nf, s->prog->noutputs);
     else
