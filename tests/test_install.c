@@ -1,12 +1,13 @@
 /* `make install` / `make uninstall` into a staging folder (DESTDIR, PREFIX, LIBDIR) as a
  * packager runs them, and programs built against the result with pkg-config, shared and static
- * (scripts/check-install.sh; issue 17, item 5). */
+ * (scripts/check-install.sh; issue 17, item 5); and which OpenBLAS the build runs on. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <glob.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,8 +36,37 @@ static void test_staged_install(void **state)
     }
 }
 
+/* Where Debian's OpenMP build of OpenBLAS is installed, the programs run on it (the Makefile's
+ * run path; without it libopenblas.so.0 resolves to the pthread alternative, whose spinning
+ * workers slow the OpenMP loops beside them): this test program's own mapping says which. */
+static void test_openblas_build(void **state)
+{
+    (void)state;
+    glob_t g;
+    int have = glob("/usr/lib/*/openblas-openmp/libopenblas.so.0", 0, NULL, &g) == 0;
+    if (have)
+        globfree(&g);
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        skip();
+    char line[4096];
+    int openmp = 0, other = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "libopenblas")) {
+            openmp += strstr(line, "openblas-openmp") != NULL;
+            other += strstr(line, "openblas-openmp") == NULL;
+        }
+    fclose(f);
+    print_message("OpenBLAS mappings: %d of the OpenMP build, %d of another (OpenMP build %s)\n",
+                  openmp, other, have ? "installed" : "not installed");
+    assert_true(openmp + other > 0);
+    if (have)
+        assert_true(openmp > 0 && other == 0);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_staged_install)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_staged_install),
+                                       cmocka_unit_test(test_openblas_build)};
     return cmocka_run_group_tests_name("install", tests, setup, tu_teardown);
 }
