@@ -144,7 +144,7 @@ int tpk_transformer_kernel(const tpk_transformer_params *p, const tpk_array *X, 
         return TPK_ERROR(ctx, TPK_EINVAL, "tokens are N × T × d with N, T, d >= 1 (got rank %d)",
                          X ? X->ndim : 0);
     const size_t N = X->dims[0], T = X->dims[1], d = X->dims[2], M = N * T;
-    if (M / N != T || M > ((size_t)1 << 31) || M * M / M != M)
+    if (M / N != T || M > ((size_t)1 << 28)) /* M² doubles then fit a size_t */
         return TPK_ERROR(ctx, TPK_EINVAL, "%zu sequences of %zu tokens are too many for one kernel",
                          N, T);
     tpk_array *Z = tpk_array_alloc2(M, M, ctx); /* Σ^z, then (all tokens) K itself */
