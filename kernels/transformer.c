@@ -46,8 +46,8 @@ int tpk_transformer_params_check(const tpk_transformer_params *p, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-/* Row blocks of the triangular products below: the blocked product does (1 + TRI_NB/T) of the
- * triangle's flops. */
+/* Blocks of the triangular products below: a blocked product does about (1 + TRI_NB/T) times
+ * the triangle's flops. */
 #define TRI_NB 128
 
 /* Y = c·L·B with L lower triangular (T×T; its strict upper triangle is zero), B T×n, out of place
@@ -66,8 +66,8 @@ static int tri_left(size_t T, size_t n, double c, const double *L, const double 
 }
 
 /* The lower triangle of S = Y·Lᵀ (L lower triangular T×T, Y T×T): column blocks J of S from
- * their first row down, S[J0:, J] = Y[J0:, :J1]·L[J, :J1]ᵀ — a third of tri_right's flops, for
- * the diagonal blocks of Σ^r, which are symmetric. */
+ * their first row down, S[J0:, J] = Y[J0:, :J1]·L[J, :J1]ᵀ — a third of the full product's
+ * flops, for the diagonal blocks of Σ^r, which are symmetric. */
 static int tri_right_lower(size_t T, const double *Y, size_t ldy, const double *L, double *S,
                            size_t lds, tpk_ctx *ctx)
 {
