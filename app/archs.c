@@ -34,10 +34,14 @@ static int transformer_direct(const tpk_program *p, const tpk_phi_registry *reg,
     if (st)
         return st;
     if (!(L >= 1 && L <= 1e6 && L == floor(L)))
-        return TPK_ERROR(ctx, TPK_EINVAL, "the depth L must be a whole number of layers >= 1 (got %g)", L);
-    if (X->ndim != 3 || (double)X->dims[1] != T)
-        return TPK_ERROR(ctx, TPK_EINVAL, "transformer inputs are N x T x d token arrays with T = %g "
-                         "(got rank %d)", T, X->ndim);
+        return TPK_ERROR(ctx, TPK_EINVAL, "the depth L must be a whole number of layers >= 1 "
+                         "(got %g)", L);
+    if (X->ndim != 3)
+        return TPK_ERROR(ctx, TPK_EINVAL, "transformer inputs are N x T x d token arrays (got "
+                         "rank %d)", X->ndim);
+    if ((double)X->dims[1] != T)
+        return TPK_ERROR(ctx, TPK_EINVAL, "the inputs have %zu tokens per sequence, the program "
+                         "T = %g", X->dims[1], T);
     tpk_phi *relu = tpk_phi_alloc(reg, "relu", ctx);
     if (!relu)
         return ctx->status;
