@@ -93,7 +93,7 @@ export DEBIAN_FRONTEND=noninteractive
 # libhdf5-openmpi-dev repoints Debian's hdf5.pc alternative at the MPI flavour (a higher priority
 # than the serial one): builds that ask pkg-config for "hdf5" (other checkouts, other programs)
 # would switch HDF5 under them. Where it pointed before, it is put back afterwards.
-hdf5_pc=$(pkg-config --variable=pcfiledir hdf5 2>/dev/null)/hdf5.pc
+hdf5_pc=$(pkg-config --variable=pcfiledir hdf5 2>/dev/null || true)/hdf5.pc
 hdf5_was=$(readlink -f "$hdf5_pc" 2>/dev/null || true)
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086
