@@ -52,6 +52,36 @@ static int transformer_direct(const tpk_program *p, const tpk_phi_registry *reg,
     return st;
 }
 
+/* --arch=gru by kernels/gru.c: the program's parameter values drive the direct recursion of the
+ * same limit (theory.md §2.3). Agreement with the evaluator on the program and with the
+ * independent reference: tests/test_gru.c. */
+static int gru_direct(const tpk_program *p, const tpk_phi_registry *reg, const tpk_array *X,
+                      int all_outputs, const tpk_progress *prog, tpk_array **K, double *err,
+                      tpk_ctx *ctx)
+{
+    (void)reg;
+    double T;
+    tpk_gru_params gp = {0};
+    static const char *names[] = {"var_Uz", "var_Ur", "var_Uh", "var_Wz", "var_Wr",
+                                  "var_Wh", "var_bz", "var_br", "var_bh", "mu_bz",
+                                  "mu_br",  "mu_bh",  "sigma_v2"};
+    double *dst[] = {&gp.var_Uz, &gp.var_Ur, &gp.var_Uh, &gp.var_Wz, &gp.var_Wr,
+                     &gp.var_Wh, &gp.var_bz, &gp.var_br, &gp.var_bh, &gp.mu_bz,
+                     &gp.mu_br,  &gp.mu_bh,  &gp.sigma_v2};
+    int st = tpk_program_param_number(p, "T", &T, ctx);
+    for (int i = 0; i < 13 && !st; i++)
+        st = tpk_program_param_number(p, names[i], dst[i], ctx);
+    if (st)
+        return st;
+    if (X->ndim != 3)
+        return TPK_ERROR(ctx, TPK_EINVAL, "GRU inputs are N x T x d sequences (got rank %d)",
+                         X->ndim);
+    if ((double)X->dims[1] != T)
+        return TPK_ERROR(ctx, TPK_EINVAL, "the inputs have %zu steps per sequence, the program "
+                         "T = %g", X->dims[1], T);
+    return tpk_gru_kernel(&gp, X, all_outputs, prog, K, err, ctx);
+}
+
 static const tpk_arch archs[] = {
     {"mlp", "programs/mlp.nsr", "data/demo-inputs.csv",
      "deep fully connected network, any phi (theory.md §2.1)",
@@ -75,10 +105,11 @@ static const tpk_arch archs[] = {
     /* GRU / LSTM: issue-4 names, U_* on the input, W_* on the hidden state, biases N(mu, var) */
     {"gru", "programs/gru.nsr", "data/demo-sequences.npy",
      "erf-GRU of Tensor Programs I, gates (1+erf x)/2, h0 = 0; gate products as Gaussian "
-     "orthant probabilities (Genz, randomised QMC; theory.md §2.3)",
+     "orthant probabilities (Genz, randomised QMC; theory.md §2.3); computed by its direct "
+     "recursion, kernels/gru.c (TPK_EVALUATOR=program: by the evaluator)",
      "var-Uz=var_Uz,var-Ur=var_Ur,var-Uh=var_Uh,var-Wz=var_Wz,var-Wr=var_Wr,var-Wh=var_Wh,"
      "var-bz=var_bz,var-br=var_br,var-bh=var_bh,mu-bz=mu_bz,mu-br=mu_br,mu-bh=mu_bh,"
-     "sigma-v2=sigma_v2", "", "", NULL, NULL},
+     "sigma-v2=sigma_v2", "", "", NULL, gru_direct},
     {"lstm", "programs/lstm.nsr", "data/demo-sequences.npy",
      "LSTM, gates erf_sigmoid or sigmoid (--gate), cell tanh; E[gate gate'] closed or 2-D, "
      "E[tanh(c) tanh(c')] by randomised QMC (theory.md §2.4)",

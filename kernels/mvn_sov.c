@@ -104,6 +104,29 @@ double tpk_mvn_sov_sum_ref(int m, const double *L, const double *b, const double
     return s;
 }
 
+void tpk_mvn_sov_prefix_ref(int m, const double *L, const double *b, const double *u, int B,
+                            double *sums)
+{
+    double y[TPK_MVN_SOV_MAXDIM];
+    if (m < 1 || m > TPK_MVN_SOV_MAXDIM)
+        return;
+    for (int p = 0; p < B; p++) {
+        double e = factor(b[0], L[0]), f = e;
+        sums[0] += f;
+        for (int i = 1; i < m; i++) {
+            const double *Li = L + (size_t)i * (size_t)m;
+            double lp = L[(size_t)(i - 1) * (size_t)m + i - 1];
+            y[i - 1] = lp > 0 ? Phi_inv(u[(size_t)(i - 1) * TPK_MVN_SOV_BLK + p] * e) : 0.0;
+            double x = b[i];
+            for (int k = 0; k < i; k++)
+                x -= Li[k] * y[k];
+            e = factor(x, Li[i]);
+            f *= e;
+            sums[i] += f;
+        }
+    }
+}
+
 /* ---- the SIMD kernel ------------------------------------------------------------------------ */
 
 /* Σ c_i t^(n−1−i): Horner with the coefficients highest degree first. */
@@ -197,25 +220,24 @@ static inline gv gv_Phi_inv(gv p)
     return x;
 }
 
-double tpk_mvn_sov_sum(int m, const double *L, const double *b, const double *u,
-                       const double *shift, int B)
+/* The SIMD body of tpk_mvn_sov_sum and tpk_mvn_sov_prefix over Bv (a multiple of the lanes)
+ * points: variable by variable over all the points, so that the vectors of one step, which are
+ * independent, overlap their Φ / Φ⁻¹ chains (one vector at a time would wait on each step's
+ * latency). Returns Σ_p Π_i e_i; with sums, also adds Σ_p Π_{i≤k} e_i to sums[k] for every k. */
+static double sov_simd(int m, const double *L, const double *b, const double *u,
+                       const double *shift, int Bv, double *sums)
 {
-    if (m < 1 || m > TPK_MVN_SOV_MAXDIM)
-        return 0.0;
-    const int Bv = B - B % GV_LANES;
-    double s = Bv < B ? tpk_mvn_sov_sum_ref(m, L, b, u + Bv, shift, B - Bv) : 0.0;
-    if (Bv == 0)
-        return s;
-    /* variable by variable over all the points: the vectors of one step are independent, so
-     * their Φ / Φ⁻¹ chains overlap (one vector at a time would wait on each step's latency) */
     double y[TPK_MVN_SOV_MAXDIM - 1][TPK_MVN_SOV_BLK], e[TPK_MVN_SOV_BLK], f[TPK_MVN_SOV_BLK];
     const double e0 = factor(b[0], L[0]);
     for (int p = 0; p < Bv; p++)
         e[p] = f[p] = e0;
+    if (sums)
+        sums[0] += e0 * Bv;
     for (int i = 1; i < m; i++) {
         const double *Li = L + (size_t)i * (size_t)m, *ui = u + (size_t)(i - 1) * TPK_MVN_SOV_BLK;
         double lp = L[(size_t)(i - 1) * (size_t)m + i - 1], lii = Li[i];
         gv d = gv_set1(shift ? shift[i - 1] : 0.0), inv = gv_set1(lii > 0 ? 1.0 / lii : 0.0);
+        gv acc = gv_set1(0.0);
         double *yp = y[i - 1];
         for (int p = 0; p < Bv; p += GV_LANES) {
             gv uv = gv_load(ui + p);
@@ -232,17 +254,43 @@ double tpk_mvn_sov_sum(int m, const double *L, const double *b, const double *u,
             gv ev = lii > 0 ? gv_Phi(gv_mul(x, inv))
                             : gv_select(gv_not_le(x, gv_set1(0.0)), gv_set1(1.0), gv_set1(0.0));
             gv_store(e + p, ev);
-            gv_store(f + p, gv_mul(gv_load(f + p), ev));
+            gv fv = gv_mul(gv_load(f + p), ev);
+            gv_store(f + p, fv);
+            acc = gv_add(acc, fv);
+        }
+        if (sums) {
+            double lane[GV_LANES];
+            gv_store(lane, acc);
+            for (int l = 0; l < GV_LANES; l++)
+                sums[i] += lane[l];
         }
     }
-    gv acc = gv_set1(0.0);
-    for (int p = 0; p < Bv; p += GV_LANES)
-        acc = gv_add(acc, gv_load(f + p));
-    double lane[GV_LANES];
-    gv_store(lane, acc);
-    for (int l = 0; l < GV_LANES; l++)
-        s += lane[l];
+    double s = 0.0;
+    for (int p = 0; p < Bv; p++)
+        s += f[p];
     return s;
+}
+
+double tpk_mvn_sov_sum(int m, const double *L, const double *b, const double *u,
+                       const double *shift, int B)
+{
+    if (m < 1 || m > TPK_MVN_SOV_MAXDIM)
+        return 0.0;
+    const int Bv = B - B % GV_LANES;
+    double s = Bv < B ? tpk_mvn_sov_sum_ref(m, L, b, u + Bv, shift, B - Bv) : 0.0;
+    return Bv > 0 ? s + sov_simd(m, L, b, u, shift, Bv, NULL) : s;
+}
+
+void tpk_mvn_sov_prefix(int m, const double *L, const double *b, const double *u, int B,
+                        double *sums)
+{
+    if (m < 1 || m > TPK_MVN_SOV_MAXDIM)
+        return;
+    const int Bv = B - B % GV_LANES;
+    if (Bv < B)
+        tpk_mvn_sov_prefix_ref(m, L, b, u + Bv, B - Bv, sums);
+    if (Bv > 0)
+        sov_simd(m, L, b, u, NULL, Bv, sums);
 }
 
 void tpk_mvn_normals(int n, const double *u, const double *shift, double *out)

@@ -18,6 +18,9 @@
 #include <string.h>
 
 #include "tpk/job.h"
+#include "tpk/kernels.h"
+#include <omp.h>
+#include <signal.h>
 #include <gsl/gsl_cdf.h>
 
 #include "tpk/limits.h"
@@ -739,6 +742,177 @@ static void test_lstm_joint(void **state)
     tpk_phi_registry_free(reg);
 }
 
+/* ---- the direct recursion (kernels/gru.c, gpkernel --arch=gru) ------------------------------- */
+
+static tpk_gru_params direct_params(const double *v13)
+{
+    tpk_gru_params g = {0};
+    double *dst[] = {&g.var_Uz, &g.var_Ur, &g.var_Uh, &g.var_Wz, &g.var_Wr, &g.var_Wh, &g.var_bz,
+                     &g.var_br, &g.var_bh, &g.mu_bz,  &g.mu_br,  &g.mu_bh,  &g.sigma_v2};
+    for (int i = 0; i < 13; i++)
+        *dst[i] = v13[i];
+    return g;
+}
+
+static const double test_v13[13] = {0.9, 1.1, 1.2, 0.8, 1.3, 0.7, 0.15, 0.1, 0.2, 0.1, -0.2, 0.05, 1.1};
+
+/* Against the independent recursion of this file (T = 2), and the independent reference of
+ * scripts/gru_reference.py (3 × 4, distinct input variances) at the default budget: the issue's
+ * 1e-7, and within REF_SE combined standard errors of the reference. */
+static void test_direct_reference(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    {
+        enum { T = 2, M = N * T };
+        tpk_array *x = seq_array(T, &ctx), *K = NULL;
+        tpk_gru_params g = direct_params(test_v13);
+        double err = -1;
+        assert_int_equal(tpk_gru_kernel(&g, x, 1, NULL, &K, &err, &ctx), TPK_OK);
+        static double R[M * M];
+        gru_reference(x->data, R);
+        /* T = 2: every gate product has at most 4 gates, exact in both back ends */
+        tpk_phi_registry *reg = tpk_job_registry(&ctx);
+        tpk_program *p = load("programs/gru.nsr", T, NULL, 0, reg, &ctx);
+        tpk_array *Ke = NULL;
+        double ee = -1;
+        assert_int_equal(tpk_netsor_kernel(p, x, 1, &Ke, &ee, &ctx), TPK_OK);
+        double worst = 0, scale = 0, dev = 0;
+        for (int i = 0; i < M * M; i++) {
+            scale = fmax(scale, fabs(R[i]));
+            worst = fmax(worst, fabs(K->data[i] - R[i]));
+            dev = fmax(dev, fabs(K->data[i] - Ke->data[i]));
+        }
+        print_message("GRU direct T=2: vs recursion max relative error %.2e, vs evaluator max "
+                      "|diff| %.2e (error estimates %.2e, %.2e)\n", worst / scale, dev, err, ee);
+        assert_true(worst <= TOL_GRU * scale && err >= 0 && err < 1e-12);
+        assert_true(dev <= 1e-12);
+        tpk_array_free(Ke);
+        tpk_program_free(p);
+        tpk_phi_registry_free(reg);
+        tpk_array_free(K);
+        tpk_array_free(x);
+    }
+    size_t dims[3] = {GREF_N, GREF_T, GREF_D};
+    tpk_array *x = tpk_array_alloc(3, dims, &ctx), *K = NULL;
+    memcpy(x->data, gref_x, sizeof gref_x);
+    tpk_gru_params g = direct_params(gref_param);
+    double err = -1;
+    assert_int_equal(tpk_gru_kernel(&g, x, 1, NULL, &K, &err, &ctx), TPK_OK);
+    double worst = 0, worst_se = 0;
+    for (int i = 0; i < GREF_N * GREF_T * GREF_N * GREF_T; i++) {
+        double d = fabs(K->data[i] - gref_K[i]);
+        worst = fmax(worst, d);
+        worst_se = fmax(worst_se, d / (err + gref_err_max));
+    }
+    print_message("GRU direct 3x4 vs independent reference: max |diff| %.2e, error estimate %.2e "
+                  "(reference %.1e), %.2f combined SE\n", worst, err, gref_err_max, worst_se);
+    assert_true(worst <= TOL_REF);
+    assert_true(worst <= REF_SE * (err + gref_err_max));
+    check_kernel(K, err);
+    tpk_array_free(K);
+    tpk_array_free(x);
+}
+
+/* The direct recursion and the NETSOR evaluator on programs/gru.nsr compute the same limit by
+ * different orders of integration (nested windows vs one Genz–Bretz problem each): T = 4, the
+ * evaluator at tight tolerances, within 5 of their combined error estimates; the last step alone
+ * is the last-step block of the all-times kernel. */
+static void test_direct_vs_evaluator(void **state)
+{
+    (void)state;
+    enum { T = 4, M = N * T };
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_program *p = load("programs/gru.nsr", T, NULL, 0, reg, &ctx);
+    tpk_array *x = seq_array(T, &ctx), *Ke = NULL, *Kd = NULL, *Kl = NULL;
+    tpk_limit_opts tight = {.orthant_abs_tol = 2e-8, .orthant_rel_tol = 1e-7,
+                            .orthant_max_points = (size_t)1 << 17};
+    double ee = -1, ed = -1, el = -1;
+    assert_int_equal(tpk_netsor_kernel_ex(p, x, 1, &tight, &Ke, &ee, &ctx), TPK_OK);
+    tpk_gru_params g = direct_params(test_v13);
+    assert_int_equal(tpk_gru_kernel(&g, x, 1, NULL, &Kd, &ed, &ctx), TPK_OK);
+    assert_int_equal(tpk_gru_kernel(&g, x, 0, NULL, &Kl, &el, &ctx), TPK_OK);
+    double worst = 0;
+    for (int i = 0; i < M * M; i++)
+        worst = fmax(worst, fabs(Ke->data[i] - Kd->data[i]));
+    print_message("GRU T=4 direct vs evaluator: max |diff| %.2e (estimates %.2e, %.2e)\n", worst,
+                  ed, ee);
+    assert_true(worst <= 5.0 * (ed + ee));
+    for (int a = 0; a < N; a++)
+        for (int c = 0; c < N; c++)
+            assert_true(Kl->data[a * N + c] == Kd->data[(a * T + T - 1) * M + c * T + T - 1]);
+    assert_true(el <= ed);
+    check_kernel(Kd, ed);
+    tpk_array_free(Ke);
+    tpk_array_free(Kd);
+    tpk_array_free(Kl);
+    tpk_array_free(x);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+}
+
+/* The same kernel, bit for bit, for any number of threads (every refinement decision is a path's
+ * own); another seed gives another randomisation within the error estimates; a larger budget
+ * lowers the estimate; a cancel stops it; bad parameters and inputs are refused by name. */
+static void test_direct_contract(void **state)
+{
+    (void)state;
+    enum { T = 5, M = N * T };
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_array *x = seq_array(T, &ctx), *K1 = NULL, *K2 = NULL, *K3 = NULL, *K4 = NULL;
+    tpk_gru_params g = direct_params(test_v13);
+    g.budget = 2e7;
+    double e1, e2, e3, e4;
+    omp_set_num_threads(1);
+    assert_int_equal(tpk_gru_kernel(&g, x, 1, NULL, &K1, &e1, &ctx), TPK_OK);
+    omp_set_num_threads(2);
+    assert_int_equal(tpk_gru_kernel(&g, x, 1, NULL, &K2, &e2, &ctx), TPK_OK);
+    assert_memory_equal(K1->data, K2->data, M * M * sizeof(double));
+    assert_true(e1 == e2);
+    g.seed = 12345;
+    assert_int_equal(tpk_gru_kernel(&g, x, 1, NULL, &K3, &e3, &ctx), TPK_OK);
+    g.budget = 4e8;
+    assert_int_equal(tpk_gru_kernel(&g, x, 1, NULL, &K4, &e4, &ctx), TPK_OK);
+    double d13 = 0, d34 = 0;
+    for (int i = 0; i < M * M; i++) {
+        d13 = fmax(d13, fabs(K1->data[i] - K3->data[i]));
+        d34 = fmax(d34, fabs(K3->data[i] - K4->data[i]));
+    }
+    print_message("GRU direct T=5: seeds differ by %.2e (estimates %.2e, %.2e); budget 20x: "
+                  "estimate %.2e, |diff| %.2e\n", d13, e1, e3, e4, d34);
+    assert_true(d13 > 0 && d13 <= 5.0 * (e1 + e3));
+    assert_true(d34 <= 5.0 * (e3 + e4));
+    assert_true(e4 < 0.5 * e3);
+    volatile sig_atomic_t flag = 1;
+    tpk_progress prog = {.cancel = &flag};
+    tpk_array *Kc = (tpk_array *)1;
+    assert_int_equal(tpk_gru_kernel(&g, x, 1, &prog, &Kc, NULL, &ctx), TPK_ECANCELED);
+    assert_null(Kc);
+    tpk_gru_params bad = g;
+    bad.var_Wz = -1;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_gru_kernel(&bad, x, 1, NULL, &Kc, NULL, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "var_Wz"));
+    bad = g;
+    bad.mu_br = NAN;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_gru_kernel(&bad, x, 1, NULL, &Kc, NULL, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "mu_br"));
+    x->data[7] = NAN;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_gru_kernel(&g, x, 1, NULL, &Kc, NULL, &ctx), TPK_EDOM);
+    assert_non_null(strstr(ctx.msg, "not finite"));
+    tpk_array_free(K1);
+    tpk_array_free(K2);
+    tpk_array_free(K3);
+    tpk_array_free(K4);
+    tpk_array_free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -746,6 +920,9 @@ int main(void)
         cmocka_unit_test(test_gru_matches_recursion),
         cmocka_unit_test(test_gru_tight),
         cmocka_unit_test(test_gru_reference),
+        cmocka_unit_test(test_direct_reference),
+        cmocka_unit_test(test_direct_vs_evaluator),
+        cmocka_unit_test(test_direct_contract),
         cmocka_unit_test(test_progress_same_kernel),
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_gru_executor),

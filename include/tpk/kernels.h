@@ -2,6 +2,8 @@
 #ifndef TPK_KERNELS_H
 #define TPK_KERNELS_H
 
+#include <stdint.h>
+
 #include "array.h"
 #include "gauss.h"
 #include "progress.h"
@@ -77,6 +79,33 @@ TPK_API int tpk_transformer_kernel(const tpk_transformer_params *p, const tpk_ar
                                    int all_tokens, const tpk_gauss_ws *ws,
                                    const tpk_progress *prog, tpk_array **K, double *err,
                                    tpk_ctx *ctx);
+
+/* erf-GRU of Tensor Programs I (theory.md §2.3; the model of programs/gru.nsr, whose parameter
+ * names these are): z̃ = U_z x + W_z h + b_z, r̃ likewise, h̃ = U_h x + W_h (h ⊙ σ(r̃)) + b_h,
+ * h ← (1 − σ(z̃)) h + σ(z̃) erf(h̃), σ(x) = (1 + erf x)/2, h⁰ = 0; U entries N(0, var_U/d), W
+ * N(0, var_W/n), biases N(mu, var); readout σ_v²⟨v, h^t⟩. */
+typedef struct tpk_gru_params {
+    double var_Uz, var_Ur, var_Uh, var_Wz, var_Wr, var_Wh; /* >= 0 */
+    double var_bz, var_br, var_bh;                         /* >= 0 */
+    double mu_bz, mu_br, mu_bh;
+    double sigma_v2;                                       /* >= 0 */
+    double tol;      /* target standard error of each E[h h'] (0: 1e-8) */
+    double budget;   /* QMC work (points × steps over all paths and randomisations) before the
+                        tolerance is given up (0: 2^27 + 3072 per step of every path); the
+                        error estimate is what was reached */
+    uint64_t seed;   /* of the randomised QMC (Owen scramblings) */
+} tpk_gru_params;
+
+/* Check the parameters; a clear message naming the parameter for each violation. */
+TPK_API int tpk_gru_params_check(const tpk_gru_params *p, tpk_ctx *ctx);
+
+/* The limit kernel of sequences X (N × T × d, T ≤ 63) by the direct recursion of kernels/gru.c:
+ * all_times = 1: every step of every sequence, (N·T)×(N·T), index a·T + t; 0: the last step,
+ * N × N. *K is allocated (the caller frees it). err (may be NULL): σ_v² times the largest
+ * entry's standard error (root-sum-square of its terms'). prog (may be NULL) counts the gate
+ * paths and is polled for cancellation (TPK_ECANCELED). */
+TPK_API int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
+                           const tpk_progress *prog, tpk_array **K, double *err, tpk_ctx *ctx);
 
 #ifdef __cplusplus
 }

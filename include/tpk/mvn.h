@@ -73,6 +73,15 @@ TPK_API double tpk_mvn_sov_sum(int m, const double *L, const double *b, const do
 /* The plain reference of tpk_mvn_sov_sum: one point at a time, libm's erfc and AS 241. */
 TPK_API double tpk_mvn_sov_sum_ref(int m, const double *L, const double *b, const double *u,
                                    const double *shift, int B);
+/* The nested problems of one SOV order at once: adds Σ_{p<B} Π_{i≤k} e_i(u_p) to sums[k] for every
+ * k < m (sums[m−1] is what tpk_mvn_sov_sum returns; u as there, no shift). Each prefix sum is
+ * Genz's integrand of the problem of the first k + 1 variables, so one pass over the points
+ * estimates all of them (kernels/gru.c: the gate products of a window that grows by one gate). */
+TPK_API void tpk_mvn_sov_prefix(int m, const double *L, const double *b, const double *u, int B,
+                                double *sums);
+/* Its plain reference (one point at a time, libm). */
+TPK_API void tpk_mvn_sov_prefix_ref(int m, const double *L, const double *b, const double *u,
+                                    int B, double *sums);
 /* Randomised quasi-random normals: out[i] = Φ⁻¹(1 − |2·frac(u_i + shift_i) − 1|) (shift NULL:
  * Φ⁻¹(u_i)), u_i ∈ [0, 1); the SIMD Φ⁻¹ above, clamped to Φ⁻¹(1e-300) in the tails. */
 TPK_API void tpk_mvn_normals(int n, const double *u, const double *shift, double *out);
