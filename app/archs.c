@@ -71,8 +71,16 @@ static int gru_direct(const tpk_program *p, const tpk_phi_registry *reg, const t
     int st = tpk_program_param_number(p, "T", &T, ctx);
     for (int i = 0; i < 13 && !st; i++)
         st = tpk_program_param_number(p, names[i], dst[i], ctx);
+    double seed = 0;
+    if (!st)
+        st = tpk_program_param_number(p, "qmc_budget", &gp.budget, ctx);
+    if (!st)
+        st = tpk_program_param_number(p, "qmc_seed", &seed, ctx);
     if (st)
         return st;
+    if (!(seed >= 0 && seed <= 9007199254740992.0 && seed == floor(seed)))
+        return TPK_ERROR(ctx, TPK_EINVAL, "qmc_seed must be a whole number >= 0 (got %g)", seed);
+    gp.seed = (uint64_t)seed;
     if (X->ndim != 3)
         return TPK_ERROR(ctx, TPK_EINVAL, "GRU inputs are N x T x d sequences (got rank %d)",
                          X->ndim);

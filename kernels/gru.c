@@ -30,9 +30,9 @@
  *
  * Each path is its own randomised QMC estimate: NREP Owen-scrambled copies of Sobol points (the
  * net's point 0 put back). A fixed work budget (points × steps) is shared out over the stages;
- * within a stage, rounds at tolerances halving down to the target take every path whose errors
- * exceed the round's one doubling further, until the target or the budget is reached, so that the
- * work goes where the entries' errors are. Every decision depends only on the path's own points,
+ * within a stage, rounds double the points of the paths whose errors, relative to their share of
+ * the entry's tolerance, are within a factor 2 of the largest, until the target or the budget is
+ * reached, so that the work goes where the entries' errors are. Every decision depends only on the path's own points,
  * in a fixed order: the kernel is the same for any number of threads. The error of an entry is the
  * root-sum-square of its terms' standard errors (the terms of one entry come from different
  * paths, so they are independent); errors carried from earlier stages through the covariances
@@ -54,8 +54,7 @@
  * kernel takes about a second on the 2-core machines here and 32 × 8 well under a minute, while
  * a 3 × 4 kernel still reaches ~3e-8 (issue 19); tpk_gru_params.budget overrides it. */
 #define DEF_WORK0 134217728.0
-#define DEF_WORK1 3072.0
-#define ROUND0 1024.0       /* the first round's tolerance, in multiples of the target */
+#define DEF_WORK1 2048.0
 #define NREP 8              /* randomisations: the standard error has NREP − 1 degrees of freedom */
 #define FIRST_PTS 128       /* points per randomisation of the first pass (a multiple of BLK) */
 #define MAX_PTS 131072      /* points per randomisation at most (the Sobol table's length) */
@@ -231,12 +230,12 @@ static void head_order(int L, int h, double *S, double *b)
     memcpy(b, b2, sizeof b2);
 }
 
-/* Refine one path until its problems' standard errors are within factor × their share of the
- * tolerance (or the points reach MAX_PTS), continuing from the points it has: the wanted prefixes'
- * probabilities and standard errors in o. Returns a status; the only failures are of the deterministic back ends on their own inputs (not expected: S is
- * positive definite, its eigenvalues ≥ 1/2). */
-static int run_path(const gru_ws *w, const path_task *q, double factor, path_out *o,
-                    tpk_ctx *ctx)
+/* One refinement of a path: its first FIRST_PTS points per randomisation (and its exact problems),
+ * or twice the points it has (up to MAX_PTS); the wanted prefixes' probabilities and standard
+ * errors in o, and o->ratio, the largest standard error over its problem's share of the entry's
+ * tolerance. Returns a status; the only failures are of the deterministic back ends on their own
+ * inputs (not expected: S is positive definite, its eigenvalues ≥ 1/2). */
+static int run_path(const gru_ws *w, const path_task *q, path_out *o, tpk_ctx *ctx)
 {
     const int T = w->T, m = w->m;
     int side[2 * MAXNODE + 2], time[2 * MAXNODE + 2], sign[2 * MAXNODE + 2];
@@ -305,7 +304,7 @@ static int run_path(const gru_ws *w, const path_task *q, double factor, path_out
             Lq[r * lq + c] = Lc[r * L + c];
     double tolk[MAXNODE];
     for (int k = 0; k < nn; k++) /* an entry (t, s) sums (t + 1)(s + 1) terms */
-        tolk[k] = factor * w->tol / sqrt((double)(nt[k] + 1) * (ns[k] + 1)) / fmax(wgt, 1e-300);
+        tolk[k] = w->tol / sqrt((double)(nt[k] + 1) * (ns[k] + 1)) / fmax(wgt, 1e-300);
     uint32_t seeds[NREP][2 * MAXNODE + 2];
     uint64_t key = mix64(w->p->seed ^ mix64(((uint64_t)m << 48) ^ ((uint64_t)q->i << 32) ^
                                             ((uint64_t)q->j << 16) ^ ((uint64_t)q->lo << 8) ^
@@ -315,48 +314,44 @@ static int run_path(const gru_ws *w, const path_task *q, double factor, path_out
         for (int c = 0; c < lq - 1; c++)
             seeds[r][c] = (uint32_t)(mix64(key + (uint64_t)(r * 256 + c + 1)) >> 32);
     double us[(2 * MAXNODE + 1) * BLK];
-    for (;;) {
-        size_t M = o->M, Mnext = FIRST_PTS;
-        if (M > 0) { /* the estimates so far against the tolerance */
-            o->ratio = 0.0;
-            for (int k = 0; k < nn; k++) {
-                if (nlen[k] <= w->exact_max)
-                    continue;
-                int l = nlen[k] - 1;
-                double s1 = 0, s2 = 0;
-                for (int r = 0; r < NREP; r++) {
-                    double x = o->sums[r * lq + l] / (double)M;
-                    s1 += x;
-                    s2 += x * x;
+    const size_t M = o->M, Mnext = M == 0 ? FIRST_PTS : 2 * M;
+    if (Mnext > MAX_PTS)
+        return TPK_OK;
+    for (size_t k0 = M; k0 < Mnext; k0 += BLK) {
+        for (int r = 0; r < NREP; r++) {
+            for (int c = 0; c < lq - 1; c++) {
+                if (c < w->ndims_tab) {
+                    tpk_mvn_owen_scramble(BLK, w->rb + (size_t)c * w->npts_tab + k0,
+                                          seeds[r][c], us + c * BLK);
+                } else { /* beyond the Sobol dimensions: independent uniforms */
+                    for (int p = 0; p < BLK; p++)
+                        us[c * BLK + p] =
+                            ((double)(mix64(key ^ mix64(((uint64_t)(k0 + p) << 16) |
+                                                        (uint64_t)(r * 256 + c))) >> 11) +
+                             0.5) * 0x1p-53;
                 }
-                double mean = s1 / NREP, var = (s2 - NREP * mean * mean) / (NREP - 1);
-                o->val[k] = mean;
-                o->se[k] = var > 0 ? sqrt(var / NREP) : 0.0;
-                o->ratio = fmax(o->ratio, o->se[k] / tolk[k] * factor);
             }
-            if (o->ratio <= factor || 2 * M > MAX_PTS)
-                break;
-            Mnext = 2 * M;
+            tpk_mvn_sov_prefix(lq, Lq, b, us, BLK, o->sums + r * lq);
         }
-        for (size_t k0 = M; k0 < Mnext; k0 += BLK) {
-            for (int r = 0; r < NREP; r++) {
-                for (int c = 0; c < lq - 1; c++) {
-                    if (c < w->ndims_tab) {
-                        tpk_mvn_owen_scramble(BLK, w->rb + (size_t)c * w->npts_tab + k0,
-                                              seeds[r][c], us + c * BLK);
-                    } else { /* beyond the Sobol dimensions: independent uniforms */
-                        for (int p = 0; p < BLK; p++)
-                            us[c * BLK + p] =
-                                ((double)(mix64(key ^ mix64(((uint64_t)(k0 + p) << 16) |
-                                                            (uint64_t)(r * 256 + c))) >> 11) +
-                                 0.5) * 0x1p-53;
-                    }
-                }
-                tpk_mvn_sov_prefix(lq, Lq, b, us, BLK, o->sums + r * lq);
-            }
+    }
+    o->work += (double)(Mnext - M) * NREP * lq;
+    o->M = Mnext;
+    /* the estimates against the tolerance */
+    o->ratio = 0.0;
+    for (int k = 0; k < nn; k++) {
+        if (nlen[k] <= w->exact_max)
+            continue;
+        int l = nlen[k] - 1;
+        double s1 = 0, s2 = 0;
+        for (int r = 0; r < NREP; r++) {
+            double x = o->sums[r * lq + l] / (double)Mnext;
+            s1 += x;
+            s2 += x * x;
         }
-        o->work += (double)(Mnext - M) * NREP * lq;
-        o->M = Mnext;
+        double mean = s1 / NREP, var = (s2 - NREP * mean * mean) / (NREP - 1);
+        o->val[k] = mean;
+        o->se[k] = var > 0 ? sqrt(var / NREP) : 0.0;
+        o->ratio = fmax(o->ratio, o->se[k] / tolk[k]);
     }
     return TPK_OK;
 }
@@ -368,27 +363,27 @@ static int stage_families(const tpk_gru_params *p, int N, int T, int m, const do
 {
     const int NT = N * T;
     int st = TPK_OK;
-        for (int i = 0; i < N && !st; i++)
-            for (int j = 0; j < N && !st; j++)
-                for (int t = 0; t <= m && !st; t++)
-                    for (int s = 0; s <= m && !st; s++) {
-                        if (t != m && s != m)
-                            continue;
-                        int P = i * T + t, Q = j * T + s;
-                        size_t e = (size_t)P * NT + Q;
-                        double g = Gx[e];
-                        double prev = t > 0 && s > 0 ? Ehh[(size_t)(P - 1) * NT + (Q - 1)] : 0.0;
-                        Cz[e] = p->var_Uz * g + p->var_Wz * prev + p->var_bz;
-                        /* C_r of the pair and of both points (diagonal of C_r: on the fly) */
-                        double crpq = p->var_Ur * g + p->var_Wr * prev + p->var_br;
-                        double dP = t > 0 ? Ehh[(size_t)(P - 1) * NT + (P - 1)] : 0.0;
-                        double dQ = s > 0 ? Ehh[(size_t)(Q - 1) * NT + (Q - 1)] : 0.0;
-                        double crp = p->var_Ur * Gx[(size_t)P * NT + P] + p->var_Wr * dP + p->var_br;
-                        double crq = p->var_Ur * Gx[(size_t)Q * NT + Q] + p->var_Wr * dQ + p->var_br;
-                        double s1 = sqrt(crp + 0.5), s2 = sqrt(crq + 0.5), rr;
-                        st = bvn_cov(p->mu_br, p->mu_br, s1, s2, crpq, &rr, ctx);
-                        Ch[e] = p->var_Uh * g + p->var_Wh * prev * rr + p->var_bh;
-                    }
+    for (int i = 0; i < N && !st; i++)
+        for (int j = 0; j < N && !st; j++)
+            for (int t = 0; t <= m && !st; t++)
+                for (int s = 0; s <= m && !st; s++) {
+                    if (t != m && s != m)
+                        continue;
+                    int P = i * T + t, Q = j * T + s;
+                    size_t e = (size_t)P * NT + Q;
+                    double g = Gx[e];
+                    double prev = t > 0 && s > 0 ? Ehh[(size_t)(P - 1) * NT + (Q - 1)] : 0.0;
+                    Cz[e] = p->var_Uz * g + p->var_Wz * prev + p->var_bz;
+                    /* C_r of the pair and of both points (diagonal of C_r: on the fly) */
+                    double crpq = p->var_Ur * g + p->var_Wr * prev + p->var_br;
+                    double dP = t > 0 ? Ehh[(size_t)(P - 1) * NT + (P - 1)] : 0.0;
+                    double dQ = s > 0 ? Ehh[(size_t)(Q - 1) * NT + (Q - 1)] : 0.0;
+                    double crp = p->var_Ur * Gx[(size_t)P * NT + P] + p->var_Wr * dP + p->var_br;
+                    double crq = p->var_Ur * Gx[(size_t)Q * NT + Q] + p->var_Wr * dQ + p->var_br;
+                    double s1 = sqrt(crp + 0.5), s2 = sqrt(crq + 0.5), rr;
+                    st = bvn_cov(p->mu_br, p->mu_br, s1, s2, crpq, &rr, ctx);
+                    Ch[e] = p->var_Uh * g + p->var_Wh * prev * rr + p->var_bh;
+                }
     if (st)
         return st;
     for (int i = 0; i < N && !st; i++)
@@ -541,22 +536,33 @@ int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
         memset(sums, 0, nt * NREP * (size_t)LMAX * sizeof *sums);
         for (size_t k = 0; k < nt; k++)
             outs[k].sums = sums + k * NREP * (size_t)LMAX;
-        /* rounds of refinement at tolerances that halve down to the target: each round takes
-         * every path whose errors exceed it one or more doublings further, so the budget goes
-         * to the problems that limit the entries' errors */
-        for (double factor = ROUND0; !st; factor *= 0.5) {
+        /* rounds of refinement: the first gives every path FIRST_PTS points; each later one
+         * doubles the points of the paths whose errors are within a factor 2 of the largest
+         * (relative to their share of the tolerance), so the budget goes to the problems that
+         * limit the entries' errors; a round's cost is known before it runs */
+        for (int round = 0; !st; round++) {
+            double top = 0.0, cost = 0.0;
+            for (size_t k = 0; k < nt && round > 0; k++)
+                if (outs[k].lq > 0 && 2 * outs[k].M <= MAX_PTS)
+                    top = fmax(top, outs[k].ratio);
+            const double bar = round == 0 ? 0.0 : fmax(1.0, 0.5 * top);
+            for (size_t k = 0; k < nt && round > 0; k++)
+                if (outs[k].lq > 0 && 2 * outs[k].M <= MAX_PTS && outs[k].ratio > bar)
+                    cost += outs[k].work;
+            if (round > 0 && (top <= 1.0 || cost == 0.0 || used - start + cost > share))
+                break;
             int fail = TPK_OK;
             char msg[sizeof ctx->msg] = "";
 #pragma omp parallel for schedule(dynamic, 4)
             for (size_t k = 0; k < nt; k++) {
                 if (fail || tpk_progress_cancelled(prog))
                     continue;
-                if (outs[k].init && (outs[k].ratio <= factor || outs[k].lq == 0 ||
-                                     2 * outs[k].M > MAX_PTS))
+                if (round > 0 && (outs[k].lq == 0 || 2 * outs[k].M > MAX_PTS ||
+                                  outs[k].ratio <= bar))
                     continue;
                 tpk_ctx lc;
                 tpk_ctx_init(&lc);
-                int s = run_path(&w, &tasks[k], factor, &outs[k], &lc);
+                int s = run_path(&w, &tasks[k], &outs[k], &lc);
                 if (s) {
 #pragma omp critical(tpk_gru_fail)
                     if (!fail) {
@@ -571,15 +577,9 @@ int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
             }
             if ((st = tpk_progress_check(prog, ctx)))
                 break;
-            double next = 0.0; /* one more doubling of every path above the next tolerance */
             used = start;
-            for (size_t k = 0; k < nt; k++) {
+            for (size_t k = 0; k < nt; k++)
                 used += outs[k].work;
-                if (outs[k].lq > 0 && outs[k].ratio > 0.5 * factor && 2 * outs[k].M <= MAX_PTS)
-                    next += outs[k].work;
-            }
-            if (factor <= 1.0 || next == 0.0 || used - start + next > share)
-                break;
         }
         for (size_t k = 0; k < nt && !st; k++) { /* in a fixed order: the sums are reproducible */
             const path_task *q = &tasks[k];
