@@ -360,7 +360,10 @@ static void test_direct_a(void **state)
     (void)state;
     static const struct { int dtype, threads, vw, mr, nv, kc, mc, order, pf, pb; } cfg[] = {
         {TPK_TUNE_F64, 1, 512, 6, 3, 64, 48, 0, 2, 0},  {TPK_TUNE_F64, 2, 256, 8, 2, 96, 72, 1, 0, 1},
-        {TPK_TUNE_F32, 1, 512, 6, 4, 128, 96, 0, 2, 0}, {TPK_TUNE_F32, 2, 512, 4, 2, 64, 48, 1, 1, 0}};
+        {TPK_TUNE_F32, 1, 512, 6, 4, 128, 96, 0, 2, 0}, {TPK_TUNE_F32, 2, 512, 4, 2, 64, 48, 1, 1, 0},
+        /* within 16 vector registers (AVX2 hosts) */
+        {TPK_TUNE_F64, 1, 256, 6, 2, 64, 48, 0, 2, 0},  {TPK_TUNE_F32, 2, 256, 4, 2, 128, 96, 1, 1, 0}};
+    int ran = 0;
     const size_t shapes[][3] = {{131, 97, 547}, {29, 64, 200}, {1, 1, 1}};
     char dir[] = "/tmp/tpk_tune_directXXXXXX";
     assert_non_null(mkdtemp(dir));
@@ -379,7 +382,11 @@ static void test_direct_a(void **state)
         int val[] = {cfg[i].vw, cfg[i].mr, cfg[i].nv, cfg[i].kc, cfg[i].mc, cfg[i].order, cfg[i].pf, cfg[i].pb, 1};
         for (int j = 0; j < 9; j++)
             assert_int_equal(tpk_tune_config_set(&s, &c, nm[j], val[j]), TPK_OK);
-        assert_true(tpk_tune_space_valid(&s, &c));
+        if (!tpk_tune_space_valid(&s, &c)) { /* wider vectors or more registers than the host's */
+            tpk_ctx_clear(&ctx);
+            continue;
+        }
+        ran++;
         FILE *f = fopen(src, "w");
         assert_non_null(f);
         assert_int_equal(tpk_tune_emit(&s, &c, "tpk_kernel", 1, f, &ctx), TPK_OK);
@@ -404,6 +411,7 @@ static void test_direct_a(void **state)
         dlclose(h);
         tpk_ctx_clear(&ctx);
     }
+    assert_true(ran >= 2); /* the last two fit any AVX2 host */
     /* Not offered where it does not apply: the jr split and syrk. */
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);

@@ -41,6 +41,13 @@
 #include "../runtime/map_gen.h"
 #endif
 
+/* The shipped machine classes live in gen/, which the generator build must not need. */
+#ifdef TPTUNE_GENERATOR
+#define CLASS_FIND NULL
+#else
+#define CLASS_FIND tpk_machine_find
+#endif
+
 #include "cli.h" /* the exit statuses only: tptune does not link cli.o */
 
 #ifndef TPK_VERSION
@@ -581,6 +588,7 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
         if (tpk_tune_log_read(a->transfer, &hist, &nhist, ctx))
             return 1;
         o.history = hist;
+        o.history_class = CLASS_FIND;
         o.nhistory = nhist;
     }
     /* --init: this workload's configurations of a ported (or any) log, measured first */
@@ -929,6 +937,7 @@ static int replay_median(const args *a, const tpk_tune_space *s, table *t, int t
         o.nuniverse = t->n;
         o.stop_at_gflops = target;
         o.history = hist;
+        o.history_class = CLASS_FIND;
         o.nhistory = nhist;
         tpk_tune_outcome out;
         if (tpk_tune_run(s, &o, table_measure, t, NULL, NULL, NULL, &out, ctx)) {
@@ -1072,7 +1081,7 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         return 1;
     }
     tpk_tune_space s;
-    if (tpk_tune_space_init(&s, &r[0].task, ctx)) {
+    if (tpk_tune_space_init_record(&s, &r[0], CLASS_FIND, ctx)) {
         free(r);
         return 1;
     }

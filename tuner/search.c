@@ -548,7 +548,7 @@ static int history_collect(const tpk_tune_space *s, const tpk_tune_opts *o, int 
         tpk_tune_space hs;
         tpk_ctx qc;
         tpk_ctx_init(&qc);
-        if (tpk_tune_space_init(&hs, &o->history[i].task, &qc))
+        if (tpk_tune_space_init_record(&hs, &o->history[i], o->history_class, &qc))
             continue;
         unsigned len = 0;
         for (size_t j = i; j < n; j++) {
@@ -613,7 +613,7 @@ static int latent_pretrain(scorer *sc, const tpk_tune_space *s, const tpk_tune_o
             continue;
         tpk_ctx qc;
         tpk_ctx_init(&qc);
-        if (tpk_tune_space_init(&sp[ng], &o->history[i].task, &qc))
+        if (tpk_tune_space_init_record(&sp[ng], &o->history[i], o->history_class, &qc))
             continue;
         unsigned len = 0;
         for (size_t j = i; j < n; j++) {

@@ -27,6 +27,13 @@ int tpk_tune_space_init(tpk_tune_space *s, const tpk_tune_task *task, tpk_ctx *c
     return tpk_tune_space_init_on(s, task, &host, ctx);
 }
 
+int tpk_tune_space_init_record(tpk_tune_space *s, const tpk_tune_record *r,
+                               tpk_tune_class_fn find, tpk_ctx *ctx)
+{
+    const tpk_machine *m = find && r->target_class[0] ? find(r->target_class) : NULL;
+    return m ? tpk_tune_space_init_on(s, &r->task, m, ctx) : tpk_tune_space_init(s, &r->task, ctx);
+}
+
 int tpk_tune_space_init_on(tpk_tune_space *s, const tpk_tune_task *task, const tpk_machine *m,
                            tpk_ctx *ctx)
 {

@@ -200,6 +200,17 @@ typedef struct tpk_tune_record {
     double ts; /* unix time */
 } tpk_tune_record;
 
+/* Finds a machine class by name (tpk_machine_find; NULL: unknown). */
+typedef const tpk_machine *(*tpk_tune_class_fn)(const char *name);
+
+/* The space of a record's workload on the machine class it was measured on (its target_class,
+ * looked up by find, which may be NULL), or on this host when the class is unknown: the
+ * configurations of a log from another machine (replay tables, transfer histories) are read in
+ * their own space. (The tuner cannot look classes up itself: gen/ holds them, and generating gen/
+ * must not need it.) */
+TPK_API int tpk_tune_space_init_record(tpk_tune_space *s, const tpk_tune_record *r,
+                                       tpk_tune_class_fn find, tpk_ctx *ctx);
+
 /* A measurement's rate for ranking: the rate of its fastest repeat (other processes only slow a
  * run down; scaling by the CPU share instead ranked disturbed runs first); 0 on error. */
 TPK_API double tpk_tune_result_label(const tpk_tune_result *r);
@@ -338,6 +349,7 @@ typedef struct tpk_tune_opts {
     /* Transfer: records of other workloads of the same template (earlier logs). */
     const tpk_tune_record *history;
     size_t nhistory;
+    tpk_tune_class_fn history_class; /* the history records' machine classes (NULL: the host) */
     /* Stop early once best ≥ stop_at_gflops (> 0); used by replay experiments. */
     double stop_at_gflops;
     /* Early batches: the first batch has plan_first points, later ones half the trials so far,
