@@ -49,15 +49,15 @@
 #include "tpk/mvn.h"
 
 #define DEF_TOL 1e-8        /* target standard error of each E[h h'] entry */
-/* The default work budget, points × steps over all randomisations: DEF_WORK0 + DEF_WORK1 per step
- * of every path (a path of L gates has L steps per point). Chosen so that a 4-sequence × 8-step
- * kernel takes about a second on the 2-core machines here and 32 × 8 well under a minute, while
- * a 3 × 4 kernel still reaches ~3e-8 (issue 19); tpk_gru_params.budget overrides it. */
-#define DEF_WORK0 134217728.0
+/* The default work budget, points × steps over all randomisations: DEF_WORK1 per step of every path
+ * (a path of L gates has L steps per point), at least DEF_WORK0. Chosen so that a 4-sequence ×
+ * 8-step kernel takes ~1.3 s on the 2-core machines here and 32 × 8 well under a minute, while a
+ * 3 × 4 kernel still reaches ~3e-8 (issue 19); tpk_gru_params.budget overrides it. */
+#define DEF_WORK0 180000000.0
 #define DEF_WORK1 2048.0
 #define NREP 8              /* randomisations: the standard error has NREP − 1 degrees of freedom */
 #define FIRST_PTS 128       /* points per randomisation of the first pass (a multiple of BLK) */
-#define MAX_PTS 131072      /* points per randomisation at most (the Sobol table's length) */
+#define MAX_PTS 262144      /* points per randomisation at most (the Sobol table's length) */
 #define SOBOL_DIMS 40       /* GSL's Sobol generator; later coordinates are pseudo-random */
 #define BLK TPK_MVN_SOV_BLK
 /* Problems of up to 3 gates are always exact; of 4 gates when the budget gives every step of the
@@ -356,50 +356,53 @@ static int run_path(const gru_ws *w, const path_task *q, path_out *o, tpk_ctx *c
     return TPK_OK;
 }
 
-/* The closed-form families at stage m: C_z, E[r r'], C_h̃ and E[erf h̃ erf h̃'] for every pair of
- * points with max(t, s) = m. */
-static int stage_families(const tpk_gru_params *p, int N, int T, int m, const double *Gx,
-                          const double *Ehh, double *Cz, double *Ch, double *Ee, tpk_ctx *ctx)
+/* The pairs of points (P, Q) = (i·T + t, j·T + s) of stage m (max(t, s) = m), into pq (2 ints each,
+ * room for 2·N²·(2m + 1)); returns their number. */
+static size_t stage_pairs(int N, int T, int m, int *pq)
 {
-    const int NT = N * T;
+    size_t n = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++)
+            for (int t = 0; t <= m; t++)
+                for (int s = 0; s <= m; s++)
+                    if (t == m || s == m) {
+                        pq[2 * n] = i * T + t;
+                        pq[2 * n + 1] = j * T + s;
+                        n++;
+                    }
+    return n;
+}
+
+/* The closed-form families at stage m: C_z, E[r r'], C_h̃ and E[erf h̃ erf h̃'] for every pair of
+ * points with max(t, s) = m (the diagonal of C_r on the fly; that of C_h̃ is among the pairs). */
+static int stage_families(const tpk_gru_params *p, int N, int T, int m, const double *Gx,
+                          const double *Ehh, double *Cz, double *Ch, double *Ee, int *pq,
+                          tpk_ctx *ctx)
+{
+    const size_t NT = (size_t)N * T, np = stage_pairs(N, T, m, pq);
     int st = TPK_OK;
-    for (int i = 0; i < N && !st; i++)
-        for (int j = 0; j < N && !st; j++)
-            for (int t = 0; t <= m && !st; t++)
-                for (int s = 0; s <= m && !st; s++) {
-                    if (t != m && s != m)
-                        continue;
-                    int P = i * T + t, Q = j * T + s;
-                    size_t e = (size_t)P * NT + Q;
-                    double g = Gx[e];
-                    double prev = t > 0 && s > 0 ? Ehh[(size_t)(P - 1) * NT + (Q - 1)] : 0.0;
-                    Cz[e] = p->var_Uz * g + p->var_Wz * prev + p->var_bz;
-                    /* C_r of the pair and of both points (diagonal of C_r: on the fly) */
-                    double crpq = p->var_Ur * g + p->var_Wr * prev + p->var_br;
-                    double dP = t > 0 ? Ehh[(size_t)(P - 1) * NT + (P - 1)] : 0.0;
-                    double dQ = s > 0 ? Ehh[(size_t)(Q - 1) * NT + (Q - 1)] : 0.0;
-                    double crp = p->var_Ur * Gx[(size_t)P * NT + P] + p->var_Wr * dP + p->var_br;
-                    double crq = p->var_Ur * Gx[(size_t)Q * NT + Q] + p->var_Wr * dQ + p->var_br;
-                    double s1 = sqrt(crp + 0.5), s2 = sqrt(crq + 0.5), rr;
-                    st = bvn_cov(p->mu_br, p->mu_br, s1, s2, crpq, &rr, ctx);
-                    Ch[e] = p->var_Uh * g + p->var_Wh * prev * rr + p->var_bh;
-                }
-    if (st)
-        return st;
-    for (int i = 0; i < N && !st; i++)
-        for (int j = 0; j < N && !st; j++)
-            for (int t = 0; t <= m && !st; t++)
-                for (int s = 0; s <= m && !st; s++) {
-                    if (t != m && s != m)
-                        continue;
-                    int P = i * T + t, Q = j * T + s;
-                    size_t e = (size_t)P * NT + Q;
-                    double s1 = sqrt(Ch[(size_t)P * NT + P] + 0.5);
-                    double s2 = sqrt(Ch[(size_t)Q * NT + Q] + 0.5), both;
-                    const double mh = p->mu_bh;
-                    st = bvn_cov(mh, mh, s1, s2, Ch[e], &both, ctx);
-                    Ee[e] = 4.0 * both - 2.0 * Phi(mh / s1) - 2.0 * Phi(mh / s2) + 1.0;
-                }
+    for (size_t k = 0; k < np && !st; k++) {
+        const size_t P = (size_t)pq[2 * k], Q = (size_t)pq[2 * k + 1], e = P * NT + Q;
+        const int t = (int)(P % T), s = (int)(Q % T);
+        double g = Gx[e];
+        double prev = t > 0 && s > 0 ? Ehh[(P - 1) * NT + (Q - 1)] : 0.0;
+        Cz[e] = p->var_Uz * g + p->var_Wz * prev + p->var_bz;
+        double crpq = p->var_Ur * g + p->var_Wr * prev + p->var_br;
+        double dP = t > 0 ? Ehh[(P - 1) * NT + (P - 1)] : 0.0;
+        double dQ = s > 0 ? Ehh[(Q - 1) * NT + (Q - 1)] : 0.0;
+        double crp = p->var_Ur * Gx[P * NT + P] + p->var_Wr * dP + p->var_br;
+        double crq = p->var_Ur * Gx[Q * NT + Q] + p->var_Wr * dQ + p->var_br;
+        double rr;
+        st = bvn_cov(p->mu_br, p->mu_br, sqrt(crp + 0.5), sqrt(crq + 0.5), crpq, &rr, ctx);
+        Ch[e] = p->var_Uh * g + p->var_Wh * prev * rr + p->var_bh;
+    }
+    for (size_t k = 0; k < np && !st; k++) {
+        const size_t P = (size_t)pq[2 * k], Q = (size_t)pq[2 * k + 1], e = P * NT + Q;
+        double s1 = sqrt(Ch[P * NT + P] + 0.5), s2 = sqrt(Ch[Q * NT + Q] + 0.5), both;
+        const double mh = p->mu_bh;
+        st = bvn_cov(mh, mh, s1, s2, Ch[e], &both, ctx);
+        Ee[e] = 4.0 * both - 2.0 * Phi(mh / s1) - 2.0 * Phi(mh / s2) + 1.0;
+    }
     return st;
 }
 
@@ -495,11 +498,12 @@ int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
     path_out *outs = tpk_calloc(ctx, maxtasks, sizeof *outs);
     double *sums = tpk_calloc(ctx, maxtasks * NREP, (size_t)LMAX * sizeof *sums);
     double *steps = tpk_calloc(ctx, (size_t)T, sizeof *steps); /* Σ path lengths per stage */
+    int *pq = tpk_calloc(ctx, 4 * (size_t)N * N * T, sizeof *pq);
     gru_ws w = {.p = p, .N = N, .T = T, .Cz = Cz, .Ee = Ee, .tol = p->tol > 0 ? p->tol : DEF_TOL};
     w.ndims_tab = 2 * T - 1 < SOBOL_DIMS ? 2 * T - 1 : SOBOL_DIMS;
     w.npts_tab = MAX_PTS;
     uint32_t *rb = NULL;
-    if (!Gx || !Ehh || !E2 || !Cz || !Ch || !Ee || !tasks || !outs || !sums || !steps)
+    if (!Gx || !Ehh || !E2 || !Cz || !Ch || !Ee || !tasks || !outs || !sums || !steps || !pq)
         st = ctx->status ? ctx->status : TPK_ENOMEM;
     double steps_all = 0.0;
     for (int m = 0; m < T && !st; m++) {
@@ -510,7 +514,7 @@ int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
     }
     /* the work budget (points × steps over all randomisations), shared out over the stages in
      * proportion to their paths' lengths; what a stage leaves goes to the later ones */
-    double budget = p->budget > 0 ? p->budget : DEF_WORK0 + DEF_WORK1 * steps_all, used = 0.0;
+    double budget = p->budget > 0 ? p->budget : fmax(DEF_WORK0, DEF_WORK1 * steps_all), used = 0.0;
     w.exact_max = budget >= EXACT4_WORK * steps_all ? 4 : 3;
     if (!st) {
         rb = sobol_table(w.ndims_tab, w.npts_tab, ctx);
@@ -528,7 +532,7 @@ int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
     double steps_left = steps_all;
     for (int m = 0; m < T && !st; m++) {
         w.m = m;
-        st = stage_families(p, N, T, m, Gx, Ehh, Cz, Ch, Ee, ctx);
+        st = stage_families(p, N, T, m, Gx, Ehh, Cz, Ch, Ee, pq, ctx);
         size_t nt = st ? 0 : stage_tasks(N, m, tasks);
         const double share = (budget - used) * (steps[m] / steps_left), start = used;
         steps_left -= steps[m];
@@ -593,19 +597,15 @@ int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
         }
         if (!st)
             st = tpk_progress_report(prog, "time steps", (size_t)m + 1, (size_t)T, ctx);
-        for (int i = 0; i < N && !st; i++) /* the mirrored entries */
-            for (int j = i; j < N; j++)
-                for (int t = 0; t <= m; t++)
-                    for (int s = 0; s <= m; s++) {
-                        if (t != m && s != m)
-                            continue;
-                        size_t e = (size_t)(i * T + t) * NT + (j * T + s);
-                        size_t f = (size_t)(j * T + s) * NT + (i * T + t);
-                        if (i == j && t > s) /* computed as (s, t) */
-                            continue;
-                        Ehh[f] = Ehh[e];
-                        E2[f] = E2[e];
-                    }
+        /* the mirrored entries: (j, s; i, t) of every computed (i, t; j, s), i ≤ j, and on one
+         * sequence (s, t) of (t, s), t ≤ s */
+        for (size_t k = 0, np = st ? 0 : stage_pairs(N, T, m, pq); k < np; k++) {
+            const size_t P = (size_t)pq[2 * k], Q = (size_t)pq[2 * k + 1];
+            if (P / T > Q / T || (P / T == Q / T && P > Q))
+                continue;
+            Ehh[Q * NT + P] = Ehh[P * NT + Q];
+            E2[Q * NT + P] = E2[P * NT + Q];
+        }
     }
     if (!st) {
         size_t n = all_times ? (size_t)NT : (size_t)N;
@@ -633,6 +633,7 @@ int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
         }
     }
     tpk_free(ctx, rb);
+    tpk_free(ctx, pq);
     tpk_free(ctx, steps);
     tpk_free(ctx, sums);
     tpk_free(ctx, outs);
