@@ -358,6 +358,94 @@ static void test_gen_prefers_unloaded(void **state)
     assert_null(strstr(src, "320, 320, 320, 100.0"));
 }
 
+/* --init (tptune port's seeds): a search measures them first; a workload the seed log never tuned
+ * takes the nearest workload's of the same op, dtype and threads, and other dtypes are ignored.
+ * The table's best, recorded as a 1024^3 configuration, seeds replay on the 768^3 table: the
+ * seeded search hits the target at its first trial, whatever the seed. A seed the table lacks is
+ * reported. */
+static void test_replay_init(void **state)
+{
+    (void)state;
+    if (!tptune[0])
+        skip();
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    char log[1200], seeds[1200], cmd[4096], out[16384], knobs[256];
+    snprintf(log, sizeof log, "%s/init-table.jsonl", dir);
+    snprintf(seeds, sizeof seeds, "%s/init-seeds.jsonl", dir);
+    tpk_tune_task t = {TPK_TUNE_CPU, TPK_TUNE_F64, 768, 768, 768, 1, TPK_TUNE_GEMM};
+    tpk_tune_space s, near, far, f32;
+    assert_int_equal(tpk_tune_space_init(&s, &t, &ctx), TPK_OK);
+    static tpk_tune_config c[300];
+    double rate[300];
+    distinct_configs(&s, 23, c, 300);
+    int best = 0;
+    for (int i = 0; i < 300; i++) {
+        rate[i] = tpk_tune_synthetic_gflops(&s, &c[i], 3);
+        best = rate[i] > rate[best] ? i : best;
+    }
+    write_records(log, &s, c, 300, rate, NULL, NULL);
+    /* the seeds: the best at 1024^3 (nearest), a poor one at 4096^3 (farther), an f32 one (ignored) */
+    int worst = 0;
+    for (int i = 0; i < 300; i++)
+        worst = rate[i] < rate[worst] ? i : worst;
+    tpk_tune_task tn = t, tf = t, t32 = t;
+    tn.m = tn.n = tn.k = 1024;
+    tf.m = tf.n = tf.k = 4096;
+    t32.dtype = TPK_TUNE_F32;
+    assert_int_equal(tpk_tune_space_init(&near, &tn, &ctx), TPK_OK);
+    assert_int_equal(tpk_tune_space_init(&far, &tf, &ctx), TPK_OK);
+    assert_int_equal(tpk_tune_space_init(&f32, &t32, &ctx), TPK_OK);
+    tpk_tune_config sc[3];
+    const tpk_tune_space *ss[3] = {&far, &f32, &near}; /* the log's order is not the seeding order */
+    const int from[3] = {worst, best, best};
+    FILE *f = fopen(seeds, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 3; i++) {
+        tpk_tune_space_default(ss[i], &sc[i]);
+        assert_non_null(tpk_tune_config_str(&s, &c[from[i]], knobs, sizeof knobs));
+        assert_int_equal(tpk_tune_config_parse(ss[i], &sc[i], knobs, &ctx), TPK_OK);
+        tpk_tune_result r = {0};
+        tpk_tune_record rec;
+        tpk_tune_record_fill(&rec, ss[i], &sc[i], &r);
+        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s replay %s --models=random,xgb --seeds=1-5 --init=%s", tptune, log, seeds);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "2 configuration(s) from"));
+    assert_non_null(strstr(out, "(0 of this workload, 2 of the nearest others)"));
+    assert_null(strstr(out, "not in the table"));
+    const char *ini = strstr(out, "\nxgb+init ");
+    assert_non_null(ini);
+    int lo = -1, hi = -1, med = -1;
+    assert_int_equal(sscanf(strstr(ini, "median"), "median %d (min %d, max %d)", &med, &lo, &hi), 3);
+    assert_int_equal(hi, 1); /* the nearest seed is the best: the first trial, every seed */
+    const char *last = strstr(out, "\nmedians: ");
+    assert_non_null(last);
+    assert_non_null(strstr(last, " xgb+init 1\n"));
+    /* a seed outside the table: said, and the run goes on */
+    tpk_tune_config other;
+    tpk_tune_space_default(&near, &other);
+    distinct_configs(&s, 99, &other, 1);
+    int intable = 0;
+    for (int i = 0; i < 300; i++)
+        intable |= tpk_tune_space_index(&s, &c[i]) == tpk_tune_space_index(&s, &other);
+    if (!intable) {
+        f = fopen(seeds, "w");
+        assert_non_null(f);
+        tpk_tune_result r = {0};
+        tpk_tune_record rec;
+        tpk_tune_record_fill(&rec, &s, &other, &r);
+        assert_int_equal(tpk_tune_log_write(f, &rec, &ctx), TPK_OK);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "%s replay %s --models=random,xgb --seeds=1-2 --init=%s", tptune, log, seeds);
+        assert_int_equal(run(cmd, out, sizeof out), 0);
+        assert_non_null(strstr(out, "(1 of this workload, 0 of the nearest others)"));
+        assert_non_null(strstr(out, "1 of the 1 --init configurations are not in the table"));
+    }
+}
+
 /* Search efficiency on the shipped replay tables (data/tuning/replay/: 1000 configurations
  * each, measured twice with OpenBLAS timed beside every one; labels are the mean of the two
  * vendor-relative rates), 21 seeds, nothing timed. Asserted, against random search's exact
@@ -453,7 +541,7 @@ static void test_signals_leave_no_scratch(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_cli), cmocka_unit_test(test_measure),
-                                       cmocka_unit_test(test_replay_labels), cmocka_unit_test(test_gen_prefers_unloaded),
+                                       cmocka_unit_test(test_replay_labels), cmocka_unit_test(test_replay_init), cmocka_unit_test(test_gen_prefers_unloaded),
                                        cmocka_unit_test(test_replay_shipped_tables),
                                        cmocka_unit_test(test_signals_leave_no_scratch)};
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -73,6 +73,7 @@ static void usage(FILE *f)
           "                     [--model=rank|reg] [--batch=B] [--first=F] [--eps=E] [--div=D] [--depth=N]\n"
           "                     [--eta=X] [--rounds=N]\n"
           "       tptune replay TABLE --models=random,xgb,latent[,xgb+latent] [--seeds=A-B] [--tau-train=N]\n"
+          "                     [--init=PORTED.jsonl]   (each model also seeded by those configurations)\n"
           "                     [--latent=hidden=H,trans=M,head=G,epochs=E,refit=R,lr=X,aux=W,l2=X,unlab=U]\n"
           "           last line `medians: random R xgb X latent Y` (trials to 95% of the table's best)\n"
           "       tptune gen --target=cuda --out=FILE LOG...\n"
@@ -548,6 +549,78 @@ static int read_logs(const char *list, tpk_tune_record **out, size_t *nout, tpk_
     return read_files(paths, np, out, nout, ctx);
 }
 
+#define INIT_MAX 8 /* configurations --init measures first: a first batch's worth */
+
+/* log2 distance between two workloads' shapes (m, n, k) */
+static double shape_distance(const tpk_tune_task *a, const tpk_tune_task *b)
+{
+    return fabs(log2((double)a->m / (double)b->m)) + fabs(log2((double)a->n / (double)b->n)) +
+           fabs(log2((double)a->k / (double)b->k));
+}
+
+/* The configurations of LOG (tptune port's output, or any log) that seed the search of space s:
+ * those of this very workload first, then those of the other workloads of the same template, op,
+ * dtype and threads, nearest shape first (log2 distance), up to INIT_MAX valid distinct ones. A
+ * ported set holds one configuration per source workload, and a shape the source class never
+ * tuned (the 512^3 replay table) still gets the neighbours' picks. */
+static int init_configs(const char *path, const tpk_tune_space *s, tpk_tune_config **out, size_t *nout,
+                        tpk_ctx *ctx)
+{
+    tpk_tune_record *r;
+    size_t n;
+    *out = NULL;
+    *nout = 0;
+    if (tpk_tune_log_read(path, &r, &n, ctx))
+        return 1;
+    tpk_tune_config *c = malloc((n + 1) * sizeof *c);
+    double *dist = malloc((n + 1) * sizeof *dist);
+    uint64_t *idx = malloc((n + 1) * sizeof *idx);
+    if (!c || !dist || !idx) {
+        free(r), free(c), free(dist), free(idx);
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return 1;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const tpk_tune_task *t = &r[i].task;
+        tpk_ctx q;
+        tpk_ctx_init(&q);
+        if (strcmp(r[i].template_name, s->template_name) || t->target != s->task.target || t->op != s->task.op ||
+            t->dtype != s->task.dtype || t->threads != s->task.threads ||
+            tpk_tune_record_config(s, &r[i], &c[m], &q) || !tpk_tune_space_valid(s, &c[m]))
+            continue;
+        uint64_t ii = tpk_tune_space_index(s, &c[m]);
+        double d = shape_distance(t, &s->task);
+        size_t j = 0;
+        while (j < m && idx[j] != ii)
+            j++;
+        if (j < m) { /* the same configuration twice: keep its nearest workload */
+            dist[j] = d < dist[j] ? d : dist[j];
+            continue;
+        }
+        idx[m] = ii;
+        dist[m++] = d;
+    }
+    /* stable insertion sort by distance: the log's order breaks ties */
+    for (size_t i = 1; i < m; i++)
+        for (size_t j = i; j > 0 && dist[j] < dist[j - 1]; j--) {
+            tpk_tune_config tc = c[j];
+            double td = dist[j];
+            uint64_t ti = idx[j];
+            c[j] = c[j - 1], dist[j] = dist[j - 1], idx[j] = idx[j - 1];
+            c[j - 1] = tc, dist[j - 1] = td, idx[j - 1] = ti;
+        }
+    size_t same = 0;
+    while (same < m && dist[same] == 0)
+        same++;
+    *nout = m < INIT_MAX ? m : INIT_MAX;
+    *out = c;
+    printf("tptune: %zu configuration(s) from %s measured first (%zu of this workload, %zu of the nearest others)\n",
+           *nout, path, same < *nout ? same : *nout, *nout > same ? *nout - same : 0);
+    free(r), free(dist), free(idx);
+    return 0;
+}
+
 /* Measuring options of the command line; candidates run in a fresh exec of this program
  * (tpk_tune_child_main), whose path goes to `self`. */
 static void measure_opts(const args *a, tpk_tune_measure_opts *mo, char *self, size_t cap)
@@ -591,37 +664,21 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
         o.history_class = CLASS_FIND;
         o.nhistory = nhist;
     }
-    /* --init: this workload's configurations of a ported (or any) log, measured first */
-    tpk_tune_record *ir = NULL;
-    size_t nir = 0;
+    /* --init: the ported (or any) log's configurations for this workload, measured first */
     tpk_tune_config *init = NULL;
     if (a->init) {
-        if (tpk_tune_log_read(a->init, &ir, &nir, ctx)) {
+        if (init_configs(a->init, &s, &init, &o.ninitial, ctx)) {
             free(hist);
             return 1;
         }
-        init = malloc((nir + 1) * sizeof *init);
-        if (!init) {
-            free(hist), free(ir);
-            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-            return 1;
-        }
-        for (size_t i = 0; i < nir; i++) {
-            tpk_ctx q;
-            tpk_ctx_init(&q);
-            if (tpk_tune_task_same(&ir[i].task, &s.task) && !strcmp(ir[i].template_name, s.template_name) &&
-                !tpk_tune_record_config(&s, &ir[i], &init[o.ninitial], &q))
-                o.ninitial++;
-        }
         o.initial = init;
-        printf("tptune: %zu configuration(s) of this workload from %s measured first\n", o.ninitial, a->init);
     }
     tpk_tune_measure_opts mo;
     char self[4096];
     measure_opts(a, &mo, self, sizeof self);
     FILE *log = fopen(a->log, "a");
     if (!log) {
-        free(init), free(ir);
+        free(init);
         free(hist);
         TPK_ERROR(ctx, TPK_EIO, "%s: cannot open for appending: %s", a->log, strerror(errno));
         return 1;
@@ -635,7 +692,6 @@ static int cmd_gemm(const args *a, tpk_ctx *ctx)
     fclose(log);
     free(hist);
     free(init);
-    free(ir);
     if (st)
         return 1;
     if (!(out.best_gflops > 0)) { /* every trial failed: no result, and say why */
@@ -921,7 +977,8 @@ static void replay_opts(const args *a, int model, uint64_t seed, tpk_tune_opts *
 }
 
 static int replay_median(const args *a, const tpk_tune_space *s, table *t, int trials, double target, int model,
-                         const tpk_tune_record *hist, size_t nhist, int *lo, int *hi, tpk_ctx *ctx)
+                         const tpk_tune_record *hist, size_t nhist, const tpk_tune_config *init, size_t ninit,
+                         int *lo, int *hi, tpk_ctx *ctx)
 {
     int *need = malloc((size_t)a->seeds * sizeof *need);
     if (!need) {
@@ -939,6 +996,8 @@ static int replay_median(const args *a, const tpk_tune_space *s, table *t, int t
         o.history = hist;
         o.history_class = CLASS_FIND;
         o.nhistory = nhist;
+        o.initial = init;
+        o.ninitial = ninit;
         tpk_tune_outcome out;
         if (tpk_tune_run(s, &o, table_measure, t, NULL, NULL, NULL, &out, ctx)) {
             free(need);
@@ -1087,7 +1146,8 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
     }
     table t = {malloc(n * sizeof(uint64_t)), malloc(n * sizeof(double)), 0};
     tpk_tune_record *hist = NULL;
-    size_t nhist = 0;
+    size_t nhist = 0, ninit = 0;
+    tpk_tune_config *init = NULL;
     int rc = 1;
     if (!t.idx || !t.gf) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -1099,6 +1159,23 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         goto done;
     if (a->transfer && read_logs(a->transfer, &hist, &nhist, ctx))
         goto done;
+    /* --init: the seeds a search measures first (tptune port's set); replay can label only those
+     * the table holds, so a table meant for this is measured with them in it. */
+    if (a->init) {
+        if (init_configs(a->init, &s, &init, &ninit, ctx))
+            goto done;
+        size_t absent = 0;
+        for (size_t i = 0; i < ninit; i++) {
+            uint64_t ii = tpk_tune_space_index(&s, &init[i]);
+            size_t j = 0;
+            while (j < t.n && t.idx[j] != ii)
+                j++;
+            absent += j == t.n;
+        }
+        if (absent)
+            printf("warning: %zu of the %zu --init configurations are not in the table (each counts as a failed trial)\n",
+                   absent, ninit);
+    }
     /* What transfer learns from: other workloads' records measured without competing load. */
     size_t nlearn = 0;
     for (size_t i = 0; i < nhist; i++)
@@ -1116,26 +1193,28 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
                "times its median %.2f GFLOP/s\n", passes, vmed);
     else
         printf("labels: mean over up to %d records per configuration of the fastest repeat's rate\n", passes);
-    /* Each model cold, then (with --transfer) each but random with transfer: the classic run's
-     * third line is its model with transfer. */
-    int med[2 * MAX_MODELS], lo, hi, exact = random_median_exact(t.n, (size_t)near), cold0 = -1;
-    int nrun = 0, runk[2 * MAX_MODELS], runx[2 * MAX_MODELS];
-    for (int x = 0; x < (hist ? 2 : 1); x++)
+    /* Each model cold, then (with --transfer) each but random with transfer, then (with --init)
+     * each but random seeded: the classic run's third line is its model with transfer. */
+    int med[3 * MAX_MODELS], lo, hi, exact = random_median_exact(t.n, (size_t)near), cold0 = -1;
+    int nrun = 0, runk[3 * MAX_MODELS], runx[3 * MAX_MODELS];
+    static const char *const variant[] = {"", "+transfer", "+init"};
+    for (int x = 0; x < 3; x++)
         for (int i = 0; i < nm; i++)
-            if (!x || kind[i] != TPK_TUNE_MODEL_RANDOM) {
+            if (!x || (kind[i] != TPK_TUNE_MODEL_RANDOM && (x == 1 ? hist != NULL : init != NULL))) {
                 runk[nrun] = i;
                 runx[nrun++] = x;
             }
     for (int j = 0; j < nrun; j++) {
         int i = runk[j], k = kind[i];
-        med[j] = replay_median(a, &s, &t, trials, 0.95 * best, k, runx[j] ? hist : NULL, runx[j] ? nhist : 0, &lo,
-                               &hi, ctx);
+        med[j] = replay_median(a, &s, &t, trials, 0.95 * best, k, runx[j] == 1 ? hist : NULL,
+                               runx[j] == 1 ? nhist : 0, runx[j] == 2 ? init : NULL, runx[j] == 2 ? ninit : 0,
+                               &lo, &hi, ctx);
         if (med[j] < 0)
             goto done;
         if (k == TPK_TUNE_MODEL_RANDOM && cold0 < 0)
             cold0 = med[j];
         char name[48];
-        snprintf(name, sizeof name, "%s%s", mname[i], runx[j] ? "+transfer" : "");
+        snprintf(name, sizeof name, "%s%s", mname[i], variant[runx[j]]);
         printf("%-19s trials to 95%% of best: median %4d (min %d, max %d) over %d seeds", name, med[j], lo, hi,
                a->seeds);
         if (k == TPK_TUNE_MODEL_RANDOM)
@@ -1148,8 +1227,11 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
             int c = 0; /* the same model's cold run */
             while (runk[c] != i || runx[c])
                 c++;
-            printf(", to cold %.2f (%zu of %zu records: other workloads, measured without load)", (double)med[j] / med[c],
-                   nlearn, nhist);
+            printf(", to cold %.2f", (double)med[j] / med[c]);
+            if (runx[j] == 1)
+                printf(" (%zu of %zu records: other workloads, measured without load)", nlearn, nhist);
+            else
+                printf(" (%zu seed configurations measured first)", ninit);
         }
         printf("\n");
     }
@@ -1165,13 +1247,14 @@ static int cmd_replay(const args *a, tpk_ctx *ctx)
         }
         printf("\nmedians:");
         for (int j = 0; j < nrun; j++)
-            printf(" %s%s %d", mname[runk[j]], runx[j] ? "+transfer" : "", med[j]);
+            printf(" %s%s %d", mname[runk[j]], variant[runx[j]], med[j]);
         printf("\n");
     }
     rc = 0;
 done:
     free(r);
     free(hist);
+    free(init);
     free(t.idx);
     free(t.gf);
     return rc;
