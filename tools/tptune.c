@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tpk/io.h"
@@ -81,6 +82,8 @@ static void usage(FILE *f)
           "       tptune port --from=CLASS --to=CLASS [--out=FILE] [--verify=0|1] [--data=DIR] [LOG...]\n"
           "           CLASS: an id of data/machines (avx512-intel) or a .conf path; --out: the ported configurations\n"
           "           as unmeasured records of the target class, measured first by tptune gemm --init=FILE\n"
+          "       tptune port --from=CLASS --to=sm_90 --out=DIR   (the class's relu map schedules as CUDA map\n"
+          "           kernels DIR/relu_map_*.cu: host emulation verified, nvcc sm_90 registers and spills)\n"
           "       tptune verify [--mutants=N] [--kinds=K,K] [--seed=S] [--class=ID] [--data=DIR]\n"
           "           every shipped kernel of the classes this CPU runs: GEMM/SYRK exactly on integers, maps by\n"
           "           their Z_p twin (and the kernel within tolerance); --mutants: N injected bugs, last line\n"
@@ -1294,13 +1297,19 @@ static int cmd_port(const args *a, tpk_ctx *ctx)
     data_dir(a, data, sizeof data);
     tpk_tune_class from, to;
     char from_path[4400], to_path[4400];
+    /* --to=sm_90: the class's relu map schedules as CUDA map kernels, --out a folder */
+    const int cuda = !strcmp(a->to, "sm_90") || !strcmp(a->to, "cuda/sm_90");
+    if (cuda && !a->out) {
+        fprintf(stderr, "tptune port --to=sm_90: --out=DIR (a folder for the .cu files) is required\n");
+        return 2;
+    }
     if (read_class(data, a->from, &from, from_path, sizeof from_path, ctx) ||
-        read_class(data, a->to, &to, to_path, sizeof to_path, ctx))
+        (!cuda && read_class(data, a->to, &to, to_path, sizeof to_path, ctx)))
         return 1;
     tpk_tune_record *recs;
     size_t nrec;
     const char *confs[2] = {from_path, to_path};
-    if (output_not_input(a->out, a, confs, 2, ctx))
+    if (!cuda && output_not_input(a->out, a, confs, 2, ctx))
         return 1;
     if (a->nfiles) {
         if (read_files(a->files, a->nfiles, &recs, &nrec, ctx))
@@ -1320,6 +1329,28 @@ static int cmd_port(const args *a, tpk_ctx *ctx)
         globfree(&g);
         if (rc)
             return 1;
+    }
+    if (cuda) {
+        struct stat sb;
+        if (stat(a->out, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            free(recs);
+            TPK_ERROR(ctx, TPK_EIO, "%s: not a folder", a->out);
+            return 1;
+        }
+        const char *nv = NULL, *env = getenv("NVCC");
+        if (env && *env && access(env, X_OK) == 0)
+            nv = env;
+        else if (access("/usr/local/cuda/bin/nvcc", X_OK) == 0)
+            nv = "/usr/local/cuda/bin/nvcc";
+        printf("tptune port: %s (%s) relu map schedules -> CUDA sm_90 map kernels in %s; host emulation verified%s\n",
+               from.m.name, from.id, a->out, nv ? ", compiled by nvcc (ptxas registers and spills)" : "; no nvcc found");
+        int np = 0, nf = 0;
+        int st = tpk_tune_port_map_cuda(recs, nrec, &from.m, a->out, nv, stdout, &np, &nf, ctx);
+        free(recs);
+        if (st)
+            return 1;
+        printf("ported %d of %d map schedules from %s to sm_90 (%d failed)\n", np, np + nf, from.id, nf);
+        return nf ? 1 : 0;
     }
     FILE *out = NULL;
     if (a->out && !(out = fopen(a->out, "w"))) {

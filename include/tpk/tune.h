@@ -501,6 +501,49 @@ TPK_API int tpk_tune_port(const tpk_tune_record *recs, size_t n, const tpk_machi
                           const tpk_tune_mutant_opts *verify, FILE *report, FILE *log, int *nported, int *nfailed,
                           tpk_ctx *ctx);
 
+/* ---- The relu-map schedule as a CUDA kernel (tuner/cuda_map.c, issue 21 item 3) ------------ */
+
+/* A cpu_map configuration's schedule on sm_90: a grid of rows × cols tiles of the lower triangle,
+ * blocks of tx × ty threads (a warp along a row, ty warps across rows), un entries per thread and
+ * step; the CPU's arccos variant and roots. notes: what the passes did. */
+typedef struct tpk_tune_cuda_map {
+    int dtype;
+    size_t n;                 /* the workload's size (the occupancy repair's) */
+    int rows, cols, tx, ty, un;
+    int acos, rq;             /* the cpu_map knob values */
+    int repaired;             /* the tile was shrunk for two waves of blocks */
+    size_t blocks;            /* blocks with an entry on or below the diagonal at n */
+    char notes[192];
+} tpk_tune_cuda_map;
+
+/* What checking an emitted file found: the host emulation against tpk_tune_check_map, and
+ * (nvcc given) the sm_90 compile with ptxas's registers and spill bytes; why: the failure. */
+typedef struct tpk_tune_cuda_map_check_report {
+    int host_ok;
+    double worst; /* the map checks' largest error relative to their bound's scale */
+    int nvcc_ran, nvcc_ok, regs, spill;
+    char why[320];
+} tpk_tune_cuda_map_check_report;
+
+/* The passes: CPU split → grid of tiles, vector lanes → a warp along the row, unroll → entries
+ * per thread, tile re-blocked and repaired for occupancy. */
+TPK_API int tpk_tune_cuda_map_plan(const tpk_tune_space *s, const tpk_tune_config *c, tpk_tune_cuda_map *p,
+                                   tpk_ctx *ctx);
+/* The .cu file: CUDA C under nvcc (tpk_cuda_map_launch, tpk_cuda_map_ws), plain C otherwise (the
+ * host emulation of the same grid as tpk_kernel / tpk_kernel_ws). */
+TPK_API int tpk_tune_cuda_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, const tpk_tune_cuda_map *p,
+                                   FILE *o, tpk_ctx *ctx);
+/* Compile the file's host emulation (gcc, in-process dlopen) and run tpk_tune_check_map on it,
+ * then (grid_n > 0; rows + cols + 3 spans several blocks) the whole map at n = grid_n against the
+ * reference; with nvcc (a path, or NULL to skip), compile it for sm_90 and read ptxas -v. A
+ * failed check is a report, not a status. */
+TPK_API int tpk_tune_cuda_map_check(const char *cu, int dtype, size_t grid_n, const char *nvcc,
+                                    tpk_tune_cuda_map_check_report *rep, tpk_ctx *ctx);
+/* Every relu map pick of class `from` in the logs to dir/relu_map_DTYPE_nN_Tt.cu, each checked
+ * (ported: the host emulation passes and, with nvcc, it compiles for sm_90 without spills). */
+TPK_API int tpk_tune_port_map_cuda(const tpk_tune_record *recs, size_t n, const tpk_machine *from, const char *dir,
+                                   const char *nvcc, FILE *report, int *nported, int *nfailed, tpk_ctx *ctx);
+
 /* ---- Library generation (gen/) ------------------------------------------------------------ */
 
 /* Write the generated C file of one machine class's tuned CPU GEMM kernels and their dispatch
