@@ -60,6 +60,9529 @@ static inline void tpk_v16f_st(float *p, tpk_v16f v)
 }
 #endif
 
+/* ---- tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da: dgemm, vw=512,mr=6,nv=4,kc=512,mc=480,nc=256,ku=4,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_MR = 6, tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_NR = 32, tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_KC = 512, tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_MC = 480, tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_NC = 256 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ws(int nt)
+{
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 245760) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    double *const bp = ws, *const ap_all = bp + 131072;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const double bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                double *const ap = ap_all + tid * 245760;
+                const size_t nblk = (m + 480 - 1) / 480;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 480, mc = m - ic < 480 ? m - ic : 480;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da: dgemm, vw=512,mr=6,nv=4,kc=256,mc=48,nc=256,ku=8,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_MR = 6, tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_NR = 32, tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_KC = 256, tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_MC = 48, tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_NC = 256 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 4) * 32 + 24);
+            { const double ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 5) * 32 + 24);
+            { const double ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 6) * 32 + 24);
+            { const double ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 7) * 32 + 24);
+            { const double ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 4) * 32 + 24);
+            { const double ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 5) * 32 + 24);
+            { const double ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 6) * 32 + 24);
+            { const double ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 7) * 32 + 24);
+            { const double ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ws(int nt)
+{
+    return (65536 + (size_t)(nt < 1 ? 1 : nt) * 12288) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    double *const bp = ws, *const ap_all = bp + 65536;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 256) {
+                const size_t kc = k - pc < 256 ? k - pc : 256;
+                const double bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                double *const ap = ap_all + tid * 12288;
+                const size_t nblk = (m + 48 - 1) / 48;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da: dgemm, vw=512,mr=6,nv=4,kc=512,mc=72,nc=1024,ku=8,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_MR = 6, tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_NR = 32, tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_KC = 512, tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_MC = 72, tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_NC = 1024 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 4) * 32 + 24);
+            { const double ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 5) * 32 + 24);
+            { const double ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 6) * 32 + 24);
+            { const double ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 7) * 32 + 24);
+            { const double ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 4) * 32 + 24);
+            { const double ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 5) * 32 + 24);
+            { const double ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 6) * 32 + 24);
+            { const double ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 7) * 32 + 24);
+            { const double ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ws(int nt)
+{
+    return (524288 + (size_t)(nt < 1 ? 1 : nt) * 36864) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    double *const bp = ws, *const ap_all = bp + 524288;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 1024) {
+            const size_t nc = n - jc < 1024 ? n - jc : 1024;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const double bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                double *const ap = ap_all + tid * 36864;
+                const size_t nblk = (m + 72 - 1) / 72;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 72, mc = m - ic < 72 ? m - ic : 72;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da: dgemm, vw=512,mr=6,nv=2,kc=512,mc=48,nc=256,ku=2,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_MR = 6, tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_NR = 16, tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_KC = 512, tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_MC = 48, tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_NC = 256 };
+
+/* C[6×16] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×16). */
+static void tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
+    size_t p = 0;
+    for (; p + 2 <= kc; p += 2) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+    }
+}
+
+/* C[6×16] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×16). */
+static void tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
+    size_t p = 0;
+    for (; p + 2 <= kc; p += 2) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 16-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j * csb];
+        for (; j < 16; j++)
+            dst[p * 16 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 6 * ldc + jp * 16;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 16 * kc;
+            if (mr_e == 6 && nr_e == 16) {
+                tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ukr(kc, a, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 6 * ldc + jp * 16;
+            const double *b = bp + jp * 16 * kc;
+            if (ip < full && nr_e == 16) {
+                tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 16, 1, 0);
+            else
+                tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ukr(kc, ape, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ws(int nt)
+{
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 24576) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    double *const bp = ws, *const ap_all = bp + 131072;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 16] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 16 - 1) / 16;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const double bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_pack_b(nc - jp * 16 < 16 ? nc - jp * 16 : 16, kc, B + pc * rsb + (jc + jp * 16) * csb,
+                            rsb, csb, bp + jp * 16 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                double *const ap = ap_all + tid * 24576;
+                const size_t nblk = (m + 48 - 1) / 48;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da: dgemm, vw=512,mr=6,nv=2,kc=512,mc=480,nc=256,ku=4,order=ir_jr,par=ic,pf=0,pb=private,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_MR = 6, tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_NR = 16, tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_KC = 512, tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_MC = 480, tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_NC = 256 };
+
+/* C[6×16] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×16). */
+static void tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 16 + 8);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 16 + 8);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+    }
+}
+
+/* C[6×16] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×16). */
+static void tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0};
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 16 + 8);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 16 + 8);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 16 + 8);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 16 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 16 + 8);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 16-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j * csb];
+        for (; j < 16; j++)
+            dst[p * 16 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 6 * ldc + jp * 16;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 16 * kc;
+            if (mr_e == 6 && nr_e == 16) {
+                tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ukr(kc, a, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            double *c = C + ip * 6 * ldc + jp * 16;
+            const double *b = bp + jp * 16 * kc;
+            if (ip < full && nr_e == 16) {
+                tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 16, 1, 0);
+            else
+                tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ukr(kc, ape, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (131072 + 245760) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 16] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 376832, *const ap = bp + 131072;
+        const size_t nblk = (m + 480 - 1) / 480, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 16 - 1) / 16;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_pack_b(nc - jp * 16 < 16 ? nc - jp * 16 : 16, kc, B + pc * rsb + (jc + jp * 16) * csb,
+                            rsb, csb, bp + jp * 16 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 480, mc = m - ic < 480 ? m - ic : 480;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da: dgemm, vw=512,mr=6,nv=3,kc=192,mc=480,nc=1024,ku=4,order=ir_jr,par=ic,pf=1,pb=private,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_MR = 6, tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_NR = 24, tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_KC = 192, tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_MC = 480, tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_NC = 1032 };
+
+/* C[6×24] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×24). */
+static void tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 23, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 24 + 16);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 24 + 16);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 24 + 16);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+    }
+}
+
+/* C[6×24] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×24). */
+static void tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 23, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 23, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 24 + 16);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 24 + 16);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 24 + 16);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 24 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 24 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 24 + 16);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 24-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 24 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 24 + j] = B[p * rsb + j * csb];
+        for (; j < 24; j++)
+            dst[p * 24 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 24 < 24 ? nc - jp * 24 : 24;
+            double *c = C + ip * 6 * ldc + jp * 24;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 24 * kc;
+            if (mr_e == 6 && nr_e == 24) {
+                tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ukr(kc, a, b, ct, 24, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 24 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 24 < 24 ? nc - jp * 24 : 24;
+            double *c = C + ip * 6 * ldc + jp * 24;
+            const double *b = bp + jp * 24 * kc;
+            if (ip < full && nr_e == 24) {
+                tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 24, 1, 0);
+            else
+                tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ukr(kc, ape, b, ct, 24, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 24 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (198144 + 92160) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 24] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 290304, *const ap = bp + 198144;
+        const size_t nblk = (m + 480 - 1) / 480, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 1032) {
+            const size_t nc = n - jc < 1032 ? n - jc : 1032;
+            const size_t npan = (nc + 24 - 1) / 24;
+            for (size_t pc = 0; pc < k; pc += 192) {
+                const size_t kc = k - pc < 192 ? k - pc : 192;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_pack_b(nc - jp * 24 < 24 ? nc - jp * 24 : 24, kc, B + pc * rsb + (jc + jp * 24) * csb,
+                            rsb, csb, bp + jp * 24 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 480, mc = m - ic < 480 ? m - ic : 480;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da: dgemm, vw=512,mr=6,nv=4,kc=192,mc=48,nc=256,ku=4,order=ir_jr,par=ic,pf=2,pb=private,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_MR = 6, tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_NR = 32, tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_KC = 192, tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_MC = 48, tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_NC = 256 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + (p + 8) * 6, 0, 3);
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + 0 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 1 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 2 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 3 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 4 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 5 * lda + p + 32, 0, 3);
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (49152 + 9216) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 58368, *const ap = bp + 49152;
+        const size_t nblk = (m + 48 - 1) / 48, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 192) {
+                const size_t kc = k - pc < 192 ? k - pc : 192;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da: dgemm, vw=512,mr=6,nv=4,kc=512,mc=144,nc=2048,ku=4,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_MR = 6, tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_NR = 32, tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_KC = 512, tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_MC = 144, tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_NC = 2048 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ws(int nt)
+{
+    return (1048576 + (size_t)(nt < 1 ? 1 : nt) * 73728) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    double *const bp = ws, *const ap_all = bp + 1048576;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 2048) {
+            const size_t nc = n - jc < 2048 ? n - jc : 2048;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const double bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                double *const ap = ap_all + tid * 73728;
+                const size_t nblk = (m + 144 - 1) / 144;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 144, mc = m - ic < 144 ? m - ic : 144;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da: dgemm, vw=512,mr=6,nv=4,kc=512,mc=192,nc=256,ku=4,order=ir_jr,par=ic,pf=2,pb=private,pa=direct ---- */
+enum { tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_MR = 6, tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_NR = 32, tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_KC = 512, tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_MC = 192, tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_NC = 256 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + (p + 8) * 6, 0, 3);
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* C[6×32] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ukr_d(size_t kc, const double *restrict a, size_t lda, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + 0 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 1 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 2 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 3 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 4 * lda + p + 32, 0, 3);
+        __builtin_prefetch(a + 5 * lda + p + 32, 0, 3);
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_macro_d(size_t mc, size_t nc, size_t kc, const double *A, size_t lda, const double *ape,
+        const double *bp, size_t jp0, size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *b = bp + jp * 32 * kc;
+            if (ip < full && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 32, 1, 0);
+            else
+                tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ukr(kc, ape, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (131072 + 98304) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 229376, *const ap = bp + 131072;
+        const size_t nblk = (m + 192 - 1) / 192, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 192, mc = m - ic < 192 ? m - ic : 192;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2: dgemm, vw=512,mr=6,nv=4,kc=192,mc=48,nc=2048,ku=8,order=ir_jr,par=ic,pf=2,pb=private,pa=packed ---- */
+enum { tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_MR = 6, tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_NR = 32, tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_KC = 192, tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_MC = 48, tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_NC = 2048 };
+
+/* C[6×32] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×32). */
+static void tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_ukr(size_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+        size_t ldc, double alpha, double beta)
+{
+    tpk_v8d c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v8d c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v8d c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v8d c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v8d c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v8d c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 31, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 31, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        __builtin_prefetch(a + (p + 16) * 6, 0, 3);
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 1) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 1) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 1) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 1) * 32 + 24);
+            { const double ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 2) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 2) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 2) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 2) * 32 + 24);
+            { const double ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 3) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 3) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 3) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 3) * 32 + 24);
+            { const double ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 4) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 4) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 4) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 4) * 32 + 24);
+            { const double ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 5) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 5) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 5) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 5) * 32 + 24);
+            { const double ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 6) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 6) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 6) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 6) * 32 + 24);
+            { const double ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 7) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 7) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 7) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 7) * 32 + 24);
+            { const double ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v8d b0 = tpk_v8d_ld(b + (p + 0) * 32 + 0);
+            const tpk_v8d b1 = tpk_v8d_ld(b + (p + 0) * 32 + 8);
+            const tpk_v8d b2 = tpk_v8d_ld(b + (p + 0) * 32 + 16);
+            const tpk_v8d b3 = tpk_v8d_ld(b + (p + 0) * 32 + 24);
+            { const double ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const double ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v8d_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, alpha * c5_3);
+    } else {
+        tpk_v8d_st(c + 0 * ldc + 0, beta * tpk_v8d_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v8d_st(c + 0 * ldc + 8, beta * tpk_v8d_ld(c + 0 * ldc + 8) + alpha * c0_1);
+        tpk_v8d_st(c + 0 * ldc + 16, beta * tpk_v8d_ld(c + 0 * ldc + 16) + alpha * c0_2);
+        tpk_v8d_st(c + 0 * ldc + 24, beta * tpk_v8d_ld(c + 0 * ldc + 24) + alpha * c0_3);
+        tpk_v8d_st(c + 1 * ldc + 0, beta * tpk_v8d_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v8d_st(c + 1 * ldc + 8, beta * tpk_v8d_ld(c + 1 * ldc + 8) + alpha * c1_1);
+        tpk_v8d_st(c + 1 * ldc + 16, beta * tpk_v8d_ld(c + 1 * ldc + 16) + alpha * c1_2);
+        tpk_v8d_st(c + 1 * ldc + 24, beta * tpk_v8d_ld(c + 1 * ldc + 24) + alpha * c1_3);
+        tpk_v8d_st(c + 2 * ldc + 0, beta * tpk_v8d_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v8d_st(c + 2 * ldc + 8, beta * tpk_v8d_ld(c + 2 * ldc + 8) + alpha * c2_1);
+        tpk_v8d_st(c + 2 * ldc + 16, beta * tpk_v8d_ld(c + 2 * ldc + 16) + alpha * c2_2);
+        tpk_v8d_st(c + 2 * ldc + 24, beta * tpk_v8d_ld(c + 2 * ldc + 24) + alpha * c2_3);
+        tpk_v8d_st(c + 3 * ldc + 0, beta * tpk_v8d_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v8d_st(c + 3 * ldc + 8, beta * tpk_v8d_ld(c + 3 * ldc + 8) + alpha * c3_1);
+        tpk_v8d_st(c + 3 * ldc + 16, beta * tpk_v8d_ld(c + 3 * ldc + 16) + alpha * c3_2);
+        tpk_v8d_st(c + 3 * ldc + 24, beta * tpk_v8d_ld(c + 3 * ldc + 24) + alpha * c3_3);
+        tpk_v8d_st(c + 4 * ldc + 0, beta * tpk_v8d_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v8d_st(c + 4 * ldc + 8, beta * tpk_v8d_ld(c + 4 * ldc + 8) + alpha * c4_1);
+        tpk_v8d_st(c + 4 * ldc + 16, beta * tpk_v8d_ld(c + 4 * ldc + 16) + alpha * c4_2);
+        tpk_v8d_st(c + 4 * ldc + 24, beta * tpk_v8d_ld(c + 4 * ldc + 24) + alpha * c4_3);
+        tpk_v8d_st(c + 5 * ldc + 0, beta * tpk_v8d_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v8d_st(c + 5 * ldc + 8, beta * tpk_v8d_ld(c + 5 * ldc + 8) + alpha * c5_1);
+        tpk_v8d_st(c + 5 * ldc + 16, beta * tpk_v8d_ld(c + 5 * ldc + 16) + alpha * c5_2);
+        tpk_v8d_st(c + 5 * ldc + 24, beta * tpk_v8d_ld(c + 5 * ldc + 24) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_pack_a(size_t mr_e, size_t kc, const double *A, size_t rsa, size_t csa, double *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 32-column panel, zero-padded. */
+static void tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_pack_b(size_t nr_e, size_t kc, const double *B, size_t rsb, size_t csb, double *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 32 + j] = B[p * rsb + j * csb];
+        for (; j < 32; j++)
+            dst[p * 32 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_macro(size_t mc, size_t nc, size_t kc, const double *ap, const double *bp, size_t jp0,
+        size_t jp1, double *C, size_t ldc, double alpha, double beta, double *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 32 < 32 ? nc - jp * 32 : 32;
+            double *c = C + ip * 6 * ldc + jp * 32;
+            const double *a = ap + ip * 6 * kc, *b = bp + jp * 32 * kc;
+            if (mr_e == 6 && nr_e == 32) {
+                tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_ukr(kc, a, b, ct, 32, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 32 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (393216 + 9216) * sizeof(double);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_ws(nt) bytes, 64-aligned. */
+static void tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2(size_t m, size_t n, size_t k, double alpha, const double *A, size_t rsa,
+        size_t csa, const double *B, size_t rsb, size_t csb, double beta, double *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        double ct[6 * 32] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        double *const bp = (double *)ws + tid * 402432, *const ap = bp + 393216;
+        const size_t nblk = (m + 48 - 1) / 48, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 2048) {
+            const size_t nc = n - jc < 2048 ? n - jc : 2048;
+            const size_t npan = (nc + 32 - 1) / 32;
+            for (size_t pc = 0; pc < k; pc += 192) {
+                const size_t kc = k - pc < 192 ? k - pc : 192;
+                const double bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_pack_b(nc - jp * 32 < 32 ? nc - jp * 32 : 32, kc, B + pc * rsb + (jc + jp * 32) * csb,
+                            rsb, csb, bp + jp * 32 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da: sgemm, vw=512,mr=10,nv=1,kc=320,mc=240,nc=256,ku=8,order=ir_jr,par=ic,pf=2,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_MR = 10, tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_NR = 16, tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_KC = 320, tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_MC = 240, tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_NC = 256 };
+
+/* C[10×16] = alpha·a·b + beta·C from packed panels a (kc×10) and b (kc×16). */
+static void tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0};
+    tpk_v16f c1_0 = {0};
+    tpk_v16f c2_0 = {0};
+    tpk_v16f c3_0 = {0};
+    tpk_v16f c4_0 = {0};
+    tpk_v16f c5_0 = {0};
+    tpk_v16f c6_0 = {0};
+    tpk_v16f c7_0 = {0};
+    tpk_v16f c8_0 = {0};
+    tpk_v16f c9_0 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 15, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        __builtin_prefetch(a + (p + 16) * 10, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 16 + 0);
+            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 16 + 0);
+            { const float ai = a[(p + 1) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 1) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 16 + 0);
+            { const float ai = a[(p + 2) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 2) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 16 + 0);
+            { const float ai = a[(p + 3) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 3) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 16 + 0);
+            { const float ai = a[(p + 4) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 4) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 16 + 0);
+            { const float ai = a[(p + 5) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 5) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 16 + 0);
+            { const float ai = a[(p + 6) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 6) * 10 + 9]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 16 + 0);
+            { const float ai = a[(p + 7) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 7) * 10 + 9]; c9_0 += ai * b0; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 16 + 0);
+            { const float ai = a[(p + 0) * 10 + 0]; c0_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 1]; c1_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 2]; c2_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 3]; c3_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 4]; c4_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 5]; c5_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 6]; c6_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 7]; c7_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 8]; c8_0 += ai * b0; }
+            { const float ai = a[(p + 0) * 10 + 9]; c9_0 += ai * b0; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+    }
+}
+
+/* C[10×16] = alpha·a·b + beta·C from 10 rows of A in place (stride lda) and a packed panel b (kc×16). */
+static void tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0};
+    tpk_v16f c1_0 = {0};
+    tpk_v16f c2_0 = {0};
+    tpk_v16f c3_0 = {0};
+    tpk_v16f c4_0 = {0};
+    tpk_v16f c5_0 = {0};
+    tpk_v16f c6_0 = {0};
+    tpk_v16f c7_0 = {0};
+    tpk_v16f c8_0 = {0};
+    tpk_v16f c9_0 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 6 * ldc, 1, 3);
+    __builtin_prefetch(c + 6 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 7 * ldc, 1, 3);
+    __builtin_prefetch(c + 7 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 8 * ldc, 1, 3);
+    __builtin_prefetch(c + 8 * ldc + 15, 1, 3);
+    __builtin_prefetch(c + 9 * ldc, 1, 3);
+    __builtin_prefetch(c + 9 * ldc + 15, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        __builtin_prefetch(a + 0 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 1 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 2 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 3 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 4 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 5 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 6 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 7 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 8 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 9 * lda + p + 64, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 16 + 0);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 16 + 0);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 1]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 1]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 1]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 1]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 16 + 0);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 2]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 2]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 2]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 2]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 16 + 0);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 3]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 3]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 3]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 3]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 16 + 0);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 4]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 4]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 4]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 4]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 16 + 0);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 5]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 5]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 5]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 5]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 16 + 0);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 6]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 6]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 6]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 6]; c9_0 += ai * b0; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 16 + 0);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 7]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 7]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 7]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 7]; c9_0 += ai * b0; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 16 + 0);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; }
+            { const float ai = a[6 * lda + p + 0]; c6_0 += ai * b0; }
+            { const float ai = a[7 * lda + p + 0]; c7_0 += ai * b0; }
+            { const float ai = a[8 * lda + p + 0]; c8_0 += ai * b0; }
+            { const float ai = a[9 * lda + p + 0]; c9_0 += ai * b0; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 6 * ldc + 0, alpha * c6_0);
+        tpk_v16f_st(c + 7 * ldc + 0, alpha * c7_0);
+        tpk_v16f_st(c + 8 * ldc + 0, alpha * c8_0);
+        tpk_v16f_st(c + 9 * ldc + 0, alpha * c9_0);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 6 * ldc + 0, beta * tpk_v16f_ld(c + 6 * ldc + 0) + alpha * c6_0);
+        tpk_v16f_st(c + 7 * ldc + 0, beta * tpk_v16f_ld(c + 7 * ldc + 0) + alpha * c7_0);
+        tpk_v16f_st(c + 8 * ldc + 0, beta * tpk_v16f_ld(c + 8 * ldc + 0) + alpha * c8_0);
+        tpk_v16f_st(c + 9 * ldc + 0, beta * tpk_v16f_ld(c + 9 * ldc + 0) + alpha * c9_0);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 10-row panel, zero-padded. */
+static void tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 10) {
+        for (size_t i = 0; i < 10; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 10 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 10 + i] = A[i * rsa + p * csa];
+        for (; i < 10; i++)
+            dst[p * 10 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 16-column panel, zero-padded. */
+static void tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 16 + j] = B[p * rsb + j * csb];
+        for (; j < 16; j++)
+            dst[p * 16 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 10 - 1) / 10;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            float *c = C + ip * 10 * ldc + jp * 16;
+            const float *a = ap + ip * 10 * kc, *b = bp + jp * 16 * kc;
+            if (mr_e == 10 && nr_e == 16) {
+                tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ukr(kc, a, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 10-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 10 - 1) / 10, full = mc / 10;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 10 < 10 ? mc - ip * 10 : 10;
+            const size_t nr_e = nc - jp * 16 < 16 ? nc - jp * 16 : 16;
+            float *c = C + ip * 10 * ldc + jp * 16;
+            const float *b = bp + jp * 16 * kc;
+            if (ip < full && nr_e == 16) {
+                tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ukr_d(kc, A + ip * 10 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ukr_d(kc, A + ip * 10 * lda, lda, b, ct, 16, 1, 0);
+            else
+                tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ukr(kc, ape, b, ct, 16, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 16 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ws(int nt)
+{
+    return (81920 + (size_t)(nt < 1 ? 1 : nt) * 76800) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 81920;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[10 * 16] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 16 - 1) / 16;
+            for (size_t pc = 0; pc < k; pc += 320) {
+                const size_t kc = k - pc < 320 ? k - pc : 320;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_pack_b(nc - jp * 16 < 16 ? nc - jp * 16 : 16, kc, B + pc * rsb + (jc + jp * 16) * csb,
+                            rsb, csb, bp + jp * 16 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 76800;
+                const size_t nblk = (m + 240 - 1) / 240;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 240, mc = m - ic < 240 ? m - ic : 240;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 10;
+                        if (full * 10 < mc)
+                            tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_pack_a(mc - full * 10, kc, A + (ic + full * 10) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 10 < mc; ip++)
+                        tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_pack_a(mc - ip * 10 < 10 ? mc - ip * 10 : 10, kc, A + (ic + ip * 10) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 10 * kc);
+                    tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da: sgemm, vw=512,mr=6,nv=3,kc=512,mc=48,nc=512,ku=4,order=ir_jr,par=ic,pf=2,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_MR = 6, tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_NR = 48, tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_KC = 512, tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_MC = 48, tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_NC = 528 };
+
+/* C[6×48] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×48). */
+static void tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 47, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + (p + 8) * 6, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 48 + 32);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 48 + 32);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 48 + 32);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+    }
+}
+
+/* C[6×48] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×48). */
+static void tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 47, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + 0 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 1 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 2 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 3 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 4 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 5 * lda + p + 64, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 48 + 32);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 48 + 32);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 48 + 32);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 48-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 48 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 48 + j] = B[p * rsb + j * csb];
+        for (; j < 48; j++)
+            dst[p * 48 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 48 < 48 ? nc - jp * 48 : 48;
+            float *c = C + ip * 6 * ldc + jp * 48;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 48 * kc;
+            if (mr_e == 6 && nr_e == 48) {
+                tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ukr(kc, a, b, ct, 48, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 48 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 48 < 48 ? nc - jp * 48 : 48;
+            float *c = C + ip * 6 * ldc + jp * 48;
+            const float *b = bp + jp * 48 * kc;
+            if (ip < full && nr_e == 48) {
+                tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 48, 1, 0);
+            else
+                tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ukr(kc, ape, b, ct, 48, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 48 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ws(int nt)
+{
+    return (270336 + (size_t)(nt < 1 ? 1 : nt) * 24576) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 270336;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 48] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 528) {
+            const size_t nc = n - jc < 528 ? n - jc : 528;
+            const size_t npan = (nc + 48 - 1) / 48;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_pack_b(nc - jp * 48 < 48 ? nc - jp * 48 : 48, kc, B + pc * rsb + (jc + jp * 48) * csb,
+                            rsb, csb, bp + jp * 48 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 24576;
+                const size_t nblk = (m + 48 - 1) / 48;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da: sgemm, vw=512,mr=6,nv=4,kc=384,mc=48,nc=256,ku=8,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_MR = 6, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_NR = 64, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_KC = 384, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_MC = 48, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_NC = 256 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ws(int nt)
+{
+    return (98304 + (size_t)(nt < 1 ? 1 : nt) * 18432) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 98304;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 384) {
+                const size_t kc = k - pc < 384 ? k - pc : 384;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 18432;
+                const size_t nblk = (m + 48 - 1) / 48;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da: sgemm, vw=512,mr=6,nv=3,kc=512,mc=48,nc=2048,ku=8,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_MR = 6, tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_NR = 48, tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_KC = 512, tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_MC = 48, tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_NC = 2064 };
+
+/* C[6×48] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×48). */
+static void tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 47, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 48 + 32);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 48 + 32);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 48 + 32);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 48 + 32);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 48 + 32);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 48 + 32);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 48 + 32);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+    }
+}
+
+/* C[6×48] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×48). */
+static void tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 47, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 47, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 48 + 32);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 48 + 32);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 48 + 32);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 48 + 32);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 48 + 32);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 48 + 32);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 48 + 32);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 48 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 48 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 48 + 32);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 48-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 48 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 48 + j] = B[p * rsb + j * csb];
+        for (; j < 48; j++)
+            dst[p * 48 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 48 < 48 ? nc - jp * 48 : 48;
+            float *c = C + ip * 6 * ldc + jp * 48;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 48 * kc;
+            if (mr_e == 6 && nr_e == 48) {
+                tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ukr(kc, a, b, ct, 48, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 48 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 48 < 48 ? nc - jp * 48 : 48;
+            float *c = C + ip * 6 * ldc + jp * 48;
+            const float *b = bp + jp * 48 * kc;
+            if (ip < full && nr_e == 48) {
+                tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 48, 1, 0);
+            else
+                tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ukr(kc, ape, b, ct, 48, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 48 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ws(int nt)
+{
+    return (1056768 + (size_t)(nt < 1 ? 1 : nt) * 24576) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 1056768;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 48] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 2064) {
+            const size_t nc = n - jc < 2064 ? n - jc : 2064;
+            const size_t npan = (nc + 48 - 1) / 48;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_pack_b(nc - jp * 48 < 48 ? nc - jp * 48 : 48, kc, B + pc * rsb + (jc + jp * 48) * csb,
+                            rsb, csb, bp + jp * 48 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 24576;
+                const size_t nblk = (m + 48 - 1) / 48;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da: sgemm, vw=512,mr=6,nv=4,kc=512,mc=192,nc=256,ku=8,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_MR = 6, tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_NR = 64, tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_KC = 512, tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_MC = 192, tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_NC = 256 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ws(int nt)
+{
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 98304) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 131072;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 98304;
+                const size_t nblk = (m + 192 - 1) / 192;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 192, mc = m - ic < 192 ? m - ic : 192;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da: sgemm, vw=512,mr=6,nv=4,kc=512,mc=72,nc=4096,ku=4,order=ir_jr,par=ic,pf=2,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_MR = 6, tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_NR = 64, tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_KC = 512, tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_MC = 72, tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_NC = 4096 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + (p + 8) * 6, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        __builtin_prefetch(a + 0 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 1 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 2 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 3 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 4 * lda + p + 64, 0, 3);
+        __builtin_prefetch(a + 5 * lda + p + 64, 0, 3);
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ws(int nt)
+{
+    return (2097152 + (size_t)(nt < 1 ? 1 : nt) * 36864) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 2097152;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 4096) {
+            const size_t nc = n - jc < 4096 ? n - jc : 4096;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 36864;
+                const size_t nblk = (m + 72 - 1) / 72;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 72, mc = m - ic < 72 ? m - ic : 72;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da: sgemm, vw=512,mr=6,nv=4,kc=512,mc=72,nc=256,ku=8,order=ir_jr,par=ic,pf=0,pb=private,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_MR = 6, tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_NR = 64, tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_KC = 512, tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_MC = 72, tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_NC = 256 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (131072 + 36864) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 167936, *const ap = bp + 131072;
+        const size_t nblk = (m + 72 - 1) / 72, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 72, mc = m - ic < 72 ? m - ic : 72;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da: sgemm, vw=512,mr=6,nv=4,kc=512,mc=48,nc=256,ku=8,order=ir_jr,par=ic,pf=1,pb=shared,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_MR = 6, tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_NR = 64, tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_KC = 512, tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_MC = 48, tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_NC = 256 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: the packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ws(int nt)
+{
+    return (131072 + (size_t)(nt < 1 ? 1 : nt) * 24576) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+    float *const bp = ws, *const ap_all = bp + 131072;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                for (size_t jp = tid; jp < npan; jp += nth)
+                    tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+#pragma omp barrier
+                /* Threads split the ic loop; each packs its own A block. */
+                float *const ap = ap_all + tid * 24576;
+                const size_t nblk = (m + 48 - 1) / 48;
+                for (size_t ib = nblk * tid / nth; ib < nblk * (tid + 1) / nth; ib++) {
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da: sgemm, vw=512,mr=6,nv=4,kc=256,mc=72,nc=256,ku=8,order=jr_ir,par=ic,pf=0,pb=private,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_MR = 6, tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_NR = 64, tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_KC = 256, tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_MC = 72, tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_NC = 256 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t jp = jp0; jp < jp1; jp++)
+        for (size_t ip = 0; ip < mpan; ip++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (65536 + 18432) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 83968, *const ap = bp + 65536;
+        const size_t nblk = (m + 72 - 1) / 72, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 256) {
+                const size_t kc = k - pc < 256 ? k - pc : 256;
+                const float bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 72, mc = m - ic < 72 ? m - ic : 72;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da: sgemm, vw=512,mr=6,nv=4,kc=512,mc=48,nc=1024,ku=8,order=ir_jr,par=ic,pf=1,pb=private,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_MR = 6, tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_NR = 64, tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_KC = 512, tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_MC = 48, tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_NC = 1024 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (524288 + 24576) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 548864, *const ap = bp + 524288;
+        const size_t nblk = (m + 48 - 1) / 48, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 1024) {
+            const size_t nc = n - jc < 1024 ? n - jc : 1024;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 512) {
+                const size_t kc = k - pc < 512 ? k - pc : 512;
+                const float bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 48, mc = m - ic < 48 ? m - ic : 48;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
+/* ---- tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da: sgemm, vw=512,mr=6,nv=4,kc=384,mc=144,nc=256,ku=8,order=ir_jr,par=ic,pf=1,pb=private,pa=direct ---- */
+enum { tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_MR = 6, tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_NR = 64, tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_KC = 384, tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_MC = 144, tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_NC = 256 };
+
+/* C[6×64] = alpha·a·b + beta·C from packed panels a (kc×6) and b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ukr(size_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[(p + 1) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 1) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[(p + 2) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 2) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[(p + 3) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 3) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[(p + 4) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 4) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[(p + 5) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 5) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[(p + 6) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 6) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[(p + 7) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 7) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[(p + 0) * 6 + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[(p + 0) * 6 + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* C[6×64] = alpha·a·b + beta·C from 6 rows of A in place (stride lda) and a packed panel b (kc×64). */
+static void tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ukr_d(size_t kc, const float *restrict a, size_t lda, const float *restrict b, float *restrict c,
+        size_t ldc, float alpha, float beta)
+{
+    tpk_v16f c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    tpk_v16f c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    tpk_v16f c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    tpk_v16f c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    tpk_v16f c4_0 = {0}, c4_1 = {0}, c4_2 = {0}, c4_3 = {0};
+    tpk_v16f c5_0 = {0}, c5_1 = {0}, c5_2 = {0}, c5_3 = {0};
+    __builtin_prefetch(c + 0 * ldc, 1, 3);
+    __builtin_prefetch(c + 0 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 1 * ldc, 1, 3);
+    __builtin_prefetch(c + 1 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 2 * ldc, 1, 3);
+    __builtin_prefetch(c + 2 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 3 * ldc, 1, 3);
+    __builtin_prefetch(c + 3 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 4 * ldc, 1, 3);
+    __builtin_prefetch(c + 4 * ldc + 63, 1, 3);
+    __builtin_prefetch(c + 5 * ldc, 1, 3);
+    __builtin_prefetch(c + 5 * ldc + 63, 1, 3);
+    size_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 1) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 1) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 1) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 1) * 64 + 48);
+            { const float ai = a[0 * lda + p + 1]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 1]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 1]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 1]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 1]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 1]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 2) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 2) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 2) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 2) * 64 + 48);
+            { const float ai = a[0 * lda + p + 2]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 2]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 2]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 2]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 2]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 2]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 3) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 3) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 3) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 3) * 64 + 48);
+            { const float ai = a[0 * lda + p + 3]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 3]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 3]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 3]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 3]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 3]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 4) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 4) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 4) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 4) * 64 + 48);
+            { const float ai = a[0 * lda + p + 4]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 4]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 4]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 4]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 4]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 4]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 5) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 5) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 5) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 5) * 64 + 48);
+            { const float ai = a[0 * lda + p + 5]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 5]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 5]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 5]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 5]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 5]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 6) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 6) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 6) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 6) * 64 + 48);
+            { const float ai = a[0 * lda + p + 6]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 6]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 6]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 6]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 6]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 6]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 7) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 7) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 7) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 7) * 64 + 48);
+            { const float ai = a[0 * lda + p + 7]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 7]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 7]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 7]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 7]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 7]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    for (; p < kc; p++) {
+        {
+            const tpk_v16f b0 = tpk_v16f_ld(b + (p + 0) * 64 + 0);
+            const tpk_v16f b1 = tpk_v16f_ld(b + (p + 0) * 64 + 16);
+            const tpk_v16f b2 = tpk_v16f_ld(b + (p + 0) * 64 + 32);
+            const tpk_v16f b3 = tpk_v16f_ld(b + (p + 0) * 64 + 48);
+            { const float ai = a[0 * lda + p + 0]; c0_0 += ai * b0; c0_1 += ai * b1; c0_2 += ai * b2; c0_3 += ai * b3; }
+            { const float ai = a[1 * lda + p + 0]; c1_0 += ai * b0; c1_1 += ai * b1; c1_2 += ai * b2; c1_3 += ai * b3; }
+            { const float ai = a[2 * lda + p + 0]; c2_0 += ai * b0; c2_1 += ai * b1; c2_2 += ai * b2; c2_3 += ai * b3; }
+            { const float ai = a[3 * lda + p + 0]; c3_0 += ai * b0; c3_1 += ai * b1; c3_2 += ai * b2; c3_3 += ai * b3; }
+            { const float ai = a[4 * lda + p + 0]; c4_0 += ai * b0; c4_1 += ai * b1; c4_2 += ai * b2; c4_3 += ai * b3; }
+            { const float ai = a[5 * lda + p + 0]; c5_0 += ai * b0; c5_1 += ai * b1; c5_2 += ai * b2; c5_3 += ai * b3; }
+        }
+    }
+    if (beta == 0) {
+        tpk_v16f_st(c + 0 * ldc + 0, alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, alpha * c5_3);
+    } else {
+        tpk_v16f_st(c + 0 * ldc + 0, beta * tpk_v16f_ld(c + 0 * ldc + 0) + alpha * c0_0);
+        tpk_v16f_st(c + 0 * ldc + 16, beta * tpk_v16f_ld(c + 0 * ldc + 16) + alpha * c0_1);
+        tpk_v16f_st(c + 0 * ldc + 32, beta * tpk_v16f_ld(c + 0 * ldc + 32) + alpha * c0_2);
+        tpk_v16f_st(c + 0 * ldc + 48, beta * tpk_v16f_ld(c + 0 * ldc + 48) + alpha * c0_3);
+        tpk_v16f_st(c + 1 * ldc + 0, beta * tpk_v16f_ld(c + 1 * ldc + 0) + alpha * c1_0);
+        tpk_v16f_st(c + 1 * ldc + 16, beta * tpk_v16f_ld(c + 1 * ldc + 16) + alpha * c1_1);
+        tpk_v16f_st(c + 1 * ldc + 32, beta * tpk_v16f_ld(c + 1 * ldc + 32) + alpha * c1_2);
+        tpk_v16f_st(c + 1 * ldc + 48, beta * tpk_v16f_ld(c + 1 * ldc + 48) + alpha * c1_3);
+        tpk_v16f_st(c + 2 * ldc + 0, beta * tpk_v16f_ld(c + 2 * ldc + 0) + alpha * c2_0);
+        tpk_v16f_st(c + 2 * ldc + 16, beta * tpk_v16f_ld(c + 2 * ldc + 16) + alpha * c2_1);
+        tpk_v16f_st(c + 2 * ldc + 32, beta * tpk_v16f_ld(c + 2 * ldc + 32) + alpha * c2_2);
+        tpk_v16f_st(c + 2 * ldc + 48, beta * tpk_v16f_ld(c + 2 * ldc + 48) + alpha * c2_3);
+        tpk_v16f_st(c + 3 * ldc + 0, beta * tpk_v16f_ld(c + 3 * ldc + 0) + alpha * c3_0);
+        tpk_v16f_st(c + 3 * ldc + 16, beta * tpk_v16f_ld(c + 3 * ldc + 16) + alpha * c3_1);
+        tpk_v16f_st(c + 3 * ldc + 32, beta * tpk_v16f_ld(c + 3 * ldc + 32) + alpha * c3_2);
+        tpk_v16f_st(c + 3 * ldc + 48, beta * tpk_v16f_ld(c + 3 * ldc + 48) + alpha * c3_3);
+        tpk_v16f_st(c + 4 * ldc + 0, beta * tpk_v16f_ld(c + 4 * ldc + 0) + alpha * c4_0);
+        tpk_v16f_st(c + 4 * ldc + 16, beta * tpk_v16f_ld(c + 4 * ldc + 16) + alpha * c4_1);
+        tpk_v16f_st(c + 4 * ldc + 32, beta * tpk_v16f_ld(c + 4 * ldc + 32) + alpha * c4_2);
+        tpk_v16f_st(c + 4 * ldc + 48, beta * tpk_v16f_ld(c + 4 * ldc + 48) + alpha * c4_3);
+        tpk_v16f_st(c + 5 * ldc + 0, beta * tpk_v16f_ld(c + 5 * ldc + 0) + alpha * c5_0);
+        tpk_v16f_st(c + 5 * ldc + 16, beta * tpk_v16f_ld(c + 5 * ldc + 16) + alpha * c5_1);
+        tpk_v16f_st(c + 5 * ldc + 32, beta * tpk_v16f_ld(c + 5 * ldc + 32) + alpha * c5_2);
+        tpk_v16f_st(c + 5 * ldc + 48, beta * tpk_v16f_ld(c + 5 * ldc + 48) + alpha * c5_3);
+    }
+}
+
+/* Pack an mr_e×kc block of A (strides rsa, csa) into an 6-row panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_pack_a(size_t mr_e, size_t kc, const float *A, size_t rsa, size_t csa, float *restrict dst)
+{
+    if (csa == 1 && mr_e == 6) {
+        for (size_t i = 0; i < 6; i++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * 6 + i] = A[i * rsa + p];
+        return;
+    }
+    for (size_t p = 0; p < kc; p++) {
+        size_t i = 0;
+        for (; i < mr_e; i++)
+            dst[p * 6 + i] = A[i * rsa + p * csa];
+        for (; i < 6; i++)
+            dst[p * 6 + i] = 0;
+    }
+}
+
+/* Pack a kc×nr_e block of B (strides rsb, csb) into a 64-column panel, zero-padded. */
+static void tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_pack_b(size_t nr_e, size_t kc, const float *B, size_t rsb, size_t csb, float *restrict dst)
+{
+    for (size_t p = 0; p < kc; p++) {
+        size_t j = 0;
+        if (csb == 1)
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j];
+        else
+            for (; j < nr_e; j++)
+                dst[p * 64 + j] = B[p * rsb + j * csb];
+        for (; j < 64; j++)
+            dst[p * 64 + j] = 0;
+    }
+}
+
+/* One packed mc×kc block of A against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_macro(size_t mc, size_t nc, size_t kc, const float *ap, const float *bp, size_t jp0,
+        size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *a = ap + ip * 6 * kc, *b = bp + jp * 64 * kc;
+            if (mr_e == 6 && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ukr(kc, a, b, c, ldc, alpha, beta);
+                continue;
+            }
+            /* Edge tile: full tile into ct, then the valid part into C. */
+            tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ukr(kc, a, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* An mc×kc block of A read in place (whole 6-row panels; the partial last one packed in
+ * ape) against B panels [jp0, jp1) of the packed kc×nc block. */
+static void tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_macro_d(size_t mc, size_t nc, size_t kc, const float *A, size_t lda, const float *ape,
+        const float *bp, size_t jp0, size_t jp1, float *C, size_t ldc, float alpha, float beta, float *ct)
+{
+    const size_t mpan = (mc + 6 - 1) / 6, full = mc / 6;
+    for (size_t ip = 0; ip < mpan; ip++)
+        for (size_t jp = jp0; jp < jp1; jp++) {
+            const size_t mr_e = mc - ip * 6 < 6 ? mc - ip * 6 : 6;
+            const size_t nr_e = nc - jp * 64 < 64 ? nc - jp * 64 : 64;
+            float *c = C + ip * 6 * ldc + jp * 64;
+            const float *b = bp + jp * 64 * kc;
+            if (ip < full && nr_e == 64) {
+                tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, c, ldc, alpha, beta);
+                continue;
+            }
+            if (ip < full)
+                tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ukr_d(kc, A + ip * 6 * lda, lda, b, ct, 64, 1, 0);
+            else
+                tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ukr(kc, ape, b, ct, 64, 1, 0);
+            for (size_t i = 0; i < mr_e; i++)
+                for (size_t j = 0; j < nr_e; j++)
+                    c[i * ldc + j] = (beta == 0 ? 0 : beta * c[i * ldc + j]) + alpha * ct[i * 64 + j];
+        }
+}
+
+/* Workspace bytes for nt threads: per thread a packed B block and one packed A block per thread. */
+static size_t tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ws(int nt)
+{
+    return (size_t)(nt < 1 ? 1 : nt) * (98304 + 55296) * sizeof(float);
+}
+
+/* C = alpha·op(A)·op(B) + beta·C; transposes are strides. ws: tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ws(nt) bytes, 64-aligned. */
+static void tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da(size_t m, size_t n, size_t k, float alpha, const float *A, size_t rsa,
+        size_t csa, const float *B, size_t rsb, size_t csb, float beta, float *C, size_t ldc, int nt, void *ws)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0 || alpha == 0) {
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+    if (nt < 1)
+        nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        float ct[6 * 64] __attribute__((aligned(64)));
+        /* Every thread packs B for itself: no barrier anywhere. */
+        float *const bp = (float *)ws + tid * 153600, *const ap = bp + 98304;
+        const size_t nblk = (m + 144 - 1) / 144, b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+        for (size_t jc = 0; jc < n; jc += 256) {
+            const size_t nc = n - jc < 256 ? n - jc : 256;
+            const size_t npan = (nc + 64 - 1) / 64;
+            for (size_t pc = 0; pc < k; pc += 384) {
+                const size_t kc = k - pc < 384 ? k - pc : 384;
+                const float bet = pc == 0 ? beta : 1;
+                if (b0 == b1)
+                    continue;
+                for (size_t jp = 0; jp < npan; jp++)
+                    tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_pack_b(nc - jp * 64 < 64 ? nc - jp * 64 : 64, kc, B + pc * rsb + (jc + jp * 64) * csb,
+                            rsb, csb, bp + jp * 64 * kc);
+                /* Threads split the ic loop; each packs its own A block. */
+                for (size_t ib = b0; ib < b1; ib++) {
+                    const size_t ic = ib * 144, mc = m - ic < 144 ? m - ic : 144;
+                    if (csa == 1) { /* rows of A contiguous: read them in place */
+                        const size_t full = mc / 6;
+                        if (full * 6 < mc)
+                            tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_pack_a(mc - full * 6, kc, A + (ic + full * 6) * rsa + pc, rsa, 1, ap);
+                        tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_macro_d(mc, nc, kc, A + ic * rsa + pc, rsa, ap, bp, 0, npan, C + ic * ldc + jc,
+                                ldc, alpha, bet, ct);
+                        continue;
+                    }
+                    for (size_t ip = 0; ip * 6 < mc; ip++)
+                        tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_pack_a(mc - ip * 6 < 6 ? mc - ip * 6 : 6, kc, A + (ic + ip * 6) * rsa + pc * csa,
+                                rsa, csa, ap + ip * 6 * kc);
+                    tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_macro(mc, nc, kc, ap, bp, 0, npan, C + ic * ldc + jc, ldc, alpha, bet, ct);
+                }
+            }
+        }
+    }
+}
+
 /* ---- tpk_dgemm_avx512_8x24_k64_m576_n8208_u4_jrir_icpb_p1: dgemm, vw=512,mr=8,nv=3,kc=64,mc=576,nc=8192,ku=4,order=jr_ir,par=ic,pf=1,pb=private,pa=packed ---- */
 enum { tpk_dgemm_avx512_8x24_k64_m576_n8208_u4_jrir_icpb_p1_MR = 8, tpk_dgemm_avx512_8x24_k64_m576_n8208_u4_jrir_icpb_p1_NR = 24, tpk_dgemm_avx512_8x24_k64_m576_n8208_u4_jrir_icpb_p1_KC = 64, tpk_dgemm_avx512_8x24_k64_m576_n8208_u4_jrir_icpb_p1_MC = 576, tpk_dgemm_avx512_8x24_k64_m576_n8208_u4_jrir_icpb_p1_NC = 8208 };
 
@@ -1124,7 +10647,30 @@ static void tpk_ssyrk_avx512_8x48_k64_m576_n8208_u4_jrir_icpb_p1(size_t m, size_
 
 /* Workloads, sorted by dtype, threads, m, n, k; GFLOP/s of the fastest repeat when tuned. */
 static const tpk__gemm_entry table[] = {
-    {0, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL},
+    {0, 0, 1, 1024, 64, 1024, 54.9, "tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da", tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_6x32_k512_m480_n256_u4_irjr_ic_p1_da_ws},
+    {0, 0, 1, 1024, 1024, 1024, 52.9, "tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da", tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ws},
+    {0, 0, 1, 2048, 64, 2048, 50.3, "tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da", tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_6x32_k256_m48_n256_u8_irjr_ic_p1_da_ws},
+    {0, 0, 1, 2048, 2048, 2048, 52.9, "tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da", tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_6x32_k512_m72_n1024_u8_irjr_ic_p1_da_ws},
+    {0, 0, 1, 4096, 64, 4096, 49.4, "tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da", tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_6x16_k512_m48_n256_u2_irjr_ic_p1_da_ws},
+    {0, 0, 1, 4096, 4096, 4096, 50.5, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
+    {0, 0, 2, 1024, 64, 1024, 100.5, "tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da", tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da, NULL, tpk_dgemm_avx512_6x16_k512_m480_n256_u4_irjr_icpb_p0_da_ws},
+    {0, 0, 2, 1024, 1024, 1024, 91.0, "tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da", tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da, NULL, tpk_dgemm_avx512_6x24_k192_m480_n1032_u4_irjr_icpb_p1_da_ws},
+    {0, 0, 2, 2048, 64, 2048, 99.7, "tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da", tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da, NULL, tpk_dgemm_avx512_6x32_k192_m48_n256_u4_irjr_icpb_p2_da_ws},
+    {0, 0, 2, 2048, 2048, 2048, 99.8, "tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da", tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da, NULL, tpk_dgemm_avx512_6x32_k512_m144_n2048_u4_irjr_ic_p1_da_ws},
+    {0, 0, 2, 4096, 64, 4096, 95.5, "tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da", tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da, NULL, tpk_dgemm_avx512_6x32_k512_m192_n256_u4_irjr_icpb_p2_da_ws},
+    {0, 0, 2, 4096, 4096, 4096, 102.5, "tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2", tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2, NULL, tpk_dgemm_avx512_6x32_k192_m48_n2048_u8_irjr_icpb_p2_ws},
+    {0, 1, 1, 1024, 64, 1024, 109.0, "tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da", NULL, tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da, tpk_sgemm_avx512_10x16_k320_m240_n256_u8_irjr_ic_p2_da_ws},
+    {0, 1, 1, 1024, 1024, 1024, 104.5, "tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da", NULL, tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da, tpk_sgemm_avx512_6x48_k512_m48_n528_u4_irjr_ic_p2_da_ws},
+    {0, 1, 1, 2048, 64, 2048, 104.4, "tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da", NULL, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da, tpk_sgemm_avx512_6x64_k384_m48_n256_u8_irjr_ic_p1_da_ws},
+    {0, 1, 1, 2048, 2048, 2048, 106.8, "tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da", NULL, tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da, tpk_sgemm_avx512_6x48_k512_m48_n2064_u8_irjr_ic_p1_da_ws},
+    {0, 1, 1, 4096, 64, 4096, 97.1, "tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da", NULL, tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da, tpk_sgemm_avx512_6x64_k512_m192_n256_u8_irjr_ic_p1_da_ws},
+    {0, 1, 1, 4096, 4096, 4096, 107.4, "tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da", NULL, tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da, tpk_sgemm_avx512_6x64_k512_m72_n4096_u4_irjr_ic_p2_da_ws},
+    {0, 1, 2, 1024, 64, 1024, 214.3, "tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da", NULL, tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da, tpk_sgemm_avx512_6x64_k512_m72_n256_u8_irjr_icpb_p0_da_ws},
+    {0, 1, 2, 1024, 1024, 1024, 208.4, "tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da", NULL, tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da, tpk_sgemm_avx512_6x64_k512_m48_n256_u8_irjr_ic_p1_da_ws},
+    {0, 1, 2, 2048, 64, 2048, 193.5, "tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da", NULL, tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da, tpk_sgemm_avx512_6x64_k256_m72_n256_u8_jrir_icpb_p0_da_ws},
+    {0, 1, 2, 2048, 2048, 2048, 209.2, "tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da", NULL, tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da, tpk_sgemm_avx512_6x64_k512_m48_n1024_u8_irjr_icpb_p1_da_ws},
+    {0, 1, 2, 4096, 64, 4096, 179.7, "tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da", NULL, tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da, tpk_sgemm_avx512_6x64_k384_m144_n256_u8_irjr_icpb_p1_da_ws},
+    {0, 1, 2, 4096, 4096, 4096, 199.0, "openblas", NULL, NULL, NULL}, /* OpenBLAS was faster */
 };
 
 static const tpk__gemm_entry defaults[4] = {
@@ -1134,4 +10680,4 @@ static const tpk__gemm_entry defaults[4] = {
     {1, 1, 0, 0, 0, 0, 0.0, "tpk_ssyrk_avx512_8x48_k64_m576_n8208_u4_jrir_icpb_p1", NULL, tpk_ssyrk_avx512_8x48_k64_m576_n8208_u4_jrir_icpb_p1, tpk_ssyrk_avx512_8x48_k64_m576_n8208_u4_jrir_icpb_p1_ws},
 };
 
-const tpk__gemm_class tpk__gemm_class_avx512_zen4 = {table, 0, defaults};
+const tpk__gemm_class tpk__gemm_class_avx512_zen4 = {table, 24, defaults};

@@ -220,11 +220,11 @@ static inline tpk_v16f tpk_v16f_pmt_atan2(tpk_v16f x, tpk_v16f w)
 
 #endif
 
-/* ---- tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1: f64 relu map (lower triangle), vw=512,mb=16,nb=512,acos=poly,rq=pre,un=2,split=rows,sched=dynamic,chunk=1 ---- */
+/* ---- tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1: f64 relu map (lower triangle), vw=512,mb=4,nb=256,acos=poly,rq=pre,un=1,split=rows,sched=static,chunk=1 ---- */
 /* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
  * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
  * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
-static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
+static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
         tpk_v8d a2p, tpk_v8d b, tpk_v8l *bad)
 {
     const tpk_v8d zero = {0};
@@ -240,7 +240,318 @@ static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_16x512
 }
 
 /* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
-static void tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
+static void tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
+        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    const tpk_v8d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const double *srow = S + i * lds;
+        double *orow = out + i * ldo;
+        const tpk_v8d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 8 <= je; j += 8) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v8d_st(to, tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (double)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
+static size_t tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1_ws(size_t n)
+{
+    return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 4 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    double *const q = ws, *const ra = q + n + 8, *const rs = ra + n + 8;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 8) * sizeof(double) + 63) / 64 * 64);
+    const size_t nrb = (n + 4 - 1) / 4;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrt(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 256 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 4 < n ? (b + 1) * 4 : n;
+        pre[b + 1] = pre[b] + (i1 + 256 - 1) / 256;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v8l badv = {0};
+        /* row blocks of the triangle, static schedule, chunk 1 */
+#pragma omp for schedule(static, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 4, i1 = i0 + 4 < n ? i0 + 4 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 256)
+                tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1_rows(i0, i1, j0, j0 + 256, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 8; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1: f64 relu map (lower triangle), vw=512,mb=4,nb=512,acos=poly,rq=pre,un=4,split=rows,sched=static,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
+        tpk_v8d a2p, tpk_v8d b, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    *bad |= ~(tpk_v8d_sel(k < 0.0, -k, k) <= lim * sj);
+    tpk_v8d x = k * ai * aj;
+    const tpk_v8d one = zero + 1.0, mone = zero - 1.0;
+    x = tpk_v8d_sel(x > one, one, x);
+    x = tpk_v8d_sel(x < mone, mone, x);
+    x = tpk_v8d_sel(tpk_v8d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v8d_sel(x < 0.0, mone, one), x);
+    const tpk_v8d w = tpk_v8d_sqrt((1.0 - x) * (1.0 + x));
+    const tpk_v8d p = tpk_v8d_pmt_poly(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
+        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    const tpk_v8d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const double *srow = S + i * lds;
+        double *orow = out + i * ldo;
+        const tpk_v8d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 32 <= je; j += 32) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            const tpk_v8d k1 = tpk_v8d_ld(srow + j + 8);
+            const tpk_v8d k2 = tpk_v8d_ld(srow + j + 16);
+            const tpk_v8d k3 = tpk_v8d_ld(srow + j + 24);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 16, tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_ent(k2, ci, tpk_v8d_ld(ra + j + 16), si, tpk_v8d_ld(rs + j + 16), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 24, tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_ent(k3, ci, tpk_v8d_ld(ra + j + 24), si, tpk_v8d_ld(rs + j + 24), lim, a2p, bv, bad));
+        }
+        for (; j + 8 <= je; j += 8) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v8d_st(to, tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (double)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
+static size_t tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_ws(size_t n)
+{
+    return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 4 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    double *const q = ws, *const ra = q + n + 8, *const rs = ra + n + 8;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 8) * sizeof(double) + 63) / 64 * 64);
+    const size_t nrb = (n + 4 - 1) / 4;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrt(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 512 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 4 < n ? (b + 1) * 4 : n;
+        pre[b + 1] = pre[b] + (i1 + 512 - 1) / 512;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v8l badv = {0};
+        /* row blocks of the triangle, static schedule, chunk 1 */
+#pragma omp for schedule(static, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 4, i1 = i0 + 4 < n ? i0 + 4 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 512)
+                tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_rows(i0, i1, j0, j0 + 512, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 8; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1: f64 relu map (lower triangle), vw=512,mb=32,nb=256,acos=poly,rq=pre,un=4,split=rows,sched=static,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
+        tpk_v8d a2p, tpk_v8d b, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    *bad |= ~(tpk_v8d_sel(k < 0.0, -k, k) <= lim * sj);
+    tpk_v8d x = k * ai * aj;
+    const tpk_v8d one = zero + 1.0, mone = zero - 1.0;
+    x = tpk_v8d_sel(x > one, one, x);
+    x = tpk_v8d_sel(x < mone, mone, x);
+    x = tpk_v8d_sel(tpk_v8d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v8d_sel(x < 0.0, mone, one), x);
+    const tpk_v8d w = tpk_v8d_sqrt((1.0 - x) * (1.0 + x));
+    const tpk_v8d p = tpk_v8d_pmt_poly(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
+        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    const tpk_v8d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const double *srow = S + i * lds;
+        double *orow = out + i * ldo;
+        const tpk_v8d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 32 <= je; j += 32) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            const tpk_v8d k1 = tpk_v8d_ld(srow + j + 8);
+            const tpk_v8d k2 = tpk_v8d_ld(srow + j + 16);
+            const tpk_v8d k3 = tpk_v8d_ld(srow + j + 24);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 16, tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_ent(k2, ci, tpk_v8d_ld(ra + j + 16), si, tpk_v8d_ld(rs + j + 16), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 24, tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_ent(k3, ci, tpk_v8d_ld(ra + j + 24), si, tpk_v8d_ld(rs + j + 24), lim, a2p, bv, bad));
+        }
+        for (; j + 8 <= je; j += 8) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v8d_st(to, tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (double)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
+static size_t tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_ws(size_t n)
+{
+    return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 32 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    double *const q = ws, *const ra = q + n + 8, *const rs = ra + n + 8;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 8) * sizeof(double) + 63) / 64 * 64);
+    const size_t nrb = (n + 32 - 1) / 32;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrt(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 256 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 32 < n ? (b + 1) * 32 : n;
+        pre[b + 1] = pre[b] + (i1 + 256 - 1) / 256;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v8l badv = {0};
+        /* row blocks of the triangle, static schedule, chunk 1 */
+#pragma omp for schedule(static, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 32, i1 = i0 + 32 < n ? i0 + 32 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 256)
+                tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_rows(i0, i1, j0, j0 + 256, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 8; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16: f64 relu map (lower triangle), vw=512,mb=16,nb=128,acos=poly,rq=pre,un=2,split=rows,sched=dynamic,chunk=16 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
+        tpk_v8d a2p, tpk_v8d b, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    *bad |= ~(tpk_v8d_sel(k < 0.0, -k, k) <= lim * sj);
+    tpk_v8d x = k * ai * aj;
+    const tpk_v8d one = zero + 1.0, mone = zero - 1.0;
+    x = tpk_v8d_sel(x > one, one, x);
+    x = tpk_v8d_sel(x < mone, mone, x);
+    x = tpk_v8d_sel(tpk_v8d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v8d_sel(x < 0.0, mone, one), x);
+    const tpk_v8d w = tpk_v8d_sqrt((1.0 - x) * (1.0 + x));
+    const tpk_v8d p = tpk_v8d_pmt_poly(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
         size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
 {
     const tpk_v8d zero = {0};
@@ -254,12 +565,12 @@ static void tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_rows(size_t i0
         for (; j + 16 <= je; j += 16) {
             const tpk_v8d k0 = tpk_v8d_ld(srow + j);
             const tpk_v8d k1 = tpk_v8d_ld(srow + j + 8);
-            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
-            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
         }
         for (; j + 8 <= je; j += 8) {
             const tpk_v8d k0 = tpk_v8d_ld(srow + j);
-            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
         }
         if (j < je) {
             double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
@@ -268,7 +579,7 @@ static void tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_rows(size_t i0
                 tc[l] = ra[j + l];
                 td[l] = rs[j + l];
             }
-            tpk_v8d_st(to, tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
+            tpk_v8d_st(to, tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
             for (size_t l = 0; j + l < je; l++)
                 orow[j + l] = to[l];
         }
@@ -278,14 +589,14 @@ static void tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_rows(size_t i0
 }
 
 /* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
-static size_t tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ws(size_t n)
+static size_t tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16_ws(size_t n)
 {
     return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 16 + 2) * sizeof(size_t);
 }
 
 /* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
  * exceeds its bound or is NaN. */
-static int tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
+static int tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
         void *ws)
 {
     if (n == 0)
@@ -300,24 +611,230 @@ static int tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1(size_t n, const
         rs[i] = sqrt(q[i]);
         ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
     }
-    /* tiles before row block b (column blocks of 512 up to the block's last row) */
+    /* tiles before row block b (column blocks of 128 up to the block's last row) */
     pre[0] = 0;
     for (size_t b = 0; b < nrb; b++) {
         const size_t i1 = (b + 1) * 16 < n ? (b + 1) * 16 : n;
-        pre[b + 1] = pre[b] + (i1 + 512 - 1) / 512;
+        pre[b + 1] = pre[b] + (i1 + 128 - 1) / 128;
     }
     int bad = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
     {
         tpk_v8l badv = {0};
-        /* row blocks of the triangle, dynamic schedule, chunk 1 */
-#pragma omp for schedule(dynamic, 1)
+        /* row blocks of the triangle, dynamic schedule, chunk 16 */
+#pragma omp for schedule(dynamic, 16)
         for (size_t b = 0; b < nrb; b++) {
             const size_t i0 = b * 16, i1 = i0 + 16 < n ? i0 + 16 : n;
-            for (size_t j0 = 0; j0 < i1; j0 += 512)
-                tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_rows(i0, i1, j0, j0 + 512, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+            for (size_t j0 = 0; j0 < i1; j0 += 128)
+                tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16_rows(i0, i1, j0, j0 + 128, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
         }
         for (int l = 0; l < 8; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1: f32 relu map (lower triangle), vw=512,mb=16,nb=256,acos=poly,rq=pre,un=2,split=rows,sched=static,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 16 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
+        tpk_v16f a2p, tpk_v16f b, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    *bad |= ~(tpk_v16f_sel(k < 0.0f, -k, k) <= lim * sj);
+    tpk_v16f x = k * ai * aj;
+    const tpk_v16f one = zero + 1.0f, mone = zero - 1.0f;
+    x = tpk_v16f_sel(x > one, one, x);
+    x = tpk_v16f_sel(x < mone, mone, x);
+    x = tpk_v16f_sel(tpk_v16f_sel(x < 0.0f, -x, x) >= 1.0f - 9.5367431640625e-07f, tpk_v16f_sel(x < 0.0f, mone, one), x);
+    const tpk_v16f w = tpk_v16f_sqrt((1.0f - x) * (1.0f + x));
+    const tpk_v16f p = tpk_v16f_pmt_poly(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
+        size_t ldo, const float *q, const float *ra, const float *rs, float alpha, float beta, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    const tpk_v16f a2p = zero + alpha * (float)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const float *srow = S + i * lds;
+        float *orow = out + i * ldo;
+        const tpk_v16f ci = zero + ra[i], si = zero + rs[i], lim = zero + (float)1.0000100000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 32 <= je; j += 32) {
+            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
+            const tpk_v16f k1 = tpk_v16f_ld(srow + j + 16);
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
+        }
+        for (; j + 16 <= je; j += 16) {
+            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            float tk[16] = {0}, tc[16] = {0}, td[16] = {0}, to[16];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v16f_st(to, tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (float)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 16 each), and the row-block tile offsets. */
+static size_t tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1_ws(size_t n)
+{
+    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 16 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    float *const q = ws, *const ra = q + n + 16, *const rs = ra + n + 16;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 16) * sizeof(float) + 63) / 64 * 64);
+    const size_t nrb = (n + 16 - 1) / 16;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrtf(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 256 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 16 < n ? (b + 1) * 16 : n;
+        pre[b + 1] = pre[b] + (i1 + 256 - 1) / 256;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v16i badv = {0};
+        /* row blocks of the triangle, static schedule, chunk 1 */
+#pragma omp for schedule(static, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 16, i1 = i0 + 16 < n ? i0 + 16 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 256)
+                tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1_rows(i0, i1, j0, j0 + 256, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 16; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1: f32 relu map (lower triangle), vw=512,mb=8,nb=512,acos=poly,rq=pre,un=2,split=rows,sched=static,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 16 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
+        tpk_v16f a2p, tpk_v16f b, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    *bad |= ~(tpk_v16f_sel(k < 0.0f, -k, k) <= lim * sj);
+    tpk_v16f x = k * ai * aj;
+    const tpk_v16f one = zero + 1.0f, mone = zero - 1.0f;
+    x = tpk_v16f_sel(x > one, one, x);
+    x = tpk_v16f_sel(x < mone, mone, x);
+    x = tpk_v16f_sel(tpk_v16f_sel(x < 0.0f, -x, x) >= 1.0f - 9.5367431640625e-07f, tpk_v16f_sel(x < 0.0f, mone, one), x);
+    const tpk_v16f w = tpk_v16f_sqrt((1.0f - x) * (1.0f + x));
+    const tpk_v16f p = tpk_v16f_pmt_poly(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
+        size_t ldo, const float *q, const float *ra, const float *rs, float alpha, float beta, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    const tpk_v16f a2p = zero + alpha * (float)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const float *srow = S + i * lds;
+        float *orow = out + i * ldo;
+        const tpk_v16f ci = zero + ra[i], si = zero + rs[i], lim = zero + (float)1.0000100000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 32 <= je; j += 32) {
+            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
+            const tpk_v16f k1 = tpk_v16f_ld(srow + j + 16);
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v16f_st(orow + j + 16, tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1_ent(k1, ci, tpk_v16f_ld(ra + j + 16), si, tpk_v16f_ld(rs + j + 16), lim, a2p, bv, bad));
+        }
+        for (; j + 16 <= je; j += 16) {
+            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            float tk[16] = {0}, tc[16] = {0}, td[16] = {0}, to[16];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v16f_st(to, tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (float)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 16 each), and the row-block tile offsets. */
+static size_t tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1_ws(size_t n)
+{
+    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 8 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    float *const q = ws, *const ra = q + n + 16, *const rs = ra + n + 16;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 16) * sizeof(float) + 63) / 64 * 64);
+    const size_t nrb = (n + 8 - 1) / 8;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrtf(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 512 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 8 < n ? (b + 1) * 8 : n;
+        pre[b + 1] = pre[b] + (i1 + 512 - 1) / 512;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v16i badv = {0};
+        /* row blocks of the triangle, static schedule, chunk 1 */
+#pragma omp for schedule(static, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 8, i1 = i0 + 8 < n ? i0 + 8 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 512)
+                tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1_rows(i0, i1, j0, j0 + 512, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 16; l++)
             bad |= badv[l] != 0;
     }
     return bad;
@@ -426,9 +943,216 @@ static int tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1(size_t n, cons
     return bad;
 }
 
+/* ---- tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1: f32 relu map (lower triangle), vw=512,mb=16,nb=1024,acos=poly,rq=pre,un=1,split=rows,sched=dynamic,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 16 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v16f tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1_ent(tpk_v16f k, tpk_v16f ai, tpk_v16f aj, tpk_v16f si, tpk_v16f sj, tpk_v16f lim,
+        tpk_v16f a2p, tpk_v16f b, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    *bad |= ~(tpk_v16f_sel(k < 0.0f, -k, k) <= lim * sj);
+    tpk_v16f x = k * ai * aj;
+    const tpk_v16f one = zero + 1.0f, mone = zero - 1.0f;
+    x = tpk_v16f_sel(x > one, one, x);
+    x = tpk_v16f_sel(x < mone, mone, x);
+    x = tpk_v16f_sel(tpk_v16f_sel(x < 0.0f, -x, x) >= 1.0f - 9.5367431640625e-07f, tpk_v16f_sel(x < 0.0f, mone, one), x);
+    const tpk_v16f w = tpk_v16f_sqrt((1.0f - x) * (1.0f + x));
+    const tpk_v16f p = tpk_v16f_pmt_poly(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const float *S, size_t lds, float *out,
+        size_t ldo, const float *q, const float *ra, const float *rs, float alpha, float beta, tpk_v16i *bad)
+{
+    const tpk_v16f zero = {0};
+    const tpk_v16f a2p = zero + alpha * (float)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const float *srow = S + i * lds;
+        float *orow = out + i * ldo;
+        const tpk_v16f ci = zero + ra[i], si = zero + rs[i], lim = zero + (float)1.0000100000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 16 <= je; j += 16) {
+            const tpk_v16f k0 = tpk_v16f_ld(srow + j);
+            tpk_v16f_st(orow + j, tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1_ent(k0, ci, tpk_v16f_ld(ra + j), si, tpk_v16f_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            float tk[16] = {0}, tc[16] = {0}, td[16] = {0}, to[16];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v16f_st(to, tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1_ent(tpk_v16f_ld(tk), ci, tpk_v16f_ld(tc), si, tpk_v16f_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (float)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 16 each), and the row-block tile offsets. */
+static size_t tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1_ws(size_t n)
+{
+    return (3 * (n + 16) * sizeof(float) + 63) / 64 * 64 + (n / 16 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1(size_t n, const float *S, size_t lds, float alpha, float beta, float *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    float *const q = ws, *const ra = q + n + 16, *const rs = ra + n + 16;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 16) * sizeof(float) + 63) / 64 * 64);
+    const size_t nrb = (n + 16 - 1) / 16;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrtf(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 1024 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 16 < n ? (b + 1) * 16 : n;
+        pre[b + 1] = pre[b] + (i1 + 1024 - 1) / 1024;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v16i badv = {0};
+        /* row blocks of the triangle, dynamic schedule, chunk 1 */
+#pragma omp for schedule(dynamic, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 16, i1 = i0 + 16 < n ? i0 + 16 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 1024)
+                tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1_rows(i0, i1, j0, j0 + 1024, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 16; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
+/* ---- tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1: f64 relu map (lower triangle), vw=512,mb=16,nb=512,acos=poly,rq=pre,un=2,split=rows,sched=dynamic,chunk=1 ---- */
+/* α/(2π)·√(q_i q_j)·[sin θ + (π − θ) cos θ] + β for 8 entries of a row, cos θ = k/√(q_i q_j)
+ * clamped to [−1, 1] (snapped to ±1 within 8 ulp); a2p = α/(2π). Lanes whose |k| exceeds
+ * √(q_i q_j) beyond rounding, or are NaN, are flagged in *bad. */
+static inline __attribute__((always_inline)) tpk_v8d tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(tpk_v8d k, tpk_v8d ai, tpk_v8d aj, tpk_v8d si, tpk_v8d sj, tpk_v8d lim,
+        tpk_v8d a2p, tpk_v8d b, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    *bad |= ~(tpk_v8d_sel(k < 0.0, -k, k) <= lim * sj);
+    tpk_v8d x = k * ai * aj;
+    const tpk_v8d one = zero + 1.0, mone = zero - 1.0;
+    x = tpk_v8d_sel(x > one, one, x);
+    x = tpk_v8d_sel(x < mone, mone, x);
+    x = tpk_v8d_sel(tpk_v8d_sel(x < 0.0, -x, x) >= 1.0 - 1.7763568394002505e-15, tpk_v8d_sel(x < 0.0, mone, one), x);
+    const tpk_v8d w = tpk_v8d_sqrt((1.0 - x) * (1.0 + x));
+    const tpk_v8d p = tpk_v8d_pmt_poly(x);
+    return a2p * (si * sj) * (w + p * x) + b;
+}
+
+/* Rows [i0, i1) × columns [j0, min(j1, i)) of the map; the diagonal α q_i/2 + β when in the block. */
+static void tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_rows(size_t i0, size_t i1, size_t j0, size_t j1, const double *S, size_t lds, double *out,
+        size_t ldo, const double *q, const double *ra, const double *rs, double alpha, double beta, tpk_v8l *bad)
+{
+    const tpk_v8d zero = {0};
+    const tpk_v8d a2p = zero + alpha * (double)0.15915494309189533577, bv = zero + beta;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t je = j1 < i ? j1 : i; /* strictly below the diagonal */
+        const double *srow = S + i * lds;
+        double *orow = out + i * ldo;
+        const tpk_v8d ci = zero + ra[i], si = zero + rs[i], lim = zero + (double)1.0000000001 * rs[i];
+        size_t j = j0;
+        for (; j + 16 <= je; j += 16) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            const tpk_v8d k1 = tpk_v8d_ld(srow + j + 8);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+            tpk_v8d_st(orow + j + 8, tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(k1, ci, tpk_v8d_ld(ra + j + 8), si, tpk_v8d_ld(rs + j + 8), lim, a2p, bv, bad));
+        }
+        for (; j + 8 <= je; j += 8) {
+            const tpk_v8d k0 = tpk_v8d_ld(srow + j);
+            tpk_v8d_st(orow + j, tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(k0, ci, tpk_v8d_ld(ra + j), si, tpk_v8d_ld(rs + j), lim, a2p, bv, bad));
+        }
+        if (j < je) {
+            double tk[8] = {0}, tc[8] = {0}, td[8] = {0}, to[8];
+            for (size_t l = 0; j + l < je; l++) {
+                tk[l] = srow[j + l];
+                tc[l] = ra[j + l];
+                td[l] = rs[j + l];
+            }
+            tpk_v8d_st(to, tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ent(tpk_v8d_ld(tk), ci, tpk_v8d_ld(tc), si, tpk_v8d_ld(td), lim, a2p, bv, bad));
+            for (size_t l = 0; j + l < je; l++)
+                orow[j + l] = to[l];
+        }
+        if (i >= j0 && i < j1)
+            orow[i] = alpha * (q[i] * (double)0.5) + beta;
+    }
+}
+
+/* Workspace bytes: q, 1/√q and √q (n + 8 each), and the row-block tile offsets. */
+static size_t tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_ws(size_t n)
+{
+    return (3 * (n + 8) * sizeof(double) + 63) / 64 * 64 + (n / 16 + 2) * sizeof(size_t);
+}
+
+/* Lower triangle of out = α·V_relu(S) + β (out may be S); returns non-zero when a covariance
+ * exceeds its bound or is NaN. */
+static int tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1(size_t n, const double *S, size_t lds, double alpha, double beta, double *out, size_t ldo, int nt,
+        void *ws)
+{
+    if (n == 0)
+        return 0;
+    if (nt < 1)
+        nt = 1;
+    double *const q = ws, *const ra = q + n + 8, *const rs = ra + n + 8;
+    size_t *const pre = (size_t *)((char *)ws + (3 * (n + 8) * sizeof(double) + 63) / 64 * 64);
+    const size_t nrb = (n + 16 - 1) / 16;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = S[i * lds + i];
+        rs[i] = sqrt(q[i]);
+        ra[i] = q[i] > 0 ? 1 / rs[i] : 0;
+    }
+    /* tiles before row block b (column blocks of 512 up to the block's last row) */
+    pre[0] = 0;
+    for (size_t b = 0; b < nrb; b++) {
+        const size_t i1 = (b + 1) * 16 < n ? (b + 1) * 16 : n;
+        pre[b + 1] = pre[b] + (i1 + 512 - 1) / 512;
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : bad)
+    {
+        tpk_v8l badv = {0};
+        /* row blocks of the triangle, dynamic schedule, chunk 1 */
+#pragma omp for schedule(dynamic, 1)
+        for (size_t b = 0; b < nrb; b++) {
+            const size_t i0 = b * 16, i1 = i0 + 16 < n ? i0 + 16 : n;
+            for (size_t j0 = 0; j0 < i1; j0 += 512)
+                tpk_drelu_map_avx512_16x512_poly_pre_u2_rows_dynamic1_rows(i0, i1, j0, j0 + 512, S, lds, out, ldo, q, ra, rs, alpha, beta, &badv);
+        }
+        for (int l = 0; l < 8; l++)
+            bad |= badv[l] != 0;
+    }
+    return bad;
+}
+
 /* Workloads, sorted by dtype, threads, n; G entries/s of the fastest repeat when tuned. */
 static const tpk__map_entry table[] = {
-    {0, 0, 0, 0, NULL, NULL, NULL, NULL},
+    {0, 1, 1024, 0.394, "tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1", tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1, NULL, tpk_drelu_map_avx512_4x256_poly_pre_u1_rows_static1_ws},
+    {0, 1, 4096, 0.408, "tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1", tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1, NULL, tpk_drelu_map_avx512_4x512_poly_pre_u4_rows_static1_ws},
+    {0, 2, 1024, 0.815, "tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1", tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1, NULL, tpk_drelu_map_avx512_32x256_poly_pre_u4_rows_static1_ws},
+    {0, 2, 4096, 0.704, "tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16", tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16, NULL, tpk_drelu_map_avx512_16x128_poly_pre_u2_rows_dynamic16_ws},
+    {1, 1, 1024, 0.967, "tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1", NULL, tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1, tpk_srelu_map_avx512_16x256_poly_pre_u2_rows_static1_ws},
+    {1, 1, 4096, 0.776, "tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1", NULL, tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1, tpk_srelu_map_avx512_8x512_poly_pre_u2_rows_static1_ws},
+    {1, 2, 1024, 1.752, "tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1", NULL, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ws},
+    {1, 2, 4096, 1.557, "tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1", NULL, tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1, tpk_srelu_map_avx512_16x1024_poly_pre_u1_rows_dynamic1_ws},
 };
 
 static const tpk__map_entry defaults[2] = {
@@ -436,4 +1160,4 @@ static const tpk__map_entry defaults[2] = {
     {1, 0, 0, 0.000, "tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1", NULL, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1, tpk_srelu_map_avx512_16x1024_poly_pre_u2_rows_dynamic1_ws},
 };
 
-const tpk__map_class tpk__map_class_avx512_zen4 = {table, 0, defaults};
+const tpk__map_class tpk__map_class_avx512_zen4 = {table, 8, defaults};
