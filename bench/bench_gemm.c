@@ -15,7 +15,10 @@
 #include "tpk/machine.h"
 #include "bench_util.h"
 
-#define REPEATS 5         /* interleaved tuned/OpenBLAS pairs; the median of each is reported */
+/* Interleaved tuned/OpenBLAS pairs, the median of each reported; which of the pair runs first
+ * alternates. On the 2-core Zen 4 machine two timings of the very same OpenBLAS call (a cell
+ * served by OpenBLAS) differed by up to 5 % with 5 pairs in a fixed order. */
+#define REPEATS 9
 #define MIN_REP_S 0.15    /* each repeat runs the call enough times to last this long */
 
 static double load1(void)
@@ -107,8 +110,10 @@ static void bench(int f32, int nt, size_t m, size_t n, size_t k)
     }
     double t[2][REPEATS];
     for (int r = 0; r < REPEATS; r++)
-        for (int w = 0; w < 2; w++)
+        for (int x = 0; x < 2; x++) {
+            const int w = x ^ (r & 1);
             t[w][r] = one_repeat(&p, w, calls[w]);
+        }
     double gf[2];
     for (int w = 0; w < 2; w++) {
         qsort(t[w], REPEATS, sizeof t[w][0], cmp);

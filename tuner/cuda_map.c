@@ -289,32 +289,31 @@ int tpk_tune_cuda_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, co
 GRID_CHECK(double, tpk_ref_relu_map_d)
 GRID_CHECK(float, tpk_ref_relu_map_s)
 
+/* The sum over txt of the numbers written just before each occurrence of `what`. */
+static int sum_before(const char *txt, const char *what)
+{
+    int sum = 0;
+    for (const char *p = txt; (p = strstr(p, what)); p++) {
+        const char *b = p;
+        while (b > txt && b[-1] == ' ')
+            b--;
+        while (b > txt && b[-1] >= '0' && b[-1] <= '9')
+            b--;
+        sum += atoi(b);
+    }
+    return sum;
+}
+
 /* ptxas -v: the largest register count and the summed spill bytes over the file's kernels. */
 static void parse_ptxas(const char *txt, int *regs, int *spill)
 {
     *regs = 0;
-    *spill = 0;
     for (const char *p = txt; (p = strstr(p, "Used ")); p += 5) {
         int r;
         if (sscanf(p, "Used %d registers", &r) == 1 && r > *regs)
             *regs = r;
     }
-    for (const char *p = txt; (p = strstr(p, "bytes spill stores")); p++) {
-        const char *b = p;
-        while (b > txt && b[-1] == ' ')
-            b--;
-        while (b > txt && b[-1] >= '0' && b[-1] <= '9')
-            b--;
-        *spill += atoi(b);
-    }
-    for (const char *p = txt; (p = strstr(p, "bytes spill loads")); p++) {
-        const char *b = p;
-        while (b > txt && b[-1] == ' ')
-            b--;
-        while (b > txt && b[-1] >= '0' && b[-1] <= '9')
-            b--;
-        *spill += atoi(b);
-    }
+    *spill = sum_before(txt, "bytes spill stores") + sum_before(txt, "bytes spill loads");
 }
 
 int tpk_tune_cuda_map_check(const char *cu, int dtype, size_t grid_n, const char *nvcc,
