@@ -18,7 +18,7 @@ TUNE_LOGS   := $(sort $(wildcard data/tuning/*.jsonl))
 TPGEN       := $(BUILD)/host/tptune-gen
 TPGEN_OBJ    = $(BUILD)/host/tptune.o $(BUILD)/obj/core/error.o $(BUILD)/obj/core/clock.o \
                $(BUILD)/obj/core/io_path.o $(BUILD)/obj/core/signal.o \
-               $(BUILD)/obj/runtime/ref_gemm.o $(BUILD)/obj/runtime/ref_map.o \
+               $(BUILD)/obj/runtime/ref_gemm.o $(BUILD)/obj/runtime/ref_map.o $(BUILD)/obj/runtime/shape.o \
                $(BUILD)/obj/runtime/machine.o $(TUNE_OBJ)
 
 $(BUILD)/host/tptune.o: tools/tptune.c | $(DEPS_OK)

@@ -57,8 +57,7 @@ static const tpk__gemm_entry *choose(int op, int dtype, size_t m, size_t n, size
             *how = e->ws ? TPK_GEMM_EXACT : TPK_GEMM_OPENBLAS;
             return e->ws ? e : NULL;
         }
-        double d = fabs(log2((double)e->m / (double)m)) + fabs(log2((double)e->n / (double)n)) +
-                   fabs(log2((double)e->k / (double)k)) + (e->threads != nt ? THREAD_MISMATCH : 0);
+        double d = tpk_gemm_shape_distance(e->m, e->n, e->k, m, n, k) + (e->threads != nt ? THREAD_MISMATCH : 0);
         if (d < bd) {
             bd = d;
             best = e;

@@ -235,6 +235,18 @@ static void test_cli(void **state)
         for (size_t i = 0; i < np; i++)
             assert_string_equal(pr[i].target_class, "cpu/x86_64/avx2");
         free(pr);
+        /* --to=sm_90: without --out a usage error; --out a file (here the ported log), not a
+         * folder: an error naming it, and the file left as it was */
+        snprintf(cmd, sizeof cmd, "%s port --from=avx512-intel --to=sm_90 --data=%s/data", tptune, root);
+        assert_int_equal(run(cmd, out, sizeof out), 2);
+        assert_non_null(strstr(out, "--out=DIR"));
+        struct stat before, after;
+        assert_int_equal(stat(pl, &before), 0);
+        snprintf(cmd, sizeof cmd, "%s port --from=avx512-intel --to=sm_90 --data=%s/data --out=%s", tptune, root, pl);
+        assert_int_equal(run(cmd, out, sizeof out), 1);
+        assert_non_null(strstr(out, "not a folder"));
+        assert_int_equal(stat(pl, &after), 0);
+        assert_true(before.st_size == after.st_size && before.st_mtime == after.st_mtime);
     }
     /* more transfer logs than the list holds: an error, not a silent cut */
     {

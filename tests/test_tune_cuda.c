@@ -17,10 +17,8 @@
 
 static const char *nvcc(void)
 {
-    const char *e = getenv("NVCC");
-    if (e && *e && access(e, X_OK) == 0)
-        return e;
-    return access("/usr/local/cuda/bin/nvcc", X_OK) == 0 ? "/usr/local/cuda/bin/nvcc" : NULL;
+    static char buf[1024]; /* one test process, one answer */
+    return tpk_tune_nvcc(buf, sizeof buf);
 }
 
 static int compile_cubin(const char *cu, const char *cubin)
@@ -203,6 +201,16 @@ static void test_map_port_to_cuda(void **state)
                 if (r.host_ok)
                     fail_msg("bug '%s' -> '%s' not caught", bug[b][0], bug[b][1]);
             }
+            /* a kernel that crashes (rows read terabytes apart): a failed check in its child
+             * process, reported, and this process goes on */
+            f = fopen(cu, "w");
+            assert_non_null(f);
+            assert_int_equal(tpk_tune_cuda_map_emit(&s, &c, &p, f, &ctx), TPK_OK);
+            fclose(f);
+            assert_int_equal(patch_file(cu, "srow = S + i * lds", "srow = S + i * lds * ((size_t)1 << 40)"), 0);
+            assert_int_equal(tpk_tune_cuda_map_check(cu, d, gn, NULL, &r, &ctx), TPK_OK);
+            assert_false(r.host_ok);
+            assert_non_null(strstr(r.why, "crashed"));
         }
     /* not a map configuration */
     tpk_tune_task g = {TPK_TUNE_CPU, TPK_TUNE_F64, 64, 64, 64, 1, TPK_TUNE_GEMM};

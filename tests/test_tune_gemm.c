@@ -149,6 +149,11 @@ static void test_dispatch(void **state)
                          tuned ? TPK_GEMM_NEAREST : TPK_GEMM_OPENBLAS);
     }
     assert_int_equal(tpk_gemm_tuned_choice(0, 3, 1u << 20, 1u << 20, 1, NULL), TPK_GEMM_DEFAULT);
+    /* the distance behind "nearest" (shared with tptune --init): Σ|log2 ratio|, symmetric, a zero
+     * size as 1 */
+    assert_true(fabs(tpk_gemm_shape_distance(1024, 64, 512, 256, 128, 512) - 3.0) < 1e-15);
+    assert_true(tpk_gemm_shape_distance(256, 128, 512, 1024, 64, 512) == tpk_gemm_shape_distance(1024, 64, 512, 256, 128, 512));
+    assert_true(tpk_gemm_shape_distance(0, 8, 8, 1, 8, 8) == 0.0);
     setenv("TPK_GEMM", "default", 1);
     assert_int_equal(tpk_gemm_tuned_choice(1, 512, 512, 512, 1, NULL), TPK_GEMM_DEFAULT);
     setenv("TPK_GEMM", "openblas", 1);

@@ -34,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tpk/gemm.h"
 #include "tpk/io.h"
 #include "tpk/tune.h"
 #ifndef TPTUNE_GENERATOR
@@ -554,16 +555,9 @@ static int read_logs(const char *list, tpk_tune_record **out, size_t *nout, tpk_
 
 #define INIT_MAX 8 /* configurations --init measures first: a first batch's worth */
 
-/* log2 distance between two workloads' shapes (m, n, k) */
-static double shape_distance(const tpk_tune_task *a, const tpk_tune_task *b)
-{
-    return fabs(log2((double)a->m / (double)b->m)) + fabs(log2((double)a->n / (double)b->n)) +
-           fabs(log2((double)a->k / (double)b->k));
-}
-
 /* The configurations of LOG (tptune port's output, or any log) that seed the search of space s:
  * those of this very workload first, then those of the other workloads of the same template, op,
- * dtype and threads, nearest shape first (log2 distance), up to INIT_MAX valid distinct ones. A
+ * dtype and threads, nearest shape first (tpk_gemm_shape_distance, the dispatcher's), up to INIT_MAX valid distinct ones. A
  * ported set holds one configuration per source workload, and a shape the source class never
  * tuned (the 512^3 replay table) still gets the neighbours' picks. */
 static int init_configs(const char *path, const tpk_tune_space *s, tpk_tune_config **out, size_t *nout,
@@ -593,7 +587,7 @@ static int init_configs(const char *path, const tpk_tune_space *s, tpk_tune_conf
             tpk_tune_record_config(s, &r[i], &c[m], &q) || !tpk_tune_space_valid(s, &c[m]))
             continue;
         uint64_t ii = tpk_tune_space_index(s, &c[m]);
-        double d = shape_distance(t, &s->task);
+        double d = tpk_gemm_shape_distance(t->m, t->n, t->k, s->task.m, s->task.n, s->task.k);
         size_t j = 0;
         while (j < m && idx[j] != ii)
             j++;
@@ -1337,11 +1331,8 @@ static int cmd_port(const args *a, tpk_ctx *ctx)
             TPK_ERROR(ctx, TPK_EIO, "%s: not a folder", a->out);
             return 1;
         }
-        const char *nv = NULL, *env = getenv("NVCC");
-        if (env && *env && access(env, X_OK) == 0)
-            nv = env;
-        else if (access("/usr/local/cuda/bin/nvcc", X_OK) == 0)
-            nv = "/usr/local/cuda/bin/nvcc";
+        char nvbuf[1024];
+        const char *nv = tpk_tune_nvcc(nvbuf, sizeof nvbuf);
         printf("tptune port: %s (%s) relu map schedules -> CUDA sm_90 map kernels in %s; host emulation verified%s\n",
                from.m.name, from.id, a->out, nv ? ", compiled by nvcc (ptxas registers and spills)" : "; no nvcc found");
         int np = 0, nf = 0;

@@ -412,15 +412,22 @@ void tpk__cuda_emit_harness(FILE *o, const char *const *names, const int *dtypes
     fputs("    cudaFree(flush); cublasDestroy(h);\n    return 0;\n}\n", o);
 }
 
-static int nvcc_path(char *buf, size_t cap)
+const char *tpk_tune_nvcc(char *buf, size_t cap)
 {
     const char *e = getenv("NVCC");
-    if (e && *e) {
+    if (e && *e) { /* named: that one or none, so a wrong $NVCC is not silently replaced */
         snprintf(buf, cap, "%s", e);
-        return access(buf, X_OK) == 0;
+        return access(buf, X_OK) == 0 ? buf : NULL;
     }
-    snprintf(buf, cap, "/usr/local/cuda/bin/nvcc");
-    return access(buf, X_OK) == 0;
+    const char *path = getenv("PATH");
+    while (path && *path) {
+        size_t len = strcspn(path, ":");
+        if (len > 0 && (size_t)snprintf(buf, cap, "%.*s/nvcc", (int)len, path) < cap && access(buf, X_OK) == 0)
+            return buf;
+        path += len + (path[len] == ':');
+    }
+    snprintf(buf, cap, "/usr/local/cuda/bin/nvcc"); /* the toolkit's default prefix, often not on PATH */
+    return access(buf, X_OK) == 0 ? buf : NULL;
 }
 
 /* One configuration on one shape: emit kernel + harness, nvcc, run, parse. */
@@ -428,7 +435,7 @@ int tpk__cuda_measure(const tpk_tune_space *s, const tpk_tune_config *c, const t
                       tpk_tune_result *res, tpk_ctx *ctx)
 {
     char nvcc[512];
-    if (!nvcc_path(nvcc, sizeof nvcc) || access("/dev/nvidiactl", F_OK) != 0) {
+    if (!tpk_tune_nvcc(nvcc, sizeof nvcc) || access("/dev/nvidiactl", F_OK) != 0) {
         res->err = TPK_TUNE_ENODEV;
         return TPK_OK;
     }

@@ -316,6 +316,53 @@ static void parse_ptxas(const char *txt, int *regs, int *spill)
     *spill = sum_before(txt, "bytes spill stores") + sum_before(txt, "bytes spill loads");
 }
 
+/* What the host-emulation child checks: the .so of one emitted file. */
+typedef struct host_job {
+    const char *so;
+    int dtype;
+    size_t grid_n;
+} host_job;
+
+/* The child: load the host emulation, run the map checks and the several-block check, write
+ * "host_ok worst|why" to fd. */
+static void host_child(void *arg, int fd)
+{
+    const host_job *j = arg;
+    char why[320] = "";
+    int ok = 0;
+    double worst = 0;
+    void *h = dlopen(j->so, RTLD_NOW | RTLD_LOCAL);
+    void *k = h ? dlsym(h, "tpk_kernel") : NULL;
+    tpk_map_ws_fn ws = h ? (tpk_map_ws_fn)dlsym(h, "tpk_kernel_ws") : NULL;
+    if (!h)
+        snprintf(why, sizeof why, "cannot load the host emulation: %s", dlerror());
+    else if (!k || !ws)
+        snprintf(why, sizeof why, "the host emulation lacks tpk_kernel / tpk_kernel_ws");
+    else {
+        tpk_dmap_kernel_fn dk = NULL;
+        tpk_smap_kernel_fn sk = NULL;
+        if (j->dtype == TPK_TUNE_F32)
+            memcpy(&sk, &k, sizeof k);
+        else
+            memcpy(&dk, &k, sizeof k);
+        ok = tpk_tune_check_map(dk, sk, ws, 1, &worst);
+        if (!ok)
+            snprintf(why, sizeof why, "the host emulation fails the map checks (worst %.3g)", worst);
+        else if (j->grid_n > 0) {
+            double g = j->dtype == TPK_TUNE_F32 ? grid_check_float(k, ws, j->grid_n) : grid_check_double(k, ws, j->grid_n);
+            worst = fmax(worst, g);
+            ok = g <= (j->dtype == TPK_TUNE_F32 ? GRID_TOL_F32 : GRID_TOL_F64);
+            if (!ok)
+                snprintf(why, sizeof why, "the host emulation fails at n = %zu (several blocks; worst %.3g)", j->grid_n,
+                         g);
+        }
+    }
+    char line[512];
+    int len = snprintf(line, sizeof line, "%d %.17g|%s\n", ok, worst, why);
+    if (write(fd, line, (size_t)len) != len)
+        _exit(1);
+}
+
 int tpk_tune_cuda_map_check(const char *cu, int dtype, size_t grid_n, const char *nvcc,
                             tpk_tune_cuda_map_check_report *rep, tpk_ctx *ctx)
 {
@@ -338,37 +385,20 @@ int tpk_tune_cuda_map_check(const char *cu, int dtype, size_t grid_n, const char
         return TPK_OK;
     }
     unlink(src);
-    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    /* In a child of its own, as every other check of the tuner: an emitted kernel that crashes is
+     * a failed port, not a dead tptune. */
+    host_job job = {so, dtype, grid_n};
+    char out[512];
+    int rc = tpk__run_capture(NULL, NULL, 1, 300, host_child, &job, out, sizeof out);
     unlink(so);
-    if (!h) {
-        snprintf(rep->why, sizeof rep->why, "cannot load the host emulation: %s", dlerror());
-        return TPK_OK;
+    if (rc != 0 || sscanf(out, "%d %lg", &rep->host_ok, &rep->worst) != 2) {
+        rep->host_ok = 0;
+        snprintf(rep->why, sizeof rep->why, "the host emulation crashed or timed out");
+    } else if (!rep->host_ok) {
+        const char *why = strchr(out, '|');
+        snprintf(rep->why, sizeof rep->why, "%s", why ? why + 1 : "the host emulation fails");
+        rep->why[strcspn(rep->why, "\n")] = '\0';
     }
-    void *k = dlsym(h, "tpk_kernel");
-    tpk_map_ws_fn ws = (tpk_map_ws_fn)dlsym(h, "tpk_kernel_ws");
-    if (!k || !ws) {
-        dlclose(h);
-        snprintf(rep->why, sizeof rep->why, "the host emulation lacks tpk_kernel / tpk_kernel_ws");
-        return TPK_OK;
-    }
-    tpk_dmap_kernel_fn dk = NULL;
-    tpk_smap_kernel_fn sk = NULL;
-    if (dtype == TPK_TUNE_F32)
-        memcpy(&sk, &k, sizeof k);
-    else
-        memcpy(&dk, &k, sizeof k);
-    rep->host_ok = tpk_tune_check_map(dk, sk, ws, 1, &rep->worst);
-    if (!rep->host_ok)
-        snprintf(rep->why, sizeof rep->why, "the host emulation fails the map checks (worst %.3g)", rep->worst);
-    else if (grid_n > 0) {
-        double g = dtype == TPK_TUNE_F32 ? grid_check_float(k, ws, grid_n) : grid_check_double(k, ws, grid_n);
-        rep->worst = fmax(rep->worst, g);
-        rep->host_ok = g <= (dtype == TPK_TUNE_F32 ? GRID_TOL_F32 : GRID_TOL_F64);
-        if (!rep->host_ok)
-            snprintf(rep->why, sizeof rep->why, "the host emulation fails at n = %zu (several blocks; worst %.3g)",
-                     grid_n, g);
-    }
-    dlclose(h);
     if (!nvcc)
         return TPK_OK;
     char cubin[4300], cmd[9000];
@@ -389,10 +419,10 @@ int tpk_tune_cuda_map_check(const char *cu, int dtype, size_t grid_n, const char
     while (len < 65535 && (got = fread(txt + len, 1, 65535 - len, pp)) > 0)
         len += got;
     txt[len] = '\0';
-    int rc = pclose(pp);
+    int prc = pclose(pp);
     unlink(cubin);
     rep->nvcc_ran = 1;
-    rep->nvcc_ok = rc == 0;
+    rep->nvcc_ok = prc == 0;
     if (rep->nvcc_ok)
         parse_ptxas(txt, &rep->regs, &rep->spill);
     else if (rep->host_ok)

@@ -31,6 +31,11 @@ TPK_API void tpk_ref_sgemm(size_t m, size_t n, size_t k, float alpha, const floa
                            float *C, size_t ldc);
 
 
+/* Σ|log2 ratio| of m, n and k: how far apart two GEMM shapes are. The dispatcher serves a shape
+ * by the nearest tuned one by this distance, and `tptune --init` seeds a search with the nearest
+ * workloads' configurations by it, so both agree on "nearest". Zero sizes count as 1. */
+TPK_API double tpk_gemm_shape_distance(size_t m1, size_t n1, size_t k1, size_t m2, size_t n2, size_t k2);
+
 /* How a call is served. */
 enum tpk_gemm_how {
     TPK_GEMM_EXACT = 0,   /* a kernel tuned for this very shape and thread count */

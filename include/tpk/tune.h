@@ -533,12 +533,15 @@ TPK_API int tpk_tune_cuda_map_plan(const tpk_tune_space *s, const tpk_tune_confi
  * host emulation of the same grid as tpk_kernel / tpk_kernel_ws). */
 TPK_API int tpk_tune_cuda_map_emit(const tpk_tune_space *s, const tpk_tune_config *c, const tpk_tune_cuda_map *p,
                                    FILE *o, tpk_ctx *ctx);
-/* Compile the file's host emulation (gcc, in-process dlopen) and run tpk_tune_check_map on it,
+/* Compile the file's host emulation (gcc) and run tpk_tune_check_map on it in a child process,
  * then (grid_n > 0; rows + cols + 3 spans several blocks) the whole map at n = grid_n against the
  * reference; with nvcc (a path, or NULL to skip), compile it for sm_90 and read ptxas -v. A
  * failed check is a report, not a status. */
 TPK_API int tpk_tune_cuda_map_check(const char *cu, int dtype, size_t grid_n, const char *nvcc,
                                     tpk_tune_cuda_map_check_report *rep, tpk_ctx *ctx);
+/* The nvcc to use: $NVCC when set (NULL if it is not executable), else the first on $PATH, else
+ * /usr/local/cuda/bin/nvcc; written to buf, NULL when there is none. */
+TPK_API const char *tpk_tune_nvcc(char *buf, size_t cap);
 /* Every relu map pick of class `from` in the logs to dir/relu_map_DTYPE_nN_Tt.cu, each checked
  * (ported: the host emulation passes and, with nvcc, it compiles for sm_90 without spills). */
 TPK_API int tpk_tune_port_map_cuda(const tpk_tune_record *recs, size_t n, const tpk_machine *from, const char *dir,
