@@ -110,8 +110,7 @@ void tpk_nsr_rpn_eval(const tpk_rpn_node *node, int len, const double *const *gv
             powi_block(b, B, (int)nd->value);
             break;
         case TPK_RPN_CALL:
-            for (size_t j = 0; j < B; j++)
-                b[j] = tpk_phi_eval(nd->fn, b[j]);
+            tpk_phi_eval_n(nd->fn, B, b, b);
             break;
         default:
             break; /* rejected by tpk_nsr_rpn_depth */

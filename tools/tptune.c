@@ -1045,13 +1045,24 @@ static int random_median_exact(size_t n, size_t hits)
     return (int)n;
 }
 
+/* Below this fraction of the table's median OpenBLAS rate, a record's OpenBLAS timing counts as
+ * disturbed. The Zen 4 tables (recorded two at a time on the 2 cores) have 5-9 % of their records
+ * below it, down to half the median; the Intel tables 1-2 %. */
+#define REF_DISTURBED 0.9
+
+static int ref_disturbed(const tpk_tune_result *res, double vmed)
+{
+    return vmed > 0 && res->vendor_gflops > 0 && res->vendor_gflops < REF_DISTURBED * vmed;
+}
+
 /* The table's labels. A configuration measured more than once (one record per pass) gets the
  * mean of its records: the best of them would select the passes' favourable noise. When every
  * successful record also timed OpenBLAS in the same child (--vendor=1), each record's rate is
  * taken relative to that vendor rate, times the table's median vendor rate (*vmed; 0 when the
  * labels are plain): the machine's drift between children, which moves both alike, cancels
  * (tuner/README.md "Search efficiency": raw labels of two idle passes differ by 6.5 % rms, the
- * relative ones by 3.9-5.4 %). */
+ * relative ones by 3.9-5.4 %). A record with a disturbed OpenBLAS timing (ref_disturbed) is left
+ * out of a configuration that has an undisturbed one. */
 static int table_labels(const tpk_tune_record *r, size_t n, const tpk_tune_space *s, table *t, double *best,
                         int *passes, double *vmed, tpk_ctx *ctx)
 {
@@ -1088,13 +1099,28 @@ static int table_labels(const tpk_tune_record *r, size_t n, const tpk_tune_space
         qsort(vend, nvend, sizeof *vend, cmp_double);
         *vmed = vend[nvend / 2];
     }
+    /* A record whose OpenBLAS timing fell well below the table's median was disturbed there
+     * (other processes only slow a run down), and its relative label is inflated by it: it is
+     * left out where the configuration has an undisturbed record (first pass: which have one). */
+    int *clean = calloc(n, sizeof *clean);
+    if (!clean) {
+        free(vend), free(sum), free(cnt), free(slot);
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (slot[i] >= 0 && tpk_tune_result_label(&r[i].result) > 0 && !ref_disturbed(&r[i].result, *vmed))
+            clean[slot[i]] = 1;
     for (size_t i = 0; i < n; i++) {
-        double g = slot[i] < 0 ? 0 : tpk_tune_result_label_relative(&r[i].result, *vmed);
+        if (slot[i] < 0 || (clean[slot[i]] && ref_disturbed(&r[i].result, *vmed)))
+            continue;
+        double g = tpk_tune_result_label_relative(&r[i].result, *vmed);
         if (g > 0) {
             sum[slot[i]] += g;
             cnt[slot[i]]++;
         }
     }
+    free(clean);
     *best = 0;
     *passes = 0;
     for (size_t j = 0; j < t->n; j++) {

@@ -43,6 +43,8 @@ TPK_API tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tp
 TPK_API void tpk_phi_free(tpk_phi *phi);
 TPK_API const char *tpk_phi_name(const tpk_phi *phi);     /* canonical spec, e.g. "leaky_relu(0.1)" */
 TPK_API double tpk_phi_eval(const tpk_phi *phi, double x);
+/* y[i] = φ(x[i]) for i < n, vectorised for the common built-ins (y may be x). */
+TPK_API void tpk_phi_eval_n(const tpk_phi *phi, size_t n, const double *x, double *y);
 TPK_API unsigned tpk_phi_flags(const tpk_phi *phi);
 TPK_API int tpk_phi_has_closed_form(const tpk_phi *phi); /* zero-mean 2-D closed form known */
 
