@@ -24,19 +24,21 @@ IN_CALL_S = 1.0
 INTERRUPT_S = 5.0
 EXIT_INTERRUPTED = 42
 
-# Each call would take minutes (or longer) if it were not interrupted.
+# Each call would take many seconds (or minutes) if it were not interrupted. The GRU calls take
+# 32 sequences: since the GRU's direct recursion (kernels/gru.c) 8 × 8 takes under a second, and
+# the call ended before the signal; 32 × 8 takes ~12 s on a 2-core Intel machine.
 CALLS = {
     "limits": 'tpk.limits("mlp", widths=(32, 64, 128, 256, 512, 1024, 2048), seeds=20000, '
               'max_inputs=4)',
-    "kernel": 'tpk.kernel("gru", rng.normal(size=(8, 8, 3)))',
+    "kernel": 'tpk.kernel("gru", rng.normal(size=(32, 8, 3)))',
     "Kernel": 'tpk.Kernel("lstm")(rng.normal(size=(8, 8, 3)))',
     "Program.kernel": 'tpk.Program(os.path.join(PROGRAMS, "gru.nsr")).kernel('
                       'rng.normal(size=(8, 8, 3)))',
     "Program.run": 'tpk.Program(os.path.join(PROGRAMS, "mlp.nsr"), L=400).run('
                    'rng.normal(size=(16, 5)), width=3000)',
     "GPRegressor.fit": 'tpk.GPRegressor(kernel=tpk.Kernel("gru"), noise=0.1).fit('
-                       'rng.normal(size=(8, 8, 3)), rng.normal(size=8))',
-    "gpkernel": 'tpk.gpkernel(os.path.join(OUT, "k.h5"), "gru", rng.normal(size=(8, 8, 3)))',
+                       'rng.normal(size=(32, 8, 3)), rng.normal(size=32))',
+    "gpkernel": 'tpk.gpkernel(os.path.join(OUT, "k.h5"), "gru", rng.normal(size=(32, 8, 3)))',
 }
 
 CHILD = """
