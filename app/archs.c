@@ -76,6 +76,8 @@ static int gru_direct(const tpk_program *p, const tpk_phi_registry *reg, const t
         st = tpk_program_param_number(p, "qmc_budget", &gp.budget, ctx);
     if (!st)
         st = tpk_program_param_number(p, "qmc_seed", &seed, ctx);
+    if (!st)
+        st = tpk_program_param_number(p, "qmc_tol", &gp.tol, ctx);
     if (st)
         return st;
     if (!(seed >= 0 && seed <= 9007199254740992.0 && seed == floor(seed)))

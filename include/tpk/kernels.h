@@ -91,8 +91,9 @@ typedef struct tpk_gru_params {
     double sigma_v2;                                       /* >= 0 */
     double tol;      /* target standard error of each E[h h'] (0: 1e-8) */
     double budget;   /* QMC work (points × steps over all paths and randomisations) before the
-                        tolerance is given up (0: 2048 per step of every path, at least 1.8e8); the
-                        error estimate is what was reached */
+                        tolerance is given up (0: 2048 per step of every path, at least 1.8e8,
+                        up to 7.2e8 for small kernels: kernels/gru.c); the error estimate is
+                        what was reached */
     uint64_t seed;   /* of the randomised QMC (Owen scramblings) */
 } tpk_gru_params;
 
