@@ -124,6 +124,7 @@ typedef struct fl {
         void *p;
         size_t bytes;
     } pool[6];          /* freed big matrices, reused: fresh pages cost more than a memset */
+    double *inplace;    /* set by matmul_acc: the matrix the new atom takes instead of its own */
 } fl;
 
 /* ---- errors and memory ---------------------------------------------------------------------- */
@@ -1872,6 +1873,23 @@ static int lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2)
 
 /* One MatMul term A·src (scaled by coef) added into the atom's M2 (lower triangle), or kept in
  * T (a vector source inside a tap sum). */
+/* Names of defined (G- and H-var) families in e: where a statement's value names one, and that
+ * name is the MatMul's source, nothing else in the statement reads the source's blocks (biases,
+ * A-vars, parameters and inputs are not defined families) — so g in W·φ(g) + b, when the plan
+ * says g dies here, is read by the map alone and may be overwritten by it (a residual
+ * g + W·φ(g) names g twice). */
+static int defined_names(const fl *F, const nsr_expr *e)
+{
+    if (e == NULL)
+        return 0;
+    int n = e->kind == NSR_E_NAME && e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_DFAM;
+    for (int i = 0; i < e->nidx; i++)
+        n += defined_names(F, e->idx[i]);
+    for (int i = 0; i < e->nargs; i++)
+        n += defined_names(F, e->args[i]);
+    return n + defined_names(F, e->a) + defined_names(F, e->b);
+}
+
 static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, val *coef,
                       double *M2, taps *T, double **fac, long *rank)
 {
@@ -1958,8 +1976,22 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
             size_t n = F->N * (size_t)D->m;
             touch(F, x);
             touch(F, bx->arg);
-            int st = tpk_gauss_map_affine_lower(bx->phi, F->b[bx->arg].M2, n, var, 0.0, M2, F->ws,
-                                                &e, F->X.ctx);
+            /* and where g dies here too (a layer of a deep network), the map runs in place and
+             * the atom takes g's matrix: no fresh block, whose first touch (page faults and the
+             * kernel's zeroing) cost more than the map (MLP N = 2048: 56 % of the run) */
+            fblock *bg = &F->b[bx->arg];
+            double *dst = M2;
+            const nsr_stmt *stm = F->X.cur >= 0 && F->X.cur < F->X.R->nfi
+                                      ? F->X.R->fi[F->X.cur].stmt : NULL;
+            if (bx->arg < F->nplan && F->plan[bx->arg] == F->X.cur && bg->kind == BK_GAUSS &&
+                bg->fi != -2 && bg->m == D->m && F->inplace == NULL && stm != NULL &&
+                defined_names(F, stm->value) == 1 && defined_names(F, src) == 1) {
+                dst = bg->M2;
+                bg->M2 = NULL;
+                F->inplace = dst;
+            }
+            int st = tpk_gauss_map_affine_lower(bx->phi, dst == M2 ? bg->M2 : dst, n, var, 0.0,
+                                                dst, F->ws, &e, F->X.ctx);
             F->err = fmax(F->err, e);
             val_free(F, &u);
             return st;
@@ -2016,7 +2048,15 @@ static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr
     F->b[k].line = am->line;
     double *fac = NULL;
     long rank = 0;
-    if (matmul_acc(F, am, src, D, NULL, M2, NULL, &fac, &rank)) {
+    F->inplace = NULL;
+    int st = matmul_acc(F, am, src, D, NULL, M2, NULL, &fac, &rank);
+    if (F->inplace != NULL) { /* the map ran in place: the atom takes that matrix */
+        size_t n = F->N * (size_t)D->m;
+        fl_release(F, M2, n * n * sizeof *M2);
+        M2 = F->inplace;
+        F->inplace = NULL;
+    }
+    if (st) {
         tpk_free(F->X.ctx, M2);
         return F->X.ctx->status;
     }
