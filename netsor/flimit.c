@@ -229,6 +229,31 @@ static void touch(fl *F, int k)
         F->b[k].last_use = F->X.cur;
 }
 
+/* Names of defined (G- and H-var) families in e. A statement whose value names one reads
+ * each block it reaches through that name at one place: a block the plan says dies in this
+ * statement may then be overwritten by the one reader (biases, A-vars, parameters and inputs
+ * are not defined families). Where it names more (a residual g + W·φ(g), φ(g) twice), a block
+ * dying here may still be read again after the first reader, so nothing is overwritten. */
+static int defined_names(const fl *F, const nsr_expr *e)
+{
+    if (e == NULL)
+        return 0;
+    int n = e->kind == NSR_E_NAME && e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_DFAM;
+    for (int i = 0; i < e->nidx; i++)
+        n += defined_names(F, e->idx[i]);
+    for (int i = 0; i < e->nargs; i++)
+        n += defined_names(F, e->args[i]);
+    return n + defined_names(F, e->a) + defined_names(F, e->b);
+}
+
+/* 1 when the statement being evaluated names one defined family (defined_names) */
+static int stmt_reads_once(const fl *F)
+{
+    const nsr_stmt *stm = F->X.cur >= 0 && F->X.cur < F->X.R->nfi ? F->X.R->fi[F->X.cur].stmt
+                                                                   : NULL;
+    return stm != NULL && defined_names(F, stm->value) == 1;
+}
+
 /* The plan, once made (wait = 1: until it is); NULL while it is not (or when it failed). */
 static const int *plan_get(fl *F, int wait)
 {
@@ -594,6 +619,13 @@ static const double *block_m2(fl *F, int k)
         touch(F, b->arg);
     if (b->kind == BK_NONLIN && b->M2 == NULL && nonlin_moments(F, k))
         return NULL;
+    if (!F->dry && b->kind == BK_GAUSS && b->M2 == NULL && F->X.ctx->status == TPK_OK) {
+        /* its matrix went to a block made from it (read again after the plan's last use): never
+         * a silent NULL — the unrolled form computes what this one cannot */
+        NSR_UNSUP(&F->X, NULL, "a block read after its matrix was given to another (line %d)",
+                  b->line);
+        return NULL;
+    }
     return b->M2;
 }
 
@@ -1354,10 +1386,13 @@ static int materialize(fl *F, val *u, int fam, int *out)
             return TPK_OK;
         }
         /* a block that dies here and is the value's identity term lends its matrix:
-         * g = (conv atom) + b adds b in place instead of copying the atom */
+         * g = (conv atom) + b adds b in place instead of copying the atom — where the value is
+         * the statement's own (fam >= 0) or the statement reads its blocks once: φ(g) twice in
+         * one statement materialises g twice, and the second needs the atom the first took */
         int x = u->t[0].blk, steal = 0;
         const fblock *bx = &F->b[x];
         if (plan_get(F, 1) && x < F->nplan && F->plan[x] == F->X.cur && bx->kind == BK_GAUSS &&
+            (fam >= 0 || stmt_reads_once(F)) &&
             bx->fi != -2 && bx->M2 && bx->mean == NULL && bx->m == u->m &&
             is_identity_gather(&u->t[0], u->m)) {
             steal = 1;
@@ -1873,23 +1908,6 @@ static int lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2)
 
 /* One MatMul term A·src (scaled by coef) added into the atom's M2 (lower triangle), or kept in
  * T (a vector source inside a tap sum). */
-/* Names of defined (G- and H-var) families in e: where a statement's value names one, and that
- * name is the MatMul's source, nothing else in the statement reads the source's blocks (biases,
- * A-vars, parameters and inputs are not defined families) — so g in W·φ(g) + b, when the plan
- * says g dies here, is read by the map alone and may be overwritten by it (a residual
- * g + W·φ(g) names g twice). */
-static int defined_names(const fl *F, const nsr_expr *e)
-{
-    if (e == NULL)
-        return 0;
-    int n = e->kind == NSR_E_NAME && e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_DFAM;
-    for (int i = 0; i < e->nidx; i++)
-        n += defined_names(F, e->idx[i]);
-    for (int i = 0; i < e->nargs; i++)
-        n += defined_names(F, e->args[i]);
-    return n + defined_names(F, e->a) + defined_names(F, e->b);
-}
-
 static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, val *coef,
                       double *M2, taps *T, double **fac, long *rank)
 {
@@ -1981,11 +1999,9 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
              * kernel's zeroing) cost more than the map (MLP N = 2048: 56 % of the run) */
             fblock *bg = &F->b[bx->arg];
             double *dst = M2;
-            const nsr_stmt *stm = F->X.cur >= 0 && F->X.cur < F->X.R->nfi
-                                      ? F->X.R->fi[F->X.cur].stmt : NULL;
             if (bx->arg < F->nplan && F->plan[bx->arg] == F->X.cur && bg->kind == BK_GAUSS &&
-                bg->fi != -2 && bg->m == D->m && F->inplace == NULL && stm != NULL &&
-                defined_names(F, stm->value) == 1 && defined_names(F, src) == 1) {
+                bg->fi != -2 && bg->m == D->m && F->inplace == NULL && stmt_reads_once(F) &&
+                defined_names(F, src) == 1) {
                 dst = bg->M2;
                 bg->M2 = NULL;
                 F->inplace = dst;

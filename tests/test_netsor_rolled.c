@@ -393,6 +393,47 @@ static void test_zero_term(void **state)
     tpk_program_free(p);
 }
 
+/* Blocks overwritten where they die (flimit.c): W·φ(g) + b maps in place into g's matrix, and
+ * g = atom + b takes the atom's, where the plan says the source dies in that statement and the
+ * statement reads it once; where it reads it again (g + W·φ(g), 0.5·g + W·φ(g), φ(g) twice) they
+ * must not. The second program crashed the evaluator before (φ(g5) twice, g5 = atom + bias: the
+ * first φ materialised g5 by taking the atom's matrix, the second read a NULL matrix as the
+ * block's). Both against the unrolled evaluator. */
+static void test_layer_in_place(void **state)
+{
+    const tu_phis *f = *state;
+    const char *head = "width n\ninput x : d\nA U : (n, d) ~ 2\nA W2 : (n, n) ~ 2\n"
+                       "A W3 : (n, n) ~ 1.5\nA W4 : (n, n) ~ 1\nA W5 : (n, n) ~ 1\n"
+                       "A W6 : (n, n) ~ 1.2\nA W7 : (n, n) ~ 0.8\n"
+                       "G b2 : n ~ N(0, 0.2)\nG b3 : n ~ N(0, 0.1)\n";
+    const char *body[] = {
+        "g1 = U x\ng2 = W2 relu(g1) + b2\ng3 = W3 relu(g2) + b3\n"
+        "g4 = W4 relu(g3) + g3 + b2\ng5 = 0.5 * g4 + W5 relu(g4)\n"
+        "g6 = W6 erf(g5) + W7 erf(g5)\noutput y = readout(relu(g6), 1, 0.1)\n",
+        "g4 = U x\ng5 = W5 relu(g4) + b2\ng6 = W6 erf(g5) + W7 erf(g5)\n"
+        "g7 = W3 relu(g6) + b3\noutput y = readout(relu(g7), 1, 0.1)\n",
+    };
+    for (size_t c = 0; c < sizeof body / sizeof body[0]; c++) {
+        char src[2048];
+        snprintf(src, sizeof src, "%s%s", head, body[c]);
+        tpk_netsor_opts o = {.sets = NULL, .nsets = 0, .netsor_plus = 0, .explain = 0};
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        tpk_program *p = tpk_netsor_load_string("<in-place>", src, &o, f->reg, &ctx);
+        if (p == NULL)
+            print_message("%s\n", ctx.msg);
+        assert_non_null(p);
+        assert_true(tpk_program_family_instructions(p) > 0);
+        tpk_array *x = random_inputs(24, 1, 3, 7 + (unsigned)c);
+        double dd = rolled_vs_unrolled(p, x);
+        print_message("blocks taken where they die, program %zu: |rolled - unrolled| / max|K| = "
+                      "%.2e\n", c, dd);
+        assert_true(dd <= TOL_SAME);
+        tpk_array_free(x);
+        tpk_program_free(p);
+    }
+}
+
 /* opts.append: a statement read after the file's (the CNN jobs' pooled readout) */
 static void test_append(void **state)
 {
@@ -512,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_elaboration_scale),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_operations),
+        cmocka_unit_test(test_layer_in_place),
         cmocka_unit_test(test_zero_term),
         cmocka_unit_test(test_append),
         cmocka_unit_test(test_executor_shipped),
