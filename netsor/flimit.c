@@ -229,16 +229,28 @@ static void touch(fl *F, int k)
         F->b[k].last_use = F->X.cur;
 }
 
-/* Names of defined (G- and H-var) families in e. A statement whose value names one reads
+/* Names of defined G- and H-var families in e. A statement whose value names one reads
  * each block it reaches through that name at one place: a block the plan says dies in this
  * statement may then be overwritten by the one reader (biases, A-vars, parameters and inputs
  * are not defined families). Where it names more (a residual g + W·φ(g), φ(g) twice), a block
  * dying here may still be read again after the first reader, so nothing is overwritten. */
+/* A family defined by `scalar` statements (NETSOR+ moments: numbers per input, no matrix). */
+static int scalar_family(const fl *F, int sym)
+{
+    for (int k = 0; k < F->X.R->nfi; k++) {
+        const nsr_stmt *s = F->X.R->fi[k].stmt;
+        if (s->kind == NSR_S_DEF && s->fam == sym)
+            return s->annot == NSR_ANN_SCALAR;
+    }
+    return 0;
+}
+
 static int defined_names(const fl *F, const nsr_expr *e)
 {
     if (e == NULL)
         return 0;
-    int n = e->kind == NSR_E_NAME && e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_DFAM;
+    int n = e->kind == NSR_E_NAME && e->sym >= 0 &&
+            F->X.C->sym[e->sym].kind == NSR_SYM_DFAM && !scalar_family(F, e->sym);
     for (int i = 0; i < e->nidx; i++)
         n += defined_names(F, e->idx[i]);
     for (int i = 0; i < e->nargs; i++)
