@@ -669,27 +669,42 @@ static int nonlin_moments(fl *F, int k)
     if (block_m2(F, F->b[k].arg) == NULL) /* a factor block makes its matrix now */
         return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
     fblock *b = &F->b[k];
-    const fblock *u = &F->b[b->arg];
-    double *M2 = fl_big(F, n * n, sizeof *M2, 0), *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
-    if (M2 == NULL || mean == NULL || ensure_ws(F)) {
-        tpk_free(F->X.ctx, M2), tpk_free(F->X.ctx, mean);
-        return F->X.ctx->status;
-    }
-    double e = 0;
-    int st = TPK_OK;
+    fblock *u = &F->b[b->arg];
     int zero_mean = 1;
     if (u->mean)
         for (size_t i = 0; i < n && zero_mean; i++)
             zero_mean = u->mean[i] == 0;
+    /* φ(g) where g dies here and the statement reads it through this block alone (a CNN's
+     * h = φ(g) read by the next layer's taps): the map runs in place and this block takes g's
+     * matrix — no fresh (N m)² block to fault in (flimit.c matmul_acc does the same for W·φ(g)) */
+    const int *pl = zero_mean ? plan_get(F, 1) : NULL;
+    int in_place = pl != NULL && b->arg < F->nplan && pl[b->arg] == F->X.cur &&
+                   u->kind == BK_GAUSS && u->fi != -2 &&
+                   u->m == b->m && stmt_reads_once(F);
+    double *M2 = in_place ? u->M2 : fl_big(F, n * n, sizeof *M2, 0);
+    double *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
+    if (M2 == NULL || mean == NULL || ensure_ws(F)) {
+        if (!in_place)
+            tpk_free(F->X.ctx, M2);
+        tpk_free(F->X.ctx, mean);
+        return F->X.ctx->status;
+    }
+    double e = 0;
+    int st = TPK_OK;
     if (zero_mean) {
-        /* the lower triangle only: the tuned maps serve it (ReLU), and most readers need no more */
-        st = tpk_gauss_map_affine_lower(b->phi, u->M2, n, 1.0, 0.0, M2, F->ws, &e, F->X.ctx);
+        /* the means first: an in-place map overwrites the diagonal they read */
         for (size_t i = 0; st == TPK_OK && i < n; i++) {
             tpk_estimate r;
             st = tpk_gauss_expect1(b->phi, 0, u->M2[i * n + i], F->ws, &r, F->X.ctx);
             mean[i] = r.value;
             e = fmax(e, r.err);
         }
+        /* the lower triangle only: the tuned maps serve it (ReLU), and most readers need no more */
+        if (st == TPK_OK)
+            st = tpk_gauss_map_affine_lower(b->phi, u->M2, n, 1.0, 0.0, M2, F->ws, &e,
+                                            F->X.ctx);
+        if (in_place) /* taken, whatever the outcome: g's matrix now holds φ's moments */
+            u->M2 = NULL;
     } else {
         for (size_t i = 0; st == TPK_OK && i < n; i++) {
             double mi = u->mean[i], qi = u->M2[i * n + i] - mi * mi;
@@ -707,7 +722,11 @@ static int nonlin_moments(fl *F, int k)
         }
     }
     if (st) {
-        tpk_free(F->X.ctx, M2), tpk_free(F->X.ctx, mean);
+        if (in_place) /* a block's matrix, freed (or pooled) like any */
+            fl_release(F, M2, n * n * sizeof *M2);
+        else
+            tpk_free(F->X.ctx, M2);
+        tpk_free(F->X.ctx, mean);
         return nsr_fam_err(&F->X, st, NULL, "%s", F->X.ctx->msg);
     }
     F->err = fmax(F->err, e);
