@@ -341,6 +341,20 @@ static void test_errors(void **state)
     }
 }
 
+/* A program from source that the rolled evaluator takes (it has family instructions). */
+static tpk_program *load_rolled(const tu_phis *f, const char *name, const char *src)
+{
+    tpk_netsor_opts o = {.sets = NULL, .nsets = 0, .netsor_plus = 0, .explain = 0};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_program *p = tpk_netsor_load_string(name, src, &o, f->reg, &ctx);
+    if (p == NULL)
+        print_message("%s\n", ctx.msg);
+    assert_non_null(p);
+    assert_true(tpk_program_family_instructions(p) > 0);
+    return p;
+}
+
 /* The new operations have the meaning the unrolled elaborator gives them: nested binders,
  * softmax rows, the padding arithmetic, two output families. (relu(r) of the attention output r
  * is left out: the unrolled evaluator integrates φ(Σ_j a_ij g_j) of six G-vars by Monte Carlo,
@@ -358,14 +372,7 @@ static void test_operations(void **state)
         "F[p, q] relu(g[wrap(i + p + q - 2, 1, T)]))\n"
         "output y[i in 1..T] = readout(h[i], 1)\n"
         "output z[i in 1..T] = readout(r[i], 2, 0.5)\n";
-    tpk_netsor_opts o = {.sets = NULL, .nsets = 0, .netsor_plus = 0, .explain = 0};
-    tpk_ctx ctx;
-    tpk_ctx_init(&ctx);
-    tpk_program *p = tpk_netsor_load_string("<ops>", src, &o, f->reg, &ctx);
-    if (p == NULL)
-        print_message("%s\n", ctx.msg);
-    assert_non_null(p);
-    assert_true(tpk_program_family_instructions(p) > 0);
+    tpk_program *p = load_rolled(f, "<ops>", src);
     tpk_array *x = random_inputs(3, 6, 2, 11);
     double dd = rolled_vs_unrolled(p, x);
     print_message("sum/softmax/wrap/inside: |rolled - unrolled| / max|K| = %.2e\n", dd);
@@ -416,14 +423,7 @@ static void test_layer_in_place(void **state)
     for (size_t c = 0; c < sizeof body / sizeof body[0]; c++) {
         char src[2048];
         snprintf(src, sizeof src, "%s%s", head, body[c]);
-        tpk_netsor_opts o = {.sets = NULL, .nsets = 0, .netsor_plus = 0, .explain = 0};
-        tpk_ctx ctx;
-        tpk_ctx_init(&ctx);
-        tpk_program *p = tpk_netsor_load_string("<in-place>", src, &o, f->reg, &ctx);
-        if (p == NULL)
-            print_message("%s\n", ctx.msg);
-        assert_non_null(p);
-        assert_true(tpk_program_family_instructions(p) > 0);
+        tpk_program *p = load_rolled(f, "<in-place>", src);
         tpk_array *x = random_inputs(24, 1, 3, 7 + (unsigned)c);
         double dd = rolled_vs_unrolled(p, x);
         print_message("blocks taken where they die, program %zu: |rolled - unrolled| / max|K| = "
