@@ -2265,17 +2265,53 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
     }
     if (padding < 0)
         padding = TPK_CNN_CIRCULAR; /* no tap leaves the grid */
-    const double *MX = block_m2(F, X);
-    int lowerX = F->b[X].lower;
+    size_t n = N * m, npairs = N * (N + 1) / 2;
+    /* The taps read h = φ(g) whose moments are not made yet, and h dies here: φ's map runs per
+     * input pair on the pair's block of g, in the buffer the convolution reads next (map and
+     * taps fused, as the direct recursion of kernels/cnn.c does), so h's (N m)² matrix is never
+     * written and read back. The pair's map needs both inputs' variances: g's diagonal, kept
+     * first. */
+    const tpk_phi *fphi = NULL;
+    int gsrc = X;
+    const int *pl = plan_get(F, 1);
+    if (bx->kind == BK_NONLIN && bx->M2 == NULL && pl != NULL && X < F->nplan &&
+        pl[X] == F->X.cur && stmt_reads_once(F)) {
+        const fblock *bg = &F->b[bx->arg];
+        int zero_mean = bg->kind == BK_GAUSS && bg->m == bx->m;
+        for (size_t i = 0; zero_mean && bg->mean && i < n; i++)
+            zero_mean = bg->mean[i] == 0;
+        if (zero_mean) {
+            fphi = bx->phi;
+            gsrc = bx->arg;
+            touch(F, X);
+        }
+    }
+    const double *MX = block_m2(F, gsrc);
+    int lowerX = F->b[gsrc].lower;
     double *in = nsr_fam_alloc(&F->X, m * m, sizeof *in), *out = nsr_fam_alloc(&F->X, m * m, sizeof *out);
-    if (MX == NULL || in == NULL || out == NULL) {
-        tpk_free(F->X.ctx, in), tpk_free(F->X.ctx, out);
+    double *dg = fphi ? nsr_fam_alloc(&F->X, n, sizeof *dg) : NULL;
+    if (MX == NULL || in == NULL || out == NULL || (fphi && (dg == NULL || ensure_ws(F)))) {
+        tpk_free(F->X.ctx, in), tpk_free(F->X.ctx, out), tpk_free(F->X.ctx, dg);
         *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
         return 1;
     }
     tpk_free(F->X.ctx, in), tpk_free(F->X.ctx, out);
-    size_t n = N * m, npairs = N * (N + 1) / 2;
-    int fail = 0;
+    for (size_t i = 0; fphi && i < n; i++)
+        dg[i] = MX[i * n + i];
+    /* Each input pair's block of the result depends on that pair's block of the source alone,
+     * so where the source dies here (read once by this statement) the result is written over it
+     * and the atom takes its matrix (eval_sum): no fresh (N m)² block to fault in. */
+    fblock *bs = &F->b[gsrc];
+    if (pl != NULL && gsrc < F->nplan && pl[gsrc] == F->X.cur && bs->kind == BK_GAUSS &&
+        bs->fi != -2 && bs->m == D->m && bs->M2 == MX && F->inplace == NULL &&
+        stmt_reads_once(F)) {
+        F->inplace = bs->M2;
+        bs->M2 = NULL;
+        M2 = F->inplace;
+    }
+    int fail = 0, mapst = TPK_OK;
+    double emap = 0.0;
+    char mapmsg[sizeof F->X.ctx->msg] = "";
     /* input pairs are independent: one per thread, each with its two P×P buffers */
 #pragma omp parallel reduction(| : fail)
     {
@@ -2308,6 +2344,21 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
                 for (size_t p = 0; p < m; p++)
                     for (size_t q = 0; q < p; q++)
                         bi[q * m + p] = bi[p * m + q];
+            if (fphi != NULL) {
+                double e = 0.0;
+                int ms = tpk_gauss_map_cross(fphi, dg + a * m, m, dg + c * m, m, bi, bi, F->ws, &e,
+                                             &lc);
+                if (ms != TPK_OK) {
+#pragma omp critical(tpk_flimit_convmap)
+                    if (mapst == TPK_OK) {
+                        mapst = ms;
+                        snprintf(mapmsg, sizeof mapmsg, "%s", lc.msg);
+                    }
+                    continue;
+                }
+#pragma omp critical(tpk_flimit_convmap)
+                emap = fmax(emap, e);
+            }
             tpk_cnn_convws_apply(cv, t0->var, 0.0, bi, bo);
             for (size_t p = 0; p < m; p++) {
                 double *row = M2 + (a * m + p) * n + c * m;
@@ -2318,9 +2369,14 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
         tpk_free(F->X.ctx, bi), tpk_free(F->X.ctx, bo);
         tpk_cnn_convws_free(cv);
     }
+    tpk_free(F->X.ctx, dg);
     if (fail)
         *st = TPK_ERROR(F->X.ctx, TPK_ENOMEM, "convolution of the covariance blocks failed (out of "
                         "memory)");
+    else if (mapst != TPK_OK)
+        *st = nsr_fam_err(&F->X, mapst, NULL, "%s", mapmsg);
+    else
+        F->err = fmax(F->err, emap);
     return 1;
 }
 
@@ -2360,7 +2416,15 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
             return F->X.ctx->status;
         }
         int st = TPK_OK;
-        if (!conv_lowering(F, D, &T, M2, &st)) {
+        F->inplace = NULL;
+        int lowered = conv_lowering(F, D, &T, M2, &st);
+        if (F->inplace != NULL) { /* written over its source: the atom takes that matrix */
+            size_t n = F->N * (size_t)D->m;
+            fl_release(F, M2, n * n * sizeof *M2);
+            M2 = F->inplace;
+            F->inplace = NULL;
+        }
+        if (!lowered) {
             size_t n = F->N * (size_t)D->m; /* the generic sum adds into a zeroed block */
             if (M2 != NULL)
                 memset(M2, 0, n * n * sizeof *M2);
