@@ -97,7 +97,7 @@ static const struct shipped {
     const char *path;
     size_t T, d;
     int rolled;
-    tpk_param_set set[3];
+    tpk_param_set set[4];
     int nset;
 } shipped_cases[] = {
     {"programs/mlp.nsr", 1, 4, 1, {{0}}, 0},
@@ -118,6 +118,9 @@ static const struct shipped {
     {"programs/cnn2d.nsr", 9, 2, 1, {{0}}, 0},
     {"programs/cnn2d.nsr", 20, 2, 1,
      {{"rows", "4"}, {"cols", "5"}, {"circular", "0"}}, 3},
+    /* φ fused into the taps with a map other than ReLU's, and a bias (flimit.c conv_lowering) */
+    {"programs/cnn2d.nsr", 12, 3, 1,
+     {{"rows", "3"}, {"cols", "4"}, {"phi", "erf"}, {"sigma_b2", "0.3"}}, 4},
     {"programs/rnn.nsr", 4, 3, 0, {{0}}, 0},
     {"programs/rnn_untied.nsr", 4, 3, 0, {{0}}, 0},
     {"programs/gru.nsr", 3, 2, 0, {{0}}, 0},
