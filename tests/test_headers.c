@@ -24,13 +24,25 @@ static const char *root(void)
     return r && *r ? r : ".";
 }
 
+/* The whole file, NUL-terminated (the caller frees it); a fixed buffer had cut the change log
+ * once it grew past 64 KiB, and its newest release heading with it. */
 static char *slurp(const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         fail_msg("cannot read %s", path);
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (size_t got; (got = fread(buf + n, 1, cap - 1 - n, f)) > 0;) {
+        n += got;
+        if (n == cap - 1) {
+            char *nb = realloc(buf, 2 * cap);
+            assert_non_null(nb);
+            buf = nb;
+            cap *= 2;
+        }
+    }
     buf[n] = '\0';
     fclose(f);
     return buf;
@@ -42,7 +54,7 @@ static void test_umbrella_lists_every_header(void **state)
     char dir[1100], path[1200];
     snprintf(dir, sizeof dir, "%s/include/tpk", root());
     snprintf(path, sizeof path, "%s/tpk.h", dir);
-    const char *umbrella = slurp(path);
+    char *umbrella = slurp(path);
     DIR *d = opendir(dir);
     assert_non_null(d);
     struct dirent *de;
@@ -61,6 +73,7 @@ static void test_umbrella_lists_every_header(void **state)
     closedir(d);
     assert_true(n >= 20);
     assert_null(strstr(umbrella, "\"tune.h\""));
+    free(umbrella);
 }
 
 /* The umbrella alone (no other include first) with the strictest warnings, as C11 and C++. */
@@ -104,17 +117,21 @@ static void test_version(void **state)
     /* the newest release in the change log is this version or older */
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", root(), "CHANGELOG" ".md");
-    const char *cl = slurp(path), *rel = strstr(cl, "\n## [0");
+    char *cl = slurp(path);
+    const char *rel = strstr(cl, "\n## [0");
     assert_non_null(rel);
     int ma, mi, pa;
     assert_int_equal(sscanf(rel, "\n## [%d.%d.%d]", &ma, &mi, &pa), 3);
     assert_true(ma * 10000 + mi * 100 + pa <= TPK_VERSION_NUMBER);
+    free(cl);
     /* the Python package's metadata carries the same version (tpk.__version__ asks the library) */
     snprintf(path, sizeof path, "%s/python/pyproject.toml", root());
-    const char *py = strstr(slurp(path), "\nversion = \"");
+    char *toml = slurp(path);
+    const char *py = strstr(toml, "\nversion = \"");
     assert_non_null(py);
     char pv[32] = "";
     assert_int_equal(sscanf(py, "\nversion = \"%31[^\"]", pv), 1);
+    free(toml);
     assert_string_equal(pv, TPK_VERSION_STRING);
 }
 
