@@ -19,7 +19,11 @@
  *   driver    outputs → K = σ_v² E[y yᵀ] + β, blocks freed at their last use.
  * Fusions where a block dies at once (the plan says so): A·φ(g) and readout(φ(g)) map straight
  * into their targets, a dying atom lends its matrix to g = atom + b, an embedding of every slot
- * writes the input Gram into its atom. Symmetric blocks keep their lower triangle and are
+ * writes the input Gram into its atom. Where the dying block is g itself and the statement reads
+ * it once (defined_names), the work runs in place over g's matrix: the layer map of W·φ(g) + b,
+ * φ(g)'s moments, and a convolution's taps (per input pair, with φ's map fused in). A fresh
+ * (N m)² block costs its first touch — page faults and the kernel's zeroing, more than the map
+ * itself — so each in-place step saves one. Symmetric blocks keep their lower triangle and are
  * mirrored only when a reader needs both.
  * Independence is structural: every MatMul by an A-var that no other MatMul uses, every
  * embedding and every initial G-var starts a new root, and blocks without a common root are
