@@ -233,11 +233,6 @@ static void touch(fl *F, int k)
         F->b[k].last_use = F->X.cur;
 }
 
-/* Names of defined G- and H-var families in e. A statement whose value names one reads
- * each block it reaches through that name at one place: a block the plan says dies in this
- * statement may then be overwritten by the one reader (biases, A-vars, parameters and inputs
- * are not defined families). Where it names more (a residual g + W·φ(g), φ(g) twice), a block
- * dying here may still be read again after the first reader, so nothing is overwritten. */
 /* A family defined by `scalar` statements (NETSOR+ moments: numbers per input, no matrix). */
 static int scalar_family(const fl *F, int sym)
 {
@@ -249,6 +244,12 @@ static int scalar_family(const fl *F, int sym)
     return 0;
 }
 
+/* Names of defined G- and H-var families in e. A statement whose value names one reads
+ * each block it reaches through that name at one place: a block the plan says dies in this
+ * statement may then be overwritten by the one reader (biases, A-vars, parameters, inputs and
+ * scalar moments are not such families). Where it names more (a residual g + W·φ(g), φ(g)
+ * twice), a block dying here may still be read again after the first reader, so nothing is
+ * overwritten. */
 static int defined_names(const fl *F, const nsr_expr *e)
 {
     if (e == NULL)
@@ -704,9 +705,11 @@ static int nonlin_moments(fl *F, int k)
             e = fmax(e, r.err);
         }
         /* the lower triangle only: the tuned maps serve it (ReLU), and most readers need no more */
+        double em = 0;
         if (st == TPK_OK)
-            st = tpk_gauss_map_affine_lower(b->phi, u->M2, n, 1.0, 0.0, M2, F->ws, &e,
+            st = tpk_gauss_map_affine_lower(b->phi, u->M2, n, 1.0, 0.0, M2, F->ws, &em,
                                             F->X.ctx);
+        e = fmax(e, em);
         if (in_place) /* taken, whatever the outcome: g's matrix now holds φ's moments */
             u->M2 = NULL;
     } else {
