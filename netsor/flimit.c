@@ -2303,11 +2303,20 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
             touch(F, X);
         }
     }
-    const double *MX = block_m2(F, gsrc);
+    /* The taps read the inputs themselves and nothing after this statement does: each pair's
+     * block of their Gram, ⟨x_ap, x_cq⟩/d, is made where the convolution needs it (a rank-d
+     * product per pair) instead of the whole (N m)² Gram first — a CNN's first layer on images
+     * then touches one fresh block, not two. Few channels only (RGB, grey): the per-pair loop
+     * is plain, where the whole Gram would be one tuned SYRK. */
+    int from_x = fphi == NULL && bx->fi == -2 && bx->M2 == NULL && pl != NULL && X < F->nplan &&
+                 pl[X] == F->X.cur && (size_t)bx->m == F->T && F->d > 0 && F->d <= 8;
+    if (from_x)
+        touch(F, X);
+    const double *MX = from_x ? NULL : block_m2(F, gsrc);
     int lowerX = F->b[gsrc].lower;
     double *in = nsr_fam_alloc(&F->X, m * m, sizeof *in), *out = nsr_fam_alloc(&F->X, m * m, sizeof *out);
     double *dg = fphi ? nsr_fam_alloc(&F->X, n, sizeof *dg) : NULL;
-    if (MX == NULL || in == NULL || out == NULL ||
+    if ((MX == NULL && !from_x) || in == NULL || out == NULL ||
         (fphi && (dg == NULL || ensure_ws_for(F, fphi)))) {
         tpk_free(F->X.ctx, in), tpk_free(F->X.ctx, out), tpk_free(F->X.ctx, dg);
         *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
@@ -2355,10 +2364,22 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
             while ((a + 1) * (a + 2) / 2 <= ac)
                 a++;
             size_t c = ac - a * (a + 1) / 2;
-            for (size_t p = 0; p < m; p++)
-                memcpy(bi + p * m, MX + (a * m + p) * n + c * m,
-                       (lowerX && a == c ? p + 1 : m) * sizeof *bi);
-            if (lowerX && a == c) /* a diagonal block of a lower-stored matrix */
+            if (from_x) {
+                const size_t d = F->d;
+                const double *xa = F->x + a * m * d, *xc = F->x + c * m * d;
+                for (size_t p = 0; p < m; p++)
+                    for (size_t q = 0; q < m; q++) {
+                        double g = 0;
+                        for (size_t k = 0; k < d; k++)
+                            g += xa[p * d + k] * xc[q * d + k];
+                        bi[p * m + q] = g / (double)d;
+                    }
+            } else {
+                for (size_t p = 0; p < m; p++)
+                    memcpy(bi + p * m, MX + (a * m + p) * n + c * m,
+                           (lowerX && a == c ? p + 1 : m) * sizeof *bi);
+            }
+            if (!from_x && lowerX && a == c) /* a diagonal block of a lower-stored matrix */
                 for (size_t p = 0; p < m; p++)
                     for (size_t q = 0; q < p; q++)
                         bi[q * m + p] = bi[p * m + q];
