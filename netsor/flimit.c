@@ -129,6 +129,7 @@ typedef struct fl {
         size_t bytes;
     } pool[6];          /* freed big matrices, reused: fresh pages cost more than a memset */
     double *inplace;    /* set by matmul_acc: the matrix the new atom takes instead of its own */
+    const nsr_stmt *final_out; /* the one output the end reads (its blocks' last reader), or NULL */
 } fl;
 
 /* ---- errors and memory ---------------------------------------------------------------------- */
@@ -263,10 +264,12 @@ static int defined_names(const fl *F, const nsr_expr *e)
     return n + defined_names(F, e->a) + defined_names(F, e->b);
 }
 
-/* 1 when the statement being evaluated names one defined family (defined_names) */
+/* 1 when the statement being evaluated names one defined family (defined_names); at the end,
+ * where the outputs read their blocks, the one output read (final_out) is that statement */
 static int stmt_reads_once(const fl *F)
 {
     const nsr_stmt *stm = F->X.cur >= 0 && F->X.cur < F->X.R->nfi ? F->X.R->fi[F->X.cur].stmt
+                          : F->X.cur == F->X.R->nfi                ? F->final_out
                                                                    : NULL;
     return stm != NULL && defined_names(F, stm->value) == 1;
 }
@@ -690,7 +693,9 @@ static int nonlin_moments(fl *F, int k)
      * h = φ(g) read by the next layer's taps): the map runs in place and this block takes g's
      * matrix — no fresh (N m)² block to fault in (flimit.c matmul_acc does the same for W·φ(g)) */
     const int *pl = zero_mean ? plan_get(F, 1) : NULL;
-    int in_place = pl != NULL && b->arg < F->nplan && pl[b->arg] == F->X.cur &&
+    /* the plan's −1 is the end, where the outputs read their blocks (X.cur = nfi) */
+    int in_place = pl != NULL && b->arg < F->nplan &&
+                   (pl[b->arg] == F->X.cur || (pl[b->arg] == -1 && F->X.cur == F->X.R->nfi)) &&
                    u->kind == BK_GAUSS && u->fi != -2 &&
                    u->m == b->m && stmt_reads_once(F);
     double *M2 = in_place ? u->M2 : fl_big(F, n * n, sizeof *M2, 0);
@@ -3452,6 +3457,13 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
         no = 1;
         v_last(F, &out[0].v);
     }
+    /* one output read: the last output statement (the kernel of every output reads several) */
+    F->final_out = NULL;
+    for (int k = R->nfi - 1; k >= 0 && no == 1; k--)
+        if (R->fi[k].stmt->kind == NSR_S_OUTPUT) {
+            F->final_out = R->fi[k].stmt;
+            break;
+        }
     size_t O = 0;
     for (int i = 0; st == TPK_OK && i < no; i++)
         O += (size_t)out[i].v.m;
