@@ -304,6 +304,43 @@ static int plan_status(fl *F, int wait)
     return st;
 }
 
+/* Does block k die in the instruction being evaluated? (The plan's −1 is the end, where the
+ * outputs read their blocks: X.cur = nfi.) */
+static int dies_here(fl *F, int k)
+{
+    const int *pl = plan_get(F, 1);
+    return pl != NULL && k >= 0 && k < F->nplan &&
+           (pl[k] == F->X.cur || (pl[k] == -1 && F->X.cur == F->X.R->nfi));
+}
+
+/* Block k's matrix, taken for a step that overwrites it, where k is a Gaussian block of m members
+ * that dies here and the statement reads once (stmt_reads_once); NULL (nothing taken)
+ * otherwise. The block holds no matrix afterwards: a fresh (N m)² block's first touch — page
+ * faults and the kernel's zeroing — costs more than the map that would fill it. */
+static double *take_matrix(fl *F, int k, long m)
+{
+    fblock *b = &F->b[k];
+    if (b->kind != BK_GAUSS || b->fi == -2 || b->m != m || b->M2 == NULL || !dies_here(F, k) ||
+        !stmt_reads_once(F))
+        return NULL;
+    double *M = b->M2;
+    b->M2 = NULL;
+    return M;
+}
+
+/* After a step that may have run over a taken matrix (F->inplace): the new atom takes that
+ * matrix, and its own (N m)² block, never touched, goes back to the pool. */
+static double *adopt_inplace(fl *F, double *M2, long m)
+{
+    if (F->inplace == NULL)
+        return M2;
+    size_t n = F->N * (size_t)m;
+    fl_release(F, M2, n * n * sizeof *M2);
+    M2 = F->inplace;
+    F->inplace = NULL;
+    return M2;
+}
+
 /* ---- ancestry: the roots a block depends on ------------------------------------------------ */
 
 static void anc_root(fblock *b, int self)
@@ -690,18 +727,18 @@ static int nonlin_moments(fl *F, int k)
         for (size_t i = 0; i < n && zero_mean; i++)
             zero_mean = u->mean[i] == 0;
     /* φ(g) where g dies here and the statement reads it through this block alone (a CNN's
-     * h = φ(g) read by the next layer's taps): the map runs in place and this block takes g's
-     * matrix — no fresh (N m)² block to fault in (flimit.c matmul_acc does the same for W·φ(g)) */
-    const int *pl = zero_mean ? plan_get(F, 1) : NULL;
-    /* the plan's −1 is the end, where the outputs read their blocks (X.cur = nfi) */
-    int in_place = pl != NULL && b->arg < F->nplan &&
-                   (pl[b->arg] == F->X.cur || (pl[b->arg] == -1 && F->X.cur == F->X.R->nfi)) &&
-                   u->kind == BK_GAUSS && u->fi != -2 &&
-                   u->m == b->m && stmt_reads_once(F);
-    double *M2 = in_place ? u->M2 : fl_big(F, n * n, sizeof *M2, 0);
+     * h = φ(g) read by the next layer's taps): the map runs over g's matrix and this block takes
+     * it (take_matrix; matmul_acc does the same for W·φ(g)). S: g's moments, read in place. */
+    const double *S = u->M2;
+    double *M2 = zero_mean ? take_matrix(F, b->arg, b->m) : NULL;
+    const int in_place = M2 != NULL;
+    if (!in_place)
+        M2 = fl_big(F, n * n, sizeof *M2, 0);
     double *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
     if (M2 == NULL || mean == NULL || ensure_ws(F)) {
-        if (!in_place)
+        if (in_place)
+            fl_release(F, M2, n * n * sizeof *M2);
+        else
             tpk_free(F->X.ctx, M2);
         tpk_free(F->X.ctx, mean);
         return F->X.ctx->status;
@@ -712,27 +749,24 @@ static int nonlin_moments(fl *F, int k)
         /* the means first: an in-place map overwrites the diagonal they read */
         for (size_t i = 0; st == TPK_OK && i < n; i++) {
             tpk_estimate r;
-            st = tpk_gauss_expect1(b->phi, 0, u->M2[i * n + i], F->ws, &r, F->X.ctx);
+            st = tpk_gauss_expect1(b->phi, 0, S[i * n + i], F->ws, &r, F->X.ctx);
             mean[i] = r.value;
             e = fmax(e, r.err);
         }
         /* the lower triangle only: the tuned maps serve it (ReLU), and most readers need no more */
         double em = 0;
         if (st == TPK_OK)
-            st = tpk_gauss_map_affine_lower(b->phi, u->M2, n, 1.0, 0.0, M2, F->ws, &em,
-                                            F->X.ctx);
+            st = tpk_gauss_map_affine_lower(b->phi, S, n, 1.0, 0.0, M2, F->ws, &em, F->X.ctx);
         e = fmax(e, em);
-        if (in_place) /* taken, whatever the outcome: g's matrix now holds φ's moments */
-            u->M2 = NULL;
     } else {
         for (size_t i = 0; st == TPK_OK && i < n; i++) {
-            double mi = u->mean[i], qi = u->M2[i * n + i] - mi * mi;
+            double mi = u->mean[i], qi = S[i * n + i] - mi * mi;
             tpk_estimate r;
             st = tpk_gauss_expect1(b->phi, mi, fmax(qi, 0), F->ws, &r, F->X.ctx);
             mean[i] = r.value;
             for (size_t j = 0; st == TPK_OK && j <= i; j++) {
-                double mj = u->mean[j], qj = u->M2[j * n + j] - mj * mj;
-                double kij = u->M2[i * n + j] - mi * mj;
+                double mj = u->mean[j], qj = S[j * n + j] - mj * mj;
+                double kij = S[i * n + j] - mi * mj;
                 st = tpk_gauss_expect2_quad(b->phi, b->phi, mi, mj, fmax(qi, 0), fmax(qj, 0), kij,
                                             F->ws, &r, F->X.ctx);
                 M2[i * n + j] = M2[j * n + i] = r.value;
@@ -2050,17 +2084,15 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
             /* and where g dies here too (a layer of a deep network), the map runs in place and
              * the atom takes g's matrix: no fresh block, whose first touch (page faults and the
              * kernel's zeroing) cost more than the map (MLP N = 2048: 56 % of the run) */
-            fblock *bg = &F->b[bx->arg];
-            double *dst = M2;
-            if (bx->arg < F->nplan && F->plan[bx->arg] == F->X.cur && bg->kind == BK_GAUSS &&
-                bg->fi != -2 && bg->m == D->m && F->inplace == NULL && stmt_reads_once(F) &&
-                defined_names(F, src) == 1) {
-                dst = bg->M2;
-                bg->M2 = NULL;
-                F->inplace = dst;
-            }
-            int st = tpk_gauss_map_affine_lower(bx->phi, dst == M2 ? bg->M2 : dst, n, var, 0.0,
-                                                dst, F->ws, &e, F->X.ctx);
+            const double *S = F->b[bx->arg].M2;
+            double *dst = F->inplace == NULL && defined_names(F, src) == 1
+                              ? take_matrix(F, bx->arg, D->m) : NULL;
+            if (dst != NULL)
+                F->inplace = dst; /* eval_matmul's atom takes it */
+            else
+                dst = M2;
+            int st = tpk_gauss_map_affine_lower(bx->phi, S, n, var, 0.0, dst, F->ws, &e,
+                                                F->X.ctx);
             F->err = fmax(F->err, e);
             val_free(F, &u);
             return st;
@@ -2119,12 +2151,7 @@ static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr
     long rank = 0;
     F->inplace = NULL;
     int st = matmul_acc(F, am, src, D, NULL, M2, NULL, &fac, &rank);
-    if (F->inplace != NULL) { /* the map ran in place: the atom takes that matrix */
-        size_t n = F->N * (size_t)D->m;
-        fl_release(F, M2, n * n * sizeof *M2);
-        M2 = F->inplace;
-        F->inplace = NULL;
-    }
+    M2 = adopt_inplace(F, M2, D->m);
     if (st) {
         tpk_free(F->X.ctx, M2);
         return F->X.ctx->status;
@@ -2295,9 +2322,7 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
      * first. */
     const tpk_phi *fphi = NULL;
     int gsrc = X;
-    const int *pl = plan_get(F, 1);
-    if (bx->kind == BK_NONLIN && bx->M2 == NULL && pl != NULL && X < F->nplan &&
-        pl[X] == F->X.cur && stmt_reads_once(F)) {
+    if (bx->kind == BK_NONLIN && bx->M2 == NULL && dies_here(F, X) && stmt_reads_once(F)) {
         const fblock *bg = &F->b[bx->arg];
         int zero_mean = bg->kind == BK_GAUSS && bg->m == bx->m;
         for (size_t i = 0; zero_mean && bg->mean && i < n; i++)
@@ -2313,8 +2338,8 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
      * product per pair) instead of the whole (N m)² Gram first — a CNN's first layer on images
      * then touches one fresh block, not two. Few channels only (RGB, grey): the per-pair loop
      * is plain, where the whole Gram would be one tuned SYRK. */
-    int from_x = fphi == NULL && bx->fi == -2 && bx->M2 == NULL && pl != NULL && X < F->nplan &&
-                 pl[X] == F->X.cur && (size_t)bx->m == F->T && F->d > 0 && F->d <= 8;
+    int from_x = fphi == NULL && bx->fi == -2 && bx->M2 == NULL && dies_here(F, X) &&
+                 (size_t)bx->m == F->T && F->d > 0 && F->d <= 8;
     if (from_x)
         touch(F, X);
     const double *MX = from_x ? NULL : block_m2(F, gsrc);
@@ -2333,14 +2358,9 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
     /* Each input pair's block of the result depends on that pair's block of the source alone,
      * so where the source dies here (read once by this statement) the result is written over it
      * and the atom takes its matrix (eval_sum): no fresh (N m)² block to fault in. */
-    fblock *bs = &F->b[gsrc];
-    if (pl != NULL && gsrc < F->nplan && pl[gsrc] == F->X.cur && bs->kind == BK_GAUSS &&
-        bs->fi != -2 && bs->m == D->m && bs->M2 == MX && F->inplace == NULL &&
-        stmt_reads_once(F)) {
-        F->inplace = bs->M2;
-        bs->M2 = NULL;
-        M2 = F->inplace;
-    }
+    double *taken = MX != NULL && F->inplace == NULL ? take_matrix(F, gsrc, D->m) : NULL;
+    if (taken != NULL)
+        M2 = F->inplace = taken; /* eval_sum's atom takes it */
     int fail = 0, mapst = TPK_OK;
     double emap = 0.0;
     char mapmsg[sizeof F->X.ctx->msg] = "";
@@ -2462,12 +2482,7 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         int st = TPK_OK;
         F->inplace = NULL;
         int lowered = conv_lowering(F, D, &T, M2, &st);
-        if (F->inplace != NULL) { /* written over its source: the atom takes that matrix */
-            size_t n = F->N * (size_t)D->m;
-            fl_release(F, M2, n * n * sizeof *M2);
-            M2 = F->inplace;
-            F->inplace = NULL;
-        }
+        M2 = adopt_inplace(F, M2, D->m);
         if (!lowered) {
             size_t n = F->N * (size_t)D->m; /* the generic sum adds into a zeroed block */
             if (M2 != NULL)

@@ -437,6 +437,28 @@ static void test_layer_in_place(void **state)
     }
 }
 
+/* A map that fails inside the convolution (φ fused into the taps, flimit.c conv_lowering) is the
+ * program's error at the taps' statement, with no kernel: exp with σ_w² = 100 overflows at the
+ * second layer. */
+static void test_fused_map_error(void **state)
+{
+    const tu_phis *f = *state;
+    tpk_param_set s[] = {{"rows", "4"}, {"cols", "4"}, {"L", "3"}, {"phi", "exp"},
+                         {"sigma_w2", "100"}};
+    tpk_program *p = load(f, "programs/cnn2d.nsr", s, 5);
+    tpk_array *x = random_inputs(2, 16, 1, 5), *K = NULL;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    int st = tpk_netsor_kernel(p, x, 0, &K, NULL, &ctx);
+    print_message("fused map overflow: %s\n", ctx.msg);
+    assert_int_equal(st, TPK_ENUMERIC);
+    assert_null(K);
+    assert_non_null(strstr(ctx.msg, "cnn2d.nsr:43:"));
+    assert_non_null(strstr(ctx.msg, "overflows"));
+    tpk_array_free(x);
+    tpk_program_free(p);
+}
+
 /* opts.append: a statement read after the file's (the CNN jobs' pooled readout) */
 static void test_append(void **state)
 {
@@ -557,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_operations),
         cmocka_unit_test(test_layer_in_place),
+        cmocka_unit_test(test_fused_map_error),
         cmocka_unit_test(test_zero_term),
         cmocka_unit_test(test_append),
         cmocka_unit_test(test_executor_shipped),
