@@ -860,6 +860,115 @@ int tpk_gauss_map_cross(const tpk_phi *phi, const double *qa, size_t m, const do
     return st;
 }
 
+/* ==== row segments (tpk_gauss_segmap) ===================================================== */
+
+struct tpk_gauss_segmap {
+    map_plan P;
+    index_prep ip;
+    seg_fn seg;
+    int any_zero; /* some variance is 0: segments fix those entries up */
+    map_fail fail;
+    double maxr, errmax;
+    tpk_allocator al;
+};
+
+tpk_gauss_segmap *tpk_gauss_segmap_alloc(const tpk_phi *phi, const double *q, size_t n,
+                                         const tpk_gauss_ws *ws, tpk_ctx *ctx)
+{
+    if (!phi || (n && !q)) {
+        TPK_ERROR(ctx, TPK_EINVAL, "tpk_gauss_segmap_alloc: phi and q are required");
+        return NULL;
+    }
+    tpk_gauss_segmap *sm = tpk_calloc(ctx, 1, sizeof *sm);
+    if (!sm) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory in tpk_gauss_segmap_alloc");
+        return NULL;
+    }
+    sm->al = tpk_ctx_allocator(ctx);
+    if (plan_kernel(phi, ws, &sm->P, ctx) ||
+        prep_alloc(&sm->ip, phi, sm->P.mk, ws, q, 1, n, "S diagonal", ctx)) {
+        tpk_mem_free(&sm->al, sm);
+        return NULL;
+    }
+    sm->P.r = sm->P.c = &sm->ip;
+    sm->P.alpha = 1.0;
+    sm->seg = seg_for(sm->P.mk);
+    for (size_t i = 0; i < n && !sm->any_zero; i++)
+        sm->any_zero = q[i] == 0;
+    return sm;
+}
+
+void tpk_gauss_segmap_row(tpk_gauss_segmap *sm, size_t i, size_t j0, size_t len, const double *k,
+                          double *out, double *maxr, double *errmax)
+{
+    double buf[TILE];
+    const map_plan *P = &sm->P;
+    for (size_t o = 0; o < len; o += TILE) {
+        const size_t l = len - o < TILE ? len - o : TILE;
+        seg_stats s1 = {0, 0.0, 0.0};
+        sm->seg(P, i, k + o, j0 + o, l, buf, &s1);
+        if (s1.bad)
+            record_failure(P, i, k + o, j0 + o, l, buf, &sm->fail);
+        /* the diagonal and zero variances by the scalar path (as map_sym's fix-ups) */
+        const size_t a = j0 + o, b = a + l;
+        if (i >= a && i < b) {
+            double v = 0.0, e = 0.0;
+            const double qi = P->r->q[i];
+            if (fixup_entry(P, qi, qi, qi, qi > 0 ? 1.0 : 0.0, &v, &e, NULL)) {
+                v = NAN; /* record_failure keeps it; report_failure says why */
+                record_failure(P, i, k + o + (i - a), i, 1, &v, &sm->fail);
+            }
+            buf[i - a] = v;
+            *errmax = e > *errmax ? e : *errmax;
+        }
+        if (sm->any_zero)
+            for (size_t j = a; j < b; j++) {
+                if (j == i || (P->r->q[i] != 0 && P->c->q[j] != 0))
+                    continue;
+                double v = 0.0, e = 0.0;
+                if (fixup_entry(P, P->r->q[i], P->c->q[j], 0.0, 0.0, &v, &e, NULL)) {
+                    v = NAN;
+                    record_failure(P, i, k + o + (j - a), j, 1, &v, &sm->fail);
+                }
+                buf[j - a] = v;
+                *errmax = e > *errmax ? e : *errmax;
+            }
+        memcpy(out + o, buf, l * sizeof *buf);
+        *maxr = s1.maxr > *maxr ? s1.maxr : *maxr;
+        *errmax = s1.errmax > *errmax ? s1.errmax : *errmax;
+    }
+}
+
+void tpk_gauss_segmap_merge(tpk_gauss_segmap *sm, double maxr, double errmax)
+{
+#pragma omp critical(tpk_gauss_segmap_merge)
+    {
+        sm->maxr = maxr > sm->maxr ? maxr : sm->maxr;
+        sm->errmax = errmax > sm->errmax ? errmax : sm->errmax;
+    }
+}
+
+int tpk_gauss_segmap_finish(tpk_gauss_segmap *sm, double *err_max, tpk_ctx *ctx)
+{
+    if (err_max)
+        *err_max = 0.0;
+    if (sm->fail.any)
+        return report_failure(&sm->P, &sm->fail, ctx);
+    const double e = vector_err(&sm->P, sm->ip.qmax, sm->ip.qmax, sm->maxr);
+    if (err_max)
+        *err_max = e > sm->errmax ? e : sm->errmax;
+    return TPK_OK;
+}
+
+void tpk_gauss_segmap_free(tpk_gauss_segmap *sm)
+{
+    if (!sm)
+        return;
+    prep_free(&sm->ip);
+    tpk_allocator al = sm->al;
+    tpk_mem_free(&al, sm);
+}
+
 /* ==== test hooks ========================================================================= */
 
 void tpk__gauss_asin_array(const double *x, double *y, double *w, size_t n)

@@ -48,6 +48,9 @@ typedef struct tpk_limit_opts {
     int unrolled;       /* evaluate the unrolled form even when the rolled one exists */
     int no_joint;       /* no joint sampler: every high-dimensional group sampled alone */
     size_t joint_max_bytes; /* the joint sampler's cache of factor values (0: its default) */
+    int plan;           /* rolled evaluator's entrywise plans: NSR_PLAN_NAIVE or _OPTIMAL;
+                         * 0: TPK_PLAN from the environment (default optimal) */
+    FILE *plan_report;  /* every entrywise plan, its kernels and times (netsor plan), or NULL */
 } tpk_limit_opts;
 
 /* The rolled evaluator (netsor/flimit.c). plan: the data-independent pass (support, liveness,
@@ -60,7 +63,7 @@ int nsr_flimit_refusal(const tpk_program *p, tpk_ctx *ctx);
 /* Only the outputs of a rolled-only program (names, variances), without planning. */
 int nsr_flimit_outputs(tpk_program *p, tpk_ctx *ctx);
 int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
-                      double *err, int *unsupported, const tpk_progress *progress, tpk_ctx *ctx);
+                      double *err, int *unsupported, const tpk_limit_opts *opts, tpk_ctx *ctx);
 /* The finite-width executor on the rolled form (netsor/fexec.c): tpk_netsor_run's contract.
  * *unsupported = 1 when the failure is a form it does not take (the unrolled one may). */
 int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,

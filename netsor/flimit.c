@@ -32,6 +32,7 @@
  * cross terms — is reported as TPK_EUNSUPPORTED with the statement's position, and the caller
  * uses the unrolled form. */
 #include "backend-impl.h"
+#include "ewplan-impl.h"
 #include "tpk/alloc.h"
 #include "family-impl.h"
 
@@ -89,7 +90,21 @@ typedef struct fblock {
     int last_use;
     int lower;          /* M2 holds only its lower triangle (mirrored on first full read) */
     int line, col;
+    struct pend *pend;  /* GAUSS, pending: M2 is an entrywise function of other blocks, made
+                         * when a reader needs it (ew_flush; ewplan-impl.h) */
+    int pins;           /* pending blocks that read this one: its data stays while any does */
+    int dead;           /* the plan freed it while pinned: its data goes with the last pin */
 } fblock;
+
+/* A pending block: one node of an entrywise program over other blocks (args are block ids;
+ * bias terms read a BIAS block's variances), with its diagonal made at once (the moments that
+ * read it need no matrix). */
+typedef struct pend {
+    nsr_ew_node nd;
+    double *diag;               /* N m */
+    double *w[NSR_EW_MAXT];     /* copies of the terms' weights */
+    double *s[NSR_EW_MAXT];     /* bias terms: the variance at each member (m) */
+} pend;
 
 /* The plan made on a second thread while the run starts (it needs no numbers, and at large T it
  * costs as much as several instructions): the run waits for it only where a decision depends on
@@ -130,6 +145,10 @@ typedef struct fl {
     } pool[6];          /* freed big matrices, reused: fresh pages cost more than a memset */
     double *inplace;    /* set by matmul_acc: the matrix the new atom takes instead of its own */
     const nsr_stmt *final_out; /* the one output the end reads (its blocks' last reader), or NULL */
+    pend *newpend;      /* set by matmul_acc: the pending map the new atom is, instead of a matrix */
+    int plan_kind;      /* NSR_PLAN_NAIVE or NSR_PLAN_OPTIMAL (TPK_PLAN) */
+    nsr_ew_calib cal;   /* the plans' cost model, measured by the first that needs it */
+    FILE *plan_report;  /* netsor plan: every entrywise plan, its kernels and times */
 } fl;
 
 /* ---- errors and memory ---------------------------------------------------------------------- */
@@ -193,6 +212,8 @@ static void val_free(fl *F, val *v)
     memset(v, 0, sizeof *v);
 }
 
+static void pend_free(fl *F, struct pend *P);
+
 static void block_data_free(fl *F, fblock *b)
 {
     size_t n = F->N * (size_t)b->m;
@@ -203,6 +224,43 @@ static void block_data_free(fl *F, fblock *b)
     tpk_free(F->X.ctx, b->s);
     b->M2 = b->mean = b->s = NULL;
     val_free(F, &b->mix);
+    struct pend *P = b->pend;
+    b->pend = NULL;
+    pend_free(F, P); /* may free blocks it pinned: b is not used after this */
+}
+
+/* A pending block that read block k is done with it: k's data goes with the last such reader
+ * where the plan has freed k already. */
+static void unpin(fl *F, int k)
+{
+    fblock *b = &F->b[k];
+    if (b->pins > 0 && --b->pins == 0 && b->dead)
+        block_data_free(F, b);
+}
+
+static void pend_free(fl *F, struct pend *P)
+{
+    if (P == NULL)
+        return;
+    tpk_free(F->X.ctx, P->diag);
+    if (P->nd.op == NSR_EW_PHI)
+        unpin(F, P->nd.arg);
+    for (int t = 0; P->nd.op == NSR_EW_SUM && t < P->nd.nt; t++) {
+        tpk_free(F->X.ctx, P->w[t]);
+        tpk_free(F->X.ctx, P->s[t]);
+        if (P->nd.t[t].arg >= 0)
+            unpin(F, P->nd.t[t].arg);
+    }
+    tpk_free(F->X.ctx, P);
+}
+
+/* The plan's last use of block k has passed: its data goes now, or with its last pin. */
+static void kill_block(fl *F, int k)
+{
+    if (F->b[k].pins > 0)
+        F->b[k].dead = 1;
+    else
+        block_data_free(F, &F->b[k]);
 }
 
 static int new_block(fl *F, int kind, int fam, long m)
@@ -320,8 +378,8 @@ static int dies_here(fl *F, int k)
 static double *take_matrix(fl *F, int k, long m)
 {
     fblock *b = &F->b[k];
-    if (b->kind != BK_GAUSS || b->fi == -2 || b->m != m || b->M2 == NULL || !dies_here(F, k) ||
-        !stmt_reads_once(F))
+    if (b->kind != BK_GAUSS || b->fi == -2 || b->m != m || b->M2 == NULL || b->pins > 0 ||
+        !dies_here(F, k) || !stmt_reads_once(F))
         return NULL;
     double *M = b->M2;
     b->M2 = NULL;
@@ -633,11 +691,15 @@ static const double *block_mean(fl *F, int k)
     return b->mean;
 }
 
+static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double *out);
+
 /* Second moments of block k, (N m)². */
 static const double *block_m2(fl *F, int k)
 {
     fblock *b = &F->b[k];
     touch(F, k);
+    if (b->pend != NULL && !F->dry) /* a pending block: its entrywise program runs now */
+        return ew_flush(F, k, NULL, 0, 0, NULL) ? NULL : F->b[k].M2;
     if (b->kind == BK_GAUSS && b->fi == -2 && b->M2 == NULL && !F->dry) { /* the input block */
         size_t n = F->N * F->T;
         if ((b->M2 = fl_big(F, n * n, sizeof *b->M2, 0)) == NULL)
@@ -1399,6 +1461,399 @@ static void mirror(double *M, size_t n)
         }
 }
 
+/* ---- pending entrywise blocks (ewplan-impl.h; docs/orchestration.md §7) ------------------- */
+
+/* The statement being evaluated (the last one while the outputs are read at the end). */
+static const nsr_stmt *cur_stmt(const fl *F)
+{
+    int k = F->X.cur < 0 ? 0 : F->X.cur >= F->X.R->nfi ? F->X.R->nfi - 1 : F->X.cur;
+    return F->X.R->nfi > 0 ? F->X.R->fi[k].stmt : NULL;
+}
+static int cur_line(const fl *F)
+{
+    return cur_stmt(F) ? cur_stmt(F)->line : 0;
+}
+static int cur_col(const fl *F)
+{
+    return cur_stmt(F) ? cur_stmt(F)->col : 0;
+}
+
+/* Block x's diagonal into out (N m): a pending block's own, a matrix's, a factor's row norms, or
+ * the input Gram's; NULL-free. */
+static int block_diag(fl *F, int x, double *out)
+{
+    fblock *b = &F->b[x];
+    size_t n = F->N * (size_t)b->m;
+    if (b->pend) {
+        memcpy(out, b->pend->diag, n * sizeof *out);
+        return TPK_OK;
+    }
+    if (b->M2 == NULL && b->Fac != NULL) {
+        size_t r = (size_t)b->rank;
+        for (size_t i = 0; i < n; i++) {
+            double acc = 0;
+            for (size_t q = 0; q < r; q++)
+                acc += b->Fac[i * r + q] * b->Fac[i * r + q];
+            out[i] = acc;
+        }
+        return TPK_OK;
+    }
+    if (b->M2 == NULL && b->fi == -2) { /* the input block: (1/d) x xᵀ */
+        for (size_t i = 0; i < n; i++) {
+            double acc = 0;
+            for (size_t q = 0; q < F->d; q++)
+                acc += F->x[i * F->d + q] * F->x[i * F->d + q];
+            out[i] = acc / (double)F->d;
+        }
+        return TPK_OK;
+    }
+    const double *M = block_m2(F, x);
+    if (M == NULL)
+        return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        out[i] = M[i * n + i];
+    return TPK_OK;
+}
+
+/* Can block x be read by a pending node: a zero-mean Gaussian block of m members whose matrix
+ * is there or can be made (not one whose matrix was given away)? */
+static int ew_leafable(const fl *F, int x, long m)
+{
+    const fblock *b = &F->b[x];
+    return b->kind == BK_GAUSS && b->mean == NULL && b->m == m &&
+           (b->pend != NULL || b->M2 != NULL || b->Fac != NULL || b->fi == -2);
+}
+
+/* A block's name in plan reports: its family's, else "input" or "block". */
+static const char *block_label(const fl *F, int x)
+{
+    const fblock *b = &F->b[x];
+    if (b->fi == -2)
+        return "input";
+    if (b->fam >= 0 && b->fam < F->X.C->nsym)
+        return F->X.C->sym[b->fam].name;
+    return "block";
+}
+
+static void ew_name(nsr_ew_node *nd, const char *what, int line)
+{
+    snprintf(nd->name, sizeof nd->name, "%s@%d", what, line);
+}
+
+/* A new pending block's diagonal: nsr_ew_diag on the node with its arguments as leaves. */
+static int pend_diag(fl *F, pend *P, size_t n)
+{
+    nsr_ew_node tmp[NSR_EW_MAXT + 1];
+    double *d[NSR_EW_MAXT] = {NULL};
+    int na = 0, st = TPK_OK;
+    nsr_ew_node me = P->nd;
+    if (me.op == NSR_EW_PHI) {
+        memset(&tmp[0], 0, sizeof tmp[0]);
+        if ((d[0] = nsr_fam_alloc(&F->X, n, sizeof *d[0])) == NULL ||
+            (st = block_diag(F, me.arg, d[0])) != TPK_OK)
+            goto done;
+        tmp[0].op = NSR_EW_LEAF;
+        tmp[0].diag = d[0];
+        me.arg = na++;
+    } else {
+        for (int t = 0; t < me.nt; t++) {
+            if (me.t[t].arg < 0)
+                continue;
+            memset(&tmp[na], 0, sizeof tmp[na]);
+            if ((d[na] = nsr_fam_alloc(&F->X, n, sizeof *d[na])) == NULL ||
+                (st = block_diag(F, me.t[t].arg, d[na])) != TPK_OK)
+                goto done;
+            tmp[na].op = NSR_EW_LEAF;
+            tmp[na].diag = d[na];
+            me.t[t].arg = na++;
+        }
+    }
+    tmp[na] = me;
+    if ((P->diag = nsr_fam_alloc(&F->X, n, sizeof *P->diag)) == NULL)
+        goto done;
+    double e = 0;
+    if (me.op == NSR_EW_PHI && (st = ensure_ws_for(F, me.phi)) != TPK_OK)
+        goto done;
+    st = nsr_ew_diag(tmp, na, n, (long)(n / F->N), F->ws, F->X.R->file, P->diag, &e, F->X.ctx);
+    F->err = fmax(F->err, e);
+done:
+    for (int i = 0; i < NSR_EW_MAXT; i++)
+        tpk_free(F->X.ctx, d[i]);
+    if (st == TPK_OK && F->X.ctx->status)
+        st = F->X.ctx->status;
+    return st;
+}
+
+/* A pending node never attached (nothing pinned). */
+static void pend_discard(fl *F, pend *P)
+{
+    for (int t = 0; t < NSR_EW_MAXT; t++) {
+        tpk_free(F->X.ctx, P->w[t]);
+        tpk_free(F->X.ctx, P->s[t]);
+    }
+    tpk_free(F->X.ctx, P->diag);
+    tpk_free(F->X.ctx, P);
+}
+
+/* Block k becomes pending as P (its diagonal made, its arguments pinned); P is k's or freed. */
+static int pend_attach(fl *F, int k, pend *P)
+{
+    size_t n = F->N * (size_t)F->b[k].m;
+    int st = pend_diag(F, P, n);
+    if (st) {
+        pend_discard(F, P);
+        return st;
+    }
+    if (P->nd.op == NSR_EW_PHI)
+        F->b[P->nd.arg].pins++;
+    for (int t = 0; P->nd.op == NSR_EW_SUM && t < P->nd.nt; t++)
+        if (P->nd.t[t].arg >= 0)
+            F->b[P->nd.t[t].arg].pins++;
+    fblock *b = &F->b[k];
+    b->pend = P;
+    b->lower = 1;
+    return TPK_OK;
+}
+
+static pend *pend_new(fl *F, int op, int line, int col)
+{
+    pend *P = nsr_fam_alloc(&F->X, 1, sizeof *P);
+    if (P == NULL)
+        return NULL;
+    memset(P, 0, sizeof *P);
+    P->nd.op = op;
+    ew_name(&P->nd, op == NSR_EW_PHI ? "map" : "sum", line);
+    P->nd.line = line;
+    P->nd.col = col;
+    return P;
+}
+
+/* u as a pending sum, where it is one: identity gathers (per-index weights allowed) of distinct
+ * zero-mean Gaussian or bias blocks of u's members, independent two by two — so that entry
+ * (a, c) of its second moments is Σ_t w_t,a w_t,c E[x_t,a x_t,c], no cross terms (theory
+ * §1.6). 1: *out is P; 0: not of that form; −1: error. */
+static int ew_sum_of(fl *F, const val *u, int line, int col, pend **out)
+{
+    *out = NULL;
+    size_t N = F->N, m = (size_t)u->m;
+    if (F->dry || u->kind != V_LIN || u->nt < 1 || u->nt > NSR_EW_MAXT || !all_zero(u->mu, N * m))
+        return 0;
+    int gauss = 0;
+    for (int i = 0; i < u->nt; i++) {
+        const term *t = &u->t[i];
+        const fblock *b = &F->b[t->blk];
+        if (t->dense)
+            return 0;
+        if (b->kind == BK_BIAS) {
+            /* initial G-var members, each read at most at one point: E = var δ_pq */
+            if (b->mean != NULL || b->s == NULL)
+                return 0;
+            for (size_t p = 0; p < m; p++)
+                for (size_t q = 0; q < p && t->idx[p] >= 0; q++)
+                    if (t->idx[q] == t->idx[p])
+                        return 0;
+        } else if (is_identity_gather(t, u->m) && ew_leafable(F, t->blk, u->m)) {
+            gauss++;
+        } else {
+            return 0;
+        }
+        for (int j = 0; j < i; j++) {
+            const term *s = &u->t[j];
+            if (s->blk == t->blk ||
+                (!terms_indep(F, t, u->m, s, u->m) && correlated(b, &F->b[s->blk])))
+                return 0;
+        }
+    }
+    if (gauss == 0)
+        return 0;
+    pend *P = pend_new(F, NSR_EW_SUM, line, col);
+    if (P == NULL)
+        return -1;
+    P->nd.nt = u->nt;
+    for (int i = 0; i < u->nt; i++) {
+        const term *t = &u->t[i];
+        nsr_ew_term *T = &P->nd.t[i];
+        T->c = 1.0;
+        if (t->w != NULL) {
+            if ((P->w[i] = nsr_fam_alloc(&F->X, N * m, sizeof *P->w[i])) == NULL)
+                break;
+            memcpy(P->w[i], t->w, N * m * sizeof *P->w[i]);
+            T->w = P->w[i];
+        }
+        if (F->b[t->blk].kind == BK_BIAS) {
+            T->arg = -1;
+            if ((P->s[i] = nsr_fam_alloc(&F->X, m, sizeof *P->s[i])) == NULL)
+                break;
+            for (size_t p = 0; p < m; p++)
+                P->s[i][p] = t->idx[p] >= 0 ? F->b[t->blk].s[t->idx[p]] : 0.0;
+            T->s = P->s[i];
+        } else {
+            T->arg = t->blk;
+        }
+        touch(F, t->blk);
+    }
+    if (F->X.ctx->status) {
+        pend_discard(F, P);
+        return -1;
+    }
+    *out = P;
+    return 1;
+}
+
+/* The number of arguments of pending block x and its t-th (a block id, or −1 for a bias). */
+static int pend_nargs(const fl *F, int x)
+{
+    const pend *P = F->b[x].pend;
+    return P == NULL ? 0 : P->nd.op == NSR_EW_PHI ? 1 : P->nd.nt;
+}
+static int pend_arg(const fl *F, int x, int t)
+{
+    const pend *P = F->b[x].pend;
+    return P->nd.op == NSR_EW_PHI ? P->nd.arg : P->nd.t[t].arg;
+}
+
+/* The blocks under pending block k (and k), arguments before their readers (a depth-first
+ * post-order: block ids are not one, an atom is made before the argument of its map). */
+static int ew_collect(fl *F, int k, int *ids, int *nn, int cap)
+{
+    char *state = nsr_fam_alloc(&F->X, (size_t)F->nb, 1); /* 0 new, 1 open, 2 done */
+    int *stack = nsr_fam_alloc(&F->X, (size_t)F->nb, sizeof *stack);
+    int *next = nsr_fam_alloc(&F->X, (size_t)F->nb, sizeof *next);
+    int st = TPK_OK, top = 0;
+    *nn = 0;
+    if (state == NULL || stack == NULL || next == NULL) {
+        st = F->X.ctx->status;
+        goto done;
+    }
+    memset(state, 0, (size_t)F->nb);
+    stack[top++] = k;
+    state[k] = 1;
+    next[k] = 0;
+    while (top > 0 && st == TPK_OK) {
+        int x = stack[top - 1];
+        if (next[x] < pend_nargs(F, x)) {
+            int y = pend_arg(F, x, next[x]++);
+            if (y >= 0 && state[y] == 0) {
+                state[y] = 1;
+                next[y] = 0;
+                stack[top++] = y;
+            }
+            continue;
+        }
+        top--;
+        state[x] = 2;
+        if (*nn == cap)
+            st = TPK_ERROR(F->X.ctx, TPK_ENOMEM, "internal: entrywise program too large");
+        else
+            ids[(*nn)++] = x;
+    }
+done:
+    tpk_free(F->X.ctx, next);
+    tpk_free(F->X.ctx, stack);
+    tpk_free(F->X.ctx, state);
+    return st;
+}
+
+/* Run the entrywise program under pending block k (ewplan-impl.h): with phi NULL, k's matrix (k
+ * is no longer pending); else out (lower triangle) = alpha·V_φ(k) + beta, k left pending. */
+static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double *out)
+{
+    size_t n = F->N * (size_t)F->b[k].m;
+    int cap = F->nb + 1, nn = 0, st;
+    int *ids = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *ids);
+    int *at = nsr_fam_alloc(&F->X, (size_t)F->nb, sizeof *at);
+    nsr_ew_node *nd = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *nd);
+    double **ld = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *ld);
+    if (ids == NULL || at == NULL || nd == NULL || ld == NULL) {
+        st = F->X.ctx->status;
+        goto done;
+    }
+    memset(ld, 0, (size_t)cap * sizeof *ld);
+    if ((st = ew_collect(F, k, ids, &nn, cap)) != TPK_OK)
+        goto done;
+    for (int i = 0; i < nn && st == TPK_OK; i++) {
+        int x = ids[i];
+        at[x] = i;
+        const pend *P = F->b[x].pend;
+        if (P != NULL) {
+            nd[i] = P->nd;
+            nd[i].diag = P->diag;
+            if (nd[i].op == NSR_EW_PHI)
+                nd[i].arg = at[nd[i].arg];
+            for (int t = 0; nd[i].op == NSR_EW_SUM && t < nd[i].nt; t++)
+                if (nd[i].t[t].arg >= 0)
+                    nd[i].t[t].arg = at[nd[i].t[t].arg];
+            continue;
+        }
+        memset(&nd[i], 0, sizeof nd[i]);
+        nd[i].op = NSR_EW_LEAF;
+        ew_name(&nd[i], block_label(F, x), F->b[x].line);
+        if ((nd[i].M = block_m2(F, x)) == NULL) {
+            st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+            break;
+        }
+        if ((ld[i] = nsr_fam_alloc(&F->X, n, sizeof *ld[i])) == NULL) {
+            st = F->X.ctx->status;
+            break;
+        }
+        for (size_t a = 0; a < n; a++)
+            ld[i][a] = nd[i].M[a * n + a];
+        nd[i].diag = ld[i];
+    }
+    double *dphi = NULL;
+    int root = nn - 1;
+    if (st == TPK_OK && phi != NULL) { /* the readout's map over k */
+        memset(&nd[nn], 0, sizeof nd[nn]);
+        nd[nn].op = NSR_EW_PHI;
+        nd[nn].arg = root;
+        nd[nn].phi = phi;
+        nd[nn].alpha = alpha;
+        nd[nn].beta = beta;
+        ew_name(&nd[nn], "readout", cur_line(F));
+        nd[nn].line = cur_line(F); /* the readout's failures: at the output statement */
+        nd[nn].col = cur_col(F);
+        root = nn++;
+        if ((dphi = nsr_fam_alloc(&F->X, n, sizeof *dphi)) == NULL ||
+            (st = nsr_ew_diag(nd, root, n, F->b[k].m, F->ws, F->X.R->file, dphi, NULL,
+                              F->X.ctx)) != TPK_OK)
+            st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+        nd[root].diag = dphi;
+    }
+    double *M = NULL;
+    if (st == TPK_OK && phi == NULL && (M = fl_big(F, n * n, sizeof *M, 0)) == NULL)
+        st = F->X.ctx->status;
+    for (int i = 0; st == TPK_OK && i < nn; i++)
+        if (nd[i].op == NSR_EW_PHI)
+            st = ensure_ws_for(F, nd[i].phi);
+    double e = 0;
+    if (st == TPK_OK)
+        st = nsr_ew_eval(nd, nn, root, n, F->b[k].m, F->plan_kind, F->ws, &F->cal,
+                         F->X.R->file, F->plan_report, phi ? out : M, &e, NULL, F->X.ctx);
+    tpk_free(F->X.ctx, dphi);
+    if (st == TPK_OK) {
+        F->err = fmax(F->err, e);
+        if (phi == NULL) {
+            fblock *b = &F->b[k];
+            pend *P = b->pend;
+            b->pend = NULL;
+            b->M2 = M;
+            b->lower = 1;
+            M = NULL;
+            pend_free(F, P);
+        }
+    }
+    if (M != NULL)
+        fl_release(F, M, n * n * sizeof *M);
+done:
+    for (int i = 0; ld && i < cap; i++)
+        tpk_free(F->X.ctx, ld[i]);
+    tpk_free(F->X.ctx, ld);
+    tpk_free(F->X.ctx, nd);
+    tpk_free(F->X.ctx, at);
+    tpk_free(F->X.ctx, ids);
+    return st;
+}
+
 /* A Gaussian block holding the LIN value u (its second and first moments). */
 /* u = L·x for block x dying here, L lower triangular per input (causal attention's (I + A)·k, one
  * dense term): the two triangular products of tri_sandwich run in x's own matrix, which becomes
@@ -1412,8 +1867,8 @@ static int tri_in_place(fl *F, const val *u, double **M2)
     int x = u->t[0].blk;
     const fblock *bx = &F->b[x];
     size_t N = F->N, m = (size_t)u->m, n = N * m;
-    if (bx->kind != BK_GAUSS || bx->M2 == NULL || bx->mean != NULL || (size_t)bx->m != m ||
-        !plan_get(F, 1) || x >= F->nplan || F->plan[x] != F->X.cur)
+    if (bx->kind != BK_GAUSS || bx->M2 == NULL || bx->pins > 0 || bx->mean != NULL ||
+        (size_t)bx->m != m || !plan_get(F, 1) || x >= F->nplan || F->plan[x] != F->X.cur)
         return 0;
     const double *W = u->t[0].w; /* N × m × m */
     for (size_t a = 0; a < N; a++)
@@ -1456,6 +1911,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
         return F->X.ctx->status;
     fblock *b = &F->b[k];
     b->nanc = 0;
+    b->line = cur_line(F);
     for (int i = 0; i < u->nt; i++)
         anc_union_term(F, &F->b[k], &u->t[i], u->m);
     if (!F->dry) {
@@ -1472,6 +1928,14 @@ static int materialize(fl *F, val *u, int fam, int *out)
             *out = k;
             return TPK_OK;
         }
+        pend *P = NULL; /* a sum of independent blocks: pending (LayerNorm's w·g, g + W·φ + b) */
+        int es = ew_sum_of(F, u, cur_line(F), cur_col(F), &P);
+        if (es < 0 || (es > 0 && pend_attach(F, k, P)))
+            return F->X.ctx->status;
+        if (es > 0) {
+            *out = k;
+            return TPK_OK;
+        }
         /* a block that dies here and is the value's identity term lends its matrix:
          * g = (conv atom) + b adds b in place instead of copying the atom — where the value is
          * the statement's own (fam >= 0) or the statement reads its blocks once: φ(g) twice in
@@ -1480,7 +1944,7 @@ static int materialize(fl *F, val *u, int fam, int *out)
         const fblock *bx = &F->b[x];
         if (plan_get(F, 1) && x < F->nplan && F->plan[x] == F->X.cur && bx->kind == BK_GAUSS &&
             (fam >= 0 || stmt_reads_once(F)) &&
-            bx->fi != -2 && bx->M2 && bx->mean == NULL && bx->m == u->m &&
+            bx->fi != -2 && bx->M2 && bx->pins == 0 && bx->mean == NULL && bx->m == u->m &&
             is_identity_gather(&u->t[0], u->m)) {
             steal = 1;
             for (int i = 1; i < u->nt && steal; i++)
@@ -1603,6 +2067,17 @@ static int mix_to_gauss(fl *F, int k)
             return TPK_OK;
     }
     size_t n = F->N * (size_t)F->b[k].m;
+    pend *P = NULL; /* independent terms: a pending sum, no matrix yet */
+    int es = ew_sum_of(F, u, F->b[k].line, F->b[k].col, &P);
+    if (es < 0)
+        return F->X.ctx->status;
+    if (es > 0) {
+        fblock *b = &F->b[k];
+        val_free(F, &b->mix);
+        b->kind = BK_GAUSS;
+        b->mean = NULL;
+        return pend_attach(F, k, P);
+    }
     double *M2 = NULL, *mean = NULL;
     int nz = 0, st;
     if (F->dry) {
@@ -2068,6 +2543,25 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
         val_free(F, &u);
         return st;
     }
+    /* A·φ(g) made by eval_matmul (fac: its call), g a zero-mean Gaussian block: the atom is
+     * pending, σ²·V_φ(g), and its matrix is made where a reader needs one — with the maps and
+     * sums around it, by the plan of ew_flush (docs/orchestration.md §7) */
+    if (!F->dry && fac != NULL && u.nt == 1 && u.mu == NULL && is_identity_term(&u.t[0], u.m) &&
+        F->b[u.t[0].blk].kind == BK_NONLIN && F->b[u.t[0].blk].M2 == NULL &&
+        F->b[u.t[0].blk].m == D->m && ew_leafable(F, F->b[u.t[0].blk].arg, D->m)) {
+        int x = u.t[0].blk, g = F->b[x].arg;
+        pend *P = pend_new(F, NSR_EW_PHI, F->b[x].line, am->col);
+        val_free(F, &u);
+        if (P == NULL)
+            return F->X.ctx->status;
+        P->nd.arg = g;
+        P->nd.phi = F->b[x].phi;
+        P->nd.alpha = var;
+        touch(F, x);
+        touch(F, g);
+        F->newpend = P;
+        return TPK_OK;
+    }
     /* A·φ(g) where the φ block dies here: its map goes straight into the (zeroed) atom, scaled
      * by σ², instead of being stored and then copied — one pass over the block per layer, as in
      * the direct recursion's fused map (tpk_gauss_map_affine) */
@@ -2150,7 +2644,17 @@ static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr
     double *fac = NULL;
     long rank = 0;
     F->inplace = NULL;
+    F->newpend = NULL;
     int st = matmul_acc(F, am, src, D, NULL, M2, NULL, &fac, &rank);
+    if (F->newpend != NULL) { /* a pending map: its own block, never touched, goes back */
+        pend *P = F->newpend;
+        size_t n = F->N * (size_t)D->m;
+        F->newpend = NULL;
+        fl_release(F, M2, n * n * sizeof *M2);
+        if (pend_attach(F, k, P))
+            return F->X.ctx->status;
+        return finish_atom(F, k, NULL, out, D->m);
+    }
     M2 = adopt_inplace(F, M2, D->m);
     if (st) {
         tpk_free(F->X.ctx, M2);
@@ -2883,6 +3387,21 @@ static int diag_m2(fl *F, const val *u, const val *v, double *out)
             size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
             double *buf = NULL; /* pair_m2's, made only when it writes one */
             const fblock *bf = &F->b[t->blk];
+            int same_member = t->blk == s->blk && !t->dense && !s->dense;
+            for (size_t p = 0; same_member && p < m; p++)
+                same_member = t->idx[p] < 0 || s->idx[p] < 0 || t->idx[p] == s->idx[p];
+            if (!F->dry && same_member && bf->pend != NULL) {
+                /* a pending block's diagonal is there: no matrix for a moment (LayerNorm's v) */
+                touch(F, t->blk);
+                const double *dg = bf->pend->diag;
+                for (size_t a = 0; a < N; a++)
+                    for (size_t p = 0; p < m; p++)
+                        if (t->idx[p] >= 0 && s->idx[p] >= 0)
+                            out[a * m + p] += (t->w ? t->w[a * m + p] : 1) *
+                                              (s->w ? s->w[a * m + p] : 1) *
+                                              dg[a * mt + (size_t)t->idx[p]];
+                continue;
+            }
             if (t->blk == s->blk && bf->kind == BK_BIAS && !t->dense && !s->dense) {
                 /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j (as lin_m2), not
                  * the block's (N m)² matrix */
@@ -3437,7 +3956,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
         if (st == TPK_OK && pl)
             for (int b = 0; b < F->nb && b < F->nplan; b++)
                 if (pl[b] <= k && pl[b] >= 0 && F->b[b].last_use != INT32_MAX) {
-                    block_data_free(F, &F->b[b]);
+                    kill_block(F, b);
                     F->b[b].last_use = INT32_MAX; /* freed */
                 }
     }
@@ -3457,7 +3976,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
         const int *pl = plan_get(F, 0);
         for (int b = 0; st == TPK_OK && pl && b < F->nb && b < F->nplan; b++)
             if (pl[b] >= 0 && F->b[b].last_use != INT32_MAX) {
-                block_data_free(F, &F->b[b]);
+                kill_block(F, b);
                 F->b[b].last_use = INT32_MAX;
             }
     }
@@ -3505,6 +4024,20 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
             }
             if (no == 1 && a->v.nt == 1 && a->v.mu == NULL && is_identity_term(&a->v.t[0], a->v.m) &&
                 F->b[a->v.t[0].blk].kind == BK_NONLIN && F->b[a->v.t[0].blk].M2 == NULL &&
+                F->b[F->b[a->v.t[0].blk].arg].pend != NULL &&
+                (size_t)F->b[a->v.t[0].blk].m * N == dim) {
+                /* y = readout(φ(g)), g pending: the readout's map is the plan's last node, its
+                 * result the kernel (the whole recursion in the passes the plan chooses) */
+                const fblock *bx = &F->b[a->v.t[0].blk];
+                st = ensure_ws_for(F, bx->phi);
+                if (st == TPK_OK)
+                    st = ew_flush(F, bx->arg, bx->phi, a->var, a->bias_var, Kout->data);
+                if (st == TPK_OK)
+                    mirror(Kout->data, dim);
+                break;
+            }
+            if (no == 1 && a->v.nt == 1 && a->v.mu == NULL && is_identity_term(&a->v.t[0], a->v.m) &&
+                F->b[a->v.t[0].blk].kind == BK_NONLIN && F->b[a->v.t[0].blk].M2 == NULL &&
                 F->b[F->b[a->v.t[0].blk].arg].mean == NULL &&
                 block_m2(F, F->b[a->v.t[0].blk].arg) != NULL &&
                 ensure_ws_for(F, F->b[a->v.t[0].blk].phi) == TPK_OK) {
@@ -3514,7 +4047,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 /* the lower triangle by the map (the tuned kernel for ReLU), then the mirror:
                  * measured faster than the map's own mirrored tiles (N = 4096: 42 ms, 54 ms) */
                 fblock *g = &F->b[bx->arg];
-                if (g->M2 != NULL && (size_t)g->m * N == dim) {
+                if (g->M2 != NULL && g->pins == 0 && (size_t)g->m * N == dim) {
                     /* g is read for the last time: the map runs in place and K takes its
                      * matrix (no fresh dim² pages to fault in); both come from F's allocator */
                     tpk_free(F->X.ctx, Kout->data);
@@ -3530,7 +4063,8 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
             }
             const term *t0 = a->v.nt == 1 ? &a->v.t[0] : NULL;
             fblock *g0 = t0 ? &F->b[t0->blk] : NULL;
-            if (no == 1 && t0 && g0->kind == BK_GAUSS && g0->M2 != NULL && g0->mean == NULL &&
+            if (no == 1 && t0 && g0->kind == BK_GAUSS && g0->M2 != NULL && g0->pins == 0 &&
+                g0->mean == NULL &&
                 (size_t)g0->m * N == dim && is_identity_gather(t0, a->v.m) &&
                 all_zero(a->v.mu, dim)) {
                 /* y = readout(w·g), g read for the last time: K takes g's matrix, scaled in
@@ -3722,10 +4256,14 @@ static void *plan_thread(void *arg)
 }
 
 int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
-                      double *err, int *unsupported, const tpk_progress *progress, tpk_ctx *ctx)
+                      double *err, int *unsupported, const tpk_limit_opts *opts, tpk_ctx *ctx)
 {
     *unsupported = 0;
     size_t N, T, d;
+    const tpk_progress *progress = opts ? opts->progress : NULL;
+    int plan_kind = opts ? opts->plan : 0;
+    if (plan_kind == 0 && nsr_plan_from_env(&plan_kind, ctx))
+        return ctx->status;
     if (nsr_rolled_input(p, x, &N, &T, &d, ctx))
         return ctx->status;
     const nsr_rolled *RR = p->rolled;
@@ -3775,6 +4313,8 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
             tpk_ctx_init_from(&rc, ctx);
             st = fl_init(&F, p, N, T, d, x->data, &rc);
             F.pj = &J;
+            F.plan_kind = plan_kind;
+            F.plan_report = opts ? opts->plan_report : NULL;
             if (st == TPK_OK)
                 st = fl_run(&F, all_outputs, NULL, 0, K);
             int made = st == TPK_OK && K != NULL; /* *K is ours to free if the verdict is no */
@@ -3811,6 +4351,8 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     fl F;
     st = fl_init(&F, p, N, T, d, x->data, ctx);
     F.X.progress = progress;
+    F.plan_kind = plan_kind;
+    F.plan_report = opts ? opts->plan_report : NULL;
     if (st == TPK_OK)
         st = fl_run(&F, all_outputs, last, nb, K);
     if (st == TPK_OK && F.nb != nb)

@@ -185,8 +185,7 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         tpk_ctx local;
         tpk_ctx_init_from(&local, ctx);
         int unsup = 0;
-        int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, opts ? opts->progress : NULL,
-                                   &local);
+        int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, opts, &local);
         if (st == TPK_OK) {
             st = nsr_check_psd((*K)->data, (*K)->dims[0], err ? *err : 0, &local);
             if (st) {
@@ -365,6 +364,19 @@ int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                       double *err, tpk_ctx *ctx)
 {
     return tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
+}
+
+int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_outputs, int plan,
+                           FILE *report, tpk_array **K, double *err, tpk_ctx *ctx)
+{
+    if (plan != TPK_PLAN_NAIVE && plan != TPK_PLAN_OPTIMAL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_kernel_plan: plan %d is neither "
+                         "TPK_PLAN_NAIVE nor TPK_PLAN_OPTIMAL", plan);
+    tpk_limit_opts o;
+    memset(&o, 0, sizeof o);
+    o.plan = plan;
+    o.plan_report = report;
+    return tpk_netsor_kernel_ex(p, x, all_outputs, &o, K, err, ctx);
 }
 
 int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x, int all_outputs,

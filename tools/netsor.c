@@ -1,12 +1,15 @@
 /* netsor: command-line front end for NETSOR programs (docs/netsor.md).
  *   netsor check prog.nsr [--set k=v]... [--netsor-plus] [--explain]
  *   netsor dump  prog.nsr [...]
+ *   netsor plan  prog.nsr [--input=SPEC | --inputs=N --dim=D] [--plan=naive|optimal|both]
  * One function per subcommand, dispatched from the table `commands` (add rows to extend). */
 #include "cli.h"
 
 #include "tpk/tpk.h"
 #include "tpk/job.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +22,7 @@ typedef struct cli {
     int nargs;              /* extra positional arguments, for subcommands that take them */
     const char *args[8];
     const char *input, *test, *output, *width, *seed; /* kernel / run */
+    const char *plan, *inputs, *dim;                  /* plan */
     int all_outputs, quiet;
     int progress;           /* --progress 1, --no-progress 0, neither -1 */
     int argc;               /* the whole command line, for provenance */
@@ -35,6 +39,9 @@ static const char usage[] =
     "  kernel   infinite-width kernel by the Master Theorem → HDF5 (/kernel)\n"
     "  run      the same program at finite width n with random weights → HDF5\n"
     "           (/kernel_hat: (1/n)<h,h'> times sigma_v2 (+ readout bias), /outputs: sampled readouts)\n"
+    "  plan     the limit kernel with its orchestration shown: every entrywise plan (fused\n"
+    "           kernels chosen by a binary linear program, docs/orchestration.md), its kernels\n"
+    "           with predicted and measured times; nothing is written\n"
     "\n"
     "Options:\n"
     "  --set NAME=VALUE   override a program parameter (repeatable): --set L=4 --set phi=erf\n"
@@ -50,6 +57,10 @@ static const char usage[] =
     "  --width=N          (run) the width n of every width symbol\n"
     "  --seed=S           (run) random seed (default 0); results depend on it alone\n"
     "  --quiet            (kernel, run) no summary on stdout, no progress line\n"
+    "  --plan=P           (plan) naive, optimal (default) or both (then compared)\n"
+    "  --inputs=N --dim=D (plan) without --input: N inputs N(0, 1) of dimension D, seed 0\n"
+    "                     (default 256 and 16; sequences take the program's T)\n"
+    "  TPK_PLAN=naive|optimal  (environment) the plan every limit kernel runs (default optimal)\n"
     "  --progress, --no-progress   (kernel, run) the progress line (below)\n"
     "  --help             this text        --version   the toolkit version\n"
     "\n"
@@ -64,7 +75,7 @@ static void cli_free(cli *c)
 }
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
-       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS };
+       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -74,7 +85,8 @@ static const struct option longopts[] = {
     {"seed", required_argument, NULL, O_SEED}, {"set", required_argument, NULL, O_SET},
     {"help", no_argument, NULL, O_HELP}, {"version", no_argument, NULL, O_VERSION},
     {"progress", no_argument, NULL, O_PROGRESS}, {"no-progress", no_argument, NULL, O_NOPROGRESS},
-    {NULL, 0, NULL, 0}};
+    {"plan", required_argument, NULL, O_PLAN}, {"inputs", required_argument, NULL, O_INPUTS},
+    {"dim", required_argument, NULL, O_DIM}, {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
  * is the subcommand). Returns 0, or 2 on a usage error. */
@@ -103,6 +115,9 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_WIDTH: c->width = optarg; break;
         case O_SEED: c->seed = optarg; break;
         case O_SET: st = cli_sets_add(&c->sets, optarg, &ctx); break;
+        case O_PLAN: c->plan = optarg; break;
+        case O_INPUTS: c->inputs = optarg; break;
+        case O_DIM: c->dim = optarg; break;
         default:
             fprintf(stderr, "netsor %s: unknown or malformed option '%s' (see netsor --help)\n",
                     cmd, argv[optind - 1]);
@@ -112,10 +127,18 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
     /* options another command takes are refused, not ignored (issue 18: kernel --width=8 ran
      * the limit as if it were not there) */
     static const char *const run_only[] = {"width", "seed"}, *const job_only[] = {
-        "input", "test", "output", "all-outputs", "width", "seed"};
+        "input", "test", "output", "all-outputs", "width", "seed"}, *const plan_only[] = {
+        "plan", "inputs", "dim"}, *const not_plan[] = {"test", "output", "width", "seed",
+        "quiet", "progress", "no-progress"};
     const int job = strcmp(cmd, "kernel") == 0 || strcmp(cmd, "run") == 0;
-    for (size_t i = 0; !st && !job && i < sizeof job_only / sizeof job_only[0]; i++)
+    const int plan = strcmp(cmd, "plan") == 0;
+    for (size_t i = 0; !st && !job && !plan && i < sizeof job_only / sizeof job_only[0]; i++)
         st = cli_refuse(&seen, job_only[i], "check and dump read the program only", &ctx);
+    for (size_t i = 0; !st && !plan && i < sizeof plan_only / sizeof plan_only[0]; i++)
+        st = cli_refuse(&seen, plan_only[i], "only netsor plan takes it", &ctx);
+    for (size_t i = 0; !st && plan && i < sizeof not_plan / sizeof not_plan[0]; i++)
+        st = cli_refuse(&seen, not_plan[i], "netsor plan writes no file and prints its plans",
+                        &ctx);
     for (size_t i = 0; !st && strcmp(cmd, "kernel") == 0 && i < 2; i++)
         st = cli_refuse(&seen, run_only[i], "the limit kernel has no width and no random "
                         "weights (that is netsor run)", &ctx);
@@ -320,6 +343,91 @@ static int cmd_run(int argc, char **argv)
     return finish(&c, "run", st, &ctx);
 }
 
+/* netsor plan: the limit kernel by the rolled evaluator with every entrywise plan printed (its
+ * kernels, their predicted and measured times); --plan=both runs the naive plan beside the
+ * optimal one on the same input and compares them. */
+static int cmd_plan(int argc, char **argv)
+{
+    cli c;
+    int st = parse_cli(argc - 1, argv + 1, &c, "plan");
+    if (st) {
+        cli_free(&c);
+        return st;
+    }
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "netsor plan");
+    int which = 2; /* 1 naive, 2 optimal, 3 both */
+    if (c.plan != NULL) {
+        which = strcmp(c.plan, "naive") == 0 ? 1 : strcmp(c.plan, "optimal") == 0 ? 2
+                : strcmp(c.plan, "both") == 0  ? 3 : 0;
+        if (which == 0) {
+            fprintf(stderr, "netsor plan: --plan=%s: expected naive, optimal or both\n", c.plan);
+            cli_free(&c);
+            return 2;
+        }
+    }
+    size_t N = 256, d = 16;
+    if ((c.inputs && cli_parse_size("inputs", c.inputs, 1, (size_t)1 << 20, &N, &ctx)) ||
+        (c.dim && cli_parse_size("dim", c.dim, 1, (size_t)1 << 20, &d, &ctx))) {
+        fprintf(stderr, "netsor plan: %s\n", ctx.msg);
+        cli_free(&c);
+        return 2;
+    }
+    if (c.input != NULL && (c.inputs || c.dim)) {
+        fprintf(stderr, "netsor plan: --input and --inputs/--dim exclude each other\n");
+        cli_free(&c);
+        return 2;
+    }
+    tpk_phi_registry *reg;
+    tpk_program *p = load(&c, &reg);
+    if (p == NULL) {
+        tpk_phi_registry_free(reg);
+        cli_free(&c);
+        return 1;
+    }
+    tpk_array *X = NULL;
+    if (c.input != NULL) {
+        X = tpk_io_read(c.input, NULL, &ctx);
+    } else { /* N inputs N(0, 1), seed 0: (N, T, d) for sequences */
+        size_t T = p->nslots > 1 ? (size_t)p->nslots : 1;
+        size_t dims[3] = {N, T, d};
+        X = T > 1 ? tpk_array_alloc(3, dims, &ctx) : tpk_array_alloc2(N, d, &ctx);
+        for (size_t r = 0; X && r < N * T; r++)
+            tpk_rng_normal_row(0, 1, (uint32_t)r, 0, (uint32_t)d, X->data + r * d);
+    }
+    st = X ? TPK_OK : ctx.status;
+    tpk_array *K[2] = {NULL, NULL};
+    double secs[2] = {0, 0};
+    for (int k = 0; st == TPK_OK && k < 2; k++) {
+        int plan = k == 0 ? TPK_PLAN_NAIVE : TPK_PLAN_OPTIMAL;
+        if (!(which & (1 << k)))
+            continue;
+        printf("# %s plan\n", k == 0 ? "naive" : "optimal");
+        double err = 0, t0 = tpk_wall_seconds();
+        st = tpk_netsor_kernel_plan(p, X, c.all_outputs, plan, stdout, &K[k], &err, &ctx);
+        secs[k] = tpk_wall_seconds() - t0;
+        if (st == TPK_OK)
+            printf("kernel %zu x %zu in %.4f s (%s plan, error estimate %.3g)\n", K[k]->dims[0],
+                   K[k]->dims[1], secs[k], k == 0 ? "naive" : "optimal", err);
+    }
+    if (st == TPK_OK && which == 3) {
+        double dmax = 0, kmax = 0;
+        for (size_t i = 0; i < tpk_array_size(K[0]); i++) {
+            dmax = fmax(dmax, fabs(K[0]->data[i] - K[1]->data[i]));
+            kmax = fmax(kmax, fabs(K[0]->data[i]));
+        }
+        printf("optimal vs naive: %.3gx faster, max relative difference %.3g\n",
+               secs[0] / secs[1], kmax > 0 ? dmax / kmax : dmax);
+    }
+    tpk_array_free(K[0]);
+    tpk_array_free(K[1]);
+    tpk_array_free(X);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+    return finish(&c, "plan", st, &ctx);
+}
+
 typedef struct command {
     const char *name;
     int (*fn)(int argc, char **argv); /* the whole command line: argv[1] is the command */
@@ -329,6 +437,7 @@ static const command commands[] = {
     {"check", cmd_check},
     {"dump", cmd_dump},
     {"kernel", cmd_kernel},
+    {"plan", cmd_plan},
     {"run", cmd_run},
 };
 

@@ -114,6 +114,24 @@ typedef struct tpk_gauss_step {
 TPK_API int tpk_gauss_map_chain_lower(const tpk_gauss_step *step, int nsteps, const double *S,
                                       size_t n, double *out, const tpk_gauss_ws *ws,
                                       double *err_max, tpk_ctx *ctx);
+/* Row segments of a symmetric map, for callers that fuse V_φ with other entrywise work (the
+ * orchestrated evaluator, netsor/ewplan.c): prepared once over the variances q[0..n) (rows and
+ * columns alike), then any thread maps segments (i, j0..j0+len) of a covariance row, k[0..len)
+ * = S[i][j0..], into out (which may alias k). Entries on the diagonal or with a zero variance
+ * take the scalar path, as in tpk_gauss_map. Non-finite results and non-PSD entries are
+ * recorded (the first, lexicographically) and reported by _finish, which also gives the error
+ * bound. *maxr and *errmax are the caller's per-thread accumulators (start at 0). */
+typedef struct tpk_gauss_segmap tpk_gauss_segmap;
+TPK_API tpk_gauss_segmap *tpk_gauss_segmap_alloc(const tpk_phi *phi, const double *q, size_t n,
+                                                 const tpk_gauss_ws *ws, tpk_ctx *ctx);
+TPK_API void tpk_gauss_segmap_row(tpk_gauss_segmap *sm, size_t i, size_t j0, size_t len,
+                                  const double *k, double *out, double *maxr, double *errmax);
+/* Merge one thread's accumulators (thread-safe). */
+TPK_API void tpk_gauss_segmap_merge(tpk_gauss_segmap *sm, double maxr, double errmax);
+/* TPK_OK, or the first failure's status and message (naming the entry); *err_max (may be NULL):
+ * the largest error of the entries mapped. */
+TPK_API int tpk_gauss_segmap_finish(tpk_gauss_segmap *sm, double *err_max, tpk_ctx *ctx);
+TPK_API void tpk_gauss_segmap_free(tpk_gauss_segmap *sm);
 /* Notes on the maps: only the lower triangle (and diagonal) of S is read. ws may be NULL when φ
  * has a closed form. On error (TPK_EDOM for a non-PSD entry, naming it) out is left partially
  * written. Non-closed-form φ use the Mehler (Hermite-coefficient) series of theory.md §3.2 per

@@ -191,6 +191,18 @@ TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x,
                                        const tpk_progress *progress, tpk_array **K, double *err,
                                        tpk_ctx *ctx);
 
+/* The rolled evaluator's entrywise plans (docs/orchestration.md §7): between reads that need a
+ * whole matrix, the maps and sums of a recursion run as fused kernels chosen by a binary linear
+ * program (TPK_PLAN_OPTIMAL, the default), or one kernel per primitive (TPK_PLAN_NAIVE). The
+ * environment's TPK_PLAN=naive|optimal picks it for every other call. */
+enum { TPK_PLAN_NAIVE = 1, TPK_PLAN_OPTIMAL = 2 };
+/* tpk_netsor_kernel with plan `plan` (one of the above); report (may be NULL) gets every plan:
+ * its primitives and candidates, then one line per kernel with its primitives, the values it
+ * reads and writes, its predicted and measured seconds. */
+TPK_API int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_outputs,
+                                   int plan, FILE *report, tpk_array **K, double *err,
+                                   tpk_ctx *ctx);
+
 /* Finite-width run at width n, seed s: empirical kernel (1/n)⟨h, h'⟩·σ_v² of the read-out
  * variables (same layout as tpk_netsor_kernel) and, if `y` is not NULL, sampled outputs
  * ⟨v, h⟩/√n (N × noutputs). Depends on (seed, variable) alone, not on the thread count. */

@@ -1,0 +1,92 @@
+/* Entrywise programs of the rolled limit evaluator, lowered to primitives and run by an
+ * orchestrated plan (issue 20; docs/orchestration.md §7, theory.md §1.8).
+ *
+ * Between two reads that need a whole matrix, much of a network's limit recursion is entrywise:
+ * entry (a, c) of a layer's second-moment block depends only on entry (a, c) of the blocks it is
+ * made from and on their diagonals (φ-maps V_φ(k; q_a, q_c), sums of independent terms scaled by
+ * per-index weights such as LayerNorm's 1/√(v + ε), biases). netsor/flimit.c keeps such blocks
+ * pending as nodes of a DAG; when a reader needs a matrix, nsr_ew_eval lowers the DAG under it
+ * to a graph of map primitives (tpk_orch_graph), enumerates fused candidate kernels, costs them
+ * by a model calibrated on this run's data (sampled rows) and machine (memory passes), chooses a
+ * plan (one kernel per primitive, or the BLP's optimum) and runs it: each kernel maps row
+ * segments of the lower triangle through its primitives in cache-resident buffers and writes only
+ * the values the plan keeps. */
+#ifndef NSR_EWPLAN_IMPL_H
+#define NSR_EWPLAN_IMPL_H
+
+#include "tpk/error.h"
+#include "tpk/gauss.h"
+#include "tpk/netsor.h"
+
+#include <stddef.h>
+#include <stdio.h>
+
+enum { NSR_EW_LEAF, NSR_EW_PHI, NSR_EW_SUM };
+
+/* Plans (TPK_PLAN): one kernel per primitive, or the BLP's optimum (tpk/netsor.h's values). */
+enum { NSR_PLAN_NAIVE = TPK_PLAN_NAIVE, NSR_PLAN_OPTIMAL = TPK_PLAN_OPTIMAL };
+
+#define NSR_EW_MAXT 8
+
+/* A term of a sum: c · w_a w_c · x_ac, x a node's entries (arg ≥ 0) or a bias block (arg = −1:
+ * s[a mod m] where a ≡ c (mod m), else 0: independent members, theory §1.6). w NULL: 1. */
+typedef struct nsr_ew_term {
+    int arg;
+    double c;
+    const double *w;
+    const double *s;
+} nsr_ew_term;
+
+/* A node of n×n symmetric second moments; only lower triangles are read and written. Arguments
+ * are earlier nodes (ids below the node's own). */
+typedef struct nsr_ew_node {
+    int op;
+    const double *M;        /* LEAF: the matrix, row-major, leading dimension n */
+    int arg;                /* PHI: alpha·V_φ(x) + beta, x's own diagonal */
+    const tpk_phi *phi;
+    double alpha, beta;
+    int nt;                 /* SUM: Σ terms */
+    nsr_ew_term t[NSR_EW_MAXT];
+    const double *diag;     /* every node: its diagonal (n), nsr_ew_diag's for maps and sums */
+    char name[40];          /* for reports ("map@27") */
+    int line, col;          /* the statement that made it (errors: FILE:LINE:COL), 0: none */
+} nsr_ew_node;
+
+/* What one evaluation did (for `netsor plan` and the tests). */
+typedef struct nsr_ew_stats {
+    int nprims, ncands, nkernels, fused; /* fused: kernels of more than one primitive */
+    double predicted_s, measured_s;      /* the plan's kernels: model, wall clock */
+    double calib_s, solve_s;             /* calibration and candidates + solve */
+} nsr_ew_stats;
+
+/* The cost model's machine constants (seconds): measured once by the first evaluation that needs
+ * them (memory passes over the threads) and kept by the caller across evaluations; per-entry
+ * compute is sampled on each program's own rows unless fixed (then flops × flop_s: a
+ * deterministic model, for tests). */
+typedef struct nsr_ew_calib {
+    int have_memory;
+    double read_s, write_s, fault_s; /* per byte: read, write, first touch of a fresh page */
+    double launch_s;                 /* per kernel */
+    int fixed_compute;
+    double flop_s;
+} nsr_ew_calib;
+
+/* Node k's diagonal into out (n) from its arguments' diagonals; *err (may be NULL) its error.
+ * Errors name the node's statement in file (FILE:LINE:COL: ...). */
+int nsr_ew_diag(const nsr_ew_node *node, int k, size_t n, long m, const tpk_gauss_ws *ws,
+                const char *file, double *out, double *err, tpk_ctx *ctx);
+
+/* The lower triangle of node root (leading dimension n) into out, by the plan of kind `plan`;
+ * every node below root that is not a leaf is computed on the way. m: members per input (bias
+ * terms). report (may be NULL): the plan, one kernel a line, with predicted and measured times.
+ * *err: the largest error bound of a map; stats (may be NULL). out must not alias a leaf.
+ * cal (may be NULL): the model's constants, measured into it where it has none. */
+int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int plan,
+                const tpk_gauss_ws *ws, nsr_ew_calib *cal, const char *file, FILE *report,
+                double *out, double *err, nsr_ew_stats *stats, tpk_ctx *ctx);
+
+/* TPK_PLAN from the environment: naive or optimal (default, also for an empty value); any other
+ * value is TPK_EINVAL with a message naming it. */
+int nsr_plan_from_env(int *plan, tpk_ctx *ctx);
+
+#endif

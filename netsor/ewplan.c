@@ -1,0 +1,626 @@
+/* Entrywise programs, lowered to primitives and run by an orchestrated plan (ewplan-impl.h,
+ * docs/orchestration.md §7). */
+#include "ewplan-impl.h"
+
+#include "tpk/alloc.h"
+#include "tpk/clock.h"
+#include "tpk/orch.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Row segments a kernel maps at once: every primitive's segment stays in L1 (2 KiB each). */
+#define SEG 256
+/* Primitives per candidate kernel (their segments are on the stack: SEG·8 bytes each). */
+#define MAX_FUSE 8
+/* Below this many entries the model's memory constants are not measured (the passes would cost
+ * more than they inform): the defaults below stand in. */
+#define CALIB_MIN_ENTRIES ((size_t)1 << 18)
+/* Candidates beyond this make the enumeration and the BLP cost more than they save; the plan is
+ * then searched again with smaller kernels. */
+#define MAX_CANDS 60000
+
+static int threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+int nsr_plan_from_env(int *plan, tpk_ctx *ctx)
+{
+    const char *s = getenv("TPK_PLAN");
+    *plan = NSR_PLAN_OPTIMAL;
+    if (s == NULL || *s == 0 || strcmp(s, "optimal") == 0)
+        return TPK_OK;
+    if (strcmp(s, "naive") == 0) {
+        *plan = NSR_PLAN_NAIVE;
+        return TPK_OK;
+    }
+    return TPK_ERROR(ctx, TPK_EINVAL, "TPK_PLAN=%s: expected naive or optimal", s);
+}
+
+/* The status st of ctx again, its message prefixed with the node's statement (copied first: the
+ * message is written into the buffer it is read from). */
+static int named(tpk_ctx *ctx, int st, const char *file, const nsr_ew_node *nd)
+{
+    char msg[sizeof ctx->msg];
+    memcpy(msg, ctx->msg, sizeof msg);
+    msg[sizeof msg - 1] = 0;
+    st = st ? st : TPK_ENOMEM;
+    tpk_ctx_clear(ctx); /* the first error stands otherwise */
+    if (file != NULL && nd->line > 0)
+        return TPK_ERROR(ctx, st, "%s:%d:%d: %s", file, nd->line, nd->col, msg);
+    return TPK_ERROR(ctx, st, "%s: %s", nd->name, msg);
+}
+
+/* ---- one segment of one node ---------------------------------------------------------------- */
+
+/* Per-thread accumulators of the maps' error statistics. */
+typedef struct seg_acc {
+    double maxr, errmax;
+} seg_acc;
+
+/* Entries (i, j0..j0+len) of node k into y, its arguments' segments at a[t] (SUM: one per term,
+ * NULL for a bias; PHI: a[0]). */
+static void node_seg(const nsr_ew_node *nd, tpk_gauss_segmap *sm, size_t i, size_t j0, size_t len,
+                     long m, const double *const *a, double *y, seg_acc *acc)
+{
+    if (nd->op == NSR_EW_PHI) {
+        tpk_gauss_segmap_row(sm, i, j0, len, a[0], y, &acc->maxr, &acc->errmax);
+        if (nd->alpha != 1.0 || nd->beta != 0.0)
+            for (size_t j = 0; j < len; j++)
+                y[j] = nd->alpha * y[j] + nd->beta;
+        return;
+    }
+    for (size_t j = 0; j < len; j++)
+        y[j] = 0.0;
+    for (int t = 0; t < nd->nt; t++) {
+        const nsr_ew_term *T = &nd->t[t];
+        const double c = T->w ? T->c * T->w[i] : T->c, *w = T->w ? T->w + j0 : NULL;
+        if (T->arg >= 0) {
+            const double *x = a[t];
+            if (w)
+                for (size_t j = 0; j < len; j++)
+                    y[j] += c * w[j] * x[j];
+            else
+                for (size_t j = 0; j < len; j++)
+                    y[j] += c * x[j];
+        } else { /* a bias block: members of one index only */
+            const size_t mm = (size_t)m, p = i % mm;
+            for (size_t j = (p + mm - j0 % mm) % mm; j < len; j += mm)
+                y[j] += c * (w ? w[j] : 1.0) * T->s[p];
+        }
+    }
+}
+
+int nsr_ew_diag(const nsr_ew_node *node, int k, size_t n, long m, const tpk_gauss_ws *ws,
+                const char *file, double *out, double *err, tpk_ctx *ctx)
+{
+    const nsr_ew_node *nd = &node[k];
+    if (err)
+        *err = 0.0;
+    if (nd->op == NSR_EW_LEAF) {
+        for (size_t i = 0; i < n; i++)
+            out[i] = nd->M[i * n + i];
+        return TPK_OK;
+    }
+    if (nd->op == NSR_EW_SUM) {
+        for (size_t i = 0; i < n; i++) {
+            double y = 0.0;
+            for (int t = 0; t < nd->nt; t++) {
+                const nsr_ew_term *T = &nd->t[t];
+                const double w = T->w ? T->w[i] * T->w[i] : 1.0;
+                y += T->c * w * (T->arg >= 0 ? node[T->arg].diag[i] : T->s[i % (size_t)m]);
+            }
+            out[i] = y;
+        }
+        return TPK_OK;
+    }
+    /* a map: the same scalar path as the map's diagonal entries (tpk_gauss_segmap_row) */
+    const double *q = node[nd->arg].diag;
+    tpk_gauss_segmap *sm = tpk_gauss_segmap_alloc(nd->phi, q, n, ws, ctx);
+    if (sm == NULL)
+        return named(ctx, ctx->status, file, nd);
+    seg_acc acc = {0, 0};
+    for (size_t i = 0; i < n; i++) {
+        tpk_gauss_segmap_row(sm, i, i, 1, q + i, out + i, &acc.maxr, &acc.errmax);
+        out[i] = nd->alpha * out[i] + nd->beta;
+    }
+    tpk_gauss_segmap_merge(sm, acc.maxr, acc.errmax);
+    double e = 0;
+    int st = tpk_gauss_segmap_finish(sm, &e, ctx);
+    tpk_gauss_segmap_free(sm);
+    if (st)
+        return named(ctx, st, file, nd);
+    if (err)
+        *err = fabs(nd->alpha) * e;
+    return TPK_OK;
+}
+
+/* ---- lowering, costs, plans ---------------------------------------------------------------- */
+
+typedef struct ew {
+    const nsr_ew_node *node;
+    int nn, root;
+    size_t n, E;             /* E: entries of a lower triangle */
+    long m;
+    const tpk_gauss_ws *ws;
+    int *val;                /* node → value id of the graph (−1: not under root) */
+    int *nodeof;             /* value id → node */
+    int nv;
+    tpk_gauss_segmap **sm;   /* per node (maps) */
+    /* the model (seconds) */
+    double *t_entry;         /* per node: compute per entry, all threads */
+    double read_s, write_s, fault_s; /* per byte */
+    double launch_s;
+    nsr_ew_calib *cal;
+    tpk_ctx *ctx;
+} ew;
+
+static int lower(ew *W, tpk_orch_graph *g)
+{
+    tpk_ctx *ctx = W->ctx;
+    char *need = tpk_calloc(ctx, (size_t)W->nn, 1);
+    if (need == NULL)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    need[W->root] = 1;
+    for (int k = W->root; k >= 0; k--) {
+        const nsr_ew_node *nd = &W->node[k];
+        if (!need[k])
+            continue;
+        if (nd->op == NSR_EW_PHI)
+            need[nd->arg] = 1;
+        for (int t = 0; nd->op == NSR_EW_SUM && t < nd->nt; t++)
+            if (nd->t[t].arg >= 0)
+                need[nd->t[t].arg] = 1;
+    }
+    tpk_orch_shape sh = {1, {W->E, 0, 0, 0}, sizeof(double)};
+    int st = TPK_OK;
+    for (int k = 0; k < W->nn; k++)
+        W->val[k] = -1;
+    for (int k = 0; k <= W->root && st == TPK_OK; k++) {
+        const nsr_ew_node *nd = &W->node[k];
+        if (!need[k])
+            continue;
+        int id = -1, args[NSR_EW_MAXT], na = 0;
+        if (nd->op == NSR_EW_LEAF) {
+            st = tpk_orch_graph_add_input(g, nd->name, &sh, &id, ctx);
+        } else {
+            double flops;
+            if (nd->op == NSR_EW_PHI) {
+                args[na++] = W->val[nd->arg];
+                flops = 40.0 * (double)W->E;
+            } else {
+                for (int t = 0; t < nd->nt; t++)
+                    if (nd->t[t].arg >= 0)
+                        args[na++] = W->val[nd->t[t].arg];
+                flops = 3.0 * nd->nt * (double)W->E;
+            }
+            if (na == 0) /* a sum of biases alone: read no value (a constant block) */
+                st = TPK_ERROR(ctx, TPK_EINVAL, "internal: %s reads no block", nd->name);
+            else
+                st = tpk_orch_graph_add_prim(g, nd->name, TPK_ORCH_MAP, &sh, flops, na, args, &id,
+                                             ctx);
+        }
+        if (st == TPK_OK) {
+            W->val[k] = id;
+            W->nodeof[id] = k;
+            W->nv = id + 1;
+        }
+    }
+    if (st == TPK_OK)
+        st = tpk_orch_graph_set_output(g, W->val[W->root], ctx);
+    tpk_free(ctx, need);
+    return st;
+}
+
+/* Rows [0, S) of the sample (spread over the lower half of the triangle) through every node
+ * under root in order, each from its arguments' segments as one fused kernel would; secs (may be
+ * NULL) gets each node's time. seg: nv × SEG scratch. Returns the entries mapped. */
+static size_t sample_rows(ew *W, int S, int s0, double *seg, double *secs)
+{
+    const size_t n = W->n;
+    size_t entries = 0;
+    seg_acc acc = {0, 0};
+    for (int s = s0; s < s0 + S; s++) {
+        const size_t i = n / 2 + (size_t)((double)(n - n / 2) * (s + 0.5) / (2.0 * S + s0));
+        if (i >= n)
+            continue;
+        for (size_t j0 = 0; j0 <= i; j0 += SEG) {
+            const size_t len = i + 1 - j0 < SEG ? i + 1 - j0 : SEG;
+            entries += len;
+            for (int v = 0; v < W->nv; v++) {
+                const int k = W->nodeof[v];
+                const nsr_ew_node *nd = &W->node[k];
+                double *y = seg + (size_t)v * SEG;
+                if (nd->op == NSR_EW_LEAF) {
+                    memcpy(y, nd->M + i * n + j0, len * sizeof *y);
+                    continue;
+                }
+                const double *a[NSR_EW_MAXT];
+                if (nd->op == NSR_EW_PHI)
+                    a[0] = seg + (size_t)W->val[nd->arg] * SEG;
+                for (int t = 0; nd->op == NSR_EW_SUM && t < nd->nt; t++)
+                    a[t] = nd->t[t].arg >= 0 ? seg + (size_t)W->val[nd->t[t].arg] * SEG : NULL;
+                const double t0 = secs ? tpk_wall_seconds() : 0;
+                node_seg(nd, W->sm[k], i, j0, len, W->m, a, y, &acc);
+                if (secs)
+                    secs[k] += tpk_wall_seconds() - t0;
+            }
+        }
+    }
+    return entries;
+}
+
+/* Compute cost per entry of every primitive, all threads working: each node's share from a
+ * serial sample timed node by node, the total from a parallel sample of other rows (threads
+ * share cores and caches: dividing a serial time by the thread count overstates them). */
+static void calibrate_compute(ew *W)
+{
+    if (W->cal->fixed_compute) { /* the flops of lower() at a fixed rate */
+        for (int k = 0; k < W->nn; k++)
+            W->t_entry[k] = W->node[k].op == NSR_EW_PHI ? 40.0 * W->cal->flop_s
+                            : W->node[k].op == NSR_EW_SUM ? 3.0 * W->node[k].nt * W->cal->flop_s
+                                                          : 0.0;
+        return;
+    }
+    const int S = W->n < 8 ? (int)W->n : 8, P = 4 * threads();
+    double *seg = tpk_malloc(W->ctx, (size_t)W->nv * SEG * sizeof *seg);
+    double *secs = tpk_calloc(W->ctx, (size_t)W->nn, sizeof *secs);
+    if (seg == NULL || secs == NULL) { /* no measurement: rough per-entry times stand in */
+        for (int k = 0; k < W->nn; k++)
+            W->t_entry[k] = W->node[k].op == NSR_EW_PHI ? 5e-9 : 1e-9;
+        tpk_free(W->ctx, seg);
+        tpk_free(W->ctx, secs);
+        return;
+    }
+    size_t entries = sample_rows(W, S, 0, seg, secs);
+    double serial = 0;
+    for (int k = 0; k < W->nn; k++)
+        serial += secs[k];
+    double scale = 1.0 / threads();
+    if (W->n >= 64 && serial > 0 && entries > 0) {
+        size_t pe = 0;
+        int ok = 1;
+        const double t0 = tpk_wall_seconds();
+#pragma omp parallel reduction(+ : pe) reduction(& : ok)
+        {
+            double *mine = tpk_malloc(W->ctx, (size_t)W->nv * SEG * sizeof *mine);
+            ok = mine != NULL;
+#pragma omp for schedule(static)
+            for (int s = 0; s < P; s++)
+                if (mine)
+                    pe += sample_rows(W, 1, S + s, mine, NULL);
+            tpk_free(W->ctx, mine);
+        }
+        const double par = tpk_wall_seconds() - t0;
+        if (ok && pe > 0)
+            scale = (par / (double)pe) / (serial / (double)entries);
+    }
+    for (int k = 0; k < W->nn; k++)
+        W->t_entry[k] = entries ? scale * secs[k] / (double)entries : 0.0;
+    tpk_free(W->ctx, seg);
+    tpk_free(W->ctx, secs);
+}
+
+/* Memory constants per byte: a pass that writes fresh pages (their faults and the kernel's
+ * zeroing), one that writes them again, one that reads them — over the threads, as the plan's
+ * kernels run. */
+static void calibrate_memory(ew *W)
+{
+    nsr_ew_calib *c = W->cal;
+    if (!c->have_memory) { /* defaults, until a large enough program measures them */
+        c->read_s = 1.0 / 12e9;
+        c->write_s = 1.0 / 8e9;
+        c->fault_s = 1.0 / 3e9;
+        c->launch_s = 20e-6;
+    }
+    W->read_s = c->read_s;
+    W->write_s = c->write_s;
+    W->fault_s = c->fault_s;
+    W->launch_s = c->launch_s;
+    if (c->have_memory || W->E < CALIB_MIN_ENTRIES)
+        return;
+    size_t bytes = W->E * sizeof(double);
+    bytes = bytes > ((size_t)16 << 20) ? (size_t)16 << 20 : bytes;
+    const size_t nd = bytes / sizeof(double);
+    double *p = tpk_malloc(W->ctx, bytes);
+    if (p == NULL)
+        return;
+    double t0 = tpk_wall_seconds();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nd; i++)
+        p[i] = 1.0;
+    double t1 = tpk_wall_seconds();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nd; i++)
+        p[i] = 2.0;
+    double t2 = tpk_wall_seconds(), sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (size_t i = 0; i < nd; i++)
+        sum += p[i];
+    double t3 = tpk_wall_seconds();
+    tpk_free(W->ctx, p);
+    if (sum != 2.0 * (double)nd) /* cannot happen; keeps the read from being optimised away */
+        return;
+    c->write_s = W->write_s = (t2 - t1) / (double)bytes;
+    c->fault_s = W->fault_s = fmax((t1 - t0) - (t2 - t1), 0.0) / (double)bytes;
+    c->read_s = W->read_s = (t3 - t2) / (double)bytes;
+    c->have_memory = 1;
+}
+
+static int cost_fn(const tpk_orch_graph *g, const tpk_orch_kernel *k, void *arg, double *cost,
+                   tpk_ctx *ctx)
+{
+    (void)g;
+    (void)ctx;
+    const ew *W = arg;
+    const double B = (double)W->E * sizeof(double);
+    double c = W->launch_s;
+    for (int i = 0; i < k->nprims; i++)
+        c += (double)W->E * W->t_entry[W->nodeof[k->prims[i]]];
+    c += k->ninputs * B * W->read_s;
+    for (int i = 0; i < k->noutputs; i++) /* the root goes to the caller's block */
+        c += B * (W->write_s + (W->nodeof[k->outputs[i]] == W->root ? 0.0 : W->fault_s));
+    *cost = c;
+    return TPK_OK;
+}
+
+/* ---- the executor ---------------------------------------------------------------------------- */
+
+/* Run kernel k: rows in parallel, segments of the lower triangle through its primitives in
+ * order, its written values stored to mem[]. */
+static void run_kernel(ew *W, const tpk_orch_kernel *K, double *const *mem)
+{
+    const size_t n = W->n;
+    int loc[MAX_FUSE], isout[MAX_FUSE];
+    for (int p = 0; p < K->nprims; p++) {
+        loc[p] = W->nodeof[K->prims[p]];
+        isout[p] = 0;
+        for (int o = 0; o < K->noutputs; o++)
+            isout[p] |= K->outputs[o] == K->prims[p];
+    }
+#pragma omp parallel if (n * n >= 32768)
+    {
+        double buf[MAX_FUSE][SEG];
+        seg_acc acc = {0, 0};
+#pragma omp for schedule(dynamic, 4)
+        for (size_t i = 0; i < n; i++)
+            for (size_t j0 = 0; j0 <= i; j0 += SEG) {
+                const size_t len = i + 1 - j0 < SEG ? i + 1 - j0 : SEG;
+                for (int p = 0; p < K->nprims; p++) {
+                    const nsr_ew_node *nd = &W->node[loc[p]];
+                    const double *a[NSR_EW_MAXT];
+                    int na = nd->op == NSR_EW_PHI ? 1 : nd->nt;
+                    for (int t = 0; t < na; t++) {
+                        int x = nd->op == NSR_EW_PHI ? nd->arg : nd->t[t].arg;
+                        a[t] = NULL;
+                        if (x < 0)
+                            continue;
+                        int v = W->val[x], q = -1;
+                        for (int r = 0; r < p && q < 0; r++)
+                            q = K->prims[r] == v ? r : -1;
+                        a[t] = q >= 0 ? buf[q] : mem[v] + i * n + j0;
+                    }
+                    node_seg(nd, W->sm[loc[p]], i, j0, len, W->m, a, buf[p], &acc);
+                    if (isout[p])
+                        memcpy(mem[K->prims[p]] + i * n + j0, buf[p], len * sizeof(double));
+                }
+            }
+        for (int p = 0; p < K->nprims; p++)
+            if (W->node[loc[p]].op == NSR_EW_PHI)
+                tpk_gauss_segmap_merge(W->sm[loc[p]], acc.maxr, acc.errmax);
+    }
+}
+
+static int search(ew *W, const tpk_orch_graph *g, int plan, tpk_orch_cands **cp,
+                  tpk_orch_plan **pp)
+{
+    tpk_ctx *ctx = W->ctx;
+    tpk_orch_opts o;
+    tpk_orch_opts_default(&o);
+    o.max_size = plan == NSR_PLAN_NAIVE ? 1 : MAX_FUSE;
+    o.max_extra_outputs = 2;
+    o.max_candidates = MAX_CANDS;
+    for (;;) {
+        tpk_ctx local;
+        tpk_ctx_init_from(&local, ctx);
+        tpk_orch_cands *c = tpk_orch_cands_alloc(g, &o, &local);
+        if (c == NULL && local.status == TPK_EUNSUPPORTED && o.max_size > 2) {
+            o.max_size--; /* too many candidates: smaller kernels */
+            continue;
+        }
+        if (c == NULL)
+            return TPK_ERROR(ctx, local.status, "%s", local.msg);
+        int st = tpk_orch_cands_cost(c, cost_fn, W, ctx);
+        tpk_orch_plan *p = NULL;
+        if (st == TPK_OK)
+            p = plan == NSR_PLAN_NAIVE ? tpk_orch_solve_naive(c, ctx) : tpk_orch_solve_blp(c, &o, ctx);
+        if (p == NULL) {
+            tpk_orch_cands_free(c);
+            return ctx->status ? ctx->status : st;
+        }
+        *cp = c;
+        *pp = p;
+        return TPK_OK;
+    }
+}
+
+static void report_kernel(FILE *f, const ew *W, int i, const tpk_orch_kernel *K, double measured)
+{
+    fprintf(f, "  kernel %d:", i + 1);
+    for (int p = 0; p < K->nprims; p++)
+        fprintf(f, " %s", W->node[W->nodeof[K->prims[p]]].name);
+    fprintf(f, " | reads");
+    for (int p = 0; p < K->ninputs; p++)
+        fprintf(f, " %s", W->node[W->nodeof[K->inputs[p]]].name);
+    fprintf(f, " | writes");
+    for (int p = 0; p < K->noutputs; p++)
+        fprintf(f, " %s", W->node[W->nodeof[K->outputs[p]]].name);
+    fprintf(f, " | predicted %.4f s, measured %.4f s\n", K->cost, measured);
+}
+
+int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int plan,
+                const tpk_gauss_ws *ws, nsr_ew_calib *cal, const char *file, FILE *report,
+                double *out, double *err, nsr_ew_stats *stats, tpk_ctx *ctx)
+{
+    if (err)
+        *err = 0.0;
+    if (stats)
+        memset(stats, 0, sizeof *stats);
+    if (root < 0 || root >= nn || node[root].op == NSR_EW_LEAF || m < 1 || n % (size_t)m)
+        return TPK_ERROR(ctx, TPK_EINVAL, "nsr_ew_eval: root %d of %d is not a map or a sum", root,
+                         nn);
+    if (n == 0)
+        return TPK_OK;
+    ew W;
+    memset(&W, 0, sizeof W);
+    W.node = node;
+    W.nn = nn;
+    W.root = root;
+    W.n = n;
+    W.E = n * (n + 1) / 2;
+    W.m = m;
+    W.ws = ws;
+    W.ctx = ctx;
+    nsr_ew_calib local;
+    memset(&local, 0, sizeof local);
+    W.cal = cal ? cal : &local;
+    const double t0 = tpk_wall_seconds();
+    W.val = tpk_calloc(ctx, (size_t)nn, sizeof *W.val);
+    W.nodeof = tpk_calloc(ctx, (size_t)nn, sizeof *W.nodeof);
+    W.sm = tpk_calloc(ctx, (size_t)nn, sizeof *W.sm);
+    W.t_entry = tpk_calloc(ctx, (size_t)nn, sizeof *W.t_entry);
+    double **mem = tpk_calloc(ctx, (size_t)nn, sizeof *mem);
+    char *owned = tpk_calloc(ctx, (size_t)nn, 1);
+    tpk_orch_graph *g = tpk_orch_graph_alloc(ctx);
+    tpk_orch_cands *c = NULL;
+    tpk_orch_plan *p = NULL;
+    int st = W.val && W.nodeof && W.sm && W.t_entry && mem && owned && g
+                 ? TPK_OK
+                 : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    if (st == TPK_OK)
+        st = lower(&W, g);
+    for (int k = 0; st == TPK_OK && k <= root; k++)
+        if (W.val[k] >= 0 && node[k].op == NSR_EW_PHI &&
+            (W.sm[k] = tpk_gauss_segmap_alloc(node[k].phi, node[node[k].arg].diag, n, ws, ctx)) == NULL)
+            st = named(ctx, ctx->status, file, &node[k]);
+    const double t1 = tpk_wall_seconds();
+    if (st == TPK_OK) {
+        calibrate_memory(&W);
+        calibrate_compute(&W);
+        /* the sampled rows went through the maps: their statistics start afresh below */
+        for (int k = 0; k <= root; k++)
+            if (W.sm[k] != NULL) {
+                tpk_gauss_segmap_free(W.sm[k]);
+                W.sm[k] = tpk_gauss_segmap_alloc(node[k].phi, node[node[k].arg].diag, n, ws, ctx);
+                if (W.sm[k] == NULL && st == TPK_OK)
+                    st = ctx->status;
+            }
+    }
+    const double t2 = tpk_wall_seconds();
+    if (st == TPK_OK)
+        st = search(&W, g, plan, &c, &p);
+    const double t3 = tpk_wall_seconds();
+    if (st == TPK_OK && report)
+        fprintf(report, "plan (%s) of %s: %d primitives, %d candidates, %d kernels\n",
+                plan == NSR_PLAN_NAIVE ? "naive" : "optimal", node[root].name,
+                tpk_orch_graph_nvalues(g), tpk_orch_cands_count(c), p->nkernels);
+    /* the last kernel (position) that reads each value: written blocks are freed after it */
+    int *last = st == TPK_OK ? tpk_calloc(ctx, (size_t)W.nv, sizeof *last) : NULL;
+    if (st == TPK_OK && last == NULL)
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    for (int v = 0; st == TPK_OK && v < W.nv; v++) {
+        last[v] = -1;
+        if (node[W.nodeof[v]].op == NSR_EW_LEAF)
+            mem[v] = (double *)node[W.nodeof[v]].M; /* read only */
+    }
+    for (int q = 0; st == TPK_OK && q < p->nkernels; q++) {
+        const tpk_orch_kernel *K = tpk_orch_cands_get(c, p->kernels[q]);
+        for (int i = 0; i < K->ninputs; i++)
+            last[K->inputs[i]] = q;
+    }
+    double measured = 0;
+    int fused = 0;
+    for (int q = 0; st == TPK_OK && q < p->nkernels; q++) {
+        const tpk_orch_kernel *K = tpk_orch_cands_get(c, p->kernels[q]);
+        fused += K->nprims > 1;
+        const double k0 = tpk_wall_seconds();
+        for (int i = 0; i < K->noutputs && st == TPK_OK; i++) {
+            int v = K->outputs[i];
+            if (mem[v] != NULL)
+                continue;
+            if (W.nodeof[v] == root) {
+                mem[v] = out;
+            } else if ((mem[v] = tpk_malloc(ctx, n * n * sizeof(double))) == NULL) {
+                st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%.3g GB)", 8e-9 * (double)(n * n));
+            } else {
+                owned[v] = 1;
+            }
+        }
+        if (st)
+            break;
+        run_kernel(&W, K, mem);
+        for (int v = 0; v < W.nv; v++)
+            if (owned[v] && last[v] <= q) {
+                tpk_free(ctx, mem[v]);
+                mem[v] = NULL;
+                owned[v] = 0;
+            }
+        const double dt = tpk_wall_seconds() - k0;
+        measured += dt;
+        if (report)
+            report_kernel(report, &W, q, K, dt);
+    }
+    double emax = 0;
+    for (int k = 0; W.sm != NULL && k <= root; k++) {
+        if (W.sm[k] == NULL)
+            continue;
+        double e = 0;
+        if (st == TPK_OK && (st = tpk_gauss_segmap_finish(W.sm[k], &e, ctx)) != TPK_OK)
+            st = named(ctx, st, file, &node[k]);
+        emax = fmax(emax, fabs(node[k].alpha) * e);
+    }
+    if (st == TPK_OK && err)
+        *err = emax;
+    if (st == TPK_OK && report)
+        fprintf(report, "  predicted %.4f s, measured %.4f s (%d of %d kernels fused; model "
+                "calibrated in %.4f s, candidates and solve %.4f s)\n", p->cost, measured, fused,
+                p->nkernels, t2 - t1, t3 - t2);
+    if (st == TPK_OK && stats) {
+        stats->nprims = W.nv;
+        stats->ncands = tpk_orch_cands_count(c);
+        stats->nkernels = p->nkernels;
+        stats->fused = fused;
+        stats->predicted_s = p->cost;
+        stats->measured_s = measured;
+        stats->calib_s = t2 - t1;
+        stats->solve_s = t3 - t2;
+    }
+    (void)t0;
+    for (int v = 0; v < W.nv && mem; v++)
+        if (owned && owned[v])
+            tpk_free(ctx, mem[v]);
+    for (int k = 0; W.sm && k < nn; k++)
+        tpk_gauss_segmap_free(W.sm[k]);
+    tpk_orch_plan_free(p);
+    tpk_orch_cands_free(c);
+    tpk_orch_graph_free(g);
+    tpk_free(ctx, last);
+    tpk_free(ctx, owned);
+    tpk_free(ctx, mem);
+    tpk_free(ctx, W.t_entry);
+    tpk_free(ctx, W.sm);
+    tpk_free(ctx, W.nodeof);
+    tpk_free(ctx, W.val);
+    return st;
+}

@@ -1,0 +1,381 @@
+/* Entrywise plans (netsor/ewplan.c, docs/orchestration.md §7): random entrywise programs — maps
+ * V_φ of several φ over random PSD leaves, sums with per-index weights and bias blocks, shared
+ * arguments — run by the naive and the optimal plan against a reference that evaluates every
+ * node as a whole matrix by the library's symmetric maps (tpk_gauss_map_affine, tiled, another
+ * code path) and plain loops; the two plans agree bit for bit (the same arithmetic per entry in
+ * another grouping of kernels); the optimal plan's predicted cost is at most the naive one's
+ * (both are plans of one model); errors name the statement; TPK_PLAN is parsed strictly; and
+ * through the evaluator, the shipped MLP programs give the same kernel under both plans and the
+ * unrolled evaluator. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tpk/tpk.h"
+#include "tpk/job.h"
+#include "../netsor/ewplan-impl.h"
+#include "support/testutil.h"
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull); /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double unif(uint64_t *s)
+{
+    return (double)(rng_next(s) >> 11) * 0x1p-53;
+}
+
+/* A random PSD n×n matrix: the Gram of n random vectors of dimension r, scaled. */
+static double *random_psd(size_t n, size_t r, uint64_t *s)
+{
+    double *X = malloc(n * r * sizeof *X), *M = malloc(n * n * sizeof *M);
+    for (size_t i = 0; i < n * r; i++)
+        X[i] = 2 * unif(s) - 1;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            double acc = 0;
+            for (size_t q = 0; q < r; q++)
+                acc += X[i * r + q] * X[j * r + q];
+            M[i * n + j] = acc / (double)r;
+        }
+    free(X);
+    return M;
+}
+
+typedef struct prog {
+    size_t n;
+    long m;
+    int nn;
+    nsr_ew_node node[24];
+    double *mem[24];   /* leaves' matrices; the reference's full matrices of the others */
+    double *diag[24];
+    double *w[24][NSR_EW_MAXT];
+    double *s[24][NSR_EW_MAXT];
+} prog;
+
+static void prog_free(prog *P)
+{
+    for (int k = 0; k < P->nn; k++) {
+        free(P->mem[k]);
+        free(P->diag[k]);
+        for (int t = 0; t < NSR_EW_MAXT; t++) {
+            free(P->w[k][t]);
+            free(P->s[k][t]);
+        }
+    }
+}
+
+/* The reference: node k as a whole symmetric matrix from its arguments' (tpk_gauss_map_affine
+ * for maps, loops for sums), and its diagonal from that matrix. */
+static void reference(prog *P, int k, const tpk_gauss_ws *ws)
+{
+    size_t n = P->n, mm = (size_t)P->m;
+    nsr_ew_node *nd = &P->node[k];
+    double *M = malloc(n * n * sizeof *M);
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    if (nd->op == NSR_EW_PHI) {
+        assert_int_equal(tpk_gauss_map_affine(nd->phi, P->mem[nd->arg], n, nd->alpha, nd->beta, M,
+                                              ws, NULL, &ctx), TPK_OK);
+    } else {
+        for (size_t a = 0; a < n; a++)
+            for (size_t c = 0; c < n; c++) {
+                double y = 0;
+                for (int t = 0; t < nd->nt; t++) {
+                    const nsr_ew_term *T = &nd->t[t];
+                    double w = T->w ? T->w[a] * T->w[c] : 1.0;
+                    double x = T->arg >= 0 ? P->mem[T->arg][a * n + c]
+                                           : (a % mm == c % mm ? T->s[a % mm] : 0.0);
+                    y += T->c * w * x;
+                }
+                M[a * n + c] = y;
+            }
+    }
+    P->mem[k] = M;
+}
+
+static const char *const PHIS[] = {"relu", "erf", "tanh", "gelu", "step", "sin"};
+
+/* A random program of nn nodes over 1–3 leaves; the last node is the root. */
+static void random_prog(prog *P, uint64_t seed, size_t n, long m, int nn,
+                        const tpk_phi_registry *reg, tpk_phi **phis, const tpk_gauss_ws *ws)
+{
+    uint64_t s = seed;
+    memset(P, 0, sizeof *P);
+    P->n = n;
+    P->m = m;
+    P->nn = nn;
+    int leaves = 1 + (int)(rng_next(&s) % 3);
+    (void)reg;
+    for (int k = 0; k < nn; k++) {
+        nsr_ew_node *nd = &P->node[k];
+        nd->line = 10 + k;
+        nd->col = 1;
+        snprintf(nd->name, sizeof nd->name, "n%d", k);
+        if (k < leaves) {
+            nd->op = NSR_EW_LEAF;
+            P->mem[k] = random_psd(n, 3 + (size_t)k, &s);
+            nd->M = P->mem[k];
+        } else if (rng_next(&s) % 2) {
+            nd->op = NSR_EW_PHI;
+            nd->arg = (int)(rng_next(&s) % (unsigned)k);
+            nd->phi = phis[rng_next(&s) % (sizeof PHIS / sizeof PHIS[0])];
+            nd->alpha = 0.5 + unif(&s);
+            nd->beta = unif(&s) < 0.5 ? 0.0 : 0.2 * unif(&s);
+        } else {
+            nd->op = NSR_EW_SUM;
+            nd->nt = 1 + (int)(rng_next(&s) % 3);
+            for (int t = 0; t < nd->nt; t++) {
+                nsr_ew_term *T = &nd->t[t];
+                T->c = 0.3 + unif(&s);
+                if (t > 0 && rng_next(&s) % 3 == 0) { /* a bias block */
+                    T->arg = -1;
+                    P->s[k][t] = malloc((size_t)m * sizeof(double));
+                    for (long p = 0; p < m; p++)
+                        P->s[k][t][p] = unif(&s);
+                    T->s = P->s[k][t];
+                } else {
+                    T->arg = (int)(rng_next(&s) % (unsigned)k);
+                }
+                if (rng_next(&s) % 2) { /* LayerNorm-like per-index weights */
+                    P->w[k][t] = malloc(n * sizeof(double));
+                    for (size_t i = 0; i < n; i++)
+                        P->w[k][t][i] = 0.5 + unif(&s);
+                    T->w = P->w[k][t];
+                }
+            }
+            if (nd->t[0].arg < 0)
+                nd->t[0].arg = 0;
+        }
+        if (k >= leaves)
+            reference(P, k, ws);
+        P->diag[k] = malloc(n * sizeof(double));
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        assert_int_equal(nsr_ew_diag(P->node, k, n, m, ws, "t.nsr", P->diag[k], NULL, &ctx),
+                         TPK_OK);
+        nd->diag = P->diag[k];
+    }
+}
+
+static void test_random_programs(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_gauss_ws *ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, &ctx);
+    tpk_phi *phis[sizeof PHIS / sizeof PHIS[0]];
+    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
+        assert_non_null(phis[i] = tpk_phi_alloc(reg, PHIS[i], &ctx));
+    int fused = 0, total = 0;
+    for (int r = 0; r < 40; r++) {
+        size_t n = r % 4 == 0 ? 300 : 37 + (size_t)r; /* odd sizes; one beyond a segment */
+        long m = r % 5 == 1 ? 3 : 1;
+        n -= n % (size_t)m;
+        prog P;
+        random_prog(&P, 1000 + (uint64_t)r, n, m, 4 + r % 12, reg, phis, ws);
+        int root = P.nn - 1;
+        if (P.node[root].op == NSR_EW_LEAF) {
+            prog_free(&P);
+            continue;
+        }
+        double *out[2];
+        nsr_ew_stats st[2];
+        for (int k = 0; k < 2; k++) {
+            out[k] = malloc(n * n * sizeof(double));
+            double err = -1;
+            /* one fixed model for both plans (sampled times would differ run to run) */
+            nsr_ew_calib cal = {1, 1e-10, 1e-10, 3e-10, 2e-6, 1, 1e-10};
+            int rc = nsr_ew_eval(P.node, P.nn, root, n, m, k ? NSR_PLAN_OPTIMAL : NSR_PLAN_NAIVE,
+                                 ws, &cal, "t.nsr", NULL, out[k], &err, &st[k], &ctx);
+            if (rc != TPK_OK)
+                fail_msg("program %d, plan %d: %s", r, k, ctx.msg);
+            assert_true(err >= 0);
+        }
+        /* the plans: the same numbers; the optimum no dearer than one kernel a primitive */
+        for (size_t a = 0; a < n; a++)
+            assert_memory_equal(out[0] + a * n, out[1] + a * n, (a + 1) * sizeof(double));
+        assert_true(st[1].predicted_s <= st[0].predicted_s * (1 + 1e-9));
+        assert_int_equal(st[0].nkernels, st[0].nprims - (st[0].nprims - st[0].nkernels));
+        assert_int_equal(st[0].fused, 0);
+        fused += st[1].fused;
+        total++;
+        /* against the reference, entry by entry (lower triangle) */
+        const double *R = P.mem[root];
+        double scale = 0;
+        for (size_t i = 0; i < n * n; i++)
+            scale = fmax(scale, fabs(R[i]));
+        for (size_t a = 0; a < n; a++)
+            for (size_t c = 0; c <= a; c++)
+                if (fabs(out[1][a * n + c] - R[a * n + c]) > 1e-12 * (scale + 1))
+                    fail_msg("program %d (n %zu, m %ld): entry (%zu,%zu) %.17g, reference %.17g", r,
+                             n, m, a, c, out[1][a * n + c], R[a * n + c]);
+        for (size_t a = 0; a < n; a++)
+            assert_true(fabs(P.diag[root][a] - R[a * n + a]) <= 1e-12 * (scale + 1));
+        free(out[0]);
+        free(out[1]);
+        prog_free(&P);
+    }
+    assert_true(total >= 30);
+    assert_true(fused > 0); /* the optimum fuses somewhere */
+    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
+        tpk_phi_free(phis[i]);
+    tpk_gauss_ws_free(ws);
+    tpk_phi_registry_free(reg);
+}
+
+/* A map over a leaf that is not PSD: the error names the map's statement, and nothing else. */
+static void test_errors(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_phi *relu = tpk_phi_alloc(reg, "relu", &ctx);
+    size_t n = 4;
+    double M[16] = {1, 0, 0, 0, 3, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}; /* k = 3 > √(1·1) */
+    double d[4] = {1, 1, 1, 1}, dm[4], out[16];
+    nsr_ew_node nd[2];
+    memset(nd, 0, sizeof nd);
+    nd[0].op = NSR_EW_LEAF;
+    nd[0].M = M;
+    nd[0].diag = d;
+    nd[1].op = NSR_EW_PHI;
+    nd[1].arg = 0;
+    nd[1].phi = relu;
+    nd[1].alpha = 1;
+    nd[1].line = 7;
+    nd[1].col = 3;
+    assert_int_equal(nsr_ew_diag(nd, 1, n, 1, NULL, "p.nsr", dm, NULL, &ctx), TPK_OK);
+    nd[1].diag = dm;
+    for (int plan = NSR_PLAN_NAIVE; plan <= NSR_PLAN_OPTIMAL; plan++) {
+        tpk_ctx_clear(&ctx);
+        assert_int_equal(nsr_ew_eval(nd, 2, 1, n, 1, plan, NULL, NULL, "p.nsr", NULL, out, NULL,
+                                     NULL, &ctx), TPK_EDOM);
+        if (!strstr(ctx.msg, "p.nsr:7:3: ")) fail_msg("%s", ctx.msg);
+        assert_non_null(strstr(ctx.msg, "(1,0)"));
+    }
+    tpk_ctx_clear(&ctx);
+    assert_int_equal(nsr_ew_eval(nd, 2, 0, n, 1, NSR_PLAN_OPTIMAL, NULL, NULL, "p.nsr", NULL, out,
+                                 NULL, NULL, &ctx), TPK_EINVAL);
+    tpk_phi_free(relu);
+    tpk_phi_registry_free(reg);
+}
+
+static void test_plan_env(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    int plan = 0;
+    unsetenv("TPK_PLAN");
+    assert_int_equal(nsr_plan_from_env(&plan, &ctx), TPK_OK);
+    assert_int_equal(plan, NSR_PLAN_OPTIMAL);
+    setenv("TPK_PLAN", "naive", 1);
+    assert_int_equal(nsr_plan_from_env(&plan, &ctx), TPK_OK);
+    assert_int_equal(plan, NSR_PLAN_NAIVE);
+    setenv("TPK_PLAN", "optimal", 1);
+    assert_int_equal(nsr_plan_from_env(&plan, &ctx), TPK_OK);
+    assert_int_equal(plan, NSR_PLAN_OPTIMAL);
+    setenv("TPK_PLAN", "fastest", 1);
+    assert_int_equal(nsr_plan_from_env(&plan, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "TPK_PLAN=fastest"));
+    unsetenv("TPK_PLAN");
+}
+
+/* Through the evaluator: the shipped MLP programs (plain, LayerNorm, residual, both) under both
+ * plans and the unrolled evaluator, and the plan's report. */
+static void test_programs(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *file;
+        const char *sets[4];
+    } cases[] = {
+        {"programs/mlp.nsr", {"L=4", "phi=erf", "sigma_b2=0.3", NULL}},
+        {"programs/mlp-ln.nsr", {"L=3", "phi=tanh", "sigma_b2=0.2", NULL}},
+        {"programs/mlp-residual.nsr", {"L=5", "alpha=0.6", "sigma_b2=0.1", NULL}},
+        {"programs/mlp-ln-residual.nsr", {"L=4", "phi=gelu", "alpha=0.7", "sigma_b2=0.05"}},
+    };
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    size_t N = 23, d = 5;
+    tpk_array *X = tpk_array_alloc2(N, d, &ctx);
+    uint64_t s = 7;
+    for (size_t i = 0; i < N * d; i++)
+        X->data[i] = 2 * unif(&s) - 1;
+    X->data[3 * d + 1] = 0; /* and one input twice */
+    memcpy(X->data + 9 * d, X->data + 4 * d, d * sizeof(double));
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tpk_param_set sets[4];
+        int ns = 0;
+        for (; ns < 4 && cases[c].sets[ns]; ns++) {
+            const char *eq = strchr(cases[c].sets[ns], '=');
+            static char names[4][32];
+            snprintf(names[ns], sizeof names[ns], "%.*s", (int)(eq - cases[c].sets[ns]),
+                     cases[c].sets[ns]);
+            sets[ns].name = names[ns];
+            sets[ns].value = eq + 1;
+        }
+        tpk_netsor_opts o = {.sets = sets, .nsets = ns};
+        tpk_program *p = tpk_netsor_load_file(cases[c].file, &o, reg, &ctx);
+        if (p == NULL)
+            fail_msg("%s: %s", cases[c].file, ctx.msg);
+        tpk_array *K[3] = {NULL, NULL, NULL};
+        char *rep = NULL;
+        size_t replen = 0;
+        FILE *f = open_memstream(&rep, &replen);
+        assert_int_equal(tpk_netsor_kernel_plan(p, X, 0, TPK_PLAN_NAIVE, NULL, &K[0], NULL, &ctx),
+                         TPK_OK);
+        assert_int_equal(tpk_netsor_kernel_plan(p, X, 0, TPK_PLAN_OPTIMAL, f, &K[1], NULL, &ctx),
+                         TPK_OK);
+        fclose(f);
+        setenv("TPK_NETSOR_FORM", "unrolled", 1);
+        assert_int_equal(tpk_netsor_kernel(p, X, 0, &K[2], NULL, &ctx), TPK_OK);
+        unsetenv("TPK_NETSOR_FORM");
+        double scale = 0;
+        for (size_t i = 0; i < N * N; i++)
+            scale = fmax(scale, fabs(K[2]->data[i]));
+        for (size_t i = 0; i < N * N; i++) {
+            assert_true(K[0]->data[i] == K[1]->data[i]);
+            if (fabs(K[1]->data[i] - K[2]->data[i]) > 1e-8 * scale)
+                fail_msg("%s: entry %zu: %.17g (rolled), %.17g (unrolled)", cases[c].file, i,
+                         K[1]->data[i], K[2]->data[i]);
+        }
+        /* the report: a plan with its kernels, predicted and measured */
+        if (!strstr(rep, "plan (optimal) of readout@")) fail_msg("%s", rep);
+        assert_non_null(strstr(rep, "  kernel 1: "));
+        assert_non_null(strstr(rep, "predicted"));
+        assert_non_null(strstr(rep, "measured"));
+        free(rep);
+        for (int k = 0; k < 3; k++)
+            tpk_array_free(K[k]);
+        tpk_program_free(p);
+    }
+    assert_int_equal(tpk_netsor_kernel_plan(NULL, X, 0, 3, NULL, NULL, NULL, &ctx), TPK_EINVAL);
+    tpk_array_free(X);
+    tpk_phi_registry_free(reg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_programs),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_plan_env),
+        cmocka_unit_test(test_programs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
