@@ -255,6 +255,7 @@ static tpk_instr *new_instr(elab *E, int op, int out, int line, int col)
 {
     tpk_program *p = E->p;
     if (p->ninstr >= NSR_MAX_INSTR) {
+        E->S->too_large = 1;
         nsr_error(E->S, TPK_EINVAL, line, col, "program too large after unrolling (%d instructions)",
                   p->ninstr);
         return NULL;
@@ -1352,8 +1353,10 @@ static int elab_softmax(elab *E, const nsr_expr *e, rbuf *out)
 
 static int elab_expr(elab *E, const nsr_expr *e, rbuf *out)
 {
-    if (++E->steps > NSR_MAX_STEPS * 4L)
+    if (++E->steps > NSR_MAX_STEPS * 4L) {
+        E->S->too_large = 1;
         return nsr_error(E->S, TPK_EINVAL, e->line, e->col, "program too large after unrolling");
+    }
     switch (e->kind) {
     case NSR_E_NUM:
         return rb_push(E, out, TPK_RPN_CONST, -1, e->num, NULL) ? oom(E) : TPK_OK;
@@ -1860,9 +1863,11 @@ static int record_params(elab *E)
 
 static int exec_stmt(elab *E, nsr_stmt *s)
 {
-    if (++E->steps > NSR_MAX_STEPS)
+    if (++E->steps > NSR_MAX_STEPS) {
+        E->S->too_large = 1;
         return nsr_error(E->S, TPK_EINVAL, s->line, s->col,
                          "program too large after unrolling (more than %d statements)", NSR_MAX_STEPS);
+    }
     switch (s->kind) {
     case NSR_S_PARAM:
         return exec_param(E, s);
@@ -1917,9 +1922,11 @@ static int exec_stmt(elab *E, nsr_stmt *s)
             return TPK_ETYPE;
         E->have[s->fam] = 1;
         for (long t = lo; t <= hi; t++) {
-            if (++E->steps > NSR_MAX_STEPS)
+            if (++E->steps > NSR_MAX_STEPS) {
+                E->S->too_large = 1;
                 return nsr_error(E->S, TPK_EINVAL, s->line, s->col,
                                  "program too large after unrolling (more than %d steps)", NSR_MAX_STEPS);
+            }
             E->num[s->fam] = (double)t;
             int st = exec_block(E, s->body, s->nbody);
             if (st)

@@ -18,13 +18,16 @@
 /* Row segments a kernel maps at once: every primitive's segment stays in L1 (2 KiB each). */
 #define SEG 256
 /* Primitives per candidate kernel (their segments are on the stack: SEG·8 bytes each). */
-#define MAX_FUSE 8
+#define MAX_FUSE 16
 /* Below this many entries the model's memory constants are not measured (the passes would cost
  * more than they inform): the defaults below stand in. */
 #define CALIB_MIN_ENTRIES ((size_t)1 << 18)
 /* Candidates beyond this make the enumeration and the BLP cost more than they save; the plan is
  * then searched again with smaller kernels. */
 #define MAX_CANDS 60000
+/* Entries × primitives below which the run is too short for a plan to be worth solving (about
+ * 10 ms of maps on one core): the primitives run in order in runs of MAX_FUSE. */
+#define SMALL_WORK 4e6
 
 static int threads(void)
 {
@@ -163,8 +166,30 @@ typedef struct ew {
     double read_s, write_s, fault_s; /* per byte */
     double launch_s;
     nsr_ew_calib *cal;
+    int out_fresh;           /* the root's block is fresh pages (their first touch costs) */
     tpk_ctx *ctx;
 } ew;
+
+/* A sum that is one of its arguments: one term 1·x, every other a bias of variance 0 (an MLP's
+ * b ~ N(0, 0)). */
+static int is_identity(const nsr_ew_node *nd, long m)
+{
+    if (nd->op != NSR_EW_SUM)
+        return 0;
+    int terms = 0;
+    for (int t = 0; t < nd->nt; t++) {
+        const nsr_ew_term *T = &nd->t[t];
+        if (T->arg >= 0) {
+            if (T->c != 1.0 || T->w != NULL || terms++)
+                return 0;
+        } else {
+            for (long p = 0; p < m && T->c != 0.0; p++)
+                if (T->s[p] != 0.0)
+                    return 0;
+        }
+    }
+    return terms == 1;
+}
 
 static int lower(ew *W, tpk_orch_graph *g)
 {
@@ -192,6 +217,12 @@ static int lower(ew *W, tpk_orch_graph *g)
         if (!need[k])
             continue;
         int id = -1, args[NSR_EW_MAXT], na = 0;
+        if (k != W->root && is_identity(nd, W->m)) { /* x + 0: its readers read x */
+            for (int t = 0; t < nd->nt; t++)
+                if (nd->t[t].arg >= 0)
+                    W->val[k] = W->val[nd->t[t].arg];
+            continue;
+        }
         if (nd->op == NSR_EW_LEAF) {
             st = tpk_orch_graph_add_input(g, nd->name, &sh, &id, ctx);
         } else {
@@ -370,7 +401,8 @@ static int cost_fn(const tpk_orch_graph *g, const tpk_orch_kernel *k, void *arg,
         c += (double)W->E * W->t_entry[W->nodeof[k->prims[i]]];
     c += k->ninputs * B * W->read_s;
     for (int i = 0; i < k->noutputs; i++) /* the root goes to the caller's block */
-        c += B * (W->write_s + (W->nodeof[k->outputs[i]] == W->root ? 0.0 : W->fault_s));
+        c += B * (W->write_s +
+                  (W->nodeof[k->outputs[i]] != W->root || W->out_fresh ? W->fault_s : 0.0));
     *cost = c;
     return TPK_OK;
 }
@@ -412,14 +444,83 @@ static void run_kernel(ew *W, const tpk_orch_kernel *K, double *const *mem)
                         a[t] = q >= 0 ? buf[q] : mem[v] + i * n + j0;
                     }
                     node_seg(nd, W->sm[loc[p]], i, j0, len, W->m, a, buf[p], &acc);
+                }
+                /* stored once every primitive has read the segment: an output may then
+                 * overwrite an input's (out aliasing a leaf, nsr_ew_eval) */
+                for (int p = 0; p < K->nprims; p++)
                     if (isout[p])
                         memcpy(mem[K->prims[p]] + i * n + j0, buf[p], len * sizeof(double));
-                }
             }
         for (int p = 0; p < K->nprims; p++)
             if (W->node[loc[p]].op == NSR_EW_PHI)
                 tpk_gauss_segmap_merge(W->sm[loc[p]], acc.maxr, acc.errmax);
     }
+}
+
+/* The values value v reads (its node's arguments, as values); returns their count. */
+static int value_args(const ew *W, int v, int *a)
+{
+    const nsr_ew_node *nd = &W->node[W->nodeof[v]];
+    int na = 0;
+    if (nd->op == NSR_EW_PHI)
+        a[na++] = W->val[nd->arg];
+    for (int t = 0; nd->op == NSR_EW_SUM && t < nd->nt; t++)
+        if (nd->t[t].arg >= 0)
+            a[na++] = W->val[nd->t[t].arg];
+    return na;
+}
+
+/* The plan of small programs, where solving costs more than any plan saves: the primitives in
+ * graph order cut into runs of MAX_FUSE (a run of a topological order is convex), each run one
+ * kernel that writes what later runs read and the root. k: one per run (nv); pool: nv·(nv + 3)
+ * ints for their lists. Returns the number of runs. */
+static int interval_plan(const ew *W, int rootv, tpk_orch_kernel *k, int *pool)
+{
+    int nk = 0, a[NSR_EW_MAXT];
+    for (int v = 0; v < W->nv;) {
+        if (W->node[W->nodeof[v]].op == NSR_EW_LEAF) {
+            v++;
+            continue;
+        }
+        int *pr = pool, np = 0;
+        for (; v < W->nv && np < MAX_FUSE; v++)
+            if (W->node[W->nodeof[v]].op != NSR_EW_LEAF)
+                pr[np++] = v;
+        int *in = pr + np, ni = 0;
+        for (int i = 0; i < np; i++) {
+            int na = value_args(W, pr[i], a);
+            for (int j = 0; j < na; j++) {
+                int dup = 0;
+                for (int q = 0; q < np && !dup; q++)
+                    dup = pr[q] == a[j];
+                for (int q = 0; q < ni && !dup; q++)
+                    dup = in[q] == a[j];
+                if (!dup)
+                    in[ni++] = a[j];
+            }
+        }
+        int *out = in + ni, no = 0;
+        for (int i = 0; i < np; i++) {
+            int later = pr[i] == rootv;
+            for (int u = v; u < W->nv && !later; u++) {
+                int na = value_args(W, u, a);
+                for (int j = 0; j < na; j++)
+                    later |= a[j] == pr[i];
+            }
+            if (later)
+                out[no++] = pr[i];
+        }
+        memset(&k[nk], 0, sizeof k[nk]);
+        k[nk].prims = pr;
+        k[nk].nprims = np;
+        k[nk].inputs = in;
+        k[nk].ninputs = ni;
+        k[nk].outputs = out;
+        k[nk].noutputs = no;
+        nk++;
+        pool = out + no;
+    }
+    return nk;
 }
 
 static int search(ew *W, const tpk_orch_graph *g, int plan, tpk_orch_cands **cp,
@@ -469,19 +570,71 @@ static void report_kernel(FILE *f, const ew *W, int i, const tpk_orch_kernel *K,
     fprintf(f, " | predicted %.4f s, measured %.4f s\n", K->cost, measured);
 }
 
-int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int plan,
+/* A copy of the program with each sum x + b (m = 1: b a constant) whose x is a map read by it
+ * alone folded into that map's β: an MLP layer W·φ(g) + b is one primitive, not two. */
+static nsr_ew_node *fold_biases(const nsr_ew_node *in, int nn, int root, long m, tpk_ctx *ctx)
+{
+    nsr_ew_node *nd = tpk_calloc(ctx, (size_t)nn, sizeof *nd);
+    int *readers = tpk_calloc(ctx, (size_t)nn, sizeof *readers);
+    if (nd == NULL || readers == NULL) {
+        tpk_free(ctx, nd);
+        tpk_free(ctx, readers);
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return NULL;
+    }
+    memcpy(nd, in, (size_t)nn * sizeof *nd);
+    for (int k = 0; k < nn; k++) {
+        if (in[k].op == NSR_EW_PHI)
+            readers[in[k].arg]++;
+        for (int t = 0; in[k].op == NSR_EW_SUM && t < in[k].nt; t++)
+            if (in[k].t[t].arg >= 0)
+                readers[in[k].t[t].arg]++;
+    }
+    for (int k = 0; m == 1 && k < nn; k++) {
+        const nsr_ew_node *x = &in[k];
+        int arg = -1, ok = x->op == NSR_EW_SUM;
+        double beta = 0;
+        for (int t = 0; ok && t < x->nt; t++) {
+            const nsr_ew_term *T = &x->t[t];
+            if (T->arg >= 0) {
+                ok = arg < 0 && T->c == 1.0 && T->w == NULL;
+                arg = T->arg;
+            } else {
+                ok = T->w == NULL;
+                beta += T->c * T->s[0];
+            }
+        }
+        if (!ok || arg < 0 || nd[arg].op != NSR_EW_PHI || readers[arg] != 1 || arg == root)
+            continue;
+        const double *diag = nd[k].diag;
+        char name[sizeof nd[k].name];
+        memcpy(name, nd[k].name, sizeof name);
+        nd[k] = nd[arg];
+        nd[k].beta += beta;
+        nd[k].diag = diag; /* the sum's: the map's plus β */
+        memcpy(nd[k].name, name, sizeof name);
+    }
+    tpk_free(ctx, readers);
+    return nd;
+}
+
+int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, int plan,
                 const tpk_gauss_ws *ws, nsr_ew_calib *cal, const char *file, FILE *report,
-                double *out, double *err, nsr_ew_stats *stats, tpk_ctx *ctx)
+                double *out, int out_fresh, double *err, nsr_ew_stats *stats, tpk_ctx *ctx)
 {
     if (err)
         *err = 0.0;
     if (stats)
         memset(stats, 0, sizeof *stats);
-    if (root < 0 || root >= nn || node[root].op == NSR_EW_LEAF || m < 1 || n % (size_t)m)
+    if (root < 0 || root >= nn || node_in[root].op == NSR_EW_LEAF || m < 1 || n % (size_t)m)
         return TPK_ERROR(ctx, TPK_EINVAL, "nsr_ew_eval: root %d of %d is not a map or a sum", root,
                          nn);
     if (n == 0)
         return TPK_OK;
+    nsr_ew_node *folded = fold_biases(node_in, nn, root, m, ctx);
+    if (folded == NULL)
+        return ctx->status;
+    const nsr_ew_node *node = folded;
     ew W;
     memset(&W, 0, sizeof W);
     W.node = node;
@@ -495,6 +648,7 @@ int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int
     nsr_ew_calib local;
     memset(&local, 0, sizeof local);
     W.cal = cal ? cal : &local;
+    W.out_fresh = out_fresh;
     const double t0 = tpk_wall_seconds();
     W.val = tpk_calloc(ctx, (size_t)nn, sizeof *W.val);
     W.nodeof = tpk_calloc(ctx, (size_t)nn, sizeof *W.nodeof);
@@ -514,8 +668,25 @@ int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int
         if (W.val[k] >= 0 && node[k].op == NSR_EW_PHI &&
             (W.sm[k] = tpk_gauss_segmap_alloc(node[k].phi, node[node[k].arg].diag, n, ws, ctx)) == NULL)
             st = named(ctx, ctx->status, file, &node[k]);
+    /* the whole program in one kernel, where it fits one: computes each primitive once, reads
+     * each leaf once and writes only the root, so no plan costs less under the model (§7) —
+     * the model and the BLP are then only needed for a report */
+    int nprims = 0;
+    for (int v = 0; v < W.nv; v++)
+        nprims += node[W.nodeof[v]].op != NSR_EW_LEAF;
+    /* and small programs: the runs of interval_plan, no model, no BLP */
+    const int single = plan == NSR_PLAN_OPTIMAL &&
+                       (nprims <= MAX_FUSE || (double)W.E * nprims < SMALL_WORK);
+    const int model = report != NULL || stats != NULL || !single;
     const double t1 = tpk_wall_seconds();
-    if (st == TPK_OK) {
+    if (st == TPK_OK && !model) { /* fixed constants: no measurement (nothing reads them) */
+        nsr_ew_calib fixed = {1, 1e-10, 1e-10, 3e-10, 2e-5, 1, 1e-10};
+        nsr_ew_calib *keep = W.cal;
+        W.cal = &fixed;
+        calibrate_memory(&W);
+        calibrate_compute(&W);
+        W.cal = keep;
+    } else if (st == TPK_OK) {
         calibrate_memory(&W);
         calibrate_compute(&W);
         /* the sampled rows went through the maps: their statistics start afresh below */
@@ -528,13 +699,35 @@ int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int
             }
     }
     const double t2 = tpk_wall_seconds();
-    if (st == TPK_OK)
-        st = search(&W, g, plan, &c, &p);
+    /* the kernels to run, in order: the plan's, or the one kernel of everything */
+    int nk = 0, *pool = NULL, rootv = st == TPK_OK ? W.val[root] : -1;
+    const tpk_orch_kernel **ks = NULL;
+    tpk_orch_kernel *runs = NULL;
+    double pcost = 0;
+    if (st == TPK_OK && single && !model) {
+        pool = tpk_calloc(ctx, (size_t)W.nv * ((size_t)W.nv + 3) + 1, sizeof *pool);
+        runs = tpk_calloc(ctx, (size_t)W.nv + 1, sizeof *runs);
+        ks = tpk_calloc(ctx, (size_t)W.nv + 1, sizeof *ks);
+        if (pool == NULL || runs == NULL || ks == NULL)
+            st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        int nr = st == TPK_OK ? interval_plan(&W, rootv, runs, pool) : 0;
+        for (int q = 0; q < nr; q++) {
+            cost_fn(g, &runs[q], &W, &runs[q].cost, ctx);
+            pcost += runs[q].cost;
+            ks[nk++] = &runs[q];
+        }
+    } else if (st == TPK_OK && (st = search(&W, g, plan, &c, &p)) == TPK_OK) {
+        if ((ks = tpk_calloc(ctx, (size_t)p->nkernels + 1, sizeof *ks)) == NULL)
+            st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        for (int q = 0; st == TPK_OK && q < p->nkernels; q++)
+            ks[nk++] = tpk_orch_cands_get(c, p->kernels[q]);
+        pcost = st == TPK_OK ? p->cost : 0;
+    }
     const double t3 = tpk_wall_seconds();
     if (st == TPK_OK && report)
         fprintf(report, "plan (%s) of %s: %d primitives, %d candidates, %d kernels\n",
                 plan == NSR_PLAN_NAIVE ? "naive" : "optimal", node[root].name,
-                tpk_orch_graph_nvalues(g), tpk_orch_cands_count(c), p->nkernels);
+                tpk_orch_graph_nvalues(g), c ? tpk_orch_cands_count(c) : 1, nk);
     /* the last kernel (position) that reads each value: written blocks are freed after it */
     int *last = st == TPK_OK ? tpk_calloc(ctx, (size_t)W.nv, sizeof *last) : NULL;
     if (st == TPK_OK && last == NULL)
@@ -544,15 +737,13 @@ int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int
         if (node[W.nodeof[v]].op == NSR_EW_LEAF)
             mem[v] = (double *)node[W.nodeof[v]].M; /* read only */
     }
-    for (int q = 0; st == TPK_OK && q < p->nkernels; q++) {
-        const tpk_orch_kernel *K = tpk_orch_cands_get(c, p->kernels[q]);
-        for (int i = 0; i < K->ninputs; i++)
-            last[K->inputs[i]] = q;
-    }
+    for (int q = 0; st == TPK_OK && q < nk; q++)
+        for (int i = 0; i < ks[q]->ninputs; i++)
+            last[ks[q]->inputs[i]] = q;
     double measured = 0;
     int fused = 0;
-    for (int q = 0; st == TPK_OK && q < p->nkernels; q++) {
-        const tpk_orch_kernel *K = tpk_orch_cands_get(c, p->kernels[q]);
+    for (int q = 0; st == TPK_OK && q < nk; q++) {
+        const tpk_orch_kernel *K = ks[q];
         fused += K->nprims > 1;
         const double k0 = tpk_wall_seconds();
         for (int i = 0; i < K->noutputs && st == TPK_OK; i++) {
@@ -594,14 +785,14 @@ int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int
         *err = emax;
     if (st == TPK_OK && report)
         fprintf(report, "  predicted %.4f s, measured %.4f s (%d of %d kernels fused; model "
-                "calibrated in %.4f s, candidates and solve %.4f s)\n", p->cost, measured, fused,
-                p->nkernels, t2 - t1, t3 - t2);
+                "calibrated in %.4f s, candidates and solve %.4f s)\n", pcost, measured, fused,
+                nk, t2 - t1, t3 - t2);
     if (st == TPK_OK && stats) {
         stats->nprims = W.nv;
-        stats->ncands = tpk_orch_cands_count(c);
-        stats->nkernels = p->nkernels;
+        stats->ncands = c ? tpk_orch_cands_count(c) : 1;
+        stats->nkernels = nk;
         stats->fused = fused;
-        stats->predicted_s = p->cost;
+        stats->predicted_s = pcost;
         stats->measured_s = measured;
         stats->calib_s = t2 - t1;
         stats->solve_s = t3 - t2;
@@ -615,6 +806,9 @@ int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int
     tpk_orch_plan_free(p);
     tpk_orch_cands_free(c);
     tpk_orch_graph_free(g);
+    tpk_free(ctx, ks);
+    tpk_free(ctx, runs);
+    tpk_free(ctx, pool);
     tpk_free(ctx, last);
     tpk_free(ctx, owned);
     tpk_free(ctx, mem);
@@ -622,5 +816,6 @@ int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int
     tpk_free(ctx, W.sm);
     tpk_free(ctx, W.nodeof);
     tpk_free(ctx, W.val);
+    tpk_free(ctx, folded);
     return st;
 }

@@ -691,7 +691,7 @@ static const double *block_mean(fl *F, int k)
     return b->mean;
 }
 
-static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double *out);
+static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double **out);
 
 /* Second moments of block k, (N m)². */
 static const double *block_m2(fl *F, int k)
@@ -1755,8 +1755,9 @@ done:
 }
 
 /* Run the entrywise program under pending block k (ewplan-impl.h): with phi NULL, k's matrix (k
- * is no longer pending); else out (lower triangle) = alpha·V_φ(k) + beta, k left pending. */
-static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double *out)
+ * is no longer pending); else *out (lower triangle) = alpha·V_φ(k) + beta, k left pending —
+ * where *out was a block of the caller's allocator that may be replaced (freed) by a leaf's. */
+static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double **out)
 {
     size_t n = F->N * (size_t)F->b[k].m;
     int cap = F->nb + 1, nn = 0, st;
@@ -1820,6 +1821,13 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
         nd[root].diag = dphi;
     }
     double *M = NULL;
+    int fresh = 1, donor = -1;
+    if (st == TPK_OK && phi != NULL && F->X.cur == F->X.R->nfi && F->final_out != NULL)
+        /* the readout at the end, nothing read after it: the result may go over a leaf's
+         * matrix (each entry is read before it is written), no fresh block for the kernel */
+        for (int i = 0; i < nn && donor < 0; i++)
+            if (nd[i].op == NSR_EW_LEAF && F->b[ids[i]].M2 == nd[i].M && F->b[ids[i]].m == F->b[k].m)
+                donor = ids[i];
     if (st == TPK_OK && phi == NULL && (M = fl_big(F, n * n, sizeof *M, 0)) == NULL)
         st = F->X.ctx->status;
     for (int i = 0; st == TPK_OK && i < nn; i++)
@@ -1828,8 +1836,15 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
     double e = 0;
     if (st == TPK_OK)
         st = nsr_ew_eval(nd, nn, root, n, F->b[k].m, F->plan_kind, F->ws, &F->cal,
-                         F->X.R->file, F->plan_report, phi ? out : M, &e, NULL, F->X.ctx);
+                         F->X.R->file, F->plan_report,
+                         donor >= 0 ? F->b[donor].M2 : phi ? *out : M, donor < 0 && fresh, &e,
+                         NULL, F->X.ctx);
     tpk_free(F->X.ctx, dphi);
+    if (st == TPK_OK && donor >= 0) { /* the kernel is the leaf's matrix now */
+        tpk_free(F->X.ctx, *out);
+        *out = F->b[donor].M2;
+        F->b[donor].M2 = NULL;
+    }
     if (st == TPK_OK) {
         F->err = fmax(F->err, e);
         if (phi == NULL) {
@@ -4031,7 +4046,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 const fblock *bx = &F->b[a->v.t[0].blk];
                 st = ensure_ws_for(F, bx->phi);
                 if (st == TPK_OK)
-                    st = ew_flush(F, bx->arg, bx->phi, a->var, a->bias_var, Kout->data);
+                    st = ew_flush(F, bx->arg, bx->phi, a->var, a->bias_var, &Kout->data);
                 if (st == TPK_OK)
                     mirror(Kout->data, dim);
                 break;

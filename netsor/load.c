@@ -51,17 +51,27 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
         return NULL;
     }
     tpk_program *p = NULL;
-    if (!keep || estimate <= NSR_UNROLL_ESTIMATE) {
+    int unrolled = !keep || estimate <= NSR_UNROLL_ESTIMATE;
+    if (unrolled) {
+        S->too_large = 0;
         p = nsr_elaborate(S, ast, C);
-        if (p == NULL) {
+        if (p == NULL && keep && S->too_large && S->ctx->status == TPK_EINVAL) {
+            /* the estimate fell short (a deep CNN on 28×28 images: every tap a statement), the
+             * unrolled form does not fit: the rolled one alone is kept, as above the estimate */
+            tpk_ctx_clear(S->ctx);
+            S->failed = 0;
+            unrolled = 0;
+        } else if (p == NULL) {
             R->arena = NULL;
             nsr_rolled_free(R);
             tpk_program_free(pr);
             return NULL;
+        } else {
+            tpk_program_free(pr);
+            pr = NULL;
         }
-        tpk_program_free(pr);
-        pr = NULL;
-    } else {
+    }
+    if (!unrolled) {
         /* the unrolled elaborator's width rules, once per statement */
         if (nsr_roll_widths(C, R)) {
             R->arena = NULL;

@@ -46,6 +46,7 @@ typedef struct nsr_state {
     const tpk_netsor_opts *opts;
     const tpk_phi_registry *reg;
     int failed;
+    int too_large;     /* the unrolled elaboration stopped at its size limits (NSR_MAX_STEPS) */
     int set_value;        /* file is "prog.nsr: --set NAME=VALUE": positions are columns of VALUE */
 } nsr_state;
 

@@ -128,7 +128,7 @@ static void random_prog(prog *P, uint64_t seed, size_t n, long m, int nn,
             nd->M = P->mem[k];
         } else if (rng_next(&s) % 2) {
             nd->op = NSR_EW_PHI;
-            nd->arg = (int)(rng_next(&s) % (unsigned)k);
+            nd->arg = nn > 16 ? k - 1 : (int)(rng_next(&s) % (unsigned)k);
             nd->phi = phis[rng_next(&s) % (sizeof PHIS / sizeof PHIS[0])];
             nd->alpha = 0.5 + unif(&s);
             nd->beta = unif(&s) < 0.5 ? 0.0 : 0.2 * unif(&s);
@@ -154,8 +154,8 @@ static void random_prog(prog *P, uint64_t seed, size_t n, long m, int nn,
                     T->w = P->w[k][t];
                 }
             }
-            if (nd->t[0].arg < 0)
-                nd->t[0].arg = 0;
+            if (nd->t[0].arg < 0 || nn > 16) /* long programs: a chain with side branches */
+                nd->t[0].arg = nn > 16 ? k - 1 : 0;
         }
         if (k >= leaves)
             reference(P, k, ws);
@@ -178,19 +178,20 @@ static void test_random_programs(void **state)
     tpk_phi *phis[sizeof PHIS / sizeof PHIS[0]];
     for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
         assert_non_null(phis[i] = tpk_phi_alloc(reg, PHIS[i], &ctx));
-    int fused = 0, total = 0;
+    int fused = 0, total = 0, long_programs = 0;
     for (int r = 0; r < 40; r++) {
         size_t n = r % 4 == 0 ? 300 : 37 + (size_t)r; /* odd sizes; one beyond a segment */
         long m = r % 5 == 1 ? 3 : 1;
         n -= n % (size_t)m;
         prog P;
-        random_prog(&P, 1000 + (uint64_t)r, n, m, 4 + r % 12, reg, phis, ws);
+        /* the last programs are longer than one kernel's worth (MAX_FUSE = 16) */
+        random_prog(&P, 1000 + (uint64_t)r, n, m, r >= 34 ? 24 : 4 + r % 12, reg, phis, ws);
         int root = P.nn - 1;
         if (P.node[root].op == NSR_EW_LEAF) {
             prog_free(&P);
             continue;
         }
-        double *out[2];
+        double *out[3];
         nsr_ew_stats st[2];
         for (int k = 0; k < 2; k++) {
             out[k] = malloc(n * n * sizeof(double));
@@ -198,14 +199,23 @@ static void test_random_programs(void **state)
             /* one fixed model for both plans (sampled times would differ run to run) */
             nsr_ew_calib cal = {1, 1e-10, 1e-10, 3e-10, 2e-6, 1, 1e-10};
             int rc = nsr_ew_eval(P.node, P.nn, root, n, m, k ? NSR_PLAN_OPTIMAL : NSR_PLAN_NAIVE,
-                                 ws, &cal, "t.nsr", NULL, out[k], &err, &st[k], &ctx);
+                                 ws, &cal, "t.nsr", NULL, out[k], 1, &err, &st[k], &ctx);
             if (rc != TPK_OK)
                 fail_msg("program %d, plan %d: %s", r, k, ctx.msg);
             assert_true(err >= 0);
         }
+        /* and the plan of an unreported small run: no model, runs of the graph order (or one
+         * kernel) */
+        out[2] = malloc(n * n * sizeof(double));
+        if (nsr_ew_eval(P.node, P.nn, root, n, m, NSR_PLAN_OPTIMAL, ws, NULL, "t.nsr", NULL, out[2],
+                        1, NULL, NULL, &ctx) != TPK_OK)
+            fail_msg("program %d, unreported: %s", r, ctx.msg);
         /* the plans: the same numbers; the optimum no dearer than one kernel a primitive */
-        for (size_t a = 0; a < n; a++)
+        for (size_t a = 0; a < n; a++) {
             assert_memory_equal(out[0] + a * n, out[1] + a * n, (a + 1) * sizeof(double));
+            assert_memory_equal(out[0] + a * n, out[2] + a * n, (a + 1) * sizeof(double));
+        }
+        long_programs += st[0].nkernels > 16; /* naive: one kernel a primitive */
         assert_true(st[1].predicted_s <= st[0].predicted_s * (1 + 1e-9));
         assert_int_equal(st[0].nkernels, st[0].nprims - (st[0].nprims - st[0].nkernels));
         assert_int_equal(st[0].fused, 0);
@@ -225,10 +235,12 @@ static void test_random_programs(void **state)
             assert_true(fabs(P.diag[root][a] - R[a * n + a]) <= 1e-12 * (scale + 1));
         free(out[0]);
         free(out[1]);
+        free(out[2]);
         prog_free(&P);
     }
     assert_true(total >= 30);
     assert_true(fused > 0); /* the optimum fuses somewhere */
+    assert_true(long_programs > 0);
     for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
         tpk_phi_free(phis[i]);
     tpk_gauss_ws_free(ws);
@@ -261,14 +273,14 @@ static void test_errors(void **state)
     nd[1].diag = dm;
     for (int plan = NSR_PLAN_NAIVE; plan <= NSR_PLAN_OPTIMAL; plan++) {
         tpk_ctx_clear(&ctx);
-        assert_int_equal(nsr_ew_eval(nd, 2, 1, n, 1, plan, NULL, NULL, "p.nsr", NULL, out, NULL,
-                                     NULL, &ctx), TPK_EDOM);
+        assert_int_equal(nsr_ew_eval(nd, 2, 1, n, 1, plan, NULL, NULL, "p.nsr", NULL, out, 0,
+                                     NULL, NULL, &ctx), TPK_EDOM);
         if (!strstr(ctx.msg, "p.nsr:7:3: ")) fail_msg("%s", ctx.msg);
         assert_non_null(strstr(ctx.msg, "(1,0)"));
     }
     tpk_ctx_clear(&ctx);
     assert_int_equal(nsr_ew_eval(nd, 2, 0, n, 1, NSR_PLAN_OPTIMAL, NULL, NULL, "p.nsr", NULL, out,
-                                 NULL, NULL, &ctx), TPK_EINVAL);
+                                 0, NULL, NULL, &ctx), TPK_EINVAL);
     tpk_phi_free(relu);
     tpk_phi_registry_free(reg);
 }

@@ -294,6 +294,25 @@ static void test_elaboration_scale(void **state)
     tpk_program_free(b);
 }
 
+/* A program whose unrolled size the estimate puts under the limit but whose unrolling passes it
+ * (cnn2d, depth 6 on 28×28: every tap a statement) loads rolled-only, as one above the estimate
+ * does; it failed to load before ("program too large after unrolling"). Depth 7, above the
+ * estimate, for comparison. */
+static void test_unrolled_past_the_estimate(void **state)
+{
+    const tu_phis *f = *state;
+    for (int L = 6; L <= 7; L++) {
+        char l[8];
+        snprintf(l, sizeof l, "%d", L);
+        tpk_param_set s[] = {{"L", l}, {"rows", "28"}, {"cols", "28"}};
+        tpk_program *p = load(f, "programs/cnn2d.nsr", s, 3);
+        assert_true(tpk_program_limit_rolled(p));
+        assert_int_equal(p->ninstr, 0);
+        assert_int_equal(p->noutputs, 784);
+        tpk_program_free(p);
+    }
+}
+
 /* Errors keep their position on the rolled form: a read past a family's members (found by the
  * plan, at T where only the rolled form is kept), softmax outside its range, and the grammar. */
 static void test_errors(void **state)
@@ -576,6 +595,7 @@ int main(void)
         cmocka_unit_test(test_shipped_programs),
         cmocka_unit_test(test_transformer_independent),
         cmocka_unit_test(test_elaboration_scale),
+        cmocka_unit_test(test_unrolled_past_the_estimate),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_operations),
         cmocka_unit_test(test_layer_in_place),
