@@ -38,6 +38,16 @@ static int threads(void)
 #endif
 }
 
+/* The first parallel region of a process starts its threads (about a millisecond): not part of
+ * what a calibration pass measures. */
+static void warm_threads(void)
+{
+    int x = 0;
+#pragma omp parallel reduction(+ : x)
+    x += 1;
+    (void)x;
+}
+
 int nsr_plan_from_env(int *plan, tpk_ctx *ctx)
 {
     const char *s = getenv("TPK_PLAN");
@@ -304,7 +314,7 @@ static void calibrate_compute(ew *W)
                                                           : 0.0;
         return;
     }
-    const int S = W->n < 8 ? (int)W->n : 8, P = 4 * threads();
+    const int S = W->n < 8 ? (int)W->n : 8, P = 8 * threads();
     double *seg = tpk_malloc(W->ctx, (size_t)W->nv * SEG * sizeof *seg);
     double *secs = tpk_calloc(W->ctx, (size_t)W->nn, sizeof *secs);
     if (seg == NULL || secs == NULL) { /* no measurement: rough per-entry times stand in */
@@ -319,23 +329,31 @@ static void calibrate_compute(ew *W)
     for (int k = 0; k < W->nn; k++)
         serial += secs[k];
     double scale = 1.0 / threads();
-    if (W->n >= 64 && serial > 0 && entries > 0) {
+    /* scratch for every thread, allocated here: the allocator hook is not called from threads */
+    double *all = W->n >= 64 && serial > 0 && entries > 0
+                      ? tpk_malloc(W->ctx, (size_t)threads() * (size_t)W->nv * SEG * sizeof *all)
+                      : NULL;
+    if (all != NULL) {
         size_t pe = 0;
-        int ok = 1;
+        warm_threads();
         const double t0 = tpk_wall_seconds();
-#pragma omp parallel reduction(+ : pe) reduction(& : ok)
+#pragma omp parallel reduction(+ : pe)
         {
-            double *mine = tpk_malloc(W->ctx, (size_t)W->nv * SEG * sizeof *mine);
-            ok = mine != NULL;
+#ifdef _OPENMP
+            double *mine = all + (size_t)omp_get_thread_num() * (size_t)W->nv * SEG;
+#else
+            double *mine = all;
+#endif
 #pragma omp for schedule(static)
             for (int s = 0; s < P; s++)
-                if (mine)
-                    pe += sample_rows(W, 1, S + s, mine, NULL);
-            tpk_free(W->ctx, mine);
+                pe += sample_rows(W, 1, S + s, mine, NULL);
         }
         const double par = tpk_wall_seconds() - t0;
-        if (ok && pe > 0)
-            scale = (par / (double)pe) / (serial / (double)entries);
+        /* between perfect scaling and none: a sample this small can only err outside */
+        if (pe > 0)
+            scale = fmin(fmax((par / (double)pe) / (serial / (double)entries), 1.0 / threads()),
+                         1.0);
+        tpk_free(W->ctx, all);
     }
     for (int k = 0; k < W->nn; k++)
         W->t_entry[k] = entries ? scale * secs[k] / (double)entries : 0.0;
@@ -362,11 +380,12 @@ static void calibrate_memory(ew *W)
     if (c->have_memory || W->E < CALIB_MIN_ENTRIES)
         return;
     size_t bytes = W->E * sizeof(double);
-    bytes = bytes > ((size_t)16 << 20) ? (size_t)16 << 20 : bytes;
+    bytes = bytes > ((size_t)4 << 20) ? (size_t)4 << 20 : bytes;
     const size_t nd = bytes / sizeof(double);
     double *p = tpk_malloc(W->ctx, bytes);
     if (p == NULL)
         return;
+    warm_threads();
     double t0 = tpk_wall_seconds();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < nd; i++)

@@ -1821,14 +1821,26 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
         nd[root].diag = dphi;
     }
     double *M = NULL;
-    int fresh = 1, donor = -1;
-    if (st == TPK_OK && phi != NULL && F->X.cur == F->X.R->nfi && F->final_out != NULL)
-        /* the readout at the end, nothing read after it: the result may go over a leaf's
-         * matrix (each entry is read before it is written), no fresh block for the kernel */
-        for (int i = 0; i < nn && donor < 0; i++)
-            if (nd[i].op == NSR_EW_LEAF && F->b[ids[i]].M2 == nd[i].M && F->b[ids[i]].m == F->b[k].m)
-                donor = ids[i];
-    if (st == TPK_OK && phi == NULL && (M = fl_big(F, n * n, sizeof *M, 0)) == NULL)
+    /* The result may go over a leaf's matrix that nothing reads afterwards (each kernel reads an
+     * entry before it writes it): no fresh block, whose first touch costs more than the maps
+     * (a CNN layer's block is (N·784)²). Such a leaf: any, at the readout at the end; else one
+     * the plan has freed already whose only pending reader is k (made now, k reads it no more). */
+    int donor = -1;
+    const int at_end = phi != NULL && F->X.cur == F->X.R->nfi && F->final_out != NULL;
+    for (int i = 0; st == TPK_OK && i < nn && donor < 0; i++) {
+        const fblock *x = &F->b[ids[i]];
+        if (nd[i].op != NSR_EW_LEAF || x->M2 != nd[i].M || x->m != F->b[k].m)
+            continue;
+        int only_k = phi == NULL && x->dead && x->pins == 1;
+        if (only_k) {
+            only_k = 0;
+            for (int a = 0; a < pend_nargs(F, k); a++)
+                only_k |= pend_arg(F, k, a) == ids[i];
+        }
+        if (at_end || only_k)
+            donor = ids[i];
+    }
+    if (st == TPK_OK && phi == NULL && donor < 0 && (M = fl_big(F, n * n, sizeof *M, 0)) == NULL)
         st = F->X.ctx->status;
     for (int i = 0; st == TPK_OK && i < nn; i++)
         if (nd[i].op == NSR_EW_PHI)
@@ -1837,12 +1849,16 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
     if (st == TPK_OK)
         st = nsr_ew_eval(nd, nn, root, n, F->b[k].m, F->plan_kind, F->ws, &F->cal,
                          F->X.R->file, F->plan_report,
-                         donor >= 0 ? F->b[donor].M2 : phi ? *out : M, donor < 0 && fresh, &e,
-                         NULL, F->X.ctx);
+                         donor >= 0 ? F->b[donor].M2 : phi ? *out : M, donor < 0, &e, NULL,
+                         F->X.ctx);
     tpk_free(F->X.ctx, dphi);
-    if (st == TPK_OK && donor >= 0) { /* the kernel is the leaf's matrix now */
-        tpk_free(F->X.ctx, *out);
-        *out = F->b[donor].M2;
+    if (st == TPK_OK && donor >= 0) { /* the result is the leaf's matrix now */
+        if (phi != NULL) {
+            tpk_free(F->X.ctx, *out);
+            *out = F->b[donor].M2;
+        } else {
+            M = F->b[donor].M2;
+        }
         F->b[donor].M2 = NULL;
     }
     if (st == TPK_OK) {
@@ -2612,6 +2628,21 @@ static int matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
         if (fo != 0) {
             val_free(F, &u);
             return fo < 0 ? F->X.ctx->status : TPK_OK;
+        }
+    }
+    if (fac != NULL && !F->dry) {
+        /* A·u, u a sum of independent zero-mean blocks (a transformer's W1·h, U·z): the atom is
+         * pending, σ²·Σ_t E[u_t u_tᵀ], another node of the entrywise program (ew_flush) */
+        pend *P = NULL;
+        int es = ew_sum_of(F, &u, am->line, am->col, &P);
+        if (es != 0) {
+            val_free(F, &u);
+            if (es < 0)
+                return F->X.ctx->status;
+            for (int t = 0; t < P->nd.nt; t++)
+                P->nd.t[t].c *= var;
+            F->newpend = P;
+            return TPK_OK;
         }
     }
     if (M2 != NULL) /* the generic sum accumulates: eval_matmul's block starts uninitialised */
