@@ -183,7 +183,10 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
 {
     if ((!job->program && !job->source) || !job->input || !job->output)
         return TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
-    int st = prepare_inputs(job, s, ctx);
+    int plan; /* a bad TPK_PLAN is an error before any work, whichever evaluator runs */
+    int st = tpk_netsor_plan_from_env(&plan, ctx);
+    if (st == TPK_OK)
+        st = prepare_inputs(job, s, ctx);
     if (st)
         return st;
     /* Open before computing: an unwritable path fails at once, not after the work; an output
@@ -217,7 +220,10 @@ static int check_array(const char *what, const tpk_array *a, tpk_ctx *ctx)
 static int prepare_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
                           job_state *s, tpk_ctx *ctx)
 {
-    int st = check_array(input_name(job), X, ctx);
+    int plan;
+    int st = tpk_netsor_plan_from_env(&plan, ctx);
+    if (st == TPK_OK)
+        st = check_array(input_name(job), X, ctx);
     if (!st && Xt)
         st = check_array(job->test ? job->test : "test input", Xt, ctx);
     if (st)

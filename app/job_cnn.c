@@ -259,6 +259,9 @@ static int cnn_prepare(const tpk_job *job, cnn_job *s, tpk_ctx *ctx)
     int st;
     if (!job->program || !job->input)
         return TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
+    int plan;
+    if ((st = tpk_netsor_plan_from_env(&plan, ctx)))
+        return st;
     s->twod = (job->label && strcmp(job->label, "cnn2d") == 0) || strstr(job->program, "cnn2d") != NULL;
     if (!(s->reg = tpk_job_registry(ctx)) || !(s->X = read_input(job->input, &s->xi, ctx)) ||
         tpk_array_check_scale(s->X, job->input, ctx) ||

@@ -1797,8 +1797,7 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
             st = F->X.ctx->status;
             break;
         }
-        for (size_t a = 0; a < n; a++)
-            ld[i][a] = nd[i].M[a * n + a];
+        nsr_ew_diag(nd, i, n, F->b[x].m, NULL, NULL, ld[i], NULL, F->X.ctx); /* a leaf's: read */
         nd[i].diag = ld[i];
     }
     double *dphi = NULL;
@@ -4359,6 +4358,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
             tpk_ctx_init_from(&rc, ctx);
             st = fl_init(&F, p, N, T, d, x->data, &rc);
             F.pj = &J;
+            F.X.progress = progress; /* reports and the cancel flag, as without the thread */
             F.plan_kind = plan_kind;
             F.plan_report = opts ? opts->plan_report : NULL;
             if (st == TPK_OK)

@@ -15,6 +15,7 @@
 
 #include <lapacke.h>
 
+#include "ewplan-impl.h"
 #include "limit-impl.h"
 #include "tpk/alloc.h"
 #include "tpk/matmul.h"
@@ -364,6 +365,11 @@ int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                       double *err, tpk_ctx *ctx)
 {
     return tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
+}
+
+int tpk_netsor_plan_from_env(int *plan, tpk_ctx *ctx)
+{
+    return nsr_plan_from_env(plan, ctx);
 }
 
 int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_outputs, int plan,

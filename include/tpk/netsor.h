@@ -202,6 +202,9 @@ enum { TPK_PLAN_NAIVE = 1, TPK_PLAN_OPTIMAL = 2 };
 TPK_API int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_outputs,
                                    int plan, FILE *report, tpk_array **K, double *err,
                                    tpk_ctx *ctx);
+/* The plan TPK_PLAN asks for (TPK_PLAN_OPTIMAL when unset or empty); TPK_EINVAL naming any other
+ * value. Jobs check it before their work, also where no plan runs (a direct recursion). */
+TPK_API int tpk_netsor_plan_from_env(int *plan, tpk_ctx *ctx);
 
 /* Finite-width run at width n, seed s: empirical kernel (1/n)⟨h, h'⟩·σ_v² of the read-out
  * variables (same layout as tpk_netsor_kernel) and, if `y` is not NULL, sampled outputs
