@@ -1823,22 +1823,33 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
     /* The result may go over a leaf's matrix that nothing reads afterwards (each kernel reads an
      * entry before it writes it): no fresh block, whose first touch costs more than the maps
      * (a CNN layer's block is (N·784)²). Such a leaf: any, at the readout at the end; else one
-     * the plan has freed already whose only pending reader is k (made now, k reads it no more). */
+     * the plan has freed already whose pending readers are all k (made now) or moot — freed by
+     * the plan too, with only k or moot blocks reading them: nothing reads through them again
+     * (a transformer layer's attention output, under LayerNorm, residual and feed-forward). */
     int donor = -1;
     const int at_end = phi != NULL && F->X.cur == F->X.R->nfi && F->final_out != NULL;
-    for (int i = 0; st == TPK_OK && i < nn && donor < 0; i++) {
-        const fblock *x = &F->b[ids[i]];
-        if (nd[i].op != NSR_EW_LEAF || x->M2 != nd[i].M || x->m != F->b[k].m)
-            continue;
-        int only_k = phi == NULL && x->dead && x->pins == 1;
-        if (only_k) {
-            only_k = 0;
-            for (int a = 0; a < pend_nargs(F, k); a++)
-                only_k |= pend_arg(F, k, a) == ids[i];
+    const int ndag = phi != NULL ? nn - 1 : nn;
+    int *refs = st == TPK_OK ? nsr_fam_alloc(&F->X, (size_t)ndag, sizeof *refs) : NULL;
+    if (refs != NULL && phi == NULL) {
+        memset(refs, 0, (size_t)ndag * sizeof *refs);
+        for (int i = ndag - 1; i >= 0; i--) { /* readers before their arguments */
+            const fblock *x = &F->b[ids[i]];
+            int gone = i == ndag - 1 || (x->pend != NULL && x->dead && x->pins == refs[i]);
+            for (int a = 0; gone && a < pend_nargs(F, ids[i]); a++)
+                if (pend_arg(F, ids[i], a) >= 0)
+                    refs[at[pend_arg(F, ids[i], a)]]++;
         }
-        if (at_end || only_k)
+    }
+    for (int i = 0; st == TPK_OK && i < ndag && donor < 0; i++) {
+        if (nd[i].op != NSR_EW_LEAF)
+            continue;
+        const fblock *x = &F->b[ids[i]];
+        if (x->M2 != nd[i].M || x->m != F->b[k].m)
+            continue;
+        if (at_end || (refs != NULL && phi == NULL && x->dead && x->pins == refs[i]))
             donor = ids[i];
     }
+    tpk_free(F->X.ctx, refs);
     if (st == TPK_OK && phi == NULL && donor < 0 && (M = fl_big(F, n * n, sizeof *M, 0)) == NULL)
         st = F->X.ctx->status;
     for (int i = 0; st == TPK_OK && i < nn; i++)
