@@ -32,7 +32,7 @@ _tpk_complete() {
     fi
     if [ "$COMP_CWORD" -eq 1 ]; then
         case ${tool##*/} in
-        netsor) COMPREPLY=($(compgen -W "check dump kernel run" -- "$cur")); return 0 ;;
+        netsor) COMPREPLY=($(compgen -W "check dump kernel run plan" -- "$cur")); return 0 ;;
         tptune)
             COMPREPLY=($(compgen -W "gemm syrk map gen show measure emit replay port verify cuda-check" \
                 -- "$cur"))

@@ -383,6 +383,65 @@ static void test_programs(void **state)
     tpk_phi_registry_free(reg);
 }
 
+/* tpk_gauss_segmap against the whole-matrix map, with zero-variance rows (scalar fix-ups) and
+ * segments that cross the diagonal; the error of a non-PSD entry names it. */
+static void test_segmap(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_gauss_ws *ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, &ctx);
+    uint64_t s = 99;
+    size_t n = 11;
+    double *M = random_psd(n, 4, &s), *R = malloc(n * n * sizeof *R), q[11], row[11];
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++)
+            if (i == 2 || j == 2 || i == 7 || j == 7)
+                M[i * n + j] = 0; /* inputs 2 and 7: zero variance */
+    for (size_t i = 0; i < n; i++)
+        q[i] = M[i * n + i];
+    static const char *const names[] = {"relu", "erf", "tanh", "step", "sin"};
+    for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
+        tpk_phi *phi = tpk_phi_alloc(reg, names[f], &ctx);
+        assert_non_null(phi);
+        assert_int_equal(tpk_gauss_map(phi, M, n, R, ws, NULL, &ctx), TPK_OK);
+        tpk_gauss_segmap *sm = tpk_gauss_segmap_alloc(phi, q, n, ws, &ctx);
+        assert_non_null(sm);
+        double maxr = 0, errmax = 0, e = -1;
+        for (size_t i = 0; i < n; i++) {
+            /* two segments per row: [0, 3) and [3, i] */
+            size_t cut = i < 3 ? i + 1 : 3;
+            tpk_gauss_segmap_row(sm, i, 0, cut, M + i * n, row, &maxr, &errmax);
+            if (i + 1 > cut)
+                tpk_gauss_segmap_row(sm, i, cut, i + 1 - cut, M + i * n + cut, row + cut, &maxr,
+                                     &errmax);
+            for (size_t j = 0; j <= i; j++)
+                if (fabs(row[j] - R[i * n + j]) > 1e-13 * (1 + fabs(R[i * n + j])))
+                    fail_msg("%s (%zu,%zu): %.17g vs %.17g", names[f], i, j, row[j], R[i * n + j]);
+        }
+        tpk_gauss_segmap_merge(sm, maxr, errmax);
+        assert_int_equal(tpk_gauss_segmap_finish(sm, &e, &ctx), TPK_OK);
+        assert_true(e >= 0 && e < 1e-8);
+        /* a covariance beyond √(q_i q_j): recorded, then reported with its entry */
+        double bad = 2 * sqrt(q[4] * q[1]) + 1;
+        tpk_gauss_segmap_row(sm, 4, 1, 1, &bad, row, &maxr, &errmax);
+        tpk_ctx_clear(&ctx);
+        assert_int_not_equal(tpk_gauss_segmap_finish(sm, NULL, &ctx), TPK_OK);
+        if (!strstr(ctx.msg, "(4,1)"))
+            fail_msg("%s: %s", names[f], ctx.msg);
+        tpk_gauss_segmap_free(sm);
+        tpk_phi_free(phi);
+    }
+    tpk_ctx_clear(&ctx);
+    assert_null(tpk_gauss_segmap_alloc(NULL, q, n, ws, &ctx));
+    assert_int_equal(ctx.status, TPK_EINVAL);
+    free(M);
+    free(R);
+    tpk_gauss_ws_free(ws);
+    tpk_phi_registry_free(reg);
+}
+
 /* Run a shell command line, its stdout into out (cap bytes); returns the exit status. */
 static int run_capture(const char *cmd, char *out, size_t cap)
 {
@@ -444,6 +503,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_programs),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_segmap),
         cmocka_unit_test(test_plan_env),
         cmocka_unit_test(test_programs),
         cmocka_unit_test(test_cli),
