@@ -18,7 +18,7 @@ MPI_PKG_CFLAGS = $(shell pkg-config --cflags hdf5-openmpi $(PKGS_NOH5) $(MPI_PKG
                  $(shell $(BLAS_PC) --cflags openblas)
 MPI_LDLIBS     = $(SAN) -fopenmp $(BLAS_LIBS) \
                  $(filter-out -lgslcblas,$(shell pkg-config --libs hdf5-openmpi $(PKGS_NOH5) $(MPI_PKGS))) \
-                 -lhdf5_openmpi_hl -lm -lz -ldl $(LDFLAGS)
+                 -lhdf5_openmpi_hl $(CBC_LIBS) -lm -lz -ldl $(LDFLAGS)
 MPI_CFLAGS_ALL = $(CFLAGS_BASE) $(MPI_PKG_CFLAGS) $(CFLAGS)
 MPI_DEPS_OK  := $(BUILD)/.deps-mpi-ok
 # The library's HDF5 callers, compiled again; the other library objects are the serial build's.

@@ -302,7 +302,7 @@ static void test_unrolled_past_the_estimate(void **state)
 {
     const tu_phis *f = *state;
     for (int L = 6; L <= 7; L++) {
-        char l[8];
+        char l[16];
         snprintf(l, sizeof l, "%d", L);
         tpk_param_set s[] = {{"L", l}, {"rows", "28"}, {"cols", "28"}};
         tpk_program *p = load(f, "programs/cnn2d.nsr", s, 3);
