@@ -129,10 +129,10 @@ int nsr_ew_diag(const nsr_ew_node *node, int k, size_t n, long m, const tpk_gaus
     if (nd->op == NSR_EW_SUM) {
         for (size_t i = 0; i < n; i++) {
             double y = 0.0;
-            for (int t = 0; t < nd->nt; t++) {
+            for (int t = 0; t < nd->nt; t++) { /* in node_seg's order of operations */
                 const nsr_ew_term *T = &nd->t[t];
-                const double w = T->w ? T->w[i] * T->w[i] : 1.0;
-                y += T->c * w * (T->arg >= 0 ? node[T->arg].diag[i] : T->s[i % (size_t)m]);
+                const double x = T->arg >= 0 ? node[T->arg].diag[i] : T->s[i % (size_t)m];
+                y += T->w ? T->c * T->w[i] * T->w[i] * x : T->c * x;
             }
             out[i] = y;
         }
