@@ -92,7 +92,8 @@ static double rolled_vs_unrolled(const tpk_program *p, const tpk_array *x)
 }
 
 /* Every shipped program at a small size (rolled: whether the limit evaluator takes the rolled
- * form; the others fall back to the unrolled form). */
+ * form; the others fall back to the unrolled form); the rolled ones give the same kernel, bit
+ * for bit, under both entrywise plans (TPK_PLAN). */
 static const struct shipped {
     const char *path;
     size_t T, d;
@@ -158,6 +159,19 @@ static void test_shipped_programs(void **state)
         print_message("%-28s rolled %d: |rolled - unrolled| / max|K| = %.2e\n", shipped_cases[c].path,
                       rolled, d);
         assert_true(d <= TOL_SAME);
+        if (rolled) { /* the entrywise plans (docs/orchestration.md §7): the same kernel */
+            tpk_array *Kn = NULL, *Ko = NULL;
+            tpk_ctx ctx;
+            tpk_ctx_init(&ctx);
+            assert_int_equal(tpk_netsor_kernel_plan(p, x, 1, TPK_PLAN_NAIVE, NULL, &Kn, NULL, &ctx),
+                             TPK_OK);
+            assert_int_equal(tpk_netsor_kernel_plan(p, x, 1, TPK_PLAN_OPTIMAL, NULL, &Ko, NULL,
+                                                    &ctx), TPK_OK);
+            assert_int_equal(tpk_array_size(Kn), tpk_array_size(Ko));
+            assert_memory_equal(Kn->data, Ko->data, tpk_array_size(Kn) * sizeof *Kn->data);
+            tpk_array_free(Kn);
+            tpk_array_free(Ko);
+        }
         tpk_array_free(x);
         tpk_program_free(p);
     }
