@@ -76,7 +76,8 @@ typedef struct nsr_ew_calib {
 int nsr_ew_diag(const nsr_ew_node *node, int k, size_t n, long m, const tpk_gauss_ws *ws,
                 const char *file, double *out, double *err, tpk_ctx *ctx);
 
-/* The lower triangle of node root (leading dimension n) into out, by the plan of kind `plan`;
+/* The lower triangle of node root (leading dimension n) into out — with out_full both
+ * triangles (the upper stored from the kernel's tiles, no mirror pass) — by the plan of `plan`;
  * every node below root that is not a leaf is computed on the way. m: members per input (bias
  * terms). report (may be NULL): the plan, one kernel a line, with predicted and measured times.
  * *err: the largest error bound of a map; stats (may be NULL). cal (may be NULL): the model's
@@ -86,7 +87,8 @@ int nsr_ew_diag(const nsr_ew_node *node, int k, size_t n, long m, const tpk_gaus
  * kernel that writes the root is the plan's last. */
 int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int plan,
                 const tpk_gauss_ws *ws, nsr_ew_calib *cal, const char *file, FILE *report,
-                double *out, int out_fresh, double *err, nsr_ew_stats *stats, tpk_ctx *ctx);
+                double *out, int out_fresh, int out_full, double *err, nsr_ew_stats *stats,
+                tpk_ctx *ctx);
 
 /* TPK_PLAN from the environment: naive or optimal (default, also for an empty value); any other
  * value is TPK_EINVAL with a message naming it. */

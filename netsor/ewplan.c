@@ -428,48 +428,91 @@ static int cost_fn(const tpk_orch_graph *g, const tpk_orch_kernel *k, void *arg,
 
 /* ---- the executor ---------------------------------------------------------------------------- */
 
-/* Run kernel k: rows in parallel, segments of the lower triangle through its primitives in
- * order, its written values stored to mem[]. */
-static void run_kernel(ew *W, const tpk_orch_kernel *K, double *const *mem)
+/* Run kernel K over blocks of the lower triangle in parallel: each row segment of a block goes
+ * through the kernel's primitives in order, and the written values are stored. Blocks are rows
+ * (segments of SEG entries), or with full square tiles of TILE whose root values are also stored
+ * transposed (its upper triangle) from a buffer: a reader that needs both triangles gets them
+ * without a mirror pass. Rows where nothing is mirrored: longer segments cost fewer calls per
+ * entry (measured 20–25 % on an LN-residual MLP at N = 4096 against 64-entry tiles). */
+#define TILE 64
+static void run_kernel(ew *W, const tpk_orch_kernel *K, double *const *mem, int full)
 {
-    const size_t n = W->n;
-    int loc[MAX_FUSE], isout[MAX_FUSE];
+    const size_t n = W->n, T = (n + TILE - 1) / TILE;
+    const int rootv = W->val[W->root];
+    int loc[MAX_FUSE], isout[MAX_FUSE], src[MAX_FUSE][NSR_EW_MAXT], rootp = -1;
     for (int p = 0; p < K->nprims; p++) {
         loc[p] = W->nodeof[K->prims[p]];
         isout[p] = 0;
         for (int o = 0; o < K->noutputs; o++)
             isout[p] |= K->outputs[o] == K->prims[p];
+        if (full && K->prims[p] == rootv && isout[p])
+            rootp = p;
+        /* each argument: a primitive of this kernel (its position), else memory (−1 − value) */
+        const nsr_ew_node *nd = &W->node[loc[p]];
+        int na = nd->op == NSR_EW_PHI ? 1 : nd->nt;
+        for (int t = 0; t < na; t++) {
+            int x = nd->op == NSR_EW_PHI ? nd->arg : nd->t[t].arg;
+            src[p][t] = INT32_MIN; /* a bias: no argument */
+            if (x < 0)
+                continue;
+            int v = W->val[x], q = -1;
+            for (int r = 0; r < p && q < 0; r++)
+                q = K->prims[r] == v ? r : -1;
+            src[p][t] = q >= 0 ? q : -1 - v;
+        }
     }
+    /* blocks: rows (each its segments, ⌈(i + 1)/SEG⌉ of them), or tiles (I, J ≤ I) */
+    const int tiles = rootp >= 0;
+    const size_t nblocks = tiles ? T * (T + 1) / 2 : n, width = tiles ? TILE : SEG;
 #pragma omp parallel if (n * n >= 32768)
     {
-        double buf[MAX_FUSE][SEG];
+        double buf[MAX_FUSE][SEG], tile[TILE * TILE];
         seg_acc acc = {0, 0};
 #pragma omp for schedule(dynamic, 4)
-        for (size_t i = 0; i < n; i++)
-            for (size_t j0 = 0; j0 <= i; j0 += SEG) {
-                const size_t len = i + 1 - j0 < SEG ? i + 1 - j0 : SEG;
-                for (int p = 0; p < K->nprims; p++) {
-                    const nsr_ew_node *nd = &W->node[loc[p]];
-                    const double *a[NSR_EW_MAXT];
-                    int na = nd->op == NSR_EW_PHI ? 1 : nd->nt;
-                    for (int t = 0; t < na; t++) {
-                        int x = nd->op == NSR_EW_PHI ? nd->arg : nd->t[t].arg;
-                        a[t] = NULL;
-                        if (x < 0)
-                            continue;
-                        int v = W->val[x], q = -1;
-                        for (int r = 0; r < p && q < 0; r++)
-                            q = K->prims[r] == v ? r : -1;
-                        a[t] = q >= 0 ? buf[q] : mem[v] + i * n + j0;
-                    }
-                    node_seg(nd, W->sm[loc[p]], i, j0, len, W->m, a, buf[p], &acc);
-                }
-                /* stored once every primitive has read the segment: an output may then
-                 * overwrite an input's (out aliasing a leaf, nsr_ew_eval) */
-                for (int p = 0; p < K->nprims; p++)
-                    if (isout[p])
-                        memcpy(mem[K->prims[p]] + i * n + j0, buf[p], len * sizeof(double));
+        for (size_t t = 0; t < nblocks; t++) {
+            size_t I = t, J = 0, i0 = t, i1 = t + 1;
+            if (tiles) {
+                I = (size_t)((sqrt(8.0 * (double)t + 1.0) - 1.0) / 2.0);
+                while (I * (I + 1) / 2 > t)
+                    I--;
+                while ((I + 1) * (I + 2) / 2 <= t)
+                    I++;
+                J = t - I * (I + 1) / 2;
+                i0 = I * TILE;
+                i1 = i0 + TILE < n ? i0 + TILE : n;
             }
+            for (size_t i = i0; i < i1; i++) {
+                for (size_t j0 = tiles ? J * TILE : 0; j0 <= i && j0 < (tiles ? J * TILE + 1 : n);
+                     j0 += width) {
+                    const size_t jend = !tiles || I == J ? (j0 + width < i + 1 ? j0 + width : i + 1)
+                                                         : j0 + TILE,
+                                 len = jend - j0;
+                    for (int p = 0; p < K->nprims; p++) {
+                        const nsr_ew_node *nd = &W->node[loc[p]];
+                        const double *a[NSR_EW_MAXT];
+                        int na = nd->op == NSR_EW_PHI ? 1 : nd->nt;
+                        for (int q = 0; q < na; q++)
+                            a[q] = src[p][q] == INT32_MIN ? NULL
+                                   : src[p][q] >= 0        ? buf[src[p][q]]
+                                                           : mem[-1 - src[p][q]] + i * n + j0;
+                        node_seg(nd, W->sm[loc[p]], i, j0, len, W->m, a, buf[p], &acc);
+                    }
+                    /* stored once every primitive has read the segment: an output may then
+                     * overwrite an input's (out aliasing a leaf, nsr_ew_eval) */
+                    for (int p = 0; p < K->nprims; p++)
+                        if (isout[p])
+                            memcpy(mem[K->prims[p]] + i * n + j0, buf[p], len * sizeof(double));
+                    if (tiles)
+                        memcpy(tile + (i - i0) * TILE, buf[rootp], len * sizeof(double));
+                }
+            }
+            /* the root's upper triangle: the tile transposed, column by column of the tile */
+            for (size_t j = J * TILE; tiles && j < J * TILE + TILE && j < n; j++) {
+                double *dst = mem[rootv] + j * n;
+                for (size_t i = (I == J ? j + 1 : i0); i < i1; i++)
+                    dst[i] = tile[(i - i0) * TILE + (j - J * TILE)];
+            }
+        }
         for (int p = 0; p < K->nprims; p++)
             if (W->node[loc[p]].op == NSR_EW_PHI)
                 tpk_gauss_segmap_merge(W->sm[loc[p]], acc.maxr, acc.errmax);
@@ -639,7 +682,8 @@ static nsr_ew_node *fold_biases(const nsr_ew_node *in, int nn, int root, long m,
 
 int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, int plan,
                 const tpk_gauss_ws *ws, nsr_ew_calib *cal, const char *file, FILE *report,
-                double *out, int out_fresh, double *err, nsr_ew_stats *stats, tpk_ctx *ctx)
+                double *out, int out_fresh, int out_full, double *err, nsr_ew_stats *stats,
+                tpk_ctx *ctx)
 {
     if (err)
         *err = 0.0;
@@ -779,7 +823,7 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
         }
         if (st)
             break;
-        run_kernel(&W, K, mem);
+        run_kernel(&W, K, mem, out_full);
         for (int v = 0; v < W.nv; v++)
             if (owned[v] && last[v] <= q) {
                 tpk_free(ctx, mem[v]);

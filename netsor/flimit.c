@@ -691,7 +691,8 @@ static const double *block_mean(fl *F, int k)
     return b->mean;
 }
 
-static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double **out);
+static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double **out,
+                    int full);
 
 /* Second moments of block k, (N m)². */
 static const double *block_m2(fl *F, int k)
@@ -699,7 +700,7 @@ static const double *block_m2(fl *F, int k)
     fblock *b = &F->b[k];
     touch(F, k);
     if (b->pend != NULL && !F->dry) /* a pending block: its entrywise program runs now */
-        return ew_flush(F, k, NULL, 0, 0, NULL) ? NULL : F->b[k].M2;
+        return ew_flush(F, k, NULL, 0, 0, NULL, 0) ? NULL : F->b[k].M2;
     if (b->kind == BK_GAUSS && b->fi == -2 && b->M2 == NULL && !F->dry) { /* the input block */
         size_t n = F->N * F->T;
         if ((b->M2 = fl_big(F, n * n, sizeof *b->M2, 0)) == NULL)
@@ -764,6 +765,8 @@ static int ensure_ws_for(fl *F, const tpk_phi *phi)
 
 static const double *block_m2_full(fl *F, int k)
 {
+    if (F->b[k].pend != NULL && !F->dry) /* both triangles from the plan's tiles, no mirror */
+        return ew_flush(F, k, NULL, 0, 0, NULL, 1) ? NULL : F->b[k].M2;
     const double *M = block_m2(F, k);
     fblock *b = &F->b[k];
     if (M != NULL && b->lower) {
@@ -1757,7 +1760,8 @@ done:
 /* Run the entrywise program under pending block k (ewplan-impl.h): with phi NULL, k's matrix (k
  * is no longer pending); else *out (lower triangle) = alpha·V_φ(k) + beta, k left pending —
  * where *out was a block of the caller's allocator that may be replaced (freed) by a leaf's. */
-static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double **out)
+static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double **out,
+                    int full)
 {
     size_t n = F->N * (size_t)F->b[k].m;
     int cap = F->nb + 1, nn = 0, st;
@@ -1859,8 +1863,8 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
     if (st == TPK_OK)
         st = nsr_ew_eval(nd, nn, root, n, F->b[k].m, F->plan_kind, F->ws, &F->cal,
                          F->X.R->file, F->plan_report,
-                         donor >= 0 ? F->b[donor].M2 : phi ? *out : M, donor < 0, &e, NULL,
-                         F->X.ctx);
+                         donor >= 0 ? F->b[donor].M2 : phi ? *out : M, donor < 0, full, &e,
+                         NULL, F->X.ctx);
     tpk_free(F->X.ctx, dphi);
     if (st == TPK_OK && donor >= 0) { /* the result is the leaf's matrix now */
         if (phi != NULL) {
@@ -1878,7 +1882,7 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
             pend *P = b->pend;
             b->pend = NULL;
             b->M2 = M;
-            b->lower = 1;
+            b->lower = !full;
             M = NULL;
             pend_free(F, P);
         }
@@ -4087,9 +4091,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 const fblock *bx = &F->b[a->v.t[0].blk];
                 st = ensure_ws_for(F, bx->phi);
                 if (st == TPK_OK)
-                    st = ew_flush(F, bx->arg, bx->phi, a->var, a->bias_var, &Kout->data);
-                if (st == TPK_OK)
-                    mirror(Kout->data, dim);
+                    st = ew_flush(F, bx->arg, bx->phi, a->var, a->bias_var, &Kout->data, 1);
                 break;
             }
             if (no == 1 && a->v.nt == 1 && a->v.mu == NULL && is_identity_term(&a->v.t[0], a->v.m) &&

@@ -200,8 +200,9 @@ static void test_random_programs(void **state)
             double err = -1;
             /* one fixed model for both plans (sampled times would differ run to run) */
             nsr_ew_calib cal = {1, 1e-10, 1e-10, 3e-10, 2e-6, 1, 1e-10};
+            /* the optimal plan's root in full: its upper triangle from the kernels' tiles */
             int rc = nsr_ew_eval(P.node, P.nn, root, n, m, k ? NSR_PLAN_OPTIMAL : NSR_PLAN_NAIVE,
-                                 ws, &cal, "t.nsr", NULL, out[k], 1, &err, &st[k], &ctx);
+                                 ws, &cal, "t.nsr", NULL, out[k], 1, k, &err, &st[k], &ctx);
             if (rc != TPK_OK)
                 fail_msg("program %d, plan %d: %s", r, k, ctx.msg);
             assert_true(err >= 0);
@@ -210,12 +211,14 @@ static void test_random_programs(void **state)
          * kernel) */
         out[2] = malloc(n * n * sizeof(double));
         if (nsr_ew_eval(P.node, P.nn, root, n, m, NSR_PLAN_OPTIMAL, ws, NULL, "t.nsr", NULL, out[2],
-                        1, NULL, NULL, &ctx) != TPK_OK)
+                        1, 0, NULL, NULL, &ctx) != TPK_OK)
             fail_msg("program %d, unreported: %s", r, ctx.msg);
         /* the plans: the same numbers; the optimum no dearer than one kernel a primitive */
         for (size_t a = 0; a < n; a++) {
             assert_memory_equal(out[0] + a * n, out[1] + a * n, (a + 1) * sizeof(double));
             assert_memory_equal(out[0] + a * n, out[2] + a * n, (a + 1) * sizeof(double));
+            for (size_t c = 0; c < a; c++) /* the full root: its mirror */
+                assert_true(out[1][c * n + a] == out[1][a * n + c]);
         }
         long_programs += st[0].nkernels > 16; /* naive: one kernel a primitive */
         assert_true(st[1].predicted_s <= st[0].predicted_s * (1 + 1e-9));
@@ -275,14 +278,14 @@ static void test_errors(void **state)
     nd[1].diag = dm;
     for (int plan = NSR_PLAN_NAIVE; plan <= NSR_PLAN_OPTIMAL; plan++) {
         tpk_ctx_clear(&ctx);
-        assert_int_equal(nsr_ew_eval(nd, 2, 1, n, 1, plan, NULL, NULL, "p.nsr", NULL, out, 0,
+        assert_int_equal(nsr_ew_eval(nd, 2, 1, n, 1, plan, NULL, NULL, "p.nsr", NULL, out, 0, 0,
                                      NULL, NULL, &ctx), TPK_EDOM);
         if (!strstr(ctx.msg, "p.nsr:7:3: ")) fail_msg("%s", ctx.msg);
         assert_non_null(strstr(ctx.msg, "(1,0)"));
     }
     tpk_ctx_clear(&ctx);
     assert_int_equal(nsr_ew_eval(nd, 2, 0, n, 1, NSR_PLAN_OPTIMAL, NULL, NULL, "p.nsr", NULL, out,
-                                 0, NULL, NULL, &ctx), TPK_EINVAL);
+                                 0, 0, NULL, NULL, &ctx), TPK_EINVAL);
     tpk_phi_free(relu);
     tpk_phi_registry_free(reg);
 }
