@@ -767,7 +767,26 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
     const tpk_orch_kernel **ks = NULL;
     tpk_orch_kernel *runs = NULL;
     double pcost = 0;
-    if (st == TPK_OK && single && !model) {
+    int use_runs = st == TPK_OK && single && !model;
+    char why[TPK_MSG_MAX] = "";
+    if (st == TPK_OK && !use_runs) {
+        st = search(&W, g, plan, &c, &p);
+        if (st != TPK_OK && st != TPK_ENOMEM && plan == NSR_PLAN_OPTIMAL) {
+            /* no optimum here (CBC stopped without a proof, too many candidates even for small
+             * kernels): the runs of the graph order are a plan too, and the kernel is the same */
+            snprintf(why, sizeof why, "%s", ctx->msg);
+            tpk_ctx_clear(ctx);
+            st = TPK_OK;
+            use_runs = 1;
+        } else if (st == TPK_OK) {
+            if ((ks = tpk_calloc(ctx, (size_t)p->nkernels + 1, sizeof *ks)) == NULL)
+                st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            for (int q = 0; st == TPK_OK && q < p->nkernels; q++)
+                ks[nk++] = tpk_orch_cands_get(c, p->kernels[q]);
+            pcost = st == TPK_OK ? p->cost : 0;
+        }
+    }
+    if (st == TPK_OK && use_runs) {
         pool = tpk_calloc(ctx, (size_t)W.nv * ((size_t)W.nv + 3) + 1, sizeof *pool);
         runs = tpk_calloc(ctx, (size_t)W.nv + 1, sizeof *runs);
         ks = tpk_calloc(ctx, (size_t)W.nv + 1, sizeof *ks);
@@ -779,18 +798,15 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
             pcost += runs[q].cost;
             ks[nk++] = &runs[q];
         }
-    } else if (st == TPK_OK && (st = search(&W, g, plan, &c, &p)) == TPK_OK) {
-        if ((ks = tpk_calloc(ctx, (size_t)p->nkernels + 1, sizeof *ks)) == NULL)
-            st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-        for (int q = 0; st == TPK_OK && q < p->nkernels; q++)
-            ks[nk++] = tpk_orch_cands_get(c, p->kernels[q]);
-        pcost = st == TPK_OK ? p->cost : 0;
     }
     const double t3 = tpk_wall_seconds();
     if (st == TPK_OK && report)
         fprintf(report, "plan (%s) of %s: %d primitives, %d candidates, %d kernels\n",
                 plan == NSR_PLAN_NAIVE ? "naive" : "optimal", node[root].name,
                 tpk_orch_graph_nvalues(g), c ? tpk_orch_cands_count(c) : 1, nk);
+    if (st == TPK_OK && report && why[0])
+        fprintf(report, "  (no optimum: %s; the primitives run in graph order, %d a kernel)\n",
+                why, MAX_FUSE);
     /* the last kernel (position) that reads each value: written blocks are freed after it */
     int *last = st == TPK_OK ? tpk_calloc(ctx, (size_t)W.nv, sizeof *last) : NULL;
     if (st == TPK_OK && last == NULL)
