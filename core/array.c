@@ -166,3 +166,14 @@ int tpk_array_check_memory(size_t count, const char *what, tpk_ctx *ctx)
                      "hold (%.3g GB of memory)", what ? what : "array", count, need / 1e9,
                      phys / 1e9);
 }
+
+void tpk_lower_index(size_t k, size_t *i, size_t *j)
+{
+    size_t r = (size_t)((sqrt(8.0 * (double)k + 1.0) - 1.0) / 2.0);
+    while (r > 0 && r * (r + 1) / 2 > k)
+        r--;
+    while ((r + 1) * (r + 2) / 2 <= k)
+        r++;
+    *i = r;
+    *j = k - r * (r + 1) / 2;
+}

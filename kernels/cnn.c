@@ -1028,12 +1028,8 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                 if (lst || bad)
                     continue;
                 /* pair k → (a, c), c ≤ a, row-major over the lower triangle */
-                size_t a = (size_t)((sqrt(8.0 * (double)k + 1.0) - 1.0) / 2.0);
-                while (a * (a + 1) / 2 > k)
-                    a--;
-                while ((a + 1) * (a + 2) / 2 <= k)
-                    a++;
-                size_t c = k - a * (a + 1) / 2;
+                size_t a, c;
+                tpk_lower_index(k, &a, &c);
                 double e = 0, sum = 0;
                 lst = fft ? pair_fft(p, g, &f, &w, X, q, N, a, c, ws, &sum, K, &e, &lctx)
                           : pair_direct(p, g, &dw, X, q, zv, zerr, N, a, c, ws, &sum, K, &e, &lctx);

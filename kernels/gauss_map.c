@@ -1,6 +1,7 @@
 /* Whole-matrix maps S ↦ V_φ(S): tiled, OpenMP-parallel, vectorised closed forms (theory.md §3.2), Mehler series otherwise. */
 #include "gauss_impl.h"
 #include "tpk/alloc.h"
+#include "tpk/array.h"
 #include "gauss_simd.h"
 
 #include <float.h>
@@ -553,12 +554,8 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
     if (n * n >= PAR_MIN_ENTRIES)
     for (size_t t = 0; t < ntiles; t++) {
         /* tile t ↦ (I, J), J ≤ I, row-major over the lower triangle of tiles */
-        size_t I = (size_t)((sqrt(8.0 * (double)t + 1.0) - 1.0) / 2.0);
-        while (I * (I + 1) / 2 > t)
-            I--;
-        while ((I + 1) * (I + 2) / 2 <= t)
-            I++;
-        const size_t Jt = t - I * (I + 1) / 2;
+        size_t I, Jt;
+        tpk_lower_index(t, &I, &Jt);
         const size_t i0 = I * TILE, i1 = i0 + TILE < n ? i0 + TILE : n;
         const size_t j0 = Jt * TILE, j1 = j0 + TILE < n ? j0 + TILE : n;
         double buf[TILE * TILE];
@@ -958,6 +955,12 @@ int tpk_gauss_segmap_finish(tpk_gauss_segmap *sm, double *err_max, tpk_ctx *ctx)
     if (err_max)
         *err_max = e > sm->errmax ? e : sm->errmax;
     return TPK_OK;
+}
+
+void tpk_gauss_segmap_reset(tpk_gauss_segmap *sm)
+{
+    memset(&sm->fail, 0, sizeof sm->fail);
+    sm->maxr = sm->errmax = 0.0;
 }
 
 void tpk_gauss_segmap_free(tpk_gauss_segmap *sm)

@@ -1,7 +1,7 @@
 /* Tiles of a kernel job over a block-cyclic process grid (mpi/tiles.h). */
 #include "tiles.h"
+#include "tpk/array.h"
 
-#include <math.h>
 #include <stdint.h>
 
 int mpi_tiles_init(mpi_tiles *t, size_t n, size_t m, size_t b, size_t readouts, int nprow,
@@ -32,13 +32,9 @@ mpi_tile mpi_tiles_tile(const mpi_tiles *t, size_t id)
         id -= t->ntrain;
         return (mpi_tile){1, id / t->tn, id % t->tn};
     }
-    /* the row i with i (i + 1)/2 <= id < (i + 1)(i + 2)/2: the root, corrected for rounding */
-    size_t i = (size_t)((sqrt(8.0 * (double)id + 1.0) - 1.0) / 2.0);
-    while (i > 0 && i * (i + 1) / 2 > id)
-        i--;
-    while ((i + 1) * (i + 2) / 2 <= id)
-        i++;
-    return (mpi_tile){0, i, id - i * (i + 1) / 2};
+    size_t i, j;
+    tpk_lower_index(id, &i, &j);
+    return (mpi_tile){0, i, j};
 }
 
 void mpi_tiles_extent(const mpi_tiles *t, mpi_tile tile, size_t *r0, size_t *nr, size_t *c0,

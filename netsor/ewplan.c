@@ -3,6 +3,7 @@
 #include "ewplan-impl.h"
 
 #include "tpk/alloc.h"
+#include "tpk/array.h"
 #include "tpk/clock.h"
 #include "tpk/orch.h"
 
@@ -472,12 +473,7 @@ static void run_kernel(ew *W, const tpk_orch_kernel *K, double *const *mem, int 
         for (size_t t = 0; t < nblocks; t++) {
             size_t I = t, J = 0, i0 = t, i1 = t + 1;
             if (tiles) {
-                I = (size_t)((sqrt(8.0 * (double)t + 1.0) - 1.0) / 2.0);
-                while (I * (I + 1) / 2 > t)
-                    I--;
-                while ((I + 1) * (I + 2) / 2 <= t)
-                    I++;
-                J = t - I * (I + 1) / 2;
+                tpk_lower_index(t, &I, &J);
                 i0 = I * TILE;
                 i1 = i0 + TILE < n ? i0 + TILE : n;
             }
@@ -754,12 +750,8 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
         calibrate_compute(&W);
         /* the sampled rows went through the maps: their statistics start afresh below */
         for (int k = 0; k <= root; k++)
-            if (W.sm[k] != NULL) {
-                tpk_gauss_segmap_free(W.sm[k]);
-                W.sm[k] = tpk_gauss_segmap_alloc(node[k].phi, node[node[k].arg].diag, n, ws, ctx);
-                if (W.sm[k] == NULL && st == TPK_OK)
-                    st = ctx->status;
-            }
+            if (W.sm[k] != NULL)
+                tpk_gauss_segmap_reset(W.sm[k]);
     }
     const double t2 = tpk_wall_seconds();
     /* the kernels to run, in order: the plan's, or the one kernel of everything */

@@ -2947,12 +2947,8 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
         for (size_t ac = 0; ac < npairs; ac++) {
             if (bi == NULL || bo == NULL || cv == NULL)
                 continue;
-            size_t a = (size_t)((sqrt(8.0 * (double)ac + 1.0) - 1.0) / 2.0);
-            while (a * (a + 1) / 2 > ac)
-                a--;
-            while ((a + 1) * (a + 2) / 2 <= ac)
-                a++;
-            size_t c = ac - a * (a + 1) / 2;
+            size_t a, c;
+            tpk_lower_index(ac, &a, &c);
             if (from_x) {
                 const size_t d = F->d;
                 const double *xa = F->x + a * m * d, *xc = F->x + c * m * d;

@@ -233,12 +233,7 @@ again:
             size_t ent = it / (size_t)ngen, a, c;
             int g = (int)(it % (size_t)ngen);
             if (sym) { /* ent = a(a+1)/2 + c, c ≤ a */
-                a = (size_t)((sqrt(8.0 * (double)ent + 1.0) - 1.0) / 2.0);
-                while (a * (a + 1) / 2 > ent)
-                    a--;
-                while ((a + 1) * (a + 2) / 2 <= ent)
-                    a++;
-                c = ent - a * (a + 1) / 2;
+                tpk_lower_index(ent, &a, &c);
             } else {
                 a = ent / N;
                 c = ent % N;

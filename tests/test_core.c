@@ -147,6 +147,31 @@ static void test_first_nonfinite(void **state)
     tpk_array_free(a);
 }
 
+/* tpk_lower_index against a walk over the rows, and at rows up to 2^26 (k near 2^51), where the
+ * square root alone rounds to a neighbouring row. */
+static void test_lower_index(void **state)
+{
+    (void)state;
+    size_t k = 0;
+    for (size_t i = 0; i < 300; i++)
+        for (size_t j = 0; j <= i; j++, k++) {
+            size_t a = 99, c = 99;
+            tpk_lower_index(k, &a, &c);
+            assert_int_equal(a, i);
+            assert_int_equal(c, j);
+        }
+    for (size_t i = ((size_t)1 << 26) - 3; i < ((size_t)1 << 26) + 3; i++) {
+        const size_t first = i * (i + 1) / 2, last = first + i;
+        size_t a, c;
+        tpk_lower_index(first, &a, &c);
+        assert_int_equal(a, i);
+        assert_int_equal(c, 0);
+        tpk_lower_index(last, &a, &c);
+        assert_int_equal(a, i);
+        assert_int_equal(c, i);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -155,6 +180,7 @@ int main(void)
         cmocka_unit_test(test_gsl_host_handler_kept),
         cmocka_unit_test(test_wall_clock),
         cmocka_unit_test(test_first_nonfinite),
+        cmocka_unit_test(test_lower_index),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

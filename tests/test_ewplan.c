@@ -252,6 +252,63 @@ static void test_random_programs(void **state)
     tpk_phi_registry_free(reg);
 }
 
+/* The measured model (a program large enough for the memory passes, 2^18 entries and more):
+ * constants positive and finite and kept for the next evaluation, predicted times positive, the
+ * same kernel as the naive plan. */
+static void test_calibration(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_phi *relu = tpk_phi_alloc(reg, "relu", &ctx);
+    uint64_t s = 5;
+    size_t n = 760;
+    double *M = random_psd(n, 6, &s), d0[760], d1[760], d2[760];
+    double *out[2] = {malloc(n * n * sizeof(double)), malloc(n * n * sizeof(double))};
+    double w[760];
+    for (size_t i = 0; i < n; i++)
+        w[i] = 0.5 + unif(&s);
+    nsr_ew_node nd[3];
+    memset(nd, 0, sizeof nd);
+    nd[0].op = NSR_EW_LEAF;
+    nd[0].M = M;
+    nd[1].op = NSR_EW_SUM; /* a LayerNorm-like scaling, then a map */
+    nd[1].nt = 1;
+    nd[1].t[0] = (nsr_ew_term){0, 1.0, w, NULL};
+    nd[2].op = NSR_EW_PHI;
+    nd[2].arg = 1;
+    nd[2].phi = relu;
+    nd[2].alpha = 2.0;
+    nd[0].diag = d0;
+    nd[1].diag = d1;
+    nd[2].diag = d2;
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(nsr_ew_diag(nd, k, n, 1, NULL, "c.nsr", (double *)nd[k].diag, NULL, &ctx),
+                         TPK_OK);
+    nsr_ew_calib cal;
+    memset(&cal, 0, sizeof cal);
+    nsr_ew_stats st[2];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(nsr_ew_eval(nd, 3, 2, n, 1, k ? NSR_PLAN_OPTIMAL : NSR_PLAN_NAIVE, NULL,
+                                     &cal, "c.nsr", NULL, out[k], 1, 0, NULL, &st[k], &ctx),
+                         TPK_OK);
+    assert_int_equal(cal.have_memory, 1);
+    assert_true(cal.read_s > 0 && isfinite(cal.read_s) && cal.write_s > 0 && isfinite(cal.write_s));
+    assert_true(cal.fault_s >= 0 && isfinite(cal.fault_s));
+    for (int k = 0; k < 2; k++)
+        assert_true(st[k].predicted_s > 0 && isfinite(st[k].predicted_s) && st[k].measured_s > 0);
+    assert_int_equal(st[1].nkernels, 1);
+    assert_int_equal(st[0].nkernels, 2);
+    for (size_t a = 0; a < n; a++)
+        assert_memory_equal(out[0] + a * n, out[1] + a * n, (a + 1) * sizeof(double));
+    free(out[0]);
+    free(out[1]);
+    free(M);
+    tpk_phi_free(relu);
+    tpk_phi_registry_free(reg);
+}
+
 /* A map over a leaf that is not PSD: the error names the map's statement, and nothing else. */
 static void test_errors(void **state)
 {
@@ -433,6 +490,11 @@ static void test_segmap(void **state)
         assert_int_not_equal(tpk_gauss_segmap_finish(sm, NULL, &ctx), TPK_OK);
         if (!strstr(ctx.msg, "(4,1)"))
             fail_msg("%s: %s", names[f], ctx.msg);
+        tpk_gauss_segmap_reset(sm); /* the failure forgotten, the preparation kept */
+        tpk_ctx_clear(&ctx);
+        tpk_gauss_segmap_row(sm, 4, 1, 1, M + 4 * n + 1, row, &maxr, &errmax);
+        assert_true(fabs(row[0] - R[4 * n + 1]) <= 1e-13 * (1 + fabs(R[4 * n + 1])));
+        assert_int_equal(tpk_gauss_segmap_finish(sm, NULL, &ctx), TPK_OK);
         tpk_gauss_segmap_free(sm);
         tpk_phi_free(phi);
     }
@@ -479,6 +541,13 @@ static void test_cli(void **state)
                                       "plan programs/mlp.nsr --inputs=0",
                                       "plan programs/mlp.nsr --inputs=8 --input=data/demo-inputs.csv",
                                       "check programs/mlp.nsr --plan=naive"};
+    /* a program or an input that cannot be read: 1, with the reason */
+    snprintf(cmd, sizeof cmd, "%s/netsor plan programs/missing.nsr 2>&1", bin);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "missing.nsr"));
+    snprintf(cmd, sizeof cmd, "%s/netsor plan programs/mlp.nsr --input=missing.csv 2>&1", bin);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "missing.csv"));
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s/netsor %s 2>&1", bin, bad[i]);
         if (run_capture(cmd, out, sizeof out) != 2)
@@ -507,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_random_programs),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_segmap),
+        cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_plan_env),
         cmocka_unit_test(test_programs),
         cmocka_unit_test(test_cli),

@@ -42,6 +42,10 @@ TPK_API int tpk_array_check_items(const tpk_array *test, const char *test_name,
 /* The flat index of the first NaN or infinite entry (tpk_array_size(a) when all are finite),
  * and its 0-based multi-index as "i, j, k" in idx (cap bytes): what error messages name. */
 TPK_API size_t tpk_array_first_nonfinite(const tpk_array *a, char *idx, size_t cap);
+/* The k-th entry of a lower triangle in row-major order, k = i(i+1)/2 + j with j ≤ i: (i, j).
+ * The square root's estimate is corrected by integer steps, so every k below 2^52 is exact (the
+ * pair loops and tile walks that spread a triangle over threads). */
+TPK_API void tpk_lower_index(size_t k, size_t *i, size_t *j);
 /* A copy of the rows×cols block of the 2-D array A at (r0, c0); NULL (ctx set) on failure. */
 TPK_API tpk_array *tpk_array_block(const tpk_array *A, size_t r0, size_t rows, size_t c0,
                                    size_t cols, tpk_ctx *ctx);

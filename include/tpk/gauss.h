@@ -131,6 +131,8 @@ TPK_API void tpk_gauss_segmap_merge(tpk_gauss_segmap *sm, double maxr, double er
 /* TPK_OK, or the first failure's status and message (naming the entry); *err_max (may be NULL):
  * the largest error of the entries mapped. */
 TPK_API int tpk_gauss_segmap_finish(tpk_gauss_segmap *sm, double *err_max, tpk_ctx *ctx);
+/* Forget the failures and statistics recorded so far (the preparation is kept). */
+TPK_API void tpk_gauss_segmap_reset(tpk_gauss_segmap *sm);
 TPK_API void tpk_gauss_segmap_free(tpk_gauss_segmap *sm);
 /* Notes on the maps: only the lower triangle (and diagonal) of S is read. ws may be NULL when φ
  * has a closed form. On error (TPK_EDOM for a non-PSD entry, naming it) out is left partially
