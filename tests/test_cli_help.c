@@ -36,14 +36,7 @@ static int run_capture(const tu_env *e, const char *tool, const char *args, char
 {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "'%s/%s' %s 2>/dev/null", e->bindir, tool, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    while (fgetc(p) != EOF) {
-    }
-    int rc = pclose(p);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    return tu_capture(cmd, out, cap);
 }
 
 static void test_help_states_exit_statuses(void **state)

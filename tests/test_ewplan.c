@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tpk/tpk.h"
@@ -507,17 +506,6 @@ static void test_segmap(void **state)
     tpk_phi_registry_free(reg);
 }
 
-/* Run a shell command line, its stdout into out (cap bytes); returns the exit status. */
-static int run_capture(const char *cmd, char *out, size_t cap)
-{
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = 0;
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void test_cli(void **state)
 {
     (void)state;
@@ -526,14 +514,14 @@ static void test_cli(void **state)
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "%s/netsor plan programs/mlp-ln-residual.nsr --set L=3 --inputs=40 "
              "--plan=both 2>&1", bin);
-    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
     assert_non_null(strstr(out, "# naive plan\nplan (naive) of readout@"));
     assert_non_null(strstr(out, "# optimal plan\nplan (optimal) of readout@"));
     assert_non_null(strstr(out, "kernel 40 x 40 in "));
     assert_non_null(strstr(out, "max relative difference 0\n"));
     snprintf(cmd, sizeof cmd, "%s/netsor plan programs/mlp.nsr --input=data/demo-inputs.csv 2>&1",
              bin);
-    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
     assert_non_null(strstr(out, "kernel 48 x 48 in "));
     /* usage errors: a bad plan, options it does not take, its options elsewhere */
     static const char *const bad[] = {"plan programs/mlp.nsr --plan=fast",
@@ -543,14 +531,14 @@ static void test_cli(void **state)
                                       "check programs/mlp.nsr --plan=naive"};
     /* a program or an input that cannot be read: 1, with the reason */
     snprintf(cmd, sizeof cmd, "%s/netsor plan programs/missing.nsr 2>&1", bin);
-    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 1);
     assert_non_null(strstr(out, "missing.nsr"));
     snprintf(cmd, sizeof cmd, "%s/netsor plan programs/mlp.nsr --input=missing.csv 2>&1", bin);
-    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 1);
     assert_non_null(strstr(out, "missing.csv"));
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s/netsor %s 2>&1", bin, bad[i]);
-        if (run_capture(cmd, out, sizeof out) != 2)
+        if (tu_capture(cmd, out, sizeof out) != 2)
             fail_msg("netsor %s: %s", bad[i], out);
     }
     /* a bad TPK_PLAN: an error before any work, no output file, also for a direct recursion */
@@ -558,14 +546,14 @@ static void test_cli(void **state)
     assert_non_null(mkdtemp(tmp));
     snprintf(cmd, sizeof cmd, "TPK_PLAN=fastest %s/gpkernel --arch=transformer --output=%s/k.h5 "
              "2>&1", bin, tmp);
-    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 1);
     assert_non_null(strstr(out, "TPK_PLAN=fastest: expected naive or optimal"));
     char path[64];
     snprintf(path, sizeof path, "%s/k.h5", tmp);
     assert_int_equal(access(path, F_OK), -1);
     snprintf(cmd, sizeof cmd, "TPK_PLAN=naive %s/gpkernel --arch=mlp --layernorm --output=%s/k.h5 "
              "--quiet 2>&1", bin, tmp);
-    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
     remove(path);
     rmdir(tmp);
 }

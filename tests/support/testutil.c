@@ -49,6 +49,18 @@ char *tu_path(const tu_env *e, char *buf, size_t len, const char *name)
     return buf;
 }
 
+int tu_capture(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    while (fgetc(p) != EOF) {
+    }
+    int rc = pclose(p);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
 int tu_run_tool(const tu_env *e, const char *tool, const char *args)
 {
     size_t len = strlen(args) + 2 * sizeof e->bindir + 64;

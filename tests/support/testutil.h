@@ -21,6 +21,9 @@ char *tu_path(const tu_env *e, char *buf, size_t len, const char *name);
 /* Run BINDIR/tool with shell-ready arguments, stdout discarded, stderr to TMPDIR/err.txt.
  * Returns the exit status (-1 if it did not exit normally). */
 int tu_run_tool(const tu_env *e, const char *tool, const char *args);
+/* Run a shell command line: its stdout (at most cap − 1 bytes, the rest read and dropped) into
+ * out, and its exit status (-1 if it did not exit normally). */
+int tu_capture(const char *cmd, char *out, size_t cap);
 /* What the last tu_run_tool printed on stderr. */
 void tu_stderr(const tu_env *e, char *buf, size_t len);
 int tu_exists(const char *path);
