@@ -895,6 +895,25 @@ tpk_gauss_segmap *tpk_gauss_segmap_alloc(const tpk_phi *phi, const double *q, si
     return sm;
 }
 
+/* Built with the kernels' flags (Makefile: -march, -O3) where the framework's sources are not:
+ * the sums around the maps in an orchestrated kernel are as wide as the maps. No contraction into
+ * FMA (-std=c11 turns it off), so each entry rounds as the scalar loop's. */
+void tpk_gauss_seg_axpy(size_t len, double c, const double *w, const double *x, double *y)
+{
+    if (w != NULL)
+        for (size_t j = 0; j < len; j++)
+            y[j] += c * w[j] * x[j];
+    else
+        for (size_t j = 0; j < len; j++)
+            y[j] += c * x[j];
+}
+
+void tpk_gauss_seg_affine(size_t len, double alpha, double beta, double *y)
+{
+    for (size_t j = 0; j < len; j++)
+        y[j] = alpha * y[j] + beta;
+}
+
 void tpk_gauss_segmap_row(tpk_gauss_segmap *sm, size_t i, size_t j0, size_t len, const double *k,
                           double *out, double *maxr, double *errmax)
 {

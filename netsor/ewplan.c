@@ -91,8 +91,7 @@ static void node_seg(const nsr_ew_node *nd, tpk_gauss_segmap *sm, size_t i, size
     if (nd->op == NSR_EW_PHI) {
         tpk_gauss_segmap_row(sm, i, j0, len, a[0], y, &acc->maxr, &acc->errmax);
         if (nd->alpha != 1.0 || nd->beta != 0.0)
-            for (size_t j = 0; j < len; j++)
-                y[j] = nd->alpha * y[j] + nd->beta;
+            tpk_gauss_seg_affine(len, nd->alpha, nd->beta, y);
         return;
     }
     for (size_t j = 0; j < len; j++)
@@ -101,13 +100,7 @@ static void node_seg(const nsr_ew_node *nd, tpk_gauss_segmap *sm, size_t i, size
         const nsr_ew_term *T = &nd->t[t];
         const double c = T->w ? T->c * T->w[i] : T->c, *w = T->w ? T->w + j0 : NULL;
         if (T->arg >= 0) {
-            const double *x = a[t];
-            if (w)
-                for (size_t j = 0; j < len; j++)
-                    y[j] += c * w[j] * x[j];
-            else
-                for (size_t j = 0; j < len; j++)
-                    y[j] += c * x[j];
+            tpk_gauss_seg_axpy(len, c, w, a[t], y);
         } else { /* a bias block: members of one index only */
             const size_t mm = (size_t)m, p = i % mm;
             for (size_t j = (p + mm - j0 % mm) % mm; j < len; j += mm)

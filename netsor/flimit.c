@@ -138,6 +138,7 @@ typedef struct fl {
     tpk_program *fill;  /* plan of a rolled-only program: give it its outputs */
     const int *plan;    /* real run: every block's last use from the plan (−1: the end) */
     int nplan;
+    int nb_stmts;       /* blocks the statements made (the outputs' are not the plan's) */
     plan_job *pj;       /* the plan being made beside the run (NULL: plan is final) */
     struct {
         void *p;
@@ -691,8 +692,17 @@ static const double *block_mean(fl *F, int k)
     return b->mean;
 }
 
-static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double **out,
-                    int full);
+/* The readout that ends an entrywise program at the output: *out (lower triangle, both with
+ * full) = alpha·V_φ(k) + beta, or with phi NULL alpha·w_a w_c·k_ac + beta (w NULL: 1; beta ≠ 0
+ * only for m = 1, where a bias term is a constant). */
+typedef struct ew_readout {
+    const tpk_phi *phi;
+    double alpha, beta;
+    const double *w;
+    double **out;
+} ew_readout;
+
+static int ew_flush(fl *F, int k, const ew_readout *ro, int full);
 
 /* Second moments of block k, (N m)². */
 static const double *block_m2(fl *F, int k)
@@ -700,7 +710,7 @@ static const double *block_m2(fl *F, int k)
     fblock *b = &F->b[k];
     touch(F, k);
     if (b->pend != NULL && !F->dry) /* a pending block: its entrywise program runs now */
-        return ew_flush(F, k, NULL, 0, 0, NULL, 0) ? NULL : F->b[k].M2;
+        return ew_flush(F, k, NULL, 0) ? NULL : F->b[k].M2;
     if (b->kind == BK_GAUSS && b->fi == -2 && b->M2 == NULL && !F->dry) { /* the input block */
         size_t n = F->N * F->T;
         if ((b->M2 = fl_big(F, n * n, sizeof *b->M2, 0)) == NULL)
@@ -766,7 +776,7 @@ static int ensure_ws_for(fl *F, const tpk_phi *phi)
 static const double *block_m2_full(fl *F, int k)
 {
     if (F->b[k].pend != NULL && !F->dry) /* both triangles from the plan's tiles, no mirror */
-        return ew_flush(F, k, NULL, 0, 0, NULL, 1) ? NULL : F->b[k].M2;
+        return ew_flush(F, k, NULL, 1) ? NULL : F->b[k].M2;
     const double *M = block_m2(F, k);
     fblock *b = &F->b[k];
     if (M != NULL && b->lower) {
@@ -1464,6 +1474,18 @@ static void mirror(double *M, size_t n)
         }
 }
 
+/* The upper triangle of each m×m diagonal block of an (N·m)² matrix from its lower one. */
+static void mirror_diagonal_blocks(double *M, size_t N, size_t m)
+{
+    const size_t n = N * m;
+#pragma omp parallel for schedule(dynamic, 32) if (n > 512)
+    for (size_t r = 0; r < n; r++) {
+        size_t a = r / m, i = r % m;
+        for (size_t j = i + 1; j < m; j++)
+            M[r * n + a * m + j] = M[(a * m + j) * n + r];
+    }
+}
+
 /* ---- pending entrywise blocks (ewplan-impl.h; docs/orchestration.md §7) ------------------- */
 
 /* The statement being evaluated (the last one while the outputs are read at the end). */
@@ -1757,11 +1779,10 @@ done:
     return st;
 }
 
-/* Run the entrywise program under pending block k (ewplan-impl.h): with phi NULL, k's matrix (k
- * is no longer pending); else *out (lower triangle) = alpha·V_φ(k) + beta, k left pending —
- * where *out was a block of the caller's allocator that may be replaced (freed) by a leaf's. */
-static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta, double **out,
-                    int full)
+/* Run the entrywise program under pending block k (ewplan-impl.h): with ro NULL, k's matrix (k
+ * is no longer pending); else ro's readout of k into *ro->out, k left pending — where *ro->out
+ * was a block of the caller's allocator that may be replaced (freed) by a leaf's. */
+static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
 {
     size_t n = F->N * (size_t)F->b[k].m;
     int cap = F->nb + 1, nn = 0, st;
@@ -1806,13 +1827,22 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
     }
     double *dphi = NULL;
     int root = nn - 1;
-    if (st == TPK_OK && phi != NULL) { /* the readout's map over k */
+    const double beta = ro ? ro->beta : 0.0;
+    if (st == TPK_OK && ro != NULL) { /* the readout: a map over k, or a scaled k */
         memset(&nd[nn], 0, sizeof nd[nn]);
-        nd[nn].op = NSR_EW_PHI;
-        nd[nn].arg = root;
-        nd[nn].phi = phi;
-        nd[nn].alpha = alpha;
-        nd[nn].beta = beta;
+        if (ro->phi != NULL) {
+            nd[nn].op = NSR_EW_PHI;
+            nd[nn].arg = root;
+            nd[nn].phi = ro->phi;
+            nd[nn].alpha = ro->alpha;
+            nd[nn].beta = ro->beta;
+        } else {
+            nd[nn].op = NSR_EW_SUM;
+            nd[nn].nt = 1;
+            nd[nn].t[0] = (nsr_ew_term){.arg = root, .c = ro->alpha, .w = ro->w};
+            if (beta != 0.0) /* m = 1 (the caller's): a bias term is a constant */
+                nd[nn].t[nd[nn].nt++] = (nsr_ew_term){.arg = -1, .c = 1.0, .s = &beta};
+        }
         ew_name(&nd[nn], "readout", cur_line(F));
         nd[nn].line = cur_line(F); /* the readout's failures: at the output statement */
         nd[nn].col = cur_col(F);
@@ -1831,10 +1861,10 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
      * the plan too, with only k or moot blocks reading them: nothing reads through them again
      * (a transformer layer's attention output, under LayerNorm, residual and feed-forward). */
     int donor = -1;
-    const int at_end = phi != NULL && F->X.cur == F->X.R->nfi && F->final_out != NULL;
-    const int ndag = phi != NULL ? nn - 1 : nn;
+    const int at_end = ro != NULL && F->X.cur == F->X.R->nfi && F->final_out != NULL;
+    const int ndag = ro != NULL ? nn - 1 : nn;
     int *refs = st == TPK_OK ? nsr_fam_alloc(&F->X, (size_t)ndag, sizeof *refs) : NULL;
-    if (refs != NULL && phi == NULL) {
+    if (refs != NULL && ro == NULL) {
         memset(refs, 0, (size_t)ndag * sizeof *refs);
         for (int i = ndag - 1; i >= 0; i--) { /* readers before their arguments */
             const fblock *x = &F->b[ids[i]];
@@ -1850,11 +1880,11 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
         const fblock *x = &F->b[ids[i]];
         if (x->M2 != nd[i].M || x->m != F->b[k].m)
             continue;
-        if (at_end || (refs != NULL && phi == NULL && x->dead && x->pins == refs[i]))
+        if (at_end || (refs != NULL && ro == NULL && x->dead && x->pins == refs[i]))
             donor = ids[i];
     }
     tpk_free(F->X.ctx, refs);
-    if (st == TPK_OK && phi == NULL && donor < 0 && (M = fl_big(F, n * n, sizeof *M, 0)) == NULL)
+    if (st == TPK_OK && ro == NULL && donor < 0 && (M = fl_big(F, n * n, sizeof *M, 0)) == NULL)
         st = F->X.ctx->status;
     for (int i = 0; st == TPK_OK && i < nn; i++)
         if (nd[i].op == NSR_EW_PHI)
@@ -1863,13 +1893,13 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
     if (st == TPK_OK)
         st = nsr_ew_eval(nd, nn, root, n, F->b[k].m, F->plan_kind, F->ws, &F->cal,
                          F->X.R->file, F->plan_report,
-                         donor >= 0 ? F->b[donor].M2 : phi ? *out : M, donor < 0, full, &e,
+                         donor >= 0 ? F->b[donor].M2 : ro ? *ro->out : M, donor < 0, full, &e,
                          NULL, F->X.ctx);
     tpk_free(F->X.ctx, dphi);
     if (st == TPK_OK && donor >= 0) { /* the result is the leaf's matrix now */
-        if (phi != NULL) {
-            tpk_free(F->X.ctx, *out);
-            *out = F->b[donor].M2;
+        if (ro != NULL) {
+            tpk_free(F->X.ctx, *ro->out);
+            *ro->out = F->b[donor].M2;
         } else {
             M = F->b[donor].M2;
         }
@@ -1877,7 +1907,7 @@ static int ew_flush(fl *F, int k, const tpk_phi *phi, double alpha, double beta,
     }
     if (st == TPK_OK) {
         F->err = fmax(F->err, e);
-        if (phi == NULL) {
+        if (ro == NULL) {
             fblock *b = &F->b[k];
             pend *P = b->pend;
             b->pend = NULL;
@@ -1921,21 +1951,24 @@ static int tri_in_place(fl *F, const val *u, double **M2)
             for (size_t q = p + 1; q < m; q++)
                 if (W[(a * m + p) * m + q] != 0)
                     return 0;
-    double *P = (double *)block_m2_full(F, x); /* both triangles of the diagonal blocks are read */
+    /* the products read the lower block triangle and both triangles of the diagonal blocks:
+     * a block stored lower-only has those mirrored, not the whole matrix */
+    double *P = (double *)block_m2(F, x);
     if (P == NULL)
         return -1;
+    if (F->b[x].lower)
+        mirror_diagonal_blocks(P, N, m);
     touch(F, x);
-    for (size_t a = 0; a < N; a++) {
-        /* rows of input a, columns of inputs c ≤ a: L_a · P(a, 0..a), then each · L_cᵀ */
-        double *Pa = P + a * m * n;
-        if (tpk_dtrmm(TPK_LEFT, TPK_LOWER, TPK_NO_TRANS, m, (a + 1) * m, 1.0, W + a * m * m, m, Pa,
-                      n, F->X.ctx))
+    /* blocks (a, c ≤ a) ← L_a P_ac L_cᵀ: each row slab of them times L_a, then each column
+     * slab (rows from c's own down) times L_cᵀ — 2N tall products, not N²/2 of m × m */
+    for (size_t a = 0; a < N; a++)
+        if (tpk_dtrmm(TPK_LEFT, TPK_LOWER, TPK_NO_TRANS, m, (a + 1) * m, 1.0, W + a * m * m, m,
+                      P + a * m * n, n, F->X.ctx))
             return -1;
-        for (size_t c = 0; c <= a; c++)
-            if (tpk_dtrmm(TPK_RIGHT, TPK_LOWER, TPK_TRANS, m, m, 1.0, W + c * m * m, m, Pa + c * m,
-                          n, F->X.ctx))
-                return -1;
-    }
+    for (size_t c = 0; c < N; c++)
+        if (tpk_dtrmm(TPK_RIGHT, TPK_LOWER, TPK_TRANS, n - c * m, m, 1.0, W + c * m * m, m,
+                      P + c * m * n + c * m, n, F->X.ctx))
+            return -1;
     F->b[x].M2 = NULL; /* now the result's */
     *M2 = P;
     return 1;
@@ -4040,6 +4073,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
         st = tpk_progress_report(F->X.progress, "family instructions", (size_t)R->nfi,
                                  (size_t)R->nfi, F->X.ctx);
     F->X.cur = R->nfi; /* the outputs read their blocks at the end */
+    F->nb_stmts = F->nb;
     if (st == TPK_OK && !all_outputs) {
         for (int i = 0; i < no - 1; i++)
             val_free(F, &out[i].v);
@@ -4086,8 +4120,9 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                  * result the kernel (the whole recursion in the passes the plan chooses) */
                 const fblock *bx = &F->b[a->v.t[0].blk];
                 st = ensure_ws_for(F, bx->phi);
+                const ew_readout ro = {bx->phi, a->var, a->bias_var, NULL, &Kout->data};
                 if (st == TPK_OK)
-                    st = ew_flush(F, bx->arg, bx->phi, a->var, a->bias_var, &Kout->data, 1);
+                    st = ew_flush(F, bx->arg, &ro, 1);
                 break;
             }
             if (no == 1 && a->v.nt == 1 && a->v.mu == NULL && is_identity_term(&a->v.t[0], a->v.m) &&
@@ -4117,6 +4152,27 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
             }
             const term *t0 = a->v.nt == 1 ? &a->v.t[0] : NULL;
             fblock *g0 = t0 ? &F->b[t0->blk] : NULL;
+            if (no == 1 && a->v.kind == V_LIN && (a->bias_var == 0 || a->v.m == 1)) {
+                /* y = readout(Σ_t w_t·g_t) of independent blocks, some pending (a transformer's
+                 * last LayerNorm over its residual sum): the sum and the readout's scaling are
+                 * the plan's last nodes, both triangles written from its tiles (no mirror) */
+                pend *P = NULL;
+                int es = ew_sum_of(F, &a->v, cur_line(F), cur_col(F), &P), k = -1;
+                if (es > 0 && ((k = new_block(F, BK_GAUSS, -1, a->v.m)) < 0 || pend_attach(F, k, P))) {
+                    if (k < 0)
+                        pend_discard(F, P);
+                    es = -1;
+                }
+                if (es < 0) {
+                    st = F->X.ctx->status;
+                    break;
+                }
+                if (es > 0) {
+                    const ew_readout ro = {NULL, a->var, a->bias_var, NULL, &Kout->data};
+                    st = ew_flush(F, k, &ro, 1);
+                    break;
+                }
+            }
             if (no == 1 && t0 && g0->kind == BK_GAUSS && g0->M2 != NULL && g0->pins == 0 &&
                 g0->mean == NULL &&
                 (size_t)g0->m * N == dim && is_identity_gather(t0, a->v.m) &&
@@ -4244,9 +4300,9 @@ int nsr_flimit_plan(tpk_program *p, long budget, tpk_ctx *ctx, int *unsupported,
         tpk_mem_free(&R->al, R->plan_last); /* no memory: each evaluation plans (no error) */
         R->plan_last = tpk_mem_malloc(&R->al, ((size_t)F.nb + 1) * sizeof *R->plan_last, NULL);
         if (R->plan_last != NULL) {
-            for (int k = 0; k < F.nb; k++)
+            for (int k = 0; k < F.nb_stmts; k++)
                 R->plan_last[k] = F.b[k].last_use >= R->nfi ? -1 : F.b[k].last_use;
-            R->nplan = F.nb;
+            R->nplan = F.nb_stmts;
         }
     }
     fl_free(&F);
@@ -4292,14 +4348,15 @@ static void *plan_thread(void *arg)
     if (st == TPK_OK)
         st = fl_run(&P, J->all_outputs, NULL, 0, NULL);
     int *last = NULL;
-    if (st == TPK_OK && (last = tpk_malloc(&J->ctx, ((size_t)P.nb + 1) * sizeof *last)) == NULL)
+    if (st == TPK_OK &&
+        (last = tpk_malloc(&J->ctx, ((size_t)P.nb_stmts + 1) * sizeof *last)) == NULL)
         st = TPK_ERROR(&J->ctx, TPK_ENOMEM, "out of memory");
-    for (int k = 0; st == TPK_OK && k < P.nb; k++)
+    for (int k = 0; st == TPK_OK && k < P.nb_stmts; k++)
         last[k] = P.b[k].last_use >= P.X.R->nfi ? -1 : P.b[k].last_use;
     pthread_mutex_lock(&J->mu);
     J->st = st;
     J->unsup = P.X.unsup;
-    J->nb = P.nb;
+    J->nb = P.nb_stmts;
     J->last = last;
     J->seconds = tpk_wall_seconds() - t0;
     J->done = 1;
@@ -4352,7 +4409,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
             if (st == TPK_OK)
                 st = fl_run(&P, all_outputs, NULL, 0, NULL);
             *unsupported = P.X.unsup;
-            nb = P.nb;
+            nb = P.nb_stmts;
             if (st == TPK_OK && (last = tpk_malloc(ctx, ((size_t)nb + 1) * sizeof *last)) == NULL)
                 st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             for (int k = 0; st == TPK_OK && k < nb; k++)
@@ -4385,9 +4442,9 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
                 *unsupported = J.unsup;
                 tpk_error_at(ctx, J.ctx.status, J.ctx.src_file, J.ctx.src_line, "%s", J.ctx.msg);
             } else {
-                if (st == TPK_OK && F.nb != J.nb)
+                if (st == TPK_OK && F.nb_stmts != J.nb)
                     st = TPK_ERROR(&rc, TPK_EINVAL, "internal: the plan and the run differ (%d vs "
-                                   "%d blocks)", J.nb, F.nb);
+                                   "%d blocks)", J.nb, F.nb_stmts);
                 if (st)
                     tpk_error_at(ctx, rc.status, rc.src_file, rc.src_line, "%s", rc.msg);
                 *unsupported = F.X.unsup;
@@ -4410,9 +4467,9 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     F.plan_report = opts ? opts->plan_report : NULL;
     if (st == TPK_OK)
         st = fl_run(&F, all_outputs, last, nb, K);
-    if (st == TPK_OK && F.nb != nb)
+    if (st == TPK_OK && F.nb_stmts != nb)
         st = TPK_ERROR(ctx, TPK_EINVAL, "internal: the plan and the run differ (%d vs %d blocks)",
-                       nb, F.nb);
+                       nb, F.nb_stmts);
     *unsupported = F.X.unsup;
     if (err)
         *err = F.err;

@@ -126,6 +126,10 @@ TPK_API tpk_gauss_segmap *tpk_gauss_segmap_alloc(const tpk_phi *phi, const doubl
                                                  const tpk_gauss_ws *ws, tpk_ctx *ctx);
 TPK_API void tpk_gauss_segmap_row(tpk_gauss_segmap *sm, size_t i, size_t j0, size_t len,
                                   const double *k, double *out, double *maxr, double *errmax);
+/* Segment arithmetic of fused entrywise kernels: y[j] += c·w[j]·x[j] (w NULL: c·x[j]), and
+ * y[j] = alpha·y[j] + beta, for j < len; y must not overlap x or w. */
+TPK_API void tpk_gauss_seg_axpy(size_t len, double c, const double *w, const double *x, double *y);
+TPK_API void tpk_gauss_seg_affine(size_t len, double alpha, double beta, double *y);
 /* Merge one thread's accumulators (thread-safe). */
 TPK_API void tpk_gauss_segmap_merge(tpk_gauss_segmap *sm, double maxr, double errmax);
 /* TPK_OK, or the first failure's status and message (naming the entry); *err_max (may be NULL):
