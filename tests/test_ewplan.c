@@ -442,6 +442,72 @@ static void test_programs(void **state)
     tpk_phi_registry_free(reg);
 }
 
+/* Linear readouts of sums of independent blocks, some pending (a LayerNorm's output plus a
+ * second embedding; with an output bias where each input has one output, without where it has
+ * several): the readout is the plan's last node (its report names it), and the kernel equals the
+ * unrolled evaluator's under both plans. */
+static void test_linear_readouts(void **state)
+{
+    (void)state;
+    static const char *src[] = {
+        "use netsor+\nwidth n\ninput x : d\nA W0 : (n, d) ~ 1.5\nA W2 : (n, d) ~ 0.7\n"
+        "A W1 : (n, n) ~ 2.0\nG b : n ~ N(0, 0.3)\ng = W0 x\nh = W1 relu(g) + b\n"
+        "scalar mu = mean(h)\nscalar v = mean((h - mu)^2)\nz = (h - mu) / sqrt(v + 1e-9)\n"
+        "u = W2 x\noutput y = readout(0.5 * z + u, 1.3, 0.4)\n",
+        "use netsor+\nparam T = 3\nwidth n\ninput x[t in 1..T] : d\nA W0 : (n, d) ~ 1.5\n"
+        "A W2 : (n, d) ~ 0.7\nA W1 : (n, n) ~ 2.0\ng[i in 1..T] = W0 x[i]\n"
+        "h[i in 1..T] = W1 tanh(g[i])\nscalar v[i in 1..T] = mean(h[i]^2)\n"
+        "z[i in 1..T] = h[i] / sqrt(v[i] + 1e-9)\nu[i in 1..T] = W2 x[i]\n"
+        "output y[i in 1..T] = readout(z[i] - 2 * u[i], 0.8)\n",
+    };
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    for (size_t c = 0; c < sizeof src / sizeof src[0]; c++) {
+        tpk_program *p = tpk_netsor_load_string("readout.nsr", src[c], NULL, reg, &ctx);
+        if (p == NULL)
+            fail_msg("program %zu: %s", c, ctx.msg);
+        const size_t N = 19, T = c == 0 ? 1 : 3, d = 4;
+        size_t dims[3] = {N, T, d};
+        tpk_array *X = c == 0 ? tpk_array_alloc2(N, d, &ctx) : tpk_array_alloc(3, dims, &ctx);
+        uint64_t s = 11 + c;
+        for (size_t i = 0; i < N * T * d; i++)
+            X->data[i] = 2 * unif(&s) - 1;
+        tpk_array *K[3] = {NULL, NULL, NULL};
+        char *rep = NULL;
+        size_t replen = 0;
+        FILE *f = open_memstream(&rep, &replen);
+        assert_int_equal(tpk_netsor_kernel_plan(p, X, 1, TPK_PLAN_NAIVE, NULL, &K[0], NULL, &ctx),
+                         TPK_OK);
+        assert_int_equal(tpk_netsor_kernel_plan(p, X, 1, TPK_PLAN_OPTIMAL, f, &K[1], NULL, &ctx),
+                         TPK_OK);
+        fclose(f);
+        setenv("TPK_NETSOR_FORM", "unrolled", 1);
+        assert_int_equal(tpk_netsor_kernel(p, X, 1, &K[2], NULL, &ctx), TPK_OK);
+        unsetenv("TPK_NETSOR_FORM");
+        const size_t n = N * T;
+        assert_int_equal(K[1]->dims[0], n);
+        double scale = 0;
+        for (size_t i = 0; i < n * n; i++)
+            scale = fmax(scale, fabs(K[2]->data[i]));
+        for (size_t i = 0; i < n * n; i++) {
+            assert_true(K[0]->data[i] == K[1]->data[i]);
+            assert_true(K[1]->data[i] == K[1]->data[(i % n) * n + i / n]); /* both triangles */
+            if (fabs(K[1]->data[i] - K[2]->data[i]) > 1e-10 * scale)
+                fail_msg("program %zu: entry %zu: %.17g (rolled), %.17g (unrolled)", c, i,
+                         K[1]->data[i], K[2]->data[i]);
+        }
+        if (!strstr(rep, "plan (optimal) of readout@"))
+            fail_msg("program %zu: %s", c, rep);
+        free(rep);
+        for (int k = 0; k < 3; k++)
+            tpk_array_free(K[k]);
+        tpk_array_free(X);
+        tpk_program_free(p);
+    }
+    tpk_phi_registry_free(reg);
+}
+
 /* tpk_gauss_segmap against the whole-matrix map, with zero-variance rows (scalar fix-ups) and
  * segments that cross the diagonal; the error of a non-PSD entry names it. */
 static void test_segmap(void **state)
@@ -567,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_plan_env),
         cmocka_unit_test(test_programs),
+        cmocka_unit_test(test_linear_readouts),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
