@@ -2,8 +2,10 @@
  * the limit evaluator (its rolled form, netsor/flimit.c) beside the hand-written recursions of
  * the same kernels, in one process: MLP (kernels/mlp.c), MLP with layernorm (the recursion
  * written here over the library's whole-matrix map), CNN-2D with global average pooling
- * (kernels/cnn.c); the transformer's line is bench_transformer's. Prints seconds (best of 3),
- * the ratio evaluator / direct (issue 14's goal: ≤ 1.1) and the largest difference. Not a
+ * (kernels/cnn.c); the transformer's line is bench_transformer's. Each pair runs both, in
+ * alternating order (bench_pairs); prints each side's best seconds, the median of the pairs'
+ * ratios evaluator / direct (issue 14's and 20's goal: ≤ 1.1; the median, because this machine's
+ * speed drifts between runs) beside the ratio of the bests, and the largest difference. Not a
  * test: no pass/fail. Arguments (`BIN 4096 --no-naive` from scripts/run-bench.sh) are
  * accepted and ignored. */
 #include <math.h>
@@ -44,19 +46,20 @@ static tpk_program *program(const char *rel, const char *append, const tpk_param
     return p;
 }
 
-/* best of 3 seconds of the evaluator; K kept from the last run */
-static double time_program(const tpk_program *p, const tpk_array *x, tpk_array **K)
+/* One side of a comparison: the evaluator on a program (K: the last run's kernel), or a direct
+ * recursion through its own closure. */
+typedef struct ev_arg {
+    const tpk_program *p;
+    const tpk_array *x;
+    tpk_array *K;
+} ev_arg;
+
+static int run_program(void *v)
 {
-    double best = INFINITY;
-    for (int r = 0; r < 3; r++) {
-        tpk_array_free(*K);
-        *K = NULL;
-        double t = bench_now();
-        if (tpk_netsor_kernel(p, x, 0, K, NULL, NULL))
-            return NAN;
-        best = fmin(best, bench_now() - t);
-    }
-    return best;
+    ev_arg *e = v;
+    tpk_array_free(e->K);
+    e->K = NULL;
+    return tpk_netsor_kernel(e->p, e->x, 0, &e->K, NULL, NULL);
 }
 
 static double maxdiff(const double *a, const double *b, size_t n)
@@ -67,10 +70,39 @@ static double maxdiff(const double *a, const double *b, size_t n)
     return m;
 }
 
-static void line(const char *name, const char *size, double te, double td, double diff)
+/* reps pairs side by side (bench_pairs), then the line: the best of each side, the median of
+ * the ratios, the difference of the kernels (Kd read after the runs) */
+static void compare(const char *name, const char *size, ev_arg *e, bench_fn direct, void *darg,
+                    int reps, const double *const *Kd, size_t nk)
 {
-    printf("%-10s %-36s evaluator %7.3f s  direct %7.3f s  ratio %5.2f  max|diff| %.1e\n", name,
-           size, te, td, te / td, diff);
+    double te, td, ratio;
+    if (bench_pairs(run_program, e, direct, darg, reps, &te, &td, &ratio)) {
+        printf("%-10s failed\n", name);
+        return;
+    }
+    printf("%-10s %-36s evaluator %7.3f s  direct %7.3f s  ratio %5.2f (best %4.2f)  "
+           "max|diff| %.1e\n", name, size, te, td, ratio, te / td,
+           e->K && *Kd ? maxdiff(e->K->data, *Kd, nk) : NAN);
+}
+
+typedef struct mlp_arg {
+    const tpk_mlp_params *mp;
+    const tpk_array *x;
+    tpk_array *R;
+    const double *K; /* R's data */
+} mlp_arg;
+
+/* Each side makes a new N × N kernel from the inputs, its array's first touch included: the
+ * evaluator returns a fresh array, so the direct call gets a fresh one too (reusing one array
+ * over the repetitions would leave its page faults, ~20 % of the run, out of one side only). */
+static int run_mlp(void *v)
+{
+    mlp_arg *a = v;
+    tpk_array_free(a->R);
+    const size_t N = a->x->dims[0];
+    a->R = tpk_array_alloc2(N, N, NULL);
+    a->K = a->R ? a->R->data : NULL;
+    return a->R == NULL || tpk_mlp_kernel(a->mp, a->x, NULL, NULL, a->R, NULL, NULL, NULL, NULL);
 }
 
 static void bench_mlp(void)
@@ -78,72 +110,86 @@ static void bench_mlp(void)
     const size_t N = 2048, d = 32;
     tpk_param_set s[] = {{"L", "8"}, {"sigma_v2", "2.0"}, {"sigma_ob2", "0.1"}};
     tpk_program *p = program("programs/mlp.nsr", NULL, s, 3);
-    tpk_array *x = inputs(N, 1, d, 1), *K = NULL, *R = NULL;
+    tpk_array *x = inputs(N, 1, d, 1);
     tpk_phi *relu = tpk_phi_alloc(reg, "relu", NULL);
     if (!p || !x || !relu)
         return;
-    double te = time_program(p, x, &K), td = INFINITY;
     tpk_mlp_params mp = {.depth = 8, .phi = relu, .sigma_w2 = 2.0, .sigma_b2 = 0.1};
-    /* Each side makes a new N × N kernel from the inputs, its array's first touch included: the
-     * evaluator returns a fresh array, so the direct call gets a fresh one too (reusing one
-     * array over the repetitions would leave its page faults, ~20 % of the run, out of one
-     * side only). */
-    for (int r = 0; r < 3; r++) {
-        tpk_array_free(R);
-        double t = bench_now();
-        R = tpk_array_alloc2(N, N, NULL);
-        if (R == NULL || tpk_mlp_kernel(&mp, x, NULL, NULL, R, NULL, NULL, NULL, NULL))
-            return;
-        td = fmin(td, bench_now() - t);
-    }
-    line("mlp", "N=2048, d=32, depth 8, relu", te, td, K ? maxdiff(K->data, R->data, N * N) : NAN);
-    tpk_array_free(K), tpk_array_free(R), tpk_array_free(x);
+    ev_arg e = {p, x, NULL};
+    mlp_arg m = {&mp, x, NULL, NULL};
+    compare("mlp", "N=2048, d=32, depth 8, relu", &e, run_mlp, &m, 15, &m.K, N * N);
+    tpk_array_free(e.K), tpk_array_free(m.R), tpk_array_free(x);
     tpk_phi_free(relu);
     tpk_program_free(p);
 }
 
 /* Σ¹ = σ_u² XXᵀ/d; per layer C = Σ/√((Σ_ii + ε)(Σ_jj + ε)) (the layernorm of a zero-mean
  * Gaussian, theory §2.6), M = V_relu(C), Σ ← σ_w² M; K = σ_v² M. */
+typedef struct ln_arg {
+    const tpk_array *x;
+    const tpk_phi *relu;
+    double *S, *dg;
+} ln_arg;
+
+static int run_mlp_ln(void *v)
+{
+    ln_arg *a = v;
+    const size_t N = a->x->dims[0], d = a->x->dims[1];
+    const int L = 8;
+    const double eps = 1e-5;
+    double *S = a->S, *dg = a->dg;
+    for (size_t i = 0; i < N; i++)
+        for (size_t j = 0; j < N; j++) {
+            double g = 0;
+            for (size_t q = 0; q < d; q++)
+                g += a->x->data[i * d + q] * a->x->data[j * d + q];
+            S[i * N + j] = 2.0 * g / (double)d;
+        }
+    for (int l = 0; l < L; l++) {
+        for (size_t i = 0; i < N; i++)
+            dg[i] = 1 / sqrt(S[i * N + i] + eps);
+        for (size_t i = 0; i < N; i++)
+            for (size_t j = 0; j < N; j++)
+                S[i * N + j] *= dg[i] * dg[j];
+        if (tpk_gauss_map(a->relu, S, N, S, NULL, NULL, NULL))
+            return -1;
+        if (l < L - 1)
+            for (size_t i = 0; i < N * N; i++)
+                S[i] *= 2.0;
+    }
+    return 0;
+}
+
 static void bench_mlp_ln(void)
 {
     const size_t N = 2048, d = 32;
-    const int L = 8;
-    const double eps = 1e-5;
     tpk_param_set s[] = {{"L", "8"}};
     tpk_program *p = program("programs/mlp-ln.nsr", NULL, s, 1);
-    tpk_array *x = inputs(N, 1, d, 2), *K = NULL;
+    tpk_array *x = inputs(N, 1, d, 2);
     double *S = malloc(N * N * sizeof *S), *dg = malloc(N * sizeof *dg);
     tpk_phi *relu = tpk_phi_alloc(reg, "relu", NULL);
     if (!p || !x || !S || !dg || !relu)
         return;
-    double te = time_program(p, x, &K), td = INFINITY;
-    for (int r = 0; r < 3; r++) {
-        double t = bench_now();
-        for (size_t i = 0; i < N; i++)
-            for (size_t j = 0; j < N; j++) {
-                double a = 0;
-                for (size_t q = 0; q < d; q++)
-                    a += x->data[i * d + q] * x->data[j * d + q];
-                S[i * N + j] = 2.0 * a / (double)d;
-            }
-        for (int l = 0; l < L; l++) {
-            for (size_t i = 0; i < N; i++)
-                dg[i] = 1 / sqrt(S[i * N + i] + eps);
-            for (size_t i = 0; i < N; i++)
-                for (size_t j = 0; j < N; j++)
-                    S[i * N + j] *= dg[i] * dg[j];
-            tpk_gauss_map(relu, S, N, S, NULL, NULL, NULL);
-            if (l < L - 1)
-                for (size_t i = 0; i < N * N; i++)
-                    S[i] *= 2.0;
-        }
-        td = fmin(td, bench_now() - t);
-    }
-    line("mlp-ln", "N=2048, d=32, depth 8, relu", te, td, K ? maxdiff(K->data, S, N * N) : NAN);
-    tpk_array_free(K), tpk_array_free(x);
+    ev_arg e = {p, x, NULL};
+    ln_arg a = {x, relu, S, dg};
+    compare("mlp-ln", "N=2048, d=32, depth 8, relu", &e, run_mlp_ln, &a, 5,
+            (const double *const *)&a.S, N * N);
+    tpk_array_free(e.K), tpk_array_free(x);
     free(S), free(dg);
     tpk_phi_free(relu);
     tpk_program_free(p);
+}
+
+typedef struct cnn_arg {
+    const tpk_cnn_params *cp;
+    const tpk_array *x;
+    tpk_array *D;
+} cnn_arg;
+
+static int run_cnn(void *v)
+{
+    cnn_arg *a = v;
+    return tpk_cnn_kernel(a->cp, a->x, NULL, a->D, NULL, NULL);
 }
 
 static void bench_cnn(void)
@@ -153,23 +199,19 @@ static void bench_cnn(void)
     tpk_program *p = program("programs/cnn2d.nsr",
                              "output y_gap = readout(sum(r in 1..rows, s in 1..cols: h[L, r, s]) / "
                              "(rows * cols), sigma_v2, sigma_ob2)\n", s, 3);
-    tpk_array *x = inputs(N, R * C, 1, 3), *K = NULL, *D = tpk_array_alloc2(N, N, NULL);
+    tpk_array *x = inputs(N, R * C, 1, 3), *D = tpk_array_alloc2(N, N, NULL);
     tpk_phi *relu = tpk_phi_alloc(reg, "relu", NULL);
     if (!p || !x || !D || !relu)
         return;
-    double te = time_program(p, x, &K), td = INFINITY;
     tpk_cnn_params cp = {.rows = R, .cols = C, .channels = 1, .kh = 3, .kw = 3, .depth = 8,
                          .phi = relu, .sigma_u2 = 2, .sigma_w2 = 2, .sigma_b2 = 0, .sigma_v2 = 2,
                          .sigma_ob2 = 0, .padding = TPK_CNN_CIRCULAR, .readout = TPK_CNN_GAP,
                          .conv = TPK_CNN_CONV_AUTO};
-    for (int r = 0; r < 3; r++) {
-        double t = bench_now();
-        tpk_cnn_kernel(&cp, x, NULL, D, NULL, NULL);
-        td = fmin(td, bench_now() - t);
-    }
-    line("cnn2d-gap", "8 images 28x28x1, 3x3 circular, depth 8", te, td,
-         K ? maxdiff(K->data, D->data, N * N) : NAN);
-    tpk_array_free(K), tpk_array_free(D), tpk_array_free(x);
+    ev_arg e = {p, x, NULL};
+    cnn_arg a = {&cp, x, D};
+    compare("cnn2d-gap", "8 images 28x28x1, 3x3 circular, depth 8", &e, run_cnn, &a, 9,
+            (const double *const *)&D->data, N * N);
+    tpk_array_free(e.K), tpk_array_free(D), tpk_array_free(x);
     tpk_phi_free(relu);
     tpk_program_free(p);
 }
@@ -179,7 +221,8 @@ int main(void)
     reg = tpk_job_registry(NULL);
     if (reg == NULL)
         return 1;
-    printf("interpreter (rolled NETSOR program, limit evaluator) vs direct recursion, best of 3:\n");
+    printf("interpreter (rolled NETSOR program, limit evaluator) vs direct recursion, side by side\n"
+           "(ratio: median of the pairs' evaluator/direct; best: ratio of the best times):\n");
     bench_mlp();
     bench_mlp_ln();
     bench_cnn();

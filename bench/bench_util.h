@@ -17,6 +17,46 @@ static inline double bench_now(void)
     return tpk_wall_seconds();
 }
 
+/* Two computations timed side by side on a shared machine: reps pairs, the order within a pair
+ * alternated; each side's best time, and the median of the pairs' ratios a/b — a ratio that
+ * drift of the machine's speed between pairs does not move, where the ratio of two bests can
+ * pair a lucky run with an unlucky one. Returns 0, or -1 when a run fails (its status). */
+typedef int (*bench_fn)(void *arg);
+
+static inline int bench_cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static inline int bench_pairs(bench_fn a, void *aa, bench_fn b, void *ba, int reps,
+                              double *best_a, double *best_b, double *median_ratio)
+{
+    double *r = malloc((size_t)(reps > 0 ? reps : 1) * sizeof *r);
+    if (r == NULL)
+        return -1;
+    *best_a = *best_b = INFINITY;
+    for (int i = 0; i < reps; i++) {
+        double t[2];
+        for (int k = 0; k < 2; k++) {
+            const int first_a = i % 2 == 0, run_a = k == 0 ? first_a : !first_a;
+            double t0 = bench_now();
+            if ((run_a ? a(aa) : b(ba)) != 0) {
+                free(r);
+                return -1;
+            }
+            t[run_a ? 0 : 1] = bench_now() - t0;
+        }
+        *best_a = fmin(*best_a, t[0]);
+        *best_b = fmin(*best_b, t[1]);
+        r[i] = t[0] / t[1];
+    }
+    qsort(r, (size_t)reps, sizeof *r, bench_cmp_double);
+    *median_ratio = reps % 2 ? r[reps / 2] : 0.5 * (r[reps / 2 - 1] + r[reps / 2]);
+    free(r);
+    return 0;
+}
+
 /* A ← B (n×n, row-major, in place) with B Bᵀ = A for a symmetric PSD A: B = V max(Λ, 0)^{1/2}
  * from the eigendecomposition. The references' covariances are singular (many inputs in few
  * dimensions) or assembled from particles and so not exactly PSD; a (jittered) Cholesky stops at

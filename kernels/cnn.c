@@ -1067,6 +1067,153 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
     return st;
 }
 
+/* ---- one layer of one pair, for callers that chain layers themselves ------------------------ */
+
+/* The workspace of tpk_cnn_layer_apply: the direct path's planes (dws, without its ping-pong
+ * blocks and patches) or the FFT path's, and the zero-variance values of the two inputs. */
+struct tpk_cnn_layerws {
+    grid g;
+    int fft;
+    fftplan f;
+    pairws pw;
+    dws dw;
+    double *zva, *zvc, *tmp; /* Q, Q, and the FFT path's mapped block (Q²) */
+    size_t C;                /* channels of tpk_cnn_layer_first's inputs */
+    int held;                /* tpk_cnn_layer_first held its patches for the next layer */
+    size_t hC;
+    double halpha, hbeta;
+    tpk_allocator al;
+};
+
+void tpk_cnn_layerws_free(tpk_cnn_layerws *w)
+{
+    if (w == NULL)
+        return;
+    tpk_allocator al = w->al;
+    pairws_free(&w->pw);
+    fftplan_free(&w->f);
+    dws_free(&w->dw);
+    tpk_mem_free(&al, w->zva);
+    tpk_mem_free(&al, w->zvc);
+    tpk_mem_free(&al, w->tmp);
+    tpk_mem_free(&al, w);
+}
+
+tpk_cnn_layerws *tpk_cnn_layerws_alloc(size_t rows, size_t cols, int kh, int kw, int padding,
+                                       size_t channels, tpk_ctx *ctx)
+{
+    if (rows < 1 || cols < 1 || kh < 1 || kw < 1 || (size_t)kh > rows || (size_t)kw > cols) {
+        TPK_ERROR(ctx, TPK_EINVAL, "filter %dx%d does not fit a %zux%zu grid", kh, kw, rows, cols);
+        return NULL;
+    }
+    tpk_cnn_layerws *w = tpk_calloc(ctx, 1, sizeof *w);
+    if (w == NULL) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        return NULL;
+    }
+    w->al = tpk_ctx_allocator(ctx);
+    w->g = make_grid(rows, cols, kh, kw, padding);
+    const size_t Q = w->g.Q;
+    w->fft = tpk_cnn_conv_prefers_fft(rows, cols, kh, kw, padding);
+    w->C = channels > 0 ? channels : 1;
+    int st = dws_alloc(&w->dw, &w->g, w->C, ctx); /* and the patches of the first layer */
+    if (st == TPK_OK && w->fft && (st = fftplan_make(&w->f, &w->g, 0, ctx)) == TPK_OK)
+        st = pairws_alloc(&w->pw, Q, &w->f, ctx);
+    if (st == TPK_OK) { /* the direct path's ping-pong blocks: the caller holds the blocks */
+        tpk_mem_free(&w->dw.al, w->dw.A);
+        tpk_mem_free(&w->dw.al, w->dw.B);
+        w->dw.A = w->dw.B = NULL;
+        w->zva = tpk_malloc(ctx, Q * sizeof *w->zva);
+        w->zvc = tpk_malloc(ctx, Q * sizeof *w->zvc);
+        w->tmp = w->fft ? tpk_malloc(ctx, Q * Q * sizeof *w->tmp) : NULL;
+        if (!w->zva || !w->zvc || (w->fft && !w->tmp))
+            st = TPK_ENOMEM;
+    }
+    if (st != TPK_OK) {
+        tpk_cnn_layerws_free(w);
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (layer workspace, %zu positions)", Q);
+        return NULL;
+    }
+    return w;
+}
+
+int tpk_cnn_layer_first(tpk_cnn_layerws *w, const double *xa, const double *xc, size_t channels,
+                        double alpha, double beta, double *out, tpk_ctx *ctx)
+{
+    const grid *g = &w->g;
+    if (channels < 1 || channels > w->C)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_layer_first: %zu channels, the workspace has "
+                         "%zu", channels, w->C);
+    patches(g, channels, xa, xc, &w->dw);
+    if (out == NULL) { /* made plane by plane by the next layer's map (map_plane) */
+        w->held = 1;
+        w->hC = channels;
+        w->halpha = alpha;
+        w->hbeta = beta;
+        return TPK_OK;
+    }
+    double *P = w->dw.P;
+    for (size_t r = 0; r < g->R; r++) { /* each plane straight into out */
+        w->dw.P = out + r * g->S * g->Q;
+        first_plane(g, channels, alpha, beta, r, &w->dw);
+    }
+    w->dw.P = P;
+    return TPK_OK;
+}
+
+int tpk_cnn_layer_apply(tpk_cnn_layerws *w, const tpk_phi *phi, const double *qa,
+                        const double *qc, double alpha, double beta, const double *in,
+                        double *out, const tpk_gauss_ws *ws, double *err, tpk_ctx *ctx)
+{
+    const grid *g = &w->g;
+    const size_t Q = g->Q;
+    double el = 0, zerr = 0;
+    *err = 0;
+    const int held = w->held;
+    w->held = 0;
+    if (in == NULL && !held)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_layer_apply: no block and no first layer held");
+    if (in == NULL && w->fft) { /* the held first layer as a block: out is scratch until the
+                                 * map has read it */
+        double *P = w->dw.P;
+        for (size_t r = 0; r < g->R; r++) {
+            w->dw.P = out + r * g->S * Q;
+            first_plane(g, w->hC, w->halpha, w->hbeta, r, &w->dw);
+        }
+        w->dw.P = P;
+        in = out;
+    }
+    if (w->fft) { /* the map over the block, then the FFT's tap sum (pair_fft) */
+        int st = tpk_gauss_map_cross(phi, qa, Q, qc, Q, in, w->tmp, ws, &el, ctx);
+        if (st)
+            return st;
+        conv_any(g, &w->f, &w->pw, alpha, beta, w->tmp, out);
+        *err = el;
+        return TPK_OK;
+    }
+    int zeros = 0; /* zero-variance positions: their entries from E[φ(0)φ(u)] (map_plane) */
+    for (size_t i = 0; i < Q && !zeros; i++)
+        zeros = qa[i] == 0 || qc[i] == 0;
+    if (zeros) {
+        double za = 0, zc = 0;
+        int st = zero_values(phi, qa, Q, ws, w->zva, &za, ctx);
+        if (st == TPK_OK)
+            st = zero_values(phi, qc, Q, ws, w->zvc, &zc, ctx);
+        if (st)
+            return st;
+        zerr = fmax(za, zc);
+    }
+    /* in NULL: map_plane makes each plane of the held first layer from the patches */
+    const tpk_cnn_params p = {.rows = g->R, .cols = g->S, .channels = held ? w->hC : 1,
+                              .kh = g->kh, .kw = g->kw, .depth = 1, .phi = phi,
+                              .sigma_u2 = held ? w->halpha * g->kh * g->kw : 0,
+                              .sigma_b2 = held ? w->hbeta : 0};
+    int st = layer_direct(&p, g, &w->dw, in, qa, qc, w->zva, w->zvc, zerr, alpha, beta, out, ws,
+                          &el, ctx);
+    *err = el;
+    return st;
+}
+
 int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
                    tpk_array *K, double *err, tpk_ctx *ctx)
 {

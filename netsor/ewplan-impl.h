@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-enum { NSR_EW_LEAF, NSR_EW_PHI, NSR_EW_SUM };
+enum { NSR_EW_LEAF, NSR_EW_PHI, NSR_EW_SUM, NSR_EW_CONV };
 
 /* Plans (TPK_PLAN): one kernel per primitive, or the BLP's optimum (tpk/netsor.h's values). */
 enum { NSR_PLAN_NAIVE = TPK_PLAN_NAIVE, NSR_PLAN_OPTIMAL = TPK_PLAN_OPTIMAL };
@@ -29,22 +29,31 @@ enum { NSR_PLAN_NAIVE = TPK_PLAN_NAIVE, NSR_PLAN_OPTIMAL = TPK_PLAN_OPTIMAL };
 #define NSR_EW_MAXT 8
 
 /* A term of a sum: c · w_a w_c · x_ac, x a node's entries (arg ≥ 0) or a bias block (arg = −1:
- * s[a mod m] where a ≡ c (mod m), else 0: independent members, theory §1.6). w NULL: 1. */
+ * entry (a, c) of members p = a mod m, q = c mod m is s[p] where both read one bias member, else
+ * 0 — independent members, theory §1.6). cls NULL: member p reads bias member p (p = q only);
+ * else cls[p], −1 for none (a bias shared by every position of a CNN layer: all equal). w NULL:
+ * 1. */
 typedef struct nsr_ew_term {
     int arg;
     double c;
     const double *w;
     const double *s;
+    const int *cls;
 } nsr_ew_term;
 
 /* A node of n×n symmetric second moments; only lower triangles are read and written. Arguments
  * are earlier nodes (ids below the node's own). */
 typedef struct nsr_ew_node {
     int op;
-    const double *M;        /* LEAF: the matrix, row-major, leading dimension n */
+    const double *M;        /* LEAF: the matrix, row-major, leading dimension n; NULL: the */
+    const double *x;        /*   inputs' Gram ⟨x_i, x_j⟩/d, x n rows of d (pair programs only) */
+    size_t d;
     int arg;                /* PHI: alpha·V_φ(x) + beta, x's own diagonal */
-    const tpk_phi *phi;
+    const tpk_phi *phi;     /* CONV: alpha·taps(x), or alpha·taps(V_φ(x)) where phi is set */
     double alpha, beta;
+    int rows, cols, kh, kw, pad; /* CONV: the grid of an input's m members (row-major), the
+                                  * filter (centre tap (kh−1)/2, (kw−1)/2), TPK_CNN_CIRCULAR or
+                                  * TPK_CNN_ZERO (theory §2.8) */
     int nt;                 /* SUM: Σ terms */
     nsr_ew_term t[NSR_EW_MAXT];
     const double *diag;     /* every node: its diagonal (n), nsr_ew_diag's for maps and sums */
@@ -89,6 +98,29 @@ int nsr_ew_eval(const nsr_ew_node *node, int nn, int root, size_t n, long m, int
                 const tpk_gauss_ws *ws, nsr_ew_calib *cal, const char *file, FILE *report,
                 double *out, int out_fresh, int out_full, double *err, nsr_ew_stats *stats,
                 tpk_ctx *ctx);
+
+/* A pooled readout of a pair program's root x: out (N×N, both triangles) =
+ * alpha·Σ_pq w_ap w_cq V_φ(x)_(ap)(cq) + beta, or of x itself where phi is NULL; w is N × m. */
+typedef struct nsr_ew_reduce {
+    const tpk_phi *phi;
+    double alpha, beta;
+    const double *w;
+} nsr_ew_reduce;
+
+/* 1 when the program under root must run by input pairs (netsor/ewpair.c): it holds a
+ * convolution or an inputs' Gram leaf. nsr_ew_eval then hands it to nsr_ew_eval_pairs. */
+int nsr_ew_pairwise(const nsr_ew_node *node, int root);
+
+/* nsr_ew_eval for pair programs: one kernel, each input pair's blocks of every node in buffers
+ * (no plan to choose: the maps and taps of a pair run once each whatever the order), and with
+ * red a pooled readout instead of the root's matrix (out is then N×N). */
+int nsr_ew_eval_pairs(const nsr_ew_node *node, int nn, int root, size_t n, long m,
+                      const tpk_gauss_ws *ws, const char *file, FILE *report, double *out,
+                      int out_full, const nsr_ew_reduce *red, double *err, nsr_ew_stats *stats,
+                      tpk_ctx *ctx);
+
+/* The status st of ctx again, its message prefixed with node nd's statement (FILE:LINE:COL). */
+int nsr_ew_named(tpk_ctx *ctx, int st, const char *file, const nsr_ew_node *nd);
 
 /* TPK_PLAN from the environment: naive or optimal (default, also for an empty value); any other
  * value is TPK_EINVAL with a message naming it. */

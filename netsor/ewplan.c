@@ -5,6 +5,7 @@
 #include "tpk/alloc.h"
 #include "tpk/array.h"
 #include "tpk/clock.h"
+#include "tpk/cnn.h"
 #include "tpk/orch.h"
 
 #include <math.h>
@@ -62,19 +63,6 @@ int nsr_plan_from_env(int *plan, tpk_ctx *ctx)
     return TPK_ERROR(ctx, TPK_EINVAL, "TPK_PLAN=%s: expected naive or optimal", s);
 }
 
-/* The status st of ctx again, its message prefixed with the node's statement (copied first: the
- * message is written into the buffer it is read from). */
-static int named(tpk_ctx *ctx, int st, const char *file, const nsr_ew_node *nd)
-{
-    char msg[sizeof ctx->msg];
-    memcpy(msg, ctx->msg, sizeof msg);
-    msg[sizeof msg - 1] = 0;
-    st = st ? st : TPK_ENOMEM;
-    tpk_ctx_clear(ctx); /* the first error stands otherwise */
-    if (file != NULL && nd->line > 0)
-        return TPK_ERROR(ctx, st, "%s:%d:%d: %s", file, nd->line, nd->col, msg);
-    return TPK_ERROR(ctx, st, "%s: %s", nd->name, msg);
-}
 
 /* ---- one segment of one node ---------------------------------------------------------------- */
 
@@ -101,12 +89,81 @@ static void node_seg(const nsr_ew_node *nd, tpk_gauss_segmap *sm, size_t i, size
         const double c = T->w ? T->c * T->w[i] : T->c, *w = T->w ? T->w + j0 : NULL;
         if (T->arg >= 0) {
             tpk_gauss_seg_axpy(len, c, w, a[t], y);
-        } else { /* a bias block: members of one index only */
+        } else if (T->cls == NULL) { /* a bias block: members of one index only */
             const size_t mm = (size_t)m, p = i % mm;
             for (size_t j = (p + mm - j0 % mm) % mm; j < len; j += mm)
                 y[j] += c * (w ? w[j] : 1.0) * T->s[p];
+        } else { /* members reading one bias member */
+            const size_t mm = (size_t)m, p = i % mm;
+            for (size_t j = 0, q = j0 % mm; T->cls[p] >= 0 && j < len; j++, q = q + 1 == mm ? 0 : q + 1)
+                if (T->cls[q] == T->cls[p])
+                    y[j] += c * (w ? w[j] : 1.0) * T->s[p];
         }
     }
+}
+
+/* V_φ's diagonal over variances q (n): out_i = E φ(u)², u ~ N(0, q_i), by the map's scalar path
+ * (tpk_gauss_segmap_row); *err its bound. */
+static int phi_diag(const tpk_phi *phi, const double *q, size_t n, const tpk_gauss_ws *ws,
+                    double *out, double *err, tpk_ctx *ctx)
+{
+    tpk_gauss_segmap *sm = tpk_gauss_segmap_alloc(phi, q, n, ws, ctx);
+    if (sm == NULL)
+        return ctx->status;
+    seg_acc acc = {0, 0};
+    for (size_t i = 0; i < n; i++)
+        tpk_gauss_segmap_row(sm, i, i, 1, q + i, out + i, &acc.maxr, &acc.errmax);
+    tpk_gauss_segmap_merge(sm, acc.maxr, acc.errmax);
+    int st = tpk_gauss_segmap_finish(sm, err, ctx);
+    tpk_gauss_segmap_free(sm);
+    return st;
+}
+
+/* A convolution's diagonal: entry (a, p) reads (a, p + t) of its source for every tap t, the
+ * same shift on both sides, so the diagonal is the source's (mapped) diagonal summed over the
+ * taps (theory §2.8; kernels/cnn.c's diag_box) — no off-diagonal entry needed. */
+static int conv_diag(const nsr_ew_node *node, int k, size_t n, long m, const tpk_gauss_ws *ws,
+                     const char *file, double *out, double *err, tpk_ctx *ctx)
+{
+    const nsr_ew_node *nd = &node[k];
+    const long R = nd->rows, C = nd->cols, cr = (nd->kh - 1) / 2, cs = (nd->kw - 1) / 2;
+    if (R * C != m || n % (size_t)m)
+        return TPK_ERROR(ctx, TPK_EINVAL, "internal: %s: a %ldx%ld grid is not %ld members",
+                         nd->name, R, C, m);
+    const double *q = node[nd->arg].diag;
+    double *u = NULL, e = 0;
+    if (nd->phi != NULL) {
+        if ((u = tpk_malloc(ctx, n * sizeof *u)) == NULL)
+            return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        int st = phi_diag(nd->phi, q, n, ws, u, &e, ctx);
+        if (st) {
+            tpk_free(ctx, u);
+            return nsr_ew_named(ctx, st, file, nd);
+        }
+        q = u;
+    }
+    const int circ = nd->pad == TPK_CNN_CIRCULAR;
+    for (size_t a = 0; a < n / (size_t)m; a++)
+        for (long r = 0; r < R; r++)
+            for (long c = 0; c < C; c++) {
+                double s = 0;
+                for (long i = 0; i < nd->kh; i++)
+                    for (long j = 0; j < nd->kw; j++) {
+                        long rr = r + i - cr, cc = c + j - cs;
+                        if (circ) {
+                            rr = (rr % R + R) % R;
+                            cc = (cc % C + C) % C;
+                        } else if (rr < 0 || rr >= R || cc < 0 || cc >= C) {
+                            continue;
+                        }
+                        s += q[a * (size_t)m + (size_t)(rr * C + cc)];
+                    }
+                out[a * (size_t)m + (size_t)(r * C + c)] = nd->alpha * s;
+            }
+    tpk_free(ctx, u);
+    if (err)
+        *err = fabs(nd->alpha) * nd->kh * nd->kw * e;
+    return TPK_OK;
 }
 
 int nsr_ew_diag(const nsr_ew_node *node, int k, size_t n, long m, const tpk_gauss_ws *ws,
@@ -116,10 +173,20 @@ int nsr_ew_diag(const nsr_ew_node *node, int k, size_t n, long m, const tpk_gaus
     if (err)
         *err = 0.0;
     if (nd->op == NSR_EW_LEAF) {
-        for (size_t i = 0; i < n; i++)
-            out[i] = nd->M[i * n + i];
+        for (size_t i = 0; i < n; i++) {
+            if (nd->M != NULL) {
+                out[i] = nd->M[i * n + i];
+                continue;
+            }
+            double g = 0; /* the inputs' Gram, as the pair blocks make it */
+            for (size_t h = 0; h < nd->d; h++)
+                g += nd->x[i * nd->d + h] * nd->x[i * nd->d + h];
+            out[i] = g / (double)nd->d;
+        }
         return TPK_OK;
     }
+    if (nd->op == NSR_EW_CONV)
+        return conv_diag(node, k, n, m, ws, file, out, err, ctx);
     if (nd->op == NSR_EW_SUM) {
         for (size_t i = 0; i < n; i++) {
             double y = 0.0;
@@ -133,21 +200,12 @@ int nsr_ew_diag(const nsr_ew_node *node, int k, size_t n, long m, const tpk_gaus
         return TPK_OK;
     }
     /* a map: the same scalar path as the map's diagonal entries (tpk_gauss_segmap_row) */
-    const double *q = node[nd->arg].diag;
-    tpk_gauss_segmap *sm = tpk_gauss_segmap_alloc(nd->phi, q, n, ws, ctx);
-    if (sm == NULL)
-        return named(ctx, ctx->status, file, nd);
-    seg_acc acc = {0, 0};
-    for (size_t i = 0; i < n; i++) {
-        tpk_gauss_segmap_row(sm, i, i, 1, q + i, out + i, &acc.maxr, &acc.errmax);
-        out[i] = nd->alpha * out[i] + nd->beta;
-    }
-    tpk_gauss_segmap_merge(sm, acc.maxr, acc.errmax);
     double e = 0;
-    int st = tpk_gauss_segmap_finish(sm, &e, ctx);
-    tpk_gauss_segmap_free(sm);
+    int st = phi_diag(nd->phi, node[nd->arg].diag, n, ws, out, &e, ctx);
     if (st)
-        return named(ctx, st, file, nd);
+        return nsr_ew_named(ctx, st, file, nd);
+    for (size_t i = 0; i < n; i++)
+        out[i] = nd->alpha * out[i] + nd->beta;
     if (err)
         *err = fabs(nd->alpha) * e;
     return TPK_OK;
@@ -683,6 +741,9 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
                          nn);
     if (n == 0)
         return TPK_OK;
+    if (nsr_ew_pairwise(node_in, root))
+        return nsr_ew_eval_pairs(node_in, nn, root, n, m, ws, file, report, out, out_full, NULL,
+                                 err, stats, ctx);
     nsr_ew_node *folded = fold_biases(node_in, nn, root, m, ctx);
     if (folded == NULL)
         return ctx->status;
@@ -719,7 +780,7 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
     for (int k = 0; st == TPK_OK && k <= root; k++)
         if (W.val[k] >= 0 && node[k].op == NSR_EW_PHI &&
             (W.sm[k] = tpk_gauss_segmap_alloc(node[k].phi, node[node[k].arg].diag, n, ws, ctx)) == NULL)
-            st = named(ctx, ctx->status, file, &node[k]);
+            st = nsr_ew_named(ctx, ctx->status, file, &node[k]);
     /* the whole program in one kernel, where it fits one: computes each primitive once, reads
      * each leaf once and writes only the root, so no plan costs less under the model (§7) —
      * the model and the BLP are then only needed for a report */
@@ -842,7 +903,7 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
             continue;
         double e = 0;
         if (st == TPK_OK && (st = tpk_gauss_segmap_finish(W.sm[k], &e, ctx)) != TPK_OK)
-            st = named(ctx, st, file, &node[k]);
+            st = nsr_ew_named(ctx, st, file, &node[k]);
         emax = fmax(emax, fabs(node[k].alpha) * e);
     }
     if (st == TPK_OK && err)

@@ -104,6 +104,7 @@ typedef struct pend {
     double *diag;               /* N m */
     double *w[NSR_EW_MAXT];     /* copies of the terms' weights */
     double *s[NSR_EW_MAXT];     /* bias terms: the variance at each member (m) */
+    int *cls[NSR_EW_MAXT];      /* bias terms read by several members: the member each reads */
 } pend;
 
 /* The plan made on a second thread while the run starts (it needs no numbers, and at large T it
@@ -244,11 +245,12 @@ static void pend_free(fl *F, struct pend *P)
     if (P == NULL)
         return;
     tpk_free(F->X.ctx, P->diag);
-    if (P->nd.op == NSR_EW_PHI)
+    if (P->nd.op == NSR_EW_PHI || P->nd.op == NSR_EW_CONV)
         unpin(F, P->nd.arg);
     for (int t = 0; P->nd.op == NSR_EW_SUM && t < P->nd.nt; t++) {
         tpk_free(F->X.ctx, P->w[t]);
         tpk_free(F->X.ctx, P->s[t]);
+        tpk_free(F->X.ctx, P->cls[t]);
         if (P->nd.t[t].arg >= 0)
             unpin(F, P->nd.t[t].arg);
     }
@@ -700,6 +702,8 @@ typedef struct ew_readout {
     double alpha, beta;
     const double *w;
     double **out;
+    const double *pool; /* N × m: *out (N×N) = alpha·Σ_pq pool_ap pool_cq V_φ(k)_(ap)(cq) + beta
+                         * instead (pair programs only: ew_pairwise) */
 } ew_readout;
 
 static int ew_flush(fl *F, int k, const ew_readout *ro, int full);
@@ -1572,7 +1576,7 @@ static int pend_diag(fl *F, pend *P, size_t n)
     double *d[NSR_EW_MAXT] = {NULL};
     int na = 0, st = TPK_OK;
     nsr_ew_node me = P->nd;
-    if (me.op == NSR_EW_PHI) {
+    if (me.op == NSR_EW_PHI || me.op == NSR_EW_CONV) {
         memset(&tmp[0], 0, sizeof tmp[0]);
         if ((d[0] = nsr_fam_alloc(&F->X, n, sizeof *d[0])) == NULL ||
             (st = block_diag(F, me.arg, d[0])) != TPK_OK)
@@ -1597,7 +1601,7 @@ static int pend_diag(fl *F, pend *P, size_t n)
     if ((P->diag = nsr_fam_alloc(&F->X, n, sizeof *P->diag)) == NULL)
         goto done;
     double e = 0;
-    if (me.op == NSR_EW_PHI && (st = ensure_ws_for(F, me.phi)) != TPK_OK)
+    if (me.phi != NULL && (st = ensure_ws_for(F, me.phi)) != TPK_OK)
         goto done;
     st = nsr_ew_diag(tmp, na, n, (long)(n / F->N), F->ws, F->X.R->file, P->diag, &e, F->X.ctx);
     F->err = fmax(F->err, e);
@@ -1615,6 +1619,7 @@ static void pend_discard(fl *F, pend *P)
     for (int t = 0; t < NSR_EW_MAXT; t++) {
         tpk_free(F->X.ctx, P->w[t]);
         tpk_free(F->X.ctx, P->s[t]);
+        tpk_free(F->X.ctx, P->cls[t]);
     }
     tpk_free(F->X.ctx, P->diag);
     tpk_free(F->X.ctx, P);
@@ -1629,7 +1634,7 @@ static int pend_attach(fl *F, int k, pend *P)
         pend_discard(F, P);
         return st;
     }
-    if (P->nd.op == NSR_EW_PHI)
+    if (P->nd.op == NSR_EW_PHI || P->nd.op == NSR_EW_CONV)
         F->b[P->nd.arg].pins++;
     for (int t = 0; P->nd.op == NSR_EW_SUM && t < P->nd.nt; t++)
         if (P->nd.t[t].arg >= 0)
@@ -1647,7 +1652,7 @@ static pend *pend_new(fl *F, int op, int line, int col)
         return NULL;
     memset(P, 0, sizeof *P);
     P->nd.op = op;
-    ew_name(&P->nd, op == NSR_EW_PHI ? "map" : "sum", line);
+    ew_name(&P->nd, op == NSR_EW_PHI ? "map" : op == NSR_EW_CONV ? "conv" : "sum", line);
     P->nd.line = line;
     P->nd.col = col;
     return P;
@@ -1670,13 +1675,10 @@ static int ew_sum_of(fl *F, const val *u, int line, int col, pend **out)
         if (t->dense)
             return 0;
         if (b->kind == BK_BIAS) {
-            /* initial G-var members, each read at most at one point: E = var δ_pq */
+            /* initial G-var members: E[b_idx[p] b_idx[q]] = var where idx[p] = idx[q] (one
+             * member read at several points: a CNN layer's bias at every position) */
             if (b->mean != NULL || b->s == NULL)
                 return 0;
-            for (size_t p = 0; p < m; p++)
-                for (size_t q = 0; q < p && t->idx[p] >= 0; q++)
-                    if (t->idx[q] == t->idx[p])
-                        return 0;
         } else if (is_identity_gather(t, u->m) && ew_leafable(F, t->blk, u->m)) {
             gauss++;
         } else {
@@ -1709,9 +1711,19 @@ static int ew_sum_of(fl *F, const val *u, int line, int col, pend **out)
             T->arg = -1;
             if ((P->s[i] = nsr_fam_alloc(&F->X, m, sizeof *P->s[i])) == NULL)
                 break;
-            for (size_t p = 0; p < m; p++)
+            int shared = 0;
+            for (size_t p = 0; p < m; p++) {
                 P->s[i][p] = t->idx[p] >= 0 ? F->b[t->blk].s[t->idx[p]] : 0.0;
+                for (size_t q = 0; q < p && t->idx[p] >= 0 && !shared; q++)
+                    shared = t->idx[q] == t->idx[p];
+            }
             T->s = P->s[i];
+            if (shared) {
+                if ((P->cls[i] = nsr_fam_alloc(&F->X, m, sizeof *P->cls[i])) == NULL)
+                    break;
+                memcpy(P->cls[i], t->idx, m * sizeof *P->cls[i]);
+                T->cls = P->cls[i];
+            }
         } else {
             T->arg = t->blk;
         }
@@ -1729,12 +1741,12 @@ static int ew_sum_of(fl *F, const val *u, int line, int col, pend **out)
 static int pend_nargs(const fl *F, int x)
 {
     const pend *P = F->b[x].pend;
-    return P == NULL ? 0 : P->nd.op == NSR_EW_PHI ? 1 : P->nd.nt;
+    return P == NULL ? 0 : P->nd.op == NSR_EW_SUM ? P->nd.nt : 1;
 }
 static int pend_arg(const fl *F, int x, int t)
 {
     const pend *P = F->b[x].pend;
-    return P->nd.op == NSR_EW_PHI ? P->nd.arg : P->nd.t[t].arg;
+    return P->nd.op == NSR_EW_SUM ? P->nd.t[t].arg : P->nd.arg;
 }
 
 /* The blocks under pending block k (and k), arguments before their readers (a depth-first
@@ -1779,6 +1791,19 @@ done:
     return st;
 }
 
+/* Is the entrywise program under pending block k a pair program (a convolution in it)? 0 also
+ * on failure (with the status in the context). */
+static int ew_pairwise(fl *F, int k)
+{
+    int cap = F->nb + 1, nn = 0, pairs = 0;
+    int *ids = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *ids);
+    if (ids != NULL && ew_collect(F, k, ids, &nn, cap) == TPK_OK)
+        for (int i = 0; i < nn; i++)
+            pairs |= F->b[ids[i]].pend != NULL && F->b[ids[i]].pend->nd.op == NSR_EW_CONV;
+    tpk_free(F->X.ctx, ids);
+    return pairs;
+}
+
 /* Run the entrywise program under pending block k (ewplan-impl.h): with ro NULL, k's matrix (k
  * is no longer pending); else ro's readout of k into *ro->out, k left pending — where *ro->out
  * was a block of the caller's allocator that may be replaced (freed) by a leaf's. */
@@ -1797,6 +1822,9 @@ static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
     memset(ld, 0, (size_t)cap * sizeof *ld);
     if ((st = ew_collect(F, k, ids, &nn, cap)) != TPK_OK)
         goto done;
+    int pairs = 0; /* a pair program (netsor/ewpair.c) */
+    for (int i = 0; i < nn; i++)
+        pairs |= F->b[ids[i]].pend != NULL && F->b[ids[i]].pend->nd.op == NSR_EW_CONV;
     for (int i = 0; i < nn && st == TPK_OK; i++) {
         int x = ids[i];
         at[x] = i;
@@ -1804,7 +1832,7 @@ static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
         if (P != NULL) {
             nd[i] = P->nd;
             nd[i].diag = P->diag;
-            if (nd[i].op == NSR_EW_PHI)
+            if (nd[i].op == NSR_EW_PHI || nd[i].op == NSR_EW_CONV)
                 nd[i].arg = at[nd[i].arg];
             for (int t = 0; nd[i].op == NSR_EW_SUM && t < nd[i].nt; t++)
                 if (nd[i].t[t].arg >= 0)
@@ -1814,7 +1842,12 @@ static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
         memset(&nd[i], 0, sizeof nd[i]);
         nd[i].op = NSR_EW_LEAF;
         ew_name(&nd[i], block_label(F, x), F->b[x].line);
-        if ((nd[i].M = block_m2(F, x)) == NULL) {
+        if (pairs && F->b[x].fi == -2 && F->b[x].M2 == NULL && F->d <= 8) {
+            /* a pair program reads the inputs' Gram per pair (a rank-d product of the pair's
+             * rows: few channels, RGB or grey), not the (N m)² matrix first */
+            nd[i].x = F->x;
+            nd[i].d = F->d;
+        } else if ((nd[i].M = block_m2(F, x)) == NULL) {
             st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
             break;
         }
@@ -1828,6 +1861,24 @@ static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
     double *dphi = NULL;
     int root = nn - 1;
     const double beta = ro ? ro->beta : 0.0;
+    if (st == TPK_OK && ro != NULL && ro->pool != NULL) { /* pooled: by input pairs */
+        const nsr_ew_reduce red = {ro->phi, ro->alpha, ro->beta, ro->pool};
+        double e = 0;
+        if (!pairs)
+            st = TPK_ERROR(F->X.ctx, TPK_EINVAL, "internal: a pooled readout of a program that "
+                           "is not by input pairs");
+        if (st == TPK_OK && ro->phi != NULL)
+            st = ensure_ws_for(F, ro->phi);
+        for (int i = 0; st == TPK_OK && i < nn; i++)
+            if (nd[i].phi != NULL)
+                st = ensure_ws_for(F, nd[i].phi);
+        if (st == TPK_OK)
+            st = nsr_ew_eval_pairs(nd, nn, root, n, F->b[k].m, F->ws, F->X.R->file,
+                                   F->plan_report, *ro->out, 1, &red, &e, NULL, F->X.ctx);
+        if (st == TPK_OK)
+            F->err = fmax(F->err, e);
+        goto done;
+    }
     if (st == TPK_OK && ro != NULL) { /* the readout: a map over k, or a scaled k */
         memset(&nd[nn], 0, sizeof nd[nn]);
         if (ro->phi != NULL) {
@@ -1878,7 +1929,7 @@ static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
         if (nd[i].op != NSR_EW_LEAF)
             continue;
         const fblock *x = &F->b[ids[i]];
-        if (x->M2 != nd[i].M || x->m != F->b[k].m)
+        if (nd[i].M == NULL || x->M2 != nd[i].M || x->m != F->b[k].m)
             continue;
         if (at_end || (refs != NULL && ro == NULL && x->dead && x->pins == refs[i]))
             donor = ids[i];
@@ -1887,7 +1938,7 @@ static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
     if (st == TPK_OK && ro == NULL && donor < 0 && (M = fl_big(F, n * n, sizeof *M, 0)) == NULL)
         st = F->X.ctx->status;
     for (int i = 0; st == TPK_OK && i < nn; i++)
-        if (nd[i].op == NSR_EW_PHI)
+        if (nd[i].phi != NULL)
             st = ensure_ws_for(F, nd[i].phi);
     double e = 0;
     if (st == TPK_OK)
@@ -2839,7 +2890,8 @@ static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, double *M2, taps
  * grid, every tap reading one block h defined on the same grid at the shifted position — wrapped
  * (circular) or masked to zero outside (zero padding) — with one variance, are the step between
  * CNN layers of kernels/cnn.c: M2 += σ² Σ_t M2_h[p+t, q+t] per input pair by
- * tpk_cnn_conv_block. Returns 1 when it took the taps; 0 leaves them to the generic sum. */
+ * tpk_cnn_conv_block. Returns 1 when it took the taps, 2 when they are a pending node
+ * (F->newpend); 0 leaves them to the generic sum. */
 static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
 {
     *st = TPK_OK;
@@ -2911,6 +2963,39 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
     }
     if (padding < 0)
         padding = TPK_CNN_CIRCULAR; /* no tap leaves the grid */
+    if (F->plan_kind == NSR_PLAN_OPTIMAL) {
+        /* The convolution stays pending, a node of a pair program (netsor/ewpair.c): over φ(g)
+         * with g a zero-mean Gaussian block (pending or not), or over a Gaussian block itself
+         * (the inputs': their Gram is made per pair). A CNN's layers then run one input pair
+         * at a time from the inputs to the readout, in buffers, as kernels/cnn.c does. */
+        int psrc = -1;
+        const tpk_phi *pphi = NULL;
+        if (bx->kind == BK_NONLIN && bx->M2 == NULL && ew_leafable(F, bx->arg, D->m)) {
+            psrc = bx->arg;
+            pphi = bx->phi;
+        } else if (bx->kind == BK_GAUSS && ew_leafable(F, X, D->m)) {
+            psrc = X;
+        }
+        if (psrc >= 0) {
+            pend *P = pend_new(F, NSR_EW_CONV, cur_line(F), cur_col(F));
+            if (P == NULL) {
+                *st = F->X.ctx->status;
+                return 1;
+            }
+            P->nd.arg = psrc;
+            P->nd.phi = pphi;
+            P->nd.alpha = t0->var;
+            P->nd.rows = (int)R;
+            P->nd.cols = (int)C;
+            P->nd.kh = kh;
+            P->nd.kw = kw;
+            P->nd.pad = padding;
+            touch(F, X);
+            touch(F, psrc);
+            F->newpend = P;
+            return 2;
+        }
+    }
     size_t n = N * m, npairs = N * (N + 1) / 2;
     /* The taps read h = φ(g) whose moments are not made yet, and h dies here: φ's map runs per
      * input pair on the pair's block of g, in the buffer the convolution reads next (map and
@@ -3074,7 +3159,18 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         }
         int st = TPK_OK;
         F->inplace = NULL;
+        F->newpend = NULL;
         int lowered = conv_lowering(F, D, &T, M2, &st);
+        if (lowered == 2) { /* pending: its own block, never touched, goes back */
+            pend *P = F->newpend;
+            size_t n = F->N * (size_t)D->m;
+            F->newpend = NULL;
+            taps_free(F, &T);
+            fl_release(F, M2, n * n * sizeof *M2);
+            if (pend_attach(F, k, P))
+                return F->X.ctx->status;
+            return finish_atom(F, k, NULL, out, D->m);
+        }
         M2 = adopt_inplace(F, M2, D->m);
         if (!lowered) {
             size_t n = F->N * (size_t)D->m; /* the generic sum adds into a zeroed block */
@@ -4097,9 +4193,19 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     size_t N = F->N, dim = N * O;
     tpk_array *Kout = NULL;
     if (st == TPK_OK && !F->dry) {
-        Kout = tpk_array_alloc2(dim, dim, F->X.ctx);
-        if (Kout == NULL)
+        /* uninitialised: every path below writes each entry or gives K a block of its own
+         * (zeroing dim² entries that a leaf's matrix then replaces was 3 % of a transformer) */
+        double *q = tpk_array_check_memory(dim * dim, "kernel", F->X.ctx) ? NULL
+                    : fl_big(F, dim * dim, sizeof *q, 0);
+        Kout = q != NULL ? tpk_array_alloc2(1, 1, F->X.ctx) : NULL;
+        if (Kout == NULL) {
+            tpk_free(F->X.ctx, q);
             st = F->X.ctx->status;
+        } else {
+            tpk_free(F->X.ctx, Kout->data);
+            Kout->data = q;
+            Kout->dims[0] = Kout->dims[1] = dim;
+        }
     }
     size_t oi0 = 0;
     for (int i = 0; i < no && st == TPK_OK; i++) {
@@ -4120,7 +4226,8 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                  * result the kernel (the whole recursion in the passes the plan chooses) */
                 const fblock *bx = &F->b[a->v.t[0].blk];
                 st = ensure_ws_for(F, bx->phi);
-                const ew_readout ro = {bx->phi, a->var, a->bias_var, NULL, &Kout->data};
+                const ew_readout ro = {.phi = bx->phi, .alpha = a->var, .beta = a->bias_var,
+                                      .out = &Kout->data};
                 if (st == TPK_OK)
                     st = ew_flush(F, bx->arg, &ro, 1);
                 break;
@@ -4152,6 +4259,27 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
             }
             const term *t0 = a->v.nt == 1 ? &a->v.t[0] : NULL;
             fblock *g0 = t0 ? &F->b[t0->blk] : NULL;
+            if (no == 1 && a->v.kind == V_LIN && a->v.nt == 1 && a->v.t[0].dense &&
+                a->v.m == 1 && all_zero(a->v.mu, N)) {
+                /* y = readout(Σ_p w_p φ(g)_p) (a CNN's global average pool), g a pair program:
+                 * each input pair's block is pooled where it is made — no (N m)² matrix */
+                const fblock *bx = &F->b[a->v.t[0].blk];
+                int g = bx->kind == BK_NONLIN && bx->M2 == NULL ? bx->arg
+                        : bx->kind == BK_GAUSS                  ? a->v.t[0].blk
+                                                                : -1;
+                if (g >= 0 && F->b[g].pend != NULL && F->b[g].mean == NULL &&
+                    F->b[g].m == bx->m && ew_pairwise(F, g)) {
+                    const ew_readout ro = {.phi = bx->kind == BK_NONLIN ? bx->phi : NULL,
+                                           .alpha = a->var, .beta = a->bias_var,
+                                           .pool = a->v.t[0].w, .out = &Kout->data};
+                    st = ew_flush(F, g, &ro, 1);
+                    break;
+                }
+                if (F->X.ctx->status) {
+                    st = F->X.ctx->status;
+                    break;
+                }
+            }
             if (no == 1 && a->v.kind == V_LIN && (a->bias_var == 0 || a->v.m == 1)) {
                 /* y = readout(Σ_t w_t·g_t) of independent blocks, some pending (a transformer's
                  * last LayerNorm over its residual sum): the sum and the readout's scaling are
@@ -4168,7 +4296,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                     break;
                 }
                 if (es > 0) {
-                    const ew_readout ro = {NULL, a->var, a->bias_var, NULL, &Kout->data};
+                    const ew_readout ro = {.alpha = a->var, .beta = a->bias_var, .out = &Kout->data};
                     st = ew_flush(F, k, &ro, 1);
                     break;
                 }

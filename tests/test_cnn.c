@@ -291,6 +291,38 @@ static void program_vs_recursion(int twod, size_t R, size_t S, size_t C, int kh,
         tpk_array *K = cnn(&rp, x, N);
         reduce(Ke->data, N, Q, gap, Kred);
         assert_true(max_rel(K->data, Kred, N * N) < TOL_EVAL);
+        if (gap) { /* the pooled output (the CNN job's): pooled per input pair (ewpair.c) */
+            tpk_ctx ctx;
+            tpk_ctx_init(&ctx);
+            tpk_netsor_opts o = {.sets = sets, .nsets = ns,
+                                 .append = twod ? "output y_gap = readout(sum(r in 1..rows, s in "
+                                                  "1..cols: h[L, r, s]) / (rows * cols), "
+                                                  "sigma_v2, sigma_ob2)\n"
+                                                : "output y_gap = readout(sum(p in 1..T: h[L, "
+                                                  "p]) / T, sigma_v2, sigma_ob2)\n"};
+            char path[4200];
+            tpk_shipped_path(twod ? "programs/cnn2d.nsr" : "programs/cnn1d.nsr", path,
+                             sizeof path);
+            tpk_program *pp = tpk_netsor_load_file(path, &o, reg, &ctx);
+            size_t dims[3] = {N, Q, C};
+            tpk_array *X = tpk_array_alloc(3, dims, &ctx), *Kp = NULL;
+            memcpy(X->data, x, N * Q * C * sizeof(double));
+            for (int plan = TPK_PLAN_NAIVE; pp != NULL && plan <= TPK_PLAN_OPTIMAL; plan++) {
+                if (tpk_netsor_kernel_plan(pp, X, 0, plan, NULL, &Kp, NULL, &ctx))
+                    fail_msg("%s", ctx.msg);
+                double ep = max_rel(Kp->data, K->data, N * N);
+                print_message("  GAP output (%s plan) vs recursion %.6e\n",
+                              plan == TPK_PLAN_NAIVE ? "naive" : "optimal", ep);
+                assert_int_equal(tpk_array_size(Kp), N * N);
+                assert_true(ep < TOL_EVAL);
+                tpk_array_free(Kp);
+                Kp = NULL;
+            }
+            if (pp == NULL)
+                fail_msg("%s", ctx.msg);
+            tpk_array_free(X);
+            tpk_program_free(pp);
+        }
         tpk_array_free(K);
     }
     tpk_array_free(Ke);

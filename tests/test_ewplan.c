@@ -21,6 +21,7 @@
 
 #include "tpk/tpk.h"
 #include "tpk/job.h"
+#include "tpk/cnn.h"
 #include "../netsor/ewplan-impl.h"
 #include "support/testutil.h"
 
@@ -62,6 +63,7 @@ typedef struct prog {
     double *diag[24];
     double *w[24][NSR_EW_MAXT];
     double *s[24][NSR_EW_MAXT];
+    int *cls[24][NSR_EW_MAXT];
 } prog;
 
 static void prog_free(prog *P)
@@ -72,6 +74,7 @@ static void prog_free(prog *P)
         for (int t = 0; t < NSR_EW_MAXT; t++) {
             free(P->w[k][t]);
             free(P->s[k][t]);
+            free(P->cls[k][t]);
         }
     }
 }
@@ -95,8 +98,9 @@ static void reference(prog *P, int k, const tpk_gauss_ws *ws)
                 for (int t = 0; t < nd->nt; t++) {
                     const nsr_ew_term *T = &nd->t[t];
                     double w = T->w ? T->w[a] * T->w[c] : 1.0;
-                    double x = T->arg >= 0 ? P->mem[T->arg][a * n + c]
-                                           : (a % mm == c % mm ? T->s[a % mm] : 0.0);
+                    const size_t p = a % mm, q = c % mm;
+                    int same = T->cls ? T->cls[p] >= 0 && T->cls[p] == T->cls[q] : p == q;
+                    double x = T->arg >= 0 ? P->mem[T->arg][a * n + c] : same ? T->s[p] : 0.0;
                     y += T->c * w * x;
                 }
                 M[a * n + c] = y;
@@ -145,6 +149,14 @@ static void random_prog(prog *P, uint64_t seed, size_t n, long m, int nn,
                     for (long p = 0; p < m; p++)
                         P->s[k][t][p] = unif(&s);
                     T->s = P->s[k][t];
+                    if (m > 1 && rng_next(&s) % 2) { /* members sharing bias members */
+                        int *cl = P->cls[k][t] = malloc((size_t)m * sizeof *cl);
+                        for (long p = 0; p < m; p++) {
+                            cl[p] = (int)(rng_next(&s) % (unsigned)(m / 2 + 2)) - 1;
+                            P->s[k][t][p] = cl[p] >= 0 ? 0.2 + 0.1 * cl[p] : 0.0;
+                        }
+                        T->cls = cl;
+                    }
                 } else {
                     T->arg = (int)(rng_next(&s) % (unsigned)k);
                 }
@@ -274,7 +286,7 @@ static void test_calibration(void **state)
     nd[0].M = M;
     nd[1].op = NSR_EW_SUM; /* a LayerNorm-like scaling, then a map */
     nd[1].nt = 1;
-    nd[1].t[0] = (nsr_ew_term){0, 1.0, w, NULL};
+    nd[1].t[0] = (nsr_ew_term){.arg = 0, .c = 1.0, .w = w};
     nd[2].op = NSR_EW_PHI;
     nd[2].arg = 1;
     nd[2].phi = relu;
@@ -439,6 +451,263 @@ static void test_programs(void **state)
     }
     assert_int_equal(tpk_netsor_kernel_plan(NULL, X, 0, 3, NULL, NULL, NULL, &ctx), TPK_EINVAL);
     tpk_array_free(X);
+    tpk_phi_registry_free(reg);
+}
+
+/* ---- pair programs (netsor/ewpair.c) ------------------------------------------------------- */
+
+/* The reference convolution of a whole matrix S (n = N·R·C): out[(a,p),(c,q)] = α Σ_t S[(a,p+t),
+ * (c,q+t)], taps t over the kh×kw filter (centre (kh−1)/2, (kw−1)/2), wrapped or dropped where
+ * either side leaves the grid — the defining formula (theory §2.8), loop by loop. */
+static void ref_conv(const double *S, size_t N, int R, int C, int kh, int kw, int circ,
+                     double alpha, double *out)
+{
+    const size_t m = (size_t)R * (size_t)C, n = N * m;
+    const int cr = (kh - 1) / 2, cs = (kw - 1) / 2;
+    for (size_t a = 0; a < N; a++)
+        for (size_t c = 0; c < N; c++)
+            for (int pr = 0; pr < R; pr++)
+                for (int pc = 0; pc < C; pc++)
+                    for (int qr = 0; qr < R; qr++)
+                        for (int qc = 0; qc < C; qc++) {
+                            double v = 0;
+                            for (int i = 0; i < kh; i++)
+                                for (int j = 0; j < kw; j++) {
+                                    int r1 = pr + i - cr, c1 = pc + j - cs;
+                                    int r2 = qr + i - cr, c2 = qc + j - cs;
+                                    if (circ) {
+                                        r1 = (r1 % R + R) % R, c1 = (c1 % C + C) % C;
+                                        r2 = (r2 % R + R) % R, c2 = (c2 % C + C) % C;
+                                    } else if (r1 < 0 || r1 >= R || c1 < 0 || c1 >= C ||
+                                               r2 < 0 || r2 >= R || c2 < 0 || c2 >= C) {
+                                        continue;
+                                    }
+                                    v += S[(a * m + (size_t)(r1 * C + c1)) * n + c * m +
+                                           (size_t)(r2 * C + c2)];
+                                }
+                            out[(a * m + (size_t)(pr * C + pc)) * n + c * m +
+                                (size_t)(qr * C + qc)] = alpha * v;
+                        }
+}
+
+/* Random pair programs — a leaf (a PSD matrix, or the Gram of random inputs), then a chain of
+ * convolutions (with a map before the taps or not), sums with per-index weights and bias blocks
+ * (per member, or one member read at every position), and maps — against the whole-matrix
+ * reference (tpk_gauss_map_affine for maps, ref_conv's loops for the taps), lower triangle and
+ * both, the closed diagonals against the reference's, and the pooled readout against the sum
+ * of the reference's mapped blocks; a non-PSD pair block's error names its statement and pair. */
+static void test_pair_programs(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_gauss_ws *ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, &ctx);
+    tpk_phi *phis[sizeof PHIS / sizeof PHIS[0]];
+    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
+        assert_non_null(phis[i] = tpk_phi_alloc(reg, PHIS[i], &ctx));
+    static const int grids[][4] = {{3, 4, 3, 2}, {1, 7, 1, 3}, {4, 4, 3, 3}, {2, 5, 2, 4}};
+    for (int r = 0; r < 16; r++) {
+        uint64_t s = 500 + (uint64_t)r;
+        const int *gd = grids[r % 4];
+        const int R = gd[0], C = gd[1], kh = gd[2], kw = gd[3], circ = (r / 4) % 2;
+        const size_t N = 3 + (size_t)(r % 3), m = (size_t)(R * C), n = N * m;
+        prog P;
+        memset(&P, 0, sizeof P);
+        P.n = n;
+        P.m = (long)m;
+        double *x = NULL;
+        const size_t d = 1 + (size_t)(r % 3);
+        nsr_ew_node *nd = &P.node[0];
+        nd->op = NSR_EW_LEAF;
+        snprintf(nd->name, sizeof nd->name, "leaf");
+        if (r % 2) { /* the inputs' Gram, made per pair */
+            x = malloc(n * d * sizeof *x);
+            for (size_t i = 0; i < n * d; i++)
+                x[i] = 2 * unif(&s) - 1;
+            nd->x = x;
+            nd->d = d;
+            P.mem[0] = malloc(n * n * sizeof(double));
+            for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j < n; j++) {
+                    double g = 0;
+                    for (size_t k = 0; k < d; k++)
+                        g += x[i * d + k] * x[j * d + k];
+                    P.mem[0][i * n + j] = g / (double)d;
+                }
+        } else {
+            P.mem[0] = random_psd(n, 4, &s);
+            nd->M = P.mem[0];
+        }
+        P.nn = 1;
+        const int len = 3 + (int)(rng_next(&s) % 5);
+        for (int k = 1; k <= len; k++) {
+            nd = &P.node[k];
+            nd->line = 20 + k;
+            nd->col = 3;
+            snprintf(nd->name, sizeof nd->name, "n%d", k);
+            int kind = k == 1 ? 0 : (int)(rng_next(&s) % 3); /* the leaf's reader: taps */
+            if (kind == 0) {
+                nd->op = NSR_EW_CONV;
+                nd->arg = k - 1;
+                nd->phi = k > 1 && rng_next(&s) % 3 ? phis[rng_next(&s) % 4] : NULL;
+                nd->alpha = (0.8 + unif(&s)) / (double)(kh * kw);
+                nd->rows = R, nd->cols = C, nd->kh = kh, nd->kw = kw;
+                nd->pad = circ ? TPK_CNN_CIRCULAR : TPK_CNN_ZERO;
+            } else if (kind == 1) {
+                nd->op = NSR_EW_PHI;
+                nd->arg = k - 1;
+                nd->phi = phis[rng_next(&s) % 4];
+                nd->alpha = 0.5 + unif(&s);
+                nd->beta = 0.1 * unif(&s);
+            } else {
+                nd->op = NSR_EW_SUM;
+                nd->nt = 2;
+                nd->t[0] = (nsr_ew_term){.arg = k - 1, .c = 0.7 + unif(&s)};
+                if (rng_next(&s) % 2) {
+                    P.w[k][0] = malloc(n * sizeof(double));
+                    for (size_t i = 0; i < n; i++)
+                        P.w[k][0][i] = 0.5 + unif(&s);
+                    nd->t[0].w = P.w[k][0];
+                }
+                nd->t[1] = (nsr_ew_term){.arg = -1, .c = 1.0};
+                P.s[k][1] = malloc(m * sizeof(double));
+                if (rng_next(&s) % 2) { /* bias members read at several positions: one at
+                                           * every position (a CNN layer's), or a few */
+                    const int shared = rng_next(&s) % 2;
+                    P.cls[k][1] = calloc(m, sizeof(int));
+                    nd->t[1].cls = P.cls[k][1];
+                    for (size_t p = 0; p < m; p++) {
+                        P.cls[k][1][p] = shared ? 0 : (int)(rng_next(&s) % 3) - 1;
+                        P.s[k][1][p] = P.cls[k][1][p] < 0 ? 0.0 : 0.3 + 0.1 * P.cls[k][1][p];
+                    }
+                } else {
+                    for (size_t p = 0; p < m; p++)
+                        P.s[k][1][p] = 0.2 * unif(&s);
+                }
+                nd->t[1].s = P.s[k][1];
+            }
+            if (nd->op == NSR_EW_CONV) {
+                double *src = P.mem[k - 1], *tmp = NULL;
+                if (nd->phi != NULL) {
+                    tmp = malloc(n * n * sizeof *tmp);
+                    assert_int_equal(tpk_gauss_map_affine(nd->phi, src, n, 1.0, 0.0, tmp, ws, NULL,
+                                                          &ctx), TPK_OK);
+                    src = tmp;
+                }
+                P.mem[k] = malloc(n * n * sizeof(double));
+                ref_conv(src, N, R, C, kh, kw, circ, nd->alpha, P.mem[k]);
+                free(tmp);
+            } else {
+                reference(&P, k, ws);
+            }
+            P.nn = k + 1;
+        }
+        for (int k = 0; k < P.nn; k++) { /* the closed diagonals */
+            P.diag[k] = malloc(n * sizeof(double));
+            assert_int_equal(nsr_ew_diag(P.node, k, n, (long)m, ws, "t.nsr", P.diag[k], NULL, &ctx),
+                             TPK_OK);
+            P.node[k].diag = P.diag[k];
+        }
+        const int root = P.nn - 1;
+        assert_true(nsr_ew_pairwise(P.node, root));
+        const double *Ref = P.mem[root];
+        double scale = 0;
+        for (size_t i = 0; i < n * n; i++)
+            scale = fmax(scale, fabs(Ref[i]));
+        for (size_t i = 0; i < n; i++)
+            if (fabs(P.diag[root][i] - Ref[i * n + i]) > 1e-12 * scale)
+                fail_msg("pair program %d: diagonal %zu: %.17g, reference %.17g", r, i,
+                         P.diag[root][i], Ref[i * n + i]);
+        double *out = malloc(n * n * sizeof *out);
+        for (int full = 0; full < 2; full++) {
+            for (size_t i = 0; i < n * n; i++)
+                out[i] = NAN;
+            double err = -1;
+            nsr_ew_stats st;
+            if (nsr_ew_eval(P.node, P.nn, root, n, (long)m, NSR_PLAN_OPTIMAL, ws, NULL, "t.nsr",
+                            NULL, out, 1, full, &err, &st, &ctx) != TPK_OK)
+                fail_msg("pair program %d: %s", r, ctx.msg);
+            assert_true(err >= 0);
+            assert_int_equal(st.nkernels, 1);
+            for (size_t a = 0; a < n; a++)
+                for (size_t c = 0; c < (full ? n : a + 1); c++)
+                    /* two approximations of a map without a closed form (tanh, gelu) differ
+                     * within their bounds; closed forms to rounding */
+                    if (!(fabs(out[a * n + c] - Ref[a * n + c]) <= 1e-12 * scale + 2 * err))
+                        fail_msg("pair program %d (%dx%d, %dx%d %s, full %d, err %g): entry (%zu,%zu) "
+                                 "%.17g, reference %.17g", r, R, C, kh, kw, err,
+                                 circ ? "circular" : "zero", full, a, c, out[a * n + c],
+                                 Ref[a * n + c]);
+        }
+        /* the pooled readout, with a map and without */
+        double *w = malloc(n * sizeof *w), K[36], *V = malloc(n * n * sizeof *V);
+        for (size_t i = 0; i < n; i++)
+            w[i] = unif(&s) / (double)m;
+        for (int withphi = 0; withphi < 2; withphi++) {
+            const nsr_ew_reduce red = {withphi ? phis[0] : NULL, 1.3, 0.2, w};
+            double err = -1;
+            if (nsr_ew_eval_pairs(P.node, P.nn, root, n, (long)m, ws, "t.nsr", NULL, K, 1, &red,
+                                  &err, NULL, &ctx) != TPK_OK)
+                fail_msg("pair program %d, pooled: %s", r, ctx.msg);
+            if (withphi)
+                assert_int_equal(tpk_gauss_map_affine(phis[0], Ref, n, 1.0, 0.0, V, ws, NULL, &ctx),
+                                 TPK_OK);
+            else
+                memcpy(V, Ref, n * n * sizeof *V);
+            double vs = 0;
+            for (size_t i = 0; i < n * n; i++)
+                vs = fmax(vs, fabs(V[i]));
+            for (size_t a = 0; a < N; a++)
+                for (size_t c = 0; c < N; c++) {
+                    double want = 0;
+                    for (size_t p = 0; p < m; p++)
+                        for (size_t q = 0; q < m; q++)
+                            want += w[a * m + p] * w[c * m + q] * V[(a * m + p) * n + c * m + q];
+                    want = 1.3 * want + 0.2;
+                    if (!(fabs(K[a * N + c] - want) <= 1e-12 * (vs + 1) + 2.6 * err))
+                        fail_msg("pair program %d, pooled (map %d): (%zu,%zu) %.17g, want %.17g",
+                                 r, withphi, a, c, K[a * N + c], want);
+                }
+        }
+        free(w);
+        free(V);
+        free(out);
+        free(x);
+        prog_free(&P);
+    }
+    /* a pair block that is not PSD: the map's error names its statement and the pair */
+    {
+        const size_t N = 2, m = 4, n = N * m;
+        double *M = random_psd(n, 3, &(uint64_t){9});
+        M[(1 * m + 2) * n + 0 * m + 1] = 5.0; /* |S_pq| > √(S_pp S_qq) in pair (2, 1) */
+        prog P;
+        memset(&P, 0, sizeof P);
+        P.nn = 2;
+        P.node[0] = (nsr_ew_node){.op = NSR_EW_LEAF, .M = M, .name = "leaf"};
+        P.node[1] = (nsr_ew_node){.op = NSR_EW_CONV, .arg = 0, .phi = phis[0], .alpha = 0.5,
+                                  .rows = 2, .cols = 2, .kh = 1, .kw = 1,
+                                  .pad = TPK_CNN_CIRCULAR, .name = "conv", .line = 7, .col = 9};
+        for (int k = 0; k < 2; k++) {
+            P.diag[k] = malloc(n * sizeof(double));
+            assert_int_equal(nsr_ew_diag(P.node, k, n, (long)m, ws, "t.nsr", P.diag[k], NULL, &ctx),
+                             TPK_OK);
+            P.node[k].diag = P.diag[k];
+        }
+        double out[64];
+        int rc = nsr_ew_eval(P.node, 2, 1, n, (long)m, NSR_PLAN_OPTIMAL, ws, NULL, "t.nsr", NULL,
+                             out, 1, 0, NULL, NULL, &ctx);
+        print_message("non-PSD pair block: %s\n", ctx.msg);
+        assert_int_equal(rc, TPK_EDOM);
+        assert_non_null(strstr(ctx.msg, "t.nsr:7:9: "));
+        assert_non_null(strstr(ctx.msg, "(in the block of inputs 2 and 1)"));
+        free(M);
+        P.mem[0] = NULL;
+        prog_free(&P);
+    }
+    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
+        tpk_phi_free(phis[i]);
+    tpk_gauss_ws_free(ws);
     tpk_phi_registry_free(reg);
 }
 
@@ -634,6 +903,7 @@ int main(void)
         cmocka_unit_test(test_plan_env),
         cmocka_unit_test(test_programs),
         cmocka_unit_test(test_linear_readouts),
+        cmocka_unit_test(test_pair_programs),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -168,7 +168,20 @@ static void test_shipped_programs(void **state)
             assert_int_equal(tpk_netsor_kernel_plan(p, x, 1, TPK_PLAN_OPTIMAL, NULL, &Ko, NULL,
                                                     &ctx), TPK_OK);
             assert_int_equal(tpk_array_size(Kn), tpk_array_size(Ko));
-            assert_memory_equal(Kn->data, Ko->data, tpk_array_size(Kn) * sizeof *Kn->data);
+            if (strstr(shipped_cases[c].path, "cnn") != NULL) {
+                /* pair programs (netsor/ewpair.c): the optimal plan's maps read the diagonals of
+                 * the closed diagonal recursion, the naive plan's (one convolution a statement)
+                 * the matrices' own — equal up to rounding, not bit for bit */
+                double dmax = 0, kmax = 0;
+                for (size_t i = 0; i < tpk_array_size(Kn); i++) {
+                    dmax = fmax(dmax, fabs(Kn->data[i] - Ko->data[i]));
+                    kmax = fmax(kmax, fabs(Kn->data[i]));
+                }
+                print_message("  naive vs optimal (pairs): %.2e relative\n", dmax / kmax);
+                assert_true(dmax <= 1e-13 * kmax);
+            } else {
+                assert_memory_equal(Kn->data, Ko->data, tpk_array_size(Kn) * sizeof *Kn->data);
+            }
             tpk_array_free(Kn);
             tpk_array_free(Ko);
         }

@@ -77,6 +77,30 @@ TPK_API void tpk_cnn_convws_apply(tpk_cnn_convws *c, double alpha, double beta, 
                                 double *out);
 TPK_API void tpk_cnn_convws_free(tpk_cnn_convws *c);
 
+/* One layer of the recursion on one input pair's block, for callers that chain layers
+ * themselves (the rolled evaluator's pair programs, netsor/ewpair.c): out = alpha·taps(V_φ(in))
+ * + beta over the rows×cols grid, in and out P×P (P = rows·cols, both triangles; they must not
+ * alias), qa and qc the positions' variances of the two inputs (in's diagonals). Direct tap sums
+ * stream the block plane by plane through L2, as tpk_cnn_kernel does; where the FFT is cheaper
+ * (tpk_cnn_conv_prefers_fft) the map runs over the block and the FFT sums the taps. *err: the
+ * map's error bound. The workspace is written: one per thread; channels: the most of
+ * tpk_cnn_layer_first's inputs (1 if unused). */
+typedef struct tpk_cnn_layerws tpk_cnn_layerws;
+TPK_API tpk_cnn_layerws *tpk_cnn_layerws_alloc(size_t rows, size_t cols, int kh, int kw,
+                                               int padding, size_t channels, tpk_ctx *ctx);
+TPK_API int tpk_cnn_layer_apply(tpk_cnn_layerws *w, const tpk_phi *phi, const double *qa,
+                                const double *qc, double alpha, double beta, const double *in,
+                                double *out, const tpk_gauss_ws *ws, double *err, tpk_ctx *ctx);
+/* The first layer from the inputs themselves: out = alpha/C · Σ_t ⟨x_a[p+t], x_c[q+t]⟩ + beta
+ * (the taps of the inputs' Gram ⟨x_ap, x_cq⟩/C), x_a and x_c P×C row-major, as one product of
+ * the pair's patches; C at most the workspace's channels. out NULL: the block is not made but
+ * held for the next tpk_cnn_layer_apply with in NULL, which makes it plane by plane as its map
+ * reads it (the first two layers in one pass). */
+TPK_API int tpk_cnn_layer_first(tpk_cnn_layerws *w, const double *xa, const double *xc,
+                                size_t channels, double alpha, double beta, double *out,
+                                tpk_ctx *ctx);
+TPK_API void tpk_cnn_layerws_free(tpk_cnn_layerws *w);
+
 /* 1 when the FFT is expected to beat direct summation for this grid and filter: direct costs
  * (kh + kw) adds per entry (taps of size 1 cost nothing), the FFT about
  * c·log2(M)·M/P² add-equivalents per entry, M the (zero-extended) transform size, with c from
