@@ -200,13 +200,15 @@ static int pplan_make(const nsr_ew_node *node, int nn, int root, long m, pplan *
         }
         if (last[k] < 0) /* read by nothing needed (cannot happen under root) */
             busy[s] = 0;
-        if (node[k].op == NSR_EW_CONV) {
-            int gi = 0;
-            while (gi < k && !(node[gi].op == NSR_EW_CONV && P->need[gi] && P->rep[gi] == gi &&
-                               same_grid(&node[gi], &node[k])))
-                gi++;
-            P->grid[k] = gi < k ? P->grid[gi] : P->nconv++;
-        }
+    }
+    for (int k = 0; k <= root; k++) { /* the grids, one workspace each (lazy layers too) */
+        if (node[k].op != NSR_EW_CONV || !P->need[k] || P->rep[k] != k)
+            continue;
+        int gi = 0;
+        while (gi < k && !(node[gi].op == NSR_EW_CONV && P->need[gi] && P->rep[gi] == gi &&
+                           same_grid(&node[gi], &node[k])))
+            gi++;
+        P->grid[k] = gi < k ? P->grid[gi] : P->nconv++;
     }
     tpk_free(ctx, last);
     tpk_free(ctx, busy);
