@@ -51,6 +51,7 @@ typedef struct tpk_limit_opts {
     int plan;           /* rolled evaluator's entrywise plans: NSR_PLAN_NAIVE or _OPTIMAL;
                          * 0: TPK_PLAN from the environment (default optimal) */
     FILE *plan_report;  /* every entrywise plan, its kernels and times (netsor plan), or NULL */
+    int plan_verify;    /* every entrywise plan's candidates verified exactly first (§7.2) */
 } tpk_limit_opts;
 
 /* The rolled evaluator (netsor/flimit.c). plan: the data-independent pass (support, liveness,

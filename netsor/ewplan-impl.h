@@ -19,6 +19,7 @@
 #include "tpk/netsor.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 enum { NSR_EW_LEAF, NSR_EW_PHI, NSR_EW_SUM, NSR_EW_CONV };
@@ -121,6 +122,24 @@ int nsr_ew_eval_pairs(const nsr_ew_node *node, int nn, int root, size_t n, long 
 
 /* The status st of ctx again, its message prefixed with node nd's statement (FILE:LINE:COL). */
 int nsr_ew_named(tpk_ctx *ctx, int st, const char *file, const nsr_ew_node *nd);
+
+/* Exact verification of the executor's kernels (docs/orchestration.md §7.2): the program's
+ * structure with random elements of Z_p (p = 2^31 − 1) for its leaves, weights, coefficients and
+ * biases (0 and 1 kept: they decide identities), its maps a random function of (x, q_a, q_c);
+ * every candidate kernel the plans choose from (and the small programs' runs) run by the
+ * executor's own code in Z_p from the reference's inputs, each output (the root's both
+ * triangles where a kernel writes them from tiles) compared entry by entry with whole-matrix
+ * loops. mutant (1..nsr_ew_mutants(); 0 none) injects a bug into the executor for the
+ * mutation suite. A wrong entry survives with probability about 1/p. */
+typedef struct nsr_ew_verified {
+    int kernels;            /* kernel runs checked */
+    int mismatch;           /* 1: the first differing entry below */
+    size_t row, col;
+    char what[96];
+} nsr_ew_verified;
+int nsr_ew_verify(const nsr_ew_node *node, int nn, int root, size_t n, long m, uint64_t seed,
+                  int mutant, nsr_ew_verified *out, tpk_ctx *ctx);
+int nsr_ew_mutants(void);
 
 /* TPK_PLAN from the environment: naive or optimal (default, also for an empty value); any other
  * value is TPK_EINVAL with a message naming it. */

@@ -229,6 +229,10 @@ typedef struct ew {
     double launch_s;
     nsr_ew_calib *cal;
     int out_fresh;           /* the root's block is fresh pages (their first touch costs) */
+    /* the Z_p twin (nsr_ew_verify): entries are integers in [0, p), maps a random table */
+    const uint32_t *ztab;    /* non-NULL: the twin runs */
+    uint64_t za, zb, zc;
+    int mutant;              /* a bug injected into the executor (0: none; the twin's only) */
     tpk_ctx *ctx;
 } ew;
 
@@ -487,6 +491,83 @@ static int cost_fn(const tpk_orch_graph *g, const tpk_orch_kernel *k, void *arg,
  * without a mirror pass. Rows where nothing is mirrored: longer segments cost fewer calls per
  * entry (measured 20–25 % on an LN-residual MLP at N = 4096 against 64-entry tiles). */
 #define TILE 64
+/* ---- the Z_p twin of the executor (docs/orchestration.md §7.2) ------------------------------ */
+
+/* Exact verification of the orchestrated executor, after Mirage: the same kernels (run_kernel:
+ * segments, tiles, the sources of every argument, the stores, the transposed root) run over
+ * values in Z_p, p = 2^31 − 1, held exactly in doubles, with every map replaced by a random
+ * function of (x, q_a, q_c) — a table lookup of x mod 2^16 plus random multiples of x, q_a + q_c
+ * and q_a q_c — and every weight, coefficient and bias a random element. A kernel that reads a
+ * wrong entry, drops or doubles a term, stores the wrong segment or transposes wrongly then
+ * differs from the reference (whole matrices, plain loops) in some entry except with probability
+ * about 1/p per entry. */
+#define ZP_P 2147483647ull
+
+static inline uint64_t zp_of(double x)
+{
+    return (uint64_t)x;
+}
+static inline double zp_mul(double a, double b)
+{
+    return (double)(zp_of(a) * zp_of(b) % ZP_P);
+}
+static inline double zp_add(double a, double b)
+{
+    return (double)((zp_of(a) + zp_of(b)) % ZP_P);
+}
+static inline double zp_map(const ew *W, double x, double qa, double qc)
+{
+    const uint64_t k = zp_of(x), a = zp_of(qa), c = zp_of(qc);
+    return (double)((W->ztab[k & 0xffff] + W->za * k % ZP_P + W->zb * ((a + c) % ZP_P) % ZP_P +
+                     W->zc * (a * c % ZP_P) % ZP_P) % ZP_P);
+}
+
+/* node_seg in Z_p: entries (i, j0..j0+len) of node k into y. */
+static void twin_seg(const ew *W, int k, size_t i, size_t j0, size_t len,
+                     const double *const *a, double *y)
+{
+    const nsr_ew_node *nd = &W->node[k];
+    if (nd->op == NSR_EW_PHI) {
+        const double *q = W->node[nd->arg].diag;
+        for (size_t j = 0; j < len; j++)
+            y[j] = zp_add(zp_mul(nd->alpha, zp_map(W, a[0][j], q[i], q[j0 + j])), nd->beta);
+        return;
+    }
+    const size_t mm = (size_t)W->m, p = i % mm;
+    for (size_t j = 0; j < len; j++)
+        y[j] = 0.0;
+    for (int t = 0; t < nd->nt; t++) {
+        const nsr_ew_term *T = &nd->t[t];
+        const double c = T->w ? zp_mul(T->c, T->w[i]) : T->c;
+        for (size_t j = 0; j < len; j++) {
+            const double cw = T->w ? zp_mul(c, T->w[j0 + j]) : c;
+            if (T->arg >= 0)
+                y[j] = zp_add(y[j], zp_mul(cw, a[t][j]));
+            else if (T->cls == NULL ? (j0 + j) % mm == p
+                                    : T->cls[p] >= 0 && T->cls[(j0 + j) % mm] == T->cls[p])
+                y[j] = zp_add(y[j], zp_mul(cw, T->s[p]));
+        }
+    }
+}
+
+/* Bugs the mutation suite injects into run_kernel (nsr_ew_verify's mutant): each must make some
+ * kernel differ from the reference. */
+enum {
+    MUT_NONE,
+    MUT_SEG_TAIL,   /* a row segment one entry short */
+    MUT_DIAG_SEG,   /* a row's segment that starts on the diagonal skipped */
+    MUT_SRC_SHIFT,  /* an argument read from memory one entry to the right */
+    MUT_SRC_ROW,    /* an argument read from memory one row up */
+    MUT_STORE_SKIP, /* an output other than the root not stored */
+    MUT_STORE_LEN,  /* a stored segment one entry short */
+    MUT_ARG_SWAP,   /* a sum's first two arguments swapped */
+    MUT_BUF_PREV,   /* an in-kernel argument taken from the primitive before it */
+    MUT_TILE_SWAP,  /* the root's transposed tile written untransposed */
+    MUT_TILE_ROWS,  /* a tile one row short */
+    MUT_TILE_COLS,  /* a tile's transpose one column short */
+    MUT_COUNT
+};
+
 static void run_kernel(ew *W, const tpk_orch_kernel *K, double *const *mem, int full)
 {
     const size_t n = W->n, T = (n + TILE - 1) / TILE;
@@ -514,7 +595,7 @@ static void run_kernel(ew *W, const tpk_orch_kernel *K, double *const *mem, int 
         }
     }
     /* blocks: rows (each its segments, ⌈(i + 1)/SEG⌉ of them), or tiles (I, J ≤ I) */
-    const int tiles = rootp >= 0;
+    const int tiles = rootp >= 0, mut = W->mutant;
     const size_t nblocks = tiles ? T * (T + 1) / 2 : n, width = tiles ? TILE : SEG;
 #pragma omp parallel if (n * n >= 32768)
     {
@@ -528,40 +609,62 @@ static void run_kernel(ew *W, const tpk_orch_kernel *K, double *const *mem, int 
                 i0 = I * TILE;
                 i1 = i0 + TILE < n ? i0 + TILE : n;
             }
+            if (mut == MUT_TILE_ROWS && tiles && i1 - i0 > 1)
+                i1--;
             for (size_t i = i0; i < i1; i++) {
                 for (size_t j0 = tiles ? J * TILE : 0; j0 <= i && j0 < (tiles ? J * TILE + 1 : n);
                      j0 += width) {
                     const size_t jend = !tiles || I == J ? (j0 + width < i + 1 ? j0 + width : i + 1)
-                                                         : j0 + TILE,
-                                 len = jend - j0;
-                    for (int p = 0; p < K->nprims; p++) {
+                                                         : j0 + TILE;
+                    size_t len = jend - j0;
+                    if (mut && ((mut == MUT_SEG_TAIL && !tiles && len > 1) ||
+                                (mut == MUT_DIAG_SEG && !tiles && j0 == i && i > 0)))
+                        len -= mut == MUT_SEG_TAIL ? 1 : len;
+                    for (int p = 0; p < K->nprims && len > 0; p++) {
                         const nsr_ew_node *nd = &W->node[loc[p]];
                         const double *a[NSR_EW_MAXT];
                         int na = nd->op == NSR_EW_PHI ? 1 : nd->nt;
-                        for (int q = 0; q < na; q++)
-                            a[q] = src[p][q] == INT32_MIN ? NULL
-                                   : src[p][q] >= 0        ? buf[src[p][q]]
-                                                           : mem[-1 - src[p][q]] + i * n + j0;
-                        node_seg(nd, W->sm[loc[p]], i, j0, len, W->m, a, buf[p], &acc);
+                        for (int q = 0; q < na; q++) {
+                            const int sq = mut == MUT_BUF_PREV && src[p][q] > 0 ? src[p][q] - 1
+                                                                               : src[p][q];
+                            const size_t off = mut == MUT_SRC_ROW && i > 0   ? (i - 1) * n + j0
+                                               : mut == MUT_SRC_SHIFT && j0 + len < n ? i * n + j0 + 1
+                                                                                     : i * n + j0;
+                            a[q] = sq == INT32_MIN ? NULL : sq >= 0 ? buf[sq] : mem[-1 - sq] + off;
+                        }
+                        if (mut == MUT_ARG_SWAP && nd->op == NSR_EW_SUM && na > 1) {
+                            const double *t0 = a[0];
+                            a[0] = a[1];
+                            a[1] = t0;
+                        }
+                        if (W->ztab != NULL)
+                            twin_seg(W, loc[p], i, j0, len, a, buf[p]);
+                        else
+                            node_seg(nd, W->sm[loc[p]], i, j0, len, W->m, a, buf[p], &acc);
                     }
                     /* stored once every primitive has read the segment: an output may then
                      * overwrite an input's (out aliasing a leaf, nsr_ew_eval) */
-                    for (int p = 0; p < K->nprims; p++)
-                        if (isout[p])
-                            memcpy(mem[K->prims[p]] + i * n + j0, buf[p], len * sizeof(double));
+                    for (int p = 0; p < K->nprims && len > 0; p++)
+                        if (isout[p] && !(mut == MUT_STORE_SKIP && K->prims[p] != rootv))
+                            memcpy(mem[K->prims[p]] + i * n + j0, buf[p],
+                                   (mut == MUT_STORE_LEN && len > 1 ? len - 1 : len) *
+                                       sizeof(double));
                     if (tiles)
                         memcpy(tile + (i - i0) * TILE, buf[rootp], len * sizeof(double));
                 }
             }
             /* the root's upper triangle: the tile transposed, column by column of the tile */
-            for (size_t j = J * TILE; tiles && j < J * TILE + TILE && j < n; j++) {
+            const size_t jcols = mut == MUT_TILE_COLS ? TILE - 1 : TILE;
+            for (size_t j = J * TILE; tiles && j < J * TILE + jcols && j < n; j++) {
                 double *dst = mem[rootv] + j * n;
                 for (size_t i = (I == J ? j + 1 : i0); i < i1; i++)
-                    dst[i] = tile[(i - i0) * TILE + (j - J * TILE)];
+                    dst[i] = mut == MUT_TILE_SWAP && (i - i0) < TILE && (j - J * TILE) < TILE
+                                 ? tile[(j - J * TILE) * TILE + (i - i0)]
+                                 : tile[(i - i0) * TILE + (j - J * TILE)];
             }
         }
         for (int p = 0; p < K->nprims; p++)
-            if (W->node[loc[p]].op == NSR_EW_PHI)
+            if (W->node[loc[p]].op == NSR_EW_PHI && W->sm[loc[p]] != NULL)
                 tpk_gauss_segmap_merge(W->sm[loc[p]], acc.maxr, acc.errmax);
     }
 }
@@ -943,4 +1046,231 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
     tpk_free(ctx, W.val);
     tpk_free(ctx, folded);
     return st;
+}
+
+/* ---- exact verification of every candidate kernel (the Z_p twin, §7.2) -------------------- */
+
+static double zp_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull); /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) % ZP_P);
+}
+
+/* A structural value kept (0 and 1 decide identities and folds), any other one a random element. */
+static double zp_value(double x, uint64_t *s)
+{
+    return x == 0.0 || x == 1.0 ? x : zp_rand(s);
+}
+
+/* The reference of node k in Z_p over the whole n×n matrix, from its arguments' (R), by the
+ * definitions of the nodes (ewplan-impl.h) in plain loops. */
+static void zp_reference(const ew *W, const nsr_ew_node *node, int k, double *const *R)
+{
+    const nsr_ew_node *nd = &node[k];
+    const size_t n = W->n, mm = (size_t)W->m;
+    double *Y = R[k];
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            double y = 0;
+            if (nd->op == NSR_EW_PHI) {
+                const double *X = R[nd->arg];
+                y = zp_add(zp_mul(nd->alpha, zp_map(W, X[i * n + j], X[i * n + i], X[j * n + j])),
+                           nd->beta);
+            }
+            for (int t = 0; nd->op == NSR_EW_SUM && t < nd->nt; t++) {
+                const nsr_ew_term *T = &nd->t[t];
+                const double w = T->w ? zp_mul(T->w[i], T->w[j]) : 1.0, cw = zp_mul(T->c, w);
+                const size_t p = i % mm, q = j % mm;
+                if (T->arg >= 0)
+                    y = zp_add(y, zp_mul(cw, R[T->arg][i * n + j]));
+                else if (T->cls == NULL ? p == q : T->cls[p] >= 0 && T->cls[q] == T->cls[p])
+                    y = zp_add(y, zp_mul(cw, T->s[p]));
+            }
+            Y[i * n + j] = y;
+        }
+}
+
+int nsr_ew_verify(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, uint64_t seed,
+                  int mutant, nsr_ew_verified *out, tpk_ctx *ctx)
+{
+    memset(out, 0, sizeof *out);
+    if (root < 0 || root >= nn || node_in[root].op == NSR_EW_LEAF || m < 1 || n == 0 ||
+        n % (size_t)m || mutant < 0 || mutant >= MUT_COUNT)
+        return TPK_ERROR(ctx, TPK_EINVAL, "nsr_ew_verify: root %d of %d, n %zu, m %ld, mutant %d",
+                         root, nn, n, m, mutant);
+    if (nsr_ew_pairwise(node_in, root))
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "nsr_ew_verify: a pair program (convolutions run "
+                         "through the library's layer, not the executor's kernels)");
+    uint64_t s = seed;
+    ew W;
+    memset(&W, 0, sizeof W);
+    W.nn = nn;
+    W.root = root;
+    W.n = n;
+    W.E = n * (n + 1) / 2;
+    W.m = m;
+    W.ctx = ctx;
+    W.mutant = mutant;
+    uint32_t *tab = tpk_malloc(ctx, ((size_t)1 << 16) * sizeof *tab);
+    nsr_ew_node *nd = tpk_calloc(ctx, (size_t)nn, sizeof *nd);
+    double **R = tpk_calloc(ctx, (size_t)nn, sizeof *R), **own = tpk_calloc(ctx, 3 * (size_t)nn *
+                                                                                 NSR_EW_MAXT,
+                                                                             sizeof *own);
+    double **mem = tpk_calloc(ctx, (size_t)nn, sizeof *mem), **scratch = tpk_calloc(ctx, (size_t)nn,
+                                                                                    sizeof *scratch);
+    W.val = tpk_calloc(ctx, (size_t)nn, sizeof *W.val);
+    W.nodeof = tpk_calloc(ctx, (size_t)nn, sizeof *W.nodeof);
+    W.sm = tpk_calloc(ctx, (size_t)nn, sizeof *W.sm);
+    tpk_orch_graph *g = tpk_orch_graph_alloc(ctx);
+    tpk_orch_cands *c = NULL;
+    int nown = 0, st = tab && nd && R && own && mem && scratch && W.val && W.nodeof && W.sm && g
+                           ? TPK_OK
+                           : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    /* the twin program: the same structure, random elements of Z_p for its numbers */
+    for (size_t i = 0; st == TPK_OK && i < ((size_t)1 << 16); i++)
+        tab[i] = (uint32_t)zp_rand(&s);
+    W.ztab = tab;
+    W.za = (uint64_t)zp_rand(&s), W.zb = (uint64_t)zp_rand(&s), W.zc = (uint64_t)zp_rand(&s);
+    W.node = nd;
+    for (int k = 0; st == TPK_OK && k <= root; k++) {
+        nd[k] = node_in[k];
+        if ((R[k] = own[nown++] = tpk_malloc(ctx, n * n * sizeof(double))) == NULL) {
+            st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            break;
+        }
+        if (nd[k].op == NSR_EW_LEAF) { /* a random symmetric matrix */
+            for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j <= i; j++)
+                    R[k][i * n + j] = R[k][j * n + i] = zp_rand(&s);
+            nd[k].M = R[k];
+        } else {
+            nd[k].alpha = zp_value(nd[k].alpha, &s);
+            nd[k].beta = zp_value(nd[k].beta, &s);
+            for (int t = 0; nd[k].op == NSR_EW_SUM && t < nd[k].nt && st == TPK_OK; t++) {
+                nsr_ew_term *T = &nd[k].t[t];
+                T->c = zp_value(T->c, &s);
+                double *w = T->w ? own[nown++] = tpk_malloc(ctx, n * sizeof *w) : NULL;
+                double *sv = T->arg < 0 ? own[nown++] = tpk_malloc(ctx, (size_t)m * sizeof *sv)
+                                        : NULL;
+                if ((T->w && w == NULL) || (T->arg < 0 && sv == NULL)) {
+                    st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+                    break;
+                }
+                for (size_t i = 0; w && i < n; i++)
+                    w[i] = zp_rand(&s);
+                for (long p = 0; sv && p < m; p++) { /* one value per bias member (cls) */
+                    long q = 0;
+                    while (T->cls && q < p && T->cls[q] != T->cls[p])
+                        q++;
+                    sv[p] = T->cls && T->cls[p] < 0 ? 0.0
+                            : T->cls && q < p       ? sv[q]
+                                                    : zp_value(T->s[p], &s);
+                }
+                if (w)
+                    T->w = w;
+                if (sv)
+                    T->s = sv;
+            }
+            zp_reference(&W, nd, k, R);
+        }
+        if ((nd[k].diag = own[nown++] = tpk_malloc(ctx, n * sizeof(double))) == NULL) {
+            st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            break;
+        }
+        for (size_t i = 0; i < n; i++)
+            ((double *)nd[k].diag)[i] = R[k][i * n + i];
+    }
+    if (st == TPK_OK)
+        st = lower(&W, g);
+    tpk_orch_opts o;
+    tpk_orch_opts_default(&o);
+    o.max_size = MAX_FUSE;
+    o.max_extra_outputs = 2;
+    o.max_candidates = MAX_CANDS;
+    while (st == TPK_OK) { /* every candidate the plans choose from (as search() makes them) */
+        tpk_ctx local;
+        tpk_ctx_init_from(&local, ctx);
+        if ((c = tpk_orch_cands_alloc(g, &o, &local)) != NULL)
+            break;
+        if (local.status == TPK_EUNSUPPORTED && o.max_size > 2)
+            o.max_size--;
+        else
+            st = TPK_ERROR(ctx, local.status, "%s", local.msg);
+    }
+    /* and the runs of the small programs' plan (interval_plan) */
+    int *pool = NULL, nrun = 0;
+    tpk_orch_kernel *runs = NULL;
+    if (st == TPK_OK) {
+        pool = tpk_calloc(ctx, (size_t)W.nv * ((size_t)W.nv + 3) + 1, sizeof *pool);
+        runs = tpk_calloc(ctx, (size_t)W.nv + 1, sizeof *runs);
+        if (pool == NULL || runs == NULL)
+            st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        else
+            nrun = interval_plan(&W, W.val[root], runs, pool);
+    }
+    const int ncand = c ? tpk_orch_cands_count(c) : 0;
+    for (int q = 0; st == TPK_OK && q < ncand + nrun; q++) {
+        const tpk_orch_kernel *K = q < ncand ? tpk_orch_cands_get(c, q) : &runs[q - ncand];
+        int writes_root = 0;
+        for (int i = 0; i < K->noutputs; i++)
+            writes_root |= W.nodeof[K->outputs[i]] == root;
+        for (int full = 0; full <= writes_root && st == TPK_OK; full++) {
+            /* inputs from the reference; outputs into scratch that starts as a value no twin
+             * entry takes (p itself) */
+            for (int v = 0; v < W.nv; v++)
+                mem[v] = R[W.nodeof[v]];
+            for (int i = 0; i < K->noutputs && st == TPK_OK; i++) {
+                const int v = K->outputs[i];
+                if (scratch[v] == NULL &&
+                    (scratch[v] = tpk_malloc(ctx, n * n * sizeof(double))) == NULL)
+                    st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+                for (size_t e = 0; st == TPK_OK && e < n * n; e++)
+                    scratch[v][e] = (double)ZP_P;
+                mem[v] = scratch[v];
+            }
+            if (st)
+                break;
+            run_kernel(&W, K, mem, full);
+            out->kernels++;
+            for (int i = 0; i < K->noutputs && !out->mismatch; i++) {
+                const int v = K->outputs[i], k = W.nodeof[v];
+                const int upper = full && k == root;
+                for (size_t a = 0; a < n && !out->mismatch; a++)
+                    for (size_t b = 0; b < (upper ? n : a + 1); b++)
+                        if (scratch[v][a * n + b] != R[k][a * n + b]) {
+                            out->mismatch = 1;
+                            out->row = a;
+                            out->col = b;
+                            snprintf(out->what, sizeof out->what, "%s (kernel of %d primitives%s)",
+                                     nd[k].name, K->nprims, upper ? ", both triangles" : "");
+                            break;
+                        }
+            }
+        }
+    }
+    for (int i = 0; own && i < nown; i++)
+        tpk_free(ctx, own[i]);
+    for (int v = 0; scratch && v < nn; v++)
+        tpk_free(ctx, scratch[v]);
+    tpk_free(ctx, pool);
+    tpk_free(ctx, runs);
+    tpk_orch_cands_free(c);
+    tpk_orch_graph_free(g);
+    tpk_free(ctx, W.sm);
+    tpk_free(ctx, W.nodeof);
+    tpk_free(ctx, W.val);
+    tpk_free(ctx, scratch);
+    tpk_free(ctx, mem);
+    tpk_free(ctx, own);
+    tpk_free(ctx, R);
+    tpk_free(ctx, nd);
+    tpk_free(ctx, tab);
+    return st;
+}
+
+int nsr_ew_mutants(void)
+{
+    return MUT_COUNT - 1;
 }

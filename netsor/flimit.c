@@ -151,6 +151,7 @@ typedef struct fl {
     int plan_kind;      /* NSR_PLAN_NAIVE or NSR_PLAN_OPTIMAL (TPK_PLAN) */
     nsr_ew_calib cal;   /* the plans' cost model, measured by the first that needs it */
     FILE *plan_report;  /* netsor plan: every entrywise plan, its kernels and times */
+    int plan_verify;    /* netsor plan --verify: every candidate checked in Z_p first */
 } fl;
 
 /* ---- errors and memory ---------------------------------------------------------------------- */
@@ -1941,6 +1942,17 @@ static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
         if (nd[i].phi != NULL)
             st = ensure_ws_for(F, nd[i].phi);
     double e = 0;
+    if (st == TPK_OK && F->plan_verify && !pairs) { /* every candidate exactly, first */
+        nsr_ew_verified v;
+        st = nsr_ew_verify(nd, nn, root, n, F->b[k].m, 1, 0, &v, F->X.ctx);
+        if (st == TPK_OK && v.mismatch)
+            st = TPK_ERROR(F->X.ctx, TPK_ENUMERIC, "%s: internal: the executor's kernel for %s "
+                           "differs from its reference at entry (%zu, %zu) in the Z_p check",
+                           F->X.R->file, v.what, v.row, v.col);
+        if (st == TPK_OK && F->plan_report)
+            fprintf(F->plan_report, "exact check of %s (Z_p twin): %d kernel runs of every "
+                    "candidate, all equal to the reference\n", nd[root].name, v.kernels);
+    }
     if (st == TPK_OK)
         st = nsr_ew_eval(nd, nn, root, n, F->b[k].m, F->plan_kind, F->ws, &F->cal,
                          F->X.R->file, F->plan_report,
@@ -4555,6 +4567,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
             F.X.progress = progress; /* reports and the cancel flag, as without the thread */
             F.plan_kind = plan_kind;
             F.plan_report = opts ? opts->plan_report : NULL;
+            F.plan_verify = opts ? opts->plan_verify : 0;
             if (st == TPK_OK)
                 st = fl_run(&F, all_outputs, NULL, 0, K);
             int made = st == TPK_OK && K != NULL; /* *K is ours to free if the verdict is no */
@@ -4593,6 +4606,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     F.X.progress = progress;
     F.plan_kind = plan_kind;
     F.plan_report = opts ? opts->plan_report : NULL;
+    F.plan_verify = opts ? opts->plan_verify : 0;
     if (st == TPK_OK)
         st = fl_run(&F, all_outputs, last, nb, K);
     if (st == TPK_OK && F.nb_stmts != nb)

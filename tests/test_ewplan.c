@@ -454,6 +454,70 @@ static void test_programs(void **state)
     tpk_phi_registry_free(reg);
 }
 
+/* Exact verification (§7.2): every candidate kernel of random programs — maps, weighted sums,
+ * bias members per position or shared, m = 1 and 3, rows past a segment and tiles of the root —
+ * run by the executor in Z_p equals the whole-matrix reference entry for entry; and each bug of
+ * the mutation suite, injected into the executor, makes some kernel differ. */
+static void test_exact_verification(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_gauss_ws *ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, &ctx);
+    tpk_phi *phis[sizeof PHIS / sizeof PHIS[0]];
+    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
+        assert_non_null(phis[i] = tpk_phi_alloc(reg, PHIS[i], &ctx));
+    enum { NPROG = 12 };
+    prog P[NPROG];
+    int skip[NPROG];
+    int kernels = 0;
+    for (int r = 0; r < NPROG; r++) {
+        size_t n = r % 3 == 0 ? 300 : 70 + 7 * (size_t)r; /* past a segment (256), tiles of 64 */
+        long m = r % 4 == 1 ? 3 : 1;
+        n -= n % (size_t)m;
+        random_prog(&P[r], 7000 + (uint64_t)r, n, m, 8 + (r % 6) * 2, reg, phis, ws);
+        skip[r] = P[r].node[P[r].nn - 1].op == NSR_EW_LEAF; /* a program that is a leaf */
+        if (skip[r])
+            continue;
+        nsr_ew_verified v;
+        if (nsr_ew_verify(P[r].node, P[r].nn, P[r].nn - 1, n, m, 42 + (uint64_t)r, 0, &v, &ctx))
+            fail_msg("program %d: %s", r, ctx.msg);
+        if (v.mismatch)
+            fail_msg("program %d: %s differs at (%zu, %zu)", r, v.what, v.row, v.col);
+        kernels += v.kernels;
+    }
+    print_message("exact verification: %d kernel runs over %d programs, all equal\n", kernels,
+                  NPROG);
+    assert_true(kernels > 100);
+    /* the mutation suite: a mutant is caught when some program's kernel differs */
+    int caught = 0;
+    for (int mu = 1; mu <= nsr_ew_mutants(); mu++) {
+        int hit = 0;
+        for (int r = 0; r < NPROG && !hit; r++) {
+            if (skip[r])
+                continue;
+            nsr_ew_verified v;
+            assert_int_equal(nsr_ew_verify(P[r].node, P[r].nn, P[r].nn - 1, P[r].n, P[r].m,
+                                           42 + (uint64_t)r, mu, &v, &ctx), TPK_OK);
+            hit = v.mismatch;
+        }
+        if (!hit)
+            print_message("mutant %d not caught\n", mu);
+        caught += hit;
+    }
+    print_message("executor mutants: caught %d/%d\n", caught, nsr_ew_mutants());
+    assert_int_equal(caught, nsr_ew_mutants());
+    nsr_ew_verified v;
+    assert_int_equal(nsr_ew_verify(P[0].node, 1, 0, P[0].n, 1, 1, 0, &v, &ctx), TPK_EINVAL);
+    for (int r = 0; r < NPROG; r++)
+        prog_free(&P[r]);
+    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
+        tpk_phi_free(phis[i]);
+    tpk_gauss_ws_free(ws);
+    tpk_phi_registry_free(reg);
+}
+
 /* ---- pair programs (netsor/ewpair.c) ------------------------------------------------------- */
 
 /* The reference convolution of a whole matrix S (n = N·R·C): out[(a,p),(c,q)] = α Σ_t S[(a,p+t),
@@ -858,12 +922,19 @@ static void test_cli(void **state)
              bin);
     assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
     assert_non_null(strstr(out, "kernel 48 x 48 in "));
+    /* --verify: every candidate of every plan exactly in Z_p first (§7.2) */
+    snprintf(cmd, sizeof cmd, "%s/netsor plan programs/mlp-ln-residual.nsr --set L=2 --inputs=30 "
+             "--verify 2>&1", bin);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "exact check of readout@"));
+    assert_non_null(strstr(out, "all equal to the reference"));
     /* usage errors: a bad plan, options it does not take, its options elsewhere */
     static const char *const bad[] = {"plan programs/mlp.nsr --plan=fast",
                                       "plan programs/mlp.nsr --output=x.h5",
                                       "plan programs/mlp.nsr --inputs=0",
                                       "plan programs/mlp.nsr --inputs=8 --input=data/demo-inputs.csv",
-                                      "check programs/mlp.nsr --plan=naive"};
+                                      "check programs/mlp.nsr --plan=naive",
+                                      "kernel programs/mlp.nsr --verify"};
     /* a program or an input that cannot be read: 1, with the reason */
     snprintf(cmd, sizeof cmd, "%s/netsor plan programs/missing.nsr 2>&1", bin);
     assert_int_equal(tu_capture(cmd, out, sizeof out), 1);
@@ -903,6 +974,7 @@ int main(void)
         cmocka_unit_test(test_plan_env),
         cmocka_unit_test(test_programs),
         cmocka_unit_test(test_linear_readouts),
+        cmocka_unit_test(test_exact_verification),
         cmocka_unit_test(test_pair_programs),
         cmocka_unit_test(test_cli),
     };

@@ -23,6 +23,7 @@ typedef struct cli {
     const char *args[8];
     const char *input, *test, *output, *width, *seed; /* kernel / run */
     const char *plan, *inputs, *dim;                  /* plan */
+    int verify;                                       /* plan --verify */
     int all_outputs, quiet;
     int progress;           /* --progress 1, --no-progress 0, neither -1 */
     int argc;               /* the whole command line, for provenance */
@@ -60,6 +61,9 @@ static const char usage[] =
     "  --plan=P           (plan) naive, optimal (default) or both (then compared)\n"
     "  --inputs=N --dim=D (plan) without --input: N inputs N(0, 1) of dimension D, seed 0\n"
     "                     (default 256 and 16; sequences take the program's T)\n"
+    "  --verify           (plan) also run every candidate kernel of every entrywise plan\n"
+    "                     exactly over Z_p against whole-matrix loops (a Z_p twin: maps\n"
+    "                     a random table); a difference is an error (exit 1)\n"
     "  TPK_PLAN=naive|optimal  (environment) the plan every limit kernel runs (default optimal)\n"
     "  --progress, --no-progress   (kernel, run) the progress line (below)\n"
     "  --help             this text        --version   the toolkit version\n"
@@ -75,7 +79,7 @@ static void cli_free(cli *c)
 }
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
-       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM };
+       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -86,7 +90,8 @@ static const struct option longopts[] = {
     {"help", no_argument, NULL, O_HELP}, {"version", no_argument, NULL, O_VERSION},
     {"progress", no_argument, NULL, O_PROGRESS}, {"no-progress", no_argument, NULL, O_NOPROGRESS},
     {"plan", required_argument, NULL, O_PLAN}, {"inputs", required_argument, NULL, O_INPUTS},
-    {"dim", required_argument, NULL, O_DIM}, {NULL, 0, NULL, 0}};
+    {"dim", required_argument, NULL, O_DIM}, {"verify", no_argument, NULL, O_VERIFY},
+    {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
  * is the subcommand). Returns 0, or 2 on a usage error. */
@@ -118,6 +123,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_PLAN: c->plan = optarg; break;
         case O_INPUTS: c->inputs = optarg; break;
         case O_DIM: c->dim = optarg; break;
+        case O_VERIFY: c->verify = 1; break;
         default:
             fprintf(stderr, "netsor %s: unknown or malformed option '%s' (see netsor --help)\n",
                     cmd, argv[optind - 1]);
@@ -128,7 +134,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
      * the limit as if it were not there) */
     static const char *const run_only[] = {"width", "seed"}, *const job_only[] = {
         "input", "test", "output", "all-outputs", "width", "seed"}, *const plan_only[] = {
-        "plan", "inputs", "dim"}, *const not_plan[] = {"test", "output", "width", "seed",
+        "plan", "inputs", "dim", "verify"}, *const not_plan[] = {"test", "output", "width", "seed",
         "quiet", "progress", "no-progress"};
     const int job = strcmp(cmd, "kernel") == 0 || strcmp(cmd, "run") == 0;
     const int plan = strcmp(cmd, "plan") == 0;
@@ -400,7 +406,7 @@ static int cmd_plan(int argc, char **argv)
     tpk_array *K[2] = {NULL, NULL};
     double secs[2] = {0, 0};
     for (int k = 0; st == TPK_OK && k < 2; k++) {
-        int plan = k == 0 ? TPK_PLAN_NAIVE : TPK_PLAN_OPTIMAL;
+        int plan = (k == 0 ? TPK_PLAN_NAIVE : TPK_PLAN_OPTIMAL) | (c.verify ? TPK_PLAN_VERIFY : 0);
         if (!(which & (1 << k)))
             continue;
         printf("# %s plan\n", k == 0 ? "naive" : "optimal");
