@@ -229,6 +229,7 @@ typedef struct ew {
     double launch_s;
     nsr_ew_calib *cal;
     int out_fresh;           /* the root's block is fresh pages (their first touch costs) */
+    int out_full;            /* the root's both triangles are written (tiles) */
     /* the Z_p twin (nsr_ew_verify): entries are integers in [0, p), maps a random table */
     const uint32_t *ztab;    /* non-NULL: the twin runs */
     uint64_t za, zb, zc;
@@ -475,9 +476,14 @@ static int cost_fn(const tpk_orch_graph *g, const tpk_orch_kernel *k, void *arg,
     for (int i = 0; i < k->nprims; i++)
         c += (double)W->E * W->t_entry[W->nodeof[k->prims[i]]];
     c += k->ninputs * B * W->read_s;
-    for (int i = 0; i < k->noutputs; i++) /* the root goes to the caller's block */
-        c += B * (W->write_s +
-                  (W->nodeof[k->outputs[i]] != W->root || W->out_fresh ? W->fault_s : 0.0));
+    for (int i = 0; i < k->noutputs; i++) { /* the root goes to the caller's block */
+        const int root = W->nodeof[k->outputs[i]] == W->root;
+        c += B * (W->write_s + (!root || W->out_fresh ? W->fault_s : 0.0));
+        /* and where both triangles are asked for, the upper one from transposed tiles: a store
+         * to each cache line from eight rows, each line read for ownership first */
+        if (root && W->out_full)
+            c += B * (W->write_s + W->read_s + (W->out_fresh ? W->fault_s : 0.0));
+    }
     *cost = c;
     return TPK_OK;
 }
@@ -865,6 +871,7 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
     memset(&local, 0, sizeof local);
     W.cal = cal ? cal : &local;
     W.out_fresh = out_fresh;
+    W.out_full = out_full;
     const double t0 = tpk_wall_seconds();
     W.val = tpk_calloc(ctx, (size_t)nn, sizeof *W.val);
     W.nodeof = tpk_calloc(ctx, (size_t)nn, sizeof *W.nodeof);
