@@ -46,22 +46,6 @@ static tpk_program *program(const char *rel, const char *append, const tpk_param
     return p;
 }
 
-/* One side of a comparison: the evaluator on a program (K: the last run's kernel), or a direct
- * recursion through its own closure. */
-typedef struct ev_arg {
-    const tpk_program *p;
-    const tpk_array *x;
-    tpk_array *K;
-} ev_arg;
-
-static int run_program(void *v)
-{
-    ev_arg *e = v;
-    tpk_array_free(e->K);
-    e->K = NULL;
-    return tpk_netsor_kernel(e->p, e->x, 0, &e->K, NULL, NULL);
-}
-
 static double maxdiff(const double *a, const double *b, size_t n)
 {
     double m = 0;
@@ -72,11 +56,11 @@ static double maxdiff(const double *a, const double *b, size_t n)
 
 /* reps pairs side by side (bench_pairs), then the line: the best of each side, the median of
  * the ratios, the difference of the kernels (Kd read after the runs) */
-static void compare(const char *name, const char *size, ev_arg *e, bench_fn direct, void *darg,
+static void compare(const char *name, const char *size, bench_program *e, bench_fn direct, void *darg,
                     int reps, const double *const *Kd, size_t nk)
 {
     double te, td, ratio;
-    if (bench_pairs(run_program, e, direct, darg, reps, &te, &td, &ratio)) {
+    if (bench_pairs(bench_run_program, e, direct, darg, reps, &te, &td, &ratio)) {
         printf("%-10s failed\n", name);
         return;
     }
@@ -115,7 +99,7 @@ static void bench_mlp(void)
     if (!p || !x || !relu)
         return;
     tpk_mlp_params mp = {.depth = 8, .phi = relu, .sigma_w2 = 2.0, .sigma_b2 = 0.1};
-    ev_arg e = {p, x, NULL};
+    bench_program e = {p, x, 0, NULL};
     mlp_arg m = {&mp, x, NULL, NULL};
     compare("mlp", "N=2048, d=32, depth 8, relu", &e, run_mlp, &m, 15, &m.K, N * N);
     tpk_array_free(e.K), tpk_array_free(m.R), tpk_array_free(x);
@@ -170,7 +154,7 @@ static void bench_mlp_ln(void)
     tpk_phi *relu = tpk_phi_alloc(reg, "relu", NULL);
     if (!p || !x || !S || !dg || !relu)
         return;
-    ev_arg e = {p, x, NULL};
+    bench_program e = {p, x, 0, NULL};
     ln_arg a = {x, relu, S, dg};
     compare("mlp-ln", "N=2048, d=32, depth 8, relu", &e, run_mlp_ln, &a, 5,
             (const double *const *)&a.S, N * N);
@@ -207,7 +191,7 @@ static void bench_cnn(void)
                          .phi = relu, .sigma_u2 = 2, .sigma_w2 = 2, .sigma_b2 = 0, .sigma_v2 = 2,
                          .sigma_ob2 = 0, .padding = TPK_CNN_CIRCULAR, .readout = TPK_CNN_GAP,
                          .conv = TPK_CNN_CONV_AUTO};
-    ev_arg e = {p, x, NULL};
+    bench_program e = {p, x, 0, NULL};
     cnn_arg a = {&cp, x, D};
     compare("cnn2d-gap", "8 images 28x28x1, 3x3 circular, depth 8", &e, run_cnn, &a, 9,
             (const double *const *)&D->data, N * N);

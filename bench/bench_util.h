@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "tpk/clock.h"
+#include "tpk/netsor.h"
 
 /* The toolkit's wall clock (include/tpk/clock.h). */
 static inline double bench_now(void)
@@ -55,6 +56,23 @@ static inline int bench_pairs(bench_fn a, void *aa, bench_fn b, void *ba, int re
     *median_ratio = reps % 2 ? r[reps / 2] : 0.5 * (r[reps / 2 - 1] + r[reps / 2]);
     free(r);
     return 0;
+}
+
+/* The evaluator's side of a comparison (a bench_fn): the kernel of program p on x, all outputs
+ * or the last; K keeps the last run's kernel (the caller frees it). */
+typedef struct bench_program {
+    const tpk_program *p;
+    const tpk_array *x;
+    int all_outputs;
+    tpk_array *K;
+} bench_program;
+
+static inline int bench_run_program(void *v)
+{
+    bench_program *e = v;
+    tpk_array_free(e->K);
+    e->K = NULL;
+    return tpk_netsor_kernel(e->p, e->x, e->all_outputs, &e->K, NULL, NULL);
 }
 
 /* A ← B (n×n, row-major, in place) with B Bᵀ = A for a symmetric PSD A: B = V max(Λ, 0)^{1/2}

@@ -270,6 +270,15 @@ static void conv_any(const grid *g, const fftplan *f, pairws *w, double alpha, d
         conv_direct(g, alpha, beta, in, out, w->T);
 }
 
+/* TPK_OK when a kh×kw filter fits the rows×cols grid, else TPK_EINVAL saying so. */
+static int filter_fits(size_t rows, size_t cols, int kh, int kw, tpk_ctx *ctx)
+{
+    if (rows < 1 || cols < 1 || kh < 1 || kw < 1 || (size_t)kh > rows || (size_t)kw > cols)
+        return TPK_ERROR(ctx, TPK_EINVAL, "filter %dx%d does not fit a %zux%zu grid", kh, kw, rows,
+                         cols);
+    return TPK_OK;
+}
+
 /* A convolution of blocks with its plan and workspace, reused across calls (one per thread). */
 struct tpk_cnn_convws {
     grid g;
@@ -282,10 +291,8 @@ struct tpk_cnn_convws {
 tpk_cnn_convws *tpk_cnn_convws_alloc(size_t rows, size_t cols, int kh, int kw, int padding, int method,
                                  tpk_ctx *ctx)
 {
-    if (rows < 1 || cols < 1 || kh < 1 || kw < 1 || (size_t)kh > rows || (size_t)kw > cols) {
-        TPK_ERROR(ctx, TPK_EINVAL, "filter %dx%d does not fit a %zux%zu grid", kh, kw, rows, cols);
+    if (filter_fits(rows, cols, kh, kw, ctx))
         return NULL;
-    }
     tpk_cnn_convws *c = tpk_calloc(ctx, 1, sizeof *c);
     if (c == NULL) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -326,9 +333,8 @@ void tpk_cnn_convws_apply(tpk_cnn_convws *c, double alpha, double beta, const do
 int tpk_cnn_conv_block(size_t rows, size_t cols, int kh, int kw, int padding, int method,
                        double alpha, double beta, const double *in, double *out, tpk_ctx *ctx)
 {
-    if (rows < 1 || cols < 1 || kh < 1 || kw < 1 || (size_t)kh > rows || (size_t)kw > cols)
-        return TPK_ERROR(ctx, TPK_EINVAL, "filter %dx%d does not fit a %zux%zu grid", kh, kw, rows,
-                         cols);
+    if (filter_fits(rows, cols, kh, kw, ctx))
+        return ctx->status;
     if (in == out)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_conv_block: in and out must not alias");
     grid g = make_grid(rows, cols, kh, kw, padding);
@@ -1102,10 +1108,8 @@ void tpk_cnn_layerws_free(tpk_cnn_layerws *w)
 tpk_cnn_layerws *tpk_cnn_layerws_alloc(size_t rows, size_t cols, int kh, int kw, int padding,
                                        size_t channels, tpk_ctx *ctx)
 {
-    if (rows < 1 || cols < 1 || kh < 1 || kw < 1 || (size_t)kh > rows || (size_t)kw > cols) {
-        TPK_ERROR(ctx, TPK_EINVAL, "filter %dx%d does not fit a %zux%zu grid", kh, kw, rows, cols);
+    if (filter_fits(rows, cols, kh, kw, ctx))
         return NULL;
-    }
     tpk_cnn_layerws *w = tpk_calloc(ctx, 1, sizeof *w);
     if (w == NULL) {
         TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");

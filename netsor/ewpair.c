@@ -29,15 +29,6 @@
 /* Rows of a pair's block a pooled readout maps and sums at once (their map stays in L2). */
 #define RED_ROWS 32
 
-static int threads(void)
-{
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 static int thread_id(void)
 {
 #ifdef _OPENMP
@@ -235,12 +226,11 @@ typedef struct pws {
     tpk_cnn_layerws **lw; /* per grid: a map and its taps, streamed (kernels/cnn.c) */
 } pws;
 
-/* The pair block (a, c) of leaf nd into y (m × m). */
-static void leaf_block(const nsr_ew_node *nd, size_t n, size_t m, size_t a, size_t c, double *y)
+void nsr_pair_block(const double *M, int lower, const double *x, size_t d, size_t n, size_t m,
+                    size_t a, size_t c, double *y)
 {
-    if (nd->M == NULL) { /* the inputs' Gram, ⟨x_ap, x_cq⟩/d */
-        const size_t d = nd->d;
-        const double *xa = nd->x + a * m * d, *xc = nd->x + c * m * d;
+    if (M == NULL) { /* the inputs' Gram, ⟨x_ap, x_cq⟩/d */
+        const double *xa = x + a * m * d, *xc = x + c * m * d;
         for (size_t p = 0; p < m; p++)
             for (size_t q = 0; q < m; q++) {
                 double g = 0;
@@ -250,9 +240,9 @@ static void leaf_block(const nsr_ew_node *nd, size_t n, size_t m, size_t a, size
             }
         return;
     }
-    for (size_t p = 0; p < m; p++) /* lower triangles only: a diagonal block is mirrored */
-        memcpy(y + p * m, nd->M + (a * m + p) * n + c * m, (a == c ? p + 1 : m) * sizeof *y);
-    if (a == c)
+    for (size_t p = 0; p < m; p++)
+        memcpy(y + p * m, M + (a * m + p) * n + c * m, (lower && a == c ? p + 1 : m) * sizeof *y);
+    if (lower && a == c) /* a diagonal block of a matrix stored as its lower triangle */
         for (size_t p = 0; p < m; p++)
             for (size_t q = 0; q < p; q++)
                 y[q * m + p] = y[p * m + q];
@@ -279,7 +269,7 @@ static int run_pair(const nsr_ew_node *node, int root, const pplan *P, size_t n,
         *where = k;
         switch (nd->op) {
         case NSR_EW_LEAF:
-            leaf_block(nd, n, m, a, c, y);
+            nsr_pair_block(nd->M, 1, nd->x, nd->d, n, m, a, c, y); /* lower triangles only */
             break;
         case NSR_EW_PHI: {
             const double *q = node[nd->arg].diag;
@@ -390,7 +380,7 @@ int nsr_ew_eval_pairs(const nsr_ew_node *node, int nn, int root, size_t n, long 
         return TPK_OK;
     const double t0 = tpk_wall_seconds();
     const size_t N = n / m, npairs = N * (N + 1) / 2, mm = m * m;
-    const int nth = threads();
+    const int nth = nsr_threads();
     pplan P;
     int st = pplan_make(node, nn, root, m_, &P, ctx);
     pws *w = st == TPK_OK ? tpk_calloc(ctx, (size_t)nth, sizeof *w) : NULL;

@@ -22,6 +22,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 enum { NSR_EW_LEAF, NSR_EW_PHI, NSR_EW_SUM, NSR_EW_CONV };
 
 /* Plans (TPK_PLAN): one kernel per primitive, or the BLP's optimum (tpk/netsor.h's values). */
@@ -107,6 +111,22 @@ typedef struct nsr_ew_reduce {
     double alpha, beta;
     const double *w;
 } nsr_ew_reduce;
+
+/* Threads a parallel region of the executors runs on. */
+static inline int nsr_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Input pair (a, c)'s m × m block into y: of M (n × n; lower: only its lower triangle is
+ * stored, a diagonal block is mirrored), or with M NULL of the inputs' Gram ⟨x_ap, x_cq⟩/d
+ * (x: n rows of d). */
+void nsr_pair_block(const double *M, int lower, const double *x, size_t d, size_t n, size_t m,
+                    size_t a, size_t c, double *y);
 
 /* 1 when the program under root must run by input pairs (netsor/ewpair.c): it holds a
  * convolution or an inputs' Gram leaf. nsr_ew_eval then hands it to nsr_ew_eval_pairs. */

@@ -31,15 +31,6 @@
  * 10 ms of maps on one core): the primitives run in order in runs of MAX_FUSE. */
 #define SMALL_WORK 4e6
 
-static int threads(void)
-{
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 /* The first parallel region of a process starts its threads (about a millisecond): not part of
  * what a calibration pass measures. */
 static void warm_threads(void)
@@ -95,7 +86,8 @@ static void node_seg(const nsr_ew_node *nd, tpk_gauss_segmap *sm, size_t i, size
                 y[j] += c * (w ? w[j] : 1.0) * T->s[p];
         } else { /* members reading one bias member */
             const size_t mm = (size_t)m, p = i % mm;
-            for (size_t j = 0, q = j0 % mm; T->cls[p] >= 0 && j < len; j++, q = q + 1 == mm ? 0 : q + 1)
+            for (size_t j = 0, q = j0 % mm; T->cls[p] >= 0 && j < len;
+                 j++, q = q + 1 == mm ? 0 : q + 1)
                 if (T->cls[q] == T->cls[p])
                     y[j] += c * (w ? w[j] : 1.0) * T->s[p];
         }
@@ -237,6 +229,19 @@ typedef struct ew {
     tpk_ctx *ctx;
 } ew;
 
+static void ew_init(ew *W, const nsr_ew_node *node, int nn, int root, size_t n, long m,
+                    tpk_ctx *ctx)
+{
+    memset(W, 0, sizeof *W);
+    W->node = node;
+    W->nn = nn;
+    W->root = root;
+    W->n = n;
+    W->E = n * (n + 1) / 2;
+    W->m = m;
+    W->ctx = ctx;
+}
+
 /* A sum that is one of its arguments: one term 1·x, every other a bias of variance 0 (an MLP's
  * b ~ N(0, 0)). */
 static int is_identity(const nsr_ew_node *nd, long m)
@@ -371,7 +376,7 @@ static void calibrate_compute(ew *W)
                                                           : 0.0;
         return;
     }
-    const int S = W->n < 8 ? (int)W->n : 8, P = 8 * threads();
+    const int S = W->n < 8 ? (int)W->n : 8, P = 8 * nsr_threads();
     double *seg = tpk_malloc(W->ctx, (size_t)W->nv * SEG * sizeof *seg);
     double *secs = tpk_calloc(W->ctx, (size_t)W->nn, sizeof *secs);
     if (seg == NULL || secs == NULL) { /* no measurement: rough per-entry times stand in */
@@ -385,10 +390,11 @@ static void calibrate_compute(ew *W)
     double serial = 0;
     for (int k = 0; k < W->nn; k++)
         serial += secs[k];
-    double scale = 1.0 / threads();
+    double scale = 1.0 / nsr_threads();
     /* scratch for every thread, allocated here: the allocator hook is not called from threads */
     double *all = W->n >= 64 && serial > 0 && entries > 0
-                      ? tpk_malloc(W->ctx, (size_t)threads() * (size_t)W->nv * SEG * sizeof *all)
+                      ? tpk_malloc(W->ctx,
+                                   (size_t)nsr_threads() * (size_t)W->nv * SEG * sizeof *all)
                       : NULL;
     if (all != NULL) {
         size_t pe = 0;
@@ -408,7 +414,7 @@ static void calibrate_compute(ew *W)
         const double par = tpk_wall_seconds() - t0;
         /* between perfect scaling and none: a sample this small can only err outside */
         if (pe > 0)
-            scale = fmin(fmax((par / (double)pe) / (serial / (double)entries), 1.0 / threads()),
+            scale = fmin(fmax((par / (double)pe) / (serial / (double)entries), 1.0 / nsr_threads()),
                          1.0);
         tpk_free(W->ctx, all);
     }
@@ -633,9 +639,11 @@ static void run_kernel(ew *W, const tpk_orch_kernel *K, double *const *mem, int 
                         for (int q = 0; q < na; q++) {
                             const int sq = mut == MUT_BUF_PREV && src[p][q] > 0 ? src[p][q] - 1
                                                                                : src[p][q];
-                            const size_t off = mut == MUT_SRC_ROW && i > 0   ? (i - 1) * n + j0
-                                               : mut == MUT_SRC_SHIFT && j0 + len < n ? i * n + j0 + 1
-                                                                                     : i * n + j0;
+                            size_t off = i * n + j0;
+                            if (mut == MUT_SRC_ROW && i > 0)
+                                off -= n;
+                            else if (mut == MUT_SRC_SHIFT && j0 + len < n)
+                                off += 1;
                             a[q] = sq == INT32_MIN ? NULL : sq >= 0 ? buf[sq] : mem[-1 - sq] + off;
                         }
                         if (mut == MUT_ARG_SWAP && nd->op == NSR_EW_SUM && na > 1) {
@@ -858,15 +866,8 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
         return ctx->status;
     const nsr_ew_node *node = folded;
     ew W;
-    memset(&W, 0, sizeof W);
-    W.node = node;
-    W.nn = nn;
-    W.root = root;
-    W.n = n;
-    W.E = n * (n + 1) / 2;
-    W.m = m;
+    ew_init(&W, node, nn, root, n, m, ctx);
     W.ws = ws;
-    W.ctx = ctx;
     nsr_ew_calib local;
     memset(&local, 0, sizeof local);
     W.cal = cal ? cal : &local;
@@ -1112,21 +1113,14 @@ int nsr_ew_verify(const nsr_ew_node *node_in, int nn, int root, size_t n, long m
                          "through the library's layer, not the executor's kernels)");
     uint64_t s = seed;
     ew W;
-    memset(&W, 0, sizeof W);
-    W.nn = nn;
-    W.root = root;
-    W.n = n;
-    W.E = n * (n + 1) / 2;
-    W.m = m;
-    W.ctx = ctx;
+    ew_init(&W, NULL, nn, root, n, m, ctx);
     W.mutant = mutant;
     uint32_t *tab = tpk_malloc(ctx, ((size_t)1 << 16) * sizeof *tab);
     nsr_ew_node *nd = tpk_calloc(ctx, (size_t)nn, sizeof *nd);
-    double **R = tpk_calloc(ctx, (size_t)nn, sizeof *R), **own = tpk_calloc(ctx, 3 * (size_t)nn *
-                                                                                 NSR_EW_MAXT,
-                                                                             sizeof *own);
-    double **mem = tpk_calloc(ctx, (size_t)nn, sizeof *mem), **scratch = tpk_calloc(ctx, (size_t)nn,
-                                                                                    sizeof *scratch);
+    double **R = tpk_calloc(ctx, (size_t)nn, sizeof *R);
+    double **own = tpk_calloc(ctx, 3 * (size_t)nn * NSR_EW_MAXT, sizeof *own);
+    double **mem = tpk_calloc(ctx, (size_t)nn, sizeof *mem);
+    double **scratch = tpk_calloc(ctx, (size_t)nn, sizeof *scratch);
     W.val = tpk_calloc(ctx, (size_t)nn, sizeof *W.val);
     W.nodeof = tpk_calloc(ctx, (size_t)nn, sizeof *W.nodeof);
     W.sm = tpk_calloc(ctx, (size_t)nn, sizeof *W.sm);

@@ -3079,25 +3079,7 @@ static int conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
                 continue;
             size_t a, c;
             tpk_lower_index(ac, &a, &c);
-            if (from_x) {
-                const size_t d = F->d;
-                const double *xa = F->x + a * m * d, *xc = F->x + c * m * d;
-                for (size_t p = 0; p < m; p++)
-                    for (size_t q = 0; q < m; q++) {
-                        double g = 0;
-                        for (size_t k = 0; k < d; k++)
-                            g += xa[p * d + k] * xc[q * d + k];
-                        bi[p * m + q] = g / (double)d;
-                    }
-            } else {
-                for (size_t p = 0; p < m; p++)
-                    memcpy(bi + p * m, MX + (a * m + p) * n + c * m,
-                           (lowerX && a == c ? p + 1 : m) * sizeof *bi);
-            }
-            if (!from_x && lowerX && a == c) /* a diagonal block of a lower-stored matrix */
-                for (size_t p = 0; p < m; p++)
-                    for (size_t q = 0; q < p; q++)
-                        bi[q * m + p] = bi[p * m + q];
+            nsr_pair_block(from_x ? NULL : MX, lowerX, F->x, F->d, n, m, a, c, bi);
             if (fphi != NULL) {
                 double e = 0.0;
                 int ms = tpk_gauss_map_cross(fphi, dg + a * m, m, dg + c * m, m, bi, bi, F->ws, &e,

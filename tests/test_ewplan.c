@@ -111,9 +111,44 @@ static void reference(prog *P, int k, const tpk_gauss_ws *ws)
 
 static const char *const PHIS[] = {"relu", "erf", "tanh", "gelu", "step", "sin"};
 
+/* The registry, a quadrature workspace and one φ of each of PHIS, for the tests of random
+ * programs. */
+typedef struct phis_fx {
+    tpk_phi_registry *reg;
+    tpk_gauss_ws *ws;
+    tpk_phi *phis[sizeof PHIS / sizeof PHIS[0]];
+} phis_fx;
+
+static int phis_setup(void **state)
+{
+    phis_fx *fx = calloc(1, sizeof *fx);
+    if (fx == NULL || (fx->reg = tpk_job_registry(NULL)) == NULL ||
+        (fx->ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, NULL)) == NULL)
+        return -1;
+    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
+        if ((fx->phis[i] = tpk_phi_alloc(fx->reg, PHIS[i], NULL)) == NULL)
+            return -1;
+    *state = fx;
+    return 0;
+}
+
+static int phis_teardown(void **state)
+{
+    phis_fx *fx = *state;
+    for (size_t i = 0; fx && i < sizeof PHIS / sizeof PHIS[0]; i++)
+        tpk_phi_free(fx->phis[i]);
+    if (fx) {
+        tpk_gauss_ws_free(fx->ws);
+        tpk_phi_registry_free(fx->reg);
+    }
+    free(fx);
+    return 0;
+}
+
 /* A random program of nn nodes over 1–3 leaves; the last node is the root. */
 static void random_prog(prog *P, uint64_t seed, size_t n, long m, int nn,
-                        const tpk_phi_registry *reg, tpk_phi **phis, const tpk_gauss_ws *ws)
+                        const tpk_phi_registry *reg, tpk_phi *const *phis,
+                        const tpk_gauss_ws *ws)
 {
     uint64_t s = seed;
     memset(P, 0, sizeof *P);
@@ -183,14 +218,12 @@ static void random_prog(prog *P, uint64_t seed, size_t n, long m, int nn,
 
 static void test_random_programs(void **state)
 {
-    (void)state;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    tpk_phi_registry *reg = tpk_job_registry(&ctx);
-    tpk_gauss_ws *ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, &ctx);
-    tpk_phi *phis[sizeof PHIS / sizeof PHIS[0]];
-    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
-        assert_non_null(phis[i] = tpk_phi_alloc(reg, PHIS[i], &ctx));
+    const phis_fx *fx = *state;
+    tpk_phi_registry *reg = fx->reg;
+    const tpk_gauss_ws *ws = fx->ws;
+    tpk_phi *const *phis = fx->phis;
     int fused = 0, total = 0, long_programs = 0;
     for (int r = 0; r < 40; r++) {
         size_t n = r % 4 == 0 ? 300 : 37 + (size_t)r; /* odd sizes; one beyond a segment */
@@ -258,10 +291,6 @@ static void test_random_programs(void **state)
     assert_true(total >= 30);
     assert_true(fused > 0); /* the optimum fuses somewhere */
     assert_true(long_programs > 0);
-    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
-        tpk_phi_free(phis[i]);
-    tpk_gauss_ws_free(ws);
-    tpk_phi_registry_free(reg);
 }
 
 /* The measured model (a program large enough for the memory passes, 2^18 entries and more):
@@ -380,6 +409,27 @@ static void test_plan_env(void **state)
     unsetenv("TPK_PLAN");
 }
 
+/* The kernel of p on X three ways: the naive plan, the optimal plan (its report returned, to
+ * free), the unrolled evaluator (an independent code path). */
+static char *three_ways(const tpk_program *p, const tpk_array *X, int all, tpk_array *K[3])
+{
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    char *rep = NULL;
+    size_t replen = 0;
+    FILE *f = open_memstream(&rep, &replen);
+    assert_non_null(f);
+    assert_int_equal(tpk_netsor_kernel_plan(p, X, all, TPK_PLAN_NAIVE, NULL, &K[0], NULL, &ctx),
+                     TPK_OK);
+    assert_int_equal(tpk_netsor_kernel_plan(p, X, all, TPK_PLAN_OPTIMAL, f, &K[1], NULL, &ctx),
+                     TPK_OK);
+    fclose(f);
+    setenv("TPK_NETSOR_FORM", "unrolled", 1);
+    assert_int_equal(tpk_netsor_kernel(p, X, all, &K[2], NULL, &ctx), TPK_OK);
+    unsetenv("TPK_NETSOR_FORM");
+    return rep;
+}
+
 /* Through the evaluator: the shipped MLP programs (plain, LayerNorm, residual, both) under both
  * plans and the unrolled evaluator, and the plan's report. */
 static void test_programs(void **state)
@@ -419,18 +469,8 @@ static void test_programs(void **state)
         tpk_program *p = tpk_netsor_load_file(cases[c].file, &o, reg, &ctx);
         if (p == NULL)
             fail_msg("%s: %s", cases[c].file, ctx.msg);
-        tpk_array *K[3] = {NULL, NULL, NULL};
-        char *rep = NULL;
-        size_t replen = 0;
-        FILE *f = open_memstream(&rep, &replen);
-        assert_int_equal(tpk_netsor_kernel_plan(p, X, 0, TPK_PLAN_NAIVE, NULL, &K[0], NULL, &ctx),
-                         TPK_OK);
-        assert_int_equal(tpk_netsor_kernel_plan(p, X, 0, TPK_PLAN_OPTIMAL, f, &K[1], NULL, &ctx),
-                         TPK_OK);
-        fclose(f);
-        setenv("TPK_NETSOR_FORM", "unrolled", 1);
-        assert_int_equal(tpk_netsor_kernel(p, X, 0, &K[2], NULL, &ctx), TPK_OK);
-        unsetenv("TPK_NETSOR_FORM");
+        tpk_array *K[3];
+        char *rep = three_ways(p, X, 0, K);
         double scale = 0;
         for (size_t i = 0; i < N * N; i++)
             scale = fmax(scale, fabs(K[2]->data[i]));
@@ -461,14 +501,12 @@ static void test_programs(void **state)
  * the mutation suite, injected into the executor, makes some kernel differ. */
 static void test_exact_verification(void **state)
 {
-    (void)state;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    tpk_phi_registry *reg = tpk_job_registry(&ctx);
-    tpk_gauss_ws *ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, &ctx);
-    tpk_phi *phis[sizeof PHIS / sizeof PHIS[0]];
-    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
-        assert_non_null(phis[i] = tpk_phi_alloc(reg, PHIS[i], &ctx));
+    const phis_fx *fx = *state;
+    tpk_phi_registry *reg = fx->reg;
+    const tpk_gauss_ws *ws = fx->ws;
+    tpk_phi *const *phis = fx->phis;
     enum { NPROG = 12 };
     prog P[NPROG];
     int skip[NPROG];
@@ -513,10 +551,6 @@ static void test_exact_verification(void **state)
     assert_int_equal(nsr_ew_verify(P[0].node, 1, 0, P[0].n, 1, 1, 0, &v, &ctx), TPK_EINVAL);
     for (int r = 0; r < NPROG; r++)
         prog_free(&P[r]);
-    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
-        tpk_phi_free(phis[i]);
-    tpk_gauss_ws_free(ws);
-    tpk_phi_registry_free(reg);
 }
 
 /* ---- pair programs (netsor/ewpair.c) ------------------------------------------------------- */
@@ -563,14 +597,11 @@ static void ref_conv(const double *S, size_t N, int R, int C, int kh, int kw, in
  * of the reference's mapped blocks; a non-PSD pair block's error names its statement and pair. */
 static void test_pair_programs(void **state)
 {
-    (void)state;
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
-    tpk_phi_registry *reg = tpk_job_registry(&ctx);
-    tpk_gauss_ws *ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, &ctx);
-    tpk_phi *phis[sizeof PHIS / sizeof PHIS[0]];
-    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
-        assert_non_null(phis[i] = tpk_phi_alloc(reg, PHIS[i], &ctx));
+    const phis_fx *fx = *state;
+    const tpk_gauss_ws *ws = fx->ws;
+    tpk_phi *const *phis = fx->phis;
     static const int grids[][4] = {{3, 4, 3, 2}, {1, 7, 1, 3}, {4, 4, 3, 3}, {2, 5, 2, 4}};
     for (int r = 0; r < 16; r++) {
         uint64_t s = 500 + (uint64_t)r;
@@ -770,10 +801,6 @@ static void test_pair_programs(void **state)
         P.mem[0] = NULL;
         prog_free(&P);
     }
-    for (size_t i = 0; i < sizeof PHIS / sizeof PHIS[0]; i++)
-        tpk_phi_free(phis[i]);
-    tpk_gauss_ws_free(ws);
-    tpk_phi_registry_free(reg);
 }
 
 /* Linear readouts of sums of independent blocks, some pending (a LayerNorm's output plus a
@@ -807,18 +834,8 @@ static void test_linear_readouts(void **state)
         uint64_t s = 11 + c;
         for (size_t i = 0; i < N * T * d; i++)
             X->data[i] = 2 * unif(&s) - 1;
-        tpk_array *K[3] = {NULL, NULL, NULL};
-        char *rep = NULL;
-        size_t replen = 0;
-        FILE *f = open_memstream(&rep, &replen);
-        assert_int_equal(tpk_netsor_kernel_plan(p, X, 1, TPK_PLAN_NAIVE, NULL, &K[0], NULL, &ctx),
-                         TPK_OK);
-        assert_int_equal(tpk_netsor_kernel_plan(p, X, 1, TPK_PLAN_OPTIMAL, f, &K[1], NULL, &ctx),
-                         TPK_OK);
-        fclose(f);
-        setenv("TPK_NETSOR_FORM", "unrolled", 1);
-        assert_int_equal(tpk_netsor_kernel(p, X, 1, &K[2], NULL, &ctx), TPK_OK);
-        unsetenv("TPK_NETSOR_FORM");
+        tpk_array *K[3];
+        char *rep = three_ways(p, X, 1, K);
         const size_t n = N * T;
         assert_int_equal(K[1]->dims[0], n);
         double scale = 0;
@@ -968,15 +985,15 @@ static void test_cli(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_random_programs),
+        cmocka_unit_test_setup_teardown(test_random_programs, phis_setup, phis_teardown),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_segmap),
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_plan_env),
         cmocka_unit_test(test_programs),
         cmocka_unit_test(test_linear_readouts),
-        cmocka_unit_test(test_exact_verification),
-        cmocka_unit_test(test_pair_programs),
+        cmocka_unit_test_setup_teardown(test_exact_verification, phis_setup, phis_teardown),
+        cmocka_unit_test_setup_teardown(test_pair_programs, phis_setup, phis_teardown),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
