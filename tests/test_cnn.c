@@ -686,6 +686,112 @@ static void test_psd_zero_images(void **state)
     tpk_phi_free(erfp);
 }
 
+/* The one-layer API the evaluator's pair programs chain (tpk_cnn_layer_apply, _first): a map and
+ * its taps over an input pair's block against the definitions (relu_e2 entry by entry, then
+ * naive_conv's 4-D tap sum), on the direct path (3×3 on 5×6, 3×2 zero-padded on 4×4, positions
+ * of zero variance) and the FFT path (15×15 circular on 16×16); the first layer from the inputs'
+ * patches, made as a block and held for the next layer's map; errors. */
+static void test_layer_api(void **state)
+{
+    (void)state;
+    static const struct {
+        size_t R, S;
+        int kh, kw, circ, zeros;
+    } g[] = {{5, 6, 3, 3, 1, 0}, {4, 4, 3, 2, 0, 1}, {16, 16, 15, 15, 1, 0}};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    for (size_t k = 0; k < sizeof g / sizeof g[0]; k++) {
+        const size_t Q = g[k].R * g[k].S, C = 2;
+        const naive nv = {g[k].R, g[k].S, C, g[k].kh, g[k].kw, 1, g[k].circ};
+        /* two inputs' positions as vectors: the pair's block and the two diagonals */
+        double *xa = malloc(Q * C * sizeof *xa), *xc = malloc(Q * C * sizeof *xc);
+        inputs(xa, 1, Q, C, 0.4 + (double)k);
+        inputs(xc, 1, Q, C, 1.9 + (double)k);
+        for (size_t p = 0; g[k].zeros && p < Q; p += 3) /* every third position of a: zero */
+            for (size_t c = 0; c < C; c++)
+                xa[p * C + c] = 0.0;
+        double *in = malloc(Q * Q * sizeof *in), *M = malloc(Q * Q * sizeof *M);
+        double *ref = malloc(Q * Q * sizeof *ref), *out = malloc(Q * Q * sizeof *out);
+        double *qa = malloc(Q * sizeof *qa), *qc = malloc(Q * sizeof *qc);
+        for (size_t p = 0; p < Q; p++) {
+            qa[p] = qc[p] = 0;
+            for (size_t c = 0; c < C; c++) {
+                qa[p] += xa[p * C + c] * xa[p * C + c] / (double)C;
+                qc[p] += xc[p * C + c] * xc[p * C + c] / (double)C;
+            }
+            for (size_t q = 0; q < Q; q++) {
+                double v = 0;
+                for (size_t c = 0; c < C; c++)
+                    v += xa[p * C + c] * xc[q * C + c] / (double)C;
+                in[p * Q + q] = v;
+            }
+        }
+        for (size_t p = 0; p < Q; p++)
+            for (size_t q = 0; q < Q; q++)
+                M[p * Q + q] = relu_e2(qa[p], qc[q], in[p * Q + q]);
+        naive_conv(&nv, 1, 0.7, 0.05, M, ref);
+        tpk_cnn_layerws *w = tpk_cnn_layerws_alloc(g[k].R, g[k].S, g[k].kh, g[k].kw,
+                                                   g[k].circ ? TPK_CNN_CIRCULAR : TPK_CNN_ZERO, C,
+                                                   &ctx);
+        assert_non_null(w);
+        double err = -1;
+        assert_int_equal(tpk_cnn_layer_apply(w, relu, qa, qc, 0.7, 0.05, in, out, NULL, &err,
+                                             &ctx), TPK_OK);
+        assert_true(err >= 0 && err < 1e-12);
+        double e = max_rel(out, ref, Q * Q);
+        print_message("layer %zux%zu, filter %dx%d %s%s: apply vs definition %.2e\n", g[k].R,
+                      g[k].S, g[k].kh, g[k].kw, g[k].circ ? "circular" : "zero",
+                      g[k].zeros ? ", zero-variance positions" : "", e);
+        assert_true(e < 1e-12);
+        /* the first layer: the taps of the pair's Gram, as a block ... */
+        naive_conv(&nv, 1, 0.9, 0.1, in, ref);
+        assert_int_equal(tpk_cnn_layer_first(w, xa, xc, C, 0.9, 0.1, out, &ctx), TPK_OK);
+        assert_true(max_rel(out, ref, Q * Q) < 1e-13);
+        /* ... and held for the next layer, which makes it plane by plane as it maps it */
+        double *q1a = malloc(Q * sizeof *q1a), *q1c = malloc(Q * sizeof *q1c);
+        double *ref2 = malloc(Q * Q * sizeof *ref2);
+        for (size_t p = 0; p < Q; p++) { /* the first layer's diagonals: its own with a = c */
+            double sa = 0, sc = 0;
+            for (int i = 0; i < g[k].kh; i++)
+                for (int j = 0; j < g[k].kw; j++) {
+                    long r = wrap((long)(p / g[k].S) + i - (g[k].kh - 1) / 2, (long)g[k].R,
+                                  g[k].circ),
+                         c = wrap((long)(p % g[k].S) + j - (g[k].kw - 1) / 2, (long)g[k].S,
+                                  g[k].circ);
+                    if (r >= 0 && c >= 0) {
+                        sa += qa[(size_t)r * g[k].S + (size_t)c];
+                        sc += qc[(size_t)r * g[k].S + (size_t)c];
+                    }
+                }
+            q1a[p] = 0.9 * sa + 0.1;
+            q1c[p] = 0.9 * sc + 0.1;
+        }
+        for (size_t p = 0; p < Q; p++)
+            for (size_t q = 0; q < Q; q++)
+                M[p * Q + q] = relu_e2(q1a[p], q1c[q], ref[p * Q + q]);
+        naive_conv(&nv, 1, 0.7, 0.0, M, ref2);
+        assert_int_equal(tpk_cnn_layer_first(w, xa, xc, C, 0.9, 0.1, NULL, &ctx), TPK_OK);
+        assert_int_equal(tpk_cnn_layer_apply(w, relu, q1a, q1c, 0.7, 0.0, NULL, out, NULL, &err,
+                                             &ctx), TPK_OK);
+        assert_true(max_rel(out, ref2, Q * Q) < 1e-12);
+        /* nothing held now: a block is required; more channels than the workspace's */
+        assert_int_equal(tpk_cnn_layer_apply(w, relu, q1a, q1c, 0.7, 0.0, NULL, out, NULL, &err,
+                                             &ctx), TPK_EINVAL);
+        assert_non_null(strstr(ctx.msg, "no first layer held"));
+        tpk_ctx_clear(&ctx);
+        assert_int_equal(tpk_cnn_layer_first(w, xa, xc, C + 1, 0.9, 0.1, out, &ctx), TPK_EINVAL);
+        assert_non_null(strstr(ctx.msg, "3 channels, the workspace has 2"));
+        tpk_ctx_clear(&ctx);
+        tpk_cnn_layerws_free(w);
+        free(xa), free(xc), free(in), free(M), free(ref), free(out), free(qa), free(qc);
+        free(q1a), free(q1c), free(ref2);
+    }
+    tpk_ctx_clear(&ctx); /* the first error stands otherwise */
+    assert_null(tpk_cnn_layerws_alloc(3, 3, 4, 1, TPK_CNN_CIRCULAR, 1, &ctx));
+    assert_non_null(strstr(ctx.msg, "does not fit"));
+    tpk_cnn_layerws_free(NULL);
+}
+
 /* Parameter and front-end errors. */
 static void test_errors(void **state)
 {
@@ -824,6 +930,7 @@ int main(void)
         cmocka_unit_test(test_naive_direct_fft),
         cmocka_unit_test(test_direct_zero_variance),
         cmocka_unit_test(test_psd_zero_images),
+        cmocka_unit_test(test_layer_api),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_executor_rate),
     };
