@@ -576,6 +576,8 @@ typedef struct dws {
     long *runs;          /* [start, end) runs of non-zero-variance columns, 2Q */
     long *zc;            /* zero-variance columns, Q */
     size_t nruns, nzc, nz; /* runs, non-zero columns, zero columns of this layer */
+    size_t C;             /* the patches' channels */
+    double falpha, fbeta; /* the first layer from the patches: α/C · P_a P_cᵀ + β */
     tpk_allocator al;
 } dws;
 
@@ -762,7 +764,7 @@ static int map_plane(const tpk_cnn_params *p, const grid *g, dws *w, const doubl
     if (in)
         src = in + r * S * Q;
     else
-        first_plane(g, p->channels, p->sigma_u2 / ((double)p->kh * p->kw), p->sigma_b2, r, w);
+        first_plane(g, w->C, w->falpha, w->fbeta, r, w);
     qa += r * S;
     zva += r * S;
     size_t nzr = 0;
@@ -892,6 +894,9 @@ static int pair_direct(const tpk_cnn_params *p, const grid *g, dws *w, const dou
     const size_t Q = g->Q, S = g->S, C = p->channels, L = (size_t)p->depth;
     const double taps = (double)p->kh * p->kw;
     patches(g, C, X + a * Q * C, X + c * Q * C, w);
+    w->C = C;
+    w->falpha = p->sigma_u2 / taps;
+    w->fbeta = p->sigma_b2;
     const double *in = NULL;
     double *out = w->A;
     *e = 0;
@@ -1085,9 +1090,8 @@ struct tpk_cnn_layerws {
     dws dw;
     double *zva, *zvc, *tmp; /* Q, Q, and the FFT path's mapped block (Q²) */
     size_t C;                /* channels of tpk_cnn_layer_first's inputs */
-    int held;                /* tpk_cnn_layer_first held its patches for the next layer */
-    size_t hC;
-    double halpha, hbeta;
+    int held;                /* tpk_cnn_layer_first held its patches for the next layer (their
+                              * channels, α and β in dw) */
     tpk_allocator al;
 };
 
@@ -1151,9 +1155,9 @@ int tpk_cnn_layer_first(tpk_cnn_layerws *w, const double *xa, const double *xc, 
     patches(g, channels, xa, xc, &w->dw);
     if (out == NULL) { /* made plane by plane by the next layer's map (map_plane) */
         w->held = 1;
-        w->hC = channels;
-        w->halpha = alpha;
-        w->hbeta = beta;
+        w->dw.C = channels;
+        w->dw.falpha = alpha;
+        w->dw.fbeta = beta;
         return TPK_OK;
     }
     double *P = w->dw.P;
@@ -1182,7 +1186,7 @@ int tpk_cnn_layer_apply(tpk_cnn_layerws *w, const tpk_phi *phi, const double *qa
         double *P = w->dw.P;
         for (size_t r = 0; r < g->R; r++) {
             w->dw.P = out + r * g->S * Q;
-            first_plane(g, w->hC, w->halpha, w->hbeta, r, &w->dw);
+            first_plane(g, w->dw.C, w->dw.falpha, w->dw.fbeta, r, &w->dw);
         }
         w->dw.P = P;
         in = out;
@@ -1207,11 +1211,9 @@ int tpk_cnn_layer_apply(tpk_cnn_layerws *w, const tpk_phi *phi, const double *qa
             return st;
         zerr = fmax(za, zc);
     }
-    /* in NULL: map_plane makes each plane of the held first layer from the patches */
-    const tpk_cnn_params p = {.rows = g->R, .cols = g->S, .channels = held ? w->hC : 1,
-                              .kh = g->kh, .kw = g->kw, .depth = 1, .phi = phi,
-                              .sigma_u2 = held ? w->halpha * g->kh * g->kw : 0,
-                              .sigma_b2 = held ? w->hbeta : 0};
+    /* in NULL: map_plane makes each plane of the held first layer from the patches (dw's α, β) */
+    const tpk_cnn_params p = {.rows = g->R, .cols = g->S, .channels = 1, .kh = g->kh,
+                              .kw = g->kw, .depth = 1, .phi = phi};
     int st = layer_direct(&p, g, &w->dw, in, qa, qc, w->zva, w->zvc, zerr, alpha, beta, out, ws,
                           &el, ctx);
     *err = el;
