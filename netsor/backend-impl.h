@@ -52,6 +52,7 @@ typedef struct tpk_limit_opts {
                          * 0: TPK_PLAN from the environment (default optimal) */
     FILE *plan_report;  /* every entrywise plan, its kernels and times (netsor plan), or NULL */
     int plan_verify;    /* every entrywise plan's candidates verified exactly first (§7.2) */
+    int plan_signatures;/* the report gives each kernel's signature (§7.3) */
 } tpk_limit_opts;
 
 /* The rolled evaluator (netsor/flimit.c). plan: the data-independent pass (support, liveness,

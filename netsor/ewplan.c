@@ -796,6 +796,74 @@ static void report_kernel(FILE *f, const ew *W, int i, const tpk_orch_kernel *K,
     fprintf(f, " | predicted %.4f s, measured %.4f s\n", K->cost, measured);
 }
 
+/* Kernel K's signature (docs/orchestration.md §7.3; tpk/tune.h's grammar): its inputs in the
+ * order of K->inputs, its primitives in order, "!" on those it writes. Where the tuner's emitter
+ * has no code for it (a φ other than relu, identity and erf; a bias of several members) the line
+ * says why instead. */
+static void signature(FILE *f, const ew *W, const tpk_orch_kernel *K)
+{
+    char buf[1024];
+    size_t at = 0;
+    const char *why = NULL;
+#define PUT(...) (at += (size_t)snprintf(buf + (at < sizeof buf ? at : sizeof buf), \
+                                          at < sizeof buf ? sizeof buf - at : 0, __VA_ARGS__))
+    PUT("in=%d", K->ninputs);
+    for (int p = 0; p < K->nprims && !why; p++) {
+        const nsr_ew_node *nd = &W->node[W->nodeof[K->prims[p]]];
+        int isout = 0;
+        for (int o = 0; o < K->noutputs; o++)
+            isout |= K->outputs[o] == K->prims[p];
+        int na = nd->op == NSR_EW_PHI ? 1 : nd->nt, id[NSR_EW_MAXT];
+        for (int t = 0; t < na; t++) { /* each argument as a value of the kernel */
+            const int x = nd->op == NSR_EW_PHI ? nd->arg : nd->t[t].arg;
+            id[t] = -1;
+            if (x < 0)
+                continue;
+            const int v = W->val[x];
+            for (int r = 0; r < p; r++)
+                id[t] = K->prims[r] == v ? K->ninputs + r : id[t];
+            for (int r = 0; r < K->ninputs && id[t] < 0; r++)
+                id[t] = K->inputs[r] == v ? r : -1;
+        }
+        if (nd->op == NSR_EW_PHI) {
+            const char *nm = tpk_phi_name(nd->phi);
+            char phi[64];
+            snprintf(phi, sizeof phi, "%s", nm);
+            char *lp = strchr(phi, '(');
+            if (lp != NULL) { /* erf(b) → erf[b] */
+                *lp = '[';
+                char *rp = strchr(lp, ')');
+                if (rp != NULL)
+                    *rp = ']';
+            }
+            const int erf = strncmp(phi, "erf", 3) == 0 && (phi[3] == '\0' || phi[3] == '[');
+            if (strcmp(phi, "relu") != 0 && strcmp(phi, "identity") != 0 && !erf)
+                why = nm;
+            PUT(";%s(v%d)", phi, id[0]);
+        } else {
+            PUT(";sum(");
+            for (int t = 0; t < nd->nt; t++) {
+                if (nd->t[t].arg < 0 && W->m != 1)
+                    why = "a bias of several members";
+                if (nd->t[t].arg < 0)
+                    PUT("%sb", t ? "," : "");
+                else
+                    PUT("%sv%d", t ? "," : "", id[t]);
+                if (nd->t[t].w != NULL)
+                    PUT("*w");
+            }
+            PUT(")");
+        }
+        if (isout && p + 1 < K->nprims)
+            PUT("!");
+    }
+#undef PUT
+    if (why != NULL)
+        fprintf(f, "    sig: none (%s has no emitted code)\n", why);
+    else
+        fprintf(f, "    sig: %s\n", buf);
+}
+
 /* A copy of the program with each sum x + b (m = 1: b a constant) whose x is a map read by it
  * alone folded into that map's β: an MLP layer W·φ(g) + b is one primitive, not two. */
 static nsr_ew_node *fold_biases(const nsr_ew_node *in, int nn, int root, long m, tpk_ctx *ctx)
@@ -856,6 +924,8 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
     if (root < 0 || root >= nn || node_in[root].op == NSR_EW_LEAF || m < 1 || n % (size_t)m)
         return TPK_ERROR(ctx, TPK_EINVAL, "nsr_ew_eval: root %d of %d is not a map or a sum", root,
                          nn);
+    const int sigs = (plan & NSR_PLAN_SIGNATURES) != 0;
+    plan &= ~NSR_PLAN_SIGNATURES;
     if (n == 0)
         return TPK_OK;
     if (nsr_ew_pairwise(node_in, root))
@@ -1007,6 +1077,8 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
         measured += dt;
         if (report)
             report_kernel(report, &W, q, K, dt);
+        if (report && sigs)
+            signature(report, &W, K);
     }
     double emax = 0;
     for (int k = 0; W.sm != NULL && k <= root; k++) {

@@ -152,6 +152,7 @@ typedef struct fl {
     nsr_ew_calib cal;   /* the plans' cost model, measured by the first that needs it */
     FILE *plan_report;  /* netsor plan: every entrywise plan, its kernels and times */
     int plan_verify;    /* netsor plan --verify: every candidate checked in Z_p first */
+    int plan_signatures;/* netsor plan --signatures: each kernel's signature in the report */
 } fl;
 
 /* ---- errors and memory ---------------------------------------------------------------------- */
@@ -1954,7 +1955,8 @@ static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
                     "candidate, all equal to the reference\n", nd[root].name, v.kernels);
     }
     if (st == TPK_OK)
-        st = nsr_ew_eval(nd, nn, root, n, F->b[k].m, F->plan_kind, F->ws, &F->cal,
+        st = nsr_ew_eval(nd, nn, root, n, F->b[k].m,
+                         F->plan_kind | (F->plan_signatures ? NSR_PLAN_SIGNATURES : 0), F->ws, &F->cal,
                          F->X.R->file, F->plan_report,
                          donor >= 0 ? F->b[donor].M2 : ro ? *ro->out : M, donor < 0, full, &e,
                          NULL, F->X.ctx);
@@ -4550,6 +4552,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
             F.plan_kind = plan_kind;
             F.plan_report = opts ? opts->plan_report : NULL;
             F.plan_verify = opts ? opts->plan_verify : 0;
+            F.plan_signatures = opts ? opts->plan_signatures : 0;
             if (st == TPK_OK)
                 st = fl_run(&F, all_outputs, NULL, 0, K);
             int made = st == TPK_OK && K != NULL; /* *K is ours to free if the verdict is no */
@@ -4589,6 +4592,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     F.plan_kind = plan_kind;
     F.plan_report = opts ? opts->plan_report : NULL;
     F.plan_verify = opts ? opts->plan_verify : 0;
+    F.plan_signatures = opts ? opts->plan_signatures : 0;
     if (st == TPK_OK)
         st = fl_run(&F, all_outputs, last, nb, K);
     if (st == TPK_OK && F.nb_stmts != nb)

@@ -375,7 +375,7 @@ int tpk_netsor_plan_from_env(int *plan, tpk_ctx *ctx)
 int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_outputs, int plan,
                            FILE *report, tpk_array **K, double *err, tpk_ctx *ctx)
 {
-    const int kind = plan & ~TPK_PLAN_VERIFY;
+    const int kind = plan & ~(TPK_PLAN_VERIFY | TPK_PLAN_SIGNATURES);
     if (kind != TPK_PLAN_NAIVE && kind != TPK_PLAN_OPTIMAL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_kernel_plan: plan %d is neither "
                          "TPK_PLAN_NAIVE nor TPK_PLAN_OPTIMAL", plan);
@@ -383,6 +383,7 @@ int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_out
     memset(&o, 0, sizeof o);
     o.plan = kind;
     o.plan_verify = (plan & TPK_PLAN_VERIFY) != 0;
+    o.plan_signatures = (plan & TPK_PLAN_SIGNATURES) != 0;
     o.plan_report = report;
     return tpk_netsor_kernel_ex(p, x, all_outputs, &o, K, err, ctx);
 }

@@ -24,6 +24,7 @@ typedef struct cli {
     const char *input, *test, *output, *width, *seed; /* kernel / run */
     const char *plan, *inputs, *dim;                  /* plan */
     int verify;                                       /* plan --verify */
+    int signatures;                                   /* plan --signatures */
     int all_outputs, quiet;
     int progress;           /* --progress 1, --no-progress 0, neither -1 */
     int argc;               /* the whole command line, for provenance */
@@ -64,6 +65,8 @@ static const char usage[] =
     "  --verify           (plan) also run every candidate kernel of every entrywise plan\n"
     "                     exactly over Z_p against whole-matrix loops (a Z_p twin: maps\n"
     "                     a random table); a difference is an error (exit 1)\n"
+    "  --signatures       (plan) each kernel's signature under it (\"sig: in=...\"), the\n"
+    "                     text `tptune ew -` emits, verifies and times it from\n"
     "  TPK_PLAN=naive|optimal  (environment) the plan every limit kernel runs (default optimal)\n"
     "  --progress, --no-progress   (kernel, run) the progress line (below)\n"
     "  --help             this text        --version   the toolkit version\n"
@@ -79,7 +82,7 @@ static void cli_free(cli *c)
 }
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
-       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY };
+       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -91,6 +94,7 @@ static const struct option longopts[] = {
     {"progress", no_argument, NULL, O_PROGRESS}, {"no-progress", no_argument, NULL, O_NOPROGRESS},
     {"plan", required_argument, NULL, O_PLAN}, {"inputs", required_argument, NULL, O_INPUTS},
     {"dim", required_argument, NULL, O_DIM}, {"verify", no_argument, NULL, O_VERIFY},
+    {"signatures", no_argument, NULL, O_SIGS},
     {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
@@ -124,6 +128,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_INPUTS: c->inputs = optarg; break;
         case O_DIM: c->dim = optarg; break;
         case O_VERIFY: c->verify = 1; break;
+        case O_SIGS: c->signatures = 1; break;
         default:
             fprintf(stderr, "netsor %s: unknown or malformed option '%s' (see netsor --help)\n",
                     cmd, argv[optind - 1]);
@@ -134,7 +139,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
      * the limit as if it were not there) */
     static const char *const run_only[] = {"width", "seed"}, *const job_only[] = {
         "input", "test", "output", "all-outputs", "width", "seed"}, *const plan_only[] = {
-        "plan", "inputs", "dim", "verify"}, *const not_plan[] = {"test", "output", "width", "seed",
+        "plan", "inputs", "dim", "verify", "signatures"}, *const not_plan[] = {"test", "output", "width", "seed",
         "quiet", "progress", "no-progress"};
     const int job = strcmp(cmd, "kernel") == 0 || strcmp(cmd, "run") == 0;
     const int plan = strcmp(cmd, "plan") == 0;
@@ -406,7 +411,8 @@ static int cmd_plan(int argc, char **argv)
     tpk_array *K[2] = {NULL, NULL};
     double secs[2] = {0, 0};
     for (int k = 0; st == TPK_OK && k < 2; k++) {
-        int plan = (k == 0 ? TPK_PLAN_NAIVE : TPK_PLAN_OPTIMAL) | (c.verify ? TPK_PLAN_VERIFY : 0);
+        int plan = (k == 0 ? TPK_PLAN_NAIVE : TPK_PLAN_OPTIMAL) | (c.verify ? TPK_PLAN_VERIFY : 0) |
+                   (c.signatures ? TPK_PLAN_SIGNATURES : 0);
         if (!(which & (1 << k)))
             continue;
         printf("# %s plan\n", k == 0 ? "naive" : "optimal");

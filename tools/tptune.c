@@ -24,7 +24,9 @@
  *                                            carry class CLASS's tuned configurations to another class
  *                                            (passes, repair, exact verification); --out: seeds for --init
  *   tptune verify [--mutants=N] [--kinds=K,K] [--seed=S] [--class=ID] [--data=DIR]   exact checks of every shipped
- *                                            kernel (gen/) and the mutation suite (last line caught K/N) */
+ *                                            kernel (gen/) and the mutation suite (last line caught K/N)
+ *   tptune ew [--n=N] [--tune] [--mutants=K] [--cache=FILE] [--emit=c|twin|cuda] SIG... | -
+ *                                            fused entrywise candidates: emitted, verified, timed, cached */
 #include <errno.h>
 #include <glob.h>
 #include <math.h>
@@ -32,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tpk/gemm.h"
@@ -89,6 +92,12 @@ static void usage(FILE *f)
           "           every shipped kernel of the classes this CPU runs: GEMM/SYRK exactly on integers, maps by\n"
           "           their Z_p twin (and the kernel within tolerance); --mutants: N injected bugs, last line\n"
           "           `caught K/N`; exit 1 on any failure\n"
+          "       tptune ew [--n=N] [--threads=T] [--lanes=4|8] [--chunk=C] [--tune] [--repeat=R] [--cache=FILE|none]\n"
+          "                 [--mutants=K] [--seed=S] [--emit=c|twin|cuda] SIG... | -\n"
+          "           fused entrywise candidates (signatures, docs/orchestration.md §7.3; - reads them from stdin,\n"
+          "           e.g. from `netsor plan --signatures`): each verified exactly (Z_p twin) and against libm, then\n"
+          "           timed at n (cached per machine class, signature, n, threads and schedule); --tune: every\n"
+          "           schedule; --mutants: K injected bugs per signature, last line `caught K/N`; --emit: the source\n"
           "       tptune --help | --version\n"
           "Options take their value as --opt=VALUE or --opt VALUE.\n"
           CLI_EXIT_HELP, f);
@@ -1617,6 +1626,298 @@ static int cmd_verify(const args *a, tpk_ctx *ctx)
 }
 #endif
 
+#ifndef TPTUNE_GENERATOR
+/* tptune ew (issue 20 item 1; docs/orchestration.md §7.3): the evaluator's fused candidates from
+ * their signatures — emitted, verified exactly and against libm, timed, cached per class. */
+typedef struct ew_args {
+    size_t n;
+    int threads, repeat, tune, mutants, have_lanes, have_chunk;
+    tpk_tune_ew_cfg cfg;
+    const char *cache, *emit;
+    uint64_t seed;
+    char **sig;
+    int nsig;
+} ew_args;
+
+static int ew_value(const char *arg, const char *name, const char **val)
+{
+    size_t len = strlen(name);
+    if (strncmp(arg, name, len) || arg[len] != '=')
+        return 0;
+    *val = arg + len + 1;
+    return 1;
+}
+
+static int ew_int(const char *v, const char *name, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "tptune ew: %s must be an integer in [%ld, %ld], not '%s'\n", name, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* A line of `netsor plan --signatures` or a bare signature: the signature, NULL for other lines. */
+static char *ew_line_sig(char *line)
+{
+    line[strcspn(line, "\r\n")] = '\0';
+    while (*line == ' ' || *line == '\t')
+        line++;
+    if (!strncmp(line, "sig: ", 5))
+        line += 5;
+    return strncmp(line, "in=", 3) ? NULL : line;
+}
+
+static int ew_parse_args(int argc, char **argv, ew_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->n = 2048;
+    a->repeat = 5;
+    a->seed = 1;
+    tpk_tune_ew_default(&a->cfg);
+    a->sig = calloc((size_t)argc + 1, sizeof *a->sig);
+    if (!a->sig)
+        return -1;
+    for (int i = 2; i < argc; i++) {
+        const char *v;
+        long x;
+        if (ew_value(argv[i], "--n", &v)) {
+            if (ew_int(v, "--n", 1, 1L << 20, &x))
+                return -1;
+            a->n = (size_t)x;
+        } else if (ew_value(argv[i], "--threads", &v)) {
+            if (ew_int(v, "--threads", 1, 1024, &x))
+                return -1;
+            a->threads = (int)x;
+        } else if (ew_value(argv[i], "--repeat", &v)) {
+            if (ew_int(v, "--repeat", 1, TPK_TUNE_MAX_REPEAT, &x))
+                return -1;
+            a->repeat = (int)x;
+        } else if (ew_value(argv[i], "--lanes", &v)) {
+            if (ew_int(v, "--lanes", 4, 8, &x) || (x != 4 && x != 8)) {
+                fprintf(stderr, "tptune ew: --lanes must be 4 or 8\n");
+                return -1;
+            }
+            a->cfg.lanes = (int)x;
+            a->have_lanes = 1;
+        } else if (ew_value(argv[i], "--chunk", &v)) {
+            if (ew_int(v, "--chunk", 1, 1024, &x))
+                return -1;
+            a->cfg.chunk = (int)x;
+            a->have_chunk = 1;
+        } else if (ew_value(argv[i], "--mutants", &v)) {
+            if (ew_int(v, "--mutants", 0, 100000, &x))
+                return -1;
+            a->mutants = (int)x;
+        } else if (ew_value(argv[i], "--seed", &v)) {
+            if (ew_int(v, "--seed", 0, 1L << 62, &x))
+                return -1;
+            a->seed = (uint64_t)x;
+        } else if (ew_value(argv[i], "--cache", &v)) {
+            a->cache = v;
+        } else if (ew_value(argv[i], "--emit", &v)) {
+            if (strcmp(v, "c") && strcmp(v, "twin") && strcmp(v, "cuda")) {
+                fprintf(stderr, "tptune ew: --emit must be c, twin or cuda, not '%s'\n", v);
+                return -1;
+            }
+            a->emit = v;
+        } else if (!strcmp(argv[i], "--tune")) {
+            a->tune = 1;
+        } else if (!strcmp(argv[i], "-") || !strncmp(argv[i], "in=", 3)) {
+            a->sig[a->nsig++] = argv[i];
+        } else {
+            fprintf(stderr, "tptune ew: unknown argument '%s'\n", argv[i]);
+            return -1;
+        }
+    }
+    if (a->nsig == 0) {
+        fprintf(stderr, "tptune ew: no signature (give SIG... or - for stdin)\n");
+        return -1;
+    }
+    if (a->cfg.lanes == 8 && tpk_machine_host_isa() < TPK_ISA_AVX512) {
+        fprintf(stderr, "tptune ew: --lanes=8 needs AVX-512, which this CPU lacks\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* The signatures of the arguments, stdin's lines where "-" stands. */
+static int ew_collect(const ew_args *a, char ***out, int *nout, tpk_ctx *ctx)
+{
+    int cap = 16, n = 0;
+    char **v = malloc((size_t)cap * sizeof *v);
+    for (int i = 0; v && i < a->nsig; i++) {
+        char line[TPK_TUNE_EW_SIGLEN + 64];
+        int from_stdin = !strcmp(a->sig[i], "-");
+        const char *one = a->sig[i];
+        while (v) {
+            if (from_stdin) {
+                if (!fgets(line, sizeof line, stdin))
+                    break;
+                one = ew_line_sig(line);
+                if (!one)
+                    continue;
+            }
+            int dup = 0; /* a plan's kernels may repeat a signature (every layer of an MLP) */
+            for (int k = 0; k < n; k++)
+                dup |= !strcmp(v[k], one);
+            if (!dup) {
+                if (n == cap) {
+                    char **g = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+                    if (!g) {
+                        for (int k = 0; k < n; k++)
+                            free(v[k]);
+                        free(v);
+                        v = NULL;
+                        break;
+                    }
+                    v = g;
+                }
+                v[n++] = strdup(one);
+            }
+            if (!from_stdin)
+                break;
+        }
+    }
+    if (!v)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    *out = v;
+    *nout = n;
+    return TPK_OK;
+}
+
+static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
+{
+    ew_args a;
+    if (ew_parse_args(argc, argv, &a)) {
+        free(a.sig);
+        return 2;
+    }
+    char **sigs = NULL;
+    int nsig = 0, rc = 0;
+    if (ew_collect(&a, &sigs, &nsig, ctx)) {
+        free(a.sig);
+        return 1;
+    }
+    char cache[4096] = "";
+    if (!a.cache) {
+        const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+        if (x && *x)
+            snprintf(cache, sizeof cache, "%s/tpk", x);
+        else if (h && *h)
+            snprintf(cache, sizeof cache, "%s/.cache/tpk", h);
+        if (cache[0]) {
+            char parent[4096];
+            snprintf(parent, sizeof parent, "%.4080s", cache);
+            char *sl = strrchr(parent, '/');
+            if (sl && sl != parent) {
+                *sl = '\0';
+                mkdir(parent, 0755);
+            }
+            mkdir(cache, 0755);
+            strncat(cache, "/ew.jsonl", sizeof cache - strlen(cache) - 1);
+        }
+    } else if (strcmp(a.cache, "none"))
+        snprintf(cache, sizeof cache, "%s", a.cache);
+    const char *cls = tpk_tune_target_class(TPK_TUNE_CPU);
+    const int threads = a.threads > 0 ? a.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int tot_mut = 0, tot_caught = 0;
+    for (int s = 0; s < nsig && !rc; s++) {
+        tpk_tune_ew e;
+        if (tpk_tune_ew_parse(sigs[s], &e, ctx)) {
+            rc = 1;
+            break;
+        }
+        char canon[TPK_TUNE_EW_SIGLEN];
+        tpk_tune_ew_print(&e, canon, sizeof canon);
+        if (a.emit) {
+            char fn[32];
+            snprintf(fn, sizeof fn, "tpk_ew_%d", s);
+            rc = (!strcmp(a.emit, "cuda") ? tpk_tune_ew_emit_cuda(&e, fn, stdout, ctx)
+                                          : tpk_tune_ew_emit(&e, &a.cfg, fn, !strcmp(a.emit, "twin"), stdout, ctx))
+                     ? 1 : 0;
+            continue;
+        }
+        /* the schedules: the default (or the options'), or every one with --tune */
+        tpk_tune_ew_cfg cfgs[6];
+        int ncfg = 0;
+        if (a.tune) {
+            static const int chunks[] = {1, 4, 16};
+            for (int l = 4; l <= 8; l += 4)
+                for (int c = 0; c < 3; c++)
+                    if ((l == 4 || tpk_machine_host_isa() >= TPK_ISA_AVX512) && (!a.have_lanes || a.cfg.lanes == l) &&
+                        (!a.have_chunk || a.cfg.chunk == chunks[c]))
+                        cfgs[ncfg++] = (tpk_tune_ew_cfg){l, chunks[c]};
+        } else
+            cfgs[ncfg++] = a.cfg;
+        printf("ew %d/%d %s\n", s + 1, nsig, canon);
+        tpk_tune_ew_rec best = {0};
+        int have_best = 0, verified = 0;
+        for (int k = 0; k < ncfg && !rc; k++) {
+            tpk_tune_ew_rec key = {0}, hit;
+            snprintf(key.target_class, sizeof key.target_class, "%s", cls);
+            snprintf(key.sig, sizeof key.sig, "%s", canon);
+            key.n = a.n;
+            key.threads = threads;
+            key.cfg = cfgs[k];
+            int found = 0;
+            if (cache[0] && !a.mutants && tpk_tune_ew_cache_find(cache, &key, &cfgs[k], &hit, &found, ctx)) {
+                rc = 1;
+                break;
+            }
+            if (!found) {
+                /* every schedule is verified before it is timed: the loop nest differs */
+                tpk_tune_ew_report r;
+                if (tpk_tune_ew_verify(&e, &cfgs[k], NULL, a.mutants, a.seed, stdout, &r, ctx)) {
+                    rc = 1;
+                    break;
+                }
+                printf("  lanes=%d chunk=%d: exact %s over %ld entries (a wrong entry passes with p <= %.1e), "
+                       "kernel vs libm %.2g %s\n", cfgs[k].lanes, cfgs[k].chunk, r.exact_ok ? "ok" : "FAILED", r.entries,
+                       r.miss_bound, r.max_rel_err, r.real_ok ? "ok" : "FAILED");
+                tot_mut += r.mutants;
+                tot_caught += r.caught;
+                if (!r.exact_ok || !r.real_ok) {
+                    rc = 1;
+                    break;
+                }
+                verified = 1;
+                key.verified = 1;
+                key.ts = (double)time(NULL);
+                if (tpk_tune_ew_measure(&e, &cfgs[k], a.n, threads, a.repeat, NULL, &key.seconds, ctx) ||
+                    (cache[0] && tpk_tune_ew_cache_add(cache, &key, ctx))) {
+                    rc = 1;
+                    break;
+                }
+                hit = key;
+            }
+            const double ent = (double)a.n * ((double)a.n + 1) / 2;
+            printf("  lanes=%d chunk=%d n=%zu threads=%d: %.6f s (%.3f G entries/s)%s\n", hit.cfg.lanes, hit.cfg.chunk,
+                   a.n, threads, hit.seconds, ent / hit.seconds * 1e-9, found ? " cached (verified when measured)" : "");
+            if (!have_best || hit.seconds < best.seconds)
+                best = hit, have_best = 1;
+        }
+        (void)verified;
+        if (!rc && ncfg > 1)
+            printf("  best: lanes=%d chunk=%d %.6f s\n", best.cfg.lanes, best.cfg.chunk, best.seconds);
+    }
+    if (!rc && a.mutants && !a.emit) {
+        printf("caught %d/%d\n", tot_caught, tot_mut);
+        if (tot_caught < tot_mut)
+            rc = 1;
+    }
+    for (int s = 0; s < nsig; s++)
+        free(sigs[s]);
+    free(sigs);
+    free(a.sig);
+    return rc;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "__measure"))
@@ -1637,6 +1938,17 @@ int main(int argc, char **argv)
             return CLI_EXIT_OK;
         }
     }
+#ifndef TPTUNE_GENERATOR
+    if (!strcmp(argv[1], "ew")) {
+        tpk_ctx ectx;
+        tpk_ctx_init(&ectx);
+        int erc = cmd_ew(argc, argv, &ectx);
+        fflush(stdout);
+        if (erc == 1 && ectx.status)
+            fprintf(stderr, "tptune: %s\n", ectx.msg[0] ? ectx.msg : tpk_strerror(ectx.status));
+        return erc;
+    }
+#endif
     args a;
     if (parse_args(argc, argv, &a)) {
         usage(stderr);

@@ -58,7 +58,28 @@ static const struct {
     [TPK__MUT_MAP_BLOCK_COLS] = {"map_block_cols", "off-by-one bound"},
     [TPK__MUT_MAP_UNROLL_LOAD] = {"map_unroll_load", "wrong index"},
     [TPK__MUT_MAP_COL_LOAD] = {"map_col_load", "wrong index"},
+    [TPK__MUT_EW_STEP] = {"ew_step", "off-by-one step"},
+    [TPK__MUT_EW_ROW_END] = {"ew_row_end", "off-by-one bound"},
+    [TPK__MUT_EW_ROWS] = {"ew_rows", "dropped tail"},
+    [TPK__MUT_EW_TAIL_STORE] = {"ew_tail_store", "dropped tail"},
+    [TPK__MUT_EW_TAIL_LOAD] = {"ew_tail_load", "wrong index"},
+    [TPK__MUT_EW_IN_ROW] = {"ew_in_row", "swapped strides"},
+    [TPK__MUT_EW_COL_SHIFT] = {"ew_col_shift", "wrong index"},
+    [TPK__MUT_EW_Q_ROW] = {"ew_q_row", "wrong index"},
+    [TPK__MUT_EW_Q_COL] = {"ew_q_col", "wrong index"},
+    [TPK__MUT_EW_W_ROW] = {"ew_w_row", "wrong index"},
+    [TPK__MUT_EW_W_COL] = {"ew_w_col", "wrong index"},
+    [TPK__MUT_EW_STORE_SKIP] = {"ew_store_skip", "dropped store"},
+    [TPK__MUT_EW_TERM_DROP] = {"ew_term_drop", "dropped term"},
+    [TPK__MUT_EW_ARG_SWAP] = {"ew_arg_swap", "swapped arguments"},
+    [TPK__MUT_EW_PAR_SWAP] = {"ew_par_swap", "swapped parameters"},
+    [TPK__MUT_EW_ARG_PREV] = {"ew_arg_prev", "wrong index"},
 };
+
+const char *tpk__mut_name(int kind)
+{
+    return kind >= 0 && kind < TPK__MUT_KINDS && KINDS[kind].name ? KINDS[kind].name : "?";
+}
 
 int tpk_tune_emit_variant(const tpk_tune_space *s, const tpk_tune_config *c, int twin, const char *mutant, FILE *out,
                           tpk_ctx *ctx)

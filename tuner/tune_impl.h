@@ -74,6 +74,12 @@ enum tpk__mut_kind {
     TPK__MUT_MAP_ROW_STRIDE, TPK__MUT_MAP_Q_READ, TPK__MUT_MAP_BLOCK_ROWS, TPK__MUT_MAP_COL_BLOCKS,
     TPK__MUT_MAP_TILES, TPK__MUT_MAP_BALANCED, TPK__MUT_MAP_FLAG_LANES, TPK__MUT_MAP_BLOCK_COLS,
     TPK__MUT_MAP_UNROLL_LOAD, TPK__MUT_MAP_COL_LOAD,
+    /* cpu_ew (fused entrywise candidates, tuner/ew.c: the loop nest its Z_p twin shares, and the
+     * structure both are emitted from) */
+    TPK__MUT_EW_STEP, TPK__MUT_EW_ROW_END, TPK__MUT_EW_ROWS, TPK__MUT_EW_TAIL_STORE, TPK__MUT_EW_TAIL_LOAD,
+    TPK__MUT_EW_IN_ROW, TPK__MUT_EW_COL_SHIFT, TPK__MUT_EW_Q_ROW, TPK__MUT_EW_Q_COL, TPK__MUT_EW_W_ROW,
+    TPK__MUT_EW_W_COL, TPK__MUT_EW_STORE_SKIP, TPK__MUT_EW_TERM_DROP, TPK__MUT_EW_ARG_SWAP, TPK__MUT_EW_PAR_SWAP,
+    TPK__MUT_EW_ARG_PREV,
     TPK__MUT_KINDS
 };
 
@@ -98,6 +104,11 @@ static inline const char *tpk__site(tpk__mutation *mu, int kind, int on, const c
     return tpk__mut_at(mu, kind, on) ? mutated : orig;
 }
 
+/* The name of a mutation kind ("k_tail"), tuner/mutate.c. */
+const char *tpk__mut_name(int kind);
+/* A fused entrywise candidate (tuner/ew.c) with a mutation (NULL: none); standalone: with its prelude. */
+int tpk__ew_emit(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char *fname, int twin, int standalone,
+                 tpk__mutation *mu, FILE *out, tpk_ctx *ctx);
 /* Emit through the template table with a mutation (NULL: tpk_tune_emit). */
 int tpk__emit(const tpk_tune_space *s, const tpk_tune_config *c, const char *fname, int standalone,
               tpk__mutation *mu, FILE *out, tpk_ctx *ctx);

@@ -580,6 +580,107 @@ TPK_API int tpk_tune_emit_cuda_check(const char *dir, int nrandom, uint64_t seed
                                      const size_t (*shapes)[3], int nshape, int repeat,
                                      tpk_ctx *ctx);
 
+
+/* ---- Fused entrywise candidates (tuner/ew.c, issue 20 item 1; docs/orchestration.md §7.3) ----
+ *
+ * A candidate kernel of the limit evaluator's entrywise plans (netsor/ewplan.c) as text, its
+ * *signature*: which values it reads, which primitives it computes in registers, which it stores.
+ *
+ *   sig  := "in=" K { ";" prim }            values v0 .. v(K−1) are the kernel's inputs (n×n
+ *   prim := phi "(" "v" I ")" ["!"]         lower triangles), v(K+p) is primitive p
+ *         | "sum(" term {"," term} ")" ["!"]
+ *   term := ("v" I | "b") ["*w"]            a value, or a constant (a bias); "*w": times w_i w_j
+ *   phi  := "identity" | "relu" | "erf" ["[" b "]"]      V_φ(x; q_i, q_j) of erf(b·x)
+ *
+ * "!" marks a stored primitive; the last one is always stored. Entry (i, j ≤ i) of a map is
+ * α V_φ(x_ij; q_i, q_j) + β with q the diagonal of its argument; of a sum Σ_t c_t (w_t,i w_t,j)
+ * x_t,ij. The emitted C function (tpk_tune_ew_emit) is
+ *
+ *   void NAME(size_t n, const double *const *in, const double *const *dg, double *const *out,
+ *             const double *par, const double *const *w, int threads);
+ *
+ * in[k]: input k (row-major, leading dimension n; only the lower triangle is read); dg[v]: the
+ * diagonal of value v where a map reads it (n); out[p]: where primitive p goes (lower triangle;
+ * NULL unless stored); par: per primitive in order, a map's α, β and a sum's c_t per term (a
+ * bias term: the constant itself); w: the weight vectors of the "*w" terms in order. */
+#define TPK_TUNE_EW_MAXP 16
+#define TPK_TUNE_EW_MAXT 8
+#define TPK_TUNE_EW_MAXIN 16
+#define TPK_TUNE_EW_SIGLEN 512
+enum tpk_tune_ew_op { TPK_TUNE_EW_MAP = 0, TPK_TUNE_EW_SUM = 1 };
+enum tpk_tune_ew_phi { TPK_TUNE_EW_IDENTITY = 0, TPK_TUNE_EW_RELU = 1, TPK_TUNE_EW_ERF = 2 };
+typedef struct tpk_tune_ew_prim {
+    int op, phi;
+    double b;                         /* erf(b·x) */
+    int nt;                           /* MAP: 1 */
+    int arg[TPK_TUNE_EW_MAXT];        /* value ids; −1: a bias term */
+    int weighted[TPK_TUNE_EW_MAXT];
+    int stored;
+} tpk_tune_ew_prim;
+typedef struct tpk_tune_ew {
+    int nin, np;
+    tpk_tune_ew_prim p[TPK_TUNE_EW_MAXP];
+} tpk_tune_ew;
+/* The schedule: doubles per vector (4: AVX2, 8: AVX-512) and rows per dynamic grab. */
+typedef struct tpk_tune_ew_cfg {
+    int lanes, chunk;
+} tpk_tune_ew_cfg;
+
+/* Parse a signature; errors name the column. */
+TPK_API int tpk_tune_ew_parse(const char *sig, tpk_tune_ew *e, tpk_ctx *ctx);
+/* The canonical signature (what the cache keys on). */
+TPK_API void tpk_tune_ew_print(const tpk_tune_ew *e, char *out, size_t cap);
+/* Entries of par and of w the kernel reads. */
+TPK_API void tpk_tune_ew_counts(const tpk_tune_ew *e, int *npar, int *nw);
+/* The analytic default schedule on this host (its widest vectors, chunks of 4 rows). */
+TPK_API void tpk_tune_ew_default(tpk_tune_ew_cfg *c);
+/* The fused kernel as C (GCC vector extensions, OpenMP; standalone: with its prelude), or its
+ * Z_p twin (twin = 1: the same loop nest over values of Z_p, p = 2^31 − 1, every map a random
+ * table function; exports tpk_twin_tables). */
+TPK_API int tpk_tune_ew_emit(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char *fname, int twin,
+                             FILE *out, tpk_ctx *ctx);
+/* The fused kernel as CUDA: __global__ NAME (one thread per entry of the lower triangle, pointer
+ * arrays in device memory) and extern "C" NAME_launch(n, in, dg, out, par, w, stream). */
+TPK_API int tpk_tune_ew_emit_cuda(const tpk_tune_ew *e, const char *fname, FILE *out, tpk_ctx *ctx);
+
+typedef struct tpk_tune_ew_report {
+    int exact_ok;          /* the Z_p twin equals the reference on every entry, upper triangle untouched */
+    long entries;          /* entries compared exactly */
+    double miss_bound;     /* probability that a wrong entry passes */
+    int real_ok;           /* the kernel itself within tolerance of the libm reference */
+    double max_rel_err;
+    int mutants, caught;   /* --mutants: distinct bugs injected, and caught */
+} tpk_tune_ew_report;
+/* Exact verification (the Z_p twin: n = 1, 2, 37, 3·lanes + 5, random inputs, diagonals,
+ * weights and parameters; every entry of every stored primitive, and the upper triangles
+ * untouched) and the tolerance check of the kernel (libm reference, PSD inputs with zero
+ * variances), each compiled with cc (NULL: gcc) and run in a process of its own. mutants > 0:
+ * that many distinct bugs of the emitter's sites (or all there are) injected one at a time into
+ * the twin, each compiled and checked; one line per mutant on log (may be NULL). */
+TPK_API int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char *cc, int mutants,
+                               uint64_t seed, FILE *log, tpk_tune_ew_report *r, tpk_ctx *ctx);
+/* Seconds per call on n×n (median of repeat, each ≥ 20 ms of calls), in a process of its own. */
+TPK_API int tpk_tune_ew_measure(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, size_t n, int threads, int repeat,
+                                const char *cc, double *seconds, tpk_ctx *ctx);
+
+/* The cache of measured candidates: JSON lines, one per measurement, keyed by machine class,
+ * signature, n, threads and schedule (like tuning logs; tptune ew --cache). */
+typedef struct tpk_tune_ew_rec {
+    char target_class[64];
+    char sig[TPK_TUNE_EW_SIGLEN];
+    size_t n;
+    int threads;
+    tpk_tune_ew_cfg cfg;
+    double seconds;
+    int verified;
+    double ts;
+} tpk_tune_ew_rec;
+/* The fastest record of (class, sig, n, threads) — of schedule c where c is not NULL — in the
+ * cache at path (*found = 0: none; a missing file is an empty cache). */
+TPK_API int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const tpk_tune_ew_cfg *c,
+                                   tpk_tune_ew_rec *out, int *found, tpk_ctx *ctx);
+TPK_API int tpk_tune_ew_cache_add(const char *path, const tpk_tune_ew_rec *r, tpk_ctx *ctx);
+
 #ifdef __cplusplus
 }
 #endif
