@@ -168,7 +168,7 @@ static void test_verify_random(void **state)
         store_sinks(sig);
         tpk_tune_ew e;
         assert_int_equal(tpk_tune_ew_parse(sig, &e, &ctx), TPK_OK);
-        tpk_tune_ew_cfg c = {k % 2 && host_lanes8() ? 8 : 4, 1 + 3 * (k % 3)};
+        tpk_tune_ew_cfg c = {k % 2 && host_lanes8() ? 8 : 4, 1 + 3 * (k % 3), k / 2 % 2};
         tpk_tune_ew_report r;
         assert_int_equal(tpk_tune_ew_verify(&e, &c, NULL, 0, (uint64_t)k, NULL, &r, &ctx), TPK_OK);
         if (!r.exact_ok || !r.real_ok)
@@ -191,14 +191,15 @@ static void test_mutants(void **state)
     tpk_ctx_init(&ctx);
     tpk_tune_ew e;
     assert_int_equal(tpk_tune_ew_parse("in=3;erf[0.7](v2)!;sum(v0,v1*w,v3*w,b);relu(v4)", &e, &ctx), TPK_OK);
-    for (int lanes = 4; lanes <= (host_lanes8() ? 8 : 4); lanes += 4) {
-        tpk_tune_ew_cfg c = {lanes, 4};
+    for (int v = 0; v < 4; v++) {
+        const int lanes = v % 2 && host_lanes8() ? 8 : 4, pre = v / 2;
+        tpk_tune_ew_cfg c = {lanes, 4, pre};
         tpk__mutation all = {.kind = -1};
         FILE *null = fopen("/dev/null", "w");
         assert_int_equal(tpk__ew_emit(&e, &c, "k", 1, 1, &all, null, &ctx), TPK_OK);
         fclose(null);
         int sites = 0;
-        for (int k = TPK__MUT_EW_STEP; k <= TPK__MUT_EW_ARG_PREV; k++) {
+        for (int k = TPK__MUT_EW_STEP; k <= (pre ? TPK__MUT_EW_PRE_END : TPK__MUT_EW_ARG_PREV); k++) {
             if (all.count[k] == 0)
                 fail_msg("mutation kind %s has no site", tpk__mut_name(k));
             sites += all.count[k];
@@ -263,7 +264,7 @@ static void test_cache(void **state)
     assert_true(fd >= 0);
     close(fd);
     unlink(path);
-    tpk_tune_ew_rec key = {.n = 512, .threads = 2, .cfg = {8, 4}, .verified = 1};
+    tpk_tune_ew_rec key = {.n = 512, .threads = 2, .cfg = {8, 4, 1}, .verified = 1};
     snprintf(key.target_class, sizeof key.target_class, "cpu/x86_64/avx512/intel");
     snprintf(key.sig, sizeof key.sig, "in=1;relu(v0)");
     tpk_tune_ew_rec hit;
@@ -293,10 +294,10 @@ static void test_cache(void **state)
     assert_int_equal(tpk_tune_ew_cache_find(path, &key, NULL, &hit, &found, &ctx), TPK_OK);
     assert_int_equal(found, 1);
     assert_true(hit.seconds == 0.25 && hit.cfg.chunk == 4 && hit.cfg.lanes == 8);
-    tpk_tune_ew_cfg c16 = {8, 16};
+    tpk_tune_ew_cfg c16 = {8, 16, 1};
     assert_int_equal(tpk_tune_ew_cache_find(path, &key, &c16, &hit, &found, &ctx), TPK_OK);
     assert_true(found && hit.seconds == 0.75);
-    tpk_tune_ew_cfg c4l = {4, 4};
+    tpk_tune_ew_cfg c4l = {4, 4, 1};
     assert_int_equal(tpk_tune_ew_cache_find(path, &key, &c4l, &hit, &found, &ctx), TPK_OK);
     assert_int_equal(found, 0);
     FILE *f = fopen(path, "a");
@@ -391,22 +392,23 @@ static void test_against_executor(void **state)
     char src[128], so[128];
     snprintf(src, sizeof src, "%s/k.c", dir);
     snprintf(so, sizeof so, "%s/k.so", dir);
-    for (int lanes = 4; lanes <= (host_lanes8() ? 8 : 4); lanes += 4) {
-        tpk_tune_ew_cfg c = {lanes, 4};
+    for (int v = 0; v < 4; v++) {
+        const int lanes = v % 2 && host_lanes8() ? 8 : 4;
+        tpk_tune_ew_cfg c = {lanes, 4, v / 2};
         f = fopen(src, "w");
         assert_int_equal(tpk_tune_ew_emit(&e, &c, "tpk_kernel", 0, f, &ctx), TPK_OK);
         fclose(f);
         assert_int_equal(tpk__compile_cpu(src, so, NULL, "-Wno-psabi", 120, NULL, &ctx), TPK_OK);
         void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
         assert_non_null(h);
-        void (*k)(size_t, const double *const *, const double *const *, double *const *, const double *,
-                  const double *const *, int) =
-            (void (*)(size_t, const double *const *, const double *const *, double *const *, const double *,
-                      const double *const *, int))dlsym(h, "tpk_kernel");
+        int (*k)(size_t, const double *const *, const double *const *, double *const *, const double *,
+                 const double *const *, int) =
+            (int (*)(size_t, const double *const *, const double *const *, double *const *, const double *,
+                     const double *const *, int))dlsym(h, "tpk_kernel");
         assert_non_null(k);
         for (size_t i = 0; i < n * n + 64; i++)
             got[i] = -7.0;
-        k(n, in, dgv, out, par, wv, 2);
+        assert_int_equal(k(n, in, dgv, out, par, wv, 2), 0);
         double scale = 0, diff = 0;
         for (size_t i = 0; i < n; i++)
             for (size_t j = 0; j <= i; j++) {
@@ -417,7 +419,7 @@ static void test_against_executor(void **state)
             for (size_t j = i + 1; j < n; j++)
                 assert_true(got[i * n + j] == -7.0);
         if (!(diff <= 1e-13 * scale))
-            fail_msg("lanes=%d: emitted kernel vs executor %.3g of %.3g", lanes, diff, scale);
+            fail_msg("lanes=%d pre=%d: emitted kernel vs executor %.3g of %.3g", lanes, c.pre, diff, scale);
         dlclose(h);
         unlink(so);
     }

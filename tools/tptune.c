@@ -92,7 +92,8 @@ static void usage(FILE *f)
           "           every shipped kernel of the classes this CPU runs: GEMM/SYRK exactly on integers, maps by\n"
           "           their Z_p twin (and the kernel within tolerance); --mutants: N injected bugs, last line\n"
           "           `caught K/N`; exit 1 on any failure\n"
-          "       tptune ew [--n=N] [--threads=T] [--lanes=4|8] [--chunk=C] [--tune] [--repeat=R] [--cache=FILE|none]\n"
+          "       tptune ew [--n=N] [--threads=T] [--lanes=4|8] [--chunk=C] [--pre=0|1] [--tune] [--repeat=R]\n"
+          "                 [--cache=FILE|none]\n"
           "                 [--mutants=K] [--seed=S] [--emit=c|twin|cuda] SIG... | -\n"
           "           fused entrywise candidates (signatures, docs/orchestration.md §7.3; - reads them from stdin,\n"
           "           e.g. from `netsor plan --signatures`): each verified exactly (Z_p twin) and against libm, then\n"
@@ -1631,7 +1632,7 @@ static int cmd_verify(const args *a, tpk_ctx *ctx)
  * their signatures — emitted, verified exactly and against libm, timed, cached per class. */
 typedef struct ew_args {
     size_t n;
-    int threads, repeat, tune, mutants, have_lanes, have_chunk;
+    int threads, repeat, tune, mutants, have_lanes, have_chunk, have_pre;
     tpk_tune_ew_cfg cfg;
     const char *cache, *emit;
     uint64_t seed;
@@ -1709,6 +1710,11 @@ static int ew_parse_args(int argc, char **argv, ew_args *a)
                 return -1;
             a->cfg.chunk = (int)x;
             a->have_chunk = 1;
+        } else if (ew_value(argv[i], "--pre", &v)) {
+            if (ew_int(v, "--pre", 0, 1, &x))
+                return -1;
+            a->cfg.pre = (int)x;
+            a->have_pre = 1;
         } else if (ew_value(argv[i], "--mutants", &v)) {
             if (ew_int(v, "--mutants", 0, 100000, &x))
                 return -1;
@@ -1843,15 +1849,16 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
             continue;
         }
         /* the schedules: the default (or the options'), or every one with --tune */
-        tpk_tune_ew_cfg cfgs[6];
+        tpk_tune_ew_cfg cfgs[12];
         int ncfg = 0;
         if (a.tune) {
             static const int chunks[] = {1, 4, 16};
-            for (int l = 4; l <= 8; l += 4)
-                for (int c = 0; c < 3; c++)
-                    if ((l == 4 || tpk_machine_host_isa() >= TPK_ISA_AVX512) && (!a.have_lanes || a.cfg.lanes == l) &&
-                        (!a.have_chunk || a.cfg.chunk == chunks[c]))
-                        cfgs[ncfg++] = (tpk_tune_ew_cfg){l, chunks[c]};
+            for (int pre = 0; pre < 2; pre++)
+                for (int l = 4; l <= 8; l += 4)
+                    for (int c = 0; c < 3; c++)
+                        if ((l == 4 || tpk_machine_host_isa() >= TPK_ISA_AVX512) && (!a.have_lanes || a.cfg.lanes == l) &&
+                            (!a.have_chunk || a.cfg.chunk == chunks[c]) && (!a.have_pre || a.cfg.pre == pre))
+                            cfgs[ncfg++] = (tpk_tune_ew_cfg){l, chunks[c], pre};
         } else
             cfgs[ncfg++] = a.cfg;
         printf("ew %d/%d %s\n", s + 1, nsig, canon);
@@ -1876,8 +1883,8 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
                     rc = 1;
                     break;
                 }
-                printf("  lanes=%d chunk=%d: exact %s over %ld entries (a wrong entry passes with p <= %.1e), "
-                       "kernel vs libm %.2g %s\n", cfgs[k].lanes, cfgs[k].chunk, r.exact_ok ? "ok" : "FAILED", r.entries,
+                printf("  lanes=%d chunk=%d pre=%d: exact %s over %ld entries (a wrong entry passes with p <= %.1e), "
+                       "kernel vs libm %.2g %s\n", cfgs[k].lanes, cfgs[k].chunk, cfgs[k].pre, r.exact_ok ? "ok" : "FAILED", r.entries,
                        r.miss_bound, r.max_rel_err, r.real_ok ? "ok" : "FAILED");
                 tot_mut += r.mutants;
                 tot_caught += r.caught;
@@ -1896,14 +1903,14 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
                 hit = key;
             }
             const double ent = (double)a.n * ((double)a.n + 1) / 2;
-            printf("  lanes=%d chunk=%d n=%zu threads=%d: %.6f s (%.3f G entries/s)%s\n", hit.cfg.lanes, hit.cfg.chunk,
-                   a.n, threads, hit.seconds, ent / hit.seconds * 1e-9, found ? " cached (verified when measured)" : "");
+            printf("  lanes=%d chunk=%d pre=%d n=%zu threads=%d: %.6f s (%.3f G entries/s)%s\n", hit.cfg.lanes,
+                   hit.cfg.chunk, hit.cfg.pre, a.n, threads, hit.seconds, ent / hit.seconds * 1e-9, found ? " cached (verified when measured)" : "");
             if (!have_best || hit.seconds < best.seconds)
                 best = hit, have_best = 1;
         }
         (void)verified;
         if (!rc && ncfg > 1)
-            printf("  best: lanes=%d chunk=%d %.6f s\n", best.cfg.lanes, best.cfg.chunk, best.seconds);
+            printf("  best: lanes=%d chunk=%d pre=%d %.6f s\n", best.cfg.lanes, best.cfg.chunk, best.cfg.pre, best.seconds);
     }
     if (!rc && a.mutants && !a.emit) {
         printf("caught %d/%d\n", tot_caught, tot_mut);

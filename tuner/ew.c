@@ -192,27 +192,54 @@ void tpk_tune_ew_default(tpk_tune_ew_cfg *c)
     tpk_machine_host(&m);
     c->lanes = m.vector_bits >= 512 ? 8 : 4;
     c->chunk = 4;
+    c->pre = 1;
 }
 
 /* ---- the emitter ---------------------------------------------------------------------------- */
 
 /* What an emission needs to know of the structure: per primitive its parameters' offset, per
- * weighted term its weight vector, which values a map reads the diagonal of, which inputs are
+ * weighted term its weight vector, the column arrays the maps read (a value's diagonal, or with
+ * pre its per-map transforms: √q and 1/√q for relu, 1/√(1 + 2b²q) for erf), which inputs are
  * read. Mutations of the structure (a dropped term, swapped arguments or parameters, an argument
  * from the value before) are applied here, so both flavours carry them. */
+#define MAXCOL (2 * TPK_TUNE_EW_MAXP)
+typedef struct column {
+    char src[24];   /* the array: dg[v], or a prologue's A3 / R3 */
+    int map, what;  /* pre: the map it serves and its transform (0: A, 1: R); −1: a diagonal */
+    int v;          /* the value whose diagonal it comes from */
+} column;
 typedef struct layout {
     tpk_tune_ew e;
+    int pre;
     int par[TPK_TUNE_EW_MAXP], parswap[TPK_TUNE_EW_MAXP];
     int wid[TPK_TUNE_EW_MAXP][TPK_TUNE_EW_MAXT];
-    int needq[TPK_TUNE_EW_MAXIN + TPK_TUNE_EW_MAXP];
+    int colA[TPK_TUNE_EW_MAXP], colR[TPK_TUNE_EW_MAXP]; /* a map's columns (−1: none) */
+    column col[MAXCOL];
     int inused[TPK_TUNE_EW_MAXIN];
-    int nw, nq;
+    int nw, ncol;
 } layout;
 
-static void lay_out(const tpk_tune_ew *src, tpk__mutation *mu, layout *L)
+static int add_col(layout *L, int v, int map, int what)
+{
+    for (int k = 0; k < L->ncol; k++) /* without pre, maps of one value share its diagonal */
+        if (map < 0 && L->col[k].map < 0 && L->col[k].v == v)
+            return k;
+    column *c = &L->col[L->ncol];
+    c->v = v;
+    c->map = map;
+    c->what = what;
+    if (map < 0)
+        snprintf(c->src, sizeof c->src, "dg[%d]", v);
+    else
+        snprintf(c->src, sizeof c->src, "%c%d", what ? 'R' : 'A', map);
+    return L->ncol++;
+}
+
+static void lay_out(const tpk_tune_ew *src, int pre, tpk__mutation *mu, layout *L)
 {
     memset(L, 0, sizeof *L);
     L->e = *src;
+    L->pre = pre;
     tpk_tune_ew *e = &L->e;
     int off = 0;
     for (int q = 0; q < e->np; q++) {
@@ -237,24 +264,27 @@ static void lay_out(const tpk_tune_ew *src, tpk__mutation *mu, layout *L)
         if (p->arg[0] > 0 && tpk__mut_at(mu, TPK__MUT_EW_ARG_PREV, 1))
             p->arg[0]--;
     }
-    for (int q = 0; q < e->np; q++)
-        for (int t = 0; t < e->p[q].nt; t++) {
-            const int v = e->p[q].arg[t];
-            if (v >= 0 && v < e->nin)
-                L->inused[v] = 1;
-            if (v >= 0 && e->p[q].op == TPK_TUNE_EW_MAP && e->p[q].phi != TPK_TUNE_EW_IDENTITY && !L->needq[v])
-                L->needq[v] = 1, L->nq++;
-        }
+    for (int q = 0; q < e->np; q++) {
+        const tpk_tune_ew_prim *p = &e->p[q];
+        L->colA[q] = L->colR[q] = -1;
+        for (int t = 0; t < p->nt; t++)
+            if (p->arg[t] >= 0 && p->arg[t] < e->nin)
+                L->inused[p->arg[t]] = 1;
+        if (p->op != TPK_TUNE_EW_MAP || p->phi == TPK_TUNE_EW_IDENTITY) /* the identity reads no variance */
+            continue;
+        L->colA[q] = add_col(L, p->arg[0], pre ? q : -1, 0);
+        if (pre && p->phi == TPK_TUNE_EW_RELU)
+            L->colR[q] = add_col(L, p->arg[0], q, 1);
+    }
 }
 
 /* Where the body reads and writes, at a full step (pointers into the matrices at column j) or in
- * the tail (padded local rows). */
+ * the tail (padded local rows). Row scalars are cr<k> (column k at row i) and wr<t>. */
 typedef struct names {
-    char x[TPK_TUNE_EW_MAXIN][48], qc[TPK_TUNE_EW_MAXIN + TPK_TUNE_EW_MAXP][48], wc[TPK_TUNE_EW_MAXP * TPK_TUNE_EW_MAXT][48],
-        o[TPK_TUNE_EW_MAXP][48];
+    char x[TPK_TUNE_EW_MAXIN][48], c[MAXCOL][48], wc[TPK_TUNE_EW_MAXP * TPK_TUNE_EW_MAXT][48], o[TPK_TUNE_EW_MAXP][48];
 } names;
 
-/* A value's row of L entries as the body names it: an input's pointer or a primitive's local. */
+/* A value's row of L entries as the body names it: an input's or a primitive's local. */
 static void vname(const layout *L, int v, char *out, size_t cap)
 {
     if (v < L->e.nin)
@@ -273,33 +303,43 @@ static void body_real(FILE *o, const layout *L, const char *V, const names *nm)
     for (int q = 0; q < e->np; q++) {
         const tpk_tune_ew_prim *p = &e->p[q];
         char a[16];
-        const int pa = L->par[q], sw = L->parswap[q];
+        const int pa = L->par[q], sw = L->parswap[q], cA = L->colA[q], cR = L->colR[q];
         if (p->op == TPK_TUNE_EW_MAP) {
             vname(L, p->arg[0], a, sizeof a);
-            const int v = p->arg[0];
             const char *al = sw ? "1" : "0", *be = sw ? "0" : "1";
             if (p->phi == TPK_TUNE_EW_IDENTITY) {
                 fprintf(o, "            const %s p%d = par[%d + %s] * %s + par[%d + %s];\n", V, q, pa, al, a, pa, be);
                 continue;
             }
-            fprintf(o, "            %s p%d;\n            {\n                const %s qc = %s_ld(%s);\n", V, q, V, V, nm->qc[v]);
-            if (p->phi == TPK_TUNE_EW_RELU)
+            fprintf(o, "            %s p%d;\n            {\n                const %s ca = %s_ld(%s);\n", V, q, V, V, nm->c[cA]);
+            if (p->phi == TPK_TUNE_EW_RELU) {
                 /* α/(2π) √(q_i q_j) (sin θ + (π − θ) cos θ) + β, cos θ = ρ (theory.md §3.2) */
-                fprintf(o, "                const %s s = %s_sqrt(qr%d * qc);\n"
-                           "                %s r = %s_sel(s > 0, %s / %s_sel(s > 0, s, one), zero);\n"
-                           "                r = %s_sel(r > 1, one, %s_sel(r < -1, -one, r));\n"
+                if (L->pre)
+                    fprintf(o, "                const %s s = cr%d * ca;\n"
+                               "                %s r = %s * (cr%d * %s_ld(%s));\n",
+                            V, cA, V, a, cR, V, nm->c[cR]);
+                else
+                    fprintf(o, "                const %s s = %s_sqrt(cr%d * ca);\n"
+                               "                %s r = %s_sel(s > 0, %s / %s_sel(s > 0, s, one), zero);\n",
+                            V, V, cA, V, V, a, V);
+                fprintf(o, "                r = %s_sel(r > 1, one, %s_sel(r < -1, -one, r));\n"
                            "                const %s c = one - r * r;\n"
                            "                const %s J = %s_sqrt(%s_sel(c > 0, c, zero)) + %s_pmt_poly(r) * r;\n"
                            "                p%d = (par[%d + %s] * 0.15915494309189533577) * s * J + par[%d + %s];\n",
-                        V, V, v, V, V, a, V, V, V, V, V, V, V, V, q, pa, al, pa, be);
-            else
+                        V, V, V, V, V, V, V, q, pa, al, pa, be);
+            } else {
                 /* α (2/π) asin(2b²x / √((1 + 2b² q_i)(1 + 2b² q_j))) + β (Williams 1997) */
-                fprintf(o, "                const double g = %.17g;\n"
-                           "                %s z = (g * %s) / %s_sqrt((one + g * qr%d) * (one + g * qc));\n"
-                           "                z = %s_sel(z > 1, one, %s_sel(z < -1, -one, z));\n"
+                fprintf(o, "                const double g = %.17g;\n", 2 * p->b * p->b);
+                if (L->pre)
+                    fprintf(o, "                %s z = (g * %s) * (cr%d * ca);\n", V, a, cA);
+                else
+                    fprintf(o, "                %s z = (g * %s) / %s_sqrt((one + g * cr%d) * (one + g * ca));\n", V, a,
+                            V, cA);
+                fprintf(o, "                z = %s_sel(z > 1, one, %s_sel(z < -1, -one, z));\n"
                            "                p%d = (par[%d + %s] * 0.63661977236758134308) * (%s_pmt_poly(z) - 1.57079632679489661923)"
                            " + par[%d + %s];\n",
-                        2 * p->b * p->b, V, a, V, v, V, V, q, pa, al, V, pa, be);
+                        V, V, q, pa, al, V, pa, be);
+            }
             fprintf(o, "            }\n");
             continue;
         }
@@ -324,8 +364,9 @@ static void body_real(FILE *o, const layout *L, const char *V, const names *nm)
 }
 
 /* The body of the twin: the same reads and writes, lane by lane in Z_p. A map is
- * α f_q(x, q_i, q_j) + β with f_q a random function symmetric in the variances (the table of
- * tpk_twin_tables); a sum is Σ c_t (w_i w_j) x_t mod p. */
+ * α f_q(x, h_i, h_j) + β with f_q a random function (the table of tpk_twin_tables) and h what
+ * the kernel reads of row i and column j: the variance, or with pre the prologue's A + 3R. A sum
+ * is Σ c_t (w_i w_j) x_t mod p. */
 static void body_twin(FILE *o, const layout *L, int lanes, const names *nm)
 {
     const tpk_tune_ew *e = &L->e;
@@ -336,16 +377,19 @@ static void body_twin(FILE *o, const layout *L, int lanes, const names *nm)
     for (int q = 0; q < e->np; q++) {
         const tpk_tune_ew_prim *p = &e->p[q];
         char a[16];
-        const int pa = L->par[q], sw = L->parswap[q];
+        const int pa = L->par[q], sw = L->parswap[q], cA = L->colA[q], cR = L->colR[q];
         if (p->op == TPK_TUNE_EW_MAP) {
             vname(L, p->arg[0], a, sizeof a);
-            char qr[16] = "0", qc[64] = "0"; /* the identity reads no variance */
-            if (L->needq[p->arg[0]]) {
-                snprintf(qr, sizeof qr, "zp(qr%d)", p->arg[0]);
-                snprintf(qc, sizeof qc, "zp((%s)[l])", nm->qc[p->arg[0]]);
+            char hi[96] = "0", hj[160] = "0";
+            if (cA >= 0 && cR >= 0) {
+                snprintf(hi, sizeof hi, "zadd(zp(cr%d), zmul(3, zp(cr%d)))", cA, cR);
+                snprintf(hj, sizeof hj, "zadd(zp((%s)[l]), zmul(3, zp((%s)[l])))", nm->c[cA], nm->c[cR]);
+            } else if (cA >= 0) {
+                snprintf(hi, sizeof hi, "zp(cr%d)", cA);
+                snprintf(hj, sizeof hj, "zp((%s)[l])", nm->c[cA]);
             }
             fprintf(o, "                const uint64_t p%d = zadd(zmul(zp(par[%d]), zf(%d, %s, %s, %s)), zp(par[%d]));\n",
-                    q, pa + sw, q, a, qr, qc, pa + 1 - sw);
+                    q, pa + sw, q, a, hi, hj, pa + 1 - sw);
             continue;
         }
         fprintf(o, "                uint64_t p%d = 0;\n", q);
@@ -381,7 +425,7 @@ static void body(FILE *o, const layout *L, int twin, int lanes, const char *V, c
 /* The twin's prelude: Z_p arithmetic and the random functions. */
 static void twin_prelude(FILE *o)
 {
-    fputs("#include <stddef.h>\n#include <stdint.h>\n#include <omp.h>\n\n"
+    fputs("#include <stddef.h>\n#include <stdint.h>\n#include <stdlib.h>\n#include <omp.h>\n\n"
           "#define TPK_ZP_P 2147483647ull\n"
           "/* tab: 2^16 random values of Z_p, then four coefficients (tpk_twin_tables) */\n"
           "static const uint64_t *tpk_zp_tab;\n"
@@ -398,15 +442,32 @@ static void twin_prelude(FILE *o)
           "    return zadd(zadd(r, zmul(c[2], zmul(a, b))), zmul(c[3], (uint64_t)q));\n}\n\n", o);
 }
 
+/* The prologue's transforms of column k at entry j of its diagonal q (pre). */
+static void prologue_entry(FILE *o, const layout *L, int k, int twin)
+{
+    const column *c = &L->col[k];
+    const tpk_tune_ew_prim *p = &L->e.p[c->map];
+    if (twin)
+        fprintf(o, "        %s[j] = (double)zf(%d, zp(dg[%d][j]), 0, 0);\n", c->src, 64 + 2 * c->map + c->what, c->v);
+    else if (p->phi == TPK_TUNE_EW_ERF)
+        fprintf(o, "        %s[j] = 1 / sqrt(1 + %.17g * dg[%d][j]);\n", c->src, 2 * p->b * p->b, c->v);
+    else if (c->what == 0)
+        fprintf(o, "        %s[j] = sqrt(dg[%d][j]);\n", c->src, c->v);
+    else
+        fprintf(o, "        %s[j] = dg[%d][j] > 0 ? 1 / sqrt(dg[%d][j]) : 0;\n", c->src, c->v, c->v);
+}
+
 int tpk__ew_emit(const tpk_tune_ew *e0, const tpk_tune_ew_cfg *c, const char *fn, int twin, int standalone,
-                         tpk__mutation *mu, FILE *o, tpk_ctx *ctx)
+                 tpk__mutation *mu, FILE *o, tpk_ctx *ctx)
 {
     if (c->lanes != 4 && c->lanes != 8)
         return TPK_ERROR(ctx, TPK_EINVAL, "ew: lanes must be 4 or 8 doubles");
     if (c->chunk < 1 || c->chunk > 1024)
         return TPK_ERROR(ctx, TPK_EINVAL, "ew: chunk must be 1 to 1024 rows");
+    if (c->pre != 0 && c->pre != 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "ew: pre must be 0 or 1");
     layout L;
-    lay_out(e0, mu, &L);
+    lay_out(e0, c->pre, mu, &L);
     const tpk_tune_ew *e = &L.e;
     const int W = c->lanes;
     const char *V = W == 8 ? "tpk_v8d" : "tpk_v4d";
@@ -420,19 +481,34 @@ int tpk__ew_emit(const tpk_tune_ew *e0, const tpk_tune_ew_cfg *c, const char *fn
         else {
             tpk_tune_emit_cpu_prelude(o);
             tpk__cpu_map_prelude(o);
+            fputs("#include <stdlib.h>\n\n", o);
         }
     }
-    fprintf(o, "/* ---- %s: the fused entrywise kernel %s, lanes=%d chunk=%d%s ---- */\n", fn, sig, W, c->chunk,
-            twin ? " (Z_p twin)" : "");
-    fprintf(o, "void %s(size_t n, const double *const *in, const double *const *dg, double *const *out,\n"
+    fprintf(o, "/* ---- %s: the fused entrywise kernel %s, lanes=%d chunk=%d pre=%d%s ---- */\n", fn, sig, W, c->chunk,
+            c->pre, twin ? " (Z_p twin)" : "");
+    fprintf(o, "int %s(size_t n, const double *const *in, const double *const *dg, double *const *out,\n"
                "        const double *par, const double *const *w, int threads);\n", fn);
-    fprintf(o, "void %s(size_t n, const double *const *in, const double *const *dg, double *const *out,\n"
+    fprintf(o, "int %s(size_t n, const double *const *in, const double *const *dg, double *const *out,\n"
                "        const double *par, const double *const *w, int threads)\n{\n", fn);
     fprintf(o, "    (void)in, (void)dg, (void)out, (void)w;\n");
+    fprintf(o, "    const int nt = threads > 0 ? threads : omp_get_max_threads();\n");
     if (!twin)
         fprintf(o, "    const %s zero = {0}, one = zero + 1;\n    (void)one;\n", V);
+    /* pre: each map's column transforms, once per call (a few entries past n: the tail's padding
+     * is read from them, never stored) */
+    const int npre = c->pre ? L.ncol : 0;
+    if (npre) {
+        fprintf(o, "    double *const buf = malloc(%d * (n + 8) * sizeof(double));\n    if (!buf)\n        return -1;\n", npre);
+        for (int k = 0; k < L.ncol; k++)
+            fprintf(o, "    double *const %s = buf + %d * (n + 8);\n", L.col[k].src, k);
+        fprintf(o, "#pragma omp parallel for schedule(static) num_threads(nt)\n    for (size_t j = 0; j < %s; j++) {\n",
+                tpk__site(mu, TPK__MUT_EW_PRE_END, 1, "n", "n - 1"));
+        for (int k = 0; k < L.ncol; k++)
+            prologue_entry(o, &L, k, twin);
+        fprintf(o, "    }\n");
+    }
     /* rows: the last one dropped (a site) */
-    fprintf(o, "#pragma omp parallel for schedule(dynamic, %d) num_threads(threads > 0 ? threads : omp_get_max_threads())\n"
+    fprintf(o, "#pragma omp parallel for schedule(dynamic, %d) num_threads(nt)\n"
                "    for (size_t i = 0; i < %s; i++) {\n",
             c->chunk, tpk__site(mu, TPK__MUT_EW_ROWS, 1, "n", "(n > 1 ? n - 1 : n)"));
     fprintf(o, "        const size_t je = %s;\n", tpk__site(mu, TPK__MUT_EW_ROW_END, 1, "i + 1", "i"));
@@ -440,10 +516,9 @@ int tpk__ew_emit(const tpk_tune_ew *e0, const tpk_tune_ew_cfg *c, const char *fn
         if (L.inused[k])
             fprintf(o, "        const double *xr%d = in[%d] + %s;\n", k, k,
                     tpk__site(mu, TPK__MUT_EW_IN_ROW, 1, "i * n", "(i > 0 ? i - 1 : 0) * n"));
-    for (int v = 0; v < e->nin + e->np; v++)
-        if (L.needq[v])
-            fprintf(o, "        const %s qr%d = %sdg[%d][%s];\n", twin ? "double" : "double", v, "", v,
-                    tpk__site(mu, TPK__MUT_EW_Q_ROW, 1, "i", "i > 0 ? i - 1 : 1 % n"));
+    for (int k = 0; k < L.ncol; k++)
+        fprintf(o, "        const double cr%d = %s[%s];\n", k, L.col[k].src,
+                tpk__site(mu, TPK__MUT_EW_Q_ROW, 1, "i", "i > 0 ? i - 1 : 1 % n"));
     for (int q = 0; q < e->np; q++)
         for (int t = 0; t < e->p[q].nt; t++)
             if (L.wid[q][t] >= 0)
@@ -463,9 +538,8 @@ int tpk__ew_emit(const tpk_tune_ew *e0, const tpk_tune_ew_cfg *c, const char *fn
                      tpk__site(mu, TPK__MUT_EW_COL_SHIFT, first, "", " + 1"));
             first = 0;
         }
-    for (int v = 0; v < e->nin + e->np; v++)
-        if (L.needq[v])
-            snprintf(nm.qc[v], sizeof nm.qc[v], "dg[%d] + j%s", v, tpk__site(mu, TPK__MUT_EW_Q_COL, 1, "", " + 1"));
+    for (int k = 0; k < L.ncol; k++)
+        snprintf(nm.c[k], sizeof nm.c[k], "%s + j%s", L.col[k].src, tpk__site(mu, TPK__MUT_EW_Q_COL, 1, "", " + 1"));
     for (int i = 0; i < L.nw; i++)
         snprintf(nm.wc[i], sizeof nm.wc[i], "w[%d] + j%s", i, tpk__site(mu, TPK__MUT_EW_W_COL, 1, "", " + 1"));
     for (int q = 0; q < e->np; q++)
@@ -475,16 +549,16 @@ int tpk__ew_emit(const tpk_tune_ew *e0, const tpk_tune_ew_cfg *c, const char *fn
             tpk__site(mu, TPK__MUT_EW_STEP, 1, W == 8 ? "8" : "4", W == 8 ? "9" : "5"));
     body(o, &L, twin, W, V, &nm);
     fprintf(o, "        }\n");
-    /* the tail: its rows copied into padded locals (variances 1, values and weights 0), the same
+    /* the tail: its rows copied into padded locals (columns 1, values and weights 0), the same
      * body, the first len entries stored */
     fprintf(o, "        if (j < je) {\n            const size_t len = je - j;\n");
-    fprintf(o, "            double tx[%d][%d] = {{0}}, tq[%d][%d], tw[%d][%d] = {{0}}, to[%d][%d];\n",
-            e->nin > 0 ? e->nin : 1, W, e->nin + e->np, W, L.nw > 0 ? L.nw : 1, W, e->np, W);
-    fprintf(o, "            (void)tx, (void)tq, (void)tw;\n"
+    fprintf(o, "            double tx[%d][%d] = {{0}}, tc[%d][%d], tw[%d][%d] = {{0}}, to[%d][%d];\n",
+            e->nin > 0 ? e->nin : 1, W, L.ncol > 0 ? L.ncol : 1, W, L.nw > 0 ? L.nw : 1, W, e->np, W);
+    fprintf(o, "            (void)tx, (void)tc, (void)tw;\n"
                "            for (int l = 0; l < %d; l++) {\n"
-               "                for (int v = 0; v < %d; v++)\n                    tq[v][l] = 1;\n"
-               "                for (int v = 0; v < %d; v++)\n                    to[v][l] = 0;\n            }\n",
-            W, e->nin + e->np, e->np);
+               "                for (int k = 0; k < %d; k++)\n                    tc[k][l] = 1;\n"
+               "                for (int k = 0; k < %d; k++)\n                    to[k][l] = 0;\n            }\n",
+            W, L.ncol > 0 ? L.ncol : 1, e->np);
     fprintf(o, "            for (size_t l = 0; l < len; l++) {\n");
     first = 1;
     for (int k = 0; k < e->nin; k++)
@@ -493,9 +567,8 @@ int tpk__ew_emit(const tpk_tune_ew *e0, const tpk_tune_ew_cfg *c, const char *fn
                     tpk__site(mu, TPK__MUT_EW_TAIL_LOAD, first, "", " + 1"));
             first = 0;
         }
-    for (int v = 0; v < e->nin + e->np; v++)
-        if (L.needq[v])
-            fprintf(o, "                tq[%d][l] = dg[%d][j + l];\n", v, v);
+    for (int k = 0; k < L.ncol; k++)
+        fprintf(o, "                tc[%d][l] = %s[j + l];\n", k, L.col[k].src);
     for (int i = 0; i < L.nw; i++)
         fprintf(o, "                tw[%d][l] = w[%d][j + l];\n", i, i);
     fprintf(o, "            }\n");
@@ -503,8 +576,8 @@ int tpk__ew_emit(const tpk_tune_ew *e0, const tpk_tune_ew_cfg *c, const char *fn
     memset(&tn, 0, sizeof tn);
     for (int k = 0; k < e->nin; k++)
         snprintf(tn.x[k], sizeof tn.x[k], "tx[%d]", k);
-    for (int v = 0; v < e->nin + e->np; v++)
-        snprintf(tn.qc[v], sizeof tn.qc[v], "tq[%d]", v);
+    for (int k = 0; k < L.ncol; k++)
+        snprintf(tn.c[k], sizeof tn.c[k], "tc[%d]", k);
     for (int i = 0; i < L.nw; i++)
         snprintf(tn.wc[i], sizeof tn.wc[i], "tw[%d]", i);
     for (int q = 0; q < e->np; q++)
@@ -517,7 +590,10 @@ int tpk__ew_emit(const tpk_tune_ew *e0, const tpk_tune_ew_cfg *c, const char *fn
         if (e->p[q].stored)
             fprintf(o, "            for (size_t l = 0; l < %s; l++)\n                or%d[j + l] = to[%d][l];\n",
                     tpk__site(mu, TPK__MUT_EW_TAIL_STORE, 1, "len", "len - 1"), q, q);
-    fprintf(o, "        }\n    }\n}\n\n");
+    fprintf(o, "        }\n    }\n");
+    if (npre)
+        fprintf(o, "    free(buf);\n");
+    fprintf(o, "    return 0;\n}\n\n");
     return ferror(o) ? TPK_ERROR(ctx, TPK_EIO, "ew: write error") : TPK_OK;
 }
 
@@ -532,7 +608,7 @@ int tpk_tune_ew_emit(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char 
 int tpk_tune_ew_emit_cuda(const tpk_tune_ew *e0, const char *fn, FILE *o, tpk_ctx *ctx)
 {
     layout L;
-    lay_out(e0, NULL, &L);
+    lay_out(e0, 0, NULL, &L);
     const tpk_tune_ew *e = &L.e;
     char sig[TPK_TUNE_EW_SIGLEN];
     tpk_tune_ew_print(e0, sig, sizeof sig);
@@ -623,7 +699,7 @@ static uint64_t zf(const uint64_t *tab, int q, uint64_t x, uint64_t a, uint64_t 
  * doubles with libm (tab NULL; a primitive's diagonal then goes to dg) or in Z_p with tab's
  * random functions (dg given). M[v]: value v's matrix (inputs given), leading dimension n. */
 static void reference(const tpk_tune_ew *e, size_t n, double *const *M, double *const *dg, const double *par,
-                      const double *const *w, const uint64_t *tab, int diag_only)
+                      const double *const *w, const uint64_t *tab, int pre, int diag_only)
 {
     int off = 0, wi = 0;
     for (int q = 0; q < e->np; q++) {
@@ -636,11 +712,21 @@ static void reference(const tpk_tune_ew *e, size_t n, double *const *M, double *
                 if (p->op == TPK_TUNE_EW_MAP) {
                     const double x = M[p->arg[0]][ij], qi = dg[p->arg[0]][i], qj = dg[p->arg[0]][j];
                     const double al = par[off], be = par[off + 1];
-                    const int id = p->phi == TPK_TUNE_EW_IDENTITY; /* reads no variance */
-                    if (tab)
-                        y = (double)zadd(zmul((uint64_t)al, zf(tab, q, (uint64_t)x, id ? 0 : (uint64_t)qi,
-                                                               id ? 0 : (uint64_t)qj)),
-                                         (uint64_t)be);
+                    if (tab) { /* what the twin reads of rows i and j: q, or pre's A (+ 3R) */
+                        uint64_t hi = (uint64_t)qi, hj = (uint64_t)qj;
+                        if (p->phi == TPK_TUNE_EW_IDENTITY)
+                            hi = hj = 0;
+                        else if (pre) {
+                            const int ka = 64 + 2 * q, two = p->phi == TPK_TUNE_EW_RELU;
+                            hi = zf(tab, ka, (uint64_t)qi, 0, 0);
+                            hj = zf(tab, ka, (uint64_t)qj, 0, 0);
+                            if (two) {
+                                hi = zadd(hi, zmul(3, zf(tab, ka + 1, (uint64_t)qi, 0, 0)));
+                                hj = zadd(hj, zmul(3, zf(tab, ka + 1, (uint64_t)qj, 0, 0)));
+                            }
+                        }
+                        y = (double)zadd(zmul((uint64_t)al, zf(tab, q, (uint64_t)x, hi, hj)), (uint64_t)be);
+                    }
                     else if (p->phi == TPK_TUNE_EW_IDENTITY)
                         y = al * x + be;
                     else if (p->phi == TPK_TUNE_EW_RELU) {
@@ -683,7 +769,7 @@ static void reference(const tpk_tune_ew *e, size_t n, double *const *M, double *
 
 /* ---- the checks, in a child process ---------------------------------------------------------- */
 
-typedef void (*ew_fn)(size_t n, const double *const *in, const double *const *dg, double *const *out,
+typedef int (*ew_fn)(size_t n, const double *const *in, const double *const *dg, double *const *out,
                       const double *par, const double *const *w, int threads);
 
 #define PAD 64          /* doubles past every array: a mutant reading one entry further stays inside */
@@ -785,17 +871,16 @@ static void clear_outputs(bufs *b, const tpk_tune_ew *e)
                 b->O[q][i] = SENTINEL;
 }
 
-static void run(ew_fn f, bufs *b, const tpk_tune_ew *e, int threads)
+static int run(ew_fn f, bufs *b, int threads)
 {
-    f(b->n, (const double *const *)b->M, (const double *const *)b->dg, b->O, b->par, (const double *const *)b->w,
-      threads);
-    (void)e;
+    return f(b->n, (const double *const *)b->M, (const double *const *)b->dg, b->O, b->par,
+             (const double *const *)b->w, threads);
 }
 
 typedef struct child_arg {
     const char *so;
     const tpk_tune_ew *e;
-    int lanes, twin, threads, repeat;
+    int lanes, pre, twin, threads, repeat;
     size_t n;
     uint64_t seed;
 } child_arg;
@@ -832,8 +917,11 @@ static void child_twin(void *arg, int fd)
             memcpy(r.dg[v], b.dg[v], (n + PAD) * sizeof(double));
         }
         clear_outputs(&b, a->e);
-        run(f, &b, a->e, threads);
-        reference(a->e, n, r.M, r.dg, b.par, (const double *const *)b.w, tab, 0);
+        if (run(f, &b, threads)) {
+            dprintf(fd, "TPKEW bad kernel out of memory\n");
+            return;
+        }
+        reference(a->e, n, r.M, r.dg, b.par, (const double *const *)b.w, tab, a->pre, 0);
         for (int q = 0; q < a->e->np; q++) {
             if (!b.O[q])
                 continue;
@@ -883,9 +971,12 @@ static void child_real(void *arg, int fd)
             return;
         }
         fill_real(&b, a->e, &rng);
-        reference(a->e, n, b.M, b.dg, b.par, (const double *const *)b.w, NULL, 0);
+        reference(a->e, n, b.M, b.dg, b.par, (const double *const *)b.w, NULL, 0, 0);
         clear_outputs(&b, a->e);
-        run(f, &b, a->e, 2);
+        if (run(f, &b, 2)) {
+            dprintf(fd, "TPKEW bad kernel out of memory\n");
+            return;
+        }
         for (int q = 0; q < a->e->np; q++) {
             if (!b.O[q])
                 continue;
@@ -920,10 +1011,14 @@ static void child_time(void *arg, int fd)
     }
     uint64_t rng = a->seed;
     fill_real(&b, a->e, &rng);
-    reference(a->e, a->n, b.M, b.dg, b.par, (const double *const *)b.w, NULL, 1); /* diagonals only */
+    reference(a->e, a->n, b.M, b.dg, b.par, (const double *const *)b.w, NULL, 0, 1); /* diagonals only */
     clear_outputs(&b, a->e);
     double t0 = tpk_wall_seconds();
-    run(f, &b, a->e, a->threads);
+    if (run(f, &b, a->threads)) {
+        dprintf(fd, "TPKEW bad kernel out of memory\n");
+        bufs_free(&b);
+        return;
+    }
     const double once = tpk_wall_seconds() - t0;
     long calls = (long)ceil(0.02 / (once > 1e-9 ? once : 1e-9));
     double t[TPK_TUNE_MAX_REPEAT];
@@ -931,7 +1026,7 @@ static void child_time(void *arg, int fd)
     for (int r = 0; r < rep; r++) {
         double s = tpk_wall_seconds();
         for (long c = 0; c < calls; c++)
-            run(f, &b, a->e, a->threads);
+            (void)run(f, &b, a->threads);
         t[r] = (tpk_wall_seconds() - s) / (double)calls;
     }
     for (int i = 1; i < rep; i++) /* insertion sort: a handful */
@@ -971,6 +1066,7 @@ static int build_and_run(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, int twi
             ca->so = so;
             ca->e = e;
             ca->lanes = c->lanes;
+            ca->pre = c->pre;
             ca->twin = twin;
             if (tpk__run_capture(NULL, NULL, ca->threads, 300, child, ca, buf, sizeof buf) != 0)
                 snprintf(why, wcap, "crashed or hung");
@@ -1113,11 +1209,11 @@ int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const t
         tpk_tune_ew_rec r;
         memset(&r, 0, sizeof r);
         const char *cls = NULL, *sig = NULL;
-        json_int_t n = 0, th = 0, lanes = 0, chunk = 0, ver = 0;
+        json_int_t n = 0, th = 0, lanes = 0, chunk = 0, pre = 0, ver = 0;
         double sec = 0, ts = 0;
-        if (!j || json_unpack(j, "{s:s, s:s, s:I, s:I, s:{s:I, s:I}, s:F, s:b, s?F}", "target", &cls, "sig", &sig, "n", &n,
-                              "threads", &th, "knobs", "lanes", &lanes, "chunk", &chunk, "seconds", &sec, "verified", &ver,
-                              "ts", &ts) != 0) {
+        if (!j || json_unpack(j, "{s:s, s:s, s:I, s:I, s:{s:I, s:I, s:I}, s:F, s:b, s?F}", "target", &cls, "sig", &sig,
+                              "n", &n, "threads", &th, "knobs", "lanes", &lanes, "chunk", &chunk, "pre", &pre, "seconds",
+                              &sec, "verified", &ver, "ts", &ts) != 0) {
             st = TPK_ERROR(ctx, TPK_EFORMAT, "%s:%d: not an ew cache record", path, lineno);
         } else {
             snprintf(r.target_class, sizeof r.target_class, "%s", cls);
@@ -1126,10 +1222,11 @@ int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const t
             r.threads = (int)th;
             r.cfg.lanes = (int)lanes;
             r.cfg.chunk = (int)chunk;
+            r.cfg.pre = (int)pre;
             r.seconds = sec;
             r.verified = (int)ver;
             r.ts = ts;
-            if (same_key(&r, key) && r.verified && (!c || (c->lanes == r.cfg.lanes && c->chunk == r.cfg.chunk)) &&
+            if (same_key(&r, key) && r.verified && (!c || (c->lanes == r.cfg.lanes && c->chunk == r.cfg.chunk && c->pre == r.cfg.pre)) &&
                 (!*found || r.seconds < out->seconds)) {
                 *out = r;
                 *found = 1;
@@ -1143,10 +1240,10 @@ int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const t
 
 int tpk_tune_ew_cache_add(const char *path, const tpk_tune_ew_rec *r, tpk_ctx *ctx)
 {
-    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:I, s:{s:i, s:i}, s:f, s:b, s:f}", "target", r->target_class, "template",
-                          "cpu_ew", "sig", r->sig, "n", (json_int_t)r->n, "threads", (json_int_t)r->threads, "knobs",
-                          "lanes", r->cfg.lanes, "chunk", r->cfg.chunk, "seconds", r->seconds, "verified", r->verified,
-                          "ts", r->ts);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:I, s:{s:i, s:i, s:i}, s:f, s:b, s:f}", "target", r->target_class,
+                          "template", "cpu_ew", "sig", r->sig, "n", (json_int_t)r->n, "threads", (json_int_t)r->threads,
+                          "knobs", "lanes", r->cfg.lanes, "chunk", r->cfg.chunk, "pre", r->cfg.pre, "seconds", r->seconds,
+                          "verified", r->verified, "ts", r->ts);
     char *text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
     if (!text)

@@ -74,6 +74,7 @@ static const struct {
     [TPK__MUT_EW_ARG_SWAP] = {"ew_arg_swap", "swapped arguments"},
     [TPK__MUT_EW_PAR_SWAP] = {"ew_par_swap", "swapped parameters"},
     [TPK__MUT_EW_ARG_PREV] = {"ew_arg_prev", "wrong index"},
+    [TPK__MUT_EW_PRE_END] = {"ew_pre_end", "dropped tail"},
 };
 
 const char *tpk__mut_name(int kind)

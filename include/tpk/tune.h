@@ -596,13 +596,14 @@ TPK_API int tpk_tune_emit_cuda_check(const char *dir, int nrandom, uint64_t seed
  * α V_φ(x_ij; q_i, q_j) + β with q the diagonal of its argument; of a sum Σ_t c_t (w_t,i w_t,j)
  * x_t,ij. The emitted C function (tpk_tune_ew_emit) is
  *
- *   void NAME(size_t n, const double *const *in, const double *const *dg, double *const *out,
- *             const double *par, const double *const *w, int threads);
+ *   int NAME(size_t n, const double *const *in, const double *const *dg, double *const *out,
+ *            const double *par, const double *const *w, int threads);
  *
  * in[k]: input k (row-major, leading dimension n; only the lower triangle is read); dg[v]: the
  * diagonal of value v where a map reads it (n); out[p]: where primitive p goes (lower triangle;
  * NULL unless stored); par: per primitive in order, a map's α, β and a sum's c_t per term (a
- * bias term: the constant itself); w: the weight vectors of the "*w" terms in order. */
+ * bias term: the constant itself); w: the weight vectors of the "*w" terms in order. It returns
+ * 0, or −1 when the arrays of pre could not be allocated (nothing written). */
 #define TPK_TUNE_EW_MAXP 16
 #define TPK_TUNE_EW_MAXT 8
 #define TPK_TUNE_EW_MAXIN 16
@@ -621,9 +622,11 @@ typedef struct tpk_tune_ew {
     int nin, np;
     tpk_tune_ew_prim p[TPK_TUNE_EW_MAXP];
 } tpk_tune_ew;
-/* The schedule: doubles per vector (4: AVX2, 8: AVX-512) and rows per dynamic grab. */
+/* The schedule: doubles per vector (4: AVX2, 8: AVX-512), rows per dynamic grab, and pre: each
+ * map's column transforms (√q and 1/√q, or 1/√(1 + 2b²q)) computed once per call into arrays
+ * (two square roots and a division fewer per entry, n doubles each), else per entry. */
 typedef struct tpk_tune_ew_cfg {
-    int lanes, chunk;
+    int lanes, chunk, pre;
 } tpk_tune_ew_cfg;
 
 /* Parse a signature; errors name the column. */
