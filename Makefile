@@ -158,6 +158,11 @@ $(BUILD)/bin/gpregress: $(BUILD)/obj/tools/gpregress.o $(TOOL_CLI_GPREGRESS) $(T
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(TOOL_CLI_GPREGRESS) $(TOOL_CLI) $(STATIC) $(LDLIBS_ALL)
 
+# netsor plan --emitted compiles the tuner's fused kernels (docs/orchestration.md §7.3).
+$(BUILD)/bin/netsor: $(BUILD)/obj/tools/netsor.o $(TOOL_CLI) $(TUNE_LIB) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(TOOL_CLI) $(TUNE_LIB) $(STATIC) $(LDLIBS_ALL) $(TUNE_LIBS) -ldl
+
 $(BUILD)/bin/tptune: $(BUILD)/obj/tools/tptune.o $(TUNE_LIB) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(TUNE_LIB) $(STATIC) $(LDLIBS_ALL) $(TUNE_LIBS)

@@ -71,6 +71,7 @@ typedef struct nsr_ew_node {
 /* What one evaluation did (for `netsor plan` and the tests). */
 typedef struct nsr_ew_stats {
     int nprims, ncands, nkernels, fused; /* fused: kernels of more than one primitive */
+    int emitted;                         /* kernels run by the provider's code */
     double predicted_s, measured_s;      /* the plan's kernels: model, wall clock */
     double calib_s, solve_s;             /* calibration and candidates + solve */
 } nsr_ew_stats;
@@ -85,6 +86,9 @@ typedef struct nsr_ew_calib {
     double launch_s;                 /* per kernel */
     int fixed_compute;
     double flop_s;
+    /* emitted kernels by signature (§7.3), or NULL: where one is found, it runs instead of the
+     * executor's, and its measured time is the candidate's cost */
+    const tpk_netsor_ew_provider *provider;
 } nsr_ew_calib;
 
 /* Node k's diagonal into out (n) from its arguments' diagonals; *err (may be NULL) its error.
@@ -113,6 +117,9 @@ typedef struct nsr_ew_reduce {
     double alpha, beta;
     const double *w;
 } nsr_ew_reduce;
+
+/* The upper triangle of the n×n M from its lower one, in cache-sized tiles. */
+void nsr_ew_mirror(double *M, size_t n);
 
 /* Threads a parallel region of the executors runs on. */
 static inline int nsr_threads(void)

@@ -229,6 +229,22 @@ typedef struct ew {
     tpk_ctx *ctx;
 } ew;
 
+static const char *kernel_sig(const ew *W, const tpk_orch_kernel *K, char *buf, size_t cap);
+
+/* Upper triangle ← lower, in cache-sized tiles (a plain column walk is memory-bound at n²). */
+void nsr_ew_mirror(double *M, size_t n)
+{
+    const size_t B = 64;
+#pragma omp parallel for schedule(dynamic, 1) if (n > 512)
+    for (size_t i0 = 0; i0 < n; i0 += B)
+        for (size_t j0 = 0; j0 <= i0; j0 += B) {
+            size_t i1 = i0 + B < n ? i0 + B : n, j1 = j0 + B < n ? j0 + B : n;
+            for (size_t i = i0; i < i1; i++)
+                for (size_t j = j0; j < j1 && j < i; j++)
+                    M[j * n + i] = M[i * n + j];
+        }
+}
+
 static void ew_init(ew *W, const nsr_ew_node *node, int nn, int root, size_t n, long m,
                     tpk_ctx *ctx)
 {
@@ -478,15 +494,25 @@ static int cost_fn(const tpk_orch_graph *g, const tpk_orch_kernel *k, void *arg,
     (void)ctx;
     const ew *W = arg;
     const double B = (double)W->E * sizeof(double);
-    double c = W->launch_s;
+    double c = W->launch_s, compute = 0;
     for (int i = 0; i < k->nprims; i++)
-        c += (double)W->E * W->t_entry[W->nodeof[k->prims[i]]];
-    c += k->ninputs * B * W->read_s;
+        compute += (double)W->E * W->t_entry[W->nodeof[k->prims[i]]];
+    /* an emitted kernel's own time where the provider measured it (§7.3): timed in a loop over
+     * data that stays in cache, it stands for the compute; the memory terms stay the model's */
+    const tpk_netsor_ew_provider *pv = W->cal != NULL ? W->cal->provider : NULL;
+    if (pv != NULL && pv->cost != NULL && pv->find != NULL) {
+        char sig[1024];
+        const double t = kernel_sig(W, k, sig, sizeof sig) == NULL ? pv->cost(pv->user, sig, W->n) : -1;
+        if (t >= 0)
+            compute = t;
+    }
+    c += compute + k->ninputs * B * W->read_s;
     for (int i = 0; i < k->noutputs; i++) { /* the root goes to the caller's block */
         const int root = W->nodeof[k->outputs[i]] == W->root;
         c += B * (W->write_s + (!root || W->out_fresh ? W->fault_s : 0.0));
-        /* and where both triangles are asked for, the upper one from transposed tiles: a store
-         * to each cache line from eight rows, each line read for ownership first */
+        /* and where both triangles are asked for, the upper one from transposed tiles (or an
+         * emitted kernel's mirror pass): a store to each cache line from eight rows, each line
+         * read for ownership first */
         if (root && W->out_full)
             c += B * (W->write_s + W->read_s + (W->out_fresh ? W->fault_s : 0.0));
     }
@@ -782,7 +808,8 @@ static int search(ew *W, const tpk_orch_graph *g, int plan, tpk_orch_cands **cp,
     }
 }
 
-static void report_kernel(FILE *f, const ew *W, int i, const tpk_orch_kernel *K, double measured)
+static void report_kernel(FILE *f, const ew *W, int i, const tpk_orch_kernel *K, double measured,
+                          int emitted)
 {
     fprintf(f, "  kernel %d:", i + 1);
     for (int p = 0; p < K->nprims; p++)
@@ -793,22 +820,22 @@ static void report_kernel(FILE *f, const ew *W, int i, const tpk_orch_kernel *K,
     fprintf(f, " | writes");
     for (int p = 0; p < K->noutputs; p++)
         fprintf(f, " %s", W->node[W->nodeof[K->outputs[p]]].name);
-    fprintf(f, " | predicted %.4f s, measured %.4f s\n", K->cost, measured);
+    fprintf(f, " | predicted %.4f s, measured %.4f s%s\n", K->cost, measured,
+            emitted ? " (emitted kernel)" : "");
 }
 
-/* Kernel K's signature (docs/orchestration.md §7.3; tpk/tune.h's grammar): its inputs in the
- * order of K->inputs, its primitives in order, "!" on those it writes. Where the tuner's emitter
- * has no code for it (a φ other than relu, identity and erf; a bias of several members) the line
- * says why instead. */
-static void signature(FILE *f, const ew *W, const tpk_orch_kernel *K)
+/* Kernel K's signature (docs/orchestration.md §7.3; tpk/tune.h's grammar) into buf: its inputs
+ * in the order of K->inputs, its primitives in order, "!" on those it writes. Returns NULL, or
+ * where the tuner's emitter has no code for it (a φ other than relu, identity and erf; a bias of
+ * several members; the root's upper triangle from tiles) why not. */
+static const char *kernel_sig(const ew *W, const tpk_orch_kernel *K, char *buf, size_t cap)
 {
-    char buf[1024];
     size_t at = 0;
     const char *why = NULL;
-#define PUT(...) (at += (size_t)snprintf(buf + (at < sizeof buf ? at : sizeof buf), \
-                                          at < sizeof buf ? sizeof buf - at : 0, __VA_ARGS__))
+#define PUT(...) (at += (size_t)snprintf(buf + (at < cap ? at : cap), at < cap ? cap - at : 0, \
+                                          __VA_ARGS__))
     PUT("in=%d", K->ninputs);
-    for (int p = 0; p < K->nprims && !why; p++) {
+    for (int p = 0; p < K->nprims; p++) {
         const nsr_ew_node *nd = &W->node[W->nodeof[K->prims[p]]];
         int isout = 0;
         for (int o = 0; o < K->noutputs; o++)
@@ -858,10 +885,51 @@ static void signature(FILE *f, const ew *W, const tpk_orch_kernel *K)
             PUT("!");
     }
 #undef PUT
-    if (why != NULL)
-        fprintf(f, "    sig: none (%s has no emitted code)\n", why);
-    else
-        fprintf(f, "    sig: %s\n", buf);
+    if (at >= cap)
+        why = "a signature too long";
+    return why;
+}
+
+/* Run K by the provider's emitted kernel fn: the arrays of tpk/tune.h's ABI from the nodes
+ * (inputs, every value's diagonal, α and β per map and c per term — a bias term's constant c·s —
+ * and the weight vectors in order). 1: it ran; −1: the kernel failed (out of memory). */
+static int run_emitted(ew *W, const tpk_orch_kernel *K, double *const *mem, tpk_netsor_ew_fn fn)
+{
+    const double *in[MAX_FUSE * NSR_EW_MAXT], *dg[MAX_FUSE * (NSR_EW_MAXT + 1)],
+        *w[MAX_FUSE * NSR_EW_MAXT];
+    double *out[MAX_FUSE], par[MAX_FUSE * NSR_EW_MAXT + 2 * MAX_FUSE];
+    int np = 0, nw = 0;
+    for (int k = 0; k < K->ninputs; k++) {
+        in[k] = mem[K->inputs[k]];
+        dg[k] = W->node[W->nodeof[K->inputs[k]]].diag;
+    }
+    for (int p = 0; p < K->nprims; p++) {
+        const nsr_ew_node *nd = &W->node[W->nodeof[K->prims[p]]];
+        dg[K->ninputs + p] = nd->diag;
+        out[p] = NULL;
+        for (int o = 0; o < K->noutputs; o++)
+            if (K->outputs[o] == K->prims[p])
+                out[p] = mem[K->prims[p]];
+        if (nd->op == NSR_EW_PHI) {
+            par[np++] = nd->alpha;
+            par[np++] = nd->beta;
+            continue;
+        }
+        for (int t = 0; t < nd->nt; t++) {
+            const nsr_ew_term *T = &nd->t[t];
+            /* m = 1: a bias term is its member's variance where it reads one */
+            par[np++] = T->arg >= 0 ? T->c : (T->cls == NULL || T->cls[0] >= 0 ? T->c * T->s[0] : 0.0);
+            if (T->w != NULL)
+                w[nw++] = T->w;
+        }
+    }
+    if (fn(W->n, in, dg, out, par, w, nsr_threads()) != 0)
+        return -1;
+    /* the root's upper triangle, where asked: emitted kernels write lower triangles */
+    for (int o = 0; W->out_full && o < K->noutputs; o++)
+        if (W->nodeof[K->outputs[o]] == W->root)
+            nsr_ew_mirror(mem[K->outputs[o]], W->n);
+    return 1;
 }
 
 /* A copy of the program with each sum x + b (m = 1: b a constant) whose x is a map read by it
@@ -974,7 +1042,7 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
     const int model = report != NULL || stats != NULL || !single;
     const double t1 = tpk_wall_seconds();
     if (st == TPK_OK && !model) { /* fixed constants: no measurement (nothing reads them) */
-        nsr_ew_calib fixed = {1, 1e-10, 1e-10, 3e-10, 2e-5, 1, 1e-10};
+        nsr_ew_calib fixed = {1, 1e-10, 1e-10, 3e-10, 2e-5, 1, 1e-10, NULL};
         nsr_ew_calib *keep = W.cal;
         W.cal = &fixed;
         calibrate_memory(&W);
@@ -1047,10 +1115,16 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
         for (int i = 0; i < ks[q]->ninputs; i++)
             last[ks[q]->inputs[i]] = q;
     double measured = 0;
-    int fused = 0;
+    int fused = 0, emitted = 0;
     for (int q = 0; st == TPK_OK && q < nk; q++) {
         const tpk_orch_kernel *K = ks[q];
         fused += K->nprims > 1;
+        /* the provider's kernel, prepared (verified, compiled) before the kernel is timed */
+        tpk_netsor_ew_fn efn = NULL;
+        char esig[1024];
+        if (W.cal->provider != NULL && W.cal->provider->find != NULL &&
+            kernel_sig(&W, K, esig, sizeof esig) == NULL)
+            efn = W.cal->provider->find(W.cal->provider->user, esig, n);
         const double k0 = tpk_wall_seconds();
         for (int i = 0; i < K->noutputs && st == TPK_OK; i++) {
             int v = K->outputs[i];
@@ -1066,7 +1140,14 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
         }
         if (st)
             break;
-        run_kernel(&W, K, mem, out_full);
+        int done = 0;
+        if (efn != NULL && (done = run_emitted(&W, K, mem, efn)) < 0) {
+            st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (an emitted kernel's arrays)");
+            break;
+        }
+        emitted += done;
+        if (!done)
+            run_kernel(&W, K, mem, out_full);
         for (int v = 0; v < W.nv; v++)
             if (owned[v] && last[v] <= q) {
                 tpk_free(ctx, mem[v]);
@@ -1076,9 +1157,15 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
         const double dt = tpk_wall_seconds() - k0;
         measured += dt;
         if (report)
-            report_kernel(report, &W, q, K, dt);
-        if (report && sigs)
-            signature(report, &W, K);
+            report_kernel(report, &W, q, K, dt, done);
+        if (report && sigs) {
+            char sig[1024];
+            const char *no = kernel_sig(&W, K, sig, sizeof sig);
+            if (no != NULL)
+                fprintf(report, "    sig: none (%s has no emitted code)\n", no);
+            else
+                fprintf(report, "    sig: %s\n", sig);
+        }
     }
     double emax = 0;
     for (int k = 0; W.sm != NULL && k <= root; k++) {
@@ -1092,14 +1179,15 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
     if (st == TPK_OK && err)
         *err = emax;
     if (st == TPK_OK && report)
-        fprintf(report, "  predicted %.4f s, measured %.4f s (%d of %d kernels fused; model "
+        fprintf(report, "  predicted %.4f s, measured %.4f s (%d of %d kernels fused%s; model "
                 "calibrated in %.4f s, candidates and solve %.4f s)\n", pcost, measured, fused,
-                nk, t2 - t1, t3 - t2);
+                nk, emitted ? ", some emitted" : "", t2 - t1, t3 - t2);
     if (st == TPK_OK && stats) {
         stats->nprims = W.nv;
         stats->ncands = c ? tpk_orch_cands_count(c) : 1;
         stats->nkernels = nk;
         stats->fused = fused;
+        stats->emitted = emitted;
         stats->predicted_s = pcost;
         stats->measured_s = measured;
         stats->calib_s = t2 - t1;

@@ -678,7 +678,6 @@ static int v_gather(fl *F, val *v, long m, int k, int *idx)
 /* ---- block second moments --------------------------------------------------------------- */
 
 static int nonlin_moments(fl *F, int k);
-static void mirror(double *M, size_t n);
 
 /* M2 of block k with both triangles (a symmetric block stored as its lower triangle is
  * mirrored now: most consumers read the lower triangle only and never pay for it). */
@@ -786,7 +785,7 @@ static const double *block_m2_full(fl *F, int k)
     const double *M = block_m2(F, k);
     fblock *b = &F->b[k];
     if (M != NULL && b->lower) {
-        mirror(b->M2, F->N * (size_t)b->m);
+        nsr_ew_mirror(b->M2, F->N * (size_t)b->m);
         b->lower = 0;
     }
     return M;
@@ -1464,20 +1463,6 @@ static int lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int
         tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
     }
     return TPK_OK;
-}
-
-/* Upper triangle ← lower, in cache-sized tiles (a plain column walk is memory-bound at n²). */
-static void mirror(double *M, size_t n)
-{
-    const size_t B = 64;
-#pragma omp parallel for schedule(dynamic, 1) if (n > 512)
-    for (size_t i0 = 0; i0 < n; i0 += B)
-        for (size_t j0 = 0; j0 <= i0; j0 += B) {
-            size_t i1 = i0 + B < n ? i0 + B : n, j1 = j0 + B < n ? j0 + B : n;
-            for (size_t i = i0; i < i1; i++)
-                for (size_t j = j0; j < j1 && j < i; j++)
-                    M[j * n + i] = M[i * n + j];
-        }
 }
 
 /* The upper triangle of each m×m diagonal block of an (N·m)² matrix from its lower one. */
@@ -4249,7 +4234,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 st = tpk_gauss_map_affine_lower(bx->phi, g->M2 ? g->M2 : Kout->data, dim, a->var,
                                                 a->bias_var, Kout->data, F->ws, &e, F->X.ctx);
                 if (st == TPK_OK)
-                    mirror(Kout->data, dim);
+                    nsr_ew_mirror(Kout->data, dim);
                 F->err = fmax(F->err, e * a->var);
                 break;
             }
@@ -4312,7 +4297,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 for (size_t r = 0; r < dim; r++)
                     for (size_t q = 0; q <= r; q++)
                         M[r * dim + q] = sc * (w ? w[r] * w[q] : 1) * M[r * dim + q] + beta;
-                mirror(M, dim);
+                nsr_ew_mirror(M, dim);
                 break;
             }
             if (no == 1) { /* one output family: K is its second-moment block itself */
@@ -4329,7 +4314,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
                 Kout->data = q;
                 st = lin_m2(F, &a->v, &a->v, Kout->data, dim, 1, sc);
                 if (st == TPK_OK) {
-                    mirror(Kout->data, dim);
+                    nsr_ew_mirror(Kout->data, dim);
                     if (beta != 0)
                         for (size_t x = 0; x < dim * dim; x++)
                             Kout->data[x] += beta;
@@ -4343,7 +4328,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
             }
             st = lin_m2(F, &a->v, &c->v, M, N * mj, i == j, 1.0);
             if (st == TPK_OK && i == j)
-                mirror(M, N * mi);
+                nsr_ew_mirror(M, N * mi);
             double s = sqrt(a->var * c->var), beta = sqrt(a->bias_var * c->bias_var);
             for (size_t x = 0; st == TPK_OK && x < N; x++)
                 for (size_t p = 0; p < mi; p++)
@@ -4553,6 +4538,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
             F.plan_report = opts ? opts->plan_report : NULL;
             F.plan_verify = opts ? opts->plan_verify : 0;
             F.plan_signatures = opts ? opts->plan_signatures : 0;
+            F.cal.provider = opts ? opts->ew_provider : NULL;
             if (st == TPK_OK)
                 st = fl_run(&F, all_outputs, NULL, 0, K);
             int made = st == TPK_OK && K != NULL; /* *K is ours to free if the verdict is no */
@@ -4593,6 +4579,7 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     F.plan_report = opts ? opts->plan_report : NULL;
     F.plan_verify = opts ? opts->plan_verify : 0;
     F.plan_signatures = opts ? opts->plan_signatures : 0;
+    F.cal.provider = opts ? opts->ew_provider : NULL;
     if (st == TPK_OK)
         st = fl_run(&F, all_outputs, last, nb, K);
     if (st == TPK_OK && F.nb_stmts != nb)

@@ -375,6 +375,13 @@ int tpk_netsor_plan_from_env(int *plan, tpk_ctx *ctx)
 int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_outputs, int plan,
                            FILE *report, tpk_array **K, double *err, tpk_ctx *ctx)
 {
+    return tpk_netsor_kernel_plan_with(p, x, all_outputs, plan, report, NULL, K, err, ctx);
+}
+
+int tpk_netsor_kernel_plan_with(const tpk_program *p, const tpk_array *x, int all_outputs, int plan,
+                                FILE *report, const tpk_netsor_ew_provider *provider,
+                                tpk_array **K, double *err, tpk_ctx *ctx)
+{
     const int kind = plan & ~(TPK_PLAN_VERIFY | TPK_PLAN_SIGNATURES);
     if (kind != TPK_PLAN_NAIVE && kind != TPK_PLAN_OPTIMAL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_kernel_plan: plan %d is neither "
@@ -384,6 +391,7 @@ int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_out
     o.plan = kind;
     o.plan_verify = (plan & TPK_PLAN_VERIFY) != 0;
     o.plan_signatures = (plan & TPK_PLAN_SIGNATURES) != 0;
+    o.ew_provider = provider;
     o.plan_report = report;
     return tpk_netsor_kernel_ex(p, x, all_outputs, &o, K, err, ctx);
 }

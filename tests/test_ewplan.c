@@ -243,7 +243,7 @@ static void test_random_programs(void **state)
             out[k] = malloc(n * n * sizeof(double));
             double err = -1;
             /* one fixed model for both plans (sampled times would differ run to run) */
-            nsr_ew_calib cal = {1, 1e-10, 1e-10, 3e-10, 2e-6, 1, 1e-10};
+            nsr_ew_calib cal = {1, 1e-10, 1e-10, 3e-10, 2e-6, 1, 1e-10, NULL};
             /* the root in full (its upper triangle from the kernels' tiles), as both plans
              * cost it */
             int rc = nsr_ew_eval(P.node, P.nn, root, n, m, k ? NSR_PLAN_OPTIMAL : NSR_PLAN_NAIVE,

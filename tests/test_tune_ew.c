@@ -3,7 +3,8 @@
  * with weights and biases, stored intermediates, both vector widths — pass the exact check of
  * their Z_p twin and the tolerance check against libm; every injected bug of the emitter's sites
  * is caught; the emitted kernel computes what the evaluator's own executor computes for the same
- * candidate (two back ends, one program, through `netsor plan --signatures`'s text); the CUDA
+ * candidate (two back ends, one program, through `netsor plan --signatures`'s text, and whole
+ * programs under `netsor plan --emitted`); the CUDA
  * source compiles with nvcc where it is installed; the cache finds the fastest record of its key;
  * and `tptune ew` as a program (cache hits, the netsor pipe, errors). */
 #include <setjmp.h>
@@ -170,7 +171,7 @@ static void test_verify_random(void **state)
         assert_int_equal(tpk_tune_ew_parse(sig, &e, &ctx), TPK_OK);
         tpk_tune_ew_cfg c = {k % 2 && host_lanes8() ? 8 : 4, 1 + 3 * (k % 3), k / 2 % 2};
         tpk_tune_ew_report r;
-        assert_int_equal(tpk_tune_ew_verify(&e, &c, NULL, 0, (uint64_t)k, NULL, &r, &ctx), TPK_OK);
+        assert_int_equal(tpk_tune_ew_verify(&e, &c, NULL, NULL, 0, (uint64_t)k, NULL, &r, &ctx), TPK_OK);
         if (!r.exact_ok || !r.real_ok)
             fail_msg("%s lanes=%d: exact %d, real %d (%.3g)", sig, c.lanes, r.exact_ok, r.real_ok, r.max_rel_err);
         /* every stored primitive's lower triangle over the five runs (n = 1, 2, 37, 3L + 5, 37) */
@@ -205,7 +206,7 @@ static void test_mutants(void **state)
             sites += all.count[k];
         }
         tpk_tune_ew_report r;
-        assert_int_equal(tpk_tune_ew_verify(&e, &c, NULL, 1000, 7, NULL, &r, &ctx), TPK_OK);
+        assert_int_equal(tpk_tune_ew_verify(&e, &c, NULL, NULL, 1000, 7, NULL, &r, &ctx), TPK_OK);
         assert_true(r.exact_ok && r.real_ok);
         assert_int_equal(r.mutants, sites);
         assert_int_equal(r.caught, r.mutants);
@@ -454,6 +455,24 @@ static void test_cli(void **state)
     assert_non_null(strstr(out, "ew 1/"));
     assert_non_null(strstr(out, "exact ok"));
     assert_null(strstr(out, "FAILED"));
+    /* netsor plan --emitted: the optimal plan's kernels run as emitted C, the same kernel as the
+     * executor's optimal plan to rounding; a second run reads the times from the cache */
+    char ecache[600];
+    tu_path(env, ecache, sizeof ecache, "emitted.jsonl");
+    for (int run = 0; run < 2; run++) {
+        snprintf(cmd, sizeof cmd,
+                 "'%s/netsor' plan programs/mlp-ln-residual.nsr --set L=3 --inputs=96 --plan=both --emitted='%s' 2>&1",
+                 env->bindir, ecache);
+        assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
+        assert_non_null(strstr(out, "with emitted kernels"));
+        assert_non_null(strstr(out, "(emitted kernel)"));
+        const char *d = strstr(out, "max relative difference ");
+        assert_non_null(d);
+        const double diff = atof(d + strlen("max relative difference "));
+        if (!(diff <= 1e-13))
+            fail_msg("emitted vs executor differ by %g:\n%s", diff, out);
+        assert_true(tu_exists(ecache));
+    }
     /* mutants: last line caught K/K */
     snprintf(cmd, sizeof cmd, "'%s/tptune' ew --cache=none --n=16 --repeat=1 --mutants=5 --lanes=4 'in=1;relu(v0)' 2>&1",
              env->bindir);

@@ -2,17 +2,23 @@
  *   netsor check prog.nsr [--set k=v]... [--netsor-plus] [--explain]
  *   netsor dump  prog.nsr [...]
  *   netsor plan  prog.nsr [--input=SPEC | --inputs=N --dim=D] [--plan=naive|optimal|both]
+ *                [--verify] [--signatures] [--emitted[=CACHE]]
  * One function per subcommand, dispatched from the table `commands` (add rows to extend). */
 #include "cli.h"
 
 #include "tpk/tpk.h"
 #include "tpk/job.h"
+#include "tpk/tune.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 /* Options shared by the subcommands that load a program. */
 typedef struct cli {
@@ -25,6 +31,8 @@ typedef struct cli {
     const char *plan, *inputs, *dim;                  /* plan */
     int verify;                                       /* plan --verify */
     int signatures;                                   /* plan --signatures */
+    int emitted;                                      /* plan --emitted */
+    const char *ew_cache;                             /* its cache, or NULL: the default */
     int all_outputs, quiet;
     int progress;           /* --progress 1, --no-progress 0, neither -1 */
     int argc;               /* the whole command line, for provenance */
@@ -67,6 +75,11 @@ static const char usage[] =
     "                     a random table); a difference is an error (exit 1)\n"
     "  --signatures       (plan) each kernel's signature under it (\"sig: in=...\"), the\n"
     "                     text `tptune ew -` emits, verifies and times it from\n"
+    "  --emitted[=CACHE]  (plan, optimal) run each fused kernel the tuner can emit as emitted C:\n"
+    "                     verified exactly (Z_p twin) and against libm, compiled (gcc), timed\n"
+    "                     once at this n and cached per machine class (CACHE, default\n"
+    "                     ~/.cache/tpk/ew.jsonl, as tptune ew); cached times are the plan's\n"
+    "                     costs for those candidates\n"
     "  TPK_PLAN=naive|optimal  (environment) the plan every limit kernel runs (default optimal)\n"
     "  --progress, --no-progress   (kernel, run) the progress line (below)\n"
     "  --help             this text        --version   the toolkit version\n"
@@ -82,7 +95,7 @@ static void cli_free(cli *c)
 }
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
-       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS };
+       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS, O_EMITTED };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -95,6 +108,7 @@ static const struct option longopts[] = {
     {"plan", required_argument, NULL, O_PLAN}, {"inputs", required_argument, NULL, O_INPUTS},
     {"dim", required_argument, NULL, O_DIM}, {"verify", no_argument, NULL, O_VERIFY},
     {"signatures", no_argument, NULL, O_SIGS},
+    {"emitted", optional_argument, NULL, O_EMITTED},
     {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
@@ -129,6 +143,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_DIM: c->dim = optarg; break;
         case O_VERIFY: c->verify = 1; break;
         case O_SIGS: c->signatures = 1; break;
+        case O_EMITTED: c->emitted = 1, c->ew_cache = optarg; break;
         default:
             fprintf(stderr, "netsor %s: unknown or malformed option '%s' (see netsor --help)\n",
                     cmd, argv[optind - 1]);
@@ -139,7 +154,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
      * the limit as if it were not there) */
     static const char *const run_only[] = {"width", "seed"}, *const job_only[] = {
         "input", "test", "output", "all-outputs", "width", "seed"}, *const plan_only[] = {
-        "plan", "inputs", "dim", "verify", "signatures"}, *const not_plan[] = {"test", "output", "width", "seed",
+        "plan", "inputs", "dim", "verify", "signatures", "emitted"}, *const not_plan[] = {"test", "output", "width", "seed",
         "quiet", "progress", "no-progress"};
     const int job = strcmp(cmd, "kernel") == 0 || strcmp(cmd, "run") == 0;
     const int plan = strcmp(cmd, "plan") == 0;
@@ -357,6 +372,180 @@ static int cmd_run(int argc, char **argv)
 /* netsor plan: the limit kernel by the rolled evaluator with every entrywise plan printed (its
  * kernels, their predicted and measured times); --plan=both runs the naive plan beside the
  * optimal one on the same input and compares them. */
+
+/* ---- emitted kernels for `netsor plan --emitted` (docs/orchestration.md §7.3) ---------------
+ * The provider of tpk_netsor_kernel_plan_with: per signature, the tuner's C kernel — with the
+ * fastest schedule the cache knows for this class and n, else the default — verified exactly and
+ * against libm (tpk_tune_ew_verify, in processes of their own), compiled, loaded; timed once at
+ * n where the cache has no time yet, and the time appended. A kernel that fails verification is
+ * not used (the executor runs it) and said so on stderr. */
+typedef struct ew_kernel {
+    char sig[TPK_TUNE_EW_SIGLEN];
+    tpk_netsor_ew_fn fn; /* NULL: not emittable or failed */
+    void *h;
+} ew_kernel;
+
+typedef struct ew_prov {
+    char cache[4096];
+    char dir[64];
+    tpk_tune_ew_rec *recs;
+    size_t nrec;
+    ew_kernel *k;
+    int nk, cap, threads, failed;
+    const char *cls;
+    char runner[4096]; /* tptune, whose `__ew` child checks and times: exec'd, not forked */
+} ew_prov;
+
+static tpk_tune_ew_rec ew_key(const ew_prov *P, const char *sig, size_t n)
+{
+    tpk_tune_ew_rec key;
+    memset(&key, 0, sizeof key);
+    snprintf(key.target_class, sizeof key.target_class, "%s", P->cls);
+    snprintf(key.sig, sizeof key.sig, "%s", sig);
+    key.n = n;
+    key.threads = P->threads;
+    return key;
+}
+
+static double ew_cost(void *user, const char *sig, size_t n)
+{
+    ew_prov *P = user;
+    tpk_tune_ew e;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    char canon[TPK_TUNE_EW_SIGLEN];
+    if (tpk_tune_ew_parse(sig, &e, &ctx) != TPK_OK)
+        return -1;
+    tpk_tune_ew_print(&e, canon, sizeof canon);
+    tpk_tune_ew_rec key = ew_key(P, canon, n);
+    const tpk_tune_ew_rec *b = tpk_tune_ew_cache_best(P->recs, P->nrec, &key, NULL);
+    return b ? b->seconds : -1;
+}
+
+static tpk_netsor_ew_fn ew_find(void *user, const char *sig, size_t n)
+{
+    ew_prov *P = user;
+    for (int i = 0; i < P->nk; i++)
+        if (strcmp(P->k[i].sig, sig) == 0)
+            return P->k[i].fn;
+    if (P->nk == P->cap) {
+        ew_kernel *g = realloc(P->k, (size_t)(P->cap = P->cap ? 2 * P->cap : 16) * sizeof *g);
+        if (g == NULL)
+            return NULL;
+        P->k = g;
+    }
+    ew_kernel *K = &P->k[P->nk++];
+    memset(K, 0, sizeof *K);
+    snprintf(K->sig, sizeof K->sig, "%s", sig);
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_tune_ew e;
+    if (tpk_tune_ew_parse(sig, &e, &ctx) != TPK_OK)
+        return NULL;
+    char canon[TPK_TUNE_EW_SIGLEN];
+    tpk_tune_ew_print(&e, canon, sizeof canon);
+    tpk_tune_ew_rec key = ew_key(P, canon, n);
+    const tpk_tune_ew_rec *b = tpk_tune_ew_cache_best(P->recs, P->nrec, &key, NULL);
+    tpk_tune_ew_cfg cfg;
+    tpk_tune_ew_default(&cfg);
+    if (b != NULL)
+        cfg = b->cfg;
+    tpk_tune_ew_report r;
+    if (tpk_tune_ew_verify(&e, &cfg, NULL, P->runner, 0, 1, NULL, &r, &ctx) != TPK_OK || !r.exact_ok || !r.real_ok) {
+        fprintf(stderr, "netsor plan: emitted kernel %s %s; the executor runs it\n", canon,
+                ctx.status ? ctx.msg : "failed verification");
+        P->failed++;
+        return NULL;
+    }
+    char src[128], so[128];
+    snprintf(src, sizeof src, "%s/k%d.c", P->dir, P->nk);
+    snprintf(so, sizeof so, "%s/k%d.so", P->dir, P->nk);
+    FILE *f = fopen(src, "w");
+    int st = f ? tpk_tune_ew_emit(&e, &cfg, "tpk_kernel", 0, f, &ctx) : TPK_EIO;
+    if (f != NULL && fclose(f) != 0)
+        st = TPK_EIO;
+    if (st == TPK_OK)
+        st = tpk_tune_compile_cpu(src, so, NULL, 120, NULL, &ctx);
+    K->h = st == TPK_OK ? dlopen(so, RTLD_NOW | RTLD_LOCAL) : NULL;
+    K->fn = K->h ? (tpk_netsor_ew_fn)dlsym(K->h, "tpk_kernel") : NULL;
+    unlink(src);
+    unlink(so); /* loaded: the mapping stays */
+    if (K->fn == NULL) {
+        fprintf(stderr, "netsor plan: emitted kernel %s did not build; the executor runs it\n", canon);
+        P->failed++;
+        return NULL;
+    }
+    if (b == NULL) { /* timed once at this n, then cached */
+        key.cfg = cfg;
+        key.verified = 1;
+        key.ts = (double)time(NULL);
+        if (tpk_tune_ew_measure(&e, &cfg, n, P->threads, 3, NULL, P->runner, &key.seconds, &ctx) == TPK_OK &&
+            P->cache[0] && tpk_tune_ew_cache_add(P->cache, &key, &ctx) != TPK_OK)
+            fprintf(stderr, "netsor plan: %s\n", ctx.msg);
+    }
+    return K->fn;
+}
+
+static int ew_prov_init(ew_prov *P, const char *cache, tpk_ctx *ctx)
+{
+    memset(P, 0, sizeof *P);
+    P->cls = tpk_tune_target_class(TPK_TUNE_CPU);
+    P->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (cache != NULL && strcmp(cache, "none") != 0) {
+        snprintf(P->cache, sizeof P->cache, "%s", cache);
+    } else if (cache == NULL) {
+        const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+        char base[3900] = "";
+        if (x != NULL && *x)
+            snprintf(base, sizeof base, "%s", x);
+        else if (h != NULL && *h)
+            snprintf(base, sizeof base, "%s/.cache", h);
+        if (base[0]) {
+            mkdir(base, 0755);
+            snprintf(P->cache, sizeof P->cache, "%s/tpk", base);
+            mkdir(P->cache, 0755);
+            strcat(P->cache, "/ew.jsonl");
+        }
+    }
+    /* the checking child: this process runs OpenMP, so it cannot fork one (libgomp); tptune
+     * beside netsor, else $TPK_TUNE_RUNNER or $TPK_BIN/tptune */
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[len > 0 ? len : 0] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+        snprintf(P->runner, sizeof P->runner, "%.4000s/tptune", self);
+    }
+    if (P->runner[0] == '\0' || access(P->runner, X_OK) != 0) {
+        const char *env = getenv("TPK_TUNE_RUNNER"), *bin = getenv("TPK_BIN");
+        if (env != NULL && *env)
+            snprintf(P->runner, sizeof P->runner, "%s", env);
+        else if (bin != NULL && *bin)
+            snprintf(P->runner, sizeof P->runner, "%s/tptune", bin);
+        if (access(P->runner, X_OK) != 0)
+            return TPK_ERROR(ctx, TPK_ENOTFOUND, "--emitted needs tptune (beside netsor, or "
+                             "$TPK_TUNE_RUNNER, or $TPK_BIN/tptune): its child checks the kernels");
+    }
+    snprintf(P->dir, sizeof P->dir, "/tmp/tpk-ew-XXXXXX");
+    if (mkdtemp(P->dir) == NULL)
+        return TPK_ERROR(ctx, TPK_EIO, "cannot make a scratch folder in /tmp");
+    return P->cache[0] ? tpk_tune_ew_cache_load(P->cache, &P->recs, &P->nrec, ctx) : TPK_OK;
+}
+
+static void ew_prov_free(ew_prov *P)
+{
+    /* the loaded kernels stay mapped: OpenMP workers may still run their code's frames */
+    free(P->k);
+    free(P->recs);
+    rmdir(P->dir);
+}
+
+static const char *plan_name(int k, int base)
+{
+    return k == 0 && base == TPK_PLAN_NAIVE ? "naive" : "optimal";
+}
+
 static int cmd_plan(int argc, char **argv)
 {
     cli c;
@@ -408,20 +597,28 @@ static int cmd_plan(int argc, char **argv)
             tpk_rng_normal_row(0, 1, (uint32_t)r, 0, (uint32_t)d, X->data + r * d);
     }
     st = X ? TPK_OK : ctx.status;
+    ew_prov prov;
+    tpk_netsor_ew_provider provider = {ew_find, ew_cost, &prov};
+    if (c.emitted && st == TPK_OK)
+        st = ew_prov_init(&prov, c.ew_cache, &ctx);
     tpk_array *K[2] = {NULL, NULL};
     double secs[2] = {0, 0};
     for (int k = 0; st == TPK_OK && k < 2; k++) {
-        int plan = (k == 0 ? TPK_PLAN_NAIVE : TPK_PLAN_OPTIMAL) | (c.verify ? TPK_PLAN_VERIFY : 0) |
+        /* with --emitted, the baseline of --plan=both is the optimal plan on the executor alone */
+        const int base = c.emitted && which == 3 ? TPK_PLAN_OPTIMAL : TPK_PLAN_NAIVE;
+        int plan = (k == 0 ? base : TPK_PLAN_OPTIMAL) | (c.verify ? TPK_PLAN_VERIFY : 0) |
                    (c.signatures ? TPK_PLAN_SIGNATURES : 0);
         if (!(which & (1 << k)))
             continue;
-        printf("# %s plan\n", k == 0 ? "naive" : "optimal");
+        printf("# %s plan%s\n", plan_name(k, base), c.emitted && k == 1 ? " with emitted kernels" : "");
         double err = 0, t0 = tpk_wall_seconds();
-        st = tpk_netsor_kernel_plan(p, X, c.all_outputs, plan, stdout, &K[k], &err, &ctx);
+        /* emitted kernels run under the optimal plan: naive stays the executor's baseline */
+        st = tpk_netsor_kernel_plan_with(p, X, c.all_outputs, plan, stdout,
+                                         c.emitted && k == 1 ? &provider : NULL, &K[k], &err, &ctx);
         secs[k] = tpk_wall_seconds() - t0;
         if (st == TPK_OK)
             printf("kernel %zu x %zu in %.4f s (%s plan, error estimate %.3g)\n", K[k]->dims[0],
-                   K[k]->dims[1], secs[k], k == 0 ? "naive" : "optimal", err);
+                   K[k]->dims[1], secs[k], plan_name(k, base), err);
     }
     if (st == TPK_OK && which == 3) {
         double dmax = 0, kmax = 0;
@@ -429,9 +626,13 @@ static int cmd_plan(int argc, char **argv)
             dmax = fmax(dmax, fabs(K[0]->data[i] - K[1]->data[i]));
             kmax = fmax(kmax, fabs(K[0]->data[i]));
         }
-        printf("optimal vs naive: %.3gx faster, max relative difference %.3g\n",
+        printf("%s: %.3gx faster, max relative difference %.3g\n",
+               c.emitted ? "emitted vs executor (whole calls; the emitted one includes verifying and compiling its kernels)"
+                         : "optimal vs naive",
                secs[0] / secs[1], kmax > 0 ? dmax / kmax : dmax);
     }
+    if (c.emitted && X != NULL)
+        ew_prov_free(&prov);
     tpk_array_free(K[0]);
     tpk_array_free(K[1]);
     tpk_array_free(X);

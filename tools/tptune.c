@@ -1879,7 +1879,7 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
             if (!found) {
                 /* every schedule is verified before it is timed: the loop nest differs */
                 tpk_tune_ew_report r;
-                if (tpk_tune_ew_verify(&e, &cfgs[k], NULL, a.mutants, a.seed, stdout, &r, ctx)) {
+                if (tpk_tune_ew_verify(&e, &cfgs[k], NULL, NULL, a.mutants, a.seed, stdout, &r, ctx)) {
                     rc = 1;
                     break;
                 }
@@ -1895,7 +1895,7 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
                 verified = 1;
                 key.verified = 1;
                 key.ts = (double)time(NULL);
-                if (tpk_tune_ew_measure(&e, &cfgs[k], a.n, threads, a.repeat, NULL, &key.seconds, ctx) ||
+                if (tpk_tune_ew_measure(&e, &cfgs[k], a.n, threads, a.repeat, NULL, NULL, &key.seconds, ctx) ||
                     (cache[0] && tpk_tune_ew_cache_add(cache, &key, ctx))) {
                     rc = 1;
                     break;
@@ -1931,6 +1931,8 @@ int main(int argc, char **argv)
         return tpk_tune_child_main(argc, argv);
     if (argc > 1 && !strcmp(argv[1], "__verify"))
         return tpk_tune_verify_child_main(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "__ew"))
+        return tpk_tune_ew_child_main(argc, argv);
     if (argc < 2) {
         usage(stderr);
         return CLI_EXIT_USAGE;

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,42 @@ void tpk_tune_pin_openmp(void)
         done = 1;
         (void)dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL | RTLD_NODELETE);
     }
+}
+
+extern char **environ;
+
+/* Start path (or a name looked up in PATH) with arguments argv, with stdout to fd (stderr as ours), or
+ * with fd −1 both to /dev/null, and NAME=VALUE set in its environment (NULL: none): posix_spawn, which glibc implements with
+ * a vfork-like clone. A fork would mark every page of this process copy-on-write until the
+ * child execs, and the first write to each afterwards faults: a process holding large blocks
+ * (netsor plan --emitted, between its kernels) measured its next kernel 5× slower. −1 on failure. */
+static pid_t spawn(const char *path, char *const argv[], int fd, const char *set)
+{
+    posix_spawn_file_actions_t fa;
+    if (posix_spawn_file_actions_init(&fa) != 0)
+        return -1;
+    int bad = fd >= 0 ? posix_spawn_file_actions_adddup2(&fa, fd, 1)
+                      : posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0) |
+                            posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    size_t ne = 0;
+    while (environ && environ[ne])
+        ne++;
+    char **env = malloc((ne + 2) * sizeof *env);
+    pid_t pid = -1;
+    if (!bad && env) {
+        size_t k = 0, klen = set ? strcspn(set, "=") + 1 : 0;
+        for (size_t i = 0; i < ne; i++)
+            if (!set || strncmp(environ[i], set, klen) != 0)
+                env[k++] = environ[i];
+        if (set)
+            env[k++] = (char *)set;
+        env[k] = NULL;
+        if (posix_spawnp(&pid, path, &fa, NULL, argv, env) != 0)
+            pid = -1;
+    }
+    free(env);
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
 }
 
 /* Wait for pid up to timeout_s; kill it past that. Returns the wait status or -1 on timeout. */
@@ -60,24 +97,15 @@ int tpk__compile_cpu(const char *src, const char *so, const char *cc, const char
                      double *seconds, tpk_ctx *ctx)
 {
     double t0 = tpk_wall_seconds();
-    pid_t pid = fork();
+    /* Quiet unless it fails: the caller reports a failed compile as a result. The library's
+     * warning flags: a candidate that would not build in gen/ (-Werror there) is rejected here,
+     * not discovered by `make` after tuning. libmvec: the map template's vector acos / atan2. */
+    char *argv[] = {(char *)(cc ? cc : "gcc"), "-std=gnu11", "-O3", "-march=native", "-ffp-contract=fast", "-fopenmp",
+                    "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", (char *)so, (char *)src, "-lmvec", "-lm",
+                    (char *)extra, NULL};
+    pid_t pid = spawn(argv[0], argv, -1, NULL);
     if (pid < 0)
-        return TPK_ERROR(ctx, TPK_EIO, "tune: fork failed: %s", strerror(errno));
-    if (pid == 0) {
-        /* Quiet unless it fails: the caller reports a failed compile as a result. */
-        int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) {
-            dup2(null, 1);
-            dup2(null, 2);
-        }
-        /* The library's warning flags: a candidate that would not build in gen/ (-Werror there)
-         * is rejected here, not discovered by `make` after tuning. */
-        execlp(cc ? cc : "gcc", cc ? cc : "gcc", "-std=gnu11", "-O3", "-march=native",
-               "-ffp-contract=fast", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-               "-o", so, src, "-lmvec", "-lm", extra,
-               (char *)NULL); /* libmvec: the map template's vector acos / atan2 */
-        _exit(127);
-    }
+        return TPK_ERROR(ctx, TPK_EIO, "tune: cannot start %s: %s", argv[0], strerror(errno));
     int ws = wait_timeout(pid, timeout_s > 0 ? timeout_s : 60);
     if (seconds)
         *seconds = tpk_wall_seconds() - t0;
@@ -109,7 +137,12 @@ int tpk__run_capture(const char *runner, char *const argv[], int threads, double
     if (pipe(fd) != 0)
         return -1;
     fflush(NULL);
-    pid_t pid = fork();
+    /* OpenBLAS starts its worker threads at load and lets them spin before they sleep: with more
+     * than the candidate's threads they would compete with it. */
+    char nt[48];
+    snprintf(nt, sizeof nt, "OPENBLAS_NUM_THREADS=%d", threads < 1 ? 1 : threads);
+    fcntl(fd[0], F_SETFD, FD_CLOEXEC);
+    pid_t pid = runner ? spawn(runner, argv, fd[1], nt) : fork();
     if (pid < 0) {
         close(fd[0]);
         close(fd[1]);
@@ -118,15 +151,6 @@ int tpk__run_capture(const char *runner, char *const argv[], int threads, double
     if (pid == 0) {
         close(fd[0]);
         dup2(fd[1], 1);
-        if (runner) {
-            /* OpenBLAS starts its worker threads at load and lets them spin before they sleep:
-             * with more than the candidate's threads they would compete with it. */
-            char nt[16];
-            snprintf(nt, sizeof nt, "%d", threads < 1 ? 1 : threads);
-            setenv("OPENBLAS_NUM_THREADS", nt, 1);
-            execv(runner, argv);
-            _exit(127);
-        }
         /* the parent's crash handlers (a test harness's, a tool's cleanup) are not the child's: a
          * crashing candidate dies of its signal, which is the parent's answer */
         static const int sig[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};

@@ -1041,8 +1041,51 @@ static void child_time(void *arg, int fd)
 
 /* Emit (twin or not, mutation mu) as tpk_kernel, compile, run `child` on it in a process of its
  * own. *ok: the child said ok (0: it said bad, crashed or hung); *val its number. */
+static void (*const CHILDREN[3])(void *, int) = {child_twin, child_real, child_time};
+static const char *const CHILD_NAMES[3] = {"twin", "real", "time"};
+
+int tpk_tune_ew_child_main(int argc, char **argv)
+{
+    if (argc != 11 || strcmp(argv[1], "__ew") != 0)
+        return 2;
+    int kind = -1;
+    for (int k = 0; k < 3; k++)
+        kind = strcmp(argv[2], CHILD_NAMES[k]) == 0 ? k : kind;
+    tpk_tune_ew e;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    if (kind < 0 || tpk_tune_ew_parse(argv[4], &e, &ctx) != TPK_OK)
+        return 2;
+    child_arg a = {.so = argv[3], .e = &e, .lanes = atoi(argv[5]), .pre = atoi(argv[6]),
+                   .seed = strtoull(argv[7], NULL, 10), .n = strtoull(argv[8], NULL, 10), .threads = atoi(argv[9]),
+                   .repeat = atoi(argv[10])};
+    CHILDREN[kind](&a, 1);
+    return 0;
+}
+
+/* The child of kind k on ca: exec'd as `RUNNER __ew ...` where there is a runner (a process that
+ * has run OpenMP regions cannot fork a child that runs them: libgomp's pool does not survive
+ * fork), else forked. 0: its output in buf. */
+static int run_child(int k, const tpk_tune_ew *e, child_arg *ca, const char *runner, char *buf, size_t cap)
+{
+    char rbuf[4096], sig[TPK_TUNE_EW_SIGLEN], av[6][32];
+    const char *run = tpk__find_runner(runner, rbuf, sizeof rbuf);
+    if (run == NULL)
+        return tpk__run_capture(NULL, NULL, ca->threads, 120, CHILDREN[k], ca, buf, cap);
+    tpk_tune_ew_print(e, sig, sizeof sig);
+    snprintf(av[0], 32, "%d", ca->lanes);
+    snprintf(av[1], 32, "%d", ca->pre);
+    snprintf(av[2], 32, "%llu", (unsigned long long)ca->seed);
+    snprintf(av[3], 32, "%zu", ca->n);
+    snprintf(av[4], 32, "%d", ca->threads);
+    snprintf(av[5], 32, "%d", ca->repeat);
+    char *argv[] = {(char *)run, "__ew", (char *)CHILD_NAMES[k], (char *)ca->so, sig, av[0], av[1], av[2], av[3],
+                    av[4], av[5], NULL};
+    return tpk__run_capture(run, argv, ca->threads, 120, NULL, NULL, buf, cap);
+}
+
 static int build_and_run(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, int twin, tpk__mutation *mu, const char *cc,
-                         void (*child)(void *, int), child_arg *ca, int *ok, long *count, double *val, char *why,
+                         const char *runner, int kind, child_arg *ca, int *ok, long *count, double *val, char *why,
                          size_t wcap, tpk_ctx *ctx)
 {
     char src[600], so[600];
@@ -1068,7 +1111,7 @@ static int build_and_run(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, int twi
             ca->lanes = c->lanes;
             ca->pre = c->pre;
             ca->twin = twin;
-            if (tpk__run_capture(NULL, NULL, ca->threads, 300, child, ca, buf, sizeof buf) != 0)
+            if (run_child(kind, e, ca, runner, buf, sizeof buf) != 0)
                 snprintf(why, wcap, "crashed or hung");
             else {
                 char *l = strstr(buf, "TPKEW ");
@@ -1100,8 +1143,8 @@ static int build_and_run(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, int twi
 #define EW_MISS_BOUND (4.0 / 2147483647.0)
 #define EW_REAL_TOL 1e-12
 
-int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char *cc, int mutants, uint64_t seed,
-                       FILE *log, tpk_tune_ew_report *r, tpk_ctx *ctx)
+int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char *cc, const char *runner, int mutants,
+                       uint64_t seed, FILE *log, tpk_tune_ew_report *r, tpk_ctx *ctx)
 {
     memset(r, 0, sizeof *r);
     r->miss_bound = EW_MISS_BOUND;
@@ -1110,14 +1153,14 @@ int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const cha
     int ok;
     long cnt = 0;
     double err = 0;
-    int st = build_and_run(e, c, 1, NULL, cc, child_twin, &ca, &ok, &cnt, NULL, why, sizeof why, ctx);
+    int st = build_and_run(e, c, 1, NULL, cc, runner, 0, &ca, &ok, &cnt, NULL, why, sizeof why, ctx);
     if (st)
         return st;
     r->exact_ok = ok;
     r->entries = cnt;
     if (log && !ok)
         fprintf(log, "  twin: %s\n", why);
-    st = build_and_run(e, c, 0, NULL, cc, child_real, &ca, &ok, NULL, &err, why, sizeof why, ctx);
+    st = build_and_run(e, c, 0, NULL, cc, runner, 1, &ca, &ok, NULL, &err, why, sizeof why, ctx);
     if (st)
         return st;
     r->max_rel_err = ok ? err : INFINITY;
@@ -1155,7 +1198,7 @@ int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const cha
                 continue;
             any = 1;
             tpk__mutation mu = {.kind = k, .site = order[k][round]};
-            st = build_and_run(e, c, 1, &mu, cc, child_twin, &ca, &ok, NULL, NULL, why, sizeof why, ctx);
+            st = build_and_run(e, c, 1, &mu, cc, runner, 0, &ca, &ok, NULL, NULL, why, sizeof why, ctx);
             if (st)
                 return st;
             r->mutants++;
@@ -1170,14 +1213,14 @@ int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const cha
 }
 
 int tpk_tune_ew_measure(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, size_t n, int threads, int repeat,
-                        const char *cc, double *seconds, tpk_ctx *ctx)
+                        const char *cc, const char *runner, double *seconds, tpk_ctx *ctx)
 {
     if (n == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "ew: n must be positive");
     char why[256];
     child_arg ca = {.threads = threads, .n = n, .repeat = repeat, .seed = 0x5eedull};
     int ok;
-    int st = build_and_run(e, c, 0, NULL, cc, child_time, &ca, &ok, NULL, seconds, why, sizeof why, ctx);
+    int st = build_and_run(e, c, 0, NULL, cc, runner, 2, &ca, &ok, NULL, seconds, why, sizeof why, ctx);
     if (!st && !ok)
         st = TPK_ERROR(ctx, TPK_EIO, "ew: measuring failed: %s", why);
     return st;
@@ -1191,23 +1234,22 @@ static int same_key(const tpk_tune_ew_rec *a, const tpk_tune_ew_rec *b)
            a->threads == b->threads;
 }
 
-int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const tpk_tune_ew_cfg *c,
-                           tpk_tune_ew_rec *out, int *found, tpk_ctx *ctx)
+int tpk_tune_ew_cache_load(const char *path, tpk_tune_ew_rec **recs, size_t *nrec, tpk_ctx *ctx)
 {
-    *found = 0;
+    *recs = NULL;
+    *nrec = 0;
     FILE *f = fopen(path, "r");
     if (!f)
         return errno == ENOENT ? TPK_OK : TPK_ERROR(ctx, TPK_EIO, "%s: cannot open: %s", path, strerror(errno));
     char line[4096];
     int lineno = 0, st = TPK_OK;
+    size_t cap = 0;
     while (!st && fgets(line, sizeof line, f)) {
         lineno++;
         if (line[0] == '\n' || line[0] == '#')
             continue;
         json_error_t je;
         json_t *j = json_loads(line, 0, &je);
-        tpk_tune_ew_rec r;
-        memset(&r, 0, sizeof r);
         const char *cls = NULL, *sig = NULL;
         json_int_t n = 0, th = 0, lanes = 0, chunk = 0, pre = 0, ver = 0;
         double sec = 0, ts = 0;
@@ -1215,26 +1257,61 @@ int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const t
                               "n", &n, "threads", &th, "knobs", "lanes", &lanes, "chunk", &chunk, "pre", &pre, "seconds",
                               &sec, "verified", &ver, "ts", &ts) != 0) {
             st = TPK_ERROR(ctx, TPK_EFORMAT, "%s:%d: not an ew cache record", path, lineno);
-        } else {
-            snprintf(r.target_class, sizeof r.target_class, "%s", cls);
-            snprintf(r.sig, sizeof r.sig, "%s", sig);
-            r.n = (size_t)n;
-            r.threads = (int)th;
-            r.cfg.lanes = (int)lanes;
-            r.cfg.chunk = (int)chunk;
-            r.cfg.pre = (int)pre;
-            r.seconds = sec;
-            r.verified = (int)ver;
-            r.ts = ts;
-            if (same_key(&r, key) && r.verified && (!c || (c->lanes == r.cfg.lanes && c->chunk == r.cfg.chunk && c->pre == r.cfg.pre)) &&
-                (!*found || r.seconds < out->seconds)) {
-                *out = r;
-                *found = 1;
-            }
+        } else if (*nrec == cap) {
+            tpk_tune_ew_rec *g = realloc(*recs, (cap = cap ? 2 * cap : 64) * sizeof *g);
+            if (!g)
+                st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            else
+                *recs = g;
+        }
+        if (!st) {
+            tpk_tune_ew_rec *r = &(*recs)[(*nrec)++];
+            memset(r, 0, sizeof *r);
+            snprintf(r->target_class, sizeof r->target_class, "%s", cls);
+            snprintf(r->sig, sizeof r->sig, "%s", sig);
+            r->n = (size_t)n;
+            r->threads = (int)th;
+            r->cfg = (tpk_tune_ew_cfg){(int)lanes, (int)chunk, (int)pre};
+            r->seconds = sec;
+            r->verified = (int)ver;
+            r->ts = ts;
         }
         json_decref(j);
     }
     fclose(f);
+    if (st) {
+        free(*recs);
+        *recs = NULL;
+        *nrec = 0;
+    }
+    return st;
+}
+
+const tpk_tune_ew_rec *tpk_tune_ew_cache_best(const tpk_tune_ew_rec *recs, size_t nrec, const tpk_tune_ew_rec *key,
+                                              const tpk_tune_ew_cfg *c)
+{
+    const tpk_tune_ew_rec *best = NULL;
+    for (size_t i = 0; i < nrec; i++) {
+        const tpk_tune_ew_rec *r = &recs[i];
+        if (same_key(r, key) && r->verified &&
+            (!c || (c->lanes == r->cfg.lanes && c->chunk == r->cfg.chunk && c->pre == r->cfg.pre)) &&
+            (!best || r->seconds < best->seconds))
+            best = r;
+    }
+    return best;
+}
+
+int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const tpk_tune_ew_cfg *c,
+                           tpk_tune_ew_rec *out, int *found, tpk_ctx *ctx)
+{
+    tpk_tune_ew_rec *recs;
+    size_t n;
+    int st = tpk_tune_ew_cache_load(path, &recs, &n, ctx);
+    const tpk_tune_ew_rec *b = st ? NULL : tpk_tune_ew_cache_best(recs, n, key, c);
+    *found = b != NULL;
+    if (b)
+        *out = *b;
+    free(recs);
     return st;
 }
 

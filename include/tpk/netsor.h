@@ -207,6 +207,26 @@ enum { TPK_PLAN_NAIVE = 1, TPK_PLAN_OPTIMAL = 2, TPK_PLAN_VERIFY = 16, TPK_PLAN_
 TPK_API int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_outputs,
                                    int plan, FILE *report, tpk_array **K, double *err,
                                    tpk_ctx *ctx);
+/* Emitted fused kernels for the entrywise plans (docs/orchestration.md §7.3): a provider maps a
+ * kernel's signature (tpk/tune.h's grammar) to compiled code with tpk/tune.h's ABI, and may give
+ * its measured time. The library compiles nothing itself; `netsor plan --emitted` provides
+ * kernels emitted, verified and compiled by the tuner (libtpktune). */
+typedef int (*tpk_netsor_ew_fn)(size_t n, const double *const *in, const double *const *dg,
+                                double *const *out, const double *par, const double *const *w,
+                                int threads);
+typedef struct tpk_netsor_ew_provider {
+    /* the kernel of signature sig on n×n, or NULL: the library's executor runs it */
+    tpk_netsor_ew_fn (*find)(void *user, const char *sig, size_t n);
+    /* its measured seconds at n (the plan's cost for that candidate), or < 0: unknown (the
+     * model's); NULL: none known */
+    double (*cost)(void *user, const char *sig, size_t n);
+    void *user;
+} tpk_netsor_ew_provider;
+/* tpk_netsor_kernel_plan with a provider of emitted kernels (NULL: none). */
+TPK_API int tpk_netsor_kernel_plan_with(const tpk_program *p, const tpk_array *x, int all_outputs,
+                                        int plan, FILE *report,
+                                        const tpk_netsor_ew_provider *provider, tpk_array **K,
+                                        double *err, tpk_ctx *ctx);
 /* The plan TPK_PLAN asks for (TPK_PLAN_OPTIMAL when unset or empty); TPK_EINVAL naming any other
  * value. Jobs check it before their work, also where no plan runs (a direct recursion). */
 TPK_API int tpk_netsor_plan_from_env(int *plan, tpk_ctx *ctx);

@@ -657,14 +657,20 @@ typedef struct tpk_tune_ew_report {
 /* Exact verification (the Z_p twin: n = 1, 2, 37, 3·lanes + 5, random inputs, diagonals,
  * weights and parameters; every entry of every stored primitive, and the upper triangles
  * untouched) and the tolerance check of the kernel (libm reference, PSD inputs with zero
- * variances), each compiled with cc (NULL: gcc) and run in a process of its own. mutants > 0:
+ * variances), each compiled with cc (NULL: gcc) and run in a process of its own (runner: below).
+ * mutants > 0:
  * that many distinct bugs of the emitter's sites (or all there are) injected one at a time into
  * the twin, each compiled and checked; one line per mutant on log (may be NULL). */
-TPK_API int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char *cc, int mutants,
-                               uint64_t seed, FILE *log, tpk_tune_ew_report *r, tpk_ctx *ctx);
+TPK_API int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char *cc, const char *runner,
+                               int mutants, uint64_t seed, FILE *log, tpk_tune_ew_report *r, tpk_ctx *ctx);
 /* Seconds per call on n×n (median of repeat, each ≥ 20 ms of calls), in a process of its own. */
 TPK_API int tpk_tune_ew_measure(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, size_t n, int threads, int repeat,
-                                const char *cc, double *seconds, tpk_ctx *ctx);
+                                const char *cc, const char *runner, double *seconds, tpk_ctx *ctx);
+/* The checking and timing child (`RUNNER __ew KIND SO SIG LANES PRE SEED N THREADS REPEAT`, KIND
+ * twin, real or time): prints one "TPKEW ..." line. runner (the verifier's and the timer's): the
+ * program run as that child, NULL: tpk_tune_measure_opts's rule ($TPK_TUNE_RUNNER, $TPK_BIN/tptune,
+ * else a fork of this process — which must not have run OpenMP regions yet). */
+TPK_API int tpk_tune_ew_child_main(int argc, char **argv);
 
 /* The cache of measured candidates: JSON lines, one per measurement, keyed by machine class,
  * signature, n, threads and schedule (like tuning logs; tptune ew --cache). */
@@ -683,6 +689,11 @@ typedef struct tpk_tune_ew_rec {
 TPK_API int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const tpk_tune_ew_cfg *c,
                                    tpk_tune_ew_rec *out, int *found, tpk_ctx *ctx);
 TPK_API int tpk_tune_ew_cache_add(const char *path, const tpk_tune_ew_rec *r, tpk_ctx *ctx);
+/* Every record of the cache (*recs malloc'd; a missing file: none), and the fastest verified one
+ * of key's (class, sig, n, threads) among them — of schedule c where c is not NULL — or NULL. */
+TPK_API int tpk_tune_ew_cache_load(const char *path, tpk_tune_ew_rec **recs, size_t *nrec, tpk_ctx *ctx);
+TPK_API const tpk_tune_ew_rec *tpk_tune_ew_cache_best(const tpk_tune_ew_rec *recs, size_t nrec,
+                                                      const tpk_tune_ew_rec *key, const tpk_tune_ew_cfg *c);
 
 #ifdef __cplusplus
 }
