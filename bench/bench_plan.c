@@ -186,9 +186,11 @@ int main(int argc, char **argv)
                 (naive ? tn : to)[r] = t;
             }
             /* short runs vary by more than the bar between processes: at least ~6 s of
-             * them, up to 41 pairs */
+             * them, up to 41 pairs; and long ones at least ~20 s (5 pairs of cnn2d's 1.7 s
+             * processes gave 0.94 for identical code on a loaded machine, session 18) */
             if (r == 0 && !bad && !toy && tn[0] + to[0] > 0) {
-                int want = (int)ceil(6.0 / (tn[0] + to[0]));
+                const double budget = tn[0] + to[0] > 1.0 ? 20.0 : 6.0;
+                int want = (int)ceil(budget / (tn[0] + to[0]));
                 n = want > n ? (want < 41 ? want | 1 : 41) : n;
             }
         }
