@@ -52,7 +52,7 @@ typedef struct tpk_limit_opts {
                          * 0: TPK_PLAN from the environment (default optimal) */
     FILE *plan_report;  /* every entrywise plan, its kernels and times (netsor plan), or NULL */
     int plan_verify;    /* every entrywise plan's candidates verified exactly first (§7.2) */
-    int plan_signatures;/* the report gives each kernel's signature (§7.3) */
+    int plan_signatures;/* the report gives each kernel's signature (§7.3); 2: every candidate's too */
     const tpk_netsor_ew_provider *ew_provider; /* emitted kernels (§7.3), or NULL */
 } tpk_limit_opts;
 

@@ -31,7 +31,7 @@ enum { NSR_EW_LEAF, NSR_EW_PHI, NSR_EW_SUM, NSR_EW_CONV };
 /* Plans (TPK_PLAN): one kernel per primitive, or the BLP's optimum (tpk/netsor.h's values). */
 enum { NSR_PLAN_NAIVE = TPK_PLAN_NAIVE, NSR_PLAN_OPTIMAL = TPK_PLAN_OPTIMAL };
 /* A flag beside the plan: the report gives each kernel's signature (§7.3, nsr_ew_signature). */
-enum { NSR_PLAN_SIGNATURES = TPK_PLAN_SIGNATURES };
+enum { NSR_PLAN_SIGNATURES = TPK_PLAN_SIGNATURES, NSR_PLAN_CANDIDATES = TPK_PLAN_CANDIDATES };
 
 #define NSR_EW_MAXT 8
 

@@ -992,8 +992,8 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
     if (root < 0 || root >= nn || node_in[root].op == NSR_EW_LEAF || m < 1 || n % (size_t)m)
         return TPK_ERROR(ctx, TPK_EINVAL, "nsr_ew_eval: root %d of %d is not a map or a sum", root,
                          nn);
-    const int sigs = (plan & NSR_PLAN_SIGNATURES) != 0;
-    plan &= ~NSR_PLAN_SIGNATURES;
+    const int sigs = (plan & NSR_PLAN_SIGNATURES) != 0, csigs = (plan & NSR_PLAN_CANDIDATES) != 0;
+    plan &= ~(NSR_PLAN_SIGNATURES | NSR_PLAN_CANDIDATES);
     if (n == 0)
         return TPK_OK;
     if (nsr_ew_pairwise(node_in, root))
@@ -1099,6 +1099,12 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
         fprintf(report, "plan (%s) of %s: %d primitives, %d candidates, %d kernels\n",
                 plan == NSR_PLAN_NAIVE ? "naive" : "optimal", node[root].name,
                 tpk_orch_graph_nvalues(g), c ? tpk_orch_cands_count(c) : 1, nk);
+    for (int q = 0; st == TPK_OK && report && csigs && c != NULL && q < tpk_orch_cands_count(c); q++) {
+        char sig[1024]; /* every candidate the BLP chose from, for `tptune ew` to time */
+        const tpk_orch_kernel *K = tpk_orch_cands_get(c, q);
+        if (isfinite(K->cost) && kernel_sig(&W, K, sig, sizeof sig) == NULL)
+            fprintf(report, "  candidate sig: %s\n", sig);
+    }
     if (st == TPK_OK && report && why[0])
         fprintf(report, "  (no optimum: %s; the primitives run in graph order, %d a kernel)\n",
                 why, MAX_FUSE);

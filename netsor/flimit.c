@@ -152,7 +152,8 @@ typedef struct fl {
     nsr_ew_calib cal;   /* the plans' cost model, measured by the first that needs it */
     FILE *plan_report;  /* netsor plan: every entrywise plan, its kernels and times */
     int plan_verify;    /* netsor plan --verify: every candidate checked in Z_p first */
-    int plan_signatures;/* netsor plan --signatures: each kernel's signature in the report */
+    int plan_signatures;/* netsor plan --signatures: each kernel's signature in the report (2: and
+                         * every candidate's) */
 } fl;
 
 /* ---- errors and memory ---------------------------------------------------------------------- */
@@ -1941,7 +1942,8 @@ static int ew_flush(fl *F, int k, const ew_readout *ro, int full)
     }
     if (st == TPK_OK)
         st = nsr_ew_eval(nd, nn, root, n, F->b[k].m,
-                         F->plan_kind | (F->plan_signatures ? NSR_PLAN_SIGNATURES : 0), F->ws, &F->cal,
+                         F->plan_kind | (F->plan_signatures ? NSR_PLAN_SIGNATURES : 0) |
+                             (F->plan_signatures > 1 ? NSR_PLAN_CANDIDATES : 0), F->ws, &F->cal,
                          F->X.R->file, F->plan_report,
                          donor >= 0 ? F->b[donor].M2 : ro ? *ro->out : M, donor < 0, full, &e,
                          NULL, F->X.ctx);

@@ -382,7 +382,7 @@ int tpk_netsor_kernel_plan_with(const tpk_program *p, const tpk_array *x, int al
                                 FILE *report, const tpk_netsor_ew_provider *provider,
                                 tpk_array **K, double *err, tpk_ctx *ctx)
 {
-    const int kind = plan & ~(TPK_PLAN_VERIFY | TPK_PLAN_SIGNATURES);
+    const int kind = plan & ~(TPK_PLAN_VERIFY | TPK_PLAN_SIGNATURES | TPK_PLAN_CANDIDATES);
     if (kind != TPK_PLAN_NAIVE && kind != TPK_PLAN_OPTIMAL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_kernel_plan: plan %d is neither "
                          "TPK_PLAN_NAIVE nor TPK_PLAN_OPTIMAL", plan);
@@ -390,7 +390,7 @@ int tpk_netsor_kernel_plan_with(const tpk_program *p, const tpk_array *x, int al
     memset(&o, 0, sizeof o);
     o.plan = kind;
     o.plan_verify = (plan & TPK_PLAN_VERIFY) != 0;
-    o.plan_signatures = (plan & TPK_PLAN_SIGNATURES) != 0;
+    o.plan_signatures = (plan & TPK_PLAN_SIGNATURES) != 0 ? 1 + ((plan & TPK_PLAN_CANDIDATES) != 0) : 0;
     o.ew_provider = provider;
     o.plan_report = report;
     return tpk_netsor_kernel_ex(p, x, all_outputs, &o, K, err, ctx);

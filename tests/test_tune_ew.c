@@ -455,6 +455,25 @@ static void test_cli(void **state)
     assert_non_null(strstr(out, "ew 1/"));
     assert_non_null(strstr(out, "exact ok"));
     assert_null(strstr(out, "FAILED"));
+    /* every candidate's signature: each parses, and tptune reads the lines */
+    snprintf(cmd, sizeof cmd,
+             "'%s/netsor' plan programs/mlp-ln-residual.nsr --set L=2 --inputs=64 --signatures=all 2>&1",
+             env->bindir);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
+    int ncand = 0;
+    for (const char *c = strstr(out, "candidate sig: "); c; c = strstr(c + 1, "candidate sig: ")) {
+        char one[TPK_TUNE_EW_SIGLEN];
+        snprintf(one, sizeof one, "%.*s", (int)strcspn(c + 15, "\n"), c + 15);
+        tpk_tune_ew e;
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        if (tpk_tune_ew_parse(one, &e, &ctx) != TPK_OK)
+            fail_msg("candidate %s: %s", one, ctx.msg);
+        ncand++;
+    }
+    assert_true(ncand >= 3);
+    snprintf(cmd, sizeof cmd, "'%s/netsor' plan programs/mlp.nsr --signatures=some 2>&1", env->bindir);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 2);
     /* netsor plan --emitted: the optimal plan's kernels run as emitted C, the same kernel as the
      * executor's optimal plan to rounding; a second run reads the times from the cache */
     char ecache[600];

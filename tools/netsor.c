@@ -73,8 +73,9 @@ static const char usage[] =
     "  --verify           (plan) also run every candidate kernel of every entrywise plan\n"
     "                     exactly over Z_p against whole-matrix loops (a Z_p twin: maps\n"
     "                     a random table); a difference is an error (exit 1)\n"
-    "  --signatures       (plan) each kernel's signature under it (\"sig: in=...\"), the\n"
-    "                     text `tptune ew -` emits, verifies and times it from\n"
+    "  --signatures[=all] (plan) each kernel's signature under it (\"sig: in=...\"), the\n"
+    "                     text `tptune ew -` emits, verifies and times it from; =all: every\n"
+    "                     candidate's too (time them all once; --emitted then plans with them)\n"
     "  --emitted[=CACHE]  (plan, optimal) run each fused kernel the tuner can emit as emitted C:\n"
     "                     verified exactly (Z_p twin) and against libm, compiled (gcc), timed\n"
     "                     once at this n and cached per machine class (CACHE, default\n"
@@ -107,7 +108,7 @@ static const struct option longopts[] = {
     {"progress", no_argument, NULL, O_PROGRESS}, {"no-progress", no_argument, NULL, O_NOPROGRESS},
     {"plan", required_argument, NULL, O_PLAN}, {"inputs", required_argument, NULL, O_INPUTS},
     {"dim", required_argument, NULL, O_DIM}, {"verify", no_argument, NULL, O_VERIFY},
-    {"signatures", no_argument, NULL, O_SIGS},
+    {"signatures", optional_argument, NULL, O_SIGS},
     {"emitted", optional_argument, NULL, O_EMITTED},
     {NULL, 0, NULL, 0}};
 
@@ -142,7 +143,14 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_INPUTS: c->inputs = optarg; break;
         case O_DIM: c->dim = optarg; break;
         case O_VERIFY: c->verify = 1; break;
-        case O_SIGS: c->signatures = 1; break;
+        case O_SIGS:
+            if (optarg != NULL && strcmp(optarg, "all") != 0) {
+                fprintf(stderr, "netsor %s: --signatures=%s: expected --signatures or --signatures=all\n", cmd,
+                        optarg);
+                return 2;
+            }
+            c->signatures = optarg != NULL ? 2 : 1;
+            break;
         case O_EMITTED: c->emitted = 1, c->ew_cache = optarg; break;
         default:
             fprintf(stderr, "netsor %s: unknown or malformed option '%s' (see netsor --help)\n",
@@ -607,7 +615,7 @@ static int cmd_plan(int argc, char **argv)
         /* with --emitted, the baseline of --plan=both is the optimal plan on the executor alone */
         const int base = c.emitted && which == 3 ? TPK_PLAN_OPTIMAL : TPK_PLAN_NAIVE;
         int plan = (k == 0 ? base : TPK_PLAN_OPTIMAL) | (c.verify ? TPK_PLAN_VERIFY : 0) |
-                   (c.signatures ? TPK_PLAN_SIGNATURES : 0);
+                   (c.signatures ? TPK_PLAN_SIGNATURES : 0) | (c.signatures > 1 ? TPK_PLAN_CANDIDATES : 0);
         if (!(which & (1 << k)))
             continue;
         printf("# %s plan%s\n", plan_name(k, base), c.emitted && k == 1 ? " with emitted kernels" : "");

@@ -1668,6 +1668,8 @@ static char *ew_line_sig(char *line)
     line[strcspn(line, "\r\n")] = '\0';
     while (*line == ' ' || *line == '\t')
         line++;
+    if (!strncmp(line, "candidate ", 10))
+        line += 10;
     if (!strncmp(line, "sig: ", 5))
         line += 5;
     return strncmp(line, "in=", 3) ? NULL : line;
@@ -1783,7 +1785,14 @@ static int ew_collect(const ew_args *a, char ***out, int *nout, tpk_ctx *ctx)
                     }
                     v = g;
                 }
-                v[n++] = strdup(one);
+                if ((v[n] = strdup(one)) == NULL) {
+                    for (int k = 0; k < n; k++)
+                        free(v[k]);
+                    free(v);
+                    v = NULL;
+                    break;
+                }
+                n++;
             }
             if (!from_stdin)
                 break;

@@ -195,7 +195,8 @@ TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x,
  * whole matrix, the maps and sums of a recursion run as fused kernels chosen by a binary linear
  * program (TPK_PLAN_OPTIMAL, the default), or one kernel per primitive (TPK_PLAN_NAIVE). The
  * environment's TPK_PLAN=naive|optimal picks it for every other call. */
-enum { TPK_PLAN_NAIVE = 1, TPK_PLAN_OPTIMAL = 2, TPK_PLAN_VERIFY = 16, TPK_PLAN_SIGNATURES = 32 };
+enum { TPK_PLAN_NAIVE = 1, TPK_PLAN_OPTIMAL = 2, TPK_PLAN_VERIFY = 16, TPK_PLAN_SIGNATURES = 32,
+       TPK_PLAN_CANDIDATES = 64 };
 /* tpk_netsor_kernel with plan `plan` (one of the above); report (may be NULL) gets every plan:
  * its primitives and candidates, then one line per kernel with its primitives, the values it
  * reads and writes, its predicted and measured seconds. plan | TPK_PLAN_VERIFY: before each
@@ -203,7 +204,8 @@ enum { TPK_PLAN_NAIVE = 1, TPK_PLAN_OPTIMAL = 2, TPK_PLAN_VERIFY = 16, TPK_PLAN_
  * whole-matrix loops (docs/orchestration.md §7.2; the report says how many); a difference is
  * TPK_ENUMERIC naming the kernel and the entry. plan | TPK_PLAN_SIGNATURES: the report gives
  * each kernel's signature too ("    sig: in=..."; docs/orchestration.md §7.3), the text `tptune
- * ew` emits, verifies and times it from. */
+ * ew` emits, verifies and times it from; plan | TPK_PLAN_CANDIDATES: every candidate's too
+ * ("  candidate sig: in=..."), so that `tptune ew` can time all of them for the BLP. */
 TPK_API int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_outputs,
                                    int plan, FILE *report, tpk_array **K, double *err,
                                    tpk_ctx *ctx);

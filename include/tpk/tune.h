@@ -607,7 +607,7 @@ TPK_API int tpk_tune_emit_cuda_check(const char *dir, int nrandom, uint64_t seed
 #define TPK_TUNE_EW_MAXP 16
 #define TPK_TUNE_EW_MAXT 8
 #define TPK_TUNE_EW_MAXIN 16
-#define TPK_TUNE_EW_SIGLEN 512
+#define TPK_TUNE_EW_SIGLEN 1024
 enum tpk_tune_ew_op { TPK_TUNE_EW_MAP = 0, TPK_TUNE_EW_SUM = 1 };
 enum tpk_tune_ew_phi { TPK_TUNE_EW_IDENTITY = 0, TPK_TUNE_EW_RELU = 1, TPK_TUNE_EW_ERF = 2 };
 typedef struct tpk_tune_ew_prim {
