@@ -5,7 +5,8 @@
  * is caught; the emitted kernel computes what the evaluator's own executor computes for the same
  * candidate (two back ends, one program, through `netsor plan --signatures`'s text, and whole
  * programs under `netsor plan --emitted`); the CUDA
- * source compiles with nvcc where it is installed; the cache finds the fastest record of its key;
+ * source compiles with nvcc where it is installed and, compiled as C, its host emulation (the
+ * same per-thread code over the launch's grid) agrees with libm; the cache finds the fastest record of its key;
  * and `tptune ew` as a program (cache hits, the netsor pipe, errors). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -172,15 +173,16 @@ static void test_verify_random(void **state)
         tpk_tune_ew_cfg c = {k % 2 && host_lanes8() ? 8 : 4, 1 + 3 * (k % 3), k / 2 % 2};
         tpk_tune_ew_report r;
         assert_int_equal(tpk_tune_ew_verify(&e, &c, NULL, NULL, 0, (uint64_t)k, NULL, &r, &ctx), TPK_OK);
-        if (!r.exact_ok || !r.real_ok)
-            fail_msg("%s lanes=%d: exact %d, real %d (%.3g)", sig, c.lanes, r.exact_ok, r.real_ok, r.max_rel_err);
+        if (!r.exact_ok || !r.real_ok || !r.cuda_ok)
+            fail_msg("%s lanes=%d: exact %d, real %d (%.3g), CUDA host emulation %d (%.3g)", sig, c.lanes, r.exact_ok,
+                     r.real_ok, r.max_rel_err, r.cuda_ok, r.cuda_max_rel_err);
         /* every stored primitive's lower triangle over the five runs (n = 1, 2, 37, 3L + 5, 37) */
         int stored = 0;
         for (int p = 0; p < e.np; p++)
             stored += e.p[p].stored;
         const long L = 3 * c.lanes + 5, per = 1 + 3 + 703 + L * (L + 1) / 2 + 703;
         assert_int_equal(r.entries, stored * per);
-        assert_true(r.max_rel_err <= 1e-12);
+        assert_true(r.max_rel_err <= 1e-12 && r.cuda_max_rel_err <= 1e-12);
     }
 }
 

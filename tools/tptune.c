@@ -1893,11 +1893,12 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
                     break;
                 }
                 printf("  lanes=%d chunk=%d pre=%d: exact %s over %ld entries (a wrong entry passes with p <= %.1e), "
-                       "kernel vs libm %.2g %s\n", cfgs[k].lanes, cfgs[k].chunk, cfgs[k].pre, r.exact_ok ? "ok" : "FAILED", r.entries,
-                       r.miss_bound, r.max_rel_err, r.real_ok ? "ok" : "FAILED");
+                       "kernel vs libm %.2g %s, CUDA host emulation vs libm %.2g %s\n", cfgs[k].lanes, cfgs[k].chunk,
+                       cfgs[k].pre, r.exact_ok ? "ok" : "FAILED", r.entries, r.miss_bound, r.max_rel_err,
+                       r.real_ok ? "ok" : "FAILED", r.cuda_max_rel_err, r.cuda_ok ? "ok" : "FAILED");
                 tot_mut += r.mutants;
                 tot_caught += r.caught;
-                if (!r.exact_ok || !r.real_ok) {
+                if (!r.exact_ok || !r.real_ok || !r.cuda_ok) {
                     rc = 1;
                     break;
                 }

@@ -643,7 +643,8 @@ TPK_API void tpk_tune_ew_default(tpk_tune_ew_cfg *c);
 TPK_API int tpk_tune_ew_emit(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char *fname, int twin,
                              FILE *out, tpk_ctx *ctx);
 /* The fused kernel as CUDA: __global__ NAME (one thread per entry of the lower triangle, pointer
- * arrays in device memory) and extern "C" NAME_launch(n, in, dg, out, par, w, stream). */
+ * arrays in device memory) and extern "C" NAME_launch(n, in, dg, out, par, w, stream) under nvcc;
+ * compiled as C, NAME is the host emulation of the same grid with the C kernels' interface. */
 TPK_API int tpk_tune_ew_emit_cuda(const tpk_tune_ew *e, const char *fname, FILE *out, tpk_ctx *ctx);
 
 typedef struct tpk_tune_ew_report {
@@ -652,6 +653,8 @@ typedef struct tpk_tune_ew_report {
     double miss_bound;     /* probability that a wrong entry passes */
     int real_ok;           /* the kernel itself within tolerance of the libm reference */
     double max_rel_err;
+    int cuda_ok;           /* the CUDA kernel's host emulation (its per-thread code over its grid) too */
+    double cuda_max_rel_err;
     int mutants, caught;   /* --mutants: distinct bugs injected, and caught */
 } tpk_tune_ew_report;
 /* Exact verification (the Z_p twin: n = 1, 2, 37, 3·lanes + 5, random inputs, diagonals,
@@ -660,7 +663,8 @@ typedef struct tpk_tune_ew_report {
  * variances), each compiled with cc (NULL: gcc) and run in a process of its own (runner: below).
  * mutants > 0:
  * that many distinct bugs of the emitter's sites (or all there are) injected one at a time into
- * the twin, each compiled and checked; one line per mutant on log (may be NULL). */
+ * the twin, each compiled and checked; one line per mutant on log (may be NULL). The CUDA kernel's
+ * host emulation is checked against libm as the C kernel is (r->cuda_ok). */
 TPK_API int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const char *cc, const char *runner,
                                int mutants, uint64_t seed, FILE *log, tpk_tune_ew_report *r, tpk_ctx *ctx);
 /* Seconds per call on n×n (median of repeat, each ≥ 20 ms of calls), in a process of its own. */
