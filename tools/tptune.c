@@ -1872,7 +1872,7 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
             cfgs[ncfg++] = a.cfg;
         printf("ew %d/%d %s\n", s + 1, nsig, canon);
         tpk_tune_ew_rec best = {0};
-        int have_best = 0, verified = 0;
+        int have_best = 0;
         for (int k = 0; k < ncfg && !rc; k++) {
             tpk_tune_ew_rec key = {0}, hit;
             snprintf(key.target_class, sizeof key.target_class, "%s", cls);
@@ -1902,7 +1902,6 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
                     rc = 1;
                     break;
                 }
-                verified = 1;
                 key.verified = 1;
                 key.ts = (double)time(NULL);
                 if (tpk_tune_ew_measure(&e, &cfgs[k], a.n, threads, a.repeat, NULL, NULL, &key.seconds, ctx) ||
@@ -1918,7 +1917,6 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
             if (!have_best || hit.seconds < best.seconds)
                 best = hit, have_best = 1;
         }
-        (void)verified;
         if (!rc && ncfg > 1)
             printf("  best: lanes=%d chunk=%d pre=%d %.6f s\n", best.cfg.lanes, best.cfg.chunk, best.cfg.pre, best.seconds);
     }
