@@ -1184,22 +1184,18 @@ int tpk_tune_ew_verify(const tpk_tune_ew *e, const tpk_tune_ew_cfg *c, const cha
     r->entries = cnt;
     if (log && !ok)
         fprintf(log, "  twin: %s\n", why);
-    st = build_and_run(e, c, 0, NULL, cc, runner, 1, &ca, &ok, NULL, &err, why, sizeof why, ctx);
-    if (st)
-        return st;
-    r->max_rel_err = ok ? err : INFINITY;
-    r->real_ok = ok && err <= EW_REAL_TOL;
-    if (log && !ok)
-        fprintf(log, "  kernel: %s\n", why);
-    /* the CUDA kernel's host emulation (the same per-thread code over the launch's grid) */
-    err = 0;
-    st = build_and_run(e, c, 2, NULL, cc, runner, 1, &ca, &ok, NULL, &err, why, sizeof why, ctx);
-    if (st)
-        return st;
-    r->cuda_max_rel_err = ok ? err : INFINITY;
-    r->cuda_ok = ok && err <= EW_REAL_TOL;
-    if (log && !ok)
-        fprintf(log, "  CUDA host emulation: %s\n", why);
+    /* the C kernel, then the CUDA kernel's host emulation (its per-thread code over the launch's
+     * grid), against libm */
+    for (int flav = 0; flav <= 2; flav += 2) {
+        err = 0;
+        st = build_and_run(e, c, flav, NULL, cc, runner, 1, &ca, &ok, NULL, &err, why, sizeof why, ctx);
+        if (st)
+            return st;
+        *(flav ? &r->cuda_max_rel_err : &r->max_rel_err) = ok ? err : INFINITY;
+        *(flav ? &r->cuda_ok : &r->real_ok) = ok && err <= EW_REAL_TOL;
+        if (log && !ok)
+            fprintf(log, "  %s: %s\n", flav ? "CUDA host emulation" : "kernel", why);
+    }
     if (mutants <= 0)
         return TPK_OK;
     /* the sites, per kind, as the emitter passes them; then round robin over kinds in a seeded
