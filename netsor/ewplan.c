@@ -1125,11 +1125,13 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
     for (int q = 0; st == TPK_OK && q < nk; q++) {
         const tpk_orch_kernel *K = ks[q];
         fused += K->nprims > 1;
-        /* the provider's kernel, prepared (verified, compiled) before the kernel is timed */
+        /* its signature (for the report and the provider) and the provider's kernel, prepared
+         * (verified, compiled) before the kernel is timed */
         tpk_netsor_ew_fn efn = NULL;
         char esig[1024];
-        if (W.cal->provider != NULL && W.cal->provider->find != NULL &&
-            kernel_sig(&W, K, esig, sizeof esig) == NULL)
+        const int want_sig = (report && sigs) || (W.cal->provider != NULL && W.cal->provider->find != NULL);
+        const char *no_sig = want_sig ? kernel_sig(&W, K, esig, sizeof esig) : NULL;
+        if (want_sig && no_sig == NULL && W.cal->provider != NULL && W.cal->provider->find != NULL)
             efn = W.cal->provider->find(W.cal->provider->user, esig, n);
         const double k0 = tpk_wall_seconds();
         for (int i = 0; i < K->noutputs && st == TPK_OK; i++) {
@@ -1165,12 +1167,10 @@ int nsr_ew_eval(const nsr_ew_node *node_in, int nn, int root, size_t n, long m, 
         if (report)
             report_kernel(report, &W, q, K, dt, done);
         if (report && sigs) {
-            char sig[1024];
-            const char *no = kernel_sig(&W, K, sig, sizeof sig);
-            if (no != NULL)
-                fprintf(report, "    sig: none (%s has no emitted code)\n", no);
+            if (no_sig != NULL)
+                fprintf(report, "    sig: none (%s has no emitted code)\n", no_sig);
             else
-                fprintf(report, "    sig: %s\n", sig);
+                fprintf(report, "    sig: %s\n", esig);
         }
     }
     double emax = 0;

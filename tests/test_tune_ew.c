@@ -303,6 +303,28 @@ static void test_cache(void **state)
     tpk_tune_ew_cfg c4l = {4, 4, 1};
     assert_int_equal(tpk_tune_ew_cache_find(path, &key, &c4l, &hit, &found, &ctx), TPK_OK);
     assert_int_equal(found, 0);
+    /* the cache's path: an option as given, "none" none, else under $XDG_CACHE_HOME (made) */
+    char cp[4096], xdg[] = "/tmp/tpk_ewxdgXXXXXX", want[600];
+    tpk_tune_ew_cache_path("x.jsonl", cp, sizeof cp);
+    assert_string_equal(cp, "x.jsonl");
+    tpk_tune_ew_cache_path("none", cp, sizeof cp);
+    assert_string_equal(cp, "");
+    assert_non_null(mkdtemp(xdg));
+    const char *old_xdg = getenv("XDG_CACHE_HOME");
+    char *keep = old_xdg ? strdup(old_xdg) : NULL;
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    tpk_tune_ew_cache_path(NULL, cp, sizeof cp);
+    snprintf(want, sizeof want, "%s/tpk/ew.jsonl", xdg);
+    assert_string_equal(cp, want);
+    snprintf(want, sizeof want, "%s/tpk", xdg);
+    assert_int_equal(access(want, W_OK), 0);
+    if (keep)
+        setenv("XDG_CACHE_HOME", keep, 1);
+    else
+        unsetenv("XDG_CACHE_HOME");
+    free(keep);
+    assert_int_equal(rmdir(want), 0);
+    assert_int_equal(rmdir(xdg), 0);
     FILE *f = fopen(path, "a");
     fputs("{\"target\": 3}\n", f);
     fclose(f);
@@ -494,6 +516,24 @@ static void test_cli(void **state)
             fail_msg("emitted vs executor differ by %g:\n%s", diff, out);
         assert_true(tu_exists(ecache));
     }
+    /* --emitted's errors: a cache that is not one (named with its line), and no tptune to run the
+     * checks (netsor alone in a folder, no $TPK_BIN or $TPK_TUNE_RUNNER) */
+    char bad_cache[600];
+    tu_path(env, bad_cache, sizeof bad_cache, "notacache.jsonl");
+    FILE *bf = fopen(bad_cache, "w");
+    assert_non_null(bf);
+    fputs("{\"target\": 1}\n", bf);
+    fclose(bf);
+    snprintf(cmd, sizeof cmd, "'%s/netsor' plan programs/mlp.nsr --inputs=16 --emitted='%s' 2>&1", env->bindir,
+             bad_cache);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "notacache.jsonl:1: not an ew cache record"));
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/alone' && cp '%s/netsor' '%s/alone/' && env -u TPK_BIN -u TPK_TUNE_RUNNER "
+             "'%s/alone/netsor' plan programs/mlp.nsr --inputs=16 --emitted=none 2>&1",
+             env->tmpdir, env->bindir, env->tmpdir, env->tmpdir);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "--emitted needs tptune"));
     /* mutants: last line caught K/K */
     snprintf(cmd, sizeof cmd, "'%s/tptune' ew --cache=none --n=16 --repeat=1 --mutants=5 --lanes=4 'in=1;relu(v0)' 2>&1",
              env->bindir);

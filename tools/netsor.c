@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -499,22 +498,7 @@ static int ew_prov_init(ew_prov *P, const char *cache, tpk_ctx *ctx)
     memset(P, 0, sizeof *P);
     P->cls = tpk_tune_target_class(TPK_TUNE_CPU);
     P->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (cache != NULL && strcmp(cache, "none") != 0) {
-        snprintf(P->cache, sizeof P->cache, "%s", cache);
-    } else if (cache == NULL) {
-        const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-        char base[3900] = "";
-        if (x != NULL && *x)
-            snprintf(base, sizeof base, "%s", x);
-        else if (h != NULL && *h)
-            snprintf(base, sizeof base, "%s/.cache", h);
-        if (base[0]) {
-            mkdir(base, 0755);
-            snprintf(P->cache, sizeof P->cache, "%s/tpk", base);
-            mkdir(P->cache, 0755);
-            strcat(P->cache, "/ew.jsonl");
-        }
-    }
+    tpk_tune_ew_cache_path(cache, P->cache, sizeof P->cache);
     /* the checking child: this process runs OpenMP, so it cannot fork one (libgomp); tptune
      * beside netsor, else $TPK_TUNE_RUNNER or $TPK_BIN/tptune */
     char self[4096];

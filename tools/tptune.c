@@ -1818,26 +1818,8 @@ static int cmd_ew(int argc, char **argv, tpk_ctx *ctx)
         free(a.sig);
         return 1;
     }
-    char cache[4096] = "";
-    if (!a.cache) {
-        const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-        if (x && *x)
-            snprintf(cache, sizeof cache, "%s/tpk", x);
-        else if (h && *h)
-            snprintf(cache, sizeof cache, "%s/.cache/tpk", h);
-        if (cache[0]) {
-            char parent[4096];
-            snprintf(parent, sizeof parent, "%.4080s", cache);
-            char *sl = strrchr(parent, '/');
-            if (sl && sl != parent) {
-                *sl = '\0';
-                mkdir(parent, 0755);
-            }
-            mkdir(cache, 0755);
-            strncat(cache, "/ew.jsonl", sizeof cache - strlen(cache) - 1);
-        }
-    } else if (strcmp(a.cache, "none"))
-        snprintf(cache, sizeof cache, "%s", a.cache);
+    char cache[4096];
+    tpk_tune_ew_cache_path(a.cache, cache, sizeof cache);
     const char *cls = tpk_tune_target_class(TPK_TUNE_CPU);
     const int threads = a.threads > 0 ? a.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int tot_mut = 0, tot_caught = 0;

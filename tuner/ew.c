@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1342,6 +1343,28 @@ int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const t
         *out = *b;
     free(recs);
     return st;
+}
+
+void tpk_tune_ew_cache_path(const char *opt, char *out, size_t cap)
+{
+    if (opt != NULL) { /* a file, or "none" */
+        snprintf(out, cap, "%s", strcmp(opt, "none") != 0 ? opt : "");
+        return;
+    }
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    char base[3900] = "";
+    if (x != NULL && *x)
+        snprintf(base, sizeof base, "%s", x);
+    else if (h != NULL && *h)
+        snprintf(base, sizeof base, "%s/.cache", h);
+    if (!base[0]) {
+        snprintf(out, cap, "%s", "");
+        return;
+    }
+    mkdir(base, 0755); /* an existing folder is fine; a failure shows when the cache is written */
+    snprintf(out, cap, "%s/tpk", base);
+    mkdir(out, 0755);
+    snprintf(out, cap, "%s/tpk/ew.jsonl", base);
 }
 
 int tpk_tune_ew_cache_add(const char *path, const tpk_tune_ew_rec *r, tpk_ctx *ctx)

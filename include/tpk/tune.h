@@ -693,6 +693,10 @@ typedef struct tpk_tune_ew_rec {
 TPK_API int tpk_tune_ew_cache_find(const char *path, const tpk_tune_ew_rec *key, const tpk_tune_ew_cfg *c,
                                    tpk_tune_ew_rec *out, int *found, tpk_ctx *ctx);
 TPK_API int tpk_tune_ew_cache_add(const char *path, const tpk_tune_ew_rec *r, tpk_ctx *ctx);
+/* The cache file of an option (tptune ew --cache, netsor plan --emitted): opt itself, "" for
+ * "none", and for NULL the default $XDG_CACHE_HOME/tpk/ew.jsonl or ~/.cache/tpk/ew.jsonl (its
+ * folders made; "" without a home). */
+TPK_API void tpk_tune_ew_cache_path(const char *opt, char *out, size_t cap);
 /* Every record of the cache (*recs malloc'd; a missing file: none), and the fastest verified one
  * of key's (class, sig, n, threads) among them — of schedule c where c is not NULL — or NULL. */
 TPK_API int tpk_tune_ew_cache_load(const char *path, tpk_tune_ew_rec **recs, size_t *nrec, tpk_ctx *ctx);
