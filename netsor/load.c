@@ -3,6 +3,7 @@
 #include "netsor-impl.h"
 #include "tpk/alloc.h"
 #include "backend-impl.h"
+#include "ir-impl.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -93,6 +94,16 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
     }
     p->rolled = R;
     R->C.S = NULL;
+    /* the family IR, which the back ends of the rolled form run */
+    const char *vir = getenv("TPK_VERIFY_IR");
+    int verify = (o && o->verify_ir) || (vir && *vir && strcmp(vir, "0") != 0);
+    if (nsr_ir_lower(R, &R->ir, S->ctx) || (verify && nsr_ir_verify(R, R->ir, S->ctx))) {
+        p->rolled = NULL;
+        R->arena = NULL;
+        nsr_rolled_free(R);
+        tpk_program_free(p);
+        return NULL;
+    }
     int unsup = 0, deferred = 0;
     /* plan now (support, liveness: kept for the evaluations) unless it visits too many points;
      * then the first evaluation plans it and `check` stays O(text) */

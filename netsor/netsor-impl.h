@@ -239,6 +239,7 @@ typedef struct nsr_rolled {
     char limit_why[TPK_MSG_MAX];
     int why_line, why_col;      /* where the unrolled form was given up (0: it exists) */
     char why[200];
+    struct nsr_ir *ir;          /* its family IR (netsor/ir-impl.h), lowered at load */
     tpk_allocator al;           /* the load's: of this struct and its arrays (tpk/alloc.h) */
 } nsr_rolled;
 

@@ -7,6 +7,7 @@
  * by a non-zero constant, as layer l reading layer l − 1. Everything else (a recurrence over
  * time, a running sum) is a sequential loop, unrolled as before (theory.md §1.3). */
 #include "netsor-impl.h"
+#include "ir-impl.h"
 #include "tpk/alloc.h"
 
 #include <stdlib.h>
@@ -233,6 +234,7 @@ void nsr_rolled_free(nsr_rolled *r)
     for (int i = 0; i < r->nphis; i++)
         tpk_phi_free(r->phis[i]);
     tpk_allocator al = r->al;
+    nsr_ir_free(r->ir);
     tpk_mem_free(&al, r->phis);
     tpk_mem_free(&al, r->plan_last);
     tpk_mem_free(&al, r->fi);

@@ -29,6 +29,7 @@ typedef struct cli {
     const char *input, *test, *output, *width, *seed; /* kernel / run */
     const char *plan, *inputs, *dim;                  /* plan */
     int verify;                                       /* plan --verify */
+    int ir;                                           /* dump --ir */
     int signatures;                                   /* plan --signatures */
     int emitted;                                      /* plan --emitted */
     const char *ew_cache;                             /* its cache, or NULL: the default */
@@ -44,7 +45,8 @@ static const char usage[] =
     "\n"
     "Commands:\n"
     "  check    type-check and elaborate; print a one-line summary\n"
-    "  dump     print the elaborated straight-line IR\n"
+    "  dump     print the elaborated straight-line IR (--ir: the family IR of the rolled\n"
+    "           form, which the rolled evaluator and executor run)\n"
     "  kernel   infinite-width kernel by the Master Theorem → HDF5 (/kernel)\n"
     "  run      the same program at finite width n with random weights → HDF5\n"
     "           (/kernel_hat: (1/n)<h,h'> times sigma_v2 (+ readout bias), /outputs: sampled readouts)\n"
@@ -56,6 +58,11 @@ static const char usage[] =
     "  --set NAME=VALUE   override a program parameter (repeatable): --set L=4 --set phi=erf\n"
     "  --netsor-plus      allow NETSOR+ Moments (mean(...)) without 'use netsor+'\n"
     "  --explain          report inferred shape holes '_' and other notes on stderr\n"
+    "  --ir               (dump) the family IR: per family instruction its domain and\n"
+    "                     instructions (matmul with its weight and site, map, lin, moment,\n"
+    "                     ...), then each weight with the sites that use it (tied weights)\n"
+    "  --verify-ir        check the family IR after lowering (any command; also\n"
+    "                     TPK_VERIFY_IR=1): a broken rule is an error naming the node\n"
     "  --input=SPEC       (kernel, run) inputs: FILE.h5:/dataset, FILE.npy, FILE.npz:NAME or\n"
     "                     FILE.csv; N×d, or N×T×d for programs with 'input x[t in 1..T]' (T\n"
     "                     set from it)\n"
@@ -95,7 +102,8 @@ static void cli_free(cli *c)
 }
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
-       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS, O_EMITTED };
+       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS, O_EMITTED, O_IR,
+       O_VERIFY_IR };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -108,7 +116,8 @@ static const struct option longopts[] = {
     {"plan", required_argument, NULL, O_PLAN}, {"inputs", required_argument, NULL, O_INPUTS},
     {"dim", required_argument, NULL, O_DIM}, {"verify", no_argument, NULL, O_VERIFY},
     {"signatures", optional_argument, NULL, O_SIGS},
-    {"emitted", optional_argument, NULL, O_EMITTED},
+    {"emitted", optional_argument, NULL, O_EMITTED}, {"ir", no_argument, NULL, O_IR},
+    {"verify-ir", no_argument, NULL, O_VERIFY_IR},
     {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
@@ -151,6 +160,11 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
             c->signatures = optarg != NULL ? 2 : 1;
             break;
         case O_EMITTED: c->emitted = 1, c->ew_cache = optarg; break;
+        case O_IR: c->ir = 1; break;
+        case O_VERIFY_IR: /* jobs (kernel, run) load the program themselves */
+            c->opts.verify_ir = 1;
+            setenv("TPK_VERIFY_IR", "1", 1);
+            break;
         default:
             fprintf(stderr, "netsor %s: unknown or malformed option '%s' (see netsor --help)\n",
                     cmd, argv[optind - 1]);
@@ -172,6 +186,8 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
     for (size_t i = 0; !st && plan && i < sizeof not_plan / sizeof not_plan[0]; i++)
         st = cli_refuse(&seen, not_plan[i], "netsor plan writes no file and prints its plans",
                         &ctx);
+    if (!st && strcmp(cmd, "dump") != 0)
+        st = cli_refuse(&seen, "ir", "only netsor dump takes it", &ctx);
     for (size_t i = 0; !st && strcmp(cmd, "kernel") == 0 && i < 2; i++)
         st = cli_refuse(&seen, run_only[i], "the limit kernel has no width and no random "
                         "weights (that is netsor run)", &ctx);
@@ -260,9 +276,17 @@ static int cmd_dump(int argc, char **argv)
     }
     tpk_phi_registry *reg;
     tpk_program *p = load(&c, &reg);
-    if (p != NULL)
-        tpk_program_dump(p, stdout);
     int rc = p != NULL ? 0 : 1;
+    if (p != NULL && !c.ir) {
+        tpk_program_dump(p, stdout);
+    } else if (p != NULL) {
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        if (tpk_program_dump_ir(p, stdout, &ctx)) {
+            fprintf(stderr, "netsor dump: %s\n", ctx.msg);
+            rc = 1;
+        }
+    }
     tpk_program_free(p);
     tpk_phi_registry_free(reg);
     cli_free(&c);

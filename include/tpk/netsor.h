@@ -149,6 +149,9 @@ typedef struct tpk_netsor_opts {
     int plan_when_used; /* 1: a program kept only rolled is planned by its first evaluation,
                          * not at load (for callers that evaluate at once: one plan, not two;
                          * errors of the plan then come from the evaluation) */
+    int verify_ir;      /* 1: run the family IR's verifier after lowering (also when the
+                         * environment has TPK_VERIFY_IR=1); a violation is TPK_EINVAL naming the
+                         * node */
 } tpk_netsor_opts;
 
 /* Parse, check and elaborate a program file or string. Errors: TPK_ESYNTAX / TPK_ETYPE with the
@@ -167,6 +170,13 @@ TPK_API int tpk_program_param_number(const tpk_program *p, const char *name, dou
 /* The IR as text. Its scratch strings come from the program's allocator (p->alloc); without
  * memory a body prints as "<out of memory>". */
 TPK_API void tpk_program_dump(const tpk_program *p, FILE *f);
+/* The family IR of the rolled form as text (docs/architecture.md "The family IR"): per family
+ * instruction its domain and its instructions (MATMUL with the weight it multiplies and its site,
+ * MAP, LIN, MOMENT, ...), then the weights and the sites that use them (tied weights). TPK_EINVAL
+ * for a program without a rolled form. */
+TPK_API int tpk_program_dump_ir(const tpk_program *p, FILE *f, tpk_ctx *ctx);
+/* Run the family IR's verifier: TPK_OK, or TPK_EINVAL naming the first node that breaks a rule. */
+TPK_API int tpk_program_verify_ir(const tpk_program *p, tpk_ctx *ctx);
 /* Family instructions of the rolled form (one per statement and layer, issue 14), 0 if none. */
 TPK_API int tpk_program_family_instructions(const tpk_program *p);
 /* Does the limit evaluator use the rolled form? (The finite-width executor runs the rolled form
