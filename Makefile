@@ -180,8 +180,9 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TUNE_LIB) $(STATIC)
 run: tools
 	$(BUILD)/bin/gpkernel --arch=transformer --all-times --output=$(BUILD)/demo-transformer.h5
 
+# TPK_VERIFY_IR: every program a test loads has its family IR verified after lowering.
 check: tools tests
-	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) sh scripts/run-tests.sh $(TESTS)
+	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) TPK_VERIFY_IR=1 sh scripts/run-tests.sh $(TESTS)
 
 # Sanitizer suite: a separate build tree so the optimised build is untouched.
 check-asan: $(DEPS_OK)

@@ -68,8 +68,9 @@ static int check_arity(vctx *V, int k)
         return bad(V, k, "unknown instruction kind %d", n->op);
     }
     if (n->narg < lo || n->narg > hi)
-        return bad(V, k, "%d operands (a %s takes %d%s%d)", n->narg, nsr_ir_op_name(n->op), lo,
-                   lo == hi ? "" : " to ", lo == hi ? lo : hi);
+        return lo == hi ? bad(V, k, "%d operands (a %s takes %d)", n->narg, nsr_ir_op_name(n->op), lo)
+                        : bad(V, k, "%d operands (a %s takes %d to %d)", n->narg,
+                              nsr_ir_op_name(n->op), lo, hi);
     return TPK_OK;
 }
 
