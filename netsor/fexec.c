@@ -20,6 +20,7 @@
 #include "backend-impl.h"
 #include "tpk/alloc.h"
 #include "family-impl.h"
+#include "ir-impl.h"
 
 #include "tpk/matmul.h"
 #include "tpk/rng.h"
@@ -58,6 +59,7 @@ typedef struct xblock {
 
 typedef struct fx {
     nsr_fam X;
+    const nsr_ir *ir;       /* the program's family IR: what this executor runs */
     const tpk_program *p;
     size_t N, T, d, n;
     uint64_t seed;
@@ -455,7 +457,13 @@ static int gdecl_block(fx *F, int sym, int *out)
 
 /* ---- expressions ---------------------------------------------------------------------------- */
 
-static int eval(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out);
+static int eval(fx *F, const nsr_irn *n, const nsr_fdom *D, xv *out);
+
+/* Operand i of node n. */
+static const nsr_irn *arg(const fx *F, const nsr_irn *n, int i)
+{
+    return &F->ir->n[n->op == NSR_IR_LIN ? n->terms[i] : n->arg[i]];
+}
 
 static int number_value(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
 {
@@ -594,11 +602,13 @@ static int eval_name(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
 
 /* A·src over the domain, A[idx] possibly changing from point to point (convolution taps): one
  * GEMM per A-var member over the rows of its points. An embedding reads the input slots. */
-static int eval_matmul(fx *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, xv *out)
+static int eval_matmul(fx *F, const nsr_irn *mm, const nsr_fdom *D, xv *out)
 {
     size_t N = F->N, n = F->n, m = (size_t)D->m;
-    int embed = src->kind == NSR_E_NAME && src->sym >= 0 &&
-                F->X.C->sym[src->sym].kind == NSR_SYM_INPUT;
+    const nsr_expr *am = mm->e;
+    const nsr_irn *sn = arg(F, mm, 0);
+    const nsr_expr *src = sn->e;
+    int embed = mm->embed;
     int vary = nsr_reads_syms(am, D->sym, D->nv, 0);
     int *dm = nsr_fam_alloc(&F->X, m, sizeof *dm), *slot = NULL;
     if (dm == NULL)
@@ -638,7 +648,7 @@ static int eval_matmul(fx *F, const nsr_expr *am, const nsr_expr *src, const nsr
             slot[p] = t - R->input_lo;
         }
     } else if (st == TPK_OK) {
-        st = eval(F, src, D, &u);
+        st = eval(F, sn, D, &u);
         if (st == TPK_OK && !vecish(&u) && u.kind != XV_CONST)
             st = nsr_fam_err(&F->X, TPK_ETYPE, src, "MatMul of a scalar: %s needs a G- or H-var",
                              am->name);
@@ -709,14 +719,14 @@ static int eval_matmul(fx *F, const nsr_expr *am, const nsr_expr *src, const nsr
 /* Σ over the binder of e's body: X = D × binder; scalars and vectors add into their parent
  * point. A weighted gather of one block is a mixing matrix: per input one GEMM W·F when the
  * points fill enough of it (attention), else an axpy per point. */
-static int eval_sum(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
+static int eval_sum(fx *F, const nsr_irn *sn, const nsr_fdom *D, xv *out)
 {
     nsr_fdom X;
     long *parent = NULL;
-    if (nsr_extend(&F->X, e, D, &X, &parent))
+    if (nsr_extend(&F->X, sn->e, D, &X, &parent))
         return F->X.ctx->status;
     xv v;
-    int st = eval(F, e->a, &X, &v);
+    int st = eval(F, arg(F, sn, 0), &X, &v);
     tpk_free(F->X.ctx, X.val);
     size_t N = F->N, n = F->n, m = (size_t)D->m, mx = (size_t)X.m;
     memset(out, 0, sizeof *out);
@@ -781,16 +791,16 @@ static int eval_sum(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
 
 /* softmax(j in lo..hi: s) at the enclosing j, one row per point with j dropped, shifted by
  * the row maximum. */
-static int eval_softmax(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
+static int eval_softmax(fx *F, const nsr_irn *sn, const nsr_fdom *D, xv *out)
 {
     nsr_softmax_shape S;
     xv v;
     memset(&v, 0, sizeof v);
-    int st = nsr_softmax_shape_of(&F->X, e, D, &S);
+    int st = nsr_softmax_shape_of(&F->X, sn->e, D, &S);
     if (st == TPK_OK)
-        st = eval(F, e->a, &S.X, &v);
+        st = eval(F, arg(F, sn, 0), &S.X, &v);
     if (st == TPK_OK && vecish(&v))
-        st = nsr_fam_err(&F->X, TPK_ETYPE, e->a, "softmax of a vector: its argument must be "
+        st = nsr_fam_err(&F->X, TPK_ETYPE, sn->e->a, "softmax of a vector: its argument must be "
                          "scalars (Moments)");
     if (st == TPK_OK)
         st = to_scal(F, &v);
@@ -822,17 +832,17 @@ static int eval_softmax(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
 
 /* mean over the n coordinates. mean(u·v) of two gathers needs no product: dot products, or per
  * input the Gram matrix of the two blocks (tpk_dgemm) when the points cover enough pairs. */
-static int eval_mean(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
+static int eval_mean(fx *F, const nsr_irn *mn, const nsr_fdom *D, xv *out)
 {
     size_t N = F->N, n = F->n, m = (size_t)D->m;
-    const nsr_expr *body = e->args[0];
+    const nsr_irn *body = arg(F, mn, 0);
     int st;
     xv_const(out, D->m, 0);
-    if (body->kind == NSR_E_BIN && body->op == NSR_T_STAR) {
+    if (body->op == NSR_IR_MUL) {
         xv a, b;
-        if (eval(F, body->a, D, &a))
+        if (eval(F, arg(F, body, 0), D, &a))
             return F->X.ctx->status;
-        if (eval(F, body->b, D, &b)) {
+        if (eval(F, arg(F, body, 1), D, &b)) {
             xv_free(F, &a);
             return F->X.ctx->status;
         }
@@ -868,7 +878,7 @@ static int eval_mean(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
             xv_free(F, &a), xv_free(F, &b);
             return st;
         }
-        st = xv_mul(F, &a, &b, 0, body);
+        st = xv_mul(F, &a, &b, 0, body->e);
         xv_free(F, &b);
         if (st) {
             xv_free(F, &a);
@@ -901,124 +911,142 @@ static int eval_mean(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
 }
 
 /* A function applied entrywise. */
-static int eval_phi(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
+static int eval_phi(fx *F, const nsr_irn *mp, const nsr_fdom *D, xv *out)
 {
-    if (e->nargs != 1)
-        return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s takes one argument", e->name);
-    if (eval(F, e->args[0], D, out))
+    if (mp->narg != 1)
+        return nsr_fam_err(&F->X, TPK_ETYPE, mp->e, "%s takes one argument", mp->e->name);
+    if (eval(F, arg(F, mp, 0), D, out))
         return F->X.ctx->status;
     size_t N = F->N, n = F->n, m = (size_t)D->m;
     if (out->kind == XV_CONST) {
-        out->c = tpk_phi_eval(e->phi, out->c);
+        out->c = tpk_phi_eval(mp->phi, out->c);
         return TPK_OK;
     }
     if (out->kind == XV_SCAL) {
         for (size_t i = 0; !F->dry && i < m * N; i++)
-            out->s[i] = tpk_phi_eval(e->phi, out->s[i]);
+            out->s[i] = tpk_phi_eval(mp->phi, out->s[i]);
         return TPK_OK;
     }
     int st = to_vec(F, out);
     if (st || F->dry)
         return st;
-    const tpk_phi *phi = e->phi;
+    const tpk_phi *phi = mp->phi;
 #pragma omp parallel for schedule(static) if (m * N * n >= PAR_MIN)
     for (size_t i = 0; i < m * N * n; i++)
         out->v[i] = tpk_phi_eval(phi, out->v[i]);
     return TPK_OK;
 }
 
-static int eval_call(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
+/* A LinComb: the terms added left to right, as the program writes them. */
+static int eval_lin(fx *F, const nsr_irn *ln, const nsr_fdom *D, xv *out)
 {
-    if (e->sym < 0 && (strcmp(e->name, "mod") == 0 || strcmp(e->name, "wrap") == 0 ||
-                       strcmp(e->name, "inside") == 0))
-        return number_value(F, e, D, out);
-    if (strcmp(e->name, "mean") == 0 && e->sym < 0)
-        return eval_mean(F, e, D, out);
-    if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_WIDTH) { /* sqrt(n) */
-        xv_const(out, D->m, sqrt((double)F->n));
-        return TPK_OK;
+    if (eval(F, arg(F, ln, 0), D, out))
+        return F->X.ctx->status;
+    int st = TPK_OK;
+    if (ln->sign[0] < 0) {
+        xv c;
+        xv_const(&c, D->m, -1);
+        st = xv_mul(F, out, &c, 0, ln->e);
     }
-    if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_AFAM)
-        return eval_matmul(F, e, e->args[0], D, out);
-    if (strcmp(e->name, "bn") == 0)
-        return NSR_UNSUP(&F->X, e, "bn(...) is run by the unrolled executor");
-    if (e->phi != NULL)
-        return eval_phi(F, e, D, out);
-    return NSR_UNSUP(&F->X, e, "'%s(...)' is not taken by the rolled executor", e->name);
+    for (int i = 1; st == TPK_OK && i < ln->nterms; i++) {
+        xv b;
+        if ((st = eval(F, arg(F, ln, i), D, &b)))
+            break;
+        st = xv_add(F, out, &b, ln->sign[i]);
+        xv_free(F, &b);
+    }
+    if (st)
+        xv_free(F, out);
+    return st;
 }
 
-static int eval(fx *F, const nsr_expr *e, const nsr_fdom *D, xv *out)
+static int eval_pow(fx *F, const nsr_irn *pn, const nsr_fdom *D, xv *out)
+{
+    size_t N = F->N, n = F->n, m = (size_t)D->m;
+    double k;
+    int st;
+    if (nsr_fam_num(&F->X, pn->e->b, &k) || eval(F, arg(F, pn, 0), D, out))
+        return F->X.ctx->status;
+    if (k == 1)
+        return TPK_OK;
+    if (out->kind == XV_CONST) {
+        out->c = pow(out->c, k);
+        return TPK_OK;
+    }
+    if (vecish(out) && (st = to_vec(F, out)))
+        return st;
+    double *q = out->kind == XV_SCAL ? out->s : out->v;
+    size_t cnt = out->kind == XV_SCAL ? m * N : m * N * n;
+    int two = k == 2;
+    for (size_t i = 0; !F->dry && i < cnt; i++)
+        q[i] = two ? q[i] * q[i] : pow(q[i], k);
+    return TPK_OK;
+}
+
+static int eval_arith(fx *F, const nsr_irn *an, const nsr_fdom *D, xv *out)
+{
+    xv a, b;
+    if (eval(F, arg(F, an, 0), D, &a))
+        return F->X.ctx->status;
+    if (eval(F, arg(F, an, 1), D, &b)) {
+        xv_free(F, &a);
+        return F->X.ctx->status;
+    }
+    int st = xv_mul(F, &a, &b, an->op == NSR_IR_DIV, an->e);
+    xv_free(F, &b);
+    if (st) {
+        xv_free(F, &a);
+        return st;
+    }
+    *out = a;
+    return TPK_OK;
+}
+
+/* The one dispatch: each instruction kind lowered here, once. */
+static int eval(fx *F, const nsr_irn *n, const nsr_fdom *D, xv *out)
 {
     memset(out, 0, sizeof *out);
     out->m = D->m;
     if (F->X.ctx->status)
         return F->X.ctx->status;
-    size_t N = F->N, n = F->n, m = (size_t)D->m;
-    switch (e->kind) {
-    case NSR_E_NUM:
-        xv_const(out, D->m, e->num);
-        return TPK_OK;
-    case NSR_E_NAME:
-        if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_INPUT)
-            return nsr_fam_err(&F->X, TPK_ETYPE, e, "the input can only be embedded (U %s)", e->name);
-        return eval_name(F, e, D, out);
-    case NSR_E_CALL:
-        return eval_call(F, e, D, out);
-    case NSR_E_APPLY:
-        return eval_matmul(F, e->a, e->b, D, out);
-    case NSR_E_SUM:
-        return eval_sum(F, e, D, out);
-    case NSR_E_SOFTMAX:
-        return eval_softmax(F, e, D, out);
-    case NSR_E_NEG: {
-        if (eval(F, e->a, D, out))
-            return F->X.ctx->status;
-        xv c;
-        xv_const(&c, D->m, -1);
-        return xv_mul(F, out, &c, 0, e);
-    }
-    case NSR_E_BIN: {
-        xv a, b;
-        int st;
-        if (e->op == NSR_T_CARET) {
-            double k;
-            if (nsr_fam_num(&F->X, e->b, &k) || eval(F, e->a, D, out))
-                return F->X.ctx->status;
-            if (k == 1)
-                return TPK_OK;
-            if (out->kind == XV_CONST) {
-                out->c = pow(out->c, k);
-                return TPK_OK;
-            }
-            if (vecish(out) && (st = to_vec(F, out)))
-                return st;
-            double *q = out->kind == XV_SCAL ? out->s : out->v;
-            size_t cnt = out->kind == XV_SCAL ? m * N : m * N * n;
-            int two = k == 2;
-            for (size_t i = 0; !F->dry && i < cnt; i++)
-                q[i] = two ? q[i] * q[i] : pow(q[i], k);
+    const nsr_expr *e = n->e;
+    switch (n->op) {
+    case NSR_IR_NUM:
+        if (e->kind == NSR_E_NUM) {
+            xv_const(out, D->m, e->num);
             return TPK_OK;
         }
-        if (eval(F, e->a, D, &a))
-            return F->X.ctx->status;
-        if (eval(F, e->b, D, &b)) {
-            xv_free(F, &a);
-            return F->X.ctx->status;
-        }
-        if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS)
-            st = xv_add(F, &a, &b, e->op == NSR_T_PLUS ? 1 : -1);
-        else
-            st = xv_mul(F, &a, &b, e->op == NSR_T_SLASH, e);
-        xv_free(F, &b);
-        if (st) {
-            xv_free(F, &a);
-            return st;
-        }
-        *out = a;
+        return number_value(F, e, D, out);
+    case NSR_IR_SQRTN:
+        xv_const(out, D->m, sqrt((double)F->n));
         return TPK_OK;
-    }
+    case NSR_IR_READ:
+        return eval_name(F, e, D, out);
+    case NSR_IR_INPUT:
+        return nsr_fam_err(&F->X, TPK_ETYPE, e, "the input can only be embedded (U %s)", e->name);
+    case NSR_IR_MATMUL:
+        return eval_matmul(F, n, D, out);
+    case NSR_IR_MAP:
+        return eval_phi(F, n, D, out);
+    case NSR_IR_BN:
+        return NSR_UNSUP(&F->X, e, "bn(...) is run by the unrolled executor");
+    case NSR_IR_LIN:
+        return eval_lin(F, n, D, out);
+    case NSR_IR_MUL:
+    case NSR_IR_DIV:
+        return eval_arith(F, n, D, out);
+    case NSR_IR_POW:
+        return eval_pow(F, n, D, out);
+    case NSR_IR_SUM:
+        return eval_sum(F, n, D, out);
+    case NSR_IR_SOFTMAX:
+        return eval_softmax(F, n, D, out);
+    case NSR_IR_MOMENT:
+        return eval_mean(F, n, D, out);
+    case NSR_IR_UNSUP:
+        return NSR_UNSUP(&F->X, e, "%s is not taken by the rolled executor", n->why);
     default:
-        return NSR_UNSUP(&F->X, e, "expression not taken by the rolled executor");
+        return NSR_UNSUP(&F->X, e, "internal: %s is not a value", nsr_ir_op_name(n->op));
     }
 }
 
@@ -1033,6 +1061,7 @@ typedef struct xout {
 static int run_def(fx *F, const nsr_finstr *fi)
 {
     const nsr_stmt *s = fi->stmt;
+    const nsr_irn *root = &F->ir->n[nsr_ir_root(F->ir, F->X.cur)];
     nsr_fdom D;
     nsr_trie tr;
     memset(&tr, 0, sizeof tr);
@@ -1041,7 +1070,7 @@ static int run_def(fx *F, const nsr_finstr *fi)
     memset(&v, 0, sizeof v);
     int st = nsr_instr_domain(&F->X, fi, &D, &tr);
     if (st == TPK_OK)
-        st = eval(F, s->value, &D, &v);
+        st = eval(F, arg(F, root, 0), &D, &v);
     tpk_free(F->X.ctx, D.val);
     int kind = XB_VEC;
     if (st == TPK_OK && !vecish(&v)) {
@@ -1079,23 +1108,23 @@ static int run_def(fx *F, const nsr_finstr *fi)
 
 static int run_output(fx *F, const nsr_finstr *fi, xout *o)
 {
-    const nsr_stmt *s = fi->stmt;
-    const nsr_expr *rd = s->value;
+    const nsr_irn *root = &F->ir->n[nsr_ir_root(F->ir, F->X.cur)];
+    const nsr_expr *rd = root->e;
     nsr_fdom D;
     nsr_trie tr;
     memset(&tr, 0, sizeof tr);
     memset(o, 0, sizeof *o);
     int st = nsr_instr_domain(&F->X, fi, &D, &tr);
     nsr_trie_free(&tr, F->X.ctx);
-    if (st == TPK_OK && (nsr_fam_num(&F->X, rd->args[1], &o->var) ||
-                         (rd->nargs == 3 && nsr_fam_num(&F->X, rd->args[2], &o->bias_var))))
+    if (st == TPK_OK && (nsr_fam_num(&F->X, arg(F, root, 1)->e, &o->var) ||
+                         (root->narg == 3 && nsr_fam_num(&F->X, arg(F, root, 2)->e, &o->bias_var))))
         st = F->X.ctx->status;
     if (st == TPK_OK && (o->var < 0 || o->bias_var < 0))
         st = nsr_fam_err(&F->X, TPK_ETYPE, rd, "readout variance is negative");
     xv v;
     memset(&v, 0, sizeof v);
     if (st == TPK_OK)
-        st = eval(F, rd->args[0], &D, &v);
+        st = eval(F, arg(F, root, 0), &D, &v);
     if (st == TPK_OK && !vecish(&v))
         st = nsr_fam_err(&F->X, TPK_ETYPE, rd->args[0], "readout needs a G- or H-var, not a scalar");
     if (st == TPK_OK)
@@ -1139,6 +1168,9 @@ static int fx_init(fx *F, const tpk_program *p, size_t N, size_t T, size_t d, si
     F->seed = seed;
     F->x = x;
     F->dry = x == NULL;
+    F->ir = F->X.R->ir;
+    if (st == TPK_OK && F->ir == NULL)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "internal: %s has no family IR", F->X.R->file);
     if (st)
         return st;
     F->dmz = nsr_fam_alloc(&F->X, (size_t)F->X.R->ndm + 1, sizeof *F->dmz);

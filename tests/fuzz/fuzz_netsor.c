@@ -1,5 +1,6 @@
 /* Fuzz target for the NETSOR front end: any byte string must load or fail with a message,
- * never crash, hang or leak (lex → parse → check → elaborate → dump → free).
+ * never crash, hang or leak (lex → parse → check → elaborate → dump → free); a program that
+ * loads has a family IR that passes its verifier (a lowering bug is a crash here).
  *
  * libFuzzer (clang-14):
  *   clang-14 -g -O1 -std=c11 -D_XOPEN_SOURCE=700 -fsanitize=fuzzer,address,undefined -Iinclude \
@@ -54,7 +55,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FILE *f = fopen("/dev/null", "w");
         if (f != NULL) {
             tpk_program_dump(p, f);
+            if (tpk_program_family_instructions(p) > 0 && tpk_program_dump_ir(p, f, &ctx) &&
+                ctx.status != TPK_ENOMEM)
+                abort();
             fclose(f);
+        }
+        if (tpk_program_family_instructions(p) > 0 && tpk_program_verify_ir(p, &ctx) != TPK_OK &&
+            ctx.status != TPK_ENOMEM) {
+            fprintf(stderr, "%s\n", ctx.msg);
+            abort();
         }
     } else if (ctx.status == TPK_OK || ctx.msg[0] == '\0') {
         abort(); /* a failure must always come with a status and a message */
