@@ -155,6 +155,11 @@ typedef struct nsr_ir_uses {
 int nsr_ir_uses_of(const tpk_program *p, const nsr_ir *ir, nsr_ir_uses *u, tpk_ctx *ctx);
 void nsr_ir_uses_free(nsr_ir_uses *u, tpk_ctx *ctx);
 
+/* Does the rolled limit evaluator refuse the program's structure (ir_support.c)? 1: yes, why =
+ * "file:line:col: reason" (the first refused form in evaluation order: a tied weight, a gate
+ * product, bn, sqrt(n) logits, ...); 0: no; −1: out of memory (ctx). */
+int nsr_ir_limit_refusal(const tpk_program *p, char *why, size_t cap, tpk_ctx *ctx);
+
 /* The IR as text: per family instruction its statement, bound symbols and domain, then one line
  * per node ("%4 = matmul W[l] %3 : G  site 2  @25:12"); then the weights and their uses. */
 int nsr_ir_print(const tpk_program *p, FILE *f, tpk_ctx *ctx);

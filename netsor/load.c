@@ -105,12 +105,26 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
         return NULL;
     }
     int unsup = 0, deferred = 0;
-    /* plan now (support, liveness: kept for the evaluations) unless it visits too many points;
-     * then the first evaluation plans it and `check` stays O(text) */
-    if (pr != NULL && o && o->plan_when_used)
+    /* which limit back end: the structure the rolled evaluator cannot represent is read off the
+     * IR (ir_support.c); otherwise plan now (liveness: kept for the evaluations) unless it visits
+     * too many points; then the first evaluation plans it and `check` stays O(text) */
+    char why[TPK_MSG_MAX];
+    int refused = nsr_ir_limit_refusal(p, why, sizeof why, S->ctx);
+    if (refused < 0) {
+        p->rolled = NULL;
+        R->arena = NULL;
+        nsr_rolled_free(R);
+        tpk_program_free(p);
+        return NULL;
+    }
+    if (refused) {
+        st = TPK_ERROR(S->ctx, TPK_EUNSUPPORTED, "%s", why);
+        unsup = 1;
+    } else if (pr != NULL && o && o->plan_when_used) {
         deferred = 1; /* the caller evaluates at once: its evaluation plans */
-    else
+    } else {
         st = nsr_flimit_plan(p, NSR_PLAN_BUDGET, S->ctx, &unsup, &deferred);
+    }
     if (st && S->ctx->status == TPK_ENOMEM) /* out of memory is no reason to drop the rolled form */
         unsup = deferred = 0;
     if (deferred) {

@@ -195,6 +195,35 @@ static void test_kinds(void **state)
     tpk_program_free(p);
 }
 
+/* Which limit back end takes each shipped program, decided on the IR (ir_support.c): the reason
+ * names the construct, and the program's flag agrees with it. */
+static void test_limit_support(void **state)
+{
+    const tu_phis *f = *state;
+    const struct { const char *prog, *why; } v[] = {
+        {"mlp.nsr", NULL}, {"mlp-ln-residual.nsr", NULL}, {"transformer.nsr", NULL},
+        {"cnn2d.nsr", NULL}, {"cnn1d.nsr", NULL}, {"attention.nsr", NULL},
+        {"layernorm-mlp.nsr", NULL}, {"rnn.nsr", "W is multiplied in more than one place"},
+        {"rnn_untied.nsr", "U is multiplied in more than one place"},
+        {"gru.nsr", "a product of two vectors outside mean()"},
+        {"lstm.nsr", "a product of two vectors outside mean()"},
+        {"batchnorm.nsr", "'bn(...)'"}, {"attention-sqrtn.nsr", "'sqrt(...)'"}};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        tpk_program *p = load(f, v[i].prog, NULL, 0);
+        char why[TPK_MSG_MAX];
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        int r = nsr_ir_limit_refusal(p, why, sizeof why, &ctx);
+        if (r != (v[i].why != NULL) || (r && strstr(why, v[i].why) == NULL))
+            print_message("%s: %d %s\n", v[i].prog, r, r ? why : "");
+        assert_int_equal(r, v[i].why != NULL);
+        assert_int_equal(tpk_program_limit_rolled(p), !r);
+        if (r)
+            assert_non_null(strstr(why, v[i].why));
+        tpk_program_free(p);
+    }
+}
+
 /* One broken rule at a time on a copy of a real IR: each is refused, naming a node. */
 typedef struct breaker {
     const char *what;
@@ -345,6 +374,7 @@ int main(void)
         cmocka_unit_test(test_recurrent_tying),
         cmocka_unit_test(test_convolution_members),
         cmocka_unit_test(test_kinds),
+        cmocka_unit_test(test_limit_support),
         cmocka_unit_test(test_verifier_refuses),
         cmocka_unit_test(test_cli),
     };
