@@ -222,11 +222,11 @@ static void seg_mehler(const map_plan *P, size_t i, const double *k, size_t j0, 
             pw[jj] *= fabs(rho[jj]);
         }
     }
-    const double Ti = r->tail[i], Ni = r->norm[i];
+    const double Ti = r->tail[i], Ni = r->norm[i], rtol = 2.0 * tpk__phi_eval_rtol(P->phi);
     for (size_t jj = 0; jj < len; jj++) {
         const size_t j = j0 + jj;
         const double nn = Ni * c->norm[j];
-        double v = acc[jj], e = Ti * c->tail[j] * pw[jj] + (double)J * GAUSS_EPS * nn;
+        double v = acc[jj], e = Ti * c->tail[j] * pw[jj] + ((double)J * GAUSS_EPS + rtol) * nn;
         if (e > MEHLER_RTOL * nn && !bad) {
             double qv, qe;
             tpk__gauss_quad2(P->phi, P->phi, 0.0, 0.0, r->q[i], c->q[j], rho[jj], P->ws, &qv, &qe);
@@ -371,6 +371,14 @@ static int plan_kernel(const tpk_phi *phi, const tpk_gauss_ws *ws, map_plan *P, 
     case GK_SIGN: P->mk = MK_ASIN; P->c0 = 0.0; P->c1 = 2.0 / PI; break;
     case GK_ERF: P->mk = MK_ASIN; P->c0 = 0.0; P->c1 = 2.0 / PI; break;
     case GK_ERF_SIGMOID: P->mk = MK_ASIN; P->c0 = 0.25; P->c1 = 1.0 / (2 * PI); break;
+    case GK_STEPMIX: {
+        /* φ′ of the piecewise-linear family (theory.md §3.5): μ² + h²(2/π) asin ρ */
+        const double mu = 0.5 * (phi->ca + phi->cb), h = 0.5 * (phi->cb - phi->ca);
+        P->mk = MK_ASIN;
+        P->c0 = mu * mu;
+        P->c1 = (2.0 / PI) * h * h;
+        break;
+    }
     case GK_ABRELU: {
         const double a = phi->ca, b = phi->cb;
         P->mk = MK_ABRELU;
@@ -615,9 +623,13 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
             double v, e;
             if (j == i)
                 continue;
-            /* the PSD check passed, so the covariance of a zero-variance row is 0 */
+            /* the PSD check passed, so the covariance of a zero-variance row is 0; a lower map
+             * writes only its own triangle (as documented) */
             st = fixup_entry(&P, 0.0, ip.q[j], 0.0, 0.0, &v, &e, ctx);
-            out[i * n + j] = out[j * n + i] = alpha * v + beta;
+            if (mirror || j < i)
+                out[i * n + j] = alpha * v + beta;
+            if (mirror || j > i)
+                out[j * n + i] = alpha * v + beta;
             err = e > err ? e : err;
         }
     }
