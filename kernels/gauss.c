@@ -97,6 +97,25 @@ static int finite_result(const tpk_phi *phi, double v, tpk_ctx *ctx)
     return TPK_OK;
 }
 
+/* det(I − 2bΣ) = (1 − 2bq1)(1 − 2bq2) − 4b²k², formed as 1 − 2b(q1 + q2) + 4b²(q1q2 − k²): for
+ * b ≤ 0 (erf′, the decaying expsq) every term is ≥ 0, so there is no cancellation when q is
+ * large and |ρ| → 1, where the product form lost every digit. Returns 1 where E is infinite
+ * (I − 2bΣ not positive definite). */
+static int expsq_det(double b, double q1, double q2, double k, double *d1, double *d2, double *det)
+{
+    const double dq = q1 * q2 - k * k;
+    *d1 = 1.0 - 2.0 * b * q1;
+    *d2 = 1.0 - 2.0 * b * q2;
+    *det = 1.0 - 2.0 * b * (q1 + q2) + 4.0 * b * b * (dq > 0 ? dq : 0.0);
+    return !(*d1 > 0 && *d2 > 0 && *det > 0);
+}
+
+/* Relative condition of det above: O(1) for b ≤ 0, the size of the cancelled terms otherwise. */
+static double expsq_det_cond(double b, double d1, double d2, double k, double det)
+{
+    return b <= 0 ? 2.0 : (fabs(d1 * d2) + 4.0 * b * b * k * k) / det;
+}
+
 int tpk__gauss_cf2(const tpk_phi *phi, double q1, double q2, double k, double rho, double *val,
                    double *err, tpk_ctx *ctx)
 {
@@ -198,14 +217,13 @@ int tpk__gauss_cf2(const tpk_phi *phi, double q1, double q2, double k, double rh
     case GK_EXPSQ: {
         /* E e^{b(u²+v²)} = det(I − 2bΣ)^{−1/2}: finite only when I − 2bΣ is positive definite. */
         const double a = phi->ca, b = phi->cb;
-        const double d1 = 1.0 - 2.0 * b * q1, d2 = 1.0 - 2.0 * b * q2;
-        const double det = d1 * d2 - 4.0 * b * b * k * k;
-        if (!(d1 > 0 && d2 > 0 && det > 0))
+        double d1, d2, det;
+        if (expsq_det(b, q1, q2, k, &d1, &d2, &det))
             return TPK_ERROR(ctx, TPK_EDOM,
                              "E[phi(u)phi(v)] is infinite for %s at q1 = %g, q2 = %g, k = %g "
                              "(needs I - 2b*Sigma positive definite)", phi->canon, q1, q2, k);
         v = a * a / sqrt(det);
-        e = 8.0 * eps * fabs(v) * (1.0 + (fabs(d1 * d2) + 4.0 * b * b * k * k) / det);
+        e = 8.0 * eps * fabs(v) * (1.0 + expsq_det_cond(b, d1, d2, k, det));
         break;
     }
     case GK_MONO: {
@@ -240,14 +258,13 @@ int tpk__gauss_cf2(const tpk_phi *phi, double q1, double q2, double k, double rh
         /* theory.md §3.5: E[uv e^{b(u²+v²)}] = k·det(I − 2bΣ)^{−3/2} (the Gaussian with
          * precision Σ⁻¹ − 2bI has covariance Σ(I − 2bΣ)⁻¹, whose off-diagonal entry is k/det). */
         const double a = phi->ca, b = phi->cb;
-        const double d1 = 1.0 - 2.0 * b * q1, d2 = 1.0 - 2.0 * b * q2;
-        const double det = d1 * d2 - 4.0 * b * b * k * k;
-        if (!(d1 > 0 && d2 > 0 && det > 0))
+        double d1, d2, det;
+        if (expsq_det(b, q1, q2, k, &d1, &d2, &det))
             return TPK_ERROR(ctx, TPK_EDOM,
                              "E[phi(u)phi(v)] is infinite for %s at q1 = %g, q2 = %g, k = %g "
                              "(needs I - 2b*Sigma positive definite)", phi->canon, q1, q2, k);
         v = a * a * k / (det * sqrt(det));
-        e = 8.0 * eps * fabs(v) * (1.0 + 1.5 * (fabs(d1 * d2) + 4.0 * b * b * k * k) / det);
+        e = 8.0 * eps * fabs(v) * (2.0 + 1.5 * expsq_det_cond(b, d1, d2, k, det));
         break;
     }
     case GK_GELU_D: {

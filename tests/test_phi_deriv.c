@@ -637,6 +637,20 @@ static void test_degenerate(void **state)
     assert_true(fabs(e2(f, lk, 0.64, 1.44, -0.96).value - 0.17) <= 1e-16);
     tpk_phi_free(relu);
     tpk_phi_free(lk);
+    /* erf′ at large variances and ρ = 1: det(I − 2βΣ) = 1 + 4b²q exactly, where the product form
+     * (1+2b²q)² − 4b⁴q² cancelled every digit but log10(q) of them; scalar and vector paths */
+    tpk_phi *ed = phi_new(f, "erf(1.73)'");
+    for (double q = 1e3; q < 1e16; q *= 1e3) {
+        const double b2 = 1.73 * 1.73, want = (4 * b2 / M_PI) / sqrt(1 + 4 * b2 * q);
+        tpk_estimate r = e2(f, ed, q, q, q);
+        if (!(fabs(r.value - want) <= 1e-14 * want))
+            fail_msg("erf' at q = k = %g: %.17g, want %.17g", q, r.value, want);
+        double S[9] = {q, q, q, q, q, q, q, q, q}, K[9];
+        assert_int_equal(tpk_gauss_map(ed, S, 3, K, f->ws, NULL, &f->ctx), TPK_OK);
+        for (int i = 0; i < 9; i++)
+            assert_true(fabs(K[i] - want) <= 1e-14 * want);
+    }
+    tpk_phi_free(ed);
 
     /* every derivative: zero variances give φ′(0)·E φ′(v), ρ → ±1 is continuous, nothing is NaN */
     for (size_t s = 0; s < NALL; s++) {
@@ -793,31 +807,38 @@ static void check_map(fixture *f, const char *spec, size_t n, unsigned long seed
 static void test_maps(void **state)
 {
     fixture *f = *state;
-    /* closed forms: the vectorised asin kernel (relu′ and kin) and the scalar ones; n = 150 has
-     * ragged tiles */
-    static const char *const closed[] = {"relu'", "leaky_relu(0.17)'", "abs'", "identity'",
-                                         "erf(1.73)'", "erf_sigmoid'", "gelu'", "x3'", "expsq(1.13,-0.31)'",
-                                         "hardtanh'", "sin(1.31,0.77,0.43)'"};
+    /* closed forms: the vector kernels (relu′ and kin by asin, erf′ and gelu′ by their own) on
+     * n = 150 (ragged tiles), the scalar ones on n = 41 */
+    static const struct { const char *spec; size_t n; } closed[] = {
+        {"relu'", 150}, {"leaky_relu(0.17)'", 150}, {"erf(1.73)'", 150}, {"gelu'", 150},
+        {"abs'", 41}, {"identity'", 41}, {"erf_sigmoid'", 41}, {"x3'", 41},
+        {"expsq(1.13,-0.31)'", 41}, {"expsq(0.71,0.09)'", 41}, {"hardtanh'", 41},
+        {"sin(1.31,0.77,0.43)'", 41}, {"arccos2'", 41},
+    };
     for (size_t s = 0; s < sizeof closed / sizeof closed[0]; s++)
-        check_map(f, closed[s], s < 2 ? 150 : 41, 300 + s);
+        check_map(f, closed[s].spec, closed[s].n, 300 + s);
     check_map(f, "tanh'", 37, 311);      /* Mehler series */
     check_map(f, "elu(0.7)'", 12, 312);  /* jump at 0: polar rule per entry */
     check_map(f, "ucube'", 14, 313);     /* numerical derivative, smooth: Mehler */
 }
 
-/* A chain of derivative maps in one pass (vector kernels) against the maps one by one. */
+/* A chain of derivative maps in one pass (all vector kernels) against the maps one by one; each
+ * of those is checked against expect2 in test_maps. */
 static void test_chain(void **state)
 {
     fixture *f = *state;
     const size_t n = 70;
-    tpk_phi *r = phi_new(f, "relu'"), *l = phi_new(f, "leaky_relu(0.17)'");
-    const tpk_gauss_step st[3] = {{r, 2.0, 0.1}, {l, 1.3, 0.0}, {r, 0.9, 0.2}};
+    tpk_phi *r = phi_new(f, "relu'"), *l = phi_new(f, "leaky_relu(0.17)'"),
+            *e = phi_new(f, "erf(1.73)'"), *g = phi_new(f, "gelu'");
+    const tpk_gauss_step st[5] = {{r, 2.0, 0.1}, {e, 1.3, 0.0}, {l, 1.3, 0.0}, {g, 0.7, 0.05},
+                                  {r, 0.9, 0.2}};
+    const int ns = 5;
     double *S = random_psd(n, 7, 51), *K = malloc(n * n * sizeof *K), *K2 = malloc(n * n * sizeof *K2);
     S[2 * n + 2] = 0.3; /* no zero variance: the one-pass kernel runs */
     double err;
-    assert_int_equal(tpk_gauss_map_chain_lower(st, 3, S, n, K, f->ws, &err, &f->ctx), TPK_OK);
+    assert_int_equal(tpk_gauss_map_chain_lower(st, ns, S, n, K, f->ws, &err, &f->ctx), TPK_OK);
     memcpy(K2, S, n * n * sizeof *K2);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < ns; i++)
         assert_int_equal(tpk_gauss_map_affine_lower(st[i].phi, K2, n, st[i].alpha, st[i].beta, K2,
                                                     f->ws, NULL, &f->ctx), TPK_OK);
     for (size_t i = 0; i < n; i++)
@@ -826,6 +847,8 @@ static void test_chain(void **state)
                 fail_msg("chain (%zu,%zu): %.17g, map by map %.17g", i, j, K[i * n + j], K2[i * n + j]);
     tpk_phi_free(r);
     tpk_phi_free(l);
+    tpk_phi_free(e);
+    tpk_phi_free(g);
     free(S);
     free(K);
     free(K2);
