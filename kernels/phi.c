@@ -1,5 +1,6 @@
-/* The φ registry: built-in and user scalar nonlinearities, their flags and closed-form kinds, and
- * the spec parser ("erf(2.0)", "leaky(0.1)") that binds a name and parameters to a tpk_phi. The
+/* The φ registry: built-in and user scalar nonlinearities, their flags and closed-form kinds, their
+ * derivatives φ′ (formulas, or Ridders' differences for user φ; theory.md §3.5), and the spec
+ * parser ("erf(2.0)", "leaky(0.1)", "tanh'") that binds a name and parameters to a tpk_phi. The
  * Gaussian expectations of these functions are in gauss.c (closed forms, theory.md §3.2) and
  * gauss_quad.c (quadrature). */
 #include "gauss_impl.h"
@@ -557,19 +558,18 @@ static int deriv_bind(tpk_phi *d, const tpk_phi *phi, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EDOM, "%s has no derivative as a function (its weak derivative "
                          "is a multiple of Dirac's delta at 0; the NTK needs polynomially bounded "
                          "weak derivatives, theory.md §3.5)", phi->canon);
+    case B_X2:
+    case B_ARCCOS2:
+        /* (x²)′ = 2x, (x² 1[x>0])′ = 2 relu(x): the piecewise-linear family */
+        fn = f_abrelu;
+        q[0] = phi->def.variant == B_X2 ? 2.0 : 0.0;
+        q[1] = 2.0;
+        kind = GK_ABRELU;
+        d->ca = q[0];
+        d->cb = q[1];
+        fl = q[0] == q[1] ? (F_C | F_P | F_L | F_S | F_H) : (F_C | F_P | F_L | F_H);
+        break;
     case B_IDENTITY: case B_RELU: case B_ARCCOS1: case B_LEAKY: case B_ABRELU: case B_ABS:
-    case B_X2: case B_ARCCOS2:
-        if (phi->def.variant == B_X2 || phi->def.variant == B_ARCCOS2) {
-            /* (x²)′ = 2x, (x² 1[x>0])′ = 2 relu(x): the piecewise-linear family */
-            fn = f_abrelu;
-            q[0] = phi->def.variant == B_X2 ? 2.0 : 0.0;
-            q[1] = 2.0;
-            kind = GK_ABRELU;
-            d->ca = q[0];
-            d->cb = q[1];
-            fl = q[0] == q[1] ? (F_C | F_P | F_L | F_S | F_H) : (F_C | F_P | F_L | F_H);
-            break;
-        }
         /* a·min(x,0) + b·max(x,0) ↦ a·1[x<0] + b·1[x>0] (phi_bind normalised them onto ca, cb) */
         fn = d_stepmix;
         q[0] = phi->kind == GK_IDENTITY ? 1.0 : phi->ca;
