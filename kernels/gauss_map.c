@@ -25,13 +25,14 @@
 
 /* Kernels the map dispatches to, once per row segment (never per entry). */
 enum map_kernel {
-    MK_ASIN,    /* α + β asin(k a_i a_j): step, sign, erf(b), erf_sigmoid */
+    MK_ASIN,    /* α + β asin(k a_i a_j): step, sign, erf(b), erf_sigmoid, relu′ and its step mixes */
     MK_ABRELU,  /* √(q_i q_j)[c0 √(1−ρ²) + (c1 + c0 asin ρ)ρ] */
     MK_ARCCOS2, /* q_i q_j/(2π)[3ρ√(1−ρ²) + (π/2 + asin ρ)(1 + 2ρ²)] */
     MK_GELU,
     MK_EXPSQ,   /* c0/√(1 + c1(q_i + q_j) + c1²(q_i q_j − k²)): a·exp(βx²), β ≤ 0 (erf′), c1 = −2β */
     MK_GELU_D,  /* gelu′ (theory.md §3.5) */
-    MK_SCALAR,  /* the remaining closed forms, entry by entry (identity, sin, exp, monomials) */
+    MK_SCALAR,  /* the remaining closed forms, entry by entry (identity, sin, exp, monomials, growing
+                 * expsq, expsq′, hardtanh′) */
     MK_MEHLER,  /* no closed form, smooth φ: Mehler series, quadrature where its bound is loose */
     MK_QUAD     /* no closed form, kinked φ: quadrature per entry */
 };
