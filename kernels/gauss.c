@@ -1,6 +1,7 @@
 /* Gaussian expectations of registered φ (phi.c): the closed forms of theory.md §3.2, with quadrature
  * (gauss_quad.c) where no closed form exists. */
 #include "gauss_impl.h"
+#include "tpk/mvn.h"
 
 #include <ctype.h>
 #include <float.h>
@@ -94,6 +95,25 @@ static int finite_result(const tpk_phi *phi, double v, tpk_ctx *ctx)
     if (!isfinite(v))
         return TPK_ERROR(ctx, TPK_ENUMERIC, "E[phi phi] for %s overflows a double", phi->canon);
     return TPK_OK;
+}
+
+/* det(I − 2bΣ) = (1 − 2bq1)(1 − 2bq2) − 4b²k², formed as 1 − 2b(q1 + q2) + 4b²(q1q2 − k²): for
+ * b ≤ 0 (erf′, the decaying expsq) every term is ≥ 0, so there is no cancellation when q is
+ * large and |ρ| → 1, where the product form lost every digit. Returns 1 where E is infinite
+ * (I − 2bΣ not positive definite). */
+static int expsq_det(double b, double q1, double q2, double k, double *d1, double *d2, double *det)
+{
+    const double dq = q1 * q2 - k * k;
+    *d1 = 1.0 - 2.0 * b * q1;
+    *d2 = 1.0 - 2.0 * b * q2;
+    *det = 1.0 - 2.0 * b * (q1 + q2) + 4.0 * b * b * (dq > 0 ? dq : 0.0);
+    return !(*d1 > 0 && *d2 > 0 && *det > 0);
+}
+
+/* Relative condition of det above: O(1) for b ≤ 0, the size of the cancelled terms otherwise. */
+static double expsq_det_cond(double b, double d1, double d2, double k, double det)
+{
+    return b <= 0 ? 2.0 : (fabs(d1 * d2) + 4.0 * b * b * k * k) / det;
 }
 
 int tpk__gauss_cf2(const tpk_phi *phi, double q1, double q2, double k, double rho, double *val,
@@ -197,14 +217,13 @@ int tpk__gauss_cf2(const tpk_phi *phi, double q1, double q2, double k, double rh
     case GK_EXPSQ: {
         /* E e^{b(u²+v²)} = det(I − 2bΣ)^{−1/2}: finite only when I − 2bΣ is positive definite. */
         const double a = phi->ca, b = phi->cb;
-        const double d1 = 1.0 - 2.0 * b * q1, d2 = 1.0 - 2.0 * b * q2;
-        const double det = d1 * d2 - 4.0 * b * b * k * k;
-        if (!(d1 > 0 && d2 > 0 && det > 0))
+        double d1, d2, det;
+        if (expsq_det(b, q1, q2, k, &d1, &d2, &det))
             return TPK_ERROR(ctx, TPK_EDOM,
                              "E[phi(u)phi(v)] is infinite for %s at q1 = %g, q2 = %g, k = %g "
                              "(needs I - 2b*Sigma positive definite)", phi->canon, q1, q2, k);
         v = a * a / sqrt(det);
-        e = 8.0 * eps * fabs(v) * (1.0 + (fabs(d1 * d2) + 4.0 * b * b * k * k) / det);
+        e = 8.0 * eps * fabs(v) * (1.0 + expsq_det_cond(b, d1, d2, k, det));
         break;
     }
     case GK_MONO: {
@@ -219,7 +238,64 @@ int tpk__gauss_cf2(const tpk_phi *phi, double q1, double q2, double k, double rh
             terms = fabs(v);
             break;
         }
-        e = 8.0 * eps * terms;
+        /* a·x^m (φ′ of x^{m+1}: a = m + 1) scales the kernel by a² */
+        const double a2 = phi->ca * phi->ca;
+        v *= a2;
+        e = 8.0 * eps * terms * a2;
+        break;
+    }
+    case GK_STEPMIX: {
+        /* theory.md §3.5: s = μ + h·sign on x ≠ 0 with μ = (a+b)/2, h = (b−a)/2, so
+         * E[s(u)s(v)] = μ² + h²·(2/π) asin ρ; relu′: 1/4 + asin(ρ)/(2π) = (π − θ)/(2π), the
+         * arc-cosine kernel of degree 0 (Cho & Saul 2009). Exact at ρ = ±1: (a²+b²)/2 and ab. */
+        const double mu = 0.5 * (phi->ca + phi->cb), h = 0.5 * (phi->cb - phi->ca);
+        const double c1 = (2.0 / PI) * h * h;
+        v = mu * mu + c1 * asin(rho);
+        e = c1 * tpk__gauss_asin_rounding(rho) + 4.0 * eps * (mu * mu + h * h);
+        break;
+    }
+    case GK_XEXPSQ: {
+        /* theory.md §3.5: E[uv e^{b(u²+v²)}] = k·det(I − 2bΣ)^{−3/2} (the Gaussian with
+         * precision Σ⁻¹ − 2bI has covariance Σ(I − 2bΣ)⁻¹, whose off-diagonal entry is k/det). */
+        const double a = phi->ca, b = phi->cb;
+        double d1, d2, det;
+        if (expsq_det(b, q1, q2, k, &d1, &d2, &det))
+            return TPK_ERROR(ctx, TPK_EDOM,
+                             "E[phi(u)phi(v)] is infinite for %s at q1 = %g, q2 = %g, k = %g "
+                             "(needs I - 2b*Sigma positive definite)", phi->canon, q1, q2, k);
+        v = a * a * k / (det * sqrt(det));
+        e = 8.0 * eps * fabs(v) * (2.0 + 1.5 * expsq_det_cond(b, d1, d2, k, det));
+        break;
+    }
+    case GK_GELU_D: {
+        /* theory.md §3.5: with P_i = 1 + q_i and D = P1P2 − k² = 1 + q1 + q2 + (q1q2 − k²) ≥ 1,
+         * E[(Φ(u) + uφ(u))(Φ(v) + vφ(v))] = 1/4 + asin(k/√(P1P2))/(2π)
+         *   + k/(2π√D)·(1/P1 + 1/P2) + k/(2π D^{3/2}). */
+        const double p1 = 1.0 + q1, p2 = 1.0 + q2, dq = q1 * q2 - k * k;
+        const double D = 1.0 + q1 + q2 + (dq > 0 ? dq : 0.0), sD = sqrt(D);
+        const double x = clamp1(k / (sqrt(p1) * sqrt(p2)));
+        const double t = k / (2 * PI * sD) * (1.0 / p1 + 1.0 / p2 + 1.0 / D);
+        v = 0.25 + asin(x) / (2 * PI) + t;
+        e = 8.0 * eps * (0.25 + 0.25 + 2.0 * fabs(t)) + tpk__gauss_asin_rounding(x) / (2 * PI);
+        break;
+    }
+    case GK_BOX: {
+        /* a²·P(|u| < t, |v| < t): inclusion–exclusion over four bivariate normal CDFs */
+        const double a = phi->ca, h1 = phi->cb / sqrt(q1), h2 = phi->cb / sqrt(q2);
+        const double hs[4][2] = {{h1, h2}, {h1, -h2}, {-h1, h2}, {-h1, -h2}};
+        const double sg[4] = {1.0, -1.0, -1.0, 1.0};
+        double pr = 0.0, pe = 0.0;
+        for (int c = 0; c < 4; c++) {
+            tpk_estimate b;
+            int st = tpk_mvn_bvn(hs[c][0], hs[c][1], rho, &b, ctx);
+            if (st)
+                return st;
+            pr += sg[c] * b.value;
+            pe += b.err;
+        }
+        pr = pr < 0 ? 0.0 : pr; /* cancellation in the tails */
+        v = a * a * pr;
+        e = a * a * (pe + 8.0 * eps);
         break;
     }
     default:
@@ -306,6 +382,38 @@ int tpk__gauss_cf1(const tpk_phi *phi, double m, double q, double *val, double *
             scale = fabs(v);
             break;
         }
+        v *= phi->ca;
+        scale *= fabs(phi->ca);
+        break;
+    }
+    case GK_STEPMIX: {
+        const double z = m / sd;
+        v = phi->ca * std_cdf(-z) + phi->cb * std_cdf(z);
+        scale = fabs(phi->ca) + fabs(phi->cb);
+        break;
+    }
+    case GK_XEXPSQ: {
+        /* E[u e^{bu²}] = ∂_m E[e^{bu²}]/(2b) = m e^{bm²/d} d^{−3/2}, d = 1 − 2bq */
+        const double b = phi->cb, d = 1.0 - 2.0 * b * q;
+        if (!(d > 0))
+            return TPK_ERROR(ctx, TPK_EDOM, "E[phi(u)] is infinite for %s at q = %g (needs 1 - 2bq > 0)",
+                             phi->canon, q);
+        const double arg = b * m * m / d;
+        v = phi->ca * m * exp(arg) / (d * sqrt(d));
+        scale = fabs(v) * (2.0 + fabs(arg) + 1.5 / d);
+        break;
+    }
+    case GK_GELU_D: {
+        /* ∂_m of GELU's E[uΦ(u)] above: Φ(z) + φ(z)·m/r³, r = √(1+q), z = m/r */
+        const double r = sqrt(1.0 + q), z = m / r;
+        v = std_cdf(z) + std_pdf(z) * m / (r * r * r);
+        scale = 1.0 + fabs(m);
+        break;
+    }
+    case GK_BOX: {
+        const double t = phi->cb;
+        v = phi->ca * (std_cdf((t - m) / sd) - std_cdf((-t - m) / sd));
+        scale = fabs(phi->ca);
         break;
     }
     default:

@@ -26,7 +26,12 @@ enum gauss_kind {
     GK_SIN,          /* a·sin(bx + c), or a·cos(bx + c) when cosine is set */
     GK_EXP,          /* a·exp(bx) */
     GK_EXPSQ,        /* a·exp(b x²) */
-    GK_MONO          /* x^m, m = 2..5 */
+    GK_MONO,         /* a·x^m, m = 2..5 (a = 1 for the built-ins x2..x5; m·x^(m−1) for their φ′) */
+    /* kinds that only derivatives take (theory.md §3.5) */
+    GK_STEPMIX,      /* a·1[x<0] + b·1[x>0], c at 0: relu′, leaky_relu′, abs′, identity′ */
+    GK_XEXPSQ,       /* a·x·exp(b x²): expsq′ */
+    GK_GELU_D,       /* Φ(x) + x φ(x): gelu′ */
+    GK_BOX           /* a·1[|x|<t] (b = t): hardtanh′ */
 };
 
 /* One registry entry (a built-in row or a user registration). */
@@ -41,10 +46,17 @@ typedef struct phi_def {
     const char *help;
 } phi_def;
 
-/* An instantiated φ. Copies its registry entry so it may outlive the registry. */
+/* An instantiated φ. Copies its registry entry so it may outlive the registry. A derivative φ′
+ * (tpk_phi_derivative, theory.md §3.5) keeps its φ's entry (name, variant) with deriv = 1; its fn
+ * and p are then φ′'s: a built-in's derivative formula with its own constants, the user's dfn with
+ * the user's parameters, or (ufn != NULL) Ridders' differences of the user's φ = ufn(·, p). */
 struct tpk_phi {
     phi_def def;
     double p[TPK_PHI_MAXPARAMS]; /* bound parameters, as the user wrote them (defaults filled) */
+    int deriv;                   /* 1: this is φ′ of the φ that def names */
+    tpk_scalar_fn ufn;           /* φ differentiated numerically (user φ without dfn), or NULL */
+    tpk_scalar_fn dfn;           /* user φ: φ′ from tpk_phi_register_derivative, or NULL */
+    unsigned dflags;             /* its flags */
     unsigned flags;              /* instance flags (some depend on parameters) */
     char canon[GAUSS_CANON_MAX];
     /* normalised closed-form description */
@@ -80,6 +92,14 @@ struct tpk_gauss_ws {
     double *hw;
     tpk_allocator al; /* tpk_gauss_ws_alloc's: of the struct, hw and the rules' nodes */
 };
+
+/* Relative accuracy assumed of a numerically differentiated φ′ (Ridders, phi.c) at the nodes of
+ * the quadratures: its pointwise error estimates stay below ~5e-12 of max(1, |φ′|) for smooth φ
+ * (its true errors ~1e-13; tests/test_phi_deriv.c); the quadratures add this fraction of Σ w|f g|
+ * to their error bound. */
+#define GAUSS_NUMDIFF_RTOL 1e-9
+/* GAUSS_NUMDIFF_RTOL for a numerically differentiated φ′, else 0. */
+double tpk__phi_eval_rtol(const tpk_phi *phi);
 
 /* ---- gauss.c: validation and closed forms --------------------------------------------- */
 

@@ -25,11 +25,14 @@
 
 /* Kernels the map dispatches to, once per row segment (never per entry). */
 enum map_kernel {
-    MK_ASIN,    /* α + β asin(k a_i a_j): step, sign, erf(b), erf_sigmoid */
+    MK_ASIN,    /* α + β asin(k a_i a_j): step, sign, erf(b), erf_sigmoid, relu′ and its step mixes */
     MK_ABRELU,  /* √(q_i q_j)[c0 √(1−ρ²) + (c1 + c0 asin ρ)ρ] */
     MK_ARCCOS2, /* q_i q_j/(2π)[3ρ√(1−ρ²) + (π/2 + asin ρ)(1 + 2ρ²)] */
     MK_GELU,
-    MK_SCALAR,  /* the remaining closed forms, entry by entry (identity, sin, exp, monomials) */
+    MK_EXPSQ,   /* c0/√(1 + c1(q_i + q_j) + c1²(q_i q_j − k²)): a·exp(βx²), β ≤ 0 (erf′), c1 = −2β */
+    MK_GELU_D,  /* gelu′ (theory.md §3.5) */
+    MK_SCALAR,  /* the remaining closed forms, entry by entry (identity, sin, exp, monomials, growing
+                 * expsq, expsq′, hardtanh′) */
     MK_MEHLER,  /* no closed form, smooth φ: Mehler series, quadrature where its bound is loose */
     MK_QUAD     /* no closed form, kinked φ: quadrature per entry */
 };
@@ -104,6 +107,24 @@ static ALWAYS_INLINE gv vec_entry(const int mk, const row_consts *R, gv k, gv cs
         out = gv_mul(gv_mul(gv_mul(R->rs, cs), gv_set1(1.0 / (2 * PI))), gv_add(t1, t2));
         break;
     }
+    case MK_EXPSQ: {
+        /* s = q; det(I − 2βΣ) without cancellation, as tpk__gauss_cf2 (PSD: q_i q_j ≥ k²) */
+        gv qq = gv_mul(R->rs, cs), dq = gv_max(gv_sub(qq, gv_mul(k, k)), gv_set1(0.0));
+        gv det = gv_fma(gv_mul(R->c1, R->c1), dq, gv_fma(R->c1, gv_add(R->rs, cs), one));
+        out = gv_div(R->c0, gv_sqrt(det));
+        break;
+    }
+    case MK_GELU_D: {
+        /* a = 1/√(1+q), s = q: 1/4 + asin(x)/(2π) + k/(2π√D)(a_i² + a_j² + 1/D), x = k a_i a_j,
+         * D = 1 + q_i + q_j + (q_i q_j − k²) ≥ 1 (see tpk__gauss_cf2) */
+        gv qq = gv_mul(R->rs, cs), dq = gv_max(gv_sub(qq, gv_mul(k, k)), gv_set1(0.0));
+        gv D = gv_add(gv_add(one, gv_add(R->rs, cs)), dq), sD = gv_sqrt(D);
+        gv ra2 = gv_mul(R->ra, R->ra), inner = gv_fma(ca, ca, gv_add(ra2, gv_div(one, D)));
+        gv t = gv_div(gv_mul(gv_mul(gv_set1(1.0 / (2 * PI)), k), inner), sD);
+        *maxr = gv_max(*maxr, gv_abs(x));
+        out = gv_add(gv_fma(gv_set1(1.0 / (2 * PI)), gv_asin(x), gv_set1(0.25)), t);
+        break;
+    }
     default: { /* MK_GELU: a = 1/√(1+q), s = q; see tpk__gauss_cf2 for the algebra */
         gv rp = gv_mul(R->ra, ca), qq = gv_mul(R->rs, cs);
         gv dq = gv_max(gv_sub(qq, gv_mul(k, k)), gv_set1(0.0));
@@ -174,6 +195,16 @@ static void seg_gelu(const map_plan *P, size_t i, const double *k, size_t j0, si
 {
     seg_vec(MK_GELU, P, i, k, j0, len, out, st);
 }
+static void seg_expsq(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                      double *out, seg_stats *st)
+{
+    seg_vec(MK_EXPSQ, P, i, k, j0, len, out, st);
+}
+static void seg_gelu_d(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                       double *out, seg_stats *st)
+{
+    seg_vec(MK_GELU_D, P, i, k, j0, len, out, st);
+}
 
 /* ==== scalar closed forms and the Mehler series ========================================== */
 
@@ -222,11 +253,11 @@ static void seg_mehler(const map_plan *P, size_t i, const double *k, size_t j0, 
             pw[jj] *= fabs(rho[jj]);
         }
     }
-    const double Ti = r->tail[i], Ni = r->norm[i];
+    const double Ti = r->tail[i], Ni = r->norm[i], rtol = 2.0 * tpk__phi_eval_rtol(P->phi);
     for (size_t jj = 0; jj < len; jj++) {
         const size_t j = j0 + jj;
         const double nn = Ni * c->norm[j];
-        double v = acc[jj], e = Ti * c->tail[j] * pw[jj] + (double)J * GAUSS_EPS * nn;
+        double v = acc[jj], e = Ti * c->tail[j] * pw[jj] + ((double)J * GAUSS_EPS + rtol) * nn;
         if (e > MEHLER_RTOL * nn && !bad) {
             double qv, qe;
             tpk__gauss_quad2(P->phi, P->phi, 0.0, 0.0, r->q[i], c->q[j], rho[jj], P->ws, &qv, &qe);
@@ -271,6 +302,8 @@ static seg_fn seg_for(int mk)
     case MK_ABRELU: return seg_abrelu;
     case MK_ARCCOS2: return seg_arccos2;
     case MK_GELU: return seg_gelu;
+    case MK_EXPSQ: return seg_expsq;
+    case MK_GELU_D: return seg_gelu_d;
     case MK_SCALAR: return seg_scalar;
     case MK_QUAD: return seg_quad;
     default: return seg_mehler;
@@ -338,9 +371,11 @@ static int prep_alloc(index_prep *p, const tpk_phi *phi, int mk, const tpk_gauss
             break;
         case MK_ARCCOS2: p->s[i] = qi; break;
         case MK_GELU:
+        case MK_GELU_D:
             p->a[i] = 1.0 / sqrt(1.0 + qi);
             p->s[i] = qi;
             break;
+        case MK_EXPSQ: p->s[i] = qi; break;
         default: break;
         }
     }
@@ -371,6 +406,14 @@ static int plan_kernel(const tpk_phi *phi, const tpk_gauss_ws *ws, map_plan *P, 
     case GK_SIGN: P->mk = MK_ASIN; P->c0 = 0.0; P->c1 = 2.0 / PI; break;
     case GK_ERF: P->mk = MK_ASIN; P->c0 = 0.0; P->c1 = 2.0 / PI; break;
     case GK_ERF_SIGMOID: P->mk = MK_ASIN; P->c0 = 0.25; P->c1 = 1.0 / (2 * PI); break;
+    case GK_STEPMIX: {
+        /* φ′ of the piecewise-linear family (theory.md §3.5): μ² + h²(2/π) asin ρ */
+        const double mu = 0.5 * (phi->ca + phi->cb), h = 0.5 * (phi->cb - phi->ca);
+        P->mk = MK_ASIN;
+        P->c0 = mu * mu;
+        P->c1 = (2.0 / PI) * h * h;
+        break;
+    }
     case GK_ABRELU: {
         const double a = phi->ca, b = phi->cb;
         P->mk = MK_ABRELU;
@@ -380,6 +423,17 @@ static int plan_kernel(const tpk_phi *phi, const tpk_gauss_ws *ws, map_plan *P, 
     }
     case GK_ARCCOS2: P->mk = MK_ARCCOS2; break;
     case GK_GELU: P->mk = MK_GELU; break;
+    case GK_GELU_D: P->mk = MK_GELU_D; break;
+    case GK_EXPSQ:
+        /* decaying a·exp(βx²) (erf′) is finite everywhere; growing ones need the scalar checks */
+        if (phi->cb <= 0) {
+            P->mk = MK_EXPSQ;
+            P->c0 = phi->ca * phi->ca;
+            P->c1 = -2.0 * phi->cb;
+        } else {
+            P->mk = MK_SCALAR;
+        }
+        break;
     case GK_NUMERIC:
         if (!ws)
             return TPK_ERROR(ctx, TPK_EINVAL,
@@ -411,6 +465,10 @@ static double vector_err(const map_plan *P, double qmax_r, double qmax_c, double
         /* terms: |k|/4, |k|π/(4π), t ≤ 2 max q (see tpk__gauss_cf2) */
         return 16.0 * eps * (sq / 2 + 2.0 * (qmax_r > qmax_c ? qmax_r : qmax_c) / (2 * PI)) +
                sq * tpk__gauss_asin_rounding(maxr) / (2 * PI);
+    case MK_EXPSQ: return 16.0 * eps * P->c0; /* |V| ≤ c0: det ≥ 1 */
+    case MK_GELU_D:
+        /* terms 1/4, asin/(2π) ≤ 1/4, t ≤ 3|k|/(2π√D) ≤ 3√(q_i q_j)/(2π) */
+        return 16.0 * eps * (0.5 + sq) + tpk__gauss_asin_rounding(maxr) / (2 * PI);
     default: return 0.0;
     }
 }
@@ -615,9 +673,13 @@ static int map_sym(const tpk_phi *phi, const double *S, size_t n, double alpha, 
             double v, e;
             if (j == i)
                 continue;
-            /* the PSD check passed, so the covariance of a zero-variance row is 0 */
+            /* the PSD check passed, so the covariance of a zero-variance row is 0; a lower map
+             * writes only its own triangle (as documented) */
             st = fixup_entry(&P, 0.0, ip.q[j], 0.0, 0.0, &v, &e, ctx);
-            out[i * n + j] = out[j * n + i] = alpha * v + beta;
+            if (mirror || j < i)
+                out[i * n + j] = alpha * v + beta;
+            if (mirror || j > i)
+                out[j * n + i] = alpha * v + beta;
             err = e > err ? e : err;
         }
     }
@@ -673,7 +735,8 @@ static int chain_by_steps(const tpk_gauss_step *step, int ns, const double *S, s
 
 static int vector_kind(int mk)
 {
-    return mk == MK_ASIN || mk == MK_ABRELU || mk == MK_ARCCOS2 || mk == MK_GELU;
+    return mk == MK_ASIN || mk == MK_ABRELU || mk == MK_ARCCOS2 || mk == MK_GELU || mk == MK_EXPSQ ||
+           mk == MK_GELU_D;
 }
 
 int tpk_gauss_map_chain_lower(const tpk_gauss_step *step, int nsteps, const double *S, size_t n,

@@ -257,8 +257,9 @@ void tpk__gauss_quad1(const tpk_phi *f, double m, double q, const tpk_gauss_ws *
         n = ws->gl.n;
     }
     *val = hi;
-    /* difference with the half-degree rule, plus a first-order bound on summation rounding */
-    *err = fabs(hi - lo) * err_factor(f, f) + (double)n * GAUSS_EPS * as;
+    /* difference with the half-degree rule, plus a first-order bound on summation rounding, plus
+     * a numerically differentiated f's own error (gauss_impl.h GAUSS_NUMDIFF_RTOL) */
+    *err = fabs(hi - lo) * err_factor(f, f) + ((double)n * GAUSS_EPS + tpk__phi_eval_rtol(f)) * as;
 }
 
 static void sort4(double *a)
@@ -387,7 +388,8 @@ void tpk__gauss_quad2(const tpk_phi *f, const tpk_phi *g, double m1, double m2, 
         n = 2 * ws->r2.n;
     }
     *val = hi;
-    *err = fabs(hi - lo) * fac + (double)n * GAUSS_EPS * as;
+    *err = fabs(hi - lo) * fac +
+           ((double)n * GAUSS_EPS + tpk__phi_eval_rtol(f) + tpk__phi_eval_rtol(g)) * as;
 }
 
 void tpk__gauss_hermite_coeffs(const tpk_phi *phi, double q, const tpk_gauss_ws *ws, double *c,

@@ -1,5 +1,6 @@
-/* The φ registry: built-in and user scalar nonlinearities, their flags and closed-form kinds, and
- * the spec parser ("erf(2.0)", "leaky(0.1)") that binds a name and parameters to a tpk_phi. The
+/* The φ registry: built-in and user scalar nonlinearities, their flags and closed-form kinds, their
+ * derivatives φ′ (formulas, or Ridders' differences for user φ; theory.md §3.5), and the spec
+ * parser ("erf(2.0)", "leaky(0.1)", "tanh'") that binds a name and parameters to a tpk_phi. The
  * Gaussian expectations of these functions are in gauss.c (closed forms, theory.md §3.2) and
  * gauss_quad.c (quadrature). */
 #include "gauss_impl.h"
@@ -70,6 +71,82 @@ static double f_gelu_tanh(double x, const double *p)
 static double f_mish(double x, const double *p) { (void)p; return x * tanh(softplus(x)); }
 static double f_hardtanh(double x, const double *p) { (void)p; return x < -1 ? -1.0 : x > 1 ? 1.0 : x; }
 
+/* ==== derivatives of the built-ins (theory.md §3.5) ======================================== */
+/* Where φ′ is one of the functions above with other constants (erf′ = expsq, sin′ = cos, ...)
+ * that function serves; the rest follow. At a kink x0, φ′(x0) is the element of least magnitude
+ * of the interval between the one-sided derivatives (kink_value). */
+
+#define INV_SQRT2PI 0.39894228040143267794
+#define TWO_OVER_SQRTPI 1.12837916709551257390
+
+/* a·1[x<0] + b·1[x>0], c at x = 0 (relu′ = step with step(0) = 0, leaky_relu′, abs′, 1). */
+static double d_stepmix(double x, const double *p) { return x < 0 ? p[0] : x > 0 ? p[1] : p[2]; }
+/* a·1[|x|<t] (hardtanh′: 0 at ±1). */
+static double d_box(double x, const double *p) { return fabs(x) < p[1] ? p[0] : 0.0; }
+static double d_xexpsq(double x, const double *p) { return p[0] * x * exp(p[1] * x * x); }
+static double d_x2s(double x, const double *p) { return p[0] * x * x; }
+static double d_x3s(double x, const double *p) { return p[0] * x * x * x; }
+static double d_x4s(double x, const double *p) { double y = x * x; return p[0] * y * y; }
+static double d_gelu(double x, const double *p)
+{
+    (void)p; /* Φ(x) + x φ(x) */
+    return 0.5 * erfc(-x / SQRT2) + x * INV_SQRT2PI * exp(-0.5 * x * x);
+}
+/* sech² x = 1 − tanh² x without the cancellation of 1 − tanh² (relative accuracy for large |x|;
+ * 0, not NaN, once e^{−2|x|} underflows). */
+static double sech2(double x)
+{
+    const double e = exp(-2.0 * fabs(x));
+    return 4.0 * e / ((1.0 + e) * (1.0 + e));
+}
+static double d_tanh(double x, const double *p) { (void)p; return sech2(x); }
+/* σ′(x) = σ(x)σ(−x) = e^{−|x|}/(1 + e^{−|x|})² */
+static double sigmoid_d(double x)
+{
+    const double e = exp(-fabs(x));
+    return e / ((1.0 + e) * (1.0 + e));
+}
+static double d_sigmoid(double x, const double *p) { (void)p; return sigmoid_d(x); }
+static double d_softplus(double x, const double *p) { (void)p; return sigmoid(x); }
+static double d_silu(double x, const double *p) { (void)p; return sigmoid(x) + x * sigmoid_d(x); }
+/* elu(α)′: 1 (x > 0), α e^x (x < 0), p[1] at 0; selu′ = λ·elu(α)′ with Klambauer's constants. */
+static double d_elu(double x, const double *p) { return x > 0 ? 1.0 : x < 0 ? p[0] * exp(x) : p[1]; }
+static double d_selu(double x, const double *p)
+{
+    (void)p;
+    const double lambda = 1.0507009873554804934, alpha = 1.6732632423543772848;
+    return lambda * (x > 0 ? 1.0 : x < 0 ? alpha * exp(x) : 1.0);
+}
+static double d_softsign(double x, const double *p)
+{
+    (void)p;
+    const double d = 1.0 + fabs(x);
+    return 1.0 / (d * d);
+}
+static double d_gelu_tanh(double x, const double *p)
+{
+    (void)p;
+    const double c = 0.79788456080286535588, a = 0.044715, u = c * (x + a * x * x * x);
+    const double s = sech2(u);
+    /* s = 0 where |x| is large enough for x³ to overflow: the second term is 0, not inf·0 */
+    return 0.5 * (1.0 + tanh(u)) + (s != 0.0 ? 0.5 * x * s * c * (1.0 + 3.0 * a * x * x) : 0.0);
+}
+static double d_mish(double x, const double *p)
+{
+    (void)p; /* tanh(sp) + x·sech²(sp)·σ(x), sp = softplus(x), sp′ = σ */
+    const double sp = softplus(x);
+    return tanh(sp) + x * sech2(sp) * sigmoid(x);
+}
+
+/* The element of least magnitude of [min(l, r), max(l, r)]: φ′ at a kink where the one-sided
+ * derivatives are l and r (the minimum-norm subgradient, theory.md §3.5). */
+static double kink_value(double l, double r)
+{
+    if ((l <= 0 && r >= 0) || (l >= 0 && r <= 0))
+        return 0.0;
+    return fabs(l) < fabs(r) ? l : r;
+}
+
 /* ==== built-in table ===================================================================== */
 
 enum builtin {
@@ -129,8 +206,15 @@ static const phi_def builtins[] = {
 };
 #define NBUILTIN (sizeof builtins / sizeof builtins[0])
 
+/* A user registration: its entry and, once given, its derivative. */
+typedef struct user_entry {
+    phi_def def; /* first: registry_find hands out &def, tpk_phi_alloc casts back */
+    tpk_scalar_fn dfn;
+    unsigned dflags;
+} user_entry;
+
 struct tpk_phi_registry {
-    phi_def *user;
+    user_entry *user;
     size_t nuser, cap;
     tpk_allocator al; /* of this struct and user */
 };
@@ -162,8 +246,8 @@ static const phi_def *registry_find(const tpk_phi_registry *reg, const char *nam
         if (strlen(builtins[i].name) == len && memcmp(builtins[i].name, name, len) == 0)
             return &builtins[i];
     for (size_t i = 0; reg && i < reg->nuser; i++)
-        if (strlen(reg->user[i].name) == len && memcmp(reg->user[i].name, name, len) == 0)
-            return &reg->user[i];
+        if (strlen(reg->user[i].def.name) == len && memcmp(reg->user[i].def.name, name, len) == 0)
+            return &reg->user[i].def;
     return NULL;
 }
 
@@ -201,14 +285,15 @@ int tpk_phi_register(tpk_phi_registry *reg, const char *name, tpk_scalar_fn fn, 
                              i + 1);
     if (reg->nuser == reg->cap) {
         size_t cap = reg->cap ? 2 * reg->cap : 8;
-        phi_def *u = tpk_mem_realloc(&reg->al, reg->user, cap * sizeof *u, ctx);
+        user_entry *u = tpk_mem_realloc(&reg->al, reg->user, cap * sizeof *u, ctx);
         if (!u)
             return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory registering phi '%s'", name);
         reg->user = u;
         reg->cap = cap;
     }
-    phi_def *d = &reg->user[reg->nuser++];
-    memset(d, 0, sizeof *d);
+    user_entry *ue = &reg->user[reg->nuser++];
+    memset(ue, 0, sizeof *ue);
+    phi_def *d = &ue->def;
     snprintf(d->name, sizeof d->name, "%s", name);
     d->fn = fn;
     d->variant = -1;
@@ -272,7 +357,7 @@ void tpk_phi_registry_list(const tpk_phi_registry *reg, void *file)
     for (size_t i = 0; i < NBUILTIN; i++)
         list_one(f, &builtins[i]);
     for (size_t i = 0; reg && i < reg->nuser; i++)
-        list_one(f, &reg->user[i]);
+        list_one(f, &reg->user[i].def);
 }
 
 /* ==== spec parsing ======================================================================= */
@@ -323,7 +408,7 @@ static int unknown_phi(const tpk_phi_registry *reg, const char *name, size_t len
     for (size_t i = 0; i < NBUILTIN; i++)
         add_suggestion(sugg, sizeof sugg, builtins[i].name, name, len);
     for (size_t i = 0; reg && i < reg->nuser; i++)
-        add_suggestion(sugg, sizeof sugg, reg->user[i].name, name, len);
+        add_suggestion(sugg, sizeof sugg, reg->user[i].def.name, name, len);
     if (sugg[0])
         return TPK_ERROR(ctx, TPK_ENOTFOUND, "unknown nonlinearity '%.*s'; did you mean %s? (see --list-phi)",
                          (int)len, name, sugg);
@@ -382,7 +467,7 @@ static void phi_bind(tpk_phi *phi)
             phi->flags = F_S;
         break;
     case B_X2: case B_X3: case B_X4: case B_X5:
-        phi->kind = GK_MONO; phi->m = 2 + (phi->def.variant - B_X2);
+        phi->kind = GK_MONO; phi->m = 2 + (phi->def.variant - B_X2); phi->ca = 1.0;
         break;
     default: break;
     }
@@ -390,7 +475,256 @@ static void phi_bind(tpk_phi *phi)
         phi->flags |= F_S; /* linear */
 }
 
-/* spec := name [ '(' [ number { ',' number } ] ')' ], blanks allowed around tokens. */
+/* ==== derivatives (theory.md §3.5) ======================================================== */
+
+/* Ridders' method (C. J. F. Ridders, Adv. Eng. Software 4 (1982); Numerical Recipes, 3rd ed.,
+ * §5.7 dfridr): central differences at steps h, h/CON, h/CON², … extrapolated to h → 0 in a
+ * Neville tableau (each column removes the next even power of h); the estimate kept is the one
+ * whose neighbours in the tableau agree best. Unlike dfridr the whole tableau is built: its early
+ * stop (the diagonal growing worse than twice the best spread) is fooled where the first rows
+ * agree by accident — tanh(1.7x) at x = −0.39, where φ‴ ≈ 0, stopped after two rows 4e-5 off with
+ * a spread of 1.5e-6 — while entries in the rounding regime carry their own rounding bound. */
+#define ND_NTAB 12   /* steps h0 … h0/1.4^11 ≈ h0/40: 24 evaluations of φ */
+#define ND_CON 1.4
+#define ND_H0 0.1    /* first step, relative to max(1, |x|): φ's curvature scale is O(1) */
+/* Accuracy assumed of φ's own values: within 4 ulp of φ(y) at an argument within 4 ulp of y (the
+ * user's b·y + c rounds before sin sees it), i.e. |δφ| ≤ ND_FEPS·(|φ(y)| + |y φ′(y)|). */
+#define ND_FEPS (4.0 * DBL_EPSILON)
+
+/* φ′(x) of f(·, p). smooth = 0: φ may be kinked at 0 (as the quadrature assumes, theory.md §3.3),
+ * so the steps stay below |x|/2 and the differences on x's side; at x = 0 itself the result is
+ * the mean of the one-sided derivatives. *err: the spread of the estimate's neighbours in the
+ * tableau plus the propagated rounding of φ's values (ND_FEPS), itself extrapolated. */
+static double numdiff(tpk_scalar_fn f, const double *p, int smooth, double x, double *err)
+{
+    /* a[j][i]: column j of row i (step h0/CON^i); r[j][i]: its propagated rounding bound */
+    double h = ND_H0 * (fabs(x) > 1.0 ? fabs(x) : 1.0);
+    if (!smooth && x != 0 && h > 0.5 * fabs(x))
+        h = 0.5 * fabs(x);
+    double a[ND_NTAB][ND_NTAB], r[ND_NTAB][ND_NTAB];
+    double best = NAN, spread = INFINITY, round = INFINITY;
+    for (int i = 0; i < ND_NTAB; i++, h /= ND_CON) {
+        /* the steps actually taken: x ± h rounded, so their difference is the divisor */
+        const double xp = x + h, xm = x - h, dx = xp - xm;
+        const double fp = f(xp, p), fm = f(xm, p);
+        a[0][i] = (fp - fm) / dx;
+        r[0][i] = ND_FEPS * (fabs(fp) + fabs(fm) + (fabs(xp) + fabs(xm)) * fabs(a[0][i])) / dx +
+                  2.0 * DBL_EPSILON * fabs(a[0][i]);
+        double fac = ND_CON * ND_CON;
+        for (int j = 1; j <= i; j++) {
+            a[j][i] = (a[j - 1][i] * fac - a[j - 1][i - 1]) / (fac - 1.0);
+            r[j][i] = (r[j - 1][i] * fac + r[j - 1][i - 1]) / (fac - 1.0) +
+                      DBL_EPSILON * fabs(a[j][i]);
+            fac *= ND_CON * ND_CON;
+            const double d1 = fabs(a[j][i] - a[j - 1][i]), d2 = fabs(a[j][i] - a[j - 1][i - 1]);
+            const double t = d1 > d2 ? d1 : d2;
+            if (t <= spread) {
+                spread = t;
+                best = a[j][i];
+                round = r[j][i];
+            }
+        }
+    }
+    if (err)
+        *err = isfinite(best) ? spread + round : INFINITY;
+    return best;
+}
+
+/* Bind d (a copy of phi with deriv = 1) to φ′: its function, constants, flags and closed-form
+ * kind. Built-ins by their formulas (theory.md §3.5 table); user functions by dfn or numdiff. */
+static int deriv_bind(tpk_phi *d, const tpk_phi *phi, tpk_ctx *ctx)
+{
+    const double *p = phi->p;
+    double *q = d->p;
+    int kind = GK_NUMERIC;
+    unsigned fl = F_C | F_P | F_L | F_S; /* smooth, bounded, Lipschitz φ′ (tanh′, σ′, …) */
+    tpk_scalar_fn fn = NULL;
+    d->ca = d->cb = d->cc = 0.0;
+    d->m = 0;
+    switch (phi->def.variant) {
+    case -1:
+        if (phi->dfn) {
+            fn = phi->dfn;
+            fl = phi->dflags;
+        } else {
+            /* numerical: φ's regularity carries over except Lipschitz (φ″ may be unbounded) */
+            d->ufn = phi->def.fn;
+            fl = phi->flags & (F_C | F_P | F_S | F_H);
+        }
+        break;
+    case B_STEP:
+    case B_SIGN:
+    case B_ARCCOS0:
+        return TPK_ERROR(ctx, TPK_EDOM, "%s has no derivative as a function (its weak derivative "
+                         "is a multiple of Dirac's delta at 0; the NTK needs polynomially bounded "
+                         "weak derivatives, theory.md §3.5)", phi->canon);
+    case B_X2:
+    case B_ARCCOS2:
+        /* (x²)′ = 2x, (x² 1[x>0])′ = 2 relu(x): the piecewise-linear family */
+        fn = f_abrelu;
+        q[0] = phi->def.variant == B_X2 ? 2.0 : 0.0;
+        q[1] = 2.0;
+        kind = GK_ABRELU;
+        d->ca = q[0];
+        d->cb = q[1];
+        fl = q[0] == q[1] ? (F_C | F_P | F_L | F_S | F_H) : (F_C | F_P | F_L | F_H);
+        break;
+    case B_IDENTITY: case B_RELU: case B_ARCCOS1: case B_LEAKY: case B_ABRELU: case B_ABS:
+        /* a·min(x,0) + b·max(x,0) ↦ a·1[x<0] + b·1[x>0] (phi_bind normalised them onto ca, cb) */
+        fn = d_stepmix;
+        q[0] = phi->kind == GK_IDENTITY ? 1.0 : phi->ca;
+        q[1] = phi->kind == GK_IDENTITY ? 1.0 : phi->cb;
+        q[2] = kink_value(q[0], q[1]);
+        kind = GK_STEPMIX;
+        d->ca = q[0];
+        d->cb = q[1];
+        d->cc = q[2];
+        fl = q[0] == q[1] ? (F_C | F_P | F_L | F_S | F_H) : (F_C | F_P | F_H);
+        break;
+    case B_ERF:
+    case B_ERF_SIGMOID: {
+        /* erf(bx)′ = (2b/√π) e^{−b²x²}; ((1 + erf x)/2)′ = e^{−x²}/√π: both a·exp(βx²) */
+        const double b = phi->def.variant == B_ERF ? p[0] : 1.0;
+        fn = f_expsq;
+        q[0] = phi->def.variant == B_ERF ? TWO_OVER_SQRTPI * b : 0.5 * TWO_OVER_SQRTPI;
+        q[1] = -b * b;
+        kind = GK_EXPSQ;
+        d->ca = q[0];
+        d->cb = q[1];
+        break;
+    }
+    case B_GELU: fn = d_gelu; kind = GK_GELU_D; break;
+    case B_SIN:
+    case B_COS:
+        /* (a sin(bx+c))′ = ab cos(bx+c); (a cos(bx+c))′ = −ab sin(bx+c) */
+        fn = phi->def.variant == B_SIN ? f_cos : f_sin;
+        q[0] = (phi->def.variant == B_SIN ? 1.0 : -1.0) * p[0] * p[1];
+        q[1] = p[1];
+        q[2] = p[2];
+        kind = GK_SIN;
+        d->ca = q[0];
+        d->cb = q[1];
+        d->cc = q[2];
+        d->m = phi->def.variant == B_SIN;
+        break;
+    case B_EXP:
+        fn = f_exp;
+        q[0] = p[0] * p[1];
+        q[1] = p[1];
+        kind = GK_EXP;
+        d->ca = q[0];
+        d->cb = q[1];
+        fl = F_C | F_S;
+        break;
+    case B_EXPSQ:
+        /* (a e^{bx²})′ = 2ab·x·e^{bx²}: bounded and Lipschitz for b ≤ 0, not controlled for b > 0 */
+        fn = d_xexpsq;
+        q[0] = 2.0 * p[0] * p[1];
+        q[1] = p[1];
+        kind = GK_XEXPSQ;
+        d->ca = q[0];
+        d->cb = q[1];
+        fl = p[1] > 0 ? F_S : (F_C | F_P | F_L | F_S);
+        break;
+    case B_X3: case B_X4: case B_X5:
+        /* (x^m)′ = m x^{m−1} */
+        d->m = 2 + (phi->def.variant - B_X3);
+        fn = d->m == 2 ? d_x2s : d->m == 3 ? d_x3s : d_x4s;
+        q[0] = d->m + 1;
+        kind = GK_MONO;
+        d->ca = q[0];
+        fl = F_C | F_P | F_S | F_H;
+        break;
+    case B_TANH: fn = d_tanh; break;
+    case B_SIGMOID: fn = d_sigmoid; break;
+    case B_SOFTPLUS: fn = d_softplus; break;
+    case B_SILU: fn = d_silu; break;
+    case B_GELU_TANH: fn = d_gelu_tanh; break;
+    case B_MISH: fn = d_mish; break;
+    case B_ELU:
+        /* jumps at 0 unless α = 1 (then continuous with a kink, Lipschitz) */
+        fn = d_elu;
+        q[0] = p[0];
+        q[1] = kink_value(p[0], 1.0);
+        fl = p[0] == 1.0 ? (F_C | F_P | F_L) : (F_C | F_P);
+        break;
+    case B_SELU: fn = d_selu; fl = F_C | F_P; break;
+    case B_SOFTSIGN: fn = d_softsign; fl = F_C | F_P | F_L; break;
+    case B_HARDTANH:
+        fn = d_box;
+        q[0] = 1.0;
+        q[1] = 1.0;
+        kind = GK_BOX;
+        d->ca = 1.0;
+        d->cb = 1.0;
+        fl = F_C | F_P;
+        break;
+    default:
+        return TPK_ERROR(ctx, TPK_EINVAL, "internal: no derivative rule for %s", phi->canon);
+    }
+    d->def.fn = fn; /* NULL for a numerical derivative: tpk_phi_eval calls numdiff */
+    d->kind = kind;
+    d->flags = fl;
+    return TPK_OK;
+}
+
+tpk_phi *tpk_phi_derivative(const tpk_phi *phi, tpk_ctx *ctx)
+{
+    if (!phi) {
+        TPK_ERROR(ctx, TPK_EINVAL, "tpk_phi_derivative: phi is required");
+        return NULL;
+    }
+    if (phi->deriv) {
+        TPK_ERROR(ctx, TPK_EUNSUPPORTED, "%s is a derivative already: second derivatives are not "
+                  "available", phi->canon);
+        return NULL;
+    }
+    tpk_phi *d = tpk_calloc(ctx, 1, sizeof *d);
+    if (!d) {
+        TPK_ERROR(ctx, TPK_ENOMEM, "out of memory allocating the derivative of %s", phi->canon);
+        return NULL;
+    }
+    *d = *phi;
+    d->al = tpk_ctx_allocator(ctx);
+    d->deriv = 1;
+    d->ufn = NULL;
+    if (deriv_bind(d, phi, ctx) != TPK_OK) {
+        tpk_phi_free(d);
+        return NULL;
+    }
+    const size_t len = strlen(phi->canon);
+    if (len + 2 > sizeof d->canon) {
+        TPK_ERROR(ctx, TPK_EINVAL, "the name of the derivative of %s is too long", phi->canon);
+        tpk_phi_free(d);
+        return NULL;
+    }
+    d->canon[len] = '\'';
+    d->canon[len + 1] = '\0';
+    return d;
+}
+
+int tpk_phi_register_derivative(tpk_phi_registry *reg, const char *name, tpk_scalar_fn dfn,
+                                unsigned flags, tpk_ctx *ctx)
+{
+    if (!reg || !name || !dfn)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_phi_register_derivative: registry, name and "
+                         "derivative are required");
+    if (flags & ~(unsigned)F_ALL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "derivative of phi '%s': unknown flag bits 0x%x", name,
+                         flags & ~(unsigned)F_ALL);
+    for (size_t i = 0; i < reg->nuser; i++)
+        if (strcmp(reg->user[i].def.name, name) == 0) {
+            reg->user[i].dfn = dfn;
+            reg->user[i].dflags = flags;
+            return TPK_OK;
+        }
+    if (registry_find(reg, name, strlen(name)))
+        return TPK_ERROR(ctx, TPK_EINVAL, "'%s' is a built-in: its derivative is built in", name);
+    return TPK_ERROR(ctx, TPK_ENOTFOUND, "no user function '%s' is registered (tpk_phi_register "
+                     "first)", name);
+}
+
+/* spec := name [ '(' [ number { ',' number } ] ')' ] [ "'" ], blanks allowed around tokens. */
 tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tpk_ctx *ctx)
 {
     if (!spec) {
@@ -445,6 +779,11 @@ tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tpk_ctx *c
         }
         s = skip_ws(s + 1);
     }
+    int primes = 0;
+    while (*s == '\'') {
+        primes++;
+        s = skip_ws(s + 1);
+    }
     if (*s != '\0') {
         TPK_ERROR(ctx, TPK_EINVAL, "phi spec '%s': unexpected '%c' at column %d", spec, *s,
                   (int)(s - spec) + 1);
@@ -467,6 +806,11 @@ tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tpk_ctx *c
     }
     phi->def = *d;
     phi->al = tpk_ctx_allocator(ctx);
+    if (d->variant == -1) {
+        const user_entry *ue = (const user_entry *)d;
+        phi->dfn = ue->dfn;
+        phi->dflags = ue->dflags;
+    }
     for (int i = 0; i < d->nparams; i++)
         phi->p[i] = i < nvals ? vals[i] : d->defaults[i];
     int len = snprintf(phi->canon, sizeof phi->canon, "%s", d->name);
@@ -478,7 +822,16 @@ tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tpk_ctx *c
     if (d->nparams)
         snprintf(phi->canon + len, sizeof phi->canon - (size_t)len, ")");
     phi_bind(phi);
-    return phi;
+    if (primes == 0)
+        return phi;
+    if (primes > 1) {
+        TPK_ERROR(ctx, TPK_EUNSUPPORTED, "phi spec '%s': only first derivatives are available", spec);
+        tpk_phi_free(phi);
+        return NULL;
+    }
+    tpk_phi *dphi = tpk_phi_derivative(phi, ctx);
+    tpk_phi_free(phi);
+    return dphi;
 }
 
 void tpk_phi_free(tpk_phi *phi)
@@ -489,16 +842,82 @@ void tpk_phi_free(tpk_phi *phi)
     }
 }
 const char *tpk_phi_name(const tpk_phi *phi) { return phi->canon; }
-double tpk_phi_eval(const tpk_phi *phi, double x) { return phi->def.fn(x, phi->p); }
+double tpk_phi_eval(const tpk_phi *phi, double x)
+{
+    if (phi->ufn)
+        return numdiff(phi->ufn, phi->p, (phi->def.flags & F_S) != 0, x, NULL);
+    return phi->def.fn(x, phi->p);
+}
+
+double tpk_phi_eval_err(const tpk_phi *phi, double x, double *err)
+{
+    if (phi->ufn) {
+        double e;
+        const double v = numdiff(phi->ufn, phi->p, (phi->def.flags & F_S) != 0, x, &e);
+        if (err)
+            *err = e;
+        return v;
+    }
+    if (err)
+        *err = 0.0;
+    return phi->def.fn(x, phi->p);
+}
+
+int tpk_phi_is_derivative(const tpk_phi *phi) { return phi->deriv; }
+double tpk__phi_eval_rtol(const tpk_phi *phi) { return phi->ufn ? GAUSS_NUMDIFF_RTOL : 0.0; }
 
 /* The same functions as the scalar ones above, a vector of lanes at a time: the interpreters
  * evaluate φ over blocks of samples (netsor/exec_rpn.c), and a call per entry through the
  * registry's pointer cost a third of an LSTM kernel's time (perf: erfc, expm1 inside tanh).
  * libmvec's functions are within 4 ulp of the scalar ones (tests/test_gauss.c checks every
  * built-in against tpk_phi_eval). */
+/* The derivatives the backward pass of an NTK evaluates most (netsor run --ntk): relu′ and its
+ * piecewise-constant kin, erf′, tanh′, sigmoid′, by the same formulas as the scalar ones. */
+static void eval_n_deriv(const tpk_phi *phi, size_t n, const double *x, double *y)
+{
+    const double *p = phi->p;
+    if (phi->kind == GK_STEPMIX) {
+        const double a = p[0], b = p[1], c = p[2];
+#pragma omp simd
+        for (size_t i = 0; i < n; i++)
+            y[i] = x[i] < 0 ? a : x[i] > 0 ? b : c;
+        return;
+    }
+    if (phi->kind == GK_EXPSQ) {
+        const double a = p[0], b = p[1];
+#pragma omp simd
+        for (size_t i = 0; i < n; i++)
+            y[i] = a * exp(b * x[i] * x[i]);
+        return;
+    }
+    switch (phi->ufn ? -1 : phi->def.variant) {
+    case B_TANH:
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) {
+            const double e = exp(-2.0 * fabs(x[i]));
+            y[i] = 4.0 * e / ((1.0 + e) * (1.0 + e));
+        }
+        return;
+    case B_SIGMOID:
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) {
+            const double e = exp(-fabs(x[i]));
+            y[i] = e / ((1.0 + e) * (1.0 + e));
+        }
+        return;
+    default:
+        for (size_t i = 0; i < n; i++)
+            y[i] = tpk_phi_eval(phi, x[i]);
+    }
+}
+
 void tpk_phi_eval_n(const tpk_phi *phi, size_t n, const double *x, double *y)
 {
     const double *p = phi->p;
+    if (phi->deriv) {
+        eval_n_deriv(phi, n, x, y);
+        return;
+    }
     switch (phi->def.variant) {
     case B_IDENTITY:
         if (y != x)

@@ -35,8 +35,9 @@ TPK_API int tpk_phi_register(tpk_phi_registry *reg, const char *name, tpk_scalar
 /* Print "name  flags  closed-form?" one per line. */
 TPK_API void tpk_phi_registry_list(const tpk_phi_registry *reg, void *file /* FILE* */);
 
-/* Instantiate from a spec: "relu", "erf", "leaky_relu(0.1)", "erf(2.5)" (erf(b x)).
- * Grammar: name [ '(' number {',' number} ')' ]; omitted trailing parameters take their defaults.
+/* Instantiate from a spec: "relu", "erf", "leaky_relu(0.1)", "erf(2.5)" (erf(b x)), "tanh'" (φ′).
+ * Grammar: name [ '(' number {',' number} ')' ] [ "'" ]; omitted trailing parameters take their
+ * defaults; a final "'" gives the derivative (tpk_phi_derivative).
  * Errors: TPK_ENOTFOUND (unknown name, with suggestions), TPK_EINVAL (syntax, too many
  * parameters, non-finite parameter). Names and defaults: tpk_phi_registry_list. */
 TPK_API tpk_phi *tpk_phi_alloc(const tpk_phi_registry *reg, const char *spec, tpk_ctx *ctx);
@@ -47,6 +48,31 @@ TPK_API double tpk_phi_eval(const tpk_phi *phi, double x);
 TPK_API void tpk_phi_eval_n(const tpk_phi *phi, size_t n, const double *x, double *y);
 TPK_API unsigned tpk_phi_flags(const tpk_phi *phi);
 TPK_API int tpk_phi_has_closed_form(const tpk_phi *phi); /* zero-mean 2-D closed form known */
+
+/* Derivatives (theory.md §3.5), for the backward kernels E[φ′(u)φ′(v)] of the NTK.
+ * φ′ as a tpk_phi of its own (free with tpk_phi_free; it does not refer to phi or the registry):
+ * every entry point that takes a φ takes it, with a closed-form V_φ′ where one is known.
+ * Its name is φ's with a prime ("relu'", "erf(2.5)'"), which tpk_phi_alloc reads back: a spec
+ * may end in one "'". Built-ins get their derivative formulas; at a kink φ′(x0) is the element
+ * of least magnitude of the one-sided derivatives' interval (relu′(0) = 0: the Heaviside step
+ * with step(0) = 0; abs′(0) = 0; leaky_relu(a)′(0) = a for 0 ≤ a ≤ 1; hardtanh′(±1) = 0). User
+ * functions use the derivative given to tpk_phi_register_derivative, else Ridders-extrapolated
+ * central differences of φ (tpk_phi_eval_err gives their error estimate).
+ * Errors: TPK_EDOM for step, sign and arccos0 (their derivative is Dirac's δ, not a function),
+ * TPK_EUNSUPPORTED for a derivative (no second derivatives), TPK_EINVAL (NULL), TPK_ENOMEM. */
+TPK_API tpk_phi *tpk_phi_derivative(const tpk_phi *phi, tpk_ctx *ctx);
+/* 1 when phi is a derivative (from tpk_phi_derivative or a spec ending in "'"), else 0. */
+TPK_API int tpk_phi_is_derivative(const tpk_phi *phi);
+/* φ(x), with *err (may be NULL) an estimate of its absolute error: 0 for a formula (built-ins,
+ * closed-form derivatives, user functions, user-given derivatives: libm accuracy); for a
+ * numerically differentiated φ′, Ridders' estimate (the spread of the last extrapolations) plus
+ * a rounding bound that assumes φ itself is evaluated within 4 ulp. */
+TPK_API double tpk_phi_eval_err(const tpk_phi *phi, double x, double *err);
+/* Give a registered user function's derivative dfn(x, params) (same parameters as φ) with its
+ * flags, in place of numerical differentiation. Errors: TPK_ENOTFOUND (no user function of that
+ * name; built-ins have theirs), TPK_EINVAL (NULL, unknown flag bits). */
+TPK_API int tpk_phi_register_derivative(tpk_phi_registry *reg, const char *name, tpk_scalar_fn dfn,
+                                        unsigned flags, tpk_ctx *ctx);
 
 /* A value with its error: an estimate (quadrature, MC standard error) or a bound. 0 = exact to rounding. */
 typedef struct tpk_estimate {
