@@ -12,30 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-const char *tpk_shipped_path(const char *rel, char *buf, size_t len)
-{
-    static const char *const up[] = {"/../../", "/../share/tpk/"};
-    char exe[4096];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k > 0) {
-        exe[k] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash)
-            *slash = '\0';
-        for (size_t i = 0; i < sizeof up / sizeof up[0]; i++) {
-            snprintf(buf, len, "%s%s%s", exe, up[i], rel);
-            char real[PATH_MAX];
-            if (access(buf, R_OK) == 0) {
-                if (realpath(buf, real) && strlen(real) < len)
-                    strcpy(buf, real); /* clean "bin/../../" out of messages and attributes */
-                return buf;
-            }
-        }
-    }
-    snprintf(buf, len, "%s", rel);
-    return buf;
-}
-
 static double f_sqrt(double x, const double *params)
 {
     (void)params;
