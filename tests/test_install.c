@@ -1,6 +1,7 @@
 /* `make install` / `make uninstall` into a staging folder (DESTDIR, PREFIX, LIBDIR) as a
  * packager runs them, and programs built against the result with pkg-config, shared and static
- * (scripts/check-install.sh; issue 17, item 5); and which OpenBLAS the build runs on. */
+ * (scripts/check-install.sh; issue 17, item 5; fully static too, issue 40); that libtpk.a defines
+ * no global name without the tpk_ prefix; and which OpenBLAS the build runs on. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +37,24 @@ static void test_staged_install(void **state)
     }
 }
 
+/* Every global symbol that libtpk.a defines carries the prefix (issue 40, item 3): a user's
+ * static link meets no nsr_*, orch_* or other internal name of the library. The archive is one
+ * partial link whose other globals were made local (the Makefile's public_archive). */
+static void test_archive_prefix(void **state)
+{
+    const tu_env *e = *state;
+    char build[1100], cmd[1400], out[4096];
+    snprintf(build, sizeof build, "%s", e->bindir);
+    char *b = dirname(build);
+    snprintf(cmd, sizeof cmd, "nm -g --defined-only '%s/lib/libtpk.a' | awk 'NF == 3 { n++; "
+             "if ($3 !~ /^tpk_/) print $3 } END { print \"defined:\", n + 0 }'", b);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
+    print_message("%s", out);
+    /* only the count line: no name without the prefix */
+    assert_int_equal(strncmp(out, "defined: ", 9), 0);
+    assert_true(atoi(out + 9) > 300); /* the public API is there, not an empty archive */
+}
+
 /* Where Debian's OpenMP build of OpenBLAS is installed, the programs run on it (the Makefile's
  * run path; without it libopenblas.so.0 resolves to the pthread alternative, whose spinning
  * workers slow the OpenMP loops beside them): this test program's own mapping says which. */
@@ -67,6 +86,7 @@ static void test_openblas_build(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_staged_install),
+                                       cmocka_unit_test(test_archive_prefix),
                                        cmocka_unit_test(test_openblas_build)};
     return cmocka_run_group_tests_name("install", tests, setup, tu_teardown);
 }
