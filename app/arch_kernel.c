@@ -90,10 +90,13 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
     if (a && a->custom)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
                          "writes HDF5: run it with tpk_arch_job", a->name);
+    int st = tpk_array_check_input(X, "tpk_arch_kernel", "X", ctx);
+    if (st || (st = tpk_array_check_input(Xt, "tpk_arch_kernel", "Xt", ctx)))
+        return st;
     resolved *r = tpk_calloc(ctx, 1, sizeof *r);
     if (!r)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    int st = resolve(a, o, r, ctx);
+    st = resolve(a, o, r, ctx);
     if (!st) {
         tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
                        .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
@@ -112,6 +115,9 @@ tpk_kernel_job *tpk_arch_kernel_job(const tpk_arch *a, const tpk_arch_opts *o,
                   "reads files: no kernel job on arrays", a->name);
         return NULL;
     }
+    if (tpk_array_check_input(X, "tpk_arch_kernel_job", "X", ctx) ||
+        tpk_array_check_input(Xt, "tpk_arch_kernel_job", "Xt", ctx))
+        return NULL;
     resolved *r = tpk_calloc(ctx, 1, sizeof *r);
     if (!r)
         return NULL;

@@ -223,7 +223,7 @@ static void test_errors(void **state)
 
     x[1 * D + 2] = NAN;
     expect(tpk_arch_kernel(mlp, &o, &X, NULL, &K, NULL, NULL, NULL, &ctx), TPK_EDOM, &ctx,
-           "non-finite value nan at index [1, 2]");
+           "tpk_arch_kernel: X[1, 2] is NaN");
     assert_null(K);
     inputs(x, N, 0.3);
 
