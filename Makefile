@@ -4,6 +4,7 @@
 #   make check      whole test suite      make check-asan   the same under ASan+UBSan
 #   make bench      benchmarks (not tests) make install PREFIX=... (DESTDIR, LIBDIR, ...)
 #   make docs       API reference (Doxygen)  make man   manual pages (help2man)
+#   make debug      portable -O1 -g build for gdb/valgrind (build-debug/)  make check-valgrind
 # The version is include/tpk/version.h's (one place); the SONAME follows its major number.
 VERSION    := $(shell sed -n 's/^\#define TPK_VERSION_STRING "\(.*\)"/\1/p' include/tpk/version.h)
 VERSION_MAJOR := $(firstword $(subst ., ,$(VERSION)))
@@ -312,7 +313,7 @@ docs: $(wildcard include/tpk/*.h) docs/Doxyfile docs/doxygen-filter.sh
 	@echo "API reference: $(BUILD)/docs/html/index.html"
 
 clean:
-	rm -rf build build-asan build-v3
+	rm -rf build build-asan build-v3 build-debug
 
 # Module fragments (targets of the tuner, GP regression, figures, ...) live in mk/*.mk.
 -include $(sort $(wildcard mk/*.mk))

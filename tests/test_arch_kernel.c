@@ -212,7 +212,7 @@ static void expect(int st, int want, const tpk_ctx *ctx, const char *words)
 static void test_errors(void **state)
 {
     (void)state;
-    double x[N * D], xt[M * (D + 1)];
+    double x[N * D], xt[M * (D + 1)] = {0}; /* inputs() fills M × D of it */
     inputs(x, N, 0.3);
     inputs(xt, M, 0.5);
     tpk_array X = {.ndim = 2, .dims = {N, D}, .data = x}, *K = NULL, *Kx = NULL, *kd = NULL;
