@@ -304,7 +304,8 @@ $(BUILD)/man/%.1: $(BUILD)/bin/% | $(HELP2MAN_OK)
 
 # The API reference from the public headers (Doxygen; its comments are plain C comments, which
 # docs/doxygen-filter.sh turns into Doxygen's). Output: $(BUILD)/docs/html/index.html.
-docs: $(wildcard include/tpk/*.h) docs/Doxyfile docs/doxygen-filter.sh
+docs: $(wildcard include/tpk/*.h) docs/Doxyfile docs/doxygen-filter.sh docs/mainpage.md \
+      examples/gp_mlp.c
 	@command -v doxygen >/dev/null 2>&1 || sh scripts/install-deps.sh --only doxygen
 	@mkdir -p $(BUILD)/docs
 	( cat docs/Doxyfile; echo "OUTPUT_DIRECTORY = $(BUILD)/docs"; \

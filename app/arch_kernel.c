@@ -48,8 +48,8 @@ static int resolve(const tpk_arch *a, const tpk_arch_opts *o, resolved *r, tpk_c
             /* {"depth", NULL, "3"}: an initialiser of tpk 0.1.0's member order (archs.h) */
             st = TPK_ERROR(ctx, TPK_EINVAL, "architecture flag %d ('%s') has no value but a "
                            "param '%s': tpk_arch_flag is {flag, value, param}, so write "
-                           "{\"%s\", \"%s\"} (an initialiser {\"%s\", NULL, \"%s\"} has the order of "
-                           "tpk 0.1.0)", i, flag, o->flags[i].param, flag,
+                           "{\"%s\", \"%s\"} (an initialiser {\"%s\", NULL, \"%s\"} has the "
+                           "order of tpk 0.1.0)", i, flag, o->flags[i].param, flag,
                            o->flags[i].param, flag, o->flags[i].param);
         else if (!flag || !value)
             st = TPK_ERROR(ctx, TPK_EINVAL, "architecture flag %d has no name or value", i);

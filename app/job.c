@@ -514,8 +514,9 @@ int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx)
     kj->impl = &kjob_program;
     kj->self = s;
     s->blocks = 1;
-    int st = kj->borrowed ? prepare_arrays("tpk_kernel_job_alloc_arrays", job, kj->X, kj->Xt, s, ctx)
-                          : prepare_inputs(job, s, ctx);
+    int st = kj->borrowed
+                 ? prepare_arrays("tpk_kernel_job_alloc_arrays", job, kj->X, kj->Xt, s, ctx)
+                 : prepare_inputs(job, s, ctx);
     if (st)
         return st;
     /* An entry of a batch-coupled program depends on the other inputs of its batch: a block

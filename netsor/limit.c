@@ -377,7 +377,9 @@ int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_out
                            FILE *report, tpk_array **K, double *err, tpk_ctx *ctx)
 {
     int st = tpk_array_check_input(x, "tpk_netsor_kernel_plan", "x", ctx);
-    return st ? st : tpk_netsor_kernel_plan_with(p, x, all_outputs, plan, report, NULL, K, err, ctx);
+    if (st)
+        return st;
+    return tpk_netsor_kernel_plan_with(p, x, all_outputs, plan, report, NULL, K, err, ctx);
 }
 
 int tpk_netsor_kernel_plan_with(const tpk_program *p, const tpk_array *x, int all_outputs, int plan,

@@ -99,8 +99,8 @@ TPK_API int tpk_arch_program(const tpk_arch *a, int layernorm, const tpk_arch_fl
  * Python package): each flag's parameter (tpk_arch_flag_param) and value (tpk_arch_check_flag),
  * the settings (tpk_arch_sets), the program (tpk_arch_program), then the job. */
 typedef struct tpk_arch_opts {
-    const tpk_arch_flag *flags; /* {flag, value} pairs, the flag as on the command line ("depth",
-                                 * "sigma-w2"); the param member is ignored (looked up in the row) */
+    const tpk_arch_flag *flags; /* {flag, value} pairs, the flag as on the command line
+                                 * ("depth", "sigma-w2"); param is ignored (looked up in the row) */
     int nflags;
     const tpk_param_set *sets;  /* --set overrides, applied after the flags */
     int nsets;

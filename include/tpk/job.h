@@ -79,12 +79,13 @@ TPK_API const char *tpk_datadir(void);
 
 /* Find a file shipped with the toolkit ("programs/mlp.nsr", "data/demo-inputs.csv") into buf
  * (len bytes; the real path). The folders tried, each holding programs/ and data/, in order:
- *   1. $TPK_DATADIR                      the environment's override, ahead of everything;
- *   2. <exe>/../..                       a program of the build tree (build/bin, build/tests);
- *   3. <exe>/../share/tpk                an installed tool, wherever its prefix was moved;
- *   4. tpk_datadir()                     the compiled-in install data directory;
- *   5. <libtpk.so's folder>/../share/tpk a user's program on the installed shared library;
+ *   1. $TPK_DATADIR                  the environment's override, ahead of everything;
+ *   2. EXEDIR/../..                  a program of the build tree (build/bin, build/tests);
+ *   3. EXEDIR/../share/tpk           an installed tool, wherever its prefix was moved;
+ *   4. tpk_datadir()                 the compiled-in install data directory;
+ *   5. LIBDIR/../share/tpk           a user's program on the installed shared library;
  *   6. the working directory.
+ * (EXEDIR: the running program's folder; LIBDIR: the folder of the libtpk.so it loaded.)
  * The build tree comes before the installed copies so that tools and tests built in a checkout
  * run the checkout's programs even where an older tpk is installed. TPK_ENOTFOUND when none
  * has it, with a message that lists every path tried and names TPK_DATADIR and
