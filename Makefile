@@ -194,7 +194,9 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TUNE_LIB) $(LIB_INTERNAL)
 run: tools
 	$(BUILD)/bin/gpkernel --arch=transformer --all-times --output=$(BUILD)/demo-transformer.h5
 
-check: tools tests
+# lib too: test_install and test_examples run `make install` on this build tree, which needs the
+# whole of `all` (the generator of gen/ included) built with this build's flags (check-asan's).
+check: lib tools tests
 	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) sh scripts/run-tests.sh $(TESTS)
 
 # Sanitizer suite: a separate build tree so the optimised build is untouched.
