@@ -590,12 +590,38 @@ static void test_stale_message_rule(void **state)
     }
 }
 
+/* The header docs say what the code does (item 6): io.h's .npy dtypes (any real dtype is read,
+ * tests/test_io.c reads them; io.h said "float32/float64"), netsor.h's NULL registry, archs.h's
+ * initialiser without the dead NULL. */
+static void test_header_docs(void **state)
+{
+    (void)state;
+    const char *r = getenv("TPK_ROOT");
+    const char *checks[][3] = {
+        {"include/tpk/io.h", "every real dtype", "(float32/float64, C order)"},
+        {"include/tpk/netsor.h", "NULL is a registry with none", NULL},
+        {"include/tpk/archs.h", "{.flag = \"depth\", .value = \"3\"}", NULL}};
+    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
+        char path[1200], cmd[1600], out[64];
+        snprintf(path, sizeof path, "%s/%s", r && *r ? r : ".", checks[i][0]);
+        snprintf(cmd, sizeof cmd, "grep -cF '%s' '%s'", checks[i][1], path);
+        if (tu_capture(cmd, out, sizeof out) != 0)
+            fail_msg("%s does not say '%s'", checks[i][0], checks[i][1]);
+        if (checks[i][2]) {
+            snprintf(cmd, sizeof cmd, "grep -cF '%s' '%s'", checks[i][2], path);
+            if (tu_capture(cmd, out, sizeof out) == 0)
+                fail_msg("%s still says '%s'", checks[i][0], checks[i][2]);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nan_named_by_entry), cmocka_unit_test(test_mlp_kernel_inputs),
         cmocka_unit_test(test_helper),             cmocka_unit_test(test_spellings),
         cmocka_unit_test(test_null_registry),      cmocka_unit_test(test_stale_message_rule),
+        cmocka_unit_test(test_header_docs),
     };
     return cmocka_run_group_tests_name("input_checks", tests, setup, teardown);
 }
