@@ -4,6 +4,7 @@
 #   make check      whole test suite      make check-asan   the same under ASan+UBSan
 #   make bench      benchmarks (not tests) make install PREFIX=... (DESTDIR, LIBDIR, ...)
 #   make docs       API reference (Doxygen)  make man   manual pages (help2man)
+#   make debug      portable -O1 -g build for gdb/valgrind (build-debug/)  make check-valgrind
 # The version is include/tpk/version.h's (one place); the SONAME follows its major number.
 VERSION    := $(shell sed -n 's/^\#define TPK_VERSION_STRING "\(.*\)"/\1/p' include/tpk/version.h)
 VERSION_MAJOR := $(firstword $(subst ., ,$(VERSION)))
@@ -88,7 +89,12 @@ TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_SUPPORT := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/*.c))
 BENCH_SRC  := $(wildcard bench/*.c)
 BENCHES    := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+# libtpk.a as users link it: every object partially linked into one (ld -r) whose globals are
+# the tpk_ names alone (objcopy), so that no internal name (nsr_*, orch_*) can clash with a user's
+# in a static link; the programs link it too. The tests, benchmarks and fuzzers call internal
+# functions: they link LIB_INTERNAL, a plain archive of the same objects.
 STATIC     := $(BUILD)/lib/libtpk.a
+LIB_INTERNAL := $(BUILD)/lib/libtpk-internal.a
 # The shared library: libtpk.so.VERSION with SONAME libtpk.so.MAJOR, and the two links to it.
 SONAME     := libtpk.so.$(VERSION_MAJOR)
 SHARED_REAL := $(BUILD)/lib/libtpk.so.$(VERSION)
@@ -130,7 +136,15 @@ $(BUILD)/obj/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
+# -d allocates common symbols (OpenMP's named critical sections), which objcopy can then make
+# local like the rest; the global names left are checked by tests/test_install.c.
+public_archive = rm -f $@ $@.o && ld -r -d -o $@.o $(1) && \
+	objcopy --wildcard --keep-global-symbol='tpk_*' $@.o && ar rcs $@ $@.o && rm -f $@.o
 $(STATIC): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(call public_archive,$^)
+
+$(LIB_INTERNAL): $(LIB_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
@@ -167,13 +181,13 @@ $(BUILD)/bin/tptune: $(BUILD)/obj/tools/tptune.o $(TUNE_LIB) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(TUNE_LIB) $(STATIC) $(LDLIBS_ALL) $(TUNE_LIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(TUNE_LIB) $(STATIC)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(TUNE_LIB) $(LIB_INTERNAL)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(TEST_SUPPORT) $(TUNE_LIB) $(STATIC) $(LDLIBS_ALL) $(TUNE_LIBS) -lcmocka
+	$(CC) -o $@ $< $(TEST_SUPPORT) $(TUNE_LIB) $(LIB_INTERNAL) $(LDLIBS_ALL) $(TUNE_LIBS) -lcmocka
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TUNE_LIB) $(STATIC)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TUNE_LIB) $(LIB_INTERNAL)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(TUNE_LIB) $(STATIC) $(LDLIBS_ALL) $(TUNE_LIBS)
+	$(CC) -o $@ $< $(TUNE_LIB) $(LIB_INTERNAL) $(LDLIBS_ALL) $(TUNE_LIBS)
 
 # Main job (the design card's headline): the infinite-width kernel of the Tensor Programs I
 # transformer on the bundled demo token sequences, written to HDF5.
@@ -181,7 +195,9 @@ run: tools
 	$(BUILD)/bin/gpkernel --arch=transformer --all-times --output=$(BUILD)/demo-transformer.h5
 
 # TPK_VERIFY_IR: every program a test loads has its family IR verified after lowering.
-check: tools tests
+# lib too: test_install and test_examples run `make install` on this build tree, which needs the
+# whole of `all` (the generator of gen/ included) built with this build's flags (check-asan's).
+check: lib tools tests
 	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) TPK_VERIFY_IR=1 sh scripts/run-tests.sh $(TESTS)
 
 # Sanitizer suite: a separate build tree so the optimised build is untouched.
@@ -207,12 +223,47 @@ INSTALLED := $(LIBDIR)/libtpk.a $(LIBDIR)/libtpk.so.$(VERSION) $(LIBDIR)/$(SONAM
              $(TOOL_NAMES:%=$(BASHCOMPDIR)/%) $(PKGCONFIGDIR)/tpk.pc \
              $(patsubst %,$(DATADIR)/tpk/%,$(wildcard programs/*.nsr) $(wildcard data/demo-*))
 
-install: all man
+# The installed libraries are the build's objects with the install data directory compiled in
+# (app/shipped.c, tpk_datadir(): where a user's program finds programs/ and data/), linked apart
+# in $(BUILD)/inst so that the build tree's own libraries never depend on PREFIX. The stamp
+# changes, and the two are linked again, only when DATADIR does.
+INST        := $(BUILD)/inst
+INST_DATADIR = $(DATADIR)/tpk
+INST_OBJ     = $(filter-out $(BUILD)/obj/app/shipped.o,$(LIB_OBJ)) $(INST)/obj/app/shipped.o
+INST_STATIC := $(INST)/libtpk.a
+INST_SHARED := $(INST)/libtpk.so.$(VERSION)
+.PHONY: FORCE
+FORCE:
+$(INST)/datadir.txt: FORCE
+	@mkdir -p $(@D)
+	@echo '$(INST_DATADIR)' | cmp -s - $@ || echo '$(INST_DATADIR)' > $@
+$(INST)/obj/app/shipped.o: app/shipped.c $(INST)/datadir.txt | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -DTPK_DATADIR_INSTALLED='"$(INST_DATADIR)"' -MMD -MP -c $< -o $@
+$(INST_STATIC): $(INST_OBJ)
+	$(call public_archive,$^)
+$(INST_SHARED): $(INST_OBJ)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS_ALL)
+
+# tpk.pc's Libs.private: what a link with libtpk.a needs after it, in link order, down to the
+# libraries that Debian's shared libraries pull in themselves and a -static link must name:
+# HDF5's szip (libaec), COIN-OR CBC's C++ runtime, OpenBLAS's Fortran runtime and LAPACK (after
+# CBC, whose CoinUtils calls dgetrf_). Spelled out rather than `Requires.private`: cbc.pc
+# names -llapack -lblas (a second BLAS beside OpenBLAS) and gsl.pc its reference CBLAS; tpk's
+# headers include none of these libraries' headers, so no Cflags are lost.
+PC_LIBS_PRIVATE = -lgsl $(shell pkg-config --libs-only-L $(HDF5_PC)) -lhdf5_serial_hl \
+    $(shell pkg-config --libs-only-l $(HDF5_PC)) \
+    $(if $(wildcard /usr/lib/*/libsz.* /usr/lib/libsz.* /usr/local/lib/libsz.*),-lsz -laec) \
+    -lfftw3 -llapacke -lnettle $(CBC_LIBS) $(shell $(BLAS_PC) --static --libs openblas) \
+    $(if $(OPENBLAS_OMP),-Wl$(comma)-rpath$(comma)$(OPENBLAS_OMP)) -lquadmath -lstdc++ -lgomp -lz \
+    -ldl -lmvec -lm
+
+install: all man $(INST_STATIC) $(INST_SHARED)
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/tpk $(DESTDIR)$(BINDIR) \
 	    $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(BASHCOMPDIR) \
 	    $(DESTDIR)$(DATADIR)/tpk/programs $(DESTDIR)$(DATADIR)/tpk/data
-	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
-	install -m 755 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/
+	install -m 644 $(INST_STATIC) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(INST_SHARED) $(DESTDIR)$(LIBDIR)/
 	ln -sf libtpk.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libtpk.so
 	install -m 644 $(INSTALL_HEADERS) $(DESTDIR)$(INCLUDEDIR)/tpk/
@@ -224,7 +275,9 @@ install: all man
 	install -m 644 data/demo-* $(DESTDIR)$(DATADIR)/tpk/data/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
 	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
-	    -e 's|@VERSION@|$(VERSION)|' -e 's|@HDF5_PC@|$(HDF5_PC)|' tpk.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/tpk.pc
+	    -e 's|@DATADIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INST_DATADIR))|' \
+	    -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS_PRIVATE@|$(strip $(PC_LIBS_PRIVATE))|' \
+	    tpk.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/tpk.pc
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
@@ -254,7 +307,8 @@ $(BUILD)/man/%.1: $(BUILD)/bin/% | $(HELP2MAN_OK)
 
 # The API reference from the public headers (Doxygen; its comments are plain C comments, which
 # docs/doxygen-filter.sh turns into Doxygen's). Output: $(BUILD)/docs/html/index.html.
-docs: $(wildcard include/tpk/*.h) docs/Doxyfile docs/doxygen-filter.sh
+docs: $(wildcard include/tpk/*.h) docs/Doxyfile docs/doxygen-filter.sh docs/mainpage.md \
+      examples/gp_mlp.c
 	@command -v doxygen >/dev/null 2>&1 || sh scripts/install-deps.sh --only doxygen
 	@mkdir -p $(BUILD)/docs
 	( cat docs/Doxyfile; echo "OUTPUT_DIRECTORY = $(BUILD)/docs"; \
@@ -263,9 +317,9 @@ docs: $(wildcard include/tpk/*.h) docs/Doxyfile docs/doxygen-filter.sh
 	@echo "API reference: $(BUILD)/docs/html/index.html"
 
 clean:
-	rm -rf build build-asan build-v3
+	rm -rf build build-asan build-v3 build-debug
 
 # Module fragments (targets of the tuner, GP regression, figures, ...) live in mk/*.mk.
 -include $(sort $(wildcard mk/*.mk))
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(INST)/obj -name '*.d' 2>/dev/null)

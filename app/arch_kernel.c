@@ -21,14 +21,13 @@ typedef struct resolved {
     const char *program;             /* prog, or NULL for a row without a program */
 } resolved;
 
-/* root/rel, or the shipped file. */
-static const char *locate(const char *root, const char *rel, char *buf, size_t len)
+/* root/rel, or the shipped file (TPK_ENOTFOUND listing where it was looked for). */
+static int locate(const char *root, const char *rel, char *buf, size_t len, tpk_ctx *ctx)
 {
-    if (root)
-        snprintf(buf, len, "%s/%s", root, rel);
-    else
-        tpk_shipped_path(rel, buf, len);
-    return buf;
+    if (!root)
+        return tpk_shipped_find(rel, buf, len, ctx);
+    snprintf(buf, len, "%s/%s", root, rel);
+    return TPK_OK;
 }
 
 static int resolve(const tpk_arch *a, const tpk_arch_opts *o, resolved *r, tpk_ctx *ctx)
@@ -45,7 +44,14 @@ static int resolve(const tpk_arch *a, const tpk_arch_opts *o, resolved *r, tpk_c
     int st = TPK_OK;
     for (int i = 0; !st && i < o->nflags; i++) {
         const char *flag = o->flags[i].flag, *value = o->flags[i].value;
-        if (!flag || !value)
+        if (flag && !value && o->flags[i].param)
+            /* {"depth", NULL, "3"}: an initialiser of tpk 0.1.0's member order (archs.h) */
+            st = TPK_ERROR(ctx, TPK_EINVAL, "architecture flag %d ('%s') has no value but a "
+                           "param '%s': tpk_arch_flag is {flag, value, param}, so write "
+                           "{\"%s\", \"%s\"} (an initialiser {\"%s\", NULL, \"%s\"} has the "
+                           "order of tpk 0.1.0)", i, flag, o->flags[i].param, flag,
+                           o->flags[i].param, flag, o->flags[i].param);
+        else if (!flag || !value)
             st = TPK_ERROR(ctx, TPK_EINVAL, "architecture flag %d has no name or value", i);
         else if (!tpk_arch_flag_param(a, flag, r->param[i], sizeof r->param[i]))
             st = TPK_ERROR(ctx, TPK_EINVAL, "unknown flag '%s' of architecture %s (see gpkernel "
@@ -67,8 +73,8 @@ static int resolve(const tpk_arch *a, const tpk_arch_opts *o, resolved *r, tpk_c
     const char *program = NULL;
     if (!st)
         st = tpk_arch_program(a, o->layernorm, r->fl, o->nflags, &program, ctx);
-    if (!st)
-        r->program = program ? locate(o->root, program, r->prog, sizeof r->prog) : NULL;
+    if (!st && program && !(st = locate(o->root, program, r->prog, sizeof r->prog, ctx)))
+        r->program = r->prog;
     return st;
 }
 
@@ -84,10 +90,13 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
     if (a && a->custom)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
                          "writes HDF5: run it with tpk_arch_job", a->name);
+    int st = tpk_array_check_input(X, "tpk_arch_kernel", "X", ctx);
+    if (st || (st = tpk_array_check_input(Xt, "tpk_arch_kernel", "Xt", ctx)))
+        return st;
     resolved *r = tpk_calloc(ctx, 1, sizeof *r);
     if (!r)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    int st = resolve(a, o, r, ctx);
+    st = resolve(a, o, r, ctx);
     if (!st) {
         tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
                        .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
@@ -106,6 +115,9 @@ tpk_kernel_job *tpk_arch_kernel_job(const tpk_arch *a, const tpk_arch_opts *o,
                   "reads files: no kernel job on arrays", a->name);
         return NULL;
     }
+    if (tpk_array_check_input(X, "tpk_arch_kernel_job", "X", ctx) ||
+        tpk_array_check_input(Xt, "tpk_arch_kernel_job", "Xt", ctx))
+        return NULL;
     resolved *r = tpk_calloc(ctx, 1, sizeof *r);
     if (!r)
         return NULL;
@@ -138,9 +150,9 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, c
     int st = resolve(a, o, r, ctx);
     if (!st && !output)
         st = TPK_ERROR(ctx, TPK_EINVAL, "an architecture job needs an output file");
+    if (!st && !input && !(st = locate(o->root, a->input, in, sizeof in, ctx)))
+        input = in;
     if (!st) {
-        if (!input)
-            input = locate(o->root, a->input, in, sizeof in);
         if (o->layernorm)
             attrs[nattrs++] = (tpk_attr){.name = "layernorm", .value = "1"};
         /* as gpkernel: flags under their own names where those differ from the parameter */

@@ -67,7 +67,13 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
 
     double t0 = tpk_wall_seconds();
     char prog[4200];
-    tpk_shipped_path("programs/attention-sqrtn.nsr", prog, sizeof prog);
+    /* beside the job's own program (a caller's tpk_arch_opts.root), else the shipped one */
+    const char *slash = job->program ? strrchr(job->program, '/') : NULL;
+    if (slash)
+        snprintf(prog, sizeof prog, "%.*s/attention-sqrtn.nsr", (int)(slash - job->program),
+                 job->program);
+    else if (tpk_shipped_find("programs/attention-sqrtn.nsr", prog, sizeof prog, ctx))
+        return ctx->status;
     tpk_input_info info;
     tpk_phi_registry *reg = NULL;
     tpk_program *p = NULL;

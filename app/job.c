@@ -12,30 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-const char *tpk_shipped_path(const char *rel, char *buf, size_t len)
-{
-    static const char *const up[] = {"/../../", "/../share/tpk/"};
-    char exe[4096];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k > 0) {
-        exe[k] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash)
-            *slash = '\0';
-        for (size_t i = 0; i < sizeof up / sizeof up[0]; i++) {
-            snprintf(buf, len, "%s%s%s", exe, up[i], rel);
-            char real[PATH_MAX];
-            if (access(buf, R_OK) == 0) {
-                if (realpath(buf, real) && strlen(real) < len)
-                    strcpy(buf, real); /* clean "bin/../../" out of messages and attributes */
-                return buf;
-            }
-        }
-    }
-    snprintf(buf, len, "%s", rel);
-    return buf;
-}
-
 static double f_sqrt(double x, const double *params)
 {
     (void)params;
@@ -198,34 +174,35 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     return s->out ? TPK_OK : ctx->status;
 }
 
-/* A caller's array as an input: rank 2..4, not empty, finite (the first bad value named by its
- * 0-based index, as tpk_io_read names one in a file). */
-static int check_array(const char *what, const tpk_array *a, tpk_ctx *ctx)
+/* A caller's array as an input: rank 2..4, not empty, finite (the first bad value named by the
+ * entry point, the array and its 0-based index: tpk_array_check_input). `what` is the array's
+ * name, with the name the job gives it (job->input, job->test) beside it. */
+static int check_array(const char *entry, const char *arg, const char *label, const tpk_array *a,
+                       tpk_ctx *ctx)
 {
+    char what[300];
+    snprintf(what, sizeof what, label ? "%s (%s)" : "%s", arg, label);
     if (!a || !a->data || a->ndim < 2 || a->ndim > TPK_ARRAY_MAXDIM)
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: inputs are arrays of rank 2..%d (N×d, N×T×d, ...)",
-                         what, TPK_ARRAY_MAXDIM);
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: %s: inputs are arrays of rank 2..%d (N×d, N×T×d, "
+                         "...)", entry, what, TPK_ARRAY_MAXDIM);
     for (int k = 0; k < a->ndim; k++)
         if (a->dims[k] == 0)
-            return TPK_ERROR(ctx, TPK_EINVAL, "%s: empty input (axis %d has length 0)", what, k);
-    char idx[160];
-    size_t i = tpk_array_first_nonfinite(a, idx, sizeof idx);
-    if (i < tpk_array_size(a))
-        return TPK_ERROR(ctx, TPK_EDOM, "%s: non-finite value %g at index [%s] (0-based)", what,
-                         a->data[i], idx);
-    return tpk_array_check_scale(a, what, ctx);
+            return TPK_ERROR(ctx, TPK_EINVAL, "%s: %s: empty input (axis %d has length 0)", entry,
+                             what, k);
+    return tpk_array_check_input(a, entry, what, ctx);
 }
 
-/* The *_arrays entry points: borrowed inputs, checked, and the program loaded for them. */
-static int prepare_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
-                          job_state *s, tpk_ctx *ctx)
+/* The *_arrays entry points (`entry` names the one called): borrowed inputs, checked, and the
+ * program loaded for them. */
+static int prepare_arrays(const char *entry, const tpk_job *job, const tpk_array *X,
+                          const tpk_array *Xt, job_state *s, tpk_ctx *ctx)
 {
     int plan;
     int st = tpk_netsor_plan_from_env(&plan, ctx);
     if (st == TPK_OK)
-        st = check_array(input_name(job), X, ctx);
+        st = check_array(entry, "X", job->input, X, ctx);
     if (!st && Xt)
-        st = check_array(job->test ? job->test : "test input", Xt, ctx);
+        st = check_array(entry, "Xt", job->test, Xt, ctx);
     if (st)
         return st;
     s->X = X;
@@ -425,7 +402,7 @@ int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_arra
         *kdiag = NULL;
     int st = Xt && (!Kxt || !kdiag)
                  ? TPK_ERROR(ctx, TPK_EINVAL, "a test input needs Kxt and kdiag for its blocks")
-                 : prepare_arrays(job, X, Xt, &s, ctx);
+                 : prepare_arrays("tpk_job_kernel_arrays", job, X, Xt, &s, ctx);
     if (!st)
         st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, &e, ctx);
     job_state_free(&s, ctx);
@@ -488,7 +465,7 @@ int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uin
     else if (width < 1)
         st = TPK_ERROR(ctx, TPK_EINVAL, "the width must be at least 1");
     if (!st)
-        st = prepare_arrays(job, X, NULL, &s, ctx);
+        st = prepare_arrays("tpk_job_run_arrays", job, X, NULL, &s, ctx);
     if (!st)
         st = tpk_netsor_run_progress(s.prog, s.X, width, seed, job->all_outputs, job->progress,
                                      Khat, y, ctx);
@@ -537,8 +514,9 @@ int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx)
     kj->impl = &kjob_program;
     kj->self = s;
     s->blocks = 1;
-    int st = kj->borrowed ? prepare_arrays(job, kj->X, kj->Xt, s, ctx)
-                          : prepare_inputs(job, s, ctx);
+    int st = kj->borrowed
+                 ? prepare_arrays("tpk_kernel_job_alloc_arrays", job, kj->X, kj->Xt, s, ctx)
+                 : prepare_inputs(job, s, ctx);
     if (st)
         return st;
     /* An entry of a batch-coupled program depends on the other inputs of its batch: a block

@@ -106,6 +106,43 @@ size_t tpk_array_first_nonfinite(const tpk_array *a, char *idx, size_t cap)
     return n;
 }
 
+/* The one check behind every public entry point that takes arrays (issue 40): the first NaN or
+ * infinity is named by the entry point, the array as its caller calls it, and its 0-based
+ * multi-index, before any arithmetic can turn it into an error about something else ("a
+ * pre-activation variance is not a number"). */
+int tpk_array_check_finite(const tpk_array *a, const char *entry, const char *name, tpk_ctx *ctx)
+{
+    if (a == NULL || a->data == NULL)
+        return TPK_OK; /* the entry point's own shape checks name a missing array */
+    char idx[160];
+    size_t i = tpk_array_first_nonfinite(a, idx, sizeof idx);
+    if (i == tpk_array_size(a))
+        return TPK_OK;
+    double v = a->data[i];
+    return TPK_ERROR(ctx, TPK_EDOM, "%s: %s[%s] is %s (indices from 0): the inputs must be finite",
+                     entry ? entry : "tpk", name ? name : "input", idx,
+                     isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf");
+}
+
+int tpk_values_check_finite(const double *v, size_t n, const char *entry, const char *name,
+                            tpk_ctx *ctx)
+{
+    if (v == NULL)
+        return TPK_OK;
+    tpk_array view = {.ndim = 1, .dims = {n}, .data = (double *)v};
+    return tpk_array_check_finite(&view, entry, name, ctx);
+}
+
+int tpk_array_check_input(const tpk_array *a, const char *entry, const char *name, tpk_ctx *ctx)
+{
+    int st = tpk_array_check_finite(a, entry, name, ctx);
+    if (st || a == NULL || a->data == NULL)
+        return st;
+    char what[256];
+    snprintf(what, sizeof what, "%s: %s", entry ? entry : "tpk", name ? name : "input");
+    return tpk_array_check_scale(a, what, ctx);
+}
+
 /* "3×4" (the dims after the first), or "scalar" for one value per item. */
 static void item_shape(const tpk_array *a, char *buf, size_t len)
 {

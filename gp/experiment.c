@@ -46,21 +46,39 @@ void tpk_gp_experiment_opts_default(tpk_gp_experiment_opts *o)
                                   .noise_fits = NOISE_FITS_DEFAULT, .name = "tpk_gp_experiment"};
 }
 
-static int check_var(const char *name, double v, int positive, tpk_ctx *ctx)
+/* An option as its caller spelled it (issue 40): gpregress (o->name "gpregress", or
+ * "gpregress-mpi") gave a flag, "--sigma-w2"; a C caller set a field, "sigma_w2 (gpregress
+ * --sigma-w2)". Into buf; returns buf. */
+static const char *spelled(const opts *o, const char *field, const char *flag, char *buf,
+                           size_t len)
 {
+    if (o->name && strncmp(o->name, "gpregress", 9) == 0)
+        snprintf(buf, len, "--%s", flag);
+    else
+        snprintf(buf, len, "%s (gpregress --%s)", field, flag);
+    return buf;
+}
+
+static int check_var(const opts *o, const char *field, const char *flag, double v, int positive,
+                     tpk_ctx *ctx)
+{
+    char sp[96];
     if (!isfinite(v) || v < 0 || (positive && v == 0))
-        return TPK_ERROR(ctx, TPK_EDOM, "--%s must be a finite value %s 0 (got %g)", name,
-                         positive ? ">" : ">=", v);
+        return TPK_ERROR(ctx, TPK_EDOM, "%s must be a finite value %s 0 (got %g)",
+                         spelled(o, field, flag, sp, sizeof sp), positive ? ">" : ">=", v);
     return TPK_OK;
 }
 
 int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
 {
     int st;
+    char sp[96], sp2[96];
     if (!o)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gp_experiment_check: NULL options");
     if (!!o->kernel == !!o->kernel_file)
-        return TPK_ERROR(ctx, TPK_EINVAL, "give exactly one of --arch and --kernel (see --help)");
+        return TPK_ERROR(ctx, TPK_EINVAL, "give exactly one of %s and %s",
+                         spelled(o, "kernel", "arch", sp, sizeof sp),
+                         spelled(o, "kernel_file", "kernel", sp2, sizeof sp2));
     if (o->kernel && strcmp(o->kernel, "mlp") != 0 && strcmp(o->kernel, "rbf") != 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "unknown --arch '%s' (known: mlp, rbf)", o->kernel);
     if (o->kernel && !o->train)
@@ -76,26 +94,30 @@ int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
     if (o->test_labels && !o->test && !o->kernel_file)
         return TPK_ERROR(ctx, TPK_EINVAL, "--test-labels needs --test");
     if (o->depth_lo < 1 || o->depth_hi < o->depth_lo || o->depth_hi > DEPTH_MAX)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--depth: range %d-%d must have 1 <= A <= B <= %d",
-                         o->depth_lo, o->depth_hi, DEPTH_MAX);
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: range %d-%d must have 1 <= A <= B <= %d",
+                         spelled(o, "depth_lo, depth_hi", "depth", sp, sizeof sp), o->depth_lo,
+                         o->depth_hi, DEPTH_MAX);
     if (o->depth_lo != o->depth_hi && !(o->kernel && strcmp(o->kernel, "mlp") == 0))
         return TPK_ERROR(ctx, TPK_EINVAL, "a --depth range needs --arch=mlp");
     if (o->full_cov && o->depth_lo != o->depth_hi)
         return TPK_ERROR(ctx, TPK_EINVAL, "--full-cov takes a single depth");
     if (o->fit_hyper && o->kernel_file)
         return TPK_ERROR(ctx, TPK_EINVAL, "--fit-hyper needs a kernel family (--arch), not --kernel");
-    if (!o->noise_auto && (st = check_var("noise", o->noise, 0, ctx)))
+    if (!o->noise_auto && (st = check_var(o, "noise", "noise", o->noise, 0, ctx)))
         return st;
-    if ((st = check_var("sigma-w2", o->sigma_w2, 0, ctx)) ||
-        (st = check_var("sigma-b2", o->sigma_b2, 0, ctx)) ||
-        (st = check_var("lengthscale2", o->lengthscale2, 1, ctx)) ||
-        (st = check_var("amplitude", o->amplitude, 1, ctx)))
+    if ((st = check_var(o, "sigma_w2", "sigma-w2", o->sigma_w2, 0, ctx)) ||
+        (st = check_var(o, "sigma_b2", "sigma-b2", o->sigma_b2, 0, ctx)) ||
+        (st = check_var(o, "lengthscale2", "lengthscale2", o->lengthscale2, 1, ctx)) ||
+        (st = check_var(o, "amplitude", "amplitude", o->amplitude, 1, ctx)))
         return st;
     if (o->quad_degree < QUAD_DEGREE_MIN || o->quad_degree > QUAD_DEGREE_MAX)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--quad-degree must be in %d..%d (got %d)",
-                         QUAD_DEGREE_MIN, QUAD_DEGREE_MAX, o->quad_degree);
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s must be in %d..%d (got %d)",
+                         spelled(o, "quad_degree", "quad-degree", sp, sizeof sp), QUAD_DEGREE_MIN,
+                         QUAD_DEGREE_MAX, o->quad_degree);
     if (o->select_n < 2 || o->noise_fits < 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--select-n must be >= 2 and --noise-fits >= 0");
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s must be >= 2 and %s >= 0",
+                         spelled(o, "select_n", "select-n", sp, sizeof sp),
+                         spelled(o, "noise_fits", "noise-fits", sp2, sizeof sp2));
     if (o->kernel && strcmp(o->kernel, "mlp") == 0 && !o->phi)
         return TPK_ERROR(ctx, TPK_EINVAL, "--arch=mlp needs --phi");
     return TPK_OK;

@@ -89,7 +89,8 @@ tpk_gp_family *tpk_gp_family_mlp_alloc(const tpk_mlp_params *p, const tpk_array 
         TPK_ERROR(ctx, TPK_EINVAL, "no training inputs for the MLP family");
         return NULL;
     }
-    if (tpk_mlp_params_check(p, ctx))
+    if (tpk_mlp_params_check(p, ctx) ||
+        tpk_array_check_input(X, "tpk_gp_family_mlp_alloc", "X", ctx))
         return NULL;
     if (!(fd_step >= 0) || fd_step > 0.1) {
         TPK_ERROR(ctx, TPK_EINVAL, "finite-difference step must be in [0, 0.1] (got %g)", fd_step);
@@ -211,6 +212,8 @@ tpk_gp_family *tpk_gp_family_rbf_alloc(const tpk_array *X, tpk_ctx *ctx)
         TPK_ERROR(ctx, TPK_EINVAL, "no training inputs for the RBF family");
         return NULL;
     }
+    if (tpk_array_check_input(X, "tpk_gp_family_rbf_alloc", "X", ctx))
+        return NULL;
     const size_t n = X->dims[0];
     tpk_gp_family *f = tpk_calloc(ctx, 1, sizeof *f);
     rbf_data *r = tpk_calloc(ctx, 1, sizeof *r);
@@ -250,6 +253,9 @@ int tpk_gp_rbf_kernel(const double *theta, const tpk_array *X, const tpk_array *
         return st;
     if (!X || !X->data)
         return TPK_ERROR(ctx, TPK_EINVAL, "no training inputs");
+    if ((st = tpk_array_check_input(X, "tpk_gp_rbf_kernel", "X", ctx)) ||
+        (st = tpk_array_check_input(Xt, "tpk_gp_rbf_kernel", "Xt", ctx)))
+        return st;
     const size_t n = X->dims[0], d = tpk_array_item_size(X);
     const double g = 0.5 / theta[0], s = theta[1];
     if (K) {
@@ -304,7 +310,8 @@ int tpk_gp_mlp_sweep(const tpk_mlp_params *p, const tpk_array *X, const tpk_arra
                      tpk_gp_depth_fn cb, void *data, tpk_ctx *ctx)
 {
     int st = tpk_mlp_params_check(p, ctx);
-    if (st)
+    if (st || (st = tpk_array_check_input(X, "tpk_gp_mlp_sweep", "X", ctx)) ||
+        (st = tpk_array_check_input(Xt, "tpk_gp_mlp_sweep", "Xt", ctx)))
         return st;
     if (!cb)
         return TPK_ERROR(ctx, TPK_EINVAL, "no callback given to the depth sweep");

@@ -150,7 +150,8 @@ out:
     return st;
 }
 
-int tpk_gp_impl_check_targets(const tpk_array *Y, size_t n, size_t *c, tpk_ctx *ctx)
+int tpk_gp_impl_check_targets(const char *entry, const tpk_array *Y, size_t n, size_t *c,
+                              tpk_ctx *ctx)
 {
     if (!Y || !Y->data)
         return TPK_ERROR(ctx, TPK_EINVAL, "no targets given");
@@ -162,12 +163,7 @@ int tpk_gp_impl_check_targets(const tpk_array *Y, size_t n, size_t *c, tpk_ctx *
     *c = Y->ndim == 2 ? Y->dims[1] : 1;
     if (*c == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "targets have no columns");
-    size_t len = n * *c;
-    for (size_t k = 0; k < len; k++)
-        if (!isfinite(Y->data[k]))
-            return TPK_ERROR(ctx, TPK_EDOM, "targets have a non-finite value at [%zu][%zu]",
-                             k / *c, k % *c);
-    return TPK_OK;
+    return tpk_array_check_finite(Y, entry, "Y", ctx);
 }
 
 /* Lower triangle of A from the strict upper triangle of A (overwrite mode) or from src. */
@@ -330,15 +326,16 @@ static int check_square(const tpk_array *K, const char *what, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-/* Validate and allocate; kc receives the kernel check (caller frees). */
-static tpk_gp *gp_prepare(tpk_array *K, const tpk_array *Y, const tpk_gp_options *opt,
-                          gp_kcheck *kc, tpk_ctx *ctx)
+/* Validate and allocate for the entry point `entry`; kc receives the kernel check (caller
+ * frees). */
+static tpk_gp *gp_prepare(const char *entry, tpk_array *K, const tpk_array *Y,
+                          const tpk_gp_options *opt, gp_kcheck *kc, tpk_ctx *ctx)
 {
     size_t c = 0;
-    if (check_square(K, "kernel", ctx))
+    if (check_square(K, "kernel", ctx) || tpk_array_check_finite(K, entry, "K", ctx))
         return NULL;
     const size_t n = K->dims[0];
-    if (tpk_gp_impl_check_targets(Y, n, &c, ctx))
+    if (tpk_gp_impl_check_targets(entry, Y, n, &c, ctx))
         return NULL;
     if (!(opt->jitter_first >= 0) || !(opt->jitter_max >= 0) || !(opt->rcond_min >= 0) ||
         !(opt->sym_tol >= 0) || !(opt->pivot_ratio_min >= 0)) {
@@ -407,7 +404,7 @@ tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise, const tpk_gp_
     if (tpk_gp_impl_check_noise(noise, ctx))
         return NULL;
     gp_kcheck kc = {0};
-    tpk_gp *gp = gp_prepare(K, Y, opt, &kc, ctx);
+    tpk_gp *gp = gp_prepare("tpk_gp_fit", K, Y, opt, &kc, ctx);
     if (!gp)
         return NULL;
     int st = gp_factor_solve(gp, K, Y, noise, &kc, opt, 0, ctx);
@@ -566,7 +563,7 @@ tpk_gp *tpk_gp_fit_search_noise(tpk_array *K, const tpk_array *Y, double guess, 
     if (check_walk(guess, step, max_fits, ctx))
         return NULL;
     gp_kcheck kc = {0};
-    tpk_gp *gp = gp_prepare(K, Y, opt, &kc, ctx);
+    tpk_gp *gp = gp_prepare("tpk_gp_fit_search_noise", K, Y, opt, &kc, ctx);
     if (!gp)
         return NULL;
     search_arg a = {.gp = gp, .K = K, .Y = Y, .kc = &kc, .opt = opt};
@@ -601,7 +598,8 @@ int tpk_gp_weights(const tpk_gp *gp, tpk_array *alpha, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-static int check_cross(const tpk_gp *gp, const tpk_array *Kxt, size_t *m, tpk_ctx *ctx)
+static int check_cross(const char *entry, const tpk_gp *gp, const tpk_array *Kxt, size_t *m,
+                       tpk_ctx *ctx)
 {
     if (!Kxt || !Kxt->data)
         return TPK_ERROR(ctx, TPK_EINVAL, "no test×train kernel given");
@@ -611,12 +609,7 @@ static int check_cross(const tpk_gp *gp, const tpk_array *Kxt, size_t *m, tpk_ct
                          gp->n, Kxt->ndim != 2 ? "not a matrix, " : "", Kxt->dims[0],
                          Kxt->ndim > 1 ? Kxt->dims[1] : (size_t)1);
     *m = Kxt->dims[0];
-    size_t len = *m * gp->n;
-    for (size_t k = 0; k < len; k++)
-        if (!isfinite(Kxt->data[k]))
-            return TPK_ERROR(ctx, TPK_EDOM, "test×train kernel has a non-finite value at [%zu][%zu]",
-                             k / gp->n, k % gp->n);
-    return TPK_OK;
+    return tpk_array_check_finite(Kxt, entry, "Kxt", ctx);
 }
 
 /* Test item i: prior variance d, of which the training points explain s (GP_VAR_RTOL). */
@@ -634,8 +627,10 @@ int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdia
                    tpk_array *mean, tpk_array *var, tpk_ctx *ctx)
 {
     size_t m = 0;
+    if (!gp)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gp_predict: no fitted GP");
     const size_t n = gp->n, c = gp->c;
-    int st = check_cross(gp, Kxt, &m, ctx);
+    int st = check_cross("tpk_gp_predict", gp, Kxt, &m, ctx);
     if (st)
         return st;
     if (!mean || !mean->data || mean->dims[0] != m || tpk_array_size(mean) != m * c)
@@ -646,9 +641,8 @@ int tpk_gp_predict(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *kdia
                              kdiag && kdiag->data ? tpk_array_size(kdiag) : (size_t)0);
         if (!var->data || tpk_array_size(var) != m)
             return TPK_ERROR(ctx, TPK_EINVAL, "variance output must have %zu entries", m);
-        for (size_t i = 0; i < m; i++)
-            if (!isfinite(kdiag->data[i]))
-                return TPK_ERROR(ctx, TPK_EDOM, "test diagonal has a non-finite value at [%zu]", i);
+        if ((st = tpk_array_check_finite(kdiag, "tpk_gp_predict", "kdiag", ctx)))
+            return st;
     }
     if (m == 0)
         return TPK_OK;
@@ -683,18 +677,18 @@ int tpk_gp_predict_cov(const tpk_gp *gp, const tpk_array *Kxt, const tpk_array *
                        tpk_array *cov, tpk_ctx *ctx)
 {
     size_t m = 0;
+    if (!gp)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gp_predict_cov: no fitted GP");
     const size_t n = gp->n;
-    int st = check_cross(gp, Kxt, &m, ctx);
+    int st = check_cross("tpk_gp_predict_cov", gp, Kxt, &m, ctx);
     if (st)
         return st;
     if (!Ktt || !Ktt->data || Ktt->ndim != 2 || Ktt->dims[0] != m || Ktt->dims[1] != m)
         return TPK_ERROR(ctx, TPK_EINVAL, "test×test kernel must be %zu×%zu", m, m);
     if (!cov || !cov->data || cov->ndim != 2 || cov->dims[0] != m || cov->dims[1] != m)
         return TPK_ERROR(ctx, TPK_EINVAL, "covariance output must be %zu×%zu", m, m);
-    for (size_t k = 0; k < m * m; k++)
-        if (!isfinite(Ktt->data[k]))
-            return TPK_ERROR(ctx, TPK_EDOM, "test×test kernel has a non-finite value at [%zu][%zu]",
-                             k / m, k % m);
+    if ((st = tpk_array_check_finite(Ktt, "tpk_gp_predict_cov", "Ktt", ctx)))
+        return st;
     if (m == 0)
         return TPK_OK;
     double *W = tpk_malloc(ctx, n * m * sizeof *W);

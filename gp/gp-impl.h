@@ -34,7 +34,9 @@ int tpk_gp_impl_noise_range(const tpk_array *K, double *lo, double *hi, tpk_ctx 
 int tpk_gp_impl_check_kernel(const double *K, size_t n, double sym_tol, const char *what,
                              gp_kcheck *kc, tpk_ctx *ctx);
 void tpk_gp_impl_kcheck_free(gp_kcheck *kc);
-int tpk_gp_impl_check_targets(const tpk_array *Y, size_t n, size_t *c, tpk_ctx *ctx);
+/* Y as targets of an N×N kernel (N or N×C, finite: tpk_array_check_finite naming `entry`). */
+int tpk_gp_impl_check_targets(const char *entry, const tpk_array *Y, size_t n, size_t *c,
+                              tpk_ctx *ctx);
 int tpk_gp_impl_check_noise(double noise, tpk_ctx *ctx);
 
 /* Factor A = K + (noise + jitter)I into the buffer A (N×N). src == A: overwrite mode (K's strict

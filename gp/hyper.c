@@ -36,10 +36,18 @@ int tpk_gp_lml_grad(const tpk_array *K, const tpk_array *Y, double noise,
         return st;
     const size_t n = K->dims[0];
     size_t c = 0;
-    if ((st = tpk_gp_impl_check_targets(Y, n, &c, ctx)))
+    if ((st = tpk_array_check_finite(K, "tpk_gp_lml_grad", "K", ctx)) ||
+        (st = tpk_gp_impl_check_targets("tpk_gp_lml_grad", Y, n, &c, ctx)))
         return st;
     if (grad && np > 0 && !dK)
         return TPK_ERROR(ctx, TPK_EINVAL, "gradient requested for %zu parameters but no dK", np);
+    for (size_t i = 0; grad && i < np; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "dK[%zu]", i);
+        tpk_array view = {.ndim = 2, .dims = {n, n}, .data = (double *)dK[i]};
+        if ((st = tpk_array_check_finite(&view, "tpk_gp_lml_grad", name, ctx)))
+            return st;
+    }
     gp_kcheck kc = {0};
     if ((st = tpk_gp_impl_check_kernel(K->data, n, opt->sym_tol, "kernel", &kc, ctx)))
         return st;
@@ -195,7 +203,7 @@ int tpk_gp_fit_hyper(const tpk_gp_family *f, const tpk_array *Y, double *theta, 
     if (!f || !f->eval || f->nparams > TPK_GP_MAXPARAMS || f->n == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "invalid kernel family");
     size_t c = 0;
-    int st = tpk_gp_impl_check_targets(Y, f->n, &c, ctx);
+    int st = tpk_gp_impl_check_targets("tpk_gp_fit_hyper", Y, f->n, &c, ctx);
     if (st)
         return st;
     if (opt->max_iter < 0 || !(opt->gtol > 0) || !(opt->log_lo < opt->log_hi))

@@ -38,7 +38,8 @@ tpk_gp_spectral *tpk_gp_spectral_alloc(const tpk_array *K, const tpk_array *Y, t
         return NULL;
     }
     size_t c = 0;
-    if (tpk_gp_impl_check_targets(Y, n, &c, ctx))
+    if (tpk_array_check_finite(K, "tpk_gp_spectral_alloc", "K", ctx) ||
+        tpk_gp_impl_check_targets("tpk_gp_spectral_alloc", Y, n, &c, ctx))
         return NULL;
     gp_kcheck kc = {0};
     if (tpk_gp_impl_check_kernel(K->data, n, 1e-8, "kernel", &kc, ctx))

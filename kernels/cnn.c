@@ -1226,6 +1226,10 @@ int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_
     int st = tpk_cnn_params_check(p, ctx);
     if (st)
         return st;
+    if (!X || !X->data || X->ndim < 1 || !K || !K->data)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_kernel: no input X or no output K");
+    if ((st = tpk_array_check_input(X, "tpk_cnn_kernel", "X", ctx)))
+        return st;
     const size_t N = X->dims[0], Q = p->rows * p->cols;
     if (tpk_array_item_size(X) != Q * p->channels)
         return TPK_ERROR(ctx, TPK_EINVAL,

@@ -474,7 +474,7 @@ static uint32_t *sobol_table(int ndims, size_t npts, tpk_ctx *ctx)
 int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
                    const tpk_progress *prog, tpk_array **K, double *err, tpk_ctx *ctx)
 {
-    if (!p || !X || !K)
+    if (!p || !X || !X->data || !K)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gru_kernel: NULL argument");
     *K = NULL;
     if (err)
@@ -491,10 +491,8 @@ int tpk_gru_kernel(const tpk_gru_params *p, const tpk_array *X, int all_times,
     if (X->dims[0] > 65535)
         return TPK_ERROR(ctx, TPK_EINVAL, "GRU: %zu sequences is more than 65535", X->dims[0]);
     const int N = (int)X->dims[0], T = (int)X->dims[1], d = (int)X->dims[2], NT = N * T;
-    for (size_t k = 0; k < tpk_array_size(X); k++)
-        if (!isfinite(X->data[k]))
-            return TPK_ERROR(ctx, TPK_EDOM, "GRU: input value %zu (sequence %zu, step %zu) is not "
-                             "finite", k, k / ((size_t)T * d), k / d % T);
+    if ((st = tpk_array_check_input(X, "tpk_gru_kernel", "X", ctx)))
+        return st;
     size_t nn = (size_t)NT * NT;
     double *Gx = tpk_calloc(ctx, nn, sizeof *Gx), *Ehh = tpk_calloc(ctx, nn, sizeof *Ehh);
     double *E2 = tpk_calloc(ctx, nn, sizeof *E2), *Cz = tpk_calloc(ctx, nn, sizeof *Cz);

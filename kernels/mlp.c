@@ -8,17 +8,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The fields as a C caller names them (tpk_mlp_params.sigma_w2), not as gpkernel spells its
+ * flags (--sigma-w2): gpregress and gpkernel check their own flags before they get here. */
 int tpk_mlp_params_check(const tpk_mlp_params *p, tpk_ctx *ctx)
 {
+    if (p == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "no tpk_mlp_params given");
     if (p->depth < 1)
-        return TPK_ERROR(ctx, TPK_EINVAL, "depth must be at least 1 hidden layer (got %d)", p->depth);
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_mlp_params.depth must be at least 1 hidden layer "
+                         "(got %d)", p->depth);
     if (p->phi == NULL)
-        return TPK_ERROR(ctx, TPK_EINVAL, "no nonlinearity given");
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_mlp_params.phi is NULL: no nonlinearity given "
+                         "(tpk_phi_alloc)");
     if (!(p->sigma_w2 >= 0) || !isfinite(p->sigma_w2))
-        return TPK_ERROR(ctx, TPK_EDOM, "sigma-w2 must be a finite variance >= 0 (got %g)", p->sigma_w2);
+        return TPK_ERROR(ctx, TPK_EDOM, "tpk_mlp_params.sigma_w2 must be a finite variance >= 0 "
+                         "(got %g)", p->sigma_w2);
     if (!(p->sigma_b2 >= 0) || !isfinite(p->sigma_b2))
-        return TPK_ERROR(ctx, TPK_EDOM, "sigma-b2 must be a finite variance >= 0 (got %g)", p->sigma_b2);
+        return TPK_ERROR(ctx, TPK_EDOM, "tpk_mlp_params.sigma_b2 must be a finite variance >= 0 "
+                         "(got %g)", p->sigma_b2);
     return TPK_OK;
+}
+
+/* The parameters, then the inputs (each named as the entry point's caller calls it). */
+static int check_call(const char *entry, const tpk_mlp_params *p, const tpk_array *X,
+                      const char *xname, const tpk_array *Xt, const char *xtname, tpk_ctx *ctx)
+{
+    int st = tpk_mlp_params_check(p, ctx);
+    if (st)
+        return st;
+    if (X == NULL || X->data == NULL || X->ndim < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: no input array %s", entry, xname);
+    if ((st = tpk_array_check_input(X, entry, xname, ctx)))
+        return st;
+    return Xt ? tpk_array_check_input(Xt, entry, xtname, ctx) : TPK_OK;
 }
 
 /* Σ¹ of the train block: the Gram matrix by tpk_dsyrk (the tuned SYRK kernels; symmetric on
@@ -50,7 +72,7 @@ static int all_finite(const double *v, size_t len, tpk_ctx *ctx)
         if (!isfinite(v[i]))
             return TPK_ERROR(ctx, TPK_ENUMERIC,
                              "kernel overflowed to a non-finite value (variance grows without "
-                             "bound for this phi/sigma-w2/depth)");
+                             "bound for this phi, sigma_w2 (--sigma-w2) and depth)");
     return TPK_OK;
 }
 
@@ -67,8 +89,8 @@ static int diag_step(const tpk_mlp_params *p, const double *q, double *next, siz
             snprintf(why, sizeof why, "%s", ctx->msg);
             tpk_ctx_clear(ctx);
             return TPK_ERROR(ctx, TPK_ENUMERIC, "kernel overflowed at hidden layer %d (%s): the "
-                             "variance grows without bound for this phi, sigma-w2 and depth",
-                             layer, why);
+                             "variance grows without bound for this phi, sigma_w2 (--sigma-w2) and "
+                             "depth", layer, why);
         }
         if (st)
             return st;
@@ -76,8 +98,8 @@ static int diag_step(const tpk_mlp_params *p, const double *q, double *next, siz
         e = fmax(e, r.err);
         if (!isfinite(next[i]))
             return TPK_ERROR(ctx, TPK_ENUMERIC, "kernel overflowed at hidden layer %d: the "
-                             "variance grows without bound for this phi, sigma-w2 and depth",
-                             layer);
+                             "variance grows without bound for this phi, sigma_w2 (--sigma-w2) and "
+                             "depth", layer);
     }
     *err = e;
     return TPK_OK;
@@ -86,7 +108,7 @@ static int diag_step(const tpk_mlp_params *p, const double *q, double *next, siz
 int tpk_mlp_diag(const tpk_mlp_params *p, const tpk_array *X, const tpk_gauss_ws *ws, double *q,
                  double *err, tpk_ctx *ctx)
 {
-    int st = tpk_mlp_params_check(p, ctx);
+    int st = check_call("tpk_mlp_diag", p, X, "X", NULL, NULL, ctx);
     if (st)
         return st;
     const size_t n = X->dims[0], d = tpk_array_item_size(X);
@@ -114,10 +136,16 @@ int tpk_mlp_kernel_cross(const tpk_mlp_params *p, const tpk_array *Xr, const dou
                          const tpk_array *Xc, const double *qc, const tpk_gauss_ws *ws, double *K,
                          double *err, tpk_ctx *ctx)
 {
-    int st = tpk_mlp_params_check(p, ctx);
+    int st = check_call("tpk_mlp_kernel_cross", p, Xr, "Xr", Xc, "Xc", ctx);
     if (st)
         return st;
+    if (Xc == NULL || Xc->data == NULL || !qr || !qc)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_mlp_kernel_cross: Xc, qr and qc are required");
     const size_t m = Xr->dims[0], n = Xc->dims[0], d = tpk_array_item_size(Xc);
+    const size_t L1 = (size_t)p->depth + 1;
+    if ((st = tpk_values_check_finite(qr, L1 * m, "tpk_mlp_kernel_cross", "qr", ctx)) ||
+        (st = tpk_values_check_finite(qc, L1 * n, "tpk_mlp_kernel_cross", "qc", ctx)))
+        return st;
     if (tpk_array_item_size(Xr) != d)
         return TPK_ERROR(ctx, TPK_EINVAL, "cross kernel: items of dimension %zu against %zu",
                          tpk_array_item_size(Xr), d);
@@ -148,9 +176,11 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
                    const tpk_gauss_ws *ws, tpk_array *K, tpk_array *Kxt, tpk_array *kdiag,
                    double *err, tpk_ctx *ctx)
 {
-    int st = tpk_mlp_params_check(p, ctx);
+    int st = check_call("tpk_mlp_kernel", p, X, "X", Xt, "Xt", ctx);
     if (st)
         return st;
+    if (K == NULL || K->data == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_mlp_kernel: no output array K");
     const size_t n = X->dims[0], d = tpk_array_item_size(X);
     if (K->ndim != 2 || K->dims[0] != n || K->dims[1] != n)
         return TPK_ERROR(ctx, TPK_EINVAL, "kernel output must be %zux%zu", n, n);
@@ -208,7 +238,7 @@ int tpk_mlp_kernel(const tpk_mlp_params *p, const tpk_array *X, const tpk_array 
         if (bad)
             return TPK_ERROR(ctx, TPK_ENUMERIC,
                              "kernel overflowed at hidden layer %d: the variance grows without "
-                             "bound for this phi, sigma-w2 and depth", l + 1);
+                             "bound for this phi, sigma_w2 (--sigma-w2) and depth", l + 1);
     }
 
     /* the test block and diagonal were checked where they were made */

@@ -409,11 +409,14 @@ static int unknown_phi(const tpk_phi_registry *reg, const char *name, size_t len
         add_suggestion(sugg, sizeof sugg, builtins[i].name, name, len);
     for (size_t i = 0; reg && i < reg->nuser; i++)
         add_suggestion(sugg, sizeof sugg, reg->user[i].def.name, name, len);
+    /* the list, as a C caller and as a command-line user reach it */
     if (sugg[0])
-        return TPK_ERROR(ctx, TPK_ENOTFOUND, "unknown nonlinearity '%.*s'; did you mean %s? (see --list-phi)",
-                         (int)len, name, sugg);
-    return TPK_ERROR(ctx, TPK_ENOTFOUND, "unknown nonlinearity '%.*s' (see --list-phi for the registered names)",
-                     (int)len, name);
+        return TPK_ERROR(ctx, TPK_ENOTFOUND, "unknown nonlinearity '%.*s'; did you mean %s? (the "
+                         "registered names: tpk_phi_registry_list, or --list-phi)", (int)len,
+                         name, sugg);
+    return TPK_ERROR(ctx, TPK_ENOTFOUND, "unknown nonlinearity '%.*s' (the registered names: "
+                     "tpk_phi_registry_list, or --list-phi; a function of your own: "
+                     "tpk_phi_register)", (int)len, name);
 }
 
 static const char *skip_ws(const char *s)

@@ -35,8 +35,10 @@ int tpk_transformer_params_check(const tpk_transformer_params *p, tpk_ctx *ctx)
     const struct {
         const char *name;
         double v;
-    } var[] = {{"var-e", p->var_e}, {"var-u", p->var_u}, {"var-w", p->var_w},
-               {"var-b", p->var_b}, {"ln-eps", p->eps}, {"sigma-v2", p->sigma_v2}};
+    } var[] = {/* the field a C caller set, and the flag of gpkernel --arch=transformer */
+               {"var_e (--var-e)", p->var_e},       {"var_u (--var-u)", p->var_u},
+               {"var_w (--var-w)", p->var_w},       {"var_b (--var-b)", p->var_b},
+               {"eps (--ln-eps)", p->eps},          {"sigma_v2 (--sigma-v2)", p->sigma_v2}};
     for (size_t i = 0; i < sizeof var / sizeof var[0]; i++)
         if (!(var[i].v >= 0) || !isfinite(var[i].v))
             return TPK_ERROR(ctx, TPK_EDOM, "%s must be a finite value >= 0 (got %g)", var[i].name,
@@ -143,6 +145,8 @@ int tpk_transformer_kernel(const tpk_transformer_params *p, const tpk_array *X, 
     if (!X || !X->data || X->ndim != 3 || X->dims[0] == 0 || X->dims[1] == 0 || X->dims[2] == 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "tokens are N × T × d with N, T, d >= 1 (got rank %d)",
                          X ? X->ndim : 0);
+    if ((st = tpk_array_check_input(X, "tpk_transformer_kernel", "X", ctx)))
+        return st;
     const size_t N = X->dims[0], T = X->dims[1], d = X->dims[2], M = N * T;
     if (M / N != T || M > ((size_t)1 << 28)) /* M² doubles then fit a size_t */
         return TPK_ERROR(ctx, TPK_EINVAL, "%zu sequences of %zu tokens are too many for one kernel",

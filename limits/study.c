@@ -47,14 +47,14 @@ struct tpk_study {
 
 /* ---- The program ------------------------------------------------------------------------------- */
 
-/* A shipped file (programs/, data/): under o->root when set, else tpk_shipped_path. */
-static const char *shipped(const tpk_study_opts *o, const char *rel, char *buf, size_t len)
+/* A shipped file (programs/, data/): under o->root when set, else where tpk_shipped_find finds
+ * it (TPK_ENOTFOUND listing the places tried). */
+static int shipped(const tpk_study_opts *o, const char *rel, char *buf, size_t len, tpk_ctx *ctx)
 {
-    if (o->root)
-        snprintf(buf, len, "%s/%s", o->root, rel);
-    else
-        tpk_shipped_path(rel, buf, len);
-    return buf;
+    if (!o->root)
+        return tpk_shipped_find(rel, buf, len, ctx);
+    snprintf(buf, len, "%s/%s", o->root, rel);
+    return TPK_OK;
 }
 
 /* The flag the user typed for `param`, or NULL. */
@@ -211,8 +211,7 @@ static int program_settings(tpk_study *s, const tpk_study_opts *o, tpk_param_set
                       lists, nlists, ctx) ||
         job_settings(o, sets, nsets, jbuf, ctx))
         return ctx->status;
-    shipped(o, rel, s->program, sizeof s->program);
-    return TPK_OK;
+    return shipped(o, rel, s->program, sizeof s->program, ctx);
 }
 
 /* Raw-data identity: program file digest, inputs, widths, seeds, the program's final parameter
@@ -395,9 +394,10 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
     int nsets = 0;
     if (program_settings(s, o, sets, &nsets, lists, sizeof lists, jbuf, ctx))
         return ctx->status;
-    const char *input = o->input ? o->input
-                      : shipped(o, o->arch ? o->arch->input : "data/demo-inputs.csv", demo,
-                                         sizeof demo);
+    const char *input = o->input ? o->input : demo;
+    if (!o->input &&
+        shipped(o, o->arch ? o->arch->input : "data/demo-inputs.csv", demo, sizeof demo, ctx))
+        return ctx->status;
     if (!(s->xall = tpk_io_read(input, &s->input, ctx)))
         return ctx->status;
     /* Neither the result nor its checkpoint may be an input or the program (issue 18). */

@@ -8,10 +8,10 @@ FUZZ_SRC := tests/fuzz/fuzz_netsor.c netsor/load.c netsor/lex.c netsor/parse.c n
 # convolution) come uninstrumented from libtpk.a, which the plan never enters; libtpk's
 # OpenMP (gcc's GOMP entry points) links against LLVM's libomp (libomp-dev, install-deps.sh)
 .PHONY: fuzz
-$(BUILD)/fuzz_netsor: $(FUZZ_SRC) $(STATIC) $(wildcard netsor/*.h kernels/*.h include/tpk/*.h) | $(DEPS_OK)
+$(BUILD)/fuzz_netsor: $(FUZZ_SRC) $(LIB_INTERNAL) $(wildcard netsor/*.h kernels/*.h include/tpk/*.h) | $(DEPS_OK)
 	@mkdir -p $(@D)
 	clang-14 -g -O1 -std=c11 -D_XOPEN_SOURCE=700 -fsanitize=fuzzer,address,undefined \
-	    -fno-sanitize-recover=all -Iinclude $(FUZZ_SRC) $(STATIC) $(PKG_LIBS) -fopenmp -lz -ldl -lm -o $@
+	    -fno-sanitize-recover=all -Iinclude $(FUZZ_SRC) $(LIB_INTERNAL) $(PKG_LIBS) -fopenmp -lz -ldl -lm -o $@
 fuzz: $(BUILD)/fuzz_netsor
 	@mkdir -p $(BUILD)/fuzz-corpus
 	@rc=0; $(BUILD)/fuzz_netsor -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 \
@@ -42,10 +42,10 @@ FUZZ_DEF_idx := -DFUZZ_IDX
 FUZZ_DEF_tunelog := -DFUZZ_TUNELOG
 
 .PHONY: fuzz-all
-$(BUILD)/fuzz_reader_%: $(FUZZ_IO_SRC) tuner/log.c $(STATIC) $(TUNE_LIB) $(wildcard core/*.h include/tpk/*.h) | $(DEPS_OK)
+$(BUILD)/fuzz_reader_%: $(FUZZ_IO_SRC) tuner/log.c $(LIB_INTERNAL) $(TUNE_LIB) $(wildcard core/*.h include/tpk/*.h) | $(DEPS_OK)
 	@mkdir -p $(@D)
 	clang-14 $(FUZZ_FLAGS) -DFUZZ_EXT='"$(FUZZ_EXT_$*)"' $(FUZZ_DEF_$*) $(FUZZ_IO_SRC) \
-	    $(if $(filter tunelog,$*),tuner/log.c $(TUNE_LIB)) $(STATIC) $(PKG_LIBS) -ljansson \
+	    $(if $(filter tunelog,$*),tuner/log.c $(TUNE_LIB)) $(LIB_INTERNAL) $(PKG_LIBS) -ljansson \
 	    -fopenmp -lz -ldl -lm -o $@
 fuzz-all: $(FUZZ_FORMATS:%=$(BUILD)/fuzz_reader_%) $(BUILD)/fuzz_netsor
 	@rc=0; for f in $(FUZZ_FORMATS) netsor; do \

@@ -402,6 +402,10 @@ static int resolve_call(walker *W, nsr_expr *e, int depth)
     int s = lookup(W, e->name);
     if (s < 0)
         s = function_sym(C, e->name);
+    if (s < 0 && C->S->reg == NULL) /* tpk_netsor_load_*(..., reg = NULL, ...) */
+        return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "unknown function '%s': the function "
+                         "registry is NULL, so no function is known; pass one "
+                         "(tpk_phi_registry_alloc, or tpk_job_registry for sqrt too)", e->name);
     if (s < 0)
         return nsr_error(C->S, TPK_ETYPE, e->line, e->col, "unknown function '%s'", e->name);
     e->sym = s;

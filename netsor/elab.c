@@ -319,7 +319,8 @@ static const tpk_phi *get_phi(elab *E, const char *spec, int line, int col)
         if (strcmp(E->phis[i].spec, spec) == 0)
             return E->phis[i].phi;
     if (E->S->reg == NULL) {
-        nsr_error(E->S, TPK_ETYPE, line, col, "unknown function '%s' (no function registry)", spec);
+        nsr_error(E->S, TPK_ETYPE, line, col, "unknown function '%s': the function registry is "
+                  "NULL, so no function is known", spec);
         return NULL;
     }
     tpk_ctx tmp;

@@ -293,7 +293,8 @@ static int step(ex *E, int k)
 int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                    int all_outputs, tpk_array **Khat, tpk_array **y, tpk_ctx *ctx)
 {
-    return tpk_netsor_run_progress(p, x, n, seed, all_outputs, NULL, Khat, y, ctx);
+    int st = tpk_array_check_input(x, "tpk_netsor_run", "x", ctx);
+    return st ? st : tpk_netsor_run_progress(p, x, n, seed, all_outputs, NULL, Khat, y, ctx);
 }
 
 int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
@@ -308,6 +309,9 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
         *y = NULL;
     if (n < 1 || n > UINT32_MAX / 2)
         return TPK_ERROR(ctx, TPK_EINVAL, "width n = %zu outside 1..%u", n, UINT32_MAX / 2);
+    int bad = tpk_array_check_input(x, "tpk_netsor_run_progress", "x", ctx);
+    if (bad)
+        return bad;
     /* the rolled form first (whole families as GEMMs); a form it does not take falls back to
      * the unrolled one. TPK_NETSOR_FORM=unrolled: the unrolled executor where it exists. */
     const char *form = getenv("TPK_NETSOR_FORM");

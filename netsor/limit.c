@@ -364,7 +364,8 @@ done:
 int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
                       double *err, tpk_ctx *ctx)
 {
-    return tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
+    int st = tpk_array_check_input(x, "tpk_netsor_kernel", "x", ctx);
+    return st ? st : tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
 }
 
 int tpk_netsor_plan_from_env(int *plan, tpk_ctx *ctx)
@@ -375,6 +376,9 @@ int tpk_netsor_plan_from_env(int *plan, tpk_ctx *ctx)
 int tpk_netsor_kernel_plan(const tpk_program *p, const tpk_array *x, int all_outputs, int plan,
                            FILE *report, tpk_array **K, double *err, tpk_ctx *ctx)
 {
+    int st = tpk_array_check_input(x, "tpk_netsor_kernel_plan", "x", ctx);
+    if (st)
+        return st;
     return tpk_netsor_kernel_plan_with(p, x, all_outputs, plan, report, NULL, K, err, ctx);
 }
 
@@ -383,6 +387,9 @@ int tpk_netsor_kernel_plan_with(const tpk_program *p, const tpk_array *x, int al
                                 tpk_array **K, double *err, tpk_ctx *ctx)
 {
     const int kind = plan & ~(TPK_PLAN_VERIFY | TPK_PLAN_SIGNATURES | TPK_PLAN_CANDIDATES);
+    int st = tpk_array_check_input(x, "tpk_netsor_kernel_plan_with", "x", ctx);
+    if (st)
+        return st;
     if (kind != TPK_PLAN_NAIVE && kind != TPK_PLAN_OPTIMAL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_kernel_plan: plan %d is neither "
                          "TPK_PLAN_NAIVE nor TPK_PLAN_OPTIMAL", plan);
@@ -400,6 +407,9 @@ int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x, int all
                                const tpk_progress *progress, tpk_array **K, double *err,
                                tpk_ctx *ctx)
 {
+    int st = tpk_array_check_input(x, "tpk_netsor_kernel_progress", "x", ctx);
+    if (st)
+        return st;
     tpk_limit_opts o;
     memset(&o, 0, sizeof o);
     o.progress = progress;

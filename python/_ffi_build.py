@@ -62,7 +62,7 @@ typedef struct tpk_arch {
     const char *name; const char *program; const char *input; const char *summary;
     const char *flags; const char *defaults; const char *fixed; ...;
 } tpk_arch;
-typedef struct tpk_arch_flag { const char *flag; const char *param; const char *value; } tpk_arch_flag;
+typedef struct tpk_arch_flag { const char *flag; const char *value; const char *param; } tpk_arch_flag;
 typedef struct tpk_arch_opts {
     const tpk_arch_flag *flags; int nflags; const tpk_param_set *sets; int nsets;
     int layernorm; int all_outputs; const char *root; const tpk_progress *progress;

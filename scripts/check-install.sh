@@ -4,9 +4,10 @@
 # installs ROOT's BUILD tree into SCRATCH/stage (DESTDIR) with PREFIX=/opt/tpk and LIBDIR
 # /opt/tpk/lib64, checks the files (versioned libtpk.so.X.Y.Z with SONAME libtpk.so.X and its
 # links, the headers less the tuner's, man pages, bash completions, tpk.pc), builds a program
-# against the staged tree through pkg-config both ways (shared; static libtpk.a with
-# `pkg-config --static`), runs both, checks what they link (OpenBLAS, never GSL's reference CBLAS
-# or a tuner library), and that `make uninstall` leaves no file behind. Prints "install: ok".
+# against the staged tree through pkg-config three ways (shared; static libtpk.a with
+# `pkg-config --static`; fully static with -static), runs them, checks what they link
+# (OpenBLAS, never GSL's reference CBLAS or a tuner library), and that `make uninstall` leaves
+# no file behind. Prints "install: ok".
 set -eu
 ROOT=$1
 BUILD=$2
@@ -78,6 +79,13 @@ cc -o "$S/t_static" "$S/t.c" $(pc --cflags) "$D$L/libtpk.a" \
     $(echo "$STATIC_LIBS" | sed 's/ -ltpk / /; s/^-ltpk //') ||
     fail "cannot link libtpk.a with pkg-config --static"
 [ "$("$S/t_static")" = "$V ok" ] || fail "the static build does not run"
+# The README's fully static recipe (issue 40): -static with pkg-config --static, every library
+# from its .a (Libs.private names what Debian's shared libraries pull in themselves: szip, the
+# C++ runtime of CBC, the Fortran runtime of OpenBLAS).
+cc -static -o "$S/t_full_static" "$S/t.c" $(pc --cflags --static --libs) >"$S/static.log" 2>&1 ||
+    { cat "$S/static.log" >&2; fail "cannot link fully static with pkg-config --static --libs tpk"; }
+! readelf -d "$S/t_full_static" 2>/dev/null | grep -q NEEDED || fail "the -static build needs shared libraries"
+[ "$("$S/t_full_static")" = "$V ok" ] || fail "the fully static build does not run"
 # What the program itself needs (Debian's libgsl.so needs libgslcblas in turn, which ldd would
 # list; what counts is that OpenBLAS comes first and serves cblas_dgemm).
 readelf -d "$S/t_static" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' >"$S/needed.txt"

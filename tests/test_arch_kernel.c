@@ -68,7 +68,8 @@ static double mlp_ref(const double *x, const double *y)
 }
 
 static const tpk_arch_flag mlp_flags[] = {
-    {"depth", NULL, "3"}, {"phi", NULL, "relu"}, {"sigma-w2", NULL, "2"}, {"sigma-b2", NULL, "0.1"}};
+    {.flag = "depth", .value = "3"}, {.flag = "phi", .value = "relu"},
+    {.flag = "sigma-w2", .value = "2"}, {.flag = "sigma-b2", .value = "0.1"}};
 
 static tpk_arch_opts mlp_opts(void)
 {
@@ -147,7 +148,7 @@ static void test_same_as_job(void **state)
     free(Kf);
     tpk_array_free(K);
     /* a custom job (cnn1d) runs through tpk_arch_job, on its bundled input */
-    const tpk_arch_flag cf[] = {{"depth", NULL, "2"}};
+    const tpk_arch_flag cf[] = {{.flag = "depth", .value = "2"}};
     tpk_arch_opts oc = {.flags = cf, .nflags = 1, .root = root()};
     assert_int_equal(tpk_arch_job(tpk_arch_find("cnn1d"), &oc, NULL, NULL, out, &ctx), TPK_OK);
     assert_true(tu_h5_has_attr(out, "readout"));
@@ -211,7 +212,7 @@ static void expect(int st, int want, const tpk_ctx *ctx, const char *words)
 static void test_errors(void **state)
 {
     (void)state;
-    double x[N * D], xt[M * (D + 1)];
+    double x[N * D], xt[M * (D + 1)] = {0}; /* inputs() fills M × D of it */
     inputs(x, N, 0.3);
     inputs(xt, M, 0.5);
     tpk_array X = {.ndim = 2, .dims = {N, D}, .data = x}, *K = NULL, *Kx = NULL, *kd = NULL;
@@ -222,7 +223,7 @@ static void test_errors(void **state)
 
     x[1 * D + 2] = NAN;
     expect(tpk_arch_kernel(mlp, &o, &X, NULL, &K, NULL, NULL, NULL, &ctx), TPK_EDOM, &ctx,
-           "non-finite value nan at index [1, 2]");
+           "tpk_arch_kernel: X[1, 2] is NaN");
     assert_null(K);
     inputs(x, N, 0.3);
 
@@ -244,22 +245,22 @@ static void test_errors(void **state)
            "needs Kxt and kdiag");
 
     tpk_ctx_clear(&ctx);
-    const tpk_arch_flag bad[] = {{"dpth", NULL, "3"}};
+    const tpk_arch_flag bad[] = {{.flag = "dpth", .value = "3"}};
     tpk_arch_opts ob = {.flags = bad, .nflags = 1, .root = root()};
     expect(tpk_arch_kernel(mlp, &ob, &X, NULL, &K, NULL, NULL, NULL, &ctx), TPK_EINVAL, &ctx,
            "unknown flag 'dpth' of architecture mlp");
     tpk_ctx_clear(&ctx);
-    const tpk_arch_flag neg[] = {{"sigma-w2", NULL, "-1"}};
+    const tpk_arch_flag neg[] = {{.flag = "sigma-w2", .value = "-1"}};
     ob.flags = neg;
     expect(tpk_arch_kernel(mlp, &ob, &X, NULL, &K, NULL, NULL, NULL, &ctx), TPK_EDOM, &ctx,
            "--sigma-w2 must be a finite variance");
     tpk_ctx_clear(&ctx);
-    const tpk_arch_flag nophi[] = {{"phi", NULL, "nosuchphi"}};
+    const tpk_arch_flag nophi[] = {{.flag = "phi", .value = "nosuchphi"}};
     ob.flags = nophi;
     expect(tpk_arch_kernel(mlp, &ob, &X, NULL, &K, NULL, NULL, NULL, &ctx), TPK_ENOTFOUND, &ctx,
            "nosuchphi");
     tpk_ctx_clear(&ctx);
-    const tpk_arch_flag noval[] = {{"depth", NULL, NULL}};
+    const tpk_arch_flag noval[] = {{.flag = "depth", .value = NULL}};
     ob.flags = noval;
     expect(tpk_arch_kernel(mlp, &ob, &X, NULL, &K, NULL, NULL, NULL, &ctx), TPK_EINVAL, &ctx,
            "no name or value");
@@ -314,6 +315,66 @@ static void test_errors(void **state)
     assert_null(Kh);
 }
 
+/* The shipped programs from a program that is given no root (issue 40, item 2): found by
+ * tpk_shipped_find, TPK_DATADIR first; a file found nowhere is an error that lists every place
+ * tried and names the two ways to point at the folder. */
+static void test_shipped_lookup(void **state)
+{
+    const tu_env *e = *state;
+    char dir[512], path[1024], got[4096], want[4096];
+    const tpk_arch *mlp = tpk_arch_find("mlp");
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    /* the build tree's library is not installed anywhere: no data directory compiled in */
+    assert_null(tpk_datadir());
+
+    /* root = NULL from the build tree: the checkout's programs, the numbers of the recursion */
+    double x[N * D];
+    inputs(x, N, 0.3);
+    tpk_array X = {.ndim = 2, .dims = {N, D}, .data = x}, *K = NULL;
+    tpk_arch_opts o = {.flags = mlp_flags, .nflags = 4};
+    assert_int_equal(tpk_arch_kernel(mlp, &o, &X, NULL, &K, NULL, NULL, NULL, &ctx), TPK_OK);
+    assert_true(fabs(K->data[1 * N + 3] - mlp_ref(x + D, x + 3 * D)) <= TOL_CLOSED);
+    tpk_array_free(K);
+    K = NULL;
+
+    /* TPK_DATADIR ahead of everything: a folder of its own with a copy of mlp.nsr */
+    snprintf(dir, sizeof dir, "%s/datadir", e->tmpdir);
+    int w = snprintf(path, sizeof path, "mkdir -p '%s/programs' && cp '%s/programs/mlp.nsr' "
+                     "'%s/programs/'", dir, root(), dir);
+    assert_true(w > 0 && (size_t)w < sizeof path);
+    assert_int_equal(system(path), 0);
+    setenv("TPK_DATADIR", dir, 1);
+    assert_int_equal(tpk_shipped_find("programs/mlp.nsr", got, sizeof got, &ctx), TPK_OK);
+    assert_non_null(realpath(dir, want));
+    assert_memory_equal(got, want, strlen(want));
+    assert_int_equal(tpk_arch_kernel(mlp, &o, &X, NULL, &K, NULL, NULL, NULL, &ctx), TPK_OK);
+    tpk_array_free(K);
+    K = NULL;
+
+    /* found nowhere: every place in the message, TPK_DATADIR's first */
+    int st = tpk_shipped_find("programs/no-such.nsr", got, sizeof got, &ctx);
+    print_message("%s\n", ctx.msg);
+    assert_int_equal(st, TPK_ENOTFOUND);
+    assert_string_equal(got, "programs/no-such.nsr");
+    snprintf(want, sizeof want, "tried %s/programs/no-such.nsr (TPK_DATADIR)", dir);
+    assert_non_null(strstr(ctx.msg, want));
+    const char *words[] = {"set TPK_DATADIR", "tpk_arch_opts.root", "pkg-config --variable=datadir",
+                           "/../share/tpk/programs/no-such.nsr", "(the working directory)"};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        if (!strstr(ctx.msg, words[i]))
+            fail_msg("'%s' not in: %s", words[i], ctx.msg);
+    unsetenv("TPK_DATADIR");
+    tpk_ctx_clear(&ctx);
+
+    /* a tpk_arch_flag initialiser of tpk 0.1.0's member order ({flag, param, value}) */
+    const tpk_arch_flag old[] = {{.flag = "depth", .param = "3"}};
+    tpk_arch_opts oo = {.flags = old, .nflags = 1};
+    expect(tpk_arch_kernel(mlp, &oo, &X, NULL, &K, NULL, NULL, NULL, &ctx), TPK_EINVAL, &ctx,
+           "write {\"depth\", \"3\"}");
+    assert_null(K);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -321,6 +382,7 @@ int main(void)
         cmocka_unit_test(test_same_as_job),
         cmocka_unit_test(test_program_source),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_shipped_lookup),
     };
     return cmocka_run_group_tests_name("arch_kernel", tests, setup, tu_teardown);
 }

@@ -1327,7 +1327,8 @@ static int describe(tpk_h5out *o, tpk_ctx *ctx)
 
 static int case_tpk_job_describe(tpk_ctx *ctx) { return with_output(describe, 0, ctx); }
 
-static const tpk_arch_flag mlp_flags[] = {{"depth", NULL, "2"}, {"phi", NULL, "erf"}};
+static const tpk_arch_flag mlp_flags[] = {{.flag = "depth", .value = "2"},
+                                          {.flag = "phi", .value = "erf"}};
 
 static int case_tpk_arch_kernel(tpk_ctx *ctx)
 {
@@ -1367,7 +1368,7 @@ static char path_img[1100];
 /* The CNN custom job (tpk_cnn_job behind it) on 3 images of 4 positions, 1 channel. */
 static int case_tpk_cnn_job(tpk_ctx *ctx)
 {
-    const tpk_arch_flag f[] = {{"depth", NULL, "1"}};
+    const tpk_arch_flag f[] = {{.flag = "depth", .value = "1"}};
     tpk_arch_opts o = {.flags = f, .nflags = 1, .root = root_dir};
     return tpk_arch_job(tpk_arch_find("cnn1d"), &o, path_img, NULL, path_out, ctx);
 }
@@ -1375,7 +1376,7 @@ static int case_tpk_cnn_job(tpk_ctx *ctx)
 /* The 1/sqrt(n) attention job (tpk_attention_job) on N sequences of 2 tokens. */
 static int case_tpk_attention_job(tpk_ctx *ctx)
 {
-    const tpk_arch_flag f[] = {{"logit-scaling", NULL, "inv-sqrt-n"}};
+    const tpk_arch_flag f[] = {{.flag = "logit-scaling", .value = "inv-sqrt-n"}};
     tpk_arch_opts o = {.flags = f, .nflags = 1, .root = root_dir};
     return tpk_arch_job(tpk_arch_find("attention"), &o, path_seq, NULL, path_out, ctx);
 }
@@ -1445,7 +1446,7 @@ static int case_tpk_kernel_job_program(tpk_ctx *ctx)
 static int case_tpk_kernel_job_cnn(tpk_ctx *ctx)
 {
     const tpk_arch *a = tpk_arch_find("cnn1d");
-    const tpk_arch_flag f[] = {{"depth", "L", "1"}};
+    const tpk_arch_flag f[] = {{.flag = "depth", .value = "1", .param = "L"}};
     tpk_param_set sets[32];
     char buf[1024], prog[1200];
     int n = 0;
@@ -1776,7 +1777,7 @@ static const size_t study_widths[] = {8, 16};
 
 static tpk_study_opts study_opts(void)
 {
-    static tpk_arch_flag depth = {"depth", NULL, "1"};
+    static tpk_arch_flag depth = {.flag = "depth", .value = "1"};
     static char param[64];
     const tpk_arch *mlp = tpk_arch_find("mlp");
     tpk_arch_flag_param(mlp, "depth", param, sizeof param);

@@ -661,7 +661,8 @@ static void test_error_paths(void **state)
     /* specs */
     EXPECT_ERR(alloc_status(reg, "rleu", ctx), TPK_ENOTFOUND, "did you mean relu");
     EXPECT_ERR(alloc_status(reg, "tanhh", ctx), TPK_ENOTFOUND, "tanh");
-    EXPECT_ERR(alloc_status(reg, "zzzzzzz", ctx), TPK_ENOTFOUND, "see --list-phi");
+    EXPECT_ERR(alloc_status(reg, "zzzzzzz", ctx), TPK_ENOTFOUND,
+               "tpk_phi_registry_list, or --list-phi");
     EXPECT_ERR(alloc_status(reg, "relu(", ctx), TPK_EINVAL, "expected a number");
     EXPECT_ERR(alloc_status(reg, "erf(1.5", ctx), TPK_EINVAL, "expected ',' or ')'");
     EXPECT_ERR(alloc_status(reg, "erf(1.5,)", ctx), TPK_EINVAL, "expected a number");

@@ -1,6 +1,8 @@
 /* `make install` / `make uninstall` into a staging folder (DESTDIR, PREFIX, LIBDIR) as a
  * packager runs them, and programs built against the result with pkg-config, shared and static
- * (scripts/check-install.sh; issue 17, item 5); and which OpenBLAS the build runs on. */
+ * (scripts/check-install.sh; issue 17, item 5; fully static too, issue 40); that libtpk.a defines
+ * no global name without the tpk_ prefix; what `make debug` compiles with; and which OpenBLAS the
+ * build runs on. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +38,55 @@ static void test_staged_install(void **state)
     }
 }
 
+/* Every global symbol that libtpk.a defines carries the prefix (issue 40, item 3): a user's
+ * static link meets no nsr_*, orch_* or other internal name of the library. The archive is one
+ * partial link whose other globals were made local (the Makefile's public_archive). */
+static void test_archive_prefix(void **state)
+{
+    const tu_env *e = *state;
+    char build[1100], cmd[1400], out[4096];
+    snprintf(build, sizeof build, "%s", e->bindir);
+    char *b = dirname(build);
+    snprintf(cmd, sizeof cmd, "nm -g --defined-only '%s/lib/libtpk.a' | awk 'NF == 3 { n++; "
+             "if ($3 !~ /^tpk_/) print $3 } END { print \"defined:\", n + 0 }'", b);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
+    print_message("%s", out);
+    /* only the count line: no name without the prefix */
+    assert_int_equal(strncmp(out, "defined: ", 9), 0);
+    assert_true(atoi(out + 9) > 300); /* the public API is there, not an empty archive */
+}
+
+/* `make debug` (issue 40, item 4) builds for valgrind and gdb: a dry run (make -n -B, nothing
+ * built) shows every kernel object compiled -O1 -g for x86-64-v2 (no AVX-512, on which valgrind
+ * 3.19 stops with SIGILL), nothing for -march=native, and the examples linked. */
+static void test_debug_build_flags(void **state)
+{
+    const tu_env *e = *state;
+    const char *r = getenv("TPK_ROOT");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -n -B -C '%s' "
+             "DEBUG_BUILD='%s/dbg' debug >'%s/debug.txt' 2>&1", r && *r ? r : ".", e->tmpdir,
+             e->tmpdir);
+    assert_int_equal(system(cmd), 0);
+    char out[64];
+    /* kernel objects: all of them -O1 -g for x86-64-v2 */
+    snprintf(cmd, sizeof cmd, "grep -E -- '-c kernels/[a-z_]+\\.c' '%s/debug.txt' | "
+             "awk '/-O1 -g/ && /-march=x86-64-v2/ { ok++ } { n++ } END { print n + 0, ok + 0 }'",
+             e->tmpdir);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
+    int n = 0, ok = -1;
+    assert_int_equal(sscanf(out, "%d %d", &n, &ok), 2);
+    print_message("make debug: %d kernel objects, %d of them -O1 -g -march=x86-64-v2\n", n, ok);
+    assert_true(n >= 10);
+    assert_int_equal(ok, n);
+    snprintf(cmd, sizeof cmd, "grep -c -- '-march=native' '%s/debug.txt'", e->tmpdir);
+    tu_capture(cmd, out, sizeof out);
+    assert_int_equal(atoi(out), 0);
+    snprintf(cmd, sizeof cmd, "grep -c -- '-o %s/dbg/examples/gp_mlp ' '%s/debug.txt'", e->tmpdir,
+             e->tmpdir);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
+}
+
 /* Where Debian's OpenMP build of OpenBLAS is installed, the programs run on it (the Makefile's
  * run path; without it libopenblas.so.0 resolves to the pthread alternative, whose spinning
  * workers slow the OpenMP loops beside them): this test program's own mapping says which. */
@@ -67,6 +118,8 @@ static void test_openblas_build(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_staged_install),
+                                       cmocka_unit_test(test_archive_prefix),
+                                       cmocka_unit_test(test_debug_build_flags),
                                        cmocka_unit_test(test_openblas_build)};
     return cmocka_run_group_tests_name("install", tests, setup, tu_teardown);
 }

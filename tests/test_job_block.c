@@ -151,8 +151,10 @@ static void test_arch_job_on_arrays_is_mlp_kernel(void **state)
     assert_non_null(reg);
     const char *phis[] = {"relu", "gelu"};
     for (int q = 0; q < 2; q++) {
-        const tpk_arch_flag fl[] = {{"depth", NULL, "3"}, {"phi", NULL, phis[q]},
-                                    {"sigma-w2", NULL, "1.7"}, {"sigma-b2", NULL, "0.21"}};
+        const tpk_arch_flag fl[] = {{.flag = "depth", .value = "3"},
+                                    {.flag = "phi", .value = phis[q]},
+                                    {.flag = "sigma-w2", .value = "1.7"},
+                                    {.flag = "sigma-b2", .value = "0.21"}};
         tpk_arch_opts o = {.flags = fl, .nflags = 4};
         tpk_kernel_job *kj = tpk_arch_kernel_job(a, &o, X, Xt, &ctx);
         if (!kj)

@@ -337,7 +337,7 @@ static void test_study_limit_kernel(void **state)
     const tpk_arch *mlp = tpk_arch_find("mlp");
     char param[64], out[512];
     assert_non_null(tpk_arch_flag_param(mlp, "depth", param, sizeof param));
-    tpk_arch_flag depth = {"depth", param, "2"};
+    tpk_arch_flag depth = {.flag = "depth", .value = "2", .param = param};
     static const size_t widths[] = {16, 32};
     tu_path(e, out, sizeof out, "study.h5");
     log_t *l = calloc(1, sizeof *l);

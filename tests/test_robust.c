@@ -70,8 +70,10 @@ static void run(const char *phi, int kind, const char *depth, const char *sw2, i
     double x[N * D];
     inputs(kind, x, n);
     tpk_array X = {.ndim = 2, .dims = {(size_t)n, D}, .data = x};
-    const tpk_arch_flag fl[] = {{"depth", NULL, depth}, {"phi", NULL, phi},
-                                {"sigma-w2", NULL, sw2}, {"sigma-b2", NULL, "0.1"}};
+    const tpk_arch_flag fl[] = {{.flag = "depth", .value = depth},
+                                {.flag = "phi", .value = phi},
+                                {.flag = "sigma-w2", .value = sw2},
+                                {.flag = "sigma-b2", .value = "0.1"}};
     tpk_arch_opts o = {.flags = fl, .nflags = 4, .root = root()};
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);
@@ -139,8 +141,10 @@ static tpk_array *kernel_nobias(const char *phi, const char *depth, const char *
                                 const double *x, int n, tpk_ctx *ctx)
 {
     tpk_array X = {.ndim = 2, .dims = {(size_t)n, D}, .data = (double *)x};
-    const tpk_arch_flag fl[] = {{"depth", NULL, depth}, {"phi", NULL, phi},
-                                {"sigma-w2", NULL, sw2}, {"sigma-b2", NULL, "0"}};
+    const tpk_arch_flag fl[] = {{.flag = "depth", .value = depth},
+                                {.flag = "phi", .value = phi},
+                                {.flag = "sigma-w2", .value = sw2},
+                                {.flag = "sigma-b2", .value = "0"}};
     tpk_arch_opts o = {.flags = fl, .nflags = 4, .root = root()};
     tpk_array *K = NULL;
     double err = 0;

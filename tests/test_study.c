@@ -47,7 +47,7 @@ static int setup(void **state)
     f->mlp = tpk_arch_find("mlp");
     if (!f->reg || !f->mlp || !tpk_arch_flag_param(f->mlp, "depth", f->param, sizeof f->param))
         return -1;
-    f->depth = (tpk_arch_flag){"depth", f->param, "2"};
+    f->depth = (tpk_arch_flag){.flag = "depth", .value = "2", .param = f->param};
     tu_path(f->env, f->cli_out, sizeof f->cli_out, "cli.h5");
     char args[1024];
     snprintf(args, sizeof args, TOY_CLI " --output='%s'", f->cli_out);
@@ -413,7 +413,7 @@ static void test_plan_errors(void **state)
     const tpk_arch *att = tpk_arch_find("attention");
     char scal[64];
     assert_non_null(tpk_arch_flag_param(att, "logit-scaling", scal, sizeof scal));
-    tpk_arch_flag sq = {"logit-scaling", scal, "inv-sqrt-n"};
+    tpk_arch_flag sq = {.flag = "logit-scaling", .value = "inv-sqrt-n", .param = scal};
     b = o;
     b.arch = att;
     b.flags = &sq;

@@ -258,7 +258,7 @@ char **cli_arch_flags_take(int argc, char **argv, const struct option *own, cli_
                 return NULL;
             }
         snprintf(f->flag[f->n], sizeof f->flag[0], "%.*s", (int)len, a + 2);
-        f->fl[f->n] = (tpk_arch_flag){f->flag[f->n], NULL, value};
+        f->fl[f->n] = (tpk_arch_flag){.flag = f->flag[f->n], .value = value};
         f->n++;
     }
     rest[k] = NULL;

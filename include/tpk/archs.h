@@ -65,11 +65,15 @@ TPK_API const char *tpk_arch_flag_param(const tpk_arch *a, const char *flag, cha
 TPK_API int tpk_arch_check_flag(const char *flag, const char *value, const tpk_phi_registry *reg,
                                 tpk_ctx *ctx);
 
-/* One typed architecture flag, resolved: --flag=value sets param. */
+/* One typed architecture flag: --flag=value, which sets the program's parameter `param`. A caller
+ * writes {"depth", "3"} (or {.flag = "depth", .value = "3"}): param comes last because the
+ * library fills it in (tpk_arch_flag_param) where it needs it; tpk_arch_opts ignores it. In tpk
+ * 0.1.0 param came second, and initialisers read {"depth", NULL, "3"}: such an initialiser now
+ * leaves the value NULL, which tpk_arch_kernel refuses with a message that says so. */
 typedef struct tpk_arch_flag {
-    const char *flag;
-    const char *param;
-    const char *value;
+    const char *flag;   /* as on the command line, without "--": "depth", "sigma-w2" */
+    const char *value;  /* "3", "relu", "2.0" */
+    const char *param;  /* the parameter it sets (resolved flags: tpk_arch_sets, tpk_study_opts) */
 } tpk_arch_flag;
 
 #define TPK_ARCH_MAX_SETS 96
@@ -95,8 +99,8 @@ TPK_API int tpk_arch_program(const tpk_arch *a, int layernorm, const tpk_arch_fl
  * Python package): each flag's parameter (tpk_arch_flag_param) and value (tpk_arch_check_flag),
  * the settings (tpk_arch_sets), the program (tpk_arch_program), then the job. */
 typedef struct tpk_arch_opts {
-    const tpk_arch_flag *flags; /* flag as on the command line ("depth", "sigma-w2") and value;
-                                 * the param member is ignored (looked up in the row) */
+    const tpk_arch_flag *flags; /* {flag, value} pairs, the flag as on the command line
+                                 * ("depth", "sigma-w2"); param is ignored (looked up in the row) */
     int nflags;
     const tpk_param_set *sets;  /* --set overrides, applied after the flags */
     int nsets;

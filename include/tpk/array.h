@@ -39,6 +39,24 @@ TPK_API int tpk_array_check_memory(size_t count, const char *what, tpk_ctx *ctx)
 TPK_API int tpk_array_check_scale(const tpk_array *a, const char *name, tpk_ctx *ctx);
 TPK_API int tpk_array_check_items(const tpk_array *test, const char *test_name,
                                   const tpk_array *train, const char *train_name, tpk_ctx *ctx);
+/* The check every public entry point that takes arrays runs first (issue 40): TPK_EDOM
+ * "ENTRY: NAME[i, j] is NaN (indices from 0): the inputs must be finite" (or +Inf, -Inf) for
+ * the first non-finite entry of a, naming the entry point and the array as its caller calls it;
+ * TPK_OK when every entry is finite, or a (or its data) is NULL. The entry points: the kernels
+ * (tpk_mlp_*, tpk_transformer_kernel, tpk_gru_kernel, tpk_cnn_kernel), tpk_netsor_kernel* and
+ * tpk_netsor_run*, the *_arrays jobs, tpk_arch_kernel*, and the GP calls on kernels and targets
+ * (tests/test_input_checks.c calls each one). The building blocks they are made of (tpk_dgemm,
+ * tpk_gauss_map*, tpk_cnn_conv_block and tpk_cnn_layer_*, tpk_bn_*, tpk_attn_*, tpk_limits_*)
+ * run inside loops over blocks and take what they are given: a NaN in gives NaN out there. */
+TPK_API int tpk_array_check_finite(const tpk_array *a, const char *entry, const char *name,
+                                   tpk_ctx *ctx);
+/* The same for n values a caller passes as a plain vector ("ENTRY: NAME[i] is NaN ..."). */
+TPK_API int tpk_values_check_finite(const double *v, size_t n, const char *entry,
+                                    const char *name, tpk_ctx *ctx);
+/* A kernel's inputs: tpk_array_check_finite, then tpk_array_check_scale (a finite 1e200 whose
+ * square overflows), both messages starting "ENTRY: NAME". */
+TPK_API int tpk_array_check_input(const tpk_array *a, const char *entry, const char *name,
+                                  tpk_ctx *ctx);
 /* The flat index of the first NaN or infinite entry (tpk_array_size(a) when all are finite),
  * and its 0-based multi-index as "i, j, k" in idx (cap bytes): what error messages name. */
 TPK_API size_t tpk_array_first_nonfinite(const tpk_array *a, char *idx, size_t cap);

@@ -58,7 +58,22 @@ typedef void (*tpk_note_fn)(void *ud, const char *msg);
 /* Error context, passed to every fallible call. Callers own it (usually on the stack).
  * The first error wins: later errors do not overwrite the message, so the root cause
  * is what the user sees. The context also carries the allocator every call made with it
- * allocates from (tpk_ctx_set_allocator); objects remember theirs, so their _free needs none. */
+ * allocates from (tpk_ctx_set_allocator); objects remember theirs, so their _free needs none.
+ *
+ * THE ONE RULE: after an error your program handles and goes on from, call tpk_ctx_clear(ctx)
+ * before the next call. A context that holds an error keeps it: later calls that succeed leave
+ * it there, and a later failure returns its own status with the OLD message. A program that
+ * stops at its first error (print ctx->msg, exit) never needs to clear. examples/custom_phi.c
+ * shows the handled case (a tpk_phi_alloc that fails, a tpk_phi_register, a clear).
+ *
+ * Why the rule, rather than a context reset at entry to every public call: first-error-wins is
+ * how a failure deep in a call chain keeps its root cause, and the library's public calls call
+ * each other with the caller's context, also after a failure (tpk_arch_kernel →
+ * tpk_job_kernel_arrays → tpk_netsor_kernel_progress, whose failed job then frees its state
+ * through tpk_free(ctx, ...) on that same context): a reset at each entry would let that
+ * clean-up, or any later step of the chain, erase the message that explains the failure. Out
+ * of memory is kept on purpose across calls (below), which a reset would undo too. So the
+ * context is reset only where the caller says the error is dealt with: tpk_ctx_clear. */
 typedef struct tpk_ctx {
     int status;
     char msg[TPK_MSG_MAX];

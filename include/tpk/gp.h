@@ -204,7 +204,9 @@ TPK_API int tpk_gp_mlp_sweep(const tpk_mlp_params *p, const tpk_array *X, const 
  * Inputs and targets from files, a kernel per depth (or a precomputed one), noise and
  * hyperparameters chosen by the training marginal likelihood only (never by test data), the
  * posterior mean and variance on the test items, scores, all in one atomically written HDF5 file.
- * Options mirror gpregress's one to one, and messages name them as gpregress spells them. */
+ * Options mirror gpregress's one to one; messages name an option as its caller spelled it: the
+ * flag ("--sigma-w2") when `name` is gpregress's, else the field with the flag beside it
+ * ("sigma_w2 (gpregress --sigma-w2)"). */
 typedef struct tpk_gp_experiment_opts {
     /* kernel: exactly one of `kernel` and `kernel_file` */
     const char *kernel;         /* "mlp" (the NNGP of tpk_mlp_kernel) or "rbf" (s·exp(−|x−x'|²/(2ℓ²))) */

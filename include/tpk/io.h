@@ -16,14 +16,18 @@ typedef struct tpk_input_info {
     char sha256[65];    /* hex SHA-256 of the float64 row-major data as loaded (format-independent) */
 } tpk_input_info;
 
-/* Read "file.h5:/dataset", "file.npy" (float32/float64, C order) or "file.csv" (numbers, optional
- * header line, no ragged rows). Rank 2 (N×d) .. 4. Non-finite values are rejected with TPK_EDOM
- * naming the first bad position. `info` may be NULL.
+/* Read "file.h5:/dataset", "file.npy", "file.npz:name" or "file.csv" (numbers, optional header
+ * line, no ragged rows) into float64. Rank 2 (N×d) .. 4. Non-finite values are rejected with
+ * TPK_EDOM naming the first bad position. `info` may be NULL.
  * Details: a rank-1 array (HDF5 or .npy) is read as N×1, with a note (tpk_note); a CSV's first
  * line is a header only when none of its fields is a number (with a note; a line mixing numbers
  * and words is TPK_EFORMAT naming the column); rank 0, rank >= 5 and empty arrays are
- * TPK_EFORMAT. HDF5 datasets of any integer or float type are converted to float64; .npy accepts
- * '<f8', '<f4' and their big-endian forms, header versions 1..3; a CSV is always rank 2.
+ * TPK_EFORMAT. HDF5 datasets of any integer or float type are converted to float64; .npy (and
+ * each .npz member, stored or deflated as np.savez / np.savez_compressed write them) accepts
+ * every real dtype: float16/32/64, signed and unsigned integers of 1, 2, 4 and 8 bytes (beyond
+ * 2^53 they round), bool; either byte order; C or Fortran order; header versions 1..3. Other
+ * dtypes (complex, strings, records) are TPK_EFORMAT naming the dtype. In "file.npz:name" the
+ * name may be left out when the archive holds one array. A CSV is always rank 2.
  * "file.h5" without ":/dataset" is TPK_EINVAL, with the file's datasets listed. While inside
  * HDF5 the library's own error printing is switched off and then restored (process state: call
  * HDF5 from one thread at a time). */

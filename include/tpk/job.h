@@ -72,9 +72,28 @@ TPK_API int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const 
 TPK_API int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width,
                                uint64_t seed, tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
 
-/* Find a file shipped with the toolkit ("programs/mlp.nsr", "data/demo-inputs.csv") beside the
- * executable: <exe>/../../REL (build tree) or <exe>/../share/tpk/REL (installed); falls back to
- * REL relative to the working directory. Returns buf. */
+/* The install data directory compiled into the library by `make install`: PREFIX/share/tpk,
+ * the folder holding programs/ and data/ (`pkg-config --variable=datadir tpk` prints the same).
+ * NULL for the build tree's library, which is not installed anywhere. */
+TPK_API const char *tpk_datadir(void);
+
+/* Find a file shipped with the toolkit ("programs/mlp.nsr", "data/demo-inputs.csv") into buf
+ * (len bytes; the real path). The folders tried, each holding programs/ and data/, in order:
+ *   1. $TPK_DATADIR                  the environment's override, ahead of everything;
+ *   2. EXEDIR/../..                  a program of the build tree (build/bin, build/tests);
+ *   3. EXEDIR/../share/tpk           an installed tool, wherever its prefix was moved;
+ *   4. tpk_datadir()                 the compiled-in install data directory;
+ *   5. LIBDIR/../share/tpk           a user's program on the installed shared library;
+ *   6. the working directory.
+ * (EXEDIR: the running program's folder; LIBDIR: the folder of the libtpk.so it loaded.)
+ * The build tree comes before the installed copies so that tools and tests built in a checkout
+ * run the checkout's programs even where an older tpk is installed. TPK_ENOTFOUND when none
+ * has it, with a message that lists every path tried and names TPK_DATADIR and
+ * tpk_arch_opts.root; buf then holds REL. Callers with a folder of their own (tpk_arch_opts.root,
+ * tpk_study_opts.root) do not search at all. */
+TPK_API int tpk_shipped_find(const char *rel, char *buf, size_t len, tpk_ctx *ctx);
+/* tpk_shipped_find without an error: the path found, or REL itself (which then names the file
+ * in the caller's "cannot open" message). Returns buf. */
 TPK_API const char *tpk_shipped_path(const char *rel, char *buf, size_t len);
 
 /* The attributes every job writes on "/": provenance (tpk_h5out_provenance), "architecture"

@@ -155,7 +155,11 @@ typedef struct tpk_netsor_opts {
 } tpk_netsor_opts;
 
 /* Parse, check and elaborate a program file or string. Errors: TPK_ESYNTAX / TPK_ETYPE with the
- * message "file:line:col: message" in ctx. */
+ * message "file:line:col: message" in ctx. reg names the functions a program may call (relu,
+ * erf, ..., and the caller's own: tpk_phi_register); NULL is a registry with none, so a
+ * program that calls any function is TPK_ETYPE "unknown function 'erf': the function registry
+ * is NULL ...": pass tpk_phi_registry_alloc's (the built-ins) or tpk_job_registry's (the
+ * built-ins and sqrt, which the layernorm programs use). */
 TPK_API tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
                                           const tpk_phi_registry *reg, tpk_ctx *ctx);
 TPK_API tpk_program *tpk_netsor_load_string(const char *name, const char *src,
