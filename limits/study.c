@@ -407,6 +407,7 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
     size_t Nall = s->xall->dims[0];
     size_t N = o->max_inputs == 0 || o->max_inputs > Nall ? Nall : o->max_inputs;
     s->info.inputs = N;
+    s->info.inputs_all = Nall;
     if (!(s->rows = tpk_malloc(ctx, N * sizeof *s->rows)))
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     if (!(s->x = subset(s->xall, N, s->rows, ctx)))
@@ -736,7 +737,16 @@ int tpk_study_write(tpk_study *s, int argc, char **argv, FILE *summary, tpk_ctx 
     remove(s->partial);
     tpk_study_analysis_free(s->analysis);
     s->analysis = a;
-    if (summary)
+    if (summary) {
+        /* the inputs are a choice of max_inputs: said, not silent (issue 39, item 7) */
+        if (s->info.inputs < s->info.inputs_all)
+            fprintf(summary, "inputs: %zu of the %zu in %s, evenly spaced (--max-inputs=%zu; "
+                    "--max-inputs=0 uses all)\n", s->info.inputs, s->info.inputs_all,
+                    s->input.path, s->info.inputs);
+        else
+            fprintf(summary, "inputs: all %zu in %s (--max-inputs=K uses K of them)\n",
+                    s->info.inputs, s->input.path);
         tpk_study_analysis_print(a, summary);
+    }
     return TPK_OK;
 }

@@ -150,6 +150,7 @@ typedef struct tpk_study_info {
     const char *checkpoint;       /* output + ".partial.h5" */
     const char *config;           /* what the raw data depend on (a checkpoint must match it) */
     size_t inputs;                /* inputs used */
+    size_t inputs_all;            /* inputs in the file (max_inputs picks `inputs` of them) */
     size_t runs, done;            /* (width, seed) runs in all, finished */
     int source;                   /* enum tpk_study_source */
     double limit_error;           /* the limit evaluator's error estimate */
