@@ -144,6 +144,14 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
             return ctx->status;
     }
     int slots = s->prog->nslots;
+    /* A program whose T follows the input takes any length: the message must not name the
+     * program's default T as the one length (issue 39, item 6: "must be N×4×d"). */
+    if (slots > 1 && s->X->ndim != 3 && tpk_program_param(s->prog, "T") && !user_set(job, "T"))
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "%s: the program reads sequences (input x[t]); the input must be N×T×d "
+                         "(N sequences of T steps of d features, any T), not %s",
+                         input_name(job), s->X->ndim == 2 ? "an N×d matrix of vectors"
+                                                          : "an array of rank 4");
     if (slots > 1 && (s->X->ndim != 3 || s->X->dims[1] != (size_t)slots))
         return TPK_ERROR(ctx, TPK_EINVAL,
                          "%s: the program reads sequences of %d steps (input x[t]); the input must be "

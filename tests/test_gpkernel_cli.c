@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Closed forms carry only rounding: 1e-12 relative is the issue's acceptance bound. */
 #define TOL_CLOSED 1e-12
@@ -24,7 +25,7 @@ static int setup(void **state) { return tu_setup_tagged(state, "cli"); }
 /* Run gpkernel (quietly) with the given arguments. Returns the exit status. */
 static int gpkernel(const tu_env *e, const char *args)
 {
-    char buf[4096];
+    char buf[8192];
     snprintf(buf, sizeof buf, "%s --quiet", args);
     return tu_run_tool(e, "gpkernel", buf);
 }
@@ -296,6 +297,76 @@ static void test_bad_inputs(void **state)
     assert_string_equal(buf, "precious");
 }
 
+/* Shape messages say what the architecture reads (issue 39, item 6), and the channel-less forms
+ * the CNN rows document (N×H×W images, N×P signals: one channel) run, as the same kernel as
+ * with the channel axis written out (they were viewed with their last axis as channels and
+ * refused with "N×d (1 slot) or N×25×d"). */
+static void test_shape_messages(void **state)
+{
+    const tu_env *e = *state;
+    enum { N = 3, H = 5, W = 4, P = 6 };
+    double img[N * H * W], sig[N * P];
+    random_inputs(img, N * H, W, 811);
+    random_inputs(sig, N, P, 812);
+    char x3[512], x4[512], s2[512], s3[512], k3[512], k4[512], args[4096], err[4096];
+    tu_path(e, x3, sizeof x3, "img3.npy");
+    tu_path(e, x4, sizeof x4, "img4.npy");
+    tu_path(e, s2, sizeof s2, "sig2.npy");
+    tu_path(e, s3, sizeof s3, "sig3.npy");
+    tu_write_npy(x3, img, 3, (const size_t[]){N, H, W});
+    tu_write_npy(x4, img, 4, (const size_t[]){N, H, W, 1});
+    tu_write_npy(s2, sig, 2, (const size_t[]){N, P});
+    tu_write_npy(s3, sig, 3, (const size_t[]){N, P, 1});
+    tu_path(e, k3, sizeof k3, "k3.h5");
+    tu_path(e, k4, sizeof k4, "k4.h5");
+    const char *const pairs[][3] = {{"cnn2d", x3, x4}, {"cnn1d", s2, s3}};
+    for (int i = 0; i < 2; i++)
+        for (int ro = 0; ro < 2; ro++) {
+            const char *readout = ro ? " --readout=flatten" : ""; /* rolled GAP; direct flatten */
+            snprintf(args, sizeof args, "--arch=%s%s --input='%s' --output='%s'", pairs[i][0],
+                     readout, pairs[i][1], k3);
+            if (gpkernel(e, args) != 0) {
+                tu_stderr(e, err, sizeof err);
+                fail_msg("%s: %s", args, err);
+            }
+            snprintf(args, sizeof args, "--arch=%s%s --input='%s' --output='%s'", pairs[i][0],
+                     readout, pairs[i][2], k4);
+            assert_int_equal(gpkernel(e, args), 0);
+            size_t c3, c4;
+            double *K3 = tu_h5_read(k3, "/kernel", &c3), *K4 = tu_h5_read(k4, "/kernel", &c4);
+            assert_int_equal(c3, N * N);
+            assert_int_equal(c4, N * N);
+            assert_true(max_rel_err(K3, K4, N * N) < TOL_CLOSED);
+            free(K3);
+            free(K4);
+        }
+    /* rnn: the program's T follows the input, so the message names no default length */
+    char csv[512];
+    tu_path(e, csv, sizeof csv, "vec.csv");
+    FILE *f = fopen(csv, "w");
+    fputs("0.5,1.5\n-0.25,2.0\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "--arch=rnn --input='%s' --output='%s'", csv, k3);
+    unlink(k3);
+    assert_int_equal(gpkernel(e, args), 1);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "N×T×d") || !strstr(err, "any T") || strstr(err, "N×4×d"))
+        fail_msg("rnn on N×d: %s", err);
+    /* a T the user fixed is the one length */
+    snprintf(args, sizeof args, "--arch=rnn --set T=7 --input='%s' --output='%s'", csv, k3);
+    assert_int_equal(gpkernel(e, args), 1);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "N×7×d"))
+        fail_msg("rnn --set T=7 on N×d: %s", err);
+    /* cnn2d on a matrix: images are N×H×W×C, and the channel axis is suggested */
+    snprintf(args, sizeof args, "--arch=cnn2d --input='%s' --output='%s'", csv, k3);
+    assert_int_equal(gpkernel(e, args), 1);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "N×H×W×C") || !strstr(err, "channel") || strstr(err, "1 slot"))
+        fail_msg("cnn2d on N×d: %s", err);
+    assert_false(tu_exists(k3));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -304,6 +375,7 @@ int main(void)
         cmocka_unit_test(test_test_set_outputs),
         cmocka_unit_test(test_provenance_attributes),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_shape_messages),
     };
     return cmocka_run_group_tests_name("gpkernel_cli", tests, setup, tu_teardown);
 }
