@@ -51,7 +51,7 @@ static int resolve(const tpk_arch *a, const tpk_arch_opts *o, resolved *r, tpk_c
             st = TPK_ERROR(ctx, TPK_EINVAL, "unknown flag '%s' of architecture %s (see gpkernel "
                            "--list-archs)", flag, a->name);
         else
-            st = tpk_arch_check_flag(flag, value, reg, ctx);
+            st = tpk_arch_check(a, flag, value, reg, ctx);
         if (!st) {
             r->fl[i] = (tpk_arch_flag){.flag = flag, .param = r->param[i], .value = value};
             snprintf(r->attr[i], sizeof r->attr[i], "%s", flag);

@@ -100,6 +100,8 @@ int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo, doub
 const char *tpk_arch_flag_param(const tpk_arch *a, const char *flag, char *buf, size_t len);
 int tpk_arch_check_flag(const char *flag, const char *value, const tpk_phi_registry *reg,
                         tpk_ctx *ctx);
+int tpk_arch_check(const tpk_arch *a, const char *flag, const char *value,
+                   const tpk_phi_registry *reg, tpk_ctx *ctx);
 
 typedef struct tpk_study_stats {
     size_t boot; uint64_t seed; size_t w1_input; size_t slices; size_t fit_min_width;

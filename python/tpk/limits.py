@@ -27,7 +27,7 @@ def _flags(a, params, keep, reg):
             fail(f"unknown flag '{f}' of architecture {ffi.string(a.name).decode()} "
                  "(see gpkernel --list-archs)")
         ctx = new_ctx()
-        check(lib.tpk_arch_check_flag(keep(f), keep(v), reg, ctx), ctx)
+        check(lib.tpk_arch_check(a, keep(f), keep(v), reg, ctx), ctx)
         fl[i].flag, fl[i].param, fl[i].value = keep(f), buf, keep(v)
     return fl, len(flags)
 
