@@ -150,7 +150,7 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EINVAL,
                          "%s: the program reads sequences (input x[t]); the input must be N×T×d "
                          "(N sequences of T steps of d features, any T), not %s",
-                         input_name(job), s->X->ndim == 2 ? "an N×d matrix of vectors"
+                         input_name(job), s->X->ndim == 2 ? "a matrix of vectors (N×d)"
                                                           : "an array of rank 4");
     if (slots > 1 && (s->X->ndim != 3 || s->X->dims[1] != (size_t)slots))
         return TPK_ERROR(ctx, TPK_EINVAL,

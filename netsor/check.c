@@ -362,7 +362,7 @@ static int resolve_call(walker *W, nsr_expr *e, int depth)
     }
     if (strcmp(e->name, "readout") == 0)
         return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
-                         "readout(...) may only appear as 'output y = readout(var, sigma_v2)'");
+                         "readout(...) may only appear as 'output y = readout(var, sigma_v2[, sigma_ob2])'");
     if (is_builtin_pad(W, e)) {
         if (e->nargs != 3 || e->nidx)
             return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
@@ -849,11 +849,11 @@ static int walk_stmt(walker *W, nsr_stmt *s)
         nsr_expr *r = s->value;
         if (r->kind != NSR_E_CALL || strcmp(r->name, "readout") != 0)
             return nsr_error(C->S, TPK_ETYPE, r->line, r->col,
-                             "an output must be 'readout(var, sigma_v2)'");
+                             "an output must be 'readout(var, sigma_v2[, sigma_ob2])'");
         if ((r->nargs != 2 && r->nargs != 3) || r->nidx)
             return nsr_error(C->S, TPK_ETYPE, r->line, r->col,
                              "readout takes two or three arguments: readout(var, sigma_v2[, "
-                             "sigma_bias2])");
+                             "sigma_ob2]), the readout weights' and the output bias' variances");
         if (resolve_value(W, r->args[0]) || resolve_value(W, r->args[1]) ||
             (r->nargs == 3 && resolve_value(W, r->args[2])))
             return TPK_ETYPE;

@@ -9,6 +9,7 @@
 #include <gsl/gsl_rng.h>
 #include <gsl/gsl_randist.h>
 #include "support/testutil.h"
+#include "tpk/archs.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -367,6 +368,98 @@ static void test_shape_messages(void **state)
     assert_false(tu_exists(k3));
 }
 
+/* `netsor kernel programs/mlp.nsr` and `gpkernel --arch=mlp` compute the same network by
+ * default (issue 39, item 2: the program's sigma_b2, sigma_v2, sigma_ob2 were not the
+ * architecture's), and so do the --layernorm / --residual programs and the same settings given
+ * as flags and as --set; the defaults are Σ^{L+1} of the direct recursion here. */
+static void test_program_defaults_are_the_architecture(void **state)
+{
+    const tu_env *e = *state;
+    enum { N = 7, D = 5 };
+    double X[N * D], Kref[N * N];
+    random_inputs(X, N, D, 4417);
+    char xin[512], kp[512], ka[512], args[4096], err[4096];
+    tu_path(e, xin, sizeof xin, "Xd.h5");
+    tu_path(e, kp, sizeof kp, "Kp.h5");
+    tu_path(e, ka, sizeof ka, "Ka.h5");
+    tu_h5_write(xin, "/x", X, N, D);
+    const char *root = getenv("TPK_ROOT") ? getenv("TPK_ROOT") : ".";
+    static const char *const cases[][3] = {
+        {"mlp.nsr", "", ""},
+        {"mlp-ln.nsr", "--layernorm", ""},
+        {"mlp-residual.nsr", "--residual=0.6", "--set alpha=0.6"},
+        {"mlp-ln-residual.nsr", "--layernorm --residual=0.6", "--set alpha=0.6"},
+        {"mlp.nsr", "--depth=4 --phi=erf --sigma-b2=0.13", "--set L=4 --set phi=erf --set sigma_b2=0.13"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "kernel '%s/programs/%s' %s --input='%s:/x' --output='%s' "
+                 "--quiet", root, cases[i][0], cases[i][2], xin, kp);
+        if (tu_run_tool(e, "netsor", args) != 0) {
+            tu_stderr(e, err, sizeof err);
+            fail_msg("netsor %s: %s", args, err);
+        }
+        snprintf(args, sizeof args, "--arch=mlp %s --input='%s:/x' --output='%s'", cases[i][1],
+                 xin, ka);
+        assert_int_equal(gpkernel(e, args), 0);
+        size_t cp, ca;
+        double *Kp = tu_h5_read(kp, "/kernel", &cp), *Ka = tu_h5_read(ka, "/kernel", &ca);
+        assert_int_equal(cp, N * N);
+        assert_int_equal(ca, N * N);
+        double rel = max_rel_err(Kp, Ka, N * N);
+        if (!(rel < TOL_CLOSED))
+            fail_msg("netsor kernel %s %s vs gpkernel --arch=mlp %s: %.3g apart", cases[i][0],
+                     cases[i][2], cases[i][1], rel);
+        if (i == 0) { /* the default: Σ^{L+1} of three ReLU layers, σ_w² 2, σ_b² 0 */
+            reference_mlp(X, N, D, 3, 2.0, 0.0, relu_e2, Kref);
+            assert_true(max_rel_err(Kp, Kref, N * N) < TOL_CLOSED);
+        }
+        free(Kp);
+        free(Ka);
+    }
+}
+
+/* --depth's range is the one that works (issue 39, item 5: 99 999 and 100 000 were accepted,
+ * then failed after starting with "program too large after unrolling"): every row's largest
+ * depth (tpk_arch.max_depth, shown by --list-archs) is refused beyond at once as a usage error
+ * (exit 2, no output), and mlp's runs at that depth. */
+static void test_depth_range(void **state)
+{
+    const tu_env *e = *state;
+    char out[512], args[2048], err[4096], list[16384], cmd[1200];
+    tu_path(e, out, sizeof out, "deep.h5");
+    snprintf(cmd, sizeof cmd, "'%s/gpkernel' --list-archs", e->bindir);
+    assert_int_equal(tu_capture(cmd, list, sizeof list), 0);
+    size_t n;
+    const tpk_arch *t = tpk_arch_table(&n);
+    int rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i].max_depth <= 0)
+            continue;
+        rows++;
+        char range[64];
+        snprintf(range, sizeof range, "--depth (L, 1..%d)", t[i].max_depth);
+        if (!strstr(list, range))
+            fail_msg("--list-archs does not say %s for %s", range, t[i].name);
+        const int bad[] = {t[i].max_depth + 1, 99999, 100000};
+        for (int b = 0; b < 3; b++) {
+            if (bad[b] <= t[i].max_depth)
+                continue;
+            snprintf(args, sizeof args, "--arch=%s --depth=%d --output='%s'", t[i].name, bad[b],
+                     out);
+            int rc = gpkernel(e, args);
+            tu_stderr(e, err, sizeof err);
+            snprintf(range, sizeof range, "1..%d", t[i].max_depth);
+            if (rc != 2 || !strstr(err, "usage error") || !strstr(err, range))
+                fail_msg("%s: rc %d, %s", args, rc, err);
+            assert_false(tu_exists(out));
+        }
+    }
+    assert_true(rows >= 4); /* mlp, batchnorm, transformer, the CNNs */
+    snprintf(args, sizeof args, "--arch=mlp --depth=%d --output='%s'",
+             tpk_arch_find("mlp")->max_depth, out);
+    assert_int_equal(gpkernel(e, args), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -376,6 +469,8 @@ int main(void)
         cmocka_unit_test(test_provenance_attributes),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_shape_messages),
+        cmocka_unit_test(test_depth_range),
+        cmocka_unit_test(test_program_defaults_are_the_architecture),
     };
     return cmocka_run_group_tests_name("gpkernel_cli", tests, setup, tu_teardown);
 }
