@@ -150,7 +150,7 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, c
         tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
                        .sets = r->sets, .nsets = r->nsets, .input = input, .test = test, .output = output,
                        .all_outputs = o->all_outputs, .attrs = attrs, .nattrs = nattrs,
-                       .progress = o->progress};
+                       .progress = o->progress, .force = o->force};
         st = a->custom ? a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);
     }
     tpk_free(ctx, r);

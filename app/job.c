@@ -200,7 +200,8 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     /* Open before computing: an unwritable path fails at once, not after the work; an output
      * that is an input would destroy it. */
     const char *ins[] = {job->program, job->input, job->test};
-    if (tpk_io_check_output(job->output, ins, 3, ctx))
+    if (tpk_io_check_output(job->output, ins, 3, ctx) ||
+        tpk_h5out_check_replace(job->output, job->force, ctx))
         return ctx->status;
     s->out = tpk_h5out_open(job->output, ctx);
     return s->out ? TPK_OK : ctx->status;

@@ -358,7 +358,9 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         goto done;
     /* open before computing: an unwritable path fails at once; an input is never the output */
     const char *ins[] = {job->program, job->input, job->test};
-    if (tpk_io_check_output(job->output, ins, 3, ctx) || !(s.out = tpk_h5out_open(job->output, ctx))) {
+    if (tpk_io_check_output(job->output, ins, 3, ctx) ||
+        tpk_h5out_check_replace(job->output, job->force, ctx) ||
+        !(s.out = tpk_h5out_open(job->output, ctx))) {
         st = ctx->status;
         goto done;
     }

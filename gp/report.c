@@ -282,7 +282,8 @@ tpk_gp_report *tpk_gp_report_open(const tpk_gp_experiment_opts *o, const tpk_gp_
     /* Open the output before the heavy work: an unwritable path fails now; an input file is
      * never overwritten. */
     const char *ins[] = {o->kernel_file, o->train, o->test, o->labels, o->test_labels};
-    if (tpk_io_check_output(o->output, ins, 5, ctx))
+    if (tpk_io_check_output(o->output, ins, 5, ctx) ||
+        tpk_h5out_check_replace(o->output, o->force, ctx))
         return NULL;
     tpk_gp_report *r = tpk_calloc(ctx, 1, sizeof *r);
     if (!r)

@@ -402,7 +402,8 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
         return ctx->status;
     /* Neither the result nor its checkpoint may be an input or the program (issue 18). */
     const char *ins[] = {input, s->program};
-    if (tpk_io_check_output(s->output, ins, 2, ctx) || tpk_io_check_output(s->partial, ins, 2, ctx))
+    if (tpk_io_check_output(s->output, ins, 2, ctx) || tpk_io_check_output(s->partial, ins, 2, ctx) ||
+        tpk_h5out_check_replace(s->output, o->force, ctx))
         return ctx->status;
     size_t Nall = s->xall->dims[0];
     size_t N = o->max_inputs == 0 || o->max_inputs > Nall ? Nall : o->max_inputs;

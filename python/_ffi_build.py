@@ -65,7 +65,7 @@ typedef struct tpk_arch {
 typedef struct tpk_arch_flag { const char *flag; const char *param; const char *value; } tpk_arch_flag;
 typedef struct tpk_arch_opts {
     const tpk_arch_flag *flags; int nflags; const tpk_param_set *sets; int nsets;
-    int layernorm; int all_outputs; const char *root; const tpk_progress *progress;
+    int layernorm; int all_outputs; const char *root; const tpk_progress *progress; int force;
 } tpk_arch_opts;
 const tpk_arch *tpk_arch_table(size_t *count);
 const tpk_arch *tpk_arch_find(const char *name);
@@ -113,7 +113,7 @@ typedef struct tpk_study_opts {
     const char *program; const tpk_param_set *sets; int nsets; int all_outputs;
     const char *input; size_t max_inputs; const size_t *widths; size_t nwidths; size_t seeds;
     uint64_t seed; const char *output; int resume; tpk_study_stats stats; const char *root;
-    const tpk_progress *progress; ...;
+    const tpk_progress *progress; int force; ...;
 } tpk_study_opts;
 typedef struct tpk_study tpk_study;
 typedef struct tpk_study_run_opts {
@@ -131,7 +131,7 @@ typedef struct tpk_gp_experiment_opts {
     double sigma_w2, sigma_b2; double lengthscale2, amplitude;
     const char *train, *test; const char *labels, *test_labels; int classify;
     int noise_auto; double noise; int fit_hyper; const char *output; int full_cov;
-    int argc; char **argv; const char *name; const tpk_progress *progress; ...;
+    int argc; char **argv; const char *name; const tpk_progress *progress; int force; ...;
 } tpk_gp_experiment_opts;
 void tpk_gp_experiment_opts_default(tpk_gp_experiment_opts *o);
 int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx);

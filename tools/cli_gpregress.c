@@ -44,6 +44,8 @@ const char cli_gpregress_options_help[] =
     "  --output=FILE.h5   written atomically: mean (M×C), var (M, latent, scaled by s), and per\n"
     "                     kernel the noise, scale, LML, jitter, rcond, accuracy, NLL; a depth range\n"
     "                     puts each depth under /depth_L and the summary in /depths, /accuracy, ...\n"
+    "  --force            replace an existing --output that is not an HDF5 file of this\n"
+    "                     toolkit (refused by default: nothing is overwritten without it)\n"
     "  --full-cov         also the full latent predictive covariance /cov (M×M)\n"
     "  --no-var           skip the predictive variance (and the NLL)\n"
     "  --progress, --no-progress   the progress line (below)\n"
@@ -83,7 +85,7 @@ static int parse_depth(const char *s, tpk_gp_experiment_opts *o, tpk_ctx *ctx)
 enum { O_ARCH = 256, O_KERNEL, O_TRAIN, O_TEST, O_LABELS, O_TLABELS, O_OUTPUT, O_PHI, O_DEPTH,
        O_SW2, O_SB2, O_L2, O_AMP, O_QDEG, O_NOISE, O_NOSCALE, O_FITH, O_FIX, O_SELN, O_NTRAIN,
        O_NTEST, O_NFITS, O_VARN, O_CENTER, O_UNIT, O_CLASSIFY, O_FULLCOV, O_NOVAR, O_QUIET, O_HELP,
-       O_VERSION, O_PROGRESS, O_NOPROGRESS };
+       O_VERSION, O_PROGRESS, O_NOPROGRESS, O_FORCE };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, O_ARCH}, {"kernel", required_argument, NULL, O_KERNEL},
@@ -107,6 +109,7 @@ static const struct option longopts[] = {
     {"no-var", no_argument, NULL, O_NOVAR}, {"quiet", no_argument, NULL, O_QUIET},
     {"help", no_argument, NULL, O_HELP}, {"version", no_argument, NULL, O_VERSION},
     {"progress", no_argument, NULL, O_PROGRESS}, {"no-progress", no_argument, NULL, O_NOPROGRESS},
+    {"force", no_argument, NULL, O_FORCE},
     {NULL, 0, NULL, 0}};
 
 /* One of gpregress's options (not --help, --version). */
@@ -144,6 +147,7 @@ static int take_option(int c, tpk_gp_experiment_opts *o, cli_gpregress *g, char 
     case O_CLASSIFY: o->classify = 1; return TPK_OK;
     case O_FULLCOV: o->full_cov = 1; return TPK_OK;
     case O_NOVAR: o->no_var = 1; return TPK_OK;
+    case O_FORCE: o->force = 1; return TPK_OK;
     case O_QUIET: g->quiet = 1; return TPK_OK;
     case O_PROGRESS: g->progress = 1; return TPK_OK;
     case O_NOPROGRESS: g->progress = 0; return TPK_OK;

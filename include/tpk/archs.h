@@ -114,6 +114,7 @@ typedef struct tpk_arch_opts {
     int all_outputs;            /* --all-times */
     const char *root;           /* folder holding programs/ and data/ (NULL: tpk_shipped_path) */
     const tpk_progress *progress; /* the job's progress and cancel flag (tpk_job.progress) */
+    int force;                  /* tpk_arch_job: tpk_job.force (--force) */
 } tpk_arch_opts;
 
 /* The architecture's kernel on inputs in memory (tpk_job_kernel_arrays; the arrays as there).

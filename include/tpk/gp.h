@@ -251,6 +251,8 @@ typedef struct tpk_gp_experiment_opts {
                                    the fit, the predictions; with fit_hyper also the BFGS run)
                                    and the cancel flag (TPK_ECANCELED, no output file); NULL:
                                    none (include/tpk/progress.h) */
+    int force;                  /* replace an existing output that is not an HDF5 file of this
+                                   toolkit (tpk_h5out_check_replace; --force) */
 } tpk_gp_experiment_opts;
 
 /* gpregress's defaults: mlp depth 3, relu, σ_w² 2, σ_b² 0, ℓ² 1, s 1, automatic noise with a

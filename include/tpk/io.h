@@ -50,6 +50,14 @@ TPK_API void tpk_sha256_array_hex(const tpk_array *a, char out[65]);
 TPK_API int tpk_io_check_output(const char *output, const char *const *inputs, size_t n,
                                 tpk_ctx *ctx);
 
+/* Whether an output may replace what is at `path` (issue 39, item 4: --output=notes.txt
+ * replaced a text file with HDF5 without a word): TPK_OK when nothing is there, when it is an HDF5
+ * file this toolkit wrote (a root attribute toolkit_version, as tpk_h5out_provenance writes), or
+ * with force; else TPK_EINVAL with a message that says what the file is and names --force, and
+ * the file is not touched. A folder is TPK_EIO (never replaced). Every program that writes an
+ * output calls it before any work, with its --force flag. */
+TPK_API int tpk_h5out_check_replace(const char *path, int force, tpk_ctx *ctx);
+
 /* Atomic HDF5 output: everything goes to a hidden temporary file in the destination folder,
  * which replaces `path` only on tpk_h5out_commit. An error or abort leaves `path` untouched. */
 typedef struct tpk_h5out tpk_h5out;

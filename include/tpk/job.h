@@ -49,6 +49,8 @@ typedef struct tpk_job {
                                  * the architecture jobs from tpk_arch.direct; the output's
                                  * "evaluator" attribute says so). NULL, a job->source, or
                                  * TPK_EVALUATOR=program in the environment: the evaluator */
+    int force;                  /* replace an existing output that is not an HDF5 file of this
+                                 * toolkit (tpk_h5out_check_replace; --force) */
 } tpk_job;
 
 /* Infinite-width kernel: /kernel, and with a test set /kernel_test_train and /kernel_test_diag. */

@@ -135,6 +135,8 @@ typedef struct tpk_study_opts {
                                      the Python package gives its own) */
     const tpk_progress *progress; /* reports and cancel flag of the limit kernel that
                                      tpk_study_alloc computes (TPK_ECANCELED); NULL: none */
+    int force;                    /* replace an existing output that is not an HDF5 file of this
+                                     toolkit (tpk_h5out_check_replace; --force) */
 } tpk_study_opts;
 
 /* Where the raw data of tpk_study_alloc came from. */

@@ -162,14 +162,15 @@ class GPRegressor(_Mixin, _Base):
 
 def gpregress(output, x=None, y=None, x_test=None, y_test=None, *, arch="mlp", kernel_file=None,
               classify=False, noise="auto", depth=3, phi="relu", sigma_w2=2.0, sigma_b2=0.0,
-              lengthscale2=1.0, amplitude=1.0, fit_hyper=False, full_cov=False):
+              lengthscale2=1.0, amplitude=1.0, fit_hyper=False, full_cov=False, force=False):
     """gpregress as a call (include/tpk/gp.h, tpk_gp_experiment_run): the same self-describing
     HDF5 file at output (read it with tpk.read or xarray): /mean (test × output), /var, and per
     kernel the noise, scale, lml, ... (a depth range, depth=(lo, hi): over the axis depth, each
     depth's predictions under /depth_L). x, x_test: inputs; y, y_test: targets N×C, or integer
     class labels with classify=True (any integer dtype). arch "mlp" or "rbf", or
     kernel_file= a gpkernel file with a test set. noise: a variance or "auto" (training
-    marginal likelihood). Returns output."""
+    marginal likelihood). An existing output that is not an HDF5 file of this toolkit is refused
+    (tpk.Error, the file untouched) unless force=True (--force). Returns output."""
     import os
     import tempfile
 
@@ -196,6 +197,7 @@ def gpregress(output, x=None, y=None, x_test=None, y_test=None, *, arch="mlp", k
         o.noise_auto, o.noise = 0, float(noise)
     o.fit_hyper = int(bool(fit_hyper))
     o.full_cov = int(bool(full_cov))
+    o.force = int(bool(force))
     o.name = keep("tpk.gpregress")
     args = ["tpk.gpregress", f"arch={arch}" if kernel_file is None else f"kernel={kernel_file}"]
     argv = keep.keep(ffi.new("char *[]", [keep(a) for a in args]))

@@ -34,7 +34,7 @@ def _flags(a, params, keep, reg):
 
 def limits(arch=None, x=None, *, program=None, widths=(32, 64, 128, 256, 512, 1024, 2048),
            seeds=64, seed=1, max_inputs=8, all_outputs=False, layernorm=False, set=None,
-           output=None, resume=False, **params):
+           output=None, resume=False, force=False, **params):
     """A finite-width convergence study, as gplimits runs it (theory.md §7): the network of a
     shipped architecture (or of program=, a NETSOR file) run at every width × `seeds` random
     networks, compared with its infinite-width limit kernel. Returns the study's file as an
@@ -52,7 +52,8 @@ def limits(arch=None, x=None, *, program=None, widths=(32, 64, 128, 256, 512, 10
     width), fit_ratio, as gplimits' flags. Defaults are gplimits' (widths 32..2048). Other keywords are the architecture's flags
     (depth=2, phi="erf", sigma_w2=2.0), set={"name": value} program parameters.
     output: also keep the file there (and with resume=True continue an interrupted study from
-    its checkpoint); by default it lives in a scratch folder only while it is read.
+    its checkpoint); by default it lives in a scratch folder only while it is read. An existing
+    output that is not an HDF5 file of this toolkit is refused unless force=True (--force).
     Ctrl-C stops the study within a network's run and raises KeyboardInterrupt; with output=,
     the checkpoint output + ".partial.h5" keeps the finished runs for resume=True, without it
     nothing is left behind."""
@@ -88,6 +89,7 @@ def limits(arch=None, x=None, *, program=None, widths=(32, 64, 128, 256, 512, 10
     o.seeds = int(seeds)
     o.seed = int(seed)
     o.resume = int(bool(resume))
+    o.force = int(bool(force))
     o.root = keep(_core.SHARE)
     lib.tpk_study_stats_default(ffi.addressof(o, "stats"))
     for k, v in stats_kw.items():
