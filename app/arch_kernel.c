@@ -146,7 +146,8 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, c
         /* as gpkernel: flags under their own names where those differ from the parameter */
         for (int f = 0; f < o->nflags; f++)
             if (strcmp(r->attr[f], r->fl[f].param) != 0)
-                attrs[nattrs++] = (tpk_attr){.name = r->attr[f], .value = r->fl[f].value};
+                attrs[nattrs++] = (tpk_attr){.name = r->attr[f], .value = r->fl[f].value,
+                                             .param = r->fl[f].param};
         tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
                        .sets = r->sets, .nsets = r->nsets, .input = input, .test = test, .output = output,
                        .all_outputs = o->all_outputs, .attrs = attrs, .nattrs = nattrs,

@@ -199,6 +199,20 @@ int tpk_h5out_check_replace(const char *path, int force, tpk_ctx *ctx)
                      "written); give another --output, or --force to overwrite it", path, what);
 }
 
+int tpk_h5out_program_attrs(tpk_h5out *out, const char *path, const char *text, tpk_ctx *ctx)
+{
+    char sha[65], *owned = NULL;
+    size_t len = text ? strlen(text) : 0;
+    if (!text && !(text = owned = tpk_io_read_text(path, &len, ctx)))
+        return ctx->status;
+    tpk_sha256_hex(text, len, sha);
+    int st = tpk_h5out_attr_str(out, "/", "program_text", text, ctx);
+    if (!st)
+        st = tpk_h5out_attr_str(out, "/", "program_sha256", sha, ctx);
+    tpk_free(ctx, owned);
+    return st;
+}
+
 tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
 {
     char eb[128];

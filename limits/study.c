@@ -220,28 +220,15 @@ static int program_settings(tpk_study *s, const tpk_study_opts *o, tpk_param_set
 static int make_config(tpk_study *s, tpk_ctx *ctx)
 {
     char psha[65] = "";
-    FILE *pf = fopen(s->program, "rb");
-    if (pf) {
-        char *buf = NULL, chunk[4096];
-        size_t cap = 0, len = 0, got;
-        while ((got = fread(chunk, 1, sizeof chunk, pf)) > 0) {
-            if (len + got > cap) {
-                cap = 2 * (len + got);
-                char *nb = tpk_realloc(ctx, buf, cap);
-                if (!nb) { /* a digest of part of the file would name the wrong program */
-                    tpk_free(ctx, buf);
-                    fclose(pf);
-                    return ctx->status;
-                }
-                buf = nb;
-            }
-            memcpy(buf + len, chunk, got);
-            len += got;
-        }
-        fclose(pf);
-        tpk_sha256_hex(buf ? buf : "", len, psha);
-        tpk_free(ctx, buf);
-    }
+    size_t len = 0;
+    tpk_ctx lc;
+    tpk_ctx_init_from(&lc, ctx);
+    char *buf = tpk_io_read_text(s->program, &len, &lc);
+    if (!buf && lc.status == TPK_ENOMEM) /* a digest of part of the file names another program */
+        return TPK_ERROR(ctx, TPK_ENOMEM, "%s", lc.msg);
+    if (buf)
+        tpk_sha256_hex(buf, len, psha);
+    tpk_free(ctx, buf);
     char xsha[65];
     tpk_sha256_array_hex(s->x, xsha);
     char *pos = s->config;
@@ -642,6 +629,7 @@ static int write_attrs(const tpk_study *s, tpk_h5out *h, int argc, char **argv, 
     tpk_h5out_provenance(h, argc, argv, ctx);
     tpk_h5out_input_attrs(h, "input", &s->input, s->xall, ctx);
     tpk_h5out_attr_str(h, "/", "program", s->program, ctx);
+    tpk_h5out_program_attrs(h, s->program, NULL, ctx);
     tpk_h5out_attr_str(h, "/", "gplimits_config", s->config, ctx);
     tpk_h5out_attr_int(h, "/", "seed_base", (long long)s->seed, ctx);
     tpk_h5out_attr_int(h, "/", "w1_input", (long long)s->stats.w1_input, ctx);

@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <gsl/gsl_integration.h>
+#include <hdf5.h>
 #include <gsl/gsl_rng.h>
 #include <gsl/gsl_randist.h>
 #include "support/testutil.h"
@@ -418,6 +419,112 @@ static void test_program_defaults_are_the_architecture(void **state)
     }
 }
 
+/* The HDF5 class of root attribute `name` of file (H5T_INTEGER, H5T_FLOAT, H5T_STRING), read
+ * with the HDF5 library directly; -1 when there is none. */
+static int attr_class(const char *file, const char *name)
+{
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(f >= 0);
+    int cls = -1;
+    if (H5Aexists_by_name(f, "/", name, H5P_DEFAULT) > 0) {
+        hid_t a = H5Aopen_by_name(f, "/", name, H5P_DEFAULT, H5P_DEFAULT), t = H5Aget_type(a);
+        cls = (int)H5Tget_class(t);
+        H5Tclose(t);
+        H5Aclose(a);
+    }
+    H5Fclose(f);
+    return cls;
+}
+
+/* A string attribute of file's root, malloc'd (variable-length UTF-8 as the toolkit writes). */
+static char *attr_string(const char *file, const char *name)
+{
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(f >= 0);
+    hid_t a = H5Aopen_by_name(f, "/", name, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(a >= 0);
+    hid_t t = H5Aget_type(a);
+    assert_true(H5Tis_variable_str(t) > 0);
+    char *v = NULL, *copy;
+    assert_true(H5Aread(a, t, &v) >= 0);
+    copy = strdup(v);
+    H5free_memory(v);
+    H5Tclose(t);
+    H5Aclose(a);
+    H5Fclose(f);
+    return copy;
+}
+
+/* netsor kernel and run record the program's text and its SHA-256 (issue 39, item 9: the file
+ * name only, irreproducible once the .nsr is edited), checked against sha256sum of the file;
+ * integer parameters (L, T, k, circular, the centre tap c; gpkernel's depth, rows, cols) are
+ * HDF5 integers and real ones stay floats even at integral values (--set sigma_w2=2). */
+static void test_program_provenance_and_types(void **state)
+{
+    const tu_env *e = *state;
+    const char *root = getenv("TPK_ROOT") ? getenv("TPK_ROOT") : ".";
+    char prog[512], kout[512], rout[512], gout[512], img[512], cmd[2048], args[4096], err[4096];
+    char want[128];
+    tu_path(e, prog, sizeof prog, "copy.nsr");
+    tu_path(e, kout, sizeof kout, "nk.h5");
+    tu_path(e, rout, sizeof rout, "nr.h5");
+    tu_path(e, gout, sizeof gout, "gk.h5");
+    snprintf(cmd, sizeof cmd, "cp '%s/programs/cnn1d.nsr' '%s'", root, prog);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "sha256sum '%s' | cut -c1-64", prog);
+    assert_int_equal(tu_capture(cmd, want, sizeof want), 0);
+    want[64] = '\0';
+    size_t tlen;
+    FILE *f = fopen(prog, "rb");
+    assert_non_null(f);
+    static char text[65536];
+    tlen = fread(text, 1, sizeof text - 1, f);
+    text[tlen] = '\0';
+    fclose(f);
+    snprintf(args, sizeof args, "kernel '%s' --set sigma_w2=2 --input='%s/data/demo-sequences.npy' "
+             "--output='%s' --quiet", prog, root, kout);
+    if (tu_run_tool(e, "netsor", args) != 0) {
+        tu_stderr(e, err, sizeof err);
+        fail_msg("netsor %s: %s", args, err);
+    }
+    snprintf(args, sizeof args, "run '%s' --input='%s/data/demo-sequences.npy' --width=16 "
+             "--output='%s' --quiet", prog, root, rout);
+    assert_int_equal(tu_run_tool(e, "netsor", args), 0);
+    /* the file edited afterwards: the outputs keep what ran */
+    f = fopen(prog, "a");
+    fputs("# edited later\n", f);
+    fclose(f);
+    const char *outs[2] = {kout, rout};
+    for (int i = 0; i < 2; i++) {
+        char *sha = attr_string(outs[i], "program_sha256"), *txt = attr_string(outs[i], "program_text");
+        assert_string_equal(sha, want);
+        assert_string_equal(txt, text);
+        free(sha);
+        free(txt);
+        static const char *const ints[] = {"L", "T", "k", "circular", "c"};
+        for (size_t j = 0; j < sizeof ints / sizeof ints[0]; j++)
+            if (attr_class(outs[i], ints[j]) != H5T_INTEGER)
+                fail_msg("%s: parameter %s is not stored as an integer", outs[i], ints[j]);
+        assert_int_equal(attr_class(outs[i], "sigma_b2"), H5T_FLOAT);
+    }
+    assert_int_equal(attr_class(kout, "sigma_w2"), H5T_FLOAT); /* --set sigma_w2=2: still real */
+    /* gpkernel: the flags under their own names take their parameter's type */
+    enum { N = 2, H = 4, W = 3 };
+    double x[N * H * W];
+    random_inputs(x, N * H, W, 5);
+    tu_path(e, img, sizeof img, "im.npy");
+    tu_write_npy(img, x, 4, (const size_t[]){N, H, W, 1});
+    snprintf(args, sizeof args, "--arch=cnn2d --depth=2 --sigma-w2=2 --input='%s' --output='%s'",
+             img, gout);
+    assert_int_equal(gpkernel(e, args), 0);
+    static const char *const gints[] = {"depth", "L", "rows", "cols", "circular"};
+    for (size_t j = 0; j < sizeof gints / sizeof gints[0]; j++)
+        if (attr_class(gout, gints[j]) != H5T_INTEGER)
+            fail_msg("gpkernel: %s is not stored as an integer", gints[j]);
+    assert_int_equal(attr_class(gout, "sigma_w2"), H5T_FLOAT);
+    assert_int_equal(attr_class(gout, "program_sha256"), H5T_STRING);
+}
+
 /* --depth's range is the one that works (issue 39, item 5: 99 999 and 100 000 were accepted,
  * then failed after starting with "program too large after unrolling"): every row's largest
  * depth (tpk_arch.max_depth, shown by --list-archs) is refused beyond at once as a usage error
@@ -471,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_shape_messages),
         cmocka_unit_test(test_depth_range),
         cmocka_unit_test(test_program_defaults_are_the_architecture),
+        cmocka_unit_test(test_program_provenance_and_types),
     };
     return cmocka_run_group_tests_name("gpkernel_cli", tests, setup, tu_teardown);
 }

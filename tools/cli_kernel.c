@@ -217,7 +217,8 @@ int cli_kernel_job(cli_kernel *k, int argc, char **argv, int *usage_error, tpk_c
          * file reads the way the command was typed; equal names are written as parameters. */
         for (int f = 0; f < nafl; f++)
             if (strcmp(k->attr[f], afl[f].param) != 0)
-                attrs[nattrs++] = (tpk_attr){.name = k->attr[f], .value = afl[f].value};
+                attrs[nattrs++] = (tpk_attr){.name = k->attr[f], .value = afl[f].value,
+                                             .param = afl[f].param};
         /* mlp's depth is always recorded, also when it is the default */
         if (strcmp(k->a->name, "mlp") == 0) {
             int have = 0;
@@ -226,7 +227,8 @@ int cli_kernel_job(cli_kernel *k, int argc, char **argv, int *usage_error, tpk_c
             if (!have)
                 for (int i = nsets - 1; i >= 0; i--)
                     if (strcmp(sets[i].name, "L") == 0) {
-                        attrs[nattrs++] = (tpk_attr){.name = "depth", .value = sets[i].value};
+                        attrs[nattrs++] = (tpk_attr){.name = "depth", .value = sets[i].value,
+                                                     .param = "L"};
                         break;
                     }
         }

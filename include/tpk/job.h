@@ -16,6 +16,8 @@ extern "C" {
 typedef struct tpk_attr {
     const char *name;
     const char *value; /* written as a double when it parses as one, else as a string */
+    const char *param; /* the program parameter it sets (NULL: none): an integer parameter's
+                        * value is written as an integer (depth for L) */
 } tpk_attr;
 
 /* A direct recursion that computes the limit of a loaded program (an architecture's
