@@ -37,7 +37,7 @@ typedef struct tpk_netsor_opts {
 } tpk_netsor_opts;
 typedef struct tpk_program {
     int ninstr; int nslots; int noutputs; unsigned features;
-    int nparams; char **param_name; char **param_value; ...;
+    int nparams; char **param_name; char **param_value; int *param_integer; ...;
 } tpk_program;
 tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
                                   const tpk_phi_registry *reg, tpk_ctx *ctx);
@@ -76,7 +76,10 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input,
                  const char *test, const char *output, tpk_ctx *ctx);
 
 typedef struct tpk_gp tpk_gp;
-typedef struct tpk_gp_options { ...; } tpk_gp_options;
+typedef struct tpk_gp_options {
+    const char *data; const char *noise_name; const char *noise_auto; ...;
+} tpk_gp_options;
+void tpk_gp_options_default(tpk_gp_options *o);
 typedef struct tpk_gp_info {
     size_t n, c; double noise; double jitter; int tries; double rcond; double logdet;
     double quad; double lml;
