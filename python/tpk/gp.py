@@ -55,6 +55,10 @@ class GPRegressor(_Mixin, _Base):
     marginal likelihood (an eigendecomposition of K; tpk_gp_spectral_choose_noise) within
     noise_bounds, relative to mean(diag K). Model: each column of y ~ N(0, K + σ²I).
 
+    noise=0 interpolates, as gpregress --noise=0: items the kernel cannot tell apart must have
+    equal targets, and a singular kernel's targets must lie in its range, else tpk.Error (EDOM)
+    with gpregress' message.
+
     After fit: noise_ (σ² used), log_marginal_likelihood_, jitter_ (extra diagonal the library
     needed, 0 normally), X_train_. predict(X, return_std=False) gives the posterior mean and,
     with return_std, the latent posterior standard deviation (without σ², as scikit-learn's
@@ -110,8 +114,15 @@ class GPRegressor(_Mixin, _Base):
         if not math.isfinite(noise) or noise < 0:
             fail(f"noise must be a finite variance >= 0 (got {noise!r})", lib.TPK_EDOM)
 
+        # gpregress' rule for noise 0 (and a noise below the jitter): data without an
+        # interpolant is refused in the library, with its words (include/tpk/gp.h, tpk_gp_fit)
+        opt = keep.keep(ffi.new("tpk_gp_options *"))
+        lib.tpk_gp_options_default(opt)
+        opt.noise_name = keep("noise")
+        opt.noise_auto = keep("noise=None")
+
         def factor():  # one Cholesky factorisation, owned as soon as it exists
-            g = lib.tpk_gp_fit(cK, cY, noise, ffi.NULL, ctx)
+            g = lib.tpk_gp_fit(cK, cY, noise, opt, ctx)
             return ffi.gc(g, lib.tpk_gp_free) if g != ffi.NULL else g
 
         gp = interruptible(factor, hold=(keep, K, Y, ctx))
