@@ -49,17 +49,6 @@ static int check_var(const char *name, double v, int positive, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-int tpk_gp_experiment_table_kernel(const tpk_gp_experiment_opts *o)
-{
-    if (!o || o->kernel_file)
-        return 0;
-    if (o->program)
-        return 1;
-    if (!o->kernel || strcmp(o->kernel, "rbf") == 0)
-        return 0;
-    return strcmp(o->kernel, "mlp") != 0 || o->narch_flags > 0 || o->nsets > 0 || o->layernorm;
-}
-
 int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
 {
     int st;

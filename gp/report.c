@@ -251,6 +251,19 @@ void tpk_gp_data_free(tpk_gp_data *d)
     tpk_mem_free(&al, d);
 }
 
+/* ---- the kernel's source ---------------------------------------------------------------------- */
+
+int tpk_gp_experiment_table_kernel(const tpk_gp_experiment_opts *o)
+{
+    if (!o || o->kernel_file)
+        return 0;
+    if (o->program)
+        return 1;
+    if (!o->kernel || strcmp(o->kernel, "rbf") == 0)
+        return 0;
+    return strcmp(o->kernel, "mlp") != 0 || o->narch_flags > 0 || o->nsets > 0 || o->layernorm;
+}
+
 /* ---- the report ------------------------------------------------------------------------------ */
 
 /* One row of doubles per kernel, as the summary datasets are written (res_names). */

@@ -384,7 +384,7 @@ static void test_docs_first_example(void **state)
     (void)state;
     char path[1024];
     const char *root = getenv("TPK_ROOT");
-    snprintf(path, sizeof path, "%s/docs/netsor.md", root ? root : ".");
+    snprintf(path, sizeof path, "%s/docs/%s", root ? root : ".", "netsor.md");
     FILE *f = fopen(path, "r");
     assert_non_null(f);
     static char doc[200000];
