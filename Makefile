@@ -25,7 +25,8 @@ NVCC       ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) nvcc)
 # HDF5's flavour: Debian installs the serial and the MPI builds side by side and points hdf5.pc
 # at the MPI one once libhdf5-openmpi-dev is in (`make mpi`), so the serial flavour is asked for
 # by name where it exists (mk/mpi.mk compiles the library's HDF5 callers again for the other).
-HDF5_PC     = $(if $(shell pkg-config --exists hdf5-serial && echo y),hdf5-serial,hdf5)
+# The probe is quiet: before install-deps has run, pkg-config itself may be missing.
+HDF5_PC     = $(if $(shell pkg-config --exists hdf5-serial 2>/dev/null && echo y),hdf5-serial,hdf5)
 PKGS_NOH5  := gsl fftw3 lapacke nettle
 PKGS        = $(HDF5_PC) $(PKGS_NOH5)
 # OpenBLAS: its OpenMP build where Debian has it (libopenblas-openmp-dev), else whatever the

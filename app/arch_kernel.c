@@ -57,7 +57,7 @@ static int resolve(const tpk_arch *a, const tpk_arch_opts *o, resolved *r, tpk_c
             st = TPK_ERROR(ctx, TPK_EINVAL, "unknown flag '%s' of architecture %s (see gpkernel "
                            "--list-archs)", flag, a->name);
         else
-            st = tpk_arch_check_flag(flag, value, reg, ctx);
+            st = tpk_arch_check(a, flag, value, reg, ctx);
         if (!st) {
             r->fl[i] = (tpk_arch_flag){.flag = flag, .param = r->param[i], .value = value};
             snprintf(r->attr[i], sizeof r->attr[i], "%s", flag);
@@ -158,11 +158,12 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, c
         /* as gpkernel: flags under their own names where those differ from the parameter */
         for (int f = 0; f < o->nflags; f++)
             if (strcmp(r->attr[f], r->fl[f].param) != 0)
-                attrs[nattrs++] = (tpk_attr){.name = r->attr[f], .value = r->fl[f].value};
+                attrs[nattrs++] = (tpk_attr){.name = r->attr[f], .value = r->fl[f].value,
+                                             .param = r->fl[f].param};
         tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
                        .sets = r->sets, .nsets = r->nsets, .input = input, .test = test, .output = output,
                        .all_outputs = o->all_outputs, .attrs = attrs, .nattrs = nattrs,
-                       .progress = o->progress};
+                       .progress = o->progress, .force = o->force};
         st = a->custom ? a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);
     }
     tpk_free(ctx, r);

@@ -98,20 +98,20 @@ static const tpk_arch archs[] = {
      "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,residual=alpha,ln-eps=ln_eps",
      "L=3,phi=relu,sigma_w2=2,sigma_b2=0",
      /* the last Dense layer is like the others: output Σ^{L+1} (issue-2 convention) */
-     "sigma_v2=sigma_w2,sigma_ob2=sigma_b2", NULL, NULL},
+     "sigma_v2=sigma_w2,sigma_ob2=sigma_b2", NULL, NULL, 30000},
     /* --layernorm / --residual=α pick programs/mlp-{ln,residual,ln-residual}.nsr (tpk_arch_program) */
     {"batchnorm", "programs/batchnorm.nsr", "data/demo-inputs.csv",
      "relu(BN(W x)) MLP, BN per neuron across a batch of inputs (theory.md §2.5)",
      "depth=L,phi=phi,sigma-w2=sigma_w2,batch-size=batch", "L=3,phi=relu,sigma_w2=2",
-     "sigma_v2=sigma_w2", NULL, NULL},
+     "sigma_v2=sigma_w2", NULL, NULL, 50000},
     {"rnn", "programs/rnn.nsr", "data/demo-sequences.npy",
      "simple RNN, W tied over time, inputs N×T×d (theory.md §2.2)",
      "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
-     NULL, NULL},
+     NULL, NULL, 0},
     {"rnn-untied", "programs/rnn_untied.nsr", "data/demo-sequences.npy",
      "RNN with a fresh W at every step: no recurrent cross-time terms (theory.md §1.8)",
      "phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2", "", "",
-     NULL, NULL},
+     NULL, NULL, 0},
     /* GRU / LSTM: issue-4 names, U_* on the input, W_* on the hidden state, biases N(mu, var) */
     {"gru", "programs/gru.nsr", "data/demo-sequences.npy",
      "erf-GRU of Tensor Programs I, gates (1+erf x)/2, h0 = 0; gate products as Gaussian "
@@ -119,39 +119,39 @@ static const tpk_arch archs[] = {
      "recursion, kernels/gru.c (TPK_EVALUATOR=program: by the evaluator)",
      "var-Uz=var_Uz,var-Ur=var_Ur,var-Uh=var_Uh,var-Wz=var_Wz,var-Wr=var_Wr,var-Wh=var_Wh,"
      "var-bz=var_bz,var-br=var_br,var-bh=var_bh,mu-bz=mu_bz,mu-br=mu_br,mu-bh=mu_bh,"
-     "sigma-v2=sigma_v2", "", "", NULL, gru_direct},
+     "sigma-v2=sigma_v2", "", "", NULL, gru_direct, 0},
     {"lstm", "programs/lstm.nsr", "data/demo-sequences.npy",
      "LSTM, gates erf_sigmoid or sigmoid (--gate), cell tanh; E[gate gate'] closed or 2-D, "
      "E[tanh(c) tanh(c')] by randomised QMC (theory.md §2.4)",
      "gate=gate,var-Ui=var_Ui,var-Uf=var_Uf,var-Uo=var_Uo,var-Ug=var_Ug,var-Wi=var_Wi,"
      "var-Wf=var_Wf,var-Wo=var_Wo,var-Wg=var_Wg,var-bi=var_bi,var-bf=var_bf,var-bo=var_bo,"
      "var-bg=var_bg,mu-bi=mu_bi,mu-bf=mu_bf,mu-bo=mu_bo,mu-bg=mu_bg,sigma-v2=sigma_v2", "", "",
-     NULL, NULL},
+     NULL, NULL, 0},
     {"transformer", "programs/transformer.nsr", "data/demo-tokens.npy",
      "Tensor Programs I transformer: causal single-head attention (q = k = v, 1/n logits), "
      "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7); computed by its direct "
      "recursion, kernels/transformer.c (TPK_EVALUATOR=program: by the evaluator)",
      "depth=L,var-e=var_e,var-u=var_u,var-w=var_w,var-b=var_b,temp=temp,ln-eps=eps,"
-     "sigma-v2=sigma_v2", "", "", NULL, transformer_direct},
+     "sigma-v2=sigma_v2", "", "", NULL, transformer_direct, 1000},
     /* inv-n: programs/attention.nsr evaluated; inv-sqrt-n: the hierarchical limit (theory §5) */
     {"attention", "programs/attention.nsr", "data/demo-tokens.npy",
      "one multi-head attention layer, independent W_Q, W_K, W_V, W_O; 1/n logits (Gaussian, "
      "uniform averaging) or 1/sqrt(n) (hierarchical, non-Gaussian limit; theory.md §5)",
      "heads=heads,logit-scaling=scaling,score-samples=R,seed=rng_seed,causal=causal,var-e=var_e,"
      "var-q=var_q,var-k=var_k,var-v=var_v,var-o=var_o,temp=temp,sigma-v2=sigma_v2", "", "",
-     tpk_attention_job, NULL},
+     tpk_attention_job, NULL, 0},
     /* CNNs: the program fixes the parameters, the direct recursion of kernels/cnn.c computes
      * (tpk_cnn_job); padding/readout/filter/conv are settings of the job, not of the program */
     {"cnn1d", "programs/cnn1d.nsr", "data/demo-sequences.npy",
      "1-D CNN, a shared A-var per filter tap, signals N×P×C, flatten or GAP readout (theory.md §2.8)",
      "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
      "filter=filter,padding=padding,readout=readout,conv=conv",
-     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job, NULL},
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job, NULL, 5000},
     {"cnn2d", "programs/cnn2d.nsr", "data/demo-images.npy",
      "2-D CNN, a shared A-var per filter tap, images N×H×W×C, flatten or GAP readout (theory.md §2.8)",
      "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
      "filter=filter,padding=padding,readout=readout,conv=conv",
-     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job, NULL},
+     "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job, NULL, 5000},
 };
 
 const tpk_arch *tpk_arch_table(size_t *count)
@@ -193,11 +193,22 @@ void tpk_arch_list(FILE *f)
             const char *eq = strchr(p, '='), *end = strchr(p, ',');
             if (!end)
                 end = p + strlen(p);
-            if (eq && eq < end)
+            if (eq && eq < end && archs[i].max_depth > 0 && eq - p == 5 && !strncmp(p, "depth", 5))
+                fprintf(f, " --depth (%.*s, 1..%d)", (int)(end - eq - 1), eq + 1,
+                        archs[i].max_depth);
+            else if (eq && eq < end)
                 fprintf(f, " --%.*s (%.*s)", (int)(eq - p), p, (int)(end - eq - 1), eq + 1);
             p = *end ? end + 1 : end;
         }
         fputc('\n', f);
+        /* what the row sets before and after the flags: where the program file's own defaults
+         * differ, `netsor kernel PROGRAM` computes another network (issue 39, item 2) */
+        int have_d = archs[i].defaults && archs[i].defaults[0];
+        int have_f = archs[i].fixed && archs[i].fixed[0];
+        if (have_d || have_f)
+            fprintf(f, " %12s sets: %s%s%s%s (the program's defaults for the rest)\n", "",
+                    have_d ? archs[i].defaults : "", have_d && have_f ? "; then " : "",
+                    have_f ? archs[i].fixed : "", have_f ? " after the flags" : "");
     }
 }
 
@@ -252,22 +263,37 @@ static int check_positive(const char *flag, const char *s, tpk_ctx *ctx)
     return st;
 }
 
-static int check_depth(const char *s, tpk_ctx *ctx)
+/* The largest depth of any row (the bound of a depth checked without its architecture). */
+static int table_max_depth(void)
+{
+    int m = 0;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        m = archs[i].max_depth > m ? archs[i].max_depth : m;
+    return m;
+}
+
+/* --depth in 1..max (a: the architecture, for the message; NULL: any). */
+static int check_depth(const tpk_arch *a, const char *s, tpk_ctx *ctx)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
+    int max = a ? a->max_depth : table_max_depth();
     if (end == s || *end != '\0' || errno == ERANGE)
         return TPK_ERROR(ctx, TPK_EINVAL, "--depth: '%s' is not an integer", s);
-    if (v < 1 || v > 100000)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--depth must be in 1..100000 hidden layers (got %ld)", v);
+    if (v < 1 || v > max)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--depth must be in 1..%d layers%s%s (got %ld)%s", max,
+                         a ? " for --arch=" : "", a ? a->name : "", v,
+                         v > max ? ": the program is elaborated at that depth, and deeper ones "
+                                   "exceed its size limit (docs/netsor.md, \"Rolled programs\")"
+                                 : "");
     return TPK_OK;
 }
 
 int tpk_arch_check_flag(const char *flag, const char *value, const tpk_phi_registry *reg,
                         tpk_ctx *ctx)
 {
-    int st = strcmp(flag, "depth") == 0 ? check_depth(value, ctx)
+    int st = strcmp(flag, "depth") == 0 ? check_depth(NULL, value, ctx)
            : strcmp(flag, "temp") == 0 ? check_positive(flag, value, ctx)
            : strncmp(flag, "sigma-", 6) == 0 || strncmp(flag, "var-", 4) == 0 ||
                      strcmp(flag, "ln-eps") == 0
@@ -280,6 +306,17 @@ int tpk_arch_check_flag(const char *flag, const char *value, const tpk_phi_regis
         tpk_phi_free(phi);
     }
     return st;
+}
+
+int tpk_arch_check(const tpk_arch *a, const char *flag, const char *value,
+                   const tpk_phi_registry *reg, tpk_ctx *ctx)
+{
+    if (a && flag && value && strcmp(flag, "depth") == 0 && a->max_depth > 0) {
+        int st = check_depth(a, value, ctx);
+        if (st)
+            return st;
+    }
+    return tpk_arch_check_flag(flag, value, reg, ctx);
 }
 
 /* Append "param=value,..." to out (pointing into buf, which it edits). */

@@ -146,6 +146,7 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
         sel[i] = job->all_outputs ? i : i * T + T - 1; /* default: each sequence's last token */
     const char *ins[] = {job->program, job->input, job->test};
     if (tpk_io_check_output(job->output, ins, 3, ctx) ||
+        tpk_h5out_check_replace(job->output, job->force, ctx) ||
         !(out = tpk_h5out_open(job->output, ctx))) { /* fail before computing */
         st = ctx->status;
         goto done;

@@ -6,6 +6,7 @@
 #include "tpk/clock.h"
 #include "tpk/io.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -120,6 +121,14 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
             return ctx->status;
     }
     int slots = s->prog->nslots;
+    /* A program whose T follows the input takes any length: the message must not name the
+     * program's default T as the one length (issue 39, item 6: "must be N×4×d"). */
+    if (slots > 1 && s->X->ndim != 3 && tpk_program_param(s->prog, "T") && !user_set(job, "T"))
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "%s: the program reads sequences (input x[t]); the input must be N×T×d "
+                         "(N sequences of T steps of d features, any T), not %s",
+                         input_name(job), s->X->ndim == 2 ? "a matrix of vectors (N×d)"
+                                                          : "an array of rank 4");
     if (slots > 1 && (s->X->ndim != 3 || s->X->dims[1] != (size_t)slots))
         return TPK_ERROR(ctx, TPK_EINVAL,
                          "%s: the program reads sequences of %d steps (input x[t]); the input must be "
@@ -168,7 +177,8 @@ static int prepare(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     /* Open before computing: an unwritable path fails at once, not after the work; an output
      * that is an input would destroy it. */
     const char *ins[] = {job->program, job->input, job->test};
-    if (tpk_io_check_output(job->output, ins, 3, ctx))
+    if (tpk_io_check_output(job->output, ins, 3, ctx) ||
+        tpk_h5out_check_replace(job->output, job->force, ctx))
         return ctx->status;
     s->out = tpk_h5out_open(job->output, ctx);
     return s->out ? TPK_OK : ctx->status;
@@ -279,16 +289,44 @@ static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_
     return TPK_OK;
 }
 
+/* An attribute `name` of `value`: an integer where it is the value of an integer parameter
+ * `param` of the program (declared by integer arithmetic, tpk_program.param_integer: L, T, cols,
+ * circular; the README promises integers as integers), else a double or a string. */
+static int param_attr(tpk_h5out *out, const tpk_program *prog, const char *name,
+                      const char *value, const char *param, tpk_ctx *ctx)
+{
+    for (int i = 0; param && prog->param_integer && i < prog->nparams; i++) {
+        if (strcmp(prog->param_name[i], param) != 0 || !prog->param_integer[i])
+            continue;
+        char *end;
+        errno = 0;
+        double v = strtod(prog->param_value[i], &end); /* the value as run */
+        if (*end == '\0' && errno == 0 && v == floor(v) && fabs(v) < 9007199254740992.0) {
+            char *e2;
+            double w = strtod(value, &e2); /* a flag's own value must be that number */
+            if (*e2 == '\0' && w == v)
+                return tpk_h5out_attr_int(out, "/", name, (long long)v, ctx);
+        }
+        break;
+    }
+    return tpk_h5out_attr_auto(out, "/", name, value, ctx);
+}
+
 int tpk_job_describe(tpk_h5out *out, const tpk_job *job, const tpk_program *prog,
                      const char *path, const char *fallback_label, tpk_ctx *ctx)
 {
     int st = tpk_h5out_provenance(out, job->argc, job->argv, ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "architecture", job->label ? job->label : fallback_label, ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "program", path ? path : job->program, ctx);
+    /* its text and SHA-256 as run: the file may change later (issue 39, item 9) */
+    if (!st) st = tpk_h5out_program_attrs(out, path ? path : job->program,
+                                          path ? NULL : job->source, ctx);
     for (int i = 0; !st && i < prog->nparams; i++)
-        st = tpk_h5out_attr_auto(out, "/", prog->param_name[i], prog->param_value[i], ctx);
+        st = param_attr(out, prog, prog->param_name[i], prog->param_value[i],
+                        prog->param_name[i], ctx);
     for (int i = 0; !st && i < job->nattrs; i++)
-        st = tpk_h5out_attr_auto(out, "/", job->attrs[i].name, job->attrs[i].value, ctx);
+        st = param_attr(out, prog, job->attrs[i].name, job->attrs[i].value, job->attrs[i].param,
+                        ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "all_outputs", job->all_outputs, ctx);
     return st;
 }

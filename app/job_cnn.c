@@ -118,9 +118,13 @@ static int settings(const tpk_job *job, cnn_job *s, size_t *rows, size_t *cols, 
     const tpk_array *X = s->X;
     int nd = X->ndim;
     if (s->twod ? nd != 3 && nd != 4 : nd != 2 && nd != 3)
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: %s inputs must be %s, not rank %d", job->input,
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: %s inputs must be %s, not rank %d%s", job->input,
                          s->twod ? "cnn2d" : "cnn1d",
-                         s->twod ? "images N×rows×cols or N×rows×cols×C" : "signals N×P or N×P×C", nd);
+                         s->twod ? "images N×H×W×C (C channels; N×H×W is one channel)"
+                                 : "signals N×P×C (C channels; N×P is one channel)", nd,
+                         s->twod && nd == 2 ? " (an N×d matrix: give each row its image axes, "
+                                              "e.g. x.reshape(N, H, W, 1) with a channel axis)"
+                                            : "");
     *rows = s->twod ? X->dims[1] : 1;
     *cols = s->twod ? X->dims[2] : X->dims[1];
     *C = nd == (s->twod ? 4 : 3) ? X->dims[nd - 1] : 1;
@@ -191,7 +195,10 @@ static int rolled_kernel(const tpk_job *job, const tpk_netsor_opts *o, cnn_job *
     tpk_program *p = tpk_netsor_load_file(job->program, &po, s->reg, ctx);
     if (p == NULL)
         return ctx->status;
-    size_t C = X->dims[X->ndim - 1], P = tpk_array_item_size(X) / C;
+    /* the channels as the input's shape gives them (settings): an N×rows×cols image or an N×P
+     * signal has one channel, not its last axis (issue 39, item 6: N×H×W was viewed as
+     * N×H×W-channel rows and refused with "N×d (1 slot) or N×64×d") */
+    size_t C = s->C, P = tpk_array_item_size(X) / C;
     tpk_array view = *X;
     view.ndim = 3;
     view.dims[0] = X->dims[0];
@@ -351,7 +358,9 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         goto done;
     /* open before computing: an unwritable path fails at once; an input is never the output */
     const char *ins[] = {job->program, job->input, job->test};
-    if (tpk_io_check_output(job->output, ins, 3, ctx) || !(s.out = tpk_h5out_open(job->output, ctx))) {
+    if (tpk_io_check_output(job->output, ins, 3, ctx) ||
+        tpk_h5out_check_replace(job->output, job->force, ctx) ||
+        !(s.out = tpk_h5out_open(job->output, ctx))) {
         st = ctx->status;
         goto done;
     }

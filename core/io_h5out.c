@@ -171,6 +171,48 @@ static int mark_failed(tpk_h5out *out, tpk_ctx *ctx, int status, const char *wha
     return TPK_ERROR(ctx, status, "%s: %s '%s'", out->path, what, name);
 }
 
+int tpk_h5out_check_replace(const char *path, int force, tpk_ctx *ctx)
+{
+    char eb[128], ver[64];
+    struct stat st;
+    if (path == NULL || path[0] == '\0' || strcmp(path, "-") == 0 || stat(path, &st) != 0)
+        return TPK_OK; /* nothing there (tpk_h5out_open names an empty or "-" path) */
+    if (S_ISDIR(st.st_mode))
+        return TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(EISDIR, eb, sizeof eb));
+    if (force)
+        return TPK_OK;
+    const char *what = "an HDF5 file";
+    if (!S_ISREG(st.st_mode)) {
+        what = "not a regular file";
+    } else {
+        tpk_ctx lc;
+        tpk_ctx_init(&lc);
+        int rs = tpk_io_read_attr_str(path, "/", "toolkit_version", ver, sizeof ver, &lc);
+        if (rs == TPK_OK)
+            return TPK_OK; /* an output of this toolkit: replaced as before */
+        what = rs == TPK_EFORMAT && strstr(lc.msg, "attribute") == NULL ? "not an HDF5 file"
+             : rs == TPK_EIO ? "a file that cannot be read"
+                             : "an HDF5 file this toolkit did not write (no toolkit_version "
+                               "attribute)";
+    }
+    return TPK_ERROR(ctx, TPK_EINVAL, "%s exists and is %s: refusing to replace it (nothing was "
+                     "written); give another --output, or --force to overwrite it", path, what);
+}
+
+int tpk_h5out_program_attrs(tpk_h5out *out, const char *path, const char *text, tpk_ctx *ctx)
+{
+    char sha[65], *owned = NULL;
+    size_t len = text ? strlen(text) : 0;
+    if (!text && !(text = owned = tpk_io_read_text(path, &len, ctx)))
+        return ctx->status;
+    tpk_sha256_hex(text, len, sha);
+    int st = tpk_h5out_attr_str(out, "/", "program_text", text, ctx);
+    if (!st)
+        st = tpk_h5out_attr_str(out, "/", "program_sha256", sha, ctx);
+    tpk_free(ctx, owned);
+    return st;
+}
+
 tpk_h5out *tpk_h5out_open(const char *path, tpk_ctx *ctx)
 {
     char eb[128];

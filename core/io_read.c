@@ -63,6 +63,48 @@ static FILE *open_input(const char *path, tpk_ctx *ctx)
     return f;
 }
 
+char *tpk_io_read_text(const char *path, size_t *len, tpk_ctx *ctx)
+{
+    char eb[128];
+    if (len)
+        *len = 0;
+    FILE *f = path ? open_input(path, ctx) : NULL;
+    if (f == NULL) {
+        if (!path)
+            TPK_ERROR(ctx, TPK_EINVAL, "tpk_io_read_text: NULL path");
+        return NULL;
+    }
+    char *buf = NULL, chunk[4096];
+    size_t cap = 0, n = 0, got;
+    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (n + got + 1 > cap) {
+            cap = 2 * (n + got + 1);
+            char *nb = tpk_realloc(ctx, buf, cap);
+            if (!nb) { /* part of a file would be taken for the whole */
+                tpk_free(ctx, buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = nb;
+        }
+        memcpy(buf + n, chunk, got);
+        n += got;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        tpk_free(ctx, buf);
+        TPK_ERROR(ctx, TPK_EIO, "%s: %s", path, tpk_io_errstr(EIO, eb, sizeof eb));
+        return NULL;
+    }
+    if (!buf && !(buf = tpk_malloc(ctx, 1)))
+        return NULL;
+    buf[n] = '\0';
+    if (len)
+        *len = n;
+    return buf;
+}
+
 /* Turn a parsed shape into an array, applying the shape policy above. */
 static tpk_array *alloc_shaped(const char *path, int ndim, const size_t *dims, tpk_ctx *ctx)
 {

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Default size of the training subsample on which noise / hyperparameters are chosen, and of the
  * full-size noise walk (tpk_gp_fit_search_noise). */
@@ -28,12 +29,6 @@
  * eigenvalue below −N·PSD_REL_TOL·mean-diagonal is no rounding: the file is not PSD. Symmetry
  * is required to the same relative tolerance. */
 #define PSD_REL_TOL TPK_GP_PSD_REL_TOL
-/* --noise=0 (interpolation): two items are the same point to the kernel when their squared
- * feature distance K_ii + K_jj − 2K_ij is below DUP_REL_TOL of K_ii + K_jj (rounding of the
- * kernel sums); their targets then must agree to TARGET_REL_TOL of the largest |target|
- * (rounding of text files). */
-#define DUP_REL_TOL 1e-12
-#define TARGET_REL_TOL 1e-9
 
 typedef tpk_gp_experiment_opts opts;
 
@@ -72,17 +67,31 @@ static int check_var(const opts *o, const char *field, const char *flag, double 
 int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
 {
     int st;
-    char sp[96], sp2[96];
+    char sp[96], sp2[96], names[512];
     if (!o)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_gp_experiment_check: NULL options");
-    if (!!o->kernel == !!o->kernel_file)
-        return TPK_ERROR(ctx, TPK_EINVAL, "give exactly one of %s and %s",
+    if (!!o->kernel + !!o->kernel_file + !!o->program != 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "give exactly one of %s, %s and %s",
                          spelled(o, "kernel", "arch", sp, sizeof sp),
+                         spelled(o, "program", "program", names, sizeof names),
                          spelled(o, "kernel_file", "kernel", sp2, sizeof sp2));
-    if (o->kernel && strcmp(o->kernel, "mlp") != 0 && strcmp(o->kernel, "rbf") != 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "unknown --arch '%s' (known: mlp, rbf)", o->kernel);
-    if (o->kernel && !o->train)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--arch=%s needs --train=SPEC", o->kernel);
+    if (o->kernel && strcmp(o->kernel, "rbf") != 0 && !tpk_arch_find(o->kernel))
+        return TPK_ERROR(ctx, TPK_EINVAL, "unknown --arch '%s' (known: rbf, %s)", o->kernel,
+                         tpk_arch_names(names, sizeof names));
+    if ((o->kernel || o->program) && !o->train)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--%s=%s needs --train=SPEC", o->kernel ? "arch"
+                         : "program", o->kernel ? o->kernel : o->program);
+    if ((o->narch_flags > 0 || o->layernorm) && !o->kernel)
+        return TPK_ERROR(ctx, TPK_EINVAL, "architecture flags go with --arch (a --program takes "
+                         "--set NAME=VALUE)");
+    if (o->nsets > 0 && !tpk_gp_experiment_table_kernel(o))
+        return TPK_ERROR(ctx, TPK_EINVAL, "--set goes with --program or an --arch of the table, "
+                         "not --arch=rbf or --kernel");
+    if (tpk_gp_experiment_table_kernel(o) && o->fit_hyper)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--fit-hyper fits gpregress' own kernel families "
+                         "(--arch=mlp with --depth, --phi, --sigma-w2, --sigma-b2 only, or rbf), "
+                         "not --%s=%s", o->program ? "program" : "arch",
+                         o->program ? o->program : o->kernel);
     if (o->kernel_file && (o->train || o->test || o->center || o->unit_norm))
         return TPK_ERROR(ctx, TPK_EINVAL,
                          "--kernel takes precomputed kernels: --train/--test/--center/--unit-norm "
@@ -97,8 +106,10 @@ int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: range %d-%d must have 1 <= A <= B <= %d",
                          spelled(o, "depth_lo, depth_hi", "depth", sp, sizeof sp), o->depth_lo,
                          o->depth_hi, DEPTH_MAX);
-    if (o->depth_lo != o->depth_hi && !(o->kernel && strcmp(o->kernel, "mlp") == 0))
-        return TPK_ERROR(ctx, TPK_EINVAL, "a --depth range needs --arch=mlp");
+    if (o->depth_lo != o->depth_hi && (!(o->kernel && strcmp(o->kernel, "mlp") == 0) ||
+                                       tpk_gp_experiment_table_kernel(o)))
+        return TPK_ERROR(ctx, TPK_EINVAL, "a --depth range needs --arch=mlp without other "
+                         "architecture flags or --set (gpregress' own recursion)");
     if (o->full_cov && o->depth_lo != o->depth_hi)
         return TPK_ERROR(ctx, TPK_EINVAL, "--full-cov takes a single depth");
     if (o->fit_hyper && o->kernel_file)
@@ -118,7 +129,7 @@ int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s must be >= 2 and %s >= 0",
                          spelled(o, "select_n", "select-n", sp, sizeof sp),
                          spelled(o, "noise_fits", "noise-fits", sp2, sizeof sp2));
-    if (o->kernel && strcmp(o->kernel, "mlp") == 0 && !o->phi)
+    if (o->kernel && strcmp(o->kernel, "mlp") == 0 && !tpk_gp_experiment_table_kernel(o) && !o->phi)
         return TPK_ERROR(ctx, TPK_EINVAL, "--arch=mlp needs --phi");
     return TPK_OK;
 }
@@ -202,72 +213,6 @@ static int predict(run_state *rs, const tpk_gp *gp, const tpk_array *Kxt, const 
     return st;
 }
 
-/* --noise=0 asks the GP to interpolate: two items the kernel cannot tell apart must then have
- * the same targets, else no interpolant exists and the jittered fit reports an absurd LML
- * (issue 18: duplicate rows gave lml = -6.4e8). O(N²), only for noise 0. */
-static int check_interpolable(const run_state *rs, const tpk_array *K, tpk_ctx *ctx)
-{
-    const size_t n = rs->n, c = rs->c;
-    const double *k = K->data, *y = rs->d->Y->data;
-    double ymax = 0;
-    for (size_t i = 0; i < n * c; i++)
-        ymax = fmax(ymax, fabs(y[i]));
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < i; j++) {
-            double kii = k[i * n + i], kjj = k[j * n + j], d2 = kii + kjj - 2 * k[i * n + j];
-            if (!(d2 <= DUP_REL_TOL * (kii + kjj)))
-                continue;
-            for (size_t q = 0; q < c; q++)
-                if (fabs(y[i * c + q] - y[j * c + q]) > TARGET_REL_TOL * ymax)
-                    return TPK_ERROR(ctx, TPK_EDOM, "%s: training items %zu and %zu are the "
-                                     "same point to the kernel (K[%zu][%zu] + K[%zu][%zu] - "
-                                     "2 K[%zu][%zu] = %.3g) but their targets differ (%.6g vs "
-                                     "%.6g, output %zu): --noise=0 asks to interpolate both; "
-                                     "give --noise > 0 or --noise=auto",
-                                     rs->o->kernel_file ? rs->o->kernel_file : rs->o->train, j, i, j,
-                                     j, i, i, i, j, d2, y[j * c + q], y[i * c + q], q);
-        }
-    return TPK_OK;
-}
-
-/* A noise below the jitter the factorisation needed (--noise=0, or a tiny one) asks to
- * interpolate a singular kernel: that holds only for targets in its range. The fit of K + rI
- * misses them by Y − Kα = rα, which stays O(r) for targets in the range and is a fraction of Y
- * for the rest (issue 18: x and 2x under a bias-free ReLU kernel, whose targets differ from the
- * homogeneous pair, gave LML −6.3e8 with exit 0: the duplicate check sees no duplicate). More
- * than INTERP_RTOL of ‖Y‖ is no interpolant. */
-#define INTERP_RTOL 1e-3
-static int check_interpolant(const opts *o, const tpk_array *Y, size_t n, size_t c,
-                             const tpk_gp *gp, double r, tpk_ctx *ctx)
-{
-    tpk_array *alpha = tpk_array_alloc2(n, c, ctx);
-    if (!alpha || tpk_gp_weights(gp, alpha, ctx)) {
-        tpk_array_free(alpha);
-        return ctx->status;
-    }
-    double miss = 0, norm = 0, worst = 0;
-    size_t at = 0;
-    for (size_t i = 0; i < n * c; i++) {
-        double m = fabs(r * alpha->data[i]);
-        miss += m * m;
-        norm += Y->data[i] * Y->data[i];
-        if (m > worst) {
-            worst = m;
-            at = i;
-        }
-    }
-    tpk_array_free(alpha);
-    if (!(sqrt(miss) > INTERP_RTOL * sqrt(norm)))
-        return TPK_OK;
-    return TPK_ERROR(ctx, TPK_EDOM, "%s: --noise=%g asks to interpolate, but the kernel is "
-                     "singular and the targets are not in its range: the closest fit misses "
-                     "them by %.3g of their size (most at training item %zu, output %zu); items "
-                     "the kernel ties together (duplicates, multiples under a bias-free "
-                     "homogeneous phi) need consistent targets: give --noise > 0 or "
-                     "--noise=auto", o->kernel_file ? o->kernel_file : o->train,
-                     o->noise, sqrt(miss / norm), at / c, at % c);
-}
-
 /* K is consumed (overwritten by its factor) when Kmut != NULL; else it is copied to rs->work.
  * noise < 0: choose it. */
 static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *K,
@@ -285,11 +230,14 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
         return st;
     if ((st = tpk_gp_report_advance(rs->rep, ctx))) /* the noise */
         return st;
-    if (noise == 0 && (st = check_interpolable(rs, K, ctx)))
-        return st;
+    /* --noise=0 and a noise below the jitter ask to interpolate: tpk_gp_fit refuses data that
+     * has no interpolant, with the words Python's GPRegressor gets too (issue 39, item 3) */
     tpk_gp_options go;
     tpk_gp_options_default(&go);
     go.overwrite_k = 1;
+    go.data = o->kernel_file ? o->kernel_file : o->train;
+    go.noise_name = "--noise";
+    go.noise_auto = "--noise=auto";
     tpk_array A = *K;
     if (!Kmut) {
         memcpy(rs->work, K->data, n * n * sizeof(double));
@@ -321,10 +269,6 @@ static int evaluate(run_state *rs, int depth, tpk_array *Kmut, const tpk_array *
     }
     const tpk_gp_info *in = tpk_gp_get_info(gp);
     if (noise >= 0 && in->jitter > ratio) {
-        if ((st = check_interpolant(o, Y, n, c, gp, ratio + in->jitter, ctx))) {
-            tpk_gp_free(gp);
-            return st;
-        }
         if (o->warnings)
             fprintf(o->warnings, "%s: warning: --noise=%g but the kernel is numerically "
                     "singular: jitter %.3g (%.3g x mean diagonal) added to its diagonal, so the "
@@ -608,9 +552,14 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
     if (!e->Kxt && lc.status != TPK_ENOTFOUND)
         return TPK_ERROR(ctx, lc.status, "%s", lc.msg);
     if (e->Kxt) {
+        /* a vector, as gpkernel writes it: read as M×1 without the reader's rank-1 note, which
+         * is for inputs (issue 39, item 10) */
+        tpk_ctx quiet;
+        tpk_ctx_init_from(&quiet, ctx);
+        tpk_ctx_set_notes(&quiet, NULL, NULL);
         snprintf(spec, sizeof spec, "%s:/kernel_test_diag", o->kernel_file);
-        if (!(e->kd = tpk_io_read(spec, NULL, ctx)))
-            return ctx->status;
+        if (!(e->kd = tpk_io_read(spec, NULL, &quiet)))
+            return TPK_ERROR(ctx, quiet.status, "%s", quiet.msg);
         if (o->full_cov) {
             snprintf(spec, sizeof spec, "%s:/kernel_test_test", o->kernel_file);
             if (!(e->Ktt = tpk_io_read(spec, NULL, ctx)))
@@ -634,11 +583,91 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
     return check_psd(o->kernel_file, e->K, ctx);
 }
 
+/* ---- any kernel: the architecture table or a NETSOR program (issue 39, item 10) -------------- */
+
+/* An architecture whose kernel is its own job over files (the CNN rows, attention): X (and Xt)
+ * into a scratch folder as HDF5, the job as gpkernel runs it, its kernels read back (the way the
+ * Python package runs those rows). The folder is removed whatever happens. */
+static int table_kernel_job(const tpk_arch *a, const tpk_arch_opts *ao, const tpk_array *X,
+                            const tpk_array *Xt, tpk_array **K, tpk_array **Kxt, tpk_array **kd,
+                            tpk_ctx *ctx)
+{
+    const char *tmp = getenv("TMPDIR");
+    char dir[1024], xs[1100], ts[1100], kf[1100], spec[1200];
+    snprintf(dir, sizeof dir, "%s/tpk-gpregress-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir))
+        return TPK_ERROR(ctx, TPK_EIO, "%s: cannot make a scratch folder for the kernel of "
+                         "--arch=%s", dir, a->name);
+    snprintf(xs, sizeof xs, "%s/x.h5", dir);
+    snprintf(ts, sizeof ts, "%s/t.h5", dir);
+    snprintf(kf, sizeof kf, "%s/k.h5", dir);
+    const tpk_array *arr[2] = {X, Xt};
+    const char *path[2] = {xs, ts};
+    int st = TPK_OK;
+    for (int i = 0; i < 2 && !st && arr[i]; i++) {
+        tpk_h5out *h = tpk_h5out_open(path[i], ctx);
+        st = !h || tpk_h5out_write(h, "/x", arr[i], ctx) || tpk_h5out_commit(h, ctx)
+                 ? ctx->status : TPK_OK;
+        if (h && st)
+            tpk_h5out_abort(h);
+    }
+    char xspec[1200], tspec[1200];
+    snprintf(xspec, sizeof xspec, "%s:/x", xs);
+    snprintf(tspec, sizeof tspec, "%s:/x", ts);
+    if (!st)
+        st = tpk_arch_job(a, ao, xspec, Xt ? tspec : NULL, kf, ctx);
+    static const char *const ds[3] = {"/kernel", "/kernel_test_train", "/kernel_test_diag"};
+    tpk_array **out[3] = {K, Kxt, kd};
+    tpk_ctx quiet;
+    tpk_ctx_init_from(&quiet, ctx);
+    tpk_ctx_set_notes(&quiet, NULL, NULL); /* /kernel_test_diag is a vector: no rank-1 note */
+    for (int i = 0; i < (Xt ? 3 : 1) && !st; i++) {
+        snprintf(spec, sizeof spec, "%s:%s", kf, ds[i]);
+        if (!(*out[i] = tpk_io_read(spec, NULL, &quiet)))
+            st = quiet.status == TPK_ENOTFOUND
+                     ? TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--arch=%s: its job gives no %s for "
+                                 "test inputs (its limit is not computed across a test set)",
+                                 a->name, ds[i])
+                     : TPK_ERROR(ctx, quiet.status, "%s", quiet.msg);
+    }
+    unlink(xs);
+    unlink(ts);
+    unlink(kf);
+    rmdir(dir);
+    return st;
+}
+
+/* The kernels of X (and Xt) by the table's architecture o->kernel or the program o->program,
+ * as gpkernel computes them: *K (N×N), *Kxt (M×N) and *kd (M) with Xt. */
+static int table_kernel(const opts *o, const tpk_array *X, const tpk_array *Xt, tpk_array **K,
+                        tpk_array **Kxt, tpk_array **kd, tpk_ctx *ctx)
+{
+    *K = NULL;
+    if (Kxt)
+        *Kxt = NULL;
+    if (kd)
+        *kd = NULL;
+    if (o->program) {
+        tpk_job job = {.label = "program", .program = o->program, .sets = o->sets,
+                       .nsets = o->nsets, .netsor_plus = o->netsor_plus, .input = o->train,
+                       .test = o->test, .progress = o->progress};
+        return tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kd, NULL, ctx);
+    }
+    const tpk_arch *a = tpk_arch_find(o->kernel);
+    tpk_arch_opts ao = {.flags = o->arch_flags, .nflags = o->narch_flags, .sets = o->sets,
+                        .nsets = o->nsets, .layernorm = o->layernorm, .progress = o->progress};
+    if (!a)
+        return TPK_ERROR(ctx, TPK_EINVAL, "unknown --arch '%s'", o->kernel);
+    if (a->custom) /* writes HDF5: through its job */
+        return table_kernel_job(a, &ao, X, Xt, K, Kxt, kd, ctx);
+    return tpk_arch_kernel(a, &ao, X, Xt, K, Kxt, kd, NULL, ctx);
+}
+
 /* Kernel buffers (computed kernels only) and the factor workspace of a sweep. */
 static int alloc_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
 {
     const size_t n = e->rs.n, m = e->rs.m;
-    if (!o->kernel_file) {
+    if (!o->kernel_file && !tpk_gp_experiment_table_kernel(o)) {
         if (!(e->K = tpk_array_alloc2(n, n, ctx)) ||
             (e->d->Xt && (!(e->Kxt = tpk_array_alloc2(m, n, ctx)) ||
                        !(e->kd = tpk_array_alloc(1, (size_t[]){m}, ctx)))))
@@ -659,6 +688,21 @@ static int run_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
     const int mlp = o->kernel && strcmp(o->kernel, "mlp") == 0;
     const double noise = o->noise_auto ? -1 : o->noise;
     int st = TPK_OK;
+    if (tpk_gp_experiment_table_kernel(o)) { /* gpkernel's kernel of any architecture */
+        st = table_kernel(o, X, Xt, &e->K, Xt ? &e->Kxt : NULL, Xt ? &e->kd : NULL, ctx);
+        if (!st && o->full_cov && Xt)
+            st = table_kernel(o, Xt, NULL, &e->Ktt, NULL, NULL, ctx);
+        rs->Ktt = e->Ktt;
+        if (!st && o->full_cov && !e->Ktt)
+            st = TPK_ERROR(ctx, TPK_EINVAL, "--full-cov needs test inputs");
+        if (!st && (e->K->ndim != 2 || e->K->dims[0] != rs->n))
+            st = TPK_ERROR(ctx, TPK_EINVAL, "the kernel has %zu rows for %zu training items (a "
+                           "kernel of every readout, --all-times, is not a regression kernel)",
+                           e->K->dims[0], rs->n);
+        if (!st)
+            st = tpk_gp_report_advance(rs->rep, ctx); /* the kernel */
+        return st ? st : evaluate(rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
+    }
     if (o->full_cov && Xt && !o->fit_hyper) {
         tpk_mlp_params p = {.depth = o->depth_lo, .phi = e->phi, .sigma_w2 = o->sigma_w2,
                             .sigma_b2 = o->sigma_b2};
@@ -705,7 +749,7 @@ static int experiment(exp_state *e, const opts *o, tpk_ctx *ctx)
 {
     run_state *rs = &e->rs;
     int st;
-    if (o->kernel && strcmp(o->kernel, "mlp") == 0) {
+    if (o->kernel && strcmp(o->kernel, "mlp") == 0 && !tpk_gp_experiment_table_kernel(o)) {
         if (!(e->reg = tpk_phi_registry_alloc(ctx)) || !(e->phi = tpk_phi_alloc(e->reg, o->phi, ctx)))
             return ctx->status;
         if (!tpk_phi_has_closed_form(e->phi) &&

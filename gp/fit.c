@@ -42,6 +42,89 @@ void tpk_gp_options_default(tpk_gp_options *o)
     o->rcond_min = 0;
     o->pivot_ratio_min = 1e-7;
     o->sym_tol = 1e-8;
+    o->data = NULL;
+    o->noise_name = NULL;
+    o->noise_auto = NULL;
+}
+
+/* --noise=0 / GPRegressor(noise=0) asks to interpolate: two items the kernel cannot tell apart
+ * are the same point to it when their squared feature distance K_ii + K_jj − 2K_ij is below
+ * DUP_REL_TOL of K_ii + K_jj (rounding of the kernel sums); their targets then must agree to
+ * TARGET_REL_TOL of the largest |target| (rounding of text files). */
+#define DUP_REL_TOL 1e-12
+#define TARGET_REL_TOL 1e-9
+/* A noise below the jitter the factorisation needed: the fit of K + rI misses targets in the
+ * kernel's range by Y − Kα = rα, O(r), and a fraction of Y for the rest (issue 18: x and 2x under
+ * a bias-free ReLU kernel gave LML −6.3e8). More than INTERP_RTOL of ‖Y‖ is no interpolant. */
+#define INTERP_RTOL 1e-3
+
+/* The caller's names for messages (tpk_gp_options.data, noise_name, noise_auto). */
+static void gp_names(const tpk_gp_options *o, const char **pre, const char **sep,
+                     const char **noise, const char **autom)
+{
+    *pre = o->data ? o->data : "";
+    *sep = o->data ? ": " : "";
+    *noise = o->noise_name ? o->noise_name : "noise";
+    *autom = o->noise_auto ? o->noise_auto : "a noise chosen by the likelihood";
+}
+
+/* Noise 0: items the kernel ties must have equal targets (O(N²); lower triangle of K). */
+static int check_interpolable(const tpk_array *K, const tpk_array *Y, const tpk_gp_options *o,
+                              tpk_ctx *ctx)
+{
+    const size_t n = K->dims[0], c = tpk_array_item_size(Y);
+    const double *k = K->data, *y = Y->data;
+    double ymax = 0;
+    for (size_t i = 0; i < n * c; i++)
+        ymax = fmax(ymax, fabs(y[i]));
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++) {
+            double kii = k[i * n + i], kjj = k[j * n + j], d2 = kii + kjj - 2 * k[i * n + j];
+            if (!(d2 <= DUP_REL_TOL * (kii + kjj)))
+                continue;
+            for (size_t q = 0; q < c; q++)
+                if (fabs(y[i * c + q] - y[j * c + q]) > TARGET_REL_TOL * ymax) {
+                    const char *pre, *sep, *nn, *au;
+                    gp_names(o, &pre, &sep, &nn, &au);
+                    return TPK_ERROR(ctx, TPK_EDOM, "%s%straining items %zu and %zu are the "
+                                     "same point to the kernel (K[%zu][%zu] + K[%zu][%zu] - "
+                                     "2 K[%zu][%zu] = %.3g) but their targets differ (%.6g vs "
+                                     "%.6g, output %zu): %s=0 asks to interpolate both; give "
+                                     "%s > 0 or %s", pre, sep, j, i, j, j, i, i, i, j, d2,
+                                     y[j * c + q], y[i * c + q], q, nn, nn, au);
+                }
+        }
+    return TPK_OK;
+}
+
+/* A fit whose jitter exceeded the noise: the targets must be in the kernel's range. */
+static int check_interpolant(const tpk_gp *gp, const tpk_array *Y, const tpk_gp_options *o,
+                             tpk_ctx *ctx)
+{
+    const size_t n = gp->n, c = gp->c;
+    const double r = gp->info.noise + gp->info.jitter;
+    double miss = 0, norm = 0, worst = 0;
+    size_t at = 0;
+    for (size_t q = 0; q < c; q++) /* alpha is column-major N×C */
+        for (size_t i = 0; i < n; i++) {
+            double m = fabs(r * gp->alpha[q * n + i]), yv = Y->data[i * c + q];
+            miss += m * m;
+            norm += yv * yv;
+            if (m > worst) {
+                worst = m;
+                at = i * c + q;
+            }
+        }
+    if (!(sqrt(miss) > INTERP_RTOL * sqrt(norm)))
+        return TPK_OK;
+    const char *pre, *sep, *nn, *au;
+    gp_names(o, &pre, &sep, &nn, &au);
+    return TPK_ERROR(ctx, TPK_EDOM, "%s%s%s=%g asks to interpolate, but the kernel is singular "
+                     "and the targets are not in its range: the closest fit misses them by %.3g "
+                     "of their size (most at training item %zu, output %zu); items the kernel "
+                     "ties together (duplicates, multiples under a bias-free homogeneous phi) "
+                     "need consistent targets: give %s > 0 or %s", pre, sep, nn,
+                     gp->info.noise, sqrt(miss / norm), at / c, at % c, nn, au);
 }
 
 int tpk_gp_impl_check_noise(double noise, tpk_ctx *ctx)
@@ -407,8 +490,12 @@ tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise, const tpk_gp_
     tpk_gp *gp = gp_prepare("tpk_gp_fit", K, Y, opt, &kc, ctx);
     if (!gp)
         return NULL;
-    int st = gp_factor_solve(gp, K, Y, noise, &kc, opt, 0, ctx);
+    int st = noise == 0 ? check_interpolable(K, Y, opt, ctx) : TPK_OK;
+    if (!st)
+        st = gp_factor_solve(gp, K, Y, noise, &kc, opt, 0, ctx);
     tpk_gp_impl_kcheck_free(&kc);
+    if (!st && gp->info.jitter > noise)
+        st = check_interpolant(gp, Y, opt, ctx);
     if (st) {
         tpk_gp_free(gp);
         return NULL;

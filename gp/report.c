@@ -251,6 +251,19 @@ void tpk_gp_data_free(tpk_gp_data *d)
     tpk_mem_free(&al, d);
 }
 
+/* ---- the kernel's source ---------------------------------------------------------------------- */
+
+int tpk_gp_experiment_table_kernel(const tpk_gp_experiment_opts *o)
+{
+    if (!o || o->kernel_file)
+        return 0;
+    if (o->program)
+        return 1;
+    if (!o->kernel || strcmp(o->kernel, "rbf") == 0)
+        return 0;
+    return strcmp(o->kernel, "mlp") != 0 || o->narch_flags > 0 || o->nsets > 0 || o->layernorm;
+}
+
 /* ---- the report ------------------------------------------------------------------------------ */
 
 /* One row of doubles per kernel, as the summary datasets are written (res_names). */
@@ -282,7 +295,8 @@ tpk_gp_report *tpk_gp_report_open(const tpk_gp_experiment_opts *o, const tpk_gp_
     /* Open the output before the heavy work: an unwritable path fails now; an input file is
      * never overwritten. */
     const char *ins[] = {o->kernel_file, o->train, o->test, o->labels, o->test_labels};
-    if (tpk_io_check_output(o->output, ins, 5, ctx))
+    if (tpk_io_check_output(o->output, ins, 5, ctx) ||
+        tpk_h5out_check_replace(o->output, o->force, ctx))
         return NULL;
     tpk_gp_report *r = tpk_calloc(ctx, 1, sizeof *r);
     if (!r)
@@ -305,7 +319,8 @@ tpk_gp_report *tpk_gp_report_open(const tpk_gp_experiment_opts *o, const tpk_gp_
     }
     if (o->summary)
         fprintf(o->summary, "%s: %s, N=%zu train, M=%zu test, C=%zu outputs%s\n", o->name,
-                o->kernel_file ? o->kernel_file : o->kernel, d->n, d->m, d->c,
+                o->kernel_file ? o->kernel_file : o->program ? o->program : o->kernel, d->n, d->m,
+                d->c,
                 o->classify ? " (one-hot classes)" : "");
     return r;
 }
@@ -572,9 +587,25 @@ static int write_summary(tpk_gp_report *r, tpk_ctx *ctx)
             st = tpk_h5out_attr_str(r->out, path, "units", "s", ctx);
     }
     tpk_array_free(col);
-    const char *kind = o->kernel_file ? "precomputed" : o->kernel;
+    const char *kind = o->kernel_file ? "precomputed" : o->program ? "program" : o->kernel;
     if (!st) st = tpk_h5out_attr_str(r->out, "/", "kernel", kind, ctx);
-    if (!st && o->kernel && strcmp(o->kernel, "mlp") == 0) {
+    if (!st && tpk_gp_experiment_table_kernel(o)) { /* what gpkernel would record */
+        if (o->program) {
+            st = tpk_h5out_attr_str(r->out, "/", "program", o->program, ctx);
+            if (!st) st = tpk_h5out_program_attrs(r->out, o->program, NULL, ctx);
+        }
+        for (int i = 0; !st && i < o->narch_flags; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s", o->arch_flags[i].flag);
+            for (char *c = name; *c; c++)
+                *c = *c == '-' ? '_' : *c;
+            st = tpk_h5out_attr_auto(r->out, "/", name, o->arch_flags[i].value, ctx);
+        }
+        for (int i = 0; !st && i < o->nsets; i++)
+            st = tpk_h5out_attr_auto(r->out, "/", o->sets[i].name, o->sets[i].value, ctx);
+        if (!st && o->layernorm)
+            st = tpk_h5out_attr_int(r->out, "/", "layernorm", 1, ctx);
+    } else if (!st && o->kernel && strcmp(o->kernel, "mlp") == 0) {
         st = tpk_h5out_attr_str(r->out, "/", "phi", o->phi, ctx);
         if (!st) st = tpk_h5out_attr_double(r->out, "/", "sigma_w2", o->sigma_w2, ctx);
         if (!st) st = tpk_h5out_attr_double(r->out, "/", "sigma_b2", o->sigma_b2, ctx);

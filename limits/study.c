@@ -219,28 +219,15 @@ static int program_settings(tpk_study *s, const tpk_study_opts *o, tpk_param_set
 static int make_config(tpk_study *s, tpk_ctx *ctx)
 {
     char psha[65] = "";
-    FILE *pf = fopen(s->program, "rb");
-    if (pf) {
-        char *buf = NULL, chunk[4096];
-        size_t cap = 0, len = 0, got;
-        while ((got = fread(chunk, 1, sizeof chunk, pf)) > 0) {
-            if (len + got > cap) {
-                cap = 2 * (len + got);
-                char *nb = tpk_realloc(ctx, buf, cap);
-                if (!nb) { /* a digest of part of the file would name the wrong program */
-                    tpk_free(ctx, buf);
-                    fclose(pf);
-                    return ctx->status;
-                }
-                buf = nb;
-            }
-            memcpy(buf + len, chunk, got);
-            len += got;
-        }
-        fclose(pf);
-        tpk_sha256_hex(buf ? buf : "", len, psha);
-        tpk_free(ctx, buf);
-    }
+    size_t len = 0;
+    tpk_ctx lc;
+    tpk_ctx_init_from(&lc, ctx);
+    char *buf = tpk_io_read_text(s->program, &len, &lc);
+    if (!buf && lc.status == TPK_ENOMEM) /* a digest of part of the file names another program */
+        return TPK_ERROR(ctx, TPK_ENOMEM, "%s", lc.msg);
+    if (buf)
+        tpk_sha256_hex(buf, len, psha);
+    tpk_free(ctx, buf);
     char xsha[65];
     tpk_sha256_array_hex(s->x, xsha);
     char *pos = s->config;
@@ -402,11 +389,13 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
         return ctx->status;
     /* Neither the result nor its checkpoint may be an input or the program (issue 18). */
     const char *ins[] = {input, s->program};
-    if (tpk_io_check_output(s->output, ins, 2, ctx) || tpk_io_check_output(s->partial, ins, 2, ctx))
+    if (tpk_io_check_output(s->output, ins, 2, ctx) || tpk_io_check_output(s->partial, ins, 2, ctx) ||
+        tpk_h5out_check_replace(s->output, o->force, ctx))
         return ctx->status;
     size_t Nall = s->xall->dims[0];
     size_t N = o->max_inputs == 0 || o->max_inputs > Nall ? Nall : o->max_inputs;
     s->info.inputs = N;
+    s->info.inputs_all = Nall;
     if (!(s->rows = tpk_malloc(ctx, N * sizeof *s->rows)))
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     if (!(s->x = subset(s->xall, N, s->rows, ctx)))
@@ -640,6 +629,7 @@ static int write_attrs(const tpk_study *s, tpk_h5out *h, int argc, char **argv, 
     tpk_h5out_provenance(h, argc, argv, ctx);
     tpk_h5out_input_attrs(h, "input", &s->input, s->xall, ctx);
     tpk_h5out_attr_str(h, "/", "program", s->program, ctx);
+    tpk_h5out_program_attrs(h, s->program, NULL, ctx);
     tpk_h5out_attr_str(h, "/", "gplimits_config", s->config, ctx);
     tpk_h5out_attr_int(h, "/", "seed_base", (long long)s->seed, ctx);
     tpk_h5out_attr_int(h, "/", "w1_input", (long long)s->stats.w1_input, ctx);
@@ -736,7 +726,16 @@ int tpk_study_write(tpk_study *s, int argc, char **argv, FILE *summary, tpk_ctx 
     remove(s->partial);
     tpk_study_analysis_free(s->analysis);
     s->analysis = a;
-    if (summary)
+    if (summary) {
+        /* the inputs are a choice of max_inputs: said, not silent (issue 39, item 7) */
+        if (s->info.inputs < s->info.inputs_all)
+            fprintf(summary, "inputs: %zu of the %zu in %s, evenly spaced (--max-inputs=%zu; "
+                    "--max-inputs=0 uses all)\n", s->info.inputs, s->info.inputs_all,
+                    s->input.path, s->info.inputs);
+        else
+            fprintf(summary, "inputs: all %zu in %s (--max-inputs=K uses K of them)\n",
+                    s->info.inputs, s->input.path);
         tpk_study_analysis_print(a, summary);
+    }
     return TPK_OK;
 }

@@ -242,7 +242,8 @@ static int decide_resume(run_state *r, int *resume, tpk_ctx *ctx)
 {
     const tpk_job *job = &r->k.job;
     const char *ins[] = {job->program, job->input, job->test};
-    if (tpk_io_check_output(job->output, ins, 3, ctx) || tpk_io_check_output(r->ckpt, ins, 3, ctx))
+    if (tpk_io_check_output(job->output, ins, 3, ctx) || tpk_io_check_output(r->ckpt, ins, 3, ctx) ||
+        tpk_h5out_check_replace(job->output, job->force, ctx))
         return ctx->status;
     struct stat sb;
     int have = stat(r->ckpt, &sb) == 0;

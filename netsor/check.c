@@ -7,6 +7,7 @@
 #include "netsor-impl.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -362,7 +363,7 @@ static int resolve_call(walker *W, nsr_expr *e, int depth)
     }
     if (strcmp(e->name, "readout") == 0)
         return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
-                         "readout(...) may only appear as 'output y = readout(var, sigma_v2)'");
+                         "readout(...) may only appear as 'output y = readout(var, sigma_v2[, sigma_ob2])'");
     if (is_builtin_pad(W, e)) {
         if (e->nargs != 3 || e->nidx)
             return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
@@ -663,6 +664,44 @@ static int prepass(walker *W, nsr_stmt **stmts, int n, int depth)
 }
 
 /* ---- Main walk, in program order --------------------------------------------------------- */
+
+/* Whether a parameter's declared default (before any --set) is integer arithmetic: integer
+ * literals written without '.' or an exponent, integer parameters declared earlier, + - * / ^
+ * and mod/wrap/inside of those. Outputs store such a parameter as an integer (issue 39,
+ * item 9: L, T, cols, circular were stored as floats). */
+static int declared_integer(const walker *W, const nsr_expr *e)
+{
+    const char *src = W->C->S->src;
+    switch (e->kind) {
+    case NSR_E_NUM:
+        if (e->num != floor(e->num) || src == NULL || e->start < 0 || e->end <= e->start)
+            return 0;
+        for (int i = e->start; i < e->end; i++)
+            if (src[i] == '.' || src[i] == 'e' || src[i] == 'E')
+                return 0;
+        return 1;
+    case NSR_E_NAME: {
+        int y = e->nidx == 0 ? lookup(W, e->name) : -1;
+        return y >= 0 && W->C->sym[y].kind == NSR_SYM_PARAM && W->C->sym[y].integer;
+    }
+    case NSR_E_NEG:
+        return declared_integer(W, e->a);
+    case NSR_E_BIN:
+        return declared_integer(W, e->a) && declared_integer(W, e->b);
+    case NSR_E_CALL: {
+        if (e->nidx != 0 || (strcmp(e->name, "mod") != 0 && strcmp(e->name, "wrap") != 0 &&
+                             strcmp(e->name, "inside") != 0))
+            return 0;
+        for (int i = 0; i < e->nargs; i++)
+            if (!declared_integer(W, e->args[i]))
+                return 0;
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+
 static int apply_override(walker *W, nsr_stmt *s)
 {
     nsr_state *S = W->C->S;
@@ -708,6 +747,7 @@ static int walk_stmt(walker *W, nsr_stmt *s)
         if (W->nloops > 0)
             return nsr_error(C->S, TPK_ESYNTAX, s->line, s->col, "'param' is only allowed at top level");
         const char *file = C->S->file;
+        const int integer = declared_integer(W, s->value); /* as declared, before a --set */
         if (apply_override(W, s))
             return TPK_ESYNTAX;
         /* resolve before declaring: a parameter's default cannot mention itself */
@@ -732,6 +772,7 @@ static int walk_stmt(walker *W, nsr_stmt *s)
         if (p < 0)
             return TPK_ETYPE;
         C->sym[p].decl = s;
+        C->sym[p].integer = integer;
         s->fam = p;
         return TPK_OK;
     }
@@ -853,11 +894,11 @@ static int walk_stmt(walker *W, nsr_stmt *s)
         nsr_expr *r = s->value;
         if (r->kind != NSR_E_CALL || strcmp(r->name, "readout") != 0)
             return nsr_error(C->S, TPK_ETYPE, r->line, r->col,
-                             "an output must be 'readout(var, sigma_v2)'");
+                             "an output must be 'readout(var, sigma_v2[, sigma_ob2])'");
         if ((r->nargs != 2 && r->nargs != 3) || r->nidx)
             return nsr_error(C->S, TPK_ETYPE, r->line, r->col,
                              "readout takes two or three arguments: readout(var, sigma_v2[, "
-                             "sigma_bias2])");
+                             "sigma_ob2]), the readout weights' and the output bias' variances");
         if (resolve_value(W, r->args[0]) || resolve_value(W, r->args[1]) ||
             (r->nargs == 3 && resolve_value(W, r->args[2])))
             return TPK_ETYPE;

@@ -1842,7 +1842,8 @@ static int record_params(elab *E)
         n += C->sym[i].kind == NSR_SYM_PARAM && E->have[i];
     p->param_name = tpk_calloc(E->S->ctx, (size_t)n + 1, sizeof *p->param_name);
     p->param_value = tpk_calloc(E->S->ctx, (size_t)n + 1, sizeof *p->param_value);
-    if (p->param_name == NULL || p->param_value == NULL)
+    p->param_integer = tpk_calloc(E->S->ctx, (size_t)n + 1, sizeof *p->param_integer);
+    if (p->param_name == NULL || p->param_value == NULL || p->param_integer == NULL)
         return TPK_ENOMEM;
     for (int i = 0; i < C->nsym; i++) {
         if (C->sym[i].kind != NSR_SYM_PARAM || !E->have[i])
@@ -1852,6 +1853,7 @@ static int record_params(elab *E)
             snprintf(buf, sizeof buf, "%.17g", E->num[i]);
         p->param_name[p->nparams] = tpk_strdup(E->S->ctx, C->sym[i].name);
         p->param_value[p->nparams] = tpk_strdup(E->S->ctx, E->spec[i] ? E->spec[i] : buf);
+        p->param_integer[p->nparams] = E->spec[i] == NULL && C->sym[i].integer;
         if (p->param_name[p->nparams] == NULL || p->param_value[p->nparams] == NULL) {
             tpk_free(E->S->ctx, p->param_name[p->nparams]);
             tpk_free(E->S->ctx, p->param_value[p->nparams]);

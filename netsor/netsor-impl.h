@@ -157,6 +157,8 @@ typedef struct nsr_sym {
     const nsr_stmt *decl;    /* declaring statement */
     char ranges[160];        /* families: where members are defined, e.g. "0, 1..T" */
     int def_line;            /* first defining statement line (families) */
+    int integer;             /* params: the declared default is integer arithmetic (counts,
+                              * indices, 0/1 switches: param L = 3), not a real (2.0, 1e-5) */
 } nsr_sym;
 
 /* Union-find over dimension symbols and unknowns, each root remembering the symbol it is bound

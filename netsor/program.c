@@ -50,6 +50,7 @@ void tpk_program_free(tpk_program *p)
     }
     tpk_mem_free(&al, p->param_name);
     tpk_mem_free(&al, p->param_value);
+    tpk_mem_free(&al, p->param_integer);
     nsr_rolled_free(p->rolled);
     tpk_mem_free(&al, p);
 }

@@ -37,7 +37,7 @@ typedef struct tpk_netsor_opts {
 } tpk_netsor_opts;
 typedef struct tpk_program {
     int ninstr; int nslots; int noutputs; unsigned features;
-    int nparams; char **param_name; char **param_value; ...;
+    int nparams; char **param_name; char **param_value; int *param_integer; ...;
 } tpk_program;
 tpk_program *tpk_netsor_load_file(const char *path, const tpk_netsor_opts *opts,
                                   const tpk_phi_registry *reg, tpk_ctx *ctx);
@@ -65,7 +65,7 @@ typedef struct tpk_arch {
 typedef struct tpk_arch_flag { const char *flag; const char *value; const char *param; } tpk_arch_flag;
 typedef struct tpk_arch_opts {
     const tpk_arch_flag *flags; int nflags; const tpk_param_set *sets; int nsets;
-    int layernorm; int all_outputs; const char *root; const tpk_progress *progress;
+    int layernorm; int all_outputs; const char *root; const tpk_progress *progress; int force;
 } tpk_arch_opts;
 const tpk_arch *tpk_arch_table(size_t *count);
 const tpk_arch *tpk_arch_find(const char *name);
@@ -76,7 +76,10 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input,
                  const char *test, const char *output, tpk_ctx *ctx);
 
 typedef struct tpk_gp tpk_gp;
-typedef struct tpk_gp_options { ...; } tpk_gp_options;
+typedef struct tpk_gp_options {
+    const char *data; const char *noise_name; const char *noise_auto; ...;
+} tpk_gp_options;
+void tpk_gp_options_default(tpk_gp_options *o);
 typedef struct tpk_gp_info {
     size_t n, c; double noise; double jitter; int tries; double rcond; double logdet;
     double quad; double lml;
@@ -100,6 +103,8 @@ int tpk_gp_spectral_choose_noise(const tpk_gp_spectral *s, double noise_lo, doub
 const char *tpk_arch_flag_param(const tpk_arch *a, const char *flag, char *buf, size_t len);
 int tpk_arch_check_flag(const char *flag, const char *value, const tpk_phi_registry *reg,
                         tpk_ctx *ctx);
+int tpk_arch_check(const tpk_arch *a, const char *flag, const char *value,
+                   const tpk_phi_registry *reg, tpk_ctx *ctx);
 
 typedef struct tpk_study_stats {
     size_t boot; uint64_t seed; size_t w1_input; size_t slices; size_t fit_min_width;
@@ -111,7 +116,7 @@ typedef struct tpk_study_opts {
     const char *program; const tpk_param_set *sets; int nsets; int all_outputs;
     const char *input; size_t max_inputs; const size_t *widths; size_t nwidths; size_t seeds;
     uint64_t seed; const char *output; int resume; tpk_study_stats stats; const char *root;
-    const tpk_progress *progress; ...;
+    const tpk_progress *progress; int force; ...;
 } tpk_study_opts;
 typedef struct tpk_study tpk_study;
 typedef struct tpk_study_run_opts {
@@ -129,7 +134,7 @@ typedef struct tpk_gp_experiment_opts {
     double sigma_w2, sigma_b2; double lengthscale2, amplitude;
     const char *train, *test; const char *labels, *test_labels; int classify;
     int noise_auto; double noise; int fit_hyper; const char *output; int full_cov;
-    int argc; char **argv; const char *name; const tpk_progress *progress; ...;
+    int argc; char **argv; const char *name; const tpk_progress *progress; int force; ...;
 } tpk_gp_experiment_opts;
 void tpk_gp_experiment_opts_default(tpk_gp_experiment_opts *o);
 int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx);

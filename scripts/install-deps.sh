@@ -83,7 +83,11 @@ if ! have_cmd apt-get; then
     echo "  source, where pkg-config and the compiler find them), then run make again" >&2
     exit 1
 fi
-echo "install-deps: installing:$missing" >&2
+# One line says what is being installed; apt-get's and dpkg's own lines go to a log, shown only
+# if the installation fails (a newcomer's first screen should not look like a failure).
+n=$(echo $missing | wc -w)
+echo "install-deps: installing $n missing Debian package(s) with apt-get:$missing" >&2
+log=$(mktemp "${TMPDIR:-/tmp}/tpk-install-deps.XXXXXX")
 if [ "$(id -u)" != 0 ]; then
     SUDO=sudo
 else
@@ -95,9 +99,14 @@ export DEBIAN_FRONTEND=noninteractive
 # would switch HDF5 under them. Where it pointed before, it is put back afterwards.
 hdf5_pc=$(pkg-config --variable=pcfiledir hdf5 2>/dev/null || true)/hdf5.pc
 hdf5_was=$(readlink -f "$hdf5_pc" 2>/dev/null || true)
-$SUDO apt-get update -qq
 # shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing
+if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends $missing; } \
+    >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "install-deps: apt-get failed (its whole output: $log)" >&2
+    exit 1
+fi
+rm -f "$log"
 hdf5_now=$(readlink -f "$hdf5_pc" 2>/dev/null || true)
 if [ -n "$hdf5_was" ] && [ "$hdf5_was" != "$hdf5_now" ] && have_cmd update-alternatives &&
     $SUDO update-alternatives --set hdf5.pc "$hdf5_was" >/dev/null 2>&1; then

@@ -159,8 +159,15 @@ static void test_signals_and_stale_temps(void **state)
     char out[600], stale[700], live[700], bin[1200];
     snprintf(out, sizeof out, "%s/sig.h5", e->tmpdir);
     snprintf(bin, sizeof bin, "%s/gpkernel", e->bindir);
-    put(out, "the previous good output");
-    /* 400 inputs through 50000 layers: seconds of work after the output is opened */
+    /* the previous good output: a file of this toolkit (another file is refused outright) */
+    char prev[1400];
+    snprintf(prev, sizeof prev, "--arch=mlp --depth=2 --quiet --output='%s'", out);
+    assert_int_equal(tu_run_tool(e, "gpkernel", prev), 0);
+    size_t good_len;
+    char *good = slurp(out, &good_len);
+    assert_non_null(good);
+    /* 400 inputs through 30000 layers (mlp's deepest): seconds of work after the output is
+     * opened */
     char in[600], inarg[700];
     snprintf(in, sizeof in, "%s/many.csv", e->tmpdir);
     FILE *f = fopen(in, "w");
@@ -182,7 +189,7 @@ static void test_signals_and_stale_temps(void **state)
             dup2(fd, 2);
             char o[700];
             snprintf(o, sizeof o, "--output=%s", out);
-            execl(bin, bin, "--arch=mlp", "--depth=50000", inarg, o, (char *)NULL);
+            execl(bin, bin, "--arch=mlp", "--depth=30000", inarg, o, (char *)NULL);
             _exit(127);
         }
         int seen = 0;
@@ -200,7 +207,7 @@ static void test_signals_and_stale_temps(void **state)
         assert_int_equal(temps(e->tmpdir, "sig.h5"), 0);
         size_t len;
         char *was = slurp(out, &len);
-        assert_true(was && len == strlen("the previous good output") && !memcmp(was, "the previous good output", len));
+        assert_true(was && len == good_len && !memcmp(was, good, len));
         free(was);
     }
     /* stale temp files: pid 4194303 + 1 cannot exist (above Linux's pid_max limit); pid 1 does */
@@ -214,6 +221,102 @@ static void test_signals_and_stale_temps(void **state)
     assert_int_equal(access(stale, F_OK), -1);
     assert_int_equal(access(live, F_OK), 0);
     unlink(live);
+    free(good);
+}
+
+/* An output path that holds something else (issue 39, item 4: --output=notes.txt replaced a text
+ * file with HDF5 without a word): tpk_h5out_check_replace says what it is and names --force. */
+static void test_check_replace(void **state)
+{
+    tu_env *e = *state;
+    char text[512], foreign[512], ours[512], none[512], args[1400];
+    tu_path(e, text, sizeof text, "notes.txt");
+    tu_path(e, foreign, sizeof foreign, "foreign.h5");
+    tu_path(e, ours, sizeof ours, "ours.h5");
+    tu_path(e, none, sizeof none, "none.h5");
+    put(text, "my notes\n");
+    const double v[4] = {1.5, 2.25, -0.75, 3.125};
+    tu_h5_write(foreign, "/kernel", v, 2, 2); /* HDF5, but not this toolkit's */
+    snprintf(args, sizeof args, "--arch=mlp --depth=2 --quiet --output='%s'", ours);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_h5out_check_replace(none, 0, &ctx), TPK_OK);
+    assert_int_equal(tpk_h5out_check_replace(ours, 0, &ctx), TPK_OK);
+    assert_int_equal(tpk_h5out_check_replace(text, 1, &ctx), TPK_OK);
+    assert_int_equal(tpk_h5out_check_replace(foreign, 1, &ctx), TPK_OK);
+    assert_int_equal(tpk_h5out_check_replace(text, 0, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "notes.txt exists and is not an HDF5 file"));
+    assert_non_null(strstr(ctx.msg, "--force"));
+    tpk_ctx_clear(&ctx);
+    assert_int_equal(tpk_h5out_check_replace(foreign, 0, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "this toolkit did not write"));
+    tpk_ctx_clear(&ctx);
+    assert_int_equal(tpk_h5out_check_replace(e->tmpdir, 1, &ctx), TPK_EIO); /* a folder, ever */
+    tpk_ctx_clear(&ctx);
+    assert_int_equal(tpk_h5out_check_replace("/dev/null", 0, &ctx), TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "not a regular file"));
+}
+
+/* Every program that writes an output, aimed at a text file and at an HDF5 file another program
+ * wrote: exit 1, the message names --force, the file byte for byte as it was, no temporary left;
+ * with --force it is replaced by the program's own file, which a rerun replaces without it. */
+static void test_programs_keep_foreign_files(void **state)
+{
+    tu_env *e = *state;
+    const char *root = getenv("TPK_ROOT") ? getenv("TPK_ROOT") : ".";
+    char text[512], foreign[512];
+    tu_path(e, text, sizeof text, "notes.txt");
+    tu_path(e, foreign, sizeof foreign, "foreign.h5");
+    const double v[6] = {0.5, -1.25, 2.0, 0.125, 3.5, -0.625};
+    static const struct { const char *tool, *args; } cases[] = {
+        {"gpkernel", "--arch=mlp --depth=2"},
+        {"netsor", "kernel R/programs/mlp.nsr --input=R/data/demo-inputs.csv"},
+        {"netsor", "run R/programs/mlp.nsr --input=R/data/demo-inputs.csv --width=8"},
+        {"gplimits", "--arch=mlp --depth=1 --widths=8,16 --seeds=4 --boot=50 --max-inputs=3"},
+        {"gpregress", "--arch=rbf --train=R/data/demo-inputs.csv --labels=R/data/demo-inputs.csv"},
+        {"gpattention", "--widths=4,8 --networks=8 --score-samples=8 --heads-list=1,2"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char base[1024] = "";
+        for (const char *p = cases[i].args; *p; p++) { /* R/ is TPK_ROOT */
+            size_t n = strlen(base);
+            if (*p == 'R' && p[1] == '/' && (p == cases[i].args || p[-1] == '=' || p[-1] == ' '))
+                snprintf(base + n, sizeof base - n, "%s", root);
+            else
+                snprintf(base + n, sizeof base - n, "%c", *p);
+        }
+        for (int k = 0; k < 2; k++) {
+            const char *victim = k ? foreign : text;
+            unlink(victim);
+            if (k)
+                tu_h5_write(foreign, "/x", v, 3, 2);
+            else
+                put(text, "my notes: not a kernel\n");
+            size_t before_len, after_len;
+            char *before = slurp(victim, &before_len), args[2400], err[4096];
+            snprintf(args, sizeof args, "%s --quiet --output='%s'", base, victim);
+            int rc = tu_run_tool(e, cases[i].tool, args);
+            tu_stderr(e, err, sizeof err);
+            char *after = slurp(victim, &after_len);
+            if (rc != 1 || !strstr(err, "--force") || !strstr(err, "refusing to replace") ||
+                !after || after_len != before_len || memcmp(before, after, before_len) != 0)
+                fail_msg("%s %s: rc %d, '%s'", cases[i].tool, args, rc, err);
+            free(before), free(after);
+            assert_int_equal(tu_count_prefix(e->tmpdir, k ? ".foreign.h5.tmp." : ".notes.txt.tmp."),
+                             0);
+            snprintf(args, sizeof args, "%s --quiet --force --output='%s'", base, victim);
+            if (tu_run_tool(e, cases[i].tool, args) != 0) {
+                tu_stderr(e, err, sizeof err);
+                fail_msg("%s %s: %s", cases[i].tool, args, err);
+            }
+            assert_true(tu_h5_has_attr(victim, "toolkit_version"));
+            snprintf(args, sizeof args, "%s --quiet --output='%s'", base, victim);
+            assert_int_equal(tu_run_tool(e, cases[i].tool, args), 0); /* our own file: replaced */
+        }
+    }
+    unlink(text);
+    unlink(foreign);
 }
 
 static int setup(void **state)
@@ -227,6 +330,8 @@ int main(void)
         cmocka_unit_test(test_check_output),
         cmocka_unit_test(test_programs_refuse),
         cmocka_unit_test(test_signals_and_stale_temps),
+        cmocka_unit_test(test_check_replace),
+        cmocka_unit_test(test_programs_keep_foreign_files),
     };
     return cmocka_run_group_tests(tests, setup, tu_teardown);
 }

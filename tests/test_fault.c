@@ -359,6 +359,8 @@ static int setup(void **state)
     tu_h5_write(path_h5, "/x", X->data, N, D);
     size_t pos = strlen(path_h5);
     snprintf(path_h5 + pos, sizeof path_h5 - pos, ":/x");
+    /* one output path for every case; some write it without provenance (tpk_h5out's own
+     * cases), so the jobs that replace it are forced (tpk_h5out_check_replace) */
     tu_path(env, path_out, sizeof path_out, "out.h5");
     tu_path(env, path_kfile, sizeof path_kfile, "k.h5");
     tu_h5_write(path_kfile, "/kernel", Kn->data, N, N);
@@ -1262,7 +1264,7 @@ static const tpk_param_set job_sets[] = {{"L", "2"}};
 static tpk_job mlp_job(void)
 {
     tpk_job j = {.label = "mlp", .program = path_mlp, .sets = job_sets, .nsets = 1,
-                 .input = path_npy, .test = path_csv, .output = path_out};
+                 .input = path_npy, .test = path_csv, .output = path_out, .force = 1};
     return j;
 }
 
@@ -1359,7 +1361,7 @@ static int case_tpk_arch_kernel_job(tpk_ctx *ctx)
 
 static int case_tpk_arch_job(tpk_ctx *ctx)
 {
-    tpk_arch_opts o = {.flags = mlp_flags, .nflags = 2, .root = root_dir};
+    tpk_arch_opts o = {.flags = mlp_flags, .nflags = 2, .root = root_dir, .force = 1};
     return tpk_arch_job(tpk_arch_find("mlp"), &o, path_npy, NULL, path_out, ctx);
 }
 
@@ -1369,7 +1371,7 @@ static char path_img[1100];
 static int case_tpk_cnn_job(tpk_ctx *ctx)
 {
     const tpk_arch_flag f[] = {{.flag = "depth", .value = "1"}};
-    tpk_arch_opts o = {.flags = f, .nflags = 1, .root = root_dir};
+    tpk_arch_opts o = {.flags = f, .nflags = 1, .root = root_dir, .force = 1};
     return tpk_arch_job(tpk_arch_find("cnn1d"), &o, path_img, NULL, path_out, ctx);
 }
 
@@ -1377,7 +1379,7 @@ static int case_tpk_cnn_job(tpk_ctx *ctx)
 static int case_tpk_attention_job(tpk_ctx *ctx)
 {
     const tpk_arch_flag f[] = {{.flag = "logit-scaling", .value = "inv-sqrt-n"}};
-    tpk_arch_opts o = {.flags = f, .nflags = 1, .root = root_dir};
+    tpk_arch_opts o = {.flags = f, .nflags = 1, .root = root_dir, .force = 1};
     return tpk_arch_job(tpk_arch_find("attention"), &o, path_seq, NULL, path_out, ctx);
 }
 
@@ -1784,7 +1786,7 @@ static tpk_study_opts study_opts(void)
     depth.param = param;
     tpk_study_opts o = {.arch = mlp, .flags = &depth, .nflags = 1, .input = path_npy,
                         .max_inputs = 2, .widths = study_widths, .nwidths = 2, .seeds = 4,
-                        .seed = 11, .output = path_out, .root = root_dir};
+                        .seed = 11, .output = path_out, .root = root_dir, .force = 1};
     tpk_study_stats_default(&o.stats);
     o.stats.boot = 50;
     o.stats.slices = 2;
@@ -2029,6 +2031,7 @@ static tpk_gp_experiment_opts exp_opts(void)
     o.test_labels = path_lab;
     o.select_n = 4;
     o.output = path_out;
+    o.force = 1;
     o.name = "fault";
     return o;
 }

@@ -289,8 +289,10 @@ static void test_jitter_rank_deficient(void **state)
     problem p = make_problem(12, 3, 1, 14);
     const size_t n = p.n, d = p.d;
     for (int pass = 0; pass < 4; pass++) {
-        /* rows 6..11 duplicate rows 0..5 */
+        /* rows 6..11 duplicate rows 0..5, with their targets (noise 0 interpolates: the
+         * targets of duplicates must agree, else no GP passes through them) */
         memcpy(p.X->data + 6 * d, p.X->data, 6 * d * sizeof(double));
+        memcpy(p.Y->data + 6 * p.c, p.Y->data, 6 * p.c * sizeof(double));
         for (size_t i = 0; i < n; i++)
             for (size_t j = 0; j < n; j++)
                 p.K->data[i * n + j] = rbf(p.X->data + i * d, p.X->data + j * d, d, 1.7, 1.385);
@@ -338,6 +340,54 @@ static void test_jitter_rank_deficient(void **state)
     assert_non_null(strstr(ctx.msg, "not positive definite"));
     tpk_array_free(B);
     tpk_array_free(y);
+    free_problem(&p);
+}
+
+/* Noise 0 on data without an interpolant (issue 39, item 3): tpk_gp_fit refuses it, the rule
+ * gpregress and tpk.GPRegressor share, in the caller's words; consistent targets interpolate. */
+static void test_noise0_interpolation(void **state)
+{
+    (void)state;
+    problem p = make_problem(10, 3, 2, 31);
+    const size_t n = p.n, d = p.d, c = p.c;
+    memcpy(p.X->data + 9 * d, p.X->data + 4 * d, d * sizeof(double)); /* item 9 = item 4 */
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++)
+            p.K->data[i * n + j] = rbf(p.X->data + i * d, p.X->data + j * d, d, 1.7, 1.385);
+    memcpy(p.Y->data + 9 * c, p.Y->data + 4 * c, c * sizeof(double));
+    p.Y->data[9 * c + 1] += 0.0385; /* output 1 differs */
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_null(tpk_gp_fit(p.K, p.Y, 0.0, NULL, &ctx));
+    assert_int_equal(ctx.status, TPK_EDOM);
+    if (!strstr(ctx.msg, "training items 4 and 9 are the same point to the kernel") ||
+        !strstr(ctx.msg, "output 1") || !strstr(ctx.msg, "noise=0 asks to interpolate both"))
+        fail_msg("%s", ctx.msg);
+    tpk_gp_options o;
+    tpk_gp_options_default(&o);
+    o.data = "x.csv";
+    o.noise_name = "--noise";
+    o.noise_auto = "--noise=auto";
+    tpk_ctx_init(&ctx);
+    assert_null(tpk_gp_fit(p.K, p.Y, 0.0, &o, &ctx));
+    if (strncmp(ctx.msg, "x.csv: training items 4 and 9", 29) != 0 ||
+        !strstr(ctx.msg, "--noise=0 asks") || !strstr(ctx.msg, "give --noise > 0 or --noise=auto"))
+        fail_msg("%s", ctx.msg);
+    /* a noise > 0 has no interpolation to refuse */
+    tpk_ctx_init(&ctx);
+    tpk_gp *gp = tpk_gp_fit(p.K, p.Y, 0.01, NULL, &ctx);
+    assert_non_null(gp);
+    tpk_gp_free(gp);
+    /* the same targets: an interpolant, through every point */
+    p.Y->data[9 * c + 1] -= 0.0385;
+    gp = tpk_gp_fit(p.K, p.Y, 0.0, NULL, &ctx);
+    assert_non_null(gp);
+    tpk_array *mean = tpk_array_alloc2(n, c, NULL);
+    assert_int_equal(tpk_gp_predict(gp, p.K, NULL, mean, NULL, &ctx), TPK_OK);
+    for (size_t i = 0; i < n * c; i++)
+        assert_true(fabs(mean->data[i] - p.Y->data[i]) < 1e-6);
+    tpk_array_free(mean);
+    tpk_gp_free(gp);
     free_problem(&p);
 }
 
@@ -834,6 +884,7 @@ int main(void)
         cmocka_unit_test(test_lml_vs_eigen),
         cmocka_unit_test(test_overwrite_mode),
         cmocka_unit_test(test_jitter_rank_deficient),
+        cmocka_unit_test(test_noise0_interpolation),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_gradient_rbf),
         cmocka_unit_test(test_gradient_mlp),

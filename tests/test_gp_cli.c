@@ -11,6 +11,7 @@
 #include <lapacke.h>
 
 #include "support/testutil.h"
+#include "tpk/archs.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -426,6 +427,145 @@ static void expect_fail(const char *args, const char *text, const char *out)
         fail_msg("'%s' left %s behind", args, out);
 }
 
+/* Run a tool in tmpdir with args; its stderr into err (cap bytes). Returns the exit status. */
+static int tool_err(const char *tool, const char *args, char *err, size_t cap)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s/%s' %s --quiet >out.txt 2>err.txt", tmpdir, bindir,
+             tool, args);
+    int rc = system(cmd);
+    read_text("err.txt", err, cap);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* Largest |a − b| relative to max |b|. */
+static double rel_diff(const double *a, const double *b, size_t n)
+{
+    double m = 0, s = 0;
+    for (size_t i = 0; i < n; i++)
+        s = fmax(s, fabs(b[i]));
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(a[i] - b[i]));
+    return m / fmax(s, 1e-300);
+}
+
+/* GP regression with any kernel (issue 39, item 10): every architecture of --list-archs and
+ * --program go through gpregress, and each gives the regression that gpkernel's own file of the
+ * same kernel gives through --kernel (another path: the kernel computed as gpkernel writes it,
+ * read back); reading that file's /kernel_test_diag prints no rank-1 note; a program equals
+ * gpregress' own mlp recursion on the same network. */
+static void test_any_architecture(void **state)
+{
+    (void)state;
+    make_data();
+    csv_write("x.csv", X, N, 3);
+    csv_write("xt.csv", Xt, M, 3);
+    enum { NS = 5, MS = 3, T = 2, D = 2 };
+    double seq[NS * T * D], seqt[MS * T * D], img[NS * 9], imgt[MS * 9], y[N];
+    for (int i = 0; i < NS * T * D; i++)
+        seq[i] = sin(0.917 * i + 0.3);
+    for (int i = 0; i < MS * T * D; i++)
+        seqt[i] = cos(0.611 * i + 0.2);
+    for (int i = 0; i < NS * 9; i++)
+        img[i] = sin(0.377 * i + 0.9);
+    for (int i = 0; i < MS * 9; i++)
+        imgt[i] = cos(0.281 * i);
+    for (int i = 0; i < N; i++)
+        y[i] = sin(1.37 * i) + 0.25;
+    char p[512];
+    path(p, sizeof p, "s.npy");
+    tu_write_npy(p, seq, 3, (const size_t[]){NS, T, D});
+    path(p, sizeof p, "st.npy");
+    tu_write_npy(p, seqt, 3, (const size_t[]){MS, T, D});
+    path(p, sizeof p, "s4.npy"); /* the same numbers as NS × 4 × 1 signals */
+    tu_write_npy(p, seq, 3, (const size_t[]){NS, T * D, 1});
+    path(p, sizeof p, "s4t.npy");
+    tu_write_npy(p, seqt, 3, (const size_t[]){MS, T * D, 1});
+    path(p, sizeof p, "im.npy");
+    tu_write_npy(p, img, 4, (const size_t[]){NS, 3, 3, 1});
+    path(p, sizeof p, "imt.npy");
+    tu_write_npy(p, imgt, 4, (const size_t[]){MS, 3, 3, 1});
+    csv_write("yv.csv", y, N, 1);
+    csv_write("ys.csv", y, NS, 1);
+    size_t n;
+    const tpk_arch *t = tpk_arch_table(&n);
+    char args[4096], err[8192];
+    for (size_t i = 0; i < n; i++) {
+        const char *name = t[i].name;
+        const int vec = !strcmp(name, "mlp") || !strcmp(name, "batchnorm");
+        const int im = !strcmp(name, "cnn2d");
+        const int sqrtn = !strcmp(name, "attention"); /* 1/sqrt(n): no kernel across a test set */
+        const int sig = !strcmp(name, "cnn1d"); /* a grid the default 3-tap filter fits */
+        const char *tr = vec ? "x.csv" : im ? "im.npy" : sig ? "s4.npy" : "s.npy";
+        const char *te = vec ? "xt.csv" : im ? "imt.npy" : sig ? "s4t.npy" : "st.npy";
+        const char *lab = vec ? "yv.csv" : "ys.csv";
+        char test[64] = "";
+        if (!sqrtn)
+            snprintf(test, sizeof test, "--test=%s", te);
+        snprintf(args, sizeof args, "--arch=%s --train=%s %s --labels=%s --noise=0.05 "
+                 "--output=a.h5", name, tr, test, lab);
+        if (tool_err("gpregress", args, err, sizeof err) != 0)
+            fail_msg("gpregress %s: %s", args, err);
+        snprintf(args, sizeof args, "--arch=%s --input=%s %s --output=kg.h5", name, tr, test);
+        if (tool_err("gpkernel", args, err, sizeof err) != 0)
+            fail_msg("gpkernel %s: %s", args, err);
+        snprintf(args, sizeof args, "--kernel=kg.h5 --labels=%s --noise=0.05 --output=b.h5", lab);
+        if (tool_err("gpregress", args, err, sizeof err) != 0)
+            fail_msg("gpregress %s: %s", args, err);
+        if (strstr(err, "note"))
+            fail_msg("gpregress on gpkernel's own file printed: %s", err);
+        static const char *const ds[2] = {"/lml", "/mean"};
+        for (int k = 0; k < (sqrtn ? 1 : 2); k++) {
+            size_t ca, cb;
+            double *a = h5_read("a.h5", ds[k], &ca), *b = h5_read("b.h5", ds[k], &cb);
+            assert_int_equal(ca, cb);
+            double r = rel_diff(a, b, ca);
+            if (!(r < 1e-12))
+                fail_msg("--arch=%s: %s differs from gpkernel's kernel by %.3g", name, ds[k], r);
+            free(a);
+            free(b);
+        }
+    }
+    /* a program: programs/mlp.nsr at L = 2 is gpregress' own mlp recursion at depth 2 (the same
+     * network; the evaluator against tpk_mlp_kernel), with a --set of the architecture too */
+    const char *root = getenv("TPK_ROOT") ? getenv("TPK_ROOT") : ".";
+    snprintf(args, sizeof args, "--program='%s/programs/mlp.nsr' --set L=2 --set sigma_b2=0.3 "
+             "--train=x.csv --test=xt.csv --labels=yv.csv --noise=0.05 --output=a.h5", root);
+    if (tool_err("gpregress", args, err, sizeof err) != 0)
+        fail_msg("gpregress %s: %s", args, err);
+    const char *same[2] = {"--arch=mlp --depth=2 --sigma-b2=0.3",
+                           "--arch=mlp --set L=2 --set sigma_b2=0.3"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "%s --train=x.csv --test=xt.csv --labels=yv.csv --noise=0.05 "
+                 "--output=b.h5", same[k]);
+        if (tool_err("gpregress", args, err, sizeof err) != 0)
+            fail_msg("gpregress %s: %s", args, err);
+        size_t ca, cb;
+        double *a = h5_read("a.h5", "/mean", &ca), *b = h5_read("b.h5", "/mean", &cb);
+        assert_int_equal(ca, cb);
+        assert_true(rel_diff(a, b, ca) < 1e-10);
+        free(a);
+        free(b);
+    }
+    /* what does not go together is said */
+    static const struct { const char *args, *want; } bad[] = {
+        {"--arch=rnn --depth=2", "unknown option '--depth' for --arch=rnn"},
+        {"--arch=rnn --fit-hyper", "--fit-hyper fits gpregress' own kernel families"},
+        {"--arch=rnn --depth=1-2", "a --depth range needs --arch=mlp"},
+        {"--arch=rbf --set L=2", "--set goes with --program"},
+        {"--arch=mlp --residual=0.5 --quad-degree=32", "--quad-degree does not apply"},
+        {"--program=nothere.nsr --depth=2", "--set NAME=VALUE"},
+        {"--arch=nosuch", "unknown --arch 'nosuch' (known: rbf, mlp, "},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "%s --train=s.npy --labels=ys.csv --output=never.h5", bad[i].args);
+        int rc = tool_err("gpregress", args, err, sizeof err);
+        if (rc != 2 || !strstr(err, bad[i].want))
+            fail_msg("gpregress %s: rc %d, %s", args, rc, err);
+        assert_false(exists("never.h5"));
+    }
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -506,6 +646,7 @@ int main(void)
         cmocka_unit_test(test_classify_idx),
         cmocka_unit_test(test_classify_int64_npy),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_any_architecture),
     };
     return cmocka_run_group_tests(tests, setup, tu_teardown);
 }

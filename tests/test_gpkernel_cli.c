@@ -6,13 +6,16 @@
 #include <cmocka.h>
 
 #include <gsl/gsl_integration.h>
+#include <hdf5.h>
 #include <gsl/gsl_rng.h>
 #include <gsl/gsl_randist.h>
 #include "support/testutil.h"
+#include "tpk/archs.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Closed forms carry only rounding: 1e-12 relative is the issue's acceptance bound. */
 #define TOL_CLOSED 1e-12
@@ -24,7 +27,7 @@ static int setup(void **state) { return tu_setup_tagged(state, "cli"); }
 /* Run gpkernel (quietly) with the given arguments. Returns the exit status. */
 static int gpkernel(const tu_env *e, const char *args)
 {
-    char buf[4096];
+    char buf[8192];
     snprintf(buf, sizeof buf, "%s --quiet", args);
     return tu_run_tool(e, "gpkernel", buf);
 }
@@ -296,6 +299,274 @@ static void test_bad_inputs(void **state)
     assert_string_equal(buf, "precious");
 }
 
+/* Shape messages say what the architecture reads (issue 39, item 6), and the channel-less forms
+ * the CNN rows document (N×H×W images, N×P signals: one channel) run, as the same kernel as
+ * with the channel axis written out (they were viewed with their last axis as channels and
+ * refused with "N×d (1 slot) or N×25×d"). */
+static void test_shape_messages(void **state)
+{
+    const tu_env *e = *state;
+    enum { N = 3, H = 5, W = 4, P = 6 };
+    double img[N * H * W], sig[N * P];
+    random_inputs(img, N * H, W, 811);
+    random_inputs(sig, N, P, 812);
+    char x3[512], x4[512], s2[512], s3[512], k3[512], k4[512], args[4096], err[4096];
+    tu_path(e, x3, sizeof x3, "img3.npy");
+    tu_path(e, x4, sizeof x4, "img4.npy");
+    tu_path(e, s2, sizeof s2, "sig2.npy");
+    tu_path(e, s3, sizeof s3, "sig3.npy");
+    tu_write_npy(x3, img, 3, (const size_t[]){N, H, W});
+    tu_write_npy(x4, img, 4, (const size_t[]){N, H, W, 1});
+    tu_write_npy(s2, sig, 2, (const size_t[]){N, P});
+    tu_write_npy(s3, sig, 3, (const size_t[]){N, P, 1});
+    tu_path(e, k3, sizeof k3, "k3.h5");
+    tu_path(e, k4, sizeof k4, "k4.h5");
+    const char *const pairs[][3] = {{"cnn2d", x3, x4}, {"cnn1d", s2, s3}};
+    for (int i = 0; i < 2; i++)
+        for (int ro = 0; ro < 2; ro++) {
+            const char *readout = ro ? " --readout=flatten" : ""; /* rolled GAP; direct flatten */
+            snprintf(args, sizeof args, "--arch=%s%s --input='%s' --output='%s'", pairs[i][0],
+                     readout, pairs[i][1], k3);
+            if (gpkernel(e, args) != 0) {
+                tu_stderr(e, err, sizeof err);
+                fail_msg("%s: %s", args, err);
+            }
+            snprintf(args, sizeof args, "--arch=%s%s --input='%s' --output='%s'", pairs[i][0],
+                     readout, pairs[i][2], k4);
+            assert_int_equal(gpkernel(e, args), 0);
+            size_t c3, c4;
+            double *K3 = tu_h5_read(k3, "/kernel", &c3), *K4 = tu_h5_read(k4, "/kernel", &c4);
+            assert_int_equal(c3, N * N);
+            assert_int_equal(c4, N * N);
+            assert_true(max_rel_err(K3, K4, N * N) < TOL_CLOSED);
+            free(K3);
+            free(K4);
+        }
+    /* rnn: the program's T follows the input, so the message names no default length */
+    char csv[512];
+    tu_path(e, csv, sizeof csv, "vec.csv");
+    FILE *f = fopen(csv, "w");
+    fputs("0.5,1.5\n-0.25,2.0\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "--arch=rnn --input='%s' --output='%s'", csv, k3);
+    unlink(k3);
+    assert_int_equal(gpkernel(e, args), 1);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "N×T×d") || !strstr(err, "any T") || strstr(err, "N×4×d"))
+        fail_msg("rnn on N×d: %s", err);
+    /* a T the user fixed is the one length */
+    snprintf(args, sizeof args, "--arch=rnn --set T=7 --input='%s' --output='%s'", csv, k3);
+    assert_int_equal(gpkernel(e, args), 1);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "N×7×d"))
+        fail_msg("rnn --set T=7 on N×d: %s", err);
+    /* cnn2d on a matrix: images are N×H×W×C, and the channel axis is suggested */
+    snprintf(args, sizeof args, "--arch=cnn2d --input='%s' --output='%s'", csv, k3);
+    assert_int_equal(gpkernel(e, args), 1);
+    tu_stderr(e, err, sizeof err);
+    if (!strstr(err, "N×H×W×C") || !strstr(err, "channel") || strstr(err, "1 slot"))
+        fail_msg("cnn2d on N×d: %s", err);
+    assert_false(tu_exists(k3));
+}
+
+/* `netsor kernel programs/mlp.nsr` and `gpkernel --arch=mlp` compute the same network by
+ * default (issue 39, item 2: the program's sigma_b2, sigma_v2, sigma_ob2 were not the
+ * architecture's), and so do the --layernorm / --residual programs and the same settings given
+ * as flags and as --set; the defaults are Σ^{L+1} of the direct recursion here. */
+static void test_program_defaults_are_the_architecture(void **state)
+{
+    const tu_env *e = *state;
+    enum { N = 7, D = 5 };
+    double X[N * D], Kref[N * N];
+    random_inputs(X, N, D, 4417);
+    char xin[512], kp[512], ka[512], args[4096], err[4096];
+    tu_path(e, xin, sizeof xin, "Xd.h5");
+    tu_path(e, kp, sizeof kp, "Kp.h5");
+    tu_path(e, ka, sizeof ka, "Ka.h5");
+    tu_h5_write(xin, "/x", X, N, D);
+    const char *root = getenv("TPK_ROOT") ? getenv("TPK_ROOT") : ".";
+    static const char *const cases[][3] = {
+        {"mlp.nsr", "", ""},
+        {"mlp-ln.nsr", "--layernorm", ""},
+        {"mlp-residual.nsr", "--residual=0.6", "--set alpha=0.6"},
+        {"mlp-ln-residual.nsr", "--layernorm --residual=0.6", "--set alpha=0.6"},
+        {"mlp.nsr", "--depth=4 --phi=erf --sigma-b2=0.13", "--set L=4 --set phi=erf --set sigma_b2=0.13"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "kernel '%s/programs/%s' %s --input='%s:/x' --output='%s' "
+                 "--quiet", root, cases[i][0], cases[i][2], xin, kp);
+        if (tu_run_tool(e, "netsor", args) != 0) {
+            tu_stderr(e, err, sizeof err);
+            fail_msg("netsor %s: %s", args, err);
+        }
+        snprintf(args, sizeof args, "--arch=mlp %s --input='%s:/x' --output='%s'", cases[i][1],
+                 xin, ka);
+        assert_int_equal(gpkernel(e, args), 0);
+        size_t cp, ca;
+        double *Kp = tu_h5_read(kp, "/kernel", &cp), *Ka = tu_h5_read(ka, "/kernel", &ca);
+        assert_int_equal(cp, N * N);
+        assert_int_equal(ca, N * N);
+        double rel = max_rel_err(Kp, Ka, N * N);
+        if (!(rel < TOL_CLOSED))
+            fail_msg("netsor kernel %s %s vs gpkernel --arch=mlp %s: %.3g apart", cases[i][0],
+                     cases[i][2], cases[i][1], rel);
+        if (i == 0) { /* the default: Σ^{L+1} of three ReLU layers, σ_w² 2, σ_b² 0 */
+            reference_mlp(X, N, D, 3, 2.0, 0.0, relu_e2, Kref);
+            assert_true(max_rel_err(Kp, Kref, N * N) < TOL_CLOSED);
+        }
+        free(Kp);
+        free(Ka);
+    }
+}
+
+/* The HDF5 class of root attribute `name` of file (H5T_INTEGER, H5T_FLOAT, H5T_STRING), read
+ * with the HDF5 library directly; -1 when there is none. */
+static int attr_class(const char *file, const char *name)
+{
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(f >= 0);
+    int cls = -1;
+    if (H5Aexists_by_name(f, "/", name, H5P_DEFAULT) > 0) {
+        hid_t a = H5Aopen_by_name(f, "/", name, H5P_DEFAULT, H5P_DEFAULT), t = H5Aget_type(a);
+        cls = (int)H5Tget_class(t);
+        H5Tclose(t);
+        H5Aclose(a);
+    }
+    H5Fclose(f);
+    return cls;
+}
+
+/* A string attribute of file's root, malloc'd (variable-length UTF-8 as the toolkit writes). */
+static char *attr_string(const char *file, const char *name)
+{
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(f >= 0);
+    hid_t a = H5Aopen_by_name(f, "/", name, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(a >= 0);
+    hid_t t = H5Aget_type(a);
+    assert_true(H5Tis_variable_str(t) > 0);
+    char *v = NULL, *copy;
+    assert_true(H5Aread(a, t, &v) >= 0);
+    copy = strdup(v);
+    H5free_memory(v);
+    H5Tclose(t);
+    H5Aclose(a);
+    H5Fclose(f);
+    return copy;
+}
+
+/* netsor kernel and run record the program's text and its SHA-256 (issue 39, item 9: the file
+ * name only, irreproducible once the .nsr is edited), checked against sha256sum of the file;
+ * integer parameters (L, T, k, circular, the centre tap c; gpkernel's depth, rows, cols) are
+ * HDF5 integers and real ones stay floats even at integral values (--set sigma_w2=2). */
+static void test_program_provenance_and_types(void **state)
+{
+    const tu_env *e = *state;
+    const char *root = getenv("TPK_ROOT") ? getenv("TPK_ROOT") : ".";
+    char prog[512], kout[512], rout[512], gout[512], img[512], cmd[2048], args[4096], err[4096];
+    char want[128];
+    tu_path(e, prog, sizeof prog, "copy.nsr");
+    tu_path(e, kout, sizeof kout, "nk.h5");
+    tu_path(e, rout, sizeof rout, "nr.h5");
+    tu_path(e, gout, sizeof gout, "gk.h5");
+    snprintf(cmd, sizeof cmd, "cp '%s/programs/cnn1d.nsr' '%s'", root, prog);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "sha256sum '%s' | cut -c1-64", prog);
+    assert_int_equal(tu_capture(cmd, want, sizeof want), 0);
+    want[64] = '\0';
+    size_t tlen;
+    FILE *f = fopen(prog, "rb");
+    assert_non_null(f);
+    static char text[65536];
+    tlen = fread(text, 1, sizeof text - 1, f);
+    text[tlen] = '\0';
+    fclose(f);
+    snprintf(args, sizeof args, "kernel '%s' --set sigma_w2=2 --input='%s/data/demo-sequences.npy' "
+             "--output='%s' --quiet", prog, root, kout);
+    if (tu_run_tool(e, "netsor", args) != 0) {
+        tu_stderr(e, err, sizeof err);
+        fail_msg("netsor %s: %s", args, err);
+    }
+    snprintf(args, sizeof args, "run '%s' --input='%s/data/demo-sequences.npy' --width=16 "
+             "--output='%s' --quiet", prog, root, rout);
+    assert_int_equal(tu_run_tool(e, "netsor", args), 0);
+    /* the file edited afterwards: the outputs keep what ran */
+    f = fopen(prog, "a");
+    fputs("# edited later\n", f);
+    fclose(f);
+    const char *outs[2] = {kout, rout};
+    for (int i = 0; i < 2; i++) {
+        char *sha = attr_string(outs[i], "program_sha256"), *txt = attr_string(outs[i], "program_text");
+        assert_string_equal(sha, want);
+        assert_string_equal(txt, text);
+        free(sha);
+        free(txt);
+        static const char *const ints[] = {"L", "T", "k", "circular", "c"};
+        for (size_t j = 0; j < sizeof ints / sizeof ints[0]; j++)
+            if (attr_class(outs[i], ints[j]) != H5T_INTEGER)
+                fail_msg("%s: parameter %s is not stored as an integer", outs[i], ints[j]);
+        assert_int_equal(attr_class(outs[i], "sigma_b2"), H5T_FLOAT);
+    }
+    assert_int_equal(attr_class(kout, "sigma_w2"), H5T_FLOAT); /* --set sigma_w2=2: still real */
+    /* gpkernel: the flags under their own names take their parameter's type */
+    enum { N = 2, H = 4, W = 3 };
+    double x[N * H * W];
+    random_inputs(x, N * H, W, 5);
+    tu_path(e, img, sizeof img, "im.npy");
+    tu_write_npy(img, x, 4, (const size_t[]){N, H, W, 1});
+    snprintf(args, sizeof args, "--arch=cnn2d --depth=2 --sigma-w2=2 --input='%s' --output='%s'",
+             img, gout);
+    assert_int_equal(gpkernel(e, args), 0);
+    static const char *const gints[] = {"depth", "L", "rows", "cols", "circular"};
+    for (size_t j = 0; j < sizeof gints / sizeof gints[0]; j++)
+        if (attr_class(gout, gints[j]) != H5T_INTEGER)
+            fail_msg("gpkernel: %s is not stored as an integer", gints[j]);
+    assert_int_equal(attr_class(gout, "sigma_w2"), H5T_FLOAT);
+    assert_int_equal(attr_class(gout, "program_sha256"), H5T_STRING);
+}
+
+/* --depth's range is the one that works (issue 39, item 5: 99 999 and 100 000 were accepted,
+ * then failed after starting with "program too large after unrolling"): every row's largest
+ * depth (tpk_arch.max_depth, shown by --list-archs) is refused beyond at once as a usage error
+ * (exit 2, no output), and mlp's runs at that depth. */
+static void test_depth_range(void **state)
+{
+    const tu_env *e = *state;
+    char out[512], args[2048], err[4096], list[16384], cmd[1200];
+    tu_path(e, out, sizeof out, "deep.h5");
+    snprintf(cmd, sizeof cmd, "'%s/gpkernel' --list-archs", e->bindir);
+    assert_int_equal(tu_capture(cmd, list, sizeof list), 0);
+    size_t n;
+    const tpk_arch *t = tpk_arch_table(&n);
+    int rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i].max_depth <= 0)
+            continue;
+        rows++;
+        char range[64];
+        snprintf(range, sizeof range, "--depth (L, 1..%d)", t[i].max_depth);
+        if (!strstr(list, range))
+            fail_msg("--list-archs does not say %s for %s", range, t[i].name);
+        const int bad[] = {t[i].max_depth + 1, 99999, 100000};
+        for (int b = 0; b < 3; b++) {
+            if (bad[b] <= t[i].max_depth)
+                continue;
+            snprintf(args, sizeof args, "--arch=%s --depth=%d --output='%s'", t[i].name, bad[b],
+                     out);
+            int rc = gpkernel(e, args);
+            tu_stderr(e, err, sizeof err);
+            snprintf(range, sizeof range, "1..%d", t[i].max_depth);
+            if (rc != 2 || !strstr(err, "usage error") || !strstr(err, range))
+                fail_msg("%s: rc %d, %s", args, rc, err);
+            assert_false(tu_exists(out));
+        }
+    }
+    assert_true(rows >= 4); /* mlp, batchnorm, transformer, the CNNs */
+    snprintf(args, sizeof args, "--arch=mlp --depth=%d --output='%s'",
+             tpk_arch_find("mlp")->max_depth, out);
+    assert_int_equal(gpkernel(e, args), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -304,6 +575,10 @@ int main(void)
         cmocka_unit_test(test_test_set_outputs),
         cmocka_unit_test(test_provenance_attributes),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_shape_messages),
+        cmocka_unit_test(test_depth_range),
+        cmocka_unit_test(test_program_defaults_are_the_architecture),
+        cmocka_unit_test(test_program_provenance_and_types),
     };
     return cmocka_run_group_tests_name("gpkernel_cli", tests, setup, tu_teardown);
 }

@@ -1,8 +1,8 @@
 /* `make install` / `make uninstall` into a staging folder (DESTDIR, PREFIX, LIBDIR) as a
  * packager runs them, and programs built against the result with pkg-config, shared and static
- * (scripts/check-install.sh; issue 17, item 5; fully static too, issue 40); that libtpk.a defines
- * no global name without the tpk_ prefix; what `make debug` compiles with; and which OpenBLAS the
- * build runs on. */
+ * (scripts/check-install.sh; fully static too); that libtpk.a defines no global name without the
+ * tpk_ prefix; what `make debug` compiles with; which OpenBLAS the build runs on; and what a fresh
+ * machine shows first. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -115,11 +115,64 @@ static void test_openblas_build(void **state)
         assert_true(openmp > 0 && other == 0);
 }
 
+/* A file of the given text, executable. */
+static void put_script(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "chmod +x '%s'", path);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A fresh machine (issue 39, item 12): pkg-config knows none of the libraries. `make run` must
+ * not print pkg-config's complaints before scripts/install-deps.sh runs (make -n: the commands in
+ * order, the install not run), and install-deps says in one line what it installs, apt-get's
+ * own chatter kept in a log (a stand-in apt-get here, which prints as dpkg does). */
+static void test_fresh_machine_first_screen(void **state)
+{
+    const tu_env *e = *state;
+    const char *r = getenv("TPK_ROOT");
+    char root[1024], bin[600], p[700], cmd[4096], out[16384];
+    snprintf(root, sizeof root, "%s", r && *r ? r : ".");
+    snprintf(bin, sizeof bin, "%s/fakebin", e->tmpdir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", bin);
+    assert_int_equal(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/pkg-config", bin);
+    put_script(p, "#!/bin/sh\n"
+                  "case \"$1\" in --exists) exit 1;; esac\n"
+                  "for m in \"$@\"; do case $m in -*) ;; *) echo \"Package $m was not found in "
+                  "the pkg-config search path.\" >&2;; esac; done\nexit 1\n");
+    snprintf(p, sizeof p, "%s/apt-get", bin);
+    put_script(p, "#!/bin/sh\nfor i in 1 2 3; do echo \"Selecting previously unselected package "
+                  "x$i.\"; echo \"Setting up x$i ...\" >&2; done\nexit 0\n");
+    snprintf(p, sizeof p, "%s/sudo", bin);
+    put_script(p, "#!/bin/sh\nexec \"$@\"\n");
+    /* what make prints up to the line that runs install-deps */
+    snprintf(cmd, sizeof cmd, "cd '%s' && PATH='%s':\"$PATH\" make -n BUILD='%s/fresh' run 2>&1 | "
+             "sed '/install-deps/q'", root, bin, e->tmpdir);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
+    if (!strstr(out, "install-deps") || strstr(out, "not found") || strstr(out, "No such file"))
+        fail_msg("make's first screen on a fresh machine:\n%s", out);
+    /* install-deps itself: one line, naming what it installs */
+    snprintf(cmd, sizeof cmd, "PATH='%s':\"$PATH\" TMPDIR='%s' sh '%s/scripts/install-deps.sh' 2>&1",
+             bin, e->tmpdir, root);
+    assert_int_equal(tu_capture(cmd, out, sizeof out), 0);
+    char *nl = strchr(out, '\n');
+    if (strncmp(out, "install-deps: installing ", 25) != 0 || !strstr(out, "libhdf5-dev") ||
+        !nl || nl[1] != '\0')
+        fail_msg("install-deps on a fresh machine printed:\n%s", out);
+    assert_int_equal(tu_count_prefix(e->tmpdir, "tpk-install-deps."), 0); /* log removed */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_staged_install),
                                        cmocka_unit_test(test_archive_prefix),
                                        cmocka_unit_test(test_debug_build_flags),
-                                       cmocka_unit_test(test_openblas_build)};
+                                       cmocka_unit_test(test_openblas_build),
+                                       cmocka_unit_test(test_fresh_machine_first_screen)};
     return cmocka_run_group_tests_name("install", tests, setup, tu_teardown);
 }

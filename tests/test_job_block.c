@@ -227,7 +227,7 @@ static void test_describe_is_gpkernels(void **state)
     const size_t dims[2] = {0, 4};
     inputs(tu_path(e, x, sizeof x, "d.npy"), 6, 2, dims, 2.2);
     snprintf(prog, sizeof prog, "%s/programs/mlp.nsr", root());
-    const tpk_attr attrs[] = {{"depth", "3"}};
+    const tpk_attr attrs[] = {{.name = "depth", .value = "3"}};
     tpk_job job = {.label = "mlp", .program = prog, .input = x, .attrs = attrs, .nattrs = 1};
     tpk_ctx ctx;
     tpk_ctx_init(&ctx);

@@ -481,6 +481,31 @@ static void test_arch_flag_errors(void **state)
     }
 }
 
+/* The summary says how many inputs were used and that --max-inputs chose them (issue 39,
+ * item 7: 8 of 20 inputs were used without a word). demo-inputs.csv has 48 rows. */
+static void test_summary_names_inputs(void **state)
+{
+    (void)state;
+    char out[512], cmd[4096], text[16384];
+    path(out, sizeof out, "inputs.h5");
+    const char *const cases[][2] = {{"", "inputs: 8 of the 48 in "},
+                                    {"--max-inputs=5", "inputs: 5 of the 48 in "},
+                                    {"--max-inputs=0", "inputs: all 48 in "},
+                                    {"--max-inputs=60", "inputs: all 48 in "}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "'%s/gplimits' --arch=mlp --depth=1 --widths=16,32 --seeds=4 "
+                 "--boot=50 %s --output='%s' 2>/dev/null", bindir, cases[i][0], out);
+        assert_int_equal(tu_capture(cmd, text, sizeof text), 0);
+        if (!strstr(text, cases[i][1]) || !strstr(text, "demo-inputs.csv") ||
+            !strstr(text, "--max-inputs"))
+            fail_msg("gplimits %s: no '%s...' in its summary:\n%s", cases[i][0], cases[i][1], text);
+        tpk_array *x = ds(out, "/inputs");
+        size_t want = i == 0 ? 8 : i == 1 ? 5 : 48;
+        assert_int_equal(x->dims[0], want); /* and the file holds that many */
+        tpk_array_free(x);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -491,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_all_outputs),
         cmocka_unit_test(test_arch_flags_cnn),
         cmocka_unit_test(test_arch_flag_errors),
+        cmocka_unit_test(test_summary_names_inputs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

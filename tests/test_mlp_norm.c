@@ -144,8 +144,9 @@ static void test_ln_unit_diagonal(void **state)
     tpk_ctx_init(&ctx);
     char prog[4200];
     tpk_shipped_path("programs/mlp-ln.nsr", prog, sizeof prog);
-    tpk_param_set sets[] = {{"phi", "identity"}, {"ln_eps", "0"}, {"sigma_b2", "0.2"}, {"L", "2"}};
-    tpk_netsor_opts o = {.sets = sets, .nsets = 4};
+    tpk_param_set sets[] = {{"phi", "identity"}, {"ln_eps", "0"}, {"sigma_b2", "0.2"}, {"L", "2"},
+                            {"sigma_v2", "1"}, {"sigma_ob2", "0"}};
+    tpk_netsor_opts o = {.sets = sets, .nsets = 6};
     tpk_program *p = tpk_netsor_load_file(prog, &o, reg, &ctx);
     if (!p)
         fail_msg("%s", ctx.msg);

@@ -105,7 +105,7 @@ static const bad_case bad[] = {
     {HDR "g = U x\nh = relu(g)\noutput y = readout(sqrt(n), 1)\n", 1, NULL, TPK_ETYPE, "6:20",
      "may only scale a mean"},
     {HDR "g = U x\nh = relu(g)\nk = h + n\n", 0, NULL, TPK_ETYPE, "6:9", "width symbol 'n' used as a value"},
-    {HDR "g = U x\nh = relu(g)\noutput y = relu(h)\n", 0, NULL, TPK_ETYPE, "6:12", "readout(var, sigma_v2)"},
+    {HDR "g = U x\nh = relu(g)\noutput y = relu(h)\n", 0, NULL, TPK_ETYPE, "6:12", "readout(var, sigma_v2[, sigma_ob2])"},
     {HDR "g = U x\nh = relu(readout(g, 1))\n", 0, NULL, TPK_ETYPE, "5:10", "readout(...) may only appear"},
     {HDR "g = U x\nh = relu(g)\noutput y = readout(0, 1)\n", 0, NULL, TPK_ETYPE, "6:20",
      "readout of a constant vector"},
@@ -354,12 +354,15 @@ static void test_mlp(void **state)
     assert_int_equal(p->noutputs, 1);
     assert_string_equal(p->output[0].name, "y");
     assert_int_equal(p->output[0].src, var_named(p, "h[3]"));
-    assert_true(p->output[0].var == 1.0);
+    /* gpkernel --arch=mlp's defaults (issue 39, item 2): sigma_v2 = sigma_w2,
+     * sigma_ob2 = sigma_b2 = 0 */
+    assert_true(p->output[0].var == 2.0);
+    assert_true(p->output[0].bias_var == 0.0);
     assert_true(p->avar[0].var == 2.0);
     assert_true(p->embed[0].var == 2.0); /* sigma_u2 defaults to sigma_w2 */
     int b1 = var_named(p, "b[1]");
     assert_true(b1 >= 0);
-    assert_true(p->instr[p->var[b1].def].var == 0.1);
+    assert_true(p->instr[p->var[b1].def].var == 0.0);
     /* g[2] = W[2] h[1] + b[2]: a MatMul into a temporary, then a LinComb */
     const tpk_instr *g2 = &p->instr[p->var[var_named(p, "g[2]")].def];
     assert_int_equal(g2->op, TPK_OP_LINCOMB);
@@ -370,6 +373,42 @@ static void test_mlp(void **state)
     const tpk_instr *h3 = &p->instr[p->var[var_named(p, "h[3]")].def];
     assert_int_equal(h3->body.len, 2);
     assert_string_equal(tpk_phi_name(h3->body.node[1].fn), "relu");
+    tpk_program_free(p);
+}
+
+/* docs/netsor.md as a user reads it (issue 39, item 2): its grammar gives readout a third
+ * argument, and its first example, run as written, has the output bias variance it declares
+ * (0.05) and the readout variance (1.0): the example is the documented form, not a sketch. */
+static void test_docs_first_example(void **state)
+{
+    (void)state;
+    char path[1024];
+    const char *root = getenv("TPK_ROOT");
+    snprintf(path, sizeof path, "%s/docs/%s", root ? root : ".", "netsor.md");
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char doc[200000];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    doc[n] = '\0';
+    fclose(f);
+    assert_non_null(strstr(doc, "'readout' '(' expr ',' expr [ ',' expr ] ')'"));
+    const char *ex = strstr(doc, "## A first example");
+    assert_non_null(ex);
+    const char *open = strstr(ex, "```\n"), *close = open ? strstr(open + 4, "```") : NULL;
+    assert_true(open && close);
+    char src[8192];
+    assert_true((size_t)(close - open - 4) < sizeof src);
+    memcpy(src, open + 4, (size_t)(close - open - 4));
+    src[close - open - 4] = '\0';
+    tpk_netsor_opts opts = {0};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_program *p = tpk_netsor_load_string("netsor.md", src, &opts, g_reg, &ctx);
+    if (!p)
+        fail_msg("the first example of docs/netsor.md: %s", ctx.msg);
+    assert_int_equal(p->noutputs, 1);
+    assert_true(p->output[0].var == 1.0);
+    assert_true(p->output[0].bias_var == 0.05);
     tpk_program_free(p);
 }
 
@@ -628,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_malformed_files),
         cmocka_unit_test(test_io_errors),
         cmocka_unit_test(test_mlp),
+        cmocka_unit_test(test_docs_first_example),
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_param_lookup),
         cmocka_unit_test(test_rnn),

@@ -599,7 +599,8 @@ static void test_front_end_programs(void **state)
     tpk_program *p = load_program(f, "programs/mlp.nsr", NULL, 0);
     tpk_array *K = NULL;
     assert_int_equal(tpk_netsor_kernel(p, x, 0, &K, NULL, NULL), TPK_OK);
-    double *R = mlp_recursion(x, 3, 2.0, 0.1, 1.0, V_relu, NULL);
+    /* its defaults are gpkernel --arch=mlp's: sigma_b2 = 0, sigma_v2 = sigma_w2 (issue 39) */
+    double *R = mlp_recursion(x, 3, 2.0, 0.0, 2.0, V_relu, NULL);
     for (size_t i = 0; i < N * N; i++)
         assert_true(fabs(K->data[i] - R[i]) <= TOL_CLOSED * max_abs(R, N * N));
     free(R);
@@ -620,6 +621,67 @@ static void test_front_end_programs(void **state)
     tpk_array_free(Kq);
     tpk_program_free(p);
     tpk_nsr_prog_free(q);
+    tpk_array_free(x);
+}
+
+/* The readout's third argument as docs/netsor.md documents it (issue 39, item 2: a program
+ * written from the docs' two-argument grammar was a constant off): readout(h, s2, b2) is
+ * y = <v, h>/sqrt(n) + beta, kernel s2 E[relu relu] + b2 in every entry, against the Cho–Saul
+ * arc-cosine closed form; the two-argument form has no bias; a negative bias variance is an
+ * error at its position. */
+static void test_readout_bias_documented(void **state)
+{
+    fixture *f = *state;
+    const size_t N = 6, d = 5;
+    tpk_array *x = random_inputs(N, 1, d, 391);
+    const double sw2 = 1.7, sb2 = 0.23, sv2 = 1.3, ob2 = 0.05;
+    const char *src[2] = {
+        "param sigma_ob2 = 0.05\nwidth n\ninput x : d\nA U : (n, d) ~ 1.7\nA W : (n, n) ~ 1.7\n"
+        "G b1 : n ~ 0.23\nG b2 : n ~ 0.23\ng1 = U x + b1\ng2 = W relu(g1) + b2\n"
+        "output y = readout(relu(g2), 1.3, sigma_ob2)\n",
+        "width n\ninput x : d\nA U : (n, d) ~ 1.7\nA W : (n, n) ~ 1.7\n"
+        "G b1 : n ~ 0.23\nG b2 : n ~ 0.23\ng1 = U x + b1\ng2 = W relu(g1) + b2\n"
+        "output y = readout(relu(g2), 1.3)\n"};
+    /* Σ¹ = σ_w²<x,x'>/d + σ_b², Σ² = σ_w² V(Σ¹) + σ_b², K = σ_v² V(Σ²) + σ_ob² */
+    double *S1 = malloc(N * N * sizeof *S1), *S2 = malloc(N * N * sizeof *S2);
+    for (size_t a = 0; a < N; a++)
+        for (size_t c = 0; c < N; c++)
+            S1[a * N + c] = sw2 * dot(x->data + a * d, x->data + c * d, d) / (double)d + sb2;
+    for (size_t a = 0; a < N; a++)
+        for (size_t c = 0; c < N; c++)
+            S2[a * N + c] = sw2 * relu_k(S1[a * N + a], S1[c * N + c], S1[a * N + c]) + sb2;
+    for (int v = 0; v < 2; v++) {
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        tpk_netsor_opts o = {0};
+        tpk_program *p = tpk_netsor_load_string("doc.nsr", src[v], &o, f->reg, &ctx);
+        if (!p)
+            fail_msg("%s", ctx.msg);
+        tpk_array *K = NULL;
+        assert_int_equal(tpk_netsor_kernel(p, x, 0, &K, NULL, &ctx), TPK_OK);
+        double worst = 0;
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = 0; c < N; c++) {
+                double want = sv2 * relu_k(S2[a * N + a], S2[c * N + c], S2[a * N + c]) +
+                              (v == 0 ? ob2 : 0.0);
+                worst = fmax(worst, fabs(K->data[a * N + c] - want) / fabs(want));
+            }
+        print_message("readout with%s a bias: max relative error %.2e\n", v ? "out" : "", worst);
+        assert_true(worst <= TOL_CLOSED);
+        tpk_array_free(K);
+        tpk_program_free(p);
+    }
+    /* a negative bias variance, at its position */
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_netsor_opts o = {0};
+    const char *bad = "width n\ninput x : d\nA U : (n, d) ~ 1\ng = U x\n"
+                      "output y = readout(relu(g), 1, -0.5)\n";
+    assert_null(tpk_netsor_load_string("bad.nsr", bad, &o, f->reg, &ctx));
+    assert_non_null(strstr(ctx.msg, "bad.nsr:5:"));
+    assert_non_null(strstr(ctx.msg, "bias variance is negative"));
+    free(S1);
+    free(S2);
     tpk_array_free(x);
 }
 
@@ -754,6 +816,7 @@ int main(void)
         cmocka_unit_test(test_factorised_vs_generic),
         cmocka_unit_test(test_moment_centring),
         cmocka_unit_test(test_front_end_programs),
+        cmocka_unit_test(test_readout_bias_documented),
         cmocka_unit_test(test_layernorm_program),
         cmocka_unit_test(test_degenerate_inputs),
         cmocka_unit_test(test_errors),

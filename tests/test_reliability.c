@@ -344,7 +344,8 @@ static void test_gpattention_zero_tokens(void **state)
     remove(out);
 }
 
-/* A numeric root attribute, read with raw HDF5 (NaN when absent or not a number). */
+/* A numeric root attribute (a float, or an integer: integer parameters are stored as integers),
+ * read with raw HDF5 (NaN when absent or not a number). */
 static double attr_double(const char *file, const char *name)
 {
     double v = NAN;
@@ -353,7 +354,8 @@ static double attr_double(const char *file, const char *name)
     if (H5Aexists(f, name) > 0) {
         hid_t a = H5Aopen(f, name, H5P_DEFAULT);
         hid_t t = H5Aget_type(a);
-        if (H5Tget_class(t) == H5T_FLOAT && H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0)
+        H5T_class_t cls = H5Tget_class(t);
+        if ((cls == H5T_FLOAT || cls == H5T_INTEGER) && H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0)
             v = NAN;
         H5Tclose(t);
         H5Aclose(a);

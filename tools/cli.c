@@ -278,7 +278,7 @@ int cli_arch_flags_resolve(cli_arch_flags *f, const tpk_arch *a, const tpk_phi_r
             return TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s' for --arch=%s (see --help "
                              "and gpkernel --list-archs)", flag, a->name);
         f->fl[i].param = f->param[i];
-        int st = tpk_arch_check_flag(flag, f->fl[i].value, reg, ctx);
+        int st = tpk_arch_check(a, flag, f->fl[i].value, reg, ctx);
         if (st)
             return st;
     }

@@ -11,10 +11,18 @@ const char cli_gpregress_options_help[] =
     "Kernel:\n"
     "  --arch=mlp         deep MLP NNGP (tpk_mlp_kernel; see gpkernel --help for the convention)\n"
     "  --arch=rbf         RBF baseline s*exp(-|x-x'|^2/(2 l2)) (not a network)\n"
+    "  --arch=NAME        any architecture of gpkernel --list-archs (rnn, gru, lstm, transformer,\n"
+    "                     attention, cnn1d, cnn2d, batchnorm, mlp with --layernorm or\n"
+    "                     --residual, ...) with its flags (--sigma-u2=V, --filter=K, ...; --depth,\n"
+    "                     --phi, --sigma-w2, --sigma-b2 too) and --set NAME=VALUE: the kernel\n"
+    "                     gpkernel --arch=NAME computes, on the --train / --test inputs\n"
+    "  --program=FILE.nsr any NETSOR program (docs/netsor.md), with --set NAME=VALUE and\n"
+    "                     --netsor-plus: its limit kernel, as gpkernel --program computes it\n"
     "  --kernel=FILE.h5   precomputed, as gpkernel --test writes: /kernel (N×N),\n"
     "                     /kernel_test_train (M×N), /kernel_test_diag (M), optional\n"
     "                     /kernel_test_test (M×M, for --full-cov)\n"
-    "  --depth=L|A-B      hidden layers, or a range swept one layer at a time (default 3)\n"
+    "  --depth=L|A-B      hidden layers, or (mlp alone) a range swept one layer at a time\n"
+    "                     (default 3)\n"
     "  --phi=NAME         nonlinearity (default relu)\n"
     "  --sigma-w2=V --sigma-b2=V   weight and bias variances (default 2, 0)\n"
     "  --lengthscale2=V --amplitude=V   RBF parameters (default 1, 1)\n"
@@ -37,6 +45,7 @@ const char cli_gpregress_options_help[] =
     "  --no-scale         with --noise=auto, hold s = 1\n"
     "  --fit-hyper        maximise the LML over kernel parameters and noise (GSL BFGS) on the\n"
     "                     first --select-n training points; with a depth range, every depth\n"
+    "                     (--arch=mlp with --depth, --phi, --sigma-w2, --sigma-b2 only, or rbf)\n"
     "  --fix=NAMES        hold these during --fit-hyper (comma list: sigma_w2, sigma_b2,\n"
     "                     lengthscale2, amplitude, noise)\n"
     "  --select-n=N       subsample size for --noise=auto and --fit-hyper (default 2000)\n"
@@ -44,6 +53,8 @@ const char cli_gpregress_options_help[] =
     "  --output=FILE.h5   written atomically: mean (M×C), var (M, latent, scaled by s), and per\n"
     "                     kernel the noise, scale, LML, jitter, rcond, accuracy, NLL; a depth range\n"
     "                     puts each depth under /depth_L and the summary in /depths, /accuracy, ...\n"
+    "  --force            replace an existing --output that is not an HDF5 file of this\n"
+    "                     toolkit (refused by default: nothing is overwritten without it)\n"
     "  --full-cov         also the full latent predictive covariance /cov (M×M)\n"
     "  --no-var           skip the predictive variance (and the NLL)\n"
     "  --progress, --no-progress   the progress line (below)\n"
@@ -83,7 +94,7 @@ static int parse_depth(const char *s, tpk_gp_experiment_opts *o, tpk_ctx *ctx)
 enum { O_ARCH = 256, O_KERNEL, O_TRAIN, O_TEST, O_LABELS, O_TLABELS, O_OUTPUT, O_PHI, O_DEPTH,
        O_SW2, O_SB2, O_L2, O_AMP, O_QDEG, O_NOISE, O_NOSCALE, O_FITH, O_FIX, O_SELN, O_NTRAIN,
        O_NTEST, O_NFITS, O_VARN, O_CENTER, O_UNIT, O_CLASSIFY, O_FULLCOV, O_NOVAR, O_QUIET, O_HELP,
-       O_VERSION, O_PROGRESS, O_NOPROGRESS };
+       O_VERSION, O_PROGRESS, O_NOPROGRESS, O_FORCE, O_PROGRAM, O_SET, O_PLUS, O_LN };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, O_ARCH}, {"kernel", required_argument, NULL, O_KERNEL},
@@ -107,6 +118,9 @@ static const struct option longopts[] = {
     {"no-var", no_argument, NULL, O_NOVAR}, {"quiet", no_argument, NULL, O_QUIET},
     {"help", no_argument, NULL, O_HELP}, {"version", no_argument, NULL, O_VERSION},
     {"progress", no_argument, NULL, O_PROGRESS}, {"no-progress", no_argument, NULL, O_NOPROGRESS},
+    {"force", no_argument, NULL, O_FORCE},
+    {"program", required_argument, NULL, O_PROGRAM}, {"set", required_argument, NULL, O_SET},
+    {"netsor-plus", no_argument, NULL, O_PLUS}, {"layernorm", no_argument, NULL, O_LN},
     {NULL, 0, NULL, 0}};
 
 /* One of gpregress's options (not --help, --version). */
@@ -144,6 +158,11 @@ static int take_option(int c, tpk_gp_experiment_opts *o, cli_gpregress *g, char 
     case O_CLASSIFY: o->classify = 1; return TPK_OK;
     case O_FULLCOV: o->full_cov = 1; return TPK_OK;
     case O_NOVAR: o->no_var = 1; return TPK_OK;
+    case O_FORCE: o->force = 1; return TPK_OK;
+    case O_PROGRAM: o->program = optarg; return TPK_OK;
+    case O_SET: return cli_sets_add(&g->sets, optarg, ctx);
+    case O_PLUS: o->netsor_plus = 1; return TPK_OK;
+    case O_LN: o->layernorm = 1; return TPK_OK;
     case O_QUIET: g->quiet = 1; return TPK_OK;
     case O_PROGRESS: g->progress = 1; return TPK_OK;
     case O_NOPROGRESS: g->progress = 0; return TPK_OK;
@@ -159,13 +178,23 @@ static int refuse_unused(const cli_seen *seen, const tpk_gp_experiment_opts *o, 
     static const char *const rbf_only[] = {"lengthscale2", "amplitude"};
     const int rbf = o->kernel && strcmp(o->kernel, "rbf") == 0;
     const int mlp = o->kernel && strcmp(o->kernel, "mlp") == 0;
+    const int table = tpk_gp_experiment_table_kernel(o);
     int st = TPK_OK;
+    /* an architecture of the table takes depth, phi and the variances as its flags (where its
+     * row has them: table_flags); the quadrature degree is gpregress' own mlp's */
     for (size_t i = 0; !st && i < sizeof mlp_only / sizeof mlp_only[0]; i++)
-        st = !mlp ? cli_refuse(seen, mlp_only[i], rbf ? "it is a parameter of --arch=mlp, not of "
-                               "the RBF kernel" : "--kernel gives the kernel itself", ctx) : 0;
+        st = !mlp && !(table && o->kernel && i < 4)
+                 ? cli_refuse(seen, mlp_only[i], rbf ? "it is a parameter of --arch=mlp, not of "
+                              "the RBF kernel" : o->program ? "a program's parameters are given "
+                              "by --set NAME=VALUE" : "--kernel gives the kernel itself", ctx)
+             : mlp && table && i == 4
+                 ? cli_refuse(seen, mlp_only[i], "it is gpregress' own mlp recursion's, and "
+                              "architecture flags or --set give the architecture's program", ctx)
+                 : 0;
     for (size_t i = 0; !st && i < sizeof rbf_only / sizeof rbf_only[0]; i++)
-        st = !rbf ? cli_refuse(seen, rbf_only[i], mlp ? "it is a parameter of --arch=rbf, not of "
-                               "the MLP kernel" : "--kernel gives the kernel itself", ctx) : 0;
+        st = !rbf ? cli_refuse(seen, rbf_only[i], o->kernel || o->program ? "it is a parameter "
+                               "of --arch=rbf, not of this kernel" : "--kernel gives the kernel "
+                               "itself", ctx) : 0;
     if (!st && !o->fit_hyper)
         st = cli_refuse(seen, "fix", "it holds parameters of --fit-hyper, which is not given", ctx);
     if (!st && !o->noise_auto && !o->fit_hyper)
@@ -174,6 +203,40 @@ static int refuse_unused(const cli_seen *seen, const tpk_gp_experiment_opts *o, 
     if (!st && !o->noise_auto)
         st = cli_refuse(seen, "no-scale", "it goes with --noise=auto (a given noise has no "
                         "output scale to choose)", ctx);
+    return st;
+}
+
+/* An architecture of the table (issue 39, item 10): gpregress' own --depth, --phi, --sigma-w2,
+ * --sigma-b2 become its flags (as gpkernel's), and every flag is resolved against its row. */
+static int table_flags(const cli_seen *seen, cli_gpregress *g, tpk_ctx *ctx)
+{
+    tpk_gp_experiment_opts *o = &g->o;
+    static const char *const own_flags[] = {"depth", "phi", "sigma-w2", "sigma-b2"};
+    for (size_t i = 0; o->kernel && i < sizeof own_flags / sizeof own_flags[0]; i++) {
+        const char *v = NULL;
+        for (int j = 0; j < CLI_MAX_OPTIONS && seen->opts[j].name; j++)
+            if (strcmp(seen->opts[j].name, own_flags[i]) == 0 && seen->given[j])
+                v = seen->value[j];
+        if (!v)
+            continue;
+        if (g->flags.n == CLI_MAX_FLAGS)
+            return TPK_ERROR(ctx, TPK_EINVAL, "more than %d architecture flags", CLI_MAX_FLAGS);
+        snprintf(g->flags.flag[g->flags.n], sizeof g->flags.flag[0], "%s", own_flags[i]);
+        g->flags.fl[g->flags.n] = (tpk_arch_flag){g->flags.flag[g->flags.n], NULL, v};
+        g->flags.n++;
+    }
+    const tpk_arch *a = o->kernel ? cli_arch(o->kernel, ctx) : NULL;
+    if (o->kernel && !a)
+        return ctx->status;
+    tpk_phi_registry *reg = tpk_job_registry(ctx);
+    if (!reg)
+        return ctx->status;
+    int st = cli_arch_flags_resolve(&g->flags, a, reg, ctx);
+    tpk_phi_registry_free(reg);
+    if (!st && a && o->layernorm && strcmp(a->name, "mlp") != 0)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "--layernorm is an option of --arch=mlp");
+    o->arch_flags = g->flags.fl;
+    o->narch_flags = g->flags.n;
     return st;
 }
 
@@ -188,7 +251,17 @@ int cli_gpregress_parse(int argc, char **argv, const char *tool, const char *con
     struct option *opts = cli_options_join(longopts, own, ctx);
     if (!opts)
         return ctx->status;
-    int c, st = TPK_OK;
+    int c, st = TPK_OK, nrest = 0;
+    /* an architecture's own flags (--sigma-u2=V, --filter=K, ...) are not getopt's: out first */
+    char **rest = cli_arch_flags_take(argc, argv, opts, &g->flags, &nrest, ctx);
+    if (!rest) {
+        free(opts);
+        return ctx->status;
+    }
+    char **argv_all = argv;
+    const int argc_all = argc;
+    argc = nrest;
+    argv = rest;
     opterr = 0;
     optind = 1;
     cli_seen seen; /* a repeated option is a usage error (issue 18) */
@@ -211,11 +284,21 @@ int cli_gpregress_parse(int argc, char **argv, const char *tool, const char *con
     }
     if (st == TPK_OK)
         st = cli_no_operands(argc, argv, ctx);
+    o->sets = g->sets.set;
+    o->nsets = g->sets.n;
+    o->narch_flags = g->flags.n; /* resolved below: counted now for the checks */
     if (st == TPK_OK)
         st = tpk_gp_experiment_check(o, ctx); /* options together: still the command line */
     if (st == TPK_OK)
         st = refuse_unused(&seen, o, ctx);
+    if (st == TPK_OK && tpk_gp_experiment_table_kernel(o))
+        st = table_flags(&seen, g, ctx);
+    else if (st == TPK_OK && g->flags.n > 0)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s' (see --help)", g->flags.fl[0].flag);
     free(opts); /* seen points into it */
+    free(rest);
+    argv = argv_all;
+    argc = argc_all;
     if (st != TPK_OK)
         return st;
     int nrec = 0;
@@ -231,4 +314,5 @@ void cli_gpregress_free(cli_gpregress *g)
 {
     free(g->rec);
     g->rec = NULL;
+    cli_sets_free(&g->sets);
 }

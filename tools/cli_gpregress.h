@@ -28,6 +28,8 @@ typedef struct cli_gpregress {
     int quiet;
     int progress;              /* --progress 1, --no-progress 0, neither -1 */
     char **rec;                /* the recorded command line (o.argv) */
+    cli_arch_flags flags;      /* an --arch of the table: its flags (o.arch_flags) */
+    cli_sets sets;             /* --set (o.sets) */
 } cli_gpregress;
 
 /* Parse gpregress's options and the tool's own (own: a getopt table ending in a zero entry,

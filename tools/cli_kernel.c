@@ -14,7 +14,10 @@ const char cli_kernel_options_help[] =
     "                     (default: the architecture's bundled demo input)\n"
     "  --test=SPEC        test inputs: also /kernel_test_train (M×N) and /kernel_test_diag (M)\n"
     "  --output=FILE.h5   output file (written atomically; required)\n"
-    "  --depth=L          (mlp) hidden layers, L >= 1 (default 3)\n"
+    "  --force            replace an existing --output that is not an HDF5 file of this\n"
+    "                     toolkit (refused by default: nothing is overwritten without it)\n"
+    "  --depth=L          (mlp) hidden layers, 1..30000 (default 3; every row's range:\n"
+    "                     --list-archs; deeper programs exceed the elaborator's size limit)\n"
     "  --phi=NAME         nonlinearity: relu, erf, tanh, gelu, leaky_relu(0.1), ... (--list-phi)\n"
     "                     (mlp default relu)\n"
     "  --sigma-w2=V       weight variance (mlp default 2; rnn: recurrent W)\n"
@@ -33,7 +36,7 @@ const char cli_kernel_options_help[] =
     "  --readout=R        (cnn) gap (global average pooling, default) or flatten;\n"
     "                     with --all-times every position: ((N·P)×(N·P))\n"
     "  --conv=M           (cnn) tap convolution: auto (default), direct or fft\n"
-    "  --depth=L          (transformer) layers (default 2)\n"
+    "  --depth=L          (transformer) layers, 1..1000 (default 2)\n"
     "  --var-e=V --var-u=V --var-w=V --var-b=V\n"
     "                     (transformer) variances of the token embedding, the key projections,\n"
     "                     the feed-forward weights and biases (defaults 1, 1, 1, 0)\n"
@@ -58,13 +61,19 @@ const char cli_kernel_conventions_help[] =
     "  Sigma^{l+1} = sigma_w2 E[phi(u)phi(v)] + sigma_b2, (u,v) ~ N(0, Sigma^l on x,x');\n"
     "  the output is Sigma^{L+1}, the covariance of the scalar output of a network with L hidden\n"
     "  layers (neural-tangents serial([Dense(W_std=sw, b_std=sb), phi]*L + [Dense(...)]).\n"
+    "Defaults (mlp): the flags' defaults above are programs/mlp.nsr's own (and --layernorm's,\n"
+    "  --residual's programs'): sigma_b2 0, sigma_v2 = sigma_w2, sigma_ob2 = sigma_b2 (the readout's\n"
+    "  output bias variance, docs/netsor.md), so `netsor kernel programs/mlp.nsr` computes the\n"
+    "  same kernel as --arch=mlp. Other rows set what --list-archs shows (\"sets:\"); where that\n"
+    "  differs from their program's defaults (batchnorm, cnn1d, cnn2d: 3 layers, not the\n"
+    "  program's 2), `netsor kernel` on the file computes another network.\n"
     "Convention (rnn): h_t = W s_{t-1} + U x_t + b, s_t = phi(h_t), s_0 = 0; the output is the\n"
     "  covariance of y_t = <v, s_t>, sigma_v2 E[phi(h_t)phi(h'_r)] (theory.md §2.2).\n"
     "Options take their value as --opt=VALUE or --opt VALUE (architecture flags too).\n";
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
        OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_LN,
-       OPT_PROGRESS, OPT_NOPROGRESS };
+       OPT_PROGRESS, OPT_NOPROGRESS, OPT_FORCE };
 
 static const struct option kernel_opts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -83,6 +92,7 @@ static const struct option kernel_opts[] = {
     {"layernorm", no_argument, NULL, OPT_LN},
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
+    {"force", no_argument, NULL, OPT_FORCE},
     {NULL, 0, NULL, 0}};
 
 static int check_args(cli_kernel *k, const char *arch_name, const tpk_phi_registry *reg,
@@ -131,6 +141,7 @@ int cli_kernel_parse(int argc, char **argv, const char *tool, const char *const 
         case OPT_LN: k->layernorm = 1; break;
         case OPT_PROGRESS: k->progress = 1; break;
         case OPT_NOPROGRESS: k->progress = 0; break;
+        case OPT_FORCE: k->force = 1; break;
         case OPT_LISTARCH: tpk_arch_list(stdout); st = CLI_KERNEL_DONE; break;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); st = CLI_KERNEL_DONE; break;
         case 'h':
@@ -206,7 +217,8 @@ int cli_kernel_job(cli_kernel *k, int argc, char **argv, int *usage_error, tpk_c
          * file reads the way the command was typed; equal names are written as parameters. */
         for (int f = 0; f < nafl; f++)
             if (strcmp(k->attr[f], afl[f].param) != 0)
-                attrs[nattrs++] = (tpk_attr){.name = k->attr[f], .value = afl[f].value};
+                attrs[nattrs++] = (tpk_attr){.name = k->attr[f], .value = afl[f].value,
+                                             .param = afl[f].param};
         /* mlp's depth is always recorded, also when it is the default */
         if (strcmp(k->a->name, "mlp") == 0) {
             int have = 0;
@@ -215,7 +227,8 @@ int cli_kernel_job(cli_kernel *k, int argc, char **argv, int *usage_error, tpk_c
             if (!have)
                 for (int i = nsets - 1; i >= 0; i--)
                     if (strcmp(sets[i].name, "L") == 0) {
-                        attrs[nattrs++] = (tpk_attr){.name = "depth", .value = sets[i].value};
+                        attrs[nattrs++] = (tpk_attr){.name = "depth", .value = sets[i].value,
+                                                     .param = "L"};
                         break;
                     }
         }
@@ -235,7 +248,8 @@ int cli_kernel_job(cli_kernel *k, int argc, char **argv, int *usage_error, tpk_c
                        .sets = sets, .nsets = nsets, .netsor_plus = k->netsor_plus,
                        .input = k->input, .test = k->test, .output = k->output,
                        .all_outputs = k->all_times, .attrs = attrs, .nattrs = nattrs,
-                       .argc = argc, .argv = argv, .summary = k->quiet ? NULL : stdout};
+                       .argc = argc, .argv = argv, .summary = k->quiet ? NULL : stdout,
+                       .force = k->force};
     return TPK_OK;
 }
 

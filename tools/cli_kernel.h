@@ -28,7 +28,7 @@ typedef struct cli_kernel {
     cli_arch_flags flags;             /* --flag=value of the architecture */
     char attr[CLI_MAX_FLAGS][64];     /* output attribute of each: the flag with '_' for '-' */
     cli_sets sets;
-    int all_times, netsor_plus, quiet, layernorm;
+    int all_times, netsor_plus, quiet, layernorm, force;
     int progress;                     /* --progress 1, --no-progress 0, neither -1 */
     /* the job (cli_kernel_job) and what it points into */
     char prog[4200], input_buf[4200], lists[2048];

@@ -39,6 +39,8 @@ static const char usage_text[] =
     "  --score-samples=R  limit draws (default 3000)\n"
     "  --heads-list=LIST  heads for the infinite-head trend (default 1,2,4,16,64)\n"
     "  --seed=S           (default 1)     --quiet, --help, --version\n"
+    "  --force            replace an existing --output that is not an HDF5 file of this\n"
+    "                     toolkit (refused by default: nothing is overwritten without it)\n"
     "\n"
     "Output: /widths, /energy_limit and /energy_gauss (RB energy of y_1 against the limit and\n"
     "the Gaussian N(0, E_p[C])), /w1_limit, /w1_gauss (RB W1 of y_1), /energy_samples and\n"
@@ -51,7 +53,7 @@ static const char usage_text[] =
 
 typedef struct opts {
     size_t tokens, heads, networks, R, nwidths, nheads, widths[MAX_WIDTHS];
-    int causal, quiet;
+    int causal, quiet, force;
     size_t hl[MAX_HEADS];
     unsigned long long seed;
     const char *input, *output;
@@ -97,7 +99,7 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
         {"score-samples", 1, NULL, 'R'}, {"heads-list", 1, NULL, 'L'}, {"seed", 1, NULL, 's'},
         {"output", 1, NULL, 'o'}, {"quiet", 0, NULL, 'q'}, {"help", 0, NULL, 'h'},
         {"version", 0, NULL, 'v'}, {"progress", 0, NULL, 'p'}, {"no-progress", 0, NULL, 'P'},
-        {NULL, 0, NULL, 0}};
+        {"force", 0, NULL, 'F'}, {NULL, 0, NULL, 0}};
     int c, progress = -1;
     size_t sd = 1;
     opterr = 0;
@@ -122,6 +124,7 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
         case 's': st = cli_parse_size("seed", optarg, 0, SIZE_MAX, &sd, ctx); o.seed = sd; break;
         case 'o': o.output = optarg; break;
         case 'q': o.quiet = 1; break;
+        case 'F': o.force = 1; break;
         case 'p': progress = 1; break;
         case 'P': progress = 0; break;
         case 'h': fputs(usage_text, stdout); return -1;
@@ -140,6 +143,11 @@ static int run(int argc, char **argv, int *usage, tpk_ctx *ctx)
         *usage = 1;
         return st;
     }
+    /* before any work: an existing file that is not this toolkit's stays (issue 39, item 4) */
+    const char *ins0[] = {o.input};
+    if (tpk_io_check_output(o.output, ins0, 1, ctx) ||
+        tpk_h5out_check_replace(o.output, o.force, ctx))
+        return ctx->status;
     cli_progress bar = {0};
     const int show = !o.quiet && cli_progress_wanted(progress);
 

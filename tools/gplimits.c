@@ -81,7 +81,8 @@ static const char usage[] =
     "                     or FILE.csv (default: the architecture's bundled demo input; with\n"
     "                     --program: data/demo-inputs.csv). Sequences\n"
     "                     N×T×d set a program parameter T, images N×rows×cols×C set rows, cols\n"
-    "  --max-inputs=K     use K evenly spaced inputs of SPEC (default 8; 0 = all)\n"
+    "  --max-inputs=K     use K evenly spaced inputs of SPEC (default 8; 0 = all); the\n"
+    "                     summary's first line says how many of how many\n"
     "  --widths=LIST      32,64,128 or 32..2048 (geometric, x2) (default 32..2048)\n"
     "  --seeds=S          networks per width (default 64); seed of network s is BASE + s,\n"
     "  --seed=BASE        shared by all widths (nested widths, theory.md §7.3) (default 1)\n"
@@ -100,6 +101,8 @@ static const char usage[] =
     "                     the statistics are recomputed from its raw data without rerunning.\n"
     "  --fit-ratio=R      the auto rule's bound on the n^-1 / n^-1/2 term ratio (default 0.1)\n"
     "Output:\n"
+    "  --force            replace an existing --output that is not an HDF5 file of this\n"
+    "                     toolkit (refused by default: nothing is overwritten without it)\n"
     "  --progress, --no-progress   the progress line (below)\n"
     "  --quiet            no summary on stdout, no progress line\n"
     "  --help, --version\n"
@@ -115,7 +118,7 @@ static const char usage[] =
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_SET, OPT_INPUT, OPT_MAXIN, OPT_OUTPUT, OPT_WIDTHS,
        OPT_SEEDS, OPT_SEED, OPT_RESUME, OPT_BOOT, OPT_W1IN, OPT_SLICES, OPT_FITMIN, OPT_FITRATIO,
-       OPT_ALLOUT, OPT_LN, OPT_PROGRESS, OPT_NOPROGRESS, OPT_QUIET, OPT_HELP, OPT_VERSION };
+       OPT_ALLOUT, OPT_LN, OPT_PROGRESS, OPT_NOPROGRESS, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_FORCE };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -138,6 +141,7 @@ static const struct option longopts[] = {
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
     {"quiet", no_argument, NULL, OPT_QUIET},
+    {"force", no_argument, NULL, OPT_FORCE},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0}};
@@ -198,6 +202,7 @@ static int take_option(int c, opts *o, char **argv, tpk_ctx *ctx)
     case OPT_PROGRESS: o->progress = 1; break;
     case OPT_NOPROGRESS: o->progress = 0; break;
     case OPT_QUIET: o->quiet = 1; break;
+    case OPT_FORCE: so->force = 1; break;
     case 'h':
     case OPT_HELP: fputs(usage, stdout); return -1;
     case OPT_VERSION: cli_version("gplimits"); return -1;

@@ -10,10 +10,12 @@
 #include <stdio.h>
 
 static const char *const help[2] = {
-    "Usage: gpregress (--arch=mlp|rbf --train=SPEC | --kernel=FILE.h5) --labels=SPEC\n"
-    "                 [--test=SPEC] [--test-labels=SPEC] [options] --output=FILE.h5\n"
-    "Gaussian-process regression with an infinite-width network kernel (NNGP), an RBF kernel or\n"
-    "a precomputed kernel; with --classify, classification as regression on one-hot targets.\n"
+    "Usage: gpregress (--arch=NAME [--FLAG=VALUE]... | --program=FILE.nsr) [--set NAME=VALUE]...\n"
+    "                 --train=SPEC --labels=SPEC [--test=SPEC] [options] --output=FILE.h5\n"
+    "       gpregress --kernel=FILE.h5 --labels=SPEC [options] --output=FILE.h5\n"
+    "Gaussian-process regression with the infinite-width kernel (NNGP) of any architecture\n"
+    "(gpkernel --list-archs) or NETSOR program, an RBF kernel or a precomputed kernel; with\n"
+    "--classify, classification as regression on one-hot targets.\n"
     "\n",
     ""};
 

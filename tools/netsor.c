@@ -33,7 +33,7 @@ typedef struct cli {
     int signatures;                                   /* plan --signatures */
     int emitted;                                      /* plan --emitted */
     const char *ew_cache;                             /* its cache, or NULL: the default */
-    int all_outputs, quiet;
+    int all_outputs, quiet, force;
     int progress;           /* --progress 1, --no-progress 0, neither -1 */
     int argc;               /* the whole command line, for provenance */
     char **argv;
@@ -47,7 +47,10 @@ static const char usage[] =
     "  check    type-check and elaborate; print a one-line summary\n"
     "  dump     print the elaborated straight-line IR (--ir: the family IR of the rolled\n"
     "           form, which the rolled evaluator and executor run)\n"
-    "  kernel   infinite-width kernel by the Master Theorem → HDF5 (/kernel)\n"
+    "  kernel   infinite-width kernel by the Master Theorem → HDF5 (/kernel), with the\n"
+    "           program's own parameter defaults: programs/mlp.nsr's are gpkernel --arch=mlp's\n"
+    "           (the same kernel); other shipped programs may differ from their gpkernel row\n"
+    "           (gpkernel --list-archs, \"sets:\")\n"
     "  run      the same program at finite width n with random weights → HDF5\n"
     "           (/kernel_hat: (1/n)<h,h'> times sigma_v2 (+ readout bias), /outputs: sampled readouts)\n"
     "  plan     the limit kernel with its orchestration shown: every entrywise plan (fused\n"
@@ -68,6 +71,8 @@ static const char usage[] =
     "                     set from it)\n"
     "  --test=SPEC        (kernel) test inputs: also /kernel_test_train and /kernel_test_diag\n"
     "  --output=FILE.h5   (kernel, run) output, written atomically\n"
+    "  --force            (kernel, run) replace an existing --output that is not an HDF5 file\n"
+    "                     of this toolkit (refused by default: nothing is overwritten)\n"
     "  --all-outputs      (kernel, run) every readout (e.g. all time steps), input-major;\n"
     "                     default: the last output only\n"
     "  --width=N          (run) the width n of every width symbol\n"
@@ -102,8 +107,8 @@ static void cli_free(cli *c)
 }
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
-       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS, O_EMITTED, O_IR,
-       O_VERIFY_IR };
+       O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS,
+       O_EMITTED, O_FORCE, O_IR, O_VERIFY_IR };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -116,8 +121,8 @@ static const struct option longopts[] = {
     {"plan", required_argument, NULL, O_PLAN}, {"inputs", required_argument, NULL, O_INPUTS},
     {"dim", required_argument, NULL, O_DIM}, {"verify", no_argument, NULL, O_VERIFY},
     {"signatures", optional_argument, NULL, O_SIGS},
-    {"emitted", optional_argument, NULL, O_EMITTED}, {"ir", no_argument, NULL, O_IR},
-    {"verify-ir", no_argument, NULL, O_VERIFY_IR},
+    {"emitted", optional_argument, NULL, O_EMITTED}, {"force", no_argument, NULL, O_FORCE},
+    {"ir", no_argument, NULL, O_IR}, {"verify-ir", no_argument, NULL, O_VERIFY_IR},
     {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
@@ -139,6 +144,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_EXPLAIN: c->opts.explain = 1; break;
         case O_ALLOUT: c->all_outputs = 1; break;
         case O_QUIET: c->quiet = 1; break;
+        case O_FORCE: c->force = 1; break;
         case O_PROGRESS: c->progress = 1; break;
         case O_NOPROGRESS: c->progress = 0; break;
         case O_INPUT: c->input = optarg; break;
@@ -174,8 +180,8 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
     /* options another command takes are refused, not ignored (issue 18: kernel --width=8 ran
      * the limit as if it were not there) */
     static const char *const run_only[] = {"width", "seed"}, *const job_only[] = {
-        "input", "test", "output", "all-outputs", "width", "seed"}, *const plan_only[] = {
-        "plan", "inputs", "dim", "verify", "signatures", "emitted"}, *const not_plan[] = {"test", "output", "width", "seed",
+        "input", "test", "output", "all-outputs", "width", "seed", "force"}, *const plan_only[] = {
+        "plan", "inputs", "dim", "verify", "signatures", "emitted"}, *const not_plan[] = {"test", "output", "width", "seed", "force",
         "quiet", "progress", "no-progress"};
     const int job = strcmp(cmd, "kernel") == 0 || strcmp(cmd, "run") == 0;
     const int plan = strcmp(cmd, "plan") == 0;
@@ -304,7 +310,7 @@ static int make_job(const cli *c, const char *cmd, tpk_job *job)
                      .nsets = c->sets.n,
                      .netsor_plus = c->opts.netsor_plus, .input = c->input, .test = c->test,
                      .output = c->output, .all_outputs = c->all_outputs, .argc = c->argc,
-                     .argv = c->argv, .summary = c->quiet ? NULL : stdout};
+                     .argv = c->argv, .summary = c->quiet ? NULL : stdout, .force = c->force};
     return 0;
 }
 

@@ -32,6 +32,12 @@ typedef struct tpk_arch {
      * tpk_job.direct, which computes in place of the NETSOR evaluator on the loaded program
      * unless the environment sets TPK_EVALUATOR=program. */
     tpk_direct_kernel direct;
+    /* The largest --depth (0: the row has no depth flag). The program is elaborated at that
+     * depth before anything is computed, so the bound is the elaborator's size limit (2 000 000
+     * unrolled statements, or a rolled form of 20 000 family instructions, docs/netsor.md
+     * "Rolled programs") at every input size, with room to spare; tpk_arch_check refuses more
+     * at once. */
+    int max_depth;
 } tpk_arch;
 
 /* The custom jobs of the table (app/job_cnn.c, app/attention_job.c). */
@@ -64,6 +70,10 @@ TPK_API const char *tpk_arch_flag_param(const tpk_arch *a, const char *flag, cha
  * check). TPK_EINVAL / TPK_EDOM with a message that names the flag. */
 TPK_API int tpk_arch_check_flag(const char *flag, const char *value, const tpk_phi_registry *reg,
                                 tpk_ctx *ctx);
+/* tpk_arch_check_flag and the architecture's own bounds: --depth in 1..a->max_depth, with a
+ * message naming the architecture and its limit (TPK_EINVAL), before any work. */
+TPK_API int tpk_arch_check(const tpk_arch *a, const char *flag, const char *value,
+                           const tpk_phi_registry *reg, tpk_ctx *ctx);
 
 /* One typed architecture flag: --flag=value, which sets the program's parameter `param`. A caller
  * writes {"depth", "3"} (or {.flag = "depth", .value = "3"}): param comes last because the
@@ -108,6 +118,7 @@ typedef struct tpk_arch_opts {
     int all_outputs;            /* --all-times */
     const char *root;           /* folder holding programs/ and data/ (NULL: tpk_shipped_path) */
     const tpk_progress *progress; /* the job's progress and cancel flag (tpk_job.progress) */
+    int force;                  /* tpk_arch_job: tpk_job.force (--force) */
 } tpk_arch_opts;
 
 /* The architecture's kernel on inputs in memory (tpk_job_kernel_arrays; the arrays as there).

@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 
+#include "archs.h"
 #include "array.h"
 #include "io.h"
 #include "kernels.h"
@@ -32,6 +33,12 @@ typedef struct tpk_gp_options {
                          * ~15 % of a dpotrf at N = 10⁴) is >= this (default 0: not estimated;
                          * tpk_gp_rcond gives it on demand) */
     double sym_tol;     /* tolerated |K_ij − K_ji| relative to max|diag K| (default 1e-8) */
+    /* How messages name the caller's things (NULL: the defaults in brackets), so that gpregress
+     * and the Python package refuse the same data with the same words (issue 39, item 3). */
+    const char *data;       /* the training data, as a prefix "DATA: " (none) */
+    const char *noise_name; /* the noise as the caller spells it ("noise"; gpregress: "--noise") */
+    const char *noise_auto; /* how the caller asks for a chosen noise ("a noise chosen by the
+                             * likelihood"; gpregress: "--noise=auto") */
 } tpk_gp_options;
 
 TPK_API void tpk_gp_options_default(tpk_gp_options *o);
@@ -51,7 +58,13 @@ typedef struct tpk_gp tpk_gp;
 
 /* Fit. K: N×N; Y: N×C (or rank 1, C = 1); noise: σ² ≥ 0. opt may be NULL (defaults).
  * Fails with TPK_EINVAL (shapes, asymmetry), TPK_EDOM (non-finite values, negative noise),
- * TPK_ENUMERIC (not PD even at jitter_max) or TPK_ENOMEM. */
+ * TPK_ENUMERIC (not PD even at jitter_max) or TPK_ENOMEM.
+ * Interpolation (the rule gpregress and tpk.GPRegressor share): noise 0 asks for a GP through
+ * every training point, so two items the kernel cannot tell apart (K_ii + K_jj − 2K_ij within
+ * 1e-12 of K_ii + K_jj) must have the same targets (to 1e-9 of the largest), else TPK_EDOM naming
+ * both; and a noise below the jitter the factorisation needed asks to interpolate a singular
+ * kernel, which holds only for targets in its range: a fit that misses them by more than 1e-3
+ * of their norm is TPK_EDOM (no interpolant; give a noise > 0). */
 TPK_API tpk_gp *tpk_gp_fit(tpk_array *K, const tpk_array *Y, double noise,
                            const tpk_gp_options *opt, tpk_ctx *ctx);
 TPK_API void tpk_gp_free(tpk_gp *gp);
@@ -208,8 +221,12 @@ TPK_API int tpk_gp_mlp_sweep(const tpk_mlp_params *p, const tpk_array *X, const 
  * flag ("--sigma-w2") when `name` is gpregress's, else the field with the flag beside it
  * ("sigma_w2 (gpregress --sigma-w2)"). */
 typedef struct tpk_gp_experiment_opts {
-    /* kernel: exactly one of `kernel` and `kernel_file` */
-    const char *kernel;         /* "mlp" (the NNGP of tpk_mlp_kernel) or "rbf" (s·exp(−|x−x'|²/(2ℓ²))) */
+    /* kernel: exactly one of `kernel`, `kernel_file` and `program` */
+    const char *kernel;         /* "mlp" (the NNGP of tpk_mlp_kernel), "rbf" (s·exp(−|x−x'|²/(2ℓ²)))
+                                   or any architecture of the table (include/tpk/archs.h, gpkernel
+                                   --list-archs): its kernel by tpk_arch_kernel, or its own job for
+                                   the CNN and attention rows, as gpkernel computes it. mlp with
+                                   arch_flags, sets or layernorm is the table's row too */
     const char *kernel_file;    /* precomputed, as gpkernel --test writes: /kernel (N×N),
                                    /kernel_test_train (M×N), /kernel_test_diag (M), optional
                                    /kernel_test_test (M×M, for full_cov) */
@@ -253,7 +270,22 @@ typedef struct tpk_gp_experiment_opts {
                                    the fit, the predictions; with fit_hyper also the BFGS run)
                                    and the cancel flag (TPK_ECANCELED, no output file); NULL:
                                    none (include/tpk/progress.h) */
+    int force;                  /* replace an existing output that is not an HDF5 file of this
+                                   toolkit (tpk_h5out_check_replace; --force) */
+    /* any kernel (issue 39, item 10): an architecture of the table or a NETSOR program */
+    const char *program;        /* a .nsr file: its limit kernel (tpk_job_kernel_arrays) */
+    const tpk_param_set *sets;  /* its --set overrides, or the architecture's */
+    int nsets;
+    int netsor_plus;            /* program: allow Moments without 'use netsor+' */
+    const tpk_arch_flag *arch_flags; /* the architecture's flags (depth, phi, sigma-w2, ...;
+                                   the param member is looked up in its row) */
+    int narch_flags;
+    int layernorm;              /* mlp: the LayerNorm programs (gpkernel --layernorm) */
 } tpk_gp_experiment_opts;
+
+/* 1 when the experiment's kernel comes from the architecture table or a NETSOR program (the
+ * kernel gpkernel computes), not from gpregress' own mlp recursion, RBF or a kernel file. */
+TPK_API int tpk_gp_experiment_table_kernel(const tpk_gp_experiment_opts *o);
 
 /* gpregress's defaults: mlp depth 3, relu, σ_w² 2, σ_b² 0, ℓ² 1, s 1, automatic noise with a
  * profiled scale, select_n 2000, 5 noise fits, TPK_GAUSS_DEFAULT_DEGREE; no files, no streams. */

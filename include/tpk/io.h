@@ -41,6 +41,11 @@ TPK_API tpk_array *tpk_io_read(const char *spec, tpk_input_info *info, tpk_ctx *
 TPK_API int tpk_io_read_attr_str(const char *path, const char *obj, const char *key, char *buf,
                                  size_t cap, tpk_ctx *ctx);
 
+/* The whole file at path as text (NUL-terminated; *len, may be NULL, gets its bytes), allocated
+ * by ctx's allocator: free it with tpk_free(ctx, text). NULL with TPK_EIO (cannot be read, a
+ * folder) or TPK_ENOMEM. A program's text for provenance (its bytes and their SHA-256). */
+TPK_API char *tpk_io_read_text(const char *path, size_t *len, tpk_ctx *ctx);
+
 /* SHA-256 of n bytes as 64 hex digits + NUL. */
 TPK_API void tpk_sha256_hex(const void *data, size_t n, char out[65]);
 /* SHA-256 of an array's float64 values as little-endian bytes in row-major order (the same
@@ -53,6 +58,14 @@ TPK_API void tpk_sha256_array_hex(const tpk_array *a, char out[65]);
  * that does not exist yet clashes with nothing. Every writer calls it before tpk_h5out_open. */
 TPK_API int tpk_io_check_output(const char *output, const char *const *inputs, size_t n,
                                 tpk_ctx *ctx);
+
+/* Whether an output may replace what is at `path` (issue 39, item 4: --output=notes.txt
+ * replaced a text file with HDF5 without a word): TPK_OK when nothing is there, when it is an HDF5
+ * file this toolkit wrote (a root attribute toolkit_version, as tpk_h5out_provenance writes), or
+ * with force; else TPK_EINVAL with a message that says what the file is and names --force, and
+ * the file is not touched. A folder is TPK_EIO (never replaced). Every program that writes an
+ * output calls it before any work, with its --force flag. */
+TPK_API int tpk_h5out_check_replace(const char *path, int force, tpk_ctx *ctx);
 
 /* Atomic HDF5 output: everything goes to a hidden temporary file in the destination folder,
  * which replaces `path` only on tpk_h5out_commit. An error or abort leaves `path` untouched. */
@@ -109,6 +122,12 @@ TPK_API int tpk_h5out_provenance(tpk_h5out *out, int argc, char **argv, tpk_ctx 
  * <prefix>_format, <prefix>_sha256, <prefix>_shape. */
 TPK_API int tpk_h5out_input_attrs(tpk_h5out *out, const char *prefix, const tpk_input_info *info,
                                   const tpk_array *a, tpk_ctx *ctx);
+/* A NETSOR program's provenance as root attributes (issue 39, item 9): program_text (its text, as
+ * run) and program_sha256 (the hex SHA-256 of those bytes), so that an output stays reproducible
+ * when the .nsr file changes later. text: the program's text, or NULL to read the file at path
+ * (tpk_io_read_text). */
+TPK_API int tpk_h5out_program_attrs(tpk_h5out *out, const char *path, const char *text,
+                                    tpk_ctx *ctx);
 /* Flush, close, fsync and rename into place; frees `out` whatever happens. Refuses (TPK_EIO,
  * temporary removed, `path` untouched) if any earlier write or attribute call on `out` failed. */
 TPK_API int tpk_h5out_commit(tpk_h5out *out, tpk_ctx *ctx);

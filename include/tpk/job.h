@@ -16,6 +16,8 @@ extern "C" {
 typedef struct tpk_attr {
     const char *name;
     const char *value; /* written as a double when it parses as one, else as a string */
+    const char *param; /* the program parameter it sets (NULL: none): an integer parameter's
+                        * value is written as an integer (depth for L) */
 } tpk_attr;
 
 /* A direct recursion that computes the limit of a loaded program (an architecture's
@@ -49,6 +51,8 @@ typedef struct tpk_job {
                                  * the architecture jobs from tpk_arch.direct; the output's
                                  * "evaluator" attribute says so). NULL, a job->source, or
                                  * TPK_EVALUATOR=program in the environment: the evaluator */
+    int force;                  /* replace an existing output that is not an HDF5 file of this
+                                 * toolkit (tpk_h5out_check_replace; --force) */
 } tpk_job;
 
 /* Infinite-width kernel: /kernel, and with a test set /kernel_test_train and /kernel_test_diag. */

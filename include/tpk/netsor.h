@@ -117,6 +117,8 @@ typedef struct tpk_program {
     int nparams;        /* final parameter values after --set, for output attributes */
     char **param_name;
     char **param_value; /* "%.17g" for numbers, the function spec for functions */
+    int *param_integer; /* 1: declared by integer arithmetic (param L = 3: counts, indices,
+                         * 0/1 switches; docs/netsor.md), so outputs store it as an integer */
     struct nsr_rolled *rolled; /* the rolled form (family instructions, issue 14), or NULL; when
                                 * the unrolled form would be too large, ninstr = 0 and only the
                                 * rolled form exists (the limit evaluator takes it) */

@@ -135,6 +135,8 @@ typedef struct tpk_study_opts {
                                      the Python package gives its own) */
     const tpk_progress *progress; /* reports and cancel flag of the limit kernel that
                                      tpk_study_alloc computes (TPK_ECANCELED); NULL: none */
+    int force;                    /* replace an existing output that is not an HDF5 file of this
+                                     toolkit (tpk_h5out_check_replace; --force) */
 } tpk_study_opts;
 
 /* Where the raw data of tpk_study_alloc came from. */
@@ -150,6 +152,7 @@ typedef struct tpk_study_info {
     const char *checkpoint;       /* output + ".partial.h5" */
     const char *config;           /* what the raw data depend on (a checkpoint must match it) */
     size_t inputs;                /* inputs used */
+    size_t inputs_all;            /* inputs in the file (max_inputs picks `inputs` of them) */
     size_t runs, done;            /* (width, seed) runs in all, finished */
     int source;                   /* enum tpk_study_source */
     double limit_error;           /* the limit evaluator's error estimate */

@@ -108,3 +108,59 @@ def test_errors(data):
     with pytest.raises(tpk.Error) as e:
         tpk.GPRegressor(noise=0.1).fit(X, bad)
     assert e.value.status == tpk.EDOM
+
+
+def _gpregress_bin():
+    """build/bin/gpregress beside the package's build (make check-python runs pytest in BUILD)."""
+    import os
+
+    p = os.path.join(os.getcwd(), "bin", "gpregress")
+    return p if os.access(p, os.X_OK) else None
+
+
+@pytest.mark.parametrize("kind", ["duplicates", "multiples"])
+def test_noise0_refused_as_gpregress_does(rng, tmp_path, kind):
+    """noise=0 on data without an interpolant (issue 39, item 3: duplicate points with different
+    targets got a silent jitter and an LML of -2.2e9): the same refusal, status and words as
+    gpregress --noise=0 on the same data, from the same rule in the library (tpk_gp_fit). Also
+    multiples of points under the bias-free ReLU kernel (f(2x) = 2 f(x), K singular) with targets
+    that are not 2:1."""
+    import subprocess
+
+    X = rng.normal(size=(7, 3))
+    y = np.cos(np.arange(7) * 0.913)
+    if kind == "duplicates":
+        X = np.vstack([X, X[2:3]])
+        y = np.append(y, y[2] + 0.0385)
+        want = "training items 2 and 7 are the same point to the kernel"
+    else:
+        X = np.vstack([X, 2 * X])
+        y = np.concatenate([y, y + 0.5])
+        want = "asks to interpolate, but the kernel is singular"
+    with pytest.raises(tpk.Error) as e:
+        tpk.GPRegressor(kernel=tpk.Kernel("mlp", depth=2), noise=0).fit(X, y)
+    assert e.value.status == tpk.EDOM
+    msg = str(e.value)
+    assert want in msg and "noise=0" in msg and "noise=None" in msg
+    exe = _gpregress_bin()
+    if exe is None:
+        pytest.skip("no build/bin/gpregress beside the package")
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",", fmt="%.17g")
+    np.savetxt(tmp_path / "y.csv", y, fmt="%.17g")
+    r = subprocess.run([exe, "--arch=mlp", "--depth=2", "--noise=0", "--quiet",
+                        f"--train={tmp_path / 'x.csv'}", f"--labels={tmp_path / 'y.csv'}",
+                        f"--output={tmp_path / 'o.h5'}"], capture_output=True, text=True)
+    assert r.returncode == 1 and want in r.stderr
+    # the same words past the file's name and the option's spelling
+    core = msg.split(" (", 1)[0] if kind == "duplicates" else msg.split(": the closest", 1)[0]
+    cli = r.stderr.split("x.csv: ", 1)[1].replace("--noise", "noise")
+    assert core.replace("noise=None", "") in cli
+    # consistent targets interpolate, as gpregress does (with its jitter reported)
+    y2 = y.copy()
+    if kind == "duplicates":
+        y2[7] = y2[2]
+    else:
+        y2[7:] = 2 * y2[:7]
+    g = tpk.GPRegressor(kernel=tpk.Kernel("mlp", depth=2), noise=0).fit(X, y2)
+    assert np.isfinite(g.log_marginal_likelihood_) and g.jitter_ > 0
+    assert np.allclose(g.predict(X), y2, atol=1e-5 * np.abs(y2).max())

@@ -148,7 +148,7 @@ def test_errors(X):
     with pytest.raises(tpk.Error, match="--sigma-w2 must be a finite variance") as e:
         tpk.kernel("mlp", X, sigma_w2=-1.0)
     assert e.value.status == tpk.EDOM
-    with pytest.raises(tpk.Error, match="--depth must be in 1..100000"):
+    with pytest.raises(tpk.Error, match="--depth must be in 1..30000 layers for --arch=mlp"):
         tpk.kernel("mlp", X, depth=0)
     with pytest.raises(tpk.Error, match="nosuch"):
         tpk.kernel("mlp", X, phi="nosuch")

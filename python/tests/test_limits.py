@@ -120,3 +120,30 @@ def test_output_and_errors(tmp_path):
         tpk.limits()
     with pytest.raises(tpk.Error, match="cannot create output"):
         tpk.limits("mlp", widths=(8, 16), seeds=4, output=tmp_path / "no" / "x.h5")
+
+
+def test_program_objects(tmp_path):
+    """tpk.limits(program=P) takes a tpk.Program, as tpk.Kernel does (issue 39, item 8: a bare
+    TypeError): the same study as the program's path with the same settings, its overrides applied
+    (set= after them); a program given as text runs too. The depth-1 ReLU network's limit kernel
+    is the arc-cosine closed form (references.py)."""
+    import os
+
+    src = os.path.join(tpk._core.SHARE, "programs", "mlp.nsr")
+    rng = np.random.default_rng(77)
+    x = rng.normal(size=(4, 3))
+    common = dict(widths=(8, 16), seeds=4, boot=60, max_inputs=0, seed=3)
+    a = tpk.limits(program=tpk.Program(src, L=1, sigma_b2=0.0), x=x, **common)
+    b = tpk.limits(program=src, x=x, set={"L": 1, "sigma_b2": 0.0}, **common)
+    np.testing.assert_array_equal(a["per_seed/khat"].values, b["per_seed/khat"].values)
+    with open(src) as f:
+        text = f.read()
+    c = tpk.limits(program=tpk.Program(text, L=2), x=x, set={"L": 1, "sigma_b2": 0.0}, **common)
+    np.testing.assert_array_equal(a["per_seed/khat"].values, c["per_seed/khat"].values)
+    # the limit: sigma_v2 = sigma_w2 = 2 (the program's defaults), one ReLU layer, no biases
+    S = SIGMA_W2 * x @ x.T / x.shape[1]
+    q = np.diag(S)
+    K = SIGMA_W2 * relu_e2(q[:, None], q[None, :], S)
+    assert np.max(np.abs(a["kernel_limit"].values - K)) < 1e-12 * np.max(np.abs(K))
+    with pytest.raises(tpk.Error, match="tpk.Program, a path or a program's text"):
+        tpk.limits(program=3.5, **common)

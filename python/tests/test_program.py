@@ -34,6 +34,22 @@ def test_check_returns_parameters():
     assert float(p.check(T=5)["T"]) == 5
 
 
+def test_check_returns_numbers():
+    """.check() gives numbers (issue 39, item 8: '0.050000000000000003'): a float that is the
+    double written, an int for a parameter declared by integer arithmetic (also after a --set),
+    a function by its name; and a real declared as 2.0 stays a float at an integral value."""
+    import os
+
+    p = tpk.Program(os.path.join(tpk._core.SHARE, "programs", "mlp.nsr"), sigma_b2=0.05)
+    v = p.check(L=4)
+    assert v["sigma_b2"] == 0.05 and type(v["sigma_b2"]) is float
+    assert v["sigma_ob2"] == 0.05                      # sigma_ob2 = sigma_b2
+    assert v["L"] == 4 and type(v["L"]) is int
+    assert v["sigma_w2"] == 2.0 and type(v["sigma_w2"]) is float
+    assert v["phi"] == "relu"
+    assert tpk.Program(SRC).check(T=7)["T"] == 7 and type(tpk.Program(SRC).check()["T"]) is int
+
+
 def test_kernel_from_text(rng):
     x = rng.normal(size=(4, 3, 5))           # T = 3 from the input
     p = tpk.Program(SRC, s2=1.3)

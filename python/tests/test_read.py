@@ -97,3 +97,22 @@ def test_xarray_gplimits_and_gpregress(tmp_path, rng):
     with xr.open_dataset(out, engine="h5netcdf") as ds:
         assert ds["mean"].dims == ("test", "output") and ds["cov"].dims == ("test", "test2")
         assert ds["noise"].dims == ("model",) and float(ds["noise"][0]) == 0.05
+
+
+def test_h5netcdf_comes_with_the_package(tmp_path, rng):
+    """The README's xarray example works wherever the package is installed (issue 39, item 8:
+    h5netcdf was not a dependency): the installed distribution requires it, and the example runs
+    as written on a gpkernel file."""
+    import importlib.metadata
+    import re
+
+    reqs = [re.split(r"[ <>=;\[]", r, maxsplit=1)[0].lower()
+            for r in importlib.metadata.requires("tpk") or []]
+    assert "h5netcdf" in reqs and "xarray" in reqs
+    import xarray
+
+    out = tmp_path / "K.h5"
+    tpk.gpkernel(out, "mlp", rng.normal(size=(4, 3)), depth=2)
+    ds = xarray.open_dataset(str(out), engine="h5netcdf")    # README.md, "Outputs"
+    assert ds["kernel"].dims == ("train", "train2") and ds.attrs["depth"] == 2
+    ds.close()

@@ -55,6 +55,10 @@ class GPRegressor(_Mixin, _Base):
     marginal likelihood (an eigendecomposition of K; tpk_gp_spectral_choose_noise) within
     noise_bounds, relative to mean(diag K). Model: each column of y ~ N(0, K + σ²I).
 
+    noise=0 interpolates, as gpregress --noise=0: items the kernel cannot tell apart must have
+    equal targets, and a singular kernel's targets must lie in its range, else tpk.Error (EDOM)
+    with gpregress' message.
+
     After fit: noise_ (σ² used), log_marginal_likelihood_, jitter_ (extra diagonal the library
     needed, 0 normally), X_train_. predict(X, return_std=False) gives the posterior mean and,
     with return_std, the latent posterior standard deviation (without σ², as scikit-learn's
@@ -110,8 +114,15 @@ class GPRegressor(_Mixin, _Base):
         if not math.isfinite(noise) or noise < 0:
             fail(f"noise must be a finite variance >= 0 (got {noise!r})", lib.TPK_EDOM)
 
+        # gpregress' rule for noise 0 (and a noise below the jitter): data without an
+        # interpolant is refused in the library, with its words (include/tpk/gp.h, tpk_gp_fit)
+        opt = keep.keep(ffi.new("tpk_gp_options *"))
+        lib.tpk_gp_options_default(opt)
+        opt.noise_name = keep("noise")
+        opt.noise_auto = keep("noise=None")
+
         def factor():  # one Cholesky factorisation, owned as soon as it exists
-            g = lib.tpk_gp_fit(cK, cY, noise, ffi.NULL, ctx)
+            g = lib.tpk_gp_fit(cK, cY, noise, opt, ctx)
             return ffi.gc(g, lib.tpk_gp_free) if g != ffi.NULL else g
 
         gp = interruptible(factor, hold=(keep, K, Y, ctx))
@@ -162,14 +173,15 @@ class GPRegressor(_Mixin, _Base):
 
 def gpregress(output, x=None, y=None, x_test=None, y_test=None, *, arch="mlp", kernel_file=None,
               classify=False, noise="auto", depth=3, phi="relu", sigma_w2=2.0, sigma_b2=0.0,
-              lengthscale2=1.0, amplitude=1.0, fit_hyper=False, full_cov=False):
+              lengthscale2=1.0, amplitude=1.0, fit_hyper=False, full_cov=False, force=False):
     """gpregress as a call (include/tpk/gp.h, tpk_gp_experiment_run): the same self-describing
     HDF5 file at output (read it with tpk.read or xarray): /mean (test × output), /var, and per
     kernel the noise, scale, lml, ... (a depth range, depth=(lo, hi): over the axis depth, each
     depth's predictions under /depth_L). x, x_test: inputs; y, y_test: targets N×C, or integer
     class labels with classify=True (any integer dtype). arch "mlp" or "rbf", or
     kernel_file= a gpkernel file with a test set. noise: a variance or "auto" (training
-    marginal likelihood). Returns output."""
+    marginal likelihood). An existing output that is not an HDF5 file of this toolkit is refused
+    (tpk.Error, the file untouched) unless force=True (--force). Returns output."""
     import os
     import tempfile
 
@@ -196,6 +208,7 @@ def gpregress(output, x=None, y=None, x_test=None, y_test=None, *, arch="mlp", k
         o.noise_auto, o.noise = 0, float(noise)
     o.fit_hyper = int(bool(fit_hyper))
     o.full_cov = int(bool(full_cov))
+    o.force = int(bool(force))
     o.name = keep("tpk.gpregress")
     args = ["tpk.gpregress", f"arch={arch}" if kernel_file is None else f"kernel={kernel_file}"]
     argv = keep.keep(ffi.new("char *[]", [keep(a) for a in args]))

@@ -103,12 +103,15 @@ def kernel(arch, x, x_test=None, **params):
     return K if x_test is None else (K, Kx, kd)
 
 
-def gpkernel(output, arch, x=None, x_test=None, **params):
+def gpkernel(output, arch, x=None, x_test=None, force=False, **params):
     """gpkernel --arch=ARCH --output=OUTPUT as a call: the same HDF5 file (read it with tpk.read).
-    x=None: the architecture's bundled demo input. Returns output."""
+    x=None: the architecture's bundled demo input. An existing output that is not an HDF5 file of
+    this toolkit is refused (tpk.Error, the file untouched) unless force=True (--force).
+    Returns output."""
     a = _arch(arch)
     keep = Strings()
     o = _arch_opts(params, keep)
+    o.force = int(bool(force))
     with tempfile.TemporaryDirectory(prefix="tpk-") as d:
         xin = tin = ffi.NULL
         if x is not None:

@@ -27,14 +27,14 @@ def _flags(a, params, keep, reg):
             fail(f"unknown flag '{f}' of architecture {ffi.string(a.name).decode()} "
                  "(see gpkernel --list-archs)")
         ctx = new_ctx()
-        check(lib.tpk_arch_check_flag(keep(f), keep(v), reg, ctx), ctx)
+        check(lib.tpk_arch_check(a, keep(f), keep(v), reg, ctx), ctx)
         fl[i].flag, fl[i].param, fl[i].value = keep(f), buf, keep(v)
     return fl, len(flags)
 
 
 def limits(arch=None, x=None, *, program=None, widths=(32, 64, 128, 256, 512, 1024, 2048),
            seeds=64, seed=1, max_inputs=8, all_outputs=False, layernorm=False, set=None,
-           output=None, resume=False, **params):
+           output=None, resume=False, force=False, **params):
     """A finite-width convergence study, as gplimits runs it (theory.md §7): the network of a
     shipped architecture (or of program=, a NETSOR file) run at every width × `seeds` random
     networks, compared with its infinite-width limit kernel. Returns the study's file as an
@@ -51,8 +51,11 @@ def limits(arch=None, x=None, *, program=None, widths=(32, 64, 128, 256, 512, 10
     (bootstrap replicates, default 1000), w1_input, slices, fit_min_width ("auto" or a
     width), fit_ratio, as gplimits' flags. Defaults are gplimits' (widths 32..2048). Other keywords are the architecture's flags
     (depth=2, phi="erf", sigma_w2=2.0), set={"name": value} program parameters.
+    program: a tpk.Program (its overrides apply, set= after them; a program given as text is run
+    from a scratch copy), a path to a .nsr file, or a program's text.
     output: also keep the file there (and with resume=True continue an interrupted study from
-    its checkpoint); by default it lives in a scratch folder only while it is read.
+    its checkpoint); by default it lives in a scratch folder only while it is read. An existing
+    output that is not an HDF5 file of this toolkit is refused unless force=True (--force).
     Ctrl-C stops the study within a network's run and raises KeyboardInterrupt; with output=,
     the checkpoint output + ".partial.h5" keeps the finished runs for resume=True, without it
     nothing is left behind."""
@@ -70,10 +73,18 @@ def limits(arch=None, x=None, *, program=None, widths=(32, 64, 128, 256, 512, 10
         o.arch = _arch(arch)
         o.flags, o.nflags = _flags(o.arch, params, keep, reg)
     else:
+        from .program import Program
+
         if params:
             fail(f"tpk.limits: a program takes no architecture flags ({', '.join(params)}); "
                  "give its parameters as set={...}")
-        o.program = keep(os.fspath(program))
+        if not isinstance(program, (Program, str, os.PathLike)):
+            fail(f"tpk.limits: program= is a tpk.Program, a path or a program's text, not "
+                 f"{type(program).__name__}")
+        prog = program if isinstance(program, Program) else Program(program)
+        set = {**prog.set, **(set or {})}
+        if prog.path is not None:
+            o.program = keep(prog.path)
     o.layernorm = int(bool(layernorm))
     o.sets, o.nsets = _core.param_sets(set or {}, keep)
     o.all_outputs = int(bool(all_outputs))
@@ -88,17 +99,23 @@ def limits(arch=None, x=None, *, program=None, widths=(32, 64, 128, 256, 512, 10
     o.seeds = int(seeds)
     o.seed = int(seed)
     o.resume = int(bool(resume))
+    o.force = int(bool(force))
     o.root = keep(_core.SHARE)
     lib.tpk_study_stats_default(ffi.addressof(o, "stats"))
     for k, v in stats_kw.items():
         if k == "fit_min_width" and v == "auto":
             continue                        # the default: TPK_STUDY_FIT_AUTO
         setattr(o.stats, k, float(v) if k == "fit_ratio" else int(v))
-    args = ["tpk.limits", f"arch={arch}" if arch is not None else f"program={program}",
+    args = ["tpk.limits", f"arch={arch}" if arch is not None else f"program={prog.name}",
             f"widths={','.join(map(str, w))}", f"seeds={seeds}", f"seed={seed}",
             f"max_inputs={max_inputs}"] + [f"{k}={v}" for k, v in {**params, **stats_kw}.items()]
     argv = keep.keep(ffi.new("char *[]", [keep(a) for a in args]))
     with tempfile.TemporaryDirectory(prefix="tpk-") as d:
+        if arch is None and prog.path is None:  # a program's text: run from a scratch copy
+            pfile = os.path.join(d, "program.nsr")
+            with open(pfile, "w") as f:
+                f.write(prog.source)
+            o.program = keep(pfile)
         if x is not None:
             xin = os.path.join(d, "x.npy")
             np.save(xin, as_input(x, "x"))

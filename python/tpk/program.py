@@ -5,6 +5,19 @@ from . import _core
 from ._core import Strings, as_input, check, fail, ffi, from_c, lib, new_ctx, to_c
 
 
+def _value(p, i):
+    """Parameter i of a loaded program as a number (int for an integer parameter) or, for a
+    function, its spec."""
+    text = ffi.string(p.param_value[i]).decode()
+    try:
+        v = float(text)  # "%.17g": the double itself, printed in full
+    except ValueError:
+        return text
+    if p.param_integer != ffi.NULL and p.param_integer[i] and v.is_integer():
+        return int(v)
+    return v
+
+
 class Program:
     """A NETSOR program: Program("prog.nsr", L=4) or Program(source_text, sigma_w2=1.5).
 
@@ -47,7 +60,10 @@ class Program:
 
     def check(self, **set):
         """Parse, type-check and elaborate (raises tpk.Error with file:line:col). Returns the
-        final parameter values {name: text} after the overrides."""
+        final parameter values after the overrides, {name: value}: an int for a parameter the
+        program declares by integer arithmetic (param L = 3), a float for a number (0.05, not
+        '0.050000000000000003'), the function's name for a function (phi: 'relu',
+        'leaky_relu(0.1)')."""
         keep = Strings()
         sets = dict(self.set)
         sets.update(set)
@@ -66,7 +82,7 @@ class Program:
             if p == ffi.NULL:
                 check(ctx.status or lib.TPK_EINVAL, ctx)
             try:
-                return {ffi.string(p.param_name[i]).decode(): ffi.string(p.param_value[i]).decode()
+                return {ffi.string(p.param_name[i]).decode(): _value(p, i)
                         for i in range(p.nparams)}
             finally:
                 lib.tpk_program_free(p)
