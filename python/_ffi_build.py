@@ -9,6 +9,7 @@ import cffi
 
 CDEF = r"""
 const char *tpk_version(void);
+int tpk_threads_adapt(void);
 typedef struct tpk_ctx { int status; char msg[1024]; ...; } tpk_ctx;
 void tpk_ctx_init(tpk_ctx *ctx);
 const char *tpk_strerror(int status);

@@ -10,6 +10,14 @@
 #include <unistd.h>
 
 #include "tpk/clock.h"
+#include "tpk/threads.h"
+
+/* Every tool, as it starts: as many OpenMP threads as the process may use and other processes
+ * leave free (include/tpk/threads.h). */
+__attribute__((constructor)) static void cli_threads(void)
+{
+    tpk_threads_adapt();
+}
 
 #ifndef TPK_VERSION
 #define TPK_VERSION "unknown"

@@ -11,6 +11,7 @@
 #include "array.h"
 #include "clock.h"
 #include "progress.h"
+#include "threads.h"
 #include "io.h"
 #include "idx.h"
 #include "rng.h"

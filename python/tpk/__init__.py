@@ -9,7 +9,17 @@ in and out (any real dtype, any memory order: converted to C-contiguous float64)
 the library raises tpk.Error (a ValueError) with its message. Long calls release the GIL and
 Ctrl-C interrupts them (KeyboardInterrupt) within a step of the library (_core.interruptible).
 """
-from ._core import Error
+import os as _os
+
+# The library's OpenMP threads sleep at barriers instead of spinning (libgomp spins for
+# milliseconds first, and beside another busy process on the same cores a spinning thread holds
+# the core its descheduled peer needs). OpenMP reads its environment once, as the library is
+# loaded, so this comes before the import below; OMP_WAIT_POLICY or GOMP_SPINCOUNT set by the
+# user stay as they are. Each call also sizes its team to the CPUs free (tpk_threads_adapt).
+if not _os.environ.get("OMP_WAIT_POLICY") and not _os.environ.get("GOMP_SPINCOUNT"):
+    _os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+from ._core import Error  # noqa: E402 - after the environment above
 from ._native import ffi as _ffi
 from ._native import lib as _lib
 from .gp import GPRegressor, gpregress

@@ -77,12 +77,14 @@ def interruptible(fn, cancel=None, hold=()):
     Off the main thread (no signals there) fn runs directly. Returns fn's result; an exception of
     fn is raised here."""
     if threading.current_thread() is not threading.main_thread():
+        lib.tpk_threads_adapt()
         return fn()
     box = {}
     done = threading.Event()  # not Thread.join: interrupted, it can take a live thread for ended
 
     def work(*held):  # held: referenced by the thread until the call has returned
         try:
+            lib.tpk_threads_adapt()  # this thread's team: the CPUs free now (tpk/threads.h)
             box["value"] = fn()
         except BaseException as e:  # noqa: B036 - handed to the waiting thread
             box["error"] = e
