@@ -1,0 +1,929 @@
+/* The expression walk of the rolled limit evaluator: an expression over a domain becomes a
+ * value (names, numbers, MatMuls, index sums, softmax, φ, mean()). */
+#include "flimit-impl.h"
+#include "tpk/alloc.h"
+
+#include <math.h>
+#include <string.h>
+
+/* A number over the domain (index arithmetic, parameters, loop indices): a constant when it
+ * reads no domain index, else one value per point (the same for every input). */
+static int number_value(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    double c;
+    if (!nsr_reads_syms(e, D->sym, D->nv, 0)) {
+        if (nsr_fam_num(&F->X, e, &c))
+            return F->X.ctx->status;
+        return nsr_fl_val_const(out, D->m, c);
+    }
+    nsr_fl_val_const(out, D->m, 0);
+    if (nsr_fl_val_scal(F, out))
+        return F->X.ctx->status;
+    for (long p = 0; p < D->m; p++) {
+        nsr_bind_point(&F->X, D, p);
+        if (nsr_fam_num(&F->X, e, &c)) {
+            nsr_fl_val_free(F, out);
+            return F->X.ctx->status;
+        }
+        for (size_t a = 0; a < F->N; a++)
+            out->s[a * (size_t)D->m + (size_t)p] = c;
+    }
+    return TPK_OK;
+}
+
+/* The family instruction block holding member idx of family sym, or −1 (and *mem). */
+static int find_block(fl *F, int sym, const int *idx, long *mem)
+{
+    for (int k = F->nb - 1; k >= 0; k--) {
+        const fblock *b = &F->b[k];
+        if (b->fam != sym || b->fi >= F->X.cur)
+            continue;
+        long r = nsr_trie_find(&b->tr, idx);
+        if (r >= 0) {
+            *mem = r;
+            return k;
+        }
+    }
+    return -1;
+}
+
+/* A stored combination of this many terms or more becomes a Gaussian block of its own when it is
+ * first read: a residual stream g_l = g_{l-1} + α W_l h_{l-1} is otherwise expanded again into
+ * all l terms at every layer, O(L²) passes over the matrix where the recursion makes one per
+ * layer (theory §2.9). Two-term sums (attention's f + h) stay combinations. */
+#define MIX_MATERIALIZE 3
+
+/* f[idx...] over the domain: a scalar family, a vector family (gather), or a G-decl. */
+static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    const nsr_sym *y = &F->X.C->sym[e->sym];
+    if (y->kind == NSR_SYM_PARAM || y->kind == NSR_SYM_LOOP) {
+        if (e->nidx)
+            return nsr_fam_err(&F->X, TPK_ETYPE, e, "'%s' is a number, not a family", e->name);
+        return number_value(F, e, D, out);
+    }
+    if (y->kind == NSR_SYM_GFAM) {
+        int k = -1, nonzero = 0;
+        for (int i = 0; i < F->X.R->ndm && !nonzero; i++)
+            nonzero = F->X.R->dm[i].sym == e->sym && (F->X.R->dm[i].var != 0 || F->X.R->dm[i].mean != 0);
+        if (!nonzero) /* N(0, 0): the zero vector (σ_b² = 0 biases cost nothing) */
+            return nsr_fl_val_const(out, D->m, 0);
+        if (nsr_fl_bias_block(F, e->sym, &k))
+            return F->X.ctx->status;
+        int *idx = nsr_fam_alloc(&F->X, (size_t)D->m, sizeof *idx);
+        if (idx == NULL)
+            return F->X.ctx->status;
+        const fblock *b = &F->b[k];
+        int vary = nsr_reads_syms(e, D->sym, D->nv, 0);
+        for (long p = 0; p < D->m; p++) {
+            if (vary || p == 0) {
+                nsr_bind_point(&F->X, D, p);
+                int t[NSR_MAX_INDICES];
+                for (int i = 0; i < e->nidx; i++)
+                    if (nsr_fam_int(&F->X, e->idx[i], &t[i])) {
+                        tpk_free(F->X.ctx, idx);
+                        return F->X.ctx->status;
+                    }
+                long r = nsr_trie_find(&b->tr, t);
+                if (r < 0) {
+                    tpk_free(F->X.ctx, idx);
+                    return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s has no such member", e->name);
+                }
+                idx[p] = (int)r;
+            } else {
+                idx[p] = idx[0];
+            }
+        }
+        return nsr_fl_val_gather(F, out, D->m, k, idx);
+    }
+    if (y->kind != NSR_SYM_DFAM)
+        return NSR_UNSUP(&F->X, e, "'%s' cannot be read here", e->name);
+    /* a defined family: resolve each point's member, one term per block met */
+    int vary = nsr_reads_syms(e, D->sym, D->nv, 0);
+    int *idx = NULL, blk = -1, k0 = -1;
+    long first = -1;
+    nsr_fl_val_const(out, D->m, 0);
+    int is_scal = -1;
+    double *sv = NULL;
+    nsr_imap A;
+    int affine = vary && nsr_imap_of(&F->X, e, D, &A);
+    int kfast = -1; /* the block every check has passed for: its next points take the short way */
+    for (long p = 0; p < D->m; p++) {
+        int t[NSR_MAX_INDICES];
+        long mem = -1;
+        int k;
+        if (affine)
+            nsr_imap_at(&A, &D->val[p * D->nv], t);
+        if (kfast >= 0 && (!vary || (affine && (mem = nsr_trie_find(&F->b[kfast].tr, t)) >= 0))) {
+            if (!vary)
+                mem = first;
+            if (sv != NULL) {
+                const fblock *bf = &F->b[kfast];
+                for (size_t a = 0; !F->dry && a < F->N; a++)
+                    sv[a * (size_t)D->m + (size_t)p] = bf->s[a * (size_t)bf->m + (size_t)mem];
+            } else {
+                idx[p] = (int)mem;
+            }
+            continue;
+        }
+        if (vary || p == 0) {
+            if (!affine) {
+                nsr_bind_point(&F->X, D, p);
+                for (int i = 0; i < e->nidx; i++)
+                    if (nsr_fam_int(&F->X, e->idx[i], &t[i])) {
+                        tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
+                        return F->X.ctx->status;
+                    }
+            }
+            k = k0 >= 0 && (mem = nsr_trie_find(&F->b[k0].tr, t)) >= 0 ? k0 : find_block(F, e->sym, t, &mem);
+            if (k < 0) {
+                tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
+                char buf[80] = "";
+                size_t n = 0;
+                for (int i = 0; i < e->nidx && n < sizeof buf; i++)
+                    n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%d", i ? "," : "", t[i]);
+                return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s[%s] is read but not defined before (members "
+                              "are defined for %s)", e->name, buf, y->ranges[0] ? y->ranges : "?");
+            }
+        } else {
+            k = k0;
+            mem = first;
+        }
+        if (p == 0)
+            first = mem;
+        k0 = k;
+        fblock *b = &F->b[k];
+        nsr_fl_touch(F, k);
+        if (b->kind == BK_ZERO)
+            continue;
+        int sc = b->kind == BK_SCAL;
+        if (is_scal < 0)
+            is_scal = sc;
+        if (is_scal != sc) {
+            tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
+            return NSR_UNSUP(&F->X, e, "%s mixes scalar and vector members in one read", e->name);
+        }
+        if (sc) {
+            if (sv == NULL && (sv = nsr_fam_alloc(&F->X, F->N * (size_t)D->m, sizeof *sv)) == NULL)
+                return F->X.ctx->status;
+            if (!F->dry)
+                for (size_t a = 0; a < F->N; a++)
+                    sv[a * (size_t)D->m + (size_t)p] = b->s[a * (size_t)b->m + (size_t)mem];
+            kfast = k;
+            continue;
+        }
+        if (blk >= 0 && blk != k) {
+            tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
+            return NSR_UNSUP(&F->X, e, "a read of %s spans several definitions (lines %d and %d)", e->name,
+                         F->b[blk].line, b->line);
+        }
+        if (idx == NULL) {
+            if ((idx = nsr_fam_alloc(&F->X, (size_t)D->m, sizeof *idx)) == NULL)
+                return F->X.ctx->status;
+            for (long q = 0; q < D->m; q++)
+                idx[q] = -1;
+        }
+        blk = k;
+        idx[p] = (int)mem;
+        kfast = k;
+    }
+    if (sv != NULL) {
+        out->kind = V_SCAL;
+        out->s = sv;
+        return TPK_OK;
+    }
+    if (blk < 0)
+        return nsr_fl_val_const(out, D->m, 0); /* only padding members */
+    if (F->b[blk].kind == BK_MIX && F->b[blk].mix.nt >= MIX_MATERIALIZE && nsr_fl_mix_to_gauss(F, blk)) {
+        tpk_free(F->X.ctx, idx);
+        return F->X.ctx->status;
+    }
+    fblock *b = &F->b[blk];
+    if (b->kind != BK_MIX)
+        return nsr_fl_val_gather(F, out, D->m, blk, idx);
+    /* a stored combination: compose the gathers */
+    const val *s = &b->mix;
+    memset(out, 0, sizeof *out);
+    out->kind = V_LIN;
+    out->m = D->m;
+    size_t N = F->N, m = (size_t)D->m, mb = (size_t)b->m;
+    out->t = nsr_fam_alloc(&F->X, (size_t)s->nt, sizeof *out->t);
+    if (out->t == NULL) {
+        tpk_free(F->X.ctx, idx);
+        return F->X.ctx->status;
+    }
+    out->nt = s->nt;
+    for (int i = 0; i < s->nt; i++) {
+        term *t = &out->t[i];
+        t->blk = s->t[i].blk;
+        nsr_fl_touch(F, t->blk);
+        t->idx = nsr_fam_alloc(&F->X, m, sizeof *t->idx);
+        t->w = s->t[i].w ? nsr_fam_alloc(&F->X, N * m, sizeof *t->w) : NULL;
+        if (t->idx == NULL || (s->t[i].w && t->w == NULL)) {
+            tpk_free(F->X.ctx, idx);
+            nsr_fl_val_free(F, out); /* the terms made so far (the rest are zeroed) */
+            return F->X.ctx->status;
+        }
+        for (size_t p = 0; p < m; p++) {
+            t->idx[p] = idx[p] < 0 ? -1 : s->t[i].idx[idx[p]];
+            if (t->w)
+                for (size_t a = 0; a < N; a++)
+                    t->w[a * m + p] = idx[p] < 0 ? 0 : s->t[i].w[a * mb + (size_t)idx[p]];
+        }
+    }
+    if (s->mu) {
+        if ((out->mu = nsr_fam_alloc(&F->X, N * m, sizeof *out->mu)) == NULL) {
+            tpk_free(F->X.ctx, idx);
+            nsr_fl_val_free(F, out);
+            return F->X.ctx->status;
+        }
+        for (size_t p = 0; p < m; p++)
+            for (size_t a = 0; a < N; a++)
+                out->mu[a * m + p] = idx[p] < 0 ? 0 : s->mu[a * mb + (size_t)idx[p]];
+    }
+    tpk_free(F->X.ctx, idx);
+    return TPK_OK;
+}
+
+/* The embedding's source U·x[slot(p)] as a gather on the input block. */
+static int embed_src(fl *F, const nsr_expr *src, const nsr_fdom *D, val *u)
+{
+    size_t m = (size_t)D->m;
+    if (src->nidx != (F->p->nslots > 1 || src->nidx ? 1 : 0))
+        return nsr_fam_err(&F->X, TPK_ETYPE, src, "the input is read as %s[t]", src->name);
+    int ib = -1;
+    if (nsr_fl_input_block(F, &ib))
+        return F->X.ctx->status;
+    int *slot = nsr_fam_alloc(&F->X, m, sizeof *slot);
+    if (slot == NULL)
+        return F->X.ctx->status;
+    int vary = nsr_reads_syms(src, D->sym, D->nv, 0);
+    for (size_t p = 0; p < m; p++) {
+        int t = F->X.R->input_lo;
+        if (vary || p == 0) {
+            nsr_bind_point(&F->X, D, (long)p);
+            if (src->nidx && nsr_fam_int(&F->X, src->idx[0], &t)) {
+                tpk_free(F->X.ctx, slot);
+                return F->X.ctx->status;
+            }
+            t -= F->X.R->input_lo;
+        } else {
+            t = slot[0];
+        }
+        if (t < 0 || t >= F->p->nslots) {
+            tpk_free(F->X.ctx, slot);
+            return nsr_fam_err(&F->X, TPK_ETYPE, src, "input slot %d is outside %d..%d", t + F->X.R->input_lo,
+                          F->X.R->input_lo, F->X.R->input_lo + F->p->nslots - 1);
+        }
+        slot[p] = t;
+    }
+    return nsr_fl_val_gather(F, u, D->m, ib, slot);
+}
+
+/* A MatMul term's weight and source: the A-var's checks and σ² (nsr_fl_matmul_weight), then the
+ * value of src over D — an embedding U·x[t] reads the input block. */
+static int matmul_source(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D,
+                         double *var, val *u)
+{
+    if (nsr_fl_matmul_weight(F, am, D, var))
+        return F->X.ctx->status;
+    if (src->kind == NSR_E_NAME && src->sym >= 0 && F->X.C->sym[src->sym].kind == NSR_SYM_INPUT)
+        return embed_src(F, src, D, u) ? F->X.ctx->status : TPK_OK;
+    return nsr_fl_eval(F, src, D, u) ? F->X.ctx->status : TPK_OK;
+}
+
+static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, val *out)
+{
+    double *M2;
+    int k = -1;
+    F->site++;
+    if (nsr_fl_new_atom(F, D->m, &M2, &k, 0)) /* matmul_acc writes or zeroes it */
+        return F->X.ctx->status;
+    F->b[k].line = am->line;
+    double *fac = NULL;
+    long rank = 0;
+    F->inplace = NULL;
+    F->newpend = NULL;
+    double var = 0;
+    val u;
+    int st = matmul_source(F, am, src, D, &var, &u);
+    if (st == TPK_OK)
+        st = nsr_fl_matmul_acc(F, am, src, D, NULL, var, &u, M2, NULL, &fac, &rank);
+    if (F->newpend != NULL) { /* a pending map: its own block, never touched, goes back */
+        pend *P = F->newpend;
+        size_t n = F->N * (size_t)D->m;
+        F->newpend = NULL;
+        nsr_fl_release(F, M2, n * n * sizeof *M2);
+        if (nsr_fl_pend_attach(F, k, P))
+            return F->X.ctx->status;
+        return nsr_fl_finish_atom(F, k, NULL, out, D->m);
+    }
+    M2 = nsr_fl_adopt_inplace(F, M2, D->m);
+    if (st) {
+        tpk_free(F->X.ctx, M2);
+        return F->X.ctx->status;
+    }
+    if (fac != NULL) { /* low rank: the block keeps the factor */
+        size_t n = F->N * (size_t)D->m;
+        nsr_fl_release(F, M2, n * n * sizeof *M2);
+        M2 = NULL;
+        F->b[k].Fac = fac;
+        F->b[k].rank = rank;
+    }
+    return nsr_fl_finish_atom(F, k, M2, out, D->m);
+}
+
+/* A sum over binders of MatMuls whose A-var changes with the binder (convolution taps:
+ * Σ_t F_t h_{p+t}): the terms are independent (distinct A-vars, theory §1.6), so the sum is one
+ * Gaussian block with M2 = Σ_t σ_t² E[h_{p+t} h_{q+t}ᵀ] (theory §2.8) — no block per tap. */
+static int is_acc_leaf(const fl *F, const nsr_expr *e, const nsr_expr **am, const nsr_expr **src,
+                       const nsr_expr **coef)
+{
+    *coef = NULL;
+    if (e->kind == NSR_E_BIN && e->op == NSR_T_STAR) {
+        const nsr_expr *x = e->a, *y = e->b;
+        if (y->kind == NSR_E_APPLY || (y->kind == NSR_E_CALL && y->sym >= 0 &&
+                                       F->X.C->sym[y->sym].kind == NSR_SYM_AFAM)) {
+            *coef = x;
+            e = y;
+        } else {
+            *coef = y;
+            e = x;
+        }
+    }
+    if (e->kind == NSR_E_APPLY) {
+        *am = e->a;
+        *src = e->b;
+        return 1;
+    }
+    if (e->kind == NSR_E_CALL && e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_AFAM &&
+        e->nargs == 1) {
+        *am = e;
+        *src = e->args[0];
+        return 1;
+    }
+    return 0;
+}
+
+static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, double *M2, taps *T,
+                   const int *binders, int nb, int depth)
+{
+    if (depth > NSR_MAX_DEPTH)
+        return NSR_UNSUP(&F->X, e, "sums nested too deeply");
+    if (e->kind == NSR_E_SUM) {
+        int lo, hi;
+        if (nsr_fam_int(&F->X, e->args[0], &lo) || nsr_fam_int(&F->X, e->args[1], &hi))
+            return F->X.ctx->status;
+        for (int j = lo; j <= hi; j++) {
+            F->X.num[e->sym] = j;
+            if (acc_sum(F, e->a, D, M2, T, binders, nb, depth + 1))
+                return F->X.ctx->status;
+        }
+        F->X.num[e->sym] = NAN;
+        return TPK_OK;
+    }
+    const nsr_expr *am, *src, *ce;
+    if (!is_acc_leaf(F, e, &am, &src, &ce))
+        return NSR_UNSUP(&F->X, e, "internal: not a MatMul term");
+    val c, *cp = NULL;
+    if (ce) {
+        if (nsr_fl_eval(F, ce, D, &c))
+            return F->X.ctx->status;
+        if (c.kind == V_LIN) {
+            nsr_fl_val_free(F, &c);
+            return NSR_UNSUP(&F->X, ce, "a MatMul multiplied by a vector");
+        }
+        cp = &c;
+    }
+    int n0 = T->n;
+    double var = 0;
+    val u;
+    int st = matmul_source(F, am, src, D, &var, &u);
+    if (st == TPK_OK)
+        st = nsr_fl_matmul_acc(F, am, src, D, cp, var, &u, M2, T, NULL, NULL);
+    if (st == TPK_OK && T->n > n0)
+        for (int i = 0; i < nb && i < 2; i++)
+            T->t[T->n - 1].b[i] = (int)F->X.num[binders[i]];
+    if (cp)
+        nsr_fl_val_free(F, cp);
+    return st;
+}
+
+/* Does the innermost body of nested sums have the accumulable form, with an A-var reading a
+ * binder? */
+static int accumulable(const fl *F, const nsr_expr *e, int *binders, int nb)
+{
+    while (e->kind == NSR_E_SUM && nb < NSR_MAXV) {
+        binders[nb++] = e->sym;
+        e = e->a;
+    }
+    const nsr_expr *am, *src, *ce;
+    if (!is_acc_leaf(F, e, &am, &src, &ce))
+        return 0;
+    return nsr_reads_syms(am, binders, nb, 0);
+}
+
+static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    int binders[NSR_MAXV];
+    if (accumulable(F, e, binders, 0)) {
+        double *M2;
+        int k = -1;
+        F->site++;
+        if (nsr_fl_new_atom(F, D->m, &M2, &k, 0))
+            return F->X.ctx->status;
+        F->b[k].line = e->line;
+        taps T = {.nb = 0};
+        const nsr_expr *q = e;
+        while (q->kind == NSR_E_SUM && T.nb < NSR_MAXV)
+            T.nb++, q = q->a;
+        if (acc_sum(F, e, D, M2, &T, binders, T.nb, 0)) {
+            nsr_fl_taps_free(F, &T);
+            tpk_free(F->X.ctx, M2);
+            return F->X.ctx->status;
+        }
+        int st = TPK_OK;
+        F->inplace = NULL;
+        F->newpend = NULL;
+        int lowered = nsr_fl_conv_lowering(F, D, &T, M2, &st);
+        if (lowered == 2) { /* pending: its own block, never touched, goes back */
+            pend *P = F->newpend;
+            size_t n = F->N * (size_t)D->m;
+            F->newpend = NULL;
+            nsr_fl_taps_free(F, &T);
+            nsr_fl_release(F, M2, n * n * sizeof *M2);
+            if (nsr_fl_pend_attach(F, k, P))
+                return F->X.ctx->status;
+            return nsr_fl_finish_atom(F, k, NULL, out, D->m);
+        }
+        M2 = nsr_fl_adopt_inplace(F, M2, D->m);
+        if (!lowered) {
+            size_t n = F->N * (size_t)D->m; /* the generic sum adds into a zeroed block */
+            if (M2 != NULL)
+                memset(M2, 0, n * n * sizeof *M2);
+            for (int i = 0; i < T.n && st == TPK_OK; i++)
+                st = nsr_fl_lin_m2_acc(F, &T.t[i].u, T.t[i].var, F->N * (size_t)D->m, M2);
+        }
+        nsr_fl_taps_free(F, &T);
+        if (st) {
+            tpk_free(F->X.ctx, M2);
+            return st;
+        }
+        return nsr_fl_finish_atom(F, k, M2, out, D->m);
+    }
+    nsr_fdom X;
+    long *parent;
+    if (nsr_extend(&F->X, e, D, &X, &parent))
+        return F->X.ctx->status;
+    val v;
+    int st = nsr_fl_eval(F, e->a, &X, &v);
+    tpk_free(F->X.ctx, X.val);
+    if (st) {
+        tpk_free(F->X.ctx, parent);
+        return st;
+    }
+    size_t N = F->N, m = (size_t)D->m, mx = (size_t)X.m;
+    if (v.kind != V_LIN) {
+        nsr_fl_val_const(out, D->m, 0);
+        if (nsr_fl_val_scal(F, out) || nsr_fl_val_scal(F, &v)) {
+            tpk_free(F->X.ctx, parent), nsr_fl_val_free(F, &v);
+            return F->X.ctx->status;
+        }
+        for (size_t a = 0; a < N; a++)
+            for (size_t r = 0; r < mx; r++)
+                out->s[a * m + (size_t)parent[r]] += v.s[a * mx + r];
+        tpk_free(F->X.ctx, parent), nsr_fl_val_free(F, &v);
+        return TPK_OK;
+    }
+    memset(out, 0, sizeof *out);
+    out->kind = V_LIN;
+    out->m = D->m;
+    if (v.mu) {
+        if ((out->mu = nsr_fam_alloc(&F->X, N * m, sizeof *out->mu)) == NULL) {
+            tpk_free(F->X.ctx, parent), nsr_fl_val_free(F, &v);
+            return F->X.ctx->status;
+        }
+        for (size_t a = 0; a < N; a++)
+            for (size_t r = 0; r < mx; r++)
+                out->mu[a * m + (size_t)parent[r]] += v.mu[a * mx + r];
+    }
+    /* each term becomes a dense map; terms on one block merge */
+    out->t = nsr_fam_alloc(&F->X, (size_t)v.nt, sizeof *out->t);
+    if (out->t == NULL) {
+        tpk_free(F->X.ctx, parent), nsr_fl_val_free(F, &v), nsr_fl_val_free(F, out);
+        return F->X.ctx->status;
+    }
+    for (int i = 0; i < v.nt && st == TPK_OK; i++) {
+        const term *t = &v.t[i];
+        size_t ms = (size_t)F->b[t->blk].m;
+        int j = 0;
+        while (j < out->nt && out->t[j].blk != t->blk)
+            j++;
+        if (j == out->nt) {
+            out->t[j].blk = t->blk;
+            out->t[j].dense = 1;
+            out->nt++;
+            if (!F->dry && (out->t[j].w = nsr_fam_alloc(&F->X, N * m * ms, sizeof(double))) == NULL)
+                st = F->X.ctx->status;
+        }
+        if (st || F->dry)
+            continue;
+        double *W = out->t[j].w;
+        for (size_t a = 0; a < N; a++)
+            for (size_t r = 0; r < mx; r++) {
+                double *row = W + (a * m + (size_t)parent[r]) * ms;
+                if (t->dense) {
+                    const double *src = t->w + (a * mx + r) * ms;
+                    for (size_t q = 0; q < ms; q++)
+                        row[q] += src[q];
+                } else if (t->idx[r] >= 0) {
+                    row[t->idx[r]] += t->w ? t->w[a * mx + r] : 1;
+                }
+            }
+    }
+    tpk_free(F->X.ctx, parent);
+    nsr_fl_val_free(F, &v);
+    if (st)
+        nsr_fl_val_free(F, out);
+    return st;
+}
+
+/* softmax(j in lo..hi: s) at the enclosing j. Its rows depend on the other indices only, so
+ * they are computed once per row (a[i, j] for all j ≤ i costs T² exp, not T³), shifted by the
+ * row maximum. */
+static int eval_softmax(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    nsr_softmax_shape S;
+    val v;
+    memset(&v, 0, sizeof v);
+    int st = nsr_softmax_shape_of(&F->X, e, D, &S);
+    if (st == TPK_OK)
+        st = nsr_fl_eval(F, e->a, &S.X, &v);
+    if (st == TPK_OK && v.kind == V_LIN)
+        st = NSR_UNSUP(&F->X, e->a, "softmax of a vector: its argument must be scalars (Moments)");
+    if (st == TPK_OK)
+        st = nsr_fl_val_scal(F, &v);
+    if (st == TPK_OK) {
+        nsr_fl_val_const(out, D->m, 0);
+        st = nsr_fl_val_scal(F, out);
+    }
+    size_t N = F->N, m = (size_t)D->m, mx = (size_t)S.X.m, nr = (size_t)S.rows.m;
+    if (st == TPK_OK && !F->dry) {
+        /* one exp per row entry: the row pass keeps exp(s − max) in place of s (v is ours),
+         * then each point picks its entry and divides by its row's sum */
+        double *z = nsr_fam_alloc(&F->X, nr, sizeof *z);
+        if (z == NULL)
+            st = F->X.ctx->status;
+        for (size_t a = 0; st == TPK_OK && a < N; a++) {
+            double *sv = v.s + a * mx;
+#pragma omp parallel for schedule(dynamic, 64) if (mx >= 65536)
+            for (size_t r = 0; r < nr; r++) {
+                double mm = -INFINITY, zz = 0;
+                for (long q = S.start[r]; q < S.start[r + 1]; q++)
+                    mm = fmax(mm, sv[q]);
+                for (long q = S.start[r]; q < S.start[r + 1]; q++)
+                    zz += (sv[q] = exp(sv[q] - mm));
+                z[r] = zz;
+            }
+            for (size_t p = 0; p < m; p++)
+                out->s[a * m + p] = sv[S.pick[p]] / z[S.row[p]];
+        }
+        tpk_free(F->X.ctx, z);
+    }
+    nsr_softmax_shape_free(&S, F->X.ctx);
+    nsr_fl_val_free(F, &v);
+    return st;
+}
+
+static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+{
+    if (depth > NSR_MAX_DEPTH)
+        return NSR_UNSUP(&F->X, e, "expression nested too deeply");
+    if (e->kind == NSR_E_BIN && (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS)) {
+        mlist B = {0};
+        if (expand(F, e->a, D, L, depth + 1) || expand(F, e->b, D, &B, depth + 1)) {
+            nsr_fl_ml_free(F, &B);
+            return F->X.ctx->status;
+        }
+        val neg;
+        nsr_fl_val_const(&neg, D->m, -1);
+        for (int i = 0; i < B.n; i++) {
+            if (e->op == NSR_T_MINUS && nsr_fl_val_scale(F, &B.v[i].coef, &neg))
+                break;
+            if (nsr_fl_ml_push(F, L, &B.v[i]))
+                break;
+            memset(&B.v[i], 0, sizeof B.v[i]);
+        }
+        nsr_fl_ml_free(F, &B);
+        return F->X.ctx->status;
+    }
+    if (e->kind == NSR_E_NEG) {
+        mlist A = {0};
+        if (expand(F, e->a, D, &A, depth + 1)) {
+            nsr_fl_ml_free(F, &A);
+            return F->X.ctx->status;
+        }
+        val neg;
+        nsr_fl_val_const(&neg, D->m, -1);
+        for (int i = 0; i < A.n; i++) {
+            nsr_fl_val_scale(F, &A.v[i].coef, &neg);
+            nsr_fl_ml_push(F, L, &A.v[i]);
+            memset(&A.v[i], 0, sizeof A.v[i]);
+        }
+        nsr_fl_ml_free(F, &A);
+        return F->X.ctx->status;
+    }
+    if (e->kind == NSR_E_BIN && (e->op == NSR_T_STAR || e->op == NSR_T_CARET)) {
+        mlist A = {0}, B = {0};
+        int st = expand(F, e->a, D, &A, depth + 1);
+        if (st == TPK_OK && e->op == NSR_T_STAR)
+            st = expand(F, e->b, D, &B, depth + 1);
+        if (st == TPK_OK && e->op == NSR_T_CARET) {
+            double k;
+            st = nsr_fam_num(&F->X, e->b, &k);
+            if (st == TPK_OK && k == 1) {
+                for (int i = 0; i < A.n; i++) {
+                    nsr_fl_ml_push(F, L, &A.v[i]);
+                    memset(&A.v[i], 0, sizeof A.v[i]);
+                }
+                nsr_fl_ml_free(F, &A);
+                return F->X.ctx->status;
+            }
+            if (st == TPK_OK && k != 2) {
+                int vec = 0;
+                for (int i = 0; i < A.n; i++)
+                    vec |= A.v[i].nf > 0;
+                if (vec)
+                    st = NSR_UNSUP(&F->X, e, "a power other than 2 of a vector inside mean()");
+            }
+            if (st == TPK_OK && k == 2) {
+                mlist A2 = {0};
+                for (int i = 0; i < A.n && st == TPK_OK; i++) {
+                    mono c = {0};
+                    if ((st = nsr_fl_val_copy(F, &A.v[i].coef, &c.coef)) == TPK_OK) {
+                        for (int q = 0; q < A.v[i].nf && st == TPK_OK; q++)
+                            st = nsr_fl_val_copy(F, &A.v[i].f[q], &c.f[c.nf++]);
+                    }
+                    if (st == TPK_OK)
+                        st = nsr_fl_ml_push(F, &A2, &c);
+                    else
+                        nsr_fl_mono_free(F, &c);
+                }
+                if (st == TPK_OK)
+                    st = nsr_fl_ml_mul(F, &A, &A2, L, e);
+                nsr_fl_ml_free(F, &A2);
+                nsr_fl_ml_free(F, &A);
+                return st;
+            }
+        }
+        if (st == TPK_OK && e->op == NSR_T_STAR)
+            st = nsr_fl_ml_mul(F, &A, &B, L, e);
+        nsr_fl_ml_free(F, &A);
+        nsr_fl_ml_free(F, &B);
+        if (st == TPK_OK && e->op == NSR_T_CARET) {
+            /* a scalar power: evaluate as a leaf */
+            goto leaf;
+        }
+        return st;
+    }
+    if (e->kind == NSR_E_BIN && e->op == NSR_T_SLASH) {
+        val d;
+        if (nsr_fl_eval(F, e->b, D, &d))
+            return F->X.ctx->status;
+        if (d.kind == V_LIN) {
+            nsr_fl_val_free(F, &d);
+            return NSR_UNSUP(&F->X, e->b, "division by a vector inside mean()");
+        }
+        if (nsr_fl_val_scal(F, &d)) {
+            nsr_fl_val_free(F, &d);
+            return F->X.ctx->status;
+        }
+        for (size_t i = 0; i < F->N * (size_t)D->m; i++)
+            d.s[i] = 1.0 / d.s[i];
+        mlist A = {0};
+        if (expand(F, e->a, D, &A, depth + 1) == TPK_OK)
+            for (int i = 0; i < A.n; i++) {
+                nsr_fl_val_scale(F, &A.v[i].coef, &d);
+                nsr_fl_ml_push(F, L, &A.v[i]);
+                memset(&A.v[i], 0, sizeof A.v[i]);
+            }
+        nsr_fl_ml_free(F, &A);
+        nsr_fl_val_free(F, &d);
+        return F->X.ctx->status;
+    }
+leaf:;
+    mono r = {0};
+    val v;
+    if (nsr_fl_eval(F, e, D, &v))
+        return F->X.ctx->status;
+    if (v.kind == V_LIN) {
+        nsr_fl_val_const(&r.coef, D->m, 1);
+        r.f[0] = v;
+        r.nf = 1;
+    } else {
+        r.coef = v;
+    }
+    return nsr_fl_ml_push(F, L, &r);
+}
+
+/* mean(body) at every point: Σ monomials coef·E[Π factors] (theory §1.9: the limit of a
+ * NETSOR+ Moment is the expectation under the limit Gaussian). */
+static int eval_mean(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    mlist L = {0};
+    if (expand(F, e->args[0], D, &L, 0)) {
+        nsr_fl_ml_free(F, &L);
+        return F->X.ctx->status;
+    }
+    size_t N = F->N, m = (size_t)D->m;
+    nsr_fl_val_const(out, D->m, 0);
+    int st = nsr_fl_val_scal(F, out);
+    double *tmp = st ? NULL : nsr_fam_alloc(&F->X, N * m, sizeof *tmp);
+    if (st == TPK_OK && tmp == NULL)
+        st = F->X.ctx->status;
+    for (int i = 0; i < L.n && st == TPK_OK; i++) {
+        mono *q = &L.v[i];
+        memset(tmp, 0, N * m * sizeof *tmp);
+        int nz = 1;
+        if (q->nf == 0) {
+            for (size_t k = 0; k < N * m; k++)
+                tmp[k] = 1;
+        } else if (q->nf == 1) {
+            st = nsr_fl_lin_mean(F, &q->f[0], tmp, &nz);
+        } else {
+            st = nsr_fl_diag_m2(F, &q->f[0], &q->f[1], tmp);
+        }
+        if (st)
+            break;
+        for (size_t k = 0; k < N * m; k++)
+            out->s[k] += (q->coef.kind == V_CONST ? q->coef.c : q->coef.s[k]) * tmp[k];
+    }
+    tpk_free(F->X.ctx, tmp);
+    nsr_fl_ml_free(F, &L);
+    if (st) /* eval's contract: nothing is left in out on failure */
+        nsr_fl_val_free(F, out);
+    return st;
+}
+
+static int eval_phi(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    if (e->nargs != 1)
+        return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s takes one argument", e->name);
+    val u;
+    if (nsr_fl_eval(F, e->args[0], D, &u))
+        return F->X.ctx->status;
+    if (u.kind == V_CONST) {
+        u.c = tpk_phi_eval(e->phi, u.c);
+        *out = u;
+        return TPK_OK;
+    }
+    if (u.kind == V_SCAL) {
+        for (size_t i = 0; i < F->N * (size_t)u.m; i++)
+            u.s[i] = tpk_phi_eval(e->phi, u.s[i]);
+        *out = u;
+        return TPK_OK;
+    }
+    /* a Gaussian argument, as one block */
+    int arg = -1;
+    if (u.nt == 1 && u.mu == NULL && !u.t[0].dense && u.t[0].w == NULL &&
+        F->b[u.t[0].blk].kind == BK_GAUSS && F->b[u.t[0].blk].m == u.m) {
+        arg = u.t[0].blk;
+        for (long p = 0; p < u.m && arg >= 0; p++)
+            if (u.t[0].idx[p] != p)
+                arg = -1;
+    }
+    if (arg < 0 && nsr_fl_materialize(F, &u, -1, &arg)) {
+        nsr_fl_val_free(F, &u);
+        return F->X.ctx->status;
+    }
+    nsr_fl_val_free(F, &u);
+    int k = nsr_fl_new_block(F, BK_NONLIN, -1, D->m);
+    if (k < 0)
+        return F->X.ctx->status;
+    fblock *b = &F->b[k];
+    b->phi = e->phi;
+    b->arg = arg;
+    b->line = e->line;
+    b->nanc = 0;
+    nsr_fl_anc_union(b, &F->b[arg]);
+    nsr_fl_touch(F, arg);
+    int *idx = nsr_fam_alloc(&F->X, (size_t)D->m, sizeof *idx);
+    if (idx == NULL)
+        return F->X.ctx->status;
+    for (long p = 0; p < D->m; p++)
+        idx[p] = (int)p;
+    return nsr_fl_val_gather(F, out, D->m, k, idx);
+}
+
+static int eval_call(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    if (e->sym < 0 && (strcmp(e->name, "mod") == 0 || strcmp(e->name, "wrap") == 0 ||
+                       strcmp(e->name, "inside") == 0)) {
+        return number_value(F, e, D, out);
+    }
+    if (strcmp(e->name, "mean") == 0 && e->sym < 0)
+        return eval_mean(F, e, D, out);
+    if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_AFAM)
+        return eval_matmul(F, e, e->args[0], D, out);
+    if (e->phi != NULL)
+        return eval_phi(F, e, D, out);
+    return NSR_UNSUP(&F->X, e, "'%s(...)' is not taken by the rolled evaluator", e->name);
+}
+
+int nsr_fl_eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    memset(out, 0, sizeof *out);
+    if (F->X.ctx->status)
+        return F->X.ctx->status;
+    switch (e->kind) {
+    case NSR_E_NUM:
+        return nsr_fl_val_const(out, D->m, e->num);
+    case NSR_E_NAME:
+        if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_INPUT)
+            return nsr_fam_err(&F->X, TPK_ETYPE, e, "the input can only be embedded (U %s)", e->name);
+        return eval_name(F, e, D, out);
+    case NSR_E_CALL:
+        return eval_call(F, e, D, out);
+    case NSR_E_APPLY:
+        return eval_matmul(F, e->a, e->b, D, out);
+    case NSR_E_SUM:
+        return eval_sum(F, e, D, out);
+    case NSR_E_SOFTMAX:
+        return eval_softmax(F, e, D, out);
+    case NSR_E_NEG: {
+        if (nsr_fl_eval(F, e->a, D, out))
+            return F->X.ctx->status;
+        val c;
+        nsr_fl_val_const(&c, D->m, -1);
+        return nsr_fl_val_scale(F, out, &c);
+    }
+    case NSR_E_BIN: {
+        val a, b;
+        if (e->op == NSR_T_CARET) {
+            double k;
+            if (nsr_fam_num(&F->X, e->b, &k))
+                return F->X.ctx->status;
+            if (nsr_fl_eval(F, e->a, D, &a))
+                return F->X.ctx->status;
+            if (a.kind == V_LIN) {
+                if (k == 1) {
+                    *out = a;
+                    return TPK_OK;
+                }
+                nsr_fl_val_free(F, &a);
+                return NSR_UNSUP(&F->X, e, "a power of a vector outside mean(): write it as a function");
+            }
+            if (a.kind == V_CONST) {
+                a.c = pow(a.c, k);
+            } else {
+                for (size_t i = 0; i < F->N * (size_t)a.m; i++)
+                    a.s[i] = pow(a.s[i], k);
+            }
+            *out = a;
+            return TPK_OK;
+        }
+        if (nsr_fl_eval(F, e->a, D, &a))
+            return F->X.ctx->status;
+        if (nsr_fl_eval(F, e->b, D, &b)) {
+            nsr_fl_val_free(F, &a);
+            return F->X.ctx->status;
+        }
+        int st = TPK_OK;
+        if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS) {
+            st = nsr_fl_val_add(F, &a, &b, e->op == NSR_T_PLUS ? 1 : -1);
+        } else if (e->op == NSR_T_STAR) {
+            if (a.kind == V_LIN && b.kind == V_LIN)
+                st = NSR_UNSUP(&F->X, e, "a product of two vectors outside mean() (a Nonlin of several "
+                           "G-vars)");
+            else if (a.kind == V_LIN)
+                st = nsr_fl_val_scale(F, &a, &b);
+            else {
+                st = nsr_fl_val_scale(F, &b, &a);
+                val t = a;
+                a = b;
+                b = t;
+            }
+        } else { /* / */
+            if (b.kind == V_CONST && b.c == 0) {
+                st = nsr_fam_err(&F->X, TPK_ETYPE, e->b, "division by the constant 0");
+            } else if (b.kind == V_LIN) {
+                st = NSR_UNSUP(&F->X, e->b, "division by a vector");
+            } else if ((st = nsr_fl_val_scal(F, &b)) == TPK_OK) {
+                for (size_t i = 0; i < F->N * (size_t)b.m; i++)
+                    b.s[i] = 1.0 / b.s[i];
+                st = nsr_fl_val_scale(F, &a, &b);
+            }
+        }
+        if (st) {
+            nsr_fl_val_free(F, &a);
+            nsr_fl_val_free(F, &b);
+            return st;
+        }
+        nsr_fl_val_free(F, &b);
+        *out = a;
+        return TPK_OK;
+    }
+    default:
+        return NSR_UNSUP(&F->X, e, "expression not taken by the rolled evaluator");
+    }
+}

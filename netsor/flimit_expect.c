@@ -1,0 +1,591 @@
+/* Second moments in the rolled limit evaluator: of a block (φ maps of a Gaussian block, theory
+ * §3), of a pair of blocks, of linear values E[u vᵀ] term pair by term pair, their diagonals and
+ * their means. */
+#include "flimit-impl.h"
+#include "tpk/alloc.h"
+#include "tpk/matmul.h"
+
+#include <math.h>
+#include <string.h>
+
+static int nonlin_moments(fl *F, int k);
+
+/* M2 of block k with both triangles (a symmetric block stored as its lower triangle is
+ * mirrored now: most consumers read the lower triangle only and never pay for it). */
+static const double *block_m2_full(fl *F, int k);
+
+/* First moments of block k, N·m (NULL: all zero). */
+static const double *block_mean(fl *F, int k)
+{
+    fblock *b = &F->b[k];
+    nsr_fl_touch(F, k);
+    if (b->kind == BK_NONLIN)
+        nsr_fl_touch(F, b->arg); /* read when its moments are computed (lazily): keep it alive */
+    if (b->kind == BK_NONLIN && b->M2 == NULL)
+        nonlin_moments(F, k);
+    return b->mean;
+}
+
+/* Second moments of block k, (N m)²: a pending block's entrywise program runs now, a φ block's
+ * maps run (lazily, once), every other block's matrix is kept or made (nsr_fl_block_made). */
+const double *nsr_fl_block_m2(fl *F, int k)
+{
+    fblock *b = &F->b[k];
+    if (b->pend != NULL && !F->dry) { /* a pending block: its entrywise program runs now */
+        nsr_fl_touch(F, k);
+        return nsr_fl_ew_flush(F, k, NULL, 0) ? NULL : F->b[k].M2;
+    }
+    if (b->kind != BK_NONLIN)
+        return nsr_fl_block_made(F, k);
+    nsr_fl_touch(F, k);
+    nsr_fl_touch(F, b->arg);
+    if (b->M2 == NULL && nonlin_moments(F, k))
+        return NULL;
+    return b->M2;
+}
+
+static const double *block_m2_full(fl *F, int k)
+{
+    if (F->b[k].pend != NULL && !F->dry) /* both triangles from the plan's tiles, no mirror */
+        return nsr_fl_ew_flush(F, k, NULL, 1) ? NULL : F->b[k].M2;
+    const double *M = nsr_fl_block_m2(F, k);
+    fblock *b = &F->b[k];
+    if (M != NULL && b->lower) {
+        nsr_ew_mirror(b->M2, F->N * (size_t)b->m);
+        b->lower = 0;
+    }
+    return M;
+}
+
+/* φ(u) block: E[φ(u_p)φ(u_q)] over the block by the library's whole-matrix maps (zero means),
+ * or entry by entry with means (theory §3). */
+static int nonlin_moments(fl *F, int k)
+{
+    size_t n = F->N * (size_t)F->b[k].m;
+    if (F->dry || n == 0)
+        return TPK_OK;
+    if (nsr_fl_block_m2(F, F->b[k].arg) == NULL) /* a factor block makes its matrix now */
+        return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+    fblock *b = &F->b[k];
+    fblock *u = &F->b[b->arg];
+    int zero_mean = 1;
+    if (u->mean)
+        for (size_t i = 0; i < n && zero_mean; i++)
+            zero_mean = u->mean[i] == 0;
+    /* φ(g) where g dies here and the statement reads it through this block alone (a CNN's
+     * h = φ(g) read by the next layer's taps): the map runs over g's matrix and this block takes
+     * it (take_matrix; matmul_acc does the same for W·φ(g)). S: g's moments, read in place. */
+    const double *S = u->M2;
+    double *M2 = zero_mean ? nsr_fl_take_matrix(F, b->arg, b->m) : NULL;
+    const int in_place = M2 != NULL;
+    if (!in_place)
+        M2 = nsr_fl_big(F, n * n, sizeof *M2, 0);
+    double *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
+    if (M2 == NULL || mean == NULL || nsr_fl_ensure_ws(F)) {
+        if (in_place)
+            nsr_fl_release(F, M2, n * n * sizeof *M2);
+        else
+            tpk_free(F->X.ctx, M2);
+        tpk_free(F->X.ctx, mean);
+        return F->X.ctx->status;
+    }
+    double e = 0;
+    int st = TPK_OK;
+    if (zero_mean) {
+        /* the means first: an in-place map overwrites the diagonal they read */
+        for (size_t i = 0; st == TPK_OK && i < n; i++) {
+            tpk_estimate r;
+            st = tpk_gauss_expect1(b->phi, 0, S[i * n + i], F->ws, &r, F->X.ctx);
+            mean[i] = r.value;
+            e = fmax(e, r.err);
+        }
+        /* the lower triangle only: the tuned maps serve it (ReLU), and most readers need no more */
+        double em = 0;
+        if (st == TPK_OK)
+            st = tpk_gauss_map_affine_lower(b->phi, S, n, 1.0, 0.0, M2, F->ws, &em, F->X.ctx);
+        e = fmax(e, em);
+    } else {
+        for (size_t i = 0; st == TPK_OK && i < n; i++) {
+            double mi = u->mean[i], qi = S[i * n + i] - mi * mi;
+            tpk_estimate r;
+            st = tpk_gauss_expect1(b->phi, mi, fmax(qi, 0), F->ws, &r, F->X.ctx);
+            mean[i] = r.value;
+            for (size_t j = 0; st == TPK_OK && j <= i; j++) {
+                double mj = u->mean[j], qj = S[j * n + j] - mj * mj;
+                double kij = S[i * n + j] - mi * mj;
+                st = tpk_gauss_expect2_quad(b->phi, b->phi, mi, mj, fmax(qi, 0), fmax(qj, 0), kij,
+                                            F->ws, &r, F->X.ctx);
+                M2[i * n + j] = M2[j * n + i] = r.value;
+                e = fmax(e, r.err);
+            }
+        }
+    }
+    if (st) {
+        if (in_place) /* a block's matrix, freed (or pooled) like any */
+            nsr_fl_release(F, M2, n * n * sizeof *M2);
+        else
+            tpk_free(F->X.ctx, M2);
+        tpk_free(F->X.ctx, mean);
+        return nsr_fam_err(&F->X, st, NULL, "%s", F->X.ctx->msg);
+    }
+    F->err = fmax(F->err, e);
+    b->M2 = M2;
+    b->mean = mean;
+    b->lower = zero_mean;
+    return TPK_OK;
+}
+
+/* P = E[X Yᵀ] for blocks x ≠ y or x = y, as (N m_x) × (N m_y) with leading dimension ld;
+ * returns a pointer into the store (x = y) or fills buf. NULL with *st set on failure;
+ * *zero = 1 when P = 0 (independent, zero means). */
+static const double *pair_m2(fl *F, int x, int y, double **bufp, int *zero, int *st, int full,
+                             int indep)
+{
+    *zero = 0;
+    *st = TPK_OK;
+    nsr_fl_touch(F, x);
+    nsr_fl_touch(F, y);
+    if (x == y) {
+        const double *M = full ? block_m2_full(F, x) : nsr_fl_block_m2(F, x);
+        if (M == NULL && !F->dry)
+            *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+        return M;
+    }
+    fblock *bx = &F->b[x], *by = &F->b[y];
+    if (!indep && nsr_fl_correlated(bx, by)) {
+        if (bx->kind == BK_NONLIN && by->kind == BK_NONLIN && bx->arg == by->arg) {
+            /* two functions of one Gaussian block: entry by entry */
+            if (F->dry)
+                return NULL;
+            if (block_m2_full(F, bx->arg) == NULL) {
+                *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+                return NULL;
+            }
+            const fblock *u = &F->b[bx->arg];
+            size_t n = F->N * (size_t)bx->m;
+            if (nsr_fl_ensure_ws(F)) {
+                *st = F->X.ctx->status;
+                return NULL;
+            }
+            double *buf = *bufp ? *bufp : (*bufp = nsr_fam_alloc(&F->X, n * n, sizeof *buf));
+            if (buf == NULL) {
+                *st = F->X.ctx->status;
+                return NULL;
+            }
+            for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j < n; j++) {
+                    double mi = u->mean ? u->mean[i] : 0, mj = u->mean ? u->mean[j] : 0;
+                    tpk_estimate r;
+                    if ((*st = tpk_gauss_expect2_quad(bx->phi, by->phi, mi, mj,
+                                                      u->M2[i * n + i] - mi * mi,
+                                                      u->M2[j * n + j] - mj * mj,
+                                                      u->M2[i * n + j] - mi * mj, F->ws, &r,
+                                                      F->X.ctx)))
+                        return NULL;
+                    buf[i * n + j] = r.value;
+                    F->err = fmax(F->err, r.err);
+                }
+            return buf;
+        }
+        *st = NSR_UNSUP(&F->X, NULL, "correlated terms of different kinds (line %d and line %d) in one "
+                    "expectation", bx->line, by->line);
+        return NULL;
+    }
+    if (F->dry)
+        return NULL;
+    const double *mx = block_mean(F, x), *my = block_mean(F, y);
+    if (F->X.ctx->status) {
+        *st = F->X.ctx->status;
+        return NULL;
+    }
+    if (mx == NULL || my == NULL) {
+        *zero = 1;
+        return NULL;
+    }
+    size_t nx = F->N * (size_t)bx->m, ny = F->N * (size_t)by->m;
+    double *buf = *bufp ? *bufp : (*bufp = nsr_fam_alloc(&F->X, nx * ny, sizeof *buf));
+    if (buf == NULL) {
+        *st = F->X.ctx->status;
+        return NULL;
+    }
+    for (size_t i = 0; i < nx; i++)
+        for (size_t j = 0; j < ny; j++)
+            buf[i * ny + j] = mx[i] * my[j];
+    return buf;
+}
+
+/* E[u] of a LIN value: mu + Σ_t C_t E[X_t]; N·m into out. */
+int nsr_fl_lin_mean(fl *F, const val *u, double *out, int *nonzero)
+{
+    size_t N = F->N, m = (size_t)u->m;
+    *nonzero = u->mu != NULL;
+    for (size_t i = 0; i < N * m; i++)
+        out[i] = u->mu ? u->mu[i] : 0;
+    for (int k = 0; k < u->nt; k++) {
+        const term *t = &u->t[k];
+        const double *mx = block_mean(F, t->blk);
+        if (F->X.ctx->status)
+            return F->X.ctx->status;
+        if (mx == NULL)
+            continue;
+        *nonzero = 1;
+        size_t ms = (size_t)F->b[t->blk].m;
+        for (size_t a = 0; a < N; a++)
+            for (size_t p = 0; p < m; p++) {
+                double acc = 0;
+                if (t->dense) {
+                    const double *row = t->w + (a * m + p) * ms;
+                    for (size_t q = 0; q < ms; q++)
+                        acc += row[q] * mx[a * ms + q];
+                } else if (t->idx[p] >= 0) {
+                    acc = (t->w ? t->w[a * m + p] : 1) * mx[a * ms + (size_t)t->idx[p]];
+                }
+                out[a * m + p] += acc;
+            }
+    }
+    return TPK_OK;
+}
+
+int nsr_fl_lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int sym,
+                  double alpha)
+{
+    size_t N = F->N, mu = (size_t)u->m, mv = (size_t)v->m;
+    int st = TPK_OK;
+    for (int i = 0; i < u->nt && st == TPK_OK; i++)
+        for (int j = 0; j < v->nt && st == TPK_OK; j++) {
+            const term *t = &u->t[i], *s = &v->t[j];
+            if (sym && j > i)
+                continue; /* the (j, i) pair is the transpose of (i, j): added below */
+            size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
+            double *buf = NULL; /* pair_m2's, made only when it writes one */
+            if (t->blk == s->blk && F->b[t->blk].kind == BK_BIAS && !t->dense && !s->dense) {
+                /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j, shared by all inputs
+                 * (theory §1.2), without the (N m)² matrix */
+                nsr_fl_touch(F, t->blk);
+                tpk_free(F->X.ctx, buf);
+                if (F->dry)
+                    continue;
+                const fblock *bb = &F->b[t->blk];
+                int twice_b = sym && i != j;
+                int same = i == j && t->w == NULL && mu > 0 && t->idx[0] >= 0;
+                for (size_t p = 1; same && p < mu; p++)
+                    same = t->idx[p] == t->idx[0];
+                if (same && sym) { /* one member broadcast to every point: a constant */
+                    size_t i0 = (size_t)t->idx[0];
+                    double cst = alpha * (bb->s[i0] + (bb->mean ? bb->mean[i0] * bb->mean[i0] : 0));
+                    size_t n = N * mu;
+                    /* a pass over the triangle per layer: over the threads (it was 10 % of an
+                     * MLP N = 2048 run on one, the other spinning) */
+#pragma omp parallel for schedule(dynamic, 64) if (n >= 512)
+                    for (size_t r = 0; r < n; r++) {
+                        double *orow = out + r * ld;
+                        for (size_t q = 0; q <= r; q++)
+                            orow[q] += cst;
+                    }
+                    continue;
+                }
+                for (int pass = 0; pass < 1 + twice_b; pass++) {
+                    const term *x = pass ? s : t, *y = pass ? t : s;
+                    for (size_t a = 0; a < N; a++)
+                        for (size_t p = 0; p < mu; p++) {
+                            int ip = x->idx[p];
+                            if (ip < 0)
+                                continue;
+                            double wp = alpha * (x->w ? x->w[a * mu + p] : 1);
+                            double mi = bb->mean ? bb->mean[(size_t)ip] : 0;
+                            double *orow = out + (a * mu + p) * ld;
+                            size_t cmax = sym ? a + 1 : N;
+                            for (size_t c = 0; c < cmax; c++) {
+                                size_t qmax = sym && c == a ? p + 1 : mv;
+                                const double *wy = y->w ? y->w + c * mv : NULL;
+                                for (size_t q = 0; q < qmax; q++) {
+                                    int iq = y->idx[q];
+                                    if (iq < 0)
+                                        continue;
+                                    double e = (iq == ip ? bb->s[ip] : 0) +
+                                               (bb->mean ? mi * bb->mean[(size_t)iq] : 0);
+                                    orow[c * mv + q] += wp * (wy ? wy[q] : 1) * e;
+                                }
+                            }
+                        }
+                }
+                continue;
+            }
+            if (sym && i == j && !F->dry && F->b[t->blk].Fac != NULL && F->b[t->blk].M2 == NULL) {
+                /* a factor block: C·E[X Xᵀ]·Cᵀ = (C Fac)(C Fac)ᵀ, one rank-r update */
+                long r = 0;
+                double *G = nsr_fl_term_factor(F, t, mu, 1.0, &r);
+                tpk_free(F->X.ctx, buf);
+                if (G == NULL)
+                    return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+                nsr_fl_touch(F, t->blk);
+                st = tpk_dsyrk_lower(TPK_NO_TRANS, N * mu, (size_t)r, alpha, G, (size_t)r, 1.0, out,
+                                     ld, F->X.ctx); /* sym: the lower triangle is read */
+                tpk_free(F->X.ctx, G);
+                continue;
+            }
+            int zero;
+            /* the lower triangle serves a symmetric identity pair: (a,p) ≥ (c,q) reads only it */
+            int full = !(sym && i == j && !t->dense && nsr_fl_monotone(t->idx, mu));
+            int indep = t->blk != s->blk && nsr_fl_terms_indep(F, t, u->m, s, v->m);
+            const double *P = pair_m2(F, t->blk, s->blk, &buf, &zero, &st, full, indep);
+            if (st || F->dry || zero) {
+                tpk_free(F->X.ctx, buf);
+                continue;
+            }
+            size_t ldp = N * ms;
+            int twice = sym && i != j; /* (i,j) and (j,i) */
+            if (!t->dense && !s->dense) {
+                /* s reading its block in order (s->idx[q] = q): contiguous, vectorised rows */
+                int sid = mv <= ms;
+                for (size_t q = 0; q < mv && sid; q++)
+                    sid = s->idx[q] == (int)q;
+#pragma omp parallel for schedule(dynamic, 16) if (N * mu >= 1024 && N * mu * mv >= (1u << 20))
+                for (size_t r = 0; r < N * mu; r++) {
+                    size_t a = r / mu, p = r % mu;
+                    int ip = t->idx[p];
+                    if (ip < 0)
+                        continue;
+                    double wp = alpha * (t->w ? t->w[a * mu + p] : 1);
+                    const double *Prow = P + (a * mt + (size_t)ip) * ldp;
+                    double *orow = out + (a * mu + p) * ld;
+                    size_t cmax = sym ? a + 1 : N;
+                    for (size_t c = 0; c < cmax; c++) {
+                        size_t qmax = sym && c == a ? p + 1 : mv;
+                        const double *Pc = Prow + c * ms;
+                        const double *ws = s->w ? s->w + c * mv : NULL;
+                        double *oc = orow + c * mv;
+                        if (sid && ws) {
+                            for (size_t q = 0; q < qmax; q++)
+                                oc[q] += wp * ws[q] * Pc[q];
+                        } else if (sid) {
+                            for (size_t q = 0; q < qmax; q++)
+                                oc[q] += wp * Pc[q];
+                        } else {
+                            for (size_t q = 0; q < qmax; q++) {
+                                int iq = s->idx[q];
+                                if (iq >= 0)
+                                    oc[q] += wp * (ws ? ws[q] : 1) * Pc[iq];
+                            }
+                        }
+                    }
+                }
+                if (twice) { /* the transposed pair: out[(a,p),(c,q)] += C_s P' C_tᵀ */
+                    for (size_t a = 0; a < N; a++)
+                        for (size_t p = 0; p < mu; p++) {
+                            int ip = s->idx[p];
+                            if (ip < 0)
+                                continue;
+                            double wp = alpha * (s->w ? s->w[a * mu + p] : 1);
+                            double *orow = out + (a * mu + p) * ld;
+                            for (size_t c = 0; c <= a; c++) {
+                                size_t qmax = c == a ? p + 1 : mv;
+                                for (size_t q = 0; q < qmax; q++) {
+                                    int iq = t->idx[q];
+                                    if (iq >= 0)
+                                        orow[c * mv + q] += wp * (t->w ? t->w[c * mv + q] : 1) *
+                                                            P[(c * mt + (size_t)iq) * ldp + a * ms + (size_t)ip];
+                                }
+                            }
+                        }
+                }
+                tpk_free(F->X.ctx, buf);
+                continue;
+            }
+            /* dense: per input pair, out(a,c) += W_t(a) P(a,c) W_s(c)ᵀ by GEMM */
+            double *Wt = nsr_fl_term_dense(F, t, mu), *Ws = nsr_fl_term_dense(F, s, mv);
+            double *tmp = nsr_fam_alloc(&F->X, mu * ms, sizeof *tmp);
+            if (Wt == NULL || Ws == NULL || tmp == NULL) {
+                if (Wt != t->w)
+                    tpk_free(F->X.ctx, Wt);
+                if (Ws != s->w)
+                    tpk_free(F->X.ctx, Ws);
+                tpk_free(F->X.ctx, tmp), tpk_free(F->X.ctx, buf);
+                return F->X.ctx->status;
+            }
+            int *et = nsr_fam_alloc(&F->X, N * mu, sizeof *et), *es = nsr_fam_alloc(&F->X, N * mv, sizeof *es);
+            if (et == NULL || es == NULL)
+                st = F->X.ctx->status;
+            for (size_t a = 0; st == TPK_OK && a < N; a++) {
+                nsr_fl_row_extents(Wt + a * mu * mt, mu, mt, et + a * mu);
+                nsr_fl_row_extents(Ws + a * mv * ms, mv, ms, es + a * mv);
+            }
+            /* one term against itself with a lower-triangular map per input: triangular products */
+            int tri = st == TPK_OK && sym && i == j && mu == mt;
+            for (size_t r = 0; tri && r < N * mu; r++)
+                tri = (size_t)et[r] <= r % mu + 1;
+            if (tri)
+                st = nsr_fl_tri_sandwich(F, Wt, mu, P, ldp, out, ld, alpha);
+            for (size_t a = 0; a < N && st == TPK_OK && !tri; a++)
+                for (size_t c = 0; c < (sym ? a + 1 : N) && st == TPK_OK; c++) {
+                    const double *Pac = P + (a * mt) * ldp + c * ms;
+                    st = nsr_fl_sandwich(F, Wt + a * mu * mt, mu, mt, et + a * mu, Pac, ldp,
+                                  Ws + c * mv * ms, mv, ms, es + c * mv, out + (a * mu) * ld + c * mv,
+                                  ld, sym && a == c && !twice, tmp, alpha);
+                    if (st == TPK_OK && twice) { /* + (W_s(a) P(c,a)ᵀ... ) = transpose pair */
+                        const double *Pca = P + (c * mt) * ldp + a * ms;
+                        /* W_s(a) · P(c,a)ᵀ · W_t(c)ᵀ */
+                        double *tmp2 = nsr_fam_alloc(&F->X, mv * mt, sizeof *tmp2);
+                        if (tmp2 == NULL) {
+                            st = F->X.ctx->status;
+                            break;
+                        }
+                        st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mt, ms, 1.0, Ws + a * mv * ms, ms,
+                                       Pca, ldp, 0.0, tmp2, mt, F->X.ctx);
+                        if (st == TPK_OK)
+                            st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mu, mt, alpha, tmp2, mt,
+                                           Wt + c * mu * mt, mt, 1.0, out + (a * mu) * ld + c * mv,
+                                           ld, F->X.ctx);
+                        tpk_free(F->X.ctx, tmp2);
+                    }
+                }
+            tpk_free(F->X.ctx, et), tpk_free(F->X.ctx, es);
+            if (Wt != t->w)
+                tpk_free(F->X.ctx, Wt);
+            if (Ws != s->w)
+                tpk_free(F->X.ctx, Ws);
+            tpk_free(F->X.ctx, tmp);
+            tpk_free(F->X.ctx, buf);
+        }
+    if (st || F->dry)
+        return st;
+    /* mean terms: E[uvᵀ] = E[LLᵀ] + μ_u m_vᵀ + m_u μ_vᵀ − μ_u μ_vᵀ (m = full first moment);
+     * none when both constant parts vanish (LN's g − mean(g) of a centred g) */
+    if (!nsr_fl_all_zero(u->mu, N * mu) || !nsr_fl_all_zero(v->mu, N * mv)) {
+        double *mU = nsr_fam_alloc(&F->X, N * mu, sizeof *mU), *mV = nsr_fam_alloc(&F->X, N * mv, sizeof *mV);
+        int nz;
+        if (mU == NULL || mV == NULL || nsr_fl_lin_mean(F, u, mU, &nz) || nsr_fl_lin_mean(F, v, mV, &nz)) {
+            tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
+            return F->X.ctx->status;
+        }
+#pragma omp parallel for schedule(dynamic, 16) if (N * mu >= 1024)
+        for (size_t i = 0; i < N * mu; i++)
+            for (size_t j = 0; j < (sym ? i + 1 : N * mv); j++) {
+                double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[j] : 0;
+                out[i * ld + j] += alpha * (a * mV[j] + mU[i] * b - a * b);
+            }
+        tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
+    }
+    return TPK_OK;
+}
+
+/* E[u_p v_p] at each input and point (same input, same member): N·m into out. */
+int nsr_fl_diag_m2(fl *F, const val *u, const val *v, double *out)
+{
+    size_t N = F->N, m = (size_t)u->m;
+    for (int i = 0; i < u->nt; i++)
+        for (int j = 0; j < v->nt; j++) {
+            const term *t = &u->t[i], *s = &v->t[j];
+            size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
+            double *buf = NULL; /* pair_m2's, made only when it writes one */
+            const fblock *bf = &F->b[t->blk];
+            int same_member = t->blk == s->blk && !t->dense && !s->dense;
+            for (size_t p = 0; same_member && p < m; p++)
+                same_member = t->idx[p] < 0 || s->idx[p] < 0 || t->idx[p] == s->idx[p];
+            if (!F->dry && same_member && bf->pend != NULL) {
+                /* a pending block's diagonal is there: no matrix for a moment (LayerNorm's v) */
+                nsr_fl_touch(F, t->blk);
+                const double *dg = bf->pend->diag;
+                for (size_t a = 0; a < N; a++)
+                    for (size_t p = 0; p < m; p++)
+                        if (t->idx[p] >= 0 && s->idx[p] >= 0)
+                            out[a * m + p] += (t->w ? t->w[a * m + p] : 1) *
+                                              (s->w ? s->w[a * m + p] : 1) *
+                                              dg[a * mt + (size_t)t->idx[p]];
+                continue;
+            }
+            if (t->blk == s->blk && bf->kind == BK_BIAS && !t->dense && !s->dense) {
+                /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j (as lin_m2), not
+                 * the block's (N m)² matrix */
+                nsr_fl_touch(F, t->blk);
+                tpk_free(F->X.ctx, buf);
+                for (size_t a = 0; !F->dry && a < N; a++)
+                    for (size_t p = 0; p < m; p++) {
+                        int i1 = t->idx[p], i2 = s->idx[p];
+                        if (i1 < 0 || i2 < 0)
+                            continue;
+                        double e = (i1 == i2 ? bf->s[i1] : 0) +
+                                   (bf->mean ? bf->mean[i1] * bf->mean[i2] : 0);
+                        out[a * m + p] += (t->w ? t->w[a * m + p] : 1) *
+                                          (s->w ? s->w[a * m + p] : 1) * e;
+                    }
+                continue;
+            }
+            if (!F->dry && t->blk == s->blk && !t->dense && !s->dense && bf->Fac != NULL &&
+                bf->M2 == NULL) { /* entries of a factor block: dot products of its rows */
+                size_t r = (size_t)bf->rank;
+                nsr_fl_touch(F, t->blk);
+                for (size_t a = 0; a < N; a++)
+                    for (size_t p = 0; p < m; p++) {
+                        if (t->idx[p] < 0 || s->idx[p] < 0)
+                            continue;
+                        const double *x = bf->Fac + (a * mt + (size_t)t->idx[p]) * r;
+                        const double *y = bf->Fac + (a * mt + (size_t)s->idx[p]) * r;
+                        double acc = 0;
+                        for (size_t q = 0; q < r; q++)
+                            acc += x[q] * y[q];
+                        out[a * m + p] += (t->w ? t->w[a * m + p] : 1) * (s->w ? s->w[a * m + p] : 1) * acc;
+                    }
+                tpk_free(F->X.ctx, buf);
+                continue;
+            }
+            int zero, st;
+            /* two gathers of one block read entries (a, i), (a, j): the lower triangle holds
+             * them as (a, max), (a, min), so a lower-stored block need not be mirrored */
+            int lower_ok = t->blk == s->blk && !t->dense && !s->dense;
+            int indep = t->blk != s->blk && nsr_fl_terms_indep(F, t, u->m, s, v->m);
+            const double *P = pair_m2(F, t->blk, s->blk, &buf, &zero, &st, !lower_ok, indep);
+            if (st || F->dry || zero) {
+                tpk_free(F->X.ctx, buf);
+                if (st)
+                    return st;
+                continue;
+            }
+            size_t ldp = N * ms;
+            double *Wt = (t->dense || s->dense) ? nsr_fl_term_dense(F, t, m) : NULL;
+            double *Ws = (t->dense || s->dense) ? nsr_fl_term_dense(F, s, m) : NULL;
+            for (size_t a = 0; a < N; a++)
+                for (size_t p = 0; p < m; p++) {
+                    double acc = 0;
+                    if (Wt) {
+                        for (size_t q = 0; q < mt; q++) {
+                            double wq = Wt[(a * m + p) * mt + q];
+                            if (wq == 0)
+                                continue;
+                            const double *Prow = P + (a * mt + q) * ldp + a * ms;
+                            for (size_t r = 0; r < ms; r++)
+                                acc += wq * Prow[r] * Ws[(a * m + p) * ms + r];
+                        }
+                    } else if (t->idx[p] >= 0 && s->idx[p] >= 0) {
+                        size_t i1 = (size_t)t->idx[p], i2 = (size_t)s->idx[p];
+                        if (lower_ok && i2 > i1) { /* same block: ms = mt */
+                            size_t tmpi = i1;
+                            i1 = i2;
+                            i2 = tmpi;
+                        }
+                        acc = (t->w ? t->w[a * m + p] : 1) * (s->w ? s->w[a * m + p] : 1) *
+                              P[(a * mt + i1) * ldp + a * ms + i2];
+                    }
+                    out[a * m + p] += acc;
+                }
+            if (Wt && Wt != t->w)
+                tpk_free(F->X.ctx, Wt);
+            if (Ws && Ws != s->w)
+                tpk_free(F->X.ctx, Ws);
+            tpk_free(F->X.ctx, buf);
+        }
+    if (F->dry || (u->mu == NULL && v->mu == NULL))
+        return TPK_OK;
+    double *mU = nsr_fam_alloc(&F->X, N * m, sizeof *mU), *mV = nsr_fam_alloc(&F->X, N * m, sizeof *mV);
+    int nz;
+    if (mU == NULL || mV == NULL || nsr_fl_lin_mean(F, u, mU, &nz) || nsr_fl_lin_mean(F, v, mV, &nz)) {
+        tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
+        return F->X.ctx->status;
+    }
+    for (size_t i = 0; i < N * m; i++) {
+        double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[i] : 0;
+        out[i] += a * mV[i] + mU[i] * b - a * b;
+    }
+    tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
+    return TPK_OK;
+}
