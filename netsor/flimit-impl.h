@@ -63,6 +63,10 @@
 #define FAC_RATIO 4
 
 enum { BK_GAUSS, BK_NONLIN, BK_BIAS, BK_SCAL, BK_MIX, BK_ZERO };
+
+/* fblock.fi of the blocks made before every instruction and seen by each: the input slots' and
+ * an initial G-var family's. */
+#define FI_BEFORE_ALL (-1)
 enum { V_CONST, V_SCAL, V_LIN };
 
 typedef struct term {
@@ -83,7 +87,10 @@ typedef struct val {
 } val;
 
 typedef struct fblock {
-    int kind, fam, fi;
+    int kind, fam;
+    int fi;             /* the family instruction that made it (FI_BEFORE_ALL: none) */
+    int input;          /* the input slots' block (GAUSS): M2 = (1/d) x xᵀ over (input × slot),
+                         * made when first read (nsr_fl_input_block) */
     long m;
     int nidx;
     nsr_trie tr;
@@ -142,9 +149,9 @@ typedef struct fl {
     int dry;            /* plan: no numbers */
     fblock *b;
     int nb, capb;
-    const int *last;    /* from the plan: last use per block (real run) */
-    int *amark;         /* A-var member → site that used it (−1) */
-    long site;
+    int *avar_site;     /* declared A-var member → the MatMul site that multiplies it (−1: none
+                         * yet); a second site is weight tying, which this evaluator refuses */
+    long nsites;        /* MatMul sites met so far (each MatMul, each tap sum) */
     double err;
     tpk_gauss_ws *ws;
     tpk_program *fill;  /* plan of a rolled-only program: give it its outputs */

@@ -17,7 +17,7 @@ static void fl_free(fl *F)
         nsr_trie_free(&F->b[k].tr, F->X.ctx);
     }
     tpk_free(F->X.ctx, F->b);
-    tpk_free(F->X.ctx, F->amark);
+    tpk_free(F->X.ctx, F->avar_site);
     nsr_fam_free(&F->X);
 
     for (int i = 0; i < 6; i++)
@@ -330,11 +330,11 @@ static int fl_init(fl *F, const tpk_program *p, size_t N, size_t T, size_t d, co
     F->dry = N == 0;
     if (st)
         return st;
-    F->amark = nsr_fam_alloc(&F->X, (size_t)F->X.R->ndm + 1, sizeof *F->amark);
-    if (F->amark == NULL)
+    F->avar_site = nsr_fam_alloc(&F->X, (size_t)F->X.R->ndm + 1, sizeof *F->avar_site);
+    if (F->avar_site == NULL)
         return ctx->status;
     for (int i = 0; i < F->X.R->ndm; i++)
-        F->amark[i] = -1;
+        F->avar_site[i] = -1;
     return TPK_OK;
 }
 

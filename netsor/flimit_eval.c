@@ -156,14 +156,14 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         nsr_fl_touch(F, k);
         if (b->kind == BK_ZERO)
             continue;
-        int sc = b->kind == BK_SCAL;
+        int scal = b->kind == BK_SCAL;
         if (is_scal < 0)
-            is_scal = sc;
-        if (is_scal != sc) {
+            is_scal = scal;
+        if (is_scal != scal) {
             tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
             return NSR_UNSUP(&F->X, e, "%s mixes scalar and vector members in one read", e->name);
         }
-        if (sc) {
+        if (scal) {
             if (sv == NULL && (sv = nsr_fam_alloc(&F->X, F->N * (size_t)D->m, sizeof *sv)) == NULL)
                 return F->X.ctx->status;
             if (!F->dry)
@@ -296,7 +296,7 @@ static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr
 {
     double *M2;
     int k = -1;
-    F->site++;
+    F->nsites++;
     if (nsr_fl_new_atom(F, D->m, &M2, &k, 0)) /* matmul_acc writes or zeroes it */
         return F->X.ctx->status;
     F->b[k].line = am->line;
@@ -429,7 +429,7 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     if (accumulable(F, e, binders, 0)) {
         double *M2;
         int k = -1;
-        F->site++;
+        F->nsites++;
         if (nsr_fl_new_atom(F, D->m, &M2, &k, 0))
             return F->X.ctx->status;
         F->b[k].line = e->line;

@@ -246,6 +246,8 @@ int nsr_fl_lin_mean(fl *F, const val *u, double *out, int *nonzero)
     return TPK_OK;
 }
 
+/* out (N mu × N mv, ld) += alpha·(Σ_{t,s} C_t E[X_t X_sᵀ] C_sᵀ + mean terms) = alpha·E[u vᵀ] for
+ * LIN values. sym: u = v, and only the lower triangle needs to be right (it is mirrored). */
 int nsr_fl_lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int sym,
                   double alpha)
 {

@@ -50,6 +50,8 @@ static int tri_in_place(fl *F, const val *u, double **M2)
     return 1;
 }
 
+/* A new Gaussian block *out holding the LIN value u (its second and first moments), of family
+ * fam (−1: a temporary, as φ's argument). */
 int nsr_fl_materialize(fl *F, val *u, int fam, int *out)
 {
     for (int k = 0; k < u->nt; k++) {
@@ -98,7 +100,7 @@ int nsr_fl_materialize(fl *F, val *u, int fam, int *out)
         const fblock *bx = &F->b[x];
         if (nsr_fl_plan_get(F, 1) && x < F->nplan && F->plan[x] == F->X.cur && bx->kind == BK_GAUSS &&
             (fam >= 0 || nsr_fl_stmt_reads_once(F)) &&
-            bx->fi != -2 && bx->M2 && bx->pins == 0 && bx->mean == NULL && bx->m == u->m &&
+            !bx->input && bx->M2 && bx->pins == 0 && bx->mean == NULL && bx->m == u->m &&
             nsr_fl_identity_gather(&u->t[0], u->m)) {
             steal = 1;
             for (int i = 1; i < u->nt && steal; i++)

@@ -49,11 +49,11 @@ int nsr_fl_matmul_weight(fl *F, const nsr_expr *am, const nsr_fdom *D, double *v
     int di = -1;
     if (dm_find(F, am->sym, am, &di))
         return F->X.ctx->status;
-    if (F->amark[di] >= 0)
+    if (F->avar_site[di] >= 0)
         return NSR_UNSUP(&F->X, am, "%s is multiplied in more than one place (weight tying, e.g. a "
                      "recurrence); the rolled evaluator keeps every MatMul's A-var its own",
                      am->name);
-    F->amark[di] = (int)F->site;
+    F->avar_site[di] = (int)F->nsites;
     *var = F->X.R->dm[di].var;
     return TPK_OK;
 }
@@ -99,7 +99,7 @@ int nsr_fl_matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_
     }
     /* U·x[t] over every slot in order: the Gram (σ²/d) x xᵀ straight into the atom */
     if (!F->dry && u.nt == 1 && u.mu == NULL && nsr_fl_identity_term(&u.t[0], u.m) &&
-        F->b[u.t[0].blk].fi == -2 && F->b[u.t[0].blk].M2 == NULL && (size_t)u.m == F->T) {
+        F->b[u.t[0].blk].input && F->b[u.t[0].blk].M2 == NULL && (size_t)u.m == F->T) {
         size_t n = F->N * F->T;
         nsr_fl_touch(F, u.t[0].blk);
         if (fac != NULL && F->d * FAC_RATIO <= n) { /* rank d: the factor √(σ²/d)·x, no Gram */
@@ -253,10 +253,10 @@ int nsr_fl_conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
         return 0;
     /* X's members: the same grid, row-major (the input's slots are, by the program's
      * (r − 1)·cols + s, which the index check below confirms) */
-    if (bx->fi != -2 && (bx->tr.nlev != D->nv || bx->tr.nn[0] != 1 ||
+    if (!bx->input && (bx->tr.nlev != D->nv || bx->tr.nn[0] != 1 ||
                          bx->tr.lo[0][0] != (two ? r0 : s0) || bx->tr.hi[0][0] != (two ? r1 : s1)))
         return 0;
-    if (two && bx->fi != -2)
+    if (two && !bx->input)
         for (long q = 0; q < bx->tr.nn[1]; q++)
             if (bx->tr.lo[1][q] != s0 || bx->tr.hi[1][q] != s1)
                 return 0;
@@ -356,7 +356,7 @@ int nsr_fl_conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st)
      * product per pair) instead of the whole (N m)² Gram first — a CNN's first layer on images
      * then touches one fresh block, not two. Few channels only (RGB, grey): the per-pair loop
      * is plain, where the whole Gram would be one tuned SYRK. */
-    int from_x = fphi == NULL && bx->fi == -2 && bx->M2 == NULL && nsr_fl_dies_here(F, X) &&
+    int from_x = fphi == NULL && bx->input && bx->M2 == NULL && nsr_fl_dies_here(F, X) &&
                  (size_t)bx->m == F->T && F->d > 0 && F->d <= 8;
     if (from_x)
         nsr_fl_touch(F, X);

@@ -28,7 +28,7 @@ static int block_diag(fl *F, int x, double *out)
         }
         return TPK_OK;
     }
-    if (b->M2 == NULL && b->fi == -2) { /* the input block: (1/d) x xᵀ */
+    if (b->M2 == NULL && b->input) { /* the input block: (1/d) x xᵀ */
         for (size_t i = 0; i < n; i++) {
             double acc = 0;
             for (size_t q = 0; q < F->d; q++)
@@ -51,14 +51,14 @@ int nsr_fl_ew_leafable(const fl *F, int x, long m)
 {
     const fblock *b = &F->b[x];
     return b->kind == BK_GAUSS && b->mean == NULL && b->m == m &&
-           (b->pend != NULL || b->M2 != NULL || b->Fac != NULL || b->fi == -2);
+           (b->pend != NULL || b->M2 != NULL || b->Fac != NULL || b->input);
 }
 
 /* A block's name in plan reports: its family's, else "input" or "block". */
 static const char *block_label(const fl *F, int x)
 {
     const fblock *b = &F->b[x];
-    if (b->fi == -2)
+    if (b->input)
         return "input";
     if (b->fam >= 0 && b->fam < F->X.C->nsym)
         return F->X.C->sym[b->fam].name;
@@ -304,12 +304,12 @@ int nsr_fl_ew_flush(fl *F, int k, const ew_readout *ro, int full)
     int *ids = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *ids);
     int *at = nsr_fam_alloc(&F->X, (size_t)F->nb, sizeof *at);
     nsr_ew_node *nd = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *nd);
-    double **ld = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *ld);
-    if (ids == NULL || at == NULL || nd == NULL || ld == NULL) {
+    double **leaf_diag = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *leaf_diag);
+    if (ids == NULL || at == NULL || nd == NULL || leaf_diag == NULL) {
         st = F->X.ctx->status;
         goto done;
     }
-    memset(ld, 0, (size_t)cap * sizeof *ld);
+    memset(leaf_diag, 0, (size_t)cap * sizeof *leaf_diag);
     if ((st = ew_collect(F, k, ids, &nn, cap)) != TPK_OK)
         goto done;
     int pairs = 0; /* a pair program (netsor/ewpair.c) */
@@ -332,7 +332,7 @@ int nsr_fl_ew_flush(fl *F, int k, const ew_readout *ro, int full)
         memset(&nd[i], 0, sizeof nd[i]);
         nd[i].op = NSR_EW_LEAF;
         ew_name(&nd[i], block_label(F, x), F->b[x].line);
-        if (pairs && F->b[x].fi == -2 && F->b[x].M2 == NULL && F->d <= 8) {
+        if (pairs && F->b[x].input && F->b[x].M2 == NULL && F->d <= 8) {
             /* a pair program reads the inputs' Gram per pair (a rank-d product of the pair's
              * rows: few channels, RGB or grey), not the (N m)² matrix first */
             nd[i].x = F->x;
@@ -341,12 +341,12 @@ int nsr_fl_ew_flush(fl *F, int k, const ew_readout *ro, int full)
             st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
             break;
         }
-        if ((ld[i] = nsr_fam_alloc(&F->X, n, sizeof *ld[i])) == NULL) {
+        if ((leaf_diag[i] = nsr_fam_alloc(&F->X, n, sizeof *leaf_diag[i])) == NULL) {
             st = F->X.ctx->status;
             break;
         }
-        nsr_ew_diag(nd, i, n, F->b[x].m, NULL, NULL, ld[i], NULL, F->X.ctx); /* a leaf's: read */
-        nd[i].diag = ld[i];
+        nsr_ew_diag(nd, i, n, F->b[x].m, NULL, NULL, leaf_diag[i], NULL, F->X.ctx); /* a leaf's: read */
+        nd[i].diag = leaf_diag[i];
     }
     double *dphi = NULL;
     int root = nn - 1;
@@ -474,9 +474,9 @@ int nsr_fl_ew_flush(fl *F, int k, const ew_readout *ro, int full)
     if (M != NULL)
         nsr_fl_release(F, M, n * n * sizeof *M);
 done:
-    for (int i = 0; ld && i < cap; i++)
-        tpk_free(F->X.ctx, ld[i]);
-    tpk_free(F->X.ctx, ld);
+    for (int i = 0; leaf_diag && i < cap; i++)
+        tpk_free(F->X.ctx, leaf_diag[i]);
+    tpk_free(F->X.ctx, leaf_diag);
     tpk_free(F->X.ctx, nd);
     tpk_free(F->X.ctx, at);
     tpk_free(F->X.ctx, ids);

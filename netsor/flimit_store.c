@@ -213,7 +213,7 @@ int nsr_fl_dies_here(fl *F, int k)
 double *nsr_fl_take_matrix(fl *F, int k, long m)
 {
     fblock *b = &F->b[k];
-    if (b->kind != BK_GAUSS || b->fi == -2 || b->m != m || b->M2 == NULL || b->pins > 0 ||
+    if (b->kind != BK_GAUSS || b->input || b->m != m || b->M2 == NULL || b->pins > 0 ||
         !nsr_fl_dies_here(F, k) || !nsr_fl_stmt_reads_once(F))
         return NULL;
     double *M = b->M2;
@@ -301,7 +301,7 @@ int nsr_fl_bias_block(fl *F, int sym, int *out)
         return F->X.ctx->status;
     fblock *b = &F->b[k];
     b->fam = sym;
-    b->fi = -1;
+    b->fi = FI_BEFORE_ALL;
     b->last_use = F->X.cur;
     nsr_fl_anc_root(b, k);
     /* members in declaration order; the nsr_trie degenerates to a sorted scan (few members) */
@@ -350,21 +350,19 @@ int nsr_fl_bias_block(fl *F, int sym, int *out)
 int nsr_fl_input_block(fl *F, int *out)
 {
     for (int k = 0; k < F->nb; k++)
-        if (F->b[k].kind == BK_GAUSS && F->b[k].fi == -2) {
+        if (F->b[k].kind == BK_GAUSS && F->b[k].input) {
             *out = k;
             return TPK_OK;
         }
-    int save = F->X.cur;
     int k = nsr_fl_new_block(F, BK_GAUSS, -1, (long)F->T);
-    F->X.cur = save;
     if (k < 0)
         return F->X.ctx->status;
     fblock *b = &F->b[k];
-    b->fi = -2;
-    b->last_use = save;
+    b->fi = FI_BEFORE_ALL;
+    b->input = 1;
     nsr_fl_anc_root(b, k);
-    *out = k; /* its M2 is computed when first read (block_m2): an embedding of every slot in
-               * order writes its Gram straight into the atom instead */
+    *out = k; /* its M2 is made when first read (nsr_fl_block_made): an embedding of every slot
+               * in order writes its Gram straight into the atom instead */
     return TPK_OK;
 }
 
@@ -375,7 +373,7 @@ const double *nsr_fl_block_made(fl *F, int k)
 {
     fblock *b = &F->b[k];
     nsr_fl_touch(F, k);
-    if (b->kind == BK_GAUSS && b->fi == -2 && b->M2 == NULL && !F->dry) { /* the input block */
+    if (b->kind == BK_GAUSS && b->input && b->M2 == NULL && !F->dry) { /* the input block */
         size_t n = F->N * F->T;
         if ((b->M2 = nsr_fl_big(F, n * n, sizeof *b->M2, 0)) == NULL)
             return NULL;
