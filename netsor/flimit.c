@@ -338,14 +338,39 @@ static int fl_init(fl *F, const tpk_program *p, size_t N, size_t T, size_t d, co
     return TPK_OK;
 }
 
+/* The plan of p: the same pass with no inputs (N = 0) and T slots of d dimensions, its work
+ * limited to budget domain points (0: none). P is left for the caller to read and free. */
+static int fl_plan(fl *P, const tpk_program *p, size_t T, size_t d, int all_outputs, long budget,
+                   tpk_ctx *ctx)
+{
+    int st = fl_init(P, p, 0, T, d, NULL, ctx);
+    P->X.work_budget = budget;
+    if (st == TPK_OK)
+        st = fl_run(P, all_outputs, NULL, 0, NULL);
+    return st;
+}
+
+/* The plan's verdict on each block the statements made (P, a finished plan): its last use, −1
+ * where it lives to the end (the outputs read it). last holds P->nb_stmts entries. */
+static void fl_plan_last(const fl *P, int *last)
+{
+    for (int k = 0; k < P->nb_stmts; k++)
+        last[k] = P->b[k].last_use >= P->X.R->nfi ? -1 : P->b[k].last_use;
+}
+
+/* fl_plan_last into a fresh array from ctx's allocator (nb_stmts + 1 entries). */
+static int fl_plan_last_alloc(const fl *P, tpk_ctx *ctx, int **last)
+{
+    if ((*last = tpk_malloc(ctx, ((size_t)P->nb_stmts + 1) * sizeof **last)) == NULL)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    fl_plan_last(P, *last);
+    return TPK_OK;
+}
+
 int nsr_flimit_plan(tpk_program *p, long budget, tpk_ctx *ctx, int *unsupported, int *deferred)
 {
     fl F;
-    *deferred = 0;
-    int st = fl_init(&F, p, 0, (size_t)p->nslots, 0, NULL, ctx);
-    F.X.work_budget = budget;
-    if (st == TPK_OK)
-        st = fl_run(&F, 1, NULL, 0, NULL);
+    int st = fl_plan(&F, p, (size_t)p->nslots, 0, 1, budget, ctx);
     *unsupported = F.X.unsup;
     *deferred = F.X.deferred;
     if (st == TPK_OK) {
@@ -353,8 +378,7 @@ int nsr_flimit_plan(tpk_program *p, long budget, tpk_ctx *ctx, int *unsupported,
         tpk_mem_free(&R->al, R->plan_last); /* no memory: each evaluation plans (no error) */
         R->plan_last = tpk_mem_malloc(&R->al, ((size_t)F.nb + 1) * sizeof *R->plan_last, NULL);
         if (R->plan_last != NULL) {
-            for (int k = 0; k < F.nb_stmts; k++)
-                R->plan_last[k] = F.b[k].last_use >= R->nfi ? -1 : F.b[k].last_use;
+            fl_plan_last(&F, R->plan_last);
             R->nplan = F.nb_stmts;
         }
     }
@@ -397,15 +421,10 @@ static void *plan_thread(void *arg)
     plan_job *J = arg;
     double t0 = tpk_wall_seconds();
     fl P;
-    int st = fl_init(&P, J->p, 0, J->T, J->d, NULL, &J->ctx);
-    if (st == TPK_OK)
-        st = fl_run(&P, J->all_outputs, NULL, 0, NULL);
     int *last = NULL;
-    if (st == TPK_OK &&
-        (last = tpk_malloc(&J->ctx, ((size_t)P.nb_stmts + 1) * sizeof *last)) == NULL)
-        st = TPK_ERROR(&J->ctx, TPK_ENOMEM, "out of memory");
-    for (int k = 0; st == TPK_OK && k < P.nb_stmts; k++)
-        last[k] = P.b[k].last_use >= P.X.R->nfi ? -1 : P.b[k].last_use;
+    int st = fl_plan(&P, J->p, J->T, J->d, J->all_outputs, 0, &J->ctx);
+    if (st == TPK_OK)
+        st = fl_plan_last_alloc(&P, &J->ctx, &last);
     pthread_mutex_lock(&J->mu);
     J->st = st;
     J->unsup = P.X.unsup;
@@ -419,111 +438,88 @@ static void *plan_thread(void *arg)
     return NULL;
 }
 
-int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
-                      double *err, int *unsupported, const tpk_limit_opts *opts, tpk_ctx *ctx)
+/* Starts the plan on a second thread (1), or 0 where none starts (then J holds nothing). */
+static int plan_start(plan_job *J, pthread_t *th)
 {
-    *unsupported = 0;
-    size_t N, T, d;
-    const tpk_progress *progress = opts ? opts->progress : NULL;
-    int plan_kind = opts ? opts->plan : 0;
-    if (plan_kind == 0 && nsr_plan_from_env(&plan_kind, ctx))
-        return ctx->status;
-    if (nsr_rolled_input(p, x, &N, &T, &d, ctx))
-        return ctx->status;
-    const nsr_rolled *RR = p->rolled;
-    int st = TPK_OK, nb = 0, threaded = 0;
-    int *last = NULL;
-    plan_job J;
-    memset(&J, 0, sizeof J);
-    if (RR->plan_last != NULL) { /* planned at load */
-        nb = RR->nplan;
-        if ((last = tpk_malloc(ctx, ((size_t)nb + 1) * sizeof *last)) == NULL)
-            return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-        memcpy(last, RR->plan_last, (size_t)nb * sizeof *last);
-    } else {
-        J.p = p;
-        J.T = T;
-        J.d = d;
-        J.all_outputs = all_outputs;
-        tpk_ctx_init_from(&J.ctx, ctx);
-        pthread_t th;
-        if (pthread_mutex_init(&J.mu, NULL) == 0) {
-            if (pthread_cond_init(&J.cv, NULL) == 0) {
-                threaded = pthread_create(&th, NULL, plan_thread, &J) == 0 ? 1 : 0;
-                if (!threaded)
-                    pthread_cond_destroy(&J.cv);
-            }
+    int threaded = 0;
+    if (pthread_mutex_init(&J->mu, NULL) == 0) {
+        if (pthread_cond_init(&J->cv, NULL) == 0) {
+            threaded = pthread_create(th, NULL, plan_thread, J) == 0 ? 1 : 0;
             if (!threaded)
-                pthread_mutex_destroy(&J.mu);
+                pthread_cond_destroy(&J->cv);
         }
-        if (!threaded) { /* no second thread: plan first, as the thread would */
-            fl P;
-            st = fl_init(&P, p, 0, T, d, NULL, ctx);
-            if (st == TPK_OK)
-                st = fl_run(&P, all_outputs, NULL, 0, NULL);
-            *unsupported = P.X.unsup;
-            nb = P.nb_stmts;
-            if (st == TPK_OK && (last = tpk_malloc(ctx, ((size_t)nb + 1) * sizeof *last)) == NULL)
-                st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-            for (int k = 0; st == TPK_OK && k < nb; k++)
-                last[k] = P.b[k].last_use >= P.X.R->nfi ? -1 : P.b[k].last_use;
-            fl_free(&P);
-            if (st)
-                return st;
-        }
-        if (threaded) {
-            fl F;
-            tpk_ctx rc;
-            tpk_ctx_init_from(&rc, ctx);
-            st = fl_init(&F, p, N, T, d, x->data, &rc);
-            F.pj = &J;
-            F.X.progress = progress; /* reports and the cancel flag, as without the thread */
-            F.plan_kind = plan_kind;
-            F.plan_report = opts ? opts->plan_report : NULL;
-            F.plan_verify = opts ? opts->plan_verify : 0;
-            F.plan_signatures = opts ? opts->plan_signatures : 0;
-            F.cal.provider = opts ? opts->ew_provider : NULL;
-            if (st == TPK_OK)
-                st = fl_run(&F, all_outputs, NULL, 0, K);
-            int made = st == TPK_OK && K != NULL; /* *K is ours to free if the verdict is no */
-            pthread_join(th, NULL);
-            pthread_cond_destroy(&J.cv);
-            pthread_mutex_destroy(&J.mu);
-            const char *tr = getenv("TPK_NETSOR_TRACE");
-            if (tr != NULL && strcmp(tr, "1") == 0)
-                fprintf(stderr, "  %s: plan %.4f s beside the run, %d blocks\n", RR->file, J.seconds,
-                        J.nb);
-            if (J.st != TPK_OK) { /* the plan's error, as if it had run first */
-                st = J.st;
-                *unsupported = J.unsup;
-                tpk_error_at(ctx, J.ctx.status, J.ctx.src_file, J.ctx.src_line, "%s", J.ctx.msg);
-            } else {
-                if (st == TPK_OK && F.nb_stmts != J.nb)
-                    st = TPK_ERROR(&rc, TPK_EINVAL, "internal: the plan and the run differ (%d vs "
-                                   "%d blocks)", J.nb, F.nb_stmts);
-                if (st)
-                    tpk_error_at(ctx, rc.status, rc.src_file, rc.src_line, "%s", rc.msg);
-                *unsupported = F.X.unsup;
-            }
-            if (st != TPK_OK && made) {
-                tpk_array_free(*K);
-                *K = NULL;
-            }
-            if (err)
-                *err = F.err;
-            tpk_free(ctx, J.last);
-            fl_free(&F);
-            return st;
-        }
+        if (!threaded)
+            pthread_mutex_destroy(&J->mu);
     }
+    return threaded;
+}
+
+/* The evaluator's options, one copy for every run: progress reports and the cancel flag, the
+ * entrywise plans' kind, report, checks and cost model. */
+static void fl_set_opts(fl *F, const tpk_limit_opts *opts, int plan_kind)
+{
+    F->X.progress = opts ? opts->progress : NULL;
+    F->plan_kind = plan_kind;
+    F->plan_report = opts ? opts->plan_report : NULL;
+    F->plan_verify = opts ? opts->plan_verify : 0;
+    F->plan_signatures = opts ? opts->plan_signatures : 0;
+    F->cal.provider = opts ? opts->ew_provider : NULL;
+}
+
+/* The run beside the plan of J (started on thread th): its result stands where the plan agrees;
+ * the plan's error, where it fails, is the result, as if it had run first. */
+static int run_beside_plan(const tpk_program *p, const tpk_array *x, size_t N, size_t T, size_t d,
+                           int all_outputs, tpk_array **K, double *err, int *unsupported,
+                           const tpk_limit_opts *opts, int plan_kind, plan_job *J, pthread_t th,
+                           tpk_ctx *ctx)
+{
     fl F;
-    st = fl_init(&F, p, N, T, d, x->data, ctx);
-    F.X.progress = progress;
-    F.plan_kind = plan_kind;
-    F.plan_report = opts ? opts->plan_report : NULL;
-    F.plan_verify = opts ? opts->plan_verify : 0;
-    F.plan_signatures = opts ? opts->plan_signatures : 0;
-    F.cal.provider = opts ? opts->ew_provider : NULL;
+    tpk_ctx rc;
+    tpk_ctx_init_from(&rc, ctx);
+    int st = fl_init(&F, p, N, T, d, x->data, &rc);
+    F.pj = J;
+    fl_set_opts(&F, opts, plan_kind);
+    if (st == TPK_OK)
+        st = fl_run(&F, all_outputs, NULL, 0, K);
+    int made = st == TPK_OK && K != NULL; /* *K is ours to free if the verdict is no */
+    pthread_join(th, NULL);
+    pthread_cond_destroy(&J->cv);
+    pthread_mutex_destroy(&J->mu);
+    const char *tr = getenv("TPK_NETSOR_TRACE");
+    if (tr != NULL && strcmp(tr, "1") == 0)
+        fprintf(stderr, "  %s: plan %.4f s beside the run, %d blocks\n", p->rolled->file,
+                J->seconds, J->nb);
+    if (J->st != TPK_OK) { /* the plan's error, as if it had run first */
+        st = J->st;
+        *unsupported = J->unsup;
+        tpk_error_at(ctx, J->ctx.status, J->ctx.src_file, J->ctx.src_line, "%s", J->ctx.msg);
+    } else {
+        if (st == TPK_OK && F.nb_stmts != J->nb)
+            st = TPK_ERROR(&rc, TPK_EINVAL, "internal: the plan and the run differ (%d vs "
+                           "%d blocks)", J->nb, F.nb_stmts);
+        if (st)
+            tpk_error_at(ctx, rc.status, rc.src_file, rc.src_line, "%s", rc.msg);
+        *unsupported = F.X.unsup;
+    }
+    if (st != TPK_OK && made) {
+        tpk_array_free(*K);
+        *K = NULL;
+    }
+    if (err)
+        *err = F.err;
+    tpk_free(ctx, J->last);
+    fl_free(&F);
+    return st;
+}
+
+/* The run with its plan made already: last[0..nb), each block's last use (consumed). */
+static int run_planned(const tpk_program *p, const tpk_array *x, size_t N, size_t T, size_t d,
+                       int all_outputs, tpk_array **K, double *err, int *unsupported,
+                       const tpk_limit_opts *opts, int plan_kind, int *last, int nb, tpk_ctx *ctx)
+{
+    fl F;
+    int st = fl_init(&F, p, N, T, d, x->data, ctx);
+    fl_set_opts(&F, opts, plan_kind);
     if (st == TPK_OK)
         st = fl_run(&F, all_outputs, last, nb, K);
     if (st == TPK_OK && F.nb_stmts != nb)
@@ -535,6 +531,51 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     tpk_free(ctx, last);
     fl_free(&F);
     return st;
+}
+
+int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs, tpk_array **K,
+                      double *err, int *unsupported, const tpk_limit_opts *opts, tpk_ctx *ctx)
+{
+    *unsupported = 0;
+    size_t N, T, d;
+    int plan_kind = opts ? opts->plan : 0;
+    if (plan_kind == 0 && nsr_plan_from_env(&plan_kind, ctx))
+        return ctx->status;
+    if (nsr_rolled_input(p, x, &N, &T, &d, ctx))
+        return ctx->status;
+    const nsr_rolled *RR = p->rolled;
+    int nb = 0;
+    int *last = NULL;
+    if (RR->plan_last != NULL) { /* planned at load */
+        nb = RR->nplan;
+        if ((last = tpk_malloc(ctx, ((size_t)nb + 1) * sizeof *last)) == NULL)
+            return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        memcpy(last, RR->plan_last, (size_t)nb * sizeof *last);
+    } else {
+        plan_job J;
+        memset(&J, 0, sizeof J);
+        J.p = p;
+        J.T = T;
+        J.d = d;
+        J.all_outputs = all_outputs;
+        tpk_ctx_init_from(&J.ctx, ctx);
+        pthread_t th;
+        if (plan_start(&J, &th))
+            return run_beside_plan(p, x, N, T, d, all_outputs, K, err, unsupported, opts,
+                                   plan_kind, &J, th, ctx);
+        /* no second thread: plan first, as the thread would */
+        fl P;
+        int st = fl_plan(&P, p, T, d, all_outputs, 0, ctx);
+        if (st == TPK_OK)
+            st = fl_plan_last_alloc(&P, ctx, &last);
+        *unsupported = P.X.unsup;
+        nb = P.nb_stmts;
+        fl_free(&P);
+        if (st)
+            return st;
+    }
+    return run_planned(p, x, N, T, d, all_outputs, K, err, unsupported, opts, plan_kind, last, nb,
+                       ctx);
 }
 
 int nsr_flimit_refusal(const tpk_program *p, tpk_ctx *ctx)
