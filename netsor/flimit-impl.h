@@ -18,8 +18,9 @@
  *   flimit_expand.c      Moments: monomial lists (degree ≤ 2) and their expectations
  *   flimit_eval.c        the expression walk: names, numbers, MatMuls, sums, softmax, φ, mean()
  *   flimit_stmt.c        statements: a family instruction's value becomes its block
+ *   flimit_readout.c     outputs → K = σ_v² E[y yᵀ] + β, by a table of readout strategies
  *   flimit.c             driver: plan (the same pass with N = 0, on a second thread), the
- *                        statement loop, outputs → K = σ_v² E[y yᵀ] + β
+ *                        statement loop, blocks freed at their last use
  *
  * How a program runs: the plan is the same pass with no inputs (N = 0): domains, index maps,
  * block kinds and which forms are supported, and every block's last use (liveness). The run
@@ -163,9 +164,8 @@ typedef struct fl {
         void *p;
         size_t bytes;
     } pool[6];          /* freed big matrices, reused: fresh pages cost more than a memset */
-    double *inplace;    /* set by matmul_acc: the matrix the new atom takes instead of its own */
     const nsr_stmt *final_out; /* the one output the end reads (its blocks' last reader), or NULL */
-    pend *newpend;      /* set by matmul_acc: the pending map the new atom is, instead of a matrix */
+    int trace;          /* TPK_NETSOR_TRACE=1 (the run, not the plan): times and strategies */
     int plan_kind;      /* NSR_PLAN_NAIVE or NSR_PLAN_OPTIMAL (TPK_PLAN) */
     nsr_ew_calib cal;   /* the plans' cost model, measured by the first that needs it */
     FILE *plan_report;  /* netsor plan: every entrywise plan, its kernels and times */
@@ -285,7 +285,6 @@ int nsr_fl_plan_status(fl *F, int wait);
 int nsr_fl_dies_here(fl *F, int k);
 /* Block k's matrix, taken for a step that overwrites it, or NULL (nothing taken). */
 double *nsr_fl_take_matrix(fl *F, int k, long m);
-double *nsr_fl_adopt_inplace(fl *F, double *M2, long m);
 /* The Gauss–Hermite workspace (always, or where φ's maps need quadrature). */
 int nsr_fl_ensure_ws(fl *F);
 int nsr_fl_ensure_ws_for(fl *F, const tpk_phi *phi);
@@ -340,16 +339,38 @@ int nsr_fl_materialize(fl *F, val *u, int fam, int *out);
 int nsr_fl_mix_to_gauss(fl *F, int k);
 
 /* ---- flimit_matmul.c: MatMul lowering ------------------------------------------------------- */
+/* A strategy's apply that finds its case is not one after all (factor_of, ew_sum_of answer 0):
+ * the next entry of the table runs. */
+#define NSR_FL_DECLINED (-1)
+
+/* An atom: the Gaussian block that one MatMul, or one sum of MatMuls by distinct A-vars
+ * (convolution taps), defines — a root of its own (theory §1.6) — and what its lowering made of
+ * it. At most one of taken, pend, fac is set; else the lowering wrote M2 (lower triangle). */
+typedef struct nsr_fl_atom {
+    int k;              /* its block */
+    long m;
+    double *M2;         /* its own (N m)² matrix, uninitialised (NULL in the plan) */
+    double *taken;      /* a dying block's matrix the lowering wrote in place: the atom's */
+    pend *pend;         /* the atom is pending: its matrix is made when a reader needs one */
+    double *fac;        /* a low-rank factor, (N m) × rank: M2 = Fac·Facᵀ when a reader needs it */
+    long rank;
+    const char *how;    /* the strategy that took it (TPK_NETSOR_TRACE) */
+} nsr_fl_atom;
+
+int nsr_fl_atom_new(fl *F, long m, int line, nsr_fl_atom *A);
+/* The atom's block takes what the lowering made (st: its status); *out reads the block. */
+int nsr_fl_atom_finish(fl *F, nsr_fl_atom *A, int st, val *out);
 /* The A-var of a MatMul am over D: its checks (untied or tied weights refused), its σ². */
 int nsr_fl_matmul_weight(fl *F, const nsr_expr *am, const nsr_fdom *D, double *var);
-int nsr_fl_matmul_acc(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D,
-                      val *coef, double var, val *src_val, double *M2, taps *T, double **fac,
-                      long *rank);
+/* A·src over D into atom A (src_val: src's value, consumed), by the first strategy that takes it. */
+int nsr_fl_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, double var,
+                  val *src_val, nsr_fl_atom *A);
+/* One more tap of a sum of MatMuls (src_val consumed; coef: a scalar factor or NULL; b[0..nb):
+ * its binder values), and the lowering of the whole sum into atom A. */
+int nsr_fl_taps_push(fl *F, taps *T, const nsr_expr *src, val *coef, double var, val *src_val,
+                     const int *b, int nb);
+int nsr_fl_tap_sum(fl *F, const nsr_fdom *D, taps *T, nsr_fl_atom *A, int line);
 void nsr_fl_taps_free(fl *F, taps *T);
-int nsr_fl_lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2);
-int nsr_fl_new_atom(fl *F, long m, double **M2, int *k, int zero);
-int nsr_fl_finish_atom(fl *F, int k, double *M2, val *out, long m);
-int nsr_fl_conv_lowering(fl *F, const nsr_fdom *D, taps *T, double *M2, int *st);
 
 /* ---- flimit_expand.c: Moments --------------------------------------------------------------- */
 void nsr_fl_ml_free(fl *F, mlist *L);
@@ -368,5 +389,11 @@ int nsr_fl_run_def(fl *F, const nsr_finstr *fi);
 int nsr_fl_run_output(fl *F, const nsr_finstr *fi, fout *o);
 /* The outputs of an output instruction as the program's tpk_output entries ("y[3]"). */
 int nsr_fl_name_outputs(fl *F, const nsr_stmt *s, const nsr_fdom *D, double var, double bias);
+
+/* ---- flimit_readout.c: the kernel of the outputs ------------------------------------------ */
+/* K (dim × dim, dim = N·O) of the outputs out[0..no) by the first readout strategy that takes
+ * them; in the plan, their walk without numbers (*K stays NULL). On failure *K may be set: the
+ * caller frees it. */
+int nsr_fl_readout(fl *F, const fout *out, int no, tpk_array **K);
 
 #endif

@@ -44,7 +44,8 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     }
     /* TPK_NETSOR_TRACE=1: seconds per family instruction on stderr (where the time goes) */
     const char *tr = getenv("TPK_NETSOR_TRACE");
-    int trace = !F->dry && tr != NULL && strcmp(tr, "1") == 0;
+    F->trace = !F->dry && tr != NULL && strcmp(tr, "1") == 0;
+    const int trace = F->trace;
     double t_prev = trace ? tpk_wall_seconds() : 0;
     for (int k = 0; k < R->nfi && st == TPK_OK; k++) {
         if (!F->dry && (st = tpk_progress_report(F->X.progress, "family instructions", (size_t)k,
@@ -109,187 +110,13 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
             F->final_out = R->fi[k].stmt;
             break;
         }
-    size_t O = 0;
-    for (int i = 0; st == TPK_OK && i < no; i++)
-        O += (size_t)out[i].v.m;
-    if (st == TPK_OK && O > 200000)
-        st = TPK_ERROR(F->X.ctx, TPK_EINVAL, "%s: %zu outputs per input are too many for one kernel",
-                       R->file, O);
-    size_t N = F->N, dim = N * O;
     tpk_array *Kout = NULL;
-    if (st == TPK_OK && !F->dry) {
-        /* uninitialised: every path below writes each entry or gives K a block of its own
-         * (zeroing dim² entries that a leaf's matrix then replaces was 3 % of a transformer) */
-        double *q = tpk_array_check_memory(dim * dim, "kernel", F->X.ctx) ? NULL
-                    : nsr_fl_big(F, dim * dim, sizeof *q, 0);
-        Kout = q != NULL ? tpk_array_alloc2(1, 1, F->X.ctx) : NULL;
-        if (Kout == NULL) {
-            tpk_free(F->X.ctx, q);
-            st = F->X.ctx->status;
-        } else {
-            tpk_free(F->X.ctx, Kout->data);
-            Kout->data = q;
-            Kout->dims[0] = Kout->dims[1] = dim;
-        }
-    }
-    size_t oi0 = 0;
-    for (int i = 0; i < no && st == TPK_OK; i++) {
-        size_t oj0 = 0;
-        for (int j = 0; j <= i && st == TPK_OK; j++) {
-            const fout *a = &out[i], *c = &out[j];
-            size_t mi = (size_t)a->v.m, mj = (size_t)c->v.m;
-            if (F->dry) {
-                st = nsr_fl_lin_m2(F, &a->v, &c->v, NULL, 0, i == j, 1.0);
-                oj0 += mj;
-                continue;
-            }
-            if (no == 1 && a->v.nt == 1 && a->v.mu == NULL && nsr_fl_identity_term(&a->v.t[0], a->v.m) &&
-                F->b[a->v.t[0].blk].kind == BK_NONLIN && F->b[a->v.t[0].blk].M2 == NULL &&
-                F->b[F->b[a->v.t[0].blk].arg].pend != NULL &&
-                (size_t)F->b[a->v.t[0].blk].m * N == dim) {
-                /* y = readout(φ(g)), g pending: the readout's map is the plan's last node, its
-                 * result the kernel (the whole recursion in the passes the plan chooses) */
-                const fblock *bx = &F->b[a->v.t[0].blk];
-                st = nsr_fl_ensure_ws_for(F, bx->phi);
-                const ew_readout ro = {.phi = bx->phi, .alpha = a->var, .beta = a->bias_var,
-                                      .out = &Kout->data};
-                if (st == TPK_OK)
-                    st = nsr_fl_ew_flush(F, bx->arg, &ro, 1);
-                break;
-            }
-            if (no == 1 && a->v.nt == 1 && a->v.mu == NULL && nsr_fl_identity_term(&a->v.t[0], a->v.m) &&
-                F->b[a->v.t[0].blk].kind == BK_NONLIN && F->b[a->v.t[0].blk].M2 == NULL &&
-                F->b[F->b[a->v.t[0].blk].arg].mean == NULL &&
-                nsr_fl_block_m2(F, F->b[a->v.t[0].blk].arg) != NULL &&
-                nsr_fl_ensure_ws_for(F, F->b[a->v.t[0].blk].phi) == TPK_OK) {
-                /* y = readout(φ(g)): K = σ_v² V_φ(Σ_g) + β in one fused map */
-                const fblock *bx = &F->b[a->v.t[0].blk];
-                double e = 0;
-                /* the lower triangle by the map (the tuned kernel for ReLU), then the mirror:
-                 * measured faster than the map's own mirrored tiles (N = 4096: 42 ms, 54 ms) */
-                fblock *g = &F->b[bx->arg];
-                if (g->M2 != NULL && g->pins == 0 && (size_t)g->m * N == dim) {
-                    /* g is read for the last time: the map runs in place and K takes its
-                     * matrix (no fresh dim² pages to fault in); both come from F's allocator */
-                    tpk_free(F->X.ctx, Kout->data);
-                    Kout->data = g->M2;
-                    g->M2 = NULL;
-                }
-                st = tpk_gauss_map_affine_lower(bx->phi, g->M2 ? g->M2 : Kout->data, dim, a->var,
-                                                a->bias_var, Kout->data, F->ws, &e, F->X.ctx);
-                if (st == TPK_OK)
-                    nsr_ew_mirror(Kout->data, dim);
-                F->err = fmax(F->err, e * a->var);
-                break;
-            }
-            const term *t0 = a->v.nt == 1 ? &a->v.t[0] : NULL;
-            fblock *g0 = t0 ? &F->b[t0->blk] : NULL;
-            if (no == 1 && a->v.kind == V_LIN && a->v.nt == 1 && a->v.t[0].dense &&
-                a->v.m == 1 && nsr_fl_all_zero(a->v.mu, N)) {
-                /* y = readout(Σ_p w_p φ(g)_p) (a CNN's global average pool), g a pair program:
-                 * each input pair's block is pooled where it is made — no (N m)² matrix */
-                const fblock *bx = &F->b[a->v.t[0].blk];
-                int g = bx->kind == BK_NONLIN && bx->M2 == NULL ? bx->arg
-                        : bx->kind == BK_GAUSS                  ? a->v.t[0].blk
-                                                                : -1;
-                if (g >= 0 && F->b[g].pend != NULL && F->b[g].mean == NULL &&
-                    F->b[g].m == bx->m && nsr_fl_ew_pairwise(F, g)) {
-                    const ew_readout ro = {.phi = bx->kind == BK_NONLIN ? bx->phi : NULL,
-                                           .alpha = a->var, .beta = a->bias_var,
-                                           .pool = a->v.t[0].w, .out = &Kout->data};
-                    st = nsr_fl_ew_flush(F, g, &ro, 1);
-                    break;
-                }
-                if (F->X.ctx->status) {
-                    st = F->X.ctx->status;
-                    break;
-                }
-            }
-            if (no == 1 && a->v.kind == V_LIN && (a->bias_var == 0 || a->v.m == 1)) {
-                /* y = readout(Σ_t w_t·g_t) of independent blocks, some pending (a transformer's
-                 * last LayerNorm over its residual sum): the sum and the readout's scaling are
-                 * the plan's last nodes, both triangles written from its tiles (no mirror) */
-                pend *P = NULL;
-                int es = nsr_fl_ew_sum_of(F, &a->v, nsr_fl_cur_line(F), nsr_fl_cur_col(F), &P), k = -1;
-                if (es > 0 && ((k = nsr_fl_new_block(F, BK_GAUSS, -1, a->v.m)) < 0 || nsr_fl_pend_attach(F, k, P))) {
-                    if (k < 0)
-                        nsr_fl_pend_discard(F, P);
-                    es = -1;
-                }
-                if (es < 0) {
-                    st = F->X.ctx->status;
-                    break;
-                }
-                if (es > 0) {
-                    const ew_readout ro = {.alpha = a->var, .beta = a->bias_var, .out = &Kout->data};
-                    st = nsr_fl_ew_flush(F, k, &ro, 1);
-                    break;
-                }
-            }
-            if (no == 1 && t0 && g0->kind == BK_GAUSS && g0->M2 != NULL && g0->pins == 0 &&
-                g0->mean == NULL &&
-                (size_t)g0->m * N == dim && nsr_fl_identity_gather(t0, a->v.m) &&
-                nsr_fl_all_zero(a->v.mu, dim)) {
-                /* y = readout(w·g), g read for the last time: K takes g's matrix, scaled in
-                 * place (no zeroed dim² block), as the φ readout above */
-                double *M = g0->M2;
-                const double *w = t0->w, sc = a->var, beta = a->bias_var;
-                g0->M2 = NULL;
-                tpk_free(F->X.ctx, Kout->data);
-                Kout->data = M;
-#pragma omp parallel for schedule(dynamic, 64) if (dim >= 512)
-                for (size_t r = 0; r < dim; r++)
-                    for (size_t q = 0; q <= r; q++)
-                        M[r * dim + q] = sc * (w ? w[r] * w[q] : 1) * M[r * dim + q] + beta;
-                nsr_ew_mirror(M, dim);
-                break;
-            }
-            if (no == 1) { /* one output family: K is its second-moment block itself */
-                double sc = a->var, beta = a->bias_var;
-                /* a block of the pool where one is free (a freed block of this size: no fresh
-                 * pages to fault in, measured 83 ms of 95 for the transformer's 2000² output),
-                 * else fresh pages zeroed by writing before the first += reads them (fl_big) */
-                double *q = nsr_fl_big(F, dim * dim, sizeof *q, 1);
-                if (q == NULL) {
-                    st = F->X.ctx->status;
-                    break;
-                }
-                tpk_free(F->X.ctx, Kout->data);
-                Kout->data = q;
-                st = nsr_fl_lin_m2(F, &a->v, &a->v, Kout->data, dim, 1, sc);
-                if (st == TPK_OK) {
-                    nsr_ew_mirror(Kout->data, dim);
-                    if (beta != 0)
-                        for (size_t x = 0; x < dim * dim; x++)
-                            Kout->data[x] += beta;
-                }
-                break;
-            }
-            double *M = nsr_fam_alloc(&F->X, N * mi * N * mj, sizeof *M);
-            if (M == NULL) {
-                st = F->X.ctx->status;
-                break;
-            }
-            st = nsr_fl_lin_m2(F, &a->v, &c->v, M, N * mj, i == j, 1.0);
-            if (st == TPK_OK && i == j)
-                nsr_ew_mirror(M, N * mi);
-            double s = sqrt(a->var * c->var), beta = sqrt(a->bias_var * c->bias_var);
-            for (size_t x = 0; st == TPK_OK && x < N; x++)
-                for (size_t p = 0; p < mi; p++)
-                    for (size_t y = 0; y < N; y++)
-                        for (size_t q = 0; q < mj; q++) {
-                            double v = s * M[(x * mi + p) * N * mj + y * mj + q] + beta;
-                            Kout->data[(x * O + oi0 + p) * dim + y * O + oj0 + q] = v;
-                            Kout->data[(y * O + oj0 + q) * dim + x * O + oi0 + p] = v;
-                        }
-            tpk_free(F->X.ctx, M);
-            oj0 += mj;
-        }
-        oi0 += (size_t)out[i].v.m;
-    }
+    if (st == TPK_OK)
+        st = nsr_fl_readout(F, out, no, &Kout);
     for (int i = 0; i < no; i++)
         nsr_fl_val_free(F, &out[i].v);
     tpk_free(F->X.ctx, out);
+    size_t dim = Kout ? Kout->dims[0] : 0;
     int finite = 1; /* checked over the threads first; the first bad entry is named below */
     if (st == TPK_OK && Kout) {
         const double *kd = Kout->data;

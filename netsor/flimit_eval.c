@@ -292,45 +292,19 @@ static int matmul_source(fl *F, const nsr_expr *am, const nsr_expr *src, const n
     return nsr_fl_eval(F, src, D, u) ? F->X.ctx->status : TPK_OK;
 }
 
+/* A·src over D: a new atom, lowered by the MatMul strategies (flimit_matmul.c). */
 static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, val *out)
 {
-    double *M2;
-    int k = -1;
+    nsr_fl_atom A;
     F->nsites++;
-    if (nsr_fl_new_atom(F, D->m, &M2, &k, 0)) /* matmul_acc writes or zeroes it */
+    if (nsr_fl_atom_new(F, D->m, am->line, &A))
         return F->X.ctx->status;
-    F->b[k].line = am->line;
-    double *fac = NULL;
-    long rank = 0;
-    F->inplace = NULL;
-    F->newpend = NULL;
     double var = 0;
     val u;
     int st = matmul_source(F, am, src, D, &var, &u);
     if (st == TPK_OK)
-        st = nsr_fl_matmul_acc(F, am, src, D, NULL, var, &u, M2, NULL, &fac, &rank);
-    if (F->newpend != NULL) { /* a pending map: its own block, never touched, goes back */
-        pend *P = F->newpend;
-        size_t n = F->N * (size_t)D->m;
-        F->newpend = NULL;
-        nsr_fl_release(F, M2, n * n * sizeof *M2);
-        if (nsr_fl_pend_attach(F, k, P))
-            return F->X.ctx->status;
-        return nsr_fl_finish_atom(F, k, NULL, out, D->m);
-    }
-    M2 = nsr_fl_adopt_inplace(F, M2, D->m);
-    if (st) {
-        tpk_free(F->X.ctx, M2);
-        return F->X.ctx->status;
-    }
-    if (fac != NULL) { /* low rank: the block keeps the factor */
-        size_t n = F->N * (size_t)D->m;
-        nsr_fl_release(F, M2, n * n * sizeof *M2);
-        M2 = NULL;
-        F->b[k].Fac = fac;
-        F->b[k].rank = rank;
-    }
-    return nsr_fl_finish_atom(F, k, M2, out, D->m);
+        st = nsr_fl_matmul(F, am, src, D, var, &u, &A);
+    return nsr_fl_atom_finish(F, &A, st, out) ? F->X.ctx->status : TPK_OK;
 }
 
 /* A sum over binders of MatMuls whose A-var changes with the binder (convolution taps:
@@ -365,8 +339,8 @@ static int is_acc_leaf(const fl *F, const nsr_expr *e, const nsr_expr **am, cons
     return 0;
 }
 
-static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, double *M2, taps *T,
-                   const int *binders, int nb, int depth)
+static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, taps *T, const int *binders,
+                   int nb, int depth)
 {
     if (depth > NSR_MAX_DEPTH)
         return NSR_UNSUP(&F->X, e, "sums nested too deeply");
@@ -376,7 +350,7 @@ static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, double *M2, taps
             return F->X.ctx->status;
         for (int j = lo; j <= hi; j++) {
             F->X.num[e->sym] = j;
-            if (acc_sum(F, e->a, D, M2, T, binders, nb, depth + 1))
+            if (acc_sum(F, e->a, D, T, binders, nb, depth + 1))
                 return F->X.ctx->status;
         }
         F->X.num[e->sym] = NAN;
@@ -395,15 +369,14 @@ static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, double *M2, taps
         }
         cp = &c;
     }
-    int n0 = T->n;
+    int b[2] = {0, 0};
+    for (int i = 0; i < nb && i < 2; i++)
+        b[i] = (int)F->X.num[binders[i]];
     double var = 0;
     val u;
     int st = matmul_source(F, am, src, D, &var, &u);
     if (st == TPK_OK)
-        st = nsr_fl_matmul_acc(F, am, src, D, cp, var, &u, M2, T, NULL, NULL);
-    if (st == TPK_OK && T->n > n0)
-        for (int i = 0; i < nb && i < 2; i++)
-            T->t[T->n - 1].b[i] = (int)F->X.num[binders[i]];
+        st = nsr_fl_taps_push(F, T, src, cp, var, &u, b, nb);
     if (cp)
         nsr_fl_val_free(F, cp);
     return st;
@@ -426,50 +399,23 @@ static int accumulable(const fl *F, const nsr_expr *e, int *binders, int nb)
 static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     int binders[NSR_MAXV];
-    if (accumulable(F, e, binders, 0)) {
-        double *M2;
-        int k = -1;
+    if (accumulable(F, e, binders, 0)) { /* taps: one atom (flimit_matmul.c) */
+        nsr_fl_atom A;
         F->nsites++;
-        if (nsr_fl_new_atom(F, D->m, &M2, &k, 0))
+        if (nsr_fl_atom_new(F, D->m, e->line, &A))
             return F->X.ctx->status;
-        F->b[k].line = e->line;
         taps T = {.nb = 0};
         const nsr_expr *q = e;
         while (q->kind == NSR_E_SUM && T.nb < NSR_MAXV)
             T.nb++, q = q->a;
-        if (acc_sum(F, e, D, M2, &T, binders, T.nb, 0)) {
+        if (acc_sum(F, e, D, &T, binders, T.nb, 0)) {
             nsr_fl_taps_free(F, &T);
-            tpk_free(F->X.ctx, M2);
+            nsr_fl_atom_finish(F, &A, F->X.ctx->status, out);
             return F->X.ctx->status;
         }
-        int st = TPK_OK;
-        F->inplace = NULL;
-        F->newpend = NULL;
-        int lowered = nsr_fl_conv_lowering(F, D, &T, M2, &st);
-        if (lowered == 2) { /* pending: its own block, never touched, goes back */
-            pend *P = F->newpend;
-            size_t n = F->N * (size_t)D->m;
-            F->newpend = NULL;
-            nsr_fl_taps_free(F, &T);
-            nsr_fl_release(F, M2, n * n * sizeof *M2);
-            if (nsr_fl_pend_attach(F, k, P))
-                return F->X.ctx->status;
-            return nsr_fl_finish_atom(F, k, NULL, out, D->m);
-        }
-        M2 = nsr_fl_adopt_inplace(F, M2, D->m);
-        if (!lowered) {
-            size_t n = F->N * (size_t)D->m; /* the generic sum adds into a zeroed block */
-            if (M2 != NULL)
-                memset(M2, 0, n * n * sizeof *M2);
-            for (int i = 0; i < T.n && st == TPK_OK; i++)
-                st = nsr_fl_lin_m2_acc(F, &T.t[i].u, T.t[i].var, F->N * (size_t)D->m, M2);
-        }
+        int st = nsr_fl_tap_sum(F, D, &T, &A, e->line);
         nsr_fl_taps_free(F, &T);
-        if (st) {
-            tpk_free(F->X.ctx, M2);
-            return st;
-        }
-        return nsr_fl_finish_atom(F, k, M2, out, D->m);
+        return nsr_fl_atom_finish(F, &A, st, out);
     }
     nsr_fdom X;
     long *parent;

@@ -74,7 +74,8 @@ static int nonlin_moments(fl *F, int k)
             zero_mean = u->mean[i] == 0;
     /* φ(g) where g dies here and the statement reads it through this block alone (a CNN's
      * h = φ(g) read by the next layer's taps): the map runs over g's matrix and this block takes
-     * it (take_matrix; matmul_acc does the same for W·φ(g)). S: g's moments, read in place. */
+     * it (nsr_fl_take_matrix; the fused-map MatMul does the same for W·φ(g)). S: g's moments,
+     * read in place. */
     const double *S = u->M2;
     double *M2 = zero_mean ? nsr_fl_take_matrix(F, b->arg, b->m) : NULL;
     const int in_place = M2 != NULL;

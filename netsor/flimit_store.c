@@ -157,8 +157,8 @@ int nsr_fl_defined_names(const fl *F, const nsr_expr *e)
     return n + nsr_fl_defined_names(F, e->a) + nsr_fl_defined_names(F, e->b);
 }
 
-/* 1 when the statement being evaluated names one defined family (defined_names); at the end,
- * where the outputs read their blocks, the one output read (final_out) is that statement */
+/* 1 when the statement being evaluated names one defined family (nsr_fl_defined_names); at the
+ * end, where the outputs read their blocks, the one output read (final_out) is that statement */
 int nsr_fl_stmt_reads_once(const fl *F)
 {
     const nsr_stmt *stm = F->X.cur >= 0 && F->X.cur < F->X.R->nfi ? F->X.R->fi[F->X.cur].stmt
@@ -207,7 +207,7 @@ int nsr_fl_dies_here(fl *F, int k)
 }
 
 /* Block k's matrix, taken for a step that overwrites it, where k is a Gaussian block of m members
- * that dies here and the statement reads once (stmt_reads_once); NULL (nothing taken)
+ * that dies here and the statement reads once (nsr_fl_stmt_reads_once); NULL (nothing taken)
  * otherwise. The block holds no matrix afterwards: a fresh (N m)² block's first touch — page
  * faults and the kernel's zeroing — costs more than the map that would fill it. */
 double *nsr_fl_take_matrix(fl *F, int k, long m)
@@ -219,19 +219,6 @@ double *nsr_fl_take_matrix(fl *F, int k, long m)
     double *M = b->M2;
     b->M2 = NULL;
     return M;
-}
-
-/* After a step that may have run over a taken matrix (F->inplace): the new atom takes that
- * matrix, and its own (N m)² block, never touched, goes back to the pool. */
-double *nsr_fl_adopt_inplace(fl *F, double *M2, long m)
-{
-    if (F->inplace == NULL)
-        return M2;
-    size_t n = F->N * (size_t)m;
-    nsr_fl_release(F, M2, n * n * sizeof *M2);
-    M2 = F->inplace;
-    F->inplace = NULL;
-    return M2;
 }
 
 int nsr_fl_ensure_ws(fl *F)
@@ -310,7 +297,7 @@ int nsr_fl_bias_block(fl *F, int sym, int *out)
     b->tr.nfix = nidx;
     size_t N = F->N;
     /* per member: variance in s, means in mean (N·m, NULL when all zero); the (N m)² second
-     * moments are built only if a dense map asks for them (block_m2) */
+     * moments are built only if a dense map asks for them (nsr_fl_block_made) */
     double *var = nsr_fam_alloc(&F->X, (size_t)m, sizeof *var);
     double *mean = F->dry ? NULL : nsr_fam_alloc(&F->X, N * (size_t)m, sizeof *mean);
     int *tab = nsr_fam_alloc(&F->X, (size_t)m * (NSR_MAX_INDICES + 1), sizeof *tab);
