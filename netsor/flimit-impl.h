@@ -166,6 +166,7 @@ typedef struct fl {
     } pool[6];          /* freed big matrices, reused: fresh pages cost more than a memset */
     const nsr_stmt *final_out; /* the one output the end reads (its blocks' last reader), or NULL */
     int trace;          /* TPK_NETSOR_TRACE=1 (the run, not the plan): times and strategies */
+    double t_mark;      /* trace: the time of the last line */
     int plan_kind;      /* NSR_PLAN_NAIVE or NSR_PLAN_OPTIMAL (TPK_PLAN) */
     nsr_ew_calib cal;   /* the plans' cost model, measured by the first that needs it */
     FILE *plan_report;  /* netsor plan: every entrywise plan, its kernels and times */

@@ -7,6 +7,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,7 +27,114 @@ static void fl_free(fl *F)
     tpk_gauss_ws_free(F->ws);
 }
 
-/* One pass over the program: plan (F->dry) or numbers. */
+/* TPK_NETSOR_TRACE=1: the seconds since the last mark, on stderr, after what took them. */
+static void trace_mark(fl *F, const char *fmt, ...) TPK_PRINTF(2, 3);
+static void trace_mark(fl *F, const char *fmt, ...)
+{
+    double t = tpk_wall_seconds();
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " %.4f s\n", t - F->t_mark);
+    F->t_mark = t;
+}
+
+static void trace_stmt(fl *F, int k)
+{
+    const nsr_stmt *s = F->X.R->fi[k].stmt;
+    trace_mark(F, "  %s:%d: %s", F->X.R->file, s->line, s->name);
+}
+
+/* The blocks whose last use the plan pl puts at instruction k or before are freed (the ones it
+ * keeps to the end, −1, stay). */
+static void free_dead(fl *F, const int *pl, int k)
+{
+    for (int b = 0; b < F->nb && b < F->nplan; b++)
+        if (pl[b] <= k && pl[b] >= 0 && F->b[b].last_use != INT32_MAX) {
+            nsr_fl_kill_block(F, b);
+            F->b[b].last_use = INT32_MAX; /* freed */
+        }
+}
+
+/* The family instructions in order, each output's value kept in out[*no]; blocks freed as the
+ * plan (once made) allows, and its failure taken as the result. */
+static int fl_statements(fl *F, fout *out, int *no)
+{
+    const nsr_rolled *R = F->X.R;
+    int st = TPK_OK;
+    for (int k = 0; k < R->nfi && st == TPK_OK; k++) {
+        if (!F->dry && (st = tpk_progress_report(F->X.progress, "family instructions", (size_t)k,
+                                                 (size_t)R->nfi, F->X.ctx)))
+            break;
+        if (F->trace && k > 0)
+            trace_stmt(F, k - 1);
+        F->X.cur = k;
+        memcpy(F->X.num, R->fi[k].num, ((size_t)F->X.C->nsym + 1) * sizeof *F->X.num);
+        st = R->fi[k].stmt->kind == NSR_S_OUTPUT ? nsr_fl_run_output(F, &R->fi[k], &out[(*no)++])
+                                                 : nsr_fl_run_def(F, &R->fi[k]);
+        const int *pl = F->dry ? NULL : nsr_fl_plan_get(F, 0);
+        if (st == TPK_OK)
+            st = nsr_fl_plan_status(F, 0); /* the plan failed: its error is the result */
+        if (st == TPK_OK && pl)
+            free_dead(F, pl, k);
+    }
+    if (F->trace && R->nfi > 0)
+        trace_stmt(F, R->nfi - 1);
+    return st;
+}
+
+/* The plan made beside the run, waited for: its verdict, and the rest of the frees. */
+static int fl_plan_end(fl *F)
+{
+    int st = nsr_fl_plan_status(F, 1);
+    if (F->trace)
+        trace_mark(F, "  %s: waiting for the plan", F->X.R->file);
+    const int *pl = nsr_fl_plan_get(F, 0);
+    if (st == TPK_OK && pl)
+        free_dead(F, pl, INT32_MAX);
+    return st;
+}
+
+/* The default kernel reads the last output only: out[0] becomes its last member; returns 1. */
+static int keep_last_output(fl *F, fout *out, int no)
+{
+    for (int i = 0; i < no - 1; i++)
+        nsr_fl_val_free(F, &out[i].v);
+    out[0] = out[no - 1];
+    nsr_fl_val_last(F, &out[0].v);
+    return 1;
+}
+
+/* The one output statement the end reads where a single output is read: the last one (the
+ * kernel of every output reads several); NULL otherwise. */
+static const nsr_stmt *final_output(const fl *F, int no)
+{
+    for (int k = F->X.R->nfi - 1; k >= 0 && no == 1; k--)
+        if (F->X.R->fi[k].stmt->kind == NSR_S_OUTPUT)
+            return F->X.R->fi[k].stmt;
+    return NULL;
+}
+
+/* Every entry of K finite: checked over the threads first; the first bad entry is named. */
+static int kernel_finite(fl *F, const tpk_array *K)
+{
+    size_t dim = K->dims[0], nn = dim * dim;
+    const double *kd = K->data;
+    int finite = 1;
+#pragma omp parallel for reduction(& : finite) schedule(static) if (nn >= ((size_t)1 << 18))
+    for (size_t i = 0; i < nn; i++)
+        finite &= isfinite(kd[i]) != 0;
+    for (size_t i = 0; !finite && i < nn; i++)
+        if (!isfinite(kd[i]))
+            return TPK_ERROR(F->X.ctx, TPK_ENUMERIC, "limit kernel has a non-finite entry (%zu, "
+                             "%zu)", i / dim, i % dim);
+    return TPK_OK;
+}
+
+/* One pass over the program: the plan (F->dry: its blocks' last uses) or the numbers, the
+ * kernel of the outputs into *K. plan_last: the plan made already (NULL: F->pj makes it beside
+ * this run, or this is the plan). */
 static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_array **K)
 {
     const nsr_rolled *R = F->X.R;
@@ -37,103 +146,37 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     fout *out = nsr_fam_alloc(&F->X, (size_t)nout, sizeof *out);
     if (out == NULL)
         return F->X.ctx->status;
-    int no = 0, st = TPK_OK;
+    int no = 0;
     if (plan_last != NULL || F->pj == NULL) {
         F->plan = plan_last;
         F->nplan = nplan;
     }
-    /* TPK_NETSOR_TRACE=1: seconds per family instruction on stderr (where the time goes) */
+    /* TPK_NETSOR_TRACE=1: seconds per family instruction (where the time goes), and which
+     * strategy each MatMul and the readout took, on stderr */
     const char *tr = getenv("TPK_NETSOR_TRACE");
     F->trace = !F->dry && tr != NULL && strcmp(tr, "1") == 0;
-    const int trace = F->trace;
-    double t_prev = trace ? tpk_wall_seconds() : 0;
-    for (int k = 0; k < R->nfi && st == TPK_OK; k++) {
-        if (!F->dry && (st = tpk_progress_report(F->X.progress, "family instructions", (size_t)k,
-                                                 (size_t)R->nfi, F->X.ctx)))
-            break;
-        if (trace && k > 0) {
-            double t = tpk_wall_seconds();
-            fprintf(stderr, "  %s:%d: %s %.4f s\n", R->file, R->fi[k - 1].stmt->line,
-                    R->fi[k - 1].stmt->name, t - t_prev);
-            t_prev = t;
-        }
-        F->X.cur = k;
-        memcpy(F->X.num, R->fi[k].num, ((size_t)F->X.C->nsym + 1) * sizeof *F->X.num);
-        st = R->fi[k].stmt->kind == NSR_S_OUTPUT ? nsr_fl_run_output(F, &R->fi[k], &out[no++])
-                                                 : nsr_fl_run_def(F, &R->fi[k]);
-        const int *pl = F->dry ? NULL : nsr_fl_plan_get(F, 0);
-        if (st == TPK_OK)
-            st = nsr_fl_plan_status(F, 0); /* the plan failed: its error is the result */
-        if (st == TPK_OK && pl)
-            for (int b = 0; b < F->nb && b < F->nplan; b++)
-                if (pl[b] <= k && pl[b] >= 0 && F->b[b].last_use != INT32_MAX) {
-                    nsr_fl_kill_block(F, b);
-                    F->b[b].last_use = INT32_MAX; /* freed */
-                }
-    }
-    if (trace && R->nfi > 0) {
-        double t = tpk_wall_seconds();
-        fprintf(stderr, "  %s:%d: %s %.4f s\n", R->file, R->fi[R->nfi - 1].stmt->line,
-                R->fi[R->nfi - 1].stmt->name, t - t_prev);
-        t_prev = t;
-    }
-    if (st == TPK_OK && !F->dry && F->pj != NULL) { /* the rest of the frees, and its verdict */
-        st = nsr_fl_plan_status(F, 1);
-        if (trace) {
-            double t = tpk_wall_seconds();
-            fprintf(stderr, "  %s: waiting for the plan %.4f s\n", R->file, t - t_prev);
-            t_prev = t;
-        }
-        const int *pl = nsr_fl_plan_get(F, 0);
-        for (int b = 0; st == TPK_OK && pl && b < F->nb && b < F->nplan; b++)
-            if (pl[b] >= 0 && F->b[b].last_use != INT32_MAX) {
-                nsr_fl_kill_block(F, b);
-                F->b[b].last_use = INT32_MAX;
-            }
-    }
+    F->t_mark = F->trace ? tpk_wall_seconds() : 0;
+    int st = fl_statements(F, out, &no);
+    if (st == TPK_OK && !F->dry && F->pj != NULL)
+        st = fl_plan_end(F);
     if (st == TPK_OK && !F->dry)
         st = tpk_progress_report(F->X.progress, "family instructions", (size_t)R->nfi,
                                  (size_t)R->nfi, F->X.ctx);
     F->X.cur = R->nfi; /* the outputs read their blocks at the end */
     F->nb_stmts = F->nb;
-    if (st == TPK_OK && !all_outputs) {
-        for (int i = 0; i < no - 1; i++)
-            nsr_fl_val_free(F, &out[i].v);
-        out[0] = out[no - 1];
-        no = 1;
-        nsr_fl_val_last(F, &out[0].v);
-    }
-    /* one output read: the last output statement (the kernel of every output reads several) */
-    F->final_out = NULL;
-    for (int k = R->nfi - 1; k >= 0 && no == 1; k--)
-        if (R->fi[k].stmt->kind == NSR_S_OUTPUT) {
-            F->final_out = R->fi[k].stmt;
-            break;
-        }
+    if (st == TPK_OK && !all_outputs)
+        no = keep_last_output(F, out, no);
+    F->final_out = final_output(F, no);
     tpk_array *Kout = NULL;
     if (st == TPK_OK)
         st = nsr_fl_readout(F, out, no, &Kout);
     for (int i = 0; i < no; i++)
         nsr_fl_val_free(F, &out[i].v);
     tpk_free(F->X.ctx, out);
-    size_t dim = Kout ? Kout->dims[0] : 0;
-    int finite = 1; /* checked over the threads first; the first bad entry is named below */
-    if (st == TPK_OK && Kout) {
-        const double *kd = Kout->data;
-        size_t nn = dim * dim;
-#pragma omp parallel for reduction(& : finite) schedule(static) if (nn >= ((size_t)1 << 18))
-        for (size_t i = 0; i < nn; i++)
-            finite &= isfinite(kd[i]) != 0;
-    }
-    if (st == TPK_OK && Kout && !finite)
-        for (size_t i = 0; i < dim * dim; i++)
-            if (!isfinite(Kout->data[i])) {
-                st = TPK_ERROR(F->X.ctx, TPK_ENUMERIC, "limit kernel has a non-finite entry (%zu, %zu)",
-                               i / dim, i % dim);
-                break;
-            }
-    if (trace)
-        fprintf(stderr, "  %s: kernel of the outputs %.4f s\n", R->file, tpk_wall_seconds() - t_prev);
+    if (st == TPK_OK && Kout)
+        st = kernel_finite(F, Kout);
+    if (F->trace)
+        trace_mark(F, "  %s: kernel of the outputs", R->file);
     if (st) {
         tpk_array_free(Kout);
         return st;

@@ -53,155 +53,166 @@ static int find_block(fl *F, int sym, const int *idx, long *mem)
  * layer (theory §2.9). Two-term sums (attention's f + h) stay combinations. */
 #define MIX_MATERIALIZE 3
 
-/* f[idx...] over the domain: a scalar family, a vector family (gather), or a G-decl. */
-static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+/* g[idx...] of an initial G-var family over D: a gather on its block (a family of N(0, 0)
+ * members is the zero vector: σ_b² = 0 biases cost nothing). */
+static int eval_gdecl(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
-    const nsr_sym *y = &F->X.C->sym[e->sym];
-    if (y->kind == NSR_SYM_PARAM || y->kind == NSR_SYM_LOOP) {
-        if (e->nidx)
-            return nsr_fam_err(&F->X, TPK_ETYPE, e, "'%s' is a number, not a family", e->name);
-        return number_value(F, e, D, out);
-    }
-    if (y->kind == NSR_SYM_GFAM) {
-        int k = -1, nonzero = 0;
-        for (int i = 0; i < F->X.R->ndm && !nonzero; i++)
-            nonzero = F->X.R->dm[i].sym == e->sym && (F->X.R->dm[i].var != 0 || F->X.R->dm[i].mean != 0);
-        if (!nonzero) /* N(0, 0): the zero vector (σ_b² = 0 biases cost nothing) */
-            return nsr_fl_val_const(out, D->m, 0);
-        if (nsr_fl_bias_block(F, e->sym, &k))
-            return F->X.ctx->status;
-        int *idx = nsr_fam_alloc(&F->X, (size_t)D->m, sizeof *idx);
-        if (idx == NULL)
-            return F->X.ctx->status;
-        const fblock *b = &F->b[k];
-        int vary = nsr_reads_syms(e, D->sym, D->nv, 0);
-        for (long p = 0; p < D->m; p++) {
-            if (vary || p == 0) {
-                nsr_bind_point(&F->X, D, p);
-                int t[NSR_MAX_INDICES];
-                for (int i = 0; i < e->nidx; i++)
-                    if (nsr_fam_int(&F->X, e->idx[i], &t[i])) {
-                        tpk_free(F->X.ctx, idx);
-                        return F->X.ctx->status;
-                    }
-                long r = nsr_trie_find(&b->tr, t);
-                if (r < 0) {
-                    tpk_free(F->X.ctx, idx);
-                    return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s has no such member", e->name);
-                }
-                idx[p] = (int)r;
-            } else {
-                idx[p] = idx[0];
-            }
-        }
-        return nsr_fl_val_gather(F, out, D->m, k, idx);
-    }
-    if (y->kind != NSR_SYM_DFAM)
-        return NSR_UNSUP(&F->X, e, "'%s' cannot be read here", e->name);
-    /* a defined family: resolve each point's member, one term per block met */
+    int k = -1, nonzero = 0;
+    for (int i = 0; i < F->X.R->ndm && !nonzero; i++)
+        nonzero = F->X.R->dm[i].sym == e->sym &&
+                  (F->X.R->dm[i].var != 0 || F->X.R->dm[i].mean != 0);
+    if (!nonzero)
+        return nsr_fl_val_const(out, D->m, 0);
+    if (nsr_fl_bias_block(F, e->sym, &k))
+        return F->X.ctx->status;
+    int *idx = nsr_fam_alloc(&F->X, (size_t)D->m, sizeof *idx);
+    if (idx == NULL)
+        return F->X.ctx->status;
+    const fblock *b = &F->b[k];
     int vary = nsr_reads_syms(e, D->sym, D->nv, 0);
-    int *idx = NULL, blk = -1, k0 = -1;
-    long first = -1;
-    nsr_fl_val_const(out, D->m, 0);
-    int is_scal = -1;
-    double *sv = NULL;
-    nsr_imap A;
-    int affine = vary && nsr_imap_of(&F->X, e, D, &A);
-    int kfast = -1; /* the block every check has passed for: its next points take the short way */
     for (long p = 0; p < D->m; p++) {
+        if (!vary && p > 0) {
+            idx[p] = idx[0];
+            continue;
+        }
+        nsr_bind_point(&F->X, D, p);
         int t[NSR_MAX_INDICES];
-        long mem = -1;
-        int k;
-        if (affine)
-            nsr_imap_at(&A, &D->val[p * D->nv], t);
-        if (kfast >= 0 && (!vary || (affine && (mem = nsr_trie_find(&F->b[kfast].tr, t)) >= 0))) {
-            if (!vary)
-                mem = first;
-            if (sv != NULL) {
-                const fblock *bf = &F->b[kfast];
-                for (size_t a = 0; !F->dry && a < F->N; a++)
-                    sv[a * (size_t)D->m + (size_t)p] = bf->s[a * (size_t)bf->m + (size_t)mem];
-            } else {
-                idx[p] = (int)mem;
-            }
-            continue;
-        }
-        if (vary || p == 0) {
-            if (!affine) {
-                nsr_bind_point(&F->X, D, p);
-                for (int i = 0; i < e->nidx; i++)
-                    if (nsr_fam_int(&F->X, e->idx[i], &t[i])) {
-                        tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
-                        return F->X.ctx->status;
-                    }
-            }
-            k = k0 >= 0 && (mem = nsr_trie_find(&F->b[k0].tr, t)) >= 0 ? k0 : find_block(F, e->sym, t, &mem);
-            if (k < 0) {
-                tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
-                char buf[80] = "";
-                size_t n = 0;
-                for (int i = 0; i < e->nidx && n < sizeof buf; i++)
-                    n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%d", i ? "," : "", t[i]);
-                return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s[%s] is read but not defined before (members "
-                              "are defined for %s)", e->name, buf, y->ranges[0] ? y->ranges : "?");
-            }
-        } else {
-            k = k0;
-            mem = first;
-        }
-        if (p == 0)
-            first = mem;
-        k0 = k;
-        fblock *b = &F->b[k];
-        nsr_fl_touch(F, k);
-        if (b->kind == BK_ZERO)
-            continue;
-        int scal = b->kind == BK_SCAL;
-        if (is_scal < 0)
-            is_scal = scal;
-        if (is_scal != scal) {
-            tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
-            return NSR_UNSUP(&F->X, e, "%s mixes scalar and vector members in one read", e->name);
-        }
-        if (scal) {
-            if (sv == NULL && (sv = nsr_fam_alloc(&F->X, F->N * (size_t)D->m, sizeof *sv)) == NULL)
+        for (int i = 0; i < e->nidx; i++)
+            if (nsr_fam_int(&F->X, e->idx[i], &t[i])) {
+                tpk_free(F->X.ctx, idx);
                 return F->X.ctx->status;
-            if (!F->dry)
-                for (size_t a = 0; a < F->N; a++)
-                    sv[a * (size_t)D->m + (size_t)p] = b->s[a * (size_t)b->m + (size_t)mem];
-            kfast = k;
-            continue;
+            }
+        long r = nsr_trie_find(&b->tr, t);
+        if (r < 0) {
+            tpk_free(F->X.ctx, idx);
+            return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s has no such member", e->name);
         }
-        if (blk >= 0 && blk != k) {
-            tpk_free(F->X.ctx, idx), tpk_free(F->X.ctx, sv);
-            return NSR_UNSUP(&F->X, e, "a read of %s spans several definitions (lines %d and %d)", e->name,
-                         F->b[blk].line, b->line);
-        }
-        if (idx == NULL) {
-            if ((idx = nsr_fam_alloc(&F->X, (size_t)D->m, sizeof *idx)) == NULL)
-                return F->X.ctx->status;
-            for (long q = 0; q < D->m; q++)
-                idx[q] = -1;
-        }
-        blk = k;
-        idx[p] = (int)mem;
-        kfast = k;
+        idx[p] = (int)r;
     }
-    if (sv != NULL) {
-        out->kind = V_SCAL;
-        out->s = sv;
+    return nsr_fl_val_gather(F, out, D->m, k, idx);
+}
+
+/* The read of a defined family over D, point by point: each point's member, all on one block (a
+ * vector read: idx) or scalar members (sv). */
+typedef struct name_read {
+    const nsr_expr *e;
+    const nsr_fdom *D;
+    int vary;           /* the indices read the domain's */
+    int affine;         /* ... as integer affine maps (A) */
+    nsr_imap A;
+    int kfast;          /* the block every check has passed for: its next points take the short way */
+    int k0;             /* the previous point's block */
+    long first;         /* point 0's member */
+    int blk;            /* the block of a vector read (−1: none yet) */
+    int is_scal;        /* −1: not known yet */
+    int *idx;           /* vector read: each point's member (−1: a padding member) */
+    double *sv;         /* scalar read: N × m values */
+} name_read;
+
+/* Point p reads member mem of block k, a scalar family's (its values) or a vector family's (one
+ * block per read). */
+static int read_store(fl *F, name_read *R, long p, int k, long mem)
+{
+    const nsr_expr *e = R->e;
+    size_t m = (size_t)R->D->m;
+    const fblock *b = &F->b[k];
+    int scal = b->kind == BK_SCAL;
+    if (R->is_scal < 0)
+        R->is_scal = scal;
+    if (R->is_scal != scal)
+        return NSR_UNSUP(&F->X, e, "%s mixes scalar and vector members in one read", e->name);
+    if (scal) {
+        if (R->sv == NULL && (R->sv = nsr_fam_alloc(&F->X, F->N * m, sizeof *R->sv)) == NULL)
+            return F->X.ctx->status;
+        if (!F->dry)
+            for (size_t a = 0; a < F->N; a++)
+                R->sv[a * m + (size_t)p] = b->s[a * (size_t)b->m + (size_t)mem];
+        R->kfast = k;
         return TPK_OK;
     }
-    if (blk < 0)
-        return nsr_fl_val_const(out, D->m, 0); /* only padding members */
-    if (F->b[blk].kind == BK_MIX && F->b[blk].mix.nt >= MIX_MATERIALIZE && nsr_fl_mix_to_gauss(F, blk)) {
-        tpk_free(F->X.ctx, idx);
-        return F->X.ctx->status;
+    if (R->blk >= 0 && R->blk != k)
+        return NSR_UNSUP(&F->X, e, "a read of %s spans several definitions (lines %d and %d)",
+                         e->name, F->b[R->blk].line, b->line);
+    if (R->idx == NULL) {
+        if ((R->idx = nsr_fam_alloc(&F->X, m, sizeof *R->idx)) == NULL)
+            return F->X.ctx->status;
+        for (size_t q = 0; q < m; q++)
+            R->idx[q] = -1;
     }
-    fblock *b = &F->b[blk];
-    if (b->kind != BK_MIX)
-        return nsr_fl_val_gather(F, out, D->m, blk, idx);
-    /* a stored combination: compose the gathers */
+    R->blk = k;
+    R->idx[p] = (int)mem;
+    R->kfast = k;
+    return TPK_OK;
+}
+
+/* The block defining member t of the family (tried first: the previous point's), its member in
+ * *mem; an error where no statement before this one defines it. */
+static int read_find(fl *F, name_read *R, const int *t, int *k, long *mem)
+{
+    const nsr_expr *e = R->e;
+    *k = R->k0 >= 0 && (*mem = nsr_trie_find(&F->b[R->k0].tr, t)) >= 0
+             ? R->k0
+             : find_block(F, e->sym, t, mem);
+    if (*k >= 0)
+        return TPK_OK;
+    char buf[80] = "";
+    size_t n = 0;
+    for (int i = 0; i < e->nidx && n < sizeof buf; i++)
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%d", i ? "," : "", t[i]);
+    const nsr_sym *y = &F->X.C->sym[e->sym];
+    return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s[%s] is read but not defined before (members are "
+                       "defined for %s)", e->name, buf, y->ranges[0] ? y->ranges : "?");
+}
+
+/* Point p of the read. */
+static int read_point(fl *F, name_read *R, long p)
+{
+    const nsr_expr *e = R->e;
+    const nsr_fdom *D = R->D;
+    int t[NSR_MAX_INDICES];
+    long mem = -1;
+    int k;
+    if (R->affine)
+        nsr_imap_at(&R->A, &D->val[p * D->nv], t);
+    if (R->kfast >= 0 &&
+        (!R->vary || (R->affine && (mem = nsr_trie_find(&F->b[R->kfast].tr, t)) >= 0))) {
+        if (!R->vary)
+            mem = R->first;
+        if (R->sv != NULL) {
+            const fblock *bf = &F->b[R->kfast];
+            for (size_t a = 0; !F->dry && a < F->N; a++)
+                R->sv[a * (size_t)D->m + (size_t)p] = bf->s[a * (size_t)bf->m + (size_t)mem];
+        } else {
+            R->idx[p] = (int)mem;
+        }
+        return TPK_OK;
+    }
+    if (R->vary || p == 0) {
+        if (!R->affine) {
+            nsr_bind_point(&F->X, D, p);
+            for (int i = 0; i < e->nidx; i++)
+                if (nsr_fam_int(&F->X, e->idx[i], &t[i]))
+                    return F->X.ctx->status;
+        }
+        if (read_find(F, R, t, &k, &mem))
+            return F->X.ctx->status;
+    } else {
+        k = R->k0;
+        mem = R->first;
+    }
+    if (p == 0)
+        R->first = mem;
+    R->k0 = k;
+    nsr_fl_touch(F, k);
+    if (F->b[k].kind == BK_ZERO)
+        return TPK_OK;
+    return read_store(F, R, p, k, mem);
+}
+
+/* A read of stored combination b (BK_MIX) at members idx (consumed): its gathers composed with
+ * idx. */
+static int mix_compose(fl *F, const fblock *b, int *idx, const nsr_fdom *D, val *out)
+{
     const val *s = &b->mix;
     memset(out, 0, sizeof *out);
     out->kind = V_LIN;
@@ -243,6 +254,55 @@ static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     }
     tpk_free(F->X.ctx, idx);
     return TPK_OK;
+}
+
+/* f[idx...] of a defined family over D: each point's member resolved, then per-point scalars, a
+ * gather on the one block met, or the composed gathers of a stored combination. */
+static int eval_defined(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    name_read R = {.e = e, .D = D, .kfast = -1, .k0 = -1, .first = -1, .blk = -1, .is_scal = -1};
+    R.vary = nsr_reads_syms(e, D->sym, D->nv, 0);
+    nsr_fl_val_const(out, D->m, 0);
+    R.affine = R.vary && nsr_imap_of(&F->X, e, D, &R.A);
+    for (long p = 0; p < D->m; p++) {
+        int st = read_point(F, &R, p);
+        if (st) {
+            tpk_free(F->X.ctx, R.idx), tpk_free(F->X.ctx, R.sv);
+            return st;
+        }
+    }
+    if (R.sv != NULL) {
+        out->kind = V_SCAL;
+        out->s = R.sv;
+        return TPK_OK;
+    }
+    if (R.blk < 0)
+        return nsr_fl_val_const(out, D->m, 0); /* only padding members */
+    if (F->b[R.blk].kind == BK_MIX && F->b[R.blk].mix.nt >= MIX_MATERIALIZE &&
+        nsr_fl_mix_to_gauss(F, R.blk)) {
+        tpk_free(F->X.ctx, R.idx);
+        return F->X.ctx->status;
+    }
+    const fblock *b = &F->b[R.blk];
+    if (b->kind != BK_MIX)
+        return nsr_fl_val_gather(F, out, D->m, R.blk, R.idx);
+    return mix_compose(F, b, R.idx, D, out);
+}
+
+/* f[idx...] over the domain: a number, an initial G-var family, or a defined family. */
+static int eval_name(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    const nsr_sym *y = &F->X.C->sym[e->sym];
+    if (y->kind == NSR_SYM_PARAM || y->kind == NSR_SYM_LOOP) {
+        if (e->nidx)
+            return nsr_fam_err(&F->X, TPK_ETYPE, e, "'%s' is a number, not a family", e->name);
+        return number_value(F, e, D, out);
+    }
+    if (y->kind == NSR_SYM_GFAM)
+        return eval_gdecl(F, e, D, out);
+    if (y->kind != NSR_SYM_DFAM)
+        return NSR_UNSUP(&F->X, e, "'%s' cannot be read here", e->name);
+    return eval_defined(F, e, D, out);
 }
 
 /* The embedding's source U·x[slot(p)] as a gather on the input block. */

@@ -247,341 +247,435 @@ int nsr_fl_lin_mean(fl *F, const val *u, double *out, int *nonzero)
     return TPK_OK;
 }
 
-/* out (N mu × N mv, ld) += alpha·(Σ_{t,s} C_t E[X_t X_sᵀ] C_sᵀ + mean terms) = alpha·E[u vᵀ] for
- * LIN values. sym: u = v, and only the lower triangle needs to be right (it is mirrored). */
-int nsr_fl_lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int sym,
-                  double alpha)
+/* One term pair of E[u vᵀ]: t of u (mu points, on a block of mt members) against s of v (mv
+ * points, ms members), added into out (row stride ld) times alpha. sym: u = v, and only the lower
+ * triangle counts; twice: the pair stands for both (i, j) and (j, i) of a symmetric product. */
+typedef struct term_pair {
+    const term *t, *s;
+    size_t mu, mv, mt, ms;
+    double *out;
+    size_t ld;
+    int sym, twice;
+    double alpha;
+} term_pair;
+
+/* Members of one initial G-var family: E[b_i b_j] = var_i δ_ij + μ_i μ_j, shared by all inputs
+ * (theory §1.2), without the (N m)² matrix. self: t and s are one term. */
+static int pair_bias(fl *F, const term_pair *Q, int self)
 {
-    size_t N = F->N, mu = (size_t)u->m, mv = (size_t)v->m;
-    int st = TPK_OK;
-    for (int i = 0; i < u->nt && st == TPK_OK; i++)
-        for (int j = 0; j < v->nt && st == TPK_OK; j++) {
-            const term *t = &u->t[i], *s = &v->t[j];
-            if (sym && j > i)
-                continue; /* the (j, i) pair is the transpose of (i, j): added below */
-            size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
-            double *buf = NULL; /* pair_m2's, made only when it writes one */
-            if (t->blk == s->blk && F->b[t->blk].kind == BK_BIAS && !t->dense && !s->dense) {
-                /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j, shared by all inputs
-                 * (theory §1.2), without the (N m)² matrix */
-                nsr_fl_touch(F, t->blk);
-                tpk_free(F->X.ctx, buf);
-                if (F->dry)
-                    continue;
-                const fblock *bb = &F->b[t->blk];
-                int twice_b = sym && i != j;
-                int same = i == j && t->w == NULL && mu > 0 && t->idx[0] >= 0;
-                for (size_t p = 1; same && p < mu; p++)
-                    same = t->idx[p] == t->idx[0];
-                if (same && sym) { /* one member broadcast to every point: a constant */
-                    size_t i0 = (size_t)t->idx[0];
-                    double cst = alpha * (bb->s[i0] + (bb->mean ? bb->mean[i0] * bb->mean[i0] : 0));
-                    size_t n = N * mu;
-                    /* a pass over the triangle per layer: over the threads (it was 10 % of an
-                     * MLP N = 2048 run on one, the other spinning) */
+    const term *t = Q->t, *s = Q->s;
+    size_t N = F->N, mu = Q->mu, mv = Q->mv, ld = Q->ld;
+    double *out = Q->out, alpha = Q->alpha;
+    nsr_fl_touch(F, t->blk);
+    if (F->dry)
+        return TPK_OK;
+    const fblock *bb = &F->b[t->blk];
+    int same = self && t->w == NULL && mu > 0 && t->idx[0] >= 0;
+    for (size_t p = 1; same && p < mu; p++)
+        same = t->idx[p] == t->idx[0];
+    if (same && Q->sym) { /* one member broadcast to every point: a constant */
+        size_t i0 = (size_t)t->idx[0];
+        double cst = alpha * (bb->s[i0] + (bb->mean ? bb->mean[i0] * bb->mean[i0] : 0));
+        size_t n = N * mu;
+        /* a pass over the triangle per layer, spread over the threads: on one it was a tenth
+         * of an MLP's run at N = 2048 */
 #pragma omp parallel for schedule(dynamic, 64) if (n >= 512)
-                    for (size_t r = 0; r < n; r++) {
-                        double *orow = out + r * ld;
-                        for (size_t q = 0; q <= r; q++)
-                            orow[q] += cst;
-                    }
+        for (size_t r = 0; r < n; r++) {
+            double *orow = out + r * ld;
+            for (size_t q = 0; q <= r; q++)
+                orow[q] += cst;
+        }
+        return TPK_OK;
+    }
+    for (int pass = 0; pass < 1 + Q->twice; pass++) {
+        const term *x = pass ? s : t, *y = pass ? t : s;
+        for (size_t a = 0; a < N; a++)
+            for (size_t p = 0; p < mu; p++) {
+                int ip = x->idx[p];
+                if (ip < 0)
                     continue;
-                }
-                for (int pass = 0; pass < 1 + twice_b; pass++) {
-                    const term *x = pass ? s : t, *y = pass ? t : s;
-                    for (size_t a = 0; a < N; a++)
-                        for (size_t p = 0; p < mu; p++) {
-                            int ip = x->idx[p];
-                            if (ip < 0)
-                                continue;
-                            double wp = alpha * (x->w ? x->w[a * mu + p] : 1);
-                            double mi = bb->mean ? bb->mean[(size_t)ip] : 0;
-                            double *orow = out + (a * mu + p) * ld;
-                            size_t cmax = sym ? a + 1 : N;
-                            for (size_t c = 0; c < cmax; c++) {
-                                size_t qmax = sym && c == a ? p + 1 : mv;
-                                const double *wy = y->w ? y->w + c * mv : NULL;
-                                for (size_t q = 0; q < qmax; q++) {
-                                    int iq = y->idx[q];
-                                    if (iq < 0)
-                                        continue;
-                                    double e = (iq == ip ? bb->s[ip] : 0) +
-                                               (bb->mean ? mi * bb->mean[(size_t)iq] : 0);
-                                    orow[c * mv + q] += wp * (wy ? wy[q] : 1) * e;
-                                }
-                            }
-                        }
-                }
-                continue;
-            }
-            if (sym && i == j && !F->dry && F->b[t->blk].Fac != NULL && F->b[t->blk].M2 == NULL) {
-                /* a factor block: C·E[X Xᵀ]·Cᵀ = (C Fac)(C Fac)ᵀ, one rank-r update */
-                long r = 0;
-                double *G = nsr_fl_term_factor(F, t, mu, 1.0, &r);
-                tpk_free(F->X.ctx, buf);
-                if (G == NULL)
-                    return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
-                nsr_fl_touch(F, t->blk);
-                st = tpk_dsyrk_lower(TPK_NO_TRANS, N * mu, (size_t)r, alpha, G, (size_t)r, 1.0, out,
-                                     ld, F->X.ctx); /* sym: the lower triangle is read */
-                tpk_free(F->X.ctx, G);
-                continue;
-            }
-            int zero;
-            /* the lower triangle serves a symmetric identity pair: (a,p) ≥ (c,q) reads only it */
-            int full = !(sym && i == j && !t->dense && nsr_fl_monotone(t->idx, mu));
-            int indep = t->blk != s->blk && nsr_fl_terms_indep(F, t, u->m, s, v->m);
-            const double *P = pair_m2(F, t->blk, s->blk, &buf, &zero, &st, full, indep);
-            if (st || F->dry || zero) {
-                tpk_free(F->X.ctx, buf);
-                continue;
-            }
-            size_t ldp = N * ms;
-            int twice = sym && i != j; /* (i,j) and (j,i) */
-            if (!t->dense && !s->dense) {
-                /* s reading its block in order (s->idx[q] = q): contiguous, vectorised rows */
-                int sid = mv <= ms;
-                for (size_t q = 0; q < mv && sid; q++)
-                    sid = s->idx[q] == (int)q;
-#pragma omp parallel for schedule(dynamic, 16) if (N * mu >= 1024 && N * mu * mv >= (1u << 20))
-                for (size_t r = 0; r < N * mu; r++) {
-                    size_t a = r / mu, p = r % mu;
-                    int ip = t->idx[p];
-                    if (ip < 0)
-                        continue;
-                    double wp = alpha * (t->w ? t->w[a * mu + p] : 1);
-                    const double *Prow = P + (a * mt + (size_t)ip) * ldp;
-                    double *orow = out + (a * mu + p) * ld;
-                    size_t cmax = sym ? a + 1 : N;
-                    for (size_t c = 0; c < cmax; c++) {
-                        size_t qmax = sym && c == a ? p + 1 : mv;
-                        const double *Pc = Prow + c * ms;
-                        const double *ws = s->w ? s->w + c * mv : NULL;
-                        double *oc = orow + c * mv;
-                        if (sid && ws) {
-                            for (size_t q = 0; q < qmax; q++)
-                                oc[q] += wp * ws[q] * Pc[q];
-                        } else if (sid) {
-                            for (size_t q = 0; q < qmax; q++)
-                                oc[q] += wp * Pc[q];
-                        } else {
-                            for (size_t q = 0; q < qmax; q++) {
-                                int iq = s->idx[q];
-                                if (iq >= 0)
-                                    oc[q] += wp * (ws ? ws[q] : 1) * Pc[iq];
-                            }
-                        }
+                double wp = alpha * (x->w ? x->w[a * mu + p] : 1);
+                double mi = bb->mean ? bb->mean[(size_t)ip] : 0;
+                double *orow = out + (a * mu + p) * ld;
+                size_t cmax = Q->sym ? a + 1 : N;
+                for (size_t c = 0; c < cmax; c++) {
+                    size_t qmax = Q->sym && c == a ? p + 1 : mv;
+                    const double *wy = y->w ? y->w + c * mv : NULL;
+                    for (size_t q = 0; q < qmax; q++) {
+                        int iq = y->idx[q];
+                        if (iq < 0)
+                            continue;
+                        double e = (iq == ip ? bb->s[ip] : 0) +
+                                   (bb->mean ? mi * bb->mean[(size_t)iq] : 0);
+                        orow[c * mv + q] += wp * (wy ? wy[q] : 1) * e;
                     }
                 }
-                if (twice) { /* the transposed pair: out[(a,p),(c,q)] += C_s P' C_tᵀ */
-                    for (size_t a = 0; a < N; a++)
-                        for (size_t p = 0; p < mu; p++) {
-                            int ip = s->idx[p];
-                            if (ip < 0)
-                                continue;
-                            double wp = alpha * (s->w ? s->w[a * mu + p] : 1);
-                            double *orow = out + (a * mu + p) * ld;
-                            for (size_t c = 0; c <= a; c++) {
-                                size_t qmax = c == a ? p + 1 : mv;
-                                for (size_t q = 0; q < qmax; q++) {
-                                    int iq = t->idx[q];
-                                    if (iq >= 0)
-                                        orow[c * mv + q] += wp * (t->w ? t->w[c * mv + q] : 1) *
-                                                            P[(c * mt + (size_t)iq) * ldp + a * ms + (size_t)ip];
-                                }
-                            }
-                        }
-                }
-                tpk_free(F->X.ctx, buf);
-                continue;
             }
-            /* dense: per input pair, out(a,c) += W_t(a) P(a,c) W_s(c)ᵀ by GEMM */
-            double *Wt = nsr_fl_term_dense(F, t, mu), *Ws = nsr_fl_term_dense(F, s, mv);
-            double *tmp = nsr_fam_alloc(&F->X, mu * ms, sizeof *tmp);
-            if (Wt == NULL || Ws == NULL || tmp == NULL) {
-                if (Wt != t->w)
-                    tpk_free(F->X.ctx, Wt);
-                if (Ws != s->w)
-                    tpk_free(F->X.ctx, Ws);
-                tpk_free(F->X.ctx, tmp), tpk_free(F->X.ctx, buf);
-                return F->X.ctx->status;
-            }
-            int *et = nsr_fam_alloc(&F->X, N * mu, sizeof *et), *es = nsr_fam_alloc(&F->X, N * mv, sizeof *es);
-            if (et == NULL || es == NULL)
-                st = F->X.ctx->status;
-            for (size_t a = 0; st == TPK_OK && a < N; a++) {
-                nsr_fl_row_extents(Wt + a * mu * mt, mu, mt, et + a * mu);
-                nsr_fl_row_extents(Ws + a * mv * ms, mv, ms, es + a * mv);
-            }
-            /* one term against itself with a lower-triangular map per input: triangular products */
-            int tri = st == TPK_OK && sym && i == j && mu == mt;
-            for (size_t r = 0; tri && r < N * mu; r++)
-                tri = (size_t)et[r] <= r % mu + 1;
-            if (tri)
-                st = nsr_fl_tri_sandwich(F, Wt, mu, P, ldp, out, ld, alpha);
-            for (size_t a = 0; a < N && st == TPK_OK && !tri; a++)
-                for (size_t c = 0; c < (sym ? a + 1 : N) && st == TPK_OK; c++) {
-                    const double *Pac = P + (a * mt) * ldp + c * ms;
-                    st = nsr_fl_sandwich(F, Wt + a * mu * mt, mu, mt, et + a * mu, Pac, ldp,
-                                  Ws + c * mv * ms, mv, ms, es + c * mv, out + (a * mu) * ld + c * mv,
-                                  ld, sym && a == c && !twice, tmp, alpha);
-                    if (st == TPK_OK && twice) { /* + (W_s(a) P(c,a)ᵀ... ) = transpose pair */
-                        const double *Pca = P + (c * mt) * ldp + a * ms;
-                        /* W_s(a) · P(c,a)ᵀ · W_t(c)ᵀ */
-                        double *tmp2 = nsr_fam_alloc(&F->X, mv * mt, sizeof *tmp2);
-                        if (tmp2 == NULL) {
-                            st = F->X.ctx->status;
-                            break;
-                        }
-                        st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mt, ms, 1.0, Ws + a * mv * ms, ms,
-                                       Pca, ldp, 0.0, tmp2, mt, F->X.ctx);
-                        if (st == TPK_OK)
-                            st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mu, mt, alpha, tmp2, mt,
-                                           Wt + c * mu * mt, mt, 1.0, out + (a * mu) * ld + c * mv,
-                                           ld, F->X.ctx);
-                        tpk_free(F->X.ctx, tmp2);
-                    }
-                }
-            tpk_free(F->X.ctx, et), tpk_free(F->X.ctx, es);
-            if (Wt != t->w)
-                tpk_free(F->X.ctx, Wt);
-            if (Ws != s->w)
-                tpk_free(F->X.ctx, Ws);
-            tpk_free(F->X.ctx, tmp);
-            tpk_free(F->X.ctx, buf);
-        }
-    if (st || F->dry)
-        return st;
-    /* mean terms: E[uvᵀ] = E[LLᵀ] + μ_u m_vᵀ + m_u μ_vᵀ − μ_u μ_vᵀ (m = full first moment);
-     * none when both constant parts vanish (LN's g − mean(g) of a centred g) */
-    if (!nsr_fl_all_zero(u->mu, N * mu) || !nsr_fl_all_zero(v->mu, N * mv)) {
-        double *mU = nsr_fam_alloc(&F->X, N * mu, sizeof *mU), *mV = nsr_fam_alloc(&F->X, N * mv, sizeof *mV);
-        int nz;
-        if (mU == NULL || mV == NULL || nsr_fl_lin_mean(F, u, mU, &nz) || nsr_fl_lin_mean(F, v, mV, &nz)) {
-            tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
-            return F->X.ctx->status;
-        }
-#pragma omp parallel for schedule(dynamic, 16) if (N * mu >= 1024)
-        for (size_t i = 0; i < N * mu; i++)
-            for (size_t j = 0; j < (sym ? i + 1 : N * mv); j++) {
-                double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[j] : 0;
-                out[i * ld + j] += alpha * (a * mV[j] + mU[i] * b - a * b);
-            }
-        tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
     }
     return TPK_OK;
 }
 
-/* E[u_p v_p] at each input and point (same input, same member): N·m into out. */
+/* A term against itself on a factor block: C·E[X Xᵀ]·Cᵀ = (C Fac)(C Fac)ᵀ, one rank-r update of
+ * the lower triangle. */
+static int pair_factor(fl *F, const term_pair *Q)
+{
+    long r = 0;
+    double *G = nsr_fl_term_factor(F, Q->t, Q->mu, 1.0, &r);
+    if (G == NULL)
+        return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+    nsr_fl_touch(F, Q->t->blk);
+    int st = tpk_dsyrk_lower(TPK_NO_TRANS, F->N * Q->mu, (size_t)r, Q->alpha, G, (size_t)r, 1.0,
+                             Q->out, Q->ld, F->X.ctx);
+    tpk_free(F->X.ctx, G);
+    return st;
+}
+
+/* Two gathers: out[(a,p),(c,q)] += w_t w_s P[(a, t_p), (c, s_q)], P = E[X Yᵀ] of their blocks
+ * (row stride N ms). */
+static void pair_gathers(fl *F, const term_pair *Q, const double *P)
+{
+    const term *t = Q->t, *s = Q->s;
+    size_t N = F->N, mu = Q->mu, mv = Q->mv, mt = Q->mt, ms = Q->ms, ld = Q->ld, ldp = N * ms;
+    double *out = Q->out, alpha = Q->alpha;
+    int sym = Q->sym;
+    /* s reading its block in order (s->idx[q] = q): contiguous, vectorised rows */
+    int sid = mv <= ms;
+    for (size_t q = 0; q < mv && sid; q++)
+        sid = s->idx[q] == (int)q;
+#pragma omp parallel for schedule(dynamic, 16) if (N * mu >= 1024 && N * mu * mv >= (1u << 20))
+    for (size_t r = 0; r < N * mu; r++) {
+        size_t a = r / mu, p = r % mu;
+        int ip = t->idx[p];
+        if (ip < 0)
+            continue;
+        double wp = alpha * (t->w ? t->w[a * mu + p] : 1);
+        const double *Prow = P + (a * mt + (size_t)ip) * ldp;
+        double *orow = out + (a * mu + p) * ld;
+        size_t cmax = sym ? a + 1 : N;
+        for (size_t c = 0; c < cmax; c++) {
+            size_t qmax = sym && c == a ? p + 1 : mv;
+            const double *Pc = Prow + c * ms;
+            const double *ws = s->w ? s->w + c * mv : NULL;
+            double *oc = orow + c * mv;
+            if (sid && ws) {
+                for (size_t q = 0; q < qmax; q++)
+                    oc[q] += wp * ws[q] * Pc[q];
+            } else if (sid) {
+                for (size_t q = 0; q < qmax; q++)
+                    oc[q] += wp * Pc[q];
+            } else {
+                for (size_t q = 0; q < qmax; q++) {
+                    int iq = s->idx[q];
+                    if (iq >= 0)
+                        oc[q] += wp * (ws ? ws[q] : 1) * Pc[iq];
+                }
+            }
+        }
+    }
+    if (!Q->twice)
+        return;
+    /* the transposed pair: out[(a,p),(c,q)] += C_s P' C_tᵀ */
+    for (size_t a = 0; a < N; a++)
+        for (size_t p = 0; p < mu; p++) {
+            int ip = s->idx[p];
+            if (ip < 0)
+                continue;
+            double wp = alpha * (s->w ? s->w[a * mu + p] : 1);
+            double *orow = out + (a * mu + p) * ld;
+            for (size_t c = 0; c <= a; c++) {
+                size_t qmax = c == a ? p + 1 : mv;
+                for (size_t q = 0; q < qmax; q++) {
+                    int iq = t->idx[q];
+                    if (iq >= 0)
+                        orow[c * mv + q] += wp * (t->w ? t->w[c * mv + q] : 1) *
+                                            P[(c * mt + (size_t)iq) * ldp + a * ms + (size_t)ip];
+                }
+            }
+        }
+}
+
+/* A dense term: per input pair, out(a,c) += W_t(a) P(a,c) W_s(c)ᵀ by GEMM sandwiches (their
+ * inner dimensions cut at each row's last non-zero), or by triangular products where the term
+ * is against itself (self) with a lower-triangular map per input (causal attention). */
+static int pair_dense(fl *F, const term_pair *Q, const double *P, int self)
+{
+    const term *t = Q->t, *s = Q->s;
+    size_t N = F->N, mu = Q->mu, mv = Q->mv, mt = Q->mt, ms = Q->ms, ld = Q->ld, ldp = N * ms;
+    double *out = Q->out, alpha = Q->alpha;
+    int sym = Q->sym, twice = Q->twice, st = TPK_OK;
+    double *Wt = nsr_fl_term_dense(F, t, mu), *Ws = nsr_fl_term_dense(F, s, mv);
+    double *tmp = nsr_fam_alloc(&F->X, mu * ms, sizeof *tmp);
+    if (Wt == NULL || Ws == NULL || tmp == NULL) {
+        if (Wt != t->w)
+            tpk_free(F->X.ctx, Wt);
+        if (Ws != s->w)
+            tpk_free(F->X.ctx, Ws);
+        tpk_free(F->X.ctx, tmp);
+        return F->X.ctx->status;
+    }
+    int *et = nsr_fam_alloc(&F->X, N * mu, sizeof *et);
+    int *es = nsr_fam_alloc(&F->X, N * mv, sizeof *es);
+    if (et == NULL || es == NULL)
+        st = F->X.ctx->status;
+    for (size_t a = 0; st == TPK_OK && a < N; a++) {
+        nsr_fl_row_extents(Wt + a * mu * mt, mu, mt, et + a * mu);
+        nsr_fl_row_extents(Ws + a * mv * ms, mv, ms, es + a * mv);
+    }
+    /* one term against itself with a lower-triangular map per input: triangular products */
+    int tri = st == TPK_OK && sym && self && mu == mt;
+    for (size_t r = 0; tri && r < N * mu; r++)
+        tri = (size_t)et[r] <= r % mu + 1;
+    if (tri)
+        st = nsr_fl_tri_sandwich(F, Wt, mu, P, ldp, out, ld, alpha);
+    for (size_t a = 0; a < N && st == TPK_OK && !tri; a++)
+        for (size_t c = 0; c < (sym ? a + 1 : N) && st == TPK_OK; c++) {
+            const double *Pac = P + (a * mt) * ldp + c * ms;
+            st = nsr_fl_sandwich(F, Wt + a * mu * mt, mu, mt, et + a * mu, Pac, ldp,
+                                 Ws + c * mv * ms, mv, ms, es + c * mv,
+                                 out + (a * mu) * ld + c * mv, ld, sym && a == c && !twice, tmp,
+                                 alpha);
+            if (st == TPK_OK && twice) { /* the transposed pair: W_s(a) · P(c,a)ᵀ · W_t(c)ᵀ */
+                const double *Pca = P + (c * mt) * ldp + a * ms;
+                double *tmp2 = nsr_fam_alloc(&F->X, mv * mt, sizeof *tmp2);
+                if (tmp2 == NULL) {
+                    st = F->X.ctx->status;
+                    break;
+                }
+                st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mt, ms, 1.0, Ws + a * mv * ms, ms,
+                               Pca, ldp, 0.0, tmp2, mt, F->X.ctx);
+                if (st == TPK_OK)
+                    st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, mv, mu, mt, alpha, tmp2, mt,
+                                   Wt + c * mu * mt, mt, 1.0, out + (a * mu) * ld + c * mv, ld,
+                                   F->X.ctx);
+                tpk_free(F->X.ctx, tmp2);
+            }
+        }
+    tpk_free(F->X.ctx, et), tpk_free(F->X.ctx, es);
+    if (Wt != t->w)
+        tpk_free(F->X.ctx, Wt);
+    if (Ws != s->w)
+        tpk_free(F->X.ctx, Ws);
+    tpk_free(F->X.ctx, tmp);
+    return st;
+}
+
+/* Term pair (i of u, j of v) of E[u vᵀ], by its kind: members of one initial G-var family, a
+ * factor block against itself, else the pair's second moments P (pair_m2) read by two gathers
+ * or sandwiched by dense maps. */
+static int lin_m2_terms(fl *F, const val *u, const val *v, int i, int j, double *out, size_t ld,
+                        int sym, double alpha)
+{
+    const term *t = &u->t[i], *s = &v->t[j];
+    const term_pair Q = {t, s, (size_t)u->m, (size_t)v->m, (size_t)F->b[t->blk].m,
+                         (size_t)F->b[s->blk].m, out, ld, sym, sym && i != j, alpha};
+    if (t->blk == s->blk && F->b[t->blk].kind == BK_BIAS && !t->dense && !s->dense)
+        return pair_bias(F, &Q, i == j);
+    if (sym && i == j && !F->dry && F->b[t->blk].Fac != NULL && F->b[t->blk].M2 == NULL)
+        return pair_factor(F, &Q);
+    double *buf = NULL; /* pair_m2's, made only when it writes one */
+    int zero, st;
+    /* the lower triangle serves a symmetric identity pair: (a,p) ≥ (c,q) reads only it */
+    int full = !(sym && i == j && !t->dense && nsr_fl_monotone(t->idx, Q.mu));
+    int indep = t->blk != s->blk && nsr_fl_terms_indep(F, t, u->m, s, v->m);
+    const double *P = pair_m2(F, t->blk, s->blk, &buf, &zero, &st, full, indep);
+    if (st == TPK_OK && !F->dry && !zero) {
+        if (!t->dense && !s->dense)
+            pair_gathers(F, &Q, P);
+        else
+            st = pair_dense(F, &Q, P, i == j);
+    }
+    tpk_free(F->X.ctx, buf);
+    return st;
+}
+
+/* The mean terms of E[u vᵀ] = E[LLᵀ] + μ_u m_vᵀ + m_u μ_vᵀ − μ_u μ_vᵀ (m = full first moment);
+ * none when both constant parts vanish (LN's g − mean(g) of a centred g). */
+static int lin_m2_means(fl *F, const val *u, const val *v, double *out, size_t ld, int sym,
+                        double alpha)
+{
+    size_t N = F->N, mu = (size_t)u->m, mv = (size_t)v->m;
+    if (nsr_fl_all_zero(u->mu, N * mu) && nsr_fl_all_zero(v->mu, N * mv))
+        return TPK_OK;
+    double *mU = nsr_fam_alloc(&F->X, N * mu, sizeof *mU);
+    double *mV = nsr_fam_alloc(&F->X, N * mv, sizeof *mV);
+    int nz;
+    if (mU == NULL || mV == NULL || nsr_fl_lin_mean(F, u, mU, &nz) ||
+        nsr_fl_lin_mean(F, v, mV, &nz)) {
+        tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
+        return F->X.ctx->status;
+    }
+#pragma omp parallel for schedule(dynamic, 16) if (N * mu >= 1024)
+    for (size_t i = 0; i < N * mu; i++)
+        for (size_t j = 0; j < (sym ? i + 1 : N * mv); j++) {
+            double a = u->mu ? u->mu[i] : 0, b = v->mu ? v->mu[j] : 0;
+            out[i * ld + j] += alpha * (a * mV[j] + mU[i] * b - a * b);
+        }
+    tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
+    return TPK_OK;
+}
+
+/* out (N mu × N mv, ld) += alpha·(Σ_{t,s} C_t E[X_t X_sᵀ] C_sᵀ + mean terms) = alpha·E[u vᵀ] for
+ * LIN values, term pair by term pair. sym: u = v, and only the lower triangle needs to be right
+ * (it is mirrored). In the plan, the same walk without numbers: it touches the terms' blocks and
+ * checks support. */
+int nsr_fl_lin_m2(fl *F, const val *u, const val *v, double *out, size_t ld, int sym,
+                  double alpha)
+{
+    int st = TPK_OK;
+    for (int i = 0; i < u->nt && st == TPK_OK; i++)
+        for (int j = 0; j < v->nt && st == TPK_OK; j++)
+            if (!(sym && j > i)) /* the (j, i) pair is the transpose of (i, j): added with it */
+                st = lin_m2_terms(F, u, v, i, j, out, ld, sym, alpha);
+    if (st || F->dry)
+        return st;
+    return lin_m2_means(F, u, v, out, ld, sym, alpha);
+}
+
+/* Gathers t, s (m points) of one block that read the same member at each point (or none). */
+static int same_members(const term *t, const term *s, size_t m)
+{
+    int same = t->blk == s->blk && !t->dense && !s->dense;
+    for (size_t p = 0; same && p < m; p++)
+        same = t->idx[p] < 0 || s->idx[p] < 0 || t->idx[p] == s->idx[p];
+    return same;
+}
+
+/* The weight of gather t at input a, point p (NULL weights: 1). */
+static inline double gather_w(const term *t, size_t m, size_t a, size_t p)
+{
+    return t->w ? t->w[a * m + p] : 1;
+}
+
+/* A pending block's diagonal is there: no matrix for a moment (LayerNorm's v). */
+static void diag_pending(fl *F, const term *t, const term *s, size_t m, double *out)
+{
+    size_t N = F->N, mt = (size_t)F->b[t->blk].m;
+    nsr_fl_touch(F, t->blk);
+    const double *dg = F->b[t->blk].pend->diag;
+    for (size_t a = 0; a < N; a++)
+        for (size_t p = 0; p < m; p++)
+            if (t->idx[p] >= 0 && s->idx[p] >= 0)
+                out[a * m + p] += gather_w(t, m, a, p) * gather_w(s, m, a, p) *
+                                  dg[a * mt + (size_t)t->idx[p]];
+}
+
+/* Initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j (as nsr_fl_lin_m2), not the block's
+ * (N m)² matrix. */
+static void diag_bias(fl *F, const term *t, const term *s, size_t m, double *out)
+{
+    const fblock *bf = &F->b[t->blk];
+    nsr_fl_touch(F, t->blk);
+    for (size_t a = 0; !F->dry && a < F->N; a++)
+        for (size_t p = 0; p < m; p++) {
+            int i1 = t->idx[p], i2 = s->idx[p];
+            if (i1 < 0 || i2 < 0)
+                continue;
+            double e = (i1 == i2 ? bf->s[i1] : 0) + (bf->mean ? bf->mean[i1] * bf->mean[i2] : 0);
+            out[a * m + p] += gather_w(t, m, a, p) * gather_w(s, m, a, p) * e;
+        }
+}
+
+/* Entries of a factor block: dot products of its rows. */
+static void diag_factor(fl *F, const term *t, const term *s, size_t m, double *out)
+{
+    const fblock *bf = &F->b[t->blk];
+    size_t mt = (size_t)bf->m, r = (size_t)bf->rank;
+    nsr_fl_touch(F, t->blk);
+    for (size_t a = 0; a < F->N; a++)
+        for (size_t p = 0; p < m; p++) {
+            if (t->idx[p] < 0 || s->idx[p] < 0)
+                continue;
+            const double *x = bf->Fac + (a * mt + (size_t)t->idx[p]) * r;
+            const double *y = bf->Fac + (a * mt + (size_t)s->idx[p]) * r;
+            double acc = 0;
+            for (size_t q = 0; q < r; q++)
+                acc += x[q] * y[q];
+            out[a * m + p] += gather_w(t, m, a, p) * gather_w(s, m, a, p) * acc;
+        }
+}
+
+/* Any other pair: entries of the pair's second moments (pair_m2), through dense maps or at the
+ * gathered members. */
+static int diag_pair(fl *F, const val *u, const val *v, const term *t, const term *s,
+                     double *out)
+{
+    size_t N = F->N, m = (size_t)u->m, mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
+    double *buf = NULL; /* pair_m2's, made only when it writes one */
+    int zero, st;
+    /* two gathers of one block read entries (a, i), (a, j): the lower triangle holds them as
+     * (a, max), (a, min), so a lower-stored block need not be mirrored */
+    int lower_ok = t->blk == s->blk && !t->dense && !s->dense;
+    int indep = t->blk != s->blk && nsr_fl_terms_indep(F, t, u->m, s, v->m);
+    const double *P = pair_m2(F, t->blk, s->blk, &buf, &zero, &st, !lower_ok, indep);
+    if (st || F->dry || zero) {
+        tpk_free(F->X.ctx, buf);
+        return st;
+    }
+    size_t ldp = N * ms;
+    double *Wt = (t->dense || s->dense) ? nsr_fl_term_dense(F, t, m) : NULL;
+    double *Ws = (t->dense || s->dense) ? nsr_fl_term_dense(F, s, m) : NULL;
+    for (size_t a = 0; a < N; a++)
+        for (size_t p = 0; p < m; p++) {
+            double acc = 0;
+            if (Wt) {
+                for (size_t q = 0; q < mt; q++) {
+                    double wq = Wt[(a * m + p) * mt + q];
+                    if (wq == 0)
+                        continue;
+                    const double *Prow = P + (a * mt + q) * ldp + a * ms;
+                    for (size_t r = 0; r < ms; r++)
+                        acc += wq * Prow[r] * Ws[(a * m + p) * ms + r];
+                }
+            } else if (t->idx[p] >= 0 && s->idx[p] >= 0) {
+                size_t i1 = (size_t)t->idx[p], i2 = (size_t)s->idx[p];
+                if (lower_ok && i2 > i1) { /* same block: ms = mt */
+                    size_t tmpi = i1;
+                    i1 = i2;
+                    i2 = tmpi;
+                }
+                acc = gather_w(t, m, a, p) * gather_w(s, m, a, p) *
+                      P[(a * mt + i1) * ldp + a * ms + i2];
+            }
+            out[a * m + p] += acc;
+        }
+    if (Wt && Wt != t->w)
+        tpk_free(F->X.ctx, Wt);
+    if (Ws && Ws != s->w)
+        tpk_free(F->X.ctx, Ws);
+    tpk_free(F->X.ctx, buf);
+    return TPK_OK;
+}
+
+/* E[u_p v_p] at each input and point (same input, same member): N·m added into out, term pair
+ * by term pair, then the mean terms (as nsr_fl_lin_m2's). */
 int nsr_fl_diag_m2(fl *F, const val *u, const val *v, double *out)
 {
     size_t N = F->N, m = (size_t)u->m;
     for (int i = 0; i < u->nt; i++)
         for (int j = 0; j < v->nt; j++) {
             const term *t = &u->t[i], *s = &v->t[j];
-            size_t mt = (size_t)F->b[t->blk].m, ms = (size_t)F->b[s->blk].m;
-            double *buf = NULL; /* pair_m2's, made only when it writes one */
             const fblock *bf = &F->b[t->blk];
-            int same_member = t->blk == s->blk && !t->dense && !s->dense;
-            for (size_t p = 0; same_member && p < m; p++)
-                same_member = t->idx[p] < 0 || s->idx[p] < 0 || t->idx[p] == s->idx[p];
-            if (!F->dry && same_member && bf->pend != NULL) {
-                /* a pending block's diagonal is there: no matrix for a moment (LayerNorm's v) */
-                nsr_fl_touch(F, t->blk);
-                const double *dg = bf->pend->diag;
-                for (size_t a = 0; a < N; a++)
-                    for (size_t p = 0; p < m; p++)
-                        if (t->idx[p] >= 0 && s->idx[p] >= 0)
-                            out[a * m + p] += (t->w ? t->w[a * m + p] : 1) *
-                                              (s->w ? s->w[a * m + p] : 1) *
-                                              dg[a * mt + (size_t)t->idx[p]];
-                continue;
-            }
-            if (t->blk == s->blk && bf->kind == BK_BIAS && !t->dense && !s->dense) {
-                /* initial G-var members: E[b_i b_j] = var_i δ_ij + μ_i μ_j (as lin_m2), not
-                 * the block's (N m)² matrix */
-                nsr_fl_touch(F, t->blk);
-                tpk_free(F->X.ctx, buf);
-                for (size_t a = 0; !F->dry && a < N; a++)
-                    for (size_t p = 0; p < m; p++) {
-                        int i1 = t->idx[p], i2 = s->idx[p];
-                        if (i1 < 0 || i2 < 0)
-                            continue;
-                        double e = (i1 == i2 ? bf->s[i1] : 0) +
-                                   (bf->mean ? bf->mean[i1] * bf->mean[i2] : 0);
-                        out[a * m + p] += (t->w ? t->w[a * m + p] : 1) *
-                                          (s->w ? s->w[a * m + p] : 1) * e;
-                    }
-                continue;
-            }
-            if (!F->dry && t->blk == s->blk && !t->dense && !s->dense && bf->Fac != NULL &&
-                bf->M2 == NULL) { /* entries of a factor block: dot products of its rows */
-                size_t r = (size_t)bf->rank;
-                nsr_fl_touch(F, t->blk);
-                for (size_t a = 0; a < N; a++)
-                    for (size_t p = 0; p < m; p++) {
-                        if (t->idx[p] < 0 || s->idx[p] < 0)
-                            continue;
-                        const double *x = bf->Fac + (a * mt + (size_t)t->idx[p]) * r;
-                        const double *y = bf->Fac + (a * mt + (size_t)s->idx[p]) * r;
-                        double acc = 0;
-                        for (size_t q = 0; q < r; q++)
-                            acc += x[q] * y[q];
-                        out[a * m + p] += (t->w ? t->w[a * m + p] : 1) * (s->w ? s->w[a * m + p] : 1) * acc;
-                    }
-                tpk_free(F->X.ctx, buf);
-                continue;
-            }
-            int zero, st;
-            /* two gathers of one block read entries (a, i), (a, j): the lower triangle holds
-             * them as (a, max), (a, min), so a lower-stored block need not be mirrored */
-            int lower_ok = t->blk == s->blk && !t->dense && !s->dense;
-            int indep = t->blk != s->blk && nsr_fl_terms_indep(F, t, u->m, s, v->m);
-            const double *P = pair_m2(F, t->blk, s->blk, &buf, &zero, &st, !lower_ok, indep);
-            if (st || F->dry || zero) {
-                tpk_free(F->X.ctx, buf);
+            int same = same_members(t, s, m);
+            if (!F->dry && same && bf->pend != NULL) {
+                diag_pending(F, t, s, m, out);
+            } else if (t->blk == s->blk && bf->kind == BK_BIAS && !t->dense && !s->dense) {
+                diag_bias(F, t, s, m, out);
+            } else if (!F->dry && t->blk == s->blk && !t->dense && !s->dense && bf->Fac != NULL &&
+                       bf->M2 == NULL) {
+                diag_factor(F, t, s, m, out);
+            } else {
+                int st = diag_pair(F, u, v, t, s, out);
                 if (st)
                     return st;
-                continue;
             }
-            size_t ldp = N * ms;
-            double *Wt = (t->dense || s->dense) ? nsr_fl_term_dense(F, t, m) : NULL;
-            double *Ws = (t->dense || s->dense) ? nsr_fl_term_dense(F, s, m) : NULL;
-            for (size_t a = 0; a < N; a++)
-                for (size_t p = 0; p < m; p++) {
-                    double acc = 0;
-                    if (Wt) {
-                        for (size_t q = 0; q < mt; q++) {
-                            double wq = Wt[(a * m + p) * mt + q];
-                            if (wq == 0)
-                                continue;
-                            const double *Prow = P + (a * mt + q) * ldp + a * ms;
-                            for (size_t r = 0; r < ms; r++)
-                                acc += wq * Prow[r] * Ws[(a * m + p) * ms + r];
-                        }
-                    } else if (t->idx[p] >= 0 && s->idx[p] >= 0) {
-                        size_t i1 = (size_t)t->idx[p], i2 = (size_t)s->idx[p];
-                        if (lower_ok && i2 > i1) { /* same block: ms = mt */
-                            size_t tmpi = i1;
-                            i1 = i2;
-                            i2 = tmpi;
-                        }
-                        acc = (t->w ? t->w[a * m + p] : 1) * (s->w ? s->w[a * m + p] : 1) *
-                              P[(a * mt + i1) * ldp + a * ms + i2];
-                    }
-                    out[a * m + p] += acc;
-                }
-            if (Wt && Wt != t->w)
-                tpk_free(F->X.ctx, Wt);
-            if (Ws && Ws != s->w)
-                tpk_free(F->X.ctx, Ws);
-            tpk_free(F->X.ctx, buf);
         }
     if (F->dry || (u->mu == NULL && v->mu == NULL))
         return TPK_OK;
-    double *mU = nsr_fam_alloc(&F->X, N * m, sizeof *mU), *mV = nsr_fam_alloc(&F->X, N * m, sizeof *mV);
+    double *mU = nsr_fam_alloc(&F->X, N * m, sizeof *mU);
+    double *mV = nsr_fam_alloc(&F->X, N * m, sizeof *mV);
     int nz;
-    if (mU == NULL || mV == NULL || nsr_fl_lin_mean(F, u, mU, &nz) || nsr_fl_lin_mean(F, v, mV, &nz)) {
+    if (mU == NULL || mV == NULL || nsr_fl_lin_mean(F, u, mU, &nz) ||
+        nsr_fl_lin_mean(F, v, mV, &nz)) {
         tpk_free(F->X.ctx, mU), tpk_free(F->X.ctx, mV);
         return F->X.ctx->status;
     }

@@ -294,162 +294,235 @@ int nsr_fl_ew_pairwise(fl *F, int k)
     return pairs;
 }
 
-/* Run the entrywise program under pending block k (ewplan-impl.h): with ro NULL, k's matrix (k
- * is no longer pending); else ro's readout of k into *ro->out, k left pending — where *ro->out
- * was a block of the caller's allocator that may be replaced (freed) by a leaf's. */
-int nsr_fl_ew_flush(fl *F, int k, const ew_readout *ro, int full)
+/* The entrywise program under a pending block k, as netsor/ewplan.c and netsor/ewpair.c take it:
+ * its nodes in order (arguments before their readers), each a pending block's node or a leaf (a
+ * block's matrix, or the inputs themselves in a pair program), and the readout's node last
+ * where there is one. */
+typedef struct ew_dag {
+    int cap, nn;        /* nodes (room for every block and a readout) */
+    int *ids;           /* the block of each node */
+    int *at;            /* block → its node */
+    nsr_ew_node *nd;
+    double **leaf_diag; /* the leaves' diagonals (ours) */
+    double *dphi;       /* the readout node's diagonal (ours) */
+    double beta;        /* the readout's constant (a bias term of the readout node reads it) */
+    int pairs;          /* a convolution in it: a pair program (netsor/ewpair.c) */
+    int root;
+} ew_dag;
+
+static void ew_dag_free(fl *F, ew_dag *G)
 {
-    size_t n = F->N * (size_t)F->b[k].m;
-    int cap = F->nb + 1, nn = 0, st;
-    int *ids = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *ids);
-    int *at = nsr_fam_alloc(&F->X, (size_t)F->nb, sizeof *at);
-    nsr_ew_node *nd = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *nd);
-    double **leaf_diag = nsr_fam_alloc(&F->X, (size_t)cap, sizeof *leaf_diag);
-    if (ids == NULL || at == NULL || nd == NULL || leaf_diag == NULL) {
-        st = F->X.ctx->status;
-        goto done;
+    for (int i = 0; G->leaf_diag && i < G->cap; i++)
+        tpk_free(F->X.ctx, G->leaf_diag[i]);
+    tpk_free(F->X.ctx, G->leaf_diag);
+    tpk_free(F->X.ctx, G->nd);
+    tpk_free(F->X.ctx, G->at);
+    tpk_free(F->X.ctx, G->ids);
+    tpk_free(F->X.ctx, G->dphi);
+}
+
+/* Node i as leaf block x: its matrix (made now where it is not there), or in a pair program the
+ * inputs' Gram per pair (a rank-d product of the pair's rows: few channels, RGB or grey) rather
+ * than the (N m)² matrix first; its diagonal read from it. */
+static int ew_leaf(fl *F, ew_dag *G, int i, int x, size_t n)
+{
+    nsr_ew_node *nd = G->nd;
+    memset(&nd[i], 0, sizeof nd[i]);
+    nd[i].op = NSR_EW_LEAF;
+    ew_name(&nd[i], block_label(F, x), F->b[x].line);
+    if (G->pairs && F->b[x].input && F->b[x].M2 == NULL && F->d <= 8) {
+        nd[i].x = F->x;
+        nd[i].d = F->d;
+    } else if ((nd[i].M = nsr_fl_block_made(F, x)) == NULL) {
+        return F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
     }
-    memset(leaf_diag, 0, (size_t)cap * sizeof *leaf_diag);
-    if ((st = ew_collect(F, k, ids, &nn, cap)) != TPK_OK)
-        goto done;
-    int pairs = 0; /* a pair program (netsor/ewpair.c) */
-    for (int i = 0; i < nn; i++)
-        pairs |= F->b[ids[i]].pend != NULL && F->b[ids[i]].pend->nd.op == NSR_EW_CONV;
-    for (int i = 0; i < nn && st == TPK_OK; i++) {
-        int x = ids[i];
-        at[x] = i;
+    if ((G->leaf_diag[i] = nsr_fam_alloc(&F->X, n, sizeof *G->leaf_diag[i])) == NULL)
+        return F->X.ctx->status;
+    nsr_ew_diag(nd, i, n, F->b[x].m, NULL, NULL, G->leaf_diag[i], NULL, F->X.ctx);
+    nd[i].diag = G->leaf_diag[i];
+    return TPK_OK;
+}
+
+/* The program under pending block k (n = N m): its blocks collected, pending ones as their nodes
+ * (arguments renumbered), the rest as leaves. */
+static int ew_dag_build(fl *F, int k, size_t n, ew_dag *G)
+{
+    memset(G, 0, sizeof *G);
+    G->cap = F->nb + 1;
+    G->ids = nsr_fam_alloc(&F->X, (size_t)G->cap, sizeof *G->ids);
+    G->at = nsr_fam_alloc(&F->X, (size_t)F->nb, sizeof *G->at);
+    G->nd = nsr_fam_alloc(&F->X, (size_t)G->cap, sizeof *G->nd);
+    G->leaf_diag = nsr_fam_alloc(&F->X, (size_t)G->cap, sizeof *G->leaf_diag);
+    if (G->ids == NULL || G->at == NULL || G->nd == NULL || G->leaf_diag == NULL)
+        return F->X.ctx->status;
+    memset(G->leaf_diag, 0, (size_t)G->cap * sizeof *G->leaf_diag);
+    int st = ew_collect(F, k, G->ids, &G->nn, G->cap);
+    if (st != TPK_OK)
+        return st;
+    for (int i = 0; i < G->nn; i++)
+        G->pairs |= F->b[G->ids[i]].pend != NULL && F->b[G->ids[i]].pend->nd.op == NSR_EW_CONV;
+    nsr_ew_node *nd = G->nd;
+    for (int i = 0; i < G->nn && st == TPK_OK; i++) {
+        int x = G->ids[i];
+        G->at[x] = i;
         const pend *P = F->b[x].pend;
-        if (P != NULL) {
-            nd[i] = P->nd;
-            nd[i].diag = P->diag;
-            if (nd[i].op == NSR_EW_PHI || nd[i].op == NSR_EW_CONV)
-                nd[i].arg = at[nd[i].arg];
-            for (int t = 0; nd[i].op == NSR_EW_SUM && t < nd[i].nt; t++)
-                if (nd[i].t[t].arg >= 0)
-                    nd[i].t[t].arg = at[nd[i].t[t].arg];
+        if (P == NULL) {
+            st = ew_leaf(F, G, i, x, n);
             continue;
         }
-        memset(&nd[i], 0, sizeof nd[i]);
-        nd[i].op = NSR_EW_LEAF;
-        ew_name(&nd[i], block_label(F, x), F->b[x].line);
-        if (pairs && F->b[x].input && F->b[x].M2 == NULL && F->d <= 8) {
-            /* a pair program reads the inputs' Gram per pair (a rank-d product of the pair's
-             * rows: few channels, RGB or grey), not the (N m)² matrix first */
-            nd[i].x = F->x;
-            nd[i].d = F->d;
-        } else if ((nd[i].M = nsr_fl_block_made(F, x)) == NULL) {
-            st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
-            break;
-        }
-        if ((leaf_diag[i] = nsr_fam_alloc(&F->X, n, sizeof *leaf_diag[i])) == NULL) {
-            st = F->X.ctx->status;
-            break;
-        }
-        nsr_ew_diag(nd, i, n, F->b[x].m, NULL, NULL, leaf_diag[i], NULL, F->X.ctx); /* a leaf's: read */
-        nd[i].diag = leaf_diag[i];
+        nd[i] = P->nd;
+        nd[i].diag = P->diag;
+        if (nd[i].op == NSR_EW_PHI || nd[i].op == NSR_EW_CONV)
+            nd[i].arg = G->at[nd[i].arg];
+        for (int t = 0; nd[i].op == NSR_EW_SUM && t < nd[i].nt; t++)
+            if (nd[i].t[t].arg >= 0)
+                nd[i].t[t].arg = G->at[nd[i].t[t].arg];
     }
-    double *dphi = NULL;
-    int root = nn - 1;
-    const double beta = ro ? ro->beta : 0.0;
-    if (st == TPK_OK && ro != NULL && ro->pool != NULL) { /* pooled: by input pairs */
-        const nsr_ew_reduce red = {ro->phi, ro->alpha, ro->beta, ro->pool};
-        double e = 0;
-        if (!pairs)
-            st = TPK_ERROR(F->X.ctx, TPK_EINVAL, "internal: a pooled readout of a program that "
-                           "is not by input pairs");
-        if (st == TPK_OK && ro->phi != NULL)
-            st = nsr_fl_ensure_ws_for(F, ro->phi);
-        for (int i = 0; st == TPK_OK && i < nn; i++)
-            if (nd[i].phi != NULL)
-                st = nsr_fl_ensure_ws_for(F, nd[i].phi);
-        if (st == TPK_OK)
-            st = nsr_ew_eval_pairs(nd, nn, root, n, F->b[k].m, F->ws, F->X.R->file,
-                                   F->plan_report, *ro->out, 1, &red, &e, NULL, F->X.ctx);
-        if (st == TPK_OK)
-            F->err = fmax(F->err, e);
-        goto done;
+    G->root = G->nn - 1;
+    return st;
+}
+
+/* A pooled readout of a pair program, input pair by input pair, into *ro->out. */
+static int ew_pooled(fl *F, int k, size_t n, const ew_readout *ro, ew_dag *G)
+{
+    const nsr_ew_reduce red = {ro->phi, ro->alpha, ro->beta, ro->pool};
+    double e = 0;
+    int st = TPK_OK;
+    if (!G->pairs)
+        st = TPK_ERROR(F->X.ctx, TPK_EINVAL, "internal: a pooled readout of a program that is "
+                       "not by input pairs");
+    if (st == TPK_OK && ro->phi != NULL)
+        st = nsr_fl_ensure_ws_for(F, ro->phi);
+    for (int i = 0; st == TPK_OK && i < G->nn; i++)
+        if (G->nd[i].phi != NULL)
+            st = nsr_fl_ensure_ws_for(F, G->nd[i].phi);
+    if (st == TPK_OK)
+        st = nsr_ew_eval_pairs(G->nd, G->nn, G->root, n, F->b[k].m, F->ws, F->X.R->file,
+                               F->plan_report, *ro->out, 1, &red, &e, NULL, F->X.ctx);
+    if (st == TPK_OK)
+        F->err = fmax(F->err, e);
+    return st;
+}
+
+/* The readout as the program's last node: a map over k, or a scaled k (with a constant β for
+ * m = 1, the caller's: a bias term is a constant); its failures are the output statement's. */
+static int ew_readout_node(fl *F, int k, size_t n, const ew_readout *ro, ew_dag *G)
+{
+    nsr_ew_node *r = &G->nd[G->nn];
+    memset(r, 0, sizeof *r);
+    if (ro->phi != NULL) {
+        r->op = NSR_EW_PHI;
+        r->arg = G->root;
+        r->phi = ro->phi;
+        r->alpha = ro->alpha;
+        r->beta = ro->beta;
+    } else {
+        r->op = NSR_EW_SUM;
+        r->nt = 1;
+        r->t[0] = (nsr_ew_term){.arg = G->root, .c = ro->alpha, .w = ro->w};
+        if (G->beta != 0.0)
+            r->t[r->nt++] = (nsr_ew_term){.arg = -1, .c = 1.0, .s = &G->beta};
     }
-    if (st == TPK_OK && ro != NULL) { /* the readout: a map over k, or a scaled k */
-        memset(&nd[nn], 0, sizeof nd[nn]);
-        if (ro->phi != NULL) {
-            nd[nn].op = NSR_EW_PHI;
-            nd[nn].arg = root;
-            nd[nn].phi = ro->phi;
-            nd[nn].alpha = ro->alpha;
-            nd[nn].beta = ro->beta;
-        } else {
-            nd[nn].op = NSR_EW_SUM;
-            nd[nn].nt = 1;
-            nd[nn].t[0] = (nsr_ew_term){.arg = root, .c = ro->alpha, .w = ro->w};
-            if (beta != 0.0) /* m = 1 (the caller's): a bias term is a constant */
-                nd[nn].t[nd[nn].nt++] = (nsr_ew_term){.arg = -1, .c = 1.0, .s = &beta};
-        }
-        ew_name(&nd[nn], "readout", nsr_fl_cur_line(F));
-        nd[nn].line = nsr_fl_cur_line(F); /* the readout's failures: at the output statement */
-        nd[nn].col = nsr_fl_cur_col(F);
-        root = nn++;
-        if ((dphi = nsr_fam_alloc(&F->X, n, sizeof *dphi)) == NULL ||
-            (st = nsr_ew_diag(nd, root, n, F->b[k].m, F->ws, F->X.R->file, dphi, NULL,
-                              F->X.ctx)) != TPK_OK)
-            st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
-        nd[root].diag = dphi;
-    }
-    double *M = NULL;
-    /* The result may go over a leaf's matrix that nothing reads afterwards (each kernel reads an
-     * entry before it writes it): no fresh block, whose first touch costs more than the maps
-     * (a CNN layer's block is (N·784)²). Such a leaf: any, at the readout at the end; else one
-     * the plan has freed already whose pending readers are all k (made now) or moot — freed by
-     * the plan too, with only k or moot blocks reading them: nothing reads through them again
-     * (a transformer layer's attention output, under LayerNorm, residual and feed-forward). */
+    ew_name(r, "readout", nsr_fl_cur_line(F));
+    r->line = nsr_fl_cur_line(F);
+    r->col = nsr_fl_cur_col(F);
+    G->root = G->nn++;
+    int st = TPK_OK;
+    if ((G->dphi = nsr_fam_alloc(&F->X, n, sizeof *G->dphi)) == NULL ||
+        (st = nsr_ew_diag(G->nd, G->root, n, F->b[k].m, F->ws, F->X.R->file, G->dphi, NULL,
+                          F->X.ctx)) != TPK_OK)
+        st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+    G->nd[G->root].diag = G->dphi;
+    return st;
+}
+
+/* A leaf whose matrix the result may go over, as nothing reads it afterwards (each kernel reads
+ * an entry before it writes it): no fresh block, whose first touch costs more than the maps (a
+ * CNN layer's block is (N·784)²). Such a leaf: any, at the readout at the end; else one the plan
+ * has freed already whose pending readers are all k (made now) or moot — freed by the plan too,
+ * with only k or moot blocks reading them: nothing reads through them again (a transformer
+ * layer's attention output, under LayerNorm, residual and feed-forward). −1: none. */
+static int ew_donor(fl *F, int k, const ew_readout *ro, const ew_dag *G)
+{
     int donor = -1;
     const int at_end = ro != NULL && F->X.cur == F->X.R->nfi && F->final_out != NULL;
-    const int ndag = ro != NULL ? nn - 1 : nn;
-    int *refs = st == TPK_OK ? nsr_fam_alloc(&F->X, (size_t)ndag, sizeof *refs) : NULL;
+    const int ndag = ro != NULL ? G->nn - 1 : G->nn;
+    int *refs = nsr_fam_alloc(&F->X, (size_t)ndag, sizeof *refs);
     if (refs != NULL && ro == NULL) {
         memset(refs, 0, (size_t)ndag * sizeof *refs);
         for (int i = ndag - 1; i >= 0; i--) { /* readers before their arguments */
-            const fblock *x = &F->b[ids[i]];
-            int gone = i == ndag - 1 || (x->pend != NULL && x->dead && x->pins == refs[i]);
-            for (int a = 0; gone && a < pend_nargs(F, ids[i]); a++)
-                if (pend_arg(F, ids[i], a) >= 0)
-                    refs[at[pend_arg(F, ids[i], a)]]++;
+            const int x = G->ids[i];
+            const fblock *b = &F->b[x];
+            int gone = i == ndag - 1 || (b->pend != NULL && b->dead && b->pins == refs[i]);
+            for (int a = 0; gone && a < pend_nargs(F, x); a++)
+                if (pend_arg(F, x, a) >= 0)
+                    refs[G->at[pend_arg(F, x, a)]]++;
         }
     }
-    for (int i = 0; st == TPK_OK && i < ndag && donor < 0; i++) {
-        if (nd[i].op != NSR_EW_LEAF)
+    for (int i = 0; i < ndag && donor < 0; i++) {
+        if (G->nd[i].op != NSR_EW_LEAF)
             continue;
-        const fblock *x = &F->b[ids[i]];
-        if (nd[i].M == NULL || x->M2 != nd[i].M || x->m != F->b[k].m)
+        const fblock *x = &F->b[G->ids[i]];
+        if (G->nd[i].M == NULL || x->M2 != G->nd[i].M || x->m != F->b[k].m)
             continue;
         if (at_end || (refs != NULL && ro == NULL && x->dead && x->pins == refs[i]))
-            donor = ids[i];
+            donor = G->ids[i];
     }
     tpk_free(F->X.ctx, refs);
+    return donor;
+}
+
+/* netsor plan --verify: every candidate kernel checked exactly (a Z_p twin) before the run. */
+static int ew_verify(fl *F, int k, size_t n, const ew_dag *G)
+{
+    nsr_ew_verified v;
+    int st = nsr_ew_verify(G->nd, G->nn, G->root, n, F->b[k].m, 1, 0, &v, F->X.ctx);
+    if (st == TPK_OK && v.mismatch)
+        st = TPK_ERROR(F->X.ctx, TPK_ENUMERIC, "%s: internal: the executor's kernel for %s "
+                       "differs from its reference at entry (%zu, %zu) in the Z_p check",
+                       F->X.R->file, v.what, v.row, v.col);
+    if (st == TPK_OK && F->plan_report)
+        fprintf(F->plan_report, "exact check of %s (Z_p twin): %d kernel runs of every "
+                "candidate, all equal to the reference\n", G->nd[G->root].name, v.kernels);
+    return st;
+}
+
+/* Run the entrywise program under pending block k (ewplan-impl.h): with ro NULL, k's matrix (k
+ * is no longer pending); else ro's readout of k into *ro->out, k left pending — where *ro->out
+ * was a block of the caller's allocator that may be replaced (freed) by a leaf's. full: both
+ * triangles (else the lower one). */
+int nsr_fl_ew_flush(fl *F, int k, const ew_readout *ro, int full)
+{
+    size_t n = F->N * (size_t)F->b[k].m;
+    ew_dag G;
+    int st = ew_dag_build(F, k, n, &G);
+    G.beta = ro ? ro->beta : 0.0;
+    if (st == TPK_OK && ro != NULL && ro->pool != NULL) { /* pooled: by input pairs */
+        st = ew_pooled(F, k, n, ro, &G);
+        ew_dag_free(F, &G);
+        return st;
+    }
+    if (st == TPK_OK && ro != NULL)
+        st = ew_readout_node(F, k, n, ro, &G);
+    double *M = NULL;
+    int donor = st == TPK_OK ? ew_donor(F, k, ro, &G) : -1;
     if (st == TPK_OK && ro == NULL && donor < 0 && (M = nsr_fl_big(F, n * n, sizeof *M, 0)) == NULL)
         st = F->X.ctx->status;
-    for (int i = 0; st == TPK_OK && i < nn; i++)
-        if (nd[i].phi != NULL)
-            st = nsr_fl_ensure_ws_for(F, nd[i].phi);
+    for (int i = 0; st == TPK_OK && i < G.nn; i++)
+        if (G.nd[i].phi != NULL)
+            st = nsr_fl_ensure_ws_for(F, G.nd[i].phi);
     double e = 0;
-    if (st == TPK_OK && F->plan_verify && !pairs) { /* every candidate exactly, first */
-        nsr_ew_verified v;
-        st = nsr_ew_verify(nd, nn, root, n, F->b[k].m, 1, 0, &v, F->X.ctx);
-        if (st == TPK_OK && v.mismatch)
-            st = TPK_ERROR(F->X.ctx, TPK_ENUMERIC, "%s: internal: the executor's kernel for %s "
-                           "differs from its reference at entry (%zu, %zu) in the Z_p check",
-                           F->X.R->file, v.what, v.row, v.col);
-        if (st == TPK_OK && F->plan_report)
-            fprintf(F->plan_report, "exact check of %s (Z_p twin): %d kernel runs of every "
-                    "candidate, all equal to the reference\n", nd[root].name, v.kernels);
-    }
+    if (st == TPK_OK && F->plan_verify && !G.pairs) /* every candidate exactly, first */
+        st = ew_verify(F, k, n, &G);
     if (st == TPK_OK)
-        st = nsr_ew_eval(nd, nn, root, n, F->b[k].m,
+        st = nsr_ew_eval(G.nd, G.nn, G.root, n, F->b[k].m,
                          F->plan_kind | (F->plan_signatures ? NSR_PLAN_SIGNATURES : 0) |
-                             (F->plan_signatures > 1 ? NSR_PLAN_CANDIDATES : 0), F->ws, &F->cal,
-                         F->X.R->file, F->plan_report,
+                             (F->plan_signatures > 1 ? NSR_PLAN_CANDIDATES : 0),
+                         F->ws, &F->cal, F->X.R->file, F->plan_report,
                          donor >= 0 ? F->b[donor].M2 : ro ? *ro->out : M, donor < 0, full, &e,
                          NULL, F->X.ctx);
-    tpk_free(F->X.ctx, dphi);
+    tpk_free(F->X.ctx, G.dphi);
+    G.dphi = NULL;
     if (st == TPK_OK && donor >= 0) { /* the result is the leaf's matrix now */
         if (ro != NULL) {
             tpk_free(F->X.ctx, *ro->out);
@@ -473,12 +546,6 @@ int nsr_fl_ew_flush(fl *F, int k, const ew_readout *ro, int full)
     }
     if (M != NULL)
         nsr_fl_release(F, M, n * n * sizeof *M);
-done:
-    for (int i = 0; leaf_diag && i < cap; i++)
-        tpk_free(F->X.ctx, leaf_diag[i]);
-    tpk_free(F->X.ctx, leaf_diag);
-    tpk_free(F->X.ctx, nd);
-    tpk_free(F->X.ctx, at);
-    tpk_free(F->X.ctx, ids);
+    ew_dag_free(F, &G);
     return st;
 }
