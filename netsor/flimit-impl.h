@@ -378,8 +378,14 @@ void nsr_fl_ml_free(fl *F, mlist *L);
 void nsr_fl_mono_free(fl *F, mono *m);
 /* Append m to L, which owns it from now on (on failure it is freed). */
 int nsr_fl_ml_push(fl *F, mlist *L, mono *m);
-/* out += A·B (each product a monomial of degree ≤ 2; e: where a larger one is refused). */
+/* out += A·B, out += A·A (each product a monomial of degree ≤ 2; e: where a larger one is
+ * refused). */
 int nsr_fl_ml_mul(fl *F, mlist *A, mlist *B, mlist *out, const nsr_expr *e);
+int nsr_fl_ml_square(fl *F, mlist *A, mlist *out, const nsr_expr *e);
+/* Moves A's monomials into L, each coefficient times *scale (NULL: 1); A is left empty. */
+int nsr_fl_ml_append(fl *F, mlist *L, mlist *A, const val *scale);
+/* out = the expectation of L's sum at every input and point of an m-point domain (scalars). */
+int nsr_fl_ml_expect(fl *F, const mlist *L, long m, val *out);
 
 /* ---- flimit_eval.c: the expression walk ----------------------------------------------------- */
 /* The value of e over domain D (nothing is left in out on failure). */

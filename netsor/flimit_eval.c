@@ -456,71 +456,46 @@ static int accumulable(const fl *F, const nsr_expr *e, int *binders, int nb)
     return nsr_reads_syms(am, binders, nb, 0);
 }
 
-static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+/* Scalars summed over the binder: out(a, p) = Σ of v over the points whose parent is p. */
+static int sum_scalars(fl *F, const nsr_fdom *D, const nsr_fdom *X, const long *parent, val *v,
+                       val *out)
 {
-    int binders[NSR_MAXV];
-    if (accumulable(F, e, binders, 0)) { /* taps: one atom (flimit_matmul.c) */
-        nsr_fl_atom A;
-        F->nsites++;
-        if (nsr_fl_atom_new(F, D->m, e->line, &A))
-            return F->X.ctx->status;
-        taps T = {.nb = 0};
-        const nsr_expr *q = e;
-        while (q->kind == NSR_E_SUM && T.nb < NSR_MAXV)
-            T.nb++, q = q->a;
-        if (acc_sum(F, e, D, &T, binders, T.nb, 0)) {
-            nsr_fl_taps_free(F, &T);
-            nsr_fl_atom_finish(F, &A, F->X.ctx->status, out);
-            return F->X.ctx->status;
-        }
-        int st = nsr_fl_tap_sum(F, D, &T, &A, e->line);
-        nsr_fl_taps_free(F, &T);
-        return nsr_fl_atom_finish(F, &A, st, out);
-    }
-    nsr_fdom X;
-    long *parent;
-    if (nsr_extend(&F->X, e, D, &X, &parent))
+    size_t N = F->N, m = (size_t)D->m, mx = (size_t)X->m;
+    nsr_fl_val_const(out, D->m, 0);
+    if (nsr_fl_val_scal(F, out) || nsr_fl_val_scal(F, v)) {
+        nsr_fl_val_free(F, out); /* eval's contract: nothing is left in out on failure */
         return F->X.ctx->status;
-    val v;
-    int st = nsr_fl_eval(F, e->a, &X, &v);
-    tpk_free(F->X.ctx, X.val);
-    if (st) {
-        tpk_free(F->X.ctx, parent);
-        return st;
     }
-    size_t N = F->N, m = (size_t)D->m, mx = (size_t)X.m;
-    if (v.kind != V_LIN) {
-        nsr_fl_val_const(out, D->m, 0);
-        if (nsr_fl_val_scal(F, out) || nsr_fl_val_scal(F, &v)) {
-            tpk_free(F->X.ctx, parent), nsr_fl_val_free(F, &v);
-            return F->X.ctx->status;
-        }
-        for (size_t a = 0; a < N; a++)
-            for (size_t r = 0; r < mx; r++)
-                out->s[a * m + (size_t)parent[r]] += v.s[a * mx + r];
-        tpk_free(F->X.ctx, parent), nsr_fl_val_free(F, &v);
-        return TPK_OK;
-    }
+    for (size_t a = 0; a < N; a++)
+        for (size_t r = 0; r < mx; r++)
+            out->s[a * m + (size_t)parent[r]] += v->s[a * mx + r];
+    return TPK_OK;
+}
+
+/* A vector summed over the binder: each term becomes a dense map from D's points to its block's
+ * members (terms on one block merge), the constant parts add up. */
+static int sum_vectors(fl *F, const nsr_fdom *D, const nsr_fdom *X, const long *parent,
+                       const val *v, val *out)
+{
+    size_t N = F->N, m = (size_t)D->m, mx = (size_t)X->m;
+    int st = TPK_OK;
     memset(out, 0, sizeof *out);
     out->kind = V_LIN;
     out->m = D->m;
-    if (v.mu) {
-        if ((out->mu = nsr_fam_alloc(&F->X, N * m, sizeof *out->mu)) == NULL) {
-            tpk_free(F->X.ctx, parent), nsr_fl_val_free(F, &v);
+    if (v->mu) {
+        if ((out->mu = nsr_fam_alloc(&F->X, N * m, sizeof *out->mu)) == NULL)
             return F->X.ctx->status;
-        }
         for (size_t a = 0; a < N; a++)
             for (size_t r = 0; r < mx; r++)
-                out->mu[a * m + (size_t)parent[r]] += v.mu[a * mx + r];
+                out->mu[a * m + (size_t)parent[r]] += v->mu[a * mx + r];
     }
-    /* each term becomes a dense map; terms on one block merge */
-    out->t = nsr_fam_alloc(&F->X, (size_t)v.nt, sizeof *out->t);
+    out->t = nsr_fam_alloc(&F->X, (size_t)v->nt, sizeof *out->t);
     if (out->t == NULL) {
-        tpk_free(F->X.ctx, parent), nsr_fl_val_free(F, &v), nsr_fl_val_free(F, out);
+        nsr_fl_val_free(F, out);
         return F->X.ctx->status;
     }
-    for (int i = 0; i < v.nt && st == TPK_OK; i++) {
-        const term *t = &v.t[i];
+    for (int i = 0; i < v->nt && st == TPK_OK; i++) {
+        const term *t = &v->t[i];
         size_t ms = (size_t)F->b[t->blk].m;
         int j = 0;
         while (j < out->nt && out->t[j].blk != t->blk)
@@ -547,11 +522,55 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
                 }
             }
     }
-    tpk_free(F->X.ctx, parent);
-    nsr_fl_val_free(F, &v);
     if (st)
         nsr_fl_val_free(F, out);
     return st;
+}
+
+/* A sum over a binder that is not a tap sum (attention's Σ_j a_ij k_j, a mean over positions):
+ * its body over the extended domain, summed into each point. */
+static int eval_index_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    nsr_fdom X;
+    long *parent;
+    if (nsr_extend(&F->X, e, D, &X, &parent))
+        return F->X.ctx->status;
+    val v;
+    int st = nsr_fl_eval(F, e->a, &X, &v);
+    tpk_free(F->X.ctx, X.val);
+    if (st == TPK_OK) {
+        st = v.kind != V_LIN ? sum_scalars(F, D, &X, parent, &v, out)
+                             : sum_vectors(F, D, &X, parent, &v, out);
+        nsr_fl_val_free(F, &v);
+    }
+    tpk_free(F->X.ctx, parent);
+    return st;
+}
+
+/* sum(binder in lo..hi: body) over D: one atom for a sum of MatMuls by A-vars that read the
+ * binder (convolution taps), else the body summed over the binder. */
+static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    int binders[NSR_MAXV];
+    if (accumulable(F, e, binders, 0)) { /* taps: one atom (flimit_matmul.c) */
+        nsr_fl_atom A;
+        F->nsites++;
+        if (nsr_fl_atom_new(F, D->m, e->line, &A))
+            return F->X.ctx->status;
+        taps T = {.nb = 0};
+        const nsr_expr *q = e;
+        while (q->kind == NSR_E_SUM && T.nb < NSR_MAXV)
+            T.nb++, q = q->a;
+        if (acc_sum(F, e, D, &T, binders, T.nb, 0)) {
+            nsr_fl_taps_free(F, &T);
+            nsr_fl_atom_finish(F, &A, F->X.ctx->status, out);
+            return F->X.ctx->status;
+        }
+        int st = nsr_fl_tap_sum(F, D, &T, &A, e->line);
+        nsr_fl_taps_free(F, &T);
+        return nsr_fl_atom_finish(F, &A, st, out);
+    }
+    return eval_index_sum(F, e, D, out);
 }
 
 /* softmax(j in lo..hi: s) at the enclosing j. Its rows depend on the other indices only, so
@@ -601,123 +620,105 @@ static int eval_softmax(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     return st;
 }
 
-static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth);
+
+/* a ± b: both lists, b's negated for −. */
+static int expand_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
 {
-    if (depth > NSR_MAX_DEPTH)
-        return NSR_UNSUP(&F->X, e, "expression nested too deeply");
-    if (e->kind == NSR_E_BIN && (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS)) {
-        mlist B = {0};
-        if (expand(F, e->a, D, L, depth + 1) || expand(F, e->b, D, &B, depth + 1)) {
-            nsr_fl_ml_free(F, &B);
-            return F->X.ctx->status;
-        }
-        val neg;
-        nsr_fl_val_const(&neg, D->m, -1);
-        for (int i = 0; i < B.n; i++) {
-            if (e->op == NSR_T_MINUS && nsr_fl_val_scale(F, &B.v[i].coef, &neg))
-                break;
-            if (nsr_fl_ml_push(F, L, &B.v[i]))
-                break;
-            memset(&B.v[i], 0, sizeof B.v[i]);
-        }
+    mlist B = {0};
+    if (expand(F, e->a, D, L, depth + 1) || expand(F, e->b, D, &B, depth + 1)) {
         nsr_fl_ml_free(F, &B);
         return F->X.ctx->status;
     }
-    if (e->kind == NSR_E_NEG) {
-        mlist A = {0};
-        if (expand(F, e->a, D, &A, depth + 1)) {
-            nsr_fl_ml_free(F, &A);
-            return F->X.ctx->status;
-        }
-        val neg;
-        nsr_fl_val_const(&neg, D->m, -1);
-        for (int i = 0; i < A.n; i++) {
-            nsr_fl_val_scale(F, &A.v[i].coef, &neg);
-            nsr_fl_ml_push(F, L, &A.v[i]);
-            memset(&A.v[i], 0, sizeof A.v[i]);
-        }
+    val neg;
+    nsr_fl_val_const(&neg, D->m, -1);
+    return nsr_fl_ml_append(F, L, &B, e->op == NSR_T_MINUS ? &neg : NULL);
+}
+
+/* −a */
+static int expand_neg(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+{
+    mlist A = {0};
+    if (expand(F, e->a, D, &A, depth + 1)) {
         nsr_fl_ml_free(F, &A);
         return F->X.ctx->status;
     }
-    if (e->kind == NSR_E_BIN && (e->op == NSR_T_STAR || e->op == NSR_T_CARET)) {
-        mlist A = {0}, B = {0};
-        int st = expand(F, e->a, D, &A, depth + 1);
-        if (st == TPK_OK && e->op == NSR_T_STAR)
-            st = expand(F, e->b, D, &B, depth + 1);
-        if (st == TPK_OK && e->op == NSR_T_CARET) {
-            double k;
-            st = nsr_fam_num(&F->X, e->b, &k);
-            if (st == TPK_OK && k == 1) {
-                for (int i = 0; i < A.n; i++) {
-                    nsr_fl_ml_push(F, L, &A.v[i]);
-                    memset(&A.v[i], 0, sizeof A.v[i]);
-                }
-                nsr_fl_ml_free(F, &A);
-                return F->X.ctx->status;
-            }
-            if (st == TPK_OK && k != 2) {
-                int vec = 0;
-                for (int i = 0; i < A.n; i++)
-                    vec |= A.v[i].nf > 0;
-                if (vec)
-                    st = NSR_UNSUP(&F->X, e, "a power other than 2 of a vector inside mean()");
-            }
-            if (st == TPK_OK && k == 2) {
-                mlist A2 = {0};
-                for (int i = 0; i < A.n && st == TPK_OK; i++) {
-                    mono c = {0};
-                    if ((st = nsr_fl_val_copy(F, &A.v[i].coef, &c.coef)) == TPK_OK) {
-                        for (int q = 0; q < A.v[i].nf && st == TPK_OK; q++)
-                            st = nsr_fl_val_copy(F, &A.v[i].f[q], &c.f[c.nf++]);
-                    }
-                    if (st == TPK_OK)
-                        st = nsr_fl_ml_push(F, &A2, &c);
-                    else
-                        nsr_fl_mono_free(F, &c);
-                }
-                if (st == TPK_OK)
-                    st = nsr_fl_ml_mul(F, &A, &A2, L, e);
-                nsr_fl_ml_free(F, &A2);
-                nsr_fl_ml_free(F, &A);
-                return st;
-            }
-        }
-        if (st == TPK_OK && e->op == NSR_T_STAR)
-            st = nsr_fl_ml_mul(F, &A, &B, L, e);
+    val neg;
+    nsr_fl_val_const(&neg, D->m, -1);
+    return nsr_fl_ml_append(F, L, &A, &neg);
+}
+
+/* a·b: every product of a monomial of a with one of b. */
+static int expand_product(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+{
+    mlist A = {0}, B = {0};
+    int st = expand(F, e->a, D, &A, depth + 1);
+    if (st == TPK_OK)
+        st = expand(F, e->b, D, &B, depth + 1);
+    if (st == TPK_OK)
+        st = nsr_fl_ml_mul(F, &A, &B, L, e);
+    nsr_fl_ml_free(F, &A);
+    nsr_fl_ml_free(F, &B);
+    return st;
+}
+
+/* a^k: a itself (k = 1), a·a (k = 2), or a scalar power of scalars, evaluated as a leaf (*leaf);
+ * another power of a vector is refused. */
+static int expand_power(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth,
+                        int *leaf)
+{
+    mlist A = {0};
+    double k = 0;
+    *leaf = 0;
+    int st = expand(F, e->a, D, &A, depth + 1);
+    if (st == TPK_OK)
+        st = nsr_fam_num(&F->X, e->b, &k);
+    if (st == TPK_OK && k == 1) {
+        nsr_fl_ml_append(F, L, &A, NULL);
+        return F->X.ctx->status;
+    }
+    if (st == TPK_OK && k == 2) {
+        st = nsr_fl_ml_square(F, &A, L, e);
         nsr_fl_ml_free(F, &A);
-        nsr_fl_ml_free(F, &B);
-        if (st == TPK_OK && e->op == NSR_T_CARET) {
-            /* a scalar power: evaluate as a leaf */
-            goto leaf;
-        }
         return st;
     }
-    if (e->kind == NSR_E_BIN && e->op == NSR_T_SLASH) {
-        val d;
-        if (nsr_fl_eval(F, e->b, D, &d))
-            return F->X.ctx->status;
-        if (d.kind == V_LIN) {
-            nsr_fl_val_free(F, &d);
-            return NSR_UNSUP(&F->X, e->b, "division by a vector inside mean()");
-        }
-        if (nsr_fl_val_scal(F, &d)) {
-            nsr_fl_val_free(F, &d);
-            return F->X.ctx->status;
-        }
-        for (size_t i = 0; i < F->N * (size_t)D->m; i++)
-            d.s[i] = 1.0 / d.s[i];
-        mlist A = {0};
-        if (expand(F, e->a, D, &A, depth + 1) == TPK_OK)
-            for (int i = 0; i < A.n; i++) {
-                nsr_fl_val_scale(F, &A.v[i].coef, &d);
-                nsr_fl_ml_push(F, L, &A.v[i]);
-                memset(&A.v[i], 0, sizeof A.v[i]);
-            }
-        nsr_fl_ml_free(F, &A);
+    int vec = 0;
+    for (int i = 0; st == TPK_OK && i < A.n; i++)
+        vec |= A.v[i].nf > 0;
+    if (vec)
+        st = NSR_UNSUP(&F->X, e, "a power other than 2 of a vector inside mean()");
+    nsr_fl_ml_free(F, &A);
+    *leaf = st == TPK_OK;
+    return st;
+}
+
+/* a / d, d scalars: a's coefficients times 1/d. */
+static int expand_quotient(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+{
+    val d;
+    if (nsr_fl_eval(F, e->b, D, &d))
+        return F->X.ctx->status;
+    if (d.kind == V_LIN) {
+        nsr_fl_val_free(F, &d);
+        return NSR_UNSUP(&F->X, e->b, "division by a vector inside mean()");
+    }
+    if (nsr_fl_val_scal(F, &d)) {
         nsr_fl_val_free(F, &d);
         return F->X.ctx->status;
     }
-leaf:;
+    for (size_t i = 0; i < F->N * (size_t)D->m; i++)
+        d.s[i] = 1.0 / d.s[i];
+    mlist A = {0};
+    if (expand(F, e->a, D, &A, depth + 1) == TPK_OK)
+        nsr_fl_ml_append(F, L, &A, &d);
+    nsr_fl_ml_free(F, &A);
+    nsr_fl_val_free(F, &d);
+    return F->X.ctx->status;
+}
+
+/* Anything else: its value, a vector factor or a scalar coefficient. */
+static int expand_leaf(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L)
+{
     mono r = {0};
     val v;
     if (nsr_fl_eval(F, e, D, &v))
@@ -732,8 +733,29 @@ leaf:;
     return nsr_fl_ml_push(F, L, &r);
 }
 
-/* mean(body) at every point: Σ monomials coef·E[Π factors] (theory §1.9: the limit of a
- * NETSOR+ Moment is the expectation under the limit Gaussian). */
+/* The body of a Moment as monomials of degree ≤ 2 in vectors, appended to L. */
+static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+{
+    if (depth > NSR_MAX_DEPTH)
+        return NSR_UNSUP(&F->X, e, "expression nested too deeply");
+    if (e->kind == NSR_E_BIN && (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS))
+        return expand_sum(F, e, D, L, depth);
+    if (e->kind == NSR_E_NEG)
+        return expand_neg(F, e, D, L, depth);
+    if (e->kind == NSR_E_BIN && e->op == NSR_T_STAR)
+        return expand_product(F, e, D, L, depth);
+    if (e->kind == NSR_E_BIN && e->op == NSR_T_CARET) {
+        int leaf, st = expand_power(F, e, D, L, depth, &leaf);
+        if (!leaf)
+            return st;
+    }
+    if (e->kind == NSR_E_BIN && e->op == NSR_T_SLASH)
+        return expand_quotient(F, e, D, L, depth);
+    return expand_leaf(F, e, D, L);
+}
+
+/* mean(body) at every point: Σ monomials coef·E[Π factors] (theory §1.9: the limit of a NETSOR+
+ * Moment is the expectation under the limit Gaussian). */
 static int eval_mean(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     mlist L = {0};
@@ -741,33 +763,8 @@ static int eval_mean(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         nsr_fl_ml_free(F, &L);
         return F->X.ctx->status;
     }
-    size_t N = F->N, m = (size_t)D->m;
-    nsr_fl_val_const(out, D->m, 0);
-    int st = nsr_fl_val_scal(F, out);
-    double *tmp = st ? NULL : nsr_fam_alloc(&F->X, N * m, sizeof *tmp);
-    if (st == TPK_OK && tmp == NULL)
-        st = F->X.ctx->status;
-    for (int i = 0; i < L.n && st == TPK_OK; i++) {
-        mono *q = &L.v[i];
-        memset(tmp, 0, N * m * sizeof *tmp);
-        int nz = 1;
-        if (q->nf == 0) {
-            for (size_t k = 0; k < N * m; k++)
-                tmp[k] = 1;
-        } else if (q->nf == 1) {
-            st = nsr_fl_lin_mean(F, &q->f[0], tmp, &nz);
-        } else {
-            st = nsr_fl_diag_m2(F, &q->f[0], &q->f[1], tmp);
-        }
-        if (st)
-            break;
-        for (size_t k = 0; k < N * m; k++)
-            out->s[k] += (q->coef.kind == V_CONST ? q->coef.c : q->coef.s[k]) * tmp[k];
-    }
-    tpk_free(F->X.ctx, tmp);
+    int st = nsr_fl_ml_expect(F, &L, D->m, out);
     nsr_fl_ml_free(F, &L);
-    if (st) /* eval's contract: nothing is left in out on failure */
-        nsr_fl_val_free(F, out);
     return st;
 }
 
@@ -836,6 +833,83 @@ static int eval_call(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     return NSR_UNSUP(&F->X, e, "'%s(...)' is not taken by the rolled evaluator", e->name);
 }
 
+/* a^k: a power of scalars (a vector only to the power 1). */
+static int eval_power(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    double k;
+    val a;
+    if (nsr_fam_num(&F->X, e->b, &k))
+        return F->X.ctx->status;
+    if (nsr_fl_eval(F, e->a, D, &a))
+        return F->X.ctx->status;
+    if (a.kind == V_LIN) {
+        if (k == 1) {
+            *out = a;
+            return TPK_OK;
+        }
+        nsr_fl_val_free(F, &a);
+        return NSR_UNSUP(&F->X, e, "a power of a vector outside mean(): write it as a function");
+    }
+    if (a.kind == V_CONST) {
+        a.c = pow(a.c, k);
+    } else {
+        for (size_t i = 0; i < F->N * (size_t)a.m; i++)
+            a.s[i] = pow(a.s[i], k);
+    }
+    *out = a;
+    return TPK_OK;
+}
+
+/* a + b, a − b, a·b (one factor scalars: a product of two vectors is a Nonlin of several G-vars,
+ * refused), a / b (b scalars, not the constant 0). */
+static int eval_bin(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+{
+    val a, b;
+    if (e->op == NSR_T_CARET)
+        return eval_power(F, e, D, out);
+    if (nsr_fl_eval(F, e->a, D, &a))
+        return F->X.ctx->status;
+    if (nsr_fl_eval(F, e->b, D, &b)) {
+        nsr_fl_val_free(F, &a);
+        return F->X.ctx->status;
+    }
+    int st = TPK_OK;
+    if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS) {
+        st = nsr_fl_val_add(F, &a, &b, e->op == NSR_T_PLUS ? 1 : -1);
+    } else if (e->op == NSR_T_STAR) {
+        if (a.kind == V_LIN && b.kind == V_LIN)
+            st = NSR_UNSUP(&F->X, e, "a product of two vectors outside mean() (a Nonlin of "
+                           "several G-vars)");
+        else if (a.kind == V_LIN)
+            st = nsr_fl_val_scale(F, &a, &b);
+        else {
+            st = nsr_fl_val_scale(F, &b, &a);
+            val t = a;
+            a = b;
+            b = t;
+        }
+    } else { /* / */
+        if (b.kind == V_CONST && b.c == 0) {
+            st = nsr_fam_err(&F->X, TPK_ETYPE, e->b, "division by the constant 0");
+        } else if (b.kind == V_LIN) {
+            st = NSR_UNSUP(&F->X, e->b, "division by a vector");
+        } else if ((st = nsr_fl_val_scal(F, &b)) == TPK_OK) {
+            for (size_t i = 0; i < F->N * (size_t)b.m; i++)
+                b.s[i] = 1.0 / b.s[i];
+            st = nsr_fl_val_scale(F, &a, &b);
+        }
+    }
+    if (st) {
+        nsr_fl_val_free(F, &a);
+        nsr_fl_val_free(F, &b);
+        return st;
+    }
+    nsr_fl_val_free(F, &b);
+    *out = a;
+    return TPK_OK;
+}
+
+/* The dispatch of the expression walk: e's value over D. */
 int nsr_fl_eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     memset(out, 0, sizeof *out);
@@ -846,7 +920,8 @@ int nsr_fl_eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         return nsr_fl_val_const(out, D->m, e->num);
     case NSR_E_NAME:
         if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_INPUT)
-            return nsr_fam_err(&F->X, TPK_ETYPE, e, "the input can only be embedded (U %s)", e->name);
+            return nsr_fam_err(&F->X, TPK_ETYPE, e, "the input can only be embedded (U %s)",
+                               e->name);
         return eval_name(F, e, D, out);
     case NSR_E_CALL:
         return eval_call(F, e, D, out);
@@ -863,72 +938,8 @@ int nsr_fl_eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         nsr_fl_val_const(&c, D->m, -1);
         return nsr_fl_val_scale(F, out, &c);
     }
-    case NSR_E_BIN: {
-        val a, b;
-        if (e->op == NSR_T_CARET) {
-            double k;
-            if (nsr_fam_num(&F->X, e->b, &k))
-                return F->X.ctx->status;
-            if (nsr_fl_eval(F, e->a, D, &a))
-                return F->X.ctx->status;
-            if (a.kind == V_LIN) {
-                if (k == 1) {
-                    *out = a;
-                    return TPK_OK;
-                }
-                nsr_fl_val_free(F, &a);
-                return NSR_UNSUP(&F->X, e, "a power of a vector outside mean(): write it as a function");
-            }
-            if (a.kind == V_CONST) {
-                a.c = pow(a.c, k);
-            } else {
-                for (size_t i = 0; i < F->N * (size_t)a.m; i++)
-                    a.s[i] = pow(a.s[i], k);
-            }
-            *out = a;
-            return TPK_OK;
-        }
-        if (nsr_fl_eval(F, e->a, D, &a))
-            return F->X.ctx->status;
-        if (nsr_fl_eval(F, e->b, D, &b)) {
-            nsr_fl_val_free(F, &a);
-            return F->X.ctx->status;
-        }
-        int st = TPK_OK;
-        if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS) {
-            st = nsr_fl_val_add(F, &a, &b, e->op == NSR_T_PLUS ? 1 : -1);
-        } else if (e->op == NSR_T_STAR) {
-            if (a.kind == V_LIN && b.kind == V_LIN)
-                st = NSR_UNSUP(&F->X, e, "a product of two vectors outside mean() (a Nonlin of several "
-                           "G-vars)");
-            else if (a.kind == V_LIN)
-                st = nsr_fl_val_scale(F, &a, &b);
-            else {
-                st = nsr_fl_val_scale(F, &b, &a);
-                val t = a;
-                a = b;
-                b = t;
-            }
-        } else { /* / */
-            if (b.kind == V_CONST && b.c == 0) {
-                st = nsr_fam_err(&F->X, TPK_ETYPE, e->b, "division by the constant 0");
-            } else if (b.kind == V_LIN) {
-                st = NSR_UNSUP(&F->X, e->b, "division by a vector");
-            } else if ((st = nsr_fl_val_scal(F, &b)) == TPK_OK) {
-                for (size_t i = 0; i < F->N * (size_t)b.m; i++)
-                    b.s[i] = 1.0 / b.s[i];
-                st = nsr_fl_val_scale(F, &a, &b);
-            }
-        }
-        if (st) {
-            nsr_fl_val_free(F, &a);
-            nsr_fl_val_free(F, &b);
-            return st;
-        }
-        nsr_fl_val_free(F, &b);
-        *out = a;
-        return TPK_OK;
-    }
+    case NSR_E_BIN:
+        return eval_bin(F, e, D, out);
     default:
         return NSR_UNSUP(&F->X, e, "expression not taken by the rolled evaluator");
     }

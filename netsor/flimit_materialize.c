@@ -50,15 +50,114 @@ static int tri_in_place(fl *F, const val *u, double **M2)
     return 1;
 }
 
+/* u's first term, the identity on a Gaussian block x that dies here, lends x's matrix: g = (conv
+ * atom) + b adds b in place instead of copying the atom — where the value is the statement's own
+ * (fam >= 0) or the statement reads its blocks once (φ(g) twice in one statement materialises g
+ * twice, and the second needs the atom the first took), and no other term reads x. */
+static int lends_matrix(fl *F, const val *u, int fam)
+{
+    int x = u->t[0].blk;
+    const fblock *bx = &F->b[x];
+    if (!(nsr_fl_plan_get(F, 1) && x < F->nplan && F->plan[x] == F->X.cur &&
+          bx->kind == BK_GAUSS && (fam >= 0 || nsr_fl_stmt_reads_once(F)) && !bx->input &&
+          bx->M2 && bx->pins == 0 && bx->mean == NULL && bx->m == u->m &&
+          nsr_fl_identity_gather(&u->t[0], u->m)))
+        return 0;
+    for (int i = 1; i < u->nt; i++)
+        if (u->t[i].blk == x || nsr_fl_term_correlated(F, bx, &u->t[i], u->m))
+            return 0;
+    return 1;
+}
+
+/* u's second moments over its first term's matrix (lends_matrix), which *M2 takes: scaled by the
+ * term's weights in place (LN's 1/√(v + ε): M2_pq ← w_p w_q M2_pq), plus the other terms'. */
+static int m2_over_first(fl *F, const val *u, size_t n, double **M2)
+{
+    int x = u->t[0].blk;
+    double *M = F->b[x].M2;
+    F->b[x].M2 = NULL;
+    *M2 = M;
+    const double *w = u->t[0].w;
+    if (w != NULL) {
+#pragma omp parallel for schedule(dynamic, 64) if (n >= 512)
+        for (size_t r = 0; r < n; r++)
+            for (size_t c = 0; c <= r; c++)
+                M[r * n + c] *= w[r] * w[c];
+    }
+    val rest = *u;
+    rest.t = u->t + 1;
+    rest.nt = u->nt - 1;
+    return nsr_fl_lin_m2(F, &rest, &rest, M, n, 1, 1.0);
+}
+
+/* Block k holds u's moments (the run): a low-rank factor where u keeps one, a pending sum of
+ * independent blocks (LayerNorm's w·g, g + W·φ + b), else its second moments — made in a dying
+ * block's matrix (triangular map, or lent by the first term) or a fresh one — and its means
+ * (exactly zero means are none: LN's g − m). */
+static int materialize_run(fl *F, val *u, int fam, int k)
+{
+    size_t n = F->N * (size_t)u->m;
+    double *G = NULL;
+    long rank = 0;
+    int has_factor = nsr_fl_factor_of(F, u, 1.0, &G, &rank);
+    if (has_factor < 0)
+        return F->X.ctx->status;
+    if (has_factor > 0) { /* stays low rank: its matrix is made only if a reader needs it */
+        F->b[k].Fac = G;
+        F->b[k].rank = rank;
+        return TPK_OK;
+    }
+    pend *P = NULL;
+    int is_sum = nsr_fl_ew_sum_of(F, u, nsr_fl_cur_line(F), nsr_fl_cur_col(F), &P);
+    if (is_sum < 0 || (is_sum > 0 && nsr_fl_pend_attach(F, k, P)))
+        return F->X.ctx->status;
+    if (is_sum > 0)
+        return TPK_OK;
+    int lent = lends_matrix(F, u, fam);
+    double *M2 = NULL, *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
+    int has_mean = 0, st = mean == NULL ? F->X.ctx->status : TPK_OK;
+    int in_place = st == TPK_OK && !lent ? tri_in_place(F, u, &M2) : 0;
+    if (in_place < 0)
+        st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+    if (in_place != 0) {
+        /* done (or failed) in place */
+    } else if (st == TPK_OK && lent) {
+        st = m2_over_first(F, u, n, &M2);
+    } else if (st == TPK_OK) {
+        if ((M2 = nsr_fl_big(F, n * n, sizeof *M2, 1)) == NULL)
+            st = F->X.ctx->status;
+        else
+            st = nsr_fl_lin_m2(F, u, u, M2, n, 1, 1.0);
+    }
+    if (st == TPK_OK)
+        st = nsr_fl_lin_mean(F, u, mean, &has_mean);
+    if (st == TPK_OK && has_mean)
+        has_mean = !nsr_fl_all_zero(mean, n);
+    if (st) {
+        tpk_free(F->X.ctx, M2), tpk_free(F->X.ctx, mean);
+        return F->X.ctx->status;
+    }
+    fblock *b = &F->b[k];
+    b->M2 = M2;
+    b->lower = 1;
+    if (has_mean) {
+        b->mean = mean;
+    } else {
+        tpk_free(F->X.ctx, mean);
+    }
+    return TPK_OK;
+}
+
 /* A new Gaussian block *out holding the LIN value u (its second and first moments), of family
- * fam (−1: a temporary, as φ's argument). */
+ * fam (−1: a temporary, as φ's argument); in the plan, u's terms walked without numbers (it
+ * touches their blocks, checks support). */
 int nsr_fl_materialize(fl *F, val *u, int fam, int *out)
 {
     for (int k = 0; k < u->nt; k++) {
         int kind = F->b[u->t[k].blk].kind;
         if (kind == BK_NONLIN)
-            return NSR_UNSUP(&F->X, NULL, "a function of an H-var that is not Gaussian (a Nonlin of a "
-                         "Nonlin): write the composition as one function");
+            return NSR_UNSUP(&F->X, NULL, "a function of an H-var that is not Gaussian (a Nonlin "
+                             "of a Nonlin): write the composition as one function");
     }
     if (nsr_fl_val_merge(F, u))
         return F->X.ctx->status;
@@ -70,91 +169,10 @@ int nsr_fl_materialize(fl *F, val *u, int fam, int *out)
     b->line = nsr_fl_cur_line(F);
     for (int i = 0; i < u->nt; i++)
         nsr_fl_anc_union_term(F, &F->b[k], &u->t[i], u->m);
-    if (!F->dry) {
-        size_t n = F->N * (size_t)u->m;
-        double *G = NULL;
-        long rank = 0;
-        int fo = nsr_fl_factor_of(F, u, 1.0, &G, &rank);
-        if (fo < 0)
-            return F->X.ctx->status;
-        if (fo > 0) { /* stays low rank: its matrix is made only if a reader needs it */
-            b = &F->b[k];
-            b->Fac = G;
-            b->rank = rank;
-            *out = k;
-            return TPK_OK;
-        }
-        pend *P = NULL; /* a sum of independent blocks: pending (LayerNorm's w·g, g + W·φ + b) */
-        int es = nsr_fl_ew_sum_of(F, u, nsr_fl_cur_line(F), nsr_fl_cur_col(F), &P);
-        if (es < 0 || (es > 0 && nsr_fl_pend_attach(F, k, P)))
-            return F->X.ctx->status;
-        if (es > 0) {
-            *out = k;
-            return TPK_OK;
-        }
-        /* a block that dies here and is the value's identity term lends its matrix:
-         * g = (conv atom) + b adds b in place instead of copying the atom — where the value is
-         * the statement's own (fam >= 0) or the statement reads its blocks once: φ(g) twice in
-         * one statement materialises g twice, and the second needs the atom the first took */
-        int x = u->t[0].blk, steal = 0;
-        const fblock *bx = &F->b[x];
-        if (nsr_fl_plan_get(F, 1) && x < F->nplan && F->plan[x] == F->X.cur && bx->kind == BK_GAUSS &&
-            (fam >= 0 || nsr_fl_stmt_reads_once(F)) &&
-            !bx->input && bx->M2 && bx->pins == 0 && bx->mean == NULL && bx->m == u->m &&
-            nsr_fl_identity_gather(&u->t[0], u->m)) {
-            steal = 1;
-            for (int i = 1; i < u->nt && steal; i++)
-                steal = u->t[i].blk != x && !nsr_fl_term_correlated(F, bx, &u->t[i], u->m);
-        }
-        double *M2 = NULL, *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
-        int nz = 0, st = mean == NULL ? F->X.ctx->status : TPK_OK;
-        int tri = st == TPK_OK && !steal ? tri_in_place(F, u, &M2) : 0;
-        if (tri < 0)
-            st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
-        if (tri != 0) {
-            /* done (or failed) in place */
-        } else if (st == TPK_OK && steal) {
-            M2 = F->b[x].M2;
-            F->b[x].M2 = NULL;
-            const double *w = u->t[0].w; /* LN's 1/√(v + ε): M2_pq ← w_p w_q M2_pq, in place */
-            if (w != NULL) {
-#pragma omp parallel for schedule(dynamic, 64) if (n >= 512)
-                for (size_t r = 0; r < n; r++)
-                    for (size_t c = 0; c <= r; c++)
-                        M2[r * n + c] *= w[r] * w[c];
-            }
-            val rest = *u;
-            rest.t = u->t + 1;
-            rest.nt = u->nt - 1;
-            st = nsr_fl_lin_m2(F, &rest, &rest, M2, n, 1, 1.0);
-        } else if (st == TPK_OK) {
-            if ((M2 = nsr_fl_big(F, n * n, sizeof *M2, 1)) == NULL)
-                st = F->X.ctx->status;
-            else
-                st = nsr_fl_lin_m2(F, u, u, M2, n, 1, 1.0);
-        }
-        if (st == TPK_OK)
-            st = nsr_fl_lin_mean(F, u, mean, &nz);
-        if (st == TPK_OK && nz) { /* means that are exactly zero are no means (LN's g − m) */
-            nz = 0;
-            for (size_t i = 0; i < n && !nz; i++)
-                nz = mean[i] != 0;
-        }
-        if (st) {
-            tpk_free(F->X.ctx, M2), tpk_free(F->X.ctx, mean);
-            return F->X.ctx->status;
-        }
-        b = &F->b[k];
-        b->M2 = M2;
-        b->lower = 1;
-        if (nz) {
-            b->mean = mean;
-        } else {
-            tpk_free(F->X.ctx, mean);
-        }
-    } else {
-        nsr_fl_lin_m2(F, u, u, NULL, 0, 1, 1.0); /* touches the bases, checks support */
-    }
+    if (F->dry)
+        nsr_fl_lin_m2(F, u, u, NULL, 0, 1, 1.0);
+    else if (materialize_run(F, u, fam, k))
+        return F->X.ctx->status;
     *out = k;
     return F->X.ctx->status;
 }

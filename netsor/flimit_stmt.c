@@ -5,6 +5,68 @@
 
 #include <string.h>
 
+/* A scalar value's block (v consumed): a scalar family (BK_SCAL), or the zero vector (BK_ZERO)
+ * where a vector statement's value folds to 0. */
+static int scalar_block(fl *F, const nsr_stmt *s, val *v, int *k)
+{
+    if (s->annot == NSR_ANN_G || s->annot == NSR_ANN_H) {
+        nsr_fl_val_free(F, v);
+        return nsr_fam_err(&F->X, TPK_ETYPE, s->value, "%s is annotated %s but its value is a "
+                           "scalar", s->name, s->annot == NSR_ANN_G ? "G" : "H");
+    }
+    int zero = v->kind == V_CONST && v->c == 0 && s->annot != NSR_ANN_SCALAR, st = TPK_OK;
+    *k = nsr_fl_new_block(F, zero ? BK_ZERO : BK_SCAL, s->fam, v->m);
+    if (*k >= 0 && !zero && (st = nsr_fl_val_scal(F, v)) == TPK_OK) {
+        F->b[*k].s = v->s;
+        v->s = NULL;
+    }
+    nsr_fl_val_free(F, v);
+    return st;
+}
+
+/* A vector value's block (v consumed): a new block the value is (a MatMul's, a φ's) becomes the
+ * family's own; dense maps of Gaussian blocks are materialised (attention's Σ_j a_ij k_j); gathers
+ * stay a lazy combination (BK_MIX) read term by term. */
+static int vector_block(fl *F, const nsr_stmt *s, val *v, int *k)
+{
+    int dense = 0, nonlin = 0;
+    for (int i = 0; i < v->nt; i++) {
+        dense |= v->t[i].dense;
+        nonlin |= F->b[v->t[i].blk].kind == BK_NONLIN;
+    }
+    if (v->nt == 1 && nsr_fl_val_is_block(v, &F->b[v->t[0].blk]) && F->b[v->t[0].blk].fam < 0 &&
+        F->b[v->t[0].blk].kind != BK_BIAS) {
+        *k = v->t[0].blk;
+        F->b[*k].fam = s->fam;
+        F->b[*k].fi = F->X.cur;
+        nsr_fl_val_free(F, v);
+        return TPK_OK;
+    }
+    if (dense && !nonlin) {
+        int st = nsr_fl_materialize(F, v, s->fam, k);
+        nsr_fl_val_free(F, v);
+        return st;
+    }
+    if (dense) {
+        nsr_fl_val_free(F, v);
+        return NSR_UNSUP(&F->X, s->value, "an index sum of H-vars defining a family (pooling is "
+                         "taken in a readout)");
+    }
+    if ((*k = nsr_fl_new_block(F, BK_MIX, s->fam, v->m)) < 0) {
+        nsr_fl_val_free(F, v);
+        return TPK_OK;
+    }
+    F->b[*k].nanc = 0;
+    for (int i = 0; i < v->nt; i++) {
+        nsr_fl_anc_union_term(F, &F->b[*k], &v->t[i], v->m);
+        nsr_fl_touch(F, v->t[i].blk);
+    }
+    F->b[*k].mix = *v;
+    return TPK_OK;
+}
+
+/* A family instruction: its value over its domain becomes the family's block, which takes the
+ * member lookup of the instruction's target. */
 int nsr_fl_run_def(fl *F, const nsr_finstr *fi)
 {
     const nsr_stmt *s = fi->stmt;
@@ -25,58 +87,13 @@ int nsr_fl_run_def(fl *F, const nsr_finstr *fi)
     }
     int k = -1;
     if (v.kind != V_LIN) {
-        if (s->annot == NSR_ANN_G || s->annot == NSR_ANN_H) {
-            nsr_fl_val_free(F, &v);
-            nsr_trie_free(&tr, F->X.ctx);
-            return nsr_fam_err(&F->X, TPK_ETYPE, s->value, "%s is annotated %s but its value is a scalar",
-                          s->name, s->annot == NSR_ANN_G ? "G" : "H");
-        }
-        int zero = v.kind == V_CONST && v.c == 0 && s->annot != NSR_ANN_SCALAR;
-        k = nsr_fl_new_block(F, zero ? BK_ZERO : BK_SCAL, s->fam, v.m);
-        if (k >= 0 && !zero && (st = nsr_fl_val_scal(F, &v)) == TPK_OK) {
-            F->b[k].s = v.s;
-            v.s = NULL;
-        }
-        nsr_fl_val_free(F, &v);
+        st = scalar_block(F, s, &v, &k);
     } else if (s->annot == NSR_ANN_SCALAR) {
         nsr_fl_val_free(F, &v);
-        nsr_trie_free(&tr, F->X.ctx);
-        return nsr_fam_err(&F->X, TPK_ETYPE, s->value, "%s is annotated scalar but its value is a vector",
-                      s->name);
+        st = nsr_fam_err(&F->X, TPK_ETYPE, s->value, "%s is annotated scalar but its value is a "
+                         "vector", s->name);
     } else {
-        int dense = 0, nonlin = 0;
-        for (int i = 0; i < v.nt; i++) {
-            dense |= v.t[i].dense;
-            nonlin |= F->b[v.t[i].blk].kind == BK_NONLIN;
-        }
-        if (v.nt == 1 && nsr_fl_val_is_block(&v, &F->b[v.t[0].blk]) && F->b[v.t[0].blk].fam < 0 &&
-            F->b[v.t[0].blk].kind != BK_BIAS) {
-            /* a new block (MatMul, φ) is the family's own */
-            k = v.t[0].blk;
-            F->b[k].fam = s->fam;
-            F->b[k].fi = F->X.cur;
-            nsr_fl_val_free(F, &v);
-        } else if (dense && !nonlin) {
-            st = nsr_fl_materialize(F, &v, s->fam, &k);
-            nsr_fl_val_free(F, &v);
-        } else if (dense) {
-            nsr_fl_val_free(F, &v);
-            st = NSR_UNSUP(&F->X, s->value, "an index sum of H-vars defining a family (pooling is taken "
-                       "in a readout)");
-        } else {
-            k = nsr_fl_new_block(F, BK_MIX, s->fam, v.m);
-            if (k >= 0) {
-                fblock *b = &F->b[k];
-                b->nanc = 0;
-                for (int i = 0; i < v.nt; i++) {
-                    nsr_fl_anc_union_term(F, &F->b[k], &v.t[i], v.m);
-                    nsr_fl_touch(F, v.t[i].blk);
-                }
-                F->b[k].mix = v;
-            } else {
-                nsr_fl_val_free(F, &v);
-            }
-        }
+        st = vector_block(F, s, &v, &k);
     }
     if (k < 0 || st) {
         nsr_trie_free(&tr, F->X.ctx);
