@@ -57,6 +57,51 @@ static const double *block_m2_full(fl *F, int k)
     return M;
 }
 
+/* φ of a zero-mean Gaussian block with moments S (n × n): the means E[φ(u_i)] first (an in-place
+ * map overwrites the diagonal they read), then the lower triangle by the whole-matrix map (the
+ * tuned maps serve it, ReLU's, and most readers need no more). */
+static int phi_moments_centred(fl *F, const tpk_phi *phi, const double *S, size_t n, double *M2,
+                               double *mean, double *err)
+{
+    int st = TPK_OK;
+    double e = 0;
+    for (size_t i = 0; st == TPK_OK && i < n; i++) {
+        tpk_estimate r;
+        st = tpk_gauss_expect1(phi, 0, S[i * n + i], F->ws, &r, F->X.ctx);
+        mean[i] = r.value;
+        e = fmax(e, r.err);
+    }
+    double em = 0;
+    if (st == TPK_OK)
+        st = tpk_gauss_map_affine_lower(phi, S, n, 1.0, 0.0, M2, F->ws, &em, F->X.ctx);
+    *err = fmax(e, em);
+    return st;
+}
+
+/* φ of a Gaussian block with means mu and second moments S: entry by entry, both triangles. */
+static int phi_moments_means(fl *F, const tpk_phi *phi, const double *S, const double *mu,
+                             size_t n, double *M2, double *mean, double *err)
+{
+    int st = TPK_OK;
+    double e = 0;
+    for (size_t i = 0; st == TPK_OK && i < n; i++) {
+        double mi = mu[i], qi = S[i * n + i] - mi * mi;
+        tpk_estimate r;
+        st = tpk_gauss_expect1(phi, mi, fmax(qi, 0), F->ws, &r, F->X.ctx);
+        mean[i] = r.value;
+        for (size_t j = 0; st == TPK_OK && j <= i; j++) {
+            double mj = mu[j], qj = S[j * n + j] - mj * mj;
+            double kij = S[i * n + j] - mi * mj;
+            st = tpk_gauss_expect2_quad(phi, phi, mi, mj, fmax(qi, 0), fmax(qj, 0), kij, F->ws,
+                                        &r, F->X.ctx);
+            M2[i * n + j] = M2[j * n + i] = r.value;
+            e = fmax(e, r.err);
+        }
+    }
+    *err = e;
+    return st;
+}
+
 /* φ(u) block: E[φ(u_p)φ(u_q)] over the block by the library's whole-matrix maps (zero means),
  * or entry by entry with means (theory §3). */
 static int nonlin_moments(fl *F, int k)
@@ -82,52 +127,18 @@ static int nonlin_moments(fl *F, int k)
     if (!in_place)
         M2 = nsr_fl_big(F, n * n, sizeof *M2, 0);
     double *mean = nsr_fam_alloc(&F->X, n, sizeof *mean);
-    if (M2 == NULL || mean == NULL || nsr_fl_ensure_ws(F)) {
-        if (in_place)
-            nsr_fl_release(F, M2, n * n * sizeof *M2);
-        else
-            tpk_free(F->X.ctx, M2);
-        tpk_free(F->X.ctx, mean);
-        return F->X.ctx->status;
-    }
+    int ready = M2 != NULL && mean != NULL && nsr_fl_ensure_ws(F) == TPK_OK, st = TPK_OK;
     double e = 0;
-    int st = TPK_OK;
-    if (zero_mean) {
-        /* the means first: an in-place map overwrites the diagonal they read */
-        for (size_t i = 0; st == TPK_OK && i < n; i++) {
-            tpk_estimate r;
-            st = tpk_gauss_expect1(b->phi, 0, S[i * n + i], F->ws, &r, F->X.ctx);
-            mean[i] = r.value;
-            e = fmax(e, r.err);
-        }
-        /* the lower triangle only: the tuned maps serve it (ReLU), and most readers need no more */
-        double em = 0;
-        if (st == TPK_OK)
-            st = tpk_gauss_map_affine_lower(b->phi, S, n, 1.0, 0.0, M2, F->ws, &em, F->X.ctx);
-        e = fmax(e, em);
-    } else {
-        for (size_t i = 0; st == TPK_OK && i < n; i++) {
-            double mi = u->mean[i], qi = S[i * n + i] - mi * mi;
-            tpk_estimate r;
-            st = tpk_gauss_expect1(b->phi, mi, fmax(qi, 0), F->ws, &r, F->X.ctx);
-            mean[i] = r.value;
-            for (size_t j = 0; st == TPK_OK && j <= i; j++) {
-                double mj = u->mean[j], qj = S[j * n + j] - mj * mj;
-                double kij = S[i * n + j] - mi * mj;
-                st = tpk_gauss_expect2_quad(b->phi, b->phi, mi, mj, fmax(qi, 0), fmax(qj, 0), kij,
-                                            F->ws, &r, F->X.ctx);
-                M2[i * n + j] = M2[j * n + i] = r.value;
-                e = fmax(e, r.err);
-            }
-        }
-    }
-    if (st) {
+    if (ready)
+        st = zero_mean ? phi_moments_centred(F, b->phi, S, n, M2, mean, &e)
+                       : phi_moments_means(F, b->phi, S, u->mean, n, M2, mean, &e);
+    if (!ready || st) {
         if (in_place) /* a block's matrix, freed (or pooled) like any */
             nsr_fl_release(F, M2, n * n * sizeof *M2);
         else
             tpk_free(F->X.ctx, M2);
         tpk_free(F->X.ctx, mean);
-        return nsr_fam_err(&F->X, st, NULL, "%s", F->X.ctx->msg);
+        return ready ? nsr_fam_err(&F->X, st, NULL, "%s", F->X.ctx->msg) : F->X.ctx->status;
     }
     F->err = fmax(F->err, e);
     b->M2 = M2;
@@ -136,9 +147,70 @@ static int nonlin_moments(fl *F, int k)
     return TPK_OK;
 }
 
-/* P = E[X Yᵀ] for blocks x ≠ y or x = y, as (N m_x) × (N m_y) with leading dimension ld;
- * returns a pointer into the store (x = y) or fills buf. NULL with *st set on failure;
- * *zero = 1 when P = 0 (independent, zero means). */
+/* E[φ(u) ψ(u)ᵀ] of two functions of one Gaussian block u, entry by entry, into *bufp (made
+ * here where it is NULL); NULL with *st on failure. */
+static const double *pair_two_maps(fl *F, const fblock *bx, const fblock *by, double **bufp,
+                                   int *st)
+{
+    if (block_m2_full(F, bx->arg) == NULL) {
+        *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
+        return NULL;
+    }
+    const fblock *u = &F->b[bx->arg];
+    size_t n = F->N * (size_t)bx->m;
+    if (nsr_fl_ensure_ws(F)) {
+        *st = F->X.ctx->status;
+        return NULL;
+    }
+    double *buf = *bufp ? *bufp : (*bufp = nsr_fam_alloc(&F->X, n * n, sizeof *buf));
+    if (buf == NULL) {
+        *st = F->X.ctx->status;
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            double mi = u->mean ? u->mean[i] : 0, mj = u->mean ? u->mean[j] : 0;
+            tpk_estimate r;
+            if ((*st = tpk_gauss_expect2_quad(bx->phi, by->phi, mi, mj, u->M2[i * n + i] - mi * mi,
+                                              u->M2[j * n + j] - mj * mj,
+                                              u->M2[i * n + j] - mi * mj, F->ws, &r, F->X.ctx)))
+                return NULL;
+            buf[i * n + j] = r.value;
+            F->err = fmax(F->err, r.err);
+        }
+    return buf;
+}
+
+/* E[X Yᵀ] = E[X] E[Y]ᵀ of independent blocks into *bufp (made here where it is NULL); NULL with
+ * *zero = 1 where a mean is zero, or with *st on failure. */
+static const double *pair_means(fl *F, int x, int y, double **bufp, int *zero, int *st)
+{
+    const double *mx = block_mean(F, x), *my = block_mean(F, y);
+    if (F->X.ctx->status) {
+        *st = F->X.ctx->status;
+        return NULL;
+    }
+    if (mx == NULL || my == NULL) {
+        *zero = 1;
+        return NULL;
+    }
+    size_t nx = F->N * (size_t)F->b[x].m, ny = F->N * (size_t)F->b[y].m;
+    double *buf = *bufp ? *bufp : (*bufp = nsr_fam_alloc(&F->X, nx * ny, sizeof *buf));
+    if (buf == NULL) {
+        *st = F->X.ctx->status;
+        return NULL;
+    }
+    for (size_t i = 0; i < nx; i++)
+        for (size_t j = 0; j < ny; j++)
+            buf[i * ny + j] = mx[i] * my[j];
+    return buf;
+}
+
+/* P = E[X Yᵀ] for blocks x ≠ y or x = y, as (N m_x) × (N m_y) with leading dimension N m_y:
+ * a pointer into the store (x = y: both triangles with full, else maybe the lower one), or buf
+ * filled (two maps of one block, or independent blocks' means). NULL with *st set on failure;
+ * *zero = 1 when P = 0 (independent, zero means). indep: known independent at the member level
+ * (nsr_fl_terms_indep). Correlated blocks of other kinds are refused. */
 static const double *pair_m2(fl *F, int x, int y, double **bufp, int *zero, int *st, int full,
                              int indep)
 {
@@ -152,67 +224,15 @@ static const double *pair_m2(fl *F, int x, int y, double **bufp, int *zero, int 
             *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
         return M;
     }
-    fblock *bx = &F->b[x], *by = &F->b[y];
+    const fblock *bx = &F->b[x], *by = &F->b[y];
     if (!indep && nsr_fl_correlated(bx, by)) {
-        if (bx->kind == BK_NONLIN && by->kind == BK_NONLIN && bx->arg == by->arg) {
-            /* two functions of one Gaussian block: entry by entry */
-            if (F->dry)
-                return NULL;
-            if (block_m2_full(F, bx->arg) == NULL) {
-                *st = F->X.ctx->status ? F->X.ctx->status : TPK_ENOMEM;
-                return NULL;
-            }
-            const fblock *u = &F->b[bx->arg];
-            size_t n = F->N * (size_t)bx->m;
-            if (nsr_fl_ensure_ws(F)) {
-                *st = F->X.ctx->status;
-                return NULL;
-            }
-            double *buf = *bufp ? *bufp : (*bufp = nsr_fam_alloc(&F->X, n * n, sizeof *buf));
-            if (buf == NULL) {
-                *st = F->X.ctx->status;
-                return NULL;
-            }
-            for (size_t i = 0; i < n; i++)
-                for (size_t j = 0; j < n; j++) {
-                    double mi = u->mean ? u->mean[i] : 0, mj = u->mean ? u->mean[j] : 0;
-                    tpk_estimate r;
-                    if ((*st = tpk_gauss_expect2_quad(bx->phi, by->phi, mi, mj,
-                                                      u->M2[i * n + i] - mi * mi,
-                                                      u->M2[j * n + j] - mj * mj,
-                                                      u->M2[i * n + j] - mi * mj, F->ws, &r,
-                                                      F->X.ctx)))
-                        return NULL;
-                    buf[i * n + j] = r.value;
-                    F->err = fmax(F->err, r.err);
-                }
-            return buf;
-        }
-        *st = NSR_UNSUP(&F->X, NULL, "correlated terms of different kinds (line %d and line %d) in one "
-                    "expectation", bx->line, by->line);
+        if (bx->kind == BK_NONLIN && by->kind == BK_NONLIN && bx->arg == by->arg)
+            return F->dry ? NULL : pair_two_maps(F, bx, by, bufp, st);
+        *st = NSR_UNSUP(&F->X, NULL, "correlated terms of different kinds (line %d and line %d) "
+                        "in one expectation", bx->line, by->line);
         return NULL;
     }
-    if (F->dry)
-        return NULL;
-    const double *mx = block_mean(F, x), *my = block_mean(F, y);
-    if (F->X.ctx->status) {
-        *st = F->X.ctx->status;
-        return NULL;
-    }
-    if (mx == NULL || my == NULL) {
-        *zero = 1;
-        return NULL;
-    }
-    size_t nx = F->N * (size_t)bx->m, ny = F->N * (size_t)by->m;
-    double *buf = *bufp ? *bufp : (*bufp = nsr_fam_alloc(&F->X, nx * ny, sizeof *buf));
-    if (buf == NULL) {
-        *st = F->X.ctx->status;
-        return NULL;
-    }
-    for (size_t i = 0; i < nx; i++)
-        for (size_t j = 0; j < ny; j++)
-            buf[i * ny + j] = mx[i] * my[j];
-    return buf;
+    return F->dry ? NULL : pair_means(F, x, y, bufp, zero, st);
 }
 
 /* E[u] of a LIN value: mu + Σ_t C_t E[X_t]; N·m into out. */

@@ -615,6 +615,19 @@ static int conv_source_of(fl *F, const tap_job *J, conv_source *cs)
     return TPK_OK;
 }
 
+/* Input pair (a, c)'s block of what the convolution reads, into bi (m × m): the source's pair
+ * block, with φ's map fused in (*e its error); φ's status (lc: the thread's context). */
+static int conv_pair_source(fl *F, const conv_source *cs, size_t a, size_t c, size_t m,
+                            double *bi, double *e, tpk_ctx *lc)
+{
+    size_t n = F->N * m;
+    nsr_pair_block(cs->from_x ? NULL : cs->MX, cs->lower, F->x, F->d, n, m, a, c, bi);
+    if (cs->phi == NULL)
+        return TPK_OK;
+    return tpk_gauss_map_cross(cs->phi, cs->dg + a * m, m, cs->dg + c * m, m, bi, bi, F->ws, e,
+                               lc);
+}
+
 /* The convolution input pair by input pair (pairs are independent: one per thread, each with its
  * two P×P buffers), into the atom's matrix — or, where the source dies here and the statement
  * reads it once, over the source's own matrix, which the atom takes: each pair's block of the
@@ -655,19 +668,17 @@ static int conv_apply(fl *F, tap_job *J)
                 continue;
             size_t a, c;
             tpk_lower_index(ac, &a, &c);
-            nsr_pair_block(cs.from_x ? NULL : cs.MX, cs.lower, F->x, F->d, n, m, a, c, bi);
-            if (cs.phi != NULL) {
-                double e = 0.0;
-                int ms = tpk_gauss_map_cross(cs.phi, cs.dg + a * m, m, cs.dg + c * m, m, bi, bi,
-                                             F->ws, &e, &lc);
-                if (ms != TPK_OK) {
+            double e = 0.0;
+            int ms = conv_pair_source(F, &cs, a, c, m, bi, &e, &lc);
+            if (ms != TPK_OK) {
 #pragma omp critical(tpk_flimit_convmap)
-                    if (mapst == TPK_OK) {
-                        mapst = ms;
-                        snprintf(mapmsg, sizeof mapmsg, "%s", lc.msg);
-                    }
-                    continue;
+                if (mapst == TPK_OK) {
+                    mapst = ms;
+                    snprintf(mapmsg, sizeof mapmsg, "%s", lc.msg);
                 }
+                continue;
+            }
+            if (cs.phi != NULL) {
 #pragma omp critical(tpk_flimit_convmap)
                 emap = fmax(emap, e);
             }

@@ -147,15 +147,14 @@ pend *nsr_fl_pend_new(fl *F, int op, int line, int col)
     return P;
 }
 
-/* u as a pending sum, where it is one: identity gathers (per-index weights allowed) of distinct
- * zero-mean Gaussian or bias blocks of u's members, independent two by two — so that entry
- * (a, c) of its second moments is Σ_t w_t,a w_t,c E[x_t,a x_t,c], no cross terms (theory
- * §1.6). 1: *out is P; 0: not of that form; −1: error. */
-int nsr_fl_ew_sum_of(fl *F, const val *u, int line, int col, pend **out)
+/* Is u a sum the entrywise programs take: identity gathers (per-index weights allowed) of
+ * distinct zero-mean Gaussian blocks, or members of initial G-var families, independent two by
+ * two, at least one Gaussian? */
+static int is_pending_sum(fl *F, const val *u)
 {
-    *out = NULL;
     size_t N = F->N, m = (size_t)u->m;
-    if (F->dry || u->kind != V_LIN || u->nt < 1 || u->nt > NSR_EW_MAXT || !nsr_fl_all_zero(u->mu, N * m))
+    if (F->dry || u->kind != V_LIN || u->nt < 1 || u->nt > NSR_EW_MAXT ||
+        !nsr_fl_all_zero(u->mu, N * m))
         return 0;
     int gauss = 0;
     for (int i = 0; i < u->nt; i++) {
@@ -180,8 +179,19 @@ int nsr_fl_ew_sum_of(fl *F, const val *u, int line, int col, pend **out)
                 return 0;
         }
     }
-    if (gauss == 0)
+    return gauss > 0;
+}
+
+/* u as a pending sum, where it is one: identity gathers (per-index weights allowed) of distinct
+ * zero-mean Gaussian or bias blocks of u's members, independent two by two — so that entry
+ * (a, c) of its second moments is Σ_t w_t,a w_t,c E[x_t,a x_t,c], no cross terms (theory
+ * §1.6). 1: *out is P; 0: not of that form; −1: error. */
+int nsr_fl_ew_sum_of(fl *F, const val *u, int line, int col, pend **out)
+{
+    *out = NULL;
+    if (!is_pending_sum(F, u))
         return 0;
+    size_t N = F->N, m = (size_t)u->m;
     pend *P = nsr_fl_pend_new(F, NSR_EW_SUM, line, col);
     if (P == NULL)
         return -1;
