@@ -340,8 +340,8 @@ int nsr_fl_materialize(fl *F, val *u, int fam, int *out);
 int nsr_fl_mix_to_gauss(fl *F, int k);
 
 /* ---- flimit_matmul.c: MatMul lowering ------------------------------------------------------- */
-/* A strategy's apply that finds its case is not one after all (factor_of, ew_sum_of answer 0):
- * the next entry of the table runs. */
+/* A strategy's apply that finds its case is not one after all (nsr_fl_factor_of,
+ * nsr_fl_ew_sum_of answer 0): the next entry of the table runs. */
 #define NSR_FL_DECLINED (-1)
 
 /* An atom: the Gaussian block that one MatMul, or one sum of MatMuls by distinct A-vars
@@ -363,7 +363,7 @@ int nsr_fl_atom_new(fl *F, long m, int line, nsr_fl_atom *A);
 int nsr_fl_atom_finish(fl *F, nsr_fl_atom *A, int st, val *out);
 /* The A-var of a MatMul am over D: its checks (untied or tied weights refused), its σ². */
 int nsr_fl_matmul_weight(fl *F, const nsr_expr *am, const nsr_fdom *D, double *var);
-/* A·src over D into atom A (src_val: src's value, consumed), by the first strategy that takes it. */
+/* A·src over D into atom A (src_val: src's value, consumed), by the first strategy taking it. */
 int nsr_fl_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, double var,
                   val *src_val, nsr_fl_atom *A);
 /* One more tap of a sum of MatMuls (src_val consumed; coef: a scalar factor or NULL; b[0..nb):

@@ -100,7 +100,7 @@ typedef struct name_read {
     int vary;           /* the indices read the domain's */
     int affine;         /* ... as integer affine maps (A) */
     nsr_imap A;
-    int kfast;          /* the block every check has passed for: its next points take the short way */
+    int kfast;          /* the block every check has passed for: its next points go the short way */
     int k0;             /* the previous point's block */
     long first;         /* point 0's member */
     int blk;            /* the block of a vector read (−1: none yet) */
@@ -332,8 +332,9 @@ static int embed_src(fl *F, const nsr_expr *src, const nsr_fdom *D, val *u)
         }
         if (t < 0 || t >= F->p->nslots) {
             tpk_free(F->X.ctx, slot);
-            return nsr_fam_err(&F->X, TPK_ETYPE, src, "input slot %d is outside %d..%d", t + F->X.R->input_lo,
-                          F->X.R->input_lo, F->X.R->input_lo + F->p->nslots - 1);
+            return nsr_fam_err(&F->X, TPK_ETYPE, src, "input slot %d is outside %d..%d",
+                               t + F->X.R->input_lo, F->X.R->input_lo,
+                               F->X.R->input_lo + F->p->nslots - 1);
         }
         slot[p] = t;
     }

@@ -50,8 +50,8 @@ int nsr_fl_ml_mul(fl *F, mlist *A, mlist *B, mlist *out, const nsr_expr *e)
         for (int j = 0; j < B->n && st == TPK_OK; j++) {
             mono *x = &A->v[i], *y = &B->v[j];
             if (x->nf + y->nf > 2) {
-                st = NSR_UNSUP(&F->X, e, "a Moment of degree > 2 in vectors: write the product as one "
-                           "function");
+                st = NSR_UNSUP(&F->X, e, "a Moment of degree > 2 in vectors: write the product "
+                               "as one function");
                 break;
             }
             mono r = {0};

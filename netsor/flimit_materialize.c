@@ -7,9 +7,9 @@
 #include <string.h>
 
 /* u = L·x for block x dying here, L lower triangular per input (causal attention's (I + A)·k, one
- * dense term): the two triangular products of tri_sandwich run in x's own matrix, which becomes
- * the result's (lower triangle); no zeroed block, no copy, no add. 1 when done (*M2 set), 0 when
- * u is not of that form, −1 on error. */
+ * dense term): the two triangular products of nsr_fl_tri_sandwich run in x's own matrix, which
+ * becomes the result's (lower triangle); no zeroed block, no copy, no add. 1 when done (*M2
+ * set), 0 when u is not of that form, −1 on error. */
 static int tri_in_place(fl *F, const val *u, double **M2)
 {
     *M2 = NULL;

@@ -18,7 +18,8 @@ static int dm_find(fl *F, int sym, const nsr_expr *e, int *out)
             return F->X.ctx->status;
     for (int i = 0; i < F->X.R->ndm; i++) {
         const nsr_dmember *d = &F->X.R->dm[i];
-        if (d->sym == sym && d->nidx == e->nidx && memcmp(d->idx, t, (size_t)e->nidx * sizeof *t) == 0) {
+        if (d->sym == sym && d->nidx == e->nidx &&
+            memcmp(d->idx, t, (size_t)e->nidx * sizeof *t) == 0) {
             *out = i;
             return TPK_OK;
         }
@@ -38,8 +39,8 @@ static int lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2)
 int nsr_fl_matmul_weight(fl *F, const nsr_expr *am, const nsr_fdom *D, double *var)
 {
     if (nsr_reads_syms(am, D->sym, D->nv, 0))
-        return NSR_UNSUP(&F->X, am, "an A-var that changes with the family's index (%s): untied weights "
-                     "per member", am->name);
+        return NSR_UNSUP(&F->X, am, "an A-var that changes with the family's index (%s): untied "
+                         "weights per member", am->name);
     int di = -1;
     if (dm_find(F, am->sym, am, &di))
         return F->X.ctx->status;

@@ -1,5 +1,6 @@
 /* GEMM kernels of the rolled limit evaluator's linear maps: sandwiches C·P·Cᵀ in tiles, their
- * triangular form for causal maps, and low-rank factors carried through linear maps (theory §2.7). */
+ * triangular form for causal maps, and low-rank factors carried through linear maps (theory
+ * §2.7). */
 #include "flimit-impl.h"
 #include "tpk/alloc.h"
 #include "tpk/matmul.h"

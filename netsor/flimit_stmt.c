@@ -115,7 +115,8 @@ int nsr_fl_name_outputs(fl *F, const nsr_stmt *s, const nsr_fdom *D, double var,
     tpk_program *P = F->fill;
     int st = TPK_OK;
     {
-        tpk_output *no = tpk_realloc(F->X.ctx, P->output, ((size_t)P->noutputs + (size_t)D->m) * sizeof *no);
+        tpk_output *no = tpk_realloc(F->X.ctx, P->output,
+                                     ((size_t)P->noutputs + (size_t)D->m) * sizeof *no);
         if (no == NULL)
             st = TPK_ERROR(F->X.ctx, TPK_ENOMEM, "out of memory");
         else
@@ -160,7 +161,8 @@ int nsr_fl_run_output(fl *F, const nsr_finstr *fi, fout *o)
         return st;
     }
     memset(o, 0, sizeof *o);
-    if (nsr_fam_num(&F->X, rd->args[1], &o->var) || (rd->nargs == 3 && nsr_fam_num(&F->X, rd->args[2], &o->bias_var))) {
+    if (nsr_fam_num(&F->X, rd->args[1], &o->var) ||
+        (rd->nargs == 3 && nsr_fam_num(&F->X, rd->args[2], &o->bias_var))) {
         tpk_free(F->X.ctx, D.val);
         return F->X.ctx->status;
     }
@@ -170,7 +172,8 @@ int nsr_fl_run_output(fl *F, const nsr_finstr *fi, fout *o)
     }
     st = nsr_fl_eval(F, rd->args[0], &D, &o->v);
     if (st == TPK_OK && o->v.kind != V_LIN)
-        st = nsr_fam_err(&F->X, TPK_ETYPE, rd->args[0], "readout needs a G- or H-var, not a scalar");
+        st = nsr_fam_err(&F->X, TPK_ETYPE, rd->args[0], "readout needs a G- or H-var, not a "
+                         "scalar");
     if (st == TPK_OK && F->fill != NULL) /* a rolled-only program: name its outputs */
         st = nsr_fl_name_outputs(F, s, &D, o->var, o->bias_var);
     tpk_free(F->X.ctx, D.val);

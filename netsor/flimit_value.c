@@ -48,7 +48,7 @@ int nsr_fl_val_scale(fl *F, val *v, const val *c)
     size_t N = F->N, m = (size_t)v->m;
     if (c->kind == V_CONST && c->c == 1)
         return TPK_OK;
-    if (c->kind == V_CONST && c->c == 0) { /* 0 · x is the zero vector, as the unrolled form folds */
+    if (c->kind == V_CONST && c->c == 0) { /* 0 · x = 0 (the unrolled form folds it) */
         long mv = v->m;
         nsr_fl_val_free(F, v);
         return nsr_fl_val_const(v, mv, 0);
@@ -248,7 +248,8 @@ int nsr_fl_val_merge(fl *F, val *v)
                     for (size_t x = 0; x < N; x++)
                         for (size_t p = 0; p < m; p++)
                             if (b->idx[p] >= 0)
-                                a->w[(x * m + p) * ms + (size_t)b->idx[p]] += b->w ? b->w[x * m + p] : 1;
+                                a->w[(x * m + p) * ms + (size_t)b->idx[p]] +=
+                                    b->w ? b->w[x * m + p] : 1;
                 }
             } else if (!a->dense) {
                 tpk_free(F->X.ctx, a->idx);
@@ -270,7 +271,7 @@ int nsr_fl_val_copy(fl *F, const val *a, val *out)
     out->s = NULL;
     out->mu = NULL;
     out->t = NULL;
-    out->nt = 0; /* until out->t exists: a copy that fails half-way is freed with val_free */
+    out->nt = 0; /* until out->t exists (a copy that fails half-way is freed: nsr_fl_val_free) */
     if (a->s && (out->s = nsr_fam_alloc(&F->X, N * m, sizeof *out->s)) == NULL)
         return F->X.ctx->status;
     if (a->s)
