@@ -68,8 +68,11 @@ enum { BK_GAUSS, BK_NONLIN, BK_BIAS, BK_SCAL, BK_MIX, BK_ZERO };
 /* fblock.fi of the blocks made before every instruction and seen by each: the input slots' and
  * an initial G-var family's. */
 #define FI_BEFORE_ALL (-1)
+
 enum { V_CONST, V_SCAL, V_LIN };
 
+/* One term of a linear value: members of block blk read at each point, a gather (one member per
+ * point, per-point weights) or a dense per-input map. */
 typedef struct term {
     int blk;
     int dense;          /* 0: gather idx/w; 1: w is N × m × m_src */
@@ -77,6 +80,8 @@ typedef struct term {
     double *w;          /* gather: N × m weights (NULL: 1) */
 } term;
 
+/* A value over a domain of m points, per input: a constant, per-point scalars, or a linear
+ * combination Σ terms + mu of block members (V_LIN: a vector). */
 typedef struct val {
     int kind;
     long m;
@@ -87,6 +92,8 @@ typedef struct val {
     double *mu;         /* V_LIN: N × m constant part (NULL: 0) */
 } val;
 
+/* A block: one family instruction's members (or a temporary's) over (input × member), with their
+ * second moments, or a deterministic scalar family; kinds BK_*. */
 typedef struct fblock {
     int kind, fam;
     int fi;             /* the family instruction that made it (FI_BEFORE_ALL: none) */
@@ -142,6 +149,7 @@ typedef struct plan_job {
     tpk_ctx ctx;
 } plan_job;
 
+/* The evaluator's state, one per pass: the plan's (dry, N = 0) or the run's. */
 typedef struct fl {
     nsr_fam X;          /* program, symbol values, current instruction, errors (family-impl.h) */
     const tpk_program *p;
