@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Everything a pass holds: its blocks, the pool, the workspace. */
 static void fl_free(fl *F)
 {
     for (int k = 0; k < F->nb; k++) {
@@ -186,6 +187,7 @@ static int fl_run(fl *F, int all_outputs, const int *plan_last, int nplan, tpk_a
     return TPK_OK;
 }
 
+/* A pass over p for N inputs x (N×T×d; N = 0: the plan, no numbers). */
 static int fl_init(fl *F, const tpk_program *p, size_t N, size_t T, size_t d, const double *x,
                    tpk_ctx *ctx)
 {

@@ -400,6 +400,8 @@ static int is_acc_leaf(const fl *F, const nsr_expr *e, const nsr_expr **am, cons
     return 0;
 }
 
+/* The taps of a sum over binders (nested sums walked binder value by binder value), each MatMul
+ * term kept in T with its coefficient and binder values. */
 static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, taps *T, const int *binders,
                    int nb, int depth)
 {
@@ -769,6 +771,8 @@ static int eval_mean(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     return st;
 }
 
+/* φ(u): of scalars, evaluated; of a vector, a φ block over u as one Gaussian block (u made one
+ * where it is a combination), its moments made when first read. */
 static int eval_phi(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     if (e->nargs != 1)
@@ -819,6 +823,7 @@ static int eval_phi(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     return nsr_fl_val_gather(F, out, D->m, k, idx);
 }
 
+/* f(...): index arithmetic, mean(), a MatMul written A(x), or φ. */
 static int eval_call(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 {
     if (e->sym < 0 && (strcmp(e->name, "mod") == 0 || strcmp(e->name, "wrap") == 0 ||

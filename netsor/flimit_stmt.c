@@ -147,6 +147,7 @@ int nsr_fl_name_outputs(fl *F, const nsr_stmt *s, const nsr_fdom *D, double var,
     return st;
 }
 
+/* An output statement: its readout variances and its value over its domain, kept in *o. */
 int nsr_fl_run_output(fl *F, const nsr_finstr *fi, fout *o)
 {
     const nsr_stmt *s = fi->stmt;

@@ -54,6 +54,8 @@ void nsr_fl_release(fl *F, void *q, size_t bytes)
     tpk_free(F->X.ctx, q);
 }
 
+/* A block's numbers (its matrix back to the pool); its pending node goes too, unpinning what
+ * it read. */
 void nsr_fl_block_data_free(fl *F, fblock *b)
 {
     size_t n = F->N * (size_t)b->m;
@@ -104,6 +106,7 @@ void nsr_fl_kill_block(fl *F, int k)
         nsr_fl_block_data_free(F, &F->b[k]);
 }
 
+/* A new block of m members made by the instruction being evaluated (its index, or −1). */
 int nsr_fl_new_block(fl *F, int kind, int fam, long m)
 {
     if (F->nb == F->capb) {
