@@ -442,12 +442,12 @@ static int pair_dense(fl *F, const term_pair *Q, const double *P, int self)
         nsr_fl_row_extents(Ws + a * mv * ms, mv, ms, es + a * mv);
     }
     /* one term against itself with a lower-triangular map per input: triangular products */
-    int tri = st == TPK_OK && sym && self && mu == mt;
-    for (size_t r = 0; tri && r < N * mu; r++)
-        tri = (size_t)et[r] <= r % mu + 1;
-    if (tri)
+    int triangular = st == TPK_OK && sym && self && mu == mt;
+    for (size_t r = 0; triangular && r < N * mu; r++)
+        triangular = (size_t)et[r] <= r % mu + 1;
+    if (triangular)
         st = nsr_fl_tri_sandwich(F, Wt, mu, P, ldp, out, ld, alpha);
-    for (size_t a = 0; a < N && st == TPK_OK && !tri; a++)
+    for (size_t a = 0; a < N && st == TPK_OK && !triangular; a++)
         for (size_t c = 0; c < (sym ? a + 1 : N) && st == TPK_OK; c++) {
             const double *Pac = P + (a * mt) * ldp + c * ms;
             st = nsr_fl_sandwich(F, Wt + a * mu * mt, mu, mt, et + a * mu, Pac, ldp,

@@ -189,10 +189,10 @@ int nsr_fl_mix_to_gauss(fl *F, int k)
     }
     size_t n = F->N * (size_t)F->b[k].m;
     pend *P = NULL; /* independent terms: a pending sum, no matrix yet */
-    int es = nsr_fl_ew_sum_of(F, u, F->b[k].line, F->b[k].col, &P);
-    if (es < 0)
+    int is_sum = nsr_fl_ew_sum_of(F, u, F->b[k].line, F->b[k].col, &P);
+    if (is_sum < 0)
         return F->X.ctx->status;
-    if (es > 0) {
+    if (is_sum > 0) {
         fblock *b = &F->b[k];
         nsr_fl_val_free(F, &b->mix);
         b->kind = BK_GAUSS;
@@ -200,15 +200,15 @@ int nsr_fl_mix_to_gauss(fl *F, int k)
         return nsr_fl_pend_attach(F, k, P);
     }
     double *M2 = NULL, *mean = NULL;
-    int nz = 0, st;
+    int has_mean = 0, st;
     if (F->dry) {
         st = nsr_fl_lin_m2(F, u, u, NULL, 0, 1, 1.0); /* touches the terms, checks support */
     } else if ((M2 = nsr_fl_big(F, n * n, sizeof *M2, 1)) == NULL ||
                (mean = nsr_fam_alloc(&F->X, n, sizeof *mean)) == NULL) {
         st = F->X.ctx->status;
     } else if ((st = nsr_fl_lin_m2(F, u, u, M2, n, 1, 1.0)) == TPK_OK &&
-               (st = nsr_fl_lin_mean(F, u, mean, &nz)) == TPK_OK && nz) {
-        nz = !nsr_fl_all_zero(mean, n); /* exactly zero means are no means (LN's g − m) */
+               (st = nsr_fl_lin_mean(F, u, mean, &has_mean)) == TPK_OK && has_mean) {
+        has_mean = !nsr_fl_all_zero(mean, n); /* exactly zero means are no means (LN's g − m) */
     }
     fblock *b = &F->b[k];
     if (st) {
@@ -216,7 +216,7 @@ int nsr_fl_mix_to_gauss(fl *F, int k)
         tpk_free(F->X.ctx, mean);
         return st;
     }
-    if (!nz) {
+    if (!has_mean) {
         tpk_free(F->X.ctx, mean);
         mean = NULL;
     }

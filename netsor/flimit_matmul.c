@@ -266,8 +266,8 @@ static int always(fl *F, const mm_job *J)
  * factor block). */
 static int factor_chain_apply(fl *F, mm_job *J)
 {
-    int fo = nsr_fl_factor_of(F, &J->u, sqrt(J->var), &J->A->fac, &J->A->rank);
-    return fo == 0 ? NSR_FL_DECLINED : fo < 0 ? F->X.ctx->status : TPK_OK;
+    int has_factor = nsr_fl_factor_of(F, &J->u, sqrt(J->var), &J->A->fac, &J->A->rank);
+    return has_factor == 0 ? NSR_FL_DECLINED : has_factor < 0 ? F->X.ctx->status : TPK_OK;
 }
 
 static int run_only(fl *F, const mm_job *J)
@@ -281,10 +281,10 @@ static int run_only(fl *F, const mm_job *J)
 static int pending_sum_apply(fl *F, mm_job *J)
 {
     pend *P = NULL;
-    int es = nsr_fl_ew_sum_of(F, &J->u, J->am->line, J->am->col, &P);
-    if (es == 0)
+    int is_sum = nsr_fl_ew_sum_of(F, &J->u, J->am->line, J->am->col, &P);
+    if (is_sum == 0)
         return NSR_FL_DECLINED;
-    if (es < 0)
+    if (is_sum < 0)
         return F->X.ctx->status;
     for (int t = 0; t < P->nd.nt; t++)
         P->nd.t[t].c *= J->var;
