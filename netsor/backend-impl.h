@@ -72,6 +72,18 @@ int nsr_flimit_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
 int nsr_fexec_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                   int all_outputs, tpk_array **Khat, tpk_array **y, int *unsupported,
                   const tpk_progress *progress, tpk_ctx *ctx);
+/* The form that computes a program's result (netsor/form.c): the rolled one first where the
+ * program has one (has_rolled) and the unrolled form is not forced, its result standing unless it
+ * refused the program (*unsup: a form it does not take) and an unrolled form exists. run(arg,
+ * &unsup, ctx) runs the rolled back end in a fresh context. Returns 1 with *st where the rolled
+ * result stands (its error in ctx), 0 where the unrolled form runs (TPK_NETSOR_TRACE=1 prints
+ * why, as "who: reason"). */
+typedef int (*nsr_rolled_run)(void *arg, int *unsup, tpk_ctx *ctx);
+int nsr_form_rolled_first(const tpk_program *p, int has_rolled, int force_unrolled,
+                          const char *who, nsr_rolled_run run, void *arg, int *st, tpk_ctx *ctx);
+/* TPK_NETSOR_FORM=unrolled: the unrolled form even where the rolled one serves (comparisons and
+ * benchmarks of the two; docs/netsor.md). */
+int nsr_form_unrolled_env(void);
 /* Clear PSD violation of a kernel (n ≤ 600; larger kernels are not checked). */
 int nsr_check_psd(const double *K, size_t n, double err, tpk_ctx *ctx);
 

@@ -297,6 +297,24 @@ int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t 
     return st ? st : tpk_netsor_run_progress(p, x, n, seed, all_outputs, NULL, Khat, y, ctx);
 }
 
+/* The rolled executor's run (nsr_form_rolled_first's run). */
+typedef struct rolled_job {
+    const tpk_program *p;
+    const tpk_array *x;
+    size_t n;
+    uint64_t seed;
+    int all_outputs;
+    tpk_array **Khat, **y;
+    const tpk_progress *progress;
+} rolled_job;
+
+static int rolled_run(void *arg, int *unsup, tpk_ctx *ctx)
+{
+    const rolled_job *J = arg;
+    return nsr_fexec_run(J->p, J->x, J->n, J->seed, J->all_outputs, J->Khat, J->y, unsup,
+                         J->progress, ctx);
+}
+
 int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                             int all_outputs, const tpk_progress *progress, tpk_array **Khat,
                             tpk_array **y, tpk_ctx *ctx)
@@ -314,26 +332,12 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
         return bad;
     /* the rolled form first (whole families as GEMMs); a form it does not take falls back to
      * the unrolled one. TPK_NETSOR_FORM=unrolled: the unrolled executor where it exists. */
-    const char *form = getenv("TPK_NETSOR_FORM");
-    int force_unrolled = form && strcmp(form, "unrolled") == 0 && p != NULL && p->ninstr > 0;
-    if (p != NULL && p->rolled != NULL && !force_unrolled) {
-        /* a fresh context: the rolled executor stops at a recorded error, and the caller's
-         * may hold an earlier, handled one */
-        tpk_ctx local, *c = &local;
-        tpk_ctx_init_from(c, ctx);
-        int unsup = 0;
-        int st = nsr_fexec_run(p, x, n, seed, all_outputs, Khat, y, &unsup, progress, c);
-        if (st != TPK_OK && (!unsup || p->ninstr == 0)) {
-            if (ctx)
-                *ctx = local;
-            return st;
-        }
-        if (st == TPK_OK)
-            return st;
-        const char *tr = getenv("TPK_NETSOR_TRACE"); /* where the time goes, and which form */
-        if (tr != NULL && strcmp(tr, "1") == 0)
-            fprintf(stderr, "  rolled executor: %s; the unrolled one runs\n", c->msg);
-    }
+    int force_unrolled = nsr_form_unrolled_env() && p != NULL && p->ninstr > 0;
+    rolled_job RJ = {p, x, n, seed, all_outputs, Khat, y, progress};
+    int rst;
+    if (nsr_form_rolled_first(p, p != NULL && p->rolled != NULL, force_unrolled,
+                              "rolled executor", rolled_run, &RJ, &rst, ctx))
+        return rst;
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)
         return st;

@@ -164,6 +164,30 @@ static int check_psd(lim *L, const double *K, size_t n)
     return nsr_check_psd(K, n, L->err, L->ctx);
 }
 
+/* The rolled evaluator's kernel, PSD-checked (nsr_form_rolled_first's run). */
+typedef struct rolled_job {
+    const tpk_program *p;
+    const tpk_array *x;
+    int all_outputs;
+    const tpk_limit_opts *opts;
+    tpk_array **K;
+    double *err;
+} rolled_job;
+
+static int rolled_kernel(void *arg, int *unsup, tpk_ctx *ctx)
+{
+    const rolled_job *J = arg;
+    int st = nsr_flimit_kernel(J->p, J->x, J->all_outputs, J->K, J->err, unsup, J->opts, ctx);
+    if (st == TPK_OK) {
+        st = nsr_check_psd((*J->K)->data, (*J->K)->dims[0], J->err ? *J->err : 0, ctx);
+        if (st) {
+            tpk_array_free(*J->K);
+            *J->K = NULL;
+        }
+    }
+    return st;
+}
+
 int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outputs,
                          const tpk_limit_opts *opts, tpk_array **K, double *err, tpk_ctx *ctx)
 {
@@ -173,36 +197,14 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     *K = NULL;
     if (err)
         *err = 0.0;
-    /* TPK_NETSOR_FORM=unrolled: the unrolled evaluator even where the rolled one serves
-     * (comparisons and benchmarks of the two; docs/netsor.md) */
-    const char *form = getenv("TPK_NETSOR_FORM");
-    int force_unrolled = (opts && opts->unrolled) || (form && strcmp(form, "unrolled") == 0);
+    int force_unrolled = (opts && opts->unrolled) || nsr_form_unrolled_env();
     if (p != NULL && p->ninstr == 0 && !tpk_program_limit_rolled(p))
         return nsr_flimit_refusal(p, ctx);
-    if (tpk_program_limit_rolled(p) && !force_unrolled) {
-        /* the rolled form first; a form it does not take falls back to the unrolled one. A
-         * fresh context: the rolled evaluator stops at a recorded error, and the caller's may
-         * hold an earlier, handled one. */
-        tpk_ctx local;
-        tpk_ctx_init_from(&local, ctx);
-        int unsup = 0;
-        int st = nsr_flimit_kernel(p, x, all_outputs, K, err, &unsup, opts, &local);
-        if (st == TPK_OK) {
-            st = nsr_check_psd((*K)->data, (*K)->dims[0], err ? *err : 0, &local);
-            if (st) {
-                tpk_array_free(*K);
-                *K = NULL;
-            }
-        }
-        if (st == TPK_OK || !unsup || p->ninstr == 0) {
-            if (st && ctx)
-                *ctx = local;
-            return st;
-        }
-        const char *tr = getenv("TPK_NETSOR_TRACE");
-        if (tr != NULL && strcmp(tr, "1") == 0) /* why the slower form runs */
-            fprintf(stderr, "  rolled evaluator: %s; the unrolled one runs\n", local.msg);
-    }
+    rolled_job RJ = {p, x, all_outputs, opts, K, err};
+    int rst;
+    if (nsr_form_rolled_first(p, tpk_program_limit_rolled(p), force_unrolled, "rolled evaluator",
+                              rolled_kernel, &RJ, &rst, ctx))
+        return rst;
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)
         return st;
