@@ -1043,8 +1043,11 @@ static int eval(fx *F, const nsr_irn *n, const nsr_fdom *D, xv *out)
         return eval_softmax(F, n, D, out);
     case NSR_IR_MOMENT:
         return eval_mean(F, n, D, out);
-    case NSR_IR_UNSUP:
-        return NSR_UNSUP(&F->X, e, "%s is not taken by the rolled executor", n->why);
+    case NSR_IR_UNSUP: {
+        char what[96];
+        return NSR_UNSUP(&F->X, e, "%s is not taken by the rolled executor",
+                         nsr_ir_unsup_text(n, what, sizeof what));
+    }
     default:
         return NSR_UNSUP(&F->X, e, "internal: %s is not a value", nsr_ir_op_name(n->op));
     }

@@ -57,6 +57,7 @@
 #include "backend-impl.h"
 #include "ewplan-impl.h"
 #include "family-impl.h"
+#include "ir-impl.h"
 
 #define MAXANC 48 /* roots remembered per block */
 
@@ -152,6 +153,7 @@ typedef struct plan_job {
 /* The evaluator's state, one per pass: the plan's (dry, N = 0) or the run's. */
 typedef struct fl {
     nsr_fam X;          /* program, symbol values, current instruction, errors (family-impl.h) */
+    const nsr_ir *ir;   /* the program's family IR: what this evaluator runs (ir-impl.h) */
     const tpk_program *p;
     size_t N, T, d;
     const double *x;
@@ -395,9 +397,19 @@ int nsr_fl_ml_append(fl *F, mlist *L, mlist *A, const val *scale);
 /* out = the expectation of L's sum at every input and point of an m-point domain (scalars). */
 int nsr_fl_ml_expect(fl *F, const mlist *L, long m, val *out);
 
-/* ---- flimit_eval.c: the expression walk ----------------------------------------------------- */
-/* The value of e over domain D (nothing is left in out on failure). */
-int nsr_fl_eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out);
+/* ---- flimit_eval.c: the family IR's instructions ------------------------------------------- */
+/* The value of IR node n over domain D (nothing is left in out on failure). */
+int nsr_fl_eval(fl *F, const nsr_irn *n, const nsr_fdom *D, val *out);
+/* Operand i of node n. */
+static inline const nsr_irn *nsr_fl_arg(const fl *F, const nsr_irn *n, int i)
+{
+    return &F->ir->n[n->op == NSR_IR_LIN ? n->terms[i] : n->arg[i]];
+}
+/* The IR root (DEF or OUTPUT) of the family instruction being evaluated. */
+static inline const nsr_irn *nsr_fl_root(const fl *F)
+{
+    return &F->ir->n[nsr_ir_root(F->ir, F->X.cur)];
+}
 
 /* ---- flimit_stmt.c: statements -------------------------------------------------------------- */
 int nsr_fl_run_def(fl *F, const nsr_finstr *fi);

@@ -200,6 +200,9 @@ static int fl_init(fl *F, const tpk_program *p, size_t N, size_t T, size_t d, co
     F->d = d;
     F->x = x;
     F->dry = N == 0;
+    F->ir = F->X.R ? F->X.R->ir : NULL;
+    if (st == TPK_OK && F->ir == NULL)
+        st = TPK_ERROR(ctx, TPK_EINVAL, "internal: %s has no family IR", F->X.R->file);
     if (st)
         return st;
     F->avar_site = nsr_fam_alloc(&F->X, (size_t)F->X.R->ndm + 1, sizeof *F->avar_site);

@@ -1,5 +1,6 @@
-/* The expression walk of the rolled limit evaluator: an expression over a domain becomes a
- * value (names, numbers, MatMuls, index sums, softmax, φ, mean()). */
+/* The rolled limit evaluator's instructions: each kind of the family IR (netsor/ir-impl.h)
+ * lowered here, once, to values over a domain (numbers, reads, MatMuls, index sums, softmax, φ,
+ * LinCombs, mean()). */
 #include "flimit-impl.h"
 #include "tpk/alloc.h"
 
@@ -341,86 +342,75 @@ static int embed_src(fl *F, const nsr_expr *src, const nsr_fdom *D, val *u)
     return nsr_fl_val_gather(F, u, D->m, ib, slot);
 }
 
-/* A MatMul term's weight and source: the A-var's checks and σ² (nsr_fl_matmul_weight), then the
- * value of src over D — an embedding U·x[t] reads the input block. */
-static int matmul_source(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D,
-                         double *var, val *u)
+/* A MatMul node's weight and source: the A-var's checks and σ² (nsr_fl_matmul_weight), then the
+ * value of its operand over D — an embedding U·x[t] reads the input block. */
+static int matmul_source(fl *F, const nsr_irn *mm, const nsr_fdom *D, double *var, val *u)
 {
-    if (nsr_fl_matmul_weight(F, am, D, var))
+    if (nsr_fl_matmul_weight(F, mm->e, D, var))
         return F->X.ctx->status;
-    if (src->kind == NSR_E_NAME && src->sym >= 0 && F->X.C->sym[src->sym].kind == NSR_SYM_INPUT)
-        return embed_src(F, src, D, u) ? F->X.ctx->status : TPK_OK;
+    const nsr_irn *src = nsr_fl_arg(F, mm, 0);
+    if (mm->embed)
+        return embed_src(F, src->e, D, u) ? F->X.ctx->status : TPK_OK;
     return nsr_fl_eval(F, src, D, u) ? F->X.ctx->status : TPK_OK;
 }
 
 /* A·src over D: a new atom, lowered by the MatMul strategies (flimit_matmul.c). */
-static int eval_matmul(fl *F, const nsr_expr *am, const nsr_expr *src, const nsr_fdom *D, val *out)
+static int eval_matmul(fl *F, const nsr_irn *mm, const nsr_fdom *D, val *out)
 {
     nsr_fl_atom A;
     F->nsites++;
-    if (nsr_fl_atom_new(F, D->m, am->line, &A))
+    if (nsr_fl_atom_new(F, D->m, mm->e->line, &A))
         return F->X.ctx->status;
     double var = 0;
     val u;
-    int st = matmul_source(F, am, src, D, &var, &u);
+    int st = matmul_source(F, mm, D, &var, &u);
     if (st == TPK_OK)
-        st = nsr_fl_matmul(F, am, src, D, var, &u, &A);
+        st = nsr_fl_matmul(F, mm->e, nsr_fl_arg(F, mm, 0)->e, D, var, &u, &A);
     return nsr_fl_atom_finish(F, &A, st, out) ? F->X.ctx->status : TPK_OK;
 }
 
 /* A sum over binders of MatMuls whose A-var changes with the binder (convolution taps:
  * Σ_t F_t h_{p+t}): the terms are independent (distinct A-vars, theory §1.6), so the sum is one
  * Gaussian block with M2 = Σ_t σ_t² E[h_{p+t} h_{q+t}ᵀ] (theory §2.8) — no block per tap. */
-static int is_acc_leaf(const fl *F, const nsr_expr *e, const nsr_expr **am, const nsr_expr **src,
-                       const nsr_expr **coef)
+static int is_acc_leaf(const fl *F, const nsr_irn *n, const nsr_irn **mm, const nsr_irn **coef)
 {
     *coef = NULL;
-    if (e->kind == NSR_E_BIN && e->op == NSR_T_STAR) {
-        const nsr_expr *x = e->a, *y = e->b;
-        if (y->kind == NSR_E_APPLY || (y->kind == NSR_E_CALL && y->sym >= 0 &&
-                                       F->X.C->sym[y->sym].kind == NSR_SYM_AFAM)) {
+    if (n->op == NSR_IR_MUL) {
+        const nsr_irn *x = nsr_fl_arg(F, n, 0), *y = nsr_fl_arg(F, n, 1);
+        if (y->op == NSR_IR_MATMUL) {
             *coef = x;
-            e = y;
+            n = y;
         } else {
             *coef = y;
-            e = x;
+            n = x;
         }
     }
-    if (e->kind == NSR_E_APPLY) {
-        *am = e->a;
-        *src = e->b;
-        return 1;
-    }
-    if (e->kind == NSR_E_CALL && e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_AFAM &&
-        e->nargs == 1) {
-        *am = e;
-        *src = e->args[0];
-        return 1;
-    }
-    return 0;
+    *mm = n;
+    return n->op == NSR_IR_MATMUL;
 }
 
 /* The taps of a sum over binders (nested sums walked binder value by binder value), each MatMul
  * term kept in T with its coefficient and binder values. */
-static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, taps *T, const int *binders,
+static int acc_sum(fl *F, const nsr_irn *n, const nsr_fdom *D, taps *T, const int *binders,
                    int nb, int depth)
 {
+    const nsr_expr *e = n->e;
     if (depth > NSR_MAX_DEPTH)
         return NSR_UNSUP(&F->X, e, "sums nested too deeply");
-    if (e->kind == NSR_E_SUM) {
+    if (n->op == NSR_IR_SUM) {
         int lo, hi;
         if (nsr_fam_int(&F->X, e->args[0], &lo) || nsr_fam_int(&F->X, e->args[1], &hi))
             return F->X.ctx->status;
         for (int j = lo; j <= hi; j++) {
-            F->X.num[e->sym] = j;
-            if (acc_sum(F, e->a, D, T, binders, nb, depth + 1))
+            F->X.num[n->sym] = j;
+            if (acc_sum(F, nsr_fl_arg(F, n, 0), D, T, binders, nb, depth + 1))
                 return F->X.ctx->status;
         }
-        F->X.num[e->sym] = NAN;
+        F->X.num[n->sym] = NAN;
         return TPK_OK;
     }
-    const nsr_expr *am, *src, *ce;
-    if (!is_acc_leaf(F, e, &am, &src, &ce))
+    const nsr_irn *mm, *ce;
+    if (!is_acc_leaf(F, n, &mm, &ce))
         return NSR_UNSUP(&F->X, e, "internal: not a MatMul term");
     val c, *cp = NULL;
     if (ce) {
@@ -428,7 +418,7 @@ static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, taps *T, const i
             return F->X.ctx->status;
         if (c.kind == V_LIN) {
             nsr_fl_val_free(F, &c);
-            return NSR_UNSUP(&F->X, ce, "a MatMul multiplied by a vector");
+            return NSR_UNSUP(&F->X, ce->e, "a MatMul multiplied by a vector");
         }
         cp = &c;
     }
@@ -437,9 +427,9 @@ static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, taps *T, const i
         b[i] = (int)F->X.num[binders[i]];
     double var = 0;
     val u;
-    int st = matmul_source(F, am, src, D, &var, &u);
+    int st = matmul_source(F, mm, D, &var, &u);
     if (st == TPK_OK)
-        st = nsr_fl_taps_push(F, T, src, cp, var, &u, b, nb);
+        st = nsr_fl_taps_push(F, T, nsr_fl_arg(F, mm, 0)->e, cp, var, &u, b, nb);
     if (cp)
         nsr_fl_val_free(F, cp);
     return st;
@@ -447,16 +437,16 @@ static int acc_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, taps *T, const i
 
 /* Does the innermost body of nested sums have the accumulable form, with an A-var reading a
  * binder? */
-static int accumulable(const fl *F, const nsr_expr *e, int *binders, int nb)
+static int accumulable(const fl *F, const nsr_irn *n, int *binders, int nb)
 {
-    while (e->kind == NSR_E_SUM && nb < NSR_MAXV) {
-        binders[nb++] = e->sym;
-        e = e->a;
+    while (n->op == NSR_IR_SUM && nb < NSR_MAXV) {
+        binders[nb++] = n->sym;
+        n = nsr_fl_arg(F, n, 0);
     }
-    const nsr_expr *am, *src, *ce;
-    if (!is_acc_leaf(F, e, &am, &src, &ce))
+    const nsr_irn *mm, *ce;
+    if (!is_acc_leaf(F, n, &mm, &ce))
         return 0;
-    return nsr_reads_syms(am, binders, nb, 0);
+    return nsr_reads_syms(mm->e, binders, nb, 0);
 }
 
 /* Scalars summed over the binder: out(a, p) = Σ of v over the points whose parent is p. */
@@ -532,14 +522,14 @@ static int sum_vectors(fl *F, const nsr_fdom *D, const nsr_fdom *X, const long *
 
 /* A sum over a binder that is not a tap sum (attention's Σ_j a_ij k_j, a mean over positions):
  * its body over the extended domain, summed into each point. */
-static int eval_index_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+static int eval_index_sum(fl *F, const nsr_irn *sn, const nsr_fdom *D, val *out)
 {
     nsr_fdom X;
     long *parent;
-    if (nsr_extend(&F->X, e, D, &X, &parent))
+    if (nsr_extend(&F->X, sn->e, D, &X, &parent))
         return F->X.ctx->status;
     val v;
-    int st = nsr_fl_eval(F, e->a, &X, &v);
+    int st = nsr_fl_eval(F, nsr_fl_arg(F, sn, 0), &X, &v);
     tpk_free(F->X.ctx, X.val);
     if (st == TPK_OK) {
         st = v.kind != V_LIN ? sum_scalars(F, D, &X, parent, &v, out)
@@ -552,19 +542,20 @@ static int eval_index_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 
 /* sum(binder in lo..hi: body) over D: one atom for a sum of MatMuls by A-vars that read the
  * binder (convolution taps), else the body summed over the binder. */
-static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+static int eval_sum(fl *F, const nsr_irn *sn, const nsr_fdom *D, val *out)
 {
+    const nsr_expr *e = sn->e;
     int binders[NSR_MAXV];
-    if (accumulable(F, e, binders, 0)) { /* taps: one atom (flimit_matmul.c) */
+    if (accumulable(F, sn, binders, 0)) { /* taps: one atom (flimit_matmul.c) */
         nsr_fl_atom A;
         F->nsites++;
         if (nsr_fl_atom_new(F, D->m, e->line, &A))
             return F->X.ctx->status;
         taps T = {.nb = 0};
-        const nsr_expr *q = e;
-        while (q->kind == NSR_E_SUM && T.nb < NSR_MAXV)
-            T.nb++, q = q->a;
-        if (acc_sum(F, e, D, &T, binders, T.nb, 0)) {
+        const nsr_irn *q = sn;
+        while (q->op == NSR_IR_SUM && T.nb < NSR_MAXV)
+            T.nb++, q = nsr_fl_arg(F, q, 0);
+        if (acc_sum(F, sn, D, &T, binders, T.nb, 0)) {
             nsr_fl_taps_free(F, &T);
             nsr_fl_atom_finish(F, &A, F->X.ctx->status, out);
             return F->X.ctx->status;
@@ -573,22 +564,23 @@ static int eval_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         nsr_fl_taps_free(F, &T);
         return nsr_fl_atom_finish(F, &A, st, out);
     }
-    return eval_index_sum(F, e, D, out);
+    return eval_index_sum(F, sn, D, out);
 }
 
 /* softmax(j in lo..hi: s) at the enclosing j. Its rows depend on the other indices only, so
  * they are computed once per row (a[i, j] for all j ≤ i costs T² exp, not T³), shifted by the
  * row maximum. */
-static int eval_softmax(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+static int eval_softmax(fl *F, const nsr_irn *sn, const nsr_fdom *D, val *out)
 {
     nsr_softmax_shape S;
     val v;
     memset(&v, 0, sizeof v);
-    int st = nsr_softmax_shape_of(&F->X, e, D, &S);
+    int st = nsr_softmax_shape_of(&F->X, sn->e, D, &S);
     if (st == TPK_OK)
-        st = nsr_fl_eval(F, e->a, &S.X, &v);
+        st = nsr_fl_eval(F, nsr_fl_arg(F, sn, 0), &S.X, &v);
     if (st == TPK_OK && v.kind == V_LIN)
-        st = NSR_UNSUP(&F->X, e->a, "softmax of a vector: its argument must be scalars (Moments)");
+        st = NSR_UNSUP(&F->X, sn->e->a, "softmax of a vector: its argument must be scalars "
+                       "(Moments)");
     if (st == TPK_OK)
         st = nsr_fl_val_scal(F, &v);
     if (st == TPK_OK) {
@@ -623,43 +615,39 @@ static int eval_softmax(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     return st;
 }
 
-static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth);
+static int expand(fl *F, const nsr_irn *n, const nsr_fdom *D, mlist *L, int depth);
 
-/* a ± b: both lists, b's negated for −. */
-static int expand_sum(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+/* Σ ±terms: each term's list appended, negated for −, in the program's order. */
+static int expand_lin(fl *F, const nsr_irn *n, const nsr_fdom *D, mlist *L, int depth)
 {
-    mlist B = {0};
-    if (expand(F, e->a, D, L, depth + 1) || expand(F, e->b, D, &B, depth + 1)) {
-        nsr_fl_ml_free(F, &B);
-        return F->X.ctx->status;
-    }
     val neg;
     nsr_fl_val_const(&neg, D->m, -1);
-    return nsr_fl_ml_append(F, L, &B, e->op == NSR_T_MINUS ? &neg : NULL);
-}
-
-/* −a */
-static int expand_neg(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
-{
-    mlist A = {0};
-    if (expand(F, e->a, D, &A, depth + 1)) {
-        nsr_fl_ml_free(F, &A);
-        return F->X.ctx->status;
+    for (int i = 0; i < n->nterms; i++) {
+        mlist B = {0};
+        if (i == 0 && n->sign[0] > 0) { /* the first term straight into L */
+            if (expand(F, nsr_fl_arg(F, n, 0), D, L, depth + 1))
+                return F->X.ctx->status;
+            continue;
+        }
+        if (expand(F, nsr_fl_arg(F, n, i), D, &B, depth + 1)) {
+            nsr_fl_ml_free(F, &B);
+            return F->X.ctx->status;
+        }
+        if (nsr_fl_ml_append(F, L, &B, n->sign[i] < 0 ? &neg : NULL))
+            return F->X.ctx->status;
     }
-    val neg;
-    nsr_fl_val_const(&neg, D->m, -1);
-    return nsr_fl_ml_append(F, L, &A, &neg);
+    return TPK_OK;
 }
 
 /* a·b: every product of a monomial of a with one of b. */
-static int expand_product(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+static int expand_product(fl *F, const nsr_irn *n, const nsr_fdom *D, mlist *L, int depth)
 {
     mlist A = {0}, B = {0};
-    int st = expand(F, e->a, D, &A, depth + 1);
+    int st = expand(F, nsr_fl_arg(F, n, 0), D, &A, depth + 1);
     if (st == TPK_OK)
-        st = expand(F, e->b, D, &B, depth + 1);
+        st = expand(F, nsr_fl_arg(F, n, 1), D, &B, depth + 1);
     if (st == TPK_OK)
-        st = nsr_fl_ml_mul(F, &A, &B, L, e);
+        st = nsr_fl_ml_mul(F, &A, &B, L, n->e);
     nsr_fl_ml_free(F, &A);
     nsr_fl_ml_free(F, &B);
     return st;
@@ -667,21 +655,21 @@ static int expand_product(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L,
 
 /* a^k: a itself (k = 1), a·a (k = 2), or a scalar power of scalars, evaluated as a leaf (*leaf);
  * another power of a vector is refused. */
-static int expand_power(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth,
+static int expand_power(fl *F, const nsr_irn *n, const nsr_fdom *D, mlist *L, int depth,
                         int *leaf)
 {
     mlist A = {0};
     double k = 0;
     *leaf = 0;
-    int st = expand(F, e->a, D, &A, depth + 1);
+    int st = expand(F, nsr_fl_arg(F, n, 0), D, &A, depth + 1);
     if (st == TPK_OK)
-        st = nsr_fam_num(&F->X, e->b, &k);
+        st = nsr_fam_num(&F->X, n->e->b, &k);
     if (st == TPK_OK && k == 1) {
         nsr_fl_ml_append(F, L, &A, NULL);
         return F->X.ctx->status;
     }
     if (st == TPK_OK && k == 2) {
-        st = nsr_fl_ml_square(F, &A, L, e);
+        st = nsr_fl_ml_square(F, &A, L, n->e);
         nsr_fl_ml_free(F, &A);
         return st;
     }
@@ -689,21 +677,22 @@ static int expand_power(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, i
     for (int i = 0; st == TPK_OK && i < A.n; i++)
         vec |= A.v[i].nf > 0;
     if (vec)
-        st = NSR_UNSUP(&F->X, e, "a power other than 2 of a vector inside mean()");
+        st = NSR_UNSUP(&F->X, n->e, "a power other than 2 of a vector inside mean()");
     nsr_fl_ml_free(F, &A);
     *leaf = st == TPK_OK;
     return st;
 }
 
 /* a / d, d scalars: a's coefficients times 1/d. */
-static int expand_quotient(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+static int expand_quotient(fl *F, const nsr_irn *n, const nsr_fdom *D, mlist *L, int depth)
 {
     val d;
-    if (nsr_fl_eval(F, e->b, D, &d))
+    const nsr_irn *dn = nsr_fl_arg(F, n, 1);
+    if (nsr_fl_eval(F, dn, D, &d))
         return F->X.ctx->status;
     if (d.kind == V_LIN) {
         nsr_fl_val_free(F, &d);
-        return NSR_UNSUP(&F->X, e->b, "division by a vector inside mean()");
+        return NSR_UNSUP(&F->X, dn->e, "division by a vector inside mean()");
     }
     if (nsr_fl_val_scal(F, &d)) {
         nsr_fl_val_free(F, &d);
@@ -712,7 +701,7 @@ static int expand_quotient(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L
     for (size_t i = 0; i < F->N * (size_t)D->m; i++)
         d.s[i] = 1.0 / d.s[i];
     mlist A = {0};
-    if (expand(F, e->a, D, &A, depth + 1) == TPK_OK)
+    if (expand(F, nsr_fl_arg(F, n, 0), D, &A, depth + 1) == TPK_OK)
         nsr_fl_ml_append(F, L, &A, &d);
     nsr_fl_ml_free(F, &A);
     nsr_fl_val_free(F, &d);
@@ -720,11 +709,11 @@ static int expand_quotient(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L
 }
 
 /* Anything else: its value, a vector factor or a scalar coefficient. */
-static int expand_leaf(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L)
+static int expand_leaf(fl *F, const nsr_irn *n, const nsr_fdom *D, mlist *L)
 {
     mono r = {0};
     val v;
-    if (nsr_fl_eval(F, e, D, &v))
+    if (nsr_fl_eval(F, n, D, &v))
         return F->X.ctx->status;
     if (v.kind == V_LIN) {
         nsr_fl_val_const(&r.coef, D->m, 1);
@@ -737,32 +726,32 @@ static int expand_leaf(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L)
 }
 
 /* The body of a Moment as monomials of degree ≤ 2 in vectors, appended to L. */
-static int expand(fl *F, const nsr_expr *e, const nsr_fdom *D, mlist *L, int depth)
+static int expand(fl *F, const nsr_irn *n, const nsr_fdom *D, mlist *L, int depth)
 {
     if (depth > NSR_MAX_DEPTH)
-        return NSR_UNSUP(&F->X, e, "expression nested too deeply");
-    if (e->kind == NSR_E_BIN && (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS))
-        return expand_sum(F, e, D, L, depth);
-    if (e->kind == NSR_E_NEG)
-        return expand_neg(F, e, D, L, depth);
-    if (e->kind == NSR_E_BIN && e->op == NSR_T_STAR)
-        return expand_product(F, e, D, L, depth);
-    if (e->kind == NSR_E_BIN && e->op == NSR_T_CARET) {
-        int leaf, st = expand_power(F, e, D, L, depth, &leaf);
-        if (!leaf)
-            return st;
+        return NSR_UNSUP(&F->X, n->e, "expression nested too deeply");
+    switch (n->op) {
+    case NSR_IR_LIN:
+        return expand_lin(F, n, D, L, depth);
+    case NSR_IR_MUL:
+        return expand_product(F, n, D, L, depth);
+    case NSR_IR_POW: {
+        int leaf, st = expand_power(F, n, D, L, depth, &leaf);
+        return leaf ? expand_leaf(F, n, D, L) : st;
     }
-    if (e->kind == NSR_E_BIN && e->op == NSR_T_SLASH)
-        return expand_quotient(F, e, D, L, depth);
-    return expand_leaf(F, e, D, L);
+    case NSR_IR_DIV:
+        return expand_quotient(F, n, D, L, depth);
+    default:
+        return expand_leaf(F, n, D, L);
+    }
 }
 
 /* mean(body) at every point: Σ monomials coef·E[Π factors] (theory §1.9: the limit of a NETSOR+
  * Moment is the expectation under the limit Gaussian). */
-static int eval_mean(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+static int eval_mean(fl *F, const nsr_irn *mn, const nsr_fdom *D, val *out)
 {
     mlist L = {0};
-    if (expand(F, e->args[0], D, &L, 0)) {
+    if (expand(F, nsr_fl_arg(F, mn, 0), D, &L, 0)) {
         nsr_fl_ml_free(F, &L);
         return F->X.ctx->status;
     }
@@ -773,21 +762,21 @@ static int eval_mean(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
 
 /* φ(u): of scalars, evaluated; of a vector, a φ block over u as one Gaussian block (u made one
  * where it is a combination), its moments made when first read. */
-static int eval_phi(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+static int eval_phi(fl *F, const nsr_irn *mp, const nsr_fdom *D, val *out)
 {
-    if (e->nargs != 1)
-        return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s takes one argument", e->name);
+    if (mp->narg != 1)
+        return nsr_fam_err(&F->X, TPK_ETYPE, mp->e, "%s takes one argument", mp->e->name);
     val u;
-    if (nsr_fl_eval(F, e->args[0], D, &u))
+    if (nsr_fl_eval(F, nsr_fl_arg(F, mp, 0), D, &u))
         return F->X.ctx->status;
     if (u.kind == V_CONST) {
-        u.c = tpk_phi_eval(e->phi, u.c);
+        u.c = tpk_phi_eval(mp->phi, u.c);
         *out = u;
         return TPK_OK;
     }
     if (u.kind == V_SCAL) {
         for (size_t i = 0; i < F->N * (size_t)u.m; i++)
-            u.s[i] = tpk_phi_eval(e->phi, u.s[i]);
+            u.s[i] = tpk_phi_eval(mp->phi, u.s[i]);
         *out = u;
         return TPK_OK;
     }
@@ -809,9 +798,9 @@ static int eval_phi(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     if (k < 0)
         return F->X.ctx->status;
     fblock *b = &F->b[k];
-    b->phi = e->phi;
+    b->phi = mp->phi;
     b->arg = arg;
-    b->line = e->line;
+    b->line = mp->e->line;
     b->nanc = 0;
     nsr_fl_anc_union(b, &F->b[arg]);
     nsr_fl_touch(F, arg);
@@ -823,30 +812,14 @@ static int eval_phi(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     return nsr_fl_val_gather(F, out, D->m, k, idx);
 }
 
-/* f(...): index arithmetic, mean(), a MatMul written A(x), or φ. */
-static int eval_call(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
-{
-    if (e->sym < 0 && (strcmp(e->name, "mod") == 0 || strcmp(e->name, "wrap") == 0 ||
-                       strcmp(e->name, "inside") == 0)) {
-        return number_value(F, e, D, out);
-    }
-    if (strcmp(e->name, "mean") == 0 && e->sym < 0)
-        return eval_mean(F, e, D, out);
-    if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_AFAM)
-        return eval_matmul(F, e, e->args[0], D, out);
-    if (e->phi != NULL)
-        return eval_phi(F, e, D, out);
-    return NSR_UNSUP(&F->X, e, "'%s(...)' is not taken by the rolled evaluator", e->name);
-}
-
 /* a^k: a power of scalars (a vector only to the power 1). */
-static int eval_power(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+static int eval_power(fl *F, const nsr_irn *pn, const nsr_fdom *D, val *out)
 {
     double k;
     val a;
-    if (nsr_fam_num(&F->X, e->b, &k))
+    if (nsr_fam_num(&F->X, pn->e->b, &k))
         return F->X.ctx->status;
-    if (nsr_fl_eval(F, e->a, D, &a))
+    if (nsr_fl_eval(F, nsr_fl_arg(F, pn, 0), D, &a))
         return F->X.ctx->status;
     if (a.kind == V_LIN) {
         if (k == 1) {
@@ -854,7 +827,7 @@ static int eval_power(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
             return TPK_OK;
         }
         nsr_fl_val_free(F, &a);
-        return NSR_UNSUP(&F->X, e, "a power of a vector outside mean(): write it as a function");
+        return NSR_UNSUP(&F->X, pn->e, "a power of a vector outside mean(): write it as a function");
     }
     if (a.kind == V_CONST) {
         a.c = pow(a.c, k);
@@ -866,25 +839,45 @@ static int eval_power(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     return TPK_OK;
 }
 
-/* a + b, a − b, a·b (one factor scalars: a product of two vectors is a Nonlin of several G-vars,
- * refused), a / b (b scalars, not the constant 0). */
-static int eval_bin(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+/* Σ ±terms, added left to right as the program writes them (a LinComb). */
+static int eval_lin(fl *F, const nsr_irn *ln, const nsr_fdom *D, val *out)
+{
+    if (nsr_fl_eval(F, nsr_fl_arg(F, ln, 0), D, out))
+        return F->X.ctx->status;
+    int st = TPK_OK;
+    if (ln->sign[0] < 0) {
+        val c;
+        nsr_fl_val_const(&c, D->m, -1);
+        st = nsr_fl_val_scale(F, out, &c);
+    }
+    for (int i = 1; st == TPK_OK && i < ln->nterms; i++) {
+        val b;
+        if ((st = nsr_fl_eval(F, nsr_fl_arg(F, ln, i), D, &b)))
+            break;
+        st = nsr_fl_val_add(F, out, &b, ln->sign[i]);
+        nsr_fl_val_free(F, &b);
+    }
+    if (st)
+        nsr_fl_val_free(F, out);
+    return st;
+}
+
+/* a·b (one factor scalars: a product of two vectors is a Nonlin of several G-vars, refused),
+ * a / b (b scalars, not the constant 0). */
+static int eval_arith(fl *F, const nsr_irn *an, const nsr_fdom *D, val *out)
 {
     val a, b;
-    if (e->op == NSR_T_CARET)
-        return eval_power(F, e, D, out);
-    if (nsr_fl_eval(F, e->a, D, &a))
+    const nsr_irn *bn = nsr_fl_arg(F, an, 1);
+    if (nsr_fl_eval(F, nsr_fl_arg(F, an, 0), D, &a))
         return F->X.ctx->status;
-    if (nsr_fl_eval(F, e->b, D, &b)) {
+    if (nsr_fl_eval(F, bn, D, &b)) {
         nsr_fl_val_free(F, &a);
         return F->X.ctx->status;
     }
     int st = TPK_OK;
-    if (e->op == NSR_T_PLUS || e->op == NSR_T_MINUS) {
-        st = nsr_fl_val_add(F, &a, &b, e->op == NSR_T_PLUS ? 1 : -1);
-    } else if (e->op == NSR_T_STAR) {
+    if (an->op == NSR_IR_MUL) {
         if (a.kind == V_LIN && b.kind == V_LIN)
-            st = NSR_UNSUP(&F->X, e, "a product of two vectors outside mean() (a Nonlin of "
+            st = NSR_UNSUP(&F->X, an->e, "a product of two vectors outside mean() (a Nonlin of "
                            "several G-vars)");
         else if (a.kind == V_LIN)
             st = nsr_fl_val_scale(F, &a, &b);
@@ -896,9 +889,9 @@ static int eval_bin(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
         }
     } else { /* / */
         if (b.kind == V_CONST && b.c == 0) {
-            st = nsr_fam_err(&F->X, TPK_ETYPE, e->b, "division by the constant 0");
+            st = nsr_fam_err(&F->X, TPK_ETYPE, bn->e, "division by the constant 0");
         } else if (b.kind == V_LIN) {
-            st = NSR_UNSUP(&F->X, e->b, "division by a vector");
+            st = NSR_UNSUP(&F->X, bn->e, "division by a vector");
         } else if ((st = nsr_fl_val_scal(F, &b)) == TPK_OK) {
             for (size_t i = 0; i < F->N * (size_t)b.m; i++)
                 b.s[i] = 1.0 / b.s[i];
@@ -915,38 +908,46 @@ static int eval_bin(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
     return TPK_OK;
 }
 
-/* The dispatch of the expression walk: e's value over D. */
-int nsr_fl_eval(fl *F, const nsr_expr *e, const nsr_fdom *D, val *out)
+/* The one dispatch: node n's value over D, each instruction kind lowered here, once. */
+int nsr_fl_eval(fl *F, const nsr_irn *n, const nsr_fdom *D, val *out)
 {
     memset(out, 0, sizeof *out);
     if (F->X.ctx->status)
         return F->X.ctx->status;
-    switch (e->kind) {
-    case NSR_E_NUM:
-        return nsr_fl_val_const(out, D->m, e->num);
-    case NSR_E_NAME:
-        if (e->sym >= 0 && F->X.C->sym[e->sym].kind == NSR_SYM_INPUT)
-            return nsr_fam_err(&F->X, TPK_ETYPE, e, "the input can only be embedded (U %s)",
-                               e->name);
+    const nsr_expr *e = n->e;
+    char what[96];
+    switch (n->op) {
+    case NSR_IR_NUM:
+        if (e->kind == NSR_E_NUM)
+            return nsr_fl_val_const(out, D->m, e->num);
+        return number_value(F, e, D, out);
+    case NSR_IR_READ:
         return eval_name(F, e, D, out);
-    case NSR_E_CALL:
-        return eval_call(F, e, D, out);
-    case NSR_E_APPLY:
-        return eval_matmul(F, e->a, e->b, D, out);
-    case NSR_E_SUM:
-        return eval_sum(F, e, D, out);
-    case NSR_E_SOFTMAX:
-        return eval_softmax(F, e, D, out);
-    case NSR_E_NEG: {
-        if (nsr_fl_eval(F, e->a, D, out))
-            return F->X.ctx->status;
-        val c;
-        nsr_fl_val_const(&c, D->m, -1);
-        return nsr_fl_val_scale(F, out, &c);
-    }
-    case NSR_E_BIN:
-        return eval_bin(F, e, D, out);
+    case NSR_IR_INPUT:
+        return nsr_fam_err(&F->X, TPK_ETYPE, e, "the input can only be embedded (U %s)", e->name);
+    case NSR_IR_MATMUL:
+        return eval_matmul(F, n, D, out);
+    case NSR_IR_MAP:
+        return eval_phi(F, n, D, out);
+    case NSR_IR_LIN:
+        return eval_lin(F, n, D, out);
+    case NSR_IR_MUL:
+    case NSR_IR_DIV:
+        return eval_arith(F, n, D, out);
+    case NSR_IR_POW:
+        return eval_power(F, n, D, out);
+    case NSR_IR_SUM:
+        return eval_sum(F, n, D, out);
+    case NSR_IR_SOFTMAX:
+        return eval_softmax(F, n, D, out);
+    case NSR_IR_MOMENT:
+        return eval_mean(F, n, D, out);
+    case NSR_IR_SQRTN: /* √n logits: a non-Gaussian limit (theory §5) */
+    case NSR_IR_BN:    /* batch-coupled: the member-level evaluator's batchnorm back end */
+    case NSR_IR_UNSUP:
+        return NSR_UNSUP(&F->X, e, "%s is not taken by the rolled evaluator",
+                         nsr_ir_unsup_text(n, what, sizeof what));
     default:
-        return NSR_UNSUP(&F->X, e, "expression not taken by the rolled evaluator");
+        return NSR_UNSUP(&F->X, e, "internal: %s is not a value", nsr_ir_op_name(n->op));
     }
 }

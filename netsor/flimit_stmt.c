@@ -79,7 +79,7 @@ int nsr_fl_run_def(fl *F, const nsr_finstr *fi)
         return F->X.ctx->status;
     }
     val v;
-    int st = nsr_fl_eval(F, s->value, &D, &v);
+    int st = nsr_fl_eval(F, nsr_fl_arg(F, nsr_fl_root(F), 0), &D, &v);
     tpk_free(F->X.ctx, D.val);
     if (st) {
         nsr_trie_free(&tr, F->X.ctx);
@@ -171,7 +171,7 @@ int nsr_fl_run_output(fl *F, const nsr_finstr *fi, fout *o)
         tpk_free(F->X.ctx, D.val);
         return nsr_fam_err(&F->X, TPK_ETYPE, rd, "readout variance is negative");
     }
-    st = nsr_fl_eval(F, rd->args[0], &D, &o->v);
+    st = nsr_fl_eval(F, nsr_fl_arg(F, nsr_fl_root(F), 0), &D, &o->v);
     if (st == TPK_OK && o->v.kind != V_LIN)
         st = nsr_fam_err(&F->X, TPK_ETYPE, rd->args[0], "readout needs a G- or H-var, not a "
                          "scalar");

@@ -107,6 +107,8 @@ typedef struct nsr_ir {
 int nsr_ir_lower(const nsr_rolled *R, nsr_ir **out, tpk_ctx *ctx);
 void nsr_ir_free(nsr_ir *ir);
 const char *nsr_ir_op_name(int op);
+/* What a node no rolled back end takes is, for messages: "'bn(...)'" for a call, else its why. */
+const char *nsr_ir_unsup_text(const nsr_irn *n, char *buf, size_t cap);
 const char *nsr_ir_type_name(int type);
 static inline int nsr_ir_root(const nsr_ir *ir, int k)
 {

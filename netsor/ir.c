@@ -5,6 +5,7 @@
 #include "ir-impl.h"
 #include "tpk/alloc.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,15 @@ const char *nsr_ir_type_name(int type)
 {
     static const char *const names[] = {"-", "zero", "num", "scalar", "G", "H", "mixed"};
     return type >= 0 && type <= NSR_TY_MIXED ? names[type] : "?";
+}
+
+const char *nsr_ir_unsup_text(const nsr_irn *n, char *buf, size_t cap)
+{
+    if (n->e != NULL && n->e->kind == NSR_E_CALL && n->e->name != NULL)
+        snprintf(buf, cap, "'%s(...)'", n->e->name);
+    else
+        snprintf(buf, cap, "%s", n->why ? n->why : "this expression");
+    return buf;
 }
 
 int nsr_ir_type_join(int a, int b)

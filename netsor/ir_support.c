@@ -96,12 +96,12 @@ int nsr_ir_limit_refusal(const tpk_program *p, char *why, size_t cap, tpk_ctx *c
             break;
         case NSR_IR_BN:
         case NSR_IR_SQRTN:
-            refused = why_at(R, n->e, why, cap, "'%s(...)' is not taken by the rolled evaluator",
-                             n->e->name);
+        case NSR_IR_UNSUP: {
+            char what[96];
+            refused = why_at(R, n->e, why, cap, "%s is not taken by the rolled evaluator",
+                             nsr_ir_unsup_text(n, what, sizeof what));
             break;
-        case NSR_IR_UNSUP:
-            refused = why_at(R, n->e, why, cap, "%s is not taken by the rolled evaluator", n->why);
-            break;
+        }
         default:
             break;
         }
