@@ -108,7 +108,7 @@ TUNE_LIB   := $(BUILD)/lib/libtpktune.a
 TUNE_LIBS  := -lxgboost -ljansson
 DEPS_OK    := $(BUILD)/.deps-ok
 
-.PHONY: all lib tools tests run check check-asan check-portable bench install deps clean fuzz
+.PHONY: bench-shared all lib tools tests run check check-asan check-portable bench install deps clean fuzz
 # Keep the objects of programs and tests (make would delete them as intermediates and rebuild).
 .SECONDARY:
 all: lib tools
@@ -209,6 +209,12 @@ check-asan: $(DEPS_OK)
 # The portable build (ARCH=x86-64-v3, build-v3/) under qemu-x86_64 -cpu Haswell against this one.
 check-portable: $(DEPS_OK)
 	@sh scripts/check-portable.sh
+
+# The MLP kernel quiet and beside other work on the same cores (docs/architecture.md "Threads on
+# a shared machine"); Python too where the package's venv exists.
+bench-shared: tools
+	@bash bench/shared/shared-machine.sh $(abspath $(BUILD)/bin) \
+	    $$( [ -x $(PY_VENV)/bin/python ] && echo $(abspath $(PY_VENV))/bin/python )
 
 bench: tools $(BENCHES) $(NT_VENV_OK)
 	@sh scripts/run-bench.sh $(BUILD)

@@ -805,6 +805,70 @@ static void test_errors(void **state)
     tpk_nsr_prog_free(p);
 }
 
+/* The final kernel's PSD check (nsr_check_psd): K = Q diag(λ) Qᵀ with Q a product of two random
+ * Householder reflections. PSD, rank-deficient and slightly negative within the tolerance pass;
+ * an eigenvalue clearly below −1e-9·λ_max fails, naming it. The Cholesky shortcut and the
+ * eigenvalues must agree on every case. */
+static void psd_case(size_t n, double lam_min, int nneg, int rank, int want)
+{
+    double *K = calloc(n * n, sizeof *K), *u = malloc(n * sizeof *u), *w = malloc(n * sizeof *w);
+    double *Q = calloc(n * n, sizeof *Q), *lam = malloc(n * sizeof *lam);
+    assert_true(K && u && w && Q && lam);
+    uint64_t seed = 2385 + n;
+    for (size_t i = 0; i < n; i++)
+        Q[i * n + i] = 1;
+    for (int h = 0; h < 2; h++) { /* Q ← Q (I − 2uuᵀ) */
+        double nn = 0;
+        for (size_t i = 0; i < n; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            u[i] = (double)(seed >> 11) / 9007199254740992.0 - 0.5;
+            nn += u[i] * u[i];
+        }
+        for (size_t i = 0; i < n; i++)
+            u[i] /= sqrt(nn);
+        for (size_t i = 0; i < n; i++) {
+            double d = 0;
+            for (size_t j = 0; j < n; j++)
+                d += Q[i * n + j] * u[j];
+            for (size_t j = 0; j < n; j++)
+                Q[i * n + j] -= 2 * d * u[j];
+        }
+    }
+    for (size_t k = 0; k < n; k++)
+        lam[k] = k < (size_t)rank ? 1.7 + 3.1 * (double)k / (double)n : 0;
+    for (int k = 0; k < nneg; k++)
+        lam[n - 1 - (size_t)k] = lam_min * 4.8; /* λ_max = 4.8 */
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j <= i; j++) {
+            double a = 0;
+            for (size_t k = 0; k < n; k++)
+                a += Q[i * n + k] * lam[k] * Q[j * n + k];
+            K[i * n + j] = K[j * n + i] = a;
+        }
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    int st = nsr_check_psd(K, n, 1e-15, &ctx);
+    if ((st == TPK_OK) != want)
+        print_message("n %zu, λ_min %g·λ_max, %d negative, rank %d: status %d %s\n", n, lam_min,
+                      nneg, rank, st, ctx.msg);
+    assert_int_equal(st == TPK_OK, want);
+    if (!want) {
+        assert_int_equal(st, TPK_ENUMERIC);
+        assert_non_null(strstr(ctx.msg, "not PSD"));
+    }
+    free(K), free(u), free(w), free(Q), free(lam);
+}
+
+static void test_psd_check(void **state)
+{
+    (void)state;
+    psd_case(120, 0, 0, 120, 1);       /* PSD */
+    psd_case(150, 0, 0, 7, 1);         /* rank 7 of 150: zero eigenvalues in rounding */
+    psd_case(130, -2e-10, 3, 130, 1);  /* negative within PSD_REL = 1e-9 */
+    psd_case(140, -1e-6, 1, 140, 0);   /* one clearly negative eigenvalue */
+    psd_case(160, -3e-8, 2, 20, 0);    /* rank-deficient with a negative pair */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -820,6 +884,7 @@ int main(void)
         cmocka_unit_test(test_layernorm_program),
         cmocka_unit_test(test_degenerate_inputs),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_psd_check),
     };
     return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
 }
