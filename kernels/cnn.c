@@ -4,7 +4,10 @@
 #include "tpk/cnn.h"
 #include "tpk/alloc.h"
 
+#include "gauss_impl.h" /* φ's closed-form family (the float32 maps) */
+
 #include <fftw3.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -569,6 +572,248 @@ static int diag_variances(const tpk_cnn_params *p, const grid *g, const double *
         }
     }
     tpk_free(ctx, u);
+    return st;
+}
+
+/* ---- flatten in float32 ---------------------------------------------------------------------- */
+
+/* Box sum of diag_box in float (m values per position, separable through tmp). */
+static void diag_box_f32(const grid *g, size_t m, float alpha, float beta, const float *in,
+                         float *out, float *tmp)
+{
+    const long R = (long)g->R, S = (long)g->S;
+    for (long r = 0; r < R; r++)
+        for (long s = 0; s < S; s++) {
+            float *restrict dst = tmp + (size_t)(r * S + s) * m;
+            memset(dst, 0, m * sizeof *dst);
+            for (int j = 0; j < g->kw; j++) {
+                long ss = axis_pos(s, j - g->cs, S, g->circular);
+                if (ss < 0)
+                    continue;
+                const float *restrict src = in + (size_t)(r * S + ss) * m;
+                for (size_t i = 0; i < m; i++)
+                    dst[i] += src[i];
+            }
+        }
+    for (long r = 0; r < R; r++)
+        for (long s = 0; s < S; s++) {
+            float *restrict dst = out + (size_t)(r * S + s) * m;
+            memset(dst, 0, m * sizeof *dst);
+            for (int i = 0; i < g->kh; i++) {
+                long rr = axis_pos(r, i - g->cr, R, g->circular);
+                if (rr < 0)
+                    continue;
+                const float *restrict src = tmp + (size_t)(rr * S + s) * m;
+                for (size_t t = 0; t < m; t++)
+                    dst[t] += src[t];
+            }
+            for (size_t t = 0; t < m; t++)
+                dst[t] = alpha * dst[t] + beta;
+        }
+}
+
+/* asin in float on [−1, 1], branch-free so that the map's loop vectorises: Cephes' asinf (a
+ * degree-4 polynomial in z = x² on |x| ≤ 1/2; above, asin x = π/2 − 2 asin √((1 − |x|)/2));
+ * peak relative error 2.5e-7 (Cephes' documentation) ≈ 4 float ulps. */
+static inline float asin_f32(float x)
+{
+    const float a = fabsf(x);
+    const int big = a > 0.5f;
+    const float z = big ? 0.5f * (1.0f - a) : a * a;
+    const float t = big ? sqrtf(z) : a;
+    const float pz = (((4.2163199048e-2f * z + 2.4181311049e-2f) * z + 4.5470025998e-2f) * z +
+                      7.4953002686e-2f) * z + 1.6666752422e-1f;
+    float r = pz * z * t + t;
+    r = big ? 1.57079632679489662f - 2.0f * r : r;
+    return copysignf(r, x);
+}
+
+/* The float maps: the ABReLU family √(q_a q_c)[c0 √(1−ρ²) + (c1 + c0 asin ρ)ρ], erf(b·)
+ * (2/π) asin(k a_a a_c), a = √(2b²)/√(1 + 2b²q), and the identity; any other φ is mapped in
+ * double from the float values (F32_WIDE). */
+enum { F32_ABRELU, F32_ERF, F32_IDENTITY, F32_WIDE };
+
+/* |k| may exceed √(q_a q_c) by the float rounding of k (a storage rounding and the kh + kw − 2
+ * adds of the tap sums, relative to √(q_a q_c) by Cauchy–Schwarz) and of the scales: up to
+ * F32_PSD_ULPS float epsilons before the entry is refused as not PSD; within it ρ is clamped. */
+#define F32_PSD_ULPS 64.0
+/* Rounding of one float map evaluation (asin_f32's 4 ulps, the square root, ~8 products), in
+ * units of the float epsilon times the map's scale (gauss_map.c's vector bound uses 16 too). */
+#define F32_MAP_ULPS 16.0
+
+/* Row a, columns 0..a of one position's N×N block, in place: the closed-form float maps. sq, ra:
+ * the images' √q and 1/√q (erf: a); returns 1 when an entry is not PSD within F32_PSD_ULPS. */
+static int map_row_f32(int mode, float c0, float c1, size_t a, const float *sq, const float *ra,
+                       float *row)
+{
+    const float lim = 1.0f + (float)(F32_PSD_ULPS * FLT_EPSILON), ras = ra[a], sqa = sq[a];
+    int bad = 0;
+    if (mode == F32_IDENTITY)
+        return 0;
+    for (size_t c = 0; c < a; c++) {
+        float x = row[c] * ras * ra[c];
+        bad |= !(fabsf(x) <= lim);
+        x = x > 1.0f ? 1.0f : x < -1.0f ? -1.0f : x;
+        if (mode == F32_ERF) {
+            row[c] = c1 * asin_f32(x);
+        } else {
+            const float w = sqrtf((1.0f - x) * (1.0f + x));
+            row[c] = sqa * sq[c] * (c0 * w + (c1 + c0 * asin_f32(x)) * x);
+        }
+    }
+    return bad;
+}
+
+/* The flatten recursion of kernel_flatten in float: D (P blocks of N×N floats) stored, box-summed
+ * and mapped in float; the per-image variances q (diag_variances) and the diagonal entries V_φ(q)
+ * in double, once per image, position and layer; the channel sums of the first layer and the
+ * readout's sum over positions accumulate in double. Error analysis: theory.md §2.8. */
+static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
+                              const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, C = p->channels, m = N * N, L = (size_t)p->depth;
+    const double taps = (double)p->kh * p->kw, u = FLT_EPSILON / 2;
+    const tpk_phi *phi = p->phi;
+    const int mode = phi->kind == GK_ABRELU ? F32_ABRELU : phi->kind == GK_ERF ? F32_ERF
+                     : phi->kind == GK_IDENTITY ? F32_IDENTITY : F32_WIDE;
+    float c0 = 0, c1 = 0;
+    double b2 = 0;
+    if (mode == F32_ABRELU) {
+        c0 = (float)((phi->ca - phi->cb) * (phi->ca - phi->cb) / (2 * M_PI));
+        c1 = (float)(0.25 * (phi->ca + phi->cb) * (phi->ca + phi->cb));
+    } else if (mode == F32_ERF) {
+        b2 = phi->cb * phi->cb;
+        c1 = (float)(2 / M_PI);
+    }
+    float *D = tpk_malloc(ctx, Q * m * sizeof *D), *T = tpk_malloc(ctx, Q * m * sizeof *T);
+    float *sq = tpk_malloc(ctx, 2 * N * sizeof *sq);
+    double *q = tpk_malloc(ctx, L * N * Q * sizeof *q), *dv = tpk_malloc(ctx, N * Q * sizeof *dv);
+    double *wide = mode == F32_WIDE ? tpk_malloc(ctx, (m + N) * sizeof *wide) : NULL;
+    double *qcol = wide ? wide + m : NULL; /* the variances of one position, F32_WIDE */
+    int st = TPK_OK;
+    if (!D || !T || !sq || !q || !dv || (mode == F32_WIDE && !wide)) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu positions x %zu^2 inputs, float)", Q, N);
+        goto done;
+    }
+    float *ra = sq + N;
+    if ((st = diag_variances(p, g, X, N, ws, q, ctx)))
+        goto done;
+    for (size_t pos = 0; pos < Q; pos++) /* per-position Gram matrices (channel sums in double) */
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = 0; c <= a; c++) {
+                double s = 0;
+                for (size_t ch = 0; ch < C; ch++)
+                    s += X[(a * Q + pos) * C + ch] * X[(c * Q + pos) * C + ch];
+                T[pos * m + a * N + c] = T[pos * m + c * N + a] = (float)(s / (double)C);
+            }
+    memcpy(D, T, Q * m * sizeof *D);
+    diag_box_f32(g, m, (float)(p->sigma_u2 / taps), (float)p->sigma_b2, D, D, T);
+    double e = 0;
+    for (size_t l = 0; l < L && !st; l++) {
+        double qmax = 0, vmax = 0, rmax = 0, el = 0;
+        for (size_t pos = 0; pos < Q && !st; pos++) {
+            float *B = D + pos * m;
+            /* the images' scales and diagonal values, in double, once per image */
+            for (size_t a = 0; a < N && !st; a++) {
+                const double v = q[(l * N + a) * Q + pos];
+                tpk_estimate r;
+                st = tpk_gauss_expect2(phi, v, v, v, ws, &r, ctx);
+                dv[a * Q + pos] = r.value;
+                qmax = fmax(qmax, v);
+                vmax = fmax(vmax, fabs(r.value));
+                el = fmax(el, r.err);
+                sq[a] = (float)sqrt(v);
+                ra[a] = mode == F32_ERF ? (float)(sqrt(2 * b2) / sqrt(1 + 2 * b2 * v))
+                                        : v > 0 ? (float)(1 / sqrt(v)) : 0.0f;
+                if (mode == F32_ERF)
+                    rmax = fmax(rmax, 2 * b2 * v / (1 + 2 * b2 * v));
+            }
+            if (st)
+                break;
+            if (mode == F32_WIDE) { /* the double map on the float values, clamped as ρ is */
+                const double tol = 1 + F32_PSD_ULPS * FLT_EPSILON;
+                int bad = 0;
+                for (size_t a = 0; a < N; a++)
+                    qcol[a] = q[(l * N + a) * Q + pos];
+                for (size_t a = 0; a < N; a++)
+                    for (size_t c = 0; c < N; c++) {
+                        const double k = B[a * N + c], lim = sqrt(qcol[a] * qcol[c]);
+                        bad |= !(fabs(k) <= tol * lim);
+                        wide[a * N + c] = fmax(-lim, fmin(lim, k));
+                    }
+                if (bad) {
+                    st = TPK_ERROR(ctx, TPK_EDOM, "layer %zu, position %zu: a covariance exceeds "
+                                   "its variances beyond float rounding (not PSD)", l + 1, pos);
+                    break;
+                }
+                double ew = 0;
+                st = tpk_gauss_map_cross(phi, qcol, N, qcol, N, wide, wide, ws, &ew, ctx);
+                el = fmax(el, ew);
+                for (size_t i = 0; i < m; i++)
+                    B[i] = (float)wide[i];
+            } else {
+                int bad = 0;
+                for (size_t a = 0; a < N; a++)
+                    bad |= map_row_f32(mode, c0, c1, a, sq, ra, B + a * N);
+                if (bad) {
+                    st = TPK_ERROR(ctx, TPK_EDOM, "layer %zu, position %zu: a covariance exceeds "
+                                   "its variances beyond float rounding (not PSD)", l + 1, pos);
+                    break;
+                }
+                for (size_t a = 0; a < N; a++)
+                    for (size_t c = 0; c < a; c++)
+                        B[c * N + a] = B[a * N + c];
+            }
+            for (size_t a = 0; a < N; a++)
+                B[a * N + a] = (float)dv[a * Q + pos];
+        }
+        if (st)
+            break;
+        /* this layer's float rounding (theory.md §2.8): the covariances' relative rounding
+         * (storage, tap sums, scales: kh + kw + 4 roundings of √(q_a q_c)) through the map's
+         * slope in ρ, G, plus the map's own rounding */
+        double G = qmax, vs = qmax;
+        if (mode == F32_ABRELU) {
+            G = qmax * ((double)c1 + (double)c0 * M_PI);
+            vs = qmax * ((double)c0 * (1 + M_PI / 2) + (double)c1);
+        } else if (mode == F32_ERF) {
+            G = (2 / M_PI) / sqrt(fmax(1 - rmax * rmax, DBL_MIN));
+            vs = 1;
+        } else if (mode == F32_WIDE) {
+            vs = vmax;
+        }
+        el += u * ((double)(p->kh + p->kw + 4) * G + F32_MAP_ULPS * vs);
+        if (l + 1 < L) {
+            diag_box_f32(g, m, (float)(p->sigma_w2 / taps), (float)p->sigma_b2, D, D, T);
+            e = p->sigma_w2 * (e + el);
+        } else {
+            e += el;
+        }
+    }
+    if (st)
+        goto done;
+    for (size_t i = 0; i < m; i++) { /* the readout's sum over positions in double */
+        double s = 0;
+        for (size_t pos = 0; pos < Q; pos++)
+            s += (double)D[pos * m + i];
+        K[i] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+    }
+    for (size_t a = 0; a < N; a++) { /* the diagonal from the double values */
+        double s = 0;
+        for (size_t pos = 0; pos < Q; pos++)
+            s += dv[a * Q + pos];
+        K[a * N + a] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+    }
+    if (err)
+        *err = p->sigma_v2 * e;
+    st = check_finite(K, m, p->depth, ctx);
+done:
+    tpk_free(ctx, D);
+    tpk_free(ctx, T);
+    tpk_free(ctx, sq);
+    tpk_free(ctx, q);
+    tpk_free(ctx, dv);
+    tpk_free(ctx, wide);
     return st;
 }
 
@@ -1547,6 +1792,8 @@ int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_
     if (N == 0)
         return TPK_OK;
     grid g = make_grid(p->rows, p->cols, p->kh, p->kw, p->padding);
+    if (p->readout == TPK_CNN_FLATTEN && p->compute == TPK_CNN_F32)
+        return kernel_flatten_f32(p, &g, X->data, N, ws, K->data, err, ctx);
     if (p->readout == TPK_CNN_FLATTEN)
         return kernel_flatten(p, &g, X->data, N, ws, K->data, err, ctx);
     return kernel_pairs(p, &g, X->data, N, ws, K->data, err, ctx);

@@ -448,6 +448,123 @@ static void test_pool_errors(void **state)
     tpk_array_free(K);
 }
 
+/* ---- gpkernel --readout=lap --window=c ----------------------------------------------------- */
+
+static void test_gpkernel_lap(void **state)
+{
+    (void)state;
+    enum { N = 3, P = 7, C = 2 };
+    double x[N * P * C];
+    inputs(x, N, 1, P, C, 1.1, 0);
+    char in[512], out[512], cmd[4096];
+    snprintf(in, sizeof in, "%s/sig.npy", tmpdir);
+    const size_t dims[3] = {N, P, C};
+    tu_write_npy(in, x, 3, dims);
+    static const char flags[] = "--depth=2 --filter=3 --sigma-u2=1.3 --sigma-w2=1.9 "
+                                "--sigma-b2=0.17 --sigma-v2=0.8 --set sigma_ob2=0.07";
+    for (int c = 0; c <= 3; c += 1) {
+        snprintf(out, sizeof out, "%s/k-lap%d.h5", tmpdir, c);
+        snprintf(cmd, sizeof cmd, "'%s/gpkernel' --arch=cnn1d --readout=lap --window=%d %s "
+                 "--input='%s' --output='%s' --quiet", bindir, c, flags, in, out);
+        int rc = system(cmd);
+        assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+        size_t cnt;
+        double *K = tu_h5_read(out, "/kernel", &cnt);
+        assert_int_equal(cnt, N * N);
+        tpk_cnn_params lp = params(1, P, C, 1, 3, 2, relu, TPK_CNN_LAP, c, TPK_CNN_POOL_AUTO);
+        double Kf[N * N];
+        lap_by_flatten(&lp, x, N, Kf); /* the oracle, not the library's LAP */
+        double e = max_rel(K, Kf, N * N);
+        print_message("gpkernel --arch=cnn1d --readout=lap --window=%d vs shifted flatten kernels "
+                      "%.2e\n", c, e);
+        assert_true(e <= TOL_LAP);
+        free(K);
+    }
+    /* refused, saying why */
+    static const struct { const char *args, *msg; } bad[] = {
+        {"--readout=lap --window=1 --padding=zero", "needs circular padding"},
+        {"--readout=lap", "needs --window"},
+        {"--readout=gap --window=1", "--window is the reach of --readout=lap"},
+        {"--readout=gap --compute=f32", "flatten readout only"},
+        {"--readout=flatten --compute=f16", "--compute must be f64 or f32"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char log[600];
+        snprintf(log, sizeof log, "%s/err.txt", tmpdir);
+        snprintf(out, sizeof out, "%s/k-bad.h5", tmpdir);
+        snprintf(cmd, sizeof cmd, "'%s/gpkernel' --arch=cnn1d %s --input='%s' --output='%s' "
+                 "--quiet 2>'%s'", bindir, bad[i].args, in, out, log);
+        int rc = system(cmd);
+        assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) != 0);
+        FILE *f = fopen(log, "r");
+        char msg[2048] = {0};
+        assert_non_null(f);
+        size_t got = fread(msg, 1, sizeof msg - 1, f);
+        (void)got;
+        fclose(f);
+        if (!strstr(msg, bad[i].msg))
+            fail_msg("gpkernel %s: expected '%s' in: %s", bad[i].args, bad[i].msg, msg);
+    }
+}
+
+/* ---- float32 flatten against float64 ------------------------------------------------------- */
+
+/* The float path's error (theory.md §2.8): per layer, the covariances carry kh + kw + 4 float
+ * roundings relative to √(q_a q_c) (storage, the tap sums' adds, the scales), which the map
+ * passes on with its slope in ρ, at most F32_SLOPE times its scale (ReLU: (1/4 + 1/2)/0.66 =
+ * 1.14; erf: (2/π)/√(1 − ρ'²) relative to its bound 1, ≤ 1.5 for variances ≤ 2), plus its own
+ * ~F32_MAP_ULPS roundings; the relative errors add over layers (the maps' slopes are ≤ 1 in the
+ * normalised correlation). The readout sums in double. So the relative error is at most
+ * L·(F32_SLOPE·(kh + kw + 4) + F32_MAP_ULPS)·2^−24. */
+#define F32_SLOPE 1.5
+#define F32_MAP_ULPS 16.0
+
+static void f32_case(size_t R, size_t S, size_t C, int kh, int kw, int L, const tpk_phi *phi)
+{
+    enum { N = 6 };
+    double *x = malloc(N * R * S * C * sizeof *x);
+    inputs(x, N, R, S, C, 0.2 * (double)L, 0);
+    tpk_cnn_params p64 = params(R, S, C, kh, kw, L, phi, TPK_CNN_FLATTEN, 0, TPK_CNN_POOL_AUTO);
+    tpk_cnn_params p32 = p64;
+    p32.compute = TPK_CNN_F32;
+    double e64, e32;
+    double *K64 = kernel(&p64, x, N, &e64), *K32 = kernel(&p32, x, N, &e32);
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < N * N; i++) {
+        scale = fmax(scale, fabs(K64[i]));
+        diff = fmax(diff, fabs(K32[i] - K64[i]));
+    }
+    const double tol = L * (F32_SLOPE * (kh + kw + 4) + F32_MAP_ULPS) * (FLT_EPSILON / 2);
+    print_message("f32 flatten %zux%zu C=%zu filter %dx%d L=%d %s: max |K32 - K64| / max |K64| = "
+                  "%.2e (analysis %.1e; the library's bound %.1e relative)\n", R, S, C, kh, kw, L,
+                  tpk_phi_name(phi), diff / scale, tol, e32 / scale);
+    assert_true(diff / scale <= tol);
+    assert_true(diff <= e32); /* the library's own bound holds */
+    for (size_t a = 0; a < N; a++) /* the diagonal comes from the double diagonal recursion */
+        assert_true(fabs(K32[a * N + a] - K64[a * N + a]) <= 1e-12 * scale);
+    free(K64);
+    free(K32);
+    free(x);
+}
+
+static void test_f32_flatten(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi *leaky = tpk_phi_alloc(reg, "leaky_relu(0.1)", &ctx), *gelu = tpk_phi_alloc(reg, "gelu", &ctx);
+    assert_non_null(leaky);
+    assert_non_null(gelu);
+    f32_case(1, 12, 3, 1, 3, 3, relu);
+    f32_case(6, 7, 2, 3, 3, 1, relu);
+    f32_case(6, 7, 2, 3, 3, 8, relu);
+    f32_case(6, 7, 1, 3, 3, 8, erfp);
+    f32_case(5, 6, 3, 2, 3, 4, leaky);
+    f32_case(5, 6, 2, 3, 3, 3, gelu); /* no float map: mapped in double from the float values */
+    tpk_phi_free(leaky);
+    tpk_phi_free(gelu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -458,6 +575,8 @@ int main(void)
         cmocka_unit_test(test_lap_limits),
         cmocka_unit_test(test_pool_choice),
         cmocka_unit_test(test_pool_errors),
+        cmocka_unit_test(test_gpkernel_lap),
+        cmocka_unit_test(test_f32_flatten),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
