@@ -641,6 +641,9 @@ enum { F32_ABRELU, F32_ERF, F32_IDENTITY, F32_WIDE };
  * units of the float epsilon times the map's scale (gauss_map.c's vector bound uses 16 too). */
 #define F32_MAP_ULPS 16.0
 
+/* A position's map runs on the threads from this many entries (gauss_map.c's PAR_MIN_ENTRIES). */
+#define F32_PAR_MIN_ENTRIES 16384
+
 /* Row a, columns 0..a of one position's N×N block, in place: the closed-form float maps. sq, ra:
  * the images' √q and 1/√q (erf: a); returns 1 when an entry is not PSD within F32_PSD_ULPS. */
 static int map_row_f32(int mode, float c0, float c1, size_t a, const float *sq, const float *ra,
@@ -753,6 +756,8 @@ static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const doub
                     B[i] = (float)wide[i];
             } else {
                 int bad = 0;
+                /* threaded as tpk_gauss_map is, above the same size (16384 entries) */
+#pragma omp parallel for schedule(dynamic, 16) reduction(| : bad) if (m >= F32_PAR_MIN_ENTRIES)
                 for (size_t a = 0; a < N; a++)
                     bad |= map_row_f32(mode, c0, c1, a, sq, ra, B + a * N);
                 if (bad) {

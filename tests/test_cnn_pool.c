@@ -519,9 +519,9 @@ static void test_gpkernel_lap(void **state)
 #define F32_SLOPE 1.5
 #define F32_MAP_ULPS 16.0
 
-static void f32_case(size_t R, size_t S, size_t C, int kh, int kw, int L, const tpk_phi *phi)
+static void f32_case(size_t N, size_t R, size_t S, size_t C, int kh, int kw, int L,
+                     const tpk_phi *phi)
 {
-    enum { N = 6 };
     double *x = malloc(N * R * S * C * sizeof *x);
     inputs(x, N, R, S, C, 0.2 * (double)L, 0);
     tpk_cnn_params p64 = params(R, S, C, kh, kw, L, phi, TPK_CNN_FLATTEN, 0, TPK_CNN_POOL_AUTO);
@@ -535,8 +535,8 @@ static void f32_case(size_t R, size_t S, size_t C, int kh, int kw, int L, const 
         diff = fmax(diff, fabs(K32[i] - K64[i]));
     }
     const double tol = L * (F32_SLOPE * (kh + kw + 4) + F32_MAP_ULPS) * (FLT_EPSILON / 2);
-    print_message("f32 flatten %zux%zu C=%zu filter %dx%d L=%d %s: max |K32 - K64| / max |K64| = "
-                  "%.2e (analysis %.1e; the library's bound %.1e relative)\n", R, S, C, kh, kw, L,
+    print_message("f32 flatten N=%zu %zux%zu C=%zu filter %dx%d L=%d %s: max |K32 - K64| / max |K64| = "
+                  "%.2e (analysis %.1e; the library's bound %.1e relative)\n", N, R, S, C, kh, kw, L,
                   tpk_phi_name(phi), diff / scale, tol, e32 / scale);
     assert_true(diff / scale <= tol);
     assert_true(diff <= e32); /* the library's own bound holds */
@@ -555,12 +555,13 @@ static void test_f32_flatten(void **state)
     tpk_phi *leaky = tpk_phi_alloc(reg, "leaky_relu(0.1)", &ctx), *gelu = tpk_phi_alloc(reg, "gelu", &ctx);
     assert_non_null(leaky);
     assert_non_null(gelu);
-    f32_case(1, 12, 3, 1, 3, 3, relu);
-    f32_case(6, 7, 2, 3, 3, 1, relu);
-    f32_case(6, 7, 2, 3, 3, 8, relu);
-    f32_case(6, 7, 1, 3, 3, 8, erfp);
-    f32_case(5, 6, 3, 2, 3, 4, leaky);
-    f32_case(5, 6, 2, 3, 3, 3, gelu); /* no float map: mapped in double from the float values */
+    f32_case(6, 1, 12, 3, 1, 3, 3, relu);
+    f32_case(6, 6, 7, 2, 3, 3, 1, relu);
+    f32_case(6, 6, 7, 2, 3, 3, 8, relu);
+    f32_case(6, 6, 7, 1, 3, 3, 8, erfp);
+    f32_case(6, 5, 6, 3, 2, 3, 4, leaky);
+    f32_case(6, 5, 6, 2, 3, 3, 3, gelu); /* no float map: mapped in double from the float values */
+    f32_case(140, 1, 5, 2, 1, 3, 3, relu); /* 140² entries a position: the threaded map */
     tpk_phi_free(leaky);
     tpk_phi_free(gelu);
 }
