@@ -40,7 +40,7 @@ const char cli_kernel_options_help[] =
     "  --window=C         (cnn, --readout=lap) the shifts' reach C >= 0: 0 is flatten, a\n"
     "                     window covering the grid (2C+1 >= its sides) is gap\n"
     "  --compute=F        (cnn, --readout=flatten) f64 (default) or f32: float storage, tap\n"
-    "                     sums and maps, double variances and readout sums (rel. error ~1e-6)\n"
+    "                     sums and maps, double variances and readout sums (~1e-7 relative)\n"
     "  --conv=M           (cnn) tap convolution: auto (default), direct or fft\n"
     "  --depth=L          (transformer) layers, 1..1000 (default 2)\n"
     "  --var-e=V --var-u=V --var-w=V --var-b=V\n"
