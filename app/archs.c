@@ -141,16 +141,17 @@ static const tpk_arch archs[] = {
      "var-q=var_q,var-k=var_k,var-v=var_v,var-o=var_o,temp=temp,sigma-v2=sigma_v2", "", "",
      tpk_attention_job, NULL, 0},
     /* CNNs: the program fixes the parameters, the direct recursion of kernels/cnn.c computes
-     * (tpk_cnn_job); padding/readout/filter/conv are settings of the job, not of the program */
+     * (tpk_cnn_job); padding/readout/filter/conv/window/compute are settings of the job, not of
+     * the program */
     {"cnn1d", "programs/cnn1d.nsr", "data/demo-sequences.npy",
-     "1-D CNN, a shared A-var per filter tap, signals N×P×C, flatten or GAP readout (theory.md §2.8)",
+     "1-D CNN, a shared A-var per filter tap, signals N×P×C, flatten, GAP or LAP readout (theory.md §2.8)",
      "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
-     "filter=filter,padding=padding,readout=readout,conv=conv",
+     "filter=filter,padding=padding,readout=readout,conv=conv,window=window,compute=compute",
      "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job, NULL, 5000},
     {"cnn2d", "programs/cnn2d.nsr", "data/demo-images.npy",
-     "2-D CNN, a shared A-var per filter tap, images N×H×W×C, flatten or GAP readout (theory.md §2.8)",
+     "2-D CNN, a shared A-var per filter tap, images N×H×W×C, flatten, GAP or LAP readout (theory.md §2.8)",
      "depth=L,phi=phi,sigma-w2=sigma_w2,sigma-b2=sigma_b2,sigma-u2=sigma_u2,sigma-v2=sigma_v2,"
-     "filter=filter,padding=padding,readout=readout,conv=conv",
+     "filter=filter,padding=padding,readout=readout,conv=conv,window=window,compute=compute",
      "L=3,phi=relu,sigma_w2=2,sigma_b2=0,readout=gap,padding=circular", "", tpk_cnn_job, NULL, 5000},
 };
 

@@ -20,6 +20,7 @@
 typedef struct cnn_job {
     int twod;
     const char *padding, *readout, *filter, *conv; /* the settings the program does not have */
+    const char *window, *compute;                  /* (--window: lap; --compute: f64 or f32) */
     tpk_param_set sets[MAX_JOB_SETS];
     int nsets;
     char buf[6][32];
@@ -158,14 +159,32 @@ static int settings(const tpk_job *job, cnn_job *s, size_t *rows, size_t *cols, 
             st = add_filter(s, ctx);
         } else if (strcmp(n, "conv") == 0) {
             s->conv = v;
+        } else if (strcmp(n, "window") == 0) {
+            s->window = v;
+        } else if (strcmp(n, "compute") == 0) {
+            s->compute = v;
         } else {
             st = add(s, n, v, ctx);
         }
     }
     if (st)
         return st;
-    if (s->readout && strcmp(s->readout, "flatten") != 0 && strcmp(s->readout, "gap") != 0)
-        return TPK_ERROR(ctx, TPK_EINVAL, "--readout must be flatten or gap (got '%s')", s->readout);
+    if (s->readout && strcmp(s->readout, "flatten") != 0 && strcmp(s->readout, "gap") != 0 &&
+        strcmp(s->readout, "lap") != 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--readout must be flatten, gap or lap (got '%s')",
+                         s->readout);
+    const int lap = s->readout && strcmp(s->readout, "lap") == 0;
+    if (lap && !s->window)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--readout=lap needs --window=c: the mean over the "
+                         "circular shifts within c positions on each axis (theory.md §2.8)");
+    if (s->window && !lap)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--window is the reach of --readout=lap (got --readout=%s)",
+                         s->readout ? s->readout : "gap");
+    long c = 0;
+    if (s->window && parse_int("--window", s->window, 0, 1000000, &c, ctx))
+        return ctx->status;
+    if (s->compute && strcmp(s->compute, "f64") != 0 && strcmp(s->compute, "f32") != 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--compute must be f64 or f32 (got '%s')", s->compute);
     if (s->conv && strcmp(s->conv, "auto") != 0 && strcmp(s->conv, "direct") != 0 &&
         strcmp(s->conv, "fft") != 0)
         return TPK_ERROR(ctx, TPK_EINVAL, "--conv must be auto, direct or fft (got '%s')", s->conv);
@@ -251,8 +270,13 @@ static int params_from_program(cnn_job *s, size_t rows, size_t cols, size_t C, t
                            .sigma_w2 = cp->sigma_w2, .sigma_b2 = cp->sigma_b2,
                            .sigma_v2 = cp->sigma_v2, .sigma_ob2 = cp->sigma_ob2,
                            .padding = circ == 1 ? TPK_CNN_CIRCULAR : TPK_CNN_ZERO,
-                           .readout = s->readout && strcmp(s->readout, "flatten") == 0
-                                          ? TPK_CNN_FLATTEN : TPK_CNN_GAP,
+                           .readout = !s->readout ? TPK_CNN_GAP
+                                      : strcmp(s->readout, "flatten") == 0 ? TPK_CNN_FLATTEN
+                                      : strcmp(s->readout, "lap") == 0     ? TPK_CNN_LAP
+                                                                           : TPK_CNN_GAP,
+                           .window = s->window ? atoi(s->window) : 0,
+                           .compute = s->compute && strcmp(s->compute, "f32") == 0 ? TPK_CNN_F32
+                                                                                   : TPK_CNN_F64,
                            .conv = !s->conv || strcmp(s->conv, "auto") == 0 ? TPK_CNN_CONV_AUTO
                                    : strcmp(s->conv, "fft") == 0 ? TPK_CNN_CONV_FFT
                                                                  : TPK_CNN_CONV_DIRECT};
@@ -284,10 +308,16 @@ static int cnn_prepare(const tpk_job *job, cnn_job *s, tpk_ctx *ctx)
         return ctx->status;
     if ((st = params_from_program(s, s->rows, s->cols, s->C, &s->cp, ctx)))
         return st;
+    if (job->all_outputs && (s->cp.readout == TPK_CNN_LAP || s->cp.compute == TPK_CNN_F32))
+        return TPK_ERROR(ctx, TPK_EINVAL, "--all-times reads out every position: it takes neither "
+                         "--readout=lap nor --compute=f32");
     if (job->all_outputs)
         s->cp.readout = TPK_CNN_POSITIONS;
     size_t whole = (s->X->dims[0] + (s->Xt ? s->Xt->dims[0] : 0)) * s->rows * s->cols;
-    s->rolled = s->cp.readout != TPK_CNN_FLATTEN && whole * whole <= CNN_ROLLED_MAX_ENTRIES;
+    /* the rolled program pools GAP (its appended output) or reads out every position; LAP and
+     * flatten are the direct recursion's */
+    s->rolled = (s->cp.readout == TPK_CNN_GAP || s->cp.readout == TPK_CNN_POSITIONS) &&
+                whole * whole <= CNN_ROLLED_MAX_ENTRIES;
     return TPK_OK;
 }
 
@@ -318,11 +348,24 @@ static int cnn_batch(const tpk_job *job, cnn_job *s, const tpk_array *Xin, tpk_a
     return st;
 }
 
-static const char *const rname[] = {"flatten", "gap", "positions"};
+static const char *const rname[] = {"flatten", "gap", "positions", "lap"};
+
+/* GAP / LAP by shifts (kernels/cnn.c) or by the (P×P) block; "" for the other readouts. */
+static const char *cnn_pooling(const cnn_job *s)
+{
+    const tpk_cnn_params *cp = &s->cp;
+    if (s->rolled || (cp->readout != TPK_CNN_GAP && cp->readout != TPK_CNN_LAP))
+        return "";
+    return cp->pool == TPK_CNN_POOL_SHIFTS ||
+                   (cp->pool == TPK_CNN_POOL_AUTO && tpk_cnn_pool_prefers_shifts(cp))
+               ? "shifts" : "block";
+}
 
 static int cnn_uses_fft(const cnn_job *s)
 {
     const tpk_cnn_params *cp = &s->cp;
+    if (strcmp(cnn_pooling(s), "shifts") == 0) /* box sums over positions */
+        return 0;
     return cp->conv == TPK_CNN_CONV_FFT ||
            (cp->conv == TPK_CNN_CONV_AUTO &&
             tpk_cnn_conv_prefers_fft(s->rows, s->cols, cp->kh, cp->kw, cp->padding));
@@ -338,6 +381,9 @@ static int cnn_describe(tpk_h5out *out, const tpk_job *job, const cnn_job *s, tp
     if (!st) st = tpk_h5out_attr_str(out, "/", "convolution", cnn_uses_fft(s) ? "fft" : "direct", ctx);
     /* which evaluator computed it: the rolled program (whole blocks) or the per-pair recursion */
     if (!st) st = tpk_h5out_attr_str(out, "/", "evaluator", s->rolled ? "rolled-netsor" : "direct-recursion", ctx);
+    if (!st && *cnn_pooling(s)) st = tpk_h5out_attr_str(out, "/", "pooling", cnn_pooling(s), ctx);
+    if (!st && cp->readout == TPK_CNN_LAP) st = tpk_h5out_attr_int(out, "/", "window", cp->window, ctx);
+    if (!st) st = tpk_h5out_attr_str(out, "/", "compute", cp->compute == TPK_CNN_F32 ? "f32" : "f64", ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "channels", (long long)s->C, ctx);
     if (!st) st = tpk_h5out_input_attrs(out, "input", &s->xi, s->X, ctx);
     if (!st && s->Xt) st = tpk_h5out_input_attrs(out, "test", &s->ti, s->Xt, ctx);
@@ -406,10 +452,15 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         const tpk_array *K = Ktr ? Ktr : s.K;
         size_t n = K->dims[0];
         fprintf(job->summary, "kernel: %s (%s), %zux%zu grid, %zu channel%s, %d layers, filter %dx%d, "
-                "%s padding, %s readout (%s convolution, %s)\n", job->label ? job->label : "cnn",
-                job->program, s.rows, s.cols, s.C, s.C == 1 ? "" : "s", cp->depth, cp->kh, cp->kw,
+                "%s padding, %s readout%s%s%s (%s convolution, %s%s%s)\n",
+                job->label ? job->label : "cnn", job->program, s.rows, s.cols, s.C,
+                s.C == 1 ? "" : "s", cp->depth, cp->kh, cp->kw,
                 cp->padding == TPK_CNN_CIRCULAR ? "circular" : "zero", rname[cp->readout],
-                cnn_uses_fft(&s) ? "FFT" : "direct", s.rolled ? "rolled program" : "direct recursion");
+                cp->readout == TPK_CNN_LAP ? ", window " : "",
+                cp->readout == TPK_CNN_LAP ? s.window : "",
+                cp->compute == TPK_CNN_F32 ? ", float32" : "",
+                cnn_uses_fft(&s) ? "FFT" : "direct", s.rolled ? "rolled program" : "direct recursion",
+                *cnn_pooling(&s) ? ", pooled by " : "", cnn_pooling(&s));
         fprintf(job->summary, "  input   %s (N=%zu)\n", job->input, s.X->dims[0]);
         if (s.Xt)
             fprintf(job->summary, "  test    %s (M=%zu)\n", job->test, s.Xt->dims[0]);

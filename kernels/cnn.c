@@ -4,7 +4,10 @@
 #include "tpk/cnn.h"
 #include "tpk/alloc.h"
 
+#include "gauss_impl.h" /* φ's closed-form family (the float32 maps) */
+
 #include <fftw3.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -379,10 +382,37 @@ int tpk_cnn_params_check(const tpk_cnn_params *p, tpk_ctx *ctx)
             return TPK_ERROR(ctx, TPK_EDOM, "%s must be a finite variance >= 0 (got %g)", name[i], v[i]);
     if (p->padding != TPK_CNN_CIRCULAR && p->padding != TPK_CNN_ZERO)
         return TPK_ERROR(ctx, TPK_EINVAL, "unknown padding %d", p->padding);
-    if (p->readout < TPK_CNN_FLATTEN || p->readout > TPK_CNN_POSITIONS)
+    if (p->readout < TPK_CNN_FLATTEN || p->readout > TPK_CNN_LAP)
         return TPK_ERROR(ctx, TPK_EINVAL, "unknown readout %d", p->readout);
     if (p->conv < TPK_CNN_CONV_AUTO || p->conv > TPK_CNN_CONV_FFT)
         return TPK_ERROR(ctx, TPK_EINVAL, "unknown convolution method %d", p->conv);
+    if (p->pool < TPK_CNN_POOL_AUTO || p->pool > TPK_CNN_POOL_BLOCK)
+        return TPK_ERROR(ctx, TPK_EINVAL, "unknown pooling method %d", p->pool);
+    if (p->compute != TPK_CNN_F64 && p->compute != TPK_CNN_F32)
+        return TPK_ERROR(ctx, TPK_EINVAL, "unknown compute precision %d (f64 or f32)", p->compute);
+    if (p->readout == TPK_CNN_LAP && p->window < 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "the LAP window must be a shift reach c >= 0 (got %d)",
+                         p->window);
+    /* The LAP kernel is the mean of the flatten kernel over shifted images, and pooling by shifts
+     * rests on translation equivariance (theory.md §2.8): every layer must commute with circular
+     * shifts, which zero padding breaks at the borders. (Every layer here has stride 1.) */
+    if (p->readout == TPK_CNN_LAP && p->padding != TPK_CNN_CIRCULAR)
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "local average pooling (readout lap) needs circular padding: it averages "
+                         "the flatten kernel over circular shifts of an image, which equals pooling "
+                         "the network only when every layer commutes with those shifts, and zero "
+                         "padding does not at the borders (theory.md §2.8)");
+    if (p->pool == TPK_CNN_POOL_SHIFTS &&
+        (p->padding != TPK_CNN_CIRCULAR ||
+         (p->readout != TPK_CNN_GAP && p->readout != TPK_CNN_LAP)))
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "pooling by shifts needs the gap or lap readout and circular padding "
+                         "(translation equivariance of every layer, theory.md §2.8)");
+    if (p->compute == TPK_CNN_F32 && p->readout != TPK_CNN_FLATTEN)
+        return TPK_ERROR(ctx, TPK_EINVAL, "float32 computation is implemented for the flatten "
+                         "readout only (got readout %s)",
+                         p->readout == TPK_CNN_GAP ? "gap" : p->readout == TPK_CNN_LAP ? "lap"
+                                                                                       : "positions");
     return TPK_OK;
 }
 
@@ -542,6 +572,253 @@ static int diag_variances(const tpk_cnn_params *p, const grid *g, const double *
         }
     }
     tpk_free(ctx, u);
+    return st;
+}
+
+/* ---- flatten in float32 ---------------------------------------------------------------------- */
+
+/* Box sum of diag_box in float (m values per position, separable through tmp). */
+static void diag_box_f32(const grid *g, size_t m, float alpha, float beta, const float *in,
+                         float *out, float *tmp)
+{
+    const long R = (long)g->R, S = (long)g->S;
+    for (long r = 0; r < R; r++)
+        for (long s = 0; s < S; s++) {
+            float *restrict dst = tmp + (size_t)(r * S + s) * m;
+            memset(dst, 0, m * sizeof *dst);
+            for (int j = 0; j < g->kw; j++) {
+                long ss = axis_pos(s, j - g->cs, S, g->circular);
+                if (ss < 0)
+                    continue;
+                const float *restrict src = in + (size_t)(r * S + ss) * m;
+                for (size_t i = 0; i < m; i++)
+                    dst[i] += src[i];
+            }
+        }
+    for (long r = 0; r < R; r++)
+        for (long s = 0; s < S; s++) {
+            float *restrict dst = out + (size_t)(r * S + s) * m;
+            memset(dst, 0, m * sizeof *dst);
+            for (int i = 0; i < g->kh; i++) {
+                long rr = axis_pos(r, i - g->cr, R, g->circular);
+                if (rr < 0)
+                    continue;
+                const float *restrict src = tmp + (size_t)(rr * S + s) * m;
+                for (size_t t = 0; t < m; t++)
+                    dst[t] += src[t];
+            }
+            for (size_t t = 0; t < m; t++)
+                dst[t] = alpha * dst[t] + beta;
+        }
+}
+
+/* asin in float on [−1, 1], branch-free so that the map's loop vectorises: Cephes' asinf (a
+ * degree-4 polynomial in z = x² on |x| ≤ 1/2; above, asin x = π/2 − 2 asin √((1 − |x|)/2));
+ * peak relative error 2.5e-7 (Cephes' documentation) ≈ 4 float ulps. */
+static inline float asin_f32(float x)
+{
+    const float a = fabsf(x);
+    const int big = a > 0.5f;
+    const float z = big ? 0.5f * (1.0f - a) : a * a;
+    const float t = big ? sqrtf(z) : a;
+    const float pz = (((4.2163199048e-2f * z + 2.4181311049e-2f) * z + 4.5470025998e-2f) * z +
+                      7.4953002686e-2f) * z + 1.6666752422e-1f;
+    float r = pz * z * t + t;
+    r = big ? 1.57079632679489662f - 2.0f * r : r;
+    return copysignf(r, x);
+}
+
+/* The float maps: the ABReLU family √(q_a q_c)[c0 √(1−ρ²) + (c1 + c0 asin ρ)ρ], erf(b·)
+ * (2/π) asin(k a_a a_c), a = √(2b²)/√(1 + 2b²q), and the identity; any other φ is mapped in
+ * double from the float values (F32_WIDE). */
+enum { F32_ABRELU, F32_ERF, F32_IDENTITY, F32_WIDE };
+
+/* |k| may exceed √(q_a q_c) by the float rounding of k (a storage rounding and the kh + kw − 2
+ * adds of the tap sums, relative to √(q_a q_c) by Cauchy–Schwarz) and of the scales: up to
+ * F32_PSD_ULPS float epsilons before the entry is refused as not PSD; within it ρ is clamped. */
+#define F32_PSD_ULPS 64.0
+/* Rounding of one float map evaluation (asin_f32's 4 ulps, the square root, ~8 products), in
+ * units of the float epsilon times the map's scale (gauss_map.c's vector bound uses 16 too). */
+#define F32_MAP_ULPS 16.0
+
+/* A position's map runs on the threads from this many entries (gauss_map.c's PAR_MIN_ENTRIES). */
+#define F32_PAR_MIN_ENTRIES 16384
+
+/* Row a, columns 0..a of one position's N×N block, in place: the closed-form float maps. sq, ra:
+ * the images' √q and 1/√q (erf: a); returns 1 when an entry is not PSD within F32_PSD_ULPS. */
+static int map_row_f32(int mode, float c0, float c1, size_t a, const float *sq, const float *ra,
+                       float *row)
+{
+    const float lim = 1.0f + (float)(F32_PSD_ULPS * FLT_EPSILON), ras = ra[a], sqa = sq[a];
+    int bad = 0;
+    if (mode == F32_IDENTITY)
+        return 0;
+    for (size_t c = 0; c < a; c++) {
+        float x = row[c] * ras * ra[c];
+        bad |= !(fabsf(x) <= lim);
+        x = x > 1.0f ? 1.0f : x < -1.0f ? -1.0f : x;
+        if (mode == F32_ERF) {
+            row[c] = c1 * asin_f32(x);
+        } else {
+            const float w = sqrtf((1.0f - x) * (1.0f + x));
+            row[c] = sqa * sq[c] * (c0 * w + (c1 + c0 * asin_f32(x)) * x);
+        }
+    }
+    return bad;
+}
+
+/* The flatten recursion of kernel_flatten in float: D (P blocks of N×N floats) stored, box-summed
+ * and mapped in float; the per-image variances q (diag_variances) and the diagonal entries V_φ(q)
+ * in double, once per image, position and layer; the channel sums of the first layer and the
+ * readout's sum over positions accumulate in double. Error analysis: theory.md §2.8. */
+static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
+                              const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, C = p->channels, m = N * N, L = (size_t)p->depth;
+    const double taps = (double)p->kh * p->kw, u = FLT_EPSILON / 2;
+    const tpk_phi *phi = p->phi;
+    const int mode = phi->kind == GK_ABRELU ? F32_ABRELU : phi->kind == GK_ERF ? F32_ERF
+                     : phi->kind == GK_IDENTITY ? F32_IDENTITY : F32_WIDE;
+    float c0 = 0, c1 = 0;
+    double b2 = 0;
+    if (mode == F32_ABRELU) {
+        c0 = (float)((phi->ca - phi->cb) * (phi->ca - phi->cb) / (2 * M_PI));
+        c1 = (float)(0.25 * (phi->ca + phi->cb) * (phi->ca + phi->cb));
+    } else if (mode == F32_ERF) {
+        b2 = phi->cb * phi->cb;
+        c1 = (float)(2 / M_PI);
+    }
+    float *D = tpk_malloc(ctx, Q * m * sizeof *D), *T = tpk_malloc(ctx, Q * m * sizeof *T);
+    float *sq = tpk_malloc(ctx, 2 * N * sizeof *sq);
+    double *q = tpk_malloc(ctx, L * N * Q * sizeof *q), *dv = tpk_malloc(ctx, N * Q * sizeof *dv);
+    double *wide = mode == F32_WIDE ? tpk_malloc(ctx, (m + N) * sizeof *wide) : NULL;
+    double *qcol = wide ? wide + m : NULL; /* the variances of one position, F32_WIDE */
+    int st = TPK_OK;
+    if (!D || !T || !sq || !q || !dv || (mode == F32_WIDE && !wide)) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu positions x %zu^2 inputs, float)", Q, N);
+        goto done;
+    }
+    float *ra = sq + N;
+    if ((st = diag_variances(p, g, X, N, ws, q, ctx)))
+        goto done;
+    for (size_t pos = 0; pos < Q; pos++) /* per-position Gram matrices (channel sums in double) */
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = 0; c <= a; c++) {
+                double s = 0;
+                for (size_t ch = 0; ch < C; ch++)
+                    s += X[(a * Q + pos) * C + ch] * X[(c * Q + pos) * C + ch];
+                T[pos * m + a * N + c] = T[pos * m + c * N + a] = (float)(s / (double)C);
+            }
+    memcpy(D, T, Q * m * sizeof *D);
+    diag_box_f32(g, m, (float)(p->sigma_u2 / taps), (float)p->sigma_b2, D, D, T);
+    double e = 0;
+    for (size_t l = 0; l < L && !st; l++) {
+        double qmax = 0, vmax = 0, rmax = 0, el = 0;
+        for (size_t pos = 0; pos < Q && !st; pos++) {
+            float *B = D + pos * m;
+            /* the images' scales and diagonal values, in double, once per image */
+            for (size_t a = 0; a < N && !st; a++) {
+                const double v = q[(l * N + a) * Q + pos];
+                tpk_estimate r;
+                st = tpk_gauss_expect2(phi, v, v, v, ws, &r, ctx);
+                dv[a * Q + pos] = r.value;
+                qmax = fmax(qmax, v);
+                vmax = fmax(vmax, fabs(r.value));
+                el = fmax(el, r.err);
+                sq[a] = (float)sqrt(v);
+                ra[a] = mode == F32_ERF ? (float)(sqrt(2 * b2) / sqrt(1 + 2 * b2 * v))
+                                        : v > 0 ? (float)(1 / sqrt(v)) : 0.0f;
+                if (mode == F32_ERF)
+                    rmax = fmax(rmax, 2 * b2 * v / (1 + 2 * b2 * v));
+            }
+            if (st)
+                break;
+            if (mode == F32_WIDE) { /* the double map on the float values, clamped as ρ is */
+                const double tol = 1 + F32_PSD_ULPS * FLT_EPSILON;
+                int bad = 0;
+                for (size_t a = 0; a < N; a++)
+                    qcol[a] = q[(l * N + a) * Q + pos];
+                for (size_t a = 0; a < N; a++)
+                    for (size_t c = 0; c < N; c++) {
+                        const double k = B[a * N + c], lim = sqrt(qcol[a] * qcol[c]);
+                        bad |= !(fabs(k) <= tol * lim);
+                        wide[a * N + c] = fmax(-lim, fmin(lim, k));
+                    }
+                if (bad) {
+                    st = TPK_ERROR(ctx, TPK_EDOM, "layer %zu, position %zu: a covariance exceeds "
+                                   "its variances beyond float rounding (not PSD)", l + 1, pos);
+                    break;
+                }
+                double ew = 0;
+                st = tpk_gauss_map_cross(phi, qcol, N, qcol, N, wide, wide, ws, &ew, ctx);
+                el = fmax(el, ew);
+                for (size_t i = 0; i < m; i++)
+                    B[i] = (float)wide[i];
+            } else {
+                int bad = 0;
+                /* threaded as tpk_gauss_map is, above the same size (16384 entries) */
+#pragma omp parallel for schedule(dynamic, 16) reduction(| : bad) if (m >= F32_PAR_MIN_ENTRIES)
+                for (size_t a = 0; a < N; a++)
+                    bad |= map_row_f32(mode, c0, c1, a, sq, ra, B + a * N);
+                if (bad) {
+                    st = TPK_ERROR(ctx, TPK_EDOM, "layer %zu, position %zu: a covariance exceeds "
+                                   "its variances beyond float rounding (not PSD)", l + 1, pos);
+                    break;
+                }
+                for (size_t a = 0; a < N; a++)
+                    for (size_t c = 0; c < a; c++)
+                        B[c * N + a] = B[a * N + c];
+            }
+            for (size_t a = 0; a < N; a++)
+                B[a * N + a] = (float)dv[a * Q + pos];
+        }
+        if (st)
+            break;
+        /* this layer's float rounding (theory.md §2.8): the covariances' relative rounding
+         * (storage, tap sums, scales: kh + kw + 4 roundings of √(q_a q_c)) through the map's
+         * slope in ρ, G, plus the map's own rounding */
+        double G = qmax, vs = qmax;
+        if (mode == F32_ABRELU) {
+            G = qmax * ((double)c1 + (double)c0 * M_PI);
+            vs = qmax * ((double)c0 * (1 + M_PI / 2) + (double)c1);
+        } else if (mode == F32_ERF) {
+            G = (2 / M_PI) / sqrt(fmax(1 - rmax * rmax, DBL_MIN));
+            vs = 1;
+        } else if (mode == F32_WIDE) {
+            vs = vmax;
+        }
+        el += u * ((double)(p->kh + p->kw + 4) * G + F32_MAP_ULPS * vs);
+        if (l + 1 < L) {
+            diag_box_f32(g, m, (float)(p->sigma_w2 / taps), (float)p->sigma_b2, D, D, T);
+            e = p->sigma_w2 * (e + el);
+        } else {
+            e += el;
+        }
+    }
+    if (st)
+        goto done;
+    for (size_t i = 0; i < m; i++) { /* the readout's sum over positions in double */
+        double s = 0;
+        for (size_t pos = 0; pos < Q; pos++)
+            s += (double)D[pos * m + i];
+        K[i] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+    }
+    for (size_t a = 0; a < N; a++) { /* the diagonal from the double values */
+        double s = 0;
+        for (size_t pos = 0; pos < Q; pos++)
+            s += dv[a * Q + pos];
+        K[a * N + a] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+    }
+    if (err)
+        *err = p->sigma_v2 * e;
+    st = check_finite(K, m, p->depth, ctx);
+done:
+    tpk_free(ctx, D);
+    tpk_free(ctx, T);
+    tpk_free(ctx, sq);
+    tpk_free(ctx, q);
+    tpk_free(ctx, dv);
+    tpk_free(ctx, wide);
     return st;
 }
 
@@ -861,11 +1138,35 @@ static int layer_direct(const tpk_cnn_params *p, const grid *g, dws *w, const do
     return TPK_OK;
 }
 
-/* Readout of rows [i0, i0 + n) of the pair's K^L block (GAP: into *sum, in row-major order). */
-static void readout_rows(const tpk_cnn_params *p, size_t Q, size_t N, size_t a, size_t c,
+/* Circular distance of positions i and j on an axis of length n. */
+static long axis_dist(long i, long j, long n)
+{
+    long d = ((j - i) % n + n) % n;
+    return d < n - d ? d : n - d;
+}
+
+/* Readout of rows [i0, i0 + n) of the pair's K^L block (GAP, LAP: into *sum, in row-major
+ * order; LAP sums the entries (p, p') whose circular offset is within the window on each axis,
+ * the block form of the shifts' mean, theory.md §2.8). */
+static void readout_rows(const tpk_cnn_params *p, const grid *g, size_t N, size_t a, size_t c,
                          size_t i0, size_t n, const double *rows, double *sum, double *K)
 {
-    if (p->readout == TPK_CNN_GAP) {
+    const size_t Q = g->Q;
+    if (p->readout == TPK_CNN_LAP) {
+        const long R = (long)g->R, S = (long)g->S, w = p->window;
+        double s = *sum;
+        for (size_t i = 0; i < n; i++) {
+            const long r = (long)(i0 + i) / S, sc = (long)(i0 + i) % S;
+            for (long r2 = 0; r2 < R; r2++) {
+                if (axis_dist(r, r2, R) > w)
+                    continue;
+                for (long s2 = 0; s2 < S; s2++)
+                    if (axis_dist(sc, s2, S) <= w)
+                        s += rows[i * Q + (size_t)(r2 * S + s2)];
+            }
+        }
+        *sum = s;
+    } else if (p->readout == TPK_CNN_GAP) {
         double s = *sum;
         for (size_t i = 0; i < n * Q; i++)
             s += rows[i];
@@ -924,7 +1225,7 @@ static int pair_direct(const tpk_cnn_params *p, const grid *g, dws *w, const dou
         int st = map_plane(p, g, w, in, r, q + ia, q + ic, zv + ia, zv + ic, zerr, ws, &el, ctx);
         if (st)
             return st;
-        readout_rows(p, Q, N, a, c, r * S, S, w->P, sum, K);
+        readout_rows(p, g, N, a, c, r * S, S, w->P, sum, K);
     }
     *e += el;
     return TPK_OK;
@@ -985,8 +1286,252 @@ static int pair_fft(const tpk_cnn_params *p, const grid *g, const fftplan *f, pa
             *e += el;
         }
     }
-    readout_rows(p, Q, N, a, c, 0, Q, w->A, sum, K);
+    readout_rows(p, g, N, a, c, 0, Q, w->A, sum, K);
     return TPK_OK;
+}
+
+/* ---- GAP and LAP by shifts ------------------------------------------------------------------ */
+
+/* With circular padding every layer commutes with circular shifts of the grid, so the pair's
+ * block entry Σ^l_{(p,a),(p+u,c)} is the position-diagonal entry Σ^l_{(p,a),(p,c')} of the pair
+ * (x_a, x_c' = shift_{−u} x_c), and the GAP / LAP kernels are means of flatten kernels over
+ * shifts u (theory.md §2.8). The diagonal recursion of one shifted pair is closed: a vector over
+ * the P positions, mapped entrywise with the variances q_a[p] and q_c[p + u], and box-summed over
+ * positions. So a block of shifts is a P × mb array V[p][k] (k: the block's shifts) that runs
+ * through all L layers in cache; the tap sum is diag_box over positions with mb values each, the
+ * map a row segment per (position, row shift) over the block's consecutive column shifts. */
+
+/* The shifts: rows r0 .. r0 + nr − 1 and columns s0 .. s0 + ns − 1 (mod the axis), every
+ * residue once: the whole axis for GAP, or for LAP where 2c + 1 covers it, else −c .. c. */
+typedef struct shiftwin {
+    long r0, nr, s0, ns;
+    long cl, gr; /* a block: gr row shifts × cl consecutive column shifts */
+} shiftwin;
+
+/* Block buffers of this many doubles (256 KB): two live per thread (V and diag_box's scratch). */
+#define SHIFT_BLOCK_DOUBLES 32768
+/* At least this many column shifts per block when the window has them (whole vectors). */
+#define SHIFT_MIN_COLS 8
+
+static shiftwin shift_window(const grid *g, int readout, int c)
+{
+    shiftwin w = {0, (long)g->R, 0, (long)g->S, 0, 0};
+    if (readout == TPK_CNN_LAP) {
+        if (2L * c + 1 < (long)g->R) {
+            w.r0 = -(long)c;
+            w.nr = 2L * c + 1;
+        }
+        if (2L * c + 1 < (long)g->S) {
+            w.s0 = -(long)c;
+            w.ns = 2L * c + 1;
+        }
+    }
+    long per = SHIFT_BLOCK_DOUBLES / (long)g->Q;
+    per = per < SHIFT_MIN_COLS ? SHIFT_MIN_COLS : per;
+    w.cl = w.ns < per ? w.ns : per;
+    long rows = per / w.cl;
+    w.gr = rows < 1 ? 1 : rows < w.nr ? rows : w.nr;
+    return w;
+}
+
+/* Row width of the column variances' layout: variance of column shift index j (j − s0 the
+ * shift's offset from the position) at qv[P + row·width + s + j]. */
+static long shift_row_width(const grid *g, const shiftwin *w)
+{
+    return (long)g->S + w->ns - 1;
+}
+
+static long pos_mod(long i, long n)
+{
+    return ((i % n) + n) % n;
+}
+
+typedef struct sws {
+    double *V, *T;          /* P × mb: the block of shifts, diag_box's scratch */
+    double *qv;             /* the segment map's variances: q_a (P), then q_c per row (R·width) */
+    tpk_gauss_segmap **sm;  /* one per layer */
+    double *maxr, *emax;    /* per layer: the segments' accumulators */
+    size_t L;
+    tpk_allocator al;
+} sws;
+
+static void sws_free(sws *w) /* idempotent */
+{
+    for (size_t l = 0; w->sm && l < w->L; l++)
+        tpk_gauss_segmap_free(w->sm[l]);
+    tpk_mem_free(&w->al, w->V);
+    tpk_mem_free(&w->al, w->T);
+    tpk_mem_free(&w->al, w->qv);
+    tpk_mem_free(&w->al, w->sm);
+    tpk_mem_free(&w->al, w->maxr);
+    memset(w, 0, sizeof *w);
+}
+
+static int sws_alloc(sws *w, const grid *g, const shiftwin *win, size_t L, tpk_ctx *ctx)
+{
+    memset(w, 0, sizeof *w);
+    w->al = tpk_ctx_allocator(ctx);
+    w->L = L;
+    const size_t mb = (size_t)(win->cl * win->gr);
+    w->V = tpk_malloc(ctx, g->Q * mb * sizeof *w->V);
+    w->T = tpk_malloc(ctx, g->Q * mb * sizeof *w->T);
+    w->qv = tpk_malloc(ctx, (g->Q + g->R * (size_t)shift_row_width(g, win)) * sizeof *w->qv);
+    w->sm = tpk_calloc(ctx, L, sizeof *w->sm);
+    w->maxr = tpk_malloc(ctx, 2 * L * sizeof *w->maxr);
+    if (!w->V || !w->T || !w->qv || !w->sm || !w->maxr) {
+        sws_free(w);
+        return TPK_ENOMEM;
+    }
+    w->emax = w->maxr + L;
+    return TPK_OK;
+}
+
+/* Pair (a, c) by shifts: *sum = Σ_{u∈W} Σ_p K^L_{(p,a),(p+u,c)}, *e the accumulated map error.
+ * q: the per-image position-diagonal variances (diag_variances), computed once per image; the
+ * segment maps' preparation of them (square roots) is per pair and layer, O(P) against the
+ * O(|W|·P) map. */
+static int pair_shifts(const tpk_cnn_params *p, const grid *g, const shiftwin *win, sws *w,
+                       const double *X, const double *q, size_t N, size_t a, size_t c,
+                       const tpk_gauss_ws *ws, double *sum, double *e, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth;
+    const long R = (long)g->R, S = (long)g->S, width = shift_row_width(g, win);
+    const double taps = (double)p->kh * p->kw;
+    const double *xa = X + a * Q * C, *xc = X + c * Q * C;
+    int st = TPK_OK;
+    for (size_t l = 0; l < L && !st; l++) {
+        const double *qa = q + (l * N + a) * Q, *qc = q + (l * N + c) * Q;
+        memcpy(w->qv, qa, Q * sizeof *qa);
+        for (long r = 0; r < R; r++)
+            for (long j = 0; j < width; j++)
+                w->qv[Q + (size_t)(r * width + j)] = qc[r * S + pos_mod(j + win->s0, S)];
+        w->sm[l] = tpk_gauss_segmap_alloc(p->phi, w->qv, Q + (size_t)(R * width), ws, ctx);
+        if (!w->sm[l])
+            st = ctx->status ? ctx->status : TPK_ENOMEM;
+        w->maxr[l] = w->emax[l] = 0;
+    }
+    double total = 0;
+    for (long bi = 0; bi < win->nr && !st; bi += win->gr)
+        for (long bj = 0; bj < win->ns && !st; bj += win->cl) {
+            const long ng = bi + win->gr <= win->nr ? win->gr : win->nr - bi;
+            const long nl = bj + win->cl <= win->ns ? win->cl : win->ns - bj;
+            const size_t mb = (size_t)(ng * nl);
+            /* Σ¹ of the shifted pairs: the box sum of the Gram ⟨x_a[p], x_c[p + u]⟩/C */
+            for (long r = 0; r < R; r++)
+                for (long s0 = 0; s0 < S; s0++) {
+                    double *row = w->V + (size_t)(r * S + s0) * mb;
+                    const double *pa = xa + (size_t)(r * S + s0) * C;
+                    for (long gi = 0; gi < ng; gi++) {
+                        const long rr = pos_mod(r + win->r0 + bi + gi, R);
+                        for (long jj = 0; jj < nl; jj++) {
+                            const long ss = pos_mod(s0 + win->s0 + bj + jj, S);
+                            const double *pc = xc + (size_t)(rr * S + ss) * C;
+                            double acc = 0;
+                            for (size_t ch = 0; ch < C; ch++)
+                                acc += pa[ch] * pc[ch];
+                            row[gi * nl + jj] = acc / (double)C;
+                        }
+                    }
+                }
+            diag_box(g, mb, p->sigma_u2 / taps, p->sigma_b2, w->V, w->V, w->T);
+            for (size_t l = 0; l < L; l++) {
+                for (long r = 0; r < R; r++)
+                    for (long gi = 0; gi < ng; gi++) {
+                        const long rr = pos_mod(r + win->r0 + bi + gi, R);
+                        for (long s0 = 0; s0 < S; s0++) {
+                            double *seg = w->V + (size_t)(r * S + s0) * mb + (size_t)(gi * nl);
+                            tpk_gauss_segmap_row(w->sm[l], (size_t)(r * S + s0),
+                                                 Q + (size_t)(rr * width + s0 + bj), (size_t)nl,
+                                                 seg, seg, &w->maxr[l], &w->emax[l]);
+                        }
+                    }
+                if (l + 1 < L)
+                    diag_box(g, mb, p->sigma_w2 / taps, p->sigma_b2, w->V, w->V, w->T);
+            }
+            double bs = 0;
+            for (size_t i = 0; i < Q * mb; i++)
+                bs += w->V[i];
+            total += bs;
+        }
+    *e = 0;
+    for (size_t l = 0; l < L && w->sm[l]; l++) {
+        double el = 0;
+        tpk_gauss_segmap_merge(w->sm[l], w->maxr[l], w->emax[l]);
+        if (!st)
+            st = tpk_gauss_segmap_finish(w->sm[l], &el, ctx);
+        *e = l + 1 < L ? p->sigma_w2 * (*e + el) : *e + el;
+        tpk_gauss_segmap_free(w->sm[l]);
+        w->sm[l] = NULL;
+    }
+    *sum = total;
+    return st;
+}
+
+/* ---- which path pools -------------------------------------------------------------------- */
+
+/* Operation counts of the pooling estimate (tpk_cnn_pool_prefers_shifts), in vector-lane
+ * operations per entry; estimates from the code, not measurements (re-fit them from timings with
+ * TPK_CNN_POOL_SHIFTS / _BLOCK, which give the same kernel). MAP: one closed-form 2-D expectation
+ * (an arcsine polynomial, a square root, ~8 products), the same for both paths; the shift path's
+ * row segments round up to whole vectors of LANES doubles (AVX-512) and cost SEG_CALL each (a
+ * call, the row's constants, the tail); PREP: one variance prepared for a segment map (square
+ * root, division); STREAM: the block path's read and write of its (P×P) block per layer (16
+ * bytes an entry) where the block outgrows L2 (BLOCK_L2 bytes, Zen 4's per core), from L3 at
+ * ~32 bytes a cycle against 16 double lanes of arithmetic a cycle. */
+#define POOL_MAP_COST 24.0
+#define POOL_LANES 8.0
+#define POOL_SEG_CALL_COST 32.0
+#define POOL_PREP_COST 12.0
+#define POOL_STREAM_COST 8.0
+#define POOL_BLOCK_L2 (1024.0 * 1024.0)
+
+static double pool_tap_cost(int kh, int kw)
+{
+    return (kh > 1 ? kh : 0) + (kw > 1 ? kw : 0) + 1.0; /* the adds and the affine step */
+}
+
+/* Per pair. */
+static double pool_cost_shifts(const tpk_cnn_params *p, const grid *g)
+{
+    const shiftwin w = shift_window(g, p->readout, p->window);
+    const double Q = (double)g->Q, W = (double)(w.nr * w.ns), L = p->depth, cl = (double)w.cl;
+    const double lanes = ceil(cl / POOL_LANES) * POOL_LANES / cl, tap = pool_tap_cost(p->kh, p->kw);
+    const double per_layer = W * Q * (POOL_MAP_COST * lanes + tap + POOL_SEG_CALL_COST / cl) +
+                             (Q + (double)g->R * (double)shift_row_width(g, &w)) * POOL_PREP_COST;
+    return L * per_layer + W * Q * ((double)p->channels + tap);
+}
+
+static double pool_cost_block(const tpk_cnn_params *p, const grid *g)
+{
+    const double Q = (double)g->Q, L = p->depth;
+    double tap = pool_tap_cost(p->kh, p->kw);
+    if (p->conv == TPK_CNN_CONV_FFT ||
+        (p->conv == TPK_CNN_CONV_AUTO &&
+         tpk_cnn_conv_prefers_fft(g->R, g->S, p->kh, p->kw, p->padding))) {
+        const double c = g->R == 1 ? TPK_CNN_FFT_COST_1D : TPK_CNN_FFT_COST_2D;
+        tap = c * log2(Q * Q) + 1.0; /* circular: the transform is the block's size */
+    }
+    const double stream = Q * Q * 8.0 > POOL_BLOCK_L2 ? POOL_STREAM_COST : 0.0;
+    return L * Q * Q * (POOL_MAP_COST + tap + stream) +
+           Q * Q * (double)p->kh * (double)p->kw * (double)p->channels;
+}
+
+int tpk_cnn_pool_prefers_shifts(const tpk_cnn_params *p)
+{
+    if (!p || p->padding != TPK_CNN_CIRCULAR ||
+        (p->readout != TPK_CNN_GAP && p->readout != TPK_CNN_LAP) || p->rows < 1 || p->cols < 1 ||
+        p->kh < 1 || p->kw < 1 || p->depth < 1 || p->channels < 1)
+        return 0;
+    const grid g = make_grid(p->rows, p->cols, p->kh, p->kw, p->padding);
+    return pool_cost_shifts(p, &g) <= pool_cost_block(p, &g);
+}
+
+static int pools_by_shifts(const tpk_cnn_params *p)
+{
+    if (p->readout != TPK_CNN_GAP && p->readout != TPK_CNN_LAP)
+        return 0;
+    return p->pool == TPK_CNN_POOL_SHIFTS ||
+           (p->pool == TPK_CNN_POOL_AUTO && tpk_cnn_pool_prefers_shifts(p));
 }
 
 static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
@@ -998,11 +1543,13 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
     if (!q)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     int st = diag_variances(p, g, X, N, ws, q, ctx);
-    int fft = p->conv == TPK_CNN_CONV_FFT ||
-              (p->conv == TPK_CNN_CONV_AUTO &&
-               tpk_cnn_conv_prefers_fft(g->R, g->S, g->kh, g->kw, p->padding));
+    const int shifts = pools_by_shifts(p);
+    const shiftwin win = shift_window(g, p->readout, p->window);
+    int fft = !shifts && (p->conv == TPK_CNN_CONV_FFT ||
+                          (p->conv == TPK_CNN_CONV_AUTO &&
+                           tpk_cnn_conv_prefers_fft(g->R, g->S, g->kh, g->kw, p->padding)));
     double *zv = NULL, zerr = 0;
-    if (!st && !fft) { /* zero-variance entries (map_plane); none with a bias variance > 0 */
+    if (!st && !fft && !shifts) { /* zero-variance entries (map_plane); none with a bias variance > 0 */
         zv = tpk_calloc(ctx, L * N * Q, sizeof *zv);
         size_t nzero = 0;
         for (size_t i = 0; i < L * N * Q; i++)
@@ -1024,9 +1571,12 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
         {
             pairws w = {0};
             dws dw = {0};
+            sws sw = {0};
             tpk_ctx lctx;
             tpk_ctx_init_from(&lctx, ctx);
-            int lst = (fft ? pairws_alloc(&w, Q, &f, &lctx) : dws_alloc(&dw, g, p->channels, &lctx))
+            int lst = (shifts ? sws_alloc(&sw, g, &win, L, &lctx)
+                       : fft  ? pairws_alloc(&w, Q, &f, &lctx)
+                              : dws_alloc(&dw, g, p->channels, &lctx))
                           ? TPK_ENOMEM
                           : TPK_OK;
             if (lst)
@@ -1042,8 +1592,10 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                 size_t a, c;
                 tpk_lower_index(k, &a, &c);
                 double e = 0, sum = 0;
-                lst = fft ? pair_fft(p, g, &f, &w, X, q, N, a, c, ws, &sum, K, &e, &lctx)
-                          : pair_direct(p, g, &dw, X, q, zv, zerr, N, a, c, ws, &sum, K, &e, &lctx);
+                lst = shifts ? pair_shifts(p, g, &win, &sw, X, q, N, a, c, ws, &sum, &e, &lctx)
+                      : fft  ? pair_fft(p, g, &f, &w, X, q, N, a, c, ws, &sum, K, &e, &lctx)
+                             : pair_direct(p, g, &dw, X, q, zv, zerr, N, a, c, ws, &sum, K, &e,
+                                           &lctx);
                 if (lst)
                     continue;
                 emax = fmax(emax, p->sigma_v2 * e);
@@ -1051,6 +1603,9 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                     K[a * N + c] = K[c * N + a] = p->sigma_v2 * sum / ((double)Q * Q) + p->sigma_ob2;
                 else if (p->readout == TPK_CNN_FLATTEN)
                     K[a * N + c] = K[c * N + a] = p->sigma_v2 * sum / (double)Q + p->sigma_ob2;
+                else if (p->readout == TPK_CNN_LAP) /* |W| shifts of P positions */
+                    K[a * N + c] = K[c * N + a] =
+                        p->sigma_v2 * sum / ((double)Q * (double)(win.nr * win.ns)) + p->sigma_ob2;
             }
             if (lst) {
 #pragma omp critical(tpk_cnn_err)
@@ -1062,6 +1617,7 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
             }
             pairws_free(&w);
             dws_free(&dw);
+            sws_free(&sw);
         }
     }
     fftplan_free(&f);
@@ -1241,6 +1797,8 @@ int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_
     if (N == 0)
         return TPK_OK;
     grid g = make_grid(p->rows, p->cols, p->kh, p->kw, p->padding);
+    if (p->readout == TPK_CNN_FLATTEN && p->compute == TPK_CNN_F32)
+        return kernel_flatten_f32(p, &g, X->data, N, ws, K->data, err, ctx);
     if (p->readout == TPK_CNN_FLATTEN)
         return kernel_flatten(p, &g, X->data, N, ws, K->data, err, ctx);
     return kernel_pairs(p, &g, X->data, N, ws, K->data, err, ctx);

@@ -14,9 +14,29 @@ enum tpk_cnn_padding { TPK_CNN_CIRCULAR, TPK_CNN_ZERO };
 enum tpk_cnn_readout {
     TPK_CNN_FLATTEN,   /* a readout weight per position: (σ_v²/P) Σ_p K^L_{(p,a),(p,c)} + σ_ob²  */
     TPK_CNN_GAP,       /* global average pooling: (σ_v²/P²) Σ_{p,p'} K^L_{(p,a),(p',c)} + σ_ob² */
-    TPK_CNN_POSITIONS  /* every position read out: σ_v² K^L + σ_ob² over (input, position)
+    TPK_CNN_POSITIONS, /* every position read out: σ_v² K^L + σ_ob² over (input, position)
                         * pairs, (N·P)×(N·P), index a·P + p (p row-major over the grid): the
                         * layout of the NETSOR programs' all-outputs kernel */
+    TPK_CNN_LAP        /* local average pooling (Li et al. 2019, arXiv:1911.00809), window c:
+                        * (1/|W|) Σ_{u∈W} K_flatten(x, shift_u z) = (σ_v²/(P|W|)) Σ_p Σ_{u∈W}
+                        * K^L_{(p,a),(p+u,c)} + σ_ob², W the circular shifts with |u_i| ≤ c on
+                        * each axis (each distinct shift once: c = 0 is FLATTEN, 2c + 1 ≥ the
+                        * axis lengths is GAP); circular padding only (theory.md §2.8) */
+};
+/* How GAP and LAP are summed (theory.md §2.8, "pooling by shifts"). */
+enum tpk_cnn_pool {
+    TPK_CNN_POOL_AUTO,   /* the cheaper of the two by tpk_cnn_pool_prefers_shifts */
+    TPK_CNN_POOL_SHIFTS, /* the flatten recursion of each shifted pair (x, shift_u z), u ∈ W, in
+                          * blocks of shifts: no (P×P) block (circular padding only) */
+    TPK_CNN_POOL_BLOCK   /* the full (P×P) recursion per pair, the readout summed over it */
+};
+/* Arithmetic of the flatten recursion. */
+enum tpk_cnn_compute {
+    TPK_CNN_F64,         /* double throughout */
+    TPK_CNN_F32          /* float storage, tap sums and maps (closed forms of the ABReLU family
+                          * and erf in float; other φ mapped in double from the float values);
+                          * per-image variances, channel sums and the readout's sum over positions
+                          * in double. FLATTEN only. Error: theory.md §2.8 */
 };
 /* How the tap convolution of a (position × position) block is summed. */
 enum tpk_cnn_conv {
@@ -44,19 +64,25 @@ typedef struct tpk_cnn_params {
     int padding;         /* enum tpk_cnn_padding */
     int readout;         /* enum tpk_cnn_readout */
     int conv;            /* enum tpk_cnn_conv */
+    int window;          /* LAP: the shifts' reach c ≥ 0 on each axis (ignored otherwise) */
+    int pool;            /* enum tpk_cnn_pool (GAP, LAP) */
+    int compute;         /* enum tpk_cnn_compute */
 } tpk_cnn_params;
 
 /* Check the parameters; a clear message for each violation. */
 TPK_API int tpk_cnn_params_check(const tpk_cnn_params *p, tpk_ctx *ctx);
 
 /* The kernel of N inputs X (N × rows × cols × C in row-major order, any rank with that item
- * size) into K: N×N for FLATTEN / GAP, (N·P)×(N·P) for POSITIONS (preallocated).
+ * size) into K: N×N for FLATTEN / GAP / LAP, (N·P)×(N·P) for POSITIONS (preallocated).
  * FLATTEN runs the closed position-diagonal recursion: P blocks of N×N (memory 2·P·N² doubles).
  * GAP / POSITIONS run the full recursion one input pair at a time (P×P blocks, OpenMP over
  * pairs): cost L·P²·N²/2 2-D expectations (fewer where positions have zero variance, e.g. black
  * borders with σ_b² = 0). With direct tap sums each layer is one streaming pass over the block,
  * plane by plane (kernels/cnn.c); per thread ≈ (2 + (2kh − 1)/rows)·P² doubles of workspace.
- * err (may be NULL) gets a first-order bound on the accumulated expectation error. ws may be NULL when φ has a closed form. */
+ * GAP / LAP by shifts (pool, circular padding): per pair L·|W|·P 2-D expectations, |W| the
+ * shifts (P for GAP, (2c+1)² for LAP on a 2-D grid), in blocks of shifts of ≈ 256 KB per thread.
+ * err (may be NULL) gets a first-order bound on the accumulated expectation error (with
+ * TPK_CNN_F32: on the float rounding, theory.md §2.8). ws may be NULL when φ has a closed form. */
 TPK_API int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
                            tpk_array *K, double *err, tpk_ctx *ctx);
 
@@ -108,6 +134,15 @@ TPK_API void tpk_cnn_layerws_free(tpk_cnn_layerws *w);
  * ESTIMATE plans): one FFT entry·log2 costs ~6 direct adds on 1-D blocks, ~1.5 on 2-D blocks
  * (whose direct pass is strided). Measured crossovers: circular 1×256 at k ≈ 100, 16×16 at
  * 9×9..15×15, 28×28 at ~15×15..27×27; zero padding (transform 2^4× larger) never in range. */
+/* 1 when GAP / LAP of these parameters are summed by shifts under TPK_CNN_POOL_AUTO: circular
+ * padding, a GAP or LAP readout, and a smaller op-count estimate per pair than the (P×P) block
+ * recursion (kernels/cnn.c, pool_cost; theory.md §2.8). Both count the same 2-D expectations per
+ * shift and position for GAP; the estimate weighs the tap sums (direct, or the block's FFT), the
+ * first layer (the block's patches product kh·kw·C per entry against a Gram of C and a box sum)
+ * and the shift path's overheads (its map's row segments, the per-pair preparation of the
+ * variances). The constants are operation counts, not measurements. */
+TPK_API int tpk_cnn_pool_prefers_shifts(const tpk_cnn_params *p);
+
 #define TPK_CNN_FFT_COST_1D 6.0
 #define TPK_CNN_FFT_COST_2D 1.5
 TPK_API int tpk_cnn_conv_prefers_fft(size_t rows, size_t cols, int kh, int kw, int padding);
