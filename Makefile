@@ -196,10 +196,14 @@ run: tools
 	$(BUILD)/bin/gpkernel --arch=transformer --all-times --output=$(BUILD)/demo-transformer.h5
 
 # TPK_VERIFY_IR: every program a test loads has its family IR verified after lowering.
+# TPK_THREADS=fixed: the tools keep OpenMP's team size instead of following the machine's load
+# (tpk/threads.h), so that runs compared bit for bit across processes round the same way
+# (LAPACK's factorisations round differently on 1 and 2 threads); test_threads unsets it.
 # lib too: test_install and test_examples run `make install` on this build tree, which needs the
 # whole of `all` (the generator of gen/ included) built with this build's flags (check-asan's).
 check: lib tools tests
-	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) TPK_VERIFY_IR=1 sh scripts/run-tests.sh $(TESTS)
+	@TPK_BIN=$(abspath $(BUILD)/bin) TPK_ROOT=$(CURDIR) TPK_VERIFY_IR=1 TPK_THREADS=fixed \
+	    sh scripts/run-tests.sh $(TESTS)
 
 # Sanitizer suite: a separate build tree so the optimised build is untouched.
 check-asan: $(DEPS_OK)

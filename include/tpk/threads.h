@@ -21,7 +21,9 @@ extern "C" {
  * The library never calls it by itself: the toolkit's programs call it as they start, the
  * Python package before each call; a C program of your own calls it before its work where it
  * may share the machine. OMP_NUM_THREADS set in the environment is the user's choice and is
- * kept (the function returns it); TPK_THREADS=fixed keeps the OpenMP default. */
+ * kept (the function returns it); TPK_THREADS=fixed keeps the OpenMP default. Results do not
+ * depend on the team size beyond rounding (LAPACK's factorisations, reductions): set
+ * OMP_NUM_THREADS or TPK_THREADS=fixed where runs must agree bit for bit. */
 TPK_API int tpk_threads_adapt(void);
 
 #ifdef __cplusplus
