@@ -3,6 +3,8 @@
  * and every tool gets it with the same flags. */
 #include "tpk/archs.h"
 
+#include "job-impl.h"
+
 #include "tpk/attention.h"
 #include "tpk/cnn.h"
 #include "tpk/kernels.h"
@@ -11,86 +13,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* --arch=transformer by kernels/transformer.c: the program's final parameter values (flags,
- * --set, its defaults) drive the direct recursion of the same limit (theory.md §2.7; the
- * shipped program's feed-forward φ is relu). Agreement with the evaluator on the program:
- * tests/test_transformer.c. */
-static int transformer_direct(const tpk_program *p, const tpk_phi_registry *reg,
-                              const tpk_array *X, int all_outputs, const tpk_progress *prog,
-                              tpk_array **K, double *err, tpk_ctx *ctx)
-{
-    double L, T;
-    tpk_transformer_params tp = {0};
-    int st = tpk_program_param_number(p, "L", &L, ctx);
-    if (!st) st = tpk_program_param_number(p, "T", &T, ctx);
-    if (!st) st = tpk_program_param_number(p, "var_e", &tp.var_e, ctx);
-    if (!st) st = tpk_program_param_number(p, "var_u", &tp.var_u, ctx);
-    if (!st) st = tpk_program_param_number(p, "var_w", &tp.var_w, ctx);
-    if (!st) st = tpk_program_param_number(p, "var_b", &tp.var_b, ctx);
-    if (!st) st = tpk_program_param_number(p, "temp", &tp.temp, ctx);
-    if (!st) st = tpk_program_param_number(p, "eps", &tp.eps, ctx);
-    if (!st) st = tpk_program_param_number(p, "sigma_v2", &tp.sigma_v2, ctx);
-    if (st)
-        return st;
-    if (!(L >= 1 && L <= 1e6 && L == floor(L)))
-        return TPK_ERROR(ctx, TPK_EINVAL, "the depth L must be a whole number of layers >= 1 "
-                         "(got %g)", L);
-    if (X->ndim != 3)
-        return TPK_ERROR(ctx, TPK_EINVAL, "transformer inputs are N x T x d token arrays (got "
-                         "rank %d)", X->ndim);
-    if ((double)X->dims[1] != T)
-        return TPK_ERROR(ctx, TPK_EINVAL, "the inputs have %zu tokens per sequence, the program "
-                         "T = %g", X->dims[1], T);
-    tpk_phi *relu = tpk_phi_alloc(reg, "relu", ctx);
-    if (!relu)
-        return ctx->status;
-    tp.depth = (int)L;
-    tp.phi = relu;
-    st = tpk_transformer_kernel(&tp, X, all_outputs, NULL, prog, K, err, ctx);
-    tpk_phi_free(relu);
-    return st;
-}
-
-/* --arch=gru by kernels/gru.c: the program's parameter values drive the direct recursion of the
- * same limit (theory.md §2.3). Agreement with the evaluator on the program and with the
- * independent reference: tests/test_gru.c. */
-static int gru_direct(const tpk_program *p, const tpk_phi_registry *reg, const tpk_array *X,
-                      int all_outputs, const tpk_progress *prog, tpk_array **K, double *err,
-                      tpk_ctx *ctx)
-{
-    (void)reg;
-    double T;
-    tpk_gru_params gp = {0};
-    static const char *names[] = {"var_Uz", "var_Ur", "var_Uh", "var_Wz", "var_Wr",
-                                  "var_Wh", "var_bz", "var_br", "var_bh", "mu_bz",
-                                  "mu_br",  "mu_bh",  "sigma_v2"};
-    double *dst[] = {&gp.var_Uz, &gp.var_Ur, &gp.var_Uh, &gp.var_Wz, &gp.var_Wr,
-                     &gp.var_Wh, &gp.var_bz, &gp.var_br, &gp.var_bh, &gp.mu_bz,
-                     &gp.mu_br,  &gp.mu_bh,  &gp.sigma_v2};
-    int st = tpk_program_param_number(p, "T", &T, ctx);
-    for (int i = 0; i < 13 && !st; i++)
-        st = tpk_program_param_number(p, names[i], dst[i], ctx);
-    double seed = 0;
-    if (!st)
-        st = tpk_program_param_number(p, "qmc_budget", &gp.budget, ctx);
-    if (!st)
-        st = tpk_program_param_number(p, "qmc_seed", &seed, ctx);
-    if (!st)
-        st = tpk_program_param_number(p, "qmc_tol", &gp.tol, ctx);
-    if (st)
-        return st;
-    if (!(seed >= 0 && seed <= 9007199254740992.0 && seed == floor(seed)))
-        return TPK_ERROR(ctx, TPK_EINVAL, "qmc_seed must be a whole number >= 0 (got %g)", seed);
-    gp.seed = (uint64_t)seed;
-    if (X->ndim != 3)
-        return TPK_ERROR(ctx, TPK_EINVAL, "GRU inputs are N x T x d sequences (got rank %d)",
-                         X->ndim);
-    if ((double)X->dims[1] != T)
-        return TPK_ERROR(ctx, TPK_EINVAL, "the inputs have %zu steps per sequence, the program "
-                         "T = %g", X->dims[1], T);
-    return tpk_gru_kernel(&gp, X, all_outputs, prog, K, err, ctx);
-}
 
 static const tpk_arch archs[] = {
     {"mlp", "programs/mlp.nsr", "data/demo-inputs.csv",
@@ -119,7 +41,7 @@ static const tpk_arch archs[] = {
      "recursion, kernels/gru.c (TPK_EVALUATOR=program: by the evaluator)",
      "var-Uz=var_Uz,var-Ur=var_Ur,var-Uh=var_Uh,var-Wz=var_Wz,var-Wr=var_Wr,var-Wh=var_Wh,"
      "var-bz=var_bz,var-br=var_br,var-bh=var_bh,mu-bz=mu_bz,mu-br=mu_br,mu-bh=mu_bh,"
-     "sigma-v2=sigma_v2", "", "", NULL, gru_direct, 0},
+     "sigma-v2=sigma_v2", "", "", NULL, app_gru_direct, 0},
     {"lstm", "programs/lstm.nsr", "data/demo-sequences.npy",
      "LSTM, gates erf_sigmoid or sigmoid (--gate), cell tanh; E[gate gate'] closed or 2-D, "
      "E[tanh(c) tanh(c')] by randomised QMC (theory.md §2.4)",
@@ -132,7 +54,7 @@ static const tpk_arch archs[] = {
      "post-LN residuals, ReLU feed-forward; tokens N×T×d (theory.md §2.7); computed by its direct "
      "recursion, kernels/transformer.c (TPK_EVALUATOR=program: by the evaluator)",
      "depth=L,var-e=var_e,var-u=var_u,var-w=var_w,var-b=var_b,temp=temp,ln-eps=eps,"
-     "sigma-v2=sigma_v2", "", "", NULL, transformer_direct, 1000},
+     "sigma-v2=sigma_v2", "", "", NULL, app_transformer_direct, 1000},
     /* inv-n: programs/attention.nsr evaluated; inv-sqrt-n: the hierarchical limit (theory §5) */
     {"attention", "programs/attention.nsr", "data/demo-tokens.npy",
      "one multi-head attention layer, independent W_Q, W_K, W_V, W_O; 1/n logits (Gaussian, "

@@ -36,4 +36,12 @@ struct tpk_kernel_job {
 int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 
+/* The architectures' direct recursions (app/solvers.c's table; tpk_arch.direct). */
+int app_transformer_direct(const tpk_program *p, const tpk_phi_registry *reg, const tpk_array *X,
+                           int all_outputs, const tpk_progress *prog, tpk_array **K, double *err,
+                           tpk_ctx *ctx);
+int app_gru_direct(const tpk_program *p, const tpk_phi_registry *reg, const tpk_array *X,
+                   int all_outputs, const tpk_progress *prog, tpk_array **K, double *err,
+                   tpk_ctx *ctx);
+
 #endif

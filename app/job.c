@@ -224,14 +224,11 @@ static int prepare_arrays(const char *entry, const tpk_job *job, const tpk_array
     return load(job, s, ctx);
 }
 
-/* The direct recursion that computes this job (tpk_job.direct), or NULL for the NETSOR
- * evaluator: also with the program's text given (job->source) or TPK_EVALUATOR=program. */
+/* The direct recursion that computes this job, or NULL for the NETSOR interpreter: the one
+ * decision of app/solvers.c. */
 static tpk_direct_kernel job_direct(const tpk_job *job)
 {
-    if (!job->direct || job->source)
-        return NULL;
-    const char *ev = getenv("TPK_EVALUATOR");
-    return ev && strcmp(ev, "program") == 0 ? NULL : job->direct;
+    return tpk_job_solver(job, NULL);
 }
 
 /* The limit kernel of a batch: the architecture's direct recursion or the NETSOR evaluator. */
@@ -334,9 +331,12 @@ int tpk_job_describe(tpk_h5out *out, const tpk_job *job, const tpk_program *prog
 /* The common attributes, then the inputs. */
 static int describe(tpk_h5out *out, const tpk_job *job, const job_state *s, tpk_ctx *ctx)
 {
+    const char *solver;
     int st = tpk_job_describe(out, job, s->prog, NULL, "program", ctx);
-    if (!st && job_direct(job))
+    if (!st && tpk_job_solver(job, &solver))
         st = tpk_h5out_attr_str(out, "/", "evaluator", "direct-recursion", ctx);
+    if (!st)
+        st = tpk_h5out_attr_str(out, "/", "solver", solver, ctx);
     if (!st) st = tpk_h5out_input_attrs(out, "input", &s->xi, s->X, ctx);
     if (!st && s->Xt) st = tpk_h5out_input_attrs(out, "test", &s->ti, s->Xt, ctx);
     return st;

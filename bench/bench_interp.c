@@ -92,8 +92,10 @@ static int run_mlp(void *v)
 static void bench_mlp(void)
 {
     const size_t N = 2048, d = 32;
-    tpk_param_set s[] = {{"L", "8"}, {"sigma_v2", "2.0"}, {"sigma_ob2", "0.1"}};
-    tpk_program *p = program("programs/mlp.nsr", NULL, s, 3);
+    /* every parameter the direct recursion below uses, not the program's defaults */
+    tpk_param_set s[] = {{"L", "8"}, {"sigma_w2", "2.0"}, {"sigma_b2", "0.1"},
+                         {"sigma_v2", "2.0"}, {"sigma_ob2", "0.1"}};
+    tpk_program *p = program("programs/mlp.nsr", NULL, s, 5);
     tpk_array *x = inputs(N, 1, d, 1);
     tpk_phi *relu = tpk_phi_alloc(reg, "relu", NULL);
     if (!p || !x || !relu)
@@ -147,8 +149,10 @@ static int run_mlp_ln(void *v)
 static void bench_mlp_ln(void)
 {
     const size_t N = 2048, d = 32;
-    tpk_param_set s[] = {{"L", "8"}};
-    tpk_program *p = program("programs/mlp-ln.nsr", NULL, s, 1);
+    /* every parameter the recursion below uses, not the program's defaults */
+    tpk_param_set s[] = {{"L", "8"}, {"sigma_w2", "2.0"}, {"sigma_b2", "0.0"},
+                         {"sigma_v2", "1.0"}, {"sigma_ob2", "0.0"}};
+    tpk_program *p = program("programs/mlp-ln.nsr", NULL, s, 5);
     tpk_array *x = inputs(N, 1, d, 2);
     double *S = malloc(N * N * sizeof *S), *dg = malloc(N * sizeof *dg);
     tpk_phi *relu = tpk_phi_alloc(reg, "relu", NULL);

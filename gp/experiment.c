@@ -637,6 +637,16 @@ static int table_kernel_job(const tpk_arch *a, const tpk_arch_opts *ao, const tp
     return st;
 }
 
+/* X as N×(the rest): a view of the same data (never freed through it). */
+static const tpk_array *flat_view(const tpk_array *X, tpk_array *v)
+{
+    *v = *X;
+    v->ndim = 2;
+    for (int i = 2; i < X->ndim; i++)
+        v->dims[1] *= X->dims[i];
+    return v;
+}
+
 /* The kernels of X (and Xt) by the table's architecture o->kernel or the program o->program,
  * as gpkernel computes them: *K (N×N), *Kxt (M×N) and *kd (M) with Xt. */
 static int table_kernel(const opts *o, const tpk_array *X, const tpk_array *Xt, tpk_array **K,
@@ -656,10 +666,33 @@ static int table_kernel(const opts *o, const tpk_array *X, const tpk_array *Xt, 
     const tpk_arch *a = tpk_arch_find(o->kernel);
     tpk_arch_opts ao = {.flags = o->arch_flags, .nflags = o->narch_flags, .sets = o->sets,
                         .nsets = o->nsets, .layernorm = o->layernorm, .progress = o->progress};
+    /* --arch=mlp from the experiment's own fields (a C or Python caller, or no flag given):
+     * its depth, phi and variances as the row's flags */
+    char v[3][32];
+    tpk_arch_flag own[4];
+    if (a && strcmp(a->name, "mlp") == 0 && o->narch_flags == 0 && o->nsets == 0 &&
+        !o->layernorm) {
+        snprintf(v[0], sizeof v[0], "%d", o->depth_lo);
+        snprintf(v[1], sizeof v[1], "%.17g", o->sigma_w2);
+        snprintf(v[2], sizeof v[2], "%.17g", o->sigma_b2);
+        own[0] = (tpk_arch_flag){.flag = "depth", .value = v[0]};
+        own[1] = (tpk_arch_flag){.flag = "phi", .value = o->phi ? o->phi : "relu"};
+        own[2] = (tpk_arch_flag){.flag = "sigma-w2", .value = v[1]};
+        own[3] = (tpk_arch_flag){.flag = "sigma-b2", .value = v[2]};
+        ao.flags = own;
+        ao.nflags = 4;
+    }
     if (!a)
         return TPK_ERROR(ctx, TPK_EINVAL, "unknown --arch '%s'", o->kernel);
     if (a->custom) /* writes HDF5: through its job */
         return table_kernel_job(a, &ao, X, Xt, K, Kxt, kd, ctx);
+    /* the MLP reads every item as one vector, as gpregress' own recursion did (IDX images
+     * N×rows×cols): views of the same data as N×d */
+    tpk_array xv, tv;
+    if (strcmp(a->name, "mlp") == 0 && X->ndim > 2)
+        X = flat_view(X, &xv);
+    if (strcmp(a->name, "mlp") == 0 && Xt && Xt->ndim > 2)
+        Xt = flat_view(Xt, &tv);
     return tpk_arch_kernel(a, &ao, X, Xt, K, Kxt, kd, NULL, ctx);
 }
 

@@ -261,7 +261,14 @@ int tpk_gp_experiment_table_kernel(const tpk_gp_experiment_opts *o)
         return 1;
     if (!o->kernel || strcmp(o->kernel, "rbf") == 0)
         return 0;
-    return strcmp(o->kernel, "mlp") != 0 || o->narch_flags > 0 || o->nsets > 0 || o->layernorm;
+    if (strcmp(o->kernel, "mlp") != 0 || o->narch_flags > 0 || o->nsets > 0 || o->layernorm)
+        return 1;
+    /* gpregress' own --arch=mlp at one depth: the same solver as gpkernel (tpk_job_solver), so
+     * that both give the same kernel bit for bit; its recursion (kernels/mlp.c: every depth of a
+     * range in one pass, the derivatives --fit-hyper needs, its own quadrature degree) only where
+     * those are asked for */
+    return o->depth_lo == o->depth_hi && !o->fit_hyper &&
+           o->quad_degree == TPK_GAUSS_DEFAULT_DEGREE;
 }
 
 /* ---- the report ------------------------------------------------------------------------------ */

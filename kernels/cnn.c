@@ -1484,6 +1484,12 @@ static int pair_shifts(const tpk_cnn_params *p, const grid *g, const shiftwin *w
 #define POOL_PREP_COST 12.0
 #define POOL_STREAM_COST 8.0
 #define POOL_BLOCK_L2 (1024.0 * 1024.0)
+/* What the counts above leave out of the shift path (its segment maps' preparation per shifted
+ * pair, the blocks of shifts not staying in L2 through all layers), measured: on the 2-core Intel
+ * AVX-512 machine of session 19 GAP by shifts took 1.62x (16 images 28x28, depth 8), 1.84x
+ * (depth 3) and 1.21x (8 images 32x32, depth 8) the block path's time, where the raw counts
+ * predicted 0.9x; this factor puts the prediction at 1.2-1.6x. */
+#define POOL_SHIFT_MEASURED 1.7
 
 static double pool_tap_cost(int kh, int kw)
 {
@@ -1498,7 +1504,7 @@ static double pool_cost_shifts(const tpk_cnn_params *p, const grid *g)
     const double lanes = ceil(cl / POOL_LANES) * POOL_LANES / cl, tap = pool_tap_cost(p->kh, p->kw);
     const double per_layer = W * Q * (POOL_MAP_COST * lanes + tap + POOL_SEG_CALL_COST / cl) +
                              (Q + (double)g->R * (double)shift_row_width(g, &w)) * POOL_PREP_COST;
-    return L * per_layer + W * Q * ((double)p->channels + tap);
+    return POOL_SHIFT_MEASURED * (L * per_layer + W * Q * ((double)p->channels + tap));
 }
 
 static double pool_cost_block(const tpk_cnn_params *p, const grid *g)

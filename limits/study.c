@@ -408,8 +408,13 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
                          "with the hierarchical limit by gpattention (law distances, kurtosis, "
                          "heads) and gpkernel --arch=attention (its mean kernel and score "
                          "covariances)", s->program);
-    if (tpk_netsor_kernel_progress(s->prog, s->x, s->all_outputs, o->progress, &s->K,
-                                   &s->info.limit_error, ctx))
+    /* the limit as gpkernel computes it for this architecture: the one choice of solver */
+    tpk_job lj = {.direct = o->arch ? o->arch->direct : NULL};
+    tpk_direct_kernel direct = tpk_job_solver(&lj, &s->info.limit_solver);
+    if (direct ? direct(s->prog, reg, s->x, s->all_outputs, o->progress, &s->K,
+                        &s->info.limit_error, ctx)
+               : tpk_netsor_kernel_progress(s->prog, s->x, s->all_outputs, o->progress, &s->K,
+                                            &s->info.limit_error, ctx))
         return ctx->status;
     /* The compared kernel: N×N (last output) or (N·O)×(N·O) input-major (all outputs); the
      * sampled outputs y are N×O in the same order, so one coordinate index serves both. */
@@ -637,6 +642,8 @@ static int write_attrs(const tpk_study *s, tpk_h5out *h, int argc, char **argv, 
                        s->stats.fit_min_width == TPK_STUDY_FIT_AUTO
                            ? -1 : (long long)s->stats.fit_min_width, ctx);
     tpk_h5out_attr_double(h, "/", "limit_kernel_error", s->info.limit_error, ctx);
+    tpk_h5out_attr_str(h, "/", "limit_solver",
+                       s->info.limit_solver ? s->info.limit_solver : "interpreter", ctx);
     tpk_h5out_attr_str(h, "/", "layout",
                        "per_seed/khat[w][s] = tpk_netsor_run(program, inputs, widths[w], "
                        "seed_base + s) empirical kernel (sigma_v2 included); per_seed/outputs "

@@ -312,10 +312,16 @@ static void test_classify_idx(void **state)
     h1[7] = MI;
     idx_write("te-images-ubyte.gz", h3, 16, timg, sizeof timg);
     idx_write("te-labels-ubyte.gz", h1, 8, tlab, sizeof tlab);
-    assert_int_equal(gpregress("--arch=mlp --depth=2 --train=tr-images-ubyte.gz "
-                               "--labels=tr-labels-ubyte.gz --test=te-images-ubyte.gz "
-                               "--test-labels=te-labels-ubyte.gz --classify --center --unit-norm "
-                               "--sigma-b2=0.01 --output=c.h5"), 0);
+    int rc = gpregress("--arch=mlp --depth=2 --train=tr-images-ubyte.gz "
+                       "--labels=tr-labels-ubyte.gz --test=te-images-ubyte.gz "
+                       "--test-labels=te-labels-ubyte.gz --classify --center --unit-norm "
+                       "--sigma-b2=0.01 --output=c.h5");
+    if (rc != 0) {
+        char err[2048];
+        read_text("err.txt", err, sizeof err);
+        print_message("gpregress: %s\n", err);
+    }
+    assert_int_equal(rc, 0);
     size_t cnt;
     double *acc = h5_read("c.h5", "/accuracy", &cnt);
     assert_true(acc[0] == 1.0);

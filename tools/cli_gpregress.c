@@ -222,7 +222,7 @@ static int table_flags(const cli_seen *seen, cli_gpregress *g, tpk_ctx *ctx)
         if (g->flags.n == CLI_MAX_FLAGS)
             return TPK_ERROR(ctx, TPK_EINVAL, "more than %d architecture flags", CLI_MAX_FLAGS);
         snprintf(g->flags.flag[g->flags.n], sizeof g->flags.flag[0], "%s", own_flags[i]);
-        g->flags.fl[g->flags.n] = (tpk_arch_flag){g->flags.flag[g->flags.n], NULL, v};
+        g->flags.fl[g->flags.n] = (tpk_arch_flag){.flag = g->flags.flag[g->flags.n], .value = v};
         g->flags.n++;
     }
     const tpk_arch *a = o->kernel ? cli_arch(o->kernel, ctx) : NULL;

@@ -55,6 +55,16 @@ typedef struct tpk_job {
                                  * toolkit (tpk_h5out_check_replace; --force) */
 } tpk_job;
 
+/* Who computes a job's limit kernel: the one decision every tool shares (gpkernel, netsor
+ * kernel, gplimits, gpregress, the Python package, gpkernel-mpi). The architecture's direct
+ * recursion where the job carries one (tpk_arch.direct, which a row keeps only where it is
+ * measured faster than the interpreter) and runs the row's own program (no job->source) and
+ * TPK_EVALUATOR is not "program"; else NULL: the NETSOR interpreter, whose back end the program's
+ * family IR decides (netsor check --explain). *name (may be NULL): the solver's name, which the
+ * outputs record as their "solver" attribute ("transformer-recursion", "gru-recursion",
+ * "interpreter"). */
+TPK_API tpk_direct_kernel tpk_job_solver(const tpk_job *job, const char **name);
+
 /* Infinite-width kernel: /kernel, and with a test set /kernel_test_train and /kernel_test_diag. */
 TPK_API int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx);
 /* Finite-width run at width n with seed s: /kernel_hat (empirical kernel, same layout as /kernel)

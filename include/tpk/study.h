@@ -156,6 +156,8 @@ typedef struct tpk_study_info {
     size_t runs, done;            /* (width, seed) runs in all, finished */
     int source;                   /* enum tpk_study_source */
     double limit_error;           /* the limit evaluator's error estimate */
+    const char *limit_solver;     /* who computed the limit (tpk_job_solver: "interpreter",
+                                   * "transformer-recursion", ...), as gpkernel would */
 } tpk_study_info;
 
 typedef struct tpk_study tpk_study;
