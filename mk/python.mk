@@ -19,6 +19,6 @@ check-python: $(STATIC) $(PY_VENV_OK)
 	@start=$$(date +%s); \
 	TPK_BUILD=$(BUILD) $(PY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 	    --force-reinstall --no-deps ./python && \
-	cd $(BUILD) && $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider \
+	cd $(BUILD) && TPK_THREADS=fixed $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider \
 	    $(CURDIR)/python/tests; \
 	rc=$$?; echo "check-python: $$(($$(date +%s) - start)) s"; exit $$rc

@@ -162,3 +162,30 @@ def test_errors(X):
         tpk.kernel("transformer", X)
     with pytest.raises(tpk.Error, match="exactly one of"):
         tpk.Kernel()
+
+
+@pytest.mark.parametrize("arch", ["mlp", "transformer", "gru"])
+def test_same_solver_as_gpkernel(arch, tmp_path, rng):
+    """tpk.kernel and gpkernel make one choice of solver (tpk_job_solver): the same kernel bit
+    for bit, the transformer's and the GRU's by their direct recursions."""
+    import os
+    import subprocess
+
+    import h5py
+
+    exe = os.path.join(os.getcwd(), "bin", "gpkernel")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("no build/bin/gpkernel beside the package")
+    X = rng.normal(size=(5, 6)) if arch == "mlp" else rng.normal(size=(3, 4, 5))
+    np.save(tmp_path / "x.npy", X)
+    env = dict(os.environ, TPK_THREADS="fixed")  # both sides: OpenMP's default team
+    subprocess.run([exe, f"--arch={arch}", f"--input={tmp_path / 'x.npy'}",
+                    f"--output={tmp_path / 'k.h5'}", "--quiet"], check=True, env=env)
+    with h5py.File(tmp_path / "k.h5") as f:
+        G = f["kernel"][()]
+        solver = f.attrs["solver"]
+    solver = solver.decode() if isinstance(solver, bytes) else solver
+    want = {"mlp": "interpreter", "transformer": "transformer-recursion", "gru": "gru-recursion"}
+    assert solver == want[arch]
+    K = tpk.kernel(arch, X)
+    assert np.array_equal(K, G)
