@@ -68,6 +68,10 @@ void *nsr_fam_alloc(nsr_fam *F, size_t n, size_t size);
 /* Would one buffer of this many bytes exceed the share of memory a block may take? (Reports.) */
 int nsr_fam_too_big(nsr_fam *F, size_t bytes);
 
+/* The declared member (A-var or initial G-var, an index into R->dm) of family sym at the indices
+ * of e under the bound symbols; an error naming e where the program declares none. */
+int nsr_fam_member(nsr_fam *F, int sym, const nsr_expr *e, int *out);
+
 /* Index arithmetic: the value of e from the bound symbols (F->num); an integer index. */
 int nsr_fam_num(nsr_fam *F, const nsr_expr *e, double *v);
 int nsr_fam_int(nsr_fam *F, const nsr_expr *e, int *out);

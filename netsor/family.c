@@ -150,6 +150,23 @@ int nsr_fam_int(nsr_fam *F, const nsr_expr *e, int *out)
     return TPK_OK;
 }
 
+int nsr_fam_member(nsr_fam *F, int sym, const nsr_expr *e, int *out)
+{
+    int t[NSR_MAX_INDICES];
+    for (int i = 0; i < e->nidx && i < NSR_MAX_INDICES; i++)
+        if (nsr_fam_int(F, e->idx[i], &t[i]))
+            return F->ctx->status;
+    for (int i = 0; i < F->R->ndm; i++) {
+        const nsr_dmember *d = &F->R->dm[i];
+        if (d->sym == sym && d->nidx == e->nidx &&
+            memcmp(d->idx, t, (size_t)e->nidx * sizeof *t) == 0) {
+            *out = i;
+            return TPK_OK;
+        }
+    }
+    return nsr_fam_err(F, TPK_ETYPE, e, "%s has no such member (not declared)", e->name);
+}
+
 /* Does e read any of the symbols syms[0..n)? */
 int nsr_reads_syms(const nsr_expr *e, const int *syms, int n, int depth)
 {

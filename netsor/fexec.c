@@ -357,20 +357,11 @@ static int find_block(fx *F, int sym, const int *idx, long *mem)
 
 static int dm_of(fx *F, int sym, const nsr_expr *e, int *out)
 {
-    int t[NSR_MAX_INDICES];
-    for (int i = 0; i < e->nidx; i++)
-        if (nsr_fam_int(&F->X, e->idx[i], &t[i]))
-            return F->X.ctx->status;
-    for (int i = 0; i < F->X.R->ndm; i++) {
-        const nsr_dmember *d = &F->X.R->dm[i];
-        if (d->sym == sym && d->nidx == e->nidx && memcmp(d->idx, t, (size_t)e->nidx * sizeof *t) == 0) {
-            *out = i;
-            if (F->dmlast[i] < F->X.cur)
-                F->dmlast[i] = F->X.cur;
-            return TPK_OK;
-        }
-    }
-    return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s has no such member (not declared)", e->name);
+    if (nsr_fam_member(&F->X, sym, e, out))
+        return F->X.ctx->status;
+    if (F->dmlast[*out] < F->X.cur) /* its weights live until here */
+        F->dmlast[*out] = F->X.cur;
+    return TPK_OK;
 }
 
 /* Member dm's random matrix (rows × cols standard normals) or vector (rows = n, cols = 1),

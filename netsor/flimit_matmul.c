@@ -9,24 +9,6 @@
 #include <math.h>
 #include <string.h>
 
-/* The declared member of A-var (or G) family sym at the indices of e, or −1. */
-static int dm_find(fl *F, int sym, const nsr_expr *e, int *out)
-{
-    int t[NSR_MAX_INDICES];
-    for (int i = 0; i < e->nidx; i++)
-        if (nsr_fam_int(&F->X, e->idx[i], &t[i]))
-            return F->X.ctx->status;
-    for (int i = 0; i < F->X.R->ndm; i++) {
-        const nsr_dmember *d = &F->X.R->dm[i];
-        if (d->sym == sym && d->nidx == e->nidx &&
-            memcmp(d->idx, t, (size_t)e->nidx * sizeof *t) == 0) {
-            *out = i;
-            return TPK_OK;
-        }
-    }
-    return nsr_fam_err(&F->X, TPK_ETYPE, e, "%s has no such member (not declared)", e->name);
-}
-
 /* alpha·E[u uᵀ] into M2 (lower triangle); in the plan, the walk over the terms alone. */
 static int lin_m2_acc(fl *F, val *u, double var, size_t n, double *M2)
 {
@@ -42,7 +24,7 @@ int nsr_fl_matmul_weight(fl *F, const nsr_expr *am, const nsr_fdom *D, double *v
         return NSR_UNSUP(&F->X, am, "an A-var that changes with the family's index (%s): untied "
                          "weights per member", am->name);
     int di = -1;
-    if (dm_find(F, am->sym, am, &di))
+    if (nsr_fam_member(&F->X, am->sym, am, &di))
         return F->X.ctx->status;
     if (F->avar_site[di] >= 0)
         return NSR_UNSUP(&F->X, am, "%s is multiplied in more than one place (weight tying, e.g. a "

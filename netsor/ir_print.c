@@ -121,23 +121,17 @@ void nsr_ir_uses_free(nsr_ir_uses *u, tpk_ctx *ctx)
     memset(u, 0, sizeof *u);
 }
 
-/* The declared member the weight reference e names at the bound symbols (−1: none: the
+/* The declared member the weight reference of n names at the bound symbols (−1: none; the
  * evaluation reports that, where it is evaluated). */
 static int member_at(nsr_fam *F, const nsr_irn *n)
 {
-    const nsr_rolled *R = F->R;
-    int t[NSR_MAX_INDICES];
-    for (int i = 0; i < n->e->nidx && i < NSR_MAX_INDICES; i++)
-        if (nsr_fam_int(F, n->e->idx[i], &t[i])) {
-            tpk_ctx_clear(F->ctx);
-            F->unsup = 0;
-            return -1;
-        }
-    for (int d = 0; d < R->ndm; d++)
-        if (R->dm[d].sym == n->sym && R->dm[d].nidx == n->e->nidx &&
-            memcmp(R->dm[d].idx, t, (size_t)n->e->nidx * sizeof *t) == 0)
-            return d;
-    return -1;
+    int d = -1;
+    if (nsr_fam_member(F, n->sym, n->e, &d)) {
+        tpk_ctx_clear(F->ctx);
+        F->unsup = 0;
+        return -1;
+    }
+    return d;
 }
 
 /* The scope of node k: its statement's domain extended by the binders around it, outermost
