@@ -253,6 +253,12 @@ void tpk_gp_data_free(tpk_gp_data *d)
 
 /* ---- the kernel's source ---------------------------------------------------------------------- */
 
+int tpk_gp_experiment_own_mlp(const tpk_gp_experiment_opts *o)
+{
+    return o && !o->kernel_file && !o->program && o->kernel && strcmp(o->kernel, "mlp") == 0 &&
+           o->narch_flags == 0 && o->nsets == 0 && !o->layernorm;
+}
+
 int tpk_gp_experiment_table_kernel(const tpk_gp_experiment_opts *o)
 {
     if (!o || o->kernel_file)

@@ -150,7 +150,7 @@ static int own_option(int val, const char *arg, void *user, tpk_ctx *ctx)
 /* What gpregress has and this program does not. */
 static int check_supported(const tpk_gp_experiment_opts *e, const mpi_opts *o, tpk_ctx *ctx)
 {
-    if (tpk_gp_experiment_table_kernel(e))
+    if (tpk_gp_experiment_table_kernel(e) && !tpk_gp_experiment_own_mlp(e))
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--%s=%s is gpregress's: compute the kernel with "
                          "gpkernel-mpi --test and give it here as --kernel=FILE.h5",
                          e->program ? "program" : "arch", e->program ? e->program : e->kernel);

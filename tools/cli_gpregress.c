@@ -291,7 +291,8 @@ int cli_gpregress_parse(int argc, char **argv, const char *tool, const char *con
         st = tpk_gp_experiment_check(o, ctx); /* options together: still the command line */
     if (st == TPK_OK)
         st = refuse_unused(&seen, o, ctx);
-    if (st == TPK_OK && tpk_gp_experiment_table_kernel(o))
+    /* gpregress' own --arch=mlp keeps its numeric settings (the table path reads them) */
+    if (st == TPK_OK && tpk_gp_experiment_table_kernel(o) && !tpk_gp_experiment_own_mlp(o))
         st = table_flags(&seen, g, ctx);
     else if (st == TPK_OK && g->flags.n > 0)
         st = TPK_ERROR(ctx, TPK_EINVAL, "unknown option '--%s' (see --help)", g->flags.fl[0].flag);

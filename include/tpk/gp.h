@@ -225,8 +225,9 @@ typedef struct tpk_gp_experiment_opts {
     const char *kernel;         /* "mlp" (the NNGP of tpk_mlp_kernel), "rbf" (s·exp(−|x−x'|²/(2ℓ²)))
                                    or any architecture of the table (include/tpk/archs.h, gpkernel
                                    --list-archs): its kernel by tpk_arch_kernel, or its own job for
-                                   the CNN and attention rows, as gpkernel computes it. mlp with
-                                   arch_flags, sets or layernorm is the table's row too */
+                                   the CNN and attention rows, as gpkernel computes it. mlp at one
+                                   depth (no --fit-hyper, the default quadrature), or with
+                                   arch_flags, sets or layernorm, is the table's row too */
     const char *kernel_file;    /* precomputed, as gpkernel --test writes: /kernel (N×N),
                                    /kernel_test_train (M×N), /kernel_test_diag (M), optional
                                    /kernel_test_test (M×M, for full_cov) */
@@ -286,6 +287,10 @@ typedef struct tpk_gp_experiment_opts {
 /* 1 when the experiment's kernel comes from the architecture table or a NETSOR program (the
  * kernel gpkernel computes), not from gpregress' own mlp recursion, RBF or a kernel file. */
 TPK_API int tpk_gp_experiment_table_kernel(const tpk_gp_experiment_opts *o);
+/* 1 when the experiment is --arch=mlp with gpregress' own settings only (depth, phi, σ_w², σ_b²:
+ * no architecture flags, --set or layernorm): the kernel its recursion also computes (one depth
+ * through the table, tpk_gp_experiment_table_kernel; gpregress-mpi tiles it by the recursion). */
+TPK_API int tpk_gp_experiment_own_mlp(const tpk_gp_experiment_opts *o);
 
 /* gpregress's defaults: mlp depth 3, relu, σ_w² 2, σ_b² 0, ℓ² 1, s 1, automatic noise with a
  * profiled scale, select_n 2000, 5 noise fits, TPK_GAUSS_DEFAULT_DEGREE; no files, no streams. */
