@@ -105,7 +105,8 @@ static int load(const tpk_job *job, job_state *s, tpk_ctx *ctx)
     if (job->nsets)
         memcpy(s->sets, job->sets, (size_t)job->nsets * sizeof *s->sets);
     tpk_netsor_opts o = {.sets = s->sets, .nsets = job->nsets, .netsor_plus = job->netsor_plus,
-                         .plan_when_used = !s->blocks};
+                         .plan_when_used = !s->blocks, .explain = job->explain != NULL,
+                         .diag = job->explain};
     s->prog = load_program(job, &o, s->reg, ctx);
     if (!s->prog)
         return ctx->status;

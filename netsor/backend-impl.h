@@ -7,8 +7,31 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "tpk/netsor.h"
+
+/* An output's readout (theory §1.5, docs/netsor.md "Outputs"): the parts it reads out (one, or
+ * the m vectors of readout(concat(h1, ..., hm), ...)) and whether two outputs share a readout
+ * vector. Outputs of one readout vector have the same number of parts (elab checks it), and
+ * part k of one meets part k of the other: K = σ_v σ_v' / m · Σ_k E[h_k h'_k] + β β'. Outputs
+ * of different readout vectors (readout[u] against readout[w] or the default) are independent:
+ * their kernel entry is 0, biases included. */
+static inline int nsr_out_nparts(const tpk_output *o)
+{
+    return o->nparts > 1 ? o->nparts : 1;
+}
+
+static inline int nsr_out_part(const tpk_output *o, int k)
+{
+    return o->nparts > 1 ? o->part[k] : o->src;
+}
+
+static inline int nsr_same_readout(const tpk_output *a, const tpk_output *b)
+{
+    return a->readout == NULL ? b->readout == NULL
+                              : b->readout != NULL && strcmp(a->readout, b->readout) == 0;
+}
 
 /* Shape facts about (program, x) established by tpk_nsr_validate. */
 typedef struct tpk_nsr_shape {

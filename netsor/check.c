@@ -216,6 +216,13 @@ static int transpose_error(walker *W, const nsr_expr *e)
                      e->name ? e->name : "?");
 }
 
+/* concat(h1, ..., hm), built in unless the program names something concat */
+static int is_concat(walker *W, const nsr_expr *e)
+{
+    return e->kind == NSR_E_CALL && strcmp(e->name, "concat") == 0 && lookup(W, e->name) < 0 &&
+           function_sym(W->C, e->name) < 0;
+}
+
 static int resolve_name(walker *W, nsr_expr *e, int depth)
 {
     nsr_check *C = W->C;
@@ -364,6 +371,10 @@ static int resolve_call(walker *W, nsr_expr *e, int depth)
     if (strcmp(e->name, "readout") == 0)
         return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
                          "readout(...) may only appear as 'output y = readout(var, sigma_v2[, sigma_ob2])'");
+    if (is_concat(W, e))
+        return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
+                         "concat(...) may only appear as a readout's first argument: "
+                         "'output y = readout(concat(h1, h2), sigma_v2)'");
     if (is_builtin_pad(W, e)) {
         if (e->nargs != 3 || e->nidx)
             return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
@@ -895,12 +906,28 @@ static int walk_stmt(walker *W, nsr_stmt *s)
         if (r->kind != NSR_E_CALL || strcmp(r->name, "readout") != 0)
             return nsr_error(C->S, TPK_ETYPE, r->line, r->col,
                              "an output must be 'readout(var, sigma_v2[, sigma_ob2])'");
-        if ((r->nargs != 2 && r->nargs != 3) || r->nidx)
+        if (r->nargs != 2 && r->nargs != 3)
             return nsr_error(C->S, TPK_ETYPE, r->line, r->col,
                              "readout takes two or three arguments: readout(var, sigma_v2[, "
                              "sigma_ob2]), the readout weights' and the output bias' variances");
-        if (resolve_value(W, r->args[0]) || resolve_value(W, r->args[1]) ||
-            (r->nargs == 3 && resolve_value(W, r->args[2])))
+        /* readout[u](...): a readout vector (and bias) of its own, named u; names of readout
+         * vectors are their own namespace and are never values */
+        if (r->nidx > 1 || (r->nidx == 1 && r->idx[0]->kind != NSR_E_NAME))
+            return nsr_error(C->S, TPK_ETYPE, r->idx[0]->line, r->idx[0]->col,
+                             "readout[u](...) takes one name u, the readout vector of its own");
+        nsr_expr *v = r->args[0];
+        if (is_concat(W, v)) { /* readout(concat(h1, ..., hm), ...): one readout of width m·n */
+            if (v->nargs < 2 || v->nidx)
+                return nsr_error(C->S, TPK_ETYPE, v->line, v->col,
+                                 "concat takes two or more vectors: readout(concat(h1, h2), "
+                                 "sigma_v2)");
+            for (int i = 0; i < v->nargs; i++)
+                if (resolve_value(W, v->args[i]))
+                    return TPK_ETYPE;
+        } else if (resolve_value(W, v)) {
+            return TPK_ETYPE;
+        }
+        if (resolve_value(W, r->args[1]) || (r->nargs == 3 && resolve_value(W, r->args[2])))
             return TPK_ETYPE;
         return TPK_OK;
     }

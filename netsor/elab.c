@@ -1764,6 +1764,35 @@ static int exec_def(elab *E, const nsr_stmt *s)
     return TPK_OK;
 }
 
+/* The var that one readout vector reads: a G- or H-var, materialised as an H-var when it is an
+ * expression (readout(relu(g), ...)). */
+static int readout_vector(elab *E, const nsr_expr *e, const nsr_expr *rd, int *out)
+{
+    rbuf r = {0};
+    int v = -1, st = elab_expr(E, e, &r);
+    if (st == TPK_OK) {
+        if (r.len == 1 && (r.n[0].op == TPK_RPN_GVAR || r.n[0].op == NSR_RPN_HVAR)) {
+            v = r.n[0].var;
+        } else if (r.len == 1 && r.n[0].op == TPK_RPN_SCALAR) {
+            st = nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                           "readout needs a G- or H-var, not the scalar '%s'", E->p->var[r.n[0].var].name);
+        } else if (rb_is_const(&r, NULL)) {
+            st = nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                           "readout of a constant vector; a readout must read an H- or G-var");
+        } else {
+            v = materialize(E, &r, NSR_ANN_H, NULL, -1, rd->line, rd->col, "readout");
+            if (v == -1)
+                st = TPK_ETYPE;
+            else if (v < 0 || E->p->var[v].type == TPK_VAR_SCALAR)
+                st = nsr_error(E->S, TPK_ETYPE, e->line, e->col,
+                               "readout needs a G- or H-var, not a scalar expression");
+        }
+    }
+    rb_free(E, &r);
+    *out = v;
+    return st;
+}
+
 static int exec_output(elab *E, const nsr_stmt *s)
 {
     int idx[NSR_MAX_INDICES];
@@ -1781,7 +1810,6 @@ static int exec_output(elab *E, const nsr_stmt *s)
     }
     const nsr_expr *rd = s->value;
     double var, bias_var = 0;
-    rbuf r = {0};
     int st = eval_number(E, rd->args[1], "the readout variance", &var);
     if (st == TPK_OK && var < 0)
         st = nsr_error(E->S, TPK_ETYPE, rd->args[1]->line, rd->args[1]->col,
@@ -1792,42 +1820,53 @@ static int exec_output(elab *E, const nsr_stmt *s)
             st = nsr_error(E->S, TPK_ETYPE, rd->args[2]->line, rd->args[2]->col,
                            "readout bias variance is negative (%g)", bias_var);
     }
-    if (st == TPK_OK)
-        st = elab_expr(E, rd->args[0], &r);
+    /* the parts: one vector, or the m of readout(concat(h1, ..., hm), ...) (checked in check.c) */
+    const nsr_expr *a0 = rd->args[0];
+    int concat = a0->kind == NSR_E_CALL && a0->sym < 0 && strcmp(a0->name, "concat") == 0;
+    int m = concat ? a0->nargs : 1;
+    int *part = st == TPK_OK && concat ? tpk_malloc(E->S->ctx, (size_t)m * sizeof *part) : NULL;
     int v = -1;
-    if (st == TPK_OK) {
-        if (r.len == 1 && (r.n[0].op == TPK_RPN_GVAR || r.n[0].op == NSR_RPN_HVAR)) {
-            v = r.n[0].var;
-        } else if (r.len == 1 && r.n[0].op == TPK_RPN_SCALAR) {
-            st = nsr_error(E->S, TPK_ETYPE, rd->args[0]->line, rd->args[0]->col,
-                           "readout needs a G- or H-var, not the scalar '%s'", E->p->var[r.n[0].var].name);
-        } else if (rb_is_const(&r, NULL)) {
-            st = nsr_error(E->S, TPK_ETYPE, rd->args[0]->line, rd->args[0]->col,
-                           "readout of a constant vector; a readout must read an H- or G-var");
-        } else {
-            v = materialize(E, &r, NSR_ANN_H, NULL, -1, rd->line, rd->col, "readout");
-            if (v == -1)
-                st = TPK_ETYPE;
-            else if (v < 0 || E->p->var[v].type == TPK_VAR_SCALAR)
-                st = nsr_error(E->S, TPK_ETYPE, rd->args[0]->line, rd->args[0]->col,
-                               "readout needs a G- or H-var, not a scalar expression");
-        }
+    if (st == TPK_OK && concat && part == NULL)
+        st = oom(E);
+    for (int k = 0; k < m && st == TPK_OK; k++) {
+        st = readout_vector(E, concat ? a0->args[k] : a0, rd, &v);
+        if (part != NULL)
+            part[k] = v;
     }
-    rb_free(E, &r);
+    char *rname = NULL;
+    if (st == TPK_OK && rd->nidx == 1 &&
+        (rname = tpk_strdup(E->S->ctx, rd->idx[0]->name)) == NULL)
+        st = oom(E);
+    tpk_program *p = E->p;
+    /* one readout vector has one width: every output it reads has the same number of parts */
+    for (int i = 0; i < p->noutputs && st == TPK_OK; i++) {
+        const tpk_output *q = &p->output[i];
+        const tpk_output me = {.readout = rname};
+        if (nsr_same_readout(q, &me) && nsr_out_nparts(q) != m)
+            st = nsr_error(E->S, TPK_ETYPE, rd->line, rd->col,
+                           "%s reads %d vector%s out through the %s readout vector, as %s reads "
+                           "%d: give one of them a readout vector of its own, readout[u](...)",
+                           name, m, m == 1 ? "" : "s", rname ? rname : "default", q->name,
+                           nsr_out_nparts(q));
+    }
+    if (st == TPK_OK &&
+        (grow(E, (void **)&p->output, &E->capout, p->noutputs + 1, sizeof *p->output) ||
+         add_member(E, s->fam, s->nidx, idx, M_OUT, s->name_line, s->name_col) == NULL))
+        st = oom(E);
     if (st) {
+        tpk_free(E->S->ctx, part);
+        tpk_free(E->S->ctx, rname);
         tpk_free(E->S->ctx, name);
         return st;
     }
-    tpk_program *p = E->p;
-    if (grow(E, (void **)&p->output, &E->capout, p->noutputs + 1, sizeof *p->output) ||
-        add_member(E, s->fam, s->nidx, idx, M_OUT, s->name_line, s->name_col) == NULL) {
-        tpk_free(E->S->ctx, name);
-        return oom(E);
-    }
-    p->output[p->noutputs].name = name;
-    p->output[p->noutputs].src = v;
-    p->output[p->noutputs].var = var;
-    p->output[p->noutputs].bias_var = bias_var;
+    tpk_output *y = &p->output[p->noutputs];
+    y->name = name;
+    y->src = part != NULL ? part[0] : v;
+    y->var = var;
+    y->bias_var = bias_var;
+    y->nparts = m > 1 ? m : 0;
+    y->part = part;
+    y->readout = rname;
     p->noutputs++;
     return TPK_OK;
 }
@@ -1924,7 +1963,8 @@ static int exec_stmt(elab *E, nsr_stmt *s)
         if (eval_int(E, s->lo, "a range bound", &lo) || eval_int(E, s->hi, "a range bound", &hi))
             return TPK_ETYPE;
         E->have[s->fam] = 1;
-        for (long t = lo; t <= hi; t++) {
+        for (long i = lo; i <= hi; i++) {
+            long t = s->down ? hi - (i - lo) : i; /* 'by -1': hi down to lo */
             if (++E->steps > NSR_MAX_STEPS) {
                 E->S->too_large = 1;
                 return nsr_error(E->S, TPK_EINVAL, s->line, s->col,
@@ -2018,6 +2058,16 @@ static int finalize(elab *E)
     if (p->noutputs == 0)
         return nsr_error(E->S, TPK_ETYPE, 1, 1,
                          "the program has no output (write 'output y = readout(h, sigma_v2)')");
+    /* a concatenation [h1; ...; hm] has width m·n only when its parts share the width n */
+    for (int o = 0; o < p->noutputs; o++)
+        for (int k = 1; k < nsr_out_nparts(&p->output[o]); k++) {
+            const tpk_var *a = &p->var[p->output[o].src], *b = &p->var[p->output[o].part[k]];
+            if (a->width != b->width)
+                return nsr_error(E->S, TPK_ETYPE, E->var_line[p->output[o].part[k]], 1,
+                                 "%s concatenates %s (width %s) and %s (width %s): the parts of "
+                                 "concat(...) must have one width", p->output[o].name, a->name,
+                                 p->width_name[a->width], b->name, p->width_name[b->width]);
+        }
     if (E->S->opts != NULL && E->S->opts->explain)
         for (int i = 0; i < C->nuf; i++) {
             if (!C->uf[i].hole)

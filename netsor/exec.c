@@ -3,6 +3,7 @@
  * (N×n)·(n×n)ᵀ through tpk_dgemm. Random tensors come from counter-based streams keyed by
  * (seed, tensor, row, col) (include/tpk/rng.h): results depend on the seed alone, and the width-n
  * weights are the top-left block of the width-2n ones (standard normals before the 1/√n scale). */
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,7 +123,8 @@ static int ex_setup(ex *E, int all_outputs)
         }
     }
     for (int o = all_outputs ? 0 : p->noutputs - 1; o < p->noutputs; o++)
-        set_last(E, p->output[o].src, ni);
+        for (int k = 0; k < nsr_out_nparts(&p->output[o]); k++)
+            set_last(E, nsr_out_part(&p->output[o], k), ni);
     return TPK_OK;
 }
 
@@ -290,6 +292,53 @@ static int step(ex *E, int k)
     }
 }
 
+/* The readout of output o at width n over N inputs, into y[a·ld]: y = ⟨v, [h_1; ...; h_m]⟩/√(mn)·σ_v
+ * + √β·z_b. The default readout's v (part 1) and z_b are the streams the rolled executor draws;
+ * a further part k, and every part of a readout vector u of its own, has a stream named after
+ * it ("[k]", "u[k]", "u.bias"), so outputs of one readout vector share v and β and outputs of
+ * different ones are independent. */
+static int readout_values(const tpk_output *o, double *const *val, size_t N, size_t n,
+                          uint64_t seed, double *y, size_t ld, tpk_ctx *ctx)
+{
+    int m = nsr_out_nparts(o);
+    double *v = tpk_malloc(ctx, n * sizeof *v);
+    if (v == NULL)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    for (size_t a = 0; a < N; a++)
+        y[a * ld] = 0.0;
+    char nm[160];
+    for (int k = 0; k < m; k++) {
+        uint64_t stream = TPK_RNG_STREAM(TPK_RNG_READOUT, 0);
+        if (o->readout != NULL || k > 0) {
+            snprintf(nm, sizeof nm, "%s[%d]", o->readout ? o->readout : "", k + 1);
+            stream = tpk_rng_stream_named(TPK_RNG_READOUT, nm);
+        }
+        for (size_t r = 0; r < n; r++)
+            v[r] = tpk_rng_normal_at(seed, stream, (uint32_t)r, 0);
+        const double *h = val[nsr_out_part(o, k)];
+        for (size_t a = 0; a < N; a++) {
+            double acc = 0.0;
+            for (size_t r = 0; r < n; r++)
+                acc += v[r] * h[a * n + r];
+            y[a * ld] += acc;
+        }
+    }
+    tpk_free(ctx, v);
+    double zb = 0.0;
+    if (o->bias_var > 0.0) {
+        uint64_t stream = TPK_RNG_STREAM(TPK_RNG_READOUT, 1);
+        if (o->readout != NULL) {
+            snprintf(nm, sizeof nm, "%s.bias", o->readout);
+            stream = tpk_rng_stream_named(TPK_RNG_READOUT, nm);
+        }
+        zb = tpk_rng_normal_at(seed, stream, 0, 0);
+    }
+    double s = sqrt(o->var / ((double)n * m));
+    for (size_t a = 0; a < N; a++)
+        y[a * ld] = s * y[a * ld] + sqrt(o->bias_var) * zb;
+    return TPK_OK;
+}
+
 int tpk_netsor_run(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                    int all_outputs, tpk_array **Khat, tpk_array **y, tpk_ctx *ctx)
 {
@@ -413,11 +462,17 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
     for (int oi = 0; oi < O; oi++)
         for (int oj = 0; oj <= oi; oj++) {
             const tpk_output *po = &p->output[o0 + oi], *pq = &p->output[o0 + oj];
-            double s = sqrt(po->var * pq->var) / (double)n;
-            double beta = sqrt(po->bias_var * pq->bias_var); /* readout bias: Var β everywhere */
-            if ((st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, n, s, E.val[po->src], n,
-                                E.val[pq->src], n, 0.0, M, N, ctx)))
-                goto done;
+            /* part k meets part k through one readout vector; independent ones: 0 (§1.5) */
+            int same = nsr_same_readout(po, pq), m = nsr_out_nparts(po);
+            double s = sqrt(po->var * pq->var) / ((double)n * m);
+            double beta = same ? sqrt(po->bias_var * pq->bias_var) : 0.0; /* Var β everywhere */
+            if (!same)
+                memset(M, 0, N * N * sizeof *M);
+            for (int k = 0; same && k < m; k++)
+                if ((st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, n, s,
+                                    E.val[nsr_out_part(po, k)], n, E.val[nsr_out_part(pq, k)], n,
+                                    k ? 1.0 : 0.0, M, N, ctx)))
+                    goto done;
             for (size_t a = 0; a < N; a++)
                 for (size_t c = 0; c < N; c++) {
                     /* same block: mirror the lower triangle so Khat is exactly symmetric */
@@ -427,29 +482,17 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
                 }
         }
     if (y) {
-        /* y_a^o = ⟨v, h^o_a⟩/√n, one readout v ~ N(0, σ_v²) shared by all outputs (§1.5) */
+        /* y_a^o = ⟨v, [h^o_1; ...; h^o_m]_a⟩/√(mn) + β: the readout v ~ N(0, σ_v²) and the bias
+         * are shared by the outputs of one readout vector (§1.5) */
         Y = tpk_array_alloc2(N, (size_t)O, ctx);
-        double *v = tpk_malloc(ctx, n * sizeof *v);
-        if (Y == NULL || v == NULL) {
-            tpk_free(ctx, v);
-            st = Y == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        if (Y == NULL) {
+            st = ctx->status;
             goto done;
         }
-        for (size_t r = 0; r < n; r++)
-            v[r] = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_READOUT, 0), (uint32_t)r, 0);
-        double zb = tpk_rng_normal_at(seed, TPK_RNG_STREAM(TPK_RNG_READOUT, 1), 0, 0);
-        for (int o = 0; o < O; o++) {
-            const tpk_output *po = &p->output[o0 + o];
-            double s = sqrt(po->var / (double)n);
-            for (size_t a = 0; a < N; a++) {
-                const double *h = E.val[po->src] + a * n;
-                double acc = 0.0;
-                for (size_t r = 0; r < n; r++)
-                    acc += v[r] * h[r];
-                Y->data[a * (size_t)O + (size_t)o] = s * acc + sqrt(po->bias_var) * zb;
-            }
-        }
-        tpk_free(ctx, v);
+        for (int o = 0; o < O && st == TPK_OK; o++)
+            st = readout_values(&p->output[o0 + o], E.val, N, n, seed, Y->data + o, (size_t)O, ctx);
+        if (st)
+            goto done;
         *y = Y;
         Y = NULL;
     }

@@ -47,8 +47,11 @@ void tpk_nsr_prog_free(tpk_program *p)
         tpk_free(NULL, p->instr[i].body.args);
     }
     tpk_free(NULL, p->instr);
-    for (int i = 0; i < p->noutputs; i++)
+    for (int i = 0; i < p->noutputs; i++) {
         tpk_free(NULL, p->output[i].name);
+        tpk_free(NULL, p->output[i].part);
+        tpk_free(NULL, p->output[i].readout);
+    }
     tpk_free(NULL, p->output);
     tpk_free(NULL, p->path);
     tpk_free(NULL, p);

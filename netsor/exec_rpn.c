@@ -274,10 +274,18 @@ int tpk_nsr_validate(const tpk_program *p, const tpk_array *x, int all_outputs,
         defined[in->out] = 1;
     }
     for (int o = 0; o < p->noutputs && st == TPK_OK; o++) {
-        int s = p->output[o].src;
-        if (s < 0 || s >= p->nvars || !defined[s] || p->var[s].type == TPK_VAR_SCALAR)
-            st = TPK_ERROR(ctx, TPK_EINVAL, "output %d reads %d, not a defined G/H-var", o, s);
-        else if (!(p->output[o].var >= 0) || !isfinite(p->output[o].var) ||
+        const tpk_output *po = &p->output[o];
+        if (po->nparts > 1 && (po->part == NULL || po->part[0] != po->src))
+            st = TPK_ERROR(ctx, TPK_EINVAL, "output %d has %d parts but no part list starting "
+                           "with its src", o, po->nparts);
+        for (int k = 0; k < nsr_out_nparts(po) && st == TPK_OK; k++) {
+            int s = nsr_out_part(po, k);
+            if (s < 0 || s >= p->nvars || !defined[s] || p->var[s].type == TPK_VAR_SCALAR)
+                st = TPK_ERROR(ctx, TPK_EINVAL, "output %d reads %d, not a defined G/H-var", o, s);
+        }
+        if (st)
+            break;
+        if (!(p->output[o].var >= 0) || !isfinite(p->output[o].var) ||
                  !(p->output[o].bias_var >= 0) || !isfinite(p->output[o].bias_var))
             st = TPK_ERROR(ctx, TPK_EINVAL, "output %d has readout variance %g, bias variance %g",
                            o, p->output[o].var, p->output[o].bias_var);

@@ -27,7 +27,9 @@ const char *nsr_ir_type_name(int type)
 
 const char *nsr_ir_unsup_text(const nsr_irn *n, char *buf, size_t cap)
 {
-    if (n->e != NULL && n->e->kind == NSR_E_CALL && n->e->name != NULL)
+    /* a call no back end knows is named; a form with a reason of its own says the reason */
+    if (n->e != NULL && n->e->kind == NSR_E_CALL && n->e->name != NULL &&
+        (n->why == NULL || strcmp(n->why, "this call") == 0))
         snprintf(buf, cap, "'%s(...)'", n->e->name);
     else
         snprintf(buf, cap, "%s", n->why ? n->why : "this expression");
@@ -383,9 +385,19 @@ static int lower_stmt(lower *L, int k)
     int first = L->ir->nn, root;
     L->fi = k;
     if (s->kind == NSR_S_OUTPUT) {
-        const nsr_expr *rd = s->value;
+        const nsr_expr *rd = s->value, *a0 = rd->args[0];
         int v, var, bias = -1;
-        if (lower_expr(L, rd->args[0], 0, 0, &v) || lower_expr(L, rd->args[1], 0, 0, &var) ||
+        /* a readout of several vectors, or through a readout vector of its own, couples outputs
+         * in a way the rolled back ends' readouts (one shared v) do not: the member level runs it */
+        int concat = a0->kind == NSR_E_CALL && a0->sym < 0 && strcmp(a0->name, "concat") == 0;
+        if (concat || rd->nidx > 0) {
+            if (unsup(L, concat ? a0 : rd, concat ? "a concatenation readout concat(...)"
+                                                  : "a readout vector of its own (readout[name](...))", &v))
+                return TPK_ENOMEM;
+        } else if (lower_expr(L, a0, 0, 0, &v)) {
+            return TPK_ENOMEM;
+        }
+        if (lower_expr(L, rd->args[1], 0, 0, &var) ||
             (rd->nargs == 3 && lower_expr(L, rd->args[2], 0, 0, &bias)) ||
             new_node(L, NSR_IR_OUTPUT, rd, &root))
             return TPK_ENOMEM;

@@ -60,6 +60,7 @@ typedef struct family {
     int cap, m;   /* atoms in the program / created so far */
     int *atoms;   /* global atom ids by local index */
     double *blk;  /* (cap·N)² covariance over (atom, input); NULL for a bias */
+    double *tblk; /* NTK: the tangent kernel T over (atom, input), as blk (A-var families) */
     int last;     /* last instruction that needs the block */
     int next;     /* free list link */
 } family;
@@ -131,8 +132,26 @@ typedef struct lim {
     /* TPK_NETSOR_TRACE: what each back end took, by query kind; what none took (refined) */
     long used[NSR_LIM_MAXBACKENDS][NSR_LIM_NKINDS];
     long fallback[NSR_LIM_NKINDS];
+    /* NTK (tangent.c, theory.md §8): the tangent program's partials, the parameterisation,
+     * and the instruction of the original program each of this one's stands for (sites) */
+    const struct nsr_tangent *tan;
+    int ntk_param;
+    const int *kid;
+    int nkid;
+    double *tE;         /* NTK scratch: 3 N×N (a T^H, a T of G-vars, an E of partials) */
     tpk_ctx *ctx;
 } lim;
+
+/* The instruction id that seeds the random-number sites of instruction k: the original
+ * program's under the NTK, so that both give the NNGP the same numbers. */
+static inline uint64_t nsr_lim_kid(const lim *L, int k)
+{
+    if (L->kid == NULL)
+        return (uint64_t)k;
+    if (k >= L->p->ninstr)
+        return (uint64_t)L->nkid;
+    return (uint64_t)(L->kid[k] >= 0 ? L->kid[k] : L->nkid + 1 + k);
+}
 
 /* One factor of a product: body nodes [node, node + len) at one input. */
 typedef struct fac {
@@ -256,10 +275,12 @@ void nsr_lim_free(lim *L);
 /* ---- covariance store (limit_store.c) ----------------------------------------------------- */
 double nsr_lim_cov(const lim *L, int g, size_t a, int h, size_t c);
 void nsr_lim_cov_mat(const lim *L, int g, int h, int lower, double *out);
+void nsr_lim_kern_mat(const lim *L, int g, int h, int lower, int tangent, double *out);
+int nsr_lim_tblock_new(lim *L, family *f);
 void nsr_lim_put_rows(size_t N, const double *src, double scale, double *dst, size_t ld);
 int nsr_lim_share_family(const lim *L, int g, int h);
 int nsr_lim_block_new(lim *L, family *f);
-void nsr_lim_block_mirror(lim *L, family *f, int lj, int li);
+void nsr_lim_block_mirror(lim *L, family *f, double *blk, int lj, int li);
 const m2memo *nsr_lim_memo_find(const lim *L, int u, int v, int *transposed);
 void nsr_lim_memo_put(lim *L, int u, int v, const double *E, double err);
 const double *nsr_lim_halfprod(lim *L, affq *q, int u, const int *argu, int nu,

@@ -17,6 +17,7 @@
 
 #include "ewplan-impl.h"
 #include "limit-impl.h"
+#include "tangent-impl.h"
 #include "tpk/alloc.h"
 #include "tpk/matmul.h"
 
@@ -55,7 +56,7 @@ static int do_embed(lim *L, int k)
                            L->x + (size_t)in->src * d, ldx, 0.0, dst, ld, L->ctx);
             if (st)
                 return st;
-            nsr_lim_block_mirror(L, f, aj->loc, li);
+            nsr_lim_block_mirror(L, f, f->blk, aj->loc, li);
             continue;
         }
         st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, d, aj->scale * ai->scale / (double)d,
@@ -63,7 +64,7 @@ static int do_embed(lim *L, int k)
                            dst, ld, L->ctx);
         if (st)
             return st;
-        nsr_lim_block_mirror(L, f, aj->loc, li);
+        nsr_lim_block_mirror(L, f, f->blk, aj->loc, li);
     }
     return TPK_OK;
 }
@@ -78,6 +79,128 @@ static size_t instr_blocks(const lim *L, int k)
     return L->p->instr[k].op == TPK_OP_MATMUL ? (size_t)L->atom[L->atom_of_instr[k]].loc + 1 : 1;
 }
 
+/* The NTK's setting of the member-level evaluator: the tangent program and the parameterisation. */
+typedef struct ntk_setup {
+    nsr_tangent t;
+    int param;
+} ntk_setup;
+
+static int unrolled(const tpk_program *p, const tpk_array *x, int all_outputs,
+                    const tpk_limit_opts *opts, const ntk_setup *nt, tpk_array **K,
+                    tpk_array **Theta, double *err, tpk_ctx *ctx);
+
+/* ---- the NTK (theory.md §8): the tangent kernel T beside the covariance ------------------- */
+
+/* out (N×N) = T^H(u, v)[a][c] = Σ_pq E[∂_pφ_u(Z_a) ∂_qφ_v(Z_c)] · T(g_p, g_q)[a][c] over the G-vars
+ * g_p that u reads (u itself, with ∂ = 1, for a G-var) and those of v (tangent.c). A pair whose
+ * G-vars share no family contributes 0 (their tangents are independent, like their values). */
+static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, double *out)
+{
+    const nsr_tangent *t = L->tan;
+    const tpk_program *p = L->p;
+    size_t N = L->N;
+    double *TG = L->tE + N * N, *E = L->tE + 2 * N * N;
+    memset(out, 0, N * N * sizeof *out);
+    int nu = p->var[u].type == TPK_VAR_G ? 1 : t->part[u].n;
+    int nv = p->var[v].type == TPK_VAR_G ? 1 : t->part[v].n;
+    for (int i = 0; i < nu; i++)
+        for (int j = 0; j < nv; j++) {
+            int gu = p->var[u].type == TPK_VAR_G ? u : t->part[u].g[i];
+            int gv = p->var[v].type == TPK_VAR_G ? v : t->part[v].g[j];
+            int du = p->var[u].type == TPK_VAR_G ? t->one : t->part[u].d[i];
+            int dv = p->var[v].type == TPK_VAR_G ? t->one : t->part[v].d[j];
+            if (!nsr_lim_share_family(L, gu, gv))
+                continue;
+            nsr_lim_kern_mat(L, gu, gv, 0, 1, TG);
+            double e = 0;
+            int st = nsr_lim_m2(L, du, dv, site ^ ((uint64_t)(1 + i * 64 + j) << 44), sc, E, N,
+                                0, 1.0, &e);
+            if (st)
+                return st;
+            note_err(L, e);
+            for (size_t a = 0; a < N * N; a++)
+                out[a] += E[a] * TG[a];
+        }
+    return TPK_OK;
+}
+
+/* The tangent sub-block (lj, li) of an A-var's family, beside its covariance sub-block C just
+ * written: T = w·E[z z̄] + σ_W² T^H(z, z̄) (theory.md §8.2), where w·E[z z̄] is C (NT's 'ntk'
+ * parameterisation) or C/σ_W² (Tensor Programs II's). */
+static int tangent_matmul(lim *L, int k, family *f, int lj, int li, scratch *sc)
+{
+    size_t N = L->N, ld = (size_t)f->cap * N;
+    const atom *aj = &L->atom[f->atoms[lj]], *ai = &L->atom[f->atoms[li]];
+    const double *C = f->blk + (size_t)lj * N * ld + (size_t)li * N;
+    double *T = f->tblk + (size_t)lj * N * ld + (size_t)li * N, *H = L->tE;
+    uint64_t site = (nsr_lim_kid(L, k) * 4096 + (uint64_t)li) ^ ((uint64_t)1 << 62);
+    double w = 1.0;
+    if (L->ntk_param == TPK_NTK_PARAM_TP) {
+        if (f->var > 0) {
+            w = 1.0 / f->var;
+        } else { /* σ_W² = 0: E[z z̄] itself */
+            double e = 0;
+            int st = nsr_lim_m2(L, aj->src, ai->src, site ^ 1, sc, T, ld, 0, 1.0, &e);
+            if (st)
+                return st;
+            w = 0.0;
+        }
+    }
+    int st = tangent_h(L, aj->src, ai->src, site, sc, H);
+    if (st)
+        return st;
+    for (size_t a = 0; a < N; a++)
+        for (size_t c = 0; c < N; c++)
+            T[a * ld + c] = (w == 0.0 ? T[a * ld + c] : w * C[a * ld + c]) + f->var * H[a * N + c];
+    if (li == lj) /* C holds its lower triangle only: so does T */
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = a + 1; c < N; c++)
+                T[a * ld + c] = T[c * ld + a];
+    nsr_lim_block_mirror(L, f, f->tblk, lj, li);
+    return TPK_OK;
+}
+
+/* Θ of outputs (oi, oj) (theory.md §8.7): the readout's own gradient (NT: the kernel K itself, TP:
+ * E[h h̄] and a bias 1) plus σ_v σ_v'/m Σ_k T^H(h_k, h̄_k); 0 between independent readouts. */
+static int readout_ntk(lim *L, scratch *sc, const tpk_array *K, int o0, int O, int oi, int oj,
+                       double *TM, tpk_array *th)
+{
+    const tpk_program *p = L->p;
+    const tpk_output *po = &p->output[o0 + oi], *pq = &p->output[o0 + oj];
+    size_t N = L->N, dim = N * (size_t)O;
+    int same = nsr_same_readout(po, pq), m = nsr_out_nparts(po);
+    double s = sqrt(po->var * pq->var) / m;
+    uint64_t site = (nsr_lim_kid(L, p->ninstr) * 4096 + (uint64_t)(oi * O + oj)) ^ ((uint64_t)1 << 61);
+    memset(TM, 0, N * N * sizeof *TM);
+    for (int k = 0; same && k < m; k++) {
+        int u = nsr_out_part(po, k), v = nsr_out_part(pq, k);
+        double *H = L->tE;
+        int st = tangent_h(L, u, v, site + ((uint64_t)k << 52), sc, H);
+        if (st)
+            return st;
+        for (size_t i = 0; i < N * N; i++)
+            TM[i] += s * H[i];
+        if (L->ntk_param == TPK_NTK_PARAM_TP) { /* the readout's own gradient: E[h h̄]/m */
+            double e = 0;
+            if ((st = nsr_lim_m2(L, u, v, (site + ((uint64_t)k << 52)) ^ 1, sc, H, N, 0,
+                                 1.0 / m, &e)))
+                return st;
+            for (size_t i = 0; i < N * N; i++)
+                TM[i] += H[i];
+        }
+    }
+    double b = same && L->ntk_param == TPK_NTK_PARAM_TP && po->bias_var > 0 && pq->bias_var > 0;
+    for (size_t a = 0; a < N; a++)
+        for (size_t c = 0; c < N; c++) {
+            size_t r = (a * (size_t)O + (size_t)oi) * dim + c * (size_t)O + (size_t)oj;
+            size_t rt = (c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi;
+            double v = (L->ntk_param == TPK_NTK_PARAM_TP ? b : K->data[r]) + TM[a * N + c];
+            th->data[r] = v;
+            th->data[rt] = v;
+        }
+    return TPK_OK;
+}
+
 /* MatMul W h: its sub-blocks with every earlier atom of W's family (blocks done before it of
  * all, for the progress reports). */
 static int do_matmul(lim *L, int k, scratch *sc, size_t blocks, size_t nblocks)
@@ -86,7 +209,7 @@ static int do_matmul(lim *L, int k, scratch *sc, size_t blocks, size_t nblocks)
     atom *aj = &L->atom[L->atom_of_instr[k]];
     family *f = &L->fam[aj->fam];
     size_t N = L->N, ld;
-    if (nsr_lim_block_new(L, f))
+    if (nsr_lim_block_new(L, f) || (L->tan != NULL && nsr_lim_tblock_new(L, f)))
         return L->ctx->status;
     ld = (size_t)f->cap * N;
     f->atoms[aj->loc] = L->atom_of_instr[k];
@@ -101,13 +224,15 @@ static int do_matmul(lim *L, int k, scratch *sc, size_t blocks, size_t nblocks)
             break;
         /* Cov(W h_a, W h'_c) = σ_W² E[Z^h_a Z^h'_c] (theory §1.6 rule 3) */
         /* the diagonal sub-block (li = loc) needs only its lower triangle (see atom_cov) */
-        st = nsr_lim_m2(L, in->src, ai->src, (uint64_t)k * 4096 + (uint64_t)li, sc,
+        st = nsr_lim_m2(L, in->src, ai->src, nsr_lim_kid(L, k) * 4096 + (uint64_t)li, sc,
                         f->blk + (size_t)aj->loc * N * ld + (size_t)li * N, ld, li == aj->loc,
                         f->var, &e);
         if (st)
             break;
         note_err(L, e);
-        nsr_lim_block_mirror(L, f, aj->loc, li);
+        nsr_lim_block_mirror(L, f, f->blk, aj->loc, li);
+        if (L->tan != NULL && (st = tangent_matmul(L, k, f, aj->loc, li, sc)))
+            break;
     }
     /* the half-products hold covariances of live G-vars only while this instruction runs */
     nsr_lim_halfprod_clear(&sc->aq, L->ctx);
@@ -242,7 +367,6 @@ static int rolled_kernel(void *arg, int *unsup, tpk_ctx *ctx)
 int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outputs,
                          const tpk_limit_opts *opts, tpk_array **K, double *err, tpk_ctx *ctx)
 {
-    tpk_nsr_shape sh;
     if (K == NULL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_kernel: K must not be NULL");
     *K = NULL;
@@ -256,6 +380,16 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     if (nsr_form_rolled_first(p, tpk_program_limit_rolled(p), force_unrolled, "rolled evaluator",
                               rolled_kernel, &RJ, &rst, ctx))
         return rst;
+    return unrolled(p, x, all_outputs, opts, NULL, K, NULL, err, ctx);
+}
+
+/* The member-level evaluator: K, and with the tangent program nt (q = nt->t.q in place of the
+ * program) Θ beside it. */
+static int unrolled(const tpk_program *p, const tpk_array *x, int all_outputs,
+                    const tpk_limit_opts *opts, const ntk_setup *nt, tpk_array **K,
+                    tpk_array **Theta, double *err, tpk_ctx *ctx)
+{
+    tpk_nsr_shape sh;
     int st = tpk_nsr_validate(p, x, all_outputs, &sh, ctx);
     if (st)
         return st;
@@ -277,6 +411,12 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     L.maxlen = sh.maxlen;
     L.maxdepth = sh.maxdepth;
     L.ctx = ctx;
+    if (nt != NULL) {
+        L.tan = &nt->t;
+        L.ntk_param = nt->param;
+        L.kid = nt->t.kid;
+        L.nkid = nt->t.nkid;
+    }
     L.ocache = tpk_nsr_orthant_cache_alloc(TPK_ALLOCATOR_OF(ctx)); /* NULL (out of memory) only disables the memo */
     /* NULL (out of memory, or the options ask for Monte Carlo per group) disables it */
     size_t jpts = (L.o.mc_samples ? L.o.mc_samples : MC_DEFAULT) / QMC_SHIFTS; /* per shift */
@@ -291,8 +431,12 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
     /* s1, s2, s3 only serve the cross/general paths: allocated on first use */
     scratch sc = {NULL, NULL, NULL, tpk_malloc(ctx, N * sizeof(double)), tpk_malloc(ctx, N * sizeof(double)),
                   {0, -1, 0, 0, NULL, NULL, 0}};
-    tpk_array *out = NULL;
-    double *M = NULL;
+    tpk_array *out = NULL, *th = NULL;
+    double *M = NULL, *A = NULL, *TM = NULL;
+    if (nt != NULL && (L.tE = tpk_malloc(ctx, 3 * N * N * sizeof *L.tE)) == NULL) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
     if (!sc.qa || !sc.qb) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
@@ -355,30 +499,44 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
         out->data = L.spare;
         L.spare = NULL;
     }
-    M = O > 1 ? tpk_malloc(ctx, N * N * sizeof *M) : NULL;
-    if (out == NULL || (O > 1 && M == NULL)) {
+    /* M: an output pair's block when there are several outputs or parts; A: a further part's */
+    int parts = 1;
+    for (int o = o0; o < p->noutputs; o++)
+        parts = nsr_out_nparts(&p->output[o]) > parts ? nsr_out_nparts(&p->output[o]) : parts;
+    M = O > 1 || parts > 1 ? tpk_malloc(ctx, N * N * sizeof *M) : NULL;
+    A = parts > 1 ? tpk_malloc(ctx, N * N * sizeof *A) : NULL;
+    if (out == NULL || ((O > 1 || parts > 1) && M == NULL) || (parts > 1 && A == NULL)) {
         st = out == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
     for (int oi = 0; oi < O; oi++)
         for (int oj = 0; oj <= oi; oj++) {
             const tpk_output *po = &p->output[o0 + oi], *pq = &p->output[o0 + oj];
-            double e = 0.0, s = sqrt(po->var * pq->var);
-            uint64_t site = (uint64_t)p->ninstr * 4096 + (uint64_t)(oi * O + oj);
+            /* one readout vector v of width m·n: part k of one output meets part k of the other,
+             * K = σσ'/m Σ_k E[h_k h'_k] + ββ'; independent readouts: 0 (netsor-impl.h) */
+            int same = nsr_same_readout(po, pq), m = nsr_out_nparts(po);
+            double e = 0.0, s = sqrt(po->var * pq->var) / m;
+            uint64_t site = nsr_lim_kid(&L, p->ninstr) * 4096 + (uint64_t)(oi * O + oj);
             /* a scalar readout bias β shared by the outputs adds its variance everywhere */
-            double beta = sqrt(po->bias_var * pq->bias_var);
-            if (O == 1) { /* straight into K */
-                if ((st = nsr_lim_m2(&L, po->src, pq->src, site, &sc, out->data, N, 0, s, &e)))
+            double beta = same ? sqrt(po->bias_var * pq->bias_var) : 0.0;
+            double *dst = O == 1 && m == 1 ? out->data : M; /* straight into K */
+            if (!same)
+                memset(M, 0, N * N * sizeof *M);
+            for (int k = 0; same && k < m; k++) {
+                if ((st = nsr_lim_m2(&L, nsr_out_part(po, k), nsr_out_part(pq, k),
+                                     site + ((uint64_t)k << 52), &sc,
+                                     k == 0 ? dst : A, N, 0, s, &e)))
                     goto done;
                 note_err(&L, e);
+                for (size_t i = 0; k > 0 && i < N * N; i++)
+                    dst[i] += A[i];
+            }
+            if (dst == out->data) {
                 if (beta != 0.0)
                     for (size_t i = 0; i < N * N; i++)
                         out->data[i] += beta;
                 continue;
             }
-            if ((st = nsr_lim_m2(&L, po->src, pq->src, site, &sc, M, N, 0, s, &e)))
-                goto done;
-            note_err(&L, e);
             for (size_t a = 0; a < N; a++)
                 for (size_t c = 0; c < N; c++) {
                     double v = M[a * N + c] + beta;
@@ -386,22 +544,42 @@ int tpk_netsor_kernel_ex(const tpk_program *p, const tpk_array *x, int all_outpu
                     out->data[(c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi] = v;
                 }
         }
-    for (size_t i = 0; i < dim * dim; i++)
-        if (!isfinite(out->data[i])) {
-            st = TPK_ERROR(ctx, TPK_ENUMERIC, "limit kernel has a non-finite entry (%zu, %zu)",
-                           i / dim, i % dim);
+    if (nt != NULL) {
+        if ((th = tpk_array_alloc2(dim, dim, ctx)) == NULL ||
+            (TM = tpk_malloc(ctx, N * N * sizeof *TM)) == NULL) {
+            st = th == NULL ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             goto done;
         }
-    if ((st = check_psd(&L, out->data, dim)) ||
+        for (int oi = 0; oi < O && st == TPK_OK; oi++)
+            for (int oj = 0; oj <= oi && st == TPK_OK; oj++)
+                st = readout_ntk(&L, &sc, out, o0, O, oi, oj, TM, th);
+        if (st)
+            goto done;
+    }
+    for (size_t i = 0; i < dim * dim; i++)
+        if (!isfinite(out->data[i]) || (th != NULL && !isfinite(th->data[i]))) {
+            st = TPK_ERROR(ctx, TPK_ENUMERIC, "limit %s has a non-finite entry (%zu, %zu)",
+                           isfinite(out->data[i]) ? "NTK" : "kernel", i / dim, i % dim);
+            goto done;
+        }
+    if ((st = check_psd(&L, out->data, dim)) || (th != NULL && (st = check_psd(&L, th->data, dim))) ||
         (st = tpk_progress_report(L.o.progress, BLOCKS, nblocks, nblocks, ctx)))
         goto done;
     if (err)
         *err = L.err;
     *K = out;
     out = NULL;
+    if (Theta != NULL) {
+        *Theta = th;
+        th = NULL;
+    }
 done:
     tpk_array_free(out);
+    tpk_array_free(th);
     tpk_free(ctx, M);
+    tpk_free(ctx, A);
+    tpk_free(ctx, TM);
+    tpk_free(ctx, L.tE);
     tpk_free(ctx, sc.s1);
     tpk_free(ctx, sc.s2);
     tpk_free(ctx, sc.s3);
@@ -419,6 +597,48 @@ int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
 {
     int st = tpk_array_check_input(x, "tpk_netsor_kernel", "x", ctx);
     return st ? st : tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
+}
+
+int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
+                   tpk_array **K, tpk_array **Theta, double *err, tpk_ctx *ctx)
+{
+    if (Theta == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: Theta must not be NULL");
+    *Theta = NULL;
+    if (K)
+        *K = NULL;
+    if (err)
+        *err = 0.0;
+    int st = tpk_array_check_input(x, "tpk_netsor_ntk", "x", ctx);
+    if (st)
+        return st;
+    if (p == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: no program");
+    if (param != TPK_NTK_PARAM_NTK && param != TPK_NTK_PARAM_TP)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: parameterisation %d is neither "
+                         "TPK_NTK_PARAM_NTK nor TPK_NTK_PARAM_TP", param);
+    /* the tangent kernel is propagated at the member level, on the unrolled form */
+    if (p->ninstr == 0)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "%s: the NTK is computed on the unrolled form, which this program does "
+                         "not have (too large after unrolling)", p->path ? p->path : "program");
+    if (p->features & TPK_FEAT_SQRT_N_LOGITS)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "%s: sqrt(n) * mean(q * k) logits are outside Tensor Programs II (their "
+                         "limit is not Gaussian, theory.md §5): no NTK", p->path ? p->path : "program");
+    ntk_setup nt;
+    memset(&nt, 0, sizeof nt);
+    nt.param = param;
+    if ((st = nsr_tangent_build(p, &nt.t, ctx)))
+        return st;
+    tpk_array *Kq = NULL;
+    st = unrolled(nt.t.q, x, all_outputs, NULL, &nt, &Kq, Theta, err, ctx);
+    if (st == TPK_OK && K != NULL)
+        *K = Kq;
+    else
+        tpk_array_free(Kq);
+    nsr_tangent_free(&nt.t, ctx);
+    return st;
 }
 
 int tpk_netsor_plan_from_env(int *plan, tpk_ctx *ctx)

@@ -540,7 +540,9 @@ static int smooth_affine(const tpk_phi *phi, double *al, double *be, double *v)
 {
     const char *n = tpk_phi_name(phi);
     double b = 1.0;
-    if (strcmp(n, "erf") == 0 || (sscanf(n, "erf(%lf)", &b) == 1 && isfinite(b) && b != 0.0)) {
+    int end = 0; /* the whole name: "erf(1)'" is erf's derivative, not erf */
+    if (strcmp(n, "erf") == 0 ||
+        (sscanf(n, "erf(%lf)%n", &b, &end) == 1 && n[end] == '\0' && isfinite(b) && b != 0.0)) {
         /* erf(b x) = sign(b)·(2 P(ξ < x) − 1), ξ ~ N(0, 1/(2b²)) */
         double sg = b > 0 ? 1.0 : -1.0;
         return *al = 2.0 * sg, *be = -sg, *v = 0.5 / (b * b), 1;

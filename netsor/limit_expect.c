@@ -448,7 +448,7 @@ int nsr_lim_moment(lim *L, int k)
                 for (int q = 0; q < xb.t[t].nf; q++)
                     fs[q] = (fac){xb.node + xb.t[t].fs[q], xb.t[t].fe[q] - xb.t[t].fs[q], a};
                 tpk_estimate e;
-                my_st = prod_expect(L, w, fs, xb.t[t].nf, (uint64_t)k * 4096 + (uint64_t)t, &e);
+                my_st = prod_expect(L, w, fs, xb.t[t].nf, nsr_lim_kid(L, k) * 4096 + (uint64_t)t, &e);
                 sum += xb.t[t].coef * e.value;
                 esum = hypot(esum, xb.t[t].coef * e.err); /* independent terms: RSS */
             }

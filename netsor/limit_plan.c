@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "limit-impl.h"
+#include "tangent-impl.h"
 #include "tpk/alloc.h"
 
 static int rep_merge(grep *r, const tpk_instr *in, const grep *rep, tpk_ctx *ctx)
@@ -45,6 +46,14 @@ static void touch(lim *L, int v, int k)
     const tpk_program *p = L->p;
     if (L->last[v] < k)
         L->last[v] = k;
+    if (L->tan != NULL && v != L->tan->one) {
+        /* the NTK reads a variable's tangent through its partials (tangent.c) */
+        const nsr_partials *d = &L->tan->part[v];
+        if (p->var[v].type == TPK_VAR_G)
+            touch(L, L->tan->one, k);
+        for (int i = 0; i < d->n; i++)
+            touch(L, d->d[i], k);
+    }
     if (p->var[v].type == TPK_VAR_H && L->def[v] >= 0) {
         /* an H-var is read through its body's leaves */
         const tpk_rpn *b = &p->instr[L->def[v]].body;
@@ -188,7 +197,8 @@ int nsr_lim_plan(lim *L, int all_outputs)
         }
     }
     for (int o = all_outputs ? 0 : p->noutputs - 1; o < p->noutputs; o++)
-        touch(L, p->output[o].src, ni);
+        for (int k = 0; k < nsr_out_nparts(&p->output[o]); k++)
+            touch(L, nsr_out_part(&p->output[o], k), ni);
     for (int v = 0; v < nv; v++)
         if (p->var[v].type == TPK_VAR_G)
             for (int i = 0; i < L->rep[v].n; i++) {
@@ -236,6 +246,7 @@ void nsr_lim_free(lim *L)
         for (int i = 0; i < L->nfam; i++) {
             tpk_free(L->ctx, L->fam[i].atoms);
             tpk_free(L->ctx, L->fam[i].blk);
+            tpk_free(L->ctx, L->fam[i].tblk);
         }
     tpk_free(L->ctx, L->atom);
     tpk_free(L->ctx, L->fam);

@@ -40,9 +40,18 @@ double nsr_lim_cov(const lim *L, int g, size_t a, int h, size_t c)
     return acc;
 }
 
-/* out[a][c] = Cov(Z^g_a, Z^h_c), N×N; lower: only c ≤ a is written (what tpk_gauss_map reads).
- * One pass over the output: bias families add a constant, the first block assigns. */
-void nsr_lim_cov_mat(const lim *L, int g, int h, int lower, double *out)
+/* The tangent kernel of an atom pair's family (theory.md §8.7): under NT's 'ntk'
+ * parameterisation a leaf's own gradient gives its covariance (σ² E[z z̄]); under Tensor
+ * Programs II's, the same without σ². */
+static double bias_kern(const lim *L, const family *f, int tangent)
+{
+    return tangent && L->ntk_param == TPK_NTK_PARAM_TP ? 1.0 : f->var;
+}
+
+/* out[a][c] = Cov(Z^g_a, Z^h_c) (tangent: the tangent kernel T(g_a, h_c)), N×N; lower: only
+ * c ≤ a is written (what tpk_gauss_map reads). One pass over the output: bias families add a
+ * constant, the first block assigns. */
+void nsr_lim_kern_mat(const lim *L, int g, int h, int lower, int tangent, double *out)
 {
     size_t N = L->N;
     const grep *r = &L->rep[g], *s = &L->rep[h];
@@ -52,7 +61,7 @@ void nsr_lim_cov_mat(const lim *L, int g, int h, int lower, double *out)
         for (int j = 0; j < s->n; j++) {
             const atom *ai = &L->atom[r->atom[i]], *aj = &L->atom[s->atom[j]];
             if (ai->fam == aj->fam && L->fam[ai->fam].kind == FAM_BIAS)
-                c0 += r->coef[i] * s->coef[j] * L->fam[ai->fam].var;
+                c0 += r->coef[i] * s->coef[j] * bias_kern(L, &L->fam[ai->fam], tangent);
         }
     for (int i = 0; i < r->n; i++)
         for (int j = 0; j < s->n; j++) {
@@ -61,8 +70,11 @@ void nsr_lim_cov_mat(const lim *L, int g, int h, int lower, double *out)
                 continue;
             const family *f = &L->fam[ai->fam];
             double cc = r->coef[i] * s->coef[j];
+            if (tangent && f->kind == FAM_EMBED && L->ntk_param == TPK_NTK_PARAM_TP)
+                cc /= ai->scale * aj->scale; /* ⟨x, x̄⟩/d: the embedding's own gradient */
             size_t ld = (size_t)f->cap * N;
-            const double *b = f->blk + (size_t)ai->loc * N * ld + (size_t)aj->loc * N;
+            const double *b = (tangent && f->kind == FAM_AVAR ? f->tblk : f->blk) +
+                              (size_t)ai->loc * N * ld + (size_t)aj->loc * N;
             /* a same-atom sub-block holds only its lower triangle: the rest is its transpose */
             const int same = r->atom[i] == s->atom[j];
 #pragma omp parallel for schedule(dynamic, 64) if (N >= 512)
@@ -86,6 +98,11 @@ void nsr_lim_cov_mat(const lim *L, int g, int h, int lower, double *out)
         for (size_t a = 0; a < N; a++)
             for (size_t c = 0; c < (lower ? a + 1 : N); c++)
                 out[a * N + c] = c0;
+}
+
+void nsr_lim_cov_mat(const lim *L, int g, int h, int lower, double *out)
+{
+    nsr_lim_kern_mat(L, g, h, lower, 0, out);
 }
 
 /* dst (ld) = scale · src (N×N, ld N), row by row. */
@@ -264,14 +281,26 @@ int nsr_lim_block_new(lim *L, family *f)
     return TPK_OK;
 }
 
+/* The family's tangent block (the NTK), beside its covariance block. */
+int nsr_lim_tblock_new(lim *L, family *f)
+{
+    if (f->tblk != NULL)
+        return TPK_OK;
+    size_t dim = (size_t)f->cap * L->N;
+    f->tblk = tpk_malloc(L->ctx, dim * dim * sizeof *f->tblk);
+    if (f->tblk == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu tangent block", dim, dim);
+    return TPK_OK;
+}
+
 /* Sub-block (li, lj) ← transpose of sub-block (lj, li), in cache-sized tiles. */
-void nsr_lim_block_mirror(lim *L, family *f, int lj, int li)
+void nsr_lim_block_mirror(lim *L, family *f, double *blk, int lj, int li)
 {
     if (li == lj)
         return;
     size_t N = L->N, ld = (size_t)f->cap * N, TS = 32;
-    const double *src = f->blk + (size_t)lj * N * ld + (size_t)li * N;
-    double *dst = f->blk + (size_t)li * N * ld + (size_t)lj * N;
+    const double *src = blk + (size_t)lj * N * ld + (size_t)li * N;
+    double *dst = blk + (size_t)li * N * ld + (size_t)lj * N;
     for (size_t a0 = 0; a0 < N; a0 += TS)
         for (size_t c0 = 0; c0 < N; c0 += TS)
             for (size_t c = c0; c < c0 + TS && c < N; c++)
@@ -294,5 +323,7 @@ void nsr_lim_release(lim *L, int k)
             tpk_free(L->ctx, L->fam[f].blk);
         }
         L->fam[f].blk = NULL;
+        tpk_free(L->ctx, L->fam[f].tblk);
+        L->fam[f].tblk = NULL;
     }
 }

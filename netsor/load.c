@@ -135,8 +135,9 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
         st = nsr_flimit_outputs(p, S->ctx);
     if (st == TPK_OK) {
         if (diag)
-            fprintf(diag, "%s: note: rolled: %d family instructions, %d loops kept rolled%s\n",
-                    S->file, R->nfi, nrolled, deferred ? "; planned when first evaluated" : "");
+            fprintf(diag, "%s: note: rolled: %d family instructions, %d loops kept rolled%s; the "
+                    "limit evaluator uses the rolled form\n", S->file, R->nfi, nrolled,
+                    deferred ? "; planned when first evaluated" : "");
         return p;
     }
     if ((!unsup && p->ninstr == 0) || S->ctx->status == TPK_ENOMEM) {

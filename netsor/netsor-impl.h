@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 
+#include "backend-impl.h"
 #include "tpk/netsor.h"
 
 /* ---- Limits that keep hostile input (fuzzing) from exhausting the stack or memory ----------- */
@@ -123,6 +124,7 @@ struct nsr_stmt {
     int annot;               /* DEF */
     nsr_expr *lo, *hi;       /* FOR, sequence INPUT */
     int range_start, range_end; /* FOR/INPUT: source span of "lo..hi" */
+    int down;                /* FOR: 'lo..hi by -1', iterated from hi down to lo */
     int nnames;              /* WIDTH */
     const char **names;
     nsr_dim *dims;           /* WIDTH: positions */

@@ -11,6 +11,7 @@ typedef struct parser {
     int ntok;
     int pos;
     int depth;
+    int range_hi; /* parsing a loop range's upper bound: a name 'by' ends it */
 } parser;
 
 static const nsr_token *peek(const parser *P, int k)
@@ -305,7 +306,7 @@ static nsr_expr *apply(parser *P)
         return NULL;
     }
     nsr_expr *e = power(P);
-    if (e != NULL && starts_primary(cur(P))) {
+    if (e != NULL && starts_primary(cur(P)) && !(P->range_hi && is_name(cur(P), "by"))) {
         nsr_expr *a = new_expr(P, NSR_E_APPLY, start);
         if (a == NULL)
             return NULL;
@@ -414,14 +415,37 @@ static int take_name(parser *P, nsr_stmt *s, const char *what)
     return TPK_OK;
 }
 
-/* range = expr '..' expr */
-static int range(parser *P, nsr_stmt *s)
+/* range = expr '..' expr [ 'by' ( '1' | '-1' ) ]   ('by' only for a loop: the order of its
+ * iterations; the range, the set of indices, stays lo..hi) */
+static int range(parser *P, nsr_stmt *s, int loop)
 {
     s->range_start = cur(P)->start;
-    if ((s->lo = expr(P)) == NULL || expect(P, NSR_T_DOTDOT, "'..' in a range lo..hi") ||
-        (s->hi = expr(P)) == NULL)
+    if ((s->lo = expr(P)) == NULL || expect(P, NSR_T_DOTDOT, "'..' in a range lo..hi"))
+        return TPK_ESYNTAX;
+    P->range_hi = 1;
+    s->hi = expr(P);
+    P->range_hi = 0;
+    if (s->hi == NULL)
         return TPK_ESYNTAX;
     s->range_end = P->tok[P->pos - 1].end;
+    if (is_name(cur(P), "by")) {
+        const nsr_token *by = cur(P);
+        if (!loop)
+            return nsr_error(P->S, TPK_ESYNTAX, by->line, by->col,
+                             "an input's steps have no order to reverse: 'by' belongs to a loop "
+                             "('for t in 1..T by -1')");
+        advance(P);
+        int neg = cur(P)->kind == NSR_T_MINUS;
+        if (neg)
+            advance(P);
+        const nsr_token *t = cur(P);
+        if (t->kind != NSR_T_NUM || t->num != 1.0)
+            return nsr_error(P->S, TPK_ESYNTAX, by->line, by->col,
+                             "a loop runs 'by 1' (ascending, the default) or 'by -1' (from hi "
+                             "down to lo)");
+        advance(P);
+        s->down = neg;
+    }
     return TPK_OK;
 }
 
@@ -458,7 +482,7 @@ static int targets(parser *P, nsr_stmt *s, plist *fors)
             if (f == NULL || take_name(P, f, "a loop variable"))
                 return TPK_ESYNTAX;
             advance(P); /* in */
-            if (range(P, f) || plist_push(P, fors, f))
+            if (range(P, f, 1) || plist_push(P, fors, f))
                 return TPK_ESYNTAX;
             f->generated = 1;
             nsr_expr *v = new_expr(P, NSR_E_NAME, t);
@@ -584,7 +608,7 @@ static nsr_stmt *statement(parser *P)
                 return NULL;
             }
             advance(P);
-            if (range(P, s) || expect(P, NSR_T_RB, "']'"))
+            if (range(P, s, 0) || expect(P, NSR_T_RB, "']'"))
                 return NULL;
         }
         if (expect(P, NSR_T_COLON, "':' and the input dimension (input x : d)") || dim(P, &s->rows))
@@ -600,7 +624,7 @@ static nsr_stmt *statement(parser *P)
             return NULL;
         }
         advance(P);
-        if (range(P, s))
+        if (range(P, s, 1))
             return NULL;
         while (cur(P)->kind == NSR_T_NL)
             advance(P);

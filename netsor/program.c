@@ -38,8 +38,11 @@ void tpk_program_free(tpk_program *p)
         nsr_rpn_free(&al, &p->instr[i].body);
     }
     tpk_mem_free(&al, p->instr);
-    for (int i = 0; i < p->noutputs; i++)
+    for (int i = 0; i < p->noutputs; i++) {
         tpk_mem_free(&al, p->output[i].name);
+        tpk_mem_free(&al, p->output[i].part);
+        tpk_mem_free(&al, p->output[i].readout);
+    }
     tpk_mem_free(&al, p->output);
     for (int i = 0; i < p->nphis; i++)
         tpk_phi_free(p->phis[i]);
@@ -189,10 +192,16 @@ void tpk_program_dump(const tpk_program *p, FILE *f)
         }
         fprintf(f, "   @%d:%d\n", in->line, in->col);
     }
-    for (int i = 0; i < p->noutputs; i++)
-        fprintf(f, "output %s = readout(%s, %.10g, %.10g)\n", p->output[i].name,
-                p->output[i].src >= 0 && p->output[i].src < p->nvars ? p->var[p->output[i].src].name : "?",
-                p->output[i].var, p->output[i].bias_var);
+    for (int i = 0; i < p->noutputs; i++) {
+        const tpk_output *o = &p->output[i];
+        fprintf(f, "output %s = readout%s%s%s(%s", o->name, o->readout ? "[" : "",
+                o->readout ? o->readout : "", o->readout ? "]" : "", o->nparts > 1 ? "concat(" : "");
+        for (int k = 0; k < nsr_out_nparts(o); k++) {
+            int v = nsr_out_part(o, k);
+            fprintf(f, "%s%s", k ? ", " : "", v >= 0 && v < p->nvars ? p->var[v].name : "?");
+        }
+        fprintf(f, "%s, %.10g, %.10g)\n", o->nparts > 1 ? ")" : "", o->var, o->bias_var);
+    }
 }
 
 const char *tpk_program_param(const tpk_program *p, const char *name)

@@ -191,7 +191,8 @@ static int mark_for(nsr_check *C, nsr_stmt *s, int depth)
         return k;
     defs D = {.ok = 1, .al = tpk_ctx_allocator(C->S->ctx)};
     collect(&D, s->body, s->nbody, 0);
-    int ok = D.ok && D.n > 0;
+    /* 'by -1' asks for an order (its outputs are numbered in it): it runs as written */
+    int ok = D.ok && D.n > 0 && !s->down;
     for (int d = 0; d < D.n && ok; d++)
         ok = target_pos(D.s[d], s->fam) >= 0;
     for (int d = 0; d < D.n && ok; d++) {

@@ -391,7 +391,7 @@ static void test_docs_first_example(void **state)
     size_t n = fread(doc, 1, sizeof doc - 1, f);
     doc[n] = '\0';
     fclose(f);
-    assert_non_null(strstr(doc, "'readout' '(' expr ',' expr [ ',' expr ] ')'"));
+    assert_non_null(strstr(doc, "'readout' [ '[' NAME ']' ] '(' vectors ',' expr [ ',' expr ] ')'"));
     const char *ex = strstr(doc, "## A first example");
     assert_non_null(ex);
     const char *open = strstr(ex, "```\n"), *close = open ? strstr(open + 4, "```") : NULL;

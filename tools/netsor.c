@@ -310,7 +310,8 @@ static int make_job(const cli *c, const char *cmd, tpk_job *job)
                      .nsets = c->sets.n,
                      .netsor_plus = c->opts.netsor_plus, .input = c->input, .test = c->test,
                      .output = c->output, .all_outputs = c->all_outputs, .argc = c->argc,
-                     .argv = c->argv, .summary = c->quiet ? NULL : stdout, .force = c->force};
+                     .argv = c->argv, .summary = c->quiet ? NULL : stdout, .force = c->force,
+                     .explain = c->opts.explain ? stderr : NULL};
     return 0;
 }
 

@@ -53,6 +53,8 @@ typedef struct tpk_job {
                                  * TPK_EVALUATOR=program in the environment: the evaluator */
     int force;                  /* replace an existing output that is not an HDF5 file of this
                                  * toolkit (tpk_h5out_check_replace; --force) */
+    FILE *explain;              /* where the program's notes go (--explain: which back end computes
+                                 * the limit and why; inferred shape holes), NULL: none */
 } tpk_job;
 
 /* Who computes a job's limit kernel: the one decision every tool shares (gpkernel, netsor

@@ -90,10 +90,15 @@ typedef struct tpk_embed {
 
 typedef struct tpk_output {
     char *name;         /* "y" or "y[5]" */
-    int src;            /* H- or G-var read out */
-    double var;         /* σ_v²; one readout vector v shared by all outputs (§1.5) */
-    double bias_var;    /* variance of a scalar readout bias β shared by all outputs (default 0):
+    int src;            /* H- or G-var read out (the first part of a concatenation) */
+    double var;         /* σ_v²; one readout vector v shared by the outputs of one readout (§1.5) */
+    double bias_var;    /* variance of a scalar readout bias β shared likewise (default 0):
                          * y = ⟨v, h⟩/√n + β adds bias_var to every kernel entry */
+    int nparts;         /* readout(concat(h1, ..., hm), ...): m ≥ 2 parts, y = ⟨v, [h1; ...; hm]⟩/√(mn);
+                         * 0 or 1: one vector, src */
+    int *part;          /* the m parts' vars (part[0] = src) when nparts ≥ 2, else NULL */
+    char *readout;      /* readout[u](...): the name of its own readout vector and bias; outputs with
+                         * different ones are independent (kernel 0). NULL: the shared default */
 } tpk_output;
 
 typedef struct tpk_program {
@@ -206,6 +211,21 @@ TPK_API int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_
 TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x, int all_outputs,
                                        const tpk_progress *progress, tpk_array **K, double *err,
                                        tpk_ctx *ctx);
+
+/* The Neural Tangent Kernel of the program in the infinite-width limit (Tensor Programs II;
+ * docs/theory.md §8), beside its NNGP kernel K (both as tpk_netsor_kernel lays them out):
+ * Θ = Σ_W Σ_{pairs of uses} D·C + Σ_b D, computed forwards as the tangent kernel of every
+ * G-var — T(Wz, Wz̄) = w_W E[z z̄] + σ_W² T(z, z̄), T(φ(g), φ̄(ḡ)) = Σ_ij E[∂_iφ ∂_jφ̄] T(g_i, ḡ_j),
+ * Moments constant — at the member level (the unrolled form). `param` says what a parameter's
+ * own gradient contributes (theory.md §8.7): TPK_NTK_PARAM_NTK, neural-tangents'
+ * parameterization='ntk' (W = σ_W ω/√fan_in, b = σ_b β: w_W = σ_W², a bias σ_b², the readout
+ * σ_v² E[h h̄] and σ_ob²), or TPK_NTK_PARAM_TP, Tensor Programs II's (gradients in W's own
+ * entries times √fan_in and in b: w_W = 1, a bias 1, the readout E[h h̄] and 1). K may be NULL.
+ * Errors as tpk_netsor_kernel, and TPK_EUNSUPPORTED for bn(...) and for sqrt(n)-scaled logits
+ * (outside Tensor Programs II), TPK_EDOM for a φ without a derivative (step, sign). */
+enum { TPK_NTK_PARAM_NTK = 0, TPK_NTK_PARAM_TP = 1 };
+TPK_API int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
+                           tpk_array **K, tpk_array **Theta, double *err, tpk_ctx *ctx);
 
 /* The rolled evaluator's entrywise plans (docs/orchestration.md §7): between reads that need a
  * whole matrix, the maps and sums of a recursion run as fused kernels chosen by a binary linear
