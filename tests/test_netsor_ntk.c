@@ -17,6 +17,8 @@
 
 #include "tpk/tpk.h"
 #include "support/testutil.h"
+#include "ntk_nt_reference.h"
+#include "rnn_ntk_reference.h"
 
 static const double PI = 3.14159265358979323846;
 
@@ -390,12 +392,131 @@ static void test_rnn_tied(void **state)
     tpk_array_free(x);
 }
 
+static tpk_program *load_shipped(void **state, const char *rel, const tpk_param_set *sets, int n)
+{
+    const tu_phis *f = *state;
+    char path[1024];
+    const char *root = getenv("TPK_ROOT");
+    snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
+    tpk_netsor_opts o = {.sets = sets, .nsets = n, .netsor_plus = 1};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, &ctx);
+    if (p == NULL)
+        print_message("%s: %s\n", path, ctx.msg);
+    assert_non_null(p);
+    return p;
+}
+
+/* neural-tangents 0.6.5's analytic NNGP and NTK (parameterization='ntk', float64;
+ * tests/ntk_nt_reference.h) of MLPs (relu, erf; depths 1, 3, 10; LayerNorm) and of a 3×3
+ * circular cnn2d with GAP and flatten readouts, computed from the shipped programs. The CNN's
+ * outputs are one per position sharing the readout: flatten is the mean of the position
+ * diagonal, GAP the mean of all position pairs. */
+static void test_neural_tangents(void **state)
+{
+    char L[16], ph[16], w2[32], b2[32];
+    snprintf(w2, sizeof w2, "%.17g", NTREF_SIGMA_W2);
+    snprintf(b2, sizeof b2, "%.17g", NTREF_SIGMA_B2);
+    for (int c = 0; c < NTREF_NCASES; c++) {
+        const struct ntref_case *k = &ntref_cases[c];
+        int cnn = strcmp(k->arch, "cnn2d") == 0;
+        snprintf(L, sizeof L, "%d", k->depth);
+        snprintf(ph, sizeof ph, "%s", k->phi);
+        tpk_param_set sets[10] = {{"L", L}, {"phi", ph}, {"sigma_w2", w2}, {"sigma_b2", b2},
+                                  {"sigma_u2", w2}, {"sigma_v2", w2}, {"sigma_ob2", b2},
+                                  {"rows", "8"}, {"cols", "8"}, {"circular", "1"}};
+        tpk_program *p = load_shipped(state, cnn ? "programs/cnn2d.nsr"
+                                      : k->layernorm ? "programs/mlp-ln.nsr" : "programs/mlp.nsr",
+                                      sets, cnn ? 10 : 7);
+        size_t n = (size_t)k->n, P = cnn ? NTREF_CNN_H * NTREF_CNN_W : 1;
+        size_t dims[3] = {n, P, cnn ? NTREF_CNN_C : NTREF_MLP_D};
+        tpk_array *x = cnn ? tpk_array_alloc(3, dims, NULL) : tpk_array_alloc2(n, dims[2], NULL);
+        assert_non_null(x);
+        memcpy(x->data, k->x, tpk_array_size(x) * sizeof *x->data);
+        tpk_array *K = NULL, *Th = NULL;
+        ntk(p, x, TPK_NTK_PARAM_NTK, &K, &Th);
+        double ek = 0, et = 0, sk = 0, st = 0;
+        for (size_t a = 0; a < n; a++)
+            for (size_t b = 0; b < n; b++) {
+                double kk = 0, tt = 0;
+                size_t dim = n * P;
+                for (size_t p1 = 0; p1 < P; p1++)
+                    for (size_t p2 = 0; p2 < P; p2++) {
+                        if (strcmp(k->readout, "flatten") == 0 && p1 != p2)
+                            continue;
+                        kk += K->data[(a * P + p1) * dim + b * P + p2];
+                        tt += Th->data[(a * P + p1) * dim + b * P + p2];
+                    }
+                double cnt = strcmp(k->readout, "gap") == 0 ? (double)(P * P) : (double)P;
+                kk /= cnt;
+                tt /= cnt;
+                ek = fmax(ek, fabs(kk - k->nngp[a * n + b]));
+                et = fmax(et, fabs(tt - k->ntk[a * n + b]));
+                sk = fmax(sk, fabs(k->nngp[a * n + b]));
+                st = fmax(st, fabs(k->ntk[a * n + b]));
+            }
+        print_message("%-20s NNGP %.1e, NTK %.1e relative\n", k->name, ek / sk, et / st);
+        assert_true(ek < 1e-12 * sk);
+        assert_true(et < 1e-12 * st);
+        tpk_array_free(K);
+        tpk_array_free(Th);
+        tpk_array_free(x);
+        tpk_program_free(p);
+    }
+}
+
+/* An independent numpy implementation of Tensor Programs II's RNN recursion
+ * (tests/rnn_ntk_reference.h: every pair (t, r) of uses of W and U summed, in TP II's
+ * parameterisation and in neural-tangents'), on programs/rnn.nsr with every output. */
+static void test_rnn_reference(void **state)
+{
+    char w[32], u[32], b[32], v[32], T[16];
+    snprintf(w, sizeof w, "%.17g", rref_param[0]);
+    snprintf(u, sizeof u, "%.17g", rref_param[1]);
+    snprintf(b, sizeof b, "%.17g", rref_param[2]);
+    snprintf(v, sizeof v, "%.17g", rref_param[3]);
+    snprintf(T, sizeof T, "%d", RREF_T);
+    size_t dims[3] = {RREF_N, RREF_T, RREF_D}, M = RREF_N * RREF_T;
+    tpk_array *x = tpk_array_alloc(3, dims, NULL);
+    assert_non_null(x);
+    memcpy(x->data, rref_x, tpk_array_size(x) * sizeof *x->data);
+    for (int c = 0; c < 6; c++) {
+        const struct rref_case *k = &rref_cases[c];
+        if (strcmp(k->readout, "all") != 0)
+            continue;
+        tpk_param_set sets[6] = {{"phi", k->phi}, {"sigma_w2", w}, {"sigma_u2", u},
+                                 {"sigma_b2", b}, {"sigma_v2", v}, {"T", T}};
+        tpk_program *p = load_shipped(state, "programs/rnn.nsr", sets, 6);
+        for (int tp = 0; tp < 2; tp++) {
+            tpk_array *K = NULL, *Th = NULL;
+            ntk(p, x, tp ? TPK_NTK_PARAM_TP : TPK_NTK_PARAM_NTK, &K, &Th);
+            const double *ref = tp ? k->ntk : k->ntk_nt;
+            double ek = 0, et = 0, sc = 0;
+            for (size_t i = 0; i < M * M; i++) {
+                ek = fmax(ek, fabs(K->data[i] - k->nngp[i]));
+                et = fmax(et, fabs(Th->data[i] - ref[i]));
+                sc = fmax(sc, fabs(ref[i]));
+            }
+            print_message("rnn %s (%s): NNGP %.1e, NTK %.1e relative\n", k->phi,
+                          tp ? "TP II" : "NT", ek / sc, et / sc);
+            assert_true(ek < 1e-10 * sc && et < 1e-10 * sc);
+            tpk_array_free(K);
+            tpk_array_free(Th);
+        }
+        tpk_program_free(p);
+    }
+    tpk_array_free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_closed_forms),
         cmocka_unit_test(test_gate_product),
         cmocka_unit_test(test_rnn_tied),
+        cmocka_unit_test(test_neural_tangents),
+        cmocka_unit_test(test_rnn_reference),
     };
     return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
 }
