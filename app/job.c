@@ -242,27 +242,12 @@ static int batch_kernel(const tpk_job *job, const job_state *s, const tpk_array 
     return tpk_netsor_kernel_progress(s->prog, X, job->all_outputs, prog, K, err, ctx);
 }
 
-/* The kernel of train and test stacked into one batch, split into the train block (*Ktr), and
- * with a test set the test × train block (*Kx) and the test diagonal (*kd). */
-static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_array **Kx,
-                         tpk_array **kd, double *err, tpk_ctx *ctx)
+/* The train block of a kernel of train and test stacked into one batch, and with a test set the
+ * test × train block and the test diagonal; K is consumed. */
+static int split_blocks(const job_state *s, tpk_array *K, tpk_array **Ktr, tpk_array **Kx,
+                        tpk_array **kd, tpk_ctx *ctx)
 {
     *Ktr = *Kx = *kd = NULL;
-    if (s->Xt) {
-        size_t dims[TPK_ARRAY_MAXDIM];
-        memcpy(dims, s->X->dims, sizeof dims);
-        dims[0] = s->X->dims[0] + s->Xt->dims[0];
-        s->Xall = tpk_array_alloc(s->X->ndim, dims, ctx);
-        if (!s->Xall)
-            return ctx->status;
-        size_t nx = tpk_array_size(s->X);
-        memcpy(s->Xall->data, s->X->data, nx * sizeof(double));
-        memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
-    }
-    tpk_array *K = NULL;
-    int st = batch_kernel(job, s, s->Xall ? s->Xall : s->X, job->progress, &K, err, ctx);
-    if (st)
-        return st;
     if (!s->Xt) {
         *Ktr = K;
         return TPK_OK;
@@ -285,6 +270,48 @@ static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_
         return ctx->status;
     }
     return TPK_OK;
+}
+
+/* The kernel of train and test stacked into one batch, split into the train block (*Ktr), and
+ * with a test set the test × train block (*Kx) and the test diagonal (*kd); with the NTK
+ * (job->kernel), its blocks likewise in T[0..2] (T may be NULL for the NNGP alone). */
+static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_array **Kx,
+                         tpk_array **kd, tpk_array **T, double *err, tpk_ctx *ctx)
+{
+    *Ktr = *Kx = *kd = NULL;
+    if (T)
+        T[0] = T[1] = T[2] = NULL;
+    if (s->Xt) {
+        size_t dims[TPK_ARRAY_MAXDIM];
+        memcpy(dims, s->X->dims, sizeof dims);
+        dims[0] = s->X->dims[0] + s->Xt->dims[0];
+        s->Xall = tpk_array_alloc(s->X->ndim, dims, ctx);
+        if (!s->Xall)
+            return ctx->status;
+        size_t nx = tpk_array_size(s->X);
+        memcpy(s->Xall->data, s->X->data, nx * sizeof(double));
+        memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
+    }
+    tpk_array *K = NULL, *Th = NULL;
+    const tpk_array *X = s->Xall ? s->Xall : s->X;
+    int st = job->kernel == TPK_JOB_NNGP
+                 ? batch_kernel(job, s, X, job->progress, &K, err, ctx)
+                 : tpk_netsor_ntk(s->prog, X, job->all_outputs, job->ntk_param, &K, &Th, err, ctx);
+    if (st)
+        return st;
+    if (Th != NULL && (T == NULL || (st = split_blocks(s, Th, &T[0], &T[1], &T[2], ctx)))) {
+        if (T == NULL)
+            tpk_array_free(Th);
+        tpk_array_free(K);
+        return st;
+    }
+    st = split_blocks(s, K, Ktr, Kx, kd, ctx);
+    if (st && T)
+        for (int i = 0; i < 3; i++) {
+            tpk_array_free(T[i]);
+            T[i] = NULL;
+        }
+    return st;
 }
 
 /* An attribute `name` of `value`: an integer where it is the value of an integer parameter
@@ -356,8 +383,9 @@ static void summarise(const tpk_job *job, const job_state *s, const tpk_array *K
         dmax = fmax(dmax, K->data[i * n + i]);
     }
     int nf = tpk_program_family_instructions(s->prog);
-    if (strcmp(what, "kernel") == 0 && !tpk_program_limit_rolled(s->prog))
-        nf = 0; /* the limit evaluator took the unrolled form */
+    if ((strcmp(what, "kernel") == 0 || strcmp(what, "ntk") == 0) &&
+        (!tpk_program_limit_rolled(s->prog) || job->kernel != TPK_JOB_NNGP))
+        nf = 0; /* the limit evaluator took the unrolled form (the NTK always does) */
     if (strcmp(what, "kernel") == 0 && job_direct(job)) /* the architecture's recursion */
         fprintf(job->summary, "%s: %s (%s) by its direct recursion, %d outputs\n", what,
                 job->label ? job->label : "program", job->program, s->prog->noutputs);
@@ -372,8 +400,9 @@ static void summarise(const tpk_job *job, const job_state *s, const tpk_array *K
             s->X->ndim >= 3 ? ", sequences" : "");
     if (s->Xt)
         fprintf(job->summary, "  test    %s (M=%zu)\n", job->test, s->Xt->dims[0]);
-    fprintf(job->summary, "  kernel  %zux%zu, diagonal in [%.6g, %.6g], K[0][1]=%.6g", n, n, dmin,
-            dmax, n > 1 ? K->data[1] : K->data[0]);
+    fprintf(job->summary, "  %-7s %zux%zu, diagonal in [%.6g, %.6g], K[0][1]=%.6g",
+            strcmp(what, "ntk") == 0 ? "ntk" : "kernel", n, n, dmin, dmax,
+            n > 1 ? K->data[1] : K->data[0]);
     if (err >= 0)
         fprintf(job->summary, ", error estimate %.2e", err);
     fprintf(job->summary, "\n  wrote   %s in %.3f s\n", job->output, secs);
@@ -403,15 +432,29 @@ int tpk_job_kernel_dims(tpk_h5out *out, const tpk_array *K, const tpk_array *X, 
 int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
 {
     job_state s = {0};
-    tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL;
+    tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL, *T[3] = {NULL, NULL, NULL};
     double t0 = tpk_wall_seconds(), err = 0;
-    int st = prepare(job, &s, ctx);
+    int st = job->kernel < TPK_JOB_NNGP || job->kernel > TPK_JOB_BOTH ||
+                     (job->ntk_param != TPK_NTK_PARAM_NTK && job->ntk_param != TPK_NTK_PARAM_TP)
+                 ? TPK_ERROR(ctx, TPK_EINVAL, "tpk_job: kernel %d or NTK parameterisation %d "
+                             "unknown", job->kernel, job->ntk_param)
+                 : prepare(job, &s, ctx);
     if (!st)
-        st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, &err, ctx);
-    if (!st) st = tpk_h5out_write(s.out, "/kernel", Ktr, ctx);
-    if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
-    if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
-    if (!st) st = tpk_job_kernel_dims(s.out, Ktr, s.X, Kx != NULL, ctx);
+        st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, T, &err, ctx);
+    int nngp = job->kernel != TPK_JOB_NTK;
+    if (!st && nngp) st = tpk_h5out_write(s.out, "/kernel", Ktr, ctx);
+    if (!st && nngp && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
+    if (!st && nngp && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
+    if (!st && nngp) st = tpk_job_kernel_dims(s.out, Ktr, s.X, Kx != NULL, ctx);
+    if (!st && T[0]) st = tpk_h5out_write(s.out, "/ntk", T[0], ctx);
+    if (!st && T[1]) st = tpk_h5out_write(s.out, "/ntk_test_train", T[1], ctx);
+    if (!st && T[2]) st = tpk_h5out_write(s.out, "/ntk_test_diag", T[2], ctx);
+    if (!st && T[0])
+        st = kernel_dims(s.out, "/ntk", T[1] ? "/ntk_test_train" : NULL,
+                         T[2] ? "/ntk_test_diag" : NULL, T[0]->dims[0] != s.X->dims[0], ctx);
+    if (!st && T[0])
+        st = tpk_h5out_attr_str(s.out, "/", "ntk_parameterization",
+                                job->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk", ctx);
     if (!st) st = describe(s.out, job, &s, ctx);
     if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
     if (!st) {
@@ -419,10 +462,17 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
         s.out = NULL;
     }
     if (!st)
-        summarise(job, &s, Ktr, err, tpk_wall_seconds() - t0, "kernel");
+        summarise(job, &s, nngp ? Ktr : T[0], err, tpk_wall_seconds() - t0, nngp ? "kernel" : "ntk");
+    if (!st && nngp && T[0] && job->summary) /* --kernel=both: the NTK's line too */
+        fprintf(job->summary, "  ntk     %zux%zu, Θ[0][0]=%.6g, Θ[0][1]=%.6g (%s parameterization)\n",
+                T[0]->dims[0], T[0]->dims[1], T[0]->data[0],
+                T[0]->dims[1] > 1 ? T[0]->data[1] : T[0]->data[0],
+                job->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk");
     tpk_array_free(Ktr);
     tpk_array_free(Kx);
     tpk_array_free(kd);
+    for (int i = 0; i < 3; i++)
+        tpk_array_free(T[i]);
     job_state_free(&s, ctx);
     return st;
 }
@@ -443,7 +493,7 @@ int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_arra
                  ? TPK_ERROR(ctx, TPK_EINVAL, "a test input needs Kxt and kdiag for its blocks")
                  : prepare_arrays("tpk_job_kernel_arrays", job, X, Xt, &s, ctx);
     if (!st)
-        st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, &e, ctx);
+        st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, NULL, &e, ctx);
     job_state_free(&s, ctx);
     if (st)
         return st;
@@ -546,6 +596,9 @@ int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx)
     const tpk_job *job = &kj->job;
     if ((!job->program && !job->source) || (!job->input && !kj->borrowed))
         return TPK_ERROR(ctx, TPK_EINVAL, "a kernel job needs a program and an input");
+    if (job->kernel != TPK_JOB_NNGP)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "the NTK is computed in one batch (tpk_netsor_ntk), "
+                         "not tile by tile: run gpkernel or netsor kernel --kernel=ntk");
     job_state *s = tpk_calloc(ctx, 1, sizeof *s);
     if (!s)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");

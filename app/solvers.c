@@ -113,7 +113,9 @@ tpk_direct_kernel tpk_job_solver(const tpk_job *job, const char **name)
 {
     tpk_direct_kernel k = job != NULL ? job->direct : NULL;
     const char *ev = getenv("TPK_EVALUATOR");
-    if (k == NULL || job->source != NULL || (ev != NULL && strcmp(ev, "program") == 0))
+    /* the NTK is a pass of the interpreter (tpk_netsor_ntk): no recursion computes it */
+    if (k == NULL || job->source != NULL || (ev != NULL && strcmp(ev, "program") == 0) ||
+        job->kernel != TPK_JOB_NNGP)
         k = NULL;
     if (name != NULL) {
         *name = k != NULL ? "direct-recursion" : "interpreter";

@@ -48,6 +48,39 @@ int cli_parse_int(const char *name, const char *s, int lo, int hi, int *out, tpk
     return st;
 }
 
+int cli_parse_choice(const char *name, const char *s, const char *const *names, int *out,
+                     tpk_ctx *ctx)
+{
+    char all[256];
+    size_t k = 0;
+    all[0] = '\0';
+    for (int i = 0; names[i] != NULL; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            return TPK_OK;
+        }
+        k += (size_t)snprintf(all + k, k < sizeof all ? sizeof all - k : 0, "%s%s", i ? ", " : "",
+                              names[i]);
+        if (k >= sizeof all)
+            k = sizeof all - 1;
+    }
+    return TPK_ERROR(ctx, TPK_EINVAL, "--%s: '%s' is not one of %s", name, s, all);
+}
+
+int cli_parse_kernel_kind(const char *s, int *out, tpk_ctx *ctx)
+{
+    /* the order of TPK_JOB_NNGP, TPK_JOB_NTK, TPK_JOB_BOTH */
+    static const char *const names[] = {"nngp", "ntk", "both", NULL};
+    return cli_parse_choice("kernel", s, names, out, ctx);
+}
+
+int cli_parse_ntk_param(const char *s, int *out, tpk_ctx *ctx)
+{
+    /* the order of TPK_NTK_PARAM_NTK, TPK_NTK_PARAM_TP */
+    static const char *const names[] = {"ntk", "tp", NULL};
+    return cli_parse_choice("parameterization", s, names, out, ctx);
+}
+
 int cli_parse_double(const char *name, const char *s, double *out, tpk_ctx *ctx)
 {
     char *end;

@@ -22,6 +22,13 @@ int cli_parse_size(const char *name, const char *s, size_t lo, size_t hi, size_t
                    tpk_ctx *ctx);
 /* The same into an int (hi <= INT_MAX). */
 int cli_parse_int(const char *name, const char *s, int lo, int hi, int *out, tpk_ctx *ctx);
+/* One of the names `names` (NULL-terminated), its index in *out: "--NAME: 'S' is not one of
+ * a, b, c". */
+int cli_parse_choice(const char *name, const char *s, const char *const *names, int *out,
+                     tpk_ctx *ctx);
+/* --kernel=nngp|ntk|both (TPK_JOB_*) and --parameterization=ntk|tp (TPK_NTK_PARAM_*). */
+int cli_parse_kernel_kind(const char *s, int *out, tpk_ctx *ctx);
+int cli_parse_ntk_param(const char *s, int *out, tpk_ctx *ctx);
 /* A finite number: "--NAME: 'S' is not a number". */
 int cli_parse_double(const char *name, const char *s, double *out, tpk_ctx *ctx);
 /* A list of integers in lo..hi: "a,b,c", or "A..B" (A, 2A, 4A, ... up to B, B > A), at most

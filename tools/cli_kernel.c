@@ -16,6 +16,10 @@ const char cli_kernel_options_help[] =
     "  --output=FILE.h5   output file (written atomically; required)\n"
     "  --force            replace an existing --output that is not an HDF5 file of this\n"
     "                     toolkit (refused by default: nothing is overwritten without it)\n"
+    "  --kernel=K         nngp (default: /kernel), ntk (/ntk, the Neural Tangent Kernel by\n"
+    "                     the interpreter, docs/theory.md section 8) or both\n"
+    "  --parameterization=P  the NTK's: ntk (neural-tangents' 'ntk', default) or tp (Tensor\n"
+    "                     Programs II's, no variance factors)\n"
     "  --depth=L          (mlp) hidden layers, 1..30000 (default 3; every row's range:\n"
     "                     --list-archs; deeper programs exceed the elaborator's size limit)\n"
     "  --phi=NAME         nonlinearity: relu, erf, tanh, gelu, leaky_relu(0.1), ... (--list-phi)\n"
@@ -79,7 +83,7 @@ const char cli_kernel_conventions_help[] =
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
        OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_LN,
-       OPT_PROGRESS, OPT_NOPROGRESS, OPT_FORCE };
+       OPT_PROGRESS, OPT_NOPROGRESS, OPT_FORCE, OPT_KERNEL, OPT_PARAM };
 
 static const struct option kernel_opts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -99,6 +103,8 @@ static const struct option kernel_opts[] = {
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
     {"force", no_argument, NULL, OPT_FORCE},
+    {"kernel", required_argument, NULL, OPT_KERNEL},
+    {"parameterization", required_argument, NULL, OPT_PARAM},
     {NULL, 0, NULL, 0}};
 
 static int check_args(cli_kernel *k, const char *arch_name, const tpk_phi_registry *reg,
@@ -148,6 +154,8 @@ int cli_kernel_parse(int argc, char **argv, const char *tool, const char *const 
         case OPT_PROGRESS: k->progress = 1; break;
         case OPT_NOPROGRESS: k->progress = 0; break;
         case OPT_FORCE: k->force = 1; break;
+        case OPT_KERNEL: st = cli_parse_kernel_kind(optarg, &k->kernel, ctx); break;
+        case OPT_PARAM: st = cli_parse_ntk_param(optarg, &k->ntk_param, ctx); break;
         case OPT_LISTARCH: tpk_arch_list(stdout); st = CLI_KERNEL_DONE; break;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); st = CLI_KERNEL_DONE; break;
         case 'h':
@@ -255,7 +263,7 @@ int cli_kernel_job(cli_kernel *k, int argc, char **argv, int *usage_error, tpk_c
                        .input = k->input, .test = k->test, .output = k->output,
                        .all_outputs = k->all_times, .attrs = attrs, .nattrs = nattrs,
                        .argc = argc, .argv = argv, .summary = k->quiet ? NULL : stdout,
-                       .force = k->force};
+                       .force = k->force, .kernel = k->kernel, .ntk_param = k->ntk_param};
     return TPK_OK;
 }
 

@@ -34,6 +34,7 @@ typedef struct cli {
     int emitted;                                      /* plan --emitted */
     const char *ew_cache;                             /* its cache, or NULL: the default */
     int all_outputs, quiet, force;
+    int kernel, ntk_param;  /* kernel --kernel, --parameterization (TPK_JOB_*, TPK_NTK_PARAM_*) */
     int progress;           /* --progress 1, --no-progress 0, neither -1 */
     int argc;               /* the whole command line, for provenance */
     char **argv;
@@ -70,6 +71,11 @@ static const char usage[] =
     "                     FILE.csv; N×d, or N×T×d for programs with 'input x[t in 1..T]' (T\n"
     "                     set from it)\n"
     "  --test=SPEC        (kernel) test inputs: also /kernel_test_train and /kernel_test_diag\n"
+    "  --kernel=K         (kernel) nngp (default: /kernel), ntk (/ntk: the Neural Tangent\n"
+    "                     Kernel, docs/theory.md section 8) or both\n"
+    "  --parameterization=P  (kernel) the NTK's: ntk (neural-tangents' 'ntk', the default:\n"
+    "                     each weight's term carries its variance) or tp (Tensor Programs II's:\n"
+    "                     gradients in the weights' unit-variance entries, no variance factor)\n"
     "  --output=FILE.h5   (kernel, run) output, written atomically\n"
     "  --force            (kernel, run) replace an existing --output that is not an HDF5 file\n"
     "                     of this toolkit (refused by default: nothing is overwritten)\n"
@@ -108,7 +114,7 @@ static void cli_free(cli *c)
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
        O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS,
-       O_EMITTED, O_FORCE, O_IR, O_VERIFY_IR };
+       O_EMITTED, O_FORCE, O_IR, O_VERIFY_IR, O_KERNEL, O_PARAM };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -123,6 +129,8 @@ static const struct option longopts[] = {
     {"signatures", optional_argument, NULL, O_SIGS},
     {"emitted", optional_argument, NULL, O_EMITTED}, {"force", no_argument, NULL, O_FORCE},
     {"ir", no_argument, NULL, O_IR}, {"verify-ir", no_argument, NULL, O_VERIFY_IR},
+    {"kernel", required_argument, NULL, O_KERNEL},
+    {"parameterization", required_argument, NULL, O_PARAM},
     {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
@@ -167,6 +175,8 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
             break;
         case O_EMITTED: c->emitted = 1, c->ew_cache = optarg; break;
         case O_IR: c->ir = 1; break;
+        case O_KERNEL: st = cli_parse_kernel_kind(optarg, &c->kernel, &ctx); break;
+        case O_PARAM: st = cli_parse_ntk_param(optarg, &c->ntk_param, &ctx); break;
         case O_VERIFY_IR: /* jobs (kernel, run) load the program themselves */
             c->opts.verify_ir = 1;
             setenv("TPK_VERIFY_IR", "1", 1);
@@ -194,6 +204,9 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
                         &ctx);
     if (!st && strcmp(cmd, "dump") != 0)
         st = cli_refuse(&seen, "ir", "only netsor dump takes it", &ctx);
+    for (size_t i = 0; !st && strcmp(cmd, "kernel") != 0 && i < 2; i++)
+        st = cli_refuse(&seen, i ? "parameterization" : "kernel", "only netsor kernel takes it "
+                        "(the NTK of a finite network is not computed yet)", &ctx);
     for (size_t i = 0; !st && strcmp(cmd, "kernel") == 0 && i < 2; i++)
         st = cli_refuse(&seen, run_only[i], "the limit kernel has no width and no random "
                         "weights (that is netsor run)", &ctx);
@@ -311,7 +324,8 @@ static int make_job(const cli *c, const char *cmd, tpk_job *job)
                      .netsor_plus = c->opts.netsor_plus, .input = c->input, .test = c->test,
                      .output = c->output, .all_outputs = c->all_outputs, .argc = c->argc,
                      .argv = c->argv, .summary = c->quiet ? NULL : stdout, .force = c->force,
-                     .explain = c->opts.explain ? stderr : NULL};
+                     .explain = c->opts.explain ? stderr : NULL, .kernel = c->kernel,
+                     .ntk_param = c->ntk_param};
     return 0;
 }
 

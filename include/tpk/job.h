@@ -55,7 +55,12 @@ typedef struct tpk_job {
                                  * toolkit (tpk_h5out_check_replace; --force) */
     FILE *explain;              /* where the program's notes go (--explain: which back end computes
                                  * the limit and why; inferred shape holes), NULL: none */
+    int kernel;                 /* which limit kernels: TPK_JOB_NNGP (0, /kernel), TPK_JOB_NTK
+                                 * (/ntk) or TPK_JOB_BOTH; the NTK by tpk_netsor_ntk */
+    int ntk_param;              /* the NTK's parameterisation: TPK_NTK_PARAM_NTK (0) or _TP */
 } tpk_job;
+
+enum { TPK_JOB_NNGP = 0, TPK_JOB_NTK = 1, TPK_JOB_BOTH = 2 };
 
 /* Who computes a job's limit kernel: the one decision every tool shares (gpkernel, netsor
  * kernel, gplimits, gpregress, the Python package, gpkernel-mpi). The architecture's direct
