@@ -100,8 +100,34 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
     if (!st) {
         tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
                        .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
-                       .progress = o->progress};
+                       .progress = o->progress, .kernel = o->kernel, .ntk_param = o->ntk_param};
         st = tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kdiag, err, ctx);
+    }
+    tpk_free(ctx, r);
+    return st;
+}
+
+int tpk_arch_kernels(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
+                     const tpk_array *Xt, tpk_array *K[3], tpk_array *T[3], double *err,
+                     tpk_ctx *ctx)
+{
+    for (int i = 0; i < 3; i++)
+        K[i] = T[i] = NULL;
+    if (a && a->custom)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
+                         "writes HDF5: run it with tpk_arch_job", a->name);
+    int st = tpk_array_check_input(X, "tpk_arch_kernels", "X", ctx);
+    if (st || (st = tpk_array_check_input(Xt, "tpk_arch_kernels", "Xt", ctx)))
+        return st;
+    resolved *r = tpk_calloc(ctx, 1, sizeof *r);
+    if (!r)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    st = resolve(a, o, r, ctx);
+    if (!st) {
+        tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
+                       .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
+                       .progress = o->progress, .ntk_param = o->ntk_param};
+        st = tpk_job_kernels_arrays(&job, X, Xt, K, T, err, ctx);
     }
     tpk_free(ctx, r);
     return st;
@@ -138,6 +164,21 @@ tpk_kernel_job *tpk_arch_kernel_job(const tpk_arch *a, const tpk_arch_opts *o,
     return kj;
 }
 
+int tpk_arch_custom_job(const tpk_arch *a, const tpk_job *job, tpk_ctx *ctx)
+{
+    /* the rows with a job of their own (kernels/cnn.c's pooled recursions, the attention limits)
+     * compute the NNGP only: their NTK is the program's, by the interpreter */
+    if (job->kernel != TPK_JOB_NNGP)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "--kernel=%s: %s's own job computes the NNGP only; the NTK is the "
+                         "interpreter's, of the program: netsor kernel programs/%s.nsr "
+                         "--kernel=%s --all-outputs (for a CNN, flatten is the mean of the "
+                         "position diagonal and GAP the mean of all position pairs)",
+                         job->kernel == TPK_JOB_NTK ? "ntk" : "both", a->name, a->name,
+                         job->kernel == TPK_JOB_NTK ? "ntk" : "both");
+    return a->custom(job, ctx);
+}
+
 int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, const char *test,
                  const char *output, tpk_ctx *ctx)
 {
@@ -163,8 +204,9 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, c
         tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
                        .sets = r->sets, .nsets = r->nsets, .input = input, .test = test, .output = output,
                        .all_outputs = o->all_outputs, .attrs = attrs, .nattrs = nattrs,
-                       .progress = o->progress, .force = o->force};
-        st = a->custom ? a->custom(&job, ctx) : tpk_job_kernel(&job, ctx);
+                       .progress = o->progress, .force = o->force, .kernel = o->kernel,
+                       .ntk_param = o->ntk_param};
+        st = a->custom ? tpk_arch_custom_job(a, &job, ctx) : tpk_job_kernel(&job, ctx);
     }
     tpk_free(ctx, r);
     return st;

@@ -477,12 +477,30 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
     return st;
 }
 
+int tpk_job_kernels_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
+                           tpk_array *K[3], tpk_array *T[3], double *err, tpk_ctx *ctx)
+{
+    job_state s = {0};
+    double e = 0;
+    for (int i = 0; i < 3; i++)
+        K[i] = T[i] = NULL;
+    tpk_job both = *job;
+    both.kernel = TPK_JOB_BOTH;
+    int st = prepare_arrays("tpk_job_kernels_arrays", &both, X, Xt, &s, ctx);
+    if (!st)
+        st = kernel_blocks(&both, &s, &K[0], &K[1], &K[2], T, &e, ctx);
+    job_state_free(&s, ctx);
+    if (!st && err)
+        *err = e;
+    return st;
+}
+
 int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
                           tpk_array **K, tpk_array **Kxt, tpk_array **kdiag, double *err,
                           tpk_ctx *ctx)
 {
     job_state s = {0};
-    tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL;
+    tpk_array *B[3] = {NULL, NULL, NULL}, *T[3] = {NULL, NULL, NULL};
     double e = 0;
     *K = NULL;
     if (Kxt)
@@ -491,17 +509,23 @@ int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_arra
         *kdiag = NULL;
     int st = Xt && (!Kxt || !kdiag)
                  ? TPK_ERROR(ctx, TPK_EINVAL, "a test input needs Kxt and kdiag for its blocks")
+             : job->kernel == TPK_JOB_BOTH
+                 ? TPK_ERROR(ctx, TPK_EINVAL, "tpk_job_kernel_arrays gives one kernel: ask for "
+                             "TPK_JOB_NNGP or TPK_JOB_NTK, or call tpk_job_kernels_arrays")
                  : prepare_arrays("tpk_job_kernel_arrays", job, X, Xt, &s, ctx);
     if (!st)
-        st = kernel_blocks(job, &s, &Ktr, &Kx, &kd, NULL, &e, ctx);
+        st = kernel_blocks(job, &s, &B[0], &B[1], &B[2], T, &e, ctx);
     job_state_free(&s, ctx);
     if (st)
         return st;
-    *K = Ktr;
+    tpk_array **keep = job->kernel == TPK_JOB_NTK ? T : B, **drop = keep == T ? B : T;
+    for (int i = 0; i < 3; i++)
+        tpk_array_free(drop[i]);
+    *K = keep[0];
     if (Kxt)
-        *Kxt = Kx;
+        *Kxt = keep[1];
     if (kdiag)
-        *kdiag = kd;
+        *kdiag = keep[2];
     if (err)
         *err = e;
     return TPK_OK;

@@ -36,7 +36,7 @@ static int run(int argc, char **argv, int *usage_error, tpk_ctx *ctx)
                                !k.quiet && cli_progress_wanted(k.progress));
             k.job.summary = k.quiet ? NULL : cli_progress_stream(&bar, stdout);
             k.job.progress = cli_progress_lib(&bar, NULL);
-            st = k.a && k.a->custom ? k.a->custom(&k.job, ctx) : tpk_job_kernel(&k.job, ctx);
+            st = k.a && k.a->custom ? tpk_arch_custom_job(k.a, &k.job, ctx) : tpk_job_kernel(&k.job, ctx);
             cli_progress_end(&bar, st == TPK_OK);
         }
         free(rec);

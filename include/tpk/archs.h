@@ -119,6 +119,7 @@ typedef struct tpk_arch_opts {
     const char *root;           /* folder holding programs/ and data/ (NULL: tpk_shipped_path) */
     const tpk_progress *progress; /* the job's progress and cancel flag (tpk_job.progress) */
     int force;                  /* tpk_arch_job: tpk_job.force (--force) */
+    int kernel, ntk_param;      /* tpk_job.kernel and .ntk_param (--kernel, --parameterization) */
 } tpk_arch_opts;
 
 /* The architecture's kernel on inputs in memory (tpk_job_kernel_arrays; the arrays as there).
@@ -127,12 +128,19 @@ typedef struct tpk_arch_opts {
 TPK_API int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
                             const tpk_array *Xt, tpk_array **K, tpk_array **Kxt,
                             tpk_array **kdiag, double *err, tpk_ctx *ctx);
+/* Both limit kernels on inputs in memory (tpk_job_kernels_arrays), whatever o->kernel says. */
+TPK_API int tpk_arch_kernels(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
+                             const tpk_array *Xt, tpk_array *K[3], tpk_array *T[3], double *err,
+                             tpk_ctx *ctx);
 /* The architecture's kernel job on inputs in memory, block by block (tpk_kernel_job_alloc_arrays:
  * X, Xt borrowed and kept alive by the caller, as o's flags and sets). Custom rows:
  * TPK_EUNSUPPORTED. Free with tpk_kernel_job_free. */
 TPK_API tpk_kernel_job *tpk_arch_kernel_job(const tpk_arch *a, const tpk_arch_opts *o,
                                             const tpk_array *X, const tpk_array *Xt,
                                             tpk_ctx *ctx);
+/* A custom row's job (cnn1d, cnn2d, attention: tpk_arch.custom), refusing the NTK, which those
+ * jobs do not compute (TPK_EUNSUPPORTED, naming the program that does). */
+TPK_API int tpk_arch_custom_job(const tpk_arch *a, const tpk_job *job, tpk_ctx *ctx);
 /* The same request as a gpkernel job over files, any architecture (custom jobs included):
  * input (NULL: the row's bundled input under root), test (NULL: none), output (HDF5, written
  * atomically; the flags are recorded as root attributes the way gpkernel records them). */

@@ -88,6 +88,12 @@ TPK_API int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx
 TPK_API int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
                                   tpk_array **K, tpk_array **Kxt, tpk_array **kdiag, double *err,
                                   tpk_ctx *ctx);
+/* The NNGP and the NTK together (job->kernel is not read): K[0..2] the NNGP's train block, test ×
+ * train block and test diagonal (the last two NULL without Xt), T[0..2] the NTK's, in
+ * job->ntk_param's parameterisation. tpk_job_kernel_arrays with job->kernel = TPK_JOB_NTK gives
+ * the NTK's blocks alone. */
+TPK_API int tpk_job_kernels_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
+                                   tpk_array *K[3], tpk_array *T[3], double *err, tpk_ctx *ctx);
 /* tpk_job_run on inputs in memory: *Khat (empirical kernel) and, if y is not NULL, *y (sampled
  * readouts, N × outputs). X as for tpk_job_kernel_arrays; job->test must be NULL. */
 TPK_API int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width,
