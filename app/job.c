@@ -546,9 +546,21 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
     if (!st)
         st = tpk_netsor_run_progress(s.prog, s.X, width, seed, job->all_outputs, job->progress,
                                      &Khat, &y, ctx);
+    /* --ntk: the same network's empirical NTK, by the executor's backward pass */
+    tpk_array *That = NULL;
+    if (!st && job->kernel != TPK_JOB_NNGP)
+        st = tpk_netsor_run_ntk(s.prog, s.X, width, seed, job->all_outputs, job->ntk_param, NULL,
+                                &That, ctx);
     if (!st) st = tpk_h5out_write(s.out, "/kernel_hat", Khat, ctx);
     if (!st) st = tpk_h5out_write(s.out, "/outputs", y, ctx);
     if (!st) st = kernel_dims(s.out, "/kernel_hat", NULL, NULL, Khat->dims[0] != s.X->dims[0], ctx);
+    if (!st && That) st = tpk_h5out_write(s.out, "/ntk_hat", That, ctx);
+    if (!st && That)
+        st = kernel_dims(s.out, "/ntk_hat", NULL, NULL, That->dims[0] != s.X->dims[0], ctx);
+    if (!st && That)
+        st = tpk_h5out_attr_str(s.out, "/", "ntk_parameterization",
+                                job->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk", ctx);
+    tpk_array_free(That);
     if (!st) st = tpk_h5out_dims(s.out, "/outputs", (const char *const[]){"train", "output"}, 2, ctx);
     if (!st) st = describe(s.out, job, &s, ctx);
     if (!st) st = tpk_h5out_attr_int(s.out, "/", "width", (long long)width, ctx);

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend-impl.h"
+#include "exec-impl.h"
 #include "tpk/alloc.h"
 #include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
@@ -19,20 +19,6 @@
  * machine) would cost more than the work. Results never depend on it. */
 #define PAR_MIN 32768
 
-typedef struct ex {
-    const tpk_program *p;
-    size_t N, T, d, n;
-    uint64_t seed;
-    const double *x;
-    double **val;   /* per var: N×n (G/H) or N (scalar) */
-    double **Z;     /* per A-var: n×n standard normals, while still used */
-    double **U;     /* per embedding: n×d standard normals, while still used */
-    int *last;      /* per var: last instruction reading it (ninstr: outputs) */
-    int *lastA, *lastU;
-    int maxdepth, maxlen;
-    int named;      /* streams keyed by member names (unique in the program), else by ids */
-    tpk_ctx *ctx;
-} ex;
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -42,7 +28,7 @@ static int cmp_u64(const void *a, const void *b)
 
 /* Are the streams of all random tensors distinct when keyed by name? A program from the DSL
  * names every member uniquely; hand-built IR may not (then ids key them, as before). */
-static int streams_by_name(const tpk_program *p, tpk_ctx *ctx)
+int nsr_ex_streams_by_name(const tpk_program *p, tpk_ctx *ctx)
 {
     size_t n = (size_t)p->navars + (size_t)p->nembeds + (size_t)p->ninstr, k = 0;
     uint64_t *h = tpk_malloc(ctx, (n + 1) * sizeof *h);
@@ -84,7 +70,7 @@ static void set_last(ex *E, int v, int k)
         E->last[v] = k;
 }
 
-static int ex_setup(ex *E, int all_outputs)
+int nsr_ex_setup(ex *E, int all_outputs)
 {
     const tpk_program *p = E->p;
     int nv = p->nvars, ni = p->ninstr;
@@ -128,7 +114,7 @@ static int ex_setup(ex *E, int all_outputs)
     return TPK_OK;
 }
 
-static void ex_free(ex *E)
+void nsr_ex_free(ex *E)
 {
     const tpk_program *p = E->p;
     if (E->val)
@@ -212,7 +198,7 @@ static int eval_body(ex *E, const tpk_instr *in, int moment, double *out)
     return TPK_OK;
 }
 
-static int step(ex *E, int k)
+int nsr_ex_step(ex *E, int k)
 {
     const tpk_program *p = E->p;
     const tpk_instr *in = &p->instr[k];
@@ -292,6 +278,33 @@ static int step(ex *E, int k)
     }
 }
 
+/* Part k of output o's readout vector at width n (N(0, 1) entries; the variance is applied by
+ * the caller): the default readout's first part is the stream the rolled executor draws; a
+ * further part k, and every part of a readout vector u of its own, a stream named after it. */
+void nsr_ex_readout_vector(const tpk_output *o, int k, uint64_t seed, size_t n, double *v)
+{
+    uint64_t stream = TPK_RNG_STREAM(TPK_RNG_READOUT, 0);
+    if (o->readout != NULL || k > 0) {
+        char nm[160];
+        snprintf(nm, sizeof nm, "%s[%d]", o->readout ? o->readout : "", k + 1);
+        stream = tpk_rng_stream_named(TPK_RNG_READOUT, nm);
+    }
+    for (size_t r = 0; r < n; r++)
+        v[r] = tpk_rng_normal_at(seed, stream, (uint32_t)r, 0);
+}
+
+/* The output bias of output o: z_b of its readout vector (N(0, 1)). */
+double nsr_ex_readout_bias(const tpk_output *o, uint64_t seed)
+{
+    uint64_t stream = TPK_RNG_STREAM(TPK_RNG_READOUT, 1);
+    if (o->readout != NULL) {
+        char nm[160];
+        snprintf(nm, sizeof nm, "%s.bias", o->readout);
+        stream = tpk_rng_stream_named(TPK_RNG_READOUT, nm);
+    }
+    return tpk_rng_normal_at(seed, stream, 0, 0);
+}
+
 /* The readout of output o at width n over N inputs, into y[a·ld]: y = ⟨v, [h_1; ...; h_m]⟩/√(mn)·σ_v
  * + √β·z_b. The default readout's v (part 1) and z_b are the streams the rolled executor draws;
  * a further part k, and every part of a readout vector u of its own, has a stream named after
@@ -306,15 +319,8 @@ static int readout_values(const tpk_output *o, double *const *val, size_t N, siz
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     for (size_t a = 0; a < N; a++)
         y[a * ld] = 0.0;
-    char nm[160];
     for (int k = 0; k < m; k++) {
-        uint64_t stream = TPK_RNG_STREAM(TPK_RNG_READOUT, 0);
-        if (o->readout != NULL || k > 0) {
-            snprintf(nm, sizeof nm, "%s[%d]", o->readout ? o->readout : "", k + 1);
-            stream = tpk_rng_stream_named(TPK_RNG_READOUT, nm);
-        }
-        for (size_t r = 0; r < n; r++)
-            v[r] = tpk_rng_normal_at(seed, stream, (uint32_t)r, 0);
+        nsr_ex_readout_vector(o, k, seed, n, v);
         const double *h = val[nsr_out_part(o, k)];
         for (size_t a = 0; a < N; a++) {
             double acc = 0.0;
@@ -324,15 +330,7 @@ static int readout_values(const tpk_output *o, double *const *val, size_t N, siz
         }
     }
     tpk_free(ctx, v);
-    double zb = 0.0;
-    if (o->bias_var > 0.0) {
-        uint64_t stream = TPK_RNG_STREAM(TPK_RNG_READOUT, 1);
-        if (o->readout != NULL) {
-            snprintf(nm, sizeof nm, "%s.bias", o->readout);
-            stream = tpk_rng_stream_named(TPK_RNG_READOUT, nm);
-        }
-        zb = tpk_rng_normal_at(seed, stream, 0, 0);
-    }
+    double zb = o->bias_var > 0.0 ? nsr_ex_readout_bias(o, seed) : 0.0;
     double s = sqrt(o->var / ((double)n * m));
     for (size_t a = 0; a < N; a++)
         y[a * ld] = s * y[a * ld] + sqrt(o->bias_var) * zb;
@@ -402,17 +400,17 @@ int tpk_netsor_run_progress(const tpk_program *p, const tpk_array *x, size_t n, 
     E.maxdepth = sh.maxdepth;
     E.maxlen = sh.maxlen;
     E.ctx = ctx;
-    E.named = streams_by_name(p, ctx);
+    E.named = nsr_ex_streams_by_name(p, ctx);
     tpk_array *K = NULL, *Y = NULL;
     double *M = NULL;
     if (E.named < 0)
         st = TPK_ENOMEM; /* recorded in ctx (which may be NULL) */
-    if (st || (st = ex_setup(&E, all_outputs)))
+    if (st || (st = nsr_ex_setup(&E, all_outputs)))
         goto done;
     for (int k = 0; k < p->ninstr; k++) {
         const tpk_instr *in = &p->instr[k];
         if ((st = tpk_progress_report(progress, "instructions", (size_t)k, (size_t)p->ninstr, ctx)) ||
-            (st = step(&E, k)))
+            (st = nsr_ex_step(&E, k)))
             goto done;
         /* liveness: drop what no later instruction reads */
         if (in->op == TPK_OP_MATMUL && E.lastA[in->avar] == k) {
@@ -502,6 +500,6 @@ done:
     tpk_free(ctx, M);
     tpk_array_free(K);
     tpk_array_free(Y);
-    ex_free(&E);
+    nsr_ex_free(&E);
     return st;
 }

@@ -254,7 +254,9 @@ static void rnn_reference(int relu, const tpk_array *x, double *K, double *Th)
 
 /* The empirical NTK of finite RNNs of width n (NT's parameterisation), by backpropagation
  * through time: one gradient vector per output (sequence a, step t) over every parameter
- * (ω_W, ω_U, β, ω_v), Θ̂ = G Gᵀ, averaged over `seeds` networks. */
+ * (ω_W, ω_U, β, ω_v), Θ̂ = G Gᵀ, averaged over `seeds` networks. The weights are the ones
+ * tpk_netsor_run draws for seed 1000 + s (tpk/rng.h streams keyed by the names W, U, b and the
+ * readout's), so one network's Θ̂ can be compared with tpk_netsor_run_ntk's entry by entry. */
 static void rnn_empirical(int relu, const tpk_array *x, size_t n, int seeds, double *Th)
 {
     size_t N = x->dims[0], d = x->dims[2], M = N * RT;
@@ -268,14 +270,14 @@ static void rnn_empirical(int relu, const tpk_array *x, size_t n, int seeds, dou
                  cv = sqrt(RV / (double)n);
     memset(Th, 0, M * M * sizeof *Th);
     for (int seed = 0; seed < seeds; seed++) {
-        uint64_t st = 1000 + (uint64_t)seed;
-        for (size_t i = 0; i < n * n; i++)
-            W[i] = gauss(&st);
-        for (size_t i = 0; i < n * d; i++)
-            U[i] = gauss(&st);
+        uint64_t sd = 1000 + (uint64_t)seed;
         for (size_t i = 0; i < n; i++) {
-            b[i] = gauss(&st);
-            v[i] = gauss(&st);
+            tpk_rng_normal_row(sd, tpk_rng_stream_named(TPK_RNG_AVAR, "W"), (uint32_t)i, 0,
+                               (uint32_t)n, W + i * n);
+            tpk_rng_normal_row(sd, tpk_rng_stream_named(TPK_RNG_EMBED, "U"), (uint32_t)i, 0,
+                               (uint32_t)d, U + i * d);
+            b[i] = tpk_rng_normal_at(sd, tpk_rng_stream_named(TPK_RNG_BIAS, "b"), (uint32_t)i, 0);
+            v[i] = tpk_rng_normal_at(sd, TPK_RNG_STREAM(TPK_RNG_READOUT, 0), (uint32_t)i, 0);
         }
         memset(G, 0, M * P * sizeof *G);
         for (size_t a = 0; a < N; a++) {
@@ -372,6 +374,24 @@ static void test_rnn_tied(void **state)
             et = fmax(et, fabs(Tp->data[i] - T[i]));
             scale = fmax(scale, fabs(T[i]));
         }
+        /* tpk_netsor_run_ntk's backward pass against backpropagation through time written out
+         * here, on the same network (the same weights): equal to rounding */
+        tpk_array *Kh = NULL, *Th = NULL;
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        assert_int_equal(tpk_netsor_run_ntk(p, x, 48, 1000, 1, TPK_NTK_PARAM_NTK, &Kh, &Th, &ctx),
+                         TPK_OK);
+        rnn_empirical(relu, x, 48, 1, E);
+        double ex = 0, es = 0;
+        for (size_t i = 0; i < M * M; i++) {
+            ex = fmax(ex, fabs(Th->data[i] - E[i]));
+            es = fmax(es, fabs(E[i]));
+        }
+        print_message("rnn %s: tpk_netsor_run_ntk against BPTT at n = 48: %.1e relative\n",
+                      relu ? "relu" : "erf", ex / es);
+        assert_true(ex < 1e-12 * es);
+        tpk_array_free(Kh);
+        tpk_array_free(Th);
         /* finite networks: the relative error falls as n^(-1/2) toward the limit */
         rnn_empirical(relu, x, 128, 4, E);
         rnn_empirical(relu, x, 1024, 4, E2);

@@ -73,7 +73,7 @@ static const char usage[] =
     "  --test=SPEC        (kernel) test inputs: also /kernel_test_train and /kernel_test_diag\n"
     "  --kernel=K         (kernel) nngp (default: /kernel), ntk (/ntk: the Neural Tangent\n"
     "                     Kernel, docs/theory.md section 8) or both\n"
-    "  --parameterization=P  (kernel) the NTK's: ntk (neural-tangents' 'ntk', the default:\n"
+    "  --parameterization=P  (kernel, run) the NTK's: ntk (neural-tangents' 'ntk', the default:\n"
     "                     each weight's term carries its variance) or tp (Tensor Programs II's:\n"
     "                     gradients in the weights' unit-variance entries, no variance factor)\n"
     "  --output=FILE.h5   (kernel, run) output, written atomically\n"
@@ -82,6 +82,8 @@ static const char usage[] =
     "  --all-outputs      (kernel, run) every readout (e.g. all time steps), input-major;\n"
     "                     default: the last output only\n"
     "  --width=N          (run) the width n of every width symbol\n"
+    "  --ntk              (run) also the empirical NTK J J^T of the same network (/ntk_hat), by\n"
+    "                     a backward pass (every weight's pairs of uses; programs without mean())\n"
     "  --seed=S           (run) random seed (default 0); results depend on it alone\n"
     "  --quiet            (kernel, run) no summary on stdout, no progress line\n"
     "  --plan=P           (plan) naive, optimal (default) or both (then compared)\n"
@@ -114,7 +116,7 @@ static void cli_free(cli *c)
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
        O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS,
-       O_EMITTED, O_FORCE, O_IR, O_VERIFY_IR, O_KERNEL, O_PARAM };
+       O_EMITTED, O_FORCE, O_IR, O_VERIFY_IR, O_KERNEL, O_PARAM, O_NTK };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -130,7 +132,7 @@ static const struct option longopts[] = {
     {"emitted", optional_argument, NULL, O_EMITTED}, {"force", no_argument, NULL, O_FORCE},
     {"ir", no_argument, NULL, O_IR}, {"verify-ir", no_argument, NULL, O_VERIFY_IR},
     {"kernel", required_argument, NULL, O_KERNEL},
-    {"parameterization", required_argument, NULL, O_PARAM},
+    {"parameterization", required_argument, NULL, O_PARAM}, {"ntk", no_argument, NULL, O_NTK},
     {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
@@ -177,6 +179,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_IR: c->ir = 1; break;
         case O_KERNEL: st = cli_parse_kernel_kind(optarg, &c->kernel, &ctx); break;
         case O_PARAM: st = cli_parse_ntk_param(optarg, &c->ntk_param, &ctx); break;
+        case O_NTK: c->kernel = TPK_JOB_BOTH; break;
         case O_VERIFY_IR: /* jobs (kernel, run) load the program themselves */
             c->opts.verify_ir = 1;
             setenv("TPK_VERIFY_IR", "1", 1);
@@ -204,9 +207,14 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
                         &ctx);
     if (!st && strcmp(cmd, "dump") != 0)
         st = cli_refuse(&seen, "ir", "only netsor dump takes it", &ctx);
-    for (size_t i = 0; !st && strcmp(cmd, "kernel") != 0 && i < 2; i++)
-        st = cli_refuse(&seen, i ? "parameterization" : "kernel", "only netsor kernel takes it "
-                        "(the NTK of a finite network is not computed yet)", &ctx);
+    if (!st && strcmp(cmd, "kernel") != 0)
+        st = cli_refuse(&seen, "kernel", "only netsor kernel takes it (netsor run --ntk: the "
+                        "empirical NTK)", &ctx);
+    if (!st && strcmp(cmd, "run") != 0)
+        st = cli_refuse(&seen, "ntk", "only netsor run takes it (netsor kernel --kernel=ntk: the "
+                        "limit NTK)", &ctx);
+    if (!st && !job)
+        st = cli_refuse(&seen, "parameterization", "only netsor kernel and run take it", &ctx);
     for (size_t i = 0; !st && strcmp(cmd, "kernel") == 0 && i < 2; i++)
         st = cli_refuse(&seen, run_only[i], "the limit kernel has no width and no random "
                         "weights (that is netsor run)", &ctx);

@@ -227,6 +227,16 @@ enum { TPK_NTK_PARAM_NTK = 0, TPK_NTK_PARAM_TP = 1 };
 TPK_API int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
                            tpk_array **K, tpk_array **Theta, double *err, tpk_ctx *ctx);
 
+/* The empirical NTK of the program at width n with the random weights of tpk_netsor_run (same
+ * seed, same network): Θ̂ = J Jᵀ over every parameter (A-vars, embeddings, biases, the readout and
+ * its bias), in `param`'s parameterisation (as tpk_netsor_ntk), by one backward pass with
+ * structured per-weight sums over pairs of uses (theory.md §8.9); *Khat (may be NULL) gets
+ * tpk_netsor_run's K̂. Layout as tpk_netsor_kernel. Errors as tpk_netsor_run, and
+ * TPK_EUNSUPPORTED for Moments (mean) and bn(...), whose gradients this pass does not carry yet. */
+TPK_API int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
+                               int all_outputs, int param, tpk_array **Khat, tpk_array **That,
+                               tpk_ctx *ctx);
+
 /* The rolled evaluator's entrywise plans (docs/orchestration.md §7): between reads that need a
  * whole matrix, the maps and sums of a recursion run as fused kernels chosen by a binary linear
  * program (TPK_PLAN_OPTIMAL, the default), or one kernel per primitive (TPK_PLAN_NAIVE). The

@@ -1,0 +1,301 @@
+/* The empirical NTK of a finite network, Θ̂ = J Jᵀ over every parameter, by one backward pass of
+ * the member-level executor (theory.md §8.9). The forward pass runs the tangent program
+ * (tangent.c), whose partial Nonlins give ∂φ/∂g at every coordinate; the backward pass carries,
+ * for every variable, the gradient of every output (row a·O + o: input a, output o) with
+ * respect to its value at that input. Each weight's contribution is the structured sum over
+ * pairs of its uses (y = W z, ȳ = W z̄): (dyᵀ dȳ)(zᵀ z̄)/fan_in, times σ_W² in neural-tangents'
+ * parameterisation — the Jacobian itself is never formed. Moments and bn(...) are refused: their
+ * gradients couple coordinates (and inputs), which this pass does not carry yet. */
+#include <math.h>
+#include <string.h>
+
+#include "exec-impl.h"
+#include "tangent-impl.h"
+#include "tpk/alloc.h"
+#include "tpk/matmul.h"
+
+typedef struct nx {
+    ex E;
+    nsr_tangent t;
+    size_t R;        /* rows: N inputs × O outputs, input-major */
+    int O, o0;
+    double **A;      /* per var of the tangent program: R×n gradients, NULL if none reach it */
+    double *G1, *G2; /* R×R and N×N scratch */
+} nx;
+
+static double *adj(nx *X, int v)
+{
+    if (X->A[v] == NULL)
+        X->A[v] = tpk_calloc(X->E.ctx, X->R * X->E.n, sizeof *X->A[v]);
+    return X->A[v];
+}
+
+/* Θ̂ += f · (A1 A2ᵀ) ⊙ (Z1 Z2ᵀ) over row pairs (r, r′), Z rows by input (r / O): one pair of uses
+ * of a weight; Z1, Z2 (N × k, leading dimension ldz) its operands; A2 NULL: a bias (z = 1). */
+static int use_pair(nx *X, const double *A1, const double *A2, const double *Z1, const double *Z2,
+                    size_t k, size_t ldz, double f, double *T)
+{
+    size_t R = X->R, N = X->E.N, n = X->E.n, O = (size_t)X->O;
+    tpk_ctx *ctx = X->E.ctx;
+    int st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, R, R, n, 1.0, A1, n, A2, n, 0.0, X->G1, R, ctx);
+    if (st == TPK_OK && Z1 != NULL)
+        st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, k, 1.0, Z1, ldz, Z2, ldz, 0.0, X->G2, N, ctx);
+    if (st)
+        return st;
+    for (size_t r = 0; r < R; r++)
+        for (size_t c = 0; c < R; c++)
+            T[r * R + c] += f * X->G1[r * R + c] * (Z1 != NULL ? X->G2[(r / O) * N + c / O] : 1.0);
+    return TPK_OK;
+}
+
+/* The backward pass: the outputs' gradients with respect to every variable, last instruction
+ * first. */
+static int backward(nx *X)
+{
+    const tpk_program *q = X->t.q;
+    size_t R = X->R, n = X->E.n, O = (size_t)X->O;
+    tpk_ctx *ctx = X->E.ctx;
+    double *v = tpk_malloc(ctx, n * sizeof *v);
+    if (v == NULL)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    /* y_{a,o} = σ_v/√(mn) Σ_k ⟨v_k, h_k(a)⟩ + β: ∂y/∂h_k(a) = σ_v/√(mn) v_k */
+    for (int oi = 0; oi < X->O; oi++) {
+        const tpk_output *o = &q->output[X->o0 + oi];
+        int m = nsr_out_nparts(o);
+        double c = sqrt(o->var / ((double)n * m));
+        for (int k = 0; k < m; k++) {
+            double *A = adj(X, nsr_out_part(o, k));
+            if (A == NULL) {
+                tpk_free(ctx, v);
+                return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            }
+            nsr_ex_readout_vector(o, k, X->E.seed, n, v);
+            for (size_t a = 0; a < X->E.N; a++)
+                for (size_t i = 0; i < n; i++)
+                    A[(a * O + (size_t)oi) * n + i] += c * v[i];
+        }
+    }
+    tpk_free(ctx, v);
+    for (int k = q->ninstr - 1; k >= 0; k--) {
+        const tpk_instr *in = &q->instr[k];
+        const double *Ay = X->A[in->out];
+        if (Ay == NULL)
+            continue;
+        switch (in->op) {
+        case TPK_OP_NONLIN: { /* dg_i += ∂_iφ ⊙ dh */
+            const nsr_partials *d = &X->t.part[in->out];
+            for (int i = 0; i < d->n; i++) {
+                double *Ag = adj(X, d->g[i]);
+                const double *D = X->E.val[d->d[i]];
+                if (Ag == NULL)
+                    return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+                for (size_t r = 0; r < R; r++)
+                    for (size_t j = 0; j < n; j++)
+                        Ag[r * n + j] += D[(r / O) * n + j] * Ay[r * n + j];
+            }
+            break;
+        }
+        case TPK_OP_LINCOMB:
+            for (int t = 0; t < in->nterms; t++) {
+                double *At = adj(X, in->term[t]);
+                if (At == NULL)
+                    return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+                for (size_t i = 0; i < R * n; i++)
+                    At[i] += in->coef[t] * Ay[i];
+            }
+            break;
+        case TPK_OP_MATMUL: { /* y = c Z z: dz += c dy Z */
+            double *Az = adj(X, in->src);
+            if (Az == NULL)
+                return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+            int st = tpk_dgemm(TPK_NO_TRANS, TPK_NO_TRANS, R, n, n,
+                               sqrt(q->avar[in->avar].var / (double)n), Ay, n, X->E.Z[in->avar], n,
+                               1.0, Az, n, ctx);
+            if (st)
+                return st;
+            break;
+        }
+        default: /* EMBED, BIAS: leaves */
+            break;
+        }
+    }
+    return TPK_OK;
+}
+
+/* Θ̂'s parameter terms: every pair of uses of each weight, embedding and bias (theory.md §8.9). */
+static int parameters(nx *X, int param, double *T)
+{
+    const tpk_program *q = X->t.q;
+    size_t n = X->E.n, d = X->E.d, ldx = X->E.T * d;
+    int st = TPK_OK;
+    for (int k1 = 0; k1 < q->ninstr && st == TPK_OK; k1++) {
+        const tpk_instr *a = &q->instr[k1];
+        const double *A1 = X->A[a->out];
+        if (A1 == NULL)
+            continue;
+        if (a->op == TPK_OP_BIAS) {
+            st = use_pair(X, A1, A1, NULL, NULL, 0, 0, param == TPK_NTK_PARAM_TP ? 1.0 : a->var, T);
+            continue;
+        }
+        if (a->op != TPK_OP_MATMUL && a->op != TPK_OP_EMBED)
+            continue;
+        for (int k2 = 0; k2 < q->ninstr && st == TPK_OK; k2++) {
+            const tpk_instr *b = &q->instr[k2];
+            if (b->op != a->op || b->avar != a->avar || X->A[b->out] == NULL)
+                continue;
+            if (a->op == TPK_OP_MATMUL) {
+                double w = param == TPK_NTK_PARAM_TP ? 1.0 : q->avar[a->avar].var;
+                st = use_pair(X, A1, X->A[b->out], X->E.val[a->src], X->E.val[b->src], n, n,
+                              w / (double)n, T);
+            } else {
+                double w = param == TPK_NTK_PARAM_TP ? 1.0 : q->embed[a->avar].var;
+                st = use_pair(X, A1, X->A[b->out], X->E.x + (size_t)a->src * d,
+                              X->E.x + (size_t)b->src * d, d, ldx, w / (double)d, T);
+            }
+        }
+    }
+    return st;
+}
+
+/* The readouts' own terms: K̂ (σ_v σ_v′/(mn) Σ_k h_k·h̄_k + β β′ between outputs of one readout
+ * vector), and Θ̂'s readout term (K̂ itself, or without the variances: TP II's). */
+static void readouts(nx *X, int param, double *K, double *T)
+{
+    const tpk_program *q = X->t.q;
+    size_t N = X->E.N, n = X->E.n, R = X->R, O = (size_t)X->O;
+    for (size_t r = 0; r < R; r++)
+        for (size_t c = 0; c <= r; c++) {
+            const tpk_output *po = &q->output[X->o0 + (int)(r % O)];
+            const tpk_output *pq = &q->output[X->o0 + (int)(c % O)];
+            size_t a = r / O, b = c / O;
+            double e = 0;
+            int m = nsr_out_nparts(po);
+            if (nsr_same_readout(po, pq))
+                for (int k = 0; k < m; k++) {
+                    const double *h = X->E.val[nsr_out_part(po, k)] + a * n;
+                    const double *g = X->E.val[nsr_out_part(pq, k)] + b * n;
+                    for (size_t i = 0; i < n; i++)
+                        e += h[i] * g[i];
+                }
+            int same = nsr_same_readout(po, pq);
+            double kk = same ? sqrt(po->var * pq->var) / ((double)n * m) * e +
+                                   sqrt(po->bias_var * pq->bias_var) : 0.0;
+            double tt = param == TPK_NTK_PARAM_TP
+                            ? (same ? e / ((double)n * m) +
+                                          (po->bias_var > 0 && pq->bias_var > 0 ? 1.0 : 0.0)
+                                    : 0.0)
+                            : kk;
+            K[r * R + c] = K[c * R + r] = kk;
+            T[r * R + c] += tt;
+            if (c != r)
+                T[c * R + r] += tt;
+        }
+    (void)N;
+}
+
+int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
+                       int all_outputs, int param, tpk_array **Khat, tpk_array **That,
+                       tpk_ctx *ctx)
+{
+    if (That == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_run_ntk: That must not be NULL");
+    *That = NULL;
+    if (Khat)
+        *Khat = NULL;
+    int st = tpk_array_check_input(x, "tpk_netsor_run_ntk", "x", ctx);
+    if (st)
+        return st;
+    if (p == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_run_ntk: no program");
+    if (n < 1 || n > UINT32_MAX / 2)
+        return TPK_ERROR(ctx, TPK_EINVAL, "width n = %zu outside 1..%u", n, UINT32_MAX / 2);
+    if (param != TPK_NTK_PARAM_NTK && param != TPK_NTK_PARAM_TP)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_run_ntk: parameterisation %d is neither "
+                         "TPK_NTK_PARAM_NTK nor TPK_NTK_PARAM_TP", param);
+    if (p->ninstr == 0)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "%s: the finite-width NTK runs the unrolled form, which this program does "
+                         "not have (too large after unrolling)", p->path ? p->path : "program");
+    for (int k = 0; k < p->ninstr; k++) {
+        const tpk_instr *in = &p->instr[k];
+        if (in->op == TPK_OP_MOMENT || (in->op == TPK_OP_NONLIN && in->bnorm))
+            return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                             "%s:%d:%d: the finite-width NTK of %s is not computed yet (its "
+                             "gradient couples the coordinates%s)", p->path ? p->path : "program",
+                             in->line, in->col, in->op == TPK_OP_MOMENT ? "a Moment (mean)" : "bn(...)",
+                             in->op == TPK_OP_MOMENT ? "" : " and the batch");
+    }
+    nx X;
+    memset(&X, 0, sizeof X);
+    if ((st = nsr_tangent_build(p, &X.t, ctx)))
+        return st;
+    const tpk_program *q = X.t.q;
+    tpk_nsr_shape sh;
+    tpk_array *K = NULL, *T = NULL;
+    if ((st = tpk_nsr_validate(q, x, all_outputs, &sh, ctx)))
+        goto done;
+    ex *E = &X.E;
+    E->p = q;
+    E->N = sh.N;
+    E->T = sh.T;
+    E->d = sh.d;
+    E->n = n;
+    E->x = x->data;
+    E->seed = seed;
+    E->maxdepth = sh.maxdepth;
+    E->maxlen = sh.maxlen;
+    E->ctx = ctx;
+    /* the same random tensors as tpk_netsor_run of p: streams keyed by the same names */
+    E->named = nsr_ex_streams_by_name(q, ctx);
+    if (E->named < 0 || (st = nsr_ex_setup(E, all_outputs))) {
+        st = st ? st : TPK_ENOMEM;
+        goto done;
+    }
+    for (int k = 0; k < q->ninstr && st == TPK_OK; k++) /* every value is kept for the backward pass */
+        st = nsr_ex_step(E, k);
+    if (st)
+        goto done;
+    X.o0 = all_outputs ? 0 : q->noutputs - 1;
+    X.O = q->noutputs - X.o0;
+    X.R = E->N * (size_t)X.O;
+    X.A = tpk_calloc(ctx, (size_t)q->nvars, sizeof *X.A);
+    X.G1 = tpk_malloc(ctx, X.R * X.R * sizeof *X.G1);
+    X.G2 = tpk_malloc(ctx, E->N * E->N * sizeof *X.G2);
+    K = tpk_array_alloc2(X.R, X.R, ctx);
+    T = tpk_array_alloc2(X.R, X.R, ctx);
+    if (!X.A || !X.G1 || !X.G2 || !K || !T) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
+    memset(T->data, 0, X.R * X.R * sizeof *T->data);
+    readouts(&X, param, K->data, T->data);
+    if ((st = backward(&X)) || (st = parameters(&X, param, T->data)))
+        goto done;
+    for (size_t r = 0; r < X.R; r++) /* the two triangles summed alike: mirror for exact symmetry */
+        for (size_t c = 0; c < r; c++)
+            T->data[c * X.R + r] = T->data[r * X.R + c];
+    for (size_t i = 0; i < X.R * X.R; i++)
+        if (!isfinite(T->data[i])) {
+            st = TPK_ERROR(ctx, TPK_ENUMERIC, "the empirical NTK has a non-finite entry (%zu, %zu)",
+                           i / X.R, i % X.R);
+            goto done;
+        }
+    *That = T;
+    T = NULL;
+    if (Khat) {
+        *Khat = K;
+        K = NULL;
+    }
+done:
+    if (X.A)
+        for (int v = 0; v < q->nvars; v++)
+            tpk_free(ctx, X.A[v]);
+    tpk_free(ctx, X.A);
+    tpk_free(ctx, X.G1);
+    tpk_free(ctx, X.G2);
+    tpk_array_free(K);
+    tpk_array_free(T);
+    nsr_ex_free(&X.E);
+    nsr_tangent_free(&X.t, ctx);
+    return st;
+}
