@@ -139,6 +139,8 @@ typedef struct lim {
     const int *kid;
     int nkid;
     double *tE;         /* NTK scratch: 3 N×N (a T^H, a T of G-vars, an E of partials) */
+    double *tspare;     /* a freed tangent block kept for reuse, as spare */
+    size_t tspare_len;
     tpk_ctx *ctx;
 } lim;
 

@@ -94,15 +94,15 @@ static int unrolled(const tpk_program *p, const tpk_array *x, int all_outputs,
 /* out (N×N) = T^H(u, v)[a][c] = Σ_pq E[∂_pφ_u(Z_a) ∂_qφ_v(Z_c)] · T(g_p, g_q)[a][c] over the G-vars
  * g_p that u reads (u itself, with ∂ = 1, for a G-var) and those of v (tangent.c). A pair whose
  * G-vars share no family contributes 0 (their tangents are independent, like their values). */
-static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, double *out)
+static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, int lower, double *out)
 {
     const nsr_tangent *t = L->tan;
     const tpk_program *p = L->p;
     size_t N = L->N;
     double *TG = L->tE + N * N, *E = L->tE + 2 * N * N;
-    memset(out, 0, N * N * sizeof *out);
     int nu = p->var[u].type == TPK_VAR_G ? 1 : t->part[u].n;
     int nv = p->var[v].type == TPK_VAR_G ? 1 : t->part[v].n;
+    int first = 1;
     for (int i = 0; i < nu; i++)
         for (int j = 0; j < nv; j++) {
             int gu = p->var[u].type == TPK_VAR_G ? u : t->part[u].g[i];
@@ -111,22 +111,38 @@ static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, double *o
             int dv = p->var[v].type == TPK_VAR_G ? t->one : t->part[v].d[j];
             if (!nsr_lim_share_family(L, gu, gv))
                 continue;
-            nsr_lim_kern_mat(L, gu, gv, 0, 1, TG);
+            nsr_lim_kern_mat(L, gu, gv, lower, 1, TG);
             double e = 0;
             int st = nsr_lim_m2(L, du, dv, site ^ ((uint64_t)(1 + i * 64 + j) << 44), sc, E, N,
-                                0, 1.0, &e);
+                                lower, 1.0, &e);
             if (st)
                 return st;
             note_err(L, e);
-            for (size_t a = 0; a < N * N; a++)
-                out[a] += E[a] * TG[a];
+            /* lower: the block is symmetric (u = v), only c ≤ a is read (see atom_cov) */
+#pragma omp parallel for schedule(static) if (N >= 512)
+            for (size_t a = 0; a < N; a++) {
+                size_t cend = lower ? a + 1 : N;
+                double *o = out + a * N;
+                const double *ea = E + a * N, *ta = TG + a * N;
+                if (first)
+                    for (size_t c = 0; c < cend; c++)
+                        o[c] = ea[c] * ta[c];
+                else
+                    for (size_t c = 0; c < cend; c++)
+                        o[c] += ea[c] * ta[c];
+            }
+            first = 0;
         }
+    if (first)
+        for (size_t a = 0; a < N; a++)
+            memset(out + a * N, 0, (lower ? a + 1 : N) * sizeof *out);
     return TPK_OK;
 }
 
 /* The tangent sub-block (lj, li) of an A-var's family, beside its covariance sub-block C just
  * written: T = w·E[z z̄] + σ_W² T^H(z, z̄) (theory.md §8.2), where w·E[z z̄] is C (NT's 'ntk'
- * parameterisation) or C/σ_W² (Tensor Programs II's). */
+ * parameterisation) or C/σ_W² (Tensor Programs II's). A same-atom sub-block (li = lj) is kept in
+ * its lower triangle, as C is. */
 static int tangent_matmul(lim *L, int k, family *f, int lj, int li, scratch *sc)
 {
     size_t N = L->N, ld = (size_t)f->cap * N;
@@ -134,28 +150,31 @@ static int tangent_matmul(lim *L, int k, family *f, int lj, int li, scratch *sc)
     const double *C = f->blk + (size_t)lj * N * ld + (size_t)li * N;
     double *T = f->tblk + (size_t)lj * N * ld + (size_t)li * N, *H = L->tE;
     uint64_t site = (nsr_lim_kid(L, k) * 4096 + (uint64_t)li) ^ ((uint64_t)1 << 62);
+    int lower = li == lj;
     double w = 1.0;
     if (L->ntk_param == TPK_NTK_PARAM_TP) {
         if (f->var > 0) {
             w = 1.0 / f->var;
         } else { /* σ_W² = 0: E[z z̄] itself */
             double e = 0;
-            int st = nsr_lim_m2(L, aj->src, ai->src, site ^ 1, sc, T, ld, 0, 1.0, &e);
+            int st = nsr_lim_m2(L, aj->src, ai->src, site ^ 1, sc, T, ld, lower, 1.0, &e);
             if (st)
                 return st;
             w = 0.0;
         }
     }
-    int st = tangent_h(L, aj->src, ai->src, site, sc, H);
+    int st = tangent_h(L, aj->src, ai->src, site, sc, lower, H);
     if (st)
         return st;
-    for (size_t a = 0; a < N; a++)
-        for (size_t c = 0; c < N; c++)
-            T[a * ld + c] = (w == 0.0 ? T[a * ld + c] : w * C[a * ld + c]) + f->var * H[a * N + c];
-    if (li == lj) /* C holds its lower triangle only: so does T */
-        for (size_t a = 0; a < N; a++)
-            for (size_t c = a + 1; c < N; c++)
-                T[a * ld + c] = T[c * ld + a];
+    const double s2 = f->var;
+#pragma omp parallel for schedule(static) if (N >= 512)
+    for (size_t a = 0; a < N; a++) {
+        size_t cend = lower ? a + 1 : N;
+        double *t = T + a * ld;
+        const double *c = C + a * ld, *h = H + a * N;
+        for (size_t j = 0; j < cend; j++)
+            t[j] = (w == 0.0 ? t[j] : w * c[j]) + s2 * h[j];
+    }
     nsr_lim_block_mirror(L, f, f->tblk, lj, li);
     return TPK_OK;
 }
@@ -171,33 +190,39 @@ static int readout_ntk(lim *L, scratch *sc, const tpk_array *K, int o0, int O, i
     int same = nsr_same_readout(po, pq), m = nsr_out_nparts(po);
     double s = sqrt(po->var * pq->var) / m;
     uint64_t site = (nsr_lim_kid(L, p->ninstr) * 4096 + (uint64_t)(oi * O + oj)) ^ ((uint64_t)1 << 61);
+    int lower = oi == oj; /* one output with itself: a symmetric block, its lower triangle */
     memset(TM, 0, N * N * sizeof *TM);
     for (int k = 0; same && k < m; k++) {
         int u = nsr_out_part(po, k), v = nsr_out_part(pq, k);
         double *H = L->tE;
-        int st = tangent_h(L, u, v, site + ((uint64_t)k << 52), sc, H);
+        int st = tangent_h(L, u, v, site + ((uint64_t)k << 52), sc, lower, H);
         if (st)
             return st;
-        for (size_t i = 0; i < N * N; i++)
-            TM[i] += s * H[i];
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = 0; c < (lower ? a + 1 : N); c++)
+                TM[a * N + c] += s * H[a * N + c];
         if (L->ntk_param == TPK_NTK_PARAM_TP) { /* the readout's own gradient: E[h h̄]/m */
             double e = 0;
-            if ((st = nsr_lim_m2(L, u, v, (site + ((uint64_t)k << 52)) ^ 1, sc, H, N, 0,
+            if ((st = nsr_lim_m2(L, u, v, (site + ((uint64_t)k << 52)) ^ 1, sc, H, N, lower,
                                  1.0 / m, &e)))
                 return st;
-            for (size_t i = 0; i < N * N; i++)
-                TM[i] += H[i];
+            for (size_t a = 0; a < N; a++)
+                for (size_t c = 0; c < (lower ? a + 1 : N); c++)
+                    TM[a * N + c] += H[a * N + c];
         }
     }
     double b = same && L->ntk_param == TPK_NTK_PARAM_TP && po->bias_var > 0 && pq->bias_var > 0;
-    for (size_t a = 0; a < N; a++)
-        for (size_t c = 0; c < N; c++) {
-            size_t r = (a * (size_t)O + (size_t)oi) * dim + c * (size_t)O + (size_t)oj;
-            size_t rt = (c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi;
-            double v = (L->ntk_param == TPK_NTK_PARAM_TP ? b : K->data[r]) + TM[a * N + c];
-            th->data[r] = v;
-            th->data[rt] = v;
-        }
+    const size_t TS = 32; /* tiles: the transposed half is written in cache-sized pieces */
+    for (size_t a0 = 0; a0 < N; a0 += TS)
+        for (size_t c0 = 0; c0 < (lower ? a0 + 1 : N); c0 += TS)
+            for (size_t a = a0; a < a0 + TS && a < N; a++)
+                for (size_t c = c0; c < c0 + TS && c < (lower ? a + 1 : N); c++) {
+                    size_t r = (a * (size_t)O + (size_t)oi) * dim + c * (size_t)O + (size_t)oj;
+                    size_t rt = (c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi;
+                    double v = (L->ntk_param == TPK_NTK_PARAM_TP ? b : K->data[r]) + TM[a * N + c];
+                    th->data[r] = v;
+                    th->data[rt] = v;
+                }
     return TPK_OK;
 }
 

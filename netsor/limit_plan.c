@@ -275,5 +275,6 @@ void nsr_lim_free(lim *L)
         tpk_free(L->ctx, L->mm[i].E);
     tpk_free(L->ctx, L->mm);
     tpk_free(L->ctx, L->spare);
+    tpk_free(L->ctx, L->tspare);
 }
 

@@ -287,6 +287,11 @@ int nsr_lim_tblock_new(lim *L, family *f)
     if (f->tblk != NULL)
         return TPK_OK;
     size_t dim = (size_t)f->cap * L->N;
+    if (L->tspare != NULL && L->tspare_len == dim * dim) { /* its pages are mapped already */
+        f->tblk = L->tspare;
+        L->tspare = NULL;
+        return TPK_OK;
+    }
     f->tblk = tpk_malloc(L->ctx, dim * dim * sizeof *f->tblk);
     if (f->tblk == NULL)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu tangent block", dim, dim);
@@ -323,7 +328,13 @@ void nsr_lim_release(lim *L, int k)
             tpk_free(L->ctx, L->fam[f].blk);
         }
         L->fam[f].blk = NULL;
-        tpk_free(L->ctx, L->fam[f].tblk);
+        if (L->tspare == NULL && L->fam[f].tblk != NULL) {
+            size_t dim = (size_t)L->fam[f].cap * L->N;
+            L->tspare = L->fam[f].tblk;
+            L->tspare_len = dim * dim;
+        } else {
+            tpk_free(L->ctx, L->fam[f].tblk);
+        }
         L->fam[f].tblk = NULL;
     }
 }
