@@ -4,8 +4,10 @@
  * for every variable, the gradient of every output (row a·O + o: input a, output o) with
  * respect to its value at that input. Each weight's contribution is the structured sum over
  * pairs of its uses (y = W z, ȳ = W z̄): (dyᵀ dȳ)(zᵀ z̄)/fan_in, times σ_W² in neural-tangents'
- * parameterisation — the Jacobian itself is never formed. Moments and bn(...) are refused: their
- * gradients couple coordinates (and inputs), which this pass does not carry yet. */
+ * parameterisation — the Jacobian itself is never formed. A Moment m = mean(ψ) carries its
+ * gradient to every coordinate (dg += dm ∂ψ/∂g / n) and from the bodies that read it (dm +=
+ * Σ_α ∂φ/∂m dh): the exact J Jᵀ of the finite network, where the limit drops these terms.
+ * bn(...) is refused: its gradient couples the inputs of a batch. */
 #include <math.h>
 #include <string.h>
 
@@ -19,15 +21,46 @@ typedef struct nx {
     nsr_tangent t;
     size_t R;        /* rows: N inputs × O outputs, input-major */
     int O, o0;
-    double **A;      /* per var of the tangent program: R×n gradients, NULL if none reach it */
+    double **A;      /* per var of the tangent program: R×n gradients (R for a scalar), NULL
+                      * if none reach it */
     double *G1, *G2; /* R×R and N×N scratch */
 } nx;
 
 static double *adj(nx *X, int v)
 {
     if (X->A[v] == NULL)
-        X->A[v] = tpk_calloc(X->E.ctx, X->R * X->E.n, sizeof *X->A[v]);
+        X->A[v] = tpk_calloc(X->E.ctx, X->R * (X->t.q->var[v].type == TPK_VAR_SCALAR ? 1 : X->E.n),
+                             sizeof *X->A[v]);
     return X->A[v];
+}
+
+/* A body's partials (tangent.c) applied to the gradient of its value: a Nonlin's dh (R×n) or a
+ * Moment's dm (R, the mean's 1/n folded in): dg_i += ∂_iφ ⊙ dh, ds_j += Σ_α ∂_jφ · dh. */
+static int body_backward(nx *X, const nsr_partials *d, const double *Ay, int moment)
+{
+    size_t R = X->R, n = X->E.n, O = (size_t)X->O;
+    for (int i = 0; i < d->n; i++) {
+        double *Ag = adj(X, d->g[i]);
+        const double *D = X->E.val[d->d[i]];
+        if (Ag == NULL)
+            return TPK_ERROR(X->E.ctx, TPK_ENOMEM, "out of memory");
+        for (size_t r = 0; r < R; r++)
+            for (size_t j = 0; j < n; j++)
+                Ag[r * n + j] += D[(r / O) * n + j] * (moment ? Ay[r] / (double)n : Ay[r * n + j]);
+    }
+    for (int i = 0; i < d->ns; i++) {
+        double *As = adj(X, d->s[i]);
+        const double *D = X->E.val[d->ds[i]];
+        if (As == NULL)
+            return TPK_ERROR(X->E.ctx, TPK_ENOMEM, "out of memory");
+        for (size_t r = 0; r < R; r++) {
+            double acc = 0;
+            for (size_t j = 0; j < n; j++)
+                acc += D[(r / O) * n + j] * (moment ? Ay[r] / (double)n : Ay[r * n + j]);
+            As[r] += acc;
+        }
+    }
+    return TPK_OK;
 }
 
 /* Θ̂ += f · (A1 A2ᵀ) ⊙ (Z1 Z2ᵀ) over row pairs (r, r′), Z rows by input (r / O): one pair of uses
@@ -82,17 +115,11 @@ static int backward(nx *X)
         if (Ay == NULL)
             continue;
         switch (in->op) {
-        case TPK_OP_NONLIN: { /* dg_i += ∂_iφ ⊙ dh */
-            const nsr_partials *d = &X->t.part[in->out];
-            for (int i = 0; i < d->n; i++) {
-                double *Ag = adj(X, d->g[i]);
-                const double *D = X->E.val[d->d[i]];
-                if (Ag == NULL)
-                    return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-                for (size_t r = 0; r < R; r++)
-                    for (size_t j = 0; j < n; j++)
-                        Ag[r * n + j] += D[(r / O) * n + j] * Ay[r * n + j];
-            }
+        case TPK_OP_NONLIN:
+        case TPK_OP_MOMENT: {
+            int st = body_backward(X, &X->t.part[in->out], Ay, in->op == TPK_OP_MOMENT);
+            if (st)
+                return st;
             break;
         }
         case TPK_OP_LINCOMB:
@@ -216,14 +243,17 @@ int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint6
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
                          "%s: the finite-width NTK runs the unrolled form, which this program does "
                          "not have (too large after unrolling)", p->path ? p->path : "program");
+    if (p->features & TPK_FEAT_SQRT_N_LOGITS)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "%s: sqrt(n) * mean(q * k) logits are outside Tensor Programs II: no NTK",
+                         p->path ? p->path : "program");
     for (int k = 0; k < p->ninstr; k++) {
         const tpk_instr *in = &p->instr[k];
-        if (in->op == TPK_OP_MOMENT || (in->op == TPK_OP_NONLIN && in->bnorm))
+        if (in->op == TPK_OP_NONLIN && in->bnorm)
             return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
-                             "%s:%d:%d: the finite-width NTK of %s is not computed yet (its "
-                             "gradient couples the coordinates%s)", p->path ? p->path : "program",
-                             in->line, in->col, in->op == TPK_OP_MOMENT ? "a Moment (mean)" : "bn(...)",
-                             in->op == TPK_OP_MOMENT ? "" : " and the batch");
+                             "%s:%d:%d: the finite-width NTK of bn(...) is not computed yet (its "
+                             "gradient couples the batch)", p->path ? p->path : "program",
+                             in->line, in->col);
     }
     nx X;
     memset(&X, 0, sizeof X);

@@ -5,11 +5,14 @@
 #include "backend-impl.h"
 #include "tpk/gauss.h"
 
-/* The partial derivatives of a Nonlin's body: d[i] is the H-var ∂φ/∂g[i] (q's ids). A G-var has
- * none here: its tangent is read directly (its own partial is 1). */
+/* The partial derivatives of a Nonlin's or a Moment's body: d[i] is the H-var ∂φ/∂g[i], ds[j]
+ * the H-var ∂φ/∂s[j] for the scalars s[j] it reads (q's ids). A G-var has none here: its
+ * tangent is read directly (its own partial is 1). The limit reads the G-var partials of
+ * Nonlins only (scalars are constants of its tangent); the finite-width backward pass all. */
 typedef struct nsr_partials {
-    int n;
+    int n, ns;
     int *g, *d;
+    int *s, *ds;
 } nsr_partials;
 
 typedef struct nsr_tangent {

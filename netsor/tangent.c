@@ -30,6 +30,7 @@ typedef struct tb {
     nsr_tangent *t;
     tpk_ctx *ctx;
     int st;
+    int leaf; /* the kind of variable differentiated by: TPK_RPN_GVAR or TPK_RPN_SCALAR */
 } tb;
 
 static dx dconst(double c)
@@ -161,10 +162,10 @@ static dx deriv(tb *B, int i, int g)
         return dconst(0);
     switch (nd->op) {
     case TPK_RPN_CONST:
-    case TPK_RPN_SCALAR: /* a Moment: a constant of the tangent in the limit (App. E.5) */
         return dconst(0);
     case TPK_RPN_GVAR:
-        return dconst(nd->var == g ? 1 : 0);
+    case TPK_RPN_SCALAR:
+        return dconst(nd->op == B->leaf && nd->var == g ? 1 : 0);
     case TPK_RPN_NEG:
         return combine(B, TPK_RPN_SUB, dconst(0), deriv(B, i - 1, g));
     case TPK_RPN_ADD:
@@ -291,6 +292,8 @@ void nsr_tangent_free(nsr_tangent *t, tpk_ctx *ctx)
         for (int v = 0; v < t->q->nvars; v++) {
             tpk_free(ctx, t->part[v].d);
             tpk_free(ctx, t->part[v].g);
+            tpk_free(ctx, t->part[v].s);
+            tpk_free(ctx, t->part[v].ds);
         }
     tpk_free(ctx, t->part);
     tpk_free(ctx, t->kid);
@@ -326,10 +329,12 @@ static int add_partials(nsr_tangent *t, int v, tpk_ctx *ctx)
     int *start = tpk_malloc(ctx, (size_t)len * sizeof *start);
     int *args = tpk_malloc(ctx, (size_t)(na ? na : 1) * sizeof *args);
     int *d = tpk_malloc(ctx, (size_t)(na ? na : 1) * sizeof *d);
+    int *sargs = tpk_malloc(ctx, (size_t)len * sizeof *sargs), ns = 0;
+    int *ds = tpk_malloc(ctx, (size_t)len * sizeof *ds);
     /* copy the body: adding instructions may move q->instr */
     tpk_rpn_node *body = tpk_malloc(ctx, (size_t)len * sizeof *body);
     int st = TPK_OK;
-    if (!start || !args || !d || !body) {
+    if (!start || !args || !d || !sargs || !ds || !body) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
         goto done;
     }
@@ -339,15 +344,27 @@ static int add_partials(nsr_tangent *t, int v, tpk_ctx *ctx)
         st = TPK_ERROR(ctx, TPK_EINVAL, "tangent program: malformed body of %s", t->q->var[v].name);
         goto done;
     }
-    tb B = {body, start, t, ctx, TPK_OK};
-    for (int i = 0; i < na && st == TPK_OK; i++) {
-        dx r = deriv(&B, len - 1, args[i]);
+    /* the scalars the body reads (Moments): the finite-width NTK's backward pass needs their
+     * partials, the limit does not (they are constants of its tangent, App. E.5) */
+    for (int i = 0; i < len; i++)
+        if (body[i].op == TPK_RPN_SCALAR) {
+            int j = 0;
+            while (j < ns && sargs[j] != body[i].var)
+                j++;
+            if (j == ns)
+                sargs[ns++] = body[i].var;
+        }
+    tb B = {body, start, t, ctx, TPK_OK, TPK_RPN_GVAR};
+    for (int i = 0; i < na + ns && st == TPK_OK; i++) {
+        int x = i < na ? args[i] : sargs[i - na];
+        B.leaf = i < na ? TPK_RPN_GVAR : TPK_RPN_SCALAR;
+        dx r = deriv(&B, len - 1, x);
         if ((st = B.st)) {
             dfree(&B, &r);
             break;
         }
         tpk_rpn_node c = op_node(TPK_RPN_CONST, r.c);
-        char *nm = name2(t->q->var[v].name, t->q->var[args[i]].name, ctx);
+        char *nm = name2(t->q->var[v].name, t->q->var[x].name, ctx);
         int w = nm ? tpk_nsr_nonlin(t->q, nm, r.isc ? &c : r.n, r.isc ? 1 : r.len) : -1;
         tpk_free(ctx, nm);
         dfree(&B, &r);
@@ -355,18 +372,26 @@ static int add_partials(nsr_tangent *t, int v, tpk_ctx *ctx)
             st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             break;
         }
-        d[i] = w;
+        if (i < na)
+            d[i] = w;
+        else
+            ds[i - na] = w;
     }
     if (st == TPK_OK) {
         t->part[v].n = na;
         t->part[v].g = args;
         t->part[v].d = d;
-        args = d = NULL;
+        t->part[v].ns = ns;
+        t->part[v].s = sargs;
+        t->part[v].ds = ds;
+        args = d = sargs = ds = NULL;
     }
 done:
     tpk_free(ctx, start);
     tpk_free(ctx, args);
     tpk_free(ctx, d);
+    tpk_free(ctx, sargs);
+    tpk_free(ctx, ds);
     tpk_free(ctx, body);
     return st;
 }
@@ -379,9 +404,10 @@ int nsr_tangent_build(const tpk_program *p, nsr_tangent *t, tpk_ctx *ctx)
     int st = map && t->q ? grow_parts(t, p->nvars + 1, ctx) : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     t->nkid = p->ninstr;
     /* at most p's instructions, their partials (one per G-var a body reads) and the constant 1 */
-    size_t nk = (size_t)p->ninstr + 1;
+    size_t nk = (size_t)p->ninstr + 1; /* + a partial per leaf of every body, at most */
     for (int k = 0; k < p->ninstr; k++)
-        nk += p->instr[k].op == TPK_OP_NONLIN ? (size_t)p->instr[k].body.nargs : 0;
+        nk += p->instr[k].op == TPK_OP_NONLIN || p->instr[k].op == TPK_OP_MOMENT
+                  ? (size_t)p->instr[k].body.len : 0;
     if (st == TPK_OK && (t->kid = tpk_malloc(ctx, nk * sizeof *t->kid)) == NULL)
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     if (st == TPK_OK) {
@@ -458,7 +484,7 @@ int nsr_tangent_build(const tpk_program *p, nsr_tangent *t, tpk_ctx *ctx)
         t->kid[t->q->ninstr - 1] = k;
         if ((st = grow_parts(t, t->q->nvars, ctx)))
             break;
-        if (in->op == TPK_OP_NONLIN) {
+        if (in->op == TPK_OP_NONLIN || in->op == TPK_OP_MOMENT) {
             int k0 = t->q->ninstr;
             st = add_partials(t, w, ctx);
             for (int j = k0; j < t->q->ninstr; j++)

@@ -529,6 +529,83 @@ static void test_rnn_reference(void **state)
     tpk_array_free(x);
 }
 
+/* LayerNorm at finite width: tpk_netsor_run_ntk differentiates the Moments (mean, variance)
+ * exactly. Against the textbook LayerNorm backward pass written here, dg = (dĥ − mean dĥ −
+ * ĥ·mean(dĥ ĥ))/σ, on the same weights (the tpk/rng.h streams of U, b[1] and the readout), for
+ * programs/mlp-ln.nsr with one layer; and the finite networks approach the limit NTK. */
+static void test_layernorm_finite(void **state)
+{
+    const double su = 1.6, sb = 0.2, sv = 1.1, sob = 0.05, eps = 1e-5;
+    tpk_param_set sets[7] = {{"L", "1"}, {"sigma_u2", "1.6"}, {"sigma_b2", "0.2"},
+                             {"sigma_v2", "1.1"}, {"sigma_ob2", "0.05"}, {"ln_eps", "1e-5"},
+                             {"phi", "relu"}};
+    tpk_program *p = load_shipped(state, "programs/mlp-ln.nsr", sets, 7);
+    size_t N = 4, d = 3, n = 40;
+    tpk_array *x = inputs(N, 1, d, 31);
+    tpk_array *Kh = NULL, *Th = NULL;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    assert_int_equal(tpk_netsor_run_ntk(p, x, n, 7, 0, TPK_NTK_PARAM_NTK, &Kh, &Th, &ctx), TPK_OK);
+    double *U = malloc(n * d * sizeof *U), *b = malloc(n * sizeof *b), *v = malloc(n * sizeof *v);
+    double *dg = malloc(N * n * sizeof *dg), *h = malloc(N * n * sizeof *h);
+    assert_true(U && b && v && dg && h);
+    for (size_t i = 0; i < n; i++) {
+        tpk_rng_normal_row(7, tpk_rng_stream_named(TPK_RNG_EMBED, "U"), (uint32_t)i, 0,
+                           (uint32_t)d, U + i * d);
+        b[i] = sqrt(sb) * tpk_rng_normal_at(7, tpk_rng_stream_named(TPK_RNG_BIAS, "b[1]"), (uint32_t)i, 0);
+        v[i] = tpk_rng_normal_at(7, TPK_RNG_STREAM(TPK_RNG_READOUT, 0), (uint32_t)i, 0);
+    }
+    const double cu = sqrt(su / (double)d), cv = sqrt(sv / (double)n);
+    for (size_t a = 0; a < N; a++) {
+        double g[64], hh[64], dh[64], m = 0, var = 0;
+        for (size_t i = 0; i < n; i++) {
+            g[i] = b[i];
+            for (size_t j = 0; j < d; j++)
+                g[i] += cu * U[i * d + j] * x->data[a * d + j];
+            m += g[i] / (double)n;
+        }
+        for (size_t i = 0; i < n; i++)
+            var += (g[i] - m) * (g[i] - m) / (double)n;
+        double sg = sqrt(var + eps), mdh = 0, mdhh = 0;
+        for (size_t i = 0; i < n; i++) {
+            hh[i] = (g[i] - m) / sg;
+            h[a * n + i] = fmax(hh[i], 0);
+            dh[i] = cv * v[i] * (hh[i] > 0);
+            mdh += dh[i] / (double)n;
+            mdhh += dh[i] * hh[i] / (double)n;
+        }
+        for (size_t i = 0; i < n; i++)
+            dg[a * n + i] = (dh[i] - mdh - hh[i] * mdhh) / sg;
+    }
+    double worst = 0, scale = 0;
+    for (size_t a = 0; a < N; a++)
+        for (size_t c = 0; c < N; c++) {
+            double xx = 0, gg = 0, hc = 0;
+            for (size_t j = 0; j < d; j++)
+                xx += x->data[a * d + j] * x->data[c * d + j];
+            for (size_t i = 0; i < n; i++) {
+                gg += dg[a * n + i] * dg[c * n + i];
+                hc += h[a * n + i] * h[c * n + i];
+            }
+            /* ω_U: (σ_U²/d) x·x̄ dg·dḡ; β_b: σ_b² dg·dḡ; the readout: σ_v²/n h·h̄ + σ_ob² */
+            double t = (su / (double)d * xx + sb) * gg + sv / (double)n * hc + sob;
+            worst = fmax(worst, fabs(Th->data[a * N + c] - t));
+            scale = fmax(scale, fabs(t));
+        }
+    print_message("layernorm: tpk_netsor_run_ntk against the LayerNorm backward pass at n = %zu: "
+                  "%.1e relative\n", n, worst / scale);
+    assert_true(worst < 1e-12 * scale);
+    tpk_array_free(Kh);
+    tpk_array_free(Th);
+    free(U);
+    free(b);
+    free(v);
+    free(dg);
+    free(h);
+    tpk_array_free(x);
+    tpk_program_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -537,6 +614,7 @@ int main(void)
         cmocka_unit_test(test_rnn_tied),
         cmocka_unit_test(test_neural_tangents),
         cmocka_unit_test(test_rnn_reference),
+        cmocka_unit_test(test_layernorm_finite),
     };
     return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
 }

@@ -231,8 +231,9 @@ TPK_API int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_out
  * seed, same network): Θ̂ = J Jᵀ over every parameter (A-vars, embeddings, biases, the readout and
  * its bias), in `param`'s parameterisation (as tpk_netsor_ntk), by one backward pass with
  * structured per-weight sums over pairs of uses (theory.md §8.9); *Khat (may be NULL) gets
- * tpk_netsor_run's K̂. Layout as tpk_netsor_kernel. Errors as tpk_netsor_run, and
- * TPK_EUNSUPPORTED for Moments (mean) and bn(...), whose gradients this pass does not carry yet. */
+ * tpk_netsor_run's K̂. Layout as tpk_netsor_kernel. Moments (LayerNorm, attention with 1/n logits)
+ * are differentiated exactly. Errors as tpk_netsor_run, and TPK_EUNSUPPORTED for bn(...) (its
+ * gradient couples the batch: not carried yet) and sqrt(n)-scaled logits. */
 TPK_API int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                                int all_outputs, int param, tpk_array **Khat, tpk_array **That,
                                tpk_ctx *ctx);
