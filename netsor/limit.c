@@ -624,6 +624,31 @@ int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     return st ? st : tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
 }
 
+int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx)
+{
+    if (p == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk_check: no program");
+    const char *file = p->path ? p->path : "program";
+    if (p->ninstr == 0)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "%s: the NTK is computed on the unrolled form, which this program does "
+                         "not have (too large after unrolling)", file);
+    for (int k = 0; k < p->ninstr; k++) {
+        const tpk_instr *in = &p->instr[k];
+        if (in->op == TPK_OP_MOMENT && in->src == 1)
+            return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                             "%s:%d:%d: sqrt(n) * mean(q * k) logits are outside Tensor Programs "
+                             "II (their limit is not Gaussian, theory.md §5): no NTK", file,
+                             in->line, in->col);
+    }
+    /* every φ differentiable (a weak derivative that is a function), no bn(...) yet */
+    nsr_tangent t;
+    int st = nsr_tangent_build(p, &t, ctx);
+    if (st == TPK_OK)
+        nsr_tangent_free(&t, ctx);
+    return st;
+}
+
 int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
                    tpk_array **K, tpk_array **Theta, double *err, tpk_ctx *ctx)
 {
@@ -648,9 +673,7 @@ int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, in
                          "%s: the NTK is computed on the unrolled form, which this program does "
                          "not have (too large after unrolling)", p->path ? p->path : "program");
     if (p->features & TPK_FEAT_SQRT_N_LOGITS)
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
-                         "%s: sqrt(n) * mean(q * k) logits are outside Tensor Programs II (their "
-                         "limit is not Gaussian, theory.md §5): no NTK", p->path ? p->path : "program");
+        return tpk_netsor_ntk_check(p, ctx);
     ntk_setup nt;
     memset(&nt, 0, sizeof nt);
     nt.param = param;

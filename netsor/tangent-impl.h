@@ -25,6 +25,7 @@ typedef struct nsr_tangent {
     tpk_phi **phis;       /* the derivatives φ′ the partials call (owned) */
     const tpk_phi **of;   /* ... of these φ */
     int nphis;
+    const char *path;     /* p's file, for messages */
 } nsr_tangent;
 
 /* q from p (an unrolled program): the same instructions, variables and outputs (ids shifted by

@@ -31,6 +31,7 @@ typedef struct tb {
     tpk_ctx *ctx;
     int st;
     int leaf; /* the kind of variable differentiated by: TPK_RPN_GVAR or TPK_RPN_SCALAR */
+    int line, col; /* the instruction's source position, for messages */
 } tb;
 
 static dx dconst(double c)
@@ -145,8 +146,14 @@ static const tpk_phi *derivative_of(tb *B, const tpk_phi *fn)
         return NULL;
     }
     tpk_phi *d = tpk_phi_derivative(fn, B->ctx);
-    if (d == NULL) {
-        B->st = B->ctx->status ? B->ctx->status : TPK_EINVAL;
+    if (d == NULL) { /* Tensor Programs II needs φ′ as a function (a weak derivative) */
+        char why[TPK_MSG_MAX];
+        snprintf(why, sizeof why, "%s", B->ctx->msg);
+        int code = B->ctx->status ? B->ctx->status : TPK_EINVAL;
+        tpk_ctx_clear(B->ctx); /* the first error wins: this one says where */
+        B->st = TPK_ERROR(B->ctx, code,
+                          "%s:%d:%d: the NTK differentiates every nonlinearity: %s", t->path,
+                          B->line, B->col, why);
         return NULL;
     }
     t->phis[t->nphis] = d;
@@ -354,7 +361,7 @@ static int add_partials(nsr_tangent *t, int v, tpk_ctx *ctx)
             if (j == ns)
                 sargs[ns++] = body[i].var;
         }
-    tb B = {body, start, t, ctx, TPK_OK, TPK_RPN_GVAR};
+    tb B = {body, start, t, ctx, TPK_OK, TPK_RPN_GVAR, in->line, in->col};
     for (int i = 0; i < na + ns && st == TPK_OK; i++) {
         int x = i < na ? args[i] : sargs[i - na];
         B.leaf = i < na ? TPK_RPN_GVAR : TPK_RPN_SCALAR;
@@ -399,6 +406,7 @@ done:
 int nsr_tangent_build(const tpk_program *p, nsr_tangent *t, tpk_ctx *ctx)
 {
     memset(t, 0, sizeof *t);
+    t->path = p->path ? p->path : "program";
     int *map = tpk_malloc(ctx, ((size_t)p->nvars + 1) * sizeof *map);
     t->q = tpk_nsr_prog_new(p->nslots);
     int st = map && t->q ? grow_parts(t, p->nvars + 1, ctx) : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -451,13 +459,12 @@ int nsr_tangent_build(const tpk_program *p, nsr_tangent *t, tpk_ctx *ctx)
         case TPK_OP_NONLIN:
         case TPK_OP_MOMENT: {
             if (in->bnorm) {
-                tpk_nsr_prog_free(t->q);
-                t->q = NULL;
                 tpk_free(ctx, map);
                 nsr_tangent_free(t, ctx);
                 return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
-                                 "%d:%d: the NTK of bn(...) is not computed yet (its backward pass "
-                                 "couples the batch, theory.md §8)", in->line, in->col);
+                                 "%s:%d:%d: the NTK of bn(...) is not computed yet (its backward "
+                                 "pass couples the batch, theory.md §8.6)",
+                                 p->path ? p->path : "program", in->line, in->col);
             }
             tpk_rpn_node *body = tpk_malloc(ctx, (size_t)in->body.len * sizeof *body);
             if (body == NULL)

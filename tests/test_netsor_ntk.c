@@ -606,6 +606,54 @@ static void test_layernorm_finite(void **state)
     tpk_program_free(p);
 }
 
+/* What the NTK refuses, said before any number with file:line:col (tpk_netsor_ntk_check, netsor
+ * check --ntk): sqrt(n)-scaled logits (outside Tensor Programs II), bn(...) (not yet) and a φ
+ * whose derivative is not a function; every other shipped program is taken. */
+static void test_ntk_check(void **state)
+{
+    static const char *const ok[] = {"programs/mlp.nsr", "programs/mlp-ln.nsr",
+                                     "programs/mlp-residual.nsr", "programs/rnn.nsr",
+                                     "programs/rnn_untied.nsr", "programs/gru.nsr",
+                                     "programs/lstm.nsr", "programs/transformer.nsr",
+                                     "programs/attention.nsr", "programs/cnn1d.nsr",
+                                     "programs/cnn2d.nsr"};
+    tpk_ctx ctx;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        tpk_program *p = load_shipped(state, ok[i], NULL, 0);
+        tpk_ctx_init(&ctx);
+        int st = tpk_netsor_ntk_check(p, &ctx);
+        if (st)
+            print_message("%s: %s\n", ok[i], ctx.msg);
+        assert_int_equal(st, TPK_OK);
+        tpk_program_free(p);
+    }
+    static const struct {
+        const char *prog, *where, *what;
+    } bad[] = {{"programs/attention-sqrtn.nsr", "attention-sqrtn.nsr:", "outside Tensor Programs II"},
+               {"programs/batchnorm.nsr", "batchnorm.nsr:", "bn(...)"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tpk_program *p = load_shipped(state, bad[i].prog, NULL, 0);
+        tpk_ctx_init(&ctx);
+        assert_int_equal(tpk_netsor_ntk_check(p, &ctx), TPK_EUNSUPPORTED);
+        print_message("%s\n", ctx.msg);
+        assert_non_null(strstr(ctx.msg, bad[i].where));
+        assert_non_null(strstr(ctx.msg, bad[i].what));
+        assert_non_null(strchr(strstr(ctx.msg, bad[i].where) + strlen(bad[i].where), ':'));
+        tpk_program_free(p);
+    }
+    tpk_program *p = load(state, "param phi = step\nwidth n\ninput x : d\nA W : (n, d) ~ 1\n"
+                                 "h = phi(W x)\noutput y = readout(h, 1)\n");
+    tpk_ctx_init(&ctx);
+    assert_int_not_equal(tpk_netsor_ntk_check(p, &ctx), TPK_OK);
+    assert_non_null(strstr(ctx.msg, "<ntk>:5:5:"));
+    tpk_array *x = inputs(2, 1, 2, 3), *K = NULL, *T = NULL;
+    tpk_ctx_init(&ctx);
+    assert_int_not_equal(tpk_netsor_ntk(p, x, 0, TPK_NTK_PARAM_NTK, &K, &T, NULL, &ctx), TPK_OK);
+    assert_null(T);
+    tpk_array_free(x);
+    tpk_program_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -615,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_neural_tangents),
         cmocka_unit_test(test_rnn_reference),
         cmocka_unit_test(test_layernorm_finite),
+        cmocka_unit_test(test_ntk_check),
     };
     return cmocka_run_group_tests(tests, tu_phis_setup, tu_phis_teardown);
 }

@@ -83,7 +83,8 @@ static const char usage[] =
     "                     default: the last output only\n"
     "  --width=N          (run) the width n of every width symbol\n"
     "  --ntk              (run) also the empirical NTK J J^T of the same network (/ntk_hat), by\n"
-    "                     a backward pass (every weight's pairs of uses; programs without mean())\n"
+    "                     a backward pass (every weight's pairs of uses); (check) whether the NTK\n"
+    "                     takes the program (BP-like, differentiable, no sqrt(n) logits, no bn)\n"
     "  --seed=S           (run) random seed (default 0); results depend on it alone\n"
     "  --quiet            (kernel, run) no summary on stdout, no progress line\n"
     "  --plan=P           (plan) naive, optimal (default) or both (then compared)\n"
@@ -210,9 +211,9 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
     if (!st && strcmp(cmd, "kernel") != 0)
         st = cli_refuse(&seen, "kernel", "only netsor kernel takes it (netsor run --ntk: the "
                         "empirical NTK)", &ctx);
-    if (!st && strcmp(cmd, "run") != 0)
-        st = cli_refuse(&seen, "ntk", "only netsor run takes it (netsor kernel --kernel=ntk: the "
-                        "limit NTK)", &ctx);
+    if (!st && strcmp(cmd, "run") != 0 && strcmp(cmd, "check") != 0)
+        st = cli_refuse(&seen, "ntk", "only netsor run and check take it (netsor kernel "
+                        "--kernel=ntk: the limit NTK)", &ctx);
     if (!st && !job)
         st = cli_refuse(&seen, "parameterization", "only netsor kernel and run take it", &ctx);
     for (size_t i = 0; !st && strcmp(cmd, "kernel") == 0 && i < 2; i++)
@@ -264,6 +265,15 @@ static int cmd_check(int argc, char **argv)
     }
     tpk_phi_registry *reg;
     tpk_program *p = load(&c, &reg);
+    if (p != NULL && c.kernel != TPK_JOB_NNGP) { /* --ntk: what the NTK needs, statically */
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        if (tpk_netsor_ntk_check(p, &ctx)) {
+            fprintf(stderr, "%s\n", ctx.msg);
+            tpk_program_free(p);
+            p = NULL;
+        }
+    }
     if (p != NULL) {
         int ng = 0, nh = 0, ns = 0;
         for (int i = 0; i < p->nvars; i++) {
@@ -285,6 +295,10 @@ static int cmd_check(int argc, char **argv)
                    p->features & TPK_FEAT_NETSOR_PLUS ? ", netsor+" : "",
                    p->features & TPK_FEAT_SQRT_N_LOGITS ? ", sqrt-n-logits" : "",
                    nf > 0 ? ", rolled" : "");
+        if (c.kernel != TPK_JOB_NNGP)
+            printf("%s: NTK: BP-like (readouts independent, zero-mean, not used inside the "
+                   "network: Tensor Programs II, Condition 1); every nonlinearity differentiable\n",
+                   c.path);
     }
     int rc = p != NULL ? 0 : 1;
     tpk_program_free(p);

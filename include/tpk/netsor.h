@@ -224,6 +224,12 @@ TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x,
  * Errors as tpk_netsor_kernel, and TPK_EUNSUPPORTED for bn(...) and for sqrt(n)-scaled logits
  * (outside Tensor Programs II), TPK_EDOM for a φ without a derivative (step, sign). */
 enum { TPK_NTK_PARAM_NTK = 0, TPK_NTK_PARAM_TP = 1 };
+/* Whether tpk_netsor_ntk takes the program, without numbers (netsor check --ntk): its readouts
+ * make it BP-like by construction (readout vectors are zero-mean, independent and never used
+ * inside the network: Tensor Programs II's Condition 1), so what remains is every φ having a
+ * derivative that is a function, no sqrt(n)-scaled logits and no bn(...) (not yet). The error
+ * names file:line:col. */
+TPK_API int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx);
 TPK_API int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
                            tpk_array **K, tpk_array **Theta, double *err, tpk_ctx *ctx);
 
