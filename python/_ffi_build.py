@@ -50,29 +50,42 @@ void tpk_program_free(tpk_program *p);
 typedef struct tpk_job {
     const char *label; const char *program; const tpk_param_set *sets; int nsets;
     int netsor_plus; const char *input; const char *test; const char *output;
-    int all_outputs; const char *source; const tpk_progress *progress; ...;
+    int all_outputs; const char *source; const tpk_progress *progress; int kernel;
+    int ntk_param; ...;
 } tpk_job;
+#define TPK_JOB_NNGP ...
+#define TPK_JOB_NTK ...
+#define TPK_JOB_BOTH ...
+#define TPK_NTK_PARAM_NTK ...
+#define TPK_NTK_PARAM_TP ...
 tpk_phi_registry *tpk_job_registry(tpk_ctx *ctx);
 int tpk_job_kernel_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
                           tpk_array **K, tpk_array **Kxt, tpk_array **kdiag, double *err,
                           tpk_ctx *ctx);
+int tpk_job_kernels_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
+                           tpk_array *K[3], tpk_array *T[3], double *err, tpk_ctx *ctx);
 int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uint64_t seed,
                        tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
 
 typedef struct tpk_arch {
     const char *name; const char *program; const char *input; const char *summary;
-    const char *flags; const char *defaults; const char *fixed; ...;
+    const char *flags; const char *defaults; const char *fixed;
+    int (*custom)(const tpk_job *job, tpk_ctx *ctx); ...;
 } tpk_arch;
 typedef struct tpk_arch_flag { const char *flag; const char *value; const char *param; } tpk_arch_flag;
 typedef struct tpk_arch_opts {
     const tpk_arch_flag *flags; int nflags; const tpk_param_set *sets; int nsets;
     int layernorm; int all_outputs; const char *root; const tpk_progress *progress; int force;
+    int kernel, ntk_param;
 } tpk_arch_opts;
 const tpk_arch *tpk_arch_table(size_t *count);
 const tpk_arch *tpk_arch_find(const char *name);
 int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
                     const tpk_array *Xt, tpk_array **K, tpk_array **Kxt, tpk_array **kdiag,
                     double *err, tpk_ctx *ctx);
+int tpk_arch_kernels(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
+                     const tpk_array *Xt, tpk_array *K[3], tpk_array *T[3], double *err,
+                     tpk_ctx *ctx);
 int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input,
                  const char *test, const char *output, tpk_ctx *ctx);
 

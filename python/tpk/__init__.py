@@ -1,7 +1,8 @@
-"""tpk: infinite-width neural-network kernels (Tensor Programs) from Python.
+"""tpk: infinite-width neural-network kernels (Tensor Programs: the NNGP and the NTK) from Python.
 
     import tpk
     K = tpk.kernel("mlp", X, depth=3, phi="relu", sigma_w2=2.0, sigma_b2=0.1)
+    nngp, ntk = tpk.kernel("mlp", X, depth=3, get=("nngp", "ntk"))   # and the NTK
     gp = tpk.GPRegressor(kernel=tpk.Kernel("mlp", depth=3), noise=0.1).fit(X, y)
 
 Bindings (cffi) of the C toolkit's public API, with libtpk linked into the module; numpy arrays

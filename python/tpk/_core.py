@@ -218,3 +218,116 @@ def param_sets(d, keep):
         sets[i].name = keep(str(k))
         sets[i].value = keep(as_text(v))
     return sets, len(d)
+
+
+# ---- which limit kernels a call computes (get=) and the NTK's parameterisation -------------------
+# neural-tangents' convention: get="nngp" or "ntk" returns that kernel, a tuple such as
+# ("nngp", "ntk") a namedtuple with those fields in that order (tpk_job.kernel, include/tpk/job.h).
+KERNELS = ("nngp", "ntk")
+PARAMETERIZATIONS = {"ntk": lib.TPK_NTK_PARAM_NTK, "tp": lib.TPK_NTK_PARAM_TP}
+_RESULTS = {}
+
+
+def which_kernels(get, what="get"):
+    """(names, many): the kernels get= asks for, in its order, and whether it is a tuple."""
+    allowed = "'nngp', 'ntk', or a tuple of them such as ('nngp', 'ntk')"
+    if isinstance(get, str):
+        names, many = (get,), False
+    elif isinstance(get, (tuple, list)):
+        names, many = tuple(get), True
+    else:
+        fail(f"{what}={get!r}: the kernels to compute are {allowed}")
+    for g in names:
+        if not isinstance(g, str) or g not in KERNELS:
+            fail(f"{what}={get!r}: unknown kernel {g!r}; the kernels are {allowed}")
+    if not names or len(set(names)) != len(names):
+        fail(f"{what}={get!r}: name each kernel once; the kernels are {allowed}")
+    return names, many
+
+
+def ntk_param(parameterization):
+    """The library's code of the NTK parameterisation ("ntk" or "tp"; docs/theory.md §8.7)."""
+    if not isinstance(parameterization, str) or parameterization not in PARAMETERIZATIONS:
+        fail(f"parameterization={parameterization!r}: the NTK's parameterisations are 'ntk' "
+             "(neural-tangents' parameterization='ntk') and 'tp' (Tensor Programs II's, no "
+             "variance factors); docs/theory.md §8.7")
+    return PARAMETERIZATIONS[parameterization]
+
+
+def job_kernel(names):
+    """tpk_job.kernel for the kernels `names` (TPK_JOB_NNGP, _NTK or _BOTH)."""
+    if len(names) == 2:
+        return lib.TPK_JOB_BOTH
+    return lib.TPK_JOB_NTK if names[0] == "ntk" else lib.TPK_JOB_NNGP
+
+
+def kernels_result(names, many, blocks, test):
+    """What a kernel call returns: for each name in `names` its blocks (K, K_test_train,
+    K_test_diag) from the dict `blocks`, or K alone without a test set (test False); one kernel
+    for a string get=, a namedtuple with fields `names` for a tuple."""
+    vals = [blocks[n] if test else blocks[n][0] for n in names]
+    if not many:
+        return vals[0]
+    t = _RESULTS.get(names)
+    if t is None:
+        import collections
+
+        t = _RESULTS[names] = collections.namedtuple("Kernels", names)
+    return t(*vals)
+
+
+def call_kernels(names, one, both, cancel, ctx):
+    """The blocks of the kernels `names` (which_kernels) by one library call: one(K, Kx, kd) for
+    a single kernel (tpk_arch_kernel, tpk_job_kernel_arrays, the kernel chosen by the job's
+    .kernel), both(K[3], T[3]) for the NNGP and the NTK (tpk_arch_kernels,
+    tpk_job_kernels_arrays). Interruptible (call_arrays); raises tpk.Error on failure, but
+    returns the status TPK_EUNSUPPORTED for the caller to handle. Returns (status,
+    {name: (K, K_test_train or None, K_test_diag or None)})."""
+    if len(names) == 1:
+        outs = [ffi.new("tpk_array **") for _ in range(3)]
+        st = call_arrays(lambda: one(*outs), outs, cancel)
+    else:
+        K3, T3 = ffi.new("tpk_array *[3]"), ffi.new("tpk_array *[3]")
+        outs = [K3 + i for i in range(3)] + [T3 + i for i in range(3)]
+        st = call_arrays(lambda: both(K3, T3), outs, cancel)
+    arrs = [from_c(pp[0]) for pp in outs]
+    if st == lib.TPK_EUNSUPPORTED:
+        return st, None
+    check(st, ctx)
+    if len(names) == 1:
+        return st, {names[0]: tuple(arrs)}
+    return st, {"nngp": tuple(arrs[:3]), "ntk": tuple(arrs[3:])}
+
+
+# What the docstrings of tpk.kernel, tpk.Kernel and Program.kernel say about the NTK (ntk_doc).
+NTK_DOC = """The NTK (get="ntk") is the limit Neural Tangent Kernel of the network at initialisation,
+Θ(x, x') = Σ_θ ⟨∂f(x)/∂θ, ∂f(x')/∂θ⟩ over all parameters θ in the infinite-width limit
+(Tensor Programs II; docs/theory.md §8): the kernel of gradient-descent training of the wide
+network, beside the NNGP (get="nngp"), the covariance of its outputs at initialisation.
+parameterization says what each parameter's gradient carries (docs/theory.md §8.7): "ntk"
+(default) is neural-tangents' parameterization='ntk' (W = σ_W ω/√fan_in, b = σ_b β with ω, β
+standard normal: each weight's term carries σ_w², each bias' σ_b², the readout's σ_v² and
+σ_ob²); "tp" is Tensor Programs II's (gradients in ω ~ N(0, σ_W²) and b themselves: no
+variance factors). It does not change the NNGP. get=("nngp", "ntk") computes both in one
+pass and returns a namedtuple with fields nngp and ntk (in get's order), as gpkernel
+--kernel=both does: the NNGP then comes from the NTK's pass, not from an architecture's
+direct recursion (the GRU's differs from it by its quadrature error, ~1e-6 relative).
+The NTK is computed by the member-level (unrolled) evaluator, not the rolled one nor an
+architecture's direct recursion, so it is slower than the NNGP for large programs (deep or
+long ones; the GRU's and the LSTM's cost grows steeply with T); BatchNorm has none yet, and
+the rows with their own job (cnn1d, cnn2d, attention) refuse it. A CNN's NTK is its
+program's, one output per position: tpk.Program(os.path.join(tpk._core.SHARE, "programs",
+"cnn2d.nsr"), rows=H, cols=W, L=3).kernel(images.reshape(N, H * W, C), get="ntk",
+all_outputs=True), whose mean over all position pairs is the GAP readout's NTK and over the
+position diagonal flatten's. The library does not read the cancel flag during an NTK yet:
+Ctrl-C raises KeyboardInterrupt when the NTK is done."""
+
+
+def ntk_doc(fn):
+    """Put NTK_DOC where fn's docstring says {ntk}, at that line's indentation."""
+    doc = fn.__doc__
+    if doc and "{ntk}" in doc:
+        line = next(ln for ln in doc.split("\n") if "{ntk}" in ln)
+        pad = line[:len(line) - len(line.lstrip())]
+        fn.__doc__ = doc.replace("{ntk}", NTK_DOC.replace("\n", "\n" + pad))
+    return fn

@@ -1,4 +1,5 @@
-"""Kernels of the shipped architectures (app/archs.c, as gpkernel --arch) and of NETSOR programs."""
+"""Kernels of the shipped architectures (app/archs.c, as gpkernel --arch) and of NETSOR programs:
+the NNGP and the Neural Tangent Kernel (get="nngp" | "ntk" | ("nngp", "ntk"))."""
 import os
 import tempfile
 
@@ -27,8 +28,9 @@ def _arch(name):
     return a
 
 
-def _arch_opts(params, keep):
-    """gpkernel's flags from keyword arguments: sigma_w2=2.0 is --sigma-w2=2.0."""
+def _arch_opts(params, keep, kernel=0, param=0):
+    """gpkernel's flags from keyword arguments: sigma_w2=2.0 is --sigma-w2=2.0; kernel and param
+    are tpk_arch_opts.kernel and .ntk_param (--kernel, --parameterization)."""
     p = dict(params)
     all_outputs = bool(p.pop("all_times", False)) or bool(p.pop("all_outputs", False))
     layernorm = bool(p.pop("layernorm", False))
@@ -47,32 +49,36 @@ def _arch_opts(params, keep):
     o.layernorm = int(layernorm)
     o.all_outputs = int(all_outputs)
     o.root = keep(_core.SHARE)
+    o.kernel = kernel
+    o.ntk_param = param
     return o
 
 
-def _blocks_arch(arch, params, x, x_test):
-    """(K, K_test_train or None, K_test_diag or None) of an architecture."""
+def _blocks_arch(arch, params, x, x_test, names=("nngp",), parameterization="ntk"):
+    """{name: (K, K_test_train or None, K_test_diag or None)} of an architecture, for the
+    kernels `names` ("nngp", "ntk"; _core.which_kernels)."""
     a = _arch(arch)
     keep = Strings()
-    o = _arch_opts(params, keep)
+    o = _arch_opts(params, keep, _core.job_kernel(names), _core.ntk_param(parameterization))
     X = as_input(x, "x")
     Xt = None if x_test is None else as_input(x_test, "x_test")
     ctx = new_ctx()
-    K, Kx, kd = ffi.new("tpk_array **"), ffi.new("tpk_array **"), ffi.new("tpk_array **")
     cX, cXt = to_c(X, keep), ffi.NULL if Xt is None else to_c(Xt, keep)
+    if a.custom != ffi.NULL and "ntk" in names:  # cnn1d, cnn2d, attention: refused by
+        return _blocks_job(a, o, keep, X, Xt, names)  # their job, in its words
     cancel = _core.Cancel()
     o.progress = cancel.progress
-    st = _core.call_arrays(lambda: lib.tpk_arch_kernel(a, o, cX, cXt, K, Kx, kd, ffi.NULL, ctx),
-                           (K, Kx, kd), cancel)
-    if st == lib.TPK_EUNSUPPORTED:
-        return _blocks_job(a, o, keep, X, Xt)
-    check(st, ctx)
-    return from_c(K[0]), from_c(Kx[0]), from_c(kd[0])
+    st, blocks = _core.call_kernels(
+        names, lambda K, Kx, kd: lib.tpk_arch_kernel(a, o, cX, cXt, K, Kx, kd, ffi.NULL, ctx),
+        lambda K3, T3: lib.tpk_arch_kernels(a, o, cX, cXt, K3, T3, ffi.NULL, ctx), cancel, ctx)
+    if st == lib.TPK_EUNSUPPORTED:  # a row with its own job, which writes HDF5
+        return _blocks_job(a, o, keep, X, Xt, names)
+    return blocks
 
 
-def _blocks_job(a, o, keep, X, Xt):
+def _blocks_job(a, o, keep, X, Xt, names=("nngp",)):
     """Architectures with a custom job (cnn1d, cnn2d, attention) write HDF5: through a scratch
-    folder (.npy in, the job's file out, read back with h5py)."""
+    folder (.npy in, the job's file out, read back with h5py). {name: blocks}."""
     import h5py
 
     with tempfile.TemporaryDirectory(prefix="tpk-") as d:
@@ -89,28 +95,54 @@ def _blocks_job(a, o, keep, X, Xt):
         check(st, ctx)
         with h5py.File(out, "r") as f:
             get = lambda n: np.array(f[n], dtype=np.float64) if n in f else None  # noqa: E731
-            return get("kernel"), get("kernel_test_train"), get("kernel_test_diag")
+            ds = {"nngp": "kernel", "ntk": "ntk"}
+            return {n: (get(ds[n]), get(ds[n] + "_test_train"), get(ds[n] + "_test_diag"))
+                    for n in names}
 
 
-def kernel(arch, x, x_test=None, **params):
+@_core.ntk_doc
+def kernel(arch, x, x_test=None, get="nngp", parameterization="ntk", **params):
     """The infinite-width kernel of a shipped architecture, as gpkernel --arch=ARCH computes it.
 
     x: N×d (or N×T×d sequences, N×H×W×C images), any real dtype and memory order. params are
     gpkernel's flags with underscores (depth=3, phi="relu", sigma_w2=2.0), plus all_times=True
     (--all-times), layernorm=True (--layernorm) and set={"name": value} (--set).
-    Returns K (N×N); with x_test the tuple (K, K_test_train (M×N), K_test_diag (M,))."""
-    K, Kx, kd = _blocks_arch(arch, params, x, x_test)
-    return K if x_test is None else (K, Kx, kd)
+    get: "nngp" (default, gpkernel's /kernel), "ntk" (the Neural Tangent Kernel, /ntk) or a tuple
+    of them, as neural-tangents' kernel_fn(..., get=...); parameterization: the NTK's, "ntk"
+    (default) or "tp" (gpkernel --kernel, --parameterization).
+    Returns K (N×N); with x_test the tuple (K, K_test_train (M×N), K_test_diag (M,)); for a tuple
+    get, a namedtuple of these, e.g. .nngp and .ntk.
+
+    {ntk}"""
+    names, many = _core.which_kernels(get)
+    blocks = _blocks_arch(arch, params, x, x_test, names, parameterization)
+    return _core.kernels_result(names, many, blocks, x_test is not None)
 
 
-def gpkernel(output, arch, x=None, x_test=None, force=False, **params):
+def _cli_kernel(kernel):
+    """gpkernel --kernel's value ("nngp", "ntk", "both", or a get= tuple) as names."""
+    if kernel == "both":
+        return ("nngp", "ntk")
+    try:
+        return _core.which_kernels(kernel, "kernel")[0]
+    except Error:
+        fail(f"kernel={kernel!r}: the kernels to write are 'nngp', 'ntk' or 'both' (gpkernel "
+             "--kernel), or a tuple such as ('nngp', 'ntk')")
+
+
+def gpkernel(output, arch, x=None, x_test=None, force=False, kernel="nngp",
+             parameterization="ntk", **params):
     """gpkernel --arch=ARCH --output=OUTPUT as a call: the same HDF5 file (read it with tpk.read).
     x=None: the architecture's bundled demo input. An existing output that is not an HDF5 file of
     this toolkit is refused (tpk.Error, the file untouched) unless force=True (--force).
+    kernel: "nngp" (default: /kernel), "ntk" (/ntk, the Neural Tangent Kernel) or "both" (also
+    written ("nngp", "ntk")), gpkernel's --kernel; parameterization: the NTK's, "ntk" or "tp"
+    (--parameterization; the file's ntk_parameterization attribute). See tpk.kernel.
     Returns output."""
     a = _arch(arch)
     keep = Strings()
-    o = _arch_opts(params, keep)
+    names = _cli_kernel(kernel)
+    o = _arch_opts(params, keep, _core.job_kernel(names), _core.ntk_param(parameterization))
     o.force = int(bool(force))
     with tempfile.TemporaryDirectory(prefix="tpk-") as d:
         xin = tin = ffi.NULL
@@ -130,6 +162,7 @@ def gpkernel(output, arch, x=None, x_test=None, force=False, **params):
     return output
 
 
+@_core.ntk_doc
 class Kernel:
     """A reusable kernel: Kernel("mlp", depth=3, phi="relu") or Kernel(program=P, **set) for a
     NETSOR program P (a tpk.Program, a path or the program's text).
@@ -137,7 +170,13 @@ class Kernel:
     k(x) is K(x, x) (N×N); k(x, x2) the cross kernel K(x, x2) (len(x) × len(x2)), computed with
     x2 and x as one batch the way gpkernel --input=x2 --test=x does. k.blocks(x, x_test) gives
     (K, K_test_train, K_test_diag) at once. get_params / set_params follow scikit-learn, so
-    GridSearchCV can tune kernel__depth etc. through a tpk.GPRegressor."""
+    GridSearchCV can tune kernel__depth etc. through a tpk.GPRegressor.
+
+    get="ntk" makes it the Neural Tangent Kernel (Kernel("mlp", depth=3, get="ntk"), with
+    parameterization="ntk" or "tp"), so a tpk.GPRegressor regresses with the NTK; a Kernel is one
+    kernel, so get is a string here, not a tuple.
+
+    {ntk}"""
 
     def __init__(self, arch=None, program=None, **params):
         self.arch = arch
@@ -150,6 +189,12 @@ class Kernel:
             fail("a Kernel needs exactly one of an architecture name and a program")
         if self.arch is not None:
             _arch(self.arch)
+        get = self.params.get("get", "nngp")
+        if not isinstance(get, str):
+            fail(f"get={get!r}: a Kernel is one kernel, 'nngp' or 'ntk' (tpk.kernel and "
+                 "Program.kernel take a tuple)")
+        _core.which_kernels(get)
+        _core.ntk_param(self.params.get("parameterization", "ntk"))
 
     def _program(self):
         from .program import Program
@@ -159,11 +204,14 @@ class Kernel:
 
     def blocks(self, x, x_test=None):
         """(K, K_test_train, K_test_diag); the last two None without x_test."""
-        if self.arch is not None:
-            return _blocks_arch(self.arch, self.params, x, x_test)
         p = dict(self.params)
+        get = p.pop("get", "nngp")
+        names = _core.which_kernels(get)[0]
+        param = p.pop("parameterization", "ntk")
+        if self.arch is not None:
+            return _blocks_arch(self.arch, p, x, x_test, names, param)[get]
         all_outputs = bool(p.pop("all_times", False)) or bool(p.pop("all_outputs", False))
-        return self._program()._blocks(x, x_test, all_outputs, p)
+        return self._program()._blocks(x, x_test, all_outputs, p, names, param)[get]
 
     def __call__(self, x, x2=None):
         if x2 is None:

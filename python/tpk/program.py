@@ -89,27 +89,38 @@ class Program:
         finally:
             lib.tpk_phi_registry_free(reg)
 
-    def _blocks(self, x, x_test, all_outputs, set):
+    def _blocks(self, x, x_test, all_outputs, set, names=("nngp",), parameterization="ntk"):
+        """{name: (K, K_test_train or None, K_test_diag or None)} for the kernels `names`."""
         keep = Strings()
         job = self._job(keep, all_outputs, set)
+        job.kernel = _core.job_kernel(names)
+        job.ntk_param = _core.ntk_param(parameterization)
         X = as_input(x, "x")
         Xt = None if x_test is None else as_input(x_test, "x_test")
-        K, Kx, kd = ffi.new("tpk_array **"), ffi.new("tpk_array **"), ffi.new("tpk_array **")
         ctx = new_ctx()
         cX, cXt = to_c(X, keep), ffi.NULL if Xt is None else to_c(Xt, keep)
         cancel = _core.Cancel()
         job.progress = cancel.progress
-        st = _core.call_arrays(
-            lambda: lib.tpk_job_kernel_arrays(job, cX, cXt, K, Kx, kd, ffi.NULL, ctx),
-            (K, Kx, kd), cancel)
+        st, blocks = _core.call_kernels(
+            names,
+            lambda K, Kx, kd: lib.tpk_job_kernel_arrays(job, cX, cXt, K, Kx, kd, ffi.NULL, ctx),
+            lambda K3, T3: lib.tpk_job_kernels_arrays(job, cX, cXt, K3, T3, ffi.NULL, ctx),
+            cancel, ctx)
         check(st, ctx)
-        return from_c(K[0]), from_c(Kx[0]), from_c(kd[0])
+        return blocks
 
-    def kernel(self, x, x_test=None, all_outputs=False, **set):
+    @_core.ntk_doc
+    def kernel(self, x, x_test=None, all_outputs=False, get="nngp", parameterization="ntk", **set):
         """The limit kernel (netsor kernel): K, or with x_test (K, K_test_train, K_test_diag).
-        A sequence input (N×T×d) sets the parameter T when it is not set."""
-        K, Kx, kd = self._blocks(x, x_test, all_outputs, set)
-        return K if x_test is None else (K, Kx, kd)
+        A sequence input (N×T×d) sets the parameter T when it is not set. get: "nngp" (default),
+        "ntk" or a tuple of them (a namedtuple of the kernels, e.g. .nngp and .ntk);
+        parameterization: the NTK's, "ntk" (default) or "tp" (netsor kernel --kernel,
+        --parameterization). The set keywords override the program's parameters.
+
+        {ntk}"""
+        names, many = _core.which_kernels(get)
+        blocks = self._blocks(x, x_test, all_outputs, set, names, parameterization)
+        return _core.kernels_result(names, many, blocks, x_test is not None)
 
     def run(self, x, width, seed=0, all_outputs=False, **set):
         """A finite-width run with random weights (netsor run --width --seed): (K_hat, outputs),
