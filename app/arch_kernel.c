@@ -172,8 +172,9 @@ int tpk_arch_custom_job(const tpk_arch *a, const tpk_job *job, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
                          "--kernel=%s: %s's own job computes the NNGP only; the NTK is the "
                          "interpreter's, of the program: netsor kernel programs/%s.nsr "
-                         "--kernel=%s --all-outputs (for a CNN, flatten is the mean of the "
-                         "position diagonal and GAP the mean of all position pairs)",
+                         "--kernel=%s --all-outputs (for a CNN, images as N x (H*W) x C; flatten "
+                         "is the mean of the position diagonal and GAP the mean of all position "
+                         "pairs)",
                          job->kernel == TPK_JOB_NTK ? "ntk" : "both", a->name, a->name,
                          job->kernel == TPK_JOB_NTK ? "ntk" : "both");
     return a->custom(job, ctx);

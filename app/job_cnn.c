@@ -503,6 +503,10 @@ static const kjob_impl kjob_cnn = {"cnn", kjob_cnn_batch, kjob_cnn_describe, kjo
 
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx)
 {
+    if (kj->job.kernel != TPK_JOB_NNGP) /* kernels/cnn.c's recursions compute the NNGP only */
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "the NTK is not computed tile by tile, and not by "
+                         "the CNN recursions: netsor kernel programs/cnn2d.nsr --kernel=ntk "
+                         "--all-outputs, with the images as N x (H*W) x C");
     cnn_job *s = tpk_calloc(ctx, 1, sizeof *s);
     if (!s)
         return ctx->status;

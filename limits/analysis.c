@@ -66,7 +66,7 @@ void tpk_study_analysis_free(tpk_study_analysis *a)
 static int check_input(const tpk_study_raw *r, const tpk_study_stats *o, tpk_ctx *ctx)
 {
     static const char fn[] = "tpk_study_analyse";
-    if (!r || !o || !r->widths || !r->khat || !r->y || !r->K)
+    if (!r || !o || !r->widths || !r->khat || !r->K) /* y may be NULL: no output samples */
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: NULL argument", fn);
     if (r->W < 2 || r->S < MIN_SEEDS || r->N < 1)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: needs >= 2 widths, >= %d seeds and >= 1 output "
@@ -109,6 +109,10 @@ static int per_width(tpk_study_analysis *a, const tpk_study_raw *r, double *proj
         for (size_t s = 0; s < S; s++)
             vbar += v[s] / (double)S;
         a->col[TPK_STUDY_VARPART][w] = sqrt(2 / M_PI) * fabs(sqrt(vbar) - sqrt(vinf));
+        if (r->y == NULL) { /* no output samples (the NTK): their law is not compared */
+            a->col[TPK_STUDY_KURT_SAMPLES][w] = NAN;
+            continue;
+        }
         for (size_t s = 0; s < S; s++)
             proj[s] = r->y[(w * S + s) * N + i0];
         if (st == TPK_OK)
@@ -157,7 +161,9 @@ static int sliced(tpk_study_analysis *a, const tpk_study_raw *r, const tpk_limit
     tpk_limits_slices sl = {N, L, a->theta, r->K, 0};
     for (size_t w = 0; w < W && st == TPK_OK; w++) {
         st = tpk_limits_rbsw1(r->khat + w * S * NN, S, &sl, &a->sliced_rbw1[w], ctx);
-        if (st == TPK_OK)
+        if (st == TPK_OK && r->y == NULL)
+            a->sliced_w1_samples[w] = NAN;
+        else if (st == TPK_OK)
             st = tpk_limits_sw1_samples(r->y + w * S * N, S, &sl, &a->sliced_w1_samples[w], ctx);
     }
     if (st == TPK_OK)
@@ -389,17 +395,24 @@ int tpk_study_analysis_write_named(const tpk_study_analysis *a, tpk_h5out *h, co
     tpk_h5out_dims(h, "/per_seed/frob_rel", ws, 2, ctx);
     tpk_h5out_write(h, "/per_seed/w1_input_variance", &v2, ctx);
     tpk_h5out_dims(h, "/per_seed/w1_input_variance", ws, 2, ctx);
+    /* without output samples (the NTK), their statistics are absent, not NaN */
+    const int samples = !isnan(a->sliced_w1_samples[0]);
     for (int c = 0; c < TPK_STUDY_NCOLS; c++) {
         char name[64];
+        if (!samples && c == TPK_STUDY_KURT_SAMPLES)
+            continue;
         snprintf(name, sizeof name, "/per_width/%s", column_names[c]);
         write_per_width(h, name, a->col[c], W, ctx);
     }
     write_per_width(h, "/per_width/sliced_rbw1", a->sliced_rbw1, W, ctx);
     write_per_width(h, "/per_width/sliced_rbw1_shape", a->sliced_rbw1_shape, W, ctx);
-    write_per_width(h, "/per_width/sliced_w1_samples", a->sliced_w1_samples, W, ctx);
-    tpk_h5out_attr_double(h, "/per_width/sliced_w1_samples", "gp_floor_mean", a->gp_floor_mean,
-                          ctx);
-    tpk_h5out_attr_double(h, "/per_width/sliced_w1_samples", "gp_floor_sd", a->gp_floor_sd, ctx);
+    if (samples) {
+        write_per_width(h, "/per_width/sliced_w1_samples", a->sliced_w1_samples, W, ctx);
+        tpk_h5out_attr_double(h, "/per_width/sliced_w1_samples", "gp_floor_mean",
+                              a->gp_floor_mean, ctx);
+        tpk_h5out_attr_double(h, "/per_width/sliced_w1_samples", "gp_floor_sd", a->gp_floor_sd,
+                              ctx);
+    }
     tpk_array th = {.ndim = 2, .dims = {a->stats.slices, a->N, 0, 0}, .data = a->theta};
     tpk_h5out_write(h, "/slices", &th, ctx);
     tpk_h5out_dims(h, "/slices", (const char *const[]){"slice", point}, 2, ctx);
@@ -485,6 +498,10 @@ void tpk_study_analysis_print(const tpk_study_analysis *a, FILE *f)
     fprintf(f, "RMS exponent as small widths are dropped:");
     for (size_t k = 0; k + 1 < W; k++)
         fprintf(f, " n>=%g: %.3f", n[k], a->stability[k].slope);
+    if (isnan(a->sliced_w1_samples[W - 1])) { /* no output samples: the NTK */
+        fprintf(f, "\n");
+        return;
+    }
     fprintf(f, "\nsliced W1 of samples vs GP: %.3e at n=%g (GP-vs-GP floor %.3e +- %.1e)\n",
             a->sliced_w1_samples[W - 1], n[W - 1], a->gp_floor_mean, a->gp_floor_sd);
 }

@@ -31,6 +31,7 @@ struct tpk_study {
     double *nw;               /* W, as doubles */
     uint64_t seed;
     int all_outputs;
+    int ntk, ntk_param;       /* the NTK compared (tpk_study_opts.kernel) */
     tpk_program *prog;
     tpk_array *xall, *x, *K;  /* all inputs read, the used ones, the limit kernel */
     double *rows;             /* the used inputs' rows in xall */
@@ -233,8 +234,10 @@ static int make_config(tpk_study *s, tpk_ctx *ctx)
     char *pos = s->config;
     size_t left = sizeof s->config;
     int c = snprintf(pos, left, "gplimits/1 program_sha256=%s inputs_sha256=%s seeds=%zu "
-                     "seed=%llu all_outputs=%d widths=", psha, xsha, s->S,
-                     (unsigned long long)s->seed, s->all_outputs);
+                     "seed=%llu all_outputs=%d%s widths=", psha, xsha, s->S,
+                     (unsigned long long)s->seed, s->all_outputs,
+                     !s->ntk ? "" : s->ntk_param == TPK_NTK_PARAM_TP ? " kernel=ntk(tp)"
+                                                                      : " kernel=ntk");
     for (size_t i = 0; i < s->W && c > 0 && (size_t)c < left; i++)
         c += snprintf(pos + c, left - (size_t)c, "%zu,", s->widths[i]);
     for (int i = 0; i < s->prog->nparams && c > 0 && (size_t)c < left; i++)
@@ -259,6 +262,10 @@ static int write_checkpoint(const tpk_study *s, tpk_ctx *ctx)
     tpk_h5out_write(h, "/outputs", &a3, ctx);
     tpk_h5out_write(h, "/done", &a2, ctx);
     tpk_h5out_attr_str(h, "/", "gplimits_config", s->config, ctx);
+    tpk_h5out_attr_str(h, "/", "kernel", s->ntk ? "ntk" : "nngp", ctx);
+    if (s->ntk)
+        tpk_h5out_attr_str(h, "/", "ntk_parameterization",
+                           s->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk", ctx);
     return tpk_h5out_commit(h, ctx);
 }
 
@@ -409,12 +416,14 @@ static int prepare(tpk_study *s, const tpk_study_opts *o, const tpk_phi_registry
                          "heads) and gpkernel --arch=attention (its mean kernel and score "
                          "covariances)", s->program);
     /* the limit as gpkernel computes it for this architecture: the one choice of solver */
-    tpk_job lj = {.direct = o->arch ? o->arch->direct : NULL};
+    tpk_job lj = {.direct = o->arch ? o->arch->direct : NULL, .kernel = s->ntk ? TPK_JOB_NTK : 0};
     tpk_direct_kernel direct = tpk_job_solver(&lj, &s->info.limit_solver);
-    if (direct ? direct(s->prog, reg, s->x, s->all_outputs, o->progress, &s->K,
-                        &s->info.limit_error, ctx)
-               : tpk_netsor_kernel_progress(s->prog, s->x, s->all_outputs, o->progress, &s->K,
-                                            &s->info.limit_error, ctx))
+    if (s->ntk ? tpk_netsor_ntk(s->prog, s->x, s->all_outputs, s->ntk_param, NULL, &s->K,
+                                &s->info.limit_error, ctx)
+        : direct ? direct(s->prog, reg, s->x, s->all_outputs, o->progress, &s->K,
+                          &s->info.limit_error, ctx)
+                 : tpk_netsor_kernel_progress(s->prog, s->x, s->all_outputs, o->progress, &s->K,
+                                              &s->info.limit_error, ctx))
         return ctx->status;
     /* The compared kernel: N×N (last output) or (N·O)×(N·O) input-major (all outputs); the
      * sampled outputs y are N×O in the same order, so one coordinate index serves both. */
@@ -457,6 +466,8 @@ tpk_study *tpk_study_alloc(const tpk_study_opts *o, const tpk_phi_registry *reg,
     s->S = o->seeds;
     s->W = o->nwidths;
     s->all_outputs = o->all_outputs;
+    s->ntk = o->kernel != TPK_JOB_NNGP;
+    s->ntk_param = o->ntk_param;
     snprintf(s->partial, sizeof s->partial, "%s.partial.h5", o->output);
     if (prepare(s, o, reg, ctx) || alloc_raw(s, o, ctx)) {
         tpk_study_free(s);
@@ -504,7 +515,7 @@ tpk_study_raw tpk_study_get_raw(const tpk_study *s)
 {
     tpk_study_raw r = {0, 0, 0, NULL, NULL, NULL, NULL};
     if (s)
-        r = (tpk_study_raw){s->W, s->S, s->N, s->nw, s->khat, s->y, s->K->data};
+        r = (tpk_study_raw){s->W, s->S, s->N, s->nw, s->khat, s->ntk ? NULL : s->y, s->K->data};
     return r;
 }
 
@@ -594,8 +605,19 @@ int tpk_study_run(tpk_study *s, const tpk_study_run_opts *opt, tpk_ctx *ctx)
         tpk_ctx lctx;
         tpk_ctx_init_from(&lctx, ctx);
         tpk_array *Kh = NULL, *yy = NULL;
-        int ls = tpk_netsor_run_progress(s->prog, s->x, s->widths[w], s->seed + sd,
+        int ls;
+        if (s->ntk) { /* the network's empirical NTK; no output samples (their law is the NNGP's) */
+            size_t dy[1] = {s->N};
+            ls = tpk_netsor_run_ntk(s->prog, s->x, s->widths[w], s->seed + sd, s->all_outputs,
+                                    s->ntk_param, NULL, &Kh, &lctx);
+            if (ls == TPK_OK && (yy = tpk_array_alloc(1, dy, &lctx)) == NULL)
+                ls = lctx.status;
+            if (yy)
+                memset(yy->data, 0, s->N * sizeof *yy->data);
+        } else {
+            ls = tpk_netsor_run_progress(s->prog, s->x, s->widths[w], s->seed + sd,
                                          s->all_outputs, &stopper, &Kh, &yy, &lctx);
+        }
 #pragma omp critical(tpk_study_store)
         {
             if (ls == TPK_ECANCELED) {
@@ -636,6 +658,10 @@ static int write_attrs(const tpk_study *s, tpk_h5out *h, int argc, char **argv, 
     tpk_h5out_attr_str(h, "/", "program", s->program, ctx);
     tpk_h5out_program_attrs(h, s->program, NULL, ctx);
     tpk_h5out_attr_str(h, "/", "gplimits_config", s->config, ctx);
+    tpk_h5out_attr_str(h, "/", "kernel", s->ntk ? "ntk" : "nngp", ctx);
+    if (s->ntk)
+        tpk_h5out_attr_str(h, "/", "ntk_parameterization",
+                           s->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk", ctx);
     tpk_h5out_attr_int(h, "/", "seed_base", (long long)s->seed, ctx);
     tpk_h5out_attr_int(h, "/", "w1_input", (long long)s->stats.w1_input, ctx);
     tpk_h5out_attr_int(h, "/", "fit_min_width",
@@ -699,6 +725,13 @@ static int write_raw(const tpk_study *s, tpk_h5out *h, tpk_ctx *ctx)
     tpk_h5out_dims(h, "/per_seed/khat", (const char *const[]){"width", "seed", p, p2}, 4, ctx);
     tpk_h5out_write(h, "/per_seed/outputs", &a3, ctx);
     tpk_h5out_dims(h, "/per_seed/outputs", (const char *const[]){"width", "seed", p}, 3, ctx);
+    if (s->ntk) { /* the same layout, other kernels: said on each dataset */
+        tpk_h5out_attr_str(h, "/kernel_limit", "kernel", "the limit NTK (tpk_netsor_ntk)", ctx);
+        tpk_h5out_attr_str(h, "/per_seed/khat", "kernel",
+                           "the empirical NTK (tpk_netsor_run_ntk) of each network", ctx);
+        tpk_h5out_attr_str(h, "/per_seed/outputs", "kernel",
+                           "none: a study of the NTK keeps no output samples (zeros)", ctx);
+    }
     return ctx->status;
 }
 

@@ -100,6 +100,10 @@ static const char usage[] =
     "                     n_min is in /fits/rms_stability. With --resume on a finished FILE.h5\n"
     "                     the statistics are recomputed from its raw data without rerunning.\n"
     "  --fit-ratio=R      the auto rule's bound on the n^-1 / n^-1/2 term ratio (default 0.1)\n"
+    "  --kernel=K         nngp (default): K-hat of netsor run against the limit kernel; ntk:\n"
+    "                     the empirical NTK of the same networks (netsor run --ntk) against the\n"
+    "                     limit NTK (the output samples' law statistics are then NaN)\n"
+    "  --parameterization=P  the NTK's: ntk (default) or tp (docs/theory.md section 8.7)\n"
     "Output:\n"
     "  --force            replace an existing --output that is not an HDF5 file of this\n"
     "                     toolkit (refused by default: nothing is overwritten without it)\n"
@@ -118,7 +122,8 @@ static const char usage[] =
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_SET, OPT_INPUT, OPT_MAXIN, OPT_OUTPUT, OPT_WIDTHS,
        OPT_SEEDS, OPT_SEED, OPT_RESUME, OPT_BOOT, OPT_W1IN, OPT_SLICES, OPT_FITMIN, OPT_FITRATIO,
-       OPT_ALLOUT, OPT_LN, OPT_PROGRESS, OPT_NOPROGRESS, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_FORCE };
+       OPT_ALLOUT, OPT_LN, OPT_PROGRESS, OPT_NOPROGRESS, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_FORCE,
+       OPT_KERNEL, OPT_PARAM };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -142,6 +147,8 @@ static const struct option longopts[] = {
     {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"force", no_argument, NULL, OPT_FORCE},
+    {"kernel", required_argument, NULL, OPT_KERNEL},
+    {"parameterization", required_argument, NULL, OPT_PARAM},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0}};
@@ -203,6 +210,12 @@ static int take_option(int c, opts *o, char **argv, tpk_ctx *ctx)
     case OPT_NOPROGRESS: o->progress = 0; break;
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_FORCE: so->force = 1; break;
+    case OPT_KERNEL:
+        st = cli_parse_kernel_kind(optarg, &so->kernel, ctx);
+        if (st == TPK_OK && so->kernel == TPK_JOB_BOTH)
+            st = TPK_ERROR(ctx, TPK_EINVAL, "--kernel: a study compares one kernel: nngp or ntk");
+        break;
+    case OPT_PARAM: st = cli_parse_ntk_param(optarg, &so->ntk_param, ctx); break;
     case 'h':
     case OPT_HELP: fputs(usage, stdout); return -1;
     case OPT_VERSION: cli_version("gplimits"); return -1;

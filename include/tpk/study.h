@@ -137,6 +137,10 @@ typedef struct tpk_study_opts {
                                      tpk_study_alloc computes (TPK_ECANCELED); NULL: none */
     int force;                    /* replace an existing output that is not an HDF5 file of this
                                      toolkit (tpk_h5out_check_replace; --force) */
+    int kernel;                   /* TPK_JOB_NNGP (0): K-hat against the NNGP; TPK_JOB_NTK: the
+                                     empirical NTK (tpk_netsor_run_ntk) against the limit NTK,
+                                     without the output samples' law statistics (NaN) */
+    int ntk_param;                /* the NTK's parameterisation (TPK_NTK_PARAM_*) */
 } tpk_study_opts;
 
 /* Where the raw data of tpk_study_alloc came from. */
