@@ -190,6 +190,53 @@ static void same_dataset(const char *a, const char *b, const char *name)
     tpk_array_free(y);
 }
 
+/* gplimits --kernel=ntk: the empirical NTK of each network against the limit NTK. The stored
+ * per-seed kernel of one (width, seed) is tpk_netsor_run_ntk's, the limit tpk_netsor_ntk's, the
+ * RMS exponent near −1/2, and the output samples' statistics are absent. */
+static void test_ntk_study(void **state)
+{
+    (void)state;
+    char out[512], args[1024];
+    path(out, sizeof out, "ntk.h5");
+    snprintf(args, sizeof args, TOY " --kernel=ntk --output='%s'", out);
+    assert_int_equal(gplimits(args), 0);
+    tpk_array *w = ds(out, "/widths"), *kh = ds(out, "/per_seed/khat"), *x = ds(out, "/inputs"),
+              *fit = ds(out, "/fits/rms"), *K = ds(out, "/kernel_limit");
+    assert_true(fit->data[0] < -0.3 && fit->data[0] > -0.8);
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_phi_registry_alloc(&ctx);
+    tpk_param_set sets[] = {{"L", "2"}, {"phi", "relu"}, {"sigma_w2", "2"}, {"sigma_b2", "0"},
+                            {"sigma_v2", "2"}};
+    tpk_netsor_opts no = {.sets = sets, .nsets = 5, .netsor_plus = 1};
+    char prog[1200];
+    snprintf(prog, sizeof prog, "%s/programs/mlp.nsr", root);
+    tpk_program *p = tpk_netsor_load_file(prog, &no, reg, &ctx);
+    assert_non_null(p);
+    tpk_array *Th = NULL, *L = NULL;
+    const size_t wi = 1, s = 5, NN = 16;
+    assert_int_equal(tpk_netsor_run_ntk(p, x, (size_t)w->data[wi], 11 + s, 0, TPK_NTK_PARAM_NTK,
+                                        NULL, &Th, &ctx), TPK_OK);
+    assert_int_equal(tpk_netsor_ntk(p, x, 0, TPK_NTK_PARAM_NTK, NULL, &L, NULL, &ctx), TPK_OK);
+    for (size_t i = 0; i < NN; i++) {
+        double stored = kh->data[(wi * 24 + s) * NN + i];
+        assert_true(fabs(Th->data[i] - stored) <= 1e-12 * fabs(stored) + 1e-15);
+        assert_true(fabs(L->data[i] - K->data[i]) <= 1e-14 * fabs(K->data[i]) + 1e-15);
+    }
+    char spec[1024];
+    snprintf(spec, sizeof spec, "%s:/per_width/kurtosis_samples", out);
+    assert_null(tpk_io_read(spec, NULL, &ctx));
+    tpk_array_free(Th);
+    tpk_array_free(L);
+    tpk_program_free(p);
+    tpk_phi_registry_free(reg);
+    tpk_array_free(w);
+    tpk_array_free(kh);
+    tpk_array_free(x);
+    tpk_array_free(fit);
+    tpk_array_free(K);
+}
+
 static void test_kill_and_resume(void **state)
 {
     (void)state;
@@ -510,6 +557,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_toy_run_and_reproduce),
+        cmocka_unit_test(test_ntk_study),
         cmocka_unit_test(test_kill_and_resume),
         cmocka_unit_test(test_signal_in_analysis),
         cmocka_unit_test(test_errors),
