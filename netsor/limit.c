@@ -94,12 +94,13 @@ static int unrolled(const tpk_program *p, const tpk_array *x, int all_outputs,
 /* out (N×N) = T^H(u, v)[a][c] = Σ_pq E[∂_pφ_u(Z_a) ∂_qφ_v(Z_c)] · T(g_p, g_q)[a][c] over the G-vars
  * g_p that u reads (u itself, with ∂ = 1, for a G-var) and those of v (tangent.c). A pair whose
  * G-vars share no family contributes 0 (their tangents are independent, like their values). */
-static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, int lower, double *out)
+static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, int lower, double *out,
+                     size_t ld)
 {
     const nsr_tangent *t = L->tan;
     const tpk_program *p = L->p;
     size_t N = L->N;
-    double *TG = L->tE + N * N, *E = L->tE + 2 * N * N;
+    double *TG = L->tE, *E = L->tE + N * N;
     int nu = p->var[u].type == TPK_VAR_G ? 1 : t->part[u].n;
     int nv = p->var[v].type == TPK_VAR_G ? 1 : t->part[v].n;
     int first = 1;
@@ -113,7 +114,10 @@ static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, int lower
                 continue;
             nsr_lim_kern_mat(L, gu, gv, lower, 1, TG);
             double e = 0;
-            int st = nsr_lim_m2(L, du, dv, site ^ ((uint64_t)(1 + i * 64 + j) << 44), sc, E, N,
+            /* the first pair's expectation goes straight into out (no scratch to touch) */
+            double *dst = first ? out : E;
+            size_t ldd = first ? ld : N;
+            int st = nsr_lim_m2(L, du, dv, site ^ ((uint64_t)(1 + i * 64 + j) << 44), sc, dst, ldd,
                                 lower, 1.0, &e);
             if (st)
                 return st;
@@ -122,11 +126,11 @@ static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, int lower
 #pragma omp parallel for schedule(static) if (N >= 512)
             for (size_t a = 0; a < N; a++) {
                 size_t cend = lower ? a + 1 : N;
-                double *o = out + a * N;
+                double *o = out + a * ld;
                 const double *ea = E + a * N, *ta = TG + a * N;
                 if (first)
                     for (size_t c = 0; c < cend; c++)
-                        o[c] = ea[c] * ta[c];
+                        o[c] *= ta[c];
                 else
                     for (size_t c = 0; c < cend; c++)
                         o[c] += ea[c] * ta[c];
@@ -135,46 +139,40 @@ static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, int lower
         }
     if (first)
         for (size_t a = 0; a < N; a++)
-            memset(out + a * N, 0, (lower ? a + 1 : N) * sizeof *out);
+            memset(out + a * ld, 0, (lower ? a + 1 : N) * sizeof *out);
     return TPK_OK;
 }
 
 /* The tangent sub-block (lj, li) of an A-var's family, beside its covariance sub-block C just
  * written: T = w·E[z z̄] + σ_W² T^H(z, z̄) (theory.md §8.2), where w·E[z z̄] is C (NT's 'ntk'
  * parameterisation) or C/σ_W² (Tensor Programs II's). A same-atom sub-block (li = lj) is kept in
- * its lower triangle, as C is. */
+ * its lower triangle, as C is. T^H is computed in place. */
 static int tangent_matmul(lim *L, int k, family *f, int lj, int li, scratch *sc)
 {
     size_t N = L->N, ld = (size_t)f->cap * N;
     const atom *aj = &L->atom[f->atoms[lj]], *ai = &L->atom[f->atoms[li]];
     const double *C = f->blk + (size_t)lj * N * ld + (size_t)li * N;
-    double *T = f->tblk + (size_t)lj * N * ld + (size_t)li * N, *H = L->tE;
+    double *T = f->tblk + (size_t)lj * N * ld + (size_t)li * N;
     uint64_t site = (nsr_lim_kid(L, k) * 4096 + (uint64_t)li) ^ ((uint64_t)1 << 62);
-    int lower = li == lj;
-    double w = 1.0;
-    if (L->ntk_param == TPK_NTK_PARAM_TP) {
-        if (f->var > 0) {
-            w = 1.0 / f->var;
-        } else { /* σ_W² = 0: E[z z̄] itself */
-            double e = 0;
-            int st = nsr_lim_m2(L, aj->src, ai->src, site ^ 1, sc, T, ld, lower, 1.0, &e);
-            if (st)
-                return st;
-            w = 0.0;
+    int lower = li == lj, st;
+    const double s2 = f->var;
+    if (L->ntk_param == TPK_NTK_PARAM_TP && !(s2 > 0)) { /* σ_W² = 0: E[z z̄] itself */
+        double e = 0;
+        st = nsr_lim_m2(L, aj->src, ai->src, site ^ 1, sc, T, ld, lower, 1.0, &e);
+    } else {
+        const double w = L->ntk_param == TPK_NTK_PARAM_TP ? 1.0 / s2 : 1.0;
+        st = tangent_h(L, aj->src, ai->src, site, sc, lower, T, ld);
+#pragma omp parallel for schedule(static) if (N >= 512 && st == TPK_OK)
+        for (size_t a = 0; a < N; a++) {
+            size_t cend = lower ? a + 1 : N;
+            double *t = T + a * ld;
+            const double *c = C + a * ld;
+            for (size_t j = 0; j < cend; j++)
+                t[j] = w * c[j] + s2 * t[j];
         }
     }
-    int st = tangent_h(L, aj->src, ai->src, site, sc, lower, H);
     if (st)
         return st;
-    const double s2 = f->var;
-#pragma omp parallel for schedule(static) if (N >= 512)
-    for (size_t a = 0; a < N; a++) {
-        size_t cend = lower ? a + 1 : N;
-        double *t = T + a * ld;
-        const double *c = C + a * ld, *h = H + a * N;
-        for (size_t j = 0; j < cend; j++)
-            t[j] = (w == 0.0 ? t[j] : w * c[j]) + s2 * h[j];
-    }
     nsr_lim_block_mirror(L, f, f->tblk, lj, li);
     return TPK_OK;
 }
@@ -191,11 +189,28 @@ static int readout_ntk(lim *L, scratch *sc, const tpk_array *K, int o0, int O, i
     double s = sqrt(po->var * pq->var) / m;
     uint64_t site = (nsr_lim_kid(L, p->ninstr) * 4096 + (uint64_t)(oi * O + oj)) ^ ((uint64_t)1 << 61);
     int lower = oi == oj; /* one output with itself: a symmetric block, its lower triangle */
+    if (O == 1 && m == 1 && L->ntk_param == TPK_NTK_PARAM_NTK) {
+        /* one readout: Θ = K + σ_v² T^H, T^H computed in Θ's place (its lower triangle) */
+        int st = tangent_h(L, nsr_out_part(po, 0), nsr_out_part(pq, 0), site, sc, 1, th->data, N);
+        if (st)
+            return st;
+#pragma omp parallel for schedule(static) if (N >= 512)
+        for (size_t a = 0; a < N; a++)
+            for (size_t c = 0; c <= a; c++)
+                th->data[a * N + c] = K->data[a * N + c] + s * th->data[a * N + c];
+        const size_t TS = 32;
+        for (size_t a0 = 0; a0 < N; a0 += TS)
+            for (size_t c0 = 0; c0 <= a0; c0 += TS)
+                for (size_t a = a0; a < a0 + TS && a < N; a++)
+                    for (size_t c = c0; c < c0 + TS && c < a; c++)
+                        th->data[c * N + a] = th->data[a * N + c];
+        return TPK_OK;
+    }
     memset(TM, 0, N * N * sizeof *TM);
+    double *H = L->tE + 2 * N * N;
     for (int k = 0; same && k < m; k++) {
         int u = nsr_out_part(po, k), v = nsr_out_part(pq, k);
-        double *H = L->tE;
-        int st = tangent_h(L, u, v, site + ((uint64_t)k << 52), sc, lower, H);
+        int st = tangent_h(L, u, v, site + ((uint64_t)k << 52), sc, lower, H, N);
         if (st)
             return st;
         for (size_t a = 0; a < N; a++)

@@ -3,6 +3,7 @@
  * sub-blocks keep only their lower triangle); covariances of G-vars through their atoms; the
  * memo of generic E[Z^u Z^v] matrices; the half-products of an affine left factor; and the
  * release of what instruction k was the last to read (the plan's free lists). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
