@@ -199,6 +199,76 @@ def tp1_fig3(F):
                      f" (widths 32..4096, {seeds} seeds)")})
 
 
+# ----------------------------------------------------------------------------- TP2 NTK convergence
+
+TP2_ARCHS = ["rnn", "gru", "lstm", "transformer", "batchnorm"]
+TP2_SLOPE = -0.5               # TP II / NTK4A: relative Frobenius error of the NTK ~ n^-1/2
+
+
+def tp2_ntk(F):
+    """Tensor Programs II's NTK convergence: the empirical NTK of finite networks (netsor run
+    --ntk, by the executor's backward pass) against the limit NTK (netsor kernel --kernel=ntk),
+    relative Frobenius error vs width, per architecture."""
+    rows = {r["name"]: r for r in tp.list_archs(F.tool("gpkernel"))}
+    seeds, boot = (64, 1000) if F.full else (12, 200)
+    widths = "64..4096" if F.full else "64..1024"
+    results, reasons = {}, {}
+    for a in TP2_ARCHS:
+        if a not in rows:
+            reasons[a] = "not in gpkernel --list-archs yet"
+            continue
+        # the gated recurrences' limit NTK runs at the member level, its cost steep in T and N
+        inputs = 3 if a in ("gru", "lstm") else (0 if F.full else 6)
+        try:
+            prog = rows[a]["program"]
+            cpath = os.path.join(F.work, f"{a}-ntk.h5")
+            F.run(f"{a}: NTK, {seeds} networks per width, widths {widths}",
+                  [F.tool("gplimits"), f"--program={prog}", *seq_args(prog), "--kernel=ntk",
+                   f"--max-inputs={inputs}", f"--widths={widths}", f"--seeds={seeds}",
+                   f"--boot={boot}", "--progress", f"--output={cpath}"],
+                  timeout=3600 if F.full else 900)
+            results[a] = tp.convergence(cpath)
+        except Skip as e:
+            reasons[a] = str(e)
+    if not results:
+        raise Skip("none of " + ", ".join(TP2_ARCHS) + " can be run yet: " +
+                   "; ".join(f"{a}: {r}" for a, r in reasons.items()))
+    fig, ax = plt.subplots(figsize=(9, 6))
+    data, measured = {}, []
+    for a, d in results.items():
+        s, lo, hi = tp.plot_rms(ax, d, f"{a} ({d['seeds']} seeds)")
+        measured.append(f"{a} {s:.2f} [{lo:.2f}, {hi:.2f}]")
+        data[f"{a}/widths"] = d["widths"]
+        data[f"{a}/rel_frob_err"] = d["rms"]
+        data[f"{a}/rel_frob_err_lo"] = d["rms_lo"]
+        data[f"{a}/rel_frob_err_hi"] = d["rms_hi"]
+        data[f"{a}/per_seed_rel_frob_err"] = d["frob_rel"]
+        data[f"{a}/slope_ci"] = [s, lo, hi]
+    w = next(iter(results.values()))["widths"]
+    y0 = max(d["rms"][0] for d in results.values()) * 1.5
+    tp.slope_guide(ax, w, y0, TP2_SLOPE, "TP II, NTK4A: slope -1/2")
+    tp.width_axis(ax, w)
+    ax.set_xlabel("width n")
+    ax.set_ylabel("relative Frobenius error ||Theta_n - Theta|| / ||Theta||")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    missing = [a for a in TP2_ARCHS if a not in results]
+    ax.set_title("fitted slopes (95% bootstrap CI): " + "; ".join(measured) +
+                 ("\nnot yet: " + "; ".join(f"{a}: {textwrap.shorten(reasons[a], 60)}" for a in missing)
+                  if missing else ""), fontsize=8)
+    fig.suptitle("Tensor Programs II: empirical NTKs converge to the limit NTK (bands: bootstrap 95%)",
+                 fontsize=11)
+    fig.tight_layout()
+    for a in missing:
+        print(f"[{F.name}] {a}: {reasons[a]}", flush=True)
+    F.save(fig, data, {
+        "paper": "Yang 2020, Tensor Programs II (NTK4A)", "figure": "NTK convergence (Sec. 8, NTK4A)",
+        "shows": "relative Frobenius error of the empirical NTK vs width, slope -1/2 (NTK4A: -0.50 RNN, "
+                 "-0.52 transformer, -0.46 batchnorm)",
+        "measured": "slopes " + "; ".join(measured) + f" (widths {widths}, {seeds} seeds)" +
+                    ("; not yet: " + ", ".join(missing) if missing else "")})
+
+
 # ----------------------------------------------------------------------------- attention Fig. 1
 
 def attention_fig1(F):
@@ -464,6 +534,7 @@ def relu_correlation(F):
 
 FIGURES = {
     "tp1-fig3": tp1_fig3,
+    "tp2-ntk": tp2_ntk,
     "attention-fig1": attention_fig1,
     "autotvm-search": autotvm,
     "nngp-fashion": nngp_fashion,
@@ -505,6 +576,7 @@ def write_readme():
 
 SKIP_INFO = {
     "tp1-fig3": ("Yang 2019, Tensor Programs I (GP4A), Fig. 3", "kernel error vs width, slope -1"),
+    "tp2-ntk": ("Yang 2020, Tensor Programs II (NTK4A)", "NTK error vs width, slope -1/2"),
     "attention-fig1": ("Sakai, Karakida, Imaizumi 2025, Fig. 1",
                        "1/sqrt(n) attention output law vs the hierarchical limit, distance vs n"),
     "autotvm-search": ("Chen et al. 2018 (AutoTVM)", "best GFLOP/s vs trials, model vs random"),
