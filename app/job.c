@@ -296,7 +296,8 @@ static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_
     const tpk_array *X = s->Xall ? s->Xall : s->X;
     int st = job->kernel == TPK_JOB_NNGP
                  ? batch_kernel(job, s, X, job->progress, &K, err, ctx)
-                 : tpk_netsor_ntk(s->prog, X, job->all_outputs, job->ntk_param, &K, &Th, err, ctx);
+                 : tpk_netsor_ntk_progress(s->prog, X, job->all_outputs, job->ntk_param,
+                                           job->progress, &K, &Th, err, ctx);
     if (st)
         return st;
     if (Th != NULL && (T == NULL || (st = split_blocks(s, Th, &T[0], &T[1], &T[2], ctx)))) {

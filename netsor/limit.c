@@ -667,6 +667,13 @@ int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx)
 int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
                    tpk_array **K, tpk_array **Theta, double *err, tpk_ctx *ctx)
 {
+    return tpk_netsor_ntk_progress(p, x, all_outputs, param, NULL, K, Theta, err, ctx);
+}
+
+int tpk_netsor_ntk_progress(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
+                            const tpk_progress *progress, tpk_array **K, tpk_array **Theta,
+                            double *err, tpk_ctx *ctx)
+{
     if (Theta == NULL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: Theta must not be NULL");
     *Theta = NULL;
@@ -695,7 +702,10 @@ int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, in
     if ((st = nsr_tangent_build(p, &nt.t, ctx)))
         return st;
     tpk_array *Kq = NULL;
-    st = unrolled(nt.t.q, x, all_outputs, NULL, &nt, &Kq, Theta, err, ctx);
+    tpk_limit_opts o;
+    memset(&o, 0, sizeof o);
+    o.progress = progress;
+    st = unrolled(nt.t.q, x, all_outputs, &o, &nt, &Kq, Theta, err, ctx);
     if (st == TPK_OK && K != NULL)
         *K = Kq;
     else

@@ -232,6 +232,11 @@ enum { TPK_NTK_PARAM_NTK = 0, TPK_NTK_PARAM_TP = 1 };
 TPK_API int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx);
 TPK_API int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
                            tpk_array **K, tpk_array **Theta, double *err, tpk_ctx *ctx);
+/* The same, reporting progress and honouring a cancel flag as tpk_netsor_kernel_progress (the
+ * member-level evaluator's "covariance blocks"; TPK_ECANCELED). */
+TPK_API int tpk_netsor_ntk_progress(const tpk_program *p, const tpk_array *x, int all_outputs,
+                                    int param, const tpk_progress *progress, tpk_array **K,
+                                    tpk_array **Theta, double *err, tpk_ctx *ctx);
 
 /* The empirical NTK of the program at width n with the random weights of tpk_netsor_run (same
  * seed, same network): Θ̂ = J Jᵀ over every parameter (A-vars, embeddings, biases, the readout and
