@@ -100,7 +100,7 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
     if (!st) {
         tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
                        .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
-                       .progress = o->progress, .kernel = o->kernel, .ntk_param = o->ntk_param};
+                       .progress = o->progress, .kernel = o->kernel, .ntk_param = o->ntk_param, .ntk_width = o->ntk_width};
         st = tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kdiag, err, ctx);
     }
     tpk_free(ctx, r);
@@ -126,7 +126,7 @@ int tpk_arch_kernels(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array 
     if (!st) {
         tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
                        .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
-                       .progress = o->progress, .ntk_param = o->ntk_param};
+                       .progress = o->progress, .ntk_param = o->ntk_param, .ntk_width = o->ntk_width};
         st = tpk_job_kernels_arrays(&job, X, Xt, K, T, err, ctx);
     }
     tpk_free(ctx, r);
@@ -206,7 +206,7 @@ int tpk_arch_job(const tpk_arch *a, const tpk_arch_opts *o, const char *input, c
                        .sets = r->sets, .nsets = r->nsets, .input = input, .test = test, .output = output,
                        .all_outputs = o->all_outputs, .attrs = attrs, .nattrs = nattrs,
                        .progress = o->progress, .force = o->force, .kernel = o->kernel,
-                       .ntk_param = o->ntk_param};
+                       .ntk_param = o->ntk_param, .ntk_width = o->ntk_width};
         st = a->custom ? tpk_arch_custom_job(a, &job, ctx) : tpk_job_kernel(&job, ctx);
     }
     tpk_free(ctx, r);

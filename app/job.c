@@ -296,8 +296,9 @@ static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_
     const tpk_array *X = s->Xall ? s->Xall : s->X;
     int st = job->kernel == TPK_JOB_NNGP
                  ? batch_kernel(job, s, X, job->progress, &K, err, ctx)
-                 : tpk_netsor_ntk_progress(s->prog, X, job->all_outputs, job->ntk_param,
-                                           job->progress, &K, &Th, err, ctx);
+                 : tpk_netsor_ntk_ex(s->prog, X, job->all_outputs,
+                                     &(tpk_ntk_opts){job->ntk_param, job->ntk_width, job->progress},
+                                     &K, &Th, err, ctx);
     if (st)
         return st;
     if (Th != NULL && (T == NULL || (st = split_blocks(s, Th, &T[0], &T[1], &T[2], ctx)))) {
@@ -436,7 +437,7 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
     tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL, *T[3] = {NULL, NULL, NULL};
     double t0 = tpk_wall_seconds(), err = 0;
     int st = job->kernel < TPK_JOB_NNGP || job->kernel > TPK_JOB_BOTH ||
-                     (job->ntk_param != TPK_NTK_PARAM_NTK && job->ntk_param != TPK_NTK_PARAM_TP)
+                     job->ntk_param < TPK_NTK_PARAM_NTK || job->ntk_param > TPK_NTK_PARAM_STANDARD
                  ? TPK_ERROR(ctx, TPK_EINVAL, "tpk_job: kernel %d or NTK parameterisation %d "
                              "unknown", job->kernel, job->ntk_param)
                  : prepare(job, &s, ctx);
@@ -454,8 +455,9 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
         st = kernel_dims(s.out, "/ntk", T[1] ? "/ntk_test_train" : NULL,
                          T[2] ? "/ntk_test_diag" : NULL, T[0]->dims[0] != s.X->dims[0], ctx);
     if (!st && T[0])
-        st = tpk_h5out_attr_str(s.out, "/", "ntk_parameterization",
-                                job->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk", ctx);
+        st = tpk_h5out_attr_str(s.out, "/", "ntk_parameterization", tpk_ntk_param_name(job->ntk_param), ctx);
+    if (!st && T[0] && job->ntk_param == TPK_NTK_PARAM_STANDARD)
+        st = tpk_h5out_attr_int(s.out, "/", "ntk_width", (long long)job->ntk_width, ctx);
     if (!st) st = describe(s.out, job, &s, ctx);
     if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
     if (!st) {
@@ -468,7 +470,7 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
         fprintf(job->summary, "  ntk     %zux%zu, Θ[0][0]=%.6g, Θ[0][1]=%.6g (%s parameterization)\n",
                 T[0]->dims[0], T[0]->dims[1], T[0]->data[0],
                 T[0]->dims[1] > 1 ? T[0]->data[1] : T[0]->data[0],
-                job->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk");
+                tpk_ntk_param_name(job->ntk_param));
     tpk_array_free(Ktr);
     tpk_array_free(Kx);
     tpk_array_free(kd);
@@ -560,7 +562,7 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
         st = kernel_dims(s.out, "/ntk_hat", NULL, NULL, That->dims[0] != s.X->dims[0], ctx);
     if (!st && That)
         st = tpk_h5out_attr_str(s.out, "/", "ntk_parameterization",
-                                job->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk", ctx);
+                                tpk_ntk_param_name(job->ntk_param), ctx);
     tpk_array_free(That);
     if (!st) st = tpk_h5out_dims(s.out, "/outputs", (const char *const[]){"train", "output"}, 2, ctx);
     if (!st) st = describe(s.out, job, &s, ctx);

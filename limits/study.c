@@ -265,7 +265,7 @@ static int write_checkpoint(const tpk_study *s, tpk_ctx *ctx)
     tpk_h5out_attr_str(h, "/", "kernel", s->ntk ? "ntk" : "nngp", ctx);
     if (s->ntk)
         tpk_h5out_attr_str(h, "/", "ntk_parameterization",
-                           s->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk", ctx);
+                           tpk_ntk_param_name(s->ntk_param), ctx);
     return tpk_h5out_commit(h, ctx);
 }
 
@@ -468,6 +468,12 @@ tpk_study *tpk_study_alloc(const tpk_study_opts *o, const tpk_phi_registry *reg,
     s->all_outputs = o->all_outputs;
     s->ntk = o->kernel != TPK_JOB_NNGP;
     s->ntk_param = o->ntk_param;
+    if (s->ntk && s->ntk_param == TPK_NTK_PARAM_STANDARD) {
+        TPK_ERROR(ctx, TPK_EINVAL, "--parameterization=standard: that NTK grows with the width, "
+                  "so there is no limit to converge to; compare ntk or tp");
+        tpk_study_free(s);
+        return NULL;
+    }
     snprintf(s->partial, sizeof s->partial, "%s.partial.h5", o->output);
     if (prepare(s, o, reg, ctx) || alloc_raw(s, o, ctx)) {
         tpk_study_free(s);
@@ -661,7 +667,7 @@ static int write_attrs(const tpk_study *s, tpk_h5out *h, int argc, char **argv, 
     tpk_h5out_attr_str(h, "/", "kernel", s->ntk ? "ntk" : "nngp", ctx);
     if (s->ntk)
         tpk_h5out_attr_str(h, "/", "ntk_parameterization",
-                           s->ntk_param == TPK_NTK_PARAM_TP ? "tp" : "ntk", ctx);
+                           tpk_ntk_param_name(s->ntk_param), ctx);
     tpk_h5out_attr_int(h, "/", "seed_base", (long long)s->seed, ctx);
     tpk_h5out_attr_int(h, "/", "w1_input", (long long)s->stats.w1_input, ctx);
     tpk_h5out_attr_int(h, "/", "fit_min_width",

@@ -161,7 +161,7 @@ static int parameters(nx *X, int param, double *T)
         if (A1 == NULL)
             continue;
         if (a->op == TPK_OP_BIAS) {
-            st = use_pair(X, A1, A1, NULL, NULL, 0, 0, param == TPK_NTK_PARAM_TP ? 1.0 : a->var, T);
+            st = use_pair(X, A1, A1, NULL, NULL, 0, 0, param != TPK_NTK_PARAM_NTK ? 1.0 : a->var, T);
             continue;
         }
         if (a->op != TPK_OP_MATMUL && a->op != TPK_OP_EMBED)
@@ -170,14 +170,17 @@ static int parameters(nx *X, int param, double *T)
             const tpk_instr *b = &q->instr[k2];
             if (b->op != a->op || b->avar != a->avar || X->A[b->out] == NULL)
                 continue;
+            /* ω ~ N(0, 1) scaled (NT: σ²/fan_in), ω ~ N(0, σ²) scaled (TP II: 1/fan_in), or the
+             * weight's own entries (standard: 1) */
             if (a->op == TPK_OP_MATMUL) {
-                double w = param == TPK_NTK_PARAM_TP ? 1.0 : q->avar[a->avar].var;
-                st = use_pair(X, A1, X->A[b->out], X->E.val[a->src], X->E.val[b->src], n, n,
-                              w / (double)n, T);
+                double w = param == TPK_NTK_PARAM_STANDARD ? 1.0
+                           : (param == TPK_NTK_PARAM_TP ? 1.0 : q->avar[a->avar].var) / (double)n;
+                st = use_pair(X, A1, X->A[b->out], X->E.val[a->src], X->E.val[b->src], n, n, w, T);
             } else {
-                double w = param == TPK_NTK_PARAM_TP ? 1.0 : q->embed[a->avar].var;
+                double w = param == TPK_NTK_PARAM_STANDARD ? 1.0
+                           : (param == TPK_NTK_PARAM_TP ? 1.0 : q->embed[a->avar].var) / (double)d;
                 st = use_pair(X, A1, X->A[b->out], X->E.x + (size_t)a->src * d,
-                              X->E.x + (size_t)b->src * d, d, ldx, w / (double)d, T);
+                              X->E.x + (size_t)b->src * d, d, ldx, w, T);
             }
         }
     }
@@ -207,10 +210,9 @@ static void readouts(nx *X, int param, double *K, double *T)
             int same = nsr_same_readout(po, pq);
             double kk = same ? sqrt(po->var * pq->var) / ((double)n * m) * e +
                                    sqrt(po->bias_var * pq->bias_var) : 0.0;
-            double tt = param == TPK_NTK_PARAM_TP
-                            ? (same ? e / ((double)n * m) +
-                                          (po->bias_var > 0 && pq->bias_var > 0 ? 1.0 : 0.0)
-                                    : 0.0)
+            double own = param == TPK_NTK_PARAM_STANDARD ? e : e / ((double)n * m);
+            double tt = param != TPK_NTK_PARAM_NTK
+                            ? (same ? own + (po->bias_var > 0 && pq->bias_var > 0 ? 1.0 : 0.0) : 0.0)
                             : kk;
             K[r * R + c] = K[c * R + r] = kk;
             T[r * R + c] += tt;
@@ -236,9 +238,9 @@ int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint6
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_run_ntk: no program");
     if (n < 1 || n > UINT32_MAX / 2)
         return TPK_ERROR(ctx, TPK_EINVAL, "width n = %zu outside 1..%u", n, UINT32_MAX / 2);
-    if (param != TPK_NTK_PARAM_NTK && param != TPK_NTK_PARAM_TP)
-        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_run_ntk: parameterisation %d is neither "
-                         "TPK_NTK_PARAM_NTK nor TPK_NTK_PARAM_TP", param);
+    if (param != TPK_NTK_PARAM_NTK && param != TPK_NTK_PARAM_TP && param != TPK_NTK_PARAM_STANDARD)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_run_ntk: parameterisation %d is none of "
+                         "TPK_NTK_PARAM_NTK, _TP, _STANDARD", param);
     if (p->ninstr == 0)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
                          "%s: the finite-width NTK runs the unrolled form, which this program does "

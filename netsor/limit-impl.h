@@ -136,6 +136,7 @@ typedef struct lim {
      * and the instruction of the original program each of this one's stands for (sites) */
     const struct nsr_tangent *tan;
     int ntk_param;
+    double ntk_width;   /* TPK_NTK_PARAM_STANDARD: the finite width n of the fan-ins */
     const int *kid;
     int nkid;
     double *tE;         /* NTK scratch: 3 N×N (a T^H, a T of G-vars, an E of partials) */

@@ -83,6 +83,7 @@ static size_t instr_blocks(const lim *L, int k)
 typedef struct ntk_setup {
     nsr_tangent t;
     int param;
+    double width; /* TPK_NTK_PARAM_STANDARD */
 } ntk_setup;
 
 static int unrolled(const tpk_program *p, const tpk_array *x, int all_outputs,
@@ -156,11 +157,13 @@ static int tangent_matmul(lim *L, int k, family *f, int lj, int li, scratch *sc)
     uint64_t site = (nsr_lim_kid(L, k) * 4096 + (uint64_t)li) ^ ((uint64_t)1 << 62);
     int lower = li == lj, st;
     const double s2 = f->var;
-    if (L->ntk_param == TPK_NTK_PARAM_TP && !(s2 > 0)) { /* σ_W² = 0: E[z z̄] itself */
+    /* the weight's own term: C (NT), E[z z̄] = C/σ² (TP II), fan_in·E[z z̄] (standard) */
+    const double fan = L->ntk_param == TPK_NTK_PARAM_STANDARD ? L->ntk_width : 1.0;
+    if (L->ntk_param != TPK_NTK_PARAM_NTK && !(s2 > 0)) { /* σ_W² = 0: E[z z̄] itself */
         double e = 0;
-        st = nsr_lim_m2(L, aj->src, ai->src, site ^ 1, sc, T, ld, lower, 1.0, &e);
+        st = nsr_lim_m2(L, aj->src, ai->src, site ^ 1, sc, T, ld, lower, fan, &e);
     } else {
-        const double w = L->ntk_param == TPK_NTK_PARAM_TP ? 1.0 / s2 : 1.0;
+        const double w = L->ntk_param != TPK_NTK_PARAM_NTK ? fan / s2 : 1.0;
         st = tangent_h(L, aj->src, ai->src, site, sc, lower, T, ld);
 #pragma omp parallel for schedule(static) if (N >= 512 && st == TPK_OK)
         for (size_t a = 0; a < N; a++) {
@@ -216,17 +219,18 @@ static int readout_ntk(lim *L, scratch *sc, const tpk_array *K, int o0, int O, i
         for (size_t a = 0; a < N; a++)
             for (size_t c = 0; c < (lower ? a + 1 : N); c++)
                 TM[a * N + c] += s * H[a * N + c];
-        if (L->ntk_param == TPK_NTK_PARAM_TP) { /* the readout's own gradient: E[h h̄]/m */
-            double e = 0;
+        if (L->ntk_param != TPK_NTK_PARAM_NTK) {
+            /* the readout's own gradient: E[h h̄]/m (TP II), m n E[h h̄]/m in its own entries */
+            double e = 0, own = L->ntk_param == TPK_NTK_PARAM_STANDARD ? L->ntk_width : 1.0 / m;
             if ((st = nsr_lim_m2(L, u, v, (site + ((uint64_t)k << 52)) ^ 1, sc, H, N, lower,
-                                 1.0 / m, &e)))
+                                 own, &e)))
                 return st;
             for (size_t a = 0; a < N; a++)
                 for (size_t c = 0; c < (lower ? a + 1 : N); c++)
                     TM[a * N + c] += H[a * N + c];
         }
     }
-    double b = same && L->ntk_param == TPK_NTK_PARAM_TP && po->bias_var > 0 && pq->bias_var > 0;
+    double b = same && L->ntk_param != TPK_NTK_PARAM_NTK && po->bias_var > 0 && pq->bias_var > 0;
     const size_t TS = 32; /* tiles: the transposed half is written in cache-sized pieces */
     for (size_t a0 = 0; a0 < N; a0 += TS)
         for (size_t c0 = 0; c0 < (lower ? a0 + 1 : N); c0 += TS)
@@ -234,7 +238,7 @@ static int readout_ntk(lim *L, scratch *sc, const tpk_array *K, int o0, int O, i
                 for (size_t c = c0; c < c0 + TS && c < (lower ? a + 1 : N); c++) {
                     size_t r = (a * (size_t)O + (size_t)oi) * dim + c * (size_t)O + (size_t)oj;
                     size_t rt = (c * (size_t)O + (size_t)oj) * dim + a * (size_t)O + (size_t)oi;
-                    double v = (L->ntk_param == TPK_NTK_PARAM_TP ? b : K->data[r]) + TM[a * N + c];
+                    double v = (L->ntk_param != TPK_NTK_PARAM_NTK ? b : K->data[r]) + TM[a * N + c];
                     th->data[r] = v;
                     th->data[rt] = v;
                 }
@@ -454,6 +458,7 @@ static int unrolled(const tpk_program *p, const tpk_array *x, int all_outputs,
     if (nt != NULL) {
         L.tan = &nt->t;
         L.ntk_param = nt->param;
+        L.ntk_width = nt->width;
         L.kid = nt->t.kid;
         L.nkid = nt->t.nkid;
     }
@@ -639,6 +644,12 @@ int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     return st ? st : tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
 }
 
+const char *tpk_ntk_param_name(int param)
+{
+    return param == TPK_NTK_PARAM_NTK ? "ntk" : param == TPK_NTK_PARAM_TP ? "tp"
+           : param == TPK_NTK_PARAM_STANDARD ? "standard" : "?";
+}
+
 int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx)
 {
     if (p == NULL)
@@ -667,13 +678,16 @@ int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx)
 int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
                    tpk_array **K, tpk_array **Theta, double *err, tpk_ctx *ctx)
 {
-    return tpk_netsor_ntk_progress(p, x, all_outputs, param, NULL, K, Theta, err, ctx);
+    tpk_ntk_opts o = {.param = param};
+    return tpk_netsor_ntk_ex(p, x, all_outputs, &o, K, Theta, err, ctx);
 }
 
-int tpk_netsor_ntk_progress(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
-                            const tpk_progress *progress, tpk_array **K, tpk_array **Theta,
-                            double *err, tpk_ctx *ctx)
+int tpk_netsor_ntk_ex(const tpk_program *p, const tpk_array *x, int all_outputs,
+                      const tpk_ntk_opts *no, tpk_array **K, tpk_array **Theta, double *err,
+                      tpk_ctx *ctx)
 {
+    int param = no ? no->param : TPK_NTK_PARAM_NTK;
+    const tpk_progress *progress = no ? no->progress : NULL;
     if (Theta == NULL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: Theta must not be NULL");
     *Theta = NULL;
@@ -686,9 +700,12 @@ int tpk_netsor_ntk_progress(const tpk_program *p, const tpk_array *x, int all_ou
         return st;
     if (p == NULL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: no program");
-    if (param != TPK_NTK_PARAM_NTK && param != TPK_NTK_PARAM_TP)
-        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: parameterisation %d is neither "
-                         "TPK_NTK_PARAM_NTK nor TPK_NTK_PARAM_TP", param);
+    if (param != TPK_NTK_PARAM_NTK && param != TPK_NTK_PARAM_TP && param != TPK_NTK_PARAM_STANDARD)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: parameterisation %d is none of "
+                         "TPK_NTK_PARAM_NTK, _TP, _STANDARD", param);
+    if (param == TPK_NTK_PARAM_STANDARD && !(no && no->width >= 1))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: the 'standard' parameterisation's NTK "
+                         "depends on the finite width: give it (tpk_ntk_opts.width, --ntk-width)");
     /* the tangent kernel is propagated at the member level, on the unrolled form */
     if (p->ninstr == 0)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
@@ -699,6 +716,7 @@ int tpk_netsor_ntk_progress(const tpk_program *p, const tpk_array *x, int all_ou
     ntk_setup nt;
     memset(&nt, 0, sizeof nt);
     nt.param = param;
+    nt.width = param == TPK_NTK_PARAM_STANDARD ? (double)no->width : 0.0;
     if ((st = nsr_tangent_build(p, &nt.t, ctx)))
         return st;
     tpk_array *Kq = NULL;

@@ -454,12 +454,17 @@ static void test_neural_tangents(void **state)
         tpk_array *x = cnn ? tpk_array_alloc(3, dims, NULL) : tpk_array_alloc2(n, dims[2], NULL);
         assert_non_null(x);
         memcpy(x->data, k->x, tpk_array_size(x) * sizeof *x->data);
-        tpk_array *K = NULL, *Th = NULL;
+        tpk_array *K = NULL, *Th = NULL, *Ts = NULL;
         ntk(p, x, TPK_NTK_PARAM_NTK, &K, &Th);
-        double ek = 0, et = 0, sk = 0, st = 0;
+        /* 'standard' at neural-tangents' widths: 64 hidden units, 16 channels */
+        tpk_ntk_opts so = {TPK_NTK_PARAM_STANDARD, cnn ? NTREF_CNN_CHANNELS : NTREF_MLP_WIDTH, NULL};
+        tpk_ctx sctx;
+        tpk_ctx_init(&sctx);
+        assert_int_equal(tpk_netsor_ntk_ex(p, x, 1, &so, NULL, &Ts, NULL, &sctx), TPK_OK);
+        double ek = 0, et = 0, sk = 0, st = 0, es = 0, ss = 0;
         for (size_t a = 0; a < n; a++)
             for (size_t b = 0; b < n; b++) {
-                double kk = 0, tt = 0;
+                double kk = 0, tt = 0, ts = 0;
                 size_t dim = n * P;
                 for (size_t p1 = 0; p1 < P; p1++)
                     for (size_t p2 = 0; p2 < P; p2++) {
@@ -467,20 +472,31 @@ static void test_neural_tangents(void **state)
                             continue;
                         kk += K->data[(a * P + p1) * dim + b * P + p2];
                         tt += Th->data[(a * P + p1) * dim + b * P + p2];
+                        ts += Ts->data[(a * P + p1) * dim + b * P + p2];
                     }
                 double cnt = strcmp(k->readout, "gap") == 0 ? (double)(P * P) : (double)P;
                 kk /= cnt;
                 tt /= cnt;
+                ts /= cnt;
+                /* flatten's readout has P·n entries of its own: not the mean of the diagonal of
+                 * outputs that share one readout vector, in the standard parameterisation */
+                if (strcmp(k->readout, "flatten") != 0) {
+                    es = fmax(es, fabs(ts - k->ntk_std[a * n + b]));
+                    ss = fmax(ss, fabs(k->ntk_std[a * n + b]));
+                }
                 ek = fmax(ek, fabs(kk - k->nngp[a * n + b]));
                 et = fmax(et, fabs(tt - k->ntk[a * n + b]));
                 sk = fmax(sk, fabs(k->nngp[a * n + b]));
                 st = fmax(st, fabs(k->ntk[a * n + b]));
             }
-        print_message("%-20s NNGP %.1e, NTK %.1e relative\n", k->name, ek / sk, et / st);
+        print_message("%-20s NNGP %.1e, NTK %.1e, standard NTK %.1e relative\n", k->name, ek / sk,
+                      et / st, ss > 0 ? es / ss : 0.0);
         assert_true(ek < 1e-12 * sk);
         assert_true(et < 1e-12 * st);
+        assert_true(es <= 1e-12 * ss);
         tpk_array_free(K);
         tpk_array_free(Th);
+        tpk_array_free(Ts);
         tpk_array_free(x);
         tpk_program_free(p);
     }

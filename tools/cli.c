@@ -77,7 +77,7 @@ int cli_parse_kernel_kind(const char *s, int *out, tpk_ctx *ctx)
 int cli_parse_ntk_param(const char *s, int *out, tpk_ctx *ctx)
 {
     /* the order of TPK_NTK_PARAM_NTK, TPK_NTK_PARAM_TP */
-    static const char *const names[] = {"ntk", "tp", NULL};
+    static const char *const names[] = {"ntk", "tp", "standard", NULL};
     return cli_parse_choice("parameterization", s, names, out, ctx);
 }
 

@@ -18,8 +18,9 @@ const char cli_kernel_options_help[] =
     "                     toolkit (refused by default: nothing is overwritten without it)\n"
     "  --kernel=K         nngp (default: /kernel), ntk (/ntk, the Neural Tangent Kernel by\n"
     "                     the interpreter, docs/theory.md section 8) or both\n"
-    "  --parameterization=P  the NTK's: ntk (neural-tangents' 'ntk', default) or tp (Tensor\n"
-    "                     Programs II's, no variance factors)\n"
+    "  --parameterization=P  the NTK's: ntk (neural-tangents' 'ntk', default), tp (Tensor\n"
+    "                     Programs II's, no variance factors) or standard (neural-tangents'\n"
+    "                     'standard', with --ntk-width=N: that NTK depends on the width)\n"
     "  --depth=L          (mlp) hidden layers, 1..30000 (default 3; every row's range:\n"
     "                     --list-archs; deeper programs exceed the elaborator's size limit)\n"
     "  --phi=NAME         nonlinearity: relu, erf, tanh, gelu, leaky_relu(0.1), ... (--list-phi)\n"
@@ -83,7 +84,7 @@ const char cli_kernel_conventions_help[] =
 
 enum { OPT_ARCH = 256, OPT_PROGRAM, OPT_INPUT, OPT_TEST, OPT_OUTPUT, OPT_SET, OPT_ALLT,
        OPT_PLUS, OPT_LISTARCH, OPT_LISTPHI, OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_LN,
-       OPT_PROGRESS, OPT_NOPROGRESS, OPT_FORCE, OPT_KERNEL, OPT_PARAM };
+       OPT_PROGRESS, OPT_NOPROGRESS, OPT_FORCE, OPT_KERNEL, OPT_PARAM, OPT_NTKW };
 
 static const struct option kernel_opts[] = {
     {"arch", required_argument, NULL, OPT_ARCH},
@@ -105,6 +106,7 @@ static const struct option kernel_opts[] = {
     {"force", no_argument, NULL, OPT_FORCE},
     {"kernel", required_argument, NULL, OPT_KERNEL},
     {"parameterization", required_argument, NULL, OPT_PARAM},
+    {"ntk-width", required_argument, NULL, OPT_NTKW},
     {NULL, 0, NULL, 0}};
 
 static int check_args(cli_kernel *k, const char *arch_name, const tpk_phi_registry *reg,
@@ -156,6 +158,7 @@ int cli_kernel_parse(int argc, char **argv, const char *tool, const char *const 
         case OPT_FORCE: k->force = 1; break;
         case OPT_KERNEL: st = cli_parse_kernel_kind(optarg, &k->kernel, ctx); break;
         case OPT_PARAM: st = cli_parse_ntk_param(optarg, &k->ntk_param, ctx); break;
+        case OPT_NTKW: st = cli_parse_size("ntk-width", optarg, 1, (size_t)1 << 32, &k->ntk_width, ctx); break;
         case OPT_LISTARCH: tpk_arch_list(stdout); st = CLI_KERNEL_DONE; break;
         case OPT_LISTPHI: tpk_phi_registry_list(reg, stdout); st = CLI_KERNEL_DONE; break;
         case 'h':
@@ -263,7 +266,8 @@ int cli_kernel_job(cli_kernel *k, int argc, char **argv, int *usage_error, tpk_c
                        .input = k->input, .test = k->test, .output = k->output,
                        .all_outputs = k->all_times, .attrs = attrs, .nattrs = nattrs,
                        .argc = argc, .argv = argv, .summary = k->quiet ? NULL : stdout,
-                       .force = k->force, .kernel = k->kernel, .ntk_param = k->ntk_param};
+                       .force = k->force, .kernel = k->kernel, .ntk_param = k->ntk_param,
+                       .ntk_width = k->ntk_width};
     return TPK_OK;
 }
 

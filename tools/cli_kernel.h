@@ -30,6 +30,7 @@ typedef struct cli_kernel {
     cli_sets sets;
     int all_times, netsor_plus, quiet, layernorm, force;
     int kernel, ntk_param;    /* --kernel, --parameterization (TPK_JOB_*, TPK_NTK_PARAM_*) */
+    size_t ntk_width;         /* --ntk-width */
     int progress;                     /* --progress 1, --no-progress 0, neither -1 */
     /* the job (cli_kernel_job) and what it points into */
     char prog[4200], input_buf[4200], lists[2048];

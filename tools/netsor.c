@@ -35,6 +35,7 @@ typedef struct cli {
     const char *ew_cache;                             /* its cache, or NULL: the default */
     int all_outputs, quiet, force;
     int kernel, ntk_param;  /* kernel --kernel, --parameterization (TPK_JOB_*, TPK_NTK_PARAM_*) */
+    size_t ntk_width;       /* kernel --ntk-width (the standard parameterisation's width) */
     int progress;           /* --progress 1, --no-progress 0, neither -1 */
     int argc;               /* the whole command line, for provenance */
     char **argv;
@@ -76,6 +77,9 @@ static const char usage[] =
     "  --parameterization=P  (kernel, run) the NTK's: ntk (neural-tangents' 'ntk', the default:\n"
     "                     each weight's term carries its variance) or tp (Tensor Programs II's:\n"
     "                     gradients in the weights' unit-variance entries, no variance factor)\n"
+    "                     or standard (neural-tangents' 'standard': the weights' own entries;\n"
+    "                     kernel: needs --ntk-width=N, the finite width it depends on; run: --width)\n"
+    "  --ntk-width=N      (kernel) the width n of the standard parameterisation's NTK\n"
     "  --output=FILE.h5   (kernel, run) output, written atomically\n"
     "  --force            (kernel, run) replace an existing --output that is not an HDF5 file\n"
     "                     of this toolkit (refused by default: nothing is overwritten)\n"
@@ -117,7 +121,7 @@ static void cli_free(cli *c)
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
        O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS,
-       O_EMITTED, O_FORCE, O_IR, O_VERIFY_IR, O_KERNEL, O_PARAM, O_NTK };
+       O_EMITTED, O_FORCE, O_IR, O_VERIFY_IR, O_KERNEL, O_PARAM, O_NTK, O_NTKW };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -134,6 +138,7 @@ static const struct option longopts[] = {
     {"ir", no_argument, NULL, O_IR}, {"verify-ir", no_argument, NULL, O_VERIFY_IR},
     {"kernel", required_argument, NULL, O_KERNEL},
     {"parameterization", required_argument, NULL, O_PARAM}, {"ntk", no_argument, NULL, O_NTK},
+    {"ntk-width", required_argument, NULL, O_NTKW},
     {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
@@ -181,6 +186,7 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_KERNEL: st = cli_parse_kernel_kind(optarg, &c->kernel, &ctx); break;
         case O_PARAM: st = cli_parse_ntk_param(optarg, &c->ntk_param, &ctx); break;
         case O_NTK: c->kernel = TPK_JOB_BOTH; break;
+        case O_NTKW: st = cli_parse_size("ntk-width", optarg, 1, (size_t)1 << 32, &c->ntk_width, &ctx); break;
         case O_VERIFY_IR: /* jobs (kernel, run) load the program themselves */
             c->opts.verify_ir = 1;
             setenv("TPK_VERIFY_IR", "1", 1);
@@ -216,6 +222,8 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
                         "--kernel=ntk: the limit NTK)", &ctx);
     if (!st && !job)
         st = cli_refuse(&seen, "parameterization", "only netsor kernel and run take it", &ctx);
+    if (!st && strcmp(cmd, "kernel") != 0)
+        st = cli_refuse(&seen, "ntk-width", "only netsor kernel takes it (netsor run: --width)", &ctx);
     for (size_t i = 0; !st && strcmp(cmd, "kernel") == 0 && i < 2; i++)
         st = cli_refuse(&seen, run_only[i], "the limit kernel has no width and no random "
                         "weights (that is netsor run)", &ctx);
@@ -347,7 +355,7 @@ static int make_job(const cli *c, const char *cmd, tpk_job *job)
                      .output = c->output, .all_outputs = c->all_outputs, .argc = c->argc,
                      .argv = c->argv, .summary = c->quiet ? NULL : stdout, .force = c->force,
                      .explain = c->opts.explain ? stderr : NULL, .kernel = c->kernel,
-                     .ntk_param = c->ntk_param};
+                     .ntk_param = c->ntk_param, .ntk_width = c->ntk_width};
     return 0;
 }
 

@@ -120,6 +120,7 @@ typedef struct tpk_arch_opts {
     const tpk_progress *progress; /* the job's progress and cancel flag (tpk_job.progress) */
     int force;                  /* tpk_arch_job: tpk_job.force (--force) */
     int kernel, ntk_param;      /* tpk_job.kernel and .ntk_param (--kernel, --parameterization) */
+    size_t ntk_width;           /* tpk_job.ntk_width (--ntk-width) */
 } tpk_arch_opts;
 
 /* The architecture's kernel on inputs in memory (tpk_job_kernel_arrays; the arrays as there).

@@ -57,7 +57,9 @@ typedef struct tpk_job {
                                  * the limit and why; inferred shape holes), NULL: none */
     int kernel;                 /* which limit kernels: TPK_JOB_NNGP (0, /kernel), TPK_JOB_NTK
                                  * (/ntk) or TPK_JOB_BOTH; the NTK by tpk_netsor_ntk */
-    int ntk_param;              /* the NTK's parameterisation: TPK_NTK_PARAM_NTK (0) or _TP */
+    int ntk_param;              /* the NTK's parameterisation: TPK_NTK_PARAM_NTK (0), _TP or
+                                 * _STANDARD (with ntk_width) */
+    size_t ntk_width;           /* TPK_NTK_PARAM_STANDARD: the finite width (--ntk-width) */
 } tpk_job;
 
 enum { TPK_JOB_NNGP = 0, TPK_JOB_NTK = 1, TPK_JOB_BOTH = 2 };

@@ -223,7 +223,9 @@ TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x,
  * entries times √fan_in and in b: w_W = 1, a bias 1, the readout E[h h̄] and 1). K may be NULL.
  * Errors as tpk_netsor_kernel, and TPK_EUNSUPPORTED for bn(...) and for sqrt(n)-scaled logits
  * (outside Tensor Programs II), TPK_EDOM for a φ without a derivative (step, sign). */
-enum { TPK_NTK_PARAM_NTK = 0, TPK_NTK_PARAM_TP = 1 };
+enum { TPK_NTK_PARAM_NTK = 0, TPK_NTK_PARAM_TP = 1, TPK_NTK_PARAM_STANDARD = 2 };
+/* "ntk", "tp", "standard" (the CLI's --parameterization), or "?". */
+TPK_API const char *tpk_ntk_param_name(int param);
 /* Whether tpk_netsor_ntk takes the program, without numbers (netsor check --ntk): its readouts
  * make it BP-like by construction (readout vectors are zero-mean, independent and never used
  * inside the network: Tensor Programs II's Condition 1), so what remains is every φ having a
@@ -232,15 +234,25 @@ enum { TPK_NTK_PARAM_NTK = 0, TPK_NTK_PARAM_TP = 1 };
 TPK_API int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx);
 TPK_API int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
                            tpk_array **K, tpk_array **Theta, double *err, tpk_ctx *ctx);
-/* The same, reporting progress and honouring a cancel flag as tpk_netsor_kernel_progress (the
- * member-level evaluator's "covariance blocks"; TPK_ECANCELED). */
-TPK_API int tpk_netsor_ntk_progress(const tpk_program *p, const tpk_array *x, int all_outputs,
-                                    int param, const tpk_progress *progress, tpk_array **K,
-                                    tpk_array **Theta, double *err, tpk_ctx *ctx);
+/* The NTK's options: the parameterisation; for TPK_NTK_PARAM_STANDARD (neural-tangents'
+ * parameterization='standard': gradients in the weights' own entries, W ~ N(0, σ²/fan_in)) the
+ * finite width n that every width symbol stands for, on which that NTK depends (each weight's
+ * own term is fan_in times Tensor Programs II's: n for an A-var, d for an embedding, m·n for a
+ * readout of m parts; theory.md §8.7); progress and a cancel flag as tpk_netsor_kernel_progress
+ * (TPK_ECANCELED), or NULL. */
+typedef struct tpk_ntk_opts {
+    int param;
+    size_t width;
+    const tpk_progress *progress;
+} tpk_ntk_opts;
+TPK_API int tpk_netsor_ntk_ex(const tpk_program *p, const tpk_array *x, int all_outputs,
+                              const tpk_ntk_opts *o, tpk_array **K, tpk_array **Theta,
+                              double *err, tpk_ctx *ctx);
 
 /* The empirical NTK of the program at width n with the random weights of tpk_netsor_run (same
  * seed, same network): Θ̂ = J Jᵀ over every parameter (A-vars, embeddings, biases, the readout and
- * its bias), in `param`'s parameterisation (as tpk_netsor_ntk), by one backward pass with
+ * its bias), in `param`'s parameterisation (as tpk_netsor_ntk_ex, STANDARD at the width n), by
+ * one backward pass with
  * structured per-weight sums over pairs of uses (theory.md §8.9); *Khat (may be NULL) gets
  * tpk_netsor_run's K̂. Layout as tpk_netsor_kernel. Moments (LayerNorm, attention with 1/n logits)
  * are differentiated exactly. Errors as tpk_netsor_run, and TPK_EUNSUPPORTED for bn(...) (its
