@@ -78,6 +78,41 @@ static int resolve(const tpk_arch *a, const tpk_arch_opts *o, resolved *r, tpk_c
     return st;
 }
 
+/* The architecture's job on arrays (entry names the caller in messages): one kernel into
+ * K/Kxt/kdiag (tpk_job_kernel_arrays), or with T both kernels' blocks (tpk_job_kernels_arrays). */
+static int on_arrays(const char *entry, const tpk_arch *a, const tpk_arch_opts *o,
+                     const tpk_array *X, const tpk_array *Xt, tpk_array **K, tpk_array **Kxt,
+                     tpk_array **kdiag, tpk_array *T[3], double *err, tpk_ctx *ctx)
+{
+    if (a && a->custom)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
+                         "writes HDF5: run it with tpk_arch_job", a->name);
+    int st = tpk_array_check_input(X, entry, "X", ctx);
+    if (st || (st = tpk_array_check_input(Xt, entry, "Xt", ctx)))
+        return st;
+    resolved *r = tpk_calloc(ctx, 1, sizeof *r);
+    if (!r)
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    st = resolve(a, o, r, ctx);
+    if (!st) {
+        tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
+                       .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
+                       .progress = o->progress, .kernel = o->kernel, .ntk_param = o->ntk_param,
+                       .ntk_width = o->ntk_width};
+        if (T != NULL) {
+            tpk_array *B[3];
+            st = tpk_job_kernels_arrays(&job, X, Xt, B, T, err, ctx);
+            *K = B[0];
+            *Kxt = B[1];
+            *kdiag = B[2];
+        } else {
+            st = tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kdiag, err, ctx);
+        }
+    }
+    tpk_free(ctx, r);
+    return st;
+}
+
 int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
                     const tpk_array *Xt, tpk_array **K, tpk_array **Kxt, tpk_array **kdiag,
                     double *err, tpk_ctx *ctx)
@@ -87,24 +122,7 @@ int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *
         *Kxt = NULL;
     if (kdiag)
         *kdiag = NULL;
-    if (a && a->custom)
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
-                         "writes HDF5: run it with tpk_arch_job", a->name);
-    int st = tpk_array_check_input(X, "tpk_arch_kernel", "X", ctx);
-    if (st || (st = tpk_array_check_input(Xt, "tpk_arch_kernel", "Xt", ctx)))
-        return st;
-    resolved *r = tpk_calloc(ctx, 1, sizeof *r);
-    if (!r)
-        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    st = resolve(a, o, r, ctx);
-    if (!st) {
-        tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
-                       .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
-                       .progress = o->progress, .kernel = o->kernel, .ntk_param = o->ntk_param, .ntk_width = o->ntk_width};
-        st = tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kdiag, err, ctx);
-    }
-    tpk_free(ctx, r);
-    return st;
+    return on_arrays("tpk_arch_kernel", a, o, X, Xt, K, Kxt, kdiag, NULL, err, ctx);
 }
 
 int tpk_arch_kernels(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
@@ -113,24 +131,7 @@ int tpk_arch_kernels(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array 
 {
     for (int i = 0; i < 3; i++)
         K[i] = T[i] = NULL;
-    if (a && a->custom)
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
-                         "writes HDF5: run it with tpk_arch_job", a->name);
-    int st = tpk_array_check_input(X, "tpk_arch_kernels", "X", ctx);
-    if (st || (st = tpk_array_check_input(Xt, "tpk_arch_kernels", "Xt", ctx)))
-        return st;
-    resolved *r = tpk_calloc(ctx, 1, sizeof *r);
-    if (!r)
-        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
-    st = resolve(a, o, r, ctx);
-    if (!st) {
-        tpk_job job = {.label = a->name, .program = r->program, .direct = a->direct,
-                       .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
-                       .progress = o->progress, .ntk_param = o->ntk_param, .ntk_width = o->ntk_width};
-        st = tpk_job_kernels_arrays(&job, X, Xt, K, T, err, ctx);
-    }
-    tpk_free(ctx, r);
-    return st;
+    return on_arrays("tpk_arch_kernels", a, o, X, Xt, &K[0], &K[1], &K[2], T, err, ctx);
 }
 
 tpk_kernel_job *tpk_arch_kernel_job(const tpk_arch *a, const tpk_arch_opts *o,

@@ -577,17 +577,7 @@ static void test_moment_centring(void **state)
 static tpk_program *load_program(const fixture *f, const char *rel, const tpk_param_set *sets,
                                  int nsets)
 {
-    char path[1024];
-    const char *root = getenv("TPK_ROOT");
-    snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
-    tpk_netsor_opts o = {.sets = sets, .nsets = nsets, .netsor_plus = 1, .explain = 0};
-    tpk_ctx ctx;
-    tpk_ctx_init(&ctx);
-    tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, &ctx);
-    if (p == NULL)
-        print_message("%s: %s\n", path, ctx.msg);
-    assert_non_null(p);
-    return p;
+    return tu_load_shipped(f->reg, rel, sets, nsets);
 }
 
 /* The front end's programs/mlp.nsr and programs/rnn.nsr give the recursions' kernels. */

@@ -22,19 +22,9 @@
 
 static const double PI = 3.14159265358979323846;
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static double gauss(uint64_t *s)
 {
-    double u1 = ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0;
-    double u2 = ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0;
-    return sqrt(-2 * log(u1)) * cos(2 * PI * u2);
+    return tu_normal(s);
 }
 
 static tpk_array *inputs(size_t N, size_t T, size_t d, uint64_t seed)
@@ -415,17 +405,7 @@ static void test_rnn_tied(void **state)
 static tpk_program *load_shipped(void **state, const char *rel, const tpk_param_set *sets, int n)
 {
     const tu_phis *f = *state;
-    char path[1024];
-    const char *root = getenv("TPK_ROOT");
-    snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
-    tpk_netsor_opts o = {.sets = sets, .nsets = n, .netsor_plus = 1};
-    tpk_ctx ctx;
-    tpk_ctx_init(&ctx);
-    tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, &ctx);
-    if (p == NULL)
-        print_message("%s: %s\n", path, ctx.msg);
-    assert_non_null(p);
-    return p;
+    return tu_load_shipped(f->reg, rel, sets, n);
 }
 
 /* neural-tangents 0.6.5's analytic NNGP and NTK (parameterization='ntk', float64;

@@ -22,40 +22,14 @@ static const double PI = 3.14159265358979323846;
 /* Same closed forms on both sides, different order of summation. */
 #define TOL_SAME 1e-14
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static tpk_array *random_inputs(size_t N, size_t T, size_t d, uint64_t seed)
 {
-    size_t dims[3] = {N, T, d};
-    tpk_array *x = T > 1 ? tpk_array_alloc(3, dims, NULL) : tpk_array_alloc2(N, d, NULL);
-    assert_non_null(x);
-    for (size_t i = 0; i < tpk_array_size(x); i++) {
-        double u1 = ((double)(rng_next(&seed) >> 11) + 0.5) / 9007199254740992.0;
-        double u2 = ((double)(rng_next(&seed) >> 11) + 0.5) / 9007199254740992.0;
-        x->data[i] = sqrt(-2 * log(u1)) * cos(2 * PI * u2);
-    }
-    return x;
+    return tu_normal_inputs(N, T, d, seed);
 }
 
 static tpk_program *load(const tu_phis *f, const char *rel, const tpk_param_set *sets, int n)
 {
-    char path[1024];
-    const char *root = getenv("TPK_ROOT");
-    snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
-    tpk_netsor_opts o = {.sets = sets, .nsets = n, .netsor_plus = 1, .explain = 0};
-    tpk_ctx ctx;
-    tpk_ctx_init(&ctx);
-    tpk_program *p = tpk_netsor_load_file(path, &o, f->reg, &ctx);
-    if (p == NULL)
-        print_message("%s: %s\n", path, ctx.msg);
-    assert_non_null(p);
-    return p;
+    return tu_load_shipped(f->reg, rel, sets, n);
 }
 
 static double max_abs(const double *v, size_t n)

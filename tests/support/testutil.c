@@ -7,8 +7,10 @@
 
 #include "testutil.h"
 #include "tpk/job.h"
+#include "tpk/tpk.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,4 +193,45 @@ int tu_phis_teardown(void **state)
     tpk_phi_registry_free(f->reg);
     free(f);
     return 0;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double tu_normal(uint64_t *state)
+{
+    double u1 = ((double)(splitmix(state) >> 11) + 0.5) / 9007199254740992.0;
+    double u2 = ((double)(splitmix(state) >> 11) + 0.5) / 9007199254740992.0;
+    return sqrt(-2 * log(u1)) * cos(2 * 3.14159265358979323846 * u2);
+}
+
+tpk_array *tu_normal_inputs(size_t N, size_t T, size_t d, uint64_t seed)
+{
+    size_t dims[3] = {N, T, d};
+    tpk_array *x = T > 1 ? tpk_array_alloc(3, dims, NULL) : tpk_array_alloc2(N, d, NULL);
+    assert_non_null(x);
+    for (size_t i = 0; i < tpk_array_size(x); i++)
+        x->data[i] = tu_normal(&seed);
+    return x;
+}
+
+tpk_program *tu_load_shipped(const tpk_phi_registry *reg, const char *rel,
+                             const tpk_param_set *sets, int nsets)
+{
+    char path[1024];
+    const char *root = getenv("TPK_ROOT");
+    snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
+    tpk_netsor_opts o = {.sets = sets, .nsets = nsets, .netsor_plus = 1};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_program *p = tpk_netsor_load_file(path, &o, reg, &ctx);
+    if (p == NULL)
+        print_message("%s: %s\n", path, ctx.msg);
+    assert_non_null(p);
+    return p;
 }

@@ -50,4 +50,17 @@ typedef struct tu_phis {
 int tu_phis_setup(void **state);
 int tu_phis_teardown(void **state);
 
+/* Test inputs: standard normals by Box–Muller over splitmix64 (state advanced), and an N×d
+ * (T = 1) or N×T×d array of them from `seed`. */
+#include <stdint.h>
+double tu_normal(uint64_t *state);
+typedef struct tpk_array tpk_array;
+tpk_array *tu_normal_inputs(size_t N, size_t T, size_t d, uint64_t seed);
+/* A shipped program (rel to $TPK_ROOT, else .) through the front end, NETSOR+ allowed, with the
+ * overrides; a failure prints the message and fails the test. */
+typedef struct tpk_program tpk_program;
+typedef struct tpk_param_set tpk_param_set;
+tpk_program *tu_load_shipped(const tpk_phi_registry *reg, const char *rel,
+                             const tpk_param_set *sets, int nsets);
+
 #endif
