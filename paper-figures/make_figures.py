@@ -254,7 +254,8 @@ def tp2_ntk(F):
     ax.legend(fontsize=8)
     missing = [a for a in TP2_ARCHS if a not in results]
     ax.set_title("fitted slopes (95% bootstrap CI): " + "; ".join(measured) +
-                 ("\nnot yet: " + "; ".join(f"{a}: {textwrap.shorten(reasons[a], 60)}" for a in missing)
+                 ("\nnot yet: " + "; ".join(f"{a}: {textwrap.shorten(reasons[a].split('error: ')[-1], 90)}"
+                                             for a in missing)
                   if missing else ""), fontsize=8)
     fig.suptitle("Tensor Programs II: empirical NTKs converge to the limit NTK (bands: bootstrap 95%)",
                  fontsize=11)
