@@ -266,39 +266,36 @@ static void free_var_data(lim *L, int v)
     L->aff[v] = NULL;
 }
 
-/* The family's block, (cap·N)², from the spare one when it fits. */
-int nsr_lim_block_new(lim *L, family *f)
+/* A family's (cap·N)² block into *blk, from *spare when it fits (its pages are mapped already:
+ * a fresh one costs its page faults); what: the kind, for the message. */
+static int block_new(lim *L, const family *f, double **blk, double **spare, size_t spare_len,
+                     const char *what)
 {
-    if (f->blk != NULL)
+    if (*blk != NULL)
         return TPK_OK;
-    /* every sub-block is written when its later atom is created, before anyone reads it */
     size_t dim = (size_t)f->cap * L->N;
-    if (L->spare != NULL && L->spare_len == dim * dim) {
-        f->blk = L->spare;
-        L->spare = NULL;
+    if (*spare != NULL && spare_len == dim * dim) {
+        *blk = *spare;
+        *spare = NULL;
         return TPK_OK;
     }
-    f->blk = tpk_malloc(L->ctx, dim * dim * sizeof *f->blk);
-    if (f->blk == NULL)
-        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu covariance block", dim, dim);
+    *blk = tpk_malloc(L->ctx, dim * dim * sizeof **blk);
+    if (*blk == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu %s block", dim, dim, what);
     return TPK_OK;
+}
+
+/* The family's block; every sub-block is written when its later atom is created, before anyone
+ * reads it. */
+int nsr_lim_block_new(lim *L, family *f)
+{
+    return block_new(L, f, &f->blk, &L->spare, L->spare_len, "covariance");
 }
 
 /* The family's tangent block (the NTK), beside its covariance block. */
 int nsr_lim_tblock_new(lim *L, family *f)
 {
-    if (f->tblk != NULL)
-        return TPK_OK;
-    size_t dim = (size_t)f->cap * L->N;
-    if (L->tspare != NULL && L->tspare_len == dim * dim) { /* its pages are mapped already */
-        f->tblk = L->tspare;
-        L->tspare = NULL;
-        return TPK_OK;
-    }
-    f->tblk = tpk_malloc(L->ctx, dim * dim * sizeof *f->tblk);
-    if (f->tblk == NULL)
-        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory for a %zu×%zu tangent block", dim, dim);
-    return TPK_OK;
+    return block_new(L, f, &f->tblk, &L->tspare, L->tspare_len, "tangent");
 }
 
 /* Sub-block (li, lj) ← transpose of sub-block (lj, li), in cache-sized tiles. */
