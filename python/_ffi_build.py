@@ -76,7 +76,7 @@ typedef struct tpk_arch_flag { const char *flag; const char *value; const char *
 typedef struct tpk_arch_opts {
     const tpk_arch_flag *flags; int nflags; const tpk_param_set *sets; int nsets;
     int layernorm; int all_outputs; const char *root; const tpk_progress *progress; int force;
-    int kernel, ntk_param;
+    int kernel, ntk_param; size_t ntk_width;
 } tpk_arch_opts;
 const tpk_arch *tpk_arch_table(size_t *count);
 const tpk_arch *tpk_arch_find(const char *name);
