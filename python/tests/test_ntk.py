@@ -91,6 +91,27 @@ def test_mlp_ntk_matches_neural_tangents(nt, phi, depth):
     assert rel(tpk.kernel("mlp", mlp_x(nt), get="ntk", **a), ref) < TOL
 
 
+@pytest.mark.parametrize("phi", ["relu", "erf"])
+def test_standard_parameterization(nt, phi):
+    """neural-tangents' 'standard' NTK depends on the hidden width (64 in the header)."""
+    n = nt["NTREF_MLP_N"]
+    ref = nt[f"ntref_mlp_{phi}_L3_ntk_std"].reshape(n, n)
+    T = tpk.kernel("mlp", mlp_x(nt), get="ntk", parameterization="standard",
+                   ntk_width=nt["NTREF_MLP_WIDTH"], **mlp_args(nt, phi, 3))
+    assert rel(T, ref) < TOL
+    p = tpk.Program(os.path.join(PROGRAMS, "mlp.nsr"))
+    a = mlp_args(nt, phi, 3)
+    T2 = p.kernel(mlp_x(nt), get="ntk", parameterization="standard",
+                  ntk_width=nt["NTREF_MLP_WIDTH"], L=3, phi=phi, sigma_w2=a["sigma_w2"],
+                  sigma_b2=a["sigma_b2"], **a["set"])
+    assert rel(T2, ref) < TOL
+    with pytest.raises(tpk.Error, match="finite width"):
+        tpk.kernel("mlp", mlp_x(nt), get="ntk", parameterization="standard")
+    for bad in (0, 1.5, True, -3):
+        with pytest.raises(tpk.Error, match="ntk_width"):
+            tpk.kernel("mlp", mlp_x(nt), get="ntk", parameterization="standard", ntk_width=bad)
+
+
 def test_layernorm_ntk_matches_neural_tangents(nt):
     n = nt["NTREF_MLP_N"]
     T = tpk.kernel("mlp", mlp_x(nt), get="ntk", layernorm=True, ln_eps=nt["NTREF_LN_EPS"],
@@ -250,7 +271,7 @@ def test_bad_get_and_parameterization(nt):
         assert e.value.status == tpk.EINVAL
         with pytest.raises(tpk.Error, match="'nngp', 'ntk'"):
             p.kernel(X, get=bad)
-    for bad in ("standard", "NTK", "", None):
+    for bad in ("std", "NTK", "", None):
         with pytest.raises(tpk.Error, match="'ntk'.*'tp'"):
             tpk.kernel("mlp", X, get="ntk", parameterization=bad)
         with pytest.raises(tpk.Error, match="'ntk'.*'tp'"):

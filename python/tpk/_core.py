@@ -224,7 +224,8 @@ def param_sets(d, keep):
 # neural-tangents' convention: get="nngp" or "ntk" returns that kernel, a tuple such as
 # ("nngp", "ntk") a namedtuple with those fields in that order (tpk_job.kernel, include/tpk/job.h).
 KERNELS = ("nngp", "ntk")
-PARAMETERIZATIONS = {"ntk": lib.TPK_NTK_PARAM_NTK, "tp": lib.TPK_NTK_PARAM_TP}
+PARAMETERIZATIONS = {"ntk": lib.TPK_NTK_PARAM_NTK, "tp": lib.TPK_NTK_PARAM_TP,
+                     "standard": lib.TPK_NTK_PARAM_STANDARD}
 _RESULTS = {}
 
 
@@ -246,12 +247,23 @@ def which_kernels(get, what="get"):
 
 
 def ntk_param(parameterization):
-    """The library's code of the NTK parameterisation ("ntk" or "tp"; docs/theory.md §8.7)."""
+    """The library's code of the NTK parameterisation ("ntk", "tp" or "standard";
+    docs/theory.md §8.7)."""
     if not isinstance(parameterization, str) or parameterization not in PARAMETERIZATIONS:
         fail(f"parameterization={parameterization!r}: the NTK's parameterisations are 'ntk' "
-             "(neural-tangents' parameterization='ntk') and 'tp' (Tensor Programs II's, no "
-             "variance factors); docs/theory.md §8.7")
+             "(neural-tangents' parameterization='ntk'), 'tp' (Tensor Programs II's, no "
+             "variance factors) and 'standard' (neural-tangents' 'standard', with ntk_width=N); "
+             "docs/theory.md §8.7")
     return PARAMETERIZATIONS[parameterization]
+
+
+def ntk_width(width):
+    """tpk_ntk_opts.width: the finite width of the 'standard' parameterisation (None: 0, unset)."""
+    if width is None:
+        return 0
+    if isinstance(width, bool) or int(width) != width or width < 1:
+        fail(f"ntk_width={width!r}: the width of the 'standard' parameterisation is an integer >= 1")
+    return int(width)
 
 
 def job_kernel(names):

@@ -32,6 +32,7 @@ def _arch_opts(params, keep, kernel=0, param=0):
     """gpkernel's flags from keyword arguments: sigma_w2=2.0 is --sigma-w2=2.0; kernel and param
     are tpk_arch_opts.kernel and .ntk_param (--kernel, --parameterization)."""
     p = dict(params)
+    width = _core.ntk_width(p.pop("ntk_width", None))  # --ntk-width (the 'standard' NTK's)
     all_outputs = bool(p.pop("all_times", False)) or bool(p.pop("all_outputs", False))
     layernorm = bool(p.pop("layernorm", False))
     sets = p.pop("set", None) or {}
@@ -51,6 +52,7 @@ def _arch_opts(params, keep, kernel=0, param=0):
     o.root = keep(_core.SHARE)
     o.kernel = kernel
     o.ntk_param = param
+    o.ntk_width = width
     return o
 
 
@@ -109,7 +111,8 @@ def kernel(arch, x, x_test=None, get="nngp", parameterization="ntk", **params):
     (--all-times), layernorm=True (--layernorm) and set={"name": value} (--set).
     get: "nngp" (default, gpkernel's /kernel), "ntk" (the Neural Tangent Kernel, /ntk) or a tuple
     of them, as neural-tangents' kernel_fn(..., get=...); parameterization: the NTK's, "ntk"
-    (default) or "tp" (gpkernel --kernel, --parameterization).
+    (default), "tp" or "standard" with ntk_width=N (gpkernel --kernel, --parameterization,
+    --ntk-width).
     Returns K (N×N); with x_test the tuple (K, K_test_train (M×N), K_test_diag (M,)); for a tuple
     get, a namedtuple of these, e.g. .nngp and .ntk.
 

@@ -89,12 +89,14 @@ class Program:
         finally:
             lib.tpk_phi_registry_free(reg)
 
-    def _blocks(self, x, x_test, all_outputs, set, names=("nngp",), parameterization="ntk"):
+    def _blocks(self, x, x_test, all_outputs, set, names=("nngp",), parameterization="ntk",
+                ntk_width=None):
         """{name: (K, K_test_train or None, K_test_diag or None)} for the kernels `names`."""
         keep = Strings()
         job = self._job(keep, all_outputs, set)
         job.kernel = _core.job_kernel(names)
         job.ntk_param = _core.ntk_param(parameterization)
+        job.ntk_width = _core.ntk_width(ntk_width)
         X = as_input(x, "x")
         Xt = None if x_test is None else as_input(x_test, "x_test")
         ctx = new_ctx()
@@ -110,16 +112,18 @@ class Program:
         return blocks
 
     @_core.ntk_doc
-    def kernel(self, x, x_test=None, all_outputs=False, get="nngp", parameterization="ntk", **set):
+    def kernel(self, x, x_test=None, all_outputs=False, get="nngp", parameterization="ntk",
+               ntk_width=None, **set):
         """The limit kernel (netsor kernel): K, or with x_test (K, K_test_train, K_test_diag).
         A sequence input (N×T×d) sets the parameter T when it is not set. get: "nngp" (default),
         "ntk" or a tuple of them (a namedtuple of the kernels, e.g. .nngp and .ntk);
-        parameterization: the NTK's, "ntk" (default) or "tp" (netsor kernel --kernel,
-        --parameterization). The set keywords override the program's parameters.
+        parameterization: the NTK's, "ntk" (default), "tp" or "standard" with ntk_width=N
+        (netsor kernel --kernel, --parameterization, --ntk-width). The set keywords override the
+        program's parameters.
 
         {ntk}"""
         names, many = _core.which_kernels(get)
-        blocks = self._blocks(x, x_test, all_outputs, set, names, parameterization)
+        blocks = self._blocks(x, x_test, all_outputs, set, names, parameterization, ntk_width)
         return _core.kernels_result(names, many, blocks, x_test is not None)
 
     def run(self, x, width, seed=0, all_outputs=False, **set):
