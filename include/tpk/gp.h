@@ -213,6 +213,71 @@ TPK_API int tpk_gp_mlp_sweep(const tpk_mlp_params *p, const tpk_array *X, const 
                              const tpk_gauss_ws *ws, tpk_array *K, tpk_array *Kxt,
                              tpk_array *kdiag, tpk_gp_depth_fn cb, void *data, tpk_ctx *ctx);
 
+/* ---- infinite-width training dynamics (issue 36, item 1; gp/dynamics.c) ---------------------
+ * The mean and covariance over initialisations of an infinite ensemble of infinitely wide networks
+ * trained on the loss (1/(2N))‖f(X) − Y‖², exactly as neural-tangents 0.6.5's
+ * predict.gradient_descent_mse_ensemble and predict.gp_inference define them (docs/theory.md
+ * §8.10; ntk-notes.md §2.2). Θ = NTK, K = NNGP; d = train (n points), t = test (m points); Y is
+ * n×k; N = n·k (NT's y_train.size); τ = η t; E_τ(A) = I − e^{−τA/N}.
+ *   get = NTK:  mean_t(τ) = Θ_td Θ⁻¹E_τ(Θ) Y                  mean_d(τ) = E_τ(Θ) Y
+ *               cov_t(τ)  = K_tt + Θ_tdΘ⁻¹E_τ(Θ) K_dd E_τ(Θ)Θ⁻¹Θ_dt − (Θ_tdΘ⁻¹E_τ(Θ)K_dt + transpose)
+ *               cov_d(τ)  = e^{−τΘ/N} K_dd e^{−τΘ/N}
+ *   get = NNGP: mean as above with K for Θ;  cov_t(τ) = K_tt − K_td K⁻¹(I − e^{−2τK/N}) K_dt,
+ *               cov_d(τ) = K_dd e^{−2τK/N}
+ *   τ = ∞ (gp_inference): NNGP posterior K_td K⁻¹Y, K_tt − K_td K⁻¹K_dt; NTK Θ_tdΘ⁻¹Y,
+ *               K_tt + Θ_tdΘ⁻¹K_ddΘ⁻¹Θ_dt − (Θ_tdΘ⁻¹K_dt + transpose); NTKGP (He et al. 2020) the GP
+ *               posterior with Θ as prior covariance: Θ_tdΘ⁻¹Y, Θ_tt − Θ_tdΘ⁻¹Θ_dt.
+ * Numerics (as NT): every finite t from one eigendecomposition (dsyevd) of the training kernel
+ * G (Θ or K) plus the regulariser; G⁻¹E_τ(G) is (1 − e^{−τλ/N})/λ per eigenvalue with λ clamped
+ * at 0 (max(λ, 0)) and its λ → 0 limit τ/N (NT gives 0/0 there); t = ∞ by a Cholesky solve
+ * (dpotrf/dpotrs). A singular G at t = ∞ (Cholesky fails, or min/max pivot < 1e-7: κ ≥ 1e14) is
+ * TPK_ENUMERIC naming its smallest and largest eigenvalues. No jitter unless diag_reg > 0.
+ * Discrete gradient descent (opts.discrete): t counts steps and e^{−τλ/N} becomes (1 − ηλ/N)^t
+ * (e^{−2τλ/N}: (1 − ηλ/N)^{2t}), the λ → 0 limit of the ratio η t/N; t = ∞ steps needs
+ * η < 2N/λ_max (else TPK_EDOM). Momentum is not implemented. */
+typedef enum tpk_gd_get {
+    TPK_GD_NTK = 0,   /* all layers trained: Θ trains, K is the prior covariance (NT get='ntk') */
+    TPK_GD_NNGP = 1,  /* readout only: K trains (NT get='nngp') */
+    TPK_GD_NTKGP = 2  /* tpk_gd_gp_inference only: the GP posterior with Θ as covariance */
+} tpk_gd_get;
+
+typedef struct tpk_gd_opts {
+    double lr;              /* η > 0 (default 1) */
+    double diag_reg;        /* r ≥ 0: G + r·(tr G/n)·I (default 0: none) */
+    int diag_reg_absolute;  /* 1: G + r·I instead (NT diag_reg_absolute_scale) */
+    int discrete;           /* 1: t counts gradient-descent steps (whole numbers or INFINITY) */
+    tpk_gd_get get;         /* default TPK_GD_NTK */
+} tpk_gd_opts;
+TPK_API void tpk_gd_opts_default(tpk_gd_opts *o);
+
+/* NT gradient_descent_mse_ensemble at times t[0..nt) (INFINITY allowed: the τ = ∞ row, by
+ * Cholesky). Kernels row-major, symmetric ones checked to 1e-8·max|diag|: ntk_dd, nngp_dd n×n;
+ * ntk_td, nngp_td m×n; nngp_tt m×m; y n×k (or n: k = 1). get = NTK needs ntk_dd (and ntk_td for
+ * test outputs), and nngp_dd (and nngp_td) only for a covariance; get = NNGP reads the nngp ones
+ * only (the ntk ones may be NULL). Test outputs when the training kernel's test block (ntk_td or
+ * nngp_td) is given: mean nt×m×k, cov (NULL: none; then nngp_tt may be NULL) nt×m×m. Training-set
+ * outputs when both test blocks are NULL: mean nt×n×k, cov nt×n×n (at t = ∞: Y and 0).
+ * Outputs are preallocated. opt NULL: defaults. Errors: TPK_EINVAL (NULL or mis-shaped arrays,
+ * asymmetric kernels, t < 0, fractional steps, bad options), TPK_EDOM (non-finite entries;
+ * discrete t = ∞ beyond the stable rate), TPK_ENUMERIC (singular G at t = ∞), TPK_ENOMEM. */
+TPK_API int tpk_gd_mse_ensemble(const tpk_array *ntk_dd, const tpk_array *nngp_dd,
+                                const tpk_array *ntk_td, const tpk_array *nngp_td,
+                                const tpk_array *nngp_tt, const tpk_array *y, const double *t,
+                                size_t nt, const tpk_gd_opts *opt, tpk_array *mean,
+                                tpk_array *cov, tpk_ctx *ctx);
+/* NT gp_inference (τ = ∞) for opt->get = NNGP, NTK or NTKGP: mean m×k, cov m×m (NULL: none).
+ * k_tt is the prior test covariance: K_tt for NNGP and NTK, Θ_tt for NTKGP. NTKGP reads the ntk
+ * arrays only. opt->lr and opt->discrete are ignored. */
+TPK_API int tpk_gd_gp_inference(const tpk_array *ntk_dd, const tpk_array *nngp_dd,
+                                const tpk_array *ntk_td, const tpk_array *nngp_td,
+                                const tpk_array *k_tt, const tpk_array *y,
+                                const tpk_gd_opts *opt, tpk_array *mean, tpk_array *cov,
+                                tpk_ctx *ctx);
+/* NT max_learning_rate: 2(1 + momentum)·N/(λ_max(ntk_dd) + eps), N = y_size (0: n). NT's
+ * defaults are momentum 0, eps 1e-12. Gradient descent (momentum 0) converges iff η is below it. */
+TPK_API int tpk_gd_max_learning_rate(const tpk_array *ntk_dd, size_t y_size, double momentum,
+                                     double eps, double *lr, tpk_ctx *ctx);
+
 /* ---- experiments: what gpregress runs ---------------------------------------------------------
  * Inputs and targets from files, a kernel per depth (or a precomputed one), noise and
  * hyperparameters chosen by the training marginal likelihood only (never by test data), the
