@@ -1,7 +1,7 @@
 /* Infinite-width training dynamics (issue 36, item 1): the mean and covariance over initialisations
  * of an infinite ensemble trained by gradient flow (or discrete gradient descent) on MSE, as
  * neural-tangents' predict.gradient_descent_mse_ensemble and gp_inference define them
- * (theory.md §8.10; ntk-notes.md §2.2). Notation: G is the kernel that trains (Θ for get = ntk, K
+ * (theory.md §8.10). Notation: G is the kernel that trains (Θ for get = ntk, K
  * for get = nngp), K the NNGP (the covariance at initialisation), N = n·k the number of target
  * entries, τ = η t, E_τ(A) = I − e^{−τA/N}. */
 #include "gp-impl.h"

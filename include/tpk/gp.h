@@ -217,7 +217,7 @@ TPK_API int tpk_gp_mlp_sweep(const tpk_mlp_params *p, const tpk_array *X, const 
  * The mean and covariance over initialisations of an infinite ensemble of infinitely wide networks
  * trained on the loss (1/(2N))‖f(X) − Y‖², exactly as neural-tangents 0.6.5's
  * predict.gradient_descent_mse_ensemble and predict.gp_inference define them (docs/theory.md
- * §8.10; ntk-notes.md §2.2). Θ = NTK, K = NNGP; d = train (n points), t = test (m points); Y is
+ * §8.10). Θ = NTK, K = NNGP; d = train (n points), t = test (m points); Y is
  * n×k; N = n·k (NT's y_train.size); τ = η t; E_τ(A) = I − e^{−τA/N}.
  *   get = NTK:  mean_t(τ) = Θ_td Θ⁻¹E_τ(Θ) Y                  mean_d(τ) = E_τ(Θ) Y
  *               cov_t(τ)  = K_tt + Θ_tdΘ⁻¹E_τ(Θ) K_dd E_τ(Θ)Θ⁻¹Θ_dt − (Θ_tdΘ⁻¹E_τ(Θ)K_dt + transpose)
