@@ -261,9 +261,9 @@ static dx deriv(tb *B, int i, int g)
 
 /* subtree starts of an RPN body: a leaf is its own span; an operation's span starts where its
  * first operand's does */
-static int spans(const tpk_rpn *b, int *start)
+static int spans(const tpk_rpn *b, int *start, tpk_ctx *ctx)
 {
-    int *stack = malloc((size_t)b->len * sizeof *stack), sp = 0;
+    int *stack = tpk_malloc(ctx, (size_t)b->len * sizeof *stack), sp = 0;
     if (stack == NULL)
         return -1;
     for (int i = 0; i < b->len; i++) {
@@ -271,14 +271,14 @@ static int spans(const tpk_rpn *b, int *start)
         int arity = op == TPK_RPN_CONST || op == TPK_RPN_GVAR || op == TPK_RPN_SCALAR ? 0
                     : op == TPK_RPN_NEG || op == TPK_RPN_POWI || op == TPK_RPN_CALL ? 1 : 2;
         if (sp < arity) {
-            free(stack);
+            tpk_free(ctx, stack);
             return -1;
         }
         sp -= arity;
         start[i] = arity == 0 ? i : start[stack[sp]];
         stack[sp++] = i;
     }
-    free(stack);
+    tpk_free(ctx, stack);
     return sp == 1 ? 0 : -1;
 }
 
@@ -295,8 +295,8 @@ void nsr_tangent_free(nsr_tangent *t, tpk_ctx *ctx)
 {
     if (t == NULL)
         return;
-    if (t->q)
-        for (int v = 0; v < t->q->nvars; v++) {
+    if (t->q && t->part)
+        for (int v = 0; v < t->q->nvars && v < t->cap; v++) {
             tpk_free(ctx, t->part[v].d);
             tpk_free(ctx, t->part[v].g);
             tpk_free(ctx, t->part[v].s);
@@ -347,7 +347,7 @@ static int add_partials(nsr_tangent *t, int v, tpk_ctx *ctx)
     }
     memcpy(body, in->body.node, (size_t)len * sizeof *body);
     memcpy(args, in->body.args, (size_t)na * sizeof *args);
-    if (spans(&in->body, start)) {
+    if (spans(&in->body, start, ctx)) {
         st = TPK_ERROR(ctx, TPK_EINVAL, "tangent program: malformed body of %s", t->q->var[v].name);
         goto done;
     }

@@ -1241,6 +1241,29 @@ static int case_tpk_program_param_number(tpk_ctx *ctx)
     return tpk_program_param_number(mlp_prog, "L", &v, ctx);
 }
 
+/* the NTK: the tangent program, the tangent blocks, the finite-width backward pass */
+static int case_tpk_netsor_ntk(tpk_ctx *ctx)
+{
+    tpk_array *K = NULL, *T = NULL;
+    int st = tpk_netsor_ntk(rnn_prog, Xseq, 1, TPK_NTK_PARAM_NTK, &K, &T, NULL, ctx);
+    if (st == TPK_OK && (K == NULL || T == NULL))
+        fail_msg("tpk_netsor_ntk: TPK_OK without outputs");
+    tpk_array_free(K);
+    tpk_array_free(T);
+    return st;
+}
+
+static int case_tpk_netsor_run_ntk(tpk_ctx *ctx)
+{
+    tpk_array *K = NULL, *T = NULL;
+    int st = tpk_netsor_run_ntk(rnn_prog, Xseq, 8, 3, 1, TPK_NTK_PARAM_TP, &K, &T, ctx);
+    if (st == TPK_OK && (K == NULL || T == NULL))
+        fail_msg("tpk_netsor_run_ntk: TPK_OK without outputs");
+    tpk_array_free(K);
+    tpk_array_free(T);
+    return st;
+}
+
 static const fcase netsor_cases[] = {
     CASE(tpk_netsor_load_string), CASE(tpk_netsor_load_file_mlp), CASE(tpk_netsor_load_file_cnn),
     CASE(tpk_netsor_load_file_gru), CASE(tpk_netsor_load_file_transformer),
@@ -1249,6 +1272,7 @@ static const fcase netsor_cases[] = {
     CASE(tpk_netsor_run_progress), SAMPLED(tpk_netsor_kernel_lstm, 8),
     CASE(tpk_netsor_run_rolled), CASE(tpk_netsor_run_cnn), CASE(tpk_netsor_run_rnn),
     CASE(tpk_netsor_run_unrolled), CASE(tpk_program_dump), NONE(tpk_program_param_number),
+    CASE(tpk_netsor_ntk), CASE(tpk_netsor_run_ntk),
 };
 
 static void test_netsor(void **state)
