@@ -153,6 +153,22 @@ typedef struct tpk_gp_experiment_opts {
 } tpk_gp_experiment_opts;
 void tpk_gp_experiment_opts_default(tpk_gp_experiment_opts *o);
 int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx);
+
+typedef enum tpk_gd_get { TPK_GD_NTK, TPK_GD_NNGP, TPK_GD_NTKGP } tpk_gd_get;
+typedef struct tpk_gd_opts {
+    double lr; double diag_reg; int diag_reg_absolute; int discrete; tpk_gd_get get; ...;
+} tpk_gd_opts;
+void tpk_gd_opts_default(tpk_gd_opts *o);
+int tpk_gd_mse_ensemble(const tpk_array *ntk_dd, const tpk_array *nngp_dd,
+                        const tpk_array *ntk_td, const tpk_array *nngp_td,
+                        const tpk_array *nngp_tt, const tpk_array *y, const double *t, size_t nt,
+                        const tpk_gd_opts *opt, tpk_array *mean, tpk_array *cov, tpk_ctx *ctx);
+int tpk_gd_gp_inference(const tpk_array *ntk_dd, const tpk_array *nngp_dd,
+                        const tpk_array *ntk_td, const tpk_array *nngp_td, const tpk_array *k_tt,
+                        const tpk_array *y, const tpk_gd_opts *opt, tpk_array *mean,
+                        tpk_array *cov, tpk_ctx *ctx);
+int tpk_gd_max_learning_rate(const tpk_array *ntk_dd, size_t y_size, double momentum, double eps,
+                             double *lr, tpk_ctx *ctx);
 """
 
 HEADERS = r"""

@@ -28,6 +28,7 @@ from ._native import lib as _lib
 from .gp import GPRegressor, gpregress
 from .io import read, read_input
 from .kernel import Kernel, architectures, gpkernel, kernel
+from . import predict
 from .limits import limits
 from .program import Program
 
@@ -49,4 +50,4 @@ EUNSUPPORTED = _lib.TPK_EUNSUPPORTED
 ECANCELED = _lib.TPK_ECANCELED  # a call stopped by Ctrl-C (raised as KeyboardInterrupt)
 
 __all__ = ["Error", "GPRegressor", "Kernel", "Program", "architectures", "gpkernel", "gpregress",
-           "kernel", "limits", "read", "read_input"]
+           "kernel", "limits", "predict", "read", "read_input"]
