@@ -161,7 +161,7 @@ static int parameters(nx *X, int param, double *T)
         if (A1 == NULL)
             continue;
         if (a->op == TPK_OP_BIAS) {
-            st = use_pair(X, A1, A1, NULL, NULL, 0, 0, param != TPK_NTK_PARAM_NTK ? 1.0 : a->var, T);
+            st = use_pair(X, A1, A1, NULL, NULL, 0, 0, nsr_ntk_own(param, a->var, 1.0), T);
             continue;
         }
         if (a->op != TPK_OP_MATMUL && a->op != TPK_OP_EMBED)
@@ -170,15 +170,12 @@ static int parameters(nx *X, int param, double *T)
             const tpk_instr *b = &q->instr[k2];
             if (b->op != a->op || b->avar != a->avar || X->A[b->out] == NULL)
                 continue;
-            /* ω ~ N(0, 1) scaled (NT: σ²/fan_in), ω ~ N(0, σ²) scaled (TP II: 1/fan_in), or the
-             * weight's own entries (standard: 1) */
+            /* the raw term (dy·dȳ)(z·z̄)/fan_in times the weight's own factor (nsr_ntk_own) */
             if (a->op == TPK_OP_MATMUL) {
-                double w = param == TPK_NTK_PARAM_STANDARD ? 1.0
-                           : (param == TPK_NTK_PARAM_TP ? 1.0 : q->avar[a->avar].var) / (double)n;
+                double w = nsr_ntk_own(param, q->avar[a->avar].var, (double)n) / (double)n;
                 st = use_pair(X, A1, X->A[b->out], X->E.val[a->src], X->E.val[b->src], n, n, w, T);
             } else {
-                double w = param == TPK_NTK_PARAM_STANDARD ? 1.0
-                           : (param == TPK_NTK_PARAM_TP ? 1.0 : q->embed[a->avar].var) / (double)d;
+                double w = nsr_ntk_own(param, q->embed[a->avar].var, (double)d) / (double)d;
                 st = use_pair(X, A1, X->A[b->out], X->E.x + (size_t)a->src * d,
                               X->E.x + (size_t)b->src * d, d, ldx, w, T);
             }
@@ -210,10 +207,14 @@ static void readouts(nx *X, int param, double *K, double *T)
             int same = nsr_same_readout(po, pq);
             double kk = same ? sqrt(po->var * pq->var) / ((double)n * m) * e +
                                    sqrt(po->bias_var * pq->bias_var) : 0.0;
-            double own = param == TPK_NTK_PARAM_STANDARD ? e : e / ((double)n * m);
-            double tt = param != TPK_NTK_PARAM_NTK
-                            ? (same ? own + (po->bias_var > 0 && pq->bias_var > 0 ? 1.0 : 0.0) : 0.0)
-                            : kk;
+            /* the readout's raw term e/(mn) and its bias (one only where declared, outside NT) */
+            const double mn = (double)n * m;
+            int bias = param == TPK_NTK_PARAM_NTK || (po->bias_var > 0 && pq->bias_var > 0);
+            double tt = !same ? 0.0
+                        : param == TPK_NTK_PARAM_NTK
+                            ? kk
+                            : nsr_ntk_own(param, 0.0, mn) / mn * e +
+                                  (bias ? nsr_ntk_own(param, 0.0, 1.0) : 0.0);
             K[r * R + c] = K[c * R + r] = kk;
             T[r * R + c] += tt;
             if (c != r)

@@ -247,7 +247,8 @@ static void rnn_reference(int relu, const tpk_array *x, double *K, double *Th)
  * (ω_W, ω_U, β, ω_v), Θ̂ = G Gᵀ, averaged over `seeds` networks. The weights are the ones
  * tpk_netsor_run draws for seed 1000 + s (tpk/rng.h streams keyed by the names W, U, b and the
  * readout's), so one network's Θ̂ can be compared with tpk_netsor_run_ntk's entry by entry. */
-static void rnn_empirical(int relu, const tpk_array *x, size_t n, int seeds, double *Th)
+static void rnn_empirical_param(int relu, const tpk_array *x, size_t n, int seeds, int param,
+                                double *Th)
 {
     size_t N = x->dims[0], d = x->dims[2], M = N * RT;
     size_t P = n * n + n * d + n + n;
@@ -314,6 +315,18 @@ static void rnn_empirical(int relu, const tpk_array *x, size_t n, int seeds, dou
                 }
             }
         }
+        /* the gradients in the other parameterisations' parameters (theory.md §8.7): by ω ~ N(0,
+         * σ²) (TP II) the NT gradient over σ; by the weights' own entries (standard) over its
+         * scale c */
+        const double f[4] = {param == TPK_NTK_PARAM_TP ? 1 / sqrt(RW) : param ? 1 / cw : 1,
+                             param == TPK_NTK_PARAM_TP ? 1 / sqrt(RU) : param ? 1 / cu : 1,
+                             param == TPK_NTK_PARAM_TP ? 1 / sqrt(RB) : param ? 1 / cb : 1,
+                             param == TPK_NTK_PARAM_TP ? 1 / sqrt(RV) : param ? 1 / cv : 1};
+        const size_t seg[5] = {0, n * n, n * n + n * d, n * n + n * d + n, P};
+        for (size_t i = 0; i < M; i++)
+            for (int k = 0; k < 4; k++)
+                for (size_t j = seg[k]; j < seg[k + 1]; j++)
+                    G[i * P + j] *= f[k];
         for (size_t i = 0; i < M; i++)
             for (size_t j = 0; j <= i; j++) {
                 double acc = 0;
@@ -333,6 +346,11 @@ static void rnn_empirical(int relu, const tpk_array *x, size_t n, int seeds, dou
     free(s);
     free(del);
     free(nd);
+}
+
+static void rnn_empirical(int relu, const tpk_array *x, size_t n, int seeds, double *Th)
+{
+    rnn_empirical_param(relu, x, n, seeds, TPK_NTK_PARAM_NTK, Th);
 }
 
 static double rel_frob(const double *A, const double *B, size_t n)
@@ -366,22 +384,23 @@ static void test_rnn_tied(void **state)
         }
         /* tpk_netsor_run_ntk's backward pass against backpropagation through time written out
          * here, on the same network (the same weights): equal to rounding */
-        tpk_array *Kh = NULL, *Th = NULL;
-        tpk_ctx ctx;
-        tpk_ctx_init(&ctx);
-        assert_int_equal(tpk_netsor_run_ntk(p, x, 48, 1000, 1, TPK_NTK_PARAM_NTK, &Kh, &Th, &ctx),
-                         TPK_OK);
-        rnn_empirical(relu, x, 48, 1, E);
-        double ex = 0, es = 0;
-        for (size_t i = 0; i < M * M; i++) {
-            ex = fmax(ex, fabs(Th->data[i] - E[i]));
-            es = fmax(es, fabs(E[i]));
+        for (int param = 0; param < 3; param++) { /* NT's 'ntk', TP II's, NT's 'standard' */
+            tpk_array *Kh = NULL, *Th = NULL;
+            tpk_ctx ctx;
+            tpk_ctx_init(&ctx);
+            assert_int_equal(tpk_netsor_run_ntk(p, x, 48, 1000, 1, param, &Kh, &Th, &ctx), TPK_OK);
+            rnn_empirical_param(relu, x, 48, 1, param, E);
+            double ex = 0, es = 0;
+            for (size_t i = 0; i < M * M; i++) {
+                ex = fmax(ex, fabs(Th->data[i] - E[i]));
+                es = fmax(es, fabs(E[i]));
+            }
+            print_message("rnn %s, %s: tpk_netsor_run_ntk against BPTT at n = 48: %.1e relative\n",
+                          relu ? "relu" : "erf", tpk_ntk_param_name(param), ex / es);
+            assert_true(ex < 1e-12 * es);
+            tpk_array_free(Kh);
+            tpk_array_free(Th);
         }
-        print_message("rnn %s: tpk_netsor_run_ntk against BPTT at n = 48: %.1e relative\n",
-                      relu ? "relu" : "erf", ex / es);
-        assert_true(ex < 1e-12 * es);
-        tpk_array_free(Kh);
-        tpk_array_free(Th);
         /* finite networks: the relative error falls as n^(-1/2) toward the limit */
         rnn_empirical(relu, x, 128, 4, E);
         rnn_empirical(relu, x, 1024, 4, E2);
