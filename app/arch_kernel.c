@@ -167,17 +167,7 @@ tpk_kernel_job *tpk_arch_kernel_job(const tpk_arch *a, const tpk_arch_opts *o,
 
 int tpk_arch_custom_job(const tpk_arch *a, const tpk_job *job, tpk_ctx *ctx)
 {
-    /* the rows with a job of their own (kernels/cnn.c's pooled recursions, the attention limits)
-     * compute the NNGP only: their NTK is the program's, by the interpreter */
-    if (job->kernel != TPK_JOB_NNGP)
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
-                         "--kernel=%s: %s's own job computes the NNGP only; the NTK is the "
-                         "interpreter's, of the program: netsor kernel programs/%s.nsr "
-                         "--kernel=%s --all-outputs (for a CNN, images as N x (H*W) x C; flatten "
-                         "is the mean of the position diagonal and GAP the mean of all position "
-                         "pairs)",
-                         job->kernel == TPK_JOB_NTK ? "ntk" : "both", a->name, a->name,
-                         job->kernel == TPK_JOB_NTK ? "ntk" : "both");
+    /* the rows with a job of their own say themselves which kernels they compute */
     return a->custom(job, ctx);
 }
 

@@ -38,6 +38,14 @@ int tpk_attention_job(const tpk_job *job, tpk_ctx *ctx)
     int nsets = 0, st = TPK_OK;
     if (!job->program || !job->input || !job->output)
         return TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
+    if (job->kernel != TPK_JOB_NNGP)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
+                         "--kernel=%s: the attention limit of this job (1/sqrt(n) logits, a "
+                         "non-Gaussian limit) is outside Tensor Programs II, which gives the NTK; "
+                         "the 1/n attention's NTK is the interpreter's: netsor kernel "
+                         "programs/attention.nsr --kernel=%s",
+                         job->kernel == TPK_JOB_NTK ? "ntk" : "both",
+                         job->kernel == TPK_JOB_NTK ? "ntk" : "both");
     for (int i = 0; i < job->nsets; i++) {
         const tpk_param_set *s = &job->sets[i];
         if (strcmp(s->name, "scaling") == 0)

@@ -36,6 +36,11 @@ struct tpk_kernel_job {
 int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 
+/* tpk_job_kernel_dims of any kernel's datasets (K; Kx and kd NULL without a test set; per_item:
+ * several readouts per item). */
+int tpk_job_kernel_dims_named(tpk_h5out *out, const char *K, const char *Kx, const char *kd,
+                              int per_item, tpk_ctx *ctx);
+
 /* The architectures' direct recursions (app/solvers.c's table; tpk_arch.direct). */
 int app_transformer_direct(const tpk_program *p, const tpk_phi_registry *reg, const tpk_array *X,
                            int all_outputs, const tpk_progress *prog, tpk_array **K, double *err,

@@ -424,6 +424,12 @@ static int kernel_dims(tpk_h5out *out, const char *K, const char *Kx, const char
     return st;
 }
 
+int tpk_job_kernel_dims_named(tpk_h5out *out, const char *K, const char *Kx, const char *kd,
+                              int per_item, tpk_ctx *ctx)
+{
+    return kernel_dims(out, K, Kx, kd, per_item, ctx);
+}
+
 int tpk_job_kernel_dims(tpk_h5out *out, const tpk_array *K, const tpk_array *X, int test,
                         tpk_ctx *ctx)
 {

@@ -26,7 +26,7 @@ typedef struct cnn_job {
     char buf[6][32];
     tpk_phi_registry *reg;
     tpk_program *prog;
-    tpk_array *X, *Xt, *Xall, *K;
+    tpk_array *X, *Xt, *Xall, *K, *T; /* T: the NTK (--kernel=ntk|both) */
     tpk_input_info xi, ti;
     tpk_phi *phi;
     tpk_gauss_ws *ws;
@@ -35,6 +35,7 @@ typedef struct cnn_job {
     size_t rows, cols, C;
     tpk_cnn_params cp;
     int rolled;         /* the rolled program computes (decided for the whole job's batch) */
+    int ntk;            /* the job asks for the NTK: kernels/cnn.c computes both */
     tpk_allocator al;   /* a kernel job's state (tpk_kjob_cnn_init): its allocator */
 } cnn_job;
 
@@ -46,6 +47,7 @@ static void cnn_job_free(cnn_job *s)
     tpk_array_free(s->Xt);
     tpk_array_free(s->Xall);
     tpk_array_free(s->K);
+    tpk_array_free(s->T);
     tpk_phi_free(s->phi);
     tpk_gauss_ws_free(s->ws);
     tpk_phi_registry_free(s->reg);
@@ -263,7 +265,15 @@ static int params_from_program(cnn_job *s, size_t rows, size_t cols, size_t C, t
     s->phi = tpk_phi_alloc(s->reg, phi, ctx);
     if (!s->phi)
         return ctx->status;
-    if (!tpk_phi_has_closed_form(s->phi) && !(s->ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, ctx)))
+    int closed = tpk_phi_has_closed_form(s->phi);
+    if (closed && s->ntk) { /* the NTK maps φ′ too */
+        tpk_phi *d = tpk_phi_derivative(s->phi, ctx);
+        if (!d)
+            return ctx->status;
+        closed = tpk_phi_has_closed_form(d);
+        tpk_phi_free(d);
+    }
+    if (!closed && !(s->ws = tpk_gauss_ws_alloc(TPK_GAUSS_DEFAULT_DEGREE, ctx)))
         return ctx->status;
     *cp = (tpk_cnn_params){.rows = rows, .cols = cols, .channels = C, .kh = (int)kh, .kw = (int)kw,
                            .depth = (int)L, .phi = s->phi, .sigma_u2 = cp->sigma_u2,
@@ -304,6 +314,7 @@ static int cnn_prepare(const tpk_job *job, cnn_job *s, tpk_ctx *ctx)
     if ((st = settings(job, s, &s->rows, &s->cols, &s->C, ctx)))
         return st;
     s->o = (tpk_netsor_opts){.sets = s->sets, .nsets = s->nsets};
+    s->ntk = job->kernel != TPK_JOB_NNGP;
     if (!(s->prog = tpk_netsor_load_file(job->program, &s->o, s->reg, ctx)))
         return ctx->status;
     if ((st = params_from_program(s, s->rows, s->cols, s->C, &s->cp, ctx)))
@@ -313,11 +324,13 @@ static int cnn_prepare(const tpk_job *job, cnn_job *s, tpk_ctx *ctx)
                          "--readout=lap nor --compute=f32");
     if (job->all_outputs)
         s->cp.readout = TPK_CNN_POSITIONS;
+    s->cp.ntk_param = job->ntk_param;
+    s->cp.ntk_width = job->ntk_width;
     size_t whole = (s->X->dims[0] + (s->Xt ? s->Xt->dims[0] : 0)) * s->rows * s->cols;
     /* the rolled program pools GAP (its appended output) or reads out every position; LAP and
      * flatten are the direct recursion's */
     s->rolled = (s->cp.readout == TPK_CNN_GAP || s->cp.readout == TPK_CNN_POSITIONS) &&
-                whole * whole <= CNN_ROLLED_MAX_ENTRIES;
+                whole * whole <= CNN_ROLLED_MAX_ENTRIES && !s->ntk;
     return TPK_OK;
 }
 
@@ -327,23 +340,34 @@ static size_t cnn_readouts(const cnn_job *s)
     return s->cp.readout == TPK_CNN_POSITIONS ? s->rows * s->cols : 1;
 }
 
-/* The kernel of the items Xin by the evaluator chosen for the job. */
+/* The kernel of the items Xin by the evaluator chosen for the job; with T (the job asks for the
+ * NTK) the NTK beside it, by kernels/cnn.c's recursion. */
 static int cnn_batch(const tpk_job *job, cnn_job *s, const tpk_array *Xin, tpk_array **K,
-                     double *err, tpk_ctx *ctx)
+                     tpk_array **T, double *err, tpk_ctx *ctx)
 {
     *K = NULL;
+    if (T)
+        *T = NULL;
     if (s->rolled)
         return rolled_kernel(job, &s->o, s, s->twod, Xin, s->cp.readout == TPK_CNN_POSITIONS, K,
                              err, ctx);
     size_t side = Xin->dims[0] * cnn_readouts(s);
-    if (!(*K = tpk_array_alloc2(side, side, ctx)))
+    if (!(*K = tpk_array_alloc2(side, side, ctx)) ||
+        (T && !(*T = tpk_array_alloc2(side, side, ctx)))) {
+        tpk_array_free(*K);
+        *K = NULL;
         return ctx->status;
-    int st = tpk_cnn_kernel(&s->cp, Xin, s->ws, *K, err, ctx);
+    }
+    int st = tpk_cnn_kernels(&s->cp, Xin, s->ws, *K, T ? *T : NULL, err, ctx);
     if (st == TPK_OK)
         st = tpk_progress_check(job->progress, ctx);
     if (st) {
         tpk_array_free(*K);
         *K = NULL;
+        if (T) {
+            tpk_array_free(*T);
+            *T = NULL;
+        }
     }
     return st;
 }
@@ -390,10 +414,43 @@ static int cnn_describe(tpk_h5out *out, const tpk_job *job, const cnn_job *s, tp
     return st;
 }
 
+/* The blocks of a kernel over the training items then the test items (per rows each): the
+ * training block, test × training and the test diagonal (B[1], B[2] NULL without a test set). */
+static int split_blocks(const tpk_array *K, size_t ntr, size_t nte, tpk_array *B[3], tpk_ctx *ctx)
+{
+    const size_t side = ntr + nte, dm[1] = {nte};
+    B[0] = B[1] = B[2] = NULL;
+    if (nte == 0)
+        return TPK_OK;
+    if (!(B[0] = tpk_array_block(K, 0, ntr, 0, ntr, ctx)) ||
+        !(B[1] = tpk_array_block(K, ntr, nte, 0, ntr, ctx)) || !(B[2] = tpk_array_alloc(1, dm, ctx)))
+        return ctx->status;
+    for (size_t i = 0; i < nte; i++)
+        B[2]->data[i] = K->data[(ntr + i) * side + ntr + i];
+    return TPK_OK;
+}
+
+/* One kernel's datasets: /NAME, /NAME_test_train, /NAME_test_diag, and their dimensions. */
+static int write_kernel(tpk_h5out *out, const char *name, const tpk_array *K, tpk_array *B[3],
+                        const tpk_array *X, tpk_ctx *ctx)
+{
+    char path[3][32];
+    snprintf(path[0], sizeof path[0], "/%s", name);
+    snprintf(path[1], sizeof path[1], "/%s_test_train", name);
+    snprintf(path[2], sizeof path[2], "/%s_test_diag", name);
+    int st = tpk_h5out_write(out, path[0], B[0] ? B[0] : K, ctx);
+    if (!st && B[1]) st = tpk_h5out_write(out, path[1], B[1], ctx);
+    if (!st && B[2]) st = tpk_h5out_write(out, path[2], B[2], ctx);
+    if (!st)
+        st = tpk_job_kernel_dims_named(out, path[0], B[1] ? path[1] : NULL, B[2] ? path[2] : NULL,
+                                       (B[0] ? B[0] : K)->dims[0] != X->dims[0], ctx);
+    return st;
+}
+
 int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
 {
     cnn_job s = {0};
-    tpk_array *Ktr = NULL, *Kx = NULL, *kd = NULL;
+    tpk_array *B[3] = {NULL, NULL, NULL}, *BT[3] = {NULL, NULL, NULL};
     double t0 = tpk_wall_seconds(), err = 0;
     int st = TPK_OK;
     if (!job->output) {
@@ -424,24 +481,23 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         Xin = s.Xall;
     }
     const tpk_cnn_params *cp = &s.cp;
-    size_t per = cnn_readouts(&s), side = Xin->dims[0] * per;
-    if ((st = cnn_batch(job, &s, Xin, &s.K, &err, ctx)))
+    size_t per = cnn_readouts(&s);
+    if ((st = cnn_batch(job, &s, Xin, &s.K, s.ntk ? &s.T : NULL, &err, ctx)))
         goto done;
-    size_t ntr = s.X->dims[0] * per;
-    if (s.Xt) {
-        size_t nte = s.Xt->dims[0] * per, dm[1] = {nte};
-        if (!(Ktr = tpk_array_block(s.K, 0, ntr, 0, ntr, ctx)) || !(Kx = tpk_array_block(s.K, ntr, nte, 0, ntr, ctx)) ||
-            !(kd = tpk_array_alloc(1, dm, ctx))) {
-            st = ctx->status;
-            goto done;
-        }
-        for (size_t i = 0; i < nte; i++)
-            kd->data[i] = s.K->data[(ntr + i) * side + ntr + i];
-    }
-    st = tpk_h5out_write(s.out, "/kernel", Ktr ? Ktr : s.K, ctx);
-    if (!st && Kx) st = tpk_h5out_write(s.out, "/kernel_test_train", Kx, ctx);
-    if (!st && kd) st = tpk_h5out_write(s.out, "/kernel_test_diag", kd, ctx);
-    if (!st) st = tpk_job_kernel_dims(s.out, Ktr ? Ktr : s.K, s.X, Kx != NULL, ctx);
+    size_t ntr = s.X->dims[0] * per, nte = s.Xt ? s.Xt->dims[0] * per : 0;
+    const int nngp = job->kernel != TPK_JOB_NTK;
+    if ((nngp && (st = split_blocks(s.K, ntr, nte, B, ctx))) ||
+        (s.T && (st = split_blocks(s.T, ntr, nte, BT, ctx))))
+        goto done;
+    if (nngp)
+        st = write_kernel(s.out, "kernel", s.K, B, s.X, ctx);
+    if (!st && s.T)
+        st = write_kernel(s.out, "ntk", s.T, BT, s.X, ctx);
+    if (!st && s.T)
+        st = tpk_h5out_attr_str(s.out, "/", "ntk_parameterization",
+                                tpk_ntk_param_name(job->ntk_param), ctx);
+    if (!st && s.T && job->ntk_param == TPK_NTK_PARAM_STANDARD)
+        st = tpk_h5out_attr_int(s.out, "/", "ntk_width", (long long)job->ntk_width, ctx);
     if (!st) st = cnn_describe(s.out, job, &s, ctx);
     if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
     if (!st) {
@@ -449,7 +505,7 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         s.out = NULL;
     }
     if (!st && job->summary) {
-        const tpk_array *K = Ktr ? Ktr : s.K;
+        const tpk_array *K = nngp ? (B[0] ? B[0] : s.K) : (BT[0] ? BT[0] : s.T);
         size_t n = K->dims[0];
         fprintf(job->summary, "kernel: %s (%s), %zux%zu grid, %zu channel%s, %d layers, filter %dx%d, "
                 "%s padding, %s readout%s%s%s (%s convolution, %s%s%s)\n",
@@ -464,14 +520,21 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         fprintf(job->summary, "  input   %s (N=%zu)\n", job->input, s.X->dims[0]);
         if (s.Xt)
             fprintf(job->summary, "  test    %s (M=%zu)\n", job->test, s.Xt->dims[0]);
-        fprintf(job->summary, "  kernel  %zux%zu, K[0][0]=%.6g, K[0][1]=%.6g, error estimate %.2e\n",
-                n, n, K->data[0], n > 1 ? K->data[1] : K->data[0], err);
+        fprintf(job->summary, "  %-7s %zux%zu, K[0][0]=%.6g, K[0][1]=%.6g, error estimate %.2e\n",
+                nngp ? "kernel" : "ntk", n, n, K->data[0], n > 1 ? K->data[1] : K->data[0], err);
+        if (nngp && s.T) {
+            const tpk_array *T = BT[0] ? BT[0] : s.T;
+            fprintf(job->summary, "  ntk     %zux%zu, Θ[0][0]=%.6g, Θ[0][1]=%.6g (%s parameterization)\n",
+                    n, n, T->data[0], n > 1 ? T->data[1] : T->data[0],
+                    tpk_ntk_param_name(job->ntk_param));
+        }
         fprintf(job->summary, "  wrote   %s in %.3f s\n", job->output, tpk_wall_seconds() - t0);
     }
 done:
-    tpk_array_free(Ktr);
-    tpk_array_free(Kx);
-    tpk_array_free(kd);
+    for (int i = 0; i < 3; i++) {
+        tpk_array_free(B[i]);
+        tpk_array_free(BT[i]);
+    }
     cnn_job_free(&s);
     return st;
 }
@@ -481,7 +544,7 @@ done:
 static int kjob_cnn_batch(tpk_kernel_job *kj, const tpk_array *Xb, tpk_array **K, double *err,
                           tpk_ctx *ctx)
 {
-    return cnn_batch(&kj->job, kj->self, Xb, K, err, ctx);
+    return cnn_batch(&kj->job, kj->self, Xb, K, NULL, err, ctx);
 }
 
 static int kjob_cnn_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx)
@@ -503,10 +566,9 @@ static const kjob_impl kjob_cnn = {"cnn", kjob_cnn_batch, kjob_cnn_describe, kjo
 
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx)
 {
-    if (kj->job.kernel != TPK_JOB_NNGP) /* kernels/cnn.c's recursions compute the NNGP only */
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "the NTK is not computed tile by tile, and not by "
-                         "the CNN recursions: netsor kernel programs/cnn2d.nsr --kernel=ntk "
-                         "--all-outputs, with the images as N x (H*W) x C");
+    if (kj->job.kernel != TPK_JOB_NNGP) /* a tile is one kernel's block */
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "the CNN's NTK is computed in one batch, not tile "
+                         "by tile: run gpkernel --arch=cnn2d --kernel=ntk");
     cnn_job *s = tpk_calloc(ctx, 1, sizeof *s);
     if (!s)
         return ctx->status;

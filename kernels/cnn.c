@@ -480,14 +480,88 @@ static int check_finite(const double *v, size_t n, int layer, tpk_ctx *ctx)
 
 /* ---- flatten: the closed position-diagonal recursion ---------------------------------------- */
 
+/* The NTK's factors (tpk_cnn_kernels): φ′, and each parameter's own factor (tpk_ntk_own). With
+ * dphi NULL the recursions compute the NNGP alone. */
+typedef struct ntkf {
+    const tpk_phi *dphi;
+    double u, w, b, v, ob; /* first layer, later layers, biases, readout, readout bias */
+} ntkf;
+
+/* The tangent kernel's step at a map (tpk_cnn_kernels): T = own·K + s2·K̇ ⊙ T, entrywise over n,
+ * where K = V_φ(Σ), kd = V_φ′(Σ), and (own, s2) are the next layer's (or the readout's) own
+ * factor and weight variance. */
+static void tangent_step(size_t n, double own, double s2, const double *K, const double *kd,
+                         double *T)
+{
+    for (size_t i = 0; i < n; i++)
+        T[i] = own * K[i] + s2 * kd[i] * T[i];
+}
+
+/* Map every position's N×N block of D (Q blocks of m = N² entries) through V_φ with its own
+ * diagonal, in place, and (TH) the tangent step beside it: one segment map over the Q·N
+ * variances (the entries (q, a, a) of the blocks are its diagonal, mapped by the scalar path as
+ * tpk_gauss_map maps a diagonal), lower-triangle rows of each block, then mirrored. One call per
+ * layer, not one per position: a position's block is small where N is. qv, kd: Q·N scratch. */
+static int flatten_map(const tpk_cnn_params *p, const ntkf *nk, int last, size_t Q, size_t N,
+                       double *D, double *TH, double *qv, double *kd, const tpk_gauss_ws *ws,
+                       double *err, tpk_ctx *ctx)
+{
+    const size_t m = N * N;
+    for (size_t q = 0; q < Q; q++)
+        for (size_t a = 0; a < N; a++)
+            qv[q * N + a] = D[q * m + a * N + a];
+    tpk_gauss_segmap *sm = tpk_gauss_segmap_alloc(p->phi, qv, Q * N, ws, ctx);
+    tpk_gauss_segmap *sd = sm && TH ? tpk_gauss_segmap_alloc(nk->dphi, qv, Q * N, ws, ctx) : NULL;
+    if (!sm || (TH && !sd)) {
+        tpk_gauss_segmap_free(sm);
+        return ctx->status ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    }
+    const double own = last ? nk->v : nk->w, s2 = last ? p->sigma_v2 : p->sigma_w2;
+#pragma omp parallel if (Q * m >= 16384)
+    {
+        double maxr = 0, emax = 0, maxd = 0, emaxd = 0;
+#pragma omp for schedule(static)
+        for (size_t q = 0; q < Q; q++) {
+            double *blk = D + q * m, *tb = TH ? TH + q * m : NULL, *kq = kd + q * N;
+            for (size_t a = 0; a < N; a++) {
+                const size_t i = q * N + a;
+                if (TH) /* V_φ′ of the row before V_φ replaces it */
+                    tpk_gauss_segmap_row(sd, i, q * N, a + 1, blk + a * N, kq, &maxd, &emaxd);
+                tpk_gauss_segmap_row(sm, i, q * N, a + 1, blk + a * N, blk + a * N, &maxr, &emax);
+                if (TH)
+                    tangent_step(a + 1, own, s2, blk + a * N, kq, tb + a * N);
+            }
+            for (size_t a = 0; a < N; a++)
+                for (size_t c = 0; c < a; c++) {
+                    blk[c * N + a] = blk[a * N + c];
+                    if (TH)
+                        tb[c * N + a] = tb[a * N + c];
+                }
+        }
+        tpk_gauss_segmap_merge(sm, maxr, emax);
+        if (sd)
+            tpk_gauss_segmap_merge(sd, maxd, emaxd);
+    }
+    int st = tpk_gauss_segmap_finish(sm, err, ctx);
+    if (!st && sd)
+        st = tpk_gauss_segmap_finish(sd, NULL, ctx);
+    tpk_gauss_segmap_free(sm);
+    tpk_gauss_segmap_free(sd);
+    return st;
+}
+
 static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
-                          const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
+                          const tpk_gauss_ws *ws, const ntkf *nk, double *K, double *Th,
+                          double *err, tpk_ctx *ctx)
 {
     const size_t Q = g->Q, C = p->channels, m = N * N;
     const double taps = (double)p->kh * p->kw;
     double *D = tpk_malloc(ctx, Q * m * sizeof *D), *T = tpk_malloc(ctx, Q * m * sizeof *T);
+    double *qv = tpk_malloc(ctx, 2 * Q * N * sizeof *qv); /* the maps' variances and a row of V_φ′ */
+    /* the NTK: the tangent kernels of every position (Θ^l) */
+    double *TH = nk->dphi ? tpk_malloc(ctx, Q * m * sizeof *TH) : NULL;
     int st = TPK_OK;
-    if (!D || !T) {
+    if (!D || !T || !qv || (nk->dphi && !TH)) {
         st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu positions x %zu^2 inputs)", Q, N);
         goto done;
     }
@@ -501,17 +575,18 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
                 T[q * m + a * N + c] = T[q * m + c * N + a] = s / (double)C;
             }
     memcpy(D, T, Q * m * sizeof *D);
+    if (TH) /* (T is the box sums' scratch) */
+        diag_box(g, m, nk->u / taps, nk->b, D, TH, T);
     diag_box(g, m, p->sigma_u2 / taps, p->sigma_b2, D, D, T);
     double e = 0;
     for (int l = 1; l <= p->depth && !st; l++) {
+        const int last = l == p->depth;
         double el = 0;
-        for (size_t q = 0; q < Q && !st; q++) {
-            double eq = 0;
-            st = tpk_gauss_map(p->phi, D + q * m, N, D + q * m, ws, &eq, ctx);
-            el = fmax(el, eq);
-        }
-        if (!st && l < p->depth) {
+        st = flatten_map(p, nk, last, Q, N, D, TH, qv, qv + Q * N, ws, &el, ctx);
+        if (!st && !last) {
             diag_box(g, m, p->sigma_w2 / taps, p->sigma_b2, D, D, T);
+            if (TH)
+                diag_box(g, m, 1.0 / taps, nk->b, TH, TH, T);
             e = p->sigma_w2 * (e + el);
             st = check_finite(D, Q * m, l + 1, ctx);
         } else {
@@ -521,17 +596,25 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
     if (st)
         goto done;
     for (size_t i = 0; i < m; i++) {
-        double s = 0;
-        for (size_t q = 0; q < Q; q++)
+        double s = 0, t = 0;
+        for (size_t q = 0; q < Q; q++) {
             s += D[q * m + i];
+            t += TH ? TH[q * m + i] : 0.0;
+        }
         K[i] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+        if (TH)
+            Th[i] = t / (double)Q + nk->ob;
     }
     if (err)
         *err = p->sigma_v2 * e;
     st = check_finite(K, m, p->depth, ctx);
+    if (!st && TH)
+        st = check_finite(Th, m, p->depth, ctx);
 done:
     tpk_free(ctx, D);
     tpk_free(ctx, T);
+    tpk_free(ctx, TH);
+    tpk_free(ctx, qv);
     return st;
 }
 
@@ -1290,6 +1373,57 @@ static int pair_fft(const tpk_cnn_params *p, const grid *g, const fftplan *f, pa
     return TPK_OK;
 }
 
+/* Pair (a, c) with its NTK by whole (P×P) blocks: the maps of φ and φ′ over each block, the
+ * tap sums by conv_any (direct, or FFT where f has a plan). *sum and *sumT as readout_rows, of
+ * K^L and of Θ's last tangent block (the per-position readout writes K and Th). TH and KD: two
+ * more Q×Q blocks of the thread's. */
+static int pair_ntk(const tpk_cnn_params *p, const grid *g, const fftplan *f, pairws *w,
+                    double *TH, double *KD, const ntkf *nk, const double *X, const double *q,
+                    size_t N, size_t a, size_t c, const tpk_gauss_ws *ws, double *sum,
+                    double *sumT, double *K, double *Th, double *e, tpk_ctx *ctx)
+{
+    const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth;
+    const double taps = (double)p->kh * p->kw;
+    double *th = TH, *kd = KD; /* swapped as the blocks are */
+    gram_block(X + a * Q * C, X + c * Q * C, Q, C, w->B);
+    conv_any(g, f, w, nk->u / taps, nk->b, w->B, th);
+    conv_any(g, f, w, p->sigma_u2 / taps, p->sigma_b2, w->B, w->A);
+    zero_var_snap(Q, q + a * Q, q + c * Q, w->A);
+    *e = 0;
+    for (size_t l = 0; l < L; l++) {
+        const int last = l + 1 == L;
+        const double *qa = q + (l * N + a) * Q, *qc = q + (l * N + c) * Q;
+        double el = 0, ed = 0;
+        int st = tpk_gauss_map_cross(nk->dphi, qa, Q, qc, Q, w->A, kd, ws, &ed, ctx);
+        if (!st)
+            st = tpk_gauss_map_cross(p->phi, qa, Q, qc, Q, w->A, w->A, ws, &el, ctx);
+        if (st)
+            return st;
+        tangent_step(Q * Q, last ? nk->v : nk->w, last ? p->sigma_v2 : p->sigma_w2, w->A, kd, th);
+        if (last) {
+            *e += el;
+            break;
+        }
+        conv_any(g, f, w, p->sigma_w2 / taps, p->sigma_b2, w->A, w->B);
+        zero_var_snap(Q, q + ((l + 1) * N + a) * Q, q + ((l + 1) * N + c) * Q, w->B);
+        conv_any(g, f, w, 1.0 / taps, nk->b, th, kd);
+        double *t = w->A;
+        w->A = w->B;
+        w->B = t;
+        t = th;
+        th = kd;
+        kd = t;
+        *e = p->sigma_w2 * (*e + el);
+    }
+    readout_rows(p, g, N, a, c, 0, Q, w->A, sum, K);
+    /* the tangent block is read out as it stands (its readout factors are in it) */
+    tpk_cnn_params pt = *p;
+    pt.sigma_v2 = 1.0;
+    pt.sigma_ob2 = nk->ob;
+    readout_rows(&pt, g, N, a, c, 0, Q, th, sumT, Th);
+    return TPK_OK;
+}
+
 /* ---- GAP and LAP by shifts ------------------------------------------------------------------ */
 
 /* With circular padding every layer commutes with circular shifts of the grid, so the pair's
@@ -1348,41 +1482,47 @@ static long pos_mod(long i, long n)
 
 typedef struct sws {
     double *V, *T;          /* P × mb: the block of shifts, diag_box's scratch */
+    double *VT, *kd;        /* the NTK: the tangent kernels (P × mb) and a segment's V_φ′ (mb) */
     double *qv;             /* the segment map's variances: q_a (P), then q_c per row (R·width) */
-    tpk_gauss_segmap **sm;  /* one per layer */
-    double *maxr, *emax;    /* per layer: the segments' accumulators */
-    size_t L;
+    tpk_gauss_segmap **sm;  /* one per layer, then (NTK) one of φ′ per layer */
+    double *maxr, *emax;    /* per map: the segments' accumulators */
+    size_t L, nmaps;
     tpk_allocator al;
 } sws;
 
 static void sws_free(sws *w) /* idempotent */
 {
-    for (size_t l = 0; w->sm && l < w->L; l++)
+    for (size_t l = 0; w->sm && l < w->nmaps; l++)
         tpk_gauss_segmap_free(w->sm[l]);
     tpk_mem_free(&w->al, w->V);
     tpk_mem_free(&w->al, w->T);
+    tpk_mem_free(&w->al, w->VT);
+    tpk_mem_free(&w->al, w->kd);
     tpk_mem_free(&w->al, w->qv);
     tpk_mem_free(&w->al, w->sm);
     tpk_mem_free(&w->al, w->maxr);
     memset(w, 0, sizeof *w);
 }
 
-static int sws_alloc(sws *w, const grid *g, const shiftwin *win, size_t L, tpk_ctx *ctx)
+static int sws_alloc(sws *w, const grid *g, const shiftwin *win, size_t L, int ntk, tpk_ctx *ctx)
 {
     memset(w, 0, sizeof *w);
     w->al = tpk_ctx_allocator(ctx);
     w->L = L;
+    w->nmaps = ntk ? 2 * L : L;
     const size_t mb = (size_t)(win->cl * win->gr);
     w->V = tpk_malloc(ctx, g->Q * mb * sizeof *w->V);
     w->T = tpk_malloc(ctx, g->Q * mb * sizeof *w->T);
+    w->VT = ntk ? tpk_malloc(ctx, g->Q * mb * sizeof *w->VT) : NULL;
+    w->kd = ntk ? tpk_malloc(ctx, mb * sizeof *w->kd) : NULL;
     w->qv = tpk_malloc(ctx, (g->Q + g->R * (size_t)shift_row_width(g, win)) * sizeof *w->qv);
-    w->sm = tpk_calloc(ctx, L, sizeof *w->sm);
-    w->maxr = tpk_malloc(ctx, 2 * L * sizeof *w->maxr);
-    if (!w->V || !w->T || !w->qv || !w->sm || !w->maxr) {
+    w->sm = tpk_calloc(ctx, w->nmaps, sizeof *w->sm);
+    w->maxr = tpk_malloc(ctx, 2 * w->nmaps * sizeof *w->maxr);
+    if (!w->V || !w->T || !w->qv || !w->sm || !w->maxr || (ntk && (!w->VT || !w->kd))) {
         sws_free(w);
         return TPK_ENOMEM;
     }
-    w->emax = w->maxr + L;
+    w->emax = w->maxr + w->nmaps;
     return TPK_OK;
 }
 
@@ -1391,8 +1531,9 @@ static int sws_alloc(sws *w, const grid *g, const shiftwin *win, size_t L, tpk_c
  * segment maps' preparation of them (square roots) is per pair and layer, O(P) against the
  * O(|W|·P) map. */
 static int pair_shifts(const tpk_cnn_params *p, const grid *g, const shiftwin *win, sws *w,
-                       const double *X, const double *q, size_t N, size_t a, size_t c,
-                       const tpk_gauss_ws *ws, double *sum, double *e, tpk_ctx *ctx)
+                       const ntkf *nk, const double *X, const double *q, size_t N, size_t a,
+                       size_t c, const tpk_gauss_ws *ws, double *sum, double *sumT, double *e,
+                       tpk_ctx *ctx)
 {
     const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth;
     const long R = (long)g->R, S = (long)g->S, width = shift_row_width(g, win);
@@ -1405,12 +1546,15 @@ static int pair_shifts(const tpk_cnn_params *p, const grid *g, const shiftwin *w
         for (long r = 0; r < R; r++)
             for (long j = 0; j < width; j++)
                 w->qv[Q + (size_t)(r * width + j)] = qc[r * S + pos_mod(j + win->s0, S)];
-        w->sm[l] = tpk_gauss_segmap_alloc(p->phi, w->qv, Q + (size_t)(R * width), ws, ctx);
-        if (!w->sm[l])
-            st = ctx->status ? ctx->status : TPK_ENOMEM;
-        w->maxr[l] = w->emax[l] = 0;
+        for (size_t k = l; k < w->nmaps; k += L) { /* φ, then (NTK) φ′ */
+            w->sm[k] = tpk_gauss_segmap_alloc(k < L ? p->phi : nk->dphi, w->qv,
+                                              Q + (size_t)(R * width), ws, ctx);
+            if (!w->sm[k] && !st)
+                st = ctx->status ? ctx->status : TPK_ENOMEM;
+            w->maxr[k] = w->emax[k] = 0;
+        }
     }
-    double total = 0;
+    double total = 0, totalT = 0;
     for (long bi = 0; bi < win->nr && !st; bi += win->gr)
         for (long bj = 0; bj < win->ns && !st; bj += win->cl) {
             const long ng = bi + win->gr <= win->nr ? win->gr : win->nr - bi;
@@ -1433,37 +1577,59 @@ static int pair_shifts(const tpk_cnn_params *p, const grid *g, const shiftwin *w
                         }
                     }
                 }
+            if (w->VT)
+                diag_box(g, mb, nk->u / taps, nk->b, w->V, w->VT, w->T);
             diag_box(g, mb, p->sigma_u2 / taps, p->sigma_b2, w->V, w->V, w->T);
             for (size_t l = 0; l < L; l++) {
+                const int last = l + 1 == L;
                 for (long r = 0; r < R; r++)
                     for (long gi = 0; gi < ng; gi++) {
                         const long rr = pos_mod(r + win->r0 + bi + gi, R);
                         for (long s0 = 0; s0 < S; s0++) {
-                            double *seg = w->V + (size_t)(r * S + s0) * mb + (size_t)(gi * nl);
-                            tpk_gauss_segmap_row(w->sm[l], (size_t)(r * S + s0),
-                                                 Q + (size_t)(rr * width + s0 + bj), (size_t)nl,
-                                                 seg, seg, &w->maxr[l], &w->emax[l]);
+                            const size_t at = (size_t)(r * S + s0) * mb + (size_t)(gi * nl);
+                            const size_t i = (size_t)(r * S + s0);
+                            const size_t j = Q + (size_t)(rr * width + s0 + bj);
+                            double *seg = w->V + at;
+                            if (w->VT) /* V_φ′ of the same segment, before V_φ replaces it */
+                                tpk_gauss_segmap_row(w->sm[L + l], i, j, (size_t)nl, seg, w->kd,
+                                                     &w->maxr[L + l], &w->emax[L + l]);
+                            tpk_gauss_segmap_row(w->sm[l], i, j, (size_t)nl, seg, seg,
+                                                 &w->maxr[l], &w->emax[l]);
+                            if (w->VT)
+                                tangent_step((size_t)nl, last ? nk->v : nk->w,
+                                             last ? p->sigma_v2 : p->sigma_w2, seg, w->kd,
+                                             w->VT + at);
                         }
                     }
-                if (l + 1 < L)
+                if (!last) {
                     diag_box(g, mb, p->sigma_w2 / taps, p->sigma_b2, w->V, w->V, w->T);
+                    if (w->VT)
+                        diag_box(g, mb, 1.0 / taps, nk->b, w->VT, w->VT, w->T);
+                }
             }
-            double bs = 0;
+            double bs = 0, bt = 0;
             for (size_t i = 0; i < Q * mb; i++)
                 bs += w->V[i];
+            for (size_t i = 0; w->VT && i < Q * mb; i++)
+                bt += w->VT[i];
             total += bs;
+            totalT += bt;
         }
     *e = 0;
-    for (size_t l = 0; l < L && w->sm[l]; l++) {
+    for (size_t k = 0; k < w->nmaps; k++) {
         double el = 0;
-        tpk_gauss_segmap_merge(w->sm[l], w->maxr[l], w->emax[l]);
+        if (w->sm[k] == NULL)
+            continue;
+        tpk_gauss_segmap_merge(w->sm[k], w->maxr[k], w->emax[k]);
         if (!st)
-            st = tpk_gauss_segmap_finish(w->sm[l], &el, ctx);
-        *e = l + 1 < L ? p->sigma_w2 * (*e + el) : *e + el;
-        tpk_gauss_segmap_free(w->sm[l]);
-        w->sm[l] = NULL;
+            st = tpk_gauss_segmap_finish(w->sm[k], &el, ctx);
+        if (k < L) /* K's bound (the NTK's maps are checked, not bounded) */
+            *e = k + 1 < L ? p->sigma_w2 * (*e + el) : *e + el;
+        tpk_gauss_segmap_free(w->sm[k]);
+        w->sm[k] = NULL;
     }
     *sum = total;
+    *sumT = totalT;
     return st;
 }
 
@@ -1541,7 +1707,8 @@ static int pools_by_shifts(const tpk_cnn_params *p)
 }
 
 static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
-                        const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
+                        const tpk_gauss_ws *ws, const ntkf *nk, double *K, double *Th,
+                        double *err, tpk_ctx *ctx)
 {
     const size_t Q = g->Q, L = (size_t)p->depth;
     const size_t npairs = N * (N + 1) / 2;
@@ -1554,8 +1721,9 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
     int fft = !shifts && (p->conv == TPK_CNN_CONV_FFT ||
                           (p->conv == TPK_CNN_CONV_AUTO &&
                            tpk_cnn_conv_prefers_fft(g->R, g->S, g->kh, g->kw, p->padding)));
+    const int ntk = nk->dphi != NULL, blocks = ntk && !shifts; /* the NTK's block path: pair_ntk */
     double *zv = NULL, zerr = 0;
-    if (!st && !fft && !shifts) { /* zero-variance entries (map_plane); none with a bias variance > 0 */
+    if (!st && !fft && !shifts && !ntk) { /* zero-variance entries (map_plane); none with a bias variance > 0 */
         zv = tpk_calloc(ctx, L * N * Q, sizeof *zv);
         size_t nzero = 0;
         for (size_t i = 0; i < L * N * Q; i++)
@@ -1578,13 +1746,16 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
             pairws w = {0};
             dws dw = {0};
             sws sw = {0};
+            double *tb = NULL; /* pair_ntk's two more blocks */
             tpk_ctx lctx;
             tpk_ctx_init_from(&lctx, ctx);
-            int lst = (shifts ? sws_alloc(&sw, g, &win, L, &lctx)
-                       : fft  ? pairws_alloc(&w, Q, &f, &lctx)
-                              : dws_alloc(&dw, g, p->channels, &lctx))
+            int lst = (shifts        ? sws_alloc(&sw, g, &win, L, ntk, &lctx)
+                       : fft || blocks ? pairws_alloc(&w, Q, fft ? &f : NULL, &lctx)
+                                     : dws_alloc(&dw, g, p->channels, &lctx))
                           ? TPK_ENOMEM
                           : TPK_OK;
+            if (!lst && blocks && !(tb = tpk_malloc(&lctx, 2 * Q * Q * sizeof *tb)))
+                lst = TPK_ENOMEM;
             if (lst)
                 TPK_ERROR(&lctx, TPK_ENOMEM, "out of memory (pair workspace, %zu positions)", Q);
 #pragma omp for schedule(dynamic, 1)
@@ -1597,21 +1768,26 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                 /* pair k → (a, c), c ≤ a, row-major over the lower triangle */
                 size_t a, c;
                 tpk_lower_index(k, &a, &c);
-                double e = 0, sum = 0;
-                lst = shifts ? pair_shifts(p, g, &win, &sw, X, q, N, a, c, ws, &sum, &e, &lctx)
+                double e = 0, sum = 0, sumT = 0;
+                lst = shifts ? pair_shifts(p, g, &win, &sw, nk, X, q, N, a, c, ws, &sum, &sumT,
+                                           &e, &lctx)
+                      : blocks ? pair_ntk(p, g, fft ? &f : NULL, &w, tb, tb + Q * Q, nk, X, q, N,
+                                          a, c, ws, &sum, &sumT, K, Th, &e, &lctx)
                       : fft  ? pair_fft(p, g, &f, &w, X, q, N, a, c, ws, &sum, K, &e, &lctx)
                              : pair_direct(p, g, &dw, X, q, zv, zerr, N, a, c, ws, &sum, K, &e,
                                            &lctx);
                 if (lst)
                     continue;
                 emax = fmax(emax, p->sigma_v2 * e);
-                if (p->readout == TPK_CNN_GAP)
-                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * sum / ((double)Q * Q) + p->sigma_ob2;
-                else if (p->readout == TPK_CNN_FLATTEN)
-                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * sum / (double)Q + p->sigma_ob2;
-                else if (p->readout == TPK_CNN_LAP) /* |W| shifts of P positions */
-                    K[a * N + c] = K[c * N + a] =
-                        p->sigma_v2 * sum / ((double)Q * (double)(win.nr * win.ns)) + p->sigma_ob2;
+                /* the readout's count: P² pairs (GAP), P positions, |W| shifts of P (LAP) */
+                const double cnt = p->readout == TPK_CNN_GAP      ? (double)Q * Q
+                                   : p->readout == TPK_CNN_FLATTEN ? (double)Q
+                                                                   : (double)Q * (double)(win.nr * win.ns);
+                if (p->readout != TPK_CNN_POSITIONS) {
+                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * sum / cnt + p->sigma_ob2;
+                    if (ntk)
+                        Th[a * N + c] = Th[c * N + a] = sumT / cnt + nk->ob;
+                }
             }
             if (lst) {
 #pragma omp critical(tpk_cnn_err)
@@ -1624,6 +1800,7 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
             pairws_free(&w);
             dws_free(&dw);
             sws_free(&sw);
+            tpk_free(&lctx, tb);
         }
     }
     fftplan_free(&f);
@@ -1635,6 +1812,8 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
     }
     if (!st)
         st = check_finite(K, p->readout == TPK_CNN_POSITIONS ? N * Q * N * Q : N * N, p->depth, ctx);
+    if (!st && ntk)
+        st = check_finite(Th, p->readout == TPK_CNN_POSITIONS ? N * Q * N * Q : N * N, p->depth, ctx);
     if (!st && err)
         *err = emax;
     return st;
@@ -1785,11 +1964,49 @@ int tpk_cnn_layer_apply(tpk_cnn_layerws *w, const tpk_phi *phi, const double *qa
 int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
                    tpk_array *K, double *err, tpk_ctx *ctx)
 {
+    if (!K || !K->data)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_kernel: no input X or no output K");
+    return tpk_cnn_kernels(p, X, ws, K, NULL, err, ctx);
+}
+
+/* The NTK's factors of p (tpk_cnn_kernels' rules), φ′ into *dphi (the caller frees it). */
+static int ntk_factors(const tpk_cnn_params *p, ntkf *nk, tpk_phi **dphi, tpk_ctx *ctx)
+{
+    const int param = p->ntk_param;
+    if (param != TPK_NTK_PARAM_NTK && param != TPK_NTK_PARAM_TP && param != TPK_NTK_PARAM_STANDARD)
+        return TPK_ERROR(ctx, TPK_EINVAL, "unknown NTK parameterisation %d", param);
+    if (param == TPK_NTK_PARAM_STANDARD && p->ntk_width < 1)
+        return TPK_ERROR(ctx, TPK_EINVAL, "the 'standard' NTK grows with the widths: give the "
+                         "channels of the hidden layers (ntk_width, --ntk-width=N)");
+    if (param == TPK_NTK_PARAM_STANDARD && p->readout == TPK_CNN_LAP)
+        return TPK_ERROR(ctx, TPK_EINVAL, "the 'standard' NTK of local average pooling is not "
+                         "defined: lap is a mean of kernels over shifts with no readout layer whose "
+                         "fan-in that parameterisation would scale by (use ntk or tp)");
+    if (p->compute == TPK_CNN_F32)
+        return TPK_ERROR(ctx, TPK_EINVAL, "the NTK is computed in float64 only (got --compute=f32)");
+    if (!(*dphi = tpk_phi_derivative(p->phi, ctx)))
+        return ctx->status;
+    const double taps = (double)p->kh * p->kw, n = (double)p->ntk_width, P = (double)(p->rows * p->cols);
+    /* a layer is kh·kw weights (its taps), each N(0, σ²/(kh kw)) with the fan-in of one
+     * position's channels, each trained on its own tap's input kernel: the layer's own term on
+     * the taps' mean is kh·kw times one tap's (the programs' A-vars, programs/cnn2d.nsr) */
+    *nk = (ntkf){.dphi = *dphi,
+                 .u = taps * tpk_ntk_own(param, p->sigma_u2 / taps, (double)p->channels),
+                 .w = taps * tpk_ntk_own(param, p->sigma_w2 / taps, n),
+                 .b = tpk_ntk_own(param, p->sigma_b2, 1.0),
+                 .v = tpk_ntk_own(param, p->sigma_v2, p->readout == TPK_CNN_FLATTEN ? n * P : n),
+                 .ob = p->sigma_ob2 > 0 ? tpk_ntk_own(param, p->sigma_ob2, 1.0) : 0.0};
+    return TPK_OK;
+}
+
+int tpk_cnn_kernels(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
+                    tpk_array *K, tpk_array *Theta, double *err, tpk_ctx *ctx)
+{
     int st = tpk_cnn_params_check(p, ctx);
     if (st)
         return st;
-    if (!X || !X->data || X->ndim < 1 || !K || !K->data)
-        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_kernel: no input X or no output K");
+    if (!X || !X->data || X->ndim < 1 || ((!K || !K->data) && (!Theta || !Theta->data)))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_kernels: no input X or no output");
     if ((st = tpk_array_check_input(X, "tpk_cnn_kernel", "X", ctx)))
         return st;
     const size_t N = X->dims[0], Q = p->rows * p->cols;
@@ -1798,14 +2015,35 @@ int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_
                          "each input must hold %zux%zu positions x %zu channels = %zu values (got %zu)",
                          p->rows, p->cols, p->channels, Q * p->channels, tpk_array_item_size(X));
     const size_t side = p->readout == TPK_CNN_POSITIONS ? N * Q : N;
-    if (K->ndim != 2 || K->dims[0] != side || K->dims[1] != side)
-        return TPK_ERROR(ctx, TPK_EINVAL, "kernel output must be %zux%zu", side, side);
-    if (N == 0)
+    const tpk_array *outs[2] = {K, Theta};
+    for (int i = 0; i < 2; i++)
+        if (outs[i] && outs[i]->data &&
+            (outs[i]->ndim != 2 || outs[i]->dims[0] != side || outs[i]->dims[1] != side))
+            return TPK_ERROR(ctx, TPK_EINVAL, "%s output must be %zux%zu",
+                             i ? "the NTK's" : "kernel", side, side);
+    tpk_phi *dphi = NULL;
+    ntkf nk = {0};
+    if (Theta && Theta->data && (st = ntk_factors(p, &nk, &dphi, ctx)))
+        return st;
+    if (N == 0) {
+        tpk_phi_free(dphi);
         return TPK_OK;
+    }
+    double *k = K && K->data ? K->data : tpk_malloc(ctx, side * side * sizeof *k);
+    if (!k) {
+        tpk_phi_free(dphi);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zux%zu kernel)", side, side);
+    }
+    double *th = nk.dphi ? Theta->data : NULL;
     grid g = make_grid(p->rows, p->cols, p->kh, p->kw, p->padding);
     if (p->readout == TPK_CNN_FLATTEN && p->compute == TPK_CNN_F32)
-        return kernel_flatten_f32(p, &g, X->data, N, ws, K->data, err, ctx);
-    if (p->readout == TPK_CNN_FLATTEN)
-        return kernel_flatten(p, &g, X->data, N, ws, K->data, err, ctx);
-    return kernel_pairs(p, &g, X->data, N, ws, K->data, err, ctx);
+        st = kernel_flatten_f32(p, &g, X->data, N, ws, k, err, ctx);
+    else if (p->readout == TPK_CNN_FLATTEN)
+        st = kernel_flatten(p, &g, X->data, N, ws, &nk, k, th, err, ctx);
+    else
+        st = kernel_pairs(p, &g, X->data, N, ws, &nk, k, th, err, ctx);
+    if (k != (K ? K->data : NULL))
+        tpk_free(ctx, k);
+    tpk_phi_free(dphi);
+    return st;
 }

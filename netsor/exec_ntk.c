@@ -161,7 +161,7 @@ static int parameters(nx *X, int param, double *T)
         if (A1 == NULL)
             continue;
         if (a->op == TPK_OP_BIAS) {
-            st = use_pair(X, A1, A1, NULL, NULL, 0, 0, nsr_ntk_own(param, a->var, 1.0), T);
+            st = use_pair(X, A1, A1, NULL, NULL, 0, 0, tpk_ntk_own(param, a->var, 1.0), T);
             continue;
         }
         if (a->op != TPK_OP_MATMUL && a->op != TPK_OP_EMBED)
@@ -170,12 +170,12 @@ static int parameters(nx *X, int param, double *T)
             const tpk_instr *b = &q->instr[k2];
             if (b->op != a->op || b->avar != a->avar || X->A[b->out] == NULL)
                 continue;
-            /* the raw term (dy·dȳ)(z·z̄)/fan_in times the weight's own factor (nsr_ntk_own) */
+            /* the raw term (dy·dȳ)(z·z̄)/fan_in times the weight's own factor (tpk_ntk_own) */
             if (a->op == TPK_OP_MATMUL) {
-                double w = nsr_ntk_own(param, q->avar[a->avar].var, (double)n) / (double)n;
+                double w = tpk_ntk_own(param, q->avar[a->avar].var, (double)n) / (double)n;
                 st = use_pair(X, A1, X->A[b->out], X->E.val[a->src], X->E.val[b->src], n, n, w, T);
             } else {
-                double w = nsr_ntk_own(param, q->embed[a->avar].var, (double)d) / (double)d;
+                double w = tpk_ntk_own(param, q->embed[a->avar].var, (double)d) / (double)d;
                 st = use_pair(X, A1, X->A[b->out], X->E.x + (size_t)a->src * d,
                               X->E.x + (size_t)b->src * d, d, ldx, w, T);
             }
@@ -213,8 +213,8 @@ static void readouts(nx *X, int param, double *K, double *T)
             double tt = !same ? 0.0
                         : param == TPK_NTK_PARAM_NTK
                             ? kk
-                            : nsr_ntk_own(param, 0.0, mn) / mn * e +
-                                  (bias ? nsr_ntk_own(param, 0.0, 1.0) : 0.0);
+                            : tpk_ntk_own(param, 0.0, mn) / mn * e +
+                                  (bias ? tpk_ntk_own(param, 0.0, 1.0) : 0.0);
             K[r * R + c] = K[c * R + r] = kk;
             T[r * R + c] += tt;
             if (c != r)

@@ -157,8 +157,8 @@ static int tangent_matmul(lim *L, int k, family *f, int lj, int li, scratch *sc)
     uint64_t site = (nsr_lim_kid(L, k) * 4096 + (uint64_t)li) ^ ((uint64_t)1 << 62);
     int lower = li == lj, st;
     const double s2 = f->var;
-    /* the weight's own term on the raw E[z z̄] = C/σ² (nsr_ntk_own; the fan-in is the width) */
-    const double own = nsr_ntk_own(L->ntk_param, s2, L->ntk_width);
+    /* the weight's own term on the raw E[z z̄] = C/σ² (tpk_ntk_own; the fan-in is the width) */
+    const double own = tpk_ntk_own(L->ntk_param, s2, L->ntk_width);
     if (!(s2 > 0)) { /* σ_W² = 0: no C to scale, the raw term itself */
         double e = 0;
         st = nsr_lim_m2(L, aj->src, ai->src, site ^ 1, sc, T, ld, lower, own, &e);
@@ -221,7 +221,7 @@ static int readout_ntk(lim *L, scratch *sc, const tpk_array *K, int o0, int O, i
                 TM[a * N + c] += s * H[a * N + c];
         if (L->ntk_param != TPK_NTK_PARAM_NTK) {
             /* the readout's own gradient: E[h h̄]/m (TP II), m n E[h h̄]/m in its own entries */
-            double e = 0, own = nsr_ntk_own(L->ntk_param, s, m * L->ntk_width) / m;
+            double e = 0, own = tpk_ntk_own(L->ntk_param, s, m * L->ntk_width) / m;
             if ((st = nsr_lim_m2(L, u, v, (site + ((uint64_t)k << 52)) ^ 1, sc, H, N, lower,
                                  own, &e)))
                 return st;

@@ -47,7 +47,7 @@ double nsr_lim_cov(const lim *L, int g, size_t a, int h, size_t c)
  * Programs II's, the same without σ². */
 static double bias_kern(const lim *L, const family *f, int tangent)
 {
-    return tangent ? nsr_ntk_own(L->ntk_param, f->var, 1.0) : f->var;
+    return tangent ? tpk_ntk_own(L->ntk_param, f->var, 1.0) : f->var;
 }
 
 /* out[a][c] = Cov(Z^g_a, Z^h_c) (tangent: the tangent kernel T(g_a, h_c)), N×N; lower: only
@@ -73,7 +73,7 @@ void nsr_lim_kern_mat(const lim *L, int g, int h, int lower, int tangent, double
             const family *f = &L->fam[ai->fam];
             double cc = r->coef[i] * s->coef[j];
             if (tangent && f->kind == FAM_EMBED) /* its own term on the raw ⟨x, x̄⟩/d = C/(σσ′) */
-                cc *= nsr_ntk_own(L->ntk_param, ai->scale * aj->scale, (double)L->d) /
+                cc *= tpk_ntk_own(L->ntk_param, ai->scale * aj->scale, (double)L->d) /
                       (ai->scale * aj->scale);
             size_t ld = (size_t)f->cap * N;
             const double *b = (tangent && f->kind == FAM_AVAR ? f->tblk : f->blk) +

@@ -28,14 +28,6 @@ typedef struct nsr_tangent {
     const char *path;     /* p's file, for messages */
 } nsr_tangent;
 
-/* A parameter's own term per unit of its raw term (theory.md §8.7): the raw term is E[z z̄] in the
- * limit and z·z̄/fan_in at finite width for a weight (1 for a bias, with fan 1), var its variance,
- * fan its fan-in: var in neural-tangents' 'ntk', 1 in Tensor Programs II's, fan in 'standard'
- * (the weights' own entries). The one rule of the parameterisations, for both back ends. */
-static inline double nsr_ntk_own(int param, double var, double fan)
-{
-    return param == TPK_NTK_PARAM_NTK ? var : param == TPK_NTK_PARAM_STANDARD ? fan : 1.0;
-}
 
 /* q from p (an unrolled program): the same instructions, variables and outputs (ids shifted by
  * the partials), Moments kept as they are. Errors: TPK_EUNSUPPORTED for bn(...), TPK_EDOM (from

@@ -20,7 +20,11 @@ time.perf_counter and printed as
 
 Usage: cnn_ref.py --input=X.npy (N×H×W×C) [--depth=3 --filter=3 --padding=circular|zero
        --sigma-w2=2 --sigma-b2=0 --sigma-u2=SW2 --sigma-v2=SW2 --sigma-ob2=SB2] [--repeat=R]
-       [--output=K.npy] [--compare=K.h5]
+       [--output=K.npy] [--compare=K.h5] [--readout=gap|flatten] [--get=nngp|both
+       --output-ntk=T.npy]
+
+--get=both times kernel_fn(x, None, ("nngp", "ntk")) (parameterization='ntk', issue 35's speed
+line) and writes the NTK with --output-ntk.
 """
 import argparse
 import os
@@ -33,7 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 
 
-def build_kernel_fn(channels, depth, filt, padding, sw2, sb2, su2, sv2, sob2):
+def build_kernel_fn(channels, depth, filt, padding, sw2, sb2, su2, sv2, sob2, readout="gap"):
     from neural_tangents import stax
 
     pad = {"circular": "CIRCULAR", "zero": "SAME"}[padding]
@@ -43,7 +47,7 @@ def build_kernel_fn(channels, depth, filt, padding, sw2, sb2, su2, sv2, sob2):
         layers += [stax.Conv(channels, (filt, filt), strides=(1, 1), padding=pad,
                              W_std=np.sqrt(w2), b_std=np.sqrt(sb2) if sb2 > 0 else None),
                    stax.Relu()]
-    layers += [stax.GlobalAvgPool(),
+    layers += [{"gap": stax.GlobalAvgPool, "flatten": stax.Flatten}[readout](),
                stax.Dense(1, W_std=np.sqrt(sv2), b_std=np.sqrt(sob2) if sob2 > 0 else None)]
     _, _, kernel_fn = stax.serial(*layers)
     return kernel_fn
@@ -63,6 +67,9 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=1,
                    help="compiled calls after the first; nt_second_s is their median (default 1)")
     p.add_argument("--output", help="write the N×N kernel as .npy")
+    p.add_argument("--readout", choices=("gap", "flatten"), default="gap")
+    p.add_argument("--get", choices=("nngp", "both"), default="nngp")
+    p.add_argument("--output-ntk", help="with --get=both: write the N×N NTK as .npy")
     p.add_argument("--compare", help="gpkernel output FILE.h5 (/kernel): print max abs diff")
     a = p.parse_args(argv)
     su2 = a.sigma_w2 if a.sigma_u2 is None else a.sigma_u2
@@ -76,20 +83,29 @@ def main(argv=None):
     if x.ndim != 4:
         sys.exit(f"cnn_ref: {a.input}: expected N×H×W×C, got shape {x.shape}")
     kernel_fn = build_kernel_fn(x.shape[-1], a.depth, a.filter, a.padding, a.sigma_w2, a.sigma_b2,
-                                su2, sv2, sob2)
+                                su2, sv2, sob2, a.readout)
     kfn = jax.jit(kernel_fn, static_argnames=("get",))
     xj = jax.numpy.asarray(x)
+    get = ("nngp", "ntk") if a.get == "both" else "nngp"
+
+    def call():
+        k = kfn(xj, None, get=get)
+        return (np.asarray(k.nngp.block_until_ready()), np.asarray(k.ntk.block_until_ready())) \
+            if a.get == "both" else (np.asarray(k.block_until_ready()), None)
+
     t0 = time.perf_counter()
-    K = np.asarray(kfn(xj, None, get="nngp").block_until_ready())
+    K, Th = call()
     t_first = time.perf_counter() - t0
     second = []
     for _ in range(max(1, a.repeat)):
         t1 = time.perf_counter()
-        K2 = np.asarray(kfn(xj, None, get="nngp").block_until_ready())
+        K2, _ = call()
         second.append(time.perf_counter() - t1)
     if not np.array_equal(K, K2):
         print("cnn_ref: warning: first and second call differ by "
               f"{np.max(np.abs(K - K2)):.3e}", file=sys.stderr)
+    if a.output_ntk and Th is not None:
+        np.save(a.output_ntk, Th)
     print(f"cnn_ref: N={x.shape[0]} {x.shape[1]}x{x.shape[2]}x{x.shape[3]} depth={a.depth} "
           f"(jax {jax.__version__}, x64, {jax.devices()[0].platform}; imports "
           f"{t0 - t_import:.2f} s)")

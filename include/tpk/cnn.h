@@ -5,6 +5,7 @@
 
 #include "array.h"
 #include "gauss.h"
+#include "ntk.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,6 +68,8 @@ typedef struct tpk_cnn_params {
     int window;          /* LAP: the shifts' reach c ≥ 0 on each axis (ignored otherwise) */
     int pool;            /* enum tpk_cnn_pool (GAP, LAP) */
     int compute;         /* enum tpk_cnn_compute */
+    int ntk_param;       /* tpk_cnn_kernels' NTK: TPK_NTK_PARAM_NTK (0), _TP or _STANDARD */
+    size_t ntk_width;    /* TPK_NTK_PARAM_STANDARD: the channels n of every hidden layer */
 } tpk_cnn_params;
 
 /* Check the parameters; a clear message for each violation. */
@@ -85,6 +88,26 @@ TPK_API int tpk_cnn_params_check(const tpk_cnn_params *p, tpk_ctx *ctx);
  * TPK_CNN_F32: on the float rounding, theory.md §2.8). ws may be NULL when φ has a closed form. */
 TPK_API int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
                            tpk_array *K, double *err, tpk_ctx *ctx);
+
+/* The NNGP kernel K and the Neural Tangent Kernel Theta of the same network (either may be NULL;
+ * layouts as tpk_cnn_kernel), in the parameterisation p->ntk_param (include/tpk/ntk.h,
+ * theory.md §8.7 and §2.8 "The NTK"). Beside each covariance Σ^l the recursion carries the
+ * tangent kernel Θ^l of the same positions (Arora et al. 2019, CNTK; Tensor Programs II):
+ *   Θ¹      = w_U/(kh kw) Σ_t ⟨x_{p+t,a}, x_{p'+t,c}⟩/C + w_b
+ *   Θ^{l+1} = 1/(kh kw) Σ_t (w_F K^l + σ_w² K̇^l ⊙ Θ^l)_{(p+t,a),(p'+t,c)} + w_b,  K̇^l = V_φ′(Σ^l)
+ *   Θ       = R(w_v K^L + σ_v² K̇^L ⊙ Θ^L) + w_ob,  R the readout's mean over positions
+ * where each parameter's own factor is tpk_ntk_own(param, σ², fan_in): a layer's taps are kh·kw
+ * weights N(0, σ²/(kh kw)) of fan-in C (first layer) or n, so w_U = kh kw·own(σ_u²/(kh kw), C)
+ * and w_F = kh kw·own(σ_w²/(kh kw), n) (σ² in 'ntk', kh·kw·fan-in in 'standard', kh·kw in
+ * Tensor Programs II's, as the programs' per-tap A-vars); w_b = own(σ_b², 1) (every layer has a
+ * bias), w_v = own(σ_v², n) for GAP and per-position readouts and own(σ_v², n·P) for flatten;
+ * the readout bias counts where σ_ob² > 0. LAP has no readout layer
+ * whose fan-in 'standard' could scale by, and float32 is the NNGP's: both refused with the NTK.
+ * GAP and LAP by shifts (circular padding) carry Θ through the shifted pairs' flatten recursions
+ * (the shift identity holds for Θ as for K); the other pooled and per-position readouts run the
+ * (P×P) block recursion with whole-block maps. err bounds K's expectations. */
+TPK_API int tpk_cnn_kernels(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
+                            tpk_array *K, tpk_array *Theta, double *err, tpk_ctx *ctx);
 
 /* One tap convolution of a (position × position) block, the step between layers:
  * out[(p),(p')] = alpha Σ_t in[(p+t),(p'+t)] + beta over the rows×cols grid (P×P row-major,

@@ -8,6 +8,7 @@
 
 #include "array.h"
 #include "gauss.h"
+#include "ntk.h"
 #include "progress.h"
 
 #ifdef __cplusplus
@@ -223,7 +224,7 @@ TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x,
  * entries times √fan_in and in b: w_W = 1, a bias 1, the readout E[h h̄] and 1). K may be NULL.
  * Errors as tpk_netsor_kernel, and TPK_EUNSUPPORTED for bn(...) and for sqrt(n)-scaled logits
  * (outside Tensor Programs II), TPK_EDOM for a φ without a derivative (step, sign). */
-enum { TPK_NTK_PARAM_NTK = 0, TPK_NTK_PARAM_TP = 1, TPK_NTK_PARAM_STANDARD = 2 };
+/* (TPK_NTK_PARAM_NTK, _TP, _STANDARD: include/tpk/ntk.h) */
 /* "ntk", "tp", "standard" (the CLI's --parameterization), or "?". */
 TPK_API const char *tpk_ntk_param_name(int param);
 /* Whether tpk_netsor_ntk takes the program, without numbers (netsor check --ntk): its readouts

@@ -29,6 +29,7 @@
 #include "cnn.h"
 #include "attention.h"
 #include "mvn.h"
+#include "ntk.h"
 /* netsor */
 #include "netsor.h"
 /* app */

@@ -119,19 +119,29 @@ def test_layernorm_ntk_matches_neural_tangents(nt):
     assert rel(T, nt["ntref_mlp_ln_relu_L3_ntk"].reshape(n, n)) < TOL
 
 
-def test_cnn_ntk_from_its_program(nt):
-    """cnn2d's own job computes the NNGP only; its NTK is its program's (the docstrings' advice):
-    every position an output, GAP the mean of all position pairs."""
+def test_cnn_ntk(nt):
+    """cnn2d's own job computes its NTK beside the NNGP, GAP and flatten, in 'ntk' and
+    'standard' (neural-tangents' Flatten readout: fan-in channels·positions); its program's NTK
+    with every position read out pools to the same GAP kernel."""
     n, H, W, C = (nt[k] for k in ("NTREF_CNN_N", "NTREF_CNN_H", "NTREF_CNN_W", "NTREF_CNN_C"))
-    x = nt["ntref_cnn_x"].reshape(n, H * W, C)
+    x = nt["ntref_cnn_x"].reshape(n, H, W, C)
     w2, b2 = nt["NTREF_SIGMA_W2"], nt["NTREF_SIGMA_B2"]
+    args = dict(depth=3, filter=3, padding="circular", phi="relu", sigma_w2=w2, sigma_b2=b2,
+                set={"sigma_u2": w2, "sigma_v2": w2, "sigma_ob2": b2})
+    for ro in ("gap", "flatten"):
+        k = tpk.kernel("cnn2d", x, get=("nngp", "ntk"), readout=ro, **args)
+        assert rel(k.nngp, nt[f"ntref_cnn_{ro}_relu_L3_nngp"].reshape(n, n)) < TOL
+        assert rel(k.ntk, nt[f"ntref_cnn_{ro}_relu_L3_ntk"].reshape(n, n)) < TOL
+        T = tpk.kernel("cnn2d", x, get="ntk", readout=ro, parameterization="standard",
+                       ntk_width=nt["NTREF_CNN_CHANNELS"], **args)
+        assert rel(T, nt[f"ntref_cnn_{ro}_relu_L3_ntk_std"].reshape(n, n)) < TOL
     p = tpk.Program(os.path.join(PROGRAMS, "cnn2d.nsr"), L=3, rows=H, cols=W, circular=1,
                     phi="relu", sigma_w2=w2, sigma_b2=b2, sigma_u2=w2, sigma_v2=w2, sigma_ob2=b2)
-    T = p.kernel(x, get="ntk", all_outputs=True)
+    T = p.kernel(x.reshape(n, H * W, C), get="ntk", all_outputs=True)
     gap = T.reshape(n, H * W, n, H * W).mean(axis=(1, 3))
     assert rel(gap, nt["ntref_cnn_gap_relu_L3_ntk"].reshape(n, n)) < TOL
-    with pytest.raises(tpk.Error, match="cnn2d's own job computes the NNGP only") as e:
-        tpk.kernel("cnn2d", x.reshape(n, H, W, C), get="ntk")
+    with pytest.raises(tpk.Error, match="outside Tensor Programs II") as e:
+        tpk.kernel("attention", np.ones((2, 3, 4)), get="ntk")
     assert e.value.status == tpk.EUNSUPPORTED
 
 

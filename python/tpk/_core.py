@@ -324,14 +324,12 @@ variance factors). It does not change the NNGP. get=("nngp", "ntk") computes bot
 pass and returns a namedtuple with fields nngp and ntk (in get's order), as gpkernel
 --kernel=both does: the NNGP then comes from the NTK's pass, not from an architecture's
 direct recursion (the GRU's differs from it by its quadrature error, ~1e-6 relative).
-The NTK is computed by the member-level (unrolled) evaluator, not the rolled one nor an
-architecture's direct recursion, so it is slower than the NNGP for large programs (deep or
-long ones; the GRU's and the LSTM's cost grows steeply with T); BatchNorm has none yet, and
-the rows with their own job (cnn1d, cnn2d, attention) refuse it. A CNN's NTK is its
-program's, one output per position: tpk.Program(os.path.join(tpk._core.SHARE, "programs",
-"cnn2d.nsr"), rows=H, cols=W, L=3).kernel(images.reshape(N, H * W, C), get="ntk",
-all_outputs=True), whose mean over all position pairs is the GAP readout's NTK and over the
-position diagonal flatten's. The library does not read the cancel flag during an NTK yet:
+The NTK of a program is computed by the member-level (unrolled) evaluator, not the rolled one
+nor an architecture's direct recursion, so it is slower than the NNGP for large programs (deep
+or long ones; the GRU's and the LSTM's cost grows steeply with T); BatchNorm has none yet.
+cnn1d and cnn2d compute theirs beside the NNGP in their own recursion, with every readout
+(flatten, gap, lap; 'standard' not with lap); the attention row (1/sqrt(n) logits) refuses it.
+The library does not read the cancel flag during an NTK yet:
 Ctrl-C raises KeyboardInterrupt when the NTK is done."""
 
 

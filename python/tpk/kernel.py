@@ -66,8 +66,8 @@ def _blocks_arch(arch, params, x, x_test, names=("nngp",), parameterization="ntk
     Xt = None if x_test is None else as_input(x_test, "x_test")
     ctx = new_ctx()
     cX, cXt = to_c(X, keep), ffi.NULL if Xt is None else to_c(Xt, keep)
-    if a.custom != ffi.NULL and "ntk" in names:  # cnn1d, cnn2d, attention: refused by
-        return _blocks_job(a, o, keep, X, Xt, names)  # their job, in its words
+    if a.custom != ffi.NULL and "ntk" in names:  # cnn1d, cnn2d (attention refuses it in its
+        return _blocks_job(a, o, keep, X, Xt, names)  # own words): their job computes both
     cancel = _core.Cancel()
     o.progress = cancel.progress
     st, blocks = _core.call_kernels(
