@@ -52,51 +52,45 @@ static void add_shifted(double *restrict dst, const double *restrict src, long n
     }
 }
 
-/* Direct separable tap sum of a Q×Q block: pass A sums the column taps into tmp, pass B the row
- * taps into out; (kw + kh) adds per entry. out = alpha·Σ + beta. */
+/* Direct separable tap sum of a Q×Q block, one output plane (the Q-entry rows (r, s), s < S) at a
+ * time: the row taps of the kh input planes r + d_i into the plane tmp (S·Q doubles), then its
+ * column taps into out; (kh + kw) adds per entry, and each plane of the block read about once
+ * from beyond L2 (a plane is S·Q doubles: 176 KB on 28×28). out = alpha·Σ + beta. */
 static void conv_direct(const grid *g, double alpha, double beta, const double *in, double *out,
                         double *tmp)
 {
     const long R = (long)g->R, S = (long)g->S, Q = (long)g->Q;
-    const double *A = in;
-    if (g->kw > 1) {
-        double *dstbase = g->kh > 1 ? tmp : out;
-        for (long r = 0; r < R; r++)
-            for (long s = 0; s < S; s++)
-                for (long r2 = 0; r2 < R; r2++) {
-                    double *dst = dstbase + (r * S + s) * Q + r2 * S;
-                    memset(dst, 0, (size_t)S * sizeof *dst);
-                    for (int j = 0; j < g->kw; j++) {
-                        long d = j - g->cs, ss = axis_pos(s, d, S, g->circular);
-                        if (ss < 0)
-                            continue;
-                        add_shifted(dst, in + (r * S + ss) * Q + r2 * S, S, d, g->circular);
-                    }
-                }
-        A = dstbase;
-    }
-    if (g->kh > 1 || g->kw == 1) {
-        for (long r = 0; r < R; r++)
-            for (long s = 0; s < S; s++)
-                for (long r2 = 0; r2 < R; r2++) {
-                    double *dst = out + (r * S + s) * Q + r2 * S;
-                    if (A != out)
-                        memset(dst, 0, (size_t)S * sizeof *dst);
-                    for (int i = 0; i < g->kh && A != out; i++) {
-                        long d = i - g->cr, rr = axis_pos(r, d, R, g->circular),
-                             rr2 = axis_pos(r2, d, R, g->circular);
-                        if (rr < 0 || rr2 < 0)
-                            continue;
-                        const double *src = A + (rr * S + s) * Q + rr2 * S;
-                        for (long t = 0; t < S; t++)
-                            dst[t] += src[t];
-                    }
+    for (long r = 0; r < R; r++) {
+        memset(tmp, 0, (size_t)(S * Q) * sizeof *tmp);
+        for (int i = 0; i < g->kh; i++) {
+            const long d = i - g->cr, rr = axis_pos(r, d, R, g->circular);
+            if (rr < 0)
+                continue;
+            for (long r2 = 0; r2 < R; r2++) {
+                const long rr2 = axis_pos(r2, d, R, g->circular);
+                if (rr2 < 0)
+                    continue;
+                for (long s = 0; s < S; s++) {
+                    double *restrict dst = tmp + s * Q + r2 * S;
+                    const double *restrict src = in + (rr * S + s) * Q + rr2 * S;
                     for (long t = 0; t < S; t++)
-                        dst[t] = alpha * dst[t] + beta;
+                        dst[t] += src[t];
                 }
-    } else {
-        for (long i = 0; i < Q * Q; i++)
-            out[i] = alpha * out[i] + beta;
+            }
+        }
+        for (long s = 0; s < S; s++) {
+            double *dst = out + (r * S + s) * Q;
+            memset(dst, 0, (size_t)Q * sizeof *dst);
+            for (int j = 0; j < g->kw; j++) {
+                const long d = j - g->cs, ss = axis_pos(s, d, S, g->circular);
+                if (ss < 0)
+                    continue;
+                for (long r2 = 0; r2 < R; r2++)
+                    add_shifted(dst + r2 * S, tmp + ss * Q + r2 * S, S, d, g->circular);
+            }
+            for (long t = 0; t < Q; t++)
+                dst[t] = alpha * dst[t] + beta;
+        }
     }
 }
 
@@ -1335,7 +1329,10 @@ static int zero_values(const tpk_phi *phi, const double *q, size_t n, const tpk_
  * rounding leaves ~1e-17 there, which the map would reject as not PSD. */
 static void zero_var_snap(size_t Q, const double *qa, const double *qc, double *blk)
 {
-    for (size_t i = 0; i < Q; i++)
+    int any = 0;
+    for (size_t i = 0; i < Q && !any; i++)
+        any = qa[i] == 0 || qc[i] == 0;
+    for (size_t i = 0; any && i < Q; i++)
         for (size_t j = 0; j < Q; j++)
             if (qa[i] == 0 || qc[j] == 0)
                 blk[i * Q + j] = 0.0;
@@ -1373,12 +1370,46 @@ static int pair_fft(const tpk_cnn_params *p, const grid *g, const fftplan *f, pa
     return TPK_OK;
 }
 
+/* V_φ of a pair's (P×P) block A in place and the tangent step on TH beside it, row by row in
+ * cache: two segment maps (φ, φ′) over the variances (q_a, then q_c), each row's V_φ′ in kd
+ * (Q doubles) before V_φ replaces it. */
+static int ntk_block_map(const tpk_cnn_params *p, const ntkf *nk, int last, size_t Q,
+                         const double *qa, const double *qc, double *A, double *TH, double *kd,
+                         const tpk_gauss_ws *ws, double *err, tpk_ctx *ctx)
+{
+    double *qv = kd + Q; /* kd has 3Q: a row, then the 2Q variances */
+    memcpy(qv, qa, Q * sizeof *qv);
+    memcpy(qv + Q, qc, Q * sizeof *qv);
+    tpk_gauss_segmap *sm = tpk_gauss_segmap_alloc(p->phi, qv, 2 * Q, ws, ctx);
+    tpk_gauss_segmap *sd = sm ? tpk_gauss_segmap_alloc(nk->dphi, qv, 2 * Q, ws, ctx) : NULL;
+    if (!sm || !sd) {
+        tpk_gauss_segmap_free(sm);
+        return ctx->status ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    }
+    const double own = last ? nk->v : nk->w, s2 = last ? p->sigma_v2 : p->sigma_w2;
+    double maxr = 0, emax = 0, maxd = 0, emaxd = 0;
+    for (size_t i = 0; i < Q; i++) {
+        double *row = A + i * Q;
+        tpk_gauss_segmap_row(sd, i, Q, Q, row, kd, &maxd, &emaxd);
+        tpk_gauss_segmap_row(sm, i, Q, Q, row, row, &maxr, &emax);
+        tangent_step(Q, own, s2, row, kd, TH + i * Q);
+    }
+    tpk_gauss_segmap_merge(sm, maxr, emax);
+    tpk_gauss_segmap_merge(sd, maxd, emaxd);
+    int st = tpk_gauss_segmap_finish(sm, err, ctx);
+    if (!st)
+        st = tpk_gauss_segmap_finish(sd, NULL, ctx);
+    tpk_gauss_segmap_free(sm);
+    tpk_gauss_segmap_free(sd);
+    return st;
+}
+
 /* Pair (a, c) with its NTK by whole (P×P) blocks: the maps of φ and φ′ over each block, the
  * tap sums by conv_any (direct, or FFT where f has a plan). *sum and *sumT as readout_rows, of
  * K^L and of Θ's last tangent block (the per-position readout writes K and Th). TH and KD: two
- * more Q×Q blocks of the thread's. */
+ * more Q×Q blocks of the thread's, scr 3Q doubles. */
 static int pair_ntk(const tpk_cnn_params *p, const grid *g, const fftplan *f, pairws *w,
-                    double *TH, double *KD, const ntkf *nk, const double *X, const double *q,
+                    double *TH, double *KD, double *scr, const ntkf *nk, const double *X, const double *q,
                     size_t N, size_t a, size_t c, const tpk_gauss_ws *ws, double *sum,
                     double *sumT, double *K, double *Th, double *e, tpk_ctx *ctx)
 {
@@ -1392,14 +1423,11 @@ static int pair_ntk(const tpk_cnn_params *p, const grid *g, const fftplan *f, pa
     *e = 0;
     for (size_t l = 0; l < L; l++) {
         const int last = l + 1 == L;
-        const double *qa = q + (l * N + a) * Q, *qc = q + (l * N + c) * Q;
-        double el = 0, ed = 0;
-        int st = tpk_gauss_map_cross(nk->dphi, qa, Q, qc, Q, w->A, kd, ws, &ed, ctx);
-        if (!st)
-            st = tpk_gauss_map_cross(p->phi, qa, Q, qc, Q, w->A, w->A, ws, &el, ctx);
+        double el = 0;
+        int st = ntk_block_map(p, nk, last, Q, q + (l * N + a) * Q, q + (l * N + c) * Q, w->A, th,
+                               scr, ws, &el, ctx);
         if (st)
             return st;
-        tangent_step(Q * Q, last ? nk->v : nk->w, last ? p->sigma_v2 : p->sigma_w2, w->A, kd, th);
         if (last) {
             *e += el;
             break;
@@ -1754,7 +1782,7 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                                      : dws_alloc(&dw, g, p->channels, &lctx))
                           ? TPK_ENOMEM
                           : TPK_OK;
-            if (!lst && blocks && !(tb = tpk_malloc(&lctx, 2 * Q * Q * sizeof *tb)))
+            if (!lst && blocks && !(tb = tpk_malloc(&lctx, (2 * Q * Q + 3 * Q) * sizeof *tb)))
                 lst = TPK_ENOMEM;
             if (lst)
                 TPK_ERROR(&lctx, TPK_ENOMEM, "out of memory (pair workspace, %zu positions)", Q);
@@ -1771,8 +1799,9 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                 double e = 0, sum = 0, sumT = 0;
                 lst = shifts ? pair_shifts(p, g, &win, &sw, nk, X, q, N, a, c, ws, &sum, &sumT,
                                            &e, &lctx)
-                      : blocks ? pair_ntk(p, g, fft ? &f : NULL, &w, tb, tb + Q * Q, nk, X, q, N,
-                                          a, c, ws, &sum, &sumT, K, Th, &e, &lctx)
+                      : blocks ? pair_ntk(p, g, fft ? &f : NULL, &w, tb, tb + Q * Q,
+                                          tb + 2 * Q * Q, nk, X, q, N, a, c, ws, &sum, &sumT, K,
+                                          Th, &e, &lctx)
                       : fft  ? pair_fft(p, g, &f, &w, X, q, N, a, c, ws, &sum, K, &e, &lctx)
                              : pair_direct(p, g, &dw, X, q, zv, zerr, N, a, c, ws, &sum, K, &e,
                                            &lctx);
