@@ -41,6 +41,16 @@ int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 int tpk_job_kernel_dims_named(tpk_h5out *out, const char *K, const char *Kx, const char *kd,
                               int per_item, tpk_ctx *ctx);
 
+/* A direct recursion's NTK (a solver row's, app/solvers.c): both kernels of the batch X in the
+ * parameterisation param (width: 'standard''s n), layouts as tpk_netsor_ntk. */
+typedef int (*app_direct_ntk)(const tpk_program *p, const tpk_phi_registry *reg,
+                              const tpk_array *X, int all_outputs, int param, size_t width,
+                              const tpk_progress *prog, tpk_array **K, tpk_array **Th,
+                              double *err, tpk_ctx *ctx);
+/* The job's NTK recursion where its solver row has one (and the job asks for the NTK), else
+ * NULL: the interpreter's NTK pass. */
+app_direct_ntk app_job_solver_ntk(const tpk_job *job);
+
 /* The architectures' direct recursions (app/solvers.c's table; tpk_arch.direct). */
 int app_transformer_direct(const tpk_program *p, const tpk_phi_registry *reg, const tpk_array *X,
                            int all_outputs, const tpk_progress *prog, tpk_array **K, double *err,

@@ -294,8 +294,11 @@ static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_
     }
     tpk_array *K = NULL, *Th = NULL;
     const tpk_array *X = s->Xall ? s->Xall : s->X;
+    app_direct_ntk dn = app_job_solver_ntk(job);
     int st = job->kernel == TPK_JOB_NNGP
                  ? batch_kernel(job, s, X, job->progress, &K, err, ctx)
+             : dn != NULL ? dn(s->prog, s->reg, X, job->all_outputs, job->ntk_param,
+                               job->ntk_width, job->progress, &K, &Th, err, ctx)
                  : tpk_netsor_ntk_ex(s->prog, X, job->all_outputs,
                                      &(tpk_ntk_opts){job->ntk_param, job->ntk_width, job->progress},
                                      &K, &Th, err, ctx);

@@ -18,9 +18,10 @@
  * --set, its defaults) drive the direct recursion of the same limit (theory.md §2.7; the
  * shipped program's feed-forward φ is relu). Agreement with the evaluator on the program:
  * tests/test_transformer.c. */
-int app_transformer_direct(const tpk_program *p, const tpk_phi_registry *reg,
-                              const tpk_array *X, int all_outputs, const tpk_progress *prog,
-                              tpk_array **K, double *err, tpk_ctx *ctx)
+static int transformer(const tpk_program *p, const tpk_phi_registry *reg, const tpk_array *X,
+                       int all_outputs, int ntk, int param, size_t width,
+                       const tpk_progress *prog, tpk_array **K, tpk_array **Th, double *err,
+                       tpk_ctx *ctx)
 {
     double L, T;
     tpk_transformer_params tp = {0};
@@ -49,9 +50,25 @@ int app_transformer_direct(const tpk_program *p, const tpk_phi_registry *reg,
         return ctx->status;
     tp.depth = (int)L;
     tp.phi = relu;
-    st = tpk_transformer_kernel(&tp, X, all_outputs, NULL, prog, K, err, ctx);
+    tp.ntk_param = param;
+    tp.ntk_width = width;
+    st = tpk_transformer_kernels(&tp, X, all_outputs, NULL, prog, K, ntk ? Th : NULL, err, ctx);
     tpk_phi_free(relu);
     return st;
+}
+
+int app_transformer_direct(const tpk_program *p, const tpk_phi_registry *reg,
+                              const tpk_array *X, int all_outputs, const tpk_progress *prog,
+                              tpk_array **K, double *err, tpk_ctx *ctx)
+{
+    return transformer(p, reg, X, all_outputs, 0, 0, 0, prog, K, NULL, err, ctx);
+}
+
+static int transformer_ntk(const tpk_program *p, const tpk_phi_registry *reg, const tpk_array *X,
+                           int all_outputs, int param, size_t width, const tpk_progress *prog,
+                           tpk_array **K, tpk_array **Th, double *err, tpk_ctx *ctx)
+{
+    return transformer(p, reg, X, all_outputs, 1, param, width, prog, K, Th, err, ctx);
 }
 
 /* --arch=gru by kernels/gru.c: the program's parameter values drive the direct recursion of the
@@ -97,25 +114,36 @@ int app_gru_direct(const tpk_program *p, const tpk_phi_registry *reg, const tpk_
 typedef struct solver_row {
     const char *name;           /* the outputs' "solver" attribute */
     tpk_direct_kernel kernel;
+    app_direct_ntk ntk;         /* the NTK beside the NNGP by the same recursion, or NULL: the
+                                 * interpreter's NTK pass */
     const char *measured;       /* why the row exists: against the interpreter, side by side */
 } solver_row;
 
 static const solver_row rows[] = {
-    {"transformer-recursion", app_transformer_direct,
+    {"transformer-recursion", app_transformer_direct, transformer_ntk,
      "2 x 1000 tokens, depth 2: 0.13-0.14 s against the interpreter's 0.27-0.38 s "
      "(bench_transformer, docs/orchestration.md section 7)"},
-    {"gru-recursion", app_gru_direct,
+    {"gru-recursion", app_gru_direct, NULL,
      "GRU 4 x 8, all times: 0.66 s against the member-level evaluator's 12.4 s, and a tighter "
      "integration (bench_recurrent; theory.md section 2.3)"},
 };
+
+/* The row of a direct recursion (NULL: none). */
+static const solver_row *row_of(tpk_direct_kernel k)
+{
+    for (size_t i = 0; k != NULL && i < sizeof rows / sizeof rows[0]; i++)
+        if (rows[i].kernel == k)
+            return &rows[i];
+    return NULL;
+}
 
 tpk_direct_kernel tpk_job_solver(const tpk_job *job, const char **name)
 {
     tpk_direct_kernel k = job != NULL ? job->direct : NULL;
     const char *ev = getenv("TPK_EVALUATOR");
-    /* the NTK is a pass of the interpreter (tpk_netsor_ntk): no recursion computes it */
+    /* the NTK: the row's own recursion where it has one, else the interpreter's pass */
     if (k == NULL || job->source != NULL || (ev != NULL && strcmp(ev, "program") == 0) ||
-        job->kernel != TPK_JOB_NNGP)
+        (job->kernel != TPK_JOB_NNGP && (row_of(k) == NULL || row_of(k)->ntk == NULL)))
         k = NULL;
     if (name != NULL) {
         *name = k != NULL ? "direct-recursion" : "interpreter";
@@ -124,4 +152,10 @@ tpk_direct_kernel tpk_job_solver(const tpk_job *job, const char **name)
                 *name = rows[i].name;
     }
     return k;
+}
+
+app_direct_ntk app_job_solver_ntk(const tpk_job *job)
+{
+    tpk_direct_kernel k = job->kernel != TPK_JOB_NNGP ? tpk_job_solver(job, NULL) : NULL;
+    return k != NULL ? row_of(k)->ntk : NULL;
 }

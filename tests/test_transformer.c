@@ -411,6 +411,99 @@ static void test_direct_matches_evaluator(void **state)
     tpk_phi_registry_free(reg);
 }
 
+/* The recursion's NTK (tpk_transformer_kernels) against the interpreter's member-level NTK of
+ * the program (tpk_netsor_ntk_ex: its tangent pass over the unrolled form, which shares no code
+ * with the recursion but the φ maps), in all three parameterisations, with d < T and d >= T,
+ * both readouts; the NNGP beside it is the recursion's own to rounding (its feed-forward map
+ * runs by segments there). */
+static void test_direct_ntk(void **state)
+{
+    (void)state;
+    static const struct {
+        size_t n, t, d;
+        int L;
+        double v[7]; /* var_e, var_u, var_w, var_b, temp, eps, sigma_v2 */
+    } cs[] = {
+        {3, 4, 2, 2, {1.3, 0.8, 1.7, 0.2, 0.7, 1e-12, 1.0}},
+        {2, 3, 5, 3, {0.6, 1.4, 0.9, 0.0, 2.5, 1e-3, 0.4}},
+        {1, 1, 4, 1, {1.0, 1.0, 1.0, 0.5, 1.0, 0.0, 2.0}},
+    };
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    tpk_phi_registry *reg = tpk_job_registry(&ctx);
+    tpk_phi *relu = tpk_phi_alloc(reg, "relu", &ctx);
+    assert_non_null(relu);
+    double worst = 0;
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        size_t dims[3] = {cs[c].n, cs[c].t, cs[c].d};
+        tpk_array *x = tpk_array_alloc(3, dims, &ctx);
+        for (size_t i = 0; i < tpk_array_size(x); i++)
+            x->data[i] = cos(0.41 * (double)i + 0.3 * (double)c) *
+                         (1.0 + 0.5 * (double)(i / (cs[c].t * cs[c].d)));
+        const double *v = cs[c].v;
+        char prog[4200], b[9][32];
+        tpk_shipped_path("programs/transformer.nsr", prog, sizeof prog);
+        snprintf(b[0], 32, "%d", cs[c].L);
+        snprintf(b[1], 32, "%zu", cs[c].t);
+        for (int i = 0; i < 7; i++)
+            snprintf(b[2 + i], 32, "%.17g", v[i]);
+        tpk_param_set sets[] = {{"L", b[0]},     {"T", b[1]},     {"var_e", b[2]},
+                                {"var_u", b[3]}, {"var_w", b[4]}, {"var_b", b[5]},
+                                {"temp", b[6]},  {"eps", b[7]},   {"sigma_v2", b[8]}};
+        tpk_netsor_opts o = {.sets = sets, .nsets = 9};
+        tpk_program *p = tpk_netsor_load_file(prog, &o, reg, &ctx);
+        if (!p)
+            fail_msg("%s", ctx.msg);
+        for (int param = 0; param < 3; param++)
+            for (int all = 0; all <= 1; all++) {
+                tpk_transformer_params tp = {.depth = cs[c].L, .phi = relu, .var_e = v[0],
+                                             .var_u = v[1], .var_w = v[2], .var_b = v[3],
+                                             .temp = v[4], .eps = v[5], .sigma_v2 = v[6],
+                                             .ntk_param = param, .ntk_width = 6};
+                tpk_ntk_opts no = {param, 6, NULL};
+                tpk_array *Ke = NULL, *Te = NULL, *Kd = NULL, *Td = NULL, *K1 = NULL;
+                if (tpk_netsor_ntk_ex(p, x, all, &no, &Ke, &Te, NULL, &ctx) ||
+                    tpk_transformer_kernels(&tp, x, all, NULL, NULL, &Kd, &Td, NULL, &ctx) ||
+                    tpk_transformer_kernel(&tp, x, all, NULL, NULL, &K1, NULL, &ctx))
+                    fail_msg("%s", ctx.msg);
+                const size_t side = Td->dims[0];
+                assert_int_equal(tpk_array_size(Te), side * side);
+                double scale = 0;
+                for (size_t i = 0; i < side * side; i++)
+                    scale = fmax(scale, fabs(Te->data[i]));
+                for (size_t i = 0; i < side * side; i++) {
+                    worst = fmax(worst, fabs(Td->data[i] - Te->data[i]) / scale);
+                    assert_true(Td->data[i] == Td->data[(i % side) * side + i / side]);
+                    assert_true(fabs(Kd->data[i] - K1->data[i]) <= 1e-14 * fabs(K1->data[i]));
+                }
+                tpk_array_free(Ke);
+                tpk_array_free(Te);
+                tpk_array_free(Kd);
+                tpk_array_free(Td);
+                tpk_array_free(K1);
+            }
+        tpk_program_free(p);
+        tpk_array_free(x);
+    }
+    print_message("transformer NTK, recursion vs the interpreter's pass: largest difference "
+                  "%.2e\n", worst);
+    assert_true(worst < 1e-13);
+    /* 'standard' needs the width */
+    tpk_transformer_params bad = {.depth = 1, .phi = relu, .var_e = 1, .var_u = 1, .var_w = 1,
+                                  .temp = 1, .sigma_v2 = 1, .ntk_param = TPK_NTK_PARAM_STANDARD};
+    tpk_array *x = tpk_array_alloc(3, (size_t[3]){1, 2, 2}, &ctx), *K = NULL, *Th = NULL;
+    for (size_t i = 0; i < 4; i++)
+        x->data[i] = 0.3 * (double)i + 0.1;
+    assert_int_equal(tpk_transformer_kernels(&bad, x, 1, NULL, NULL, &K, &Th, NULL, &ctx),
+                     TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "ntk-width"));
+    assert_null(K);
+    assert_null(Th);
+    tpk_array_free(x);
+    tpk_phi_free(relu);
+    tpk_phi_registry_free(reg);
+}
+
 /* Bad input: a clear status and message, nothing allocated. */
 static void test_direct_errors(void **state)
 {
@@ -504,6 +597,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_invariants, use_program, use_default),
         cmocka_unit_test(test_direct_matches_evaluator),
         cmocka_unit_test(test_direct_errors),
+        cmocka_unit_test(test_direct_ntk),
         cmocka_unit_test(test_evaluator_attribute),
         cmocka_unit_test(test_executor),
     };

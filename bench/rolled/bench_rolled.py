@@ -12,7 +12,10 @@
       and |K-hat − K|_F / |K|_F against (a)'s limit kernel
   (e) issue 35: cnn2d as (b), 8 images 28×28×1 depth 8, GAP and flatten, --kernel=both (NNGP
       and NTK) against neural-tangents' get=("nngp", "ntk"), second call; bar: NNGP 1e-10, NTK
-      1e-7 relative (neural-tangents' own float64 error there), gpkernel >= 5× faster
+      1e-7 relative (neural-tangents' own float64 error there), gpkernel >= 5× faster, and
+      both kernels cost <= 2.5× the NNGP alone
+  (f) issue 35: transformer 2 × 1000 tokens, depth 2, --kernel=both against the NNGP alone;
+      bar <= 2.5×
 
 Times are medians of 3 whole processes (time.perf_counter around the subprocess; max RSS from
 /usr/bin/time -f "%e %M", GNU time, Debian package `time`), but neural-tangents: one
@@ -218,6 +221,7 @@ def item_cnn_ntk(a, py, results, N, H, L, readout, key):
         raise HarnessError(f"{tag}: no timings in the neural-tangents output: {out_n!r}")
     t_second = float(m.group(2))
     rc_g, t_g, _, _, err_g = median_runs(gp, a.reps)
+    rc_1, t_1, _, _, _ = median_runs([g for g in gp if g != "--kernel=both"], a.reps)
     r = {"item": key, "N": N, "H": H, "depth": L, "readout": readout, "nt_second_s": t_second}
     if rc_g != 0:
         r.update(refused=refusal(err_g), passed=False)
@@ -229,13 +233,40 @@ def item_cnn_ntk(a, py, results, N, H, L, readout, key):
         Kn, Tn = np.load(kn), np.load(tn)
         dk = float(np.max(np.abs(G - Kn)) / np.max(np.abs(Kn)))
         dt = float(np.max(np.abs(Tg - Tn)) / np.max(np.abs(Tn)))
-        speed = t_second / t_g
-        ok_d, ok_t = dk <= 1e-10 and dt <= 1e-7, speed >= 5
-        r.update(gpkernel_s=t_g, rel_diff_nngp=dk, rel_diff_ntk=dt, speedup=speed, agree=ok_d,
-                 passed=ok_d and ok_t)
+        speed, cost = t_second / t_g, t_g / t_1
+        ok_d, ok_t, ok_c = dk <= 1e-10 and dt <= 1e-7, speed >= 5, rc_1 == 0 and cost <= 2.5
+        r.update(gpkernel_s=t_g, gpkernel_nngp_s=t_1, rel_diff_nngp=dk, rel_diff_ntk=dt,
+                 speedup=speed, cost=cost, agree=ok_d, passed=ok_d and ok_t and ok_c)
         print(f"{tag}: rel diff NNGP {dk:.1e} NTK {dt:.1e} (bars 1e-10, 1e-7: {verdict(ok_d)}) | "
               f"gpkernel process {fmt_t(t_g)} NT second {fmt_t(t_second)} | speed-up "
-              f"{speed:.3g}x (bar >= 5x: {verdict(ok_t)}) | {verdict(ok_d and ok_t)}")
+              f"{speed:.3g}x (bar >= 5x: {verdict(ok_t)}) | cost against the NNGP alone "
+              f"({fmt_t(t_1)}) {cost:.2f}x (bar <= 2.5x: {verdict(ok_c)}) | "
+              f"{verdict(ok_d and ok_t and ok_c)}")
+    results.append(r)
+
+
+def item_transformer_ntk(a, results):
+    """Issue 35's cost line: gpkernel --arch=transformer --kernel=both against the NNGP alone, the
+    same input as (a), whole processes."""
+    N, T, d, L = (2, 1000, 12, 2) if not a.toy else (2, 8, 12, 2)
+    tag = f"[f] transformer {N}x{T} tokens depth={L} --kernel=both vs the NNGP alone"
+    x = np.random.default_rng([14, 1]).standard_normal((N, T, d))
+    xin = os.path.join(a.out, f"transformer-ntk-{N}x{T}x{d}.npy")
+    np.save(xin, x)
+    gp = [a.bin + "/gpkernel", "--arch=transformer", f"--depth={L}", "--all-times",
+          f"--input={xin}", f"--output={os.path.join(a.out, 'transformer-ntk.h5')}", "--quiet"]
+    rc_1, t_1, _, _, err_1 = median_runs(gp, a.reps)
+    rc_2, t_2, _, _, err_2 = median_runs(gp + ["--kernel=both"], a.reps)
+    r = {"item": "f", "N": N, "T": T, "depth": L}
+    if rc_1 or rc_2:
+        r.update(refused=refusal(err_2 or err_1), passed=False)
+        print(f"{tag}: refused: {r['refused']} | FAIL")
+    else:
+        cost = t_2 / t_1
+        ok = cost <= 2.5
+        r.update(nngp_s=t_1, both_s=t_2, cost=cost, passed=ok)
+        print(f"{tag}: both {fmt_t(t_2)} NNGP {fmt_t(t_1)} cost {cost:.2f}x (bar <= 2.5x: "
+              f"{verdict(ok)})")
     results.append(r)
 
 
@@ -332,6 +363,7 @@ def main(argv=None):
         for ro in ("gap", "flatten"):
             item_cnn_ntk(a, py, results, *((8, 28, 8) if not a.toy else (4, 6, 2)), ro,
                          "e-" + ro)
+        item_transformer_ntk(a, results)
     except HarnessError as e:
         print(f"bench-rolled: harness error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@
 
 #include "array.h"
 #include "gauss.h"
+#include "ntk.h"
 #include "progress.h"
 
 #ifdef __cplusplus
@@ -63,6 +64,8 @@ typedef struct tpk_transformer_params {
     double temp;         /* softmax temperature, > 0 */
     double eps;          /* LN: added to the variance, >= 0 */
     double sigma_v2;     /* readout variance */
+    int ntk_param;       /* tpk_transformer_kernels' NTK: TPK_NTK_PARAM_NTK (0), _TP, _STANDARD */
+    size_t ntk_width;    /* TPK_NTK_PARAM_STANDARD: the width n */
 } tpk_transformer_params;
 
 /* Check the parameters; a clear message naming the flag for each violation. */
@@ -79,6 +82,19 @@ TPK_API int tpk_transformer_kernel(const tpk_transformer_params *p, const tpk_ar
                                    int all_tokens, const tpk_gauss_ws *ws,
                                    const tpk_progress *prog, tpk_array **K, double *err,
                                    tpk_ctx *ctx);
+
+/* The same with the Neural Tangent Kernel of the same network (Theta NULL: the NNGP alone), in
+ * the parameterisation p->ntk_param (include/tpk/ntk.h, theory.md §8.7; fan-ins d for the
+ * embedding, n for U, W1, W2 and the readout, 1 for the biases, which every layer has). Beside
+ * each covariance the recursion carries its tangent kernel (theory.md §2.7, §8.5): the logits
+ * and the LayerNorms' moments are Moments, constant in the tangent, so T^r = P T^k Pᵀ with
+ * T^k = w_U Σ^z + var_u T^z, T^h = LN's scaling of T^r, T^pre = w_W Σ^h + var_w T^h + w_b,
+ * T^f = w_W V_φ(Σ^pre) + var_w V_φ′(Σ^pre) ⊙ T^pre + w_b, T^z = LN's scaling of T^f + T^h,
+ * Θ = w_v Σ^{z_L} + σ_v² T^{z_L}. Layouts as K. */
+TPK_API int tpk_transformer_kernels(const tpk_transformer_params *p, const tpk_array *X,
+                                    int all_tokens, const tpk_gauss_ws *ws,
+                                    const tpk_progress *prog, tpk_array **K, tpk_array **Theta,
+                                    double *err, tpk_ctx *ctx);
 
 /* erf-GRU of Tensor Programs I (theory.md §2.3; the model of programs/gru.nsr, whose parameter
  * names these are): z̃ = U_z x + W_z h + b_z, r̃ likewise, h̃ = U_h x + W_h (h ⊙ σ(r̃)) + b_h,

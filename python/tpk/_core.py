@@ -324,9 +324,10 @@ variance factors). It does not change the NNGP. get=("nngp", "ntk") computes bot
 pass and returns a namedtuple with fields nngp and ntk (in get's order), as gpkernel
 --kernel=both does: the NNGP then comes from the NTK's pass, not from an architecture's
 direct recursion (the GRU's differs from it by its quadrature error, ~1e-6 relative).
-The NTK of a program is computed by the member-level (unrolled) evaluator, not the rolled one
-nor an architecture's direct recursion, so it is slower than the NNGP for large programs (deep
-or long ones; the GRU's and the LSTM's cost grows steeply with T); BatchNorm has none yet.
+The NTK of a program is computed by the member-level (unrolled) evaluator, not the rolled one,
+so it is slower than the NNGP for large programs (deep or long ones; the GRU's and the LSTM's
+cost grows steeply with T); the transformer row computes it in its own recursion; BatchNorm has
+none yet.
 cnn1d and cnn2d compute theirs beside the NNGP in their own recursion, with every readout
 (flatten, gap, lap; 'standard' not with lap); the attention row (1/sqrt(n) logits) refuses it.
 The library does not read the cancel flag during an NTK yet:
