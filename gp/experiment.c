@@ -64,6 +64,50 @@ static int check_var(const opts *o, const char *field, const char *flag, double 
     return TPK_OK;
 }
 
+/* 1 when the experiment needs the NTK beside the NNGP. */
+static int wants_ntk(const opts *o)
+{
+    return o->kernel_type == TPK_GP_KERNEL_NTK || o->predict_gd;
+}
+
+/* The NTK's and the dynamics' options. */
+static int check_ntk(const opts *o, tpk_ctx *ctx)
+{
+    char sp[96];
+    if (o->kernel_type != TPK_GP_KERNEL_NNGP && o->kernel_type != TPK_GP_KERNEL_NTK)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s must be nngp or ntk (got %d)",
+                         spelled(o, "kernel_type", "kernel-type", sp, sizeof sp), o->kernel_type);
+    if (wants_ntk(o) && !o->kernel_file && !tpk_gp_experiment_table_kernel(o))
+        return TPK_ERROR(ctx, TPK_EINVAL, "the NTK (--kernel-type=ntk, --predict=gd) comes with "
+                         "an architecture of the table, a --program or a --kernel file of "
+                         "gpkernel --kernel=both: not --arch=rbf, a --depth range or --fit-hyper");
+    if (o->ntk_param < TPK_NTK_PARAM_NTK || o->ntk_param > TPK_NTK_PARAM_STANDARD)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s must be ntk, tp or standard (got %d)",
+                         spelled(o, "ntk_param", "parameterization", sp, sizeof sp), o->ntk_param);
+    if (!o->predict_gd) {
+        if (o->ntimes > 0 || o->lr != 0 || o->gd_steps)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--times, --lr and --steps go with --predict=gd");
+        return TPK_OK;
+    }
+    if (o->ntimes == 0 || !o->times)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--predict=gd needs --times=LIST (e.g. 0,10,100,inf)");
+    if (!o->test && !o->kernel_file)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--predict=gd predicts on the test set: give --test");
+    if (!(o->lr >= 0) || !isfinite(o->lr))
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s must be a learning rate > 0 (got %g)",
+                         spelled(o, "lr", "lr", sp, sizeof sp), o->lr);
+    if (o->full_cov)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--full-cov is the posterior's; --predict=gd writes "
+                         "the variances of the trained ensemble");
+    for (size_t i = 0; i < o->ntimes; i++)
+        if (!(o->times[i] >= 0) || (o->gd_steps && isfinite(o->times[i]) &&
+                                    o->times[i] != floor(o->times[i])))
+            return TPK_ERROR(ctx, TPK_EINVAL, "--times: entry %zu is %g: times are >= 0 (inf: "
+                             "converged)%s", i + 1, o->times[i],
+                             o->gd_steps ? ", and with --steps whole numbers of steps" : "");
+    return TPK_OK;
+}
+
 int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
 {
     int st;
@@ -131,7 +175,7 @@ int tpk_gp_experiment_check(const tpk_gp_experiment_opts *o, tpk_ctx *ctx)
                          spelled(o, "noise_fits", "noise-fits", sp2, sizeof sp2));
     if (o->kernel && strcmp(o->kernel, "mlp") == 0 && !tpk_gp_experiment_table_kernel(o) && !o->phi)
         return TPK_ERROR(ctx, TPK_EINVAL, "--arch=mlp needs --phi");
-    return TPK_OK;
+    return check_ntk(o, ctx);
 }
 
 /* ---- one kernel: choose noise, fit, predict, score, write ------------------------------------ */
@@ -465,6 +509,7 @@ typedef struct exp_state {
     tpk_gauss_ws *ws;
     tpk_gp_data *d;
     tpk_array *K, *Kxt, *kd, *Ktt;
+    tpk_array *T, *Txt, *td;  /* the NTK's blocks (wants_ntk) */
     run_state rs;
 } exp_state;
 
@@ -472,7 +517,7 @@ static void exp_free(exp_state *e, tpk_ctx *ctx)
 {
     tpk_gp_report_free(e->rs.rep);
     tpk_free(ctx, e->rs.work);
-    tpk_array *arr[] = {e->K, e->Kxt, e->kd, e->Ktt};
+    tpk_array *arr[] = {e->K, e->Kxt, e->kd, e->Ktt, e->T, e->Txt, e->td};
     for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
         tpk_array_free(arr[i]);
     tpk_gp_data_free(e->d);
@@ -569,6 +614,30 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
     if (e->K->ndim != 2 || e->K->dims[0] != e->K->dims[1])
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: /kernel must be N×N (got %zu×%zu)", o->kernel_file,
                          e->K->dims[0], tpk_array_item_size(e->K));
+    if (wants_ntk(o)) { /* gpkernel --kernel=both's NTK blocks, shaped as the NNGP's */
+        static const char *const ds[3] = {"/ntk", "/ntk_test_train", "/ntk_test_diag"};
+        tpk_array **out[3] = {&e->T, &e->Txt, &e->td};
+        const tpk_array *like[3] = {e->K, e->Kxt, e->kd};
+        tpk_ctx quiet;
+        tpk_ctx_init_from(&quiet, ctx);
+        tpk_ctx_set_notes(&quiet, NULL, NULL);
+        for (int i = 0; i < (e->Kxt ? 3 : 1); i++) {
+            snprintf(spec, sizeof spec, "%s:%s", o->kernel_file, ds[i]);
+            if (!(*out[i] = tpk_io_read(spec, NULL, &quiet)))
+                return quiet.status == TPK_ENOTFOUND
+                           ? TPK_ERROR(ctx, TPK_EINVAL, "%s: no %s: --kernel-type=ntk and "
+                                       "--predict=gd read the NTK a kernel file has from gpkernel "
+                                       "--kernel=both", o->kernel_file, ds[i])
+                           : TPK_ERROR(ctx, quiet.status, "%s", quiet.msg);
+            if (tpk_array_size(*out[i]) != tpk_array_size(like[i]))
+                return TPK_ERROR(ctx, TPK_EINVAL, "%s: %s has %zu entries, its NNGP block %zu",
+                                 o->kernel_file, ds[i], tpk_array_size(*out[i]),
+                                 tpk_array_size(like[i]));
+        }
+        int st = check_psd(o->kernel_file, e->T, ctx);
+        if (st)
+            return st;
+    }
     if (e->Kxt && (e->Kxt->dims[1] != e->K->dims[0] || tpk_array_size(e->kd) != e->Kxt->dims[0]))
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: /kernel_test_train is %zu×%zu and "
                          "/kernel_test_diag has %zu entries, but /kernel is %zu×%zu",
@@ -590,7 +659,7 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
  * Python package runs those rows). The folder is removed whatever happens. */
 static int table_kernel_job(const tpk_arch *a, const tpk_arch_opts *ao, const tpk_array *X,
                             const tpk_array *Xt, tpk_array **K, tpk_array **Kxt, tpk_array **kd,
-                            tpk_ctx *ctx)
+                            tpk_array *T3[3], tpk_ctx *ctx)
 {
     const char *tmp = getenv("TMPDIR");
     char dir[1024], xs[1100], ts[1100], kf[1100], spec[1200];
@@ -616,12 +685,15 @@ static int table_kernel_job(const tpk_arch *a, const tpk_arch_opts *ao, const tp
     snprintf(tspec, sizeof tspec, "%s:/x", ts);
     if (!st)
         st = tpk_arch_job(a, ao, xspec, Xt ? tspec : NULL, kf, ctx);
-    static const char *const ds[3] = {"/kernel", "/kernel_test_train", "/kernel_test_diag"};
-    tpk_array **out[3] = {K, Kxt, kd};
+    static const char *const ds[6] = {"/kernel", "/kernel_test_train", "/kernel_test_diag",
+                                      "/ntk", "/ntk_test_train", "/ntk_test_diag"};
+    tpk_array **out[6] = {K, Kxt, kd, T3 ? &T3[0] : NULL, T3 ? &T3[1] : NULL, T3 ? &T3[2] : NULL};
     tpk_ctx quiet;
     tpk_ctx_init_from(&quiet, ctx);
     tpk_ctx_set_notes(&quiet, NULL, NULL); /* /kernel_test_diag is a vector: no rank-1 note */
-    for (int i = 0; i < (Xt ? 3 : 1) && !st; i++) {
+    for (int i = 0; i < 6 && !st; i++) {
+        if (!out[i] || (i % 3 > 0 && !Xt))
+            continue;
         snprintf(spec, sizeof spec, "%s:%s", kf, ds[i]);
         if (!(*out[i] = tpk_io_read(spec, NULL, &quiet)))
             st = quiet.status == TPK_ENOTFOUND
@@ -650,7 +722,7 @@ static const tpk_array *flat_view(const tpk_array *X, tpk_array *v)
 /* The kernels of X (and Xt) by the table's architecture o->kernel or the program o->program,
  * as gpkernel computes them: *K (N×N), *Kxt (M×N) and *kd (M) with Xt. */
 static int table_kernel(const opts *o, const tpk_array *X, const tpk_array *Xt, tpk_array **K,
-                        tpk_array **Kxt, tpk_array **kd, tpk_ctx *ctx)
+                        tpk_array **Kxt, tpk_array **kd, tpk_array *T3[3], tpk_ctx *ctx)
 {
     *K = NULL;
     if (Kxt)
@@ -660,12 +732,29 @@ static int table_kernel(const opts *o, const tpk_array *X, const tpk_array *Xt, 
     if (o->program) {
         tpk_job job = {.label = "program", .program = o->program, .sets = o->sets,
                        .nsets = o->nsets, .netsor_plus = o->netsor_plus, .input = o->train,
-                       .test = o->test, .progress = o->progress};
+                       .test = o->test, .progress = o->progress, .ntk_param = o->ntk_param,
+                       .ntk_width = o->ntk_width};
+        if (T3) { /* both kernels, one pass */
+            tpk_array *B[3];
+            int st = tpk_job_kernels_arrays(&job, X, Xt, B, T3, NULL, ctx);
+            *K = B[0];
+            if (Kxt)
+                *Kxt = B[1];
+            else
+                tpk_array_free(B[1]);
+            if (kd)
+                *kd = B[2];
+            else
+                tpk_array_free(B[2]);
+            return st;
+        }
         return tpk_job_kernel_arrays(&job, X, Xt, K, Kxt, kd, NULL, ctx);
     }
     const tpk_arch *a = tpk_arch_find(o->kernel);
     tpk_arch_opts ao = {.flags = o->arch_flags, .nflags = o->narch_flags, .sets = o->sets,
-                        .nsets = o->nsets, .layernorm = o->layernorm, .progress = o->progress};
+                        .nsets = o->nsets, .layernorm = o->layernorm, .progress = o->progress,
+                        .kernel = T3 ? TPK_JOB_BOTH : TPK_JOB_NNGP, .ntk_param = o->ntk_param,
+                        .ntk_width = o->ntk_width};
     /* --arch=mlp from the experiment's own fields (a C or Python caller, or no flag given):
      * its depth, phi and variances as the row's flags */
     char v[3][32];
@@ -685,7 +774,7 @@ static int table_kernel(const opts *o, const tpk_array *X, const tpk_array *Xt, 
     if (!a)
         return TPK_ERROR(ctx, TPK_EINVAL, "unknown --arch '%s'", o->kernel);
     if (a->custom) /* writes HDF5: through its job */
-        return table_kernel_job(a, &ao, X, Xt, K, Kxt, kd, ctx);
+        return table_kernel_job(a, &ao, X, Xt, K, Kxt, kd, T3, ctx);
     /* the MLP reads every item as one vector, as gpregress' own recursion did (IDX images
      * N×rows×cols): views of the same data as N×d */
     tpk_array xv, tv;
@@ -693,6 +782,16 @@ static int table_kernel(const opts *o, const tpk_array *X, const tpk_array *Xt, 
         X = flat_view(X, &xv);
     if (strcmp(a->name, "mlp") == 0 && Xt && Xt->ndim > 2)
         Xt = flat_view(Xt, &tv);
+    if (T3) {
+        tpk_array *B[3];
+        int st = tpk_arch_kernels(a, &ao, X, Xt, B, T3, NULL, ctx);
+        *K = B[0];
+        if (Kxt)
+            *Kxt = B[1];
+        if (kd)
+            *kd = B[2];
+        return st;
+    }
     return tpk_arch_kernel(a, &ao, X, Xt, K, Kxt, kd, NULL, ctx);
 }
 
@@ -713,6 +812,138 @@ static int alloc_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
     return TPK_OK;
 }
 
+/* The trained ensemble's predictions at o->times (tpk_gd_mse_ensemble, NT's
+ * gradient_descent_mse_ensemble): the mean of every test item, the variances of the first var_n
+ * (all by default, at most GD_VAR_MAX: the covariance it comes from is times × items²), scores
+ * per time against the test targets; its datasets under the report's file. The prior's test
+ * covariance enters the variances by its diagonal alone, so a diagonal K_tt stands for it. */
+#define GD_VAR_MAX 4000
+static int gd_predict(exp_state *e, tpk_ctx *ctx)
+{
+    const opts *o = e->rs.o;
+    const tpk_gp_data *d = e->d;
+    const size_t nt = o->ntimes, m = e->Kxt ? e->Kxt->dims[0] : 0, c = d->c, n = e->rs.n;
+    if (m == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "--predict=gd predicts on the test set, and the kernel "
+                         "has no test block");
+    size_t mv = o->no_var ? 0 : o->var_n > 0 && o->var_n < m ? o->var_n : m;
+    if (mv > GD_VAR_MAX)
+        mv = GD_VAR_MAX;
+    tpk_gd_opts go;
+    tpk_gd_opts_default(&go);
+    go.lr = o->lr > 0 ? o->lr : 1.0;
+    go.discrete = o->gd_steps;
+    go.get = o->kernel_type == TPK_GP_KERNEL_NTK ? TPK_GD_NTK : TPK_GD_NNGP;
+    const int ntk = go.get == TPK_GD_NTK;
+    tpk_array *mean = tpk_array_alloc(3, (size_t[3]){nt, m, c}, ctx), *var = NULL, *cov = NULL;
+    tpk_array *ktt = NULL, *mh = NULL;
+    int st = mean ? TPK_OK : ctx->status;
+    if (!st)
+        st = tpk_gd_mse_ensemble(ntk ? e->T : NULL, e->K, ntk ? e->Txt : NULL, e->Kxt, NULL, d->Y,
+                                 o->times, nt, &go, mean, NULL, ctx);
+    if (!st && mv > 0) {
+        tpk_array kh = head_view(e->Kxt, mv), th = ntk ? head_view(e->Txt, mv) : kh;
+        if (!(ktt = tpk_array_alloc2(mv, mv, ctx)) ||
+            !(cov = tpk_array_alloc(3, (size_t[3]){nt, mv, mv}, ctx)) ||
+            !(mh = tpk_array_alloc(3, (size_t[3]){nt, mv, c}, ctx)) ||
+            !(var = tpk_array_alloc2(nt, mv, ctx)))
+            st = ctx->status;
+        for (size_t i = 0; !st && i < mv; i++)
+            ktt->data[i * mv + i] = e->kd->data[i];
+        if (!st)
+            st = tpk_gd_mse_ensemble(ntk ? e->T : NULL, e->K, ntk ? &th : NULL, &kh, ktt, d->Y,
+                                     o->times, nt, &go, mh, cov, ctx);
+        for (size_t t = 0; !st && t < nt; t++)
+            for (size_t i = 0; i < mv; i++)
+                var->data[t * mv + i] = cov->data[(t * mv + i) * mv + i];
+    }
+    tpk_h5out *out = tpk_gp_report_output(e->rs.rep);
+    /* the times as the coordinate's labels ("inf" for t = ∞, which no float dataset holds) */
+    char(*lab)[32] = st ? NULL : tpk_malloc(ctx, nt * sizeof *lab);
+    const char **labp = lab ? tpk_malloc(ctx, nt * sizeof *labp) : NULL;
+    if (!st && !labp)
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    for (size_t t = 0; !st && t < nt; t++) {
+        snprintf(lab[t], sizeof lab[t], isinf(o->times[t]) ? "inf" : "%.17g", o->times[t]);
+        labp[t] = lab[t];
+    }
+    if (!st) st = tpk_h5out_coord_labels(out, "gd_time", labp, nt, ctx);
+    tpk_free(ctx, labp);
+    tpk_free(ctx, lab);
+    if (!st) st = tpk_h5out_write(out, "/gd_mean", mean, ctx);
+    if (!st) st = tpk_h5out_dims(out, "/gd_mean", (const char *const[]){"gd_time", "test", "output"}, 3, ctx);
+    if (!st && var) st = tpk_h5out_write(out, "/gd_var", var, ctx);
+    if (!st && var) st = tpk_h5out_dims(out, "/gd_var", (const char *const[]){"gd_time", "test_var"}, 2, ctx);
+    /* scores per time: RMSE of the mean, and with classify the accuracy of its argmax */
+    if (!st && d->Yt) {
+        tpk_array *rm = tpk_array_alloc(1, (size_t[1]){nt}, ctx);
+        tpk_array *ac = rm && d->Lt ? tpk_array_alloc(1, (size_t[1]){nt}, ctx) : NULL;
+        st = !rm || (d->Lt && !ac) ? ctx->status : TPK_OK;
+        for (size_t t = 0; !st && t < nt; t++) {
+            const double *mt = mean->data + t * m * c;
+            double se = 0;
+            size_t hit = 0;
+            for (size_t i = 0; i < m; i++) {
+                size_t best = 0;
+                for (size_t k = 0; k < c; k++) {
+                    const double r = mt[i * c + k] - d->Yt->data[i * c + k];
+                    se += r * r;
+                    if (mt[i * c + k] > mt[i * c + best])
+                        best = k;
+                }
+                hit += ac && (double)best == d->Lt->data[i];
+            }
+            rm->data[t] = sqrt(se / (double)(m * c));
+            if (ac)
+                ac->data[t] = (double)hit / (double)m;
+        }
+        if (!st) st = tpk_h5out_write(out, "/gd_rmse", rm, ctx);
+        if (!st && ac) st = tpk_h5out_write(out, "/gd_accuracy", ac, ctx);
+        for (size_t t = 0; !st && o->summary && t < nt; t++) {
+            fprintf(o->summary, "  gd %s t=%-8g test RMSE %.6g", ntk ? "(NTK)" : "(NNGP, readout)",
+                    o->times[t], rm->data[t]);
+            if (ac)
+                fprintf(o->summary, ", accuracy %.4f", ac->data[t]);
+            fputc('\n', o->summary);
+        }
+        tpk_array_free(rm);
+        tpk_array_free(ac);
+    }
+    if (!st) st = tpk_h5out_attr_double(out, "/", "gd_lr", go.lr, ctx);
+    if (!st) st = tpk_h5out_attr_str(out, "/", "gd_trains", ntk ? "ntk" : "nngp", ctx);
+    if (!st) st = tpk_h5out_attr_int(out, "/", "gd_steps", o->gd_steps, ctx);
+    if (!st) st = tpk_h5out_attr_int(out, "/", "gd_train_items", (long long)n, ctx);
+    tpk_array_free(mean);
+    tpk_array_free(var);
+    tpk_array_free(cov);
+    tpk_array_free(ktt);
+    tpk_array_free(mh);
+    return st;
+}
+
+/* The posterior with the kernel o->kernel_type names (the NTK: the NTK-GP), then with
+ * predict_gd the trained ensemble. */
+static int evaluate_ntk(exp_state *e, double noise, tpk_ctx *ctx)
+{
+    const opts *o = e->rs.o;
+    const int ntk = o->kernel_type == TPK_GP_KERNEL_NTK;
+    int st = TPK_OK;
+    if (wants_ntk(o) && !e->T)
+        return TPK_ERROR(ctx, TPK_EINVAL, "no NTK was computed for this kernel");
+    if (!st && o->predict_gd) /* before evaluate, which factors K in place */
+        st = gd_predict(e, ctx);
+    if (!st && o->summary && ntk)
+        fprintf(o->summary, "  posterior: the NTK-GP (the NTK as the prior covariance, "
+                "%s parameterization)\n", tpk_ntk_param_name(o->ntk_param));
+    if (!st)
+        st = tpk_h5out_attr_str(tpk_gp_report_output(e->rs.rep), "/", "kernel_type",
+                                ntk ? "ntk" : "nngp", ctx);
+    if (!st)
+        st = ntk ? evaluate(&e->rs, 0, e->T, e->T, e->Txt, e->td, noise, ctx)
+                 : evaluate(&e->rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
+    return st;
+}
+
 /* Every kernel of the experiment through evaluate (or the fit_hyper loop). */
 static int run_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
 {
@@ -722,9 +953,14 @@ static int run_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
     const double noise = o->noise_auto ? -1 : o->noise;
     int st = TPK_OK;
     if (tpk_gp_experiment_table_kernel(o)) { /* gpkernel's kernel of any architecture */
-        st = table_kernel(o, X, Xt, &e->K, Xt ? &e->Kxt : NULL, Xt ? &e->kd : NULL, ctx);
+        tpk_array *T3[3] = {NULL, NULL, NULL};
+        st = table_kernel(o, X, Xt, &e->K, Xt ? &e->Kxt : NULL, Xt ? &e->kd : NULL,
+                          wants_ntk(o) ? T3 : NULL, ctx);
+        e->T = T3[0];
+        e->Txt = T3[1];
+        e->td = T3[2];
         if (!st && o->full_cov && Xt)
-            st = table_kernel(o, Xt, NULL, &e->Ktt, NULL, NULL, ctx);
+            st = table_kernel(o, Xt, NULL, &e->Ktt, NULL, NULL, NULL, ctx);
         rs->Ktt = e->Ktt;
         if (!st && o->full_cov && !e->Ktt)
             st = TPK_ERROR(ctx, TPK_EINVAL, "--full-cov needs test inputs");
@@ -734,7 +970,7 @@ static int run_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
                            e->K->dims[0], rs->n);
         if (!st)
             st = tpk_gp_report_advance(rs->rep, ctx); /* the kernel */
-        return st ? st : evaluate(rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
+        return st ? st : evaluate_ntk(e, noise, ctx);
     }
     if (o->full_cov && Xt && !o->fit_hyper) {
         tpk_mlp_params p = {.depth = o->depth_lo, .phi = e->phi, .sigma_w2 = o->sigma_w2,
@@ -755,9 +991,7 @@ static int run_kernels(exp_state *e, const opts *o, tpk_ctx *ctx)
         return fit_hyper_and_run(rs, o, X, Xt, e->phi, e->ws, e->K, e->Kxt, e->kd, ctx);
     }
     if (o->kernel_file)
-        return (st = tpk_gp_report_advance(rs->rep, ctx))
-                   ? st
-                   : evaluate(rs, 0, e->K, e->K, e->Kxt, e->kd, noise, ctx);
+        return (st = tpk_gp_report_advance(rs->rep, ctx)) ? st : evaluate_ntk(e, noise, ctx);
     if (mlp) {
         tpk_mlp_params p = {.depth = o->depth_hi, .phi = e->phi, .sigma_w2 = o->sigma_w2,
                             .sigma_b2 = o->sigma_b2};

@@ -201,7 +201,7 @@ def tp1_fig3(F):
 
 # ----------------------------------------------------------------------------- TP2 NTK convergence
 
-TP2_ARCHS = ["rnn", "gru", "lstm", "transformer", "batchnorm"]
+TP2_ARCHS = ["rnn", "gru", "lstm", "transformer", "cnn2d", "batchnorm"]
 TP2_SLOPE = -0.5               # TP II / NTK4A: relative Frobenius error of the NTK ~ n^-1/2
 
 
@@ -218,13 +218,17 @@ def tp2_ntk(F):
             reasons[a] = "not in gpkernel --list-archs yet"
             continue
         # the gated recurrences' limit NTK runs at the member level, its cost steep in T and N
-        inputs = 3 if a in ("gru", "lstm") else (0 if F.full else 6)
+        inputs = 3 if a in ("gru", "lstm", "cnn2d") else (0 if F.full else 6)
+        # the CNN's finite networks cost P·kh·kw·n² per layer and input: fewer of them
+        nets = max(16, seeds // 2) if a == "cnn2d" else seeds
         try:
             prog = rows[a]["program"]
             cpath = os.path.join(F.work, f"{a}-ntk.h5")
-            F.run(f"{a}: NTK, {seeds} networks per width, widths {widths}",
-                  [F.tool("gplimits"), f"--program={prog}", *seq_args(prog), "--kernel=ntk",
-                   f"--max-inputs={inputs}", f"--widths={widths}", f"--seeds={seeds}",
+            src = ["--arch=cnn2d", "--input=data/demo-images.npy"] if a == "cnn2d" else \
+                  [f"--program={prog}", *seq_args(prog)]
+            F.run(f"{a}: NTK, {nets} networks per width, widths {widths}",
+                  [F.tool("gplimits"), *src, "--kernel=ntk",
+                   f"--max-inputs={inputs}", f"--widths={widths}", f"--seeds={nets}",
                    f"--boot={boot}", "--progress", f"--output={cpath}"],
                   timeout=3600 if F.full else 900)
             results[a] = tp.convergence(cpath)

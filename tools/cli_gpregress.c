@@ -1,6 +1,7 @@
 /* gpregress's command line, shared with gpregress-mpi (tools/cli_gpregress.h). */
 #include "cli_gpregress.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,6 +58,20 @@ const char cli_gpregress_options_help[] =
     "                     toolkit (refused by default: nothing is overwritten without it)\n"
     "  --full-cov         also the full latent predictive covariance /cov (M×M)\n"
     "  --no-var           skip the predictive variance (and the NLL)\n"
+    "The NTK and training dynamics (an --arch of the table, a --program, or a --kernel file of\n"
+    "gpkernel --kernel=both with /ntk):\n"
+    "  --kernel-type=K    nngp (default) or ntk: the posterior's prior covariance (ntk: the\n"
+    "                     NTK-GP) and, with --predict=gd, what trains (ntk: every layer; nngp:\n"
+    "                     the readout alone)\n"
+    "  --parameterization=P --ntk-width=N   the NTK's, as gpkernel's (default ntk)\n"
+    "  --predict=gd       also the infinite ensemble trained by gradient descent on MSE from\n"
+    "                     zero noise (theory.md section 8.10): /gd_mean (time x test x output),\n"
+    "                     /gd_var (time x test, the first --var-n items, at most 4000), /gd_time,\n"
+    "                     and with --test-labels /gd_rmse, /gd_accuracy per time\n"
+    "  --times=LIST       with --predict=gd: times t >= 0 of the gradient flow e^(-lr t K/N),\n"
+    "                     comma separated, inf for converged (e.g. 0,10,100,inf)\n"
+    "  --lr=V             its learning rate (default 1)\n"
+    "  --steps            --times count discrete gradient-descent steps of size --lr\n"
     "  --progress, --no-progress   the progress line (below)\n"
     "  --quiet, --help, --version\n"
 ;
@@ -94,7 +109,8 @@ static int parse_depth(const char *s, tpk_gp_experiment_opts *o, tpk_ctx *ctx)
 enum { O_ARCH = 256, O_KERNEL, O_TRAIN, O_TEST, O_LABELS, O_TLABELS, O_OUTPUT, O_PHI, O_DEPTH,
        O_SW2, O_SB2, O_L2, O_AMP, O_QDEG, O_NOISE, O_NOSCALE, O_FITH, O_FIX, O_SELN, O_NTRAIN,
        O_NTEST, O_NFITS, O_VARN, O_CENTER, O_UNIT, O_CLASSIFY, O_FULLCOV, O_NOVAR, O_QUIET, O_HELP,
-       O_VERSION, O_PROGRESS, O_NOPROGRESS, O_FORCE, O_PROGRAM, O_SET, O_PLUS, O_LN };
+       O_VERSION, O_PROGRESS, O_NOPROGRESS, O_FORCE, O_PROGRAM, O_SET, O_PLUS, O_LN,
+       O_KTYPE, O_PARAM, O_NTKW, O_PREDICT, O_TIMES, O_LR, O_STEPS };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, O_ARCH}, {"kernel", required_argument, NULL, O_KERNEL},
@@ -121,7 +137,42 @@ static const struct option longopts[] = {
     {"force", no_argument, NULL, O_FORCE},
     {"program", required_argument, NULL, O_PROGRAM}, {"set", required_argument, NULL, O_SET},
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"layernorm", no_argument, NULL, O_LN},
+    {"kernel-type", required_argument, NULL, O_KTYPE},
+    {"parameterization", required_argument, NULL, O_PARAM},
+    {"ntk-width", required_argument, NULL, O_NTKW},
+    {"predict", required_argument, NULL, O_PREDICT}, {"times", required_argument, NULL, O_TIMES},
+    {"lr", required_argument, NULL, O_LR}, {"steps", no_argument, NULL, O_STEPS},
     {NULL, 0, NULL, 0}};
+
+/* --times=LIST: numbers >= 0 and inf, comma separated. */
+static int parse_times(const char *s, cli_gpregress *g, tpk_ctx *ctx)
+{
+    char buf[64];
+    size_t n = 0;
+    for (const char *p = s;;) {
+        const char *comma = strchr(p, ',');
+        size_t k = comma ? (size_t)(comma - p) : strlen(p);
+        if (k == 0 || k >= sizeof buf)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--times: '%s' is not a comma list of times", s);
+        if (n == CLI_GD_TIMES)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--times: more than %d times", CLI_GD_TIMES);
+        memcpy(buf, p, k);
+        buf[k] = '\0';
+        if (strcmp(buf, "inf") == 0 || strcmp(buf, "infinity") == 0)
+            g->times[n] = INFINITY;
+        else if (cli_parse_double("times", buf, &g->times[n], ctx))
+            return ctx->status;
+        if (!(g->times[n] >= 0))
+            return TPK_ERROR(ctx, TPK_EINVAL, "--times: %s is negative", buf);
+        n++;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    g->o.times = g->times;
+    g->o.ntimes = n;
+    return TPK_OK;
+}
 
 /* One of gpregress's options (not --help, --version). */
 static int take_option(int c, tpk_gp_experiment_opts *o, cli_gpregress *g, char **argv,
@@ -163,6 +214,22 @@ static int take_option(int c, tpk_gp_experiment_opts *o, cli_gpregress *g, char 
     case O_SET: return cli_sets_add(&g->sets, optarg, ctx);
     case O_PLUS: o->netsor_plus = 1; return TPK_OK;
     case O_LN: o->layernorm = 1; return TPK_OK;
+    case O_KTYPE: {
+        static const char *const names[] = {"nngp", "ntk", NULL}; /* TPK_GP_KERNEL_* */
+        return cli_parse_choice("kernel-type", optarg, names, &o->kernel_type, ctx);
+    }
+    case O_PARAM: return cli_parse_ntk_param(optarg, &o->ntk_param, ctx);
+    case O_NTKW: return cli_parse_size("ntk-width", optarg, 1, (size_t)1 << 32, &o->ntk_width, ctx);
+    case O_PREDICT: {
+        static const char *const names[] = {"posterior", "gd", NULL};
+        return cli_parse_choice("predict", optarg, names, &o->predict_gd, ctx);
+    }
+    case O_TIMES: return parse_times(optarg, g, ctx);
+    case O_LR:
+        if (cli_parse_double("lr", optarg, &o->lr, ctx))
+            return ctx->status;
+        return o->lr > 0 ? TPK_OK : TPK_ERROR(ctx, TPK_EINVAL, "--lr: %s is not > 0", optarg);
+    case O_STEPS: o->gd_steps = 1; return TPK_OK;
     case O_QUIET: g->quiet = 1; return TPK_OK;
     case O_PROGRESS: g->progress = 1; return TPK_OK;
     case O_NOPROGRESS: g->progress = 0; return TPK_OK;
@@ -203,6 +270,12 @@ static int refuse_unused(const cli_seen *seen, const tpk_gp_experiment_opts *o, 
     if (!st && !o->noise_auto)
         st = cli_refuse(seen, "no-scale", "it goes with --noise=auto (a given noise has no "
                         "output scale to choose)", ctx);
+    if (!st && o->kernel_type != TPK_GP_KERNEL_NTK && !o->predict_gd)
+        st = cli_refuse(seen, "parameterization", "it is the NTK's, and neither "
+                        "--kernel-type=ntk nor --predict=gd asks for it", ctx);
+    if (!st && o->ntk_param != TPK_NTK_PARAM_STANDARD)
+        st = cli_refuse(seen, "ntk-width", "it is the width of --parameterization=standard",
+                        ctx);
     return st;
 }
 

@@ -22,6 +22,9 @@ typedef int (*cli_gpregress_own_fn)(int val, const char *arg, void *user, tpk_ct
 /* cli_gpregress_parse's return when --help or --version was answered: exit 0. */
 #define CLI_GPREGRESS_DONE (-1)
 
+/* The most --times of --predict=gd. */
+#define CLI_GD_TIMES 256
+
 typedef struct cli_gpregress {
     tpk_gp_experiment_opts o;  /* argc, argv: the recorded command line (without the display
                                   options); name: the tool */
@@ -30,6 +33,7 @@ typedef struct cli_gpregress {
     char **rec;                /* the recorded command line (o.argv) */
     cli_arch_flags flags;      /* an --arch of the table: its flags (o.arch_flags) */
     cli_sets sets;             /* --set (o.sets) */
+    double times[CLI_GD_TIMES]; /* --times (o.times) */
 } cli_gpregress;
 
 /* Parse gpregress's options and the tool's own (own: a getopt table ending in a zero entry,

@@ -347,7 +347,25 @@ typedef struct tpk_gp_experiment_opts {
                                    the param member is looked up in its row) */
     int narch_flags;
     int layernorm;              /* mlp: the LayerNorm programs (gpkernel --layernorm) */
+    /* the NTK and training dynamics (issue 36): an architecture of the table, a program, or a
+     * kernel file with /ntk, /ntk_test_train, /ntk_test_diag (gpkernel --kernel=both) */
+    int kernel_type;            /* TPK_GP_KERNEL_NNGP (0, default) or TPK_GP_KERNEL_NTK: the
+                                   posterior's covariance (with the NTK: the NTK-GP, He et al.
+                                   2020) and, with predict_gd, what trains (the NTK: every
+                                   layer; the NNGP: the readout alone) */
+    int ntk_param;              /* the NTK's parameterisation (TPK_NTK_PARAM_*, include/tpk/ntk.h) */
+    size_t ntk_width;           /* 'standard': the width n */
+    int predict_gd;             /* also the infinite ensemble trained by gradient descent on MSE
+                                   (tpk_gd_mse_ensemble) at times[0..ntimes): /gd_mean
+                                   (time × test × output), /gd_var (time × the variances' test
+                                   items), /gd_time, and with test targets /gd_rmse (and
+                                   /gd_accuracy); needs a test set */
+    const double *times;        /* gradient-flow times t ≥ 0 (INFINITY: converged), e^{−ηtΘ/N} */
+    size_t ntimes;
+    double lr;                  /* η > 0 (0: 1) */
+    int gd_steps;               /* times count discrete steps of size η (whole numbers) */
 } tpk_gp_experiment_opts;
+enum { TPK_GP_KERNEL_NNGP = 0, TPK_GP_KERNEL_NTK = 1 };
 
 /* 1 when the experiment's kernel comes from the architecture table or a NETSOR program (the
  * kernel gpkernel computes), not from gpregress' own mlp recursion, RBF or a kernel file. */
