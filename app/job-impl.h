@@ -36,6 +36,9 @@ struct tpk_kernel_job {
 int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 
+/* The NTK's root attributes (ntk_parameterization, with 'standard' ntk_width) of a job that
+ * computes it; nothing for the NNGP. */
+int tpk_job_ntk_attrs(tpk_h5out *out, const tpk_job *job, tpk_ctx *ctx);
 /* tpk_job_kernel_dims of any kernel's datasets (K; Kx and kd NULL without a test set; per_item:
  * several readouts per item). */
 int tpk_job_kernel_dims_named(tpk_h5out *out, const char *K, const char *Kx, const char *kd,

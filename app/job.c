@@ -427,6 +427,17 @@ static int kernel_dims(tpk_h5out *out, const char *K, const char *Kx, const char
     return st;
 }
 
+int tpk_job_ntk_attrs(tpk_h5out *out, const tpk_job *job, tpk_ctx *ctx)
+{
+    if (job->kernel == TPK_JOB_NNGP)
+        return TPK_OK;
+    int st = tpk_h5out_attr_str(out, "/", "ntk_parameterization",
+                                tpk_ntk_param_name(job->ntk_param), ctx);
+    if (!st && job->ntk_param == TPK_NTK_PARAM_STANDARD)
+        st = tpk_h5out_attr_int(out, "/", "ntk_width", (long long)job->ntk_width, ctx);
+    return st;
+}
+
 int tpk_job_kernel_dims_named(tpk_h5out *out, const char *K, const char *Kx, const char *kd,
                               int per_item, tpk_ctx *ctx)
 {
@@ -464,9 +475,7 @@ int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx)
         st = kernel_dims(s.out, "/ntk", T[1] ? "/ntk_test_train" : NULL,
                          T[2] ? "/ntk_test_diag" : NULL, T[0]->dims[0] != s.X->dims[0], ctx);
     if (!st && T[0])
-        st = tpk_h5out_attr_str(s.out, "/", "ntk_parameterization", tpk_ntk_param_name(job->ntk_param), ctx);
-    if (!st && T[0] && job->ntk_param == TPK_NTK_PARAM_STANDARD)
-        st = tpk_h5out_attr_int(s.out, "/", "ntk_width", (long long)job->ntk_width, ctx);
+        st = tpk_job_ntk_attrs(s.out, job, ctx);
     if (!st) st = describe(s.out, job, &s, ctx);
     if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
     if (!st) {
@@ -612,16 +621,30 @@ int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uin
 
 /* ---- the kernel job of a program, block by block (job-impl.h, app/job_block.c) ------------ */
 
+/* The job's kernel of a batch: the NNGP, or with kernel = NTK the NTK (its solver row's, or the
+ * interpreter's pass), the NNGP beside it dropped. */
 static int kjob_program_batch(tpk_kernel_job *kj, const tpk_array *Xb, tpk_array **K, double *err,
                               tpk_ctx *ctx)
 {
     const job_state *s = kj->self;
-    return batch_kernel(&kj->job, s, Xb, NULL, K, err, ctx);
+    const tpk_job *job = &kj->job;
+    if (job->kernel == TPK_JOB_NNGP)
+        return batch_kernel(job, s, Xb, NULL, K, err, ctx);
+    app_direct_ntk dn = app_job_solver_ntk(job);
+    tpk_array *Kn = NULL;
+    int st = dn != NULL ? dn(s->prog, s->reg, Xb, job->all_outputs, job->ntk_param,
+                             job->ntk_width, NULL, &Kn, K, err, ctx)
+                        : tpk_netsor_ntk_ex(s->prog, Xb, job->all_outputs,
+                                            &(tpk_ntk_opts){job->ntk_param, job->ntk_width, NULL},
+                                            &Kn, K, err, ctx);
+    tpk_array_free(Kn);
+    return st;
 }
 
 static int kjob_program_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx)
 {
-    return describe(out, &kj->job, kj->self, ctx);
+    int st = describe(out, &kj->job, kj->self, ctx);
+    return st ? st : tpk_job_ntk_attrs(out, &kj->job, ctx);
 }
 
 static void kjob_program_release(void *self)
@@ -644,9 +667,9 @@ int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx)
     const tpk_job *job = &kj->job;
     if ((!job->program && !job->source) || (!job->input && !kj->borrowed))
         return TPK_ERROR(ctx, TPK_EINVAL, "a kernel job needs a program and an input");
-    if (job->kernel != TPK_JOB_NNGP)
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "the NTK is computed in one batch (tpk_netsor_ntk), "
-                         "not tile by tile: run gpkernel or netsor kernel --kernel=ntk");
+    if (job->kernel == TPK_JOB_BOTH)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "a kernel job computes one kernel, block by "
+                         "block: the NNGP or the NTK, not both");
     job_state *s = tpk_calloc(ctx, 1, sizeof *s);
     if (!s)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");

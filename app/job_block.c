@@ -155,7 +155,10 @@ int tpk_kernel_job_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *c
     int st = kj->impl->describe(kj, out, ctx);
     if (st)
         return st;
-    /* tpk_job_kernel_dims reads the kernel's side and the training items' count */
-    tpk_array K = {.ndim = 2, .dims = {kj->X->dims[0] * kj->readouts, kj->X->dims[0] * kj->readouts}};
-    return tpk_job_kernel_dims(out, &K, kj->X, kj->Xt != NULL, ctx);
+    /* the datasets' dimensions: the NNGP's /kernel..., or the NTK's /ntk... */
+    const int ntk = kj->job.kernel == TPK_JOB_NTK, test = kj->Xt != NULL;
+    return tpk_job_kernel_dims_named(out, ntk ? "/ntk" : "/kernel",
+                                     !test ? NULL : ntk ? "/ntk_test_train" : "/kernel_test_train",
+                                     !test ? NULL : ntk ? "/ntk_test_diag" : "/kernel_test_diag",
+                                     kj->readouts > 1, ctx);
 }

@@ -494,10 +494,7 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
     if (!st && s.T)
         st = write_kernel(s.out, "ntk", s.T, BT, s.X, ctx);
     if (!st && s.T)
-        st = tpk_h5out_attr_str(s.out, "/", "ntk_parameterization",
-                                tpk_ntk_param_name(job->ntk_param), ctx);
-    if (!st && s.T && job->ntk_param == TPK_NTK_PARAM_STANDARD)
-        st = tpk_h5out_attr_int(s.out, "/", "ntk_width", (long long)job->ntk_width, ctx);
+        st = tpk_job_ntk_attrs(s.out, job, ctx);
     if (!st) st = cnn_describe(s.out, job, &s, ctx);
     if (!st) st = tpk_h5out_attr_double(s.out, "/", "error_estimate", err, ctx);
     if (!st) {
@@ -541,15 +538,22 @@ done:
 
 /* ---- the CNN's kernel job, block by block (job-impl.h, app/job_block.c) ------------------- */
 
+/* The job's kernel of a batch: with kernel = NTK the NTK, the NNGP beside it dropped. */
 static int kjob_cnn_batch(tpk_kernel_job *kj, const tpk_array *Xb, tpk_array **K, double *err,
                           tpk_ctx *ctx)
 {
-    return cnn_batch(&kj->job, kj->self, Xb, K, NULL, err, ctx);
+    if (kj->job.kernel == TPK_JOB_NNGP)
+        return cnn_batch(&kj->job, kj->self, Xb, K, NULL, err, ctx);
+    tpk_array *Kn = NULL;
+    int st = cnn_batch(&kj->job, kj->self, Xb, &Kn, K, err, ctx);
+    tpk_array_free(Kn);
+    return st;
 }
 
 static int kjob_cnn_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx)
 {
-    return cnn_describe(out, &kj->job, kj->self, ctx);
+    int st = cnn_describe(out, &kj->job, kj->self, ctx);
+    return st ? st : tpk_job_ntk_attrs(out, &kj->job, ctx);
 }
 
 static void kjob_cnn_release(void *self)
@@ -566,9 +570,9 @@ static const kjob_impl kjob_cnn = {"cnn", kjob_cnn_batch, kjob_cnn_describe, kjo
 
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx)
 {
-    if (kj->job.kernel != TPK_JOB_NNGP) /* a tile is one kernel's block */
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "the CNN's NTK is computed in one batch, not tile "
-                         "by tile: run gpkernel --arch=cnn2d --kernel=ntk");
+    if (kj->job.kernel == TPK_JOB_BOTH) /* a tile is one kernel's block */
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "a kernel job computes one kernel, block by "
+                         "block: the NNGP or the NTK, not both");
     cnn_job *s = tpk_calloc(ctx, 1, sizeof *s);
     if (!s)
         return ctx->status;

@@ -935,7 +935,7 @@ static int evaluate_ntk(exp_state *e, double noise, tpk_ctx *ctx)
     if (!st && o->summary && ntk)
         fprintf(o->summary, "  posterior: the NTK-GP (the NTK as the prior covariance, "
                 "%s parameterization)\n", tpk_ntk_param_name(o->ntk_param));
-    if (!st)
+    if (!st && wants_ntk(o)) /* (a plain NNGP run's attributes are gpregress-mpi's too) */
         st = tpk_h5out_attr_str(tpk_gp_report_output(e->rs.rep), "/", "kernel_type",
                                 ntk ? "ntk" : "nngp", ctx);
     if (!st)

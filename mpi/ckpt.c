@@ -16,6 +16,8 @@
 struct mpi_ckpt {
     const mpi_tiles *t;
     int f32;
+    char ds[3][32];                        /* /kernel, /kernel_test_train, /kernel_test_diag (or
+                                            * the NTK's) */
     hid_t file, kernel, cross, diag, done; /* cross, diag: -1 without a test set */
     unsigned char *bits;                   /* done bytes as known here */
     int fd;                                /* the same file through POSIX, for fdatasync */
@@ -67,6 +69,10 @@ static mpi_ckpt *ckpt_new(const mpi_ckpt_spec *s, tpk_ctx *ctx)
         c->fd = -1;
         c->t = s->t;
         c->f32 = s->f32;
+        const char *base = s->name ? s->name : "kernel";
+        snprintf(c->ds[0], sizeof c->ds[0], "/%s", base);
+        snprintf(c->ds[1], sizeof c->ds[1], "/%s_test_train", base);
+        snprintf(c->ds[2], sizeof c->ds[2], "/%s_test_diag", base);
         c->bits = calloc(s->t->ntiles, 1);
         c->path = strdup(s->path);
         c->buf = malloc(side * side * esz);
@@ -217,11 +223,11 @@ int mpi_ckpt_create(MPI_Comm comm, const mpi_ckpt_spec *s, mpi_ckpt **out, tpk_c
     }
     /* chunks of one tile, clipped to the kernel (HDF5 wants chunks no larger than fixed dims) */
     hsize_t kd[2] = {n, n}, kc[2] = {side < n ? side : n, side < n ? side : n};
-    int ok = (c->kernel = tiled_dataset(c->file, "/kernel", 2, kd, kc, s->f32)) >= 0;
+    int ok = (c->kernel = tiled_dataset(c->file, c->ds[0], 2, kd, kc, s->f32)) >= 0;
     if (ok && m) {
         hsize_t xd[2] = {m, n}, xc[2] = {side < m ? side : m, kc[1]}, dd[1] = {m}, dc[1] = {xc[0]};
-        ok = (c->cross = tiled_dataset(c->file, "/kernel_test_train", 2, xd, xc, s->f32)) >= 0 &&
-             (c->diag = tiled_dataset(c->file, "/kernel_test_diag", 1, dd, dc, s->f32)) >= 0;
+        ok = (c->cross = tiled_dataset(c->file, c->ds[1], 2, xd, xc, s->f32)) >= 0 &&
+             (c->diag = tiled_dataset(c->file, c->ds[2], 1, dd, dc, s->f32)) >= 0;
     }
     if (ok) {
         /* the done bytes: contiguous, zero-filled when allocated (now) */
@@ -307,10 +313,10 @@ int mpi_ckpt_open(MPI_Comm comm, const mpi_ckpt_spec *s, mpi_ckpt **out, tpk_ctx
     free(config);
     if (!st) {
         const mpi_tiles *t = s->t;
-        c->kernel = H5Dopen2(c->file, "/kernel", H5P_DEFAULT);
+        c->kernel = H5Dopen2(c->file, c->ds[0], H5P_DEFAULT);
         if (t->m) {
-            c->cross = H5Dopen2(c->file, "/kernel_test_train", H5P_DEFAULT);
-            c->diag = H5Dopen2(c->file, "/kernel_test_diag", H5P_DEFAULT);
+            c->cross = H5Dopen2(c->file, c->ds[1], H5P_DEFAULT);
+            c->diag = H5Dopen2(c->file, c->ds[2], H5P_DEFAULT);
         }
         c->done = H5Dopen2(g, "done", H5P_DEFAULT);
         hid_t space = c->done >= 0 ? H5Dget_space(c->done) : -1;
@@ -395,14 +401,14 @@ int mpi_ckpt_write_tile(mpi_ckpt *c, mpi_tile tile, const double *K, size_t ld,
     size_t r0, nr, c0, nc;
     mpi_tiles_extent(t, tile, &r0, &nr, &c0, &nc);
     const size_t rows = nr * R, cols = nc * R, row0 = r0 * R, col0 = c0 * R;
-    const char *name = tile.test ? "/kernel_test_train" : "/kernel";
+    const char *name = tile.test ? c->ds[1] : c->ds[0];
     long long bad = first_nonfinite(K, ld, rows, cols);
     if (bad >= 0)
         return TPK_ERROR(ctx, TPK_EDOM, "%s: non-finite entry (%zu, %zu): a failed computation, "
                          "not written", name, row0 + (size_t)bad / cols, col0 + (size_t)bad % cols);
     if (diag && (bad = first_nonfinite(diag, 1, rows, 1)) >= 0)
-        return TPK_ERROR(ctx, TPK_EDOM, "/kernel_test_diag: non-finite entry (%zu): a failed "
-                         "computation, not written", row0 + (size_t)bad);
+        return TPK_ERROR(ctx, TPK_EDOM, "%s: non-finite entry (%zu): a failed computation, not "
+                         "written", c->ds[2], row0 + (size_t)bad);
     hsize_t start[2] = {row0, col0}, count[2] = {rows, cols};
     store(c, K, ld, rows, cols, 0, c->buf);
     int ok = write_block(c, tile.test ? c->cross : c->kernel, 2, start, count, c->buf) == 0;

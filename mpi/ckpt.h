@@ -19,6 +19,8 @@ typedef struct mpi_ckpt_spec {
     const char *path;      /* the checkpoint file */
     const mpi_tiles *t;
     int f32;               /* the kernel stored as float32 (else float64) */
+    const char *name;      /* the datasets' base name: "kernel" (NULL) or "ntk" (/ntk,
+                            * /ntk_test_train, /ntk_test_diag) */
     const char *config;    /* what the tiles depend on; a checkpoint resumed must have the same */
 } mpi_ckpt_spec;
 

@@ -210,6 +210,9 @@ static char *job_config(const tpk_job *job, const tpk_kernel_job *kj, const mpi_
     for (int i = 0; i < job->nattrs; i++)
         sb_printf(&b, "flag %s=%s\n", job->attrs[i].name, job->attrs[i].value);
     sb_printf(&b, "all_outputs=%d\nnetsor_plus=%d\n", job->all_outputs, job->netsor_plus);
+    if (job->kernel != TPK_JOB_NNGP) /* (an NNGP run's config reads as it always did) */
+        sb_printf(&b, "kernel=ntk\nntk_parameterization=%s\nntk_width=%zu\n",
+                  tpk_ntk_param_name(job->ntk_param), job->ntk_width);
     sb_array(&b, "input", tpk_kernel_job_input(kj, 0));
     if (tpk_kernel_job_input(kj, 1))
         sb_array(&b, "test", tpk_kernel_job_input(kj, 1));
@@ -335,6 +338,11 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     if ((rc = mpi_settle(st, 1, ctx, TOOL)))
         return rc;
     st = cli_kernel_job(&r->k, pc, r->argv_rec, &usage, ctx);
+    if (!st && r->k.job.kernel == TPK_JOB_BOTH) { /* a tile is one kernel's block */
+        st = TPK_ERROR(ctx, TPK_EINVAL, "--kernel=both: tiles hold one kernel; run --kernel=nngp "
+                       "and --kernel=ntk into two files (or gpkernel --kernel=both)");
+        usage = 1;
+    }
     if ((rc = mpi_settle(st, usage, ctx, TOOL)))
         return rc;
     st = mpi_grid_init(g, r->o.l.nprow, r->o.l.npcol, ctx); /* a grid that is not the ranks': usage */
@@ -368,7 +376,8 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     MPI_Bcast(&resume, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
-    mpi_ckpt_spec spec = {.path = r->ckpt, .t = &r->t, .f32 = r->o.l.f32, .config = r->config};
+    mpi_ckpt_spec spec = {.path = r->ckpt, .t = &r->t, .f32 = r->o.l.f32, .config = r->config,
+                          .name = r->k.job.kernel == TPK_JOB_NTK ? "ntk" : "kernel"};
     size_t before = 0;
     if (resume) {
         st = mpi_ckpt_open(MPI_COMM_WORLD, &spec, &r->ck, ctx);

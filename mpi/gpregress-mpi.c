@@ -154,6 +154,10 @@ static int check_supported(const tpk_gp_experiment_opts *e, const mpi_opts *o, t
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--%s=%s is gpregress's: compute the kernel with "
                          "gpkernel-mpi --test and give it here as --kernel=FILE.h5",
                          e->program ? "program" : "arch", e->program ? e->program : e->kernel);
+    if (e->predict_gd || e->kernel_type != TPK_GP_KERNEL_NNGP)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--predict=gd and --kernel-type=ntk are "
+                         "gpregress's (an NTK-GP here: give gpkernel-mpi --kernel=ntk's file, "
+                         "whose /ntk datasets renamed /kernel are the NTK-GP's covariance)");
     if (e->fit_hyper)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--fit-hyper is gpregress's (it fits on a "
                          "subsample): run it there and give the fitted parameters here");

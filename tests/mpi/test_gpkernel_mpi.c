@@ -133,6 +133,47 @@ static void test_rnn_all_times_matches_gpkernel(void **state)
     assert_true(d <= TOL_MPI);
 }
 
+/* The NTK tile by tile (--kernel=ntk: /ntk, /ntk_test_train, /ntk_test_diag): the interpreter's
+ * NTK pass on an MLP with a test set, and the CNN's own recursion in Tensor Programs II's
+ * parameterisation; --kernel=both is a usage error (a tile holds one kernel). */
+static void test_ntk_matches_gpkernel(void **state)
+{
+    tu_env *e = *state;
+    char x[512], t[512], s[512], m[512], args[4096];
+    const size_t shape[2] = {0, 6};
+    mt_write_inputs(tu_path(e, x, sizeof x, "nx.npy"), 41, shape, 2, 5);
+    mt_write_inputs(tu_path(e, t, sizeof t, "nt.npy"), 11, shape, 2, 6);
+    tu_path(e, s, sizeof s, "ntk-serial.h5");
+    tu_path(e, m, sizeof m, "ntk-mpi.h5");
+    snprintf(args, sizeof args, "--arch=mlp --depth=3 --sigma-b2=0.1 --kernel=ntk --input='%s' "
+             "--test='%s' --output='%s' --quiet", x, t, s);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    snprintf(args, sizeof args, "--arch=mlp --depth=3 --sigma-b2=0.1 --kernel=ntk --input='%s' "
+             "--test='%s' --output='%s' --tile=16 --quiet", x, t, m);
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 0);
+    double dk = mt_max_abs_diff(s, m, "/ntk"), dx = mt_max_abs_diff(s, m, "/ntk_test_train"),
+           dd = mt_max_abs_diff(s, m, "/ntk_test_diag");
+    print_message("mlp NTK N=41 M=11 tile 16: max |T_mpi - T| %.2e, cross %.2e, diag %.2e\n", dk,
+                  dx, dd);
+    assert_true(dk <= TOL_MPI && dx <= TOL_MPI && dd <= TOL_MPI);
+    mt_assert_attrs_superset(s, m, gpkernel_own, 4);
+    const size_t sig[3] = {0, 8, 2};
+    mt_write_inputs(tu_path(e, x, sizeof x, "nsig.npy"), 17, sig, 3, 7);
+    snprintf(args, sizeof args, "--arch=cnn1d --depth=2 --filter=3 --kernel=ntk "
+             "--parameterization=tp --input='%s' --output='%s' --quiet", x, s);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    snprintf(args, sizeof args, "--arch=cnn1d --depth=2 --filter=3 --kernel=ntk "
+             "--parameterization=tp --input='%s' --output='%s' --tile=5 --quiet --force", x, m);
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 0);
+    double dc = mt_max_abs_diff(s, m, "/ntk");
+    print_message("cnn1d NTK N=17 tile 5: max |T_mpi - T| %.2e\n", dc);
+    assert_true(dc <= TOL_MPI);
+    mt_assert_attrs_superset(s, m, gpkernel_own, 4);
+    snprintf(args, sizeof args, "--arch=mlp --kernel=both --input='%s' --output='%s' --quiet", t,
+             m);
+    assert_int_equal(mt_run_mpi(e, "gpkernel-mpi", args), 2);
+}
+
 /* float32 storage is the float64 kernel rounded to nearest, entry by entry. */
 static void test_float32_is_rounded_float64(void **state)
 {
@@ -364,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_cnn1d_matches_gpkernel),
         cmocka_unit_test(test_rnn_all_times_matches_gpkernel),
         cmocka_unit_test(test_float32_is_rounded_float64),
+        cmocka_unit_test(test_ntk_matches_gpkernel),
         cmocka_unit_test(test_resume_after_sigkill_of_a_rank),
         cmocka_unit_test(test_resume_after_sigkill_of_mpirun),
         cmocka_unit_test(test_sigterm_ends_with_checkpoint),
