@@ -2002,11 +2002,9 @@ int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_
 static int ntk_factors(const tpk_cnn_params *p, ntkf *nk, tpk_phi **dphi, tpk_ctx *ctx)
 {
     const int param = p->ntk_param;
-    if (param != TPK_NTK_PARAM_NTK && param != TPK_NTK_PARAM_TP && param != TPK_NTK_PARAM_STANDARD)
-        return TPK_ERROR(ctx, TPK_EINVAL, "unknown NTK parameterisation %d", param);
-    if (param == TPK_NTK_PARAM_STANDARD && p->ntk_width < 1)
-        return TPK_ERROR(ctx, TPK_EINVAL, "the 'standard' NTK grows with the widths: give the "
-                         "channels of the hidden layers (ntk_width, --ntk-width=N)");
+    int st = tpk_ntk_param_check("tpk_cnn_kernels", param, (double)p->ntk_width, ctx);
+    if (st)
+        return st;
     if (param == TPK_NTK_PARAM_STANDARD && p->readout == TPK_CNN_LAP)
         return TPK_ERROR(ctx, TPK_EINVAL, "the 'standard' NTK of local average pooling is not "
                          "defined: lap is a mean of kernels over shifts with no readout layer whose "

@@ -278,11 +278,8 @@ int tpk_transformer_kernels(const tpk_transformer_params *p, const tpk_array *X,
     tpk_phi *dphi = NULL;
     if (ntk) {
         const int pm = p->ntk_param;
-        if (pm != TPK_NTK_PARAM_NTK && pm != TPK_NTK_PARAM_TP && pm != TPK_NTK_PARAM_STANDARD)
-            return TPK_ERROR(ctx, TPK_EINVAL, "unknown NTK parameterisation %d", pm);
-        if (pm == TPK_NTK_PARAM_STANDARD && p->ntk_width < 1)
-            return TPK_ERROR(ctx, TPK_EINVAL, "the 'standard' NTK grows with the widths: give "
-                             "the width n (ntk_width, --ntk-width=N)");
+        if ((st = tpk_ntk_param_check("tpk_transformer_kernels", pm, (double)p->ntk_width, ctx)))
+            return st;
         const double n = (double)p->ntk_width;
         own = (tr_own){tpk_ntk_own(pm, p->var_e, (double)d), tpk_ntk_own(pm, p->var_u, n),
                        tpk_ntk_own(pm, p->var_w, n), tpk_ntk_own(pm, p->var_b, 1.0),

@@ -644,12 +644,6 @@ int tpk_netsor_kernel(const tpk_program *p, const tpk_array *x, int all_outputs,
     return st ? st : tpk_netsor_kernel_ex(p, x, all_outputs, NULL, K, err, ctx);
 }
 
-const char *tpk_ntk_param_name(int param)
-{
-    return param == TPK_NTK_PARAM_NTK ? "ntk" : param == TPK_NTK_PARAM_TP ? "tp"
-           : param == TPK_NTK_PARAM_STANDARD ? "standard" : "?";
-}
-
 int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx)
 {
     if (p == NULL)
@@ -700,12 +694,8 @@ int tpk_netsor_ntk_ex(const tpk_program *p, const tpk_array *x, int all_outputs,
         return st;
     if (p == NULL)
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: no program");
-    if (param != TPK_NTK_PARAM_NTK && param != TPK_NTK_PARAM_TP && param != TPK_NTK_PARAM_STANDARD)
-        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: parameterisation %d is none of "
-                         "TPK_NTK_PARAM_NTK, _TP, _STANDARD", param);
-    if (param == TPK_NTK_PARAM_STANDARD && !(no && no->width >= 1))
-        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_netsor_ntk: the 'standard' parameterisation's NTK "
-                         "depends on the finite width: give it (tpk_ntk_opts.width, --ntk-width)");
+    if ((st = tpk_ntk_param_check("tpk_netsor_ntk", param, no ? (double)no->width : 0.0, ctx)))
+        return st;
     /* the tangent kernel is propagated at the member level, on the unrolled form */
     if (p->ninstr == 0)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED,

@@ -20,16 +20,6 @@
 #include "support/testutil.h"
 #include "ntk_nt_reference.h"
 
-static double maxrel(const double *a, const double *b, size_t n)
-{
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs(a[i] - b[i]));
-        s = fmax(s, fabs(b[i]));
-    }
-    return s > 0 ? d / s : d;
-}
-
 /* Both kernels of p on X into fresh side×side arrays; the call must succeed. */
 static void kernels(const tpk_cnn_params *p, const tpk_array *X, size_t side, tpk_array **K,
                     tpk_array **T)
@@ -76,8 +66,8 @@ static void test_neural_tangents(void **state)
                 tpk_array *K, *T;
                 kernels(&p, X, NTREF_CNN_N, &K, &T);
                 const size_t n2 = NTREF_CNN_N * NTREF_CNN_N;
-                double ek = maxrel(K->data, k->nngp, n2);
-                double et = maxrel(T->data, param ? k->ntk_std : k->ntk, n2);
+                double ek = tu_max_rel(K->data, k->nngp, n2);
+                double et = tu_max_rel(T->data, param ? k->ntk_std : k->ntk, n2);
                 print_message("%-22s pool %d %-8s NNGP %.1e, NTK %.1e relative\n", k->name, pool,
                               param ? "standard" : "ntk", ek, et);
                 assert_true(ek <= 1e-13);
@@ -159,8 +149,8 @@ static void test_program(void **state)
                                 .ntk_width = width};
             tpk_array *K, *T;
             kernels(&p, X, N * P, &K, &T);
-            double ek = maxrel(K->data, Kp->data, N * P * N * P);
-            double et = maxrel(T->data, Tp->data, N * P * N * P);
+            double ek = tu_max_rel(K->data, Kp->data, N * P * N * P);
+            double et = tu_max_rel(T->data, Tp->data, N * P * N * P);
             /* GAP by every pooling path against the mean of the program's positions */
             double gk[9], gt[9], eg = 0;
             pool_positions(Kp, N, P, gk);
@@ -173,7 +163,7 @@ static void test_program(void **state)
                 g.pool = pool;
                 tpk_array *Kg, *Tg;
                 kernels(&g, X, N, &Kg, &Tg);
-                eg = fmax(eg, fmax(maxrel(Kg->data, gk, N * N), maxrel(Tg->data, gt, N * N)));
+                eg = fmax(eg, fmax(tu_max_rel(Kg->data, gk, N * N), tu_max_rel(Tg->data, gt, N * N)));
                 tpk_array_free(Kg);
                 tpk_array_free(Tg);
             }
@@ -195,7 +185,7 @@ static void test_program(void **state)
                         gk[a * N + b] = sk / (double)P;
                         gt[a * N + b] = sth / (double)P;
                     }
-                ef = fmax(maxrel(Kf->data, gk, N * N), maxrel(Tf->data, gt, N * N));
+                ef = fmax(tu_max_rel(Kf->data, gk, N * N), tu_max_rel(Tf->data, gt, N * N));
                 tpk_array_free(Kf);
                 tpk_array_free(Tf);
             }
@@ -235,12 +225,12 @@ static void test_lap(void **state)
         kernels(&p, X, N, &K[0], &T[0]);
         p.pool = TPK_CNN_POOL_BLOCK;
         kernels(&p, X, N, &K[1], &T[1]);
-        double e = fmax(maxrel(K[0]->data, K[1]->data, N * N), maxrel(T[0]->data, T[1]->data, N * N));
+        double e = fmax(tu_max_rel(K[0]->data, K[1]->data, N * N), tu_max_rel(T[0]->data, T[1]->data, N * N));
         p.window = 3; /* 2·3 + 1 ≥ 6 and 7: every shift, GAP */
         kernels(&p, X, N, &K[2], &T[2]);
         p.readout = TPK_CNN_GAP;
         kernels(&p, X, N, &K[3], &T[3]);
-        double eg = maxrel(T[2]->data, T[3]->data, N * N);
+        double eg = tu_max_rel(T[2]->data, T[3]->data, N * N);
         tpk_cnn_params q = p;
         q.readout = TPK_CNN_LAP;
         q.window = 0;
@@ -248,7 +238,7 @@ static void test_lap(void **state)
         kernels(&q, X, N, &K0, &T0);
         q.readout = TPK_CNN_FLATTEN;
         kernels(&q, X, N, &Kf, &Tf);
-        double ef = maxrel(T0->data, Tf->data, N * N);
+        double ef = tu_max_rel(T0->data, Tf->data, N * N);
         print_message("LAP %s: shifts vs block %.1e, whole window vs GAP %.1e, window 0 vs "
                       "flatten %.1e\n", tpk_ntk_param_name(param), e, eg, ef);
         assert_true(e <= 1e-13);

@@ -20,16 +20,6 @@
 #include "tpk/tpk.h"
 #include "gd_reference.h"
 
-static double relerr(const double *a, const double *b, size_t n)
-{
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs(a[i] - b[i]));
-        s = fmax(s, fabs(b[i]));
-    }
-    return s > 0 ? d / s : d;
-}
-
 static tpk_array *block(const double *full, size_t P, size_t r0, size_t r, size_t c0, size_t c)
 {
     tpk_array *a = tpk_array_alloc2(r, c, NULL);
@@ -122,9 +112,9 @@ static void test_neural_tangents(void **state)
                 wv[i * GDREF_M + j] = wc[(i * GDREF_M + j) * GDREF_M + j];
         assert_int_equal(tpk_array_size(mean), GDREF_T * GDREF_M * GDREF_K);
         assert_int_equal(tpk_array_size(var), GDREF_T * GDREF_M);
-        double em = relerr(mean->data + GDREF_M * GDREF_K, wm + GDREF_M * GDREF_K,
+        double em = tu_max_rel(mean->data + GDREF_M * GDREF_K, wm + GDREF_M * GDREF_K,
                            (GDREF_T - 1) * GDREF_M * GDREF_K);
-        double ev = relerr(var->data, wv, GDREF_T * GDREF_M);
+        double ev = tu_max_rel(var->data, wv, GDREF_T * GDREF_M);
         print_message("gd (%s) against neural-tangents: mean %.1e, variances %.1e relative\n",
                       kt ? "ntk" : "nngp", em, ev);
         for (size_t j = 0; j < GDREF_M * GDREF_K; j++) /* t = 0: the prior mean, exactly */
@@ -181,7 +171,7 @@ static void test_ntkgp_identity(void **state)
     if (tpk_gp_experiment_run(&o, &ctx))
         fail_msg("%s", ctx.msg);
     tpk_array *gm = read_ds(out, "/gd_mean"), *pm = read_ds(out, "/mean");
-    double err = relerr(gm->data + m, pm->data, m);
+    double err = tu_max_rel(gm->data + m, pm->data, m);
     print_message("NTK-GP posterior mean at zero noise vs the t = inf ensemble mean: %.1e\n", err);
     assert_true(err <= 1e-9);
     for (size_t i = 0; i < m; i++)
@@ -200,7 +190,7 @@ static void test_ntkgp_identity(void **state)
         fail_msg("%s", ctx.msg);
     tpk_array *sm = read_ds(out, "/gd_mean");
     pm = read_ds(out, "/mean");
-    err = relerr(sm->data, pm->data, m);
+    err = tu_max_rel(sm->data, pm->data, m);
     print_message("20000 steps of lr 0.5 vs the NTK-GP mean: %.1e\n", err);
     assert_true(err <= 1e-6);
     tpk_array_free(sm);

@@ -225,8 +225,6 @@ TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x,
  * Errors as tpk_netsor_kernel, and TPK_EUNSUPPORTED for bn(...) and for sqrt(n)-scaled logits
  * (outside Tensor Programs II), TPK_EDOM for a φ without a derivative (step, sign). */
 /* (TPK_NTK_PARAM_NTK, _TP, _STANDARD: include/tpk/ntk.h) */
-/* "ntk", "tp", "standard" (the CLI's --parameterization), or "?". */
-TPK_API const char *tpk_ntk_param_name(int param);
 /* Whether tpk_netsor_ntk takes the program, without numbers (netsor check --ntk): its readouts
  * make it BP-like by construction (readout vectors are zero-mean, independent and never used
  * inside the network: Tensor Programs II's Condition 1), so what remains is every φ having a

@@ -4,6 +4,8 @@
 #ifndef TPK_NTK_H
 #define TPK_NTK_H
 
+#include "error.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -13,6 +15,12 @@ extern "C" {
  * TPK_NTK_PARAM_STANDARD: neural-tangents' 'standard' (the weights' own entries trained,
  * W ~ N(0, σ_W²/fan_in)), which depends on the finite widths. */
 enum { TPK_NTK_PARAM_NTK = 0, TPK_NTK_PARAM_TP = 1, TPK_NTK_PARAM_STANDARD = 2 };
+
+/* "ntk", "tp", "standard" (the CLI's --parameterization), or "?". */
+TPK_API const char *tpk_ntk_param_name(int param);
+/* TPK_OK for one of the three, with the width 'standard' needs (>= 1); else TPK_EINVAL saying
+ * which, `who` (the caller's name) first. */
+TPK_API int tpk_ntk_param_check(const char *who, int param, double width, tpk_ctx *ctx);
 
 /* A parameter's own term per unit of its raw term (theory.md §8.7). The raw term is the layer's
  * input kernel E[z z̄] for a weight (the mean over its taps for a convolution) and 1 for a bias;

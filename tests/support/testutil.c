@@ -235,3 +235,13 @@ tpk_program *tu_load_shipped(const tpk_phi_registry *reg, const char *rel,
     assert_non_null(p);
     return p;
 }
+
+double tu_max_rel(const double *a, const double *b, size_t n)
+{
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs(a[i] - b[i]));
+        s = fmax(s, fabs(b[i]));
+    }
+    return s > 0 ? d / s : d;
+}

@@ -56,6 +56,8 @@ int tu_phis_teardown(void **state);
 double tu_normal(uint64_t *state);
 typedef struct tpk_array tpk_array;
 tpk_array *tu_normal_inputs(size_t N, size_t T, size_t d, uint64_t seed);
+/* max|a − b| / max|b| over n entries (max|a − b| when b is 0): the tests' relative error. */
+double tu_max_rel(const double *a, const double *b, size_t n);
 /* A shipped program (rel to $TPK_ROOT, else .) through the front end, NETSOR+ allowed, with the
  * overrides; a failure prints the message and fails the test. */
 typedef struct tpk_program tpk_program;
