@@ -1377,11 +1377,15 @@ static int ntk_block_map(const tpk_cnn_params *p, const ntkf *nk, int last, size
                          const double *qa, const double *qc, double *A, double *TH, double *kd,
                          const tpk_gauss_ws *ws, double *err, tpk_ctx *ctx)
 {
-    double *qv = kd + Q; /* kd has 3Q: a row, then the 2Q variances */
+    /* an image with itself (qa == qc): one set of variances, so that the entries (p, p) are the
+     * map's diagonal, taken exactly by its scalar path (correlation 1, not 1 − ulp) */
+    const int same = qa == qc;
+    const size_t j0 = same ? 0 : Q;
+    double *qv = kd + Q; /* kd has 3Q: a row, then the variances */
     memcpy(qv, qa, Q * sizeof *qv);
     memcpy(qv + Q, qc, Q * sizeof *qv);
-    tpk_gauss_segmap *sm = tpk_gauss_segmap_alloc(p->phi, qv, 2 * Q, ws, ctx);
-    tpk_gauss_segmap *sd = sm ? tpk_gauss_segmap_alloc(nk->dphi, qv, 2 * Q, ws, ctx) : NULL;
+    tpk_gauss_segmap *sm = tpk_gauss_segmap_alloc(p->phi, qv, Q + j0, ws, ctx);
+    tpk_gauss_segmap *sd = sm ? tpk_gauss_segmap_alloc(nk->dphi, qv, Q + j0, ws, ctx) : NULL;
     if (!sm || !sd) {
         tpk_gauss_segmap_free(sm);
         return ctx->status ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -1390,8 +1394,8 @@ static int ntk_block_map(const tpk_cnn_params *p, const ntkf *nk, int last, size
     double maxr = 0, emax = 0, maxd = 0, emaxd = 0;
     for (size_t i = 0; i < Q; i++) {
         double *row = A + i * Q;
-        tpk_gauss_segmap_row(sd, i, Q, Q, row, kd, &maxd, &emaxd);
-        tpk_gauss_segmap_row(sm, i, Q, Q, row, row, &maxr, &emax);
+        tpk_gauss_segmap_row(sd, i, j0, Q, row, kd, &maxd, &emaxd);
+        tpk_gauss_segmap_row(sm, i, j0, Q, row, row, &maxr, &emax);
         tangent_step(Q, own, s2, row, kd, TH + i * Q);
     }
     tpk_gauss_segmap_merge(sm, maxr, emax);

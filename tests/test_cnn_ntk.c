@@ -18,6 +18,7 @@
 
 #include "tpk/tpk.h"
 #include "support/testutil.h"
+#include "cnn_ntk_reference.h"
 #include "ntk_nt_reference.h"
 
 /* Both kernels of p on X into fresh side×side arrays; the call must succeed. */
@@ -76,6 +77,61 @@ static void test_neural_tangents(void **state)
                 tpk_array_free(T);
             }
     }
+    tpk_array_free(X);
+}
+
+/* The issue's CNN (28×28, depth 8, GAP and flatten) against neural-tangents' rules evaluated in
+ * long double (tests/cnn_ntk_reference.h), where neural-tangents' own compiled float64 call
+ * drifts by up to ~1e-11 (GAP) and ~6e-9 (flatten) at the diagonal correlations: both pooling
+ * paths of GAP, 'ntk' with and without biases, 'standard' at 16 channels. */
+static void test_long_double(void **state)
+{
+    const tu_phis *f = *state;
+    size_t dims[4] = {CNREF_N, CNREF_H, CNREF_W, CNREF_C};
+    tpk_array *X = tpk_array_alloc(4, dims, NULL);
+    assert_non_null(X);
+    memcpy(X->data, cnref_x, sizeof cnref_x);
+    static const struct {
+        int readout, param, bias;
+        const double *K, *T, *Tnt;
+        const char *name;
+    } cs[] = {
+        {TPK_CNN_GAP, TPK_NTK_PARAM_NTK, 1, cnref_gap_ntk_nngp_ld, cnref_gap_ntk_ntk_ld,
+         cnref_gap_ntk_ntk_nt, "gap ntk"},
+        {TPK_CNN_GAP, TPK_NTK_PARAM_STANDARD, 1, cnref_gap_standard_nngp_ld,
+         cnref_gap_standard_ntk_ld, cnref_gap_standard_ntk_nt, "gap standard"},
+        {TPK_CNN_GAP, TPK_NTK_PARAM_NTK, 0, cnref_gap_ntk_nobias_nngp_ld,
+         cnref_gap_ntk_nobias_ntk_ld, cnref_gap_ntk_nobias_ntk_nt, "gap ntk, no biases"},
+        {TPK_CNN_FLATTEN, TPK_NTK_PARAM_NTK, 1, cnref_flatten_ntk_nngp_ld,
+         cnref_flatten_ntk_ntk_ld, cnref_flatten_ntk_ntk_nt, "flatten ntk"},
+        {TPK_CNN_FLATTEN, TPK_NTK_PARAM_STANDARD, 1, cnref_flatten_standard_nngp_ld,
+         cnref_flatten_standard_ntk_ld, cnref_flatten_standard_ntk_nt, "flatten standard"},
+        {TPK_CNN_FLATTEN, TPK_NTK_PARAM_NTK, 0, cnref_flatten_ntk_nobias_nngp_ld,
+         cnref_flatten_ntk_nobias_ntk_ld, cnref_flatten_ntk_nobias_ntk_nt,
+         "flatten ntk, no biases"},
+    };
+    const size_t n2 = CNREF_N * CNREF_N;
+    for (size_t c = 0; c < sizeof cs / sizeof *cs; c++)
+        for (int pool = 0; pool < (cs[c].readout == TPK_CNN_GAP ? 3 : 1); pool++) {
+            const double b2 = cs[c].bias ? CNREF_SIGMA_B2 : 0.0;
+            tpk_cnn_params p = {.rows = CNREF_H, .cols = CNREF_W, .channels = CNREF_C, .kh = 3,
+                                .kw = 3, .depth = CNREF_DEPTH, .phi = f->relu,
+                                .sigma_u2 = CNREF_SIGMA_W2, .sigma_w2 = CNREF_SIGMA_W2,
+                                .sigma_b2 = b2, .sigma_v2 = CNREF_SIGMA_W2, .sigma_ob2 = b2,
+                                .padding = TPK_CNN_CIRCULAR, .readout = cs[c].readout,
+                                .pool = pool, .ntk_param = cs[c].param,
+                                .ntk_width = CNREF_CHANNELS};
+            tpk_array *K, *T;
+            kernels(&p, X, CNREF_N, &K, &T);
+            double ek = tu_max_rel(K->data, cs[c].K, n2), et = tu_max_rel(T->data, cs[c].T, n2);
+            double en = tu_max_rel(cs[c].Tnt, cs[c].T, n2);
+            print_message("%-24s pool %d: NNGP %.1e, NTK %.1e off long double (neural-tangents "
+                          "%.1e)\n", cs[c].name, pool, ek, et, en);
+            assert_true(ek <= 1e-13);
+            assert_true(et <= 1e-13);
+            tpk_array_free(K);
+            tpk_array_free(T);
+        }
     tpk_array_free(X);
 }
 
@@ -309,6 +365,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_neural_tangents),
+        cmocka_unit_test(test_long_double),
         cmocka_unit_test(test_program),
         cmocka_unit_test(test_lap),
         cmocka_unit_test(test_refusals),
