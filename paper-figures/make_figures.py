@@ -253,7 +253,7 @@ def tp2_ntk(F):
     data, measured = {}, []
     for a, d in results.items():
         s, lo, hi = tp.plot_rms(ax, d, f"{a} ({d['seeds']} seeds)")
-        measured.append(f"{a} {s:.2f} [{lo:.2f}, {hi:.2f}]")
+        measured.append(f"{a} {s:.2f} [{lo:.2f}, {hi:.2f}] ({d['seeds']} seeds)")
         data[f"{a}/widths"] = d["widths"]
         data[f"{a}/rel_frob_err"] = d["rms"]
         data[f"{a}/rel_frob_err_lo"] = d["rms_lo"]
@@ -269,10 +269,10 @@ def tp2_ntk(F):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     missing = [a for a in TP2_ARCHS if a not in results]
-    ax.set_title("fitted slopes (95% bootstrap CI): " + "; ".join(measured) +
-                 ("\nnot yet: " + "; ".join(f"{a}: {textwrap.shorten(reasons[a].split('error: ')[-1], 90)}"
-                                             for a in missing)
-                  if missing else ""), fontsize=8)
+    # the fitted slopes are in the legend; the title says what is not there yet, and why
+    ax.set_title(f"widths {widths}" + ("; not yet: " + "; ".join(
+        f"{a}: {textwrap.shorten(reasons[a].split('error: ')[-1], 70)}" for a in missing)
+        if missing else ""), fontsize=8)
     fig.suptitle("Tensor Programs II: empirical NTKs converge to the limit NTK (bands: bootstrap 95%)",
                  fontsize=11)
     fig.tight_layout()
@@ -282,7 +282,7 @@ def tp2_ntk(F):
         "paper": "Yang 2020, Tensor Programs II (NTK4A)", "figure": "NTK convergence (Sec. 8, NTK4A)",
         "shows": "relative Frobenius error of the empirical NTK vs width, slope -1/2 (NTK4A: -0.50 RNN, "
                  "-0.52 transformer, -0.46 batchnorm)",
-        "measured": "slopes " + "; ".join(measured) + f" (widths {widths}, {seeds} seeds)" +
+        "measured": "slopes " + "; ".join(measured) + f" (widths {widths})" +
                     ("; not yet: " + ", ".join(missing) if missing else "")})
 
 
