@@ -77,7 +77,9 @@ TPK_API int tpk_cnn_params_check(const tpk_cnn_params *p, tpk_ctx *ctx);
 
 /* The kernel of N inputs X (N × rows × cols × C in row-major order, any rank with that item
  * size) into K: N×N for FLATTEN / GAP / LAP, (N·P)×(N·P) for POSITIONS (preallocated).
- * FLATTEN runs the closed position-diagonal recursion: P blocks of N×N (memory 2·P·N² doubles).
+ * FLATTEN runs the closed position-diagonal recursion by tiles of image pairs (a, c0..c1), each
+ * tile's P position vectors through all layers at once (memory: the per-image variances, L·N·P
+ * doubles, and per thread three tiles of at most 256 K doubles).
  * GAP / POSITIONS run the full recursion one input pair at a time (P×P blocks, OpenMP over
  * pairs): cost L·P²·N²/2 2-D expectations (fewer where positions have zero variance, e.g. black
  * borders with σ_b² = 0). With direct tap sums each layer is one streaming pass over the block,
