@@ -652,7 +652,7 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
                     Th[a * N + c] = Th[c * N + a] = stt / (double)Q + nk->ob;
             }
         }
-        for (size_t k = 0; maxr && k < nmaps; k++)
+        for (size_t k = 0; sm && maxr && k < nmaps; k++)
             if (sm[k])
                 tpk_gauss_segmap_merge(sm[k], maxr[2 * k], maxr[2 * k + 1]);
         if (lst) {

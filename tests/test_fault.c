@@ -936,6 +936,42 @@ static int cnn_kernel(int conv, tpk_ctx *ctx)
     return st;
 }
 
+/* Both kernels through every path: flatten (tiles of image pairs), GAP by shifts and by the
+ * (P×P) block, per position. */
+static int case_tpk_cnn_kernels(tpk_ctx *ctx)
+{
+    static const int ro[4] = {TPK_CNN_FLATTEN, TPK_CNN_GAP, TPK_CNN_GAP, TPK_CNN_POSITIONS};
+    static const int pool[4] = {TPK_CNN_POOL_AUTO, TPK_CNN_POOL_SHIFTS, TPK_CNN_POOL_BLOCK,
+                                TPK_CNN_POOL_AUTO};
+    int st = TPK_OK;
+    for (int i = 0; i < 4 && st == TPK_OK; i++) {
+        tpk_cnn_params p = cnn_params(TPK_CNN_CONV_DIRECT);
+        p.readout = ro[i];
+        p.pool = pool[i];
+        const size_t side = ro[i] == TPK_CNN_POSITIONS ? 12 : 3;
+        tpk_ctx c0;
+        tpk_ctx_init(&c0);
+        tpk_array *K = tpk_array_alloc2(side, side, &c0), *T = tpk_array_alloc2(side, side, &c0);
+        assert_non_null(K);
+        assert_non_null(T);
+        st = tpk_cnn_kernels(&p, Ximg, gws, K, T, NULL, ctx);
+        tpk_array_free(K);
+        tpk_array_free(T);
+    }
+    return st;
+}
+
+static int case_tpk_transformer_kernels(tpk_ctx *ctx)
+{
+    tpk_transformer_params p = {.depth = 2, .phi = relu, .var_e = 1, .var_u = 1, .var_w = 1,
+                                .var_b = 0.1, .temp = 1, .eps = 1e-6, .sigma_v2 = 1};
+    tpk_array *K = NULL, *T = NULL;
+    int st = tpk_transformer_kernels(&p, Xseq, 1, gws, NULL, &K, &T, NULL, ctx);
+    tpk_array_free(K);
+    tpk_array_free(T);
+    return st;
+}
+
 static int case_tpk_cnn_kernel_direct(tpk_ctx *ctx) { return cnn_kernel(TPK_CNN_CONV_DIRECT, ctx); }
 static int case_tpk_cnn_kernel_fft(tpk_ctx *ctx) { return cnn_kernel(TPK_CNN_CONV_FFT, ctx); }
 
@@ -1072,7 +1108,8 @@ static const fcase kernel_cases[] = {
     CASE(tpk_gauss_ws_alloc), NONE(tpk_gauss_expect2), CASE(tpk_gauss_map),
     CASE(tpk_gauss_map_affine), CASE(tpk_gauss_map_cross), CASE(tpk_bn_map), CASE(tpk_bn_cross),
     CASE(tpk_bn_kernel), NONE(tpk_bn_apply), CASE(tpk_cnn_kernel_direct),
-    CASE(tpk_cnn_kernel_fft), CASE(tpk_cnn_conv_block), CASE(tpk_cnn_convws_alloc),
+    CASE(tpk_cnn_kernel_fft), CASE(tpk_cnn_kernels), CASE(tpk_transformer_kernels),
+    CASE(tpk_cnn_conv_block), CASE(tpk_cnn_convws_alloc),
     CASE(tpk_attn_limit_covs), CASE(tpk_attn_finite_sample), CASE(tpk_attn_mixture_sample),
     CASE(tpk_attn_w1_samples), NONE(tpk_attn_energy_mixtures), NONE(tpk_mvn),
     NONE(tpk_mvn_sov), CASE(tpk_mlp_kernel),
