@@ -624,6 +624,43 @@ static void test_errors(void **state)
                 "nonexistent-dir", NULL);
     expect_fail("--arch=rbf --fit-hyper --fix=sigma_w2 --train=x.csv --labels=y.csv "
                 "--output=o.h5", "not a parameter", "o.h5");
+    /* --predict=gd and --kernel-type=ntk (issue 36): their options, checked before any work */
+    expect_fail("--arch=mlp --train=x.csv --test=xt.csv --labels=y.csv --predict=gd "
+                "--output=o.h5", "--times", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --test=xt.csv --labels=y.csv --predict=gd "
+                "--times=0,-1 --output=o.h5", "negative", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --test=xt.csv --labels=y.csv --predict=gd "
+                "--times=1.5 --steps --output=o.h5", "whole numbers", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --test=xt.csv --labels=y.csv --times=1 --output=o.h5",
+                "--predict=gd", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv --predict=gd --times=1 --output=o.h5",
+                "--test", "o.h5");
+    expect_fail("--arch=rbf --train=x.csv --labels=y.csv --kernel-type=ntk --output=o.h5",
+                "rbf", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv --kernel-type=gp --output=o.h5",
+                "kernel-type", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --labels=y.csv --parameterization=tp --output=o.h5",
+                "parameterization", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --test=xt.csv --labels=y.csv --predict=gd "
+                "--times=1 --lr=0 --output=o.h5", "lr", "o.h5");
+    /* a run: times with inf, the NTK-GP posterior beside the trained ensemble; at t = 0 the
+     * ensemble's mean is the prior's, 0, and at zero noise its t = inf mean is the NTK-GP's */
+    assert_int_equal(gpregress("--arch=mlp --depth=2 --sigma-b2=0.1 --train=x.csv --test=xt.csv "
+                               "--labels=y.csv --predict=gd --times=0,inf --kernel-type=ntk "
+                               "--noise=0 --output=gd.h5"), 0);
+    size_t ng = 0, np_ = 0;
+    double *gm = h5_read("gd.h5", "/gd_mean", &ng), *pm = h5_read("gd.h5", "/mean", &np_);
+    assert_int_equal(ng, 2 * (size_t)M * C);
+    assert_int_equal(np_, (size_t)M * C);
+    double d = 0, sc = 0;
+    for (size_t i = 0; i < (size_t)M * C; i++) {
+        assert_true(gm[i] == 0.0);
+        d = fmax(d, fabs(gm[M * C + i] - pm[i]));
+        sc = fmax(sc, fabs(pm[i]));
+    }
+    assert_true(d <= 1e-9 * sc);
+    free(gm);
+    free(pm);
     /* A failure after the output was opened leaves neither it nor a temporary behind. */
     expect_fail("--arch=mlp --phi=nosuchphi --train=x.csv --labels=y.csv --output=o.h5",
                 "nosuchphi", "o.h5");
