@@ -324,8 +324,10 @@ static void test_executor(void **state)
 }
 
 /* The program's evaluator on (L, T, settings) of the program: its kernel of x. */
-static tpk_array *evaluator_kernel(const tpk_array *x, int L, const double *v, int all,
-                                   tpk_phi_registry *reg, tpk_ctx *ctx)
+/* programs/transformer.nsr at depth L, x's T, and v = var_e, var_u, var_w, var_b, temp, eps,
+ * sigma_v2. */
+static tpk_program *program_of(const tpk_array *x, int L, const double *v,
+                               tpk_phi_registry *reg, tpk_ctx *ctx)
 {
     char prog[4200], b[9][32];
     tpk_shipped_path("programs/transformer.nsr", prog, sizeof prog);
@@ -340,6 +342,13 @@ static tpk_array *evaluator_kernel(const tpk_array *x, int L, const double *v, i
     tpk_program *p = tpk_netsor_load_file(prog, &o, reg, ctx);
     if (!p)
         fail_msg("%s", ctx->msg);
+    return p;
+}
+
+static tpk_array *evaluator_kernel(const tpk_array *x, int L, const double *v, int all,
+                                   tpk_phi_registry *reg, tpk_ctx *ctx)
+{
+    tpk_program *p = program_of(x, L, v, reg, ctx);
     tpk_array *K = NULL;
     if (tpk_netsor_kernel(p, x, all, &K, NULL, ctx))
         fail_msg("%s", ctx->msg);
@@ -441,19 +450,7 @@ static void test_direct_ntk(void **state)
             x->data[i] = cos(0.41 * (double)i + 0.3 * (double)c) *
                          (1.0 + 0.5 * (double)(i / (cs[c].t * cs[c].d)));
         const double *v = cs[c].v;
-        char prog[4200], b[9][32];
-        tpk_shipped_path("programs/transformer.nsr", prog, sizeof prog);
-        snprintf(b[0], 32, "%d", cs[c].L);
-        snprintf(b[1], 32, "%zu", cs[c].t);
-        for (int i = 0; i < 7; i++)
-            snprintf(b[2 + i], 32, "%.17g", v[i]);
-        tpk_param_set sets[] = {{"L", b[0]},     {"T", b[1]},     {"var_e", b[2]},
-                                {"var_u", b[3]}, {"var_w", b[4]}, {"var_b", b[5]},
-                                {"temp", b[6]},  {"eps", b[7]},   {"sigma_v2", b[8]}};
-        tpk_netsor_opts o = {.sets = sets, .nsets = 9};
-        tpk_program *p = tpk_netsor_load_file(prog, &o, reg, &ctx);
-        if (!p)
-            fail_msg("%s", ctx.msg);
+        tpk_program *p = program_of(x, cs[c].L, v, reg, &ctx);
         for (int param = 0; param < 3; param++)
             for (int all = 0; all <= 1; all++) {
                 tpk_transformer_params tp = {.depth = cs[c].L, .phi = relu, .var_e = v[0],
