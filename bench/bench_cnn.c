@@ -1,6 +1,7 @@
 /* Benchmark: CNN-2D NNGP with global average pooling on Fashion-MNIST (issue 4: 256 images,
- * depth 4) against a straightforward reference implementation of the same recursion, and the
- * crossover of the tap convolution (direct summation vs FFTW) over grid and filter sizes.
+ * depth 4) against a straightforward reference implementation of the same recursion, the
+ * crossover of the tap convolution (direct summation vs FFTW) over grid and filter sizes, and the
+ * flatten path's cost per layer-entry (NNGP, and with the NTK) beside an operation-count floor.
  * Not a test: no pass/fail. Usage: bench_cnn [--images=N] [--depth=L] [--no-naive] (other
  * arguments, such as the 4096 make bench passes to every benchmark, are ignored).
  * Default: the issue's 256 images (a few minutes on 2 cores); --no-naive without --images (make
@@ -262,6 +263,35 @@ int main(int argc, char **argv)
                tr / (double)m, m, full, full / t, worst, trc / (double)m, tc / npairs,
                (trc / (double)m) / (tc / npairs));
         free(Kref);
+    }
+    /* The flatten path (issue 37): the cost per layer-entry (one kernel entry, unordered pair,
+     * through one layer: P positions of two maps' worth of work for the NTK, one for the NNGP),
+     * beside a floor from operation counts: per position one closed-form 2-D expectation
+     * (FLAT_MAP_FLOPS: an arcsine polynomial, a square root, ~8 products) and the 3×3 box sum's
+     * 2 + 2 adds and an affine step, at 16 double lanes a cycle per core (AVX-512 FMA) and the
+     * nominal clock FLAT_GHZ. Both are estimates of this machine class, not measurements. */
+    {
+        const double FLAT_MAP_FLOPS = 40.0, FLAT_BOX_FLOPS = 6.0, FLAT_GHZ = 2.6, LANES = 16.0;
+        tpk_cnn_params pf = p;
+        pf.readout = TPK_CNN_FLATTEN;
+        pf.depth = 8;
+        tpk_array *Kf = tpk_array_alloc2(N, N, &ctx), *Tf = tpk_array_alloc2(N, N, &ctx);
+        for (int ntk = 0; ntk <= 1 && Kf && Tf; ntk++) {
+            double tb = bench_now();
+            if (tpk_cnn_kernels(&pf, X, NULL, Kf, ntk ? Tf : NULL, NULL, &ctx)) {
+                fprintf(stderr, "bench_cnn: %s\n", ctx.msg);
+                return 1;
+            }
+            const double tf = bench_now() - tb, le = npairs * pf.depth;
+            const double flops = (double)(R * S) * ((1 + ntk) * (FLAT_MAP_FLOPS + FLAT_BOX_FLOPS));
+            const double floor_s = flops / (LANES * FLAT_GHZ * 1e9 * nth);
+            printf("flatten %s, depth %d: %.2f s, %.3g us per layer-entry (%.0f pairs x %d "
+                   "layers); floor by operation counts %.3g us (%.0fx above it)\n",
+                   ntk ? "NNGP + NTK" : "NNGP", pf.depth, tf, tf / le * 1e6, npairs, pf.depth,
+                   floor_s * 1e6, (tf / le) / floor_s);
+        }
+        tpk_array_free(Kf);
+        tpk_array_free(Tf);
     }
     tpk_array_free(K);
     tpk_array_free(X);
