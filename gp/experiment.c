@@ -838,21 +838,23 @@ static int gd_predict(exp_state *e, tpk_ctx *ctx)
     tpk_array *mean = tpk_array_alloc(3, (size_t[3]){nt, m, c}, ctx), *var = NULL, *cov = NULL;
     tpk_array *ktt = NULL, *mh = NULL;
     int st = mean ? TPK_OK : ctx->status;
-    if (!st)
+    /* the means of every test item; when the variances are of every item too, one call (one
+     * eigendecomposition) gives both */
+    if (!st && mv < m)
         st = tpk_gd_mse_ensemble(ntk ? e->T : NULL, e->K, ntk ? e->Txt : NULL, e->Kxt, NULL, d->Y,
                                  o->times, nt, &go, mean, NULL, ctx);
     if (!st && mv > 0) {
         tpk_array kh = head_view(e->Kxt, mv), th = ntk ? head_view(e->Txt, mv) : kh;
         if (!(ktt = tpk_array_alloc2(mv, mv, ctx)) ||
             !(cov = tpk_array_alloc(3, (size_t[3]){nt, mv, mv}, ctx)) ||
-            !(mh = tpk_array_alloc(3, (size_t[3]){nt, mv, c}, ctx)) ||
+            (mv < m && !(mh = tpk_array_alloc(3, (size_t[3]){nt, mv, c}, ctx))) ||
             !(var = tpk_array_alloc2(nt, mv, ctx)))
             st = ctx->status;
         for (size_t i = 0; !st && i < mv; i++)
             ktt->data[i * mv + i] = e->kd->data[i];
         if (!st)
             st = tpk_gd_mse_ensemble(ntk ? e->T : NULL, e->K, ntk ? &th : NULL, &kh, ktt, d->Y,
-                                     o->times, nt, &go, mh, cov, ctx);
+                                     o->times, nt, &go, mv < m ? mh : mean, cov, ctx);
         for (size_t t = 0; !st && t < nt; t++)
             for (size_t i = 0; i < mv; i++)
                 var->data[t * mv + i] = cov->data[(t * mv + i) * mv + i];

@@ -30,8 +30,9 @@ static tpk_array *block(const double *full, size_t P, size_t r0, size_t r, size_
     return a;
 }
 
-/* The reference kernels as gpkernel --kernel=both --test writes them. */
-static void kernel_file(const char *path)
+/* The reference kernels as gpkernel --kernel=both --test writes them (with_ntk 0: the NNGP's
+ * alone, as gpkernel --kernel=nngp). */
+static void kernel_file(const char *path, int with_ntk)
 {
     const size_t n = GDREF_N, m = GDREF_M, P = n + m;
     tpk_ctx ctx;
@@ -40,7 +41,7 @@ static void kernel_file(const char *path)
     assert_non_null(h);
     const double *full[2] = {gdref_nngp_full, gdref_ntk_full};
     const char *name[2] = {"kernel", "ntk"};
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 1 + with_ntk; k++) {
         char ds[64];
         tpk_array *dd = block(full[k], P, 0, n, 0, n), *td = block(full[k], P, n, m, 0, n);
         tpk_array *diag = tpk_array_alloc(1, (size_t[1]){m}, NULL);
@@ -79,7 +80,7 @@ static void test_neural_tangents(void **state)
     tu_path(e, kf, sizeof kf, "k.h5");
     tu_path(e, yf, sizeof yf, "y.npy");
     tu_path(e, out, sizeof out, "gd.h5");
-    kernel_file(kf);
+    kernel_file(kf, 1);
     tu_write_npy(yf, gdref_y, 2, (size_t[2]){GDREF_N, GDREF_K});
     double t[GDREF_T];
     for (size_t i = 0; i + 1 < GDREF_T; i++)
@@ -121,6 +122,21 @@ static void test_neural_tangents(void **state)
             assert_true(mean->data[j] == 0.0);
         assert_true(em <= 1e-10);
         assert_true(ev <= 1e-10);
+        /* the variances of the first 2 test items only (--var-n): the means by a call of their
+         * own, the same numbers */
+        o.var_n = 2;
+        tpk_ctx_init(&ctx);
+        if (tpk_gp_experiment_run(&o, &ctx))
+            fail_msg("%s", ctx.msg);
+        tpk_array *m2 = read_ds(out, "/gd_mean"), *v2 = read_ds(out, "/gd_var");
+        assert_int_equal(tpk_array_size(v2), GDREF_T * 2);
+        assert_true(tu_max_rel(m2->data, mean->data, tpk_array_size(mean)) <= 1e-13);
+        for (size_t i = 0; i < GDREF_T; i++)
+            for (size_t j = 0; j < 2; j++)
+                assert_true(fabs(v2->data[i * 2 + j] - var->data[i * GDREF_M + j]) <=
+                            1e-13 * fabs(var->data[i * GDREF_M + j]) + 1e-300);
+        tpk_array_free(m2);
+        tpk_array_free(v2);
         tpk_array_free(mean);
         tpk_array_free(var);
     }
@@ -205,24 +221,9 @@ static void test_checks(void **state)
     tu_path(e, k1, sizeof k1, "k1.h5");
     tu_path(e, yf, sizeof yf, "yc.npy");
     tu_path(e, out, sizeof out, "never.h5");
-    kernel_file(kf);
+    kernel_file(kf, 1);
+    kernel_file(k1, 0); /* a kernel file without /ntk */
     tu_write_npy(yf, gdref_y, 2, (size_t[2]){GDREF_N, GDREF_K});
-    /* a kernel file without /ntk */
-    tpk_ctx c0;
-    tpk_ctx_init(&c0);
-    tpk_h5out *h = tpk_h5out_open(k1, &c0);
-    tpk_array *dd = block(gdref_nngp_full, GDREF_N + GDREF_M, 0, GDREF_N, 0, GDREF_N);
-    tpk_array *td = block(gdref_nngp_full, GDREF_N + GDREF_M, GDREF_N, GDREF_M, 0, GDREF_N);
-    tpk_array *dg = tpk_array_alloc(1, (size_t[1]){GDREF_M}, NULL);
-    for (size_t i = 0; i < GDREF_M; i++)
-        dg->data[i] = 1.0;
-    assert_int_equal(tpk_h5out_write(h, "/kernel", dd, &c0), TPK_OK);
-    assert_int_equal(tpk_h5out_write(h, "/kernel_test_train", td, &c0), TPK_OK);
-    assert_int_equal(tpk_h5out_write(h, "/kernel_test_diag", dg, &c0), TPK_OK);
-    assert_int_equal(tpk_h5out_commit(h, &c0), TPK_OK);
-    tpk_array_free(dd);
-    tpk_array_free(td);
-    tpk_array_free(dg);
     const double good[2] = {0, 5}, neg[1] = {-1}, frac[1] = {2.5};
     static const struct { int which; const char *what; } bad[] = {
         {0, "--times"}, {1, ">= 0"}, {2, "whole numbers"}, {3, "/ntk"}, {4, "rbf"},
