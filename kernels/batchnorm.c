@@ -129,7 +129,7 @@ static void make_rule(rule *R, const tabs *T, int lv, const double *lam, int m, 
         rl = fmax(rl, r0 - half);
         rr = fmin(rr, r0 + half);
     }
-    double kr = 0.5 * m;
+    double kr = p + 0.5 * m - kl; /* the right tail's decay: the envelope's limit slope */
     R->n = 0;
     for (int i = 0; i < lag_n[lv]; i++) { /* left tail: r = r_L − x/κ_L */
         R->r[R->n] = rl - T->lag_x[lv][i] / kl;
@@ -595,6 +595,157 @@ int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, const double *S11,
             for (size_t c = a + 1; c < N; c++)
                 if (a / B != c / B)
                     out[c * ld + a] = out[a * ld + c];
+    return st;
+}
+
+/* The tangent map of φ∘BN on one batch (theory.md §8.6): out = E[M Θ Mᵀ], M = ∂φ(BN y)/∂y, for
+ * φ = p·relu(x) + m·relu(−x) (p = φ(1), m = φ(−1): every degree-1 φ of tpk_bn_phi_degree).
+ * With u = G y, r = ‖u‖ and P = uuᵀ/r², M = Φ′ (√B/r)(G − P), Φ′ = diag φ′(u), so
+ *   M Θ Mᵀ = B Φ′[Θᴳ/r² − (uuᵀΘᴳ + Θᴳuuᵀ)/r⁴ + uuᵀ(uᵀΘᴳu)/r⁶]Φ′,   Θᴳ = GΘG,
+ * and 1/r^{2k} = ∫_0^∞ s^{k−1}/(k−1)! e^{−sr²} ds turns each term into an expectation over the
+ * tilted law N(0, Sᴳ_s) times det(I + 2sSᴳ)^{−1/2}. Stein's lemma reduces those to pairs:
+ *   E[φ′_a φ′_b],  E[φ_a φ′_b u_c] = K_ca E[φ′_aφ′_b] + K_cb (p+m) E[φ_a δ(u_b)],
+ *   E[φ_a φ_b uᵀΘu] = tr(ΘK) E[φ_aφ_b] + Σ_{k,l∈{a,b}} (KΘK)_kl E[∂_k∂_l(φ_aφ_b)],
+ * each in closed form (φ_a u_a-homogeneity: u_a φ′_a = φ_a; φ″ = (p+m)δ). At large s the three
+ * terms are O(1) against det ~ s^{−m/2}: the integral converges iff the rank m of Sᴳ is ≥ 3. */
+static void tangent_node(double p, double mm, const double *K, const double *TK, const double *KTK,
+                         double trTK, const double *TG, size_t B, double s, double f, double *A)
+{
+    const double pm = p + mm, q2 = p * p + mm * mm;
+    for (size_t a = 0; a < B; a++) {
+        double kaa = K[a * B + a];
+        for (size_t b = 0; b <= a; b++) {
+            double s1, s2, s3;
+            if (a == b) {
+                s1 = TG[a * B + a] * q2 / 2;
+                s2 = TK[a * B + a] * q2;
+                s3 = trTK * q2 * kaa / 2 + KTK[a * B + a] * q2;
+            } else {
+                double kbb = K[b * B + b], sab = sqrt(kaa * kbb);
+                double rho = sab > 0 ? fmax(-1.0, fmin(1.0, K[a * B + b] / sab)) : 0.0;
+                double as = asin(rho) / (2 * M_PI), c = sqrt(fmax(0.0, 1.0 - rho * rho));
+                /* orthant probabilities and E[relu relu] of the normalised pair */
+                double pp = 0.25 + as, pq = 0.25 - as;
+                double epp = (p * p + mm * mm) * pp - 2 * p * mm * pq;
+                double r1 = (c + (M_PI - acos(rho)) * rho) / (2 * M_PI);
+                double r2 = (c + (M_PI - acos(-rho)) * -rho) / (2 * M_PI);
+                double vab = sab * (q2 * r1 + 2 * p * mm * r2);
+                /* E[φ_a δ(u_b)] = (p+m) √(K_aa(1−ρ²)) / (2π √K_bb), and a ↔ b */
+                double dab = kbb > 0 ? pm * sqrt(kaa) * c / (2 * M_PI * sqrt(kbb)) : 0.0;
+                double dba = kaa > 0 ? pm * sqrt(kbb) * c / (2 * M_PI * sqrt(kaa)) : 0.0;
+                s1 = TG[a * B + b] * epp;
+                s2 = (TK[b * B + a] + TK[a * B + b]) * epp + pm * (TK[b * B + b] * dab +
+                                                                  TK[a * B + a] * dba);
+                s3 = trTK * vab + 2 * KTK[a * B + b] * epp +
+                     pm * (KTK[a * B + a] * dba + KTK[b * B + b] * dab);
+            }
+            A[a * B + b] += f * (s1 - s * s2 + 0.5 * s * s * s3);
+        }
+    }
+}
+
+int tpk_bn_tangent(const tpk_phi *phi, const double *S, const double *Th, size_t B, double *out,
+                   double *err, tpk_ctx *ctx)
+{
+    int deg, st;
+    tabs T;
+    if (S == NULL || Th == NULL || out == NULL || B == 0)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_bn_tangent: S, Th, out and B >= 1 are required");
+    if (err)
+        *err = 0.0;
+    if ((st = check_phi(phi, &deg, ctx)) || (st = check_finite(S, B, B, B, ctx)) ||
+        (st = check_finite(Th, B, B, B, ctx)))
+        return st;
+    if (deg != 1)
+        return TPK_ERROR(ctx, TPK_EDOM, "batchnorm NTK: %s(bn(g)) has no derivative that is a "
+                         "function (degree-0 phi); the NTK needs phi of degree 1 (theory.md §8.6)",
+                         tpk_phi_name(phi));
+    if ((st = tabs_init(&T, ctx)))
+        return st;
+    const double p = phi ? tpk_phi_eval(phi, 1.0) : 1.0, mm = phi ? tpk_phi_eval(phi, -1.0) : -1.0;
+    double *Q = tpk_malloc(ctx, B * B * sizeof *Q), *lam = tpk_malloc(ctx, B * sizeof *lam);
+    double *W = tpk_malloc(ctx, 5 * B * B * sizeof *W), *acc = tpk_calloc(ctx, 2 * B * B, sizeof *acc);
+    double *work = tpk_malloc(ctx, EIG_WORK(B) * sizeof *work);
+    rule *R = tpk_malloc(ctx, sizeof *R);
+    if (!Q || !lam || !W || !acc || !work || !R) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+        goto done;
+    }
+    double *K = W, *TG = W + B * B, *TK = W + 2 * B * B, *KTK = W + 3 * B * B, *X = W + 4 * B * B;
+    center(S, B, B, B, Q);
+    center(Th, B, B, B, TG);
+    int m = eig_keep(Q, B, RANK_TOL * max_diag(S, B, B), lam, work);
+    if (m < 0) {
+        st = TPK_ERROR(ctx, TPK_ENUMERIC, "batchnorm: eigen-decomposition failed");
+        goto done;
+    }
+    if (m == 0) { /* G y = 0: BN(y) = 0 for every y near it, M = 0 */
+        memset(out, 0, B * B * sizeof *out);
+        goto done;
+    }
+    if (m < 3) {
+        st = TPK_ERROR(ctx, TPK_EDOM,
+                       "batchnorm NTK: the centred batch covariance has rank %d < 3; without an "
+                       "epsilon the backward integrals diverge there (theory.md §8.6): use batches "
+                       "of at least 4 distinct inputs", m);
+        goto done;
+    }
+    for (int lv = 0; lv < NLEVEL; lv++) {
+        make_rule(R, &T, lv, lam, m, 1.0, 0.0);
+        double *A = acc + (size_t)lv * B * B;
+        for (int q = 0; q < R->n; q++) {
+            double s = exp(R->r[q]), ld2 = 0.0;
+            for (int k = 0; k < m; k++)
+                ld2 += log1p(2.0 * s * lam[k]);
+            double f = R->w[q] * (double)B * s * exp(-0.5 * ld2);
+            if (f == 0.0)
+                continue;
+            for (size_t a = 0; a < B; a++) /* K = Sᴳ_s, from the eigen-decomposition */
+                for (size_t c = 0; c <= a; c++) {
+                    double x = 0.0;
+                    for (int k = 0; k < m; k++)
+                        x += Q[a * B + (size_t)k] * Q[c * B + (size_t)k] * lam[k] / (1.0 + 2.0 * s * lam[k]);
+                    K[a * B + c] = K[c * B + a] = x;
+                }
+            double tr = 0.0;
+            for (size_t a = 0; a < B; a++) /* TK = Θᴳ K */
+                for (size_t c = 0; c < B; c++) {
+                    double x = 0.0;
+                    for (size_t k = 0; k < B; k++)
+                        x += TG[a * B + k] * K[k * B + c];
+                    TK[a * B + c] = x;
+                }
+            for (size_t a = 0; a < B; a++) {
+                tr += TK[a * B + a];
+                for (size_t c = 0; c < B; c++) { /* X = K Θᴳ K, lower half mirrored */
+                    double x = 0.0;
+                    for (size_t k = 0; k < B; k++)
+                        x += K[a * B + k] * TK[k * B + c];
+                    X[a * B + c] = x;
+                }
+            }
+            for (size_t a = 0; a < B; a++)
+                for (size_t c = 0; c < B; c++)
+                    KTK[a * B + c] = 0.5 * (X[a * B + c] + X[c * B + a]);
+            tangent_node(p, mm, K, TK, KTK, tr, TG, B, s, f, A);
+        }
+    }
+    double emax = 0.0;
+    for (size_t a = 0; a < B; a++)
+        for (size_t c = 0; c <= a; c++) {
+            double v = acc[a * B + c];
+            emax = fmax(emax, fabs(v - acc[B * B + a * B + c]) + 1e-15 * fabs(v));
+            out[a * B + c] = out[c * B + a] = v;
+        }
+    if (err)
+        *err = emax;
+done:
+    tpk_free(ctx, Q);
+    tpk_free(ctx, lam);
+    tpk_free(ctx, W);
+    tpk_free(ctx, acc);
+    tpk_free(ctx, work);
+    tpk_free(ctx, R);
     return st;
 }
 

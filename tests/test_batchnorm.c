@@ -115,6 +115,100 @@ static void spd(double *S, int n, double ell)
         }
 }
 
+/* φ(BN(y)) of one batch of B (≤ 10) inputs, φ from the registry (NULL: identity). */
+static void bn_phi(const tpk_phi *phi, const double *y, int B, double *h)
+{
+    double m = 0.0, ss = 0.0;
+    for (int i = 0; i < B; i++)
+        m += y[i] / B;
+    for (int i = 0; i < B; i++)
+        ss += (y[i] - m) * (y[i] - m);
+    for (int i = 0; i < B; i++) {
+        double z = sqrt((double)B) * (y[i] - m) / sqrt(ss);
+        h[i] = phi ? tpk_phi_eval(phi, z) : z;
+    }
+}
+
+/* The NTK's BatchNorm step E[M Θ Mᵀ] (theory §8.6) against brute force: y ~ N(0, S), M by
+ * central differences of y ↦ φ(BN(y)) (no Jacobian formula shared with the library), Θ a second
+ * SPD matrix. B = 8: the centred rank 7 > 4 keeps the sample variance finite. */
+static void test_tangent_mc(void **state)
+{
+    (void)state;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    enum { B = 8, NS = 200000 };
+    double S[B * B], Th[B * B], L[B * B], w[B], V[B * B], e;
+    spd(S, B, 1.9);
+    spd(Th, B, 0.7);
+    for (int i = 0; i < B; i++) /* a tangent unlike the covariance */
+        Th[i * B + i] += 0.3 + 0.05 * i;
+    memcpy(L, S, sizeof L);
+    assert_int_equal(LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'V', 'U', B, L, B, w), 0);
+    for (int i = 0; i < B; i++)
+        for (int k = 0; k < B; k++)
+            L[i * B + k] *= sqrt(fmax(w[k], 0.0));
+    tpk_phi *abs_phi = tpk_phi_alloc(reg, "abs", &ctx);
+    assert_non_null(abs_phi);
+    const tpk_phi *phis[3] = {relu, NULL, abs_phi};
+    for (int f = 0; f < 3; f++) {
+        assert_int_equal(tpk_bn_tangent(phis[f], S, Th, B, V, &e, &ctx), TPK_OK);
+        double s1[B * B] = {0}, s2[B * B] = {0};
+        uint64_t st = 88172645463325252u + (uint64_t)f;
+        for (long t = 0; t < NS; t++) {
+            double z[B], y[B], M[B * B], hp[B], hm[B], MT[B * B];
+            for (int i = 0; i < B; i++)
+                z[i] = gauss(&st);
+            for (int i = 0; i < B; i++) {
+                y[i] = 0.0;
+                for (int k = 0; k < B; k++)
+                    y[i] += L[i * B + k] * z[k];
+            }
+            for (int c = 0; c < B; c++) { /* column c of M = ∂h/∂y_c */
+                double yc = y[c], hh = 1e-6 * (1.0 + fabs(yc));
+                y[c] = yc + hh;
+                bn_phi(phis[f], y, B, hp);
+                y[c] = yc - hh;
+                bn_phi(phis[f], y, B, hm);
+                y[c] = yc;
+                for (int a = 0; a < B; a++)
+                    M[a * B + c] = (hp[a] - hm[a]) / (2 * hh);
+            }
+            for (int a = 0; a < B; a++)
+                for (int c = 0; c < B; c++) {
+                    double x = 0.0;
+                    for (int k = 0; k < B; k++)
+                        x += M[a * B + k] * Th[k * B + c];
+                    MT[a * B + c] = x;
+                }
+            for (int a = 0; a < B; a++)
+                for (int b = 0; b < B; b++) {
+                    double x = 0.0;
+                    for (int k = 0; k < B; k++)
+                        x += MT[a * B + k] * M[b * B + k];
+                    s1[a * B + b] += x;
+                    s2[a * B + b] += x * x;
+                }
+        }
+        double worst = 0.0;
+        for (int i = 0; i < B * B; i++) {
+            double mean = s1[i] / NS, se = sqrt((s2[i] / NS - mean * mean) / NS);
+            worst = fmax(worst, fabs(V[i] - mean) / se);
+            assert_true(fabs(V[i] - mean) <= Z_MC * se);
+            assert_true(V[i] == V[(i % B) * B + i / B]); /* symmetric */
+        }
+        print_message("bn tangent, phi %d: worst |V - MC| = %.2f SE, quadrature error %.2g\n", f,
+                      worst, e);
+    }
+    /* rank 2 (a batch of 3): the backward integrals diverge without an epsilon, refused */
+    double S3[9], T3[9];
+    spd(S3, 3, 1.9);
+    spd(T3, 3, 0.7);
+    assert_int_equal(tpk_bn_tangent(relu, S3, T3, 3, V, &e, &ctx), TPK_EDOM);
+    assert_non_null(strstr(ctx.msg, "rank 2"));
+    tpk_phi_free(abs_phi);
+}
+
 static void test_b2_exact(void **state)
 {
     (void)state;
@@ -362,6 +456,7 @@ int main(void)
         cmocka_unit_test(test_b2_exact),      cmocka_unit_test(test_mc_b3_b4),
         cmocka_unit_test(test_tail_exponent), cmocka_unit_test(test_degenerate),
         cmocka_unit_test(test_front_end),     cmocka_unit_test(test_executor_rate),
+        cmocka_unit_test(test_tangent_mc),
     };
     return cmocka_run_group_tests_name("batchnorm", tests, setup, teardown);
 }

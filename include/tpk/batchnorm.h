@@ -40,6 +40,13 @@ TPK_API int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, const doub
                           const double *S12, const double *S22, double *out, size_t ld,
                           double scale, double *err, tpk_ctx *ctx);
 
+/* The tangent map of φ∘BN on one batch (the NTK's BatchNorm step, theory.md §8.6): out (B×B) =
+ * E[M Th Mᵀ], M = ∂φ(BN(y))/∂y, y ~ N(μ1, S), for a degree-1 φ. Th is the tangent kernel of y
+ * (B×B symmetric). The centred S must have rank ≥ 3 (batches of ≥ 4 distinct inputs): below, the
+ * integral diverges (TPK_EDOM). err (may be NULL) gets the quadrature error estimate. */
+TPK_API int tpk_bn_tangent(const tpk_phi *phi, const double *S, const double *Th, size_t B,
+                           double *out, double *err, tpk_ctx *ctx);
+
 /* Finite width: normalise each of the n columns of the N×n row-major g over each batch of rows
  * (0: all N), in place. Columns whose centred norm is ≤ TPK_BN_ZERO_REL·(norm of the column in
  * the batch) count as G g = 0 and become 0. */
