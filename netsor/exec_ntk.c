@@ -7,46 +7,57 @@
  * parameterisation — the Jacobian itself is never formed. A Moment m = mean(ψ) carries its
  * gradient to every coordinate (dg += dm ∂ψ/∂g / n) and from the bodies that read it (dm +=
  * Σ_α ∂φ/∂m dh): the exact J Jᵀ of the finite network, where the limit drops these terms.
- * bn(...) is refused: its gradient couples the inputs of a batch. */
+ * A program with bn(...) couples the inputs of a batch: an output at input a then depends on the
+ * values at every input b of its batch, and the gradients are carried per (output row, input b)
+ * pair — rows R·N instead of R — through the exact BatchNorm backward (theory.md §8.6). */
 #include <math.h>
 #include <string.h>
 
 #include "exec-impl.h"
 #include "tangent-impl.h"
 #include "tpk/alloc.h"
+#include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
 
 typedef struct nx {
     ex E;
     nsr_tangent t;
-    size_t R;        /* rows: N inputs × O outputs, input-major */
+    size_t R;        /* outputs: N inputs × O outputs, input-major */
     int O, o0;
-    double **A;      /* per var of the tangent program: R×n gradients (R for a scalar), NULL
-                      * if none reach it */
-    double *G1, *G2; /* R×R and N×N scratch */
+    int coupled;     /* bn(...): gradient rows are (output row r, input b) pairs, r·N + b */
+    size_t rows;     /* gradient rows: R, or R·N when coupled */
+    double **A;      /* per var of the tangent program: rows×n gradients (rows for a scalar),
+                      * NULL if none reach it */
+    double *G1, *G2; /* rows×rows and N×N scratch */
 } nx;
+
+/* The input whose value gradient row `row` is taken at. */
+static inline size_t row_input(const nx *X, size_t row)
+{
+    return X->coupled ? row % X->E.N : row / (size_t)X->O;
+}
 
 static double *adj(nx *X, int v)
 {
     if (X->A[v] == NULL)
-        X->A[v] = tpk_calloc(X->E.ctx, X->R * (X->t.q->var[v].type == TPK_VAR_SCALAR ? 1 : X->E.n),
+        X->A[v] = tpk_calloc(X->E.ctx, X->rows * (X->t.q->var[v].type == TPK_VAR_SCALAR ? 1 : X->E.n),
                              sizeof *X->A[v]);
     return X->A[v];
 }
 
 /* A body's partials (tangent.c) applied to the gradient of its value: a Nonlin's dh (R×n) or a
  * Moment's dm (R, the mean's 1/n folded in): dg_i += ∂_iφ ⊙ dh, ds_j += Σ_α ∂_jφ · dh. */
-static int body_backward(nx *X, const nsr_partials *d, const double *Ay, int moment)
+static int body_backward(nx *X, const nsr_partials *d, const double *Ay, int moment, double *into)
 {
-    size_t R = X->R, n = X->E.n, O = (size_t)X->O;
+    size_t R = X->rows, n = X->E.n;
     for (int i = 0; i < d->n; i++) {
-        double *Ag = adj(X, d->g[i]);
+        double *Ag = into ? into : adj(X, d->g[i]);
         const double *D = X->E.val[d->d[i]];
         if (Ag == NULL)
             return TPK_ERROR(X->E.ctx, TPK_ENOMEM, "out of memory");
         for (size_t r = 0; r < R; r++)
             for (size_t j = 0; j < n; j++)
-                Ag[r * n + j] += D[(r / O) * n + j] * (moment ? Ay[r] / (double)n : Ay[r * n + j]);
+                Ag[r * n + j] += D[row_input(X, r) * n + j] * (moment ? Ay[r] / (double)n : Ay[r * n + j]);
     }
     for (int i = 0; i < d->ns; i++) {
         double *As = adj(X, d->s[i]);
@@ -56,29 +67,96 @@ static int body_backward(nx *X, const nsr_partials *d, const double *Ay, int mom
         for (size_t r = 0; r < R; r++) {
             double acc = 0;
             for (size_t j = 0; j < n; j++)
-                acc += D[(r / O) * n + j] * (moment ? Ay[r] / (double)n : Ay[r * n + j]);
+                acc += D[row_input(X, r) * n + j] * (moment ? Ay[r] / (double)n : Ay[r * n + j]);
             As[r] += acc;
         }
     }
     return TPK_OK;
 }
 
-/* Θ̂ += f · (A1 A2ᵀ) ⊙ (Z1 Z2ᵀ) over row pairs (r, r′), Z rows by input (r / O): one pair of uses
- * of a weight; Z1, Z2 (N × k, leading dimension ldz) its operands; A2 NULL: a bias (z = 1). */
+/* Θ̂ += f · (A1 A2ᵀ) ⊙ (Z1 Z2ᵀ) over gradient-row pairs, Z rows by input (row_input): one pair
+ * of uses of a weight; Z1, Z2 (N × k, leading dimension ldz) its operands; Z1 NULL: a bias
+ * (z = 1). Coupled rows (r, b) sum over every pair of inputs (b, b′) into Θ̂[r][r′]. */
 static int use_pair(nx *X, const double *A1, const double *A2, const double *Z1, const double *Z2,
                     size_t k, size_t ldz, double f, double *T)
 {
-    size_t R = X->R, N = X->E.N, n = X->E.n, O = (size_t)X->O;
+    size_t R = X->R, N = X->E.N, n = X->E.n, rows = X->rows;
     tpk_ctx *ctx = X->E.ctx;
-    int st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, R, R, n, 1.0, A1, n, A2, n, 0.0, X->G1, R, ctx);
+    int st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, rows, rows, n, 1.0, A1, n, A2, n, 0.0, X->G1, rows,
+                       ctx);
     if (st == TPK_OK && Z1 != NULL)
         st = tpk_dgemm(TPK_NO_TRANS, TPK_TRANS, N, N, k, 1.0, Z1, ldz, Z2, ldz, 0.0, X->G2, N, ctx);
     if (st)
         return st;
+    if (!X->coupled) {
+        size_t O = (size_t)X->O;
+        for (size_t r = 0; r < R; r++)
+            for (size_t c = 0; c < R; c++)
+                T[r * R + c] += f * X->G1[r * R + c] * (Z1 != NULL ? X->G2[(r / O) * N + c / O] : 1.0);
+        return TPK_OK;
+    }
     for (size_t r = 0; r < R; r++)
-        for (size_t c = 0; c < R; c++)
-            T[r * R + c] += f * X->G1[r * R + c] * (Z1 != NULL ? X->G2[(r / O) * N + c / O] : 1.0);
+        for (size_t c = 0; c < R; c++) {
+            double acc = 0.0;
+            for (size_t a = 0; a < N; a++) {
+                const double *g1 = X->G1 + (r * N + a) * rows + c * N;
+                for (size_t b = 0; b < N; b++)
+                    acc += g1[b] * (Z1 != NULL ? X->G2[a * N + b] : 1.0);
+            }
+            T[r * R + c] += f * acc;
+        }
     return TPK_OK;
+}
+
+/* dg += Jᵀ (φ′ ⊙ dh) for h = φ(bn(g)), per neuron j and batch: with u = G g, ζ̃ = √B u/‖u‖,
+ * J = (√B/‖u‖)(G − uuᵀ/‖u‖²) is symmetric, and J t = (√B/‖u‖)(t − mean t − ζ̃ (ζ̃ᵀt)/B) (theory.md
+ * §8.6). A degenerate column (tpk_bn_apply's rule: BN = 0) passes nothing back. */
+static int bn_backward(nx *X, const tpk_instr *in, const double *Ay)
+{
+    const nsr_partials *d = &X->t.part[in->out];
+    size_t N = X->E.N, n = X->E.n, R = X->R, rows = X->rows;
+    size_t B = in->batch ? (size_t)in->batch : N;
+    tpk_ctx *ctx = X->E.ctx;
+    if (d->n != 1 || !X->coupled)
+        return TPK_ERROR(ctx, TPK_EINVAL, "bn(...) backward: the body must read one G-var");
+    double *t = tpk_calloc(ctx, rows * n, sizeof *t), *Ag = adj(X, d->g[0]);
+    double *z = tpk_malloc(ctx, B * sizeof *z);
+    int st = t && Ag && z ? body_backward(X, d, Ay, 0, t) : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    const double *g = X->E.val[d->g[0]];
+    for (size_t j = 0; j < n && st == TPK_OK; j++)
+        for (size_t b0 = 0; b0 < N; b0 += B) {
+            double m = 0.0, ss = 0.0, raw = 0.0;
+            for (size_t b = 0; b < B; b++)
+                m += g[(b0 + b) * n + j];
+            m /= (double)B;
+            for (size_t b = 0; b < B; b++) {
+                double x = g[(b0 + b) * n + j];
+                ss += (x - m) * (x - m);
+                raw += x * x;
+            }
+            double nrm = sqrt(ss);
+            if (!(nrm > TPK_BN_ZERO_REL * sqrt(raw) && nrm > 0))
+                continue;
+            double f = sqrt((double)B) / nrm;
+            for (size_t b = 0; b < B; b++)
+                z[b] = f * (g[(b0 + b) * n + j] - m);
+            for (size_t r = 0; r < R; r++) {
+                const double *tr = t + (r * N + b0) * n + j;
+                double *ar = Ag + (r * N + b0) * n + j;
+                double mt = 0.0, zt = 0.0;
+                for (size_t b = 0; b < B; b++) {
+                    mt += tr[b * n];
+                    zt += z[b] * tr[b * n];
+                }
+                mt /= (double)B;
+                zt /= (double)B;
+                for (size_t b = 0; b < B; b++)
+                    ar[b * n] += f * (tr[b * n] - mt - z[b] * zt);
+            }
+        }
+    tpk_free(ctx, t);
+    tpk_free(ctx, z);
+    return st;
 }
 
 /* The backward pass: the outputs' gradients with respect to every variable, last instruction
@@ -86,7 +164,7 @@ static int use_pair(nx *X, const double *A1, const double *A2, const double *Z1,
 static int backward(nx *X)
 {
     const tpk_program *q = X->t.q;
-    size_t R = X->R, n = X->E.n, O = (size_t)X->O;
+    size_t R = X->rows, n = X->E.n, O = (size_t)X->O, N = X->E.N;
     tpk_ctx *ctx = X->E.ctx;
     double *v = tpk_malloc(ctx, n * sizeof *v);
     if (v == NULL)
@@ -103,9 +181,11 @@ static int backward(nx *X)
                 return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             }
             nsr_ex_readout_vector(o, k, X->E.seed, n, v);
-            for (size_t a = 0; a < X->E.N; a++)
+            for (size_t a = 0; a < N; a++) { /* output (a, oi) at its own input a */
+                size_t row = (a * O + (size_t)oi) * (X->coupled ? N : 1) + (X->coupled ? a : 0);
                 for (size_t i = 0; i < n; i++)
-                    A[(a * O + (size_t)oi) * n + i] += c * v[i];
+                    A[row * n + i] += c * v[i];
+            }
         }
     }
     tpk_free(ctx, v);
@@ -117,7 +197,8 @@ static int backward(nx *X)
         switch (in->op) {
         case TPK_OP_NONLIN:
         case TPK_OP_MOMENT: {
-            int st = body_backward(X, &X->t.part[in->out], Ay, in->op == TPK_OP_MOMENT);
+            int st = in->bnorm ? bn_backward(X, in, Ay)
+                               : body_backward(X, &X->t.part[in->out], Ay, in->op == TPK_OP_MOMENT, NULL);
             if (st)
                 return st;
             break;
@@ -250,14 +331,6 @@ int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint6
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
                          "%s: sqrt(n) * mean(q * k) logits are outside Tensor Programs II: no NTK",
                          p->path ? p->path : "program");
-    for (int k = 0; k < p->ninstr; k++) {
-        const tpk_instr *in = &p->instr[k];
-        if (in->op == TPK_OP_NONLIN && in->bnorm)
-            return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
-                             "%s:%d:%d: the finite-width NTK of bn(...) is not computed yet (its "
-                             "gradient couples the batch)", p->path ? p->path : "program",
-                             in->line, in->col);
-    }
     nx X;
     memset(&X, 0, sizeof X);
     if ((st = nsr_tangent_build(p, &X.t, ctx)))
@@ -291,8 +364,11 @@ int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint6
     X.o0 = all_outputs ? 0 : q->noutputs - 1;
     X.O = q->noutputs - X.o0;
     X.R = E->N * (size_t)X.O;
+    for (int k = 0; k < q->ninstr; k++)
+        X.coupled |= q->instr[k].op == TPK_OP_NONLIN && q->instr[k].bnorm;
+    X.rows = X.coupled ? X.R * E->N : X.R;
     X.A = tpk_calloc(ctx, (size_t)q->nvars, sizeof *X.A);
-    X.G1 = tpk_malloc(ctx, X.R * X.R * sizeof *X.G1);
+    X.G1 = tpk_malloc(ctx, X.rows * X.rows * sizeof *X.G1);
     X.G2 = tpk_malloc(ctx, E->N * E->N * sizeof *X.G2);
     K = tpk_array_alloc2(X.R, X.R, ctx);
     T = tpk_array_alloc2(X.R, X.R, ctx);

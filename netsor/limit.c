@@ -19,6 +19,7 @@
 #include "limit-impl.h"
 #include "tangent-impl.h"
 #include "tpk/alloc.h"
+#include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
 
 /* The joint sampler (m2_joint, netsor/limit_joint.c) takes the groups of more dims than the
@@ -92,6 +93,57 @@ static int unrolled(const tpk_program *p, const tpk_array *x, int all_outputs,
 
 /* ---- the NTK (theory.md §8): the tangent kernel T beside the covariance ------------------- */
 
+/* The defining instruction of var u if it is a batch-coupled φ(bn(g)), else NULL. */
+static const tpk_instr *bn_def(const lim *L, int u)
+{
+    int k = L->p->var[u].def;
+    return L->p->var[u].type == TPK_VAR_H && k >= 0 && L->p->instr[k].bnorm ? &L->p->instr[k] : NULL;
+}
+
+/* T^H of two φ(bn(g)) of one G-var on one batch of all N inputs: E[M T^G Mᵀ] with M the Jacobian
+ * of φ∘BN across the batch (theory.md §8.6; kernels/batchnorm.c). Two batches would need the
+ * two-batch tilt of the backward terms, which is not derived: refused, as are two different
+ * G-vars or bodies. */
+static int tangent_bn(lim *L, int u, int v, int lower, double *out, size_t ld)
+{
+    const tpk_instr *iu = bn_def(L, u), *iv = bn_def(L, v);
+    const char *file = L->p->path ? L->p->path : "program";
+    const tpk_instr *at = iu ? iu : iv;
+    size_t N = L->N;
+    if (iu == NULL || iv == NULL || iu->body.node[0].var != iv->body.node[0].var ||
+        iu->body.len != iv->body.len || (iu->body.len == 2 && iu->body.node[1].fn != iv->body.node[1].fn))
+        return TPK_ERROR(L->ctx, TPK_EUNSUPPORTED,
+                         "%s:%d:%d: the NTK between %s and %s is not computed: bn(...) is carried "
+                         "only between a phi(bn(g)) and itself (theory.md §8.6)", file, at->line,
+                         at->col, L->p->var[u].name, L->p->var[v].name);
+    if (iu->batch != 0 && (size_t)iu->batch != N)
+        return TPK_ERROR(L->ctx, TPK_EUNSUPPORTED,
+                         "%s:%d:%d: the NTK of bn(...) over batches of %d out of %zu inputs is not "
+                         "computed (the cross-batch backward terms are not derived): normalise "
+                         "over one batch (batch = 0)", file, iu->line, iu->col, iu->batch, N);
+    int g = iu->body.node[0].var;
+    const tpk_phi *phi = iu->body.len == 2 ? iu->body.node[1].fn : NULL;
+    double *S = tpk_malloc(L->ctx, 3 * N * N * sizeof *S), e = 0;
+    if (S == NULL)
+        return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
+    nsr_lim_cov_mat(L, g, g, 0, S);
+    nsr_lim_kern_mat(L, g, g, 0, 1, S + N * N);
+    int st = tpk_bn_tangent(phi, S, S + N * N, N, S + 2 * N * N, &e, L->ctx);
+    if (st == TPK_OK) {
+        note_err(L, e);
+        for (size_t a = 0; a < N; a++)
+            memcpy(out + a * ld, S + 2 * N * N + a * N, (lower ? a + 1 : N) * sizeof *out);
+    }
+    tpk_free(L->ctx, S);
+    if (st && st != TPK_ENOMEM) { /* the library's message, at the program's line */
+        char m[sizeof L->ctx->msg];
+        snprintf(m, sizeof m, "%s", L->ctx->msg);
+        tpk_ctx_clear(L->ctx); /* the first error stands otherwise */
+        st = TPK_ERROR(L->ctx, st, "%s:%d:%d: %s", file, iu->line, iu->col, m);
+    }
+    return st;
+}
+
 /* out (N×N) = T^H(u, v)[a][c] = Σ_pq E[∂_pφ_u(Z_a) ∂_qφ_v(Z_c)] · T(g_p, g_q)[a][c] over the G-vars
  * g_p that u reads (u itself, with ∂ = 1, for a G-var) and those of v (tangent.c). A pair whose
  * G-vars share no family contributes 0 (their tangents are independent, like their values). */
@@ -102,6 +154,8 @@ static int tangent_h(lim *L, int u, int v, uint64_t site, scratch *sc, int lower
     const tpk_program *p = L->p;
     size_t N = L->N;
     double *TG = L->tE, *E = L->tE + N * N;
+    if (bn_def(L, u) != NULL || bn_def(L, v) != NULL)
+        return tangent_bn(L, u, v, lower, out, ld);
     int nu = p->var[u].type == TPK_VAR_G ? 1 : t->part[u].n;
     int nv = p->var[v].type == TPK_VAR_G ? 1 : t->part[v].n;
     int first = 1;
@@ -661,7 +715,8 @@ int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx)
                              "II (their limit is not Gaussian, theory.md §5): no NTK", file,
                              in->line, in->col);
     }
-    /* every φ differentiable (a weak derivative that is a function), no bn(...) yet */
+    /* every φ differentiable (a weak derivative that is a function); bn(...)'s own limits
+     * (one batch, centred rank ≥ 3) depend on the inputs and are checked with the numbers */
     nsr_tangent t;
     int st = nsr_tangent_build(p, &t, ctx);
     if (st == TPK_OK)

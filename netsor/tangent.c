@@ -333,6 +333,7 @@ static int add_partials(nsr_tangent *t, int v, tpk_ctx *ctx)
 {
     const tpk_instr *in = &t->q->instr[t->q->var[v].def];
     int na = in->body.nargs, len = in->body.len;
+    const int bnorm = in->bnorm, batch = in->batch; /* `in` moves when partials are added */
     int *start = tpk_malloc(ctx, (size_t)len * sizeof *start);
     int *args = tpk_malloc(ctx, (size_t)(na ? na : 1) * sizeof *args);
     int *d = tpk_malloc(ctx, (size_t)(na ? na : 1) * sizeof *d);
@@ -373,11 +374,16 @@ static int add_partials(nsr_tangent *t, int v, tpk_ctx *ctx)
         tpk_rpn_node c = op_node(TPK_RPN_CONST, r.c);
         char *nm = name2(t->q->var[v].name, t->q->var[x].name, ctx);
         int w = nm ? tpk_nsr_nonlin(t->q, nm, r.isc ? &c : r.n, r.isc ? 1 : r.len) : -1;
+        const int isc = r.isc;
         tpk_free(ctx, nm);
         dfree(&B, &r);
         if (w < 0 || grow_parts(t, t->q->nvars, ctx)) {
             st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             break;
+        }
+        if (bnorm && !isc) { /* a constant partial reads nothing to normalise */
+            t->q->instr[t->q->var[w].def].bnorm = bnorm;
+            t->q->instr[t->q->var[w].def].batch = batch;
         }
         if (i < na)
             d[i] = w;
@@ -458,14 +464,6 @@ int nsr_tangent_build(const tpk_program *p, nsr_tangent *t, tpk_ctx *ctx)
         }
         case TPK_OP_NONLIN:
         case TPK_OP_MOMENT: {
-            if (in->bnorm) {
-                tpk_free(ctx, map);
-                nsr_tangent_free(t, ctx);
-                return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
-                                 "%s:%d:%d: the NTK of bn(...) is not computed yet (its backward "
-                                 "pass couples the batch, theory.md §8.6)",
-                                 p->path ? p->path : "program", in->line, in->col);
-            }
             tpk_rpn_node *body = tpk_malloc(ctx, (size_t)in->body.len * sizeof *body);
             if (body == NULL)
                 break;
@@ -488,6 +486,9 @@ int nsr_tangent_build(const tpk_program *p, nsr_tangent *t, tpk_ctx *ctx)
         map[in->out] = w;
         t->q->instr[t->q->ninstr - 1].line = in->line;
         t->q->instr[t->q->ninstr - 1].col = in->col;
+        /* φ(bn(g)) stays batch-coupled; so do its partials below, φ′ at the normalised g */
+        t->q->instr[t->q->ninstr - 1].bnorm = in->op == TPK_OP_NONLIN ? in->bnorm : 0;
+        t->q->instr[t->q->ninstr - 1].batch = in->op == TPK_OP_NONLIN ? in->batch : 0;
         t->kid[t->q->ninstr - 1] = k;
         if ((st = grow_parts(t, t->q->nvars, ctx)))
             break;

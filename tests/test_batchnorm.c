@@ -450,13 +450,92 @@ static void test_executor_rate(void **state)
     tpk_program_free(p);
 }
 
+/* The NTK of programs/batchnorm.nsr (one batch of 8 inputs in 16 dimensions, so every BN layer's
+ * centred covariance has rank 7 and the empirical NTK a finite variance): the finite network's
+ * J Jᵀ, by the exact BatchNorm backward of the executor, converges to the limit's E[M Θ Mᵀ]
+ * pass at n^(-1/2), with no bias beyond 3 standard errors; the refusals name the program line. */
+static void test_ntk_rate(void **state)
+{
+    (void)state;
+    enum { W = 4, S = 12, N = 8, D = 16 };
+    static const double widths[W] = {128, 256, 512, 1024};
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    char prog[4200];
+    tpk_shipped_path("programs/batchnorm.nsr", prog, sizeof prog);
+    tpk_program *p = tpk_netsor_load_file(prog, NULL, reg, &ctx);
+    if (!p)
+        fail_msg("%s", ctx.msg);
+    size_t dims[2] = {N, D};
+    tpk_array *x = tpk_array_alloc(2, dims, &ctx);
+    uint64_t g = 12345u;
+    for (int i = 0; i < N * D; i++)
+        x->data[i] = gauss(&g);
+    tpk_array *K = NULL, *T = NULL;
+    double err;
+    if (tpk_netsor_ntk(p, x, 0, TPK_NTK_PARAM_NTK, &K, &T, &err, &ctx))
+        fail_msg("%s", ctx.msg);
+    size_t len = tpk_array_size(T);
+    for (size_t i = 0; i < len; i++)
+        assert_true(isfinite(T->data[i]) && T->data[i] == T->data[(i % N) * N + i / N]);
+    double rms[W], *th = malloc(S * len * sizeof *th);
+    for (int w = 0; w < W; w++) {
+        double e[S];
+        for (int s = 0; s < S; s++) {
+            tpk_array *Th = NULL;
+            if (tpk_netsor_run_ntk(p, x, (size_t)widths[w], 900 + (uint64_t)s, 0,
+                                   TPK_NTK_PARAM_NTK, NULL, &Th, &ctx))
+                fail_msg("%s", ctx.msg);
+            memcpy(th + (size_t)s * len, Th->data, len * sizeof *th);
+            assert_int_equal(tpk_limits_frob_rel(Th->data, T->data, len, &e[s], &ctx), TPK_OK);
+            tpk_array_free(Th);
+        }
+        rms[w] = tpk_limits_rms(e, S);
+    }
+    tpk_limits_bias_result b;
+    assert_int_equal(tpk_limits_bias(th, S, len, T->data, &b, &ctx), TPK_OK);
+    double slope, icpt;
+    assert_int_equal(tpk_limits_fit_power(widths, rms, W, &slope, &icpt, NULL, &ctx), TPK_OK);
+    print_message("batchnorm NTK (one batch, N = 8): RMS rel. error %.3g (n=128) .. %.3g (n=1024), "
+                  "slope %.3f; at n=1024 |mean - Θ| = %.3g vs SE %.3g; limit err %.2g\n", rms[0],
+                  rms[W - 1], slope, b.bias, b.floor, err);
+    assert_true(slope > -0.65 && slope < -0.35); /* issue 35's band around n^(-1/2) */
+    assert_true(b.bias <= 3.0 * b.floor);
+    free(th);
+    tpk_array_free(K);
+    tpk_array_free(T);
+    tpk_program_free(p);
+
+    /* two batches: the cross-batch backward terms are not derived, refused at the bn(...) line */
+    tpk_param_set sets[] = {{"batch", "4"}};
+    tpk_netsor_opts o = {.sets = sets, .nsets = 1};
+    p = tpk_netsor_load_file(prog, &o, reg, &ctx);
+    assert_non_null(p);
+    assert_int_equal(tpk_netsor_ntk(p, x, 0, TPK_NTK_PARAM_NTK, &K, &T, &err, &ctx), TPK_EUNSUPPORTED);
+    assert_non_null(strstr(ctx.msg, "batchnorm.nsr:"));
+    assert_non_null(strstr(ctx.msg, "batches of 4"));
+    tpk_program_free(p);
+    /* inputs of dimension 2: centred rank ≤ 2, where the integrals diverge */
+    size_t d2[2] = {N, 2};
+    tpk_array *x2 = tpk_array_alloc(2, d2, &ctx);
+    for (int i = 0; i < N * 2; i++)
+        x2->data[i] = gauss(&g);
+    p = tpk_netsor_load_file(prog, NULL, reg, &ctx);
+    assert_int_equal(tpk_netsor_ntk(p, x2, 0, TPK_NTK_PARAM_NTK, &K, &T, &err, &ctx), TPK_EDOM);
+    assert_non_null(strstr(ctx.msg, "rank"));
+    assert_non_null(strstr(ctx.msg, "batchnorm.nsr:"));
+    tpk_program_free(p);
+    tpk_array_free(x2);
+    tpk_array_free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_b2_exact),      cmocka_unit_test(test_mc_b3_b4),
         cmocka_unit_test(test_tail_exponent), cmocka_unit_test(test_degenerate),
         cmocka_unit_test(test_front_end),     cmocka_unit_test(test_executor_rate),
-        cmocka_unit_test(test_tangent_mc),
+        cmocka_unit_test(test_tangent_mc),    cmocka_unit_test(test_ntk_rate),
     };
     return cmocka_run_group_tests_name("batchnorm", tests, setup, teardown);
 }

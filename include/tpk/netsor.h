@@ -222,13 +222,17 @@ TPK_API int tpk_netsor_kernel_progress(const tpk_program *p, const tpk_array *x,
  * parameterization='ntk' (W = σ_W ω/√fan_in, b = σ_b β: w_W = σ_W², a bias σ_b², the readout
  * σ_v² E[h h̄] and σ_ob²), or TPK_NTK_PARAM_TP, Tensor Programs II's (gradients in W's own
  * entries times √fan_in and in b: w_W = 1, a bias 1, the readout E[h h̄] and 1). K may be NULL.
- * Errors as tpk_netsor_kernel, and TPK_EUNSUPPORTED for bn(...) and for sqrt(n)-scaled logits
- * (outside Tensor Programs II), TPK_EDOM for a φ without a derivative (step, sign). */
+ * A φ(bn(g)) carries T(φ(bn g), φ(bn g)) = E[M T(g, g) Mᵀ] across its batch, M the Jacobian of
+ * φ∘BN (theory.md §8.6; tpk_bn_tangent). Errors as tpk_netsor_kernel; TPK_EUNSUPPORTED for
+ * sqrt(n)-scaled logits (outside Tensor Programs II) and for bn(...) over several batches or
+ * between two different bn(...) Nonlins; TPK_EDOM for a φ without a derivative (step, sign) and
+ * for a batch whose centred covariance has rank < 3 (the integrals diverge without an epsilon). */
 /* (TPK_NTK_PARAM_NTK, _TP, _STANDARD: include/tpk/ntk.h) */
 /* Whether tpk_netsor_ntk takes the program, without numbers (netsor check --ntk): its readouts
  * make it BP-like by construction (readout vectors are zero-mean, independent and never used
  * inside the network: Tensor Programs II's Condition 1), so what remains is every φ having a
- * derivative that is a function, no sqrt(n)-scaled logits and no bn(...) (not yet). The error
+ * derivative that is a function and no sqrt(n)-scaled logits (bn(...)'s own limits depend on the
+ * inputs: one batch of all N, centred rank ≥ 3; tpk_netsor_ntk checks them). The error
  * names file:line:col. */
 TPK_API int tpk_netsor_ntk_check(const tpk_program *p, tpk_ctx *ctx);
 TPK_API int tpk_netsor_ntk(const tpk_program *p, const tpk_array *x, int all_outputs, int param,
@@ -254,8 +258,8 @@ TPK_API int tpk_netsor_ntk_ex(const tpk_program *p, const tpk_array *x, int all_
  * one backward pass with
  * structured per-weight sums over pairs of uses (theory.md §8.9); *Khat (may be NULL) gets
  * tpk_netsor_run's K̂. Layout as tpk_netsor_kernel. Moments (LayerNorm, attention with 1/n logits)
- * are differentiated exactly. Errors as tpk_netsor_run, and TPK_EUNSUPPORTED for bn(...) (its
- * gradient couples the batch: not carried yet) and sqrt(n)-scaled logits. */
+ * are differentiated exactly, and so is bn(...), whose gradient couples the inputs of a batch
+ * (theory.md §8.6). Errors as tpk_netsor_run, and TPK_EUNSUPPORTED for sqrt(n)-scaled logits. */
 TPK_API int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                                int all_outputs, int param, tpk_array **Khat, tpk_array **That,
                                tpk_ctx *ctx);
