@@ -26,6 +26,7 @@ void tpk_gd_opts_default(tpk_gd_opts *o)
     o->diag_reg = 0.0;
     o->diag_reg_absolute = 0;
     o->discrete = 0;
+    o->momentum = 0.0;
     o->get = TPK_GD_NTK;
 }
 
@@ -155,6 +156,33 @@ static void factors(double lam, double t, double mult, double eta, double nn, in
     }
 }
 
+/* The same factors for s steps of heavy-ball gradient descent, θ ← θ − η∇L + μ(θ − θ_prev) from
+ * rest: along an eigenvector of G the residual is ρ_s = 1 − a q_s (a = ηλ⁺/N), where
+ * q_{s+1} = (1 + μ − a) q_s − μ q_{s−1} + 1, q_0 = q_{−1} = 0 (ρ_{−1} = ρ_0: no initial
+ * velocity). q_s is read off a power of the affine 3×3 step (log₂ s squarings), which keeps
+ * r = q_s η/N exact at λ = 0; μ = 0 gives (1 − a)^s. */
+static void factors_momentum(double lam, double s, double eta, double nn, double mu, double *e,
+                             double *r)
+{
+    double a = eta * (lam > 0 ? lam : 0) / nn;
+    double M[9] = {1 + mu - a, -mu, 1, 1, 0, 0, 0, 0, 1}, P[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1}, X[9];
+    for (unsigned long long k = (unsigned long long)s; k; k >>= 1) {
+        if (k & 1) {
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++)
+                    X[i * 3 + j] = P[i * 3] * M[j] + P[i * 3 + 1] * M[3 + j] + P[i * 3 + 2] * M[6 + j];
+            memcpy(P, X, sizeof P);
+        }
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++)
+                X[i * 3 + j] = M[i * 3] * M[j] + M[i * 3 + 1] * M[3 + j] + M[i * 3 + 2] * M[6 + j];
+        memcpy(M, X, sizeof M);
+    }
+    double q = P[2]; /* (P (0, 0, 1)ᵀ)_0 */
+    *e = 1 - a * q;
+    *r = q * eta / nn;
+}
+
 /* Scratch for the eigen path. */
 typedef struct gd_eig_ws {
     double *wy;  /* n×k   W Y */
@@ -225,6 +253,12 @@ static void eig_at(const gd_problem *p, gd_eig_ws *s, double t, const tpk_gd_opt
     const size_t n = p->n, m = p->m, k = p->k;
     const double nn = (double)(n * k);
     for (size_t j = 0; j < n; j++) {
+        if (o->momentum > 0) { /* e₂ = e², r₂ = (1 − e²)/λ = r(1 + e): the squared decay */
+            factors_momentum(p->lam[j], t, o->lr, nn, o->momentum, &s->e[j], &s->r[j]);
+            s->e2[j] = s->e[j] * s->e[j];
+            s->r2[j] = s->r[j] * (1 + s->e[j]);
+            continue;
+        }
         factors(p->lam[j], t, 1, o->lr, nn, o->discrete, &s->e[j], &s->r[j]);
         factors(p->lam[j], t, 2, o->lr, nn, o->discrete, &s->e2[j], &s->r2[j]);
     }
@@ -356,6 +390,12 @@ static int check_opts(const char *entry, const tpk_gd_opts *o, tpk_ctx *ctx)
     if (!(isfinite(o->diag_reg) && o->diag_reg >= 0))
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: diag_reg must be finite and >= 0 (got %g)", entry,
                          o->diag_reg);
+    if (!(isfinite(o->momentum) && o->momentum >= 0 && o->momentum < 1))
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: momentum must be in [0, 1) (got %g)", entry,
+                         o->momentum);
+    if (o->momentum > 0 && !o->discrete)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: momentum %g needs discrete steps (discrete = 1): "
+                         "heavy-ball gradient descent is defined step by step", entry, o->momentum);
     if (o->get != TPK_GD_NTK && o->get != TPK_GD_NNGP && o->get != TPK_GD_NTKGP)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s: get must be TPK_GD_NTK, TPK_GD_NNGP or "
                          "TPK_GD_NTKGP (got %d)", entry, (int)o->get);
@@ -517,15 +557,17 @@ int tpk_gd_mse_ensemble(const tpk_array *ntk_dd, const tpk_array *nngp_dd,
             continue;
         }
         if (o.discrete) {
-            /* (1 − ηλ/N)^s → 0 for every λ > 0 only when η < 2N/λ_max (theory.md §8.10). */
+            /* (1 − ηλ/N)^s → 0 for every λ > 0 only when η < 2N/λ_max, and with momentum μ
+             * when η < 2(1 + μ)N/λ_max (the heavy-ball recursion's roots inside the unit circle;
+             * theory.md §8.10). */
             if ((st = eigen(&p, ctx)))
                 break;
-            double lmax = p.lam[p.n - 1], nn = (double)(p.n * p.k);
-            if (!(o.lr * lmax < 2 * nn)) {
+            double lmax = p.lam[p.n - 1], nn = (double)(p.n * p.k), lim = 2 * (1 + o.momentum) * nn;
+            if (!(o.lr * lmax < lim)) {
                 st = TPK_ERROR(ctx, TPK_EDOM, "%s: t[%zu] = inf steps of gradient descent: "
-                               "learning rate %g is not below the stable limit 2N/lambda_max = "
-                               "%.6g (N = %.0f, lambda_max = %.6g): the iterates diverge", entry,
-                               i, o.lr, 2 * nn / lmax, nn, lmax);
+                               "learning rate %g is not below the stable limit 2(1 + momentum)N/"
+                               "lambda_max = %.6g (N = %.0f, lambda_max = %.6g): the iterates "
+                               "diverge", entry, i, o.lr, lim / lmax, nn, lmax);
                 break;
             }
         }
@@ -548,6 +590,7 @@ int tpk_gd_gp_inference(const tpk_array *ntk_dd, const tpk_array *nngp_dd,
     else
         tpk_gd_opts_default(&o);
     o.discrete = 0;
+    o.momentum = 0.0; /* t = ∞ only: the end point is the same with or without momentum */
     gd_problem p;
     int st = setup(&p, entry, o.get, ntk_dd, nngp_dd, ntk_td, nngp_td, k_tt, y, cov != NULL, &o,
                    ctx);

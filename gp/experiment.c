@@ -85,8 +85,9 @@ static int check_ntk(const opts *o, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s must be ntk, tp or standard (got %d)",
                          spelled(o, "ntk_param", "parameterization", sp, sizeof sp), o->ntk_param);
     if (!o->predict_gd) {
-        if (o->ntimes > 0 || o->lr != 0 || o->gd_steps)
-            return TPK_ERROR(ctx, TPK_EINVAL, "--times, --lr and --steps go with --predict=gd");
+        if (o->ntimes > 0 || o->lr != 0 || o->gd_steps || o->momentum != 0)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--times, --lr, --steps and --momentum go with "
+                             "--predict=gd");
         return TPK_OK;
     }
     if (o->ntimes == 0 || !o->times)
@@ -96,6 +97,12 @@ static int check_ntk(const opts *o, tpk_ctx *ctx)
     if (!(o->lr >= 0) || !isfinite(o->lr))
         return TPK_ERROR(ctx, TPK_EINVAL, "%s must be a learning rate > 0 (got %g)",
                          spelled(o, "lr", "lr", sp, sizeof sp), o->lr);
+    if (!(o->momentum >= 0 && o->momentum < 1))
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s must be in [0, 1) (got %g)",
+                         spelled(o, "momentum", "momentum", sp, sizeof sp), o->momentum);
+    if (o->momentum > 0 && !o->gd_steps)
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s needs --steps: heavy-ball gradient descent is "
+                         "defined step by step", spelled(o, "momentum", "momentum", sp, sizeof sp));
     if (o->full_cov)
         return TPK_ERROR(ctx, TPK_EINVAL, "--full-cov is the posterior's; --predict=gd writes "
                          "the variances of the trained ensemble");
@@ -833,6 +840,7 @@ static int gd_predict(exp_state *e, tpk_ctx *ctx)
     tpk_gd_opts_default(&go);
     go.lr = o->lr > 0 ? o->lr : 1.0;
     go.discrete = o->gd_steps;
+    go.momentum = o->momentum;
     go.get = o->kernel_type == TPK_GP_KERNEL_NTK ? TPK_GD_NTK : TPK_GD_NNGP;
     const int ntk = go.get == TPK_GD_NTK;
     tpk_array *mean = tpk_array_alloc(3, (size_t[3]){nt, m, c}, ctx), *var = NULL, *cov = NULL;
@@ -914,6 +922,7 @@ static int gd_predict(exp_state *e, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_attr_double(out, "/", "gd_lr", go.lr, ctx);
     if (!st) st = tpk_h5out_attr_str(out, "/", "gd_trains", ntk ? "ntk" : "nngp", ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "gd_steps", o->gd_steps, ctx);
+    if (!st) st = tpk_h5out_attr_double(out, "/", "gd_momentum", o->momentum, ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "gd_train_items", (long long)n, ctx);
     tpk_array_free(mean);
     tpk_array_free(var);

@@ -236,6 +236,14 @@ def tp2_ntk(F):
                 crop = os.path.join(F.work, "images-4x4.npy")
                 np.save(crop, np.load(os.path.join(ROOT, "data", "demo-images.npy"))[:, 2:6, 2:6, :])
                 src = ["--arch=cnn2d", f"--input={crop}", "--depth=2"]
+            elif a == "batchnorm":
+                # one batch of the 6 demo images, flattened (64 dims): every BN layer's centred
+                # covariance has rank 5 > 4, where the finite networks' NTK has a finite variance
+                # (theory §8.6; the demo inputs' 4 dimensions give heavy tails), as NTK4A's B = 5, 7
+                flat = os.path.join(F.work, "images-flat.npy")
+                x = np.load(os.path.join(ROOT, "data", "demo-images.npy"))
+                np.save(flat, x.reshape(len(x), -1))
+                src = [f"--program={prog}", f"--input={flat}"]
             else:
                 src = [f"--program={prog}", *seq_args(prog)]
             F.run(f"{a}: NTK, {nets} networks per width, widths {widths}",

@@ -156,7 +156,7 @@ int tpk_gp_experiment_run(const tpk_gp_experiment_opts *o, tpk_ctx *ctx);
 
 typedef enum tpk_gd_get { TPK_GD_NTK, TPK_GD_NNGP, TPK_GD_NTKGP } tpk_gd_get;
 typedef struct tpk_gd_opts {
-    double lr; double diag_reg; int diag_reg_absolute; int discrete; tpk_gd_get get; ...;
+    double lr; double diag_reg; int diag_reg_absolute; int discrete; double momentum; tpk_gd_get get; ...;
 } tpk_gd_opts;
 void tpk_gd_opts_default(tpk_gd_opts *o);
 int tpk_gd_mse_ensemble(const tpk_array *ntk_dd, const tpk_array *nngp_dd,

@@ -489,6 +489,134 @@ static void test_discrete_iteration(void **state)
     ref_free(&r);
 }
 
+/* Heavy-ball steps against the iterated affine map of the stacked state (f_k, f_{k−1}), both
+ * (f_d, f_t) jointly Gaussian: f_{k+1} = f_k − (η/N)[G; G_td](f_d,k − Y) + μ(f_k − f_{k−1}), from
+ * f_0 = f_{−1} ~ N(0, joint NNGP) — the recursion written out, no eigenvalue in sight. */
+static void test_momentum_iteration(void **state)
+{
+    (void)state;
+    ref r = ref_make();
+    enum { n = GDREF_N, m = GDREF_M, k = GDREF_K, P = GDREF_N + GDREF_M, Q = 2 * P };
+    const double N = n * k, mu_m = 0.7;
+    for (int g = 0; g < 2; g++) {
+        const double *G = g ? r.kdd->data : r.tdd->data, *Gtd = g ? r.ktd->data : r.ttd->data;
+        double lrmax;
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx);
+        assert_int_equal(tpk_gd_max_learning_rate(g ? r.kdd : r.tdd, n * k, mu_m, 1e-12, &lrmax,
+                                                  &ctx), 0);
+        tpk_gd_opts o;
+        tpk_gd_opts_default(&o);
+        o.discrete = 1;
+        o.momentum = mu_m;
+        o.get = g ? TPK_GD_NNGP : TPK_GD_NTK;
+        o.lr = 0.6 * lrmax; /* above the plain limit 2N/λ_max: only momentum keeps it stable */
+        const double t[] = {0, 1, 3, 10, 40};
+        const size_t nt = 5;
+        tpk_array *mt = arr3(nt, m, k), *ct = arr3(nt, m, m), *md = arr3(nt, n, k),
+                  *cd = arr3(nt, n, n);
+        assert_int_equal(tpk_gd_mse_ensemble(r.tdd, r.kdd, r.ttd, r.ktd, r.ktt, r.y, t, nt, &o,
+                                             mt, ct, &ctx), 0);
+        assert_int_equal(tpk_gd_mse_ensemble(r.tdd, r.kdd, NULL, NULL, NULL, r.y, t, nt, &o, md,
+                                             cd, &ctx), 0);
+        /* A = [[L + μI, −μI], [I, 0]] on (f_k, f_{k−1}); offset b = ((I − L)[:, :n] Y; 0) */
+        static double A[Q * Q], S[Q * Q], tmp[Q * Q];
+        double mean[Q * k] = {0}, m2[Q * k];
+        const double c = o.lr / N;
+        memset(A, 0, sizeof A);
+        for (size_t i = 0; i < P; i++) {
+            A[i * Q + i] = 1 + mu_m;
+            A[i * Q + P + i] = -mu_m;
+            A[(P + i) * Q + i] = 1;
+        }
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++)
+                A[i * Q + j] -= c * G[i * n + j];
+        for (size_t a = 0; a < m; a++)
+            for (size_t j = 0; j < n; j++)
+                A[(n + a) * Q + j] -= c * Gtd[a * n + j];
+        for (size_t i = 0; i < Q; i++) /* f_0 = f_{−1}: every block the joint NNGP */
+            for (size_t j = 0; j < Q; j++)
+                S[i * Q + j] = gdref_nngp_full[(i % P) * P + j % P];
+        size_t step = 0;
+        for (size_t s = 0; s < nt; s++) {
+            for (; step < (size_t)t[s]; step++) {
+                for (size_t i = 0; i < Q; i++)
+                    for (size_t q = 0; q < k; q++) {
+                        double v = 0;
+                        for (size_t j = 0; j < Q; j++)
+                            v += A[i * Q + j] * mean[j * k + q];
+                        if (i < n)
+                            for (size_t j = 0; j < n; j++)
+                                v += c * G[i * n + j] * r.y->data[j * k + q];
+                        else if (i < P)
+                            for (size_t j = 0; j < n; j++)
+                                v += c * Gtd[(i - n) * n + j] * r.y->data[j * k + q];
+                        m2[i * k + q] = v;
+                    }
+                memcpy(mean, m2, sizeof mean);
+                for (size_t i = 0; i < Q; i++) /* S ← A S Aᵀ */
+                    for (size_t j = 0; j < Q; j++) {
+                        double v = 0;
+                        for (size_t q = 0; q < Q; q++)
+                            v += A[i * Q + q] * S[q * Q + j];
+                        tmp[i * Q + j] = v;
+                    }
+                for (size_t i = 0; i < Q; i++)
+                    for (size_t j = 0; j < Q; j++) {
+                        double v = 0;
+                        for (size_t q = 0; q < Q; q++)
+                            v += tmp[i * Q + q] * A[j * Q + q];
+                        S[i * Q + j] = v;
+                    }
+            }
+            double wct[m * m], wcd[n * n];
+            for (size_t a = 0; a < m; a++)
+                for (size_t b = 0; b < m; b++)
+                    wct[a * m + b] = S[(n + a) * Q + n + b];
+            for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j < n; j++)
+                    wcd[i * n + j] = S[i * Q + j];
+            char what[80];
+            snprintf(what, sizeof what, "momentum %s step %g", g ? "nngp" : "ntk", t[s]);
+            expect_close(what, mt->data + s * m * k, mean + n * k, m * k, 1e-10);
+            expect_close(what, md->data + s * n * k, mean, n * k, 1e-10);
+            expect_close(what, ct->data + s * m * m, wct, m * m, 1e-10);
+            expect_close(what, cd->data + s * n * n, wcd, n * n, 1e-10);
+        }
+        /* t = ∞: stable below 2(1 + μ)N/λ_max, the flow's end point; diverging above */
+        double inf = INFINITY;
+        tpk_array *m1 = arr3(1, m, k), *m1c = arr3(1, m, k);
+        assert_int_equal(tpk_gd_mse_ensemble(r.tdd, r.kdd, r.ttd, r.ktd, NULL, r.y, &inf, 1, &o,
+                                             m1, NULL, &ctx), 0);
+        tpk_gd_opts flow;
+        tpk_gd_opts_default(&flow);
+        flow.get = o.get;
+        assert_int_equal(tpk_gd_mse_ensemble(r.tdd, r.kdd, r.ttd, r.ktd, NULL, r.y, &inf, 1, &flow,
+                                             m1c, NULL, &ctx), 0);
+        expect_close("momentum inf = flow inf", m1->data, m1c->data, m * k, 1e-15);
+        o.lr = 1.01 * lrmax;
+        assert_int_equal(tpk_gd_mse_ensemble(r.tdd, r.kdd, r.ttd, r.ktd, NULL, r.y, &inf, 1, &o,
+                                             m1, NULL, &ctx), TPK_EDOM);
+        assert_non_null(strstr(ctx.msg, "momentum"));
+        /* momentum with gradient flow, or outside [0, 1): refused */
+        o.lr = 0.5 * lrmax;
+        o.discrete = 0;
+        tpk_ctx_init(&ctx);
+        assert_int_equal(tpk_gd_mse_ensemble(r.tdd, r.kdd, r.ttd, r.ktd, NULL, r.y, t, 1, &o, m1,
+                                             NULL, &ctx), TPK_EINVAL);
+        assert_non_null(strstr(ctx.msg, "discrete"));
+        o.discrete = 1;
+        o.momentum = 1.0;
+        tpk_ctx_init(&ctx);
+        assert_int_equal(tpk_gd_mse_ensemble(r.tdd, r.kdd, r.ttd, r.ktd, NULL, r.y, t, 1, &o, m1,
+                                             NULL, &ctx), TPK_EINVAL);
+        tpk_array_free(m1), tpk_array_free(m1c);
+        tpk_array_free(mt), tpk_array_free(ct), tpk_array_free(md), tpk_array_free(cd);
+    }
+    ref_free(&r);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -590,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_diagonal),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_discrete_iteration),
+        cmocka_unit_test(test_momentum_iteration),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

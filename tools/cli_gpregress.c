@@ -72,6 +72,7 @@ const char cli_gpregress_options_help[] =
     "                     comma separated, inf for converged (e.g. 0,10,100,inf)\n"
     "  --lr=V             its learning rate (default 1)\n"
     "  --steps            --times count discrete gradient-descent steps of size --lr\n"
+    "  --momentum=M       with --steps: heavy-ball steps, momentum M in [0, 1) (default 0)\n"
     "  --progress, --no-progress   the progress line (below)\n"
     "  --quiet, --help, --version\n"
 ;
@@ -110,7 +111,7 @@ enum { O_ARCH = 256, O_KERNEL, O_TRAIN, O_TEST, O_LABELS, O_TLABELS, O_OUTPUT, O
        O_SW2, O_SB2, O_L2, O_AMP, O_QDEG, O_NOISE, O_NOSCALE, O_FITH, O_FIX, O_SELN, O_NTRAIN,
        O_NTEST, O_NFITS, O_VARN, O_CENTER, O_UNIT, O_CLASSIFY, O_FULLCOV, O_NOVAR, O_QUIET, O_HELP,
        O_VERSION, O_PROGRESS, O_NOPROGRESS, O_FORCE, O_PROGRAM, O_SET, O_PLUS, O_LN,
-       O_KTYPE, O_PARAM, O_NTKW, O_PREDICT, O_TIMES, O_LR, O_STEPS };
+       O_KTYPE, O_PARAM, O_NTKW, O_PREDICT, O_TIMES, O_LR, O_STEPS, O_MOMENTUM };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, O_ARCH}, {"kernel", required_argument, NULL, O_KERNEL},
@@ -142,7 +143,7 @@ static const struct option longopts[] = {
     {"ntk-width", required_argument, NULL, O_NTKW},
     {"predict", required_argument, NULL, O_PREDICT}, {"times", required_argument, NULL, O_TIMES},
     {"lr", required_argument, NULL, O_LR}, {"steps", no_argument, NULL, O_STEPS},
-    {NULL, 0, NULL, 0}};
+    {"momentum", required_argument, NULL, O_MOMENTUM}, {NULL, 0, NULL, 0}};
 
 /* --times=LIST: numbers >= 0 and inf, comma separated. */
 static int parse_times(const char *s, cli_gpregress *g, tpk_ctx *ctx)
@@ -230,6 +231,12 @@ static int take_option(int c, tpk_gp_experiment_opts *o, cli_gpregress *g, char 
             return ctx->status;
         return o->lr > 0 ? TPK_OK : TPK_ERROR(ctx, TPK_EINVAL, "--lr: %s is not > 0", optarg);
     case O_STEPS: o->gd_steps = 1; return TPK_OK;
+    case O_MOMENTUM:
+        if (cli_parse_double("momentum", optarg, &o->momentum, ctx))
+            return ctx->status;
+        return o->momentum >= 0 && o->momentum < 1
+                   ? TPK_OK
+                   : TPK_ERROR(ctx, TPK_EINVAL, "--momentum: %s is not in [0, 1)", optarg);
     case O_QUIET: g->quiet = 1; return TPK_OK;
     case O_PROGRESS: g->progress = 1; return TPK_OK;
     case O_NOPROGRESS: g->progress = 0; return TPK_OK;

@@ -246,6 +246,8 @@ typedef struct tpk_gd_opts {
     double diag_reg;        /* r ≥ 0: G + r·(tr G/n)·I (default 0: none) */
     int diag_reg_absolute;  /* 1: G + r·I instead (NT diag_reg_absolute_scale) */
     int discrete;           /* 1: t counts gradient-descent steps (whole numbers or INFINITY) */
+    double momentum;        /* μ in [0, 1): heavy-ball steps θ ← θ − η∇L + μ(θ − θ_prev) from
+                             * rest (needs discrete; default 0) */
     tpk_gd_get get;         /* default TPK_GD_NTK */
 } tpk_gd_opts;
 TPK_API void tpk_gd_opts_default(tpk_gd_opts *o);
@@ -364,6 +366,7 @@ typedef struct tpk_gp_experiment_opts {
     size_t ntimes;
     double lr;                  /* η > 0 (0: 1) */
     int gd_steps;               /* times count discrete steps of size η (whole numbers) */
+    double momentum;            /* with gd_steps: heavy-ball momentum μ in [0, 1) (0: none) */
 } tpk_gp_experiment_opts;
 enum { TPK_GP_KERNEL_NNGP = 0, TPK_GP_KERNEL_NTK = 1 };
 

@@ -157,6 +157,30 @@ def test_discrete_steps(ref):
         fn(t=1.5)                                            # fractional steps
 
 
+def test_momentum_steps(ref):
+    """Heavy-ball steps f_{s+1} = f_s − (η/N) Θ (f_s − Y) + μ(f_s − f_{s−1}) from rest, on the
+    test points too, at a rate only momentum keeps stable; momentum with gradient flow fails."""
+    n, k = ref["GDREF_N"], ref["GDREF_K"]
+    N, mu = n * k, 0.6
+    lr = 0.7 * tpk.predict.max_learning_rate(ref["dd"]["ntk"], y_train_size=N, momentum=mu)
+    fn = tpk.predict.gradient_descent_mse_ensemble(ref["dd"], ref["y"], learning_rate=lr,
+                                                   discrete=True, momentum=mu)
+    Th, Ttd = ref["dd"]["ntk"], ref["td"].ntk
+    f = fp = np.zeros_like(ref["y"])
+    g = gp = np.zeros((Ttd.shape[0], k))
+    want = {1, 2, 5, 30}
+    train, test = fn(t=sorted(want)), fn(t=sorted(want), k_test_train=ref["td"])
+    for s in range(1, 31):
+        r = f - ref["y"]
+        f, fp = f - (lr / N) * Th @ r + mu * (f - fp), f
+        g, gp = g - (lr / N) * Ttd @ r + mu * (g - gp), g
+        if s in want:
+            assert rel(train[sorted(want).index(s)], f) <= 1e-11
+            assert rel(test[sorted(want).index(s)], g) <= 1e-11
+    with pytest.raises(tpk.Error, match="discrete"):
+        tpk.predict.gradient_descent_mse_ensemble(ref["dd"], ref["y"], momentum=mu)(t=1)
+
+
 def test_errors(ref):
     dd, td, y = ref["dd"], ref["td"], ref["y"]
     fn = tpk.predict.gradient_descent_mse_ensemble(dd, y)

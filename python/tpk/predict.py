@@ -100,13 +100,14 @@ def _result(names, many, vals):
     return t(*vals)
 
 
-def _opts(lr=1.0, diag_reg=0.0, absolute=False, discrete=False, get="ntk"):
+def _opts(lr=1.0, diag_reg=0.0, absolute=False, discrete=False, get="ntk", momentum=0.0):
     o = ffi.new("tpk_gd_opts *")
     lib.tpk_gd_opts_default(o)
     o.lr = float(lr)
     o.diag_reg = float(diag_reg)
     o.diag_reg_absolute = 1 if absolute else 0
     o.discrete = 1 if discrete else 0
+    o.momentum = float(momentum)
     o.get = _GETS[get]
     return o
 
@@ -136,14 +137,16 @@ def _times(t):
 
 
 def gradient_descent_mse_ensemble(k_train_train, y_train, learning_rate=1.0, diag_reg=0.0,
-                                  diag_reg_absolute_scale=False, discrete=False):
+                                  diag_reg_absolute_scale=False, discrete=False, momentum=0.0):
     """neural-tangents' predict.gradient_descent_mse_ensemble on kernel arrays.
 
     k_train_train: the training kernels, a dict {"nngp": K_dd, "ntk": Θ_dd} (n×n) or an object
     with .nngp and .ntk; y_train: n×k targets (or n: outputs then have no k axis); learning_rate
     η > 0; diag_reg r ≥ 0 adds r·(tr G/n)·I to the trained kernel G (r·I with
     diag_reg_absolute_scale=True); discrete=True: t counts gradient-descent steps (whole numbers,
-    or None for t = ∞, which needs η < max_learning_rate) instead of continuous time.
+    or None for t = ∞, which needs η < max_learning_rate) instead of continuous time;
+    momentum μ in [0, 1) (discrete only): heavy-ball steps from rest (max_learning_rate's
+    momentum gives their stable limit).
 
     Returns predict_fn(t=None, k_test_train=None, k_test_test=None, get="ntk",
     compute_cov=False): the ensemble's mean at time(s) t (a number, None = ∞, or an array of
@@ -158,7 +161,7 @@ def gradient_descent_mse_ensemble(k_train_train, y_train, learning_rate=1.0, dia
     y, vec = _targets(y_train)
     n = y.shape[0]
     lr, reg, absolute, disc = learning_rate, diag_reg, diag_reg_absolute_scale, discrete
-    _opts(lr, reg, absolute, disc)  # a bad option type fails here, not at the first prediction
+    _opts(lr, reg, absolute, disc, "ntk", momentum)  # a bad option type fails here
 
     def predict_fn(t=None, k_test_train=None, k_test_test=None, get="ntk", compute_cov=False):
         names, many = _gets(get, ("ntk", "nngp"), "ntk")
@@ -190,7 +193,7 @@ def gradient_descent_mse_ensemble(k_train_train, y_train, learning_rate=1.0, dia
             cov = np.zeros((ts.size, rows, rows)) if compute_cov else None
             if ts.size:
                 keep = _core.Strings()
-                o = _opts(lr, reg, absolute, disc, g)
+                o = _opts(lr, reg, absolute, disc, g, momentum)
                 tp = ffi.from_buffer("double[]", ts)
                 args = [_c(a, keep) for a in (ntk_dd, nngp_dd, ntk_td, nngp_td, k_tt, y)]
                 cm, cc = _core.to_c(mean, keep), _c(cov, keep)
