@@ -643,6 +643,10 @@ static void test_errors(void **state)
                 "parameterization", "o.h5");
     expect_fail("--arch=mlp --train=x.csv --test=xt.csv --labels=y.csv --predict=gd "
                 "--times=1 --lr=0 --output=o.h5", "lr", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --test=xt.csv --labels=y.csv --predict=gd "
+                "--times=1 --momentum=0.5 --output=o.h5", "--steps", "o.h5");
+    expect_fail("--arch=mlp --train=x.csv --test=xt.csv --labels=y.csv --predict=gd "
+                "--times=1 --steps --momentum=1 --output=o.h5", "momentum", "o.h5");
     /* a run: times with inf, the NTK-GP posterior beside the trained ensemble; at t = 0 the
      * ensemble's mean is the prior's, 0, and at zero noise its t = inf mean is the NTK-GP's */
     assert_int_equal(gpregress("--arch=mlp --depth=2 --sigma-b2=0.1 --train=x.csv --test=xt.csv "
