@@ -14,30 +14,18 @@
 #include <string.h>
 
 #include "exec-impl.h"
-#include "tangent-impl.h"
 #include "tpk/alloc.h"
 #include "tpk/batchnorm.h"
 #include "tpk/matmul.h"
 
-typedef struct nx {
-    ex E;
-    nsr_tangent t;
-    size_t R;        /* outputs: N inputs × O outputs, input-major */
-    int O, o0;
-    int coupled;     /* bn(...): gradient rows are (output row r, input b) pairs, r·N + b */
-    size_t rows;     /* gradient rows: R, or R·N when coupled */
-    double **A;      /* per var of the tangent program: rows×n gradients (rows for a scalar),
-                      * NULL if none reach it */
-    double *G1, *G2; /* rows×rows and N×N scratch */
-} nx;
 
 /* The input whose value gradient row `row` is taken at. */
-static inline size_t row_input(const nx *X, size_t row)
+static inline size_t row_input(const nsr_bw *X, size_t row)
 {
     return X->coupled ? row % X->E.N : row / (size_t)X->O;
 }
 
-static double *adj(nx *X, int v)
+double *nsr_bw_adj(nsr_bw *X, int v)
 {
     if (X->A[v] == NULL)
         X->A[v] = tpk_calloc(X->E.ctx, X->rows * (X->t.q->var[v].type == TPK_VAR_SCALAR ? 1 : X->E.n),
@@ -47,11 +35,11 @@ static double *adj(nx *X, int v)
 
 /* A body's partials (tangent.c) applied to the gradient of its value: a Nonlin's dh (R×n) or a
  * Moment's dm (R, the mean's 1/n folded in): dg_i += ∂_iφ ⊙ dh, ds_j += Σ_α ∂_jφ · dh. */
-static int body_backward(nx *X, const nsr_partials *d, const double *Ay, int moment, double *into)
+static int body_backward(nsr_bw *X, const nsr_partials *d, const double *Ay, int moment, double *into)
 {
     size_t R = X->rows, n = X->E.n;
     for (int i = 0; i < d->n; i++) {
-        double *Ag = into ? into : adj(X, d->g[i]);
+        double *Ag = into ? into : nsr_bw_adj(X, d->g[i]);
         const double *D = X->E.val[d->d[i]];
         if (Ag == NULL)
             return TPK_ERROR(X->E.ctx, TPK_ENOMEM, "out of memory");
@@ -60,7 +48,7 @@ static int body_backward(nx *X, const nsr_partials *d, const double *Ay, int mom
                 Ag[r * n + j] += D[row_input(X, r) * n + j] * (moment ? Ay[r] / (double)n : Ay[r * n + j]);
     }
     for (int i = 0; i < d->ns; i++) {
-        double *As = adj(X, d->s[i]);
+        double *As = nsr_bw_adj(X, d->s[i]);
         const double *D = X->E.val[d->ds[i]];
         if (As == NULL)
             return TPK_ERROR(X->E.ctx, TPK_ENOMEM, "out of memory");
@@ -77,7 +65,7 @@ static int body_backward(nx *X, const nsr_partials *d, const double *Ay, int mom
 /* Θ̂ += f · (A1 A2ᵀ) ⊙ (Z1 Z2ᵀ) over gradient-row pairs, Z rows by input (row_input): one pair
  * of uses of a weight; Z1, Z2 (N × k, leading dimension ldz) its operands; Z1 NULL: a bias
  * (z = 1). Coupled rows (r, b) sum over every pair of inputs (b, b′) into Θ̂[r][r′]. */
-static int use_pair(nx *X, const double *A1, const double *A2, const double *Z1, const double *Z2,
+static int use_pair(nsr_bw *X, const double *A1, const double *A2, const double *Z1, const double *Z2,
                     size_t k, size_t ldz, double f, double *T)
 {
     size_t R = X->R, N = X->E.N, n = X->E.n, rows = X->rows;
@@ -111,7 +99,7 @@ static int use_pair(nx *X, const double *A1, const double *A2, const double *Z1,
 /* dg += Jᵀ (φ′ ⊙ dh) for h = φ(bn(g)), per neuron j and batch: with u = G g, ζ̃ = √B u/‖u‖,
  * J = (√B/‖u‖)(G − uuᵀ/‖u‖²) is symmetric, and J t = (√B/‖u‖)(t − mean t − ζ̃ (ζ̃ᵀt)/B) (theory.md
  * §8.6). A degenerate column (tpk_bn_apply's rule: BN = 0) passes nothing back. */
-static int bn_backward(nx *X, const tpk_instr *in, const double *Ay)
+static int bn_backward(nsr_bw *X, const tpk_instr *in, const double *Ay)
 {
     const nsr_partials *d = &X->t.part[in->out];
     size_t N = X->E.N, n = X->E.n, R = X->R, rows = X->rows;
@@ -119,7 +107,7 @@ static int bn_backward(nx *X, const tpk_instr *in, const double *Ay)
     tpk_ctx *ctx = X->E.ctx;
     if (d->n != 1 || !X->coupled)
         return TPK_ERROR(ctx, TPK_EINVAL, "bn(...) backward: the body must read one G-var");
-    double *t = tpk_calloc(ctx, rows * n, sizeof *t), *Ag = adj(X, d->g[0]);
+    double *t = tpk_calloc(ctx, rows * n, sizeof *t), *Ag = nsr_bw_adj(X, d->g[0]);
     double *z = tpk_malloc(ctx, B * sizeof *z);
     int st = t && Ag && z ? body_backward(X, d, Ay, 0, t) : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     const double *g = X->E.val[d->g[0]];
@@ -159,12 +147,12 @@ static int bn_backward(nx *X, const tpk_instr *in, const double *Ay)
     return st;
 }
 
-/* The backward pass: the outputs' gradients with respect to every variable, last instruction
- * first. */
-static int backward(nx *X)
+/* The backward pass: the outputs' gradients with respect to every variable, seeded at the
+ * readouts (one row per output and input), then nsr_bw_propagate. */
+static int backward(nsr_bw *X)
 {
     const tpk_program *q = X->t.q;
-    size_t R = X->rows, n = X->E.n, O = (size_t)X->O, N = X->E.N;
+    size_t n = X->E.n, O = (size_t)X->O, N = X->E.N;
     tpk_ctx *ctx = X->E.ctx;
     double *v = tpk_malloc(ctx, n * sizeof *v);
     if (v == NULL)
@@ -175,7 +163,7 @@ static int backward(nx *X)
         int m = nsr_out_nparts(o);
         double c = sqrt(o->var / ((double)n * m));
         for (int k = 0; k < m; k++) {
-            double *A = adj(X, nsr_out_part(o, k));
+            double *A = nsr_bw_adj(X, nsr_out_part(o, k));
             if (A == NULL) {
                 tpk_free(ctx, v);
                 return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -189,6 +177,14 @@ static int backward(nx *X)
         }
     }
     tpk_free(ctx, v);
+    return nsr_bw_propagate(X);
+}
+
+int nsr_bw_propagate(nsr_bw *X)
+{
+    const tpk_program *q = X->t.q;
+    size_t R = X->rows, n = X->E.n;
+    tpk_ctx *ctx = X->E.ctx;
     for (int k = q->ninstr - 1; k >= 0; k--) {
         const tpk_instr *in = &q->instr[k];
         const double *Ay = X->A[in->out];
@@ -205,7 +201,7 @@ static int backward(nx *X)
         }
         case TPK_OP_LINCOMB:
             for (int t = 0; t < in->nterms; t++) {
-                double *At = adj(X, in->term[t]);
+                double *At = nsr_bw_adj(X, in->term[t]);
                 if (At == NULL)
                     return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
                 for (size_t i = 0; i < R * n; i++)
@@ -213,7 +209,7 @@ static int backward(nx *X)
             }
             break;
         case TPK_OP_MATMUL: { /* y = c Z z: dz += c dy Z */
-            double *Az = adj(X, in->src);
+            double *Az = nsr_bw_adj(X, in->src);
             if (Az == NULL)
                 return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
             int st = tpk_dgemm(TPK_NO_TRANS, TPK_NO_TRANS, R, n, n,
@@ -231,7 +227,7 @@ static int backward(nx *X)
 }
 
 /* Θ̂'s parameter terms: every pair of uses of each weight, embedding and bias (theory.md §8.9). */
-static int parameters(nx *X, int param, double *T)
+static int parameters(nsr_bw *X, int param, double *T)
 {
     const tpk_program *q = X->t.q;
     size_t n = X->E.n, d = X->E.d, ldx = X->E.T * d;
@@ -267,7 +263,7 @@ static int parameters(nx *X, int param, double *T)
 
 /* The readouts' own terms: K̂ (σ_v σ_v′/(mn) Σ_k h_k·h̄_k + β β′ between outputs of one readout
  * vector), and Θ̂'s readout term (K̂ itself, or without the variances: TP II's). */
-static void readouts(nx *X, int param, double *K, double *T)
+static void readouts(nsr_bw *X, int param, double *K, double *T)
 {
     const tpk_program *q = X->t.q;
     size_t N = X->E.N, n = X->E.n, R = X->R, O = (size_t)X->O;
@@ -304,6 +300,53 @@ static void readouts(nx *X, int param, double *K, double *T)
     (void)N;
 }
 
+int nsr_bw_init(nsr_bw *X, const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
+                int all_outputs, tpk_ctx *ctx)
+{
+    memset(X, 0, sizeof *X);
+    int st = nsr_tangent_build(p, &X->t, ctx);
+    if (st)
+        return st;
+    const tpk_program *q = X->t.q;
+    tpk_nsr_shape sh;
+    if ((st = tpk_nsr_validate(q, x, all_outputs, &sh, ctx)))
+        return st;
+    ex *E = &X->E;
+    E->p = q;
+    E->N = sh.N;
+    E->T = sh.T;
+    E->d = sh.d;
+    E->n = n;
+    E->x = x->data;
+    E->seed = seed;
+    E->maxdepth = sh.maxdepth;
+    E->maxlen = sh.maxlen;
+    E->ctx = ctx;
+    /* the same random tensors as tpk_netsor_run of p: streams keyed by the same names */
+    E->named = nsr_ex_streams_by_name(q, ctx);
+    if (E->named < 0 || (st = nsr_ex_setup(E, all_outputs)))
+        return st ? st : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    X->o0 = all_outputs ? 0 : q->noutputs - 1;
+    X->O = q->noutputs - X->o0;
+    X->R = E->N * (size_t)X->O;
+    X->rows = X->R;
+    X->A = tpk_calloc(ctx, (size_t)q->nvars, sizeof *X->A);
+    return X->A ? TPK_OK : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+}
+
+void nsr_bw_free(nsr_bw *X, tpk_ctx *ctx)
+{
+    if (X->A && X->t.q)
+        for (int v = 0; v < X->t.q->nvars; v++)
+            tpk_free(ctx, X->A[v]);
+    tpk_free(ctx, X->A);
+    tpk_free(ctx, X->G1);
+    tpk_free(ctx, X->G2);
+    nsr_ex_free(&X->E);
+    nsr_tangent_free(&X->t, ctx);
+    memset(X, 0, sizeof *X);
+}
+
 int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint64_t seed,
                        int all_outputs, int param, tpk_array **Khat, tpk_array **That,
                        tpk_ctx *ctx)
@@ -331,43 +374,20 @@ int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint6
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED,
                          "%s: sqrt(n) * mean(q * k) logits are outside Tensor Programs II: no NTK",
                          p->path ? p->path : "program");
-    nx X;
+    nsr_bw X;
     memset(&X, 0, sizeof X);
-    if ((st = nsr_tangent_build(p, &X.t, ctx)))
-        return st;
-    const tpk_program *q = X.t.q;
-    tpk_nsr_shape sh;
     tpk_array *K = NULL, *T = NULL;
-    if ((st = tpk_nsr_validate(q, x, all_outputs, &sh, ctx)))
+    if ((st = nsr_bw_init(&X, p, x, n, seed, all_outputs, ctx)))
         goto done;
+    const tpk_program *q = X.t.q;
     ex *E = &X.E;
-    E->p = q;
-    E->N = sh.N;
-    E->T = sh.T;
-    E->d = sh.d;
-    E->n = n;
-    E->x = x->data;
-    E->seed = seed;
-    E->maxdepth = sh.maxdepth;
-    E->maxlen = sh.maxlen;
-    E->ctx = ctx;
-    /* the same random tensors as tpk_netsor_run of p: streams keyed by the same names */
-    E->named = nsr_ex_streams_by_name(q, ctx);
-    if (E->named < 0 || (st = nsr_ex_setup(E, all_outputs))) {
-        st = st ? st : TPK_ENOMEM;
-        goto done;
-    }
     for (int k = 0; k < q->ninstr && st == TPK_OK; k++) /* every value is kept for the backward pass */
         st = nsr_ex_step(E, k);
     if (st)
         goto done;
-    X.o0 = all_outputs ? 0 : q->noutputs - 1;
-    X.O = q->noutputs - X.o0;
-    X.R = E->N * (size_t)X.O;
     for (int k = 0; k < q->ninstr; k++)
         X.coupled |= q->instr[k].op == TPK_OP_NONLIN && q->instr[k].bnorm;
     X.rows = X.coupled ? X.R * E->N : X.R;
-    X.A = tpk_calloc(ctx, (size_t)q->nvars, sizeof *X.A);
     X.G1 = tpk_malloc(ctx, X.rows * X.rows * sizeof *X.G1);
     X.G2 = tpk_malloc(ctx, E->N * E->N * sizeof *X.G2);
     K = tpk_array_alloc2(X.R, X.R, ctx);
@@ -396,15 +416,8 @@ int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t n, uint6
         K = NULL;
     }
 done:
-    if (X.A)
-        for (int v = 0; v < q->nvars; v++)
-            tpk_free(ctx, X.A[v]);
-    tpk_free(ctx, X.A);
-    tpk_free(ctx, X.G1);
-    tpk_free(ctx, X.G2);
     tpk_array_free(K);
     tpk_array_free(T);
-    nsr_ex_free(&X.E);
-    nsr_tangent_free(&X.t, ctx);
+    nsr_bw_free(&X, ctx);
     return st;
 }
