@@ -264,6 +264,31 @@ TPK_API int tpk_netsor_run_ntk(const tpk_program *p, const tpk_array *x, size_t 
                                int all_outputs, int param, tpk_array **Khat, tpk_array **That,
                                tpk_ctx *ctx);
 
+/* Training one finite network (issue 36; theory.md §8.10): tpk_netsor_run's network of `seed` at
+ * `width`, in neural-tangents' 'ntk' parameterisation (every trained scalar a standard normal),
+ * trained by full-batch gradient descent θ ← θ − lr ∂L/∂θ on L = (1/2N)‖f(X_train) − Y‖², N the
+ * number of targets, with the gradients of the empirical NTK's backward pass (tied weights and
+ * Moments exact). The outputs at every input are recorded at the steps at[0..nat) (ascending;
+ * 0 is the untrained network). */
+typedef struct tpk_train_opts {
+    size_t width;
+    uint64_t seed;
+    double lr;
+    const size_t *at;
+    size_t nat;
+    int all_outputs;              /* every readout (labels then have one column per output) */
+    const tpk_progress *progress; /* "steps" reports and a cancel flag, or NULL */
+} tpk_train_opts;
+/* x: every input, the first ntrain the training set (the rest: test inputs, outputs only);
+ * y: ntrain × O targets (or ntrain when O = 1); f (preallocated): nat × N × O outputs; loss (may
+ * be NULL): nat training losses. Errors: TPK_EINVAL (shapes, options), TPK_EDOM (non-finite
+ * targets), TPK_EUNSUPPORTED (bn(...), whose batch statistics would mix the training and test
+ * inputs; sqrt(n)-scaled logits; no unrolled form), TPK_ENUMERIC (a diverging run),
+ * TPK_ECANCELED, TPK_ENOMEM. */
+TPK_API int tpk_netsor_train(const tpk_program *p, const tpk_array *x, size_t ntrain,
+                             const tpk_array *y, const tpk_train_opts *o, tpk_array *f,
+                             double *loss, tpk_ctx *ctx);
+
 /* The rolled evaluator's entrywise plans (docs/orchestration.md §7): between reads that need a
  * whole matrix, the maps and sums of a recursion run as fused kernels chosen by a binary linear
  * program (TPK_PLAN_OPTIMAL, the default), or one kernel per primitive (TPK_PLAN_NAIVE). The
