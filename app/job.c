@@ -272,6 +272,23 @@ static int split_blocks(const job_state *s, tpk_array *K, tpk_array **Ktr, tpk_a
     return TPK_OK;
 }
 
+/* X and Xt stacked into s->Xall (X alone when there is no test set). */
+static int stack_inputs(job_state *s, tpk_ctx *ctx)
+{
+    if (!s->Xt || s->Xall)
+        return TPK_OK;
+    size_t dims[TPK_ARRAY_MAXDIM];
+    memcpy(dims, s->X->dims, sizeof dims);
+    dims[0] = s->X->dims[0] + s->Xt->dims[0];
+    s->Xall = tpk_array_alloc(s->X->ndim, dims, ctx);
+    if (!s->Xall)
+        return ctx->status;
+    size_t nx = tpk_array_size(s->X);
+    memcpy(s->Xall->data, s->X->data, nx * sizeof(double));
+    memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
+    return TPK_OK;
+}
+
 /* The kernel of train and test stacked into one batch, split into the train block (*Ktr), and
  * with a test set the test × train block (*Kx) and the test diagonal (*kd); with the NTK
  * (job->kernel), its blocks likewise in T[0..2] (T may be NULL for the NNGP alone). */
@@ -281,17 +298,9 @@ static int kernel_blocks(const tpk_job *job, job_state *s, tpk_array **Ktr, tpk_
     *Ktr = *Kx = *kd = NULL;
     if (T)
         T[0] = T[1] = T[2] = NULL;
-    if (s->Xt) {
-        size_t dims[TPK_ARRAY_MAXDIM];
-        memcpy(dims, s->X->dims, sizeof dims);
-        dims[0] = s->X->dims[0] + s->Xt->dims[0];
-        s->Xall = tpk_array_alloc(s->X->ndim, dims, ctx);
-        if (!s->Xall)
-            return ctx->status;
-        size_t nx = tpk_array_size(s->X);
-        memcpy(s->Xall->data, s->X->data, nx * sizeof(double));
-        memcpy(s->Xall->data + nx, s->Xt->data, tpk_array_size(s->Xt) * sizeof(double));
-    }
+    int st0 = stack_inputs(s, ctx);
+    if (st0)
+        return st0;
     tpk_array *K = NULL, *Th = NULL;
     const tpk_array *X = s->Xall ? s->Xall : s->X;
     app_direct_ntk dn = app_job_solver_ntk(job);
@@ -594,6 +603,123 @@ int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx)
         summarise(job, &s, Khat, -1, tpk_wall_seconds() - t0, "finite-width run");
     tpk_array_free(Khat);
     tpk_array_free(y);
+    job_state_free(&s, ctx);
+    return st;
+}
+
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Rows [r0, r0 + rows) of one step's outputs f (N × O) into dst (rows × O). */
+static void split_rows(const double *f, size_t O, size_t r0, size_t rows, double *dst)
+{
+    memcpy(dst, f + r0 * O, rows * O * sizeof *dst);
+}
+
+int tpk_job_train(const tpk_job *job, const tpk_job_train_opts *t, tpk_ctx *ctx)
+{
+    if (t == NULL || t->labels == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "training needs targets (--labels=SPEC)");
+    if (t->width < 1 || t->seeds < 1 || t->nsteps < 1 || t->steps == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "training needs a width, at least one seed and the "
+                         "steps to record");
+    if (!(isfinite(t->lr) && t->lr > 0))
+        return TPK_ERROR(ctx, TPK_EINVAL, "the learning rate must be finite and > 0 (got %g)",
+                         t->lr);
+    job_state s = {0};
+    double t0 = tpk_wall_seconds();
+    tpk_array *y = NULL, *f = NULL, *ftr = NULL, *fte = NULL, *loss = NULL;
+    size_t *at = tpk_malloc(ctx, t->nsteps * sizeof *at);
+    long long *coord = NULL;
+    int st = at ? prepare(job, &s, ctx) : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    if (!st) {
+        memcpy(at, t->steps, t->nsteps * sizeof *at);
+        qsort(at, t->nsteps, sizeof *at, cmp_size);
+        y = tpk_io_read(t->labels, NULL, ctx);
+        st = y ? stack_inputs(&s, ctx) : ctx->status;
+    }
+    size_t ntr = s.X ? s.X->dims[0] : 0, nte = s.Xt ? s.Xt->dims[0] : 0, N = ntr + nte;
+    size_t nat = t->nsteps, S = t->seeds, O = 0;
+    if (!st) { /* targets: one row per training input, one column per output */
+        O = y->ndim == 1 ? 1 : y->dims[1];
+        if (y->dims[0] != ntr || y->ndim > 2)
+            st = TPK_ERROR(ctx, TPK_EINVAL, "--labels %s: %zu rows for %zu training inputs "
+                           "(targets are N or N × outputs)", t->labels, y->dims[0], ntr);
+    }
+    if (!st) {
+        size_t d3[3] = {nat, N, O}, d4[4] = {S, nat, ntr, O}, d4t[4] = {S, nat, nte, O};
+        f = tpk_array_alloc(3, d3, ctx);
+        ftr = f ? tpk_array_alloc(4, d4, ctx) : NULL;
+        fte = ftr && nte ? tpk_array_alloc(4, d4t, ctx) : NULL;
+        loss = ftr && (!nte || fte) ? tpk_array_alloc2(S, nat, ctx) : NULL;
+        coord = tpk_malloc(ctx, (nat > S ? nat : S) * sizeof *coord);
+        if (!loss || !coord)
+            st = ctx->status ? ctx->status : TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
+    }
+    for (size_t k = 0; k < S && !st; k++) {
+        if ((st = tpk_progress_report(job->progress, "networks", k, S, ctx)))
+            break;
+        tpk_train_opts o = {.width = t->width, .seed = t->seed + k, .lr = t->lr, .at = at,
+                            .nat = nat, .all_outputs = job->all_outputs};
+        st = tpk_netsor_train(s.prog, s.Xall ? s.Xall : s.X, ntr, y, &o, f, loss->data + k * nat,
+                              ctx);
+        for (size_t j = 0; j < nat && !st; j++) {
+            const double *fj = f->data + j * N * O;
+            split_rows(fj, O, 0, ntr, ftr->data + (k * nat + j) * ntr * O);
+            if (fte)
+                split_rows(fj, O, ntr, nte, fte->data + (k * nat + j) * nte * O);
+        }
+    }
+    if (!st) st = tpk_progress_report(job->progress, "networks", S, S, ctx);
+    static const char *const dn[4] = {"seed", "step", "train", "output"};
+    static const char *const dt[4] = {"seed", "step", "test", "output"};
+    if (!st) {
+        for (size_t j = 0; j < nat; j++)
+            coord[j] = (long long)at[j];
+        st = tpk_h5out_coord_ints(s.out, "step", coord, nat, ctx);
+    }
+    if (!st) {
+        for (size_t k = 0; k < S; k++)
+            coord[k] = (long long)(t->seed + k);
+        st = tpk_h5out_coord_ints(s.out, "seed", coord, S, ctx);
+    }
+    if (!st) st = tpk_h5out_write(s.out, "/train_outputs", ftr, ctx);
+    if (!st) st = tpk_h5out_dims(s.out, "/train_outputs", dn, 4, ctx);
+    if (!st && fte) st = tpk_h5out_write(s.out, "/test_outputs", fte, ctx);
+    if (!st && fte) st = tpk_h5out_dims(s.out, "/test_outputs", dt, 4, ctx);
+    if (!st) st = tpk_h5out_write(s.out, "/loss", loss, ctx);
+    if (!st) st = tpk_h5out_dims(s.out, "/loss", dn, 2, ctx);
+    if (!st) st = describe(s.out, job, &s, ctx);
+    if (!st) st = tpk_h5out_attr_int(s.out, "/", "width", (long long)t->width, ctx);
+    if (!st) st = tpk_h5out_attr_double(s.out, "/", "lr", t->lr, ctx);
+    if (!st) st = tpk_h5out_attr_str(s.out, "/", "ntk_parameterization", "ntk", ctx);
+    if (!st) st = tpk_h5out_attr_str(s.out, "/", "loss", "(1/2N) sum (f - y)^2, N targets", ctx);
+    if (!st) st = tpk_h5out_attr_str(s.out, "/", "labels", t->labels, ctx);
+    if (!st) {
+        st = tpk_h5out_commit(s.out, ctx);
+        s.out = NULL;
+    }
+    if (!st && job->summary) {
+        double l0 = 0, l1 = 0;
+        for (size_t k = 0; k < S; k++) {
+            l0 += loss->data[k * nat] / (double)S;
+            l1 += loss->data[k * nat + nat - 1] / (double)S;
+        }
+        fprintf(job->summary, "  trained %zu networks of width %zu, %zu steps at lr %g: mean "
+                "loss %.4g (step %zu) -> %.4g (step %zu)\n  wrote   %s in %.3f s\n", S,
+                t->width, at[nat - 1], t->lr, l0, at[0], l1, at[nat - 1], job->output,
+                tpk_wall_seconds() - t0);
+    }
+    tpk_free(ctx, at);
+    tpk_free(ctx, coord);
+    tpk_array_free(y);
+    tpk_array_free(f);
+    tpk_array_free(ftr);
+    tpk_array_free(fte);
+    tpk_array_free(loss);
     job_state_free(&s, ctx);
     return st;
 }

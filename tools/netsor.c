@@ -26,7 +26,8 @@ typedef struct cli {
     tpk_netsor_opts opts;
     int nargs;              /* extra positional arguments, for subcommands that take them */
     const char *args[8];
-    const char *input, *test, *output, *width, *seed; /* kernel / run */
+    const char *input, *test, *output, *width, *seed; /* kernel / run / train */
+    const char *labels, *seeds, *lr, *steps, *at;     /* train */
     const char *plan, *inputs, *dim;                  /* plan */
     int verify;                                       /* plan --verify */
     int ir;                                           /* dump --ir */
@@ -55,6 +56,10 @@ static const char usage[] =
     "           (gpkernel --list-archs, \"sets:\")\n"
     "  run      the same program at finite width n with random weights → HDF5\n"
     "           (/kernel_hat: (1/n)<h,h'> times sigma_v2 (+ readout bias), /outputs: sampled readouts)\n"
+    "  train    --seeds networks of the program at --width trained by full-batch gradient\n"
+    "           descent on MSE (neural-tangents' 'ntk' parameterisation, the gradients of the\n"
+    "           empirical NTK's backward pass) → HDF5 (/train_outputs, /test_outputs: seed ×\n"
+    "           step × input × output; /loss: seed × step); compare with gpregress --predict=gd\n"
     "  plan     the limit kernel with its orchestration shown: every entrywise plan (fused\n"
     "           kernels chosen by a binary linear program, docs/orchestration.md), its kernels\n"
     "           with predicted and measured times; nothing is written\n"
@@ -71,7 +76,15 @@ static const char usage[] =
     "  --input=SPEC       (kernel, run) inputs: FILE.h5:/dataset, FILE.npy, FILE.npz:NAME or\n"
     "                     FILE.csv; N×d, or N×T×d for programs with 'input x[t in 1..T]' (T\n"
     "                     set from it)\n"
-    "  --test=SPEC        (kernel) test inputs: also /kernel_test_train and /kernel_test_diag\n"
+    "  --test=SPEC        (kernel) test inputs: also /kernel_test_train and /kernel_test_diag;\n"
+    "                     (train) inputs whose outputs are recorded, without a loss\n"
+    "  --train=SPEC       (train) the training inputs (as --input); --labels=SPEC their targets,\n"
+    "                     N or N × outputs\n"
+    "  --steps=K          (train) gradient-descent steps; --at=LIST the steps recorded (default\n"
+    "                     0,K; K is always recorded)\n"
+    "  --lr=V             (train) the learning rate (default 1): loss (1/2N)||f - y||^2 over the\n"
+    "                     N targets, the scale of gpregress --predict=gd --steps --lr\n"
+    "  --seeds=S          (train) networks, with seeds --seed, --seed + 1, ... (default 1)\n"
     "  --kernel=K         (kernel) nngp (default: /kernel), ntk (/ntk: the Neural Tangent\n"
     "                     Kernel, docs/theory.md section 8) or both\n"
     "  --parameterization=P  (kernel, run) the NTK's: ntk (neural-tangents' 'ntk', the default:\n"
@@ -121,7 +134,8 @@ static void cli_free(cli *c)
 
 enum { O_PLUS = 256, O_EXPLAIN, O_ALLOUT, O_QUIET, O_INPUT, O_TEST, O_OUTPUT, O_WIDTH, O_SEED,
        O_SET, O_HELP, O_VERSION, O_PROGRESS, O_NOPROGRESS, O_PLAN, O_INPUTS, O_DIM, O_VERIFY, O_SIGS,
-       O_EMITTED, O_FORCE, O_IR, O_VERIFY_IR, O_KERNEL, O_PARAM, O_NTK, O_NTKW };
+       O_EMITTED, O_FORCE, O_IR, O_VERIFY_IR, O_KERNEL, O_PARAM, O_NTK, O_NTKW, O_TRAIN,
+       O_LABELS, O_SEEDS, O_LR, O_STEPS, O_AT };
 
 static const struct option longopts[] = {
     {"netsor-plus", no_argument, NULL, O_PLUS}, {"explain", no_argument, NULL, O_EXPLAIN},
@@ -139,6 +153,9 @@ static const struct option longopts[] = {
     {"kernel", required_argument, NULL, O_KERNEL},
     {"parameterization", required_argument, NULL, O_PARAM}, {"ntk", no_argument, NULL, O_NTK},
     {"ntk-width", required_argument, NULL, O_NTKW},
+    {"train", required_argument, NULL, O_TRAIN}, {"labels", required_argument, NULL, O_LABELS},
+    {"seeds", required_argument, NULL, O_SEEDS}, {"lr", required_argument, NULL, O_LR},
+    {"steps", required_argument, NULL, O_STEPS}, {"at", required_argument, NULL, O_AT},
     {NULL, 0, NULL, 0}};
 
 /* Parse PROGRAM and options after the subcommand name (getopt_long: --opt=v or --opt v; argv[0]
@@ -167,6 +184,12 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         case O_TEST: c->test = optarg; break;
         case O_OUTPUT: c->output = optarg; break;
         case O_WIDTH: c->width = optarg; break;
+        case O_TRAIN: c->input = optarg; break;
+        case O_LABELS: c->labels = optarg; break;
+        case O_SEEDS: c->seeds = optarg; break;
+        case O_LR: c->lr = optarg; break;
+        case O_STEPS: c->steps = optarg; break;
+        case O_AT: c->at = optarg; break;
         case O_SEED: c->seed = optarg; break;
         case O_SET: st = cli_sets_add(&c->sets, optarg, &ctx); break;
         case O_PLAN: c->plan = optarg; break;
@@ -203,8 +226,15 @@ static int parse_cli(int argc, char **argv, cli *c, const char *cmd)
         "input", "test", "output", "all-outputs", "width", "seed", "force"}, *const plan_only[] = {
         "plan", "inputs", "dim", "verify", "signatures", "emitted"}, *const not_plan[] = {"test", "output", "width", "seed", "force",
         "quiet", "progress", "no-progress"};
-    const int job = strcmp(cmd, "kernel") == 0 || strcmp(cmd, "run") == 0;
+    const int train = strcmp(cmd, "train") == 0;
+    const int job = strcmp(cmd, "kernel") == 0 || strcmp(cmd, "run") == 0 || train;
     const int plan = strcmp(cmd, "plan") == 0;
+    static const char *const train_only[] = {"train", "labels", "seeds", "lr", "steps", "at"};
+    for (size_t i = 0; !st && !train && i < sizeof train_only / sizeof train_only[0]; i++)
+        st = cli_refuse(&seen, train_only[i], "only netsor train takes it", &ctx);
+    if (!st && train)
+        st = cli_refuse(&seen, "input", "netsor train reads its training inputs from --train",
+                        &ctx);
     for (size_t i = 0; !st && !job && !plan && i < sizeof job_only / sizeof job_only[0]; i++)
         st = cli_refuse(&seen, job_only[i], "check and dump read the program only", &ctx);
     for (size_t i = 0; !st && !plan && i < sizeof plan_only / sizeof plan_only[0]; i++)
@@ -412,6 +442,63 @@ static int cmd_kernel(int argc, char **argv)
     cli_progress_end(&sj.bar, st == TPK_OK);
     free(sj.rec);
     return finish(&c, "kernel", st, &ctx);
+}
+
+/* netsor train: the job's input is --train, its targets --labels. */
+static int cmd_train(int argc, char **argv)
+{
+    cli c;
+    tpk_job job;
+    int st = parse_cli(argc - 1, argv + 1, &c, "train");
+    if (!st && (c.input == NULL || c.labels == NULL || c.width == NULL || c.steps == NULL)) {
+        fprintf(stderr, "netsor train: needs --train=SPEC, --labels=SPEC, --width=N and "
+                        "--steps=K (see netsor --help)\n");
+        st = 2;
+    }
+    if (!st)
+        st = make_job(&c, "train", &job);
+    size_t n = 0, seed = 0, seeds = 1, K = 0, at[256], nat = 0;
+    double lr = 1.0;
+    tpk_ctx pctx;
+    tpk_ctx_init(&pctx);
+    if (!st && (cli_parse_size("width", c.width, 1, (size_t)1 << 32, &n, &pctx) ||
+                (c.seed && cli_parse_size("seed", c.seed, 0, SIZE_MAX / 2, &seed, &pctx)) ||
+                (c.seeds && cli_parse_size("seeds", c.seeds, 1, 1u << 20, &seeds, &pctx)) ||
+                cli_parse_size("steps", c.steps, 0, (size_t)1 << 40, &K, &pctx) ||
+                (c.lr && cli_parse_double("lr", c.lr, &lr, &pctx)) ||
+                (c.at && cli_parse_sizes("at", c.at, 0, K, at, 255, &nat, &pctx)))) {
+        fprintf(stderr, "netsor train: %s\n", pctx.msg);
+        st = 2;
+    }
+    if (!st && !(lr > 0)) {
+        fprintf(stderr, "netsor train: --lr: %s is not > 0\n", c.lr);
+        st = 2;
+    }
+    if (st) {
+        cli_free(&c);
+        return st;
+    }
+    if (c.at == NULL) /* the untrained and the trained network */
+        at[nat++] = 0;
+    int hasK = 0;
+    for (size_t i = 0; i < nat; i++)
+        hasK |= at[i] == K;
+    if (!hasK)
+        at[nat++] = K;
+    c.argc = argc;
+    c.argv = argv;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    cli_notes(&ctx, "netsor train");
+    shown_job sj = {0};
+    st = show_job(&c, "netsor train", "training", &job, &sj, &ctx);
+    tpk_job_train_opts t = {.labels = c.labels, .width = n, .seeds = seeds, .seed = seed,
+                            .lr = lr, .steps = at, .nsteps = nat};
+    if (!st)
+        st = tpk_job_train(&job, &t, &ctx);
+    cli_progress_end(&sj.bar, st == TPK_OK);
+    free(sj.rec);
+    return finish(&c, "train", st, &ctx);
 }
 
 static int cmd_run(int argc, char **argv)
@@ -719,6 +806,7 @@ static const command commands[] = {
     {"kernel", cmd_kernel},
     {"plan", cmd_plan},
     {"run", cmd_run},
+    {"train", cmd_train},
 };
 
 int main(int argc, char **argv)

@@ -80,6 +80,23 @@ TPK_API int tpk_job_kernel(const tpk_job *job, tpk_ctx *ctx);
  * and /outputs (sampled readouts, N × outputs). */
 TPK_API int tpk_job_run(const tpk_job *job, size_t width, uint64_t seed, tpk_ctx *ctx);
 
+/* Training (netsor train; tpk_netsor_train): `seeds` networks of the job's program at `width`,
+ * seeds seed, seed + 1, ..., each trained by full-batch gradient descent at rate lr on the
+ * job's input (the training set) against `labels` (a spec read like an input: N, or N × outputs)
+ * for steps[nsteps − 1] steps, the outputs recorded at every step of steps[] (sorted here;
+ * 0: untrained). Writes /train_outputs (seed × step × train × output), with job->test
+ * /test_outputs (seed × step × test × output), /loss (seed × step), the step and seed
+ * coordinates, and the settings as attributes; progress reports count networks. */
+typedef struct tpk_job_train_opts {
+    const char *labels;
+    size_t width, seeds;
+    uint64_t seed;
+    double lr;
+    const size_t *steps;
+    size_t nsteps;
+} tpk_job_train_opts;
+TPK_API int tpk_job_train(const tpk_job *job, const tpk_job_train_opts *t, tpk_ctx *ctx);
+
 /* The kernel of tpk_job_kernel on inputs in memory, without files: the same program loading (a
  * sequence input fixes an unset T), train and test stacked into one batch, the same evaluator.
  * job->input, test and output are not read; job->input (if set) names X in messages. X: N×d or
