@@ -525,6 +525,93 @@ static void test_program_provenance_and_types(void **state)
     assert_int_equal(attr_class(gout, "program_sha256"), H5T_STRING);
 }
 
+/* netsor train (issue 36, item 3): the datasets and their shapes, step 0 is netsor run's network
+ * of the same seed (its /outputs), the loss falls; its usage errors exit 2 and a run error (targets
+ * that do not match the training inputs) exits 1, both leaving no output. */
+static void test_netsor_train(void **state)
+{
+    const tu_env *e = *state;
+    const char *root = getenv("TPK_ROOT") ? getenv("TPK_ROOT") : ".";
+    enum { N = 6, NT = 3, D = 4, S = 3 };
+    double x[N * D], xt[NT * D], y[N];
+    random_inputs(x, N, D, 21);
+    random_inputs(xt, NT, D, 22);
+    random_inputs(y, N, 1, 23);
+    char fx[512], fxt[512], fy[512], fy2[512], out[512], run[512], args[4096];
+    tu_path(e, fx, sizeof fx, "tx.npy");
+    tu_path(e, fxt, sizeof fxt, "txt.npy");
+    tu_path(e, fy, sizeof fy, "ty.npy");
+    tu_path(e, fy2, sizeof fy2, "ty2.npy");
+    tu_path(e, out, sizeof out, "nt-train.h5");
+    tu_path(e, run, sizeof run, "nt-run.h5");
+    tu_write_npy(fx, x, 2, (const size_t[]){N, D});
+    tu_write_npy(fxt, xt, 2, (const size_t[]){NT, D});
+    tu_write_npy(fy, y, 2, (const size_t[]){N, 1});
+    tu_write_npy(fy2, y, 2, (const size_t[]){N - 1, 1});
+    const char *prog = "programs/mlp.nsr --set phi=erf --set L=2 --set sigma_b2=0.1";
+    snprintf(args, sizeof args, "train %s/%s --train=%s --labels=%s --test=%s --width=32 "
+             "--seeds=%d --seed=5 --lr=0.5 --steps=50 --at=10 --output=%s --quiet", root, prog, fx,
+             fy, fxt, S, out);
+    if (tu_run_tool(e, "netsor", args) != 0) {
+        char err[4096];
+        tu_stderr(e, err, sizeof err);
+        fail_msg("netsor %s: %s", args, err);
+    }
+    size_t n1, n2, n3;
+    double *tr = tu_h5_read(out, "/train_outputs", &n1), *te = tu_h5_read(out, "/test_outputs", &n2);
+    double *loss = tu_h5_read(out, "/loss", &n3);
+    /* --at=10 plus 0 (no --at: 0 and K; --at given: K added) — steps 10 and 50 */
+    assert_int_equal(n1, (size_t)S * 2 * N);
+    assert_int_equal(n2, (size_t)S * 2 * NT);
+    assert_int_equal(n3, (size_t)S * 2);
+    for (int s = 0; s < S; s++)
+        assert_true(loss[s * 2 + 1] < loss[s * 2]);
+    /* the network of seed 6 (the second), trained on the training and test inputs stacked */
+    snprintf(args, sizeof args, "train %s/%s --train=%s --labels=%s --width=32 --seed=6 "
+             "--steps=0 --output=%s --quiet --force", root, prog, fx, fy, run);
+    assert_int_equal(tu_run_tool(e, "netsor", args), 0);
+    size_t nr;
+    double *f0 = tu_h5_read(run, "/train_outputs", &nr);
+    assert_int_equal(nr, (size_t)N);
+    snprintf(args, sizeof args, "run %s/%s --input=%s --width=32 --seed=6 --output=%s --quiet "
+             "--force", root, prog, fx, run);
+    assert_int_equal(tu_run_tool(e, "netsor", args), 0);
+    double *yr = tu_h5_read(run, "/outputs", &nr);
+    for (size_t a = 0; a < N; a++)
+        assert_true(fabs(f0[a] - yr[a]) <= 1e-12 * (1 + fabs(yr[a])));
+    free(tr);
+    free(te);
+    free(loss);
+    free(f0);
+    free(yr);
+    /* usage errors (2) and a run error (1): no file left */
+    remove(out);
+    static const struct { const char *extra; int rc; } bad[] = {
+        {"--width=8 --steps=5", 2},                          /* no --labels */
+        {"--labels=%s --width=8", 2},                        /* no --steps */
+        {"--labels=%s --width=8 --steps=5 --lr=0", 2},       /* a rate <= 0 */
+        {"--labels=%s --width=8 --steps=5 --at=9", 2},       /* a step beyond --steps */
+        {"--labels=%s --width=8 --steps=5 --kernel=ntk", 2}, /* another command's option */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char extra[1024];
+        snprintf(extra, sizeof extra, bad[i].extra, fy);
+        snprintf(args, sizeof args, "train %s/%s --train=%s %s --output=%s --quiet", root, prog, fx,
+                 extra, out);
+        int rc = tu_run_tool(e, "netsor", args);
+        if (rc != bad[i].rc)
+            fail_msg("netsor %s: exit %d, want %d", args, rc, bad[i].rc);
+        assert_false(tu_exists(out));
+    }
+    snprintf(args, sizeof args, "train %s/%s --input=%s --labels=%s --width=8 --steps=5 "
+             "--output=%s --quiet", root, prog, fx, fy, out);
+    assert_int_equal(tu_run_tool(e, "netsor", args), 2);
+    snprintf(args, sizeof args, "train %s/%s --train=%s --labels=%s --width=8 --steps=5 "
+             "--output=%s --quiet", root, prog, fx, fy2, out);
+    assert_int_equal(tu_run_tool(e, "netsor", args), 1);
+    assert_false(tu_exists(out));
+}
+
 /* --depth's range is the one that works (issue 39, item 5: 99 999 and 100 000 were accepted,
  * then failed after starting with "program too large after unrolling"): every row's largest
  * depth (tpk_arch.max_depth, shown by --list-archs) is refused beyond at once as a usage error
@@ -579,6 +666,7 @@ int main(void)
         cmocka_unit_test(test_depth_range),
         cmocka_unit_test(test_program_defaults_are_the_architecture),
         cmocka_unit_test(test_program_provenance_and_types),
+        cmocka_unit_test(test_netsor_train),
     };
     return cmocka_run_group_tests_name("gpkernel_cli", tests, setup, tu_teardown);
 }
