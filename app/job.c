@@ -724,6 +724,22 @@ int tpk_job_train(const tpk_job *job, const tpk_job_train_opts *t, tpk_ctx *ctx)
     return st;
 }
 
+int tpk_job_train_arrays(const tpk_job *job, const tpk_array *X, size_t ntrain,
+                         const tpk_array *y, const tpk_train_opts *o, tpk_array *f, double *loss,
+                         tpk_ctx *ctx)
+{
+    job_state s = {0};
+    if (o == NULL)
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_job_train_arrays: no options");
+    tpk_train_opts t = *o;
+    t.all_outputs = job->all_outputs;
+    int st = prepare_arrays("tpk_job_train_arrays", job, X, NULL, &s, ctx);
+    if (!st)
+        st = tpk_netsor_train(s.prog, X, ntrain, y, &t, f, loss, ctx);
+    job_state_free(&s, ctx);
+    return st;
+}
+
 int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uint64_t seed,
                        tpk_array **Khat, tpk_array **y, tpk_ctx *ctx)
 {

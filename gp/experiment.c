@@ -85,7 +85,8 @@ static int check_ntk(const opts *o, tpk_ctx *ctx)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s must be ntk, tp or standard (got %d)",
                          spelled(o, "ntk_param", "parameterization", sp, sizeof sp), o->ntk_param);
     if (!o->predict_gd) {
-        if (o->ntimes > 0 || o->lr != 0 || o->gd_steps || o->momentum != 0)
+        if (o->ntimes > 0 || o->lr != 0 || o->gd_steps || o->momentum != 0 ||
+            o->nfinite_widths > 0)
             return TPK_ERROR(ctx, TPK_EINVAL, "--times, --lr, --steps and --momentum go with "
                              "--predict=gd");
         return TPK_OK;
@@ -100,6 +101,17 @@ static int check_ntk(const opts *o, tpk_ctx *ctx)
     if (!(o->momentum >= 0 && o->momentum < 1))
         return TPK_ERROR(ctx, TPK_EINVAL, "%s must be in [0, 1) (got %g)",
                          spelled(o, "momentum", "momentum", sp, sizeof sp), o->momentum);
+    if (o->nfinite_widths > 0) {
+        if (!o->gd_steps || o->kernel_type != TPK_GP_KERNEL_NTK || !o->program || o->momentum > 0)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--finite-widths trains the program's networks as "
+                             "the prediction does: it needs --program, --steps, "
+                             "--kernel-type=ntk and no --momentum");
+        if (o->finite_seeds == 1)
+            return TPK_ERROR(ctx, TPK_EINVAL, "--finite-seeds must be at least 2 (variances)");
+        for (size_t i = 0; i < o->nfinite_widths; i++)
+            if (o->finite_widths[i] < 1 || (i > 0 && o->finite_widths[i] <= o->finite_widths[i - 1]))
+                return TPK_ERROR(ctx, TPK_EINVAL, "--finite-widths must be increasing widths >= 1");
+    }
     if (o->momentum > 0 && !o->gd_steps)
         return TPK_ERROR(ctx, TPK_EINVAL, "%s needs --steps: heavy-ball gradient descent is "
                          "defined step by step", spelled(o, "momentum", "momentum", sp, sizeof sp));
@@ -924,6 +936,8 @@ static int gd_predict(exp_state *e, tpk_ctx *ctx)
     if (!st) st = tpk_h5out_attr_int(out, "/", "gd_steps", o->gd_steps, ctx);
     if (!st) st = tpk_h5out_attr_double(out, "/", "gd_momentum", o->momentum, ctx);
     if (!st) st = tpk_h5out_attr_int(out, "/", "gd_train_items", (long long)n, ctx);
+    if (!st && o->nfinite_widths > 0)
+        st = gp_gd_finite(o, d, e->T, e->K, e->Txt, e->Kxt, e->kd, mean, var, mv, &go, out, ctx);
     tpk_array_free(mean);
     tpk_array_free(var);
     tpk_array_free(cov);

@@ -51,4 +51,12 @@ int tpk_gp_impl_solve(const double *A, size_t n, const tpk_array *Y, size_t c, d
                       double *quad, tpk_ctx *ctx);
 double tpk_gp_impl_logdet(const double *A, size_t n);
 
+/* gpregress --predict=gd --finite-widths: finite networks trained alike against the prediction
+ * (gp/gd_finite.c). mean (times × m × 1) and var (times × mv, or NULL) are the prediction's, kd
+ * the NNGP's test diagonal (the variances at t = 0). */
+int gp_gd_finite(const tpk_gp_experiment_opts *o, const tpk_gp_data *d, const tpk_array *T,
+                 const tpk_array *K, const tpk_array *Txt, const tpk_array *Kxt,
+                 const tpk_array *kd, const tpk_array *mean, const tpk_array *var, size_t mv,
+                 const tpk_gd_opts *go, tpk_h5out *out, tpk_ctx *ctx);
+
 #endif

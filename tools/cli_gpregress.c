@@ -73,6 +73,13 @@ const char cli_gpregress_options_help[] =
     "  --lr=V             its learning rate (default 1)\n"
     "  --steps            --times count discrete gradient-descent steps of size --lr\n"
     "  --momentum=M       with --steps: heavy-ball steps, momentum M in [0, 1) (default 0)\n"
+    "  --finite-widths=LIST  with --predict=gd --steps --kernel-type=ntk --program: finite\n"
+    "                     networks of these widths (64,128,... or 64..1024) trained alike\n"
+    "                     (netsor train), compared with the prediction at each step:\n"
+    "                     /finite_net_rel (each network against the kernel dynamics from its own\n"
+    "                     start), /finite_mean_rel, /finite_var_rel (the ensemble's), exponents\n"
+    "                     with bootstrap CIs; --finite-seeds=S networks per width (default 16),\n"
+    "                     --finite-seed=s the first seed (default 0)\n"
     "  --progress, --no-progress   the progress line (below)\n"
     "  --quiet, --help, --version\n"
 ;
@@ -111,7 +118,7 @@ enum { O_ARCH = 256, O_KERNEL, O_TRAIN, O_TEST, O_LABELS, O_TLABELS, O_OUTPUT, O
        O_SW2, O_SB2, O_L2, O_AMP, O_QDEG, O_NOISE, O_NOSCALE, O_FITH, O_FIX, O_SELN, O_NTRAIN,
        O_NTEST, O_NFITS, O_VARN, O_CENTER, O_UNIT, O_CLASSIFY, O_FULLCOV, O_NOVAR, O_QUIET, O_HELP,
        O_VERSION, O_PROGRESS, O_NOPROGRESS, O_FORCE, O_PROGRAM, O_SET, O_PLUS, O_LN,
-       O_KTYPE, O_PARAM, O_NTKW, O_PREDICT, O_TIMES, O_LR, O_STEPS, O_MOMENTUM };
+       O_KTYPE, O_PARAM, O_NTKW, O_PREDICT, O_TIMES, O_LR, O_STEPS, O_MOMENTUM, O_FWIDTHS, O_FSEEDS, O_FSEED };
 
 static const struct option longopts[] = {
     {"arch", required_argument, NULL, O_ARCH}, {"kernel", required_argument, NULL, O_KERNEL},
@@ -143,7 +150,10 @@ static const struct option longopts[] = {
     {"ntk-width", required_argument, NULL, O_NTKW},
     {"predict", required_argument, NULL, O_PREDICT}, {"times", required_argument, NULL, O_TIMES},
     {"lr", required_argument, NULL, O_LR}, {"steps", no_argument, NULL, O_STEPS},
-    {"momentum", required_argument, NULL, O_MOMENTUM}, {NULL, 0, NULL, 0}};
+    {"momentum", required_argument, NULL, O_MOMENTUM},
+    {"finite-widths", required_argument, NULL, O_FWIDTHS},
+    {"finite-seeds", required_argument, NULL, O_FSEEDS},
+    {"finite-seed", required_argument, NULL, O_FSEED}, {NULL, 0, NULL, 0}};
 
 /* --times=LIST: numbers >= 0 and inf, comma separated. */
 static int parse_times(const char *s, cli_gpregress *g, tpk_ctx *ctx)
@@ -231,6 +241,17 @@ static int take_option(int c, tpk_gp_experiment_opts *o, cli_gpregress *g, char 
             return ctx->status;
         return o->lr > 0 ? TPK_OK : TPK_ERROR(ctx, TPK_EINVAL, "--lr: %s is not > 0", optarg);
     case O_STEPS: o->gd_steps = 1; return TPK_OK;
+    case O_FWIDTHS:
+        o->finite_widths = g->fwidths;
+        return cli_parse_sizes("finite-widths", optarg, 1, (size_t)1 << 24, g->fwidths, 32,
+                               &o->nfinite_widths, ctx);
+    case O_FSEEDS: return cli_parse_size("finite-seeds", optarg, 2, 1u << 20, &o->finite_seeds, ctx);
+    case O_FSEED: {
+        size_t s;
+        int st = cli_parse_size("finite-seed", optarg, 0, SIZE_MAX / 2, &s, ctx);
+        o->finite_seed = s;
+        return st;
+    }
     case O_MOMENTUM:
         if (cli_parse_double("momentum", optarg, &o->momentum, ctx))
             return ctx->status;

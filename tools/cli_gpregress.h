@@ -34,6 +34,7 @@ typedef struct cli_gpregress {
     cli_arch_flags flags;      /* an --arch of the table: its flags (o.arch_flags) */
     cli_sets sets;             /* --set (o.sets) */
     double times[CLI_GD_TIMES]; /* --times (o.times) */
+    size_t fwidths[32];        /* --finite-widths (o.finite_widths) */
 } cli_gpregress;
 
 /* Parse gpregress's options and the tool's own (own: a getopt table ending in a zero entry,

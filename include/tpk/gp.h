@@ -367,6 +367,14 @@ typedef struct tpk_gp_experiment_opts {
     double lr;                  /* η > 0 (0: 1) */
     int gd_steps;               /* times count discrete steps of size η (whole numbers) */
     double momentum;            /* with gd_steps: heavy-ball momentum μ in [0, 1) (0: none) */
+    const size_t *finite_widths; /* with predict_gd, gd_steps, kernel_type NTK and a program:
+                                   finite networks of these widths trained alike (netsor train)
+                                   against the prediction (/finite_net_rel, /finite_mean_rel,
+                                   /finite_var_rel, /finite_outputs; exponents as attributes) */
+    size_t nfinite_widths;
+    size_t finite_seeds;        /* networks per width (>= 2; 0: 16) */
+    uint64_t finite_seed;       /* network s has seed finite_seed + s at every width */
+    size_t finite_boot;         /* bootstrap replicates of the exponents (0: 1000) */
 } tpk_gp_experiment_opts;
 enum { TPK_GP_KERNEL_NNGP = 0, TPK_GP_KERNEL_NTK = 1 };
 

@@ -96,6 +96,12 @@ typedef struct tpk_job_train_opts {
     size_t nsteps;
 } tpk_job_train_opts;
 TPK_API int tpk_job_train(const tpk_job *job, const tpk_job_train_opts *t, tpk_ctx *ctx);
+/* tpk_netsor_train of the job's program (loaded as tpk_job_run_arrays loads it: a sequence input
+ * fixes an unset T) on inputs in memory: X holds the ntrain training inputs, then any test
+ * inputs; y, o, f and loss as tpk_netsor_train (o->all_outputs is the job's). */
+TPK_API int tpk_job_train_arrays(const tpk_job *job, const tpk_array *X, size_t ntrain,
+                                 const tpk_array *y, const tpk_train_opts *o, tpk_array *f,
+                                 double *loss, tpk_ctx *ctx);
 
 /* The kernel of tpk_job_kernel on inputs in memory, without files: the same program loading (a
  * sequence input fixes an unset T), train and test stacked into one batch, the same evaluator.
