@@ -888,6 +888,12 @@ static int case_tpk_bn_map(tpk_ctx *ctx)
     return tpk_bn_map(relu, S5, N, out, &err, ctx);
 }
 
+static int case_tpk_bn_tangent(tpk_ctx *ctx)
+{
+    double out[N * N], err;
+    return tpk_bn_tangent(relu, S5, S5, N, out, &err, ctx);
+}
+
 static int case_tpk_bn_cross(tpk_ctx *ctx)
 {
     double out[N * M], err;
@@ -1106,7 +1112,7 @@ static int case_tpk_mlp_kernel(tpk_ctx *ctx)
 static const fcase kernel_cases[] = {
     CASE(tpk_phi_registry_alloc), CASE(tpk_phi_register), CASE(tpk_phi_alloc),
     CASE(tpk_gauss_ws_alloc), NONE(tpk_gauss_expect2), CASE(tpk_gauss_map),
-    CASE(tpk_gauss_map_affine), CASE(tpk_gauss_map_cross), CASE(tpk_bn_map), CASE(tpk_bn_cross),
+    CASE(tpk_gauss_map_affine), CASE(tpk_gauss_map_cross), CASE(tpk_bn_map), CASE(tpk_bn_tangent), CASE(tpk_bn_cross),
     CASE(tpk_bn_kernel), NONE(tpk_bn_apply), CASE(tpk_cnn_kernel_direct),
     CASE(tpk_cnn_kernel_fft), CASE(tpk_cnn_kernels), CASE(tpk_transformer_kernels),
     CASE(tpk_cnn_conv_block), CASE(tpk_cnn_convws_alloc),
@@ -1301,6 +1307,40 @@ static int case_tpk_netsor_run_ntk(tpk_ctx *ctx)
     return st;
 }
 
+/* training: 3 training sequences, 2 test ones; two recorded steps */
+static int case_tpk_netsor_train(tpk_ctx *ctx)
+{
+    tpk_ctx c0;
+    tpk_ctx_init(&c0);
+    size_t dy[2] = {3, 1}, df[3] = {2, N, 1}, at[2] = {0, 2};
+    tpk_array *y = tpk_array_alloc(2, dy, &c0), *f = tpk_array_alloc(3, df, &c0);
+    for (size_t i = 0; i < 3; i++)
+        y->data[i] = 0.3 * (double)i - 0.2;
+    tpk_train_opts o = {.width = 8, .seed = 3, .lr = 0.5, .at = at, .nat = 2};
+    double loss[2];
+    int st = tpk_netsor_train(rnn_prog, Xseq, 3, y, &o, f, loss, ctx);
+    tpk_array_free(y);
+    tpk_array_free(f);
+    return st;
+}
+
+/* the empirical NTK of a bn(...) program: gradients per (output, input of the batch) */
+static int case_tpk_netsor_run_ntk_bn(tpk_ctx *ctx)
+{
+    static const char src[] = "width n\ninput x : d\nA U : (n, d) ~ 2.0\nA W : (n, n) ~ 2.0\n"
+                              "g = U x\nh = relu(bn(g))\nz = W h\nk = relu(bn(z))\n"
+                              "output y = readout(k, 1.0)\n";
+    tpk_program *p = tpk_netsor_load_string("bn.nsr", src, NULL, reg, ctx);
+    if (p == NULL)
+        return ctx->status;
+    tpk_array *K = NULL, *T = NULL;
+    int st = tpk_netsor_run_ntk(p, X, 8, 3, 0, TPK_NTK_PARAM_NTK, &K, &T, ctx);
+    tpk_array_free(K);
+    tpk_array_free(T);
+    tpk_program_free(p);
+    return st;
+}
+
 static const fcase netsor_cases[] = {
     CASE(tpk_netsor_load_string), CASE(tpk_netsor_load_file_mlp), CASE(tpk_netsor_load_file_cnn),
     CASE(tpk_netsor_load_file_gru), CASE(tpk_netsor_load_file_transformer),
@@ -1309,7 +1349,8 @@ static const fcase netsor_cases[] = {
     CASE(tpk_netsor_run_progress), SAMPLED(tpk_netsor_kernel_lstm, 8),
     CASE(tpk_netsor_run_rolled), CASE(tpk_netsor_run_cnn), CASE(tpk_netsor_run_rnn),
     CASE(tpk_netsor_run_unrolled), CASE(tpk_program_dump), NONE(tpk_program_param_number),
-    CASE(tpk_netsor_ntk), CASE(tpk_netsor_run_ntk),
+    CASE(tpk_netsor_ntk), CASE(tpk_netsor_run_ntk), CASE(tpk_netsor_train),
+    CASE(tpk_netsor_run_ntk_bn),
 };
 
 static void test_netsor(void **state)
