@@ -154,10 +154,14 @@ static int check_supported(const tpk_gp_experiment_opts *e, const mpi_opts *o, t
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--%s=%s is gpregress's: compute the kernel with "
                          "gpkernel-mpi --test and give it here as --kernel=FILE.h5",
                          e->program ? "program" : "arch", e->program ? e->program : e->kernel);
-    if (e->predict_gd || e->kernel_type != TPK_GP_KERNEL_NNGP)
-        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--predict=gd and --kernel-type=ntk are "
-                         "gpregress's (an NTK-GP here: give gpkernel-mpi --kernel=ntk's file, "
-                         "whose /ntk datasets renamed /kernel are the NTK-GP's covariance)");
+    if (e->predict_gd)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--predict=gd is gpregress's (the t = inf mean "
+                         "is the NTK-GP's: --kernel-type=ntk with a gpkernel-mpi --kernel=ntk "
+                         "file)");
+    if (e->kernel_type == TPK_GP_KERNEL_NTK && !e->kernel_file)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--kernel-type=ntk reads the NTK from a kernel "
+                         "file: give gpkernel-mpi --kernel=ntk's (or gpkernel --kernel=both's) "
+                         "file as --kernel=FILE.h5");
     if (e->fit_hyper)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "--fit-hyper is gpregress's (it fits on a "
                          "subsample): run it there and give the fitted parameters here");
@@ -533,7 +537,9 @@ static int run(run_state *r, int argc, char **argv, double t0, tpk_ctx *ctx)
     r->o.cg.prog = &r->prog;
     size_t n = 0, m = 0;
     if (e->kernel_file)
-        st = mpi_ksrc_file(MPI_COMM_WORLD, e->kernel_file, &n, &m, &r->file, ctx);
+        st = mpi_ksrc_file(MPI_COMM_WORLD, e->kernel_file,
+                           e->kernel_type == TPK_GP_KERNEL_NTK ? "ntk" : "kernel", &n, &m,
+                           &r->file, ctx);
     if ((rc = mpi_settle(st, 0, ctx, TOOL)))
         return rc;
     /* every rank reads the inputs and targets (small beside the kernel) */

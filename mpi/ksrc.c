@@ -18,6 +18,7 @@ struct mpi_ksrc {
     double *q, *qt, *qtile;
     const tpk_array *X, *Xt;
     hid_t file, dk, dx, dd;      /* SRC_FILE: /kernel, /kernel_test_train, /kernel_test_diag */
+    char ds[3][40];              /* ... their names, of base "kernel" or "ntk" */
     MPI_Comm comm;
     char *path;
     size_t m;
@@ -112,8 +113,8 @@ static void dims_of(hid_t d, int *rank, hsize_t dims[2])
         H5Sclose(sp);
 }
 
-int mpi_ksrc_file(MPI_Comm comm, const char *path, size_t *n, size_t *m, mpi_ksrc **out,
-                  tpk_ctx *ctx)
+int mpi_ksrc_file(MPI_Comm comm, const char *path, const char *base, size_t *n, size_t *m,
+                  mpi_ksrc **out, tpk_ctx *ctx)
 {
     *out = NULL;
     mpi_ksrc *s = src_new(SRC_FILE, ctx);
@@ -121,6 +122,10 @@ int mpi_ksrc_file(MPI_Comm comm, const char *path, size_t *n, size_t *m, mpi_ksr
         mpi_ksrc_free(s);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
     }
+    snprintf(s->ds[0], sizeof s->ds[0], "/%s", base);
+    snprintf(s->ds[1], sizeof s->ds[1], "/%s_test_train", base);
+    snprintf(s->ds[2], sizeof s->ds[2], "/%s_test_diag", base);
+    const char *D0 = s->ds[0], *D1 = s->ds[1], *D2 = s->ds[2];
     s->comm = comm;
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* the messages go through tpk_ctx */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
@@ -131,33 +136,31 @@ int mpi_ksrc_file(MPI_Comm comm, const char *path, size_t *n, size_t *m, mpi_ksr
     int st = TPK_OK;
     if (s->file < 0)
         st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot open it as an HDF5 file (parallel HDF5)", path);
-    if (!st && H5Lexists(s->file, "/kernel", H5P_DEFAULT) <= 0)
-        st = TPK_ERROR(ctx, TPK_EFORMAT, "%s has no /kernel dataset", path);
-    if (!st && (s->dk = H5Dopen2(s->file, "/kernel", H5P_DEFAULT)) < 0)
-        st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot open /kernel", path);
+    if (!st && H5Lexists(s->file, D0, H5P_DEFAULT) <= 0)
+        st = TPK_ERROR(ctx, TPK_EFORMAT, "%s has no %s dataset", path, D0);
+    if (!st && (s->dk = H5Dopen2(s->file, D0, H5P_DEFAULT)) < 0)
+        st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot open %s", path, D0);
     int rk = 0, rx = 0, rd = 0;
     hsize_t dk[2], dx[2] = {0, 0}, dd[2] = {0, 0};
     if (!st) {
         dims_of(s->dk, &rk, dk);
         if (rk != 2 || dk[0] != dk[1] || dk[0] == 0)
-            st = TPK_ERROR(ctx, TPK_EINVAL, "%s: /kernel must be N×N (got %llu×%llu)", path,
+            st = TPK_ERROR(ctx, TPK_EINVAL, "%s: %s must be N×N (got %llu×%llu)", path, D0,
                            (unsigned long long)dk[0], (unsigned long long)dk[1]);
     }
-    if (!st && H5Lexists(s->file, "/kernel_test_train", H5P_DEFAULT) > 0) {
-        if ((s->dx = H5Dopen2(s->file, "/kernel_test_train", H5P_DEFAULT)) < 0 ||
-            H5Lexists(s->file, "/kernel_test_diag", H5P_DEFAULT) <= 0 ||
-            (s->dd = H5Dopen2(s->file, "/kernel_test_diag", H5P_DEFAULT)) < 0)
-            st = TPK_ERROR(ctx, TPK_EINVAL, "%s: /kernel_test_train needs /kernel_test_diag",
-                           path);
+    if (!st && H5Lexists(s->file, D1, H5P_DEFAULT) > 0) {
+        if ((s->dx = H5Dopen2(s->file, D1, H5P_DEFAULT)) < 0 ||
+            H5Lexists(s->file, D2, H5P_DEFAULT) <= 0 ||
+            (s->dd = H5Dopen2(s->file, D2, H5P_DEFAULT)) < 0)
+            st = TPK_ERROR(ctx, TPK_EINVAL, "%s: %s needs %s", path, D1, D2);
         if (!st) {
             dims_of(s->dx, &rx, dx);
             dims_of(s->dd, &rd, dd);
             if (rx != 2 || dx[1] != dk[0] || dx[0] == 0 || rd == 0 || dd[0] * dd[1] != dx[0])
-                st = TPK_ERROR(ctx, TPK_EINVAL, "%s: /kernel_test_train is %llu×%llu and "
-                               "/kernel_test_diag has %llu entries, but /kernel is %llu×%llu",
-                               path, (unsigned long long)dx[0], (unsigned long long)dx[1],
-                               (unsigned long long)(dd[0] * dd[1]), (unsigned long long)dk[0],
-                               (unsigned long long)dk[0]);
+                st = TPK_ERROR(ctx, TPK_EINVAL, "%s: %s is %llu×%llu and %s has %llu entries, "
+                               "but %s is %llu×%llu", path, D1, (unsigned long long)dx[0],
+                               (unsigned long long)dx[1], D2, (unsigned long long)(dd[0] * dd[1]),
+                               D0, (unsigned long long)dk[0], (unsigned long long)dk[0]);
         }
     }
     if (st) {
@@ -258,7 +261,7 @@ static int read_store(mpi_ksrc *s, mpi_kstore *S, hid_t dset, double *T, tpk_ctx
     int st = TPK_OK;
     if (dxpl < 0 || fs < 0 || H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) < 0)
         st = TPK_ERROR(ctx, TPK_EIO, "%s: cannot set up collective reads", s->path);
-    const char *name = S->test ? "/kernel_test_train" : "/kernel";
+    const char *name = S->test ? s->ds[1] : s->ds[0];
     for (unsigned long long q = 0; q < rounds; q++) {
         size_t r0 = 0, nr = 1, c0 = 0, nc = 1;
         int take = !st && q < S->ntiles;
@@ -290,7 +293,7 @@ static int read_store(mpi_ksrc *s, mpi_kstore *S, hid_t dset, double *T, tpk_ctx
     return st;
 }
 
-/* Rank 0 reads /kernel_test_diag whole (every rank takes part in the collective read). */
+/* Rank 0 reads /kernel_test_diag (or /ntk_test_diag) whole (every rank takes part in the collective read). */
 static int read_diag(mpi_ksrc *s, double *kdiag, tpk_ctx *ctx)
 {
     int rank;
@@ -313,11 +316,11 @@ static int read_diag(mpi_ksrc *s, double *kdiag, tpk_ctx *ctx)
     if (dxpl >= 0)
         H5Pclose(dxpl);
     if (rc < 0)
-        return TPK_ERROR(ctx, TPK_EIO, "%s: cannot read /kernel_test_diag", s->path);
+        return TPK_ERROR(ctx, TPK_EIO, "%s: cannot read %s", s->path, s->ds[2]);
     for (size_t i = 0; rank == 0 && i < s->m; i++)
         if (!isfinite(kdiag[i]))
-            return TPK_ERROR(ctx, TPK_EDOM, "%s: non-finite entry %g of /kernel_test_diag at "
-                             "[%zu]", s->path, kdiag[i], i);
+            return TPK_ERROR(ctx, TPK_EDOM, "%s: non-finite entry %g of %s at [%zu]", s->path,
+                             kdiag[i], s->ds[2], i);
     return TPK_OK;
 }
 

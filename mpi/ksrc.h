@@ -22,12 +22,13 @@ mpi_ksrc *mpi_ksrc_rbf(const double theta[2], const tpk_array *X, const tpk_arra
  * entries. */
 mpi_ksrc *mpi_ksrc_mlp(const char *phi, int quad_degree, int depth, double sigma_w2,
                        double sigma_b2, const tpk_array *X, const tpk_array *Xt, tpk_ctx *ctx);
-/* Collective over comm: open path with the MPI-IO driver: /kernel (N×N) and, when present,
- * /kernel_test_train (M×N) with /kernel_test_diag (M); *n, *m (0: no test block) their sizes.
+/* Collective over comm: open path with the MPI-IO driver: /BASE (N×N) and, when present,
+ * /BASE_test_train (M×N) with /BASE_test_diag (M), BASE "kernel" (the NNGP) or "ntk" (gpkernel
+ * --kernel=ntk|both: the NTK-GP's covariance); *n, *m (0: no test block) their sizes.
  * TPK_EINVAL naming the dataset when the shapes disagree, TPK_EIO/TPK_EFORMAT when the file
  * cannot be read. */
-int mpi_ksrc_file(MPI_Comm comm, const char *path, size_t *n, size_t *m, mpi_ksrc **out,
-                  tpk_ctx *ctx);
+int mpi_ksrc_file(MPI_Comm comm, const char *path, const char *base, size_t *n, size_t *m,
+                  mpi_ksrc **out, tpk_ctx *ctx);
 void mpi_ksrc_free(mpi_ksrc *s);
 
 /* This rank's tiles of the training kernel into K and, with Kx (NULL: none), the test × training

@@ -198,6 +198,23 @@ static void test_kernel_file(void **state)
     assert_true(d32 <= TOL_F32);
     free(nz);
     free(sc);
+    /* --kernel-type=ntk: the NTK-GP (the /ntk blocks of gpkernel --kernel=both's file) on
+     * ScaLAPACK's Cholesky, as gpregress solves it; its mean is not the NNGP's */
+    char kb[512], sn[512], mn[512];
+    tu_path(e, kb, sizeof kb, "kboth.h5");
+    snprintf(args, sizeof args, "--arch=mlp --depth=3 --input='%s' --test='%s' --kernel=both "
+             "--output='%s' --quiet", x, t, kb);
+    assert_int_equal(tu_run_tool(e, "gpkernel", args), 0);
+    snprintf(args, sizeof args, "--kernel='%s' --labels='%s' --test-labels='%s' --classify "
+             "--select-n=120 --kernel-type=ntk", kb, y, yt);
+    both(e, args, tu_path(e, sn, sizeof sn, "ntk-s.h5"), tu_path(e, mn, sizeof mn, "ntk-m.h5"),
+         "--tile=64");
+    double dn = rel_diff(sn, mn, "/mean"), dln = rel_diff(sn, mn, "/lml");
+    double dk = mt_max_abs_diff(mn, m, "/mean");
+    print_message("kernel file, NTK-GP: mean %.2e, lml %.2e from gpregress; %.3g from the "
+                  "NNGP's mean\n", dn, dln, dk);
+    assert_true(dn <= TOL_CHOL && dln <= TOL_CHOL);
+    assert_true(dk > 1e-3);
 }
 
 /* A depth range recomputes the kernel per depth: /depth_L/mean and the summary per depth. At a
@@ -310,6 +327,8 @@ static void test_errors(void **state)
         {"--noise=0", 2, "--noise=0"},
         {"--grid=3x1", 2, "--grid=3x1"},
         {"--slq-probes=1", 2, "--slq-probes"},
+        {"--kernel-type=ntk", 2, "--kernel=FILE"},
+        {"--predict=gd --times=1", 2, "--predict=gd"},
         {"--n-train=500", 1, "fewer than"},
     };
     for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
