@@ -223,6 +223,27 @@ static int eig_keep(double *A, size_t B, double tol, double *lam, double *work)
     return m;
 }
 
+/* A node s of the one-batch integral: its weight w·B·s·det(I + 2sSᴳ)^{−1/2} (returned; 0: skip
+ * it), and K = Sᴳ_s = Q diag(λ/(1 + 2sλ)) Qᵀ from the eigen-decomposition (B×B, both halves). */
+static double tilt(const double *Q, const double *lam, int m, size_t B, double s, double w,
+                   double *K)
+{
+    double ld2 = 0.0;
+    for (int k = 0; k < m; k++)
+        ld2 += log1p(2.0 * s * lam[k]);
+    double f = w * (double)B * s * exp(-0.5 * ld2);
+    if (f == 0.0)
+        return 0.0;
+    for (size_t a = 0; a < B; a++)
+        for (size_t c = 0; c <= a; c++) {
+            double x = 0.0;
+            for (int k = 0; k < m; k++)
+                x += Q[a * B + (size_t)k] * Q[c * B + (size_t)k] * lam[k] / (1.0 + 2.0 * s * lam[k]);
+            K[a * B + c] = K[c * B + a] = x;
+        }
+    return f;
+}
+
 /* One batch, by rows/cols of S with leading dimension ld; out (ldo) += scale·V. */
 static int map_one(const tpk_phi *phi, int deg, const tabs *T, const double *S, size_t ld,
                    size_t B, double *out, size_t ldo, double scale, double *err, tpk_ctx *ctx)
@@ -261,19 +282,9 @@ static int map_one(const tpk_phi *phi, int deg, const tabs *T, const double *S, 
         make_rule(R, T, lv, lam, m, 1.0, 1.0);
         double *A = acc + (size_t)lv * B * B;
         for (int q = 0; q < R->n && !st; q++) {
-            double s = exp(R->r[q]), ld2 = 0.0;
-            for (int k = 0; k < m; k++)
-                ld2 += log1p(2.0 * s * lam[k]);
-            double f = R->w[q] * (double)B * s * exp(-0.5 * ld2);
+            double s = exp(R->r[q]), f = tilt(Q, lam, m, B, s, R->w[q], C);
             if (f == 0.0)
                 continue;
-            for (size_t a = 0; a < B; a++)
-                for (size_t c = 0; c <= a; c++) {
-                    double x = 0.0;
-                    for (int k = 0; k < m; k++)
-                        x += Q[a * B + (size_t)k] * Q[c * B + (size_t)k] * lam[k] / (1.0 + 2.0 * s * lam[k]);
-                    C[a * B + c] = x;
-                }
             for (size_t a = 0; a < B && !st; a++)
                 for (size_t c = 0; c <= a && !st; c++) {
                     double v;
@@ -694,19 +705,9 @@ int tpk_bn_tangent(const tpk_phi *phi, const double *S, const double *Th, size_t
         make_rule(R, &T, lv, lam, m, 1.0, 0.0);
         double *A = acc + (size_t)lv * B * B;
         for (int q = 0; q < R->n; q++) {
-            double s = exp(R->r[q]), ld2 = 0.0;
-            for (int k = 0; k < m; k++)
-                ld2 += log1p(2.0 * s * lam[k]);
-            double f = R->w[q] * (double)B * s * exp(-0.5 * ld2);
+            double s = exp(R->r[q]), f = tilt(Q, lam, m, B, s, R->w[q], K);
             if (f == 0.0)
                 continue;
-            for (size_t a = 0; a < B; a++) /* K = Sᴳ_s, from the eigen-decomposition */
-                for (size_t c = 0; c <= a; c++) {
-                    double x = 0.0;
-                    for (int k = 0; k < m; k++)
-                        x += Q[a * B + (size_t)k] * Q[c * B + (size_t)k] * lam[k] / (1.0 + 2.0 * s * lam[k]);
-                    K[a * B + c] = K[c * B + a] = x;
-                }
             double tr = 0.0;
             for (size_t a = 0; a < B; a++) /* TK = Θᴳ K */
                 for (size_t c = 0; c < B; c++) {

@@ -384,6 +384,25 @@ static void test_limits(void **state)
     ref_free(&r);
 }
 
+/* S ← A S Aᵀ (n×n, tmp n×n scratch): a covariance through a linear step. */
+static void sandwich(const double *A, double *S, double *tmp, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            double v = 0;
+            for (size_t q = 0; q < n; q++)
+                v += A[i * n + q] * S[q * n + j];
+            tmp[i * n + j] = v;
+        }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            double v = 0;
+            for (size_t q = 0; q < n; q++)
+                v += tmp[i * n + q] * A[j * n + q];
+            S[i * n + j] = v;
+        }
+}
+
 /* Discrete GD against the iterated affine map of the joint Gaussian (f_d, f_t):
  * f_d ← f_d − (η/N)G(f_d − Y), f_t ← f_t − (η/N)G_td(f_d − Y), from f ~ N(0, joint NNGP). */
 static void test_discrete_iteration(void **state)
@@ -438,20 +457,7 @@ static void test_discrete_iteration(void **state)
                         mu2[i * k + q] = v;
                     }
                 memcpy(mu, mu2, sizeof mu);
-                for (size_t i = 0; i < P; i++) /* Σ ← L Σ Lᵀ */
-                    for (size_t j = 0; j < P; j++) {
-                        double v = 0;
-                        for (size_t q = 0; q < P; q++)
-                            v += L[i * P + q] * S[q * P + j];
-                        tmp[i * P + j] = v;
-                    }
-                for (size_t i = 0; i < P; i++)
-                    for (size_t j = 0; j < P; j++) {
-                        double v = 0;
-                        for (size_t q = 0; q < P; q++)
-                            v += tmp[i * P + q] * L[j * P + q];
-                        S[i * P + j] = v;
-                    }
+                sandwich(L, S, tmp, P); /* Σ ← L Σ Lᵀ */
             }
             double wct[m * m], wcd[n * n];
             for (size_t a = 0; a < m; a++)
@@ -555,20 +561,7 @@ static void test_momentum_iteration(void **state)
                         m2[i * k + q] = v;
                     }
                 memcpy(mean, m2, sizeof mean);
-                for (size_t i = 0; i < Q; i++) /* S ← A S Aᵀ */
-                    for (size_t j = 0; j < Q; j++) {
-                        double v = 0;
-                        for (size_t q = 0; q < Q; q++)
-                            v += A[i * Q + q] * S[q * Q + j];
-                        tmp[i * Q + j] = v;
-                    }
-                for (size_t i = 0; i < Q; i++)
-                    for (size_t j = 0; j < Q; j++) {
-                        double v = 0;
-                        for (size_t q = 0; q < Q; q++)
-                            v += tmp[i * Q + q] * A[j * Q + q];
-                        S[i * Q + j] = v;
-                    }
+                sandwich(A, S, tmp, Q); /* S ← A S Aᵀ */
             }
             double wct[m * m], wcd[n * n];
             for (size_t a = 0; a < m; a++)
