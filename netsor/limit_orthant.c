@@ -421,6 +421,7 @@ struct tpk_qmc {
     gsl_qrng *q;
     int r;
     double *u, *delta;
+    double *ub, *db; /* a block's uniforms and their shifts, TPK_QMC_BLOCK × r */
     tpk_allocator al;
 };
 
@@ -434,7 +435,9 @@ tpk_qmc *tpk_nsr_qmc_alloc(int r, tpk_ctx *ctx)
     g->q = qrng_alloc(r);
     g->u = tpk_malloc(ctx, (size_t)(r > 0 ? r : 1) * sizeof *g->u);
     g->delta = tpk_malloc(ctx, (size_t)(r > 0 ? r : 1) * sizeof *g->delta);
-    if (g->q == NULL || g->u == NULL || g->delta == NULL) {
+    g->ub = tpk_malloc(ctx, TPK_QMC_BLOCK * (size_t)(r > 0 ? r : 1) * sizeof *g->ub);
+    g->db = tpk_malloc(ctx, TPK_QMC_BLOCK * (size_t)(r > 0 ? r : 1) * sizeof *g->db);
+    if (g->q == NULL || g->u == NULL || g->delta == NULL || g->ub == NULL || g->db == NULL) {
         tpk_nsr_qmc_free(g);
         return NULL;
     }
@@ -450,6 +453,8 @@ void tpk_nsr_qmc_free(tpk_qmc *g)
     tpk_allocator al = g->al;
     tpk_mem_free(&al, g->u);
     tpk_mem_free(&al, g->delta);
+    tpk_mem_free(&al, g->ub);
+    tpk_mem_free(&al, g->db);
     tpk_mem_free(&al, g);
 }
 
@@ -458,12 +463,22 @@ void tpk_nsr_qmc_start(tpk_qmc *g, uint64_t seed, int shift)
     gsl_qrng_init(g->q);
     for (int j = 0; j < g->r; j++)
         g->delta[j] = tpk_rng_uniform_at(seed, SHIFT_STREAM + 1, (uint32_t)shift, (uint32_t)j);
+    for (size_t b = 0; b < TPK_QMC_BLOCK; b++)
+        memcpy(g->db + b * (size_t)g->r, g->delta, (size_t)g->r * sizeof *g->db);
 }
 
 void tpk_nsr_qmc_next_normals(tpk_qmc *g, double *x)
 {
     gsl_qrng_get(g->q, g->u);
     tpk_mvn_normals(g->r, g->u, g->delta, x); /* Φ⁻¹(tent(u + Δ mod 1)), vectorised */
+}
+
+void tpk_nsr_qmc_next_block(tpk_qmc *g, size_t B, double *x)
+{
+    B = B < TPK_QMC_BLOCK ? B : TPK_QMC_BLOCK;
+    for (size_t b = 0; b < B; b++)
+        gsl_qrng_get(g->q, g->ub + b * (size_t)g->r);
+    tpk_mvn_normals((int)(B * (size_t)g->r), g->ub, g->db, x);
 }
 
 /* ---- memo of orthant probabilities --------------------------------------------------------- */

@@ -41,6 +41,7 @@ void nsr_lim_pws_free(pws *w)
     tpk_free(&w->ctx, w->fv);
     tpk_free(&w->ctx, w->prod);
     tpk_free(&w->ctx, w->xs);
+    tpk_free(&w->ctx, w->xb);
     tpk_free(&w->ctx, w->aff);
     tpk_allocator al = w->ctx.alloc;
     tpk_mem_free(&al, w);
@@ -77,8 +78,9 @@ pws *nsr_lim_pws_alloc(const lim *L)
     w->fv = tpk_malloc(&w->ctx, BLK * sizeof *w->fv);
     w->prod = tpk_malloc(&w->ctx, BLK * sizeof *w->prod);
     w->xs = tpk_malloc(&w->ctx, D * sizeof *w->xs);
+    w->xb = tpk_malloc(&w->ctx, D * BLK * sizeof *w->xb);
     w->aff = tpk_malloc(&w->ctx, D * sizeof *w->aff);
-    if (!w->xs || !w->aff || !w->dg || !w->da || !w->nodedim || !w->sv || !w->gv || !w->C || !w->m || !w->sub ||
+    if (!w->xs || !w->xb || !w->aff || !w->dg || !w->da || !w->nodedim || !w->sv || !w->gv || !w->C || !w->m || !w->sub ||
         !w->lam || !w->V || !w->scaled || !w->parent || !w->gdims || !w->gfacs || !w->loc ||
         !w->z || !w->stack || !w->fv || !w->prod) {
         nsr_lim_pws_free(w);
@@ -105,6 +107,8 @@ static void eval_group_block(pws *w, const fac *fs, const int *nodeoff, const in
             out[b] *= w->fv[b];
     }
 }
+
+_Static_assert(BLK <= TPK_QMC_BLOCK, "a block of points is one tpk_nsr_qmc_next_block call");
 
 /* Point b of the block: z_k = m_k + Σ_j V_kj √λ_j x_j for the group's nd dims. */
 static void support_point(pws *w, int nd, int r, const double *x, size_t b)
@@ -177,11 +181,10 @@ static void group_numeric(const lim *L, pws *w, const fac *fs, const int *nodeof
             tpk_nsr_qmc_start(g, qseed, sh);
             for (size_t p0 = 0; p0 < Ms; p0 += BLK) {
                 size_t B = Ms - p0 < BLK ? Ms - p0 : BLK;
-                for (size_t b = 0; b < B; b++) {
-                    double *x = w->xs;
-                    tpk_nsr_qmc_next_normals(g, x);
-                    support_point(w, nd, r, x, b);
-                }
+                /* the block's normals at once (BLK ≤ TPK_QMC_BLOCK): Φ⁻¹ over all B·r */
+                tpk_nsr_qmc_next_block(g, B, w->xb);
+                for (size_t b = 0; b < B; b++)
+                    support_point(w, nd, r, w->xb + b * (size_t)r, b);
                 eval_group_block(w, fs, nodeoff, gf, ngf, B, w->prod);
                 for (size_t b = 0; b < B; b++)
                     acc += w->prod[b];
