@@ -180,7 +180,7 @@ typedef struct pws {
     double *C, *m, *sub, *lam, *V, *scaled;
     int *parent, *gdims, *gfacs, *loc;
     double *z, *stack, *fv, *prod, *xs;
-    double *xb;     /* a block's QMC normals, BLK × D (tpk_nsr_qmc_next_block) */
+    double *xb;     /* a block's QMC normals, D × TPK_QMC_BLOCK (tpk_nsr_qmc_next_block) */
     struct affv *aff;  /* affine-analysis stack */
     long used[NSR_LIM_MAXBACKENDS]; /* groups each back end took on this thread */
     /* m2_entries' joint sampler: while jn_on, the first group that would be sampled alone

@@ -463,8 +463,9 @@ void tpk_nsr_qmc_start(tpk_qmc *g, uint64_t seed, int shift)
     gsl_qrng_init(g->q);
     for (int j = 0; j < g->r; j++)
         g->delta[j] = tpk_rng_uniform_at(seed, SHIFT_STREAM + 1, (uint32_t)shift, (uint32_t)j);
-    for (size_t b = 0; b < TPK_QMC_BLOCK; b++)
-        memcpy(g->db + b * (size_t)g->r, g->delta, (size_t)g->r * sizeof *g->db);
+    for (int j = 0; j < g->r; j++)
+        for (size_t b = 0; b < TPK_QMC_BLOCK; b++)
+            g->db[(size_t)j * TPK_QMC_BLOCK + b] = g->delta[j];
 }
 
 void tpk_nsr_qmc_next_normals(tpk_qmc *g, double *x)
@@ -476,9 +477,15 @@ void tpk_nsr_qmc_next_normals(tpk_qmc *g, double *x)
 void tpk_nsr_qmc_next_block(tpk_qmc *g, size_t B, double *x)
 {
     B = B < TPK_QMC_BLOCK ? B : TPK_QMC_BLOCK;
-    for (size_t b = 0; b < B; b++)
-        gsl_qrng_get(g->q, g->ub + b * (size_t)g->r);
-    tpk_mvn_normals((int)(B * (size_t)g->r), g->ub, g->db, x);
+    const size_t r = (size_t)g->r;
+    for (size_t b = 0; b < B; b++) {
+        gsl_qrng_get(g->q, g->u);
+        for (size_t j = 0; j < r; j++)
+            g->ub[j * TPK_QMC_BLOCK + b] = g->u[j];
+    }
+    for (size_t j = 0; j < r; j++)
+        tpk_mvn_normals((int)B, g->ub + j * TPK_QMC_BLOCK, g->db + j * TPK_QMC_BLOCK,
+                        x + j * TPK_QMC_BLOCK);
 }
 
 /* ---- memo of orthant probabilities --------------------------------------------------------- */

@@ -78,7 +78,7 @@ pws *nsr_lim_pws_alloc(const lim *L)
     w->fv = tpk_malloc(&w->ctx, BLK * sizeof *w->fv);
     w->prod = tpk_malloc(&w->ctx, BLK * sizeof *w->prod);
     w->xs = tpk_malloc(&w->ctx, D * sizeof *w->xs);
-    w->xb = tpk_malloc(&w->ctx, D * BLK * sizeof *w->xb);
+    w->xb = tpk_malloc(&w->ctx, D * TPK_QMC_BLOCK * sizeof *w->xb);
     w->aff = tpk_malloc(&w->ctx, D * sizeof *w->aff);
     if (!w->xs || !w->xb || !w->aff || !w->dg || !w->da || !w->nodedim || !w->sv || !w->gv || !w->C || !w->m || !w->sub ||
         !w->lam || !w->V || !w->scaled || !w->parent || !w->gdims || !w->gfacs || !w->loc ||
@@ -109,6 +109,22 @@ static void eval_group_block(pws *w, const fac *fs, const int *nodeoff, const in
 }
 
 _Static_assert(BLK <= TPK_QMC_BLOCK, "a block of points is one tpk_nsr_qmc_next_block call");
+
+/* The block's B points from coordinate-major normals x[j·TPK_QMC_BLOCK + b] (the QMC path):
+ * z_k = m_k + Σ_j V_kj √λ_j x_j, as support_point sums it, along the points. */
+static void support_block(pws *w, int nd, int r, const double *x, size_t B)
+{
+    for (int k = 0; k < nd; k++) {
+        double *zk = w->z + (size_t)k * BLK, mk = w->m[w->gdims[k]];
+        for (size_t b = 0; b < B; b++)
+            zk[b] = mk;
+        for (int j = 0; j < r; j++) {
+            const double s = w->scaled[k * r + j], *xj = x + (size_t)j * TPK_QMC_BLOCK;
+            for (size_t b = 0; b < B; b++)
+                zk[b] += s * xj[b];
+        }
+    }
+}
 
 /* Point b of the block: z_k = m_k + Σ_j V_kj √λ_j x_j for the group's nd dims. */
 static void support_point(pws *w, int nd, int r, const double *x, size_t b)
@@ -183,8 +199,7 @@ static void group_numeric(const lim *L, pws *w, const fac *fs, const int *nodeof
                 size_t B = Ms - p0 < BLK ? Ms - p0 : BLK;
                 /* the block's normals at once (BLK ≤ TPK_QMC_BLOCK): Φ⁻¹ over all B·r */
                 tpk_nsr_qmc_next_block(g, B, w->xb);
-                for (size_t b = 0; b < B; b++)
-                    support_point(w, nd, r, w->xb + b * (size_t)r, b);
+                support_block(w, nd, r, w->xb, B);
                 eval_group_block(w, fs, nodeoff, gf, ngf, B, w->prod);
                 for (size_t b = 0; b < B; b++)
                     acc += w->prod[b];

@@ -62,9 +62,10 @@ tpk_qmc *tpk_nsr_qmc_alloc(int r, tpk_ctx *ctx);
 void tpk_nsr_qmc_free(tpk_qmc *g);
 void tpk_nsr_qmc_start(tpk_qmc *g, uint64_t seed, int shift);
 void tpk_nsr_qmc_next_normals(tpk_qmc *g, double *x);
-/* The next B ≤ TPK_QMC_BLOCK points at once, x[b·r + j]: the same values as B calls of
- * tpk_nsr_qmc_next_normals up to the rounding of the vectorised Φ⁻¹, which here runs over all
- * B·r coordinates together (one point has only r, fewer than a vector's lanes). */
+/* The next B ≤ TPK_QMC_BLOCK points at once, coordinate j of point b at x[j·TPK_QMC_BLOCK + b]
+ * (coordinate-major, so that what uses them runs along the points): the values of B calls of
+ * tpk_nsr_qmc_next_normals up to the rounding of the vectorised Φ⁻¹, which here runs over B
+ * points per coordinate (one point has only r, fewer than a vector's lanes). */
 #define TPK_QMC_BLOCK 256
 void tpk_nsr_qmc_next_block(tpk_qmc *g, size_t B, double *x);
 
