@@ -24,7 +24,7 @@ static const tpk_arch archs[] = {
     /* --layernorm / --residual=α pick programs/mlp-{ln,residual,ln-residual}.nsr (tpk_arch_program) */
     {"batchnorm", "programs/batchnorm.nsr", "data/demo-inputs.csv",
      "relu(BN(W x)) MLP, BN per neuron across a batch of inputs (theory.md §2.5)",
-     "depth=L,phi=phi,sigma-w2=sigma_w2,batch-size=batch", "L=3,phi=relu,sigma_w2=2",
+     "depth=L,phi=phi,sigma-w2=sigma_w2,batch-size=batch,bn-eps=eps", "L=3,phi=relu,sigma_w2=2",
      "sigma_v2=sigma_w2", NULL, NULL, 50000},
     {"rnn", "programs/rnn.nsr", "data/demo-sequences.npy",
      "simple RNN, W tied over time, inputs N×T×d (theory.md §2.2)",

@@ -72,7 +72,7 @@ int main(int argc, char **argv)
     double *R = malloc(B * B * sizeof *R), e;
     gram(S, B);
     double t0 = bench_now();
-    if (tpk_bn_map(relu, S, B, V, &e, &ctx)) {
+    if (tpk_bn_map(relu, S, B, 0.0, V, &e, &ctx)) {
         fprintf(stderr, "%s\n", ctx.msg);
         return 1;
     }
@@ -88,7 +88,7 @@ int main(int argc, char **argv)
             S22[i * Bc + j] = S2[(Bc + i) * 2 * Bc + Bc + j];
         }
     t0 = bench_now();
-    if (tpk_bn_cross(relu, S11, Bc, S12, S22, Bc, C, &e, &ctx)) {
+    if (tpk_bn_cross(relu, S11, Bc, S12, S22, Bc, 0.0, C, &e, &ctx)) {
         fprintf(stderr, "%s\n", ctx.msg);
         return 1;
     }

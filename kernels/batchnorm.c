@@ -75,9 +75,9 @@ static int tabs_init(tabs *T, tpk_ctx *ctx)
     return TPK_OK;
 }
 
-/* Log-derivative of the envelope e^{κ_L r}·(Σλ/(1+2sλ))^p·Π(1+2sλ)^{−1/2}: decreasing from κ_L
- * to κ_L − p − m/2 < 0. */
-static double env_dlog(const double *lam, int m, double kl, double p, double r)
+/* Log-derivative of the envelope e^{κ_L r}·(Σλ/(1+2sλ))^p·Π(1+2sλ)^{−1/2}·e^{−cut·s}: decreasing
+ * from κ_L to κ_L − p − m/2 (and to −∞ with cut > 0, the factor of an ε > 0). */
+static double env_dlog(const double *lam, int m, double kl, double p, double cut, double r)
 {
     double s = exp(r), tr = 0.0, a = 0.0, b = 0.0;
     for (int i = 0; i < m; i++) {
@@ -86,7 +86,7 @@ static double env_dlog(const double *lam, int m, double kl, double p, double r)
         a += 2.0 * s * lam[i] * lam[i] / (d * d);
         b += s * lam[i] / d;
     }
-    return kl - p * a / tr - b;
+    return kl - p * a / tr - b - cut * s;
 }
 
 static void add_panels(rule *R, const tabs *T, int lv, double a, double b)
@@ -104,8 +104,13 @@ static void add_panels(rule *R, const tabs *T, int lv, double a, double b)
     }
 }
 
-/* The r-rule for eigenvalues lam[0..m) (all > 0), left exponent kl, envelope power p. */
-static void make_rule(rule *R, const tabs *T, int lv, const double *lam, int m, double kl, double p)
+/* The r-rule for eigenvalues lam[0..m) (all > 0), left exponent kl, envelope power p, and the
+ * factor e^{−cut·s} of an ε > 0 (cut = Bε; 0: none). With a cut the integrand is below e^{−60} of
+ * its envelope beyond r_hi = log(60/cut): the panels stop there, and where the envelope's own
+ * right tail decays slowly (or not at all: the NTK's backward terms at rank ≤ 2) they run all the
+ * way instead of a Laguerre tail. */
+static void make_rule(rule *R, const tabs *T, int lv, const double *lam, int m, double kl, double p,
+                      double cut)
 {
     double lmax = lam[0], lmin = lam[0];
     for (int i = 1; i < m; i++) {
@@ -115,21 +120,29 @@ static void make_rule(rule *R, const tabs *T, int lv, const double *lam, int m, 
     double lo = -log(2.0 * lmax) - 40.0, hi = -log(2.0 * lmin) + 40.0;
     for (int it = 0; it < 200 && hi - lo > 1e-10; it++) { /* bisection: ψ is monotone */
         double mid = 0.5 * (lo + hi);
-        if (env_dlog(lam, m, kl, p, mid) > 0)
+        if (env_dlog(lam, m, kl, p, cut, mid) > 0)
             lo = mid;
         else
             hi = mid;
     }
     double r0 = 0.5 * (lo + hi);
+    double kr = p + 0.5 * m - kl; /* the right tail's decay: the envelope's limit slope */
     double rl = fmin(r0 - 1.0, -log(2.0 * lmax) - PAD);
     double rr = fmax(r0 + 1.0, -log(2.0 * lmin) + PAD);
+    int tail = 1;
+    if (cut > 0) { /* r0 ≤ log(κ_L/cut) < r_hi: the envelope's maximum is left of the cut */
+        double rhi = log(60.0 / cut);
+        if (rhi < rr || kr < 0.25) {
+            rr = fmax(rhi, r0 + 1.0);
+            tail = 0;
+        }
+    }
     /* keep the node count bounded for absurd spectra (rank tolerance keeps λ_max/λ_min ≤ 1e12) */
     if ((rr - rl) / PANEL * leg_n[lv] + 2 * lag_n[lv] > MAXNODE - leg_n[lv]) {
         double half = 0.5 * ((MAXNODE - 2 * lag_n[lv]) / leg_n[lv] - 2) * PANEL;
         rl = fmax(rl, r0 - half);
         rr = fmin(rr, r0 + half);
     }
-    double kr = p + 0.5 * m - kl; /* the right tail's decay: the envelope's limit slope */
     R->n = 0;
     for (int i = 0; i < lag_n[lv]; i++) { /* left tail: r = r_L − x/κ_L */
         R->r[R->n] = rl - T->lag_x[lv][i] / kl;
@@ -137,7 +150,7 @@ static void make_rule(rule *R, const tabs *T, int lv, const double *lam, int m, 
     }
     add_panels(R, T, lv, rl, r0);
     add_panels(R, T, lv, r0, rr);
-    for (int i = 0; i < lag_n[lv]; i++) { /* right tail: r = r_R + x/κ_R */
+    for (int i = 0; tail && i < lag_n[lv]; i++) { /* right tail: r = r_R + x/κ_R */
         R->r[R->n] = rr + T->lag_x[lv][i] / kr;
         R->w[R->n++] = T->lag_w[lv][i] / kr;
     }
@@ -223,15 +236,15 @@ static int eig_keep(double *A, size_t B, double tol, double *lam, double *work)
     return m;
 }
 
-/* A node s of the one-batch integral: its weight w·B·s·det(I + 2sSᴳ)^{−1/2} (returned; 0: skip
- * it), and K = Sᴳ_s = Q diag(λ/(1 + 2sλ)) Qᵀ from the eigen-decomposition (B×B, both halves). */
+/* A node s of the one-batch integral: its weight w·B·s·det(I + 2sSᴳ)^{−1/2}·e^{−cut·s} (returned;
+ * 0: skip it; cut = Bε, from 1/(‖u‖² + Bε) = ∫ e^{−s(‖u‖² + Bε)} ds), and K = Sᴳ_s = Q diag(λ/(1 + 2sλ)) Qᵀ from the eigen-decomposition (B×B, both halves). */
 static double tilt(const double *Q, const double *lam, int m, size_t B, double s, double w,
-                   double *K)
+                   double cut, double *K)
 {
     double ld2 = 0.0;
     for (int k = 0; k < m; k++)
         ld2 += log1p(2.0 * s * lam[k]);
-    double f = w * (double)B * s * exp(-0.5 * ld2);
+    double f = w * (double)B * s * exp(-0.5 * ld2 - cut * s);
     if (f == 0.0)
         return 0.0;
     for (size_t a = 0; a < B; a++)
@@ -246,7 +259,8 @@ static double tilt(const double *Q, const double *lam, int m, size_t B, double s
 
 /* One batch, by rows/cols of S with leading dimension ld; out (ldo) += scale·V. */
 static int map_one(const tpk_phi *phi, int deg, const tabs *T, const double *S, size_t ld,
-                   size_t B, double *out, size_t ldo, double scale, double *err, tpk_ctx *ctx)
+                   size_t B, double eps, double *out, size_t ldo, double scale, double *err,
+                   tpk_ctx *ctx)
 {
     double *Q = tpk_malloc(ctx, B * B * sizeof *Q), *lam = tpk_malloc(ctx, B * sizeof *lam);
     double *C = tpk_malloc(ctx, B * B * sizeof *C), *acc = tpk_calloc(ctx, 2 * B * B, sizeof *acc);
@@ -279,10 +293,10 @@ static int map_one(const tpk_phi *phi, int deg, const tabs *T, const double *S, 
         goto done;
     double emax = 0.0;
     for (int lv = 0; lv < NLEVEL && !st; lv++) {
-        make_rule(R, T, lv, lam, m, 1.0, 1.0);
+        make_rule(R, T, lv, lam, m, 1.0, 1.0, (double)B * eps);
         double *A = acc + (size_t)lv * B * B;
         for (int q = 0; q < R->n && !st; q++) {
-            double s = exp(R->r[q]), f = tilt(Q, lam, m, B, s, R->w[q], C);
+            double s = exp(R->r[q]), f = tilt(Q, lam, m, B, s, R->w[q], (double)B * eps, C);
             if (f == 0.0)
                 continue;
             for (size_t a = 0; a < B && !st; a++)
@@ -316,8 +330,8 @@ done:
 
 /* Two normalised vectors: rows I (B1) of y, J (B2) of y'; out (ldo) += scale·E[...]. */
 static int cross_one(const tpk_phi *phi, int deg, const tabs *T, const double *S11, const double *S12,
-                     const double *S22, size_t ld, size_t B1, size_t B2, double *out, size_t ldo,
-                     double scale, double *err, tpk_ctx *ctx)
+                     const double *S22, size_t ld, size_t B1, size_t B2, double eps, double *out,
+                     size_t ldo, double scale, double *err, tpk_ctx *ctx)
 {
     size_t nb = B1 > B2 ? B1 : B2;
     double *T11 = tpk_malloc(ctx, B1 * B1 * sizeof *T11), *T12 = tpk_malloc(ctx, B1 * B2 * sizeof *T12);
@@ -368,7 +382,7 @@ static int cross_one(const tpk_phi *phi, int deg, const tabs *T, const double *S
         }
     const double norm = sqrt((double)B1 * (double)B2) / M_PI;
     for (int lv = 0; lv < NLEVEL && !st; lv++) {
-        make_rule(R, T, lv, lam, m1, 0.5, 0.5);
+        make_rule(R, T, lv, lam, m1, 0.5, 0.5, (double)B1 * eps);
         int nq = R->n;
 #pragma omp parallel for schedule(dynamic, 1) if (B1 * B2 * (size_t)nq > 2048)
         for (int ch = 0; ch < NCHUNK; ch++) {
@@ -424,12 +438,14 @@ static int cross_one(const tpk_phi *phi, int deg, const tabs *T, const double *S
                     }
                     dl[a] = v > 0 ? v : 0.0; /* Var δ_a */
                 }
-                make_rule(Ri, T, lv, mu, m2, 0.5, 0.5);
+                make_rule(Ri, T, lv, mu, m2, 0.5, 0.5, (double)B2 * eps);
                 for (int qi = 0; qi < Ri->n && !my_st; qi++) {
                     double t = exp(Ri->r[qi]), ld2 = 0.0;
                     for (int k = 0; k < m2; k++)
                         ld2 += log1p(2.0 * t * mu[k]);
-                    double f = R->w[q] * Ri->w[qi] * norm * sqrt(s * t) * exp(-0.5 * (ld1 + ld2));
+                    /* ε > 0: (‖u‖² + B₁ε)^{−1/2}(‖u′‖² + B₂ε)^{−1/2}, the tilts' e^{−(sB₁ + tB₂)ε} */
+                    double f = R->w[q] * Ri->w[qi] * norm * sqrt(s * t) *
+                               exp(-0.5 * (ld1 + ld2) - eps * (s * (double)B1 + t * (double)B2));
                     if (f == 0.0)
                         continue;
                     for (size_t a = 0; a < B1 && !my_st; a++) {
@@ -499,6 +515,13 @@ static int check_phi(const tpk_phi *phi, int *deg, tpk_ctx *ctx)
     return TPK_OK;
 }
 
+static int check_eps(const char *who, double eps, tpk_ctx *ctx)
+{
+    return isfinite(eps) && eps >= 0 ? TPK_OK
+                                     : TPK_ERROR(ctx, TPK_EINVAL, "%s: epsilon must be finite and "
+                                                 ">= 0 (got %g)", who, eps);
+}
+
 static int check_finite(const double *S, size_t ld, size_t r, size_t c, tpk_ctx *ctx)
 {
     for (size_t i = 0; i < r; i++)
@@ -508,8 +531,8 @@ static int check_finite(const double *S, size_t ld, size_t r, size_t c, tpk_ctx 
     return TPK_OK;
 }
 
-int tpk_bn_map(const tpk_phi *phi, const double *S, size_t B, double *out, double *err,
-               tpk_ctx *ctx)
+int tpk_bn_map(const tpk_phi *phi, const double *S, size_t B, double eps, double *out,
+               double *err, tpk_ctx *ctx)
 {
     int deg, st;
     tabs T;
@@ -517,15 +540,15 @@ int tpk_bn_map(const tpk_phi *phi, const double *S, size_t B, double *out, doubl
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_bn_map: S, out and B >= 1 are required");
     if (err)
         *err = 0.0;
-    if ((st = check_phi(phi, &deg, ctx)) || (st = check_finite(S, B, B, B, ctx)) ||
-        (st = tabs_init(&T, ctx)))
+    if ((st = check_phi(phi, &deg, ctx)) || (st = check_eps("tpk_bn_map", eps, ctx)) ||
+        (st = check_finite(S, B, B, B, ctx)) || (st = tabs_init(&T, ctx)))
         return st;
     memset(out, 0, B * B * sizeof *out);
-    return map_one(phi, deg, &T, S, B, B, out, B, 1.0, err, ctx);
+    return map_one(phi, deg, &T, S, B, B, eps, out, B, 1.0, err, ctx);
 }
 
 int tpk_bn_cross(const tpk_phi *phi, const double *S11, size_t B1, const double *S12,
-                 const double *S22, size_t B2, double *out, double *err, tpk_ctx *ctx)
+                 const double *S22, size_t B2, double eps, double *out, double *err, tpk_ctx *ctx)
 {
     int deg, st;
     tabs T;
@@ -533,9 +556,9 @@ int tpk_bn_cross(const tpk_phi *phi, const double *S11, size_t B1, const double 
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_bn_cross: all matrices and B1, B2 >= 1 are required");
     if (err)
         *err = 0.0;
-    if ((st = check_phi(phi, &deg, ctx)) || (st = check_finite(S11, B1, B1, B1, ctx)) ||
-        (st = check_finite(S12, B2, B1, B2, ctx)) || (st = check_finite(S22, B2, B2, B2, ctx)) ||
-        (st = tabs_init(&T, ctx)))
+    if ((st = check_phi(phi, &deg, ctx)) || (st = check_eps("tpk_bn_cross", eps, ctx)) ||
+        (st = check_finite(S11, B1, B1, B1, ctx)) || (st = check_finite(S12, B2, B1, B2, ctx)) ||
+        (st = check_finite(S22, B2, B2, B2, ctx)) || (st = tabs_init(&T, ctx)))
         return st;
     /* the block routine takes one leading dimension: pack [S11 S12; · S22] */
     size_t n = B1 + B2;
@@ -549,12 +572,13 @@ int tpk_bn_cross(const tpk_phi *phi, const double *S11, size_t B1, const double 
     for (size_t i = 0; i < B2; i++)
         memcpy(P + (B1 + i) * n + B1, S22 + i * B2, B2 * sizeof *P);
     memset(out, 0, B1 * B2 * sizeof *out);
-    st = cross_one(phi, deg, &T, P, P + B1, P + B1 * n + B1, n, B1, B2, out, B2, 1.0, err, ctx);
+    st = cross_one(phi, deg, &T, P, P + B1, P + B1 * n + B1, n, B1, B2, eps, out, B2, 1.0, err,
+                   ctx);
     tpk_free(ctx, P);
     return st;
 }
 
-int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, const double *S11,
+int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, double eps, const double *S11,
                   const double *S12, const double *S22, double *out, size_t ld, double scale,
                   double *err, tpk_ctx *ctx)
 {
@@ -569,7 +593,8 @@ int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, const double *S11,
         return TPK_ERROR(ctx, TPK_EINVAL,
                          "batchnorm: %zu inputs do not split into batches of %zu (theory.md §2.5 "
                          "normalises over whole batches)", N, B);
-    if ((st = check_phi(phi, &deg, ctx)) || (st = check_finite(S11, N, N, N, ctx)) ||
+    if ((st = check_phi(phi, &deg, ctx)) || (st = check_eps("tpk_bn_kernel", eps, ctx)) ||
+        (st = check_finite(S11, N, N, N, ctx)) ||
         (S12 && ((st = check_finite(S12, N, N, N, ctx)) || (st = check_finite(S22, N, N, N, ctx)))) ||
         (st = tabs_init(&T, ctx)))
         return st;
@@ -581,7 +606,7 @@ int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, const double *S11,
             size_t oi = i * B, oj = j * B;
             double *o = out + oi * ld + oj;
             if (S12 == NULL && i == j)
-                st = map_one(phi, deg, &T, S11 + oi * N + oi, N, B, o, ld, scale, err, ctx);
+                st = map_one(phi, deg, &T, S11 + oi * N + oi, N, B, eps, o, ld, scale, err, ctx);
             else if (S12 == NULL && j < i)
                 continue; /* mirrored below */
             else {
@@ -596,7 +621,7 @@ int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, const double *S11,
                     memcpy(P + r * n2 + B, c12 + (oi + r) * N + oj, B * sizeof *P);
                     memcpy(P + (B + r) * n2 + B, c22 + (oj + r) * N + oj, B * sizeof *P);
                 }
-                st = cross_one(phi, deg, &T, P, P + B, P + B * n2 + B, n2, B, B, o, ld, scale,
+                st = cross_one(phi, deg, &T, P, P + B, P + B * n2 + B, n2, B, B, eps, o, ld, scale,
                                err, ctx);
                 tpk_free(ctx, P);
             }
@@ -611,14 +636,15 @@ int tpk_bn_kernel(const tpk_phi *phi, size_t N, size_t batch, const double *S11,
 
 /* The tangent map of φ∘BN on one batch (theory.md §8.6): out = E[M Θ Mᵀ], M = ∂φ(BN y)/∂y, for
  * φ = p·relu(x) + m·relu(−x) (p = φ(1), m = φ(−1): every degree-1 φ of tpk_bn_phi_degree).
- * With u = G y, r = ‖u‖ and P = uuᵀ/r², M = Φ′ (√B/r)(G − P), Φ′ = diag φ′(u), so
- *   M Θ Mᵀ = B Φ′[Θᴳ/r² − (uuᵀΘᴳ + Θᴳuuᵀ)/r⁴ + uuᵀ(uᵀΘᴳu)/r⁶]Φ′,   Θᴳ = GΘG,
- * and 1/r^{2k} = ∫_0^∞ s^{k−1}/(k−1)! e^{−sr²} ds turns each term into an expectation over the
- * tilted law N(0, Sᴳ_s) times det(I + 2sSᴳ)^{−1/2}. Stein's lemma reduces those to pairs:
+ * With u = G y, ρ = ‖u‖² + Bε and P = uuᵀ/ρ, M = Φ′ √(B/ρ)(G − P), Φ′ = diag φ′(u), so
+ *   M Θ Mᵀ = B Φ′[Θᴳ/ρ − (uuᵀΘᴳ + Θᴳuuᵀ)/ρ² + uuᵀ(uᵀΘᴳu)/ρ³]Φ′,   Θᴳ = GΘG,
+ * and 1/ρ^k = ∫_0^∞ s^{k−1}/(k−1)! e^{−sBε} e^{−s‖u‖²} ds turns each term into an expectation
+ * over the tilted law N(0, Sᴳ_s) times det(I + 2sSᴳ)^{−1/2}. Stein's lemma reduces those to pairs:
  *   E[φ′_a φ′_b],  E[φ_a φ′_b u_c] = K_ca E[φ′_aφ′_b] + K_cb (p+m) E[φ_a δ(u_b)],
  *   E[φ_a φ_b uᵀΘu] = tr(ΘK) E[φ_aφ_b] + Σ_{k,l∈{a,b}} (KΘK)_kl E[∂_k∂_l(φ_aφ_b)],
  * each in closed form (φ_a u_a-homogeneity: u_a φ′_a = φ_a; φ″ = (p+m)δ). At large s the three
- * terms are O(1) against det ~ s^{−m/2}: the integral converges iff the rank m of Sᴳ is ≥ 3. */
+ * terms are O(1) against det ~ s^{−m/2}: at ε = 0 the integral converges iff the rank m of Sᴳ is
+ * ≥ 3; any ε > 0 makes it converge (the factor e^{−sBε}). */
 static void tangent_node(double p, double mm, const double *K, const double *TK, const double *KTK,
                          double trTK, const double *TG, size_t B, double s, double f, double *A)
 {
@@ -655,8 +681,8 @@ static void tangent_node(double p, double mm, const double *K, const double *TK,
     }
 }
 
-int tpk_bn_tangent(const tpk_phi *phi, const double *S, const double *Th, size_t B, double *out,
-                   double *err, tpk_ctx *ctx)
+int tpk_bn_tangent(const tpk_phi *phi, const double *S, const double *Th, size_t B, double eps,
+                   double *out, double *err, tpk_ctx *ctx)
 {
     int deg, st;
     tabs T;
@@ -664,8 +690,8 @@ int tpk_bn_tangent(const tpk_phi *phi, const double *S, const double *Th, size_t
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_bn_tangent: S, Th, out and B >= 1 are required");
     if (err)
         *err = 0.0;
-    if ((st = check_phi(phi, &deg, ctx)) || (st = check_finite(S, B, B, B, ctx)) ||
-        (st = check_finite(Th, B, B, B, ctx)))
+    if ((st = check_phi(phi, &deg, ctx)) || (st = check_eps("tpk_bn_tangent", eps, ctx)) ||
+        (st = check_finite(S, B, B, B, ctx)) || (st = check_finite(Th, B, B, B, ctx)))
         return st;
     if (deg != 1)
         return TPK_ERROR(ctx, TPK_EDOM, "batchnorm NTK: %s(bn(g)) has no derivative that is a "
@@ -694,7 +720,7 @@ int tpk_bn_tangent(const tpk_phi *phi, const double *S, const double *Th, size_t
         memset(out, 0, B * B * sizeof *out);
         goto done;
     }
-    if (m < 3) {
+    if (m < 3 && eps == 0) {
         st = TPK_ERROR(ctx, TPK_EDOM,
                        "batchnorm NTK: the centred batch covariance has rank %d < 3; without an "
                        "epsilon the backward integrals diverge there (theory.md §8.6): use batches "
@@ -702,10 +728,10 @@ int tpk_bn_tangent(const tpk_phi *phi, const double *S, const double *Th, size_t
         goto done;
     }
     for (int lv = 0; lv < NLEVEL; lv++) {
-        make_rule(R, &T, lv, lam, m, 1.0, 0.0);
+        make_rule(R, &T, lv, lam, m, 1.0, 0.0, (double)B * eps);
         double *A = acc + (size_t)lv * B * B;
         for (int q = 0; q < R->n; q++) {
-            double s = exp(R->r[q]), f = tilt(Q, lam, m, B, s, R->w[q], K);
+            double s = exp(R->r[q]), f = tilt(Q, lam, m, B, s, R->w[q], (double)B * eps, K);
             if (f == 0.0)
                 continue;
             double tr = 0.0;
@@ -750,13 +776,23 @@ done:
     return st;
 }
 
-int tpk_bn_apply(double *g, size_t N, size_t n, size_t batch, tpk_ctx *ctx)
+double tpk_bn_scale(double ss, double raw, size_t B, double eps)
+{
+    if (eps > 0)
+        return 1.0 / sqrt(ss / (double)B + eps);
+    double nrm = sqrt(ss);
+    return nrm > TPK_BN_ZERO_REL * sqrt(raw) && nrm > 0 ? sqrt((double)B) / nrm : 0.0;
+}
+
+int tpk_bn_apply(double *g, size_t N, size_t n, size_t batch, double eps, tpk_ctx *ctx)
 {
     size_t B = batch ? batch : N;
     if (g == NULL || N == 0 || N % B != 0)
         return TPK_ERROR(ctx, TPK_EINVAL,
                          "batchnorm: %zu inputs do not split into batches of %zu", N, B);
-    double rb = sqrt((double)B);
+    int st = check_eps("tpk_bn_apply", eps, ctx);
+    if (st)
+        return st;
 #pragma omp parallel for schedule(static) if (N * n >= 32768)
     for (size_t j = 0; j < n; j++)
         for (size_t b0 = 0; b0 < N; b0 += B) {
@@ -769,7 +805,7 @@ int tpk_bn_apply(double *g, size_t N, size_t n, size_t batch, tpk_ctx *ctx)
                 ss += (x - m) * (x - m);
                 raw += x * x;
             }
-            double nrm = sqrt(ss), f = nrm > TPK_BN_ZERO_REL * sqrt(raw) && nrm > 0 ? rb / nrm : 0.0;
+            double f = tpk_bn_scale(ss, raw, B, eps);
             for (size_t b = b0; b < b0 + B; b++)
                 g[b * n + j] = f * (g[b * n + j] - m);
         }

@@ -395,13 +395,16 @@ static int resolve_call(walker *W, nsr_expr *e, int depth)
         return resolve(W, e->args[1], depth + 1);
     }
     if (strcmp(e->name, "bn") == 0 && lookup(W, e->name) < 0 && function_sym(C, e->name) < 0) {
-        /* bn(g[, batch]): batchnorm across the batch (theory §2.5); its uses are checked in elab */
-        if ((e->nargs != 1 && e->nargs != 2) || e->nidx)
+        /* bn(g[, batch[, eps]]): batchnorm across the batch (theory §2.5, §8.6); its uses are
+         * checked in elab */
+        if (e->nargs < 1 || e->nargs > 3 || e->nidx)
             return nsr_error(C->S, TPK_ETYPE, e->line, e->col,
-                             "bn takes a G-var and an optional batch size: bn(g) or bn(g, batch)");
-        if (resolve(W, e->args[0], depth + 1))
-            return TPK_ETYPE;
-        return e->nargs == 2 ? resolve(W, e->args[1], depth + 1) : TPK_OK;
+                             "bn takes a G-var, an optional batch size and an optional epsilon: "
+                             "bn(g), bn(g, batch) or bn(g, batch, eps)");
+        for (int i = 0; i < e->nargs; i++)
+            if (resolve(W, e->args[i], depth + 1))
+                return TPK_ETYPE;
+        return TPK_OK;
     }
     if (strcmp(e->name, "sqrt") == 0 && e->nargs == 1 && e->args[0]->kind == NSR_E_NAME) {
         int s = lookup(W, e->args[0]->name);

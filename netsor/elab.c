@@ -1084,7 +1084,19 @@ static int elab_bn(elab *E, const nsr_expr *e, const tpk_phi *phi, char *name, i
                    rbuf *out)
 {
     int batch = 0, st;
-    if (e->nargs == 2) {
+    double eps = 0.0;
+    if (e->nargs == 3) {
+        if (eval_number(E, e->args[2], "an epsilon", &eps)) {
+            tpk_free(E->S->ctx, name);
+            return TPK_ETYPE;
+        }
+        if (!(isfinite(eps) && eps >= 0)) {
+            tpk_free(E->S->ctx, name);
+            return nsr_error(E->S, TPK_ETYPE, e->args[2]->line, e->args[2]->col,
+                             "bn: epsilon must be a finite number >= 0, got %g", eps);
+        }
+    }
+    if (e->nargs >= 2) {
         if (eval_int(E, e->args[1], "a batch size", &batch)) {
             tpk_free(E->S->ctx, name);
             return TPK_ETYPE;
@@ -1146,6 +1158,7 @@ static int elab_bn(elab *E, const nsr_expr *e, const tpk_phi *phi, char *name, i
     tpk_instr *in = &E->p->instr[E->p->var[v].def];
     in->bnorm = 1;
     in->batch = batch;
+    in->bn_eps = eps;
     E->p->features |= TPK_FEAT_BATCHNORM;
     return out ? push_var(E, out, v) : TPK_OK;
 }

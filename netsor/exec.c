@@ -257,7 +257,7 @@ int nsr_ex_step(ex *E, int k)
             if (nrm == NULL)
                 return TPK_ERROR(E->ctx, TPK_ENOMEM, "out of memory for bn(%s)", p->var[g].name);
             memcpy(nrm, raw, N * n * sizeof *nrm);
-            st = tpk_bn_apply(nrm, N, n, (size_t)in->batch, E->ctx);
+            st = tpk_bn_apply(nrm, N, n, (size_t)in->batch, in->bn_eps, E->ctx);
             E->val[g] = nrm;
             if (st == TPK_OK)
                 st = eval_body(E, in, 0, out);

@@ -96,9 +96,10 @@ static int use_pair(nsr_bw *X, const double *A1, const double *A2, const double 
     return TPK_OK;
 }
 
-/* dg += Jᵀ (φ′ ⊙ dh) for h = φ(bn(g)), per neuron j and batch: with u = G g, ζ̃ = √B u/‖u‖,
- * J = (√B/‖u‖)(G − uuᵀ/‖u‖²) is symmetric, and J t = (√B/‖u‖)(t − mean t − ζ̃ (ζ̃ᵀt)/B) (theory.md
- * §8.6). A degenerate column (tpk_bn_apply's rule: BN = 0) passes nothing back. */
+/* dg += Jᵀ (φ′ ⊙ dh) for h = φ(bn(g)), per neuron j and batch: with u = G g, σ² = ‖u‖²/B + ε and
+ * ζ̃ = u/σ, J = (1/σ)(G − uuᵀ/(Bσ²)) is symmetric, and J t = (1/σ)(t − mean t − ζ̃ (ζ̃ᵀt)/B)
+ * (theory.md §8.6). A degenerate column at ε = 0 (tpk_bn_apply's rule: BN = 0) passes nothing
+ * back. */
 static int bn_backward(nsr_bw *X, const tpk_instr *in, const double *Ay)
 {
     const nsr_partials *d = &X->t.part[in->out];
@@ -122,10 +123,9 @@ static int bn_backward(nsr_bw *X, const tpk_instr *in, const double *Ay)
                 ss += (x - m) * (x - m);
                 raw += x * x;
             }
-            double nrm = sqrt(ss);
-            if (!(nrm > TPK_BN_ZERO_REL * sqrt(raw) && nrm > 0))
+            double f = tpk_bn_scale(ss, raw, B, in->bn_eps);
+            if (f == 0.0)
                 continue;
-            double f = sqrt((double)B) / nrm;
             for (size_t b = 0; b < B; b++)
                 z[b] = f * (g[(b0 + b) * n + j] - m);
             for (size_t r = 0; r < R; r++) {

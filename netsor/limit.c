@@ -111,7 +111,8 @@ static int tangent_bn(lim *L, int u, int v, int lower, double *out, size_t ld)
     const tpk_instr *at = iu ? iu : iv;
     size_t N = L->N;
     if (iu == NULL || iv == NULL || iu->body.node[0].var != iv->body.node[0].var ||
-        iu->body.len != iv->body.len || (iu->body.len == 2 && iu->body.node[1].fn != iv->body.node[1].fn))
+        iu->body.len != iv->body.len || iu->bn_eps != iv->bn_eps ||
+        (iu->body.len == 2 && iu->body.node[1].fn != iv->body.node[1].fn))
         return TPK_ERROR(L->ctx, TPK_EUNSUPPORTED,
                          "%s:%d:%d: the NTK between %s and %s is not computed: bn(...) is carried "
                          "only between a phi(bn(g)) and itself (theory.md §8.6)", file, at->line,
@@ -128,7 +129,7 @@ static int tangent_bn(lim *L, int u, int v, int lower, double *out, size_t ld)
         return TPK_ERROR(L->ctx, TPK_ENOMEM, "out of memory");
     nsr_lim_cov_mat(L, g, g, 0, S);
     nsr_lim_kern_mat(L, g, g, 0, 1, S + N * N);
-    int st = tpk_bn_tangent(phi, S, S + N * N, N, S + 2 * N * N, &e, L->ctx);
+    int st = tpk_bn_tangent(phi, S, S + N * N, N, iu->bn_eps, S + 2 * N * N, &e, L->ctx);
     if (st == TPK_OK) {
         note_err(L, e);
         for (size_t a = 0; a < N; a++)

@@ -72,7 +72,8 @@ static int bn_eval(lim *L, nsr_lim_query *q)
     const tpk_instr *iu = &L->p->instr[L->def[u]], *iv = &L->p->instr[L->def[v]];
     const tpk_phi *fu = iu->body.len == 2 ? iu->body.node[1].fn : NULL;
     const tpk_phi *fv = iv->body.len == 2 ? iv->body.node[1].fn : NULL;
-    if (!iu->bnorm || !iv->bnorm || iu->batch != iv->batch || !fu != !fv || (fu && !same_phi(fu, fv)))
+    if (!iu->bnorm || !iv->bnorm || iu->batch != iv->batch || iu->bn_eps != iv->bn_eps ||
+        !fu != !fv || (fu && !same_phi(fu, fv)))
         return TPK_ERROR(L->ctx, TPK_EINVAL,
                          "%d:%d: limit of E[%s·%s] not implemented: both must be phi(bn(g)) with one "
                          "phi and one batch size", iu->line, iu->col, L->p->var[u].name,
@@ -87,7 +88,7 @@ static int bn_eval(lim *L, nsr_lim_query *q)
         nsr_lim_cov_mat(L, g, h, 0, S + N * N);
         nsr_lim_cov_mat(L, h, h, 0, S + 2 * N * N);
     }
-    int st = tpk_bn_kernel(fu, N, (size_t)iu->batch, S, g == h ? NULL : S + N * N,
+    int st = tpk_bn_kernel(fu, N, (size_t)iu->batch, iu->bn_eps, S, g == h ? NULL : S + N * N,
                            g == h ? NULL : S + 2 * N * N, q->out, q->ld, q->scale, &q->err, L->ctx);
     tpk_free(L->ctx, S);
     return st;

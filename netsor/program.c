@@ -184,7 +184,8 @@ void tpk_program_dump(const tpk_program *p, FILE *f)
             if (in->op == TPK_OP_MOMENT)
                 fputs(in->src == 1 ? "sqrt(n)*mean " : "mean ", f);
             if (in->bnorm) /* the body reads its G-var batchnorm'ed */
-                fprintf(f, "bn[batch %d] ", in->batch);
+                fprintf(f, in->bn_eps > 0 ? "bn[batch %d, eps %g] " : "bn[batch %d] ", in->batch,
+                        in->bn_eps);
             print_rpn(p, &in->body, f);
             fputs("   # args", f);
             for (int k = 0; k < in->body.nargs; k++)

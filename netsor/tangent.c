@@ -334,6 +334,7 @@ static int add_partials(nsr_tangent *t, int v, tpk_ctx *ctx)
     const tpk_instr *in = &t->q->instr[t->q->var[v].def];
     int na = in->body.nargs, len = in->body.len;
     const int bnorm = in->bnorm, batch = in->batch; /* `in` moves when partials are added */
+    const double bn_eps = in->bn_eps;
     int *start = tpk_malloc(ctx, (size_t)len * sizeof *start);
     int *args = tpk_malloc(ctx, (size_t)(na ? na : 1) * sizeof *args);
     int *d = tpk_malloc(ctx, (size_t)(na ? na : 1) * sizeof *d);
@@ -384,6 +385,7 @@ static int add_partials(nsr_tangent *t, int v, tpk_ctx *ctx)
         if (bnorm && !isc) { /* a constant partial reads nothing to normalise */
             t->q->instr[t->q->var[w].def].bnorm = bnorm;
             t->q->instr[t->q->var[w].def].batch = batch;
+            t->q->instr[t->q->var[w].def].bn_eps = bn_eps;
         }
         if (i < na)
             d[i] = w;
@@ -489,6 +491,7 @@ int nsr_tangent_build(const tpk_program *p, nsr_tangent *t, tpk_ctx *ctx)
         /* φ(bn(g)) stays batch-coupled; so do its partials below, φ′ at the normalised g */
         t->q->instr[t->q->ninstr - 1].bnorm = in->op == TPK_OP_NONLIN ? in->bnorm : 0;
         t->q->instr[t->q->ninstr - 1].batch = in->op == TPK_OP_NONLIN ? in->batch : 0;
+        t->q->instr[t->q->ninstr - 1].bn_eps = in->op == TPK_OP_NONLIN ? in->bn_eps : 0.0;
         t->kid[t->q->ninstr - 1] = k;
         if ((st = grow_parts(t, t->q->nvars, ctx)))
             break;

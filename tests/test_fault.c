@@ -885,13 +885,13 @@ static int case_tpk_gauss_map_cross(tpk_ctx *ctx)
 static int case_tpk_bn_map(tpk_ctx *ctx)
 {
     double out[N * N], err;
-    return tpk_bn_map(relu, S5, N, out, &err, ctx);
+    return tpk_bn_map(relu, S5, N, 0.0, out, &err, ctx);
 }
 
 static int case_tpk_bn_tangent(tpk_ctx *ctx)
 {
     double out[N * N], err;
-    return tpk_bn_tangent(relu, S5, S5, N, out, &err, ctx);
+    return tpk_bn_tangent(relu, S5, S5, N, 0.0, out, &err, ctx);
 }
 
 static int case_tpk_bn_cross(tpk_ctx *ctx)
@@ -903,13 +903,13 @@ static int case_tpk_bn_cross(tpk_ctx *ctx)
     for (int i = 0; i < N; i++)
         for (int j = 0; j < M; j++)
             S12[i * M + j] = Kxt->data[j * N + i];
-    return tpk_bn_cross(relu, S5, N, S12, S22, M, out, &err, ctx);
+    return tpk_bn_cross(relu, S5, N, S12, S22, M, 0.0, out, &err, ctx);
 }
 
 static int case_tpk_bn_kernel(tpk_ctx *ctx)
 {
     double out[N * N], err;
-    return tpk_bn_kernel(relu, N, N, S5, NULL, NULL, out, N, 1.0, &err, ctx);
+    return tpk_bn_kernel(relu, N, N, 0.0, S5, NULL, NULL, out, N, 1.0, &err, ctx);
 }
 
 static int case_tpk_bn_apply(tpk_ctx *ctx)
@@ -917,7 +917,7 @@ static int case_tpk_bn_apply(tpk_ctx *ctx)
     double g[N * 4];
     for (int i = 0; i < N * 4; i++)
         g[i] = val((size_t)i, 0.3);
-    return tpk_bn_apply(g, N, 4, 0, ctx);
+    return tpk_bn_apply(g, N, 4, 0, 0.0, ctx);
 }
 
 static tpk_cnn_params cnn_params(int conv)

@@ -68,6 +68,7 @@ typedef struct tpk_instr {
                          * under one CALL) reads g normalised across each batch of inputs,
                          * BN(g)_b = √B (Gg)_b/‖Gg‖ (theory §2.5; include/tpk/batchnorm.h) */
     int batch;          /* bnorm: inputs per batch (consecutive), 0 = all inputs */
+    double bn_eps;      /* bnorm: ε ≥ 0 added to the batch variance (include/tpk/batchnorm.h) */
 } tpk_instr;
 
 typedef struct tpk_var {
