@@ -191,6 +191,38 @@ def test_both_is_the_two_kernels(nt, phi, tmp_path):
     assert rel(GT, nt[f"ntref_mlp_{phi}_L3_ntk"].reshape(n, n)) < TOL
 
 
+def test_batchnorm_ntk(tmp_path):
+    """BatchNorm's NTK through the package (one batch of all inputs, theory §8.6): the command
+    line's gpkernel --arch=batchnorm --kernel=both bit for bit, symmetric, PSD, and Θ ≥ K on the
+    diagonal's trace ('ntk' parameterisation: Θ − K is a sum of PSD terms); with bn_eps > 0 also
+    on inputs of dimension 2, which eps = 0 refuses (centred rank 2)."""
+    import subprocess
+
+    import h5py
+
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((8, 16))
+    K, T = tpk.kernel("batchnorm", X, get=("nngp", "ntk"))
+    assert np.array_equal(T, T.T)
+    assert np.linalg.eigvalsh(T).min() > -1e-10 * np.abs(T).max()
+    assert np.trace(T) > np.trace(K)
+    X2 = rng.standard_normal((8, 2))
+    with pytest.raises(tpk.Error, match="rank"):
+        tpk.kernel("batchnorm", X2, get="ntk")
+    T2 = tpk.kernel("batchnorm", X2, get="ntk", bn_eps=0.1)
+    assert np.all(np.isfinite(T2)) and np.array_equal(T2, T2.T)
+    exe = os.path.join(os.getcwd(), "bin", "gpkernel")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("no build/bin/gpkernel beside the package")
+    np.save(tmp_path / "x.npy", X)
+    env = dict(os.environ, TPK_THREADS="fixed")
+    subprocess.run([exe, "--arch=batchnorm", "--kernel=both", f"--input={tmp_path / 'x.npy'}",
+                    f"--output={tmp_path / 'bn.h5'}", "--quiet"], check=True, env=env)
+    with h5py.File(tmp_path / "bn.h5") as f:
+        assert np.array_equal(f["ntk"][()], T)
+        assert np.array_equal(f["kernel"][()], K)
+
+
 def test_test_blocks(nt):
     """With x_test each kernel is (K, K_test_train, K_test_diag), the blocks of the kernel of
     the stacked batch."""
