@@ -487,6 +487,30 @@ static void test_executor_rate(void **state)
     tpk_program_free(p);
 }
 
+/* The empirical NTKs of S seeds (900, 901, ...) at each of W widths against the limit T: the RMS
+ * relative error per width in rms, the last width's matrices in th (S × len). */
+static void rate_run(const tpk_program *p, const tpk_array *x, const tpk_array *T,
+                     const double *widths, int W, int S, double *rms, double *th)
+{
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    size_t len = tpk_array_size(T);
+    double *e = malloc((size_t)S * sizeof *e);
+    for (int w = 0; w < W; w++) {
+        for (int s = 0; s < S; s++) {
+            tpk_array *Th = NULL;
+            if (tpk_netsor_run_ntk(p, x, (size_t)widths[w], 900 + (uint64_t)s, 0,
+                                   TPK_NTK_PARAM_NTK, NULL, &Th, &ctx))
+                fail_msg("%s", ctx.msg);
+            memcpy(th + (size_t)s * len, Th->data, len * sizeof *th);
+            assert_int_equal(tpk_limits_frob_rel(Th->data, T->data, len, &e[s], &ctx), TPK_OK);
+            tpk_array_free(Th);
+        }
+        rms[w] = tpk_limits_rms(e, (size_t)S);
+    }
+    free(e);
+}
+
 /* The NTK of programs/batchnorm.nsr (one batch of 8 inputs in 16 dimensions, so every BN layer's
  * centred covariance has rank 7 and the empirical NTK a finite variance): the finite network's
  * J Jᵀ, by the exact BatchNorm backward of the executor, converges to the limit's E[M Θ Mᵀ]
@@ -516,19 +540,7 @@ static void test_ntk_rate(void **state)
     for (size_t i = 0; i < len; i++)
         assert_true(isfinite(T->data[i]) && T->data[i] == T->data[(i % N) * N + i / N]);
     double rms[W], *th = malloc(S * len * sizeof *th);
-    for (int w = 0; w < W; w++) {
-        double e[S];
-        for (int s = 0; s < S; s++) {
-            tpk_array *Th = NULL;
-            if (tpk_netsor_run_ntk(p, x, (size_t)widths[w], 900 + (uint64_t)s, 0,
-                                   TPK_NTK_PARAM_NTK, NULL, &Th, &ctx))
-                fail_msg("%s", ctx.msg);
-            memcpy(th + (size_t)s * len, Th->data, len * sizeof *th);
-            assert_int_equal(tpk_limits_frob_rel(Th->data, T->data, len, &e[s], &ctx), TPK_OK);
-            tpk_array_free(Th);
-        }
-        rms[w] = tpk_limits_rms(e, S);
-    }
+    rate_run(p, x, T, widths, W, S, rms, th);
     tpk_limits_bias_result b;
     assert_int_equal(tpk_limits_bias(th, S, len, T->data, &b, &ctx), TPK_OK);
     double slope, icpt;
@@ -571,19 +583,7 @@ static void test_ntk_rate(void **state)
     tpk_ctx_init(&ctx);
     if (tpk_netsor_ntk(p, x2, 0, TPK_NTK_PARAM_NTK, &K, &T, &err, &ctx))
         fail_msg("%s", ctx.msg);
-    for (int w = 0; w < W; w++) {
-        double e[S];
-        for (int s = 0; s < S; s++) {
-            tpk_array *Th = NULL;
-            if (tpk_netsor_run_ntk(p, x2, (size_t)widths[w], 900 + (uint64_t)s, 0,
-                                   TPK_NTK_PARAM_NTK, NULL, &Th, &ctx))
-                fail_msg("%s", ctx.msg);
-            memcpy(th + (size_t)s * len, Th->data, len * sizeof *th);
-            assert_int_equal(tpk_limits_frob_rel(Th->data, T->data, len, &e[s], &ctx), TPK_OK);
-            tpk_array_free(Th);
-        }
-        rms[w] = tpk_limits_rms(e, S);
-    }
+    rate_run(p, x2, T, widths, W, S, rms, th);
     assert_int_equal(tpk_limits_bias(th, S, len, T->data, &b, &ctx), TPK_OK);
     assert_int_equal(tpk_limits_fit_power(widths, rms, W, &slope, &icpt, NULL, &ctx), TPK_OK);
     print_message("batchnorm NTK, eps 0.1, inputs of dimension 2: RMS rel. error %.3g .. %.3g, "

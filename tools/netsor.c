@@ -419,6 +419,50 @@ static int finish(cli *c, const char *cmd, int st, const tpk_ctx *ctx)
     return cli_report(name, st, ctx);
 }
 
+/* A job command's work: the job with its progress line, then the report (kernel, run, train). */
+typedef int (*job_fn)(tpk_job *job, const void *user, tpk_ctx *ctx);
+
+static int run_shown(cli *c, int argc, char **argv, const char *cmd, const char *label,
+                     tpk_job *job, job_fn fn, const void *user)
+{
+    char name[32];
+    snprintf(name, sizeof name, "netsor %s", cmd);
+    c->argc = argc;
+    c->argv = argv;
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    cli_notes(&ctx, name);
+    shown_job sj = {0};
+    int st = show_job(c, name, label, job, &sj, &ctx);
+    if (!st)
+        st = fn(job, user, &ctx);
+    cli_progress_end(&sj.bar, st == TPK_OK);
+    free(sj.rec);
+    return finish(c, cmd, st, &ctx);
+}
+
+static int do_kernel(tpk_job *job, const void *user, tpk_ctx *ctx)
+{
+    (void)user;
+    return tpk_job_kernel(job, ctx);
+}
+
+typedef struct run_args {
+    size_t n;
+    uint64_t seed;
+} run_args;
+
+static int do_run(tpk_job *job, const void *user, tpk_ctx *ctx)
+{
+    const run_args *r = user;
+    return tpk_job_run(job, r->n, r->seed, ctx);
+}
+
+static int do_train(tpk_job *job, const void *user, tpk_ctx *ctx)
+{
+    return tpk_job_train(job, user, ctx);
+}
+
 static int cmd_kernel(int argc, char **argv)
 {
     cli c;
@@ -430,18 +474,7 @@ static int cmd_kernel(int argc, char **argv)
         cli_free(&c);
         return st;
     }
-    c.argc = argc;
-    c.argv = argv;
-    tpk_ctx ctx;
-    tpk_ctx_init(&ctx);
-    cli_notes(&ctx, "netsor kernel");
-    shown_job sj = {0};
-    st = show_job(&c, "netsor kernel", "limit kernel", &job, &sj, &ctx);
-    if (!st)
-        st = tpk_job_kernel(&job, &ctx);
-    cli_progress_end(&sj.bar, st == TPK_OK);
-    free(sj.rec);
-    return finish(&c, "kernel", st, &ctx);
+    return run_shown(&c, argc, argv, "kernel", "limit kernel", &job, do_kernel, NULL);
 }
 
 /* netsor train: the job's input is --train, its targets --labels. */
@@ -485,20 +518,9 @@ static int cmd_train(int argc, char **argv)
         hasK |= at[i] == K;
     if (!hasK)
         at[nat++] = K;
-    c.argc = argc;
-    c.argv = argv;
-    tpk_ctx ctx;
-    tpk_ctx_init(&ctx);
-    cli_notes(&ctx, "netsor train");
-    shown_job sj = {0};
-    st = show_job(&c, "netsor train", "training", &job, &sj, &ctx);
     tpk_job_train_opts t = {.labels = c.labels, .width = n, .seeds = seeds, .seed = seed,
                             .lr = lr, .steps = at, .nsteps = nat};
-    if (!st)
-        st = tpk_job_train(&job, &t, &ctx);
-    cli_progress_end(&sj.bar, st == TPK_OK);
-    free(sj.rec);
-    return finish(&c, "train", st, &ctx);
+    return run_shown(&c, argc, argv, "train", "training", &job, do_train, &t);
 }
 
 static int cmd_run(int argc, char **argv)
@@ -524,18 +546,8 @@ static int cmd_run(int argc, char **argv)
         cli_free(&c);
         return st;
     }
-    c.argc = argc;
-    c.argv = argv;
-    tpk_ctx ctx;
-    tpk_ctx_init(&ctx);
-    cli_notes(&ctx, "netsor run");
-    shown_job sj = {0};
-    st = show_job(&c, "netsor run", "finite-width run", &job, &sj, &ctx);
-    if (!st)
-        st = tpk_job_run(&job, n, (uint64_t)seed, &ctx);
-    cli_progress_end(&sj.bar, st == TPK_OK);
-    free(sj.rec);
-    return finish(&c, "run", st, &ctx);
+    run_args ra = {n, (uint64_t)seed};
+    return run_shown(&c, argc, argv, "run", "finite-width run", &job, do_run, &ra);
 }
 
 /* netsor plan: the limit kernel by the rolled evaluator with every entrywise plan printed (its
