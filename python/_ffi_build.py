@@ -67,6 +67,12 @@ int tpk_job_kernels_arrays(const tpk_job *job, const tpk_array *X, const tpk_arr
                            tpk_array *K[3], tpk_array *T[3], double *err, tpk_ctx *ctx);
 int tpk_job_run_arrays(const tpk_job *job, const tpk_array *X, size_t width, uint64_t seed,
                        tpk_array **Khat, tpk_array **y, tpk_ctx *ctx);
+typedef struct tpk_train_opts {
+    size_t width; uint64_t seed; double lr; const size_t *at; size_t nat; ...;
+} tpk_train_opts;
+int tpk_job_train_arrays(const tpk_job *job, const tpk_array *X, size_t ntrain,
+                         const tpk_array *y, const tpk_train_opts *o, tpk_array *f, double *loss,
+                         tpk_ctx *ctx);
 
 typedef struct tpk_arch {
     const char *name; const char *program; const char *input; const char *summary;

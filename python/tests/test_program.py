@@ -1,4 +1,6 @@
 """tpk.Program: check, limit kernel, finite-width run; errors with file:line:col."""
+import os
+
 import numpy as np
 import pytest
 import tpk
@@ -104,3 +106,24 @@ def test_errors(tmp_path, rng):
         tpk.Program(SRC).run(np.full((2, 2, 3), np.nan), width=8)
     with pytest.raises(tpk.Error, match="unknown parameter .nosuch."):
         tpk.Program(SRC, nosuch=1).check()
+
+
+def test_train():
+    """Program.train (netsor train): step 0 is run()'s network (its outputs), the loss falls, a
+    test set's outputs come after the training inputs', and bad arguments raise tpk.Error."""
+    p = tpk.Program(os.path.join(tpk._core.SHARE, "programs", "mlp.nsr"), phi="erf", L=2,
+                    sigma_b2=0.1)
+    rng = np.random.default_rng(3)
+    X, Xt, y = rng.standard_normal((6, 4)), rng.standard_normal((3, 4)), rng.standard_normal(6)
+    f, loss = p.train(X, y, width=64, steps=100, lr=0.5, at=[0, 10], seed=5, x_test=Xt)
+    assert f.shape == (3, 9, 1) and loss.shape == (3,)
+    _, out = p.run(np.concatenate([X, Xt]), width=64, seed=5)
+    assert np.max(np.abs(f[0, :, 0] - out[:, 0])) <= 1e-12 * (1 + np.max(np.abs(out)))
+    assert loss[2] < loss[1] < loss[0]
+    assert np.isclose(loss[2], np.sum((f[2, :6, 0] - y) ** 2) / 12, rtol=1e-12)
+    with pytest.raises(tpk.Error):
+        p.train(X, y[:5], width=64, steps=3)
+    with pytest.raises(tpk.Error):
+        p.train(X, y, width=0, steps=3)
+    with pytest.raises(tpk.Error):
+        p.train(X, y, width=8, steps=3, at=[2, 1])

@@ -1,6 +1,8 @@
 """NETSOR programs (docs/netsor.md) from Python: check, limit kernel, finite-width run."""
 import os
 
+import numpy as np
+
 from . import _core
 from ._core import Strings, as_input, check, fail, ffi, from_c, lib, new_ctx, to_c
 
@@ -125,6 +127,49 @@ class Program:
         names, many = _core.which_kernels(get)
         blocks = self._blocks(x, x_test, all_outputs, set, names, parameterization, ntk_width)
         return _core.kernels_result(names, many, blocks, x_test is not None)
+
+    def train(self, x, y, width, steps, lr=1.0, at=None, seed=0, x_test=None, **set):
+        """One finite network trained by full-batch gradient descent (netsor train): the network of
+        run(x, width, seed), in neural-tangents' 'ntk' parameterisation, `steps` steps of size lr
+        on (1/2N)||f(x) - y||^2 (N = y.size). Returns (outputs, loss): the outputs at every input
+        (x, then x_test) at the recorded steps (steps recorded × inputs × outputs) and the
+        training loss there. at: the steps recorded, ascending (default [0, steps]; steps is
+        always recorded)."""
+        for name, v, lo in (("width", width, 1), ("steps", steps, 0)):
+            if isinstance(v, bool) or int(v) != v or v < lo:
+                fail(f"{name} must be an integer >= {lo} (got {v!r})")
+        if isinstance(seed, bool) or int(seed) != seed or not 0 <= seed < 2**64:
+            fail(f"the seed must be an integer in 0..2^64-1 (got {seed!r})")
+        at = [0, int(steps)] if at is None else [int(a) for a in at]
+        if at != sorted(at) or (at and (at[0] < 0 or at[-1] > steps)):
+            fail(f"at must be ascending steps in 0..{steps} (got {at!r})")
+        if not at or at[-1] != steps:
+            at.append(int(steps))
+        X = as_input(x, "x")
+        n = X.shape[0]
+        if x_test is not None:
+            Xt = as_input(x_test, "x_test")
+            if Xt.shape[1:] != X.shape[1:]:
+                fail(f"x_test items are {Xt.shape[1:]}, x items {X.shape[1:]}")
+            X = np.concatenate([X, Xt])
+        Y = np.ascontiguousarray(np.asarray(y, dtype=float))
+        if Y.ndim == 1:
+            Y = Y.reshape(-1, 1)
+        if Y.ndim != 2 or Y.shape[0] != n:
+            fail(f"y must be {n} targets (N or N × outputs), got shape {Y.shape}")
+        keep = Strings()
+        job = self._job(keep, Y.shape[1] > 1, set)
+        f = np.zeros((len(at), X.shape[0], Y.shape[1]))
+        loss = np.zeros(len(at))
+        o = ffi.new("tpk_train_opts *")
+        ats = ffi.new("size_t[]", at)
+        o.width, o.seed, o.lr, o.at, o.nat = int(width), int(seed), float(lr), ats, len(at)
+        ctx = new_ctx()
+        cX, cY, cf = to_c(X, keep), to_c(Y, keep), to_c(f, keep)
+        cl = ffi.from_buffer("double[]", loss)
+        st = lib.tpk_job_train_arrays(job, cX, n, cY, o, cf, cl, ctx)
+        check(st, ctx)
+        return f, loss
 
     def run(self, x, width, seed=0, all_outputs=False, **set):
         """A finite-width run with random weights (netsor run --width --seed): (K_hat, outputs),
