@@ -61,26 +61,39 @@ static double gauss(uint64_t *s)
     return sqrt(-2.0 * log(unif(s))) * cos(6.283185307179586 * unif(s));
 }
 
-/* Brute force: y ~ N(0, S) (n dims, S = L Lᵀ, L = Q√Λ: S may be singular), batches [0, B1) and [B1, n) each
- * normalised as BN, then relu; mean and standard error of h_a h_c. */
-static void mc_bn(const double *S, int n, int B1, long M, double eps, double *mean, double *se)
+/* L = Q√Λ with S = L Lᵀ (n ≤ 8 dims; S may be singular). */
+static void gauss_factor(const double *S, int n, double *L)
 {
-    double L[64], y[8], h[8], w[8], s1[64] = {0}, s2[64] = {0};
+    double w[8];
     memcpy(L, S, (size_t)(n * n) * sizeof *L);
     assert_int_equal(LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'V', 'U', n, L, n, w), 0);
     for (int i = 0; i < n; i++)
         for (int k = 0; k < n; k++)
             L[i * n + k] *= sqrt(fmax(w[k], 0.0));
+}
+
+/* One draw y = L z, z ~ N(0, I_n), from the test's own generator. */
+static void gauss_draw(const double *L, int n, uint64_t *st, double *y)
+{
+    double z[8];
+    for (int i = 0; i < n; i++)
+        z[i] = gauss(st);
+    for (int i = 0; i < n; i++) {
+        y[i] = 0.0;
+        for (int k = 0; k < n; k++)
+            y[i] += L[i * n + k] * z[k];
+    }
+}
+
+/* Brute force: y ~ N(0, S) (n dims, S = L Lᵀ, L = Q√Λ: S may be singular), batches [0, B1) and [B1, n) each
+ * normalised as BN, then relu; mean and standard error of h_a h_c. */
+static void mc_bn(const double *S, int n, int B1, long M, double eps, double *mean, double *se)
+{
+    double L[64], y[8], h[8], s1[64] = {0}, s2[64] = {0};
+    gauss_factor(S, n, L);
     uint64_t st = 88172645463325252u;
     for (long t = 0; t < M; t++) {
-        double z[8];
-        for (int i = 0; i < n; i++)
-            z[i] = gauss(&st);
-        for (int i = 0; i < n; i++) {
-            y[i] = 0.0;
-            for (int k = 0; k < n; k++)
-                y[i] += L[i * n + k] * z[k];
-        }
+        gauss_draw(L, n, &st, y);
         for (int b0 = 0; b0 < n; b0 = B1) {
             int b1 = b0 == 0 ? B1 : n, B = b1 - b0;
             double m = 0.0, ss = 0.0;
@@ -136,23 +149,13 @@ enum { MCB = 8 };
 static void mc_tangent(const tpk_phi *phi, const double *S, const double *Th, int B, double eps,
                        long NS, uint64_t seed, double *tm, double *tse, double *km, double *kse)
 {
-    double L[MCB * MCB], w[MCB], s1[MCB * MCB] = {0}, s2[MCB * MCB] = {0};
+    double L[MCB * MCB], s1[MCB * MCB] = {0}, s2[MCB * MCB] = {0};
     double k1[MCB * MCB] = {0}, k2[MCB * MCB] = {0};
-    memcpy(L, S, (size_t)(B * B) * sizeof *L);
-    assert_int_equal(LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'V', 'U', B, L, B, w), 0);
-    for (int i = 0; i < B; i++)
-        for (int k = 0; k < B; k++)
-            L[i * B + k] *= sqrt(fmax(w[k], 0.0));
+    gauss_factor(S, B, L);
     uint64_t st = seed;
     for (long t = 0; t < NS; t++) {
-        double z[MCB], y[MCB], M[MCB * MCB], h[MCB], hp[MCB], hm[MCB], MT[MCB * MCB];
-        for (int i = 0; i < B; i++)
-            z[i] = gauss(&st);
-        for (int i = 0; i < B; i++) {
-            y[i] = 0.0;
-            for (int k = 0; k < B; k++)
-                y[i] += L[i * B + k] * z[k];
-        }
+        double y[MCB], M[MCB * MCB], h[MCB], hp[MCB], hm[MCB], MT[MCB * MCB];
+        gauss_draw(L, B, &st, y);
         bn_phi(phi, y, B, eps, h);
         for (int c = 0; c < B; c++) { /* column c of M = ∂h/∂y_c */
             double yc = y[c], hh = 1e-6 * (1.0 + fabs(yc));

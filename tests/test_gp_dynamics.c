@@ -384,6 +384,18 @@ static void test_limits(void **state)
     ref_free(&r);
 }
 
+/* The test (m×m, from row and column n) and training (n×n) blocks of a covariance S with
+ * leading dimension ld. */
+static void cov_blocks(const double *S, size_t ld, size_t n, size_t m, double *wct, double *wcd)
+{
+    for (size_t a = 0; a < m; a++)
+        for (size_t b = 0; b < m; b++)
+            wct[a * m + b] = S[(n + a) * ld + n + b];
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++)
+            wcd[i * n + j] = S[i * ld + j];
+}
+
 /* S ← A S Aᵀ (n×n, tmp n×n scratch): a covariance through a linear step. */
 static void sandwich(const double *A, double *S, double *tmp, size_t n)
 {
@@ -460,12 +472,7 @@ static void test_discrete_iteration(void **state)
                 sandwich(L, S, tmp, P); /* Σ ← L Σ Lᵀ */
             }
             double wct[m * m], wcd[n * n];
-            for (size_t a = 0; a < m; a++)
-                for (size_t b = 0; b < m; b++)
-                    wct[a * m + b] = S[(n + a) * P + n + b];
-            for (size_t i = 0; i < n; i++)
-                for (size_t j = 0; j < n; j++)
-                    wcd[i * n + j] = S[i * P + j];
+            cov_blocks(S, P, n, m, wct, wcd);
             char what[80];
             snprintf(what, sizeof what, "discrete %s step %g", g ? "nngp" : "ntk", t[s]);
             if (s > 0) {
@@ -564,12 +571,7 @@ static void test_momentum_iteration(void **state)
                 sandwich(A, S, tmp, Q); /* S ← A S Aᵀ */
             }
             double wct[m * m], wcd[n * n];
-            for (size_t a = 0; a < m; a++)
-                for (size_t b = 0; b < m; b++)
-                    wct[a * m + b] = S[(n + a) * Q + n + b];
-            for (size_t i = 0; i < n; i++)
-                for (size_t j = 0; j < n; j++)
-                    wcd[i * n + j] = S[i * Q + j];
+            cov_blocks(S, Q, n, m, wct, wcd);
             char what[80];
             snprintf(what, sizeof what, "momentum %s step %g", g ? "nngp" : "ntk", t[s]);
             expect_close(what, mt->data + s * m * k, mean + n * k, m * k, 1e-10);
