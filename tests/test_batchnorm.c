@@ -405,6 +405,9 @@ static void test_front_end(void **state)
         {"h = relu(g)\noutput y = readout(bn(h), 1)\n", 0, "normalises a G-var"},
         {"output y = readout(relu(bn(g, -1)), 1)\n", 0, "batch size"},
         {"h = tanh(relu(bn(g)))\noutput y = readout(h, 1)\n", 0, "batchnorm'ed"},
+        {"output y = readout(relu(bn(g, 0, 1e-3)), 1)\n", 1, NULL},
+        {"output y = readout(relu(bn(g, 0, -1)), 1)\n", 0, "epsilon"},
+        {"output y = readout(relu(bn(g, 0, 1, 2)), 1)\n", 0, "bn(g, batch, eps)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char src[1024];
