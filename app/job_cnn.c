@@ -212,6 +212,7 @@ static int rolled_kernel(const tpk_job *job, const tpk_netsor_opts *o, cnn_job *
                          tpk_ctx *ctx)
 {
     tpk_netsor_opts po = *o;
+    po.no_limit = 0; /* this copy is the one evaluated */
     po.append = positions ? NULL : twod ? POOL_2D : POOL_1D;
     tpk_program *p = tpk_netsor_load_file(job->program, &po, s->reg, ctx);
     if (p == NULL)
@@ -313,7 +314,8 @@ static int cnn_prepare(const tpk_job *job, cnn_job *s, tpk_ctx *ctx)
         return st;
     if ((st = settings(job, s, &s->rows, &s->cols, &s->C, ctx)))
         return st;
-    s->o = (tpk_netsor_opts){.sets = s->sets, .nsets = s->nsets};
+    /* this copy is read for its parameters (rolled_kernel loads its own to evaluate) */
+    s->o = (tpk_netsor_opts){.sets = s->sets, .nsets = s->nsets, .no_limit = 1};
     s->ntk = job->kernel != TPK_JOB_NNGP;
     if (!(s->prog = tpk_netsor_load_file(job->program, &s->o, s->reg, ctx)))
         return ctx->status;

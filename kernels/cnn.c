@@ -7,6 +7,7 @@
 #include "gauss_impl.h" /* φ's closed-form family (the float32 maps) */
 
 #include <fftw3.h>
+#include <omp.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -533,24 +534,125 @@ static int diag_variances(const tpk_cnn_params *p, const grid *g, const double *
 
 /* ---- flatten: the closed position-diagonal recursion, by tiles of image pairs -------------- */
 
-/* Images c of one tile against image a: at most this many doubles in a tile's position block
- * (Q × width; three of them with the NTK, 2 MB each). Long row segments amortise the segment
- * map's per-call cost, which dominated short ones: 200 images 28×28, depth 8, NNGP and NTK on 2
- * Zen 4 cores took 2.4 s with tiles of 16 K doubles (width 20), 1.2 s at 64 K, 1.0 s at 256 K
- * and 1 M (whole rows), against 2.8 s for the former whole (position × N × N) arrays. */
-#define FLAT_TILE_DOUBLES 262144
-#define FLAT_TILE_MIN 4
+/* Box sum over one plane of per-position values (grid order): out = α Σ_taps in + β, as
+ * diag_box with m = 1, vectorised along the rows: each row is copied once with its padding (the
+ * wrapped columns, or zeros), then the taps are plain shifted sums. out may alias in (the passes
+ * go through tmp, which holds Q + S + kw values). */
+static void plane_box(const grid *g, double alpha, double beta, const double *in, double *out,
+                      double *tmp)
+{
+    const long R = (long)g->R, S = (long)g->S, W = S + g->kw - 1;
+    double *restrict pad = tmp + g->Q;
+    for (long r = 0; r < R; r++) {
+        const double *restrict src = in + r * S;
+        double *restrict dst = tmp + r * S;
+        for (long t = 0; t < W; t++) { /* the row itself, and its kw − 1 padding columns */
+            if (t == g->cs && S > 0) {
+                memcpy(pad + t, src, (size_t)S * sizeof *pad);
+                t += S - 1;
+                continue;
+            }
+            long ss = axis_pos(t - g->cs, 0, S, g->circular);
+            pad[t] = ss >= 0 ? src[ss] : 0.0;
+        }
+        if (g->kw == 3) { /* the common filter in one pass */
+            for (long s = 0; s < S; s++)
+                dst[s] = pad[s] + pad[s + 1] + pad[s + 2];
+            continue;
+        }
+        for (long s = 0; s < S; s++)
+            dst[s] = pad[s];
+        for (int j = 1; j < g->kw; j++)
+            for (long s = 0; s < S; s++)
+                dst[s] += pad[s + j];
+    }
+    for (long r = 0; r < R; r++) {
+        double *restrict dst = out + r * S;
+        if (g->kh == 3 && g->circular) { /* the common filter in one pass */
+            const double *restrict t0 = tmp + (r == 0 ? R - 1 : r - 1) * S, *restrict t1 = tmp + r * S,
+                                   *restrict t2 = tmp + (r + 1 == R ? 0 : r + 1) * S;
+            for (long s = 0; s < S; s++)
+                dst[s] = alpha * (t0[s] + t1[s] + t2[s]) + beta;
+            continue;
+        }
+        int first = 1;
+        for (int i = 0; i < g->kh; i++) {
+            long rr = axis_pos(r, i - g->cr, R, g->circular);
+            if (rr < 0)
+                continue;
+            const double *restrict src = tmp + rr * S;
+            if (first)
+                for (long s = 0; s < S; s++)
+                    dst[s] = src[s];
+            else
+                for (long s = 0; s < S; s++)
+                    dst[s] += src[s];
+            first = 0;
+        }
+        for (long s = 0; s < S; s++)
+            dst[s] = first ? beta : alpha * dst[s] + beta;
+    }
+}
 
-/* The flatten kernel's pairs (a, c), c ≤ a, in tiles of consecutive c: the position-diagonal
- * recursion of a tile, Q × w values (position-major), runs through all L layers in cache — the
- * first layer's box sum of the pairs' Grams, then per layer the map of each position's row
- * segment (one segment map per layer over the Q·N variances, index p·N + image: the segment of
- * (p, a) against (p, c0 .. c0+w) is contiguous, and (p, a) against itself is the map's diagonal,
- * exact) and the next box sum. The tangent kernel (NTK) rides beside it. Per image and layer the
- * variances come from diag_variances, once. */
+/* Image blocks of the flatten kernel: pairs of blocks are its units of work, at most this many
+ * images a side (the blocks' variances, all layers, stay in the last-level cache). */
+#define FLAT_BLOCK 16
+
+/* The flatten kernel, pair by pair: for images (a, c), c ≤ a, the position-diagonal recursion of
+ * theory §2.8 — the box sum of the pair's Grams, then per layer the map of its Q positions and
+ * the next box sum — runs through all L layers on Q values in the first-level cache. The map of
+ * a pair is one band of the layer's segment map over the N·Q variances, indexed image-major
+ * (a·Q + p against c·Q + p, tpk_gauss_segmap_band); (a, a) is its diagonal. The tangent kernel
+ * (NTK) rides beside it. The variances (each image alone: the recursion of the diagonal is
+ * closed) come from the segment maps' own diagonals, so the diagonal pairs are the same numbers.
+ * Before this, tiles of one image against many (position-major) paid a call per position and
+ * row segment: 8 images 28×28, depth 8, NNGP and NTK took 9.5 ms there. */
 typedef struct flat_ws {
-    double *V, *T, *VT, *kd; /* Q×w, Q×w scratch, Q×w tangent (NTK), w */
+    double *V, *VT, *kd, *T; /* Q values each: the pair's kernel, tangent, V_φ′; box scratch */
 } flat_ws;
+
+/* One pair (a, c) through every layer: K[a][c] and Θ[a][c] (Th NULL: the NNGP alone). */
+static void flat_pair(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
+                      const ntkf *nk, tpk_gauss_segmap *const *sm, size_t a, size_t c,
+                      flat_ws *w, double *maxr, double *K, double *Th)
+{
+    const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth;
+    const double taps = (double)p->kh * p->kw;
+    const int ntk = nk->dphi != NULL;
+    const double *xa = X + a * Q * C, *xc = X + c * Q * C;
+    for (size_t pp = 0; pp < Q; pp++) { /* the Gram ⟨x_a[p], x_c[p]⟩/C */
+        double acc = 0;
+        for (size_t ch = 0; ch < C; ch++)
+            acc += xa[pp * C + ch] * xc[pp * C + ch];
+        w->V[pp] = acc / (double)C;
+    }
+    if (ntk)
+        plane_box(g, nk->u / taps, nk->b, w->V, w->VT, w->T);
+    plane_box(g, p->sigma_u2 / taps, p->sigma_b2, w->V, w->V, w->T);
+    for (size_t l = 0; l < L; l++) {
+        const int last = l + 1 == L;
+        if (ntk) /* V_φ′ before V_φ replaces the covariances */
+            tpk_gauss_segmap_band(sm[L + l], a * Q, c * Q, Q, w->V, w->kd, &maxr[2 * (L + l)],
+                                  &maxr[2 * (L + l) + 1]);
+        tpk_gauss_segmap_band(sm[l], a * Q, c * Q, Q, w->V, w->V, &maxr[2 * l], &maxr[2 * l + 1]);
+        if (ntk)
+            tangent_step(Q, last ? nk->v : nk->w, last ? p->sigma_v2 : p->sigma_w2, w->V, w->kd,
+                         w->VT);
+        if (!last) {
+            plane_box(g, p->sigma_w2 / taps, p->sigma_b2, w->V, w->V, w->T);
+            if (ntk)
+                plane_box(g, 1.0 / taps, nk->b, w->VT, w->VT, w->T);
+        }
+    }
+    double sk = 0, stt = 0; /* the readout's mean over positions */
+    for (size_t pp = 0; pp < Q; pp++) {
+        sk += w->V[pp];
+        stt += ntk ? w->VT[pp] : 0.0;
+    }
+    K[a * N + c] = K[c * N + a] = p->sigma_v2 * sk / (double)Q + p->sigma_ob2;
+    if (ntk)
+        Th[a * N + c] = Th[c * N + a] = stt / (double)Q + nk->ob;
+}
 
 static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
                           const tpk_gauss_ws *ws, const ntkf *nk, double *K, double *Th,
@@ -559,98 +661,67 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
     const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth;
     const double taps = (double)p->kh * p->kw;
     const int ntk = nk->dphi != NULL;
-    size_t wmax = FLAT_TILE_DOUBLES / (Q ? Q : 1);
-    wmax = wmax < FLAT_TILE_MIN ? FLAT_TILE_MIN : wmax;
-    double *q = tpk_malloc(ctx, L * N * Q * sizeof *q), *qv = tpk_malloc(ctx, N * Q * sizeof *qv);
+    const size_t tmpn = Q + g->S + (size_t)p->kw; /* plane_box's scratch */
+    double *qv = tpk_malloc(ctx, (2 * N * Q + tmpn) * sizeof *qv);
     const size_t nmaps = ntk ? 2 * L : L;
     tpk_gauss_segmap **sm = tpk_calloc(ctx, nmaps, sizeof *sm);
-    int st = !q || !qv || !sm ? TPK_ERROR(ctx, TPK_ENOMEM, "out of memory") : TPK_OK;
-    if (!st)
-        st = diag_variances(p, g, X, N, ws, q, ctx);
-    for (size_t l = 0; !st && l < L; l++) { /* the variances in the segment maps' layout */
-        for (size_t a = 0; a < N; a++)
-            for (size_t pp = 0; pp < Q; pp++)
-                qv[pp * N + a] = q[(l * N + a) * Q + pp];
-        for (size_t k = l; !st && k < nmaps; k += L)
-            if (!(sm[k] = tpk_gauss_segmap_alloc(k < L ? p->phi : nk->dphi, qv, N * Q, ws, ctx)))
-                st = ctx->status ? ctx->status : TPK_ENOMEM;
+    int st = !qv || !sm ? TPK_ERROR(ctx, TPK_ENOMEM, "out of memory") : TPK_OK;
+    if (!st) { /* per layer the variances, the segment maps over them, the next variances */
+        double *u = qv + N * Q, *tmp = qv + 2 * N * Q;
+        for (size_t a = 0; a < N; a++) {
+            for (size_t pp = 0; pp < Q; pp++) {
+                const double *x = X + (a * Q + pp) * C;
+                double s = 0;
+                for (size_t ch = 0; ch < C; ch++)
+                    s += x[ch] * x[ch];
+                u[a * Q + pp] = s / (double)C;
+            }
+            plane_box(g, p->sigma_u2 / taps, p->sigma_b2, u + a * Q, qv + a * Q, tmp);
+        }
+        for (size_t l = 0; !st && l < L; l++) {
+            st = check_finite(qv, N * Q, (int)l + 1, ctx);
+            for (size_t k = l; !st && k < nmaps; k += L)
+                if (!(sm[k] = tpk_gauss_segmap_alloc(k < L ? p->phi : nk->dphi, qv, N * Q, ws, ctx)))
+                    st = ctx->status ? ctx->status : TPK_ENOMEM;
+            if (!st && l + 1 < L && !(st = tpk_gauss_segmap_diagonal(sm[l], u, ctx)))
+                for (size_t a = 0; a < N; a++)
+                    plane_box(g, p->sigma_w2 / taps, p->sigma_b2, u + a * Q, qv + a * Q, tmp);
+        }
     }
-    /* tiles: (a, c0) with c0 a multiple of wmax, c0 ≤ a */
-    size_t ntiles = 0;
-    for (size_t a = 0; a < N; a++)
-        ntiles += a / wmax + 1;
+    /* blocks of B images, small enough for a few units of work per thread */
+    size_t B = FLAT_BLOCK;
+    const size_t want = 4 * (size_t)omp_get_max_threads();
+    while (B > 1 && ((N + B - 1) / B) * ((N + B - 1) / B + 1) / 2 < want)
+        B /= 2;
+    const size_t nb = (N + B - 1) / B, ntiles = nb * (nb + 1) / 2;
     int failed = st;
 #pragma omp parallel if (ntiles > 1 && !st)
     {
         flat_ws w = {0};
         tpk_ctx lctx; /* this thread's: the caller's allocator, its own message */
         tpk_ctx_init_from(&lctx, ctx);
-        double *buf = tpk_malloc(&lctx, (3 * Q + 1) * wmax * sizeof *buf);
-        int lst = buf ? TPK_OK : TPK_ENOMEM;
+        double *buf = tpk_malloc(&lctx, (3 * Q + tmpn) * sizeof *buf);
+        double *maxr = tpk_calloc(&lctx, 2 * nmaps, sizeof *maxr);
+        int lst = buf && maxr ? TPK_OK : TPK_ENOMEM;
         if (buf) {
             w.V = buf;
-            w.T = buf + Q * wmax;
-            w.VT = buf + 2 * Q * wmax;
-            w.kd = buf + 3 * Q * wmax;
+            w.VT = buf + Q;
+            w.kd = buf + 2 * Q;
+            w.T = buf + 3 * Q;
         }
-        double *maxr = tpk_calloc(&lctx, 2 * nmaps, sizeof *maxr);
-        if (!maxr)
-            lst = TPK_ENOMEM;
 #pragma omp for schedule(dynamic, 1)
         for (size_t t = 0; t < ntiles; t++) {
             if (lst || failed)
                 continue;
-            /* tile t → (a, c0): row a holds a / wmax + 1 tiles */
-            size_t a = 0, r = t;
-            while (r >= a / wmax + 1) {
-                r -= a / wmax + 1;
-                a++;
+            size_t ab = 0, r = t; /* tile t → blocks (ab, cb), cb ≤ ab */
+            while (r > ab) {
+                r -= ab + 1;
+                ab++;
             }
-            const size_t c0 = r * wmax, nw = a + 1 - c0 < wmax ? a + 1 - c0 : wmax;
-            for (size_t pp = 0; pp < Q; pp++) { /* the pairs' Grams ⟨x_a[p], x_c[p]⟩/C */
-                const double *xa = X + (a * Q + pp) * C;
-                for (size_t j = 0; j < nw; j++) {
-                    const double *xc = X + ((c0 + j) * Q + pp) * C;
-                    double acc = 0;
-                    for (size_t ch = 0; ch < C; ch++)
-                        acc += xa[ch] * xc[ch];
-                    w.V[pp * nw + j] = acc / (double)C;
-                }
-            }
-            if (ntk)
-                diag_box(g, nw, nk->u / taps, nk->b, w.V, w.VT, w.T);
-            diag_box(g, nw, p->sigma_u2 / taps, p->sigma_b2, w.V, w.V, w.T);
-            for (size_t l = 0; l < L; l++) {
-                const int last = l + 1 == L;
-                for (size_t pp = 0; pp < Q; pp++) {
-                    double *seg = w.V + pp * nw;
-                    const size_t i = pp * N + a, j0 = pp * N + c0;
-                    if (ntk) /* V_φ′ of the segment before V_φ replaces it */
-                        tpk_gauss_segmap_row(sm[L + l], i, j0, nw, seg, w.kd, &maxr[2 * (L + l)],
-                                             &maxr[2 * (L + l) + 1]);
-                    tpk_gauss_segmap_row(sm[l], i, j0, nw, seg, seg, &maxr[2 * l],
-                                         &maxr[2 * l + 1]);
-                    if (ntk)
-                        tangent_step(nw, last ? nk->v : nk->w, last ? p->sigma_v2 : p->sigma_w2,
-                                     seg, w.kd, w.VT + pp * nw);
-                }
-                if (!last) {
-                    diag_box(g, nw, p->sigma_w2 / taps, p->sigma_b2, w.V, w.V, w.T);
-                    if (ntk)
-                        diag_box(g, nw, 1.0 / taps, nk->b, w.VT, w.VT, w.T);
-                }
-            }
-            for (size_t j = 0; j < nw; j++) { /* the readout's mean over positions */
-                double sk = 0, stt = 0;
-                for (size_t pp = 0; pp < Q; pp++) {
-                    sk += w.V[pp * nw + j];
-                    stt += ntk ? w.VT[pp * nw + j] : 0.0;
-                }
-                const size_t c = c0 + j;
-                K[a * N + c] = K[c * N + a] = p->sigma_v2 * sk / (double)Q + p->sigma_ob2;
-                if (ntk)
-                    Th[a * N + c] = Th[c * N + a] = stt / (double)Q + nk->ob;
-            }
+            const size_t cb = r, a1 = (ab + 1) * B < N ? (ab + 1) * B : N;
+            for (size_t a = ab * B; a < a1; a++)
+                for (size_t c = cb * B; c < (cb + 1) * B && c <= a; c++)
+                    flat_pair(p, g, X, N, nk, sm, a, c, &w, maxr, K, Th);
         }
         for (size_t k = 0; sm && maxr && k < nmaps; k++)
             if (sm[k])
@@ -663,7 +734,7 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
         tpk_free(&lctx, maxr);
     }
     if (!st && failed)
-        st = TPK_ERROR(ctx, failed, "out of memory (flatten tiles of %zu positions)", Q);
+        st = TPK_ERROR(ctx, failed, "out of memory (flatten pairs of %zu positions)", Q);
     double e = 0;
     for (size_t k = 0; k < nmaps && sm; k++) {
         double el = 0;
@@ -681,7 +752,6 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
         st = check_finite(K, N * N, p->depth, ctx);
     if (!st && ntk)
         st = check_finite(Th, N * N, p->depth, ctx);
-    tpk_free(ctx, q);
     tpk_free(ctx, qv);
     tpk_free(ctx, sm);
     return st;

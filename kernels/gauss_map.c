@@ -180,6 +180,64 @@ static void seg_asin(const map_plan *P, size_t i, const double *k, size_t j0, si
 {
     seg_vec(MK_ASIN, P, i, k, j0, len, out, st);
 }
+
+/* Entries (i0 + t, j0 + t), t < len: a band parallel to the diagonal, row and column arrays both
+ * contiguous (the flatten CNN's pairs of images (a, c), one position after the other). */
+static ALWAYS_INLINE void band_vec(const int mk, const map_plan *P, size_t i0, const double *k,
+                                   size_t j0, size_t len, double *out, seg_stats *st)
+{
+    const index_prep *r = P->r, *c = P->c;
+    const gv c0 = gv_set1(P->c0), c1 = gv_set1(P->c1), lim = gv_set1(1.0 + GAUSS_PSD_RTOL);
+    gm bad = gm_none();
+    gv maxr = gv_set1(0.0);
+    const double *rsq = r->sq + i0, *ra = r->a + i0, *rs = r->s + i0;
+    const double *csq = c->sq + j0, *ca = c->a + j0, *cs = c->s + j0;
+    size_t j = 0;
+    for (; j + GV_LANES <= len; j += GV_LANES) {
+        row_consts R = {gv_mul(lim, gv_load(rsq + j)), gv_load(ra + j), gv_load(rs + j), c0, c1};
+        gv_store(out + j, vec_entry(mk, &R, gv_load(k + j), gv_load(csq + j), gv_load(ca + j),
+                                    gv_load(cs + j), &bad, &maxr));
+    }
+    if (j < len) { /* tail: pad with a harmless entry (k = 0, unit scales) */
+        double t[7][GV_LANES];
+        for (size_t l = 0; l < GV_LANES; l++) {
+            const int in = j + l < len;
+            t[0][l] = in ? k[j + l] : 0.0;
+            t[1][l] = in ? rsq[j + l] : 1.0;
+            t[2][l] = in ? ra[j + l] : 1.0;
+            t[3][l] = in ? rs[j + l] : 0.0;
+            t[4][l] = in ? csq[j + l] : 1.0;
+            t[5][l] = in ? ca[j + l] : 1.0;
+            t[6][l] = in ? cs[j + l] : 0.0;
+        }
+        row_consts R = {gv_mul(lim, gv_load(t[1])), gv_load(t[2]), gv_load(t[3]), c0, c1};
+        gv_store(t[0], vec_entry(mk, &R, gv_load(t[0]), gv_load(t[4]), gv_load(t[5]),
+                                 gv_load(t[6]), &bad, &maxr));
+        for (size_t l = 0; j + l < len; l++)
+            out[j + l] = t[0][l];
+    }
+    double mr[GV_LANES];
+    gv_store(mr, maxr);
+    for (size_t l = 0; l < GV_LANES; l++)
+        st->maxr = mr[l] > st->maxr ? mr[l] : st->maxr;
+    st->bad |= gm_any(bad);
+}
+
+/* band_vec for the vector kernels; 0 for the others (mapped entry by entry by their seg_fn). */
+static int band_map(const map_plan *P, size_t i0, const double *k, size_t j0, size_t len,
+                    double *out, seg_stats *st)
+{
+    switch (P->mk) {
+    case MK_ASIN: band_vec(MK_ASIN, P, i0, k, j0, len, out, st); return 1;
+    case MK_ABRELU: band_vec(MK_ABRELU, P, i0, k, j0, len, out, st); return 1;
+    case MK_ARCCOS2: band_vec(MK_ARCCOS2, P, i0, k, j0, len, out, st); return 1;
+    case MK_GELU: band_vec(MK_GELU, P, i0, k, j0, len, out, st); return 1;
+    case MK_EXPSQ: band_vec(MK_EXPSQ, P, i0, k, j0, len, out, st); return 1;
+    case MK_GELU_D: band_vec(MK_GELU_D, P, i0, k, j0, len, out, st); return 1;
+    default: return 0;
+    }
+}
+
 static void seg_abrelu(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
                        double *out, seg_stats *st)
 {
@@ -327,57 +385,64 @@ static int prep_alloc(index_prep *p, const tpk_phi *phi, int mk, const tpk_gauss
     p->al = tpk_ctx_allocator(ctx);
     p->len = len;
     const size_t nb = len ? len : 1;
-    p->q = tpk_malloc(ctx, 6 * nb * sizeof *p->q);
+    const int mehler = mk == MK_MEHLER; /* the series' tail and norm per index */
+    p->q = tpk_malloc(ctx, (mehler ? 6 : 4) * nb * sizeof *p->q);
     if (!p->q)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory in tpk_gauss_map");
     p->sq = p->q + nb;
     p->a = p->q + 2 * nb;
     p->s = p->q + 3 * nb;
-    p->tail = p->q + 4 * nb;
-    p->norm = p->q + 5 * nb;
+    p->tail = mehler ? p->q + 4 * nb : NULL;
+    p->norm = mehler ? p->q + 5 * nb : NULL;
+    size_t bad = len; /* the first variance that is not finite and ≥ 0 */
     for (size_t i = 0; i < len; i++) {
         const double qi = q[i * qstride];
-        if (!isfinite(qi) || !(qi >= 0)) {
-            /* in the user's terms: rows and columns of a cross kernel, else the inputs */
-            const char *who = strcmp(what, "qa") == 0 ? "row input"
-                              : strcmp(what, "qb") == 0 ? "column input" : "input";
-            /* NaN comes from an overflow upstream (inf − inf, 0·inf): said as such, not as
-             * "-nan, not a finite variance" (issue 18) */
-            int st = isinf(qi) ? TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu overflowed to "
-                                           "inf: the kernel grows without bound (weight variance "
-                                           "or depth too large for this nonlinearity)", who, i)
-                     : isnan(qi) ? TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu is not a "
-                                             "number: an earlier step overflowed (inf - inf or "
-                                             "0 * inf; a weight variance or the depth too large)",
-                                             who, i)
-                               : TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu is %g, not a "
-                                           "finite variance >= 0", who, i, qi);
-            prep_free(p);
-            return st;
-        }
+        bad = bad == len && !(isfinite(qi) && qi >= 0) ? i : bad;
         p->q[i] = qi;
-        p->sq[i] = sqrt(qi);
-        p->qmax = qi > p->qmax ? qi : p->qmax;
-        const double rq = qi > 0 ? 1.0 / p->sq[i] : 0.0;
-        p->a[i] = rq;
-        p->s[i] = p->sq[i];
-        switch (mk) {
-        case MK_ASIN:
-            if (phi->kind == GK_ERF || phi->kind == GK_ERF_SIGMOID) {
-                /* 2b²k/√((1+2b²q_i)(1+2b²q_j)) = k a_i a_j */
-                const double b2 = phi->kind == GK_ERF ? phi->cb * phi->cb : 1.0;
-                p->a[i] = sqrt(2.0 * b2) / sqrt(1.0 + 2.0 * b2 * qi);
-            }
-            break;
-        case MK_ARCCOS2: p->s[i] = qi; break;
-        case MK_GELU:
-        case MK_GELU_D:
-            p->a[i] = 1.0 / sqrt(1.0 + qi);
-            p->s[i] = qi;
-            break;
-        case MK_EXPSQ: p->s[i] = qi; break;
-        default: break;
+    }
+    if (bad < len) {
+        const double qi = q[bad * qstride];
+        /* in the user's terms: rows and columns of a cross kernel, else the inputs */
+        const char *who = strcmp(what, "qa") == 0 ? "row input"
+                          : strcmp(what, "qb") == 0 ? "column input" : "input";
+        /* NaN comes from an overflow upstream (inf − inf, 0·inf): said as such, not as
+         * "-nan, not a finite variance" (issue 18) */
+        int st = isinf(qi) ? TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu overflowed to "
+                                       "inf: the kernel grows without bound (weight variance "
+                                       "or depth too large for this nonlinearity)", who, bad)
+                 : isnan(qi) ? TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu is not a "
+                                         "number: an earlier step overflowed (inf - inf or "
+                                         "0 * inf; a weight variance or the depth too large)",
+                                         who, bad)
+                           : TPK_ERROR(ctx, TPK_EDOM, "the variance of %s %zu is %g, not a "
+                                       "finite variance >= 0", who, bad, qi);
+        prep_free(p);
+        return st;
+    }
+    /* the per-index arrays in plain loops that vectorise (a flatten CNN prepares 2L maps of
+     * N·Q variances before its first pair) */
+    double qmax = 0.0;
+    for (size_t i = 0; i < len; i++) {
+        const double qi = p->q[i], sq = sqrt(qi);
+        qmax = qi > qmax ? qi : qmax;
+        p->sq[i] = sq;
+        p->a[i] = qi > 0 ? 1.0 / sq : 0.0;
+        p->s[i] = sq;
+    }
+    p->qmax = qmax;
+    if (mk == MK_ASIN && (phi->kind == GK_ERF || phi->kind == GK_ERF_SIGMOID)) {
+        /* 2b²k/√((1+2b²q_i)(1+2b²q_j)) = k a_i a_j */
+        const double b2 = phi->kind == GK_ERF ? phi->cb * phi->cb : 1.0;
+        for (size_t i = 0; i < len; i++)
+            p->a[i] = sqrt(2.0 * b2) / sqrt(1.0 + 2.0 * b2 * p->q[i]);
+    } else if (mk == MK_GELU || mk == MK_GELU_D) {
+        for (size_t i = 0; i < len; i++) {
+            p->a[i] = 1.0 / sqrt(1.0 + p->q[i]);
+            p->s[i] = p->q[i];
         }
+    } else if (mk == MK_ARCCOS2 || mk == MK_EXPSQ) {
+        for (size_t i = 0; i < len; i++)
+            p->s[i] = p->q[i];
     }
     if (mk == MK_MEHLER) {
         const size_t J = ws->J;
@@ -927,6 +992,10 @@ struct tpk_gauss_segmap {
     index_prep ip;
     seg_fn seg;
     int any_zero; /* some variance is 0: segments fix those entries up */
+    double *diag; /* vector kernels: V(q_i, q_i, q_i) of every positive variance, computed at
+                   * preparation by the vector kernel (ρ = 1 exactly: the snap), once per index
+                   * instead of once per segment by the scalar path; NULL for the other kernels */
+    double diag_maxr; /* their largest |asin argument|, for the error bound of segments of them */
     map_fail fail;
     double maxr, errmax;
     tpk_allocator al;
@@ -955,7 +1024,89 @@ tpk_gauss_segmap *tpk_gauss_segmap_alloc(const tpk_phi *phi, const double *q, si
     sm->seg = seg_for(sm->P.mk);
     for (size_t i = 0; i < n && !sm->any_zero; i++)
         sm->any_zero = q[i] == 0;
+    if (sm->P.mk < MK_SCALAR && n > 0) {
+        if (!(sm->diag = tpk_malloc(ctx, n * sizeof *sm->diag))) {
+            tpk_gauss_segmap_free(sm);
+            TPK_ERROR(ctx, TPK_ENOMEM, "out of memory in tpk_gauss_segmap_alloc");
+            return NULL;
+        }
+        seg_stats s1 = {0, 0.0, 0.0};
+        band_map(&sm->P, 0, q, 0, n, sm->diag, &s1);
+        sm->diag_maxr = s1.maxr;
+        /* a zero variance, or a value that failed a check, takes the scalar path at use */
+        for (size_t i = 0; i < n; i++)
+            if (q[i] == 0 || !isfinite(sm->diag[i]))
+                sm->diag[i] = NAN;
+    }
     return sm;
+}
+
+/* The diagonal entry (i, i): the prepared value, else the scalar path; a failure is recorded
+ * (k: where the caller's covariance of the entry is, for the message). */
+static double segmap_diag(tpk_gauss_segmap *sm, size_t i, const double *k, double *errmax)
+{
+    if (sm->diag && !isnan(sm->diag[i]))
+        return sm->diag[i];
+    double v = 0.0, e = 0.0;
+    const double qi = sm->P.r->q[i];
+    if (fixup_entry(&sm->P, qi, qi, qi, qi > 0 ? 1.0 : 0.0, &v, &e, NULL)) {
+        v = NAN; /* record_failure keeps it; report_failure says why */
+        record_failure(&sm->P, i, k, i, 1, &v, &sm->fail);
+    }
+    *errmax = e > *errmax ? e : *errmax;
+    return v;
+}
+
+/* An entry (i, j), i ≠ j, with a zero variance, by the scalar path. */
+static double segmap_zero(tpk_gauss_segmap *sm, size_t i, size_t j, const double *k,
+                          double *errmax)
+{
+    double v = 0.0, e = 0.0;
+    if (fixup_entry(&sm->P, sm->P.r->q[i], sm->P.c->q[j], 0.0, 0.0, &v, &e, NULL)) {
+        v = NAN;
+        record_failure(&sm->P, i, k, j, 1, &v, &sm->fail);
+    }
+    *errmax = e > *errmax ? e : *errmax;
+    return v;
+}
+
+int tpk_gauss_segmap_diagonal(tpk_gauss_segmap *sm, double *out, tpk_ctx *ctx)
+{
+    double errmax = 0.0;
+    for (size_t i = 0; i < sm->ip.len; i++)
+        out[i] = segmap_diag(sm, i, &sm->ip.q[i], &errmax);
+    return sm->fail.any ? report_failure(&sm->P, &sm->fail, ctx) : TPK_OK;
+}
+
+void tpk_gauss_segmap_band(tpk_gauss_segmap *sm, size_t i0, size_t j0, size_t len,
+                           const double *k, double *out, double *maxr, double *errmax)
+{
+    double buf[TILE];
+    const map_plan *P = &sm->P;
+    for (size_t o = 0; o < len; o += TILE) {
+        const size_t l = len - o < TILE ? len - o : TILE, i = i0 + o, j = j0 + o;
+        seg_stats s1 = {0, 0.0, 0.0};
+        if (i == j) { /* the diagonal itself */
+            for (size_t t = 0; t < l; t++)
+                buf[t] = segmap_diag(sm, i + t, k + o + t, errmax);
+            memcpy(out + o, buf, l * sizeof *buf);
+            *maxr = sm->diag_maxr > *maxr ? sm->diag_maxr : *maxr;
+            continue;
+        }
+        if (!band_map(P, i, k + o, j, l, buf, &s1))
+            for (size_t t = 0; t < l; t++)
+                sm->seg(P, i + t, k + o + t, j + t, 1, buf + t, &s1);
+        if (s1.bad)
+            for (size_t t = 0; t < l; t++)
+                record_failure(P, i + t, k + o + t, j + t, 1, buf + t, &sm->fail);
+        if (sm->any_zero)
+            for (size_t t = 0; t < l; t++)
+                if (P->r->q[i + t] == 0 || P->c->q[j + t] == 0)
+                    buf[t] = segmap_zero(sm, i + t, j + t, k + o + t, errmax);
+        memcpy(out + o, buf, l * sizeof *buf);
+        *maxr = s1.maxr > *maxr ? s1.maxr : *maxr;
+        *errmax = s1.errmax > *errmax ? s1.errmax : *errmax;
+    }
 }
 
 /* Built with the kernels' flags (Makefile: -march, -O3) where the framework's sources are not:
@@ -990,28 +1141,12 @@ void tpk_gauss_segmap_row(tpk_gauss_segmap *sm, size_t i, size_t j0, size_t len,
             record_failure(P, i, k + o, j0 + o, l, buf, &sm->fail);
         /* the diagonal and zero variances by the scalar path (as map_sym's fix-ups) */
         const size_t a = j0 + o, b = a + l;
-        if (i >= a && i < b) {
-            double v = 0.0, e = 0.0;
-            const double qi = P->r->q[i];
-            if (fixup_entry(P, qi, qi, qi, qi > 0 ? 1.0 : 0.0, &v, &e, NULL)) {
-                v = NAN; /* record_failure keeps it; report_failure says why */
-                record_failure(P, i, k + o + (i - a), i, 1, &v, &sm->fail);
-            }
-            buf[i - a] = v;
-            *errmax = e > *errmax ? e : *errmax;
-        }
+        if (i >= a && i < b)
+            buf[i - a] = segmap_diag(sm, i, k + o + (i - a), errmax);
         if (sm->any_zero)
-            for (size_t j = a; j < b; j++) {
-                if (j == i || (P->r->q[i] != 0 && P->c->q[j] != 0))
-                    continue;
-                double v = 0.0, e = 0.0;
-                if (fixup_entry(P, P->r->q[i], P->c->q[j], 0.0, 0.0, &v, &e, NULL)) {
-                    v = NAN;
-                    record_failure(P, i, k + o + (j - a), j, 1, &v, &sm->fail);
-                }
-                buf[j - a] = v;
-                *errmax = e > *errmax ? e : *errmax;
-            }
+            for (size_t j = a; j < b; j++)
+                if (j != i && (P->r->q[i] == 0 || P->c->q[j] == 0))
+                    buf[j - a] = segmap_zero(sm, i, j, k + o + (j - a), errmax);
         memcpy(out + o, buf, l * sizeof *buf);
         *maxr = s1.maxr > *maxr ? s1.maxr : *maxr;
         *errmax = s1.errmax > *errmax ? s1.errmax : *errmax;
@@ -1051,6 +1186,7 @@ void tpk_gauss_segmap_free(tpk_gauss_segmap *sm)
         return;
     prep_free(&sm->ip);
     tpk_allocator al = sm->al;
+    tpk_mem_free(&al, sm->diag);
     tpk_mem_free(&al, sm);
 }
 

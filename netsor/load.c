@@ -109,7 +109,7 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
      * IR (ir_support.c); otherwise plan now (liveness: kept for the evaluations) unless it visits
      * too many points; then the first evaluation plans it and `check` stays O(text) */
     char why[TPK_MSG_MAX];
-    int refused = nsr_ir_limit_refusal(p, why, sizeof why, S->ctx);
+    int refused = o && o->no_limit ? 0 : nsr_ir_limit_refusal(p, why, sizeof why, S->ctx);
     if (refused < 0) {
         p->rolled = NULL;
         R->arena = NULL;
@@ -120,7 +120,7 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
     if (refused) {
         st = TPK_ERROR(S->ctx, TPK_EUNSUPPORTED, "%s", why);
         unsup = 1;
-    } else if (pr != NULL && o && o->plan_when_used) {
+    } else if ((pr != NULL && o && o->plan_when_used) || (o && o->no_limit)) {
         deferred = 1; /* the caller evaluates at once: its evaluation plans */
     } else {
         st = nsr_flimit_plan(p, NSR_PLAN_BUDGET, S->ctx, &unsup, &deferred);

@@ -905,9 +905,38 @@ static void test_segmap(void **state)
                 if (fabs(row[j] - R[i * n + j]) > 1e-13 * (1 + fabs(R[i * n + j])))
                     fail_msg("%s (%zu,%zu): %.17g vs %.17g", names[f], i, j, row[j], R[i * n + j]);
         }
+        /* bands (i0 + t, j0 + t), the flatten CNN's pairs, a zero variance among them, and the
+         * diagonal both as a band and whole */
+        double kb[11], diag[11];
+        static const size_t bands[][3] = {{5, 0, 6}, {1, 0, 10}, {6, 2, 5}, {0, 0, 11}, {3, 3, 5}};
+        for (size_t b = 0; b < sizeof bands / sizeof bands[0]; b++) {
+            const size_t i0 = bands[b][0], j0 = bands[b][1], len = bands[b][2];
+            for (size_t t = 0; t < len; t++)
+                kb[t] = M[(i0 + t) * n + j0 + t];
+            tpk_gauss_segmap_band(sm, i0, j0, len, kb, kb, &maxr, &errmax); /* in place */
+            for (size_t t = 0; t < len; t++) {
+                const double want = R[(i0 + t) * n + j0 + t];
+                if (fabs(kb[t] - want) > 1e-13 * (1 + fabs(want)))
+                    fail_msg("%s band (%zu,%zu): %.17g vs %.17g", names[f], i0 + t, j0 + t, kb[t],
+                             want);
+            }
+        }
+        assert_int_equal(tpk_gauss_segmap_diagonal(sm, diag, &ctx), TPK_OK);
+        for (size_t i = 0; i < n; i++)
+            if (fabs(diag[i] - R[i * n + i]) > 1e-13 * (1 + fabs(R[i * n + i])))
+                fail_msg("%s diagonal %zu: %.17g vs %.17g", names[f], i, diag[i], R[i * n + i]);
         tpk_gauss_segmap_merge(sm, maxr, errmax);
         assert_int_equal(tpk_gauss_segmap_finish(sm, &e, &ctx), TPK_OK);
         assert_true(e >= 0 && e < 1e-8);
+        /* a band entry beyond √(q_i q_j): reported with its entry */
+        double bb[2] = {M[7 * n + 2], 2 * sqrt(q[8] * q[3]) + 1};
+        tpk_gauss_segmap_band(sm, 7, 2, 2, bb, bb, &maxr, &errmax);
+        tpk_ctx_clear(&ctx);
+        assert_int_not_equal(tpk_gauss_segmap_finish(sm, NULL, &ctx), TPK_OK);
+        if (!strstr(ctx.msg, "(8,3)"))
+            fail_msg("%s: %s", names[f], ctx.msg);
+        tpk_gauss_segmap_reset(sm);
+        tpk_ctx_clear(&ctx);
         /* a covariance beyond √(q_i q_j): recorded, then reported with its entry */
         double bad = 2 * sqrt(q[4] * q[1]) + 1;
         tpk_gauss_segmap_row(sm, 4, 1, 1, &bad, row, &maxr, &errmax);

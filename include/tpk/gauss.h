@@ -152,6 +152,16 @@ TPK_API tpk_gauss_segmap *tpk_gauss_segmap_alloc(const tpk_phi *phi, const doubl
                                                  const tpk_gauss_ws *ws, tpk_ctx *ctx);
 TPK_API void tpk_gauss_segmap_row(tpk_gauss_segmap *sm, size_t i, size_t j0, size_t len,
                                   const double *k, double *out, double *maxr, double *errmax);
+/* A band instead of a row segment: out[t] = V(S)[i0 + t][j0 + t] from k[t], t < len (the flatten
+ * CNN's image pairs (a, c) over their positions, variances indexed image-major). i0 = j0 is the
+ * diagonal. Zero variances as in _row. out may alias k. */
+TPK_API void tpk_gauss_segmap_band(tpk_gauss_segmap *sm, size_t i0, size_t j0, size_t len,
+                                   const double *k, double *out, double *maxr, double *errmax);
+/* The diagonal, out[i] = V(q_i, q_i, q_i) = E φ(u)² (u ~ N(0, q_i)) for i < n, the same values
+ * the segments give their diagonal entries: a recursion that carries the variances (the flatten
+ * CNN's position diagonals) stays consistent with its off-diagonal entries. A failure is reported
+ * naming the entry. */
+TPK_API int tpk_gauss_segmap_diagonal(tpk_gauss_segmap *sm, double *out, tpk_ctx *ctx);
 /* Segment arithmetic of fused entrywise kernels: y[j] += c·w[j]·x[j] (w NULL: c·x[j]), and
  * y[j] = alpha·y[j] + beta, for j < len; y must not overlap x or w. */
 TPK_API void tpk_gauss_seg_axpy(size_t len, double c, const double *w, const double *x, double *y);
