@@ -84,7 +84,8 @@ static int on_arrays(const char *entry, const tpk_arch *a, const tpk_arch_opts *
                      const tpk_array *X, const tpk_array *Xt, tpk_array **K, tpk_array **Kxt,
                      tpk_array **kdiag, tpk_array *T[3], double *err, tpk_ctx *ctx)
 {
-    if (a && a->custom)
+    const int cnn = a && a->custom == tpk_cnn_job; /* its job also runs on arrays */
+    if (a && a->custom && !cnn)
         return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "architecture %s is computed by its own job, which "
                          "writes HDF5: run it with tpk_arch_job", a->name);
     int st = tpk_array_check_input(X, entry, "X", ctx);
@@ -99,7 +100,19 @@ static int on_arrays(const char *entry, const tpk_arch *a, const tpk_arch_opts *
                        .sets = r->sets, .nsets = r->nsets, .all_outputs = o->all_outputs,
                        .progress = o->progress, .kernel = o->kernel, .ntk_param = o->ntk_param,
                        .ntk_width = o->ntk_width};
-        if (T != NULL) {
+        if (cnn) {
+            tpk_array *B[3];
+            st = tpk_cnn_job_arrays(&job, X, Xt, B, T, err, ctx);
+            *K = B[0];
+            if (Kxt)
+                *Kxt = B[1];
+            else
+                tpk_array_free(B[1]);
+            if (kdiag)
+                *kdiag = B[2];
+            else
+                tpk_array_free(B[2]);
+        } else if (T != NULL) {
             tpk_array *B[3];
             st = tpk_job_kernels_arrays(&job, X, Xt, B, T, err, ctx);
             *K = B[0];

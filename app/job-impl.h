@@ -35,6 +35,11 @@ struct tpk_kernel_job {
  * the inputs are kj->X, kj->Xt as set by the caller (the program's implementation only). */
 int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx);
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx);
+/* The CNN job on inputs in memory (X, Xt borrowed): the blocks of the kernel job->kernel names
+ * into K (training, test × training, test diagonal), or with T both kernels, the NNGP's in K and
+ * the NTK's in T (tpk_arch_kernel, tpk_arch_kernels). */
+int tpk_cnn_job_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
+                       tpk_array *K[3], tpk_array *T[3], double *err, tpk_ctx *ctx);
 
 /* The NTK's root attributes (ntk_parameterization, with 'standard' ntk_width) of a job that
  * computes it; nothing for the NNGP. */

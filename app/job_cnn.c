@@ -36,6 +36,7 @@ typedef struct cnn_job {
     tpk_cnn_params cp;
     int rolled;         /* the rolled program computes (decided for the whole job's batch) */
     int ntk;            /* the job asks for the NTK: kernels/cnn.c computes both */
+    int borrowed;       /* X and Xt are the caller's arrays (tpk_cnn_job_arrays): not freed */
     tpk_allocator al;   /* a kernel job's state (tpk_kjob_cnn_init): its allocator */
 } cnn_job;
 
@@ -43,8 +44,10 @@ static void cnn_job_free(cnn_job *s)
 {
     tpk_h5out_abort(s->out);
     tpk_program_free(s->prog);
-    tpk_array_free(s->X);
-    tpk_array_free(s->Xt);
+    if (!s->borrowed) {
+        tpk_array_free(s->X);
+        tpk_array_free(s->Xt);
+    }
     tpk_array_free(s->Xall);
     tpk_array_free(s->K);
     tpk_array_free(s->T);
@@ -121,7 +124,8 @@ static int settings(const tpk_job *job, cnn_job *s, size_t *rows, size_t *cols, 
     const tpk_array *X = s->X;
     int nd = X->ndim;
     if (s->twod ? nd != 3 && nd != 4 : nd != 2 && nd != 3)
-        return TPK_ERROR(ctx, TPK_EINVAL, "%s: %s inputs must be %s, not rank %d%s", job->input,
+        return TPK_ERROR(ctx, TPK_EINVAL, "%s: %s inputs must be %s, not rank %d%s",
+                         s->borrowed ? "X" : job->input,
                          s->twod ? "cnn2d" : "cnn1d",
                          s->twod ? "images N×H×W×C (C channels; N×H×W is one channel)"
                                  : "signals N×P×C (C channels; N×P is one channel)", nd,
@@ -299,18 +303,20 @@ static int params_from_program(cnn_job *s, size_t rows, size_t cols, size_t C, t
 static int cnn_prepare(const tpk_job *job, cnn_job *s, tpk_ctx *ctx)
 {
     int st;
-    if (!job->program || !job->input)
+    if (!job->program || (!job->input && !s->borrowed))
         return TPK_ERROR(ctx, TPK_EINVAL, "a job needs a program, an input and an output");
     int plan;
     if ((st = tpk_netsor_plan_from_env(&plan, ctx)))
         return st;
     s->twod = (job->label && strcmp(job->label, "cnn2d") == 0) || strstr(job->program, "cnn2d") != NULL;
-    if (!(s->reg = tpk_job_registry(ctx)) || !(s->X = read_input(job->input, &s->xi, ctx)) ||
-        tpk_array_check_scale(s->X, job->input, ctx) ||
-        (job->test && (!(s->Xt = read_input(job->test, &s->ti, ctx)) ||
-                       tpk_array_check_scale(s->Xt, job->test, ctx))))
+    const char *xin = s->borrowed ? "X" : job->input, *tin = s->borrowed ? "Xt" : job->test;
+    if (!(s->reg = tpk_job_registry(ctx)) ||
+        (!s->borrowed && !(s->X = read_input(job->input, &s->xi, ctx))) ||
+        tpk_array_check_scale(s->X, xin, ctx) ||
+        (!s->borrowed && job->test && !(s->Xt = read_input(job->test, &s->ti, ctx))) ||
+        (s->Xt && tpk_array_check_scale(s->Xt, tin, ctx)))
         return ctx->status;
-    if (s->Xt && (st = tpk_array_check_items(s->Xt, job->test, s->X, job->input, ctx)))
+    if (s->Xt && (st = tpk_array_check_items(s->Xt, tin, s->X, xin, ctx)))
         return st;
     if ((st = settings(job, s, &s->rows, &s->cols, &s->C, ctx)))
         return st;
@@ -449,6 +455,79 @@ static int write_kernel(tpk_h5out *out, const char *name, const tpk_array *K, tp
     return st;
 }
 
+/* The job's batch (training then test items) in one kernel, or both: s->K, s->T. */
+static int cnn_batch_all(const tpk_job *job, cnn_job *s, double *err, tpk_ctx *ctx)
+{
+    const tpk_array *Xin = s->X;
+    if (s->Xt) {
+        size_t dims[TPK_ARRAY_MAXDIM];
+        memcpy(dims, s->X->dims, sizeof dims);
+        dims[0] += s->Xt->dims[0];
+        if (!(s->Xall = tpk_array_alloc(s->X->ndim, dims, ctx)))
+            return ctx->status;
+        memcpy(s->Xall->data, s->X->data, tpk_array_size(s->X) * sizeof(double));
+        memcpy(s->Xall->data + tpk_array_size(s->X), s->Xt->data,
+               tpk_array_size(s->Xt) * sizeof(double));
+        Xin = s->Xall;
+    }
+    return cnn_batch(job, s, Xin, &s->K, s->ntk ? &s->T : NULL, err, ctx);
+}
+
+/* A kernel's blocks for the caller: training (the whole kernel without a test set, taken from
+ * *K), test × training, test diagonal. */
+static int take_blocks(tpk_array **K, size_t ntr, size_t nte, tpk_array *B[3], tpk_ctx *ctx)
+{
+    int st = split_blocks(*K, ntr, nte, B, ctx);
+    if (!st && !B[0]) {
+        B[0] = *K;
+        *K = NULL;
+    }
+    return st;
+}
+
+int tpk_cnn_job_arrays(const tpk_job *job, const tpk_array *X, const tpk_array *Xt,
+                       tpk_array *K[3], tpk_array *T[3], double *err, tpk_ctx *ctx)
+{
+    for (int i = 0; i < 3; i++) {
+        K[i] = NULL;
+        if (T)
+            T[i] = NULL;
+    }
+    int st = tpk_array_check_input(X, "tpk_cnn_job_arrays", "X", ctx);
+    if (st || (st = tpk_array_check_input(Xt, "tpk_cnn_job_arrays", "Xt", ctx)))
+        return st;
+    tpk_job j = *job;
+    j.input = j.test = j.output = NULL;
+    if (T)
+        j.kernel = TPK_JOB_BOTH;
+    /* the caller's arrays, borrowed: read, never written or freed */
+    cnn_job s = {.X = (tpk_array *)X, .Xt = (tpk_array *)Xt, .borrowed = 1};
+    double e = 0;
+    if (!(st = cnn_prepare(&j, &s, ctx)) && !(st = cnn_batch_all(&j, &s, &e, ctx))) {
+        const size_t per = cnn_readouts(&s), ntr = X->dims[0] * per;
+        const size_t nte = Xt ? Xt->dims[0] * per : 0;
+        if (T) {
+            st = take_blocks(&s.K, ntr, nte, K, ctx);
+            if (!st)
+                st = take_blocks(&s.T, ntr, nte, T, ctx);
+        } else {
+            st = take_blocks(j.kernel == TPK_JOB_NTK ? &s.T : &s.K, ntr, nte, K, ctx);
+        }
+    }
+    if (!st && err)
+        *err = e;
+    for (int i = 0; st && i < 3; i++) {
+        tpk_array_free(K[i]);
+        K[i] = NULL;
+        if (T) {
+            tpk_array_free(T[i]);
+            T[i] = NULL;
+        }
+    }
+    cnn_job_free(&s);
+    return st;
+}
+
 int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
 {
     cnn_job s = {0};
@@ -469,22 +548,9 @@ int tpk_cnn_job(const tpk_job *job, tpk_ctx *ctx)
         st = ctx->status;
         goto done;
     }
-    const tpk_array *Xin = s.X;
-    if (s.Xt) {
-        size_t dims[TPK_ARRAY_MAXDIM];
-        memcpy(dims, s.X->dims, sizeof dims);
-        dims[0] += s.Xt->dims[0];
-        if (!(s.Xall = tpk_array_alloc(s.X->ndim, dims, ctx))) {
-            st = ctx->status;
-            goto done;
-        }
-        memcpy(s.Xall->data, s.X->data, tpk_array_size(s.X) * sizeof(double));
-        memcpy(s.Xall->data + tpk_array_size(s.X), s.Xt->data, tpk_array_size(s.Xt) * sizeof(double));
-        Xin = s.Xall;
-    }
     const tpk_cnn_params *cp = &s.cp;
     size_t per = cnn_readouts(&s);
-    if ((st = cnn_batch(job, &s, Xin, &s.K, s.ntk ? &s.T : NULL, &err, ctx)))
+    if ((st = cnn_batch_all(job, &s, &err, ctx)))
         goto done;
     size_t ntr = s.X->dims[0] * per, nte = s.Xt ? s.Xt->dims[0] * per : 0;
     const int nngp = job->kernel != TPK_JOB_NTK;

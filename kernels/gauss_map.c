@@ -1033,9 +1033,10 @@ tpk_gauss_segmap *tpk_gauss_segmap_alloc(const tpk_phi *phi, const double *q, si
         seg_stats s1 = {0, 0.0, 0.0};
         band_map(&sm->P, 0, q, 0, n, sm->diag, &s1);
         sm->diag_maxr = s1.maxr;
-        /* a zero variance, or a value that failed a check, takes the scalar path at use */
+        /* a zero variance, a value that failed a check, or one below the smallest normal
+         * double (the scalar path reports the kernel's underflow) takes the scalar path at use */
         for (size_t i = 0; i < n; i++)
-            if (q[i] == 0 || !isfinite(sm->diag[i]))
+            if (q[i] == 0 || !(fabs(sm->diag[i]) >= DBL_MIN && fabs(sm->diag[i]) <= DBL_MAX))
                 sm->diag[i] = NAN;
     }
     return sm;

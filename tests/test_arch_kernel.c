@@ -152,6 +152,21 @@ static void test_same_as_job(void **state)
     tpk_arch_opts oc = {.flags = cf, .nflags = 1, .root = root()};
     assert_int_equal(tpk_arch_job(tpk_arch_find("cnn1d"), &oc, NULL, NULL, out, &ctx), TPK_OK);
     assert_true(tu_h5_has_attr(out, "readout"));
+    /* ... and on arrays, the same job without files: the same numbers */
+    size_t nc = 0;
+    double *Kc = tu_h5_read(out, "/kernel", &nc);
+    char cin[4200];
+    tpk_input_info info;
+    snprintf(cin, sizeof cin, "%s/%s", root(), tpk_arch_find("cnn1d")->input);
+    tpk_array *Xc = tpk_io_read(cin, &info, &ctx), *Kcn = NULL;
+    assert_non_null(Xc);
+    assert_int_equal(tpk_arch_kernel(tpk_arch_find("cnn1d"), &oc, Xc, NULL, &Kcn, NULL, NULL, NULL,
+                                     &ctx), TPK_OK);
+    assert_int_equal(tpk_array_size(Kcn), nc);
+    assert_memory_equal(Kcn->data, Kc, nc * sizeof *Kc);
+    free(Kc);
+    tpk_array_free(Xc);
+    tpk_array_free(Kcn);
 }
 
 /* A program given as text; the sequence length T follows the input; a finite-width run. */
@@ -277,7 +292,7 @@ static void test_errors(void **state)
            TPK_EINVAL, &ctx, "--layernorm is an option of --arch=mlp");
 
     tpk_ctx_clear(&ctx);
-    expect(tpk_arch_kernel(tpk_arch_find("cnn1d"), &o, &X, NULL, &K, NULL, NULL, NULL, &ctx),
+    expect(tpk_arch_kernel(tpk_arch_find("attention"), &o, &X, NULL, &K, NULL, NULL, NULL, &ctx),
            TPK_EUNSUPPORTED, &ctx, "run it with tpk_arch_job");
     tpk_ctx_clear(&ctx);
     expect(tpk_arch_job(mlp, &o, NULL, NULL, NULL, &ctx), TPK_EINVAL, &ctx, "needs an output");

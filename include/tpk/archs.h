@@ -124,8 +124,9 @@ typedef struct tpk_arch_opts {
 } tpk_arch_opts;
 
 /* The architecture's kernel on inputs in memory (tpk_job_kernel_arrays; the arrays as there).
- * Rows with a custom job (cnn1d, cnn2d, attention), whose jobs write HDF5, are TPK_EUNSUPPORTED:
- * run them with tpk_arch_job. Unknown flags are TPK_EINVAL naming the architecture. */
+ * cnn1d and cnn2d run their own job on the arrays (every readout, the NTK beside the NNGP);
+ * attention, whose job writes HDF5, is TPK_EUNSUPPORTED: run it with tpk_arch_job. Unknown flags
+ * are TPK_EINVAL naming the architecture. */
 TPK_API int tpk_arch_kernel(const tpk_arch *a, const tpk_arch_opts *o, const tpk_array *X,
                             const tpk_array *Xt, tpk_array **K, tpk_array **Kxt,
                             tpk_array **kdiag, double *err, tpk_ctx *ctx);

@@ -131,6 +131,29 @@ def test_custom_job_architectures(rng):
     assert Ka.shape == (2, 2)
 
 
+def test_cnn_arrays_match_the_job_file(rng, tmp_path):
+    """cnn1d and cnn2d run their job on the arrays (no scratch file): the blocks are the numbers
+    the same job writes through gpkernel's file, both kernels, with a test set, every readout."""
+    import h5py
+
+    cases = [("cnn1d", rng.normal(size=(4, 7, 2)), dict(depth=2, filter=3, readout="flatten")),
+             ("cnn2d", rng.normal(size=(3, 5, 6, 1)), dict(depth=3, readout="flatten")),
+             ("cnn2d", rng.normal(size=(3, 5, 6)), dict(depth=2, readout="gap", padding="zero"))]
+    for arch, x, args in cases:
+        xt = x[:2] * 0.8 + 0.1
+        k = tpk.kernel(arch, x, xt, get=("nngp", "ntk"), **args)
+        out = tmp_path / f"{arch}-{args['readout']}.h5"
+        tpk.gpkernel(out, arch, x, xt, kernel="both", **args)
+        with h5py.File(out, "r") as f:
+            for name in ("nngp", "ntk"):
+                ds = "kernel" if name == "nngp" else "ntk"
+                got = getattr(k, name)
+                for blk, suffix in zip(got, ("", "_test_train", "_test_diag")):
+                    assert np.array_equal(blk, f[ds + suffix][()]), (arch, name, suffix)
+        T = tpk.kernel(arch, x, get="ntk", **args)  # one kernel: the NTK's blocks alone
+        assert np.allclose(T, k.ntk[0], rtol=1e-13, atol=0)
+
+
 def test_errors(X):
     bad = X.copy()
     bad[3, 1] = np.nan

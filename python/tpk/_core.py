@@ -1,6 +1,7 @@
 """The bridge to the C library (tpk._native, cffi): errors, arrays in and out, strings kept alive,
 long calls that Ctrl-C interrupts."""
 import os
+import queue
 import threading
 
 import numpy as np
@@ -61,6 +62,34 @@ class Cancel:
         return bool(self.flag[0])
 
 
+class _Worker:
+    """The one long-lived thread that runs the main thread's library calls (interruptible). Its
+    OpenMP team and its malloc arena live on between calls: a fresh thread per call paid a new
+    team and fresh pages each time (8 images through cnn2d, depth 8, both kernels: 6.2 ms a call,
+    against 3.6 ms for the library alone). Started on first use; calls run in order."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def submit(self, work, args):
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="tpk-call", daemon=True)
+                self._thread.start()
+        self._queue.put((work, args))
+
+    def _run(self):
+        while True:
+            work, args = self._queue.get()
+            work(*args)
+            del work, args  # what the call held is released now, not at the next call
+
+
+_WORKER = _Worker()
+
+
 def interruptible(fn, cancel=None, hold=()):
     """fn() -- one long call into the library, which releases the GIL (cffi does around every C
     call) -- such that Ctrl-C interrupts it promptly.
@@ -91,7 +120,7 @@ def interruptible(fn, cancel=None, hold=()):
         finally:
             done.set()
 
-    threading.Thread(target=work, args=(hold, cancel), name="tpk-call", daemon=True).start()
+    _WORKER.submit(work, (hold, cancel))
     try:
         while not done.wait(0.25):
             pass

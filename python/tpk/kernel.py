@@ -66,15 +66,13 @@ def _blocks_arch(arch, params, x, x_test, names=("nngp",), parameterization="ntk
     Xt = None if x_test is None else as_input(x_test, "x_test")
     ctx = new_ctx()
     cX, cXt = to_c(X, keep), ffi.NULL if Xt is None else to_c(Xt, keep)
-    if a.custom != ffi.NULL and "ntk" in names:  # cnn1d, cnn2d (attention refuses it in its
-        return _blocks_job(a, o, keep, X, Xt, names)  # own words): their job computes both
     cancel = _core.Cancel()
     o.progress = cancel.progress
     st, blocks = _core.call_kernels(
         names, lambda K, Kx, kd: lib.tpk_arch_kernel(a, o, cX, cXt, K, Kx, kd, ffi.NULL, ctx),
         lambda K3, T3: lib.tpk_arch_kernels(a, o, cX, cXt, K3, T3, ffi.NULL, ctx), cancel, ctx)
-    if st == lib.TPK_EUNSUPPORTED:  # a row with its own job, which writes HDF5
-        return _blocks_job(a, o, keep, X, Xt, names)
+    if st == lib.TPK_EUNSUPPORTED:  # attention: its own job, which writes HDF5 (and refuses
+        return _blocks_job(a, o, keep, X, Xt, names)  # the NTK in its own words)
     return blocks
 
 
