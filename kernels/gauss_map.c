@@ -140,51 +140,13 @@ static ALWAYS_INLINE gv vec_entry(const int mk, const row_consts *R, gv k, gv cs
     return out;
 }
 
-static ALWAYS_INLINE void seg_vec(const int mk, const map_plan *P, size_t i, const double *k,
-                                  size_t j0, size_t len, double *out, seg_stats *st)
-{
-    const index_prep *r = P->r, *c = P->c;
-    row_consts R = {gv_set1((1.0 + GAUSS_PSD_RTOL) * r->sq[i]), gv_set1(r->a[i]), gv_set1(r->s[i]),
-                    gv_set1(P->c0), gv_set1(P->c1)};
-    gm bad = gm_none();
-    gv maxr = gv_set1(0.0);
-    const double *csq = c->sq + j0, *ca = c->a + j0, *cs = c->s + j0;
-    size_t j = 0;
-    for (; j + GV_LANES <= len; j += GV_LANES)
-        gv_store(out + j, vec_entry(mk, &R, gv_load(k + j), gv_load(csq + j), gv_load(ca + j),
-                                    gv_load(cs + j), &bad, &maxr));
-    if (j < len) {
-        /* tail: pad with a harmless entry (k = 0, unit scales) */
-        double tk[GV_LANES], tsq[GV_LANES], ta[GV_LANES], ts[GV_LANES], to[GV_LANES];
-        for (size_t l = 0; l < GV_LANES; l++) {
-            const int in = j + l < len;
-            tk[l] = in ? k[j + l] : 0.0;
-            tsq[l] = in ? csq[j + l] : 1.0;
-            ta[l] = in ? ca[j + l] : 1.0;
-            ts[l] = in ? cs[j + l] : 0.0;
-        }
-        gv_store(to, vec_entry(mk, &R, gv_load(tk), gv_load(tsq), gv_load(ta), gv_load(ts), &bad,
-                               &maxr));
-        for (size_t l = 0; j + l < len; l++)
-            out[j + l] = to[l];
-    }
-    double mr[GV_LANES];
-    gv_store(mr, maxr);
-    for (size_t l = 0; l < GV_LANES; l++)
-        st->maxr = mr[l] > st->maxr ? mr[l] : st->maxr;
-    st->bad |= gm_any(bad);
-}
-
-static void seg_asin(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
-                     double *out, seg_stats *st)
-{
-    seg_vec(MK_ASIN, P, i, k, j0, len, out, st);
-}
-
-/* Entries (i0 + t, j0 + t), t < len: a band parallel to the diagonal, row and column arrays both
- * contiguous (the flatten CNN's pairs of images (a, c), one position after the other). */
-static ALWAYS_INLINE void band_vec(const int mk, const map_plan *P, size_t i0, const double *k,
-                                   size_t j0, size_t len, double *out, seg_stats *st)
+/* Entries (i0 + rstep·t, j0 + t), t < len: with rstep = 0 a row segment (the row's constants
+ * broadcast), with rstep = 1 a band parallel to the diagonal, row and column arrays both
+ * contiguous (the flatten CNN's pairs of images (a, c), one position after the other). rstep is
+ * a constant at every call, so each form compiles to its own loop. */
+static ALWAYS_INLINE void strip_vec(const int mk, const int rstep, const map_plan *P, size_t i0,
+                                    const double *k, size_t j0, size_t len, double *out,
+                                    seg_stats *st)
 {
     const index_prep *r = P->r, *c = P->c;
     const gv c0 = gv_set1(P->c0), c1 = gv_set1(P->c1), lim = gv_set1(1.0 + GAUSS_PSD_RTOL);
@@ -192,9 +154,12 @@ static ALWAYS_INLINE void band_vec(const int mk, const map_plan *P, size_t i0, c
     gv maxr = gv_set1(0.0);
     const double *rsq = r->sq + i0, *ra = r->a + i0, *rs = r->s + i0;
     const double *csq = c->sq + j0, *ca = c->a + j0, *cs = c->s + j0;
+    const row_consts R1 = {gv_mul(lim, gv_set1(rsq[0])), gv_set1(ra[0]), gv_set1(rs[0]), c0, c1};
     size_t j = 0;
     for (; j + GV_LANES <= len; j += GV_LANES) {
-        row_consts R = {gv_mul(lim, gv_load(rsq + j)), gv_load(ra + j), gv_load(rs + j), c0, c1};
+        const row_consts R = rstep ? (row_consts){gv_mul(lim, gv_load(rsq + j)), gv_load(ra + j),
+                                                  gv_load(rs + j), c0, c1}
+                                   : R1;
         gv_store(out + j, vec_entry(mk, &R, gv_load(k + j), gv_load(csq + j), gv_load(ca + j),
                                     gv_load(cs + j), &bad, &maxr));
     }
@@ -202,10 +167,11 @@ static ALWAYS_INLINE void band_vec(const int mk, const map_plan *P, size_t i0, c
         double t[7][GV_LANES];
         for (size_t l = 0; l < GV_LANES; l++) {
             const int in = j + l < len;
+            const size_t ri = rstep ? j + l : 0;
             t[0][l] = in ? k[j + l] : 0.0;
-            t[1][l] = in ? rsq[j + l] : 1.0;
-            t[2][l] = in ? ra[j + l] : 1.0;
-            t[3][l] = in ? rs[j + l] : 0.0;
+            t[1][l] = in ? rsq[ri] : 1.0;
+            t[2][l] = in ? ra[ri] : 1.0;
+            t[3][l] = in ? rs[ri] : 0.0;
             t[4][l] = in ? csq[j + l] : 1.0;
             t[5][l] = in ? ca[j + l] : 1.0;
             t[6][l] = in ? cs[j + l] : 0.0;
@@ -221,6 +187,24 @@ static ALWAYS_INLINE void band_vec(const int mk, const map_plan *P, size_t i0, c
     for (size_t l = 0; l < GV_LANES; l++)
         st->maxr = mr[l] > st->maxr ? mr[l] : st->maxr;
     st->bad |= gm_any(bad);
+}
+
+static ALWAYS_INLINE void seg_vec(const int mk, const map_plan *P, size_t i, const double *k,
+                                  size_t j0, size_t len, double *out, seg_stats *st)
+{
+    strip_vec(mk, 0, P, i, k, j0, len, out, st);
+}
+
+static ALWAYS_INLINE void band_vec(const int mk, const map_plan *P, size_t i0, const double *k,
+                                   size_t j0, size_t len, double *out, seg_stats *st)
+{
+    strip_vec(mk, 1, P, i0, k, j0, len, out, st);
+}
+
+static void seg_asin(const map_plan *P, size_t i, const double *k, size_t j0, size_t len,
+                     double *out, seg_stats *st)
+{
+    seg_vec(MK_ASIN, P, i, k, j0, len, out, st);
 }
 
 /* band_vec for the vector kernels; 0 for the others (mapped entry by entry by their seg_fn). */

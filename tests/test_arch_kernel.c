@@ -294,6 +294,13 @@ static void test_errors(void **state)
     tpk_ctx_clear(&ctx);
     expect(tpk_arch_kernel(tpk_arch_find("attention"), &o, &X, NULL, &K, NULL, NULL, NULL, &ctx),
            TPK_EUNSUPPORTED, &ctx, "run it with tpk_arch_job");
+    /* the CNN's job on arrays: an N×d matrix is no image batch, said in the arrays' names */
+    tpk_ctx_clear(&ctx);
+    const tpk_arch_flag cf[] = {{.flag = "depth", .value = "2"}};
+    tpk_arch_opts oc = {.flags = cf, .nflags = 1, .root = root()};
+    expect(tpk_arch_kernel(tpk_arch_find("cnn2d"), &oc, &X, NULL, &K, NULL, NULL, NULL, &ctx),
+           TPK_EINVAL, &ctx, "X: cnn2d inputs must be images");
+    assert_null(K);
     tpk_ctx_clear(&ctx);
     expect(tpk_arch_job(mlp, &o, NULL, NULL, NULL, &ctx), TPK_EINVAL, &ctx, "needs an output");
     tpk_ctx_clear(&ctx);
