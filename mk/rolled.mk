@@ -11,6 +11,10 @@ NT_VENV_OK := $(NT_VENV)/.requirements.txt
 $(NT_VENV_OK): bench/rolled/requirements.txt scripts/python-venv.sh
 	@PYTHON3=$(PYTHON3) sh scripts/python-venv.sh $(NT_VENV) bench/rolled/requirements.txt
 
+# The toolkit's own Python package goes into the same venv (cffi over libtpk.a, as check-python
+# installs it), so item (e) times tpk.kernel in neural-tangents' process beside its compiled call.
 .PHONY: bench-rolled
-bench-rolled: tools $(NT_VENV_OK)
+bench-rolled: tools $(STATIC) $(NT_VENV_OK)
+	@TPK_BUILD=$(BUILD) $(NT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+	    --force-reinstall --no-deps ./python
 	@sh scripts/bench-rolled.sh $(BUILD) $(if $(TOY),--toy) $(if $(STRICT),--strict)

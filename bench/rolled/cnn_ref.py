@@ -25,6 +25,11 @@ Usage: cnn_ref.py --input=X.npy (N×H×W×C) [--depth=3 --filter=3 --padding=cir
 
 --get=both times kernel_fn(x, None, ("nngp", "ntk")) (parameterization='ntk', issue 35's speed
 line) and writes the NTK with --output-ntk.
+
+--tpk also times tpk.kernel("cnn2d", ...) (the toolkit's Python package, installed in this venv
+by `make bench-rolled`) on the same array in the same process, first and second call, and checks
+it against the file gpkernel wrote (--compare) or neural-tangents' kernel:
+  tpk_first_s <s>  tpk_second_s <s>  tpk_rel_diff <d>
 """
 import argparse
 import os
@@ -53,6 +58,34 @@ def build_kernel_fn(channels, depth, filt, padding, sw2, sb2, su2, sv2, sob2, re
     return kernel_fn
 
 
+def time_tpk(a, x, K, Th, su2, sv2, sob2):
+    """tpk.kernel on the same array, in this process: the call a Python user makes, beside
+    neural-tangents' compiled call (no process start, no files on either side)."""
+    import tpk
+
+    args = dict(depth=a.depth, filter=a.filter, padding=a.padding, readout=a.readout,
+                sigma_w2=a.sigma_w2, sigma_b2=a.sigma_b2, sigma_u2=su2, sigma_v2=sv2,
+                set={"sigma_ob2": sob2}, get=("nngp", "ntk") if a.get == "both" else "nngp")
+
+    def call():
+        k = tpk.kernel("cnn2d", x, **args)
+        return (k.nngp, k.ntk) if a.get == "both" else (k, None)
+
+    t0 = time.perf_counter()
+    call()
+    t_first = time.perf_counter() - t0
+    second = []
+    for _ in range(max(1, a.repeat)):
+        t1 = time.perf_counter()
+        G, Tg = call()
+        second.append(time.perf_counter() - t1)
+    d = np.max(np.abs(G - K)) / np.max(np.abs(K))
+    if Tg is not None:
+        d = max(d, np.max(np.abs(Tg - Th)) / np.max(np.abs(Th)))
+    print(f"tpk_first_s {t_first:.6f}  tpk_second_s {float(np.median(second)):.6f}  "
+          f"tpk_rel_diff {d:.3e}  (median of {len(second)})")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--input", required=True, help="N×H×W×C .npy")
@@ -71,6 +104,8 @@ def main(argv=None):
     p.add_argument("--get", choices=("nngp", "both"), default="nngp")
     p.add_argument("--output-ntk", help="with --get=both: write the N×N NTK as .npy")
     p.add_argument("--compare", help="gpkernel output FILE.h5 (/kernel): print max abs diff")
+    p.add_argument("--tpk", action="store_true",
+                   help="also time tpk.kernel in this process (see above)")
     a = p.parse_args(argv)
     su2 = a.sigma_w2 if a.sigma_u2 is None else a.sigma_u2
     sv2 = a.sigma_w2 if a.sigma_v2 is None else a.sigma_v2
@@ -109,8 +144,10 @@ def main(argv=None):
     print(f"cnn_ref: N={x.shape[0]} {x.shape[1]}x{x.shape[2]}x{x.shape[3]} depth={a.depth} "
           f"(jax {jax.__version__}, x64, {jax.devices()[0].platform}; imports "
           f"{t0 - t_import:.2f} s)")
-    print(f"nt_first_s {t_first:.4f}  nt_second_s {float(np.median(second)):.4f}"
+    print(f"nt_first_s {t_first:.6f}  nt_second_s {float(np.median(second)):.6f}"
           f"  (median of {len(second)})")
+    if a.tpk:
+        time_tpk(a, x, K, Th, su2, sv2, sob2)
     if a.output:
         np.save(a.output, K)
     if a.compare:
