@@ -126,8 +126,10 @@ $(BUILD)/obj/kernels/%.o: kernels/%.c | $(DEPS_OK)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
-# φ's batched evaluation calls libmvec from `omp simd` loops, which needs math errno off.
+# φ's batched evaluation calls libmvec from `omp simd` loops, which needs math errno off; the
+# CNN's float maps take square roots in loops that vectorise only without it (no code reads errno).
 $(BUILD)/obj/kernels/phi.o: KERNEL_FLAGS += -fno-math-errno
+$(BUILD)/obj/kernels/cnn.o: KERNEL_FLAGS += -fno-math-errno
 
 $(BUILD)/obj/bench/%.o: bench/%.c | $(DEPS_OK)
 	@mkdir -p $(@D)

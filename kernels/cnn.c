@@ -538,61 +538,63 @@ static int diag_variances(const tpk_cnn_params *p, const grid *g, const double *
  * diag_box with m = 1, vectorised along the rows: each row is copied once with its padding (the
  * wrapped columns, or zeros), then the taps are plain shifted sums. out may alias in (the passes
  * go through tmp, which holds Q + S + kw values). */
-static void plane_box(const grid *g, double alpha, double beta, const double *in, double *out,
-                      double *tmp)
-{
-    const long R = (long)g->R, S = (long)g->S, W = S + g->kw - 1;
-    double *restrict pad = tmp + g->Q;
-    for (long r = 0; r < R; r++) {
-        const double *restrict src = in + r * S;
-        double *restrict dst = tmp + r * S;
-        for (long t = 0; t < W; t++) { /* the row itself, and its kw − 1 padding columns */
-            if (t == g->cs && S > 0) {
-                memcpy(pad + t, src, (size_t)S * sizeof *pad);
-                t += S - 1;
-                continue;
-            }
-            long ss = axis_pos(t - g->cs, 0, S, g->circular);
-            pad[t] = ss >= 0 ? src[ss] : 0.0;
-        }
-        if (g->kw == 3) { /* the common filter in one pass */
-            for (long s = 0; s < S; s++)
-                dst[s] = pad[s] + pad[s + 1] + pad[s + 2];
-            continue;
-        }
-        for (long s = 0; s < S; s++)
-            dst[s] = pad[s];
-        for (int j = 1; j < g->kw; j++)
-            for (long s = 0; s < S; s++)
-                dst[s] += pad[s + j];
-    }
-    for (long r = 0; r < R; r++) {
-        double *restrict dst = out + r * S;
-        if (g->kh == 3 && g->circular) { /* the common filter in one pass */
-            const double *restrict t0 = tmp + (r == 0 ? R - 1 : r - 1) * S, *restrict t1 = tmp + r * S,
-                                   *restrict t2 = tmp + (r + 1 == R ? 0 : r + 1) * S;
-            for (long s = 0; s < S; s++)
-                dst[s] = alpha * (t0[s] + t1[s] + t2[s]) + beta;
-            continue;
-        }
-        int first = 1;
-        for (int i = 0; i < g->kh; i++) {
-            long rr = axis_pos(r, i - g->cr, R, g->circular);
-            if (rr < 0)
-                continue;
-            const double *restrict src = tmp + rr * S;
-            if (first)
-                for (long s = 0; s < S; s++)
-                    dst[s] = src[s];
-            else
-                for (long s = 0; s < S; s++)
-                    dst[s] += src[s];
-            first = 0;
-        }
-        for (long s = 0; s < S; s++)
-            dst[s] = first ? beta : alpha * dst[s] + beta;
-    }
+#define DEFINE_PLANE_BOX(NAME, T)                                                                  \
+static void NAME(const grid *g, T alpha, T beta, const T *in, T *out, T *tmp)                      \
+{                                                                                                  \
+    const long R = (long)g->R, S = (long)g->S, W = S + g->kw - 1;                                  \
+    T *restrict pad = tmp + g->Q;                                                                  \
+    for (long r = 0; r < R; r++) {                                                                 \
+        const T *restrict src = in + r * S;                                                        \
+        T *restrict dst = tmp + r * S;                                                             \
+        for (long t = 0; t < W; t++) { /* the row itself, and its kw − 1 padding columns */        \
+            if (t == g->cs && S > 0) {                                                             \
+                memcpy(pad + t, src, (size_t)S * sizeof *pad);                                     \
+                t += S - 1;                                                                        \
+                continue;                                                                          \
+            }                                                                                      \
+            long ss = axis_pos(t - g->cs, 0, S, g->circular);                                      \
+            pad[t] = ss >= 0 ? src[ss] : 0.0;                                                      \
+        }                                                                                          \
+        if (g->kw == 3) { /* the common filter in one pass */                                      \
+            for (long s = 0; s < S; s++)                                                           \
+                dst[s] = pad[s] + pad[s + 1] + pad[s + 2];                                         \
+            continue;                                                                              \
+        }                                                                                          \
+        for (long s = 0; s < S; s++)                                                               \
+            dst[s] = pad[s];                                                                       \
+        for (int j = 1; j < g->kw; j++)                                                            \
+            for (long s = 0; s < S; s++)                                                           \
+                dst[s] += pad[s + j];                                                              \
+    }                                                                                              \
+    for (long r = 0; r < R; r++) {                                                                 \
+        T *restrict dst = out + r * S;                                                             \
+        if (g->kh == 3 && g->circular) { /* the common filter in one pass */                       \
+            const T *restrict t0 = tmp + (r == 0 ? R - 1 : r - 1) * S, *restrict t1 = tmp + r * S, \
+                                   *restrict t2 = tmp + (r + 1 == R ? 0 : r + 1) * S;              \
+            for (long s = 0; s < S; s++)                                                           \
+                dst[s] = alpha * (t0[s] + t1[s] + t2[s]) + beta;                                   \
+            continue;                                                                              \
+        }                                                                                          \
+        int first = 1;                                                                             \
+        for (int i = 0; i < g->kh; i++) {                                                          \
+            long rr = axis_pos(r, i - g->cr, R, g->circular);                                      \
+            if (rr < 0)                                                                            \
+                continue;                                                                          \
+            const T *restrict src = tmp + rr * S;                                                  \
+            if (first)                                                                             \
+                for (long s = 0; s < S; s++)                                                       \
+                    dst[s] = src[s];                                                               \
+            else                                                                                   \
+                for (long s = 0; s < S; s++)                                                       \
+                    dst[s] += src[s];                                                              \
+            first = 0;                                                                             \
+        }                                                                                          \
+        for (long s = 0; s < S; s++)                                                               \
+            dst[s] = first ? beta : alpha * dst[s] + beta;                                         \
+    }                                                                                              \
 }
+DEFINE_PLANE_BOX(plane_box, double)
+DEFINE_PLANE_BOX(plane_box_f32, float) /* kernel_flatten_f32's */
 
 /* Image blocks of the flatten kernel: pairs of blocks are its units of work, at most this many
  * images a side (the blocks' variances, all layers, stay in the last-level cache). */
@@ -759,41 +761,6 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
 
 /* ---- flatten in float32 ---------------------------------------------------------------------- */
 
-/* Box sum of diag_box in float (m values per position, separable through tmp). */
-static void diag_box_f32(const grid *g, size_t m, float alpha, float beta, const float *in,
-                         float *out, float *tmp)
-{
-    const long R = (long)g->R, S = (long)g->S;
-    for (long r = 0; r < R; r++)
-        for (long s = 0; s < S; s++) {
-            float *restrict dst = tmp + (size_t)(r * S + s) * m;
-            memset(dst, 0, m * sizeof *dst);
-            for (int j = 0; j < g->kw; j++) {
-                long ss = axis_pos(s, j - g->cs, S, g->circular);
-                if (ss < 0)
-                    continue;
-                const float *restrict src = in + (size_t)(r * S + ss) * m;
-                for (size_t i = 0; i < m; i++)
-                    dst[i] += src[i];
-            }
-        }
-    for (long r = 0; r < R; r++)
-        for (long s = 0; s < S; s++) {
-            float *restrict dst = out + (size_t)(r * S + s) * m;
-            memset(dst, 0, m * sizeof *dst);
-            for (int i = 0; i < g->kh; i++) {
-                long rr = axis_pos(r, i - g->cr, R, g->circular);
-                if (rr < 0)
-                    continue;
-                const float *restrict src = tmp + (size_t)(rr * S + s) * m;
-                for (size_t t = 0; t < m; t++)
-                    dst[t] += src[t];
-            }
-            for (size_t t = 0; t < m; t++)
-                dst[t] = alpha * dst[t] + beta;
-        }
-}
-
 /* asin in float on [−1, 1], branch-free so that the map's loop vectorises: Cephes' asinf (a
  * degree-4 polynomial in z = x² on |x| ≤ 1/2; above, asin x = π/2 − 2 asin √((1 − |x|)/2));
  * peak relative error 2.5e-7 (Cephes' documentation) ≈ 4 float ulps. */
@@ -823,40 +790,68 @@ enum { F32_ABRELU, F32_ERF, F32_IDENTITY, F32_WIDE };
  * units of the float epsilon times the map's scale (gauss_map.c's vector bound uses 16 too). */
 #define F32_MAP_ULPS 16.0
 
-/* A position's map runs on the threads from this many entries (gauss_map.c's PAR_MIN_ENTRIES). */
-#define F32_PAR_MIN_ENTRIES 16384
-
-/* Row a, columns 0..a of one position's N×N block, in place: the closed-form float maps. sq, ra:
- * the images' √q and 1/√q (erf: a); returns 1 when an entry is not PSD within F32_PSD_ULPS. */
-static int map_row_f32(int mode, float c0, float c1, size_t a, const float *sq, const float *ra,
-                       float *row)
+/* A band of one pair's positions in place: v[p] ↦ the closed-form float map of the covariance
+ * v[p] between images a and c at p, whose √q and 1/√q (erf: its a) are sqa/raa and sqc/rac at
+ * p. Returns n, or (v unchanged) the first p whose entry is not PSD within F32_PSD_ULPS. */
+static size_t map_band_f32(int mode, float c0, float c1, const float *restrict sqa,
+                           const float *restrict raa, const float *restrict sqc,
+                           const float *restrict rac, float *restrict v, size_t n)
 {
-    const float lim = 1.0f + (float)(F32_PSD_ULPS * FLT_EPSILON), ras = ra[a], sqa = sq[a];
-    int bad = 0;
+    const float lim = 1.0f + (float)(F32_PSD_ULPS * FLT_EPSILON);
     if (mode == F32_IDENTITY)
-        return 0;
-    for (size_t c = 0; c < a; c++) {
-        float x = row[c] * ras * ra[c];
-        bad |= !(fabsf(x) <= lim);
-        x = x > 1.0f ? 1.0f : x < -1.0f ? -1.0f : x;
-        if (mode == F32_ERF) {
-            row[c] = c1 * asin_f32(x);
-        } else {
-            const float w = sqrtf((1.0f - x) * (1.0f + x));
-            row[c] = sqa * sq[c] * (c0 * w + (c1 + c0 * asin_f32(x)) * x);
+        return n;
+    int bad = 0;
+    for (size_t t = 0; t < n; t++) /* a check pass first: the map overwrites v */
+        bad |= !(fabsf(v[t] * raa[t] * rac[t]) <= lim);
+    for (size_t t = 0; bad && t < n; t++)
+        if (!(fabsf(v[t] * raa[t] * rac[t]) <= lim))
+            return t;
+    if (mode == F32_ERF) { /* one loop per map, so that each vectorises */
+        for (size_t t = 0; t < n; t++) {
+            float x = v[t] * raa[t] * rac[t];
+            x = x > 1.0f ? 1.0f : x < -1.0f ? -1.0f : x;
+            v[t] = c1 * asin_f32(x);
         }
+        return n;
     }
-    return bad;
+    for (size_t t = 0; t < n; t++) {
+        float x = v[t] * raa[t] * rac[t];
+        x = x > 1.0f ? 1.0f : x < -1.0f ? -1.0f : x;
+        const float w = sqrtf((1.0f - x) * (1.0f + x));
+        v[t] = sqa[t] * sqc[t] * (c0 * w + (c1 + c0 * asin_f32(x)) * x);
+    }
+    return n;
 }
 
-/* The flatten recursion of kernel_flatten in float: D (P blocks of N×N floats) stored, box-summed
- * and mapped in float; the per-image variances q (diag_variances) and the diagonal entries V_φ(q)
- * in double, once per image, position and layer; the channel sums of the first layer and the
- * readout's sum over positions accumulate in double. Error analysis: theory.md §2.8. */
+/* The first failing (layer, position) of the float path, lexicographically (threads race). */
+typedef struct f32_fail {
+    int any;
+    size_t l, pos;
+} f32_fail;
+
+static void f32_record(f32_fail *f, size_t l, size_t pos)
+{
+#pragma omp critical(tpk_cnn_f32_fail)
+    if (!f->any || l < f->l || (l == f->l && pos < f->pos)) {
+        f->l = l;
+        f->pos = pos;
+#pragma omp atomic write
+        f->any = 1;
+    }
+}
+
+/* The flatten recursion of kernel_flatten in float, pair by pair as there: each pair's Q
+ * covariances box-summed and mapped in float through every layer; the per-image variances q
+ * (diag_variances), their scales and the diagonal entries V_φ(q) in double, once per image,
+ * position and layer (the diagonal pairs are those double values); the channel sums of the first
+ * layer and the readout's sum over positions accumulate in double. φ without a float closed form
+ * (F32_WIDE) is mapped in double from the float values, clamped to the variances (the layer's
+ * segment map, as kernel_flatten's). Error analysis: theory.md §2.8. Before, the path kept Q
+ * blocks of N×N floats and took 1.5 s for 200 images at depth 8, 4.5× the double path. */
 static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
                               const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
 {
-    const size_t Q = g->Q, C = p->channels, m = N * N, L = (size_t)p->depth;
+    const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth, NQ = N * Q;
     const double taps = (double)p->kh * p->kw, u = FLT_EPSILON / 2;
     const tpk_phi *phi = p->phi;
     const int mode = phi->kind == GK_ABRELU ? F32_ABRELU : phi->kind == GK_ERF ? F32_ERF
@@ -870,95 +865,41 @@ static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const doub
         b2 = phi->cb * phi->cb;
         c1 = (float)(2 / M_PI);
     }
-    float *D = tpk_malloc(ctx, Q * m * sizeof *D), *T = tpk_malloc(ctx, Q * m * sizeof *T);
-    float *sq = tpk_malloc(ctx, 2 * N * sizeof *sq);
-    double *q = tpk_malloc(ctx, L * N * Q * sizeof *q), *dv = tpk_malloc(ctx, N * Q * sizeof *dv);
-    double *wide = mode == F32_WIDE ? tpk_malloc(ctx, (m + N) * sizeof *wide) : NULL;
-    double *qcol = wide ? wide + m : NULL; /* the variances of one position, F32_WIDE */
+    /* per layer l, image a, position p at l·NQ + a·Q + p: variance, diagonal value, √q, scale */
+    double *q = tpk_malloc(ctx, 2 * L * NQ * sizeof *q), *dv = q ? q + L * NQ : NULL;
+    float *sqf = tpk_malloc(ctx, 2 * L * NQ * sizeof *sqf), *raf = sqf ? sqf + L * NQ : NULL;
+    double *el = tpk_calloc(ctx, 2 * L, sizeof *el), *rnd = el ? el + L : NULL; /* per layer: the
+                                                        * maps' error, the float rounding's */
+    tpk_gauss_segmap **sm = mode == F32_WIDE ? tpk_calloc(ctx, L, sizeof *sm) : NULL;
     int st = TPK_OK;
-    if (!D || !T || !sq || !q || !dv || (mode == F32_WIDE && !wide)) {
-        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu positions x %zu^2 inputs, float)", Q, N);
+    if (!q || !sqf || !el || (mode == F32_WIDE && !sm)) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zu positions x %zu inputs, float)", Q, N);
         goto done;
     }
-    float *ra = sq + N;
     if ((st = diag_variances(p, g, X, N, ws, q, ctx)))
         goto done;
-    for (size_t pos = 0; pos < Q; pos++) /* per-position Gram matrices (channel sums in double) */
-        for (size_t a = 0; a < N; a++)
-            for (size_t c = 0; c <= a; c++) {
-                double s = 0;
-                for (size_t ch = 0; ch < C; ch++)
-                    s += X[(a * Q + pos) * C + ch] * X[(c * Q + pos) * C + ch];
-                T[pos * m + a * N + c] = T[pos * m + c * N + a] = (float)(s / (double)C);
-            }
-    memcpy(D, T, Q * m * sizeof *D);
-    diag_box_f32(g, m, (float)(p->sigma_u2 / taps), (float)p->sigma_b2, D, D, T);
-    double e = 0;
     for (size_t l = 0; l < L && !st; l++) {
-        double qmax = 0, vmax = 0, rmax = 0, el = 0;
-        for (size_t pos = 0; pos < Q && !st; pos++) {
-            float *B = D + pos * m;
-            /* the images' scales and diagonal values, in double, once per image */
-            for (size_t a = 0; a < N && !st; a++) {
-                const double v = q[(l * N + a) * Q + pos];
-                tpk_estimate r;
-                st = tpk_gauss_expect2(phi, v, v, v, ws, &r, ctx);
-                dv[a * Q + pos] = r.value;
-                qmax = fmax(qmax, v);
-                vmax = fmax(vmax, fabs(r.value));
-                el = fmax(el, r.err);
-                sq[a] = (float)sqrt(v);
-                ra[a] = mode == F32_ERF ? (float)(sqrt(2 * b2) / sqrt(1 + 2 * b2 * v))
-                                        : v > 0 ? (float)(1 / sqrt(v)) : 0.0f;
-                if (mode == F32_ERF)
-                    rmax = fmax(rmax, 2 * b2 * v / (1 + 2 * b2 * v));
-            }
-            if (st)
-                break;
-            if (mode == F32_WIDE) { /* the double map on the float values, clamped as ρ is */
-                const double tol = 1 + F32_PSD_ULPS * FLT_EPSILON;
-                int bad = 0;
-                for (size_t a = 0; a < N; a++)
-                    qcol[a] = q[(l * N + a) * Q + pos];
-                for (size_t a = 0; a < N; a++)
-                    for (size_t c = 0; c < N; c++) {
-                        const double k = B[a * N + c], lim = sqrt(qcol[a] * qcol[c]);
-                        bad |= !(fabs(k) <= tol * lim);
-                        wide[a * N + c] = fmax(-lim, fmin(lim, k));
-                    }
-                if (bad) {
-                    st = TPK_ERROR(ctx, TPK_EDOM, "layer %zu, position %zu: a covariance exceeds "
-                                   "its variances beyond float rounding (not PSD)", l + 1, pos);
-                    break;
-                }
-                double ew = 0;
-                st = tpk_gauss_map_cross(phi, qcol, N, qcol, N, wide, wide, ws, &ew, ctx);
-                el = fmax(el, ew);
-                for (size_t i = 0; i < m; i++)
-                    B[i] = (float)wide[i];
-            } else {
-                int bad = 0;
-                /* threaded as tpk_gauss_map is, above the same size (16384 entries) */
-#pragma omp parallel for schedule(dynamic, 16) reduction(| : bad) if (m >= F32_PAR_MIN_ENTRIES)
-                for (size_t a = 0; a < N; a++)
-                    bad |= map_row_f32(mode, c0, c1, a, sq, ra, B + a * N);
-                if (bad) {
-                    st = TPK_ERROR(ctx, TPK_EDOM, "layer %zu, position %zu: a covariance exceeds "
-                                   "its variances beyond float rounding (not PSD)", l + 1, pos);
-                    break;
-                }
-                for (size_t a = 0; a < N; a++)
-                    for (size_t c = 0; c < a; c++)
-                        B[c * N + a] = B[a * N + c];
-            }
-            for (size_t a = 0; a < N; a++)
-                B[a * N + a] = (float)dv[a * Q + pos];
+        /* the images' scales and diagonal values in double, and this layer's float rounding
+         * (theory.md §2.8): the covariances' relative rounding (storage, tap sums, scales:
+         * kh + kw + 4 roundings of √(q_a q_c)) through the map's slope in ρ, G, plus the map's
+         * own rounding */
+        double qmax = 0, vmax = 0, rmax = 0, e = 0;
+        for (size_t i = l * NQ; i < (l + 1) * NQ && !st; i++) {
+            const double v = q[i];
+            tpk_estimate r;
+            st = tpk_gauss_expect2(phi, v, v, v, ws, &r, ctx);
+            dv[i] = r.value;
+            qmax = fmax(qmax, v);
+            vmax = fmax(vmax, fabs(r.value));
+            e = fmax(e, r.err);
+            sqf[i] = (float)sqrt(v);
+            raf[i] = mode == F32_ERF ? (float)(sqrt(2 * b2) / sqrt(1 + 2 * b2 * v))
+                                     : v > 0 ? (float)(1 / sqrt(v)) : 0.0f;
+            if (mode == F32_ERF)
+                rmax = fmax(rmax, 2 * b2 * v / (1 + 2 * b2 * v));
         }
-        if (st)
-            break;
-        /* this layer's float rounding (theory.md §2.8): the covariances' relative rounding
-         * (storage, tap sums, scales: kh + kw + 4 roundings of √(q_a q_c)) through the map's
-         * slope in ρ, G, plus the map's own rounding */
+        if (!st && mode == F32_WIDE && !(sm[l] = tpk_gauss_segmap_alloc(phi, q + l * NQ, NQ, ws, ctx)))
+            st = ctx->status ? ctx->status : TPK_ENOMEM;
         double G = qmax, vs = qmax;
         if (mode == F32_ABRELU) {
             G = qmax * ((double)c1 + (double)c0 * M_PI);
@@ -969,38 +910,132 @@ static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const doub
         } else if (mode == F32_WIDE) {
             vs = vmax;
         }
-        el += u * ((double)(p->kh + p->kw + 4) * G + F32_MAP_ULPS * vs);
-        if (l + 1 < L) {
-            diag_box_f32(g, m, (float)(p->sigma_w2 / taps), (float)p->sigma_b2, D, D, T);
-            e = p->sigma_w2 * (e + el);
-        } else {
-            e += el;
-        }
+        el[l] = e;
+        rnd[l] = u * ((double)(p->kh + p->kw + 4) * G + F32_MAP_ULPS * vs);
     }
     if (st)
         goto done;
-    for (size_t i = 0; i < m; i++) { /* the readout's sum over positions in double */
-        double s = 0;
-        for (size_t pos = 0; pos < Q; pos++)
-            s += (double)D[pos * m + i];
-        K[i] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+    size_t B = FLAT_BLOCK; /* pairs of image blocks, as kernel_flatten's */
+    const size_t want = 4 * (size_t)omp_get_max_threads();
+    while (B > 1 && ((N + B - 1) / B) * ((N + B - 1) / B + 1) / 2 < want)
+        B /= 2;
+    const size_t nb = (N + B - 1) / B, ntiles = nb * (nb + 1) / 2, tmpn = Q + g->S + (size_t)p->kw;
+    const float tol = 1 + (float)(F32_PSD_ULPS * FLT_EPSILON);
+    f32_fail fail = {0};
+    int oom = 0;
+#pragma omp parallel if (ntiles > 1)
+    {
+        tpk_ctx lctx;
+        tpk_ctx_init_from(&lctx, ctx);
+        float *V = tpk_malloc(&lctx, (Q + tmpn) * sizeof *V), *T = V ? V + Q : NULL;
+        double *W = mode == F32_WIDE ? tpk_malloc(&lctx, Q * sizeof *W) : NULL;
+        double *acc = mode == F32_WIDE ? tpk_calloc(&lctx, 2 * L, sizeof *acc) : NULL;
+        if (!V || (mode == F32_WIDE && (!W || !acc))) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (size_t t = 0; t < ntiles; t++) {
+            int stop, failed;
+#pragma omp atomic read
+            stop = oom;
+#pragma omp atomic read
+            failed = fail.any;
+            if (stop || failed)
+                continue;
+            size_t ab = 0, r = t; /* tile t → blocks (ab, cb), cb ≤ ab */
+            while (r > ab) {
+                r -= ab + 1;
+                ab++;
+            }
+            const size_t cb = r, a1 = (ab + 1) * B < N ? (ab + 1) * B : N;
+            for (size_t a = ab * B; a < a1; a++)
+                for (size_t c = cb * B; c < (cb + 1) * B && c < a; c++) {
+                    const double *xa = X + a * Q * C, *xc = X + c * Q * C;
+                    for (size_t pos = 0; pos < Q; pos++) { /* channel sums in double */
+                        double s = 0;
+                        for (size_t ch = 0; ch < C; ch++)
+                            s += xa[pos * C + ch] * xc[pos * C + ch];
+                        V[pos] = (float)(s / (double)C);
+                    }
+                    plane_box_f32(g, (float)(p->sigma_u2 / taps), (float)p->sigma_b2, V, V, T);
+                    for (size_t l = 0; l < L; l++) {
+                        const size_t ia = l * NQ + a * Q, ic = l * NQ + c * Q;
+                        if (mode != F32_WIDE) {
+                            size_t at = map_band_f32(mode, c0, c1, sqf + ia, raf + ia, sqf + ic,
+                                                     raf + ic, V, Q);
+                            if (at < Q)
+                                f32_record(&fail, l, at);
+                        } else { /* the double map on the float values, clamped as ρ is */
+                            int bad = 0;
+                            for (size_t pos = 0; pos < Q; pos++) {
+                                const double k = V[pos], lim = (double)sqf[ia + pos] * sqf[ic + pos];
+                                bad |= !(fabs(k) <= (double)tol * lim);
+                                W[pos] = fmax(-lim, fmin(lim, k));
+                            }
+                            if (bad)
+                                for (size_t pos = 0; pos < Q; pos++)
+                                    if (!(fabs((double)V[pos]) <=
+                                          (double)tol * sqf[ia + pos] * sqf[ic + pos])) {
+                                        f32_record(&fail, l, pos);
+                                        break;
+                                    }
+                            tpk_gauss_segmap_band(sm[l], a * Q, c * Q, Q, W, W, &acc[2 * l],
+                                                  &acc[2 * l + 1]);
+                            for (size_t pos = 0; pos < Q; pos++)
+                                V[pos] = (float)W[pos];
+                        }
+                        if (l + 1 < L)
+                            plane_box_f32(g, (float)(p->sigma_w2 / taps), (float)p->sigma_b2, V,
+                                          V, T);
+                    }
+                    double s = 0; /* the readout's sum over positions in double */
+                    for (size_t pos = 0; pos < Q; pos++)
+                        s += (double)V[pos];
+                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+                }
+        }
+        for (size_t l = 0; sm && acc && l < L; l++)
+            tpk_gauss_segmap_merge(sm[l], acc[2 * l], acc[2 * l + 1]);
+        tpk_free(&lctx, V);
+        tpk_free(&lctx, W);
+        tpk_free(&lctx, acc);
     }
+    if (oom) {
+        st = TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (flatten pairs of %zu positions, float)", Q);
+        goto done;
+    }
+    if (fail.any) {
+        st = TPK_ERROR(ctx, TPK_EDOM, "layer %zu, position %zu: a covariance exceeds its "
+                       "variances beyond float rounding (not PSD)", fail.l + 1, fail.pos);
+        goto done;
+    }
+    for (size_t l = 0; sm && l < L && !st; l++) { /* the double maps' own failures and bounds */
+        double ew = 0;
+        st = tpk_gauss_segmap_finish(sm[l], &ew, ctx);
+        el[l] = fmax(el[l], ew);
+    }
+    if (st)
+        goto done;
     for (size_t a = 0; a < N; a++) { /* the diagonal from the double values */
         double s = 0;
         for (size_t pos = 0; pos < Q; pos++)
-            s += dv[a * Q + pos];
+            s += dv[(L - 1) * NQ + a * Q + pos];
         K[a * N + a] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
     }
+    double e = 0;
+    for (size_t l = 0; l < L; l++)
+        e = l + 1 < L ? p->sigma_w2 * (e + el[l] + rnd[l]) : e + el[l] + rnd[l];
     if (err)
         *err = p->sigma_v2 * e;
-    st = check_finite(K, m, p->depth, ctx);
+    st = check_finite(K, N * N, p->depth, ctx);
 done:
-    tpk_free(ctx, D);
-    tpk_free(ctx, T);
-    tpk_free(ctx, sq);
+    for (size_t l = 0; sm && l < L; l++)
+        tpk_gauss_segmap_free(sm[l]);
+    tpk_free(ctx, sm);
     tpk_free(ctx, q);
-    tpk_free(ctx, dv);
-    tpk_free(ctx, wide);
+    tpk_free(ctx, sqf);
+    tpk_free(ctx, el);
     return st;
 }
 
