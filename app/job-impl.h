@@ -13,6 +13,11 @@ typedef struct kjob_impl {
      * implementation's evaluator computes it for the whole job: (items · readouts)². */
     int (*batch)(tpk_kernel_job *kj, const tpk_array *Xb, tpk_array **K, double *err,
                  tpk_ctx *ctx);
+    /* Optional (NULL: the batch of the stacked items serves): the block of the row items Xr
+     * against the column items Xc, (|Xr|·R) × (|Xc|·R) in *K, and with diag the rows' own
+     * entries, the same numbers as the batch's. TPK_EUNSUPPORTED: the batch serves instead. */
+    int (*cross)(tpk_kernel_job *kj, const tpk_array *Xr, const tpk_array *Xc, tpk_array **K,
+                 double *diag, double *err, tpk_ctx *ctx);
     /* The root attributes of the job's file besides the dimensions and error_estimate. */
     int (*describe)(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx);
     void (*release)(void *self);

@@ -801,7 +801,7 @@ static void kjob_program_release(void *self)
     }
 }
 
-static const kjob_impl kjob_program = {"program", kjob_program_batch, kjob_program_describe,
+static const kjob_impl kjob_program = {"program", kjob_program_batch, NULL, kjob_program_describe,
                                        kjob_program_release};
 
 int tpk_kjob_program_init(tpk_kernel_job *kj, tpk_ctx *ctx)

@@ -96,6 +96,45 @@ static void copy_items(const tpk_array *A, size_t i0, size_t n, double *dst)
     memcpy(dst, A->data + i0 * per, n * per * sizeof(double));
 }
 
+/* items [i0, i0 + n) of A as an array of their own (NULL: out of memory, in ctx). */
+static tpk_array *items(const tpk_array *A, size_t i0, size_t n, tpk_ctx *ctx)
+{
+    size_t dims[TPK_ARRAY_MAXDIM];
+    memcpy(dims, A->dims, sizeof dims);
+    dims[0] = n;
+    tpk_array *B = tpk_array_alloc(A->ndim, dims, ctx);
+    if (B)
+        copy_items(A, i0, n, B->data);
+    return B;
+}
+
+/* An off-diagonal block by the implementation's cross hook: only the block's pairs, not the
+ * (nr + nc)² kernel of the stacked items (a distributed kernel's tiles). */
+static int block_cross(tpk_kernel_job *kj, const tpk_array *R, size_t r0, size_t nr,
+                       const tpk_array *C, size_t c0, size_t nc, double *K, size_t ld,
+                       double *diag, double *err, tpk_ctx *ctx)
+{
+    tpk_array *Xr = items(R, r0, nr, ctx), *Xc = Xr ? items(C, c0, nc, ctx) : NULL, *Kb = NULL;
+    double e = 0;
+    int st = Xr && Xc ? kj->impl->cross(kj, Xr, Xc, &Kb, diag, &e, ctx) : ctx->status;
+    tpk_array_free(Xr);
+    tpk_array_free(Xc);
+    if (st)
+        return st;
+    const size_t O = kj->readouts, rows = nr * O, cols = nc * O;
+    if (Kb->ndim != 2 || Kb->dims[0] != rows || Kb->dims[1] != cols) {
+        tpk_array_free(Kb);
+        return TPK_ERROR(ctx, TPK_EINVAL, "kernel block: the %s evaluator returned %zux%zu for "
+                         "a %zux%zu block", kj->impl->name, Kb->dims[0], Kb->dims[1], rows, cols);
+    }
+    for (size_t i = 0; i < rows; i++)
+        memcpy(K + i * ld, Kb->data + i * cols, cols * sizeof(double));
+    tpk_array_free(Kb);
+    if (err)
+        *err = e;
+    return TPK_OK;
+}
+
 int tpk_kernel_job_block(tpk_kernel_job *kj, int test, size_t r0, size_t nr, size_t c0,
                          size_t nc, double *K, size_t ld, double *diag, double *err,
                          tpk_ctx *ctx)
@@ -118,6 +157,12 @@ int tpk_kernel_job_block(tpk_kernel_job *kj, int test, size_t r0, size_t nr, siz
      * training before test items: row a, column c of the block is then a lower-triangle entry
      * (a after c), as in the whole job's kernel for a tile below the diagonal. */
     int square = !test && r0 == c0 && nr == nc;
+    if (!square && kj->impl->cross) {
+        int st = block_cross(kj, R, r0, nr, C, c0, nc, K, ld, diag, err, ctx);
+        if (st != TPK_EUNSUPPORTED)
+            return st;
+        tpk_ctx_clear(ctx);
+    }
     tpk_array *Xb = NULL, *Kb = NULL;
     size_t dims[TPK_ARRAY_MAXDIM];
     memcpy(dims, C->dims, sizeof dims);

@@ -618,6 +618,29 @@ static int kjob_cnn_batch(tpk_kernel_job *kj, const tpk_array *Xb, tpk_array **K
     return st;
 }
 
+/* A tile's off-diagonal block by the recursion's cross blocks (tpk_cnn_kernels_cross): the
+ * block's pairs alone, where the stacked batch computed (nr + nc)² entries to keep nr·nc. */
+static int kjob_cnn_cross(tpk_kernel_job *kj, const tpk_array *Xr, const tpk_array *Xc,
+                          tpk_array **K, double *diag, double *err, tpk_ctx *ctx)
+{
+    cnn_job *s = kj->self;
+    *K = NULL;
+    if (s->rolled || s->cp.readout == TPK_CNN_POSITIONS) /* whole blocks of the evaluator */
+        return TPK_EUNSUPPORTED;
+    const int ntk = kj->job.kernel == TPK_JOB_NTK;
+    if (!(*K = tpk_array_alloc2(Xr->dims[0], Xc->dims[0], ctx)))
+        return ctx->status;
+    int st = ntk ? tpk_cnn_kernels_cross(&s->cp, Xr, Xc, s->ws, NULL, *K, NULL, diag, err, ctx)
+                 : tpk_cnn_kernels_cross(&s->cp, Xr, Xc, s->ws, *K, NULL, diag, NULL, err, ctx);
+    if (!st)
+        st = tpk_progress_check(kj->job.progress, ctx);
+    if (st) {
+        tpk_array_free(*K);
+        *K = NULL;
+    }
+    return st;
+}
+
 static int kjob_cnn_describe(const tpk_kernel_job *kj, tpk_h5out *out, tpk_ctx *ctx)
 {
     int st = cnn_describe(out, &kj->job, kj->self, ctx);
@@ -634,7 +657,8 @@ static void kjob_cnn_release(void *self)
     }
 }
 
-static const kjob_impl kjob_cnn = {"cnn", kjob_cnn_batch, kjob_cnn_describe, kjob_cnn_release};
+static const kjob_impl kjob_cnn = {"cnn", kjob_cnn_batch, kjob_cnn_cross, kjob_cnn_describe,
+                                   kjob_cnn_release};
 
 int tpk_kjob_cnn_init(tpk_kernel_job *kj, tpk_ctx *ctx)
 {

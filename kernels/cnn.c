@@ -9,6 +9,7 @@
 #include <fftw3.h>
 #include <omp.h>
 #include <float.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -596,9 +597,126 @@ static void NAME(const grid *g, T alpha, T beta, const T *in, T *out, T *tmp)   
 DEFINE_PLANE_BOX(plane_box, double)
 DEFINE_PLANE_BOX(plane_box_f32, float) /* kernel_flatten_f32's */
 
+/* Which pairs of the N items a call computes, and where their values go: the lower triangle of
+ * the N×N kernel (nc = 0), or a cross block (nc > 0): rows the items [nc, N), columns the items
+ * [0, nc), into an (N − nc) × nc block, and with diag each row with itself (the rows' own
+ * entries, as a tile of a distributed kernel needs them). The flatten paths, GAP and LAP run
+ * their pairs from it alike. */
+typedef struct pairset {
+    size_t N, nc;
+    double *diag, *diagT; /* cross: the rows' own entries, NNGP and NTK (NULL: not wanted) */
+} pairset;
+
+static size_t pairs_count(const pairset *ps)
+{
+    const size_t nr = ps->N - ps->nc;
+    return ps->nc == 0 ? ps->N * (ps->N + 1) / 2 : nr * ps->nc + (ps->diag || ps->diagT ? nr : 0);
+}
+
+/* Pair k → (a, c): row-major over the lower triangle, or over the block then its rows' own. */
+static void pairs_at(const pairset *ps, size_t k, size_t *a, size_t *c)
+{
+    const size_t nr = ps->N - ps->nc;
+    if (ps->nc == 0) {
+        tpk_lower_index(k, a, c);
+    } else if (k < nr * ps->nc) {
+        *a = ps->nc + k / ps->nc;
+        *c = k % ps->nc;
+    } else {
+        *a = *c = ps->nc + (k - nr * ps->nc);
+    }
+}
+
+/* The value of pair (a, c) into its places: both halves of the square kernel, the block, or the
+ * rows' own entries (dg: ps->diag or ps->diagT). */
+static void pairs_store(const pairset *ps, size_t a, size_t c, double v, double *K, double *dg)
+{
+    if (ps->nc == 0) {
+        K[a * ps->N + c] = K[c * ps->N + a] = v;
+    } else if (a == c) {
+        if (dg)
+            dg[a - ps->nc] = v;
+    } else {
+        K[(a - ps->nc) * ps->nc + c] = v;
+    }
+}
+
 /* Image blocks of the flatten kernel: pairs of blocks are its units of work, at most this many
  * images a side (the blocks' variances, all layers, stay in the last-level cache). */
 #define FLAT_BLOCK 16
+
+/* The flatten paths' units of work: tiles of pairs of image blocks of B images (B chosen for a
+ * few tiles per thread), over the triangle (row block ≥ column block, pairs c ≤ a), or over the
+ * cross block's rectangle, then its row blocks' own pairs. */
+typedef struct pairtiles {
+    size_t B, nbr, nbc, ntiles; /* block side; row and column blocks; tiles */
+} pairtiles;
+
+static pairtiles pairs_tiles(const pairset *ps)
+{
+    const size_t nr = ps->nc ? ps->N - ps->nc : ps->N, ncol = ps->nc ? ps->nc : ps->N;
+    const size_t want = 4 * (size_t)omp_get_max_threads();
+    pairtiles pt = {FLAT_BLOCK, 0, 0, 0};
+    for (;;) {
+        pt.nbr = (nr + pt.B - 1) / pt.B;
+        pt.nbc = (ncol + pt.B - 1) / pt.B;
+        pt.ntiles = ps->nc == 0 ? pt.nbr * (pt.nbr + 1) / 2
+                                : pt.nbr * pt.nbc + (ps->diag || ps->diagT ? pt.nbr : 0);
+        if (pt.B == 1 || pt.ntiles >= want)
+            return pt;
+        pt.B /= 2;
+    }
+}
+
+/* Tile t: rows [a0, a1), columns [c0, c1) of the items; *own: the tile's pairs are its rows
+ * with themselves (a = c) only; else all pairs with c ≤ a (the triangle) or all (a block). */
+static void pairs_tile(const pairset *ps, const pairtiles *pt, size_t t, size_t *a0, size_t *a1,
+                       size_t *c0, size_t *c1, int *own)
+{
+    size_t rb, cb;
+    *own = 0;
+    if (ps->nc == 0) {
+        rb = 0;
+        cb = t;
+        while (cb > rb) {
+            cb -= rb + 1;
+            rb++;
+        }
+    } else if (t < pt->nbr * pt->nbc) {
+        rb = t / pt->nbc;
+        cb = t % pt->nbc;
+    } else {
+        rb = cb = t - pt->nbr * pt->nbc;
+        *own = 1;
+    }
+    const size_t r0 = ps->nc, cend = ps->nc ? ps->nc : ps->N;
+    *a0 = r0 + rb * pt->B;
+    *a1 = *a0 + pt->B < ps->N ? *a0 + pt->B : ps->N;
+    if (*own) {
+        *c0 = *a0;
+        *c1 = *a1;
+    } else {
+        *c0 = cb * pt->B;
+        *c1 = *c0 + pt->B < cend ? *c0 + pt->B : cend;
+    }
+}
+
+/* The pairs of a tile in order: the next (a, c) after *a, *c (start with *c = SIZE_MAX); 0 when
+ * the tile is done. */
+static int pairs_next(const pairset *ps, size_t a0, size_t a1, size_t c0, size_t c1, int own,
+                      size_t *a, size_t *c)
+{
+    if (*c == SIZE_MAX) {
+        *a = a0;
+        *c = own ? a0 : c0;
+    } else if (own) {
+        *c = ++*a;
+    } else if (++*c >= c1 || (ps->nc == 0 && *c > *a)) {
+        ++*a;
+        *c = c0;
+    }
+    return *a < a1 && (own || ps->nc != 0 || *c <= *a);
+}
 
 /* The flatten kernel, pair by pair: for images (a, c), c ≤ a, the position-diagonal recursion of
  * theory §2.8 — the box sum of the pair's Grams, then per layer the map of its Q positions and
@@ -614,7 +732,7 @@ typedef struct flat_ws {
 } flat_ws;
 
 /* One pair (a, c) through every layer: K[a][c] and Θ[a][c] (Th NULL: the NNGP alone). */
-static void flat_pair(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
+static void flat_pair(const tpk_cnn_params *p, const grid *g, const double *X, const pairset *ps,
                       const ntkf *nk, tpk_gauss_segmap *const *sm, size_t a, size_t c,
                       flat_ws *w, double *maxr, double *K, double *Th)
 {
@@ -651,16 +769,16 @@ static void flat_pair(const tpk_cnn_params *p, const grid *g, const double *X, s
         sk += w->V[pp];
         stt += ntk ? w->VT[pp] : 0.0;
     }
-    K[a * N + c] = K[c * N + a] = p->sigma_v2 * sk / (double)Q + p->sigma_ob2;
+    pairs_store(ps, a, c, p->sigma_v2 * sk / (double)Q + p->sigma_ob2, K, ps->diag);
     if (ntk)
-        Th[a * N + c] = Th[c * N + a] = stt / (double)Q + nk->ob;
+        pairs_store(ps, a, c, stt / (double)Q + nk->ob, Th, ps->diagT);
 }
 
-static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
-                          const tpk_gauss_ws *ws, const ntkf *nk, double *K, double *Th,
-                          double *err, tpk_ctx *ctx)
+static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *X,
+                          const pairset *ps, const tpk_gauss_ws *ws, const ntkf *nk, double *K,
+                          double *Th, double *err, tpk_ctx *ctx)
 {
-    const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth;
+    const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth, N = ps->N;
     const double taps = (double)p->kh * p->kw;
     const int ntk = nk->dphi != NULL;
     const size_t tmpn = Q + g->S + (size_t)p->kw; /* plane_box's scratch */
@@ -690,12 +808,8 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
                     plane_box(g, p->sigma_w2 / taps, p->sigma_b2, u + a * Q, qv + a * Q, tmp);
         }
     }
-    /* blocks of B images, small enough for a few units of work per thread */
-    size_t B = FLAT_BLOCK;
-    const size_t want = 4 * (size_t)omp_get_max_threads();
-    while (B > 1 && ((N + B - 1) / B) * ((N + B - 1) / B + 1) / 2 < want)
-        B /= 2;
-    const size_t nb = (N + B - 1) / B, ntiles = nb * (nb + 1) / 2;
+    const pairtiles pt = pairs_tiles(ps);
+    const size_t ntiles = pt.ntiles;
     int failed = st;
 #pragma omp parallel if (ntiles > 1 && !st)
     {
@@ -715,15 +829,11 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
         for (size_t t = 0; t < ntiles; t++) {
             if (lst || failed)
                 continue;
-            size_t ab = 0, r = t; /* tile t → blocks (ab, cb), cb ≤ ab */
-            while (r > ab) {
-                r -= ab + 1;
-                ab++;
-            }
-            const size_t cb = r, a1 = (ab + 1) * B < N ? (ab + 1) * B : N;
-            for (size_t a = ab * B; a < a1; a++)
-                for (size_t c = cb * B; c < (cb + 1) * B && c <= a; c++)
-                    flat_pair(p, g, X, N, nk, sm, a, c, &w, maxr, K, Th);
+            size_t a0, a1, c0, c1, a, c = SIZE_MAX;
+            int own;
+            pairs_tile(ps, &pt, t, &a0, &a1, &c0, &c1, &own);
+            while (pairs_next(ps, a0, a1, c0, c1, own, &a, &c))
+                flat_pair(p, g, X, ps, nk, sm, a, c, &w, maxr, K, Th);
         }
         for (size_t k = 0; sm && maxr && k < nmaps; k++)
             if (sm[k])
@@ -750,10 +860,6 @@ static int kernel_flatten(const tpk_cnn_params *p, const grid *g, const double *
     }
     if (!st && err)
         *err = p->sigma_v2 * e;
-    if (!st)
-        st = check_finite(K, N * N, p->depth, ctx);
-    if (!st && ntk)
-        st = check_finite(Th, N * N, p->depth, ctx);
     tpk_free(ctx, qv);
     tpk_free(ctx, sm);
     return st;
@@ -848,10 +954,11 @@ static void f32_record(f32_fail *f, size_t l, size_t pos)
  * (F32_WIDE) is mapped in double from the float values, clamped to the variances (the layer's
  * segment map, as kernel_flatten's). Error analysis: theory.md §2.8. Before, the path kept Q
  * blocks of N×N floats and took 1.5 s for 200 images at depth 8, 4.5× the double path. */
-static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
-                              const tpk_gauss_ws *ws, double *K, double *err, tpk_ctx *ctx)
+static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const double *X,
+                              const pairset *ps, const tpk_gauss_ws *ws, double *K, double *err,
+                              tpk_ctx *ctx)
 {
-    const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth, NQ = N * Q;
+    const size_t Q = g->Q, C = p->channels, L = (size_t)p->depth, N = ps->N, NQ = N * Q;
     const double taps = (double)p->kh * p->kw, u = FLT_EPSILON / 2;
     const tpk_phi *phi = p->phi;
     const int mode = phi->kind == GK_ABRELU ? F32_ABRELU : phi->kind == GK_ERF ? F32_ERF
@@ -915,11 +1022,8 @@ static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const doub
     }
     if (st)
         goto done;
-    size_t B = FLAT_BLOCK; /* pairs of image blocks, as kernel_flatten's */
-    const size_t want = 4 * (size_t)omp_get_max_threads();
-    while (B > 1 && ((N + B - 1) / B) * ((N + B - 1) / B + 1) / 2 < want)
-        B /= 2;
-    const size_t nb = (N + B - 1) / B, ntiles = nb * (nb + 1) / 2, tmpn = Q + g->S + (size_t)p->kw;
+    const pairtiles pt = pairs_tiles(ps); /* as kernel_flatten's */
+    const size_t ntiles = pt.ntiles, tmpn = Q + g->S + (size_t)p->kw;
     const float tol = 1 + (float)(F32_PSD_ULPS * FLT_EPSILON);
     f32_fail fail = {0};
     int oom = 0;
@@ -943,14 +1047,13 @@ static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const doub
             failed = fail.any;
             if (stop || failed)
                 continue;
-            size_t ab = 0, r = t; /* tile t → blocks (ab, cb), cb ≤ ab */
-            while (r > ab) {
-                r -= ab + 1;
-                ab++;
-            }
-            const size_t cb = r, a1 = (ab + 1) * B < N ? (ab + 1) * B : N;
-            for (size_t a = ab * B; a < a1; a++)
-                for (size_t c = cb * B; c < (cb + 1) * B && c < a; c++) {
+            size_t a0, a1, b0, b1, a, c = SIZE_MAX;
+            int own;
+            pairs_tile(ps, &pt, t, &a0, &a1, &b0, &b1, &own);
+            while (pairs_next(ps, a0, a1, b0, b1, own, &a, &c)) {
+                if (a == c) /* the diagonal pairs: the double values, below */
+                    continue;
+                {
                     const double *xa = X + a * Q * C, *xc = X + c * Q * C;
                     for (size_t pos = 0; pos < Q; pos++) { /* channel sums in double */
                         double s = 0;
@@ -992,8 +1095,9 @@ static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const doub
                     double s = 0; /* the readout's sum over positions in double */
                     for (size_t pos = 0; pos < Q; pos++)
                         s += (double)V[pos];
-                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+                    pairs_store(ps, a, c, p->sigma_v2 * s / (double)Q + p->sigma_ob2, K, NULL);
                 }
+            }
         }
         for (size_t l = 0; sm && acc && l < L; l++)
             tpk_gauss_segmap_merge(sm[l], acc[2 * l], acc[2 * l + 1]);
@@ -1017,18 +1121,17 @@ static int kernel_flatten_f32(const tpk_cnn_params *p, const grid *g, const doub
     }
     if (st)
         goto done;
-    for (size_t a = 0; a < N; a++) { /* the diagonal from the double values */
+    for (size_t a = ps->nc; a < N && (ps->nc == 0 || ps->diag); a++) { /* the diagonal pairs */
         double s = 0;
         for (size_t pos = 0; pos < Q; pos++)
             s += dv[(L - 1) * NQ + a * Q + pos];
-        K[a * N + a] = p->sigma_v2 * s / (double)Q + p->sigma_ob2;
+        pairs_store(ps, a, a, p->sigma_v2 * s / (double)Q + p->sigma_ob2, K, ps->diag);
     }
     double e = 0;
     for (size_t l = 0; l < L; l++)
         e = l + 1 < L ? p->sigma_w2 * (e + el[l] + rnd[l]) : e + el[l] + rnd[l];
     if (err)
         *err = p->sigma_v2 * e;
-    st = check_finite(K, N * N, p->depth, ctx);
 done:
     for (size_t l = 0; sm && l < L; l++)
         tpk_gauss_segmap_free(sm[l]);
@@ -1878,12 +1981,12 @@ static int pools_by_shifts(const tpk_cnn_params *p)
            (p->pool == TPK_CNN_POOL_AUTO && tpk_cnn_pool_prefers_shifts(p));
 }
 
-static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X, size_t N,
-                        const tpk_gauss_ws *ws, const ntkf *nk, double *K, double *Th,
-                        double *err, tpk_ctx *ctx)
+static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
+                        const pairset *ps, const tpk_gauss_ws *ws, const ntkf *nk, double *K,
+                        double *Th, double *err, tpk_ctx *ctx)
 {
-    const size_t Q = g->Q, L = (size_t)p->depth;
-    const size_t npairs = N * (N + 1) / 2;
+    const size_t Q = g->Q, L = (size_t)p->depth, N = ps->N;
+    const size_t npairs = pairs_count(ps);
     double *q = tpk_malloc(ctx, L * N * Q * sizeof *q);
     if (!q)
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory");
@@ -1937,9 +2040,8 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                 bad = failed;
                 if (lst || bad)
                     continue;
-                /* pair k → (a, c), c ≤ a, row-major over the lower triangle */
                 size_t a, c;
-                tpk_lower_index(k, &a, &c);
+                pairs_at(ps, k, &a, &c);
                 double e = 0, sum = 0, sumT = 0;
                 lst = shifts ? pair_shifts(p, g, &win, &sw, nk, X, q, N, a, c, ws, &sum, &sumT,
                                            &e, &lctx)
@@ -1957,9 +2059,9 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
                                    : p->readout == TPK_CNN_FLATTEN ? (double)Q
                                                                    : (double)Q * (double)(win.nr * win.ns);
                 if (p->readout != TPK_CNN_POSITIONS) {
-                    K[a * N + c] = K[c * N + a] = p->sigma_v2 * sum / cnt + p->sigma_ob2;
+                    pairs_store(ps, a, c, p->sigma_v2 * sum / cnt + p->sigma_ob2, K, ps->diag);
                     if (ntk)
-                        Th[a * N + c] = Th[c * N + a] = sumT / cnt + nk->ob;
+                        pairs_store(ps, a, c, sumT / cnt + nk->ob, Th, ps->diagT);
                 }
             }
             if (lst) {
@@ -1983,10 +2085,6 @@ static int kernel_pairs(const tpk_cnn_params *p, const grid *g, const double *X,
         *ctx = tctx;
         st = failed;
     }
-    if (!st)
-        st = check_finite(K, p->readout == TPK_CNN_POSITIONS ? N * Q * N * Q : N * N, p->depth, ctx);
-    if (!st && ntk)
-        st = check_finite(Th, p->readout == TPK_CNN_POSITIONS ? N * Q * N * Q : N * N, p->depth, ctx);
     if (!st && err)
         *err = emax;
     return st;
@@ -2170,6 +2268,48 @@ static int ntk_factors(const tpk_cnn_params *p, ntkf *nk, tpk_phi **dphi, tpk_ct
     return TPK_OK;
 }
 
+/* The pairs of ps by the readout's path into k (and th with the NTK factors nk), then the
+ * finiteness of what was written. */
+static int cnn_run(const tpk_cnn_params *p, const double *X, const pairset *ps,
+                   const tpk_gauss_ws *ws, const ntkf *nk, double *k, double *th, double *err,
+                   tpk_ctx *ctx)
+{
+    grid g = make_grid(p->rows, p->cols, p->kh, p->kw, p->padding);
+    int st;
+    if (p->readout == TPK_CNN_FLATTEN && p->compute == TPK_CNN_F32)
+        st = kernel_flatten_f32(p, &g, X, ps, ws, k, err, ctx);
+    else if (p->readout == TPK_CNN_FLATTEN)
+        st = kernel_flatten(p, &g, X, ps, ws, nk, k, th, err, ctx);
+    else
+        st = kernel_pairs(p, &g, X, ps, ws, nk, k, th, err, ctx);
+    const size_t N = ps->N, nr = N - ps->nc;
+    const size_t n = p->readout == TPK_CNN_POSITIONS ? N * g.Q * N * g.Q
+                     : ps->nc ? nr * ps->nc : N * N;
+    for (int i = 0; i < 2 && !st; i++) {
+        const double *out = i ? th : k, *dg = i ? ps->diagT : ps->diag;
+        if (out)
+            st = check_finite(out, n, p->depth, ctx);
+        if (!st && ps->nc && dg)
+            st = check_finite(dg, nr, p->depth, ctx);
+    }
+    return st;
+}
+
+/* The inputs' shape against the parameters (what = the argument's name). */
+static int check_items(const tpk_cnn_params *p, const tpk_array *X, const char *fn,
+                       const char *what, tpk_ctx *ctx)
+{
+    int st = tpk_array_check_input(X, fn, what, ctx);
+    if (st)
+        return st;
+    const size_t Q = p->rows * p->cols;
+    if (tpk_array_item_size(X) != Q * p->channels)
+        return TPK_ERROR(ctx, TPK_EINVAL,
+                         "each input must hold %zux%zu positions x %zu channels = %zu values (got %zu)",
+                         p->rows, p->cols, p->channels, Q * p->channels, tpk_array_item_size(X));
+    return TPK_OK;
+}
+
 int tpk_cnn_kernels(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
                     tpk_array *K, tpk_array *Theta, double *err, tpk_ctx *ctx)
 {
@@ -2178,13 +2318,9 @@ int tpk_cnn_kernels(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss
         return st;
     if (!X || !X->data || X->ndim < 1 || ((!K || !K->data) && (!Theta || !Theta->data)))
         return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_kernels: no input X or no output");
-    if ((st = tpk_array_check_input(X, "tpk_cnn_kernel", "X", ctx)))
+    if ((st = check_items(p, X, "tpk_cnn_kernel", "X", ctx)))
         return st;
     const size_t N = X->dims[0], Q = p->rows * p->cols;
-    if (tpk_array_item_size(X) != Q * p->channels)
-        return TPK_ERROR(ctx, TPK_EINVAL,
-                         "each input must hold %zux%zu positions x %zu channels = %zu values (got %zu)",
-                         p->rows, p->cols, p->channels, Q * p->channels, tpk_array_item_size(X));
     const size_t side = p->readout == TPK_CNN_POSITIONS ? N * Q : N;
     const tpk_array *outs[2] = {K, Theta};
     for (int i = 0; i < 2; i++)
@@ -2205,14 +2341,59 @@ int tpk_cnn_kernels(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss
         tpk_phi_free(dphi);
         return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zux%zu kernel)", side, side);
     }
-    double *th = nk.dphi ? Theta->data : NULL;
-    grid g = make_grid(p->rows, p->cols, p->kh, p->kw, p->padding);
-    if (p->readout == TPK_CNN_FLATTEN && p->compute == TPK_CNN_F32)
-        st = kernel_flatten_f32(p, &g, X->data, N, ws, k, err, ctx);
-    else if (p->readout == TPK_CNN_FLATTEN)
-        st = kernel_flatten(p, &g, X->data, N, ws, &nk, k, th, err, ctx);
-    else
-        st = kernel_pairs(p, &g, X->data, N, ws, &nk, k, th, err, ctx);
+    const pairset ps = {N, 0, NULL, NULL};
+    st = cnn_run(p, X->data, &ps, ws, &nk, k, nk.dphi ? Theta->data : NULL, err, ctx);
+    if (k != (K ? K->data : NULL))
+        tpk_free(ctx, k);
+    tpk_phi_free(dphi);
+    return st;
+}
+
+int tpk_cnn_kernels_cross(const tpk_cnn_params *p, const tpk_array *Xr, const tpk_array *Xc,
+                          const tpk_gauss_ws *ws, tpk_array *K, tpk_array *Theta, double *kdiag,
+                          double *tdiag, double *err, tpk_ctx *ctx)
+{
+    int st = tpk_cnn_params_check(p, ctx);
+    if (st)
+        return st;
+    if (p->readout == TPK_CNN_POSITIONS)
+        return TPK_ERROR(ctx, TPK_EUNSUPPORTED, "tpk_cnn_kernels_cross: the per-position readout "
+                         "has no cross blocks (tpk_cnn_kernels computes it whole)");
+    if (!Xr || !Xc || ((!K || !K->data) && (!Theta || !Theta->data)))
+        return TPK_ERROR(ctx, TPK_EINVAL, "tpk_cnn_kernels_cross: no inputs or no output");
+    if ((st = check_items(p, Xr, "tpk_cnn_kernels_cross", "Xr", ctx)) ||
+        (st = check_items(p, Xc, "tpk_cnn_kernels_cross", "Xc", ctx)))
+        return st;
+    const size_t nr = Xr->dims[0], nc = Xc->dims[0], per = tpk_array_item_size(Xc);
+    const tpk_array *outs[2] = {K, Theta};
+    for (int i = 0; i < 2; i++)
+        if (outs[i] && outs[i]->data &&
+            (outs[i]->ndim != 2 || outs[i]->dims[0] != nr || outs[i]->dims[1] != nc))
+            return TPK_ERROR(ctx, TPK_EINVAL, "%s output must be %zux%zu",
+                             i ? "the NTK's" : "kernel", nr, nc);
+    tpk_phi *dphi = NULL;
+    ntkf nk = {0};
+    if (Theta && Theta->data && (st = ntk_factors(p, &nk, &dphi, ctx)))
+        return st;
+    if (nr == 0 || nc == 0) {
+        tpk_phi_free(dphi);
+        return TPK_OK;
+    }
+    /* the columns' items then the rows': the order in which a job stacks training before test */
+    double *X = tpk_malloc(ctx, (nr + nc) * per * sizeof *X);
+    double *k = K && K->data ? K->data : tpk_malloc(ctx, nr * nc * sizeof *k);
+    if (!X || !k) {
+        tpk_free(ctx, X);
+        if (k != (K ? K->data : NULL))
+            tpk_free(ctx, k);
+        tpk_phi_free(dphi);
+        return TPK_ERROR(ctx, TPK_ENOMEM, "out of memory (%zux%zu kernel block)", nr, nc);
+    }
+    memcpy(X, Xc->data, nc * per * sizeof *X);
+    memcpy(X + nc * per, Xr->data, nr * per * sizeof *X);
+    const pairset ps = {nr + nc, nc, kdiag, nk.dphi ? tdiag : NULL};
+    st = cnn_run(p, X, &ps, ws, &nk, k, nk.dphi ? Theta->data : NULL, err, ctx);
+    tpk_free(ctx, X);
     if (k != (K ? K->data : NULL))
         tpk_free(ctx, k);
     tpk_phi_free(dphi);

@@ -566,6 +566,69 @@ static void test_f32_flatten(void **state)
     tpk_phi_free(gelu);
 }
 
+/* Cross blocks (tpk_cnn_kernels_cross, a distributed kernel's tiles): the entries of the kernel
+ * of the column items then the row items, the very numbers, and the rows' own entries; for every
+ * readout's path (flatten in double and float, GAP by shifts and by blocks, LAP; zero padding and
+ * zero-variance borders), NNGP and NTK. */
+static void test_cross_blocks(void **state)
+{
+    (void)state;
+    enum { NC = 5, NR = 3, N = NC + NR, R = 5, S = 6, C = 2 };
+    double x[N * R * S * C];
+    inputs(x, N, R, S, C, 0.7, 1);
+    tpk_ctx ctx;
+    tpk_ctx_init(&ctx);
+    size_t dc[3] = {NC, R * S, C}, dr[3] = {NR, R * S, C}, da[3] = {N, R * S, C};
+    tpk_array *Xc = tpk_array_alloc(3, dc, &ctx), *Xr = tpk_array_alloc(3, dr, &ctx),
+              *X = tpk_array_alloc(3, da, &ctx);
+    memcpy(X->data, x, sizeof x);
+    memcpy(Xc->data, x, NC * R * S * C * sizeof(double));
+    memcpy(Xr->data, x + NC * R * S * C, NR * R * S * C * sizeof(double));
+    tpk_array *K = tpk_array_alloc2(N, N, &ctx), *T = tpk_array_alloc2(N, N, &ctx),
+              *Kx = tpk_array_alloc2(NR, NC, &ctx), *Tx = tpk_array_alloc2(NR, NC, &ctx);
+    static const struct { int readout, window, pool, f32, zero; } cases[] = {
+        {TPK_CNN_FLATTEN, 0, TPK_CNN_POOL_AUTO, 0, 0}, {TPK_CNN_FLATTEN, 0, TPK_CNN_POOL_AUTO, 0, 1},
+        {TPK_CNN_FLATTEN, 0, TPK_CNN_POOL_AUTO, 1, 0}, {TPK_CNN_GAP, 0, TPK_CNN_POOL_SHIFTS, 0, 0},
+        {TPK_CNN_GAP, 0, TPK_CNN_POOL_BLOCK, 0, 1},    {TPK_CNN_LAP, 2, TPK_CNN_POOL_SHIFTS, 0, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int ph = 0; ph < 2; ph++) {
+            tpk_cnn_params p = params(R, S, C, 3, 3, 3, ph ? erfp : relu, cases[i].readout,
+                                      cases[i].window, cases[i].pool);
+            p.compute = cases[i].f32 ? TPK_CNN_F32 : TPK_CNN_F64;
+            p.padding = cases[i].zero ? TPK_CNN_ZERO : TPK_CNN_CIRCULAR;
+            const int ntk = !cases[i].f32;
+            double kd[NR], td[NR], e1 = -1, e2 = -1;
+            if (tpk_cnn_kernels(&p, X, NULL, K, ntk ? T : NULL, &e1, &ctx) ||
+                tpk_cnn_kernels_cross(&p, Xr, Xc, NULL, Kx, ntk ? Tx : NULL, kd, td, &e2, &ctx))
+                fail_msg("case %zu: %s", i, ctx.msg);
+            for (size_t a = 0; a < NR; a++) {
+                for (size_t c = 0; c < NC; c++) {
+                    assert_true(Kx->data[a * NC + c] == K->data[(NC + a) * N + c]);
+                    assert_true(!ntk || Tx->data[a * NC + c] == T->data[(NC + a) * N + c]);
+                }
+                assert_true(kd[a] == K->data[(NC + a) * N + NC + a]);
+                assert_true(!ntk || td[a] == T->data[(NC + a) * N + NC + a]);
+            }
+            assert_true(e2 >= 0 && e2 <= e1);
+        }
+    /* the per-position readout has no blocks; shapes are checked */
+    tpk_cnn_params pp = params(R, S, C, 3, 3, 2, relu, TPK_CNN_POSITIONS, 0, TPK_CNN_POOL_AUTO);
+    assert_int_equal(tpk_cnn_kernels_cross(&pp, Xr, Xc, NULL, Kx, NULL, NULL, NULL, NULL, &ctx),
+                     TPK_EUNSUPPORTED);
+    tpk_ctx_clear(&ctx);
+    tpk_cnn_params pf = params(R, S, C, 3, 3, 2, relu, TPK_CNN_FLATTEN, 0, TPK_CNN_POOL_AUTO);
+    assert_int_equal(tpk_cnn_kernels_cross(&pf, Xc, Xr, NULL, Kx, NULL, NULL, NULL, NULL, &ctx),
+                     TPK_EINVAL);
+    assert_non_null(strstr(ctx.msg, "kernel output must be 5x3"));
+    tpk_array_free(X);
+    tpk_array_free(Xc);
+    tpk_array_free(Xr);
+    tpk_array_free(K);
+    tpk_array_free(T);
+    tpk_array_free(Kx);
+    tpk_array_free(Tx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -578,6 +641,7 @@ int main(void)
         cmocka_unit_test(test_pool_errors),
         cmocka_unit_test(test_gpkernel_lap),
         cmocka_unit_test(test_f32_flatten),
+        cmocka_unit_test(test_cross_blocks),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

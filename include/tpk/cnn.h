@@ -110,6 +110,16 @@ TPK_API int tpk_cnn_kernel(const tpk_cnn_params *p, const tpk_array *X, const tp
  * (P×P) block recursion with whole-block maps. err bounds K's expectations. */
 TPK_API int tpk_cnn_kernels(const tpk_cnn_params *p, const tpk_array *X, const tpk_gauss_ws *ws,
                             tpk_array *K, tpk_array *Theta, double *err, tpk_ctx *ctx);
+/* A cross block of tpk_cnn_kernels: K (nr × nc) = k(Xr[i], Xc[j]), Theta beside it as there
+ * (NULL or no data: not wanted), and kdiag, tdiag (nr values each, NULL: not wanted) the rows'
+ * own k(Xr[i], Xr[i]) and Θ(Xr[i], Xr[i]). The same numbers as those entries of tpk_cnn_kernels
+ * on the items Xc then Xr, for the pairs of the block alone (a tile of a distributed kernel,
+ * not the (nr + nc)² kernel of the two stacked). Flatten, GAP and LAP; the per-position readout
+ * is TPK_EUNSUPPORTED. */
+TPK_API int tpk_cnn_kernels_cross(const tpk_cnn_params *p, const tpk_array *Xr,
+                                  const tpk_array *Xc, const tpk_gauss_ws *ws, tpk_array *K,
+                                  tpk_array *Theta, double *kdiag, double *tdiag, double *err,
+                                  tpk_ctx *ctx);
 
 /* One tap convolution of a (position × position) block, the step between layers:
  * out[(p),(p')] = alpha Σ_t in[(p+t),(p'+t)] + beta over the rows×cols grid (P×P row-major,
