@@ -886,7 +886,10 @@ static void test_segmap(void **state)
                 M[i * n + j] = 0; /* inputs 2 and 7: zero variance */
     for (size_t i = 0; i < n; i++)
         q[i] = M[i * n + i];
-    static const char *const names[] = {"relu", "erf", "tanh", "step", "sin"};
+    /* φ(0) = 0 (zero-variance entries exactly 0) and φ(0) ≠ 0 (erf_sigmoid, cos, softplus: a
+     * value per index), closed forms, vector kernels and series */
+    static const char *const names[] = {"relu", "erf", "tanh", "step", "sin", "erf_sigmoid", "cos",
+                                        "softplus"};
     for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
         tpk_phi *phi = tpk_phi_alloc(reg, names[f], &ctx);
         assert_non_null(phi);
