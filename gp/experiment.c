@@ -673,9 +673,9 @@ static int read_kernel_file(exp_state *e, const opts *o, tpk_ctx *ctx)
 
 /* ---- any kernel: the architecture table or a NETSOR program (issue 39, item 10) -------------- */
 
-/* An architecture whose kernel is its own job over files (the CNN rows, attention): X (and Xt)
- * into a scratch folder as HDF5, the job as gpkernel runs it, its kernels read back (the way the
- * Python package runs those rows). The folder is removed whatever happens. */
+/* An architecture whose kernel is its own job over files (attention; the CNN rows run theirs on
+ * arrays): X (and Xt) into a scratch folder as HDF5, the job as gpkernel runs it, its kernels
+ * read back. The folder is removed whatever happens. */
 static int table_kernel_job(const tpk_arch *a, const tpk_arch_opts *ao, const tpk_array *X,
                             const tpk_array *Xt, tpk_array **K, tpk_array **Kxt, tpk_array **kd,
                             tpk_array *T3[3], tpk_ctx *ctx)
@@ -792,8 +792,6 @@ static int table_kernel(const opts *o, const tpk_array *X, const tpk_array *Xt, 
     }
     if (!a)
         return TPK_ERROR(ctx, TPK_EINVAL, "unknown --arch '%s'", o->kernel);
-    if (a->custom) /* writes HDF5: through its job */
-        return table_kernel_job(a, &ao, X, Xt, K, Kxt, kd, T3, ctx);
     /* the MLP reads every item as one vector, as gpregress' own recursion did (IDX images
      * N×rows×cols): views of the same data as N×d */
     tpk_array xv, tv;
@@ -801,17 +799,23 @@ static int table_kernel(const opts *o, const tpk_array *X, const tpk_array *Xt, 
         X = flat_view(X, &xv);
     if (strcmp(a->name, "mlp") == 0 && Xt && Xt->ndim > 2)
         Xt = flat_view(Xt, &tv);
+    int st;
     if (T3) {
         tpk_array *B[3];
-        int st = tpk_arch_kernels(a, &ao, X, Xt, B, T3, NULL, ctx);
+        st = tpk_arch_kernels(a, &ao, X, Xt, B, T3, NULL, ctx);
         *K = B[0];
         if (Kxt)
             *Kxt = B[1];
         if (kd)
             *kd = B[2];
-        return st;
+    } else {
+        st = tpk_arch_kernel(a, &ao, X, Xt, K, Kxt, kd, NULL, ctx);
     }
-    return tpk_arch_kernel(a, &ao, X, Xt, K, Kxt, kd, NULL, ctx);
+    if (st == TPK_EUNSUPPORTED && a->custom) { /* attention: its job writes HDF5 */
+        tpk_ctx_clear(ctx);
+        return table_kernel_job(a, &ao, X, Xt, K, Kxt, kd, T3, ctx);
+    }
+    return st;
 }
 
 /* Kernel buffers (computed kernels only) and the factor workspace of a sweep. */
