@@ -58,6 +58,20 @@ def build_kernel_fn(channels, depth, filt, padding, sw2, sb2, su2, sv2, sob2, re
     return kernel_fn
 
 
+def timed_calls(call, repeat):
+    """call() once (the first call: compilation, planning), then max(1, repeat) times more:
+    (first result, its seconds, the last result, the later calls' seconds)."""
+    t0 = time.perf_counter()
+    first = call()
+    t_first = time.perf_counter() - t0
+    second, last = [], None
+    for _ in range(max(1, repeat)):
+        t1 = time.perf_counter()
+        last = call()
+        second.append(time.perf_counter() - t1)
+    return first, t_first, last, second
+
+
 def time_tpk(a, x, K, Th, su2, sv2, sob2):
     """tpk.kernel on the same array, in this process: the call a Python user makes, beside
     neural-tangents' compiled call (no process start, no files on either side)."""
@@ -71,14 +85,7 @@ def time_tpk(a, x, K, Th, su2, sv2, sob2):
         k = tpk.kernel("cnn2d", x, **args)
         return (k.nngp, k.ntk) if a.get == "both" else (k, None)
 
-    t0 = time.perf_counter()
-    call()
-    t_first = time.perf_counter() - t0
-    second = []
-    for _ in range(max(1, a.repeat)):
-        t1 = time.perf_counter()
-        G, Tg = call()
-        second.append(time.perf_counter() - t1)
+    _, t_first, (G, Tg), second = timed_calls(call, a.repeat)
     d = np.max(np.abs(G - K)) / np.max(np.abs(K))
     if Tg is not None:
         d = max(d, np.max(np.abs(Tg - Th)) / np.max(np.abs(Th)))
@@ -128,14 +135,8 @@ def main(argv=None):
         return (np.asarray(k.nngp.block_until_ready()), np.asarray(k.ntk.block_until_ready())) \
             if a.get == "both" else (np.asarray(k.block_until_ready()), None)
 
-    t0 = time.perf_counter()
-    K, Th = call()
-    t_first = time.perf_counter() - t0
-    second = []
-    for _ in range(max(1, a.repeat)):
-        t1 = time.perf_counter()
-        K2, _ = call()
-        second.append(time.perf_counter() - t1)
+    t_ready = time.perf_counter()
+    (K, Th), t_first, (K2, _), second = timed_calls(call, a.repeat)
     if not np.array_equal(K, K2):
         print("cnn_ref: warning: first and second call differ by "
               f"{np.max(np.abs(K - K2)):.3e}", file=sys.stderr)
@@ -143,7 +144,7 @@ def main(argv=None):
         np.save(a.output_ntk, Th)
     print(f"cnn_ref: N={x.shape[0]} {x.shape[1]}x{x.shape[2]}x{x.shape[3]} depth={a.depth} "
           f"(jax {jax.__version__}, x64, {jax.devices()[0].platform}; imports "
-          f"{t0 - t_import:.2f} s)")
+          f"{t_ready - t_import:.2f} s)")
     print(f"nt_first_s {t_first:.6f}  nt_second_s {float(np.median(second)):.6f}"
           f"  (median of {len(second)})")
     if a.tpk:
