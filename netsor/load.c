@@ -52,7 +52,8 @@ static tpk_program *elaborate(nsr_state *S, nsr_ast *ast, nsr_check *C)
         return NULL;
     }
     tpk_program *p = NULL;
-    int unrolled = !keep || estimate <= NSR_UNROLL_ESTIMATE;
+    /* a caller that evaluates no limit (no_limit) needs no unrolled form beside the rolled one */
+    int unrolled = !keep || (estimate <= NSR_UNROLL_ESTIMATE && !(o && o->no_limit));
     if (unrolled) {
         S->too_large = 0;
         p = nsr_elaborate(S, ast, C);
