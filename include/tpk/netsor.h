@@ -160,9 +160,10 @@ typedef struct tpk_netsor_opts {
                          * errors of the plan then come from the evaluation) */
     int no_limit;       /* 1: the caller evaluates no limit kernel of this program (it reads the
                          * parameters, runs its own recursion or the finite-width executor):
-                         * the load skips the limit back end's support check and plan, which
-                         * cost O(members) (a deep CNN on 28×28 images: milliseconds); a limit
-                         * evaluation that comes anyway plans it then */
+                         * the load keeps the rolled form only and skips the limit back end's
+                         * support check and plan, which cost O(members) (a deep CNN on 28×28
+                         * images: milliseconds); a limit evaluation that comes anyway plans the
+                         * rolled form then, without the member-level fallback */
     int verify_ir;      /* 1: run the family IR's verifier after lowering (also when the
                          * environment has TPK_VERIFY_IR=1); a violation is TPK_EINVAL naming the
                          * node */
